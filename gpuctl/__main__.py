@@ -1,0 +1,5 @@
+import sys
+
+from gpuctl.cli.main import main
+
+sys.exit(main())

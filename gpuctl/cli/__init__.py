@@ -1,0 +1,1 @@
+"""The ``gpuctl`` command line: one module per subcommand, each with ``register(subparsers)``."""

@@ -1,0 +1,61 @@
+"""``gpuctl status [--json] [--demo]``: one snapshot of every node, table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from gpuctl.cli.common import build_fleet
+from gpuctl.core.format import gpu_table_rows
+from gpuctl.core.model import NodeSnapshot, NodeState
+from gpuctl.fleet.status import collect, node_to_json
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "status", help="print one snapshot of every GPU of every node"
+    )
+    p.add_argument("--json", action="store_true", help="JSON for scripts: a list of nodes")
+    p.add_argument("--demo", action="store_true", help="simulated nodes instead of real ones")
+    p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait per node")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    fleet = build_fleet(args)
+    snaps = asyncio.run(collect(fleet, args.timeout))
+    if args.json:
+        json.dump([node_to_json(s) for s in snaps], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(render_table(snaps))
+    failed = [s for s in snaps if s.state is NodeState.UNREACHABLE]
+    for s in failed:
+        print(f"gpuctl: {s.name} did not answer: {s.reason}", file=sys.stderr)
+    no_driver = [s for s in snaps if s.info is not None and s.info.reader is None]
+    for s in no_driver:
+        print(
+            f"gpuctl: {s.name}: {s.info.reader_error if s.info else ''}; "
+            "to see gpuctl on simulated GPUs, run: gpuctl demo",
+            file=sys.stderr,
+        )
+    return 1 if failed or no_driver else 0
+
+
+def render_table(snaps: list[NodeSnapshot]) -> str:
+    header = ("NODE", "GPU", "MODEL", "UTIL", "MEMORY", "TEMP", "POWER", "SM MHz", "FLAGS")
+    rows: list[tuple[str, ...]] = []
+    for s in snaps:
+        if s.state is not NodeState.LIVE or not s.gpus:
+            why = s.reason or (s.info.reader_error if s.info else None) or "no GPUs"
+            rows.append((s.name, "-", f"{s.state.value}: {why}", "", "", "", "", "", ""))
+            continue
+        rows.extend((s.name, *r) for r in gpu_table_rows(s))
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in (header, *rows)
+    )

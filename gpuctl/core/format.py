@@ -1,0 +1,55 @@
+"""Human formatting of samples, shared by the CLI tables and the TUI: no I/O."""
+
+from __future__ import annotations
+
+from gpuctl.core.model import GpuSample, NodeSnapshot
+
+GIB = 1 << 30
+
+
+def fmt_bytes(n: int | None) -> str:
+    """Bytes as GiB with one decimal ("12.3G"), or "-" when unknown."""
+    return "-" if n is None else f"{n / GIB:.1f}G"
+
+
+def fmt_opt(v: float | int | None, unit: str = "", digits: int = 0) -> str:
+    """A number with a unit, or "-" when unknown."""
+    return "-" if v is None else f"{v:.{digits}f}{unit}"
+
+
+def gpu_flags(g: GpuSample) -> list[str]:
+    """Short badges for trouble on a GPU: lost, throttling, ECC, remapped rows."""
+    flags: list[str] = []
+    if g.lost:
+        return ["LOST"]
+    for reason in g.throttle or ():
+        if reason not in ("gpu_idle", "applications_clocks", "display_clocks"):
+            flags.append(reason)
+    if g.ecc and (g.ecc.get("volatile_uncorrected") or g.ecc.get("aggregate_uncorrected")):
+        flags.append("ECC")
+    rr = g.remapped_rows
+    if rr and (rr.get("pending") or rr.get("failure")):
+        flags.append("REMAP")
+    return flags
+
+
+def gpu_table_rows(s: NodeSnapshot) -> list[tuple[str, ...]]:
+    """One text row per GPU: index, model, util, memory, temp, power, SM clock, flags."""
+    names = {g.index: g.name for g in s.info.gpus} if s.info else {}
+    rows: list[tuple[str, ...]] = []
+    for g in s.gpus:
+        mem = f"{fmt_bytes(g.mem_used)}/{fmt_bytes(g.mem_total)}"
+        power = f"{fmt_opt(g.power, 'W')}/{fmt_opt(g.power_limit, 'W')}"
+        rows.append(
+            (
+                str(g.index),
+                names.get(g.index) or "?",
+                fmt_opt(g.util_gpu, "%"),
+                mem,
+                fmt_opt(g.temp, "C"),
+                power,
+                fmt_opt(g.sm_clock),
+                ",".join(gpu_flags(g)),
+            )
+        )
+    return rows

@@ -1,0 +1,254 @@
+"""Immutable values that everything above the links sees: no I/O, standard library only.
+
+A field a GPU could not report is ``None``. These are built from protocol v1 messages
+(``gpuctl/node/protocol.py`` holds the wire schema) by the ``from_wire`` constructors, which accept
+any dict and never raise on a missing or mistyped field: a bad field becomes ``None``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class NodeState(enum.Enum):
+    """Where a node's link stands."""
+
+    CONNECTING = "connecting"
+    LIVE = "live"
+    STALE = "stale"
+    UNREACHABLE = "unreachable"
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _float(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return None
+    return float(v) if isinstance(v, int | float) else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _bool(v: Any) -> bool | None:
+    return v if isinstance(v, bool) else None
+
+
+def _counts(v: Any) -> Mapping[str, Any] | None:
+    return dict(v) if isinstance(v, dict) else None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process holding GPU memory."""
+
+    pid: int | None
+    user: str | None
+    command: str | None
+    mem: int | None  # bytes
+
+    @classmethod
+    def from_wire(cls, d: Any) -> GpuProcess:
+        """Build from a protocol dict; bad fields become None."""
+        d = d if isinstance(d, dict) else {}
+        return cls(
+            _int(d.get("pid")), _str(d.get("user")), _str(d.get("command")), _int(d.get("mem"))
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatic:
+    """Facts about a GPU that do not change while the agent runs."""
+
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    mem_total: int | None = None
+    power_limit: float | None = None
+    max_sm_clock: int | None = None
+    max_mem_clock: int | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    mig_mode: bool | None = None
+    serial: str | None = None
+
+    @classmethod
+    def from_wire(cls, d: Any, position: int = 0) -> GpuStatic:
+        """Build from a hello's GPU dict; ``position`` stands in for a missing index."""
+        d = d if isinstance(d, dict) else {}
+        index = _int(d.get("index"))
+        return cls(
+            index=position if index is None else index,
+            uuid=_str(d.get("uuid")),
+            name=_str(d.get("name")),
+            mem_total=_int(d.get("mem_total")),
+            power_limit=_float(d.get("power_limit")),
+            max_sm_clock=_int(d.get("max_sm_clock")),
+            max_mem_clock=_int(d.get("max_mem_clock")),
+            pcie_gen=_int(d.get("pcie_gen")),
+            pcie_width=_int(d.get("pcie_width")),
+            mig_mode=_bool(d.get("mig_mode")),
+            serial=_str(d.get("serial")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One reading of one GPU at time ``t`` (unix seconds)."""
+
+    index: int
+    t: float
+    uuid: str | None = None
+    lost: bool = False
+    util_gpu: int | None = None
+    util_mem: int | None = None
+    mem_used: int | None = None
+    mem_total: int | None = None
+    temp: int | None = None
+    power: float | None = None
+    power_limit: float | None = None
+    sm_clock: int | None = None
+    mem_clock: int | None = None
+    fan: int | None = None
+    pstate: str | None = None
+    throttle: tuple[str, ...] | None = None
+    ecc: Mapping[str, Any] | None = None
+    retired_pages: Mapping[str, Any] | None = None
+    remapped_rows: Mapping[str, Any] | None = None
+    processes: tuple[GpuProcess, ...] = ()
+
+    @classmethod
+    def from_wire(cls, d: Any, t: float, position: int = 0) -> GpuSample:
+        """Build from a sample's GPU dict; bad fields become None, never an exception."""
+        d = d if isinstance(d, dict) else {}
+        index = _int(d.get("index"))
+        throttle = d.get("throttle")
+        procs = d.get("processes")
+        return cls(
+            index=position if index is None else index,
+            t=t,
+            uuid=_str(d.get("uuid")),
+            lost=d.get("state") == "lost",
+            util_gpu=_int(d.get("util_gpu")),
+            util_mem=_int(d.get("util_mem")),
+            mem_used=_int(d.get("mem_used")),
+            mem_total=_int(d.get("mem_total")),
+            temp=_int(d.get("temp")),
+            power=_float(d.get("power")),
+            power_limit=_float(d.get("power_limit")),
+            sm_clock=_int(d.get("sm_clock")),
+            mem_clock=_int(d.get("mem_clock")),
+            fan=_int(d.get("fan")),
+            pstate=_str(d.get("pstate")),
+            throttle=tuple(x for x in throttle if isinstance(x, str))
+            if isinstance(throttle, list)
+            else None,
+            ecc=_counts(d.get("ecc")),
+            retired_pages=_counts(d.get("retired_pages")),
+            remapped_rows=_counts(d.get("remapped_rows")),
+            processes=tuple(GpuProcess.from_wire(p) for p in procs)
+            if isinstance(procs, list)
+            else (),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The sample as plain JSON-able data (the wire names, ``state`` instead of ``lost``)."""
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "state": "lost" if self.lost else "ok",
+            "util_gpu": self.util_gpu,
+            "util_mem": self.util_mem,
+            "mem_used": self.mem_used,
+            "mem_total": self.mem_total,
+            "temp": self.temp,
+            "power": self.power,
+            "power_limit": self.power_limit,
+            "sm_clock": self.sm_clock,
+            "mem_clock": self.mem_clock,
+            "fan": self.fan,
+            "pstate": self.pstate,
+            "throttle": list(self.throttle) if self.throttle is not None else None,
+            "ecc": dict(self.ecc) if self.ecc is not None else None,
+            "retired_pages": dict(self.retired_pages) if self.retired_pages is not None else None,
+            "remapped_rows": dict(self.remapped_rows) if self.remapped_rows is not None else None,
+            "processes": [
+                {"pid": p.pid, "user": p.user, "command": p.command, "mem": p.mem}
+                for p in self.processes
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What a node's agent said about itself in its hello."""
+
+    hostname: str | None = None
+    protocol: int | None = None
+    agent: str | None = None
+    python: str | None = None
+    reader: str | None = None
+    reader_error: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    nvml: str | None = None
+    features: tuple[str, ...] = ()
+    gpus: tuple[GpuStatic, ...] = ()
+
+    @classmethod
+    def from_hello(cls, d: Mapping[str, Any]) -> NodeInfo:
+        """Build from a hello message; bad fields become None."""
+        gpus = d.get("gpus")
+        feats = d.get("features")
+        return cls(
+            hostname=_str(d.get("hostname")),
+            protocol=_int(d.get("protocol")),
+            agent=_str(d.get("agent")),
+            python=_str(d.get("python")),
+            reader=_str(d.get("reader")),
+            reader_error=_str(d.get("reader_error")),
+            driver=_str(d.get("driver")),
+            cuda=_str(d.get("cuda")),
+            nvml=_str(d.get("nvml")),
+            features=tuple(f for f in feats if isinstance(f, str))
+            if isinstance(feats, list)
+            else (),
+            gpus=tuple(GpuStatic.from_wire(g, i) for i, g in enumerate(gpus))
+            if isinstance(gpus, list)
+            else (),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEvent:
+    """Something that happened on a node: an XID, a lost GPU, a burn that ended."""
+
+    t: float
+    kind: str
+    gpu: int | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """Everything known about one node at one moment: the unit the fleet hands upward."""
+
+    name: str
+    state: NodeState
+    link: str = "local"  # "local" | "ssh" | "srun" | "simulated"
+    info: NodeInfo | None = None
+    gpus: tuple[GpuSample, ...] = ()
+    last_sample_t: float | None = None  # unix time of the newest sample
+    reason: str | None = None  # why it is unreachable (or None)
+    # Extra per-GPU annotations from other subsystems (burn state, Slurm job), by GPU index.
+    annotations: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+
+    def age(self, now: float) -> float | None:
+        """Seconds since the newest sample, or None if there never was one."""
+        return None if self.last_sample_t is None else max(0.0, now - self.last_sample_t)

@@ -1,0 +1,267 @@
+"""The fleet: one supervised link per node, a state per node, history, and commands to agents.
+
+Every node runs in its own task: connect (bounded concurrency, a deadline), handshake, stream,
+and on any failure record the reason and retry with exponential backoff plus jitter. One slow
+or dead node never delays the others. Listeners get a ``NodeSnapshot`` whenever a node changes;
+they run on the event loop and must be quick (the TUI posts a message and returns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from gpuctl.core.model import GpuSample, NodeEvent, NodeSnapshot, NodeState
+from gpuctl.fleet.links import NodeLink
+from gpuctl.fleet.session import AgentSession, LinkError, Sample
+
+Listener = Callable[[NodeSnapshot], None]
+
+HISTORY_SECONDS = 900  # kept per GPU: 15 min at 1 Hz
+EVENTS_KEPT = 200
+
+
+class NodeRuntime:
+    """Mutable per-node state owned by the fleet's task for that node."""
+
+    def __init__(self, name: str, link: NodeLink) -> None:
+        self.name = name
+        self.link = link
+        self.snapshot = NodeSnapshot(name=name, state=NodeState.CONNECTING, link=link.kind)
+        self.session: AgentSession | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.history: dict[int, deque[GpuSample]] = {}
+        self.events: deque[NodeEvent] = deque(maxlen=EVENTS_KEPT)
+        self.failures = 0
+        self.wake = asyncio.Event()  # set to cut a backoff short (reconnect key)
+        self.interval = 1.0
+
+
+class Fleet:
+    """Keeps every node's agent running and its latest state at hand."""
+
+    def __init__(
+        self,
+        links: Mapping[str, NodeLink],
+        *,
+        concurrency: int = 32,
+        connect_timeout: float = 20.0,
+        stale_after: float = 3.0,
+        backoff_base: float = 1.0,
+        backoff_max: float = 30.0,
+        history_len: int = HISTORY_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.nodes = {name: NodeRuntime(name, link) for name, link in links.items()}
+        self._sem = asyncio.Semaphore(concurrency)
+        self.connect_timeout = connect_timeout
+        self.stale_after = stale_after
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.history_len = history_len
+        self.clock = clock
+        self._listeners: list[Listener] = []
+        self._event_listeners: list[Callable[[str, NodeEvent], None]] = []
+        self._message_listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        self._watchdog: asyncio.Task[None] | None = None
+        self._rng = random.Random()
+
+    # -- subscription -----------------------------------------------------------------------
+    def subscribe(self, listener: Listener) -> None:
+        """Call ``listener(snapshot)`` on every change of any node."""
+        self._listeners.append(listener)
+
+    def on_event(self, listener: Callable[[str, NodeEvent], None]) -> None:
+        """Call ``listener(node, event)`` for every agent event (XID, lost GPU, burn progress)."""
+        self._event_listeners.append(listener)
+
+    def on_message(self, listener: Callable[[str, dict[str, Any]], None]) -> None:
+        """Call ``listener(node, msg)`` for agent messages that are not samples or events."""
+        self._message_listeners.append(listener)
+
+    def _publish(self, rt: NodeRuntime, **changes: Any) -> None:
+        rt.snapshot = replace(rt.snapshot, **changes)
+        for listener in self._listeners:
+            listener(rt.snapshot)
+
+    # -- queries ------------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return list(self.nodes)
+
+    def snapshot(self, name: str) -> NodeSnapshot:
+        return self.nodes[name].snapshot
+
+    def snapshots(self) -> list[NodeSnapshot]:
+        return [rt.snapshot for rt in self.nodes.values()]
+
+    def history(self, name: str, gpu: int) -> list[GpuSample]:
+        """Kept samples of one GPU, oldest first."""
+        return list(self.nodes[name].history.get(gpu, ()))
+
+    def events(self, name: str) -> list[NodeEvent]:
+        return list(self.nodes[name].events)
+
+    # -- life cycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start one task per node and the stale watchdog; returns at once."""
+        for rt in self.nodes.values():
+            if rt.task is None:
+                rt.task = asyncio.create_task(self._run_node(rt), name=f"node:{rt.name}")
+        if self._watchdog is None:
+            self._watchdog = asyncio.create_task(self._watch_stale(), name="fleet-watchdog")
+
+    async def wait_settled(self, timeout: float) -> None:
+        """Wait until no node is CONNECTING (or ``timeout`` passes)."""
+        deadline = time.monotonic() + timeout
+        while any(rt.snapshot.state is NodeState.CONNECTING for rt in self.nodes.values()):
+            if time.monotonic() >= deadline:
+                return
+            changed = asyncio.Event()
+
+            def wake(_s: NodeSnapshot, ev: asyncio.Event = changed) -> None:
+                ev.set()
+
+            self._listeners.append(wake)
+            try:
+                await asyncio.wait_for(changed.wait(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return
+            finally:
+                self._listeners.remove(wake)
+
+    async def stop(self) -> None:
+        """Close every agent (which stops its burners) and end all tasks."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        tasks = [rt.task for rt in self.nodes.values() if rt.task is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(
+            *(self._close_session(rt) for rt in self.nodes.values()), return_exceptions=True
+        )
+        for rt in self.nodes.values():
+            rt.task = None
+
+    async def reconnect(self, name: str) -> None:
+        """Drop the node's link and connect again now, without waiting out a backoff."""
+        rt = self.nodes[name]
+        if rt.task is not None:
+            rt.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await rt.task
+        await self._close_session(rt)
+        rt.failures = 0
+        rt.task = asyncio.create_task(self._run_node(rt), name=f"node:{rt.name}")
+
+    async def _close_session(self, rt: NodeRuntime) -> None:
+        session, rt.session = rt.session, None
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(session.close(), 5.0)
+
+    # -- commands -----------------------------------------------------------------------------
+    async def request(
+        self, name: str, msg: dict[str, Any], timeout: float = 10.0
+    ) -> dict[str, Any]:
+        """Send a request to a node's agent and return its reply.
+
+        Raises LinkError("closed") when the node is not live.
+        """
+        session = self.nodes[name].session
+        if session is None:
+            raise LinkError("closed", f"{name} is not connected")
+        return await session.request(msg, timeout)
+
+    def annotate(self, name: str, gpu: int, **values: Any) -> None:
+        """Merge values into a GPU's annotations (burn state, Slurm job) and publish."""
+        rt = self.nodes[name]
+        ann = {k: dict(v) for k, v in rt.snapshot.annotations.items()}
+        merged = {**ann.get(gpu, {}), **values}
+        ann[gpu] = {k: v for k, v in merged.items() if v is not None}
+        self._publish(rt, annotations=ann)
+
+    # -- per-node task ------------------------------------------------------------------------
+    async def _run_node(self, rt: NodeRuntime) -> None:
+        while True:
+            try:
+                await self._connect_and_stream(rt)
+                reason, message = "closed", "agent link closed"
+            except LinkError as e:
+                reason, message = e.reason, e.message
+            except (OSError, asyncio.IncompleteReadError, EOFError) as e:
+                reason, message = "closed", f"link lost: {e}"
+            await self._close_session(rt)
+            rt.failures += 1
+            self._publish(rt, state=NodeState.UNREACHABLE, reason=f"{reason}: {message}")
+            delay = min(self.backoff_max, self.backoff_base * 2 ** min(rt.failures - 1, 10))
+            delay *= self._rng.uniform(0.5, 1.0)  # jitter: a cluster-wide blip must not sync
+            rt.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(rt.wake.wait(), delay)
+
+    async def _connect_and_stream(self, rt: NodeRuntime) -> None:
+        if rt.snapshot.state is not NodeState.UNREACHABLE:
+            self._publish(rt, state=NodeState.CONNECTING, reason=None)
+        async with self._sem:
+            try:
+                session = await asyncio.wait_for(rt.link.open(), self.connect_timeout)
+                rt.session = session
+                info = await session.handshake(self.connect_timeout)
+            except TimeoutError:
+                raise LinkError("timeout", f"no answer within {self.connect_timeout:g} s") from None
+        hello_interval = session.hello.get("interval")
+        if isinstance(hello_interval, int | float) and hello_interval > 0:
+            rt.interval = float(hello_interval)
+        rt.failures = 0
+        self._publish(rt, state=NodeState.LIVE, info=info, reason=None)
+        async for msg in session.messages():
+            if isinstance(msg, Sample):
+                self._on_sample(rt, msg)
+            elif isinstance(msg, NodeEvent):
+                rt.events.append(msg)
+                for elistener in self._event_listeners:
+                    elistener(rt.name, msg)
+            else:
+                for mlistener in self._message_listeners:
+                    mlistener(rt.name, msg)
+
+    def _on_sample(self, rt: NodeRuntime, sample: Sample) -> None:
+        for g in sample.gpus:
+            hist = rt.history.get(g.index)
+            if hist is None:
+                hist = rt.history[g.index] = deque(maxlen=self.history_len)
+            hist.append(g)
+        self._publish(
+            rt, state=NodeState.LIVE, gpus=sample.gpus, last_sample_t=sample.t, reason=None
+        )
+
+    async def _watch_stale(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)  # a timer, not synchronisation: staleness is time-based
+            now = self.clock()
+            for rt in self.nodes.values():
+                snap = rt.snapshot
+                if snap.state is NodeState.LIVE and snap.last_sample_t is not None:
+                    limit = max(self.stale_after, 3 * rt.interval)
+                    if now - snap.last_sample_t > limit:
+                        self._publish(rt, state=NodeState.STALE)
+
+
+def simulated_fleet(
+    nodes: Iterable[tuple[str, str]], *, interval: float = 1.0, **kwargs: Any
+) -> Fleet:
+    """A fleet of in-process simulated nodes: ``nodes`` is (name, simulate spec) pairs."""
+    from gpuctl.fleet.links import ThreadSimLink
+
+    links: dict[str, NodeLink] = {
+        name: ThreadSimLink(spec, seed=i, interval=interval) for i, (name, spec) in enumerate(nodes)
+    }
+    return Fleet(links, **kwargs)

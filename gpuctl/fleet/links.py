@@ -1,0 +1,176 @@
+"""Ways to start an agent on a node and get an ``AgentSession`` to it.
+
+A link knows how to reach one node; ``open()`` starts the agent there and returns the session
+before the handshake. ``LocalLink`` runs it as a subprocess of this machine; ``ThreadSimLink``
+runs the real agent loop in a thread over OS pipes with simulated GPUs (demo and UI tests: a
+thousand GPUs without a thousand processes). SSH and srun links live in their own modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+from typing import Any
+
+from gpuctl.fleet.session import AgentSession, LinkError
+from gpuctl.node import protocol
+
+_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STREAM_LIMIT = 4 * protocol.MAX_LINE  # a sample of many GPUs can exceed asyncio's 64 KiB default
+
+
+class NodeLink:
+    """How to reach one node. Subclasses set ``kind`` and implement ``open()``."""
+
+    kind = "?"
+
+    async def open(self) -> AgentSession:
+        """Start the agent and return its session (handshake not yet done).
+
+        Raises LinkError with a reason token and a one-line message.
+        """
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """A short human description: where this link goes."""
+        return self.kind
+
+
+class LocalLink(NodeLink):
+    """The agent as a child process on this machine (``python -m gpuctl.node agent``)."""
+
+    kind = "local"
+
+    def __init__(
+        self,
+        *,
+        python: str | None = None,
+        interval: float = 1.0,
+        simulate: str | None = None,
+        seed: int = 0,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.python = python or sys.executable
+        self.interval = interval
+        self.simulate = simulate
+        self.seed = seed
+        self.extra_args = extra_args
+        if simulate:
+            self.kind = "simulated"
+
+    def argv(self) -> list[str]:
+        argv = [self.python, "-m", "gpuctl.node", "agent", "--interval", str(self.interval)]
+        if self.simulate:
+            argv += ["--simulate", self.simulate, "--seed", str(self.seed)]
+        return argv + list(self.extra_args)
+
+    async def open(self) -> AgentSession:
+        env = dict(os.environ)
+        # The child must import the same gpuctl as this process, installed or not.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_ROOT, env.get("PYTHONPATH")) if p)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv(),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                limit=STREAM_LIMIT,
+            )
+        except FileNotFoundError:
+            raise LinkError("no_python", f"python not found: {self.python}") from None
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+        async def close() -> None:
+            if proc.stdin is not None and not proc.stdin.is_closing():
+                proc.stdin.close()
+            try:
+                await asyncio.wait_for(proc.wait(), 3.0)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+        session = AgentSession(proc.stdout, proc.stdin, close=close)
+        asyncio.get_running_loop().create_task(_collect_stderr(proc.stderr, session))
+        return session
+
+    def describe(self) -> str:
+        return "simulated" if self.simulate else "local"
+
+
+async def _collect_stderr(stream: asyncio.StreamReader, session: AgentSession) -> None:
+    while line := await stream.readline():
+        session.stderr_tail.append(line.decode(errors="replace").rstrip())
+        del session.stderr_tail[:-20]
+
+
+class _PipeWriter:
+    """Blocking writes to a pipe fd; requests are tiny, so this never stalls the loop."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def write(self, data: Any) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+
+
+class ThreadSimLink(NodeLink):
+    """The real agent loop with simulated GPUs, in a thread of this process, over OS pipes."""
+
+    kind = "simulated"
+
+    def __init__(self, spec: str, *, seed: int = 0, interval: float = 1.0) -> None:
+        from gpuctl.node.readers.sim import parse_spec
+
+        parse_spec(spec)  # raises ValueError early for a bad spec
+        self.spec = spec
+        self.seed = seed
+        self.interval = interval
+
+    async def open(self) -> AgentSession:
+        from gpuctl.node.agent import Agent, install_plugins
+        from gpuctl.node.readers.sim import SimReader
+
+        req_r, req_w = os.pipe()
+        out_r, out_w = os.pipe()
+        agent = Agent(
+            SimReader.from_spec(self.spec, seed=self.seed),
+            None,
+            interval=self.interval,
+            in_fd=req_r,
+            out=os.fdopen(out_w, "wb"),
+        )
+        install_plugins(agent)
+
+        def run() -> None:
+            try:
+                agent.run()
+            finally:
+                agent.out.close()
+                os.close(req_r)
+
+        thread = threading.Thread(target=run, name=f"sim-agent-{self.seed}", daemon=True)
+        thread.start()
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(out_r, "rb")
+        )
+        writer = _PipeWriter(req_w)
+        closed = False
+
+        async def close() -> None:
+            nonlocal closed
+            if closed:
+                return
+            closed = True
+            os.close(req_w)  # EOF on the agent's stdin: it stops, as over a real link
+            await asyncio.to_thread(thread.join, 5.0)
+            transport.close()
+
+        return AgentSession(reader, writer, close=close)

@@ -1,0 +1,190 @@
+"""One conversation with one running agent, whatever carries it (pipe, SSH channel, srun).
+
+``AgentSession`` reads protocol lines from any byte stream with ``readline()``, checks the hello,
+turns messages into ``gpuctl.core`` values and matches replies to requests by ``id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpuctl.core.model import GpuSample, NodeEvent, NodeInfo
+from gpuctl.node import protocol
+
+
+class LinkError(Exception):
+    """A node could not be reached or its agent misbehaved; ``reason`` is a short token.
+
+    Reasons: refused, timeout, dns, auth, host_key, no_python, agent_crashed, protocol, closed.
+    The message is one line for a person and says what to do where it can.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+class LineReader(Protocol):
+    async def readline(self) -> bytes | str: ...
+
+
+class LineWriter(Protocol):
+    def write(self, data: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """A decoded ``sample`` message."""
+
+    t: float
+    seq: int
+    gpus: tuple[GpuSample, ...]
+
+
+Message = Sample | NodeEvent | dict[str, Any]
+
+
+class AgentSession:
+    """Protocol v1 over a pair of streams. Call ``handshake()`` first, then ``messages()``."""
+
+    def __init__(
+        self,
+        reader: LineReader,
+        writer: LineWriter,
+        *,
+        close: Callable[[], Awaitable[None]] | None = None,
+        text: bool = False,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._close = close
+        self._text = text  # asyncssh channels opened with an encoding speak str, not bytes
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.info: NodeInfo | None = None
+        self.hello: dict[str, Any] = {}
+        self.stderr_tail: list[str] = []
+
+    async def _read_msg(self) -> dict[str, Any] | None:
+        line = await self._reader.readline()
+        if not line:
+            return None
+        try:
+            return protocol.decode(line)  # type: ignore[no-any-return]
+        except protocol.ProtocolError as e:
+            raise LinkError("protocol", f"agent sent a bad line: {e.message}") from None
+
+    async def handshake(self, timeout: float = 20.0) -> NodeInfo:
+        """Wait for the hello; raises LinkError (timeout, agent_crashed, protocol)."""
+        try:
+            msg = await asyncio.wait_for(self._read_msg(), timeout)
+        except TimeoutError:
+            raise LinkError("timeout", f"agent sent no hello within {timeout:g} s") from None
+        if msg is None:
+            tail = " | ".join(self.stderr_tail[-3:])
+            raise LinkError(
+                "agent_crashed", "agent exited before its hello" + (f": {tail}" if tail else "")
+            )
+        if msg.get("type") != "hello":
+            raise LinkError("protocol", f"expected hello, got {str(msg.get('type'))[:40]!r}")
+        if msg.get("protocol") != protocol.PROTOCOL_VERSION:
+            raise LinkError(
+                "protocol",
+                f"agent speaks protocol {msg.get('protocol')!r}, "
+                f"gpuctl speaks {protocol.PROTOCOL_VERSION}",
+            )
+        self.hello = msg
+        self.info = NodeInfo.from_hello(msg)
+        return self.info
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        """Write one request line."""
+        data = protocol.encode(msg)
+        self._writer.write(data.decode() if self._text else data)
+        drain = getattr(self._writer, "drain", None)
+        if drain is not None:
+            await drain()
+
+    async def request(self, msg: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+        """Send a request and return its reply (an ``error`` reply is returned, not raised).
+
+        Needs ``messages()`` to be running in another task. Raises LinkError on timeout.
+        """
+        req_id = next(self._ids)
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[req_id] = waiter
+        try:
+            await self.send({**msg, "id": req_id})
+            return await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            raise LinkError("timeout", f"no reply to {msg.get('type')} in {timeout:g} s") from None
+        finally:
+            self._waiting.pop(req_id, None)
+
+    async def messages(self) -> Any:
+        """Yield Sample, NodeEvent or other message dicts until the stream ends.
+
+        Replies to ``request()`` are routed to their waiters (a snapshot reply is also yielded).
+        """
+        while True:
+            msg = await self._read_msg()
+            if msg is None:
+                for pending in self._waiting.values():
+                    if not pending.done():
+                        pending.set_exception(LinkError("closed", "agent link closed"))
+                return
+            req_id = msg.get("id")
+            fut: asyncio.Future[dict[str, Any]] | None = (
+                self._waiting.get(req_id) if isinstance(req_id, int) else None
+            )
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+            kind = msg.get("type")
+            if kind == "sample":
+                yield decode_sample(msg)
+            elif kind == "event":
+                t = msg.get("t")
+                gpu = msg.get("gpu")
+                detail = msg.get("detail")
+                yield NodeEvent(
+                    t=float(t) if isinstance(t, int | float) else 0.0,
+                    kind=str(msg.get("kind")),
+                    gpu=gpu if isinstance(gpu, int) else None,
+                    detail=detail if isinstance(detail, dict) else {},
+                )
+            elif fut is None:
+                yield msg
+
+    async def close(self) -> None:
+        """Ask the agent to stop, then close the transport."""
+        with contextlib.suppress(OSError, TimeoutError, ConnectionError, RuntimeError):
+            await asyncio.wait_for(self.send({"type": "shutdown"}), 2.0)
+        if self._close is not None:
+            await self._close()
+
+
+def decode_sample(msg: dict[str, Any]) -> Sample:
+    """Turn a ``sample`` message into a Sample; never raises on bad fields."""
+    t = msg.get("t")
+    t = float(t) if isinstance(t, int | float) else 0.0
+    seq = msg.get("seq")
+    gpus = msg.get("gpus")
+    return Sample(
+        t=t,
+        seq=seq if isinstance(seq, int) else -1,
+        gpus=tuple(GpuSample.from_wire(g, t, i) for i, g in enumerate(gpus))
+        if isinstance(gpus, list)
+        else (),
+    )
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON, as the CLI prints it."""
+    return json.dumps(obj, separators=(",", ":"))

@@ -1,0 +1,235 @@
+"""Simulated GPUs for the demo and the UI tests: plausible numbers, a story when burned.
+
+Each GPU follows simple first-order physics: under load its utilization goes to 100%, its power
+to the limit and its temperature climbs towards a hot target with a time constant of ~20 s; past
+the slowdown temperature its SM clock drops and ``sw_thermal`` throttling is reported. Randomness
+comes from one seeded ``random.Random`` and time from an injectable clock, so a test that steps
+the clock gets the same numbers every run.
+"""
+
+import random
+import time
+
+# name, memory GiB, power limit W, idle W, max SM MHz, max mem MHz, pcie gen, width
+MODELS = {
+    "H100": ("NVIDIA H100 80GB HBM3", 80, 700, 70, 1980, 2619, 5, 16),
+    "H200": ("NVIDIA H200", 141, 700, 75, 1980, 3201, 5, 16),
+    "A100": ("NVIDIA A100-SXM4-80GB", 80, 400, 55, 1410, 1593, 4, 16),
+    "A100-40": ("NVIDIA A100-SXM4-40GB", 40, 400, 50, 1410, 1215, 4, 16),
+    "L40S": ("NVIDIA L40S", 48, 350, 35, 2520, 9001, 4, 16),
+    "A6000": ("NVIDIA RTX A6000", 48, 300, 25, 2100, 8001, 4, 16),
+    "4090": ("NVIDIA GeForce RTX 4090", 24, 450, 20, 2760, 10501, 4, 16),
+    "V100": ("Tesla V100-SXM2-32GB", 32, 300, 40, 1530, 877, 3, 16),
+}
+DEFAULT_MODEL = "H100"
+AMBIENT_C = 32.0
+HOT_C = 88.0  # where a fully loaded GPU settles
+SLOWDOWN_C = 84.0  # above this the SM clock drops and sw_thermal is reported
+TAU_S = 20.0
+GIB = 1 << 30
+
+
+def parse_spec(spec):
+    """Parse "8", "8:H100" or "2:A100,2:H100" into a list of model keys, one per GPU.
+
+    Raises ValueError with a one-line message for a bad spec.
+    """
+    models = []
+    for part in str(spec).split(","):
+        part = part.strip()
+        count, _, model = part.partition(":")
+        model = model.strip() or DEFAULT_MODEL
+        try:
+            n = int(count)
+        except ValueError:
+            raise ValueError("bad --simulate %r: expected N or N:MODEL (e.g. 8:H100)" % spec)
+        if n < 0 or n > 1024:
+            raise ValueError("bad --simulate %r: GPU count must be 0..1024" % spec)
+        key = _model_key(model)
+        if key is None:
+            raise ValueError(
+                "bad --simulate %r: unknown model %r (known: %s)"
+                % (spec, model, ", ".join(sorted(MODELS)))
+            )
+        models.extend([key] * n)
+    return models
+
+
+def _model_key(name):
+    for key in MODELS:
+        if key.lower() == name.lower():
+            return key
+    return None
+
+
+class SimGpu(object):
+    def __init__(self, index, model, rng, host_seed):
+        (self.name, mem_gib, self.power_limit, self.idle_w, self.max_sm, self.max_mem,
+         self.pcie_gen, self.pcie_width) = MODELS[model]
+        self.index = index
+        self.uuid = "GPU-%08x-%04x-%04x-%04x-%012x" % (
+            host_seed & 0xFFFFFFFF, index, 0x5100, 0xA000 + index, rng.getrandbits(48))
+        self.mem_total = mem_gib * GIB
+        self.temp = AMBIENT_C + rng.uniform(0, 6)
+        # A background "job" load so an idle demo is not all zeros.
+        self.base_load = rng.choice((0.0, 0.0, 0.05, 0.35, 0.7, 0.95))
+        self.base_mem = rng.uniform(0.02, 0.12) + 0.7 * self.base_load
+        self.burn = 0.0  # set by simulate(load=...)
+        self.util = 100.0 * self.base_load
+        self.temp += 40.0 * self.base_load  # a GPU that has been busy is warm already
+        self.lost = False
+        self.xids = []
+        self.processes = []
+        if self.base_load > 0:
+            self.processes.append({
+                "pid": 4000 + 97 * index, "user": rng.choice(("alice", "bob", "chen", "dana")),
+                "command": "python train.py", "mem": int(self.base_mem * self.mem_total)})
+
+    def step(self, dt, rng):
+        load = max(self.burn, self.base_load)
+        target_util = 100.0 * load if self.burn else min(100.0, 100.0 * load + rng.gauss(0, 6))
+        self.util = max(0.0, min(100.0, self.util + (target_util - self.util) * min(1.0, dt)))
+        hot_target = AMBIENT_C + (HOT_C - AMBIENT_C) * (self.util / 100.0) ** 0.8
+        alpha = min(1.0, dt / TAU_S)
+        self.temp += (hot_target - self.temp) * alpha + rng.gauss(0, 0.15)
+
+    def read(self, rng):
+        if self.lost:
+            return None
+        util = int(round(self.util))
+        hot = self.temp > SLOWDOWN_C
+        throttle = []
+        sm = self.max_sm if util > 2 else 345
+        if hot:
+            over = min(1.0, (self.temp - SLOWDOWN_C) / (HOT_C + 4 - SLOWDOWN_C))
+            sm = int(self.max_sm * (1.0 - 0.25 * over))
+            throttle.append("sw_thermal")
+        power = self.idle_w + (self.power_limit - self.idle_w) * (util / 100.0) ** 1.3
+        power = min(float(self.power_limit), power + rng.gauss(0, 2.0))
+        if power >= self.power_limit * 0.98:
+            throttle.append("sw_power_cap")
+        if util <= 2:
+            throttle.append("gpu_idle")
+        mem_frac = min(0.97, self.base_mem + (0.9 if self.burn else 0.0))
+        procs = list(self.processes)
+        if self.burn:
+            procs.append({"pid": 9000 + self.index, "user": "gpuctl",
+                          "command": "gpuctl-burn", "mem": int(0.9 * self.mem_total)})
+        return {
+            "index": self.index, "uuid": self.uuid, "state": "ok",
+            "util_gpu": util, "util_mem": int(util * 0.6),
+            "mem_used": int(mem_frac * self.mem_total), "mem_total": self.mem_total,
+            "temp": int(round(self.temp)), "power": round(max(0.0, power), 1),
+            "power_limit": float(self.power_limit), "sm_clock": sm, "mem_clock": self.max_mem,
+            "fan": None, "pstate": "P0" if util > 2 else "P8", "throttle": throttle,
+            "processes": procs,
+        }
+
+
+class SimReader(object):
+    """A reader of simulated GPUs (see the module docstring)."""
+
+    name = "simulated"
+
+    def __init__(self, models, seed=0, clock=time.monotonic, hostname_seed=0):
+        self._rng = random.Random(seed)
+        self._clock = clock
+        self._last = clock()
+        self.gpus = [SimGpu(i, m, self._rng, hostname_seed + seed) for i, m in enumerate(models)]
+        self._pending_events = []
+        self._slow = [None] * len(self.gpus)
+
+    @classmethod
+    def from_spec(cls, spec, seed=0, clock=time.monotonic):
+        """Build from a ``--simulate`` spec (see parse_spec); raises ValueError for a bad one."""
+        return cls(parse_spec(spec), seed=seed, clock=clock)
+
+    def versions(self):
+        return {"driver": "550.54.15", "cuda": "12.4", "nvml": "12.550.54.15"}
+
+    def static(self):
+        return [{
+            "index": g.index, "uuid": g.uuid, "name": g.name, "mem_total": g.mem_total,
+            "power_limit": float(g.power_limit), "max_sm_clock": g.max_sm,
+            "max_mem_clock": g.max_mem, "pcie_gen": g.pcie_gen, "pcie_width": g.pcie_width,
+            "mig_mode": False, "serial": "SIM%010d" % (g.index + 1),
+        } for g in self.gpus]
+
+    def sample(self, slow=True):
+        now = self._clock()
+        dt = max(0.0, min(30.0, now - self._last))
+        self._last = now
+        out = []
+        for g in self.gpus:
+            g.step(dt, self._rng)
+            rec = g.read(self._rng)
+            if rec is None:
+                out.append(lost_record(g.index, g.uuid))
+                continue
+            if slow or self._slow[g.index] is None:
+                self._slow[g.index] = {
+                    "ecc": {"volatile_corrected": 0, "volatile_uncorrected": 0,
+                            "aggregate_corrected": 3 if g.index == 5 else 0,
+                            "aggregate_uncorrected": 0},
+                    "retired_pages": None,
+                    "remapped_rows": {"correctable": 0, "uncorrectable": 0,
+                                      "pending": False, "failure": False},
+                }
+            rec.update(self._slow[g.index])
+            out.append(rec)
+        return out
+
+    def events(self):
+        out, self._pending_events = self._pending_events, []
+        return out
+
+    def close(self):
+        pass
+
+    # -- control, for the demo and the tests ---------------------------------------------
+    def simulate(self, action, msg):
+        """Apply a ``simulate`` request; raises ValueError with a one-line reason."""
+        if action == "load":
+            load = float(msg.get("load", 1.0))
+            if not 0.0 <= load <= 1.0:
+                raise ValueError("load must be within 0..1")
+            for g in self._select(msg.get("gpus")):
+                g.burn = load
+        elif action == "xid":
+            g = self._one(msg.get("gpu"))
+            xid = int(msg.get("xid", 79))
+            g.xids.append(xid)
+            self._pending_events.append(
+                {"type": "event", "t": time.time(), "kind": "xid", "gpu": g.index,
+                 "detail": {"xid": xid}})
+        elif action == "lose":
+            g = self._one(msg.get("gpu"))
+            g.lost = True
+            self._pending_events.append(
+                {"type": "event", "t": time.time(), "kind": "gpu_lost", "gpu": g.index,
+                 "detail": {}})
+        else:
+            raise ValueError("unknown simulate action %r (load, xid, lose)" % (action,))
+
+    def _one(self, idx):
+        if not isinstance(idx, int) or not 0 <= idx < len(self.gpus):
+            raise ValueError("no GPU %r here (0..%d)" % (idx, len(self.gpus) - 1))
+        return self.gpus[idx]
+
+    def _select(self, idxs):
+        if idxs is None or idxs == "all":
+            return list(self.gpus)
+        if not isinstance(idxs, list):
+            raise ValueError("gpus must be a list of indices or \"all\"")
+        return [self._one(i) for i in idxs]
+
+
+def lost_record(index, uuid):
+    """The sample of a GPU that fell off the bus: every reading null, state "lost"."""
+    rec = {"index": index, "uuid": uuid, "state": "lost"}
+    for key in ("util_gpu", "util_mem", "mem_used", "mem_total", "temp", "power", "power_limit",
+                "sm_clock", "mem_clock", "fan", "pstate", "throttle", "ecc", "retired_pages",
+                "remapped_rows"):
+        rec[key] = None
+    rec["processes"] = []
+    return rec

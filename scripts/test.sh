@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The README's test command: installs everything the tests need on a fresh Debian machine
+# (system packages, the package with its test extra, torch's CPU wheel), then runs the linters
+# and the whole test suite. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+PY="${PYTHON:-python3}"
+
+echo "== system packages (OpenSSH server, Slurm, munge, tmux, gcc)"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+    openssh-server openssh-client slurm-wlm slurm-client munge tmux gcc libc6-dev \
+    iproute2 procps >/dev/null
+
+echo "== python packages"
+# torch==2.13.0 is the CPU wheel these machines carry; never pull a CUDA build into tests.
+"$PY" -m pip install -q --disable-pip-version-check -e '.[test]' 'torch==2.13.0'
+
+echo "== ruff"
+"$PY" -m ruff check gpuctl gpuctl_tests benchmarks
+"$PY" -m ruff format --check gpuctl gpuctl_tests benchmarks
+echo "== mypy (strict, login side)"
+"$PY" -m mypy
+echo "== vermin (gpuctl/node must run on Python 3.6)"
+"$PY" -m vermin -q --no-tips --violations -t=3.6- gpuctl/node
+echo "== pytest"
+"$PY" -m pytest -q -p no:cacheprovider "$@"
