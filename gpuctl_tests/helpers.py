@@ -105,8 +105,9 @@ class AgentProcess:
         line, self._buf = self._buf.split(b"\n", 1)
         return json.loads(line)  # type: ignore[no-any-return]
 
-    def read_until(self, pred: Callable[[dict[str, Any]], bool], timeout: float = 10.0,
-                   limit: int = 10_000) -> dict[str, Any]:
+    def read_until(
+        self, pred: Callable[[dict[str, Any]], bool], timeout: float = 10.0, limit: int = 10_000
+    ) -> dict[str, Any]:
         """Skip messages until one matches ``pred``."""
         deadline = time.monotonic() + timeout
         for _ in range(limit):

@@ -1,0 +1,149 @@
+"""The Fleet over real agents: in-process simulated nodes and local agent subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from gpuctl.core.model import NodeSnapshot, NodeState
+from gpuctl.fleet.fleet import Fleet, simulated_fleet
+from gpuctl.fleet.links import LocalLink
+from gpuctl.fleet.session import AgentSession, LinkError
+
+
+async def wait_for_state(fleet: Fleet, pred, timeout: float = 15.0) -> list[NodeSnapshot]:
+    """Wait until ``pred(snapshots)`` holds, woken by the fleet's own updates."""
+    changed = asyncio.Event()
+    fleet.subscribe(lambda _s: changed.set())
+    deadline = time.monotonic() + timeout
+    while not pred(fleet.snapshots()):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            now = [(s.name, s.state.value) for s in fleet.snapshots()]
+            pytest.fail(f"fleet never reached the state; now {now}")
+        changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), left)
+    return fleet.snapshots()
+
+
+async def test_simulated_fleet_streams_and_keeps_history() -> None:
+    fleet = simulated_fleet([("a", "2:H100"), ("b", "3:A100")], interval=0.1)
+    await fleet.start()
+    try:
+        snaps = await wait_for_state(
+            fleet, lambda ss: all(len(fleet.history(s.name, 0)) >= 3 for s in ss)
+        )
+        by_name = {s.name: s for s in snaps}
+        assert by_name["a"].state is NodeState.LIVE
+        assert len(by_name["a"].gpus) == 2 and len(by_name["b"].gpus) == 3
+        assert by_name["b"].info is not None and by_name["b"].info.gpus[0].name is not None
+        assert "A100" in by_name["b"].info.gpus[0].name
+        # request/reply routing by id while samples stream
+        reply = await fleet.request("a", {"type": "ping"})
+        assert reply["type"] == "pong"
+        reply = await fleet.request("a", {"type": "bogus"})
+        assert reply["type"] == "error" and reply["code"] == "unknown_request"
+    finally:
+        await fleet.stop()
+
+
+async def test_sim_load_heats_the_gpu() -> None:
+    fleet = simulated_fleet([("a", "1:H100")], interval=0.1)
+    await fleet.start()
+    try:
+        await wait_for_state(fleet, lambda ss: ss[0].gpus)
+        reply = await fleet.request(
+            "a", {"type": "simulate", "action": "load", "gpus": [0], "load": 1.0}
+        )
+        assert reply["type"] == "ok"
+        snaps = await wait_for_state(
+            fleet, lambda ss: ss[0].gpus and (ss[0].gpus[0].util_gpu or 0) >= 99
+        )
+        g = snaps[0].gpus[0]
+        assert g.power is not None and g.power > 300
+        assert any(p.user == "gpuctl" for p in g.processes)
+    finally:
+        await fleet.stop()
+
+
+async def test_local_agent_death_is_unreachable_then_recovers() -> None:
+    link = LocalLink(simulate="2", interval=0.2)
+    fleet = Fleet({"n1": link}, backoff_base=0.2, backoff_max=0.5)
+    await fleet.start()
+    try:
+        await wait_for_state(fleet, lambda ss: ss[0].last_sample_t is not None)
+        pid = fleet.nodes["n1"].session.hello["pid"]  # type: ignore[union-attr]
+        os.kill(pid, signal.SIGKILL)
+        snaps = await wait_for_state(fleet, lambda ss: ss[0].state is NodeState.UNREACHABLE)
+        assert snaps[0].reason and snaps[0].reason.startswith("closed")
+        snaps = await wait_for_state(
+            fleet,
+            lambda ss: (
+                ss[0].state is NodeState.LIVE
+                and fleet.nodes["n1"].session is not None
+                and fleet.nodes["n1"].session.hello.get("pid") != pid
+            ),
+        )
+    finally:
+        await fleet.stop()
+
+
+async def test_frozen_agent_turns_stale_then_live_again() -> None:
+    fleet = Fleet({"frozen": LocalLink(simulate="1", interval=0.1)}, stale_after=0.3)
+    await fleet.start()
+    try:
+        await wait_for_state(fleet, lambda ss: ss[0].last_sample_t is not None)
+        pid = fleet.nodes["frozen"].session.hello["pid"]  # type: ignore[union-attr]
+        os.kill(pid, signal.SIGSTOP)  # a hung node: the link stays up, samples stop
+        try:
+            snaps = await wait_for_state(fleet, lambda ss: ss[0].state is NodeState.STALE)
+            age = snaps[0].age(time.time())
+            assert age is not None and age >= 0.3
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await wait_for_state(fleet, lambda ss: ss[0].state is NodeState.LIVE)
+    finally:
+        await fleet.stop()
+
+
+async def test_missing_python_is_reported() -> None:
+    fleet = Fleet({"bad": LocalLink(python="/nonexistent/python3")}, backoff_base=5)
+    await fleet.start()
+    try:
+        snaps = await wait_for_state(fleet, lambda ss: ss[0].state is NodeState.UNREACHABLE)
+        assert snaps[0].reason is not None and snaps[0].reason.startswith("no_python")
+    finally:
+        await fleet.stop()
+
+
+async def test_agent_crash_before_hello_carries_stderr() -> None:
+    link = LocalLink(python=sys.executable, extra_args=("--interval", "0"))
+    fleet = Fleet({"x": link}, backoff_base=5)
+    await fleet.start()
+    try:
+        snaps = await wait_for_state(fleet, lambda ss: ss[0].state is NodeState.UNREACHABLE)
+        assert snaps[0].reason is not None and "agent_crashed" in snaps[0].reason
+    finally:
+        await fleet.stop()
+
+
+async def test_handshake_rejects_other_protocol() -> None:
+    reader = asyncio.StreamReader()
+    reader.feed_data(b'{"type":"hello","protocol":99}\n')
+    reader.feed_eof()
+    session = AgentSession(reader, writer=_NullWriter())
+    with pytest.raises(LinkError) as e:
+        await session.handshake(1.0)
+    assert e.value.reason == "protocol" and "99" in e.value.message
+
+
+class _NullWriter:
+    def write(self, data: object) -> None:
+        pass
