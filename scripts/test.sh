@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
-PY="${PYTHON:-python3}"
+# Everything Python goes into a virtual environment of the repository (override its place with
+# GPUCTL_TEST_VENV), so the tests never depend on, or disturb, what the machine has installed.
+VENV="${GPUCTL_TEST_VENV:-.venv}"
 
 echo "== system packages (OpenSSH server, Slurm, munge, tmux, gcc)"
 export DEBIAN_FRONTEND=noninteractive
@@ -16,13 +18,16 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     openssh-server openssh-client slurm-wlm slurm-client munge tmux gcc libc6-dev \
     iproute2 procps >/dev/null
 
-echo "== python packages"
+echo "== python packages (into $VENV)"
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+PY="$VENV/bin/python"
 # torch==2.13.0 is the CPU wheel these machines carry; never pull a CUDA build into tests.
 "$PY" -m pip install -q --disable-pip-version-check -e '.[test]' 'torch==2.13.0'
 
 echo "== ruff"
-"$PY" -m ruff check gpuctl gpuctl_tests benchmarks
-"$PY" -m ruff format --check gpuctl gpuctl_tests benchmarks
+LINTED=$(ls -d gpuctl gpuctl_tests benchmarks 2>/dev/null)
+"$PY" -m ruff check $LINTED
+"$PY" -m ruff format --check $LINTED
 echo "== mypy (strict, login side)"
 "$PY" -m mypy
 echo "== vermin (gpuctl/node must run on Python 3.6)"
