@@ -9,6 +9,7 @@ Fixtures ``ssh_cluster`` and ``slurm_cluster`` in ``gpuctl_tests/conftest.py`` w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -93,10 +94,8 @@ def kill_pids(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
     for pid in pids:
         if pid == os.getpid():
             continue
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def wait_gone(pids: Iterable[int], timeout: float) -> set[int]:
