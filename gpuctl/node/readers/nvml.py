@@ -1,0 +1,438 @@
+"""The NVML reader: every GPU reading through pynvml (nvidia-ml-py), opened once.
+
+pynvml is imported inside ``NvmlReader.open`` only, so ``gpuctl.node`` stays standard library at
+import time. Each field is read in its own guard: an NVML error (NOT_SUPPORTED, NO_PERMISSION,
+...) or a function this pynvml/driver pair lacks makes that one field null, never the others.
+GPU_IS_LOST turns the GPU's record into the "lost" state for good and queues one ``gpu_lost``
+event. XID critical errors come from an NVML event set polled without blocking in ``events()``.
+Python 3.6 syntax.
+"""
+
+import ctypes
+import time
+
+from ..protocol import decode_throttle
+from . import ReaderUnavailable
+from .procs import ProcessNames
+from .sim import lost_record
+
+# Alternatives for calls whose name depends on the pynvml / driver versions, newest first: the
+# first one this pair supports is remembered.
+THROTTLE = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+COMPUTE_PROCS = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
+GRAPHICS_PROCS = (
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+)
+POWER_LIMIT = ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit")
+
+# nvml.h constants, fixed by the C ABI (kept here so an old pynvml lacking a name still works)
+GPU_IS_LOST = 15
+FUNCTION_NOT_FOUND = 13
+TEMPERATURE_GPU = 0
+CLOCK_SM = 1
+CLOCK_MEM = 2
+ECC_CORRECTED, ECC_UNCORRECTED = 0, 1
+ECC_VOLATILE, ECC_AGGREGATE = 0, 1
+RETIRED_SINGLE_BIT, RETIRED_DOUBLE_BIT = 0, 1
+EVENT_XID = 0x8
+PSTATE_UNKNOWN = 32
+NOT_AVAILABLE = (1 << 64) - 1  # usedGpuMemory when the driver cannot tell (and the ulonglong -1)
+MAX_EVENTS_PER_POLL = 256  # bounds one events() call if a GPU floods XIDs
+
+
+class _Lost(Exception):
+    """Raised inside a GPU's read when NVML says the GPU fell off the bus."""
+
+
+class NvmlReader(object):
+    """Reads GPUs through pynvml; build it with ``NvmlReader.open()``."""
+
+    name = "nvml"
+
+    def __init__(self, nvml):
+        self._nv = nvml
+        self._error = nvml.NVMLError
+        self._resolved = {}
+        self._handles = []
+        self._uuids = []
+        self._lost = set()
+        self._pending = []
+        self._slow = {}
+        self._names = ProcessNames()
+        self._index_of_handle = {}
+        count = nvml.nvmlDeviceGetCount()
+        for i in range(count):
+            handle = None
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            except self._error as e:
+                self._mark_lost(i, "no handle: %s" % (e,))
+            self._handles.append(handle)
+            if handle is not None:
+                self._index_of_handle[_address(handle)] = i
+        self._uuids = [self._read_static_uuid(i) for i in range(count)]
+        self._static = [self._read_static(i) for i in range(count)]
+        self._event_set = self._open_event_set()
+
+    @classmethod
+    def open(cls):
+        """Import pynvml and initialise NVML; raises ReaderUnavailable(one-line reason)."""
+        try:
+            import pynvml
+        except ImportError as e:
+            raise ReaderUnavailable("pynvml is not installed (%s)" % (e,))
+        except Exception as e:  # a broken install must not stop the smi fallback
+            raise ReaderUnavailable("pynvml failed to import: %s: %s" % (type(e).__name__, e))
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            raise ReaderUnavailable("nvmlInit failed: %s" % (e,))
+        except Exception as e:
+            raise ReaderUnavailable("nvmlInit failed: %s: %s" % (type(e).__name__, e))
+        try:
+            return cls(pynvml)
+        except Exception as e:
+            try:
+                pynvml.nvmlShutdown()
+            except Exception:
+                pass
+            raise ReaderUnavailable("NVML failed while listing GPUs: %s" % (e,))
+
+    # -- calls ---------------------------------------------------------------------------------
+    def _fn(self, names):
+        """The pynvml function for ``names`` (a name or a tuple of alternatives), or None."""
+        fns = self._resolved.get(names)
+        if fns is None:
+            alternatives = (names,) if isinstance(names, str) else names
+            fns = [getattr(self._nv, n) for n in alternatives if hasattr(self._nv, n)]
+            self._resolved[names] = fns
+        return fns
+
+    def _call(self, names, *args):
+        """Call the first alternative that exists in this pynvml and this driver's library.
+
+        Raises the NVML error of the call, or _Unsupported when no alternative exists.
+        """
+        fns = self._fn(names)
+        while fns:
+            try:
+                return fns[0](*args)
+            except Exception as e:
+                if len(fns) > 1 and self._missing(e):
+                    fns.pop(0)  # the library lacks it: fall back for good
+                    continue
+                raise
+        raise _Unsupported(names)
+
+    def _missing(self, e):
+        if isinstance(e, self._error):
+            return getattr(e, "value", None) == FUNCTION_NOT_FOUND
+        return type(e).__name__ == "NVMLLibraryMismatchError"
+
+    def _read(self, names, *args):
+        """One guarded field read: the value, None when unreadable; raises _Lost."""
+        try:
+            return self._call(names, *args)
+        except self._error as e:
+            if getattr(e, "value", None) == GPU_IS_LOST:
+                raise _Lost()
+            return None
+        except Exception:  # a missing function, an old pynvml's quirk: this field only
+            return None
+
+    # -- static facts --------------------------------------------------------------------------
+    def versions(self):
+        """Driver, CUDA ("12.4") and NVML version strings, each None when unreadable."""
+        cuda = None
+        try:
+            v = self._call(("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2"))
+            if v:
+                cuda = "%d.%d" % (v // 1000, (v % 1000) // 10)
+        except Exception:
+            pass
+        return {
+            "driver": self._text(self._system("nvmlSystemGetDriverVersion")),
+            "cuda": cuda,
+            "nvml": self._text(self._system("nvmlSystemGetNVMLVersion")),
+        }
+
+    def _system(self, name):
+        try:
+            return self._call(name)
+        except Exception:
+            return None
+
+    def static(self):
+        """Static facts per GPU (protocol.STATIC_FIELDS), read once at open."""
+        return [dict(s) for s in self._static]
+
+    def _read_static_uuid(self, i):
+        h = self._handles[i]
+        if h is None:
+            return None
+        try:
+            return self._text(self._read("nvmlDeviceGetUUID", h))
+        except _Lost:
+            self._mark_lost(i)
+            return None
+
+    def _read_static(self, i):
+        h = self._handles[i]
+        rec = {
+            "index": i,
+            "uuid": self._uuids[i],
+            "name": None,
+            "mem_total": None,
+            "power_limit": None,
+            "max_sm_clock": None,
+            "max_mem_clock": None,
+            "pcie_gen": None,
+            "pcie_width": None,
+            "mig_mode": None,
+            "serial": None,
+        }
+        if h is None or i in self._lost:
+            return rec
+        try:
+            rec["name"] = self._text(self._read("nvmlDeviceGetName", h))
+            mem = self._read("nvmlDeviceGetMemoryInfo", h)
+            rec["mem_total"] = int(mem.total) if mem is not None else None
+            limit = self._read(POWER_LIMIT, h)
+            if limit is None:
+                limit = self._read("nvmlDeviceGetPowerManagementDefaultLimit", h)
+            rec["power_limit"] = _watts(limit)
+            rec["max_sm_clock"] = self._read("nvmlDeviceGetMaxClockInfo", h, CLOCK_SM)
+            rec["max_mem_clock"] = self._read("nvmlDeviceGetMaxClockInfo", h, CLOCK_MEM)
+            rec["pcie_gen"] = self._read("nvmlDeviceGetMaxPcieLinkGeneration", h)
+            rec["pcie_width"] = self._read("nvmlDeviceGetMaxPcieLinkWidth", h)
+            mig = self._read("nvmlDeviceGetMigMode", h)
+            rec["mig_mode"] = bool(mig[0]) if mig is not None else None
+            rec["serial"] = self._text(self._read("nvmlDeviceGetSerial", h))
+        except _Lost:
+            self._mark_lost(i)
+        return rec
+
+    # -- samples -------------------------------------------------------------------------------
+    def sample(self, slow=True):
+        """One dict per GPU (protocol.SAMPLE_FIELDS); slow=True re-reads ECC and memory health."""
+        out = []
+        pids = set()
+        for i, h in enumerate(self._handles):
+            if h is None or i in self._lost:
+                out.append(lost_record(i, self._uuids[i]))
+                continue
+            try:
+                rec = self._read_fast(i, h, pids)
+                if slow or i not in self._slow:
+                    self._slow[i] = self._read_slow(h)
+                rec.update(self._slow[i])
+            except _Lost:
+                self._mark_lost(i)
+                rec = lost_record(i, self._uuids[i])
+            out.append(rec)
+        self._names.forget_except(pids)
+        return out
+
+    def _read_fast(self, i, h, pids):
+        util = self._read("nvmlDeviceGetUtilizationRates", h)
+        mem = self._read("nvmlDeviceGetMemoryInfo", h)
+        pstate = self._read("nvmlDeviceGetPerformanceState", h)
+        mask = self._read(THROTTLE, h)
+        return {
+            "index": i,
+            "uuid": self._uuids[i],
+            "state": "ok",
+            "util_gpu": _int(util.gpu) if util is not None else None,
+            "util_mem": _int(util.memory) if util is not None else None,
+            "mem_used": _int(mem.used) if mem is not None else None,
+            "mem_total": _int(mem.total) if mem is not None else None,
+            "temp": self._read("nvmlDeviceGetTemperature", h, TEMPERATURE_GPU),
+            "power": _watts(self._read("nvmlDeviceGetPowerUsage", h)),
+            "power_limit": _watts(self._read(POWER_LIMIT, h)),
+            "sm_clock": self._read("nvmlDeviceGetClockInfo", h, CLOCK_SM),
+            "mem_clock": self._read("nvmlDeviceGetClockInfo", h, CLOCK_MEM),
+            "fan": self._read("nvmlDeviceGetFanSpeed", h),
+            "pstate": "P%d" % pstate if pstate is not None and pstate != PSTATE_UNKNOWN else None,
+            "throttle": decode_throttle(_int(mask)) if mask is not None else None,
+            "processes": self._processes(h, pids),
+        }
+
+    def _processes(self, h, pids):
+        """Compute and graphics processes, one entry per pid (largest memory figure)."""
+        found = {}
+        readable = False
+        for names in (COMPUTE_PROCS, GRAPHICS_PROCS):
+            procs = self._read(names, h)
+            if procs is None:
+                continue
+            readable = True
+            for p in procs:
+                pid = _int(getattr(p, "pid", None))
+                if pid is None:
+                    continue
+                mem = _int(getattr(p, "usedGpuMemory", None))
+                if mem == NOT_AVAILABLE:
+                    mem = None
+                if pid in found and found[pid] is not None and (mem is None or mem < found[pid]):
+                    continue
+                found[pid] = mem
+        if not readable:
+            return None
+        out = []
+        for pid in sorted(found):
+            pids.add(pid)
+            user, command = self._names.lookup(pid)
+            out.append({"pid": pid, "user": user, "command": command, "mem": found[pid]})
+        return out
+
+    def _read_slow(self, h):
+        counts = {}
+        for key, err, counter in (
+            ("volatile_corrected", ECC_CORRECTED, ECC_VOLATILE),
+            ("volatile_uncorrected", ECC_UNCORRECTED, ECC_VOLATILE),
+            ("aggregate_corrected", ECC_CORRECTED, ECC_AGGREGATE),
+            ("aggregate_uncorrected", ECC_UNCORRECTED, ECC_AGGREGATE),
+        ):
+            counts[key] = _int(self._read("nvmlDeviceGetTotalEccErrors", h, err, counter))
+        single = self._read("nvmlDeviceGetRetiredPages", h, RETIRED_SINGLE_BIT)
+        double = self._read("nvmlDeviceGetRetiredPages", h, RETIRED_DOUBLE_BIT)
+        pending = self._read("nvmlDeviceGetRetiredPagesPendingStatus", h)
+        retired = {
+            "single_bit": len(single) if single is not None else None,
+            "double_bit": len(double) if double is not None else None,
+            "pending": bool(pending) if pending is not None else None,
+        }
+        rows = self._read("nvmlDeviceGetRemappedRows", h)
+        remapped = None
+        if rows is not None:
+            remapped = {
+                "correctable": _int(rows[0]),
+                "uncorrectable": _int(rows[1]),
+                "pending": bool(rows[2]),
+                "failure": bool(rows[3]),
+            }
+        return {
+            "ecc": counts if any(v is not None for v in counts.values()) else None,
+            "retired_pages": retired if any(v is not None for v in retired.values()) else None,
+            "remapped_rows": remapped,
+        }
+
+    # -- events --------------------------------------------------------------------------------
+    def _open_event_set(self):
+        try:
+            event_set = self._call("nvmlEventSetCreate")
+        except Exception:
+            return None
+        registered = 0
+        for h in self._handles:
+            if h is None:
+                continue
+            try:
+                self._call("nvmlDeviceRegisterEvents", h, EVENT_XID, event_set)
+                registered += 1
+            except Exception:  # NOT_SUPPORTED on some boards: no XIDs from that one
+                pass
+        if not registered:
+            self._free_event_set(event_set)
+            return None
+        return event_set
+
+    def _free_event_set(self, event_set):
+        try:
+            self._call("nvmlEventSetFree", event_set)
+        except Exception:
+            pass
+
+    def events(self):
+        """XID and gpu_lost events since the last call; never blocks (NVML wait timeout 0)."""
+        out, self._pending = self._pending, []
+        if self._event_set is None:
+            return out
+        for _ in range(MAX_EVENTS_PER_POLL):
+            try:
+                data = self._call("nvmlEventSetWait", self._event_set, 0)
+            except Exception:  # TIMEOUT: nothing waiting; anything else shows in the samples
+                break
+            if not _int(data.eventType) & EVENT_XID:
+                continue
+            out.append(
+                {
+                    "type": "event",
+                    "t": time.time(),
+                    "kind": "xid",
+                    "gpu": self._index_of(data.device),
+                    "detail": {"xid": _int(data.eventData)},
+                }
+            )
+        return out
+
+    def _index_of(self, handle):
+        idx = self._index_of_handle.get(_address(handle))
+        if idx is None:
+            try:
+                idx = self._call("nvmlDeviceGetIndex", handle)
+            except Exception:
+                idx = None
+        return idx
+
+    def _mark_lost(self, i, why="GPU is lost"):
+        if i in self._lost:
+            return
+        self._lost.add(i)
+        self._pending.append(
+            {
+                "type": "event",
+                "t": time.time(),
+                "kind": "gpu_lost",
+                "gpu": i,
+                "detail": {"reason": why},
+            }
+        )
+
+    def close(self):
+        """Free the event set and shut NVML down; never raises."""
+        if self._event_set is not None:
+            self._free_event_set(self._event_set)
+            self._event_set = None
+        try:
+            self._nv.nvmlShutdown()
+        except Exception:
+            pass
+
+    @staticmethod
+    def _text(value):
+        if isinstance(value, bytes):
+            return value.decode("utf-8", "replace")
+        return value
+
+
+class _Unsupported(Exception):
+    """No alternative of a call exists in this pynvml."""
+
+
+def _address(handle):
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except Exception:
+        return id(handle)
+
+
+def _int(value):
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _watts(milliwatts):
+    if milliwatts is None:
+        return None
+    return round(milliwatts / 1000.0, 1)

@@ -1,0 +1,267 @@
+"""The NVML reader over the real nvidia-ml-py and a stand-in libnvidia-ml.so.1 built with gcc."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.node.protocol import SAMPLE_FIELDS, STATIC_FIELDS
+from gpuctl.node.readers import ReaderUnavailable, open_reader
+from gpuctl.node.readers.nvml import NvmlReader
+from gpuctl_tests.helpers import AgentProcess
+from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub, build
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="session")
+def nvml_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture
+def stub(nvml_lib_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NvmlStub:
+    """A stub loaded into this process, scripted by this test's config file."""
+    s = NvmlStub(nvml_lib_dir, tmp_path / "nvml.conf")
+    s.preload()
+    monkeypatch.setenv(CONFIG_ENV, str(s.config))
+    return s
+
+
+@pytest.fixture
+def reader(stub: NvmlStub) -> Iterator[Any]:
+    """Yields a function that scripts the stub and opens a reader on it (closed afterwards)."""
+    opened: list[NvmlReader] = []
+
+    def open_with(text: str) -> NvmlReader:
+        stub.configure(text)
+        r = NvmlReader.open()
+        opened.append(r)
+        return r
+
+    yield open_with
+    for r in opened:
+        r.close()
+
+
+def by_index(gpus: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {g["index"]: g for g in gpus}
+
+
+def test_versions_and_static_facts_come_from_the_library(reader: Any) -> None:
+    r = reader(
+        "count 3\nname 1 NVIDIA A100-SXM4-80GB\nset 2 mig 1\ndriver 535.183.01\ncuda 12020\n"
+    )
+    assert r.name == "nvml"
+    assert r.versions() == {"driver": "535.183.01", "cuda": "12.2", "nvml": "12.550.54.15"}
+    static = r.static()
+    assert [s["index"] for s in static] == [0, 1, 2]
+    for s in static:
+        assert set(s) == set(STATIC_FIELDS)
+    assert static[0] == {
+        "index": 0,
+        "uuid": "GPU-5718a1c0-0000-4000-8000-000000000000",
+        "name": "NVIDIA H100 80GB HBM3",
+        "mem_total": 81559 * MIB,
+        "power_limit": 700.0,
+        "max_sm_clock": 1980,
+        "max_mem_clock": 2619,
+        "pcie_gen": 5,
+        "pcie_width": 16,
+        "mig_mode": False,
+        "serial": "1650000000000",
+    }
+    assert static[1]["name"] == "NVIDIA A100-SXM4-80GB"
+    assert static[2]["mig_mode"] is True
+
+
+def test_sample_reads_every_field(reader: Any) -> None:
+    me = os.getpid()
+    r = reader(
+        f"count 2\nset 0 throttle 0x44\nset 1 pstate 8\nset 0 ecc_agg_unc 2\n"
+        f"set 1 retired_dbe 3\nset 1 rows_pending 1\n"
+        f"proc 0 {me} 512\nproc 0 {me} 300 graphics\nproc 1 4194000 64 graphics\n"
+    )
+    gpus = by_index(r.sample(slow=True))
+    for g in gpus.values():
+        assert set(g) == set(SAMPLE_FIELDS)
+    g0, g1 = gpus[0], gpus[1]
+    assert g0["state"] == "ok"
+    assert (g0["util_gpu"], g0["util_mem"], g1["util_gpu"], g1["util_mem"]) == (50, 20, 51, 21)
+    assert (g0["temp"], g1["temp"]) == (40, 41)
+    assert (g0["power"], g1["power"]) == (200.0, 201.0)
+    assert g0["power_limit"] == 700.0
+    assert (g0["mem_used"], g0["mem_total"]) == (10 * 1024 * MIB, 81559 * MIB)
+    assert (g0["sm_clock"], g0["mem_clock"], g0["fan"]) == (1755, 2619, 30)
+    assert (g0["pstate"], g1["pstate"]) == ("P0", "P8")
+    assert g0["throttle"] == ["sw_power_cap", "hw_thermal"]
+    assert g1["throttle"] == []
+    assert g0["ecc"] == {
+        "volatile_corrected": 0,
+        "volatile_uncorrected": 0,
+        "aggregate_corrected": 10,
+        "aggregate_uncorrected": 2,
+    }
+    assert g1["retired_pages"] == {"single_bit": 0, "double_bit": 3, "pending": False}
+    assert g1["remapped_rows"] == {
+        "correctable": 1,
+        "uncorrectable": 0,
+        "pending": True,
+        "failure": False,
+    }
+    # One entry per pid: the compute and graphics figures of this process are not both listed.
+    assert len(g0["processes"]) == 1
+    proc = g0["processes"][0]
+    assert proc["pid"] == me and proc["mem"] == 512 * MIB
+    assert proc["user"] == pwd.getpwuid(os.getuid()).pw_name
+    assert "pytest" in proc["command"] or "python" in proc["command"]
+    # A pid /proc does not show (another namespace, already gone): user and command unknown.
+    assert g1["processes"] == [{"pid": 4194000, "user": None, "command": None, "mem": 64 * MIB}]
+
+
+def test_unsupported_fields_are_null_and_hide_nothing_else(reader: Any) -> None:
+    r = reader("count 2\nerror 1 3 fan power ecc throttle retired\nerror 1 4 procs\n")
+    gpus = by_index(r.sample(slow=True))
+    g0, g1 = gpus[0], gpus[1]
+    for key in ("fan", "power", "ecc", "throttle", "retired_pages", "processes"):
+        assert g1[key] is None, key
+        assert g0[key] is not None, key
+    # everything else on the partly unsupported GPU is still read
+    assert g1["state"] == "ok"
+    assert (g1["util_gpu"], g1["temp"], g1["sm_clock"], g1["power_limit"]) == (51, 41, 1755, 700.0)
+    assert g1["remapped_rows"] is not None
+
+
+def test_unreadable_static_facts_are_null(reader: Any) -> None:
+    r = reader("count 2\nerror 0 3 serial pcie mig\nerror 0 4 max_clock\n")
+    s0 = r.static()[0]
+    assert (s0["serial"], s0["pcie_gen"], s0["pcie_width"], s0["mig_mode"]) == (None,) * 4
+    assert (s0["max_sm_clock"], s0["max_mem_clock"]) == (None, None)
+    assert s0["name"] == "NVIDIA H100 80GB HBM3" and s0["power_limit"] == 700.0
+    assert r.static()[1]["serial"] == "1650000000001"
+
+
+def test_slow_fields_are_repeated_between_slow_reads(reader: Any, stub: NvmlStub) -> None:
+    r = reader("count 1\n")
+    assert r.sample(slow=True)[0]["ecc"]["volatile_corrected"] == 0
+    stub.set(0, "ecc_vol_corr", 7)
+    stub.set(0, "temp", 77)
+    fast = r.sample(slow=False)[0]
+    assert fast["temp"] == 77  # fast fields are read every time
+    assert fast["ecc"]["volatile_corrected"] == 0  # slow ones repeat the last reading
+    assert r.sample(slow=True)[0]["ecc"]["volatile_corrected"] == 7
+
+
+def test_lost_gpu_becomes_lost_state_with_one_event(reader: Any) -> None:
+    r = reader("count 3\nlost 1 1\n")
+    first = by_index(r.sample(slow=True))
+    assert all(g["state"] == "ok" for g in first.values())
+    assert r.events() == []
+    second = by_index(r.sample(slow=False))
+    assert second[1]["state"] == "lost"
+    assert second[1]["uuid"] == "GPU-5718a1c0-0000-4000-8000-000000000001"
+    assert second[1]["temp"] is None and second[1]["processes"] == []
+    assert second[0]["state"] == "ok" and second[0]["temp"] == 40
+    assert second[2]["state"] == "ok" and second[2]["temp"] == 42
+    events = r.events()
+    assert [(e["type"], e["kind"], e["gpu"]) for e in events] == [("event", "gpu_lost", 1)]
+    third = by_index(r.sample(slow=True))
+    assert third[1]["state"] == "lost"
+    assert r.events() == []  # the event is sent once
+
+
+def test_xid_event_from_the_nvml_event_set(reader: Any) -> None:
+    r = reader("count 2\nxid 1 79 1\nxid 0 48 0\n")
+    r.sample(slow=True)
+    first = r.events()
+    assert [(e["kind"], e["gpu"], e["detail"]) for e in first] == [("xid", 0, {"xid": 48})]
+    r.sample(slow=False)
+    second = r.events()
+    assert [(e["kind"], e["gpu"], e["detail"]) for e in second] == [("xid", 1, {"xid": 79})]
+    r.sample(slow=False)
+    assert r.events() == []
+
+
+def test_gpu_without_event_support_still_samples(reader: Any) -> None:
+    r = reader("count 2\nerror 0 3 events\nxid 0 79 0\nxid 1 43 0\n")
+    r.sample(slow=True)
+    assert [(e["gpu"], e["detail"]["xid"]) for e in r.events()] == [(1, 43)]
+
+
+@pytest.mark.parametrize(
+    ("script", "reason"),
+    [
+        ("init 9\n", "Driver Not Loaded"),
+        ("init 999\n", "Unknown Error"),
+    ],
+)
+def test_open_fails_with_one_line_reason(stub: NvmlStub, script: str, reason: str) -> None:
+    stub.configure(script)
+    with pytest.raises(ReaderUnavailable) as info:
+        NvmlReader.open()
+    message = str(info.value)
+    assert reason in message and "nvmlInit" in message and "\n" not in message
+
+
+def test_open_reader_prefers_nvml(reader: Any, stub: NvmlStub) -> None:
+    stub.configure("count 4\n")
+    r, reason = open_reader()
+    try:
+        assert reason is None
+        assert r.name == "nvml" and len(r.static()) == 4
+    finally:
+        r.close()
+
+
+def test_without_the_driver_open_reader_says_why(
+    stub: NvmlStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(CONFIG_ENV)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    r, reason = open_reader()
+    assert r is None
+    assert "NVML: nvmlInit failed: Driver Not Loaded" in reason and "nvidia-smi" in reason
+
+
+def test_real_agent_over_the_stub(nvml_lib_dir: Path, tmp_path: Path, agents: list[Any]) -> None:
+    """The agent subprocess finds the stub through LD_LIBRARY_PATH, exactly as on a node."""
+    stub = NvmlStub(
+        nvml_lib_dir, tmp_path / "nvml.conf", "count 3\nerror 2 3 fan power\nlost 1 2\nxid 0 79 1\n"
+    )
+    agent = AgentProcess(
+        [sys.executable, "-m", "gpuctl.node", "agent", "--interval", "0.1"], env=stub.env()
+    )
+    agents.append(agent)
+    hello = agent.read()
+    assert hello["type"] == "hello"
+    assert (hello["reader"], hello["reader_error"]) == ("nvml", None)
+    assert (hello["driver"], hello["cuda"], hello["nvml"]) == ("550.54.15", "12.4", "12.550.54.15")
+    assert [g["name"] for g in hello["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 3
+
+    first = agent.read_until(lambda m: m["type"] == "sample")
+    gpus = by_index(first["gpus"])
+    assert [gpus[i]["temp"] for i in range(3)] == [40, 41, 42]
+    assert gpus[2]["fan"] is None and gpus[2]["power"] is None
+    assert gpus[2]["util_gpu"] == 52 and gpus[2]["mem_used"] == 12 * 1024 * MIB
+    assert gpus[0]["ecc"] is not None
+
+    xid = agent.read_until(lambda m: m["type"] == "event" and m["kind"] == "xid")
+    assert (xid["gpu"], xid["detail"]) == (0, {"xid": 79})
+    lost = agent.read_until(lambda m: m["type"] == "event" and m["kind"] == "gpu_lost")
+    assert lost["gpu"] == 1
+    after = agent.read_until(lambda m: m["type"] == "sample")
+    states = [g["state"] for g in sorted(after["gpus"], key=lambda g: g["index"])]
+    assert states == ["ok", "lost", "ok"]
+
+    agent.send({"type": "snapshot", "id": 5})
+    snap = agent.read_until(lambda m: m.get("id") == 5)
+    assert snap["type"] == "sample" and len(snap["gpus"]) == 3
+    agent.send({"type": "shutdown"})
+    agent.read_until(lambda m: m["type"] == "bye")
+    assert agent.proc.wait(5) == 0
