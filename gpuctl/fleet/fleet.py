@@ -41,6 +41,8 @@ class NodeRuntime:
         self.failures = 0
         self.wake = asyncio.Event()  # set to cut a backoff short (reconnect key)
         self.interval = 1.0
+        self.live_since = 0.0  # time.monotonic() of the last handshake
+        self.dropped: str | None = None  # why the watchdog dropped a silent link
 
 
 class Fleet:
@@ -147,6 +149,9 @@ class Fleet:
         await asyncio.gather(
             *(self._close_session(rt) for rt in self.nodes.values()), return_exceptions=True
         )
+        await asyncio.gather(
+            *(rt.link.aclose() for rt in self.nodes.values()), return_exceptions=True
+        )
         for rt in self.nodes.values():
             rt.task = None
 
@@ -196,19 +201,33 @@ class Fleet:
                 reason, message = "closed", "agent link closed"
             except LinkError as e:
                 reason, message = e.reason, e.message
+                if e.reason == "protocol":
+                    rt.link.forget_deploy()  # the next open() deploys the agent afresh
             except (OSError, asyncio.IncompleteReadError, EOFError) as e:
                 reason, message = "closed", f"link lost: {e}"
+            if rt.dropped is not None:
+                reason, message, rt.dropped = "lost", rt.dropped, None
             await self._close_session(rt)
             rt.failures += 1
-            self._publish(rt, state=NodeState.UNREACHABLE, reason=f"{reason}: {message}")
             delay = min(self.backoff_max, self.backoff_base * 2 ** min(rt.failures - 1, 10))
             delay *= self._rng.uniform(0.5, 1.0)  # jitter: a cluster-wide blip must not sync
+            streaming = rt.snapshot.state in (NodeState.LIVE, NodeState.STALE)
+            if reason == "lost" and rt.failures == 1 and streaming:
+                # The connection to a streaming node broke (not its agent: that is "closed" or
+                # "agent_crashed"): its last data stays on screen as stale while it reconnects
+                # (at once if it had streamed a while); only a failed reconnect makes it
+                # unreachable.
+                self._publish(rt, state=NodeState.STALE, reason=f"reconnecting: {message}")
+                if time.monotonic() - rt.live_since > 10 * max(rt.interval, 1.0):
+                    delay = 0.0
+            else:
+                self._publish(rt, state=NodeState.UNREACHABLE, reason=f"{reason}: {message}")
             rt.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(rt.wake.wait(), delay)
 
     async def _connect_and_stream(self, rt: NodeRuntime) -> None:
-        if rt.snapshot.state is not NodeState.UNREACHABLE:
+        if rt.snapshot.state not in (NodeState.UNREACHABLE, NodeState.STALE):
             self._publish(rt, state=NodeState.CONNECTING, reason=None)
         async with self._sem:
             try:
@@ -221,6 +240,7 @@ class Fleet:
         if isinstance(hello_interval, int | float) and hello_interval > 0:
             rt.interval = float(hello_interval)
         rt.failures = 0
+        rt.live_since = time.monotonic()
         self._publish(rt, state=NodeState.LIVE, info=info, reason=None)
         async for msg in session.messages():
             if isinstance(msg, Sample):
@@ -253,6 +273,19 @@ class Fleet:
                     limit = max(self.stale_after, 3 * rt.interval)
                     if now - snap.last_sample_t > limit:
                         self._publish(rt, state=NodeState.STALE)
+                elif (
+                    snap.state is NodeState.STALE
+                    and rt.session is not None
+                    and snap.last_sample_t is not None
+                    and now - snap.last_sample_t > max(4 * self.stale_after, 10 * rt.interval)
+                ):
+                    # Silent for long on an open link (a hung node or network): drop the link so
+                    # the node's task reconnects instead of waiting for TCP or SSH keepalives.
+                    age = now - snap.last_sample_t
+                    rt.dropped = f"no sample for {age:.0f} s on an open link; dropped it"
+                    session, rt.session = rt.session, None
+                    task = asyncio.create_task(session.close())
+                    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 def simulated_fleet(

@@ -37,6 +37,13 @@ class NodeLink:
         """A short human description: where this link goes."""
         return self.kind
 
+    def forget_deploy(self) -> None:
+        """The agent spoke another protocol version: deploy it afresh on the next ``open()``."""
+
+    async def aclose(self) -> None:
+        """Release what the link holds between sessions (an SSH connection); the fleet calls
+        this when it stops."""
+
 
 class LocalLink(NodeLink):
     """The agent as a child process on this machine (``python -m gpuctl.node agent``)."""
