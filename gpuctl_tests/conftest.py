@@ -10,6 +10,7 @@ import pytest
 from gpuctl_tests.helpers import IN_CI, AgentProcess
 
 if TYPE_CHECKING:
+    from gpuctl_tests.harness.slurm import SlurmCluster
     from gpuctl_tests.harness.sshd import SshCluster
 
 
@@ -38,3 +39,22 @@ def ssh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshCluster
         yield cluster
     finally:
         cluster.stop_all()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A real one-node Slurm (munged, slurmctld, slurmd; partition ``debug``; GRES gpu:h100:2)
+    shared by the whole session; clients need ``env=slurm_cluster.env``. Skips locally, fails
+    in CI, when slurm-wlm or munge is missing."""
+    from gpuctl_tests.harness.slurm import SlurmCluster, missing_parts
+
+    reason = missing_parts()
+    if reason:
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,0 +1,407 @@
+"""A real one-node Slurm 22.05 (Debian's slurm-wlm + munge) under a temporary folder.
+
+``SlurmCluster(tmpdir)`` writes its own munge key, ``slurm.conf``, ``gres.conf`` and
+``cgroup.conf``, starts a private ``munged`` (own socket), ``slurmctld`` and ``slurmd`` on free
+ports, and waits until the node is idle. Clients reach it with ``env=cluster.env`` (which sets
+``SLURM_CONF``) or through ``cluster.run([...])``. The node carries two fake GPUs
+(``Gres=gpu:h100:2``, device files are symlinks to /dev/null), so ``--gpus=1`` sets
+``CUDA_VISIBLE_DEVICES`` in the job and ``--gpus=3`` is refused.
+
+Every daemon and job carries a private marker in its environment so ``stop()`` also finds job
+processes that left the daemons' process trees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuctl_tests.harness import (
+    HarnessError,
+    descendants,
+    is_alive,
+    kill_pids,
+    log_tail,
+    pids_with_env,
+    wait_gone,
+)
+
+DAEMONS = {
+    "munged": "/usr/sbin/munged",
+    "slurmctld": "/usr/sbin/slurmctld",
+    "slurmd": "/usr/sbin/slurmd",
+}
+CLIENTS = ("sinfo", "srun", "sbatch", "squeue", "scancel", "scontrol")
+START_TIMEOUT = 30.0
+
+
+def missing_parts() -> str | None:
+    """Why a private Slurm cannot run here, or None when it can."""
+    for name, path in DAEMONS.items():
+        if not Path(path).exists():
+            pkg = "munge" if name == "munged" else "slurm-wlm"
+            return f"{path} missing (apt-get install {pkg})"
+    for tool in CLIENTS:
+        if shutil.which(tool) is None:
+            return f"{tool} missing (apt-get install slurm-client)"
+    if os.geteuid() != 0:
+        return "a private Slurm needs root here (slurmd starts job steps as the job's user)"
+    return None
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _mem_total_mb() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) // 1024
+    return 4096
+
+
+class SlurmCluster:
+    """A private munged + slurmctld + one slurmd ("node ``node``", partition ``partition``).
+
+    Attributes: ``env`` (environment for Slurm clients: ``SLURM_CONF`` set, inherited
+    ``SLURM_*`` job variables removed), ``conf_path``, ``node``, ``partition``, ``gpus`` (2),
+    ``gpu_type`` ("h100"), ``cpus``, ``jobcomp_path`` (one line per finished job),
+    ``start_seconds``.
+    """
+
+    def __init__(
+        self,
+        tmpdir: str | os.PathLike[str],
+        *,
+        node: str = "localhost",
+        partition: str = "debug",
+        cpus: int = 8,
+        gpus: int = 2,
+        gpu_type: str = "h100",
+        min_job_age: int = 10,
+        start: bool = True,
+    ) -> None:
+        reason = missing_parts()
+        if reason:
+            raise HarnessError(reason)
+        self.dir = Path(tmpdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        self.node = node
+        self.partition = partition
+        self.cpus = cpus
+        self.gpus = gpus
+        self.gpu_type = gpu_type
+        self.min_job_age = min_job_age
+        self.user = getpass.getuser()
+        self.conf_path = self.dir / "slurm.conf"
+        self.munge_socket = self.dir / "munge" / "munge.socket"
+        self.jobcomp_path = self.dir / "jobcomp.txt"
+        self.logs = {
+            "munged": self.dir / "munged.log",
+            "slurmctld": self.dir / "slurmctld.log",
+            "slurmd": self.dir / "slurmd.log",
+        }
+        self.marker = f"GPUCTL_TEST_SLURM={uuid.uuid4().hex}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env["SLURM_CONF"] = str(self.conf_path)
+        name, value = self.marker.split("=", 1)
+        env[name] = value
+        self.env: dict[str, str] = env
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.start_seconds: float | None = None
+        self._write_files()
+        if start:
+            self.start()
+
+    # --- files -----------------------------------------------------------------------------
+
+    def _write_files(self) -> None:
+        d = self.dir
+        for sub in ("munge", "state", "spool", "dev"):
+            (d / sub).mkdir(mode=0o700, exist_ok=True)
+        key = d / "munge" / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+            key.chmod(0o400)
+        self.ctld_port, self.slurmd_port = _free_ports(2)
+        devices = []
+        for i in range(self.gpus):
+            dev = d / "dev" / f"nvidia{i}"
+            if not dev.is_symlink():
+                dev.symlink_to("/dev/null")  # gres drops regular files; device nodes count
+            devices.append(dev)
+        real_mb = max(512, min(_mem_total_mb() - 512, 16384))
+        conf = {
+            "ClusterName": "gpuctltest",
+            "SlurmctldHost": "localhost(127.0.0.1)",
+            "SlurmctldPort": self.ctld_port,
+            "SlurmdPort": self.slurmd_port,
+            "SlurmUser": self.user,
+            "SlurmdUser": self.user,
+            "AuthType": "auth/munge",
+            "CredType": "cred/munge",
+            "AuthInfo": f"socket={self.munge_socket}",
+            "StateSaveLocation": d / "state",
+            "SlurmdSpoolDir": d / "spool",
+            "SlurmctldPidFile": d / "slurmctld.pid",
+            "SlurmdPidFile": d / "slurmd.pid",
+            "SlurmctldLogFile": self.logs["slurmctld"],
+            "SlurmdLogFile": self.logs["slurmd"],
+            "PlugStackConfig": d / "plugstack.conf",
+            "ProctrackType": "proctrack/linuxproc",
+            "TaskPlugin": "task/none",
+            "JobAcctGatherType": "jobacct_gather/none",
+            "AccountingStorageType": "accounting_storage/none",
+            "JobCompType": "jobcomp/filetxt",
+            "JobCompLoc": self.jobcomp_path,
+            "SelectType": "select/cons_tres",
+            "SelectTypeParameters": "CR_Core_Memory",
+            "DefMemPerCPU": 100,
+            "GresTypes": "gpu",
+            "MpiDefault": "none",
+            "SwitchType": "switch/none",
+            "ReturnToService": 2,
+            "MinJobAge": self.min_job_age,
+            "SlurmctldTimeout": 30,
+            "SlurmdTimeout": 30,
+            "MessageTimeout": 10,
+            "InactiveLimit": 0,
+            "KillWait": 2,
+            "SchedulerType": "sched/backfill",
+            # start batch jobs within ~1 s instead of ~3 s (the first one after start still
+            # waits for the scheduler's first pass, ~3 s after slurmctld starts)
+            "SchedulerParameters": "batch_sched_delay=0,sched_min_interval=0",
+            # the node may declare more CPUs than the machine has: jobs are small, and tests
+            # want several at once on a 2-core machine
+            "SlurmdParameters": "config_overrides",
+            "SlurmctldDebug": "info",
+            "SlurmdDebug": "info",
+        }
+        lines = [f"{k}={v}" for k, v in conf.items()]
+        lines.append(
+            f"NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname()} "
+            f"CPUs={self.cpus} RealMemory={real_mb} Gres=gpu:{self.gpu_type}:{self.gpus} "
+            "State=UNKNOWN"
+        )
+        lines.append(
+            f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE "
+            "State=UP"
+        )
+        self.conf_path.write_text("\n".join(lines) + "\n")
+        (d / "plugstack.conf").write_text("")
+        (d / "cgroup.conf").write_text("CgroupPlugin=autodetect\n")
+        gres = ["AutoDetect=off"]
+        gres += [
+            f"NodeName={self.node} Name=gpu Type={self.gpu_type} File={dev}" for dev in devices
+        ]
+        (d / "gres.conf").write_text("\n".join(gres) + "\n")
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        out = open(self.dir / f"{name}.out", "ab")  # noqa: SIM115 - lives as long as the daemon
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.dir,
+                start_new_session=True,
+            )
+        finally:
+            out.close()
+        self.procs[name] = proc
+        return proc
+
+    def _fail(self, name: str, why: str) -> HarnessError:
+        tails = [f"--- {name} log ---\n{log_tail(self.logs[name])}"]
+        out = self.dir / f"{name}.out"
+        if out.exists() and out.stat().st_size:
+            tails.append(f"--- {name} output ---\n{log_tail(out)}")
+        err = HarnessError(f"private Slurm: {name} {why}\n" + "\n".join(tails))
+        self.stop()
+        return err
+
+    def _wait(self, name: str, ready: Any, deadline: float) -> None:
+        while not ready():
+            proc = self.procs[name]
+            if proc.poll() is not None:
+                raise self._fail(name, f"exited with status {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise self._fail(name, "did not become ready in time")
+            time.sleep(0.02)  # poll interval; the deadline decides
+
+    def start(self, timeout: float = START_TIMEOUT) -> None:
+        """Start munged, slurmctld and slurmd; return once the node is idle.
+
+        Raises HarnessError (with the failing daemon's log tail) when one does not come up.
+        """
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        m = self.dir / "munge"
+        self._spawn(
+            "munged",
+            [
+                DAEMONS["munged"],
+                "--foreground",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={m / 'munge.key'}",
+                f"--pid-file={m / 'munged.pid'}",
+                f"--seed-file={m / 'munged.seed'}",
+                f"--log-file={self.logs['munged']}",
+                "--num-threads=4",
+            ],
+        )
+        self._wait("munged", self.munge_socket.exists, deadline)
+        self._spawn("slurmctld", [DAEMONS["slurmctld"], "-D", "-c", "-f", str(self.conf_path)])
+        self._wait("slurmctld", self._controller_up, deadline)
+        self._spawn("slurmd", [DAEMONS["slurmd"], "-D", "-N", self.node, "-f", str(self.conf_path)])
+        self._wait("slurmd", self._node_idle, deadline)
+        self.start_seconds = time.monotonic() - t0
+
+    def _client(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout,
+        )
+
+    def _controller_up(self) -> bool:
+        try:
+            r = self._client(["scontrol", "ping"], timeout=5)
+        except subprocess.TimeoutExpired:
+            return False
+        return "is UP" in r.stdout
+
+    def _node_state(self) -> str:
+        try:
+            r = self._client(["sinfo", "-h", "-N", "-n", self.node, "-o", "%T"], timeout=5)
+        except subprocess.TimeoutExpired:
+            return ""
+        return r.stdout.strip()
+
+    def _node_idle(self) -> bool:
+        return self._node_state() == "idle"
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60,
+        check: bool = True,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client (``["srun", "-N1", "hostname"]``) against this cluster.
+
+        Returns the completed process (text); with ``check`` a non-zero exit raises
+        HarnessError carrying stderr. Raises subprocess.TimeoutExpired past ``timeout``.
+        """
+        r = subprocess.run(
+            list(argv),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+            timeout=timeout,
+        )
+        if check and r.returncode != 0:
+            raise HarnessError(
+                f"{' '.join(argv)} exited {r.returncode}: {r.stderr.strip() or r.stdout.strip()}"
+            )
+        return r
+
+    def jobs(self) -> list[str]:
+        """Ids of the jobs squeue lists (pending, running, completing)."""
+        r = self.run(["squeue", "-h", "-o", "%i"], timeout=10)
+        return r.stdout.split()
+
+    def wait_idle(self, timeout: float = 30) -> None:
+        """Wait until no job is queued or running and the node is idle; raises HarnessError."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self._client(["squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i"], 10).stdout.split():
+                state = self._node_state()
+                if state == "idle":
+                    return
+                if state in ("drained", "draining", "down", "down*") and self.resume():
+                    continue
+            if time.monotonic() > deadline:
+                raise HarnessError(f"Slurm not idle after {timeout:g} s: {self._node_state()}")
+            time.sleep(0.05)  # poll interval; the deadline decides
+
+    def cancel_all(self, timeout: float = 10) -> None:
+        """scancel every job of this cluster (bounded: scancel retries without a controller)."""
+        if self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._client(["scancel", "--full", "-u", self.user], timeout=timeout)
+
+    def resume(self) -> bool:
+        """Put a drained or down node back in service; True when scontrol accepted it."""
+        try:
+            r = self._client(
+                ["scontrol", "update", f"NodeName={self.node}", "State=RESUME"], timeout=5
+            )
+        except subprocess.TimeoutExpired:
+            return False
+        return r.returncode == 0
+
+    def processes(self) -> set[int]:
+        """Live processes of this cluster: daemons, slurmstepd and job processes."""
+        roots = [p.pid for p in self.procs.values()]
+        found = descendants(roots) | pids_with_env(self.marker)
+        return {p for p in found if is_alive(p) and p != os.getpid()}
+
+    def stop(self) -> None:
+        """Cancel jobs, SIGTERM the daemons, SIGKILL what remains (jobs included)."""
+        self.cancel_all()
+        pids = self.processes()
+        # slurmd first (it may ignore SIGTERM while registering), then the controller, munge
+        for name in ("slurmd", "slurmctld", "munged"):
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        kill_pids(self.processes() | pids, signal.SIGKILL)
+        wait_gone(pids, 5)
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+
+    def __enter__(self) -> SlurmCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
