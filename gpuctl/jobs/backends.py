@@ -1,0 +1,332 @@
+"""How a prepared job folder gets run: a local process, a supervisor over SSH, or Slurm.
+
+Every backend starts the same thing, ``VENV1 JOBDIR/supervisor.py JOBDIR``: one command line
+holding only paths gpuctl made. What differs is how it is started, how its state is asked for,
+and how it is cancelled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuctl.jobs.hosts import _REAPER, Host, HostError, LocalHost
+
+SUPERVISOR_FILE = "supervisor.py"
+
+
+class Backend:
+    """Base: starts supervisors on ``host`` for job folders under ``job_root``."""
+
+    kind = "base"
+
+    def __init__(self, host: Host, job_root: str, supervisor_python: str) -> None:
+        self.host = host
+        self.job_root = job_root
+        self.supervisor_python = supervisor_python
+
+    def describe(self) -> dict[str, Any]:
+        """What the store keeps to rebuild this backend after a restart."""
+        return {"kind": self.kind, "job_root": self.job_root, "python": self.supervisor_python}
+
+    def supervisor_argv(self, jobdir: str) -> list[str]:
+        return [self.supervisor_python, f"{jobdir}/{SUPERVISOR_FILE}", jobdir]
+
+    def start(self, jobdirs: Sequence[str], meta: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Start supervisors for ``jobdirs``; return one handle dict per folder."""
+        raise NotImplementedError
+
+    def scheduler_state(self, handle: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What the scheduler knows of a job without an outcome (None: nothing to add)."""
+        return None
+
+    def finished_without_outcome(self, handle: Mapping[str, Any], jobdir: str) -> bool:
+        """True when the job can no longer write its outcome (process gone, job ended)."""
+        raise NotImplementedError
+
+    def wait_hint(self, handle: Mapping[str, Any], timeout: float) -> None:
+        """Block up to ``timeout`` s or until the job may have changed (default: sleep)."""
+        time.sleep(timeout)
+
+    def cancel(self, handle: Mapping[str, Any], jobdir: str) -> None:
+        raise NotImplementedError
+
+    def signal(self, handle: Mapping[str, Any], jobdir: str, signum: int) -> None:
+        """Send ``signum`` to the supervisor (it forwards SIGUSR1/SIGUSR2 to VENV2)."""
+        raise NotImplementedError
+
+
+class ProcessBackend(Backend):
+    """A detached supervisor process on a host: local or over SSH (``setsid``)."""
+
+    kind = "process"
+
+    def start(self, jobdirs: Sequence[str], meta: Mapping[str, Any]) -> list[dict[str, Any]]:
+        handles = []
+        for jobdir in jobdirs:
+            pid = self.host.start_detached(self.supervisor_argv(jobdir), f"{jobdir}/supervisor.log")
+            handles.append({"pid": pid, "host": self.host.name})
+        return handles
+
+    def _pid_info(self, jobdir: str) -> dict[str, Any] | None:
+        data = self.host.read_bytes(f"{jobdir}/supervisor.json")
+        if not data:
+            return None
+        try:
+            info = json.loads(data)
+        except ValueError:
+            return None
+        return info if isinstance(info, dict) else None
+
+    def _alive(self, pid: int) -> bool:
+        if isinstance(self.host, LocalHost):
+            _REAPER.poll()
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+            try:  # a zombie that is not ours is dead for this purpose
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except OSError:
+                return False
+        rc, _, _ = self.host.run(["kill", "-0", str(pid)], timeout=30)
+        return rc == 0
+
+    def finished_without_outcome(self, handle: Mapping[str, Any], jobdir: str) -> bool:
+        pid = handle.get("pid")
+        if not pid:
+            info = self._pid_info(jobdir)
+            pid = info.get("pid") if info else None
+        if not pid:
+            return False
+        return not self._alive(int(pid))
+
+    def wait_hint(self, handle: Mapping[str, Any], timeout: float) -> None:
+        pid = handle.get("pid")
+        if isinstance(self.host, LocalHost) and pid and _REAPER.wait(int(pid), timeout):
+            return
+        time.sleep(timeout)
+
+    def cancel(self, handle: Mapping[str, Any], jobdir: str) -> None:
+        # The file covers a supervisor that has not installed its handlers yet.
+        self.host.write_bytes(f"{jobdir}/cancel-requested", b"cancel\n")
+        self.signal(handle, jobdir, signal.SIGTERM)
+
+    def signal(self, handle: Mapping[str, Any], jobdir: str, signum: int) -> None:
+        info = self._pid_info(jobdir)
+        pid = (info or {}).get("pid") or handle.get("pid")
+        if not pid:
+            return
+        if isinstance(self.host, LocalHost):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signum)
+            return
+        self.host.run(["kill", f"-{signal.Signals(signum).name[3:]}", str(pid)], timeout=30)
+
+
+class LocalBackend(ProcessBackend):
+    kind = "local"
+
+
+class SshBackend(ProcessBackend):
+    kind = "ssh"
+
+    def __init__(self, host: Host, job_root: str, supervisor_python: str, node: str) -> None:
+        super().__init__(host, job_root, supervisor_python)
+        self.node = node
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "node": self.node}
+
+
+# --- Slurm -----------------------------------------------------------------------------------
+
+_TERMINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "OUT_OF_MEMORY",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "REVOKED",
+    "SPECIAL_EXIT",
+}
+
+
+class SlurmBackend(Backend):
+    """``sbatch`` a script gpuctl writes into the job folder; ``map`` becomes a job array.
+
+    State polling is batched (one ``squeue`` for every job of this backend) and cached for
+    ``poll_every`` seconds with backoff; finished jobs are looked up with ``sacct`` when
+    accounting exists, else ``scontrol show job``.
+    """
+
+    kind = "slurm"
+
+    def __init__(
+        self,
+        host: Host,
+        job_root: str,
+        supervisor_python: str,
+        *,
+        partition: str | None = None,
+        slurm_env: Mapping[str, str] | None = None,
+        sbatch_args: Sequence[str] = (),
+        signal_warning: str | None = "USR1@60",
+    ) -> None:
+        super().__init__(host, job_root, supervisor_python)
+        self.partition = partition
+        self.slurm_env = dict(slurm_env or {})
+        self.sbatch_args = list(sbatch_args)
+        self.signal_warning = signal_warning
+        self._cache: dict[str, dict[str, Any]] = {}
+        self._cache_t = 0.0
+        self._poll_every = 0.5
+        self._lock = threading.Lock()
+        self._watch: set[str] = set()
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "partition": self.partition, "slurm_env": self.slurm_env}
+
+    def _cmd(self, argv: Sequence[str], timeout: float = 60) -> tuple[int, str, str]:
+        if self.slurm_env:
+            argv = ["env", *(f"{k}={v}" for k, v in self.slurm_env.items()), *argv]
+        rc, out, err = self.host.run(argv, timeout=timeout)
+        return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def script(self, jobdirs: Sequence[str], meta: Mapping[str, Any]) -> str:
+        """The batch script: resources as #SBATCH lines, then one exec of the supervisor."""
+        limits = meta.get("limits") or {}
+        lines = ["#!/bin/bash", f"#SBATCH --job-name=gpuctl-{meta.get('name', 'job')[:40]}"]
+        if self.partition:
+            lines.append(f"#SBATCH --partition={self.partition}")
+        lines.append(f"#SBATCH --cpus-per-task={int(limits.get('cpus') or 1)}")
+        if limits.get("gpus"):
+            lines.append(f"#SBATCH --gpus={int(limits['gpus'])}")
+        if limits.get("mem_bytes"):
+            lines.append(f"#SBATCH --mem={max(1, int(limits['mem_bytes']) // (1 << 20))}M")
+        if limits.get("time_limit_s"):
+            minutes = max(1, int((float(limits["time_limit_s"]) + 59) // 60))
+            lines.append(f"#SBATCH --time={minutes}")
+        if self.signal_warning:
+            lines.append(f"#SBATCH --signal=B:{self.signal_warning}")
+        root = os.path.dirname(jobdirs[0])
+        lines.append(f"#SBATCH --output={root}/slurm-%A_%a.out")
+        if len(jobdirs) > 1:
+            lines.append(f"#SBATCH --array=0-{len(jobdirs) - 1}")
+        lines += [f"#SBATCH {a}" for a in self.sbatch_args]
+        quoted = " ".join(shlex.quote(d) for d in jobdirs)
+        lines += [
+            f"DIRS=({quoted})",
+            'D="${DIRS[${SLURM_ARRAY_TASK_ID:-0}]}"',
+            f'exec {shlex.quote(self.supervisor_python)} "$D/{SUPERVISOR_FILE}" "$D"',
+        ]
+        return "\n".join(lines) + "\n"
+
+    def start(self, jobdirs: Sequence[str], meta: Mapping[str, Any]) -> list[dict[str, Any]]:
+        script_path = f"{jobdirs[0]}/job.sbatch"
+        self.host.write_bytes(script_path, self.script(jobdirs, meta).encode(), 0o700)
+        rc, out, err = self._cmd(["sbatch", "--parsable", script_path])
+        if rc != 0:
+            raise HostError(f"sbatch refused the job: {err.strip() or out.strip()}")
+        job_id = out.strip().split(";")[0]
+        if len(jobdirs) == 1:
+            handles = [{"slurm_id": job_id}]
+        else:
+            handles = [{"slurm_id": f"{job_id}_{i}", "array": job_id} for i in range(len(jobdirs))]
+        with self._lock:
+            self._watch.update(h["slurm_id"] for h in handles)
+        return handles
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._cache_t < self._poll_every:
+            return
+        self._cache_t = now
+        rc, out, _ = self._cmd(["squeue", "-h", "-r", "-o", "%i|%T|%r", "-u", _user()])
+        if rc != 0:
+            # the controller is slow or gone: back off instead of hammering it
+            self._poll_every = min(10.0, self._poll_every * 2)
+            return
+        self._poll_every = 0.5
+        seen: dict[str, dict[str, Any]] = {}
+        for line in out.splitlines():
+            parts = line.split("|")
+            if len(parts) == 3:
+                seen[parts[0]] = {"state": parts[1], "reason": parts[2], "queued": True}
+        with self._lock:
+            for sid in self._watch:
+                if sid in seen:
+                    self._cache[sid] = seen[sid]
+                elif self._cache.get(sid, {}).get("queued", True):
+                    self._cache[sid] = {"queued": False}
+
+    def _final_state(self, slurm_id: str) -> dict[str, Any]:
+        rc, out, _ = self._cmd(["sacct", "-n", "-P", "-X", "-j", slurm_id, "-o", "JobID,State"])
+        if rc == 0 and out.strip():
+            for line in out.splitlines():
+                jid, _, state = line.partition("|")
+                if jid == slurm_id:
+                    return {"state": state.split()[0], "source": "sacct"}
+        rc, out, _ = self._cmd(["scontrol", "-o", "show", "job", slurm_id])
+        if rc == 0:
+            for tok in out.split():
+                if tok.startswith("JobState="):
+                    return {"state": tok.split("=", 1)[1], "source": "scontrol"}
+        return {"state": "", "source": "none"}
+
+    def scheduler_state(self, handle: Mapping[str, Any]) -> dict[str, Any] | None:
+        sid = str(handle.get("slurm_id") or "")
+        if not sid:
+            return None
+        with self._lock:
+            self._watch.add(sid)
+        self._refresh()
+        with self._lock:
+            info = dict(self._cache.get(sid) or {})
+        if info.get("queued"):
+            return info
+        if "final" not in info:
+            info["final"] = self._final_state(sid)
+            with self._lock:
+                self._cache[sid] = info
+        final = info["final"]
+        return {"state": final.get("state", ""), "source": final.get("source")}
+
+    def finished_without_outcome(self, handle: Mapping[str, Any], jobdir: str) -> bool:
+        info = self.scheduler_state(handle) or {}
+        if info.get("queued"):
+            return False
+        state = str(info.get("state") or "").split()[0] if info.get("state") else ""
+        return state in _TERMINAL or state == ""
+
+    def cancel(self, handle: Mapping[str, Any], jobdir: str) -> None:
+        self.host.write_bytes(f"{jobdir}/cancel-requested", b"cancel\n")
+        sid = str(handle.get("slurm_id") or "")
+        if sid:
+            self._cmd(["scancel", sid], timeout=30)
+
+    def signal(self, handle: Mapping[str, Any], jobdir: str, signum: int) -> None:
+        sid = str(handle.get("slurm_id") or "")
+        if sid:
+            name = signal.Signals(signum).name[3:]
+            self._cmd(["scancel", "--batch", f"--signal={name}", sid], timeout=30)
+
+
+def _user() -> str:
+    import getpass
+
+    return getpass.getuser()

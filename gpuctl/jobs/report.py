@@ -1,0 +1,425 @@
+"""Failure classification: what really happened to a job, from the files its folder holds.
+
+The inputs are the supervisor's ``outcome.json``, the worker's ``status.jsonl`` and first
+``error.json``, the tails of ``stderr.txt`` and ``setup.log``, and what the scheduler says (Slurm
+state, pending reason). The output is a ``FailureReport``: the phase reached, a classification, the
+evidence, a remedy and the paths to the logs. There is no "result not found" class: when nothing
+explains a failure the report says which file is missing and what the exit status was.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Classifications, each with a one-line title.
+KINDS: dict[str, str] = {
+    "user_exception": "the function raised an exception",
+    "out_of_memory": "out of memory",
+    "crash": "VENV2 crashed",
+    "python_mismatch": "Python version mismatch between the submitter and VENV2",
+    "cloudpickle_mismatch": "cloudpickle version mismatch between the submitter and VENV2",
+    "module_missing": "a module is missing in VENV2",
+    "venv2_wont_start": "VENV2's python will not start",
+    "env_build_failed": "the VENV2 environment could not be built",
+    "setup_failed": "a setup line failed before VENV2 started",
+    "time_limit": "time limit reached",
+    "cancelled": "cancelled",
+    "node_failure": "the node failed",
+    "preempted": "preempted by the scheduler",
+    "never_started": "the job never started",
+    "disk_full": "disk full",
+    "unpicklable_result": "the result cannot be pickled",
+    "load_failed": "the payload could not be loaded in VENV2",
+    "sys_exit": "the function exited the process",
+    "killed": "VENV2 was killed by a signal",
+    "lost": "the job's supervisor disappeared",
+    "supervisor_failed": "the supervisor failed",
+    "exited_without_result": "VENV2 exited without a result",
+}
+
+REMEDIES: dict[str, str] = {
+    "user_exception": "fix the function; the remote traceback above shows where it raised",
+    "out_of_memory": "ask for more memory (mem=...) or use less: the process hit the limit",
+    "crash": "the stack above shows the Python line that was running when it crashed; check the "
+    "C extension it calls (ctypes, CUDA, a wheel built for another platform)",
+    "python_mismatch": "make VENV2 run the submitter's Python minor version "
+    "(env=EnvSpec(python='X.Y', ...)) or run gpuctl under VENV2's Python",
+    "cloudpickle_mismatch": "install the submitter's cloudpickle version into VENV2 "
+    "(add 'cloudpickle==X' to the env's packages)",
+    "module_missing": "add the module to the environment's packages (env=EnvSpec(packages=[...]))"
+    " or install it into VENV2",
+    "venv2_wont_start": "check the VENV2 interpreter path on the node (python=...), or let gpuctl "
+    "build one with env=...",
+    "env_build_failed": "read the build log; fix the package list or the node's conda/uv/python",
+    "setup_failed": "fix the setup line shown (module name, path) in the cluster or job config",
+    "time_limit": "raise time_limit=... or make the function faster",
+    "cancelled": "nothing to fix: the job was cancelled",
+    "node_failure": "resubmit; report the node to the cluster admins if it repeats",
+    "preempted": "resubmit, or use a partition/QOS without preemption",
+    "never_started": "see the pending reason; ask for fewer resources or another partition",
+    "disk_full": "free space in the job folder's file system (or point the job root elsewhere)",
+    "unpicklable_result": "return plain data (lists, dicts, arrays) instead of open files, locks, "
+    "generators or sockets",
+    "load_failed": "the payload refers to something VENV2 cannot rebuild; see the traceback",
+    "sys_exit": "return a value instead of calling sys.exit/os._exit inside the function",
+    "killed": "something outside the job sent the signal (an admin, the OOM killer, a scheduler)",
+    "lost": "the node rebooted or the supervisor was killed; resubmit",
+    "supervisor_failed": "this is a gpuctl bug: please report it with the supervisor error",
+    "exited_without_result": "a C extension or a thread ended the process; see stderr",
+}
+
+CRASH_SIGNALS = {"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"}
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    """Why a job failed: ``kind`` (a key of KINDS), phase, evidence lines, remedy, log paths."""
+
+    kind: str
+    phase: str
+    evidence: tuple[str, ...]
+    remedy: str
+    logs: Mapping[str, str] = field(default_factory=dict)
+    job_id: str = ""
+    traceback: str = ""
+
+    @property
+    def title(self) -> str:
+        return KINDS.get(self.kind, self.kind)
+
+    def text(self) -> str:
+        """The report as plain text, the message of ``JobFailed``."""
+        lines = [f"job {self.job_id} failed: {self.title} [{self.kind}] in phase {self.phase}"]
+        lines += [f"  {e}" for e in self.evidence]
+        if self.traceback:
+            lines.append("  traceback:")
+            lines += ["    " + t for t in self.traceback.rstrip().splitlines()[-30:]]
+        lines.append(f"  remedy: {self.remedy}")
+        if self.logs:
+            lines.append("  logs:")
+            lines += [f"    {name}: {path}" for name, path in self.logs.items()]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "title": self.title,
+            "phase": self.phase,
+            "evidence": list(self.evidence),
+            "remedy": self.remedy,
+            "logs": dict(self.logs),
+            "job_id": self.job_id,
+            "traceback": self.traceback,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FailureReport:
+        return cls(
+            kind=str(d["kind"]),
+            phase=str(d.get("phase", "")),
+            evidence=tuple(d.get("evidence", ())),
+            remedy=str(d.get("remedy", "")),
+            logs=dict(d.get("logs", {})),
+            job_id=str(d.get("job_id", "")),
+            traceback=str(d.get("traceback", "")),
+        )
+
+
+@dataclass
+class JobFiles:
+    """What a job folder held when it was read (None = file absent)."""
+
+    outcome: dict[str, Any] | None = None
+    status: list[dict[str, Any]] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+    result_info: dict[str, Any] | None = None
+    stderr_tail: str = ""
+    setup_tail: str = ""
+    meta: dict[str, Any] | None = None
+
+    @property
+    def last_phase(self) -> str:
+        return str(self.status[-1]["phase"]) if self.status else "not started"
+
+
+def parse_status(text: str) -> list[dict[str, Any]]:
+    """Lines of status.jsonl; a torn last line (crash mid-write) is skipped."""
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def _faulthandler_stack(stderr: str) -> str:
+    """The faulthandler block of stderr ("Fatal Python error: ..." and the stack after it)."""
+    idx = stderr.rfind("Fatal Python error")
+    if idx < 0:
+        return ""
+    return stderr[idx:].strip()
+
+
+def _fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _oom_delta(outcome: Mapping[str, Any]) -> int:
+    before = (outcome.get("cgroup_before") or {}).get("oom_kill")
+    after = (outcome.get("cgroup_after") or {}).get("oom_kill")
+    if isinstance(before, int) and isinstance(after, int):
+        return after - before
+    return 0
+
+
+def classify(
+    files: JobFiles,
+    *,
+    job_id: str = "",
+    logs: Mapping[str, str] | None = None,
+    scheduler: Mapping[str, Any] | None = None,
+    submitter_python: str = "",
+) -> FailureReport | None:
+    """Classify a finished job; None when it succeeded (a result was saved and VENV2 exited 0).
+
+    ``scheduler`` may hold ``state`` (Slurm state such as OUT_OF_MEMORY, TIMEOUT, CANCELLED,
+    NODE_FAIL, PREEMPTED, PENDING) and ``reason`` (the pending reason).
+    """
+    o = files.outcome or {}
+    err = files.error
+    sched = dict(scheduler or {})
+    sstate = str(sched.get("state") or "").upper().split()[0] if sched.get("state") else ""
+    phase = files.last_phase
+    ev: list[str] = []
+    tb = ""
+    py_line = ""
+    if files.meta:
+        py_line = f"submitter Python {files.meta.get('python_version')}"
+    for s in files.status:
+        if s.get("phase") == "start" and s.get("python"):
+            py_line += f", VENV2 Python {s['python']} ({s.get('executable')})"
+    if files.outcome is not None and o.get("exit_code") == 0 and files.result_info is not None:
+        return None
+
+    def report(kind: str, *extra: str, remedy: str | None = None) -> FailureReport:
+        lines = [*extra, *ev]
+        code = o.get("exit_code")
+        sig = o.get("signal_name")
+        if files.outcome is not None and (code is not None or sig):
+            status = f"signal {sig}" if sig else f"exit code {code}"
+            lines.append(
+                f"VENV2 ended with {status} after {o.get('run_s', '?')} s, "
+                f"peak RSS {_fmt_bytes((o.get('peak_rss_kb') or 0) * 1024)}"
+            )
+        if sstate:
+            lines.append(f"scheduler state: {sched.get('state')}")
+        if py_line:
+            lines.append(py_line.lstrip(", "))
+        stderr = files.stderr_tail.strip()
+        if stderr and kind not in ("crash",):
+            last = stderr.splitlines()[-8:]
+            lines.append("last lines of stderr:")
+            lines += ["| " + line for line in last]
+        return FailureReport(
+            kind=kind,
+            phase=phase,
+            evidence=tuple(lines),
+            remedy=remedy or REMEDIES[kind],
+            logs=dict(logs or {}),
+            job_id=job_id,
+            traceback=tb,
+        )
+
+    # Scheduler verdicts that no file can give.
+    if files.outcome is None:
+        if sstate == "PENDING" or (sstate == "" and sched.get("reason") and not files.status):
+            reason = sched.get("reason") or "unknown"
+            return report("never_started", f"pending reason: {reason}")
+        if sstate in ("NODE_FAIL", "BOOT_FAIL"):
+            return report("node_failure", f"Slurm says {sstate}")
+        if sstate == "PREEMPTED":
+            return report("preempted", "Slurm preempted the job")
+        if sstate == "OUT_OF_MEMORY":
+            return report("out_of_memory", "Slurm says OUT_OF_MEMORY")
+        if sstate == "TIMEOUT":
+            return report("time_limit", "Slurm ended the job at its time limit (TIMEOUT)")
+        if sstate.startswith("CANCELLED"):
+            if not files.status:
+                return report("cancelled", "cancelled before VENV2 started")
+            return report("cancelled", f"Slurm says {sched.get('state')}")
+        if sched.get("cancelled"):
+            return report("cancelled", "cancelled before the supervisor wrote its outcome")
+        return report(
+            "lost",
+            "outcome.json was never written: the supervisor did not finish "
+            + (
+                f"(last heartbeat {sched['heartbeat_age']:.0f} s ago)"
+                if "heartbeat_age" in sched
+                else "(no heartbeat)"
+            ),
+        )
+
+    if o.get("supervisor_error"):
+        tb = str(o.get("supervisor_traceback") or "")
+        return report("supervisor_failed", f"supervisor error: {o['supervisor_error']}")
+    if o.get("setup_failed"):
+        setup = o.get("setup") or {}
+        last = files.setup_tail.strip().splitlines()[-6:]
+        return report(
+            "setup_failed",
+            f"setup lines exited with {setup.get('rc')}: {setup.get('lines')}",
+            *("| " + line for line in last),
+        )
+    if o.get("start_error"):
+        se = o["start_error"]
+        return report(
+            "venv2_wont_start",
+            f"cannot execute {se.get('python')}: [{se.get('errno_name')}] {se.get('message')}",
+        )
+    stop = o.get("stop_reason")
+    sig = o.get("signal_name")
+    code = o.get("exit_code")
+    limits = (files.meta or {}).get("limits") or {}
+    if stop == "time_limit" or sstate == "TIMEOUT":
+        return report(
+            "time_limit",
+            f"time limit {limits.get('time_limit_s')} s reached in phase {phase}; "
+            f"sent SIGTERM{', then SIGKILL' if o.get('escalated_to_kill') else ''}",
+        )
+    if stop == "cancelled" or sstate.startswith("CANCELLED"):
+        return report("cancelled", f"stopped by request ({o.get('stop_signal') or 'cancel file'})")
+    if sstate in ("NODE_FAIL", "BOOT_FAIL"):
+        return report("node_failure", f"Slurm says {sstate}")
+    if sstate == "PREEMPTED":
+        return report("preempted", "Slurm preempted the job")
+
+    oom = _oom_delta(o)
+    mem_limit = limits.get("mem_bytes")
+    peak = (o.get("peak_rss_kb") or 0) * 1024
+    cg_limit = (o.get("cgroup_after") or {}).get("limit_bytes")
+    if (
+        (err is not None and err.get("kind") == "memory_error")
+        or sstate == "OUT_OF_MEMORY"
+        or (sig == "SIGKILL" and (oom > 0 or (cg_limit and peak >= 0.9 * cg_limit)))
+    ):
+        lines = []
+        if err is not None and err.get("kind") == "memory_error":
+            lines.append(
+                f"MemoryError raised in phase {err.get('phase')}"
+                + (
+                    f" under a memory limit of {_fmt_bytes(mem_limit)} (RLIMIT_AS)"
+                    if mem_limit
+                    else ""
+                )
+            )
+            tb = str(err.get("traceback") or "")
+        if sstate == "OUT_OF_MEMORY":
+            lines.append("Slurm says OUT_OF_MEMORY")
+        if oom > 0:
+            lines.append(f"cgroup OOM kills during the job: {oom} (limit {_fmt_bytes(cg_limit)})")
+        if sig == "SIGKILL":
+            lines.append(f"VENV2 was SIGKILLed at peak RSS {_fmt_bytes(peak)}")
+        return report("out_of_memory", *lines)
+
+    if err is not None:
+        kind = str(err.get("kind"))
+        tb = str(err.get("traceback") or "")
+        msg = f"{err.get('type') or ''}: {err.get('message')}".lstrip(": ")
+        if kind == "python_mismatch":
+            return report(
+                "python_mismatch",
+                str(err.get("message")),
+                f"VENV2 interpreter: {err.get('venv2_executable')}",
+            )
+        if kind == "cloudpickle_mismatch":
+            return report("cloudpickle_mismatch", str(err.get("message")))
+        if kind == "module_missing" or (
+            kind == "user_exception" and err.get("type") in ("ModuleNotFoundError", "ImportError")
+        ):
+            name = err.get("module") or _module_from_message(str(err.get("message")))
+            return report(
+                "module_missing",
+                f"module {name!r} cannot be imported in VENV2 ({err.get('venv2_executable') or ''})"
+                f" during {err.get('phase')}: {msg}",
+                remedy=f"add {name!r} to the environment's packages, or install it into VENV2",
+            )
+        if kind == "user_exception":
+            return report("user_exception", f"{msg}")
+        if kind == "unpicklable_result":
+            return report(
+                "unpicklable_result",
+                f"the function returned a {err.get('result_type')} that cannot be pickled: {msg}",
+            )
+        if kind == "disk_full":
+            return report("disk_full", f"writing the result failed: {msg}")
+        if kind in ("sys_exit", "os_exit"):
+            stack = str(err.get("stack") or "")
+            if stack:
+                tb = stack
+            return report("sys_exit", str(err.get("message")))
+        if kind == "load_failed":
+            return report("load_failed", msg)
+        if kind == "save_failed":
+            return report("disk_full" if "No space" in msg else "load_failed", msg)
+        return report("exited_without_result", f"worker error {kind}: {msg}")
+
+    if sig in CRASH_SIGNALS:
+        stack = _faulthandler_stack(files.stderr_tail)
+        tb = stack
+        return report(
+            "crash",
+            f"VENV2 died of {sig} in phase {phase}"
+            + ("" if stack else " (no faulthandler output in stderr.txt)"),
+        )
+    if sig:
+        if sig == "SIGKILL" and mem_limit and peak >= 0.9 * mem_limit:
+            return report("out_of_memory", f"SIGKILL at peak RSS {_fmt_bytes(peak)}")
+        return report("killed", f"VENV2 died of {sig} in phase {phase}")
+    if code is not None and code != 0 and phase == "start" and not files.status[1:]:
+        return report(
+            "venv2_wont_start",
+            f"VENV2's python exited with {code} before the worker ran",
+        )
+    if not files.status:
+        return report(
+            "venv2_wont_start", f"VENV2's python exited with {code} before the worker started"
+        )
+    if phase == "running":
+        return report(
+            "sys_exit", f"the process ended with exit code {code} while the function was running"
+        )
+    return report(
+        "exited_without_result",
+        f"exit code {code} in phase {phase}; result.pkl was "
+        + ("written" if files.result_info else "not written"),
+    )
+
+
+def _module_from_message(message: str) -> str:
+    m = re.search(r"No module named '([^']+)'", message)
+    return m.group(1) if m else "?"
+
+
+def signal_name(num: int | None) -> str:
+    if num is None:
+        return ""
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def summarize(reports: Sequence[FailureReport]) -> str:
+    return "; ".join(f"{r.job_id}: {r.kind}" for r in reports)

@@ -1,0 +1,169 @@
+"""The job store: one SQLite file under the XDG state dir, so jobs outlive the gpuctl process.
+
+``$GPUCTL_STATE_DIR`` overrides the folder (tests use it). Each row keeps what is needed to find
+the job again after a restart: the target, the backend description (kind, node, Slurm job id,
+supervisor pid), the job folder on that host, and, once finished, the state and classification.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATES = ("submitted", "pending", "running", "done", "failed", "cancelled")
+FINAL_STATES = ("done", "failed", "cancelled")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    target TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    jobdir TEXT NOT NULL,
+    state TEXT NOT NULL,
+    kind TEXT,
+    summary TEXT,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    ended_at REAL,
+    report TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_created ON jobs(created_at);
+"""
+
+
+def state_dir() -> Path:
+    """``$GPUCTL_STATE_DIR``, else platformdirs' user state dir for gpuctl."""
+    env = os.environ.get("GPUCTL_STATE_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_state_dir("gpuctl", appauthor=False))
+
+
+@dataclass
+class JobRecord:
+    """One stored job. ``backend`` is the JSON-able description used to reattach."""
+
+    id: str
+    name: str
+    target: str
+    backend: dict[str, Any]
+    jobdir: str
+    state: str
+    created_at: float
+    kind: str | None = None
+    summary: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    report: dict[str, Any] | None = field(default=None)
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds from start (or creation) to end, or to now while running."""
+        start = self.started_at or self.created_at
+        end = self.ended_at or (None if self.state in FINAL_STATES else time.time())
+        return None if end is None else max(0.0, end - start)
+
+
+class JobStore:
+    """SQLite-backed list of jobs; safe to share between threads of one process."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        if path is None:
+            folder = state_dir()
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = folder / "jobs.sqlite"
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        with self._db() as db:
+            db.executescript(_SCHEMA)
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            db = sqlite3.connect(self.path, timeout=30)
+            try:
+                with db:
+                    yield db
+            finally:
+                db.close()
+
+    def add(self, rec: JobRecord) -> None:
+        with self._db() as db:
+            db.execute(
+                "INSERT INTO jobs (id, name, target, backend, jobdir, state, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    rec.id,
+                    rec.name,
+                    rec.target,
+                    json.dumps(rec.backend),
+                    rec.jobdir,
+                    rec.state,
+                    rec.created_at,
+                ),
+            )
+
+    def update(self, job_id: str, **values: Any) -> None:
+        """Set columns of one job (``backend`` and ``report`` given as dicts)."""
+        if not values:
+            return
+        cols = []
+        args: list[Any] = []
+        for k, v in values.items():
+            if k not in ("state", "kind", "summary", "started_at", "ended_at", "report", "backend"):
+                raise ValueError(f"unknown column {k}")
+            cols.append(f"{k} = ?")
+            args.append(json.dumps(v) if k in ("report", "backend") and v is not None else v)
+        with self._db() as db:
+            db.execute(f"UPDATE jobs SET {', '.join(cols)} WHERE id = ?", (*args, job_id))
+
+    def get(self, job_id: str) -> JobRecord | None:
+        """The job with this id, or with this unique id prefix; None when there is none."""
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT * FROM jobs WHERE id = ? OR id LIKE ? LIMIT 2",
+                (job_id, job_id.replace("%", "").replace("_", "") + "%"),
+            ).fetchall()
+            names = [d[0] for d in db.execute("SELECT * FROM jobs LIMIT 0").description]
+        exact = [r for r in rows if r[0] == job_id]
+        if exact:
+            rows = exact
+        if len(rows) != 1:
+            return None
+        return _record(dict(zip(names, rows[0], strict=True)))
+
+    def list(self, limit: int = 100) -> list[JobRecord]:
+        """Newest first."""
+        with self._db() as db:
+            cur = db.execute("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,))
+            names = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+        return [_record(dict(zip(names, r, strict=True))) for r in rows]
+
+
+def _record(row: Mapping[str, Any]) -> JobRecord:
+    return JobRecord(
+        id=row["id"],
+        name=row["name"],
+        target=row["target"],
+        backend=json.loads(row["backend"]),
+        jobdir=row["jobdir"],
+        state=row["state"],
+        created_at=row["created_at"],
+        kind=row["kind"],
+        summary=row["summary"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        report=json.loads(row["report"]) if row["report"] else None,
+    )

@@ -1,0 +1,628 @@
+"""VENV1 job supervisor: runs one VENV2 job from its folder and ALWAYS writes ``outcome.json``.
+
+``python3 supervisor.py JOBDIR`` (a copy of this file lives in every job folder), also reachable as
+``python3 gpuctl-node-<hash>.pyz supervisor JOBDIR`` and ``python3 -m gpuctl.node supervisor
+JOBDIR``. Standard library only, Python 3.6 syntax: this runs on a node's system Python.
+
+What it does, in order:
+
+1. reads ``meta.json`` (never the payload: the supervisor unpickles nothing);
+2. runs the job's setup lines (``module load cuda/12.1`` ...) in ``bash`` with their output in
+   ``setup.log``, and takes the environment they leave behind for VENV2;
+3. starts VENV2's python as ``python -X faulthandler worker.py JOBDIR`` with stdout and stderr
+   going to ``stdout.txt``/``stderr.txt`` (files, not pipes: a chatty job cannot block on a full
+   pipe), in its own session, with ``RLIMIT_AS`` when a memory limit is asked for outside Slurm;
+4. waits: writes ``heartbeat.json`` every few seconds, enforces the time limit itself outside Slurm
+   (TERM, grace, KILL to VENV2's process group), forwards SIGUSR1/SIGUSR2 (Slurm's warning signal,
+   stack dumps) and turns SIGTERM/SIGINT/SIGHUP into a cancel;
+5. records exit code or signal, peak RSS (``wait4``), wall time, the cgroup (v1 or v2) memory limit
+   and OOM-kill count before and after, kills whatever VENV2 left in its process group, and writes
+   ``outcome.json`` atomically, whatever happened, including its own failure.
+
+``python3 supervisor.py --build-env SPEC.json`` builds a VENV2 environment (see ``build_env``) and
+prints one JSON line.
+"""
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+OUTCOME = "outcome.json"
+HEARTBEAT = "heartbeat.json"
+PIDFILE = "supervisor.json"
+CANCEL = "cancel-requested"
+DEFAULT_GRACE = 10.0
+HEARTBEAT_EVERY = 2.0
+FORWARDED = ("SIGUSR1", "SIGUSR2")
+STOPPING = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+def _now():
+    return time.time()
+
+
+def write_json(path, obj):
+    """Write ``obj`` as JSON to ``path`` atomically (temporary name, fsync, rename)."""
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path, default=None):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def tail(path, limit=4000):
+    """Last ``limit`` characters of a text file ('' when it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+# --- cgroups -------------------------------------------------------------------------------
+
+
+def _read_int(path):
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _read_keyed(path):
+    out = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2:
+                    try:
+                        out[parts[0]] = int(parts[1])
+                    except ValueError:
+                        pass
+    except OSError:
+        pass
+    return out
+
+
+def _cgroup_dirs():
+    """(version, directory) of this process's memory cgroup, or (None, None)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None, None
+    v1_path = v2_path = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            v2_path = parts[2]
+        elif "memory" in parts[1].split(","):
+            v1_path = parts[2]
+    mounts = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields = left.split()
+                rfields = right.split()
+                if len(fields) >= 5 and rfields:
+                    mounts.append((fields[3], fields[4], rfields[0], rfields[-1]))
+    except OSError:
+        pass
+    for version, want in ((1, v1_path), (2, v2_path)):
+        if want is None:
+            continue
+        for root, point, fstype, opts in mounts:
+            if version == 1 and not (fstype == "cgroup" and "memory" in opts.split(",")):
+                continue
+            if version == 2 and fstype != "cgroup2":
+                continue
+            rel = want
+            if root != "/" and (want == root or want.startswith(root + "/")):
+                rel = want[len(root):]
+            candidate = os.path.join(point, rel.lstrip("/"))
+            if os.path.isdir(candidate):
+                return version, candidate
+            if os.path.isdir(point):
+                return version, point
+    return None, None
+
+
+def cgroup_memory():
+    """Memory limit, usage peak and OOM-kill count of this process's cgroup (v1 or v2)."""
+    version, path = _cgroup_dirs()
+    info = {"version": version, "path": path}
+    if path is None:
+        return info
+    if version == 2:
+        info["limit_bytes"] = _read_int(os.path.join(path, "memory.max"))
+        info["peak_bytes"] = _read_int(os.path.join(path, "memory.peak"))
+        events = _read_keyed(os.path.join(path, "memory.events"))
+        info["oom_kill"] = events.get("oom_kill")
+        info["oom"] = events.get("oom")
+    else:
+        limit = _read_int(os.path.join(path, "memory.limit_in_bytes"))
+        # v1 reports "no limit" as a huge page-rounded number.
+        info["limit_bytes"] = limit if limit is not None and limit < (1 << 60) else None
+        info["peak_bytes"] = _read_int(os.path.join(path, "memory.max_usage_in_bytes"))
+        control = _read_keyed(os.path.join(path, "memory.oom_control"))
+        info["oom_kill"] = control.get("oom_kill")
+        info["failcnt"] = _read_int(os.path.join(path, "memory.failcnt"))
+    return info
+
+
+# --- the job -------------------------------------------------------------------------------
+
+
+def _rss_kb(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _run_setup(jobdir, lines, env):
+    """Run setup lines in bash; return (ok, rc, env after them). Output goes to setup.log."""
+    script = os.path.join(jobdir, "setup.sh")
+    envfile = os.path.join(jobdir, ".setup-env")
+    with open(script, "w") as f:
+        f.write("set -e\n")
+        for line in lines:
+            f.write(line.rstrip("\n") + "\n")
+        # The environment the lines leave behind is what VENV2 must see (module load, conda).
+        f.write('env -0 > "$GPUCTL_SETUP_ENV"\n')
+    env = dict(env)
+    env["GPUCTL_SETUP_ENV"] = envfile
+    with open(os.path.join(jobdir, "setup.log"), "ab") as log:
+        log.write(("# setup lines, %s\n" % time.strftime("%Y-%m-%d %H:%M:%S")).encode())
+        log.flush()
+        rc = subprocess.call(
+            ["bash", script], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+            cwd=jobdir)
+    if rc != 0:
+        return False, rc, None
+    new_env = {}
+    try:
+        with open(envfile, "rb") as f:
+            for item in f.read().split(b"\0"):
+                key, sep, value = item.partition(b"=")
+                if sep and key:
+                    new_env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+        os.unlink(envfile)
+    except OSError:
+        return True, rc, env
+    new_env.pop("GPUCTL_SETUP_ENV", None)
+    for key in ("SHLVL", "_", "OLDPWD"):
+        new_env.pop(key, None)
+    return True, rc, new_env
+
+
+class Supervisor(object):
+    """One job run; ``run()`` returns the outcome dict (also written to ``outcome.json``)."""
+
+    def __init__(self, jobdir):
+        self.jobdir = os.path.abspath(jobdir)
+        self.outcome = {
+            "supervisor_version": 1,
+            "supervisor_python": sys.version.split()[0],
+            "supervisor_executable": sys.executable,
+            "hostname": socket.gethostname(),
+            "supervisor_pid": os.getpid(),
+            "started_at": _now(),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "phase": "supervisor",
+        }
+        self.stop_reason = None
+        self.stop_at = None
+        self.kill_at = None
+        self.child = None
+        self.pending_forward = []
+        self.wake_r = self.wake_w = None
+
+    def path(self, name):
+        return os.path.join(self.jobdir, name)
+
+    def _on_stop(self, signum, frame):
+        if self.stop_reason is None:
+            self.stop_reason = "cancelled"
+            self.outcome["stop_signal"] = signal.Signals(signum).name
+
+    def _on_forward(self, signum, frame):
+        self.pending_forward.append(signum)
+
+    def _install_signals(self):
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.wake_r, self.wake_w):
+            fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+            fcntl.fcntl(fd, fcntl.F_SETFL, fl | os.O_NONBLOCK)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda s, f: None)
+        for name in STOPPING:
+            signal.signal(getattr(signal, name), self._on_stop)
+        for name in FORWARDED:
+            signal.signal(getattr(signal, name), self._on_forward)
+
+    def run(self):
+        try:
+            self._run()
+        except BaseException as e:  # the outcome is written whatever happens
+            self.outcome["supervisor_error"] = "%s: %s" % (type(e).__name__, e)
+            self.outcome["supervisor_traceback"] = traceback.format_exc()
+        finally:
+            if self.child is not None and self.child.returncode is None:
+                self._killpg(signal.SIGKILL)
+                try:
+                    self._reap(block=True)
+                except OSError:
+                    pass
+            self.outcome["ended_at"] = _now()
+            self.outcome["wall_s"] = round(self.outcome["ended_at"] - self.outcome["started_at"], 3)
+            try:
+                self.outcome["cgroup_after"] = cgroup_memory()
+            except Exception:
+                pass
+            write_json(self.path(OUTCOME), self.outcome)
+        return self.outcome
+
+    def _run(self):
+        os.chmod(self.jobdir, 0o700)
+        write_json(self.path(PIDFILE), {
+            "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
+            "hostname": self.outcome["hostname"], "started_at": self.outcome["started_at"]})
+        meta = read_json(self.path("meta.json"))
+        if not isinstance(meta, dict):
+            self.outcome["supervisor_error"] = "meta.json missing or unreadable in %s" % self.jobdir
+            return
+        self._install_signals()
+        self.outcome["cgroup_before"] = cgroup_memory()
+        limits = meta.get("limits") or {}
+        time_limit = limits.get("time_limit_s")
+        grace = float(limits.get("grace_s") or DEFAULT_GRACE)
+        mem_bytes = limits.get("mem_bytes")
+        under_slurm = bool(self.outcome["slurm_job_id"])
+        env = dict(os.environ)
+        env.update(meta.get("env") or {})
+        env["GPUCTL_JOB_DIR"] = self.jobdir
+        env["GPUCTL_JOB_ID"] = str(meta.get("id", ""))
+        setup = list(meta.get("setup") or [])
+        if setup:
+            self.outcome["phase"] = "setup"
+            ok, rc, env = _run_setup(self.jobdir, setup, env)
+            self.outcome["setup"] = {"lines": setup, "rc": rc}
+            if not ok:
+                self.outcome["setup_failed"] = True
+                return
+            if self.stop_reason:
+                return
+        python = meta["python"]
+        worker = self.path(meta.get("worker", "worker.py"))
+        argv = [python, "-X", "faulthandler", worker, self.jobdir]
+        self.outcome["argv"] = argv
+        rlimit_as = mem_bytes if (mem_bytes and not under_slurm) else None
+        self.outcome["rlimit_as"] = rlimit_as
+
+        def preexec():
+            # Back to default dispositions in the child; VENV2 must see TERM as TERM.
+            for name in STOPPING + FORWARDED + ("SIGCHLD",):
+                signal.signal(getattr(signal, name), signal.SIG_DFL)
+            if rlimit_as:
+                resource.setrlimit(resource.RLIMIT_AS, (rlimit_as, rlimit_as))
+
+        self.outcome["phase"] = "start"
+        out = open(self.path("stdout.txt"), "ab")
+        err = open(self.path("stderr.txt"), "ab")
+        try:
+            self.child = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
+                cwd=meta.get("cwd") or self.jobdir, start_new_session=True,
+                preexec_fn=preexec, close_fds=True, pass_fds=())
+        except OSError as e:
+            self.outcome["start_error"] = {
+                "errno": e.errno, "errno_name": errno.errorcode.get(e.errno or 0, ""),
+                "message": e.strerror or str(e), "python": python}
+            return
+        finally:
+            out.close()
+            err.close()
+        self.outcome["venv2_pid"] = self.child.pid
+        self.outcome["phase"] = "running"
+        started = time.monotonic()
+        next_beat = 0.0
+        peak_seen = 0
+        while self.child.returncode is None:
+            now = time.monotonic()
+            if self.stop_reason is None and os.path.exists(self.path(CANCEL)):
+                self.stop_reason = "cancelled"
+            if (self.stop_reason is None and time_limit and not under_slurm
+                    and now - started > float(time_limit)):
+                self.stop_reason = "time_limit"
+            if self.stop_reason and self.stop_at is None:
+                self.stop_at = now
+                self.kill_at = now + grace
+                self.outcome["stop_reason"] = self.stop_reason
+                self.outcome["stop_requested_after_s"] = round(now - started, 3)
+                self._killpg(signal.SIGTERM)
+            if self.kill_at is not None and now >= self.kill_at and not self.outcome.get(
+                    "escalated_to_kill"):
+                self.outcome["escalated_to_kill"] = True
+                self._killpg(signal.SIGKILL)
+            while self.pending_forward:
+                signum = self.pending_forward.pop(0)
+                self.outcome.setdefault("forwarded", []).append(signal.Signals(signum).name)
+                self._killpg(signum)
+            if now >= next_beat:
+                rss = _rss_kb(self.child.pid)
+                if rss:
+                    peak_seen = max(peak_seen, rss)
+                write_json(self.path(HEARTBEAT), {
+                    "t": _now(), "elapsed_s": round(now - started, 3), "venv2_pid": self.child.pid,
+                    "rss_kb": rss})
+                next_beat = now + HEARTBEAT_EVERY
+            if self._reap(block=False):
+                break
+            waits = [next_beat - now, 1.0]
+            if self.kill_at is not None and not self.outcome.get("escalated_to_kill"):
+                waits.append(max(0.0, self.kill_at - now))
+            if time_limit and not under_slurm and self.stop_reason is None:
+                waits.append(max(0.0, started + float(time_limit) - now + 0.01))
+            try:
+                select.select([self.wake_r], [], [], max(0.0, min(waits)))
+            except (OSError, select.error):
+                pass
+            try:
+                while os.read(self.wake_r, 512):
+                    pass
+            except OSError:
+                pass
+        self.outcome["phase"] = "exited"
+        self.outcome["run_s"] = round(time.monotonic() - started, 3)
+        if peak_seen and not self.outcome.get("peak_rss_kb"):
+            self.outcome["peak_rss_kb"] = peak_seen
+        # Whatever the function left running in its session goes with it: no orphans.
+        self._killpg(signal.SIGKILL)
+
+    def _killpg(self, signum):
+        if self.child is None:
+            return
+        try:
+            os.killpg(self.child.pid, signum)
+        except OSError:
+            pass
+
+    def _reap(self, block):
+        while True:
+            try:
+                pid, status, usage = os.wait4(self.child.pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                return True
+            except InterruptedError:
+                continue
+            break
+        if pid == 0:
+            return False
+        self.child.returncode = -1  # mark reaped for Popen; the real values are below
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            self.outcome["signal"] = sig
+            try:
+                self.outcome["signal_name"] = signal.Signals(sig).name
+            except ValueError:
+                self.outcome["signal_name"] = "signal %d" % sig
+            self.outcome["exit_code"] = None
+            self.outcome["core_dumped"] = bool(os.WCOREDUMP(status))
+        else:
+            self.outcome["exit_code"] = os.WEXITSTATUS(status)
+            self.outcome["signal"] = None
+        self.outcome["peak_rss_kb"] = usage.ru_maxrss  # kilobytes on Linux
+        self.outcome["cpu_user_s"] = round(usage.ru_utime, 3)
+        self.outcome["cpu_sys_s"] = round(usage.ru_stime, 3)
+        return True
+
+
+# --- environments --------------------------------------------------------------------------
+
+
+def env_key(python_version, packages, system_site_packages=False):
+    """Content hash naming an environment: the same (Python, packages) is built once."""
+    blob = json.dumps([str(python_version), sorted(packages), bool(system_site_packages)])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _find_python(version):
+    """An interpreter of ``version`` (e.g. "3.11"): python3.11 on PATH, else pyenv's."""
+    found = shutil.which("python%s" % version)
+    if found:
+        return found
+    base = os.path.expanduser("~/.pyenv/versions")
+    try:
+        names = sorted(os.listdir(base), reverse=True)
+    except OSError:
+        names = []
+    for name in names:
+        if name == version or name.startswith(version + "."):
+            candidate = os.path.join(base, name, "bin", "python")
+            if os.path.exists(candidate):
+                return candidate
+    return None
+
+
+_PROBE = ("import sys, json\n"
+          "try:\n import cloudpickle; cp = cloudpickle.__version__\n"
+          "except Exception: cp = None\n"
+          "print(json.dumps({'python': list(sys.version_info[:3]), 'cloudpickle': cp, "
+          "'executable': sys.executable}))\n")
+
+
+def probe(python):
+    """Run a fixed probe in ``python``: its version and cloudpickle version, or an error."""
+    try:
+        out = subprocess.check_output([python, "-c", _PROBE], stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, timeout=120)
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        text = getattr(e, "output", None)
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        return {"error": "%s: %s" % (type(e).__name__, e), "output": text or ""}
+    try:
+        return json.loads(out.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": "probe printed no JSON", "output": out.decode("utf-8", "replace")}
+
+
+def build_env(spec):
+    """Build (once) the VENV2 environment ``spec`` describes; return a result dict.
+
+    spec: {"root": dir, "python": "3.11", "packages": [...], "system_site_packages": bool,
+    "methods": ["uv", "conda", "venv"]}. The folder is ``root/<key>``; a file lock serialises
+    builders; ``.gpuctl-ready`` marks a build whose probe succeeded. Result: {"ok": true,
+    "python": path, "key", "method", "probe"} or {"ok": false, "error", "log"}.
+    """
+    root = os.path.expanduser(spec["root"])
+    version = str(spec["python"])
+    packages = list(spec.get("packages") or [])
+    ssp = bool(spec.get("system_site_packages"))
+    key = env_key(version, packages, ssp)
+    os.makedirs(root, exist_ok=True)
+    envdir = os.path.join(root, key)
+    log_path = envdir + ".log"
+    ready = os.path.join(envdir, ".gpuctl-ready")
+    result = {"key": key, "dir": envdir, "log": log_path, "python": os.path.join(envdir, "bin",
+                                                                             "python")}
+    with open(envdir + ".lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        if os.path.exists(ready):
+            info = read_json(ready, {})
+            result.update(ok=True, method=info.get("method"), probe=info.get("probe"),
+                          cached=True)
+            return result
+        if os.path.isdir(envdir):
+            shutil.rmtree(envdir, ignore_errors=True)
+        with open(log_path, "w") as log:
+            method, ok = _build(envdir, version, packages, ssp, spec.get("methods"), log)
+        if not ok:
+            shutil.rmtree(envdir, ignore_errors=True)
+            result.update(ok=False, method=method, error="environment build failed (%s)" % method,
+                          log_tail=tail(log_path, 3000))
+            return result
+        info = probe(result["python"])
+        want = [int(x) for x in version.split(".")]
+        if "error" in info or info.get("python", [])[:len(want)] != want:
+            result.update(ok=False, method=method, probe=info,
+                          error="probe of the new environment failed: %s" % (
+                              info.get("error") or "python %s, wanted %s" % (
+                                  info.get("python"), version)),
+                          log_tail=tail(log_path, 3000))
+            return result
+        write_json(ready, {"method": method, "probe": info, "built_at": _now(), "spec": spec})
+        result.update(ok=True, method=method, probe=info, cached=False)
+        return result
+
+
+def _step(argv, log):
+    log.write("$ %s\n" % " ".join(argv))
+    log.flush()
+    try:
+        rc = subprocess.call(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        log.write("cannot run %s: %s\n" % (argv[0], e))
+        rc = 127
+    log.write("# exit %d\n" % rc)
+    log.flush()
+    return rc == 0
+
+
+def _build(envdir, version, packages, ssp, methods, log):
+    methods = list(methods or ("uv", "conda", "venv"))
+    py = os.path.join(envdir, "bin", "python")
+    tried = []
+    for method in methods:
+        if method == "uv" and shutil.which("uv"):
+            argv = ["uv", "venv", "--python", version, envdir]
+            if ssp:
+                argv.insert(2, "--system-site-packages")
+            ok = _step(argv, log) and (not packages or _step(
+                ["uv", "pip", "install", "--python", py] + packages, log))
+            return "uv", ok
+        if method == "conda" and shutil.which("conda"):
+            # The env's own bin/python installs packages: no `conda run`, no activation.
+            ok = _step([shutil.which("conda"), "create", "-y", "-q", "-p", envdir,
+                        "python=%s" % version, "pip"], log) and (not packages or _step(
+                            [py, "-m", "pip", "install", "-q"] + packages, log))
+            return "conda", ok
+        if method == "venv":
+            base = _find_python(version)
+            if base is None:
+                tried.append("no python%s on PATH or in ~/.pyenv" % version)
+                continue
+            argv = [base, "-m", "venv", envdir]
+            if ssp:
+                argv.insert(3, "--system-site-packages")
+            ok = _step(argv, log) and (not packages or _step(
+                [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"] + packages,
+                log))
+            return "venv", ok
+        tried.append("%s not available" % method)
+    log.write("no way to build Python %s here: %s\n" % (version, "; ".join(tried)))
+    return "none", False
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if len(argv) == 2 and argv[0] == "--build-env":
+        spec = read_json(argv[1])
+        if not isinstance(spec, dict):
+            sys.stdout.write(json.dumps({"ok": False, "error": "unreadable spec %s" % argv[1]}))
+            return 2
+        try:
+            result = build_env(spec)
+        except Exception as e:
+            result = {"ok": False, "error": "%s: %s" % (type(e).__name__, e),
+                      "traceback": traceback.format_exc()}
+        sys.stdout.write(json.dumps(result) + "\n")
+        return 0 if result.get("ok") else 1
+    if len(argv) != 1 or argv[0].startswith("-"):
+        sys.stderr.write("usage: supervisor JOBDIR | supervisor --build-env SPEC.json\n")
+        return 2
+    outcome = Supervisor(argv[0]).run()
+    return 0 if outcome.get("exit_code") == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Fixtures for the job runner: VENV1 = a real Python 3.6, VENV2 = a venv gpuctl builds."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.jobs import EnvSpec, Executor, JobStore
+from gpuctl_tests.helpers import old_python
+
+
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own job store (GPUCTL_STATE_DIR)."""
+    d = tmp_path / "state"
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(d))
+    return d
+
+
+@pytest.fixture(scope="session")
+def venv1() -> str:
+    return old_python("3.6.15")
+
+
+@pytest.fixture(scope="session")
+def env_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("envs"))
+
+
+@pytest.fixture(scope="session")
+def venv2(venv1: str, env_root: str) -> str:
+    """A VENV2 built by gpuctl itself (``python3.X -m venv --system-site-packages``), once."""
+    ex = Executor(
+        "local",
+        supervisor_python=venv1,
+        env=EnvSpec(packages=("cloudpickle",), system_site_packages=True, methods=("venv",)),
+        env_root=env_root,
+        store=False,
+    )
+    probe = ex.venv2()
+    return str(probe["path"])
+
+
+@pytest.fixture
+def job_root(tmp_path: Path) -> str:
+    d = tmp_path / "jobs"
+    return str(d)
+
+
+@pytest.fixture
+def make_executor(venv1: str, venv2: str, job_root: str) -> Iterator[Any]:
+    """``make_executor(**options)`` → a local Executor with VENV1 3.6 and the session VENV2."""
+    made: list[Executor] = []
+
+    def make(**options: Any) -> Executor:
+        options.setdefault("supervisor_python", venv1)
+        options.setdefault("python", venv2)
+        options.setdefault("job_root", job_root)
+        options.setdefault("store", JobStore())
+        ex = Executor(options.pop("target", "local"), **options)
+        made.append(ex)
+        return ex
+
+    yield make
+
+
+def no_process_with_env(token: str) -> bool:
+    """True when no live process carries ``token`` in its environment."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if token.encode() in f.read():
+                    with open(f"/proc/{pid}/stat") as s:
+                        if s.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            return False
+        except OSError:
+            continue
+    return True
