@@ -1,0 +1,5 @@
+import sys
+
+from gpuctl.workloads.accept.suite import main
+
+sys.exit(main())

@@ -1,0 +1,197 @@
+"""One DDP rank of the acceptance suite: all-reduce check and timing, then DDP training smoke.
+
+Run by torchrun (``python -m torch.distributed.run ... -m gpuctl.workloads.accept.ddp --out D``)
+or by any launcher that sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT (srun tasks are
+mapped from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID). Each rank writes ``D/rank-<rank>.json``;
+the suite on that node reads its local ranks' files and judges.
+
+Unlike the predecessor's check, the tensor is refilled before every collective (reducing the
+same buffer again multiplies it by the world size each time) and every element is compared with
+the exact expected sum: values are small integers, exact in float32.
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+
+def _env_rank():
+    env = os.environ
+    if "RANK" not in env and "SLURM_PROCID" in env:
+        env["RANK"] = env["SLURM_PROCID"]
+        env["WORLD_SIZE"] = env.get("SLURM_NTASKS", "1")
+        env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+    return int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0"))
+
+
+def _sync(torch, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def allreduce_check(torch, dist, device, rank, world, numel, iters, break_rank):
+    """Refill, all-reduce, compare every element; time all but the first collective."""
+    pattern = (torch.arange(numel, device=device, dtype=torch.int64) % 7 + 1).to(torch.float32)
+    total = world * (world + 1) // 2  # sum over ranks of (rank + 1)
+    buf = torch.empty(numel, device=device, dtype=torch.float32)
+    expected = torch.empty_like(buf)
+    times = []
+    mismatches = 0
+    first_bad = None
+    for i in range(iters):
+        buf.copy_(pattern).mul_(rank + 1).add_(i)
+        if rank == break_rank:
+            buf[numel // 2] += 1.0  # test option: a rank that contributes a wrong value
+        _sync(torch, device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        _sync(torch, device)
+        elapsed = time.perf_counter() - t0
+        if i > 0:  # the first collective sets up connections: never timed
+            times.append(elapsed)
+        torch.mul(pattern, float(total), out=expected).add_(float(world * i))
+        bad = buf != expected
+        n_bad = int(bad.sum().item())
+        if n_bad:
+            mismatches += n_bad
+            if first_bad is None:
+                j = int(bad.nonzero()[0].item())
+                first_bad = {
+                    "iteration": i,
+                    "index": j,
+                    "got": float(buf[j].item()),
+                    "expected": float(expected[j].item()),
+                }
+    nbytes = numel * 4
+    median = statistics.median(times) if times else None
+    algbw = nbytes / median / 1e9 if median else None
+    busbw = algbw * 2 * (world - 1) / world if algbw is not None else None
+    return {
+        "ok": mismatches == 0,
+        "numel": numel,
+        "bytes": nbytes,
+        "iters": iters,
+        "timed_iters": len(times),
+        "median_s": median,
+        "algbw_gbps": algbw,
+        "busbw_gbps": busbw,
+        "mismatches": mismatches,
+        "first_bad": first_bad,
+    }
+
+
+def ddp_train(torch, dist, device, rank, world, steps, loss_drop):
+    """Train a tiny MLP under DDP; the loss must fall and the parameters must agree at the end."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    gen = torch.Generator().manual_seed(1234)  # same teacher on every rank
+    teacher = torch.randn(32, 1, generator=gen)
+    data_gen = torch.Generator().manual_seed(1000 + rank)  # a different shard per rank
+    torch.manual_seed(rank)  # different init per rank: DDP must broadcast rank 0's
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)
+    ).to(device)
+    ddp = DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None
+    )
+    opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(64, 32, generator=data_gen)
+        y = torch.tanh(x @ teacher)
+        x, y = x.to(device), y.to(device)
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))
+    first = losses[0]
+    tail = losses[-5:]
+    final = sum(tail) / len(tail)
+    finite = all(v == v and abs(v) != float("inf") for v in losses)
+    drop = 1.0 - final / first if first > 0 else None
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    max_diff = max(float((g - gathered[0]).abs().max().item()) for g in gathered)
+    identical = all(torch.equal(g, gathered[0]) for g in gathered)
+    ok = finite and drop is not None and drop >= loss_drop
+    return {
+        "ok": ok,
+        "steps": steps,
+        "first_loss": first,
+        "final_loss": final,
+        "drop": drop,
+        "params_identical": identical,
+        "params_max_diff": max_diff,
+    }
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="gpuctl.workloads.accept.ddp")
+    p.add_argument("--out", required=True, help="folder for rank-<rank>.json")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--numel", type=int, default=1 << 20)
+    p.add_argument("--iters", type=int, default=6)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--loss-drop", type=float, default=0.5)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--break-rank", type=int, default=-1)
+    args = p.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world, local_rank = _env_rank()
+    if args.device == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    result = {
+        "rank": rank,
+        "world_size": world,
+        "local_rank": local_rank,
+        "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        "backend": backend,
+        "device": str(device),
+        "error": None,
+    }
+    try:
+        dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+        result["allreduce"] = allreduce_check(
+            torch, dist, device, rank, world, args.numel, args.iters, args.break_rank
+        )
+        result["train"] = ddp_train(torch, dist, device, rank, world, args.steps, args.loss_drop)
+        dist.barrier()
+    except Exception as e:  # the suite reports it per rank; the traceback goes to stderr
+        import traceback
+
+        traceback.print_exc()
+        result["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"rank-{int(rank)}.json")
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(result, f)
+    os.replace(f"{path}.tmp", path)
+    return 0 if result["error"] is None else 1
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: gloo's threads can abort() while Python finalizes, which would
+    # turn a rank that has already reported into a "crashed" rank.
+    os._exit(code)

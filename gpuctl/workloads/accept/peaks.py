@@ -1,0 +1,94 @@
+"""Reference dense peaks per GPU model, for "fraction of peak" in acceptance reports.
+
+Source: the vendors' datasheets as collected in the team note ``notes/gpu-peaks.md`` (dense
+figures, never the 2:4-sparsity ones). TFLOP/s for math, GB/s for memory. ``None`` means the
+model has no such unit (V100 has no TF32 or BF16 tensor cores): that dtype is skipped, not failed.
+BF16 and FP16 tensor peaks are equal on every listed model, so one column serves both.
+
+No torch here: the login side reads this table too.
+"""
+
+import re
+
+SOURCE = "vendor datasheets via notes/gpu-peaks.md (dense, no sparsity)"
+
+# key: (display name, fp32, tf32, bf16/fp16 tensor, memory GB/s, bf16 supported)
+PEAKS = {
+    "V100-SXM2": ("Tesla V100 SXM2", 15.7, None, 125.0, 900.0, False),
+    "V100-PCIE": ("Tesla V100 PCIe", 14.0, None, 112.0, 900.0, False),
+    "A100-SXM-40": ("A100 40GB SXM", 19.5, 156.0, 312.0, 1555.0, True),
+    "A100-SXM-80": ("A100 80GB SXM", 19.5, 156.0, 312.0, 2039.0, True),
+    "A100-PCIE-40": ("A100 40GB PCIe", 19.5, 156.0, 312.0, 1555.0, True),
+    "A100-PCIE-80": ("A100 80GB PCIe", 19.5, 156.0, 312.0, 1935.0, True),
+    "H100-SXM": ("H100 SXM 80GB", 67.0, 494.5, 989.0, 3350.0, True),
+    "H100-PCIE": ("H100 PCIe 80GB", 51.0, 378.0, 756.0, 2000.0, True),
+    "H200-SXM": ("H200 SXM 141GB", 67.0, 494.5, 989.0, 4800.0, True),
+    "L40S": ("L40S 48GB", 91.6, 183.0, 362.0, 864.0, True),
+    "RTX-A6000": ("RTX A6000 48GB", 38.7, 77.4, 154.8, 768.0, True),
+    "RTX-4090": ("RTX 4090 24GB", 82.6, 82.6, 165.2, 1008.0, True),
+}
+
+# Device names as CUDA/NVML report them, first match wins. Order matters: "A100 80GB PCIe" must
+# be tried before the generic A100 rules, PCIe before SXM.
+_RULES = (
+    (r"v100.*pcie", "V100-PCIE"),
+    (r"v100", "V100-SXM2"),
+    (r"a100.*(pcie|pci-e).*80|a100.*80.*(pcie|pci-e)", "A100-PCIE-80"),
+    (r"a100.*(pcie|pci-e)", "A100-PCIE-40"),
+    (r"a100.*80", "A100-SXM-80"),
+    (r"a100", "A100-SXM-40"),
+    (r"h100.*(pcie|pci-e)", "H100-PCIE"),
+    (r"h100.*(sxm|hbm3)", "H100-SXM"),
+    (r"h200", "H200-SXM"),
+    (r"l40s", "L40S"),
+    (r"rtx a6000", "RTX-A6000"),
+    (r"rtx 4090", "RTX-4090"),
+)
+
+DTYPE_COLUMN = {"fp32": 1, "tf32": 2, "bf16": 3, "fp16": 3}
+
+
+def model_key(device_name):
+    """Return the table key for a device name ("NVIDIA H100 80GB HBM3" -> "H100-SXM") or None."""
+    name = (device_name or "").lower()
+    for pattern, key in _RULES:
+        if re.search(pattern, name):
+            return key
+    return None
+
+
+def peak_tflops(device_name, dtype):
+    """Dense peak TFLOP/s of ``dtype`` on this device, or None (unknown model or no such unit)."""
+    key = model_key(device_name)
+    if key is None or dtype not in DTYPE_COLUMN:
+        return None
+    return PEAKS[key][DTYPE_COLUMN[dtype]]
+
+
+def peak_membw(device_name):
+    """Datasheet memory bandwidth in GB/s, or None for an unknown model."""
+    key = model_key(device_name)
+    return None if key is None else PEAKS[key][4]
+
+
+def has_unit(device_name, dtype):
+    """False when the model is known to lack the dtype's unit (V100: no TF32, no BF16)."""
+    key = model_key(device_name)
+    if key is None:
+        return True
+    if dtype == "bf16":
+        return PEAKS[key][5]
+    if dtype == "tf32":
+        return PEAKS[key][2] is not None
+    return True
+
+
+# PCIe payload bandwidth per direction, GB/s, x16 (after 128b/130b encoding for gen 3+).
+PCIE_X16_GBPS = {1: 4.0, 2: 8.0, 3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}
+
+
+def pcie_peak(gen, width):
+    """Theoretical one-direction bandwidth in GB/s of a PCIe link, or None when unknown."""
+    if not gen or not width or gen not in PCIE_X16_GBPS:
+        return None
+    return PCIE_X16_GBPS[gen] * width / 16.0
