@@ -1,0 +1,574 @@
+"""The agent's stress plugin: starts, watches and always stops GPU burners.
+
+Requests (added to the agent by ``install(agent)``; Python 3.6, standard library only)
+    stress_start  gpus (list of indices | "all"), engine ("auto" | "torch" | "gpu-burn"),
+                  dtype, duration (s), max_duration (s, default 1800 or
+                  $GPUCTL_STRESS_MAX_DURATION), mem_fraction, workload_python (VENV2's python,
+                  default this agent's), gpu_burn (path of a gpu_burn binary), gpu_burn_source
+                  (a gpu-burn source folder to build from), device ("cuda" | "cpu": "cpu" runs
+                  the torch burner on the CPU, for tests), size (matrix size)
+                  -> ok {started, busy, engine, ends_at}
+    stress_stop   gpus (list | "all")                -> ok {stopping}
+    stress_status                                    -> stress {burns, max_duration}
+
+Events: ``{"type":"event","kind":"burn","gpu":N,"detail":{state, engine, tflops, tflops_mean,
+errors, iterations, ends_at, verdict, reason, ...}}`` with state "starting" | "running" |
+"stopping" | "done" | "failed". "done" or "failed" is sent only once the burner's process group
+is gone: the GPU is free then.
+
+Dead-man's switch: every burner runs in its own process group (session) with a parent-death
+signal (SIGKILL via prctl), so it dies with the agent even when the agent is SIGKILLed; the
+agent's close hook stops every burner when stdin closes (gpuctl quit, SSH link lost); every burn
+ends at its duration, which cannot exceed max_duration. Stopping is SIGTERM to the group, then
+SIGKILL after a grace period.
+
+On a simulated reader the plugin drives the simulated GPUs' load instead of starting torch and
+emits synthetic progress, so the demo burns without torch or a GPU.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+try:
+    import ctypes
+except ImportError:  # a Python built without ctypes: no parent-death signal, close hooks remain
+    ctypes = None
+
+DEFAULT_MAX_DURATION = 1800.0
+MAX_DURATION_LIMIT = 7 * 86400.0
+GRACE_S = 5.0  # SIGTERM -> SIGKILL on stop and on the duration limit
+CLOSE_GRACE_S = 1.0  # shorter when the agent itself is going away
+ENGINES = ("auto", "torch", "gpu-burn")
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
+PR_SET_PDEATHSIG = 1
+ACTIVE = ("starting", "running", "stopping")
+TAIL_LINES = 20
+
+# Dense peaks (TFLOP/s: fp64, fp32, tf32, bf16/fp16) for the simulated burn's synthetic rate.
+SIM_PEAKS = (
+    ("H200", (67.0, 67.0, 494.5, 989.0)),
+    ("H100", (67.0, 67.0, 494.5, 989.0)),
+    ("A100", (19.5, 19.5, 156.0, 312.0)),
+    ("L40S", (1.4, 91.6, 183.0, 362.0)),
+    ("A6000", (1.2, 38.7, 77.4, 154.8)),
+    ("4090", (1.3, 82.6, 82.6, 165.2)),
+    ("V100", (7.8, 15.7, 15.7, 125.0)),
+)
+SIM_EFFICIENCY = 0.8  # what a real short bf16 GEMM run reaches of the dense peak
+
+
+def _load_prctl():
+    if ctypes is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+    return fn
+
+
+_PRCTL = _load_prctl()  # resolved here: a forked child must not dlopen (locks may be held)
+
+
+def die_with_parent(sig=signal.SIGKILL):
+    """A ``preexec_fn``: the child gets ``sig`` when this process dies (Linux)."""
+    parent = os.getpid()
+
+    def preexec():
+        if _PRCTL is not None:
+            _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def code_root():
+    """The folder (or .pyz bundle) holding the ``gpuctl`` package the agent runs from."""
+    here = os.path.abspath(__file__)
+    return os.path.dirname(os.path.dirname(os.path.dirname(here)))
+
+
+def find_on_path(name, path=None):
+    """The first executable ``name`` on PATH, or None (``shutil.which`` without the import)."""
+    for d in (path if path is not None else os.environ.get("PATH", "")).split(os.pathsep):
+        candidate = os.path.join(d or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def group_alive(pgid):
+    """Whether any process (zombies included) is left in process group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Burn(object):
+    """One burner on one GPU (a process group, or a simulated load)."""
+
+    def __init__(self, gpu, engine, duration, ends_at, dtype):
+        self.gpu = gpu
+        self.engine = engine
+        self.duration = duration
+        self.ends_at = ends_at  # unix time, for people
+        self.deadline = time.monotonic() + duration  # monotonic, for enforcement
+        self.dtype = dtype
+        self.state = "starting"
+        self.proc = None
+        self.pgid = None
+        self.buf = {}
+        self.open_fds = 0
+        self.stderr_tail = []
+        self.progress = {}
+        self.summary = None
+        self.stop_reason = None
+        self.term_at = None
+        self.killed = False
+        self.reason = None
+        self.verdict = None
+        self.last_emit = 0.0
+        self.iterations = 0.0
+        self.started = time.monotonic()
+
+    def detail(self):
+        d = {
+            "state": self.state,
+            "engine": self.engine,
+            "ends_at": self.ends_at,
+            "dtype": self.dtype or self.progress.get("dtype"),
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "pid": self.proc.pid if self.proc is not None else None,
+        }
+        for key in ("tflops", "tflops_mean", "errors", "iterations", "elapsed", "size", "duty",
+                    "temp", "name", "message"):
+            if key in self.progress:
+                d[key] = self.progress[key]
+        return d
+
+
+class StressPlugin(object):
+    """Burners of one agent; see the module docstring."""
+
+    def __init__(self, agent, max_duration=None, grace=GRACE_S, close_grace=CLOSE_GRACE_S):
+        self.agent = agent
+        if max_duration is None:
+            try:
+                max_duration = float(os.environ.get("GPUCTL_STRESS_MAX_DURATION", ""))
+            except ValueError:
+                max_duration = DEFAULT_MAX_DURATION
+        self.max_duration = max_duration
+        self.grace = grace
+        self.close_grace = close_grace
+        self.burns = {}  # gpu -> Burn, until its process group is gone
+        self.finished = {}  # gpu -> detail of the last ended burn
+        self.sim_clocks = {}  # gpu -> sm clock fraction from the latest sample (simulated)
+        reader = agent.reader
+        self.simulated = reader is not None and getattr(reader, "name", None) == "simulated"
+        self.statics = {g["index"]: g for g in (reader.static() if reader is not None else [])}
+
+    # -- requests ------------------------------------------------------------------------------
+    def on_start(self, msg, req_id):
+        agent = self.agent
+        try:
+            opts = self._parse_start(msg)
+        except ValueError as e:
+            agent.reply_error("bad_argument", str(e), req_id)
+            return
+        started, busy = [], []
+        ends_at = time.time() + opts["duration"]
+        for gpu in opts["gpus"]:
+            if gpu in self.burns:
+                busy.append(gpu)
+                continue
+            burn = Burn(gpu, opts["engine"], opts["duration"], ends_at, opts["dtype"])
+            self.burns[gpu] = burn
+            self.finished.pop(gpu, None)
+            started.append(gpu)
+        if opts["engine"] == "sim":
+            if started:
+                agent.reader.simulate("load", {"gpus": started, "load": 1.0})
+            for gpu in started:
+                self.burns[gpu].state = "running"
+        agent.send({"type": "ok", "request": "stress_start", "id": req_id, "started": started,
+                    "busy": busy, "engine": opts["engine"], "ends_at": ends_at,
+                    "duration": opts["duration"]})
+        for gpu in started:
+            burn = self.burns[gpu]
+            self._emit(burn)
+            if opts["engine"] != "sim":
+                self._spawn(burn, opts)
+
+    def _parse_start(self, msg):
+        device = msg.get("device", "cuda")
+        if device not in ("cuda", "cpu"):
+            raise ValueError("device must be \"cuda\" or \"cpu\"")
+        gpus = self._gpus(msg.get("gpus"), allow_any=device == "cpu")
+        engine = msg.get("engine") or "auto"
+        if engine not in ENGINES:
+            raise ValueError("engine must be one of %s" % ", ".join(ENGINES))
+        dtype = msg.get("dtype")
+        if dtype is not None and dtype not in DTYPES:
+            raise ValueError("dtype must be one of %s" % ", ".join(DTYPES))
+        limit = _number(msg, "max_duration", self.max_duration, 1.0, MAX_DURATION_LIMIT)
+        duration = _number(msg, "duration", limit, 0.5, MAX_DURATION_LIMIT)
+        if duration > limit:
+            raise ValueError("duration %g s exceeds the maximum of %g s (max_duration)"
+                             % (duration, limit))
+        mem_fraction = _number(msg, "mem_fraction", 0.9, 0.05, 0.99)
+        python = msg.get("workload_python") or sys.executable
+        if not isinstance(python, str):
+            raise ValueError("workload_python must be a path")
+        size = msg.get("size")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int)
+                                 or not 32 <= size <= 65536):
+            raise ValueError("size must be an integer within 32..65536")
+        gpu_burn = msg.get("gpu_burn")
+        source = msg.get("gpu_burn_source")
+        for name, value in (("gpu_burn", gpu_burn), ("gpu_burn_source", source)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError("%s must be a path" % name)
+        if self.simulated and device == "cuda":
+            engine = "sim"
+        elif engine == "auto":
+            found = gpu_burn or find_on_path("gpu_burn")
+            engine = "gpu-burn" if device == "cuda" and found else "torch"
+        if engine == "gpu-burn" and device == "cpu":
+            raise ValueError("gpu-burn needs a GPU; use engine torch with device cpu")
+        return {"gpus": gpus, "engine": engine, "dtype": dtype, "duration": duration,
+                "mem_fraction": mem_fraction, "python": python, "device": device,
+                "size": size, "gpu_burn": gpu_burn, "source": source}
+
+    def _gpus(self, value, allow_any=False):
+        if value is None or value == "all":
+            if not self.statics:
+                raise ValueError("this node has no GPUs the agent can see")
+            return sorted(self.statics)
+        if not isinstance(value, list) or not value:
+            raise ValueError("gpus must be a list of GPU indices or \"all\"")
+        out = []
+        for g in value:
+            if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+                raise ValueError("bad GPU index %r" % (g,))
+            if g not in self.statics and not (allow_any and g < 1024):
+                raise ValueError("no GPU %d on this node (%d GPUs)" % (g, len(self.statics)))
+            if g not in out:
+                out.append(g)
+        return out
+
+    def on_stop(self, msg, req_id):
+        value = msg.get("gpus", "all")
+        if value is None or value == "all":
+            gpus = sorted(self.burns)
+        elif isinstance(value, list) and all(isinstance(g, int) for g in value):
+            gpus = [g for g in value if g in self.burns]
+        else:
+            self.agent.reply_error("bad_argument", "gpus must be a list of indices or \"all\"",
+                                   req_id)
+            return
+        for gpu in gpus:
+            self.stop(self.burns[gpu], "stopped on request")
+        self.agent.send({"type": "ok", "request": "stress_stop", "id": req_id, "stopping": gpus})
+        self._finish_sim()
+
+    def on_status(self, msg, req_id):
+        burns = []
+        for gpu in sorted(set(self.burns) | set(self.finished)):
+            burn = self.burns.get(gpu)
+            d = burn.detail() if burn is not None else dict(self.finished[gpu])
+            d["gpu"] = gpu
+            burns.append(d)
+        self.agent.send({"type": "stress", "id": req_id, "burns": burns,
+                         "max_duration": self.max_duration, "simulated": self.simulated,
+                         "gpu_burn": find_on_path("gpu_burn")})
+
+    # -- processes -----------------------------------------------------------------------------
+    def _spawn(self, burn, opts):
+        env = dict(os.environ)
+        root = code_root()
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        gpu_id = str(burn.gpu)
+        static = self.statics.get(burn.gpu) or {}
+        if opts["device"] == "cuda" and static.get("uuid") and not self.simulated:
+            gpu_id = static["uuid"]  # stable whatever CUDA_VISIBLE_DEVICES the agent inherited
+        if burn.engine == "gpu-burn":
+            argv = [opts["python"], "-m", "gpuctl.workloads.gpuburn", "run",
+                    "--gpu", gpu_id, "--duration", "%g" % burn.duration,
+                    "--mem-fraction", "%g" % opts["mem_fraction"]]
+            if opts["gpu_burn"]:
+                argv += ["--binary", opts["gpu_burn"]]
+            if opts["source"]:
+                argv += ["--source", opts["source"]]
+        else:
+            argv = [opts["python"], "-m", "gpuctl.workloads.burn", "--device", opts["device"],
+                    "--duration", "%g" % burn.duration,
+                    "--mem-fraction", "%g" % opts["mem_fraction"]]
+            if opts["device"] == "cuda":
+                argv += ["--gpu", gpu_id]
+            if opts["size"]:
+                argv += ["--size", str(opts["size"])]
+        if burn.dtype:
+            argv += ["--dtype", burn.dtype]
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=env, close_fds=True, start_new_session=True, preexec_fn=die_with_parent())
+        except OSError as e:
+            burn.state, burn.verdict = "failed", None
+            burn.reason = "cannot start %s: %s" % (opts["python"], e.strerror or e)
+            self._end(burn)
+            return
+        burn.proc = proc
+        burn.pgid = proc.pid  # a session leader's group id is its pid
+        for stream in (proc.stdout, proc.stderr):
+            os.set_blocking(stream.fileno(), False)
+            burn.buf[stream.fileno()] = b""
+            burn.open_fds += 1
+            self.agent.add_reader(stream, self._reader_cb(burn, stream))
+
+    def _reader_cb(self, burn, stream):
+        is_err = stream is burn.proc.stderr
+
+        def on_readable():
+            fd = stream.fileno()
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.agent.remove_reader(stream)
+                tail = burn.buf.pop(fd, b"")
+                if tail.strip():
+                    self._line(burn, tail, is_err)
+                stream.close()
+                burn.open_fds -= 1
+                self._reap(burn)
+                return
+            buf = burn.buf.get(fd, b"") + data
+            lines = buf.split(b"\n")
+            burn.buf[fd] = lines.pop()[-(1 << 20):]
+            for line in lines:
+                if line.strip():
+                    self._line(burn, line, is_err)
+
+        return on_readable
+
+    def _line(self, burn, line, is_err):
+        text = line.decode("utf-8", "replace").rstrip()
+        if is_err:
+            burn.stderr_tail.append(text[:500])
+            del burn.stderr_tail[:-TAIL_LINES]
+            return
+        try:
+            msg = json.loads(text)
+        except ValueError:
+            msg = None
+        if not isinstance(msg, dict):
+            burn.stderr_tail.append(text[:500])
+            del burn.stderr_tail[:-TAIL_LINES]
+            return
+        kind = msg.get("type")
+        if kind == "progress":
+            burn.progress.update(msg)
+            burn.progress.pop("message", None)
+            if burn.state == "starting":
+                burn.state = "running"
+            self._emit(burn)
+        elif kind == "summary":
+            burn.summary = msg
+            for key in ("tflops_mean", "errors", "iterations", "elapsed", "size", "duty"):
+                if key in msg:
+                    burn.progress[key] = msg[key]
+        elif kind in ("info", "step"):
+            burn.progress["message"] = str(msg.get("message", ""))[:300]
+            self._emit(burn)
+
+    def stop(self, burn, reason):
+        """Ask a burner to stop (SIGTERM to its group); SIGKILL follows after the grace."""
+        if burn.state not in ACTIVE or burn.stop_reason is not None:
+            return
+        burn.stop_reason = reason
+        burn.state = "stopping"
+        if burn.engine == "sim":
+            return
+        if burn.proc is not None and burn.proc.poll() is None:
+            _signal_group(burn.pgid, signal.SIGTERM)
+        burn.term_at = time.monotonic()
+        self._emit(burn)
+
+    def _reap(self, burn):
+        """Finish a burn once its leader has exited, its pipes are closed and its group is
+        gone (members left behind by a dead leader are SIGKILLed)."""
+        if burn.proc is None or burn.proc.poll() is None or burn.open_fds > 0:
+            return False
+        if group_alive(burn.pgid):
+            _signal_group(burn.pgid, signal.SIGKILL)
+            return False
+        code = burn.proc.returncode
+        summary = burn.summary
+        if summary is not None:
+            burn.verdict = summary.get("verdict")
+            burn.reason = summary.get("reason") or burn.stop_reason or "duration reached"
+            burn.state = "failed" if burn.verdict == "DIED" else "done"
+        elif burn.stop_reason is not None:
+            burn.verdict = "FAULTY" if burn.progress.get("errors") else None
+            burn.reason = burn.stop_reason + (" (killed after %g s)" % self.grace
+                                              if burn.killed else "")
+            burn.state = "done"
+        else:
+            last = burn.stderr_tail[-1] if burn.stderr_tail else ""
+            burn.state, burn.verdict = "failed", "DIED"
+            how = ("signal %s" % _signame(-code)) if code < 0 else "code %d" % code
+            burn.reason = "burner exited with %s%s" % (how, (": " + last) if last else "")
+        self._end(burn)
+        return True
+
+    def _end(self, burn):
+        self.burns.pop(burn.gpu, None)
+        self._emit(burn)
+        self.finished[burn.gpu] = burn.detail()
+
+    def _emit(self, burn):
+        burn.last_emit = time.monotonic()
+        self.agent.send({"type": "event", "t": time.time(), "kind": "burn", "gpu": burn.gpu,
+                         "detail": burn.detail()})
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def tick(self, now):
+        for burn in list(self.burns.values()):
+            if burn.engine == "sim":
+                self._tick_sim(burn, now)
+                continue
+            if burn.state in ("starting", "running") and now >= burn.deadline + self.grace:
+                # The burner should have ended itself at its duration: enforce it.
+                self.stop(burn, "duration limit reached")
+            if burn.term_at is not None and not burn.killed and now >= burn.term_at + self.grace:
+                burn.killed = True
+                _signal_group(burn.pgid, signal.SIGKILL)
+            self._reap(burn)
+        self._finish_sim()
+
+    def _tick_sim(self, burn, now):
+        if burn.state == "running" and now >= burn.deadline:
+            burn.stop_reason = "duration reached"
+            burn.state = "stopping"
+            return
+        if burn.state != "running" or now - burn.last_emit < 1.0:
+            return
+        dt = now - burn.last_emit if burn.progress else 0.0
+        tflops = self._sim_tflops(burn)
+        burn.iterations += tflops * 1e12 * dt / (2.0 * 8192 ** 3)
+        elapsed = now - burn.started
+        mean = burn.progress.get("tflops_mean")
+        mean = tflops if mean is None else (mean * (elapsed - dt) + tflops * dt) / max(elapsed,
+                                                                                         1e-9)
+        burn.progress.update({"tflops": round(tflops, 1), "tflops_mean": round(mean, 1),
+                              "errors": 0, "iterations": int(burn.iterations),
+                              "elapsed": round(elapsed, 1), "size": 8192,
+                              "dtype": burn.dtype or "bf16"})
+        self._emit(burn)
+
+    def _finish_sim(self):
+        done = [b for b in self.burns.values() if b.engine == "sim" and b.state == "stopping"]
+        if not done:
+            return
+        self.agent.reader.simulate("load", {"gpus": [b.gpu for b in done], "load": 0.0})
+        for burn in done:
+            burn.state = "done"
+            burn.verdict = "OK" if burn.stop_reason == "duration reached" else None
+            burn.reason = burn.stop_reason
+            self._end(burn)
+
+    def _sim_tflops(self, burn):
+        name = (self.statics.get(burn.gpu) or {}).get("name", "")
+        peaks = next((p for key, p in SIM_PEAKS if key in name), SIM_PEAKS[1][1])
+        col = {"fp64": 0, "fp32": 1, "tf32": 2}.get(burn.dtype or "bf16", 3)
+        return peaks[col] * SIM_EFFICIENCY * self.sim_clocks.get(burn.gpu, 1.0)
+
+    def on_sample(self, gpus):
+        if not self.simulated:
+            return
+        for g in gpus:
+            static = self.statics.get(g.get("index")) or {}
+            clock, top = g.get("sm_clock"), static.get("max_sm_clock")
+            if clock and top:
+                self.sim_clocks[g["index"]] = min(1.0, float(clock) / top)
+
+    def close(self):
+        """Stop every burner and wait until each process group is gone (the agent is exiting)."""
+        for burn in list(self.burns.values()):
+            self.stop(burn, "agent stopped")
+        self._finish_sim()
+        deadline = time.monotonic() + self.close_grace
+        killed = False
+        while self.burns:
+            for burn in list(self.burns.values()):
+                if burn.proc is not None and burn.proc.poll() is not None:
+                    for stream in (burn.proc.stdout, burn.proc.stderr):
+                        if not stream.closed:
+                            self.agent.remove_reader(stream)
+                            stream.close()
+                            burn.open_fds -= 1
+                self._reap(burn)
+            if not self.burns:
+                break
+            now = time.monotonic()
+            if now >= deadline and not killed:
+                killed = True
+                for burn in self.burns.values():
+                    burn.killed = True
+                    _signal_group(burn.pgid, signal.SIGKILL)
+            if now >= deadline + 5.0:
+                break  # unkillable (a GPU hung in the kernel): nothing more a process can do
+            time.sleep(0.02)  # polling the children's exit; the agent loop is over
+
+
+def _number(msg, key, default, low, high):
+    value = msg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ValueError("%s must be a number within %g..%g" % (key, low, high))
+    return float(value)
+
+
+def _signame(num):
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return str(num)
+
+
+def install(agent):
+    """Add the stress requests and hooks to ``agent``; returns the plugin."""
+    plugin = StressPlugin(agent)
+    agent.handlers["stress_start"] = plugin.on_start
+    agent.handlers["stress_stop"] = plugin.on_stop
+    agent.handlers["stress_status"] = plugin.on_status
+    agent.tick_hooks.append(plugin.tick)
+    agent.close_hooks.append(plugin.close)
+    agent.sample_hooks.append(plugin.on_sample)
+    agent.stress = plugin
+    return plugin
