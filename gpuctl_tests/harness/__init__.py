@@ -107,3 +107,28 @@ def wait_gone(pids: Iterable[int], timeout: float) -> set[int]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.01)  # poll interval; the deadline decides
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid`` with spaces between arguments ("" when gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def clear_pyenv_lock_after_kill(killed_cmdlines: Iterable[str]) -> None:
+    """Remove pyenv's rehash lock when we killed the ``pyenv rehash`` that held it.
+
+    A session whose shell runs ``pyenv init`` (root's ~/.bashrc here) takes
+    ``$PYENV_ROOT/shims/.pyenv-shim`` as a lock; SIGKILL leaves it behind and every later shell
+    of this user then waits 60 s for it. Only removed while no rehash is running.
+    """
+    if not any("pyenv-rehash" in c for c in killed_cmdlines):
+        return
+    if any("pyenv-rehash" in cmdline(p) for p in all_pids()):
+        return
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    with contextlib.suppress(OSError):
+        (root / "shims" / ".pyenv-shim").unlink()

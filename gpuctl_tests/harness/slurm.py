@@ -13,6 +13,7 @@ processes that left the daemons' process trees.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import getpass
 import os
@@ -22,6 +23,7 @@ import socket
 import subprocess
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,15 @@ DAEMONS = {
 }
 CLIENTS = ("sinfo", "srun", "sbatch", "squeue", "scancel", "scontrol")
 START_TIMEOUT = 30.0
+
+
+_LIVE: weakref.WeakSet[SlurmCluster] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for cluster in list(_LIVE):
+        cluster.stop()
 
 
 def missing_parts() -> str | None:
@@ -128,6 +139,7 @@ class SlurmCluster:
         env[name] = value
         self.env: dict[str, str] = env
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        _LIVE.add(self)
         self.start_seconds: float | None = None
         self._write_files()
         if start:

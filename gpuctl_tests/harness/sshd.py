@@ -12,6 +12,7 @@ every process a node started, even those that left sshd's process tree.
 
 from __future__ import annotations
 
+import atexit
 import getpass
 import os
 import shutil
@@ -20,12 +21,16 @@ import socket
 import subprocess
 import time
 import uuid
+import weakref
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from gpuctl_tests.harness import (
     HarnessError,
+    clear_pyenv_lock_after_kill,
+    cmdline,
     descendants,
     is_alive,
     kill_pids,
@@ -39,6 +44,16 @@ SSH_KEYGEN = "ssh-keygen"
 START_TIMEOUT = 10.0
 # The PATH sshd gives a session (its default for root; a superset of the one for users).
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+_LIVE: weakref.WeakSet[SshCluster] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    # a test run cut short (Ctrl-C twice, pytest -x inside a fixture) still leaves no sshd
+    for cluster in list(_LIVE):
+        cluster.stop_all()
 
 
 def free_port() -> int:
@@ -212,6 +227,7 @@ class SshNode:
 
     def _reap(self, sig: int) -> None:
         pids = self.processes()
+        cmdlines = [cmdline(p) for p in pids]
         kill_pids(pids, sig)
         if self.proc is not None:
             try:
@@ -223,6 +239,7 @@ class SshNode:
         if left:
             kill_pids(left, signal.SIGKILL)
             wait_gone(left, 5)
+        clear_pyenv_lock_after_kill(cmdlines)
 
     def kill(self) -> None:
         """SIGKILL sshd and everything its sessions started: the node vanishes mid-stream."""
@@ -285,6 +302,7 @@ class SshCluster:
         self.authorized_keys_path.write_text(client_pub + "\n")
         self.nodes: dict[str, SshNode] = {}
         self._started: list[SshNode] = []
+        _LIVE.add(self)
         self._write_ssh_config()
         self._write_known_hosts()
 
@@ -304,6 +322,38 @@ class SshCluster:
         known_hosts. ``simulate`` goes to the node's sessions as ``GPUCTL_SIMULATE``, ``env`` as
         further variables; ``python`` is put first on the node's PATH as ``python3``.
         Sessions skip the user's shell rc files (~/.bashrc) unless ``rc_files``."""
+        node = self._launch(name, simulate, python, env, port, rc_files)
+        self._register([node])
+        return node
+
+    def start_nodes(self, names: Iterable[str], **kwargs: Any) -> list[SshNode]:
+        """Start several nodes with the same options (see ``start_node``), in parallel."""
+        names = list(names)
+        if len(set(names)) != len(names):
+            raise ValueError("node names repeat")
+        with ThreadPoolExecutor(max_workers=min(16, max(1, len(names)))) as pool:
+            futures = [pool.submit(self._launch, n, **kwargs) for n in names]
+            nodes = []
+            errors = []
+            for f in futures:
+                try:
+                    nodes.append(f.result())
+                except (HarnessError, ValueError) as e:
+                    errors.append(e)
+        self._register(nodes)
+        if errors:
+            raise errors[0]
+        return nodes
+
+    def _launch(
+        self,
+        name: str,
+        simulate: str | int | None = "4",
+        python: str | None = None,
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
+        rc_files: bool = False,
+    ) -> SshNode:
         if name in self.nodes:
             raise ValueError(f"node {name} exists already")
         if not name or any(c.isspace() or c in "*?!,[]#\"'" for c in name):
@@ -313,19 +363,18 @@ class SshCluster:
             node = SshNode(self, name, port or free_port(), sim, python, dict(env or {}), rc_files)
             try:
                 node.start()
-                break
+                return node
             except HarnessError as e:
                 # another process took the free port between the probe and sshd's bind
                 if port is not None or "Bind to port" not in str(e) or attempt == 4:
                     raise
-        self.nodes[name] = node
+        raise AssertionError("unreachable")
+
+    def _register(self, nodes: Iterable[SshNode]) -> None:
+        for node in nodes:
+            self.nodes[node.name] = node
         self._write_ssh_config()
         self._write_known_hosts()
-        return node
-
-    def start_nodes(self, names: Iterable[str], **kwargs: Any) -> list[SshNode]:
-        """Start several nodes with the same options."""
-        return [self.start_node(n, **kwargs) for n in names]
 
     def __getitem__(self, name: str) -> SshNode:
         return self.nodes[name]
@@ -392,12 +441,18 @@ class SshCluster:
     # --- gpuctl config ---------------------------------------------------------------------
 
     def cluster_toml(
-        self, cluster: str = "test", nodes: Iterable[str] | str | None = None, **keys: Any
+        self,
+        cluster: str = "test",
+        nodes: Iterable[str] | str | None = None,
+        *,
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        **keys: Any,
     ) -> str:
         """One ``[clusters.<cluster>]`` table for ``nodes`` (default: every node started).
 
         ``via``, ``ssh_config`` and ``known_hosts`` are filled in; ``keys`` add or override
         (``simulate=4``, ``python="..."``, ``interval=0.2``); a value of None leaves a key out.
+        ``overrides`` maps a node hostlist to per-node keys (``[clusters.C.override."node2"]``).
         """
         if nodes is None:
             names = list(self.nodes)
@@ -415,7 +470,11 @@ class SshCluster:
         }
         table.update(keys)
         body = "".join(f"{k} = {toml_value(v)}\n" for k, v in table.items() if v is not None)
-        return f"[clusters.{toml_key(cluster)}]\n{body}"
+        text = f"[clusters.{toml_key(cluster)}]\n{body}"
+        for pattern, values in (overrides or {}).items():
+            text += f"\n[clusters.{toml_key(cluster)}.override.{toml_value(pattern)}]\n"
+            text += "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items() if v is not None)
+        return text
 
     def write_config(
         self,
@@ -423,12 +482,13 @@ class SshCluster:
         *,
         cluster: str = "test",
         nodes: Iterable[str] | str | None = None,
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
         extra: str = "",
         **keys: Any,
     ) -> Path:
         """Write a gpuctl ``config.toml`` with one cluster of these nodes (see
         ``cluster_toml``); ``extra`` is appended verbatim (more tables). Returns the path."""
-        text = self.cluster_toml(cluster, nodes, **keys)
+        text = self.cluster_toml(cluster, nodes, overrides=overrides, **keys)
         if extra:
             text += "\n" + extra.rstrip("\n") + "\n"
         p = Path(path)

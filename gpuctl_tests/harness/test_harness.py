@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,12 @@ from typing import Any
 import asyncssh
 import pytest
 
-from gpuctl_tests.harness import is_alive, pids_with_env
+from gpuctl_tests.harness import (
+    HarnessError,
+    clear_pyenv_lock_after_kill,
+    is_alive,
+    pids_with_env,
+)
 from gpuctl_tests.harness.sshd import SshCluster
 from gpuctl_tests.helpers import wait_until
 
@@ -180,3 +186,58 @@ def test_write_config_lists_the_nodes(ssh_cluster: SshCluster, tmp_path: Path) -
             }
         }
     }
+
+
+def test_write_config_is_read_by_gpuctl(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    config = pytest.importorskip("gpuctl.config")
+    ssh_cluster.start_nodes(["gpu1", "gpu2"], simulate="2:H100")
+    path = ssh_cluster.write_config(
+        tmp_path / "config.toml",
+        simulate="2:H100",
+        overrides={"gpu2": {"python": "/opt/py36/bin/python3"}},
+    )
+    nodes = {n.name: n for n in config.load_config(str(path)).nodes()}
+    assert sorted(nodes) == ["gpu1", "gpu2"]
+    assert nodes["gpu1"].via == "ssh"
+    assert nodes["gpu1"].simulate == "2:H100"
+    assert nodes["gpu1"].python == "python3"
+    assert nodes["gpu2"].python == "/opt/py36/bin/python3"
+    assert nodes["gpu1"].known_hosts == str(ssh_cluster.known_hosts_path)
+
+
+def test_start_nodes_in_parallel(ssh_cluster: SshCluster) -> None:
+    nodes = ssh_cluster.start_nodes([f"n{i}" for i in range(6)], simulate=None)
+    assert len({n.port for n in nodes}) == 6
+    assert all(n.running for n in nodes)
+    text = ssh_cluster.ssh_config_path.read_text()
+    assert all(f"Host {n.name}\n" in text for n in nodes)
+    assert len(ssh_cluster.known_hosts_path.read_text().splitlines()) == 6
+    r = ssh_cluster.ssh("n5", "echo ${GPUCTL_SIMULATE-unset} $GPUCTL_NODE")
+    assert r.stdout == "unset n5\n", r.stderr
+    with pytest.raises(ValueError, match="exists"):
+        ssh_cluster.start_node("n1")
+
+
+def test_a_node_that_cannot_start_says_why(ssh_cluster: SshCluster) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(HarnessError, match=f"(?s)port {port}.*Address already in use"):
+            ssh_cluster.start_node("node1", port=port)
+    assert "node1" not in ssh_cluster.nodes
+    assert ssh_cluster.processes() == set()
+
+
+def test_a_killed_pyenv_rehash_leaves_no_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shims = tmp_path / "pyenv" / "shims"
+    shims.mkdir(parents=True)
+    lock = shims / ".pyenv-shim"
+    lock.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    clear_pyenv_lock_after_kill(["sshd: root@notty", "sleep 300"])
+    assert lock.exists()  # we killed no rehash: the lock may be someone's
+    clear_pyenv_lock_after_kill(["bash /root/.pyenv/libexec/pyenv-rehash"])
+    assert not lock.exists()
