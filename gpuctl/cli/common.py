@@ -1,16 +1,38 @@
-"""Pieces several subcommands share: which fleet to talk to."""
+"""Pieces several subcommands share: the configuration and which fleet to talk to."""
 
 from __future__ import annotations
 
 import argparse
 
+from gpuctl.config import Config, ConfigError, load_config
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
-from gpuctl.fleet.links import LocalLink
+
+
+def load_user_config(args: argparse.Namespace) -> Config:
+    """The config named by ``--config``, else ``$GPUCTL_CONFIG``, else the XDG file, else empty.
+
+    A broken config raises UserError with its one line ``path:line: message``.
+    """
+    from gpuctl.cli.main import UserError
+
+    try:
+        return load_config(getattr(args, "config", None))
+    except ConfigError as e:
+        raise UserError(str(e)) from None
 
 
 def build_fleet(args: argparse.Namespace) -> Fleet:
-    """The fleet the command works on: the demo cluster, else this machine."""
+    """The fleet the command works on: the demo cluster with ``--demo``, else the configured
+    nodes, else this machine. Raises UserError for a broken config or a failed discovery."""
     if getattr(args, "demo", False):
         return simulated_fleet(demo_nodes())
-    return Fleet({"localhost": LocalLink()})
+    from gpuctl.cli.main import UserError
+    from gpuctl.fleet.build import fleet_from_config
+    from gpuctl.fleet.slurm import SlurmError
+
+    config = load_user_config(args)
+    try:
+        return fleet_from_config(config)
+    except SlurmError as e:
+        raise UserError(str(e)) from None

@@ -65,6 +65,28 @@ def remote_path(path: str) -> str:
     return shlex.quote(path)
 
 
+def agent_script(node: NodeConfig, bundle_dir: str, bundle_file: str, seed: int = 0) -> str:
+    """The ``sh`` script that starts the agent on a node.
+
+    It runs the node's setup lines, then prints one ``gpuctl-deploy: ...`` line and exits when
+    the python (``no-python``) or the bundle (``missing <absolute path>``) is not there; else it
+    execs the agent, whose first line is its hello.
+    """
+    bundle = f"{bundle_dir.rstrip('/')}/{bundle_file}"
+    agent = ["agent", "--interval", f"{node.interval:g}"]
+    if node.simulate:
+        agent += ["--simulate", node.simulate, "--seed", str(seed)]
+    lines = [
+        f"PY={remote_path(node.python)}",
+        f"B={remote_path(bundle)}",
+        *node.setup,
+        'command -v "$PY" >/dev/null 2>&1 || { echo "gpuctl-deploy: no-python"; exit 0; }',
+        '[ -f "$B" ] || { echo "gpuctl-deploy: missing $B"; exit 0; }',
+        f'exec "$PY" -c {shlex.quote(_BOOT)} "$B" {shlex.join(agent)}',
+    ]
+    return "\n".join(lines)
+
+
 @dataclass
 class BundleStore:
     """The node bundle (built once per process) and who uploaded it where.
@@ -351,20 +373,9 @@ class SshLink(NodeLink):
 
     # -- deploy and start ---------------------------------------------------------------------
     def _script(self) -> str:
-        n = self.node
-        bundle = f"{n.bundle_dir.rstrip('/')}/{self.store.name}"
-        agent = ["agent", "--interval", f"{n.interval:g}"]
-        if n.simulate:
-            agent += ["--simulate", n.simulate, "--seed", str(self.seed)]
-        lines = [
-            f"PY={remote_path(n.python)}",
-            f"B={remote_path(bundle)}",
-            *n.setup,
-            'command -v "$PY" >/dev/null 2>&1 || { echo "gpuctl-deploy: no-python"; exit 0; }',
-            '[ -f "$B" ] || { echo "gpuctl-deploy: missing $B"; exit 0; }',
-            f'exec "$PY" -c {shlex.quote(_BOOT)} "$B" {shlex.join(agent)}',
-        ]
-        return "sh -c " + shlex.quote("\n".join(lines))
+        return "sh -c " + shlex.quote(
+            agent_script(self.node, self.node.bundle_dir, self.store.name, self.seed)
+        )
 
     async def open(self) -> AgentSession:
         conn = await self.connection()

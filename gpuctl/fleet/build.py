@@ -1,0 +1,122 @@
+"""From a ``Config`` to a running-ready ``Fleet``: one link per node, Slurm services alongside."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from gpuctl.config import ClusterConfig, Config, NodeConfig
+from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.links import LocalLink, NodeLink
+from gpuctl.fleet.slurm import (
+    JobWatcher,
+    SlurmError,
+    SlurmNode,
+    SrunLink,
+    discover,
+    slurm_env,
+)
+from gpuctl.fleet.ssh import BundleStore, SshLink
+
+LOCAL_NAME = "localhost"
+Service = Callable[[], Coroutine[Any, Any, None]]
+
+
+class ClusterFleet(Fleet):
+    """A Fleet that also runs background services (the Slurm job watcher) while started."""
+
+    def __init__(
+        self, links: Mapping[str, NodeLink], *, services: list[Service] | None = None, **kw: Any
+    ) -> None:
+        super().__init__(links, **kw)
+        self.services = list(services or [])
+        self.watchers: list[JobWatcher] = []
+        self.store: BundleStore | None = None
+        self._service_tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await super().start()
+        if not self._service_tasks:
+            self._service_tasks = [asyncio.create_task(s()) for s in self.services]
+
+    async def stop(self) -> None:
+        tasks, self._service_tasks = self._service_tasks, []
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await super().stop()
+
+
+def cluster_nodes(
+    cluster: ClusterConfig, *, timeout: float = 15.0
+) -> tuple[list[NodeConfig], dict[str, SlurmNode]]:
+    """The cluster's nodes, asking ``sinfo`` when the config names none (discovery).
+
+    Also returns what Slurm says of each discovered node. Raises SlurmError.
+    """
+    if not cluster.discover:
+        return list(cluster.nodes), {}
+    assert cluster.template is not None
+    env = slurm_env(cluster.slurm_conf)
+    found = discover(cluster.partition, env=env, timeout=timeout)
+    if not found:
+        where = f"partition {cluster.partition}" if cluster.partition else "this Slurm cluster"
+        raise SlurmError(f"cluster {cluster.name}: sinfo lists no node in {where}")
+    from dataclasses import replace
+
+    nodes = [replace(cluster.template, name=n.name) for n in found]
+    return nodes, {n.name: n for n in found}
+
+
+def fleet_from_config(config: Config, **fleet_kwargs: Any) -> ClusterFleet:
+    """Build the fleet for ``config``: its nodes, or this machine when it names none.
+
+    Raises SlurmError when a cluster's nodes must come from sinfo and it fails.
+    """
+    kwargs: dict[str, Any] = {k: v for k, v in config.fleet.items()}
+    if "concurrency" in kwargs:
+        kwargs["concurrency"] = int(kwargs["concurrency"])
+    kwargs.update(fleet_kwargs)
+    if config.empty:
+        return ClusterFleet({LOCAL_NAME: LocalLink()}, **kwargs)
+    store = BundleStore()
+    links: dict[str, NodeLink] = {}
+    slurm_watch: dict[str | None, list[str]] = {}
+    seed = 0
+    for cluster in config.clusters.values():
+        nodes, known = cluster_nodes(cluster)
+        for node in nodes:
+            if node.name in links:
+                raise SlurmError(f"node {node.name} is in two clusters (one found by sinfo)")
+            links[node.name] = link_for(
+                node, store=store, seed=seed, slurm_node=known.get(node.name)
+            )
+            seed += 1
+            if node.slurm:
+                slurm_watch.setdefault(node.slurm_conf, []).append(node.name)
+    fleet = ClusterFleet(links, **kwargs)
+    fleet.store = store
+    for conf, names in slurm_watch.items():
+        watcher = JobWatcher(fleet, names, env=slurm_env(conf))
+        fleet.watchers.append(watcher)
+        fleet.services.append(watcher.run)
+    return fleet
+
+
+def link_for(
+    node: NodeConfig,
+    *,
+    store: BundleStore | None = None,
+    seed: int = 0,
+    slurm_node: SlurmNode | None = None,
+) -> NodeLink:
+    """The link that reaches ``node`` the way its config says."""
+    if node.via == "ssh":
+        return SshLink(node, store=store, seed=seed)
+    if node.via == "srun":
+        return SrunLink(node, seed=seed, slurm_node=slurm_node)
+    return LocalLink(python=node.python, interval=node.interval, simulate=node.simulate, seed=seed)
