@@ -298,6 +298,7 @@ class SlurmCluster:
         return subprocess.run(
             list(argv),
             env=self.env,
+            cwd=self.dir,
             capture_output=True,
             text=True,
             stdin=subprocess.DEVNULL,
@@ -328,15 +329,19 @@ class SlurmCluster:
         timeout: float = 60,
         check: bool = True,
         input: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client (``["srun", "-N1", "hostname"]``) against this cluster.
 
-        Returns the completed process (text); with ``check`` a non-zero exit raises
-        HarnessError carrying stderr. Raises subprocess.TimeoutExpired past ``timeout``.
+        Runs in ``cwd`` (default: the cluster's folder, so a job's ``slurm-N.out`` lands there,
+        not in the checkout). Returns the completed process (text); with ``check`` a non-zero
+        exit raises HarnessError carrying stderr. Raises subprocess.TimeoutExpired past
+        ``timeout``.
         """
         r = subprocess.run(
             list(argv),
             env=self.env,
+            cwd=self.dir if cwd is None else cwd,
             capture_output=True,
             text=True,
             input=input,

@@ -82,6 +82,9 @@ def test_a_running_job_shows_in_squeue_json(slurm_cluster: SlurmCluster) -> None
     assert "gpu" in json.dumps(j)  # the GPU request is in the job record
     slurm_cluster.run(["scancel", job], timeout=10)
     slurm_cluster.wait_idle()
+    # run() works in the cluster's folder: the job's default output never lands in the checkout
+    assert (slurm_cluster.dir / f"slurm-{job}.out").exists()
+    assert not (Path.cwd() / f"slurm-{job}.out").exists()
 
 
 def test_stop_leaves_no_process_and_a_bad_config_shows_the_log(tmp_path: Path) -> None:
