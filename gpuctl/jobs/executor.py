@@ -344,11 +344,8 @@ class Job:
         data = self._read("exception.pkl")
         if not data:
             return None
-        try:
-            exc = cloudpickle.loads(data)
-        except Exception:
-            return None
-        if not isinstance(exc, BaseException):
+        exc = _rebuild_exception(data)
+        if exc is None:
             return None
         err = (self._files.error if self._files else None) or {}
         tb = str(err.get("traceback") or "")
@@ -497,6 +494,8 @@ class Executor:
                 return self._probe
             if self.env_spec is not None:
                 probe = self._build_env(self.env_spec)
+            elif not self.verify:
+                probe = {"path": self._python}
             else:
                 assert self._python is not None
                 probe = self._run_probe(self._python)
@@ -691,6 +690,7 @@ class Executor:
         (or TypeError) when ``fn`` or its arguments cannot be pickled.
         """
         name = _name(fn)
+        self.venv2()
         root = self._job_root()
         job_id, jobdir, meta = self._prepare(fn, args, kwargs, name, root)
         return self._start([(job_id, jobdir)], meta)[0]
@@ -738,6 +738,7 @@ class Executor:
         if chunksize is None:
             parallel = 64 if isinstance(self.backend, SlurmBackend) else (os.cpu_count() or 1)
             chunksize = max(1, -(-len(items) // (4 * parallel)))
+        self.venv2()
         root = self._job_root()
         name = _name(fn)
         register_by_value(fn)
@@ -776,6 +777,34 @@ class Executor:
                         raise exc
 
         return results()
+
+
+def _rebuild_exception(data: bytes) -> BaseException | None:
+    """The user's exception from the worker's exception.pkl: whole when it unpickles, else
+    rebuilt from (type, args, __dict__) without calling its ``__init__``."""
+    try:
+        record = cloudpickle.loads(data)
+    except Exception:
+        return None
+    if not isinstance(record, dict):
+        return None
+    if record.get("whole"):
+        try:
+            exc = cloudpickle.loads(record["whole"])
+        except Exception:
+            exc = None
+        if isinstance(exc, BaseException):
+            return exc
+    cls = record.get("type")
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        return None
+    try:
+        rebuilt: BaseException = cls.__new__(cls)
+        rebuilt.args = tuple(record.get("args") or ())
+        rebuilt.__dict__.update(record.get("dict") or {})
+    except Exception:
+        return None
+    return rebuilt
 
 
 class _HashingWriter:

@@ -198,6 +198,17 @@ def _rss_kb(pid):
     return None
 
 
+def _die_with_parent():
+    """PR_SET_PDEATHSIG: VENV2 gets SIGKILL if the supervisor dies (no orphan jobs)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 def _run_setup(jobdir, lines, env):
     """Run setup lines in bash; return (ok, rc, env after them). Output goes to setup.log."""
     script = os.path.join(jobdir, "setup.sh")
@@ -342,6 +353,7 @@ class Supervisor(object):
             # Back to default dispositions in the child; VENV2 must see TERM as TERM.
             for name in STOPPING + FORWARDED + ("SIGCHLD",):
                 signal.signal(getattr(signal, name), signal.SIG_DFL)
+            _die_with_parent()
             if rlimit_as:
                 resource.setrlimit(resource.RLIMIT_AS, (rlimit_as, rlimit_as))
 

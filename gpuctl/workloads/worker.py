@@ -166,14 +166,7 @@ def run(jobdir):
         )
         return 6
     except BaseException as e:
-        pickled = False
-        try:
-            with open(_path("exception.pkl.tmp"), "wb") as f:
-                cloudpickle.dump(e, f)
-            os.replace(_path("exception.pkl.tmp"), _path("exception.pkl"))
-            pickled = True
-        except Exception:
-            pass
+        pickled = _save_exception(cloudpickle, e)
         kind = "memory_error" if isinstance(e, MemoryError) else "user_exception"
         first_error(kind, "running", e, pickled=pickled)
         return 1
@@ -209,6 +202,28 @@ def run(jobdir):
     state["phase"] = "done"
     phase("done")
     return 0
+
+
+def _save_exception(cloudpickle, exc):
+    """Pickle the exception for the submitter: whole, and as (type, args, __dict__), because
+    an exception whose __init__ takes other arguments than its args cannot be unpickled whole."""
+    try:
+        whole = cloudpickle.dumps(exc)
+    except Exception:
+        whole = None
+    for record in (
+        {"whole": whole, "type": type(exc), "args": exc.args, "dict": dict(vars(exc))},
+        {"whole": whole, "type": type(exc), "args": tuple(repr(a) for a in exc.args), "dict": {}},
+    ):
+        try:
+            data = cloudpickle.dumps(record)
+        except Exception:
+            continue
+        with open(_path("exception.pkl.tmp"), "wb") as f:
+            f.write(data)
+        os.replace(_path("exception.pkl.tmp"), _path("exception.pkl"))
+        return True
+    return False
 
 
 def _remove(path):

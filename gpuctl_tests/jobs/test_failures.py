@@ -1,0 +1,289 @@
+"""Every failure class provoked for real; each test asserts the classification and the evidence.
+
+VENV1 is a real Python 3.6, VENV2 a venv gpuctl built; no fakes. "result not found" never appears.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.jobs import EnvSpec, Job, JobFailed, JobStore, RemoteTraceback, attach
+from gpuctl_tests.helpers import old_python, wait_until
+from gpuctl_tests.jobs.conftest import no_process_with_env
+
+
+class InventoryError(Exception):
+    """A user exception class defined in the test module."""
+
+    def __init__(self, item: str, count: int) -> None:
+        super().__init__(f"{item}: only {count} left")
+        self.item, self.count = item, count
+
+
+def raises_custom(item: str) -> None:
+    def deeper() -> None:
+        raise InventoryError(item, 2)
+
+    deeper()
+
+
+def failure(job: Job, kind: str, timeout: float = 60) -> JobFailed:
+    """The JobFailed of ``job``, checked to be of ``kind`` and free of 'not found' guesses."""
+    with pytest.raises(JobFailed) as info:
+        job.result(timeout)
+    text = str(info.value)
+    assert info.value.kind == kind, text
+    assert "result_raw.pkl" not in text and "may have failed" not in text
+    assert f"[{kind}]" in text and "remedy:" in text and "stderr.txt" in text
+    return info.value
+
+
+def running(job: Job) -> bool:
+    data = Path(job.jobdir, "status.jsonl")
+    return data.exists() and '"running"' in data.read_text()
+
+
+def test_user_exception_keeps_type_attributes_and_remote_traceback(make_executor: Any) -> None:
+    job = make_executor().submit(raises_custom, "widgets")
+    with pytest.raises(InventoryError) as info:
+        job.result(60)
+    assert (info.value.item, info.value.count) == ("widgets", 2)
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    assert "in deeper" in cause.tb and "raise InventoryError" in cause.tb
+    report = job.report()
+    assert report is not None and report.kind == "user_exception"
+    assert report.phase == "running"
+    assert any("widgets: only 2 left" in e for e in report.evidence)
+    assert job.state == "failed"
+    assert isinstance(job.exception(), InventoryError)
+
+
+def test_segfault_is_a_crash_with_the_faulthandler_stack(make_executor: Any) -> None:
+    def crash_in_ctypes() -> None:
+        import ctypes
+
+        ctypes.string_at(0)
+
+    err = failure(make_executor().submit(crash_in_ctypes), "crash")
+    assert "Fatal Python error: Segmentation fault" in err.report.traceback
+    assert "crash_in_ctypes" in err.report.traceback
+    assert any("SIGSEGV" in e for e in err.report.evidence)
+
+
+def test_memory_limit_is_out_of_memory(make_executor: Any) -> None:
+    def hog() -> int:
+        blocks = [bytearray(64 << 20) for _ in range(32)]  # 2 GiB against a 400 MiB limit
+        return len(blocks)
+
+    err = failure(make_executor(mem="400M").submit(hog), "out_of_memory")
+    text = str(err)
+    assert "MemoryError" in text and "RLIMIT_AS" in text and "400.0 MiB" in text
+    assert err.report.phase == "running"
+
+
+def test_python_version_mismatch_refused_before_submitting(make_executor: Any) -> None:
+    py39 = old_python("3.9.18")
+    with pytest.raises(JobFailed) as info:
+        make_executor(python=py39).submit(len, [1])
+    assert info.value.kind == "python_mismatch"
+    text = str(info.value)
+    assert "Python 3.9.18" in text
+    want = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert f"env=EnvSpec(python='{want}'" in text
+
+
+def test_python_version_mismatch_caught_by_the_worker(make_executor: Any) -> None:
+    """Unchecked at submit (verify=False): VENV2 3.9 refuses the payload before loading it."""
+    py39 = old_python("3.9.18")
+    job = make_executor(python=py39, verify=False).submit(len, [1])
+    err = failure(job, "python_mismatch")
+    assert "VENV2 runs Python 3.9 but the function was pickled by Python" in str(err)
+    assert err.report.phase == "start"
+    assert not Path(job.jobdir, "result.pkl").exists()
+
+
+def test_missing_module_is_named(make_executor: Any, tmp_path: Path) -> None:
+    """A module that exists here but not in VENV2: the report names it."""
+    moddir = tmp_path / "onlyhere"
+    moddir.mkdir()
+    (moddir / "gpuctl_only_on_login.py").write_text("def answer():\n    return 42\n")
+    sys.path.insert(0, str(moddir))
+    try:
+        import gpuctl_only_on_login as mod  # type: ignore[import-not-found]
+
+        def uses_it() -> int:
+            return int(mod.answer())
+
+        err = failure(make_executor().submit(uses_it), "module_missing")
+    finally:
+        sys.path.remove(str(moddir))
+        sys.modules.pop("gpuctl_only_on_login", None)
+    assert "'gpuctl_only_on_login'" in str(err)
+    assert err.report.phase == "loading"
+
+    def imports_at_runtime() -> None:
+        import gpuctl_no_such_package  # type: ignore[import-not-found]  # noqa: F401
+
+    err = failure(make_executor().submit(imports_at_runtime), "module_missing")
+    assert "'gpuctl_no_such_package'" in str(err)
+
+
+def test_time_limit_terms_then_kills(make_executor: Any) -> None:
+    def ignores_term() -> None:
+        import signal as s
+        import time as t
+
+        s.signal(s.SIGTERM, s.SIG_IGN)
+        t.sleep(120)
+
+    t0 = time.monotonic()
+    err = failure(make_executor(time_limit=1.0, grace=0.5).submit(ignores_term), "time_limit")
+    assert time.monotonic() - t0 < 20
+    assert "time limit 1.0 s" in str(err) and "then SIGKILL" in str(err)
+
+
+def test_unpicklable_result(make_executor: Any) -> None:
+    def returns_a_lock() -> Any:
+        import threading
+
+        return threading.Lock()
+
+    err = failure(make_executor().submit(returns_a_lock), "unpicklable_result")
+    assert err.report.phase == "saving"
+    assert "lock" in str(err).lower()
+
+
+@pytest.mark.parametrize(
+    ("how", "expect"),
+    [("os", "os._exit(3)"), ("sys", "sys.exit(4)")],
+)
+def test_function_that_exits_the_process(make_executor: Any, how: str, expect: str) -> None:
+    def leaves() -> None:
+        if how == "os":
+            os._exit(3)
+        sys.exit(4)
+
+    err = failure(make_executor().submit(leaves), "sys_exit")
+    assert expect in str(err)
+    assert err.report.phase == "running"
+
+
+def test_venv2_python_will_not_start(make_executor: Any, tmp_path: Path) -> None:
+    missing = str(tmp_path / "no" / "python")
+    with pytest.raises(JobFailed) as info:
+        make_executor(python=missing).submit(len, [])
+    assert info.value.kind == "venv2_wont_start"
+    # unverified: the supervisor meets it and says so
+    err = failure(make_executor(python=missing, verify=False).submit(len, []), "venv2_wont_start")
+    assert "ENOENT" in str(err) and missing in str(err)
+
+
+def test_environment_build_failure_is_not_a_job_error(venv1: str, tmp_path: Path) -> None:
+    from gpuctl.jobs import Executor
+
+    ex = Executor(
+        "local",
+        supervisor_python=venv1,
+        env=EnvSpec(python="2.5", methods=("venv",)),
+        env_root=str(tmp_path / "envs"),
+        job_root=str(tmp_path / "jobs"),
+        store=False,
+    )
+    with pytest.raises(JobFailed) as info:
+        ex.submit(len, [])
+    assert info.value.kind == "env_build_failed"
+    assert "no python2.5 on PATH" in str(info.value)
+    assert info.value.report.logs["build log"].endswith(".log")
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_cancel_stops_the_job_and_everything_it_started(make_executor: Any) -> None:
+    token = f"GPUCTL_JOBTEST_{uuid.uuid4().hex}"
+
+    def spawns_and_sleeps() -> None:
+        import subprocess
+        import time as t
+
+        subprocess.Popen(["sleep", "300"])  # a grandchild the job leaves behind
+        t.sleep(300)
+
+    ex = make_executor(job_env={token: "1"}, grace=2)
+    job = ex.submit(spawns_and_sleeps)
+    wait_until(lambda: running(job), 30, "the job to run")
+    wait_until(lambda: not no_process_with_env(token), 10, "the grandchild to start")
+    assert job.state == "running"
+    assert job.cancel()
+    err = failure(job, "cancelled", 30)
+    assert "SIGTERM" in str(err)
+    assert job.state == "cancelled"
+    wait_until(lambda: no_process_with_env(token), 10, "every process of the job to exit")
+    assert not job.cancel()
+
+
+def test_supervisor_killed_is_lost_and_takes_venv2_along(make_executor: Any) -> None:
+    token = f"GPUCTL_JOBTEST_{uuid.uuid4().hex}"
+    job = make_executor(job_env={token: "1"}).submit(time.sleep, 300)
+    wait_until(lambda: running(job), 30, "the job to run")
+    pid = json.loads(Path(job.jobdir, "supervisor.json").read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    err = failure(job, "lost", 30)
+    assert "outcome.json was never written" in str(err)
+    wait_until(lambda: no_process_with_env(token), 10, "VENV2 to die with its supervisor")
+
+
+def test_setup_lines_run_first_and_their_failure_is_named(make_executor: Any) -> None:
+    def read_env() -> str:
+        return os.environ["GPUCTL_FROM_SETUP"]
+
+    ex = make_executor(setup=["echo setup-says-hi", "export GPUCTL_FROM_SETUP=from-setup"])
+    job = ex.submit(read_env)
+    assert job.result(60) == "from-setup"
+    assert "setup-says-hi" in Path(job.jobdir, "setup.log").read_text()
+
+    bad = make_executor(setup=["module load cuda/12.1"]).submit(read_env)
+    err = failure(bad, "setup_failed")
+    assert "module load cuda/12.1" in str(err)
+    assert "module: command not found" in str(err) or "not found" in str(err)
+    assert not Path(bad.jobdir, "status.jsonl").exists()
+
+
+def test_stack_dump_on_request(make_executor: Any) -> None:
+    def stuck_somewhere_deep() -> None:
+        import time as t
+
+        t.sleep(120)
+
+    job = make_executor(grace=1).submit(stuck_somewhere_deep)
+    wait_until(lambda: running(job), 30, "the job to run")
+    job.dump_stacks()
+    wait_until(lambda: "stuck_somewhere_deep" in job.stderr(), 10, "a stack dump in stderr")
+    job.cancel()
+    failure(job, "cancelled", 30)
+
+
+def test_store_reattaches_after_restart(make_executor: Any, _state_dir: Path) -> None:
+    job = make_executor().submit(pow, 2, 10)
+    assert job.result(60) == 1024
+    failed = make_executor().submit(raises_custom, "bolts")
+    with pytest.raises(InventoryError):
+        failed.result(60)
+    store = JobStore()  # a new process would open the same file
+    rec = store.get(job.id[:10])
+    assert rec is not None and rec.state == "done" and rec.kind is None
+    again = attach(rec, store)
+    assert again.result(10) == 1024
+    frec = store.get(failed.id)
+    assert frec is not None and frec.state == "failed" and frec.kind == "user_exception"
+    assert frec.report is not None and frec.report["kind"] == "user_exception"
+    assert [r.id for r in store.list()] == [failed.id, job.id]
+    assert (_state_dir / "jobs.sqlite").exists()
