@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import getpass
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -123,7 +123,7 @@ class SlurmCluster:
         self.gpus = gpus
         self.gpu_type = gpu_type
         self.min_job_age = min_job_age
-        self.user = getpass.getuser()
+        self.user = pwd.getpwuid(os.getuid()).pw_name
         self.conf_path = self.dir / "slurm.conf"
         self.munge_socket = self.dir / "munge" / "munge.socket"
         self.jobcomp_path = self.dir / "jobcomp.txt"

@@ -8,13 +8,27 @@ to an OpenSSH ``ssh_config`` (``Host <name>``) and to ``known_hosts``. Both file
 Every session on a node carries ``GPUCTL_NODE=<name>``, ``GPUCTL_SIMULATE=<spec>`` and a private
 marker in its environment (sshd ``SetEnv``), so a test can tell nodes apart and ``kill()`` finds
 every process a node started, even those that left sshd's process tree.
+
+Things to know when writing tests against these nodes:
+- All nodes log in as the current user (root in CI) and share that user's real home, like a
+  cluster with a shared home: a bundle uploaded to one node is there for all of them.
+- Sessions run the user's login shell with ``SHLVL=1`` set by sshd, so bash skips ~/.bashrc
+  (root's here runs ``pyenv init``: 0.1 s per session, and a killed ``pyenv rehash`` left a lock
+  that stalled every later shell for 60 s). ``start_node(..., rc_files=True)`` keeps the rc files.
+- ``python3`` on a node is whatever sshd's default PATH finds (/usr/local/bin, /usr/bin), unless
+  ``start_node(python=PATH)`` puts PATH first as ``python3`` (also ``$GPUCTL_PYTHON``). For a
+  gpuctl config, ``write_config(..., python=...)`` sets it per cluster and
+  ``overrides={"node2": {"python": ...}}`` per node.
+- ``kill()`` is SIGKILL of sshd and of every session process (a vanished node); ``restart()``
+  comes back on the same port with the same host key; ``rotate_host_key()`` does not touch
+  known_hosts (``trust_host_key()`` does).
 """
 
 from __future__ import annotations
 
 import atexit
-import getpass
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -292,8 +306,10 @@ class SshCluster:
         self.dir = Path(tmpdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
-        self.user = getpass.getuser()
-        self.home = Path(os.path.expanduser("~" + self.user))
+        # the account sshd logs us in as: from the uid, not from $USER (CI may set that oddly)
+        entry = pwd.getpwuid(os.getuid())
+        self.user = entry.pw_name
+        self.home = Path(entry.pw_dir)
         self.client_key_path = self.dir / "id_ed25519"
         self.authorized_keys_path = self.dir / "authorized_keys"
         self.ssh_config_path = self.dir / "ssh_config"
