@@ -438,6 +438,11 @@ class _Builder:
     ) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, v in table.items():
+            if key == "nodes" and key not in allowed:
+                raise self.fail(
+                    (*keys, key),
+                    "nodes are named in [clusters.NAME] (an override's by its own key)",
+                )
             if key not in allowed:
                 raise self.unknown(keys, key, allowed)
             value = self.check((*keys, key), v, CLUSTER_KEYS[key])

@@ -1,0 +1,280 @@
+"""The config file: hostlist expansion, per-node overrides, and one clear line per mistake."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuctl.config import ConfigError, load_config, parse_config
+from gpuctl_tests.helpers import REPO, node_env
+
+GOOD = """\
+read_only = true
+
+[defaults]
+interval = 2.0
+
+[fleet]
+concurrency = 8
+
+[clusters.lab]
+nodes = "gpu[01-03],dgx-a"
+via = "ssh"
+python = "python3"
+workload_python = "/opt/envs/torch/bin/python"
+simulate = "2:A100"
+setup = ["module load cuda"]
+ssh_config = "ssh/config"
+
+[clusters.lab.override."gpu[02-03]"]
+python = "/usr/bin/python3.6"
+interval = 0.5
+
+[clusters.here]
+via = "local"
+nodes = ["sim[1-2]"]
+simulate = 4
+
+[tui]
+theme = "nord"
+keys = { quit = "ctrl+q" }
+
+[stress]
+max_minutes = 30
+"""
+
+
+def test_good_config_expands_hostlists_and_applies_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(GOOD)
+    config = load_config(path)
+    names = [n.name for n in config.nodes()]
+    assert names == ["gpu01", "gpu02", "gpu03", "dgx-a", "sim1", "sim2"]
+    by = {n.name: n for n in config.nodes()}
+    assert by["gpu01"].python == "python3" and by["gpu01"].interval == 2.0  # from [defaults]
+    assert by["gpu02"].python == "/usr/bin/python3.6" and by["gpu02"].interval == 0.5
+    assert by["gpu03"].python == "/usr/bin/python3.6"
+    assert by["dgx-a"].simulate == "2:A100" and by["dgx-a"].setup == ("module load cuda",)
+    assert by["gpu01"].workload_python == "/opt/envs/torch/bin/python"
+    # login-side paths are relative to the config file's folder
+    assert by["gpu01"].ssh_config == str(tmp_path / "ssh" / "config")
+    assert by["sim1"].via == "local" and by["sim1"].simulate == "4"
+    assert config.read_only is True
+    assert config.tui == {"theme": "nord", "keys": {"quit": "ctrl+q"}}
+    assert config.stress == {"max_minutes": 30}
+    assert config.accept == {} and config.jobs == {}
+    assert config.fleet == {"concurrency": 8}
+
+
+def test_hostlist_forms() -> None:
+    config = parse_config('[clusters.c]\nnodes = ["n[1-2,5]", "a[01-02]b[1-2]", "x"]\n')
+    assert [n.name for n in config.nodes()] == [
+        "n1",
+        "n2",
+        "n5",
+        "a01b1",
+        "a01b2",
+        "a02b1",
+        "a02b2",
+        "x",
+    ]
+
+
+def test_no_file_means_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUCTL_CONFIG", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    config = load_config(None)
+    assert config.empty and config.nodes() == [] and config.read_only is False
+
+
+def test_env_var_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[clusters.x]\nnodes = "a,b"\n')
+    monkeypatch.setenv("GPUCTL_CONFIG", str(path))
+    assert [n.name for n in load_config(None).nodes()] == ["a", "b"]
+    monkeypatch.setenv("GPUCTL_CONFIG", str(tmp_path / "missing.toml"))
+    with pytest.raises(ConfigError, match=r"missing\.toml: no such file$"):
+        load_config(None)
+
+
+# (config text, expected "line: message" after "path:")
+BAD = [
+    ("[clusters.a\nnodes = 'x'\n", r"1: TOML syntax: .*"),
+    ('x = 1\n[clusters.a]\nnodes = "n1"\nnodes = "n2"\n', r"4: TOML syntax: .*"),
+    ('[clusters.a]\nnodes = "n[1-"\n', r"2: clusters\.a\.nodes: bad hostlist 'n\[1-': .*bracket.*"),
+    ('[clusters.a]\nnodes = "n[3-1]"\n', r"2: clusters\.a\.nodes: bad hostlist 'n\[3-1\]': .*"),
+    ('[clusters.a]\nnodes = ""\n', r"2: clusters\.a\.nodes: names no node"),
+    ('[clusters.a]\nnodes = "a b"\n', r"2: clusters\.a\.nodes: hostlist 'a b' gives a bad node .*"),
+    (
+        "[clusters.a]\nnodes = 3\n",
+        r'2: clusters\.a\.nodes: expected a hostlist like "node\[1-4\]".*',
+    ),
+    ("[clusters.a]\nvia = 'ssh'\n", r'1: clusters\.a: no nodes: set nodes = "host\[1-4\]".*'),
+    (
+        '[clusters.a]\nnodes = "n1"\nnodez = "n2"\n',
+        r"3: clusters\.a\.nodez: unknown key \(did you mean 'nodes'\?\); "
+        r"known keys: nodes, via, .*",
+    ),
+    (
+        '[clusters.a]\nnodes = "n1"\nvia = "telnet"\n',
+        r"3: clusters\.a\.via: must be one of ssh, srun, local; got 'telnet'",
+    ),
+    (
+        '[clusters.a]\nnodes = "n1"\ninterval = "fast"\n',
+        r"3: clusters\.a\.interval: expected a number, got 'fast'",
+    ),
+    (
+        '[clusters.a]\nnodes = "n1"\ninterval = 0\n',
+        r"3: clusters\.a\.interval: must be within 0\.1\.\.3600; got 0",
+    ),
+    (
+        '[clusters.a]\nnodes = "n1"\nport = 70000\n',
+        r"3: clusters\.a\.port: must be within 1\.\.65535; got 70000",
+    ),
+    (
+        '[clusters.a]\nnodes = "n1"\nport = true\n',
+        r"3: clusters\.a\.port: expected a whole number, got true",
+    ),
+    (
+        '[clusters.a]\nnodes = "n1"\nsimulate = "8:B200"\n',
+        r"3: clusters\.a\.simulate: bad simulate '8:B200': unknown model 'B200' .*",
+    ),
+    (
+        '[clusters.a]\nnodes = "n1"\nsimulate = 0\n',
+        r"3: clusters\.a\.simulate: must simulate at least one GPU",
+    ),
+    (
+        '[clusters.a]\nnodes = "n1"\nhost_key_policy = "no"\n',
+        r"3: clusters\.a\.host_key_policy: must be one of strict, accept-new; got 'no'",
+    ),
+    (
+        '[clusters.a]\nnodes = "n1"\npython = ""\n',
+        r"3: clusters\.a\.python: expected a non-empty string, got ''",
+    ),
+    (
+        '[clusters.a]\nnodes = "n1"\nsetup = [1]\n',
+        r"3: clusters\.a\.setup: expected a string or a list of strings, got a list",
+    ),
+    ("read_only = 'yes'\n", r"1: read_only: expected true or false, got 'yes'"),
+    ('colour = "red"\n', r"1: colour: unknown key; known keys: read_only, defaults, clusters, .*"),
+    ('nodes = "n1"\n', r"1: nodes: cluster settings go in a \[clusters\.NAME\] table.*"),
+    ("tui = 3\n", r"1: tui: expected a table \(\[tui\]\), got 3"),
+    ('[defaults]\nnodes = "n1"\n', r"2: defaults\.nodes: nodes are named in \[clusters\.NAME\] .*"),
+    ("[fleet]\nconcurrency = 0\n", r"2: fleet\.concurrency: must be within 1\.\.4096; got 0"),
+    ("[fleet]\nworkers = 2\n", r"2: fleet\.workers: unknown key; known keys: concurrency, .*"),
+    ('[clusters."a b"]\nnodes = "n1"\n', r'1: clusters\."a b": a cluster name is letters, .*'),
+    (
+        '[clusters.a]\nnodes = "n1"\n[clusters.b]\nnodes = "n[0-2]"\n',
+        r"4: clusters\.b\.nodes: node 'n1' is in clusters 'a' and 'b'",
+    ),
+    (
+        '[clusters.a]\nnodes = "n[1-2]"\n\n[clusters.a.override."n3"]\npython = "p"\n',
+        r"4: clusters\.a\.override\.n3: node 'n3' is not in this cluster's nodes",
+    ),
+    (
+        '[clusters.a]\nnodes = "n[1-2]"\n[clusters.a.override."n[1-"]\npython = "p"\n',
+        r"3: clusters\.a\.override\.\"n\[1-\"\: bad hostlist .*",
+    ),
+    (
+        '[clusters.a]\nnodes = "n[1-2]"\n[clusters.a.override.n1]\nnodes = "x"\n',
+        r"4: clusters\.a\.override\.n1\.nodes: nodes are named in .*",
+    ),
+    (
+        '[clusters.a]\nnodes = "n[1-2]"\n[clusters.a.override.n1]\nvia = "local"\n',
+        r"4: clusters\.a\.override\.n1\.via: a node cannot change its cluster's via",
+    ),
+    (
+        # a key inside a multi-line array must not be taken for the key on the line
+        '[clusters.a]\nsetup = [\n  "interval = 3",\n]\nnodes = "n1"\ninterval = -1\n',
+        r"6: clusters\.a\.interval: must be within .*",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), BAD, ids=[f"bad{i}" for i in range(len(BAD))])
+def test_bad_config_gives_one_line_with_path_and_line(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    msg = str(info.value)
+    assert "\n" not in msg
+    prefix = f"{path}:"
+    assert msg.startswith(prefix), msg
+    import re
+
+    assert re.fullmatch(expected, msg[len(prefix) :]), msg
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.toml: no such file"):
+        load_config(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match=r": is a directory, not a config file"):
+        load_config(tmp_path)
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(b"# caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"latin1\.toml: is not UTF-8 text"):
+        load_config(bad)
+
+
+def _gpuctl(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuctl", *argv],
+        capture_output=True,
+        text=True,
+        env=node_env(),
+        cwd=REPO,
+        timeout=60,
+    )
+
+
+def test_config_check_cli(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(GOOD.replace('ssh_config = "ssh/config"\n', ""))
+    r = _gpuctl("--config", str(path), "config", "check")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:3] == ["NODE", "CLUSTER", "VIA"]
+    assert [ln.split()[0] for ln in lines[1:]] == [
+        "gpu01",
+        "gpu02",
+        "gpu03",
+        "dgx-a",
+        "sim1",
+        "sim2",
+    ]
+    assert "/usr/bin/python3.6" in lines[2]
+    assert "2 cluster(s), 6 node(s), read-only" in r.stderr
+
+    r = _gpuctl("--config", str(path), "config", "check", "--json")
+    import json
+
+    doc = json.loads(r.stdout)
+    assert [n["name"] for n in doc["nodes"]][:2] == ["gpu01", "gpu02"]
+    assert doc["read_only"] is True
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[clusters.a]\nnodes = "n[1-"\n')
+    r = _gpuctl("--config", str(bad), "config", "check")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"gpuctl: {bad}:2: clusters.a.nodes: bad hostlist 'n[1-': unbalanced brackets"
+    ]
+    # the same one line from any command that reads the config: no traceback
+    r = _gpuctl("--config", str(bad), "status")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().endswith("bad hostlist 'n[1-': unbalanced brackets")
+
+
+def test_config_check_reports_missing_files(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[clusters.a]\nnodes = "n1"\nidentity = "keys/id_x"\nknown_hosts = "kh"\n')
+    r = _gpuctl("--config", str(path), "config", "check")
+    assert r.returncode == 1
+    assert f"gpuctl: clusters.a.identity: {tmp_path}/keys/id_x does not exist" in r.stderr
+    assert "clusters.a.known_hosts" in r.stderr and "refused as unknown" in r.stderr
