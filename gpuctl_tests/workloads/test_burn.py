@@ -1,0 +1,227 @@
+"""The torch burner on the CPU: real torch, real subprocesses, tiny matrices."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.bundle import write_bundle
+from gpuctl.workloads import burn
+from gpuctl_tests.helpers import REPO, node_env
+
+torch = pytest.importorskip("torch")
+
+# One thread: the CI machine is small and shared, and tiny GEMMs only lose from threading.
+ENV = node_env({"OMP_NUM_THREADS": "1"})
+
+
+def run_burner(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None, cwd: str | None = None
+) -> tuple[int, list[dict[str, Any]], str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuctl.workloads.burn", "--device", "cpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or ENV,
+        cwd=cwd,
+    )
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    return proc.returncode, lines, proc.stderr
+
+
+def of_type(lines: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [m for m in lines if m.get("type") == kind]
+
+
+def test_duration_progress_and_ok_summary() -> None:
+    rc, lines, err = run_burner("--size", "96", "--duration", "1.2")
+    assert rc == 0, err
+    progress = of_type(lines, "progress")
+    assert progress, lines
+    summary = lines[-1]
+    assert summary["type"] == "summary"
+    assert summary["verdict"] == "OK" and summary["errors"] == 0
+    assert summary["size"] == 96 and summary["dtype"] == "fp32"
+    assert summary["iterations"] > 0 and summary["tflops_mean"] > 0
+    assert summary["elapsed"] >= 1.2  # ran for the duration (rounds end after it)
+    assert 0.5 < summary["duty"] <= 1.0
+    for p in progress:
+        for key in ("iterations", "tflops", "tflops_mean", "errors", "elapsed", "size", "dtype"):
+            assert key in p
+    # Iteration counts only grow.
+    counts = [p["iterations"] for p in progress]
+    assert counts == sorted(counts)
+
+
+def test_inject_error_is_caught_as_faulty() -> None:
+    rc, lines, err = run_burner("--size", "64", "--duration", "0.8", "--inject-error", "1")
+    summary = lines[-1]
+    assert rc == 1, err
+    assert summary["verdict"] == "FAULTY"
+    assert summary["errors"] >= 1
+    assert "mismatch" in summary["reason"]
+
+
+def test_out_of_memory_falls_back_to_a_smaller_size() -> None:
+    # 512x512 fp32 with its buffers needs ~7.6 MB: a 3 MB budget forces two fallbacks.
+    rc, lines, err = run_burner("--size", "512", "--mem-budget", "3M", "--duration", "0.5")
+    assert rc == 0, err
+    infos = [m["message"] for m in of_type(lines, "info")]
+    assert any("out of memory at 512x512" in m for m in infos), infos
+    summary = lines[-1]
+    assert summary["oom_fallbacks"] >= 1
+    assert summary["size"] < 512
+    assert burn.buffer_bytes(summary["size"], summary["slots"], "fp32") <= 3 << 20
+    assert summary["verdict"] == "OK"
+
+
+def test_out_of_memory_at_every_size_dies_with_a_reason() -> None:
+    rc, lines, _ = run_burner("--size", "256", "--mem-budget", "1K", "--duration", "0.5")
+    assert rc == burn.EXIT_DIED
+    assert lines[-1]["verdict"] == "DIED"
+    assert "out of memory" in lines[-1]["reason"]
+
+
+def test_sigterm_stops_with_a_summary() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuctl.workloads.burn", "--device", "cpu", "--size", "64"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    try:
+        assert proc.stdout is not None
+        first = None
+        for line in proc.stdout:
+            msg = json.loads(line)
+            if msg["type"] == "progress":
+                first = msg
+                break
+        assert first is not None
+        proc.send_signal(signal.SIGTERM)
+        rest = [json.loads(line) for line in proc.stdout]
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert rest[-1]["type"] == "summary"
+    assert rest[-1]["stopped_by"] == "SIGTERM"
+    assert rest[-1]["verdict"] == "OK"
+    assert rest[-1]["iterations"] >= first["iterations"]
+
+
+def test_cuda_without_a_gpu_dies_with_one_clear_reason() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuctl.workloads.burn", "--device", "cuda", "--duration", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+    )
+    assert proc.returncode == burn.EXIT_DIED
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert summary["verdict"] == "DIED" and "no CUDA device" in summary["reason"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_usage_is_one_line() -> None:
+    rc, _, err = run_burner("--mem-fraction", "3")
+    assert rc == 2
+    assert "--mem-fraction" in err.strip().splitlines()[-1]
+    assert "Traceback" not in err
+
+
+def test_runs_from_the_node_bundle_through_zipimport(tmp_path: Path) -> None:
+    bundle = write_bundle(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(bundle), OMP_NUM_THREADS="1")
+    where = subprocess.run(
+        [sys.executable, "-c", "import gpuctl.workloads.burn as b; print(b.__file__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=True,
+    ).stdout.strip()
+    assert where.startswith(str(bundle) + os.sep), where  # not the checkout
+    rc, lines, err = run_burner("--size", "64", "--duration", "0.4", env=env, cwd=str(tmp_path))
+    assert rc == 0, err
+    assert lines[-1]["verdict"] == "OK"
+
+
+# -- in-process: the check itself ---------------------------------------------------------
+def make_burner(dtype: str, size: int = 64) -> burn.Burner:
+    args = argparse.Namespace(
+        device="cpu",
+        dtype=dtype,
+        size=size,
+        slots=2,
+        mem_budget=None,
+        mem_fraction=0.9,
+        gpu=None,
+        gemms_per_round=3,
+        inject_error=None,
+    )
+    b = burn.Burner(torch, args, lambda _msg: None)
+    b.allocate()
+    b.gemms(b.slots[0], 3)
+    b.set_reference(b.slots[0], 3)
+    return b
+
+
+@pytest.mark.parametrize("dtype", burn.DTYPES)
+def test_repeated_product_matches_and_corruption_does_not(dtype: str) -> None:
+    b = make_burner(dtype)
+    slot = b.slots[1]
+    b.gemms(slot, 3)
+    assert b.check(slot) == 0  # the same computation reproduces
+    slot.view(-1)[5] = float("nan")
+    slot.view(-1)[9] = float("inf")
+    assert b.check(slot) == 2  # NaN and Inf fail the comparison
+    assert b.nonfinite == 2
+    b.gemms(slot, 3)
+    ref = b.ref.view(-1)[7].item()
+    # A change within the dtype's tolerance passes; a large one does not.
+    slot.view(-1)[7] = ref * (1 + burn.RTOL[dtype] / 10)
+    assert b.check(slot) == 0
+    slot.view(-1)[7] = ref * 1.5 + 3
+    assert b.check(slot) == 1
+
+
+def test_plan_sizes_from_a_budget() -> None:
+    size, slots = burn.plan(8192, 1 << 30, "bf16", None)
+    assert burn.buffer_bytes(size, slots, "bf16") <= 1 << 30
+    assert size == 8192 or burn.buffer_bytes(size, 1, "bf16") <= 1 << 30
+    assert slots >= 1
+    size, slots = burn.plan(8192, 64 << 20, "fp32", None)
+    assert size < 8192 and burn.buffer_bytes(size, slots, "fp32") <= 64 << 20
+    with pytest.raises(burn.OutOfMemory):
+        burn.plan(8192, 1000, "fp32", None)
+    assert burn.parse_bytes("2G") == 2 << 30
+    assert burn.parse_bytes("512MiB") == 512 << 20
+    assert burn.parse_bytes("4096") == 4096
+    with pytest.raises(ValueError):
+        burn.parse_bytes("lots")
+
+
+def test_importing_the_burner_does_not_import_torch() -> None:
+    # torch is imported in main(): `--help` and argument errors answer without its start-up.
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, gpuctl.workloads.burn; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        env=node_env(),
+        cwd=REPO,
+        check=True,
+    ).stdout.strip()
+    assert out == "False"
