@@ -1,0 +1,284 @@
+"""``gpuctl submit / jobs / logs / cancel / result``: run functions on nodes and inspect them.
+
+Jobs live in the job store (SQLite under the XDG state dir), so every command works after gpuctl
+restarted. Each user mistake is one line (``gpuctl: ...``, exit 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pickle
+import sys
+import time
+from typing import Any
+
+from gpuctl.cli.main import UserError
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "submit", help="run FILE.py:FUNC on a node (local, a configured node, or slurm)"
+    )
+    p.add_argument("spec", metavar="FILE.py:FUNC", help="the file and the function in it")
+    p.add_argument(
+        "--args",
+        metavar="JSON",
+        default="[]",
+        help="arguments as JSON: a list (positional) or an object (keywords), e.g. '[1, \"a\"]'",
+    )
+    p.add_argument("--target", default="local", help="local (default), slurm, or a node name")
+    p.add_argument("--python", help="VENV2 interpreter on the target (default: the node's)")
+    p.add_argument("--supervisor-python", help="VENV1 interpreter on the target (python3)")
+    p.add_argument("--mem", help="memory limit, e.g. 4G")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS", help="time limit")
+    p.add_argument("--partition", help="Slurm partition (target slurm)")
+    p.add_argument(
+        "--setup",
+        action="append",
+        default=[],
+        metavar="LINE",
+        help="a shell line to run before VENV2 starts (repeatable)",
+    )
+    p.add_argument("--wait", action="store_true", help="wait and print the result or report")
+    p.set_defaults(func=run_submit)
+
+    p = sub.add_parser("jobs", help="list submitted jobs (newest first)")
+    p.add_argument("--limit", type=int, default=30)
+    p.add_argument("--json", action="store_true", help="JSON for scripts")
+    p.set_defaults(func=run_jobs)
+
+    p = sub.add_parser("logs", help="print a job's stdout and stderr")
+    p.add_argument("id", help="job id (a unique prefix is enough)")
+    p.add_argument("--stdout", action="store_true", help="only stdout")
+    p.add_argument("--stderr", action="store_true", help="only stderr")
+    p.set_defaults(func=run_logs)
+
+    p = sub.add_parser("cancel", help="cancel a job")
+    p.add_argument("id", help="job id (a unique prefix is enough)")
+    p.set_defaults(func=run_cancel)
+
+    p = sub.add_parser("result", help="print a job's result, or its failure report")
+    p.add_argument("id", help="job id (a unique prefix is enough)")
+    p.add_argument("--timeout", type=float, default=0.0, help="seconds to wait (default: none)")
+    p.set_defaults(func=run_result)
+
+
+def load_function(spec: str) -> Any:
+    """The function named by ``FILE.py:FUNC``; raises UserError with one line otherwise."""
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path or not name:
+        raise UserError(f"{spec!r}: expected FILE.py:FUNC, e.g. train.py:main")
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: no such file")
+    mod_name = "gpuctl_user_" + "".join(
+        c if c.isalnum() else "_" for c in os.path.splitext(os.path.basename(path))[0]
+    )
+    loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise UserError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[mod_name] = module
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        loader_spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise UserError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+    except Exception as e:
+        raise UserError(f"{path} failed to import: {type(e).__name__}: {e}") from None
+    fn = getattr(module, name, None)
+    if fn is None:
+        funcs = sorted(
+            k
+            for k, v in vars(module).items()
+            if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == mod_name
+        )
+        hint = f" (it has: {', '.join(funcs[:8])})" if funcs else ""
+        raise UserError(f"{path} has no function {name!r}{hint}")
+    if not callable(fn):
+        raise UserError(f"{path}:{name} is a {type(fn).__name__}, not a function")
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        cloudpickle.dumps(fn)
+    except Exception as e:
+        raise UserError(f"{path}:{name} cannot be pickled: {type(e).__name__}: {e}") from None
+    return fn
+
+
+def parse_args_json(text: str) -> tuple[list[Any], dict[str, Any]]:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise UserError(f"--args is not valid JSON: {e}") from None
+    if isinstance(value, list):
+        return value, {}
+    if isinstance(value, dict):
+        return [], value
+    raise UserError("--args must be a JSON list (positional) or object (keywords)")
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from gpuctl.config import ConfigError, load_config
+
+    try:
+        return load_config(getattr(args, "config", None))
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    from gpuctl.jobs import Executor, HostError, JobFailed
+
+    call_args, call_kwargs = parse_args_json(args.args)
+    fn = load_function(args.spec)
+    config = None if args.target in ("local", "slurm") else _config(args)
+    opts: dict[str, Any] = {"mem": args.mem, "time_limit": args.time_limit, "setup": args.setup}
+    if args.python:
+        opts["python"] = args.python
+    if args.supervisor_python:
+        opts["supervisor_python"] = args.supervisor_python
+    if args.partition:
+        opts["partition"] = args.partition
+    try:
+        ex = Executor(args.target, config=config, **opts)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    try:
+        job = ex.submit(fn, *call_args, **call_kwargs)
+    except JobFailed as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    except HostError as e:
+        raise UserError(str(e)) from None
+    except (pickle.PicklingError, TypeError) as e:
+        raise UserError(f"cannot pickle the call: {e}") from None
+    print(job.id)
+    if not args.wait:
+        return 0
+    return _print_result(job, None)
+
+
+def _print_result(job: Any, timeout: float | None) -> int:
+    from gpuctl.jobs import JobFailed, RemoteTraceback
+
+    try:
+        value = job.result(timeout)
+    except TimeoutError:
+        print(f"gpuctl: job {job.id} is {job.state}", file=sys.stderr)
+        return 3
+    except JobFailed as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    except Exception as e:
+        report = job.report()
+        if report is not None:
+            print(report.text(), file=sys.stderr)
+        else:
+            cause = e.__cause__
+            tb = cause.tb.rstrip() + "\n" if isinstance(cause, RemoteTraceback) else ""
+            print(f"{tb}{type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(repr(value))
+    return 0
+
+
+def _job(args: argparse.Namespace) -> Any:
+    from gpuctl.jobs import HostError, JobStore, attach
+
+    store = JobStore()
+    rec = store.get(args.id)
+    if rec is None:
+        raise UserError(f"no job {args.id!r} (or the prefix is not unique): see gpuctl jobs")
+    config = _config(args) if rec.backend.get("kind") == "ssh" else None
+    try:
+        return attach(rec, store, config=config)
+    except HostError as e:
+        raise UserError(str(e)) from None
+
+
+def run_jobs(args: argparse.Namespace) -> int:
+    from gpuctl.jobs import JobStore
+
+    records = JobStore().list(args.limit)
+    if args.json:
+        json.dump(
+            [
+                {
+                    "id": r.id,
+                    "name": r.name,
+                    "target": r.target,
+                    "state": r.state,
+                    "kind": r.kind,
+                    "created_at": r.created_at,
+                    "duration_s": r.duration,
+                    "jobdir": r.jobdir,
+                }
+                for r in records
+            ],
+            sys.stdout,
+            indent=2,
+        )
+        print()
+        return 0
+    header = ("ID", "STATE", "TARGET", "FUNCTION", "AGE", "DURATION", "WHY")
+    rows = [header]
+    now = time.time()
+    for r in records:
+        dur = r.duration
+        rows.append(
+            (
+                r.id[:12],
+                r.state,
+                r.target,
+                r.name[-40:],
+                _age(now - r.created_at),
+                "-" if dur is None else f"{dur:.1f}s",
+                r.kind or "",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    job = _job(args)
+    both = not (args.stdout or args.stderr)
+    if args.stdout or both:
+        out = job.stdout()
+        if both:
+            print("=== stdout ===")
+        sys.stdout.write(out if out.endswith("\n") or not out else out + "\n")
+    if args.stderr or both:
+        err = job.stderr()
+        if both:
+            print("=== stderr ===")
+        sys.stdout.write(err if err.endswith("\n") or not err else err + "\n")
+    return 0
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    job = _job(args)
+    if job.cancel():
+        print(f"cancelling {job.id}")
+        return 0
+    print(f"gpuctl: job {job.id} already ended ({job.state})", file=sys.stderr)
+    return 1
+
+
+def run_result(args: argparse.Namespace) -> int:
+    job = _job(args)
+    return _print_result(job, args.timeout or 0.0)

@@ -1,0 +1,118 @@
+"""``gpuctl submit / jobs / logs / cancel / result`` end to end, in-process, real jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuctl.cli.main import main
+from gpuctl_tests.helpers import wait_until
+
+USER_FILE = """
+import sys, threading
+
+GREETING = "hello"
+
+def add(a, b):
+    print(GREETING, a, b)
+    return a + b
+
+def greet(name="x"):
+    return f"{GREETING} {name}"
+
+def boom():
+    raise ValueError("bad value")
+
+def slow():
+    import time
+    print("started", flush=True)
+    time.sleep(120)
+
+LOCK = threading.Lock()
+
+def haslock():
+    return LOCK
+"""
+
+
+@pytest.fixture
+def user_file(tmp_path: Path) -> Path:
+    p = tmp_path / "user_jobs.py"
+    p.write_text(USER_FILE)
+    return p
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_submit_wait_jobs_logs_result(
+    user_file: Path, venv1: str, venv2: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ("--supervisor-python", venv1, "--python", venv2)
+    rc, out, _ = run(capsys, "submit", f"{user_file}:add", "--args", "[2, 3]", "--wait", *common)
+    assert rc == 0
+    job_id, value = out.split()
+    assert value == "5"
+    rc, out, _ = run(capsys, "submit", f"{user_file}:greet", "--args", '{"name": "kw"}', *common)
+    kw_id = out.strip()
+    rc, out, _ = run(capsys, "result", kw_id, "--timeout", "60")
+    assert (rc, out.strip()) == (0, "'hello kw'")
+    rc, out, err = run(capsys, "submit", f"{user_file}:boom", "--wait", *common)
+    assert rc == 1 and "[user_exception]" in err and "ValueError: bad value" in err
+    rc, out, _ = run(capsys, "jobs")
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["ID", "STATE", "TARGET"]
+    assert any(job_id[:12] in line and " done " in line for line in lines)
+    assert any("boom" in line and "user_exception" in line for line in lines)
+    rc, out, _ = run(capsys, "logs", job_id[:8], "--stdout")
+    assert (rc, out.strip()) == (0, "hello 2 3")
+
+
+def test_cancel_through_the_cli(
+    user_file: Path, venv1: str, venv2: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out, _ = run(
+        capsys, "submit", f"{user_file}:slow", "--supervisor-python", venv1, "--python", venv2
+    )
+    job_id = out.strip()
+
+    def started() -> bool:
+        return "started" in run(capsys, "logs", job_id, "--stdout")[1]
+
+    wait_until(started, 30, "the job to print")
+    rc, out, _ = run(capsys, "cancel", job_id)
+    assert rc == 0 and "cancelling" in out
+    rc, _, err = run(capsys, "result", job_id, "--timeout", "30")
+    assert rc == 1 and "[cancelled]" in err
+    rc, _, err = run(capsys, "cancel", job_id)
+    assert rc == 1 and "already ended" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["submit", "missing.py:f"], "missing.py: no such file"),
+        (["submit", "{file}:nope"], "has no function 'nope' (it has: add, boom"),
+        (["submit", "{file}"], "expected FILE.py:FUNC"),
+        (["submit", "{file}:add", "--args", "[2,"], "--args is not valid JSON"),
+        (["submit", "{file}:add", "--args", "3"], "--args must be a JSON list"),
+        (["submit", "{file}:haslock"], "cannot be pickled: TypeError"),
+        (["submit", "{file}:add", "--target", "nowhere"], "unknown target 'nowhere'"),
+        (["result", "0000000"], "no job '0000000'"),
+        (["logs", "0000000"], "no job '0000000'"),
+        (["cancel", "0000000"], "no job '0000000'"),
+    ],
+)
+def test_user_mistakes_are_one_line(
+    user_file: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    rc, out, err = run(capsys, *(a.replace("{file}", str(user_file)) for a in argv))
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("gpuctl: ")
+    assert message in err
+    assert "Traceback" not in err
