@@ -138,6 +138,7 @@ class SimReader(object):
         self.gpus = [SimGpu(i, m, self._rng, hostname_seed + seed) for i, m in enumerate(models)]
         self._pending_events = []
         self._slow = [None] * len(self.gpus)
+        self._stall_until = None  # simulate(action="stall"): a hung driver call
 
     @classmethod
     def from_spec(cls, spec, seed=0, clock=time.monotonic):
@@ -156,6 +157,12 @@ class SimReader(object):
         } for g in self.gpus]
 
     def sample(self, slow=True):
+        if self._stall_until is not None:
+            # Like a hung NVML call: the whole agent waits, so the node goes stale upstream.
+            wait = self._stall_until - time.monotonic()
+            self._stall_until = None
+            if wait > 0:
+                time.sleep(wait)
         now = self._clock()
         dt = max(0.0, min(30.0, now - self._last))
         self._last = now
@@ -208,8 +215,13 @@ class SimReader(object):
             self._pending_events.append(
                 {"type": "event", "t": time.time(), "kind": "gpu_lost", "gpu": g.index,
                  "detail": {}})
+        elif action == "stall":
+            seconds = float(msg.get("seconds", 10.0))
+            if not 0.0 < seconds <= 60.0:
+                raise ValueError("stall seconds must be within 0..60")
+            self._stall_until = time.monotonic() + seconds
         else:
-            raise ValueError("unknown simulate action %r (load, xid, lose)" % (action,))
+            raise ValueError("unknown simulate action %r (load, xid, lose, stall)" % (action,))
 
     def _one(self, idx):
         if not isinstance(idx, int) or not 0 <= idx < len(self.gpus):

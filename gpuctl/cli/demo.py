@@ -1,0 +1,79 @@
+"""``gpuctl demo``: the TUI on a simulated cluster, nothing to configure.
+
+The story, so that the demo shows what the screen is for: one GPU runs hot until it throttles,
+one GPU reports an XID, and the last node stalls for a few seconds now and then (its panel goes
+stale, then live again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from typing import Any
+
+from gpuctl.cli.main import UserError
+
+STALL_EVERY_S = 45.0
+STALL_FOR_S = 8.0
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "demo", help="the TUI on a simulated cluster (no configuration, no GPUs needed)"
+    )
+    p.add_argument("--nodes", type=int, default=6, metavar="N", help="simulated nodes (6)")
+    p.add_argument("--gpus", type=int, default=8, metavar="G", help="GPUs per node (8)")
+    p.add_argument("--read-only", action="store_true", help="no stress, no acceptance runs")
+    p.add_argument(
+        "--no-story", action="store_true", help="no throttling GPU, XID or stalling node"
+    )
+    p.set_defaults(func=run)
+
+
+async def story(fleet: Any, *, stall_every: float = STALL_EVERY_S) -> None:
+    """Drive the demo's events through the agents' ``simulate`` request."""
+    from gpuctl.fleet.session import LinkError
+
+    names = list(fleet.names)
+    await fleet.wait_settled(20.0)
+
+    async def simulate(node: str, **msg: Any) -> None:
+        with contextlib.suppress(LinkError, TimeoutError):
+            await fleet.request(node, {"type": "simulate", **msg})
+
+    hot = names[0]
+    await simulate(hot, action="load", gpus=[min(2, _gpus(fleet, hot) - 1)], load=1.0)
+    xid_node = names[min(1, len(names) - 1)]
+    await simulate(xid_node, action="xid", gpu=min(5, _gpus(fleet, xid_node) - 1), xid=79)
+    if len(names) < 2:
+        return
+    stall = names[-1]
+    while True:
+        await asyncio.sleep(stall_every)  # the demo's clock, not synchronisation
+        await simulate(stall, action="stall", seconds=STALL_FOR_S)
+
+
+def _gpus(fleet: Any, node: str) -> int:
+    return max(1, len(fleet.snapshot(node).gpus) or 1)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuctl.cli.watch import require_terminal, tui_config
+    from gpuctl.fleet.demo import demo_nodes
+    from gpuctl.fleet.fleet import simulated_fleet
+
+    if not 1 <= args.nodes <= 4096:
+        raise UserError(f"--nodes must be within 1..4096, not {args.nodes}")
+    if not 1 <= args.gpus <= 64:
+        raise UserError(f"--gpus must be within 1..64, not {args.gpus}")
+    require_terminal()
+    config_tui, _ = tui_config(args)
+    fleet = simulated_fleet(demo_nodes(args.nodes, args.gpus))
+    from gpuctl.tui import make_app
+
+    app = make_app(fleet, read_only=args.read_only, simulated=True, config_tui=config_tui)
+    if not args.no_story:
+        app.background.append(lambda: story(fleet))
+    result = app.run()
+    return int(result or 0)

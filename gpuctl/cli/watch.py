@@ -1,0 +1,55 @@
+"""``gpuctl watch`` (and plain ``gpuctl``): the TUI on the configured cluster."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from gpuctl.cli.main import UserError
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "watch", help="the live TUI of every GPU of every node (the default command)"
+    )
+    p.add_argument(
+        "--read-only", action="store_true", help="watch only: no stress, no acceptance runs"
+    )
+    p.set_defaults(func=run)
+
+
+def require_terminal() -> None:
+    """The TUI needs a terminal on both ends; say so in one line rather than draw garbage."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UserError("the TUI needs a terminal; for scripts use: gpuctl status --json")
+
+
+def tui_config(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
+    """The config's ``[tui]`` table and its ``read_only``; a broken config is one line."""
+    try:
+        from gpuctl.config import ConfigError, load_config
+    except ImportError:  # the config module is not there yet: defaults
+        return {}, False
+    try:
+        config = load_config(getattr(args, "config", None))
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    return dict(config.tui), bool(config.read_only)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuctl.cli.common import build_fleet
+
+    require_terminal()
+    config_tui, config_read_only = tui_config(args)
+    fleet = build_fleet(args)
+    from gpuctl.tui import make_app
+
+    app = make_app(
+        fleet,
+        read_only=bool(getattr(args, "read_only", False)) or config_read_only,
+        config_tui=config_tui,
+    )
+    result = app.run()
+    return int(result or 0)

@@ -1,0 +1,680 @@
+"""The gpuctl TUI: built by ``make_app(fleet, ...)`` so the CLI and the tests inject the fleet.
+
+Data flow: the fleet calls our listener on the event loop for every node change; the listener
+keeps the newest snapshot per node in the store and posts one ``FleetChanged`` message ("latest
+wins": queued ones collapse). The first message after a quiet spell schedules a flush a short
+coalescing delay later; the flush applies every pending snapshot at once inside
+``batch_update`` and repaints only the changed lines that are on screen. Nothing here awaits
+the network: commands to nodes run in workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
+from pathlib import Path
+from types import ModuleType
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.containers import Container, Horizontal
+from textual.message import Message
+from textual.screen import Screen
+from textual.theme import Theme
+from textual.widgets import ContentSwitcher, Footer, Input, Label, Static
+from textual.worker import Worker, WorkerState
+
+from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
+from gpuctl.tui.screens.confirm import ConfirmScreen
+from gpuctl.tui.screens.detail import DetailScreen
+from gpuctl.tui.screens.help import HelpRow, HelpScreen
+from gpuctl.tui.store import FleetStore
+from gpuctl.tui.themes import DEFAULT_THEME, ThemeMemory, load_themes
+from gpuctl.tui.view import METRIC_TITLES, METRICS, FilterError, fmt_power, parse_filter
+from gpuctl.tui.widgets.heatmap import Heatmap
+from gpuctl.tui.widgets.overview import NodeList
+
+COALESCE_S = 0.1  # how long a flush waits for more samples (p95 paint budget is 300 ms)
+STOP_TIMEOUT_S = 10.0
+MUTATING = ("stress_gpu", "stress_node", "stress_cluster", "accept")
+
+
+class FleetChanged(Message):
+    """Some node changed; the store's pending set says which (latest wins)."""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, FleetChanged)
+
+
+class ClusterHeader(Horizontal):
+    """The top line: name, SIMULATED / READ-ONLY markers, cluster totals, the filter."""
+
+    def __init__(self, *, simulated: bool, read_only: bool) -> None:
+        super().__init__(id="header")
+        self.simulated = simulated
+        self.read_only = read_only
+
+    def compose(self) -> ComposeResult:
+        yield Label(" gpuctl ", id="brand")
+        if self.simulated:
+            yield Label(" SIMULATED ", id="mark-simulated", classes="marker")
+        if self.read_only:
+            yield Label(" READ-ONLY ", id="mark-read-only", classes="marker")
+        yield Label("", id="totals")
+        yield Label("", id="filter-shown")
+
+    def show(self, totals: str, filter_text: str) -> None:
+        t = self.query_one("#totals", Label)
+        if str(t.content) != totals:
+            t.update(totals)
+        f = self.query_one("#filter-shown", Label)
+        text = f"filter: {filter_text}" if filter_text else ""
+        if str(f.content) != text:
+            f.update(text)
+
+
+class OverviewScreen(Screen[None]):
+    """The main screen: header, the GPUs / jobs / acceptance panes, the filter line, the footer."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "detail", "detail", id="detail"),
+        Binding("m", "heatmap", "map", id="heatmap"),
+        Binding("slash", "filter", "filter", id="filter"),
+        Binding("escape", "escape", "back", show=False, id="escape"),
+    ]
+
+    def __init__(self, store: FleetStore, *, simulated: bool, read_only: bool) -> None:
+        super().__init__()
+        self.store = store
+        self.simulated = simulated
+        self.read_only = read_only
+        self.mode = "list"  # "list" or a heatmap metric
+        self.ready = False
+
+    def compose(self) -> ComposeResult:
+        yield ClusterHeader(simulated=self.simulated, read_only=self.read_only)
+        with ContentSwitcher(initial="pane-gpus", id="panes"):
+            with Container(id="pane-gpus"):
+                yield NodeList(self.store, id="nodes")
+                yield Heatmap(self.store, id="heatmap")
+                yield Static("", id="heat-status")
+            yield Static("", id="pane-jobs", classes="pane-note")
+            yield Static("", id="pane-accept", classes="pane-note")
+        yield Input(
+            placeholder="filter: name, state (live stale down), temp>80 util<5 …", id="filter"
+        )
+        yield Footer(compact=True, show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.query_one(Heatmap).display = False
+        self.query_one("#heat-status").display = False
+        self.query_one("#filter").display = False
+        self.nodes.rebuild()
+        self.nodes.focus()
+        self.ready = True
+        self.app.post_message(FleetChanged())  # show what arrived while we were composing
+
+    def on_unmount(self) -> None:
+        self.ready = False
+
+    @property
+    def nodes(self) -> NodeList:
+        return self.query_one(NodeList)
+
+    @property
+    def heatmap(self) -> Heatmap:
+        return self.query_one(Heatmap)
+
+    def active_view(self) -> NodeList | Heatmap:
+        return self.nodes if self.mode == "list" else self.heatmap
+
+    def selection(self) -> tuple[str, int | None] | None:
+        if self.mode == "list":
+            return self.nodes.cursor
+        return self.heatmap.selected()
+
+    # -- actions ------------------------------------------------------------------------------
+    def action_detail(self) -> None:
+        sel = self.selection()
+        if sel is None:
+            self.notify("no node to show", severity="warning")
+            return
+        self.app.push_screen(DetailScreen(self.store, sel[0], sel[1]))
+
+    def action_heatmap(self) -> None:
+        """Cycle: list -> heatmap of each metric -> list."""
+        order = ["list", *METRICS]
+        sel = self.selection()
+        self.mode = order[(order.index(self.mode) + 1) % len(order)]
+        heat = self.mode != "list"
+        self.nodes.display = not heat
+        self.heatmap.display = heat
+        self.query_one("#heat-status").display = heat
+        if heat:
+            self.heatmap.metric = self.mode
+            self.heatmap.rebuild()
+            if sel is not None:
+                self.heatmap.select(*sel)
+            self.heatmap.focus()
+            self.update_heat_status()
+        else:
+            self.nodes.rebuild()
+            if sel is not None:
+                self.nodes.select(*sel)
+            self.nodes.focus()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    def action_escape(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.display:
+            box.value = ""
+            box.display = False
+            self.active_view().focus()
+            return
+        if self.mode != "list":
+            self.mode = METRICS[-1]
+            self.action_heatmap()
+
+    @on(Input.Changed, "#filter")
+    def filter_changed(self, event: Input.Changed) -> None:
+        try:
+            f = parse_filter(event.value)
+        except FilterError as e:
+            event.input.border_title = str(e)
+            event.input.add_class("-invalid")
+            return
+        event.input.border_title = None
+        event.input.remove_class("-invalid")
+        self.store.filter = f
+        self.active_view().rebuild()
+        self.app.call_later(self.app.update_header)  # type: ignore[attr-defined]
+
+    @on(Input.Submitted, "#filter")
+    def filter_done(self, event: Input.Submitted) -> None:
+        event.input.display = False
+        self.active_view().focus()
+
+    @on(Heatmap.Selected)
+    def heat_selected(self, _event: Heatmap.Selected) -> None:
+        self.update_heat_status()
+
+    def update_heat_status(self) -> None:
+        if self.mode == "list":
+            return
+        sel = self.heatmap.selected()
+        text = f" heatmap: {METRIC_TITLES[self.mode]}  (m: next metric, esc: list)"
+        if sel is not None:
+            snap = self.store.snaps[sel[0]]
+            text = f" {describe_gpu(self.store, snap, sel[1])}   ·  {text.strip()}"
+        self.query_one("#heat-status", Static).update(text)
+
+
+def describe_gpu(store: FleetStore, snap: NodeSnapshot, gpu: int | None) -> str:
+    """One line about the GPU under the heatmap cursor: node, GPU, model, util, memory, temp."""
+    if gpu is None:
+        return f"{snap.name} ({snap.state.value})"
+    g = next((x for x in snap.gpus if x.index == gpu), None)
+    parts = [f"{snap.name} GPU {gpu} {store.model(snap, gpu)}"]
+    if snap.state is not NodeState.LIVE:
+        parts.append(snap.state.value)
+    if g is not None and g.lost:
+        parts.append("LOST")
+    elif g is not None:
+        if g.util_gpu is not None:
+            parts.append(f"{g.util_gpu}%")
+        if g.mem_used is not None and g.mem_total:
+            parts.append(f"{g.mem_used / (1 << 30):.0f}/{g.mem_total / (1 << 30):.0f} GiB")
+        if g.temp is not None:
+            parts.append(f"{g.temp}°C")
+        if g.power is not None:
+            parts.append(f"{g.power:.0f} W")
+    return " · ".join(parts)
+
+
+class GpuctlApp(App[int]):
+    """Watch every GPU of every node; burn, accept, reconnect from the keyboard."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "gpuctl"
+    ENABLE_COMMAND_PALETTE = True
+
+    PANES = Binding.Group("panes", compact=True)
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("s", "stress_gpu", "stress GPU", id="stress_gpu"),
+        Binding("S", "stress_node", "stress node", id="stress_node"),
+        Binding("B", "stress_cluster", "stress all", id="stress_cluster"),
+        Binding("a", "accept", "accept", id="accept"),
+        Binding("r", "reconnect", "reconnect", id="reconnect"),
+        Binding("t", "next_theme", "theme", id="theme"),
+        Binding("1", "pane('gpus')", "GPUs pane", id="pane_gpus", group=PANES),
+        Binding("2", "pane('jobs')", "jobs pane", id="pane_jobs", group=PANES),
+        Binding("3", "pane('accept')", "acceptance pane", id="pane_accept", group=PANES),
+        Binding("question_mark", "help", "help", id="help"),
+        Binding("q", "quit", "quit", id="quit"),
+    ]
+
+    def __init__(
+        self,
+        fleet: Any,
+        *,
+        read_only: bool = False,
+        simulated: bool = False,
+        config_tui: dict[str, Any] | None = None,
+        clock: Callable[[], float] | None = None,
+        state_dir: Path | None = None,
+        coalesce: float = COALESCE_S,
+        manage_fleet: bool = True,
+    ) -> None:
+        super().__init__()
+        self.fleet = fleet
+        self.read_only = read_only
+        self.simulated = simulated
+        self.config_tui = dict(config_tui or {})
+        self.store = FleetStore(fleet, clock or time.time)
+        self.coalesce = coalesce
+        self.manage_fleet = manage_fleet
+        self.theme_memory = ThemeMemory(state_dir)
+        self.gpuctl_themes: list[str] = []
+        self.selection: tuple[str, int | None] | None = None
+        self.keymap: dict[str, str] = {}
+        self._flush_scheduled = False
+        self._theme_ready = False
+        self.overview = OverviewScreen(self.store, simulated=simulated, read_only=read_only)
+        self.on_flush: Callable[[set[str], dict[str, float]], None] | None = None
+        # Coroutines to run as workers once the fleet is started (the demo's story).
+        self.background: list[Callable[[], Awaitable[None]]] = []
+
+    def get_default_screen(self) -> Screen[Any]:
+        return self.overview
+
+    # -- start and stop -----------------------------------------------------------------------
+    async def on_mount(self) -> None:
+        self._setup_themes()
+        self._setup_keys()
+        self.fleet.subscribe(self._on_snapshot)
+        self.fleet.on_event(self._on_fleet_event)
+        self.set_interval(1.0, self._tick)
+        if self.manage_fleet:
+            await self.fleet.start()
+        for job in self.background:
+            self.run_worker(job(), name="background", group="background", exit_on_error=False)
+
+    async def on_unmount(self) -> None:
+        if self.manage_fleet:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.fleet.stop(), STOP_TIMEOUT_S)
+
+    def _setup_themes(self) -> None:
+        for theme in load_themes():
+            self.register_theme(theme)
+            self.gpuctl_themes.append(theme.name)
+        wanted = self.config_tui.get("theme")
+        if isinstance(wanted, str) and f"gpuctl-{wanted}" in self.available_themes:
+            wanted = f"gpuctl-{wanted}"
+        remembered = self.theme_memory.load()
+        for name in (wanted, remembered, DEFAULT_THEME):
+            if isinstance(name, str) and name in self.available_themes:
+                self.theme = name
+                break
+        if isinstance(wanted, str) and wanted not in self.available_themes:
+            self.notify(
+                f"unknown theme {wanted!r} in [tui] theme; known: {', '.join(self.gpuctl_themes)}",
+                severity="warning",
+            )
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
+        self._theme_ready = True
+
+    def _theme_changed(self, theme: Theme) -> None:
+        if self._theme_ready:
+            self.theme_memory.save(theme.name)
+
+    def _setup_keys(self) -> None:
+        keys = self.config_tui.get("keys") or {}
+        known = {row[2] for row in self.help_rows()}
+        bad = [k for k in keys if k not in known or not isinstance(keys[k], str)]
+        if bad:
+            self.notify(
+                f"[tui.keys]: unknown binding id {', '.join(map(repr, bad))}; press ? for the list",
+                severity="warning",
+            )
+        self.keymap = {k: v for k, v in keys.items() if k in known and isinstance(v, str)}
+        if self.keymap:
+            self.set_keymap(self.keymap)
+
+    # -- fleet -> screen ----------------------------------------------------------------------
+    def _on_snapshot(self, snapshot: NodeSnapshot) -> None:
+        if self.store.offer(snapshot):
+            self.post_message(FleetChanged())
+
+    def _on_fleet_event(self, node: str, event: NodeEvent) -> None:
+        if event.kind == "xid" and event.gpu is not None:
+            self.store.xids.add((node, event.gpu))
+            xid = event.detail.get("xid", "?")
+            self.notify(f"{node} GPU {event.gpu}: XID {xid}", severity="warning")
+        elif event.kind == "gpu_lost":
+            self.notify(f"{node} GPU {event.gpu} fell off the bus", severity="error")
+        self._on_snapshot(self.fleet.snapshot(node))
+
+    def on_fleet_changed(self, _message: FleetChanged) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.set_timer(self.coalesce, self._flush_pending)
+
+    def _flush_pending(self) -> None:
+        self._flush_scheduled = False
+        if not self.overview.ready or not self.is_running:
+            return  # the overview's mount posts FleetChanged again
+        names, arrivals = self.store.take_pending()
+        if not names:
+            return
+        with self.batch_update():
+            view = self.overview.active_view()
+            view.nodes_changed(names)
+            view.note_arrivals(arrivals)
+            if self.overview.mode != "list":
+                self.overview.update_heat_status()
+            self.update_header()
+            screen = self.screen
+            if isinstance(screen, DetailScreen) and screen.node in names:
+                screen.node_changed()
+        if self.on_flush is not None:
+            self.on_flush(names, arrivals)
+
+    def _tick(self) -> None:
+        """Once a second: ages of stale nodes move on, and so does the header."""
+        if not self.overview.ready or not self.is_running:
+            return
+        if any(s.state is NodeState.STALE for s in self.store.snaps.values()):
+            if self.overview.mode == "list":
+                self.overview.nodes.refresh_stale_headers()
+            self.update_header()
+        if isinstance(self.screen, DetailScreen):
+            self.screen.node_changed()
+
+    def update_header(self) -> None:
+        if not self.overview.ready or not self.is_running:
+            return
+        t = self.store.totals()
+        util = "-" if t.util_mean is None else f"{t.util_mean:.0f}%"
+        stale = sum(1 for s in self.store.snaps.values() if s.state is NodeState.STALE)
+        down = sum(1 for s in self.store.snaps.values() if s.state is NodeState.UNREACHABLE)
+        extra = (f"  {stale} stale" if stale else "") + (f"  {down} down" if down else "")
+        text = (
+            f"nodes {t.live}/{t.nodes} live{extra}   GPUs {t.gpus}   util {util}   "
+            f"power {fmt_power(t.power)}"
+        )
+        self.overview.query_one(ClusterHeader).show(text, self.store.filter.text.strip())
+
+    # -- selection ----------------------------------------------------------------------------
+    @on(NodeList.Selected)
+    @on(Heatmap.Selected)
+    @on(DetailScreen.GpuChosen)
+    def _selected(
+        self, event: NodeList.Selected | Heatmap.Selected | DetailScreen.GpuChosen
+    ) -> None:
+        self.selection = (event.node, event.gpu)
+
+    def current_selection(self) -> tuple[str, int | None] | None:
+        if isinstance(self.screen, DetailScreen):
+            return self.screen.node, self.screen.gpu
+        return self.overview.selection()
+
+    # -- keys ---------------------------------------------------------------------------------
+    def _refuse(self, what: str) -> bool:
+        if self.read_only:
+            self.notify(
+                f"read-only: {what} is disabled (gpuctl was started with --read-only)",
+                severity="warning",
+            )
+        return self.read_only
+
+    def _control(self) -> ModuleType | None:
+        try:
+            module = importlib.import_module("gpuctl.fleet.control")
+        except ImportError:
+            return None
+        return module if hasattr(module, "set_stress") and hasattr(module, "burning") else None
+
+    def _burning(self) -> list[tuple[str, int]]:
+        control = self._control()
+        if control is not None:
+            return list(control.burning(self.fleet))
+        return [
+            (s.name, g.index)
+            for s in self.store.snaps.values()
+            for g in s.gpus
+            if self.store.is_burning(s, g.index)
+        ]
+
+    def action_stress_gpu(self) -> None:
+        if self._refuse("stress"):
+            return
+        sel = self.current_selection()
+        if sel is None or sel[1] is None:
+            self.notify("select a GPU first", severity="warning")
+            return
+        node, gpu = sel[0], sel[1]
+        on = not self.store.is_burning(self.store.snaps[node], gpu)
+        self.stress(node, [gpu], on)
+
+    def action_stress_node(self) -> None:
+        if self._refuse("stress"):
+            return
+        sel = self.current_selection()
+        if sel is None:
+            self.notify("select a node first", severity="warning")
+            return
+        snap = self.store.snaps[sel[0]]
+        on = not any(self.store.is_burning(snap, g.index) for g in snap.gpus)
+        self.stress(sel[0], None, on)
+
+    def action_stress_cluster(self) -> None:
+        if self._refuse("stress"):
+            return
+        if self._control() is None:
+            self.notify("stress not available yet", severity="warning")
+            return
+        burning = self._burning()
+        if burning:
+            nodes = sorted({n for n, _ in burning})
+            question = f"Stop all {len(burning)} burning GPUs on {len(nodes)} nodes?"
+
+            def stop(yes: bool | None) -> None:
+                if yes:
+                    for n in nodes:
+                        self.stress(n, None, False)
+
+            self.push_screen(ConfirmScreen(question, "Stop all"), stop)
+            return
+        live = [s.name for s in self.store.snaps.values() if s.state is NodeState.LIVE]
+        gpus = sum(len(self.store.snaps[n].gpus) for n in live)
+        if not live:
+            self.notify("no live node to stress", severity="warning")
+            return
+
+        def start(yes: bool | None) -> None:
+            if yes:
+                for n in live:
+                    self.stress(n, None, True)
+
+        self.push_screen(
+            ConfirmScreen(f"Burn all {gpus} GPUs on {len(live)} live nodes?", "Burn all"), start
+        )
+
+    def stress(self, node: str, gpus: list[int] | None, on: bool) -> None:
+        control = self._control()
+        if control is None:
+            self.notify("stress not available yet", severity="warning")
+            return
+        what = "all GPUs" if gpus is None else f"GPU {','.join(map(str, gpus))}"
+        self.notify(f"{node}: {'starting' if on else 'stopping'} stress on {what}")
+        self.run_worker(
+            control.set_stress(self.fleet, node, gpus, on),
+            name=f"stress {node} {what}",
+            group=f"node:{node}",
+            exit_on_error=False,
+        )
+
+    def action_accept(self) -> None:
+        if self._refuse("acceptance"):
+            return
+        self.notify(
+            "acceptance from the TUI: not built yet (use gpuctl accept)", severity="warning"
+        )
+
+    def action_reconnect(self) -> None:
+        sel = self.current_selection()
+        if sel is None:
+            return
+        self.notify(f"{sel[0]}: reconnecting")
+        self.run_worker(
+            self.fleet.reconnect(sel[0]),
+            name=f"reconnect {sel[0]}",
+            group=f"node:{sel[0]}",
+            exit_on_error=False,
+        )
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state is WorkerState.ERROR:
+            err = event.worker.error
+            message = getattr(err, "message", None) or str(err) or type(err).__name__
+            self.notify(f"{event.worker.name}: {message}", severity="error", timeout=8)
+
+    def action_pane(self, pane: str) -> None:
+        if not isinstance(self.screen, OverviewScreen):
+            self.pop_screen()
+        switcher = self.overview.query_one(ContentSwitcher)
+        switcher.current = f"pane-{pane}"
+        if pane == "gpus":
+            self.overview.active_view().focus()
+            return
+        title = {"jobs": "jobs", "accept": "acceptance"}[pane]
+        note = f"The {title} pane is not built yet."
+        self.overview.query_one(f"#pane-{pane}", Static).update(note)
+        self.notify(f"{title} pane: not built yet", severity="warning")
+
+    def action_next_theme(self) -> None:
+        names = self.gpuctl_themes or [self.theme]
+        i = names.index(self.theme) if self.theme in names else -1
+        self.theme = names[(i + 1) % len(names)]
+        self.notify(f"theme: {self.theme}", timeout=2)
+
+    def action_help(self) -> None:
+        self.push_screen(
+            HelpScreen(
+                self.help_rows(),
+                'Remap keys in config.toml: [tui.keys] stress_gpu = "x"   '
+                "· ctrl+p: command palette",
+            )
+        )
+
+    async def action_quit(self) -> None:
+        burning = self._burning()
+        if not burning:
+            self.exit(0)
+            return
+        nodes = sorted({n for n, _ in burning})
+        question = (
+            f"{len(burning)} GPUs are burning on {', '.join(nodes[:4])}"
+            f"{' …' if len(nodes) > 4 else ''}. Stop them and quit?"
+        )
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.stop_and_exit(nodes)
+
+        self.push_screen(ConfirmScreen(question, "Stop and quit", "Cancel"), answered)
+
+    @work(exit_on_error=False, group="quit")
+    async def stop_and_exit(self, nodes: list[str]) -> None:
+        control = self._control()
+        if control is not None:
+            self.notify(f"stopping burns on {len(nodes)} nodes…")
+            await asyncio.wait(
+                [
+                    asyncio.ensure_future(control.set_stress(self.fleet, n, None, False))
+                    for n in nodes
+                ],
+                timeout=STOP_TIMEOUT_S,
+            )
+        # Closing the links stops anything still burning: the agents' dead-man's switch.
+        self.exit(0)
+
+    # -- bindings as data: help screen and command palette ------------------------------------
+    def _binding_sources(self) -> Iterable[tuple[str, list[BindingType]]]:
+        yield "everywhere", self.BINDINGS
+        yield "overview", OverviewScreen.BINDINGS
+        yield "GPU list", NodeList.BINDINGS
+        yield "heatmap", Heatmap.BINDINGS
+        yield "detail", DetailScreen.BINDINGS
+
+    def help_rows(self) -> list[HelpRow]:
+        rows: list[HelpRow] = []
+        seen: set[tuple[str, str]] = set()
+        for where, bindings in self._binding_sources():
+            for b in bindings:
+                if not isinstance(b, Binding) or b.id is None or (b.id, where) in seen:
+                    continue
+                seen.add((b.id, where))
+                key = self.keymap.get(b.id, b.key)
+                shown = ", ".join(
+                    self.get_key_display(Binding(k.strip(), "")) for k in key.split(",")
+                )
+                rows.append((shown, b.description, b.id, where))
+        return rows
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for b in self.BINDINGS:
+            if isinstance(b, Binding) and b.id not in ("quit",):
+                yield SystemCommand(
+                    b.description.capitalize(), f"key {b.key}", partial(self.run_action, b.action)
+                )
+        if screen is self.overview:
+            for b in OverviewScreen.BINDINGS:
+                if isinstance(b, Binding) and b.show:
+                    yield SystemCommand(
+                        b.description.capitalize(),
+                        f"key {b.key}",
+                        partial(self.run_action, b.action, self.overview),
+                    )
+
+
+def make_app(
+    fleet: Any,
+    *,
+    read_only: bool = False,
+    simulated: bool = False,
+    config_tui: dict[str, Any] | None = None,
+    clock: Callable[[], float] | None = None,
+    state_dir: Path | None = None,
+    coalesce: float = COALESCE_S,
+    manage_fleet: bool = True,
+) -> GpuctlApp:
+    """Build the TUI over ``fleet`` (a ``gpuctl.fleet.Fleet`` or anything shaped like one).
+
+    ``config_tui`` is the config's raw ``[tui]`` table (``theme``, ``keys``); ``clock`` is the
+    wall clock for ages (tests freeze it); ``state_dir`` holds the remembered theme (default:
+    the user's state folder). With ``manage_fleet`` the app starts the fleet on mount and stops
+    it on exit.
+    """
+    return GpuctlApp(
+        fleet,
+        read_only=read_only,
+        simulated=simulated,
+        config_tui=config_tui,
+        clock=clock,
+        state_dir=state_dir,
+        coalesce=coalesce,
+        manage_fleet=manage_fleet,
+    )

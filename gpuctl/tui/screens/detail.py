@@ -1,0 +1,228 @@
+"""Node detail: per-metric plots of one GPU's history, its processes, static facts, events."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.color import Color
+from textual.containers import Grid, Horizontal, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+from textual_plotext import PlotextPlot
+
+from gpuctl.core.format import GIB
+from gpuctl.core.model import GpuSample, NodeSnapshot
+from gpuctl.tui.store import FleetStore
+from gpuctl.tui.view import fmt_age, node_age_text, short_model
+
+MAX_POINTS = 240  # a plot is at most ~120 cells wide: more points only cost time
+EVENTS_SHOWN = 12
+
+# metric id, title, unit, sample -> value
+PLOTS: tuple[tuple[str, str], ...] = (
+    ("util", "utilization %"),
+    ("mem", "memory used GiB"),
+    ("temp", "temperature °C"),
+    ("power", "power W"),
+    ("clock", "SM clock MHz"),
+)
+
+
+def _value(g: GpuSample, metric: str) -> float | None:
+    if g.lost:
+        return None
+    if metric == "util":
+        return None if g.util_gpu is None else float(g.util_gpu)
+    if metric == "mem":
+        return None if g.mem_used is None else g.mem_used / GIB
+    if metric == "temp":
+        return None if g.temp is None else float(g.temp)
+    if metric == "power":
+        return g.power
+    return None if g.sm_clock is None else float(g.sm_clock)
+
+
+class DetailScreen(Screen[None]):
+    """Everything about one node; left/right step through its GPUs."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "back", "back", id="back"),
+        Binding("left", "gpu(-1)", "prev GPU", id="prev_gpu"),
+        Binding("right", "gpu(1)", "next GPU", id="next_gpu"),
+    ]
+
+    class GpuChosen(Message):
+        """The screen now shows another GPU (the app follows, for s/S/r)."""
+
+        def __init__(self, node: str, gpu: int | None) -> None:
+            super().__init__()
+            self.node = node
+            self.gpu = gpu
+
+    def __init__(self, store: FleetStore, node: str, gpu: int | None) -> None:
+        super().__init__()
+        self.store = store
+        self.node = node
+        self.gpu = gpu
+        self._version = -1
+        self._events_len = -1
+        self._info_shown: object = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="detail-title")
+        with VerticalScroll(id="detail-body"):
+            with Horizontal(id="detail-top"):
+                yield Static(id="detail-facts")
+                yield Static(id="detail-events")
+            with Grid(id="detail-plots"):
+                for metric, _title in PLOTS:
+                    yield PlotextPlot(id=f"plot-{metric}", classes="plot")
+            yield DataTable(id="detail-procs", cursor_type="row", zebra_stripes=True)
+        yield Footer(compact=True, show_command_palette=False)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#detail-procs", DataTable)
+        table.add_column("GPU", key="gpu")
+        table.add_column("PID", key="pid")
+        table.add_column("user", key="user")
+        table.add_column("GPU memory", key="mem")
+        table.add_column("command", key="command")
+        table.border_title = "processes"
+        self.query_one("#detail-events", Static).border_title = "recent events"
+        self.query_one("#detail-facts", Static).border_title = "facts"
+        self.app.theme_changed_signal.subscribe(self, lambda _t: self.refresh_all())
+        self.refresh_all()
+
+    # -- updates (called by the app when this node changed) -----------------------------------
+    def refresh_all(self) -> None:
+        self._version = -1
+        self._info_shown = None
+        self.node_changed()
+
+    def node_changed(self) -> None:
+        snap = self.store.snaps.get(self.node)
+        if snap is None:
+            return
+        if self.gpu is None and snap.gpus:
+            self.gpu = snap.gpus[0].index
+        version = self.store.version.get(self.node, 0)
+        self._title(snap)
+        if version != self._version:
+            self._version = version
+            self._plots()
+            self._processes(snap)
+        if snap.info is not self._info_shown:
+            self._info_shown = snap.info
+            self._facts(snap)
+        self._events()
+
+    def _title(self, s: NodeSnapshot) -> None:
+        gpu = "" if self.gpu is None else f"  ·  GPU {self.gpu} {self.store.model(s, self.gpu)}"
+        age = node_age_text(s, self.store.clock())
+        self.query_one("#detail-title", Static).update(f" {s.name}  ·  {age}  ·  {s.link}{gpu}")
+
+    def _plots(self) -> None:
+        if self.gpu is None:
+            return
+        hist = self.store.fleet.history(self.node, self.gpu)
+        step = max(1, len(hist) // MAX_POINTS)
+        hist = hist[::-1][::step][::-1]  # keep the newest sample whatever the stride
+        now = self.store.clock()
+        span = now - hist[0].t if hist else 0.0
+        unit, scale = ("minutes", 60.0) if span > 120 else ("seconds", 1.0)
+        colour = Color.parse(self.app.current_theme.primary).rgb
+        for metric, title in PLOTS:
+            plot = self.query_one(f"#plot-{metric}", PlotextPlot)
+            plt = plot.plt
+            plt.clear_data()
+            plt.clear_figure()
+            xs: list[float] = []
+            ys: list[float] = []
+            for g in hist:
+                v = _value(g, metric)
+                if v is not None:
+                    xs.append((g.t - now) / scale)
+                    ys.append(v)
+            if xs:
+                plt.plot(xs, ys, color=colour, marker="braille")
+            plt.title(f"GPU {self.gpu} {title}")
+            plt.xlabel(f"{unit} ago")
+            if metric == "util":
+                plt.ylim(0, 100)
+            plot.refresh()
+
+    def _processes(self, s: NodeSnapshot) -> None:
+        table = self.query_one("#detail-procs", DataTable)
+        rows: dict[str, tuple[str, str, str, str, str]] = {}
+        for g in s.gpus:
+            for p in g.processes:
+                key = f"{g.index}:{p.pid}"
+                mem = "-" if p.mem is None else f"{p.mem / GIB:.1f} GiB"
+                rows[key] = (str(g.index), str(p.pid), p.user or "?", mem, p.command or "?")
+        existing = {str(k.value) for k in table.rows}
+        for key in existing - rows.keys():
+            table.remove_row(key)
+        for key, row in rows.items():
+            if key in existing:
+                if table.get_cell(key, "mem") != row[3]:
+                    table.update_cell(key, "mem", row[3], update_width=False)
+            else:
+                table.add_row(*row, key=key)
+
+    def _facts(self, s: NodeSnapshot) -> None:
+        info = s.info
+        lines = []
+        if info is not None:
+            lines.append(
+                f"host {info.hostname or '?'}  agent {info.agent or '?'}  "
+                f"python {info.python or '?'}"
+            )
+            lines.append(
+                f"reader {info.reader or 'none'}  driver {info.driver or '-'}  "
+                f"CUDA {info.cuda or '-'}  NVML {info.nvml or '-'}"
+            )
+            for st in info.gpus:
+                if st.index != self.gpu:
+                    continue
+                lines.append(f"GPU {st.index}: {short_model(st.name)}  serial {st.serial or '-'}")
+                lines.append(f"  {st.uuid or '-'}")
+                mem = "-" if st.mem_total is None else f"{st.mem_total / GIB:.0f} GiB"
+                pcie = f"gen{st.pcie_gen} x{st.pcie_width}" if st.pcie_gen else "-"
+                lines.append(f"  memory {mem}  power limit {st.power_limit or '-'} W  PCIe {pcie}")
+                lines.append(
+                    f"  max SM {st.max_sm_clock or '-'} MHz  max mem "
+                    f"{st.max_mem_clock or '-'} MHz  MIG {'on' if st.mig_mode else 'off'}"
+                )
+        else:
+            lines.append(s.reason or "no hello from the agent yet")
+        self.query_one("#detail-facts", Static).update("\n".join(lines))
+
+    def _events(self) -> None:
+        events = self.store.fleet.events(self.node)
+        if len(events) == self._events_len:
+            return
+        self._events_len = len(events)
+        now = self.store.clock()
+        lines = []
+        for e in events[-EVENTS_SHOWN:][::-1]:
+            gpu = "" if e.gpu is None else f"GPU {e.gpu} "
+            detail = " ".join(f"{k}={v}" for k, v in e.detail.items())
+            lines.append(f"{fmt_age(max(0.0, now - e.t)):>4} ago  {gpu}{e.kind} {detail}")
+        self.query_one("#detail-events", Static).update("\n".join(lines) or "no events")
+
+    # -- actions ------------------------------------------------------------------------------
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def action_gpu(self, step: int) -> None:
+        snap = self.store.snaps.get(self.node)
+        if snap is None or not snap.gpus:
+            return
+        indices = [g.index for g in snap.gpus]
+        i = indices.index(self.gpu) if self.gpu in indices else 0
+        self.gpu = indices[(i + step) % len(indices)]
+        self.refresh_all()
+        self.post_message(self.GpuChosen(self.node, self.gpu))

@@ -1,0 +1,120 @@
+"""The app's view of the fleet: latest snapshot per node, versions, totals, XIDs seen.
+
+The fleet's listener only drops the newest snapshot into ``pending`` (latest wins); the app takes
+the pending set once per refresh tick, so a burst of samples costs one repaint, not one per
+sample.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpuctl.core.model import GpuSample, NodeSnapshot
+from gpuctl.tui.view import (
+    ClusterTotals,
+    GpuFacts,
+    NodeFilter,
+    NodeTotals,
+    cluster_totals,
+    node_totals,
+    parse_filter,
+    short_model,
+)
+
+BURNING_STATES = ("starting", "running", "stopping")
+
+
+class FleetStore:
+    """Everything the widgets read; only the app writes it (attributes down)."""
+
+    def __init__(self, fleet: Any, clock: Callable[[], float] = time.time) -> None:
+        self.fleet = fleet
+        self.clock = clock
+        self.order: list[str] = list(fleet.names)
+        self.snaps: dict[str, NodeSnapshot] = {n: fleet.snapshot(n) for n in self.order}
+        self.version: dict[str, int] = dict.fromkeys(self.order, 0)
+        self.pending: dict[str, NodeSnapshot] = {}
+        self.arrivals: dict[str, float] = {}  # monotonic time a pending snapshot arrived
+        self.xids: set[tuple[str, int]] = set()
+        self.filter: NodeFilter = parse_filter("")
+        self._totals: dict[str, tuple[int, NodeTotals]] = {}
+
+    # -- writes (the app) ---------------------------------------------------------------------
+    def offer(self, snapshot: NodeSnapshot) -> bool:
+        """Keep the newest snapshot of a node; True if a flush must be scheduled."""
+        first = not self.pending
+        self.pending[snapshot.name] = snapshot
+        self.arrivals.setdefault(snapshot.name, time.monotonic())
+        return first
+
+    def take_pending(self) -> tuple[set[str], dict[str, float]]:
+        """Apply pending snapshots; returns the changed names and when each arrived."""
+        pending, self.pending = self.pending, {}
+        arrivals, self.arrivals = self.arrivals, {}
+        for name, snap in pending.items():
+            if name not in self.snaps:
+                self.order.append(name)
+            self.snaps[name] = snap
+            self.version[name] = self.version.get(name, 0) + 1
+        return set(pending), arrivals
+
+    # -- reads (the widgets) ------------------------------------------------------------------
+    def totals(self) -> ClusterTotals:
+        return cluster_totals((self.snaps[n] for n in self.order), self._node_totals)
+
+    def _node_totals(self, s: NodeSnapshot) -> NodeTotals:
+        v = self.version.get(s.name, 0)
+        cached = self._totals.get(s.name)
+        if cached is None or cached[0] != v:
+            cached = (v, node_totals(s))
+            self._totals[s.name] = cached
+        return cached[1]
+
+    def node_totals(self, name: str) -> NodeTotals:
+        return self._node_totals(self.snaps[name])
+
+    def model(self, s: NodeSnapshot, gpu: int) -> str:
+        if s.info is not None:
+            for st in s.info.gpus:
+                if st.index == gpu:
+                    return short_model(st.name)
+        return "?"
+
+    def burn(self, s: NodeSnapshot, gpu: int) -> dict[str, Any] | None:
+        ann = s.annotations.get(gpu)
+        burn = ann.get("burn") if ann else None
+        return burn if isinstance(burn, dict) else None
+
+    def is_burning(self, s: NodeSnapshot, gpu: int) -> bool:
+        b = self.burn(s, gpu)
+        return b is not None and b.get("state") in BURNING_STATES
+
+    def facts(self, s: NodeSnapshot, g: GpuSample) -> GpuFacts:
+        return GpuFacts(
+            model=self.model(s, g.index),
+            xid=(s.name, g.index) in self.xids,
+            burning=self.is_burning(s, g.index),
+        )
+
+    def visible_gpus(self, s: NodeSnapshot) -> list[int] | None:
+        """Positions in ``s.gpus`` the filter lets through; None hides the whole node."""
+        f = self.filter
+        if not f.node_matches(s):
+            return None
+        if not f.has_gpu_terms:
+            return list(range(len(s.gpus)))
+        shown = [i for i, g in enumerate(s.gpus) if f.gpu_matches(s, g, self.facts(s, g))]
+        if shown:
+            return shown
+        # A node without GPU rows (unreachable, connecting) still matches by name.
+        if not s.gpus and f.gpu_matches(s, None, self._no_facts):
+            return []
+        return None
+
+    _no_facts = GpuFacts()
+
+    def util_history(self, name: str, gpu: int, n: int) -> list[float | None]:
+        hist = self.fleet.history(name, gpu)[-n:]
+        return [None if g.util_gpu is None else float(g.util_gpu) for g in hist]

@@ -1,0 +1,341 @@
+"""What the screen shows, computed from snapshots: no Textual, no I/O, easy to test.
+
+Levels are small integers (0 ok, 1 warm, 2 hot) that the widgets turn into theme colours through
+component classes, so no colour is ever named here.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from gpuctl.core.format import GIB, gpu_flags
+from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
+
+SPARK_CHARS = " ▁▂▃▄▅▆▇█"
+BAR_FULL = "█"
+BAR_PARTS = " ▏▎▍▌▋▊▉"
+HEAT_LEVELS = 5
+
+# Metrics the heatmap and the filter know, with their unit for people.
+METRICS = ("util", "mem", "temp", "power")
+METRIC_TITLES = {"util": "utilization", "mem": "memory", "temp": "temperature", "power": "power"}
+
+
+def short_model(name: str | None) -> str:
+    """The model without the vendor: "NVIDIA H100 80GB HBM3" becomes "H100 80GB HBM3"."""
+    if not name:
+        return "?"
+    for prefix in ("NVIDIA GeForce ", "NVIDIA ", "Tesla "):
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+def bar(fraction: float | None, width: int) -> tuple[str, str]:
+    """A horizontal bar of ``width`` cells: (filled part, empty part), eighths for the edge."""
+    if fraction is None or width <= 0:
+        return "", " " * max(width, 0)
+    f = min(1.0, max(0.0, fraction)) * width
+    full = int(f)
+    part = int((f - full) * 8)
+    filled = BAR_FULL * full + (BAR_PARTS[part] if part and full < width else "")
+    return filled, " " * (width - len(filled))
+
+
+def sparkline(values: Sequence[float | None], width: int, top: float = 100.0) -> str:
+    """The last ``width`` values as block characters (missing values as blanks)."""
+    tail = list(values)[-width:]
+    out = []
+    for v in tail:
+        if v is None:
+            out.append(" ")
+        else:
+            i = math.ceil(min(1.0, max(0.0, v / top)) * (len(SPARK_CHARS) - 1))
+            out.append(SPARK_CHARS[i])
+    return "".join(out).rjust(width)
+
+
+def level(value: float | None, warm: float, hot: float) -> int:
+    """0 ok, 1 warm, 2 hot; None counts as ok (nothing to warn about)."""
+    if value is None:
+        return 0
+    return 2 if value >= hot else 1 if value >= warm else 0
+
+
+def mem_fraction(g: GpuSample) -> float | None:
+    if g.mem_used is None or not g.mem_total:
+        return None
+    return g.mem_used / g.mem_total
+
+
+def power_fraction(g: GpuSample) -> float | None:
+    if g.power is None or not g.power_limit:
+        return None
+    return g.power / g.power_limit
+
+
+def metric_fraction(g: GpuSample, metric: str) -> float | None:
+    """A metric as 0..1 for the heatmap (temperature between 30 and 90 °C)."""
+    if g.lost:
+        return None
+    if metric == "util":
+        return None if g.util_gpu is None else g.util_gpu / 100.0
+    if metric == "mem":
+        return mem_fraction(g)
+    if metric == "temp":
+        return None if g.temp is None else (g.temp - 30.0) / 60.0
+    if metric == "power":
+        return power_fraction(g)
+    raise ValueError(f"unknown metric {metric!r}")
+
+
+def heat_level(fraction: float | None) -> int | None:
+    """0..HEAT_LEVELS-1 or None when there is nothing to show."""
+    if fraction is None:
+        return None
+    f = min(1.0, max(0.0, fraction))
+    return min(HEAT_LEVELS - 1, int(f * HEAT_LEVELS))
+
+
+def gpu_badges(g: GpuSample, xid_seen: bool) -> list[str]:
+    """Badges for a GPU row: throttle reasons shortened, ECC, REMAP, XID, LOST."""
+    short = {
+        "sw_thermal": "THERM",
+        "hw_thermal": "HWTHERM",
+        "hw_slowdown": "HWSLOW",
+        "hw_power_brake": "PWRBRAKE",
+        "sw_power_cap": "PWRCAP",
+        "sync_boost": "SYNC",
+    }
+    out = [short.get(f, f.upper()) for f in gpu_flags(g)]
+    if xid_seen and not g.lost:
+        out.append("XID")
+    return out
+
+
+def node_age_text(s: NodeSnapshot, now: float) -> str:
+    """The state for people: live, "stale 12s", "unreachable: <reason>", connecting."""
+    if s.state is NodeState.STALE:
+        age = s.age(now)
+        text = "stale" if age is None else f"stale {fmt_age(age)}"
+        return f"{text} ({s.reason})" if s.reason else str(text)
+    if s.state is NodeState.UNREACHABLE:
+        return f"unreachable: {s.reason}" if s.reason else "unreachable"
+    return str(s.state.value)
+
+
+def fmt_age(seconds: float) -> str:
+    if seconds < 90:
+        return f"{int(seconds)}s"
+    if seconds < 5400:
+        return f"{int(seconds // 60)}m"
+    return f"{int(seconds // 3600)}h"
+
+
+def fmt_power(watts: float) -> str:
+    return f"{watts / 1000:.1f} kW" if watts >= 1000 else f"{watts:.0f} W"
+
+
+def fmt_gib_pair(used: int | None, total: int | None) -> str:
+    u = "-" if used is None else f"{used / GIB:.0f}"
+    t = "-" if total is None else f"{total / GIB:.0f}"
+    return f"{u}/{t}G"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTotals:
+    gpus: int
+    util_sum: float
+    util_n: int
+    power: float
+
+
+def node_totals(s: NodeSnapshot) -> NodeTotals:
+    util = [g.util_gpu for g in s.gpus if g.util_gpu is not None and not g.lost]
+    power = sum(g.power for g in s.gpus if g.power is not None and not g.lost)
+    return NodeTotals(len(s.gpus), float(sum(util)), len(util), power)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterTotals:
+    nodes: int
+    live: int
+    gpus: int
+    util_mean: float | None
+    power: float
+
+
+def cluster_totals(
+    snaps: Iterable[NodeSnapshot], per_node: Callable[[NodeSnapshot], NodeTotals]
+) -> ClusterTotals:
+    nodes = live = gpus = util_n = 0
+    util_sum = power = 0.0
+    for s in snaps:
+        nodes += 1
+        if s.state is NodeState.LIVE:
+            live += 1
+        if s.state in (NodeState.LIVE, NodeState.STALE):
+            t = per_node(s)
+            gpus += t.gpus
+            util_sum += t.util_sum
+            util_n += t.util_n
+            power += t.power
+    return ClusterTotals(nodes, live, gpus, util_sum / util_n if util_n else None, power)
+
+
+# -- filter ------------------------------------------------------------------------------------
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    "!=": operator.ne,
+    ">": operator.gt,
+    "<": operator.lt,
+    "==": operator.eq,
+    "=": operator.eq,
+}
+_THRESHOLD = re.compile(r"^([a-z_]+)\s*(>=|<=|!=|==|>|<|=)\s*(-?\d+(?:\.\d+)?)$")
+STATE_WORDS = {s.value for s in NodeState} | {"down"}
+GPU_WORDS = {"lost", "throttle", "throttling", "xid", "burning", "idle", "busy"}
+FILTER_METRICS = {"util", "mem", "temp", "power", "clock", "mem_gib"}
+
+
+class FilterError(ValueError):
+    """The filter text cannot be understood; the message is one line for the user."""
+
+
+def _gpu_metric(g: GpuSample, metric: str) -> float | None:
+    if g.lost:
+        return None
+    if metric == "util":
+        return None if g.util_gpu is None else float(g.util_gpu)
+    if metric == "mem":
+        f = mem_fraction(g)
+        return None if f is None else 100.0 * f
+    if metric == "mem_gib":
+        return None if g.mem_used is None else g.mem_used / GIB
+    if metric == "temp":
+        return None if g.temp is None else float(g.temp)
+    if metric == "power":
+        return g.power
+    if metric == "clock":
+        return None if g.sm_clock is None else float(g.sm_clock)
+    raise AssertionError(metric)
+
+
+GpuPredicate = Callable[[NodeSnapshot, GpuSample | None, "GpuFacts"], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """What the filter needs beyond the sample: model name, XID seen, burn state."""
+
+    model: str = ""
+    xid: bool = False
+    burning: bool = False
+
+
+@dataclass(frozen=True)
+class NodeFilter:
+    """A parsed ``/`` filter: every term must hold (AND).
+
+    Terms: a state word (live, stale, unreachable, connecting, down), a GPU word (lost, throttle,
+    xid, burning, idle, busy), a threshold ``metric op number`` (util, mem [%], mem_gib, temp
+    [°C], power [W], clock [MHz]) or any other text, matched against the node name and the GPU
+    model. A node with no GPU rows matches only if no GPU term is present.
+    """
+
+    text: str
+    node_terms: tuple[Callable[[NodeSnapshot], bool], ...] = ()
+    gpu_terms: tuple[GpuPredicate, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.node_terms and not self.gpu_terms
+
+    def node_matches(self, s: NodeSnapshot) -> bool:
+        return all(t(s) for t in self.node_terms)
+
+    def gpu_matches(self, s: NodeSnapshot, g: GpuSample | None, facts: GpuFacts) -> bool:
+        return all(t(s, g, facts) for t in self.gpu_terms)
+
+    @property
+    def has_gpu_terms(self) -> bool:
+        return bool(self.gpu_terms)
+
+
+def parse_filter(text: str) -> NodeFilter:
+    """Parse filter text; raises FilterError with a one-line message."""
+    node_terms: list[Callable[[NodeSnapshot], bool]] = []
+    gpu_terms: list[GpuPredicate] = []
+    # "temp > 80" is one term: glue operators to their neighbours before splitting.
+    glued = re.sub(r"\s*(>=|<=|!=|==|>|<|=)\s*", r"\1", text.strip().lower())
+    for word in glued.split():
+        m = _THRESHOLD.match(word)
+        if m:
+            metric, op, num = m.group(1), m.group(2), float(m.group(3))
+            if metric in ("utilization", "gpu"):
+                metric = "util"
+            if metric in ("temperature",):
+                metric = "temp"
+            if metric not in FILTER_METRICS:
+                raise FilterError(
+                    f"unknown metric {metric!r} in {word!r} "
+                    f"(use: {', '.join(sorted(FILTER_METRICS))})"
+                )
+            fn = _OPS[op]
+
+            def threshold(
+                _s: NodeSnapshot,
+                g: GpuSample | None,
+                _f: GpuFacts,
+                metric: str = metric,
+                fn: Callable[[float, float], bool] = fn,
+                num: float = num,
+            ) -> bool:
+                if g is None:
+                    return False
+                v = _gpu_metric(g, metric)
+                return v is not None and fn(v, num)
+
+            gpu_terms.append(threshold)
+        elif any(c in word for c in "<>=!"):
+            raise FilterError(f"cannot read {word!r}: write a threshold like temp>80 or util<=5")
+        elif word in STATE_WORDS:
+            states = (
+                {NodeState.UNREACHABLE, NodeState.STALE} if word == "down" else {NodeState(word)}
+            )
+            node_terms.append(lambda s, states=states: s.state in states)  # type: ignore[misc]
+        elif word in GPU_WORDS:
+            gpu_terms.append(_gpu_word(word))
+        else:
+
+            def name_term(
+                s: NodeSnapshot, g: GpuSample | None, f: GpuFacts, word: str = word
+            ) -> bool:
+                return word in s.name.lower() or (g is not None and word in f.model.lower())
+
+            gpu_terms.append(name_term)
+    return NodeFilter(text, tuple(node_terms), tuple(gpu_terms))
+
+
+def _gpu_word(word: str) -> GpuPredicate:
+    def pred(_s: NodeSnapshot, g: GpuSample | None, f: GpuFacts) -> bool:
+        if g is None:
+            return False
+        if word == "lost":
+            return g.lost
+        if word in ("throttle", "throttling"):
+            return bool([x for x in gpu_flags(g) if x not in ("ECC", "REMAP", "LOST")])
+        if word == "xid":
+            return f.xid
+        if word == "burning":
+            return f.burning
+        if word == "idle":
+            return g.util_gpu is not None and g.util_gpu <= 2
+        return g.util_gpu is not None and g.util_gpu > 2  # busy
+
+    return pred

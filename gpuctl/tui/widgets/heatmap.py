@@ -1,0 +1,212 @@
+"""The heatmap: one coloured cell per GPU, nodes side by side, 1,024 GPUs on a 160×48 screen."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from gpuctl.core.model import NodeState
+from gpuctl.tui.store import FleetStore
+from gpuctl.tui.view import HEAT_LEVELS, METRICS, heat_level, metric_fraction
+
+CELL = "  "
+GAP = 2
+
+
+class Heatmap(ScrollView, can_focus=True):
+    """Nodes laid out in columns, each a label and a row of GPU cells; the cursor is one cell."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        *(f"heatmap--heat-{i}" for i in range(HEAT_LEVELS)),
+        "heatmap--none",
+        "heatmap--label",
+        "heatmap--stale",
+        "heatmap--down",
+        "heatmap--cursor",
+    }
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up", "move(0,-1)", "up", show=False, id="cursor_up"),
+        Binding("down", "move(0,1)", "down", show=False, id="cursor_down"),
+        Binding("left", "move(-1,0)", "left", show=False, id="cursor_left"),
+        Binding("right", "move(1,0)", "right", show=False, id="cursor_right"),
+    ]
+
+    class Selected(Message):
+        """The cursor moved onto a GPU cell."""
+
+        def __init__(self, node: str, gpu: int | None) -> None:
+            super().__init__()
+            self.node = node
+            self.gpu = gpu
+
+    def __init__(self, store: FleetStore, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.store = store
+        self.metric = METRICS[0]
+        self.names: list[str] = []
+        self.per_line = 1
+        self.label_w = 8
+        self.cells = 1
+        self.cursor: tuple[int, int] = (0, 0)  # (node position in names, gpu position)
+        self.on_paint: Any = None
+        self.painted: dict[str, float] = {}
+
+    # -- layout -------------------------------------------------------------------------------
+    def rebuild(self) -> None:
+        self.names = [
+            n for n in self.store.order if self.store.visible_gpus(self.store.snaps[n]) is not None
+        ]
+        self.label_w = min(12, max((len(n) for n in self.names), default=4))
+        self.cells = max((len(self.store.snaps[n].gpus) for n in self.names), default=1) or 1
+        block = self.label_w + 1 + len(CELL) * self.cells + GAP
+        self.per_line = max(1, (max(self.size.width, block)) // block)
+        rows = -(-len(self.names) // self.per_line) if self.names else 0
+        self.virtual_size = Size(self.size.width, rows)
+        ni, gi = self.cursor
+        self.cursor = (min(ni, max(0, len(self.names) - 1)), gi)
+        self.refresh()
+
+    def nodes_changed(self, names: set[str]) -> None:
+        known = set(self.names)
+        if any(n not in known for n in names) or any(
+            len(self.store.snaps[n].gpus) > self.cells for n in names
+        ):
+            self.rebuild()
+            return
+        if self.store.filter.has_gpu_terms or self.store.filter.node_terms:
+            self.rebuild()
+            return
+        index = {n: i for i, n in enumerate(self.names)}
+        rows = {index[n] // self.per_line for n in names if n in index}
+        for r in rows:
+            self.refresh_line(r)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.rebuild()
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self.refresh()
+
+    # -- cursor -------------------------------------------------------------------------------
+    def selected(self) -> tuple[str, int | None] | None:
+        if not self.names:
+            return None
+        ni, gi = self.cursor
+        snap = self.store.snaps[self.names[ni]]
+        gpu = snap.gpus[gi].index if gi < len(snap.gpus) else None
+        return snap.name, gpu
+
+    def action_move(self, dx: int, dy: int) -> None:
+        if not self.names:
+            return
+        ni, gi = self.cursor
+        old_row = ni // self.per_line
+        if dx:
+            gi += dx
+            n = len(self.store.snaps[self.names[ni]].gpus)
+            if gi < 0 and ni > 0:
+                ni -= 1
+                gi = max(0, len(self.store.snaps[self.names[ni]].gpus) - 1)
+            elif gi >= max(1, n) and ni < len(self.names) - 1:
+                ni, gi = ni + 1, 0
+            gi = max(0, min(gi, max(0, len(self.store.snaps[self.names[ni]].gpus) - 1)))
+        if dy:
+            target = ni + dy * self.per_line
+            if 0 <= target < len(self.names):
+                ni = target
+                gi = min(gi, max(0, len(self.store.snaps[self.names[ni]].gpus) - 1))
+        self.cursor = (ni, gi)
+        self.refresh_line(old_row)
+        row = ni // self.per_line
+        self.refresh_line(row)
+        self.scroll_to_region_row(row)
+        sel = self.selected()
+        if sel is not None:
+            self.post_message(self.Selected(*sel))
+
+    def scroll_to_region_row(self, row: int) -> None:
+        top = int(self.scroll_offset.y)
+        if row < top:
+            self.scroll_to(y=row, animate=False)
+        elif row >= top + self.size.height:
+            self.scroll_to(y=row - self.size.height + 1, animate=False)
+
+    def select(self, node: str, gpu: int | None) -> None:
+        if node in self.names:
+            ni = self.names.index(node)
+            snap = self.store.snaps[node]
+            gi = next((i for i, g in enumerate(snap.gpus) if g.index == gpu), 0)
+            self.cursor = (ni, gi)
+            self.refresh()
+            self.scroll_to_region_row(ni // self.per_line)
+
+    def on_click(self, event: events.Click) -> None:
+        row = event.y + int(self.scroll_offset.y)
+        block = self.label_w + 1 + len(CELL) * self.cells + GAP
+        col, x = divmod(event.x, block)
+        ni = row * self.per_line + col
+        gx = x - self.label_w - 1
+        if 0 <= ni < len(self.names) and gx >= 0:
+            self.cursor = (ni, min(gx // len(CELL), self.cells - 1))
+            self.action_move(0, 0)
+            self.refresh()
+
+    # -- drawing ------------------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        row = y + int(self.scroll_offset.y)
+        width = self.size.width
+        base = self.rich_style
+        first = row * self.per_line
+        if first >= len(self.names) or row < 0:
+            return Strip.blank(width, base)
+        st = self.get_component_rich_style
+        heat = [st(f"heatmap--heat-{i}") for i in range(HEAT_LEVELS)]
+        none = st("heatmap--none")
+        cursor = st("heatmap--cursor")
+        segs: list[Segment] = []
+        for ni in range(first, min(first + self.per_line, len(self.names))):
+            name = self.names[ni]
+            snap = self.store.snaps[name]
+            label = {
+                NodeState.STALE: "heatmap--stale",
+                NodeState.UNREACHABLE: "heatmap--down",
+                NodeState.CONNECTING: "heatmap--stale",
+            }.get(snap.state, "heatmap--label")
+            segs.append(Segment(f"{name[-self.label_w :]:>{self.label_w}} ", st(label)))
+            live = snap.state is NodeState.LIVE
+            for gi in range(self.cells):
+                if gi < len(snap.gpus):
+                    g = snap.gpus[gi]
+                    lv = heat_level(metric_fraction(g, self.metric)) if live else None
+                    style = none if lv is None else heat[lv]
+                    text = "✕ " if g.lost else CELL
+                else:
+                    style, text = Style(), " " * len(CELL)
+                if (ni, gi) == self.cursor:
+                    segs.append(Segment("◀▶", style + cursor))
+                else:
+                    segs.append(Segment(text, style))
+            segs.append(Segment(" " * GAP))
+            if self.on_paint is not None and name in self.painted:
+                self.on_paint(name, self.painted.pop(name))
+        return Strip(segs).apply_style(base).extend_cell_length(width, base).crop(0, width)
+
+    def note_arrivals(self, arrivals: dict[str, float]) -> None:
+        if self.on_paint is None:
+            return
+        top = int(self.scroll_offset.y)
+        index = {n: i for i, n in enumerate(self.names)}
+        for name, t in arrivals.items():
+            i = index.get(name)
+            if i is not None and top <= i // self.per_line < top + self.size.height:
+                self.painted.setdefault(name, t)

@@ -1,0 +1,426 @@
+"""The overview: one panel per node, one row per GPU, drawn with the Line API.
+
+Only the lines on screen are ever rendered (a thousand GPUs cost what forty do), and a node's
+update repaints only that node's lines. Colours come from component classes styled in
+``app.tcss`` with theme variables.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, NamedTuple
+
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.geometry import Region, Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
+from gpuctl.tui.store import FleetStore
+from gpuctl.tui.view import (
+    bar,
+    fmt_gib_pair,
+    fmt_power,
+    gpu_badges,
+    level,
+    mem_fraction,
+    node_age_text,
+    power_fraction,
+    sparkline,
+)
+
+SPARK_WIDTH = 12
+BAR_WIDTH = 8
+LEVEL_CLASSES = ("nodelist--ok", "nodelist--warm", "nodelist--hot")
+
+
+class Line(NamedTuple):
+    kind: str  # "head" | "gpu" | "msg" | "gap"
+    node: str
+    gpu: int | None  # GPU index for "gpu" lines
+
+
+class NodeList(ScrollView, can_focus=True):
+    """Every node's panel in one scrolling list; the cursor selects a GPU (or a GPU-less node)."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "nodelist--header",
+        "nodelist--name",
+        "nodelist--live",
+        "nodelist--stale",
+        "nodelist--down",
+        "nodelist--dim",
+        "nodelist--ok",
+        "nodelist--warm",
+        "nodelist--hot",
+        "nodelist--bar-empty",
+        "nodelist--badge",
+        "nodelist--job",
+        "nodelist--burn",
+        "nodelist--spark",
+        "nodelist--cursor",
+    }
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up", "cursor(-1)", "up", show=False, id="cursor_up"),
+        Binding("down", "cursor(1)", "down", show=False, id="cursor_down"),
+        Binding("left", "node(-1)", "previous node", show=False, id="cursor_left"),
+        Binding("right", "node(1)", "next node", show=False, id="cursor_right"),
+        Binding("pageup", "page(-1)", "page up", show=False, id="page_up"),
+        Binding("pagedown", "page(1)", "page down", show=False, id="page_down"),
+        Binding("home", "edge(-1)", "first", show=False, id="cursor_home"),
+        Binding("end", "edge(1)", "last", show=False, id="cursor_end"),
+    ]
+
+    class Selected(Message):
+        """The cursor moved onto a node's GPU (``gpu`` None: the node itself)."""
+
+        def __init__(self, node: str, gpu: int | None) -> None:
+            super().__init__()
+            self.node = node
+            self.gpu = gpu
+
+    def __init__(self, store: FleetStore, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.store = store
+        self.lines: list[Line] = []
+        self.blocks: dict[str, tuple[int, tuple[int, ...] | None]] = {}  # node -> (first y, rows)
+        self.cursor: tuple[str, int | None] | None = None
+        self.cursor_y = 0
+        self.painted: dict[str, float] = {}  # node -> arrival time waiting for its paint
+        self.on_paint: Any = None  # callable(node, arrival) for the benchmark
+
+    # -- layout -------------------------------------------------------------------------------
+    def _block_rows(self, name: str) -> tuple[int, ...] | None:
+        shown = self.store.visible_gpus(self.store.snaps[name])
+        return None if shown is None else tuple(shown)
+
+    def rebuild(self) -> None:
+        """Recompute every node's block (after a filter change or a change of GPU count)."""
+        lines: list[Line] = []
+        blocks: dict[str, tuple[int, tuple[int, ...] | None]] = {}
+        for name in self.store.order:
+            rows = self._block_rows(name)
+            blocks[name] = (len(lines), rows)
+            if rows is None:
+                continue
+            snap = self.store.snaps[name]
+            lines.append(Line("head", name, None))
+            if rows:
+                lines.extend(Line("gpu", name, snap.gpus[i].index) for i in rows)
+            else:
+                lines.append(Line("msg", name, None))
+            lines.append(Line("gap", name, None))
+        self.lines = lines
+        self.blocks = blocks
+        self.virtual_size = Size(self.size.width, len(lines))
+        self._place_cursor()
+        self.refresh()
+
+    def nodes_changed(self, names: set[str]) -> None:
+        """Repaint the lines of changed nodes that are on screen; re-layout if a block changed."""
+        if not self.lines and not self.blocks:
+            self.rebuild()
+            return
+        for name in names:
+            old = self.blocks.get(name)
+            if old is None or old[1] != self._block_rows(name):
+                self.rebuild()
+                return
+        top = int(self.scroll_offset.y)
+        bottom = top + self.size.height
+        for name in names:
+            y0, rows = self.blocks[name]
+            if rows is None:
+                continue
+            n = 2 + max(1, len(rows))
+            if y0 < bottom and y0 + n > top:
+                self.refresh_lines(y0, n)
+
+    def refresh_stale_headers(self) -> None:
+        """Ages tick every second for stale nodes: repaint just their header lines."""
+        top = int(self.scroll_offset.y)
+        for y in range(top, min(len(self.lines), top + self.size.height)):
+            line = self.lines[y]
+            if line.kind == "head" and self.store.snaps[line.node].state is NodeState.STALE:
+                self.refresh_line(y)
+
+    # -- cursor -------------------------------------------------------------------------------
+    def selectable(self, line: Line) -> bool:
+        return line.kind == "gpu" or line.kind == "msg"
+
+    def _place_cursor(self) -> None:
+        target = None
+        if self.cursor is not None:
+            for y, line in enumerate(self.lines):
+                if (line.node, line.gpu) == self.cursor and self.selectable(line):
+                    target = y
+                    break
+            if target is None:  # the row went away (filter): stay near the node
+                y0 = self.blocks.get(self.cursor[0], (None, None))[0]
+                target = self._next_selectable(y0 if y0 is not None else self.cursor_y, 1)
+        if target is None:
+            target = self._next_selectable(0, 1)
+        self._move_to(target, post=self.cursor is None or target is not None)
+
+    def _next_selectable(self, start: int, step: int) -> int | None:
+        y = max(0, min(start, len(self.lines) - 1))
+        while 0 <= y < len(self.lines):
+            if self.selectable(self.lines[y]):
+                return y
+            y += step
+        return None
+
+    def _move_to(self, y: int | None, post: bool = True) -> None:
+        if y is None:
+            if self.lines == [] and self.cursor is not None:
+                self.cursor = None
+            return
+        old_y = self.cursor_y
+        line = self.lines[y]
+        new = (line.node, line.gpu)
+        changed = new != self.cursor
+        self.cursor = new
+        self.cursor_y = y
+        self.refresh_line(old_y)
+        self.refresh_line(y)
+        self._scroll_cursor_into_view()
+        if changed and post:
+            self.post_message(self.Selected(line.node, line.gpu))
+
+    def _scroll_cursor_into_view(self) -> None:
+        y = self.cursor_y
+        line = self.lines[y] if y < len(self.lines) else None
+        top = int(self.scroll_offset.y)
+        height = max(1, self.size.height)
+        if line is not None and y < top + 2:
+            head = self.blocks.get(line.node, (y, None))[0]  # show the node's header too
+            self.scroll_to(y=min(y, head), animate=False)
+        elif y >= top + height:
+            self.scroll_to(y=y - height + 2, animate=False)
+
+    def action_cursor(self, step: int) -> None:
+        if not self.lines:
+            return
+        y = self.cursor_y + step
+        while 0 <= y < len(self.lines) and not self.selectable(self.lines[y]):
+            y += step
+        if 0 <= y < len(self.lines):
+            self._move_to(y)
+
+    def action_node(self, step: int) -> None:
+        if not self.lines or self.cursor is None:
+            return
+        names = [n for n in self.store.order if self.blocks.get(n, (0, None))[1] is not None]
+        if self.cursor[0] not in names:
+            return
+        i = names.index(self.cursor[0]) + step
+        if 0 <= i < len(names):
+            self._move_to(self._next_selectable(self.blocks[names[i]][0], 1))
+
+    def action_page(self, step: int) -> None:
+        if not self.lines:
+            return
+        y = max(0, min(len(self.lines) - 1, self.cursor_y + step * max(1, self.size.height - 2)))
+        target = self._next_selectable(y, step) or self._next_selectable(y, -step)
+        self._move_to(target)
+
+    def action_edge(self, step: int) -> None:
+        if self.lines:
+            self._move_to(
+                self._next_selectable(0, 1) if step < 0 else self._next_selectable(10**9, -1)
+            )
+
+    def select(self, node: str, gpu: int | None) -> None:
+        """Put the cursor on a node's GPU (from the heatmap or a test)."""
+        self.cursor = (node, gpu)
+        self._place_cursor()
+
+    def on_click(self, event: events.Click) -> None:
+        y = event.y + int(self.scroll_offset.y)
+        if 0 <= y < len(self.lines):
+            target = self._next_selectable(y, 1)
+            if target is not None and self.lines[target].node == self.lines[y].node:
+                self._move_to(target)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.virtual_size = Size(event.size.width, len(self.lines))
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self.refresh()
+
+    # -- drawing ------------------------------------------------------------------------------
+    def _style(self, name: str) -> Style:
+        return self.get_component_rich_style(name)
+
+    def render_line(self, y: int) -> Strip:
+        scroll_y = int(self.scroll_offset.y)
+        ly = y + scroll_y
+        width = self.size.width
+        base = self.rich_style
+        if ly >= len(self.lines):
+            return Strip.blank(width, base)
+        line = self.lines[ly]
+        snap = self.store.snaps[line.node]
+        if line.kind == "head":
+            segs = self._head(snap)
+            strip = Strip(segs).apply_style(base)
+            header = self._style("nodelist--header")
+            strip = strip.extend_cell_length(width, base + header).crop(0, width)
+        elif line.kind == "gpu":
+            segs = self._gpu(snap, line.gpu)
+            strip = Strip(segs).apply_style(base).extend_cell_length(width, base).crop(0, width)
+        elif line.kind == "msg":
+            segs = self._msg(snap)
+            strip = Strip(segs).apply_style(base).extend_cell_length(width, base).crop(0, width)
+        else:
+            return Strip.blank(width, base)
+        if ly == self.cursor_y and (line.node, line.gpu) == self.cursor:
+            cursor = self._style("nodelist--cursor")
+            if self.has_focus:
+                strip = strip.apply_style(cursor)
+            strip = Strip([Segment("▶", base + cursor), *strip.crop(1, width)])
+        if self.on_paint is not None and line.node in self.painted:
+            self.on_paint(line.node, self.painted.pop(line.node))
+        return strip
+
+    def _head(self, s: NodeSnapshot) -> list[Segment]:
+        header = self._style("nodelist--header")
+        name = header + self._style("nodelist--name")
+        state_cls = {
+            NodeState.LIVE: "nodelist--live",
+            NodeState.STALE: "nodelist--stale",
+            NodeState.UNREACHABLE: "nodelist--down",
+            NodeState.CONNECTING: "nodelist--dim",
+        }[s.state]
+        dot = {"live": "●", "stale": "◐", "unreachable": "✖", "connecting": "○"}[s.state.value]
+        state = header + self._style(state_cls)
+        segs = [
+            Segment(" ", header),
+            Segment(s.name, name),
+            Segment("  ", header),
+            Segment(f"{dot} {node_age_text(s, self.store.clock())}", state),
+            Segment(f"  {s.link}", header),
+        ]
+        info = s.info
+        if info is not None:
+            if info.driver:
+                segs.append(Segment(f"  driver {info.driver}", header))
+            if info.cuda:
+                segs.append(Segment(f"  CUDA {info.cuda}", header))
+            if info.reader is None and info.reader_error:
+                segs.append(
+                    Segment(f"  {info.reader_error}", header + self._style("nodelist--down"))
+                )
+        if s.gpus and s.state in (NodeState.LIVE, NodeState.STALE):
+            t = self.store.node_totals(s.name)
+            util = f"{t.util_sum / t.util_n:.0f}%" if t.util_n else "-"
+            segs.append(Segment(f"  {t.gpus} GPUs  util {util}  {fmt_power(t.power)}", header))
+        return segs
+
+    def _msg(self, s: NodeSnapshot) -> list[Segment]:
+        dim = self._style("nodelist--dim")
+        if s.state is NodeState.CONNECTING:
+            text = "connecting…"
+        elif s.state is NodeState.UNREACHABLE:
+            text = "no data: " + (s.reason or "unreachable")
+        elif s.info is not None and s.info.reader is None:
+            text = "no GPU reader: " + (s.info.reader_error or "unknown")
+        else:
+            text = "no GPUs"
+        return [Segment("    " + text, dim)]
+
+    def _gpu(self, s: NodeSnapshot, index: int | None) -> list[Segment]:
+        g: GpuSample | None = None
+        for cand in s.gpus:
+            if cand.index == index:
+                g = cand
+                break
+        st = self._style
+        dim = st("nodelist--dim")
+        if g is None or index is None:
+            return [Segment("  ? gone", dim)]
+        stale = s.state is not NodeState.LIVE
+
+        def lvl(n: int) -> Style:
+            return dim if stale else st(LEVEL_CLASSES[n])
+
+        model = self.store.model(s, index)
+        segs = [Segment(f"  {index:>2} ", dim), Segment(f"{model[:15]:<15} ")]
+        if g.lost:
+            segs.append(Segment("LOST", st("nodelist--badge")))
+            segs.append(Segment("  GPU fell off the bus", dim))
+            return segs
+        empty = st("nodelist--bar-empty")
+        # utilization
+        ul = lvl(level(g.util_gpu, 50, 90))
+        filled, rest = bar(None if g.util_gpu is None else g.util_gpu / 100, BAR_WIDTH)
+        pct = "-" if g.util_gpu is None else f"{g.util_gpu}%"
+        segs += [Segment(filled, ul), Segment(rest, empty), Segment(f"{pct:>5}  ", ul)]
+        # memory
+        mf = mem_fraction(g)
+        ml = lvl(level(mf, 0.8, 0.95))
+        filled, rest = bar(mf, BAR_WIDTH)
+        segs += [
+            Segment(filled, ml),
+            Segment(rest, empty),
+            Segment(f"{fmt_gib_pair(g.mem_used, g.mem_total):>9}  ", ml),
+        ]
+        # temperature, power, SM clock
+        temp = "-" if g.temp is None else f"{g.temp}°C"
+        segs.append(Segment(f"{temp:>5}  ", lvl(level(g.temp, 75, 85))))
+        pw = "-" if g.power is None else f"{g.power:.0f}"
+        pl = "-" if g.power_limit is None else f"{g.power_limit:.0f}"
+        segs.append(
+            Segment(f"{pw + '/' + pl + 'W':>9}  ", lvl(level(power_fraction(g), 0.8, 0.97)))
+        )
+        clock = "-" if g.sm_clock is None else f"{g.sm_clock}MHz"
+        segs.append(Segment(f"{clock:>7}  ", dim if stale else Style()))
+        # recent utilization
+        width = SPARK_WIDTH if self.size.width >= 140 else SPARK_WIDTH // 2 + 2
+        spark = sparkline(self.store.util_history(s.name, index, width), width)
+        segs.append(Segment(spark + "  ", dim if stale else st("nodelist--spark")))
+        # trouble, owner, burn
+        badges = gpu_badges(g, (s.name, index) in self.store.xids)
+        if badges:
+            segs.append(Segment(" ".join(badges) + "  ", st("nodelist--badge")))
+        ann = s.annotations.get(index) or {}
+        job, user = ann.get("slurm_job"), ann.get("slurm_user")
+        if job or user:
+            who = " ".join(str(x) for x in (job and f"job {job}", user) if x)
+            segs.append(Segment(who + "  ", st("nodelist--job")))
+        burn = self.store.burn(s, index)
+        if burn is not None:
+            segs.append(Segment(burn_text(burn), st("nodelist--burn")))
+        return segs
+
+    # Paint accounting for the benchmark: an arrival is "painted" when its first line renders.
+    def note_arrivals(self, arrivals: dict[str, float]) -> None:
+        if self.on_paint is None:
+            return
+        top = int(self.scroll_offset.y)
+        view = Region(0, top, 1, self.size.height)
+        for name, t in arrivals.items():
+            block = self.blocks.get(name)
+            if block is not None and block[1] is not None and view.contains(0, block[0]):
+                self.painted.setdefault(name, t)
+
+
+def burn_text(burn: dict[str, Any]) -> str:
+    """The burn column of a GPU row, e.g. BURN 412 TF/s 0 err, from a burn annotation."""
+    state = burn.get("state") or "?"
+    parts = ["BURN" if state == "running" else f"BURN {state}"]
+    tflops = burn.get("tflops")
+    if isinstance(tflops, int | float):
+        parts.append(f"{tflops:.0f} TF/s")
+    errors = burn.get("errors")
+    if isinstance(errors, int):
+        parts.append(f"{errors} err")
+    verdict = burn.get("verdict")
+    if verdict:
+        parts.append(str(verdict))
+    return " ".join(parts)

@@ -1,0 +1,91 @@
+"""Fixtures for the TUI tests: deterministic replayed fleets and a frozen clock."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+
+from gpuctl.core.model import NodeState
+from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.links import NodeLink
+from gpuctl.fleet.replay import FailingLink, ReplayLink, recorded_node
+from gpuctl.tui import GpuctlApp, make_app
+
+T0 = 1_700_000_000.0
+SAMPLES = 40
+T_LAST = T0 + SAMPLES - 1
+NOW = T_LAST + 0.5  # the frozen "now" of app and fleet: every replayed node is fresh
+
+
+def replay_links() -> dict[str, NodeLink]:
+    """Three nodes that always look the same: busy H100s (one burning hot), an old-sample
+    A100 node that goes stale, and one that refuses connections."""
+    return {
+        "gpu-a01": ReplayLink(
+            recorded_node(
+                "gpu-a01",
+                "4:H100",
+                seed=3,
+                t0=T0,
+                samples=SAMPLES,
+                load={2: 1.0},
+                events=[
+                    {"type": "event", "t": T0 + 30, "kind": "xid", "gpu": 1, "detail": {"xid": 79}}
+                ],
+            )
+        ),
+        "gpu-b02": ReplayLink(
+            recorded_node("gpu-b02", "2:A100", seed=4, t0=T0 - 25, samples=SAMPLES)
+        ),
+        "gpu-c03": FailingLink("refused", "connection refused by 10.0.0.13:22"),
+    }
+
+
+def replay_fleet() -> Fleet:
+    return Fleet(replay_links(), clock=lambda: NOW, backoff_base=30.0, backoff_max=60.0)
+
+
+def replay_app(tmp_path: Path, **kwargs: Any) -> GpuctlApp:
+    return make_app(replay_fleet(), clock=lambda: NOW, state_dir=tmp_path, **kwargs)
+
+
+async def settle(pilot: Pilot[Any], timeout: float = 15.0) -> None:
+    """Wait until every replayed node shows its last sample (or its failure) on screen."""
+    app = pilot.app
+    assert isinstance(app, GpuctlApp)
+    deadline = time.monotonic() + timeout
+
+    def done() -> bool:
+        snaps = app.store.snaps
+        return (
+            snaps["gpu-a01"].last_sample_t == T_LAST
+            and snaps["gpu-b02"].state is NodeState.STALE
+            and snaps["gpu-c03"].state is NodeState.UNREACHABLE
+            and len(app.store.xids) == 1
+            and not app.store.pending
+            and not app._flush_scheduled
+        )
+
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"replayed fleet did not settle: {app.store.snaps}")
+        await pilot.pause(0.05)
+    app.fleet.annotate("gpu-a01", 0, slurm_job="48213", slurm_user="alice")
+    app.fleet.annotate(
+        "gpu-a01", 2, burn={"state": "running", "engine": "torch", "tflops": 612.0, "errors": 0}
+    )
+    while app.store.pending or app._flush_scheduled:
+        if time.monotonic() > deadline:
+            raise AssertionError("annotations did not reach the screen")
+        await pilot.pause(0.05)
+    app.clear_notifications()
+    await pilot.pause()
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"

@@ -1,0 +1,244 @@
+"""The real app over a simulated fleet (the real agent loop in threads), driven by keys."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from textual.pilot import Pilot
+from textual.widgets import Input, Label
+
+from gpuctl.core.model import NodeState
+from gpuctl.fleet.demo import demo_nodes
+from gpuctl.fleet.fleet import simulated_fleet
+from gpuctl.tui import GpuctlApp, make_app
+from gpuctl.tui.screens.confirm import ConfirmScreen
+from gpuctl.tui.screens.detail import DetailScreen
+from gpuctl.tui.screens.help import HelpScreen
+
+SIZE = (120, 36)
+
+
+def sim_app(state_dir: Path, **kwargs: Any) -> GpuctlApp:
+    fleet = simulated_fleet(demo_nodes(3, 4), interval=0.2)
+    return make_app(fleet, simulated=True, state_dir=state_dir, **kwargs)
+
+
+async def until(
+    pilot: Pilot[Any], pred: Callable[[], Any], what: str, timeout: float = 10.0
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := pred()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await pilot.pause(0.05)
+    return value
+
+
+async def all_live(pilot: Pilot[Any]) -> None:
+    app = pilot.app
+    assert isinstance(app, GpuctlApp)
+    await until(
+        pilot,
+        lambda: (
+            all(s.state is NodeState.LIVE and s.gpus for s in app.store.snaps.values())
+            and app.overview.nodes.lines
+        ),
+        "every node live on screen",
+    )
+
+
+def messages(app: GpuctlApp) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+async def test_cursor_moves_and_detail_opens(state_dir: Path) -> None:
+    app = sim_app(state_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await all_live(pilot)
+        nodes = app.overview.nodes
+        assert nodes.cursor == ("sim-01", 0)
+        await pilot.press("down", "down")
+        assert nodes.cursor == ("sim-01", 2)
+        await pilot.press("right")
+        assert nodes.cursor == ("sim-02", 0)
+        await pilot.press("up")
+        assert nodes.cursor == ("sim-01", 3)  # up from a node's first GPU: the previous node
+        await pilot.press("end")
+        assert nodes.cursor == ("sim-03", 3)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, DetailScreen), "the detail screen")
+        detail = app.screen
+        assert isinstance(detail, DetailScreen)
+        assert (detail.node, detail.gpu) == ("sim-03", 3)
+        await pilot.press("right")
+        assert detail.gpu == 0  # wraps around the node's GPUs
+        # The processes table follows the node's samples.
+        table = detail.query_one("#detail-procs")
+        await until(pilot, lambda: table.row_count >= 0 and detail._version > 0, "detail data")
+        await pilot.press("escape")
+        assert app.screen is app.overview
+
+
+async def test_heatmap_cursor_names_the_gpu(state_dir: Path) -> None:
+    app = sim_app(state_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await all_live(pilot)
+        await pilot.press("m")
+        assert app.overview.mode == "util" and app.overview.heatmap.display
+        await pilot.press("right", "right")
+        status = app.overview.query_one("#heat-status")
+        assert "sim-01 GPU 2" in str(status.render())
+        await pilot.press("m")  # next metric, same cursor
+        assert app.overview.mode == "mem"
+        assert app.overview.heatmap.selected() == ("sim-01", 2)
+        await pilot.press("escape")
+        assert app.overview.mode == "list"
+        assert app.overview.nodes.cursor == ("sim-01", 2)
+
+
+async def test_filter_by_name_threshold_and_mistake(state_dir: Path) -> None:
+    app = sim_app(state_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await all_live(pilot)
+        nodes = app.overview.nodes
+        await pilot.press("slash")
+        box = app.overview.query_one("#filter", Input)
+        assert box.has_focus
+        await pilot.press(*"sim-02")
+        assert {line.node for line in nodes.lines} == {"sim-02"}
+        assert nodes.cursor is not None and nodes.cursor[0] == "sim-02"
+        box.value = "temp>500"
+        await pilot.pause()
+        assert nodes.lines == []
+        box.value = "temp>>5"
+        await pilot.pause()
+        assert box.has_class("-invalid") and "temp>>5" in str(box.border_title)
+        assert nodes.lines == []  # a mistake keeps the last good filter
+        box.value = "temp<500 sim-03"
+        await pilot.pause()
+        assert {line.node for line in nodes.lines} == {"sim-03"}
+        assert "filter: temp<500 sim-03" in str(
+            app.overview.query_one("#filter-shown", Label).content
+        )
+        await pilot.press("enter")
+        assert not box.display and nodes.has_focus
+        await pilot.press("slash", "escape")  # escape clears the filter
+        assert {line.node for line in nodes.lines} == {"sim-01", "sim-02", "sim-03"}
+
+
+async def test_theme_switch_is_remembered(state_dir: Path) -> None:
+    app = sim_app(state_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.theme == "gpuctl-dark"
+        await pilot.press("t")
+        assert app.theme == app.gpuctl_themes[(app.gpuctl_themes.index("gpuctl-dark") + 1) % 3]
+        chosen = app.theme
+    again = sim_app(state_dir)
+    async with again.run_test(size=SIZE):
+        assert again.theme == chosen
+    pinned = sim_app(state_dir, config_tui={"theme": "light"})
+    async with pinned.run_test(size=SIZE):
+        assert pinned.theme == "gpuctl-light"  # the config pins it
+
+
+async def test_read_only_refuses_mutating_keys(state_dir: Path) -> None:
+    app = sim_app(state_dir, read_only=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await all_live(pilot)
+        assert app.overview.query_one("#mark-read-only", Label).display
+        for key in ("s", "S", "B", "a"):
+            await pilot.press(key)
+        refused = [m for m in messages(app) if m.startswith("read-only:")]
+        assert len(refused) == 4
+        assert not isinstance(app.screen, ConfirmScreen)  # B did not even ask
+        assert all(not s.annotations for s in app.store.snaps.values())
+
+
+async def test_quit_asks_while_burning_and_stops(state_dir: Path) -> None:
+    app = sim_app(state_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await all_live(pilot)
+        app.fleet.annotate("sim-02", 1, burn={"state": "running", "tflops": 1.0, "errors": 0})
+        await until(pilot, lambda: app.store.is_burning(app.store.snaps["sim-02"], 1), "burn shown")
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        assert "sim-02" in app.screen.question
+        await pilot.press("n")
+        assert app.screen is app.overview and app.is_running
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question again")
+        await pilot.press("y")
+        await until(pilot, lambda: not app.is_running, "the app to exit", timeout=15)
+    assert app.return_value == 0
+    assert all(rt.task is None for rt in app.fleet.nodes.values())  # the fleet was stopped
+
+
+async def test_quit_without_burns_exits_at_once(state_dir: Path) -> None:
+    app = sim_app(state_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, "the app to exit")
+    assert app.return_value == 0
+
+
+async def test_help_lists_every_binding_and_keys_remap(state_dir: Path) -> None:
+    app = sim_app(state_dir, config_tui={"keys": {"heatmap": "h", "nonsense": "x"}})
+    async with app.run_test(size=SIZE) as pilot:
+        await all_live(pilot)
+        assert any("nonsense" in m for m in messages(app))
+        await pilot.press("h")
+        assert app.overview.mode == "util"
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        ids = {row[2] for row in app.screen.rows}
+        assert {
+            "stress_gpu",
+            "stress_node",
+            "stress_cluster",
+            "heatmap",
+            "filter",
+            "detail",
+            "quit",
+            "help",
+            "theme",
+            "reconnect",
+            "accept",
+            "pane_jobs",
+        } <= ids
+        assert ("h", "map", "heatmap", "overview") in app.screen.rows
+        await pilot.press("escape")
+        commands = {c.title for c in app.get_system_commands(app.overview)}
+        assert {"Stress gpu", "Map", "Filter", "Reconnect", "Theme"} <= commands
+
+
+async def test_unbuilt_panes_and_acceptance_say_so(state_dir: Path) -> None:
+    app = sim_app(state_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        assert any("jobs pane" in m for m in messages(app))
+        await pilot.press("3", "a", "1")
+        assert any("acceptance" in m for m in messages(app))
+        assert app.overview.nodes.has_focus
+
+
+async def test_stress_key_burns_the_selected_gpu(state_dir: Path) -> None:
+    app = sim_app(state_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await all_live(pilot)
+        await pilot.press("down", "s")
+        if importlib.util.find_spec("gpuctl.fleet.control") is None:
+            assert "stress not available yet" in messages(app)
+            return
+        snap = lambda: app.store.snaps["sim-01"]  # noqa: E731
+        await until(pilot, lambda: app.store.burn(snap(), 1), "a burn annotation on GPU 1")
+        await pilot.press("s")
+        await until(
+            pilot,
+            lambda: not app.store.is_burning(snap(), 1),
+            "the burn to stop",
+            timeout=15,
+        )

@@ -1,0 +1,99 @@
+"""Pure view helpers: bars, sparklines, heat levels and the ``/`` filter language."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
+from gpuctl.tui.view import (
+    FilterError,
+    GpuFacts,
+    bar,
+    heat_level,
+    metric_fraction,
+    node_age_text,
+    parse_filter,
+    short_model,
+    sparkline,
+)
+
+GIB = 1 << 30
+
+
+def gpu(index: int = 0, **kw: object) -> GpuSample:
+    base: dict[str, object] = dict(
+        util_gpu=50, mem_used=40 * GIB, mem_total=80 * GIB, temp=70, power=300.0, power_limit=700.0
+    )
+    base.update(kw)
+    return GpuSample(index=index, t=0.0, **base)  # type: ignore[arg-type]
+
+
+def node(
+    name: str = "gpu-a01", state: NodeState = NodeState.LIVE, *gpus: GpuSample
+) -> NodeSnapshot:
+    return NodeSnapshot(name=name, state=state, gpus=gpus)
+
+
+def test_bar_fills_in_eighths_and_keeps_its_width() -> None:
+    assert bar(0.0, 8) == ("", " " * 8)
+    assert bar(1.0, 8) == ("█" * 8, "")
+    filled, rest = bar(0.5 + 1 / 16, 8)
+    assert filled == "████▌" and len(filled + rest) == 8
+    assert bar(None, 4) == ("", "    ")
+    assert bar(7.0, 3) == ("███", "")  # clamped
+
+
+def test_sparkline_scales_and_pads() -> None:
+    assert sparkline([0, 50, 100], 5) == "  " + " ▄█"
+    assert sparkline([None, 100], 2) == " █"
+    assert len(sparkline(list(range(100)), 12)) == 12
+
+
+def test_heat_levels_cover_the_range_and_none() -> None:
+    assert heat_level(None) is None
+    assert heat_level(0.0) == 0
+    assert heat_level(0.99) == 4
+    assert heat_level(1.5) == 4
+    assert metric_fraction(gpu(temp=90), "temp") == pytest.approx(1.0)
+    assert metric_fraction(gpu(lost=True), "util") is None
+    with pytest.raises(ValueError):
+        metric_fraction(gpu(), "fans")
+
+
+def test_short_model_and_ages() -> None:
+    assert short_model("NVIDIA H100 80GB HBM3") == "H100 80GB HBM3"
+    assert short_model("NVIDIA GeForce RTX 4090") == "RTX 4090"
+    assert short_model(None) == "?"
+    stale = NodeSnapshot(name="n", state=NodeState.STALE, last_sample_t=100.0)
+    assert node_age_text(stale, 112.7) == "stale 12s"
+    down = NodeSnapshot(name="n", state=NodeState.UNREACHABLE, reason="refused: no")
+    assert node_age_text(down, 0) == "unreachable: refused: no"
+
+
+def test_filter_thresholds_names_and_states() -> None:
+    hot, cool = gpu(0, temp=85), gpu(1, temp=40)
+    s = node("gpu-a01", NodeState.LIVE, hot, cool)
+    facts = GpuFacts(model="H100 80GB HBM3")
+    f = parse_filter("temp>80")
+    assert f.node_matches(s)
+    assert f.gpu_matches(s, hot, facts) and not f.gpu_matches(s, cool, facts)
+    assert parse_filter("temp > 80").gpu_matches(s, hot, facts)  # spaces around the operator
+    assert parse_filter("mem>=50 util<60").gpu_matches(s, hot, facts)
+    assert not parse_filter("mem>60").gpu_matches(s, hot, facts)
+    assert parse_filter("a01").gpu_matches(s, cool, facts)
+    assert parse_filter("h100").gpu_matches(s, cool, facts)  # the model counts too
+    assert not parse_filter("b02").gpu_matches(s, cool, facts)
+    assert not parse_filter("stale").node_matches(s)
+    assert parse_filter("live").node_matches(s)
+    down = node("gpu-c03", NodeState.UNREACHABLE)
+    assert parse_filter("down").node_matches(down)
+    assert parse_filter("c03").gpu_matches(down, None, GpuFacts())
+    assert parse_filter("xid").gpu_matches(s, hot, GpuFacts(xid=True))
+    assert parse_filter("").empty
+
+
+@pytest.mark.parametrize("text", ["temp>>80", "fans>3", "temp>hot", "<5"])
+def test_filter_mistakes_are_one_line_errors(text: str) -> None:
+    with pytest.raises(FilterError) as e:
+        parse_filter(text)
+    assert "\n" not in str(e.value) and str(e.value)
