@@ -28,6 +28,7 @@ import time
 import traceback
 
 from . import peaks
+from .render import summary_table
 from .schema import (
     MARKERS,
     RESULT_FAILURE,
@@ -51,7 +52,9 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="short runs (seconds, not minutes)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--report-dir", default=".", help="folder for the JSON report")
-    p.add_argument("--report-name", help="file name of the report (default accept-NODE-TIME.json)")
+    p.add_argument(
+        "--report-name", help="report file name, {node} is replaced (default accept-NODE-TIME.json)"
+    )
     p.add_argument("--node-name", help="node name in the report (default: Slurm's or hostname)")
     p.add_argument("--expect-gpus", type=int, help="fail when fewer GPUs are visible")
     p.add_argument("--allow-no-gpu", action="store_true", help="no GPU is a SKIP, not a failure")
@@ -79,7 +82,7 @@ def parse_args(argv):
     p.add_argument("--rdzv-id", default=None, help="rendezvous id shared by all nodes")
     p.add_argument("--ddp-timeout", type=float, help="seconds before DDP is declared hung")
     p.add_argument("--skip", action="append", default=[], choices=SECTIONS, help="skip a section")
-    p.add_argument("--events", help="append JSON progress lines to this file")
+    p.add_argument("--events", help="append JSON progress lines to this file ({node}: node name)")
     p.add_argument("--events-fd", type=int, help="write JSON progress lines to this descriptor")
     p.add_argument("--test-break-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--test-slow-compute", type=int, default=1, help=argparse.SUPPRESS)
@@ -1199,49 +1202,17 @@ def kill_group(proc):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def summary_table(report):
-    """The human summary: one row per section, then one per GPU and dtype of COMPUTE."""
-    rows = [("SECTION", "VERDICT", "SECONDS", "DETAIL")]
-    for name in SECTIONS:
-        s = report["sections"].get(name, {})
-        rows.append(
-            (
-                name,
-                s.get("verdict", "-"),
-                f"{s.get('seconds', 0):.1f}",
-                (s.get("summary") or "")[:90],
-            )
-        )
-    lines = _table(rows)
-    comp = report["sections"].get("compute", {}).get("devices") or []
-    if comp:
-        rows = [("DEVICE", "DTYPE", "TFLOP/s", "PEAK", "FRACTION", "VERDICT")]
-        for d in comp:
-            for r in d["results"]:
-                rows.append(
-                    (
-                        d["label"],
-                        r["dtype"],
-                        f"{r['tflops']:.3f}" if r["tflops"] is not None else "-",
-                        f"{r['peak_tflops']:g}" if r["peak_tflops"] else "-",
-                        f"{r['fraction']:.2f}" if r["fraction"] else "-",
-                        r["verdict"],
-                    )
-                )
-        lines += ["", *_table(rows)]
-    return lines
-
-
-def _table(rows):
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
-
-
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    node = args.node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    args.node_name = node
+    # "{node}" in a path names this node: one srun command line serves every node of a job.
+    if args.events:
+        args.events = args.events.replace("{node}", node)
+    if args.report_name:
+        args.report_name = args.report_name.replace("{node}", node)
     out = Output(args.events, args.events_fd)
     started = time.time()
-    node = args.node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     out.event(event="start", node=node, device=args.device, quick=args.quick, pid=os.getpid())
     try:
         import torch

@@ -1,0 +1,279 @@
+"""Every acceptance report kept in SQLite, and each node compared with its own past.
+
+The database lives in platformdirs' user state dir (``~/.local/state/gpuctl/accept.sqlite``),
+or under ``$GPUCTL_STATE_DIR`` when set (tests). A report's figures (COMPUTE TFLOP/s per device
+and dtype, MEMBW GB/s per device, all-reduce busbw) are stored as rows keyed by node and
+figure name. A new figure is compared with the median of the same node's last
+``REFERENCE_RUNS`` values of the same figure from runs of the same kind (device, quick): a drop
+beyond the threshold is a ``Degradation`` even when the absolute floor passed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import statistics
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REFERENCE_RUNS = 5
+DEFAULT_THRESHOLD = 0.10
+STATE_ENV = "GPUCTL_STATE_DIR"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    node TEXT NOT NULL,
+    t REAL NOT NULL,
+    device TEXT NOT NULL,
+    quick INTEGER NOT NULL,
+    verdict TEXT NOT NULL,
+    via TEXT,
+    degradations TEXT NOT NULL DEFAULT '[]',
+    report TEXT
+);
+CREATE TABLE IF NOT EXISTS figures (
+    run INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    node TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value REAL NOT NULL,
+    unit TEXT NOT NULL,
+    device TEXT NOT NULL,
+    quick INTEGER NOT NULL,
+    t REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS figures_by_node ON figures(node, key, device, quick, t);
+CREATE INDEX IF NOT EXISTS runs_by_node ON runs(node, t);
+"""
+
+
+def state_dir() -> Path:
+    """Where gpuctl keeps state: ``$GPUCTL_STATE_DIR``, else platformdirs' user state dir."""
+    env = os.environ.get(STATE_ENV)
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_state_dir("gpuctl", appauthor=False))
+
+
+@dataclass(frozen=True, slots=True)
+class Degradation:
+    """A figure that fell more than the threshold below the node's own recent median."""
+
+    node: str
+    key: str
+    value: float
+    reference: float
+    drop: float  # 0.3 = 30 % below the reference
+    unit: str
+    runs: int  # how many earlier runs the reference is the median of
+
+    def describe(self) -> str:
+        """One line for a person."""
+        return (
+            f"{self.node} {self.key}: {self.value:.4g} {self.unit} is {100 * self.drop:.0f}% "
+            f"below its median of the last {self.runs} run(s) ({self.reference:.4g})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "key": self.key,
+            "value": self.value,
+            "reference": self.reference,
+            "drop": self.drop,
+            "unit": self.unit,
+            "runs": self.runs,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """One stored run of one node."""
+
+    id: int
+    node: str
+    t: float
+    device: str
+    quick: bool
+    verdict: str
+    via: str | None
+    degradations: tuple[dict[str, Any], ...]
+
+
+def figures(report: Mapping[str, Any]) -> dict[str, tuple[float, str]]:
+    """The comparable figures of a node report: ``{key: (value, unit)}``.
+
+    Keys: ``compute/<device>/<dtype>`` (TFLOP/s), ``membw/<device>`` (GB/s), ``ddp/busbw``
+    (GB/s). Missing or unmeasured figures are left out.
+    """
+    out: dict[str, tuple[float, str]] = {}
+    sections = report.get("sections") or {}
+    for d in (sections.get("compute") or {}).get("devices") or []:
+        for r in d.get("results") or []:
+            v = r.get("tflops")
+            if isinstance(v, int | float) and v > 0:
+                out[f"compute/{d.get('label')}/{r.get('dtype')}"] = (float(v), "TFLOP/s")
+    for d in (sections.get("membw") or {}).get("devices") or []:
+        v = d.get("gbps")
+        if isinstance(v, int | float) and v > 0:
+            out[f"membw/{d.get('label')}"] = (float(v), "GB/s")
+    busbw = (sections.get("ddp_allreduce") or {}).get("busbw_gbps")
+    if isinstance(busbw, int | float) and busbw > 0:
+        out["ddp/busbw"] = (float(busbw), "GB/s")
+    return out
+
+
+class HistoryStore:
+    """The SQLite history. Cheap to open; each call uses its own short transaction."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else state_dir() / "accept.sqlite"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._db() as db:
+            db.executescript(_SCHEMA)
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=10)
+        try:
+            db.execute("PRAGMA foreign_keys = ON")
+            with db:
+                yield db
+        finally:
+            db.close()
+
+    def compare(
+        self,
+        node: str,
+        report: Mapping[str, Any],
+        threshold: float = DEFAULT_THRESHOLD,
+        before: float | None = None,
+    ) -> list[Degradation]:
+        """Degradations of ``report`` against this node's earlier runs (nothing is stored)."""
+        device = str(report.get("device"))
+        quick = int(bool(report.get("quick")))
+        t = before if before is not None else float(report.get("started") or time.time())
+        found = []
+        with self._db() as db:
+            for key, (value, unit) in sorted(figures(report).items()):
+                rows = db.execute(
+                    "SELECT value FROM figures WHERE node=? AND key=? AND device=? AND quick=? "
+                    "AND t<? ORDER BY t DESC LIMIT ?",
+                    (node, key, device, quick, t, REFERENCE_RUNS),
+                ).fetchall()
+                if not rows:
+                    continue
+                reference = statistics.median(r[0] for r in rows)
+                drop = 1.0 - value / reference if reference > 0 else 0.0
+                if drop > threshold:
+                    found.append(Degradation(node, key, value, reference, drop, unit, len(rows)))
+        return found
+
+    def record(
+        self,
+        node: str,
+        report: Mapping[str, Any],
+        *,
+        threshold: float = DEFAULT_THRESHOLD,
+        via: str | None = None,
+    ) -> list[Degradation]:
+        """Compare ``report`` with the node's history, store it, and return its degradations."""
+        found = self.compare(node, report, threshold)
+        t = float(report.get("started") or time.time())
+        device = str(report.get("device"))
+        quick = int(bool(report.get("quick")))
+        with self._db() as db:
+            cur = db.execute(
+                "INSERT INTO runs (node, t, device, quick, verdict, via, degradations, report) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    node,
+                    t,
+                    device,
+                    quick,
+                    str(report.get("verdict")),
+                    via,
+                    json.dumps([d.to_dict() for d in found]),
+                    json.dumps(report, default=str),
+                ),
+            )
+            run = cur.lastrowid
+            db.executemany(
+                "INSERT INTO figures (run, node, key, value, unit, device, quick, t) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(run, node, k, v, u, device, quick, t) for k, (v, u) in figures(report).items()],
+            )
+        return found
+
+    def nodes(self) -> list[str]:
+        """Nodes with at least one stored run, sorted."""
+        with self._db() as db:
+            return [r[0] for r in db.execute("SELECT DISTINCT node FROM runs ORDER BY node")]
+
+    def runs(self, node: str | None = None, limit: int = 50) -> list[RunRow]:
+        """The latest runs (of one node, or all), newest first."""
+        sql = "SELECT id, node, t, device, quick, verdict, via, degradations FROM runs"
+        args: tuple[Any, ...] = ()
+        if node is not None:
+            sql += " WHERE node=?"
+            args = (node,)
+        sql += " ORDER BY t DESC, id DESC LIMIT ?"
+        with self._db() as db:
+            rows = db.execute(sql, (*args, limit)).fetchall()
+        return [
+            RunRow(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6], tuple(json.loads(r[7])))
+            for r in rows
+        ]
+
+    def report(self, run_id: int) -> dict[str, Any] | None:
+        """The stored report of one run."""
+        with self._db() as db:
+            row = db.execute("SELECT report FROM runs WHERE id=?", (run_id,)).fetchone()
+        if row is None or row[0] is None:
+            return None
+        value = json.loads(row[0])
+        return value if isinstance(value, dict) else None
+
+    def keys(self, node: str) -> list[str]:
+        """Figure names recorded for ``node``, sorted."""
+        with self._db() as db:
+            return [
+                r[0]
+                for r in db.execute(
+                    "SELECT DISTINCT key FROM figures WHERE node=? ORDER BY key", (node,)
+                )
+            ]
+
+    def series(
+        self, node: str, key: str, limit: int = 30, device: str | None = None
+    ) -> list[tuple[float, float, str]]:
+        """``(t, value, unit)`` of one figure of one node, oldest first (the last ``limit``)."""
+        sql = "SELECT t, value, unit FROM figures WHERE node=? AND key=?"
+        args: tuple[Any, ...] = (node, key)
+        if device is not None:
+            sql += " AND device=?"
+            args += (device,)
+        sql += " ORDER BY t DESC LIMIT ?"
+        with self._db() as db:
+            rows = db.execute(sql, (*args, limit)).fetchall()
+        return [(float(t), float(v), str(u)) for t, v, u in reversed(rows)]
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    """A unicode sparkline of ``values`` scaled between their min and max."""
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    if hi - lo <= 1e-12 * max(abs(hi), 1.0):
+        return SPARKS[len(SPARKS) // 2] * len(values)
+    return "".join(SPARKS[int((v - lo) / (hi - lo) * (len(SPARKS) - 1))] for v in values)

@@ -1,0 +1,444 @@
+"""One acceptance run over some nodes: live progress, per-node outcomes, the cluster report.
+
+The async API the CLI and the TUI share::
+
+    run = start_fleet_run(fleet, ["node1", "node2"], AcceptOptions(quick=True))
+    run.subscribe(lambda p: ...)        # Progress values, on the event loop, keep it quick
+    run.status["node1"]["compute"]      # "pending" | "running" | "PASS" | "WARN" | "FAIL" | "SKIP"
+    report = await run.wait()           # the cluster report (dict), history recorded
+    run.cancel()                        # stops the suites (accept_stop / scancel)
+
+Three ways to run: ``start_fleet_run`` (each node's agent runs the single-node suite: SSH, srun
+or local links alike), ``start_local_run`` (this machine, through a local agent) and
+``gpuctl.accept.slurm.start_slurm_run`` (one batch job, DDP across nodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore
+from gpuctl.core.model import NodeEvent, NodeState
+from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.links import LocalLink
+from gpuctl.fleet.session import LinkError
+from gpuctl.workloads.accept.schema import SCHEMA_VERSION, SECTIONS
+
+CLUSTER_SCHEMA = "gpuctl.accept.cluster"
+PENDING, RUNNING = "pending", "running"
+ERROR = "ERROR"  # a node that produced no report (unreachable, crashed, cancelled)
+
+ProgressListener = Callable[["Progress"], None]
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptOptions:
+    """What the suite is asked to do on every node (``suite_args`` turns it into options)."""
+
+    quick: bool = False
+    device: str = "cuda"
+    expect_gpus: int | None = None
+    allow_no_gpu: bool = False
+    floor: float | None = None
+    python: str | None = None  # VENV2 interpreter on the nodes; None: the agent's own
+    timeout: float = 3600.0
+    threshold: float = DEFAULT_THRESHOLD  # history: a drop beyond this is a degradation
+    test_break_rank: int | None = None
+    test_slow_compute: int | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def suite_args(self) -> list[str]:
+        """Options for ``python -m gpuctl.workloads.accept``."""
+        args = ["--device", self.device]
+        if self.quick:
+            args.append("--quick")
+        if self.expect_gpus is not None:
+            args += ["--expect-gpus", str(self.expect_gpus)]
+        if self.allow_no_gpu:
+            args.append("--allow-no-gpu")
+        if self.floor is not None:
+            args += ["--floor", str(self.floor)]
+        if self.test_break_rank is not None:
+            args += ["--test-break-rank", str(self.test_break_rank)]
+        if self.test_slow_compute is not None:
+            args += ["--test-slow-compute", str(self.test_slow_compute)]
+        return args + list(self.extra_args)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """One step of a run, for listeners.
+
+    ``kind``: "started" (the node's suite runs), "section" (``state`` start/end, ``verdict`` at
+    the end), "line" (a human line of the suite, in ``text``), "done" (the node finished;
+    ``verdict``), "error" (the node could not run; ``text`` says why), "finished" (the whole
+    run; ``node`` is "").
+    """
+
+    node: str
+    kind: str
+    section: str | None = None
+    state: str | None = None
+    verdict: str | None = None
+    text: str = ""
+
+
+@dataclass(slots=True)
+class NodeOutcome:
+    """How one node ended: its verdict, its report (None when it produced none) and why."""
+
+    node: str
+    verdict: str
+    report: dict[str, Any] | None = None
+    reason: str | None = None
+    failures: list[str] = field(default_factory=list)
+    degradations: list[Degradation] = field(default_factory=list)
+
+
+class AcceptRun:
+    """The live state of one acceptance run. Create with a ``start_*`` function."""
+
+    def __init__(self, nodes: list[str], options: AcceptOptions, via: str) -> None:
+        self.nodes = list(nodes)
+        self.options = options
+        self.via = via
+        self.started = time.time()
+        self.status: dict[str, dict[str, str]] = {
+            n: dict.fromkeys(SECTIONS, PENDING) for n in nodes
+        }
+        self.outcomes: dict[str, NodeOutcome] = {}
+        self.lines: dict[str, list[str]] = {n: [] for n in nodes}
+        self.report: dict[str, Any] | None = None
+        self.report_paths: list[Path] = []
+        self.job_id: str | None = None  # Slurm runs
+        self._listeners: list[ProgressListener] = []
+        self._task: asyncio.Task[dict[str, Any]] | None = None
+        self._cancel: Callable[[], Awaitable[None]] | None = None
+
+    # -- listening --------------------------------------------------------------------------
+    def subscribe(self, listener: ProgressListener) -> None:
+        """Call ``listener(progress)`` for every step from now on."""
+        self._listeners.append(listener)
+
+    def emit(self, p: Progress) -> None:
+        """Record a step in ``status``/``lines`` and tell the listeners (drivers call this)."""
+        if p.node in self.status:
+            if p.kind == "section" and p.section in SECTIONS:
+                self.status[p.node][p.section] = (
+                    RUNNING if p.state == "start" else (p.verdict or ERROR)
+                )
+            elif p.kind == "line":
+                self.lines[p.node].append(p.text)
+                del self.lines[p.node][:-500]
+        for listener in list(self._listeners):
+            listener(p)
+
+    def relay(self, node: str, detail: Mapping[str, Any]) -> None:
+        """Turn one suite progress event into Progress (the suite's ``--events`` lines)."""
+        kind = detail.get("event")
+        if kind == "start":
+            self.emit(Progress(node, "started"))
+        elif kind == "section":
+            self.emit(
+                Progress(
+                    node,
+                    "section",
+                    section=_str(detail.get("section")),
+                    state=_str(detail.get("state")),
+                    verdict=_str(detail.get("verdict")),
+                    text=str(detail.get("summary") or ""),
+                )
+            )
+        elif kind == "line":
+            self.emit(
+                Progress(
+                    node,
+                    "line",
+                    section=_str(detail.get("section")),
+                    text=str(detail.get("text", "")),
+                )
+            )
+
+    def finish_node(self, outcome: NodeOutcome) -> None:
+        """Record a node's end; sections never reported become ERROR when it has no report."""
+        if outcome.report is not None:
+            for name in SECTIONS:
+                sec = (outcome.report.get("sections") or {}).get(name) or {}
+                self.status[outcome.node][name] = str(sec.get("verdict") or ERROR)
+        else:
+            for name, state in self.status[outcome.node].items():
+                if state in (PENDING, RUNNING):
+                    self.status[outcome.node][name] = ERROR
+        self.outcomes[outcome.node] = outcome
+        kind = "done" if outcome.report is not None else "error"
+        self.emit(Progress(outcome.node, kind, verdict=outcome.verdict, text=outcome.reason or ""))
+
+    # -- life cycle --------------------------------------------------------------------------
+    def _start(
+        self,
+        body: Awaitable[None],
+        cancel: Callable[[], Awaitable[None]] | None,
+        report_dir: str | os.PathLike[str] | None,
+        history: HistoryStore | None,
+    ) -> None:
+        self._cancel = cancel
+
+        async def main() -> dict[str, Any]:
+            try:
+                await body
+            finally:
+                for n in self.nodes:
+                    if n not in self.outcomes:
+                        self.finish_node(NodeOutcome(n, ERROR, reason="the run ended without it"))
+            return self._conclude(report_dir, history)
+
+        self._task = asyncio.get_running_loop().create_task(main(), name="accept-run")
+
+    async def wait(self) -> dict[str, Any]:
+        """Wait for the end and return the cluster report."""
+        assert self._task is not None, "use a start_* function"
+        return await self._task
+
+    @property
+    def done(self) -> bool:
+        return self._task is not None and self._task.done()
+
+    async def cancel(self) -> None:
+        """Stop the suites; ``wait()`` then returns with the nodes still running as ERROR."""
+        if self._cancel is not None:
+            with contextlib.suppress(Exception):
+                await self._cancel()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    def _conclude(
+        self, report_dir: str | os.PathLike[str] | None, history: HistoryStore | None
+    ) -> dict[str, Any]:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.started))
+        folder = Path(report_dir) if report_dir is not None else None
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+        for node in self.nodes:
+            o = self.outcomes[node]
+            if o.report is None:
+                continue
+            if history is not None:
+                try:
+                    o.degradations = history.record(
+                        node, o.report, threshold=self.options.threshold, via=self.via
+                    )
+                except Exception as e:  # history is a convenience: never lose the report to it
+                    o.failures.append(f"history not recorded: {e}")
+            if folder is not None:
+                path = folder / f"accept-{node}-{stamp}.json"
+                _write_json(path, o.report)
+                self.report_paths.append(path)
+        failures = [f"{n}: {f}" for n in self.nodes for f in self.outcomes[n].failures]
+        failures += [
+            f"{n}: {self.outcomes[n].reason}" for n in self.nodes if self.outcomes[n].report is None
+        ]
+        degradations = [d for n in self.nodes for d in self.outcomes[n].degradations]
+        verdict = "PASS" if all(self.outcomes[n].verdict == "PASS" for n in self.nodes) else "FAIL"
+        report: dict[str, Any] = {
+            "schema": CLUSTER_SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "via": self.via,
+            "job_id": self.job_id,
+            "started": self.started,
+            "finished": time.time(),
+            "options": {
+                "quick": self.options.quick,
+                "device": self.options.device,
+                "suite_args": self.options.suite_args(),
+            },
+            "verdict": verdict,
+            "failures": failures,
+            "degradations": [d.to_dict() for d in degradations],
+            "nodes": {
+                n: {
+                    "verdict": self.outcomes[n].verdict,
+                    "reason": self.outcomes[n].reason,
+                    "failures": self.outcomes[n].failures,
+                    "sections": dict(self.status[n]),
+                    "report": self.outcomes[n].report,
+                }
+                for n in self.nodes
+            },
+        }
+        if folder is not None and len(self.nodes) > 1:
+            path = folder / f"accept-cluster-{stamp}.json"
+            _write_json(path, report)
+            self.report_paths.append(path)
+        self.report = report
+        self.emit(Progress("", "finished", verdict=verdict))
+        return report
+
+
+def outcome_from_report(
+    node: str, report: Mapping[str, Any] | None, reason: str | None
+) -> NodeOutcome:
+    """A NodeOutcome from a node report (or its absence and the reason)."""
+    if report is None or report.get("schema_version") != SCHEMA_VERSION:
+        why = reason or (
+            f"report schema {report.get('schema_version')!r}, expected {SCHEMA_VERSION}"
+            if report is not None
+            else "no report"
+        )
+        return NodeOutcome(node, ERROR, None, why)
+    fails = [str(f) for f in report.get("failures") or []]
+    verdict = "PASS" if report.get("verdict") == "PASS" else "FAIL"
+    return NodeOutcome(node, verdict, dict(report), reason, fails)
+
+
+# -- through the fleet's agents ----------------------------------------------------------------
+def start_fleet_run(
+    fleet: Fleet,
+    nodes: list[str],
+    options: AcceptOptions,
+    *,
+    report_dir: str | os.PathLike[str] | None = None,
+    history: HistoryStore | None = None,
+    python_for: Mapping[str, str | None] | None = None,
+    settle_timeout: float = 60.0,
+    via: str = "agent",
+) -> AcceptRun:
+    """Run the single-node suite on each node through its agent (the fleet must be started).
+
+    ``python_for`` names each node's VENV2 interpreter (default ``options.python``, else the
+    agent's own). Needs a running event loop; returns at once.
+    """
+    run = AcceptRun(nodes, options, via)
+    runs: dict[str, str] = {}  # node -> the agent's run id
+    finished: dict[str, asyncio.Future[Mapping[str, Any]]] = {}
+    loop = asyncio.get_running_loop()
+    active = True
+
+    def on_event(node: str, ev: NodeEvent) -> None:
+        if not active or ev.kind != "accept" or node not in finished:
+            return
+        detail = ev.detail
+        if runs.get(node) is None or detail.get("run") != runs[node]:
+            return
+        if detail.get("event") == "exit":
+            if not finished[node].done():
+                finished[node].set_result(detail)
+        else:
+            run.relay(node, detail)
+
+    def on_snapshot(snap: Any) -> None:
+        fut = finished.get(snap.name)
+        if (
+            active
+            and fut is not None
+            and not fut.done()
+            and snap.name in runs
+            and snap.state is NodeState.UNREACHABLE
+        ):
+            fut.set_exception(LinkError("closed", f"link lost during the run: {snap.reason}"))
+
+    fleet.on_event(on_event)
+    fleet.subscribe(on_snapshot)
+
+    async def one(node: str) -> None:
+        finished[node] = loop.create_future()
+        snap = fleet.snapshot(node)
+        if snap.state is not NodeState.LIVE:
+            run.finish_node(
+                NodeOutcome(node, ERROR, reason=f"not reachable: {snap.reason or snap.state.value}")
+            )
+            return
+        python = (python_for or {}).get(node) or options.python
+        msg: dict[str, Any] = {
+            "type": "accept_start",
+            "args": options.suite_args(),
+            "timeout": options.timeout,
+        }
+        if python:
+            msg["python"] = python
+        try:
+            reply = await fleet.request(node, msg, timeout=30)
+        except LinkError as e:
+            run.finish_node(NodeOutcome(node, ERROR, reason=e.message))
+            return
+        if reply.get("type") == "error":
+            why = str(reply.get("message"))
+            if reply.get("code") == "unknown_request":
+                why = "this node's agent has no acceptance plugin (an old bundle?)"
+            run.finish_node(NodeOutcome(node, ERROR, reason=why))
+            return
+        runs[node] = str(reply.get("run"))
+        try:
+            detail = await asyncio.wait_for(finished[node], options.timeout + 60)
+        except LinkError as e:
+            run.finish_node(NodeOutcome(node, ERROR, reason=e.message))
+            return
+        except TimeoutError:
+            run.finish_node(NodeOutcome(node, ERROR, reason="no result before the timeout"))
+            return
+        report = detail.get("report")
+        reason = detail.get("reason")
+        if report is None:
+            tail = " | ".join([*(detail.get("stderr_tail") or [])[-2:]])
+            reason = f"{reason or 'no report'}" + (f": {tail}" if tail else "")
+        run.finish_node(
+            outcome_from_report(node, report if isinstance(report, dict) else None, reason)
+        )
+
+    async def body() -> None:
+        nonlocal active
+        try:
+            await fleet.wait_settled(settle_timeout)
+            await asyncio.gather(*(one(n) for n in nodes))
+        finally:
+            active = False
+
+    async def cancel() -> None:
+        for node in runs:
+            with contextlib.suppress(LinkError, Exception):
+                await fleet.request(node, {"type": "accept_stop"}, timeout=5)
+
+    run._start(body(), cancel, report_dir, history)
+    return run
+
+
+async def start_local_run(
+    options: AcceptOptions,
+    *,
+    report_dir: str | os.PathLike[str] | None = None,
+    history: HistoryStore | None = None,
+    node: str | None = None,
+) -> tuple[AcceptRun, Fleet]:
+    """Run the suite on this machine through a local agent; stop the returned fleet after."""
+    name = node or socket.gethostname()
+    fleet = Fleet({name: LocalLink(python=sys.executable, interval=5.0)})
+    await fleet.start()
+    run = start_fleet_run(
+        fleet,
+        [name],
+        options,
+        report_dir=report_dir,
+        history=history,
+        python_for={name: options.python or sys.executable},
+        via="local",
+    )
+    return run, fleet
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _write_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=1, default=str))
+    os.replace(tmp, path)

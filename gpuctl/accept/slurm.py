@@ -1,0 +1,261 @@
+"""Acceptance through Slurm: gpuctl writes the batch script, submits it and gathers the verdicts.
+
+The job folder (on a file system the nodes share: the default is under the user's state dir in
+$HOME) holds the node bundle, ``job.sh``, and what the nodes write back: ``nodes.txt`` (the
+allocation), ``events/<node>.jsonl`` (progress, tailed here while the job runs),
+``reports/<node>.json`` and ``exit_code``. The job asks for ``nodes × gpus_per_node`` tasks;
+``srun`` starts one suite per node, and each suite's DDP part is one torchrun per node joined by a
+c10d rendezvous on the first node, so all-reduce and DDP training span the nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from gpuctl.accept.history import HistoryStore, state_dir
+from gpuctl.accept.run import (
+    ERROR,
+    PENDING,
+    AcceptOptions,
+    AcceptRun,
+    NodeOutcome,
+    outcome_from_report,
+)
+from gpuctl.bundle import write_bundle
+from gpuctl.fleet.slurm import SlurmError, run_client_async
+from gpuctl.workloads.accept.schema import SECTIONS
+
+POLL_S = 0.5  # how often the job folder and squeue are looked at while the job runs
+
+
+class SlurmJobSpec:
+    """What to ask Slurm for."""
+
+    def __init__(
+        self,
+        *,
+        nnodes: int = 1,
+        gpus_per_node: int = 2,
+        nodelist: str | None = None,
+        partition: str | None = None,
+        time_limit_min: int = 30,
+        exclusive: bool = False,
+    ) -> None:
+        self.nnodes = nnodes
+        self.gpus_per_node = gpus_per_node
+        self.nodelist = nodelist
+        self.partition = partition
+        self.time_limit_min = time_limit_min
+        self.exclusive = exclusive
+
+
+def job_root() -> Path:
+    """Default parent of job folders: ``<state dir>/accept-jobs``."""
+    return state_dir() / "accept-jobs"
+
+
+def batch_script(
+    job: Path, bundle: Path, python: str, spec: SlurmJobSpec, options: AcceptOptions
+) -> str:
+    """The ``sbatch`` script for one acceptance job (bash)."""
+    q = shlex.quote
+    lines = [
+        "#!/bin/bash",
+        "#SBATCH --job-name=gpuctl-accept",
+        f"#SBATCH --nodes={spec.nnodes}",
+        f"#SBATCH --ntasks-per-node={spec.gpus_per_node}",
+        f"#SBATCH --output={job}/slurm-%j.out",
+        f"#SBATCH --time={spec.time_limit_min}",
+    ]
+    if spec.partition:
+        lines.append(f"#SBATCH --partition={spec.partition}")
+    if spec.nodelist:
+        lines.append(f"#SBATCH --nodelist={spec.nodelist}")
+    if options.device == "cuda":
+        lines.append(f"#SBATCH --gpus-per-node={spec.gpus_per_node}")
+    if spec.exclusive:
+        lines.append("#SBATCH --exclusive")
+    suite = [
+        q(python),
+        "-m",
+        "gpuctl.workloads.accept",
+        *(q(a) for a in options.suite_args()),
+        "--report-dir",
+        '"$JOB/reports"',
+        "--report-name",
+        "'{node}.json'",
+        "--events",
+        '"$JOB/events/{node}.jsonl"',
+        "--ddp-nnodes",
+        '"$SLURM_JOB_NUM_NODES"',
+        "--ddp-procs",
+        str(spec.gpus_per_node),
+        "--rdzv-endpoint",
+        '"$HEAD:$PORT"',
+        "--rdzv-id",
+        '"gpuctl-$SLURM_JOB_ID"',
+    ]
+    free_port = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+    lines += [
+        "set -u",
+        f"JOB={q(str(job))}",
+        'scontrol show hostnames "$SLURM_JOB_NODELIST" > "$JOB/nodes.txt"',
+        'HEAD=$(head -n 1 "$JOB/nodes.txt")',
+        "# this script runs on the first node: the rendezvous port is free here",
+        f"PORT=$({q(python)} -c {q(free_port)})",
+        f"export PYTHONPATH={q(str(bundle))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        "export PYTHONUNBUFFERED=1",
+        'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" '
+        "--ntasks-per-node=1 --kill-on-bad-exit=0 \\",
+        "    " + " ".join(suite),
+        "rc=$?",
+        'echo "$rc" > "$JOB/exit_code.tmp" && mv "$JOB/exit_code.tmp" "$JOB/exit_code"',
+        'exit "$rc"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+class _Tail:
+    """Reads the new complete lines of a growing file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.buf = b""
+
+    def lines(self) -> list[str]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        self.buf += data
+        *complete, self.buf = self.buf.split(b"\n")
+        return [c.decode(errors="replace") for c in complete if c.strip()]
+
+
+async def start_slurm_run(
+    options: AcceptOptions,
+    spec: SlurmJobSpec,
+    *,
+    python: str | None = None,
+    job_dir: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    report_dir: str | os.PathLike[str] | None = None,
+    history: HistoryStore | None = None,
+) -> AcceptRun:
+    """Write the job folder and script, ``sbatch`` it, and follow it; returns the run at once.
+
+    ``python`` is the VENV2 interpreter on the nodes (default: this one, which works where the
+    login node and the nodes share an installation). Raises SlurmError when sbatch refuses.
+    """
+    root = Path(job_dir) if job_dir is not None else job_root()
+    root.mkdir(parents=True, exist_ok=True)
+    job = Path(tempfile.mkdtemp(prefix=time.strftime("accept-%Y%m%d-%H%M%S-"), dir=root))  # 0700
+    (job / "events").mkdir()
+    (job / "reports").mkdir()
+    bundle = write_bundle(job)
+    script = job / "job.sh"
+    script.write_text(batch_script(job, bundle, python or sys.executable, spec, options))
+    script.chmod(0o700)
+    out = await run_client_async(["sbatch", "--parsable", str(script)], env=env)
+    job_id = out.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise SlurmError(f"sbatch answered {out.strip()[:80]!r}, not a job id")
+    nodes_file = job / "nodes.txt"
+
+    run = AcceptRun([], options, "slurm")
+    run.job_id = job_id
+
+    async def wait_nodes() -> list[str]:
+        deadline = time.monotonic() + options.timeout
+        while time.monotonic() < deadline:
+            if nodes_file.exists():
+                names = nodes_file.read_text().split()
+                if names:
+                    return names
+            if not await _queued(job_id, env):
+                return []
+            await asyncio.sleep(POLL_S)
+        return []
+
+    async def body() -> None:
+        names = await wait_nodes()
+        if not names:
+            tail = _slurm_out_tail(job, job_id)
+            raise SlurmError(f"job {job_id} ended before it ran" + (f": {tail}" if tail else ""))
+        for n in names:
+            run.nodes.append(n)
+            run.status[n] = dict.fromkeys(SECTIONS, PENDING)
+            run.lines[n] = []
+        tails = {n: _Tail(job / "events" / f"{n}.jsonl") for n in names}
+        deadline = time.monotonic() + options.timeout + 120
+        while True:
+            for n, t in tails.items():
+                for line in t.lines():
+                    with contextlib.suppress(ValueError):
+                        detail = json.loads(line)
+                        if isinstance(detail, dict):
+                            run.relay(n, detail)
+            if (job / "exit_code").exists():
+                break
+            if not await _queued(job_id, env):
+                break  # the job left the queue without the script's last line: killed
+            if time.monotonic() > deadline:
+                with contextlib.suppress(SlurmError):
+                    await run_client_async(["scancel", job_id], env=env)
+                break
+            await asyncio.sleep(POLL_S)
+        for n, t in tails.items():  # what arrived between the last look and the end
+            for line in t.lines():
+                with contextlib.suppress(ValueError):
+                    detail = json.loads(line)
+                    if isinstance(detail, dict):
+                        run.relay(n, detail)
+        for n in names:
+            path = job / "reports" / f"{n}.json"
+            try:
+                report = json.loads(path.read_text())
+            except (OSError, ValueError):
+                tail = _slurm_out_tail(job, job_id)
+                run.finish_node(
+                    NodeOutcome(n, ERROR, reason=f"no report from {n} (job {job_id}): {tail}")
+                )
+                continue
+            run.finish_node(outcome_from_report(n, report, None))
+
+    async def cancel() -> None:
+        await run_client_async(["scancel", job_id], env=env)
+
+    run._start(body(), cancel, report_dir, history)
+    return run
+
+
+async def _queued(job_id: str, env: Mapping[str, str] | None) -> bool:
+    """True while squeue still lists the job (pending, running or completing)."""
+    try:
+        out = await run_client_async(["squeue", "-h", "-j", job_id, "-o", "%T"], env=env)
+    except SlurmError:
+        return False  # squeue refuses a job id it has forgotten
+    return bool(out.strip())
+
+
+def _slurm_out_tail(job: Path, job_id: str) -> str:
+    path = job / f"slurm-{job_id}.out"
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no Slurm output"
+    return " | ".join(lines[-3:])

@@ -1,0 +1,377 @@
+"""``gpuctl accept``: the acceptance suite on nodes, with live progress, a report and history.
+
+    gpuctl accept --local [--device cpu] [--quick] [--report-dir D]
+    gpuctl accept [--nodes HOSTLIST] [--via ssh|slurm] [--quick] [--report-dir D]
+    gpuctl accept history [NODE]
+
+The last stdout line is ``[RESULT] SUCCESS`` or ``[RESULT] FAILURE: [...]``; the exit code is 0 or
+1 (2 for a usage mistake). ``--via ssh`` (the default with configured nodes) runs the single-node
+suite through each node's agent; ``--via slurm`` submits one batch job so DDP spans the nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from gpuctl.accept.history import DEFAULT_THRESHOLD, HistoryStore, sparkline
+from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run, start_local_run
+from gpuctl.cli.common import load_user_config
+from gpuctl.config import Config, NodeConfig
+from gpuctl.workloads.accept.render import summary_table, table
+from gpuctl.workloads.accept.schema import MARKERS, RESULT_FAILURE, RESULT_SUCCESS, SECTIONS
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "accept",
+        help="prove nodes healthy: acceptance suite, report, exit code, history",
+        description="Run the acceptance suite on nodes; '[RESULT] ...' is the last line.",
+    )
+    where = p.add_argument_group("where")
+    where.add_argument("--local", action="store_true", help="this machine")
+    where.add_argument("--nodes", metavar="HOSTLIST", help="configured nodes, e.g. gpu[01-04]")
+    where.add_argument(
+        "--via", choices=("ssh", "slurm"), help="through each node's agent (ssh) or one Slurm job"
+    )
+    what = p.add_argument_group("what")
+    what.add_argument("--quick", action="store_true", help="seconds per section, not minutes")
+    what.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    what.add_argument("--report-dir", metavar="D", help="write the JSON reports here")
+    what.add_argument("--expect-gpus", type=int, metavar="N", help="fewer GPUs per node fail")
+    what.add_argument("--allow-no-gpu", action="store_true", help="no GPU is a SKIP")
+    what.add_argument("--floor", type=float, help="minimum fraction of peak TFLOP/s (0.6)")
+    what.add_argument("--python", help="VENV2 interpreter (torch) on the nodes")
+    what.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    slurm = p.add_argument_group("slurm")
+    slurm.add_argument("--partition", help="Slurm partition")
+    slurm.add_argument("--nnodes", type=int, help="nodes to allocate (default: --nodes, else 1)")
+    slurm.add_argument(
+        "--gpus-per-node", type=int, help="GPUs (DDP ranks) per node (default 8; 2 with cpu)"
+    )
+    slurm.add_argument("--job-dir", help="shared folder for job files (default: state dir)")
+    hist = p.add_argument_group("history")
+    hist.add_argument(
+        "--threshold",
+        type=float,
+        default=DEFAULT_THRESHOLD,
+        help="a drop beyond this fraction of a node's recent median is a degradation",
+    )
+    hist.add_argument("--fail-on-degradation", action="store_true", help="degradation exits 1")
+    hist.add_argument("--no-history", action="store_true", help="do not record this run")
+    p.add_argument("--test-break-rank", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--test-slow-compute", type=int, help=argparse.SUPPRESS)
+    p.set_defaults(func=run)
+    hsub = p.add_subparsers(dest="accept_command", metavar="{history}")
+    h = hsub.add_parser("history", help="earlier runs and the trend of each figure")
+    h.add_argument("node", nargs="?", help="one node (default: every node, latest run)")
+    h.add_argument("--limit", type=int, default=20, help="runs shown per node")
+    h.add_argument("--json", action="store_true", help="JSON for scripts")
+    h.set_defaults(func=run_history)
+
+
+def _user_error(message: str) -> Exception:
+    from gpuctl.cli.main import UserError
+
+    return UserError(message)
+
+
+def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
+    if args.floor is not None and not 0 < args.floor <= 1:
+        raise _user_error("--floor must be within (0, 1], e.g. 0.6")
+    if args.timeout <= 0:
+        raise _user_error("--timeout must be positive")
+    if not 0 < args.threshold < 1:
+        raise _user_error("--threshold must be within (0, 1), e.g. 0.1")
+    if args.test_slow_compute is not None and args.test_slow_compute < 1:
+        raise _user_error("--test-slow-compute must be >= 1")
+    python = args.python or _str(config.accept.get("python"))
+    return AcceptOptions(
+        quick=args.quick,
+        device=args.device,
+        expect_gpus=args.expect_gpus,
+        allow_no_gpu=args.allow_no_gpu,
+        floor=args.floor,
+        python=python,
+        timeout=args.timeout,
+        threshold=args.threshold,
+        test_break_rank=args.test_break_rank,
+        test_slow_compute=args.test_slow_compute,
+    )
+
+
+def _hostlist(text: str) -> list[str]:
+    import hostlist
+
+    try:
+        names: list[str] = hostlist.expand_hostlist(text)
+    except hostlist.BadHostlist as e:
+        raise _user_error(f"--nodes {text!r}: bad hostlist ({e})") from None
+    if not names:
+        raise _user_error(f"--nodes {text!r} names no node")
+    return names
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_user_config(args)
+    if config.read_only:
+        raise _user_error(
+            f"read-only mode ({config.path or 'config'} sets read_only = true): "
+            "acceptance loads the GPUs, so it is refused"
+        )
+    if args.local and (args.nodes or args.via):
+        raise _user_error("--local runs on this machine: leave out --nodes and --via")
+    options = _options(args, config)
+    history = None if args.no_history else HistoryStore()
+    printer = Printer()
+    report = asyncio.run(_drive(args, config, options, history, printer))
+    return printer.conclude(report, args.fail_on_degradation)
+
+
+async def _drive(
+    args: argparse.Namespace,
+    config: Config,
+    options: AcceptOptions,
+    history: HistoryStore | None,
+    printer: Printer,
+) -> dict[str, Any]:
+    if args.local or (config.empty and not args.nodes and args.via != "slurm"):
+        accept_run, fleet = await start_local_run(
+            options, report_dir=args.report_dir, history=history
+        )
+        return await _follow(accept_run, printer, fleet)
+    if args.via == "slurm":
+        return await _drive_slurm(args, config, options, history, printer)
+    nodes = _select_nodes(config, args.nodes)
+    from gpuctl.fleet.build import link_for
+    from gpuctl.fleet.fleet import Fleet
+    from gpuctl.fleet.ssh import BundleStore
+
+    store = BundleStore()
+    links = {n.name: link_for(n, store=store, seed=i) for i, n in enumerate(nodes)}
+    fleet = Fleet(links)
+    await fleet.start()
+    python_for = {n.name: options.python or n.workload_python for n in nodes}
+    accept_run = start_fleet_run(
+        fleet,
+        [n.name for n in nodes],
+        options,
+        report_dir=args.report_dir,
+        history=history,
+        python_for=python_for,
+        via="ssh",
+    )
+    return await _follow(accept_run, printer, fleet)
+
+
+def _select_nodes(config: Config, hostlist: str | None) -> list[NodeConfig]:
+    known = {n.name: n for n in config.nodes()}
+    if not known:
+        raise _user_error("no nodes configured: run 'gpuctl accept --local' or add [clusters]")
+    if not hostlist:
+        return list(known.values())
+    wanted = _hostlist(hostlist)
+    missing = [n for n in wanted if n not in known]
+    if missing:
+        raise _user_error(
+            f"{missing[0]} is not in the config ({config.path or 'none'}); "
+            f"configured: {', '.join(list(known)[:8])}"
+        )
+    return [known[n] for n in wanted]
+
+
+async def _drive_slurm(
+    args: argparse.Namespace,
+    config: Config,
+    options: AcceptOptions,
+    history: HistoryStore | None,
+    printer: Printer,
+) -> dict[str, Any]:
+    from gpuctl.accept.slurm import SlurmJobSpec, start_slurm_run
+    from gpuctl.fleet.slurm import SlurmError
+
+    nodelist = None
+    nnodes = args.nnodes or 1
+    if args.nodes:
+        names = _hostlist(args.nodes)
+        nodelist, nnodes = ",".join(names), len(names)
+    gpn = args.gpus_per_node or (2 if options.device == "cpu" else 8)
+    if nnodes < 1 or gpn < 1:
+        raise _user_error("--nnodes and --gpus-per-node must be at least 1")
+    spec = SlurmJobSpec(
+        nnodes=nnodes,
+        gpus_per_node=gpn,
+        nodelist=nodelist,
+        partition=args.partition or _str(config.accept.get("partition")),
+        time_limit_min=max(5, int(options.timeout // 60) + 5),
+        exclusive=options.device == "cuda",
+    )
+    try:
+        accept_run = await start_slurm_run(
+            options,
+            spec,
+            python=options.python,
+            job_dir=args.job_dir,
+            report_dir=args.report_dir,
+            history=history,
+        )
+    except SlurmError as e:
+        raise _user_error(str(e)) from None
+    print(f"submitted Slurm job {accept_run.job_id}: {nnodes} node(s) x {gpn}", flush=True)
+    try:
+        return await _follow(accept_run, printer, None)
+    except SlurmError as e:
+        raise _user_error(str(e)) from None
+
+
+async def _follow(accept_run: AcceptRun, printer: Printer, fleet: Any) -> dict[str, Any]:
+    printer.run = accept_run
+    accept_run.subscribe(printer.on_progress)
+    try:
+        return await accept_run.wait()
+    except asyncio.CancelledError:  # Ctrl-C: stop the suites, then let the interrupt through
+        await accept_run.cancel()
+        raise
+    finally:
+        if fleet is not None:
+            await fleet.stop()
+
+
+class Printer:
+    """Progress lines while the run goes, then the summary and the result line."""
+
+    def __init__(self) -> None:
+        self.run: AcceptRun | None = None
+
+    def on_progress(self, p: Progress) -> None:
+        multi = self.run is not None and len(self.run.nodes) > 1
+        prefix = f"{p.node}: " if multi else ""
+        if p.kind == "line":
+            print(prefix + p.text, flush=True)
+        elif p.kind == "error":
+            print(f"{p.node}: ERROR: {p.text}", flush=True)
+        elif p.kind == "done" and multi:
+            print(f"{p.node}: finished, {p.verdict}", flush=True)
+
+    def conclude(self, report: dict[str, Any], fail_on_degradation: bool) -> int:
+        assert self.run is not None
+        nodes = report["nodes"]
+        if len(nodes) == 1:
+            only = next(iter(nodes.values()))
+            if only["report"] is not None:
+                print("\n".join(summary_table(only["report"])))
+        rows: list[tuple[str, ...]] = [
+            (
+                "NODE",
+                *(MARKERS[s] if s != "ddp_train" else "DDP-TRAIN" for s in SECTIONS),
+                "VERDICT",
+            )
+        ]
+        for name, node in nodes.items():
+            rows.append((name, *(node["sections"][s] for s in SECTIONS), node["verdict"]))
+        print("\n" + "\n".join(table(rows)))
+        for path in self.run.report_paths:
+            print(f"report: {path}")
+        for d in report["degradations"]:
+            drop = 100 * d["drop"]
+            print(
+                f"[HISTORY] DEGRADED {d['node']} {d['key']}: {d['value']:.4g} {d['unit']} is "
+                f"{drop:.0f}% below its median of the last {d['runs']} run(s) "
+                f"({d['reference']:.4g})"
+            )
+        failures = list(report["failures"])
+        if fail_on_degradation:
+            failures += [f"{d['node']}: degraded {d['key']}" for d in report["degradations"]]
+        ok = report["verdict"] == "PASS" and not failures
+        print(RESULT_SUCCESS if ok else f"{RESULT_FAILURE}: {json.dumps(failures)}", flush=True)
+        return 0 if ok else 1
+
+
+def run_history(args: argparse.Namespace) -> int:
+    store = HistoryStore()
+    if args.limit < 1:
+        raise _user_error("--limit must be at least 1")
+    nodes = [args.node] if args.node else store.nodes()
+    if args.node and args.node not in store.nodes():
+        raise _user_error(f"no acceptance runs recorded for {args.node} (in {store.path})")
+    if not nodes:
+        print(f"no acceptance runs recorded yet ({store.path})")
+        return 0
+    if args.json:
+        out = {
+            n: {
+                "runs": [
+                    {
+                        "id": r.id,
+                        "t": r.t,
+                        "device": r.device,
+                        "quick": r.quick,
+                        "verdict": r.verdict,
+                        "via": r.via,
+                        "degradations": list(r.degradations),
+                    }
+                    for r in store.runs(n, args.limit)
+                ],
+                "trend": {k: store.series(n, k, args.limit) for k in store.keys(n)},
+            }
+            for n in nodes
+        }
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    if not args.node:
+        rows: list[tuple[str, ...]] = [
+            ("NODE", "LAST RUN", "DEVICE", "VERDICT", "DEGRADED", "RUNS")
+        ]
+        for n in nodes:
+            runs = store.runs(n, 1000)
+            last = runs[0]
+            rows.append(
+                (
+                    n,
+                    _when(last.t),
+                    last.device + (" quick" if last.quick else ""),
+                    last.verdict,
+                    ", ".join(d["key"] for d in last.degradations) or "-",
+                    str(len(runs)),
+                )
+            )
+        print("\n".join(table(rows)))
+        return 0
+    node = args.node
+    runs = store.runs(node, args.limit)
+    rows = [("WHEN", "DEVICE", "VIA", "VERDICT", "DEGRADED")]
+    for r in runs:
+        rows.append(
+            (
+                _when(r.t),
+                r.device + (" quick" if r.quick else ""),
+                r.via or "-",
+                r.verdict,
+                ", ".join(d["key"] for d in r.degradations) or "-",
+            )
+        )
+    print("\n".join(table(rows)))
+    trend: list[tuple[str, ...]] = [("FIGURE", "TREND", "LAST", "BEST", "UNIT")]
+    for key in store.keys(node):
+        series = store.series(node, key, args.limit, device=runs[0].device if runs else None)
+        if not series:
+            continue
+        values = [v for _, v, _ in series]
+        trend.append(
+            (key, sparkline(values), f"{values[-1]:.4g}", f"{max(values):.4g}", series[-1][2])
+        )
+    print("\n" + "\n".join(table(trend)))
+    return 0
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
