@@ -1,0 +1,78 @@
+"""The built wheel carries everything a user needs: the node side, the themes, the stylesheet."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from gpuctl_tests.helpers import REPO
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (whl,) = out.glob("gpuctl-*.whl")
+    return whl
+
+
+def test_wheel_contents(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    themes = {n for n in names if n.startswith("gpuctl/themes/") and n.endswith(".toml")}
+    assert {"gpuctl/themes/dark.toml", "gpuctl/themes/light.toml"} <= themes, themes
+    assert any(n.startswith("gpuctl/themes/high") for n in themes), themes
+    assert "gpuctl/node/agent.py" in names and "gpuctl/node/protocol.py" in names
+    assert any(n.startswith("gpuctl/tui/") and n.endswith(".tcss") for n in names)
+    assert not any(n.startswith("gpuctl_tests/") for n in names)
+
+
+def test_themes_load_from_the_installed_wheel(wheel: Path, tmp_path: Path) -> None:
+    env_dir = tmp_path / "venv"
+    # System site-packages provide textual & co; the wheel itself goes in without deps, so
+    # gpuctl is imported from the venv, never from this checkout.
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(py),
+            "install",
+            "-q",
+            "--no-deps",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    probe = (
+        "import gpuctl, importlib.resources as r, tomllib\n"
+        "assert 'site-packages' in gpuctl.__file__, gpuctl.__file__\n"
+        "d = r.files('gpuctl.themes')\n"
+        "names = sorted(p.name for p in d.iterdir() if p.name.endswith('.toml'))\n"
+        "for n in names: tomllib.loads(d.joinpath(n).read_text())\n"
+        "from gpuctl.tui.themes import load_themes\n"
+        "print(' '.join(sorted(t.name for t in load_themes())))\n"
+    )
+    r = subprocess.run(
+        [str(py), "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    loaded = r.stdout.split()
+    assert len(loaded) >= 3, loaded
