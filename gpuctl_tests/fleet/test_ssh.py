@@ -1,0 +1,386 @@
+"""SSH links against real OpenSSH servers on 127.0.0.1: deploy, stream, lose and regain nodes,
+host keys, wrong and old Pythons, one upload per shared home, and ``gpuctl status``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.config import NodeConfig, load_config
+from gpuctl.core.model import NodeSnapshot, NodeState
+from gpuctl.fleet.build import ClusterFleet, fleet_from_config
+from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.session import LinkError
+from gpuctl.fleet.ssh import BundleStore, SshLink
+from gpuctl_tests.harness.sshd import SshCluster
+from gpuctl_tests.helpers import REPO, node_env, old_python
+
+pytestmark = pytest.mark.sshd
+
+FAST = {"backoff_base": 0.2, "backoff_max": 0.5, "stale_after": 1.0}
+
+
+async def wait_fleet(
+    fleet: Fleet,
+    pred: Callable[[dict[str, NodeSnapshot]], Any],
+    timeout: float = 30.0,
+    what: str = "the fleet state",
+) -> dict[str, NodeSnapshot]:
+    """Wait until ``pred({name: snapshot})`` holds, woken by the fleet's own updates."""
+    changed = asyncio.Event()
+    fleet.subscribe(lambda _s: changed.set())
+    deadline = time.monotonic() + timeout
+    while True:
+        snaps = {s.name: s for s in fleet.snapshots()}
+        if pred(snaps):
+            return snaps
+        left = deadline - time.monotonic()
+        if left <= 0:
+            now = {n: (s.state.value, s.reason) for n, s in snaps.items()}
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}; now {now}")
+        changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), min(left, 0.5))
+
+
+def configured_fleet(
+    cluster: SshCluster, tmp_path: Path, extra: str = "", **keys: Any
+) -> ClusterFleet:
+    keys.setdefault("simulate", 2)
+    keys.setdefault("interval", 0.2)
+    keys.setdefault("bundle_dir", str(tmp_path / "bundles"))
+    path = cluster.write_config(tmp_path / "config.toml", extra=extra, **keys)
+    return fleet_from_config(load_config(path), **FAST)
+
+
+def node_config(cluster: SshCluster, name: str, tmp_path: Path, **kw: Any) -> NodeConfig:
+    kw.setdefault("bundle_dir", str(tmp_path / "bundles"))
+    kw.setdefault("known_hosts", str(cluster.known_hosts_path))
+    return NodeConfig(
+        name=name,
+        cluster="test",
+        ssh_config=str(cluster.ssh_config_path),
+        simulate="1",
+        interval=0.2,
+        **kw,
+    )
+
+
+async def test_four_nodes_stream_at_once(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    await asyncio.to_thread(ssh_cluster.start_nodes, ["n1", "n2", "n3", "n4"])
+    fleet = configured_fleet(ssh_cluster, tmp_path, simulate="3:A100")
+    await fleet.start()
+    try:
+        snaps = await wait_fleet(
+            fleet,
+            lambda ss: all(len(fleet.history(n, 0)) >= 3 for n in ss),
+            what="3 samples from each of 4 nodes",
+        )
+        for s in snaps.values():
+            assert s.state is NodeState.LIVE and s.link == "ssh"
+            assert s.info is not None and s.info.reader == "simulated"
+            assert [g.name for g in s.info.gpus] == ["NVIDIA A100-SXM4-80GB"] * 3
+            assert len(s.gpus) == 3
+        # a request goes through the fleet to that node's agent
+        reply = await fleet.request("n3", {"type": "ping"})
+        assert reply["type"] == "pong"
+    finally:
+        await fleet.stop()
+    # stopping the fleet ends every agent: no orphans on the nodes
+    await asyncio.to_thread(
+        lambda: _wait(lambda: not _agents_of(ssh_cluster), what="agents to exit")
+    )
+
+
+def _agents_of(cluster: SshCluster) -> list[int]:
+    pids = []
+    for node in cluster.nodes.values():
+        for pid in node.processes():
+            with contextlib.suppress(OSError):
+                if b"gpuctl-node-" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    pids.append(pid)
+    return pids
+
+
+def _wait(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> None:
+    from gpuctl_tests.helpers import wait_until
+
+    wait_until(pred, timeout, what)
+
+
+@pytest.mark.slow
+async def test_killed_node_turns_stale_then_unreachable_and_comes_back(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    await asyncio.to_thread(ssh_cluster.start_nodes, ["a", "b", "c"])
+    fleet = configured_fleet(ssh_cluster, tmp_path)
+    seen: list[tuple[NodeState, str | None]] = []
+    fleet.subscribe(lambda s: seen.append((s.state, s.reason)) if s.name == "b" else None)
+    await fleet.start()
+    try:
+        await wait_fleet(
+            fleet, lambda ss: all(s.last_sample_t for s in ss.values()), what="all live"
+        )
+        seen.clear()
+        await asyncio.to_thread(ssh_cluster["b"].kill)
+        killed_at = time.time()
+        snaps = await wait_fleet(
+            fleet,
+            lambda ss: ss["b"].state is NodeState.UNREACHABLE,
+            what="b unreachable",
+        )
+        states = [st for st, _ in seen]
+        assert NodeState.STALE in states, seen
+        assert states.index(NodeState.STALE) < states.index(NodeState.UNREACHABLE)
+        stale_reason = next(r for st, r in seen if st is NodeState.STALE)
+        assert stale_reason and stale_reason.startswith("reconnecting: SSH connection to b lost")
+        assert snaps["b"].reason and snaps["b"].reason.startswith("refused:"), snaps["b"].reason
+        assert "is sshd running there?" in snaps["b"].reason
+        # the stale node kept its last data, with its age
+        assert snaps["b"].gpus and snaps["b"].last_sample_t is not None
+        # the others keep streaming while b is down
+        await wait_fleet(
+            fleet,
+            lambda ss: all(ss[n].last_sample_t > killed_at + 0.5 for n in ("a", "c")),
+            what="a and c streaming on",
+        )
+        assert fleet.snapshot("b").state is NodeState.UNREACHABLE
+        await asyncio.to_thread(ssh_cluster["b"].start)
+        restarted_at = time.time()
+        snaps = await wait_fleet(
+            fleet,
+            lambda ss: (
+                ss["b"].state is NodeState.LIVE and (ss["b"].last_sample_t or 0) > restarted_at
+            ),
+            what="b back by itself",
+        )
+        assert snaps["b"].reason is None
+    finally:
+        await fleet.stop()
+
+
+async def test_changed_host_key_is_refused_with_the_fix(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    node = await asyncio.to_thread(ssh_cluster.start_node, "rot")
+    await asyncio.to_thread(node.rotate_host_key)
+    fleet = configured_fleet(ssh_cluster, tmp_path)
+    await fleet.start()
+    try:
+        snaps = await wait_fleet(
+            fleet, lambda ss: ss["rot"].state is NodeState.UNREACHABLE, what="refusal"
+        )
+    finally:
+        await fleet.stop()
+    kh = ssh_cluster.known_hosts_path
+    p = node.port
+    assert snaps["rot"].reason == (
+        f"host_key: rot: the host key of [127.0.0.1]:{p} CHANGED (it is not the one in {kh}); "
+        f"if the node was reinstalled, run: ssh-keygen -R '[127.0.0.1]:{p}' -f {kh} && "
+        f"ssh-keyscan -p {p} 127.0.0.1 >> {kh}"
+    )
+    assert not _agents_of(ssh_cluster)  # nothing ran on a node we do not trust
+    # accept-new never accepts a changed key either
+    link = SshLink(node_config(ssh_cluster, "rot", tmp_path, host_key_policy="accept-new"))
+    with pytest.raises(LinkError) as info:
+        await link.connection()
+    assert info.value.reason == "host_key" and "CHANGED" in info.value.message
+    # once the user trusts the new key, the node connects
+    node.trust_host_key()
+    link = SshLink(node_config(ssh_cluster, "rot", tmp_path))
+    try:
+        await link.connection()
+    finally:
+        await link.aclose()
+
+
+async def test_unknown_host_refused_unless_accept_new(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    node = await asyncio.to_thread(ssh_cluster.start_node, "new")
+    kh = tmp_path / "empty_known_hosts"
+    link = SshLink(node_config(ssh_cluster, "new", tmp_path, known_hosts=str(kh)))
+    with pytest.raises(LinkError) as info:
+        await link.connection()
+    assert info.value.reason == "host_key"
+    assert info.value.message == (
+        f"new: unknown host key for [127.0.0.1]:{node.port} (not in {kh}); "
+        f"to trust it, run: ssh-keyscan -p {node.port} 127.0.0.1 >> {kh}"
+    )
+    # the command the message gives works
+    scan = await asyncio.create_subprocess_shell(
+        f"ssh-keyscan -p {node.port} 127.0.0.1 >> {kh}",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    assert await asyncio.wait_for(scan.wait(), 30) == 0
+    try:
+        await link.connection()
+    finally:
+        await link.aclose()
+    # accept-new: a host never seen is trusted and recorded; the recorded key then matches
+    kh2 = tmp_path / "kh2"
+    link = SshLink(
+        node_config(
+            ssh_cluster, "new", tmp_path, known_hosts=str(kh2), host_key_policy="accept-new"
+        )
+    )
+    try:
+        await link.connection()
+    finally:
+        await link.aclose()
+    keytype, key = node.host_key.split()[:2]
+    assert kh2.read_text() == f"[127.0.0.1]:{node.port} {keytype} {key}\n"
+    strict = SshLink(node_config(ssh_cluster, "new", tmp_path, known_hosts=str(kh2)))
+    try:
+        await strict.connection()
+    finally:
+        await strict.aclose()
+
+
+async def test_wrong_python_path_says_no_python(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    await asyncio.to_thread(ssh_cluster.start_node, "nopy")
+    fleet = configured_fleet(ssh_cluster, tmp_path, python="/opt/nowhere/bin/python3")
+    await fleet.start()
+    try:
+        snaps = await wait_fleet(
+            fleet, lambda ss: ss["nopy"].state is NodeState.UNREACHABLE, what="no python"
+        )
+    finally:
+        await fleet.stop()
+    assert snaps["nopy"].reason == (
+        "no_python: no python at '/opt/nowhere/bin/python3' on nopy: set python = "
+        '"/path/to/python3" for this node in the gpuctl config'
+    )
+
+
+async def test_agent_runs_under_python_3_6(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    py36 = old_python("3.6.15")
+    home = str(Path.home())
+    remote = "~" + py36[len(home) :] if py36.startswith(home + "/") else py36
+    await asyncio.to_thread(ssh_cluster.start_nodes, ["modern", "old"])
+    extra = f'[clusters.test.override.old]\npython = "{remote}"\n'
+    fleet = configured_fleet(ssh_cluster, tmp_path, extra=extra)
+    await fleet.start()
+    try:
+        snaps = await wait_fleet(
+            fleet, lambda ss: all(s.last_sample_t for s in ss.values()), what="both streaming"
+        )
+    finally:
+        await fleet.stop()
+    assert snaps["old"].info is not None and snaps["old"].info.python == "3.6.15"
+    assert snaps["modern"].info is not None
+    # the other node runs the python3 its PATH gives, as the real ssh client sees it
+    r = await asyncio.to_thread(
+        ssh_cluster.ssh, "modern", "python3 -c 'import platform; print(platform.python_version())'"
+    )
+    assert snaps["modern"].info.python == r.stdout.strip() != "3.6.15"
+
+
+async def test_bundle_uploaded_once_for_a_shared_home(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    await asyncio.to_thread(ssh_cluster.start_nodes, ["s1", "s2", "s3"])
+    fleet = configured_fleet(ssh_cluster, tmp_path)
+    await fleet.start()
+    try:
+        await wait_fleet(
+            fleet, lambda ss: all(s.last_sample_t for s in ss.values()), what="all streaming"
+        )
+    finally:
+        await fleet.stop()
+    assert fleet.store is not None
+    target = tmp_path / "bundles" / fleet.store.name
+    assert fleet.store.uploads == [(fleet.store.uploads[0][0], str(target))]
+    assert target.read_bytes() == fleet.store.data
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temporary left
+    # a second fleet finds it there and uploads nothing
+    again = configured_fleet(ssh_cluster, tmp_path)
+    await again.start()
+    try:
+        await wait_fleet(again, lambda ss: all(s.last_sample_t for s in ss.values()))
+    finally:
+        await again.stop()
+    assert again.store is not None and again.store.uploads == []
+
+
+async def test_other_protocol_is_redeployed(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    await asyncio.to_thread(ssh_cluster.start_node, "stale-bundle")
+    store = BundleStore()
+    target = tmp_path / "bundles" / store.name
+    target.parent.mkdir(parents=True)
+    # A file with the right name but an agent from another protocol version.
+    with zipfile.ZipFile(target, "w") as zf:
+        zf.writestr("gpuctl/__init__.py", "")
+        zf.writestr("gpuctl/node/__init__.py", "")
+        zf.writestr(
+            "gpuctl/node/__main__.py",
+            "import json, sys\n"
+            "def main(argv):\n"
+            "    print(json.dumps({'type': 'hello', 'protocol': 0}), flush=True)\n"
+            "    sys.stdin.read()\n"
+            "    return 0\n",
+        )
+    link = SshLink(node_config(ssh_cluster, "stale-bundle", tmp_path), store=store)
+    fleet = Fleet({"stale-bundle": link}, **FAST)
+    states: list[str | None] = []
+    fleet.subscribe(lambda s: states.append(s.reason))
+    await fleet.start()
+    try:
+        await wait_fleet(fleet, lambda ss: ss["stale-bundle"].last_sample_t, what="redeployed")
+    finally:
+        await fleet.stop()
+    assert any(r and r.startswith("protocol: agent speaks protocol 0") for r in states), states
+    assert len(store.uploads) == 1
+    assert target.read_bytes() == store.data
+
+
+def _status(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuctl", "--config", str(config), "status", "--json"],
+        capture_output=True,
+        text=True,
+        env=node_env(),
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+@pytest.mark.slow
+def test_status_cli_lists_four_live_nodes(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    ssh_cluster.start_nodes(["node1", "node2", "node3", "node4"])
+    config = ssh_cluster.write_config(
+        tmp_path / "config.toml", simulate="2:H100", bundle_dir=str(tmp_path / "b")
+    )
+    r = _status(config)
+    assert r.returncode == 0, r.stderr
+    nodes = json.loads(r.stdout)
+    assert [n["name"] for n in nodes] == ["node1", "node2", "node3", "node4"]
+    for n in nodes:
+        assert n["state"] == "live" and n["link"] == "ssh" and n["reason"] is None
+        assert [g["name"] for g in n["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 2
+        assert n["reader"] == "simulated"
+    # one node down: exit 1, and stderr says which and why
+    ssh_cluster["node3"].kill()
+    r = _status(config)
+    assert r.returncode == 1
+    nodes = {n["name"]: n for n in json.loads(r.stdout)}
+    assert [n for n, v in nodes.items() if v["state"] == "live"] == ["node1", "node2", "node4"]
+    assert nodes["node3"]["state"] == "unreachable"
+    assert (
+        f"gpuctl: node3 did not answer: refused: node3 (127.0.0.1:{ssh_cluster['node3'].port})"
+        in r.stderr
+    )
+    assert "Traceback" not in r.stderr
+    assert os.path.exists(tmp_path / "b")
