@@ -42,6 +42,9 @@ DEFAULT_MAX_DURATION = 1800.0
 MAX_DURATION_LIMIT = 7 * 86400.0
 GRACE_S = 5.0  # SIGTERM -> SIGKILL on stop and on the duration limit
 CLOSE_GRACE_S = 1.0  # shorter when the agent itself is going away
+# A burner's duration counts from its first progress line (torch import and CUDA start-up can
+# take a while); the agent's limit before that line is duration + this allowance.
+STARTUP_S = 120.0
 ENGINES = ("auto", "torch", "gpu-burn")
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
 PR_SET_PDEATHSIG = 1
@@ -130,7 +133,7 @@ class Burn(object):
         self.engine = engine
         self.duration = duration
         self.ends_at = ends_at  # unix time, for people
-        self.deadline = time.monotonic() + duration  # monotonic, for enforcement
+        self.deadline = time.monotonic() + duration + STARTUP_S  # monotonic, for enforcement
         self.dtype = dtype
         self.state = "starting"
         self.proc = None
@@ -177,6 +180,10 @@ class StressPlugin(object):
             except ValueError:
                 max_duration = DEFAULT_MAX_DURATION
         self.max_duration = max_duration
+        try:  # tests shorten the SIGTERM -> SIGKILL grace
+            grace = float(os.environ.get("GPUCTL_STRESS_GRACE", grace))
+        except ValueError:
+            pass
         self.grace = grace
         self.close_grace = close_grace
         self.burns = {}  # gpu -> Burn, until its process group is gone
@@ -209,6 +216,7 @@ class StressPlugin(object):
                 agent.reader.simulate("load", {"gpus": started, "load": 1.0})
             for gpu in started:
                 self.burns[gpu].state = "running"
+                self.burns[gpu].deadline = time.monotonic() + opts["duration"]
         agent.send({"type": "ok", "request": "stress_start", "id": req_id, "started": started,
                     "busy": busy, "engine": opts["engine"], "ends_at": ends_at,
                     "duration": opts["duration"]})
@@ -332,7 +340,8 @@ class StressPlugin(object):
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=env, close_fds=True, start_new_session=True, preexec_fn=die_with_parent())
+                env=env, close_fds=True, start_new_session=True, preexec_fn=die_with_parent(),
+                cwd="/")  # imports come from PYTHONPATH (the bundle), not a stray checkout
         except OSError as e:
             burn.state, burn.verdict = "failed", None
             burn.reason = "cannot start %s: %s" % (opts["python"], e.strerror or e)
@@ -395,6 +404,11 @@ class StressPlugin(object):
             burn.progress.pop("message", None)
             if burn.state == "starting":
                 burn.state = "running"
+                elapsed = msg.get("elapsed")
+                if not isinstance(elapsed, (int, float)) or not 0 <= elapsed <= burn.duration:
+                    elapsed = 0.0
+                burn.deadline = time.monotonic() - elapsed + burn.duration
+                burn.ends_at = time.time() - elapsed + burn.duration
             self._emit(burn)
         elif kind == "summary":
             burn.summary = msg

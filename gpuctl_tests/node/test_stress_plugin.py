@@ -1,0 +1,240 @@
+"""The stress plugin in a real agent subprocess: real CPU burners, checked in /proc."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.bundle import write_bundle
+from gpuctl_tests.helpers import AgentProcess, node_env, old_python, wait_until
+
+pytest.importorskip("torch")
+
+CPU_BURN = {"type": "stress_start", "gpus": [0], "device": "cpu", "size": 64}
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, process group) of a live process, None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[2])
+
+
+def running(pid: int) -> bool:
+    st = proc_stat(pid)
+    return st is not None and st[0] not in ("Z", "X")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Processes (not zombies) in a process group, from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = proc_stat(int(entry))
+            if st is not None and st[1] == pgid and st[0] not in ("Z", "X"):
+                out.append(int(entry))
+    return out
+
+
+def start_agent(
+    agents: list[AgentProcess],
+    *args: str,
+    env: dict[str, str] | None = None,
+    argv: list[str] | None = None,
+) -> AgentProcess:
+    base = node_env({"OMP_NUM_THREADS": "1", **(env or {})})
+    a = AgentProcess(argv or [sys.executable, "-m", "gpuctl.node", "agent", *args], env=base)
+    agents.append(a)
+    hello = a.read(20)
+    assert hello["type"] == "hello"
+    assert "stress_start" in hello["features"]
+    return a
+
+
+def burn_event(a: AgentProcess, states: tuple[str, ...], timeout: float = 30) -> dict[str, Any]:
+    msg = a.read_until(
+        lambda m: m.get("kind") == "burn" and m["detail"]["state"] in states, timeout
+    )
+    return msg
+
+
+def reply(a: AgentProcess, req_id: int, timeout: float = 10) -> dict[str, Any]:
+    return a.read_until(lambda m: m.get("id") == req_id, timeout)
+
+
+def start_cpu_burn(a: AgentProcess, **extra: Any) -> int:
+    """Start a CPU burn on 'GPU' 0 and return the burner's pid once it makes progress."""
+    a.send({**CPU_BURN, "id": 1, **extra})
+    ok = reply(a, 1)
+    assert ok["type"] == "ok" and ok["started"] == [0], ok
+    ev = burn_event(a, ("running",))
+    pid = ev["detail"]["pid"]
+    assert running(pid)
+    assert group_members(pid) == [pid]  # its own process group (session)
+    return int(pid)
+
+
+def test_sigkill_of_the_agent_takes_the_burner_with_it(agents: list[AgentProcess]) -> None:
+    a = start_agent(agents, "--simulate", "1")
+    pid = start_cpu_burn(a)
+    a.proc.send_signal(signal.SIGKILL)
+    a.proc.wait(5)
+    wait_until(lambda: not group_members(pid), 2.0, "the burner to die with its agent")
+
+
+@pytest.mark.slow
+def test_closing_stdin_stops_every_burner(agents: list[AgentProcess]) -> None:
+    a = start_agent(agents, "--simulate", "1")
+    pid = start_cpu_burn(a)
+    assert a.proc.stdin is not None
+    a.proc.stdin.close()
+    t0 = time.monotonic()
+    wait_until(lambda: not group_members(pid), 2.0, "the burner to stop when stdin closed")
+    assert a.proc.wait(5) == 0
+    assert time.monotonic() - t0 < 3
+
+
+@pytest.mark.slow
+def test_stop_reports_free_only_when_the_process_is_gone(agents: list[AgentProcess]) -> None:
+    a = start_agent(agents, "--simulate", "2")
+    pid = start_cpu_burn(a)
+    a.send({"type": "stress_status", "id": 2})
+    status = reply(a, 2)
+    assert [b["gpu"] for b in status["burns"]] == [0]
+    assert status["burns"][0]["state"] == "running"
+    a.send({"type": "stress_stop", "gpus": "all", "id": 3})
+    assert reply(a, 3)["stopping"] == [0]
+    done = burn_event(a, ("done", "failed"))
+    assert not group_members(pid), "reported free while the burner still runs"
+    assert done["detail"]["state"] == "done"
+    assert done["detail"]["verdict"] == "OK"
+    assert done["detail"]["reason"] == "stopped on request"
+
+
+@pytest.mark.slow
+def test_duration_ends_a_burn(agents: list[AgentProcess]) -> None:
+    a = start_agent(agents, "--simulate", "1")
+    pid = start_cpu_burn(a, duration=1)
+    done = burn_event(a, ("done", "failed"))
+    assert done["detail"]["verdict"] == "OK", done
+    assert done["detail"]["reason"] == "duration reached"
+    assert done["detail"]["iterations"] > 0
+    assert not group_members(pid)
+
+
+def write_script(path: Path, body: str) -> str:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def test_agent_enforces_the_limit_on_a_burner_that_ignores_sigterm(
+    agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    # A "python" that ignores SIGTERM and has a child: the agent must SIGKILL the whole group.
+    stubborn = write_script(
+        tmp_path / "python",
+        "trap '' TERM\nsleep 600 &\n"
+        'echo \'{"type":"progress","iterations":1,"errors":0}\'\nwait\n',
+    )
+    a = start_agent(agents, "--simulate", "1", env={"GPUCTL_STRESS_GRACE": "0.5"})
+    a.send({**CPU_BURN, "id": 1, "duration": 0.5, "workload_python": stubborn})
+    assert reply(a, 1)["type"] == "ok"
+    pid = burn_event(a, ("running",))["detail"]["pid"]
+    assert len(wait_until(lambda: len(group_members(pid)) == 2 and group_members(pid))) == 2
+    stopping = burn_event(a, ("stopping",))
+    assert stopping["detail"]["state"] == "stopping"
+    done = burn_event(a, ("done", "failed"))
+    assert done["detail"]["reason"] == "duration limit reached (killed after 0.5 s)"
+    assert not group_members(pid)
+
+
+def test_a_dying_burner_is_reported_with_its_last_words(
+    agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    broken = write_script(tmp_path / "python", "echo 'No module named torch' >&2\nexit 3\n")
+    a = start_agent(agents, "--simulate", "1")
+    a.send({**CPU_BURN, "id": 1, "workload_python": broken})
+    done = burn_event(a, ("done", "failed"))
+    assert done["detail"]["state"] == "failed"
+    assert done["detail"]["verdict"] == "DIED"
+    assert done["detail"]["reason"] == "burner exited with code 3: No module named torch"
+    a.send({**CPU_BURN, "id": 2, "workload_python": str(tmp_path / "missing")})
+    failed = burn_event(a, ("failed",))
+    assert failed["detail"]["reason"].startswith("cannot start ")
+
+
+def test_bad_requests_get_one_line_errors(agents: list[AgentProcess]) -> None:
+    a = start_agent(agents, "--simulate", "2")
+    cases = [
+        ({"gpus": [7]}, "no GPU 7"),
+        ({"gpus": "some"}, "gpus must be"),
+        ({"gpus": [0], "dtype": "fp8"}, "dtype must be"),
+        ({"gpus": [0], "engine": "magic"}, "engine must be"),
+        ({"gpus": [0], "duration": 4000}, "exceeds the maximum of 1800"),
+        ({"gpus": [0], "duration": 60, "max_duration": 30}, "exceeds the maximum of 30"),
+        ({"gpus": [0], "mem_fraction": 2}, "mem_fraction must be"),
+    ]
+    for i, (fields, text) in enumerate(cases, start=10):
+        a.send({"type": "stress_start", "id": i, **fields})
+        err = reply(a, i)
+        assert err["type"] == "error" and err["code"] == "bad_argument", err
+        assert text in err["message"]
+    a.send({"type": "stress_status", "id": 99})
+    assert reply(a, 99)["burns"] == []
+
+
+def test_simulated_burn_heats_the_gpu_and_cools_on_stop(agents: list[AgentProcess]) -> None:
+    a = start_agent(agents, "--simulate", "2:H100", "--interval", "0.2")
+
+    def gpu0() -> dict[str, Any]:
+        return a.read_until(lambda m: m["type"] == "sample")["gpus"][0]
+
+    before = gpu0()
+    a.send({"type": "stress_start", "gpus": [0], "id": 1, "duration": 60})
+    ok = reply(a, 1)
+    assert ok["engine"] == "sim" and ok["started"] == [0]
+    a.send({"type": "stress_start", "gpus": [0, 1], "id": 2, "duration": 60})
+    assert reply(a, 2)["busy"] == [0]
+    ev = burn_event(a, ("running",))
+    hot = wait_until(lambda: (g := gpu0())["util_gpu"] >= 95 and g, 10, "full utilization")
+    hot = wait_until(lambda: (g := gpu0())["temp"] >= before["temp"] + 2 and g, 10, "heat")
+    assert hot["power"] > before["power"]
+    assert any(p["command"] == "gpuctl-burn" for p in hot["processes"])
+    progress = a.read_until(
+        lambda m: m.get("kind") == "burn" and "tflops" in m["detail"] and m["gpu"] == 0
+    )
+    assert 500 < progress["detail"]["tflops"] < 989  # a fraction of the H100's dense bf16 peak
+    assert ev["detail"]["ends_at"] > time.time() + 50
+    a.send({"type": "stress_stop", "gpus": [0, 1], "id": 3})
+    reply(a, 3)
+    assert burn_event(a, ("done",))["detail"]["reason"] == "stopped on request"
+    wait_until(lambda: gpu0()["util_gpu"] < 50, 10, "the GPU to idle after the burn")
+
+
+@pytest.mark.slow
+def test_old_python_agent_from_the_bundle_runs_the_burner_from_the_bundle(
+    agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    py36 = old_python("3.6.15")
+    bundle = write_bundle(tmp_path / "b")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+    a = AgentProcess([py36, str(bundle), "agent", "--simulate", "1"], env=env)
+    agents.append(a)
+    assert a.read(20)["python"].startswith("3.6.")
+    # VENV2 is this interpreter (torch); it imports gpuctl.workloads from the zip.
+    a.send({**CPU_BURN, "id": 1, "duration": 1, "workload_python": sys.executable})
+    assert reply(a, 1)["type"] == "ok"
+    done = burn_event(a, ("done", "failed"))
+    assert done["detail"]["verdict"] == "OK", done
