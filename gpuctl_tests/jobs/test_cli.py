@@ -111,7 +111,7 @@ def test_cancel_through_the_cli(
 def test_user_mistakes_are_one_line(
     user_file: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
-    rc, out, err = run(capsys, *(a.replace("{file}", str(user_file)) for a in argv))
+    rc, _out, err = run(capsys, *(a.replace("{file}", str(user_file)) for a in argv))
     assert rc == 2
     assert err.count("\n") == 1 and err.startswith("gpuctl: ")
     assert message in err

@@ -1,0 +1,131 @@
+"""Jobs over real sshd nodes on 127.0.0.1: SFTP upload, ``setsid`` supervisor, reattach.
+
+VENV1 on the node is Python 3.6 (``python3`` on its PATH); VENV2 is built on the node by the
+supervisor itself (the session's cached environment, so warm).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.config import load_config
+from gpuctl.jobs import EnvSpec, Executor, JobFailed, JobStore, attach
+from gpuctl_tests.harness.sshd import SshCluster
+from gpuctl_tests.helpers import wait_until
+
+pytestmark = pytest.mark.sshd
+
+OFFSET = 100
+
+
+def add_offset(x: int) -> dict[str, Any]:
+    import os
+    import socket
+
+    return {
+        "value": x + OFFSET,
+        "node": os.environ.get("GPUCTL_NODE"),
+        "host": socket.gethostname(),
+    }
+
+
+@pytest.fixture
+def node_config(ssh_cluster: SshCluster, venv1: str, tmp_path: Path) -> Any:
+    ssh_cluster.start_node("gpu1", python=venv1)
+    path = ssh_cluster.write_config(tmp_path / "config.toml", setup=["export GPUCTL_SETUP_RAN=1"])
+    return load_config(path)
+
+
+def ssh_executor(config: Any, env_root: str, tmp_path: Path, **kw: Any) -> Executor:
+    kw.setdefault(
+        "env", EnvSpec(packages=("cloudpickle",), system_site_packages=True, methods=("venv",))
+    )
+    return Executor(
+        "gpu1",
+        config=config,
+        env_root=env_root,
+        job_root=str(tmp_path / "remote-jobs"),
+        store=JobStore(),
+        **kw,
+    )
+
+
+def test_roundtrip_failure_and_reattach(
+    node_config: Any, env_root: str, venv2: str, tmp_path: Path
+) -> None:
+    ex = ssh_executor(node_config, env_root, tmp_path)
+    probe = ex.venv2()
+    assert probe["path"] == venv2  # the environment built in the session fixture, reused
+    job = ex.submit(add_offset, 1)
+    out = job.result(60)
+    assert out["value"] == 101 and out["node"] == "gpu1"
+    outcome = Path(job.jobdir, "outcome.json").read_text()
+    assert '"supervisor_python": "3.6.15"' in outcome
+    assert "GPUCTL_SETUP_RAN" not in job.stdout()
+
+    def env_flag() -> str | None:
+        import os
+
+        return os.environ.get("GPUCTL_SETUP_RAN")
+
+    assert ex.submit(env_flag).result(60) == "1"  # the cluster's setup lines ran first
+
+    def crash() -> None:
+        import ctypes
+
+        ctypes.string_at(0)
+
+    with pytest.raises(JobFailed) as info:
+        ex.submit(crash).result(60)
+    assert info.value.kind == "crash"
+    assert "Fatal Python error: Segmentation fault" in info.value.report.traceback
+    assert "gpu1:" in info.value.report.logs["stderr.txt"]
+
+    # gpuctl "restarts": a new store object and a new connection find the job again
+    slow = ex.submit(_sleep_then, 1.0, "late")
+    ex.backend.host.close()
+    rec = JobStore().get(slow.id)
+    assert rec is not None and rec.backend["kind"] == "ssh" and rec.backend["node"] == "gpu1"
+    again = attach(rec, JobStore(), config=node_config)
+    assert again.result(60) == "late"
+
+
+def _sleep_then(seconds: float, value: str) -> str:
+    import time
+
+    time.sleep(seconds)
+    return value
+
+
+def test_cancel_and_user_exception_over_ssh(
+    node_config: Any, env_root: str, tmp_path: Path
+) -> None:
+    ex = ssh_executor(node_config, env_root, tmp_path, grace=1)
+    job = ex.submit(_sleep_then, 120, "never")
+    wait_until(lambda: job.state == "running", 30, "the job to run on the node")
+    assert job.cancel()
+    with pytest.raises(JobFailed) as info:
+        job.result(30)
+    assert info.value.kind == "cancelled"
+
+    def bad() -> None:
+        raise LookupError("remote lookup failed")
+
+    with pytest.raises(LookupError, match="remote lookup failed"):
+        ex.submit(bad).result(60)
+
+
+def test_version_mismatch_on_the_node_says_how_to_fix(
+    node_config: Any, env_root: str, tmp_path: Path
+) -> None:
+    from gpuctl_tests.helpers import old_python
+
+    ex = ssh_executor(node_config, env_root, tmp_path, env=None, python=old_python("3.9.18"))
+    with pytest.raises(JobFailed) as info:
+        ex.submit(len, [])
+    assert info.value.kind == "python_mismatch"
+    assert f"python='{sys.version_info[0]}.{sys.version_info[1]}'" in str(info.value)
