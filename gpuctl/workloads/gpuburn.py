@@ -1,0 +1,591 @@
+"""gpu-burn when present: find it (or find the CUDA toolkit and build it), run it, read it.
+
+``python -m gpuctl.workloads.gpuburn run [--binary P | --source DIR] [--gpu ID] [--duration S]``
+prints the same JSON lines as the torch burner (``step`` lines for discovery and building,
+``progress`` about once per second per GPU, one ``summary`` per GPU with a verdict), and
+``python -m gpuctl.workloads.gpuburn find`` prints what discovery finds.
+
+Facts this relies on (shared/notes/gpu-burn.md): TIME must be the last argument; the compare
+kernel is loaded from the working directory; progress is one line rewritten with ``\\r``;
+error counters reset after each ``Summary at:`` block; gpu-burn exits 0 even with faulty GPUs,
+so the verdict comes from its final ``Tested N GPUs:`` block, and a run without that block
+failed. Its parent has no SIGTERM handler, so it runs in its own process group and the whole
+group is signalled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+COMPARE_FILES = ("compare.fatbin", "compare.ptx")
+EXIT_REASONS = {
+    123: "all gpu-burn workers died",
+    124: "a gpu-burn worker failed to set up its GPU",
+    111: "a compute call failed",
+    19: "no CUDA device",
+    22: "gpu-burn refused its -m or -i argument",
+}
+Report = Callable[[str], None]
+
+
+# -- toolkit discovery ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Toolkit:
+    """A CUDA toolkit: ``root`` is what gpu-burn's Makefile calls CUDAPATH."""
+
+    root: str
+    nvcc: str
+    how: str  # which rule found it, for the report
+
+
+def _version_key(name: str) -> tuple[int, ...] | None:
+    m = re.fullmatch(r"cuda-(\d+(?:\.\d+)*)", name)
+    return tuple(int(p) for p in m.group(1).split(".")) if m else None
+
+
+def toolkit_candidates(env: Mapping[str, str], root: str = "/") -> list[tuple[str, str]]:
+    """``(how, bin folder)`` in search order: nvcc on PATH, $CUDA_HOME, $CUDA_PATH,
+    /usr/local/cuda, /usr/local/cuda-* newest version first, /opt/cuda. ``root`` prefixes the
+    fixed locations (tests lay out install trees under a temporary folder)."""
+    out: list[tuple[str, str]] = []
+    for d in env.get("PATH", "").split(os.pathsep):
+        if d and _is_exe(os.path.join(d, "nvcc")):
+            out.append(("nvcc on PATH", d))
+            break
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if env.get(var):
+            out.append((f"${var}", os.path.join(env[var], "bin")))
+    local = os.path.join(root, "usr", "local")
+    out.append(("/usr/local/cuda", os.path.join(local, "cuda", "bin")))
+    try:
+        names = os.listdir(local)
+    except OSError:
+        names = []
+    versioned = sorted(
+        ((key, n) for n in names if (key := _version_key(n)) is not None), reverse=True
+    )
+    out.extend((f"/usr/local/{n}", os.path.join(local, n, "bin")) for _, n in versioned)
+    out.append(("/opt/cuda", os.path.join(root, "opt", "cuda", "bin")))
+    return out
+
+
+def _is_exe(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def _has_headers(root: str) -> bool:
+    return os.path.isfile(os.path.join(root, "include", "cuda_runtime.h"))
+
+
+def nvcc_top(nvcc: str) -> str | None:
+    """Ask nvcc where its toolkit is (``-dryrun`` prints ``#$ TOP=...``): an nvcc on PATH may
+    be a wrapper script or a link far from its headers."""
+    try:
+        proc = subprocess.run(
+            [nvcc, "-dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in (proc.stdout + proc.stderr).splitlines():
+        m = re.match(r"#\$ TOP=(.+)$", line.strip())
+        if m:
+            return os.path.normpath(m.group(1))
+    return None
+
+
+def find_toolkit(
+    env: Mapping[str, str] | None = None,
+    root: str = "/",
+    ask_nvcc: Callable[[str], str | None] = nvcc_top,
+) -> tuple[Toolkit | None, list[str]]:
+    """The first usable toolkit and, either way, one line per place looked at and why not."""
+    env = os.environ if env is None else env
+    looked: list[str] = []
+    seen: set[str] = set()
+    for how, bindir in toolkit_candidates(env, root):
+        nvcc = os.path.join(bindir, "nvcc")
+        if not _is_exe(nvcc):
+            looked.append(f"{how}: no nvcc in {bindir}")
+            continue
+        real = os.path.realpath(nvcc)
+        if real in seen:
+            continue
+        seen.add(real)
+        top = os.path.dirname(os.path.dirname(real))
+        if not _has_headers(top):
+            asked = ask_nvcc(nvcc)
+            if asked and _has_headers(asked):
+                top = asked
+            else:
+                looked.append(f"{how}: {nvcc} has no include/cuda_runtime.h near it")
+                continue
+        return Toolkit(root=top, nvcc=nvcc, how=how), looked
+    return None, looked
+
+
+def find_gpu_burn(
+    configured: str | None = None, env: Mapping[str, str] | None = None
+) -> str | None:
+    """A ``gpu_burn`` binary: the configured path (file or folder), else the first on PATH."""
+    env = os.environ if env is None else env
+    if configured:
+        path = os.path.expanduser(configured)
+        if os.path.isdir(path):
+            path = os.path.join(path, "gpu_burn")
+        return path if _is_exe(path) else None
+    for d in env.get("PATH", "").split(os.pathsep):
+        if d and _is_exe(os.path.join(d, "gpu_burn")):
+            return os.path.join(d, "gpu_burn")
+    return None
+
+
+class BuildError(Exception):
+    """gpu-burn could not be found or built; the message is one line saying what to do."""
+
+
+def build_gpu_burn(
+    source: str,
+    report: Report,
+    *,
+    env: Mapping[str, str] | None = None,
+    root: str = "/",
+    ask_nvcc: Callable[[str], str | None] = nvcc_top,
+    timeout: float = 900,
+) -> str:
+    """Build gpu-burn in ``source`` with ``make CUDAPATH=<toolkit>``, reporting each step.
+
+    Returns the binary's path; raises BuildError."""
+    env = dict(os.environ if env is None else env)
+    source = os.path.abspath(os.path.expanduser(source))
+    if not os.path.isfile(os.path.join(source, "Makefile")):
+        raise BuildError(f"{source} is not a gpu-burn source folder (no Makefile)")
+    toolkit, looked = find_toolkit(env, root, ask_nvcc)
+    if toolkit is None:
+        raise BuildError(
+            "no CUDA toolkit found (looked at: "
+            + "; ".join(looked)
+            + "); set CUDA_HOME or install the toolkit"
+        )
+    report(f"CUDA toolkit {toolkit.root} (found by {toolkit.how}: {toolkit.nvcc})")
+    make = next(
+        (
+            os.path.join(d, "make")
+            for d in env.get("PATH", "").split(os.pathsep)
+            if d and _is_exe(os.path.join(d, "make"))
+        ),
+        None,
+    )
+    if make is None:
+        raise BuildError("make not found on PATH: install make and a C++ compiler")
+    report(f"building: make CUDAPATH={toolkit.root} in {source}")
+    env["PATH"] = os.pathsep.join([os.path.dirname(toolkit.nvcc), env.get("PATH", "")])
+    try:
+        proc = subprocess.run(
+            [make, f"CUDAPATH={toolkit.root}"],
+            cwd=source,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        raise BuildError(f"make in {source} took longer than {timeout:g} s") from None
+    binary = os.path.join(source, "gpu_burn")
+    if proc.returncode != 0 or not _is_exe(binary):
+        tail = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()][-1:]
+        raise BuildError(
+            f"make in {source} failed (exit {proc.returncode})" + (f": {tail[0]}" if tail else "")
+        )
+    report(f"built {binary}")
+    return binary
+
+
+# -- output parsing -------------------------------------------------------------------------
+PROGRESS_RE = re.compile(
+    r"^\s*(?P<pct>\d+(?:\.\d+)?)%\s+proc'd:(?P<procd>.*?)errors:(?P<errors>.*?)"
+    r"(?:temps:(?P<temps>.*))?$"
+)
+PROCD_RE = re.compile(r"(-?\d+)\s*\(\s*(\d+(?:\.\d+)?)\s*Gflop/s\)")
+ERRORS_RE = re.compile(r"(\d+)\s*(\((?:DIED!|WARNING!)\))?")
+TEMPS_RE = re.compile(r"(-?\d+)\s*C|(--)")
+FINAL_RE = re.compile(r"^\s*GPU\s+(\d+):\s*(OK|FAULTY)\s*$")
+TESTED_RE = re.compile(r"^\s*Tested\s+(\d+)\s+GPUs:")
+INIT_RE = re.compile(r"^\s*Initialized device (\d+) with (\d+) MB")
+
+
+@dataclass
+class GpuState:
+    """What gpu-burn has said about one of its workers."""
+
+    index: int
+    iterations: int = 0
+    gflops: float = 0.0
+    gflops_sum: float = 0.0
+    samples: int = 0
+    errors_now: int = 0  # since the last "Summary at:" (gpu-burn resets its counters there)
+    errors_before: int = 0
+    died: bool = False
+    temp: int | None = None
+    final: str | None = None  # OK | FAULTY from the last block
+
+    @property
+    def errors(self) -> int:
+        return self.errors_before + self.errors_now
+
+
+@dataclass
+class GpuBurnOutput:
+    """Incremental parser of gpu-burn's stdout and stderr."""
+
+    gpus: dict[int, GpuState] = field(default_factory=dict)
+    percent: float = 0.0
+    tested: int | None = None
+    all_died: bool = False
+    failures: list[str] = field(default_factory=list)
+    initialized: int = 0
+    _pending: str = ""
+
+    def gpu(self, i: int) -> GpuState:
+        if i not in self.gpus:
+            self.gpus[i] = GpuState(i)
+        return self.gpus[i]
+
+    def feed(self, text: str) -> list[int]:
+        """Take a chunk of stdout; returns the GPUs whose progress changed."""
+        data = self._pending + text
+        parts = re.split(r"[\r\n]", data)
+        self._pending = parts.pop()
+        changed: list[int] = []
+        for part in parts:
+            changed.extend(self.line(part))
+        return sorted(set(changed))
+
+    def finish(self) -> list[int]:
+        """The stream ended: parse what is left."""
+        rest, self._pending = self._pending, ""
+        return self.line(rest) if rest.strip() else []
+
+    def line(self, text: str) -> list[int]:
+        m = PROGRESS_RE.match(text)
+        if m:
+            return self._progress(m)
+        if "Summary at:" in text:
+            for g in self.gpus.values():
+                g.errors_before += g.errors_now
+                g.errors_now = 0
+            return []
+        m = TESTED_RE.match(text)
+        if m:
+            self.tested = int(m.group(1))
+            return []
+        m = FINAL_RE.match(text)
+        if m and self.tested is not None:
+            self.gpu(int(m.group(1))).final = m.group(2)
+            return []
+        if INIT_RE.match(text):
+            self.initialized += 1
+        return []
+
+    def stderr_line(self, text: str) -> None:
+        text = text.strip()
+        if not text:
+            return
+        if "No clients are alive" in text:
+            self.all_died = True
+        if text.startswith(("Couldn't init a GPU test", "Failure during compute")) or (
+            "No clients are alive" in text
+        ):
+            self.failures.append(text)
+
+    def _progress(self, m: re.Match[str]) -> list[int]:
+        self.percent = float(m.group("pct"))
+        procd = PROCD_RE.findall(m.group("procd"))
+        errors = ERRORS_RE.findall(m.group("errors"))
+        temps = TEMPS_RE.findall(m.group("temps") or "")
+        changed = []
+        for i, (n, g) in enumerate(procd):
+            st = self.gpu(i)
+            st.iterations = max(st.iterations, int(n)) if int(n) >= 0 else st.iterations
+            if int(n) < 0:
+                st.died = True
+            st.gflops = float(g)
+            st.gflops_sum += float(g)
+            st.samples += 1
+            if i < len(errors):
+                st.errors_now = int(errors[i][0])
+                if errors[i][1] == "(DIED!)":
+                    st.died = True
+            if i < len(temps):
+                st.temp = int(temps[i][0]) if temps[i][0] else None
+            changed.append(i)
+        return changed
+
+    def verdicts(
+        self, stopped: bool, returncode: int | None, stderr_tail: str = ""
+    ) -> list[dict[str, Any]]:
+        """One ``{gpu, verdict, reason, errors}`` per worker (see the module docstring)."""
+        out = []
+        gpus = dict(self.gpus)
+        if not gpus:
+            gpus[0] = GpuState(0)
+        why_exit = EXIT_REASONS.get(returncode or 0, f"exit code {returncode}")
+        tail = f": {stderr_tail}" if stderr_tail else ""
+        for i, st in sorted(gpus.items()):
+            verdict: str | None
+            if self.tested is not None and st.final is not None:
+                if st.final == "FAULTY" or st.errors:
+                    verdict, reason = "FAULTY", f"{st.errors} errors (gpu-burn says {st.final})"
+                elif st.died or self.all_died:
+                    verdict, reason = "DIED", "worker died (gpu-burn still listed it as OK)"
+                else:
+                    verdict, reason = "OK", None
+            elif st.died or self.all_died:
+                verdict, reason = "DIED", "worker died" + tail
+            elif stopped:
+                verdict = "FAULTY" if st.errors else None
+                reason = "stopped before gpu-burn's final summary"
+            else:
+                verdict = "DIED"
+                reason = f"gpu-burn ended without its final summary ({why_exit}){tail}"
+            out.append({"gpu": i, "verdict": verdict, "reason": reason, "errors": st.errors})
+        return out
+
+
+# -- running --------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def gpu_burn_argv(binary: str, seconds: float, mem_fraction: float, dtype: str | None) -> list[str]:
+    """The command line; TIME is last (``gpu_burn 60 -d`` would run for 0 s)."""
+    argv = [binary, "-m", f"{round(mem_fraction * 100)}%"]
+    if dtype == "fp64":
+        argv.append("-d")
+    elif dtype in ("tf32", "bf16", "fp16"):
+        argv.append("-tc")
+    argv.append(str(max(1, round(seconds))))
+    return argv
+
+
+def run_gpu_burn(
+    binary: str,
+    seconds: float,
+    emit: Callable[[dict[str, Any]], None],
+    *,
+    mem_fraction: float = 0.9,
+    dtype: str | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    grace: float = 3.0,
+    gpu_label: str | None = None,
+) -> list[dict[str, Any]]:
+    """Run gpu-burn, emit progress lines, return one summary dict per GPU."""
+    folder = os.path.dirname(os.path.abspath(binary))
+    if not any(os.path.exists(os.path.join(folder, c)) for c in COMPARE_FILES):
+        raise BuildError(
+            f"no compare.fatbin or compare.ptx next to {binary}: keep gpu-burn's build folder "
+            "together or rebuild it"
+        )
+    argv = gpu_burn_argv(binary, seconds, mem_fraction, dtype)
+    emit({"type": "step", "message": "running " + " ".join(argv)})
+    proc = subprocess.Popen(
+        argv,
+        cwd=folder,  # gpu-burn loads its compare kernel from the working directory
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,  # it dies with us
+    )
+    parsed = GpuBurnOutput()
+    started = time.monotonic()
+    last_emit: dict[int, float] = {}
+    stderr_lines: list[str] = []
+    err_buf = ""
+    sel = selectors.DefaultSelector()
+    assert proc.stdout is not None and proc.stderr is not None
+    sel.register(proc.stdout, selectors.EVENT_READ, "out")
+    sel.register(proc.stderr, selectors.EVENT_READ, "err")
+    stopped = False
+    term_at: float | None = None
+    killed = False
+    open_streams = 2
+    while open_streams:
+        for key, _ in sel.select(0.2):
+            data = os.read(key.fileobj.fileno(), 1 << 16)  # type: ignore[union-attr]
+            if not data:
+                sel.unregister(key.fileobj)
+                open_streams -= 1
+                continue
+            text = data.decode("utf-8", "replace")
+            if key.data == "err":
+                err_buf += text
+                *lines, err_buf = err_buf.split("\n")
+                for ln in lines:
+                    parsed.stderr_line(ln)
+                    if ln.strip():
+                        stderr_lines = [*stderr_lines, ln.strip()][-20:]
+                continue
+            now = time.monotonic()
+            for i in parsed.feed(text):
+                if now - last_emit.get(i, 0.0) >= 1.0:
+                    last_emit[i] = now
+                    emit(_progress(parsed.gpus[i], parsed, now - started, gpu_label))
+        now = time.monotonic()
+        if not stopped and should_stop():
+            stopped = True
+            term_at = now
+            _killpg(proc.pid, signal.SIGTERM)
+        if term_at is not None and not killed and now - term_at >= grace:
+            killed = True
+            _killpg(proc.pid, signal.SIGKILL)
+    parsed.finish()
+    if err_buf.strip():
+        parsed.stderr_line(err_buf)
+        stderr_lines.append(err_buf.strip())
+    code = proc.wait()
+    _killpg(proc.pid, signal.SIGKILL)  # workers a dead parent left behind
+    summaries = []
+    tail = parsed.failures[-1] if parsed.failures else (stderr_lines[-1] if stderr_lines else "")
+    for v in parsed.verdicts(stopped, code, tail):
+        st = parsed.gpus.get(v["gpu"]) or GpuState(v["gpu"])
+        summaries.append(
+            {
+                "type": "summary",
+                **_progress(st, parsed, time.monotonic() - started, gpu_label),
+                "verdict": v["verdict"],
+                "reason": v["reason"],
+                "exit_code": code,
+            }
+        )
+    return summaries
+
+
+def _progress(
+    st: GpuState, parsed: GpuBurnOutput, elapsed: float, label: str | None
+) -> dict[str, Any]:
+    mean = st.gflops_sum / st.samples if st.samples else 0.0
+    return {
+        "type": "progress",
+        "engine": "gpu-burn",
+        "gpu": label if label is not None else st.index,
+        "iterations": st.iterations,
+        "tflops": round(st.gflops / 1000, 4),
+        "tflops_mean": round(mean / 1000, 4),
+        "gflops_mean": round(mean, 2),
+        "errors": st.errors,
+        "temp": st.temp,
+        "percent": parsed.percent,
+        "elapsed": round(elapsed, 3),
+    }
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+# -- command line ---------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpuctl.workloads.gpuburn")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="find or build gpu-burn, run it, JSON lines on stdout")
+    run.add_argument("--binary", help="gpu_burn binary (or its folder); default: PATH")
+    run.add_argument("--source", help="gpu-burn source folder to build from when none is found")
+    run.add_argument("--gpu", metavar="ID", help="pin to this GPU via CUDA_VISIBLE_DEVICES")
+    run.add_argument("--duration", type=float, default=60.0, help="seconds (default 60)")
+    run.add_argument("--mem-fraction", type=float, default=0.9)
+    run.add_argument("--dtype", choices=("fp32", "tf32", "bf16", "fp16", "fp64"))
+    sub.add_parser("find", help="print the gpu_burn binary and CUDA toolkit discovery finds")
+    args = p.parse_args(argv)
+
+    def emit(msg: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(msg, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+
+    if args.command == "find":
+        toolkit, looked = find_toolkit()
+        emit(
+            {
+                "type": "find",
+                "gpu_burn": find_gpu_burn(),
+                "toolkit": toolkit.root if toolkit else None,
+                "nvcc": toolkit.nvcc if toolkit else None,
+                "how": toolkit.how if toolkit else None,
+                "looked": looked,
+            }
+        )
+        return 0
+    if args.duration <= 0 or not 0.05 <= args.mem_fraction <= 0.99:
+        p.error("--duration must be positive and --mem-fraction within 0.05..0.99")
+    if args.gpu is not None:
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda s, f: stopping.append(s))
+    signal.signal(signal.SIGINT, lambda s, f: stopping.append(s))
+    try:
+        _die_with_parent_signal(signal.SIGTERM)  # our parent gone: stop gpu-burn, not orphan it
+        binary = find_gpu_burn(args.binary)
+        if binary is None and args.binary:
+            raise BuildError(f"{args.binary} is not an executable gpu_burn")
+        if binary is None:
+            if not args.source:
+                raise BuildError(
+                    "no gpu_burn on PATH; name a gpu-burn source folder to build it from"
+                )
+            binary = build_gpu_burn(args.source, lambda m: emit({"type": "step", "message": m}))
+        else:
+            emit({"type": "step", "message": f"using {binary}"})
+        summaries = run_gpu_burn(
+            binary,
+            args.duration,
+            emit,
+            mem_fraction=args.mem_fraction,
+            dtype=args.dtype,
+            should_stop=lambda: bool(stopping),
+            gpu_label=args.gpu,
+        )
+    except BuildError as e:
+        emit({"type": "summary", "engine": "gpu-burn", "verdict": "DIED", "reason": str(e)})
+        return 3
+    for s in summaries:
+        emit(s)
+    verdicts = {s["verdict"] for s in summaries}
+    return 3 if "DIED" in verdicts else 1 if "FAULTY" in verdicts else 0
+
+
+def _die_with_parent_signal(sig: int) -> None:
+    """Ask for ``sig`` when our parent (the agent) dies, replacing the agent's SIGKILL, so that
+    the handler can stop gpu-burn's group first. Our parent already gone: stop now."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:
+        os.kill(os.getpid(), sig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
