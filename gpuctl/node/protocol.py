@@ -119,8 +119,10 @@ def decode(line):
         except UnicodeDecodeError:
             raise ProtocolError("bad_json", "line is not UTF-8")
     try:
-        msg = json.loads(line)
-    except ValueError as e:
+        # NaN/Infinity/1e999 would make the reply unencodable (allow_nan=False) and deep nesting
+        # raises RecursionError: both are junk, not reasons to stop.
+        msg = json.loads(line, parse_float=_finite_float, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
         raise ProtocolError("bad_json", "not JSON: %s" % (str(e)[:120],))
     if not isinstance(msg, dict):
         raise ProtocolError("bad_message", "a message must be a JSON object")
@@ -128,6 +130,17 @@ def decode(line):
     if not isinstance(kind, str) or not kind:
         raise ProtocolError("bad_message", "a message needs a string 'type'")
     return msg
+
+
+def _finite_float(text):
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError("number %s is out of range" % text[:40])
+    return value
+
+
+def _no_constant(name):
+    raise ValueError("%s is not a JSON number" % name)
 
 
 def error(code, message, req_id=None):

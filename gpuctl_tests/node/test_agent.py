@@ -1,0 +1,274 @@
+"""Protocol v1 as the real agent subprocess speaks it: requests, replies, bad input, exits."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuctl.node.protocol import (
+    AGENT_VERSION,
+    MAX_LINE,
+    PROTOCOL_VERSION,
+    SAMPLE_FIELDS,
+    STATIC_FIELDS,
+)
+from gpuctl_tests.helpers import AgentProcess
+
+REQUESTS = ("ping", "set_interval", "snapshot", "shutdown", "simulate")
+REPLY_TYPES = ("error", "pong", "ok", "bye")
+
+
+def start(agents: list[AgentProcess], *args: str) -> AgentProcess:
+    agent = AgentProcess.start(*args)
+    agents.append(agent)
+    return agent
+
+
+def is_reply(msg: dict[str, Any]) -> bool:
+    """A message sent because of a request (periodic samples and events are not)."""
+    return msg["type"] in REPLY_TYPES or (msg["type"] == "sample" and "id" in msg)
+
+
+def test_hello_then_samples(agents: list[AgentProcess]) -> None:
+    agent = start(agents, "--simulate", "3:A100", "--interval", "0.1")
+    hello = agent.read()
+    assert hello["type"] == "hello"
+    assert (hello["protocol"], hello["agent"]) == (PROTOCOL_VERSION, AGENT_VERSION)
+    assert hello["pid"] == agent.proc.pid
+    assert hello["python"] == "%d.%d.%d" % sys.version_info[:3]
+    assert (hello["interval"], hello["reader"], hello["reader_error"]) == (0.1, "simulated", None)
+    assert hello["hostname"] and hello["driver"] and hello["cuda"]
+    assert set(REQUESTS) <= set(hello["features"])
+    assert [g["index"] for g in hello["gpus"]] == [0, 1, 2]
+    for g in hello["gpus"]:
+        assert set(g) == set(STATIC_FIELDS)
+        assert g["name"] == "NVIDIA A100-SXM4-80GB"
+    samples = [agent.read_until(lambda m: m["type"] == "sample") for _ in range(3)]
+    assert [s["seq"] for s in samples] == sorted({s["seq"] for s in samples})
+    assert samples[0]["t"] <= samples[-1]["t"]
+    for s in samples:
+        assert [g["uuid"] for g in s["gpus"]] == [g["uuid"] for g in hello["gpus"]]
+        for g in s["gpus"]:
+            assert set(SAMPLE_FIELDS) <= set(g)
+
+
+@pytest.mark.parametrize("req_id", [7, "abc", 1.5, None, True])
+def test_ping_pong_echoes_the_id(agents: list[AgentProcess], req_id: Any) -> None:
+    agent = start(agents, "--simulate", "1", "--interval", "60")
+    agent.read()
+    agent.send({"type": "ping", "id": req_id})
+    pong = agent.read_until(lambda m: m["type"] == "pong")
+    assert pong["id"] == req_id and isinstance(pong["t"], float)
+
+
+def test_set_interval_changes_the_cadence(agents: list[AgentProcess]) -> None:
+    agent = start(agents, "--simulate", "1", "--interval", "60")
+    agent.read()
+    agent.read_until(lambda m: m["type"] == "sample")  # the first comes at once
+    agent.send({"type": "set_interval", "seconds": 0.1, "id": "x"})
+    ok = agent.read_until(is_reply)
+    assert ok == {"type": "ok", "request": "set_interval", "id": "x"}
+    # at 60 s nothing more would come within the deadline; at 0.1 s several do
+    seqs = [agent.read_until(lambda m: m["type"] == "sample", timeout=5)["seq"] for _ in range(3)]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 3
+
+
+@pytest.mark.parametrize("seconds", [0, 0.05, 3601, -1, "1", True, None, [1]])
+def test_set_interval_refuses_bad_values(agents: list[AgentProcess], seconds: Any) -> None:
+    agent = start(agents, "--simulate", "1", "--interval", "60")
+    agent.read()
+    agent.send({"type": "set_interval", "seconds": seconds, "id": 3})
+    err = agent.read_until(is_reply)
+    assert (err["type"], err["code"], err["id"]) == ("error", "bad_argument", 3)
+    agent.send({"type": "set_interval", "id": 4})  # missing altogether
+    assert agent.read_until(is_reply)["code"] == "bad_argument"
+
+
+def test_snapshot_is_a_sample_with_the_id(agents: list[AgentProcess]) -> None:
+    agent = start(agents, "--simulate", "2", "--interval", "60")
+    agent.read()
+    agent.send({"type": "snapshot", "id": 42})
+    snap = agent.read_until(lambda m: m.get("id") == 42)
+    assert snap["type"] == "sample" and len(snap["gpus"]) == 2
+
+
+def test_unknown_request_is_named_in_the_error(agents: list[AgentProcess]) -> None:
+    agent = start(agents, "--simulate", "1", "--interval", "60")
+    agent.read()
+    agent.send({"type": "frobnicate", "id": 9})
+    err = agent.read_until(is_reply)
+    assert (err["type"], err["code"], err["id"]) == ("error", "unknown_request", 9)
+    assert "frobnicate" in err["message"]
+
+
+def test_shutdown_says_bye_and_exits_0(agents: list[AgentProcess]) -> None:
+    agent = start(agents, "--simulate", "1", "--interval", "60")
+    agent.read()
+    agent.send({"type": "shutdown", "id": 1})
+    bye = agent.read_until(is_reply)
+    assert bye["type"] == "bye"
+    assert agent.proc.wait(10) == 0
+
+
+def test_stdin_closing_exits_0(agents: list[AgentProcess]) -> None:
+    agent = start(agents, "--simulate", "1", "--interval", "60")
+    agent.read()
+    assert agent.proc.stdin is not None
+    agent.proc.stdin.close()
+    assert agent.proc.wait(10) == 0
+
+
+def test_overlong_line_is_refused_and_the_agent_carries_on(agents: list[AgentProcess]) -> None:
+    agent = start(agents, "--simulate", "1", "--interval", "60")
+    agent.read()
+    done = threading.Event()
+
+    def write() -> None:  # 3 MiB: more than the pipe holds, so write while the test reads
+        agent.send(b'{"type":"ping","pad":"' + b"x" * (3 * MAX_LINE) + b'"}\n')
+        agent.send({"type": "ping", "id": "after"})
+        done.set()
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    err = agent.read_until(is_reply)
+    assert (err["type"], err["code"]) == ("error", "line_too_long")
+    pong = agent.read_until(is_reply)
+    assert (pong["type"], pong["id"]) == ("pong", "after")  # one error, then business as usual
+    writer.join(10)
+    assert done.is_set()
+
+
+@pytest.mark.parametrize(
+    ("line", "code"),
+    [
+        (b"\xff\xfe\x00garbage\x80\n", "bad_json"),
+        (b"not json at all\n", "bad_json"),
+        (b"[1, 2, 3]\n", "bad_message"),
+        (b'"ping"\n', "bad_message"),
+        (b'{"id": 1}\n', "bad_message"),
+        (b'{"type": 5}\n', "bad_message"),
+        (b'{"type": ""}\n', "bad_message"),
+        # These once stopped the agent: a NaN id made the reply unencodable, and deep nesting
+        # raised RecursionError out of the JSON parser.
+        (b'{"type": "ping", "id": NaN}\n', "bad_json"),
+        (b'{"type": "ping", "id": 1e999}\n', "bad_json"),
+        (b"[" * 100_000 + b"\n", "bad_json"),
+    ],
+    ids=lambda v: repr(v[:30]) if isinstance(v, bytes) else str(v),
+)
+def test_bad_lines_get_an_error_and_the_agent_carries_on(
+    agents: list[AgentProcess], line: bytes, code: str
+) -> None:
+    agent = start(agents, "--simulate", "1", "--interval", "60")
+    agent.read()
+    agent.send(line)
+    err = agent.read_until(is_reply)
+    assert (err["type"], err["code"]) == ("error", code)
+    agent.send({"type": "ping", "id": 2})
+    pong = agent.read_until(is_reply)
+    assert (pong["type"], pong["id"]) == ("pong", 2)
+
+
+# -- junk, at volume -------------------------------------------------------------------------
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
+keys = st.sampled_from(["id", "seconds", "gpus", "action", "load", "xid", "gpu"]) | st.text(
+    max_size=6
+)
+# Kept small: hypothesis spends most of this test's time drawing nested values.
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(keys, inner, max_size=2),
+    max_leaves=4,
+)
+junk_types = st.text(max_size=20).filter(lambda t: t not in REQUESTS)
+
+
+def _request(parts: tuple[dict[str, Any], str, float | None]) -> dict[str, Any]:
+    d, kind, seconds = parts
+    d = dict(d, type=kind)
+    if kind == "set_interval" and seconds is not None:
+        d["seconds"] = seconds
+    return d
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+# Strategies are built once: building them per draw is what makes hypothesis slow here.
+_dicts = st.dictionaries(keys.filter(lambda k: k != "type"), json_values, max_size=3)
+# One line of junk (bytes without a newline, never blank) or a known request: a dict that the
+# test gives a unique id so that its reply can be counted. ``shutdown`` is never sent (it would
+# end the test); set_interval comes with random seconds, valid or not.
+junk_line = st.one_of(
+    st.binary(min_size=1, max_size=200).map(lambda b: b"\x00" + b.replace(b"\n", b" ")),
+    json_values.map(_dumps),
+    _dicts.map(_dumps),
+    st.tuples(_dicts, junk_types).map(lambda t: _dumps(dict(t[0], type=t[1]))),
+    st.tuples(
+        _dicts,
+        st.sampled_from(["ping", "set_interval", "snapshot", "simulate"]),
+        st.none() | st.floats(min_value=0.1, max_value=0.5),
+    ).map(_request),
+)
+
+
+@pytest.mark.slow
+def test_junk_at_volume_gets_one_reply_per_line(agents: list[AgentProcess]) -> None:
+    """Thousands of hypothesis-made junk lines at one live agent: every line is answered, and
+    the agent still samples at the end."""
+    agent = start(agents, "--simulate", "2", "--interval", "0.2")
+    agent.read()
+    total = {"lines": 0, "requests": 0}
+
+    @settings(
+        max_examples=40,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(st.lists(junk_line, min_size=100, max_size=100))
+    def feed(lines: list[bytes | dict[str, Any]]) -> None:
+        expected = []
+        payload = b""
+        for line in lines:
+            if isinstance(line, dict):
+                total["requests"] += 1
+                line = dict(line, id=f"req-{total['requests']}")
+                expected.append(line["id"])
+                line = json.dumps(line).encode()
+            payload += line + b"\n"
+        # Write from a thread: replies (snapshots are big) may fill the pipe while we write.
+        writer = threading.Thread(target=agent.send, args=(payload,), daemon=True)
+        writer.start()
+        seen = [agent.read_until(is_reply, timeout=20).get("id") for _ in lines]
+        writer.join(20)
+        wanted = set(expected)
+        assert sorted(i for i in seen if i in wanted) == sorted(expected)
+        total["lines"] += len(lines)
+
+    feed()
+    assert total["lines"] >= 2000
+    assert agent.proc.poll() is None
+    # still sampling: periodic samples keep coming, with growing seq
+    agent.send({"type": "set_interval", "seconds": 0.1, "id": "end"})
+    agent.read_until(lambda m: m.get("id") == "end")
+    seqs = [
+        agent.read_until(lambda m: m["type"] == "sample" and "id" not in m)["seq"] for _ in range(3)
+    ]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 3
+    # and nothing was left unanswered: a final ping is the very next reply
+    agent.send({"type": "ping", "id": "last"})
+    assert agent.read_until(is_reply)["id"] == "last"
