@@ -46,6 +46,9 @@ def register(sub: Any) -> None:
     what.add_argument("--allow-no-gpu", action="store_true", help="no GPU is a SKIP")
     what.add_argument("--floor", type=float, help="minimum fraction of peak TFLOP/s (0.6)")
     what.add_argument("--python", help="VENV2 interpreter (torch) on the nodes")
+    what.add_argument(
+        "--skip", action="append", default=[], choices=SECTIONS, help="leave a section out"
+    )
     what.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     slurm = p.add_argument_group("slurm")
     slurm.add_argument("--partition", help="Slurm partition")
@@ -101,6 +104,7 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
         threshold=args.threshold,
         test_break_rank=args.test_break_rank,
         test_slow_compute=args.test_slow_compute,
+        extra_args=tuple(a for s in args.skip for a in ("--skip", s)),
     )
 
 
