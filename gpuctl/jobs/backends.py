@@ -225,6 +225,7 @@ class SlurmBackend(Backend):
             lines.append(f"#SBATCH --signal=B:{self.signal_warning}")
         root = os.path.dirname(jobdirs[0])
         lines.append(f"#SBATCH --output={root}/slurm-%A_%a.out")
+        lines.append(f"#SBATCH --chdir={root}")
         if len(jobdirs) > 1:
             lines.append(f"#SBATCH --array=0-{len(jobdirs) - 1}")
         lines += [f"#SBATCH {a}" for a in self.sbatch_args]

@@ -346,7 +346,10 @@ class Supervisor(object):
         worker = self.path(meta.get("worker", "worker.py"))
         argv = [python, "-X", "faulthandler", worker, self.jobdir]
         self.outcome["argv"] = argv
-        rlimit_as = mem_bytes if (mem_bytes and not under_slurm) else None
+        # Under Slurm the job's cgroup enforces --mem; where nothing does (no cgroup limit,
+        # jobacct_gather/none), RLIMIT_AS is the backstop so a limit is never silently ignored.
+        cg_limit = (self.outcome["cgroup_before"] or {}).get("limit_bytes")
+        rlimit_as = mem_bytes if (mem_bytes and (not under_slurm or not cg_limit)) else None
         self.outcome["rlimit_as"] = rlimit_as
 
         def preexec():
@@ -382,7 +385,7 @@ class Supervisor(object):
             now = time.monotonic()
             if self.stop_reason is None and os.path.exists(self.path(CANCEL)):
                 self.stop_reason = "cancelled"
-            if (self.stop_reason is None and time_limit and not under_slurm
+            if (self.stop_reason is None and time_limit
                     and now - started > float(time_limit)):
                 self.stop_reason = "time_limit"
             if self.stop_reason and self.stop_at is None:
@@ -412,7 +415,7 @@ class Supervisor(object):
             waits = [next_beat - now, 1.0]
             if self.kill_at is not None and not self.outcome.get("escalated_to_kill"):
                 waits.append(max(0.0, self.kill_at - now))
-            if time_limit and not under_slurm and self.stop_reason is None:
+            if time_limit and self.stop_reason is None:
                 waits.append(max(0.0, started + float(time_limit) - now + 0.01))
             try:
                 select.select([self.wake_r], [], [], max(0.0, min(waits)))

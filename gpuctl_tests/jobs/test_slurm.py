@@ -1,0 +1,103 @@
+"""Jobs through the real one-node Slurm: sbatch script, job arrays for map, states, OOM, cancel."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.jobs import Executor, JobFailed, JobStore
+from gpuctl_tests.helpers import wait_until
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture
+def slurm_executor(slurm_cluster: Any, venv1: str, venv2: str, tmp_path: Path) -> Any:
+    def make(**kw: Any) -> Executor:
+        kw.setdefault("supervisor_python", venv1)
+        kw.setdefault("python", venv2)
+        return Executor(
+            "slurm",
+            partition=slurm_cluster.partition,
+            slurm_env={"SLURM_CONF": slurm_cluster.env["SLURM_CONF"]},
+            job_root=str(tmp_path / "shared-jobs"),
+            store=JobStore(),
+            **kw,
+        )
+
+    yield make
+    slurm_cluster.cancel_all()
+
+
+def where_am_i(x: int) -> dict[str, Any]:
+    import os
+
+    return {
+        "x": x * 3,
+        "job": os.environ.get("SLURM_JOB_ID"),
+        "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+@pytest.mark.slow
+def test_submit_and_map_as_a_job_array(slurm_executor: Any) -> None:
+    ex = slurm_executor(gpus=1)
+    job = ex.submit(where_am_i, 5)
+    out = job.result(60)
+    assert out["x"] == 15 and out["job"] == job.handle["slurm_id"]
+    assert out["gpus"] is not None  # --gpus=1 went into the batch script
+    script = Path(job.jobdir, "job.sbatch").read_text()
+    assert "#SBATCH --gpus=1" in script and "supervisor.py" in script
+    outcome = json.loads(Path(job.jobdir, "outcome.json").read_text())
+    assert outcome["slurm_job_id"] == job.handle["slurm_id"]
+    assert outcome["supervisor_python"] == "3.6.15"
+
+    jobs = ex.map_jobs(lambda a: a * a, range(12), chunksize=4)
+    assert len(jobs) == 3
+    array_ids = {j.handle["array"] for j in jobs}
+    assert len(array_ids) == 1
+    array_id = array_ids.pop()
+    assert [j.handle["slurm_id"] for j in jobs] == [f"{array_id}_{i}" for i in range(3)]
+    assert [j.result(60) for j in jobs] == [
+        [("ok", a * a) for a in range(i, i + 4)] for i in (0, 4, 8)
+    ]
+    assert list(ex.map(lambda a: a + 1, range(12), chunksize=4)) == list(range(1, 13))
+
+
+def test_memory_limit_on_slurm_is_out_of_memory(slurm_executor: Any) -> None:
+    def hog() -> int:
+        return len([bytearray(64 << 20) for _ in range(32)])
+
+    job = slurm_executor(mem="400M").submit(hog)
+    with pytest.raises(JobFailed) as info:
+        job.result(60)
+    assert info.value.kind == "out_of_memory"
+    assert "#SBATCH --mem=400M" in Path(job.jobdir, "job.sbatch").read_text()
+
+
+def test_pending_then_cancelled_and_running_cancel(slurm_executor: Any) -> None:
+    ex = slurm_executor(sbatch_args=["--begin=now+3600"])
+    pending = ex.submit(where_am_i, 1)
+    wait_until(lambda: pending.state == "pending", 20, "the job to be pending")
+    info = pending.backend.scheduler_state(pending.handle)
+    assert info is not None and info["reason"] == "BeginTime"
+    assert pending.cancel()
+    with pytest.raises(JobFailed) as err:
+        pending.result(30)
+    assert err.value.kind == "cancelled"
+    assert "before VENV2 started" in str(err.value)
+
+    def sleeper() -> None:
+        import time
+
+        time.sleep(120)
+
+    running = slurm_executor(grace=1).submit(sleeper)
+    wait_until(lambda: running.state == "running", 30, "the job to run")
+    assert running.cancel()
+    with pytest.raises(JobFailed) as err:
+        running.result(30)
+    assert err.value.kind == "cancelled"
