@@ -1,0 +1,129 @@
+"""DESIGN.md's import rules, checked: each headless package is imported in a fresh interpreter
+and ``sys.modules`` says what came with it."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuctl_tests.helpers import REPO, node_env
+
+# Imports every module of the named packages (walking sub-packages), then prints sys.modules.
+PROBE = r"""
+import importlib, json, pkgutil, sys
+for name in sys.argv[1:]:
+    module = importlib.import_module(name)
+    if hasattr(module, "__path__"):
+        for info in pkgutil.walk_packages(module.__path__, name + "."):
+            if not info.name.endswith(".__main__"):  # a program, not a module to import
+                importlib.import_module(info.name)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+# The agent as it starts: open the simulated reader, build the Agent, install its plugins.
+AGENT_PROBE = r"""
+import json, sys
+from gpuctl.node.agent import Agent, install_plugins
+from gpuctl.node.readers import open_reader
+reader, _ = open_reader("2")
+install_plugins(Agent(reader, None, interval=1.0, in_fd=0, out=sys.stdout.buffer))
+print(json.dumps(sorted(sys.modules)))
+"""
+
+LOGIN_ONLY = ("textual", "asyncssh", "cloudpickle", "platformdirs", "hostlist", "plotext")
+
+
+def _run(script: str, *packages: str) -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-c", script, *packages],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=node_env(),
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return set(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+@functools.cache
+def _baseline() -> frozenset[str]:
+    """What a bare interpreter has loaded already (site hooks from .pth files and the like)."""
+    return frozenset(_run(PROBE))
+
+
+def loaded(*packages: str, script: str = PROBE) -> set[str]:
+    """The module names that importing ``packages`` (and all their modules) loads."""
+    return _run(script, *packages) - _baseline()
+
+
+def top(modules: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in modules}
+
+
+def exists(package: str) -> bool:
+    path = REPO / Path(*package.split("."))
+    return path.is_dir() or path.with_suffix(".py").exists()
+
+
+def third_party(modules: set[str]) -> set[str]:
+    """Top-level names that are neither the standard library nor gpuctl."""
+    allowed = set(sys.stdlib_module_names) | set(sys.builtin_module_names) | {"gpuctl", "__main__"}
+    return {m for m in top(modules) if m not in allowed}
+
+
+def gpuctl_outside(modules: set[str], *inside: str) -> set[str]:
+    return {m for m in modules if m.startswith("gpuctl.") and not m.startswith(inside)}
+
+
+def test_node_is_standard_library_and_self_contained() -> None:
+    modules = loaded("gpuctl.node")
+    assert "gpuctl.node.agent" in modules and "gpuctl.node.readers.nvml" in modules
+    assert third_party(modules) == set()  # not even pynvml: that one is imported lazily
+    assert gpuctl_outside(modules, "gpuctl.node") == set()
+
+
+def test_running_agent_with_plugins_stays_node_side() -> None:
+    modules = loaded(script=AGENT_PROBE)
+    assert third_party(modules) == set()
+    assert gpuctl_outside(modules, "gpuctl.node") == set()
+
+
+def test_core_is_plain_data() -> None:
+    modules = loaded("gpuctl.core")
+    assert third_party(modules) == set()
+    assert gpuctl_outside(modules, "gpuctl.core") == set()
+
+
+@pytest.mark.parametrize(
+    "package", ["gpuctl.fleet", "gpuctl.jobs", "gpuctl.config", "gpuctl.accept"]
+)
+def test_headless_packages_never_load_textual(package: str) -> None:
+    if not exists(package):
+        pytest.skip(f"{package} does not exist yet")
+    modules = loaded(package)
+    assert "textual" not in top(modules)
+    assert not {m for m in modules if m.startswith("gpuctl.tui")}
+    if package == "gpuctl.fleet":
+        assert "torch" not in top(modules)
+
+
+def test_workloads_never_reach_the_login_side() -> None:
+    if not exists("gpuctl.workloads"):
+        pytest.skip("gpuctl.workloads does not exist yet")
+    modules = loaded("gpuctl.workloads")
+    assert not top(modules) & set(LOGIN_ONLY)
+    assert gpuctl_outside(modules, "gpuctl.node", "gpuctl.workloads") == set()
+
+
+def test_probe_sees_what_it_should() -> None:
+    """The check itself can fail: importing the TUI does load textual."""
+    if not exists("gpuctl.tui") or not any((REPO / "gpuctl" / "tui").glob("*.py")):
+        pytest.skip("gpuctl.tui does not exist yet")
+    modules = loaded("gpuctl.tui")
+    assert "textual" in top(modules)
