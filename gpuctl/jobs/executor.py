@@ -86,9 +86,19 @@ class EnvSpec:
     """
 
     python: str = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    packages: tuple[str, ...] = ("cloudpickle",)
+    packages: tuple[str, ...] = ()
     system_site_packages: bool = False
     methods: tuple[str, ...] = ("uv", "conda", "venv")
+    base_python: str | None = None  # the interpreter ``venv`` copies (default: python3.X)
+
+    def pinned_packages(self) -> list[str]:
+        """The packages with cloudpickle pinned to this submitter's version (added if absent):
+        a payload only loads with the cloudpickle that wrote it."""
+        pin = f"cloudpickle=={cloudpickle.__version__}"
+        out = [pin if p.strip().lower() == "cloudpickle" else p for p in self.packages]
+        if not any(p.strip().lower().startswith("cloudpickle") for p in out):
+            out.insert(0, pin)
+        return out
 
 
 def parse_mem(mem: int | str | None) -> int | None:
@@ -535,9 +545,10 @@ class Executor:
         spec_json = {
             "root": root,
             "python": spec.python,
-            "packages": list(spec.packages),
+            "packages": spec.pinned_packages(),
             "system_site_packages": spec.system_site_packages,
             "methods": list(spec.methods),
+            "base_python": spec.base_python,
         }
         spec_path = f"{root}/spec-{uuid.uuid4().hex[:12]}.json"
         host.write_bytes(spec_path, json.dumps(spec_json).encode())
@@ -561,7 +572,7 @@ class Executor:
                 _provision_report(
                     "env_build_failed",
                     [
-                        f"building Python {spec.python} with {list(spec.packages)}"
+                        f"building Python {spec.python} with {spec.pinned_packages()}"
                         f" on {self.target}: {result.get('error')}",
                         *(f"| {line}" for line in tail),
                     ],

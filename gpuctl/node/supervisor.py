@@ -474,9 +474,10 @@ class Supervisor(object):
 # --- environments --------------------------------------------------------------------------
 
 
-def env_key(python_version, packages, system_site_packages=False):
+def env_key(python_version, packages, system_site_packages=False, base_python=None):
     """Content hash naming an environment: the same (Python, packages) is built once."""
-    blob = json.dumps([str(python_version), sorted(packages), bool(system_site_packages)])
+    blob = json.dumps([str(python_version), sorted(packages), bool(system_site_packages)]
+                      + ([base_python] if base_python else []))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -533,7 +534,8 @@ def build_env(spec):
     version = str(spec["python"])
     packages = list(spec.get("packages") or [])
     ssp = bool(spec.get("system_site_packages"))
-    key = env_key(version, packages, ssp)
+    base = spec.get("base_python")
+    key = env_key(version, packages, ssp, base)
     os.makedirs(root, exist_ok=True)
     envdir = os.path.join(root, key)
     log_path = envdir + ".log"
@@ -550,7 +552,7 @@ def build_env(spec):
         if os.path.isdir(envdir):
             shutil.rmtree(envdir, ignore_errors=True)
         with open(log_path, "w") as log:
-            method, ok = _build(envdir, version, packages, ssp, spec.get("methods"), log)
+            method, ok = _build(envdir, version, packages, ssp, spec.get("methods"), log, base)
         if not ok:
             shutil.rmtree(envdir, ignore_errors=True)
             result.update(ok=False, method=method, error="environment build failed (%s)" % method,
@@ -583,7 +585,7 @@ def _step(argv, log):
     return rc == 0
 
 
-def _build(envdir, version, packages, ssp, methods, log):
+def _build(envdir, version, packages, ssp, methods, log, base_python=None):
     methods = list(methods or ("uv", "conda", "venv"))
     py = os.path.join(envdir, "bin", "python")
     tried = []
@@ -602,7 +604,7 @@ def _build(envdir, version, packages, ssp, methods, log):
                             [py, "-m", "pip", "install", "-q"] + packages, log))
             return "conda", ok
         if method == "venv":
-            base = _find_python(version)
+            base = os.path.expanduser(base_python) if base_python else _find_python(version)
             if base is None:
                 tried.append("no python%s on PATH or in ~/.pyenv" % version)
                 continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,18 @@ def env_root(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
-def venv2(venv1: str, env_root: str) -> str:
+def env_spec() -> EnvSpec:
+    """VENV2 = ``venv --system-site-packages`` of this interpreter, cloudpickle pinned."""
+    return EnvSpec(system_site_packages=True, methods=("venv",), base_python=sys.executable)
+
+
+@pytest.fixture(scope="session")
+def venv2(venv1: str, env_root: str, env_spec: EnvSpec) -> str:
     """A VENV2 built by gpuctl itself (``python3.X -m venv --system-site-packages``), once."""
     ex = Executor(
         "local",
         supervisor_python=venv1,
-        env=EnvSpec(packages=("cloudpickle",), system_site_packages=True, methods=("venv",)),
+        env=env_spec,
         env_root=env_root,
         store=False,
     )

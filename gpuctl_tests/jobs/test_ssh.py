@@ -40,10 +40,10 @@ def node_config(ssh_cluster: SshCluster, venv1: str, tmp_path: Path) -> Any:
     return load_config(path)
 
 
-def ssh_executor(config: Any, env_root: str, tmp_path: Path, **kw: Any) -> Executor:
-    kw.setdefault(
-        "env", EnvSpec(packages=("cloudpickle",), system_site_packages=True, methods=("venv",))
-    )
+def ssh_executor(
+    config: Any, env_root: str, tmp_path: Path, env_spec: EnvSpec, **kw: Any
+) -> Executor:
+    kw.setdefault("env", env_spec)
     return Executor(
         "gpu1",
         config=config,
@@ -55,9 +55,9 @@ def ssh_executor(config: Any, env_root: str, tmp_path: Path, **kw: Any) -> Execu
 
 
 def test_roundtrip_failure_and_reattach(
-    node_config: Any, env_root: str, venv2: str, tmp_path: Path
+    node_config: Any, env_root: str, venv2: str, env_spec: EnvSpec, tmp_path: Path
 ) -> None:
-    ex = ssh_executor(node_config, env_root, tmp_path)
+    ex = ssh_executor(node_config, env_root, tmp_path, env_spec)
     probe = ex.venv2()
     assert probe["path"] == venv2  # the environment built in the session fixture, reused
     job = ex.submit(add_offset, 1)
@@ -102,9 +102,9 @@ def _sleep_then(seconds: float, value: str) -> str:
 
 
 def test_cancel_and_user_exception_over_ssh(
-    node_config: Any, env_root: str, tmp_path: Path
+    node_config: Any, env_root: str, tmp_path: Path, env_spec: EnvSpec
 ) -> None:
-    ex = ssh_executor(node_config, env_root, tmp_path, grace=1)
+    ex = ssh_executor(node_config, env_root, tmp_path, env_spec, grace=1)
     job = ex.submit(_sleep_then, 120, "never")
     wait_until(lambda: job.state == "running", 30, "the job to run on the node")
     assert job.cancel()
@@ -120,11 +120,13 @@ def test_cancel_and_user_exception_over_ssh(
 
 
 def test_version_mismatch_on_the_node_says_how_to_fix(
-    node_config: Any, env_root: str, tmp_path: Path
+    node_config: Any, env_root: str, tmp_path: Path, env_spec: EnvSpec
 ) -> None:
     from gpuctl_tests.helpers import old_python
 
-    ex = ssh_executor(node_config, env_root, tmp_path, env=None, python=old_python("3.9.18"))
+    ex = ssh_executor(
+        node_config, env_root, tmp_path, env_spec, env=None, python=old_python("3.9.18")
+    )
     with pytest.raises(JobFailed) as info:
         ex.submit(len, [])
     assert info.value.kind == "python_mismatch"
