@@ -1,0 +1,190 @@
+"""``gpuctl accept`` end to end: this machine, nodes through their agents, SSH, Slurm, history."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.workloads.accept.schema import SECTIONS
+from gpuctl_tests.helpers import node_env, old_python
+
+pytest.importorskip("torch")
+
+LIGHT = ("--skip", "train", "--skip", "ddp_allreduce", "--skip", "ddp_train")
+
+
+def gpuctl(
+    tmp_path: Path, *args: str, config: str = "", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    cfg = tmp_path / "config.toml"
+    if not cfg.exists() or config:
+        cfg.write_text(config)
+    e = node_env({"GPUCTL_STATE_DIR": str(tmp_path / "state"), "GPUCTL_CONFIG": str(cfg)})
+    e.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "gpuctl", "accept", *args],
+        capture_output=True,
+        text=True,
+        env=e,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def lines(r: subprocess.CompletedProcess[str]) -> list[str]:
+    return r.stdout.strip().splitlines()
+
+
+def reports(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("accept-*.json"))]
+
+
+@pytest.mark.slow
+def test_local_quick_cpu_run_is_done_when(tmp_path: Path) -> None:
+    d = tmp_path / "D"
+    r = gpuctl(tmp_path, "--local", "--device", "cpu", "--quick", "--report-dir", str(d))
+    out = lines(r)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert out[-1] == "[RESULT] SUCCESS"
+    # Progress came through the agent while it ran: the suite's own section lines.
+    assert any(ln.startswith("[COMPUTE] cpu fp32") for ln in out)
+    assert any(ln.startswith("[DDP] all-reduce") for ln in out)
+    (report,) = reports(d)
+    assert report["node"] == socket.gethostname()
+    for name in ("env", "compute", "membw", "train", "ddp_allreduce", "ddp_train", "health"):
+        assert report["sections"][name]["verdict"] in ("PASS", "SKIP")
+    assert report["sections"]["ddp_allreduce"]["algbw_gbps"] > 0
+    assert report["sections"]["ddp_allreduce"]["busbw_gbps"] > 0
+    # ... and it is in the history.
+    h = gpuctl(tmp_path, "history")
+    assert h.returncode == 0 and socket.gethostname() in h.stdout and "PASS" in h.stdout
+
+
+@pytest.mark.slow
+def test_a_slowed_second_run_is_flagged_as_degraded(tmp_path: Path) -> None:
+    base = ("--local", "--device", "cpu", "--quick", "--skip", "membw", *LIGHT)
+    first = gpuctl(tmp_path, *base)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    assert "DEGRADED" not in first.stdout
+    second = gpuctl(tmp_path, *base, "--test-slow-compute", "8", "--fail-on-degradation")
+    node = socket.gethostname()
+    assert any(
+        ln.startswith(f"[HISTORY] DEGRADED {node} compute/cpu/fp32:") for ln in lines(second)
+    ), second.stdout[-2000:]
+    # The floor passed (a CPU run is judged on correctness); the history alone fails it.
+    assert second.returncode == 1
+    assert lines(second)[-1].startswith("[RESULT] FAILURE:")
+    assert "degraded compute/cpu/fp32" in lines(second)[-1]
+
+    trend = gpuctl(tmp_path, "history", node)
+    assert trend.returncode == 0
+    row = next(ln for ln in lines(trend) if ln.startswith("compute/cpu/fp32"))
+    assert row.split()[1] in ("█▁", "▇▁", "▆▁")  # high, then low
+    hist = json.loads(gpuctl(tmp_path, "history", node, "--json").stdout)
+    assert [r["degradations"] != [] for r in hist[node]["runs"]] == [True, False]
+
+
+def test_read_only_mode_refuses(tmp_path: Path) -> None:
+    r = gpuctl(tmp_path, "--local", "--device", "cpu", config="read_only = true\n")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "read-only mode" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_user_mistakes_are_one_line(tmp_path: Path) -> None:
+    r = gpuctl(tmp_path, "--nodes", "gpu[01-02]", "--device", "cpu")
+    assert r.returncode == 2 and "no nodes configured" in r.stderr
+    r = gpuctl(tmp_path, "--local", "--floor", "3")
+    assert r.returncode == 2 and "--floor" in r.stderr
+    r = gpuctl(tmp_path, "history", "nosuchnode")
+    assert r.returncode == 2 and "no acceptance runs recorded for nosuchnode" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_two_nodes_through_their_agents_give_one_cluster_report(tmp_path: Path) -> None:
+    config = f'[clusters.lab]\nnodes = "n[1-2]"\nvia = "local"\npython = "{sys.executable}"\n'
+    d = tmp_path / "D"
+    r = gpuctl(
+        tmp_path, "--device", "cpu", "--quick", "--skip", "membw", *LIGHT,
+        "--report-dir", str(d), config=config,
+    )  # fmt: skip
+    out = lines(r)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert out[-1] == "[RESULT] SUCCESS"
+    for n in ("n1", "n2"):  # progress per node while it ran
+        assert any(ln.startswith(f"{n}: [COMPUTE]") for ln in out)
+        assert any(ln.startswith(n) and ln.split()[-1] == "PASS" for ln in out)
+    cluster = json.loads(next(d.glob("accept-cluster-*.json")).read_text())
+    assert cluster["verdict"] == "PASS" and set(cluster["nodes"]) == {"n1", "n2"}
+    assert cluster["nodes"]["n1"]["sections"]["compute"] == "PASS"
+    assert cluster["nodes"]["n1"]["sections"]["train"] == "SKIP"
+
+
+@pytest.mark.slow
+@pytest.mark.sshd
+def test_over_ssh_the_node_agent_on_python36_runs_the_suite_in_venv2(
+    tmp_path: Path, ssh_cluster: Any
+) -> None:
+    ssh_cluster.start_node("node1", python=old_python("3.6.15"), simulate=None)
+    cfg = ssh_cluster.write_config(
+        tmp_path / "config.toml", workload_python=sys.executable, simulate=None
+    )
+    d = tmp_path / "D"
+    r = gpuctl(
+        tmp_path, "--nodes", "node1", "--device", "cpu", "--quick", "--skip", "membw", *LIGHT,
+        "--report-dir", str(d), config=cfg.read_text(),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert lines(r)[-1] == "[RESULT] SUCCESS"
+    (report,) = reports(d)
+    assert report["sections"]["env"]["python"].startswith("3.11")  # VENV2, not the agent's 3.6
+    assert report["sections"]["compute"]["verdict"] == "PASS"
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_through_slurm_a_two_task_job_runs_gathers_and_reports(
+    tmp_path: Path, slurm_cluster: Any
+) -> None:
+    d = tmp_path / "D"
+    jobs = tmp_path / "jobs"
+    r = gpuctl(
+        tmp_path, "--via", "slurm", "--device", "cpu", "--quick", "--skip", "train",
+        "--skip", "membw", "--job-dir", str(jobs), "--report-dir", str(d),
+        env=slurm_cluster.env,
+    )  # fmt: skip
+    out = lines(r)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert out[-1] == "[RESULT] SUCCESS"
+    job_id = out[0].split()[3].rstrip(":")
+    assert out[0].startswith("submitted Slurm job")
+    script = next(jobs.glob("*/job.sh")).read_text()
+    assert "#SBATCH --nodes=1" in script and "#SBATCH --ntasks-per-node=2" in script
+    assert "--rdzv-endpoint" in script
+    done = [
+        ln for ln in Path(slurm_cluster.jobcomp_path).read_text().splitlines()
+        if f"JobId={job_id} " in ln
+    ]  # fmt: skip
+    assert done and "JobState=COMPLETED" in done[0] and "ProcCnt=2" in done[0]
+    (report,) = reports(d)
+    assert report["node"] == slurm_cluster.node
+    ar = report["sections"]["ddp_allreduce"]
+    assert ar["verdict"] == "PASS" and ar["world_size"] == 2 and ar["busbw_gbps"] > 0
+    assert report["sections"]["ddp_train"]["params_identical"] is True
+    assert {s for s in SECTIONS} == set(report["sections"])
+
+
+def test_login_side_never_imports_torch() -> None:
+    code = (
+        "import sys, gpuctl.cli.accept, gpuctl.accept.slurm, gpuctl.accept.run; "
+        "sys.exit('torch' in sys.modules or 'textual' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=node_env(), capture_output=True)
+    assert r.returncode == 0, r.stderr
