@@ -207,7 +207,9 @@ def build_gpu_burn(
         raise BuildError(f"make in {source} took longer than {timeout:g} s") from None
     binary = os.path.join(source, "gpu_burn")
     if proc.returncode != 0 or not _is_exe(binary):
-        tail = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()][-1:]
+        lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+        # The compiler's complaint, not make's "*** [Makefile:2: gpu_burn] Error 1" after it.
+        tail = [ln for ln in lines if not re.match(r"make(\[\d+\])?:", ln)][-1:] or lines[-1:]
         raise BuildError(
             f"make in {source} failed (exit {proc.returncode})" + (f": {tail[0]}" if tail else "")
         )
@@ -259,6 +261,7 @@ class GpuBurnOutput:
     failures: list[str] = field(default_factory=list)
     initialized: int = 0
     _pending: str = ""
+    _peeked: str | None = None
 
     def gpu(self, i: int) -> GpuState:
         if i not in self.gpus:
@@ -272,13 +275,27 @@ class GpuBurnOutput:
         self._pending = parts.pop()
         changed: list[int] = []
         for part in parts:
+            if part.rstrip() == self._peeked:  # already taken from the unfinished line
+                self._peeked = None
+                continue
             changed.extend(self.line(part))
+        # gpu-burn ends a progress line only when it starts the next one ("\r" first): take a
+        # complete-looking unfinished line now instead of one update late.
+        m = PROGRESS_RE.match(self._pending)
+        pending = self._pending.rstrip()
+        if m and pending != self._peeked and re.search(r"(C|--)$", pending):
+            temps = TEMPS_RE.findall(m.group("temps") or "")
+            if len(temps) == len(PROCD_RE.findall(m.group("procd"))):
+                self._peeked = pending
+                changed.extend(self._progress(m))
         return sorted(set(changed))
 
     def finish(self) -> list[int]:
         """The stream ended: parse what is left."""
         rest, self._pending = self._pending, ""
-        return self.line(rest) if rest.strip() else []
+        if not rest.strip() or rest.rstrip() == self._peeked:
+            return []
+        return self.line(rest)
 
     def line(self, text: str) -> list[int]:
         m = PROGRESS_RE.match(text)
@@ -451,6 +468,10 @@ def run_gpu_burn(
                     last_emit[i] = now
                     emit(_progress(parsed.gpus[i], parsed, now - started, gpu_label))
         now = time.monotonic()
+        if proc.poll() is not None and not killed:
+            # gpu-burn's parent is gone; workers it left behind would hold the pipes open.
+            killed = True
+            _killpg(proc.pid, signal.SIGKILL)
         if not stopped and should_stop():
             stopped = True
             term_at = now
@@ -470,8 +491,8 @@ def run_gpu_burn(
         st = parsed.gpus.get(v["gpu"]) or GpuState(v["gpu"])
         summaries.append(
             {
-                "type": "summary",
                 **_progress(st, parsed, time.monotonic() - started, gpu_label),
+                "type": "summary",
                 "verdict": v["verdict"],
                 "reason": v["reason"],
                 "exit_code": code,

@@ -1,0 +1,427 @@
+"""gpu-burn support: toolkit discovery over install-like trees, output parsing, the runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.workloads import gpuburn
+from gpuctl.workloads.gpuburn import GpuBurnOutput, build_gpu_burn, find_toolkit
+from gpuctl_tests.helpers import node_env, wait_until
+
+
+def exe(path: Path, body: str = "#!/bin/sh\nexit 0\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def toolkit(root: Path, rel: str) -> Path:
+    """A toolkit laid out like a real install: bin/nvcc and include/cuda_runtime.h."""
+    top = root / rel
+    exe(top / "bin" / "nvcc")
+    (top / "include").mkdir(parents=True, exist_ok=True)
+    (top / "include" / "cuda_runtime.h").write_text("/* */\n")
+    return top
+
+
+def no_ask(_nvcc: str) -> str | None:
+    return None
+
+
+# -- discovery ------------------------------------------------------------------------------
+def test_newest_versioned_toolkit_wins_numerically(tmp_path: Path) -> None:
+    for v in ("11.8", "12.4", "12.10", "9.2"):
+        toolkit(tmp_path, f"usr/local/cuda-{v}")
+    (tmp_path / "usr/local/cuda-extras").mkdir()  # not a version: ignored
+    found, looked = find_toolkit({"PATH": ""}, str(tmp_path), no_ask)
+    assert found is not None
+    assert found.root == str(tmp_path / "usr/local/cuda-12.10")  # 12.10 > 12.4 > 11.8
+    assert found.how == "/usr/local/cuda-12.10"
+    assert any("/usr/local/cuda:" in line for line in looked)  # looked there first
+
+
+def test_search_order_path_then_cuda_home_then_fixed_places(tmp_path: Path) -> None:
+    on_path = toolkit(tmp_path, "opt/pathcuda")
+    home = toolkit(tmp_path, "opt/homecuda")
+    real = toolkit(tmp_path, "usr/local/cuda-12.4")
+    (tmp_path / "usr/local/cuda").symlink_to(real)
+    opt = toolkit(tmp_path, "opt/cuda")
+    root = str(tmp_path)
+    env = {"PATH": f"/nonexistent:{on_path / 'bin'}", "CUDA_HOME": str(home)}
+    assert find_toolkit(env, root, no_ask)[0].root == str(on_path)  # type: ignore[union-attr]
+    env["PATH"] = ""
+    found = find_toolkit(env, root, no_ask)[0]
+    assert found is not None and found.root == str(home) and found.how == "$CUDA_HOME"
+    del env["CUDA_HOME"]
+    found = find_toolkit(env, root, no_ask)[0]
+    assert found is not None and found.how == "/usr/local/cuda"
+    assert found.root == str(real)  # the link resolved: CUDAPATH is the real folder
+    (tmp_path / "usr/local/cuda").unlink()
+    for p in (tmp_path / "usr/local/cuda-12.4").rglob("nvcc"):
+        p.unlink()
+    found = find_toolkit(env, root, no_ask)[0]
+    assert found is not None and found.root == str(opt) and found.how == "/opt/cuda"
+
+
+def test_nvcc_wrapper_on_path_is_asked_for_its_toolkit(tmp_path: Path) -> None:
+    # Like this machine: /usr/local/bin/nvcc is a script exec-ing the real one elsewhere, so
+    # /usr/local is not the toolkit. nvcc -dryrun says where it really lives.
+    real = toolkit(tmp_path, "usr/local/cuda-13.0")
+    exe(
+        real / "bin" / "nvcc",
+        f"#!/bin/sh\necho '#$ _HERE_={real}/bin'\necho '#$ TOP={real}/bin/..'\n",
+    )
+    wrapper = exe(tmp_path / "usr/local/bin/nvcc", f'#!/bin/sh\nexec {real}/bin/nvcc "$@"\n')
+    env = {"PATH": str(wrapper.parent)}
+    found, _ = find_toolkit(env, str(tmp_path / "elsewhere"))
+    assert found is not None
+    assert found.root == str(real) and found.nvcc == str(wrapper) and found.how == "nvcc on PATH"
+
+
+def test_nothing_found_says_where_it_looked(tmp_path: Path) -> None:
+    exe(tmp_path / "usr/local/cuda-12.1/bin/nvcc")  # nvcc but no headers, nvcc cannot tell
+    found, looked = find_toolkit({"PATH": "", "CUDA_HOME": "/nope"}, str(tmp_path), no_ask)
+    assert found is None
+    text = "\n".join(looked)
+    for place in ("$CUDA_HOME", "/usr/local/cuda:", "/usr/local/cuda-12.1", "/opt/cuda"):
+        assert place in text
+    assert "no include/cuda_runtime.h" in text
+
+
+def test_real_toolkit_of_this_machine_when_present() -> None:
+    if not Path("/usr/local/cuda-13.0/include/cuda_runtime.h").exists():
+        pytest.skip("no CUDA toolkit on this machine")
+    found, _ = find_toolkit()
+    assert found is not None and _has_headers(found.root)
+
+
+def _has_headers(root: str) -> bool:
+    return Path(root, "include", "cuda_runtime.h").is_file()
+
+
+def test_find_gpu_burn_configured_then_path(tmp_path: Path) -> None:
+    a = exe(tmp_path / "a" / "gpu_burn")
+    b = exe(tmp_path / "b" / "gpu_burn")
+    assert gpuburn.find_gpu_burn(None, {"PATH": f"{tmp_path / 'x'}:{b.parent}"}) == str(b)
+    assert gpuburn.find_gpu_burn(str(a.parent), {"PATH": str(b.parent)}) == str(a)
+    assert gpuburn.find_gpu_burn(str(tmp_path / "missing"), {"PATH": str(b.parent)}) is None
+    assert gpuburn.find_gpu_burn(None, {"PATH": ""}) is None
+
+
+# -- building -------------------------------------------------------------------------------
+FAKE_NVCC = """#!/bin/sh
+# stands in for nvcc: "compiles" gpu_burn into a script and writes the compare kernel
+printf '#!/bin/sh\\necho built\\n' > gpu_burn
+chmod +x gpu_burn
+echo ptx > compare.ptx
+"""
+
+
+def test_build_runs_make_with_cudapath_and_reports_each_step(tmp_path: Path) -> None:
+    gpuburn_dir = tmp_path / "src" / "gpu-burn"
+    gpuburn_dir.mkdir(parents=True)
+    (gpuburn_dir / "Makefile").write_text(
+        "CUDAPATH ?= /usr/local/cuda\n"
+        "gpu_burn:\n\t$(CUDAPATH)/bin/nvcc gpu_burn-drv.cpp\n\techo $(CUDAPATH) > cudapath\n"
+    )
+    top = toolkit(tmp_path, "usr/local/cuda-12.4")
+    exe(top / "bin" / "nvcc", FAKE_NVCC)
+    steps: list[str] = []
+    env = {"PATH": os.environ["PATH"]}
+    binary = build_gpu_burn(
+        str(gpuburn_dir), steps.append, env=env, root=str(tmp_path), ask_nvcc=no_ask
+    )
+    assert binary == str(gpuburn_dir / "gpu_burn")
+    assert (gpuburn_dir / "cudapath").read_text().strip() == str(top)
+    assert steps[0].startswith(f"CUDA toolkit {top} (found by /usr/local/cuda-12.4")
+    assert steps[1] == f"building: make CUDAPATH={top} in {gpuburn_dir}"
+    assert steps[2] == f"built {binary}"
+
+
+def test_build_failures_are_one_line(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    with pytest.raises(gpuburn.BuildError, match="not a gpu-burn source folder"):
+        build_gpu_burn(str(src), print, env={"PATH": os.environ["PATH"]}, root=str(tmp_path))
+    (src / "Makefile").write_text("gpu_burn:\n\t@echo 'nvcc: fatal error: no cuda.h' >&2; false\n")
+    with pytest.raises(gpuburn.BuildError, match="no CUDA toolkit found"):
+        build_gpu_burn(
+            str(src), print, env={"PATH": os.environ["PATH"]}, root=str(tmp_path), ask_nvcc=no_ask
+        )
+    toolkit(tmp_path, "opt/cuda")
+    with pytest.raises(gpuburn.BuildError) as err:
+        build_gpu_burn(
+            str(src), print, env={"PATH": os.environ["PATH"]}, root=str(tmp_path), ask_nvcc=no_ask
+        )
+    assert str(err.value).endswith("failed (exit 2): nvcc: fatal error: no cuda.h")
+
+
+# -- parsing --------------------------------------------------------------------------------
+HEAD = (
+    "Using compare file: compare.fatbin\n"
+    "Burning for 30 seconds.\n"
+    "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0b1c)\n"
+    "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-77aa)\n"
+    "Initialized device 0 with 81559 MB of memory (80886 MB available, using 72797 MB of it), "
+    "using FLOATS\n"
+    "Initialized device 1 with 81559 MB of memory (80886 MB available, using 72797 MB of it), "
+    "using FLOATS\n"
+)
+
+
+def prog(
+    pct: float, a: str, b: str, ea: str = "0", eb: str = "0", ta: str = "45 C", tb: str = "47 C"
+) -> str:
+    return f"\r{pct:.1f}%  proc'd: {a} - {b}   errors: {ea} - {eb}   temps: {ta} - {tb} "
+
+
+SUMMARY = "\n\tSummary at:   Sat Nov 21 23:59:59 UTC 2026\n\n"
+END = "\nKilling processes with SIGTERM (soft kill)\ndone\n\nTested 2 GPUs:\n"
+
+RECORDED_OK = (
+    HEAD
+    + prog(3.3, "1868 (48211 Gflop/s)", "1736 (47987 Gflop/s)")
+    + prog(6.7, "3740 (48302 Gflop/s)", "3480 (48101 Gflop/s)", ta="--")
+    + prog(10.0, "5611 (48299 Gflop/s)", "5216 (48050 Gflop/s)")
+    + SUMMARY
+    + prog(100.0, "56110 (48290 Gflop/s)", "52160 (48040 Gflop/s)", ta="71 C", tb="73 C")
+    + END
+    + "\tGPU 0: OK\n\tGPU 1: OK\n"
+)
+
+RECORDED_FAULTY = (
+    HEAD
+    + prog(10.0, "5611 (48299 Gflop/s)", "5216 (48050 Gflop/s)", eb="3 (WARNING!)")
+    + SUMMARY
+    # the counters reset after a summary; the FAULTY flag stays
+    + prog(100.0, "56110 (48290 Gflop/s)", "52160 (48040 Gflop/s)", eb="0")
+    + END
+    + "\tGPU 0: OK\n\tGPU 1: FAULTY\n"
+)
+
+RECORDED_DIED = (
+    HEAD
+    + prog(10.0, "5611 (48299 Gflop/s)", "5216 (48050 Gflop/s)")
+    + prog(20.0, "11222 (48299 Gflop/s)", "-1 (0 Gflop/s)", eb="0 (DIED!)", tb="--")
+    + END
+    + "\tGPU 0: OK\n\tGPU 1: OK\n"  # gpu-burn lists the dead worker as OK
+)
+
+RECORDED_CUT = HEAD + prog(10.0, "5611 (48299 Gflop/s)", "5216 (48050 Gflop/s)") + SUMMARY
+
+
+def parse(text: str, chunk: int = 0) -> GpuBurnOutput:
+    out = GpuBurnOutput()
+    if chunk:
+        for i in range(0, len(text), chunk):
+            out.feed(text[i : i + chunk])
+    else:
+        out.feed(text)
+    out.finish()
+    return out
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 7, 64])
+def test_parse_ok_run_in_any_chunking(chunk: int) -> None:
+    out = parse(RECORDED_OK, chunk)
+    assert out.percent == 100.0 and out.tested == 2 and out.initialized == 2
+    g0, g1 = out.gpus[0], out.gpus[1]
+    assert (g0.iterations, g0.gflops, g0.temp) == (56110, 48290.0, 71)
+    assert (g1.iterations, g1.gflops, g1.temp) == (52160, 48040.0, 73)
+    assert g0.samples == 4 and g0.gflops_sum == 48211 + 48302 + 48299 + 48290
+    verdicts = out.verdicts(stopped=False, returncode=0)
+    assert [(v["gpu"], v["verdict"], v["errors"]) for v in verdicts] == [(0, "OK", 0), (1, "OK", 0)]
+
+
+def test_temperature_dash_is_unknown() -> None:
+    out = GpuBurnOutput()
+    out.feed(HEAD + prog(6.7, "3740 (48302 Gflop/s)", "3480 (48101 Gflop/s)", ta="--") + "\r")
+    assert out.gpus[0].temp is None and out.gpus[1].temp == 47
+
+
+def test_parse_faulty_keeps_errors_across_the_counter_reset() -> None:
+    out = parse(RECORDED_FAULTY)
+    assert out.gpus[1].errors == 3  # 3 before the summary + 0 after
+    v = out.verdicts(stopped=False, returncode=0)
+    assert v[0]["verdict"] == "OK"
+    assert v[1]["verdict"] == "FAULTY" and v[1]["errors"] == 3
+    assert "gpu-burn says FAULTY" in v[1]["reason"]
+
+
+def test_parse_died_worker_listed_ok_is_died() -> None:
+    out = parse(RECORDED_DIED)
+    assert out.gpus[1].died and not out.gpus[0].died
+    assert out.gpus[1].iterations == 5216  # the -1 does not erase the count
+    v = out.verdicts(stopped=False, returncode=0)
+    assert v[0]["verdict"] == "OK"
+    assert v[1]["verdict"] == "DIED" and "listed it as OK" in v[1]["reason"]
+
+
+def test_run_cut_off_before_the_summary_is_a_failure() -> None:
+    out = parse(RECORDED_CUT)
+    v = out.verdicts(stopped=False, returncode=0)
+    assert all(x["verdict"] == "DIED" for x in v)
+    assert "without its final summary (exit code 0)" in v[0]["reason"]
+    # The same run stopped on purpose is not a failure, but not a pass either.
+    v = out.verdicts(stopped=True, returncode=-15)
+    assert [x["verdict"] for x in v] == [None, None]
+    assert v[0]["reason"] == "stopped before gpu-burn's final summary"
+
+
+def test_no_clients_alive_and_exit_codes() -> None:
+    out = parse(HEAD)
+    out.stderr_line("No clients are alive!  Aborting")
+    v = out.verdicts(stopped=False, returncode=123, stderr_tail="No clients are alive!  Aborting")
+    assert all(x["verdict"] == "DIED" for x in v)
+    out = parse("Burning for 10 seconds.\n")
+    out.stderr_line("Couldn't init a GPU test: out of memory")
+    v = out.verdicts(stopped=False, returncode=124, stderr_tail=out.failures[-1])
+    assert v[0]["reason"] == (
+        "gpu-burn ended without its final summary (a gpu-burn worker failed to set up its GPU)"
+        ": Couldn't init a GPU test: out of memory"
+    )
+
+
+def test_time_is_the_last_argument() -> None:
+    argv = gpuburn.gpu_burn_argv("/x/gpu_burn", 60.4, 0.9, "fp64")
+    assert argv == ["/x/gpu_burn", "-m", "90%", "-d", "60"]
+    assert gpuburn.gpu_burn_argv("g", 5, 0.5, "bf16")[-2:] == ["-tc", "5"]
+
+
+# -- the runner, end to end, over a stand-in gpu_burn ----------------------------------------
+FAKE_GPU_BURN = '''#!{python}
+"""A stand-in for gpu_burn: prints its real output format; MODE picks the story."""
+import os, signal, subprocess, sys, time
+mode = os.environ.get("FAKE_MODE", "ok")
+seconds = int(sys.argv[-1])  # TIME last, like the real one
+if not os.path.exists("compare.fatbin"):
+    sys.stderr.write("Couldn't init a GPU test: compare.fatbin not found\\n")
+    sys.exit(124)
+with open("argv", "w") as f:
+    f.write(" ".join(sys.argv[1:]))
+out = sys.stdout
+out.write("Using compare file: compare.fatbin\\nBurning for %d seconds.\\n" % seconds)
+out.write("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0b1c)\\n")
+out.write("Initialized device 0 with 81559 MB of memory (80886 MB available, using 72797 MB "
+          "of it), using FLOATS\\n")
+out.flush()
+worker = subprocess.Popen(["sleep", "600"])  # a forked worker, in our process group
+open("worker.pid", "w").write(str(worker.pid))
+steps = 10 if mode != "hang" else 10 ** 6
+for i in range(1, steps + 1):
+    err = "2 (WARNING!)" if mode == "faulty" and i >= 3 else "0"
+    out.write("\\r%.1f%%  proc'd: %d (4%d000 Gflop/s)   errors: %s   temps: %d C "
+              % (min(100.0, 10.0 * i), 100 * i, i % 10, err, 40 + i))
+    out.flush()
+    time.sleep(seconds / 10.0)
+if mode == "cut":
+    sys.exit(0)
+worker.kill()
+out.write("\\nKilling processes with SIGTERM (soft kill)\\ndone\\n\\nTested 1 GPUs:\\n")
+out.write("\\tGPU 0: %s\\n" % ("FAULTY" if mode == "faulty" else "OK"))
+'''
+
+
+@pytest.fixture
+def fake_gpu_burn(tmp_path: Path) -> Path:
+    folder = tmp_path / "gpu-burn"
+    folder.mkdir()
+    (folder / "compare.fatbin").write_bytes(b"\0")
+    return exe(folder / "gpu_burn", FAKE_GPU_BURN.format(python=sys.executable))
+
+
+def run_wrapper(binary: Path, mode: str, *args: str) -> tuple[int, list[dict[str, Any]]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuctl.workloads.gpuburn", "run", "--binary", str(binary), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=node_env({"FAKE_MODE": mode}),
+    )
+    return proc.returncode, [json.loads(x) for x in proc.stdout.splitlines()]
+
+
+def test_runner_ok_end_to_end(fake_gpu_burn: Path) -> None:
+    rc, lines = run_wrapper(fake_gpu_burn, "ok", "--duration", "1", "--dtype", "fp64")
+    assert rc == 0, lines
+    assert (fake_gpu_burn.parent / "argv").read_text() == "-m 90% -d 1"
+    progress = [m for m in lines if m["type"] == "progress"]
+    assert progress and progress[0]["engine"] == "gpu-burn"
+    summary = lines[-1]
+    assert summary["type"] == "summary" and summary["verdict"] == "OK"
+    assert summary["iterations"] == 1000 and summary["temp"] == 50 and summary["errors"] == 0
+    assert summary["tflops"] == 40.0
+
+
+def test_runner_faulty_and_cut_off(fake_gpu_burn: Path) -> None:
+    rc, lines = run_wrapper(fake_gpu_burn, "faulty", "--duration", "1")
+    assert rc == 1 and lines[-1]["verdict"] == "FAULTY" and lines[-1]["errors"] == 2
+    rc, lines = run_wrapper(fake_gpu_burn, "cut", "--duration", "1")
+    assert rc == 3 and lines[-1]["verdict"] == "DIED"
+    assert "without its final summary" in lines[-1]["reason"]
+    worker = int((fake_gpu_burn.parent / "worker.pid").read_text())
+    wait_until(
+        lambda: not Path(f"/proc/{worker}").exists() or _zombie(worker),
+        5,
+        "the worker gpu-burn left behind to be killed",
+    )
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return text[text.rindex(")") + 2] in "ZX"
+
+
+def test_runner_without_compare_file_or_binary_says_so(tmp_path: Path) -> None:
+    lonely = exe(tmp_path / "gpu_burn")
+    rc, lines = run_wrapper(lonely, "ok")
+    assert rc == 3 and "no compare.fatbin or compare.ptx next to" in lines[-1]["reason"]
+    rc, lines = run_wrapper(tmp_path / "nothing", "ok")
+    assert rc == 3 and "is not an executable gpu_burn" in lines[-1]["reason"]
+
+
+def test_stopping_the_runner_kills_the_whole_gpu_burn_group(fake_gpu_burn: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpuctl.workloads.gpuburn",
+            "run",
+            "--binary",
+            str(fake_gpu_burn),
+            "--duration",
+            "600",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=node_env({"FAKE_MODE": "hang"}),
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if json.loads(line)["type"] == "progress":
+                break
+        worker = int((fake_gpu_burn.parent / "worker.pid").read_text())
+        assert not _zombie(worker)
+        proc.send_signal(signal.SIGTERM)
+        rest = [json.loads(x) for x in proc.stdout]
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert rest[-1]["verdict"] is None
+    assert rest[-1]["reason"] == "stopped before gpu-burn's final summary"
+    wait_until(lambda: _zombie(worker), 3, "gpu-burn's worker to be gone")
