@@ -747,7 +747,9 @@ class Executor:
         if not items:
             return []
         if chunksize is None:
-            parallel = 64 if isinstance(self.backend, SlurmBackend) else (os.cpu_count() or 1)
+            # about four chunks per worker slot: enough to balance, few enough that process
+            # start-up (two interpreters per chunk) does not dominate tiny tasks
+            parallel = 8 if isinstance(self.backend, SlurmBackend) else (os.cpu_count() or 1)
             chunksize = max(1, -(-len(items) // (4 * parallel)))
         self.venv2()
         root = self._job_root()

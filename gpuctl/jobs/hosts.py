@@ -325,7 +325,7 @@ class SshHost(Host):
         async def go() -> None:
             sftp = await self._sftp_client()
             tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-            await sftp.put(local, tmp, block_size=1 << 18, max_requests=128)
+            await sftp.put(local, tmp, max_requests=128)
             await sftp.chmod(tmp, mode)
             await sftp.posix_rename(tmp, path)
 
@@ -349,7 +349,7 @@ class SshHost(Host):
     def get_file(self, path: str, local: str) -> None:
         async def go() -> None:
             sftp = await self._sftp_client()
-            await sftp.get(path, local, block_size=1 << 18, max_requests=128)
+            await sftp.get(path, local, max_requests=128)
 
         self._call(go())
 
