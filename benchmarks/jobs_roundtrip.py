@@ -141,12 +141,13 @@ def main() -> int:
         store=False,
     )
     t0 = time.perf_counter()
-    out = list(local.map(tiny, range(args.tasks)))
+    ljobs = local.map_jobs(tiny, range(args.tasks))
+    out = [v for j in ljobs for _, v in j.result(600)]
     t_local = time.perf_counter() - t0
     assert out == [i + 1 for i in range(args.tasks)]
     print(
         f"3a. {args.tasks} tiny map tasks, local: {t_local:.2f} s "
-        f"({args.tasks / t_local:.0f} tasks/s, {len(local.map_jobs(tiny, [0]))} job per chunk)"
+        f"({args.tasks / t_local:.0f} tasks/s, {len(ljobs)} chunk jobs)"
     )
 
     if not args.skip_slurm:
