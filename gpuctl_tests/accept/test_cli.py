@@ -14,8 +14,6 @@ import pytest
 from gpuctl.workloads.accept.schema import SECTIONS
 from gpuctl_tests.helpers import node_env, old_python
 
-pytest.importorskip("torch")
-
 LIGHT = ("--skip", "train", "--skip", "ddp_allreduce", "--skip", "ddp_train")
 
 
