@@ -5,7 +5,8 @@
 1. The suite's ``Suite.measure_gemm`` (the code COMPUTE runs: preallocated matrices, warm-up,
    device-event timing on CUDA) and a bare ``torch.mm(a, b, out=c)`` loop timed with the host
    clock around a synchronize, alternated ``--rounds`` times on the same device, dtype and size
-   in this one process. Prints each pair, the ratio of medians and of best rounds (target: within 5 %).
+   in this one process. Prints each pair, the ratio of medians and of the best rounds
+   (target: within 5 %).
 2. The wall time of ``python -m gpuctl.workloads.accept --device cpu --quick`` as a user sees it
    (a fresh process: torch import, torchrun with 2 gloo ranks included) and its sections' times.
 """
