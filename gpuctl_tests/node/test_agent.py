@@ -41,7 +41,7 @@ def test_hello_then_samples(agents: list[AgentProcess]) -> None:
     assert hello["type"] == "hello"
     assert (hello["protocol"], hello["agent"]) == (PROTOCOL_VERSION, AGENT_VERSION)
     assert hello["pid"] == agent.proc.pid
-    assert hello["python"] == "%d.%d.%d" % sys.version_info[:3]
+    assert hello["python"] == ".".join(map(str, sys.version_info[:3]))
     assert (hello["interval"], hello["reader"], hello["reader_error"]) == (0.1, "simulated", None)
     assert hello["hostname"] and hello["driver"] and hello["cuda"]
     assert set(REQUESTS) <= set(hello["features"])
