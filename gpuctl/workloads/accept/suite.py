@@ -207,33 +207,29 @@ class Nvml:
         )
 
     def poll_xids(self):
+        """Drain the XID events NVML queued since ENV (timeout 0: never waits)."""
         if self.events is None:
             return
-        by_handle = {id(h): i for i, h in self.handles.items()}
-        while True:
-            data = (
-                self._call(self.nv.nvmlEventSetWait_v2, self.events, 0)
-                if hasattr(self.nv, "nvmlEventSetWait_v2")
-                else self._call(self.nv.nvmlEventSetWait, self.events, 0)
-            )
+        wait = getattr(self.nv, "nvmlEventSetWait_v2", None) or self.nv.nvmlEventSetWait
+        nvml_index = {self._call(self.nv.nvmlDeviceGetIndex, h): i for i, h in self.handles.items()}
+        for _ in range(10000):  # bounded: a storm of events must not hang the suite
+            data = self._call(wait, self.events, 0)
             if data is None:
                 return
-            gpu = None
-            for i, h in self.handles.items():
-                if self._call(self.nv.nvmlDeviceGetIndex, h) == self._call(
-                    self.nv.nvmlDeviceGetIndex, data.device
-                ):
-                    gpu = i
-            gpu = by_handle.get(id(data.device), gpu)
+            gpu = nvml_index.get(self._call(self.nv.nvmlDeviceGetIndex, data.device))
             self.xids.setdefault(gpu, []).append(int(data.eventData))
 
     def _sample_throttle(self):
         from gpuctl.node.protocol import decode_throttle
 
+        # Newer NVML names them "clock event reasons"; the bits are the same.
+        read = (
+            getattr(self.nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or self.nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         while not self._stop.wait(0.2):
             for i, h in self.handles.items():
-                mask = self._call(self.nv.nvmlDeviceGetCurrentClocksThrottleReasons, h)
-                for name in decode_throttle(mask) or ():
+                for name in decode_throttle(self._call(read, h)) or ():
                     self.throttle.setdefault(i, set()).add(name)
 
     def start_throttle_watch(self):
@@ -321,6 +317,8 @@ class Suite:
         """start(), stop() -> seconds: CUDA events on a GPU, perf_counter on the CPU."""
         torch = self.torch
         if device.type == "cuda":
+            # Events record on the current device's stream: make it the one being measured.
+            torch.cuda.set_device(device)
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
 
