@@ -151,9 +151,12 @@ class SshNode:
             # "python3" on this node is ``python``: first on the PATH of its sessions.
             bindir = self.dir / "bin"
             bindir.mkdir(exist_ok=True)
+            # A wrapper, not a symlink: a venv's python found through a symlink in another
+            # folder loses its venv (pyvenv.cfg is looked up beside the path it was run as).
             link = bindir / "python3"
             link.unlink(missing_ok=True)
-            link.symlink_to(python)
+            link.write_text(f'#!/bin/sh\nexec "{python}" "$@"\n')
+            link.chmod(0o755)
             self.env["PATH"] = f"{bindir}:{NODE_PATH}"
             self.env["GPUCTL_PYTHON"] = python
         self.env.update(env)
