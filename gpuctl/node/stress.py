@@ -8,8 +8,9 @@ Requests (added to the agent by ``install(agent)``; Python 3.6, standard library
                   (a gpu-burn source folder to build from), device ("cuda" | "cpu": "cpu" runs
                   the torch burner on the CPU, for tests), size (matrix size)
                   -> ok {started, busy, engine, ends_at}
-    stress_stop   gpus (list | "all")                -> ok {stopping}
-    stress_status                                    -> stress {burns, max_duration}
+    stress_stop   gpus (list | "all"), others (bool: also burners this agent did not start,
+                  found in /proc: another gpuctl session's)      -> ok {stopping, others}
+    stress_status                           -> stress {burns, others, max_duration}
 
 Events: ``{"type":"event","kind":"burn","gpu":N,"detail":{state, engine, tflops, tflops_mean,
 errors, iterations, ends_at, verdict, reason, ...}}`` with state "starting" | "running" |
@@ -125,6 +126,61 @@ def _signal_group(pgid, sig):
         pass
 
 
+BURNER_MODULES = {"gpuctl.workloads.burn": "torch", "gpuctl.workloads.gpuburn": "gpu-burn"}
+
+
+def _arg(argv, flag):
+    try:
+        return argv[argv.index(flag) + 1]
+    except (ValueError, IndexError):
+        return None
+
+
+def scan_burners(proc_root="/proc"):
+    """gpuctl burners of this user running on this machine, whoever started them: one dict
+    (pid, engine, gpu, device, duration, age) per process group leader."""
+    uid = os.getuid()
+    try:
+        with open(os.path.join(proc_root, "stat")) as f:
+            btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime "))
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError):
+        btime, ticks = None, 100
+    out = []
+    for entry in os.listdir(proc_root):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        base = os.path.join(proc_root, entry)
+        try:
+            if os.stat(base).st_uid != uid:
+                continue
+            with open(os.path.join(base, "cmdline"), "rb") as f:
+                argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0")]
+            with open(os.path.join(base, "stat")) as f:
+                stat = f.read()
+        except OSError:
+            continue
+        module = _arg(argv, "-m")
+        if module not in BURNER_MODULES:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] in ("Z", "X") or int(fields[2]) != pid:
+            continue  # a zombie, or not the leader of its own group
+        age = None
+        if btime is not None:
+            age = round(time.time() - (btime + int(fields[19]) / float(ticks)), 1)
+        duration = _arg(argv, "--duration")
+        try:
+            duration = float(duration) if duration is not None else None
+        except ValueError:
+            duration = None
+        out.append({"pid": pid, "engine": BURNER_MODULES[module], "gpu": _arg(argv, "--gpu"),
+                    "device": _arg(argv, "--device") or "cuda", "duration": duration,
+                    "age": age})
+    return sorted(out, key=lambda b: b["pid"])
+
+
 class Burn(object):
     """One burner on one GPU (a process group, or a simulated load)."""
 
@@ -189,6 +245,7 @@ class StressPlugin(object):
         self.burns = {}  # gpu -> Burn, until its process group is gone
         self.finished = {}  # gpu -> detail of the last ended burn
         self.sim_clocks = {}  # gpu -> sm clock fraction from the latest sample (simulated)
+        self.foreign = {}  # pgid -> SIGTERM time, for other sessions' burners we were asked to stop
         reader = agent.reader
         self.simulated = reader is not None and getattr(reader, "name", None) == "simulated"
         self.statics = {g["index"]: g for g in (reader.static() if reader is not None else [])}
@@ -295,8 +352,38 @@ class StressPlugin(object):
             return
         for gpu in gpus:
             self.stop(self.burns[gpu], "stopped on request")
-        self.agent.send({"type": "ok", "request": "stress_stop", "id": req_id, "stopping": gpus})
+        others = []
+        if msg.get("others"):
+            wanted = None if value is None or value == "all" else set(value)
+            for b in self.others():
+                if wanted is not None and self._gpu_index(b["gpu"]) not in wanted:
+                    continue
+                _signal_group(b["pid"], signal.SIGTERM)
+                self.foreign[b["pid"]] = time.monotonic()
+                others.append(b["pid"])
+        self.agent.send({"type": "ok", "request": "stress_stop", "id": req_id, "stopping": gpus,
+                         "others": others})
         self._finish_sim()
+
+    def others(self):
+        """Burners on this machine that this agent did not start."""
+        mine = set(b.pgid for b in self.burns.values() if b.pgid is not None)
+        try:
+            found = [b for b in scan_burners() if b["pid"] not in mine]
+        except OSError:
+            return []
+        if self.simulated:  # simulated GPUs have no real burners; CPU test burns are real
+            found = [b for b in found if b["device"] == "cpu"]
+        return found
+
+    def _gpu_index(self, gpu_arg):
+        for index, static in self.statics.items():
+            if gpu_arg in (str(index), static.get("uuid")):
+                return index
+        try:
+            return int(gpu_arg)
+        except (TypeError, ValueError):
+            return None
 
     def on_status(self, msg, req_id):
         burns = []
@@ -305,7 +392,10 @@ class StressPlugin(object):
             d = burn.detail() if burn is not None else dict(self.finished[gpu])
             d["gpu"] = gpu
             burns.append(d)
-        self.agent.send({"type": "stress", "id": req_id, "burns": burns,
+        others = self.others()
+        for b in others:
+            b["gpu_index"] = self._gpu_index(b["gpu"])
+        self.agent.send({"type": "stress", "id": req_id, "burns": burns, "others": others,
                          "max_duration": self.max_duration, "simulated": self.simulated,
                          "gpu_burn": find_on_path("gpu_burn")})
 
@@ -471,6 +561,12 @@ class StressPlugin(object):
 
     # -- hooks ---------------------------------------------------------------------------------
     def tick(self, now):
+        for pgid, term_at in list(self.foreign.items()):
+            if not group_alive(pgid):
+                del self.foreign[pgid]
+            elif now >= term_at + self.grace:
+                _signal_group(pgid, signal.SIGKILL)
+                del self.foreign[pgid]
         for burn in list(self.burns.values()):
             if burn.engine == "sim":
                 self._tick_sim(burn, now)

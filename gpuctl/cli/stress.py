@@ -1,0 +1,510 @@
+"""``gpuctl stress``: burn GPUs without the TUI.
+
+    gpuctl stress start [NODES] [--gpus 0,1] [--duration S] [--dtype D] [--engine E] [--json]
+    gpuctl stress stop [NODES] [--gpus 0,1]
+    gpuctl stress status [NODES] [--json]
+    gpuctl stress run [--device cpu|cuda] [--duration S] [--dtype D] [--json]
+
+``start`` stays attached until the burns end (duration, Ctrl-C): a burn lives as long as the
+agent that started it (the dead-man's switch), and the agent as long as this command. ``stop``
+and ``status`` also reach burns another gpuctl session started (the agent finds them in /proc).
+``run`` burns this machine's GPUs (or its CPU) directly and prints a JSON summary with ``--json``.
+Exit codes: 0 every burn OK, 1 a burn FAULTY, DIED or unreachable, 2 a usage mistake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from gpuctl.cli.common import build_fleet, load_user_config
+from gpuctl.core.model import NodeEvent, NodeState
+from gpuctl.fleet import control
+from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.session import LinkError
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
+ENGINES = ("auto", "torch", "gpu-burn")
+_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "stress",
+        help="burn GPUs: start/stop/status over the fleet, or run on this machine",
+        description="Burn GPUs with checked GEMMs (torch) or gpu-burn.",
+    )
+    ssub = p.add_subparsers(dest="stress_command", metavar="{start,stop,status,run}")
+    p.set_defaults(func=lambda args: _usage(p))
+
+    def fleet_args(q: argparse.ArgumentParser) -> None:
+        q.add_argument("nodes", nargs="?", metavar="NODES", help="hostlist (default: all)")
+        q.add_argument("--gpus", metavar="LIST", help="GPU indices, e.g. 0,1 (default: all)")
+        q.add_argument("--demo", action="store_true", help="the simulated demo cluster")
+        q.add_argument("--timeout", type=float, default=20.0, help="seconds to reach nodes")
+
+    start = ssub.add_parser("start", help="start burns and follow them until they end")
+    fleet_args(start)
+    start.add_argument("--duration", type=float, help="seconds (default: config, else 1800)")
+    start.add_argument("--dtype", choices=DTYPES)
+    start.add_argument("--engine", choices=ENGINES, default="auto")
+    start.add_argument("--read-only", action="store_true", help="refuse (as the config can)")
+    start.add_argument("--json", action="store_true", help="JSON summary on stdout")
+    start.set_defaults(func=run_start)
+    stop = ssub.add_parser("stop", help="stop burns, also those of other gpuctl sessions")
+    fleet_args(stop)
+    stop.add_argument("--read-only", action="store_true", help="refuse (as the config can)")
+    stop.set_defaults(func=run_stop)
+    status = ssub.add_parser("status", help="burns running on the nodes")
+    fleet_args(status)
+    status.add_argument("--json", action="store_true", help="JSON for scripts")
+    status.set_defaults(func=run_status)
+    here = ssub.add_parser("run", help="burn this machine's GPUs (or CPU) and report")
+    here.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    here.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
+    here.add_argument("--dtype", choices=DTYPES)
+    here.add_argument("--gpus", metavar="LIST", help="GPU indices (default: all)")
+    here.add_argument("--size", type=int, help="matrix size (default: cpu 2048, cuda 8192)")
+    here.add_argument("--python", help="interpreter with torch (default: this one)")
+    here.add_argument("--json", action="store_true", help="JSON summary on stdout")
+    here.set_defaults(func=run_here)
+
+
+def _usage(p: argparse.ArgumentParser) -> int:
+    p.print_help()
+    return 2
+
+
+def _user_error(message: str) -> Exception:
+    from gpuctl.cli.main import UserError
+
+    return UserError(message)
+
+
+def _gpu_list(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        gpus = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise _user_error(f"--gpus {text!r}: expected indices like 0,1,3") from None
+    if not gpus or any(g < 0 for g in gpus):
+        raise _user_error(f"--gpus {text!r}: expected indices like 0,1,3")
+    return gpus
+
+
+def _select_nodes(fleet: Fleet, pattern: str | None) -> list[str]:
+    if not pattern:
+        return fleet.names
+    try:
+        import hostlist
+
+        wanted = hostlist.expand_hostlist(pattern)
+    except Exception:
+        raise _user_error(f"bad node list {pattern!r}: expected e.g. gpu[01-04],gpu07") from None
+    unknown = [n for n in wanted if n not in fleet.nodes]
+    if unknown:
+        raise _user_error(
+            f"not configured: {', '.join(unknown[:5])} (known: {', '.join(fleet.names[:8])})"
+        )
+    return list(wanted)
+
+
+def _stress_options(args: argparse.Namespace) -> tuple[Mapping[str, Any], bool]:
+    if getattr(args, "demo", False):
+        return {}, bool(getattr(args, "read_only", False))
+    config = load_user_config(args)
+    return dict(config.stress), bool(config.read_only or getattr(args, "read_only", False))
+
+
+async def _connect(fleet: Fleet, names: list[str], timeout: float) -> list[str]:
+    """Start the fleet; return the nodes that came up, printing one line per one that did not."""
+    await fleet.start()
+    await fleet.wait_settled(timeout)
+    live = []
+    for name in names:
+        snap = fleet.snapshot(name)
+        if snap.state is NodeState.LIVE:
+            live.append(name)
+        else:
+            print(
+                f"gpuctl: {name} did not answer: {snap.reason or snap.state.value}", file=sys.stderr
+            )
+    return live
+
+
+# -- start ------------------------------------------------------------------------------------
+def run_start(args: argparse.Namespace) -> int:
+    options, read_only = _stress_options(args)
+    if read_only:
+        raise _user_error("read-only mode: stress is disabled (read_only in the config)")
+    gpus = _gpu_list(args.gpus)
+    fleet = build_fleet(args)
+    names = _select_nodes(fleet, args.nodes)
+    control.configure(fleet, options)
+    return asyncio.run(_start(fleet, names, gpus, args))
+
+
+async def _start(fleet: Fleet, names: list[str], gpus: list[int] | None, a: Any) -> int:
+    failed = 0
+    started: list[tuple[str, int]] = []
+    last_line: dict[tuple[str, int], float] = {}
+
+    def on_event(node: str, event: NodeEvent) -> None:
+        if event.kind != "burn" or event.gpu is None or a.json:
+            return
+        d = event.detail
+        key = (node, event.gpu)
+        now = time.monotonic()
+        final = d.get("state") in ("done", "failed")
+        if final or now - last_line.get(key, 0.0) >= 5.0:
+            last_line[key] = now
+            print(_burn_line(node, event.gpu, d), flush=True)
+
+    fleet.on_event(on_event)
+    ended = asyncio.Event()
+
+    def check(_s: Any) -> None:
+        if started and not any(k in started for k in control.burning(fleet)):
+            ended.set()
+
+    fleet.subscribe(check)
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, interrupted.set)
+    try:
+        live = await _connect(fleet, names, a.timeout)
+        failed += len(names) - len(live)
+        replies = await asyncio.gather(
+            *(
+                control.set_stress(
+                    fleet, n, gpus, True, duration=a.duration, dtype=a.dtype, engine=a.engine
+                )
+                for n in live
+            ),
+            return_exceptions=True,
+        )
+        for node, reply in zip(live, replies, strict=True):
+            if isinstance(reply, LinkError):
+                print(f"gpuctl: {reply.message}", file=sys.stderr)
+                failed += 1
+                continue
+            if isinstance(reply, BaseException):
+                raise reply
+            started.extend((node, g) for g in reply.get("started", []))
+            for g in reply.get("busy", []):
+                print(f"gpuctl: {node} GPU {g} is already burning", file=sys.stderr)
+        if started:
+            if not a.json:
+                print(
+                    f"burning {len(started)} GPUs on {len({n for n, _ in started})} nodes; "
+                    "Ctrl-C stops",
+                    flush=True,
+                )
+            check(None)
+            waiter = asyncio.ensure_future(ended.wait())
+            stopper = asyncio.ensure_future(interrupted.wait())
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if not ended.is_set():
+                await asyncio.gather(
+                    *(control.set_stress(fleet, n, None, False) for n in {n for n, _ in started}),
+                    return_exceptions=True,
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), 30)
+            waiter.cancel()
+            stopper.cancel()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await fleet.stop()
+    results = []
+    for node, gpu in started:
+        burn = control.burn_of(fleet.snapshot(node), gpu) or {}
+        results.append({"node": node, "gpu": gpu, **burn})
+        if burn.get("verdict") != "OK":
+            failed += 1
+    if a.json:
+        json.dump({"burns": results}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif results:
+        print(_table(results))
+    return 1 if failed or not started else 0
+
+
+def _burn_line(node: str, gpu: int, d: Mapping[str, Any]) -> str:
+    parts = [f"{node} gpu{gpu}", str(d.get("state"))]
+    if d.get("tflops") is not None:
+        parts.append(f"{d['tflops']:.1f} TFLOP/s")
+    parts.append(f"errors {d.get('errors', 0)}")
+    if d.get("state") in ("starting", "running") and d.get("ends_at"):
+        parts.append(f"{max(0, int(d['ends_at'] - time.time()))} s left")
+    if d.get("verdict"):
+        parts.append(str(d["verdict"]))
+    if d.get("reason"):
+        parts.append(f"({d['reason']})")
+    if d.get("message") and d.get("state") == "starting":
+        parts.append(str(d["message"]))
+    return "  ".join(parts)
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    header = ("NODE", "GPU", "ENGINE", "VERDICT", "TFLOP/s", "ERRORS", "REASON")
+    lines = [header]
+    for r in rows:
+        mean = r.get("tflops_mean")
+        lines.append(
+            (
+                str(r["node"]),
+                str(r["gpu"]),
+                str(r.get("engine") or "-"),
+                str(r.get("verdict") or "-"),
+                f"{mean:.2f}" if isinstance(mean, int | float) else "-",
+                str(r.get("errors", "-")),
+                str(r.get("reason") or ""),
+            )
+        )
+    widths = [max(len(x[i]) for x in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)).rstrip() for x in lines
+    )
+
+
+# -- stop / status ----------------------------------------------------------------------------
+def run_stop(args: argparse.Namespace) -> int:
+    _options, read_only = _stress_options(args)
+    if read_only:
+        raise _user_error("read-only mode: stress is disabled (read_only in the config)")
+    gpus = _gpu_list(args.gpus)
+    fleet = build_fleet(args)
+    names = _select_nodes(fleet, args.nodes)
+    msg = {"type": "stress_stop", "gpus": "all" if gpus is None else gpus, "others": True}
+    replies, failed = asyncio.run(_ask_all(fleet, names, msg, args.timeout))
+    for node, reply in replies.items():
+        pids = reply.get("others", []) + reply.get("stopping", [])
+        what = (
+            f"stopping {len(pids)} burners (pids {', '.join(map(str, pids))})"
+            if pids
+            else ("no burners")
+        )
+        print(f"{node}: {what}")
+    return 1 if failed else 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    gpus = _gpu_list(args.gpus)
+    fleet = build_fleet(args)
+    names = _select_nodes(fleet, args.nodes)
+    replies, failed = asyncio.run(_ask_all(fleet, names, {"type": "stress_status"}, args.timeout))
+    rows = []
+    for node, reply in replies.items():
+        for b in reply.get("others", []):
+            gpu = b.get("gpu_index")
+            if gpus is not None and gpu not in gpus:
+                continue
+            rows.append({"node": node, **b})
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif not rows:
+        print("no burns running")
+    else:
+        header = ("NODE", "GPU", "ENGINE", "PID", "RUNNING", "LEFT")
+        lines = [header]
+        for r in rows:
+            left = "-"
+            if r.get("duration") is not None and r.get("age") is not None:
+                left = f"{max(0, int(r['duration'] - r['age']))} s"
+            gpu = r.get("gpu_index")
+            lines.append(
+                (
+                    r["node"],
+                    "cpu" if r.get("device") == "cpu" else str(gpu if gpu is not None else "?"),
+                    str(r.get("engine")),
+                    str(r.get("pid")),
+                    f"{int(r['age'])} s" if r.get("age") is not None else "-",
+                    left,
+                )
+            )
+        widths = [max(len(x[i]) for x in lines) for i in range(len(header))]
+        print(
+            "\n".join(
+                "  ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)).rstrip()
+                for x in lines
+            )
+        )
+    return 1 if failed else 0
+
+
+async def _ask_all(
+    fleet: Fleet, names: list[str], msg: dict[str, Any], timeout: float
+) -> tuple[dict[str, dict[str, Any]], int]:
+    try:
+        live = await _connect(fleet, names, timeout)
+        failed = len(names) - len(live)
+        answers = await asyncio.gather(
+            *(fleet.request(n, dict(msg), timeout) for n in live), return_exceptions=True
+        )
+        replies: dict[str, dict[str, Any]] = {}
+        for node, ans in zip(live, answers, strict=True):
+            if isinstance(ans, BaseException):
+                print(f"gpuctl: {node}: {getattr(ans, 'message', ans)}", file=sys.stderr)
+                failed += 1
+            elif ans.get("type") == "error":
+                print(f"gpuctl: {node}: {ans.get('message')}", file=sys.stderr)
+                failed += 1
+            else:
+                replies[node] = ans
+        return replies, failed
+    finally:
+        await fleet.stop()
+
+
+# -- run on this machine ----------------------------------------------------------------------
+def _local_gpus() -> list[int]:
+    from gpuctl.node.readers import open_reader
+
+    reader, _reason = open_reader(None)
+    if reader is None:
+        return []
+    try:
+        return [int(g["index"]) for g in reader.static()]
+    finally:
+        reader.close()
+
+
+def run_here(args: argparse.Namespace) -> int:
+    if args.duration <= 0:
+        raise _user_error("--duration must be positive")
+    if args.size is not None and args.size < 32:
+        raise _user_error("--size must be at least 32")
+    python = args.python or sys.executable
+    base = [python, "-m", "gpuctl.workloads.burn", "--device", args.device]
+    base += ["--duration", f"{args.duration:g}"]
+    if args.dtype:
+        base += ["--dtype", args.dtype]
+    if args.size:
+        base += ["--size", str(args.size)]
+    if args.device == "cpu":
+        argvs = {"cpu": base}
+    else:
+        gpus = _gpu_list(args.gpus) or _local_gpus()
+        if not gpus:
+            raise _user_error("no GPU found on this machine; to test the burner: --device cpu")
+        argvs = {f"gpu{g}": [*base, "--gpu", str(g)] for g in gpus}
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_ROOT, env.get("PYTHONPATH")) if p)
+    from gpuctl.node.stress import die_with_parent
+
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for label, argv in argvs.items():
+            try:
+                procs[label] = subprocess.Popen(
+                    argv,
+                    stdout=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    preexec_fn=die_with_parent(),  # no burner outlives this command
+                )
+            except OSError as e:
+                raise _user_error(f"cannot start {python}: {e.strerror or e}") from None
+        summaries = _follow(procs, quiet=args.json)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    devices = []
+    for label in argvs:
+        s = summaries.get(label) or {
+            "verdict": "DIED",
+            "reason": f"burner exited with code {procs[label].returncode} and no summary",
+        }
+        devices.append(
+            {
+                "device": label,
+                "name": s.get("name"),
+                "tflops_mean": s.get("tflops_mean"),
+                "gflops_mean": s.get("gflops_mean"),
+                "iterations": s.get("iterations"),
+                "errors": s.get("errors"),
+                "duty": s.get("duty"),
+                "verdict": s.get("verdict"),
+                "reason": s.get("reason"),
+                "size": s.get("size"),
+                "dtype": s.get("dtype"),
+                "elapsed": s.get("elapsed"),
+            }
+        )
+    ok = all(d["verdict"] == "OK" for d in devices)
+    if args.json:
+        out = {
+            "devices": devices,
+            "verdict": "OK" if ok else "FAIL",
+            "host": socket.gethostname(),
+            "duration": args.duration,
+        }
+        json.dump(out, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for d in devices:
+            print(
+                f"{d['device']}: {d['verdict']}  {d['gflops_mean'] or 0:.1f} GFLOP/s  "
+                f"errors {d['errors']}  duty {d['duty'] or 0:.3f}  "
+                f"{d['size']}x{d['size']} {d['dtype']}"
+                + (f"  ({d['reason']})" if d["reason"] else "")
+            )
+    return 0 if ok else 1
+
+
+def _follow(procs: Mapping[str, subprocess.Popen[bytes]], quiet: bool) -> dict[str, dict[str, Any]]:
+    """Read every burner's JSON lines until all exit; print progress unless ``quiet``."""
+    sel = selectors.DefaultSelector()
+    bufs: dict[str, bytes] = {}
+    for label, p in procs.items():
+        assert p.stdout is not None
+        sel.register(p.stdout, selectors.EVENT_READ, label)
+        bufs[label] = b""
+    summaries: dict[str, dict[str, Any]] = {}
+    open_count = len(procs)
+    while open_count:
+        try:
+            events = sel.select(1.0)
+        except KeyboardInterrupt:
+            continue  # Ctrl-C reached the burners too: they stop and send their summaries
+        for key, _ in events:
+            label = key.data
+            data = os.read(key.fileobj.fileno(), 1 << 16)  # type: ignore[union-attr]
+            if not data:
+                sel.unregister(key.fileobj)
+                open_count -= 1
+                continue
+            *lines, bufs[label] = (bufs[label] + data).split(b"\n")
+            for line in lines:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if msg.get("type") == "summary":
+                    summaries[label] = msg
+                elif msg.get("type") == "progress" and not quiet:
+                    print(
+                        f"{label}: {msg.get('gflops_mean', 0):.1f} GFLOP/s mean, "
+                        f"{msg.get('iterations')} GEMMs, errors {msg.get('errors')}, "
+                        f"{msg.get('elapsed', 0):.0f} s",
+                        flush=True,
+                    )
+    return summaries

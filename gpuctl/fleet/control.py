@@ -1,0 +1,171 @@
+"""Stress control from the login side: start and stop burns, and show them on the fleet.
+
+Burn state lives in the fleet's per-GPU annotations (``fleet.annotate(node, gpu, burn={...})``)
+so that the TUI and the CLI read one source. The ``burn`` dict: ``state`` ("starting" |
+"running" | "stopping" | "done" | "failed"), ``engine``, ``tflops``, ``errors``, ``ends_at``
+(unix time), ``verdict`` ("OK" | "FAULTY" | "DIED" | None), ``reason``, plus what the burner
+reports (tflops_mean, iterations, temp, dtype, message). It is fed by the agents' ``burn``
+events; a node whose link drops has its active burns marked failed, because its agent stops
+them (the dead-man's switch).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
+from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.session import LinkError
+
+ACTIVE_STATES = ("starting", "running", "stopping")
+REQUEST_TIMEOUT = 20.0
+# Keys of a config's [stress] table that become stress_start fields.
+OPTION_KEYS = (
+    "duration",
+    "max_duration",
+    "engine",
+    "dtype",
+    "mem_fraction",
+    "gpu_burn",
+    "gpu_burn_source",
+    "workload_python",
+)
+
+_attached: weakref.WeakSet[Fleet] = weakref.WeakSet()
+_defaults: weakref.WeakKeyDictionary[Fleet, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+class StressError(LinkError):
+    """The agent refused a stress request; the message is its one-line reason."""
+
+
+def configure(fleet: Fleet, options: Mapping[str, Any]) -> None:
+    """Defaults for this fleet's burns from a config's ``[stress]`` table (unknown keys are
+    ignored: the config loader reports them)."""
+    _defaults[fleet] = {k: options[k] for k in OPTION_KEYS if k in options}
+    attach(fleet)
+
+
+def attach(fleet: Fleet) -> None:
+    """Translate the fleet's burn events into annotations (idempotent)."""
+    if fleet in _attached:
+        return
+    _attached.add(fleet)
+
+    def on_event(node: str, event: NodeEvent) -> None:
+        if event.kind != "burn" or event.gpu is None:
+            return
+        fleet.annotate(node, event.gpu, burn=dict(event.detail))
+
+    def on_snapshot(snap: NodeSnapshot) -> None:
+        if snap.state is not NodeState.UNREACHABLE:
+            return
+        for gpu, ann in list(snap.annotations.items()):
+            burn = ann.get("burn")
+            if isinstance(burn, Mapping) and burn.get("state") in ACTIVE_STATES:
+                fleet.annotate(
+                    snap.name,
+                    gpu,
+                    burn={
+                        **burn,
+                        "state": "failed",
+                        "verdict": None,
+                        "reason": "link lost: the agent stops its burners (dead-man's switch)",
+                    },
+                )
+
+    fleet.on_event(on_event)
+    fleet.subscribe(on_snapshot)
+
+
+def burn_of(snap: NodeSnapshot, gpu: int) -> Mapping[str, Any] | None:
+    """The burn annotation of one GPU, or None."""
+    burn = snap.annotations.get(gpu, {}).get("burn")
+    return burn if isinstance(burn, Mapping) else None
+
+
+def burning(fleet: Fleet) -> list[tuple[str, int]]:
+    """``(node, gpu)`` of every burn that is starting, running or stopping."""
+    out = []
+    for snap in fleet.snapshots():
+        for gpu in sorted(snap.annotations):
+            burn = burn_of(snap, gpu)
+            if burn is not None and burn.get("state") in ACTIVE_STATES:
+                out.append((snap.name, gpu))
+    return out
+
+
+def _workload_python(fleet: Fleet, node: str) -> str | None:
+    link = fleet.nodes[node].link
+    cfg = getattr(link, "node", None)
+    value = getattr(cfg, "workload_python", None)
+    return value if isinstance(value, str) else None
+
+
+async def set_stress(
+    fleet: Fleet,
+    node: str,
+    gpus: list[int] | None,
+    on: bool,
+    *,
+    duration: float | None = None,
+    dtype: str | None = None,
+    engine: str = "auto",
+    options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Start (``on``) or stop burns on ``gpus`` of ``node`` (None: every GPU of the node).
+
+    ``options`` adds stress_start fields (mem_fraction, max_duration, gpu_burn, size, device,
+    ...) over the fleet's configured defaults. Returns the agent's reply. Raises LinkError when
+    the node is not connected or does not answer, StressError (a LinkError) when the agent
+    refuses, with its one-line reason.
+    """
+    attach(fleet)
+    if node not in fleet.nodes:
+        raise StressError("unknown_node", f"no node named {node!r}")
+    target: list[int] | str = "all" if gpus is None else list(gpus)
+    if on:
+        msg: dict[str, Any] = {**_defaults.get(fleet, {}), **(options or {})}
+        msg.update({"type": "stress_start", "gpus": target})
+        if engine != "auto" or "engine" not in msg:
+            msg["engine"] = engine
+        if duration is not None:
+            msg["duration"] = duration
+        if dtype is not None:
+            msg["dtype"] = dtype
+        if "workload_python" not in msg:
+            python = _workload_python(fleet, node)
+            if python:
+                msg["workload_python"] = python
+    else:
+        msg = {"type": "stress_stop", "gpus": target}
+    reply = await fleet.request(node, msg, REQUEST_TIMEOUT)
+    if reply.get("type") == "error":
+        raise StressError(
+            str(reply.get("code", "refused")), f"{node}: {reply.get('message', 'refused')}"
+        )
+    snap = fleet.snapshot(node)
+    if on:
+        for gpu in reply.get("started", []):
+            current = burn_of(snap, gpu)
+            if current is None or current.get("state") not in ACTIVE_STATES:
+                fleet.annotate(
+                    node,
+                    gpu,
+                    burn={
+                        "state": "starting",
+                        "engine": reply.get("engine"),
+                        "ends_at": reply.get("ends_at"),
+                        "errors": 0,
+                        "verdict": None,
+                        "reason": None,
+                    },
+                )
+    else:
+        for gpu in reply.get("stopping", []):
+            current = burn_of(fleet.snapshot(node), gpu)
+            if current is not None and current.get("state") in ("starting", "running"):
+                fleet.annotate(node, gpu, burn={**current, "state": "stopping"})
+    return reply
