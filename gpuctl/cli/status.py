@@ -27,15 +27,15 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     fleet = build_fleet(args)
     snaps = asyncio.run(collect(fleet, args.timeout))
+    no_driver = [s for s in snaps if s.info is not None and s.info.reader is None]
     if args.json:
         json.dump([node_to_json(s) for s in snaps], sys.stdout, indent=2)
         sys.stdout.write("\n")
-    else:
+    elif len(no_driver) < len(snaps):  # a table of nothing but "no driver" rows says nothing
         print(render_table(snaps))
     failed = [s for s in snaps if s.state is NodeState.UNREACHABLE]
     for s in failed:
         print(f"gpuctl: {s.name} did not answer: {s.reason}", file=sys.stderr)
-    no_driver = [s for s in snaps if s.info is not None and s.info.reader is None]
     for s in no_driver:
         print(
             f"gpuctl: {s.name}: {s.info.reader_error if s.info else ''}; "

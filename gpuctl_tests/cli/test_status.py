@@ -60,6 +60,7 @@ def test_status_without_driver_says_so_in_one_line(tmp_path) -> None:
     assert r.returncode == 1
     err = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(err) == 1, r.stderr
+    assert r.stdout == ""
     assert "no NVIDIA driver" in err[0] and "gpuctl demo" in err[0]
     assert "Traceback" not in r.stderr
 
