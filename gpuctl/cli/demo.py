@@ -14,6 +14,7 @@ from typing import Any
 
 from gpuctl.cli.main import UserError
 
+STALL_FIRST_S = 20.0
 STALL_EVERY_S = 45.0
 STALL_FOR_S = 8.0
 
@@ -49,9 +50,10 @@ async def story(fleet: Any, *, stall_every: float = STALL_EVERY_S) -> None:
     if len(names) < 2:
         return
     stall = names[-1]
+    await asyncio.sleep(STALL_FIRST_S)  # the demo's clock, not synchronisation
     while True:
-        await asyncio.sleep(stall_every)  # the demo's clock, not synchronisation
         await simulate(stall, action="stall", seconds=STALL_FOR_S)
+        await asyncio.sleep(stall_every)
 
 
 def _gpus(fleet: Any, node: str) -> int:

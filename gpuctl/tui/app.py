@@ -72,7 +72,7 @@ class ClusterHeader(Horizontal):
     def show(self, totals: str, filter_text: str) -> None:
         t = self.query_one("#totals", Label)
         if str(t.content) != totals:
-            t.update(totals)
+            t.update(totals, layout=False)  # fixed size: a relayout per sample costs ~20 ms
         f = self.query_one("#filter-shown", Label)
         text = f"filter: {filter_text}" if filter_text else ""
         if str(f.content) != text:
@@ -216,7 +216,7 @@ class OverviewScreen(Screen[None]):
         if sel is not None:
             snap = self.store.snaps[sel[0]]
             text = f" {describe_gpu(self.store, snap, sel[1])}   ·  {text.strip()}"
-        self.query_one("#heat-status", Static).update(text)
+        self.query_one("#heat-status", Static).update(text, layout=False)
 
 
 def describe_gpu(store: FleetStore, snap: NodeSnapshot, gpu: int | None) -> str:

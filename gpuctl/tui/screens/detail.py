@@ -70,6 +70,7 @@ class DetailScreen(Screen[None]):
         self._version = -1
         self._events_len = -1
         self._info_shown: object = None
+        self._ready = False
 
     def compose(self) -> ComposeResult:
         yield Static(id="detail-title")
@@ -94,6 +95,7 @@ class DetailScreen(Screen[None]):
         self.query_one("#detail-events", Static).border_title = "recent events"
         self.query_one("#detail-facts", Static).border_title = "facts"
         self.app.theme_changed_signal.subscribe(self, lambda _t: self.refresh_all())
+        self._ready = True
         self.refresh_all()
 
     # -- updates (called by the app when this node changed) -----------------------------------
@@ -104,7 +106,7 @@ class DetailScreen(Screen[None]):
 
     def node_changed(self) -> None:
         snap = self.store.snaps.get(self.node)
-        if snap is None:
+        if snap is None or not self._ready:
             return
         if self.gpu is None and snap.gpus:
             self.gpu = snap.gpus[0].index
@@ -122,7 +124,8 @@ class DetailScreen(Screen[None]):
     def _title(self, s: NodeSnapshot) -> None:
         gpu = "" if self.gpu is None else f"  ·  GPU {self.gpu} {self.store.model(s, self.gpu)}"
         age = node_age_text(s, self.store.clock())
-        self.query_one("#detail-title", Static).update(f" {s.name}  ·  {age}  ·  {s.link}{gpu}")
+        title = f" {s.name}  ·  {age}  ·  {s.link}{gpu}"
+        self.query_one("#detail-title", Static).update(title, layout=False)
 
     def _plots(self) -> None:
         if self.gpu is None:
