@@ -414,7 +414,12 @@ class SrunLink(NodeLink):
                     proc.kill()
                     await proc.wait()
 
-        first = await proc.stdout.readline()
+        try:
+            first = await proc.stdout.readline()
+        except asyncio.CancelledError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()  # srun signals its step, which ends
+            raise
         if not first or first.startswith(DEPLOY_TAG):
             err = b""
             with contextlib.suppress(TimeoutError):

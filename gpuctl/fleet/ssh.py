@@ -474,6 +474,9 @@ class SshLink(NodeLink):
         except (asyncssh.Error, OSError) as e:
             proc.close()
             raise LinkError("closed", f"{self.node.name}: {e}") from None
+        except asyncio.CancelledError:
+            proc.close()  # the channel closes, and the agent with it
+            raise
         if not first:
             err = b""
             with contextlib.suppress(Exception):
