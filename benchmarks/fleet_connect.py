@@ -1,0 +1,162 @@
+"""How fast the fleet reaches K real sshd nodes, and how fresh their samples stay.
+
+For each K (default 8, 32, 64) this starts K OpenSSH servers on 127.0.0.1 (the test harness),
+then measures, with the real ``Fleet`` and ``SshLink``:
+
+- cold: fleet start -> every node live (hello) and -> every node's first sample, with the
+  bundle missing (one SFTP upload: the nodes share this machine's disk, as a shared home);
+- warm: the same again with the bundle in place (the usual case);
+- p95 sample age over ~10 s with the agents sampling at 1 Hz (ages read every 0.25 s);
+- login-side CPU (this process: user + system) per second while streaming;
+- K sequential ``ssh -F ssh_config node true`` with the OpenSSH client, for comparison.
+
+Targets (issue 3): 64 nodes live in < 5 s; p95 sample age < 1.5 s.
+
+    python3 benchmarks/fleet_connect.py            # K = 8, 32, 64
+    python3 benchmarks/fleet_connect.py 8 16 --stream 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from gpuctl.config import load_config  # noqa: E402
+from gpuctl.core.model import NodeState  # noqa: E402
+from gpuctl.fleet.build import fleet_from_config  # noqa: E402
+from gpuctl_tests.harness.sshd import SshCluster  # noqa: E402
+
+
+def cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def p95(values: list[float]) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, round(0.95 * (len(s) - 1)))]
+
+
+async def connect_once(config_path: Path, stream: float) -> dict[str, float]:
+    fleet = fleet_from_config(load_config(config_path))
+    live_at: float | None = None
+    sampled_at: float | None = None
+    t0 = time.monotonic()
+    done = asyncio.Event()
+
+    def check(_s: object) -> None:
+        nonlocal live_at, sampled_at
+        snaps = fleet.snapshots()
+        if live_at is None and all(s.state is NodeState.LIVE for s in snaps):
+            live_at = time.monotonic() - t0
+        if sampled_at is None and all(s.last_sample_t is not None for s in snaps):
+            sampled_at = time.monotonic() - t0
+            done.set()
+
+    fleet.subscribe(check)
+    await fleet.start()
+    out: dict[str, float] = {}
+    try:
+        await asyncio.wait_for(done.wait(), 120)
+        out = {"live_s": live_at or float("nan"), "sampled_s": sampled_at or float("nan")}
+        if stream > 0:
+            ages: list[float] = []
+            c0, w0 = cpu_seconds(), time.monotonic()
+            end = w0 + stream
+            while time.monotonic() < end:
+                await asyncio.sleep(0.25)  # the reading period of the measurement
+                now = time.time()
+                ages.extend(now - s.last_sample_t for s in fleet.snapshots() if s.last_sample_t)
+            wall = time.monotonic() - w0
+            out["p95_age_s"] = p95(ages)
+            out["max_age_s"] = max(ages) if ages else float("nan")
+            out["cpu_per_s"] = (cpu_seconds() - c0) / wall
+            out["not_live"] = sum(s.state is not NodeState.LIVE for s in fleet.snapshots())
+        out["uploads"] = len(fleet.store.uploads) if fleet.store else 0
+    finally:
+        await fleet.stop()
+    return out
+
+
+def sequential_ssh(cluster: SshCluster) -> float:
+    t0 = time.monotonic()
+    for name in cluster.nodes:
+        r = subprocess.run(
+            cluster.ssh_argv(name, "true"),
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+        )
+        if r.returncode != 0:
+            raise SystemExit(f"ssh {name} true failed: {r.stderr.decode(errors='replace')}")
+    return time.monotonic() - t0
+
+
+def run_k(k: int, stream: float, workdir: Path) -> dict[str, float]:
+    with SshCluster(workdir / f"k{k}") as cluster:
+        t0 = time.monotonic()
+        cluster.start_nodes([f"n{i:03d}" for i in range(k)])
+        sshd_start = time.monotonic() - t0
+        bundles = workdir / f"k{k}" / "bundles"
+        config = cluster.write_config(
+            workdir / f"k{k}" / "config.toml", simulate=2, interval=1.0, bundle_dir=str(bundles)
+        )
+        cold = asyncio.run(connect_once(config, 0))
+        warm = asyncio.run(connect_once(config, stream))
+        seq = sequential_ssh(cluster)
+    return {
+        "k": k,
+        "sshd_start_s": sshd_start,
+        "cold_live_s": cold["live_s"],
+        "cold_sampled_s": cold["sampled_s"],
+        "cold_uploads": cold["uploads"],
+        "warm_live_s": warm["live_s"],
+        "warm_sampled_s": warm["sampled_s"],
+        "p95_age_s": warm.get("p95_age_s", float("nan")),
+        "max_age_s": warm.get("max_age_s", float("nan")),
+        "cpu_per_s": warm.get("cpu_per_s", float("nan")),
+        "not_live": warm.get("not_live", 0),
+        "seq_ssh_s": seq,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("k", nargs="*", type=int, default=[8, 32, 64], help="node counts")
+    ap.add_argument("--stream", type=float, default=10.0, help="seconds of streaming to measure")
+    args = ap.parse_args()
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    print(f"# machine: {__import__('os').cpu_count()} cores, load average {' '.join(load)}")
+    cols = (
+        "K", "cold live", "cold 1st sample", "uploads", "warm live", "warm 1st sample",
+        "p95 age", "max age", "CPU/s", "not live", f"{'K'} x ssh true",
+    )  # fmt: skip
+    print(" | ".join(cols))
+    with tempfile.TemporaryDirectory(prefix="gpuctl-bench-") as tmp:
+        for k in args.k:
+            r = run_k(k, args.stream, Path(tmp))
+            print(
+                f"{r['k']:>3} | {r['cold_live_s']:.2f} s | {r['cold_sampled_s']:.2f} s | "
+                f"{r['cold_uploads']:.0f} | {r['warm_live_s']:.2f} s | "
+                f"{r['warm_sampled_s']:.2f} s | "
+                f"{r['p95_age_s']:.2f} s | {r['max_age_s']:.2f} s | {r['cpu_per_s'] * 100:.1f}% | "
+                f"{r['not_live']:.0f} | {r['seq_ssh_s']:.2f} s",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
