@@ -676,21 +676,16 @@ class Executor:
         return job_id, jobdir, meta
 
     def _write_payload(self, host: Host, jobdir: str, obj: Any) -> tuple[str, int]:
-        target = f"{jobdir}/payload.pkl"
-        if isinstance(host, LocalHost):
-            tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                w = _HashingWriter(f)
-                cloudpickle.dump(obj, w, protocol=5)
-            os.replace(tmp, target)
-            return w.hexdigest(), w.size
-        with tempfile.TemporaryDirectory(prefix="gpuctl-payload-") as tmpdir:
-            local = os.path.join(tmpdir, "payload.pkl")
-            with open(local, "wb") as f:
-                w = _HashingWriter(f)
-                cloudpickle.dump(obj, w, protocol=5)
-            host.put_file(local, target, 0o600)
+        """Pickle straight into the job folder (streamed over SFTP for a node): no temporary
+        copy, no size limit; the file appears under its name only once complete."""
+        writer = host.open_atomic(f"{jobdir}/payload.pkl", 0o600)
+        w = _HashingWriter(writer)
+        try:
+            cloudpickle.dump(obj, w, protocol=5)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.commit()
         return w.hexdigest(), w.size
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Job:

@@ -1,0 +1,117 @@
+"""Failures that need the machine's help to provoke: a cgroup OOM kill, a full disk, Slurm's
+warning signal. Each skips (with the reason) where the container forbids cgroups or mounts."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.jobs import JobFailed
+from gpuctl_tests.helpers import wait_until
+
+CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.fixture
+def memory_cgroup() -> Iterator[Path]:
+    """A cgroup v1 memory cgroup limited to 200 MiB, without swap; removed after the test."""
+    parent = CGROUP_V1_MEMORY
+    if not (parent / "memory.limit_in_bytes").exists():
+        pytest.skip("no cgroup v1 memory controller here")
+    path = parent / f"gpuctl-test-{uuid.uuid4().hex[:8]}"
+    try:
+        path.mkdir()
+    except OSError as e:
+        pytest.skip(f"cannot create a memory cgroup: {e}")
+    try:
+        (path / "memory.limit_in_bytes").write_text(str(200 << 20))
+        with contextlib.suppress(OSError):
+            (path / "memory.memsw.limit_in_bytes").write_text(str(200 << 20))
+        yield path
+    finally:
+        wait_until(
+            lambda: not (path / "cgroup.procs").read_text().strip(), 10, "the cgroup to empty"
+        )
+        path.rmdir()
+
+
+def test_cgroup_oom_kill_is_out_of_memory(
+    make_executor: Any, memory_cgroup: Path, venv1: str, tmp_path: Path
+) -> None:
+    # VENV1 joins the cgroup first (as a cluster's job would be placed in one), then execs.
+    wrapper = tmp_path / "venv1-in-cgroup"
+    wrapper.write_text(f'#!/bin/sh\necho $$ > {memory_cgroup}/cgroup.procs\nexec {venv1} "$@"\n')
+    wrapper.chmod(0o755)
+
+    def hog() -> int:
+        blocks = []
+        for _ in range(64):
+            b = bytearray(16 << 20)
+            b[::4096] = b"x" * len(b[::4096])  # touch every page: RSS, not just address space
+            blocks.append(b)
+        return len(blocks)
+
+    job = make_executor(supervisor_python=str(wrapper)).submit(hog)
+    with pytest.raises(JobFailed) as info:
+        job.result(60)
+    text = str(info.value)
+    assert info.value.kind == "out_of_memory", text
+    assert "SIGKILL" in text and "cgroup OOM kills during the job: 1" in text
+    outcome = json.loads(Path(job.jobdir, "outcome.json").read_text())
+    assert outcome["cgroup_after"]["limit_bytes"] == 200 << 20
+    assert outcome["cgroup_after"]["path"].endswith(memory_cgroup.name)
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs; skipped where mounting is not allowed."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full_while_saving_the_result(make_executor: Any, small_fs: Path) -> None:
+    job = make_executor(job_root=str(small_fs / "jobs")).submit(os.urandom, 8 << 20)
+    with pytest.raises(JobFailed) as info:
+        job.result(60)
+    assert info.value.kind == "disk_full"
+    assert info.value.report.phase == "saving"
+    assert "No space left on device" in str(info.value)
+    assert not any(p.name.startswith("result.pkl") for p in Path(job.jobdir).iterdir())
+
+
+def test_warning_signal_is_forwarded_to_venv2(make_executor: Any) -> None:
+    def waits() -> None:
+        import time
+
+        time.sleep(120)
+
+    job = make_executor(grace=1).submit(waits)
+    status = Path(job.jobdir, "status.jsonl")
+    wait_until(lambda: status.exists() and '"running"' in status.read_text(), 30, "running")
+    job.backend.signal(job.handle, job.jobdir, signal.SIGUSR1)  # what Slurm's --signal sends
+    wait_until(lambda: "warning_signal" in status.read_text(), 10, "VENV2 to note the signal")
+    job.cancel()
+    with pytest.raises(JobFailed):
+        job.result(30)
+    outcome = json.loads(Path(job.jobdir, "outcome.json").read_text())
+    assert outcome["forwarded"] == ["SIGUSR1"]
