@@ -193,9 +193,16 @@ async def start_slurm_run(
 
     async def body() -> None:
         names = await wait_nodes()
-        if not names:
+        if not names:  # no node ever started the script: one placeholder row says why
             tail = _slurm_out_tail(job, job_id)
-            raise SlurmError(f"job {job_id} ended before it ran" + (f": {tail}" if tail else ""))
+            placeholder = f"job-{job_id}"
+            run.nodes.append(placeholder)
+            run.status[placeholder] = dict.fromkeys(SECTIONS, PENDING)
+            run.lines[placeholder] = []
+            run.finish_node(
+                NodeOutcome(placeholder, ERROR, reason=f"Slurm job {job_id} never ran: {tail}")
+            )
+            return
         for n in names:
             run.nodes.append(n)
             run.status[n] = dict.fromkeys(SECTIONS, PENDING)

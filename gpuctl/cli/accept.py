@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from gpuctl.accept.history import DEFAULT_THRESHOLD, HistoryStore, sparkline
+from gpuctl.accept.history import DEFAULT_THRESHOLD, HistoryStore, sparkline, state_dir
 from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run, start_local_run
 from gpuctl.cli.common import load_user_config
 from gpuctl.config import Config, NodeConfig
@@ -41,7 +41,9 @@ def register(sub: Any) -> None:
     what = p.add_argument_group("what")
     what.add_argument("--quick", action="store_true", help="seconds per section, not minutes")
     what.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    what.add_argument("--report-dir", metavar="D", help="write the JSON reports here")
+    what.add_argument(
+        "--report-dir", metavar="D", help="write the JSON reports here (default: state dir)"
+    )
     what.add_argument("--expect-gpus", type=int, metavar="N", help="fewer GPUs per node fail")
     what.add_argument("--allow-no-gpu", action="store_true", help="no GPU is a SKIP")
     what.add_argument("--floor", type=float, help="minimum fraction of peak TFLOP/s (0.6)")
@@ -135,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
         raise _user_error("--local runs on this machine: leave out --nodes and --via")
     options = _options(args, config)
     history = None if args.no_history else HistoryStore()
+    if args.report_dir is None:
+        args.report_dir = str(state_dir() / "reports")
     printer = Printer()
     report = asyncio.run(_drive(args, config, options, history, printer))
     return printer.conclude(report, args.fail_on_degradation)
@@ -147,7 +151,7 @@ async def _drive(
     history: HistoryStore | None,
     printer: Printer,
 ) -> dict[str, Any]:
-    if args.local or (config.empty and not args.nodes and args.via != "slurm"):
+    if args.local or (config.empty and not args.nodes and args.via is None):
         accept_run, fleet = await start_local_run(
             options, report_dir=args.report_dir, history=history
         )

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuctl.workloads.accept.schema import SECTIONS
+from gpuctl.workloads.accept.schema import MARKERS, SCHEMA, SCHEMA_VERSION, SECTIONS
 from gpuctl_tests.helpers import node_env, old_python
 
 LIGHT = ("--skip", "train", "--skip", "ddp_allreduce", "--skip", "ddp_train")
@@ -50,15 +50,33 @@ def test_local_quick_cpu_run_is_done_when(tmp_path: Path) -> None:
     out = lines(r)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert out[-1] == "[RESULT] SUCCESS"
-    # Progress came through the agent while it ran: the suite's own section lines.
-    assert any(ln.startswith("[COMPUTE] cpu fp32") for ln in out)
-    assert any(ln.startswith("[DDP] all-reduce") for ln in out)
+    # Progress came through the agent while it ran: every section's marker lines.
+    for marker in set(MARKERS.values()):
+        assert any(ln.startswith(f"[{marker}]") for ln in out), marker
+    assert any(ln.startswith("[PCIE] SKIP") for ln in out)  # clearly a SKIP on the CPU
     (report,) = reports(d)
+    assert (report["schema"], report["schema_version"]) == (SCHEMA, SCHEMA_VERSION)
     assert report["node"] == socket.gethostname()
+    assert report["verdict"] == "PASS" and report["failures"] == []
+    assert set(report["sections"]) == set(SECTIONS)
     for name in ("env", "compute", "membw", "train", "ddp_allreduce", "ddp_train", "health"):
-        assert report["sections"][name]["verdict"] in ("PASS", "SKIP")
-    assert report["sections"]["ddp_allreduce"]["algbw_gbps"] > 0
-    assert report["sections"]["ddp_allreduce"]["busbw_gbps"] > 0
+        assert report["sections"][name]["verdict"] in ("PASS", "SKIP"), name
+    secs = report["sections"]
+    fp32 = secs["compute"]["devices"][0]["results"][0]
+    assert fp32["dtype"] == "fp32" and fp32["tflops"] > 0 and fp32["check"] is None
+    assert secs["membw"]["devices"][0]["gbps"] > 0
+    assert secs["train"]["devices"][0]["drop"] >= 0.5
+    ar = secs["ddp_allreduce"]
+    n = ar["world_size"]
+    assert n == 2 and ar["backend"] == "gloo"
+    assert ar["algbw_gbps"] > 0
+    assert ar["busbw_gbps"] == pytest.approx(ar["algbw_gbps"] * 2 * (n - 1) / n)
+    assert [x["mismatches"] for x in ar["ranks"]] == [0, 0]
+    assert ar["iters"] > 2  # several refilled collectives, the first one untimed
+    dt = secs["ddp_train"]
+    assert dt["params_identical"] is True
+    assert all(x["drop"] >= 0.5 for x in dt["ranks"]) and len(dt["ranks"]) == 2
+    assert secs["health"]["verdict"] == "SKIP"
     # ... and it is in the history.
     h = gpuctl(tmp_path, "history")
     assert h.returncode == 0 and socket.gethostname() in h.stdout and "PASS" in h.stdout
@@ -186,3 +204,14 @@ def test_login_side_never_imports_torch() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], env=node_env(), capture_output=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.slurm
+def test_a_job_slurm_refuses_is_one_line(tmp_path: Path, slurm_cluster: Any) -> None:
+    r = gpuctl(
+        tmp_path, "--via", "slurm", "--device", "cpu", "--partition", "nosuchpartition",
+        "--job-dir", str(tmp_path / "jobs"), env=slurm_cluster.env,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("gpuctl: sbatch") and r.stderr.count("\n") == 1
+    assert "Traceback" not in r.stderr
