@@ -47,6 +47,10 @@ def size_of(data: bytes) -> int:
     return len(data)
 
 
+def run_command(argv: list[str]) -> None:
+    subprocess.run(argv, check=True, stdin=subprocess.DEVNULL)
+
+
 def median_time(fn: object, rounds: int) -> tuple[float, list[float]]:
     times = []
     for _ in range(rounds):
@@ -61,6 +65,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--payload-mb", type=int, default=1024)
     ap.add_argument("--tasks", type=int, default=1000)
+    ap.add_argument("--payload-rounds", type=int, default=3)
     ap.add_argument("--skip-slurm", action="store_true")
     args = ap.parse_args()
     venv1 = str(VENV1) if VENV1.exists() else "python3"
@@ -104,10 +109,6 @@ def main() -> int:
         blob = os.urandom(n)
         src = work / "blob.bin"
         src.write_bytes(blob)
-        t0 = time.perf_counter()
-        job = ex.submit(size_of, blob)
-        t_submit = time.perf_counter() - t0
-        assert job.result(300) == n
         dst_dir = work / "scp-dst"
         dst_dir.mkdir()
         scp = [
@@ -118,15 +119,27 @@ def main() -> int:
             str(src),
             f"bench1:{dst_dir}/blob.bin",
         ]
-        t0 = time.perf_counter()
-        subprocess.run(scp, check=True, stdin=subprocess.DEVNULL)
-        t_scp = time.perf_counter() - t0
+        # Alternate the two, several times: on a shared machine the load changes by the second,
+        # and the best of each is the fairest comparison of what the code can do.
+        t_submits, t_scps = [], []
+        for _ in range(args.payload_rounds):
+            t0 = time.perf_counter()
+            job = ex.submit(size_of, blob)
+            t_submits.append(time.perf_counter() - t0)
+            assert job.result(300) == n
+            run_command(["rm", "-rf", job.jobdir])
+            t0 = time.perf_counter()
+            subprocess.run(scp, check=True, stdin=subprocess.DEVNULL)
+            t_scps.append(time.perf_counter() - t0)
         mb = n / (1 << 20)
-        rel = (mb / t_submit) / (mb / t_scp)
+        best_submit, best_scp = min(t_submits), min(t_scps)
+        rel = best_scp / best_submit
+        med = statistics.median(t_scps) / statistics.median(t_submits)
         print(
-            f"2. payload {mb:.0f} MiB: submit (pickle + SFTP) {t_submit:.2f} s = "
-            f"{mb / t_submit:.0f} MiB/s vs scp {t_scp:.2f} s = {mb / t_scp:.0f} MiB/s -> "
-            f"{rel:.2f}x [target >= 0.8x: {'OK' if rel >= 0.8 else 'MISSED'}]"
+            f"2. payload {mb:.0f} MiB, best of {args.payload_rounds}: submit (pickle + SFTP) "
+            f"{best_submit:.2f} s = {mb / best_submit:.0f} MiB/s vs scp {best_scp:.2f} s = "
+            f"{mb / best_scp:.0f} MiB/s -> {rel:.2f}x (medians: {med:.2f}x) "
+            f"[target >= 0.8x: {'OK' if rel >= 0.8 else 'MISSED'}]"
         )
         del blob
         src.unlink()
