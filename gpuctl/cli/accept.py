@@ -4,6 +4,9 @@
     gpuctl accept [--nodes HOSTLIST] [--via ssh|slurm] [--quick] [--report-dir D]
     gpuctl accept history [NODE]
 
+Config ``[accept]`` keys: ``python`` (VENV2 on the nodes), ``partition``, ``job_dir`` (a folder
+the Slurm nodes share), ``gpus_per_node``; options win over them.
+
 The last stdout line is ``[RESULT] SUCCESS`` or ``[RESULT] FAILURE: [...]``; the exit code is 0 or
 1 (2 for a usage mistake). ``--via ssh`` (the default with configured nodes) runs the single-node
 suite through each node's agent; ``--via slurm`` submits one batch job so DDP spans the nodes.
@@ -211,7 +214,10 @@ async def _drive_slurm(
     if args.nodes:
         names = _hostlist(args.nodes)
         nodelist, nnodes = ",".join(names), len(names)
-    gpn = args.gpus_per_node or (2 if options.device == "cpu" else 8)
+    conf_gpn = config.accept.get("gpus_per_node")
+    if conf_gpn is not None and (not isinstance(conf_gpn, int) or isinstance(conf_gpn, bool)):
+        raise _user_error(f"[accept] gpus_per_node must be an integer, not {conf_gpn!r}")
+    gpn = args.gpus_per_node or conf_gpn or (2 if options.device == "cpu" else 8)
     if nnodes < 1 or gpn < 1:
         raise _user_error("--nnodes and --gpus-per-node must be at least 1")
     spec = SlurmJobSpec(
@@ -227,7 +233,7 @@ async def _drive_slurm(
             options,
             spec,
             python=options.python,
-            job_dir=args.job_dir,
+            job_dir=args.job_dir or _str(config.accept.get("job_dir")),
             report_dir=args.report_dir,
             history=history,
         )

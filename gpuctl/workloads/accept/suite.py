@@ -1202,6 +1202,14 @@ def kill_group(proc):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if os.environ.get("LOCAL_RANK") is not None or os.environ.get("TORCHELASTIC_RUN_ID"):
+        # One suite per node starts its own torchrun; eight suites per node would fight.
+        msg = (
+            "the suite runs once per node and starts torchrun itself; under torchrun, run "
+            "gpuctl.workloads.accept.ddp instead"
+        )
+        sys.stdout.write(f"{RESULT_FAILURE}: {json.dumps([msg])}\n")
+        return 2
     node = args.node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     args.node_name = node
     # "{node}" in a path names this node: one srun command line serves every node of a job.
