@@ -209,8 +209,8 @@ class AcceptRun:
         assert self._task is not None, "use a start_* function"
         return await self._task
 
-    @property
     def done(self) -> bool:
+        """True once the run has ended (like ``asyncio.Task.done``)."""
         return self._task is not None and self._task.done()
 
     async def cancel(self) -> None:
