@@ -203,8 +203,9 @@ class Job:
             "setup.log",
             "supervisor.log",
         )
-        where = "" if isinstance(self.backend.host, LocalHost) else f"{self.backend.host.name}:"
-        return {n: f"{where}{self.jobdir}/{n}" for n in names}
+        if isinstance(self.backend.host, LocalHost):
+            return {n: p for n in names if os.path.exists(p := f"{self.jobdir}/{n}")}
+        return {n: f"{self.backend.host.name}:{self.jobdir}/{n}" for n in names}
 
     # --- state ---------------------------------------------------------------------------
 

@@ -94,7 +94,10 @@ class FailureReport:
 
     def text(self) -> str:
         """The report as plain text, the message of ``JobFailed``."""
-        lines = [f"job {self.job_id} failed: {self.title} [{self.kind}] in phase {self.phase}"]
+        if self.phase == "provision":
+            lines = [f"cannot submit: {self.title} [{self.kind}]"]
+        else:
+            lines = [f"job {self.job_id} failed: {self.title} [{self.kind}] in phase {self.phase}"]
         lines += [f"  {e}" for e in self.evidence]
         if self.traceback:
             lines.append("  traceback:")

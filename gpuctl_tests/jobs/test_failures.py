@@ -43,7 +43,7 @@ def failure(job: Job, kind: str, timeout: float = 60) -> JobFailed:
     text = str(info.value)
     assert info.value.kind == kind, text
     assert "result_raw.pkl" not in text and "may have failed" not in text
-    assert f"[{kind}]" in text and "remedy:" in text and "stderr.txt" in text
+    assert f"[{kind}]" in text and "remedy:" in text and "outcome.json" in text
     return info.value
 
 
