@@ -53,6 +53,7 @@ async def connect_once(config_path: Path, stream: float) -> dict[str, float]:
     live_at: float | None = None
     sampled_at: float | None = None
     t0 = time.monotonic()
+    c_start = cpu_seconds()
     done = asyncio.Event()
 
     def check(_s: object) -> None:
@@ -69,7 +70,11 @@ async def connect_once(config_path: Path, stream: float) -> dict[str, float]:
     out: dict[str, float] = {}
     try:
         await asyncio.wait_for(done.wait(), 120)
-        out = {"live_s": live_at or float("nan"), "sampled_s": sampled_at or float("nan")}
+        out = {
+            "live_s": live_at or float("nan"),
+            "sampled_s": sampled_at or float("nan"),
+            "connect_cpu_s": cpu_seconds() - c_start,
+        }
         if stream > 0:
             ages: list[float] = []
             c0, w0 = cpu_seconds(), time.monotonic()

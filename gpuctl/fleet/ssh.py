@@ -178,6 +178,7 @@ class SshLink(NodeLink):
         self._conn_lock = asyncio.Lock()
         self._force_upload = False
         self._resolved: tuple[str, int] | None = None
+        self._opts: tuple[Any, asyncssh.SSHClientConnectionOptions] | None = None
 
     def describe(self) -> str:
         return f"ssh {self.node.name}"
@@ -193,9 +194,18 @@ class SshLink(NodeLink):
         return [str(default)] if default.is_file() else []
 
     def _options(self) -> asyncssh.SSHClientConnectionOptions:
+        """The node's options from the ssh config and the gpuctl settings, parsed once and kept
+        while the ssh config files are unchanged (asyncssh re-reads the whole file per host)."""
+        paths = self._ssh_config_paths()
+        try:
+            stamp = tuple((p, os.stat(p).st_mtime_ns) for p in paths)
+        except OSError:
+            stamp = ()
+        if self._opts is not None and self._opts[0] == stamp:
+            return self._opts[1]
         n = self.node
         kwargs: dict[str, Any] = {
-            "config": self._ssh_config_paths(),
+            "config": paths,
             "host": n.name,
             "connect_timeout": n.connect_timeout,
             "login_timeout": n.connect_timeout,
@@ -216,11 +226,14 @@ class SshLink(NodeLink):
             raise LinkError("config", f"cannot read {e.filename}: no such file") from None
         except (OSError, ValueError, asyncssh.Error) as e:
             raise LinkError("config", f"bad SSH settings: {e}") from None
+        self._opts = (stamp, opts)
+        return opts
+
+    def _known_hosts_arg(self, opts: asyncssh.SSHClientConnectionOptions) -> Any:
         # Checking is never off: ``UserKnownHostsFile none`` or a missing file means "nothing is
         # known yet" (every host unknown), not "trust everything" as asyncssh would read None.
         files = [f for f in self._kh_files(opts) if Path(f).is_file()]
-        known: Any = files or asyncssh.import_known_hosts("")
-        return asyncssh.SSHClientConnectionOptions(opts, known_hosts=known)
+        return files or asyncssh.import_known_hosts("")
 
     def _kh_files(self, opts: asyncssh.SSHClientConnectionOptions) -> list[str]:
         if self.node.known_hosts:
@@ -242,12 +255,9 @@ class SshLink(NodeLink):
         if self.node.known_hosts:
             return [self.node.known_hosts]
         try:
-            base = asyncssh.SSHClientConnectionOptions(
-                config=self._ssh_config_paths(), host=self.node.name
-            )
-        except Exception:
+            return self._kh_files(self._options())
+        except LinkError:
             return [self._default_kh()]
-        return self._kh_files(base)
 
     def _known_keys(self, host: str, addr: str, port: int) -> list[asyncssh.SSHKey]:
         files = [f for f in self.known_hosts_files() if Path(f).is_file()]
@@ -271,7 +281,10 @@ class SshLink(NodeLink):
             client = _Client(self)
             try:
                 conn = await asyncssh.connect(
-                    self.node.name, options=opts, client_factory=lambda: client
+                    self.node.name,
+                    options=opts,
+                    known_hosts=self._known_hosts_arg(opts),
+                    client_factory=lambda: client,
                 )
             except BaseException as e:
                 if isinstance(e, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
