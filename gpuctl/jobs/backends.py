@@ -20,6 +20,7 @@ from typing import Any
 from gpuctl.jobs.hosts import _REAPER, Host, HostError, LocalHost
 
 SUPERVISOR_FILE = "supervisor.py"
+REMOTE_PROBE_EVERY = 3.0  # seconds between `kill -0` probes of a remote supervisor
 
 
 class Backend:
@@ -68,6 +69,10 @@ class ProcessBackend(Backend):
 
     kind = "process"
 
+    def __init__(self, host: Host, job_root: str, supervisor_python: str) -> None:
+        super().__init__(host, job_root, supervisor_python)
+        self._last_probe: dict[str, float] = {}
+
     def start(self, jobdirs: Sequence[str], meta: Mapping[str, Any]) -> list[dict[str, Any]]:
         handles = []
         for jobdir in jobdirs:
@@ -103,6 +108,13 @@ class ProcessBackend(Backend):
         return rc == 0
 
     def finished_without_outcome(self, handle: Mapping[str, Any], jobdir: str) -> bool:
+        remote = not isinstance(self.host, LocalHost)
+        if remote:
+            # a liveness probe is an SSH round trip: at most one per job every few seconds
+            now = time.monotonic()
+            if now - self._last_probe.get(jobdir, -1e9) < REMOTE_PROBE_EVERY:
+                return False
+            self._last_probe[jobdir] = now
         pid = handle.get("pid")
         if not pid:
             info = self._pid_info(jobdir)
