@@ -22,7 +22,8 @@ How it works
 Output (stdout, one JSON object per line)
     ``{"type":"info", "message"}`` start-up facts (sizes, out-of-memory fallbacks);
     ``{"type":"progress", ...}`` about once per second: iterations, tflops (since the previous
-    line), tflops_mean, errors, elapsed, size, slots, dtype, duty;
+    line), tflops_mean, errors, elapsed, size, slots, dtype, duty (the figures count from the
+    second round: the first makes the reference);
     ``{"type":"summary", ...}`` last: the same totals plus nonfinite, verdict (OK / FAULTY /
     DIED) and reason. Exit code: 0 OK, 1 FAULTY, 3 DIED, 2 bad usage.
 
@@ -160,7 +161,7 @@ class CudaClock(Clock):
         mark.synchronize()
 
 
-Round = collections.namedtuple("Round", "index start end done errors_at")
+Round = collections.namedtuple("Round", "index start end done errors_at gemms")
 
 
 class Burner:
@@ -284,11 +285,19 @@ class Burner:
             self.torch.cuda.empty_cache()
 
     # -- compute ------------------------------------------------------------------------
-    def gemms(self, out: Any, k: int) -> None:
+    def gemms(self, out: Any, k: int, give_up: Any = None) -> int:
+        """K products into ``out``; returns how many ran (fewer when ``give_up()`` says so)."""
         torch = self.torch
         torch.mm(self.a, self.b, out=out)
-        for _ in range(k - 1):
+        if give_up is None:
+            for _ in range(k - 1):
+                out.addmm_(self.a, self.b)
+            return k
+        for i in range(1, k):
+            if give_up():
+                return i
             out.addmm_(self.a, self.b)
+        return k
 
     def calibrate(self) -> int:
         """Time one GEMM (after a warm-up) and return K, the GEMMs per round."""
@@ -361,20 +370,36 @@ class Burner:
         window_flops = 0.0
         window_start: Any = None
         r = 0
+        injected = False
         while True:
             slot = self.slots[r % len(self.slots)]
             start = self.clock.mark()
-            self.gemms(slot, k)
+            give_up = None
+            if not self.cuda:
+                # On a crowded CPU a round can take far longer than planned: a stop request
+                # (or, after the reference round, 4x the planned time) cuts it short. A cut
+                # round is counted but not checked (its sum is not the reference's).
+                cut_at = time.monotonic() + 4 * ROUND_SECONDS["cpu"]
+                give_up = (
+                    should_stop if r == 0 else (lambda: should_stop() or time.monotonic() > cut_at)  # noqa: B023
+                )
+            done_k = self.gemms(slot, k, give_up)
             end = self.clock.mark()
-            if self.first_start is None:
+            if done_k < k and r == 0:
+                break  # stopped before a reference existed: nothing to report
+            if r == 1:
+                # Round 0 makes the reference (a one-time copy and scans): the figures start
+                # with round 1, so start-up does not count against the rate or the duty.
                 self.first_start = start
             if r == 0:
                 self.set_reference(slot, k)
                 host_errors = 0
             else:
-                if self.args.inject_error is not None and r == self.args.inject_error:
+                wanted = self.args.inject_error
+                if wanted is not None and not injected and r >= wanted and done_k == k:
+                    injected = True
                     self.inject(slot)
-                n = self.check(slot)
+                n = self.check(slot) if done_k == k else 0
                 host_errors = n if n is not None else 0
             errors_at = None
             if self.cuda:
@@ -384,21 +409,25 @@ class Burner:
             else:
                 done = end
                 self.errors += host_errors
-            pending.append(Round(r, start, end, done, errors_at))
+            pending.append(Round(r, start, end, done, errors_at, done_k))
             r += 1
-            stop = should_stop() or (deadline is not None and time.monotonic() >= deadline)
+            # A duration shorter than two rounds still checks one product against the reference.
+            late = deadline is not None and time.monotonic() >= deadline and r >= 2
+            stop = should_stop() or late
             # Retire finished rounds; wait only when more than PIPELINE_DEPTH are queued.
             while pending and (
                 stop or len(pending) > PIPELINE_DEPTH or self.clock.ready(pending[0].done)
             ):
                 rd = pending.popleft()
                 self.clock.wait(rd.done)
-                self.iterations += k
-                self.gemm_seconds += self.clock.seconds(rd.start, rd.end)
-                self.span_seconds = self.clock.seconds(self.first_start, rd.end)
                 if rd.errors_at is not None:
                     self.errors = int(self.err_host[rd.errors_at]) + self.nonfinite
-                window_flops += k * flops_per_gemm
+                if rd.index == 0:
+                    continue
+                self.iterations += rd.gemms
+                self.gemm_seconds += self.clock.seconds(rd.start, rd.end)
+                self.span_seconds = self.clock.seconds(self.first_start, rd.end)
+                window_flops += rd.gemms * flops_per_gemm
                 if window_start is None:
                     window_start = rd.start
                 last_end = rd.end
