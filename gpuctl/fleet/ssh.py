@@ -276,7 +276,7 @@ class SshLink(NodeLink):
             if conn is not None and not conn.is_closed():
                 return conn
             self._conn = None
-            opts = self._options()
+            opts = await asyncio.to_thread(self._options)  # parsing ssh_config is slow
             self._resolved = (str(opts.host), int(opts.port or 22))
             client = _Client(self)
             try:
