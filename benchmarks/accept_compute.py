@@ -62,7 +62,10 @@ def main() -> int:
     p.add_argument("--n", type=int, help="matrix size (default: what the quick suite uses)")
     p.add_argument("--seconds", type=float, default=1.0, help="timed seconds per measurement")
     p.add_argument("--skip-suite", action="store_true", help="only the COMPUTE comparison")
+    p.add_argument("--threads", type=int, help="torch CPU threads (1 is steadier on a busy box)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     suite = Suite(parse_args(["--device", args.device, "--quick"]), None, torch)
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
