@@ -61,7 +61,7 @@ def _gpus(fleet: Any, node: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuctl.cli.watch import require_terminal, tui_config
+    from gpuctl.cli.watch import open_job_store, require_terminal, tui_config
     from gpuctl.fleet.demo import demo_nodes
     from gpuctl.fleet.fleet import simulated_fleet
 
@@ -74,7 +74,13 @@ def run(args: argparse.Namespace) -> int:
     fleet = simulated_fleet(demo_nodes(args.nodes, args.gpus))
     from gpuctl.tui import make_app
 
-    app = make_app(fleet, read_only=args.read_only, simulated=True, config_tui=config_tui)
+    app = make_app(
+        fleet,
+        read_only=args.read_only,
+        simulated=True,
+        config_tui=config_tui,
+        job_store=open_job_store(),
+    )
     if not args.no_story:
         app.background.append(lambda: story(fleet))
     result = app.run()

@@ -38,6 +38,16 @@ def tui_config(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
     return dict(config.tui), bool(config.read_only)
 
 
+def open_job_store() -> Any | None:
+    """The user's job store for the jobs pane, or None when it cannot be opened."""
+    try:
+        from gpuctl.jobs.store import JobStore
+
+        return JobStore()
+    except (ImportError, OSError, ValueError):
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     from gpuctl.cli.common import build_fleet
 
@@ -50,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         fleet,
         read_only=bool(getattr(args, "read_only", False)) or config_read_only,
         config_tui=config_tui,
+        job_store=open_job_store(),
     )
     result = app.run()
     return int(result or 0)

@@ -39,6 +39,7 @@ from gpuctl.tui.themes import DEFAULT_THEME, ThemeMemory, load_themes
 from gpuctl.tui.view import METRIC_TITLES, METRICS, FilterError, fmt_power, parse_filter
 from gpuctl.tui.widgets.heatmap import Heatmap
 from gpuctl.tui.widgets.overview import NodeList
+from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
 
 COALESCE_S = 0.1  # how long a flush waits for more samples (p95 paint budget is 300 ms)
 STOP_TIMEOUT_S = 10.0
@@ -50,6 +51,14 @@ class FleetChanged(Message):
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, FleetChanged)
+
+
+class AcceptProgress(Message):
+    """A step of the running acceptance suite (``gpuctl.accept.run.Progress``)."""
+
+    def __init__(self, progress: Any) -> None:
+        super().__init__()
+        self.progress = progress
 
 
 class ClusterHeader(Horizontal):
@@ -89,9 +98,12 @@ class OverviewScreen(Screen[None]):
         Binding("escape", "escape", "back", show=False, id="escape"),
     ]
 
-    def __init__(self, store: FleetStore, *, simulated: bool, read_only: bool) -> None:
+    def __init__(
+        self, store: FleetStore, *, simulated: bool, read_only: bool, job_store: Any | None
+    ) -> None:
         super().__init__()
         self.store = store
+        self.job_store = job_store
         self.simulated = simulated
         self.read_only = read_only
         self.mode = "list"  # "list" or a heatmap metric
@@ -104,8 +116,8 @@ class OverviewScreen(Screen[None]):
                 yield NodeList(self.store, id="nodes")
                 yield Heatmap(self.store, id="heatmap")
                 yield Static("", id="heat-status")
-            yield Static("", id="pane-jobs", classes="pane-note")
-            yield Static("", id="pane-accept", classes="pane-note")
+            yield JobsPane(self.job_store, id="pane-jobs")
+            yield AcceptPane(id="pane-accept")
         yield Input(
             placeholder="filter: name, state (live stale down), temp>80 util<5 …", id="filter"
         )
@@ -274,6 +286,7 @@ class GpuctlApp(App[int]):
         state_dir: Path | None = None,
         coalesce: float = COALESCE_S,
         manage_fleet: bool = True,
+        job_store: Any | None = None,
     ) -> None:
         super().__init__()
         self.fleet = fleet
@@ -289,7 +302,10 @@ class GpuctlApp(App[int]):
         self.keymap: dict[str, str] = {}
         self._flush_scheduled = False
         self._theme_ready = False
-        self.overview = OverviewScreen(self.store, simulated=simulated, read_only=read_only)
+        self.overview = OverviewScreen(
+            self.store, simulated=simulated, read_only=read_only, job_store=job_store
+        )
+        self.accept_run: Any | None = None
         self.on_flush: Callable[[set[str], dict[str, float]], None] | None = None
         # Coroutines to run as workers once the fleet is started (the demo's story).
         self.background: list[Callable[[], Awaitable[None]]] = []
@@ -303,6 +319,9 @@ class GpuctlApp(App[int]):
         self._setup_keys()
         self.fleet.subscribe(self._on_snapshot)
         self.fleet.on_event(self._on_fleet_event)
+        control = self._control()
+        if control is not None and hasattr(control, "attach"):
+            control.attach(self.fleet)  # burn events become annotations we can draw
         self.set_interval(1.0, self._tick)
         if self.manage_fleet:
             await self.fleet.start()
@@ -528,9 +547,55 @@ class GpuctlApp(App[int]):
     def action_accept(self) -> None:
         if self._refuse("acceptance"):
             return
-        self.notify(
-            "acceptance from the TUI: not built yet (use gpuctl accept)", severity="warning"
+        try:
+            from gpuctl.accept.run import AcceptOptions, start_fleet_run
+            from gpuctl.workloads.accept.schema import SECTIONS
+        except ImportError:
+            self.notify("acceptance from the TUI: not built yet", severity="warning")
+            return
+        run = self.accept_run
+        if run is not None and not run.done():
+
+            def cancel(yes: bool | None) -> None:
+                if yes:
+                    self.run_worker(run.cancel(), name="cancel acceptance", exit_on_error=False)
+
+            self.push_screen(
+                ConfirmScreen("Cancel the running acceptance suite?", "Cancel it"), cancel
+            )
+            return
+        sel = self.current_selection()
+        if sel is None:
+            self.notify("select a node first", severity="warning")
+            return
+        node = sel[0]
+        snap = self.store.snaps[node]
+        if snap.state is not NodeState.LIVE:
+            self.notify(f"{node} is not live: {snap.state.value}", severity="warning")
+            return
+        simulated = snap.info is not None and snap.info.reader == "simulated"
+        options = AcceptOptions(quick=True, device="cpu" if simulated else "cuda")
+
+        def start(yes: bool | None) -> None:
+            if not yes:
+                return
+            run = start_fleet_run(self.fleet, [node], options)
+            self.accept_run = run
+
+            def relay(progress: Any) -> None:
+                self.post_message(AcceptProgress(progress))
+
+            run.subscribe(relay)
+            self.overview.query_one(AcceptPane).start(run, SECTIONS)
+            self.action_pane("accept")
+
+        where = "on the CPU (simulated GPUs)" if simulated else "on its GPUs"
+        self.push_screen(
+            ConfirmScreen(f"Run the quick acceptance suite on {node} {where}?", "Run"), start
         )
+
+    def on_accept_progress(self, message: AcceptProgress) -> None:
+        self.overview.query_one(AcceptPane).progress(message.progress)
 
     def action_reconnect(self) -> None:
         sel = self.current_selection()
@@ -558,10 +623,14 @@ class GpuctlApp(App[int]):
         if pane == "gpus":
             self.overview.active_view().focus()
             return
-        title = {"jobs": "jobs", "accept": "acceptance"}[pane]
-        note = f"The {title} pane is not built yet."
-        self.overview.query_one(f"#pane-{pane}", Static).update(note)
-        self.notify(f"{title} pane: not built yet", severity="warning")
+        if pane == "jobs":
+            jobs = self.overview.query_one(JobsPane)
+            if jobs.job_store is None:
+                self.notify("jobs pane: no job store here", severity="warning")
+            jobs.reload()
+            jobs.query_one("#jobs-table").focus()
+        else:
+            self.overview.query_one("#accept-table").focus()
 
     def action_next_theme(self) -> None:
         names = self.gpuctl_themes or [self.theme]
@@ -660,13 +729,14 @@ def make_app(
     state_dir: Path | None = None,
     coalesce: float = COALESCE_S,
     manage_fleet: bool = True,
+    job_store: Any | None = None,
 ) -> GpuctlApp:
     """Build the TUI over ``fleet`` (a ``gpuctl.fleet.Fleet`` or anything shaped like one).
 
     ``config_tui`` is the config's raw ``[tui]`` table (``theme``, ``keys``); ``clock`` is the
     wall clock for ages (tests freeze it); ``state_dir`` holds the remembered theme (default:
     the user's state folder). With ``manage_fleet`` the app starts the fleet on mount and stops
-    it on exit.
+    it on exit. ``job_store`` (a ``gpuctl.jobs.store.JobStore``) feeds the jobs pane.
     """
     return GpuctlApp(
         fleet,
@@ -677,4 +747,5 @@ def make_app(
         state_dir=state_dir,
         coalesce=coalesce,
         manage_fleet=manage_fleet,
+        job_store=job_store,
     )

@@ -39,14 +39,17 @@ def replay_links() -> dict[str, NodeLink]:
             )
         ),
         "gpu-b02": ReplayLink(
-            recorded_node("gpu-b02", "2:A100", seed=4, t0=T0 - 25, samples=SAMPLES)
+            recorded_node("gpu-b02", "2:A100", seed=4, t0=T0 - 8, samples=SAMPLES)
         ),
         "gpu-c03": FailingLink("refused", "connection refused by 10.0.0.13:22"),
     }
 
 
 def replay_fleet() -> Fleet:
-    return Fleet(replay_links(), clock=lambda: NOW, backoff_base=30.0, backoff_max=60.0)
+    # Stale (older than 3 s) but not yet dropped by the fleet (silent for 12 s and more).
+    return Fleet(
+        replay_links(), clock=lambda: NOW, stale_after=3.0, backoff_base=30.0, backoff_max=60.0
+    )
 
 
 def replay_app(tmp_path: Path, **kwargs: Any) -> GpuctlApp:

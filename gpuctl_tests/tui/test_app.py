@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from textual.pilot import Pilot
-from textual.widgets import Input, Label
+from textual.widgets import DataTable, Input, Label
 
 from gpuctl.core.model import NodeState
 from gpuctl.fleet.demo import demo_nodes
@@ -18,6 +18,7 @@ from gpuctl.tui import GpuctlApp, make_app
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.screens.help import HelpScreen
+from gpuctl.tui.widgets.panes import JobsPane
 
 SIZE = (120, 36)
 
@@ -215,14 +216,36 @@ async def test_help_lists_every_binding_and_keys_remap(state_dir: Path) -> None:
         assert {"Stress gpu", "Map", "Filter", "Reconnect", "Theme"} <= commands
 
 
-async def test_unbuilt_panes_and_acceptance_say_so(state_dir: Path) -> None:
-    app = sim_app(state_dir)
+async def test_jobs_pane_lists_the_job_store_in_place(state_dir: Path, tmp_path: Path) -> None:
+    from gpuctl.jobs.store import JobRecord, JobStore
+
+    store = JobStore(tmp_path / "jobs.sqlite")
+    store.add(JobRecord("j-old", "train", "local", {}, str(tmp_path), "done", 1000.0))
+    store.add(JobRecord("j-new", "sweep", "gpu-a01", {}, str(tmp_path), "running", 2000.0))
+    app = sim_app(state_dir, job_store=store)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("2")
-        assert any("jobs pane" in m for m in messages(app))
-        await pilot.press("3", "a", "1")
-        assert any("acceptance" in m for m in messages(app))
+        table = app.overview.query_one("#jobs-table", DataTable)
+        await until(pilot, lambda: table.row_count == 2, "the two jobs")
+        assert [str(table.get_row_at(i)[1]) for i in range(2)] == ["sweep", "train"]
+        store.update("j-new", state="failed", summary="exit 1")
+        app.overview.query_one(JobsPane).reload()
+        await until(pilot, lambda: str(table.get_cell("j-new", "state")) == "failed", "update")
+        assert str(table.get_cell("j-new", "summary")) == "exit 1"
+        assert table.row_count == 2
+        await pilot.press("1")
         assert app.overview.nodes.has_focus
+
+
+async def test_acceptance_key_asks_first(state_dir: Path) -> None:
+    app = sim_app(state_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await all_live(pilot)
+        await pilot.press("down", "a")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        assert "sim-01" in app.screen.question and "CPU" in app.screen.question
+        await pilot.press("n")
+        assert app.accept_run is None and app.screen is app.overview
 
 
 async def test_stress_key_burns_the_selected_gpu(state_dir: Path) -> None:

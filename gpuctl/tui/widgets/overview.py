@@ -327,7 +327,7 @@ class NodeList(ScrollView, can_focus=True):
         if s.state is NodeState.CONNECTING:
             text = "connecting…"
         elif s.state is NodeState.UNREACHABLE:
-            text = "no data: " + (s.reason or "unreachable")
+            text = "no data yet: retrying with backoff (r: reconnect now)"
         elif s.info is not None and s.info.reader is None:
             text = "no GPU reader: " + (s.info.reader_error or "unknown")
         else:
