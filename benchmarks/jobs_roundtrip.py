@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -187,6 +188,7 @@ def main() -> int:
             )
         finally:
             slurm.stop()
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
