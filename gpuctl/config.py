@@ -8,7 +8,8 @@
     interval = 1.0
 
     [clusters.lab]
-    nodes = "node[1-4],dgx-a"      # Slurm hostlists (a string or a list of strings)
+    nodes = "node[1-4],dgx-a"      # Slurm hostlists (a string or a list of strings); without
+                                   # nodes, via = "srun" or a partition = "..." asks sinfo
     via = "ssh"                    # ssh | srun | local
     ssh_config = "~/.ssh/config"   # the OpenSSH client config to read (the default)
     known_hosts = "~/.ssh/known_hosts"
@@ -471,8 +472,12 @@ class _Builder:
         if names is None:
             if via == "local":
                 names = ("localhost",)
-            elif via != "srun":
-                raise self.fail(keys, 'no nodes: set nodes = "host[1-4]" (a Slurm hostlist)')
+            elif via != "srun" and "partition" not in settings:
+                raise self.fail(
+                    keys,
+                    'no nodes: set nodes = "host[1-4]" (a Slurm hostlist), or partition = "..." '
+                    "to take them from sinfo",
+                )
         if via == "srun":
             settings.setdefault("slurm", True)
         if via == "local" and "python" not in settings:

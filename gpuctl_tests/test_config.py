@@ -114,6 +114,10 @@ BAD = [
     ),
     ("[clusters.a]\nvia = 'ssh'\n", r'1: clusters\.a: no nodes: set nodes = "host\[1-4\]".*'),
     (
+        '[clusters.a]\nvia = "ssh"\npartition = 7\n',
+        r"3: clusters\.a\.partition: expected a non-empty .*",
+    ),
+    (
         '[clusters.a]\nnodes = "n1"\nnodez = "n2"\n',
         r"3: clusters\.a\.nodez: unknown key \(did you mean 'nodes'\?\); "
         r"known keys: nodes, via, .*",
@@ -278,3 +282,12 @@ def test_config_check_reports_missing_files(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert f"gpuctl: clusters.a.identity: {tmp_path}/keys/id_x does not exist" in r.stderr
     assert "clusters.a.known_hosts" in r.stderr and "refused as unknown" in r.stderr
+
+
+def test_nodes_from_sinfo_when_only_a_partition_is_named() -> None:
+    config = parse_config('[clusters.hpc]\nvia = "ssh"\npartition = "gpu"\n')
+    cluster = config.clusters["hpc"]
+    assert cluster.discover and cluster.nodes == () and cluster.partition == "gpu"
+    assert cluster.template is not None and cluster.template.via == "ssh"
+    srun = parse_config('[clusters.s]\nvia = "srun"\n').clusters["s"]
+    assert srun.discover and srun.template is not None and srun.template.slurm is True

@@ -21,7 +21,10 @@ from gpuctl.node import protocol
 class LinkError(Exception):
     """A node could not be reached or its agent misbehaved; ``reason`` is a short token.
 
-    Reasons: refused, timeout, dns, auth, host_key, no_python, agent_crashed, protocol, closed.
+    Reasons: refused, timeout, dns, auth, host_key, no_python, agent_crashed, protocol, closed;
+    network (other socket errors), config (bad SSH settings), deploy (bundle upload failed),
+    lost (the connection of a streaming node broke: the fleet shows it stale while it
+    reconnects), and for Slurm: no_job, down, slurm (a client failed).
     The message is one line for a person and says what to do where it can.
     """
 
