@@ -287,3 +287,32 @@ def test_store_reattaches_after_restart(make_executor: Any, _state_dir: Path) ->
     assert frec.report is not None and frec.report["kind"] == "user_exception"
     assert [r.id for r in store.list()] == [failed.id, job.id]
     assert (_state_dir / "jobs.sqlite").exists()
+
+
+@pytest.mark.slow
+def test_cloudpickle_mismatch(make_executor: Any, venv1: str, env_root: str) -> None:
+    """A VENV2 whose cloudpickle differs from the submitter's (built by gpuctl from the local
+    package index, without the system site-packages)."""
+    import cloudpickle
+
+    from gpuctl.jobs import Executor
+
+    other = "3.1.2" if not cloudpickle.__version__.startswith("3.1") else "2.2.1"
+    spec = EnvSpec(
+        packages=(f"cloudpickle=={other}",), methods=("venv",), base_python=sys.executable
+    )
+    try:
+        probe = Executor(
+            "local", supervisor_python=venv1, env=spec, env_root=env_root, store=False, verify=False
+        ).venv2()
+    except JobFailed as e:
+        pytest.skip(f"no cloudpickle {other} to install here: {e.report.evidence[0]}")
+    assert probe["cloudpickle"] == other
+    with pytest.raises(JobFailed) as info:
+        make_executor(python=probe["path"]).submit(len, [1])
+    assert info.value.kind == "cloudpickle_mismatch"
+    assert f"cloudpickle {other}" in str(info.value)
+    assert f"pip install cloudpickle=={cloudpickle.__version__}" in str(info.value)
+    job = make_executor(python=probe["path"], verify=False).submit(len, [1])
+    err = failure(job, "cloudpickle_mismatch")
+    assert f"VENV2 has cloudpickle {other}" in str(err)
