@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -238,3 +239,80 @@ def test_old_python_agent_from_the_bundle_runs_the_burner_from_the_bundle(
     assert reply(a, 1)["type"] == "ok"
     done = burn_event(a, ("done", "failed"))
     assert done["detail"]["verdict"] == "OK", done
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return int(text[text.rindex(")") + 2 :].split()[1])
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
+@pytest.mark.slow
+@pytest.mark.sshd
+async def test_ssh_link_drop_stops_the_burner(ssh_cluster: Any, tmp_path: Path) -> None:
+    """The SSH connection dies (sshd killed) while the agent lives: the agent sees its stdin
+    close and stops its burners; none is left within 2 s."""
+    import asyncio
+
+    from gpuctl.config import load_config
+    from gpuctl.fleet import control
+    from gpuctl.fleet.build import fleet_from_config
+
+    await asyncio.to_thread(ssh_cluster.start_nodes, ["n1"])
+    path = ssh_cluster.write_config(
+        tmp_path / "config.toml", simulate=1, interval=0.2, bundle_dir=str(tmp_path / "b")
+    )
+    fleet = fleet_from_config(load_config(path), backoff_base=30)
+    changed = asyncio.Event()
+    fleet.subscribe(lambda _s: changed.set())
+
+    async def until(pred: Any, timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while not (value := pred()):
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out waiting for {what}")
+            changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), 0.2)
+        return value
+
+    await fleet.start()
+    try:
+        await until(lambda: fleet.snapshot("n1").last_sample_t, 30, "n1 live")
+        agent_pid = int(fleet.nodes["n1"].session.hello["pid"])  # type: ignore[union-attr]
+        await control.set_stress(
+            fleet,
+            "n1",
+            [0],
+            True,
+            options={"device": "cpu", "size": 64, "workload_python": sys.executable},
+        )
+        burner = await until(
+            lambda: (control.burn_of(fleet.snapshot("n1"), 0) or {}).get("pid"), 60, "burner"
+        )
+        assert running(burner) and _parent(burner) == agent_pid
+        # Drop the link: SIGKILL every sshd above the agent (session and listener), not the
+        # agent itself, as when the connection or the node's sshd dies.
+        sshds, pid = [], _parent(agent_pid)
+        while pid and pid > 1:
+            if _cmdline(pid).startswith(b"sshd") or b"/sshd" in _cmdline(pid).split(b"\0")[0]:
+                sshds.append(pid)
+            pid = _parent(pid)
+        assert sshds, "the agent does not run under sshd"
+        for p in sshds:
+            os.kill(p, signal.SIGKILL)
+        t0 = time.monotonic()
+        wait_until(lambda: not group_members(burner), 2.0, "the burner to stop on link loss")
+        wait_until(lambda: not running(agent_pid), 5.0, "the agent to exit")
+        assert time.monotonic() - t0 < 5
+    finally:
+        await fleet.stop()
