@@ -26,7 +26,7 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,7 @@ class SshLink(NodeLink):
         self._force_upload = False
         self._resolved: tuple[str, int] | None = None
         self._opts: tuple[Any, asyncssh.SSHClientConnectionOptions] | None = None
+        self._jump: SshLink | None = None
 
     def describe(self) -> str:
         return f"ssh {self.node.name}"
@@ -279,9 +280,18 @@ class SshLink(NodeLink):
             opts = await asyncio.to_thread(self._options)  # parsing ssh_config is slow
             self._resolved = (str(opts.host), int(opts.port or 22))
             client = _Client(self)
+            # asyncssh.connect() resets port and tunnel to its own arguments' defaults, and
+            # would open a ProxyJump with the default ssh config: pass both, and open the jump
+            # host ourselves (same ssh config, same host key policy, same error messages).
+            jump = self.node.jump or opts.tunnel
+            tunnel: Any = ()
+            if isinstance(jump, str) and jump.lower() != "none":
+                tunnel = await self._jump_connection(jump)
             try:
                 conn = await asyncssh.connect(
                     self.node.name,
+                    self.node.port or (),
+                    tunnel=tunnel,
                     options=opts,
                     known_hosts=self._known_hosts_arg(opts),
                     client_factory=lambda: client,
@@ -372,6 +382,30 @@ class SshLink(NodeLink):
             f"to trust it, run: {scan}",
         )
 
+    async def _jump_connection(self, spec: str) -> asyncssh.SSHClientConnection:
+        """A connection to the jump host (``[user@]host[:port]``, chains ``a,b`` allowed)."""
+        *before, last = [p.strip() for p in spec.split(",") if p.strip()]
+        user, _, hostport = last.rpartition("@")
+        host, _, port = hostport.partition(":")
+        jump_node = replace(
+            self.node,
+            name=host,
+            user=user or None,
+            port=int(port) if port.isdigit() else None,
+            identity=None,
+            jump=",".join(before) or "none",
+        )
+        if self._jump is None or self._jump.node != jump_node:
+            if self._jump is not None:
+                await self._jump.aclose()
+            self._jump = SshLink(jump_node, store=self.store)
+        try:
+            return await self._jump.connection()
+        except LinkError as e:
+            raise LinkError(
+                e.reason, f"jump host {last} for {self.node.name}: {e.message}"
+            ) from None
+
     async def aclose(self) -> None:
         """Close the SSH connection (the agent stops when its channel closes)."""
         conn, self._conn = self._conn, None
@@ -379,6 +413,8 @@ class SshLink(NodeLink):
             conn.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.wait_closed(), 5.0)
+        if self._jump is not None:
+            await self._jump.aclose()
 
     def forget_deploy(self) -> None:
         """The agent spoke another protocol: upload the bundle again on the next open."""

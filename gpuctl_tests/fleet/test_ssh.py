@@ -12,6 +12,7 @@ import sys
 import time
 import zipfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -384,3 +385,45 @@ def test_status_cli_lists_four_live_nodes(ssh_cluster: SshCluster, tmp_path: Pat
     )
     assert "Traceback" not in r.stderr
     assert os.path.exists(tmp_path / "b")
+
+
+async def test_jump_host(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    """``jump`` (ProxyJump) reaches a node through another one."""
+    await asyncio.to_thread(ssh_cluster.start_nodes, ["bastion", "inner"])
+    link = SshLink(node_config(ssh_cluster, "inner", tmp_path, jump="bastion"))
+    fleet = Fleet({"inner": link}, **FAST)
+    await fleet.start()
+    try:
+        await wait_fleet(fleet, lambda ss: ss["inner"].last_sample_t, what="inner via bastion")
+    finally:
+        await fleet.stop()
+    # the bastion saw the login (the inner node's connection went through it)
+    assert "Accepted publickey" in ssh_cluster["bastion"].log_path.read_text()
+    # a jump host that refuses is named in the reason
+    await asyncio.to_thread(ssh_cluster["bastion"].kill)
+    link = SshLink(node_config(ssh_cluster, "inner", tmp_path, jump="bastion"))
+    with pytest.raises(LinkError) as info:
+        await link.connection()
+    assert info.value.reason == "refused"
+    assert info.value.message.startswith("jump host bastion for inner: bastion (127.0.0.1:")
+
+
+async def test_gpuctl_settings_override_the_ssh_config(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    node = await asyncio.to_thread(ssh_cluster.start_node, "real")
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(
+        "Host alias\n    HostName 127.0.0.1\n    Port 1\n"
+        f"    IdentityFile {ssh_cluster.client_key_path}\n"
+    )
+    base = node_config(ssh_cluster, "alias", tmp_path)
+    wrong = SshLink(replace(base, ssh_config=str(cfg)))
+    with pytest.raises(LinkError) as info:
+        await wrong.connection()
+    assert info.value.reason == "refused" and "(127.0.0.1:1)" in info.value.message
+    right = SshLink(replace(base, ssh_config=str(cfg), port=node.port))
+    try:
+        await right.connection()
+    finally:
+        await right.aclose()
