@@ -442,9 +442,8 @@ class Burner:
                 break
         if self.cuda and self.errors:
             # Say how many mismatches were NaN/Inf: one scan per slot, after the fact.
-            self.nonfinite += sum(
-                s.numel() - int(torch.isfinite(s).sum()) for s in self.slots if s is not None
-            )
+            written = self.slots[: min(r, len(self.slots))]  # the others hold no result yet
+            self.nonfinite += sum(s.numel() - int(torch.isfinite(s).sum()) for s in written)
 
     def totals(self) -> dict[str, Any]:
         flops = 2.0 * self.size**3 * self.iterations
