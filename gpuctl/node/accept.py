@@ -148,10 +148,11 @@ class AcceptRun(object):
         except (OSError, ValueError) as e:
             if reason is None:
                 reason = "the suite wrote no report (exit %s): %s" % (self.proc.returncode, e)
-        self.send({"event": "exit", "rc": self.proc.returncode, "report": report,
-                   "reason": reason, "stdout_tail": _tail(self.out_path),
-                   "stderr_tail": _tail(self.err_path)})
-        shutil.rmtree(self.folder, ignore_errors=True)
+        detail = {"event": "exit", "rc": self.proc.returncode, "report": report,
+                  "reason": reason, "stdout_tail": _tail(self.out_path),
+                  "stderr_tail": _tail(self.err_path)}
+        shutil.rmtree(self.folder, ignore_errors=True)  # before the news: nothing left behind
+        self.send(detail)
         return True
 
 
