@@ -203,7 +203,10 @@ def _job(args: argparse.Namespace) -> Any:
 def run_jobs(args: argparse.Namespace) -> int:
     from gpuctl.jobs import JobStore
 
-    records = JobStore().list(args.limit)
+    store = JobStore()
+    records = store.list(args.limit)
+    if _refresh(store, records):
+        records = store.list(args.limit)
     if args.json:
         json.dump(
             [
@@ -244,6 +247,24 @@ def run_jobs(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     return 0
+
+
+def _refresh(store: Any, records: list[Any]) -> bool:
+    """Bring unfinished local and Slurm jobs up to date (cheap: files and one squeue); SSH
+    jobs are refreshed by ``gpuctl result``/``logs``, which open a connection anyway."""
+    from gpuctl.jobs import HostError, attach
+    from gpuctl.jobs.store import FINAL_STATES
+
+    changed = False
+    for rec in records:
+        if rec.state in FINAL_STATES or rec.backend.get("kind") not in ("local", "slurm"):
+            continue
+        try:
+            state = attach(rec, store).state
+        except (HostError, OSError):
+            continue
+        changed = changed or state != rec.state
+    return changed
 
 
 def _age(seconds: float) -> str:

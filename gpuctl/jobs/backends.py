@@ -211,7 +211,12 @@ class SlurmBackend(Backend):
         self._watch: set[str] = set()
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "partition": self.partition, "slurm_env": self.slurm_env}
+        return {
+            **super().describe(),
+            "partition": self.partition,
+            "slurm_env": self.slurm_env,
+            "sbatch_args": self.sbatch_args,
+        }
 
     def _cmd(self, argv: Sequence[str], timeout: float = 60) -> tuple[int, str, str]:
         if self.slurm_env:

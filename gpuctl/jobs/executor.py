@@ -462,21 +462,41 @@ class Executor:
                     f" ({known})"
                 )
             node_setup = tuple(node.setup)
-            host = SshHost(
-                node.name,
-                ssh_config=node.ssh_config,
-                known_hosts=node.known_hosts,
-                user=node.user,
-                port=node.port,
-                identity=node.identity,
-                connect_timeout=node.connect_timeout,
-            )
+            jobs_cfg = dict(getattr(cfg, "jobs", {}) or {})
+            node_setup += tuple(str(x) for x in jobs_cfg.get("setup", ()))
+            job_root = job_root or jobs_cfg.get("job_root")
+            env_root = env_root or jobs_cfg.get("env_root")
             vpy = supervisor_python or node.python
-            root = job_root or DEFAULT_JOB_ROOT
-            self.backend = SshBackend(host, root, vpy, node.name)
             if self._python is None and env is None:
                 self._python = node.workload_python or "python3"
-            self.cwd = cwd or ""
+            if node.via == "local":
+                root = os.path.expanduser(job_root or DEFAULT_JOB_ROOT)
+                self.backend = LocalBackend(LocalHost(), root, vpy)
+                self.cwd = cwd or os.getcwd()
+            elif node.via == "srun":
+                # a node reached through Slurm: its jobs are batch jobs pinned to it
+                senv = {"SLURM_CONF": node.slurm_conf} if node.slurm_conf else slurm_env
+                self.backend = SlurmBackend(
+                    LocalHost(),
+                    os.path.expanduser(job_root or DEFAULT_JOB_ROOT),
+                    vpy,
+                    partition=partition or node.partition,
+                    slurm_env=senv,
+                    sbatch_args=[f"--nodelist={node.name}", *sbatch_args],
+                )
+                self.cwd = cwd or os.getcwd()
+            else:
+                host = SshHost(
+                    node.name,
+                    ssh_config=node.ssh_config,
+                    known_hosts=node.known_hosts,
+                    user=node.user,
+                    port=node.port,
+                    identity=node.identity,
+                    connect_timeout=node.connect_timeout,
+                )
+                self.backend = SshBackend(host, job_root or DEFAULT_JOB_ROOT, vpy, node.name)
+                self.cwd = cwd or ""
         self.setup = (*node_setup, *setup)
         self.env_root = env_root or DEFAULT_ENV_ROOT
         if store is True:
@@ -925,6 +945,7 @@ def attach(record: JobRecord, store: JobStore | None = None, *, config: Any = No
             b["python"],
             partition=b.get("partition"),
             slurm_env=b.get("slurm_env"),
+            sbatch_args=b.get("sbatch_args") or (),
         )
     elif kind == "ssh":
         if config is None:

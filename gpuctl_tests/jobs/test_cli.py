@@ -85,6 +85,8 @@ def test_cancel_through_the_cli(
         return "started" in run(capsys, "logs", job_id, "--stdout")[1]
 
     wait_until(started, 30, "the job to print")
+    rc, out, _ = run(capsys, "jobs")  # nobody polled the job: `jobs` refreshes its state
+    assert any(line.startswith(job_id[:12]) and " running " in line for line in out.splitlines())
     rc, out, _ = run(capsys, "cancel", job_id)
     assert rc == 0 and "cancelling" in out
     rc, _, err = run(capsys, "result", job_id, "--timeout", "30")
@@ -116,3 +118,38 @@ def test_user_mistakes_are_one_line(
     assert err.count("\n") == 1 and err.startswith("gpuctl: ")
     assert message in err
     assert "Traceback" not in err
+
+
+def test_node_of_the_config_via_local_with_jobs_table(
+    tmp_path: Path, venv1: str, venv2: str
+) -> None:
+    from gpuctl.config import load_config
+    from gpuctl.jobs import Executor
+
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(
+        "[clusters.here]\n"
+        'nodes = "box[1-2]"\n'
+        'via = "local"\n'
+        f'python = "{venv1}"\n'
+        f'workload_python = "{venv2}"\n'
+        'setup = ["export GPUCTL_FROM_CLUSTER=c"]\n'
+        "[jobs]\n"
+        f'job_root = "{tmp_path / "cfg-jobs"}"\n'
+        'setup = ["export GPUCTL_FROM_JOBS_TABLE=j"]\n'
+    )
+    ex = Executor("box2", config=load_config(cfg_path), store=False)
+
+    def env() -> tuple[str, str, str]:
+        import os
+        import sys
+
+        return (
+            os.environ["GPUCTL_FROM_CLUSTER"],
+            os.environ["GPUCTL_FROM_JOBS_TABLE"],
+            sys.executable,
+        )
+
+    job = ex.submit(env)
+    assert job.result(60) == ("c", "j", venv2)
+    assert job.jobdir.startswith(str(tmp_path / "cfg-jobs"))
