@@ -45,7 +45,8 @@ gpuctl -> agent
     snapshot                    -> sample (with id), sampled now
     shutdown                    -> bye, then exit 0
     simulate      (simulated reader only) action: "load" (gpus, load 0..1) | "xid" (gpu, xid)
-                  | "lose" (gpu) -> ok
+                  | "lose" (gpu) | "stall" (seconds 0..60: the next sample waits, as a hung
+                  driver call would) -> ok
     Later requests (stress_*, ...) are added by name to ``features`` in the hello.
 
 Versioning

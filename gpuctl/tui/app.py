@@ -707,16 +707,20 @@ class GpuctlApp(App[int]):
         for b in self.BINDINGS:
             if isinstance(b, Binding) and b.id not in ("quit",):
                 yield SystemCommand(
-                    b.description.capitalize(), f"key {b.key}", partial(self.run_action, b.action)
+                    _title(b.description), f"key {b.key}", partial(self.run_action, b.action)
                 )
         if screen is self.overview:
             for b in OverviewScreen.BINDINGS:
                 if isinstance(b, Binding) and b.show:
                     yield SystemCommand(
-                        b.description.capitalize(),
+                        _title(b.description),
                         f"key {b.key}",
                         partial(self.run_action, b.action, self.overview),
                     )
+
+
+def _title(description: str) -> str:
+    return description[:1].upper() + description[1:]
 
 
 def make_app(

@@ -213,7 +213,7 @@ async def test_help_lists_every_binding_and_keys_remap(state_dir: Path) -> None:
         assert ("h", "map", "heatmap", "overview") in app.screen.rows
         await pilot.press("escape")
         commands = {c.title for c in app.get_system_commands(app.overview)}
-        assert {"Stress gpu", "Map", "Filter", "Reconnect", "Theme"} <= commands
+        assert {"Stress GPU", "Map", "Filter", "Reconnect", "Theme"} <= commands
 
 
 async def test_jobs_pane_lists_the_job_store_in_place(state_dir: Path, tmp_path: Path) -> None:

@@ -173,6 +173,7 @@ class Heatmap(ScrollView, can_focus=True):
         heat = [st(f"heatmap--heat-{i}") for i in range(HEAT_LEVELS)]
         none = st("heatmap--none")
         cursor = st("heatmap--cursor")
+        blank = Style()
         segs: list[Segment] = []
         for ni in range(first, min(first + self.per_line, len(self.names))):
             name = self.names[ni]
@@ -184,6 +185,9 @@ class Heatmap(ScrollView, can_focus=True):
             }.get(snap.state, "heatmap--label")
             segs.append(Segment(f"{name[-self.label_w :]:>{self.label_w}} ", st(label)))
             live = snap.state is NodeState.LIVE
+            # Neighbouring cells of one colour become one segment: fewer segments, less work
+            # for the compositor on every repaint.
+            run_text, run_style = "", blank
             for gi in range(self.cells):
                 if gi < len(snap.gpus):
                     g = snap.gpus[gi]
@@ -191,11 +195,17 @@ class Heatmap(ScrollView, can_focus=True):
                     style = none if lv is None else heat[lv]
                     text = "✕ " if g.lost else CELL
                 else:
-                    style, text = Style(), " " * len(CELL)
+                    style, text = blank, " " * len(CELL)
                 if (ni, gi) == self.cursor:
-                    segs.append(Segment("◀▶", style + cursor))
+                    style, text = style + cursor, "◀▶"
+                if style is run_style:
+                    run_text += text
                 else:
-                    segs.append(Segment(text, style))
+                    if run_text:
+                        segs.append(Segment(run_text, run_style))
+                    run_text, run_style = text, style
+            if run_text:
+                segs.append(Segment(run_text, run_style))
             segs.append(Segment(" " * GAP))
             if self.on_paint is not None and name in self.painted:
                 self.on_paint(name, self.painted.pop(name))

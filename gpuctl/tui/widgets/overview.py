@@ -330,6 +330,8 @@ class NodeList(ScrollView, can_focus=True):
             text = "no data yet: retrying with backoff (r: reconnect now)"
         elif s.info is not None and s.info.reader is None:
             text = "no GPU reader: " + (s.info.reader_error or "unknown")
+            if s.link == "local":
+                text += "  (simulated GPUs: gpuctl demo)"
         else:
             text = "no GPUs"
         return [Segment("    " + text, dim)]
