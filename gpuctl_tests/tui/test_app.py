@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import time
 from collections.abc import Callable
@@ -13,7 +14,10 @@ from textual.widgets import DataTable, Input, Label
 
 from gpuctl.core.model import NodeState
 from gpuctl.fleet.demo import demo_nodes
-from gpuctl.fleet.fleet import simulated_fleet
+from gpuctl.fleet.fleet import Fleet, simulated_fleet
+from gpuctl.fleet.links import NodeLink
+from gpuctl.fleet.replay import ReplayLink, recorded_node
+from gpuctl.fleet.session import AgentSession
 from gpuctl.tui import GpuctlApp, make_app
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.screens.detail import DetailScreen
@@ -265,3 +269,70 @@ async def test_stress_key_burns_the_selected_gpu(state_dir: Path) -> None:
             "the burn to stop",
             timeout=15,
         )
+
+
+class HangingLink(NodeLink):
+    """A node whose connection attempt never finishes (a black-holed host)."""
+
+    kind = "ssh"
+
+    async def open(self) -> AgentSession:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_screen_never_waits_for_a_hanging_node(state_dir: Path) -> None:
+    links: dict[str, NodeLink] = {
+        "hang": HangingLink(),
+        "ok": ReplayLink(recorded_node("ok", "2:H100", samples=3, t0=time.time() - 3)),
+    }
+    app = make_app(Fleet(links, connect_timeout=600), state_dir=state_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.store.snaps["ok"].gpus, "the answering node")
+        assert app.store.snaps["hang"].state is NodeState.CONNECTING
+        await pilot.press("down")
+        assert app.overview.nodes.cursor == ("ok", 0)
+        await pilot.press("m", "escape", "question_mark", "escape")  # keys keep working
+
+
+async def test_a_node_update_repaints_only_that_node(state_dir: Path) -> None:
+    from gpuctl_tests.tui.conftest import replay_app, settle
+
+    app = replay_app(state_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        nodes = app.overview.nodes
+        painted: list[str] = []
+        original = nodes.render_line
+
+        def counting(y: int) -> Any:
+            ly = y + int(nodes.scroll_offset.y)
+            if ly < len(nodes.lines):
+                painted.append(nodes.lines[ly].node)
+            return original(y)
+
+        nodes.render_line = counting  # type: ignore[method-assign]
+        app.fleet.annotate("gpu-b02", 1, slurm_job="7", slurm_user="eve")
+        await until(pilot, lambda: painted, "a repaint")
+        await pilot.pause()
+        assert set(painted) == {"gpu-b02"}
+        assert len(painted) <= 4  # header, two GPU rows, the gap line
+
+
+async def test_heatmap_fits_1024_gpus_on_160x48(state_dir: Path) -> None:
+    hello = recorded_node("x", "8:H100", samples=1, t0=time.time())
+    links: dict[str, NodeLink] = {f"gpu-{i:03d}": ReplayLink(hello) for i in range(128)}
+    app = make_app(Fleet(links), state_dir=state_dir)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(
+            pilot,
+            lambda: (
+                sum(len(s.gpus) for s in app.store.snaps.values()) == 1024 and not app.store.pending
+            ),
+            "1,024 GPUs",
+        )
+        await pilot.press("m")
+        heat = app.overview.heatmap
+        assert heat.virtual_size.height <= heat.size.height  # no scrolling needed
+        await pilot.press("down")
+        assert heat.selected() == (f"gpu-{heat.per_line:03d}", 0)
