@@ -225,3 +225,49 @@ def test_importing_the_burner_does_not_import_torch() -> None:
         check=True,
     ).stdout.strip()
     assert out == "False"
+
+
+class NeverReadyClock(burn.Clock):
+    """Host timing that claims no round is finished until waited for, like CUDA events of a
+    busy GPU: the burner must keep PIPELINE_DEPTH rounds queued and read errors late."""
+
+    def __init__(self) -> None:
+        self.waited = 0
+
+    def ready(self, mark: Any) -> bool:
+        return False
+
+    def wait(self, mark: Any) -> None:
+        self.waited += 1
+
+
+def test_deferred_error_counting_as_on_cuda() -> None:
+    args = argparse.Namespace(
+        device="cpu",
+        dtype="fp32",
+        size=64,
+        slots=3,
+        mem_budget=None,
+        mem_fraction=0.9,
+        gpu=None,
+        gemms_per_round=4,
+        inject_error=3,
+    )
+    progress: list[dict[str, Any]] = []
+    b = burn.Burner(torch, args, progress.append)
+    b.deferred = True  # the CUDA path: counts on the device, copies back, reads when retired
+    clock = b.clock = NeverReadyClock()
+    b.allocate()
+    calls: list[int] = []
+    gemms = b.gemms
+
+    def counted(out: Any, k: int, give_up: Any = None) -> int:
+        calls.append(k)
+        return gemms(out, k)
+
+    b.gemms = counted  # type: ignore[method-assign]
+    b.run(lambda: len(calls) >= 8, None)  # a warm-up call, then rounds 0..6
+    assert b.errors == 1  # the one corrupted element of round 3, read back from err_host
+    assert b.iterations == 4 * 6  # rounds 1..6 are counted, round 0 is the reference
+    assert clock.waited == 7  # every round was waited for once, none skipped
+    assert progress[-1]["errors"] == 1
