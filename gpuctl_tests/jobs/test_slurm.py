@@ -101,3 +101,18 @@ def test_pending_then_cancelled_and_running_cancel(slurm_executor: Any) -> None:
     with pytest.raises(JobFailed) as err:
         running.result(30)
     assert err.value.kind == "cancelled"
+
+
+def test_time_limit_on_slurm(slurm_executor: Any) -> None:
+    """Slurm's --time has minute steps; the supervisor enforces the exact limit inside it."""
+
+    def sleeper() -> None:
+        import time
+
+        time.sleep(120)
+
+    job = slurm_executor(time_limit=1.0, grace=0.5).submit(sleeper)
+    with pytest.raises(JobFailed) as info:
+        job.result(60)
+    assert info.value.kind == "time_limit"
+    assert "#SBATCH --time=1" in Path(job.jobdir, "job.sbatch").read_text()
