@@ -342,6 +342,8 @@ class SrunLink(NodeLink):
         if self._bundle is None or not self._bundle.exists():
             folder = Path(self.node.bundle_dir).expanduser()
             try:
+                # 0700: this folder holds code that runs as the user; nobody else may write
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
                 self._bundle = write_bundle(folder)
             except OSError as e:
                 raise LinkError("deploy", f"cannot write the agent bundle in {folder}: {e}") from e

@@ -119,24 +119,35 @@ class BundleStore:
 
 
 class _ChannelReader:
-    """Lines from the agent's SSH channel: one already-read line first, and a lost connection
-    as ``LinkError("lost")`` (the fleet then shows the node stale while it reconnects)."""
+    """Lines from the agent's SSH channel: one already-read line first; a lost connection is
+    ``LinkError("lost")`` (the fleet then shows the node stale while it reconnects) and an
+    agent that died is ``LinkError("agent_crashed")`` with its exit status and last stderr."""
 
-    def __init__(self, first: bytes, reader: Any, node: str) -> None:
+    def __init__(self, first: bytes, proc: Any, node: str) -> None:
         self._first: bytes | None = first
-        self._reader = reader
+        self._proc = proc
         self._node = node
+        self.session: AgentSession | None = None
 
     async def readline(self) -> bytes:
         if self._first is not None:
             first, self._first = self._first, None
             return first
         try:
-            line: bytes = await self._reader.readline()
+            line: bytes = await self._proc.stdout.readline()
         except asyncssh.DisconnectError as e:
             raise LinkError("lost", f"SSH connection to {self._node} lost: {e.reason}") from None
         except (asyncssh.Error, OSError) as e:
             raise LinkError("lost", f"SSH connection to {self._node} lost: {e}") from None
+        if not line:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._proc.wait_closed(), 2.0)
+            signal, status = self._proc.exit_signal, self._proc.exit_status
+            if signal or (status not in (None, 0)):
+                how = f"signal {signal[0]}" if signal else f"status {status}"
+                tail = self.session.stderr_tail[-3:] if self.session is not None else []
+                detail = f": {' | '.join(tail)}" if tail else ""
+                raise LinkError("agent_crashed", f"agent on {self._node} exited ({how}){detail}")
         return line
 
 
@@ -490,7 +501,10 @@ class SshLink(NodeLink):
         t0 = time.monotonic()
         try:
             async with conn.start_sftp_client() as sftp:
-                await sftp.makedirs(folder, exist_ok=True)
+                # 0700: this folder holds code that runs as the user; nobody else may write
+                await sftp.makedirs(
+                    folder, attrs=asyncssh.SFTPAttrs(permissions=0o700), exist_ok=True
+                )
                 async with sftp.open(tmp, "wb") as f:
                     await f.write(data)
                 await sftp.chmod(tmp, 0o644)
@@ -545,9 +559,9 @@ class SshLink(NodeLink):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(proc.wait_closed(), 3.0)
 
-        session = AgentSession(
-            _ChannelReader(first, proc.stdout, self.node.name), proc.stdin, close=close
-        )
+        reader = _ChannelReader(first, proc, self.node.name)
+        session = AgentSession(reader, proc.stdin, close=close)
+        reader.session = session
         task = asyncio.get_running_loop().create_task(_collect_stderr(proc.stderr, session))
         _keep.add(task)
         task.add_done_callback(_keep.discard)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -306,6 +307,7 @@ async def test_bundle_uploaded_once_for_a_shared_home(
     assert fleet.store.uploads == [(fleet.store.uploads[0][0], str(target))]
     assert target.read_bytes() == fleet.store.data
     assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temporary left
+    assert target.parent.stat().st_mode & 0o777 == 0o700
     # a second fleet finds it there and uploads nothing
     again = configured_fleet(ssh_cluster, tmp_path)
     await again.start()
@@ -427,3 +429,29 @@ async def test_gpuctl_settings_override_the_ssh_config(
         await right.connection()
     finally:
         await right.aclose()
+
+
+async def test_agent_killed_on_a_live_link(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    await asyncio.to_thread(ssh_cluster.start_node, "crash")
+    fleet = configured_fleet(ssh_cluster, tmp_path)
+    reasons: list[str | None] = []
+    fleet.subscribe(lambda s: reasons.append(s.reason))
+    await fleet.start()
+    try:
+        await wait_fleet(fleet, lambda ss: ss["crash"].last_sample_t, what="streaming")
+        session = fleet.nodes["crash"].session
+        assert session is not None
+        pid = session.hello["pid"]
+        os.kill(pid, signal.SIGKILL)
+        await wait_fleet(
+            fleet,
+            lambda ss: (
+                ss["crash"].state is NodeState.LIVE
+                and fleet.nodes["crash"].session is not None
+                and fleet.nodes["crash"].session.hello["pid"] != pid
+            ),
+            what="a new agent",
+        )
+    finally:
+        await fleet.stop()
+    assert "agent_crashed: agent on crash exited (signal KILL)" in reasons, reasons
