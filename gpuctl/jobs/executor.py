@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
@@ -38,7 +38,7 @@ from gpuctl.jobs.backends import (
 )
 from gpuctl.jobs.hosts import Host, HostError, LocalHost, SshHost
 from gpuctl.jobs.report import KINDS, REMEDIES, FailureReport, JobFiles, classify, parse_status
-from gpuctl.jobs.store import FINAL_STATES, JobRecord, JobStore
+from gpuctl.jobs.store import JobRecord, JobStore
 
 R = TypeVar("R")
 
@@ -617,7 +617,7 @@ class Executor:
                     "python_mismatch",
                     [
                         f"VENV2 {path} on {self.target} runs Python {hv}, this gpuctl runs Python "
-                        f"{SUPERVISOR_PY(sys.version_info)}: cloudpickled functions only load on"
+                        f"{SUBMITTER_PYTHON}: cloudpickled functions only load on"
                         " the"
                         " same minor version"
                     ],
@@ -855,10 +855,6 @@ class _HashingWriter:
         return self.h.hexdigest()
 
 
-def SUPERVISOR_PY(v: Any) -> str:
-    return f"{v[0]}.{v[1]}.{v[2]}"
-
-
 def _name(fn: Callable[..., Any]) -> str:
     mod = getattr(fn, "__module__", "") or ""
     qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
@@ -881,12 +877,6 @@ def _provision_report(
         logs=dict(logs or {}),
         job_id="(not submitted)",
     )
-
-
-@dataclass
-class _RemoteOptions:
-    target: str = "local"
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 @overload
@@ -979,6 +969,4 @@ def attach(record: JobRecord, store: JobStore | None = None, *, config: Any = No
         record.created_at,
     )
     job._stored_state = record.state
-    if record.state in FINAL_STATES and record.report is None and record.state != "done":
-        pass
     return job

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -413,16 +412,3 @@ def classify(
 def _module_from_message(message: str) -> str:
     m = re.search(r"No module named '([^']+)'", message)
     return m.group(1) if m else "?"
-
-
-def signal_name(num: int | None) -> str:
-    if num is None:
-        return ""
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
-
-
-def summarize(reports: Sequence[FailureReport]) -> str:
-    return "; ".join(f"{r.job_id}: {r.kind}" for r in reports)
