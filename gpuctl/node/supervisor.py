@@ -9,7 +9,7 @@ What it does, in order:
 1. reads ``meta.json`` (never the payload: the supervisor unpickles nothing);
 2. runs the job's setup lines (``module load cuda/12.1`` ...) in ``bash`` with their output in
    ``setup.log``, and takes the environment they leave behind for VENV2;
-3. starts VENV2's python as ``python -X faulthandler worker.py JOBDIR`` with stdout and stderr
+3. starts VENV2's python as ``python -X faulthandler -u worker.py JOBDIR`` with stdout and stderr
    going to ``stdout.txt``/``stderr.txt`` (files, not pipes: a chatty job cannot block on a full
    pipe), in its own session, with ``RLIMIT_AS`` when a memory limit is asked for outside Slurm;
 4. waits: writes ``heartbeat.json`` every few seconds, enforces the time limit itself outside Slurm
@@ -344,7 +344,9 @@ class Supervisor(object):
                 return
         python = meta["python"]
         worker = self.path(meta.get("worker", "worker.py"))
-        argv = [python, "-X", "faulthandler", worker, self.jobdir]
+        # -u: what the function prints reaches stdout.txt at once (live logs, nothing lost
+        # in a buffer when the process is killed)
+        argv = [python, "-X", "faulthandler", "-u", worker, self.jobdir]
         self.outcome["argv"] = argv
         # Under Slurm the job's cgroup enforces --mem; where nothing does (no cgroup limit,
         # jobacct_gather/none), RLIMIT_AS is the backstop so a limit is never silently ignored.

@@ -95,6 +95,11 @@ def _watch_os_exit(state):
 def run(jobdir):
     global JOBDIR
     JOBDIR = os.path.abspath(jobdir)
+    # The job folder is sys.path[0] (this script lives there); its worker.py/supervisor.py
+    # must not shadow the user's own modules of those names.
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
+        del sys.path[0]
     state = {"phase": "start"}
     phase("start", pid=os.getpid(), python=sys.version.split()[0], executable=sys.executable)
     with open(_path("meta.json")) as f:

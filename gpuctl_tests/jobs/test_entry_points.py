@@ -38,7 +38,13 @@ def test_supervisor_entry_points(make_executor: Any, venv1: str, tmp_path: Path,
     outcome = json.loads(Path(job.jobdir, "outcome.json").read_text())
     assert outcome["supervisor_python"] == "3.6.15"
     # the only command line is paths: no code, no payload
-    assert outcome["argv"][1:] == ["-X", "faulthandler", f"{job.jobdir}/worker.py", job.jobdir]
+    assert outcome["argv"][1:] == [
+        "-X",
+        "faulthandler",
+        "-u",
+        f"{job.jobdir}/worker.py",
+        job.jobdir,
+    ]
 
 
 def test_venv2_that_dies_while_starting(make_executor: Any) -> None:
@@ -51,3 +57,17 @@ def test_venv2_that_dies_while_starting(make_executor: Any) -> None:
     assert "before the worker started" in str(info.value)
     assert "encodings" in str(info.value)  # Python's own complaint, from stderr.txt
     assert sys.version.split()[0] in str(info.value) or "submitter Python" in str(info.value)
+
+
+def test_runner_files_do_not_shadow_user_modules(make_executor: Any, tmp_path: Path) -> None:
+    lib = tmp_path / "userlib"
+    lib.mkdir()
+    (lib / "worker.py").write_text('NAME = "the user\'s worker module"\n')
+
+    def which_worker() -> str:
+        import worker  # type: ignore[import-not-found]
+
+        return str(worker.NAME)
+
+    job = make_executor(job_env={"PYTHONPATH": str(lib)}).submit(which_worker)
+    assert job.result(60) == "the user's worker module"
