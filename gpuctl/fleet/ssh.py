@@ -461,7 +461,7 @@ class SshLink(NodeLink):
                 raise LinkError(
                     "no_python",
                     f"{self.node.python} on {self.node.name} is Python {rest}; the agent needs "
-                    "3.6 or newer: set python = to a newer one",
+                    '3.6 or newer: set python = "/path/to/python3" for this node',
                 )
             if word != "missing" or not rest:
                 raise LinkError("agent_crashed", f"unexpected deploy reply {first[:80]!r}")

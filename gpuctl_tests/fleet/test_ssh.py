@@ -455,3 +455,19 @@ async def test_agent_killed_on_a_live_link(ssh_cluster: SshCluster, tmp_path: Pa
     finally:
         await fleet.stop()
     assert "agent_crashed: agent on crash exited (signal KILL)" in reasons, reasons
+
+
+async def test_python_2_is_refused_in_words(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    py27 = old_python("2.7.18")
+    await asyncio.to_thread(ssh_cluster.start_node, "py2")
+    link = SshLink(node_config(ssh_cluster, "py2", tmp_path, python=py27))
+    try:
+        with pytest.raises(LinkError) as info:
+            await link.open()
+    finally:
+        await link.aclose()
+    assert info.value.reason == "no_python"
+    assert info.value.message == (
+        f"{py27} on py2 is Python 2.7.18; the agent needs 3.6 or newer: "
+        'set python = "/path/to/python3" for this node'
+    )
