@@ -9,7 +9,8 @@ In this one process, alternated ``--rounds`` times on the same device, size and 
 2. the burner (``gpuctl.workloads.burn.Burner``: checked rounds, result slots, device events on
    CUDA) for S seconds; its rate is FLOPs over its measured span, and its duty is the share of
    that span spent inside GEMMs.
-Prints each pair, the ratio of medians (target >= 0.95) and the median duty (target >= 0.99).
+Prints each pair, the ratios of medians and of best rounds (target >= 0.95) and the median
+duty (target >= 0.99).
 On CUDA also the fraction of the dense peak of the GPU's model (shared/notes/gpu-peaks.md).
 """
 
@@ -112,8 +113,11 @@ def main() -> int:
     p.add_argument("--dtype", choices=burn.DTYPES)
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     size = a.size or (8192 if device == "cuda" else 1024)
     dtype = a.dtype or burn.default_dtype(torch, device)
@@ -135,6 +139,10 @@ def main() -> int:
     bare_med = statistics.median(x for x, _ in pairs)
     burn_med = statistics.median(b["gflops_mean"] for _, b in pairs)
     duty_med = statistics.median(b["duty"] for _, b in pairs)
+    # On a shared machine the best round of each is the steadier comparison of what the code
+    # can do; the medians show what a crowded machine gives.
+    bare_best = max(x for x, _ in pairs)
+    burn_best = max(b["gflops_mean"] for _, b in pairs)
     result: dict[str, Any] = {
         "device": device,
         "name": name,
@@ -145,6 +153,9 @@ def main() -> int:
         "bare_gflops_median": round(bare_med, 2),
         "burner_gflops_median": round(burn_med, 2),
         "ratio": round(burn_med / bare_med, 4),
+        "bare_gflops_best": round(bare_best, 2),
+        "burner_gflops_best": round(burn_best, 2),
+        "ratio_best": round(burn_best / bare_best, 4),
         "duty_median": duty_med,
         "errors": sum(b["errors"] for _, b in pairs),
         "rounds": [
@@ -161,7 +172,8 @@ def main() -> int:
         print(json.dumps(result, indent=2))
     else:
         print(
-            f"{name} {size}x{size} {dtype}: burner/bare = {result['ratio']:.3f} (target >= 0.95), "
+            f"{name} {size}x{size} {dtype}: burner/bare = {result['ratio']:.3f} of medians, "
+            f"{result['ratio_best']:.3f} of best rounds (target >= 0.95); "
             f"duty {duty_med:.4f} (target >= 0.99)"
         )
         if peak:
