@@ -502,7 +502,8 @@ class StressPlugin(object):
             self._emit(burn)
         elif kind == "summary":
             burn.summary = msg
-            for key in ("tflops_mean", "errors", "iterations", "elapsed", "size", "duty"):
+            for key in ("tflops", "tflops_mean", "errors", "iterations", "elapsed", "size",
+                        "duty", "temp"):
                 if key in msg:
                     burn.progress[key] = msg[key]
         elif kind in ("info", "step"):

@@ -539,9 +539,14 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("find", help="print the gpu_burn binary and CUDA toolkit discovery finds")
     args = p.parse_args(argv)
 
+    stopping: list[int] = []
+
     def emit(msg: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps(msg, separators=(",", ":")) + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(json.dumps(msg, separators=(",", ":")) + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError):
+            stopping.append(-1)  # nobody reads us (the agent died): stop gpu-burn, not orphan it
 
     if args.command == "find":
         toolkit, looked = find_toolkit()
@@ -561,7 +566,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu is not None:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
-    stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda s, f: stopping.append(s))
     signal.signal(signal.SIGINT, lambda s, f: stopping.append(s))
     try:

@@ -316,3 +316,67 @@ async def test_ssh_link_drop_stops_the_burner(ssh_cluster: Any, tmp_path: Path) 
         assert time.monotonic() - t0 < 5
     finally:
         await fleet.stop()
+
+
+# -- the gpu-burn engine, end to end: an agent over the stand-in NVML, a stand-in gpu_burn ------
+@pytest.fixture
+def gpu_node(tmp_path: Path) -> dict[str, str]:
+    """Environment of an agent that sees 2 GPUs (stand-in NVML) and a gpu_burn on PATH."""
+    from gpuctl_tests.node.nvml_stub import NvmlStub, build
+    from gpuctl_tests.workloads.test_gpuburn import FAKE_GPU_BURN
+
+    stub = NvmlStub(build(tmp_path / "nvml"), tmp_path / "nvml.conf", "count 2\n")
+    folder = tmp_path / "gpu-burn"
+    folder.mkdir()
+    (folder / "compare.fatbin").write_bytes(b"\0")
+    write_script(folder / "gpu_burn", "")
+    (folder / "gpu_burn").write_text(FAKE_GPU_BURN.format(python=sys.executable))
+    env = stub.env()
+    env["PATH"] = f"{folder}{os.pathsep}{env.get('PATH', '')}"
+    env["GPUCTL_STRESS_GRACE"] = "2"
+    return env
+
+
+def test_gpu_burn_engine_through_the_agent(
+    agents: list[AgentProcess], gpu_node: dict[str, str]
+) -> None:
+    a = AgentProcess([sys.executable, "-m", "gpuctl.node", "agent"], env=gpu_node)
+    agents.append(a)
+    hello = a.read(20)
+    assert hello["reader"] == "nvml" and len(hello["gpus"]) == 2
+    uuid = hello["gpus"][1]["uuid"]
+    a.send({"type": "stress_start", "id": 1, "gpus": [1], "duration": 1, "dtype": "fp64"})
+    ok = reply(a, 1)
+    assert ok["engine"] == "gpu-burn", ok  # auto: a gpu_burn on PATH wins
+    done = burn_event(a, ("done", "failed"))["detail"]
+    assert done["state"] == "done" and done["verdict"] == "OK", done
+    assert done["engine"] == "gpu-burn" and done["iterations"] == 1000
+    assert done["tflops"] == 40.0
+    folder = Path(gpu_node["PATH"].split(os.pathsep)[0])
+    assert (folder / "argv").read_text() == "-m 90% -d 1"
+    assert (folder / "visible").read_text() == uuid  # pinned by UUID, not by index
+
+
+def test_gpu_burn_engine_dies_with_a_killed_agent(
+    agents: list[AgentProcess], gpu_node: dict[str, str]
+) -> None:
+    env = {**gpu_node, "FAKE_MODE": "hang"}
+    a = AgentProcess([sys.executable, "-m", "gpuctl.node", "agent"], env=env)
+    agents.append(a)
+    a.read(20)
+    a.send({"type": "stress_start", "id": 1, "gpus": [0], "engine": "gpu-burn"})
+    assert reply(a, 1)["type"] == "ok"
+    wrapper = burn_event(a, ("running",))["detail"]["pid"]
+    folder = Path(gpu_node["PATH"].split(os.pathsep)[0])
+    worker = int(
+        wait_until(lambda: (folder / "worker.pid").exists() and (folder / "worker.pid").read_text())
+    )
+    gpu_burn_group = proc_stat(worker)
+    assert gpu_burn_group is not None
+    a.proc.send_signal(signal.SIGKILL)
+    a.proc.wait(5)
+    wait_until(
+        lambda: not group_members(wrapper) and not group_members(gpu_burn_group[1]),
+        2.0,
+        "the wrapper, gpu_burn and its worker to die with the agent",
+    )

@@ -309,6 +309,8 @@ if not os.path.exists("compare.fatbin"):
     sys.exit(124)
 with open("argv", "w") as f:
     f.write(" ".join(sys.argv[1:]))
+with open("visible", "w") as f:
+    f.write(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
 out = sys.stdout
 out.write("Using compare file: compare.fatbin\\nBurning for %d seconds.\\n" % seconds)
 out.write("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0b1c)\\n")
