@@ -234,7 +234,8 @@ async def _start(fleet: Fleet, names: list[str], gpus: list[int] | None, a: Any)
     for node, gpu in started:
         burn = control.burn_of(fleet.snapshot(node), gpu) or {}
         results.append({"node": node, "gpu": gpu, **burn})
-        if burn.get("verdict") != "OK":
+        stopped_by_user = interrupted.is_set() and burn.get("verdict") is None
+        if burn.get("verdict") != "OK" and not stopped_by_user:
             failed += 1
     if a.json:
         json.dump({"burns": results}, sys.stdout, indent=2)

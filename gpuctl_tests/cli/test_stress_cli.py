@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,38 @@ def test_status_and_stop_reach_a_burner_another_session_started(tmp_path: Path) 
         if other.poll() is None:
             other.kill()
         other.wait()
+
+
+def test_ctrl_c_stops_the_burns_and_reports_them() -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpuctl",
+            "stress",
+            "start",
+            "--demo",
+            "sim-01",
+            "--gpus",
+            "0",
+            "--duration",
+            "600",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("burning 1 GPUs"):
+                break
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stdout.read()
+        assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "sim-01 gpu0  done" in rest and "stopped on request" in rest
