@@ -654,7 +654,8 @@ class GpuctlApp(App[int]):
             return
         nodes = sorted({n for n, _ in burning})
         question = (
-            f"{len(burning)} GPUs are burning on {', '.join(nodes[:4])}"
+            f"{len(burning)} {'GPU is' if len(burning) == 1 else 'GPUs are'} burning on "
+            f"{', '.join(nodes[:4])}"
             f"{' …' if len(nodes) > 4 else ''}. Stop them and quit?"
         )
 

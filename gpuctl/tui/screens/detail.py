@@ -21,13 +21,13 @@ from gpuctl.tui.view import fmt_age, node_age_text, short_model
 MAX_POINTS = 240  # a plot is at most ~120 cells wide: more points only cost time
 EVENTS_SHOWN = 12
 
-# metric id, title, unit, sample -> value
+# metric id, title; "clock" also draws the memory clock as a second line
 PLOTS: tuple[tuple[str, str], ...] = (
     ("util", "utilization %"),
     ("mem", "memory used GiB"),
     ("temp", "temperature °C"),
     ("power", "power W"),
-    ("clock", "SM clock MHz"),
+    ("clock", "clocks MHz: SM, memory"),
 )
 
 
@@ -42,6 +42,8 @@ def _value(g: GpuSample, metric: str) -> float | None:
         return None if g.temp is None else float(g.temp)
     if metric == "power":
         return g.power
+    if metric == "mem_clock":
+        return None if g.mem_clock is None else float(g.mem_clock)
     return None if g.sm_clock is None else float(g.sm_clock)
 
 
@@ -136,21 +138,24 @@ class DetailScreen(Screen[None]):
         now = self.store.clock()
         span = now - hist[0].t if hist else 0.0
         unit, scale = ("minutes", 60.0) if span > 120 else ("seconds", 1.0)
-        colour = Color.parse(self.app.current_theme.primary).rgb
+        theme = self.app.current_theme
+        colours = [Color.parse(c).rgb for c in (theme.primary, theme.accent or theme.primary)]
         for metric, title in PLOTS:
             plot = self.query_one(f"#plot-{metric}", PlotextPlot)
             plt = plot.plt
             plt.clear_data()
             plt.clear_figure()
-            xs: list[float] = []
-            ys: list[float] = []
-            for g in hist:
-                v = _value(g, metric)
-                if v is not None:
-                    xs.append((g.t - now) / scale)
-                    ys.append(v)
-            if xs:
-                plt.plot(xs, ys, color=colour, marker="braille")
+            series = [metric, "mem_clock"] if metric == "clock" else [metric]
+            for name, colour in zip(series, colours, strict=False):
+                xs: list[float] = []
+                ys: list[float] = []
+                for g in hist:
+                    v = _value(g, name)
+                    if v is not None:
+                        xs.append((g.t - now) / scale)
+                        ys.append(v)
+                if xs:
+                    plt.plot(xs, ys, color=colour, marker="braille")
             plt.title(f"GPU {self.gpu} {title}")
             plt.xlabel(f"{unit} ago")
             if metric == "util":
