@@ -21,11 +21,13 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import shlex
 import socket
+import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,79 @@ def remote_path(path: str) -> str:
     if path.startswith("~/"):
         return '"$HOME"/' + shlex.quote(path[2:])
     return shlex.quote(path)
+
+
+# -- ssh config: only the parts that concern one host -----------------------------------------
+# asyncssh tokenizes every line of the ssh config for every host it connects to; with one Host
+# block per node that is O(nodes) per node. For a big file, gpuctl hands asyncssh a copy that
+# keeps everything outside Host blocks, every Match block, and only the Host blocks that match
+# the node (OpenSSH's rules: any positive pattern matches and no negated one does).
+SSH_CONFIG_FILTER_LINES = 200
+_CONFIG_BLOCKS: dict[str, tuple[int, list[tuple[list[str] | None, list[str]]] | None]] = {}
+_HOST_LINE = re.compile(r"^\s*(host|match)\b\s*=?\s*(.*)$", re.IGNORECASE)
+
+
+def _config_blocks(path: str) -> list[tuple[list[str] | None, list[str]]] | None:
+    """The file as blocks: (Host patterns, or None for the prelude and Match blocks, lines).
+
+    None when the file should be used as it is (small, or with CanonicalizeHostname, which
+    matches Host blocks again against another name)."""
+    mtime = os.stat(path).st_mtime_ns
+    cached = _CONFIG_BLOCKS.get(path)
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    blocks: list[tuple[list[str] | None, list[str]]] | None = [(None, [])]
+    if len(lines) < SSH_CONFIG_FILTER_LINES or any(
+        "canonicalizehostname" in ln.lower() for ln in lines
+    ):
+        blocks = None
+    else:
+        assert blocks is not None
+        for line in lines:
+            m = _HOST_LINE.match(line)
+            if m and m.group(1).lower() == "host":
+                try:
+                    patterns = shlex.split(m.group(2))
+                except ValueError:
+                    blocks = None
+                    break
+                blocks.append((patterns, [line]))
+            elif m:
+                blocks.append((None, [line]))  # Match: kept whole, asyncssh evaluates it
+            else:
+                blocks[-1][1].append(line)
+    _CONFIG_BLOCKS[path] = (mtime, blocks)
+    return blocks
+
+
+def _host_matches(patterns: list[str], host: str) -> bool:
+    host = host.lower()
+    hit = False
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        body = pattern[1:] if negated else pattern
+        regex = "".join(
+            ".*" if c == "*" else "." if c == "?" else re.escape(c) for c in body.lower()
+        )
+        if re.fullmatch(regex, host):
+            if negated:
+                return False
+            hit = True
+    return hit
+
+
+def ssh_config_for(path: str, host: str) -> str | None:
+    """The lines of ssh config ``path`` that can concern ``host``, or None to use the file."""
+    blocks = _config_blocks(path)
+    if blocks is None:
+        return None
+    out: list[str] = []
+    for patterns, lines in blocks:
+        if patterns is None or _host_matches(patterns, host):
+            out.extend(lines)
+    return "\n".join(out) + "\n"
 
 
 def agent_script(node: NodeConfig, bundle_dir: str, bundle_file: str, seed: int = 0) -> str:
@@ -233,7 +308,9 @@ class SshLink(NodeLink):
         if n.jump:
             kwargs["tunnel"] = n.jump
         try:
-            opts = asyncssh.SSHClientConnectionOptions(**kwargs)
+            with _filtered_configs(paths, n.name) as config:
+                kwargs["config"] = config
+                opts = asyncssh.SSHClientConnectionOptions(**kwargs)
         except FileNotFoundError as e:
             raise LinkError("config", f"cannot read {e.filename}: no such file") from None
         except (OSError, ValueError, asyncssh.Error) as e:
@@ -569,6 +646,31 @@ class SshLink(NodeLink):
 
 
 _keep: set[asyncio.Task[None]] = set()
+
+
+@contextlib.contextmanager
+def _filtered_configs(paths: list[str], host: str) -> Iterator[list[str]]:
+    """``paths`` with big ssh configs replaced by private copies holding only what concerns
+    ``host`` (see ``ssh_config_for``); the copies are removed afterwards. Relative Include
+    paths still work: asyncssh resolves them against ~/.ssh, not the file's folder."""
+    made: list[str] = []
+    out: list[str] = []
+    try:
+        for path in paths:
+            text = ssh_config_for(path, host)
+            if text is None:
+                out.append(path)
+                continue
+            fd, tmp = tempfile.mkstemp(prefix="gpuctl-ssh-config-")  # 0600, private
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            made.append(tmp)
+            out.append(tmp)
+        yield out
+    finally:
+        for tmp in made:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 async def _collect_stderr(stream: Any, session: AgentSession) -> None:

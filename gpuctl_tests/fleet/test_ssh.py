@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from collections.abc import Callable
@@ -471,3 +472,59 @@ async def test_python_2_is_refused_in_words(ssh_cluster: SshCluster, tmp_path: P
         f"{py27} on py2 is Python 2.7.18; the agent needs 3.6 or newer: "
         'set python = "/path/to/python3" for this node'
     )
+
+
+def test_big_ssh_config_filtered_per_host_gives_the_same_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For a big ssh config, asyncssh gets only the blocks that concern the node: the options
+    it derives must be exactly those from the whole file."""
+    import asyncssh
+
+    from gpuctl.fleet import ssh
+
+    key = tmp_path / "id"
+    key.write_text("")  # never read: the options keep the path
+    lines = ["# generated", "ConnectTimeout 7", ""]
+    for i in range(120):
+        lines += [
+            f"Host n{i:03d} alias{i:03d}",
+            f"    HostName 10.0.0.{i}",
+            f"    Port {2000 + i}",
+        ]
+    lines += [
+        "Host n01* !n015",
+        "    User tens",
+        "    ProxyJump bastion",
+        "Match originalhost n099",
+        "    User matched",
+        "Host=n11?",
+        "    UserKnownHostsFile /tmp/kh-n11x",
+        "Host *",
+        "    Port 22",
+        "    User everyone",
+        "    UserKnownHostsFile /tmp/kh-all",
+    ]
+    cfg = tmp_path / "config"
+    cfg.write_text("\n".join(lines) + "\n")
+    attrs = ("host", "port", "username", "tunnel", "known_hosts", "connect_timeout")
+
+    def options(host: str) -> tuple[Any, ...]:
+        link = SshLink(NodeConfig(name=host, cluster="c", ssh_config=str(cfg)))
+        opts = link._options()
+        return tuple(getattr(opts, a) for a in attrs)
+
+    hosts = ["n000", "n010", "n015", "n017", "n099", "n110", "n119", "alias005", "other", "N011"]
+    filtered = {h: options(h) for h in hosts}
+    assert ssh.ssh_config_for(str(cfg), "n010") is not None  # the filter was used
+    monkeypatch.setattr(ssh, "SSH_CONFIG_FILTER_LINES", 10**9)
+    ssh._CONFIG_BLOCKS.clear()
+    assert ssh.ssh_config_for(str(cfg), "n010") is None
+    whole = {h: options(h) for h in hosts}
+    assert filtered == whole
+    assert whole["n010"][:4] == ("10.0.0.10", 2010, "tens", "bastion")
+    assert whole["n015"][2] == "everyone" and whole["n099"][2] == "matched"
+    assert whole["n119"][4] == ["/tmp/kh-n11x"] and whole["other"][:2] == ("other", 22)
+    assert isinstance(asyncssh.SSHClientConnectionOptions, type)
+    # no private copy left behind
+    assert not list(Path(tempfile.gettempdir()).glob("gpuctl-ssh-config-*"))
