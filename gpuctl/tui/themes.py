@@ -50,11 +50,15 @@ class ThemeFileError(ValueError):
 
 def theme_files() -> list[Traversable]:
     """Every ``*.toml`` theme file, sorted by name."""
+    files: list[Traversable] = []
     try:
         folder: Traversable = resources.files("gpuctl.themes")
-    except ModuleNotFoundError:
-        folder = _REPO_THEMES
-    return sorted((f for f in folder.iterdir() if f.name.endswith(".toml")), key=lambda f: f.name)
+        files = [f for f in folder.iterdir() if f.name.endswith(".toml")]
+    except (ImportError, TypeError, ValueError, OSError):
+        pass  # a checkout: themes/ is not a package here
+    if not files and _REPO_THEMES.is_dir():
+        files = [f for f in _REPO_THEMES.iterdir() if f.name.endswith(".toml")]
+    return sorted(files, key=lambda f: f.name)
 
 
 def parse_theme(text: str, source: str) -> Theme:
