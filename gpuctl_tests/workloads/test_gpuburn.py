@@ -427,3 +427,41 @@ def test_stopping_the_runner_kills_the_whole_gpu_burn_group(fake_gpu_burn: Path)
     assert rest[-1]["verdict"] is None
     assert rest[-1]["reason"] == "stopped before gpu-burn's final summary"
     wait_until(lambda: _zombie(worker), 3, "gpu-burn's worker to be gone")
+
+
+def test_runner_builds_from_source_reporting_each_step(tmp_path: Path) -> None:
+    # No gpu_burn anywhere: the runner finds the toolkit (nvcc on PATH), builds, then runs.
+    src = tmp_path / "gpu-burn-src"
+    src.mkdir()
+    fake = tmp_path / "fake_gpu_burn"
+    fake.write_text(FAKE_GPU_BURN.format(python=sys.executable))
+    (src / "Makefile").write_text(
+        f"gpu_burn:\n\t$(CUDAPATH)/bin/nvcc\n\tcp {fake} gpu_burn\n\tchmod +x gpu_burn\n"
+        "\ttouch compare.fatbin\n"
+    )
+    top = toolkit(tmp_path, "opt/cuda-12.6")
+    env = node_env({"FAKE_MODE": "ok"})
+    env["PATH"] = f"{top / 'bin'}{os.pathsep}{env['PATH']}"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuctl.workloads.gpuburn",
+            "run",
+            "--source",
+            str(src),
+            "--duration",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    lines = [json.loads(x) for x in proc.stdout.splitlines()]
+    steps = [m["message"] for m in lines if m["type"] == "step"]
+    assert steps[0] == f"CUDA toolkit {top} (found by nvcc on PATH: {top}/bin/nvcc)"
+    assert steps[1] == f"building: make CUDAPATH={top} in {src}"
+    assert steps[2] == f"built {src}/gpu_burn"
+    assert steps[3].startswith(f"running {src}/gpu_burn -m 90% 1")
+    assert proc.returncode == 0 and lines[-1]["verdict"] == "OK", proc.stderr
