@@ -246,7 +246,8 @@ class Fleet:
             if isinstance(msg, Sample):
                 self._on_sample(rt, msg)
             elif isinstance(msg, NodeEvent):
-                rt.events.append(msg)
+                if not is_progress(msg):
+                    rt.events.append(msg)
                 for elistener in self._event_listeners:
                     elistener(rt.name, msg)
             else:
@@ -286,6 +287,19 @@ class Fleet:
                     session, rt.session = rt.session, None
                     task = asyncio.create_task(session.close())
                     task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+def is_progress(event: NodeEvent) -> bool:
+    """True for a once-a-second progress update (a burn running, a suite printing a line).
+
+    Listeners get every event, but the kept event list holds only the notable ones: a
+    30-minute burn on 8 GPUs would otherwise push an XID out of it within half a minute.
+    """
+    if event.kind == "burn":
+        return event.detail.get("state") == "running"
+    if event.kind == "accept":
+        return event.detail.get("event") not in ("start", "exit")
+    return False
 
 
 def simulated_fleet(

@@ -147,3 +147,30 @@ async def test_handshake_rejects_other_protocol() -> None:
 class _NullWriter:
     def write(self, data: object) -> None:
         pass
+
+
+async def test_burn_progress_does_not_push_an_xid_out_of_the_kept_events() -> None:
+    fleet = simulated_fleet([("a", "2:H100")], interval=0.1)
+    seen: list[str] = []
+    fleet.on_event(lambda _n, e: seen.append(e.kind))
+    await fleet.start()
+    try:
+        await wait_for_state(fleet, lambda ss: ss[0].gpus)
+        await fleet.request("a", {"type": "simulate", "action": "xid", "gpu": 1, "xid": 79})
+        reply = await fleet.request("a", {"type": "stress_start", "gpus": [0], "duration": 60})
+        assert reply["type"] == "ok", reply
+        await wait_for_state(fleet, lambda ss: seen.count("burn") >= 3)
+        await fleet.request("a", {"type": "stress_stop", "gpus": "all"})
+        await wait_for_state(
+            fleet,
+            lambda ss: any(
+                e.kind == "burn" and e.detail.get("state") in ("done", "failed")
+                for e in fleet.events("a")
+            ),
+        )
+        kept = fleet.events("a")
+        assert [e.detail.get("xid") for e in kept if e.kind == "xid"] == [79]
+        assert not any(e.kind == "burn" and e.detail.get("state") == "running" for e in kept)
+        assert seen.count("burn") > sum(1 for e in kept if e.kind == "burn")
+    finally:
+        await fleet.stop()
