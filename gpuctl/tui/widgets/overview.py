@@ -329,9 +329,9 @@ class NodeList(ScrollView, can_focus=True):
         elif s.state is NodeState.UNREACHABLE:
             text = "no data yet: retrying with backoff (r: reconnect now)"
         elif s.info is not None and s.info.reader is None:
-            text = "no GPU reader: " + (s.info.reader_error or "unknown")
-            if s.link == "local":
-                text += "  (simulated GPUs: gpuctl demo)"
+            # The hint first: the reason is long and the line is cut at the panel's edge.
+            hint = " (try simulated GPUs: gpuctl demo)" if s.link == "local" else ""
+            text = f"no GPU reader{hint}: " + (s.info.reader_error or "unknown")
         else:
             text = "no GPUs"
         return [Segment("    " + text, dim)]
