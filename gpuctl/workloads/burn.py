@@ -558,7 +558,6 @@ def main(argv: list[str] | None = None) -> int:
             args.dtype = default_dtype(torch, args.device)
         if args.device == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
-            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         burner = Burner(torch, args, emit)
         burner.allocate()
         burner.run(lambda: bool(stopping), args.duration)
