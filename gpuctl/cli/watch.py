@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from gpuctl.cli.common import load_user_config
 from gpuctl.cli.main import UserError
 
 
@@ -26,15 +27,8 @@ def require_terminal() -> None:
 
 
 def tui_config(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
-    """The config's ``[tui]`` table and its ``read_only``; a broken config is one line."""
-    try:
-        from gpuctl.config import ConfigError, load_config
-    except ImportError:  # the config module is not there yet: defaults
-        return {}, False
-    try:
-        config = load_config(getattr(args, "config", None))
-    except ConfigError as e:
-        raise UserError(str(e)) from None
+    """The config's ``[tui]`` table and its ``read_only``."""
+    config = load_user_config(args)
     return dict(config.tui), bool(config.read_only)
 
 
@@ -50,16 +44,18 @@ def open_job_store() -> Any | None:
 
 def run(args: argparse.Namespace) -> int:
     from gpuctl.cli.common import build_fleet
+    from gpuctl.fleet import control
 
     require_terminal()
-    config_tui, config_read_only = tui_config(args)
+    config = load_user_config(args)
     fleet = build_fleet(args)
+    control.configure(fleet, config.stress)  # the [stress] defaults apply to the keys too
     from gpuctl.tui import make_app
 
     app = make_app(
         fleet,
-        read_only=bool(getattr(args, "read_only", False)) or config_read_only,
-        config_tui=config_tui,
+        read_only=bool(getattr(args, "read_only", False)) or config.read_only,
+        config_tui=dict(config.tui),
         job_store=open_job_store(),
     )
     result = app.run()
