@@ -47,7 +47,10 @@ gpuctl -> agent
     simulate      (simulated reader only) action: "load" (gpus, load 0..1) | "xid" (gpu, xid)
                   | "lose" (gpu) | "stall" (seconds 0..60: the next sample waits, as a hung
                   driver call would) -> ok
-    Later requests (stress_*, ...) are added by name to ``features`` in the hello.
+    Plugins add requests and name them in the hello's ``features``; each documents its own:
+    ``stress_start`` / ``stress_stop`` / ``stress_status`` and ``burn`` events in
+    ``gpuctl/node/stress.py``; ``accept_start`` / ``accept_stop`` and ``accept`` events in
+    ``gpuctl/node/accept.py``.
 
 Versioning
     ``PROTOCOL_VERSION`` changes whenever a message loses a field or a field changes meaning;
