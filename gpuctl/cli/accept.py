@@ -24,6 +24,7 @@ from typing import Any
 from gpuctl.accept.history import DEFAULT_THRESHOLD, HistoryStore, sparkline, state_dir
 from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run, start_local_run
 from gpuctl.cli.common import load_user_config
+from gpuctl.cli.main import mutating as _mutating
 from gpuctl.config import Config, NodeConfig
 from gpuctl.workloads.accept.render import summary_table, table
 from gpuctl.workloads.accept.schema import MARKERS, RESULT_FAILURE, RESULT_SUCCESS, SECTIONS
@@ -129,6 +130,7 @@ def _str(v: Any) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
+@_mutating("run the acceptance suite, which loads the GPUs")
 def run(args: argparse.Namespace) -> int:
     config = load_user_config(args)
     if config.read_only:

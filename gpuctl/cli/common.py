@@ -25,14 +25,15 @@ def load_user_config(args: argparse.Namespace) -> Config:
 def build_fleet(args: argparse.Namespace) -> Fleet:
     """The fleet the command works on: the demo cluster with ``--demo``, else the configured
     nodes, else this machine. Raises UserError for a broken config or a failed discovery."""
+    read_only = bool(getattr(args, "read_only", False))
     if getattr(args, "demo", False):
-        return simulated_fleet(demo_nodes())
+        return simulated_fleet(demo_nodes(), read_only=read_only)
     from gpuctl.cli.main import UserError
     from gpuctl.fleet.build import fleet_from_config
     from gpuctl.fleet.slurm import SlurmError
 
     config = load_user_config(args)
     try:
-        return fleet_from_config(config)
+        return fleet_from_config(config, read_only=read_only or config.read_only)
     except SlurmError as e:
         raise UserError(str(e)) from None

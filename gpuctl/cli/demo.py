@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus must be within 1..64, not {args.gpus}")
     require_terminal()
     config_tui, _ = tui_config(args)
-    fleet = simulated_fleet(demo_nodes(args.nodes, args.gpus))
+    fleet = simulated_fleet(demo_nodes(args.nodes, args.gpus), read_only=args.read_only)
     from gpuctl.tui import make_app
 
     app = make_app(

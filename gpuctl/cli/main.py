@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from gpuctl import __version__
 
@@ -27,6 +29,63 @@ class UserError(Exception):
     """A mistake the user can fix; printed as ``gpuctl: <message>`` with exit code 2."""
 
 
+READ_ONLY_ENV = "GPUCTL_READ_ONLY"
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Commands of modules that do not mark themselves with ``mutating``: (module, function) -> what
+# the command would do. Everything that loads GPUs, starts or stops work belongs here or is
+# marked, so that read-only mode is enforced in one place for every command.
+MUTATING_FUNCS = {
+    ("gpuctl.cli.stress", "run_start"): "start GPU burns",
+    ("gpuctl.cli.stress", "run_stop"): "stop GPU burns",
+    ("gpuctl.cli.stress", "run_here"): "burn this machine's GPUs",
+    ("gpuctl.cli.jobs", "run_submit"): "submit a job",
+    ("gpuctl.cli.jobs", "run_cancel"): "cancel a job",
+}
+
+
+def mutating(what: str) -> Callable[[F], F]:
+    """Mark a command's ``run`` as changing nodes (``what`` it would do, for the refusal)."""
+
+    def mark(fn: F) -> F:
+        fn.mutates = what  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def mutation(func: Any) -> str | None:
+    """What the command ``func`` would change, or None when it only reads."""
+    what = getattr(func, "mutates", None)
+    if what is None:
+        what = MUTATING_FUNCS.get((getattr(func, "__module__", ""), getattr(func, "__name__", "")))
+    return what
+
+
+def read_only_source(args: argparse.Namespace) -> str | None:
+    """Why this run is read-only (how to lift it, in words), or None when it is not.
+
+    Sources: the top-level ``--read-only``, ``$GPUCTL_READ_ONLY``, a command's own
+    ``--read-only`` and the config's ``read_only = true``. A broken config is left to the
+    command, which reports it as one line.
+    """
+    if getattr(args, "global_read_only", False) or getattr(args, "read_only", False):
+        return "--read-only is given: run without it"
+    if os.environ.get(READ_ONLY_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        return f"{READ_ONLY_ENV} is set: unset it"
+    if getattr(args, "demo", False):
+        return None  # the demo cluster does not read the config
+    from gpuctl.config import ConfigError, load_config
+
+    try:
+        config = load_config(getattr(args, "config", None))
+    except ConfigError:
+        return None
+    if config.read_only:
+        return f"{config.path or 'the config'} sets read_only = true: set it to false there"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuctl",
@@ -35,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuctl {__version__}")
     parser.add_argument(
         "--config", metavar="PATH", help="config file (default: $GPUCTL_CONFIG, else XDG)"
+    )
+    parser.add_argument(
+        "--read-only",
+        dest="global_read_only",  # a subcommand's own --read-only default must not reset it
+        action="store_true",
+        help=f"refuse everything that changes nodes: stress, jobs, acceptance runs "
+        f"(also ${READ_ONLY_ENV}=1 or read_only = true in the config)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
@@ -61,6 +127,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args([*(argv or sys.argv[1:]), "watch"])
         func = args.func
     try:
+        what = mutation(func)
+        if (
+            what is not None
+            or getattr(args, "global_read_only", False)
+            or READ_ONLY_ENV in os.environ
+        ):
+            why = read_only_source(args)
+            if why is not None and what is not None:
+                raise UserError(f"read-only mode: refusing to {what} ({why})")
+            if why is not None:  # commands that check their own --read-only (the TUI) see it
+                args.read_only = True
         return int(func(args))
     except UserError as e:
         print(f"gpuctl: {e}", file=sys.stderr)

@@ -72,17 +72,22 @@ def cluster_nodes(
     return nodes, {n.name: n for n in found}
 
 
-def fleet_from_config(config: Config, **fleet_kwargs: Any) -> ClusterFleet:
+def fleet_from_config(
+    config: Config, *, read_only: bool | None = None, **fleet_kwargs: Any
+) -> ClusterFleet:
     """Build the fleet for ``config``: its nodes, or this machine when it names none.
 
+    The agents start with ``--read-only`` when ``read_only`` (default: the config's) is true.
     Raises SlurmError when a cluster's nodes must come from sinfo and it fails.
     """
+    if read_only is None:
+        read_only = config.read_only
     kwargs: dict[str, Any] = {k: v for k, v in config.fleet.items()}
     if "concurrency" in kwargs:
         kwargs["concurrency"] = int(kwargs["concurrency"])
     kwargs.update(fleet_kwargs)
     if config.empty:
-        return ClusterFleet({LOCAL_NAME: LocalLink()}, **kwargs)
+        return ClusterFleet({LOCAL_NAME: LocalLink(read_only=read_only)}, **kwargs)
     store = BundleStore()
     links: dict[str, NodeLink] = {}
     slurm_watch: dict[str | None, list[str]] = {}
@@ -93,7 +98,11 @@ def fleet_from_config(config: Config, **fleet_kwargs: Any) -> ClusterFleet:
             if node.name in links:
                 raise SlurmError(f"node {node.name} is in two clusters (one found by sinfo)")
             links[node.name] = link_for(
-                node, store=store, seed=seed, slurm_node=known.get(node.name)
+                node,
+                store=store,
+                seed=seed,
+                slurm_node=known.get(node.name),
+                read_only=read_only,
             )
             seed += 1
             if node.slurm:
@@ -113,10 +122,17 @@ def link_for(
     store: BundleStore | None = None,
     seed: int = 0,
     slurm_node: SlurmNode | None = None,
+    read_only: bool = False,
 ) -> NodeLink:
-    """The link that reaches ``node`` the way its config says."""
+    """The link that reaches ``node`` the way its config says (read-only agents when asked)."""
     if node.via == "ssh":
-        return SshLink(node, store=store, seed=seed)
+        return SshLink(node, store=store, seed=seed, read_only=read_only)
     if node.via == "srun":
-        return SrunLink(node, seed=seed, slurm_node=slurm_node)
-    return LocalLink(python=node.python, interval=node.interval, simulate=node.simulate, seed=seed)
+        return SrunLink(node, seed=seed, slurm_node=slurm_node, read_only=read_only)
+    return LocalLink(
+        python=node.python,
+        interval=node.interval,
+        simulate=node.simulate,
+        seed=seed,
+        read_only=read_only,
+    )

@@ -303,12 +303,18 @@ def is_progress(event: NodeEvent) -> bool:
 
 
 def simulated_fleet(
-    nodes: Iterable[tuple[str, str]], *, interval: float = 1.0, **kwargs: Any
+    nodes: Iterable[tuple[str, str]],
+    *,
+    interval: float = 1.0,
+    read_only: bool = False,
+    **kwargs: Any,
 ) -> Fleet:
-    """A fleet of in-process simulated nodes: ``nodes`` is (name, simulate spec) pairs."""
+    """A fleet of in-process simulated nodes: ``nodes`` is (name, simulate spec) pairs; with
+    ``read_only`` their agents refuse stress and acceptance requests."""
     from gpuctl.fleet.links import ThreadSimLink
 
     links: dict[str, NodeLink] = {
-        name: ThreadSimLink(spec, seed=i, interval=interval) for i, (name, spec) in enumerate(nodes)
+        name: ThreadSimLink(spec, seed=i, interval=interval, read_only=read_only)
+        for i, (name, spec) in enumerate(nodes)
     }
     return Fleet(links, **kwargs)

@@ -58,8 +58,10 @@ class LocalLink(NodeLink):
         simulate: str | None = None,
         seed: int = 0,
         extra_args: tuple[str, ...] = (),
+        read_only: bool = False,
     ) -> None:
         self.python = python or sys.executable
+        self.read_only = read_only
         self.interval = interval
         self.simulate = simulate
         self.seed = seed
@@ -71,6 +73,8 @@ class LocalLink(NodeLink):
         argv = [self.python, "-m", "gpuctl.node", "agent", "--interval", str(self.interval)]
         if self.simulate:
             argv += ["--simulate", self.simulate, "--seed", str(self.seed)]
+        if self.read_only:
+            argv.append("--read-only")
         return argv + list(self.extra_args)
 
     async def open(self) -> AgentSession:
@@ -131,10 +135,13 @@ class ThreadSimLink(NodeLink):
 
     kind = "simulated"
 
-    def __init__(self, spec: str, *, seed: int = 0, interval: float = 1.0) -> None:
+    def __init__(
+        self, spec: str, *, seed: int = 0, interval: float = 1.0, read_only: bool = False
+    ) -> None:
         from gpuctl.node.readers.sim import parse_spec
 
         parse_spec(spec)  # raises ValueError early for a bad spec
+        self.read_only = read_only
         self.spec = spec
         self.seed = seed
         self.interval = interval
@@ -151,6 +158,7 @@ class ThreadSimLink(NodeLink):
             interval=self.interval,
             in_fd=req_r,
             out=os.fdopen(out_w, "wb"),
+            read_only=self.read_only,
         )
         install_plugins(agent)
 

@@ -327,8 +327,10 @@ class SrunLink(NodeLink):
         seed: int = 0,
         slurm_node: SlurmNode | None = None,
         env: Mapping[str, str] | None = None,
+        read_only: bool = False,
     ) -> None:
         self.node = node
+        self.read_only = read_only
         self.seed = seed
         self.slurm_node = slurm_node
         self.env = dict(env) if env is not None else slurm_env(node.slurm_conf)
@@ -367,7 +369,7 @@ class SrunLink(NodeLink):
     def argv(self, jobid: str) -> list[str]:
         """The srun command line that starts the agent on the node."""
         bundle = self._bundle_path()
-        script = agent_script(self.node, str(bundle.parent), bundle.name, self.seed)
+        script = agent_script(self.node, str(bundle.parent), bundle.name, self.seed, self.read_only)
         return [
             "srun",
             "--overlap",

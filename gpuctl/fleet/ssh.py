@@ -140,7 +140,9 @@ def ssh_config_for(path: str, host: str) -> str | None:
     return "\n".join(out) + "\n"
 
 
-def agent_script(node: NodeConfig, bundle_dir: str, bundle_file: str, seed: int = 0) -> str:
+def agent_script(
+    node: NodeConfig, bundle_dir: str, bundle_file: str, seed: int = 0, read_only: bool = False
+) -> str:
     """The ``sh`` script that starts the agent on a node.
 
     It runs the node's setup lines, then prints one ``gpuctl-deploy: ...`` line and exits when
@@ -151,6 +153,8 @@ def agent_script(node: NodeConfig, bundle_dir: str, bundle_file: str, seed: int 
     agent = ["agent", "--interval", f"{node.interval:g}"]
     if node.simulate:
         agent += ["--simulate", node.simulate, "--seed", str(seed)]
+    if read_only:
+        agent.append("--read-only")
     lines = [
         f"PY={remote_path(node.python)}",
         f"B={remote_path(bundle)}",
@@ -256,8 +260,10 @@ class SshLink(NodeLink):
         *,
         store: BundleStore | None = None,
         seed: int = 0,
+        read_only: bool = False,
     ) -> None:
         self.node = node
+        self.read_only = read_only
         self.store = store or BundleStore()
         self.seed = seed
         self._conn: asyncssh.SSHClientConnection | None = None
@@ -511,7 +517,9 @@ class SshLink(NodeLink):
     # -- deploy and start ---------------------------------------------------------------------
     def _script(self) -> str:
         return "sh -c " + shlex.quote(
-            agent_script(self.node, self.node.bundle_dir, self.store.name, self.seed)
+            agent_script(
+                self.node, self.node.bundle_dir, self.store.name, self.seed, self.read_only
+            )
         )
 
     async def open(self) -> AgentSession:

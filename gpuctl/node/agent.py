@@ -19,13 +19,21 @@ from .readers import open_reader
 # skipped so that an agent can run from a bundle built before they existed.
 PLUGINS = ("gpuctl.node.stress", "gpuctl.node.accept")
 
+# Requests that change a node (load its GPUs, stop other sessions' work). An agent started with
+# --read-only refuses them with error code "read_only", whatever the login side asks: defence in
+# depth behind the CLI's and the TUI's own refusal. Plugins add their own names to
+# ``agent.mutating``; these are known up front so that a plugin forgetting to does not matter.
+MUTATING = ("stress_start", "stress_stop", "accept_start", "accept_stop")
+
 
 class Agent(object):
     """The agent's state and loop. ``out`` is a binary file; ``in_fd`` a readable descriptor."""
 
     def __init__(self, reader, reader_error=None, interval=1.0, in_fd=0, out=None,
-                 clock=time.monotonic):
+                 clock=time.monotonic, read_only=False):
         self.reader = reader
+        self.read_only = bool(read_only)
+        self.mutating = set(MUTATING)
         self.reader_error = reader_error
         self.interval = float(interval)
         self.in_fd = in_fd
@@ -91,6 +99,7 @@ class Agent(object):
             "cuda": versions.get("cuda"),
             "nvml": versions.get("nvml"),
             "features": sorted(self.handlers),
+            "read_only": self.read_only,
             "gpus": self._static,
         }
 
@@ -127,6 +136,11 @@ class Agent(object):
         if handler is None:
             self.reply_error("unknown_request", "unknown request type %r" % (msg["type"][:80],),
                              req_id)
+            return
+        if self.read_only and msg["type"] in self.mutating:
+            self.reply_error("read_only", "%s refused: this agent runs read-only (started with "
+                             "--read-only; gpuctl passes it when read_only is set)"
+                             % (msg["type"],), req_id)
             return
         try:
             handler(msg, req_id)
@@ -241,13 +255,16 @@ def install_plugins(agent, names=PLUGINS):
 
 
 def main(argv):
-    """``agent [--simulate SPEC] [--interval S] [--seed N]``; returns the exit code."""
+    """``agent [--simulate SPEC] [--interval S] [--seed N] [--read-only]``; returns the exit
+    code."""
     import argparse
 
     p = argparse.ArgumentParser(prog="gpuctl-node agent", description="gpuctl node agent")
     p.add_argument("--simulate", metavar="N[:MODEL]", help="simulated GPUs, e.g. 8 or 8:H100")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPUs")
+    p.add_argument("--read-only", action="store_true",
+                   help="refuse requests that change the node (stress, acceptance runs)")
     args = p.parse_args(argv)
     if not 0.1 <= args.interval <= 3600:
         p.error("--interval must be within 0.1..3600 seconds")
@@ -255,6 +272,6 @@ def main(argv):
         reader, reason = open_reader(args.simulate, seed=args.seed)
     except ValueError as e:
         p.error(str(e))
-    agent = Agent(reader, reason, interval=args.interval)
+    agent = Agent(reader, reason, interval=args.interval, read_only=args.read_only)
     install_plugins(agent)
     return agent.run()
