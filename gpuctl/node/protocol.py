@@ -16,6 +16,8 @@ Agent -> gpuctl
               ``reader_error`` (why no reader works, or null),
               ``driver``, ``cuda``, ``nvml`` (version strings or null),
               ``features`` (list of request types this agent understands),
+              ``read_only`` (bool: started with --read-only, it refuses stress_*/accept_*
+              requests with an ``error`` of code ``read_only``),
               ``gpus``: list of static facts, one per GPU:
                   index, uuid, name, mem_total (bytes), power_limit (W), max_sm_clock (MHz),
                   max_mem_clock (MHz), pcie_gen, pcie_width, mig_mode (bool or null), serial
