@@ -156,9 +156,13 @@ def run_submit(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     except (pickle.PicklingError, TypeError) as e:
         raise UserError(f"cannot pickle the call: {e}") from None
-    print(job.id)
+    print(job.id, flush=True)
     if not args.wait:
         return 0
+    if sys.stderr.isatty():  # progress for a person; nothing extra for a script
+        from gpuctl.jobs.progress import wait_with_progress
+
+        wait_with_progress(job, sys.stderr)
     return _print_result(job, None)
 
 
@@ -172,7 +176,8 @@ def _print_result(job: Any, timeout: float | None) -> int:
         return 3
     except JobFailed as e:
         print(str(e), file=sys.stderr)
-        return 1
+        # the node did not answer: not a verdict, the job may still run (exit as "not finished")
+        return 3 if e.kind == "node_unreachable" else 1
     except Exception as e:
         report = job.report()
         if report is not None:

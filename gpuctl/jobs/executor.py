@@ -37,7 +37,15 @@ from gpuctl.jobs.backends import (
     SshBackend,
 )
 from gpuctl.jobs.hosts import Host, HostError, LocalHost, SshHost
-from gpuctl.jobs.report import KINDS, REMEDIES, FailureReport, JobFiles, classify, parse_status
+from gpuctl.jobs.report import (
+    KINDS,
+    REMEDIES,
+    FailureReport,
+    JobFiles,
+    classify,
+    parse_status,
+    unreachable_report,
+)
 from gpuctl.jobs.store import JobRecord, JobStore
 
 R = TypeVar("R")
@@ -50,6 +58,8 @@ RUNNER_FILES = {
 SUBMITTER_PYTHON = sys.version.split()[0]
 DEFAULT_JOB_ROOT = "~/.cache/gpuctl/jobs"
 DEFAULT_ENV_ROOT = "~/.cache/gpuctl/envs"
+UNREACHABLE_AFTER = 60.0  # seconds a node may stay unreachable before result() reports it
+BEAT_EVERY = 3.0  # seconds between heartbeat reads while a job runs
 
 cloudpickle.register_pickle_by_value(_chunk)
 
@@ -135,7 +145,15 @@ def register_by_value(obj: Any) -> None:
 
 
 class Job:
-    """A submitted function call; like ``concurrent.futures.Future``, but it explains failures."""
+    """A submitted function call; like ``concurrent.futures.Future``, but it explains failures.
+
+    When the job's node stops answering, ``state`` is "unreachable" and ``result()`` keeps trying
+    for ``unreachable_after`` seconds (or until its timeout), then raises ``JobFailed`` of kind
+    ``node_unreachable``: not a verdict, the job may still run there, and a later ``result()``
+    (or ``gpuctl result ID``) picks up the real outcome once the node is back.
+    """
+
+    unreachable_after = UNREACHABLE_AFTER
 
     def __init__(
         self,
@@ -162,6 +180,11 @@ class Job:
         self._cancel_requested = False
         self._stored_state = "submitted"
         self._lock = threading.Lock()
+        self._host_error: str | None = None
+        self._unreachable_since: float | None = None  # wall clock of the first failed poll
+        self._unreachable_mono: float | None = None
+        self._beat: dict[str, Any] | None = None
+        self._beat_read_at: float | None = None  # monotonic time of the last heartbeat read
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.name} on {self.target}: {self.state}>"
@@ -210,13 +233,71 @@ class Job:
     # --- state ---------------------------------------------------------------------------
 
     def _poll(self) -> bool:
-        """Read the folder; True once the job is over (outcome written, or can never be)."""
+        """Read the folder; True once the job is over (outcome written, or can never be).
+
+        A node that cannot be reached is remembered (``_host_error``, since when) and reads as
+        "not over yet": the job may well be running there.
+        """
+        try:
+            over = self._poll_files()
+        except HostError as e:
+            self._host_error = str(e)
+            if self._unreachable_since is None:
+                self._unreachable_since = time.time()
+                self._unreachable_mono = time.monotonic()
+            return False
+        self._host_error = None
+        self._unreachable_since = self._unreachable_mono = None
+        return over
+
+    @property
+    def unreachable_for(self) -> float | None:
+        """Seconds the node has been unreachable (None while it answers)."""
+        if self._unreachable_mono is None:
+            return None
+        return time.monotonic() - self._unreachable_mono
+
+    def _note_beat(self) -> None:
+        """Read heartbeat.json now and then, so an unreachable node's report can say when the
+        job was last seen alive."""
+        now = time.monotonic()
+        if self._beat_read_at is not None and now - self._beat_read_at < BEAT_EVERY:
+            return
+        self._beat_read_at = now
+        beat = self._json("heartbeat.json")
+        if isinstance(beat, dict):
+            self._beat = beat
+
+    @property
+    def last_heartbeat(self) -> dict[str, Any] | None:
+        """The supervisor's last heartbeat this process read (``t``, ``elapsed_s``, ``rss_kb``)."""
+        return self._beat
+
+    def unreachable_report(self) -> FailureReport | None:
+        """The ``node_unreachable`` report while the node does not answer, else None."""
+        if self._host_error is None or self._unreachable_since is None:
+            return None
+        host = self.backend.host
+        return unreachable_report(
+            job_id=self.id,
+            node=host.name,
+            jobdir=self.jobdir,
+            error=self._host_error,
+            since=self._unreachable_since,
+            now=time.time(),
+            beat=self._beat,
+            beat_seen_at=self._beat_read_at,
+            logs=self.logs(),
+        )
+
+    def _poll_files(self) -> bool:
         with self._lock:
             if self._final:
                 return True
             outcome = self._json("outcome.json")
             sched: dict[str, Any] | None = None
             if outcome is None:
+                self._note_beat()
                 if not self.backend.finished_without_outcome(self.handle, self.jobdir):
                     return False
                 # the supervisor may have written it just before it went away
@@ -271,35 +352,50 @@ class Job:
 
     @property
     def state(self) -> str:
-        """submitted | pending | running | done | failed | cancelled."""
+        """submitted | pending | running | unreachable | done | failed | cancelled."""
         if self._final or self._poll():
             if self._report is None:
                 return "done"
             return "cancelled" if self._report.kind == "cancelled" else "failed"
-        if isinstance(self.backend, SlurmBackend):
-            info = self.backend.scheduler_state(self.handle) or {}
-            if info.get("state") == "PENDING":
-                return "pending"
-        if self._read("status.jsonl") or self._read("heartbeat.json"):
-            state = "running"
-        else:
-            state = "submitted"
+        state = self._live_state()
         if state != self._stored_state and self.store is not None:
             self._stored_state = state
             self.store.update(self.id, state=state)
         return state
+
+    def _live_state(self) -> str:
+        if self._host_error is not None:
+            return "unreachable"
+        try:
+            if isinstance(self.backend, SlurmBackend):
+                info = self.backend.scheduler_state(self.handle) or {}
+                if info.get("state") == "PENDING":
+                    return "pending"
+            if self._beat or self._read("status.jsonl") or self._read("heartbeat.json"):
+                return "running"
+        except HostError as e:
+            self._host_error = str(e)
+            if self._unreachable_since is None:
+                self._unreachable_since = time.time()
+                self._unreachable_mono = time.monotonic()
+            return "unreachable"
+        return "submitted"
 
     def done(self) -> bool:
         """True once the job finished, failed or was cancelled."""
         return self._poll()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until done; False at the timeout."""
+        """Wait until done; False at the timeout, or once the node has not answered for
+        ``unreachable_after`` seconds (then ``unreachable_report()`` says so)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
         while not self._poll():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
+                return False
+            gone = self.unreachable_for
+            if gone is not None and gone >= self.unreachable_after:
                 return False
             step = delay if left is None else min(delay, left)
             self.backend.wait_hint(self.handle, step)
@@ -307,8 +403,10 @@ class Job:
         return True
 
     def report(self) -> FailureReport | None:
-        """The failure report once the job is over (None while running or after success)."""
-        self._poll()
+        """The failure report once the job is over (None while running or after success); while
+        the node does not answer, the ``node_unreachable`` report."""
+        if not self._poll():
+            return self.unreachable_report()
         return self._report
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -326,17 +424,28 @@ class Job:
 
         Raises the function's own exception (its class when importable here, with the remote
         traceback as ``__cause__``), ``JobFailed`` for any other failure (its message is the
-        report), or ``TimeoutError``.
+        report; kind ``node_unreachable`` when the node stopped answering: call again once it
+        is back), or ``TimeoutError``.
         """
         if not self.wait(timeout):
+            lost = self.unreachable_report()
+            if lost is not None:
+                raise JobFailed(lost)
             raise TimeoutError(f"job {self.id} not finished after {timeout} s")
         r = self._report
-        if r is None:
-            return self._load_result()
-        if r.kind == "user_exception":
-            exc = self._load_exception()
-            if exc is not None:
-                raise exc
+        try:
+            if r is None:
+                return self._load_result()
+            exc = self._load_exception() if r.kind == "user_exception" else None
+        except HostError as e:  # the node went away between the outcome and the result
+            self._host_error = str(e)
+            self._unreachable_since = time.time()
+            self._unreachable_mono = time.monotonic()
+            lost = self.unreachable_report()
+            assert lost is not None
+            raise JobFailed(lost) from None
+        if exc is not None:
+            raise exc
         raise JobFailed(r)
 
     def _load_result(self) -> Any:

@@ -37,6 +37,7 @@ KINDS: dict[str, str] = {
     "sys_exit": "the function exited the process",
     "killed": "VENV2 was killed by a signal",
     "lost": "the job's supervisor disappeared",
+    "node_unreachable": "the node cannot be reached",
     "supervisor_failed": "the supervisor failed",
     "exited_without_result": "VENV2 exited without a result",
 }
@@ -68,6 +69,8 @@ REMEDIES: dict[str, str] = {
     "sys_exit": "return a value instead of calling sys.exit/os._exit inside the function",
     "killed": "something outside the job sent the signal (an admin, the OOM killer, a scheduler)",
     "lost": "the node rebooted or the supervisor was killed; resubmit",
+    "node_unreachable": "the job may still be running on the node: once the node is back, "
+    "`gpuctl result ID` (or Job.result()) picks up its real outcome from the job folder",
     "supervisor_failed": "this is a gpuctl bug: please report it with the supervisor error",
     "exited_without_result": "a C extension or a thread ended the process; see stderr",
 }
@@ -95,6 +98,8 @@ class FailureReport:
         """The report as plain text, the message of ``JobFailed``."""
         if self.phase == "provision":
             lines = [f"cannot submit: {self.title} [{self.kind}]"]
+        elif self.kind == "node_unreachable":
+            lines = [f"job {self.job_id}: outcome unknown, {self.title} [{self.kind}]"]
         else:
             lines = [f"job {self.job_id} failed: {self.title} [{self.kind}] in phase {self.phase}"]
         lines += [f"  {e}" for e in self.evidence]
@@ -407,6 +412,61 @@ def classify(
         f"exit code {code} in phase {phase}; result.pkl was "
         + ("written" if files.result_info else "not written"),
     )
+
+
+def unreachable_report(
+    *,
+    job_id: str,
+    node: str,
+    jobdir: str,
+    error: str,
+    since: float,
+    now: float,
+    beat: Mapping[str, Any] | None,
+    beat_seen_at: float | None,
+    logs: Mapping[str, str] | None = None,
+) -> FailureReport:
+    """The report for a job whose node stopped answering: not a verdict (the job may still run),
+    but what is known: since when, the last heartbeat seen, where the job folder is."""
+    ev = [
+        f"cannot reach {node} since {_clock(since)} ({now - since:.0f} s): {error}",
+    ]
+    if beat and isinstance(beat.get("t"), (int, float)):
+        t = float(beat["t"])
+        extra = []
+        if beat.get("elapsed_s") is not None:
+            extra.append(f"VENV2 running for {float(beat['elapsed_s']):.0f} s")
+        if beat.get("rss_kb"):
+            extra.append(f"RSS {_fmt_bytes(int(beat['rss_kb']) * 1024)}")
+        ev.append(
+            f"last heartbeat seen: written {_clock(t)}, {now - t:.0f} s ago"
+            + (f" ({', '.join(extra)})" if extra else "")
+        )
+    elif beat_seen_at is not None:
+        ev.append("no heartbeat seen: the supervisor had not started VENV2 when last looked at")
+    else:
+        ev.append("no heartbeat seen by this gpuctl process before the node went away")
+    ev.append(f"job folder on {node}: {jobdir}")
+    ev.append(
+        f"the job may still be running on {node}: its supervisor keeps writing outcome.json "
+        "there whether or not gpuctl is connected"
+    )
+    return FailureReport(
+        kind="node_unreachable",
+        phase="running" if beat else "unknown",
+        evidence=tuple(ev),
+        remedy=f"check {node} (network, sshd, power); once it is back, `gpuctl result {job_id}` "
+        "(or Job.result() again) picks up the real outcome; `gpuctl logs "
+        f"{job_id}` shows its output",
+        logs=dict(logs or {}),
+        job_id=job_id,
+    )
+
+
+def _clock(t: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
 def _module_from_message(message: str) -> str:

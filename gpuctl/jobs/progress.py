@@ -1,0 +1,51 @@
+"""Progress of a job being waited for, for a terminal: state changes and the elapsed time.
+
+``gpuctl submit --wait`` calls ``wait_with_progress(job, sys.stderr)`` only when stderr is a
+terminal, so a script that reads stderr gets nothing extra.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, TextIO
+
+CLEAR = "\r\x1b[K"  # back to the start of the line and clear it
+
+
+def _elapsed(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def wait_with_progress(job: Any, stream: TextIO, *, every: float = 0.5) -> str:
+    """Wait until ``job`` is over (or its node has been unreachable for its
+    ``unreachable_after``), keeping one live line on ``stream``: elapsed time and state. Each
+    state change leaves a line behind (``0:03 running``). Returns the last state seen."""
+    t0 = time.monotonic()
+    shown: str | None = None
+    state = job.state
+    while True:
+        elapsed = _elapsed(time.monotonic() - t0)
+        if state != shown:
+            if shown is not None:
+                stream.write("\n")
+            shown = state
+        extra = ""
+        gone = getattr(job, "unreachable_for", None)
+        if state == "unreachable" and gone is not None:
+            extra = f" (no answer from {job.target} for {gone:.0f} s)"
+        stream.write(f"{CLEAR}{elapsed} job {job.id[:12]} {state}{extra}")
+        stream.flush()
+        if job.wait(every):
+            state = job.state
+            break
+        gone = getattr(job, "unreachable_for", None)
+        if gone is not None and gone >= job.unreachable_after:
+            break
+        state = job.state
+    if state != shown:
+        stream.write(f"\n{_elapsed(time.monotonic() - t0)} job {job.id[:12]} {state}")
+    stream.write("\n")
+    stream.flush()
+    return str(state)
