@@ -153,3 +153,66 @@ def test_node_of_the_config_via_local_with_jobs_table(
     job = ex.submit(env)
     assert job.result(60) == ("c", "j", venv2)
     assert job.jobdir.startswith(str(tmp_path / "cfg-jobs"))
+
+
+PROGRESS_FILE = """
+import time
+
+def nap(seconds):
+    time.sleep(seconds)
+    return "rested"
+"""
+
+
+def _submit_wait(tmp_path: Path, venv1: str, venv2: str, stderr_tty: bool) -> tuple[str, str]:
+    """``gpuctl submit --wait`` in a real process, stderr on a terminal (a pty) or a pipe."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    user = tmp_path / "napper.py"
+    user.write_text(PROGRESS_FILE)
+    argv = [sys.executable, "-m", "gpuctl", "submit", f"{user}:nap", "--args", "[1.5]", "--wait"]
+    argv += ["--supervisor-python", venv1, "--python", venv2]
+    if not stderr_tty:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout, r.stderr
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, text=True)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # EIO: the process closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        os.close(master)
+    assert proc.returncode == 0
+    return out, b"".join(chunks).decode()
+
+
+@pytest.mark.slow
+def test_submit_wait_progress_only_on_a_terminal(tmp_path: Path, venv1: str, venv2: str) -> None:
+    out, err = _submit_wait(tmp_path, venv1, venv2, stderr_tty=True)
+    job_id, value = out.split()
+    assert value == "'rested'"
+    short = job_id[:12]
+    assert "\r\x1b[K" in err  # the live line is redrawn in place
+    states = [line.rsplit("\r\x1b[K", 1)[-1] for line in err.replace("\r\n", "\n").split("\n")]
+    states = [s for s in states if s.strip()]
+    # one line per state change, each with the elapsed time: ... running, then done
+    tail = [s.split()[1:] for s in states][-2:]
+    assert tail == [["job", short, "running"], ["job", short, "done"]]
+    assert all(s.split()[0].count(":") == 1 for s in states)
+    last_elapsed = states[-1].split()[0]
+    assert int(last_elapsed.split(":")[1]) >= 1  # it took the 1.5 s nap
+    out, err = _submit_wait(tmp_path, venv1, venv2, stderr_tty=False)
+    assert out.split()[1] == "'rested'" and err == ""
