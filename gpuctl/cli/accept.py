@@ -130,7 +130,7 @@ def _str(v: Any) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
-@_mutating("run the acceptance suite, which loads the GPUs")
+@_mutating("the acceptance suite")
 def run(args: argparse.Namespace) -> int:
     config = load_user_config(args)
     if config.read_only:

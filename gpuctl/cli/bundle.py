@@ -17,5 +17,14 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    print(write_bundle(args.dir))
+    from gpuctl.cli.main import UserError
+
+    try:
+        path = write_bundle(args.dir)
+    except OSError as e:
+        raise UserError(
+            f"cannot write the bundle into {args.dir}: {e.strerror or e}; "
+            "name a folder you can write"
+        ) from None
+    print(path)
     return 0

@@ -195,9 +195,15 @@ def _job(args: argparse.Namespace) -> Any:
     from gpuctl.jobs import HostError, JobStore, attach
 
     store = JobStore()
-    rec = store.get(args.id)
+    rec = store.get(args.id) if args.id else None
     if rec is None:
-        raise UserError(f"no job {args.id!r} (or the prefix is not unique): see gpuctl jobs")
+        same = sorted(r.id[:12] for r in store.list(100_000) if r.id.startswith(args.id))
+        if len(same) > 1:
+            shown = ", ".join(same[:4]) + (", ..." if len(same) > 4 else "")
+            raise UserError(
+                f"job id {args.id!r} is ambiguous ({len(same)} jobs: {shown}): give more of it"
+            )
+        raise UserError(f"no job {args.id!r}: see gpuctl jobs for the ids")
     config = _config(args) if rec.backend.get("kind") == "ssh" else None
     try:
         return attach(rec, store, config=config)
@@ -306,5 +312,7 @@ def run_cancel(args: argparse.Namespace) -> int:
 
 
 def run_result(args: argparse.Namespace) -> int:
+    if not args.timeout >= 0:  # also NaN
+        raise UserError(f"--timeout must be 0 (do not wait) or more seconds, not {args.timeout:g}")
     job = _job(args)
     return _print_result(job, args.timeout or 0.0)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from gpuctl import __version__
 
@@ -33,19 +34,19 @@ READ_ONLY_ENV = "GPUCTL_READ_ONLY"
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Commands of modules that do not mark themselves with ``mutating``: (module, function) -> what
-# the command would do. Everything that loads GPUs, starts or stops work belongs here or is
-# marked, so that read-only mode is enforced in one place for every command.
+# the command does, for the one-line refusal. Everything that loads GPUs, starts or stops work
+# belongs here or is marked, so that read-only mode is enforced in one place for every command.
 MUTATING_FUNCS = {
-    ("gpuctl.cli.stress", "run_start"): "start GPU burns",
-    ("gpuctl.cli.stress", "run_stop"): "stop GPU burns",
-    ("gpuctl.cli.stress", "run_here"): "burn this machine's GPUs",
-    ("gpuctl.cli.jobs", "run_submit"): "submit a job",
-    ("gpuctl.cli.jobs", "run_cancel"): "cancel a job",
+    ("gpuctl.cli.stress", "run_start"): "stress",
+    ("gpuctl.cli.stress", "run_stop"): "stress",
+    ("gpuctl.cli.stress", "run_here"): "stress",
+    ("gpuctl.cli.jobs", "run_submit"): "submitting jobs",
+    ("gpuctl.cli.jobs", "run_cancel"): "cancelling jobs",
 }
 
 
 def mutating(what: str) -> Callable[[F], F]:
-    """Mark a command's ``run`` as changing nodes (``what`` it would do, for the refusal)."""
+    """Mark a command's ``run`` as changing nodes (``what`` it does: "stress", for the refusal)."""
 
     def mark(fn: F) -> F:
         fn.mutates = what  # type: ignore[attr-defined]
@@ -86,8 +87,44 @@ def read_only_source(args: argparse.Namespace) -> str | None:
     return None
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with gpuctl's one-line errors: ``gpuctl: <what>; see gpuctl CMD --help``.
+
+    Subcommand parsers are made by ``add_subparsers`` with the parent's class, so every
+    command, nested ones too, reports a usage mistake the same way.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("gpuctl").strip()
+        where = f"{command}: " if command else ""
+        self.exit(2, f"gpuctl: {where}{message}; see: {self.prog} --help\n")
+
+
+def _options_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Accept the global ``--config`` and ``--read-only`` after the command as well
+    (``gpuctl status --config c.toml``), without letting a subcommand's default reset them."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for sub in set(action.choices.values()):
+            known = {o for a in sub._actions for o in a.option_strings}
+            if "--config" not in known:
+                sub.add_argument(
+                    "--config", metavar="PATH", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+                )
+            if "--read-only" not in known:
+                sub.add_argument(
+                    "--read-only",
+                    dest="global_read_only",
+                    action="store_true",
+                    default=argparse.SUPPRESS,
+                    help=argparse.SUPPRESS,
+                )
+            _options_everywhere(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gpuctl",
         description="Watch, stress and accept every GPU of a cluster from one terminal screen.",
     )
@@ -111,10 +148,53 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
+    _options_everywhere(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; every failure a user can meet ends in one ``gpuctl: ...`` line."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:  # started with the descriptor closed (`gpuctl >&-`)
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - lives as long as gpuctl
+    try:
+        return _run(argv)
+    except UserError as e:
+        print(f"gpuctl: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `gpuctl status | head` is not an error
+        # keep the interpreter's final flush of stdout from failing again
+        with contextlib.suppress(OSError, ValueError):
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("gpuctl: interrupted", file=sys.stderr)
+        return 130
+    except OSError as e:  # a file, folder or connection the command needed
+        print(f"gpuctl: {os_error(e)}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        if os.environ.get("GPUCTL_DEBUG"):
+            raise
+        print(
+            f"gpuctl: internal error: {type(e).__name__}: {e} (a bug in gpuctl: please report "
+            "it; GPUCTL_DEBUG=1 shows the traceback)".replace("\n", " "),
+            file=sys.stderr,
+        )
+        return 70
+
+
+def os_error(e: OSError) -> str:
+    """One line for an OSError: what failed on which path, without Python's repr."""
+    what = e.strerror or str(e) or type(e).__name__
+    paths = [p for p in (e.filename, e.filename2) if p is not None]
+    if paths:
+        return f"{' -> '.join(str(p) for p in paths)}: {what}"
+    return what
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
@@ -126,28 +206,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         args = parser.parse_args([*(argv or sys.argv[1:]), "watch"])
         func = args.func
-    try:
-        what = mutation(func)
-        if (
-            what is not None
-            or getattr(args, "global_read_only", False)
-            or READ_ONLY_ENV in os.environ
-        ):
-            why = read_only_source(args)
-            if why is not None and what is not None:
-                raise UserError(f"read-only mode: refusing to {what} ({why})")
-            if why is not None:  # commands that check their own --read-only (the TUI) see it
-                args.read_only = True
-        return int(func(args))
-    except UserError as e:
-        print(f"gpuctl: {e}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # `gpuctl status | head` is not an error
-        sys.stderr.close()
-        return 0
-    except KeyboardInterrupt:
-        print("gpuctl: interrupted", file=sys.stderr)
-        return 130
+    what = mutation(func)
+    if what is not None or getattr(args, "global_read_only", False) or READ_ONLY_ENV in os.environ:
+        why = read_only_source(args)
+        if why is not None and what is not None:
+            raise UserError(f"read-only mode: {what} is disabled ({why})")
+        if why is not None:  # commands that check their own --read-only (the TUI) see it
+            args.read_only = True
+    return int(func(args))
 
 
 if __name__ == "__main__":

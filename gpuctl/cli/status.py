@@ -25,6 +25,10 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpuctl.cli.main import UserError
+
+    if not 0 < args.timeout <= 3600:
+        raise UserError(f"--timeout must be within 0..3600 seconds, e.g. 20 (not {args.timeout:g})")
     fleet = build_fleet(args)
     snaps = asyncio.run(collect(fleet, args.timeout))
     no_driver = [s for s in snaps if s.info is not None and s.info.reader is None]

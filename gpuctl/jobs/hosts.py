@@ -408,9 +408,41 @@ class SshHost(Host):
                 try:
                     self._conn = await asyncssh.connect(self._host, **self._opts)
                 except (OSError, asyncssh.Error) as e:
-                    raise HostError(f"cannot reach {self.name}: {e}") from None
+                    raise HostError(f"cannot reach {self.name}: {self._why(e)}") from None
                 self._sftp = await self._conn.start_sftp_client()
             return self._conn
+
+    def _why(self, e: BaseException) -> str:
+        """What went wrong connecting, and what to do about it, in a few words."""
+        import socket
+
+        import asyncssh
+
+        via = f"ssh -F {self._opts['config'][0]}" if "config" in self._opts else "ssh"
+        if isinstance(e, asyncssh.HostKeyNotVerifiable):
+            kh = self._opts.get("known_hosts", "~/.ssh/known_hosts")
+            return (
+                f"its host key is unknown or changed (known_hosts: {kh}); check the key with "
+                f"`{via} {self.name}` and add it to {kh} if it is right"
+            )
+        if isinstance(e, asyncssh.PermissionDenied):
+            return (
+                "the server refused every key: check IdentityFile in the ssh config "
+                "(or identity in the gpuctl config), or load a key with ssh-add"
+            )
+        if isinstance(e, socket.gaierror):
+            return f"cannot resolve {self._host}: {e.strerror or e} (a HostName in the ssh config?)"
+        if isinstance(e, TimeoutError | asyncio.TimeoutError):
+            return f"no answer within {self._opts['connect_timeout']:g} s (node down? firewall?)"
+        if isinstance(e, ConnectionRefusedError):
+            return "the connection was refused (is sshd running there, on the configured port?)"
+        if isinstance(e, FileNotFoundError):
+            return f"cannot read {e.filename}: no such file (an IdentityFile or ssh config path?)"
+        if isinstance(e, OSError):
+            return e.strerror or str(e)
+        if isinstance(e, asyncssh.DisconnectError):
+            return f"the server disconnected: {e.reason}"
+        return str(e) or type(e).__name__
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         try:

@@ -26,15 +26,21 @@ from gpuctl_tests.helpers import AgentProcess, node_env
 
 # (argv after gpuctl, extra env, config text or None, what the refusal names, how to lift it)
 CASES = [
-    (["--read-only", "submit", "job.py:f"], {}, None, "submit a job", "run without it"),
-    (["submit", "job.py:f"], {"GPUCTL_READ_ONLY": "1"}, None, "submit a job", "unset it"),
-    (["submit", "job.py:f"], {}, "read_only = true\n", "submit a job", "set it to false"),
-    (["--read-only", "cancel", "0123"], {}, None, "cancel a job", "run without it"),
-    (["cancel", "0123"], {}, "read_only = true\n", "cancel a job", "set it to false"),
-    (["--read-only", "stress", "start", "--demo"], {}, None, "start GPU burns", "without it"),
-    (["stress", "start", "--demo", "--read-only"], {}, None, "start GPU burns", "without it"),
-    (["stress", "stop"], {"GPUCTL_READ_ONLY": "yes"}, None, "stop GPU burns", "unset it"),
-    (["stress", "run", "--device", "cpu"], {}, "read_only = true\n", "burn", "set it to false"),
+    (["--read-only", "submit", "job.py:f"], {}, None, "submitting jobs", "run without it"),
+    (["submit", "job.py:f"], {"GPUCTL_READ_ONLY": "1"}, None, "submitting jobs", "unset it"),
+    (["submit", "job.py:f"], {}, "read_only = true\n", "submitting jobs", "set it to false"),
+    (["--read-only", "cancel", "0123"], {}, None, "cancelling jobs", "run without it"),
+    (["cancel", "0123"], {}, "read_only = true\n", "cancelling jobs", "set it to false"),
+    (["--read-only", "stress", "start", "--demo"], {}, None, "stress is", "without it"),
+    (["stress", "start", "--demo", "--read-only"], {}, None, "stress is", "without it"),
+    (["stress", "stop"], {"GPUCTL_READ_ONLY": "yes"}, None, "stress is", "unset it"),
+    (
+        ["stress", "run", "--device", "cpu"],
+        {},
+        "read_only = true\n",
+        "stress is",
+        "set it to false",
+    ),
     (["--read-only", "accept", "--local"], {}, None, "acceptance suite", "run without it"),
     (["accept", "--local"], {}, "read_only = true\n", "acceptance suite", "set it to false"),
 ]
@@ -67,7 +73,8 @@ def test_every_mutating_command_refuses_in_one_line(tmp_path: Path) -> None:
         assert r.returncode == 2, (where, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1, (where, r.stderr)
-        assert lines[0].startswith("gpuctl: read-only mode: refusing to "), where
+        assert lines[0].startswith("gpuctl: read-only mode: "), where
+        assert "is disabled" in lines[0], where
         assert what in lines[0] and lift in lines[0], (where, lines[0])
         assert r.stdout == "", where
     # refused before anything started: not even the state folder (job store, history) exists

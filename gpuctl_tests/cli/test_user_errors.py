@@ -1,0 +1,296 @@
+"""Every user mistake ends in one line on stderr (``gpuctl: ...``), a sensible exit code and no
+traceback: real ``python -m gpuctl`` subprocesses, run in parallel, as a user would type them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl_tests.helpers import node_env
+
+FILES = {
+    "job.py": "def f(x=1):\n    return x + 1\n",
+    "syntax.py": "def f(:\n    pass\n",
+    "lock.py": "import threading\nLOCK = threading.Lock()\n\ndef f():\n    return LOCK\n",
+    "sock.py": "import socket\nS = socket.socket()\n\ndef f():\n    return S\n",
+    "raises.py": "raise RuntimeError('boom at import')\n\ndef f():\n    pass\n",
+    "notfunc.py": "f = 3\n",
+    "missing.toml": None,
+    "notoml.toml": "read_only = \n",
+    "badval.toml": "read_only = 'maybe'\n",
+    "badkey.toml": "colour = 'red'\n",
+    "badhostlist.toml": "[clusters.c]\nnodes = 'gpu[01-'\nvia = 'local'\n",
+    "sim.toml": "[clusters.c]\nnodes = 'n[1-2]'\nvia = 'local'\nsimulate = '1'\n",
+}
+
+
+@dataclass
+class Case:
+    argv: list[str]
+    rc: int
+    message: str  # a regex the one stderr line must match (after "gpuctl: ")
+    env: dict[str, str] = field(default_factory=dict)
+
+
+CASES = [
+    # the config
+    Case(["--config", "missing.toml", "status"], 2, r"missing\.toml: no such file"),
+    Case(["--config", "notoml.toml", "status"], 2, r"notoml\.toml:1: TOML syntax"),
+    Case(["--config", "badval.toml", "status"], 2, r"badval\.toml:1: read_only: expected true"),
+    Case(["--config", "badkey.toml", "submit", "job.py:f", "--target", "n1"], 2, r"colour: unkn"),
+    Case(["--config", ".", "status"], 2, r"is a directory"),
+    Case(["status"], 2, r"missing\.toml: no such file", {"GPUCTL_CONFIG": "missing.toml"}),
+    Case(["--config", "badhostlist.toml", "status"], 2, r"bad hostlist 'gpu\[01-'"),
+    # --config after the command is understood, not "unrecognized arguments"
+    Case(["config", "check", "--config", "badval.toml"], 2, r"badval\.toml:1: read_only"),
+    # node names
+    Case(["--config", "sim.toml", "stress", "start", "gpu[01-"], 2, r"bad node list"),
+    Case(["--config", "sim.toml", "stress", "start", "zz9"], 2, r"not configured: zz9"),
+    Case(["--config", "sim.toml", "accept", "--nodes", "gpu[01-"], 2, r"bad hostlist"),
+    Case(["--config", "sim.toml", "accept", "--nodes", "zz[1-2]"], 2, r"zz1 is not in the conf"),
+    # submit
+    Case(["submit", "nofile.py:f"], 2, r"nofile\.py: no such file"),
+    Case(["submit", "job.py"], 2, r"expected FILE\.py:FUNC"),
+    Case(["submit", "syntax.py:f"], 2, r"syntax\.py:1: syntax error"),
+    Case(["submit", "raises.py:f"], 2, r"raises\.py failed to import: RuntimeError: boom"),
+    Case(["submit", "job.py:nope"], 2, r"job\.py has no function 'nope' \(it has: f\)"),
+    Case(["submit", "notfunc.py:f"], 2, r"notfunc\.py:f is a int, not a function"),
+    Case(["submit", "lock.py:f"], 2, r"lock\.py:f cannot be pickled: .*lock"),
+    Case(["submit", "sock.py:f"], 2, r"sock\.py:f cannot be pickled: .*socket"),
+    Case(["submit", "job.py:f", "--args", "[1,"], 2, r"--args is not valid JSON"),
+    Case(["submit", "job.py:f", "--args", "3"], 2, r"--args must be a JSON list"),
+    Case(["submit", "job.py:f", "--target", "zork"], 2, r"unknown target 'zork'"),
+    Case(["--config", "sim.toml", "submit", "job.py:f", "--target", "zz"], 2, r"unknown targ"),
+    # jobs by id
+    Case(["logs", "0000"], 2, r"no job '0000': see gpuctl jobs"),
+    Case(["result", "0000"], 2, r"no job '0000'"),
+    Case(["cancel", "0000"], 2, r"no job '0000'"),
+    Case(["logs", "ab"], 2, r"job id 'ab' is ambiguous \(2 jobs: abc1, abc2\)"),
+    Case(["result", "abc1", "--timeout", "-1"], 2, r"--timeout must be 0"),
+    # other commands
+    Case(["demo", "--nodes", "0"], 2, r"--nodes must be within 1\.\.4096"),
+    Case(["agent-bundle", "/proc/gpuctl-nope"], 2, r"cannot write the bundle into /proc/"),
+    Case(["agent-bundle", "job.py"], 2, r"cannot write the bundle into job\.py"),
+    Case(["status", "--timeout", "-1"], 2, r"--timeout must be within"),
+    # argparse mistakes are one line too
+    Case(["status", "--timeout", "abc"], 2, r"status: argument --timeout: invalid float"),
+    Case(["stauts"], 2, r"invalid choice: 'stauts'.*see: gpuctl --help"),
+    Case(["submit"], 2, r"submit: the following arguments are required"),
+    Case(["stress", "start", "--engine", "x"], 2, r"stress start: argument --engine"),
+]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("user-errors")
+    for name, text in FILES.items():
+        if text is not None:
+            (d / name).write_text(text)
+    from gpuctl.jobs.store import JobRecord, JobStore
+
+    (d / "state").mkdir()
+    store = JobStore(d / "state" / "jobs.sqlite")
+    for job_id in ("abc1", "abc2"):
+        store.add(JobRecord(job_id, "job:f", "local", {"kind": "local"}, "/nowhere", "done", 0.0))
+    return d
+
+
+def gpuctl(
+    workdir: Path, argv: list[str], env: dict[str, str] | None = None, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    full = node_env({"GPUCTL_STATE_DIR": str(workdir / "state"), **(env or {})})
+    full.pop("GPUCTL_CONFIG", None) if "GPUCTL_CONFIG" not in (env or {}) else None
+    full.pop("GPUCTL_READ_ONLY", None)
+    kw.setdefault("stdout", subprocess.PIPE)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuctl", *argv],
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        env=full,
+        cwd=workdir,
+        **kw,
+    )
+
+
+def assert_one_line(r: subprocess.CompletedProcess[str], rc: int, message: str, what: Any) -> None:
+    assert "Traceback" not in r.stderr, (what, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, (what, r.stderr)
+    assert lines[0].startswith("gpuctl: "), (what, lines[0])
+    assert re.search(message, lines[0]), (what, lines[0])
+    assert r.returncode == rc, (what, r.returncode, lines[0])
+
+
+def test_every_mistake_is_one_line(workdir: Path) -> None:
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda c: gpuctl(workdir, c.argv, c.env), CASES))
+    failures = []
+    for case, r in zip(CASES, results, strict=True):
+        try:
+            assert_one_line(r, case.rc, case.message, case.argv)
+        except AssertionError as e:
+            failures.append(str(e))
+    assert not failures, "\n".join(failures)
+
+
+def test_config_given_after_the_command_is_used(workdir: Path) -> None:
+    r = gpuctl(workdir, ["config", "check", "--config", "sim.toml"])
+    assert r.returncode == 0, r.stderr
+    assert "2 node(s)" in r.stderr and r.stdout.split()[:2] == ["NODE", "CLUSTER"]
+
+
+def test_a_closed_stdout_is_no_traceback(workdir: Path) -> None:
+    for argv in (["status", "--demo", "--json"], ["jobs", "--json"], ["jobs"]):
+        r = gpuctl(workdir, argv, stdout=None, pass_fds=(), close_fds=True, preexec_fn=_close1)
+        assert r.returncode == 0, (argv, r.stderr)
+        assert r.stderr == "", (argv, r.stderr)
+
+
+def _close1() -> None:
+    os.close(1)
+
+
+def test_a_reader_that_went_away_is_no_error(workdir: Path) -> None:
+    """``gpuctl status | head -1``: the pipe's reader is gone before gpuctl writes."""
+    for argv in (["status", "--demo"], ["status", "--demo", "--json"], ["jobs"]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # every write now fails with EPIPE
+        try:
+            r = gpuctl(workdir, argv, stdout=write_end)
+        finally:
+            os.close(write_end)
+        assert r.returncode == 0, (argv, r.stderr)
+        assert r.stderr == "", (argv, r.stderr)
+
+
+def test_ctrl_c_while_a_node_is_slow_exits_130_in_one_line(workdir: Path) -> None:
+    """A node whose sshd accepts the connection and then says nothing: gpuctl waits; SIGINT."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        port = srv.getsockname()[1]
+        cfg = workdir / "slow_ssh_config"
+        cfg.write_text(f"Host slow\n  HostName 127.0.0.1\n  Port {port}\n  User nobody\n")
+        (workdir / "slow_kh").write_text("")
+        toml = workdir / "slow.toml"
+        toml.write_text(
+            f"[clusters.c]\nnodes = 'slow'\nvia = 'ssh'\nssh_config = '{cfg}'\n"
+            f"known_hosts = '{workdir / 'slow_kh'}'\n"
+        )
+        full = node_env({"GPUCTL_STATE_DIR": str(workdir / "state")})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuctl", "--config", str(toml), "status", "--timeout", "30"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=full,
+            cwd=workdir,
+        )
+        srv.settimeout(20)
+        conn, _ = srv.accept()  # gpuctl is now waiting for the server's banner
+        with conn:
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    assert err.strip() == "gpuctl: interrupted"
+    assert time.monotonic() - t0 < 5
+    assert out == ""
+
+
+def test_internal_errors_are_one_line_and_say_how_to_see_more(workdir: Path) -> None:
+    """A bug (here: a command module raising) is one line; GPUCTL_DEBUG=1 shows the traceback."""
+    code = (
+        "import sys\n"
+        "from gpuctl.cli import jobs, main\n"
+        "def boom(args):\n"
+        "    raise KeyError('x')\n"
+        "jobs.run_jobs = boom\n"
+        "sys.exit(main.main(['jobs']))\n"
+    )
+    env = node_env({"GPUCTL_STATE_DIR": str(workdir / "state")})
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert_one_line(r, 70, r"internal error: KeyError: 'x'.*GPUCTL_DEBUG=1", "bug")
+    env["GPUCTL_DEBUG"] = "1"
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert "Traceback" in r.stderr and r.returncode == 1
+
+
+def test_ssh_mistakes_are_one_line_for_status_and_submit(ssh_cluster: Any) -> None:
+    """Unreachable port, wrong or missing key, unknown host key, no python: real sshd."""
+    from gpuctl_tests.harness.sshd import free_port, keygen
+
+    ssh_cluster.start_node("good", simulate="1")
+    d = ssh_cluster.dir
+    base = ssh_cluster.ssh_config_path.read_text().split("Host good\n", 1)[1]
+    other_key = d / "other_key"
+    keygen(other_key, "not-authorized")
+    (d / "empty_known_hosts").write_text("")
+
+    def host(name: str, **over: str) -> str:
+        lines = [f"Host {name}"]
+        for line in base.splitlines():
+            if line.strip():
+                key = line.split()[0]
+                lines.append(f"    {key} {over[key]}" if key in over else line)
+        return "\n".join(lines) + "\n"
+
+    entries = {
+        "closed": host("closed", Port=str(free_port())),
+        "wrongkey": host("wrongkey", IdentityFile=str(other_key)),
+        "nokey": host("nokey", IdentityFile=str(d / "no_such_key")),
+        "newhost": host("newhost", UserKnownHostsFile=str(d / "empty_known_hosts")),
+        "nopython": host("nopython"),
+    }
+    with open(ssh_cluster.ssh_config_path, "a") as f:
+        f.write("".join(entries.values()))
+    expect = {
+        "closed": (r"refused the connection \(is sshd running", r"connection was refused"),
+        "wrongkey": (r"refused every key: check IdentityFile", r"refused every key"),
+        "nokey": (r"cannot read .*no_such_key: no such file", r"cannot read .*no_such_key"),
+        "newhost": (r"unknown host key .* to trust it, run: ssh-keyscan", r"host key is unknown"),
+        "nopython": (r"no python at '/no/python3' on nopython: set python", None),
+    }
+    jobs = []
+    for name in entries:
+        toml = ssh_cluster.cluster_toml("c", [name], interval=0.5)
+        if name == "newhost":
+            toml = toml.replace(str(ssh_cluster.known_hosts_path), str(d / "empty_known_hosts"))
+        if name == "nopython":
+            toml += "python = '/no/python3'\n"
+        (d / f"{name}.toml").write_text(toml)
+        (d / "job.py").write_text(FILES["job.py"])
+        jobs.append((name, "status", ["--config", f"{name}.toml", "status", "--timeout", "20"]))
+        if expect[name][1] is not None:
+            argv = ["--config", f"{name}.toml", "submit", "job.py:f", "--target", name]
+            jobs.append((name, "submit", argv))
+    with ThreadPoolExecutor(5) as pool:
+        results = list(pool.map(lambda j: gpuctl(d, j[2]), jobs))
+    failures = []
+    for (name, command, _), r in zip(jobs, results, strict=True):
+        status_re, submit_re = expect[name]
+        pattern = status_re if command == "status" else submit_re
+        rc = 1 if command == "status" else 2
+        try:
+            assert pattern is not None
+            assert_one_line(r, rc, pattern, (name, command))
+        except AssertionError as e:
+            failures.append(str(e))
+    assert not failures, "\n".join(failures)
