@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import os
+import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +33,7 @@ from textual.widgets import ContentSwitcher, Footer, Input, Label, Static
 from textual.worker import Worker, WorkerState
 
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
+from gpuctl.tui.screens.accept_report import AcceptReportScreen
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.screens.help import HelpRow, HelpScreen
@@ -43,7 +46,7 @@ from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
 
 COALESCE_S = 0.1  # how long a flush waits for more samples (p95 paint budget is 300 ms)
 STOP_TIMEOUT_S = 10.0
-MUTATING = ("stress_gpu", "stress_node", "stress_cluster", "accept")
+MUTATING = ("stress_gpu", "stress_node", "stress_cluster", "accept", "cancel_job")
 
 
 class FleetChanged(Message):
@@ -99,11 +102,18 @@ class OverviewScreen(Screen[None]):
     ]
 
     def __init__(
-        self, store: FleetStore, *, simulated: bool, read_only: bool, job_store: Any | None
+        self,
+        store: FleetStore,
+        *,
+        simulated: bool,
+        read_only: bool,
+        job_store: Any | None,
+        history_path: Path | None = None,
     ) -> None:
         super().__init__()
         self.store = store
         self.job_store = job_store
+        self.history_path = history_path
         self.simulated = simulated
         self.read_only = read_only
         self.mode = "list"  # "list" or a heatmap metric
@@ -116,8 +126,10 @@ class OverviewScreen(Screen[None]):
                 yield NodeList(self.store, id="nodes")
                 yield Heatmap(self.store, id="heatmap")
                 yield Static("", id="heat-status")
-            yield JobsPane(self.job_store, id="pane-jobs")
-            yield AcceptPane(id="pane-accept")
+            yield JobsPane(self.job_store, id="pane-jobs", clock=self.store.clock)
+            yield AcceptPane(
+                id="pane-accept", history_path=self.history_path, clock=self.store.clock
+            )
         yield Input(
             placeholder="filter: name, state (live stale down), temp>80 util<5 …", id="filter"
         )
@@ -287,6 +299,7 @@ class GpuctlApp(App[int]):
         coalesce: float = COALESCE_S,
         manage_fleet: bool = True,
         job_store: Any | None = None,
+        accept_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.fleet = fleet
@@ -296,14 +309,20 @@ class GpuctlApp(App[int]):
         self.store = FleetStore(fleet, clock or time.time)
         self.coalesce = coalesce
         self.manage_fleet = manage_fleet
-        self.theme_memory = ThemeMemory(state_dir)
+        self.state_dir = state_dir if state_dir is not None else default_state_dir()
+        self.theme_memory = ThemeMemory(self.state_dir)
+        self.accept_options = dict(accept_options or {})
         self.gpuctl_themes: list[str] = []
         self.selection: tuple[str, int | None] | None = None
         self.keymap: dict[str, str] = {}
         self._flush_scheduled = False
         self._theme_ready = False
         self.overview = OverviewScreen(
-            self.store, simulated=simulated, read_only=read_only, job_store=job_store
+            self.store,
+            simulated=simulated,
+            read_only=read_only,
+            job_store=job_store,
+            history_path=self.state_dir / "accept.sqlite",
         )
         self.accept_run: Any | None = None
         self.on_flush: Callable[[set[str], dict[str, float]], None] | None = None
@@ -548,6 +567,7 @@ class GpuctlApp(App[int]):
         if self._refuse("acceptance"):
             return
         try:
+            from gpuctl.accept.history import HistoryStore
             from gpuctl.accept.run import AcceptOptions, start_fleet_run
             from gpuctl.workloads.accept.schema import SECTIONS
         except ImportError:
@@ -574,12 +594,22 @@ class GpuctlApp(App[int]):
             self.notify(f"{node} is not live: {snap.state.value}", severity="warning")
             return
         simulated = snap.info is not None and snap.info.reader == "simulated"
-        options = AcceptOptions(quick=True, device="cpu" if simulated else "cuda")
+        settings: dict[str, Any] = {"quick": True, "device": "cpu" if simulated else "cuda"}
+        options = AcceptOptions(**{**settings, **self.accept_options})
 
         def start(yes: bool | None) -> None:
             if not yes:
                 return
-            run = start_fleet_run(self.fleet, [node], options)
+            try:  # recorded and written like the CLI's runs: the state dir
+                history = HistoryStore(self.state_dir / "accept.sqlite")
+            except (OSError, sqlite3.Error) as e:
+                self.notify(
+                    f"acceptance history unavailable ({e}): not recorded", severity="warning"
+                )
+                history = None
+            run = start_fleet_run(
+                self.fleet, [node], options, history=history, report_dir=self.state_dir / "reports"
+            )
             self.accept_run = run
 
             def relay(progress: Any) -> None:
@@ -630,6 +660,9 @@ class GpuctlApp(App[int]):
             jobs.reload()
             jobs.query_one("#jobs-table").focus()
         else:
+            accept = self.overview.query_one(AcceptPane)
+            if not accept.loaded:
+                accept.load_history()
             self.overview.query_one("#accept-table").focus()
 
     def action_next_theme(self) -> None:
@@ -687,6 +720,9 @@ class GpuctlApp(App[int]):
         yield "GPU list", NodeList.BINDINGS
         yield "heatmap", Heatmap.BINDINGS
         yield "detail", DetailScreen.BINDINGS
+        yield "jobs pane", JobsPane.BINDINGS
+        yield "acceptance pane", AcceptPane.BINDINGS
+        yield "acceptance report", AcceptReportScreen.BINDINGS
 
     def help_rows(self) -> list[HelpRow]:
         rows: list[HelpRow] = []
@@ -718,6 +754,27 @@ class GpuctlApp(App[int]):
                         f"key {b.key}",
                         partial(self.run_action, b.action, self.overview),
                     )
+            current = self.overview.query_one(ContentSwitcher).current
+            panes: dict[str, Any] = {"pane-jobs": JobsPane, "pane-accept": AcceptPane}
+            if current in panes:
+                pane = self.overview.query_one(f"#{current}")
+                for b in panes[current].BINDINGS:
+                    if isinstance(b, Binding):
+                        yield SystemCommand(
+                            _title(b.description),
+                            f"key {self.keymap.get(b.id or '', b.key)}",
+                            partial(self.run_action, b.action, pane),
+                        )
+
+
+def default_state_dir() -> Path:
+    """``$GPUCTL_STATE_DIR``, else the user's state folder (where the CLI keeps history)."""
+    env = os.environ.get("GPUCTL_STATE_DIR")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_state_dir
+
+    return Path(user_state_dir("gpuctl", appauthor=False))
 
 
 def _title(description: str) -> str:
@@ -735,6 +792,7 @@ def make_app(
     coalesce: float = COALESCE_S,
     manage_fleet: bool = True,
     job_store: Any | None = None,
+    accept_options: Mapping[str, Any] | None = None,
 ) -> GpuctlApp:
     """Build the TUI over ``fleet`` (a ``gpuctl.fleet.Fleet`` or anything shaped like one).
 
@@ -742,6 +800,9 @@ def make_app(
     wall clock for ages (tests freeze it); ``state_dir`` holds the remembered theme (default:
     the user's state folder). With ``manage_fleet`` the app starts the fleet on mount and stops
     it on exit. ``job_store`` (a ``gpuctl.jobs.store.JobStore``) feeds the jobs pane.
+    ``state_dir`` (default ``$GPUCTL_STATE_DIR``, else the user's state folder) also holds the
+    acceptance history and reports of runs started with ``a``; ``accept_options`` overrides
+    fields of their ``AcceptOptions`` (``python``, ``extra_args``, ...).
     """
     return GpuctlApp(
         fleet,
@@ -753,4 +814,5 @@ def make_app(
         coalesce=coalesce,
         manage_fleet=manage_fleet,
         job_store=job_store,
+        accept_options=accept_options,
     )

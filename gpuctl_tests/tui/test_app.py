@@ -231,7 +231,7 @@ async def test_jobs_pane_lists_the_job_store_in_place(state_dir: Path, tmp_path:
         await pilot.press("2")
         table = app.overview.query_one("#jobs-table", DataTable)
         await until(pilot, lambda: table.row_count == 2, "the two jobs")
-        assert [str(table.get_row_at(i)[1]) for i in range(2)] == ["sweep", "train"]
+        assert [str(table.get_row_at(i)[3]) for i in range(2)] == ["sweep", "train"]
         store.update("j-new", state="failed", summary="exit 1")
         app.overview.query_one(JobsPane).reload()
         await until(pilot, lambda: str(table.get_cell("j-new", "state")) == "failed", "update")

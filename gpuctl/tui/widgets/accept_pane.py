@@ -1,0 +1,301 @@
+"""Pane 3: acceptance: a node × section verdict matrix, live while a run goes, and its lines.
+
+Rows come from two places: the acceptance history (each node's latest stored run, read in a
+worker thread) and the run started with ``a`` (an ``AcceptRun``; its progress arrives through
+``progress()`` on the event loop). Cells change in place; colours come from the theme through
+component classes. Enter on a row opens that node's report (``AcceptReportScreen``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.coordinate import Coordinate
+from textual.widgets import DataTable, RichLog, Static
+
+from gpuctl.tui.view import fmt_age
+from gpuctl.workloads.accept.schema import SECTIONS
+
+HEADERS = {
+    "env": "env",
+    "compute": "compute",
+    "membw": "membw",
+    "pcie": "pcie",
+    "train": "train",
+    "ddp_allreduce": "allreduce",
+    "ddp_train": "ddp train",
+    "health": "health",
+}
+VERDICT_CLASS = {
+    "PASS": "acceptpane--pass",
+    "WARN": "acceptpane--warn",
+    "FAIL": "acceptpane--fail",
+    "SKIP": "acceptpane--skip",
+    "ERROR": "acceptpane--error",
+    "running": "acceptpane--running",
+    "pending": "acceptpane--pending",
+}
+LABELS = {"pending": "·", "running": "▶ run"}
+TREND_RUNS = 20
+AGES_EVERY_S = 10.0
+PREFERRED_DTYPES = ("bf16", "tf32", "fp32")
+
+
+@dataclass
+class NodeRow:
+    """What one matrix row shows; ``report`` is the node report the drill-down opens."""
+
+    status: dict[str, str]
+    verdict: str = "…"
+    when: float | None = None
+    trend: str = ""
+    report: dict[str, Any] | None = None
+    reason: str | None = None
+    degradations: list[dict[str, Any]] = field(default_factory=list)
+    live: bool = False
+
+
+def node_trend(history: Any, node: str, limit: int = TREND_RUNS) -> str:
+    """Sparkline of the node's mean COMPUTE TFLOP/s per run (bf16, else tf32, else fp32) and
+    the latest figure, from ``HistoryStore.series``; "" without history."""
+    from gpuctl.accept.history import sparkline
+
+    keys = [k for k in history.keys(node) if k.startswith("compute/")]
+    if not keys:
+        return ""
+    dtypes = {k.rsplit("/", 1)[-1] for k in keys}
+    dtype = next((d for d in PREFERRED_DTYPES if d in dtypes), sorted(dtypes)[0])
+    per_run: dict[float, list[float]] = {}
+    for key in keys:
+        if key.rsplit("/", 1)[-1] == dtype:
+            for t, v, _unit in history.series(node, key, limit=limit):
+                per_run.setdefault(t, []).append(v)
+    means = [sum(v) / len(v) for _t, v in sorted(per_run.items())][-limit:]
+    if not means:
+        return ""
+    return f"{sparkline(means)} {means[-1]:.3g} {dtype}"
+
+
+def row_from_report(report: Mapping[str, Any], when: float | None) -> NodeRow:
+    sections = report.get("sections") or {}
+    status = {s: str((sections.get(s) or {}).get("verdict") or "ERROR") for s in SECTIONS}
+    verdict = "PASS" if report.get("verdict") == "PASS" else "FAIL"
+    return NodeRow(status, verdict, when, report=dict(report))
+
+
+class AcceptPane(Vertical):
+    """The verdict matrix (node × section), the run's state line and the suite's lines."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "open_report", "report", id="accept_report"),
+    ]
+    COMPONENT_CLASSES: ClassVar[set[str]] = {*VERDICT_CLASS.values(), "acceptpane--trend"}
+
+    def __init__(
+        self,
+        *,
+        id: str | None = None,
+        history_path: Path | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(id=id)
+        self.history_path = history_path
+        self.clock = clock
+        self.rows: dict[str, NodeRow] = {}
+        self.run: Any | None = None
+        self.loaded = False
+
+    def compose(self) -> ComposeResult:
+        yield Static("No acceptance run yet: select a node and press a.", id="accept-note")
+        yield DataTable(id="accept-table", cursor_type="row", zebra_stripes=True)
+        yield RichLog(id="accept-log", max_lines=500, wrap=False, markup=False)
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_column("node", key="node")
+        for s in SECTIONS:
+            table.add_column(HEADERS[s], key=s)
+        table.add_column("verdict", key="verdict")
+        table.add_column("when", key="when")
+        table.add_column("trend (mean TFLOP/s)", key="trend")
+        self.query_one(RichLog).border_title = "suite output"
+        self.app.theme_changed_signal.subscribe(self, lambda _t: self._restyle())
+        self.set_interval(AGES_EVERY_S, self._ages)
+
+    # -- history ------------------------------------------------------------------------------
+    def load_history(self) -> None:
+        """Read each node's latest stored run (once when first shown, again after a run)."""
+        if self.history_path is not None and self.history_path.exists():
+            self._load_history(self.history_path)
+        self.loaded = True
+
+    @work(thread=True, exclusive=True, group="accept-history", exit_on_error=False)
+    def _load_history(self, path: Path) -> None:
+        from gpuctl.accept.history import HistoryStore
+
+        history = HistoryStore(path)
+        rows: dict[str, NodeRow] = {}
+        for node in history.nodes():
+            runs = history.runs(node, 1)
+            if not runs:
+                continue
+            report = history.report(runs[0].id)
+            if report is None:
+                continue
+            row = row_from_report(report, runs[0].t)
+            row.degradations = list(runs[0].degradations)
+            row.trend = node_trend(history, node)
+            rows[node] = row
+        self.app.call_from_thread(self._show_history, rows)
+
+    def _show_history(self, rows: dict[str, NodeRow]) -> None:
+        run = self.run
+        live = set(run.nodes) if run is not None and not run.done() else set()
+        for node, row in rows.items():
+            if node in live:
+                continue  # the live run's row wins until it ends
+            self._put(node, row)
+        if rows and self.run is None:
+            self.query_one("#accept-note", Static).update(
+                f"latest acceptance run of {len(rows)} node(s) from the history · "
+                "enter: report · a on a node: run again"
+            )
+
+    # -- the live run -------------------------------------------------------------------------
+    def start(self, run: Any, sections: tuple[str, ...] = SECTIONS) -> None:
+        """Show a new run (``AcceptRun``); its progress arrives through ``progress()``."""
+        self.run = run
+        for node in run.nodes:
+            self._put(node, NodeRow(dict(run.status[node]), "…", run.started, live=True))
+        table = self.query_one(DataTable)
+        if run.nodes:
+            table.move_cursor(row=table.get_row_index(run.nodes[0]))
+        self.query_one(RichLog).clear()
+        self.query_one("#accept-note", Static).update(
+            f"acceptance running on {', '.join(run.nodes)} (a again: cancel)"
+        )
+
+    def progress(self, p: Any) -> None:
+        run = self.run
+        if run is None:
+            return
+        row = self.rows.get(p.node)
+        if row is not None and row.live:
+            row.status = dict(run.status.get(p.node, row.status))
+            if p.kind in ("done", "error"):
+                outcome = run.outcomes.get(p.node)
+                row.verdict = outcome.verdict if outcome is not None else (p.verdict or "?")
+                if outcome is not None:
+                    row.report = outcome.report
+                    row.reason = outcome.reason
+            self._put(p.node, row)
+        log = self.query_one(RichLog)
+        if p.kind == "line" and p.text:
+            log.write(f"{p.node}: {p.text}")
+        elif p.kind == "error":
+            log.write(f"{p.node}: could not run: {p.text}")
+        elif p.kind == "finished":
+            paths = [str(x) for x in run.report_paths]
+            self.query_one("#accept-note", Static).update(
+                f"acceptance finished: {p.verdict or '?'}"
+                + (f"  · report: {paths[0]}" if paths else "")
+                + "  · enter: report"
+            )
+            for node in run.nodes:
+                if node in self.rows:
+                    self.rows[node].live = False
+                    outcome = run.outcomes.get(node)
+                    if outcome is not None:
+                        self.rows[node].degradations = [d.to_dict() for d in outcome.degradations]
+            self.load_history()  # the recorded run: trends move on
+
+    # -- drawing ------------------------------------------------------------------------------
+    def _cell(self, value: str) -> Text:
+        label = LABELS.get(value, value)
+        cls = VERDICT_CLASS.get(value)
+        return Text(label, style=self.get_component_rich_style(cls) if cls else "")
+
+    def _cells(self, node: str, row: NodeRow) -> dict[str, Text]:
+        cells = {"node": Text(node)}
+        for s in SECTIONS:
+            cells[s] = self._cell(row.status.get(s, "pending"))
+        verdict = self._cell(row.verdict)
+        if row.degradations:
+            verdict.append(
+                f" ↓{len(row.degradations)}", self.get_component_rich_style(VERDICT_CLASS["WARN"])
+            )
+        cells["verdict"] = verdict
+        cells["when"] = Text(self._when(row))
+        cells["trend"] = Text(row.trend, style=self.get_component_rich_style("acceptpane--trend"))
+        return cells
+
+    def _put(self, node: str, row: NodeRow) -> None:
+        """Show ``row``: a new table row, or only the cells that changed."""
+        table = self.query_one(DataTable)
+        cells = self._cells(node, row)
+        if node not in self.rows or node not in {str(k.value) for k in table.rows}:
+            self.rows[node] = row
+            table.add_row(*cells.values(), key=node)
+            return
+        self.rows[node] = row
+        for col, cell in cells.items():
+            if not _same(table.get_cell(node, col), cell):
+                table.update_cell(node, col, cell, update_width=False)
+
+    def _when(self, row: NodeRow) -> str:
+        return "" if row.when is None else fmt_age(max(0.0, self.clock() - row.when)) + " ago"
+
+    def _ages(self) -> None:
+        if not self.display:
+            return
+        table = self.query_one(DataTable)
+        for node, row in self.rows.items():
+            text = self._when(row)
+            if str(table.get_cell(node, "when")) != text:
+                table.update_cell(node, "when", Text(text), update_width=False)
+
+    def _restyle(self) -> None:
+        for node, row in list(self.rows.items()):
+            self._put(node, row)
+
+    # -- drill-down ---------------------------------------------------------------------------
+    @on(DataTable.RowSelected, "#accept-table")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        if event.row_key.value is not None:
+            self.open_report(str(event.row_key.value))
+
+    def action_open_report(self) -> None:
+        table = self.query_one(DataTable)
+        if table.row_count:
+            key = table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
+            self.open_report(str(key))
+
+    def open_report(self, node: str) -> None:
+        from gpuctl.tui.screens.accept_report import AcceptReportScreen
+
+        row = self.rows.get(node)
+        if row is None:
+            return
+        if row.report is None:
+            why = row.reason or ("the suite is still running" if row.live else "no report")
+            self.notify(f"{node}: no report to show ({why})", severity="warning")
+            return
+        self.app.push_screen(
+            AcceptReportScreen(
+                node, row.report, history_path=self.history_path, degradations=row.degradations
+            )
+        )
+
+
+def _same(a: object, b: Text) -> bool:
+    return isinstance(a, Text) and a.plain == b.plain and a.style == b.style and a.spans == b.spans

@@ -1,0 +1,390 @@
+"""Pane 2: the job store's jobs, the selected job's live output and its failure report.
+
+The list is read from the ``JobStore`` in a worker thread every two seconds and applied in place
+(changed cells only). Unfinished local and Slurm jobs are brought up to date on the way (as
+``gpuctl jobs`` does: files and one ``squeue``). The selected job is attached once
+(``gpuctl.jobs.attach``) and its stdout/stderr are read from where the last read stopped, in a
+worker thread, once a second while it runs; only the new bytes are appended to the logs.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.coordinate import Coordinate
+from textual.widgets import DataTable, Log, Static
+
+from gpuctl.tui.screens.confirm import ConfirmScreen
+
+JOB_COLUMNS = ("id", "state", "target", "function", "time", "summary")
+FINAL_STATES = ("done", "failed", "cancelled")
+STREAMS = ("stdout.txt", "stderr.txt")
+TAIL_BYTES = 64 * 1024  # a newly selected job shows at most this much of each log
+LOG_LINES = 2000
+LIST_EVERY_S = 2.0
+TAIL_EVERY_S = 1.0
+COLUMN_WIDTHS = {"id": 12, "state": 9, "time": 8}
+STATE_STYLES = {
+    "done": "jobspane--done",
+    "failed": "jobspane--failed",
+    "cancelled": "jobspane--cancelled",
+    "running": "jobspane--running",
+}
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+def job_duration(rec: Any, now: float) -> float | None:
+    """Start (or creation) to end, or to ``now`` while it is not over."""
+    start = rec.started_at or rec.created_at
+    end = rec.ended_at or (None if rec.state in FINAL_STATES else now)
+    return None if end is None or start is None else max(0.0, end - start)
+
+
+def report_content(report: Mapping[str, Any]) -> Content:
+    """A stored failure report (``FailureReport.to_dict()``) in four sections, theme coloured."""
+    parts: list[str | tuple[str, str] | Content] = []
+
+    def heading(text: str) -> None:
+        if parts:
+            parts.append("\n\n")
+        parts.append((text, "$primary bold"))
+        parts.append("\n")
+
+    heading("What happened")
+    title = str(report.get("title") or report.get("kind") or "failed")
+    parts.append((title, "$error bold"))
+    kind, phase = report.get("kind"), report.get("phase")
+    parts.append(f"  [{kind}]" + (f" in phase {phase}" if phase else ""))
+    heading("Evidence")
+    evidence = [str(e) for e in report.get("evidence") or []]
+    parts.append("\n".join(f"  {e}" for e in evidence) if evidence else "  (none recorded)")
+    tb = str(report.get("traceback") or "").rstrip()
+    if tb:
+        parts.append("\n")
+        parts.append(("  traceback (last lines):", "$text-muted"))
+        parts.append("\n" + "\n".join("    " + t for t in tb.splitlines()[-30:]))
+    heading("Remedy")
+    parts.append(("  " + str(report.get("remedy") or "-"), "$success"))
+    heading("Logs")
+    logs = report.get("logs") or {}
+    parts.append(
+        "\n".join(f"  {name}: {path}" for name, path in logs.items()) if logs else "  (none)"
+    )
+    return Content.assemble(*parts)
+
+
+_UNSHOWN = object()
+
+
+def _default_attach(rec: Any, store: Any) -> Any:
+    from gpuctl.jobs import attach
+
+    return attach(rec, store)
+
+
+class JobsPane(Vertical):
+    """The newest jobs; below them the selected job's report (when it failed) and its logs."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("c", "cancel_job", "cancel job", id="cancel_job"),
+    ]
+    COMPONENT_CLASSES: ClassVar[set[str]] = set(STATE_STYLES.values())
+
+    def __init__(
+        self,
+        job_store: Any | None,
+        *,
+        id: str | None = None,
+        clock: Callable[[], float] = time.time,
+        attach: Callable[[Any, Any], Any] = _default_attach,
+    ) -> None:
+        super().__init__(id=id)
+        self.job_store = job_store
+        self.clock = clock
+        self.attach = attach
+        self.records: dict[str, Any] = {}
+        self.selected: str | None = None
+        self.offsets: dict[str, int] = {}
+        self.decoders: dict[str, codecs.IncrementalDecoder] = {}
+        self.final_read = False  # the last read after the selected job ended is done
+        self.shown_report: object = None
+        self._jobs: dict[str, Any] = {}  # attached Job per id (worker threads only)
+        self._jobs_lock = threading.Lock()
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="jobs-note", classes="pane-title")
+        yield DataTable(id="jobs-table", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="job-title")
+        with VerticalScroll(id="job-report-box"):
+            yield Static("", id="job-report")
+        with Horizontal(id="job-logs"):
+            yield Log(id="job-stdout", max_lines=LOG_LINES)
+            yield Log(id="job-stderr", max_lines=LOG_LINES)
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        for col in JOB_COLUMNS:  # fixed widths where cells change in place
+            table.add_column(col, key=col, width=COLUMN_WIDTHS.get(col))
+        note = self.query_one("#jobs-note", Static)
+        if self.job_store is None:
+            note.update("The job store is not available: jobs cannot be listed here.")
+        else:
+            note.update("jobs (gpuctl submit / jobs / logs): ↑↓ select · c cancel")
+        self.query_one("#job-stdout", Log).border_title = "stdout"
+        self.query_one("#job-stderr", Log).border_title = "stderr"
+        box = self.query_one("#job-report-box")
+        box.border_title = "why it ended"
+        box.display = False
+        self.app.theme_changed_signal.subscribe(self, lambda _t: self._restyle())
+        self.set_interval(LIST_EVERY_S, self.reload)
+        self.set_interval(TAIL_EVERY_S, self.tail)
+
+    # -- the list -----------------------------------------------------------------------------
+    def reload(self) -> None:
+        if self.display and self.job_store is not None:
+            self.load()
+
+    @work(thread=True, exclusive=True, group="jobs-pane", exit_on_error=False)
+    def load(self) -> None:
+        store = self.job_store
+        if store is None:
+            return
+        records = store.list(100)
+        if self._refresh(records):
+            records = store.list(100)
+        self.app.call_from_thread(self.show, records)
+
+    def _refresh(self, records: list[Any]) -> bool:
+        """Poll unfinished local and Slurm jobs (cheap); True when a state changed."""
+        changed = False
+        for rec in records:
+            if rec.state in FINAL_STATES or rec.backend.get("kind") not in ("local", "slurm"):
+                continue
+            job = self._job(rec)
+            if job is None:
+                continue
+            try:
+                changed = job.state != rec.state or changed
+            except Exception:  # a vanished folder, a failing squeue: the stored row stays
+                continue
+        return changed
+
+    def _job(self, rec: Any) -> Any | None:
+        with self._jobs_lock:
+            job = self._jobs.get(rec.id)
+        if job is None:
+            try:
+                job = self.attach(rec, self.job_store)
+            except Exception:
+                return None
+            with self._jobs_lock:
+                job = self._jobs.setdefault(rec.id, job)
+        return job
+
+    def _state_cell(self, state: str) -> Text:
+        cls = STATE_STYLES.get(state)
+        return Text(state, style=self.get_component_rich_style(cls) if cls else "")
+
+    def _row(self, r: Any) -> tuple[str, str, str, str, str, str]:
+        return (
+            r.id[:12],
+            r.state,
+            r.target,
+            r.name,
+            fmt_duration(job_duration(r, self.clock())),
+            r.summary or "",
+        )
+
+    def show(self, records: list[Any]) -> None:
+        table = self.query_one(DataTable)
+        existing = {str(k.value) for k in table.rows}
+        added = False
+        for r in records:
+            row = self._row(r)
+            if r.id in existing:
+                for col, value in zip(JOB_COLUMNS, row, strict=True):
+                    if str(table.get_cell(r.id, col)) != value:
+                        cell = self._state_cell(value) if col == "state" else Text(value)
+                        table.update_cell(r.id, col, cell, update_width=False)
+            else:
+                cells = [
+                    self._state_cell(v) if c == "state" else Text(v)
+                    for c, v in zip(JOB_COLUMNS, row, strict=True)
+                ]
+                table.add_row(*cells, key=r.id)
+                added = True
+        self.records = {r.id: r for r in records}
+        for gone in existing - set(self.records):
+            table.remove_row(gone)
+        if added:  # newest first, as `gpuctl jobs` lists them
+            created = {r.id[:12]: r.created_at for r in records}
+            table.sort("id", key=lambda short: -created.get(str(short), 0.0))
+        if self.selected is None and table.row_count:
+            key = table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key
+            self.select(str(key.value))
+        elif self.selected is not None:
+            self._show_selected()
+
+    def _restyle(self) -> None:
+        table = self.query_one(DataTable)
+        for r in self.records.values():
+            if r.id in {str(k.value) for k in table.rows}:
+                table.update_cell(r.id, "state", self._state_cell(r.state), update_width=False)
+
+    # -- the selected job ---------------------------------------------------------------------
+    @on(DataTable.RowHighlighted, "#jobs-table")
+    def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.row_key.value is not None:
+            self.select(str(event.row_key.value))
+
+    def select(self, job_id: str) -> None:
+        if job_id == self.selected:
+            return
+        self.selected = job_id
+        self.offsets = dict.fromkeys(STREAMS, 0)
+        self.decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in STREAMS}
+        self.final_read = False
+        self.shown_report = _UNSHOWN
+        self.query_one("#job-stdout", Log).clear()
+        self.query_one("#job-stderr", Log).clear()
+        self._show_selected()
+        self.tail()
+
+    def _show_selected(self) -> None:
+        rec = self.records.get(self.selected or "")
+        title = self.query_one("#job-title", Static)
+        box = self.query_one("#job-report-box")
+        if rec is None:
+            title.update("")
+            box.display = False
+            return
+        duration = fmt_duration(job_duration(rec, self.clock()))
+        state = rec.state if rec.state != "failed" else f"failed ({rec.kind or '?'})"
+        title.update(
+            Content.assemble(
+                (f" {rec.id[:12]} ", "$primary bold"),
+                f" {rec.name} on {rec.target} · ",
+                (state, "bold"),
+                f" · {duration}",
+            ),
+            layout=False,
+        )
+        report = rec.report if rec.state in ("failed", "cancelled") else None
+        if report != self.shown_report:
+            self.shown_report = report
+            box.display = bool(report)
+            if report:
+                self.query_one("#job-report", Static).update(report_content(report))
+
+    def tail(self) -> None:
+        """Read what is new in the selected job's logs (a no-op once it ended and was read)."""
+        rec = self.records.get(self.selected or "")
+        if rec is None or not self.display or self.final_read:
+            return
+        self.read_logs(rec, dict(self.offsets))
+
+    @work(thread=True, exclusive=True, group="job-logs", exit_on_error=False)
+    def read_logs(self, rec: Any, offsets: dict[str, int]) -> None:
+        job = self._job(rec)
+        if job is None:
+            self.app.call_from_thread(self._logs_unreadable, rec.id)
+            return
+        final = rec.state in FINAL_STATES
+        if not final:
+            try:
+                final = job.state in FINAL_STATES  # polls, and stores the end when it came
+            except Exception:
+                final = False
+        chunks: dict[str, bytes] = {}
+        for name in STREAMS:
+            path = f"{job.jobdir}/{name}"
+            try:
+                data = job.backend.host.read_bytes(path, offsets[name]) or b""
+            except Exception:
+                data = b""
+            if offsets[name] == 0 and len(data) > TAIL_BYTES:
+                skipped = len(data) - TAIL_BYTES
+                chunks[name] = f"[… {skipped} bytes before]\n".encode() + data[-TAIL_BYTES:]
+                offsets[name] = len(data)
+                continue
+            chunks[name] = data
+            offsets[name] += len(data)
+        self.app.call_from_thread(self._append_logs, rec.id, chunks, offsets, final)
+
+    def _append_logs(
+        self, job_id: str, chunks: dict[str, bytes], offsets: dict[str, int], final: bool
+    ) -> None:
+        if job_id != self.selected:
+            return
+        for name, log_id in zip(STREAMS, ("#job-stdout", "#job-stderr"), strict=True):
+            text = self.decoders[name].decode(chunks.get(name, b""))
+            if text:
+                self.query_one(log_id, Log).write(text)
+        self.offsets = offsets
+        if final:
+            self.final_read = True
+            self.reload()  # the store now holds the end: state, summary, report
+
+    def _logs_unreadable(self, job_id: str) -> None:
+        if job_id == self.selected:
+            self.query_one("#job-stderr", Log).write_line("(cannot reach this job's folder)")
+            self.final_read = True
+
+    # -- cancel -------------------------------------------------------------------------------
+    def action_cancel_job(self) -> None:
+        if getattr(self.app, "read_only", False):
+            self.notify(
+                "read-only: cancelling a job is disabled (gpuctl was started with --read-only)",
+                severity="warning",
+            )
+            return
+        rec = self.records.get(self.selected or "")
+        if rec is None:
+            self.notify("select a job first", severity="warning")
+            return
+        if rec.state in FINAL_STATES:
+            self.notify(f"job {rec.id[:12]} already ended ({rec.state})", severity="warning")
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.cancel_job(rec)
+
+        self.app.push_screen(
+            ConfirmScreen(
+                f"Cancel job {rec.id[:12]} ({rec.name} on {rec.target})?", "Cancel job", "Keep it"
+            ),
+            answered,
+        )
+
+    @work(thread=True, group="job-cancel", exit_on_error=False)
+    def cancel_job(self, rec: Any) -> None:
+        job = self._job(rec)
+        if job is None:
+            self.app.call_from_thread(
+                self.notify, f"job {rec.id[:12]}: cannot reach it to cancel", severity="error"
+            )
+            return
+        ok = job.cancel()
+        text = f"cancelling job {rec.id[:12]}" if ok else f"job {rec.id[:12]} had already ended"
+        self.app.call_from_thread(self.notify, text)
+        self.app.call_from_thread(self.reload)

@@ -1,0 +1,332 @@
+"""Panes 2 and 3 driven by keys: real local jobs (output, failure report, cancel), and
+acceptance (progress fed to the matrix, a real run over a simulated node, history, drill-down)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.text import Text
+from textual.pilot import Pilot
+from textual.widgets import DataTable, Log, Static
+
+from gpuctl.accept.history import HistoryStore
+from gpuctl.accept.run import AcceptOptions, AcceptRun, NodeOutcome, Progress, outcome_from_report
+from gpuctl.fleet.demo import demo_nodes
+from gpuctl.fleet.fleet import simulated_fleet
+from gpuctl.jobs import Executor, JobStore
+from gpuctl.jobs.store import JobRecord
+from gpuctl.tui import GpuctlApp, make_app
+from gpuctl.tui.screens.accept_report import AcceptReportScreen, figure_rows
+from gpuctl.tui.screens.confirm import ConfirmScreen
+from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
+from gpuctl.workloads.accept.schema import SCHEMA, SCHEMA_VERSION, SECTIONS
+from gpuctl_tests.helpers import wait_until
+from gpuctl_tests.tui.conftest import NOW, replay_fleet
+
+SIZE = (120, 36)
+H100_0 = "gpu0 NVIDIA H100 80GB HBM3"
+
+
+async def until(
+    pilot: Pilot[Any], pred: Callable[[], Any], what: str, timeout: float = 15.0
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := pred()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await pilot.pause(0.05)
+    return value
+
+
+def messages(app: GpuctlApp) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+def log_text(app: GpuctlApp, which: str) -> str:
+    return "\n".join(app.overview.query_one(f"#job-{which}", Log).lines)
+
+
+def cell(table: DataTable[Any], row: str, col: str) -> str:
+    return str(table.get_cell(row, col))
+
+
+# -- jobs ------------------------------------------------------------------------------------
+def prints_and_returns(n: int) -> int:
+    for i in range(n):
+        print(f"step {i}", flush=True)
+    return n
+
+
+def raises() -> None:
+    print("about to fail", flush=True)
+    raise ValueError("the flux capacitor is cracked")
+
+
+def sleeps() -> None:
+    print("sleeping", flush=True)
+    time.sleep(300)
+
+
+@pytest.mark.slow
+async def test_jobs_pane_shows_output_report_and_cancels_from_the_keyboard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    store = JobStore()
+    ex = Executor("local", python=sys.executable, job_root=str(tmp_path / "jobs"), store=store)
+    good = ex.submit(prints_and_returns, 5)
+    bad = ex.submit(raises)
+    assert good.result(60) == 5
+    assert bad.wait(60)
+    slow = ex.submit(sleeps)  # newest: the first row
+    wait_until(lambda: "sleeping" in slow.stdout(), timeout=30, what="the sleeper to start")
+
+    app = make_app(replay_fleet(), state_dir=tmp_path / "ui", job_store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        pane = app.overview.query_one(JobsPane)
+        table = app.overview.query_one("#jobs-table", DataTable)
+        await until(pilot, lambda: table.row_count == 3, "three jobs")
+        names = [str(table.get_row_at(i)[3]).rsplit(".", 1)[-1] for i in range(3)]
+        assert names == ["sleeps", "raises", "prints_and_returns"]
+        # The running job is selected: its output arrives while it runs, no report.
+        await until(pilot, lambda: "sleeping" in log_text(app, "stdout"), "live stdout")
+        assert cell(table, slow.id, "state") == "running"
+        assert not app.overview.query_one("#job-report-box").display
+
+        await pilot.press("down")  # the failed job: its report in sections
+        await until(pilot, lambda: app.overview.query_one("#job-report-box").display, "report")
+        report = str(app.overview.query_one("#job-report", Static).render())
+        for heading in ("What happened", "Evidence", "Remedy", "Logs"):
+            assert heading in report
+        assert "the function raised an exception" in report and "[user_exception]" in report
+        assert "ValueError: the flux capacitor is cracked" in report
+        assert "stdout.txt" in report
+        await until(pilot, lambda: "about to fail" in log_text(app, "stdout"), "its stdout")
+        assert "the flux capacitor" in cell(table, bad.id, "summary")
+
+        await pilot.press("down")  # the good one: its output, no report
+        await until(pilot, lambda: "step 4" in log_text(app, "stdout"), "the good job's stdout")
+        assert "about to fail" not in log_text(app, "stdout")
+        assert not app.overview.query_one("#job-report-box").display
+
+        await pilot.press("c")  # finished: nothing to cancel
+        assert any("already ended (done)" in m for m in messages(app))
+
+        await pilot.press("up", "up", "c")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        assert slow.id[:12] in app.screen.question
+        await pilot.press("y")
+        await until(pilot, lambda: cell(table, slow.id, "state") == "cancelled", "cancelled")
+        assert pane.records[slow.id].kind == "cancelled"
+        await until(pilot, lambda: app.overview.query_one("#job-report-box").display, "report")
+    assert slow.wait(30) and slow.state == "cancelled"
+    pid = slow.handle.get("pid")
+    if isinstance(pid, int):
+        wait_until(lambda: gone(pid), timeout=10, what="the supervisor to end")
+
+
+def gone(pid: int) -> bool:
+    """No such process, or only a zombie our test process has not reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+async def test_cancel_job_is_refused_read_only_and_listed_in_help(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs.sqlite")
+    store.add(JobRecord("j-run", "train", "local", {}, str(tmp_path), "running", 1000.0))
+    app = make_app(replay_fleet(), state_dir=tmp_path, job_store=store, read_only=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        table = app.overview.query_one("#jobs-table", DataTable)
+        await until(pilot, lambda: table.row_count == 1, "the job")
+        await pilot.press("c")
+        assert any("read-only" in m and "cancel" in m for m in messages(app))
+        assert app.screen is app.overview
+        ids = {row[2] for row in app.help_rows()}
+        assert {"cancel_job", "accept_report", "report_back"} <= ids
+        titles = {c.title for c in app.get_system_commands(app.overview)}
+        assert "Cancel job" in titles
+
+
+# -- acceptance ------------------------------------------------------------------------------
+def gpu_report(node: str, started: float, bf16: tuple[float, float]) -> dict[str, Any]:
+    """A node report as the suite writes it (two H100s), with the given bf16 TFLOP/s."""
+    peak = {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4}
+    devices = []
+    for i, b in enumerate(bf16):
+        results = []
+        for dtype, value in (("fp32", 51.0), ("tf32", 402.0), ("bf16", b)):
+            frac = value / peak[dtype]
+            results.append(
+                {
+                    "dtype": dtype,
+                    "tflops": value,
+                    "peak_tflops": peak[dtype],
+                    "fraction": frac,
+                    "verdict": "PASS" if frac >= 0.6 else "FAIL",
+                }
+            )
+        devices.append(
+            {"index": i, "label": f"gpu{i}", "name": "NVIDIA H100 80GB HBM3", "results": results}
+        )
+    compute_ok = all(r["verdict"] == "PASS" for d in devices for r in d["results"])
+    sections: dict[str, Any] = {s: {"verdict": "PASS", "summary": f"{s} fine"} for s in SECTIONS}
+    sections["compute"] = {
+        "verdict": "PASS" if compute_ok else "FAIL",
+        "summary": "bf16 " + ", ".join(f"{b:g}" for b in bf16),
+        "devices": devices,
+        "seconds": 12.0,
+    }
+    sections["membw"]["devices"] = [
+        {"label": f"gpu{i}", "gbps": 2900.0, "peak_gbps": 3350.0, "fraction": 0.87}
+        | {"verdict": "PASS"}
+        for i in range(len(bf16))
+    ]
+    sections["pcie"] = {"verdict": "WARN", "summary": "gpu1 at gen4", "devices": []}
+    sections["ddp_allreduce"].update(
+        {"world_size": 2, "nnodes": 1, "algbw_gbps": 180.0, "busbw_gbps": 180.0}
+    )
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "node": node,
+        "hostname": node,
+        "started": started,
+        "duration_s": 95.0,
+        "device": "cuda",
+        "quick": True,
+        "verdict": "PASS" if compute_ok else "FAIL",
+        "failures": [] if compute_ok else ["compute gpu1 bf16: below the floor"],
+        "sections": sections,
+    }
+
+
+def fill_history(path: Path) -> HistoryStore:
+    """Three earlier runs of gpu-a01 (the last one slower: a degradation)."""
+    history = HistoryStore(path)
+    for k, bf16 in enumerate(((805.0, 799.0), (812.0, 801.0), (809.0, 640.0))):
+        report = gpu_report("gpu-a01", NOW - 3600 * (3 - k), bf16)
+        history.record("gpu-a01", report, via="agent")
+    return history
+
+
+def test_figure_rows_name_each_gpu_dtype_with_its_fraction_of_peak() -> None:
+    rows = figure_rows(gpu_report("n", NOW, (812.0, 640.0)))
+    by_key = {key: cells for cells, key in rows if key}
+    cells = by_key["compute/gpu1/bf16"]
+    assert cells[:3] == ("compute", "gpu1 NVIDIA H100 80GB HBM3", "bf16")
+    assert cells[3] == "640 TFLOP/s" and cells[4] == "989.4" and cells[5] == "65%"
+    assert by_key["membw/gpu0"][3] == "2900 GB/s" and by_key["membw/gpu0"][5] == "87%"
+    assert by_key["ddp/busbw"][2:4] == ("busbw", "180 GB/s")
+    assert {cells[2] for cells, _ in rows if cells[0] == "ddp"} == {"algbw", "busbw"}
+
+
+async def test_acceptance_matrix_follows_progress_and_drills_down(tmp_path: Path) -> None:
+    fill_history(tmp_path / "accept.sqlite")
+    app = make_app(replay_fleet(), state_dir=tmp_path, clock=lambda: NOW)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("3")
+        pane = app.overview.query_one(AcceptPane)
+        table = app.overview.query_one("#accept-table", DataTable)
+        await until(pilot, lambda: table.row_count == 1, "the history row")
+        assert cell(table, "gpu-a01", "verdict") == "PASS ↓1"  # the degradation is counted
+        assert cell(table, "gpu-a01", "when") == "60m ago"
+        assert cell(table, "gpu-a01", "trend").startswith("▇█▁ ")  # mean bf16 per run
+
+        run = AcceptRun(["gpu-a01", "gpu-c03"], AcceptOptions(quick=True), "agent")
+        pane.start(run)
+        run.subscribe(pane.progress)
+        assert cell(table, "gpu-a01", "compute") == "·"
+        run.emit(Progress("gpu-a01", "started"))
+        run.emit(Progress("gpu-a01", "section", section="env", state="start"))
+        assert cell(table, "gpu-a01", "env") == "▶ run"
+        run.emit(Progress("gpu-a01", "section", section="env", state="end", verdict="PASS"))
+        run.emit(Progress("gpu-a01", "line", section="compute", text="[COMPUTE] gpu0 bf16 812"))
+        env = table.get_cell("gpu-a01", "env")
+        assert isinstance(env, Text) and env.plain == "PASS"
+        success = pane.get_component_rich_style("acceptpane--pass").color
+        assert env.style.color == success and success is not None  # type: ignore[union-attr]
+        run.finish_node(outcome_from_report("gpu-a01", gpu_report("gpu-a01", NOW, (812, 3)), None))
+        run.finish_node(NodeOutcome("gpu-c03", "ERROR", reason="not reachable: refused"))
+        assert cell(table, "gpu-a01", "compute") == "FAIL"
+        assert cell(table, "gpu-a01", "pcie") == "WARN"
+        assert cell(table, "gpu-a01", "verdict") == "FAIL"
+        assert [cell(table, "gpu-c03", s) for s in SECTIONS] == ["ERROR"] * len(SECTIONS)
+        fail = table.get_cell("gpu-a01", "compute")
+        assert isinstance(fail, Text) and fail.style != env.style
+
+        # Theme switch: the same cells, the new theme's colours.
+        await pilot.press("t")
+        await pilot.pause()
+        env2 = table.get_cell("gpu-a01", "env")
+        assert isinstance(env2, Text)
+        assert env2.style.color == pane.get_component_rich_style("acceptpane--pass").color  # type: ignore[union-attr]
+
+        # Enter: the node's report, figures per GPU and dtype, trends from the history.
+        table.move_cursor(row=table.get_row_index("gpu-a01"))
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, AcceptReportScreen), "the report")
+        screen = app.screen
+        assert isinstance(screen, AcceptReportScreen)
+        figures = screen.query_one("#report-figures", DataTable)
+        rows = [[str(c) for c in figures.get_row_at(i)] for i in range(figures.row_count)]
+        assert rows[5][:4] == ["compute", "gpu1 NVIDIA H100 80GB HBM3", "bf16", "3 TFLOP/s"]
+        assert rows[5][5:7] == ["0%", "FAIL"]
+        i = next(i for i, r in enumerate(rows) if r[:3] == ["compute", H100_0, "bf16"])
+        await until(pilot, lambda: str(figures.get_cell(str(i), "trend")), "a trend")
+        assert len(str(figures.get_cell(str(i), "trend"))) == 3  # three earlier runs
+        notes = str(screen.query_one("#report-notes", Static).render())
+        assert "compute gpu1 bf16: below the floor" in notes
+        await pilot.press("escape")
+        assert app.screen is app.overview
+        table.move_cursor(row=table.get_row_index("gpu-c03"))
+        await pilot.press("enter")
+        why = "gpu-c03: no report to show (not reachable: refused)"
+        assert any(why in m for m in messages(app))
+
+
+@pytest.mark.slow
+async def test_acceptance_from_the_tui_is_recorded_and_reported(tmp_path: Path) -> None:
+    """One real quick suite on the CPU through a simulated node's agent (a few seconds)."""
+    skips = ("membw", "train", "ddp_allreduce", "ddp_train")
+    fleet = simulated_fleet(demo_nodes(2, 2), interval=0.5)
+    app = make_app(
+        fleet,
+        simulated=True,
+        state_dir=tmp_path,
+        accept_options={"extra_args": tuple(a for s in skips for a in ("--skip", s))},
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.overview.nodes.lines, "the nodes")
+        await until(pilot, lambda: app.store.snaps["sim-01"].gpus, "sim-01 live")
+        app.overview.nodes.select("sim-01", 0)
+        await pilot.press("a")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        await pilot.press("y")
+        table = app.overview.query_one("#accept-table", DataTable)
+        await until(pilot, lambda: table.row_count == 1, "the live row")
+        run = app.accept_run
+        assert run is not None
+        await until(pilot, run.done, "the run to end", timeout=180)
+        await until(pilot, lambda: cell(table, "sim-01", "trend"), "the trend from history")
+        assert cell(table, "sim-01", "compute") == "PASS"
+        assert cell(table, "sim-01", "train") == "SKIP"
+        assert cell(table, "sim-01", "verdict") == "PASS"
+        note = str(app.overview.query_one("#accept-note", Static).render())
+        assert "acceptance finished: PASS" in note
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, AcceptReportScreen), "the report")
+        figures = app.screen.query_one("#report-figures", DataTable)
+        assert [str(c) for c in figures.get_row_at(0)][:3] == ["compute", "cpu", "fp32"]
+    assert HistoryStore(tmp_path / "accept.sqlite").nodes() == ["sim-01"]
+    (path,) = (tmp_path / "reports").glob("accept-sim-01-*.json")
+    assert run.report_paths == [path]
