@@ -8,6 +8,7 @@ and how it is cancelled.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shlex
@@ -209,6 +210,7 @@ class SlurmBackend(Backend):
         self._poll_every = 0.5
         self._lock = threading.Lock()
         self._watch: set[str] = set()
+        self._mem_enforced: bool | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -223,6 +225,21 @@ class SlurmBackend(Backend):
             argv = ["env", *(f"{k}={v}" for k, v in self.slurm_env.items()), *argv]
         rc, out, err = self.host.run(argv, timeout=timeout)
         return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def memory_enforced(self) -> bool:
+        """True when Slurm itself kills a step that goes over its ``--mem``
+        (``JobAcctGatherParams=OverMemoryKill``; asked once). The supervisor then leaves its
+        RLIMIT_AS backstop off, so the job meets Slurm's limit on resident memory instead of a
+        MemoryError on address space. (With task/cgroup the supervisor sees the cgroup limit.)"""
+        if self._mem_enforced is None:
+            rc, out, _ = self._cmd(["scontrol", "show", "config"], timeout=30)
+            params = ""
+            for line in out.splitlines():
+                key, _, value = line.partition("=")
+                if key.strip() == "JobAcctGatherParams":
+                    params = value
+            self._mem_enforced = rc == 0 and "overmemorykill" in params.lower()
+        return self._mem_enforced
 
     def script(self, jobdirs: Sequence[str], meta: Mapping[str, Any]) -> str:
         """The batch script: resources as #SBATCH lines, then one exec of the supervisor."""
@@ -261,10 +278,19 @@ class SlurmBackend(Backend):
         if rc != 0:
             raise HostError(f"sbatch refused the job: {err.strip() or out.strip()}")
         job_id = out.strip().split(";")[0]
+        root = os.path.dirname(jobdirs[0])
         if len(jobdirs) == 1:
-            handles = [{"slurm_id": job_id}]
+            # %a of a job that is not an array is a placeholder number: match any
+            handles = [{"slurm_id": job_id, "output": f"{root}/slurm-{job_id}_*.out"}]
         else:
-            handles = [{"slurm_id": f"{job_id}_{i}", "array": job_id} for i in range(len(jobdirs))]
+            handles = [
+                {
+                    "slurm_id": f"{job_id}_{i}",
+                    "array": job_id,
+                    "output": f"{root}/slurm-{job_id}_{i}.out",
+                }
+                for i in range(len(jobdirs))
+            ]
         with self._lock:
             self._watch.update(h["slurm_id"] for h in handles)
         return handles
@@ -319,10 +345,26 @@ class SlurmBackend(Backend):
             return info
         if "final" not in info:
             info["final"] = self._final_state(sid)
+            info["final"]["output_tail"] = self._output_tail(handle)
             with self._lock:
                 self._cache[sid] = info
         final = info["final"]
-        return {"state": final.get("state", ""), "source": final.get("source")}
+        return {
+            "state": final.get("state", ""),
+            "source": final.get("source"),
+            "output_tail": final.get("output_tail", ""),
+        }
+
+    def _output_tail(self, handle: Mapping[str, Any], limit: int = 3000) -> str:
+        """The end of Slurm's own output file for the job (slurmstepd writes why it killed a
+        step there: memory limit, time limit, cancel)."""
+        pattern = str(handle.get("output") or "")
+        if not pattern or not isinstance(self.host, LocalHost):
+            return ""
+        for path in sorted(glob.glob(pattern)):
+            data = self.host.read_bytes(path) or b""
+            return data[-limit:].decode("utf-8", "replace")
+        return ""
 
     def finished_without_outcome(self, handle: Mapping[str, Any], jobdir: str) -> bool:
         info = self.scheduler_state(handle) or {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import hashlib
 import json
 import os
@@ -226,9 +227,13 @@ class Job:
             "setup.log",
             "supervisor.log",
         )
-        if isinstance(self.backend.host, LocalHost):
-            return {n: p for n in names if os.path.exists(p := f"{self.jobdir}/{n}")}
-        return {n: f"{self.backend.host.name}:{self.jobdir}/{n}" for n in names}
+        if not isinstance(self.backend.host, LocalHost):
+            return {n: f"{self.backend.host.name}:{self.jobdir}/{n}" for n in names}
+        found = {n: p for n in names if os.path.exists(p := f"{self.jobdir}/{n}")}
+        pattern = str(self.handle.get("output") or "")
+        for path in sorted(glob.glob(pattern))[:1] if pattern else ():
+            found["slurm output"] = path  # where slurmstepd says why it killed the job
+        return found
 
     # --- state ---------------------------------------------------------------------------
 
@@ -783,6 +788,13 @@ class Executor:
         host = self.backend.host
         host.mkdir(jobdir, 0o700)
         register_by_value(fn)
+        limits = dict(self.limits)
+        if (
+            limits.get("mem_bytes")
+            and isinstance(self.backend, SlurmBackend)
+            and self.backend.memory_enforced()
+        ):
+            limits["mem_enforced_by"] = "slurm"
         digest, size = self._write_payload(host, jobdir, (fn, args, kwargs))
         meta = {
             "id": job_id,
@@ -793,7 +805,7 @@ class Executor:
             "python": probe["path"],
             "payload_sha256": digest,
             "payload_bytes": size,
-            "limits": self.limits,
+            "limits": limits,
             "setup": list(self.setup),
             "env": self.job_env,
             "cwd": self.cwd,

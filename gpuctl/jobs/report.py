@@ -249,8 +249,12 @@ def classify(
             traceback=tb,
         )
 
+    slurm_mem = _slurm_memory_kill(str(sched.get("output_tail") or ""))
+
     # Scheduler verdicts that no file can give.
     if files.outcome is None:
+        if slurm_mem:
+            return report("out_of_memory", *slurm_mem)
         if sstate == "PENDING" or (sstate == "" and sched.get("reason") and not files.status):
             reason = sched.get("reason") or "unknown"
             return report("never_started", f"pending reason: {reason}")
@@ -319,6 +323,7 @@ def classify(
     if (
         (err is not None and err.get("kind") == "memory_error")
         or sstate == "OUT_OF_MEMORY"
+        or slurm_mem
         or (sig == "SIGKILL" and (oom > 0 or (cg_limit and peak >= 0.9 * cg_limit)))
     ):
         lines = []
@@ -334,6 +339,7 @@ def classify(
             tb = str(err.get("traceback") or "")
         if sstate == "OUT_OF_MEMORY":
             lines.append("Slurm says OUT_OF_MEMORY")
+        lines += slurm_mem
         if oom > 0:
             lines.append(f"cgroup OOM kills during the job: {oom} (limit {_fmt_bytes(cg_limit)})")
         if sig == "SIGKILL":
@@ -467,6 +473,27 @@ def _clock(t: float) -> str:
     import time
 
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+_SLURM_MEM_KILL = re.compile(
+    r"(StepId=\S+|[Ss]tep \S+) exceeded memory limit \((\d+) > (\d+)\), being killed"
+)
+
+
+def _slurm_memory_kill(output: str) -> list[str]:
+    """Evidence lines when slurmstepd killed the job for memory (``JobAcctGatherParams=
+    OverMemoryKill`` writes "StepId=N.batch exceeded memory limit (USED > LIMIT), being killed"
+    to the job's Slurm output file), else []."""
+    m = _SLURM_MEM_KILL.search(output)
+    if m is None:
+        if "Exceeded job memory limit" in output or "Exceeded step memory limit" in output:
+            return ["Slurm's output file says: Exceeded job memory limit"]
+        return []
+    step, used, limit = m.group(1), int(m.group(2)), int(m.group(3))
+    return [
+        f"Slurm killed {step} for memory: it used {_fmt_bytes(used)}, over its --mem limit of "
+        f"{_fmt_bytes(limit)} (slurmstepd: {m.group(0)})"
+    ]
 
 
 def _module_from_message(message: str) -> str:

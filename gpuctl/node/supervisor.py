@@ -351,7 +351,11 @@ class Supervisor(object):
         # Under Slurm the job's cgroup enforces --mem; where nothing does (no cgroup limit,
         # jobacct_gather/none), RLIMIT_AS is the backstop so a limit is never silently ignored.
         cg_limit = (self.outcome["cgroup_before"] or {}).get("limit_bytes")
-        rlimit_as = mem_bytes if (mem_bytes and (not under_slurm or not cg_limit)) else None
+        # When Slurm kills over-limit steps itself (OverMemoryKill, seen by gpuctl at submit),
+        # RLIMIT_AS would only turn its verdict into an earlier MemoryError on address space.
+        slurm_enforces = under_slurm and limits.get("mem_enforced_by") == "slurm"
+        rlimit_as = mem_bytes if (mem_bytes and not slurm_enforces
+                                  and (not under_slurm or not cg_limit)) else None
         self.outcome["rlimit_as"] = rlimit_as
 
         def preexec():

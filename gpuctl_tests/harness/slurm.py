@@ -97,6 +97,11 @@ class SlurmCluster:
     ``SLURM_*`` job variables removed), ``conf_path``, ``node``, ``partition``, ``gpus`` (2),
     ``gpu_type`` ("h100"), ``cpus``, ``jobcomp_path`` (one line per finished job),
     ``start_seconds``.
+
+    ``enforce_memory=True`` makes Slurm enforce ``--mem`` itself (``jobacct_gather/linux``
+    sampling every second with ``OverMemoryKill``: a step over its limit is killed and the job
+    ends OUT_OF_MEMORY). Off by default: with ``DefMemPerCPU=100`` every job without ``--mem``
+    would then be held to 100 MB per CPU.
     """
 
     def __init__(
@@ -109,6 +114,7 @@ class SlurmCluster:
         gpus: int = 2,
         gpu_type: str = "h100",
         min_job_age: int = 10,
+        enforce_memory: bool = False,
         start: bool = True,
     ) -> None:
         reason = missing_parts()
@@ -123,6 +129,7 @@ class SlurmCluster:
         self.gpus = gpus
         self.gpu_type = gpu_type
         self.min_job_age = min_job_age
+        self.enforce_memory = enforce_memory
         self.user = pwd.getpwuid(os.getuid()).pw_name
         self.conf_path = self.dir / "slurm.conf"
         self.munge_socket = self.dir / "munge" / "munge.socket"
@@ -209,6 +216,10 @@ class SlurmCluster:
             "SlurmctldDebug": "info",
             "SlurmdDebug": "info",
         }
+        if self.enforce_memory:
+            conf["JobAcctGatherType"] = "jobacct_gather/linux"
+            conf["JobAcctGatherFrequency"] = "task=1"
+            conf["JobAcctGatherParams"] = "OverMemoryKill"
         lines = [f"{k}={v}" for k, v in conf.items()]
         lines.append(
             f"NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname()} "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +117,67 @@ def test_time_limit_on_slurm(slurm_executor: Any) -> None:
         job.result(60)
     assert info.value.kind == "time_limit"
     assert "#SBATCH --time=1" in Path(job.jobdir, "job.sbatch").read_text()
+
+
+@pytest.fixture
+def enforcing_slurm(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A private Slurm of its own that enforces --mem (jobacct_gather/linux, OverMemoryKill);
+    the shared one does not, so that jobs without --mem keep their default of 100 MB/CPU."""
+    from gpuctl_tests.harness.slurm import SlurmCluster, missing_parts
+    from gpuctl_tests.helpers import IN_CI
+
+    reason = missing_parts()
+    if reason:
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm-mem"), enforce_memory=True)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.slow
+def test_slurm_kills_a_job_over_its_mem(
+    enforcing_slurm: Any, venv1: str, venv2: str, tmp_path: Path
+) -> None:
+    """Slurm's own --mem enforcement: slurmstepd kills the whole step (supervisor included), the
+    job ends FAILED (not OUT_OF_MEMORY: that state is for cgroup OOM kills), and the report
+    finds the reason in Slurm's output file."""
+
+    def hog() -> int:
+        import time
+
+        held = [bytearray(32 << 20) for _ in range(12)]  # 384 MiB, written (zero-filled)
+        time.sleep(60)
+        return len(held)
+
+    ex = Executor(
+        "slurm",
+        partition=enforcing_slurm.partition,
+        slurm_env={"SLURM_CONF": enforcing_slurm.env["SLURM_CONF"]},
+        job_root=str(tmp_path / "shared-jobs"),
+        store=JobStore(),
+        supervisor_python=venv1,
+        python=venv2,
+        mem="100M",
+    )
+    job = ex.submit(hog)
+    t0 = time.monotonic()
+    with pytest.raises(JobFailed) as info:
+        job.result(50)
+    took = time.monotonic() - t0
+    report = info.value.report
+    assert report.kind == "out_of_memory", str(info.value)
+    text = str(info.value)
+    assert "Slurm killed StepId=" in text and "over its --mem limit of 100.0 MiB" in text
+    used = float(text.split("it used ", 1)[1].split(" MiB")[0])
+    assert used > 100  # what Slurm measured, above the limit
+    assert "scheduler state: FAILED" in text
+    assert report.logs["slurm output"].endswith(".out")
+    assert "exceeded memory limit" in Path(report.logs["slurm output"]).read_text()
+    meta = json.loads(Path(job.jobdir, "meta.json").read_text())
+    assert meta["limits"]["mem_enforced_by"] == "slurm"  # no RLIMIT_AS MemoryError first
+    assert "#SBATCH --mem=100M" in Path(job.jobdir, "job.sbatch").read_text()
+    assert took < 40  # killed by Slurm's 1 s sampling, not by the 60 s sleep ending
