@@ -143,12 +143,20 @@ def gone(pid: int) -> bool:
 async def test_cancel_job_is_refused_read_only_and_listed_in_help(tmp_path: Path) -> None:
     store = JobStore(tmp_path / "jobs.sqlite")
     store.add(JobRecord("j-run", "train", "local", {}, str(tmp_path), "running", 1000.0))
-    app = make_app(replay_fleet(), state_dir=tmp_path, job_store=store, read_only=True)
+    app = make_app(
+        replay_fleet(),
+        state_dir=tmp_path,
+        job_store=store,
+        read_only=True,
+        config_tui={"keys": {"cancel_job": "x"}},
+    )
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("2")
         table = app.overview.query_one("#jobs-table", DataTable)
         await until(pilot, lambda: table.row_count == 1, "the job")
         await pilot.press("c")
+        assert not any("read-only" in m for m in messages(app))  # remapped away
+        await pilot.press("x")
         assert any("read-only" in m and "cancel" in m for m in messages(app))
         assert app.screen is app.overview
         ids = {row[2] for row in app.help_rows()}

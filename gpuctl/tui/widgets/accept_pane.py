@@ -92,6 +92,14 @@ def row_from_report(report: Mapping[str, Any], when: float | None) -> NodeRow:
     return NodeRow(status, verdict, when, report=dict(report))
 
 
+class VerdictTable(DataTable[Any]):
+    """The matrix; its Enter is named in the footer ("report") and remappable by id."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "select_cursor", "report", id="accept_report"),
+    ]
+
+
 class AcceptPane(Vertical):
     """The verdict matrix (node × section), the run's state line and the suite's lines."""
 
@@ -116,7 +124,7 @@ class AcceptPane(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static("No acceptance run yet: select a node and press a.", id="accept-note")
-        yield DataTable(id="accept-table", cursor_type="row", zebra_stripes=True)
+        yield VerdictTable(id="accept-table", cursor_type="row", zebra_stripes=True)
         yield RichLog(id="accept-log", max_lines=500, wrap=False, markup=False)
 
     def on_mount(self) -> None:

@@ -33,6 +33,7 @@ TAIL_BYTES = 64 * 1024  # a newly selected job shows at most this much of each l
 LOG_LINES = 2000
 LIST_EVERY_S = 2.0
 TAIL_EVERY_S = 1.0
+SLURM_EVERY = 5  # list rounds between Slurm state polls (one squeue per unfinished job)
 COLUMN_WIDTHS = {"id": 12, "state": 9, "time": 8}
 STATE_STYLES = {
     "done": "jobspane--done",
@@ -129,6 +130,7 @@ class JobsPane(Vertical):
         self.shown_report: object = None
         self._jobs: dict[str, Any] = {}  # attached Job per id (worker threads only)
         self._jobs_lock = threading.Lock()
+        self._rounds = 0
 
     def compose(self) -> ComposeResult:
         yield Static("", id="jobs-note", classes="pane-title")
@@ -174,10 +176,13 @@ class JobsPane(Vertical):
         self.app.call_from_thread(self.show, records)
 
     def _refresh(self, records: list[Any]) -> bool:
-        """Poll unfinished local and Slurm jobs (cheap); True when a state changed."""
+        """Poll unfinished local jobs (files) and, every few rounds, Slurm jobs (squeue); SSH
+        jobs only when selected. True when a state changed."""
+        self._rounds += 1
+        kinds = ("local", "slurm") if self._rounds % SLURM_EVERY == 1 else ("local",)
         changed = False
         for rec in records:
-            if rec.state in FINAL_STATES or rec.backend.get("kind") not in ("local", "slurm"):
+            if rec.state in FINAL_STATES or rec.backend.get("kind") not in kinds:
                 continue
             job = self._job(rec)
             if job is None:
