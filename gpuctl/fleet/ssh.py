@@ -590,6 +590,7 @@ class SshLink(NodeLink):
                 await sftp.makedirs(
                     folder, attrs=asyncssh.SFTPAttrs(permissions=0o700), exist_ok=True
                 )
+                await _make_private(sftp, self.node.name, folder)
                 async with sftp.open(tmp, "wb") as f:
                     await f.write(data)
                 await sftp.chmod(tmp, 0o644)
@@ -679,6 +680,24 @@ def _filtered_configs(paths: list[str], host: str) -> Iterator[list[str]]:
         for tmp in made:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+async def _make_private(sftp: Any, node: str, folder: str) -> None:
+    """Make the bundle folder 0700 when it existed with a wider mode (created by hand, or as
+    the parent of the job root). A shared folder (sticky, like /tmp) or one gpuctl may not
+    change is refused when others can write it: they could replace the code the agent runs."""
+    perms = (await sftp.stat(folder)).permissions or 0
+    if not perms & 0o077:
+        return
+    if not perms & 0o1000:
+        with contextlib.suppress(asyncssh.SFTPError):
+            await sftp.chmod(folder, 0o700)
+            return
+    if perms & 0o022:
+        raise LinkError(
+            "deploy",
+            f"{node}:{folder} is writable by others: set bundle_dir to a private folder",
+        )
 
 
 async def _collect_stderr(stream: Any, session: AgentSession) -> None:

@@ -146,7 +146,15 @@ class LocalHost(Host):
         return os.path.exists(path)
 
     def mkdir(self, path: str, mode: int = 0o700) -> None:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        # Parents gpuctl creates are private too (os.makedirs gives them the umask's 0755).
+        missing = []
+        parent = os.path.dirname(os.path.abspath(path))
+        while parent and not os.path.isdir(parent):
+            missing.append(parent)
+            parent = os.path.dirname(parent)
+        for folder in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, 0o700)
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, mode)
         os.chmod(path, mode)
@@ -553,7 +561,8 @@ class SshHost(Host):
             import asyncssh
 
             sftp = await self._sftp_client()
-            await sftp.makedirs(os.path.dirname(path), exist_ok=True)
+            private = asyncssh.SFTPAttrs(permissions=0o700)  # parents gpuctl creates, too
+            await sftp.makedirs(os.path.dirname(path), attrs=private, exist_ok=True)
             with contextlib.suppress(asyncssh.SFTPFailure):
                 await sftp.mkdir(path, asyncssh.SFTPAttrs(permissions=mode))
             await sftp.chmod(path, mode)

@@ -233,6 +233,7 @@ def test_internal_errors_are_one_line_and_say_how_to_see_more(workdir: Path) -> 
     assert "Traceback" in r.stderr and r.returncode == 1
 
 
+@pytest.mark.slow
 def test_ssh_mistakes_are_one_line_for_status_and_submit(ssh_cluster: Any) -> None:
     """Unreachable port, wrong or missing key, unknown host key, no python: real sshd."""
     from gpuctl_tests.harness.sshd import free_port, keygen
@@ -294,3 +295,133 @@ def test_ssh_mistakes_are_one_line_for_status_and_submit(ssh_cluster: Any) -> No
         except AssertionError as e:
             failures.append(str(e))
     assert not failures, "\n".join(failures)
+
+
+# -- no orphans, private folders, no secrets ---------------------------------------------------
+def _marked(marker: str) -> set[int]:
+    from gpuctl_tests.harness import pids_with_env
+
+    return pids_with_env(marker) - {os.getpid()}
+
+
+def _start_until(
+    argv: list[str], env: dict[str, str], cwd: Path, line: str
+) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuctl", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+    )
+    assert proc.stdout is not None
+    for out in proc.stdout:  # ends at EOF if gpuctl fails: then the assert below says why
+        if line in out:
+            return proc
+    proc.wait(10)
+    raise AssertionError(
+        f"gpuctl never printed {line!r}: {proc.stderr.read() if proc.stderr else ''}"
+    )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_local_agents_end_with_gpuctl(tmp_path: Path, sig: int) -> None:
+    from gpuctl_tests.helpers import wait_until
+
+    marker = f"GPUCTL_QA_MARK={os.urandom(6).hex()}"
+    env = node_env({"GPUCTL_STATE_DIR": str(tmp_path / "state"), marker.split("=")[0]: marker[15:]})
+    (tmp_path / "c.toml").write_text(
+        "[clusters.c]\nnodes = 'n[1-2]'\nvia = 'local'\nsimulate = '1'\ninterval = 0.3\n"
+    )
+    argv = ["--config", "c.toml", "stress", "start", "--duration", "60"]
+    proc = _start_until(argv, env, tmp_path, "burning")
+    agents = _marked(marker) - {proc.pid}
+    assert len(agents) == 2, agents  # one agent per node, nothing else
+    proc.send_signal(sig)
+    proc.wait(20)
+    wait_until(lambda: not _marked(marker), 10, "the agents to exit after gpuctl")
+
+
+def test_ssh_agents_end_when_gpuctl_dies_and_the_bundle_folder_is_private(
+    ssh_cluster: Any, tmp_path: Path
+) -> None:
+    from gpuctl_tests.helpers import wait_until
+
+    node = ssh_cluster.start_node("n1", simulate="1")
+    bundles = tmp_path / "bundles"
+    bundles.mkdir(mode=0o755)  # there already, too open (as the job root's parent made it)
+    bundles.chmod(0o755)
+    cfg = ssh_cluster.write_config(
+        tmp_path / "c.toml", simulate=1, interval=0.3, bundle_dir=str(bundles)
+    )
+    env = node_env({"GPUCTL_STATE_DIR": str(tmp_path / "state")})
+    base = node.processes()
+    proc = _start_until(
+        ["--config", str(cfg), "stress", "start", "--duration", "60"], env, tmp_path, "burning"
+    )
+    assert node.processes() - base  # the session and its agent
+    assert (bundles.stat().st_mode & 0o777) == 0o700
+    proc.kill()
+    proc.wait(10)
+    wait_until(lambda: node.processes() <= base, 10, "the node's agent to exit")
+
+
+def test_ssh_bundle_folder_writable_by_everyone_is_refused(
+    ssh_cluster: Any, tmp_path: Path
+) -> None:
+    ssh_cluster.start_node("n1", simulate="1")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp
+    cfg = ssh_cluster.write_config(tmp_path / "c.toml", simulate=1, bundle_dir=str(shared))
+    r = gpuctl(tmp_path, ["--config", str(cfg), "status", "--timeout", "20"])
+    assert_one_line(r, 1, r"n1:.*shared is writable by others: set bundle_dir", "shared")
+    assert not list(shared.iterdir())
+
+
+def test_job_processes_end_and_job_folders_are_private(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(FILES["job.py"])
+    from gpuctl_tests.helpers import wait_until
+
+    marker = f"GPUCTL_QA_MARK={os.urandom(6).hex()}"
+    env = {"HOME": str(tmp_path / "home"), "GPUCTL_QA_MARK": marker[15:]}
+    (tmp_path / "home").mkdir()
+    (tmp_path / "slow.py").write_text("import time\n\ndef f():\n    time.sleep(120)\n")
+    r = gpuctl(tmp_path, ["submit", "slow.py:f"], env)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip()
+    wait_until(lambda: len(_marked(marker)) >= 2, 20, "the supervisor and the job's process")
+    r = gpuctl(tmp_path, ["cancel", job_id[:8]], env)
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: not _marked(marker), 20, "the cancelled job's processes to exit")
+    # a job that ends by itself leaves nothing either
+    r = gpuctl(tmp_path, ["submit", "job.py:f", "--args", "[41]", "--wait"], env)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "42", r.stderr
+    wait_until(lambda: not _marked(marker), 20, "the finished job's supervisor to exit")
+    # every folder gpuctl made for jobs is private
+    r = gpuctl(tmp_path, ["jobs", "--json"], env)
+    import json
+
+    for job in json.loads(r.stdout):
+        folder = Path(job["jobdir"])
+        while folder != tmp_path / "home":
+            assert folder.stat().st_mode & 0o777 == 0o700, folder
+            folder = folder.parent
+
+
+@pytest.mark.slow
+def test_an_acceptance_run_ends_with_gpuctl(tmp_path: Path) -> None:
+    """SIGKILL gpuctl mid-suite: its agent and the suite's workload process go too."""
+    pytest.importorskip("torch")
+    from gpuctl_tests.helpers import wait_until
+
+    mark = os.urandom(6).hex()
+    env = node_env({"GPUCTL_STATE_DIR": str(tmp_path / "state"), "GPUCTL_QA_MARK": mark})
+    argv = ["accept", "--local", "--device", "cpu", "--quick", "--no-history"]
+    proc = _start_until(argv, env, tmp_path, "COMPUTE")
+    running = _marked(f"GPUCTL_QA_MARK={mark}") - {proc.pid}
+    assert len(running) >= 2, running  # the agent and the suite
+    proc.kill()
+    proc.wait(10)
+    wait_until(lambda: not _marked(f"GPUCTL_QA_MARK={mark}"), 15, "the suite to end")
