@@ -235,7 +235,8 @@ def test_internal_errors_are_one_line_and_say_how_to_see_more(workdir: Path) -> 
 
 @pytest.mark.slow
 def test_ssh_mistakes_are_one_line_for_status_and_submit(ssh_cluster: Any) -> None:
-    """Unreachable port, wrong or missing key, unknown host key, no python: real sshd."""
+    """Unreachable port, wrong, missing or junk key, unknown host key, no python: real sshd;
+    neither the key file's text nor the environment shows up in what gpuctl prints."""
     from gpuctl_tests.harness.sshd import free_port, keygen
 
     ssh_cluster.start_node("good", simulate="1")
@@ -259,7 +260,10 @@ def test_ssh_mistakes_are_one_line_for_status_and_submit(ssh_cluster: Any) -> No
         "nokey": host("nokey", IdentityFile=str(d / "no_such_key")),
         "newhost": host("newhost", UserKnownHostsFile=str(d / "empty_known_hosts")),
         "nopython": host("nopython"),
+        "junkkey": host("junkkey", IdentityFile=str(d / "junk_key")),
     }
+    (d / "junk_key").write_text("password = hunter2-in-the-key-file\n")
+    (d / "junk_key").chmod(0o600)
     with open(ssh_cluster.ssh_config_path, "a") as f:
         f.write("".join(entries.values()))
     expect = {
@@ -268,6 +272,7 @@ def test_ssh_mistakes_are_one_line_for_status_and_submit(ssh_cluster: Any) -> No
         "nokey": (r"cannot read .*no_such_key: no such file", r"cannot read .*no_such_key"),
         "newhost": (r"unknown host key .* to trust it, run: ssh-keyscan", r"host key is unknown"),
         "nopython": (r"no python at '/no/python3' on nopython: set python", None),
+        "junkkey": (r"refused every key", r"refused every key"),
     }
     jobs = []
     for name in entries:
@@ -283,7 +288,7 @@ def test_ssh_mistakes_are_one_line_for_status_and_submit(ssh_cluster: Any) -> No
             argv = ["--config", f"{name}.toml", "submit", "job.py:f", "--target", name]
             jobs.append((name, "submit", argv))
     with ThreadPoolExecutor(5) as pool:
-        results = list(pool.map(lambda j: gpuctl(d, j[2]), jobs))
+        results = list(pool.map(lambda j: gpuctl(d, j[2], {"MY_PASSWORD": "hunter3"}), jobs))
     failures = []
     for (name, command, _), r in zip(jobs, results, strict=True):
         status_re, submit_re = expect[name]
@@ -292,6 +297,8 @@ def test_ssh_mistakes_are_one_line_for_status_and_submit(ssh_cluster: Any) -> No
         try:
             assert pattern is not None
             assert_one_line(r, rc, pattern, (name, command))
+            # no secret of the key file or of the environment in what gpuctl prints
+            assert "hunter" not in r.stdout + r.stderr, (name, command, r.stderr)
         except AssertionError as e:
             failures.append(str(e))
     assert not failures, "\n".join(failures)
