@@ -197,7 +197,7 @@ class AcceptPane(Vertical):
         if run is None:
             return
         row = self.rows.get(p.node)
-        if row is not None and row.live:
+        if row is not None and row.live and p.kind != "line":  # lines change no cell
             row.status = dict(run.status.get(p.node, row.status))
             if p.kind in ("done", "error"):
                 outcome = run.outcomes.get(p.node)

@@ -251,8 +251,9 @@ class JobsPane(Vertical):
 
     def _restyle(self) -> None:
         table = self.query_one(DataTable)
+        shown = {str(k.value) for k in table.rows}
         for r in self.records.values():
-            if r.id in {str(k.value) for k in table.rows}:
+            if r.id in shown:
                 table.update_cell(r.id, "state", self._state_cell(r.state), update_width=False)
 
     # -- the selected job ---------------------------------------------------------------------
