@@ -585,6 +585,9 @@ class GpuctlApp(App[int]):
             )
             return
         sel = self.current_selection()
+        on_matrix = self.overview.query_one(AcceptPane).cursor_node()
+        if isinstance(self.screen, OverviewScreen) and on_matrix in self.store.snaps:
+            sel = (on_matrix, None)  # pane 3: the node under the matrix cursor
         if sel is None:
             self.notify("select a node first", severity="warning")
             return

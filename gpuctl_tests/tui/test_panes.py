@@ -16,6 +16,7 @@ from textual.widgets import DataTable, Log, Static
 
 from gpuctl.accept.history import HistoryStore
 from gpuctl.accept.run import AcceptOptions, AcceptRun, NodeOutcome, Progress, outcome_from_report
+from gpuctl.core.model import NodeState
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import simulated_fleet
 from gpuctl.jobs import Executor, JobStore
@@ -249,6 +250,12 @@ async def test_acceptance_matrix_follows_progress_and_drills_down(tmp_path: Path
         assert cell(table, "gpu-a01", "verdict") == "PASS ↓1"  # the degradation is counted
         assert cell(table, "gpu-a01", "when") == "60m ago"
         assert cell(table, "gpu-a01", "trend").startswith("▇█▁ ")  # mean bf16 per run
+        live = lambda: app.store.snaps["gpu-a01"].state is NodeState.LIVE  # noqa: E731
+        await until(pilot, live, "gpu-a01 live")
+        await pilot.press("a")  # on pane 3, `a` asks about the node under the matrix cursor
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        assert "gpu-a01" in app.screen.question
+        await pilot.press("n")
 
         run = AcceptRun(["gpu-a01", "gpu-c03"], AcceptOptions(quick=True), "agent")
         pane.start(run)

@@ -282,11 +282,18 @@ class AcceptPane(Vertical):
         if event.row_key.value is not None:
             self.open_report(str(event.row_key.value))
 
-    def action_open_report(self) -> None:
+    def cursor_node(self) -> str | None:
+        """The node under the matrix cursor while this pane is shown, else None."""
         table = self.query_one(DataTable)
-        if table.row_count:
-            key = table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
-            self.open_report(str(key))
+        if not self.display or not table.row_count:
+            return None
+        key = table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
+        return None if key is None else str(key)
+
+    def action_open_report(self) -> None:
+        node = self.cursor_node()
+        if node is not None:
+            self.open_report(node)
 
     def open_report(self, node: str) -> None:
         from gpuctl.tui.screens.accept_report import AcceptReportScreen
