@@ -61,6 +61,7 @@ DEFAULT_JOB_ROOT = "~/.cache/gpuctl/jobs"
 DEFAULT_ENV_ROOT = "~/.cache/gpuctl/envs"
 UNREACHABLE_AFTER = 60.0  # seconds a node may stay unreachable before result() reports it
 BEAT_EVERY = 3.0  # seconds between heartbeat reads while a job runs
+SLURM_VERDICT_WAIT = 30.0  # seconds to wait for Slurm's final state after a signalled stop
 
 cloudpickle.register_pickle_by_value(_chunk)
 
@@ -186,6 +187,7 @@ class Job:
         self._unreachable_mono: float | None = None
         self._beat: dict[str, Any] | None = None
         self._beat_read_at: float | None = None  # monotonic time of the last heartbeat read
+        self._outcome_seen_at: float | None = None
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.name} on {self.target}: {self.state}>"
@@ -316,6 +318,8 @@ class Job:
                         sched["heartbeat_age"] = time.time() - float(beat["t"])
             elif isinstance(self.backend, SlurmBackend):
                 sched = self.backend.scheduler_state(self.handle)
+                if self._await_slurm_verdict(outcome, sched):
+                    return False
             self._files = self._collect(outcome)
             self._report = classify(
                 self._files,
@@ -327,6 +331,21 @@ class Job:
             self._final = True
         self._store_final()
         return True
+
+    def _await_slurm_verdict(self, outcome: dict[str, Any], sched: dict[str, Any] | None) -> bool:
+        """True while a Slurm job whose supervisor was stopped by a signal gpuctl did not send
+        (Slurm's time limit, preemption, an admin's scancel) is still in the queue: its final
+        state says which, so wait for it (at most SLURM_VERDICT_WAIT s)."""
+        if not (sched or {}).get("queued") or self._cancel_requested:
+            return False
+        if outcome.get("stop_reason") != "cancelled" or os.path.exists(
+            f"{self.jobdir}/cancel-requested"
+        ):
+            return False
+        now = time.monotonic()
+        if self._outcome_seen_at is None:
+            self._outcome_seen_at = now
+        return now - self._outcome_seen_at < SLURM_VERDICT_WAIT
 
     def _collect(self, outcome: dict[str, Any] | None) -> JobFiles:
         return JobFiles(

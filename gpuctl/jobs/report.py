@@ -250,6 +250,11 @@ def classify(
         )
 
     slurm_mem = _slurm_memory_kill(str(sched.get("output_tail") or ""))
+    said = _slurm_said(str(sched.get("output_tail") or ""))
+    if said and sstate in ("", "CANCELLED", "FAILED"):
+        # no accounting and the job has left scontrol's memory: slurmstepd's own words decide
+        sstate = said
+        sched["state"] = f"{said} (from slurmstepd's message in the Slurm output)"
 
     # Scheduler verdicts that no file can give.
     if files.outcome is None:
@@ -303,6 +308,12 @@ def classify(
     sig = o.get("signal_name")
     code = o.get("exit_code")
     limits = (files.meta or {}).get("limits") or {}
+    if sstate == "TIMEOUT" and stop != "time_limit":
+        return report(
+            "time_limit",
+            f"Slurm ended the job at its time limit (TIMEOUT) in phase {phase}; the supervisor "
+            f"got {o.get('stop_signal') or 'SIGTERM'} and stopped VENV2",
+        )
     if stop == "time_limit" or sstate == "TIMEOUT":
         return report(
             "time_limit",
@@ -478,6 +489,24 @@ def _clock(t: float) -> str:
 _SLURM_MEM_KILL = re.compile(
     r"(StepId=\S+|[Ss]tep \S+) exceeded memory limit \((\d+) > (\d+)\), being killed"
 )
+
+
+_SLURM_DUE_TO = {
+    "DUE TO TIME LIMIT": "TIMEOUT",
+    "DUE TO PREEMPTION": "PREEMPTED",
+    "DUE TO NODE FAILURE": "NODE_FAIL",
+}
+
+
+def _slurm_said(output: str) -> str:
+    """The Slurm state slurmstepd's "*** JOB N ON host CANCELLED AT t DUE TO ... ***" line in
+    the job's output names (TIMEOUT, PREEMPTED, NODE_FAIL), else ""."""
+    for line in reversed(output.splitlines()):
+        if "*** JOB" in line or "*** STEP" in line:
+            for words, state in _SLURM_DUE_TO.items():
+                if words in line:
+                    return state
+    return ""
 
 
 def _slurm_memory_kill(output: str) -> list[str]:

@@ -181,3 +181,26 @@ def test_slurm_kills_a_job_over_its_mem(
     assert meta["limits"]["mem_enforced_by"] == "slurm"  # no RLIMIT_AS MemoryError first
     assert "#SBATCH --mem=100M" in Path(job.jobdir, "job.sbatch").read_text()
     assert took < 40  # killed by Slurm's 1 s sampling, not by the 60 s sleep ending
+
+
+def test_scancel_from_outside_waits_for_slurms_verdict(
+    slurm_executor: Any, slurm_cluster: Any
+) -> None:
+    """An admin's scancel reaches the supervisor as SIGTERM; the report waits for Slurm's final
+    state (which is what tells a time limit or a preemption from a cancel) and says CANCELLED."""
+
+    def sleeper() -> None:
+        import time
+
+        time.sleep(120)
+
+    job = slurm_executor(grace=1).submit(sleeper)
+    wait_until(lambda: job.state == "running", 30, "the job to run")
+    slurm_cluster.run(["scancel", job.handle["slurm_id"]])
+    t0 = time.monotonic()
+    with pytest.raises(JobFailed) as err:
+        job.result(30)
+    assert time.monotonic() - t0 < 20  # well before the 30 s bound on waiting for the verdict
+    assert err.value.kind == "cancelled"
+    assert "scheduler state: CANCELLED" in str(err.value)
+    assert not Path(job.jobdir, "cancel-requested").exists()  # nobody asked gpuctl to cancel
