@@ -278,6 +278,18 @@ def _refresh(store: Any, records: list[Any]) -> bool:
     return changed
 
 
+def _on_node(job: Any, fn: Any) -> Any:
+    """``fn()``; a node that does not answer is one line (the job may still run there)."""
+    from gpuctl.jobs import HostError
+
+    try:
+        return fn()
+    except HostError as e:
+        raise UserError(
+            f"{e}; job {job.id} may still be running there: try again once the node is back"
+        ) from None
+
+
 def _age(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f}s"
@@ -290,12 +302,12 @@ def run_logs(args: argparse.Namespace) -> int:
     job = _job(args)
     both = not (args.stdout or args.stderr)
     if args.stdout or both:
-        out = job.stdout()
+        out = _on_node(job, job.stdout)
         if both:
             print("=== stdout ===")
         sys.stdout.write(out if out.endswith("\n") or not out else out + "\n")
     if args.stderr or both:
-        err = job.stderr()
+        err = _on_node(job, job.stderr)
         if both:
             print("=== stderr ===")
         sys.stdout.write(err if err.endswith("\n") or not err else err + "\n")
@@ -304,7 +316,7 @@ def run_logs(args: argparse.Namespace) -> int:
 
 def run_cancel(args: argparse.Namespace) -> int:
     job = _job(args)
-    if job.cancel():
+    if _on_node(job, job.cancel):
         print(f"cancelling {job.id}")
         return 0
     print(f"gpuctl: job {job.id} already ended ({job.state})", file=sys.stderr)
