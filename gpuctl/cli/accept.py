@@ -94,6 +94,8 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
         raise _user_error("--floor must be within (0, 1], e.g. 0.6")
     if args.timeout <= 0:
         raise _user_error("--timeout must be positive")
+    if args.expect_gpus is not None and args.expect_gpus < 0:
+        raise _user_error("--expect-gpus must be 0 or more")
     if not 0 < args.threshold < 1:
         raise _user_error("--threshold must be within (0, 1), e.g. 0.1")
     if args.test_slow_compute is not None and args.test_slow_compute < 1:

@@ -121,6 +121,20 @@ def parse_args_json(text: str) -> tuple[list[Any], dict[str, Any]]:
     raise UserError("--args must be a JSON list (positional) or object (keywords)")
 
 
+def _check_limits(args: argparse.Namespace) -> None:
+    from gpuctl.jobs.executor import parse_mem
+
+    if args.mem is not None:
+        try:
+            ok = (parse_mem(args.mem) or 0) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UserError(f"--mem {args.mem!r}: expected a size like 4G, 512M or 1.5GB")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise UserError(f"--time-limit must be positive seconds, not {args.time_limit:g}")
+
+
 def _config(args: argparse.Namespace) -> Any:
     from gpuctl.config import ConfigError, load_config
 
@@ -134,6 +148,7 @@ def run_submit(args: argparse.Namespace) -> int:
     from gpuctl.jobs import Executor, HostError, JobFailed
 
     call_args, call_kwargs = parse_args_json(args.args)
+    _check_limits(args)
     fn = load_function(args.spec)
     config = None if args.target in ("local", "slurm") else _config(args)
     opts: dict[str, Any] = {"mem": args.mem, "time_limit": args.time_limit, "setup": args.setup}
@@ -156,6 +171,13 @@ def run_submit(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     except (pickle.PicklingError, TypeError) as e:
         raise UserError(f"cannot pickle the call: {e}") from None
+    except OSError as e:  # an interpreter or a folder that is not there
+        from gpuctl.cli.main import os_error
+
+        raise UserError(
+            f"cannot start the job on {args.target}: {os_error(e)} "
+            "(check --python / --supervisor-python and the job folder)"
+        ) from None
     print(job.id, flush=True)
     if not args.wait:
         return 0

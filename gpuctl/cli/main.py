@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(argv)
     except UserError as e:
-        print(f"gpuctl: {e}", file=sys.stderr)
+        print(f"gpuctl: {one_line(str(e))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `gpuctl status | head` is not an error
         # keep the interpreter's final flush of stdout from failing again
@@ -183,6 +183,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 70
+
+
+def one_line(text: str) -> str:
+    """A message that came with a tool's multi-line stderr, as one line: the first line (what
+    failed) and the last (the tool's final word, usually its ``fatal:``)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else text.strip()
+    return f"{lines[0]} ... {lines[-1]}"
 
 
 def os_error(e: OSError) -> str:

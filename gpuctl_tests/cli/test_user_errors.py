@@ -73,6 +73,14 @@ CASES = [
     Case(["submit", "job.py:f", "--args", "3"], 2, r"--args must be a JSON list"),
     Case(["submit", "job.py:f", "--target", "zork"], 2, r"unknown target 'zork'"),
     Case(["--config", "sim.toml", "submit", "job.py:f", "--target", "zz"], 2, r"unknown targ"),
+    Case(["submit", "job.py:f", "--mem", "lots"], 2, r"--mem 'lots': expected a size like 4G"),
+    Case(["submit", "job.py:f", "--time-limit", "-5"], 2, r"--time-limit must be positive"),
+    Case(
+        ["submit", "job.py:f", "--supervisor-python", "/no/py"],
+        2,
+        r"cannot start the job on local: /no/py: No such file",
+    ),
+    Case(["accept", "--local", "--expect-gpus", "-1"], 2, r"--expect-gpus must be 0 or more"),
     # jobs by id
     Case(["logs", "0000"], 2, r"no job '0000': see gpuctl jobs"),
     Case(["result", "0000"], 2, r"no job '0000'"),
@@ -144,6 +152,22 @@ def test_every_mistake_is_one_line(workdir: Path) -> None:
         except AssertionError as e:
             failures.append(str(e))
     assert not failures, "\n".join(failures)
+
+
+def test_a_tools_multi_line_error_becomes_one_line() -> None:
+    """sbatch without a Slurm config writes three lines; gpuctl keeps the first and the last."""
+    from gpuctl.cli.main import one_line
+
+    text = (
+        "sbatch refused the job: sbatch: error: resolve_ctls_from_dns_srv: Unknown host\n"
+        "sbatch: error: fetch_config: DNS SRV lookup failed\n"
+        "sbatch: fatal: Could not establish a configuration source\n"
+    )
+    assert one_line(text) == (
+        "sbatch refused the job: sbatch: error: resolve_ctls_from_dns_srv: Unknown host"
+        " ... sbatch: fatal: Could not establish a configuration source"
+    )
+    assert one_line("  one\n") == "one"
 
 
 def test_config_given_after_the_command_is_used(workdir: Path) -> None:
