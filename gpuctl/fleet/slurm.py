@@ -346,6 +346,14 @@ class SrunLink(NodeLink):
             try:
                 # 0700: this folder holds code that runs as the user; nobody else may write
                 folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                mode = folder.stat().st_mode
+                if mode & 0o077 and not mode & 0o1000 and folder.stat().st_uid == os.getuid():
+                    folder.chmod(0o700)  # made wider by hand, or as the job root's parent
+                elif mode & 0o022:
+                    raise LinkError(
+                        "deploy",
+                        f"{folder} is writable by others: set bundle_dir to a private folder",
+                    )
                 self._bundle = write_bundle(folder)
             except OSError as e:
                 raise LinkError("deploy", f"cannot write the agent bundle in {folder}: {e}") from e

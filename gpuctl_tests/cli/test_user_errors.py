@@ -456,3 +456,29 @@ def test_an_acceptance_run_ends_with_gpuctl(tmp_path: Path) -> None:
     proc.kill()
     proc.wait(10)
     wait_until(lambda: not _marked(f"GPUCTL_QA_MARK={mark}"), 15, "the suite to end")
+
+
+def test_srun_bundle_folder_is_made_private_and_a_shared_one_refused(tmp_path: Path) -> None:
+    from gpuctl.config import load_config
+    from gpuctl.fleet.session import LinkError
+    from gpuctl.fleet.slurm import SrunLink
+
+    def link(folder: Path) -> SrunLink:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(
+            f"[clusters.c]\nnodes = 'n1'\nvia = 'srun'\njobid = 1\nbundle_dir = '{folder}'\n"
+        )
+        (node,) = load_config(str(cfg)).nodes()
+        return SrunLink(node)
+
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    wide.chmod(0o755)
+    bundle = link(wide)._bundle_path()
+    assert bundle.parent == wide and wide.stat().st_mode & 0o777 == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    with pytest.raises(LinkError, match="writable by others: set bundle_dir"):
+        link(shared)._bundle_path()
+    assert not list(shared.iterdir())
