@@ -488,8 +488,15 @@ class SshHost(Host):
 
     def start_detached(self, argv: Sequence[str], log: str) -> int | None:
         # setsid: the supervisor outlives this SSH session (and gpuctl); echo $! gives its pid.
-        cmd = f"setsid {shlex.join(argv)} < /dev/null >> {shlex.quote(log)} 2>&1 & echo $!"
+        # A missing interpreter would only show in the log after the job is "lost": say it now.
+        check = f"command -v {shlex.quote(argv[0])} >/dev/null 2>&1 || exit 127"
+        cmd = f"{check}; setsid {shlex.join(argv)} < /dev/null >> {shlex.quote(log)} 2>&1 & echo $!"
         rc, out, err = self.run(["/bin/sh", "-c", cmd], timeout=60)
+        if rc == 127:
+            raise HostError(
+                f"{self.name}: no python at {argv[0]!r} for the job supervisor: set python = "
+                '"/path/to/python3" for this node in the gpuctl config (or --supervisor-python)'
+            )
         if rc != 0:
             raise HostError(f"{self.name}: starting the supervisor failed: {err.decode()[-500:]}")
         try:

@@ -295,7 +295,10 @@ def test_ssh_mistakes_are_one_line_for_status_and_submit(ssh_cluster: Any) -> No
         "wrongkey": (r"refused every key: check IdentityFile", r"refused every key"),
         "nokey": (r"cannot read .*no_such_key: no such file", r"cannot read .*no_such_key"),
         "newhost": (r"unknown host key .* to trust it, run: ssh-keyscan", r"host key is unknown"),
-        "nopython": (r"no python at '/no/python3' on nopython: set python", None),
+        "nopython": (
+            r"no python at '/no/python3' on nopython: set python",
+            r"nopython: no python at '/no/python3' for the job supervisor: set python",
+        ),
         "junkkey": (r"refused every key", r"refused every key"),
     }
     jobs = []
@@ -304,7 +307,7 @@ def test_ssh_mistakes_are_one_line_for_status_and_submit(ssh_cluster: Any) -> No
         if name == "newhost":
             toml = toml.replace(str(ssh_cluster.known_hosts_path), str(d / "empty_known_hosts"))
         if name == "nopython":
-            toml += "python = '/no/python3'\n"
+            toml += f"python = '/no/python3'\nworkload_python = '{sys.executable}'\n"
         (d / f"{name}.toml").write_text(toml)
         (d / "job.py").write_text(FILES["job.py"])
         jobs.append((name, "status", ["--config", f"{name}.toml", "status", "--timeout", "20"]))
