@@ -181,11 +181,24 @@ def run_submit(args: argparse.Namespace) -> int:
     print(job.id, flush=True)
     if not args.wait:
         return 0
-    if sys.stderr.isatty():  # progress for a person; nothing extra for a script
-        from gpuctl.jobs.progress import wait_with_progress
+    try:
+        if sys.stderr.isatty():  # progress for a person; nothing extra for a script
+            from gpuctl.jobs.progress import wait_with_progress
 
-        wait_with_progress(job, sys.stderr)
-    return _print_result(job, None)
+            wait_with_progress(job, sys.stderr)
+        return _print_result(job, None)
+    except KeyboardInterrupt:
+        return _stopped_waiting(job)
+
+
+def _stopped_waiting(job: Any) -> int:
+    """Ctrl-C while waiting stops the waiting, not the job: say so and how to go on."""
+    short = job.id[:12]
+    print(
+        f"gpuctl: stopped waiting; job {short} goes on: gpuctl result {short} (or cancel {short})",
+        file=sys.stderr,
+    )
+    return 130
 
 
 def _print_result(job: Any, timeout: float | None) -> int:
@@ -349,4 +362,7 @@ def run_result(args: argparse.Namespace) -> int:
     if not args.timeout >= 0:  # also NaN
         raise UserError(f"--timeout must be 0 (do not wait) or more seconds, not {args.timeout:g}")
     job = _job(args)
-    return _print_result(job, args.timeout or 0.0)
+    try:
+        return _print_result(job, args.timeout or 0.0)
+    except KeyboardInterrupt:
+        return _stopped_waiting(job)

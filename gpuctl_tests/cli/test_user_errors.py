@@ -485,3 +485,36 @@ def test_srun_bundle_folder_is_made_private_and_a_shared_one_refused(tmp_path: P
     with pytest.raises(LinkError, match="writable by others: set bundle_dir"):
         link(shared)._bundle_path()
     assert not list(shared.iterdir())
+
+
+def test_ctrl_c_while_waiting_for_a_job_leaves_the_job_running(tmp_path: Path) -> None:
+    import json
+
+    from gpuctl_tests.helpers import wait_until
+
+    mark = os.urandom(6).hex()
+    env = {"HOME": str(tmp_path / "home"), "GPUCTL_QA_MARK": mark}
+    (tmp_path / "home").mkdir()
+    (tmp_path / "slow.py").write_text(
+        "import time\n\ndef f():\n    print('started', flush=True)\n    time.sleep(120)\n"
+    )
+    full = node_env({"GPUCTL_STATE_DIR": str(tmp_path / "state"), **env})
+    proc = _start_until(["submit", "slow.py:f", "--wait"], full, tmp_path, "")  # the job id
+
+    def running() -> bool:
+        r = gpuctl(tmp_path, ["jobs", "--json"], env)
+        return bool(
+            r.returncode == 0 and [j for j in json.loads(r.stdout) if j["state"] == "running"]
+        )
+
+    wait_until(running, 20, "the job to run")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130
+    line = err.strip()
+    assert re.fullmatch(r"gpuctl: stopped waiting; job (\w{12}) goes on: gpuctl result \1 .*", line)
+    job_id = line.split()[4]
+    assert running()  # the job goes on
+    r = gpuctl(tmp_path, ["cancel", job_id], env)
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: not _marked(f"GPUCTL_QA_MARK={mark}"), 20, "the cancelled job to end")
