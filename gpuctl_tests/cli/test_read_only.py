@@ -193,3 +193,21 @@ def test_the_mutating_table_names_real_commands() -> None:
 
     assert mutation(accept.run) and mutation(jobs.run_submit) and mutation(jobs.run_cancel)
     assert mutation(status.run) is None and mutation(accept.run_history) is None
+
+
+async def test_ssh_agents_of_a_read_only_config_refuse_stress(
+    ssh_cluster: Any, tmp_path: Path
+) -> None:
+    ssh_cluster.start_node("r1", simulate="1")
+    cfg = ssh_cluster.write_config(tmp_path / "c.toml", simulate=1, interval=0.3)
+    cfg.write_text("read_only = true\n" + cfg.read_text())
+    fleet = fleet_from_config(load_config(str(cfg)))
+    await fleet.start()
+    try:
+        await fleet.wait_settled(20)
+        info = fleet.snapshot("r1").info
+        assert info is not None
+        reply = await fleet.request("r1", {"type": "stress_start", "gpus": [0], "duration": 1})
+        assert reply["type"] == "error" and reply["code"] == "read_only", reply
+    finally:
+        await fleet.stop()
