@@ -85,7 +85,13 @@ def load_function(spec: str) -> Any:
     try:
         loader_spec.loader.exec_module(module)
     except SyntaxError as e:
-        raise UserError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+        where = f"{path}:{e.lineno}" if e.lineno else path
+        raise UserError(f"{where}: syntax error: {e.msg}") from None
+    except SystemExit as e:  # script code at the top level: it must not end gpuctl silently
+        raise UserError(
+            f"{path} called sys.exit({e.code!r}) when imported: put its script code under "
+            "if __name__ == '__main__':"
+        ) from None
     except Exception as e:
         raise UserError(f"{path} failed to import: {type(e).__name__}: {e}") from None
     fn = getattr(module, name, None)
