@@ -272,8 +272,10 @@ class Job:
             return
         self._beat_read_at = now
         beat = self._json("heartbeat.json")
-        if isinstance(beat, dict):
+        if isinstance(beat, dict) and beat != self._beat:
             self._beat = beat
+            if self.store is not None:  # for a later gpuctl that finds the node gone
+                self.store.update(self.id, heartbeat=beat)
 
     @property
     def last_heartbeat(self) -> dict[str, Any] | None:
@@ -1109,4 +1111,5 @@ def attach(record: JobRecord, store: JobStore | None = None, *, config: Any = No
         record.created_at,
     )
     job._stored_state = record.state
+    job._beat = record.heartbeat
     return job

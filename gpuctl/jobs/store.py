@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-STATES = ("submitted", "pending", "running", "done", "failed", "cancelled")
+# "unreachable": the node did not answer the last time gpuctl looked (the job may still run)
+STATES = ("submitted", "pending", "running", "unreachable", "done", "failed", "cancelled")
 FINAL_STATES = ("done", "failed", "cancelled")
 
 _SCHEMA = """
@@ -38,6 +39,10 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_created ON jobs(created_at);
 """
+
+
+_COLUMNS = ("state", "kind", "summary", "started_at", "ended_at", "report", "backend", "heartbeat")
+_JSON_COLUMNS = ("report", "backend", "heartbeat")
 
 
 def state_dir() -> Path:
@@ -66,6 +71,9 @@ class JobRecord:
     started_at: float | None = None
     ended_at: float | None = None
     report: dict[str, Any] | None = field(default=None)
+    # the supervisor's last heartbeat gpuctl read (t, elapsed_s, rss_kb): what a report can say
+    # of a job whose node no longer answers, even from a gpuctl started after it went away
+    heartbeat: dict[str, Any] | None = field(default=None)
 
     @property
     def duration(self) -> float | None:
@@ -87,6 +95,9 @@ class JobStore:
         self._lock = threading.Lock()
         with self._db() as db:
             db.executescript(_SCHEMA)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+            if "heartbeat" not in columns:  # a store written by an older gpuctl
+                db.execute("ALTER TABLE jobs ADD COLUMN heartbeat TEXT")
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -121,10 +132,10 @@ class JobStore:
         cols = []
         args: list[Any] = []
         for k, v in values.items():
-            if k not in ("state", "kind", "summary", "started_at", "ended_at", "report", "backend"):
+            if k not in _COLUMNS:
                 raise ValueError(f"unknown column {k}")
             cols.append(f"{k} = ?")
-            args.append(json.dumps(v) if k in ("report", "backend") and v is not None else v)
+            args.append(json.dumps(v) if k in _JSON_COLUMNS and v is not None else v)
         with self._db() as db:
             db.execute(f"UPDATE jobs SET {', '.join(cols)} WHERE id = ?", (*args, job_id))
 
@@ -166,4 +177,5 @@ def _record(row: Mapping[str, Any]) -> JobRecord:
         started_at=row["started_at"],
         ended_at=row["ended_at"],
         report=json.loads(row["report"]) if row["report"] else None,
+        heartbeat=json.loads(row["heartbeat"]) if row.get("heartbeat") else None,
     )

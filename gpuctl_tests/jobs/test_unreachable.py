@@ -108,6 +108,9 @@ def test_node_unreachable_mid_job_then_back(
     r = gpuctl(config_path, "result", finished.id)
     assert r.returncode == 3, r.stderr
     assert "[node_unreachable]" in r.stderr and "Traceback" not in r.stderr
+    r = gpuctl(config_path, "result", running.id)  # the heartbeat this process saw is stored
+    assert r.returncode == 3 and "last heartbeat seen: written " in r.stderr, r.stderr
+    assert f"job folder on gpu1: {running.jobdir}" in r.stderr
     r = gpuctl(config_path, "logs", running.id)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "cannot reach gpu1" in r.stderr and "try again once the node is back" in r.stderr
