@@ -522,3 +522,24 @@ def test_ctrl_c_while_waiting_for_a_job_leaves_the_job_running(tmp_path: Path) -
     r = gpuctl(tmp_path, ["cancel", job_id], env)
     assert r.returncode == 0, r.stderr
     wait_until(lambda: not _marked(f"GPUCTL_QA_MARK={mark}"), 20, "the cancelled job to end")
+
+
+def test_job_folders_over_ssh_are_private_parents_included(
+    ssh_cluster: Any, tmp_path: Path
+) -> None:
+    import json
+
+    ssh_cluster.start_node("j1", simulate="1", python=sys.executable)
+    root = tmp_path / "made" / "by" / "gpuctl"
+    cfg = ssh_cluster.write_config(
+        tmp_path / "c.toml", workload_python=sys.executable, extra=f"[jobs]\njob_root = '{root}'\n"
+    )
+    (tmp_path / "job.py").write_text(FILES["job.py"])
+    r = gpuctl(tmp_path, ["--config", str(cfg), "submit", "job.py:f", "--target", "j1", "--wait"])
+    assert r.returncode == 0 and r.stdout.split()[-1] == "2", r.stderr
+    (job,) = json.loads(gpuctl(tmp_path, ["jobs", "--json"]).stdout)
+    folder = Path(job["jobdir"].split(":", 1)[-1])
+    assert folder.parent == root
+    while folder != tmp_path:
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+        folder = folder.parent
