@@ -38,3 +38,31 @@ def test_a_signalled_stop_is_the_time_limit_slurm_names() -> None:
     assert "from slurmstepd's message" in "\n".join(timed.evidence)
     gone = classify(JobFiles(), scheduler={"state": "FAILED", "output_tail": OOM_LINES})
     assert gone is not None and gone.kind == "out_of_memory"
+
+
+def test_a_store_from_an_older_gpuctl_gains_the_heartbeat_column(tmp_path: object) -> None:
+    import sqlite3
+    from pathlib import Path
+
+    from gpuctl.jobs.store import JobRecord, JobStore
+
+    path = Path(str(tmp_path)) / "old.sqlite"
+    with sqlite3.connect(path) as db:  # the schema before the heartbeat column
+        db.execute(
+            "CREATE TABLE jobs (id TEXT PRIMARY KEY, name TEXT NOT NULL, target TEXT NOT NULL,"
+            " backend TEXT NOT NULL, jobdir TEXT NOT NULL, state TEXT NOT NULL, kind TEXT,"
+            " summary TEXT, created_at REAL NOT NULL, started_at REAL, ended_at REAL,"
+            " report TEXT)"
+        )
+        db.execute(
+            "INSERT INTO jobs (id, name, target, backend, jobdir, state, created_at)"
+            " VALUES ('old1', 'f', 'gpu1', '{}', '/j', 'running', 1.0)"
+        )
+    db.close()
+    store = JobStore(path)
+    old = store.get("old1")
+    assert old is not None and old.heartbeat is None and old.state == "running"
+    store.add(JobRecord("new1", "g", "gpu1", {}, "/k", "submitted", 2.0))
+    store.update("new1", heartbeat={"t": 5.0, "elapsed_s": 1.0})
+    new = store.get("new1")
+    assert new is not None and new.heartbeat == {"t": 5.0, "elapsed_s": 1.0}
