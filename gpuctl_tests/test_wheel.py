@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -17,10 +18,27 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Build from a clean copy: setuptools reuses a checkout's build/ folder, which can hold
+    # modules the source no longer would ship (a package that lost its __init__.py).
+    src = tmp_path_factory.mktemp("src") / "gpuctl-src"
+    shutil.copytree(
+        REPO,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            ".venv",
+            "build",
+            "dist",
+            "*.egg-info",
+            "__pycache__",
+            ".*_cache",
+            ".hypothesis",
+        ),
+    )
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out)],
-        cwd=REPO,
+        cwd=src,
         check=True,
         capture_output=True,
         timeout=300,
@@ -37,6 +55,13 @@ def test_wheel_contents(wheel: Path) -> None:
     assert "gpuctl/node/agent.py" in names and "gpuctl/node/protocol.py" in names
     assert any(n.startswith("gpuctl/tui/") and n.endswith(".tcss") for n in names)
     assert not any(n.startswith("gpuctl_tests/") for n in names)
+    # Every module of the source tree ships: a folder without __init__.py is silently dropped.
+    source = {
+        p.relative_to(REPO).as_posix()
+        for p in (REPO / "gpuctl").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert source - names == set()
 
 
 def test_themes_load_from_the_installed_wheel(wheel: Path, tmp_path: Path) -> None:
