@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from gpuctl.cli.common import load_user_config
@@ -32,6 +33,17 @@ def tui_config(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
     return dict(config.tui), bool(config.read_only)
 
 
+def accept_defaults(table: Mapping[str, Any]) -> dict[str, Any]:
+    """The config's ``[accept]`` keys that the TUI's ``a`` passes on (python, floor, ...)."""
+    from dataclasses import fields
+
+    from gpuctl.accept.run import AcceptOptions
+
+    known = {f.name for f in fields(AcceptOptions) if not f.name.startswith("test_")}
+    known -= {"quick", "device", "extra_args"}  # the key press decides these
+    return {k: v for k, v in table.items() if k in known}
+
+
 def open_job_store() -> Any | None:
     """The user's job store for the jobs pane, or None when it cannot be opened."""
     try:
@@ -56,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         fleet,
         read_only=bool(getattr(args, "read_only", False)) or config.read_only,
         config_tui=dict(config.tui),
+        accept_options=accept_defaults(config.accept),
         job_store=open_job_store(),
     )
     result = app.run()
