@@ -265,7 +265,7 @@ def test_internal_errors_are_one_line_and_say_how_to_see_more(workdir: Path) -> 
 def test_ssh_mistakes_are_one_line_for_status_and_submit(ssh_cluster: Any) -> None:
     """Unreachable port, wrong, missing or junk key, unknown host key, no python: real sshd;
     neither the key file's text nor the environment shows up in what gpuctl prints."""
-    from gpuctl_tests.harness.sshd import free_port, keygen
+    from gpuctl_tests.harness.sshd import keygen
 
     ssh_cluster.start_node("good", simulate="1")
     d = ssh_cluster.dir
@@ -282,8 +282,11 @@ def test_ssh_mistakes_are_one_line_for_status_and_submit(ssh_cluster: Any) -> No
                 lines.append(f"    {key} {over[key]}" if key in over else line)
         return "\n".join(lines) + "\n"
 
+    # a port held bound but not listening: refused, and no other test can start a server there
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
     entries = {
-        "closed": host("closed", Port=str(free_port())),
+        "closed": host("closed", Port=str(closed.getsockname()[1])),
         "wrongkey": host("wrongkey", IdentityFile=str(other_key)),
         "nokey": host("nokey", IdentityFile=str(d / "no_such_key")),
         "newhost": host("newhost", UserKnownHostsFile=str(d / "empty_known_hosts")),
@@ -318,7 +321,7 @@ def test_ssh_mistakes_are_one_line_for_status_and_submit(ssh_cluster: Any) -> No
         if expect[name][1] is not None:
             argv = ["--config", f"{name}.toml", "submit", "job.py:f", "--target", name]
             jobs.append((name, "submit", argv))
-    with ThreadPoolExecutor(5) as pool:
+    with closed, ThreadPoolExecutor(5) as pool:
         results = list(pool.map(lambda j: gpuctl(d, j[2], {"MY_PASSWORD": "hunter3"}), jobs))
     failures = []
     for (name, command, _), r in zip(jobs, results, strict=True):
