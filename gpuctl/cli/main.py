@@ -63,12 +63,13 @@ def mutation(func: Any) -> str | None:
     return what
 
 
-def read_only_source(args: argparse.Namespace) -> str | None:
+def read_only_source(args: argparse.Namespace, *, strict: bool = False) -> str | None:
     """Why this run is read-only (how to lift it, in words), or None when it is not.
 
     Sources: the top-level ``--read-only``, ``$GPUCTL_READ_ONLY``, a command's own
-    ``--read-only`` and the config's ``read_only = true``. A broken config is left to the
-    command, which reports it as one line.
+    ``--read-only`` and the config's ``read_only = true``. A broken config raises UserError when
+    ``strict`` (a command that changes nodes must not run when it cannot tell), else it is left
+    to the command, which reports it as one line.
     """
     if getattr(args, "global_read_only", False) or getattr(args, "read_only", False):
         return "--read-only is given: run without it"
@@ -80,7 +81,9 @@ def read_only_source(args: argparse.Namespace) -> str | None:
 
     try:
         config = load_config(getattr(args, "config", None))
-    except ConfigError:
+    except ConfigError as e:
+        if strict:
+            raise UserError(str(e)) from None
         return None
     if config.read_only:
         return f"{config.path or 'the config'} sets read_only = true: set it to false there"
@@ -217,7 +220,7 @@ def _run(argv: Sequence[str] | None) -> int:
         func = args.func
     what = mutation(func)
     if what is not None or getattr(args, "global_read_only", False) or READ_ONLY_ENV in os.environ:
-        why = read_only_source(args)
+        why = read_only_source(args, strict=what is not None)
         if why is not None and what is not None:
             raise UserError(f"read-only mode: {what} is disabled ({why})")
         if why is not None:  # commands that check their own --read-only (the TUI) see it

@@ -82,6 +82,17 @@ def test_every_mutating_command_refuses_in_one_line(tmp_path: Path) -> None:
         assert not (tmp_path / str(i) / "state").exists(), CASES[i]
 
 
+def test_a_broken_config_stops_mutating_commands_that_do_not_read_it(tmp_path: Path) -> None:
+    """``submit --target local`` does not need the config, but the config may say read-only:
+    when it cannot be read, the command refuses rather than guess."""
+    (tmp_path / "job.py").write_text("def f():\n    return 1\n")
+    r = _run(tmp_path, ["submit", "job.py:f"], {}, "read_only = true\nread_only = false\n")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("gpuctl: ") and "config.toml" in r.stderr
+    assert len(r.stderr.splitlines()) == 1
+    assert not (tmp_path / "state").exists()
+
+
 def test_reading_commands_still_work_in_read_only_mode(tmp_path: Path) -> None:
     r = _run(tmp_path, ["--read-only", "jobs", "--json"], {}, None)
     assert r.returncode == 0, r.stderr
