@@ -194,12 +194,16 @@ class AcceptRun:
         self._cancel = cancel
 
         async def main() -> dict[str, Any]:
+            why = "the run ended without it"
             try:
                 await body
+            except asyncio.CancelledError:
+                why = "cancelled (Ctrl-C or the run was stopped)"
+                raise
             finally:
                 for n in self.nodes:
                     if n not in self.outcomes:
-                        self.finish_node(NodeOutcome(n, ERROR, reason="the run ended without it"))
+                        self.finish_node(NodeOutcome(n, ERROR, reason=why))
             return self._conclude(report_dir, history)
 
         self._task = asyncio.get_running_loop().create_task(main(), name="accept-run")

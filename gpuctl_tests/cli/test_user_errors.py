@@ -546,3 +546,17 @@ def test_job_folders_over_ssh_are_private_parents_included(
     while folder != tmp_path:
         assert folder.stat().st_mode & 0o777 == 0o700, folder
         folder = folder.parent
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_an_acceptance_run_says_cancelled(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    env = node_env({"GPUCTL_STATE_DIR": str(tmp_path / "state")})
+    argv = ["accept", "--local", "--device", "cpu", "--quick", "--no-history"]
+    proc = _start_until(argv, env, tmp_path, "[ENV] PASS")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert "ERROR: cancelled (Ctrl-C" in out + err and "ended without it" not in out + err
+    assert err.strip().splitlines()[-1] == "gpuctl: interrupted"
+    assert "Traceback" not in err
