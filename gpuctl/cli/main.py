@@ -73,7 +73,8 @@ def read_only_source(args: argparse.Namespace, *, strict: bool = False) -> str |
     """
     if getattr(args, "global_read_only", False) or getattr(args, "read_only", False):
         return "--read-only is given: run without it"
-    if os.environ.get(READ_ONLY_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+    # any value but an explicit "off" turns it on: a typo must not lift a safety switch
+    if os.environ.get(READ_ONLY_ENV, "").strip().lower() not in ("", "0", "false", "no", "off"):
         return f"{READ_ONLY_ENV} is set: unset it"
     if getattr(args, "demo", False):
         return None  # the demo cluster does not read the config

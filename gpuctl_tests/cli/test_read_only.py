@@ -34,6 +34,7 @@ CASES = [
     (["--read-only", "stress", "start", "--demo"], {}, None, "stress is", "without it"),
     (["stress", "start", "--demo", "--read-only"], {}, None, "stress is", "without it"),
     (["stress", "stop"], {"GPUCTL_READ_ONLY": "yes"}, None, "stress is", "unset it"),
+    (["submit", "job.py:f"], {"GPUCTL_READ_ONLY": "ture"}, None, "submitting jobs", "unset it"),
     (
         ["stress", "run", "--device", "cpu"],
         {},
