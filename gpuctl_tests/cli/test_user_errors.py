@@ -560,3 +560,40 @@ def test_ctrl_c_during_an_acceptance_run_says_cancelled(tmp_path: Path) -> None:
     assert "ERROR: cancelled (Ctrl-C" in out + err and "ended without it" not in out + err
     assert err.strip().splitlines()[-1] == "gpuctl: interrupted"
     assert "Traceback" not in err
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_srun_agents_end_when_gpuctl_is_killed(slurm_cluster: Any, tmp_path: Path) -> None:
+    """SIGKILL gpuctl while it streams through ``srun``: the agent's job step ends, the job
+    that holds the node stays."""
+    from gpuctl_tests.helpers import wait_until
+
+    out = slurm_cluster.run(["sbatch", "--parsable", "-J", "holder", "--wrap", "sleep 300"])
+    job = out.stdout.strip().split(";")[0]
+
+    def job_state() -> str:
+        return slurm_cluster.run(["squeue", "-h", "-j", job, "-o", "%T"]).stdout.strip()
+
+    try:
+        wait_until(lambda: job_state() == "RUNNING", 30, "the holding job to run")
+        (tmp_path / "c.toml").write_text(
+            f"[clusters.hpc]\nvia = 'srun'\nnodes = '{slurm_cluster.node}'\njobid = {job}\n"
+            f"slurm_conf = '{slurm_cluster.conf_path}'\nbundle_dir = '{tmp_path / 'b'}'\n"
+            "simulate = '1'\ninterval = 0.3\n"
+        )
+        env = node_env({"GPUCTL_STATE_DIR": str(tmp_path / "state"), **slurm_cluster.env})
+        argv = ["--config", "c.toml", "stress", "start", "--duration", "60"]
+        proc = _start_until(argv, env, tmp_path, "burning")
+
+        def steps() -> list[str]:
+            r = slurm_cluster.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"])
+            return [s for s in r.stdout.split() if not s.endswith((".batch", ".extern"))]
+
+        assert steps()  # the agent runs as a step of the job
+        proc.kill()
+        proc.wait(10)
+        wait_until(lambda: not steps(), 20, "the agent's step to end with gpuctl")
+        assert job_state() == "RUNNING"
+    finally:
+        slurm_cluster.run(["scancel", job])
