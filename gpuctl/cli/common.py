@@ -9,6 +9,17 @@ from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds above zero (argparse turns the error into one line)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
 def load_user_config(args: argparse.Namespace) -> Config:
     """The config named by ``--config``, else ``$GPUCTL_CONFIG``, else the XDG file, else empty.
 

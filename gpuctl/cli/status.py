@@ -54,8 +54,10 @@ def render_table(snaps: list[NodeSnapshot]) -> str:
     rows: list[tuple[str, ...]] = []
     for s in snaps:
         if s.state is not NodeState.LIVE or not s.gpus:
-            why = s.reason or (s.info.reader_error if s.info else None) or "no GPUs"
-            rows.append((s.name, "-", f"{s.state.value}: {why}", "", "", "", "", "", ""))
+            # The reason goes to stderr, one line per node: here it would widen every column.
+            why = "no GPU reader" if s.info is not None and s.info.reader is None else "no GPUs"
+            state = s.state.value if s.state is not NodeState.LIVE else why
+            rows.append((s.name, "-", state, "", "", "", "", "", ""))
             continue
         rows.extend((s.name, *r) for r in gpu_table_rows(s))
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]

@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gpuctl.cli.common import build_fleet, load_user_config
+from gpuctl.cli.common import build_fleet, load_user_config, positive_seconds
 from gpuctl.core.model import NodeEvent, NodeState
 from gpuctl.fleet import control
 from gpuctl.fleet.fleet import Fleet
@@ -52,7 +52,9 @@ def register(sub: Any) -> None:
         q.add_argument("nodes", nargs="?", metavar="NODES", help="hostlist (default: all)")
         q.add_argument("--gpus", metavar="LIST", help="GPU indices, e.g. 0,1 (default: all)")
         q.add_argument("--demo", action="store_true", help="the simulated demo cluster")
-        q.add_argument("--timeout", type=float, default=20.0, help="seconds to reach nodes")
+        q.add_argument(
+            "--timeout", type=positive_seconds, default=20.0, help="seconds to reach nodes"
+        )
 
     start = ssub.add_parser("start", help="start burns and follow them until they end")
     fleet_args(start)

@@ -471,7 +471,8 @@ class GpuctlApp(App[int]):
     def _refuse(self, what: str) -> bool:
         if self.read_only:
             self.notify(
-                f"read-only: {what} is disabled (gpuctl was started with --read-only)",
+                f"read-only: {what} is disabled (--read-only, GPUCTL_READ_ONLY or read_only "
+                "in the config)",
                 severity="warning",
             )
         return self.read_only

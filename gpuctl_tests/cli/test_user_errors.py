@@ -98,6 +98,8 @@ CASES = [
     Case(["status", "--timeout", "-1"], 2, r"--timeout must be within"),
     # argparse mistakes are one line too
     Case(["status", "--timeout", "abc"], 2, r"status: argument --timeout: invalid float"),
+    Case(["stress", "status", "--demo", "--timeout", "-1"], 2, r"must be a positive number"),
+    Case(["stress", "stop", "--demo", "--timeout", "x"], 2, r"not a number of seconds"),
     Case(["stauts"], 2, r"invalid choice: 'stauts'.*see: gpuctl --help"),
     Case(["submit"], 2, r"submit: the following arguments are required"),
     Case(["stress", "start", "--engine", "x"], 2, r"stress start: argument --engine"),
