@@ -16,6 +16,8 @@ Agent -> gpuctl
               ``reader_error`` (why no reader works, or null),
               ``driver``, ``cuda``, ``nvml`` (version strings or null),
               ``features`` (list of request types this agent understands),
+              ``read_only`` (bool: mutating requests such as stress_start are refused with
+              error code ``read_only``),
               ``read_only`` (bool: started with --read-only, it refuses stress_*/accept_*
               requests with an ``error`` of code ``read_only``),
               ``gpus``: list of static facts, one per GPU:
