@@ -19,6 +19,8 @@ import sys
 import time
 from datetime import timedelta
 
+from .smoke import tiny_mlp, train_steps
+
 
 def _env_rank():
     env = os.environ
@@ -94,28 +96,12 @@ def ddp_train(torch, dist, device, rank, world, steps, loss_drop):
     teacher = torch.randn(32, 1, generator=gen)
     data_gen = torch.Generator().manual_seed(1000 + rank)  # a different shard per rank
     torch.manual_seed(rank)  # different init per rank: DDP must broadcast rank 0's
-    model = torch.nn.Sequential(
-        torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)
-    ).to(device)
+    model = tiny_mlp(torch, device)
     ddp = DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None
     )
-    opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(steps):
-        x = torch.randn(64, 32, generator=data_gen)
-        y = torch.tanh(x @ teacher)
-        x, y = x.to(device), y.to(device)
-        opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.item()))
-    first = losses[0]
-    tail = losses[-5:]
-    final = sum(tail) / len(tail)
-    finite = all(v == v and abs(v) != float("inf") for v in losses)
-    drop = 1.0 - final / first if first > 0 else None
+    r = train_steps(torch, ddp, ddp.parameters(), teacher, data_gen, device, steps)
+    first, final, finite, drop = r["first"], r["final"], r["finite"], r["drop"]
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     gathered = [torch.empty_like(flat) for _ in range(world)]
     dist.all_gather(gathered, flat)

@@ -37,6 +37,7 @@ from .schema import (
     SCHEMA_VERSION,
     SECTIONS,
 )
+from .smoke import tiny_mlp, train_steps
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 BAD_THROTTLE = ("hw_slowdown", "hw_thermal", "hw_power_brake")
@@ -791,24 +792,9 @@ class Suite:
             gen = torch.Generator().manual_seed(1234)
             teacher = torch.randn(32, 1, generator=gen)
             torch.manual_seed(0)
-            model = torch.nn.Sequential(
-                torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)
-            ).to(device)
-            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-            losses = []
-            for _ in range(steps):
-                x = torch.randn(64, 32, generator=gen)
-                y = torch.tanh(x @ teacher)
-                x, y = x.to(device), y.to(device)
-                opt.zero_grad(set_to_none=True)
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                opt.step()
-                losses.append(float(loss.item()))
-            first = losses[0]
-            final = sum(losses[-5:]) / 5.0
-            finite = all(v == v and abs(v) != float("inf") for v in losses)
-            drop = 1.0 - final / first if first > 0 else None
+            model = tiny_mlp(torch, device)
+            t = train_steps(torch, model, model.parameters(), teacher, gen, device, steps)
+            first, final, finite, drop = t["first"], t["final"], t["finite"], t["drop"]
             r = {
                 "index": device.index,
                 "label": label,
