@@ -9,12 +9,11 @@ Python 3.6 syntax.
 """
 
 import ctypes
-import time
 
 from ..protocol import decode_throttle
 from . import ReaderUnavailable
 from .procs import ProcessNames
-from .sim import lost_record
+from .records import event, lost_record
 
 # Alternatives for calls whose name depends on the pynvml / driver versions, newest first: the
 # first one this pair supports is remembered.
@@ -361,15 +360,7 @@ class NvmlReader(object):
                 break
             if not _int(data.eventType) & EVENT_XID:
                 continue
-            out.append(
-                {
-                    "type": "event",
-                    "t": time.time(),
-                    "kind": "xid",
-                    "gpu": self._index_of(data.device),
-                    "detail": {"xid": _int(data.eventData)},
-                }
-            )
+            out.append(event("xid", self._index_of(data.device), {"xid": _int(data.eventData)}))
         return out
 
     def _index_of(self, handle):
@@ -385,15 +376,7 @@ class NvmlReader(object):
         if i in self._lost:
             return
         self._lost.add(i)
-        self._pending.append(
-            {
-                "type": "event",
-                "t": time.time(),
-                "kind": "gpu_lost",
-                "gpu": i,
-                "detail": {"reason": why},
-            }
-        )
+        self._pending.append(event("gpu_lost", i, {"reason": why}))
 
     def close(self):
         """Free the event set and shut NVML down; never raises."""

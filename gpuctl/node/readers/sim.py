@@ -10,6 +10,8 @@ the clock gets the same numbers every run.
 import random
 import time
 
+from .records import event, lost_record
+
 # name, memory GiB, power limit W, idle W, max SM MHz, max mem MHz, pcie gen, width
 MODELS = {
     "H100": ("NVIDIA H100 80GB HBM3", 80, 700, 70, 1980, 2619, 5, 16),
@@ -206,15 +208,11 @@ class SimReader(object):
             g = self._one(msg.get("gpu"))
             xid = int(msg.get("xid", 79))
             g.xids.append(xid)
-            self._pending_events.append(
-                {"type": "event", "t": time.time(), "kind": "xid", "gpu": g.index,
-                 "detail": {"xid": xid}})
+            self._pending_events.append(event("xid", g.index, {"xid": xid}))
         elif action == "lose":
             g = self._one(msg.get("gpu"))
             g.lost = True
-            self._pending_events.append(
-                {"type": "event", "t": time.time(), "kind": "gpu_lost", "gpu": g.index,
-                 "detail": {}})
+            self._pending_events.append(event("gpu_lost", g.index, {}))
         elif action == "stall":
             seconds = float(msg.get("seconds", 10.0))
             if not 0.0 < seconds <= 60.0:
@@ -234,14 +232,3 @@ class SimReader(object):
         if not isinstance(idxs, list):
             raise ValueError("gpus must be a list of indices or \"all\"")
         return [self._one(i) for i in idxs]
-
-
-def lost_record(index, uuid):
-    """The sample of a GPU that fell off the bus: every reading null, state "lost"."""
-    rec = {"index": index, "uuid": uuid, "state": "lost"}
-    for key in ("util_gpu", "util_mem", "mem_used", "mem_total", "temp", "power", "power_limit",
-                "sm_clock", "mem_clock", "fan", "pstate", "throttle", "ecc", "retired_pages",
-                "remapped_rows"):
-        rec[key] = None
-    rec["processes"] = []
-    return rec

@@ -15,12 +15,11 @@ import os
 import re
 import shutil
 import subprocess
-import time
 
 from ..protocol import decode_throttle
 from . import ReaderUnavailable
 from .procs import ProcessNames
-from .sim import lost_record
+from .records import event, lost_record
 
 TIMEOUT_S = 10.0  # nvidia-smi hangs on a wedged GPU; a sample must not wait forever
 MIB = 1 << 20
@@ -367,15 +366,7 @@ class SmiReader(object):
         if i in self._lost:
             return
         self._lost.add(i)
-        self._pending.append(
-            {
-                "type": "event",
-                "t": time.time(),
-                "kind": "gpu_lost",
-                "gpu": i,
-                "detail": {"reason": "nvidia-smi: GPU is lost"},
-            }
-        )
+        self._pending.append(event("gpu_lost", i, {"reason": "nvidia-smi: GPU is lost"}))
 
     def close(self):
         """Nothing to release: every nvidia-smi run has already exited."""
