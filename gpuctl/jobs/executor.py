@@ -621,15 +621,7 @@ class Executor:
                 )
                 self.cwd = cwd or os.getcwd()
             else:
-                host = SshHost(
-                    node.name,
-                    ssh_config=node.ssh_config,
-                    known_hosts=node.known_hosts,
-                    user=node.user,
-                    port=node.port,
-                    identity=node.identity,
-                    connect_timeout=node.connect_timeout,
-                )
+                host = SshHost.for_node(node)
                 self.backend = SshBackend(host, job_root or DEFAULT_JOB_ROOT, vpy, node.name)
                 self.cwd = cwd or ""
         self.setup = (*node_setup, *setup)
@@ -1088,15 +1080,7 @@ def attach(record: JobRecord, store: JobStore | None = None, *, config: Any = No
         node = nodes.get(b["node"])
         if node is None:
             raise HostError(f"node {b['node']} of job {record.id} is not in the config any more")
-        host = SshHost(
-            node.name,
-            ssh_config=node.ssh_config,
-            known_hosts=node.known_hosts,
-            user=node.user,
-            port=node.port,
-            identity=node.identity,
-            connect_timeout=node.connect_timeout,
-        )
+        host = SshHost.for_node(node)
         backend = SshBackend(host, b["job_root"], b["python"], node.name)
     else:
         raise HostError(f"job {record.id} has an unknown backend {kind!r}")

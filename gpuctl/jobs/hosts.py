@@ -368,6 +368,19 @@ class SshHost(Host):
     ``python`` is the node's VENV1 (``python3`` by default).
     """
 
+    @classmethod
+    def for_node(cls, node: Any) -> SshHost:
+        """The host of a configured node (a ``gpuctl.config.NodeConfig``)."""
+        return cls(
+            node.name,
+            ssh_config=node.ssh_config,
+            known_hosts=node.known_hosts,
+            user=node.user,
+            port=node.port,
+            identity=node.identity,
+            connect_timeout=node.connect_timeout,
+        )
+
     def __init__(
         self,
         name: str,
