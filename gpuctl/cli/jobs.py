@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from gpuctl.cli.main import UserError
+from gpuctl.core.format import fmt_age
 
 
 def register(sub: Any) -> None:
@@ -290,7 +291,7 @@ def run_jobs(args: argparse.Namespace) -> int:
                 r.state,
                 r.target,
                 r.name[-40:],
-                _age(now - r.created_at),
+                fmt_age(now - r.created_at),
                 "-" if dur is None else f"{dur:.1f}s",
                 r.kind or "",
             )
@@ -329,14 +330,6 @@ def _on_node(job: Any, fn: Any) -> Any:
         raise UserError(
             f"{e}; job {job.id} may still be running there: try again once the node is back"
         ) from None
-
-
-def _age(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.0f}h"
 
 
 def run_logs(args: argparse.Namespace) -> int:

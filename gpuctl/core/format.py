@@ -17,6 +17,15 @@ def fmt_opt(v: float | int | None, unit: str = "", digits: int = 0) -> str:
     return "-" if v is None else f"{v:.{digits}f}{unit}"
 
 
+def fmt_age(seconds: float) -> str:
+    """A duration in its largest sensible unit: "45s", "12m", "3h"."""
+    if seconds < 90:
+        return f"{int(seconds)}s"
+    if seconds < 5400:
+        return f"{int(seconds // 60)}m"
+    return f"{int(seconds // 3600)}h"
+
+
 def gpu_flags(g: GpuSample) -> list[str]:
     """Short badges for trouble on a GPU: lost, throttling, ECC, remapped rows."""
     flags: list[str] = []

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from gpuctl.core.format import GIB, gpu_flags
+from gpuctl.core.format import GIB, fmt_age, gpu_flags
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
 
 SPARK_CHARS = " ▁▂▃▄▅▆▇█"
@@ -126,14 +126,6 @@ def node_age_text(s: NodeSnapshot, now: float) -> str:
     if s.state is NodeState.UNREACHABLE:
         return f"unreachable: {s.reason}" if s.reason else "unreachable"
     return str(s.state.value)
-
-
-def fmt_age(seconds: float) -> str:
-    if seconds < 90:
-        return f"{int(seconds)}s"
-    if seconds < 5400:
-        return f"{int(seconds // 60)}m"
-    return f"{int(seconds // 3600)}h"
 
 
 def fmt_power(watts: float) -> str:

@@ -13,10 +13,10 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 from textual_plotext import PlotextPlot
 
-from gpuctl.core.format import GIB
+from gpuctl.core.format import GIB, fmt_age
 from gpuctl.core.model import GpuSample, NodeSnapshot
 from gpuctl.tui.store import FleetStore
-from gpuctl.tui.view import fmt_age, node_age_text, short_model
+from gpuctl.tui.view import node_age_text, short_model
 
 MAX_POINTS = 240  # a plot is at most ~120 cells wide: more points only cost time
 EVENTS_SHOWN = 12

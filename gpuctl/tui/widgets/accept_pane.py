@@ -22,7 +22,7 @@ from textual.containers import Vertical
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable, RichLog, Static
 
-from gpuctl.tui.view import fmt_age
+from gpuctl.core.format import fmt_age
 from gpuctl.workloads.accept.schema import SECTIONS
 
 HEADERS = {
