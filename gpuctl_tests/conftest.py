@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -12,6 +16,55 @@ from gpuctl_tests.helpers import IN_CI, AgentProcess
 if TYPE_CHECKING:
     from gpuctl_tests.harness.slurm import SlurmCluster
     from gpuctl_tests.harness.sshd import SshCluster
+
+
+# Variables of the developer's own environment that would change what gpuctl does under test.
+_FOREIGN_ENV = ("GPUCTL_CONFIG", "GPUCTL_STATE_DIR", "GPUCTL_READ_ONLY", "SSH_AUTH_SOCK")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _hermetic_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The whole session sees a home, XDG folders and a TMPDIR of its own, so no test reads the
+    machine user's config or leaves state, job folders or temporary files outside pytest's
+    folder. pip keeps the user's configuration (its package index): tests install packages."""
+    root = tmp_path_factory.mktemp("home")
+    saved = dict(os.environ)
+    user_pip = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "pip"
+    pip_conf = next(
+        (p for p in (user_pip / "pip.conf", Path.home() / ".pip" / "pip.conf") if p.is_file()), None
+    )
+    for name in _FOREIGN_ENV:
+        os.environ.pop(name, None)
+    if pip_conf is not None and "PIP_CONFIG_FILE" not in os.environ:
+        os.environ["PIP_CONFIG_FILE"] = str(pip_conf)
+    dirs = {
+        "HOME": root,
+        "XDG_CONFIG_HOME": root / ".config",
+        "XDG_CONFIG_DIRS": root / "etc-xdg",
+        "XDG_STATE_HOME": root / ".local" / "state",
+        "XDG_CACHE_HOME": root / ".cache",
+        "XDG_DATA_HOME": root / ".local" / "share",
+        "TMPDIR": root / "tmp",
+    }
+    for name, path in dirs.items():
+        path.mkdir(parents=True, exist_ok=True)
+        os.environ[name] = str(path)
+    tempfile.tempdir = None  # computed again from TMPDIR
+    try:
+        yield root
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        tempfile.tempdir = None
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that refuses connections: bound (so no other server can take it)
+    but not listening."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
 
 
 @pytest.fixture

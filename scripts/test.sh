@@ -33,4 +33,4 @@ echo "== mypy (strict, login side)"
 echo "== vermin (gpuctl/node must run on Python 3.6)"
 "$VENV/bin/vermin" -q --no-tips --violations -t=3.6- gpuctl/node
 echo "== pytest"
-"$PY" -m pytest -q -p no:cacheprovider "$@"
+"$PY" -m pytest -q -p no:cacheprovider --durations=15 "$@"

@@ -412,19 +412,19 @@ async def test_jump_host(ssh_cluster: SshCluster, tmp_path: Path) -> None:
 
 
 async def test_gpuctl_settings_override_the_ssh_config(
-    ssh_cluster: SshCluster, tmp_path: Path
+    ssh_cluster: SshCluster, tmp_path: Path, closed_port: int
 ) -> None:
     node = await asyncio.to_thread(ssh_cluster.start_node, "real")
     cfg = tmp_path / "ssh_config"
     cfg.write_text(
-        "Host alias\n    HostName 127.0.0.1\n    Port 1\n"
+        f"Host alias\n    HostName 127.0.0.1\n    Port {closed_port}\n"
         f"    IdentityFile {ssh_cluster.client_key_path}\n"
     )
     base = node_config(ssh_cluster, "alias", tmp_path)
     wrong = SshLink(replace(base, ssh_config=str(cfg)))
     with pytest.raises(LinkError) as info:
         await wrong.connection()
-    assert info.value.reason == "refused" and "(127.0.0.1:1)" in info.value.message
+    assert info.value.reason == "refused" and f"(127.0.0.1:{closed_port})" in info.value.message
     right = SshLink(replace(base, ssh_config=str(cfg), port=node.port))
     try:
         await right.connection()

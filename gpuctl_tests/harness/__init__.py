@@ -16,6 +16,9 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+# The user's pyenv, found once at import, before the test session sets a HOME of its own.
+_HOME_PYENV = Path.home() / ".pyenv"
+
 
 class HarnessError(RuntimeError):
     """A daemon did not start; the message carries the tail of its log."""
@@ -129,6 +132,6 @@ def clear_pyenv_lock_after_kill(killed_cmdlines: Iterable[str]) -> None:
         return
     if any("pyenv-rehash" in cmdline(p) for p in all_pids()):
         return
-    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    root = Path(os.environ.get("PYENV_ROOT") or _HOME_PYENV)
     with contextlib.suppress(OSError):
         (root / "shims" / ".pyenv-shim").unlink()

@@ -139,7 +139,10 @@ class SshNode:
         self.pid_path = self.dir / "sshd.pid"
         # Every session of this node carries this in its environment; kill() looks for it.
         self.marker = f"GPUCTL_TEST_SSHD={uuid.uuid4().hex}"
-        self.env: dict[str, str] = {"GPUCTL_NODE": name}
+        # a /tmp of its own: what a node's processes leave there stays in the test's folder
+        self.tmp = self.dir / "tmp"
+        self.tmp.mkdir(exist_ok=True)
+        self.env: dict[str, str] = {"GPUCTL_NODE": name, "TMPDIR": str(self.tmp)}
         if simulate is not None:
             self.env["GPUCTL_SIMULATE"] = str(simulate)
         if not rc_files:

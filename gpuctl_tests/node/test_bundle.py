@@ -117,12 +117,11 @@ def test_agent_bundle_command_writes_it(tmp_path: Path) -> None:
 
 def test_node_code_needs_nothing_newer_than_python36() -> None:
     """vermin's static check, plus a real Python 3.6 compiling every node-side file."""
-    vermin = shutil.which("vermin")
-    if vermin is None:
-        pytest.fail("vermin is missing: it is in the test extra")
+    # vermin from this interpreter (the test extra), never whatever PATH happens to hold
     node = REPO / "gpuctl" / "node"
+    vermin = [sys.executable, "-c", "import sys; from vermin import main; sys.exit(main())"]
     result = subprocess.run(
-        [vermin, "-q", "--no-tips", "--violations", "-t=3.6-", str(node)],
+        [*vermin, "-q", "--no-tips", "--violations", "-t=3.6-", str(node)],
         capture_output=True,
         text=True,
         timeout=120,
