@@ -1,6 +1,6 @@
 """The user's configuration: clusters of nodes, how to reach them, and feature tables.
 
-``~/.config/gpuctl/config.toml`` (platformdirs), or ``$GPUCTL_CONFIG``, or ``--config PATH``::
+``~/.config/gpuctl/config.toml`` (``gpuctl.paths``), or ``$GPUCTL_CONFIG``, or ``--config PATH``::
 
     read_only = false              # true: no stress, no jobs, no acceptance runs
 
@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import hostlist
+
+from gpuctl import paths
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -280,10 +282,8 @@ class Config:
 
 
 def default_path() -> Path:
-    """``$XDG_CONFIG_HOME/gpuctl/config.toml`` (platformdirs), whether or not it exists."""
-    import platformdirs
-
-    return Path(platformdirs.user_config_dir("gpuctl", appauthor=False)) / "config.toml"
+    """The user's config file (``gpuctl.paths.config_file()``), whether or not it exists."""
+    return paths.config_file()
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> Config:

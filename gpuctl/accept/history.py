@@ -1,7 +1,7 @@
 """Every acceptance report kept in SQLite, and each node compared with its own past.
 
-The database lives in platformdirs' user state dir (``~/.local/state/gpuctl/accept.sqlite``),
-or under ``$GPUCTL_STATE_DIR`` when set (tests). A report's figures (COMPUTE TFLOP/s per device
+The database is ``accept.sqlite`` in gpuctl's state folder (``gpuctl.paths.state_dir()``,
+``~/.local/state/gpuctl``). A report's figures (COMPUTE TFLOP/s per device
 and dtype, MEMBW GB/s per device, all-reduce busbw) are stored as rows keyed by node and
 figure name. A new figure is compared with the median of the same node's last
 ``REFERENCE_RUNS`` values of the same figure from runs of the same kind (device, quick): a drop
@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuctl import paths
+
 REFERENCE_RUNS = 5
 DEFAULT_THRESHOLD = 0.10
-STATE_ENV = "GPUCTL_STATE_DIR"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -50,16 +51,6 @@ CREATE TABLE IF NOT EXISTS figures (
 CREATE INDEX IF NOT EXISTS figures_by_node ON figures(node, key, device, quick, t);
 CREATE INDEX IF NOT EXISTS runs_by_node ON runs(node, t);
 """
-
-
-def state_dir() -> Path:
-    """Where gpuctl keeps state: ``$GPUCTL_STATE_DIR``, else platformdirs' user state dir."""
-    env = os.environ.get(STATE_ENV)
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_state_dir("gpuctl", appauthor=False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +125,8 @@ class HistoryStore:
     """The SQLite history. Cheap to open; each call uses its own short transaction."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = Path(path) if path is not None else state_dir() / "accept.sqlite"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(path) if path is not None else paths.state_dir() / "accept.sqlite"
+        paths.private_dir(self.path.parent)
         with self._db() as db:
             db.executescript(_SCHEMA)
 

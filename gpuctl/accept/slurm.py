@@ -21,7 +21,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpuctl.accept.history import HistoryStore, state_dir
+from gpuctl import paths
+from gpuctl.accept.history import HistoryStore
 from gpuctl.accept.run import (
     ERROR,
     PENDING,
@@ -60,7 +61,7 @@ class SlurmJobSpec:
 
 def job_root() -> Path:
     """Default parent of job folders: ``<state dir>/accept-jobs``."""
-    return state_dir() / "accept-jobs"
+    return paths.state_dir() / "accept-jobs"
 
 
 def batch_script(

@@ -21,7 +21,8 @@ import sys
 import time
 from typing import Any
 
-from gpuctl.accept.history import DEFAULT_THRESHOLD, HistoryStore, sparkline, state_dir
+from gpuctl import paths
+from gpuctl.accept.history import DEFAULT_THRESHOLD, HistoryStore, sparkline
 from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run, start_local_run
 from gpuctl.cli.common import load_user_config
 from gpuctl.cli.main import mutating as _mutating
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     options = _options(args, config)
     history = None if args.no_history else HistoryStore()
     if args.report_dir is None:
-        args.report_dir = str(state_dir() / "reports")
+        args.report_dir = str(paths.state_dir() / "reports")
     printer = Printer()
     report = asyncio.run(_drive(args, config, options, history, printer))
     return printer.conclude(report, args.fail_on_degradation)

@@ -29,6 +29,7 @@ from typing import Any, TypeVar, overload
 
 import cloudpickle
 
+from gpuctl import paths
 from gpuctl.jobs import _chunk
 from gpuctl.jobs.backends import (
     SUPERVISOR_FILE,
@@ -57,8 +58,6 @@ RUNNER_FILES = {
     "worker.py": PACKAGE / "workloads" / "worker.py",
 }
 SUBMITTER_PYTHON = sys.version.split()[0]
-DEFAULT_JOB_ROOT = "~/.cache/gpuctl/jobs"
-DEFAULT_ENV_ROOT = "~/.cache/gpuctl/envs"
 UNREACHABLE_AFTER = 60.0  # seconds a node may stay unreachable before result() reports it
 BEAT_EVERY = 3.0  # seconds between heartbeat reads while a job runs
 SLURM_VERDICT_WAIT = 30.0  # seconds to wait for Slurm's final state after a signalled stop
@@ -568,7 +567,7 @@ class Executor:
         if target == "local":
             host: Host = LocalHost()
             vpy = supervisor_python or shutil.which("python3") or sys.executable
-            root = job_root or os.path.expanduser(DEFAULT_JOB_ROOT)
+            root = str(paths.jobs_dir(job_root))
             self.backend: Backend = LocalBackend(host, root, vpy)
             if self._python is None and env is None:
                 self._python = sys.executable
@@ -576,7 +575,7 @@ class Executor:
         elif target == "slurm":
             host = LocalHost()
             vpy = supervisor_python or shutil.which("python3") or sys.executable
-            root = job_root or os.path.expanduser(DEFAULT_JOB_ROOT)
+            root = str(paths.jobs_dir(job_root))
             self.backend = SlurmBackend(
                 host, root, vpy, partition=partition, slurm_env=slurm_env, sbatch_args=sbatch_args
             )
@@ -599,13 +598,13 @@ class Executor:
             node_setup = tuple(node.setup)
             jobs_cfg = dict(getattr(cfg, "jobs", {}) or {})
             node_setup += tuple(str(x) for x in jobs_cfg.get("setup", ()))
-            job_root = job_root or jobs_cfg.get("job_root")
+            job_root = job_root or jobs_cfg.get("dir")
             env_root = env_root or jobs_cfg.get("env_root")
             vpy = supervisor_python or node.python
             if self._python is None and env is None:
                 self._python = node.workload_python or "python3"
             if node.via == "local":
-                root = os.path.expanduser(job_root or DEFAULT_JOB_ROOT)
+                root = str(paths.jobs_dir(job_root))
                 self.backend = LocalBackend(LocalHost(), root, vpy)
                 self.cwd = cwd or os.getcwd()
             elif node.via == "srun":
@@ -613,7 +612,7 @@ class Executor:
                 senv = {"SLURM_CONF": node.slurm_conf} if node.slurm_conf else slurm_env
                 self.backend = SlurmBackend(
                     LocalHost(),
-                    os.path.expanduser(job_root or DEFAULT_JOB_ROOT),
+                    str(paths.jobs_dir(job_root)),
                     vpy,
                     partition=partition or node.partition,
                     slurm_env=senv,
@@ -622,10 +621,12 @@ class Executor:
                 self.cwd = cwd or os.getcwd()
             else:
                 host = SshHost.for_node(node)
-                self.backend = SshBackend(host, job_root or DEFAULT_JOB_ROOT, vpy, node.name)
+                # on the node: its own home, resolved there
+                root = job_root or paths.NODE_JOB_DIR
+                self.backend = SshBackend(host, root, vpy, node.name)
                 self.cwd = cwd or ""
         self.setup = (*node_setup, *setup)
-        self.env_root = env_root or DEFAULT_ENV_ROOT
+        self.env_root = env_root or paths.NODE_ENV_DIR
         if store is True:
             self.store: JobStore | None = JobStore()
         elif store is False or store is None:

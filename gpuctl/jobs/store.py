@@ -1,6 +1,6 @@
-"""The job store: one SQLite file under the XDG state dir, so jobs outlive the gpuctl process.
+"""The job store: one SQLite file in gpuctl's state folder, so jobs outlive the gpuctl process.
 
-``$GPUCTL_STATE_DIR`` overrides the folder (tests use it). Each row keeps what is needed to find
+``jobs.sqlite`` under ``gpuctl.paths.state_dir()``. Each row keeps what is needed to find
 the job again after a restart: the target, the backend description (kind, node, Slurm job id,
 supervisor pid), the job folder on that host, and, once finished, the state and classification.
 """
@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gpuctl import paths
 
 # "unreachable": the node did not answer the last time gpuctl looked (the job may still run)
 STATES = ("submitted", "pending", "running", "unreachable", "done", "failed", "cancelled")
@@ -43,16 +45,6 @@ CREATE INDEX IF NOT EXISTS jobs_created ON jobs(created_at);
 
 _COLUMNS = ("state", "kind", "summary", "started_at", "ended_at", "report", "backend", "heartbeat")
 _JSON_COLUMNS = ("report", "backend", "heartbeat")
-
-
-def state_dir() -> Path:
-    """``$GPUCTL_STATE_DIR``, else platformdirs' user state dir for gpuctl."""
-    env = os.environ.get("GPUCTL_STATE_DIR")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_state_dir("gpuctl", appauthor=False))
 
 
 @dataclass
@@ -88,9 +80,7 @@ class JobStore:
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         if path is None:
-            folder = state_dir()
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            path = folder / "jobs.sqlite"
+            path = paths.private_dir(paths.state_dir()) / "jobs.sqlite"
         self.path = Path(path)
         self._lock = threading.Lock()
         with self._db() as db:

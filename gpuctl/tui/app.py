@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import os
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -32,6 +31,7 @@ from textual.theme import Theme
 from textual.widgets import ContentSwitcher, Footer, Input, Label, Static
 from textual.worker import Worker, WorkerState
 
+from gpuctl import paths
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
 from gpuctl.tui.screens.accept_report import AcceptReportScreen
 from gpuctl.tui.screens.confirm import ConfirmScreen
@@ -309,7 +309,7 @@ class GpuctlApp(App[int]):
         self.store = FleetStore(fleet, clock or time.time)
         self.coalesce = coalesce
         self.manage_fleet = manage_fleet
-        self.state_dir = state_dir if state_dir is not None else default_state_dir()
+        self.state_dir = state_dir if state_dir is not None else paths.state_dir()
         self.theme_memory = ThemeMemory(self.state_dir)
         self.accept_options = dict(accept_options or {})
         self.gpuctl_themes: list[str] = []
@@ -771,16 +771,6 @@ class GpuctlApp(App[int]):
                         )
 
 
-def default_state_dir() -> Path:
-    """``$GPUCTL_STATE_DIR``, else the user's state folder (where the CLI keeps history)."""
-    env = os.environ.get("GPUCTL_STATE_DIR")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_state_dir
-
-    return Path(user_state_dir("gpuctl", appauthor=False))
-
-
 def _title(description: str) -> str:
     return description[:1].upper() + description[1:]
 
@@ -804,7 +794,7 @@ def make_app(
     wall clock for ages (tests freeze it); ``state_dir`` holds the remembered theme (default:
     the user's state folder). With ``manage_fleet`` the app starts the fleet on mount and stops
     it on exit. ``job_store`` (a ``gpuctl.jobs.store.JobStore``) feeds the jobs pane.
-    ``state_dir`` (default ``$GPUCTL_STATE_DIR``, else the user's state folder) also holds the
+    ``state_dir`` (default ``gpuctl.paths.state_dir()``) also holds the
     acceptance history and reports of runs started with ``a``; ``accept_options`` overrides
     fields of their ``AcceptOptions`` (``python``, ``extra_args``, ...).
     """

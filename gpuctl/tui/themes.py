@@ -11,11 +11,15 @@ import os
 import sys
 from collections.abc import Iterable
 from importlib import resources
-from importlib.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.theme import Theme
+
+from gpuctl import paths
+
+if TYPE_CHECKING:  # importlib.abc's is deprecated from 3.12, importlib.resources.abc's is 3.11+
+    from importlib.abc import Traversable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -87,11 +91,7 @@ class ThemeMemory:
     """Remembers the last theme chosen in a small JSON file under the user's state folder."""
 
     def __init__(self, state_dir: Path | None = None) -> None:
-        if state_dir is None:
-            from platformdirs import user_state_dir
-
-            state_dir = Path(user_state_dir("gpuctl"))
-        self.path = state_dir / "tui.json"
+        self.path = (state_dir if state_dir is not None else paths.state_dir()) / "tui.json"
 
     def load(self) -> str | None:
         try:
@@ -104,7 +104,7 @@ class ThemeMemory:
     def save(self, theme: str) -> None:
         """Write the choice atomically; a read-only home only loses the memory, never the app."""
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            paths.private_dir(self.path.parent)
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps({"theme": theme}) + "\n", encoding="utf-8")
             os.replace(tmp, self.path)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuctl.accept.history import HistoryStore, figures, sparkline, state_dir
+from gpuctl.accept.history import HistoryStore, figures, sparkline
 
 
 def report(t: float, tflops: float, busbw: float = 10.0, device: str = "cuda") -> dict[str, Any]:
@@ -57,10 +57,10 @@ def test_a_drop_beyond_the_threshold_is_a_degradation(tmp_path: Path) -> None:
     assert [v for _, v, _ in series] == [700.0, 690.0, 560.0]
 
 
-def test_state_dir_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_history_lives_in_the_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "st"))
-    assert state_dir() == tmp_path / "st"
     assert HistoryStore().path == tmp_path / "st" / "accept.sqlite"
+    assert (tmp_path / "st").stat().st_mode & 0o777 == 0o700
 
 
 def test_sparkline_scales_between_min_and_max() -> None:

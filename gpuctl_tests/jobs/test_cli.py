@@ -135,7 +135,7 @@ def test_node_of_the_config_via_local_with_jobs_table(
         f'workload_python = "{venv2}"\n'
         'setup = ["export GPUCTL_FROM_CLUSTER=c"]\n'
         "[jobs]\n"
-        f'job_root = "{tmp_path / "cfg-jobs"}"\n'
+        f'dir = "{tmp_path / "cfg-jobs"}"\n'
         'setup = ["export GPUCTL_FROM_JOBS_TABLE=j"]\n'
     )
     ex = Executor("box2", config=load_config(cfg_path), store=False)

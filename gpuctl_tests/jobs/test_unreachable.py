@@ -55,9 +55,7 @@ def node(ssh_cluster: SshCluster, venv1: str) -> Any:
 @pytest.fixture
 def config_path(ssh_cluster: SshCluster, node: Any, tmp_path: Path) -> Path:
     root = tmp_path / "remote-jobs"
-    return ssh_cluster.write_config(
-        tmp_path / "config.toml", extra=f'\n[jobs]\njob_root = "{root}"\n'
-    )
+    return ssh_cluster.write_config(tmp_path / "config.toml", extra=f'\n[jobs]\ndir = "{root}"\n')
 
 
 @pytest.mark.slow
