@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +18,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-PYENV = Path.home() / ".pyenv" / "versions"
+# Read once at import, before the session's own HOME is set (conftest ``_hermetic_home``).
+PYENV = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
@@ -51,6 +54,71 @@ def require_binary(path: str) -> str:
             pytest.fail(f"{path} missing: scripts/test.sh installs it")
         pytest.skip(f"{path} missing")
     return path
+
+
+def clean_copy(dest: Path) -> Path:
+    """Copy this checkout's source to ``dest`` as a fresh clone would have it (no venv, no
+    build or cache folders), for tests that build or install gpuctl as a user would."""
+    shutil.copytree(
+        REPO,
+        dest,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            ".venv",
+            "build",
+            "dist",
+            "*.egg-info",
+            "__pycache__",
+            ".*_cache",
+            ".hypothesis",
+        ),
+    )
+    return dest
+
+
+class Tmux:
+    """A private tmux server (own socket) running one shell command in a 160×48 pane."""
+
+    def __init__(
+        self, tmp: Path, command: str, env: dict[str, str], cwd: Path | None = None
+    ) -> None:
+        self.tmux = require_binary("tmux")
+        self.socket = str(tmp / "tmux.sock")
+        self.env = {k: v for k, v in env.items() if k != "TMUX"}
+        self.cwd = cwd
+        self.run("new-session", "-d", "-x", "160", "-y", "48", "-s", "t", command)
+        self.run("set-option", "-t", "t", "remain-on-exit", "on")
+
+    def run(self, *args: str) -> str:
+        out = subprocess.run(
+            [self.tmux, "-S", self.socket, *args],
+            env=self.env,
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
+        return out.stdout
+
+    def screen(self) -> str:
+        return self.run("capture-pane", "-p", "-t", "t")
+
+    def show(self, fmt: str) -> str:
+        return self.run("display-message", "-p", "-t", "t", fmt).strip()
+
+    def keys(self, *keys: str) -> None:
+        self.run("send-keys", "-t", "t", *keys)
+
+    def close(self) -> None:
+        subprocess.run([self.tmux, "-S", self.socket, "kill-server"], capture_output=True)
+
+
+def shell_then_report(command: str) -> str:
+    """``sh -c`` text running ``command``, printing ``gpuctl-exited=<status>`` after it and
+    keeping the pane open, so that the terminal's state after the exit can be read."""
+    script = f'{command}; echo "gpuctl-exited=$?"; exec sleep 300'
+    return "sh -c " + shlex.quote(script)
 
 
 def node_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import os
 import subprocess
 import sys
 import venv
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl_tests.helpers import REPO
+from gpuctl_tests.helpers import REPO, clean_copy
 
 pytestmark = pytest.mark.slow
 
@@ -20,21 +20,7 @@ pytestmark = pytest.mark.slow
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Build from a clean copy: setuptools reuses a checkout's build/ folder, which can hold
     # modules the source no longer would ship (a package that lost its __init__.py).
-    src = tmp_path_factory.mktemp("src") / "gpuctl-src"
-    shutil.copytree(
-        REPO,
-        src,
-        ignore=shutil.ignore_patterns(
-            ".git",
-            ".venv",
-            "build",
-            "dist",
-            "*.egg-info",
-            "__pycache__",
-            ".*_cache",
-            ".hypothesis",
-        ),
-    )
+    src = clean_copy(tmp_path_factory.mktemp("src") / "gpuctl-src")
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out)],
@@ -66,25 +52,15 @@ def test_wheel_contents(wheel: Path) -> None:
 
 def test_themes_load_from_the_installed_wheel(wheel: Path, tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
-    # System site-packages provide textual & co; the wheel itself goes in without deps, so
-    # gpuctl is imported from the venv, never from this checkout.
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    # A venv of its own with the wheel and its dependencies installed, as a user's would be:
+    # nothing borrowed from this interpreter or a base one, gpuctl never imported from here.
+    venv.EnvBuilder(with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(py),
-            "install",
-            "-q",
-            "--no-deps",
-            str(wheel),
-        ],
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", str(wheel)],
         check=True,
         capture_output=True,
-        timeout=300,
+        timeout=600,
     )
     probe = (
         "import gpuctl, importlib.resources as r, tomllib\n"
@@ -95,8 +71,9 @@ def test_themes_load_from_the_installed_wheel(wheel: Path, tmp_path: Path) -> No
         "from gpuctl.tui.themes import load_themes\n"
         "print(' '.join(sorted(t.name for t in load_themes())))\n"
     )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run(
-        [str(py), "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        [str(py), "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 0, r.stderr
     loaded = r.stdout.split()

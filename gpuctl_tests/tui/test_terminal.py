@@ -4,63 +4,24 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpuctl_tests.helpers import REPO, require_binary, wait_until
-
-
-class Tmux:
-    """A private tmux server (own socket) running one command in a 160×48 pane."""
-
-    def __init__(self, tmp: Path, command: list[str]) -> None:
-        self.tmux = require_binary("tmux")
-        self.socket = str(tmp / "tmux.sock")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-        env["XDG_STATE_HOME"] = str(tmp / "state")  # the remembered theme stays in the test
-        env["GPUCTL_CONFIG"] = str(tmp / "config.toml")
-        (tmp / "config.toml").write_text("")
-        env.pop("TMUX", None)
-        self.env = env
-        shell = " ".join(shlex.quote(c) for c in command)
-        self.run("new-session", "-d", "-x", "160", "-y", "48", "-s", "t", shell)
-        self.run("set-option", "-t", "t", "remain-on-exit", "on")
-
-    def run(self, *args: str) -> str:
-        out = subprocess.run(
-            [self.tmux, "-S", self.socket, *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        )
-        return out.stdout
-
-    def screen(self) -> str:
-        return self.run("capture-pane", "-p", "-t", "t")
-
-    def show(self, fmt: str) -> str:
-        return self.run("display-message", "-p", "-t", "t", fmt).strip()
-
-    def keys(self, *keys: str) -> None:
-        self.run("send-keys", "-t", "t", *keys)
-
-    def close(self) -> None:
-        subprocess.run([self.tmux, "-S", self.socket, "kill-server"], capture_output=True)
+from gpuctl_tests.helpers import REPO, Tmux, shell_then_report, wait_until
 
 
 @pytest.fixture
 def tmux_demo(tmp_path: Path) -> Iterator[Tmux]:
     demo = [sys.executable, "-m", "gpuctl", "demo", "--nodes", "3", "--gpus", "4"]
-    # The shell outlives gpuctl so that the terminal's state after the exit can be read.
-    script = " ".join(shlex.quote(c) for c in demo) + '; echo "gpuctl-exited=$?"; exec sleep 120'
-    t = Tmux(tmp_path, ["sh", "-c", script])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")  # the remembered theme stays in the test
+    env["GPUCTL_CONFIG"] = str(tmp_path / "config.toml")
+    (tmp_path / "config.toml").write_text("")
+    t = Tmux(tmp_path, shell_then_report(shlex.join(demo)), env)
     yield t
     t.close()
 
