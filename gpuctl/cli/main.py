@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from gpuctl import __version__
+from gpuctl import __version__, logs
+
+log = logging.getLogger("gpuctl.cli")
 
 # Subcommand modules, in the order ``gpuctl --help`` lists them. Each has
 # ``register(subparsers)`` which adds its parser and sets ``func(args) -> int``.
@@ -105,8 +108,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def _options_everywhere(parser: argparse.ArgumentParser) -> None:
-    """Accept the global ``--config`` and ``--read-only`` after the command as well
-    (``gpuctl status --config c.toml``), without letting a subcommand's default reset them."""
+    """Accept the global options after the command as well (``gpuctl status --config c.toml
+    -v``), without letting a subcommand's default reset them."""
     for action in parser._actions:
         if not isinstance(action, argparse._SubParsersAction):
             continue
@@ -123,6 +126,18 @@ def _options_everywhere(parser: argparse.ArgumentParser) -> None:
                     action="store_true",
                     default=argparse.SUPPRESS,
                     help=argparse.SUPPRESS,
+                )
+            if "--verbose" not in known:
+                sub.add_argument(
+                    "-v",
+                    "--verbose",
+                    action="count",
+                    default=argparse.SUPPRESS,
+                    help=argparse.SUPPRESS,
+                )
+            if "--log-file" not in known:
+                sub.add_argument(
+                    "--log-file", metavar="PATH", default=argparse.SUPPRESS, help=argparse.SUPPRESS
                 )
             _options_everywhere(sub)
 
@@ -142,6 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"refuse everything that changes nodes: stress, jobs, acceptance runs "
         f"(also ${READ_ONLY_ENV}=1 or read_only = true in the config)",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="say what gpuctl does on stderr (-vv: more); the log file has it in any case",
+    )
+    parser.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="write gpuctl's log here (default: gpuctl.log in the state folder's logs/)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
@@ -176,16 +203,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("gpuctl: interrupted", file=sys.stderr)
         return 130
     except OSError as e:  # a file, folder or connection the command needed
+        log.info("failed: %s", os_error(e), exc_info=True)
         print(f"gpuctl: {os_error(e)}", file=sys.stderr)
         return 1
     except Exception as e:
+        log.error("internal error", exc_info=True)
         if os.environ.get("GPUCTL_DEBUG"):
             raise
-        print(
-            f"gpuctl: internal error: {type(e).__name__}: {e} (a bug in gpuctl: please report "
-            "it; GPUCTL_DEBUG=1 shows the traceback)".replace("\n", " "),
-            file=sys.stderr,
-        )
+        where = logs.log_file()
+        how = f"it with the traceback in {where}" if where else "it; GPUCTL_DEBUG=1 shows it"
+        text = f"internal error: {type(e).__name__}: {e} (a bug in gpuctl: please report {how})"
+        print(f"gpuctl: {text}".replace("\n", " "), file=sys.stderr)
         return 70
 
 
@@ -210,6 +238,8 @@ def os_error(e: OSError) -> str:
 def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    logs.setup(getattr(args, "verbose", 0) or 0, getattr(args, "log_file", None))
+    log.info("gpuctl %s: %s", __version__, getattr(args, "command", None) or "watch")
     func = getattr(args, "func", None)
     if func is None:
         # Plain ``gpuctl`` opens the TUI on the configured cluster when the TUI exists.
