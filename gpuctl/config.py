@@ -1,6 +1,10 @@
-"""The user's configuration: clusters of nodes, how to reach them, and feature tables.
+"""The configuration: clusters of nodes, how to reach them, and feature tables.
 
-``~/.config/gpuctl/config.toml`` (``gpuctl.paths``), or ``$GPUCTL_CONFIG``, or ``--config PATH``::
+Files, read in this order, each overriding the ones before key by key (tables merge, other
+values replace): the site's ``<each of $XDG_CONFIG_DIRS>/gpuctl/config.toml`` (default
+``/etc/xdg/gpuctl/config.toml``: a cluster's admins name the nodes once for everybody), then the
+user's ``~/.config/gpuctl/config.toml`` (``$XDG_CONFIG_HOME``), or the file named by
+``$GPUCTL_CONFIG`` or ``--config PATH`` instead of the user's. See ``gpuctl.paths``::
 
     read_only = false              # true: no stress, no jobs, no acceptance runs
 
@@ -11,20 +15,18 @@
     nodes = "node[1-4],dgx-a"      # Slurm hostlists (a string or a list of strings); without
                                    # nodes, via = "srun" or a partition = "..." asks sinfo
     via = "ssh"                    # ssh | srun | local
-    ssh_config = "~/.ssh/config"   # the OpenSSH client config to read (the default)
-    known_hosts = "~/.ssh/known_hosts"
-    host_key_policy = "strict"     # strict | accept-new
     python = "python3"             # the node's system interpreter (VENV1)
     workload_python = "/opt/envs/torch/bin/python"   # VENV2, for burners and the suite
-    simulate = 8                   # optional: simulated GPUs ("8" or "8:H100") on these nodes
-    interval = 1.0
 
     [clusters.lab.override."node4"]  # per-node settings, keyed by a hostlist
     python = "/usr/bin/python3.6"
 
-    [tui] / [stress] / [accept] / [jobs]   # passed through raw to those features
+    [fleet] / [tui] / [stress] / [accept] / [jobs]
 
-Every mistake is a ``ConfigError`` whose text is one line: ``path:line: what is wrong``.
+Every key of every table is known here (``CLUSTER_KEYS``, ``SECTIONS``): its check, its default
+and one line of meaning, from which ``gpuctl config init`` writes a commented file. An unknown
+key is an error with a "did you mean" when one is close. Every mistake is a ``ConfigError``
+whose text is one line: ``path:line: what is wrong``, naming the file that holds the key.
 Hostlists are expanded by python-hostlist, never by hand.
 """
 
@@ -33,7 +35,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,6 @@ HOST_KEY_POLICIES = ("strict", "accept-new")
 MAX_NODES = 100_000
 DEFAULT_BUNDLE_DIR = "~/.cache/gpuctl"
 TOP_KEYS = ("read_only", "defaults", "clusters", "fleet", "tui", "stress", "accept", "jobs")
-FLEET_KEYS = ("concurrency", "connect_timeout", "stale_after", "backoff_base", "backoff_max")
 
 
 class ConfigError(Exception):
@@ -217,32 +218,101 @@ def expand_hostlist(text: str) -> list[str]:
     return list(names)
 
 
-CLUSTER_KEYS: dict[str, Callable[[Any], Any]] = {
-    "nodes": _hostlists,
-    "via": _choice(*VIAS),
-    "ssh_config": _str,
-    "known_hosts": _str,
-    "host_key_policy": _choice(*HOST_KEY_POLICIES),
-    "user": _str,
-    "port": _integer(1, 65535),
-    "identity": _str,
-    "jump": _str,
-    "python": _str,
-    "workload_python": _str,
-    "simulate": _simulate,
-    "interval": _number(0.1, 3600),
-    "connect_timeout": _number(0.5, 600),
-    "keepalive_interval": _number(0, 3600),
-    "keepalive_count_max": _integer(1, 100),
-    "setup": _lines,
-    "bundle_dir": _str,
-    "partition": _str,
-    "jobid": _integer(1, 2**62),
-    "slurm_conf": _str,
-    "slurm": _bool,
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One config key: how its value is checked, its default (None: unset, "as the node or the
+    ssh config says"), and one line of meaning (``gpuctl config init`` writes them out)."""
+
+    check: Callable[[Any], Any]
+    default: Any
+    help: str
+    local_path: bool = False  # a login-side path: ``~`` expanded, relative to its file's folder
+
+
+CLUSTER_KEYS: dict[str, Key] = {
+    "nodes": Key(_hostlists, None, 'the nodes, as Slurm hostlists ("gpu[01-16],dgx-a")'),
+    "via": Key(_choice(*VIAS), "ssh", "how nodes are reached: ssh, srun (a job step), local"),
+    "ssh_config": Key(_str, None, "OpenSSH client config to read (default ~/.ssh/config)", True),
+    "known_hosts": Key(_str, None, "known_hosts file (default: as the ssh config says)", True),
+    "host_key_policy": Key(
+        _choice(*HOST_KEY_POLICIES), "strict", "strict, or accept-new to record unseen hosts"
+    ),
+    "user": Key(_str, None, "login name (default: as the ssh config says)"),
+    "port": Key(_integer(1, 65535), None, "SSH port (default: as the ssh config says)"),
+    "identity": Key(_str, None, "private key file (default: the ssh config's, or the agent)", True),
+    "jump": Key(_str, None, "ProxyJump host(s), [user@]host[:port],... (default: ssh config)"),
+    "python": Key(_str, "python3", "the node's system Python (>= 3.6) that runs the agent"),
+    "workload_python": Key(
+        _str, None, "a Python with torch on the nodes, for burners and the acceptance suite"
+    ),
+    "simulate": Key(_simulate, None, 'simulated GPUs on these nodes ("8" or "8:H100")'),
+    "interval": Key(_number(0.1, 3600), 1.0, "seconds between samples"),
+    "connect_timeout": Key(_number(0.5, 600), 15.0, "seconds to wait for a node to answer"),
+    "keepalive_interval": Key(_number(0, 3600), 5.0, "seconds between SSH keepalives (0: off)"),
+    "keepalive_count_max": Key(_integer(1, 100), 3, "keepalives unanswered before giving up"),
+    "setup": Key(_lines, [], 'shell lines run on the node first ("module load cuda/12.1")'),
+    "bundle_dir": Key(
+        _str, DEFAULT_BUNDLE_DIR, "folder on the node (private, 0700) for the agent bundle"
+    ),
+    "partition": Key(_str, None, "Slurm partition whose nodes these are (sinfo lists them)"),
+    "jobid": Key(_integer(1, 2**62), None, "via srun: the job whose nodes to watch"),
+    "slurm_conf": Key(_str, None, "slurm.conf for this cluster's Slurm clients", True),
+    "slurm": Key(_bool, False, "show which Slurm job and user hold each GPU"),
 }
 NODE_KEYS = tuple(k for k in CLUSTER_KEYS if k != "nodes")  # allowed in an override
-LOCAL_PATH_KEYS = ("ssh_config", "known_hosts", "identity", "slurm_conf")
+
+
+def _keymap(v: Any) -> dict[str, str]:
+    if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
+        raise _Bad(f'expected a table of binding id = "key", got {_show(v)}')
+    return dict(v)
+
+
+_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
+_WEEK = 7 * 86400.0
+
+# The feature tables: [name] -> key -> Key. What reads each: fleet/ (fleet), tui/ (tui),
+# fleet/control.py and cli/stress.py (stress), cli/accept.py and the TUI's a key (accept),
+# jobs/executor.py (jobs).
+SECTIONS: dict[str, dict[str, Key]] = {
+    "fleet": {
+        "concurrency": Key(_integer(1, 4096), 32, "nodes connecting at once"),
+        "connect_timeout": Key(_number(0.5, 600), 20.0, "seconds for an agent to say hello"),
+        "stale_after": Key(_number(0.5, 3600), 3.0, "seconds without a sample: the node is stale"),
+        "backoff_base": Key(_number(0.01, 600), 1.0, "first reconnect delay, seconds"),
+        "backoff_max": Key(_number(0.01, 3600), 30.0, "longest reconnect delay, seconds"),
+    },
+    "tui": {
+        "theme": Key(_str, None, "dark, light or high-contrast (else the last one chosen)"),
+        "keys": Key(_keymap, {}, 'remapped keys by binding id: { stress_gpu = "x" } (see ?)'),
+    },
+    "stress": {
+        "duration": Key(_number(0.5, _WEEK), None, "seconds a burn lasts (default: max_duration)"),
+        "max_duration": Key(_number(1, _WEEK), 3600.0, "longest burn a node allows, seconds"),
+        "engine": Key(_choice("auto", "torch", "gpu-burn"), "auto", "auto, torch or gpu-burn"),
+        "dtype": Key(_choice(*_DTYPES), None, "fp32, tf32, bf16, fp16 or fp64 (default bf16)"),
+        "mem_fraction": Key(_number(0.05, 0.99), 0.9, "share of free GPU memory a burner uses"),
+        "gpu_burn": Key(_str, None, "path of a gpu_burn binary on the nodes"),
+        "gpu_burn_source": Key(_str, None, "gpu-burn source folder on the nodes, to build from"),
+        "workload_python": Key(_str, None, "Python with torch on the nodes (default: cluster's)"),
+    },
+    "accept": {
+        "python": Key(_str, None, "Python with torch on the nodes (default: workload_python)"),
+        "expect_gpus": Key(_integer(0, 1024), None, "GPUs each node must show"),
+        "allow_no_gpu": Key(_bool, False, "pass a node without GPUs (CPU-only runs)"),
+        "floor": Key(_number(0.01, 1.0), 0.6, "share of the reference peak GEMM must reach"),
+        "timeout": Key(_number(1, _WEEK), 3600.0, "seconds before a node's suite is stopped"),
+        "threshold": Key(_number(0.0, 1.0), 0.1, "drop below the node's history that fails it"),
+        "gpus_per_node": Key(_integer(1, 1024), None, "via slurm: tasks (GPUs) per node"),
+        "partition": Key(_str, None, "via slurm: the partition to submit to"),
+        "job_dir": Key(_str, None, "via slurm: folder shared with the nodes for the job", True),
+    },
+    "jobs": {
+        "dir": Key(_str, None, "job folders here (a shared file system for Slurm)", True),
+        "env_root": Key(_str, None, "where VENV2 environments are built on the nodes"),
+        "setup": Key(_lines, [], "shell lines run before every job's VENV2 starts"),
+    },
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,16 +330,21 @@ class ClusterConfig:
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """The whole configuration. Empty (no clusters) means "watch this machine"."""
+    """The whole configuration. Empty (no clusters) means "watch this machine".
+
+    ``path`` is the most specific file read (the user's, else the site's); ``sources`` every
+    file read, site files first. The feature tables hold checked values of the keys given.
+    """
 
     path: str | None = None
     clusters: Mapping[str, ClusterConfig] = field(default_factory=dict)
     read_only: bool = False
-    fleet: Mapping[str, float] = field(default_factory=dict)
+    fleet: Mapping[str, Any] = field(default_factory=dict)
     tui: Mapping[str, Any] = field(default_factory=dict)
     stress: Mapping[str, Any] = field(default_factory=dict)
     accept: Mapping[str, Any] = field(default_factory=dict)
     jobs: Mapping[str, Any] = field(default_factory=dict)
+    sources: tuple[str, ...] = ()
 
     def nodes(self) -> list[NodeConfig]:
         """Every configured node, cluster by cluster, in hostlist order."""
@@ -286,45 +361,64 @@ def default_path() -> Path:
     return paths.config_file()
 
 
-def load_config(path: str | os.PathLike[str] | None = None) -> Config:
-    """Read and validate the config.
-
-    ``path`` None means ``$GPUCTL_CONFIG``, else the XDG default; a missing default file gives an
-    empty Config (this machine). A named file that is missing, or any mistake, raises
-    ConfigError with one line ``path:line: message``.
-    """
+def config_files(path: str | os.PathLike[str] | None = None) -> list[tuple[str, bool]]:
+    """The files ``load_config(path)`` reads, lowest precedence first, as ``(path, required)``:
+    the site's files that exist, then ``path``, ``$GPUCTL_CONFIG`` or the user's file (required
+    when named explicitly; the user's default file only when it exists)."""
+    files = [(str(p), False) for p in reversed(paths.site_config_files()) if p.is_file()]
     if path is None:
-        env = os.environ.get("GPUCTL_CONFIG")
+        env = os.environ.get(paths.CONFIG_ENV)
         if env:
-            path = env
-        else:
-            p = default_path()
-            if not p.exists():
-                return Config()
-            path = p
-    spath = str(path)
+            files.append((env, True))
+        elif default_path().is_file():
+            files.append((str(default_path()), False))
+    else:
+        files.append((os.fspath(path), True))
+    return files
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    """Read, merge and validate the config files (see the module docstring).
+
+    ``path`` None means ``$GPUCTL_CONFIG``, else the user's file. No file at all gives an empty
+    Config (this machine). A named file that is missing, or any mistake, raises ConfigError with
+    one line ``path:line: message``.
+    """
+    layers = [(name, _read(name)) for name, _required in config_files(path)]
+    if not layers:
+        return Config()
+    return _parse_layers(layers)
+
+
+def _read(name: str) -> str:
     try:
-        text = Path(spath).expanduser().read_text(encoding="utf-8")
+        return paths.expand(name).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(spath, None, "no such file") from None
+        raise ConfigError(name, None, "no such file") from None
     except IsADirectoryError:
-        raise ConfigError(spath, None, "is a directory, not a config file") from None
+        raise ConfigError(name, None, "is a directory, not a config file") from None
     except PermissionError:
-        raise ConfigError(spath, None, "cannot read it: permission denied") from None
+        raise ConfigError(name, None, "cannot read it: permission denied") from None
     except UnicodeDecodeError:
-        raise ConfigError(spath, None, "is not UTF-8 text") from None
-    return parse_config(text, spath)
+        raise ConfigError(name, None, "is not UTF-8 text") from None
 
 
 _TOML_AT = re.compile(r"\s*\(at line (\d+), column \d+\)\s*$")
 _TOML_EOF = re.compile(r"\s*\(at end of document\)\s*$")
 
+Origin = tuple[str | None, int | None]  # (file, line) where a key or table was written
+
 
 def parse_config(text: str, path: str | None = None) -> Config:
-    """Validate config text (see ``load_config``); ``path`` is used in messages and to resolve
-    relative local paths."""
+    """Validate one file's text (see ``load_config``); ``path`` is used in messages and to
+    resolve relative local paths."""
+    return _parse_layers([(path, text)])
+
+
+def _toml(text: str, path: str | None) -> dict[str, Any]:
     try:
-        data = tomllib.loads(text)
+        data: dict[str, Any] = tomllib.loads(text)
+        return data
     except tomllib.TOMLDecodeError as e:
         msg = str(e)
         m = _TOML_AT.search(msg)
@@ -335,26 +429,67 @@ def parse_config(text: str, path: str | None = None) -> Config:
         raise ConfigError(
             path, line if m else None, f"TOML syntax: {msg[: m.start()] if m else msg}"
         ) from None
-    return _Builder(data, text, path).build()
+
+
+def _parse_layers(layers: Sequence[tuple[str | None, str]]) -> Config:
+    merged: dict[str, Any] = {}
+    origins: dict[tuple[str, ...], Origin] = {}
+    for path, text in layers:
+        data = _toml(text, path)
+        _merge(merged, data)
+        for keys, line in _key_lines(text).items():
+            origins[keys] = (path, line)
+        for keys in _all_keys(data):  # keys the line finder missed still name their file
+            if origins.get(keys, (None, None))[0] != path:
+                origins[keys] = (path, None)
+    primary = layers[-1][0]
+    sources = tuple(p for p, _ in layers if p is not None)
+    return _Builder(merged, origins, primary, sources).build()
+
+
+def _merge(into: dict[str, Any], over: Mapping[str, Any]) -> None:
+    """``over`` onto ``into`` key by key: tables merge, other values replace."""
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _all_keys(data: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = []
+    for key, value in data.items():
+        out.append((*prefix, key))
+        if isinstance(value, dict):
+            out.extend(_all_keys(value, (*prefix, key)))
+    return out
 
 
 class _Builder:
-    def __init__(self, data: dict[str, Any], text: str, path: str | None) -> None:
+    def __init__(
+        self,
+        data: dict[str, Any],
+        origins: dict[tuple[str, ...], Origin],
+        path: str | None,
+        sources: tuple[str, ...],
+    ) -> None:
         self.data = data
-        self.lines = _key_lines(text)
+        self.origins = origins
         self.path = path
-        self.base = Path(path).expanduser().resolve().parent if path else Path.cwd()
+        self.sources = sources
+
+    def where(self, keys: tuple[str, ...]) -> Origin:
+        """The file and line that set ``keys`` (or the nearest enclosing table)."""
+        for n in range(len(keys), 0, -1):
+            found = self.origins.get(keys[:n])
+            if found is not None:
+                return found
+        return self.path, None
 
     def fail(self, keys: tuple[str, ...], message: str) -> ConfigError:
         label = ".".join(_quote_key(k) for k in keys)
-        return ConfigError(self.path, self._line(keys), f"{label}: {message}" if keys else message)
-
-    def _line(self, keys: tuple[str, ...]) -> int | None:
-        for n in range(len(keys), 0, -1):
-            line = self.lines.get(keys[:n])
-            if line is not None:
-                return line
-        return None
+        path, line = self.where(keys)
+        return ConfigError(path, line, f"{label}: {message}" if keys else message)
 
     def unknown(self, keys: tuple[str, ...], key: str, known: tuple[str, ...]) -> ConfigError:
         hint = _close(key, known)
@@ -378,10 +513,7 @@ class _Builder:
                     )
                 raise self.unknown((), key, TOP_KEYS)
         read_only = self.check(("read_only",), self.data.get("read_only", False), _bool)
-        raw: dict[str, dict[str, Any]] = {}
-        for name in ("tui", "stress", "accept", "jobs"):
-            raw[name] = dict(self.table(self.data.get(name, {}), (name,)))
-        fleet = self.build_fleet()
+        sections = {name: self.section(name) for name in SECTIONS}
         defaults = self.table(self.data.get("defaults", {}), ("defaults",))
         base = self.settings(defaults, ("defaults",), NODE_KEYS)
         clusters_raw = self.table(self.data.get("clusters", {}), ("clusters",))
@@ -405,27 +537,25 @@ class _Builder:
             path=self.path,
             clusters=clusters,
             read_only=read_only,
-            fleet=fleet,
-            tui=raw["tui"],
-            stress=raw["stress"],
-            accept=raw["accept"],
-            jobs=raw["jobs"],
+            fleet=sections["fleet"],
+            tui=sections["tui"],
+            stress=sections["stress"],
+            accept=sections["accept"],
+            jobs=sections["jobs"],
+            sources=self.sources,
         )
 
-    def build_fleet(self) -> dict[str, float]:
-        table = self.table(self.data.get("fleet", {}), ("fleet",))
-        checks: dict[str, Callable[[Any], Any]] = {
-            "concurrency": _integer(1, 4096),
-            "connect_timeout": _number(0.5, 600),
-            "stale_after": _number(0.5, 3600),
-            "backoff_base": _number(0.01, 600),
-            "backoff_max": _number(0.01, 3600),
-        }
-        out: dict[str, float] = {}
+    def section(self, name: str) -> dict[str, Any]:
+        """The checked keys of a feature table (``[stress]``, ...); unknown keys are errors."""
+        keys = SECTIONS[name]
+        table = self.table(self.data.get(name, {}), (name,))
+        out: dict[str, Any] = {}
         for key, v in table.items():
-            if key not in checks:
-                raise self.unknown(("fleet",), key, FLEET_KEYS)
-            out[key] = self.check(("fleet", key), v, checks[key])
+            spec = keys.get(key)
+            if spec is None:
+                raise self.unknown((name,), key, tuple(keys))
+            value = self.check((name, key), v, spec.check)
+            out[key] = self.local_path((name, key), value) if spec.local_path else value
         return out
 
     def check(self, keys: tuple[str, ...], v: Any, checker: Callable[[Any], Any]) -> Any:
@@ -446,16 +576,21 @@ class _Builder:
                 )
             if key not in allowed:
                 raise self.unknown(keys, key, allowed)
-            value = self.check((*keys, key), v, CLUSTER_KEYS[key])
-            if key in LOCAL_PATH_KEYS:
-                value = self.local_path(value)
+            spec = CLUSTER_KEYS[key]
+            value = self.check((*keys, key), v, spec.check)
+            if spec.local_path:
+                value = self.local_path((*keys, key), value)
             out[key] = value
         return out
 
-    def local_path(self, p: str) -> str:
-        """A login-side path: ``~`` expanded, relative to the config file's folder."""
-        q = Path(p).expanduser()
-        return str(q if q.is_absolute() else self.base / q)
+    def local_path(self, keys: tuple[str, ...], p: str) -> str:
+        """A login-side path: ``~`` expanded, relative to the folder of the file that set it."""
+        q = paths.expand(p)
+        if q.is_absolute():
+            return str(q)
+        origin = self.where(keys)[0]
+        base = paths.expand(origin).resolve().parent if origin else Path.cwd()
+        return str(base / q)
 
     def build_cluster(self, cname: str, table: Any, base: dict[str, Any]) -> ClusterConfig:
         keys = ("clusters", cname)
@@ -600,3 +735,58 @@ def _key_lines(text: str) -> dict[tuple[str, ...], int]:
 def _bracket_balance(s: str) -> int:
     s = re.sub(r"\"(?:[^\"\\]|\\.)*\"|'[^']*'", "", s).split("#", 1)[0]
     return s.count("[") - s.count("]")
+
+
+def toml_value(value: Any) -> str:
+    """A TOML literal for a default shown by ``config init`` (str, bool, number, list, table)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def template(*, cluster: str = "main", nodes: str | None = None, note: str | None = None) -> str:
+    """A commented config file: every key of every table with its default and its meaning.
+
+    With ``nodes`` (a hostlist) the cluster table is active; without, it is commented out and
+    the file configures nothing (gpuctl watches this machine) until its nodes are filled in.
+    """
+    out = [
+        "# gpuctl configuration (written by `gpuctl config init`).",
+        "# Every key is shown with its default; uncomment a line to change it.",
+        "# `gpuctl config check` shows what gpuctl understood. Site-wide settings may also",
+        "# come from /etc/xdg/gpuctl/config.toml; this file overrides them key by key.",
+        "",
+        "# refuse everything that changes nodes: stress, jobs, acceptance runs",
+        "# read_only = false",
+        "",
+    ]
+    if note:
+        out += [f"# {line}" for line in note.splitlines()] + [""]
+    active = nodes is not None
+    c = "" if active else "# "
+    out.append(f"{c}[clusters.{cluster}]")
+    for name, key in CLUSTER_KEYS.items():
+        out.append(f"{c}# {key.help}")
+        if name == "nodes":
+            out.append(f"{c}nodes = {toml_value(nodes or 'gpu[01-04]')}")
+        elif key.default is None:
+            out.append(f"{c}# {name} = (unset)")
+        else:
+            out.append(f"{c}# {name} = {toml_value(key.default)}")
+    out.append("")
+    for section, keys in SECTIONS.items():
+        out.append(f"[{section}]")
+        for name, key in keys.items():
+            out.append(f"# {key.help}")
+            value = "(unset)" if key.default is None else toml_value(key.default)
+            out.append(f"# {name} = {value}")
+        out.append("")
+    return "\n".join(out)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,7 +45,7 @@ theme = "nord"
 keys = { quit = "ctrl+q" }
 
 [stress]
-max_minutes = 30
+max_duration = 1800
 """
 
 
@@ -64,7 +66,7 @@ def test_good_config_expands_hostlists_and_applies_overrides(tmp_path: Path) -> 
     assert by["sim1"].via == "local" and by["sim1"].simulate == "4"
     assert config.read_only is True
     assert config.tui == {"theme": "nord", "keys": {"quit": "ctrl+q"}}
-    assert config.stress == {"max_minutes": 30}
+    assert config.stress == {"max_duration": 1800.0}
     assert config.accept == {} and config.jobs == {}
     assert config.fleet == {"concurrency": 8}
 
@@ -169,6 +171,18 @@ BAD = [
     ('[defaults]\nnodes = "n1"\n', r"2: defaults\.nodes: nodes are named in \[clusters\.NAME\] .*"),
     ("[fleet]\nconcurrency = 0\n", r"2: fleet\.concurrency: must be within 1\.\.4096; got 0"),
     ("[fleet]\nworkers = 2\n", r"2: fleet\.workers: unknown key; known keys: concurrency, .*"),
+    (
+        "[stress]\nmax_durration = 60\n",
+        r"2: stress\.max_durration: unknown key \(did you mean 'max_duration'\?\); known keys: .*",
+    ),
+    ('[stress]\nengine = "cuda"\n', r"2: stress\.engine: must be one of auto, torch, gpu-burn; .*"),
+    ("[stress]\nmem_fraction = 2\n", r"2: stress\.mem_fraction: must be within 0\.05\.\.0\.99.*"),
+    ('[tui]\nthme = "light"\n', r"2: tui\.thme: unknown key \(did you mean 'theme'\?\).*"),
+    ("[tui]\nkeys = 3\n", r"2: tui\.keys: expected a table of binding id = \"key\", got 3"),
+    ("[accept]\nexpect_gpu = 8\n", r"2: accept\.expect_gpu: unknown key \(did you mean .*"),
+    ('[accept]\nexpect_gpus = "8"\n', r"2: accept\.expect_gpus: expected a whole number, .*"),
+    ('[jobs]\njob_dir = "/x"\n', r"2: jobs\.job_dir: unknown key \(did you mean 'dir'\?\).*"),
+    ("[jobs]\nsetup = 1\n", r"2: jobs\.setup: expected a string or a list of strings, got 1"),
     ('[clusters."a b"]\nnodes = "n1"\n', r'1: clusters\."a b": a cluster name is letters, .*'),
     (
         '[clusters.a]\nnodes = "n1"\n[clusters.b]\nnodes = "n[0-2]"\n',
@@ -291,3 +305,170 @@ def test_nodes_from_sinfo_when_only_a_partition_is_named() -> None:
     assert cluster.template is not None and cluster.template.via == "ssh"
     srun = parse_config('[clusters.s]\nvia = "srun"\n').clusters["s"]
     assert srun.discover and srun.template is not None and srun.template.slurm is True
+
+
+# -- the site's config, read first and overridden key by key -----------------------------------
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A site config folder ($XDG_CONFIG_DIRS) and a user folder of the test's own."""
+    monkeypatch.setenv("XDG_CONFIG_DIRS", f"{tmp_path / 'etc-xdg'}:{tmp_path / 'other'}")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "user"))
+    monkeypatch.delenv("GPUCTL_CONFIG", raising=False)
+    d = tmp_path / "etc-xdg" / "gpuctl"
+    d.mkdir(parents=True)
+    (tmp_path / "user" / "gpuctl").mkdir(parents=True)
+    return d
+
+
+SITE = """\
+[clusters.hpc]
+nodes = "gpu[01-04]"
+python = "/usr/bin/python3"
+ssh_config = "ssh_config"
+interval = 2.0
+
+[stress]
+max_duration = 1800
+engine = "torch"
+"""
+
+
+def test_the_site_config_names_the_nodes_for_everybody(site: Path) -> None:
+    (site / "config.toml").write_text(SITE)
+    config = load_config(None)
+    assert [n.name for n in config.nodes()] == ["gpu01", "gpu02", "gpu03", "gpu04"]
+    assert config.sources == (str(site / "config.toml"),)
+    node = config.nodes()[0]
+    # a relative login-side path in the site file is relative to the site file's folder
+    assert node.ssh_config == str(site / "ssh_config")
+
+
+def test_the_user_file_overrides_the_site_key_by_key(site: Path, tmp_path: Path) -> None:
+    (site / "config.toml").write_text(SITE)
+    user = tmp_path / "user" / "gpuctl" / "config.toml"
+    user.write_text(
+        '[clusters.hpc]\npython = "/opt/py/bin/python3"\n\n[stress]\nmax_duration = 600\n'
+        '[clusters.mine]\nnodes = "box1"\n'
+    )
+    config = load_config(None)
+    hpc = config.clusters["hpc"].nodes[0]
+    assert hpc.python == "/opt/py/bin/python3"  # the user's value
+    assert hpc.interval == 2.0  # the site's, untouched
+    assert [n.name for n in config.clusters["mine"].nodes] == ["box1"]
+    assert config.stress == {"max_duration": 600.0, "engine": "torch"}
+    assert config.sources == (str(site / "config.toml"), str(user))
+    assert config.path == str(user)
+
+
+def test_a_mistake_names_the_file_that_holds_it(site: Path, tmp_path: Path) -> None:
+    (site / "config.toml").write_text(SITE.replace("interval = 2.0", "interval = 0"))
+    (tmp_path / "user" / "gpuctl" / "config.toml").write_text('[tui]\ntheme = "light"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(None)
+    assert str(info.value) == (
+        f"{site / 'config.toml'}:5: clusters.hpc.interval: must be within 0.1..3600; got 0"
+    )
+    (site / "config.toml").write_text(SITE)
+    (tmp_path / "user" / "gpuctl" / "config.toml").write_text("[stress]\nengine = 'cuda'\n")
+    with pytest.raises(ConfigError, match=r"user/gpuctl/config\.toml:2: stress\.engine: "):
+        load_config(None)
+
+
+def test_site_folders_earlier_in_the_list_win(site: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other" / "gpuctl"
+    other.mkdir(parents=True)
+    (other / "config.toml").write_text('[clusters.hpc]\nnodes = "x[1-2]"\ninterval = 5.0\n')
+    (site / "config.toml").write_text("[clusters.hpc]\ninterval = 3.0\n")
+    config = load_config(None)
+    assert [n.name for n in config.nodes()] == ["x1", "x2"]
+    assert config.nodes()[0].interval == 3.0
+
+
+def test_an_explicit_file_replaces_the_users_not_the_sites(site: Path, tmp_path: Path) -> None:
+    (site / "config.toml").write_text(SITE)
+    (tmp_path / "user" / "gpuctl" / "config.toml").write_text("this is not read = [\n")
+    mine = tmp_path / "mine.toml"
+    mine.write_text("read_only = true\n")
+    config = load_config(mine)
+    assert config.read_only and [n.name for n in config.nodes()][:1] == ["gpu01"]
+
+
+# -- gpuctl config init -------------------------------------------------------------------------
+
+
+def _init(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = node_env({"XDG_CONFIG_HOME": str(tmp_path / "xdg"), **env})
+    full.pop("GPUCTL_CONFIG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuctl", "config", "init", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=tmp_path,
+        timeout=60,
+    )
+
+
+def test_the_template_shows_every_key_its_default_and_meaning() -> None:
+    from gpuctl.config import CLUSTER_KEYS, SECTIONS, template, toml_value
+
+    text = template(nodes="gpu[01-02]")
+    for name, key in [*CLUSTER_KEYS.items(), *(kv for s in SECTIONS.values() for kv in s.items())]:
+        assert f"# {key.help}\n" in text, name
+        shown = "(unset)" if key.default is None else toml_value(key.default)
+        assert f"{name} = {shown}" in text or name == "nodes", name
+    # every default passes its own check: uncomment each line that carries one
+    setting = re.compile(r"# [a-z_]+ = (?!\(unset\))")
+    active = "\n".join(line[2:] if setting.match(line) else line for line in text.splitlines())
+    config = parse_config(active)
+    assert [n.name for n in config.nodes()] == ["gpu01", "gpu02"]
+
+
+def test_config_defaults_are_the_ones_the_code_uses() -> None:
+    """config init shows the defaults; they must be what gpuctl really does without the key."""
+    import dataclasses
+    import inspect
+
+    from gpuctl.accept.run import AcceptOptions
+    from gpuctl.config import CLUSTER_KEYS, SECTIONS, NodeConfig
+    from gpuctl.fleet.fleet import Fleet
+
+    fleet = inspect.signature(Fleet.__init__).parameters
+    for name, key in SECTIONS["fleet"].items():
+        assert fleet[name].default == key.default, name
+    accept = {f.name: f.default for f in dataclasses.fields(AcceptOptions)}
+    for name in ("timeout", "threshold", "allow_no_gpu", "expect_gpus", "python"):
+        assert accept[name] == SECTIONS["accept"][name].default, name
+    node = {f.name: f.default for f in dataclasses.fields(NodeConfig)}
+    for name, key in CLUSTER_KEYS.items():
+        if name in node:
+            expected = tuple(key.default) if isinstance(key.default, list) else key.default
+            assert node[name] == expected, name
+
+
+def test_init_without_slurm_writes_a_file_that_configures_nothing_yet(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    r = _init(tmp_path, PATH=str(tmp_path / "bin"))  # no sinfo anywhere
+    assert r.returncode == 0, r.stderr
+    target = tmp_path / "xdg" / "gpuctl" / "config.toml"
+    assert (
+        r.stdout.strip() == f"wrote {target} (no nodes yet: fill them in); check it with: "
+        "gpuctl config check"
+    )
+    assert "No Slurm here" in target.read_text()
+    assert load_config(target).empty
+    again = _init(tmp_path, PATH=str(tmp_path / "bin"))
+    assert again.returncode == 2 and "exists: --force replaces it" in again.stderr
+    assert _init(tmp_path, "--force", PATH=str(tmp_path / "bin")).returncode == 0
+
+
+@pytest.mark.slurm
+def test_init_with_slurm_names_its_gpu_nodes(tmp_path: Path, slurm_cluster: Any) -> None:
+    r = _init(tmp_path, "--stdout", SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
+    assert r.returncode == 0, r.stderr
+    config = parse_config(r.stdout)
+    (cluster,) = config.clusters.values()
+    assert [n.name for n in cluster.nodes] == ["localhost"]
+    assert "sinfo listed when this file was written" in r.stdout

@@ -1,18 +1,19 @@
-"""``gpuctl config check [--json]`` and ``gpuctl config path``: validate the configuration and
-show the inventory it expands to."""
+"""``gpuctl config check [--json]``, ``config path`` and ``config init``: validate the
+configuration and show the inventory it expands to, say which files are read, write a commented
+starting file."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from gpuctl.cli.common import load_user_config
-from gpuctl.config import Config, NodeConfig, default_path
+from gpuctl import paths
+from gpuctl.cli.common import emit_json, load_user_config
+from gpuctl.config import Config, NodeConfig, config_files, default_path, template
 
 
 def register(sub: Any) -> None:
@@ -26,8 +27,18 @@ def register(sub: Any) -> None:
         "--no-discover", action="store_true", help="do not ask sinfo for discovered clusters"
     )
     check.set_defaults(func=run_check)
-    path = csub.add_parser("path", help="print which config file gpuctl reads")
+    path = csub.add_parser("path", help="print which config files gpuctl reads")
     path.set_defaults(func=run_path)
+    init = csub.add_parser(
+        "init",
+        help="write a commented config (every key, its default, its meaning); "
+        "with Slurm, the nodes come from sinfo",
+    )
+    init.add_argument("--force", action="store_true", help="replace an existing file")
+    init.add_argument("--stdout", action="store_true", help="print it instead of writing it")
+    init.add_argument("--partition", help="take the nodes of this Slurm partition only")
+    init.add_argument("--cluster", default=None, help="the cluster's name in the file")
+    init.set_defaults(func=run_init)
     p.set_defaults(func=run_check, json=False, no_discover=False)
 
 
@@ -35,16 +46,70 @@ def config_source(args: argparse.Namespace) -> str:
     """Which file gpuctl reads, and why (for messages)."""
     if getattr(args, "config", None):
         return str(args.config)
-    env = os.environ.get("GPUCTL_CONFIG")
+    env = os.environ.get(paths.CONFIG_ENV)
     if env:
         return env
     return str(default_path())
 
 
 def run_path(args: argparse.Namespace) -> int:
-    path = config_source(args)
-    exists = Path(path).expanduser().exists()
-    print(path if exists else f"{path} (missing: gpuctl watches this machine)")
+    files = config_files(getattr(args, "config", None))
+    for name, _required in files:
+        print(name if Path(name).expanduser().exists() else f"{name} (missing)")
+    if not files:
+        print(f"{config_source(args)} (missing: gpuctl watches this machine)")
+    return 0
+
+
+def _slurm_nodes(partition: str | None) -> tuple[str | None, str, str]:
+    """(hostlist of Slurm's GPU nodes or None, cluster name, a note for the file)."""
+    import shutil
+
+    import hostlist
+
+    from gpuctl.fleet.slurm import SlurmError, discover, run_client
+
+    if shutil.which("sinfo") is None:
+        return None, "main", "No Slurm here (no sinfo): fill in the nodes and uncomment."
+    try:
+        found = discover(partition, timeout=10)
+    except SlurmError as e:
+        return None, "main", f"Slurm did not answer ({e}): fill in the nodes and uncomment."
+    gpu = [n.name for n in found if n.gpus] or [n.name for n in found]
+    if not gpu:
+        where = f"partition {partition}" if partition else "this Slurm cluster"
+        return None, "main", f"sinfo lists no node in {where}: fill in the nodes."
+    name = "main"
+    try:
+        for line in run_client(["scontrol", "show", "config"], timeout=10).splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "ClusterName" and value.strip():
+                name = value.strip()
+    except SlurmError:
+        pass
+    kind = "GPU nodes" if any(n.gpus for n in found) else "nodes"
+    where = f" of partition {partition}" if partition else ""
+    note = f"The {len(gpu)} {kind}{where} sinfo listed when this file was written."
+    return hostlist.collect_hostlist(gpu), name, note
+
+
+def run_init(args: argparse.Namespace) -> int:
+    from gpuctl.cli.main import UserError
+
+    nodes, name, note = _slurm_nodes(args.partition)
+    text = template(cluster=args.cluster or name, nodes=nodes, note=note)
+    if args.stdout:
+        sys.stdout.write(text)
+        return 0
+    target = Path(config_source(args)).expanduser()
+    if target.exists() and not args.force:
+        raise UserError(f"{target} exists: --force replaces it, --stdout prints the new one")
+    paths.private_dir(target.parent)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, target)
+    found = f"{nodes} from sinfo" if nodes else "no nodes yet: fill them in"
+    print(f"wrote {target} ({found}); check it with: gpuctl config check")
     return 0
 
 
@@ -74,8 +139,9 @@ def run_check(args: argparse.Namespace) -> int:
     if config.empty:
         where = config.path or config_source(args)
         if args.json:
-            json.dump({"path": config.path, "nodes": [], "local": True}, sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            emit_json(
+                {"path": config.path, "sources": list(config.sources), "nodes": [], "local": True}
+            )
         else:
             print(f"{where}: no clusters configured: gpuctl watches this machine")
         return 0
@@ -83,6 +149,7 @@ def run_check(args: argparse.Namespace) -> int:
     if args.json:
         doc = {
             "path": config.path,
+            "sources": list(config.sources),
             "read_only": config.read_only,
             "clusters": {
                 name: {"via": c.via, "discover": c.discover, "partition": c.partition}
@@ -92,13 +159,13 @@ def run_check(args: argparse.Namespace) -> int:
             "errors": errors,
             "warnings": warnings,
         }
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        emit_json(doc)
     else:
         print(render_inventory(nodes, slurm))
         ro = ", read-only" if config.read_only else ""
         print(
-            f"{config.path}: {len(config.clusters)} cluster(s), {len(nodes)} node(s){ro}",
+            f"{', '.join(config.sources)}: {len(config.clusters)} cluster(s), "
+            f"{len(nodes)} node(s){ro}",
             file=sys.stderr,
         )
     for w in warnings:
