@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 from typing import Any
 
 from gpuctl import paths
 from gpuctl.accept.history import DEFAULT_THRESHOLD, HistoryStore, sparkline
 from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run, start_local_run
-from gpuctl.cli.common import load_user_config
+from gpuctl.cli.common import emit_json, load_user_config
 from gpuctl.cli.main import mutating as _mutating
 from gpuctl.config import Config, NodeConfig
 from gpuctl.workloads.accept.render import summary_table, table
@@ -321,7 +320,7 @@ def run_history(args: argparse.Namespace) -> int:
     nodes = [args.node] if args.node else store.nodes()
     if args.node and args.node not in store.nodes():
         raise _user_error(f"no acceptance runs recorded for {args.node} (in {store.path})")
-    if not nodes:
+    if not nodes and not args.json:
         print(f"no acceptance runs recorded yet ({store.path})")
         return 0
     if args.json:
@@ -343,8 +342,7 @@ def run_history(args: argparse.Namespace) -> int:
             }
             for n in nodes
         }
-        json.dump(out, sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        emit_json({"nodes": out})
         return 0
     if not args.node:
         rows: list[tuple[str, ...]] = [

@@ -3,10 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
 
 from gpuctl.config import Config, ConfigError, load_config
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
+
+JSON_VERSION = 1  # the layout of --json documents; changes when a field loses its meaning
+
+
+def emit_json(body: Mapping[str, Any]) -> None:
+    """Write one ``--json`` document on stdout: an object with ``version`` (of this layout,
+    ``JSON_VERSION``), ``gpuctl`` (the program's version) and ``generated_at`` (UTC, ISO 8601)
+    beside the command's own keys, so that scripts can rely on it as it evolves."""
+    from gpuctl import __version__
+
+    doc = {
+        "version": JSON_VERSION,
+        "gpuctl": __version__,
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **body,
+    }
+    json.dump(doc, sys.stdout, indent=2)
+    sys.stdout.write("\n")
 
 
 def positive_seconds(text: str) -> float:

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+from gpuctl.cli.common import emit_json
 from gpuctl.cli.main import UserError
 from gpuctl.core.format import fmt_age
 
@@ -261,24 +262,20 @@ def run_jobs(args: argparse.Namespace) -> int:
     if _refresh(store, records):
         records = store.list(args.limit)
     if args.json:
-        json.dump(
-            [
-                {
-                    "id": r.id,
-                    "name": r.name,
-                    "target": r.target,
-                    "state": r.state,
-                    "kind": r.kind,
-                    "created_at": r.created_at,
-                    "duration_s": r.duration,
-                    "jobdir": r.jobdir,
-                }
-                for r in records
-            ],
-            sys.stdout,
-            indent=2,
-        )
-        print()
+        jobs = [
+            {
+                "id": r.id,
+                "name": r.name,
+                "target": r.target,
+                "state": r.state,
+                "kind": r.kind,
+                "created_at": r.created_at,
+                "duration_s": r.duration,
+                "jobdir": r.jobdir,
+            }
+            for r in records
+        ]
+        emit_json({"jobs": jobs})
         return 0
     header = ("ID", "STATE", "TARGET", "FUNCTION", "AGE", "DURATION", "WHY")
     rows = [header]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from typing import Any
 
-from gpuctl.cli.common import build_fleet
+from gpuctl.cli.common import build_fleet, emit_json
 from gpuctl.core.format import gpu_table_rows
 from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.fleet.status import collect, node_to_json
@@ -18,7 +17,7 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "status", help="print one snapshot of every GPU of every node"
     )
-    p.add_argument("--json", action="store_true", help="JSON for scripts: a list of nodes")
+    p.add_argument("--json", action="store_true", help="JSON for scripts (an object: nodes)")
     p.add_argument("--demo", action="store_true", help="simulated nodes instead of real ones")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait per node")
     p.set_defaults(func=run)
@@ -33,8 +32,7 @@ def run(args: argparse.Namespace) -> int:
     snaps = asyncio.run(collect(fleet, args.timeout))
     no_driver = [s for s in snaps if s.info is not None and s.info.reader is None]
     if args.json:
-        json.dump([node_to_json(s) for s in snaps], sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        emit_json({"nodes": [node_to_json(s) for s in snaps]})
     elif len(no_driver) < len(snaps):  # a table of nothing but "no driver" rows says nothing
         print(render_table(snaps))
     failed = [s for s in snaps if s.state is NodeState.UNREACHABLE]

@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gpuctl.cli.common import build_fleet, load_user_config, positive_seconds
+from gpuctl.cli.common import build_fleet, emit_json, load_user_config, positive_seconds
 from gpuctl.core.model import NodeEvent, NodeState
 from gpuctl.fleet import control
 from gpuctl.fleet.fleet import Fleet
@@ -240,8 +240,7 @@ async def _start(fleet: Fleet, names: list[str], gpus: list[int] | None, a: Any)
         if burn.get("verdict") != "OK" and not stopped_by_user:
             failed += 1
     if a.json:
-        json.dump({"burns": results}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        emit_json({"burns": results})
     elif results:
         print(_table(results))
     return 1 if failed or not started else 0
@@ -319,8 +318,7 @@ def run_status(args: argparse.Namespace) -> int:
                 continue
             rows.append({"node": node, **b})
     if args.json:
-        json.dump(rows, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        emit_json({"burns": rows})
     elif not rows:
         print("no burns running")
     else:
@@ -460,8 +458,7 @@ def run_here(args: argparse.Namespace) -> int:
             "host": socket.gethostname(),
             "duration": args.duration,
         }
-        json.dump(out, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        emit_json(out)
     else:
         for d in devices:
             print(

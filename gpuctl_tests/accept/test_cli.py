@@ -102,7 +102,7 @@ def test_a_slowed_second_run_is_flagged_as_degraded(tmp_path: Path) -> None:
     assert trend.returncode == 0
     row = next(ln for ln in lines(trend) if ln.startswith("compute/cpu/fp32"))
     assert row.split()[1] in ("█▁", "▇▁", "▆▁")  # high, then low
-    hist = json.loads(gpuctl(tmp_path, "history", node, "--json").stdout)
+    hist = json.loads(gpuctl(tmp_path, "history", node, "--json").stdout)["nodes"]
     assert [r["degradations"] != [] for r in hist[node]["runs"]] == [True, False]
 
 

@@ -29,7 +29,7 @@ def test_version() -> None:
 def test_status_demo_json_lists_nodes_with_every_field() -> None:
     r = gpuctl("status", "--demo", "--json")
     assert r.returncode == 0, r.stderr
-    nodes = json.loads(r.stdout)
+    nodes = json.loads(r.stdout)["nodes"]
     assert isinstance(nodes, list) and len(nodes) >= 2
     models = set()
     for node in nodes:

@@ -112,7 +112,7 @@ def test_status_and_stop_reach_a_burner_another_session_started(tmp_path: Path) 
     try:
         r = gpuctl("--config", str(cfg), "stress", "status", "--json")
         assert r.returncode == 0, r.stderr
-        mine = [b for b in json.loads(r.stdout) if b["pid"] == other.pid]
+        mine = [b for b in json.loads(r.stdout)["burns"] if b["pid"] == other.pid]
         assert mine and mine[0]["engine"] == "torch" and mine[0]["device"] == "cpu"
         assert mine[0]["duration"] == 120.0
         r = gpuctl("--config", str(cfg), "stress", "stop")

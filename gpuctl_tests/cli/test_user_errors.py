@@ -446,7 +446,7 @@ def test_job_processes_end_and_job_folders_are_private(tmp_path: Path) -> None:
     r = gpuctl(tmp_path, ["jobs", "--json"], env)
     import json
 
-    for job in json.loads(r.stdout):
+    for job in json.loads(r.stdout)["jobs"]:
         folder = Path(job["jobdir"])
         while folder != tmp_path:  # up to the folder the test made
             assert folder.stat().st_mode & 0o777 == 0o700, folder
@@ -513,7 +513,8 @@ def test_ctrl_c_while_waiting_for_a_job_leaves_the_job_running(tmp_path: Path) -
     def running() -> bool:
         r = gpuctl(tmp_path, ["jobs", "--json"], env)
         return bool(
-            r.returncode == 0 and [j for j in json.loads(r.stdout) if j["state"] == "running"]
+            r.returncode == 0
+            and [j for j in json.loads(r.stdout)["jobs"] if j["state"] == "running"]
         )
 
     wait_until(running, 20, "the job to run")
@@ -542,7 +543,7 @@ def test_job_folders_over_ssh_are_private_parents_included(
     (tmp_path / "job.py").write_text(FILES["job.py"])
     r = gpuctl(tmp_path, ["--config", str(cfg), "submit", "job.py:f", "--target", "j1", "--wait"])
     assert r.returncode == 0 and r.stdout.split()[-1] == "2", r.stderr
-    (job,) = json.loads(gpuctl(tmp_path, ["jobs", "--json"]).stdout)
+    (job,) = json.loads(gpuctl(tmp_path, ["jobs", "--json"]).stdout)["jobs"]
     folder = Path(job["jobdir"].split(":", 1)[-1])
     assert folder.parent == root
     while folder != tmp_path:

@@ -369,7 +369,7 @@ def test_status_cli_lists_four_live_nodes(ssh_cluster: SshCluster, tmp_path: Pat
     )
     r = _status(config)
     assert r.returncode == 0, r.stderr
-    nodes = json.loads(r.stdout)
+    nodes = json.loads(r.stdout)["nodes"]
     assert [n["name"] for n in nodes] == ["node1", "node2", "node3", "node4"]
     for n in nodes:
         assert n["state"] == "live" and n["link"] == "ssh" and n["reason"] is None

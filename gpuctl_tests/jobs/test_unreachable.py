@@ -125,7 +125,7 @@ def test_node_unreachable_mid_job_then_back(
     with pytest.raises(JobFailed) as info:
         running.result(30)
     assert info.value.kind == "lost"
-    listed = json.loads(gpuctl(config_path, "jobs", "--json").stdout)
+    listed = json.loads(gpuctl(config_path, "jobs", "--json").stdout)["jobs"]
     assert {j["id"]: j["state"] for j in listed} == {finished.id: "done", running.id: "failed"}
 
 
