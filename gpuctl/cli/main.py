@@ -26,6 +26,7 @@ COMMANDS = (
     "gpuctl.cli.accept",
     "gpuctl.cli.jobs",
     "gpuctl.cli.bundle",
+    "gpuctl.cli.completion",
 )
 
 
@@ -237,6 +238,10 @@ def os_error(e: OSError) -> str:
 
 def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (gpuctl completion)
+        import argcomplete
+
+        argcomplete.autocomplete(parser)  # answers and exits
     args = parser.parse_args(argv)
     logs.setup(getattr(args, "verbose", 0) or 0, getattr(args, "log_file", None))
     log.info("gpuctl %s: %s", __version__, getattr(args, "command", None) or "watch")
