@@ -208,6 +208,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpuctl: {os_error(e)}", file=sys.stderr)
         return 1
     except Exception as e:
+        store = sys.modules.get("gpuctl.jobs.store")  # loaded by any command that used it
+        if store is not None and isinstance(e, store.StoreError):
+            log.info("job store: %s", e)  # its one line says which file and what to do
+            print(f"gpuctl: {e}", file=sys.stderr)
+            return 1
         log.error("internal error", exc_info=True)
         if os.environ.get("GPUCTL_DEBUG"):
             raise

@@ -13,7 +13,7 @@ from gpuctl.jobs.executor import (
 )
 from gpuctl.jobs.hosts import HostError
 from gpuctl.jobs.report import FailureReport
-from gpuctl.jobs.store import JobRecord, JobStore
+from gpuctl.jobs.store import JobRecord, JobStore, StoreError
 
 __all__ = [
     "EnvSpec",
@@ -25,6 +25,7 @@ __all__ = [
     "JobRecord",
     "JobStore",
     "RemoteTraceback",
+    "StoreError",
     "attach",
     "remote",
 ]

@@ -14,6 +14,7 @@ import functools
 import glob
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -48,9 +49,10 @@ from gpuctl.jobs.report import (
     parse_status,
     unreachable_report,
 )
-from gpuctl.jobs.store import JobRecord, JobStore
+from gpuctl.jobs.store import JobRecord, JobStore, StoreError
 
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 PACKAGE = Path(__file__).resolve().parent.parent
 RUNNER_FILES = {
@@ -187,6 +189,7 @@ class Job:
         self._beat: dict[str, Any] | None = None
         self._beat_read_at: float | None = None  # monotonic time of the last heartbeat read
         self._outcome_seen_at: float | None = None
+        self._store_warned = False
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.name} on {self.target}: {self.state}>"
@@ -273,8 +276,7 @@ class Job:
         beat = self._json("heartbeat.json")
         if isinstance(beat, dict) and beat != self._beat:
             self._beat = beat
-            if self.store is not None:  # for a later gpuctl that finds the node gone
-                self.store.update(self.id, heartbeat=beat)
+            self._remember(heartbeat=beat)  # for a later gpuctl that finds the node gone
 
     @property
     def last_heartbeat(self) -> dict[str, Any] | None:
@@ -359,14 +361,25 @@ class Job:
             meta=self._json("meta.json"),
         )
 
+    def _remember(self, **values: Any) -> None:
+        """Write to the job store; a store that stopped being writable costs the record, never
+        the job (its folder keeps the truth): said once in the log."""
+        if self.store is None:
+            return
+        try:
+            self.store.update(self.id, **values)
+        except StoreError as e:
+            if not self._store_warned:
+                self._store_warned = True
+                log.warning("job %s: %s", self.id, e)
+
     def _store_final(self) -> None:
         if self.store is None:
             return
         state = self.state
         r = self._report
         o = (self._files.outcome if self._files else None) or {}
-        self.store.update(
-            self.id,
+        self._remember(
             state=state,
             kind=r.kind if r else None,
             summary=(r.evidence[0] if r and r.evidence else None),
@@ -385,7 +398,7 @@ class Job:
         state = self._live_state()
         if state != self._stored_state and self.store is not None:
             self._stored_state = state
-            self.store.update(self.id, state=state)
+            self._remember(state=state)
         return state
 
     def _live_state(self) -> str:
@@ -781,6 +794,7 @@ class Executor:
     # --- submit --------------------------------------------------------------------------
 
     def _job_root(self) -> str:
+        """The job root on the target's host (``~`` resolved there), created on first use."""
         root = self._abs(self.backend.job_root)
         if not self._root_ready:
             self.backend.host.mkdir(root, 0o700)
@@ -793,13 +807,46 @@ class Executor:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         name: str,
-        root: str,
     ) -> tuple[str, str, dict[str, Any]]:
-        """Write one job folder; return (id, jobdir, meta)."""
+        """Write one job folder; return (id, jobdir, meta).
+
+        The job's row goes into the store first ("preparing"): a store that cannot be written
+        refuses the job (``StoreError``) before anything exists on the node. A job that fails
+        to be prepared (its function cannot be pickled) leaves no row."""
         probe = self.venv2()
         job_id = uuid.uuid4().hex
-        jobdir = f"{root}/{job_id}"
+        jobdir = f"{self._abs(self.backend.job_root)}/{job_id}"
+        if self.store is not None:
+            self.store.add(
+                JobRecord(
+                    id=job_id,
+                    name=name,
+                    target=self.target,
+                    backend=self.backend.describe(),
+                    jobdir=jobdir,
+                    state="preparing",
+                    created_at=time.time(),
+                )
+            )
+        try:
+            return self._write_folder(job_id, jobdir, fn, args, kwargs, name, probe)
+        except BaseException:
+            if self.store is not None:
+                self.store.delete(job_id)
+            raise
+
+    def _write_folder(
+        self,
+        job_id: str,
+        jobdir: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        name: str,
+        probe: Mapping[str, Any],
+    ) -> tuple[str, str, dict[str, Any]]:
         host = self.backend.host
+        self._job_root()
         host.mkdir(jobdir, 0o700)
         register_by_value(fn)
         limits = dict(self.limits)
@@ -853,13 +900,27 @@ class Executor:
         """
         name = _name(fn)
         self.venv2()
-        root = self._job_root()
-        job_id, jobdir, meta = self._prepare(fn, args, kwargs, name, root)
+        job_id, jobdir, meta = self._prepare(fn, args, kwargs, name)
         return self._start([(job_id, jobdir)], meta)[0]
 
     def _start(self, folders: Sequence[tuple[str, str]], meta: Mapping[str, Any]) -> list[Job]:
+        """Start prepared folders (their rows are in the store already) and return the Jobs.
+
+        A start that fails marks the rows failed, with why, before the error goes up."""
         now = time.time()
-        handles = self.backend.start([d for _, d in folders], meta)
+        try:
+            handles = self.backend.start([d for _, d in folders], meta)
+        except BaseException as e:
+            if self.store is not None:
+                for job_id, _ in folders:
+                    self.store.update(
+                        job_id,
+                        state="failed",
+                        kind="never_started",
+                        summary=f"starting it failed: {e}"[:500],
+                        ended_at=time.time(),
+                    )
+            raise
         jobs = []
         for (job_id, jobdir), handle in zip(folders, handles, strict=True):
             job = Job(
@@ -873,16 +934,10 @@ class Executor:
                 now,
             )
             if self.store is not None:
-                self.store.add(
-                    JobRecord(
-                        id=job_id,
-                        name=job.name,
-                        target=self.target,
-                        backend={**self.backend.describe(), "handle": handle},
-                        jobdir=jobdir,
-                        state="submitted",
-                        created_at=now,
-                    )
+                self.store.update(
+                    job_id,
+                    state="submitted",
+                    backend={**self.backend.describe(), "handle": handle},
                 )
             jobs.append(job)
         return jobs
@@ -903,14 +958,13 @@ class Executor:
             parallel = 8 if isinstance(self.backend, SlurmBackend) else (os.cpu_count() or 1)
             chunksize = max(1, -(-len(items) // (4 * parallel)))
         self.venv2()
-        root = self._job_root()
         name = _name(fn)
         register_by_value(fn)
         folders = []
         meta: dict[str, Any] = {}
         for i in range(0, len(items), chunksize):
             job_id, jobdir, meta = self._prepare(
-                _chunk.run_chunk, (fn, items[i : i + chunksize]), {}, f"map:{name}", root
+                _chunk.run_chunk, (fn, items[i : i + chunksize]), {}, f"map:{name}"
             )
             folders.append((job_id, jobdir))
         if isinstance(self.backend, SlurmBackend):

@@ -20,8 +20,18 @@ from typing import Any
 
 from gpuctl import paths
 
+# "preparing": the row is written, the job folder is being written (nothing runs yet);
 # "unreachable": the node did not answer the last time gpuctl looked (the job may still run)
-STATES = ("submitted", "pending", "running", "unreachable", "done", "failed", "cancelled")
+STATES = (
+    "preparing",
+    "submitted",
+    "pending",
+    "running",
+    "unreachable",
+    "done",
+    "failed",
+    "cancelled",
+)
 FINAL_STATES = ("done", "failed", "cancelled")
 
 _SCHEMA = """
@@ -75,12 +85,26 @@ class JobRecord:
         return None if end is None else max(0.0, end - start)
 
 
+class StoreError(Exception):
+    """The job store cannot be read or written; the message is one line saying what to do."""
+
+
 class JobStore:
-    """SQLite-backed list of jobs; safe to share between threads of one process."""
+    """SQLite-backed list of jobs; safe to share between threads of one process.
+
+    Raises ``StoreError`` (one line: which file, what is wrong, what to do) when the file is not
+    a job store or cannot be read or written; never a raw ``sqlite3`` error.
+    """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         if path is None:
-            path = paths.private_dir(paths.state_dir()) / "jobs.sqlite"
+            try:
+                path = paths.private_dir(paths.state_dir()) / "jobs.sqlite"
+            except OSError as e:
+                raise StoreError(
+                    f"cannot make gpuctl's state folder {paths.state_dir()}: "
+                    f"{e.strerror or e} (set GPUCTL_STATE_DIR to a folder you can write)"
+                ) from None
         self.path = Path(path)
         self._lock = threading.Lock()
         with self._db() as db:
@@ -92,12 +116,30 @@ class JobStore:
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            db = sqlite3.connect(self.path, timeout=30)
             try:
-                with db:
-                    yield db
-            finally:
-                db.close()
+                db = sqlite3.connect(self.path, timeout=30)
+                try:
+                    with db:
+                        yield db
+                finally:
+                    db.close()
+            except sqlite3.DatabaseError as e:
+                raise StoreError(self._why(e)) from None
+
+    def _why(self, e: sqlite3.Error) -> str:
+        text = str(e)
+        if "readonly" in text or "read-only" in text:
+            return (
+                f"the job store {self.path} cannot be written ({text}): make it writable, or "
+                "set GPUCTL_STATE_DIR to a folder you can write"
+            )
+        if "unable to open" in text:
+            return f"the job store {self.path} cannot be opened ({text}): check its folder"
+        return (
+            f"the job store {self.path} is damaged ({text}): move it away "
+            f"(mv {self.path} {self.path}.bad) and gpuctl starts a new one; jobs it listed "
+            "keep running, their folders stay where they are"
+        )
 
     def add(self, rec: JobRecord) -> None:
         with self._db() as db:
@@ -114,6 +156,11 @@ class JobStore:
                     rec.created_at,
                 ),
             )
+
+    def delete(self, job_id: str) -> None:
+        """Remove one job's row (a job that never came to exist)."""
+        with self._db() as db:
+            db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
 
     def update(self, job_id: str, **values: Any) -> None:
         """Set columns of one job (``backend`` and ``report`` given as dicts)."""

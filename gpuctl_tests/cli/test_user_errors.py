@@ -242,7 +242,8 @@ def test_ctrl_c_while_a_node_is_slow_exits_130_in_one_line(workdir: Path) -> Non
 
 
 def test_internal_errors_are_one_line_and_say_how_to_see_more(workdir: Path) -> None:
-    """A bug (here: a command module raising) is one line; GPUCTL_DEBUG=1 shows the traceback."""
+    """A bug (here: a command module raising) is one line naming the log that holds its
+    traceback; GPUCTL_DEBUG=1 shows the traceback on the terminal."""
     code = (
         "import sys\n"
         "from gpuctl.cli import jobs, main\n"
@@ -255,7 +256,9 @@ def test_internal_errors_are_one_line_and_say_how_to_see_more(workdir: Path) -> 
     r = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
     )
-    assert_one_line(r, 70, r"internal error: KeyError: 'x'.*GPUCTL_DEBUG=1", "bug")
+    log = workdir / "state" / "logs" / "gpuctl.log"
+    assert_one_line(r, 70, rf"internal error: KeyError: 'x'.*traceback in {log}\)$", "bug")
+    assert "Traceback" not in r.stderr and "in boom\nKeyError: 'x'" in log.read_text()
     env["GPUCTL_DEBUG"] = "1"
     r = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60

@@ -1,0 +1,100 @@
+"""Store first: a job's row is written before anything starts; a store that cannot be written
+refuses the job; a damaged store is one line, not a traceback."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.jobs import Executor, JobStore, StoreError
+from gpuctl_tests.helpers import IN_CI, node_env
+
+JOB = "import os\n\ndef f():\n    return os.getpid()\n"
+
+
+def gpuctl(tmp_path: Path, argv: list[str], state: Path, wrap: str = "") -> Any:
+    env = node_env({"GPUCTL_STATE_DIR": str(state), "GPUCTL_CONFIG": str(tmp_path / "c.toml")})
+    (tmp_path / "c.toml").write_text(f'[jobs]\ndir = "{tmp_path / "jobs"}"\n')
+    cmd = [sys.executable, "-m", "gpuctl", *argv]
+    if wrap:
+        cmd = ["sh", "-c", wrap + " " + shlex.join(cmd)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+
+
+def read_only_mount(folder: Path) -> str:
+    """Shell text running what follows with ``folder`` mounted read-only (a private mount
+    namespace: root included, nothing can write there)."""
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if shutil.which("unshare") is None or probe.returncode != 0:
+        if IN_CI:
+            pytest.fail("unshare -m is not permitted: CI runs as root")
+        pytest.skip("needs unshare -m (root)")
+    q = shlex.quote(str(folder))
+    inner = f'mount --bind {q} {q} && mount -o remount,ro,bind {q} {q} && exec "$0" "$@"'
+    return f"exec unshare -m sh -c {shlex.quote(inner)}"
+
+
+def test_a_store_that_cannot_be_written_refuses_the_job(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    JobStore(state / "jobs.sqlite")  # a good store, then the file system goes read-only
+    (tmp_path / "job.py").write_text(JOB)
+    r = gpuctl(tmp_path, ["submit", "job.py:f"], state, wrap=read_only_mount(state))
+    assert r.returncode == 1, r.stdout + r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("gpuctl: the job store ") and "cannot be written" in line
+    assert "GPUCTL_STATE_DIR" in line and "Traceback" not in r.stderr
+    assert not (state / "jobs").exists()  # nothing written for the job: its row came first
+
+
+def test_a_damaged_store_is_one_line_for_every_command(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "jobs.sqlite").write_bytes(b"this is no database\n" * 64)
+    (tmp_path / "job.py").write_text(JOB)
+    for argv in (["jobs"], ["jobs", "--json"], ["submit", "job.py:f"], ["result", "abc"]):
+        r = gpuctl(tmp_path, argv, state)
+        assert r.returncode == 1, (argv, r.stderr)
+        (line,) = r.stderr.strip().splitlines()
+        assert "is damaged" in line and f"mv {state / 'jobs.sqlite'}" in line, argv
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+
+
+def test_the_row_is_written_before_the_start_and_says_why_it_failed(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs.sqlite")
+    ex = Executor(
+        "local",
+        supervisor_python=str(tmp_path / "no-such-python"),
+        job_root=str(tmp_path / "jobs"),
+        store=store,
+    )
+    with pytest.raises(OSError):
+        ex.submit(os.getpid)
+    (rec,) = store.list()
+    assert rec.state == "failed" and rec.kind == "never_started"
+    assert rec.summary is not None and "starting it failed" in rec.summary
+    assert Path(rec.jobdir).is_dir()  # the folder it was to run from, for a look
+
+
+def test_a_function_that_cannot_be_pickled_leaves_no_row(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs.sqlite")
+    ex = Executor("local", job_root=str(tmp_path / "jobs"), store=store)
+    lock = threading.Lock()
+    with pytest.raises(TypeError):
+        ex.submit(lambda: lock)
+    assert store.list() == []
+
+
+def test_store_error_is_a_one_line_exception_of_the_api(tmp_path: Path) -> None:
+    (tmp_path / "jobs.sqlite").write_bytes(b"junk" * 100)
+    damaged = r"is damaged \(file is not a database\): move it away \(mv "
+    with pytest.raises(StoreError, match=damaged):
+        JobStore(tmp_path / "jobs.sqlite")
