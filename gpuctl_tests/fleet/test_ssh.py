@@ -379,7 +379,7 @@ def test_status_cli_lists_four_live_nodes(ssh_cluster: SshCluster, tmp_path: Pat
     ssh_cluster["node3"].kill()
     r = _status(config)
     assert r.returncode == 1
-    nodes = {n["name"]: n for n in json.loads(r.stdout)}
+    nodes = {n["name"]: n for n in json.loads(r.stdout)["nodes"]}
     assert [n for n, v in nodes.items() if v["state"] == "live"] == ["node1", "node2", "node4"]
     assert nodes["node3"]["state"] == "unreachable"
     assert (
