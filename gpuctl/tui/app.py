@@ -53,7 +53,6 @@ from gpuctl.workloads.accept.schema import SECTIONS
 
 COALESCE_S = 0.1  # how long a flush waits for more samples (p95 paint budget is 300 ms)
 STOP_TIMEOUT_S = 10.0
-MUTATING = ("stress_gpu", "stress_node", "stress_cluster", "accept", "cancel_job")
 NOTIFY_LIMIT = 400  # characters of a notification: a node's error text can be megabytes
 
 log = logging.getLogger("gpuctl.tui")
