@@ -1,5 +1,8 @@
 """DESIGN.md's import rules, checked: each headless package is imported in a fresh interpreter
-and ``sys.modules`` says what came with it."""
+and ``sys.modules`` says what came with it.
+
+Every check fails (never skips) when its subject is missing, and checks that the probe imported
+every module of the package, so that an empty walk cannot pass for a clean one."""
 
 from __future__ import annotations
 
@@ -36,6 +39,17 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 LOGIN_ONLY = ("textual", "asyncssh", "cloudpickle", "platformdirs", "hostlist", "plotext")
+# The login side's packages and modules that draw nothing: never textual, never torch.
+HEADLESS = (
+    "gpuctl.core",
+    "gpuctl.fleet",
+    "gpuctl.jobs",
+    "gpuctl.remote",
+    "gpuctl.accept",
+    "gpuctl.config",
+    "gpuctl.paths",
+    "gpuctl.logs",
+)
 
 
 def _run(script: str, *packages: str) -> set[str]:
@@ -54,7 +68,10 @@ def _run(script: str, *packages: str) -> set[str]:
 @functools.cache
 def _baseline() -> frozenset[str]:
     """What a bare interpreter has loaded already (site hooks from .pth files and the like)."""
-    return frozenset(_run(PROBE))
+    base = frozenset(_run(PROBE))
+    # Subtracted from every probe: had a site hook loaded one of these, no check could fail.
+    assert not top(set(base)) & {"gpuctl", "textual", "torch", *LOGIN_ONLY}, sorted(base)
+    return base
 
 
 def loaded(*packages: str, script: str = PROBE) -> set[str]:
@@ -66,9 +83,27 @@ def top(modules: set[str]) -> set[str]:
     return {m.split(".")[0] for m in modules}
 
 
-def exists(package: str) -> bool:
+def modules_of(package: str) -> set[str]:
+    """Every module of ``package`` by its files (``__main__`` aside); fails when it is missing."""
     path = REPO / Path(*package.split("."))
-    return path.is_dir() or path.with_suffix(".py").exists()
+    if path.with_suffix(".py").is_file():
+        return {package}
+    assert (path / "__init__.py").is_file(), f"{package} is missing: {path}"
+    names = set()
+    for f in path.rglob("*.py"):
+        parts = f.relative_to(REPO).with_suffix("").parts
+        if parts[-1] == "__main__" or not (f.parent / "__init__.py").is_file():
+            continue
+        names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def loaded_all(package: str) -> set[str]:
+    """``loaded(package)``, after checking the probe imported every one of its modules."""
+    modules = loaded(package)
+    missed = modules_of(package) - modules
+    assert not missed, f"the probe did not import {sorted(missed)}"
+    return modules
 
 
 def third_party(modules: set[str]) -> set[str]:
@@ -82,7 +117,7 @@ def gpuctl_outside(modules: set[str], *inside: str) -> set[str]:
 
 
 def test_node_is_standard_library_and_self_contained() -> None:
-    modules = loaded("gpuctl.node")
+    modules = loaded_all("gpuctl.node")
     assert "gpuctl.node.agent" in modules and "gpuctl.node.readers.nvml" in modules
     assert third_party(modules) == set()  # not even pynvml: that one is imported lazily
     assert gpuctl_outside(modules, "gpuctl.node") == set()
@@ -95,35 +130,34 @@ def test_running_agent_with_plugins_stays_node_side() -> None:
 
 
 def test_core_is_plain_data() -> None:
-    modules = loaded("gpuctl.core")
+    modules = loaded_all("gpuctl.core")
     assert third_party(modules) == set()
     assert gpuctl_outside(modules, "gpuctl.core") == set()
 
 
-@pytest.mark.parametrize(
-    "package", ["gpuctl.fleet", "gpuctl.jobs", "gpuctl.config", "gpuctl.accept"]
-)
-def test_headless_packages_never_load_textual(package: str) -> None:
-    if not exists(package):
-        pytest.skip(f"{package} does not exist yet")
-    modules = loaded(package)
-    assert "textual" not in top(modules)
-    assert not {m for m in modules if m.startswith("gpuctl.tui")}
-    if package == "gpuctl.fleet":
-        assert "torch" not in top(modules)
+@pytest.mark.parametrize("package", HEADLESS)
+def test_headless_packages_never_load_textual_or_torch(package: str) -> None:
+    modules = loaded_all(package)
+    assert not top(modules) & {"textual", "rich", "torch"}
+    assert not {m for m in modules if m.startswith(("gpuctl.tui", "gpuctl.cli"))}
 
 
 def test_workloads_never_reach_the_login_side() -> None:
-    if not exists("gpuctl.workloads"):
-        pytest.skip("gpuctl.workloads does not exist yet")
-    modules = loaded("gpuctl.workloads")
+    modules = loaded_all("gpuctl.workloads")
     assert not top(modules) & set(LOGIN_ONLY)
     assert gpuctl_outside(modules, "gpuctl.node", "gpuctl.workloads") == set()
 
 
 def test_probe_sees_what_it_should() -> None:
-    """The check itself can fail: importing the TUI does load textual."""
-    if not exists("gpuctl.tui") or not any((REPO / "gpuctl" / "tui").glob("*.py")):
-        pytest.skip("gpuctl.tui does not exist yet")
-    modules = loaded("gpuctl.tui")
-    assert "textual" in top(modules)
+    """The check itself can fail: importing the TUI does load textual (and never torch)."""
+    modules = loaded_all("gpuctl.tui")
+    assert "textual" in top(modules) and "gpuctl.tui.app" in modules
+    assert "torch" not in top(modules)
+
+
+def test_a_missing_package_fails_the_check() -> None:
+    """A package that is not there is a failure, never a skip or an empty pass."""
+    with pytest.raises(AssertionError, match=r"gpuctl\.nothing is missing"):
+        modules_of("gpuctl.nothing")
+    with pytest.raises(AssertionError):
+        _run(PROBE, "gpuctl.nothing")

@@ -3,7 +3,8 @@
 The async API the CLI and the TUI share::
 
     run = start_fleet_run(fleet, ["node1", "node2"], AcceptOptions(quick=True))
-    run.subscribe(lambda p: ...)        # Progress values, on the event loop, keep it quick
+    run.subscribe(listener)             # Progress values, on the event loop, keep it quick
+    run.unsubscribe(listener)           # when the listener is done (after "finished")
     run.status["node1"]["compute"]      # "pending" | "running" | "PASS" | "WARN" | "FAIL" | "SKIP"
     report = await run.wait()           # the cluster report (dict), history recorded
     run.cancel()                        # stops the suites (accept_stop / scancel)
@@ -22,6 +23,7 @@ import os
 import socket
 import sys
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,6 +131,12 @@ class AcceptRun:
     def subscribe(self, listener: ProgressListener) -> None:
         """Call ``listener(progress)`` for every step from now on."""
         self._listeners.append(listener)
+
+    def unsubscribe(self, listener: ProgressListener) -> None:
+        """Stop calling ``listener`` (a no-op when it is not subscribed). Safe from inside a
+        listener: ``emit`` calls the listeners subscribed when the step began."""
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
 
     def emit(self, p: Progress) -> None:
         """Record a step in ``status``/``lines`` and tell the listeners (drivers call this)."""
@@ -350,8 +358,8 @@ def start_fleet_run(
         ):
             fut.set_exception(LinkError("closed", f"link lost during the run: {snap.reason}"))
 
-    fleet.on_event(on_event)
-    fleet.subscribe(on_snapshot)
+    router = _router(fleet)
+    router.add(on_event, on_snapshot)
 
     async def one(node: str) -> None:
         finished[node] = loop.create_future()
@@ -405,6 +413,7 @@ def start_fleet_run(
             await asyncio.gather(*(one(n) for n in nodes))
         finally:
             active = False
+            router.remove(on_event, on_snapshot)  # the run is over: its listeners go
 
     async def cancel() -> None:
         for node in runs:
@@ -436,6 +445,54 @@ async def start_local_run(
         via="local",
     )
     return run, fleet
+
+
+class _FleetRouter:
+    """The one pair of listeners a fleet gets for all its acceptance runs.
+
+    A fleet has no way to remove a listener, so each run registering its own would leave two
+    behind per run (each holding the run, its report and whoever listens to it). Runs add
+    their handlers here and remove them when they end.
+    """
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.events: list[Callable[[str, NodeEvent], None]] = []
+        self.snapshots: list[Callable[[Any], None]] = []
+        fleet.on_event(self._event)
+        fleet.subscribe(self._snapshot)
+
+    def add(
+        self, on_event: Callable[[str, NodeEvent], None], on_snapshot: Callable[[Any], None]
+    ) -> None:
+        self.events.append(on_event)
+        self.snapshots.append(on_snapshot)
+
+    def remove(
+        self, on_event: Callable[[str, NodeEvent], None], on_snapshot: Callable[[Any], None]
+    ) -> None:
+        with contextlib.suppress(ValueError):
+            self.events.remove(on_event)
+        with contextlib.suppress(ValueError):
+            self.snapshots.remove(on_snapshot)
+
+    def _event(self, node: str, ev: NodeEvent) -> None:
+        if ev.kind == "accept":
+            for handler in list(self.events):
+                handler(node, ev)
+
+    def _snapshot(self, snap: Any) -> None:
+        for handler in list(self.snapshots):
+            handler(snap)
+
+
+_routers: weakref.WeakKeyDictionary[Fleet, _FleetRouter] = weakref.WeakKeyDictionary()
+
+
+def _router(fleet: Fleet) -> _FleetRouter:
+    router = _routers.get(fleet)
+    if router is None:
+        router = _routers[fleet] = _FleetRouter(fleet)
+    return router
 
 
 def _str(v: Any) -> str | None:

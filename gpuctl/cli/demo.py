@@ -61,7 +61,7 @@ def _gpus(fleet: Any, node: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuctl.cli.watch import open_job_store, require_terminal, tui_config
+    from gpuctl.cli.watch import open_job_store, require_terminal, run_tui, tui_config
     from gpuctl.fleet.demo import demo_nodes
     from gpuctl.fleet.fleet import simulated_fleet
 
@@ -72,16 +72,17 @@ def run(args: argparse.Namespace) -> int:
     require_terminal()
     config_tui, _ = tui_config(args)
     fleet = simulated_fleet(demo_nodes(args.nodes, args.gpus), read_only=args.read_only)
-    from gpuctl.tui import make_app
+    from gpuctl.tui import GpuctlApp
 
-    app = make_app(
+    job_store, job_store_error = open_job_store()
+    app = GpuctlApp(
         fleet,
         read_only=args.read_only,
         simulated=True,
         config_tui=config_tui,
-        job_store=open_job_store(),
+        job_store=job_store,
+        job_store_error=job_store_error,
     )
     if not args.no_story:
         app.background.append(lambda: story(fleet))
-    result = app.run()
-    return int(result or 0)
+    return run_tui(app)

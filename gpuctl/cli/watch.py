@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import io
+import sqlite3
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gpuctl import logs, paths
 from gpuctl.cli.common import load_user_config
 from gpuctl.cli.main import UserError
+from gpuctl.core.text import printable
+
+if TYPE_CHECKING:
+    from gpuctl.tui import GpuctlApp
 
 
 def register(sub: Any) -> None:
@@ -44,14 +51,53 @@ def accept_defaults(table: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in table.items() if k in known}
 
 
-def open_job_store() -> Any | None:
-    """The user's job store for the jobs pane, or None when it cannot be opened."""
-    try:
-        from gpuctl.jobs.store import JobStore
+def open_job_store() -> tuple[Any | None, str | None]:
+    """The user's job store for the jobs pane, or None and why it cannot be opened (one line
+    naming the file and what to do). The screen opens either way."""
+    from gpuctl.jobs.store import JobStore
 
-        return JobStore()
-    except (ImportError, OSError, ValueError):
-        return None
+    path = paths.state_dir() / "jobs.sqlite"  # where JobStore() keeps it
+    why: Exception
+    try:
+        return JobStore(), None
+    except sqlite3.OperationalError as e:  # cannot open it: permissions, a folder, a lock
+        why = e
+    except sqlite3.DatabaseError as e:  # "file is not a database", "disk image is malformed"
+        return None, (
+            f"the job store {path} is damaged ({printable(e)}): move it aside "
+            f"(mv {path} {path}.bad) and gpuctl starts an empty one"
+        )
+    except (OSError, ValueError) as e:
+        why = e
+    return None, (
+        f"the job store {path} cannot be opened ({printable(why)}): check that you can read "
+        "and write it and its folder"
+    )
+
+
+def run_tui(app: GpuctlApp, *, headless: bool = False) -> int:
+    """Run the TUI and return its exit status: 0, or non-zero when the screen crashed.
+
+    Nothing is printed while the screen is drawn (log lines go to the log file only). A crash
+    ends in one line on stderr, after the terminal is restored, naming the log file that holds
+    its traceback.
+    """
+    logs.quiet_terminal()
+    where = logs.log_file()
+    if where is not None:  # Textual's own traceback: the log file has ours
+        app.error_console.file = io.StringIO()
+    app.run(headless=headless)
+    code = app.return_code or 0
+    if app.crash is None:
+        return code
+    error = app.crash
+    how = f"traceback in {where}" if where else "no log file: the traceback is above"
+    print(
+        f"gpuctl: the screen crashed: {type(error).__name__}: {printable(error, limit=300)} "
+        f"({how})",
+        file=sys.stderr,
+    )
+    return code or 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,14 +108,15 @@ def run(args: argparse.Namespace) -> int:
     config = load_user_config(args)
     fleet = build_fleet(args)
     control.configure(fleet, config.stress)  # the [stress] defaults apply to the keys too
-    from gpuctl.tui import make_app
+    from gpuctl.tui import GpuctlApp
 
-    app = make_app(
+    job_store, job_store_error = open_job_store()
+    app = GpuctlApp(
         fleet,
         read_only=bool(getattr(args, "read_only", False)) or config.read_only,
         config_tui=dict(config.tui),
         accept_options=accept_defaults(config.accept),
-        job_store=open_job_store(),
+        job_store=job_store,
+        job_store_error=job_store_error,
     )
-    result = app.run()
-    return int(result or 0)
+    return run_tui(app)

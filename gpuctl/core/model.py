@@ -2,12 +2,14 @@
 
 A field a GPU could not report is ``None``. These are built from protocol v1 messages
 (``gpuctl/node/protocol.py`` holds the wire schema) by the ``from_wire`` constructors, which accept
-any dict and never raise on a missing or mistyped field: a bad field becomes ``None``.
+any dict and never raise on a missing or mistyped field: a bad field becomes ``None``, and so does
+a number no GPU can report (an integer beyond 64 bits, a float that is not finite).
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,14 +24,24 @@ class NodeState(enum.Enum):
     UNREACHABLE = "unreachable"
 
 
+# No GPU counter is wider than 64 bits: a bigger integer is junk (and ``10**400`` would raise
+# OverflowError in every division and float() above this layer).
+_INT_LIMIT = 1 << 64
+
+
 def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    if isinstance(v, bool) or not isinstance(v, int):
+        return None
+    return v if -_INT_LIMIT < v < _INT_LIMIT else None
 
 
 def _float(v: Any) -> float | None:
-    if isinstance(v, bool):
+    if isinstance(v, bool) or not isinstance(v, int | float):
         return None
-    return float(v) if isinstance(v, int | float) else None
+    if isinstance(v, int) and _int(v) is None:
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
 
 
 def _str(v: Any) -> str | None:

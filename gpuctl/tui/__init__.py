@@ -1,4 +1,5 @@
-"""The terminal UI: ``make_app(fleet, ...)``; it reaches nodes only through the fleet."""
+"""The terminal UI: ``GpuctlApp(fleet, ...)`` (``make_app`` is the same class: the constructor
+is the factory); it reaches nodes only through the fleet and the job store it is given."""
 
 from gpuctl.tui.app import GpuctlApp, make_app
 

@@ -1,4 +1,5 @@
-"""The gpuctl TUI: built by ``make_app(fleet, ...)`` so the CLI and the tests inject the fleet.
+"""The gpuctl TUI: ``GpuctlApp(fleet, ...)`` (also named ``make_app``); the CLI and the tests
+inject the fleet and the job store.
 
 Data flow: the fleet calls our listener on the event loop for every node change; the listener
 keeps the newest snapshot per node in the store and posts one ``FleetChanged`` message ("latest
@@ -6,263 +7,55 @@ wins": queued ones collapse). The first message after a quiet spell schedules a 
 coalescing delay later; the flush applies every pending snapshot at once inside
 ``batch_update`` and repaints only the changed lines that are on screen. Nothing here awaits
 the network: commands to nodes run in workers.
+
+Node data is data: widgets show it through ``gpuctl.tui.text`` (``rich.text.Text``, control
+characters removed, never markup) and every notification is plain text (``notify``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
+import logging
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
-from types import ModuleType
 from typing import Any, ClassVar
 
 from textual import on, work
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
-from textual.containers import Container, Horizontal
-from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.theme import Theme
-from textual.widgets import ContentSwitcher, Footer, Input, Label, Static
 from textual.worker import Worker, WorkerState
 
 from gpuctl import paths
+from gpuctl.accept.history import HistoryStore
+from gpuctl.accept.run import AcceptOptions, Progress, start_fleet_run
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
+from gpuctl.core.text import printable
+from gpuctl.fleet import control
+from gpuctl.tui.messages import AcceptProgress, FleetChanged
 from gpuctl.tui.screens.accept_report import AcceptReportScreen
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.screens.help import HelpRow, HelpScreen
+from gpuctl.tui.screens.overview import OverviewScreen
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.themes import DEFAULT_THEME, ThemeMemory, load_themes
-from gpuctl.tui.view import METRIC_TITLES, METRICS, FilterError, fmt_power, parse_filter
 from gpuctl.tui.widgets.heatmap import Heatmap
 from gpuctl.tui.widgets.overview import NodeList
 from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
+from gpuctl.workloads.accept.schema import SECTIONS
 
 COALESCE_S = 0.1  # how long a flush waits for more samples (p95 paint budget is 300 ms)
 STOP_TIMEOUT_S = 10.0
-MUTATING = ("stress_gpu", "stress_node", "stress_cluster", "accept", "cancel_job")
+NOTIFY_LIMIT = 400  # characters of a notification: a node's error text can be megabytes
 
-
-class FleetChanged(Message):
-    """Some node changed; the store's pending set says which (latest wins)."""
-
-    def can_replace(self, message: Message) -> bool:
-        return isinstance(message, FleetChanged)
-
-
-class AcceptProgress(Message):
-    """A step of the running acceptance suite (``gpuctl.accept.run.Progress``)."""
-
-    def __init__(self, progress: Any) -> None:
-        super().__init__()
-        self.progress = progress
-
-
-class ClusterHeader(Horizontal):
-    """The top line: name, SIMULATED / READ-ONLY markers, cluster totals, the filter."""
-
-    def __init__(self, *, simulated: bool, read_only: bool) -> None:
-        super().__init__(id="header")
-        self.simulated = simulated
-        self.read_only = read_only
-
-    def compose(self) -> ComposeResult:
-        yield Label(" gpuctl ", id="brand")
-        if self.simulated:
-            yield Label(" SIMULATED ", id="mark-simulated", classes="marker")
-        if self.read_only:
-            yield Label(" READ-ONLY ", id="mark-read-only", classes="marker")
-        yield Label("", id="totals")
-        yield Label("", id="filter-shown")
-
-    def show(self, totals: str, filter_text: str) -> None:
-        t = self.query_one("#totals", Label)
-        if str(t.content) != totals:
-            t.update(totals, layout=False)  # fixed size: a relayout per sample costs ~20 ms
-        f = self.query_one("#filter-shown", Label)
-        text = f"filter: {filter_text}" if filter_text else ""
-        if str(f.content) != text:
-            f.update(text)
-
-
-class OverviewScreen(Screen[None]):
-    """The main screen: header, the GPUs / jobs / acceptance panes, the filter line, the footer."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("enter", "detail", "detail", id="detail"),
-        Binding("m", "heatmap", "map", id="heatmap"),
-        Binding("slash", "filter", "filter", id="filter"),
-        Binding("escape", "escape", "back", show=False, id="escape"),
-    ]
-
-    def __init__(
-        self,
-        store: FleetStore,
-        *,
-        simulated: bool,
-        read_only: bool,
-        job_store: Any | None,
-        history_path: Path | None = None,
-    ) -> None:
-        super().__init__()
-        self.store = store
-        self.job_store = job_store
-        self.history_path = history_path
-        self.simulated = simulated
-        self.read_only = read_only
-        self.mode = "list"  # "list" or a heatmap metric
-        self.ready = False
-
-    def compose(self) -> ComposeResult:
-        yield ClusterHeader(simulated=self.simulated, read_only=self.read_only)
-        with ContentSwitcher(initial="pane-gpus", id="panes"):
-            with Container(id="pane-gpus"):
-                yield NodeList(self.store, id="nodes")
-                yield Heatmap(self.store, id="heatmap")
-                yield Static("", id="heat-status")
-            yield JobsPane(self.job_store, id="pane-jobs", clock=self.store.clock)
-            yield AcceptPane(
-                id="pane-accept", history_path=self.history_path, clock=self.store.clock
-            )
-        yield Input(
-            placeholder="filter: name, state (live stale down), temp>80 util<5 …", id="filter"
-        )
-        yield Footer(compact=True, show_command_palette=False)
-
-    def on_mount(self) -> None:
-        self.query_one(Heatmap).display = False
-        self.query_one("#heat-status").display = False
-        self.query_one("#filter").display = False
-        self.nodes.rebuild()
-        self.nodes.focus()
-        self.ready = True
-        self.app.post_message(FleetChanged())  # show what arrived while we were composing
-
-    def on_unmount(self) -> None:
-        self.ready = False
-
-    @property
-    def nodes(self) -> NodeList:
-        return self.query_one(NodeList)
-
-    @property
-    def heatmap(self) -> Heatmap:
-        return self.query_one(Heatmap)
-
-    def active_view(self) -> NodeList | Heatmap:
-        return self.nodes if self.mode == "list" else self.heatmap
-
-    def selection(self) -> tuple[str, int | None] | None:
-        if self.mode == "list":
-            return self.nodes.cursor
-        return self.heatmap.selected()
-
-    # -- actions ------------------------------------------------------------------------------
-    def action_detail(self) -> None:
-        sel = self.selection()
-        if sel is None:
-            self.notify("no node to show", severity="warning")
-            return
-        self.app.push_screen(DetailScreen(self.store, sel[0], sel[1]))
-
-    def action_heatmap(self) -> None:
-        """Cycle: list -> heatmap of each metric -> list."""
-        order = ["list", *METRICS]
-        sel = self.selection()
-        self.mode = order[(order.index(self.mode) + 1) % len(order)]
-        heat = self.mode != "list"
-        self.nodes.display = not heat
-        self.heatmap.display = heat
-        self.query_one("#heat-status").display = heat
-        if heat:
-            self.heatmap.metric = self.mode
-            self.heatmap.rebuild()
-            if sel is not None:
-                self.heatmap.select(*sel)
-            self.heatmap.focus()
-            self.update_heat_status()
-        else:
-            self.nodes.rebuild()
-            if sel is not None:
-                self.nodes.select(*sel)
-            self.nodes.focus()
-
-    def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.display = True
-        box.focus()
-
-    def action_escape(self) -> None:
-        box = self.query_one("#filter", Input)
-        if box.display:
-            box.value = ""
-            box.display = False
-            self.active_view().focus()
-            return
-        if self.mode != "list":
-            self.mode = METRICS[-1]
-            self.action_heatmap()
-
-    @on(Input.Changed, "#filter")
-    def filter_changed(self, event: Input.Changed) -> None:
-        try:
-            f = parse_filter(event.value)
-        except FilterError as e:
-            event.input.border_title = str(e)
-            event.input.add_class("-invalid")
-            return
-        event.input.border_title = None
-        event.input.remove_class("-invalid")
-        self.store.filter = f
-        self.active_view().rebuild()
-        self.app.call_later(self.app.update_header)  # type: ignore[attr-defined]
-
-    @on(Input.Submitted, "#filter")
-    def filter_done(self, event: Input.Submitted) -> None:
-        event.input.display = False
-        self.active_view().focus()
-
-    @on(Heatmap.Selected)
-    def heat_selected(self, _event: Heatmap.Selected) -> None:
-        self.update_heat_status()
-
-    def update_heat_status(self) -> None:
-        if self.mode == "list":
-            return
-        sel = self.heatmap.selected()
-        text = f" heatmap: {METRIC_TITLES[self.mode]}  (m: next metric, esc: list)"
-        if sel is not None:
-            snap = self.store.snaps[sel[0]]
-            text = f" {describe_gpu(self.store, snap, sel[1])}   ·  {text.strip()}"
-        self.query_one("#heat-status", Static).update(text, layout=False)
-
-
-def describe_gpu(store: FleetStore, snap: NodeSnapshot, gpu: int | None) -> str:
-    """One line about the GPU under the heatmap cursor: node, GPU, model, util, memory, temp."""
-    if gpu is None:
-        return f"{snap.name} ({snap.state.value})"
-    g = next((x for x in snap.gpus if x.index == gpu), None)
-    parts = [f"{snap.name} GPU {gpu} {store.model(snap, gpu)}"]
-    if snap.state is not NodeState.LIVE:
-        parts.append(snap.state.value)
-    if g is not None and g.lost:
-        parts.append("LOST")
-    elif g is not None:
-        if g.util_gpu is not None:
-            parts.append(f"{g.util_gpu}%")
-        if g.mem_used is not None and g.mem_total:
-            parts.append(f"{g.mem_used / (1 << 30):.0f}/{g.mem_total / (1 << 30):.0f} GiB")
-        if g.temp is not None:
-            parts.append(f"{g.temp}°C")
-        if g.power is not None:
-            parts.append(f"{g.power:.0f} W")
-    return " · ".join(parts)
+log = logging.getLogger("gpuctl.tui")
 
 
 class GpuctlApp(App[int]):
@@ -299,8 +92,20 @@ class GpuctlApp(App[int]):
         coalesce: float = COALESCE_S,
         manage_fleet: bool = True,
         job_store: Any | None = None,
+        job_store_error: str | None = None,
         accept_options: Mapping[str, Any] | None = None,
     ) -> None:
+        """Build the TUI over ``fleet`` (a ``gpuctl.fleet.Fleet`` or anything shaped like one).
+
+        ``config_tui`` is the config's raw ``[tui]`` table (``theme``, ``keys``); ``clock`` is
+        the wall clock for ages (tests freeze it); ``state_dir`` (default
+        ``gpuctl.paths.state_dir()``) holds the remembered theme, and the acceptance history and
+        reports of runs started with ``a``. With ``manage_fleet`` the app starts the fleet on
+        mount and stops it on exit. ``job_store`` (a ``gpuctl.jobs.store.JobStore``) feeds the
+        jobs pane; when it could not be opened, ``job_store_error`` is the one line the pane
+        shows instead. ``accept_options`` overrides fields of the runs' ``AcceptOptions``
+        (``python``, ``extra_args``, ...).
+        """
         super().__init__()
         self.fleet = fleet
         self.read_only = read_only
@@ -322,9 +127,11 @@ class GpuctlApp(App[int]):
             simulated=simulated,
             read_only=read_only,
             job_store=job_store,
+            job_store_error=job_store_error,
             history_path=self.state_dir / "accept.sqlite",
         )
         self.accept_run: Any | None = None
+        self.crash: BaseException | None = None  # what ended the app, if something did
         self.on_flush: Callable[[set[str], dict[str, float]], None] | None = None
         # Coroutines to run as workers once the fleet is started (the demo's story).
         self.background: list[Callable[[], Awaitable[None]]] = []
@@ -338,9 +145,7 @@ class GpuctlApp(App[int]):
         self._setup_keys()
         self.fleet.subscribe(self._on_snapshot)
         self.fleet.on_event(self._on_fleet_event)
-        control = self._control()
-        if control is not None and hasattr(control, "attach"):
-            control.attach(self.fleet)  # burn events become annotations we can draw
+        control.attach(self.fleet)  # burn events become annotations we can draw
         self.set_interval(1.0, self._tick)
         if self.manage_fleet:
             await self.fleet.start()
@@ -389,6 +194,39 @@ class GpuctlApp(App[int]):
         if self.keymap:
             self.set_keymap(self.keymap)
 
+    # -- what reaches the terminal -------------------------------------------------------------
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
+        """Show a notification, always as plain text: messages quote node names, node errors
+        and config values, so ``markup`` is ignored and control characters are removed (every
+        widget's ``notify`` lands here). Safe from any thread, like ``App.notify``."""
+        del markup  # never: a node's error text is not ours to interpret
+        super().notify(
+            printable(message, limit=NOTIFY_LIMIT),
+            title=printable(title, limit=80),
+            severity=severity,
+            timeout=timeout,
+            markup=False,
+        )
+
+    def _handle_exception(self, error: Exception) -> None:
+        # Textual ends the app (return code 1) and keeps a traceback, with local variables
+        # (node data among them), to print on the restored terminal. The whole story goes to
+        # gpuctl's log instead; the CLI prints one line naming it (gpuctl.cli.watch.run_tui).
+        log.error(
+            "the screen crashed: %s: %s", type(error).__name__, printable(error), exc_info=error
+        )
+        if self.crash is None:
+            self.crash = error
+        super()._handle_exception(error)
+
     # -- fleet -> screen ----------------------------------------------------------------------
     def _on_snapshot(self, snapshot: NodeSnapshot) -> None:
         if self.store.offer(snapshot):
@@ -416,12 +254,7 @@ class GpuctlApp(App[int]):
         if not names:
             return
         with self.batch_update():
-            view = self.overview.active_view()
-            view.nodes_changed(names)
-            view.note_arrivals(arrivals)
-            if self.overview.mode != "list":
-                self.overview.update_heat_status()
-            self.update_header()
+            self.overview.nodes_changed(names, arrivals)
             screen = self.screen
             if isinstance(screen, DetailScreen) and screen.node in names:
                 screen.node_changed()
@@ -432,26 +265,9 @@ class GpuctlApp(App[int]):
         """Once a second: ages of stale nodes move on, and so does the header."""
         if not self.overview.ready or not self.is_running:
             return
-        if any(s.state is NodeState.STALE for s in self.store.snaps.values()):
-            if self.overview.mode == "list":
-                self.overview.nodes.refresh_stale_headers()
-            self.update_header()
+        self.overview.tick()
         if isinstance(self.screen, DetailScreen):
             self.screen.node_changed()
-
-    def update_header(self) -> None:
-        if not self.overview.ready or not self.is_running:
-            return
-        t = self.store.totals()
-        util = "-" if t.util_mean is None else f"{t.util_mean:.0f}%"
-        stale = sum(1 for s in self.store.snaps.values() if s.state is NodeState.STALE)
-        down = sum(1 for s in self.store.snaps.values() if s.state is NodeState.UNREACHABLE)
-        extra = (f"  {stale} stale" if stale else "") + (f"  {down} down" if down else "")
-        text = (
-            f"nodes {t.live}/{t.nodes} live{extra}   GPUs {t.gpus}   util {util}   "
-            f"power {fmt_power(t.power)}"
-        )
-        self.overview.query_one(ClusterHeader).show(text, self.store.filter.text.strip())
 
     # -- selection ----------------------------------------------------------------------------
     @on(NodeList.Selected)
@@ -477,23 +293,8 @@ class GpuctlApp(App[int]):
             )
         return self.read_only
 
-    def _control(self) -> ModuleType | None:
-        try:
-            module = importlib.import_module("gpuctl.fleet.control")
-        except ImportError:
-            return None
-        return module if hasattr(module, "set_stress") and hasattr(module, "burning") else None
-
     def _burning(self) -> list[tuple[str, int]]:
-        control = self._control()
-        if control is not None:
-            return list(control.burning(self.fleet))
-        return [
-            (s.name, g.index)
-            for s in self.store.snaps.values()
-            for g in s.gpus
-            if self.store.is_burning(s, g.index)
-        ]
+        return list(control.burning(self.fleet))
 
     def action_stress_gpu(self) -> None:
         if self._refuse("stress"):
@@ -519,9 +320,6 @@ class GpuctlApp(App[int]):
 
     def action_stress_cluster(self) -> None:
         if self._refuse("stress"):
-            return
-        if self._control() is None:
-            self.notify("stress not available yet", severity="warning")
             return
         burning = self._burning()
         if burning:
@@ -551,10 +349,6 @@ class GpuctlApp(App[int]):
         )
 
     def stress(self, node: str, gpus: list[int] | None, on: bool) -> None:
-        control = self._control()
-        if control is None:
-            self.notify("stress not available yet", severity="warning")
-            return
         what = "all GPUs" if gpus is None else f"GPU {','.join(map(str, gpus))}"
         self.notify(f"{node}: {'starting' if on else 'stopping'} stress on {what}")
         self.run_worker(
@@ -566,13 +360,6 @@ class GpuctlApp(App[int]):
 
     def action_accept(self) -> None:
         if self._refuse("acceptance"):
-            return
-        try:
-            from gpuctl.accept.history import HistoryStore
-            from gpuctl.accept.run import AcceptOptions, start_fleet_run
-            from gpuctl.workloads.accept.schema import SECTIONS
-        except ImportError:
-            self.notify("acceptance from the TUI: not built yet", severity="warning")
             return
         run = self.accept_run
         if run is not None and not run.done():
@@ -616,8 +403,10 @@ class GpuctlApp(App[int]):
             )
             self.accept_run = run
 
-            def relay(progress: Any) -> None:
+            def relay(progress: Progress) -> None:
                 self.post_message(AcceptProgress(progress))
+                if progress.kind == "finished":
+                    run.unsubscribe(relay)  # the run is over: nothing holds on to the app
 
             run.subscribe(relay)
             self.overview.query_one(AcceptPane).start(run, SECTIONS)
@@ -650,24 +439,9 @@ class GpuctlApp(App[int]):
             self.notify(f"{event.worker.name}: {message}", severity="error", timeout=8)
 
     def action_pane(self, pane: str) -> None:
-        if not isinstance(self.screen, OverviewScreen):
+        while self.screen is not self.overview and len(self.screen_stack) > 1:
             self.pop_screen()
-        switcher = self.overview.query_one(ContentSwitcher)
-        switcher.current = f"pane-{pane}"
-        if pane == "gpus":
-            self.overview.active_view().focus()
-            return
-        if pane == "jobs":
-            jobs = self.overview.query_one(JobsPane)
-            if jobs.job_store is None:
-                self.notify("jobs pane: no job store here", severity="warning")
-            jobs.reload()
-            jobs.query_one("#jobs-table").focus()
-        else:
-            accept = self.overview.query_one(AcceptPane)
-            if not accept.loaded:
-                accept.load_history()
-            self.overview.query_one("#accept-table").focus()
+        self.overview.show_pane(pane)
 
     def action_next_theme(self) -> None:
         names = self.gpuctl_themes or [self.theme]
@@ -704,16 +478,11 @@ class GpuctlApp(App[int]):
 
     @work(exit_on_error=False, group="quit")
     async def stop_and_exit(self, nodes: list[str]) -> None:
-        control = self._control()
-        if control is not None:
-            self.notify(f"stopping burns on {len(nodes)} nodes…")
-            await asyncio.wait(
-                [
-                    asyncio.ensure_future(control.set_stress(self.fleet, n, None, False))
-                    for n in nodes
-                ],
-                timeout=STOP_TIMEOUT_S,
-            )
+        self.notify(f"stopping burns on {len(nodes)} nodes…")
+        await asyncio.wait(
+            [asyncio.ensure_future(control.set_stress(self.fleet, n, None, False)) for n in nodes],
+            timeout=STOP_TIMEOUT_S,
+        )
         # Closing the links stops anything still burning: the agents' dead-man's switch.
         self.exit(0)
 
@@ -758,10 +527,10 @@ class GpuctlApp(App[int]):
                         f"key {b.key}",
                         partial(self.run_action, b.action, self.overview),
                     )
-            current = self.overview.query_one(ContentSwitcher).current
-            panes: dict[str, Any] = {"pane-jobs": JobsPane, "pane-accept": AcceptPane}
+            current = self.overview.current_pane()
+            panes: dict[str, Any] = {"jobs": JobsPane, "accept": AcceptPane}
             if current in panes:
-                pane = self.overview.query_one(f"#{current}")
+                pane = self.overview.query_one(f"#pane-{current}")
                 for b in panes[current].BINDINGS:
                     if isinstance(b, Binding):
                         yield SystemCommand(
@@ -775,38 +544,6 @@ def _title(description: str) -> str:
     return description[:1].upper() + description[1:]
 
 
-def make_app(
-    fleet: Any,
-    *,
-    read_only: bool = False,
-    simulated: bool = False,
-    config_tui: dict[str, Any] | None = None,
-    clock: Callable[[], float] | None = None,
-    state_dir: Path | None = None,
-    coalesce: float = COALESCE_S,
-    manage_fleet: bool = True,
-    job_store: Any | None = None,
-    accept_options: Mapping[str, Any] | None = None,
-) -> GpuctlApp:
-    """Build the TUI over ``fleet`` (a ``gpuctl.fleet.Fleet`` or anything shaped like one).
-
-    ``config_tui`` is the config's raw ``[tui]`` table (``theme``, ``keys``); ``clock`` is the
-    wall clock for ages (tests freeze it); ``state_dir`` holds the remembered theme (default:
-    the user's state folder). With ``manage_fleet`` the app starts the fleet on mount and stops
-    it on exit. ``job_store`` (a ``gpuctl.jobs.store.JobStore``) feeds the jobs pane.
-    ``state_dir`` (default ``gpuctl.paths.state_dir()``) also holds the
-    acceptance history and reports of runs started with ``a``; ``accept_options`` overrides
-    fields of their ``AcceptOptions`` (``python``, ``extra_args``, ...).
-    """
-    return GpuctlApp(
-        fleet,
-        read_only=read_only,
-        simulated=simulated,
-        config_tui=config_tui,
-        clock=clock,
-        state_dir=state_dir,
-        coalesce=coalesce,
-        manage_fleet=manage_fleet,
-        job_store=job_store,
-        accept_options=accept_options,
-    )
+# The constructor is the factory (one way to build the app): the CLI, the tests, the benchmark
+# and the screenshot script all call it under this name.
+make_app = GpuctlApp

@@ -129,6 +129,8 @@ def node_age_text(s: NodeSnapshot, now: float) -> str:
 
 
 def fmt_power(watts: float) -> str:
+    if not math.isfinite(watts):  # a sum of junk readings (1e308 W twice)
+        return "-"
     return f"{watts / 1000:.1f} kW" if watts >= 1000 else f"{watts:.0f} W"
 
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpuctl.accept.history import HistoryStore
-from gpuctl.accept.run import AcceptOptions, Progress, start_fleet_run
-from gpuctl.fleet.fleet import simulated_fleet
-from gpuctl.workloads.accept.schema import SECTIONS
+from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run
+from gpuctl.fleet.fleet import Fleet, simulated_fleet
+from gpuctl.fleet.replay import recorded_node
+from gpuctl.workloads.accept.schema import SCHEMA_VERSION, SECTIONS
+from gpuctl_tests.tui.hostile import ScriptedAgentLink
 
 SKIPS = ("membw", "train", "ddp_allreduce", "ddp_train")
 
@@ -48,3 +53,54 @@ async def test_status_matrix_progress_and_report_over_a_fleet(tmp_path: Path) ->
     assert run.outcomes["sim1"].report is not None
     assert [p.name for p in run.report_paths] == [next((tmp_path / "r").glob("*.json")).name]
     assert history.nodes() == ["sim1"]
+
+
+def test_unsubscribe_stops_a_listener_even_from_inside_it() -> None:
+    run = AcceptRun(["n1"], AcceptOptions(quick=True), "agent")
+    seen: list[str] = []
+
+    def once(p: Progress) -> None:
+        seen.append(f"once:{p.kind}")
+        run.unsubscribe(once)
+
+    def every(p: Progress) -> None:
+        seen.append(f"every:{p.kind}")
+
+    run.subscribe(once)
+    run.subscribe(every)
+    run.emit(Progress("n1", "started"))
+    run.emit(Progress("n1", "line", text="x"))
+    run.unsubscribe(every)
+    run.unsubscribe(every)  # not subscribed any more: nothing happens
+    run.emit(Progress("n1", "line", text="y"))
+    assert seen == ["once:started", "every:started", "every:line"]
+
+
+def _answer(req: dict[str, Any]) -> list[dict[str, Any]]:
+    """A node whose suite passes at once."""
+    if req.get("type") != "accept_start":
+        return [{"type": "error", "code": "unknown_request", "message": "no", "id": req.get("id")}]
+    report = {"schema_version": SCHEMA_VERSION, "verdict": "PASS", "sections": {}}
+    exit_event = {"event": "exit", "run": "r", "rc": 0, "report": report, "reason": None}
+    return [
+        {"type": "ok", "request": "accept_start", "id": req["id"], "run": "r", "pid": 1},
+        {"type": "event", "t": 0, "kind": "accept", "gpu": None, "detail": exit_event},
+    ]
+
+
+async def test_runs_leave_no_listener_on_the_fleet() -> None:
+    """Each run used to add two fleet listeners for good (and with them the run and whoever
+    listened to it): after any number of runs the fleet has as many as after the first."""
+    hello = recorded_node("n1", "1:H100", samples=1, t0=time.time())
+    fleet = Fleet({"n1": ScriptedAgentLink(hello, _answer)})
+    await fleet.start()
+    try:
+        counts = []
+        for _ in range(4):
+            run = start_fleet_run(fleet, ["n1"], AcceptOptions(quick=True, device="cpu"))
+            report = await asyncio.wait_for(run.wait(), 30)
+            assert report["verdict"] == "PASS"
+            counts.append((len(fleet._listeners), len(fleet._event_listeners)))
+    finally:
+        await fleet.stop()
+    assert counts[1:] == counts[:-1], counts

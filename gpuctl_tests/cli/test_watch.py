@@ -1,9 +1,23 @@
-"""``gpuctl watch`` wiring: what the config hands to the TUI."""
+"""``gpuctl watch`` / ``gpuctl demo`` wiring: what the config hands to the TUI, a damaged job
+store, and a screen that crashes."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuctl import logs
 from gpuctl.accept.run import AcceptOptions
-from gpuctl.cli.watch import accept_defaults
+from gpuctl.cli.watch import accept_defaults, open_job_store, run_tui
+from gpuctl.tui import GpuctlApp
+from gpuctl_tests.tui.hostile import crashing_fleet
+
+JUNK = b"this is not an SQLite file, just bytes on the disk\x00\xff" * 40
 
 
 def test_accept_table_reaches_the_tui_options() -> None:
@@ -18,3 +32,79 @@ def test_accept_table_reaches_the_tui_options() -> None:
     assert got == {"python": "/opt/torch/bin/python", "floor": 0.5}
     opts = AcceptOptions(quick=True, device="cpu", **got)
     assert opts.python == "/opt/torch/bin/python" and "--floor" in opts.suite_args()
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "state"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(folder))
+    return folder
+
+
+def test_a_damaged_job_store_is_a_reason_not_a_crash(state: Path) -> None:
+    (state / "jobs.sqlite").write_bytes(JUNK)
+    store, why = open_job_store()
+    assert store is None and why is not None
+    path = state / "jobs.sqlite"
+    assert why.startswith(f"the job store {path} is damaged (file is not a database)")
+    assert f"mv {path} {path}.bad" in why and "\n" not in why
+
+
+def test_a_job_store_that_cannot_be_opened_says_so(state: Path) -> None:
+    (state / "jobs.sqlite").mkdir()  # a folder where the file should be
+    store, why = open_job_store()
+    assert store is None and why is not None
+    assert why.startswith(f"the job store {state / 'jobs.sqlite'} cannot be opened (")
+    assert "check that you can read and write it" in why
+
+
+def test_a_good_job_store_opens(state: Path) -> None:
+    store, why = open_job_store()
+    assert why is None and store is not None and store.list() == []
+    with sqlite3.connect(state / "jobs.sqlite") as db:  # a real store, in the state folder
+        assert db.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+
+
+@pytest.fixture
+def log_file(tmp_path: Path) -> Iterator[Path]:
+    """gpuctl's log set up as the CLI sets it up, into a file of this test; restored after."""
+    logger = logging.getLogger("gpuctl")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    path = tmp_path / "gpuctl.log"
+    assert logs.setup(0, path) == path
+    yield path
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+    handlers, level, propagate = saved
+    for handler in handlers:
+        logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = propagate
+
+
+def test_a_crashed_screen_exits_non_zero_and_names_its_log(
+    tmp_path: Path, log_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    app = GpuctlApp(crashing_fleet(), state_dir=tmp_path / "state")
+
+    async def deadline() -> None:
+        await asyncio.sleep(60)  # a screen that fails to crash ends the test, not hangs it
+        app.exit(0)
+
+    app.background.append(deadline)
+    code = run_tui(app, headless=True)
+    assert code == 1
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    # One line, the node-made message as text, the log named; no escape reaches the terminal.
+    assert last == (
+        "gpuctl: the screen crashed: RuntimeError: history is broken [bold]on purpose[/  "
+        f"(traceback in {log_file})"
+    )
+    assert "\x1b" not in err and "Traceback" not in err
+    log = log_file.read_text()
+    assert "ERROR gpuctl.tui: the screen crashed: RuntimeError" in log
+    assert "Traceback (most recent call last)" in log and "def history" not in log
+    assert "in history" in log  # the frame that raised

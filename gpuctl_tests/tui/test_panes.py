@@ -18,7 +18,8 @@ from gpuctl.accept.history import HistoryStore
 from gpuctl.accept.run import AcceptOptions, AcceptRun, NodeOutcome, Progress, outcome_from_report
 from gpuctl.core.model import NodeState
 from gpuctl.fleet.demo import demo_nodes
-from gpuctl.fleet.fleet import simulated_fleet
+from gpuctl.fleet.fleet import Fleet, simulated_fleet
+from gpuctl.fleet.replay import recorded_node
 from gpuctl.jobs import Executor, JobStore
 from gpuctl.jobs.store import JobRecord
 from gpuctl.tui import GpuctlApp, make_app
@@ -28,6 +29,7 @@ from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
 from gpuctl.workloads.accept.schema import SCHEMA, SCHEMA_VERSION, SECTIONS
 from gpuctl_tests.helpers import wait_until
 from gpuctl_tests.tui.conftest import NOW, replay_fleet
+from gpuctl_tests.tui.hostile import ScriptedAgentLink
 
 SIZE = (120, 36)
 H100_0 = "gpu0 NVIDIA H100 80GB HBM3"
@@ -128,8 +130,8 @@ async def test_jobs_pane_shows_output_report_and_cancels_from_the_keyboard(
         await until(pilot, lambda: app.overview.query_one("#job-report-box").display, "report")
     assert slow.wait(30) and slow.state == "cancelled"
     pid = slow.handle.get("pid")
-    if isinstance(pid, int):
-        wait_until(lambda: gone(pid), timeout=10, what="the supervisor to end")
+    assert isinstance(pid, int), slow.handle  # a local job knows its supervisor's pid
+    wait_until(lambda: gone(pid), timeout=10, what="the supervisor to end")
 
 
 def gone(pid: int) -> bool:
@@ -164,6 +166,51 @@ async def test_cancel_job_is_refused_read_only_and_listed_in_help(tmp_path: Path
         assert {"cancel_job", "accept_report", "report_back"} <= ids
         titles = {c.title for c in app.get_system_commands(app.overview)}
         assert "Cancel job" in titles
+
+
+async def test_jobs_pane_says_why_a_damaged_store_lists_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A junk ``jobs.sqlite`` in the state folder: the screen opens, the pane says which file
+    and what to do; a store that goes bad while shown says so too, and recovers."""
+    from gpuctl.cli.watch import open_job_store
+
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(state))
+    junk = b"not a database\x00\xff" * 100
+    (state / "jobs.sqlite").write_bytes(junk)
+    store, why = open_job_store()
+    assert store is None and why is not None
+    app = make_app(replay_fleet(), state_dir=tmp_path, job_store=store, job_store_error=why)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        note = app.overview.query_one("#jobs-note", Static)
+        assert str(note.render()) == why and note.has_class("-unavailable")
+        assert "is damaged" in why and str(state / "jobs.sqlite") in why
+        assert app.overview.query_one("#jobs-table", DataTable).row_count == 0
+        assert app.is_running
+
+    (state / "jobs.sqlite").unlink()
+    store = JobStore()
+    store.add(JobRecord("j-1", "train", "local", {}, str(tmp_path), "done", 1000.0))
+    app = make_app(replay_fleet(), state_dir=tmp_path, job_store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        table = app.overview.query_one("#jobs-table", DataTable)
+        note = app.overview.query_one("#jobs-note", Static)
+        await until(pilot, lambda: table.row_count == 1, "the job")
+        assert not note.has_class("-unavailable")
+        good = (state / "jobs.sqlite").read_bytes()
+        (state / "jobs.sqlite").write_bytes(junk)
+        app.overview.query_one(JobsPane).reload()
+        await until(pilot, lambda: "cannot be read" in str(note.render()), "the reason")
+        assert str(state / "jobs.sqlite") in str(note.render())
+        assert not [m for m in messages(app) if "load" in m]  # a line, not an error per poll
+        (state / "jobs.sqlite").write_bytes(good)
+        app.overview.query_one(JobsPane).reload()
+        await until(pilot, lambda: not note.has_class("-unavailable"), "the store back")
+        assert "↑↓ select" in str(note.render()) and table.row_count == 1
 
 
 # -- acceptance ------------------------------------------------------------------------------
@@ -307,6 +354,45 @@ async def test_acceptance_matrix_follows_progress_and_drills_down(tmp_path: Path
         await pilot.press("enter")
         why = "gpu-c03: no report to show (not reachable: refused)"
         assert any(why in m for m in messages(app))
+
+
+def passing_agent(req: dict[str, Any]) -> list[dict[str, Any]]:
+    """A stand-in agent whose suite passes at once with a two-H100 report."""
+    if req.get("type") != "accept_start":
+        return [{"type": "error", "code": "unknown_request", "message": "no", "id": req.get("id")}]
+    report = gpu_report("ok-01", NOW, (812.0, 801.0))
+    detail = {"event": "exit", "run": "r", "rc": 0, "report": report, "reason": None}
+    return [
+        {"type": "ok", "request": "accept_start", "id": req["id"], "run": "r", "pid": 1},
+        {"type": "event", "t": NOW, "kind": "accept", "gpu": None, "detail": detail},
+    ]
+
+
+async def test_acceptance_runs_from_the_tui_leave_no_listeners_behind(tmp_path: Path) -> None:
+    """Every run used to keep the app's relay and two fleet listeners for good."""
+    node = recorded_node("ok-01", "2:H100", samples=3, t0=NOW - 2.5)
+    fleet = Fleet({"ok-01": ScriptedAgentLink(node, passing_agent)}, clock=lambda: NOW)
+    app = make_app(fleet, state_dir=tmp_path, clock=lambda: NOW)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.store.snaps["ok-01"].state is NodeState.LIVE, "live")
+        await until(pilot, lambda: app.overview.nodes.lines, "the node on screen")
+        runs: list[AcceptRun] = []
+        counts = []
+        table = app.overview.query_one("#accept-table", DataTable)
+        for _ in range(3):
+            await pilot.press("a")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+            await pilot.press("y")
+            run = await until(
+                pilot, lambda: app.accept_run not in (None, *runs) and app.accept_run, "a run"
+            )
+            runs.append(run)
+            await until(pilot, run.done, "the run to end")
+            await until(pilot, lambda: cell(table, "ok-01", "verdict") == "PASS", "the verdict")
+            counts.append((len(fleet._listeners), len(fleet._event_listeners)))
+        assert [r._listeners for r in runs] == [[], [], []]
+        assert counts[0] == counts[1] == counts[2], counts
+        assert app.is_running
 
 
 @pytest.mark.slow

@@ -57,3 +57,77 @@ def test_demo_draws_answers_keys_and_restores_the_terminal(tmux_demo: Tmux) -> N
     assert t.show("#{cursor_flag}") == "1"
     assert t.show("#{mouse_any_flag}") == "0"
     assert "SIMULATED" not in t.screen()
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["GPUCTL_STATE_DIR"] = str(tmp_path / "state")
+    env["GPUCTL_CONFIG"] = str(tmp_path / "config.toml")
+    (tmp_path / "config.toml").write_text("")
+    return env
+
+
+def _exit_status(t: Tmux) -> list[str]:
+    return wait_until(
+        lambda: [x for x in t.screen().split() if x.startswith("gpuctl-exited=")],
+        timeout=30,
+        what="gpuctl to exit",
+    )
+
+
+@pytest.mark.slow
+def test_demo_opens_over_a_damaged_job_store(tmp_path: Path) -> None:
+    """A junk jobs.sqlite used to end ``gpuctl demo`` with exit 70: the screen opens, the jobs
+    pane says which file and what to do."""
+    env = _env(tmp_path)
+    (tmp_path / "state").mkdir(mode=0o700)
+    (tmp_path / "state" / "jobs.sqlite").write_bytes(b"junk, not SQLite\x00\xff" * 64)
+    demo = [sys.executable, "-m", "gpuctl", "demo", "--nodes", "2", "--gpus", "2", "--no-story"]
+    t = Tmux(tmp_path, shell_then_report(shlex.join(demo)), env)
+    try:
+        wait_until(lambda: "sim-02" in t.screen(), timeout=30, what="the demo's screen")
+        t.keys("2")
+        wait_until(lambda: "is damaged" in t.screen(), what="the jobs pane's reason")
+        screen = t.screen()
+        assert "jobs.sqlite is damaged (file is not a database): move it aside" in screen
+        t.keys("q")
+        assert _exit_status(t) == ["gpuctl-exited=0"]
+    finally:
+        t.close()
+
+
+# ``gpuctl watch`` over a fleet whose GPU history raises: the screen crashes on its first paint.
+CRASHING_WATCH = """
+import sys
+import gpuctl.cli.common
+from gpuctl_tests.tui.hostile import crashing_fleet
+gpuctl.cli.common.build_fleet = lambda args: crashing_fleet()
+from gpuctl.cli.main import main
+sys.exit(main(["watch"]))
+"""
+
+
+@pytest.mark.slow
+def test_a_crashed_screen_exits_non_zero_with_one_line_naming_the_log(tmp_path: Path) -> None:
+    t = Tmux(
+        tmp_path,
+        shell_then_report(shlex.join([sys.executable, "-c", CRASHING_WATCH])),
+        _env(tmp_path),
+    )
+    try:
+        assert _exit_status(t) == ["gpuctl-exited=1"]
+        log = tmp_path / "state" / "logs" / "gpuctl.log"
+        joined = t.run("capture-pane", "-p", "-J", "-t", "t")  # wrapped lines joined
+        lines = [line.rstrip() for line in joined.splitlines() if line.strip()]
+        assert lines[-1] == "gpuctl-exited=1"
+        # The terminal is back (main screen) and the last line before the status says it all.
+        assert t.show("#{alternate_on}") == "0"
+        assert lines[-2] == (
+            "gpuctl: the screen crashed: RuntimeError: history is broken [bold]on purpose[/  "
+            f"(traceback in {log})"
+        )
+        assert not any("Traceback" in line for line in lines)
+        assert "Traceback (most recent call last)" in log.read_text()
+    finally:
+        t.close()

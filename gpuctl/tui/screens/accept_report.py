@@ -3,6 +3,7 @@ its fraction of the model's peak and its trend over the node's earlier runs (the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -12,10 +13,10 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
-from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from gpuctl.tui.text import node_content, node_str, node_text
 from gpuctl.workloads.accept.schema import SECTIONS
 
 FIGURE_COLUMNS = ("section", "device", "what", "value", "peak", "of peak", "verdict", "trend")
@@ -31,23 +32,59 @@ VERDICT_CLASS = {
 FigureRow = tuple[tuple[str, str, str, str, str, str, str], str]
 
 
+CELL_LIMIT = 60  # characters of a cell: labels and names come from the node's report
+LINE_LIMIT = 1000  # characters of a summary or a failure
+
+
+def _finite(v: Any) -> float | None:
+    """A report's number as a float, or None for anything else (a string, 10**400, NaN)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
 def _num(v: Any, fmt: str = ".4g") -> str:
-    return format(v, fmt) if isinstance(v, int | float) else "-"
+    f = _finite(v)
+    return "-" if f is None else format(f, fmt)
 
 
 def _frac(v: Any) -> str:
-    return f"{100 * v:.0f}%" if isinstance(v, int | float) else "-"
+    f = _finite(v)
+    return "-" if f is None or abs(f) > 1e6 else f"{100 * f:.0f}%"
+
+
+def _s(v: Any) -> str:
+    """A string field of the report, printable and cut for a cell."""
+    return node_str(v, limit=CELL_LIMIT)
+
+
+def _dict(v: Any) -> Mapping[str, Any]:
+    return v if isinstance(v, Mapping) else {}
+
+
+def _dicts(v: Any) -> list[Mapping[str, Any]]:
+    return [x for x in v if isinstance(x, Mapping)] if isinstance(v, list) else []
+
+
+def section(report: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """One section of a node report, ``{}`` when it is missing or not a mapping."""
+    return _dict(_dict(report.get("sections")).get(name))
 
 
 def figure_rows(report: Mapping[str, Any]) -> list[FigureRow]:
-    """Every figure of a node report, in suite order; keys match ``history.figures``."""
-    s = report.get("sections") or {}
+    """Every figure of a node report, in suite order; keys match ``history.figures``.
+
+    The report is what a node sent: a field of the wrong type counts as missing."""
     rows: list[FigureRow] = []
-    for d in (s.get("compute") or {}).get("devices") or []:
-        label = str(d.get("label") or d.get("index"))
-        name = str(d.get("name") or "")
-        for r in d.get("results") or []:
-            dtype = str(r.get("dtype"))
+    for d in _dicts(section(report, "compute").get("devices")):
+        label = _s(d.get("label") or d.get("index"))
+        name = _s(d.get("name") or "")
+        for r in _dicts(d.get("results")):
+            dtype = _s(r.get("dtype"))
             value = f"{_num(r.get('tflops'))} TFLOP/s" if r.get("tflops") is not None else "-"
             cells = (
                 "compute",
@@ -56,11 +93,11 @@ def figure_rows(report: Mapping[str, Any]) -> list[FigureRow]:
                 value,
                 _num(r.get("peak_tflops"), "g"),
                 _frac(r.get("fraction")),
-                str(r.get("verdict") or "-"),
+                _s(r.get("verdict") or "-"),
             )
             rows.append((cells, f"compute/{label}/{dtype}"))
-    for d in (s.get("membw") or {}).get("devices") or []:
-        label = str(d.get("label") or d.get("index"))
+    for d in _dicts(section(report, "membw").get("devices")):
+        label = _s(d.get("label") or d.get("index"))
         cells = (
             "membw",
             label,
@@ -68,11 +105,11 @@ def figure_rows(report: Mapping[str, Any]) -> list[FigureRow]:
             f"{_num(d.get('gbps'))} GB/s",
             _num(d.get("peak_gbps"), "g"),
             _frac(d.get("fraction")),
-            str(d.get("verdict") or "-"),
+            _s(d.get("verdict") or "-"),
         )
         rows.append((cells, f"membw/{label}"))
-    for d in (s.get("pcie") or {}).get("devices") or []:
-        label = str(d.get("label") or d.get("index"))
+    for d in _dicts(section(report, "pcie").get("devices")):
+        label = _s(d.get("label") or d.get("index"))
         value = f"{_num(d.get('h2d_gbps'))}/{_num(d.get('d2h_gbps'))} GB/s"
         cells = (
             "pcie",
@@ -81,22 +118,23 @@ def figure_rows(report: Mapping[str, Any]) -> list[FigureRow]:
             value,
             _num(d.get("peak_gbps"), "g"),
             _frac(d.get("fraction")),
-            str(d.get("verdict") or "-"),
+            _s(d.get("verdict") or "-"),
         )
         rows.append((cells, ""))
-    for d in (s.get("train") or {}).get("devices") or []:
-        label = str(d.get("label") or d.get("index"))
-        drop = d.get("drop")
+    for d in _dicts(section(report, "train").get("devices")):
+        label = _s(d.get("label") or d.get("index"))
+        drop = _finite(d.get("drop"))
         value = f"loss {_num(d.get('first_loss'), '.4g')} → {_num(d.get('final_loss'), '.4g')}"
-        if isinstance(drop, int | float):
+        if drop is not None and abs(drop) <= 1e6:
             value += f" (-{100 * drop:.0f}%)"
-        verdict = str(d.get("verdict") or "-")
-        rows.append((("train", label, f"{d.get('steps')} steps", value, "", "", verdict), ""))
-    ar = s.get("ddp_allreduce") or {}
+        verdict = _s(d.get("verdict") or "-")
+        rows.append((("train", label, f"{_s(d.get('steps'))} steps", value, "", "", verdict), ""))
+    ar = section(report, "ddp_allreduce")
     if ar.get("busbw_gbps") is not None or ar.get("algbw_gbps") is not None:
-        world = ar.get("world_size")
-        where = f"{world} ranks" + (f", {ar.get('nnodes')} node(s)" if ar.get("nnodes") else "")
-        verdict = str(ar.get("verdict") or "-")
+        world = _s(ar.get("world_size"))
+        nnodes = _s(ar.get("nnodes"))
+        where = f"{world} ranks" + (f", {nnodes} node(s)" if ar.get("nnodes") else "")
+        verdict = _s(ar.get("verdict") or "-")
         rows.append(
             (("ddp", where, "algbw", f"{_num(ar.get('algbw_gbps'))} GB/s", "", "", verdict), "")
         )
@@ -142,29 +180,30 @@ class AcceptReportScreen(Screen[None]):
 
     def on_mount(self) -> None:
         r = self.report
-        verdict = str(r.get("verdict") or "?")
+        verdict = _s(r.get("verdict") or "?")
         style = "$success bold" if verdict == "PASS" else "$error bold"
         duration = r.get("duration_s")
         self.query_one("#report-title", Static).update(
-            Content.assemble(
-                (f" {self.node} ", "$primary bold"),
+            node_content(
+                (f" {_s(self.node)} ", "$primary bold"),
                 " acceptance · ",
                 (verdict, style),
-                f" · {r.get('device', '?')}{' quick' if r.get('quick') else ''}",
+                f" · {_s(r.get('device', '?'))}{' quick' if r.get('quick') else ''}",
                 f" · {_num(duration, '.1f')} s" if duration is not None else "",
-                f" · host {r.get('hostname')}" if r.get("hostname") else "",
+                f" · host {_s(r.get('hostname'))}" if r.get("hostname") else "",
+                one_line=True,
             )
         )
         sections = self.query_one("#report-sections", DataTable)
         sections.border_title = "sections"
         sections.add_columns("section", "verdict", "seconds", "summary")
         for name in SECTIONS:
-            sec = (r.get("sections") or {}).get(name) or {}
+            sec = section(r, name)
             sections.add_row(
-                name,
-                self._verdict(str(sec.get("verdict") or "-")),
-                _num(sec.get("seconds"), ".1f"),
-                Text(str(sec.get("summary") or "")),
+                Text(name),
+                self._verdict(_s(sec.get("verdict") or "-")),
+                Text(_num(sec.get("seconds"), ".1f")),
+                node_text(sec.get("summary") or "", limit=LINE_LIMIT),
                 key=name,
             )
         figures = self.query_one("#report-figures", DataTable)
@@ -173,17 +212,20 @@ class AcceptReportScreen(Screen[None]):
             figures.add_column(col, key=col)
         for i, (cells, _key) in enumerate(self.figures):
             *plain, verdict = cells
-            figures.add_row(*(Text(c) for c in plain), self._verdict(verdict), Text(""), key=str(i))
-        notes: list[str | tuple[str, str]] = []
-        for f in r.get("failures") or []:
-            notes += [("FAIL ", "$error bold"), f"{f}\n"]
+            figures.add_row(
+                *(node_text(c) for c in plain), self._verdict(verdict), Text(""), key=str(i)
+            )
+        notes: list[object] = []
+        failures = r.get("failures")
+        for f in failures if isinstance(failures, list) else []:
+            notes += [("FAIL ", "$error bold"), node_str(f, limit=LINE_LIMIT), "\n"]
         for d in self.degradations:
-            notes += [
-                ("DEGRADED ", "$warning bold"),
+            what = (
                 f"{d.get('key')}: {_num(d.get('value'))} {d.get('unit', '')} is "
-                f"{_frac(d.get('drop'))} below its median ({_num(d.get('reference'))})\n",
-            ]
-        self.query_one("#report-notes", Static).update(Content.assemble(*notes))
+                f"{_frac(d.get('drop'))} below its median ({_num(d.get('reference'))})"
+            )
+            notes += [("DEGRADED ", "$warning bold"), node_str(what, limit=LINE_LIMIT), "\n"]
+        self.query_one("#report-notes", Static).update(node_content(*notes, one_line=False))
         self.query_one("#report-notes").display = bool(notes)
         figures.focus()
         if self.history_path is not None and self.history_path.exists():
@@ -191,7 +233,7 @@ class AcceptReportScreen(Screen[None]):
 
     def _verdict(self, verdict: str) -> Text:
         cls = VERDICT_CLASS.get(verdict)
-        return Text(verdict, style=self.get_component_rich_style(cls) if cls else "")
+        return node_text(verdict, self.get_component_rich_style(cls) if cls else "")
 
     @work(thread=True, exclusive=True, group="report-trends", exit_on_error=False)
     def load_trends(self, path: Path) -> None:

@@ -10,6 +10,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label
 
+from gpuctl.tui.text import node_text
+
 
 class ConfirmScreen(ModalScreen[bool]):
     """Ask before something that burns GPUs or stops them."""
@@ -27,10 +29,11 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-box"):
-            yield Label(self.question, id="confirm-question")
+            # Questions name nodes and jobs: text, never markup.
+            yield Label(node_text(self.question, one_line=False), id="confirm-question")
             with Horizontal(id="confirm-buttons"):
-                yield Button(f"{self.yes} (y)", id="confirm-yes", variant="error")
-                yield Button(f"{self.no} (n)", id="confirm-no", variant="primary")
+                yield Button(node_text(f"{self.yes} (y)"), id="confirm-yes", variant="error")
+                yield Button(node_text(f"{self.no} (n)"), id="confirm-no", variant="primary")
 
     def on_mount(self) -> None:
         self.query_one("#confirm-no", Button).focus()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.color import Color
@@ -16,10 +17,14 @@ from textual_plotext import PlotextPlot
 from gpuctl.core.format import GIB, fmt_age
 from gpuctl.core.model import GpuSample, NodeSnapshot
 from gpuctl.tui.store import FleetStore
+from gpuctl.tui.text import node_str, node_text
 from gpuctl.tui.view import node_age_text, short_model
 
 MAX_POINTS = 240  # a plot is at most ~120 cells wide: more points only cost time
 EVENTS_SHOWN = 12
+CELL_LIMIT = 300  # characters of a process cell: a command line can be megabytes
+LINE_LIMIT = 400  # characters of a line of facts or events
+PLOT_LIMIT = 1e9  # no GPU metric in these units (%, GiB, °C, W, MHz) comes near
 
 # metric id, title; "clock" also draws the memory clock as a second line
 PLOTS: tuple[tuple[str, str], ...] = (
@@ -32,6 +37,13 @@ PLOTS: tuple[tuple[str, str], ...] = (
 
 
 def _value(g: GpuSample, metric: str) -> float | None:
+    """The plotted value, or None; a reading no GPU can give (a node's junk) is not plotted:
+    plotext cannot scale an axis to 1e308."""
+    v = _reading(g, metric)
+    return v if v is not None and abs(v) <= PLOT_LIMIT else None
+
+
+def _reading(g: GpuSample, metric: str) -> float | None:
     if g.lost:
         return None
     if metric == "util":
@@ -126,7 +138,7 @@ class DetailScreen(Screen[None]):
     def _title(self, s: NodeSnapshot) -> None:
         gpu = "" if self.gpu is None else f"  ·  GPU {self.gpu} {self.store.model(s, self.gpu)}"
         age = node_age_text(s, self.store.clock())
-        title = f" {s.name}  ·  {age}  ·  {s.link}{gpu}"
+        title = node_text(f" {s.name}  ·  {age}  ·  {s.link}{gpu}", limit=LINE_LIMIT)
         self.query_one("#detail-title", Static).update(title, layout=False)
 
     def _plots(self) -> None:
@@ -163,22 +175,29 @@ class DetailScreen(Screen[None]):
             plot.refresh()
 
     def _processes(self, s: NodeSnapshot) -> None:
+        """Every GPU's processes; users and command lines are the node's, shown as text."""
         table = self.query_one("#detail-procs", DataTable)
         rows: dict[str, tuple[str, str, str, str, str]] = {}
         for g in s.gpus:
             for p in g.processes:
                 key = f"{g.index}:{p.pid}"
                 mem = "-" if p.mem is None else f"{p.mem / GIB:.1f} GiB"
-                rows[key] = (str(g.index), str(p.pid), p.user or "?", mem, p.command or "?")
+                rows[key] = (
+                    str(g.index),
+                    "?" if p.pid is None else str(p.pid),
+                    node_str(p.user or "?", limit=CELL_LIMIT),
+                    mem,
+                    node_str(p.command or "?", limit=CELL_LIMIT),
+                )
         existing = {str(k.value) for k in table.rows}
         for key in existing - rows.keys():
             table.remove_row(key)
         for key, row in rows.items():
             if key in existing:
-                if table.get_cell(key, "mem") != row[3]:
-                    table.update_cell(key, "mem", row[3], update_width=False)
+                if str(table.get_cell(key, "mem")) != row[3]:
+                    table.update_cell(key, "mem", Text(row[3]), update_width=False)
             else:
-                table.add_row(*row, key=key)
+                table.add_row(*(Text(cell) for cell in row), key=key)
 
     def _facts(self, s: NodeSnapshot) -> None:
         info = s.info
@@ -206,7 +225,8 @@ class DetailScreen(Screen[None]):
                 )
         else:
             lines.append(s.reason or "no hello from the agent yet")
-        self.query_one("#detail-facts", Static).update("\n".join(lines))
+        facts = "\n".join(node_str(line, limit=LINE_LIMIT) for line in lines)
+        self.query_one("#detail-facts", Static).update(node_text(facts, one_line=False))
 
     def _events(self) -> None:
         events = self.store.fleet.events(self.node)
@@ -218,8 +238,10 @@ class DetailScreen(Screen[None]):
         for e in events[-EVENTS_SHOWN:][::-1]:
             gpu = "" if e.gpu is None else f"GPU {e.gpu} "
             detail = " ".join(f"{k}={v}" for k, v in e.detail.items())
-            lines.append(f"{fmt_age(max(0.0, now - e.t)):>4} ago  {gpu}{e.kind} {detail}")
-        self.query_one("#detail-events", Static).update("\n".join(lines) or "no events")
+            line = f"{fmt_age(max(0.0, now - e.t)):>4} ago  {gpu}{e.kind} {detail}"
+            lines.append(node_str(line, limit=LINE_LIMIT))
+        text = "\n".join(lines) or "no events"
+        self.query_one("#detail-events", Static).update(node_text(text, one_line=False))
 
     # -- actions ------------------------------------------------------------------------------
     def action_back(self) -> None:

@@ -11,6 +11,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
+from gpuctl.tui.text import node_text
+
 HelpRow = tuple[str, str, str, str]  # key, description, id, where
 
 
@@ -30,13 +32,13 @@ class HelpScreen(ModalScreen[None]):
         with Vertical(id="help-box"):
             yield Static("Keys", id="help-title")
             yield DataTable(id="help-table", cursor_type="row", zebra_stripes=True)
-            yield Static(self.note, id="help-note")
+            yield Static(node_text(self.note), id="help-note")
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_columns("key", "does", Text("id (remap in [tui.keys])"), "where")
         for row in self.rows:
-            table.add_row(*(Text(c) for c in row))
+            table.add_row(*(node_text(c) for c in row))  # keys come from the user's config
         table.focus()
 
     def action_close(self) -> None:

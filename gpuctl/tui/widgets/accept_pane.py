@@ -23,6 +23,8 @@ from textual.coordinate import Coordinate
 from textual.widgets import DataTable, RichLog, Static
 
 from gpuctl.core.format import fmt_age
+from gpuctl.tui.screens.accept_report import AcceptReportScreen, section
+from gpuctl.tui.text import node_str, node_text
 from gpuctl.workloads.accept.schema import SECTIONS
 
 HEADERS = {
@@ -48,6 +50,8 @@ LABELS = {"pending": "·", "running": "▶ run"}
 TREND_RUNS = 20
 AGES_EVERY_S = 10.0
 PREFERRED_DTYPES = ("bf16", "tf32", "fp32")
+CELL_LIMIT = 40  # a verdict the suite made up must not push the matrix off the screen
+LINE_LIMIT = 1000  # characters of one suite line in the log
 
 
 @dataclass
@@ -86,8 +90,7 @@ def node_trend(history: Any, node: str, limit: int = TREND_RUNS) -> str:
 
 
 def row_from_report(report: Mapping[str, Any], when: float | None) -> NodeRow:
-    sections = report.get("sections") or {}
-    status = {s: str((sections.get(s) or {}).get("verdict") or "ERROR") for s in SECTIONS}
+    status = {s: node_str(section(report, s).get("verdict") or "ERROR") for s in SECTIONS}
     verdict = "PASS" if report.get("verdict") == "PASS" else "FAIL"
     return NodeRow(status, verdict, when, report=dict(report))
 
@@ -123,7 +126,9 @@ class AcceptPane(Vertical):
         self.loaded = False
 
     def compose(self) -> ComposeResult:
-        yield Static("No acceptance run yet: select a node and press a.", id="accept-note")
+        yield Static(
+            node_text("No acceptance run yet: select a node and press a."), id="accept-note"
+        )
         yield VerdictTable(id="accept-table", cursor_type="row", zebra_stripes=True)
         yield RichLog(id="accept-log", max_lines=500, wrap=False, markup=False)
 
@@ -173,7 +178,7 @@ class AcceptPane(Vertical):
                 continue  # the live run's row wins until it ends
             self._put(node, row)
         if rows and self.run is None:
-            self.query_one("#accept-note", Static).update(
+            self._note(
                 f"latest acceptance run of {len(rows)} node(s) from the history · "
                 "enter: report · a on a node: run again"
             )
@@ -188,9 +193,10 @@ class AcceptPane(Vertical):
         if run.nodes:
             table.move_cursor(row=table.get_row_index(run.nodes[0]))
         self.query_one(RichLog).clear()
-        self.query_one("#accept-note", Static).update(
-            f"acceptance running on {', '.join(run.nodes)} (a again: cancel)"
-        )
+        self._note(f"acceptance running on {', '.join(run.nodes)} (a again: cancel)")
+
+    def _note(self, text: str) -> None:
+        self.query_one("#accept-note", Static).update(node_text(text, limit=LINE_LIMIT))
 
     def progress(self, p: Any) -> None:
         run = self.run
@@ -208,12 +214,12 @@ class AcceptPane(Vertical):
             self._put(p.node, row)
         log = self.query_one(RichLog)
         if p.kind == "line" and p.text:
-            log.write(f"{p.node}: {p.text}")
+            log.write(node_text(f"{p.node}: {p.text}", limit=LINE_LIMIT))
         elif p.kind == "error":
-            log.write(f"{p.node}: could not run: {p.text}")
+            log.write(node_text(f"{p.node}: could not run: {p.text}", limit=LINE_LIMIT))
         elif p.kind == "finished":
             paths = [str(x) for x in run.report_paths]
-            self.query_one("#accept-note", Static).update(
+            self._note(
                 f"acceptance finished: {p.verdict or '?'}"
                 + (f"  · report: {paths[0]}" if paths else "")
                 + "  · enter: report"
@@ -230,10 +236,11 @@ class AcceptPane(Vertical):
     def _cell(self, value: str) -> Text:
         label = LABELS.get(value, value)
         cls = VERDICT_CLASS.get(value)
-        return Text(label, style=self.get_component_rich_style(cls) if cls else "")
+        style = self.get_component_rich_style(cls) if cls else ""
+        return node_text(label, style, limit=CELL_LIMIT)  # verdicts come from the node
 
     def _cells(self, node: str, row: NodeRow) -> dict[str, Text]:
-        cells = {"node": Text(node)}
+        cells = {"node": node_text(node, limit=CELL_LIMIT)}
         for s in SECTIONS:
             cells[s] = self._cell(row.status.get(s, "pending"))
         verdict = self._cell(row.verdict)
@@ -243,7 +250,7 @@ class AcceptPane(Vertical):
             )
         cells["verdict"] = verdict
         cells["when"] = Text(self._when(row))
-        cells["trend"] = Text(row.trend, style=self.get_component_rich_style("acceptpane--trend"))
+        cells["trend"] = node_text(row.trend, self.get_component_rich_style("acceptpane--trend"))
         return cells
 
     def _put(self, node: str, row: NodeRow) -> None:
@@ -296,14 +303,12 @@ class AcceptPane(Vertical):
             self.open_report(node)
 
     def open_report(self, node: str) -> None:
-        from gpuctl.tui.screens.accept_report import AcceptReportScreen
-
         row = self.rows.get(node)
         if row is None:
             return
         if row.report is None:
             why = row.reason or ("the suite is still running" if row.live else "no report")
-            self.notify(f"{node}: no report to show ({why})", severity="warning")
+            self.notify(f"{node}: no report to show ({node_str(why)})", severity="warning")
             return
         self.app.push_screen(
             AcceptReportScreen(

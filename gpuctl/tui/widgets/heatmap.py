@@ -15,6 +15,7 @@ from textual.strip import Strip
 
 from gpuctl.core.model import NodeState
 from gpuctl.tui.store import FleetStore
+from gpuctl.tui.text import node_str
 from gpuctl.tui.view import HEAT_LEVELS, METRICS, heat_level, metric_fraction
 
 CELL = "  "
@@ -183,7 +184,8 @@ class Heatmap(ScrollView, can_focus=True):
                 NodeState.UNREACHABLE: "heatmap--down",
                 NodeState.CONNECTING: "heatmap--stale",
             }.get(snap.state, "heatmap--label")
-            segs.append(Segment(f"{name[-self.label_w :]:>{self.label_w}} ", st(label)))
+            shown = node_str(name)[-self.label_w :]  # names can come from Slurm
+            segs.append(Segment(f"{shown:>{self.label_w}} ", st(label)))
             live = snap.state is NodeState.LIVE
             # Neighbouring cells of one colour become one segment: fewer segments, less work
             # for the compositor on every repaint.

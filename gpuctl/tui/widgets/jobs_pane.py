@@ -10,6 +10,7 @@ worker thread, once a second while it runs; only the new bytes are appended to t
 from __future__ import annotations
 
 import codecs
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +26,7 @@ from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Log, Static
 
 from gpuctl.tui.screens.confirm import ConfirmScreen
+from gpuctl.tui.text import node_content, node_str, node_text
 
 JOB_COLUMNS = ("id", "state", "target", "function", "time", "summary")
 FINAL_STATES = ("done", "failed", "cancelled")
@@ -35,6 +37,9 @@ LIST_EVERY_S = 2.0
 TAIL_EVERY_S = 1.0
 SLURM_EVERY = 5  # list rounds between Slurm state polls (one squeue per unfinished job)
 COLUMN_WIDTHS = {"id": 12, "state": 9, "time": 8}
+CELL_LIMIT = 200  # characters of a cell: a summary can be a whole traceback
+LINE_LIMIT = 2000  # characters of one line of a failure report
+NOTE = "jobs (gpuctl submit / jobs / logs): ↑↓ select · c cancel"
 STATE_STYLES = {
     "done": "jobspane--done",
     "failed": "jobspane--failed",
@@ -61,8 +66,11 @@ def job_duration(rec: Any, now: float) -> float | None:
 
 
 def report_content(report: Mapping[str, Any]) -> Content:
-    """A stored failure report (``FailureReport.to_dict()``) in four sections, theme coloured."""
-    parts: list[str | tuple[str, str] | Content] = []
+    """A stored failure report (``FailureReport.to_dict()``) in four sections, theme coloured.
+
+    Every field may hold what a node printed: each is made printable (``node_content``), one
+    line each but the traceback's lines."""
+    parts: list[object] = []
 
     def heading(text: str) -> None:
         if parts:
@@ -70,27 +78,33 @@ def report_content(report: Mapping[str, Any]) -> Content:
         parts.append((text, "$primary bold"))
         parts.append("\n")
 
+    def line(value: object) -> str:
+        return node_str(value, limit=LINE_LIMIT)
+
     heading("What happened")
-    title = str(report.get("title") or report.get("kind") or "failed")
-    parts.append((title, "$error bold"))
+    parts.append((line(report.get("title") or report.get("kind") or "failed"), "$error bold"))
     kind, phase = report.get("kind"), report.get("phase")
-    parts.append(f"  [{kind}]" + (f" in phase {phase}" if phase else ""))
+    parts.append(f"  [{line(kind)}]" + (f" in phase {line(phase)}" if phase else ""))
     heading("Evidence")
-    evidence = [str(e) for e in report.get("evidence") or []]
+    evidence = report.get("evidence")
+    evidence = [line(e) for e in evidence] if isinstance(evidence, list) else []
     parts.append("\n".join(f"  {e}" for e in evidence) if evidence else "  (none recorded)")
-    tb = str(report.get("traceback") or "").rstrip()
+    tb = node_str(report.get("traceback") or "", one_line=False).rstrip()
     if tb:
         parts.append("\n")
         parts.append(("  traceback (last lines):", "$text-muted"))
         parts.append("\n" + "\n".join("    " + t for t in tb.splitlines()[-30:]))
     heading("Remedy")
-    parts.append(("  " + str(report.get("remedy") or "-"), "$success"))
+    parts.append(("  " + line(report.get("remedy") or "-"), "$success"))
     heading("Logs")
-    logs = report.get("logs") or {}
+    logs = report.get("logs")
+    logs = logs if isinstance(logs, dict) else {}
     parts.append(
-        "\n".join(f"  {name}: {path}" for name, path in logs.items()) if logs else "  (none)"
+        "\n".join(f"  {line(name)}: {line(path)}" for name, path in logs.items())
+        if logs
+        else "  (none)"
     )
-    return Content.assemble(*parts)
+    return node_content(*parts, one_line=False)
 
 
 _UNSHOWN = object()
@@ -117,9 +131,13 @@ class JobsPane(Vertical):
         id: str | None = None,
         clock: Callable[[], float] = time.time,
         attach: Callable[[Any, Any], Any] = _default_attach,
+        unavailable: str | None = None,
     ) -> None:
+        """``unavailable`` says why there is no ``job_store`` (one line: the file, what to
+        do); the pane shows it in place of the list."""
         super().__init__(id=id)
         self.job_store = job_store
+        self.unavailable = unavailable
         self.clock = clock
         self.attach = attach
         self.records: dict[str, Any] = {}
@@ -146,11 +164,10 @@ class JobsPane(Vertical):
         table = self.query_one(DataTable)
         for col in JOB_COLUMNS:  # fixed widths where cells change in place
             table.add_column(col, key=col, width=COLUMN_WIDTHS.get(col))
-        note = self.query_one("#jobs-note", Static)
         if self.job_store is None:
-            note.update("The job store is not available: jobs cannot be listed here.")
+            self.show_unavailable(self.unavailable or "no job store here: jobs cannot be listed")
         else:
-            note.update("jobs (gpuctl submit / jobs / logs): ↑↓ select · c cancel")
+            self._note(NOTE)
         self.query_one("#job-stdout", Log).border_title = "stdout"
         self.query_one("#job-stderr", Log).border_title = "stderr"
         box = self.query_one("#job-report-box")
@@ -159,6 +176,17 @@ class JobsPane(Vertical):
         self.app.theme_changed_signal.subscribe(self, lambda _t: self._restyle())
         self.set_interval(LIST_EVERY_S, self.reload)
         self.set_interval(TAIL_EVERY_S, self.tail)
+
+    def _note(self, text: str) -> None:
+        note = self.query_one("#jobs-note", Static)
+        if str(note.content) != text:
+            note.update(node_text(text))
+
+    def show_unavailable(self, why: str) -> None:
+        """The list is empty because the store cannot be read: say so, and why, in the note."""
+        self.unavailable = why
+        self._note(why)
+        self.query_one("#jobs-note").add_class("-unavailable")
 
     # -- the list -----------------------------------------------------------------------------
     def reload(self) -> None:
@@ -170,9 +198,14 @@ class JobsPane(Vertical):
         store = self.job_store
         if store is None:
             return
-        records = store.list(100)
-        if self._refresh(records):
+        try:
             records = store.list(100)
+            if self._refresh(records):
+                records = store.list(100)
+        except (sqlite3.Error, OSError, ValueError) as e:  # damaged since we opened it
+            why = f"the job store {getattr(store, 'path', '')} cannot be read ({e})"
+            self.app.call_from_thread(self.show_unavailable, why)
+            return
         self.app.call_from_thread(self.show, records)
 
     def _refresh(self, records: list[Any]) -> bool:
@@ -207,22 +240,27 @@ class JobsPane(Vertical):
 
     def _state_cell(self, state: str) -> Text:
         cls = STATE_STYLES.get(state)
-        return Text(state, style=self.get_component_rich_style(cls) if cls else "")
+        return node_text(state, self.get_component_rich_style(cls) if cls else "")
 
     def _row(self, r: Any) -> tuple[str, str, str, str, str, str]:
+        """The row's cells as printable strings (names and summaries come from jobs)."""
         return (
-            r.id[:12],
-            r.state,
-            r.target,
-            r.name,
+            node_str(r.id)[:12],  # the short id `gpuctl jobs` accepts
+            node_str(r.state, limit=CELL_LIMIT),
+            node_str(r.target, limit=CELL_LIMIT),
+            node_str(r.name, limit=CELL_LIMIT),
             fmt_duration(job_duration(r, self.clock())),
-            r.summary or "",
+            node_str(r.summary, limit=CELL_LIMIT),
         )
 
     def show(self, records: list[Any]) -> None:
         table = self.query_one(DataTable)
         existing = {str(k.value) for k in table.rows}
         added = False
+        if self.unavailable is not None and self.job_store is not None:  # readable again
+            self.unavailable = None
+            self.query_one("#jobs-note").remove_class("-unavailable")
+            self._note(NOTE)
         for r in records:
             row = self._row(r)
             if r.id in existing:
@@ -286,11 +324,12 @@ class JobsPane(Vertical):
         duration = fmt_duration(job_duration(rec, self.clock()))
         state = rec.state if rec.state != "failed" else f"failed ({rec.kind or '?'})"
         title.update(
-            Content.assemble(
-                (f" {rec.id[:12]} ", "$primary bold"),
-                f" {rec.name} on {rec.target} · ",
-                (state, "bold"),
+            node_content(
+                (f" {node_str(rec.id)[:12]} ", "$primary bold"),
+                f" {node_str(rec.name, limit=CELL_LIMIT)} on {node_str(rec.target, limit=80)} · ",
+                (node_str(state, limit=80), "bold"),
                 f" · {duration}",
+                one_line=True,
             ),
             layout=False,
         )
@@ -342,7 +381,8 @@ class JobsPane(Vertical):
         if job_id != self.selected:
             return
         for name, log_id in zip(STREAMS, ("#job-stdout", "#job-stderr"), strict=True):
-            text = self.decoders[name].decode(chunks.get(name, b""))
+            # What the job printed: escapes and control bytes go (line breaks and tabs stay).
+            text = node_str(self.decoders[name].decode(chunks.get(name, b"")), one_line=False)
             if text:
                 self.query_one(log_id, Log).write(text)
         self.offsets = offsets
@@ -370,15 +410,14 @@ class JobsPane(Vertical):
         if rec.state in FINAL_STATES:
             self.notify(f"job {rec.id[:12]} already ended ({rec.state})", severity="warning")
             return
+        what = f"{node_str(rec.name, limit=60)} on {node_str(rec.target, limit=60)}"
 
         def answered(yes: bool | None) -> None:
             if yes:
                 self.cancel_job(rec)
 
         self.app.push_screen(
-            ConfirmScreen(
-                f"Cancel job {rec.id[:12]} ({rec.name} on {rec.target})?", "Cancel job", "Keep it"
-            ),
+            ConfirmScreen(f"Cancel job {rec.id[:12]} ({what})?", "Cancel job", "Keep it"),
             answered,
         )
 

@@ -2,7 +2,8 @@
 
 Only the lines on screen are ever rendered (a thousand GPUs cost what forty do), and a node's
 update repaints only that node's lines. Colours come from component classes styled in
-``app.tcss`` with theme variables.
+``app.tcss`` with theme variables. Every string a node sent reaches a segment through
+``node_str`` (no control characters; segments are never parsed as markup).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from textual.strip import Strip
 
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
 from gpuctl.tui.store import FleetStore
+from gpuctl.tui.text import node_str
 from gpuctl.tui.view import (
     bar,
     fmt_gib_pair,
@@ -35,6 +37,7 @@ from gpuctl.tui.view import (
 SPARK_WIDTH = 12
 BAR_WIDTH = 8
 LEVEL_CLASSES = ("nodelist--ok", "nodelist--warm", "nodelist--hot")
+TEXT_LIMIT = 300  # characters of one node string on a line (the line is cut at the edge anyway)
 
 
 class Line(NamedTuple):
@@ -299,23 +302,23 @@ class NodeList(ScrollView, can_focus=True):
         }[s.state]
         dot = {"live": "●", "stale": "◐", "unreachable": "✖", "connecting": "○"}[s.state.value]
         state = header + self._style(state_cls)
+        age = node_str(node_age_text(s, self.store.clock()), limit=TEXT_LIMIT)
         segs = [
             Segment(" ", header),
-            Segment(s.name, name),
+            Segment(node_str(s.name, limit=TEXT_LIMIT), name),
             Segment("  ", header),
-            Segment(f"{dot} {node_age_text(s, self.store.clock())}", state),
-            Segment(f"  {s.link}", header),
+            Segment(f"{dot} {age}", state),
+            Segment(f"  {node_str(s.link, limit=TEXT_LIMIT)}", header),
         ]
         info = s.info
         if info is not None:
             if info.driver:
-                segs.append(Segment(f"  driver {info.driver}", header))
+                segs.append(Segment(f"  driver {node_str(info.driver, limit=TEXT_LIMIT)}", header))
             if info.cuda:
-                segs.append(Segment(f"  CUDA {info.cuda}", header))
+                segs.append(Segment(f"  CUDA {node_str(info.cuda, limit=TEXT_LIMIT)}", header))
             if info.reader is None and info.reader_error:
-                segs.append(
-                    Segment(f"  {info.reader_error}", header + self._style("nodelist--down"))
-                )
+                why = node_str(info.reader_error, limit=TEXT_LIMIT)
+                segs.append(Segment(f"  {why}", header + self._style("nodelist--down")))
         if s.gpus and s.state in (NodeState.LIVE, NodeState.STALE):
             t = self.store.node_totals(s.name)
             util = f"{t.util_sum / t.util_n:.0f}%" if t.util_n else "-"
@@ -334,7 +337,7 @@ class NodeList(ScrollView, can_focus=True):
             text = f"no GPU reader{hint}: " + (s.info.reader_error or "unknown")
         else:
             text = "no GPUs"
-        return [Segment("    " + text, dim)]
+        return [Segment("    " + node_str(text, limit=TEXT_LIMIT), dim)]
 
     def _gpu(self, s: NodeSnapshot, index: int | None) -> list[Segment]:
         g: GpuSample | None = None
@@ -351,8 +354,8 @@ class NodeList(ScrollView, can_focus=True):
         def lvl(n: int) -> Style:
             return dim if stale else st(LEVEL_CLASSES[n])
 
-        model = self.store.model(s, index)
-        segs = [Segment(f"  {index:>2} ", dim), Segment(f"{model[:15]:<15} ")]
+        model = node_str(self.store.model(s, index), limit=15)
+        segs = [Segment(f"  {index:>2} ", dim), Segment(f"{model:<15} ")]
         if g.lost:
             segs.append(Segment("LOST", st("nodelist--badge")))
             segs.append(Segment("  GPU fell off the bus", dim))
@@ -389,15 +392,16 @@ class NodeList(ScrollView, can_focus=True):
         # trouble, owner, burn
         badges = gpu_badges(g, (s.name, index) in self.store.xids)
         if badges:
-            segs.append(Segment(" ".join(badges) + "  ", st("nodelist--badge")))
+            shown = node_str(" ".join(badges), limit=TEXT_LIMIT)
+            segs.append(Segment(shown + "  ", st("nodelist--badge")))
         ann = s.annotations.get(index) or {}
         job, user = ann.get("slurm_job"), ann.get("slurm_user")
         if job or user:
             who = " ".join(str(x) for x in (job and f"job {job}", user) if x)
-            segs.append(Segment(who + "  ", st("nodelist--job")))
+            segs.append(Segment(node_str(who, limit=TEXT_LIMIT) + "  ", st("nodelist--job")))
         burn = self.store.burn(s, index)
         if burn is not None:
-            segs.append(Segment(burn_text(burn), st("nodelist--burn")))
+            segs.append(Segment(node_str(burn_text(burn), limit=TEXT_LIMIT), st("nodelist--burn")))
         return segs
 
     # Paint accounting for the benchmark: an arrival is "painted" when its first line renders.
@@ -417,10 +421,10 @@ def burn_text(burn: dict[str, Any]) -> str:
     state = burn.get("state") or "?"
     parts = ["BURN" if state == "running" else f"BURN {state}"]
     tflops = burn.get("tflops")
-    if isinstance(tflops, int | float):
-        parts.append(f"{tflops:.0f} TF/s")
+    if isinstance(tflops, int | float) and not isinstance(tflops, bool) and abs(tflops) < 1e9:
+        parts.append(f"{tflops:.0f} TF/s")  # a huge int would not even convert to a float
     errors = burn.get("errors")
-    if isinstance(errors, int):
+    if isinstance(errors, int) and not isinstance(errors, bool) and abs(errors) < 1 << 64:
         parts.append(f"{errors} err")
     verdict = burn.get("verdict")
     if verdict:

@@ -1,0 +1,287 @@
+"""The main screen: the cluster header, the GPUs / jobs / acceptance panes, the filter line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Container, Horizontal
+from textual.screen import Screen
+from textual.widgets import ContentSwitcher, Footer, Input, Label, Static
+
+from gpuctl.core.model import NodeSnapshot, NodeState
+from gpuctl.tui.messages import FleetChanged
+from gpuctl.tui.screens.detail import DetailScreen
+from gpuctl.tui.store import FleetStore
+from gpuctl.tui.text import node_text
+from gpuctl.tui.view import METRIC_TITLES, METRICS, FilterError, fmt_power, parse_filter
+from gpuctl.tui.widgets.heatmap import Heatmap
+from gpuctl.tui.widgets.overview import NodeList
+from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
+
+PANES = ("gpus", "jobs", "accept")
+
+
+class ClusterHeader(Horizontal):
+    """The top line: name, SIMULATED / READ-ONLY markers, cluster totals, the filter."""
+
+    def __init__(self, *, simulated: bool, read_only: bool) -> None:
+        super().__init__(id="header")
+        self.simulated = simulated
+        self.read_only = read_only
+
+    def compose(self) -> ComposeResult:
+        yield Label(" gpuctl ", id="brand")
+        if self.simulated:
+            yield Label(" SIMULATED ", id="mark-simulated", classes="marker")
+        if self.read_only:
+            yield Label(" READ-ONLY ", id="mark-read-only", classes="marker")
+        yield Label("", id="totals")
+        yield Label("", id="filter-shown")
+
+    def show(self, totals: str, filter_text: str) -> None:
+        t = self.query_one("#totals", Label)
+        if str(t.content) != totals:
+            # fixed size: a relayout per sample costs ~20 ms
+            t.update(Text(totals, end=""), layout=False)
+        f = self.query_one("#filter-shown", Label)
+        shown = f"filter: {filter_text}" if filter_text else ""
+        if str(f.content) != shown:
+            f.update(node_text(shown))  # what the user typed: text, not markup
+
+
+class OverviewScreen(Screen[None]):
+    """The main screen: header, the GPUs / jobs / acceptance panes, the filter line, the footer."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "detail", "detail", id="detail"),
+        Binding("m", "heatmap", "map", id="heatmap"),
+        Binding("slash", "filter", "filter", id="filter"),
+        Binding("escape", "escape", "back", show=False, id="escape"),
+    ]
+
+    def __init__(
+        self,
+        store: FleetStore,
+        *,
+        simulated: bool,
+        read_only: bool,
+        job_store: Any | None,
+        job_store_error: str | None = None,
+        history_path: Path | None = None,
+    ) -> None:
+        super().__init__()
+        self.store = store
+        self.job_store = job_store
+        self.job_store_error = job_store_error
+        self.history_path = history_path
+        self.simulated = simulated
+        self.read_only = read_only
+        self.mode = "list"  # "list" or a heatmap metric
+        self.ready = False
+
+    def compose(self) -> ComposeResult:
+        yield ClusterHeader(simulated=self.simulated, read_only=self.read_only)
+        with ContentSwitcher(initial="pane-gpus", id="panes"):
+            with Container(id="pane-gpus"):
+                yield NodeList(self.store, id="nodes")
+                yield Heatmap(self.store, id="heatmap")
+                yield Static("", id="heat-status")
+            yield JobsPane(
+                self.job_store,
+                id="pane-jobs",
+                clock=self.store.clock,
+                unavailable=self.job_store_error,
+            )
+            yield AcceptPane(
+                id="pane-accept", history_path=self.history_path, clock=self.store.clock
+            )
+        yield Input(
+            placeholder="filter: name, state (live stale down), temp>80 util<5 …", id="filter"
+        )
+        yield Footer(compact=True, show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.query_one(Heatmap).display = False
+        self.query_one("#heat-status").display = False
+        self.query_one("#filter").display = False
+        self.nodes.rebuild()
+        self.nodes.focus()
+        self.ready = True
+        self.app.post_message(FleetChanged())  # show what arrived while we were composing
+
+    def on_unmount(self) -> None:
+        self.ready = False
+
+    @property
+    def nodes(self) -> NodeList:
+        return self.query_one(NodeList)
+
+    @property
+    def heatmap(self) -> Heatmap:
+        return self.query_one(Heatmap)
+
+    def active_view(self) -> NodeList | Heatmap:
+        return self.nodes if self.mode == "list" else self.heatmap
+
+    def selection(self) -> tuple[str, int | None] | None:
+        if self.mode == "list":
+            return self.nodes.cursor
+        return self.heatmap.selected()
+
+    # -- what the app tells us ----------------------------------------------------------------
+    def nodes_changed(self, names: set[str], arrivals: dict[str, float]) -> None:
+        """Repaint what changed (the app calls this inside ``batch_update``)."""
+        view = self.active_view()
+        view.nodes_changed(names)
+        view.note_arrivals(arrivals)
+        if self.mode != "list":
+            self.update_heat_status()
+        self.update_header()
+
+    def tick(self) -> None:
+        """Once a second: ages of stale nodes move on, and so does the header."""
+        if any(s.state is NodeState.STALE for s in self.store.snaps.values()):
+            if self.mode == "list":
+                self.nodes.refresh_stale_headers()
+            self.update_header()
+
+    def update_header(self) -> None:
+        if not self.ready:
+            return
+        t = self.store.totals()
+        util = "-" if t.util_mean is None else f"{t.util_mean:.0f}%"
+        stale = sum(1 for s in self.store.snaps.values() if s.state is NodeState.STALE)
+        down = sum(1 for s in self.store.snaps.values() if s.state is NodeState.UNREACHABLE)
+        extra = (f"  {stale} stale" if stale else "") + (f"  {down} down" if down else "")
+        text = (
+            f"nodes {t.live}/{t.nodes} live{extra}   GPUs {t.gpus}   util {util}   "
+            f"power {fmt_power(t.power)}"
+        )
+        self.query_one(ClusterHeader).show(text, self.store.filter.text.strip())
+
+    def show_pane(self, pane: str) -> None:
+        """Switch to pane ``gpus``, ``jobs`` or ``accept`` and focus it."""
+        self.query_one(ContentSwitcher).current = f"pane-{pane}"
+        if pane == "gpus":
+            self.active_view().focus()
+        elif pane == "jobs":
+            jobs = self.query_one(JobsPane)
+            jobs.reload()
+            jobs.query_one("#jobs-table").focus()
+        else:
+            accept = self.query_one(AcceptPane)
+            if not accept.loaded:
+                accept.load_history()
+            self.query_one("#accept-table").focus()
+
+    def current_pane(self) -> str:
+        current = self.query_one(ContentSwitcher).current or "pane-gpus"
+        return current.removeprefix("pane-")
+
+    # -- actions ------------------------------------------------------------------------------
+    def action_detail(self) -> None:
+        sel = self.selection()
+        if sel is None:
+            self.notify("no node to show", severity="warning")
+            return
+        self.app.push_screen(DetailScreen(self.store, sel[0], sel[1]))
+
+    def action_heatmap(self) -> None:
+        """Cycle: list -> heatmap of each metric -> list."""
+        order = ["list", *METRICS]
+        sel = self.selection()
+        self.mode = order[(order.index(self.mode) + 1) % len(order)]
+        heat = self.mode != "list"
+        self.nodes.display = not heat
+        self.heatmap.display = heat
+        self.query_one("#heat-status").display = heat
+        if heat:
+            self.heatmap.metric = self.mode
+            self.heatmap.rebuild()
+            if sel is not None:
+                self.heatmap.select(*sel)
+            self.heatmap.focus()
+            self.update_heat_status()
+        else:
+            self.nodes.rebuild()
+            if sel is not None:
+                self.nodes.select(*sel)
+            self.nodes.focus()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    def action_escape(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.display:
+            box.value = ""
+            box.display = False
+            self.active_view().focus()
+            return
+        if self.mode != "list":
+            self.mode = METRICS[-1]
+            self.action_heatmap()
+
+    @on(Input.Changed, "#filter")
+    def filter_changed(self, event: Input.Changed) -> None:
+        try:
+            f = parse_filter(event.value)
+        except FilterError as e:
+            event.input.border_title = node_text(str(e))  # it quotes what was typed
+            event.input.add_class("-invalid")
+            return
+        event.input.border_title = None
+        event.input.remove_class("-invalid")
+        self.store.filter = f
+        self.active_view().rebuild()
+        self.call_later(self.update_header)
+
+    @on(Input.Submitted, "#filter")
+    def filter_done(self, event: Input.Submitted) -> None:
+        event.input.display = False
+        self.active_view().focus()
+
+    @on(Heatmap.Selected)
+    def heat_selected(self, _event: Heatmap.Selected) -> None:
+        self.update_heat_status()
+
+    def update_heat_status(self) -> None:
+        if self.mode == "list":
+            return
+        sel = self.heatmap.selected()
+        hint = f"heatmap: {METRIC_TITLES[self.mode]}  (m: next metric, esc: list)"
+        line = Text(f" {hint}", end="")
+        if sel is not None:
+            line = Text(" ", end="")
+            line.append_text(describe_gpu(self.store, self.store.snaps[sel[0]], sel[1]))
+            line.append(f"   ·  {hint}")
+        self.query_one("#heat-status", Static).update(line, layout=False)
+
+
+def describe_gpu(store: FleetStore, snap: NodeSnapshot, gpu: int | None) -> Text:
+    """One line about the GPU under the heatmap cursor: node, GPU, model, util, memory, temp."""
+    if gpu is None:
+        return node_text(f"{snap.name} ({snap.state.value})")
+    g = next((x for x in snap.gpus if x.index == gpu), None)
+    parts = [f"{snap.name} GPU {gpu} {store.model(snap, gpu)}"]
+    if snap.state is not NodeState.LIVE:
+        parts.append(snap.state.value)
+    if g is not None and g.lost:
+        parts.append("LOST")
+    elif g is not None:
+        if g.util_gpu is not None:
+            parts.append(f"{g.util_gpu}%")
+        if g.mem_used is not None and g.mem_total:
+            parts.append(f"{g.mem_used / (1 << 30):.0f}/{g.mem_total / (1 << 30):.0f} GiB")
+        if g.temp is not None:
+            parts.append(f"{g.temp}°C")
+        if g.power is not None:
+            parts.append(f"{g.power:.0f} W")
+    return node_text(" · ".join(parts), limit=200)
