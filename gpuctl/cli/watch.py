@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import io
-import sqlite3
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from gpuctl import logs, paths
+from gpuctl import logs
 from gpuctl.cli.common import load_user_config
 from gpuctl.cli.main import UserError
 from gpuctl.core.text import printable
@@ -54,25 +53,12 @@ def accept_defaults(table: Mapping[str, Any]) -> dict[str, Any]:
 def open_job_store() -> tuple[Any | None, str | None]:
     """The user's job store for the jobs pane, or None and why it cannot be opened (one line
     naming the file and what to do). The screen opens either way."""
-    from gpuctl.jobs.store import JobStore
+    from gpuctl.jobs.store import JobStore, StoreError
 
-    path = paths.state_dir() / "jobs.sqlite"  # where JobStore() keeps it
-    why: Exception
     try:
         return JobStore(), None
-    except sqlite3.OperationalError as e:  # cannot open it: permissions, a folder, a lock
-        why = e
-    except sqlite3.DatabaseError as e:  # "file is not a database", "disk image is malformed"
-        return None, (
-            f"the job store {path} is damaged ({printable(e)}): move it aside "
-            f"(mv {path} {path}.bad) and gpuctl starts an empty one"
-        )
-    except (OSError, ValueError) as e:
-        why = e
-    return None, (
-        f"the job store {path} cannot be opened ({printable(why)}): check that you can read "
-        "and write it and its folder"
-    )
+    except StoreError as e:  # damaged, unreadable, unwritable: the store's own one line
+        return None, printable(e)
 
 
 def run_tui(app: GpuctlApp, *, headless: bool = False) -> int:

@@ -204,7 +204,7 @@ async def test_jobs_pane_says_why_a_damaged_store_lists_nothing(
         good = (state / "jobs.sqlite").read_bytes()
         (state / "jobs.sqlite").write_bytes(junk)
         app.overview.query_one(JobsPane).reload()
-        await until(pilot, lambda: "cannot be read" in str(note.render()), "the reason")
+        await until(pilot, lambda: "is damaged" in str(note.render()), "the reason")
         assert str(state / "jobs.sqlite") in str(note.render())
         assert not [m for m in messages(app) if "load" in m]  # a line, not an error per poll
         (state / "jobs.sqlite").write_bytes(good)

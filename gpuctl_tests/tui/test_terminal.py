@@ -90,7 +90,7 @@ def test_demo_opens_over_a_damaged_job_store(tmp_path: Path) -> None:
         t.keys("2")
         wait_until(lambda: "is damaged" in t.screen(), what="the jobs pane's reason")
         screen = t.screen()
-        assert "jobs.sqlite is damaged (file is not a database): move it aside" in screen
+        assert "jobs.sqlite is damaged (file is not a database): move it away" in screen
         t.keys("q")
         assert _exit_status(t) == ["gpuctl-exited=0"]
     finally:

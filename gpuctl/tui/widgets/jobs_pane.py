@@ -10,7 +10,6 @@ worker thread, once a second while it runs; only the new bytes are appended to t
 from __future__ import annotations
 
 import codecs
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +24,7 @@ from textual.content import Content
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Log, Static
 
+from gpuctl.jobs.store import StoreError
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.text import node_content, node_str, node_text
 
@@ -202,9 +202,8 @@ class JobsPane(Vertical):
             records = store.list(100)
             if self._refresh(records):
                 records = store.list(100)
-        except (sqlite3.Error, OSError, ValueError) as e:  # damaged since we opened it
-            why = f"the job store {getattr(store, 'path', '')} cannot be read ({e})"
-            self.app.call_from_thread(self.show_unavailable, why)
+        except (StoreError, OSError) as e:  # damaged since we opened it: the store's one line
+            self.app.call_from_thread(self.show_unavailable, str(e))
             return
         self.app.call_from_thread(self.show, records)
 
