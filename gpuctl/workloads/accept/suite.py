@@ -27,6 +27,8 @@ import threading
 import time
 import traceback
 
+from gpuctl.node.proc import spawn, stop_group
+
 from . import peaks
 from .render import summary_table
 from .schema import (
@@ -43,6 +45,7 @@ DTYPES = ("fp32", "tf32", "bf16", "fp16")
 BAD_THROTTLE = ("hw_slowdown", "hw_thermal", "hw_power_brake")
 WARN_THROTTLE = ("sw_thermal",)
 XID_CRITICAL = 0x0000000000000008  # nvmlEventTypeXidCriticalError
+DDP_GRACE_S = 10.0  # torchrun's SIGTERM -> SIGKILL
 
 
 def parse_args(argv):
@@ -886,25 +889,24 @@ class Suite:
         )
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
-        proc = subprocess.Popen(
+        # its own session; SIGTERM when the suite dies, so torchrun never outlives it
+        proc = spawn(
             argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
             env=env,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
+            death_signal=signal.SIGTERM,
         )
         error = None
         try:
             output, _ = proc.communicate(timeout=timeout + 30)
         except subprocess.TimeoutExpired:
-            kill_group(proc)
+            stop_group(proc.pid, DDP_GRACE_S, proc)
             output, _ = proc.communicate()
             error = f"DDP did not finish within {timeout + 30:g} s (hung collective?)"
         finally:
             if proc.poll() is None:
-                kill_group(proc)
+                stop_group(proc.pid, DDP_GRACE_S, proc)
                 proc.wait()
         tail = output.decode(errors="replace").strip().splitlines()[-8:]
         ranks = []
@@ -1166,27 +1168,6 @@ def free_port():
         return s.getsockname()[1]
     finally:
         s.close()
-
-
-def die_with_parent():
-    """In the child: get SIGTERM when the suite dies, so torchrun never outlives it (Linux)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-def kill_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
-    except (ProcessLookupError, PermissionError):
-        return
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def main(argv=None):
