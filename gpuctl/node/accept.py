@@ -88,7 +88,7 @@ def sweep_orphan_folders(root: Optional[str] = None) -> List[str]:
     """Remove this user's ``gpuctl-accept-*`` folders in ``root`` (default the temporary folder)
     whose owner is gone (nobody holds their lock). Returns the folders removed."""
     root = root or tempfile.gettempdir()
-    removed = []
+    removed = []  # type: List[str]
     try:
         names = os.listdir(root)
     except OSError:

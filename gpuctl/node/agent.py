@@ -389,9 +389,9 @@ class Agent(object):
                 if self.running:
                     self._check_liveness()
         finally:
-            for hook in self.close_hooks:
+            for close in self.close_hooks:
                 try:
-                    hook()
+                    close()
                 except Exception:
                     pass
             if self.reader is not None:

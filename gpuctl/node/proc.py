@@ -55,7 +55,7 @@ def _load_prctl() -> Optional[Callable[..., int]]:
         return None
     fn.restype = ctypes.c_int
     fn.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 _PRCTL = _load_prctl()  # resolved at import: a forked child must not dlopen

@@ -579,7 +579,7 @@ class StressPlugin(object):
         if not self.simulated:
             return
         for g in gpus:
-            static = self.statics.get(g.get("index")) or {}  # type: ignore[arg-type]
+            static = self.statics.get(g.get("index", -1)) or {}
             clock, top = g.get("sm_clock"), static.get("max_sm_clock")
             if clock and top:
                 self.sim_clocks[g["index"]] = min(1.0, float(clock) / top)

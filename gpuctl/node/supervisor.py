@@ -203,9 +203,9 @@ def _run_setup(jobdir: str, lines: List[str],
     try:
         with open(envfile, "rb") as f:
             for item in f.read().split(b"\0"):
-                key, sep, value = item.partition(b"=")
-                if sep and key:
-                    new_env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+                name, sep, value = item.partition(b"=")
+                if sep and name:
+                    new_env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
         os.unlink(envfile)
     except OSError:
         return True, rc, env
@@ -528,8 +528,8 @@ def build_env(spec: Dict[str, Any]) -> Dict[str, Any]:
     envdir = os.path.join(root, key)
     log_path = envdir + ".log"
     ready = os.path.join(envdir, ".gpuctl-ready")
-    result = {"key": key, "dir": envdir, "log": log_path, "python": os.path.join(envdir, "bin",
-                                                                             "python")}
+    result = {"key": key, "dir": envdir, "log": log_path,
+              "python": os.path.join(envdir, "bin", "python")}  # type: Dict[str, Any]
     with open(envdir + ".lock", "a") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         if os.path.exists(ready):
@@ -589,7 +589,7 @@ def _build(envdir: str, version: str, packages: List[str], ssp: bool,
             return "uv", ok
         if method == "conda" and shutil.which("conda"):
             # The env's own bin/python installs packages: no `conda run`, no activation.
-            ok = _step([shutil.which("conda"), "create", "-y", "-q", "-p", envdir,
+            ok = _step([str(shutil.which("conda")), "create", "-y", "-q", "-p", envdir,
                         "python=%s" % version, "pip"], log) and (not packages or _step(
                             [py, "-m", "pip", "install", "-q"] + packages, log))
             return "conda", ok
