@@ -149,7 +149,8 @@ class Fleet:
         while self.liveness_timeout > 0:
             period = self.liveness_timeout / 3
             await asyncio.sleep(period)  # a timer: the agent's liveness rule is about time
-            with contextlib.suppress(LinkError, OSError, ConnectionError, RuntimeError):
+            # Any failure here is the link's: the message loop sees it end and this task goes.
+            with contextlib.suppress(Exception):
                 await session.request({"type": "ping"}, timeout=period)
 
     # -- queries ------------------------------------------------------------------------------
