@@ -181,7 +181,7 @@ class Agent(object):
         except (TypeError, RecursionError) as e:
             data = self._unencodable(msg, e)
         if not self._output.write(data):
-            self.running = False
+            self.stop("stdout closed")
 
     @staticmethod
     def _unencodable(msg: Dict[str, Any], e: BaseException) -> bytes:

@@ -183,7 +183,7 @@ def test_a_burner_writing_nan_does_not_stop_the_agent(
     odd = write_script(
         tmp_path / "python",
         'echo \'{"type":"progress","iterations":5,"tflops":NaN,"errors":Infinity}\'\n'
-        'echo \'{"type":"progress","iterations":' + "9" * 200_000 + '}\'\n'
+        'echo \'{"type":"progress","iterations":' + "9" * 200_000 + "}'\n"
         "exec sleep 600\n",
     )
     a = start_agent(agents, "--simulate", "1")
