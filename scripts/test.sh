@@ -31,6 +31,6 @@ LINTED=$(ls -d gpuctl gpuctl_tests benchmarks 2>/dev/null)
 echo "== mypy (strict, login side)"
 "$PY" -m mypy
 echo "== vermin (gpuctl/node must run on Python 3.6)"
-"$VENV/bin/vermin" -q --no-tips --violations -t=3.6- gpuctl/node
+"$VENV/bin/vermin" -q --no-tips --eval-annotations --violations -t=3.6- gpuctl/node
 echo "== pytest"
 "$PY" -m pytest -q -p no:cacheprovider --durations=15 "$@"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import selectors
 import signal
@@ -36,7 +35,6 @@ from gpuctl.fleet.session import LinkError
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
 ENGINES = ("auto", "torch", "gpu-burn")
-_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def register(sub: Any) -> None:
@@ -58,7 +56,7 @@ def register(sub: Any) -> None:
 
     start = ssub.add_parser("start", help="start burns and follow them until they end")
     fleet_args(start)
-    start.add_argument("--duration", type=float, help="seconds (default: config, else 1800)")
+    start.add_argument("--duration", type=float, help="seconds (default: config, else 3600)")
     start.add_argument("--dtype", choices=DTYPES)
     start.add_argument("--engine", choices=ENGINES, default="auto")
     start.add_argument("--read-only", action="store_true", help="refuse (as the config can)")
@@ -405,9 +403,9 @@ def run_here(args: argparse.Namespace) -> int:
         if not gpus:
             raise _user_error("no GPU found on this machine; to test the burner: --device cpu")
         argvs = {f"gpu{g}": [*base, "--gpu", str(g)] for g in gpus}
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_ROOT, env.get("PYTHONPATH")) if p)
-    from gpuctl.node.stress import die_with_parent
+    from gpuctl.node.proc import bundle_env, die_with_parent
+
+    env = bundle_env()
 
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
@@ -472,12 +470,14 @@ def run_here(args: argparse.Namespace) -> int:
 
 def _follow(procs: Mapping[str, subprocess.Popen[bytes]], quiet: bool) -> dict[str, dict[str, Any]]:
     """Read every burner's JSON lines until all exit; print progress unless ``quiet``."""
+    from gpuctl.node.proc import JsonLines
+
     sel = selectors.DefaultSelector()
-    bufs: dict[str, bytes] = {}
+    readers: dict[str, JsonLines] = {}
     for label, p in procs.items():
         assert p.stdout is not None
         sel.register(p.stdout, selectors.EVENT_READ, label)
-        bufs[label] = b""
+        readers[label] = JsonLines()
     summaries: dict[str, dict[str, Any]] = {}
     open_count = len(procs)
     while open_count:
@@ -492,12 +492,7 @@ def _follow(procs: Mapping[str, subprocess.Popen[bytes]], quiet: bool) -> dict[s
                 sel.unregister(key.fileobj)
                 open_count -= 1
                 continue
-            *lines, bufs[label] = (bufs[label] + data).split(b"\n")
-            for line in lines:
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    continue
+            for msg in readers[label].feed(data):
                 if msg.get("type") == "summary":
                     summaries[label] = msg
                 elif msg.get("type") == "progress" and not quiet:

@@ -18,6 +18,7 @@ from typing import Any
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.session import LinkError
+from gpuctl.node import protocol
 
 ACTIVE_STATES = ("starting", "running", "stopping")
 REQUEST_TIMEOUT = 20.0
@@ -43,8 +44,18 @@ class StressError(LinkError):
 
 def configure(fleet: Fleet, options: Mapping[str, Any]) -> None:
     """Defaults for this fleet's burns from a config's ``[stress]`` table (unknown keys are
-    ignored: the config loader reports them)."""
+    ignored: the config loader reports them). ``max_duration`` (default
+    ``protocol.DEFAULT_MAX_DURATION``) also becomes every agent's cap, which the node enforces.
+    A value no agent accepts is not an error here: it stays a stress_start field, which the
+    agent refuses with its one-line reason when a burn starts."""
     _defaults[fleet] = {k: options[k] for k in OPTION_KEYS if k in options}
+    cap = options.get("max_duration")
+    if (
+        isinstance(cap, int | float)
+        and not isinstance(cap, bool)
+        and 1 <= cap <= protocol.MAX_DURATION_CEILING
+    ):
+        fleet.configure_agents(max_duration=float(cap))
     attach(fleet)
 
 

@@ -4,6 +4,12 @@ Every node runs in its own task: connect (bounded concurrency, a deadline), hand
 and on any failure record the reason and retry with exponential backoff plus jitter. One slow
 or dead node never delays the others. Listeners get a ``NodeSnapshot`` whenever a node changes;
 they run on the event loop and must be quick (the TUI posts a message and returns).
+
+Liveness: right after the handshake the fleet sends the agent its options (``configure``:
+``liveness_timeout``, and ``max_duration`` once ``configure_agents`` set it from the config), then
+pings it every ``liveness_timeout / 3`` seconds. An agent that hears nothing for
+``liveness_timeout`` stops its burners and suites and exits: a frozen gpuctl or a partitioned
+network does not leave GPUs burning (the kernel reports neither).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 from gpuctl.core.model import GpuSample, NodeEvent, NodeSnapshot, NodeState
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
+from gpuctl.node import protocol
 
 Listener = Callable[[NodeSnapshot], None]
 
@@ -59,8 +66,12 @@ class Fleet:
         backoff_max: float = 30.0,
         history_len: int = HISTORY_SECONDS,
         clock: Callable[[], float] = time.time,
+        liveness_timeout: float = protocol.DEFAULT_LIVENESS_S,
     ) -> None:
         self.nodes = {name: NodeRuntime(name, link) for name, link in links.items()}
+        # Sent to every agent at each handshake (``configure``); see the module docstring.
+        self.agent_options: dict[str, float] = {}
+        self.configure_agents(liveness_timeout=liveness_timeout)
         self._sem = asyncio.Semaphore(concurrency)
         self.connect_timeout = connect_timeout
         self.stale_after = stale_after
@@ -91,6 +102,56 @@ class Fleet:
         rt.snapshot = replace(rt.snapshot, **changes)
         for listener in self._listeners:
             listener(rt.snapshot)
+
+    # -- agent options ----------------------------------------------------------------------
+    @property
+    def liveness_timeout(self) -> float:
+        """Seconds an agent may hear nothing before it stops everything (0: never)."""
+        return self.agent_options["liveness_timeout"]
+
+    def configure_agents(
+        self, *, liveness_timeout: float | None = None, max_duration: float | None = None
+    ) -> None:
+        """Set the options every agent gets (now for live ones, and at each handshake):
+        ``liveness_timeout`` (s, 0: off) and ``max_duration`` (s: the longest burn an agent
+        starts). Raises ValueError for a value an agent would refuse."""
+        options: dict[str, float] = {}
+        if liveness_timeout is not None:
+            if not (liveness_timeout == 0 or 1 <= liveness_timeout <= protocol.MAX_LIVENESS_S):
+                raise ValueError(
+                    f"liveness_timeout must be 0 (off) or within 1..{protocol.MAX_LIVENESS_S:g} s"
+                )
+            options["liveness_timeout"] = float(liveness_timeout)
+        if max_duration is not None:
+            if not 1 <= max_duration <= protocol.MAX_DURATION_CEILING:
+                raise ValueError(
+                    f"max_duration must be within 1..{protocol.MAX_DURATION_CEILING:g} s"
+                )
+            options["max_duration"] = float(max_duration)
+        self.agent_options.update(options)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop, no live session: the options go out at the next handshakes
+        for rt in self.nodes.values():
+            session = rt.session
+            if session is not None and "configure" in (session.hello.get("features") or ()):
+                task = loop.create_task(self._configure(session))
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _configure(self, session: AgentSession) -> None:
+        """Send the agent options; the agent handles requests in order, so whatever is sent
+        after this call is judged by them."""
+        await session.send({"type": "configure", **self.agent_options})
+
+    async def _keep_alive(self, session: AgentSession) -> None:
+        """Ping the agent every ``liveness_timeout / 3`` seconds (see the module docstring)."""
+        while self.liveness_timeout > 0:
+            period = self.liveness_timeout / 3
+            await asyncio.sleep(period)  # a timer: the agent's liveness rule is about time
+            # Any failure here is the link's: the message loop sees it end and this task goes.
+            with contextlib.suppress(Exception):
+                await session.request({"type": "ping"}, timeout=period)
 
     # -- queries ------------------------------------------------------------------------------
     @property
@@ -239,20 +300,28 @@ class Fleet:
         hello_interval = session.hello.get("interval")
         if isinstance(hello_interval, int | float) and hello_interval > 0:
             rt.interval = float(hello_interval)
+        if "configure" in (session.hello.get("features") or ()):
+            await self._configure(session)  # before any request the listeners may send
         rt.failures = 0
         rt.live_since = time.monotonic()
         self._publish(rt, state=NodeState.LIVE, info=info, reason=None)
-        async for msg in session.messages():
-            if isinstance(msg, Sample):
-                self._on_sample(rt, msg)
-            elif isinstance(msg, NodeEvent):
-                if not is_progress(msg):
-                    rt.events.append(msg)
-                for elistener in self._event_listeners:
-                    elistener(rt.name, msg)
-            else:
-                for mlistener in self._message_listeners:
-                    mlistener(rt.name, msg)
+        pinger = asyncio.create_task(self._keep_alive(session), name=f"ping:{rt.name}")
+        try:
+            async for msg in session.messages():
+                if isinstance(msg, Sample):
+                    self._on_sample(rt, msg)
+                elif isinstance(msg, NodeEvent):
+                    if not is_progress(msg):
+                        rt.events.append(msg)
+                    for elistener in self._event_listeners:
+                        elistener(rt.name, msg)
+                elif msg.get("request") == "configure" and "id" not in msg:
+                    continue  # the answer to our own configure
+                else:
+                    for mlistener in self._message_listeners:
+                        mlistener(rt.name, msg)
+        finally:
+            pinger.cancel()
 
     def _on_sample(self, rt: NodeRuntime, sample: Sample) -> None:
         for g in sample.gpus:

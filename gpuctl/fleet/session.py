@@ -80,7 +80,7 @@ class AgentSession:
         if not line:
             return None
         try:
-            return protocol.decode(line)  # type: ignore[no-any-return]
+            return protocol.decode(line)
         except protocol.ProtocolError as e:
             raise LinkError("protocol", f"agent sent a bad line: {e.message}") from None
 

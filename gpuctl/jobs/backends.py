@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import os
 import shlex
 import signal
@@ -19,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuctl.jobs.hosts import _REAPER, Host, HostError, LocalHost
+from gpuctl.node import jobfiles
 
-SUPERVISOR_FILE = "supervisor.py"
+SUPERVISOR_FILE = jobfiles.SUPERVISOR_SCRIPT
 REMOTE_PROBE_EVERY = 3.0  # seconds between `kill -0` probes of a remote supervisor
 
 
@@ -77,18 +77,13 @@ class ProcessBackend(Backend):
     def start(self, jobdirs: Sequence[str], meta: Mapping[str, Any]) -> list[dict[str, Any]]:
         handles = []
         for jobdir in jobdirs:
-            pid = self.host.start_detached(self.supervisor_argv(jobdir), f"{jobdir}/supervisor.log")
+            log = f"{jobdir}/{jobfiles.SUPERVISOR_LOG}"
+            pid = self.host.start_detached(self.supervisor_argv(jobdir), log)
             handles.append({"pid": pid, "host": self.host.name})
         return handles
 
     def _pid_info(self, jobdir: str) -> dict[str, Any] | None:
-        data = self.host.read_bytes(f"{jobdir}/supervisor.json")
-        if not data:
-            return None
-        try:
-            info = json.loads(data)
-        except ValueError:
-            return None
+        info = jobfiles.loads(self.host.read_bytes(f"{jobdir}/{jobfiles.PIDFILE}"))
         return info if isinstance(info, dict) else None
 
     def _alive(self, pid: int) -> bool:
@@ -132,7 +127,7 @@ class ProcessBackend(Backend):
 
     def cancel(self, handle: Mapping[str, Any], jobdir: str) -> None:
         # The file covers a supervisor that has not installed its handlers yet.
-        self.host.write_bytes(f"{jobdir}/cancel-requested", b"cancel\n")
+        self.host.write_bytes(f"{jobdir}/{jobfiles.CANCEL}", b"cancel\n")
         self.signal(handle, jobdir, signal.SIGTERM)
 
     def signal(self, handle: Mapping[str, Any], jobdir: str, signum: int) -> None:
@@ -374,7 +369,7 @@ class SlurmBackend(Backend):
         return state in _TERMINAL or state == ""
 
     def cancel(self, handle: Mapping[str, Any], jobdir: str) -> None:
-        self.host.write_bytes(f"{jobdir}/cancel-requested", b"cancel\n")
+        self.host.write_bytes(f"{jobdir}/{jobfiles.CANCEL}", b"cancel\n")
         sid = str(handle.get("slurm_id") or "")
         if sid:
             self._cmd(["scancel", sid], timeout=30)

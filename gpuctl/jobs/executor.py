@@ -33,7 +33,6 @@ import cloudpickle
 from gpuctl import paths
 from gpuctl.jobs import _chunk
 from gpuctl.jobs.backends import (
-    SUPERVISOR_FILE,
     Backend,
     LocalBackend,
     SlurmBackend,
@@ -50,21 +49,28 @@ from gpuctl.jobs.report import (
     unreachable_report,
 )
 from gpuctl.jobs.store import JobRecord, JobStore, StoreError
+from gpuctl.node import jobfiles
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
 
 PACKAGE = Path(__file__).resolve().parent.parent
-RUNNER_FILES = {
-    SUPERVISOR_FILE: PACKAGE / "node" / "supervisor.py",
-    "worker.py": PACKAGE / "workloads" / "worker.py",
-}
+# Copied into every job folder (path there -> source): the scripts and the contract they import.
+RUNNER_FILES = {name: PACKAGE.parent / src for name, src in jobfiles.RUNNER.items()}
 SUBMITTER_PYTHON = sys.version.split()[0]
 UNREACHABLE_AFTER = 60.0  # seconds a node may stay unreachable before result() reports it
 BEAT_EVERY = 3.0  # seconds between heartbeat reads while a job runs
 SLURM_VERDICT_WAIT = 30.0  # seconds to wait for Slurm's final state after a signalled stop
 
 cloudpickle.register_pickle_by_value(_chunk)
+
+
+def _write_runner(host: Host, folder: str) -> None:
+    """Copy the runner (``jobfiles.RUNNER``: the scripts and the package they import) into
+    ``folder``, the supervisor last: a folder holding it is complete."""
+    host.mkdir(f"{folder}/{jobfiles.RUNNER_PACKAGE}", 0o700)
+    for name, src in sorted(RUNNER_FILES.items(), key=lambda i: i[0] == jobfiles.SUPERVISOR_SCRIPT):
+        host.write_bytes(f"{folder}/{name}", src.read_bytes(), 0o600)
 
 
 class JobFailed(Exception):
@@ -200,13 +206,7 @@ class Job:
         return self.backend.host.read_bytes(f"{self.jobdir}/{name}")
 
     def _json(self, name: str) -> Any:
-        data = self._read(name)
-        if not data:
-            return None
-        try:
-            return json.loads(data)
-        except ValueError:
-            return None
+        return jobfiles.loads(self._read(name))
 
     def _tail(self, name: str, limit: int = 6000) -> str:
         data = self._read(name) or b""
@@ -214,23 +214,15 @@ class Job:
 
     def stdout(self) -> str:
         """What the function printed to stdout so far."""
-        return (self._read("stdout.txt") or b"").decode("utf-8", "replace")
+        return (self._read(jobfiles.STDOUT) or b"").decode("utf-8", "replace")
 
     def stderr(self) -> str:
         """What went to stderr so far (tracebacks, faulthandler stacks, warnings)."""
-        return (self._read("stderr.txt") or b"").decode("utf-8", "replace")
+        return (self._read(jobfiles.STDERR) or b"").decode("utf-8", "replace")
 
     def logs(self) -> dict[str, str]:
         """Paths of the job's log files on its host."""
-        names = (
-            "stdout.txt",
-            "stderr.txt",
-            "status.jsonl",
-            "outcome.json",
-            "error.json",
-            "setup.log",
-            "supervisor.log",
-        )
+        names = jobfiles.LOGS
         if not isinstance(self.backend.host, LocalHost):
             return {n: f"{self.backend.host.name}:{self.jobdir}/{n}" for n in names}
         found = {n: p for n in names if os.path.exists(p := f"{self.jobdir}/{n}")}
@@ -273,7 +265,7 @@ class Job:
         if self._beat_read_at is not None and now - self._beat_read_at < BEAT_EVERY:
             return
         self._beat_read_at = now
-        beat = self._json("heartbeat.json")
+        beat = self._json(jobfiles.HEARTBEAT)
         if isinstance(beat, dict) and beat != self._beat:
             self._beat = beat
             self._remember(heartbeat=beat)  # for a later gpuctl that finds the node gone
@@ -304,19 +296,19 @@ class Job:
         with self._lock:
             if self._final:
                 return True
-            outcome = self._json("outcome.json")
+            outcome = self._json(jobfiles.OUTCOME)
             sched: dict[str, Any] | None = None
             if outcome is None:
                 self._note_beat()
                 if not self.backend.finished_without_outcome(self.handle, self.jobdir):
                     return False
                 # the supervisor may have written it just before it went away
-                outcome = self._json("outcome.json")
+                outcome = self._json(jobfiles.OUTCOME)
                 if outcome is None:
                     sched = self.backend.scheduler_state(self.handle) or {}
                     if self._cancel_requested:
                         sched["cancelled"] = True
-                    beat = self._json("heartbeat.json")
+                    beat = self._json(jobfiles.HEARTBEAT)
                     if beat and "t" in beat:
                         sched["heartbeat_age"] = time.time() - float(beat["t"])
             elif isinstance(self.backend, SlurmBackend):
@@ -342,7 +334,7 @@ class Job:
         if not (sched or {}).get("queued") or self._cancel_requested:
             return False
         if outcome.get("stop_reason") != "cancelled" or os.path.exists(
-            f"{self.jobdir}/cancel-requested"
+            jobfiles.JobPaths(self.jobdir).cancel
         ):
             return False
         now = time.monotonic()
@@ -353,12 +345,12 @@ class Job:
     def _collect(self, outcome: dict[str, Any] | None) -> JobFiles:
         return JobFiles(
             outcome=outcome,
-            status=parse_status((self._read("status.jsonl") or b"").decode("utf-8", "replace")),
-            error=self._json("error.json"),
-            result_info=self._json("result.json"),
-            stderr_tail=self._tail("stderr.txt"),
-            setup_tail=self._tail("setup.log", 3000),
-            meta=self._json("meta.json"),
+            status=parse_status((self._read(jobfiles.STATUS) or b"").decode("utf-8", "replace")),
+            error=self._json(jobfiles.ERROR),
+            result_info=self._json(jobfiles.RESULT_INFO),
+            stderr_tail=self._tail(jobfiles.STDERR),
+            setup_tail=self._tail(jobfiles.SETUP_LOG, 3000),
+            meta=self._json(jobfiles.META),
         )
 
     def _remember(self, **values: Any) -> None:
@@ -409,7 +401,7 @@ class Job:
                 info = self.backend.scheduler_state(self.handle) or {}
                 if info.get("state") == "PENDING":
                     return "pending"
-            if self._beat or self._read("status.jsonl") or self._read("heartbeat.json"):
+            if self._beat or self._read(jobfiles.STATUS) or self._read(jobfiles.HEARTBEAT):
                 return "running"
         except HostError as e:
             self._host_error = str(e)
@@ -487,19 +479,19 @@ class Job:
         raise JobFailed(r)
 
     def _load_result(self) -> Any:
-        path = f"{self.jobdir}/result.pkl"
+        path = jobfiles.JobPaths(self.jobdir)(jobfiles.RESULT)
         host = self.backend.host
         if isinstance(host, LocalHost):
             with open(path, "rb") as f:
                 return cloudpickle.load(f)
         with tempfile.TemporaryDirectory(prefix="gpuctl-result-") as tmp:
-            local = os.path.join(tmp, "result.pkl")
+            local = os.path.join(tmp, jobfiles.RESULT)
             host.get_file(path, local)
             with open(local, "rb") as f:
                 return cloudpickle.load(f)
 
     def _load_exception(self) -> BaseException | None:
-        data = self._read("exception.pkl")
+        data = self._read(jobfiles.EXCEPTION)
         if not data:
             return None
         exc = _rebuild_exception(data)
@@ -700,10 +692,15 @@ class Executor:
         host = self.backend.host
         root = self._abs(self.env_root)
         host.mkdir(root, 0o700)
-        sup_data = RUNNER_FILES[SUPERVISOR_FILE].read_bytes()
-        sup = f"{root}/supervisor-{hashlib.sha256(sup_data).hexdigest()[:12]}.py"
+        # The runner once per version: a folder named by the hash of its files
+        digest = hashlib.sha256()
+        for name, src in sorted(RUNNER_FILES.items()):
+            digest.update(name.encode() + b"\0" + src.read_bytes() + b"\0")
+        runner = f"{root}/runner-{digest.hexdigest()[:12]}"
+        sup = f"{runner}/{jobfiles.SUPERVISOR_SCRIPT}"
         if not host.exists(sup):
-            host.write_bytes(sup, sup_data, 0o600)
+            host.mkdir(runner, 0o700)
+            _write_runner(host, runner)
         spec_json = {
             "root": root,
             "python": spec.python,
@@ -870,18 +867,17 @@ class Executor:
             "setup": list(self.setup),
             "env": self.job_env,
             "cwd": self.cwd,
-            "worker": "worker.py",
+            "worker": jobfiles.WORKER_SCRIPT,
             "created_at": time.time(),
         }
-        for fname, src in RUNNER_FILES.items():
-            host.write_bytes(f"{jobdir}/{fname}", src.read_bytes(), 0o600)
-        host.write_bytes(f"{jobdir}/meta.json", json.dumps(meta, indent=1).encode(), 0o600)
+        _write_runner(host, jobdir)
+        host.write_bytes(f"{jobdir}/{jobfiles.META}", json.dumps(meta, indent=1).encode(), 0o600)
         return job_id, jobdir, meta
 
     def _write_payload(self, host: Host, jobdir: str, obj: Any) -> tuple[str, int]:
         """Pickle straight into the job folder (streamed over SFTP for a node): no temporary
         copy, no size limit; the file appears under its name only once complete."""
-        writer = host.open_atomic(f"{jobdir}/payload.pkl", 0o600)
+        writer = host.open_atomic(f"{jobdir}/{jobfiles.PAYLOAD}", 0o600)
         w = _HashingWriter(writer)
         try:
             cloudpickle.dump(obj, w, protocol=5)

@@ -9,11 +9,12 @@ explains a failure the report says which file is missing and what the exit statu
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from gpuctl.node import jobfiles
 
 # Classifications, each with a one-line title.
 KINDS: dict[str, str] = {
@@ -155,14 +156,8 @@ class JobFiles:
 
 
 def parse_status(text: str) -> list[dict[str, Any]]:
-    """Lines of status.jsonl; a torn last line (crash mid-write) is skipped."""
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    """The worker's status lines; a torn last line (crash mid-write) is skipped."""
+    return jobfiles.parse_lines(text)
 
 
 def _faulthandler_stack(stderr: str) -> str:
@@ -279,7 +274,7 @@ def classify(
             return report("cancelled", "cancelled before the supervisor wrote its outcome")
         return report(
             "lost",
-            "outcome.json was never written: the supervisor did not finish "
+            f"{jobfiles.OUTCOME} was never written: the supervisor did not finish "
             + (
                 f"(last heartbeat {sched['heartbeat_age']:.0f} s ago)"
                 if "heartbeat_age" in sched
@@ -405,7 +400,7 @@ def classify(
         return report(
             "crash",
             f"VENV2 died of {sig} in phase {phase}"
-            + ("" if stack else " (no faulthandler output in stderr.txt)"),
+            + ("" if stack else f" (no faulthandler output in {jobfiles.STDERR})"),
         )
     if sig:
         if sig == "SIGKILL" and mem_limit and peak >= 0.9 * mem_limit:
@@ -426,7 +421,7 @@ def classify(
         )
     return report(
         "exited_without_result",
-        f"exit code {code} in phase {phase}; result.pkl was "
+        f"exit code {code} in phase {phase}; {jobfiles.RESULT} was "
         + ("written" if files.result_info else "not written"),
     )
 
@@ -465,7 +460,7 @@ def unreachable_report(
         ev.append("no heartbeat seen by this gpuctl process before the node went away")
     ev.append(f"job folder on {node}: {jobdir}")
     ev.append(
-        f"the job may still be running on {node}: its supervisor keeps writing outcome.json "
+        f"the job may still be running on {node}: its supervisor keeps writing {jobfiles.OUTCOME} "
         "there whether or not gpuctl is connected"
     )
     return FailureReport(

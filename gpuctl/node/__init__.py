@@ -1,5 +1,8 @@
 """What runs on a GPU node under its system Python (VENV1): standard library only, Python 3.6.
 
-The agent (``agent``), its GPU readers (``readers``) and the job supervisor. Nothing here imports
-from the login side of gpuctl, textual or torch; ``gpuctl_tests/test_import_rules.py`` checks it.
+The agent (``agent``, its plugins ``stress`` and ``accept``), its GPU readers (``readers``), the
+job supervisor (``supervisor``), the one process module every child is started and stopped with
+(``proc``), the job folder's contract (``jobfiles``) and the wire format (``protocol``). Nothing
+here imports from the login side of gpuctl, textual or torch; ``gpuctl_tests/test_import_rules.py``
+checks it.
 """

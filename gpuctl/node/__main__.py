@@ -4,9 +4,10 @@ Commands: ``agent`` (the GPU agent), ``supervisor`` (runs a VENV2 job; see super
 """
 
 import sys
+from typing import List, Optional
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write("usage: gpuctl-node {agent,supervisor} [options]\n")

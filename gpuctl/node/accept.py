@@ -12,39 +12,43 @@ Events (``{"type": "event", "kind": "accept", "gpu": null, "t", "detail": {...}}
     ``result``) and finally ``exit``: ``rc``, ``report`` (the JSON report as an object, or null),
     ``reason`` (why there is no report, or null), ``stdout_tail`` and ``stderr_tail``.
 
-The suite runs as ``python -m gpuctl.workloads.accept`` with this bundle on PYTHONPATH, in its
-own session, with a parent-death signal: when the agent stops (stdin closed, link lost) the
-close hook kills it and everything it started. Its report is written to a private temporary
-folder, relayed in the ``exit`` event, then removed. Standard library only, Python 3.6 syntax.
+The suite runs as ``python -m gpuctl.workloads.accept`` with this bundle on PYTHONPATH, started
+by ``proc.spawn`` (its own session, SIGTERM as its parent-death signal): when the agent stops
+(stdin closed, link lost, liveness timeout) the close hook stops it and everything it started.
+
+Its report and output go to a private folder ``$TMPDIR/gpuctl-accept-*`` (mode 0700), removed
+once the exit event is built, or when the agent stops. The agent holds a lock on
+``owner.lock`` in that folder for as long as the run lives; an agent that was SIGKILLed cannot
+remove its folder, so every agent, when it starts, removes the folders of this user whose lock
+nobody holds any more. Standard library only, Python 3.6 syntax.
 """
 
+import fcntl
 import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from . import protocol
+from . import proc
 
-# The folder that holds the ``gpuctl`` package (a checkout, site-packages or the .pyz itself).
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if TYPE_CHECKING:
+    from .agent import Agent
+
 _OWNED = ("--report-dir", "--report-name", "--events", "--events-fd")
 TAIL_LINES = 20
+FOLDER_PREFIX = "gpuctl-accept-"
+LOCK_NAME = "owner.lock"
+REPORT_NAME = "report.json"
+OUT_NAME = "suite-out.log"
+ERR_NAME = "suite-err.log"
+CLOSE_GRACE_S = 1.0  # SIGTERM -> SIGKILL when the agent itself is going away
 
 
-def _die_with_parent():
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-def _tail(path, lines=TAIL_LINES):
+def _tail(path: str, lines: int = TAIL_LINES) -> List[str]:
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
@@ -55,42 +59,107 @@ def _tail(path, lines=TAIL_LINES):
     return text.splitlines()[-lines:]
 
 
+class RunFolder(object):
+    """A run's private folder, locked by this process while it exists (see the module
+    docstring)."""
+
+    def __init__(self) -> None:
+        self.path = tempfile.mkdtemp(prefix=FOLDER_PREFIX)  # mode 0700
+        self._lock = None  # type: Optional[int]
+        try:
+            fd = os.open(os.path.join(self.path, LOCK_NAME), os.O_WRONLY | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._lock = fd  # not inherited by the suite: Python's descriptors are CLOEXEC
+        except OSError:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
+
+    def join(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def sweep_orphan_folders(root: Optional[str] = None) -> List[str]:
+    """Remove this user's ``gpuctl-accept-*`` folders in ``root`` (default the temporary folder)
+    whose owner is gone (nobody holds their lock). Returns the folders removed."""
+    root = root or tempfile.gettempdir()
+    removed = []  # type: List[str]
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for name in names:
+        if not name.startswith(FOLDER_PREFIX):
+            continue
+        path = os.path.join(root, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid != uid or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        try:
+            fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY)
+        except FileNotFoundError:
+            fd = None  # made by an older agent (no lock) or half made: nobody owns it
+        except OSError:
+            continue
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # a live agent's run
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return removed
+
+
 class AcceptRun(object):
     """One running suite: its process, progress pipe and private folder."""
 
-    def __init__(self, plugin, run_id, argv, env, folder, deadline):
+    def __init__(self, plugin: "AcceptPlugin", run_id: str, argv: List[str],
+                 env: Dict[str, str], folder: RunFolder, deadline: float) -> None:
         self.plugin = plugin
         self.run_id = run_id
         self.folder = folder
         self.deadline = deadline
-        self.report_path = None
-        self.buf = b""
-        self.killed_reason = None
+        self.events = proc.JsonLines()
+        self.killed_reason = None  # type: Optional[str]
         read_fd, write_fd = os.pipe()
-        self.out_path = os.path.join(folder, "stdout.txt")
-        self.err_path = os.path.join(folder, "stderr.txt")
-        argv = argv + ["--events-fd", str(write_fd), "--report-dir", folder,
-                       "--report-name", "report.json"]
+        self.out_path = folder.join(OUT_NAME)
+        self.err_path = folder.join(ERR_NAME)
+        argv = argv + ["--events-fd", str(write_fd), "--report-dir", folder.path,
+                       "--report-name", REPORT_NAME]
         try:
             with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-                self.proc = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                    pass_fds=(write_fd,), start_new_session=True, preexec_fn=_die_with_parent,
-                    close_fds=True)
+                self.proc = proc.spawn(argv, stdout=out, stderr=err, env=env,
+                                       pass_fds=(write_fd,), death_signal=signal.SIGTERM)
         except OSError:
             os.close(read_fd)
             raise
         finally:
             os.close(write_fd)
-        self.pipe = os.fdopen(read_fd, "rb", buffering=0)
+        self.pipe = os.fdopen(read_fd, "rb", buffering=0)  # type: Optional[Any]
         plugin.agent.add_reader(self.pipe, self.on_readable)
 
-    def send(self, detail):
+    def send(self, detail: Dict[str, Any]) -> None:
         detail["run"] = self.run_id
         self.plugin.agent.send({"type": "event", "kind": "accept", "gpu": None,
                                 "t": time.time(), "detail": detail})
 
-    def on_readable(self):
+    def on_readable(self) -> None:
+        if self.pipe is None:
+            return
         try:
             data = self.pipe.read(65536)
         except OSError:
@@ -99,37 +168,20 @@ class AcceptRun(object):
             self.plugin.agent.remove_reader(self.pipe)
             self.pipe.close()
             self.pipe = None
+            self._relay(self.events.finish())
             return
-        self.buf += data
-        while b"\n" in self.buf:
-            line, self.buf = self.buf.split(b"\n", 1)
-            if len(line) > protocol.MAX_LINE // 2:
-                continue
-            try:
-                detail = json.loads(line.decode("utf-8", "replace"))
-            except ValueError:
-                continue
-            if not isinstance(detail, dict):
-                continue
-            if detail.get("event") == "result":
-                self.report_path = detail.get("report")
+        self._relay(self.events.feed(data))
+
+    def _relay(self, details: List[Dict[str, Any]]) -> None:
+        for detail in details:
             self.send(detail)
 
-    def kill(self, reason):
+    def kill(self, reason: str) -> None:
         if self.proc.poll() is None:
             self.killed_reason = reason
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except OSError:
-                pass
+            proc.signal_group(self.proc.pid, signal.SIGTERM)
 
-    def force_kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-    def poll(self, now):
+    def poll(self, now: float) -> bool:
         """True once the suite has exited and its exit event has been sent."""
         if self.proc.poll() is None:
             if now > self.deadline:
@@ -139,9 +191,10 @@ class AcceptRun(object):
             self.on_readable()
             if self.pipe is not None:
                 return False
-        self.force_kill()  # whatever the suite left in its session (torchrun workers)
+        # whatever the suite left in its session (torchrun workers)
+        proc.signal_group(self.proc.pid, signal.SIGKILL)
         report, reason = None, self.killed_reason
-        path = self.report_path or os.path.join(self.folder, "report.json")
+        path = self.folder.join(REPORT_NAME)
         try:
             with open(path) as f:
                 report = json.load(f)
@@ -151,22 +204,32 @@ class AcceptRun(object):
         detail = {"event": "exit", "rc": self.proc.returncode, "report": report,
                   "reason": reason, "stdout_tail": _tail(self.out_path),
                   "stderr_tail": _tail(self.err_path)}
-        shutil.rmtree(self.folder, ignore_errors=True)  # before the news: nothing left behind
+        self.folder.remove()  # before the news: nothing left behind
         self.send(detail)
         return True
 
+    def close(self) -> None:
+        """The agent is going away: stop the suite's whole session and remove the folder."""
+        self.killed_reason = self.killed_reason or "agent stopped"
+        if self.pipe is not None:
+            self.plugin.agent.remove_reader(self.pipe)
+            self.pipe.close()
+            self.pipe = None
+        proc.stop_group(self.proc.pid, CLOSE_GRACE_S, self.proc)
+        self.folder.remove()
+
 
 class AcceptPlugin(object):
-    def __init__(self, agent):
+    def __init__(self, agent: "Agent") -> None:
         self.agent = agent
-        self.run = None
+        self.run = None  # type: Optional[AcceptRun]
         self.counter = 0
         agent.handlers["accept_start"] = self.start
         agent.handlers["accept_stop"] = self.stop
         agent.tick_hooks.append(self.tick)
         agent.close_hooks.append(self.close)
 
-    def start(self, msg, req_id):
+    def start(self, msg: Dict[str, Any], req_id: Any) -> None:
         if self.run is not None:
             self.agent.reply_error("busy", "an acceptance run is already going on this node",
                                    req_id)
@@ -185,45 +248,44 @@ class AcceptPlugin(object):
                 or not isinstance(timeout, (int, float)) or timeout <= 0:
             self.agent.reply_error("bad_argument", "python must be a path, timeout > 0", req_id)
             return
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
-        env["PYTHONUNBUFFERED"] = "1"
         self.counter += 1
         run_id = "%d-%d" % (os.getpid(), self.counter)
-        folder = tempfile.mkdtemp(prefix="gpuctl-accept-")  # mode 0700
         argv = [python, "-m", "gpuctl.workloads.accept"] + args
         try:
+            folder = RunFolder()
+        except OSError as e:
+            self.agent.reply_error("spawn_failed", "no private folder for the run: %s" % (e,),
+                                   req_id)
+            return
+        try:
+            # TMPDIR: what the suite makes there (DDP rank files) goes with the folder
+            env = proc.bundle_env({"TMPDIR": folder.path})
             self.run = AcceptRun(self, run_id, argv, env, folder, time.monotonic() + timeout)
         except OSError as e:
-            shutil.rmtree(folder, ignore_errors=True)
+            folder.remove()
             self.agent.reply_error("spawn_failed", "cannot start %s: %s" % (python, e), req_id)
             return
         self.agent.send({"type": "ok", "request": "accept_start", "id": req_id, "run": run_id,
                          "pid": self.run.proc.pid})
 
-    def stop(self, msg, req_id):
+    def stop(self, msg: Dict[str, Any], req_id: Any) -> None:
         if self.run is not None:
             self.run.kill("stopped by request")
         self.agent.send({"type": "ok", "request": "accept_stop", "id": req_id})
 
-    def tick(self, now):
+    def tick(self, now: float) -> None:
         if self.run is not None and self.run.poll(now):
             self.run = None
 
-    def close(self):
+    def close(self) -> None:
         if self.run is not None:
-            self.run.kill("agent stopped")
-            self.run.force_kill()
-            if self.run.pipe is not None:
-                self.agent.remove_reader(self.run.pipe)
-            try:
-                self.run.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
-            shutil.rmtree(self.run.folder, ignore_errors=True)
+            self.run.close()
             self.run = None
 
 
-def install(agent):
-    """Add ``accept_start`` / ``accept_stop`` to ``agent``."""
+def install(agent: "Agent") -> None:
+    """Add ``accept_start`` / ``accept_stop`` to ``agent``; remove the folders of runs whose
+    agent was killed."""
+    sweep_orphan_folders()
     AcceptPlugin(agent)
+

@@ -2,18 +2,30 @@
 
 One thread, one ``selectors`` loop over stdin and whatever file descriptors plugins add (burner
 output pipes): no locks, and the agent's CPU cost is one read per interval. The agent never dies
-on bad input; it exits when stdin closes, on ``shutdown``, or when stdout is gone, and before
-exiting it runs every plugin's close hook (which stops burners: the dead-man's switch).
+on bad input; it exits when stdin closes, on ``shutdown``, on SIGTERM/SIGHUP, when stdout is
+gone, or when it has heard nothing on stdin for ``liveness_timeout`` seconds (the login side
+pings; a frozen or partitioned login is not reported by the kernel, so silence is the only
+sign). Before exiting it runs every plugin's close hook, which stops burners and suites: the
+dead-man's switch.
+
+Its output never blocks the loop: on a pipe or a socket, stdout is made non-blocking and what
+the reader has not taken yet waits in a bounded queue (messages past ``OUT_LIMIT`` are dropped
+whole), so a reader that stopped reading cannot stop the liveness check.
 """
 
 import os
+import select
 import selectors
+import signal
 import socket
+import stat
 import sys
 import time
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence
 
 from . import protocol
-from .readers import open_reader
+from .proc import LineBuffer
+from .readers import Reader, open_reader
 
 # Node-side modules that add requests to the agent: each has install(agent). Missing ones are
 # skipped so that an agent can run from a bundle built before they existed.
@@ -25,12 +37,100 @@ PLUGINS = ("gpuctl.node.stress", "gpuctl.node.accept")
 # ``agent.mutating``; these are known up front so that a plugin forgetting to does not matter.
 MUTATING = ("stress_start", "stress_stop", "accept_start", "accept_stop")
 
+OUT_LIMIT = 8 << 20  # bytes queued for a reader that does not read; past it messages are dropped
+DRAIN_S = 2.0  # at exit, how long the last messages (burns ended, bye) may wait for the reader
+MAX_WAIT_S = 1.0  # the loop wakes at least this often (liveness, plugin deadlines)
+PENDING_WAIT_S = 0.05  # ... and this often while output waits for a slow reader
+
+Handler = Callable[[Dict[str, Any], Any], None]
+
+
+class _Output(object):
+    """The agent's stdout (see the module docstring). ``write`` returns False once the reader is
+    gone for good (a broken pipe)."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.fd = None  # type: Optional[int]
+        self.pending = bytearray()
+        self.dropped = 0
+
+    def attach(self) -> None:
+        """Switch a pipe or socket to non-blocking writes (a terminal, a file or an in-memory
+        buffer keeps plain writes: they do not stall, and a terminal must stay as it was)."""
+        try:
+            fd = self.out.fileno()
+            mode = os.fstat(fd).st_mode
+        except (AttributeError, OSError, ValueError):
+            return
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            self.out.flush()
+            os.set_blocking(fd, False)
+            self.fd = fd
+
+    def detach(self) -> None:
+        """Back to blocking: whoever shares the descriptor after us expects it."""
+        if self.fd is not None:
+            try:
+                os.set_blocking(self.fd, True)
+            except OSError:
+                pass
+            self.fd = None
+
+    def write(self, data: bytes) -> bool:
+        if self.fd is None:
+            try:
+                self.out.write(data)
+                self.out.flush()
+            except (OSError, ValueError):  # ValueError: the file was closed
+                return False
+            return True
+        if len(self.pending) + len(data) > OUT_LIMIT:
+            self.dropped += 1
+            return True
+        self.pending.extend(data)
+        return self.flush()
+
+    def flush(self) -> bool:
+        while self.pending and self.fd is not None:
+            try:
+                n = os.write(self.fd, self.pending)
+            except BlockingIOError:
+                return True
+            except InterruptedError:
+                continue
+            except OSError:
+                return False
+            del self.pending[:n]
+        return True
+
+    def drain(self, seconds: float) -> None:
+        """Give queued messages up to ``seconds`` to reach a reader that is still there."""
+        deadline = time.monotonic() + seconds
+        while self.pending and self.fd is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                select.select([], [self.fd], [], left)
+            except (OSError, ValueError):
+                return
+            if not self.flush():
+                return
+
 
 class Agent(object):
-    """The agent's state and loop. ``out`` is a binary file; ``in_fd`` a readable descriptor."""
+    """The agent's state and loop. ``out`` is a binary file; ``in_fd`` a readable descriptor.
 
-    def __init__(self, reader, reader_error=None, interval=1.0, in_fd=0, out=None,
-                 clock=time.monotonic, read_only=False):
+    ``liveness_timeout`` (s, 0: off) and ``max_duration`` (s, the cap of every burn; at most
+    ``protocol.MAX_DURATION_CEILING``) can be changed by the ``configure`` request.
+    """
+
+    def __init__(self, reader: Optional[Reader], reader_error: Optional[str] = None,
+                 interval: float = 1.0, in_fd: int = 0, out: Optional[IO[bytes]] = None,
+                 clock: Callable[[], float] = time.monotonic, read_only: bool = False,
+                 liveness_timeout: float = protocol.DEFAULT_LIVENESS_S,
+                 max_duration: float = protocol.DEFAULT_MAX_DURATION) -> None:
         self.reader = reader
         self.read_only = bool(read_only)
         self.mutating = set(MUTATING)
@@ -38,7 +138,11 @@ class Agent(object):
         self.interval = float(interval)
         self.in_fd = in_fd
         self.out = out if out is not None else sys.stdout.buffer
+        self._output = _Output(self.out)
         self.clock = clock
+        self.liveness_timeout = float(liveness_timeout)
+        self.max_duration = min(float(max_duration), protocol.MAX_DURATION_CEILING)
+        self.stop_reason = None  # type: Optional[str]
         self.seq = 0
         self.running = True
         self.handlers = {
@@ -46,44 +150,63 @@ class Agent(object):
             "set_interval": self._set_interval,
             "snapshot": self._snapshot,
             "shutdown": self._shutdown,
-        }
+            "configure": self._configure,
+        }  # type: Dict[str, Handler]
         if reader is not None and hasattr(reader, "simulate"):
             self.handlers["simulate"] = self._simulate
-        self.tick_hooks = []  # called once per loop turn with the current monotonic time
-        self.close_hooks = []  # called once when the agent stops
-        self.sample_hooks = []  # called with each sample's gpu list, may annotate it
+        # called once per loop turn with the current monotonic time
+        self.tick_hooks = []  # type: List[Callable[[float], None]]
+        self.close_hooks = []  # type: List[Callable[[], None]]  # once, when the agent stops
+        # called with each sample's gpu list, may annotate it
+        self.sample_hooks = []  # type: List[Callable[[List[Dict[str, Any]]], None]]
         # poll, not epoll: epoll refuses regular files and /dev/null, which stdin may be.
         self._sel = getattr(selectors, "PollSelector", selectors.SelectSelector)()
-        self._buf = bytearray()
-        self._discarding = False
+        self._lines = LineBuffer(protocol.MAX_LINE, self._overlong)
         self._static = reader.static() if reader is not None else []
         self._next_sample = self.clock()
+        self._heard = self.clock()  # the last time stdin brought anything
 
     # -- output ------------------------------------------------------------------------------
-    def send(self, msg):
-        """Write one message; a vanished reader (BrokenPipe) stops the agent."""
+    def send(self, msg: Dict[str, Any]) -> None:
+        """Write one message. Only a reader that is gone (a broken pipe) stops the agent: a
+        message JSON cannot carry (NaN relayed from a child) is sent with nulls instead, or
+        replaced by an ``internal`` error."""
         try:
-            self.out.write(protocol.encode(msg))
-            self.out.flush()
-        except (BrokenPipeError, ValueError, OSError):
-            self.running = False
+            data = protocol.encode(msg)
+        except ValueError:  # NaN or Infinity somewhere in it
+            try:
+                data = protocol.encode(protocol.sanitize(msg))
+            except (ValueError, TypeError, RecursionError) as e:
+                data = self._unencodable(msg, e)
+        except (TypeError, RecursionError) as e:
+            data = self._unencodable(msg, e)
+        if not self._output.write(data):
+            self.stop("stdout closed")
 
-    def reply_error(self, code, message, req_id=None):
+    @staticmethod
+    def _unencodable(msg: Dict[str, Any], e: BaseException) -> bytes:
+        kind = msg.get("type")
+        return protocol.encode(protocol.error(
+            "internal", "a %s message could not be encoded: %s: %s"
+            % (kind if isinstance(kind, str) else "?", type(e).__name__, str(e)[:200]),
+            msg.get("id") if isinstance(msg.get("id"), (str, int, float)) else None))
+
+    def reply_error(self, code: str, message: str, req_id: Any = None) -> None:
         self.send(protocol.error(code, message, req_id))
 
     # -- plugin API ---------------------------------------------------------------------------
-    def add_reader(self, fileobj, callback):
+    def add_reader(self, fileobj: Any, callback: Callable[[], None]) -> None:
         """Call ``callback()`` whenever ``fileobj`` (fd or file) is readable."""
         self._sel.register(fileobj, selectors.EVENT_READ, callback)
 
-    def remove_reader(self, fileobj):
+    def remove_reader(self, fileobj: Any) -> None:
         try:
             self._sel.unregister(fileobj)
         except (KeyError, ValueError):
             pass
 
     # -- messages -----------------------------------------------------------------------------
-    def hello(self):
+    def hello(self) -> Dict[str, Any]:
         versions = self.reader.versions() if self.reader is not None else {}
         return {
             "type": "hello",
@@ -100,11 +223,13 @@ class Agent(object):
             "nvml": versions.get("nvml"),
             "features": sorted(self.handlers),
             "read_only": self.read_only,
+            "liveness_timeout": self.liveness_timeout,
+            "max_duration": self.max_duration,
             "gpus": self._static,
         }
 
-    def sample(self, req_id=None):
-        gpus = []
+    def sample(self, req_id: Any = None) -> None:
+        gpus = []  # type: List[Dict[str, Any]]
         if self.reader is not None:
             slow = self.seq % protocol.SLOW_EVERY == 0
             try:
@@ -114,7 +239,8 @@ class Agent(object):
                 return
         for hook in self.sample_hooks:
             hook(gpus)
-        msg = {"type": "sample", "t": time.time(), "seq": self.seq, "gpus": gpus}
+        msg = {"type": "sample", "t": time.time(), "seq": self.seq,
+               "gpus": gpus}  # type: Dict[str, Any]
         if req_id is not None:
             msg["id"] = req_id
         self.seq += 1
@@ -123,7 +249,7 @@ class Agent(object):
             for event in self.reader.events():
                 self.send(event)
 
-    def handle_line(self, line):
+    def handle_line(self, line: bytes) -> None:
         try:
             msg = protocol.decode(line)
         except protocol.ProtocolError as e:
@@ -148,10 +274,10 @@ class Agent(object):
             self.reply_error("internal", "%s failed: %s: %s" % (msg["type"], type(e).__name__, e),
                              req_id)
 
-    def _ping(self, msg, req_id):
+    def _ping(self, msg: Dict[str, Any], req_id: Any) -> None:
         self.send({"type": "pong", "id": req_id, "t": time.time()})
 
-    def _set_interval(self, msg, req_id):
+    def _set_interval(self, msg: Dict[str, Any], req_id: Any) -> None:
         seconds = msg.get("seconds")
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
                 or not 0.1 <= seconds <= 3600:
@@ -161,55 +287,78 @@ class Agent(object):
         self._next_sample = self.clock() + self.interval
         self.send({"type": "ok", "request": "set_interval", "id": req_id})
 
-    def _snapshot(self, msg, req_id):
+    def _configure(self, msg: Dict[str, Any], req_id: Any) -> None:
+        liveness = msg.get("liveness_timeout", self.liveness_timeout)
+        cap = msg.get("max_duration", self.max_duration)
+        problem = check_liveness(liveness) or check_max_duration(cap)
+        if problem:
+            self.reply_error("bad_argument", problem, req_id)
+            return
+        self.liveness_timeout = float(liveness)
+        self.max_duration = float(cap)
+        self._heard = self.clock()
+        self.send({"type": "ok", "request": "configure", "id": req_id,
+                   "liveness_timeout": self.liveness_timeout, "max_duration": self.max_duration})
+
+    def _snapshot(self, msg: Dict[str, Any], req_id: Any) -> None:
         self.sample(req_id)
 
-    def _shutdown(self, msg, req_id):
+    def _shutdown(self, msg: Dict[str, Any], req_id: Any) -> None:
         self.send({"type": "bye", "id": req_id})
-        self.running = False
+        self.stop("shutdown")
 
-    def _simulate(self, msg, req_id):
+    def _simulate(self, msg: Dict[str, Any], req_id: Any) -> None:
+        simulate = getattr(self.reader, "simulate")
         try:
-            self.reader.simulate(msg.get("action"), msg)
+            simulate(msg.get("action"), msg)
         except (ValueError, TypeError) as e:
             self.reply_error("bad_argument", str(e), req_id)
             return
         self.send({"type": "ok", "request": "simulate", "id": req_id})
 
+    def stop(self, reason: str) -> None:
+        """End the loop (the close hooks then stop everything the plugins started)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.running = False
+
     # -- input --------------------------------------------------------------------------------
-    def _on_stdin(self):
+    def _overlong(self) -> None:
+        self.reply_error("line_too_long", "line exceeds %d bytes; discarded" % protocol.MAX_LINE)
+
+    def _on_stdin(self) -> None:
         try:
             data = os.read(self.in_fd, 1 << 16)
+        except BlockingIOError:
+            return
         except OSError:
             data = b""
         if not data:
-            self.running = False
+            self.stop("stdin closed")
             return
-        self._buf.extend(data)
-        while True:
-            nl = self._buf.find(b"\n")
-            if nl < 0:
-                if len(self._buf) > protocol.MAX_LINE:
-                    if not self._discarding:
-                        self.reply_error("line_too_long",
-                                         "line exceeds %d bytes; discarded" % protocol.MAX_LINE)
-                    self._discarding = True
-                    del self._buf[:]
-                return
-            line = bytes(self._buf[:nl])
-            del self._buf[:nl + 1]
-            if self._discarding:  # the tail of an overlong line
-                self._discarding = False
-                continue
+        self._heard = self.clock()
+        for line in self._lines.feed(data):
             if line.strip():
                 self.handle_line(line)
             if not self.running:
                 return
 
+    def _check_liveness(self) -> None:
+        if self.liveness_timeout <= 0:
+            return
+        silent = self.clock() - self._heard
+        if silent > self.liveness_timeout:
+            self.reply_error("liveness", "heard nothing for %.0f s (liveness_timeout %g s): "
+                             "stopping every burner and suite, exiting"
+                             % (silent, self.liveness_timeout))
+            self.stop("liveness")
+
     # -- loop ---------------------------------------------------------------------------------
-    def run(self):
+    def run(self) -> int:
         """Send hello, then sample every interval until stopped. Returns the exit code."""
+        self._output.attach()
         self.add_reader(self.in_fd, self._on_stdin)
+        self._heard = self.clock()
         self.send(self.hello())
         if self.reader is None:
             self.reply_error("no_reader", self.reader_error or "no GPU reader available")
@@ -224,25 +373,53 @@ class Agent(object):
                         self._next_sample = now + self.interval
                 for hook in self.tick_hooks:
                     hook(now)
+                if not self._output.flush():
+                    self.stop("stdout closed")
+                    break
                 timeout = max(0.0, self._next_sample - self.clock())
                 if self.reader is None:
-                    timeout = 1.0
-                for key, _ in self._sel.select(min(timeout, 1.0)):
+                    timeout = MAX_WAIT_S
+                timeout = min(timeout, PENDING_WAIT_S if self._output.pending else MAX_WAIT_S)
+                for key, _ in self._sel.select(timeout):
                     key.data()
                     if not self.running:
                         break
+                # After reading stdin: a sample that stalled (a hung driver call) must not
+                # count the pings that waited meanwhile as silence.
+                if self.running:
+                    self._check_liveness()
         finally:
-            for hook in self.close_hooks:
+            for close in self.close_hooks:
                 try:
-                    hook()
+                    close()
                 except Exception:
                     pass
             if self.reader is not None:
                 self.reader.close()
+            self._output.drain(DRAIN_S)
+            self._output.detach()
         return 0
 
 
-def install_plugins(agent, names=PLUGINS):
+def check_liveness(value: Any) -> Optional[str]:
+    """Why ``value`` is not a liveness timeout (0: off, else 1..MAX_LIVENESS_S s), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not (value == 0 or 1 <= value <= protocol.MAX_LIVENESS_S):
+        return "liveness_timeout must be 0 (off) or within 1..%g seconds" % (
+            protocol.MAX_LIVENESS_S,)
+    return None
+
+
+def check_max_duration(value: Any) -> Optional[str]:
+    """Why ``value`` is not a burn cap (1 s .. MAX_DURATION_CEILING), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 1 <= value <= protocol.MAX_DURATION_CEILING:
+        return "max_duration must be within 1..%g seconds (this node's ceiling)" % (
+            protocol.MAX_DURATION_CEILING,)
+    return None
+
+
+def install_plugins(agent: Agent, names: Sequence[str] = PLUGINS) -> None:
     """Import each plugin module and call its ``install(agent)``; missing modules are skipped."""
     import importlib
 
@@ -254,9 +431,9 @@ def install_plugins(agent, names=PLUGINS):
         module.install(agent)
 
 
-def main(argv):
-    """``agent [--simulate SPEC] [--interval S] [--seed N] [--read-only]``; returns the exit
-    code."""
+def main(argv: List[str]) -> int:
+    """``agent [--simulate SPEC] [--interval S] [--seed N] [--read-only] [--liveness-timeout S]
+    [--max-duration S]``; returns the exit code."""
     import argparse
 
     p = argparse.ArgumentParser(prog="gpuctl-node agent", description="gpuctl node agent")
@@ -265,13 +442,30 @@ def main(argv):
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPUs")
     p.add_argument("--read-only", action="store_true",
                    help="refuse requests that change the node (stress, acceptance runs)")
+    p.add_argument("--liveness-timeout", type=float, default=protocol.DEFAULT_LIVENESS_S,
+                   metavar="S", help="stop every burner and suite and exit after S seconds "
+                   "without a line on stdin (gpuctl pings); 0: never (default %(default)g)")
+    p.add_argument("--max-duration", type=float, default=protocol.DEFAULT_MAX_DURATION,
+                   metavar="S", help="the longest burn this agent starts (default %(default)g; "
+                   "gpuctl sets it from [stress] max_duration)")
     args = p.parse_args(argv)
     if not 0.1 <= args.interval <= 3600:
         p.error("--interval must be within 0.1..3600 seconds")
+    for problem in (check_liveness(args.liveness_timeout), check_max_duration(args.max_duration)):
+        if problem:
+            p.error("--" + problem.replace("_", "-"))
     try:
         reader, reason = open_reader(args.simulate, seed=args.seed)
     except ValueError as e:
         p.error(str(e))
-    agent = Agent(reader, reason, interval=args.interval, read_only=args.read_only)
+    agent = Agent(reader, reason, interval=args.interval, read_only=args.read_only,
+                  liveness_timeout=args.liveness_timeout, max_duration=args.max_duration)
     install_plugins(agent)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        agent.stop(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     return agent.run()
+

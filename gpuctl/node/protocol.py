@@ -7,7 +7,8 @@ Transport
     Every object has a string ``type``. Lines longer than ``MAX_LINE`` bytes are discarded and
     answered with an ``error`` (code ``line_too_long``). Anything that is not a JSON object with a
     string ``type`` gets an ``error`` (code ``bad_json`` or ``bad_message``); the agent carries on.
-    A request may carry ``id`` (any JSON scalar); replies to it carry the same ``id``.
+    A request may carry ``id`` (any JSON scalar); replies to it carry the same ``id``. A number
+    of more than ``MAX_NUMBER_CHARS`` characters, NaN or Infinity makes a line ``bad_json``.
 
 Agent -> gpuctl
     hello     sent once, first. ``protocol`` (int, this version), ``agent`` (agent version),
@@ -16,10 +17,11 @@ Agent -> gpuctl
               ``reader_error`` (why no reader works, or null),
               ``driver``, ``cuda``, ``nvml`` (version strings or null),
               ``features`` (list of request types this agent understands),
-              ``read_only`` (bool: mutating requests such as stress_start are refused with
-              error code ``read_only``),
               ``read_only`` (bool: started with --read-only, it refuses stress_*/accept_*
               requests with an ``error`` of code ``read_only``),
+              ``liveness_timeout`` (s: after that long without a line on stdin the agent stops
+              every burner and suite it started and exits; 0: never),
+              ``max_duration`` (s: the longest burn it starts),
               ``gpus``: list of static facts, one per GPU:
                   index, uuid, name, mem_total (bytes), power_limit (W), max_sm_clock (MHz),
                   max_mem_clock (MHz), pcie_gen, pcie_width, mig_mode (bool or null), serial
@@ -42,12 +44,18 @@ Agent -> gpuctl
     pong      reply to ping, with ``id`` and the agent's ``t``.
     ok        generic acknowledgement: ``request`` (the type acknowledged) and ``id``.
     bye       last line before the agent exits after ``shutdown``.
+    An ``error`` of code ``liveness`` is the agent's last line when it heard nothing for
+    ``liveness_timeout`` seconds (nobody may be reading it: the link is presumed dead).
 
 gpuctl -> agent
     ping                        -> pong
     set_interval  seconds       -> ok (0.1 <= seconds <= 3600, else error bad_argument)
     snapshot                    -> sample (with id), sampled now
     shutdown                    -> bye, then exit 0
+    configure     liveness_timeout (0, or 1..MAX_LIVENESS_S s), max_duration (1 s ..
+                  MAX_DURATION_CEILING: the cap of every later burn) -> ok {liveness_timeout,
+                  max_duration} (error bad_argument, nothing changed, for a bad value). gpuctl
+                  sends it first, from its config, and then pings every liveness_timeout / 3.
     simulate      (simulated reader only) action: "load" (gpus, load 0..1) | "xid" (gpu, xid)
                   | "lose" (gpu) | "stall" (seconds 0..60: the next sample waits, as a hung
                   driver call would) -> ok
@@ -63,11 +71,20 @@ Versioning
 """
 
 import json
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 PROTOCOL_VERSION = 1
 AGENT_VERSION = "0.1.0"
 MAX_LINE = 1 << 20  # 1 MiB: a request is small; anything bigger is junk or an attack.
 SLOW_EVERY = 10  # slow fields (ECC, remapped rows) are read once per this many samples
+# A JSON number longer than this is refused before Python parses it (``parse_json``): no
+# counter, id or reading needs more, and Python 3.6 parses long integers in quadratic time.
+MAX_NUMBER_CHARS = 100
+# Agent options (``agent --liveness-timeout S --max-duration S``, or the ``configure`` request).
+DEFAULT_LIVENESS_S = 30.0  # no line on stdin for this long: stop everything and exit
+MAX_LIVENESS_S = 86400.0
+DEFAULT_MAX_DURATION = 3600.0  # the longest burn, unless the login side's config says otherwise
+MAX_DURATION_CEILING = 7 * 86400.0  # the node's own limit, whatever the login side asks
 
 # NVML clocksThrottleReasons bits (nvml.h), decoded to the names the UI shows.
 THROTTLE_REASONS = (
@@ -96,41 +113,53 @@ STATIC_FIELDS = (
 class ProtocolError(ValueError):
     """A line that is not a valid protocol message; ``code`` is the error token to reply with."""
 
-    def __init__(self, code, message):
+    def __init__(self, code: str, message: str) -> None:
         ValueError.__init__(self, message)
         self.code = code
         self.message = message
 
 
-def decode_throttle(mask):
+def decode_throttle(mask: Optional[int]) -> Optional[List[str]]:
     """Return the names of the throttle reasons set in an NVML bitmask (None -> None)."""
     if mask is None:
         return None
     return [name for bit, name in THROTTLE_REASONS if mask & bit]
 
 
-def encode(msg):
-    """Return ``msg`` as one protocol line (bytes, newline-terminated)."""
+def encode(msg: Mapping[str, Any]) -> bytes:
+    """Return ``msg`` as one protocol line (bytes, newline-terminated).
+
+    Raises ValueError for NaN or Infinity anywhere in it (see ``sanitize``), TypeError for a
+    value JSON cannot carry.
+    """
     return (json.dumps(msg, separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
 
 
-def decode(line):
+def sanitize(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None (what JSON can carry)."""
+    if isinstance(value, float):
+        return value if value == value and value not in (_INF, -_INF) else None
+    if isinstance(value, dict):
+        return {k: sanitize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [sanitize(v) for v in value]
+    return value
+
+
+def decode(line: Union[bytes, str]) -> Dict[str, Any]:
     """Parse one line (bytes or str) into a message dict.
 
     Raises ProtocolError (code bad_json, bad_message or line_too_long) for anything else.
     """
     if len(line) > MAX_LINE:
         raise ProtocolError("line_too_long", "line of %d bytes exceeds %d" % (len(line), MAX_LINE))
-    if isinstance(line, bytes):
-        try:
-            line = line.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ProtocolError("bad_json", "line is not UTF-8")
     try:
-        # NaN/Infinity/1e999 would make the reply unencodable (allow_nan=False) and deep nesting
-        # raises RecursionError: both are junk, not reasons to stop.
-        msg = json.loads(line, parse_float=_finite_float, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as e:
+        # NaN/Infinity/1e999 would make the reply unencodable (allow_nan=False), a huge number
+        # would stall Python 3.6 and deep nesting raises RecursionError: junk, not reasons to stop.
+        msg = parse_json(line)
+    except UnicodeDecodeError:
+        raise ProtocolError("bad_json", "line is not UTF-8")
+    except ValueError as e:
         raise ProtocolError("bad_json", "not JSON: %s" % (str(e)[:120],))
     if not isinstance(msg, dict):
         raise ProtocolError("bad_message", "a message must be a JSON object")
@@ -140,20 +169,67 @@ def decode(line):
     return msg
 
 
-def _finite_float(text):
+# -- guarded JSON parsing ------------------------------------------------------------------------
+_INF = float("inf")
+
+
+def _number_guard(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        if len(text) > MAX_NUMBER_CHARS:
+            raise ValueError("a number of %d characters (at most %d)"
+                             % (len(text), MAX_NUMBER_CHARS))
+        return kind(text)
+
+    return parse
+
+
+def _finite_or_none(text: str) -> Optional[float]:
     value = float(text)
-    if value != value or value in (float("inf"), float("-inf")):
+    return value if value == value and value not in (_INF, -_INF) else None
+
+
+def _finite_or_fail(text: str) -> float:
+    value = float(text)
+    if value != value or value in (_INF, -_INF):
         raise ValueError("number %s is out of range" % text[:40])
     return value
 
 
-def _no_constant(name):
+def _constant_none(name: str) -> None:
+    return None
+
+
+def _constant_fail(name: str) -> None:
     raise ValueError("%s is not a JSON number" % name)
 
 
-def error(code, message, req_id=None):
+_PARSE_INT = _number_guard(int)
+_FLOAT_OR_NONE = _number_guard(_finite_or_none)
+_FLOAT_OR_FAIL = _number_guard(_finite_or_fail)
+
+
+def parse_json(text: Union[bytes, str], nan_to_none: bool = False) -> Any:
+    """Parse one JSON text that came from outside (the login side, a child process) with the
+    guards such text needs: a number of more than ``MAX_NUMBER_CHARS`` characters is refused
+    before Python parses it (Python 3.6 parses a long integer in quadratic time: 16 s for a
+    1 MB one); NaN, Infinity and floats that overflow become None when ``nan_to_none``, else
+    are refused; nesting too deep for the parser is refused. Bytes are decoded as UTF-8, invalid
+    bytes replaced when ``nan_to_none`` (a child's output is read leniently). Raises ValueError
+    (UnicodeDecodeError for bad UTF-8 when strict)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace" if nan_to_none else "strict")
+    try:
+        return json.loads(
+            text, parse_int=_PARSE_INT,
+            parse_float=_FLOAT_OR_NONE if nan_to_none else _FLOAT_OR_FAIL,
+            parse_constant=_constant_none if nan_to_none else _constant_fail)
+    except RecursionError:
+        raise ValueError("nested too deeply")
+
+
+def error(code: str, message: str, req_id: Any = None) -> Dict[str, Any]:
     """Return an error message dict."""
-    msg = {"type": "error", "code": code, "message": message}
+    msg = {"type": "error", "code": code, "message": message}  # type: Dict[str, Any]
     if req_id is not None:
         msg["id"] = req_id
     return msg

@@ -2,45 +2,49 @@
 
 Requests (added to the agent by ``install(agent)``; Python 3.6, standard library only)
     stress_start  gpus (list of indices | "all"), engine ("auto" | "torch" | "gpu-burn"),
-                  dtype, duration (s), max_duration (s, default 1800 or
-                  $GPUCTL_STRESS_MAX_DURATION), mem_fraction, workload_python (VENV2's python,
-                  default this agent's), gpu_burn (path of a gpu_burn binary), gpu_burn_source
-                  (a gpu-burn source folder to build from), device ("cuda" | "cpu": "cpu" runs
-                  the torch burner on the CPU, for tests), size (matrix size)
+                  dtype, duration (s, default: the cap), max_duration (s: lowers the cap for
+                  this request; above the agent's cap it is refused), mem_fraction,
+                  workload_python (VENV2's python, default this agent's), gpu_burn (path of a
+                  gpu_burn binary), gpu_burn_source (a gpu-burn source folder to build from),
+                  device ("cuda" | "cpu": "cpu" runs the torch burner on the CPU, for tests),
+                  size (matrix size)
                   -> ok {started, busy, engine, ends_at}
     stress_stop   gpus (list | "all"), others (bool: also burners this agent did not start,
                   found in /proc: another gpuctl session's)      -> ok {stopping, others}
     stress_status                           -> stress {burns, others, max_duration}
+
+The cap is the agent's ``max_duration`` (``agent --max-duration``, default
+``protocol.DEFAULT_MAX_DURATION``; gpuctl sets it from its config with ``configure``), never above
+``protocol.MAX_DURATION_CEILING``. A longer request is refused with a one-line error.
 
 Events: ``{"type":"event","kind":"burn","gpu":N,"detail":{state, engine, tflops, tflops_mean,
 errors, iterations, ends_at, verdict, reason, ...}}`` with state "starting" | "running" |
 "stopping" | "done" | "failed". "done" or "failed" is sent only once the burner's process group
 is gone: the GPU is free then.
 
-Dead-man's switch: every burner runs in its own process group (session) with a parent-death
-signal (SIGKILL via prctl), so it dies with the agent even when the agent is SIGKILLed; the
-agent's close hook stops every burner when stdin closes (gpuctl quit, SSH link lost); every burn
-ends at its duration, which cannot exceed max_duration. Stopping is SIGTERM to the group, then
-SIGKILL after a grace period.
+Dead-man's switch: every burner is started by ``proc.spawn`` (its own session, SIGKILL as its
+parent-death signal), so it dies with the agent even when the agent is SIGKILLed; the agent's
+close hook stops every burner when stdin closes (gpuctl quit, SSH link lost) or when the agent
+heard nothing for its liveness timeout (a frozen login, a partition); every burn ends at its
+duration, which cannot exceed the cap, and the agent enforces it. Stopping is SIGTERM to the
+group, then SIGKILL after a grace period.
 
 On a simulated reader the plugin drives the simulated GPUs' load instead of starting torch and
 emits synthetic progress, so the demo burns without torch or a GPU.
 """
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
-try:
-    import ctypes
-except ImportError:  # a Python built without ctypes: no parent-death signal, close hooks remain
-    ctypes = None
+from . import proc, protocol
 
-DEFAULT_MAX_DURATION = 1800.0
-MAX_DURATION_LIMIT = 7 * 86400.0
+if TYPE_CHECKING:
+    from .agent import Agent
+
 GRACE_S = 5.0  # SIGTERM -> SIGKILL on stop and on the duration limit
 CLOSE_GRACE_S = 1.0  # shorter when the agent itself is going away
 # A burner's duration counts from its first progress line (torch import and CUDA start-up can
@@ -48,7 +52,6 @@ CLOSE_GRACE_S = 1.0  # shorter when the agent itself is going away
 STARTUP_S = 120.0
 ENGINES = ("auto", "torch", "gpu-burn")
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
-PR_SET_PDEATHSIG = 1
 ACTIVE = ("starting", "running", "stopping")
 TAIL_LINES = 20
 
@@ -65,41 +68,7 @@ SIM_PEAKS = (
 SIM_EFFICIENCY = 0.8  # what a real short bf16 GEMM run reaches of the dense peak
 
 
-def _load_prctl():
-    if ctypes is None or not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_int
-    fn.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
-    return fn
-
-
-_PRCTL = _load_prctl()  # resolved here: a forked child must not dlopen (locks may be held)
-
-
-def die_with_parent(sig=signal.SIGKILL):
-    """A ``preexec_fn``: the child gets ``sig`` when this process dies (Linux)."""
-    parent = os.getpid()
-
-    def preexec():
-        if _PRCTL is not None:
-            _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
-
-
-def code_root():
-    """The folder (or .pyz bundle) holding the ``gpuctl`` package the agent runs from."""
-    here = os.path.abspath(__file__)
-    return os.path.dirname(os.path.dirname(os.path.dirname(here)))
-
-
-def find_on_path(name, path=None):
+def find_on_path(name: str, path: Optional[str] = None) -> Optional[str]:
     """The first executable ``name`` on PATH, or None (``shutil.which`` without the import)."""
     for d in (path if path is not None else os.environ.get("PATH", "")).split(os.pathsep):
         candidate = os.path.join(d or ".", name)
@@ -108,38 +77,22 @@ def find_on_path(name, path=None):
     return None
 
 
-def group_alive(pgid):
-    """Whether any process (zombies included) is left in process group ``pgid``."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _signal_group(pgid, sig):
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 BURNER_MODULES = {"gpuctl.workloads.burn": "torch", "gpuctl.workloads.gpuburn": "gpu-burn"}
 
 
-def _arg(argv, flag):
+def _arg(argv: List[str], flag: str) -> Optional[str]:
     try:
         return argv[argv.index(flag) + 1]
     except (ValueError, IndexError):
         return None
 
 
-def scan_burners(proc_root="/proc"):
+def scan_burners(proc_root: str = "/proc") -> List[Dict[str, Any]]:
     """gpuctl burners of this user running on this machine, whoever started them: one dict
     (pid, engine, gpu, device, duration, age) per process group leader."""
     uid = os.getuid()
+    btime = None  # type: Optional[int]
+    ticks = 100
     try:
         with open(os.path.join(proc_root, "stat")) as f:
             btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime "))
@@ -170,21 +123,22 @@ def scan_burners(proc_root="/proc"):
         age = None
         if btime is not None:
             age = round(time.time() - (btime + int(fields[19]) / float(ticks)), 1)
-        duration = _arg(argv, "--duration")
+        text = _arg(argv, "--duration")
         try:
-            duration = float(duration) if duration is not None else None
+            duration = float(text) if text is not None else None
         except ValueError:
             duration = None
-        out.append({"pid": pid, "engine": BURNER_MODULES[module], "gpu": _arg(argv, "--gpu"),
-                    "device": _arg(argv, "--device") or "cuda", "duration": duration,
-                    "age": age})
-    return sorted(out, key=lambda b: b["pid"])
+        out.append({"pid": pid, "engine": BURNER_MODULES[str(module)],
+                    "gpu": _arg(argv, "--gpu"), "device": _arg(argv, "--device") or "cuda",
+                    "duration": duration, "age": age})
+    return sorted(out, key=lambda b: int(b["pid"]))
 
 
 class Burn(object):
     """One burner on one GPU (a process group, or a simulated load)."""
 
-    def __init__(self, gpu, engine, duration, ends_at, dtype):
+    def __init__(self, gpu: int, engine: str, duration: float, ends_at: float,
+                 dtype: Optional[str]) -> None:
         self.gpu = gpu
         self.engine = engine
         self.duration = duration
@@ -192,23 +146,27 @@ class Burn(object):
         self.deadline = time.monotonic() + duration + STARTUP_S  # monotonic, for enforcement
         self.dtype = dtype
         self.state = "starting"
-        self.proc = None
-        self.pgid = None
-        self.buf = {}
-        self.open_fds = 0
-        self.stderr_tail = []
-        self.progress = {}
-        self.summary = None
-        self.stop_reason = None
-        self.term_at = None
+        self.proc = None  # type: Optional[subprocess.Popen[bytes]]
+        self.pgid = None  # type: Optional[int]
+        self.streams = []  # type: List[IO[bytes]]  # open output pipes of the burner
+        self.stderr_tail = []  # type: List[str]
+        self.progress = {}  # type: Dict[str, Any]
+        self.summary = None  # type: Optional[Dict[str, Any]]
+        self.stop_reason = None  # type: Optional[str]
+        self.term_at = None  # type: Optional[float]
         self.killed = False
-        self.reason = None
-        self.verdict = None
+        self.reason = None  # type: Optional[str]
+        self.verdict = None  # type: Optional[str]
         self.last_emit = 0.0
         self.iterations = 0.0
         self.started = time.monotonic()
 
-    def detail(self):
+    def note(self, text: str) -> None:
+        """Keep a line of the burner's stderr (or non-JSON stdout) for the failure reason."""
+        self.stderr_tail.append(text[:500])
+        del self.stderr_tail[:-TAIL_LINES]
+
+    def detail(self) -> Dict[str, Any]:
         d = {
             "state": self.state,
             "engine": self.engine,
@@ -217,7 +175,7 @@ class Burn(object):
             "verdict": self.verdict,
             "reason": self.reason,
             "pid": self.proc.pid if self.proc is not None else None,
-        }
+        }  # type: Dict[str, Any]
         for key in ("tflops", "tflops_mean", "errors", "iterations", "elapsed", "size", "duty",
                     "temp", "name", "message"):
             if key in self.progress:
@@ -228,30 +186,34 @@ class Burn(object):
 class StressPlugin(object):
     """Burners of one agent; see the module docstring."""
 
-    def __init__(self, agent, max_duration=None, grace=GRACE_S, close_grace=CLOSE_GRACE_S):
+    def __init__(self, agent: "Agent", grace: float = GRACE_S,
+                 close_grace: float = CLOSE_GRACE_S) -> None:
         self.agent = agent
-        if max_duration is None:
-            try:
-                max_duration = float(os.environ.get("GPUCTL_STRESS_MAX_DURATION", ""))
-            except ValueError:
-                max_duration = DEFAULT_MAX_DURATION
-        self.max_duration = max_duration
         try:  # tests shorten the SIGTERM -> SIGKILL grace
             grace = float(os.environ.get("GPUCTL_STRESS_GRACE", grace))
         except ValueError:
             pass
         self.grace = grace
         self.close_grace = close_grace
-        self.burns = {}  # gpu -> Burn, until its process group is gone
-        self.finished = {}  # gpu -> detail of the last ended burn
-        self.sim_clocks = {}  # gpu -> sm clock fraction from the latest sample (simulated)
-        self.foreign = {}  # pgid -> SIGTERM time, for other sessions' burners we were asked to stop
+        self.burns = {}  # type: Dict[int, Burn]  # until its process group is gone
+        self.finished = {}  # type: Dict[int, Dict[str, Any]]  # detail of the last ended burn
+        self.sim_clocks = {}  # type: Dict[int, float]  # sm clock fraction (simulated)
+        # pgid -> SIGTERM time, for other sessions' burners we were asked to stop
+        self.foreign = {}  # type: Dict[int, float]
         reader = agent.reader
         self.simulated = reader is not None and getattr(reader, "name", None) == "simulated"
         self.statics = {g["index"]: g for g in (reader.static() if reader is not None else [])}
 
+    @property
+    def max_duration(self) -> float:
+        """The agent's cap on every burn (s)."""
+        return self.agent.max_duration
+
+    def _simulate(self, action: str, fields: Dict[str, Any]) -> None:
+        getattr(self.agent.reader, "simulate")(action, fields)
+
     # -- requests ------------------------------------------------------------------------------
-    def on_start(self, msg, req_id):
+    def on_start(self, msg: Dict[str, Any], req_id: Any) -> None:
         agent = self.agent
         try:
             opts = self._parse_start(msg)
@@ -270,7 +232,7 @@ class StressPlugin(object):
             started.append(gpu)
         if opts["engine"] == "sim":
             if started:
-                agent.reader.simulate("load", {"gpus": started, "load": 1.0})
+                self._simulate("load", {"gpus": started, "load": 1.0})
             for gpu in started:
                 self.burns[gpu].state = "running"
                 self.burns[gpu].deadline = time.monotonic() + opts["duration"]
@@ -283,7 +245,7 @@ class StressPlugin(object):
             if opts["engine"] != "sim":
                 self._spawn(burn, opts)
 
-    def _parse_start(self, msg):
+    def _parse_start(self, msg: Dict[str, Any]) -> Dict[str, Any]:
         device = msg.get("device", "cuda")
         if device not in ("cuda", "cpu"):
             raise ValueError("device must be \"cuda\" or \"cpu\"")
@@ -294,8 +256,12 @@ class StressPlugin(object):
         dtype = msg.get("dtype")
         if dtype is not None and dtype not in DTYPES:
             raise ValueError("dtype must be one of %s" % ", ".join(DTYPES))
-        limit = _number(msg, "max_duration", self.max_duration, 1.0, MAX_DURATION_LIMIT)
-        duration = _number(msg, "duration", limit, 0.5, MAX_DURATION_LIMIT)
+        cap = self.max_duration
+        limit = _number(msg, "max_duration", cap, 1.0, protocol.MAX_DURATION_CEILING)
+        if limit > cap:
+            raise ValueError("max_duration %g s exceeds this node's cap of %g s (gpuctl's "
+                             "[stress] max_duration)" % (limit, cap))
+        duration = _number(msg, "duration", limit, 0.5, protocol.MAX_DURATION_CEILING)
         if duration > limit:
             raise ValueError("duration %g s exceeds the maximum of %g s (max_duration)"
                              % (duration, limit))
@@ -323,14 +289,14 @@ class StressPlugin(object):
                 "mem_fraction": mem_fraction, "python": python, "device": device,
                 "size": size, "gpu_burn": gpu_burn, "source": source}
 
-    def _gpus(self, value, allow_any=False):
+    def _gpus(self, value: Any, allow_any: bool = False) -> List[int]:
         if value is None or value == "all":
             if not self.statics:
                 raise ValueError("this node has no GPUs the agent can see")
             return sorted(self.statics)
         if not isinstance(value, list) or not value:
             raise ValueError("gpus must be a list of GPU indices or \"all\"")
-        out = []
+        out = []  # type: List[int]
         for g in value:
             if isinstance(g, bool) or not isinstance(g, int) or g < 0:
                 raise ValueError("bad GPU index %r" % (g,))
@@ -340,7 +306,7 @@ class StressPlugin(object):
                 out.append(g)
         return out
 
-    def on_stop(self, msg, req_id):
+    def on_stop(self, msg: Dict[str, Any], req_id: Any) -> None:
         value = msg.get("gpus", "all")
         if value is None or value == "all":
             gpus = sorted(self.burns)
@@ -358,14 +324,14 @@ class StressPlugin(object):
             for b in self.others():
                 if wanted is not None and self._gpu_index(b["gpu"]) not in wanted:
                     continue
-                _signal_group(b["pid"], signal.SIGTERM)
+                proc.signal_group(b["pid"], signal.SIGTERM)
                 self.foreign[b["pid"]] = time.monotonic()
                 others.append(b["pid"])
         self.agent.send({"type": "ok", "request": "stress_stop", "id": req_id, "stopping": gpus,
                          "others": others})
         self._finish_sim()
 
-    def others(self):
+    def others(self) -> List[Dict[str, Any]]:
         """Burners on this machine that this agent did not start."""
         mine = set(b.pgid for b in self.burns.values() if b.pgid is not None)
         try:
@@ -376,16 +342,16 @@ class StressPlugin(object):
             found = [b for b in found if b["device"] == "cpu"]
         return found
 
-    def _gpu_index(self, gpu_arg):
+    def _gpu_index(self, gpu_arg: Optional[str]) -> Optional[int]:
         for index, static in self.statics.items():
             if gpu_arg in (str(index), static.get("uuid")):
-                return index
+                return int(index)
         try:
-            return int(gpu_arg)
+            return int(str(gpu_arg))
         except (TypeError, ValueError):
             return None
 
-    def on_status(self, msg, req_id):
+    def on_status(self, msg: Dict[str, Any], req_id: Any) -> None:
         burns = []
         for gpu in sorted(set(self.burns) | set(self.finished)):
             burn = self.burns.get(gpu)
@@ -400,11 +366,7 @@ class StressPlugin(object):
                          "gpu_burn": find_on_path("gpu_burn")})
 
     # -- processes -----------------------------------------------------------------------------
-    def _spawn(self, burn, opts):
-        env = dict(os.environ)
-        root = code_root()
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        env["PYTHONUNBUFFERED"] = "1"
+    def _spawn(self, burn: Burn, opts: Dict[str, Any]) -> None:
         gpu_id = str(burn.gpu)
         static = self.statics.get(burn.gpu) or {}
         if opts["device"] == "cuda" and static.get("uuid") and not self.simulated:
@@ -428,66 +390,57 @@ class StressPlugin(object):
         if burn.dtype:
             argv += ["--dtype", burn.dtype]
         try:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=env, close_fds=True, start_new_session=True, preexec_fn=die_with_parent(),
-                cwd="/")  # imports come from PYTHONPATH (the bundle), not a stray checkout
+            # cwd /: imports come from PYTHONPATH (the bundle), not a stray checkout
+            child = proc.spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=proc.bundle_env(), cwd="/")
         except OSError as e:
             burn.state, burn.verdict = "failed", None
             burn.reason = "cannot start %s: %s" % (opts["python"], e.strerror or e)
             self._end(burn)
             return
-        burn.proc = proc
-        burn.pgid = proc.pid  # a session leader's group id is its pid
-        for stream in (proc.stdout, proc.stderr):
-            os.set_blocking(stream.fileno(), False)
-            burn.buf[stream.fileno()] = b""
-            burn.open_fds += 1
-            self.agent.add_reader(stream, self._reader_cb(burn, stream))
+        burn.proc = child
+        burn.pgid = child.pid  # a session leader's group id is its pid
+        assert child.stdout is not None and child.stderr is not None
+        out = proc.JsonLines(on_text=burn.note)
+        err = proc.LineBuffer()
+        self._watch(burn, child.stdout, lambda data: self._messages(burn, out.feed(data)),
+                    lambda: self._messages(burn, out.finish()))
+        self._watch(burn, child.stderr, lambda data: _notes(burn, err.feed(data)),
+                    lambda: _notes(burn, err.finish()))
 
-    def _reader_cb(self, burn, stream):
-        is_err = stream is burn.proc.stderr
+    def _watch(self, burn: Burn, stream: IO[bytes], on_data: Callable[[bytes], None],
+               on_end: Callable[[], None]) -> None:
+        fd = stream.fileno()
+        os.set_blocking(fd, False)
+        burn.streams.append(stream)
 
-        def on_readable():
-            fd = stream.fileno()
+        def on_readable() -> None:
             try:
                 data = os.read(fd, 1 << 16)
             except BlockingIOError:
                 return
             except OSError:
                 data = b""
-            if not data:
-                self.agent.remove_reader(stream)
-                tail = burn.buf.pop(fd, b"")
-                if tail.strip():
-                    self._line(burn, tail, is_err)
-                stream.close()
-                burn.open_fds -= 1
-                self._reap(burn)
+            if data:
+                on_data(data)
                 return
-            buf = burn.buf.get(fd, b"") + data
-            lines = buf.split(b"\n")
-            burn.buf[fd] = lines.pop()[-(1 << 20):]
-            for line in lines:
-                if line.strip():
-                    self._line(burn, line, is_err)
+            on_end()
+            self._close_stream(burn, stream)
+            self._reap(burn)
 
-        return on_readable
+        self.agent.add_reader(stream, on_readable)
 
-    def _line(self, burn, line, is_err):
-        text = line.decode("utf-8", "replace").rstrip()
-        if is_err:
-            burn.stderr_tail.append(text[:500])
-            del burn.stderr_tail[:-TAIL_LINES]
-            return
-        try:
-            msg = json.loads(text)
-        except ValueError:
-            msg = None
-        if not isinstance(msg, dict):
-            burn.stderr_tail.append(text[:500])
-            del burn.stderr_tail[:-TAIL_LINES]
-            return
+    def _close_stream(self, burn: Burn, stream: IO[bytes]) -> None:
+        self.agent.remove_reader(stream)
+        stream.close()
+        if stream in burn.streams:
+            burn.streams.remove(stream)
+
+    def _messages(self, burn: Burn, msgs: List[Dict[str, Any]]) -> None:
+        for msg in msgs:
+            self._message(burn, msg)
+
+    def _message(self, burn: Burn, msg: Dict[str, Any]) -> None:
         kind = msg.get("type")
         if kind == "progress":
             burn.progress.update(msg)
@@ -509,8 +462,10 @@ class StressPlugin(object):
         elif kind in ("info", "step"):
             burn.progress["message"] = str(msg.get("message", ""))[:300]
             self._emit(burn)
+        else:
+            burn.note(str(msg)[:500])
 
-    def stop(self, burn, reason):
+    def stop(self, burn: Burn, reason: str) -> None:
         """Ask a burner to stop (SIGTERM to its group); SIGKILL follows after the grace."""
         if burn.state not in ACTIVE or burn.stop_reason is not None:
             return
@@ -518,24 +473,25 @@ class StressPlugin(object):
         burn.state = "stopping"
         if burn.engine == "sim":
             return
-        if burn.proc is not None and burn.proc.poll() is None:
-            _signal_group(burn.pgid, signal.SIGTERM)
+        if burn.proc is not None and burn.pgid is not None and burn.proc.poll() is None:
+            proc.signal_group(burn.pgid, signal.SIGTERM)
         burn.term_at = time.monotonic()
         self._emit(burn)
 
-    def _reap(self, burn):
+    def _reap(self, burn: Burn) -> bool:
         """Finish a burn once its leader has exited, its pipes are closed and its group is
         gone (members left behind by a dead leader are SIGKILLed)."""
-        if burn.proc is None or burn.proc.poll() is None or burn.open_fds > 0:
+        if burn.proc is None or burn.pgid is None or burn.proc.poll() is None or burn.streams:
             return False
-        if group_alive(burn.pgid):
-            _signal_group(burn.pgid, signal.SIGKILL)
+        if proc.group_alive(burn.pgid):
+            proc.signal_group(burn.pgid, signal.SIGKILL)
             return False
         code = burn.proc.returncode
         summary = burn.summary
         if summary is not None:
-            burn.verdict = summary.get("verdict")
-            burn.reason = summary.get("reason") or burn.stop_reason or "duration reached"
+            verdict = summary.get("verdict")
+            burn.verdict = verdict if isinstance(verdict, str) else None
+            burn.reason = str(summary.get("reason") or burn.stop_reason or "duration reached")
             burn.state = "failed" if burn.verdict == "DIED" else "done"
         elif burn.stop_reason is not None:
             burn.verdict = "FAULTY" if burn.progress.get("errors") else None
@@ -550,23 +506,23 @@ class StressPlugin(object):
         self._end(burn)
         return True
 
-    def _end(self, burn):
+    def _end(self, burn: Burn) -> None:
         self.burns.pop(burn.gpu, None)
         self._emit(burn)
         self.finished[burn.gpu] = burn.detail()
 
-    def _emit(self, burn):
+    def _emit(self, burn: Burn) -> None:
         burn.last_emit = time.monotonic()
         self.agent.send({"type": "event", "t": time.time(), "kind": "burn", "gpu": burn.gpu,
                          "detail": burn.detail()})
 
     # -- hooks ---------------------------------------------------------------------------------
-    def tick(self, now):
+    def tick(self, now: float) -> None:
         for pgid, term_at in list(self.foreign.items()):
-            if not group_alive(pgid):
+            if not proc.group_alive(pgid):
                 del self.foreign[pgid]
             elif now >= term_at + self.grace:
-                _signal_group(pgid, signal.SIGKILL)
+                proc.signal_group(pgid, signal.SIGKILL)
                 del self.foreign[pgid]
         for burn in list(self.burns.values()):
             if burn.engine == "sim":
@@ -577,11 +533,12 @@ class StressPlugin(object):
                 self.stop(burn, "duration limit reached")
             if burn.term_at is not None and not burn.killed and now >= burn.term_at + self.grace:
                 burn.killed = True
-                _signal_group(burn.pgid, signal.SIGKILL)
+                if burn.pgid is not None:
+                    proc.signal_group(burn.pgid, signal.SIGKILL)
             self._reap(burn)
         self._finish_sim()
 
-    def _tick_sim(self, burn, now):
+    def _tick_sim(self, burn: Burn, now: float) -> None:
         if burn.state == "running" and now >= burn.deadline:
             burn.stop_reason = "duration reached"
             burn.state = "stopping"
@@ -601,47 +558,47 @@ class StressPlugin(object):
                               "dtype": burn.dtype or "bf16"})
         self._emit(burn)
 
-    def _finish_sim(self):
+    def _finish_sim(self) -> None:
         done = [b for b in self.burns.values() if b.engine == "sim" and b.state == "stopping"]
         if not done:
             return
-        self.agent.reader.simulate("load", {"gpus": [b.gpu for b in done], "load": 0.0})
+        self._simulate("load", {"gpus": [b.gpu for b in done], "load": 0.0})
         for burn in done:
             burn.state = "done"
             burn.verdict = "OK" if burn.stop_reason == "duration reached" else None
             burn.reason = burn.stop_reason
             self._end(burn)
 
-    def _sim_tflops(self, burn):
+    def _sim_tflops(self, burn: Burn) -> float:
         name = (self.statics.get(burn.gpu) or {}).get("name", "")
         peaks = next((p for key, p in SIM_PEAKS if key in name), SIM_PEAKS[1][1])
         col = {"fp64": 0, "fp32": 1, "tf32": 2}.get(burn.dtype or "bf16", 3)
         return peaks[col] * SIM_EFFICIENCY * self.sim_clocks.get(burn.gpu, 1.0)
 
-    def on_sample(self, gpus):
+    def on_sample(self, gpus: List[Dict[str, Any]]) -> None:
         if not self.simulated:
             return
         for g in gpus:
-            static = self.statics.get(g.get("index")) or {}
+            static = self.statics.get(g.get("index", -1)) or {}
             clock, top = g.get("sm_clock"), static.get("max_sm_clock")
             if clock and top:
                 self.sim_clocks[g["index"]] = min(1.0, float(clock) / top)
 
-    def close(self):
+    def close(self) -> None:
         """Stop every burner and wait until each process group is gone (the agent is exiting)."""
+        reason = "agent stopped"
+        if self.agent.stop_reason == "liveness":
+            reason = "agent stopped: no word from gpuctl for %g s" % self.agent.liveness_timeout
         for burn in list(self.burns.values()):
-            self.stop(burn, "agent stopped")
+            self.stop(burn, reason)
         self._finish_sim()
         deadline = time.monotonic() + self.close_grace
         killed = False
         while self.burns:
             for burn in list(self.burns.values()):
                 if burn.proc is not None and burn.proc.poll() is not None:
-                    for stream in (burn.proc.stdout, burn.proc.stderr):
-                        if not stream.closed:
-                            self.agent.remove_reader(stream)
-                            stream.close()
-                            burn.open_fds -= 1
+                    for stream in list(burn.streams):
+                        self._close_stream(burn, stream)
                 self._reap(burn)
             if not self.burns:
                 break
@@ -650,13 +607,20 @@ class StressPlugin(object):
                 killed = True
                 for burn in self.burns.values():
                     burn.killed = True
-                    _signal_group(burn.pgid, signal.SIGKILL)
-            if now >= deadline + 5.0:
+                    if burn.pgid is not None:
+                        proc.signal_group(burn.pgid, signal.SIGKILL)
+            if now >= deadline + proc.KILL_WAIT_S:
                 break  # unkillable (a GPU hung in the kernel): nothing more a process can do
-            time.sleep(0.02)  # polling the children's exit; the agent loop is over
+            time.sleep(proc.POLL_S)  # polling the children's exit; the agent loop is over
 
 
-def _number(msg, key, default, low, high):
+def _notes(burn: Burn, lines: List[bytes]) -> None:
+    for line in lines:
+        if line.strip():
+            burn.note(line.decode("utf-8", "replace").rstrip())
+
+
+def _number(msg: Dict[str, Any], key: str, default: float, low: float, high: float) -> float:
     value = msg.get(key)
     if value is None:
         return default
@@ -665,14 +629,14 @@ def _number(msg, key, default, low, high):
     return float(value)
 
 
-def _signame(num):
+def _signame(num: int) -> str:
     try:
         return signal.Signals(num).name
     except ValueError:
         return str(num)
 
 
-def install(agent):
+def install(agent: "Agent") -> StressPlugin:
     """Add the stress requests and hooks to ``agent``; returns the plugin."""
     plugin = StressPlugin(agent)
     agent.handlers["stress_start"] = plugin.on_start
@@ -681,5 +645,5 @@ def install(agent):
     agent.tick_hooks.append(plugin.tick)
     agent.close_hooks.append(plugin.close)
     agent.sample_hooks.append(plugin.on_sample)
-    agent.stress = plugin
+    setattr(agent, "stress", plugin)
     return plugin

@@ -16,8 +16,15 @@ What it does, in order:
    (TERM, grace, KILL to VENV2's process group), forwards SIGUSR1/SIGUSR2 (Slurm's warning signal,
    stack dumps) and turns SIGTERM/SIGINT/SIGHUP into a cancel;
 5. records exit code or signal, peak RSS (``wait4``), wall time, the cgroup (v1 or v2) memory limit
-   and OOM-kill count before and after, kills whatever VENV2 left in its process group, and writes
-   ``outcome.json`` atomically, whatever happened, including its own failure.
+   and OOM-kill count before and after, kills whatever VENV2 left in its process group and every
+   other descendant (the supervisor is a child subreaper: what the job double-forked or moved to
+   a session of its own comes back to it, grandchildren included), and writes ``outcome.json``
+   atomically, whatever happened, including its own failure.
+
+Children start through ``proc.spawn`` (own session, SIGKILL when the supervisor dies). There is
+no liveness timeout here on purpose: a job outlives the link that submitted it (a network
+partition, gpuctl closed); only its own limits, a cancel or the scheduler end it. File names and
+formats come from ``jobfiles``.
 
 ``python3 supervisor.py --build-env SPEC.json`` builds a VENV2 environment (see ``build_env``) and
 prints one JSON line.
@@ -37,55 +44,30 @@ import subprocess
 import sys
 import time
 import traceback
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-OUTCOME = "outcome.json"
-HEARTBEAT = "heartbeat.json"
-PIDFILE = "supervisor.json"
-CANCEL = "cancel-requested"
+if TYPE_CHECKING:
+    from . import jobfiles, proc
+else:
+    try:
+        from . import jobfiles, proc
+    except ImportError:  # a script in a job folder: copies of the node modules sit beside it
+        from gpuctl_runner import jobfiles, proc
+
 DEFAULT_GRACE = 10.0
 HEARTBEAT_EVERY = 2.0
 FORWARDED = ("SIGUSR1", "SIGUSR2")
 STOPPING = ("SIGTERM", "SIGINT", "SIGHUP")
 
 
-def _now():
+def _now() -> float:
     return time.time()
-
-
-def write_json(path, obj):
-    """Write ``obj`` as JSON to ``path`` atomically (temporary name, fsync, rename)."""
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path, default=None):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return default
-
-
-def tail(path, limit=4000):
-    """Last ``limit`` characters of a text file ('' when it does not exist)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 # --- cgroups -------------------------------------------------------------------------------
 
 
-def _read_int(path):
+def _read_int(path: str) -> Optional[int]:
     try:
         with open(path) as f:
             text = f.read().strip()
@@ -99,8 +81,8 @@ def _read_int(path):
         return None
 
 
-def _read_keyed(path):
-    out = {}
+def _read_keyed(path: str) -> Dict[str, int]:
+    out = {}  # type: Dict[str, int]
     try:
         with open(path) as f:
             for line in f:
@@ -115,14 +97,14 @@ def _read_keyed(path):
     return out
 
 
-def _cgroup_dirs():
+def _cgroup_dirs() -> Tuple[Optional[int], Optional[str]]:
     """(version, directory) of this process's memory cgroup, or (None, None)."""
     try:
         with open("/proc/self/cgroup") as f:
             lines = f.read().splitlines()
     except OSError:
         return None, None
-    v1_path = v2_path = None
+    v1_path = v2_path = None  # type: Optional[str]
     for line in lines:
         parts = line.split(":", 2)
         if len(parts) != 3:
@@ -131,7 +113,7 @@ def _cgroup_dirs():
             v2_path = parts[2]
         elif "memory" in parts[1].split(","):
             v1_path = parts[2]
-    mounts = []
+    mounts = []  # type: List[Tuple[str, str, str, str]]
     try:
         with open("/proc/self/mountinfo") as f:
             for line in f:
@@ -161,10 +143,10 @@ def _cgroup_dirs():
     return None, None
 
 
-def cgroup_memory():
+def cgroup_memory() -> Dict[str, Any]:
     """Memory limit, usage peak and OOM-kill count of this process's cgroup (v1 or v2)."""
     version, path = _cgroup_dirs()
-    info = {"version": version, "path": path}
+    info = {"version": version, "path": path}  # type: Dict[str, Any]
     if path is None:
         return info
     if version == 2:
@@ -187,7 +169,7 @@ def cgroup_memory():
 # --- the job -------------------------------------------------------------------------------
 
 
-def _rss_kb(pid):
+def _rss_kb(pid: int) -> Optional[int]:
     try:
         with open("/proc/%d/status" % pid) as f:
             for line in f:
@@ -198,21 +180,11 @@ def _rss_kb(pid):
     return None
 
 
-def _die_with_parent():
-    """PR_SET_PDEATHSIG: VENV2 gets SIGKILL if the supervisor dies (no orphan jobs)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-def _run_setup(jobdir, lines, env):
-    """Run setup lines in bash; return (ok, rc, env after them). Output goes to setup.log."""
-    script = os.path.join(jobdir, "setup.sh")
-    envfile = os.path.join(jobdir, ".setup-env")
+def _run_setup(jobdir: str, lines: List[str],
+               env: Dict[str, str]) -> Tuple[bool, int, Optional[Dict[str, str]]]:
+    """Run setup lines in bash; return (ok, rc, env after them). Output goes to the setup log."""
+    script = os.path.join(jobdir, jobfiles.SETUP_SCRIPT)
+    envfile = os.path.join(jobdir, jobfiles.SETUP_ENV)
     with open(script, "w") as f:
         f.write("set -e\n")
         for line in lines:
@@ -221,21 +193,19 @@ def _run_setup(jobdir, lines, env):
         f.write('env -0 > "$GPUCTL_SETUP_ENV"\n')
     env = dict(env)
     env["GPUCTL_SETUP_ENV"] = envfile
-    with open(os.path.join(jobdir, "setup.log"), "ab") as log:
+    with open(os.path.join(jobdir, jobfiles.SETUP_LOG), "ab") as log:
         log.write(("# setup lines, %s\n" % time.strftime("%Y-%m-%d %H:%M:%S")).encode())
         log.flush()
-        rc = subprocess.call(
-            ["bash", script], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-            cwd=jobdir)
+        rc = proc.spawn(["bash", script], stdout=log, stderr=log, env=env, cwd=jobdir).wait()
     if rc != 0:
         return False, rc, None
-    new_env = {}
+    new_env = {}  # type: Dict[str, str]
     try:
         with open(envfile, "rb") as f:
             for item in f.read().split(b"\0"):
-                key, sep, value = item.partition(b"=")
-                if sep and key:
-                    new_env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+                name, sep, value = item.partition(b"=")
+                if sep and name:
+                    new_env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
         os.unlink(envfile)
     except OSError:
         return True, rc, env
@@ -248,7 +218,7 @@ def _run_setup(jobdir, lines, env):
 class Supervisor(object):
     """One job run; ``run()`` returns the outcome dict (also written to ``outcome.json``)."""
 
-    def __init__(self, jobdir):
+    def __init__(self, jobdir: str) -> None:
         self.jobdir = os.path.abspath(jobdir)
         self.outcome = {
             "supervisor_version": 1,
@@ -259,26 +229,28 @@ class Supervisor(object):
             "started_at": _now(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "phase": "supervisor",
-        }
-        self.stop_reason = None
-        self.stop_at = None
-        self.kill_at = None
-        self.child = None
-        self.pending_forward = []
-        self.wake_r = self.wake_w = None
+        }  # type: Dict[str, Any]
+        self.stop_reason = None  # type: Optional[str]
+        self.stop_at = None  # type: Optional[float]
+        self.kill_at = None  # type: Optional[float]
+        self.child = None  # type: Optional[subprocess.Popen[bytes]]
+        self.pending_forward = []  # type: List[int]
+        self.wake_r = -1
+        self.wake_w = -1
 
-    def path(self, name):
+    def path(self, name: str) -> str:
+        """The path of job file ``name`` (a ``jobfiles`` name)."""
         return os.path.join(self.jobdir, name)
 
-    def _on_stop(self, signum, frame):
+    def _on_stop(self, signum: int, frame: Any) -> None:
         if self.stop_reason is None:
             self.stop_reason = "cancelled"
             self.outcome["stop_signal"] = signal.Signals(signum).name
 
-    def _on_forward(self, signum, frame):
+    def _on_forward(self, signum: int, frame: Any) -> None:
         self.pending_forward.append(signum)
 
-    def _install_signals(self):
+    def _install_signals(self) -> None:
         self.wake_r, self.wake_w = os.pipe()
         for fd in (self.wake_r, self.wake_w):
             fl = fcntl.fcntl(fd, fcntl.F_GETFL)
@@ -290,8 +262,10 @@ class Supervisor(object):
         for name in FORWARDED:
             signal.signal(getattr(signal, name), self._on_forward)
 
-    def run(self):
+    def run(self) -> Dict[str, Any]:
         try:
+            if proc.become_subreaper():
+                self.outcome["subreaper"] = True
             self._run()
         except BaseException as e:  # the outcome is written whatever happens
             self.outcome["supervisor_error"] = "%s: %s" % (type(e).__name__, e)
@@ -303,23 +277,32 @@ class Supervisor(object):
                     self._reap(block=True)
                 except OSError:
                     pass
+            try:
+                # A child subreaper inherits what the job left in other sessions (a daemon, a
+                # double fork): it all ends with the job, before the outcome says it did.
+                left = proc.kill_descendants()
+                if left:
+                    self.outcome["descendants_killed"] = len(left)
+            except Exception as e:
+                self.outcome["descendants_error"] = "%s: %s" % (type(e).__name__, e)
             self.outcome["ended_at"] = _now()
             self.outcome["wall_s"] = round(self.outcome["ended_at"] - self.outcome["started_at"], 3)
             try:
                 self.outcome["cgroup_after"] = cgroup_memory()
             except Exception:
                 pass
-            write_json(self.path(OUTCOME), self.outcome)
+            jobfiles.write_json(self.path(jobfiles.OUTCOME), self.outcome)
         return self.outcome
 
-    def _run(self):
+    def _run(self) -> None:
         os.chmod(self.jobdir, 0o700)
-        write_json(self.path(PIDFILE), {
+        jobfiles.write_json(self.path(jobfiles.PIDFILE), {
             "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
             "hostname": self.outcome["hostname"], "started_at": self.outcome["started_at"]})
-        meta = read_json(self.path("meta.json"))
+        meta = jobfiles.read_json(self.path(jobfiles.META))
         if not isinstance(meta, dict):
-            self.outcome["supervisor_error"] = "meta.json missing or unreadable in %s" % self.jobdir
+            self.outcome["supervisor_error"] = "%s missing or unreadable in %s" % (
+                jobfiles.META, self.jobdir)
             return
         self._install_signals()
         self.outcome["cgroup_before"] = cgroup_memory()
@@ -335,16 +318,17 @@ class Supervisor(object):
         setup = list(meta.get("setup") or [])
         if setup:
             self.outcome["phase"] = "setup"
-            ok, rc, env = _run_setup(self.jobdir, setup, env)
+            ok, rc, new_env = _run_setup(self.jobdir, setup, env)
             self.outcome["setup"] = {"lines": setup, "rc": rc}
-            if not ok:
+            if not ok or new_env is None:
                 self.outcome["setup_failed"] = True
                 return
             if self.stop_reason:
                 return
+            env = new_env
         python = meta["python"]
-        worker = self.path(meta.get("worker", "worker.py"))
-        # -u: what the function prints reaches stdout.txt at once (live logs, nothing lost
+        worker = self.path(meta.get("worker", jobfiles.WORKER_SCRIPT))
+        # -u: what the function prints reaches the stdout file at once (live logs, nothing lost
         # in a buffer when the process is killed)
         argv = [python, "-X", "faulthandler", "-u", worker, self.jobdir]
         self.outcome["argv"] = argv
@@ -358,22 +342,20 @@ class Supervisor(object):
                                   and (not under_slurm or not cg_limit)) else None
         self.outcome["rlimit_as"] = rlimit_as
 
-        def preexec():
+        def preexec() -> None:
             # Back to default dispositions in the child; VENV2 must see TERM as TERM.
             for name in STOPPING + FORWARDED + ("SIGCHLD",):
                 signal.signal(getattr(signal, name), signal.SIG_DFL)
-            _die_with_parent()
             if rlimit_as:
                 resource.setrlimit(resource.RLIMIT_AS, (rlimit_as, rlimit_as))
 
         self.outcome["phase"] = "start"
-        out = open(self.path("stdout.txt"), "ab")
-        err = open(self.path("stderr.txt"), "ab")
+        out = open(self.path(jobfiles.STDOUT), "ab")
+        err = open(self.path(jobfiles.STDERR), "ab")
         try:
-            self.child = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                cwd=meta.get("cwd") or self.jobdir, start_new_session=True,
-                preexec_fn=preexec, close_fds=True, pass_fds=())
+            # Its own session; SIGKILL if the supervisor dies (no orphan jobs).
+            self.child = proc.spawn(argv, stdout=out, stderr=err, env=env,
+                                    cwd=meta.get("cwd") or self.jobdir, preexec=preexec)
         except OSError as e:
             self.outcome["start_error"] = {
                 "errno": e.errno, "errno_name": errno.errorcode.get(e.errno or 0, ""),
@@ -382,14 +364,15 @@ class Supervisor(object):
         finally:
             out.close()
             err.close()
-        self.outcome["venv2_pid"] = self.child.pid
+        child = self.child
+        self.outcome["venv2_pid"] = child.pid
         self.outcome["phase"] = "running"
         started = time.monotonic()
         next_beat = 0.0
         peak_seen = 0
-        while self.child.returncode is None:
+        while child.returncode is None:
             now = time.monotonic()
-            if self.stop_reason is None and os.path.exists(self.path(CANCEL)):
+            if self.stop_reason is None and os.path.exists(self.path(jobfiles.CANCEL)):
                 self.stop_reason = "cancelled"
             if (self.stop_reason is None and time_limit
                     and now - started > float(time_limit)):
@@ -409,11 +392,11 @@ class Supervisor(object):
                 self.outcome.setdefault("forwarded", []).append(signal.Signals(signum).name)
                 self._killpg(signum)
             if now >= next_beat:
-                rss = _rss_kb(self.child.pid)
+                rss = _rss_kb(child.pid)
                 if rss:
                     peak_seen = max(peak_seen, rss)
-                write_json(self.path(HEARTBEAT), {
-                    "t": _now(), "elapsed_s": round(now - started, 3), "venv2_pid": self.child.pid,
+                jobfiles.write_json(self.path(jobfiles.HEARTBEAT), {
+                    "t": _now(), "elapsed_s": round(now - started, 3), "venv2_pid": child.pid,
                     "rss_kb": rss})
                 next_beat = now + HEARTBEAT_EVERY
             if self._reap(block=False):
@@ -439,15 +422,12 @@ class Supervisor(object):
         # Whatever the function left running in its session goes with it: no orphans.
         self._killpg(signal.SIGKILL)
 
-    def _killpg(self, signum):
-        if self.child is None:
-            return
-        try:
-            os.killpg(self.child.pid, signum)
-        except OSError:
-            pass
+    def _killpg(self, signum: int) -> None:
+        if self.child is not None:
+            proc.signal_group(self.child.pid, signum)
 
-    def _reap(self, block):
+    def _reap(self, block: bool) -> bool:
+        assert self.child is not None
         while True:
             try:
                 pid, status, usage = os.wait4(self.child.pid, 0 if block else os.WNOHANG)
@@ -480,14 +460,15 @@ class Supervisor(object):
 # --- environments --------------------------------------------------------------------------
 
 
-def env_key(python_version, packages, system_site_packages=False, base_python=None):
+def env_key(python_version: str, packages: List[str], system_site_packages: bool = False,
+            base_python: Optional[str] = None) -> str:
     """Content hash naming an environment: the same (Python, packages) is built once."""
     blob = json.dumps([str(python_version), sorted(packages), bool(system_site_packages)]
                       + ([base_python] if base_python else []))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _find_python(version):
+def _find_python(version: str) -> Optional[str]:
     """An interpreter of ``version`` (e.g. "3.11"): python3.11 on PATH, else pyenv's."""
     found = shutil.which("python%s" % version)
     if found:
@@ -512,7 +493,7 @@ _PROBE = ("import sys, json\n"
           "'executable': sys.executable}))\n")
 
 
-def probe(python):
+def probe(python: str) -> Dict[str, Any]:
     """Run a fixed probe in ``python``: its version and cloudpickle version, or an error."""
     try:
         out = subprocess.check_output([python, "-c", _PROBE], stderr=subprocess.STDOUT,
@@ -523,12 +504,13 @@ def probe(python):
             text = text.decode("utf-8", "replace")
         return {"error": "%s: %s" % (type(e).__name__, e), "output": text or ""}
     try:
-        return json.loads(out.decode().strip().splitlines()[-1])
+        found = json.loads(out.decode().strip().splitlines()[-1])
+        return found if isinstance(found, dict) else {"error": "probe printed %r" % (found,)}
     except (ValueError, IndexError):
         return {"error": "probe printed no JSON", "output": out.decode("utf-8", "replace")}
 
 
-def build_env(spec):
+def build_env(spec: Dict[str, Any]) -> Dict[str, Any]:
     """Build (once) the VENV2 environment ``spec`` describes; return a result dict.
 
     spec: {"root": dir, "python": "3.11", "packages": [...], "system_site_packages": bool,
@@ -546,12 +528,12 @@ def build_env(spec):
     envdir = os.path.join(root, key)
     log_path = envdir + ".log"
     ready = os.path.join(envdir, ".gpuctl-ready")
-    result = {"key": key, "dir": envdir, "log": log_path, "python": os.path.join(envdir, "bin",
-                                                                             "python")}
+    result = {"key": key, "dir": envdir, "log": log_path,
+              "python": os.path.join(envdir, "bin", "python")}  # type: Dict[str, Any]
     with open(envdir + ".lock", "a") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         if os.path.exists(ready):
-            info = read_json(ready, {})
+            info = jobfiles.read_json(ready, {})
             result.update(ok=True, method=info.get("method"), probe=info.get("probe"),
                           cached=True)
             return result
@@ -562,7 +544,7 @@ def build_env(spec):
         if not ok:
             shutil.rmtree(envdir, ignore_errors=True)
             result.update(ok=False, method=method, error="environment build failed (%s)" % method,
-                          log_tail=tail(log_path, 3000))
+                          log_tail=jobfiles.tail(log_path, 3000))
             return result
         info = probe(result["python"])
         want = [int(x) for x in version.split(".")]
@@ -571,14 +553,14 @@ def build_env(spec):
                           error="probe of the new environment failed: %s" % (
                               info.get("error") or "python %s, wanted %s" % (
                                   info.get("python"), version)),
-                          log_tail=tail(log_path, 3000))
+                          log_tail=jobfiles.tail(log_path, 3000))
             return result
-        write_json(ready, {"method": method, "probe": info, "built_at": _now(), "spec": spec})
+        jobfiles.write_json(ready, {"method": method, "probe": info, "built_at": _now(), "spec": spec})
         result.update(ok=True, method=method, probe=info, cached=False)
         return result
 
 
-def _step(argv, log):
+def _step(argv: List[str], log: Any) -> bool:
     log.write("$ %s\n" % " ".join(argv))
     log.flush()
     try:
@@ -591,10 +573,12 @@ def _step(argv, log):
     return rc == 0
 
 
-def _build(envdir, version, packages, ssp, methods, log, base_python=None):
+def _build(envdir: str, version: str, packages: List[str], ssp: bool,
+           methods: Optional[List[str]], log: Any,
+           base_python: Optional[str] = None) -> Tuple[str, bool]:
     methods = list(methods or ("uv", "conda", "venv"))
     py = os.path.join(envdir, "bin", "python")
-    tried = []
+    tried = []  # type: List[str]
     for method in methods:
         if method == "uv" and shutil.which("uv"):
             argv = ["uv", "venv", "--python", version, envdir]
@@ -605,7 +589,7 @@ def _build(envdir, version, packages, ssp, methods, log, base_python=None):
             return "uv", ok
         if method == "conda" and shutil.which("conda"):
             # The env's own bin/python installs packages: no `conda run`, no activation.
-            ok = _step([shutil.which("conda"), "create", "-y", "-q", "-p", envdir,
+            ok = _step([str(shutil.which("conda")), "create", "-y", "-q", "-p", envdir,
                         "python=%s" % version, "pip"], log) and (not packages or _step(
                             [py, "-m", "pip", "install", "-q"] + packages, log))
             return "conda", ok
@@ -626,10 +610,10 @@ def _build(envdir, version, packages, ssp, methods, log, base_python=None):
     return "none", False
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if len(argv) == 2 and argv[0] == "--build-env":
-        spec = read_json(argv[1])
+        spec = jobfiles.read_json(argv[1])
         if not isinstance(spec, dict):
             sys.stdout.write(json.dumps({"ok": False, "error": "unreadable spec %s" % argv[1]}))
             return 2

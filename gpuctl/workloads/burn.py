@@ -121,7 +121,7 @@ def bitwise_equal(x: Any, y: Any) -> bool:
     nbytes = x.numel() * x.element_size()
     if _MEMCMP is None or not (x.is_contiguous() and y.is_contiguous()):
         return bool(x.equal(y))
-    return _MEMCMP(x.data_ptr(), y.data_ptr(), nbytes) == 0
+    return bool(_MEMCMP(x.data_ptr(), y.data_ptr(), nbytes) == 0)
 
 
 class Clock:
@@ -202,7 +202,7 @@ class Burner:
             free, _total = self.torch.cuda.mem_get_info()
             usable = int(free * self.args.mem_fraction)
             budget = usable if budget is None else min(budget, usable)
-        return budget
+        return None if budget is None else int(budget)
 
     def allocate(self) -> None:
         """Allocate every buffer, stepping down in size on out-of-memory."""

@@ -16,7 +16,6 @@ group is signalled.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -28,6 +27,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from gpuctl.node.proc import set_death_signal, signal_group, spawn
 
 COMPARE_FILES = ("compare.fatbin", "compare.ptx")
 EXIT_REASONS = {
@@ -384,15 +385,6 @@ class GpuBurnOutput:
 
 
 # -- running --------------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def gpu_burn_argv(binary: str, seconds: float, mem_fraction: float, dtype: str | None) -> list[str]:
     """The command line; TIME is last (``gpu_burn 60 -d`` would run for 0 s)."""
     argv = [binary, "-m", f"{round(mem_fraction * 100)}%"]
@@ -424,15 +416,8 @@ def run_gpu_burn(
         )
     argv = gpu_burn_argv(binary, seconds, mem_fraction, dtype)
     emit({"type": "step", "message": "running " + " ".join(argv)})
-    proc = subprocess.Popen(
-        argv,
-        cwd=folder,  # gpu-burn loads its compare kernel from the working directory
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        preexec_fn=_die_with_parent,  # it dies with us
-    )
+    # its own session, SIGKILL when we die; cwd: gpu-burn loads its compare kernel from there
+    proc = spawn(argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     parsed = GpuBurnOutput()
     started = time.monotonic()
     last_emit: dict[int, float] = {}
@@ -471,20 +456,20 @@ def run_gpu_burn(
         if proc.poll() is not None and not killed:
             # gpu-burn's parent is gone; workers it left behind would hold the pipes open.
             killed = True
-            _killpg(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
         if not stopped and should_stop():
             stopped = True
             term_at = now
-            _killpg(proc.pid, signal.SIGTERM)
+            signal_group(proc.pid, signal.SIGTERM)
         if term_at is not None and not killed and now - term_at >= grace:
             killed = True
-            _killpg(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
     parsed.finish()
     if err_buf.strip():
         parsed.stderr_line(err_buf)
         stderr_lines.append(err_buf.strip())
     code = proc.wait()
-    _killpg(proc.pid, signal.SIGKILL)  # workers a dead parent left behind
+    signal_group(proc.pid, signal.SIGKILL)  # workers a dead parent left behind
     summaries = []
     tail = parsed.failures[-1] if parsed.failures else (stderr_lines[-1] if stderr_lines else "")
     for v in parsed.verdicts(stopped, code, tail):
@@ -518,11 +503,6 @@ def _progress(
         "percent": parsed.percent,
         "elapsed": round(elapsed, 3),
     }
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 # -- command line ---------------------------------------------------------------------------
@@ -566,10 +546,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu is not None:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
+    parent = os.getppid()  # before anything: the agent's death signal still covers us here
     signal.signal(signal.SIGTERM, lambda s, f: stopping.append(s))
     signal.signal(signal.SIGINT, lambda s, f: stopping.append(s))
     try:
-        _die_with_parent_signal(signal.SIGTERM)  # our parent gone: stop gpu-burn, not orphan it
+        # Our parent (the agent) gone: SIGTERM instead of the agent's SIGKILL, so that the
+        # handler stops gpu-burn's group; already gone: stop now.
+        set_death_signal(signal.SIGTERM, parent)
         binary = find_gpu_burn(args.binary)
         if binary is None and args.binary:
             raise BuildError(f"{args.binary} is not an executable gpu_burn")
@@ -597,19 +580,6 @@ def main(argv: list[str] | None = None) -> int:
         emit(s)
     verdicts = {s["verdict"] for s in summaries}
     return 3 if "DIED" in verdicts else 1 if "FAULTY" in verdicts else 0
-
-
-def _die_with_parent_signal(sig: int) -> None:
-    """Ask for ``sig`` when our parent (the agent) dies, replacing the agent's SIGKILL, so that
-    the handler can stop gpu-burn's group first. Our parent already gone: stop now."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:
-        os.kill(os.getpid(), sig)
 
 
 if __name__ == "__main__":

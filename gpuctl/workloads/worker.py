@@ -1,7 +1,9 @@
 """VENV2 worker: loads ``payload.pkl`` from a job folder, runs the function, saves the result.
 
 ``python -X faulthandler worker.py JOBDIR``, started by the supervisor (a copy of this file lives
-in every job folder; it imports only the standard library and cloudpickle). Every phase is a line
+in every job folder; it imports only the standard library, cloudpickle and the job folder's
+contract, ``gpuctl_runner.jobfiles`` beside it). Its annotations are quoted: it must import
+under any Python, to report a VENV2 of the wrong version. Every phase is a line
 in ``status.jsonl`` (``start → env_ok → loading → running → saving → done``). The first error is
 written once to ``error.json`` (kind, type, message, traceback, phase) and never overwritten: a
 later failure cannot hide the cause. The result is written to a temporary name and renamed to
@@ -20,27 +22,40 @@ import signal
 import sys
 import time
 import traceback
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuctl.node import jobfiles
+else:
+    try:  # a script in a job folder: the contract's copy sits beside it (sys.path[0])
+        from gpuctl_runner import jobfiles
+    except ImportError:  # imported from the gpuctl package
+        from gpuctl.node import jobfiles
 
 JOBDIR = ""
 _PID = os.getpid()
 
 
-def _path(name):
+def _path(name: str) -> str:
     return os.path.join(JOBDIR, name)
 
 
-def phase(name, **extra):
+def phase(name: str, **extra: Any) -> None:
     """Append one status line; flushed and fsynced so it survives a crash right after."""
     record = {"phase": name, "t": time.time()}
     record.update(extra)
-    with open(_path("status.jsonl"), "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    jobfiles.append_line(_path(jobfiles.STATUS), record)
 
 
-def first_error(kind, current_phase, exc=None, message=None, **extra):
-    """Write ``error.json`` unless an earlier error is already there (O_EXCL: first one wins)."""
+def first_error(
+    kind: str,
+    current_phase: str,
+    exc: "BaseException | None" = None,
+    message: "str | None" = None,
+    **extra: Any,
+) -> bool:
+    """Write the error file unless an earlier error is already there (the first one wins)."""
     record = {
         "kind": kind,
         "phase": current_phase,
@@ -51,20 +66,10 @@ def first_error(kind, current_phase, exc=None, message=None, **extra):
         "t": time.time(),
     }
     record.update(extra)
-    try:
-        fd = os.open(_path("error.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError as e:
-        if e.errno == errno.EEXIST:
-            return False
-        raise
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    return True
+    return jobfiles.write_json_once(_path(jobfiles.ERROR), record)
 
 
-def _short_repr(value, limit=200):
+def _short_repr(value: Any, limit: int = 200) -> str:
     try:
         text = repr(value)
     except Exception as e:
@@ -72,11 +77,11 @@ def _short_repr(value, limit=200):
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _watch_os_exit(state):
+def _watch_os_exit(state: "dict[str, str]") -> None:
     """Record a call to os._exit before it happens (it skips every handler)."""
     real = os._exit
 
-    def recording_exit(code):
+    def recording_exit(code: int) -> Any:
         # Only this process: forked children (multiprocessing) use os._exit as normal exit.
         if os.getpid() == _PID:
             with contextlib.suppress(Exception):
@@ -89,10 +94,10 @@ def _watch_os_exit(state):
                 )
         real(code)
 
-    os._exit = recording_exit
+    os._exit = recording_exit  # type: ignore[assignment]
 
 
-def run(jobdir):
+def run(jobdir: str) -> int:
     global JOBDIR
     JOBDIR = os.path.abspath(jobdir)
     # The job folder is sys.path[0] (this script lives there); its worker.py/supervisor.py
@@ -102,7 +107,7 @@ def run(jobdir):
         del sys.path[0]
     state = {"phase": "start"}
     phase("start", pid=os.getpid(), python=sys.version.split()[0], executable=sys.executable)
-    with open(_path("meta.json")) as f:
+    with open(_path(jobfiles.META)) as f:
         meta = json.load(f)
     # Stack dumps on request (SIGUSR2), into stderr.txt; SIGUSR1 (Slurm's warning) is noted.
     faulthandler.register(signal.SIGUSR2, all_threads=True)
@@ -147,7 +152,7 @@ def run(jobdir):
     state["phase"] = "loading"
     phase("loading")
     try:
-        with open(_path("payload.pkl"), "rb") as f:
+        with open(_path(jobfiles.PAYLOAD), "rb") as f:
             fn, args, kwargs = cloudpickle.load(f)
     except ImportError as e:
         name = getattr(e, "name", None)
@@ -179,14 +184,14 @@ def run(jobdir):
 
     state["phase"] = "saving"
     phase("saving")
-    tmp = _path("result.pkl.tmp")
+    tmp = _path(jobfiles.RESULT + ".tmp")
     try:
         with open(tmp, "wb") as f:
             cloudpickle.dump(result, f, protocol=5 if sys.version_info >= (3, 8) else None)
             f.flush()
             os.fsync(f.fileno())
         size = os.path.getsize(tmp)
-        os.replace(tmp, _path("result.pkl"))
+        os.replace(tmp, _path(jobfiles.RESULT))
     except OSError as e:
         _remove(tmp)
         kind = "disk_full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "save_failed"
@@ -201,15 +206,13 @@ def run(jobdir):
         "size": size,
         "repr": _short_repr(result),
     }
-    with open(_path("result.json.tmp"), "w") as f:
-        json.dump(info, f)
-    os.replace(_path("result.json.tmp"), _path("result.json"))
+    jobfiles.write_json(_path(jobfiles.RESULT_INFO), info)
     state["phase"] = "done"
     phase("done")
     return 0
 
 
-def _save_exception(cloudpickle, exc):
+def _save_exception(cloudpickle: ModuleType, exc: BaseException) -> bool:
     """Pickle the exception for the submitter: whole, and as (type, args, __dict__), because
     an exception whose __init__ takes other arguments than its args cannot be unpickled whole."""
     try:
@@ -224,22 +227,23 @@ def _save_exception(cloudpickle, exc):
             data = cloudpickle.dumps(record)
         except Exception:
             continue
-        with open(_path("exception.pkl.tmp"), "wb") as f:
+        tmp = _path(jobfiles.EXCEPTION + ".tmp")
+        with open(tmp, "wb") as f:
             f.write(data)
-        os.replace(_path("exception.pkl.tmp"), _path("exception.pkl"))
+        os.replace(tmp, _path(jobfiles.EXCEPTION))
         return True
     return False
 
 
-def _remove(path):
+def _remove(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
 
 
-def main(argv=None):
+def main(argv: "list[str] | None" = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        sys.stderr.write("usage: worker.py JOBDIR\n")
+        sys.stderr.write(f"usage: {jobfiles.WORKER_SCRIPT} JOBDIR\n")
         return 2
     try:
         code = run(argv[0])

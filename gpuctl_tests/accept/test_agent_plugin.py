@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
+from pathlib import Path
 from typing import Any
 
-from gpuctl_tests.helpers import AgentProcess, wait_until
+from gpuctl_tests.helpers import AgentProcess, node_env, wait_until
 
 
 def alive(pid: int) -> bool:
@@ -31,7 +34,7 @@ def accept_event(msg: dict[str, Any], event: str) -> bool:
 def test_bad_requests_get_errors_and_stopping_the_agent_kills_the_suite(
     agents: list[AgentProcess],
 ) -> None:
-    a = AgentProcess.start("--interval", "5")
+    a = AgentProcess.start("--interval", "5", "--liveness-timeout", "0")
     agents.append(a)
     a.read_until(lambda m: m["type"] == "hello")
     a.send({"type": "accept_start", "id": 1, "args": "--quick"})
@@ -58,7 +61,7 @@ def test_bad_requests_get_errors_and_stopping_the_agent_kills_the_suite(
 
 
 def test_a_finished_run_sends_its_report_in_the_exit_event(agents: list[AgentProcess]) -> None:
-    a = AgentProcess.start("--interval", "5")
+    a = AgentProcess.start("--interval", "5", "--liveness-timeout", "0")
     agents.append(a)
     a.read_until(lambda m: m["type"] == "hello")
     skips = [x for s in ("train", "ddp_allreduce", "ddp_train", "membw") for x in ("--skip", s)]
@@ -83,3 +86,51 @@ def test_a_finished_run_sends_its_report_in_the_exit_event(agents: list[AgentPro
     # The suite wrote its report in a private folder, gone once the report travelled.
     assert report_path is not None and os.path.basename(report_path) == "report.json"
     assert not os.path.exists(os.path.dirname(report_path))
+
+
+def _agent(tmpdir: Path) -> AgentProcess:
+    argv = [sys.executable, "-m", "gpuctl.node", "agent", "--interval", "5"]
+    a = AgentProcess([*argv, "--liveness-timeout", "0"], env=node_env({"TMPDIR": str(tmpdir)}))
+    a.read_until(lambda m: m["type"] == "hello")
+    return a
+
+
+def _start_suite(a: AgentProcess) -> dict[str, Any]:
+    args = ["--device", "cpu", "--quick", "--skip", "compute", "--skip", "membw"]
+    a.send({"type": "accept_start", "id": 1, "args": args})
+    ok = a.read_until(lambda m: m.get("id") == 1)
+    assert ok["type"] == "ok", ok
+    a.read_until(lambda m: accept_event(m, "start"), timeout=60)
+    return ok
+
+
+def test_no_accept_folder_outlives_its_agent(agents: list[AgentProcess], tmp_path: Path) -> None:
+    """SIGTERM: the agent removes the run's folder on its way out. SIGKILL: it cannot, and the
+    next agent on the node removes it (nobody holds its lock any more)."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    a = _agent(tmpdir)
+    agents.append(a)
+    suite = _start_suite(a)["pid"]
+    assert [p.name[:14] for p in tmpdir.iterdir()] == ["gpuctl-accept-"]
+    a.proc.send_signal(signal.SIGTERM)
+    assert a.proc.wait(15) == 0
+    assert list(tmpdir.iterdir()) == []
+    assert not alive(suite)
+
+    b = _agent(tmpdir)
+    agents.append(b)
+    suite = _start_suite(b)["pid"]
+    folder = next(tmpdir.iterdir())
+    b.proc.send_signal(signal.SIGKILL)
+    b.proc.wait(5)
+    wait_until(lambda: not alive(suite), timeout=15, what="the suite to die with its agent")
+    assert folder.exists()  # a SIGKILLed agent cleans nothing
+    c = _agent(tmpdir)
+    agents.append(c)
+    assert not folder.exists()
+    # ... and a live agent's folder is left alone by the next one
+    _start_suite(c)
+    d = _agent(tmpdir)
+    agents.append(d)
+    assert len(list(tmpdir.iterdir())) == 1

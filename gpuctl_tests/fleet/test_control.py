@@ -71,7 +71,7 @@ async def test_node_burn_and_stop_and_refusals() -> None:
         await live(fleet)
         await control.set_stress(fleet, "n1", None, True)
         assert control.burning(fleet) == [("n1", 0), ("n1", 1)]
-        assert burn(fleet, "n1", 0)["ends_at"] == pytest.approx(time.time() + 1800, abs=30)
+        assert burn(fleet, "n1", 0)["ends_at"] == pytest.approx(time.time() + 3600, abs=30)
         await control.set_stress(fleet, "n1", None, False)
         await wait_for(fleet, lambda: not control.burning(fleet))
         assert burn(fleet, "n1", 1)["reason"] == "stopped on request"

@@ -11,16 +11,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuctl.node.agent import Agent
 from gpuctl.node.protocol import (
     AGENT_VERSION,
+    DEFAULT_LIVENESS_S,
+    DEFAULT_MAX_DURATION,
+    MAX_DURATION_CEILING,
     MAX_LINE,
     PROTOCOL_VERSION,
     SAMPLE_FIELDS,
     STATIC_FIELDS,
 )
-from gpuctl_tests.helpers import AgentProcess
+from gpuctl_tests.helpers import AgentProcess, old_python
 
-REQUESTS = ("ping", "set_interval", "snapshot", "shutdown", "simulate")
+REQUESTS = ("ping", "set_interval", "snapshot", "shutdown", "simulate", "configure")
 REPLY_TYPES = ("error", "pong", "ok", "bye")
 
 
@@ -44,6 +48,8 @@ def test_hello_then_samples(agents: list[AgentProcess]) -> None:
     assert hello["python"] == ".".join(map(str, sys.version_info[:3]))
     assert (hello["interval"], hello["reader"], hello["reader_error"]) == (0.1, "simulated", None)
     assert hello["hostname"] and hello["driver"] and hello["cuda"]
+    assert hello["liveness_timeout"] == DEFAULT_LIVENESS_S
+    assert hello["max_duration"] == DEFAULT_MAX_DURATION
     assert set(REQUESTS) <= set(hello["features"])
     assert [g["index"] for g in hello["gpus"]] == [0, 1, 2]
     for g in hello["gpus"]:
@@ -173,6 +179,69 @@ def test_bad_lines_get_an_error_and_the_agent_carries_on(
     agent.send({"type": "ping", "id": 2})
     pong = agent.read_until(is_reply)
     assert (pong["type"], pong["id"]) == ("pong", 2)
+
+
+def test_a_huge_integer_id_does_not_stall_a_python36_agent(agents: list[AgentProcess]) -> None:
+    """Python 3.6 parses a 1 MB integer in ~16 s: the agent refuses it unparsed instead."""
+    agent = AgentProcess.start("--simulate", "1", "--interval", "60", python=old_python("3.6.15"))
+    agents.append(agent)
+    assert agent.read()["python"].startswith("3.6.")
+    agent.send(b'{"type":"ping","id":' + b"7" * 1_000_000 + b"}\n")
+    agent.send({"type": "ping", "id": "next"})
+    err = agent.read_until(is_reply, timeout=3)
+    assert (err["type"], err["code"]) == ("error", "bad_json")
+    assert "characters" in err["message"]
+    assert agent.read_until(is_reply, timeout=3)["id"] == "next"
+
+
+def test_configure_sets_liveness_and_the_burn_cap_within_the_node_ceiling(
+    agents: list[AgentProcess],
+) -> None:
+    agent = start(agents, "--simulate", "1", "--interval", "60", "--max-duration", "100")
+    assert agent.read()["max_duration"] == 100
+    for i, bad in enumerate(
+        [
+            {"liveness_timeout": -1},
+            {"liveness_timeout": 0.5},
+            {"liveness_timeout": "30"},
+            {"max_duration": MAX_DURATION_CEILING + 1},
+            {"max_duration": 0},
+            {"max_duration": True},
+            {"liveness_timeout": 5, "max_duration": 1e12},  # nothing changes, not half of it
+        ]
+    ):
+        agent.send({"type": "configure", "id": i, **bad})
+        err = agent.read_until(is_reply)
+        assert (err["type"], err["code"], err["id"]) == ("error", "bad_argument", i), err
+    agent.send({"type": "configure", "id": "ok", "liveness_timeout": 0, "max_duration": 7200})
+    ok = agent.read_until(is_reply)
+    assert ok == {
+        "type": "ok",
+        "request": "configure",
+        "id": "ok",
+        "liveness_timeout": 0.0,
+        "max_duration": 7200.0,
+    }
+    agent.send({"type": "stress_status", "id": "st"})
+    assert agent.read_until(lambda m: m.get("id") == "st")["max_duration"] == 7200.0
+
+
+def test_a_message_json_cannot_carry_does_not_stop_the_agent() -> None:
+    """A NaN relayed from a child once made ``send`` raise and the agent stop, silently."""
+    import os
+
+    r, w = os.pipe()
+    with os.fdopen(r, "rb") as reader, os.fdopen(w, "wb") as out:
+        agent = Agent(None, "none", out=out, in_fd=0)
+        agent.send({"type": "event", "detail": {"tflops": float("nan"), "t": float("inf")}})
+        agent.send({"type": "event", "id": 3, "detail": {"what": object()}})
+        assert agent.running
+        out.flush()
+        first = json.loads(reader.readline())
+        assert first == {"type": "event", "detail": {"tflops": None, "t": None}}
+        second = json.loads(reader.readline())
+        assert (second["type"], second["code"], second["id"]) == ("error", "internal", 3)
+        assert "could not be encoded" in second["message"]
 
 
 # -- junk, at volume -------------------------------------------------------------------------

@@ -175,6 +175,28 @@ def test_a_dying_burner_is_reported_with_its_last_words(
     assert failed["detail"]["reason"].startswith("cannot start ")
 
 
+def test_a_burner_writing_nan_does_not_stop_the_agent(
+    agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    """NaN in a progress line was relayed as is, then the agent's encoder refused it and the
+    agent stopped silently (and its burners with it). Now it travels as null."""
+    odd = write_script(
+        tmp_path / "python",
+        'echo \'{"type":"progress","iterations":5,"tflops":NaN,"errors":Infinity}\'\n'
+        'echo \'{"type":"progress","iterations":' + "9" * 200_000 + "}'\n"
+        "exec sleep 600\n",
+    )
+    a = start_agent(agents, "--simulate", "1")
+    a.send({**CPU_BURN, "id": 1, "workload_python": odd})
+    assert reply(a, 1)["type"] == "ok"
+    running_ev = burn_event(a, ("running",))
+    assert running_ev["detail"]["tflops"] is None and running_ev["detail"]["errors"] is None
+    assert running_ev["detail"]["iterations"] == 5
+    a.send({"type": "ping", "id": 2})
+    assert reply(a, 2)["type"] == "pong"  # still there
+    assert a.proc.poll() is None and running(running_ev["detail"]["pid"])
+
+
 def test_bad_requests_get_one_line_errors(agents: list[AgentProcess]) -> None:
     a = start_agent(agents, "--simulate", "2")
     cases = [
@@ -182,7 +204,8 @@ def test_bad_requests_get_one_line_errors(agents: list[AgentProcess]) -> None:
         ({"gpus": "some"}, "gpus must be"),
         ({"gpus": [0], "dtype": "fp8"}, "dtype must be"),
         ({"gpus": [0], "engine": "magic"}, "engine must be"),
-        ({"gpus": [0], "duration": 4000}, "exceeds the maximum of 1800"),
+        ({"gpus": [0], "duration": 4000}, "exceeds the maximum of 3600"),
+        ({"gpus": [0], "max_duration": 7200}, "exceeds this node's cap of 3600"),
         ({"gpus": [0], "duration": 60, "max_duration": 30}, "exceeds the maximum of 30"),
         ({"gpus": [0], "mem_fraction": 2}, "mem_fraction must be"),
     ]

@@ -15,7 +15,9 @@ from gpuctl_tests.node.nvml_stub import NvmlStub, build
 
 SCRIPT = r"""
 import json, sys
-from gpuctl.workloads.accept.suite import Nvml, Suite, parse_args
+from gpuctl.workloads.accept.nvml import Nvml
+from gpuctl.workloads.accept.sections import health
+from gpuctl.workloads.accept.suite import Suite, parse_args
 
 nv = Nvml()
 assert nv.nv is not None, nv.error
@@ -38,7 +40,7 @@ class Quiet:
     def line(self, text, section=None):
         pass
 suite.out = Quiet()
-res = suite.section_health()
+res = health.run(suite)
 res["pcie0"] = list(nv.pcie(0))
 json.dump(res, sys.stdout)
 """

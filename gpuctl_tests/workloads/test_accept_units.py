@@ -9,7 +9,8 @@ import pytest
 from gpuctl.workloads.accept import peaks
 from gpuctl.workloads.accept.render import summary_table
 from gpuctl.workloads.accept.schema import SECTIONS
-from gpuctl.workloads.accept.suite import Suite, parse_args
+from gpuctl.workloads.accept.sections import compute
+from gpuctl.workloads.accept.suite import parse_args
 
 
 @pytest.mark.parametrize(
@@ -45,13 +46,6 @@ def test_peaks_are_dense_datasheet_figures() -> None:
     assert peaks.pcie_peak(None, 16) is None
 
 
-def _suite(**overrides: Any) -> Suite:
-    args = parse_args(["--device", "cuda"])
-    for k, v in overrides.items():
-        setattr(args, k, v)
-    return Suite(args, None, None)
-
-
 def _device(label: str, name: str, tflops: float) -> dict[str, Any]:
     return {
         "label": label,
@@ -67,7 +61,7 @@ def test_a_gpu_ten_percent_below_its_siblings_fails() -> None:
         _device("gpu2", "NVIDIA H100 80GB HBM3", 705.0),  # 9.6 % below: passes
         _device("gpu3", "NVIDIA L40S", 250.0),  # another model: not compared with the H100s
     ]
-    _suite().judge_same_model(devices)
+    compute.judge_same_model(devices, parse_args(["--device", "cuda"]).same_model_tolerance)
     verdicts = [d["results"][0]["verdict"] for d in devices]
     assert verdicts == ["PASS", "FAIL", "PASS", "PASS"]
     assert "below the best" in devices[1]["results"][0]["reason"]

@@ -8,14 +8,43 @@ A reader is an object with:
                              slow fields (ECC, retired pages, remapped rows), else repeats them
     events() -> list         event messages seen since the last call (XID, GPU lost)
     close()
+``Reader`` spells that out; the three readers derive from it.
 """
+
+from typing import Any, Dict, List, Optional, Tuple
 
 
 class ReaderUnavailable(Exception):
     """This reader cannot run here; the message says why in one line."""
 
 
-def open_reader(simulate=None, seed=0):
+class Reader(object):
+    """What the agent needs of a GPU reader (see the module docstring)."""
+
+    name = "?"
+
+    def versions(self) -> Dict[str, Optional[str]]:
+        """``{"driver", "cuda", "nvml"}``: version strings or None."""
+        raise NotImplementedError
+
+    def static(self) -> List[Dict[str, Any]]:
+        """Static facts per GPU (``protocol.STATIC_FIELDS``)."""
+        raise NotImplementedError
+
+    def sample(self, slow: bool = True) -> List[Dict[str, Any]]:
+        """One dict per GPU (``protocol.SAMPLE_FIELDS``); ``slow`` also reads the slow fields."""
+        raise NotImplementedError
+
+    def events(self) -> List[Dict[str, Any]]:
+        """Event messages seen since the last call (XID, GPU lost)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the driver."""
+
+
+def open_reader(simulate: Optional[str] = None,
+                seed: int = 0) -> Tuple[Optional[Reader], Optional[str]]:
     """Return ``(reader, None)`` for the first reader that works, else ``(None, reason)``.
 
     ``simulate`` ("8" or "8:H100" or "2:A100,2:H100") selects the simulated reader instead.
@@ -24,7 +53,7 @@ def open_reader(simulate=None, seed=0):
         from .sim import SimReader
 
         return SimReader.from_spec(simulate, seed=seed), None
-    reasons = []
+    reasons = []  # type: List[str]
     try:
         from .nvml import NvmlReader
 

@@ -9,9 +9,10 @@ Python 3.6 syntax.
 """
 
 import ctypes
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 from ..protocol import decode_throttle
-from . import ReaderUnavailable
+from . import Reader, ReaderUnavailable
 from .procs import ProcessNames
 from .records import event, lost_record
 
@@ -29,6 +30,7 @@ GRAPHICS_PROCS = (
     "nvmlDeviceGetGraphicsRunningProcesses",
 )
 POWER_LIMIT = ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit")
+Names = Union[str, Tuple[str, ...]]  # a pynvml function, or alternatives newest first
 
 # nvml.h constants, fixed by the C ABI (kept here so an old pynvml lacking a name still works)
 GPU_IS_LOST = 15
@@ -49,22 +51,22 @@ class _Lost(Exception):
     """Raised inside a GPU's read when NVML says the GPU fell off the bus."""
 
 
-class NvmlReader(object):
+class NvmlReader(Reader):
     """Reads GPUs through pynvml; build it with ``NvmlReader.open()``."""
 
     name = "nvml"
 
-    def __init__(self, nvml):
+    def __init__(self, nvml: Any) -> None:
         self._nv = nvml
         self._error = nvml.NVMLError
-        self._resolved = {}
-        self._handles = []
-        self._uuids = []
-        self._lost = set()
-        self._pending = []
-        self._slow = {}
+        self._resolved = {}  # type: Dict[Names, List[Any]]
+        self._handles = []  # type: List[Any]
+        self._uuids = []  # type: List[Optional[str]]
+        self._lost = set()  # type: Set[int]
+        self._pending = []  # type: List[Dict[str, Any]]
+        self._slow = {}  # type: Dict[int, Dict[str, Any]]
         self._names = ProcessNames()
-        self._index_of_handle = {}
+        self._index_of_handle = {}  # type: Dict[Any, int]
         count = nvml.nvmlDeviceGetCount()
         for i in range(count):
             handle = None
@@ -80,7 +82,7 @@ class NvmlReader(object):
         self._event_set = self._open_event_set()
 
     @classmethod
-    def open(cls):
+    def open(cls) -> "NvmlReader":
         """Import pynvml and initialise NVML; raises ReaderUnavailable(one-line reason)."""
         try:
             import pynvml
@@ -104,7 +106,7 @@ class NvmlReader(object):
             raise ReaderUnavailable("NVML failed while listing GPUs: %s" % (e,))
 
     # -- calls ---------------------------------------------------------------------------------
-    def _fn(self, names):
+    def _fn(self, names: Names) -> List[Any]:
         """The pynvml function for ``names`` (a name or a tuple of alternatives), or None."""
         fns = self._resolved.get(names)
         if fns is None:
@@ -113,7 +115,7 @@ class NvmlReader(object):
             self._resolved[names] = fns
         return fns
 
-    def _call(self, names, *args):
+    def _call(self, names: Names, *args: Any) -> Any:
         """Call the first alternative that exists in this pynvml and this driver's library.
 
         Raises the NVML error of the call, or _Unsupported when no alternative exists.
@@ -129,12 +131,12 @@ class NvmlReader(object):
                 raise
         raise _Unsupported(names)
 
-    def _missing(self, e):
+    def _missing(self, e: Exception) -> bool:
         if isinstance(e, self._error):
             return getattr(e, "value", None) == FUNCTION_NOT_FOUND
         return type(e).__name__ == "NVMLLibraryMismatchError"
 
-    def _read(self, names, *args):
+    def _read(self, names: Names, *args: Any) -> Any:
         """One guarded field read: the value, None when unreadable; raises _Lost."""
         try:
             return self._call(names, *args)
@@ -146,7 +148,7 @@ class NvmlReader(object):
             return None
 
     # -- static facts --------------------------------------------------------------------------
-    def versions(self):
+    def versions(self) -> Dict[str, Optional[str]]:
         """Driver, CUDA ("12.4") and NVML version strings, each None when unreadable."""
         cuda = None
         try:
@@ -161,17 +163,17 @@ class NvmlReader(object):
             "nvml": self._text(self._system("nvmlSystemGetNVMLVersion")),
         }
 
-    def _system(self, name):
+    def _system(self, name: str) -> Any:
         try:
             return self._call(name)
         except Exception:
             return None
 
-    def static(self):
+    def static(self) -> List[Dict[str, Any]]:
         """Static facts per GPU (protocol.STATIC_FIELDS), read once at open."""
         return [dict(s) for s in self._static]
 
-    def _read_static_uuid(self, i):
+    def _read_static_uuid(self, i: int) -> Optional[str]:
         h = self._handles[i]
         if h is None:
             return None
@@ -181,7 +183,7 @@ class NvmlReader(object):
             self._mark_lost(i)
             return None
 
-    def _read_static(self, i):
+    def _read_static(self, i: int) -> Dict[str, Any]:
         h = self._handles[i]
         rec = {
             "index": i,
@@ -195,7 +197,7 @@ class NvmlReader(object):
             "pcie_width": None,
             "mig_mode": None,
             "serial": None,
-        }
+        }  # type: Dict[str, Any]
         if h is None or i in self._lost:
             return rec
         try:
@@ -218,10 +220,10 @@ class NvmlReader(object):
         return rec
 
     # -- samples -------------------------------------------------------------------------------
-    def sample(self, slow=True):
+    def sample(self, slow: bool = True) -> List[Dict[str, Any]]:
         """One dict per GPU (protocol.SAMPLE_FIELDS); slow=True re-reads ECC and memory health."""
-        out = []
-        pids = set()
+        out = []  # type: List[Dict[str, Any]]
+        pids = set()  # type: Set[int]
         for i, h in enumerate(self._handles):
             if h is None or i in self._lost:
                 out.append(lost_record(i, self._uuids[i]))
@@ -238,7 +240,7 @@ class NvmlReader(object):
         self._names.forget_except(pids)
         return out
 
-    def _read_fast(self, i, h, pids):
+    def _read_fast(self, i: int, h: Any, pids: Set[int]) -> Dict[str, Any]:
         util = self._read("nvmlDeviceGetUtilizationRates", h)
         mem = self._read("nvmlDeviceGetMemoryInfo", h)
         pstate = self._read("nvmlDeviceGetPerformanceState", h)
@@ -262,9 +264,9 @@ class NvmlReader(object):
             "processes": self._processes(h, pids),
         }
 
-    def _processes(self, h, pids):
+    def _processes(self, h: Any, pids: Set[int]) -> Optional[List[Dict[str, Any]]]:
         """Compute and graphics processes, one entry per pid (largest memory figure)."""
-        found = {}
+        found = {}  # type: Dict[int, Optional[int]]
         readable = False
         for names in (COMPUTE_PROCS, GRAPHICS_PROCS):
             procs = self._read(names, h)
@@ -278,20 +280,21 @@ class NvmlReader(object):
                 mem = _int(getattr(p, "usedGpuMemory", None))
                 if mem == NOT_AVAILABLE:
                     mem = None
-                if pid in found and found[pid] is not None and (mem is None or mem < found[pid]):
+                before = found.get(pid)
+                if before is not None and (mem is None or mem < before):
                     continue
                 found[pid] = mem
         if not readable:
             return None
-        out = []
+        out = []  # type: List[Dict[str, Any]]
         for pid in sorted(found):
             pids.add(pid)
             user, command = self._names.lookup(pid)
             out.append({"pid": pid, "user": user, "command": command, "mem": found[pid]})
         return out
 
-    def _read_slow(self, h):
-        counts = {}
+    def _read_slow(self, h: Any) -> Dict[str, Any]:
+        counts = {}  # type: Dict[str, Optional[int]]
         for key, err, counter in (
             ("volatile_corrected", ECC_CORRECTED, ECC_VOLATILE),
             ("volatile_uncorrected", ECC_UNCORRECTED, ECC_VOLATILE),
@@ -308,7 +311,7 @@ class NvmlReader(object):
             "pending": bool(pending) if pending is not None else None,
         }
         rows = self._read("nvmlDeviceGetRemappedRows", h)
-        remapped = None
+        remapped = None  # type: Optional[Dict[str, Any]]
         if rows is not None:
             remapped = {
                 "correctable": _int(rows[0]),
@@ -323,7 +326,7 @@ class NvmlReader(object):
         }
 
     # -- events --------------------------------------------------------------------------------
-    def _open_event_set(self):
+    def _open_event_set(self) -> Any:
         try:
             event_set = self._call("nvmlEventSetCreate")
         except Exception:
@@ -342,13 +345,13 @@ class NvmlReader(object):
             return None
         return event_set
 
-    def _free_event_set(self, event_set):
+    def _free_event_set(self, event_set: Any) -> None:
         try:
             self._call("nvmlEventSetFree", event_set)
         except Exception:
             pass
 
-    def events(self):
+    def events(self) -> List[Dict[str, Any]]:
         """XID and gpu_lost events since the last call; never blocks (NVML wait timeout 0)."""
         out, self._pending = self._pending, []
         if self._event_set is None:
@@ -358,12 +361,12 @@ class NvmlReader(object):
                 data = self._call("nvmlEventSetWait", self._event_set, 0)
             except Exception:  # TIMEOUT: nothing waiting; anything else shows in the samples
                 break
-            if not _int(data.eventType) & EVENT_XID:
+            if not (_int(data.eventType) or 0) & EVENT_XID:
                 continue
             out.append(event("xid", self._index_of(data.device), {"xid": _int(data.eventData)}))
         return out
 
-    def _index_of(self, handle):
+    def _index_of(self, handle: Any) -> Optional[int]:
         idx = self._index_of_handle.get(_address(handle))
         if idx is None:
             try:
@@ -372,13 +375,13 @@ class NvmlReader(object):
                 idx = None
         return idx
 
-    def _mark_lost(self, i, why="GPU is lost"):
+    def _mark_lost(self, i: int, why: str = "GPU is lost") -> None:
         if i in self._lost:
             return
         self._lost.add(i)
         self._pending.append(event("gpu_lost", i, {"reason": why}))
 
-    def close(self):
+    def close(self) -> None:
         """Free the event set and shut NVML down; never raises."""
         if self._event_set is not None:
             self._free_event_set(self._event_set)
@@ -389,24 +392,24 @@ class NvmlReader(object):
             pass
 
     @staticmethod
-    def _text(value):
+    def _text(value: Any) -> Optional[str]:
         if isinstance(value, bytes):
             return value.decode("utf-8", "replace")
-        return value
+        return value if value is None else str(value)
 
 
 class _Unsupported(Exception):
     """No alternative of a call exists in this pynvml."""
 
 
-def _address(handle):
+def _address(handle: Any) -> Any:
     try:
         return ctypes.cast(handle, ctypes.c_void_p).value
     except Exception:
         return id(handle)
 
 
-def _int(value):
+def _int(value: Any) -> Optional[int]:
     if value is None:
         return None
     try:
@@ -415,7 +418,7 @@ def _int(value):
         return None
 
 
-def _watts(milliwatts):
+def _watts(milliwatts: Any) -> Optional[float]:
     if milliwatts is None:
         return None
-    return round(milliwatts / 1000.0, 1)
+    return round(float(milliwatts) / 1000.0, 1)

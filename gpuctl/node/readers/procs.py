@@ -6,11 +6,12 @@ not per sample.
 """
 
 import pwd
+from typing import Dict, Iterable, Optional, Tuple
 
 MAX_COMMAND = 200  # characters: enough to tell jobs apart, small enough for one sample line
 
 
-def process_user(pid):
+def process_user(pid: int) -> Optional[str]:
     """Return the name of the real user running ``pid`` (uid as text if unnamed), or None."""
     try:
         with open("/proc/%d/status" % pid, "rb") as f:
@@ -28,7 +29,7 @@ def process_user(pid):
         return str(uid)
 
 
-def process_command(pid):
+def process_command(pid: int) -> Optional[str]:
     """Return the command line of ``pid`` (arguments joined by spaces, truncated), or None."""
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
@@ -47,10 +48,10 @@ def process_command(pid):
 class ProcessNames(object):
     """Cache of (user, command) per pid; ``forget_except(pids)`` drops pids no longer seen."""
 
-    def __init__(self):
-        self._cache = {}
+    def __init__(self) -> None:
+        self._cache = {}  # type: Dict[int, Tuple[Optional[str], Optional[str]]]
 
-    def lookup(self, pid):
+    def lookup(self, pid: int) -> Tuple[Optional[str], Optional[str]]:
         """Return ``(user, command)`` for ``pid``; either may be None (pid in another namespace)."""
         hit = self._cache.get(pid)
         if hit is None:
@@ -58,7 +59,7 @@ class ProcessNames(object):
             self._cache[pid] = hit
         return hit
 
-    def forget_except(self, pids):
+    def forget_except(self, pids: Iterable[int]) -> None:
         """Drop cached pids not in ``pids`` (so a reused pid is looked up afresh)."""
         for pid in list(self._cache):
             if pid not in pids:

@@ -1,17 +1,18 @@
 """Protocol records every reader builds the same way: a lost GPU's sample, and events."""
 
 import time
+from typing import Any, Dict, Optional
 
 from ..protocol import SAMPLE_FIELDS
 
 
-def lost_record(index, uuid):
+def lost_record(index: int, uuid: Optional[str]) -> Dict[str, Any]:
     """The sample of a GPU that fell off the bus: every reading null, state "lost"."""
-    rec = dict.fromkeys(SAMPLE_FIELDS)
+    rec = dict.fromkeys(SAMPLE_FIELDS)  # type: Dict[str, Any]
     rec.update({"index": index, "uuid": uuid, "state": "lost", "processes": []})
     return rec
 
 
-def event(kind, gpu, detail):
+def event(kind: str, gpu: Optional[int], detail: Dict[str, Any]) -> Dict[str, Any]:
     """An ``event`` message of this moment (``kind`` "xid", "gpu_lost", ...)."""
     return {"type": "event", "t": time.time(), "kind": kind, "gpu": gpu, "detail": detail}

@@ -9,7 +9,9 @@ the clock gets the same numbers every run.
 
 import random
 import time
+from typing import Any, Callable, Dict, List, Optional
 
+from . import Reader
 from .records import event, lost_record
 
 # name, memory GiB, power limit W, idle W, max SM MHz, max mem MHz, pcie gen, width
@@ -31,12 +33,12 @@ TAU_S = 20.0
 GIB = 1 << 30
 
 
-def parse_spec(spec):
+def parse_spec(spec: Any) -> List[str]:
     """Parse "8", "8:H100" or "2:A100,2:H100" into a list of model keys, one per GPU.
 
     Raises ValueError with a one-line message for a bad spec.
     """
-    models = []
+    models = []  # type: List[str]
     for part in str(spec).split(","):
         part = part.strip()
         count, _, model = part.partition(":")
@@ -57,7 +59,7 @@ def parse_spec(spec):
     return models
 
 
-def _model_key(name):
+def _model_key(name: str) -> Optional[str]:
     for key in MODELS:
         if key.lower() == name.lower():
             return key
@@ -65,7 +67,7 @@ def _model_key(name):
 
 
 class SimGpu(object):
-    def __init__(self, index, model, rng, host_seed):
+    def __init__(self, index: int, model: str, rng: random.Random, host_seed: int) -> None:
         (self.name, mem_gib, self.power_limit, self.idle_w, self.max_sm, self.max_mem,
          self.pcie_gen, self.pcie_width) = MODELS[model]
         self.index = index
@@ -80,14 +82,14 @@ class SimGpu(object):
         self.util = 100.0 * self.base_load
         self.temp += 40.0 * self.base_load  # a GPU that has been busy is warm already
         self.lost = False
-        self.xids = []
-        self.processes = []
+        self.xids = []  # type: List[int]
+        self.processes = []  # type: List[Dict[str, Any]]
         if self.base_load > 0:
             self.processes.append({
                 "pid": 4000 + 97 * index, "user": rng.choice(("alice", "bob", "chen", "dana")),
                 "command": "python train.py", "mem": int(self.base_mem * self.mem_total)})
 
-    def step(self, dt, rng):
+    def step(self, dt: float, rng: random.Random) -> None:
         load = max(self.burn, self.base_load)
         target_util = 100.0 * load if self.burn else min(100.0, 100.0 * load + rng.gauss(0, 6))
         self.util = max(0.0, min(100.0, self.util + (target_util - self.util) * min(1.0, dt)))
@@ -95,12 +97,12 @@ class SimGpu(object):
         alpha = min(1.0, dt / TAU_S)
         self.temp += (hot_target - self.temp) * alpha + rng.gauss(0, 0.15)
 
-    def read(self, rng):
+    def read(self, rng: random.Random) -> Optional[Dict[str, Any]]:
         if self.lost:
             return None
         util = int(round(self.util))
         hot = self.temp > SLOWDOWN_C
-        throttle = []
+        throttle = []  # type: List[str]
         sm = self.max_sm if util > 2 else 345
         if hot:
             over = min(1.0, (self.temp - SLOWDOWN_C) / (HOT_C + 4 - SLOWDOWN_C))
@@ -128,29 +130,32 @@ class SimGpu(object):
         }
 
 
-class SimReader(object):
+class SimReader(Reader):
     """A reader of simulated GPUs (see the module docstring)."""
 
     name = "simulated"
 
-    def __init__(self, models, seed=0, clock=time.monotonic, hostname_seed=0):
+    def __init__(self, models: List[str], seed: int = 0,
+                 clock: Callable[[], float] = time.monotonic, hostname_seed: int = 0) -> None:
         self._rng = random.Random(seed)
         self._clock = clock
         self._last = clock()
         self.gpus = [SimGpu(i, m, self._rng, hostname_seed + seed) for i, m in enumerate(models)]
-        self._pending_events = []
-        self._slow = [None] * len(self.gpus)
-        self._stall_until = None  # simulate(action="stall"): a hung driver call
+        self._pending_events = []  # type: List[Dict[str, Any]]
+        self._slow = [None] * len(self.gpus)  # type: List[Optional[Dict[str, Any]]]
+        # simulate(action="stall"): a hung driver call
+        self._stall_until = None  # type: Optional[float]
 
     @classmethod
-    def from_spec(cls, spec, seed=0, clock=time.monotonic):
+    def from_spec(cls, spec: Any, seed: int = 0,
+                  clock: Callable[[], float] = time.monotonic) -> "SimReader":
         """Build from a ``--simulate`` spec (see parse_spec); raises ValueError for a bad one."""
         return cls(parse_spec(spec), seed=seed, clock=clock)
 
-    def versions(self):
+    def versions(self) -> Dict[str, Optional[str]]:
         return {"driver": "550.54.15", "cuda": "12.4", "nvml": "12.550.54.15"}
 
-    def static(self):
+    def static(self) -> List[Dict[str, Any]]:
         return [{
             "index": g.index, "uuid": g.uuid, "name": g.name, "mem_total": g.mem_total,
             "power_limit": float(g.power_limit), "max_sm_clock": g.max_sm,
@@ -158,7 +163,7 @@ class SimReader(object):
             "mig_mode": False, "serial": "SIM%010d" % (g.index + 1),
         } for g in self.gpus]
 
-    def sample(self, slow=True):
+    def sample(self, slow: bool = True) -> List[Dict[str, Any]]:
         if self._stall_until is not None:
             # Like a hung NVML call: the whole agent waits, so the node goes stale upstream.
             wait = self._stall_until - time.monotonic()
@@ -168,7 +173,7 @@ class SimReader(object):
         now = self._clock()
         dt = max(0.0, min(30.0, now - self._last))
         self._last = now
-        out = []
+        out = []  # type: List[Dict[str, Any]]
         for g in self.gpus:
             g.step(dt, self._rng)
             rec = g.read(self._rng)
@@ -184,19 +189,19 @@ class SimReader(object):
                     "remapped_rows": {"correctable": 0, "uncorrectable": 0,
                                       "pending": False, "failure": False},
                 }
-            rec.update(self._slow[g.index])
+            rec.update(self._slow[g.index] or {})
             out.append(rec)
         return out
 
-    def events(self):
+    def events(self) -> List[Dict[str, Any]]:
         out, self._pending_events = self._pending_events, []
         return out
 
-    def close(self):
+    def close(self) -> None:
         pass
 
     # -- control, for the demo and the tests ---------------------------------------------
-    def simulate(self, action, msg):
+    def simulate(self, action: Any, msg: Dict[str, Any]) -> None:
         """Apply a ``simulate`` request; raises ValueError with a one-line reason."""
         if action == "load":
             load = float(msg.get("load", 1.0))
@@ -221,12 +226,12 @@ class SimReader(object):
         else:
             raise ValueError("unknown simulate action %r (load, xid, lose, stall)" % (action,))
 
-    def _one(self, idx):
+    def _one(self, idx: Any) -> SimGpu:
         if not isinstance(idx, int) or not 0 <= idx < len(self.gpus):
             raise ValueError("no GPU %r here (0..%d)" % (idx, len(self.gpus) - 1))
         return self.gpus[idx]
 
-    def _select(self, idxs):
+    def _select(self, idxs: Any) -> List[SimGpu]:
         if idxs is None or idxs == "all":
             return list(self.gpus)
         if not isinstance(idxs, list):

@@ -15,9 +15,10 @@ import os
 import re
 import shutil
 import subprocess
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..protocol import decode_throttle
-from . import ReaderUnavailable
+from . import Reader, ReaderUnavailable
 from .procs import ProcessNames
 from .records import event, lost_record
 
@@ -83,30 +84,32 @@ BOOL_KEYS = ("retired_pages.pending", "remapped_rows.pending", "remapped_rows.fa
 APPS_QUERY = ("gpu_uuid", "pid", "used_memory")
 INVALID_FIELD = re.compile(r'Field "([^"]+)" is not a valid field')
 LOST = "gpu is lost"
+Apps = Dict[int, List[Tuple[int, Optional[int]]]]
 
 
 class SmiError(Exception):
     """nvidia-smi failed; the message is one line."""
 
 
-class SmiReader(object):
+class SmiReader(Reader):
     """Reads GPUs by running nvidia-smi; build it with ``SmiReader.open()``."""
 
     name = "nvidia-smi"
 
-    def __init__(self, binary):
+    def __init__(self, binary: str) -> None:
         self._bin = binary
         self._names = ProcessNames()
-        self._lost = set()
-        self._pending = []
-        self._slow = {}
-        self._versions = {"driver": None, "cuda": None, "nvml": None}
+        self._lost = set()  # type: Set[int]
+        self._pending = []  # type: List[Dict[str, Any]]
+        self._slow = {}  # type: Dict[int, Dict[str, Any]]
+        self._versions = {
+            "driver": None, "cuda": None, "nvml": None}  # type: Dict[str, Optional[str]]
         static_fields, out = self._accepted(STATIC_QUERY)
         rows = self._parse(0, out, "", static_fields)
         if not rows:
             raise SmiError("nvidia-smi lists no GPUs")
-        self._static = []
-        self._uuids = []
+        self._static = []  # type: List[Dict[str, Any]]
+        self._uuids = []  # type: List[Optional[str]]
         for row in rows:
             values = dict(zip(static_fields, row))
             self._static.append(self._static_record(values))
@@ -121,7 +124,7 @@ class SmiReader(object):
         self._read_versions()
 
     @classmethod
-    def open(cls):
+    def open(cls) -> "SmiReader":
         """Find nvidia-smi and list the GPUs; raises ReaderUnavailable(one-line reason)."""
         binary = shutil.which("nvidia-smi")
         if binary is None:
@@ -132,7 +135,7 @@ class SmiReader(object):
             raise ReaderUnavailable(str(e))
 
     # -- running nvidia-smi --------------------------------------------------------------------
-    def _start(self, args):
+    def _start(self, args: Sequence[str]) -> "subprocess.Popen[bytes]":
         env = dict(os.environ)
         env["LC_ALL"] = "C"  # numbers with a dot, messages in English
         try:
@@ -146,7 +149,7 @@ class SmiReader(object):
         except OSError as e:
             raise SmiError("cannot run %s: %s" % (self._bin, e))
 
-    def _finish(self, proc):
+    def _finish(self, proc: "subprocess.Popen[bytes]") -> Tuple[int, str, str]:
         """Wait for a started nvidia-smi; returns (exit code, stdout text, stderr text)."""
         try:
             out, err = proc.communicate(timeout=TIMEOUT_S)
@@ -156,20 +159,21 @@ class SmiReader(object):
             raise SmiError("nvidia-smi did not answer within %g s" % TIMEOUT_S)
         return (proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
-    def _run(self, args):
+    def _run(self, args: Sequence[str]) -> Tuple[int, str, str]:
         return self._finish(self._start(args))
 
-    def _query_args(self, fields):
+    def _query_args(self, fields: Sequence[str]) -> List[str]:
         return ["--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
 
-    def _parse(self, code, out, err, fields):
+    def _parse(self, code: int, out: str, err: str,
+               fields: Sequence[str]) -> List[List[str]]:
         """Rows of a --query-gpu run; raises SmiError with nvidia-smi's own words."""
         rows = [r for r in csv.reader(out.splitlines(), skipinitialspace=True) if r]
         if code != 0 or any(len(r) != len(fields) for r in rows):
             raise SmiError("nvidia-smi failed (exit %s): %s" % (code, _first_line(out, err)))
         return [[c.strip() for c in r] for r in rows]
 
-    def _accepted(self, wanted):
+    def _accepted(self, wanted: Sequence[str]) -> Tuple[List[str], str]:
         """The subset of ``wanted`` fields this nvidia-smi accepts (asked once, at open), and
         the output of the query that asked for exactly that subset."""
         fields = list(wanted)
@@ -184,13 +188,13 @@ class SmiReader(object):
             return fields, out
         raise SmiError("nvidia-smi accepts none of the fields asked for")
 
-    def _choose(self, table):
+    def _choose(self, table: Sequence[Tuple[str, Tuple[str, ...]]]) -> List[Tuple[str, str]]:
         """Our key -> the first of its nvidia-smi fields that this driver accepts."""
-        candidates = []
+        candidates = []  # type: List[str]
         for _, alternatives in table:
             candidates.extend(alternatives)
         accepted = set(self._accepted(["index"] + candidates)[0])
-        chosen = []
+        chosen = []  # type: List[Tuple[str, str]]
         for key, alternatives in table:
             for field in alternatives:
                 if field in accepted:
@@ -198,13 +202,13 @@ class SmiReader(object):
                     break
         return chosen
 
-    def _probe_apps(self):
+    def _probe_apps(self) -> bool:
         code, out, err = self._run(
             ["--query-compute-apps=" + ",".join(APPS_QUERY), "--format=csv,noheader,nounits"]
         )
         return code == 0 and not INVALID_FIELD.search(out + err)
 
-    def _read_versions(self):
+    def _read_versions(self) -> None:
         """CUDA and NVML versions from ``nvidia-smi --version`` (newer drivers) or the banner."""
         try:
             code, out, err = self._run(["--version"])
@@ -222,15 +226,15 @@ class SmiReader(object):
             self._versions["nvml"] = nvml.group(1)
 
     # -- static facts --------------------------------------------------------------------------
-    def versions(self):
+    def versions(self) -> Dict[str, Optional[str]]:
         """Driver, CUDA and NVML version strings as nvidia-smi reports them (None if unknown)."""
         return dict(self._versions)
 
-    def static(self):
+    def static(self) -> List[Dict[str, Any]]:
         """Static facts per GPU (protocol.STATIC_FIELDS), read once at open."""
         return [dict(s) for s in self._static]
 
-    def _static_record(self, v):
+    def _static_record(self, v: Dict[str, str]) -> Dict[str, Any]:
         mig = _value(v.get("mig.mode.current"))
         return {
             "index": _int(v.get("index")),
@@ -247,7 +251,7 @@ class SmiReader(object):
         }
 
     # -- samples -------------------------------------------------------------------------------
-    def sample(self, slow=True):
+    def sample(self, slow: bool = True) -> List[Dict[str, Any]]:
         """One dict per GPU (protocol.SAMPLE_FIELDS); slow=True also reads the slow fields.
 
         Raises SmiError when nvidia-smi itself fails (the agent reports it and carries on).
@@ -262,17 +266,17 @@ class SmiReader(object):
                 ["--query-compute-apps=" + ",".join(APPS_QUERY), "--format=csv,noheader,nounits"]
             )
         try:
-            code, out, err = self._finish(gpu_proc)
-            rows = self._parse(code, out, err, fields)
+            code, text, err = self._finish(gpu_proc)
+            rows = self._parse(code, text, err, fields)
         finally:
             apps = self._apps(apps_proc) if apps_proc is not None else None
-        by_index = {}
+        by_index = {}  # type: Dict[int, Dict[str, str]]
         for row in rows:
             idx = _int(row[0])
             if idx is not None:
                 by_index[idx] = dict(zip([k for k, _ in pairs], row[1:]))
-        pids = set()
-        out = []
+        pids = set()  # type: Set[int]
+        out = []  # type: List[Dict[str, Any]]
         for i in range(len(self._static)):
             values = by_index.get(i)
             if i in self._lost or values is None or any(_is_lost(v) for v in values.values()):
@@ -288,10 +292,10 @@ class SmiReader(object):
         self._names.forget_except(pids)
         return out
 
-    def _fast_record(self, i, v):
-        mask = _value(v.get("throttle"))
+    def _fast_record(self, i: int, v: Dict[str, str]) -> Dict[str, Any]:
+        text = _value(v.get("throttle"))
         try:
-            mask = int(mask, 16) if mask is not None else None
+            mask = int(text, 16) if text is not None else None
         except ValueError:
             mask = None
         pstate = _value(v.get("pstate"))
@@ -313,17 +317,17 @@ class SmiReader(object):
             "throttle": decode_throttle(mask),
         }
 
-    def _slow_record(self, v):
-        rec = {}
+    def _slow_record(self, v: Dict[str, str]) -> Dict[str, Any]:
+        rec = {}  # type: Dict[str, Any]
         for group, keys in SLOW_GROUPS:
-            values = {}
+            values = {}  # type: Dict[str, Any]
             for key in keys:
                 full = group + "." + key
                 values[key] = _bool(v.get(full)) if full in BOOL_KEYS else _int(v.get(full))
             rec[group] = values if any(x is not None for x in values.values()) else None
         return rec
 
-    def _apps(self, proc):
+    def _apps(self, proc: "subprocess.Popen[bytes]") -> Optional[Apps]:
         """GPU index -> [(pid, bytes or None)], or None when the query failed."""
         try:
             code, out, err = self._finish(proc)
@@ -331,7 +335,7 @@ class SmiReader(object):
             return None
         if code != 0:
             return None
-        apps = {}
+        apps = {}  # type: Apps
         for row in csv.reader(out.splitlines(), skipinitialspace=True):
             if len(row) != len(APPS_QUERY):
                 continue  # "No running processes found" and the like
@@ -342,14 +346,15 @@ class SmiReader(object):
             apps.setdefault(idx, []).append((pid, _mib(row[2])))
         return apps
 
-    def _processes(self, apps, i, pids):
+    def _processes(self, apps: Optional[Apps], i: int,
+                   pids: Set[int]) -> Optional[List[Dict[str, Any]]]:
         if apps is None:
             return None
-        found = {}
+        found = {}  # type: Dict[int, Optional[int]]
         for pid, mem in apps.get(i, ()):
             if pid not in found or (mem is not None and (found[pid] or 0) < mem):
                 found[pid] = mem
-        out = []
+        out = []  # type: List[Dict[str, Any]]
         for pid in sorted(found):
             pids.add(pid)
             user, command = self._names.lookup(pid)
@@ -357,22 +362,22 @@ class SmiReader(object):
         return out
 
     # -- events --------------------------------------------------------------------------------
-    def events(self):
+    def events(self) -> List[Dict[str, Any]]:
         """gpu_lost events since the last call (nvidia-smi cannot report XIDs)."""
         out, self._pending = self._pending, []
         return out
 
-    def _mark_lost(self, i):
+    def _mark_lost(self, i: int) -> None:
         if i in self._lost:
             return
         self._lost.add(i)
         self._pending.append(event("gpu_lost", i, {"reason": "nvidia-smi: GPU is lost"}))
 
-    def close(self):
+    def close(self) -> None:
         """Nothing to release: every nvidia-smi run has already exited."""
 
 
-def _first_line(out, err):
+def _first_line(out: str, err: str) -> str:
     for text in (err, out):
         for line in text.splitlines():
             if line.strip():
@@ -380,7 +385,7 @@ def _first_line(out, err):
     return "no output"
 
 
-def _value(raw):
+def _value(raw: Optional[str]) -> Optional[str]:
     """The text of a CSV cell, None for nvidia-smi's "cannot tell" forms."""
     if raw is None:
         return None
@@ -392,11 +397,11 @@ def _value(raw):
     return raw
 
 
-def _is_lost(raw):
+def _is_lost(raw: Optional[str]) -> bool:
     return raw is not None and LOST in raw.lower()
 
 
-def _int(raw):
+def _int(raw: Optional[str]) -> Optional[int]:
     v = _value(raw)
     if v is None:
         return None
@@ -409,7 +414,7 @@ def _int(raw):
             return None
 
 
-def _float(raw):
+def _float(raw: Optional[str]) -> Optional[float]:
     v = _value(raw)
     if v is None:
         return None
@@ -419,12 +424,12 @@ def _float(raw):
         return None
 
 
-def _mib(raw):
+def _mib(raw: Optional[str]) -> Optional[int]:
     v = _int(raw)
     return v * MIB if v is not None else None
 
 
-def _bool(raw):
+def _bool(raw: Optional[str]) -> Optional[bool]:
     v = _value(raw)
     if v is None:
         return None
@@ -436,5 +441,5 @@ def _bool(raw):
     return None
 
 
-def _empty_slow():
+def _empty_slow() -> Dict[str, Any]:
     return {"ecc": None, "retired_pages": None, "remapped_rows": None}

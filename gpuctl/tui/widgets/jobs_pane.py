@@ -25,12 +25,13 @@ from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Log, Static
 
 from gpuctl.jobs.store import StoreError
+from gpuctl.node import jobfiles
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.text import node_content, node_str, node_text
 
 JOB_COLUMNS = ("id", "state", "target", "function", "time", "summary")
 FINAL_STATES = ("done", "failed", "cancelled")
-STREAMS = ("stdout.txt", "stderr.txt")
+STREAMS = (jobfiles.STDOUT, jobfiles.STDERR)
 TAIL_BYTES = 64 * 1024  # a newly selected job shows at most this much of each log
 LOG_LINES = 2000
 LIST_EVERY_S = 2.0

@@ -18,11 +18,12 @@ import statistics
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 from .smoke import tiny_mlp, train_steps
 
 
-def _env_rank():
+def _env_rank() -> "tuple[int, int, int]":
     env = os.environ
     if "RANK" not in env and "SLURM_PROCID" in env:
         env["RANK"] = env["SLURM_PROCID"]
@@ -31,20 +32,29 @@ def _env_rank():
     return int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0"))
 
 
-def _sync(torch, device):
+def _sync(torch: Any, device: Any) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def allreduce_check(torch, dist, device, rank, world, numel, iters, break_rank):
+def allreduce_check(
+    torch: Any,
+    dist: Any,
+    device: Any,
+    rank: int,
+    world: int,
+    numel: int,
+    iters: int,
+    break_rank: int,
+) -> "dict[str, Any]":
     """Refill, all-reduce, compare every element; time all but the first collective."""
     pattern = (torch.arange(numel, device=device, dtype=torch.int64) % 7 + 1).to(torch.float32)
     total = world * (world + 1) // 2  # sum over ranks of (rank + 1)
     buf = torch.empty(numel, device=device, dtype=torch.float32)
     expected = torch.empty_like(buf)
-    times = []
+    times: list[float] = []
     mismatches = 0
-    first_bad = None
+    first_bad: dict[str, Any] | None = None
     for i in range(iters):
         buf.copy_(pattern).mul_(rank + 1).add_(i)
         if rank == break_rank:
@@ -88,7 +98,9 @@ def allreduce_check(torch, dist, device, rank, world, numel, iters, break_rank):
     }
 
 
-def ddp_train(torch, dist, device, rank, world, steps, loss_drop):
+def ddp_train(
+    torch: Any, dist: Any, device: Any, rank: int, world: int, steps: int, loss_drop: float
+) -> "dict[str, Any]":
     """Train a tiny MLP under DDP; the loss must fall and the parameters must agree at the end."""
     from torch.nn.parallel import DistributedDataParallel
 
@@ -119,7 +131,7 @@ def ddp_train(torch, dist, device, rank, world, steps, loss_drop):
     }
 
 
-def main(argv=None):
+def main(argv: "list[str] | None" = None) -> int:
     p = argparse.ArgumentParser(prog="gpuctl.workloads.accept.ddp")
     p.add_argument("--out", required=True, help="folder for rank-<rank>.json")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -142,7 +154,7 @@ def main(argv=None):
     else:
         device = torch.device("cpu")
         backend = "gloo"
-    result = {
+    result: dict[str, Any] = {
         "rank": rank,
         "world_size": world,
         "local_rank": local_rank,

@@ -13,7 +13,7 @@ import re
 SOURCE = "vendor datasheets via notes/gpu-peaks.md (dense, no sparsity)"
 
 # key: (display name, fp32, tf32, bf16/fp16 tensor, memory GB/s, bf16 supported)
-PEAKS = {
+PEAKS: "dict[str, tuple[str, float, float | None, float, float, bool]]" = {
     "V100-SXM2": ("Tesla V100 SXM2", 15.7, None, 125.0, 900.0, False),
     "V100-PCIE": ("Tesla V100 PCIe", 14.0, None, 112.0, 900.0, False),
     "A100-SXM-40": ("A100 40GB SXM", 19.5, 156.0, 312.0, 1555.0, True),
@@ -48,7 +48,7 @@ _RULES = (
 DTYPE_COLUMN = {"fp32": 1, "tf32": 2, "bf16": 3, "fp16": 3}
 
 
-def model_key(device_name):
+def model_key(device_name: "str | None") -> "str | None":
     """Return the table key for a device name ("NVIDIA H100 80GB HBM3" -> "H100-SXM") or None."""
     name = (device_name or "").lower()
     for pattern, key in _RULES:
@@ -57,21 +57,22 @@ def model_key(device_name):
     return None
 
 
-def peak_tflops(device_name, dtype):
+def peak_tflops(device_name: "str | None", dtype: str) -> "float | None":
     """Dense peak TFLOP/s of ``dtype`` on this device, or None (unknown model or no such unit)."""
     key = model_key(device_name)
     if key is None or dtype not in DTYPE_COLUMN:
         return None
-    return PEAKS[key][DTYPE_COLUMN[dtype]]
+    value = PEAKS[key][DTYPE_COLUMN[dtype]]
+    return value if isinstance(value, float) else None
 
 
-def peak_membw(device_name):
+def peak_membw(device_name: "str | None") -> "float | None":
     """Datasheet memory bandwidth in GB/s, or None for an unknown model."""
     key = model_key(device_name)
     return None if key is None else PEAKS[key][4]
 
 
-def has_unit(device_name, dtype):
+def has_unit(device_name: "str | None", dtype: str) -> bool:
     """False when the model is known to lack the dtype's unit (V100: no TF32, no BF16)."""
     key = model_key(device_name)
     if key is None:
@@ -87,7 +88,7 @@ def has_unit(device_name, dtype):
 PCIE_X16_GBPS = {1: 4.0, 2: 8.0, 3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}
 
 
-def pcie_peak(gen, width):
+def pcie_peak(gen: "int | None", width: "int | None") -> "float | None":
     """Theoretical one-direction bandwidth in GB/s of a PCIe link, or None when unknown."""
     if not gen or not width or gen not in PCIE_X16_GBPS:
         return None

@@ -1,17 +1,20 @@
 """Text rendering of acceptance reports (no torch: the login side uses it too)."""
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from .schema import SECTIONS
 
 
-def summary_table(report):
+def summary_table(report: "Mapping[str, Any]") -> "list[str]":
     """The human summary: one row per section, then one per GPU and dtype of COMPUTE."""
-    rows = [("SECTION", "VERDICT", "SECONDS", "DETAIL")]
+    rows: list[tuple[str, ...]] = [("SECTION", "VERDICT", "SECONDS", "DETAIL")]
     for name in SECTIONS:
         s = report["sections"].get(name, {})
         rows.append(
             (
                 name,
-                s.get("verdict", "-"),
+                str(s.get("verdict", "-")),
                 f"{s.get('seconds', 0):.1f}",
                 (s.get("summary") or "")[:90],
             )
@@ -24,19 +27,19 @@ def summary_table(report):
             for r in d["results"]:
                 rows.append(
                     (
-                        d["label"],
-                        r["dtype"],
+                        str(d["label"]),
+                        str(r["dtype"]),
                         f"{r['tflops']:.3f}" if r["tflops"] is not None else "-",
                         f"{r['peak_tflops']:g}" if r["peak_tflops"] else "-",
                         f"{r['fraction']:.2f}" if r["fraction"] else "-",
-                        r["verdict"],
+                        str(r["verdict"]),
                     )
                 )
         lines += ["", *table(rows)]
     return lines
 
 
-def table(rows):
+def table(rows: "Sequence[Sequence[Any]]") -> "list[str]":
     """Rows of cells as left-aligned text columns."""
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]

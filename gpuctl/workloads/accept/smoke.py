@@ -2,15 +2,26 @@
 random teacher, and its loss must fall. One loop, so the single-GPU and the DDP verdicts judge
 the same thing."""
 
+from collections.abc import Callable, Iterable
+from typing import Any
 
-def tiny_mlp(torch, device):
+
+def tiny_mlp(torch: Any, device: Any) -> Any:
     """The smoke's model: 32 -> 64 -> 1 with a tanh."""
     return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)).to(
         device
     )
 
 
-def train_steps(torch, forward, params, teacher, data_gen, device, steps):
+def train_steps(
+    torch: Any,
+    forward: "Callable[[Any], Any]",
+    params: "Iterable[Any]",
+    teacher: Any,
+    data_gen: Any,
+    device: Any,
+    steps: int,
+) -> "dict[str, Any]":
     """Run ``steps`` Adam steps of ``forward`` on batches drawn from ``data_gen``.
 
     Returns ``{"first", "final", "finite", "drop"}``: the first batch's loss, the mean of the
@@ -18,7 +29,7 @@ def train_steps(torch, forward, params, teacher, data_gen, device, steps):
     first loss was not positive).
     """
     opt = torch.optim.Adam(params, lr=1e-2)
-    losses = []
+    losses: list[float] = []
     for _ in range(steps):
         x = torch.randn(64, 32, generator=data_gen)
         y = torch.tanh(x @ teacher)

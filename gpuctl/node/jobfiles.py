@@ -1,0 +1,180 @@
+"""The job folder's contract: every file name in it, and the helpers that read and write them.
+
+One module for both sides, like submitit's ``JobPaths``: the supervisor (VENV1, Python 3.6), the
+worker (VENV2) and the login side (``gpuctl.jobs``) all import it, and no other module spells a
+job file's name (``gpuctl_tests/node/test_jobfiles.py`` checks). Standard library only, Python
+3.6 syntax: ``supervisor.py`` and ``worker.py`` run from the job folder as scripts, and a copy of
+this module (with ``proc`` and ``protocol``, which the supervisor needs) sits beside them as the
+package ``gpuctl_runner``, imported from their folder (``sys.path[0]``); run from the gpuctl
+package they import ``gpuctl.node.jobfiles`` instead.
+
+A job folder (mode 0700), who writes each file -> who reads it:
+
+    meta.json          login side, at submit -> supervisor, worker, reports
+    payload.pkl        login side (temporary name, renamed) -> worker
+    supervisor.py, worker.py, gpuctl_runner/   copies of the runner -> run as scripts
+    supervisor.json    supervisor at start: pid, pgid, sid, hostname -> login side (signals)
+    supervisor.log     the supervisor's own stdout and stderr (its backend redirects them)
+    setup.sh, setup.log, .setup-env   the supervisor's setup lines, their output, their env
+    stdout.txt, stderr.txt   VENV2's output (files: a chatty job cannot block on a pipe)
+    heartbeat.json     supervisor, every few seconds -> login side (last seen alive)
+    status.jsonl       worker, one line per phase -> reports
+    error.json         worker, the first error only (O_EXCL) -> reports
+    result.pkl, result.json   worker: the pickled value (renamed into place), its summary
+    exception.pkl      worker: the function's exception -> re-raised by the login side
+    cancel-requested   login side -> supervisor (covers a supervisor without handlers yet)
+    outcome.json       supervisor, last, always, atomically -> reports
+"""
+
+import errno
+import json
+import os
+from typing import Any, Dict, List, Optional
+
+META = "meta.json"
+PAYLOAD = "payload.pkl"
+SUPERVISOR_SCRIPT = "supervisor.py"
+WORKER_SCRIPT = "worker.py"
+# The node modules the scripts need (this one, proc, protocol), copied as a package of this name
+# beside them: the copies' relative imports keep working, and the name cannot shadow a module
+# of the user's.
+RUNNER_PACKAGE = "gpuctl_runner"
+RUNNER_MODULES = ("__init__", "jobfiles", "proc", "protocol")
+PIDFILE = "supervisor.json"
+SUPERVISOR_LOG = "supervisor.log"
+SETUP_SCRIPT = "setup.sh"
+SETUP_LOG = "setup.log"
+SETUP_ENV = ".setup-env"
+STDOUT = "stdout.txt"
+STDERR = "stderr.txt"
+HEARTBEAT = "heartbeat.json"
+STATUS = "status.jsonl"
+ERROR = "error.json"
+RESULT = "result.pkl"
+RESULT_INFO = "result.json"
+EXCEPTION = "exception.pkl"
+CANCEL = "cancel-requested"
+OUTCOME = "outcome.json"
+
+# Files a person reads to see what a job did, in that order.
+LOGS = (STDOUT, STDERR, STATUS, OUTCOME, ERROR, SETUP_LOG, SUPERVISOR_LOG)
+# The runner, copied into every job folder: path in the folder -> source path under the folder
+# that holds the ``gpuctl`` package.
+RUNNER = {SUPERVISOR_SCRIPT: "gpuctl/node/supervisor.py", WORKER_SCRIPT: "gpuctl/workloads/worker.py"}
+RUNNER.update(
+    (RUNNER_PACKAGE + "/" + m + ".py", "gpuctl/node/" + m + ".py") for m in RUNNER_MODULES)
+
+
+class JobPaths(object):
+    """The paths of one job folder: ``JobPaths(d).outcome == d + "/outcome.json"``.
+
+    ``folder`` may be a path on another host (the login side reads over SSH): paths are joined
+    with "/".
+    """
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def __call__(self, name: str) -> str:
+        """The path of the file ``name`` (one of this module's names) in the folder."""
+        return self.folder.rstrip("/") + "/" + name
+
+    @property
+    def meta(self) -> str:
+        return self(META)
+
+    @property
+    def outcome(self) -> str:
+        return self(OUTCOME)
+
+    @property
+    def heartbeat(self) -> str:
+        return self(HEARTBEAT)
+
+    @property
+    def cancel(self) -> str:
+        return self(CANCEL)
+
+    @property
+    def pidfile(self) -> str:
+        return self(PIDFILE)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def write_json(path: str, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (temporary name, fsync, rename)."""
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json_once(path: str, obj: Any) -> bool:
+    """Write ``obj`` to ``path`` unless the file exists (O_EXCL: the first writer wins).
+    Returns False when it was there already; raises OSError for anything else."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as e:
+        if e.errno == errno.EEXIST:
+            return False
+        raise
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
+
+def append_line(path: str, obj: Any) -> None:
+    """Append ``obj`` as one JSON line, flushed and fsynced (it survives a crash right after)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(obj) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_json(path: str, default: Any = None) -> Any:
+    """The JSON in ``path``, or ``default`` when it is missing or not JSON (a torn write)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def loads(data: Optional[bytes]) -> Any:
+    """JSON from bytes read elsewhere (over SSH), or None when empty or not JSON."""
+    if not data:
+        return None
+    try:
+        return json.loads(data.decode("utf-8", "replace"))
+    except ValueError:
+        return None
+
+
+def parse_lines(text: str) -> List[Dict[str, Any]]:
+    """The records of a JSON-lines file (``status.jsonl``); a torn last line (a crash in the
+    middle of a write) and anything that is not an object are skipped."""
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def tail(path: str, limit: int = 4000) -> str:
+    """The last ``limit`` characters of a text file ('' when it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

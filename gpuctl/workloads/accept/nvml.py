@@ -1,0 +1,167 @@
+"""What the suite reads from NVML (optional): names, PCIe links, health counters, XID events and
+throttle reasons sampled while COMPUTE runs. Every read degrades to None."""
+
+import os
+import threading
+from typing import Any
+
+XID_CRITICAL = 0x0000000000000008  # nvmlEventTypeXidCriticalError
+
+
+class Nvml:
+    """What the suite reads from NVML; every method degrades to None when NVML cannot answer."""
+
+    def __init__(self) -> None:
+        self.nv: Any = None
+        self.error: str | None = None
+        self.handles: dict[int, Any] = {}  # CUDA index -> NVML handle
+        self.events: Any = None
+        self.xids: dict[int | None, list[int]] = {}
+        self.throttle: dict[int, set[str]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nv = pynvml
+        except Exception as e:  # ImportError, NVMLError, missing libnvidia-ml
+            self.error = f"{type(e).__name__}: {e}"
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception:
+            return None
+
+    def map_devices(self, torch: Any, count: int) -> None:
+        """Match CUDA devices to NVML handles by UUID (CUDA_VISIBLE_DEVICES reorders them)."""
+        if self.nv is None:
+            return
+        for i in range(count):
+            props = torch.cuda.get_device_properties(i)
+            uuid = getattr(props, "uuid", None)
+            handle = None
+            if uuid is not None:
+                text = str(uuid)
+                if not text.startswith("GPU-"):
+                    text = f"GPU-{text}"
+                handle = self._call(self.nv.nvmlDeviceGetHandleByUUID, text)
+            if handle is None and "CUDA_VISIBLE_DEVICES" not in os.environ:
+                handle = self._call(self.nv.nvmlDeviceGetHandleByIndex, i)
+            if handle is not None:
+                self.handles[i] = handle
+        self.events = self._call(self.nv.nvmlEventSetCreate)
+        if self.events is not None:
+            for h in self.handles.values():
+                self._call(self.nv.nvmlDeviceRegisterEvents, h, XID_CRITICAL, self.events)
+
+    def driver(self) -> "str | None":
+        if self.nv is None:
+            return None
+        v = self._call(self.nv.nvmlSystemGetDriverVersion)
+        return _text(v)
+
+    def uuid(self, i: int) -> "str | None":
+        h = self.handles.get(i)
+        v = self._call(self.nv.nvmlDeviceGetUUID, h) if h is not None else None
+        return _text(v)
+
+    def pcie(self, i: int) -> "tuple[Any, Any, Any, Any]":
+        """(current gen, current width, max gen, max width) of GPU i, each None if unknown."""
+        h = self.handles.get(i)
+        if h is None:
+            return None, None, None, None
+        nv = self.nv
+        return (
+            self._call(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
+            self._call(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
+            self._call(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
+            self._call(nv.nvmlDeviceGetMaxPcieLinkWidth, h),
+        )
+
+    def poll_xids(self) -> None:
+        """Drain the XID events NVML queued since ENV (timeout 0: never waits)."""
+        if self.events is None:
+            return
+        wait = getattr(self.nv, "nvmlEventSetWait_v2", None) or self.nv.nvmlEventSetWait
+        nvml_index = {self._call(self.nv.nvmlDeviceGetIndex, h): i for i, h in self.handles.items()}
+        for _ in range(10000):  # bounded: a storm of events must not hang the suite
+            data = self._call(wait, self.events, 0)
+            if data is None:
+                return
+            gpu = nvml_index.get(self._call(self.nv.nvmlDeviceGetIndex, data.device))
+            self.xids.setdefault(gpu, []).append(int(data.eventData))
+
+    def _sample_throttle(self) -> None:
+        from gpuctl.node.protocol import decode_throttle
+
+        # Newer NVML names them "clock event reasons"; the bits are the same.
+        read = (
+            getattr(self.nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or self.nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
+        while not self._stop.wait(0.2):
+            for i, h in self.handles.items():
+                for name in decode_throttle(self._call(read, h)) or ():
+                    self.throttle.setdefault(i, set()).add(name)
+
+    def start_throttle_watch(self) -> None:
+        if self.nv is None or not self.handles:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._sample_throttle, daemon=True)
+        self._thread.start()
+
+    def stop_throttle_watch(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(2.0)
+            self._thread = None
+
+    def health(self, i: int) -> "dict[str, Any]":
+        """ECC and remapped-row counters of GPU i (None where unsupported)."""
+        h = self.handles.get(i)
+        out: dict[str, Any] = {
+            "ecc_uncorrected_volatile": None,
+            "ecc_uncorrected_aggregate": None,
+            "remapped_rows": None,
+        }
+        if h is None:
+            return out
+        nv = self.nv
+        out["ecc_uncorrected_volatile"] = self._call(
+            nv.nvmlDeviceGetTotalEccErrors,
+            h,
+            nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            nv.NVML_VOLATILE_ECC,
+        )
+        out["ecc_uncorrected_aggregate"] = self._call(
+            nv.nvmlDeviceGetTotalEccErrors,
+            h,
+            nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            nv.NVML_AGGREGATE_ECC,
+        )
+        rows = self._call(nv.nvmlDeviceGetRemappedRows, h)
+        if rows is not None:
+            corr, unc, pending, failure = rows
+            out["remapped_rows"] = {
+                "correctable": corr,
+                "uncorrectable": unc,
+                "pending": bool(pending),
+                "failure": bool(failure),
+            }
+        return out
+
+    def close(self) -> None:
+        self.stop_throttle_watch()
+        if self.nv is not None:
+            if self.events is not None:
+                self._call(self.nv.nvmlEventSetFree, self.events)
+            self._call(self.nv.nvmlShutdown)
+
+
+def _text(value: Any) -> "str | None":
+    if isinstance(value, bytes):
+        return value.decode()
+    return None if value is None else str(value)

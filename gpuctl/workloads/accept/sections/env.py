@@ -1,0 +1,101 @@
+"""[ENV]: host, Python, torch, CUDA, driver, NCCL and the GPUs, against the expected count."""
+
+import os
+import socket
+import sys
+from typing import TYPE_CHECKING, Any
+
+from .. import peaks
+from ..nvml import Nvml
+
+if TYPE_CHECKING:
+    from ..suite import Suite
+
+
+def run(suite: "Suite") -> "dict[str, Any]":
+    """[ENV]: the software stack and the GPUs this node shows, against what it should have."""
+    torch = suite.torch
+    a = suite.args
+    info = {
+        "hostname": socket.gethostname(),
+        "node": suite.node,
+        "python": ".".join(str(v) for v in sys.version_info[:3]),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "driver": None,
+        "nccl": None,
+        "gpu_count": 0,
+        "expected_gpus": None,
+        "gpus": [],
+        "nvidia_smi_l": [],
+        "cpu_threads": torch.get_num_threads(),
+    }
+    suite.out.line(
+        f"host {info['hostname']} (node {suite.node}), Python {info['python']}, "
+        f"torch {info['torch']}, CUDA {info['cuda']}"
+    )
+    if not suite.cuda:
+        info["verdict"] = "PASS"
+        info["summary"] = (
+            f"CPU run ({int(info['cpu_threads'])} threads): judged on correctness, not on peaks"
+        )
+        suite.out.line(info["summary"])
+        return info
+    expected = a.expect_gpus
+    if expected is None:
+        slurm = os.environ.get("SLURM_GPUS_ON_NODE")
+        if slurm and slurm.isdigit():
+            expected = int(slurm)
+    info["expected_gpus"] = expected
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    info["gpu_count"] = count
+    if count == 0:
+        why = "torch.cuda.is_available() is False"
+        if torch.version.cuda is None:
+            why = f"this torch is a CPU-only build ({torch.__version__})"
+        suite.no_gpu = True
+        if a.allow_no_gpu:
+            info["verdict"] = "SKIP"
+            info["summary"] = f"no GPU found ({why}); --allow-no-gpu: GPU sections skipped"
+        else:
+            info["verdict"] = "FAIL"
+            info["summary"] = f"no GPU found ({why}); pass --allow-no-gpu to skip"
+        suite.out.line(info["summary"])
+        return info
+    suite.nvml = Nvml()
+    suite.nvml.map_devices(torch, count)
+    info["driver"] = suite.nvml.driver()
+    try:
+        v = torch.cuda.nccl.version()
+        info["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    except Exception:
+        info["nccl"] = None
+    for i in range(count):
+        props = torch.cuda.get_device_properties(i)
+        uuid = suite.nvml.uuid(i) or (str(props.uuid) if getattr(props, "uuid", None) else None)
+        g = {
+            "index": i,
+            "name": props.name,
+            "uuid": uuid,
+            "model_key": peaks.model_key(props.name),
+            "memory_bytes": props.total_memory,
+            "capability": f"{int(props.major)}.{int(props.minor)}",
+        }
+        info["gpus"].append(g)
+        info["nvidia_smi_l"].append(f"GPU {i}: {props.name} (UUID: {uuid})")
+    suite.gpus = info["gpus"]
+    for line in info["nvidia_smi_l"]:
+        suite.out.line(line)
+    suite.out.line(
+        f"driver {info['driver']}, NCCL {info['nccl']}, "
+        f"NVML {'ok' if suite.nvml.nv else suite.nvml.error}"
+    )
+    if expected is not None and count < expected:
+        info["verdict"] = "FAIL"
+        info["summary"] = f"{int(count)} GPUs visible, {int(expected)} expected"
+    else:
+        models = sorted(set(g["name"] for g in suite.gpus))
+        info["verdict"] = "PASS"
+        info["summary"] = f"{int(count)} GPU(s): {', '.join(models)}, driver {info['driver']}"
+    suite.out.line(info["summary"])
+    return info
