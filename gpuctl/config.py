@@ -166,6 +166,13 @@ def _bool(v: Any) -> bool:
     return v
 
 
+def _liveness(v: Any) -> float:
+    seconds = _number(0, 86400)(v)
+    if 0 < seconds < 1:
+        raise _Bad(f"must be 0 (never) or within 1..86400 seconds; got {seconds:g}")
+    return seconds
+
+
 def _lines(v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
         return (v,)
@@ -281,6 +288,9 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "stale_after": Key(_number(0.5, 3600), 3.0, "seconds without a sample: the node is stale"),
         "backoff_base": Key(_number(0.01, 600), 1.0, "first reconnect delay, seconds"),
         "backoff_max": Key(_number(0.01, 3600), 30.0, "longest reconnect delay, seconds"),
+        "liveness_timeout": Key(
+            _liveness, 30.0, "an agent that hears nothing this long stops its burns (0: never)"
+        ),
     },
     "tui": {
         "theme": Key(_str, None, "dark, light or high-contrast (else the last one chosen)"),

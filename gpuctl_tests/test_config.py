@@ -441,6 +441,10 @@ def test_config_defaults_are_the_ones_the_code_uses() -> None:
     accept = {f.name: f.default for f in dataclasses.fields(AcceptOptions)}
     for name in ("timeout", "threshold", "allow_no_gpu", "expect_gpus", "python"):
         assert accept[name] == SECTIONS["accept"][name].default, name
+    from gpuctl.node import protocol
+
+    assert SECTIONS["stress"]["max_duration"].default == protocol.DEFAULT_MAX_DURATION
+    assert SECTIONS["fleet"]["liveness_timeout"].default == protocol.DEFAULT_LIVENESS_S
     node = {f.name: f.default for f in dataclasses.fields(NodeConfig)}
     for name, key in CLUSTER_KEYS.items():
         if name in node:
@@ -472,3 +476,16 @@ def test_init_with_slurm_names_its_gpu_nodes(tmp_path: Path, slurm_cluster: Any)
     (cluster,) = config.clusters.values()
     assert [n.name for n in cluster.nodes] == ["localhost"]
     assert "sinfo listed when this file was written" in r.stdout
+
+
+def test_fleet_table_reaches_the_fleet() -> None:
+    from gpuctl.fleet.build import fleet_from_config
+
+    config = parse_config(
+        "[fleet]\nliveness_timeout = 5\nconcurrency = 4\n"
+        '[clusters.x]\nvia = "local"\nsimulate = 1\n'
+    )
+    fleet = fleet_from_config(config)
+    assert fleet.liveness_timeout == 5.0 and fleet._sem._value == 4
+    with pytest.raises(ConfigError, match=r"fleet\.liveness_timeout: must be 0 \(never\) or"):
+        parse_config("[fleet]\nliveness_timeout = 0.5\n")
