@@ -61,7 +61,10 @@ gpuctl -> agent
                   driver call would) -> ok
     Plugins add requests and name them in the hello's ``features``; each documents its own:
     ``stress_start`` / ``stress_stop`` / ``stress_status`` and ``burn`` events in
-    ``gpuctl/node/stress.py``; ``accept_start`` / ``accept_stop`` and ``accept`` events in
+    ``gpuctl/node/stress.py`` (with the burn's ``owner``: ``{user, host, session}`` of the gpuctl
+    that started it, sent in ``stress_start``, reported in events and ``stress_status``, and
+    ``stress_stop``'s ``owner_user``, which leaves other users' burners alone and lists them in
+    its reply's ``kept``); ``accept_start`` / ``accept_stop`` and ``accept`` events in
     ``gpuctl/node/accept.py``.
 
 Versioning

@@ -7,18 +7,33 @@ Requests (added to the agent by ``install(agent)``; Python 3.6, standard library
                   workload_python (VENV2's python, default this agent's), gpu_burn (path of a
                   gpu_burn binary), gpu_burn_source (a gpu-burn source folder to build from),
                   device ("cuda" | "cpu": "cpu" runs the torch burner on the CPU, for tests),
-                  size (matrix size)
+                  size (matrix size), owner ({user, host, session}: who starts the burn, see
+                  below; optional)
                   -> ok {started, busy, engine, ends_at}
     stress_stop   gpus (list | "all"), others (bool: also burners this agent did not start,
-                  found in /proc: another gpuctl session's)      -> ok {stopping, others}
+                  found in /proc: another gpuctl session's), owner_user (a user name: of those
+                  other burners only the ones whose owner has this user; the rest, and burners
+                  with no owner, are left alone and listed in ``kept``)
+                  -> ok {stopping (GPUs of this agent's burns), others (pids signalled), kept
+                  (burners left alone: pid, gpu, gpu_index, device, engine, owner)}
     stress_status                           -> stress {burns, others, max_duration}
+                  ``others``: burners found in /proc (pid, engine, gpu, gpu_index, device,
+                  duration, age, owner)
+
+Owners: ``owner`` is ``{"user": ..., "host": ..., "session": ...}``, strings of 1..256 printable
+characters (anything else is refused as bad_argument): the login user, the login host and that
+gpuctl process's session id. The agent records it on the burn, reports it in the burn's events
+and in ``stress_status``, and puts it in the burner's environment as ``GPUCTL_BURN_OWNER``
+(JSON), which ``scan_burners`` reads back from ``/proc/PID/environ`` (same uid, so readable):
+another session's agent sees whose a burner is. A burner without it (started by hand, or by an
+older gpuctl) has owner null.
 
 The cap is the agent's ``max_duration`` (``agent --max-duration``, default
 ``protocol.DEFAULT_MAX_DURATION``; gpuctl sets it from its config with ``configure``), never above
 ``protocol.MAX_DURATION_CEILING``. A longer request is refused with a one-line error.
 
 Events: ``{"type":"event","kind":"burn","gpu":N,"detail":{state, engine, tflops, tflops_mean,
-errors, iterations, ends_at, verdict, reason, ...}}`` with state "starting" | "running" |
+errors, iterations, ends_at, verdict, reason, owner, ...}}`` with state "starting" | "running" |
 "stopping" | "done" | "failed". "done" or "failed" is sent only once the burner's process group
 is gone: the GPU is free then.
 
@@ -33,6 +48,7 @@ On a simulated reader the plugin drives the simulated GPUs' load instead of star
 emits synthetic progress, so the demo burns without torch or a GPU.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -54,6 +70,10 @@ ENGINES = ("auto", "torch", "gpu-burn")
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
 ACTIVE = ("starting", "running", "stopping")
 TAIL_LINES = 20
+BURN_OWNER_ENV = "GPUCTL_BURN_OWNER"  # a burner's owner (JSON), read back from /proc/PID/environ
+OWNER_FIELDS = ("user", "host", "session")
+OWNER_LIMIT = 256  # characters of one owner field
+ENVIRON_LIMIT = 1 << 20  # bytes of /proc/PID/environ read
 
 # Dense peaks (TFLOP/s: fp64, fp32, tf32, bf16/fp16) for the simulated burn's synthetic rate.
 SIM_PEAKS = (
@@ -87,9 +107,38 @@ def _arg(argv: List[str], flag: str) -> Optional[str]:
         return None
 
 
+def check_owner(value: Any) -> Optional[Dict[str, str]]:
+    """``value`` as an owner dict (see the module docstring), None for None; raises ValueError
+    with a one-line reason for anything else."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("owner must be an object {user, host, session}")
+    out = {}  # type: Dict[str, str]
+    for key in OWNER_FIELDS:
+        text = value.get(key)
+        if not isinstance(text, str) or not 0 < len(text) <= OWNER_LIMIT \
+                or not text.isprintable():
+            raise ValueError("owner %s must be 1..%d printable characters" % (key, OWNER_LIMIT))
+        out[key] = text
+    return out
+
+
+def read_owner(environ: bytes) -> Optional[Dict[str, str]]:
+    """The owner a burner's environment (``/proc/PID/environ``) names, or None."""
+    prefix = BURN_OWNER_ENV.encode() + b"="
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            try:
+                return check_owner(protocol.parse_json(entry[len(prefix):]))
+            except ValueError:
+                return None
+    return None
+
+
 def scan_burners(proc_root: str = "/proc") -> List[Dict[str, Any]]:
     """gpuctl burners of this user running on this machine, whoever started them: one dict
-    (pid, engine, gpu, device, duration, age) per process group leader."""
+    (pid, engine, gpu, device, duration, age, owner) per process group leader."""
     uid = os.getuid()
     btime = None  # type: Optional[int]
     ticks = 100
@@ -120,6 +169,11 @@ def scan_burners(proc_root: str = "/proc") -> List[Dict[str, Any]]:
         fields = stat[stat.rindex(")") + 2:].split()
         if fields[0] in ("Z", "X") or int(fields[2]) != pid:
             continue  # a zombie, or not the leader of its own group
+        try:
+            with open(os.path.join(base, "environ"), "rb") as f:
+                owner = read_owner(f.read(ENVIRON_LIMIT))
+        except OSError:
+            owner = None
         age = None
         if btime is not None:
             age = round(time.time() - (btime + int(fields[19]) / float(ticks)), 1)
@@ -130,7 +184,7 @@ def scan_burners(proc_root: str = "/proc") -> List[Dict[str, Any]]:
             duration = None
         out.append({"pid": pid, "engine": BURNER_MODULES[str(module)],
                     "gpu": _arg(argv, "--gpu"), "device": _arg(argv, "--device") or "cuda",
-                    "duration": duration, "age": age})
+                    "duration": duration, "age": age, "owner": owner})
     return sorted(out, key=lambda b: int(b["pid"]))
 
 
@@ -138,8 +192,9 @@ class Burn(object):
     """One burner on one GPU (a process group, or a simulated load)."""
 
     def __init__(self, gpu: int, engine: str, duration: float, ends_at: float,
-                 dtype: Optional[str]) -> None:
+                 dtype: Optional[str], owner: Optional[Dict[str, str]] = None) -> None:
         self.gpu = gpu
+        self.owner = owner  # who started it (see the module docstring), or None
         self.engine = engine
         self.duration = duration
         self.ends_at = ends_at  # unix time, for people
@@ -175,6 +230,7 @@ class Burn(object):
             "verdict": self.verdict,
             "reason": self.reason,
             "pid": self.proc.pid if self.proc is not None else None,
+            "owner": self.owner,
         }  # type: Dict[str, Any]
         for key in ("tflops", "tflops_mean", "errors", "iterations", "elapsed", "size", "duty",
                     "temp", "name", "message"):
@@ -226,7 +282,8 @@ class StressPlugin(object):
             if gpu in self.burns:
                 busy.append(gpu)
                 continue
-            burn = Burn(gpu, opts["engine"], opts["duration"], ends_at, opts["dtype"])
+            burn = Burn(gpu, opts["engine"], opts["duration"], ends_at, opts["dtype"],
+                        opts["owner"])
             self.burns[gpu] = burn
             self.finished.pop(gpu, None)
             started.append(gpu)
@@ -278,6 +335,7 @@ class StressPlugin(object):
         for name, value in (("gpu_burn", gpu_burn), ("gpu_burn_source", source)):
             if value is not None and not isinstance(value, str):
                 raise ValueError("%s must be a path" % name)
+        owner = check_owner(msg.get("owner"))
         if self.simulated and device == "cuda":
             engine = "sim"
         elif engine == "auto":
@@ -287,7 +345,7 @@ class StressPlugin(object):
             raise ValueError("gpu-burn needs a GPU; use engine torch with device cpu")
         return {"gpus": gpus, "engine": engine, "dtype": dtype, "duration": duration,
                 "mem_fraction": mem_fraction, "python": python, "device": device,
-                "size": size, "gpu_burn": gpu_burn, "source": source}
+                "size": size, "gpu_burn": gpu_burn, "source": source, "owner": owner}
 
     def _gpus(self, value: Any, allow_any: bool = False) -> List[int]:
         if value is None or value == "all":
@@ -316,19 +374,27 @@ class StressPlugin(object):
             self.agent.reply_error("bad_argument", "gpus must be a list of indices or \"all\"",
                                    req_id)
             return
+        owner_user = msg.get("owner_user")
+        if owner_user is not None and not isinstance(owner_user, str):
+            self.agent.reply_error("bad_argument", "owner_user must be a user name", req_id)
+            return
         for gpu in gpus:
             self.stop(self.burns[gpu], "stopped on request")
-        others = []
+        others, kept = [], []  # type: List[int], List[Dict[str, Any]]
         if msg.get("others"):
             wanted = None if value is None or value == "all" else set(value)
             for b in self.others():
-                if wanted is not None and self._gpu_index(b["gpu"]) not in wanted:
+                b["gpu_index"] = self._gpu_index(b["gpu"])
+                if wanted is not None and b["gpu_index"] not in wanted:
+                    continue
+                if owner_user is not None and (b["owner"] or {}).get("user") != owner_user:
+                    kept.append(b)  # another user's, or nobody's we know: not ours to stop
                     continue
                 proc.signal_group(b["pid"], signal.SIGTERM)
                 self.foreign[b["pid"]] = time.monotonic()
                 others.append(b["pid"])
         self.agent.send({"type": "ok", "request": "stress_stop", "id": req_id, "stopping": gpus,
-                         "others": others})
+                         "others": others, "kept": kept})
         self._finish_sim()
 
     def others(self) -> List[Dict[str, Any]]:
@@ -391,8 +457,12 @@ class StressPlugin(object):
             argv += ["--dtype", burn.dtype]
         try:
             # cwd /: imports come from PYTHONPATH (the bundle), not a stray checkout
+            env = proc.bundle_env()
+            env.pop(BURN_OWNER_ENV, None)  # the agent's own, if it inherited one, is not this
+            if burn.owner is not None:
+                env[BURN_OWNER_ENV] = json.dumps(burn.owner, sort_keys=True)
             child = proc.spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env=proc.bundle_env(), cwd="/")
+                               env=env, cwd="/")
         except OSError as e:
             burn.state, burn.verdict = "failed", None
             burn.reason = "cannot start %s: %s" % (opts["python"], e.strerror or e)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import stat
@@ -208,12 +209,18 @@ def test_bad_requests_get_one_line_errors(agents: list[AgentProcess]) -> None:
         ({"gpus": [0], "max_duration": 7200}, "exceeds this node's cap of 3600"),
         ({"gpus": [0], "duration": 60, "max_duration": 30}, "exceeds the maximum of 30"),
         ({"gpus": [0], "mem_fraction": 2}, "mem_fraction must be"),
+        ({"gpus": [0], "owner": "alice"}, "owner must be an object"),
+        ({"gpus": [0], "owner": {"user": "alice", "host": "h"}}, "owner session must be"),
+        ({"gpus": [0], "owner": {"user": "a\x00b", "host": "h", "session": "s"}}, "owner user"),
+        ({"gpus": [0], "owner": {"user": "a", "host": "h" * 257, "session": "s"}}, "owner host"),
     ]
     for i, (fields, text) in enumerate(cases, start=10):
         a.send({"type": "stress_start", "id": i, **fields})
         err = reply(a, i)
         assert err["type"] == "error" and err["code"] == "bad_argument", err
         assert text in err["message"]
+    a.send({"type": "stress_stop", "others": True, "owner_user": 7, "id": 98})
+    assert "owner_user must be" in reply(a, 98)["message"]
     a.send({"type": "stress_status", "id": 99})
     assert reply(a, 99)["burns"] == []
 
@@ -403,3 +410,74 @@ def test_gpu_burn_engine_dies_with_a_killed_agent(
         2.0,
         "the wrapper, gpu_burn and its worker to die with the agent",
     )
+
+
+MALLORY = {"user": "mallory", "host": "login2", "session": "5e55"}
+
+
+def _environ_owner(pid: int) -> dict[str, Any] | None:
+    for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        if entry.startswith(b"GPUCTL_BURN_OWNER="):
+            return json.loads(entry.split(b"=", 1)[1])  # type: ignore[no-any-return]
+    return None
+
+
+@pytest.mark.slow
+def test_a_burn_carries_its_owner_and_other_sessions_see_it_and_spare_it(
+    agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    """The node side under Python 3.6, from the bundle: the owner sent in stress_start is in the
+    burn's events, in stress_status and in the burner's environment, where another session's
+    agent reads it back; a stop limited to another user leaves the burner alone and says so."""
+    py36 = old_python("3.6.15")
+    bundle = write_bundle(tmp_path / "b")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+
+    def agent36() -> AgentProcess:
+        a = AgentProcess([py36, str(bundle), "agent", "--simulate", "1"], env=env)
+        agents.append(a)
+        assert a.read(20)["python"].startswith("3.6.")
+        return a
+
+    owner_agent, other = agent36(), agent36()
+    owner_agent.send(
+        {**CPU_BURN, "id": 1, "duration": 120, "owner": MALLORY, "workload_python": sys.executable}
+    )
+    assert reply(owner_agent, 1)["type"] == "ok"
+    ev = burn_event(owner_agent, ("running",))
+    assert ev["detail"]["owner"] == MALLORY
+    pid = int(ev["detail"]["pid"])
+    assert _environ_owner(pid) == MALLORY
+    owner_agent.send({"type": "stress_status", "id": 2})
+    assert reply(owner_agent, 2)["burns"][0]["owner"] == MALLORY
+
+    other.send({"type": "stress_status", "id": 3})
+    (seen,) = [b for b in reply(other, 3)["others"] if b["pid"] == pid]
+    assert seen["owner"] == MALLORY and seen["device"] == "cpu"
+
+    other.send({"type": "stress_stop", "others": True, "owner_user": "alice", "id": 4})
+    spared = reply(other, 4)
+    assert spared["others"] == [] and [b["pid"] for b in spared["kept"]] == [pid]
+    assert spared["kept"][0]["owner"] == MALLORY
+    assert running(pid)  # not signalled (the agent signals before it replies)
+
+    other.send({"type": "stress_stop", "others": True, "owner_user": "mallory", "id": 6})
+    stopped = reply(other, 6)
+    assert stopped["others"] == [pid] and stopped["kept"] == []
+    done = burn_event(owner_agent, ("done", "failed"))
+    assert done["detail"]["owner"] == MALLORY
+    wait_until(lambda: not group_members(pid), 10, "mallory's burner to stop")
+
+
+def test_a_burner_without_an_owner_mark_has_none(agents: list[AgentProcess]) -> None:
+    """A burner gpuctl did not mark (started by hand, an older gpuctl) is nobody's we know:
+    a stop limited to a user leaves it alone; an owner inherited by the agent is not passed on."""
+    a = start_agent(agents, "--simulate", "1", env={"GPUCTL_BURN_OWNER": json.dumps(MALLORY)})
+    pid = start_cpu_burn(a, duration=60)
+    assert _environ_owner(pid) is None
+    b = start_agent(agents, "--simulate", "1")
+    b.send({"type": "stress_stop", "others": True, "owner_user": "mallory", "id": 7})
+    kept = reply(b, 7)["kept"]
+    assert [(k["pid"], k["owner"]) for k in kept] == [(pid, None)]
+    assert running(pid)
