@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuctl import service
 from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore
 from gpuctl.core.model import NodeEvent, NodeState
 from gpuctl.fleet.fleet import Fleet
@@ -323,12 +324,17 @@ def start_fleet_run(
     python_for: Mapping[str, str | None] | None = None,
     settle_timeout: float = 60.0,
     via: str = "agent",
+    read_only: bool | None = None,
 ) -> AcceptRun:
     """Run the single-node suite on each node through its agent (the fleet must be started).
 
     ``python_for`` names each node's VENV2 interpreter (default ``options.python``, else the
-    agent's own). Needs a running event loop; returns at once.
+    agent's own). ``read_only`` is the caller's decision (None: ``gpuctl.service`` decides from
+    the fleet, ``$GPUCTL_READ_ONLY`` and the config). Needs a running event loop; returns at
+    once. Raises ``gpuctl.service.ReadOnlyError`` in read-only mode (ConfigError when the config
+    that would say cannot be read), before anything starts.
     """
+    service.check("the acceptance suite", read_only=read_only, fleet=fleet)
     run = AcceptRun(nodes, options, via)
     runs: dict[str, str] = {}  # node -> the agent's run id
     finished: dict[str, asyncio.Future[Mapping[str, Any]]] = {}
@@ -430,8 +436,12 @@ async def start_local_run(
     report_dir: str | os.PathLike[str] | None = None,
     history: HistoryStore | None = None,
     node: str | None = None,
+    read_only: bool | None = None,
 ) -> tuple[AcceptRun, Fleet]:
-    """Run the suite on this machine through a local agent; stop the returned fleet after."""
+    """Run the suite on this machine through a local agent; stop the returned fleet after.
+
+    Raises ``gpuctl.service.ReadOnlyError`` in read-only mode (see ``start_fleet_run``)."""
+    service.check("the acceptance suite", read_only=read_only)
     name = node or socket.gethostname()
     fleet = Fleet({name: LocalLink(python=sys.executable, interval=5.0)})
     await fleet.start()
@@ -443,6 +453,7 @@ async def start_local_run(
         history=history,
         python_for={name: options.python or sys.executable},
         via="local",
+        read_only=False,  # decided above
     )
     return run, fleet
 

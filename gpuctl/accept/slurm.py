@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpuctl import paths
+from gpuctl import paths, service
 from gpuctl.accept.history import HistoryStore
 from gpuctl.accept.run import (
     ERROR,
@@ -156,12 +156,16 @@ async def start_slurm_run(
     env: Mapping[str, str] | None = None,
     report_dir: str | os.PathLike[str] | None = None,
     history: HistoryStore | None = None,
+    read_only: bool | None = None,
 ) -> AcceptRun:
     """Write the job folder and script, ``sbatch`` it, and follow it; returns the run at once.
 
     ``python`` is the VENV2 interpreter on the nodes (default: this one, which works where the
-    login node and the nodes share an installation). Raises SlurmError when sbatch refuses.
+    login node and the nodes share an installation). Raises SlurmError when sbatch refuses,
+    ``gpuctl.service.ReadOnlyError`` in read-only mode (``read_only``: the caller's decision;
+    None: ``$GPUCTL_READ_ONLY`` and the config), before anything is written.
     """
+    service.check("the acceptance suite", read_only=read_only)
     root = Path(job_dir) if job_dir is not None else job_root()
     root.mkdir(parents=True, exist_ok=True)
     job = Path(tempfile.mkdtemp(prefix=time.strftime("accept-%Y%m%d-%H%M%S-"), dir=root))  # 0700

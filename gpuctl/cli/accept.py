@@ -132,14 +132,15 @@ def _str(v: Any) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
+def _decided(args: argparse.Namespace) -> bool | None:
+    """The read-only decision ``gpuctl.cli.main`` made before the command ran (None: none)."""
+    value = getattr(args, "read_only", None)
+    return value if isinstance(value, bool) else None
+
+
 @_mutating("the acceptance suite")
 def run(args: argparse.Namespace) -> int:
-    config = load_user_config(args)
-    if config.read_only:
-        raise _user_error(
-            f"read-only mode ({config.path or 'config'} sets read_only = true): "
-            "acceptance loads the GPUs, so it is refused"
-        )
+    config = load_user_config(args)  # read-only mode was refused before (gpuctl.service)
     if args.local and (args.nodes or args.via):
         raise _user_error("--local runs on this machine: leave out --nodes and --via")
     options = _options(args, config)
@@ -160,7 +161,7 @@ async def _drive(
 ) -> dict[str, Any]:
     if args.local or (config.empty and not args.nodes and args.via is None):
         accept_run, fleet = await start_local_run(
-            options, report_dir=args.report_dir, history=history
+            options, report_dir=args.report_dir, history=history, read_only=_decided(args)
         )
         return await _follow(accept_run, printer, fleet)
     if args.via == "slurm":
@@ -183,6 +184,7 @@ async def _drive(
         history=history,
         python_for=python_for,
         via="ssh",
+        read_only=_decided(args),
     )
     return await _follow(accept_run, printer, fleet)
 
@@ -240,6 +242,7 @@ async def _drive_slurm(
             job_dir=args.job_dir or _str(config.accept.get("job_dir")),
             report_dir=args.report_dir,
             history=history,
+            read_only=_decided(args),
         )
     except SlurmError as e:
         raise _user_error(str(e)) from None

@@ -166,8 +166,8 @@ def run_submit(args: argparse.Namespace) -> int:
         opts["supervisor_python"] = args.supervisor_python
     if args.partition:
         opts["partition"] = args.partition
-    try:
-        ex = Executor(args.target, config=config, **opts)
+    try:  # read-only mode: decided by gpuctl.cli.main before the command ran
+        ex = Executor(args.target, config=config, read_only=_decided(args), **opts)
     except ValueError as e:
         raise UserError(str(e)) from None
     try:
@@ -317,6 +317,12 @@ def _refresh(store: Any, records: list[Any]) -> bool:
     return changed
 
 
+def _decided(args: argparse.Namespace) -> bool | None:
+    """The read-only decision ``gpuctl.cli.main`` made before the command ran (None: none)."""
+    value = getattr(args, "read_only", None)
+    return value if isinstance(value, bool) else None
+
+
 def _on_node(job: Any, fn: Any) -> Any:
     """``fn()``; a node that does not answer is one line (the job may still run there)."""
     from gpuctl.jobs import HostError
@@ -347,7 +353,7 @@ def run_logs(args: argparse.Namespace) -> int:
 
 def run_cancel(args: argparse.Namespace) -> int:
     job = _job(args)
-    if _on_node(job, job.cancel):
+    if _on_node(job, lambda: job.cancel(read_only=_decided(args))):
         print(f"cancelling {job.id}")
         return 0
     print(f"gpuctl: job {job.id} already ended ({job.state})", file=sys.stderr)

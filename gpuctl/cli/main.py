@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from gpuctl import __version__, logs
+from gpuctl import __version__, logs, service
 
 log = logging.getLogger("gpuctl.cli")
 
@@ -34,12 +34,13 @@ class UserError(Exception):
     """A mistake the user can fix; printed as ``gpuctl: <message>`` with exit code 2."""
 
 
-READ_ONLY_ENV = "GPUCTL_READ_ONLY"
+READ_ONLY_ENV = service.READ_ONLY_ENV
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Commands of modules that do not mark themselves with ``mutating``: (module, function) -> what
 # the command does, for the one-line refusal. Everything that loads GPUs, starts or stops work
-# belongs here or is marked, so that read-only mode is enforced in one place for every command.
+# belongs here or is marked: ``_run`` asks ``gpuctl.service`` before such a command runs (the
+# API the command then calls asks again, with the decision made here).
 MUTATING_FUNCS = {
     ("gpuctl.cli.stress", "run_start"): "stress",
     ("gpuctl.cli.stress", "run_stop"): "stress",
@@ -68,31 +69,26 @@ def mutation(func: Any) -> str | None:
 
 
 def read_only_source(args: argparse.Namespace, *, strict: bool = False) -> str | None:
-    """Why this run is read-only (how to lift it, in words), or None when it is not.
-
-    Sources: the top-level ``--read-only``, ``$GPUCTL_READ_ONLY``, a command's own
-    ``--read-only`` and the config's ``read_only = true``. A broken config raises UserError when
-    ``strict`` (a command that changes nodes must not run when it cannot tell), else it is left
-    to the command, which reports it as one line.
+    """Why this run is read-only (how to lift it, in words), or None when it is not: the
+    service's decision (``gpuctl.service.read_only_reason``) over the top-level ``--read-only``,
+    a command's own ``--read-only``, ``$GPUCTL_READ_ONLY`` and the config named by ``--config``
+    (the demo cluster reads no config). A broken config raises UserError when ``strict`` (a
+    command that changes nodes must not run when it cannot tell), else it is left to the
+    command, which reports it as one line.
     """
-    if getattr(args, "global_read_only", False) or getattr(args, "read_only", False):
-        return "--read-only is given: run without it"
-    # any value but an explicit "off" turns it on: a typo must not lift a safety switch
-    if os.environ.get(READ_ONLY_ENV, "").strip().lower() not in ("", "0", "false", "no", "off"):
-        return f"{READ_ONLY_ENV} is set: unset it"
-    if getattr(args, "demo", False):
-        return None  # the demo cluster does not read the config
-    from gpuctl.config import ConfigError, load_config
+    from gpuctl.config import ConfigError
 
+    flag = bool(getattr(args, "global_read_only", False) or getattr(args, "read_only", False))
     try:
-        config = load_config(getattr(args, "config", None))
+        return service.read_only_reason(
+            flag=flag,
+            config_path=getattr(args, "config", None),
+            read_config=not getattr(args, "demo", False),
+        )
     except ConfigError as e:
         if strict:
             raise UserError(str(e)) from None
         return None
-    if config.read_only:
-        return f"{config.path or 'the config'} sets read_only = true: set it to false there"
-    return None
 
 
 class Parser(argparse.ArgumentParser):
@@ -191,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - lives as long as gpuctl
     try:
         return _run(argv)
-    except UserError as e:
+    except (UserError, service.ReadOnlyError) as e:
         print(f"gpuctl: {one_line(str(e))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `gpuctl status | head` is not an error
@@ -263,9 +259,10 @@ def _run(argv: Sequence[str] | None) -> int:
     if what is not None or getattr(args, "global_read_only", False) or READ_ONLY_ENV in os.environ:
         why = read_only_source(args, strict=what is not None)
         if why is not None and what is not None:
-            raise UserError(f"read-only mode: {what} is disabled ({why})")
-        if why is not None:  # commands that check their own --read-only (the TUI) see it
-            args.read_only = True
+            raise service.ReadOnlyError(what, why)
+        # The decision, for the command to hand to the API it calls (which then reads nothing
+        # again) and to commands that check their own --read-only (the TUI).
+        args.read_only = why is not None
     return int(func(args))
 
 

@@ -4,9 +4,15 @@ Burn state lives in the fleet's per-GPU annotations (``fleet.annotate(node, gpu,
 so that the TUI and the CLI read one source. The ``burn`` dict: ``state`` ("starting" |
 "running" | "stopping" | "done" | "failed"), ``engine``, ``tflops``, ``errors``, ``ends_at``
 (unix time), ``verdict`` ("OK" | "FAULTY" | "DIED" | None), ``reason``, plus what the burner
-reports (tflops_mean, iterations, temp, dtype, message). It is fed by the agents' ``burn``
-events; a node whose link drops has its active burns marked failed, because its agent stops
-them (the dead-man's switch).
+reports (tflops_mean, iterations, temp, dtype, message), and ``owner`` (``{user, host,
+session}`` of the gpuctl that started it). It is fed by the agents' ``burn`` events; a node
+whose link drops has its active burns marked failed, because its agent stops them (the
+dead-man's switch).
+
+Starting and stopping are mutating actions: ``set_stress`` and ``stop_burners`` ask
+``gpuctl.service`` first and raise ``ReadOnlyError`` in read-only mode (the caller's
+``read_only``, a fleet built read-only, ``$GPUCTL_READ_ONLY``, the config). Every burn started
+here carries ``service.me()`` as its owner.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from gpuctl import service
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.session import LinkError
@@ -125,21 +132,27 @@ async def set_stress(
     dtype: str | None = None,
     engine: str = "auto",
     options: Mapping[str, Any] | None = None,
+    read_only: bool | None = None,
 ) -> dict[str, Any]:
-    """Start (``on``) or stop burns on ``gpus`` of ``node`` (None: every GPU of the node).
+    """Start (``on``) or stop burns on ``gpus`` of ``node`` (None: every GPU of the node); a
+    stop reaches the burns this fleet's agent started (``stop_burners`` reaches other sessions').
 
     ``options`` adds stress_start fields (mem_fraction, max_duration, gpu_burn, size, device,
-    ...) over the fleet's configured defaults. Returns the agent's reply. Raises LinkError when
-    the node is not connected or does not answer, StressError (a LinkError) when the agent
-    refuses, with its one-line reason.
+    ...) over the fleet's configured defaults; the burn's ``owner`` is this process
+    (``service.me()``). ``read_only`` is the caller's decision (None: the service decides from
+    the fleet, ``$GPUCTL_READ_ONLY`` and the config). Returns the agent's reply. Raises
+    ``service.ReadOnlyError`` in read-only mode (``gpuctl.config.ConfigError`` when the config
+    that would say cannot be read), LinkError when the node is not connected or does not
+    answer, StressError (a LinkError) when the agent refuses, with its one-line reason.
     """
+    service.check("stress", read_only=read_only, fleet=fleet)
     attach(fleet)
     if node not in fleet.nodes:
         raise StressError("unknown_node", f"no node named {node!r}")
     target: list[int] | str = "all" if gpus is None else list(gpus)
     if on:
         msg: dict[str, Any] = {**_defaults.get(fleet, {}), **(options or {})}
-        msg.update({"type": "stress_start", "gpus": target})
+        msg.update({"type": "stress_start", "gpus": target, "owner": service.me().to_wire()})
         if engine != "auto" or "engine" not in msg:
             msg["engine"] = engine
         if duration is not None:
@@ -172,6 +185,7 @@ async def set_stress(
                         "errors": 0,
                         "verdict": None,
                         "reason": None,
+                        "owner": service.me().to_wire(),
                     },
                 )
     else:
@@ -179,4 +193,38 @@ async def set_stress(
             current = burn_of(fleet.snapshot(node), gpu)
             if current is not None and current.get("state") in ("starting", "running"):
                 fleet.annotate(node, gpu, burn={**current, "state": "stopping"})
+    return reply
+
+
+async def stop_burners(
+    fleet: Fleet,
+    node: str,
+    gpus: list[int] | None = None,
+    *,
+    any_owner: bool = False,
+    read_only: bool | None = None,
+    timeout: float = REQUEST_TIMEOUT,
+) -> dict[str, Any]:
+    """Stop the burners on ``gpus`` of ``node`` (None: all) that this fleet's agent started and
+    those other gpuctl sessions started there: of the latter only the caller's user's (any of
+    their sessions), unless ``any_owner``.
+
+    Returns the agent's reply: ``stopping`` (GPUs of this fleet's burns), ``others`` (pids of
+    other sessions' burners it stopped), ``kept`` (burners it left alone: pid, gpu_index,
+    device, engine, owner). Raises ``service.ReadOnlyError`` in read-only mode, LinkError when
+    the node does not answer, StressError when the agent refuses.
+    """
+    service.check("stress", read_only=read_only, fleet=fleet)
+    attach(fleet)
+    if node not in fleet.nodes:
+        raise StressError("unknown_node", f"no node named {node!r}")
+    reply = await fleet.request(node, service.stop_request(gpus, any_owner=any_owner), timeout)
+    if reply.get("type") == "error":
+        raise StressError(
+            str(reply.get("code", "refused")), f"{node}: {reply.get('message', 'refused')}"
+        )
+    for gpu in reply.get("stopping", []):
+        current = burn_of(fleet.snapshot(node), gpu)
+        if current is not None and current.get("state") in ("starting", "running"):
+            fleet.annotate(node, gpu, burn={**current, "state": "stopping"})
     return reply

@@ -30,7 +30,7 @@ from typing import Any, TypeVar, overload
 
 import cloudpickle
 
-from gpuctl import paths
+from gpuctl import paths, service
 from gpuctl.jobs import _chunk
 from gpuctl.jobs.backends import (
     Backend,
@@ -502,8 +502,13 @@ class Job:
         exc.__cause__ = RemoteTraceback(tb)
         return exc
 
-    def cancel(self) -> bool:
-        """Ask the job to stop (TERM, grace, KILL on the node); False if it had finished."""
+    def cancel(self, *, read_only: bool | None = None) -> bool:
+        """Ask the job to stop (TERM, grace, KILL on the node); False if it had finished.
+
+        Raises ``gpuctl.service.ReadOnlyError`` in read-only mode (``read_only``: the caller's
+        decision; None: ``$GPUCTL_READ_ONLY`` and the config, ConfigError when it cannot be
+        read)."""
+        service.check("cancelling jobs", read_only=read_only)
         if self._poll():
             return False
         self._cancel_requested = True
@@ -525,6 +530,10 @@ class Executor:
     the node's configured python3). ``mem`` (bytes or "4G"), ``time_limit`` (seconds), ``cpus``,
     ``gpus`` are limits; ``setup`` lines run before VENV2 starts (after the cluster's own).
     ``verify=False`` skips the pre-submit probe of VENV2 (only to exercise the node-side checks).
+    ``read_only`` is the caller's decision on read-only mode (None: at each submit, from
+    ``$GPUCTL_READ_ONLY`` and ``config``, else the config files); in read-only mode ``submit``,
+    ``map_jobs`` and ``map`` raise ``gpuctl.service.ReadOnlyError`` before anything is built or
+    written.
     """
 
     def __init__(
@@ -550,6 +559,7 @@ class Executor:
         store: JobStore | bool | None = True,
         verify: bool = True,
         cwd: str | None = None,
+        read_only: bool | None = None,
     ) -> None:
         if python is not None and env is not None:
             raise ValueError("give python= (an existing VENV2) or env= (one to build), not both")
@@ -639,6 +649,7 @@ class Executor:
         else:
             self.store = store
         self._root_ready = False
+        self.guard = service.Guard(read_only, cfg)  # read-only mode, judged at each submit
 
     # --- VENV2 ---------------------------------------------------------------------------
 
@@ -892,8 +903,10 @@ class Executor:
 
         Raises ``JobFailed`` when VENV2 cannot be provisioned or does not match this Python,
         ``HostError`` when the target cannot be reached, and cloudpickle's ``PicklingError``
-        (or TypeError) when ``fn`` or its arguments cannot be pickled.
+        (or TypeError) when ``fn`` or its arguments cannot be pickled, and
+        ``gpuctl.service.ReadOnlyError`` in read-only mode (see the class docstring).
         """
+        self.guard.check("submitting jobs")
         name = _name(fn)
         self.venv2()
         job_id, jobdir, meta = self._prepare(fn, args, kwargs, name)
@@ -943,8 +956,10 @@ class Executor:
     ) -> list[Job]:
         """Submit ``fn`` over the zipped iterables in chunks; one job (Slurm array task) per chunk.
 
-        Each job's result is a list of ("ok", value) / ("err", exception, traceback).
+        Each job's result is a list of ("ok", value) / ("err", exception, traceback). Raises
+        ``gpuctl.service.ReadOnlyError`` in read-only mode, before anything is submitted.
         """
+        self.guard.check("submitting jobs")
         items = list(zip(*iterables, strict=False))
         if not items:
             return []
