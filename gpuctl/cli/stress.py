@@ -1,14 +1,19 @@
 """``gpuctl stress``: burn GPUs without the TUI.
 
-    gpuctl stress start [NODES] [--gpus 0,1] [--duration S] [--dtype D] [--engine E] [--json]
-    gpuctl stress stop [NODES] [--gpus 0,1]
+    gpuctl stress start NODES|--all [--gpus 0,1] [--duration S] [--dtype D] [--engine E]
+                                    [--force] [--json]
+    gpuctl stress stop NODES|--all [--gpus 0,1] [--any-owner]
     gpuctl stress status [NODES] [--json]
     gpuctl stress run [--device cpu|cuda] [--duration S] [--dtype D] [--json]
 
-``start`` stays attached until the burns end (duration, Ctrl-C): a burn lives as long as the
-agent that started it (the dead-man's switch), and the agent as long as this command. ``stop``
-and ``status`` also reach burns another gpuctl session started (the agent finds them in /proc).
-``run`` burns this machine's GPUs (or its CPU) directly and prints a JSON summary with ``--json``.
+``start`` and ``stop`` act on the nodes named, or on every configured node with ``--all``:
+neither guesses. ``start`` stays attached until the burns end (duration, Ctrl-C): a burn lives
+as long as the agent that started it (the dead-man's switch), and the agent as long as this
+command. It refuses GPUs whose latest sample shows processes of another user unless ``--force``.
+``stop`` also reaches burns other gpuctl sessions started (the agent finds them in /proc), but
+only those of this user unless ``--any-owner``, and says which it left alone and whose they
+are. ``status`` shows every burn with its owner. ``run`` burns this machine's GPUs (or its CPU)
+directly and prints a JSON summary with ``--json``.
 Exit codes: 0 every burn OK, 1 a burn FAULTY, DIED or unreachable, 2 a usage mistake.
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import selectors
 import signal
@@ -27,6 +33,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from gpuctl import service
 from gpuctl.cli.common import build_fleet, emit_json, load_user_config, positive_seconds
 from gpuctl.core.model import NodeEvent, NodeState
 from gpuctl.fleet import control
@@ -35,6 +42,7 @@ from gpuctl.fleet.session import LinkError
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
 ENGINES = ("auto", "torch", "gpu-burn")
+OTHERS_SHOWN = 20  # GPUs of other users' processes listed when --force is missing
 
 
 def register(sub: Any) -> None:
@@ -46,28 +54,39 @@ def register(sub: Any) -> None:
     ssub = p.add_subparsers(dest="stress_command", metavar="{start,stop,status,run}")
     p.set_defaults(func=lambda args: _usage(p))
 
-    def fleet_args(q: argparse.ArgumentParser) -> None:
-        q.add_argument("nodes", nargs="?", metavar="NODES", help="hostlist (default: all)")
+    def fleet_args(q: argparse.ArgumentParser, default: str) -> None:
+        q.add_argument("nodes", nargs="?", metavar="NODES", help=f"hostlist ({default})")
         q.add_argument("--gpus", metavar="LIST", help="GPU indices, e.g. 0,1 (default: all)")
         q.add_argument("--demo", action="store_true", help="the simulated demo cluster")
         q.add_argument(
             "--timeout", type=positive_seconds, default=20.0, help="seconds to reach nodes"
         )
 
+    def scope(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--all", action="store_true", help="every configured node (no NODES)")
+
     start = ssub.add_parser("start", help="start burns and follow them until they end")
-    fleet_args(start)
+    fleet_args(start, "or --all")
+    scope(start)
     start.add_argument("--duration", type=float, help="seconds (default: config, else 3600)")
     start.add_argument("--dtype", choices=DTYPES)
     start.add_argument("--engine", choices=ENGINES, default="auto")
+    start.add_argument(
+        "--force", action="store_true", help="burn GPUs that run other users' processes too"
+    )
     start.add_argument("--read-only", action="store_true", help="refuse (as the config can)")
     start.add_argument("--json", action="store_true", help="JSON summary on stdout")
     start.set_defaults(func=run_start)
-    stop = ssub.add_parser("stop", help="stop burns, also those of other gpuctl sessions")
-    fleet_args(stop)
+    stop = ssub.add_parser("stop", help="stop your burns, also those of your other sessions")
+    fleet_args(stop, "or --all")
+    scope(stop)
+    stop.add_argument(
+        "--any-owner", action="store_true", help="also stop burns other users started"
+    )
     stop.add_argument("--read-only", action="store_true", help="refuse (as the config can)")
     stop.set_defaults(func=run_stop)
-    status = ssub.add_parser("status", help="burns running on the nodes")
-    fleet_args(status)
+    status = ssub.add_parser("status", help="burns running on the nodes, with their owners")
+    fleet_args(status, "default: all")
     status.add_argument("--json", action="store_true", help="JSON for scripts")
     status.set_defaults(func=run_status)
     here = ssub.add_parser("run", help="burn this machine's GPUs (or CPU) and report")
@@ -121,11 +140,21 @@ def _select_nodes(fleet: Fleet, pattern: str | None) -> list[str]:
     return list(wanted)
 
 
-def _stress_options(args: argparse.Namespace) -> tuple[Mapping[str, Any], bool]:
+def _check_scope(args: argparse.Namespace) -> None:
+    """``start`` and ``stop`` act on the nodes named or, with ``--all``, on every one."""
+    command = f"stress {args.stress_command}"
+    if args.nodes and args.all:
+        raise _user_error(f"{command}: name nodes or say --all, not both")
+    if not args.nodes and not args.all:
+        raise _user_error(
+            f"{command}: name the nodes (e.g. gpu[01-04]) or say --all for every node"
+        )
+
+
+def _stress_options(args: argparse.Namespace) -> Mapping[str, Any]:
     if getattr(args, "demo", False):
-        return {}, bool(getattr(args, "read_only", False))
-    config = load_user_config(args)
-    return dict(config.stress), bool(config.read_only or getattr(args, "read_only", False))
+        return {}
+    return dict(load_user_config(args).stress)
 
 
 async def _connect(fleet: Fleet, names: list[str], timeout: float) -> list[str]:
@@ -144,12 +173,28 @@ async def _connect(fleet: Fleet, names: list[str], timeout: float) -> list[str]:
     return live
 
 
+async def _first_samples(fleet: Fleet, names: list[str], timeout: float) -> list[str]:
+    """Wait (up to ``timeout``) until each of ``names`` has sent a sample; return those that
+    have not."""
+    deadline = time.monotonic() + timeout
+    changed = asyncio.Event()
+    fleet.subscribe(lambda _s: changed.set())
+
+    def missing() -> list[str]:
+        return [n for n in names if fleet.snapshot(n).last_sample_t is None]
+
+    while missing() and time.monotonic() < deadline:
+        changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), max(0.0, deadline - time.monotonic()))
+    return missing()
+
+
 # -- start ------------------------------------------------------------------------------------
 def run_start(args: argparse.Namespace) -> int:
-    options, read_only = _stress_options(args)
-    if read_only:
-        raise _user_error("read-only mode: stress is disabled (read_only in the config)")
     gpus = _gpu_list(args.gpus)
+    _check_scope(args)
+    options = _stress_options(args)
     fleet = build_fleet(args)
     names = _select_nodes(fleet, args.nodes)
     control.configure(fleet, options)
@@ -184,13 +229,25 @@ async def _start(fleet: Fleet, names: list[str], gpus: list[int] | None, a: Any)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, interrupted.set)
+    read_only = bool(getattr(a, "read_only", False))
     try:
         live = await _connect(fleet, names, a.timeout)
         failed += len(names) - len(live)
+        if not a.force:
+            refused = await _others_processes(fleet, live, gpus, a.timeout)
+            if refused:
+                return 2
         replies = await asyncio.gather(
             *(
                 control.set_stress(
-                    fleet, n, gpus, True, duration=a.duration, dtype=a.dtype, engine=a.engine
+                    fleet,
+                    n,
+                    gpus,
+                    True,
+                    duration=a.duration,
+                    dtype=a.dtype,
+                    engine=a.engine,
+                    read_only=read_only,
                 )
                 for n in live
             ),
@@ -219,7 +276,10 @@ async def _start(fleet: Fleet, names: list[str], gpus: list[int] | None, a: Any)
             await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
             if not ended.is_set():
                 await asyncio.gather(
-                    *(control.set_stress(fleet, n, None, False) for n in {n for n, _ in started}),
+                    *(
+                        control.set_stress(fleet, n, None, False, read_only=read_only)
+                        for n in {n for n, _ in started}
+                    ),
                     return_exceptions=True,
                 )
                 with contextlib.suppress(TimeoutError):
@@ -242,6 +302,30 @@ async def _start(fleet: Fleet, names: list[str], gpus: list[int] | None, a: Any)
     elif results:
         print(_table(results))
     return 1 if failed or not started else 0
+
+
+async def _others_processes(
+    fleet: Fleet, live: list[str], gpus: list[int] | None, timeout: float
+) -> bool:
+    """Print one line per GPU (of ``gpus`` on ``live`` nodes) whose latest sample shows other
+    users' processes, or that sent no sample to tell; True when there is one (nothing starts
+    then: ``--force`` burns them anyway)."""
+    silent = await _first_samples(fleet, live, timeout)
+    lines = [
+        f"{n} sent no sample within {timeout:g} s: whose processes run there is unknown"
+        for n in silent
+    ]
+    for name in live:
+        if name not in silent:
+            lines += [o.line() for o in service.others_on(fleet.snapshot(name), gpus)]
+    for line in lines[:OTHERS_SHOWN]:
+        print(f"gpuctl: {line}: --force burns it anyway", file=sys.stderr)
+    if len(lines) > OTHERS_SHOWN:
+        print(
+            f"gpuctl: ... and {len(lines) - OTHERS_SHOWN} more GPUs: --force burns them anyway",
+            file=sys.stderr,
+        )
+    return bool(lines)
 
 
 def _burn_line(node: str, gpu: int, d: Mapping[str, Any]) -> str:
@@ -284,23 +368,66 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 # -- stop / status ----------------------------------------------------------------------------
 def run_stop(args: argparse.Namespace) -> int:
-    _options, read_only = _stress_options(args)
-    if read_only:
-        raise _user_error("read-only mode: stress is disabled (read_only in the config)")
     gpus = _gpu_list(args.gpus)
+    _check_scope(args)
     fleet = build_fleet(args)
     names = _select_nodes(fleet, args.nodes)
-    msg = {"type": "stress_stop", "gpus": "all" if gpus is None else gpus, "others": True}
-    replies, failed = asyncio.run(_ask_all(fleet, names, msg, args.timeout))
+    replies, failed = asyncio.run(_stop_all(fleet, names, gpus, args))
     for node, reply in replies.items():
         pids = reply.get("others", []) + reply.get("stopping", [])
         what = (
             f"stopping {len(pids)} burners (pids {', '.join(map(str, pids))})"
             if pids
-            else ("no burners")
+            else ("no burners of yours" if not args.any_owner else "no burners")
         )
         print(f"{node}: {what}")
+        kept = [b for b in reply.get("kept", []) if isinstance(b, Mapping)]
+        if kept:
+            print(f"{node}: left alone (not yours; --any-owner stops them): {_kept(kept)}")
     return 1 if failed else 0
+
+
+def _kept(burners: list[Mapping[str, Any]]) -> str:
+    parts = []
+    for b in burners:
+        where = "CPU" if b.get("device") == "cpu" else f"GPU {_gpu_text(b)}"
+        parts.append(f"pid {b.get('pid')} on {where} of {service.owner_text(b.get('owner'))}")
+    return "; ".join(parts)
+
+
+def _gpu_text(b: Mapping[str, Any]) -> str:
+    gpu = b.get("gpu_index")
+    return str(gpu if gpu is not None else b.get("gpu") or "?")
+
+
+async def _stop_all(
+    fleet: Fleet, names: list[str], gpus: list[int] | None, a: Any
+) -> tuple[dict[str, dict[str, Any]], int]:
+    read_only = bool(getattr(a, "read_only", False))
+    try:
+        live = await _connect(fleet, names, a.timeout)
+        failed = len(names) - len(live)
+        answers = await asyncio.gather(
+            *(
+                control.stop_burners(
+                    fleet, n, gpus, any_owner=a.any_owner, read_only=read_only, timeout=a.timeout
+                )
+                for n in live
+            ),
+            return_exceptions=True,
+        )
+        replies: dict[str, dict[str, Any]] = {}
+        for node, ans in zip(live, answers, strict=True):
+            if isinstance(ans, LinkError):
+                print(f"gpuctl: {ans.message}", file=sys.stderr)
+                failed += 1
+            elif isinstance(ans, BaseException):
+                raise ans
+            else:
+                replies[node] = ans
+        return replies, failed
+    finally:
+        await fleet.stop()
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -320,19 +447,20 @@ def run_status(args: argparse.Namespace) -> int:
     elif not rows:
         print("no burns running")
     else:
-        header = ("NODE", "GPU", "ENGINE", "PID", "RUNNING", "LEFT")
+        header = ("NODE", "GPU", "ENGINE", "PID", "OWNER", "RUNNING", "LEFT")
         lines = [header]
         for r in rows:
             left = "-"
             if r.get("duration") is not None and r.get("age") is not None:
                 left = f"{max(0, int(r['duration'] - r['age']))} s"
-            gpu = r.get("gpu_index")
+            owner = service.Owner.from_wire(r.get("owner"))
             lines.append(
                 (
                     r["node"],
-                    "cpu" if r.get("device") == "cpu" else str(gpu if gpu is not None else "?"),
+                    "cpu" if r.get("device") == "cpu" else _gpu_text(r),
                     str(r.get("engine")),
                     str(r.get("pid")),
+                    str(owner) if owner is not None else "?",
                     f"{int(r['age'])} s" if r.get("age") is not None else "-",
                     left,
                 )
@@ -404,8 +532,10 @@ def run_here(args: argparse.Namespace) -> int:
             raise _user_error("no GPU found on this machine; to test the burner: --device cpu")
         argvs = {f"gpu{g}": [*base, "--gpu", str(g)] for g in gpus}
     from gpuctl.node.proc import bundle_env, die_with_parent
+    from gpuctl.node.stress import BURN_OWNER_ENV
 
-    env = bundle_env()
+    # marked as the agent marks its burners: `stress status` elsewhere shows whose they are
+    env = bundle_env({BURN_OWNER_ENV: json.dumps(service.me().to_wire(), sort_keys=True)})
 
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:

@@ -380,7 +380,7 @@ def test_local_agents_end_with_gpuctl(tmp_path: Path, sig: int) -> None:
     (tmp_path / "c.toml").write_text(
         "[clusters.c]\nnodes = 'n[1-2]'\nvia = 'local'\nsimulate = '1'\ninterval = 0.3\n"
     )
-    argv = ["--config", "c.toml", "stress", "start", "--duration", "60"]
+    argv = ["--config", "c.toml", "stress", "start", "--all", "--force", "--duration", "60"]
     proc = _start_until(argv, env, tmp_path, "burning")
     agents = _marked(marker) - {proc.pid}
     assert len(agents) == 2, agents  # one agent per node, nothing else
@@ -404,7 +404,10 @@ def test_ssh_agents_end_when_gpuctl_dies_and_the_bundle_folder_is_private(
     env = node_env({"GPUCTL_STATE_DIR": str(tmp_path / "state")})
     base = node.processes()
     proc = _start_until(
-        ["--config", str(cfg), "stress", "start", "--duration", "60"], env, tmp_path, "burning"
+        ["--config", str(cfg), "stress", "start", "--all", "--force", "--duration", "60"],
+        env,
+        tmp_path,
+        "burning",
     )
     assert node.processes() - base  # the session and its agent
     assert (bundles.stat().st_mode & 0o777) == 0o700
@@ -589,7 +592,7 @@ def test_srun_agents_end_when_gpuctl_is_killed(slurm_cluster: Any, tmp_path: Pat
             "simulate = '1'\ninterval = 0.3\n"
         )
         env = node_env({"GPUCTL_STATE_DIR": str(tmp_path / "state"), **slurm_cluster.env})
-        argv = ["--config", "c.toml", "stress", "start", "--duration", "60"]
+        argv = ["--config", "c.toml", "stress", "start", "--all", "--force", "--duration", "60"]
         proc = _start_until(argv, env, tmp_path, "burning")
 
         def steps() -> list[str]:
