@@ -32,7 +32,7 @@ from textual.screen import Screen
 from textual.theme import Theme
 from textual.worker import Worker, WorkerState
 
-from gpuctl import paths
+from gpuctl import paths, service
 from gpuctl.accept.history import HistoryStore
 from gpuctl.accept.run import AcceptOptions, Progress, start_fleet_run
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
@@ -54,6 +54,7 @@ from gpuctl.workloads.accept.schema import SECTIONS
 COALESCE_S = 0.1  # how long a flush waits for more samples (p95 paint budget is 300 ms)
 STOP_TIMEOUT_S = 10.0
 NOTIFY_LIMIT = 400  # characters of a notification: a node's error text can be megabytes
+OTHERS_SHOWN = 4  # GPUs named one by one when S asks about other users' processes
 
 log = logging.getLogger("gpuctl.tui")
 
@@ -284,20 +285,30 @@ class GpuctlApp(App[int]):
         return self.overview.selection()
 
     # -- keys ---------------------------------------------------------------------------------
-    def _refuse(self, what: str) -> bool:
-        if self.read_only:
-            self.notify(
-                f"read-only: {what} is disabled (--read-only, GPUCTL_READ_ONLY or read_only "
-                "in the config)",
-                severity="warning",
-            )
-        return self.read_only
+    def refuse(self, what: str) -> bool:
+        """True (after saying so) when ``what`` ("stress", "acceptance") may not run: the
+        service decides, from the read-only mode this app was started in."""
+        error = service.refusal(
+            what, read_only=self.read_only, fleet=self.fleet, why=service.ANY_SOURCE
+        )
+        if error is not None:
+            self.notify(f"read-only: {error.what} is disabled ({error.why})", severity="warning")
+        return error is not None
 
     def _burning(self) -> list[tuple[str, int]]:
         return list(control.burning(self.fleet))
 
+    def _others(self, targets: Mapping[str, Iterable[int] | None]) -> list[service.OthersGpu]:
+        """GPUs among ``targets`` (node -> GPUs, None: all) running other users' processes."""
+        found: list[service.OthersGpu] = []
+        for node, gpus in targets.items():
+            snap = self.store.snaps.get(node)
+            if snap is not None:
+                found += service.others_on(snap, gpus)
+        return found
+
     def action_stress_gpu(self) -> None:
-        if self._refuse("stress"):
+        if self.refuse("stress"):
             return
         sel = self.current_selection()
         if sel is None or sel[1] is None:
@@ -305,21 +316,46 @@ class GpuctlApp(App[int]):
             return
         node, gpu = sel[0], sel[1]
         on = not self.store.is_burning(self.store.snaps[node], gpu)
-        self.stress(node, [gpu], on)
+        others = self._others({node: [gpu]}) if on else []
+        if not others:
+            self.stress(node, [gpu], on)
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.stress(node, [gpu], True)
+
+        self.push_screen(
+            ConfirmScreen(f"{others[0].line()}. Burn it anyway?", "Burn anyway"), answered
+        )
 
     def action_stress_node(self) -> None:
-        if self._refuse("stress"):
+        if self.refuse("stress"):
             return
         sel = self.current_selection()
         if sel is None:
             self.notify("select a node first", severity="warning")
             return
-        snap = self.store.snaps[sel[0]]
+        node = sel[0]
+        snap = self.store.snaps[node]
         on = not any(self.store.is_burning(snap, g.index) for g in snap.gpus)
-        self.stress(sel[0], None, on)
+        others = self._others({node: None}) if on else []
+        if not others:
+            self.stress(node, None, on)
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.stress(node, None, True)
+
+        shown = OTHERS_SHOWN
+        lines = "; ".join(f"GPU {o.gpu} {o.runs()}" for o in others[:shown])
+        more = f"; {len(others) - shown} more GPUs too" if len(others) > shown else ""
+        question = f"On {node}, {lines}{more}. Burn all {len(snap.gpus)} GPUs of {node} anyway?"
+        self.push_screen(ConfirmScreen(question, "Burn anyway"), answered)
 
     def action_stress_cluster(self) -> None:
-        if self._refuse("stress"):
+        if self.refuse("stress"):
             return
         burning = self._burning()
         if burning:
@@ -344,22 +380,24 @@ class GpuctlApp(App[int]):
                 for n in live:
                     self.stress(n, None, True)
 
-        self.push_screen(
-            ConfirmScreen(f"Burn all {gpus} GPUs on {len(live)} live nodes?", "Burn all"), start
-        )
+        question = f"Burn all {gpus} GPUs on {len(live)} live nodes?"
+        others = self._others(dict.fromkeys(live))
+        if others:
+            question += f" {service.others_summary(others)}."
+        self.push_screen(ConfirmScreen(question, "Burn anyway" if others else "Burn all"), start)
 
     def stress(self, node: str, gpus: list[int] | None, on: bool) -> None:
         what = "all GPUs" if gpus is None else f"GPU {','.join(map(str, gpus))}"
         self.notify(f"{node}: {'starting' if on else 'stopping'} stress on {what}")
         self.run_worker(
-            control.set_stress(self.fleet, node, gpus, on),
+            control.set_stress(self.fleet, node, gpus, on, read_only=self.read_only),
             name=f"stress {node} {what}",
             group=f"node:{node}",
             exit_on_error=False,
         )
 
     def action_accept(self) -> None:
-        if self._refuse("acceptance"):
+        if self.refuse("acceptance"):
             return
         run = self.accept_run
         if run is not None and not run.done():
@@ -399,7 +437,12 @@ class GpuctlApp(App[int]):
                 )
                 history = None
             run = start_fleet_run(
-                self.fleet, [node], options, history=history, report_dir=self.state_dir / "reports"
+                self.fleet,
+                [node],
+                options,
+                history=history,
+                report_dir=self.state_dir / "reports",
+                read_only=self.read_only,
             )
             self.accept_run = run
 
@@ -480,7 +523,12 @@ class GpuctlApp(App[int]):
     async def stop_and_exit(self, nodes: list[str]) -> None:
         self.notify(f"stopping burns on {len(nodes)} nodes…")
         await asyncio.wait(
-            [asyncio.ensure_future(control.set_stress(self.fleet, n, None, False)) for n in nodes],
+            [
+                asyncio.ensure_future(
+                    control.set_stress(self.fleet, n, None, False, read_only=self.read_only)
+                )
+                for n in nodes
+            ],
             timeout=STOP_TIMEOUT_S,
         )
         # Closing the links stops anything still burning: the agents' dead-man's switch.

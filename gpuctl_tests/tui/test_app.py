@@ -11,7 +11,9 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Label
 
+from gpuctl import service
 from gpuctl.core.model import NodeState
+from gpuctl.fleet import control
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 from gpuctl.fleet.links import NodeLink
@@ -272,16 +274,60 @@ async def test_stress_key_burns_the_selected_gpu(state_dir: Path) -> None:
     app = sim_app(state_dir)
     async with app.run_test(size=SIZE) as pilot:
         await all_live(pilot)
-        await pilot.press("down", "s")
-        snap = lambda: app.store.snaps["sim-01"]  # noqa: E731
-        await until(pilot, lambda: app.store.burn(snap(), 1), "a burn annotation on GPU 1")
+        await pilot.press("right", "s")  # sim-02 GPU 0 runs nobody's job: no question
+        snap = lambda: app.store.snaps["sim-02"]  # noqa: E731
+        await until(pilot, lambda: app.store.burn(snap(), 0), "a burn annotation on GPU 0")
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert app.store.burn(snap(), 0)["owner"] == service.me().to_wire()
         await pilot.press("s")
         await until(
             pilot,
-            lambda: not app.store.is_burning(snap(), 1),
+            lambda: not app.store.is_burning(snap(), 0),
             "the burn to stop",
             timeout=15,
         )
+
+
+async def test_stress_keys_ask_before_burning_gpus_that_run_other_users_jobs(
+    state_dir: Path,
+) -> None:
+    """The demo's GPUs run jobs of alice, bob, chen and dana (their samples' processes): s, S
+    and B name them with their process counts and burn only on yes."""
+    app = sim_app(state_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await all_live(pilot)
+
+        async def question(key: str) -> str:
+            await pilot.press(key)
+            screen = await until(
+                pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen, "a question"
+            )
+            return str(screen.question)
+
+        await pilot.press("down")  # sim-01 GPU 1: chen's job
+        assert await question("s") == "sim-01 GPU 1 runs processes of chen (1). Burn it anyway?"
+        await pilot.press("n")
+        assert app.screen is app.overview
+        assert await question("B") == (
+            "Burn all 12 GPUs on 3 live nodes? 9 GPUs run processes of other users: bob (3), "
+            "dana (3), chen (2), alice (1)."
+        )
+        await pilot.press("n")
+        assert app.screen is app.overview
+        assert await question("S") == (
+            "On sim-01, GPU 0 runs processes of dana (1); GPU 1 runs processes of chen (1); "
+            "GPU 2 runs processes of bob (1); GPU 3 runs processes of bob (1). "
+            "Burn all 4 GPUs of sim-01 anyway?"
+        )
+        await pilot.pause()
+        assert control.burning(app.fleet) == []  # nothing started while asking
+        await pilot.press("y")
+        await until(
+            pilot, lambda: len(control.burning(app.fleet)) == 4, "sim-01's four GPUs burning"
+        )
+        assert {n for n, _ in control.burning(app.fleet)} == {"sim-01"}
+        await pilot.press("S")  # stopping asks nothing
+        await until(pilot, lambda: not control.burning(app.fleet), "the burns to stop", 15)
 
 
 class HangingLink(NodeLink):

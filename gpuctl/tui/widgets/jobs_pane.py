@@ -397,11 +397,8 @@ class JobsPane(Vertical):
 
     # -- cancel -------------------------------------------------------------------------------
     def action_cancel_job(self) -> None:
-        if getattr(self.app, "read_only", False):
-            self.notify(
-                "read-only: cancelling a job is disabled (gpuctl was started with --read-only)",
-                severity="warning",
-            )
+        refuse = getattr(self.app, "refuse", None)  # the app asks the service layer
+        if refuse is not None and refuse("cancelling a job"):
             return
         rec = self.records.get(self.selected or "")
         if rec is None:
@@ -429,7 +426,7 @@ class JobsPane(Vertical):
                 self.notify, f"job {rec.id[:12]}: cannot reach it to cancel", severity="error"
             )
             return
-        ok = job.cancel()
+        ok = job.cancel(read_only=bool(getattr(self.app, "read_only", False)))
         text = f"cancelling job {rec.id[:12]}" if ok else f"job {rec.id[:12]} had already ended"
         self.app.call_from_thread(self.notify, text)
         self.app.call_from_thread(self.reload)
