@@ -16,9 +16,9 @@ from gpuctl.config import load_config, parse_config
 from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.fleet.build import fleet_from_config
 from gpuctl.fleet.fleet import Fleet
-from gpuctl.fleet.slurm import (
-    SlurmError,
-    discover,
+from gpuctl.fleet.slurm import SlurmError, discover
+from gpuctl.remote.slurm import (
+    SlurmClient,
     parse_gres_gpus,
     parse_idx,
     parse_scontrol_job,
@@ -122,18 +122,19 @@ def _config(slurm: SlurmCluster, tmp_path: Path, **keys: Any) -> Path:
 
 @pytest.mark.slurm
 def test_sinfo_discovery(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    (node,) = discover(slurm_cluster.partition, env=slurm_cluster.env)
+    client = SlurmClient(slurm_cluster.conf_path)
+    (node,) = discover(slurm_cluster.partition, client=client)
     assert node.name == slurm_cluster.node
     assert node.partitions == (slurm_cluster.partition,)
     assert (node.gpus, node.gpu_type) == (2, "h100")
     assert node.state in ("idle", "mixed", "allocated") and not node.down
-    assert discover("nosuchpartition", env=slurm_cluster.env) == []
+    assert discover("nosuchpartition", client=client) == []
     # a drained node reads as drained, with its reason
     slurm_cluster.run(
         ["scontrol", "update", f"NodeName={slurm_cluster.node}", "State=DRAIN", "Reason=bad fan"]
     )
     try:
-        (node,) = discover(env=slurm_cluster.env)
+        (node,) = discover(client=client)
         assert node.drained and node.reason == "bad fan"
     finally:
         slurm_cluster.resume()

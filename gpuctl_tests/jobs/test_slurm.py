@@ -23,7 +23,7 @@ def slurm_executor(slurm_cluster: Any, venv1: str, venv2: str, tmp_path: Path) -
         return Executor(
             "slurm",
             partition=slurm_cluster.partition,
-            slurm_env={"SLURM_CONF": slurm_cluster.env["SLURM_CONF"]},
+            slurm_conf=str(slurm_cluster.conf_path),
             job_root=str(tmp_path / "shared-jobs"),
             store=JobStore(),
             **kw,
@@ -156,7 +156,7 @@ def test_slurm_kills_a_job_over_its_mem(
     ex = Executor(
         "slurm",
         partition=enforcing_slurm.partition,
-        slurm_env={"SLURM_CONF": enforcing_slurm.env["SLURM_CONF"]},
+        slurm_conf=str(enforcing_slurm.conf_path),
         job_root=str(tmp_path / "shared-jobs"),
         store=JobStore(),
         supervisor_python=venv1,
