@@ -536,7 +536,8 @@ class Executor:
     ``verify=False`` skips the pre-submit probe of VENV2 (only to exercise the node-side checks).
 
     Slurm (``target="slurm"``, or a node reached ``via = "srun"``): ``slurm_conf`` names the
-    cluster's slurm.conf and ``partition`` the partition. Without ``slurm_conf``, "slurm" takes
+    cluster's slurm.conf and ``partition`` the partition. "slurm" reads the config's ``[jobs]``
+    table (``dir``, ``setup``, ``env_root``) like a node target; without ``slurm_conf`` it takes
     both from the config (``gpuctl.remote.slurm.slurm_target``: ``[jobs] slurm_conf`` /
     ``partition``, else the configured Slurm clusters' own, else ``$SLURM_CONF``); an srun
     node takes its cluster's. ``sbatch_args`` are extra ``#SBATCH`` options (checked: one option
@@ -594,15 +595,20 @@ class Executor:
                 self._python = sys.executable
             self.cwd = cwd or os.getcwd()
         elif target == "slurm":
+            if cfg is None:
+                from gpuctl.config import load_config
+
+                cfg = load_config(None)
+            # the [jobs] table counts for Slurm jobs as for a node's: folders, setup lines
+            jobs_cfg = dict(getattr(cfg, "jobs", {}) or {})
+            node_setup = tuple(str(x) for x in jobs_cfg.get("setup", ()))
+            job_root = job_root or jobs_cfg.get("dir")
+            env_root = env_root or jobs_cfg.get("env_root")
             host = LocalHost()
             vpy = supervisor_python or shutil.which("python3") or sys.executable
             root = str(paths.jobs_dir(job_root))
             client = None
             if slurm_conf is None:
-                if cfg is None:
-                    from gpuctl.config import load_config
-
-                    cfg = load_config(None)
                 where = slurm_target(cfg, "jobs", partition=partition)
                 partition, client = where.partition, where.client()
             self.backend = SlurmBackend(
