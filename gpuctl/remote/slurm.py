@@ -113,7 +113,7 @@ def check_name(value: str, what: str) -> str:
 def job_name(text: str, prefix: str = "gpuctl-", limit: int = 64) -> str:
     """A job name Slurm and the batch script read as written: ``prefix`` plus ``text`` with
     every run of characters other than ``[A-Za-z0-9_.-]`` made one ``_``, at most ``limit``
-    characters in all (``map:train.<lambda>`` -> ``gpuctl-map_train._lambda_``)."""
+    characters in all (``map:train.<lambda>`` -> ``gpuctl-map_train._lambda``)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "job"
     return (prefix + safe)[:limit]
 
