@@ -309,3 +309,26 @@ def test_the_rule_catches_the_shapes_of_a_slurm_call() -> None:
         )
     )
     assert [c for _, c in caught] == ["squeue", "sbatch", "scancel", "sinfo"]
+
+
+def test_the_package_gpuctl_remote_does_not_hide_the_remote_decorator() -> None:
+    """Importing ``gpuctl.remote.slurm`` (the connection layer) first used to turn
+    ``gpuctl.remote`` into that package: ``@gpuctl.remote`` then failed in the user's script.
+    (``from gpuctl.remote... import`` works; ``import gpuctl.remote.slurm as m`` cannot, as
+    ``gpuctl.remote`` is the decorator.)"""
+    import subprocess
+    import sys
+
+    from gpuctl_tests.helpers import node_env
+
+    probe = (
+        "from gpuctl.remote.slurm import SlurmClient\n"
+        "import gpuctl, gpuctl.jobs\n"
+        "assert gpuctl.remote is gpuctl.jobs.remote, gpuctl.remote\n"
+        "from gpuctl.remote import slurm\n"
+        "assert slurm.SlurmClient is SlurmClient and gpuctl.remote is gpuctl.jobs.remote\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=node_env(), timeout=60
+    )
+    assert r.returncode == 0, r.stderr
