@@ -315,10 +315,20 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "threshold": Key(_number(0.0, 1.0), 0.1, "drop below the node's history that fails it"),
         "gpus_per_node": Key(_integer(1, 1024), None, "via slurm: tasks (GPUs) per node"),
         "partition": Key(_str, None, "via slurm: the partition to submit to"),
+        "slurm_conf": Key(
+            _str, None, "via slurm: slurm.conf to submit with (default: the Slurm cluster's)", True
+        ),
         "job_dir": Key(_str, None, "via slurm: folder shared with the nodes for the job", True),
     },
     "jobs": {
         "dir": Key(_str, None, "job folders here (a shared file system for Slurm)", True),
+        "partition": Key(_str, None, "target slurm: the partition to submit to"),
+        "slurm_conf": Key(
+            _str,
+            None,
+            "target slurm: slurm.conf to submit with (default: the Slurm cluster's)",
+            True,
+        ),
         "env_root": Key(_str, None, "where VENV2 environments are built on the nodes"),
         "setup": Key(_lines, [], "shell lines run before every job's VENV2 starts"),
     },
