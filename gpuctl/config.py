@@ -11,9 +11,10 @@
     nodes = "node[1-4],dgx-a"      # Slurm hostlists (a string or a list of strings); without
                                    # nodes, via = "srun" or a partition = "..." asks sinfo
     via = "ssh"                    # ssh | srun | local
-    ssh_config = "~/.ssh/config"   # the OpenSSH client config to read (the default)
-    known_hosts = "~/.ssh/known_hosts"
-    host_key_policy = "strict"     # strict | accept-new
+    ssh_config = "~/.ssh/config"   # the OpenSSH client config to read (the default), then
+                                   # /etc/ssh/ssh_config, as ``ssh`` reads them
+    known_hosts = "~/.ssh/known_hosts"   # SSH keys below: unset = as the ssh config says
+    host_key_policy = "accept-new" # strict | accept-new (unset: StrictHostKeyChecking)
     python = "python3"             # the node's system interpreter (VENV1)
     workload_python = "/opt/envs/torch/bin/python"   # VENV2, for burners and the suite
     simulate = 8                   # optional: simulated GPUs ("8" or "8:H100") on these nodes
@@ -79,17 +80,19 @@ class NodeConfig:
     workload_python: str | None = None
     simulate: str | None = None  # a --simulate spec ("8", "8:H100") or None for real GPUs
     interval: float = 1.0
-    # ssh: None means "as ~/.ssh/config says"
+    # ssh: like ``ssh -o`` options, each wins over the ssh config when set; None means "as the
+    # ssh config says" (gpuctl.remote.options; its fallbacks when neither says anything:
+    # ConnectTimeout 15, ServerAliveInterval 5, host keys strict)
     ssh_config: str | None = None
-    known_hosts: str | None = None
-    host_key_policy: str = "strict"
+    known_hosts: str | None = None  # UserKnownHostsFile
+    host_key_policy: str | None = None  # StrictHostKeyChecking: strict (yes) | accept-new
     user: str | None = None
     port: int | None = None
     identity: str | None = None
-    jump: str | None = None
-    connect_timeout: float = 15.0
-    keepalive_interval: float = 5.0
-    keepalive_count_max: int = 3
+    jump: str | None = None  # ProxyJump
+    connect_timeout: float | None = None  # ConnectTimeout
+    keepalive_interval: float | None = None  # ServerAliveInterval
+    keepalive_count_max: int | None = None  # ServerAliveCountMax
     setup: tuple[str, ...] = ()  # shell lines run before the agent (``module load python``)
     bundle_dir: str = DEFAULT_BUNDLE_DIR  # on the node; ``~`` is the node's $HOME
     # slurm
