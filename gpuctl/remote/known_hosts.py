@@ -55,6 +55,28 @@ class HostKeys:
         """True when no file has any entry for the host: the only case accept-new accepts."""
         return not (self.trusted or self.cas or self.revoked)
 
+    def host_key_algs(self) -> list[str]:
+        """The host key algorithms to offer, as ``ssh`` orders them: those of the known keys
+        first (and certificates when a CA is known), then every other plain key algorithm,
+        so that an unknown or changed key gets to the policy (and its clear message) instead
+        of failing the key exchange."""
+        from asyncssh.public_key import (
+            get_default_certificate_algs,
+            get_default_public_key_algs,
+        )
+
+        first: list[bytes] = []
+        if self.cas:
+            first += get_default_certificate_algs()
+        for key in self.trusted:
+            first += key.sig_algorithms
+        out: list[str] = []
+        for alg in [*first, *get_default_public_key_algs()]:
+            name = alg.decode()
+            if name not in out:
+                out.append(name)
+        return out
+
     def asyncssh_known_hosts(self) -> tuple[list[asyncssh.SSHKey], ...]:
         """The ``known_hosts`` argument for asyncssh: trusted keys, CA keys, revoked keys."""
         return (list(self.trusted), list(self.cas), list(self.revoked))

@@ -262,8 +262,12 @@ class _Wrappers:
                 "# gpuctl: the user's ssh config, then the system's (ssh's order without -F),\n"
                 "# then gpuctl's fallbacks for what neither sets.\n"
                 f"Include {_quote(user_cfg, 'ssh_config')}\n"
-                f"Include {_quote(system_cfg, 'system ssh config')}\n"
-                "Host *\n"
+                + (
+                    f"Include {_quote(system_cfg, 'system ssh config')}\n"
+                    if system_cfg != os.devnull  # ssh refuses to Include a world-writable file
+                    else ""
+                )
+                + "Host *\n"
                 f"    UserKnownHostsFile {kh}\n"
                 f"    ConnectTimeout {FALLBACK_CONNECT_TIMEOUT}\n"
                 f"    ServerAliveInterval {FALLBACK_KEEPALIVE_INTERVAL}\n"

@@ -237,6 +237,7 @@ async def open_connection(
             target.port,
             tunnel=tunnel if tunnel is not None else (),
             known_hosts=keys.asyncssh_known_hosts(),
+            server_host_key_algs=keys.host_key_algs(),
             client_factory=lambda: client,
             **opts,
         )

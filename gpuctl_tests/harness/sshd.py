@@ -182,6 +182,7 @@ class SshNode:
             self.login_path = self.dir / "login"
             self._write_login()
         self.host_key = keygen(self.host_key_path, f"gpuctl-test-host-{name}")
+        self.host_cert_path: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.start_seconds: float | None = None
@@ -238,6 +239,8 @@ class SshNode:
         ]
         if self.login_path is not None:
             lines.append(f"ForceCommand {self.login_path}")
+        if self.host_cert_path is not None:
+            lines.append(f"HostCertificate {self.host_cert_path}")
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def start(self, timeout: float = START_TIMEOUT) -> None:
@@ -324,6 +327,23 @@ class SshNode:
         self.host_key = keygen(self.host_key_path, f"gpuctl-test-host-{self.name}-rotated")
         self.start()
         return self.host_key
+
+    def certify_host_key(self, ca_key: Path, principals: str = "127.0.0.1") -> Path:
+        """Sign the node's host key with the CA private key ``ca_key`` (``ssh-keygen -s -h``),
+        make sshd present the certificate and restart. Returns the certificate's path."""
+        pub = self.host_key_path.with_name(self.host_key_path.name + ".pub")
+        ident = f"gpuctl-test-{self.name}"
+        subprocess.run(
+            [SSH_KEYGEN, "-q", "-s", str(ca_key), "-I", ident, "-h", "-n", principals, str(pub)],
+            check=True,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+        )
+        self.host_cert_path = self.host_key_path.with_name(self.host_key_path.name + "-cert.pub")
+        self.kill()
+        self.start()
+        return self.host_cert_path
 
     def trust_host_key(self) -> None:
         """Put the node's current host key in known_hosts (after ``rotate_host_key``)."""
