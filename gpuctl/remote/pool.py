@@ -41,15 +41,17 @@ DEFAULT_CIPHERS = (
 )
 
 
-class _Holder:
-    """Holds a jump host's pooled connection on behalf of the connection that goes through it."""
+class Holder:
+    """A token that holds a pooled connection: a jump host's, on behalf of the connection that
+    goes through it, or anyone's who has no object of its own (owners must be weak-referable:
+    a holder that is garbage-collected lets go)."""
 
 
 @dataclass
 class _Entry:
     conn: asyncssh.SSHClientConnection
     hop: SshTarget | None
-    holder: _Holder
+    holder: Holder
     owners: weakref.WeakSet[object]
 
 
@@ -65,7 +67,8 @@ class Pool:
         self, target: SshTarget, owner: object, *, _chain: tuple[SshTarget, ...] = ()
     ) -> asyncssh.SSHClientConnection:
         """The live connection to ``target``, opened (with its jump hosts) when there is none
-        or it died; ``owner`` holds it until ``release(target, owner)``.
+        or it died; ``owner`` (weak-referable, e.g. a ``Holder``) holds it until
+        ``release(target, owner)``.
 
         Raises RemoteError; a failure on the way to ``target`` has ``hop`` set to the jump host
         that failed (``RemoteError.for_node`` words it for the node)."""
@@ -81,7 +84,7 @@ class Pool:
                 owners = entry.owners
                 self._forget(target, entry)
             owners.add(owner)
-            holder = _Holder()
+            holder = Holder()
             hop: SshTarget | None = None
             tunnel: asyncssh.SSHClientConnection | None = None
             if target.proxy_jump:
