@@ -34,7 +34,7 @@ BOOT = r"""import sys
 if sys.version_info < (3, 6):
     sys.stdout.write('gpuctl-deploy: old-python %d.%d.%d\n' % tuple(sys.version_info[:3]))
     sys.exit(0)
-import hashlib, os, stat
+import errno, hashlib, os, stat
 bundle, want = sys.argv[1], sys.argv[2]
 folder = os.path.dirname(os.path.abspath(bundle))
 def say(words):
@@ -49,8 +49,8 @@ if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o07
     say('unsafe-dir %s uid=%d mode=%o' % (folder, st.st_uid, st.st_mode & 0o7777))
 try:
     fd = os.open(bundle, os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0))
-except OSError:
-    say('missing ' + bundle)
+except OSError as e:
+    say(('missing ' if e.errno == errno.ENOENT else 'mismatch ') + bundle)
 f = os.fdopen(fd, 'rb')
 fst = os.fstat(fd)
 h = hashlib.sha256()

@@ -502,3 +502,36 @@ async def test_python_2_is_refused_in_words(ssh_cluster: SshCluster, tmp_path: P
         f"{py27} on py2 is Python 2.7.18; the agent needs 3.6 or newer: "
         'set python = "/path/to/python3" for this node'
     )
+
+
+BANNER = 'Welcome to the cluster! {"type":"hello","protocol":0} gpuctl-deploy: no-python'
+
+
+async def test_agent_streams_through_a_chatty_login_shell_and_tcsh(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    """A login shell that prints a banner (on stdout and stderr) and a tcsh login shell: the
+    agent starts and streams on both; the banner is kept aside, never parsed."""
+    await asyncio.to_thread(ssh_cluster.start_node, "chatty", banner=BANNER)
+    await asyncio.to_thread(
+        ssh_cluster.start_node, "csh", login_shell="tcsh", banner=BANNER, sftp_banner=True
+    )
+    fleet = configured_fleet(ssh_cluster, tmp_path)
+    await fleet.start()
+    try:
+        snaps = await wait_fleet(
+            fleet,
+            lambda ss: all(len(fleet.history(n, 0)) >= 2 for n in ss),
+            what="samples from the chatty and the tcsh node",
+        )
+        for name in ("chatty", "csh"):
+            assert snaps[name].state is NodeState.LIVE and snaps[name].reason is None
+            link = fleet.nodes[name].link
+            assert isinstance(link, SshLink)
+            assert link.banner == (BANNER + "\n").encode()
+            assert link.stderr_banner == (BANNER + "\n").encode()
+            session = fleet.nodes[name].session
+            assert session is not None and not any("Welcome" in t for t in session.stderr_tail)
+    finally:
+        await fleet.stop()
+    assert fleet.store is not None and len(fleet.store.uploads) == 1  # shared home: one upload
