@@ -26,7 +26,7 @@ from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.session import LinkError
 from gpuctl.fleet.ssh import BundleStore, SshLink
 from gpuctl_tests.harness.sshd import SshCluster
-from gpuctl_tests.helpers import REPO, node_env, old_python
+from gpuctl_tests.helpers import REPO, node_env, old_python, require_binary
 
 pytestmark = pytest.mark.sshd
 
@@ -512,6 +512,7 @@ async def test_agent_streams_through_a_chatty_login_shell_and_tcsh(
 ) -> None:
     """A login shell that prints a banner (on stdout and stderr) and a tcsh login shell: the
     agent starts and streams on both; the banner is kept aside, never parsed."""
+    require_binary("tcsh")
     await asyncio.to_thread(ssh_cluster.start_node, "chatty", banner=BANNER)
     await asyncio.to_thread(
         ssh_cluster.start_node, "csh", login_shell="tcsh", banner=BANNER, sftp_banner=True

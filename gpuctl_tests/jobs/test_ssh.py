@@ -15,7 +15,7 @@ import pytest
 from gpuctl.config import load_config
 from gpuctl.jobs import EnvSpec, Executor, JobFailed, JobStore, attach
 from gpuctl_tests.harness.sshd import SshCluster
-from gpuctl_tests.helpers import wait_until
+from gpuctl_tests.helpers import require_binary, wait_until
 
 pytestmark = pytest.mark.sshd
 
@@ -152,6 +152,8 @@ def test_a_job_runs_through_a_chatty_or_tcsh_login_shell(
     """A banner on stdout (which also breaks SFTP: files go through the shell) and a tcsh login
     shell: the job runs all the same, with VENV2 given (probed with a multi-line script: tcsh
     used to end in venv2_wont_start) or built by gpuctl."""
+    if "login_shell" in shell:
+        require_binary(shell["login_shell"])
     ssh_cluster.start_node("gpu1", python=venv1, **shell)
     config = load_config(ssh_cluster.write_config(tmp_path / "config.toml"))
     for kw in ({"env": None, "python": venv2}, {}):

@@ -16,6 +16,7 @@ from gpuctl.remote.files import RemoteFiles, files_for
 from gpuctl.remote.options import SshSettings, resolve
 from gpuctl.remote.pool import Holder, pool
 from gpuctl_tests.harness.sshd import SshCluster
+from gpuctl_tests.helpers import require_binary
 
 pytestmark = pytest.mark.sshd
 
@@ -29,6 +30,8 @@ NODES = {
 @pytest.fixture(params=sorted(NODES))
 async def files(request: Any, ssh_cluster: SshCluster) -> AsyncIterator[RemoteFiles]:
     kind = request.param
+    if "login_shell" in NODES[kind]:
+        require_binary(NODES[kind]["login_shell"])  # scripts/test.sh installs it
     await asyncio.to_thread(ssh_cluster.start_node, kind, **NODES[kind])
     target = resolve(kind, SshSettings(ssh_config=str(ssh_cluster.ssh_config_path)))
     owner = Holder()

@@ -15,6 +15,7 @@ from gpuctl.remote.errors import RemoteError
 from gpuctl.remote.options import SshSettings, resolve
 from gpuctl.remote.pool import Holder, pool
 from gpuctl_tests.harness.sshd import SshCluster
+from gpuctl_tests.helpers import require_binary
 
 pytestmark = pytest.mark.sshd
 
@@ -38,6 +39,8 @@ NASTY = (
 @pytest.fixture(params=sorted(SHELLS))
 async def node(request: Any, ssh_cluster: SshCluster) -> AsyncIterator[tuple[str, Any]]:
     kind = request.param
+    if "login_shell" in SHELLS[kind]:
+        require_binary(SHELLS[kind]["login_shell"])  # scripts/test.sh installs it
     await asyncio.to_thread(ssh_cluster.start_node, kind, **SHELLS[kind])
     target = resolve(kind, SshSettings(ssh_config=str(ssh_cluster.ssh_config_path)))
     owner = Holder()
@@ -127,6 +130,7 @@ async def test_the_harness_login_wrapper_is_what_it_says(
     tmp_path: Path, ssh_cluster: SshCluster
 ) -> None:
     """The tcsh node really runs commands under tcsh (a csh-only construct works there)."""
+    require_binary("tcsh")
     await asyncio.to_thread(ssh_cluster.start_node, "csh", login_shell="tcsh")
     r = await asyncio.to_thread(ssh_cluster.ssh, "csh", "set x = 5; echo $x $shell")
     assert r.stdout.split() == ["5", "/usr/bin/tcsh"]
