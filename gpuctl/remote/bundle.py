@@ -3,7 +3,8 @@ after its content hash matches.
 
 On the login side, ``prepare_folder`` makes the bundle folder the user's own with mode 0700
 (created so; tightened when it is the user's and wider; refused, in one line saying why and
-what to set, when it is not the user's or cannot be made private); ``deploy`` then pushes the
+what to set, when it is not the user's, is a shared sticky folder others may write, like
+``/tmp``, or cannot be made private); ``deploy`` then pushes the
 bundle there (temporary name, then rename).
 
 On the node, ``BOOT`` runs under the node's python before anything of the bundle is imported
@@ -102,6 +103,8 @@ if [ ! -d "$D" ]; then echo "gpuctl-folder: cannot-create"; exit 0; fi
 if [ ! -O "$D" ]; then
     echo "gpuctl-folder: not-ours $(ls -ldn "$D" | awk '{{print $3}}')"; exit 0
 fi
+P=$(ls -ldn "$D")
+case "$P" in d???????w[tT]*) echo "gpuctl-folder: shared ${{P%% *}}"; exit 0;; esac
 chmod 700 "$D" 2>/dev/null
 P=$(ls -ldn "$D")
 case "$P" in drwx------*) ;; *) echo "gpuctl-folder: not-private ${{P%% *}}"; exit 0;; esac
@@ -124,6 +127,13 @@ async def prepare_folder(conn: asyncssh.SSHClientConnection, folder: str, node: 
             "deploy",
             f"{node}:{folder} belongs to uid {rest}, not to you: the agent's code must live in "
             f"a folder only you can change: {fix}",
+        )
+    if word == "shared":
+        # a sticky folder others may write (like /tmp) is shared on purpose: not tightened
+        raise RemoteError(
+            "deploy",
+            f"{node}:{folder} is writable by others ({rest}, a shared folder gpuctl will not "
+            f"change): {fix}",
         )
     if word == "not-private":
         raise RemoteError(

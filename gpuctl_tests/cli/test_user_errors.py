@@ -419,7 +419,8 @@ def test_ssh_bundle_folder_writable_by_everyone_is_refused(
     shared.chmod(0o1777)  # like /tmp
     cfg = ssh_cluster.write_config(tmp_path / "c.toml", simulate=1, bundle_dir=str(shared))
     r = gpuctl(tmp_path, ["--config", str(cfg), "status", "--timeout", "20"])
-    assert_one_line(r, 1, r"n1:.*shared is writable by others: set bundle_dir", "shared")
+    refused = r"n1:.*shared is writable by others \(drwxrwxrwt, .*\): set bundle_dir"
+    assert_one_line(r, 1, refused, "shared")
     assert not list(shared.iterdir())
 
 
