@@ -207,22 +207,38 @@ def _config_files(roots: Iterable[tuple[str, str]], depth: int = 0) -> list[str]
         out.append(path)
         if depth >= 4:
             continue
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            continue
         found: list[tuple[str, str]] = []
-        for line in lines:
-            m = _INCLUDE.match(line)
-            if not m:
-                continue
-            for word in m.group(1).split():
-                word = os.path.expanduser(word.strip('"'))
-                pattern = word if os.path.isabs(word) else os.path.join(base, word)
-                found.extend((p, base) for p in sorted(glob.glob(pattern)))
+        for word in _includes(path):
+            pattern = word if os.path.isabs(word) else os.path.join(base, word)
+            found.extend((p, base) for p in sorted(glob.glob(pattern)))
         out.extend(_config_files(found, depth + 1))
     return out
+
+
+_INCLUDES: dict[str, tuple[int, list[str]]] = {}
+
+
+def _includes(path: str) -> list[str]:
+    """The Include patterns of one config file, read once per modification time (a big config
+    is not scanned again for every host)."""
+    try:
+        mtime = os.stat(path).st_mtime_ns
+    except OSError:
+        return []
+    cached = _INCLUDES.get(path)
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    words: list[str] = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                m = _INCLUDE.match(line)
+                if m:
+                    words += [os.path.expanduser(w.strip('"')) for w in m.group(1).split()]
+    except OSError:
+        return []
+    _INCLUDES[path] = (mtime, words)
+    return words
 
 
 def _stamp(files: Sequence[str]) -> tuple[tuple[str, int], ...]:
