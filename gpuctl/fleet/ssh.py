@@ -81,6 +81,8 @@ def agent_script(
         f"B={remote_path(bundle)}",
         *node.setup,
         'command -v "$PY" >/dev/null 2>&1 || { echo "gpuctl-deploy: no-python"; exit 0; }',
+        # no python started just to say so: on a cold start every node of a shared home asks
+        '[ -s "$B" ] || { echo "gpuctl-deploy: missing $B"; exit 0; }',
         boot_line("PY", "B", expected_digest(bundle_file, digest), agent),
     ]
     return "\n".join(lines)

@@ -73,7 +73,7 @@ def test_boot_runs_only_the_right_bundle_from_a_private_folder(
     fake_bundle(bundle, marker)  # tampered: the right name, other content
     assert start() == f"gpuctl-deploy: mismatch {bundle}"
     bundle.write_bytes(b"")  # what a full disk leaves
-    assert start() == f"gpuctl-deploy: mismatch {bundle}"
+    assert start() == f"gpuctl-deploy: missing {bundle}"  # the sh's check: replaced all the same
     data = store.data
     bundle.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])  # one bit off
     assert start() == f"gpuctl-deploy: mismatch {bundle}"
