@@ -294,6 +294,10 @@ class SshNode:
     def _reap(self, sig: int) -> None:
         pids = self.processes()
         cmdlines = [cmdline(p) for p in pids]
+        # sshd first: a vanished node says nothing more, while a session's sshd that outlived
+        # its program for a moment would still send the client that program's exit signal
+        daemons = {p for p, c in zip(pids, cmdlines, strict=True) if c.startswith(("sshd", SSHD))}
+        kill_pids(daemons, sig)
         kill_pids(pids, sig)
         if self.proc is not None:
             try:
