@@ -44,7 +44,7 @@ HEADLESS = (
     "gpuctl.core",
     "gpuctl.fleet",
     "gpuctl.jobs",
-    "gpuctl.remote",
+    "gpuctl.reach",
     "gpuctl.accept",
     "gpuctl.config",
     "gpuctl.paths",

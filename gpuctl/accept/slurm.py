@@ -10,7 +10,7 @@ c10d rendezvous on the first node, so all-reduce and DDP training span the nodes
 Every value in ``job.sh`` is checked first (``SlurmJobSpec``, ``start_slurm_run``): node lists
 parse as Slurm hostlists of plain names, the partition is a plain name, the job folder a path
 sbatch reads as written; the shell part quotes with ``shlex``. Slurm commands go through
-``gpuctl.remote.slurm.SlurmClient``.
+``gpuctl.reach.slurm.SlurmClient``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from gpuctl.accept.run import (
     outcome_from_report,
 )
 from gpuctl.bundle import write_bundle
-from gpuctl.remote.slurm import (
+from gpuctl.reach.slurm import (
     SlurmClient,
     SlurmError,
     SlurmValueError,

@@ -6,7 +6,7 @@
 
 Config ``[accept]`` keys: ``python`` (VENV2 on the nodes), ``partition``, ``slurm_conf``,
 ``job_dir`` (a folder the Slurm nodes share), ``gpus_per_node``; options win over them.
-``--via slurm`` submits to the cluster ``gpuctl.remote.slurm.slurm_target`` picks: ``[accept]
+``--via slurm`` submits to the cluster ``gpuctl.reach.slurm.slurm_target`` picks: ``[accept]
 slurm_conf``, else the configured Slurm clusters' one ``slurm_conf`` (the cluster holding
 ``--nodes`` when they are configured nodes), else ``$SLURM_CONF``.
 
@@ -120,7 +120,7 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
 
 
 def _hostlist(text: str) -> list[str]:
-    from gpuctl.remote.slurm import SlurmValueError, check_hostlist
+    from gpuctl.reach.slurm import SlurmValueError, check_hostlist
 
     try:
         return check_hostlist(text, "--nodes")
@@ -211,7 +211,7 @@ async def _drive_slurm(
     printer: Printer,
 ) -> dict[str, Any]:
     from gpuctl.accept.slurm import SlurmJobSpec, start_slurm_run
-    from gpuctl.remote.slurm import SlurmError, slurm_target
+    from gpuctl.reach.slurm import SlurmError, slurm_target
 
     nodelist = None
     names: list[str] = []

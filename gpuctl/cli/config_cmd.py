@@ -68,7 +68,7 @@ def _slurm_nodes(partition: str | None) -> tuple[str | None, str, str]:
 
     import hostlist
 
-    from gpuctl.remote.slurm import SlurmClient, SlurmError
+    from gpuctl.reach.slurm import SlurmClient, SlurmError
 
     if shutil.which("sinfo") is None:
         return None, "main", "No Slurm here (no sinfo): fill in the nodes and uncomment."

@@ -158,7 +158,7 @@ def _config(args: argparse.Namespace) -> Any:
 
 def run_submit(args: argparse.Namespace) -> int:
     from gpuctl.jobs import Executor, HostError, JobFailed
-    from gpuctl.remote.slurm import SlurmError
+    from gpuctl.reach.slurm import SlurmError
 
     call_args, call_kwargs = parse_args_json(args.args)
     _check_limits(args)

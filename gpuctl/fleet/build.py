@@ -12,7 +12,7 @@ from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import LocalLink, NodeLink
 from gpuctl.fleet.slurm import JobWatcher, SrunLink, discover
 from gpuctl.fleet.ssh import BundleStore, SshLink
-from gpuctl.remote.slurm import SlurmClient, SlurmError, SlurmNode, SlurmValueError
+from gpuctl.reach.slurm import SlurmClient, SlurmError, SlurmNode, SlurmValueError
 
 LOCAL_NAME = "localhost"
 Service = Callable[[], Coroutine[Any, Any, None]]

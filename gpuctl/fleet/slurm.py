@@ -10,7 +10,7 @@
   watched nodes and running jobs per poll, plus ``scontrol show job -d`` once per new GPU job (a
   running job's GPUs do not change); polls slow down while Slurm fails or answers slowly.
 
-Every Slurm command goes through ``gpuctl.remote.slurm.SlurmClient``.
+Every Slurm command goes through ``gpuctl.reach.slurm.SlurmClient``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from gpuctl.config import NodeConfig
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError
 from gpuctl.fleet.ssh import DEPLOY_TAG, agent_script
-from gpuctl.remote.slurm import (
+from gpuctl.reach.slurm import (
     DEFAULT_TIMEOUT,
     SlurmClient,
     SlurmError,

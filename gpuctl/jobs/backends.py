@@ -20,7 +20,7 @@ from typing import Any
 
 from gpuctl.jobs.hosts import _REAPER, Host, HostError, LocalHost
 from gpuctl.node import jobfiles
-from gpuctl.remote.slurm import (
+from gpuctl.reach.slurm import (
     SlurmClient,
     SlurmError,
     SlurmValueError,
@@ -30,7 +30,7 @@ from gpuctl.remote.slurm import (
     sbatch_arg,
     sbatch_path,
 )
-from gpuctl.remote.slurm import nodelist as nodelist_of
+from gpuctl.reach.slurm import nodelist as nodelist_of
 
 SUPERVISOR_FILE = jobfiles.SUPERVISOR_SCRIPT
 REMOTE_PROBE_EVERY = 3.0  # seconds between `kill -0` probes of a remote supervisor

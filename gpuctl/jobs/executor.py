@@ -50,7 +50,7 @@ from gpuctl.jobs.report import (
 )
 from gpuctl.jobs.store import JobRecord, JobStore, StoreError
 from gpuctl.node import jobfiles
-from gpuctl.remote.slurm import SlurmClient, slurm_target
+from gpuctl.reach.slurm import SlurmClient, slurm_target
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -530,7 +530,7 @@ class Executor:
     Slurm (``target="slurm"``, or a node reached ``via = "srun"``): ``slurm_conf`` names the
     cluster's slurm.conf and ``partition`` the partition. "slurm" reads the config's ``[jobs]``
     table (``dir``, ``setup``, ``env_root``) like a node target; without ``slurm_conf`` it takes
-    both from the config (``gpuctl.remote.slurm.slurm_target``: ``[jobs] slurm_conf`` /
+    both from the config (``gpuctl.reach.slurm.slurm_target``: ``[jobs] slurm_conf`` /
     ``partition``, else the configured Slurm clusters' own, else ``$SLURM_CONF``); an srun
     node takes its cluster's. ``sbatch_args`` are extra ``#SBATCH`` options (checked: one option
     each). Bad values raise ``SlurmValueError`` (a ValueError) before anything is submitted.

@@ -20,7 +20,7 @@ from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.fleet.build import fleet_from_config
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.slurm import JobWatcher, SlurmError, discover
-from gpuctl.remote.slurm import (
+from gpuctl.reach.slurm import (
     SlurmClient,
     parse_gres_gpus,
     parse_idx,
@@ -349,7 +349,7 @@ async def test_a_node_seen_down_at_discovery_is_asked_again(
     refusing for the rest of the session (it goes on to look for the user's job)."""
     from gpuctl.fleet.session import LinkError
     from gpuctl.fleet.slurm import SrunLink
-    from gpuctl.remote.slurm import SlurmNode
+    from gpuctl.reach.slurm import SlurmNode
 
     config = load_config(_config(slurm_cluster, tmp_path))
     node = next(iter(config.clusters.values())).template

@@ -274,7 +274,7 @@ def test_the_scripts_gpuctl_writes_are_read_by_sbatch_as_written(
     from gpuctl.accept.slurm import SlurmJobSpec, batch_script
     from gpuctl.jobs.backends import SlurmBackend
     from gpuctl.jobs.hosts import LocalHost
-    from gpuctl.remote.slurm import SlurmClient, SlurmValueError
+    from gpuctl.reach.slurm import SlurmClient, SlurmValueError
 
     root = tmp_path / "odd $HOME #x 'q'"
     jobdir = root / "job1"

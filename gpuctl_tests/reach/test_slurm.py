@@ -1,6 +1,6 @@
 """The Slurm client: parsers fed what a real Slurm 22.05.8 printed (``slurm_22.05/``, captured
 from the test cluster), the checks on every value that goes into a batch script, the rule that
-picks the cluster, and one rule that keeps every Slurm command in ``gpuctl/remote/slurm.py``."""
+picks the cluster, and one rule that keeps every Slurm command in ``gpuctl/reach/slurm.py``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from gpuctl.config import parse_config
 from gpuctl.fleet.slurm import MAX_INTERVAL, next_delay
-from gpuctl.remote.slurm import (
+from gpuctl.reach.slurm import (
     COMMANDS,
     SlurmClient,
     SlurmError,
@@ -282,7 +282,7 @@ def _slurm_command_lines(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_slurm_commands_run_only_in_the_slurm_client() -> None:
-    """squeue, sinfo, scontrol, sbatch, sacct and scancel are run by gpuctl/remote/slurm.py and
+    """squeue, sinfo, scontrol, sbatch, sacct and scancel are run by gpuctl/reach/slurm.py and
     nowhere else in the package (srun is a launcher: the srun link and batch scripts own it)."""
     home = REPO / "gpuctl" / "remote" / "slurm.py"
     offenders = []
@@ -293,7 +293,7 @@ def test_slurm_commands_run_only_in_the_slurm_client() -> None:
         offenders += [
             f"{path.relative_to(REPO)}:{n}: {cmd}" for n, cmd in _slurm_command_lines(tree)
         ]
-    assert offenders == [], "run Slurm commands through gpuctl.remote.slurm.SlurmClient"
+    assert offenders == [], "run Slurm commands through gpuctl.reach.slurm.SlurmClient"
     assert _slurm_command_lines(ast.parse(home.read_text()))  # the rule sees the real ones
 
 
@@ -309,26 +309,3 @@ def test_the_rule_catches_the_shapes_of_a_slurm_call() -> None:
         )
     )
     assert [c for _, c in caught] == ["squeue", "sbatch", "scancel", "sinfo"]
-
-
-def test_the_package_gpuctl_remote_does_not_hide_the_remote_decorator() -> None:
-    """Importing ``gpuctl.remote.slurm`` (the connection layer) first used to turn
-    ``gpuctl.remote`` into that package: ``@gpuctl.remote`` then failed in the user's script.
-    (``from gpuctl.remote... import`` works; ``import gpuctl.remote.slurm as m`` cannot, as
-    ``gpuctl.remote`` is the decorator.)"""
-    import subprocess
-    import sys
-
-    from gpuctl_tests.helpers import node_env
-
-    probe = (
-        "from gpuctl.remote.slurm import SlurmClient\n"
-        "import gpuctl, gpuctl.jobs\n"
-        "assert gpuctl.remote is gpuctl.jobs.remote, gpuctl.remote\n"
-        "from gpuctl.remote import slurm\n"
-        "assert slurm.SlurmClient is SlurmClient and gpuctl.remote is gpuctl.jobs.remote\n"
-    )
-    r = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env=node_env(), timeout=60
-    )
-    assert r.returncode == 0, r.stderr
