@@ -203,6 +203,11 @@ def record(target: SshTarget, key: asyncssh.SSHKey) -> str:
 
 
 def _scan(target: SshTarget, into: str) -> str:
+    if target.proxy_jump:  # ssh-keyscan cannot go through a jump host; ssh itself can
+        return (
+            f"ssh -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile={into} "
+            f"{target.alias} true (once the key's fingerprint is checked)"
+        )
     port = "" if target.port == 22 else f" -p {target.port}"
     scan = f"ssh-keyscan{port} {target.hostname}"
     if target.host_key_alias:
