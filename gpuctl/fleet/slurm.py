@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from gpuctl.bundle import write_bundle
 from gpuctl.config import NodeConfig
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError
-from gpuctl.fleet.ssh import DEPLOY_TAG, agent_script
+from gpuctl.fleet.ssh import agent_script
+from gpuctl.reach.bundle import parse_reply
 from gpuctl.reach.slurm import (
     DEFAULT_TIMEOUT,
     SlurmClient,
@@ -262,6 +264,7 @@ class SrunLink(NodeLink):
         )
         self.env = dict(env) if env is not None else self.client.env()
         self._bundle: Path | None = None
+        self._digest: str | None = None  # the bundle's full sha256, checked on the node
 
     def describe(self) -> str:
         job = self.node.jobid
@@ -282,6 +285,7 @@ class SrunLink(NodeLink):
                         f"{folder} is writable by others: set bundle_dir to a private folder",
                     )
                 self._bundle = write_bundle(folder)
+                self._digest = hashlib.sha256(self._bundle.read_bytes()).hexdigest()
             except OSError as e:
                 raise LinkError("deploy", f"cannot write the agent bundle in {folder}: {e}") from e
         return self._bundle
@@ -304,7 +308,14 @@ class SrunLink(NodeLink):
     def argv(self, jobid: str) -> list[str]:
         """The srun command line that starts the agent on the node."""
         bundle = self._bundle_path()
-        script = agent_script(self.node, str(bundle.parent), bundle.name, self.seed, self.read_only)
+        script = agent_script(
+            self.node,
+            str(bundle.parent),
+            bundle.name,
+            self.seed,
+            self.read_only,
+            digest=self._digest,
+        )
         return [
             "srun",
             "--overlap",
@@ -329,12 +340,26 @@ class SrunLink(NodeLink):
             self.slurm_node = next((n for n in fresh if n.name == self.node.name), None)
         return self.slurm_node is not None and self.slurm_node.down
 
-    async def open(self) -> AgentSession:
-        if await self._still_down():
-            assert self.slurm_node is not None
-            why = f": {self.slurm_node.reason}" if self.slurm_node.reason else ""
-            raise LinkError("down", f"Slurm has {self.node.name} {self.slurm_node.state}{why}")
-        jobid = await self._jobid()
+    def _deploy_error(self, word: str, rest: str) -> LinkError:
+        """The one line for the boot code's word (see ``gpuctl.reach.bundle``)."""
+        name, py = self.node.name, self.node.python
+        if word == "no-python":
+            return LinkError("no_python", f"no python at {py!r} on {name}")
+        if word == "old-python":
+            return LinkError("no_python", f"{py} on {name} is Python {rest}: the agent needs 3.6+")
+        if word == "unsafe-dir":
+            return LinkError(
+                "deploy", f"{name}: the agent's folder {rest}: set bundle_dir to a private folder"
+            )
+        return LinkError(
+            "deploy",
+            f"{name} cannot see the right bundle at {self._bundle_path()} ({word}): set "
+            "bundle_dir to a folder of yours shared with the nodes",
+        )
+
+    async def _start(
+        self, jobid: str
+    ) -> tuple[asyncio.subprocess.Process, bytes, Callable[[], Awaitable[None]]]:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.argv(jobid),
@@ -369,31 +394,35 @@ class SrunLink(NodeLink):
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()  # srun signals its step, which ends
             raise
-        if not first or first.startswith(DEPLOY_TAG):
+        return proc, first, close
+
+    async def open(self) -> AgentSession:
+        if await self._still_down():
+            assert self.slurm_node is not None
+            why = f": {self.slurm_node.reason}" if self.slurm_node.reason else ""
+            raise LinkError("down", f"Slurm has {self.node.name} {self.slurm_node.state}{why}")
+        jobid = await self._jobid()
+        for attempt in range(2):
+            proc, first, close = await self._start(jobid)
+            reply = parse_reply(first)
+            if first and reply is None:
+                break
             err = b""
+            assert proc.stderr is not None
             with contextlib.suppress(TimeoutError):
                 err = await asyncio.wait_for(proc.stderr.read(), 5.0)
             await close()
-            if first.startswith(DEPLOY_TAG):
-                word = first[len(DEPLOY_TAG) :].decode(errors="replace").strip()
-                if word.startswith("no-python"):
-                    raise LinkError(
-                        "no_python", f"no python at {self.node.python!r} on {self.node.name}"
-                    )
-                if word.startswith("old-python"):
-                    raise LinkError(
-                        "no_python", f"{self.node.python} on {self.node.name} is too old ({word})"
-                    )
-                raise LinkError(
-                    "deploy",
-                    f"{self.node.name} cannot see {self._bundle_path()}: set bundle_dir to a "
-                    "folder shared with the nodes",
-                )
-            lines = err.decode(errors="replace").strip().splitlines()
-            detail = lines[-1] if lines else f"srun exited {proc.returncode}"
-            reason = "slurm" if "srun:" in detail else "agent_crashed"
-            raise LinkError(reason, f"{self.node.name}: {detail}")
-
+            if reply is None:  # srun or the agent ended before a word
+                lines = err.decode(errors="replace").strip().splitlines()
+                detail = lines[-1] if lines else f"srun exited {proc.returncode}"
+                reason = "slurm" if "srun:" in detail else "agent_crashed"
+                raise LinkError(reason, f"{self.node.name}: {detail}")
+            word, rest = reply
+            if word == "mismatch" and attempt == 0:
+                self._bundle = None  # written again from this gpuctl, never run as it was
+                continue
+            raise self._deploy_error(word, rest)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         session = AgentSession(_First(first, proc.stdout), proc.stdin, close=close)
         task = asyncio.get_running_loop().create_task(_stderr_tail(proc.stderr, session))
         _keep.add(task)

@@ -360,3 +360,62 @@ async def test_a_node_seen_down_at_discovery_is_asked_again(
         await link.open()
     assert err.value.reason == "no_job", str(err.value)
     assert link.slurm_node is not None and not link.slurm_node.down
+
+
+@pytest.mark.slurm
+async def test_srun_link_replaces_a_tampered_bundle_and_never_runs_it(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The bundle on the shared folder was replaced (same name, other content): the node's boot
+    code refuses it by its sha256, gpuctl writes its own again, and the agent starts."""
+    import io
+    import zipfile
+
+    from gpuctl.bundle import write_bundle
+    from gpuctl.config import parse_config
+    from gpuctl.fleet.slurm import SrunLink
+
+    out = await asyncio.to_thread(
+        slurm_cluster.run, ["sbatch", "--parsable", "-J", "hold", "--wrap", "sleep 300"]
+    )
+    job = int(out.stdout.strip().split(";")[0])
+    try:
+        await asyncio.to_thread(
+            wait_until,
+            lambda: (
+                slurm_cluster.run(["squeue", "-h", "-j", str(job), "-o", "%T"]).stdout.strip()
+                == "RUNNING"
+            ),
+            30,
+            "the holding job to run",
+        )
+        shared = tmp_path / "shared"
+        shared.mkdir(mode=0o700)
+        bundle = write_bundle(shared)
+        marker = tmp_path / "tampered-code-ran"
+        evil = io.BytesIO()
+        with zipfile.ZipFile(evil, "w") as zf:
+            zf.writestr("gpuctl/__init__.py", "")
+            zf.writestr("gpuctl/node/__init__.py", "")
+            zf.writestr(
+                "gpuctl/node/__main__.py",
+                f"open({str(marker)!r}, 'w').close()\ndef main(argv=None):\n    return 0\n",
+            )
+        bundle.write_bytes(evil.getvalue())
+        text = _config(slurm_cluster, tmp_path).read_text()
+        text = text.replace(
+            f'partition = "{slurm_cluster.partition}"\n',
+            f'nodes = "{slurm_cluster.node}"\njobid = {job}\n',
+        )
+        (node,) = parse_config(text).nodes()
+        link = SrunLink(node)
+        session = await link.open()
+        try:
+            info = await session.handshake(timeout=60)
+            assert len(info.gpus) == 2
+        finally:
+            await session.close()
+        assert not marker.exists()
+        assert bundle.read_bytes() != evil.getvalue()
+    finally:
+        await asyncio.to_thread(_cancel_jobs, slurm_cluster)
