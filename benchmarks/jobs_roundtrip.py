@@ -172,7 +172,7 @@ def main() -> int:
                 supervisor_python=venv1,
                 python=sys.executable,
                 partition=slurm.partition,
-                slurm_env={"SLURM_CONF": slurm.env["SLURM_CONF"]},
+                slurm_conf=str(slurm.conf_path),
                 job_root=str(work / "slurm-jobs"),
                 store=False,
             )

@@ -80,17 +80,19 @@ class NodeConfig:
     workload_python: str | None = None
     simulate: str | None = None  # a --simulate spec ("8", "8:H100") or None for real GPUs
     interval: float = 1.0
-    # ssh: None means "as ~/.ssh/config says"
+    # ssh: like ``ssh -o`` options, each wins over the ssh config when set; None means "as the
+    # ssh config says" (gpuctl.reach.options; its fallbacks when neither says anything:
+    # ConnectTimeout 15, ServerAliveInterval 5, host keys strict)
     ssh_config: str | None = None
-    known_hosts: str | None = None
-    host_key_policy: str = "strict"
+    known_hosts: str | None = None  # UserKnownHostsFile
+    host_key_policy: str | None = None  # StrictHostKeyChecking: strict (yes) | accept-new
     user: str | None = None
     port: int | None = None
     identity: str | None = None
-    jump: str | None = None
-    connect_timeout: float = 15.0
-    keepalive_interval: float = 5.0
-    keepalive_count_max: int = 3
+    jump: str | None = None  # ProxyJump
+    connect_timeout: float | None = None  # ConnectTimeout
+    keepalive_interval: float | None = None  # ServerAliveInterval
+    keepalive_count_max: int | None = None  # ServerAliveCountMax
     setup: tuple[str, ...] = ()  # shell lines run before the agent (``module load python``)
     bundle_dir: str = DEFAULT_BUNDLE_DIR  # on the node; ``~`` is the node's $HOME
     # slurm
@@ -239,10 +241,14 @@ class Key:
 CLUSTER_KEYS: dict[str, Key] = {
     "nodes": Key(_hostlists, None, 'the nodes, as Slurm hostlists ("gpu[01-16],dgx-a")'),
     "via": Key(_choice(*VIAS), "ssh", "how nodes are reached: ssh, srun (a job step), local"),
-    "ssh_config": Key(_str, None, "OpenSSH client config to read (default ~/.ssh/config)", True),
+    "ssh_config": Key(
+        _str, None, "OpenSSH client config (default ~/.ssh/config, then /etc/ssh)", True
+    ),
     "known_hosts": Key(_str, None, "known_hosts file (default: as the ssh config says)", True),
     "host_key_policy": Key(
-        _choice(*HOST_KEY_POLICIES), "strict", "strict, or accept-new to record unseen hosts"
+        _choice(*HOST_KEY_POLICIES),
+        None,
+        "strict, or accept-new to record unseen hosts (default: StrictHostKeyChecking)",
     ),
     "user": Key(_str, None, "login name (default: as the ssh config says)"),
     "port": Key(_integer(1, 65535), None, "SSH port (default: as the ssh config says)"),
@@ -254,9 +260,15 @@ CLUSTER_KEYS: dict[str, Key] = {
     ),
     "simulate": Key(_simulate, None, 'simulated GPUs on these nodes ("8" or "8:H100")'),
     "interval": Key(_number(0.1, 3600), 1.0, "seconds between samples"),
-    "connect_timeout": Key(_number(0.5, 600), 15.0, "seconds to wait for a node to answer"),
-    "keepalive_interval": Key(_number(0, 3600), 5.0, "seconds between SSH keepalives (0: off)"),
-    "keepalive_count_max": Key(_integer(1, 100), 3, "keepalives unanswered before giving up"),
+    "connect_timeout": Key(
+        _number(0.5, 600), None, "seconds for a node to answer (default: ConnectTimeout, or 15)"
+    ),
+    "keepalive_interval": Key(
+        _number(0, 3600), None, "seconds between keepalives (default: ServerAliveInterval, or 5)"
+    ),
+    "keepalive_count_max": Key(
+        _integer(1, 100), None, "keepalives unanswered before giving up (default: ssh config)"
+    ),
     "setup": Key(_lines, [], 'shell lines run on the node first ("module load cuda/12.1")'),
     "bundle_dir": Key(
         _str, DEFAULT_BUNDLE_DIR, "folder on the node (private, 0700) for the agent bundle"
@@ -315,10 +327,20 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "threshold": Key(_number(0.0, 1.0), 0.1, "drop below the node's history that fails it"),
         "gpus_per_node": Key(_integer(1, 1024), None, "via slurm: tasks (GPUs) per node"),
         "partition": Key(_str, None, "via slurm: the partition to submit to"),
+        "slurm_conf": Key(
+            _str, None, "via slurm: slurm.conf to submit with (default: the Slurm cluster's)", True
+        ),
         "job_dir": Key(_str, None, "via slurm: folder shared with the nodes for the job", True),
     },
     "jobs": {
         "dir": Key(_str, None, "job folders here (a shared file system for Slurm)", True),
+        "partition": Key(_str, None, "target slurm: the partition to submit to"),
+        "slurm_conf": Key(
+            _str,
+            None,
+            "target slurm: slurm.conf to submit with (default: the Slurm cluster's)",
+            True,
+        ),
         "env_root": Key(_str, None, "where VENV2 environments are built on the nodes"),
         "setup": Key(_lines, [], "shell lines run before every job's VENV2 starts"),
     },

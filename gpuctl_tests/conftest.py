@@ -49,6 +49,12 @@ def _hermetic_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     for name, path in dirs.items():
         path.mkdir(parents=True, exist_ok=True)
         os.environ[name] = str(path)
+    # The machine's /etc/ssh/ssh_config (HashKnownHosts, GSSAPI, its Includes) must not change
+    # what the tests see: gpuctl reads this empty one instead (tests of the system config set
+    # their own).
+    system_ssh_config = root / "etc-ssh_config"
+    system_ssh_config.write_text("")
+    os.environ["GPUCTL_SSH_SYSTEM_CONFIG"] = str(system_ssh_config)
     tempfile.tempdir = None  # computed again from TMPDIR
     try:
         yield root

@@ -44,11 +44,12 @@ HEADLESS = (
     "gpuctl.core",
     "gpuctl.fleet",
     "gpuctl.jobs",
-    "gpuctl.remote",
+    "gpuctl.reach",
     "gpuctl.accept",
     "gpuctl.config",
     "gpuctl.paths",
     "gpuctl.logs",
+    "gpuctl.service",
 )
 
 

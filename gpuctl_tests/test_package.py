@@ -31,3 +31,19 @@ def test_plain_import_stays_light() -> None:
         check=True,
     )
     assert r.stdout.split() == ["False", "False"]
+
+
+def test_the_connection_layer_does_not_hide_the_jobs_decorator() -> None:
+    """The connection layer is ``gpuctl.reach``: a package named ``gpuctl/remote/`` (its first
+    name) made the import system replace the ``gpuctl.remote`` decorator with the package."""
+    probe = (
+        "import gpuctl, gpuctl.reach.pool, gpuctl.jobs\n"
+        "from gpuctl import remote\n"
+        "from gpuctl.reach.options import resolve\n"
+        "assert gpuctl.remote is gpuctl.jobs.remote is remote, gpuctl.remote\n"
+        "print(callable(gpuctl.remote))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=node_env(), timeout=60
+    )
+    assert r.stdout.strip() == "True", r.stderr

@@ -11,11 +11,11 @@ SUDO=""
 # GPUCTL_TEST_VENV), so the tests never depend on, or disturb, what the machine has installed.
 VENV="${GPUCTL_TEST_VENV:-.venv}"
 
-echo "== system packages (OpenSSH server, Slurm, munge, tmux, gcc)"
+echo "== system packages (OpenSSH server, Slurm, munge, tmux, tcsh, gcc)"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-    openssh-server openssh-client slurm-wlm slurm-client munge tmux gcc libc6-dev \
+    openssh-server openssh-client slurm-wlm slurm-client munge tmux tcsh gcc libc6-dev \
     iproute2 procps >/dev/null
 
 echo "== python packages (into $VENV)"

@@ -6,6 +6,11 @@ allocation), ``events/<node>.jsonl`` (progress, tailed here while the job runs),
 ``reports/<node>.json`` and ``exit_code``. The job asks for ``nodes × gpus_per_node`` tasks;
 ``srun`` starts one suite per node, and each suite's DDP part is one torchrun per node joined by a
 c10d rendezvous on the first node, so all-reduce and DDP training span the nodes.
+
+Every value in ``job.sh`` is checked first (``SlurmJobSpec``, ``start_slurm_run``): node lists
+parse as Slurm hostlists of plain names, the partition is a plain name, the job folder a path
+sbatch reads as written; the shell part quotes with ``shlex``. Slurm commands go through
+``gpuctl.reach.slurm.SlurmClient``.
 """
 
 from __future__ import annotations
@@ -13,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 from gpuctl import paths, service
@@ -32,14 +37,25 @@ from gpuctl.accept.run import (
     outcome_from_report,
 )
 from gpuctl.bundle import write_bundle
-from gpuctl.fleet.slurm import SlurmError, run_client_async
+from gpuctl.reach.slurm import (
+    SlurmClient,
+    SlurmError,
+    SlurmValueError,
+    check_hostlist,
+    check_name,
+    nodelist,
+    sbatch_path,
+)
 from gpuctl.workloads.accept.schema import SECTIONS
+
+log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # how often the job folder and squeue are looked at while the job runs
 
 
 class SlurmJobSpec:
-    """What to ask Slurm for."""
+    """What to ask Slurm for; every value checked here (SlurmValueError, one line naming the
+    option) so that nothing unchecked reaches the batch script."""
 
     def __init__(
         self,
@@ -51,12 +67,23 @@ class SlurmJobSpec:
         time_limit_min: int = 30,
         exclusive: bool = False,
     ) -> None:
+        for what, n in (
+            ("--nnodes", nnodes),
+            ("--gpus-per-node", gpus_per_node),
+            ("time limit", time_limit_min),
+        ):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise SlurmValueError(f"{what} must be a whole number of at least 1, not {n!r}")
         self.nnodes = nnodes
         self.gpus_per_node = gpus_per_node
-        self.nodelist = nodelist
-        self.partition = partition
+        self.nodelist = _nodelist(nodelist) if nodelist is not None else None
+        self.partition = check_name(partition, "--partition") if partition is not None else None
         self.time_limit_min = time_limit_min
         self.exclusive = exclusive
+
+
+def _nodelist(text: str) -> str:
+    return nodelist(check_hostlist(text, "--nodes"))
 
 
 def job_root() -> Path:
@@ -72,17 +99,17 @@ def batch_script(
     lines = [
         "#!/bin/bash",
         "#SBATCH --job-name=gpuctl-accept",
-        f"#SBATCH --nodes={spec.nnodes}",
-        f"#SBATCH --ntasks-per-node={spec.gpus_per_node}",
-        f"#SBATCH --output={job}/slurm-%j.out",
-        f"#SBATCH --time={spec.time_limit_min}",
+        f"#SBATCH --nodes={int(spec.nnodes)}",
+        f"#SBATCH --ntasks-per-node={int(spec.gpus_per_node)}",
+        f"#SBATCH --output={sbatch_path(job / 'slurm-%j.out', 'job folder', pattern=True)}",
+        f"#SBATCH --time={int(spec.time_limit_min)}",
     ]
     if spec.partition:
-        lines.append(f"#SBATCH --partition={spec.partition}")
+        lines.append(f"#SBATCH --partition={check_name(spec.partition, '--partition')}")
     if spec.nodelist:
-        lines.append(f"#SBATCH --nodelist={spec.nodelist}")
+        lines.append(f"#SBATCH --nodelist={_nodelist(spec.nodelist)}")
     if options.device == "cuda":
-        lines.append(f"#SBATCH --gpus-per-node={spec.gpus_per_node}")
+        lines.append(f"#SBATCH --gpus-per-node={int(spec.gpus_per_node)}")
     if spec.exclusive:
         lines.append("#SBATCH --exclusive")
     suite = [
@@ -153,7 +180,7 @@ async def start_slurm_run(
     *,
     python: str | None = None,
     job_dir: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str] | None = None,
+    client: SlurmClient | None = None,
     report_dir: str | os.PathLike[str] | None = None,
     history: HistoryStore | None = None,
     read_only: bool | None = None,
@@ -161,12 +188,15 @@ async def start_slurm_run(
     """Write the job folder and script, ``sbatch`` it, and follow it; returns the run at once.
 
     ``python`` is the VENV2 interpreter on the nodes (default: this one, which works where the
-    login node and the nodes share an installation). Raises SlurmError when sbatch refuses,
-    ``gpuctl.service.ReadOnlyError`` in read-only mode (``read_only``: the caller's decision;
-    None: ``$GPUCTL_READ_ONLY`` and the config), before anything is written.
+    login node and the nodes share an installation). ``client`` reaches the cluster (default:
+    ``$SLURM_CONF``). ``read_only`` is the caller's decision on read-only mode (None:
+    ``$GPUCTL_READ_ONLY`` and the config). Raises ``gpuctl.service.ReadOnlyError`` in read-only
+    mode and SlurmValueError for a job folder a batch script cannot name, both before anything
+    is written, and SlurmError when sbatch refuses.
     """
     service.check("the acceptance suite", read_only=read_only)
-    root = Path(job_dir) if job_dir is not None else job_root()
+    client = client or SlurmClient()
+    root = _checked_root(job_dir)
     root.mkdir(parents=True, exist_ok=True)
     job = Path(tempfile.mkdtemp(prefix=time.strftime("accept-%Y%m%d-%H%M%S-"), dir=root))  # 0700
     (job / "events").mkdir()
@@ -175,10 +205,7 @@ async def start_slurm_run(
     script = job / "job.sh"
     script.write_text(batch_script(job, bundle, python or sys.executable, spec, options))
     script.chmod(0o700)
-    out = await run_client_async(["sbatch", "--parsable", str(script)], env=env)
-    job_id = out.strip().split(";")[0]
-    if not job_id.isdigit():
-        raise SlurmError(f"sbatch answered {out.strip()[:80]!r}, not a job id")
+    job_id = await client.submit_async(script)
     nodes_file = job / "nodes.txt"
 
     run = AcceptRun([], options, "slurm")
@@ -191,7 +218,7 @@ async def start_slurm_run(
                 names = nodes_file.read_text().split()
                 if names:
                     return names
-            if not await _queued(job_id, env):
+            if not await _queued(job_id, client):
                 return []
             await asyncio.sleep(POLL_S)
         return []
@@ -223,11 +250,11 @@ async def start_slurm_run(
                             run.relay(n, detail)
             if (job / "exit_code").exists():
                 break
-            if not await _queued(job_id, env):
+            if not await _queued(job_id, client):
                 break  # the job left the queue without the script's last line: killed
             if time.monotonic() > deadline:
                 with contextlib.suppress(SlurmError):
-                    await run_client_async(["scancel", job_id], env=env)
+                    await client.cancel_async(job_id)
                 break
             await asyncio.sleep(POLL_S)
         for n, t in tails.items():  # what arrived between the last look and the end
@@ -249,19 +276,27 @@ async def start_slurm_run(
             run.finish_node(outcome_from_report(n, report, None))
 
     async def cancel() -> None:
-        await run_client_async(["scancel", job_id], env=env)
+        await client.cancel_async(job_id)
 
     run._start(body(), cancel, report_dir, history)
     return run
 
 
-async def _queued(job_id: str, env: Mapping[str, str] | None) -> bool:
-    """True while squeue still lists the job (pending, running or completing)."""
+def _checked_root(job_dir: str | os.PathLike[str] | None) -> Path:
+    """The absolute parent of job folders; SlurmValueError when job.sh could not name it."""
+    root = job_root() if job_dir is None else Path(os.path.abspath(Path(job_dir).expanduser()))
+    sbatch_path(root / "accept-x" / "slurm-%j.out", "--job-dir", pattern=True)
+    return root
+
+
+async def _queued(job_id: str, client: SlurmClient) -> bool:
+    """True while squeue still lists the job (pending, running or completing), and while Slurm
+    does not answer (the caller's deadline bounds that)."""
     try:
-        out = await run_client_async(["squeue", "-h", "-j", job_id, "-o", "%T"], env=env)
-    except SlurmError:
-        return False  # squeue refuses a job id it has forgotten
-    return bool(out.strip())
+        return bool(await client.jobs_async(job_ids=[job_id]))
+    except SlurmError as e:
+        log.warning("squeue for accept job %s: %s", job_id, e)
+        return True
 
 
 def _slurm_out_tail(job: Path, job_id: str) -> str:

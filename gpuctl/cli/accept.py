@@ -4,8 +4,11 @@
     gpuctl accept [--nodes HOSTLIST] [--via ssh|slurm] [--quick] [--report-dir D]
     gpuctl accept history [NODE]
 
-Config ``[accept]`` keys: ``python`` (VENV2 on the nodes), ``partition``, ``job_dir`` (a folder
-the Slurm nodes share), ``gpus_per_node``; options win over them.
+Config ``[accept]`` keys: ``python`` (VENV2 on the nodes), ``partition``, ``slurm_conf``,
+``job_dir`` (a folder the Slurm nodes share), ``gpus_per_node``; options win over them.
+``--via slurm`` submits to the cluster ``gpuctl.reach.slurm.slurm_target`` picks: ``[accept]
+slurm_conf``, else the configured Slurm clusters' one ``slurm_conf`` (the cluster holding
+``--nodes`` when they are configured nodes), else ``$SLURM_CONF``.
 
 The last stdout line is ``[RESULT] SUCCESS`` or ``[RESULT] FAILURE: [...]``; the exit code is 0 or
 1 (2 for a usage mistake). ``--via ssh`` (the default with configured nodes) runs the single-node
@@ -117,15 +120,12 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
 
 
 def _hostlist(text: str) -> list[str]:
-    import hostlist
+    from gpuctl.reach.slurm import SlurmValueError, check_hostlist
 
     try:
-        names: list[str] = hostlist.expand_hostlist(text)
-    except hostlist.BadHostlist as e:
-        raise _user_error(f"--nodes {text!r}: bad hostlist ({e})") from None
-    if not names:
-        raise _user_error(f"--nodes {text!r} names no node")
-    return names
+        return check_hostlist(text, "--nodes")
+    except SlurmValueError as e:
+        raise _user_error(str(e)) from None
 
 
 def _str(v: Any) -> str | None:
@@ -213,9 +213,10 @@ async def _drive_slurm(
     printer: Printer,
 ) -> dict[str, Any]:
     from gpuctl.accept.slurm import SlurmJobSpec, start_slurm_run
-    from gpuctl.fleet.slurm import SlurmError
+    from gpuctl.reach.slurm import SlurmError, slurm_target
 
     nodelist = None
+    names: list[str] = []
     nnodes = args.nnodes or 1
     if args.nodes:
         names = _hostlist(args.nodes)
@@ -226,20 +227,22 @@ async def _drive_slurm(
     gpn = args.gpus_per_node or conf_gpn or (2 if options.device == "cpu" else 8)
     if nnodes < 1 or gpn < 1:
         raise _user_error("--nnodes and --gpus-per-node must be at least 1")
-    spec = SlurmJobSpec(
-        nnodes=nnodes,
-        gpus_per_node=gpn,
-        nodelist=nodelist,
-        partition=args.partition or _str(config.accept.get("partition")),
-        time_limit_min=max(5, int(options.timeout // 60) + 5),
-        exclusive=options.device == "cuda",
-    )
     try:
+        target = slurm_target(config, "accept", nodes=names, partition=args.partition)
+        spec = SlurmJobSpec(
+            nnodes=nnodes,
+            gpus_per_node=gpn,
+            nodelist=nodelist,
+            partition=target.partition,
+            time_limit_min=max(5, int(options.timeout // 60) + 5),
+            exclusive=options.device == "cuda",
+        )
         accept_run = await start_slurm_run(
             options,
             spec,
             python=options.python,
             job_dir=args.job_dir or _str(config.accept.get("job_dir")),
+            client=target.client(),
             report_dir=args.report_dir,
             history=history,
             read_only=_decided(args),

@@ -5,6 +5,7 @@ starting file."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -67,12 +68,13 @@ def _slurm_nodes(partition: str | None) -> tuple[str | None, str, str]:
 
     import hostlist
 
-    from gpuctl.fleet.slurm import SlurmError, discover, run_client
+    from gpuctl.reach.slurm import SlurmClient, SlurmError
 
     if shutil.which("sinfo") is None:
         return None, "main", "No Slurm here (no sinfo): fill in the nodes and uncomment."
+    client = SlurmClient(timeout=10)
     try:
-        found = discover(partition, timeout=10)
+        found = client.nodes(partition)
     except SlurmError as e:
         return None, "main", f"Slurm did not answer ({e}): fill in the nodes and uncomment."
     gpu = [n.name for n in found if n.gpus] or [n.name for n in found]
@@ -80,13 +82,8 @@ def _slurm_nodes(partition: str | None) -> tuple[str | None, str, str]:
         where = f"partition {partition}" if partition else "this Slurm cluster"
         return None, "main", f"sinfo lists no node in {where}: fill in the nodes."
     name = "main"
-    try:
-        for line in run_client(["scontrol", "show", "config"], timeout=10).splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "ClusterName" and value.strip():
-                name = value.strip()
-    except SlurmError:
-        pass
+    with contextlib.suppress(SlurmError):
+        name = client.config_value("ClusterName") or name
     kind = "GPU nodes" if any(n.gpus for n in found) else "nodes"
     where = f" of partition {partition}" if partition else ""
     note = f"The {len(gpu)} {kind}{where} sinfo listed when this file was written."

@@ -36,7 +36,11 @@ def register(sub: Any) -> None:
     p.add_argument("--supervisor-python", help="VENV1 interpreter on the target (python3)")
     p.add_argument("--mem", help="memory limit, e.g. 4G")
     p.add_argument("--time-limit", type=float, metavar="SECONDS", help="time limit")
-    p.add_argument("--partition", help="Slurm partition (target slurm)")
+    p.add_argument(
+        "--partition",
+        help="Slurm partition (target slurm; default: [jobs] partition, else the Slurm "
+        "cluster's of the config)",
+    )
     p.add_argument(
         "--setup",
         action="append",
@@ -154,11 +158,13 @@ def _config(args: argparse.Namespace) -> Any:
 
 def run_submit(args: argparse.Namespace) -> int:
     from gpuctl.jobs import Executor, HostError, JobFailed
+    from gpuctl.reach.slurm import SlurmError
 
     call_args, call_kwargs = parse_args_json(args.args)
     _check_limits(args)
     fn = load_function(args.spec)
-    config = None if args.target in ("local", "slurm") else _config(args)
+    # target slurm reads the config too: [jobs] slurm_conf / partition, or the Slurm cluster's
+    config = None if args.target == "local" else _config(args)
     opts: dict[str, Any] = {"mem": args.mem, "time_limit": args.time_limit, "setup": args.setup}
     if args.python:
         opts["python"] = args.python
@@ -175,7 +181,7 @@ def run_submit(args: argparse.Namespace) -> int:
     except JobFailed as e:
         print(str(e), file=sys.stderr)
         return 1
-    except HostError as e:
+    except (HostError, SlurmError) as e:
         raise UserError(str(e)) from None
     except (pickle.PicklingError, TypeError) as e:
         raise UserError(f"cannot pickle the call: {e}") from None
@@ -250,7 +256,7 @@ def _job(args: argparse.Namespace) -> Any:
     config = _config(args) if rec.backend.get("kind") == "ssh" else None
     try:
         return attach(rec, store, config=config)
-    except HostError as e:
+    except (HostError, ValueError) as e:  # ValueError: a record naming what Slurm cannot take
         raise UserError(str(e)) from None
 
 
@@ -311,7 +317,7 @@ def _refresh(store: Any, records: list[Any]) -> bool:
             continue
         try:
             state = attach(rec, store).state
-        except (HostError, OSError):
+        except (HostError, OSError, ValueError):
             continue
         changed = changed or state != rec.state
     return changed

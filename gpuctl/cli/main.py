@@ -22,6 +22,7 @@ COMMANDS = (
     "gpuctl.cli.demo",
     "gpuctl.cli.status",
     "gpuctl.cli.config_cmd",
+    "gpuctl.cli.doctor",
     "gpuctl.cli.stress",
     "gpuctl.cli.accept",
     "gpuctl.cli.jobs",

@@ -10,15 +10,9 @@ from typing import Any
 from gpuctl.config import ClusterConfig, Config, NodeConfig
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import LocalLink, NodeLink
-from gpuctl.fleet.slurm import (
-    JobWatcher,
-    SlurmError,
-    SlurmNode,
-    SrunLink,
-    discover,
-    slurm_env,
-)
+from gpuctl.fleet.slurm import JobWatcher, SrunLink, discover
 from gpuctl.fleet.ssh import BundleStore, SshLink
+from gpuctl.reach.slurm import SlurmClient, SlurmError, SlurmNode, SlurmValueError
 
 LOCAL_NAME = "localhost"
 Service = Callable[[], Coroutine[Any, Any, None]]
@@ -61,8 +55,11 @@ def cluster_nodes(
     if not cluster.discover:
         return list(cluster.nodes), {}
     assert cluster.template is not None
-    env = slurm_env(cluster.slurm_conf)
-    found = discover(cluster.partition, env=env, timeout=timeout)
+    client = _client(cluster.name, cluster.slurm_conf, timeout)
+    try:
+        found = discover(cluster.partition, client=client)
+    except SlurmValueError as e:
+        raise SlurmValueError(f"clusters.{cluster.name}: {e}") from None
     if not found:
         where = f"partition {cluster.partition}" if cluster.partition else "this Slurm cluster"
         raise SlurmError(f"cluster {cluster.name}: sinfo lists no node in {where}")
@@ -91,6 +88,7 @@ def fleet_from_config(
     store = BundleStore()
     links: dict[str, NodeLink] = {}
     slurm_watch: dict[str | None, list[str]] = {}
+    owner: dict[str | None, str] = {}
     seed = 0
     for cluster in config.clusters.values():
         nodes, known = cluster_nodes(cluster)
@@ -107,13 +105,18 @@ def fleet_from_config(
             seed += 1
             if node.slurm:
                 slurm_watch.setdefault(node.slurm_conf, []).append(node.name)
+                owner.setdefault(node.slurm_conf, cluster.name)
     fleet = ClusterFleet(links, **kwargs)
     fleet.store = store
     for conf, names in slurm_watch.items():
-        watcher = JobWatcher(fleet, names, env=slurm_env(conf))
+        watcher = JobWatcher(fleet, names, client=_client(owner[conf], conf))
         fleet.watchers.append(watcher)
         fleet.services.append(watcher.run)
     return fleet
+
+
+def _client(cluster: str, slurm_conf: str | None, timeout: float = 15.0) -> SlurmClient:
+    return SlurmClient(slurm_conf, timeout, origin=f"[clusters.{cluster}] slurm_conf")
 
 
 def link_for(

@@ -80,7 +80,7 @@ class AgentSession:
         if not line:
             return None
         try:
-            return protocol.decode(line)
+            return protocol.decode(line, lenient=True)  # a broken field is None, not a stop
         except protocol.ProtocolError as e:
             raise LinkError("protocol", f"agent sent a bad line: {e.message}") from None
 

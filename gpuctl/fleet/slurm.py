@@ -1,194 +1,79 @@
 """Slurm as an inventory source and as a way to reach nodes, and who holds each GPU.
 
 - ``discover(...)``: nodes, partitions, GPU GRES counts and state (idle, mixed, drained, down)
-  from ``sinfo``'s plain text format, which reads the same on every Slurm version.
+  from ``sinfo``.
 - ``SrunLink``: the agent as a job step, ``srun --overlap --jobid=<id> -w <node> -N1 -n1``, for
   clusters whose compute nodes refuse plain SSH unless you have a job there. The bundle is read
   from a folder shared with the nodes (the home by default): this process writes it there.
-- ``JobWatcher``: which Slurm job and user hold each GPU (``squeue --json``; each job's per-node
-  GRES index list, from its ``gres_detail`` or else ``scontrol show job -d``), published on the
-  fleet as ``fleet.annotate(node, gpu, slurm_job=..., slurm_user=...)``.
+- ``JobWatcher``: which Slurm job and user hold each GPU, published on the fleet as
+  ``fleet.annotate(node, gpu, slurm_job=..., slurm_user=...)``: one ``squeue`` filtered to the
+  watched nodes and running jobs per poll, plus ``scontrol show job -d`` once per new GPU job (a
+  running job's GPUs do not change); polls slow down while Slurm fails or answers slowly.
 
-Every Slurm client runs with a deadline: ``sinfo`` without a controller retries for ~20 s.
+Every Slurm command goes through ``gpuctl.reach.slurm.SlurmClient``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
-import json
+import hashlib
 import logging
 import os
-import re
-import subprocess
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import hostlist
 
 from gpuctl.bundle import write_bundle
 from gpuctl.config import NodeConfig
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError
-from gpuctl.fleet.ssh import DEPLOY_TAG, agent_script
+from gpuctl.fleet.ssh import agent_script
+from gpuctl.reach.bundle import parse_reply
+from gpuctl.reach.slurm import (
+    DEFAULT_TIMEOUT,
+    SlurmClient,
+    SlurmError,
+    SlurmJob,
+    SlurmNode,
+    current_user,
+    nodelist,
+)
+
+__all__ = [
+    "GpuHolder",
+    "JobWatcher",
+    "SlurmError",
+    "SlurmNode",
+    "SrunLink",
+    "discover",
+    "find_job",
+    "gpu_holders",
+    "next_delay",
+]
 
 log = logging.getLogger(__name__)
 
-CLIENT_TIMEOUT = 15.0
-_IDX = re.compile(r"\bgpu(?::[^:(),]+)?(?::\d+)?\(IDX:([^)]*)\)")
-
-
-class SlurmError(Exception):
-    """A Slurm client failed or is missing; the message is one line."""
-
-
-@dataclass(frozen=True, slots=True)
-class SlurmNode:
-    """One node as ``sinfo`` sees it."""
-
-    name: str
-    partitions: tuple[str, ...]
-    gpus: int  # GPU GRES count (0 when none)
-    gpu_type: str | None
-    state: str  # sinfo's long state: idle, mixed, allocated, drained, down*, ...
-    reason: str | None = None
-
-    @property
-    def down(self) -> bool:
-        """True when Slurm will run nothing there (down, or not responding)."""
-        return self.state.startswith("down") or self.state.endswith("*")
-
-    @property
-    def drained(self) -> bool:
-        return self.state.startswith(("drain", "drng"))
-
-
-def slurm_env(slurm_conf: str | None = None) -> dict[str, str]:
-    """The environment for Slurm clients: ours, with ``SLURM_CONF`` when configured."""
-    env = dict(os.environ)
-    if slurm_conf:
-        env["SLURM_CONF"] = slurm_conf
-    return env
-
-
-def run_client(
-    argv: list[str], env: Mapping[str, str] | None = None, timeout: float = CLIENT_TIMEOUT
-) -> str:
-    """Run a Slurm client and return its stdout; raises SlurmError with one line."""
-    try:
-        r = subprocess.run(
-            argv,
-            env=dict(env) if env is not None else None,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=timeout,
-        )
-    except FileNotFoundError:
-        raise SlurmError(f"{argv[0]} not found: is this a Slurm login node?") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError(
-            f"{argv[0]} gave no answer in {timeout:g} s: is slurmctld reachable?"
-        ) from None
-    if r.returncode != 0:
-        err = (r.stderr.strip() or r.stdout.strip()).splitlines()
-        raise SlurmError(f"{' '.join(argv[:2])} failed: {err[-1] if err else r.returncode}")
-    return r.stdout
-
-
-async def run_client_async(
-    argv: list[str], env: Mapping[str, str] | None = None, timeout: float = CLIENT_TIMEOUT
-) -> str:
-    """``run_client`` without blocking the event loop."""
-    return await asyncio.to_thread(run_client, argv, env, timeout)
-
-
-def parse_gres_gpus(gres: str) -> tuple[int, str | None]:
-    """GPU count and type from a GRES string: ``gpu:h100:2`` -> (2, "h100"); (0, None) if none.
-
-    Several entries add up (``gpu:a100:2,gpu:v100:1`` -> 3, type of the first).
-    """
-    total, kind = 0, None
-    for part in re.split(r",(?![^(]*\))", gres or ""):
-        part = part.split("(", 1)[0].strip()
-        fields = part.split(":")
-        if fields[0] != "gpu":
-            continue
-        count = 1
-        if fields[-1].isdigit():
-            count = int(fields[-1])
-            fields = fields[:-1]
-        if len(fields) > 1 and kind is None:
-            kind = fields[1]
-        total += count
-    return total, kind
-
-
-def parse_sinfo(text: str) -> list[SlurmNode]:
-    """Parse ``sinfo -h -N -o '%N|%P|%G|%T|%E'`` (one line per node and partition)."""
-    merged: dict[str, dict[str, Any]] = {}
-    for line in text.splitlines():
-        parts = line.split("|", 4)
-        if len(parts) < 4 or not parts[0].strip():
-            continue
-        name, partition, gres, state = (p.strip() for p in parts[:4])
-        reason = parts[4].strip() if len(parts) > 4 else ""
-        entry = merged.setdefault(
-            name, {"partitions": [], "gres": gres, "state": state, "reason": reason}
-        )
-        partition = partition.rstrip("*")
-        if partition and partition not in entry["partitions"]:
-            entry["partitions"].append(partition)
-    nodes = []
-    for name, e in merged.items():
-        count, kind = parse_gres_gpus(e["gres"])
-        why = e["reason"] if e["reason"] not in ("", "none", "(null)") else None
-        nodes.append(SlurmNode(name, tuple(e["partitions"]), count, kind, e["state"].lower(), why))
-    return nodes
+SLOW_QUERY = 2.0  # seconds: an squeue slower than this means a loaded controller
+MAX_INTERVAL = 300.0  # the watcher's longest wait between polls while Slurm fails or is slow
+DETAILS_PER_POLL = 50  # new GPU jobs asked about (scontrol) per poll; the rest wait a poll
 
 
 def discover(
     partition: str | None = None,
     *,
-    env: Mapping[str, str] | None = None,
-    timeout: float = CLIENT_TIMEOUT,
+    client: SlurmClient | None = None,
+    slurm_conf: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> list[SlurmNode]:
     """The nodes Slurm knows (of one partition, or all), with GPUs and state.
 
-    Raises SlurmError when sinfo is missing or fails.
+    Raises SlurmError when sinfo is missing or fails (SlurmValueError for a bad partition name).
     """
-    argv = ["sinfo", "-h", "-N", "-o", "%N|%P|%G|%T|%E"]
-    if partition:
-        argv += ["-p", partition]
-    return parse_sinfo(run_client(argv, env, timeout))
-
-
-def parse_idx(text: str) -> list[int]:
-    """GPU indices of one node from GRES detail text: ``gpu:h100:2(IDX:0-1,3)`` -> [0, 1, 3]."""
-    out: list[int] = []
-    for m in _IDX.finditer(text):
-        for part in m.group(1).split(","):
-            part = part.strip()
-            lo, _, hi = part.partition("-")
-            if lo.isdigit() and (not hi or hi.isdigit()):
-                out.extend(range(int(lo), int(hi or lo) + 1))
-    return sorted(set(out))
-
-
-def parse_scontrol_job(text: str) -> dict[str, list[int]]:
-    """Per-node GPU indices from ``scontrol show job -d`` (its ``Nodes=... GRES=...`` lines)."""
-    out: dict[str, list[int]] = {}
-    for line in text.splitlines():
-        m = re.match(r"\s*Nodes=(\S+)\s.*\bGRES=(\S+)", line)
-        if not m:
-            continue
-        idx = parse_idx(m.group(2))
-        for node in hostlist.expand_hostlist(m.group(1)):
-            out.setdefault(node, []).extend(idx)
-    return out
+    client = client or SlurmClient(slurm_conf, timeout)
+    return client.nodes(partition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,96 +82,138 @@ class GpuHolder:
 
     job: str
     user: str
-    name: str | None = None
-
-
-def _job_id(job: Mapping[str, Any]) -> str:
-    jid = job.get("job_id")
-    array = job.get("array_job_id")
-    task = job.get("array_task_id")
-    if isinstance(array, dict):  # Slurm >= 23: {"set": .., "number": ..}
-        array = array.get("number") if array.get("set") else None
-    if isinstance(task, dict):
-        task = task.get("number") if task.get("set") else None
-    if isinstance(array, int) and array and isinstance(task, int):
-        return f"{array}_{task}"
-    return str(jid)
-
-
-def _running(job: Mapping[str, Any]) -> bool:
-    state = job.get("job_state")
-    if isinstance(state, list):
-        return "RUNNING" in state
-    return state == "RUNNING"
 
 
 def gpu_holders(
-    env: Mapping[str, str] | None = None, timeout: float = CLIENT_TIMEOUT
+    client: SlurmClient,
+    nodes: Iterable[str],
+    cache: dict[str, dict[str, list[int]]] | None = None,
 ) -> dict[tuple[str, int], GpuHolder]:
-    """Which running job holds each (node, GPU index), from squeue and the jobs' GRES details.
+    """Which running job holds each (node, GPU index) of ``nodes``: ``squeue`` filtered to those
+    nodes, then ``scontrol show job -d`` for each GPU job not in ``cache`` (unique job id ->
+    per-node indices, filled here). Raises SlurmError when squeue fails."""
+    names = sorted(set(nodes))
+    jobs = client.jobs(nodes=names, states=("RUNNING",))
+    cache = {} if cache is None else cache
+    for job in _new_gpu_jobs(jobs, cache)[:DETAILS_PER_POLL]:
+        with contextlib.suppress(SlurmError):
+            cache[job.unique_id] = client.job_gpus(job.unique_id)
+    return _holders(jobs, cache, set(names))
 
-    Raises SlurmError when squeue fails.
-    """
-    data = json.loads(run_client(["squeue", "--json"], env, timeout) or "{}")
+
+def _new_gpu_jobs(jobs: list[SlurmJob], cache: Mapping[str, Any]) -> list[SlurmJob]:
+    return [j for j in jobs if j.gpus and j.unique_id not in cache]
+
+
+def _holders(
+    jobs: list[SlurmJob], cache: Mapping[str, dict[str, list[int]]], watched: set[str]
+) -> dict[tuple[str, int], GpuHolder]:
     out: dict[tuple[str, int], GpuHolder] = {}
-    for job in data.get("jobs", []):
-        if not isinstance(job, dict) or not _running(job):
+    for job in jobs:
+        per_node = cache.get(job.unique_id)
+        if not per_node:
             continue
-        holder = GpuHolder(
-            job=_job_id(job), user=str(job.get("user_name") or "?"), name=job.get("name")
-        )
-        nodes_text = job.get("nodes") or ""
-        try:
-            nodes = hostlist.expand_hostlist(nodes_text) if nodes_text else []
-        except hostlist.BadHostlist:
-            continue
-        detail = job.get("gres_detail")
-        per_node: dict[str, list[int]] = {}
-        if isinstance(detail, list) and len(detail) == len(nodes):
-            per_node = {n: parse_idx(str(d)) for n, d in zip(nodes, detail, strict=True)}
-        elif "gpu" in json.dumps(job.get("tres_per_job", "")) + json.dumps(
-            [job.get(k) for k in ("tres_per_node", "tres_alloc_str", "tres_per_task")]
-        ):
-            try:
-                text = run_client(["scontrol", "show", "job", "-d", str(job.get("job_id"))], env)
-            except SlurmError:
-                continue
-            per_node = parse_scontrol_job(text)
+        holder = GpuHolder(job=job.job_id, user=job.user)
+        allocated = set(job.node_names())  # scontrol's lines only count on the job's own nodes
         for node, idx in per_node.items():
-            for gpu in idx:
-                out[(node, gpu)] = holder
+            if node in allocated and node in watched:
+                for gpu in idx:
+                    out[(node, gpu)] = holder
     return out
 
 
+def next_delay(interval: float, previous: float, ok: bool, took: float) -> float:
+    """Seconds until the watcher's next poll.
+
+    ``interval`` after a quick answer; after a slow one (``took`` > SLOW_QUERY seconds) ten
+    times as long as it took, so a loaded controller is asked a tenth of the time at most; after
+    a failure, twice the previous wait. Never more than MAX_INTERVAL (nor less than
+    ``interval``).
+    """
+    if not ok:
+        wait = max(interval, previous) * 2
+    elif took > SLOW_QUERY:
+        wait = 10 * took
+    else:
+        wait = interval
+    return max(interval, min(MAX_INTERVAL, wait))
+
+
 class JobWatcher:
-    """Keeps ``slurm_job`` / ``slurm_user`` annotations on the fleet's GPUs current."""
+    """Keeps ``slurm_job`` / ``slurm_user`` annotations on the fleet's GPUs current.
+
+    Asks only about ``nodes`` (a node Slurm does not know is dropped from the query, with a
+    warning, instead of failing it every time) and waits ``delay`` seconds between polls:
+    ``interval`` normally, longer while Slurm fails or is slow (``next_delay``).
+    """
 
     def __init__(
         self,
         fleet: Any,
         nodes: Iterable[str],
         *,
-        env: Mapping[str, str] | None = None,
+        client: SlurmClient | None = None,
         interval: float = 10.0,
     ) -> None:
         self.fleet = fleet
         self.nodes = set(nodes)
-        self.env = env
+        self.client = client or SlurmClient()
         self.interval = interval
+        self.delay = interval
+        self.unknown: set[str] = set()  # watched names Slurm says it does not know
         self.shown: dict[tuple[str, int], GpuHolder] = {}
         self.error: str | None = None
+        self.took: float | None = None  # seconds the last squeue took
+        self._gpus: dict[str, dict[str, list[int]]] = {}
+
+    async def _jobs(self) -> list[SlurmJob]:
+        names = sorted(self.nodes - self.unknown)
+        for attempt in range(2):
+            if not names:
+                break
+            t0 = time.monotonic()
+            try:
+                jobs = await self.client.jobs_async(nodes=names, states=("RUNNING",))
+            except SlurmError as e:
+                # squeue refuses the whole query for one name it does not know (and names only
+                # the first); sinfo lists the known ones of a list without complaint
+                if attempt or "Invalid node name" not in str(e):
+                    raise
+                known = {n.name for n in await self.client.nodes_async(names=names)}
+                gone = set(names) - known
+                if not gone:
+                    raise
+                log.warning(
+                    "slurm job watcher: Slurm knows no node %s: not asking about it",
+                    nodelist(sorted(gone)),
+                )
+                self.unknown |= gone
+                names = [n for n in names if n in known]
+                continue
+            self.took = time.monotonic() - t0
+            return jobs
+        self.took = 0.0
+        return []
 
     async def poll_once(self) -> None:
         """Query Slurm once and publish changes. Failures are kept in ``error``, not raised."""
         try:
-            holders = await asyncio.to_thread(gpu_holders, self.env)
-        except (SlurmError, ValueError) as e:
+            jobs = await self._jobs()
+            running = {j.unique_id for j in jobs}
+            for uid in set(self._gpus) - running:
+                del self._gpus[uid]  # ended: forget its GPUs
+            for job in _new_gpu_jobs(jobs, self._gpus)[:DETAILS_PER_POLL]:
+                with contextlib.suppress(SlurmError):
+                    self._gpus[job.unique_id] = await self.client.job_gpus_async(job.unique_id)
+        except SlurmError as e:
             if str(e) != self.error:
                 log.warning("slurm job watcher: %s", e)
             self.error = str(e)
+            self.delay = next_delay(self.interval, self.delay, False, 0.0)
             return
         self.error = None
-        holders = {k: v for k, v in holders.items() if k[0] in self.nodes}
+        self.delay = next_delay(self.interval, self.delay, True, self.took or 0.0)
+        holders = _holders(jobs, self._gpus, self.nodes)
         for key in set(self.shown) - set(holders):
             self.fleet.annotate(key[0], key[1], slurm_job=None, slurm_user=None)
         for key, h in holders.items():
@@ -298,20 +225,18 @@ class JobWatcher:
         """Poll until cancelled."""
         while True:
             await self.poll_once()
-            await asyncio.sleep(self.interval)  # a polling period, not synchronisation
+            await asyncio.sleep(self.delay)  # a polling period, not synchronisation
 
 
-def find_job(node: str, env: Mapping[str, str] | None = None) -> str | None:
-    """The id of a running job of this user that includes ``node``, or None."""
-    user = getpass.getuser()
-    out = run_client(["squeue", "-h", "-u", user, "-t", "R", "-o", "%i|%N"], env)
-    for line in out.splitlines():
-        jid, _, nodes = line.partition("|")
-        try:
-            if node in hostlist.expand_hostlist(nodes.strip()):
-                return jid.strip()
-        except hostlist.BadHostlist:
-            continue
+def find_job(node: str, client: SlurmClient | None = None) -> str | None:
+    """The id of a running job of this user that includes ``node``, or None.
+
+    Raises SlurmError when squeue fails (a node Slurm does not know included).
+    """
+    client = client or SlurmClient()
+    for job in client.jobs(nodes=[node], user=current_user(), states=("RUNNING",)):
+        if node in job.node_names():
+            return job.job_id
     return None
 
 
@@ -328,13 +253,18 @@ class SrunLink(NodeLink):
         slurm_node: SlurmNode | None = None,
         env: Mapping[str, str] | None = None,
         read_only: bool = False,
+        client: SlurmClient | None = None,
     ) -> None:
         self.node = node
         self.read_only = read_only
         self.seed = seed
         self.slurm_node = slurm_node
-        self.env = dict(env) if env is not None else slurm_env(node.slurm_conf)
+        self.client = client or SlurmClient(
+            node.slurm_conf, origin=f"[clusters.{node.cluster}] slurm_conf"
+        )
+        self.env = dict(env) if env is not None else self.client.env()
         self._bundle: Path | None = None
+        self._digest: str | None = None  # the bundle's full sha256, checked on the node
 
     def describe(self) -> str:
         job = self.node.jobid
@@ -355,6 +285,7 @@ class SrunLink(NodeLink):
                         f"{folder} is writable by others: set bundle_dir to a private folder",
                     )
                 self._bundle = write_bundle(folder)
+                self._digest = hashlib.sha256(self._bundle.read_bytes()).hexdigest()
             except OSError as e:
                 raise LinkError("deploy", f"cannot write the agent bundle in {folder}: {e}") from e
         return self._bundle
@@ -363,7 +294,7 @@ class SrunLink(NodeLink):
         if self.node.jobid is not None:
             return str(self.node.jobid)
         try:
-            jid = await asyncio.to_thread(find_job, self.node.name, self.env)
+            jid = await asyncio.to_thread(find_job, self.node.name, self.client)
         except SlurmError as e:
             raise LinkError("slurm", str(e)) from None
         if jid is None:
@@ -377,7 +308,14 @@ class SrunLink(NodeLink):
     def argv(self, jobid: str) -> list[str]:
         """The srun command line that starts the agent on the node."""
         bundle = self._bundle_path()
-        script = agent_script(self.node, str(bundle.parent), bundle.name, self.seed, self.read_only)
+        script = agent_script(
+            self.node,
+            str(bundle.parent),
+            bundle.name,
+            self.seed,
+            self.read_only,
+            digest=self._digest,
+        )
         return [
             "srun",
             "--overlap",
@@ -393,11 +331,35 @@ class SrunLink(NodeLink):
             script,
         ]
 
-    async def open(self) -> AgentSession:
-        if self.slurm_node is not None and self.slurm_node.down:
-            why = f": {self.slurm_node.reason}" if self.slurm_node.reason else ""
-            raise LinkError("down", f"Slurm has {self.node.name} {self.slurm_node.state}{why}")
-        jobid = await self._jobid()
+    async def _still_down(self) -> bool:
+        """True when Slurm (asked again: what discovery saw may be old) has the node down."""
+        if self.slurm_node is None or not self.slurm_node.down:
+            return False
+        with contextlib.suppress(SlurmError):
+            fresh = await self.client.nodes_async(names=[self.node.name])
+            self.slurm_node = next((n for n in fresh if n.name == self.node.name), None)
+        return self.slurm_node is not None and self.slurm_node.down
+
+    def _deploy_error(self, word: str, rest: str) -> LinkError:
+        """The one line for the boot code's word (see ``gpuctl.reach.bundle``)."""
+        name, py = self.node.name, self.node.python
+        if word == "no-python":
+            return LinkError("no_python", f"no python at {py!r} on {name}")
+        if word == "old-python":
+            return LinkError("no_python", f"{py} on {name} is Python {rest}: the agent needs 3.6+")
+        if word == "unsafe-dir":
+            return LinkError(
+                "deploy", f"{name}: the agent's folder {rest}: set bundle_dir to a private folder"
+            )
+        return LinkError(
+            "deploy",
+            f"{name} cannot see the right bundle at {self._bundle_path()} ({word}): set "
+            "bundle_dir to a folder of yours shared with the nodes",
+        )
+
+    async def _start(
+        self, jobid: str
+    ) -> tuple[asyncio.subprocess.Process, bytes, Callable[[], Awaitable[None]]]:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.argv(jobid),
@@ -432,31 +394,35 @@ class SrunLink(NodeLink):
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()  # srun signals its step, which ends
             raise
-        if not first or first.startswith(DEPLOY_TAG):
+        return proc, first, close
+
+    async def open(self) -> AgentSession:
+        if await self._still_down():
+            assert self.slurm_node is not None
+            why = f": {self.slurm_node.reason}" if self.slurm_node.reason else ""
+            raise LinkError("down", f"Slurm has {self.node.name} {self.slurm_node.state}{why}")
+        jobid = await self._jobid()
+        for attempt in range(2):
+            proc, first, close = await self._start(jobid)
+            reply = parse_reply(first)
+            if first and reply is None:
+                break
             err = b""
+            assert proc.stderr is not None
             with contextlib.suppress(TimeoutError):
                 err = await asyncio.wait_for(proc.stderr.read(), 5.0)
             await close()
-            if first.startswith(DEPLOY_TAG):
-                word = first[len(DEPLOY_TAG) :].decode(errors="replace").strip()
-                if word.startswith("no-python"):
-                    raise LinkError(
-                        "no_python", f"no python at {self.node.python!r} on {self.node.name}"
-                    )
-                if word.startswith("old-python"):
-                    raise LinkError(
-                        "no_python", f"{self.node.python} on {self.node.name} is too old ({word})"
-                    )
-                raise LinkError(
-                    "deploy",
-                    f"{self.node.name} cannot see {self._bundle_path()}: set bundle_dir to a "
-                    "folder shared with the nodes",
-                )
-            lines = err.decode(errors="replace").strip().splitlines()
-            detail = lines[-1] if lines else f"srun exited {proc.returncode}"
-            reason = "slurm" if "srun:" in detail else "agent_crashed"
-            raise LinkError(reason, f"{self.node.name}: {detail}")
-
+            if reply is None:  # srun or the agent ended before a word
+                lines = err.decode(errors="replace").strip().splitlines()
+                detail = lines[-1] if lines else f"srun exited {proc.returncode}"
+                reason = "slurm" if "srun:" in detail else "agent_crashed"
+                raise LinkError(reason, f"{self.node.name}: {detail}")
+            word, rest = reply
+            if word == "mismatch" and attempt == 0:
+                self._bundle = None  # written again from this gpuctl, never run as it was
+                continue
+            raise self._deploy_error(word, rest)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         session = AgentSession(_First(first, proc.stdout), proc.stdin, close=close)
         task = asyncio.get_running_loop().create_task(_stderr_tail(proc.stderr, session))
         _keep.add(task)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import shlex
 import signal
 import threading
@@ -19,6 +20,17 @@ from typing import Any
 
 from gpuctl.jobs.hosts import _REAPER, Host, HostError, LocalHost
 from gpuctl.node import jobfiles
+from gpuctl.reach.slurm import (
+    SlurmClient,
+    SlurmError,
+    SlurmValueError,
+    check_hostlist,
+    check_name,
+    job_name,
+    sbatch_arg,
+    sbatch_path,
+)
+from gpuctl.reach.slurm import nodelist as nodelist_of
 
 SUPERVISOR_FILE = jobfiles.SUPERVISOR_SCRIPT
 REMOTE_PROBE_EVERY = 3.0  # seconds between `kill -0` probes of a remote supervisor
@@ -177,9 +189,13 @@ _TERMINAL = {
 class SlurmBackend(Backend):
     """``sbatch`` a script gpuctl writes into the job folder; ``map`` becomes a job array.
 
-    State polling is batched (one ``squeue`` for every job of this backend) and cached for
-    ``poll_every`` seconds with backoff; finished jobs are looked up with ``sacct`` when
-    accounting exists, else ``scontrol show job``.
+    Slurm's commands run on this (login) machine through ``SlurmClient``; ``host`` is only for
+    the job folder's files. State polling is batched (one ``squeue -u USER`` for every job of
+    this backend) and cached for ``poll_every`` seconds with backoff; finished jobs are looked
+    up with ``sacct`` when accounting exists, else ``scontrol show job``.
+
+    Every value of the batch script is checked when the backend is made (partition, node list,
+    extra sbatch options) or when the script is written (job name, folders): SlurmValueError.
     """
 
     kind = "slurm"
@@ -191,14 +207,20 @@ class SlurmBackend(Backend):
         supervisor_python: str,
         *,
         partition: str | None = None,
-        slurm_env: Mapping[str, str] | None = None,
+        slurm_conf: str | None = None,
+        nodelist: str | None = None,
         sbatch_args: Sequence[str] = (),
         signal_warning: str | None = "USR1@60",
+        client: SlurmClient | None = None,
     ) -> None:
         super().__init__(host, job_root, supervisor_python)
-        self.partition = partition
-        self.slurm_env = dict(slurm_env or {})
-        self.sbatch_args = list(sbatch_args)
+        self.partition = check_name(partition, "partition") if partition else None
+        self.client = client or SlurmClient(slurm_conf)
+        self.slurm_conf = self.client.slurm_conf
+        self.nodelist = nodelist_of(check_hostlist(nodelist, "nodelist")) if nodelist else None
+        self.sbatch_args = [sbatch_arg(a) for a in sbatch_args]
+        if signal_warning is not None and not re.fullmatch(r"[A-Z0-9]+@\d+", signal_warning):
+            raise SlurmValueError(f"signal_warning {signal_warning!r} is not like USR1@60")
         self.signal_warning = signal_warning
         self._cache: dict[str, dict[str, Any]] = {}
         self._cache_t = 0.0
@@ -211,15 +233,10 @@ class SlurmBackend(Backend):
         return {
             **super().describe(),
             "partition": self.partition,
-            "slurm_env": self.slurm_env,
+            "slurm_conf": self.slurm_conf,
+            "nodelist": self.nodelist,
             "sbatch_args": self.sbatch_args,
         }
-
-    def _cmd(self, argv: Sequence[str], timeout: float = 60) -> tuple[int, str, str]:
-        if self.slurm_env:
-            argv = ["env", *(f"{k}={v}" for k, v in self.slurm_env.items()), *argv]
-        rc, out, err = self.host.run(argv, timeout=timeout)
-        return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
     def memory_enforced(self) -> bool:
         """True when Slurm itself kills a step that goes over its ``--mem``
@@ -227,21 +244,25 @@ class SlurmBackend(Backend):
         RLIMIT_AS backstop off, so the job meets Slurm's limit on resident memory instead of a
         MemoryError on address space. (With task/cgroup the supervisor sees the cgroup limit.)"""
         if self._mem_enforced is None:
-            rc, out, _ = self._cmd(["scontrol", "show", "config"], timeout=30)
-            params = ""
-            for line in out.splitlines():
-                key, _, value = line.partition("=")
-                if key.strip() == "JobAcctGatherParams":
-                    params = value
-            self._mem_enforced = rc == 0 and "overmemorykill" in params.lower()
+            try:
+                params = self.client.config_value("JobAcctGatherParams") or ""
+            except SlurmError:
+                params = ""
+            self._mem_enforced = "overmemorykill" in params.lower()
         return self._mem_enforced
 
     def script(self, jobdirs: Sequence[str], meta: Mapping[str, Any]) -> str:
-        """The batch script: resources as #SBATCH lines, then one exec of the supervisor."""
+        """The batch script: resources as #SBATCH lines, then one exec of the supervisor.
+
+        Raises SlurmValueError for a job folder the script cannot name.
+        """
         limits = meta.get("limits") or {}
-        lines = ["#!/bin/bash", f"#SBATCH --job-name=gpuctl-{meta.get('name', 'job')[:40]}"]
+        name = job_name(str(meta.get("name") or "job"))
+        lines = ["#!/bin/bash", f"#SBATCH --job-name={name}"]
         if self.partition:
             lines.append(f"#SBATCH --partition={self.partition}")
+        if self.nodelist:
+            lines.append(f"#SBATCH --nodelist={self.nodelist}")
         lines.append(f"#SBATCH --cpus-per-task={int(limits.get('cpus') or 1)}")
         if limits.get("gpus"):
             lines.append(f"#SBATCH --gpus={int(limits['gpus'])}")
@@ -253,8 +274,9 @@ class SlurmBackend(Backend):
         if self.signal_warning:
             lines.append(f"#SBATCH --signal=B:{self.signal_warning}")
         root = os.path.dirname(jobdirs[0])
-        lines.append(f"#SBATCH --output={root}/slurm-%A_%a.out")
-        lines.append(f"#SBATCH --chdir={root}")
+        output = sbatch_path(f"{root}/slurm-%A_%a.out", "job folder", pattern=True)
+        lines.append(f"#SBATCH --output={output}")
+        lines.append(f"#SBATCH --chdir={sbatch_path(root, 'job folder')}")
         if len(jobdirs) > 1:
             lines.append(f"#SBATCH --array=0-{len(jobdirs) - 1}")
         lines += [f"#SBATCH {a}" for a in self.sbatch_args]
@@ -269,10 +291,10 @@ class SlurmBackend(Backend):
     def start(self, jobdirs: Sequence[str], meta: Mapping[str, Any]) -> list[dict[str, Any]]:
         script_path = f"{jobdirs[0]}/job.sbatch"
         self.host.write_bytes(script_path, self.script(jobdirs, meta).encode(), 0o700)
-        rc, out, err = self._cmd(["sbatch", "--parsable", script_path])
-        if rc != 0:
-            raise HostError(f"sbatch refused the job: {err.strip() or out.strip()}")
-        job_id = out.strip().split(";")[0]
+        try:
+            job_id = self.client.submit(script_path)
+        except SlurmError as e:
+            raise HostError(str(e)) from None
         root = os.path.dirname(jobdirs[0])
         if len(jobdirs) == 1:
             # %a of a job that is not an array is a placeholder number: match any
@@ -295,17 +317,16 @@ class SlurmBackend(Backend):
         if now - self._cache_t < self._poll_every:
             return
         self._cache_t = now
-        rc, out, _ = self._cmd(["squeue", "-h", "-r", "-o", "%i|%T|%r", "-u", _user()])
-        if rc != 0:
+        try:
+            jobs = self.client.jobs(user=_user())
+        except SlurmError:
             # the controller is slow or gone: back off instead of hammering it
             self._poll_every = min(10.0, self._poll_every * 2)
             return
         self._poll_every = 0.5
-        seen: dict[str, dict[str, Any]] = {}
-        for line in out.splitlines():
-            parts = line.split("|")
-            if len(parts) == 3:
-                seen[parts[0]] = {"state": parts[1], "reason": parts[2], "queued": True}
+        seen = {
+            j.job_id: {"state": j.state, "reason": j.reason or "None", "queued": True} for j in jobs
+        }
         with self._lock:
             for sid in self._watch:
                 if sid in seen:
@@ -314,18 +335,8 @@ class SlurmBackend(Backend):
                     self._cache[sid] = {"queued": False}
 
     def _final_state(self, slurm_id: str) -> dict[str, Any]:
-        rc, out, _ = self._cmd(["sacct", "-n", "-P", "-X", "-j", slurm_id, "-o", "JobID,State"])
-        if rc == 0 and out.strip():
-            for line in out.splitlines():
-                jid, _, state = line.partition("|")
-                if jid == slurm_id:
-                    return {"state": state.split()[0], "source": "sacct"}
-        rc, out, _ = self._cmd(["scontrol", "-o", "show", "job", slurm_id])
-        if rc == 0:
-            for tok in out.split():
-                if tok.startswith("JobState="):
-                    return {"state": tok.split("=", 1)[1], "source": "scontrol"}
-        return {"state": "", "source": "none"}
+        state, source = self.client.final_state(slurm_id)
+        return {"state": state, "source": source}
 
     def scheduler_state(self, handle: Mapping[str, Any]) -> dict[str, Any] | None:
         sid = str(handle.get("slurm_id") or "")
@@ -372,13 +383,15 @@ class SlurmBackend(Backend):
         self.host.write_bytes(f"{jobdir}/{jobfiles.CANCEL}", b"cancel\n")
         sid = str(handle.get("slurm_id") or "")
         if sid:
-            self._cmd(["scancel", sid], timeout=30)
+            with contextlib.suppress(SlurmError):  # ended already, or Slurm away: files decide
+                self.client.cancel(sid)
 
     def signal(self, handle: Mapping[str, Any], jobdir: str, signum: int) -> None:
         sid = str(handle.get("slurm_id") or "")
         if sid:
             name = signal.Signals(signum).name[3:]
-            self._cmd(["scancel", "--batch", f"--signal={name}", sid], timeout=30)
+            with contextlib.suppress(SlurmError):
+                self.client.cancel(sid, signal=name, batch=True)
 
 
 def _user() -> str:

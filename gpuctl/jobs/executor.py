@@ -50,6 +50,7 @@ from gpuctl.jobs.report import (
 )
 from gpuctl.jobs.store import JobRecord, JobStore, StoreError
 from gpuctl.node import jobfiles
+from gpuctl.reach.slurm import SlurmClient, slurm_target
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -534,6 +535,14 @@ class Executor:
     ``$GPUCTL_READ_ONLY`` and ``config``, else the config files); in read-only mode ``submit``,
     ``map_jobs`` and ``map`` raise ``gpuctl.service.ReadOnlyError`` before anything is built or
     written.
+
+    Slurm (``target="slurm"``, or a node reached ``via = "srun"``): ``slurm_conf`` names the
+    cluster's slurm.conf and ``partition`` the partition. "slurm" reads the config's ``[jobs]``
+    table (``dir``, ``setup``, ``env_root``) like a node target; without ``slurm_conf`` it takes
+    both from the config (``gpuctl.reach.slurm.slurm_target``: ``[jobs] slurm_conf`` /
+    ``partition``, else the configured Slurm clusters' own, else ``$SLURM_CONF``); an srun
+    node takes its cluster's. ``sbatch_args`` are extra ``#SBATCH`` options (checked: one option
+    each). Bad values raise ``SlurmValueError`` (a ValueError) before anything is submitted.
     """
 
     def __init__(
@@ -554,7 +563,7 @@ class Executor:
         job_root: str | None = None,
         env_root: str | None = None,
         partition: str | None = None,
-        slurm_env: Mapping[str, str] | None = None,
+        slurm_conf: str | None = None,
         sbatch_args: Sequence[str] = (),
         store: JobStore | bool | None = True,
         verify: bool = True,
@@ -588,11 +597,30 @@ class Executor:
                 self._python = sys.executable
             self.cwd = cwd or os.getcwd()
         elif target == "slurm":
+            if cfg is None:
+                from gpuctl.config import load_config
+
+                cfg = load_config(None)
+            # the [jobs] table counts for Slurm jobs as for a node's: folders, setup lines
+            jobs_cfg = dict(getattr(cfg, "jobs", {}) or {})
+            node_setup = tuple(str(x) for x in jobs_cfg.get("setup", ()))
+            job_root = job_root or jobs_cfg.get("dir")
+            env_root = env_root or jobs_cfg.get("env_root")
             host = LocalHost()
             vpy = supervisor_python or shutil.which("python3") or sys.executable
             root = str(paths.jobs_dir(job_root))
+            client = None
+            if slurm_conf is None:
+                where = slurm_target(cfg, "jobs", partition=partition)
+                partition, client = where.partition, where.client()
             self.backend = SlurmBackend(
-                host, root, vpy, partition=partition, slurm_env=slurm_env, sbatch_args=sbatch_args
+                host,
+                root,
+                vpy,
+                partition=partition,
+                slurm_conf=slurm_conf,
+                sbatch_args=sbatch_args,
+                client=client,
             )
             if self._python is None and env is None:
                 self._python = sys.executable
@@ -624,14 +652,16 @@ class Executor:
                 self.cwd = cwd or os.getcwd()
             elif node.via == "srun":
                 # a node reached through Slurm: its jobs are batch jobs pinned to it
-                senv = {"SLURM_CONF": node.slurm_conf} if node.slurm_conf else slurm_env
+                conf = slurm_conf or node.slurm_conf
+                origin = "slurm_conf" if slurm_conf else f"[clusters.{node.cluster}] slurm_conf"
                 self.backend = SlurmBackend(
                     LocalHost(),
                     str(paths.jobs_dir(job_root)),
                     vpy,
                     partition=partition or node.partition,
-                    slurm_env=senv,
-                    sbatch_args=[f"--nodelist={node.name}", *sbatch_args],
+                    nodelist=node.name,
+                    sbatch_args=sbatch_args,
+                    client=SlurmClient(conf, origin=origin),
                 )
                 self.cwd = cwd or os.getcwd()
             else:
@@ -1129,12 +1159,15 @@ def attach(record: JobRecord, store: JobStore | None = None, *, config: Any = No
     if kind == "local":
         backend = LocalBackend(LocalHost(), b["job_root"], b["python"])
     elif kind == "slurm":
+        # records written before slurm_conf was stored carry it as slurm_env's SLURM_CONF
+        conf = b.get("slurm_conf") or (b.get("slurm_env") or {}).get("SLURM_CONF")
         backend = SlurmBackend(
             LocalHost(),
             b["job_root"],
             b["python"],
             partition=b.get("partition"),
-            slurm_env=b.get("slurm_env"),
+            slurm_conf=conf,
+            nodelist=b.get("nodelist"),
             sbatch_args=b.get("sbatch_args") or (),
         )
     elif kind == "ssh":

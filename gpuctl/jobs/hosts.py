@@ -1,8 +1,9 @@
-"""Where a job's files live and its commands run: this machine, or a node over SSH/SFTP.
+"""Where a job's files live and its commands run: this machine, or a node over SSH.
 
 A ``Host`` runs argv lists (never a shell string built from user data), writes files atomically
-(temporary name, then rename) and reads them back. ``SshHost`` keeps one asyncssh connection on a
-private event loop thread so that the synchronous job API can use it from any thread.
+(temporary name, then rename) and reads them back. ``SshHost`` is a thin user of the connection
+layer (``gpuctl.reach``) on a private event loop thread, so that the synchronous job API can
+use it from any thread.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ import uuid
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+from gpuctl.reach import launch
+from gpuctl.reach.errors import RemoteError
+from gpuctl.reach.files import RemoteFiles, RemoteWriter, files_for
+from gpuctl.reach.options import SshSettings, SshTarget, resolve
+from gpuctl.reach.pool import pool
 
 T = TypeVar("T")
 
@@ -195,10 +202,11 @@ class _LocalWriter(AtomicWriter):
             os.unlink(self.tmp)
 
 
-class _SftpWriter(AtomicWriter):
-    """Streams writes to an SFTP file: chunks of CHUNK bytes go out as parallel SFTP writes at
-    explicit offsets while the caller (cloudpickle) keeps producing; at most AHEAD chunks are
-    in flight, so memory stays bounded whatever the payload size."""
+class _StreamWriter(AtomicWriter):
+    """Streams writes to a node's file (SFTP, or the shell when SFTP is unusable): chunks of
+    CHUNK bytes go out as parallel writes at explicit offsets while the caller (cloudpickle)
+    keeps producing; at most AHEAD chunks are in flight, so memory stays bounded whatever the
+    payload size."""
 
     CHUNK = 8 << 20
     AHEAD = 4
@@ -206,24 +214,20 @@ class _SftpWriter(AtomicWriter):
     def __init__(self, host: SshHost, path: str, mode: int) -> None:
         self.host = host
         self.path = path
-        self.mode = mode
-        self.tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         self.offset = 0
         self.buf = bytearray()
         self.pending: list[Any] = []
 
-        async def open_file() -> Any:
-            import asyncssh
-
-            sftp = await host._sftp_client()
-            return await sftp.open(
-                self.tmp, "wb", asyncssh.SFTPAttrs(permissions=mode), max_requests=64
-            )
+        async def open_file() -> RemoteWriter:
+            files = await host._files()
+            return await files.open_atomic(path, mode)
 
         self.f = host._call(open_file())
 
     def _submit(self, chunk: bytes) -> None:
-        fut = asyncio.run_coroutine_threadsafe(self.f.write(chunk, self.offset), self.host._lt.loop)
+        fut = asyncio.run_coroutine_threadsafe(
+            self.f.write_at(chunk, self.offset), self.host._lt.loop
+        )
         self.offset += len(chunk)
         self.pending.append(fut)
         while len(self.pending) > self.AHEAD:
@@ -234,7 +238,8 @@ class _SftpWriter(AtomicWriter):
             fut.result()
         except Exception as e:
             self.host._drop()
-            raise HostError(f"{self.host.name}: writing {self.path} failed: {e}") from e
+            why = e.message if isinstance(e, RemoteError) else str(e)
+            raise HostError(f"{self.host.name}: writing {self.path} failed: {why}") from e
 
     def write(self, data: Any) -> int:
         mv = memoryview(data).cast("B")
@@ -258,27 +263,13 @@ class _SftpWriter(AtomicWriter):
             self.buf.clear()
         while self.pending:
             self._result(self.pending.pop(0))
-
-        async def finish() -> None:
-            await self.f.close()
-            sftp = await self.host._sftp_client()
-            await sftp.posix_rename(self.tmp, self.path)
-
-        self.host._call(finish())
+        self.host._call(self.f.commit())
 
     def abort(self) -> None:
         for fut in self.pending:
             fut.cancel()
-
-        async def drop() -> None:
-            with contextlib.suppress(Exception):
-                await self.f.close()
-            with contextlib.suppress(Exception):
-                sftp = await self.host._sftp_client()
-                await sftp.remove(self.tmp)
-
         with contextlib.suppress(Exception):
-            self.host._call(drop())
+            self.host._call(self.f.abort())
 
 
 class _Reaper:
@@ -338,48 +329,17 @@ class _LoopThread:
         return fut.result(timeout)
 
 
-_CIPHERS = (
-    "aes128-gcm@openssh.com",
-    "aes256-gcm@openssh.com",
-    "chacha20-poly1305@openssh.com",
-    "aes128-ctr",
-    "aes192-ctr",
-    "aes256-ctr",
-)
-
-
-def _config_sets_ciphers(ssh_config: str | None) -> bool:
-    """True when the user's ssh_config chooses ciphers itself (then we leave them alone)."""
-    for path in (ssh_config, "~/.ssh/config"):
-        if not path:
-            continue
-        try:
-            text = Path(os.path.expanduser(path)).read_text(errors="replace")
-        except OSError:
-            continue
-        if any(line.strip().lower().startswith("ciphers") for line in text.splitlines()):
-            return True
-    return False
-
-
 class SshHost(Host):
-    """A node over one asyncssh connection (options from an ssh_config file, host keys checked).
-
-    ``python`` is the node's VENV1 (``python3`` by default).
+    """A node reached through the connection layer (``gpuctl.reach``): options as ``ssh -G``
+    resolves them, host keys checked, jump hosts hop by hop, one pooled connection per node on
+    the jobs' private loop thread; commands run through ``/bin/sh`` whatever the login shell
+    (its banner left aside), files over SFTP or, when that is unusable, through the shell.
     """
 
     @classmethod
     def for_node(cls, node: Any) -> SshHost:
         """The host of a configured node (a ``gpuctl.config.NodeConfig``)."""
-        return cls(
-            node.name,
-            ssh_config=node.ssh_config,
-            known_hosts=node.known_hosts,
-            user=node.user,
-            port=node.port,
-            identity=node.identity,
-            connect_timeout=node.connect_timeout,
-        )
+        return cls(node.name, settings=SshSettings.from_node(node))
 
     def __init__(
         self,
@@ -391,85 +351,52 @@ class SshHost(Host):
         user: str | None = None,
         port: int | None = None,
         identity: str | None = None,
-        connect_timeout: float = 15.0,
-        keepalive_interval: float = 5.0,
+        connect_timeout: float | None = None,
+        keepalive_interval: float | None = None,
+        settings: SshSettings | None = None,
     ) -> None:
         self.name = name
         self._host = host or name
-        self._opts: dict[str, Any] = {"connect_timeout": connect_timeout}
-        if keepalive_interval:
-            self._opts["keepalive_interval"] = keepalive_interval
-        if ssh_config:
-            self._opts["config"] = [os.path.expanduser(ssh_config)]
-        if not _config_sets_ciphers(ssh_config):
-            # AES-GCM first: with AES-NI it moves payloads ~1.5x faster than asyncssh's default
-            # chacha20-poly1305 (measured in benchmarks/jobs_roundtrip.py); all stay allowed.
-            self._opts["encryption_algs"] = _CIPHERS
-        if known_hosts:
-            self._opts["known_hosts"] = os.path.expanduser(known_hosts)
-        if user:
-            self._opts["username"] = user
-        if port:
-            self._opts["port"] = port
-        if identity:
-            self._opts["client_keys"] = [os.path.expanduser(identity)]
-        self._conn: Any = None
-        self._sftp: Any = None
-        self._home: str | None = None
+        self.settings = settings or SshSettings(
+            ssh_config=ssh_config,
+            known_hosts=known_hosts,
+            user=user,
+            port=port,
+            identity=identity,
+            connect_timeout=connect_timeout,
+            keepalive_interval=keepalive_interval,
+        )
         self._lt = _LoopThread.get()
-        self._alock: asyncio.Lock | None = None
+        self._target: SshTarget | None = None
+        self._conn: Any = None
+        self.banner = b""  # what the node's login shell printed before a command (doctor)
 
     async def _connection(self) -> Any:
-        import asyncssh
+        try:
+            target = await asyncio.to_thread(resolve, self._host, self.settings)
+            p = pool()
+            if self._target is not None and self._target != target:
+                p.release(self._target, self)  # the ssh config changed under us
+            self._target = target
+            self._conn = await p.connect(target, self)
+        except RemoteError as e:
+            msg = e.for_node(self.name).message
+            msg = msg[len(self.name) + 2 :] if msg.startswith(f"{self.name}: ") else msg
+            raise HostError(f"cannot reach {self.name}: {msg}") from None
+        return self._conn
 
-        if self._alock is None:
-            self._alock = asyncio.Lock()
-        async with self._alock:
-            if self._conn is None:
-                try:
-                    self._conn = await asyncssh.connect(self._host, **self._opts)
-                except (OSError, asyncssh.Error) as e:
-                    raise HostError(f"cannot reach {self.name}: {self._why(e)}") from None
-                self._sftp = await self._conn.start_sftp_client()
-            return self._conn
-
-    def _why(self, e: BaseException) -> str:
-        """What went wrong connecting, and what to do about it, in a few words."""
-        import socket
-
-        import asyncssh
-
-        via = f"ssh -F {self._opts['config'][0]}" if "config" in self._opts else "ssh"
-        if isinstance(e, asyncssh.HostKeyNotVerifiable):
-            kh = self._opts.get("known_hosts", "~/.ssh/known_hosts")
-            return (
-                f"its host key is unknown or changed (known_hosts: {kh}); check the key with "
-                f"`{via} {self.name}` and add it to {kh} if it is right"
-            )
-        if isinstance(e, asyncssh.PermissionDenied):
-            return (
-                "the server refused every key: check IdentityFile in the ssh config "
-                "(or identity in the gpuctl config), or load a key with ssh-add"
-            )
-        if isinstance(e, socket.gaierror):
-            return f"cannot resolve {self._host}: {e.strerror or e} (a HostName in the ssh config?)"
-        if isinstance(e, TimeoutError | asyncio.TimeoutError):
-            return f"no answer within {self._opts['connect_timeout']:g} s (node down? firewall?)"
-        if isinstance(e, ConnectionRefusedError):
-            return "the connection was refused (is sshd running there, on the configured port?)"
-        if isinstance(e, FileNotFoundError):
-            return f"cannot read {e.filename}: no such file (an IdentityFile or ssh config path?)"
-        if isinstance(e, OSError):
-            return e.strerror or str(e)
-        if isinstance(e, asyncssh.DisconnectError):
-            return f"the server disconnected: {e.reason}"
-        return str(e) or type(e).__name__
+    async def _files(self) -> RemoteFiles:
+        return files_for(await self._connection(), self.name)
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         try:
             return self._lt.call(coro, timeout)
         except HostError:
             raise
+        except RemoteError as e:
+            if e.reason in ("lost", "closed"):
+                self._drop()
+            raise HostError(e.message) from None
         except Exception as e:
             import asyncssh
 
@@ -479,32 +406,39 @@ class SshHost(Host):
             raise
 
     def _drop(self) -> None:
-        conn, self._conn, self._sftp = self._conn, None, None
-        if conn is not None:
-            self._lt.loop.call_soon_threadsafe(conn.close)
+        """The connection broke: the next call opens a new one."""
+        target, conn = self._target, self._conn
+        if target is None or conn is None:
+            return
+
+        async def invalidate() -> None:
+            pool().invalidate(target, conn)
+
+        asyncio.run_coroutine_threadsafe(invalidate(), self._lt.loop)
+
+    def _script(
+        self, script: str, *, timeout: float | None = 120, stdin: bytes | None = None
+    ) -> tuple[int, bytes, bytes]:
+        async def go() -> tuple[int, bytes, bytes]:
+            conn = await self._connection()
+            r = await launch.run(conn, script, node=self.name, stdin=stdin, timeout=timeout)
+            if r.banner:
+                self.banner = r.banner
+            return r.status, r.stdout, r.stderr
+
+        return self._call(go())
 
     def run(
         self, argv: Sequence[str], *, timeout: float = 120, stdin: bytes | None = None
     ) -> tuple[int, bytes, bytes]:
-        async def go() -> tuple[int, bytes, bytes]:
-            conn = await self._connection()
-            r = await conn.run(
-                shlex.join(argv), input=stdin, encoding=None, check=False, timeout=timeout
-            )
-            return (
-                int(r.exit_status if r.exit_status is not None else 255),
-                bytes(r.stdout or b""),
-                bytes(r.stderr or b""),
-            )
-
-        return self._call(go())
+        return self._script(shlex.join(argv), timeout=timeout, stdin=stdin)
 
     def start_detached(self, argv: Sequence[str], log: str) -> int | None:
         # setsid: the supervisor outlives this SSH session (and gpuctl); echo $! gives its pid.
         # A missing interpreter would only show in the log after the job is "lost": say it now.
         check = f"command -v {shlex.quote(argv[0])} >/dev/null 2>&1 || exit 127"
         cmd = f"{check}; setsid {shlex.join(argv)} < /dev/null >> {shlex.quote(log)} 2>&1 & echo $!"
-        rc, out, err = self.run(["/bin/sh", "-c", cmd], timeout=60)
+        rc, out, err = self._script(cmd, timeout=60)
         if rc == 127:
             raise HostError(
                 f"{self.name}: no python at {argv[0]!r} for the job supervisor: set python = "
@@ -517,87 +451,62 @@ class SshHost(Host):
         except (ValueError, IndexError):
             return None
 
-    async def _sftp_client(self) -> Any:
-        await self._connection()
-        return self._sftp
-
     def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
         async def go() -> None:
-            sftp = await self._sftp_client()
-            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-            import asyncssh
-
-            attrs = asyncssh.SFTPAttrs(permissions=mode)
-            async with sftp.open(tmp, "wb", attrs) as f:
-                await f.write(data)
-            await sftp.posix_rename(tmp, path)
+            await (await self._files()).write(path, data, mode)
 
         self._call(go())
 
     def open_atomic(self, path: str, mode: int = 0o600) -> AtomicWriter:
-        return _SftpWriter(self, path, mode)
+        return _StreamWriter(self, path, mode)
 
     def put_file(self, local: str, path: str, mode: int = 0o600) -> None:
         async def go() -> None:
-            sftp = await self._sftp_client()
-            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-            await sftp.put(local, tmp, max_requests=128)
-            await sftp.chmod(tmp, mode)
-            await sftp.posix_rename(tmp, path)
+            await (await self._files()).put(local, path, mode)
 
         self._call(go())
 
     def read_bytes(self, path: str, offset: int = 0) -> bytes | None:
         async def go() -> bytes | None:
-            import asyncssh
-
-            sftp = await self._sftp_client()
-            try:
-                async with sftp.open(path, "rb") as f:
-                    if offset:
-                        await f.seek(offset)
-                    return bytes(await f.read())
-            except asyncssh.SFTPNoSuchFile:
-                return None
+            return await (await self._files()).read(path, offset)
 
         return self._call(go())
 
     def get_file(self, path: str, local: str) -> None:
         async def go() -> None:
-            sftp = await self._sftp_client()
-            await sftp.get(path, local, max_requests=128)
+            await (await self._files()).get(path, local)
 
         self._call(go())
 
     def exists(self, path: str) -> bool:
         async def go() -> bool:
-            sftp = await self._sftp_client()
-            return bool(await sftp.exists(path))
+            return await (await self._files()).exists(path)
 
         return self._call(go())
 
     def mkdir(self, path: str, mode: int = 0o700) -> None:
         async def go() -> None:
-            import asyncssh
-
-            sftp = await self._sftp_client()
-            private = asyncssh.SFTPAttrs(permissions=0o700)  # parents gpuctl creates, too
-            await sftp.makedirs(os.path.dirname(path), attrs=private, exist_ok=True)
-            with contextlib.suppress(asyncssh.SFTPFailure):
-                await sftp.mkdir(path, asyncssh.SFTPAttrs(permissions=mode))
-            await sftp.chmod(path, mode)
+            await (await self._files()).mkdir(path, mode)
 
         self._call(go())
 
     def home(self) -> str:
-        if self._home is None:
+        """The node's ``$HOME`` as its shell sees it (the rule for ``~`` on a node)."""
 
-            async def go() -> str:
-                sftp = await self._sftp_client()
-                return str(await sftp.realpath("."))
+        async def go() -> str:
+            return await (await self._files()).home()
 
-            self._home = self._call(go())
-        return self._home
+        return self._call(go())
 
     def close(self) -> None:
-        self._drop()
+        """Give the connection back to the pool (closed when no other host holds it)."""
+        target = self._target
+        self._target = self._conn = None
+        if target is None:
+            return
+
+        async def release() -> None:
+            pool().release(target, self)
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(release(), self._lt.loop).result(10)

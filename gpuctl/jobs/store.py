@@ -47,7 +47,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     created_at REAL NOT NULL,
     started_at REAL,
     ended_at REAL,
-    report TEXT
+    report TEXT,
+    heartbeat TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_created ON jobs(created_at);
 """
@@ -111,7 +112,11 @@ class JobStore:
             db.executescript(_SCHEMA)
             columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
             if "heartbeat" not in columns:  # a store written by an older gpuctl
-                db.execute("ALTER TABLE jobs ADD COLUMN heartbeat TEXT")
+                try:
+                    db.execute("ALTER TABLE jobs ADD COLUMN heartbeat TEXT")
+                except sqlite3.OperationalError as e:  # another gpuctl added it just now
+                    if "duplicate column" not in str(e):
+                        raise
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:

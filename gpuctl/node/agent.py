@@ -27,10 +27,6 @@ from . import protocol
 from .proc import LineBuffer
 from .readers import Reader, open_reader
 
-# Node-side modules that add requests to the agent: each has install(agent). Missing ones are
-# skipped so that an agent can run from a bundle built before they existed.
-PLUGINS = ("gpuctl.node.stress", "gpuctl.node.accept")
-
 # Requests that change a node (load its GPUs, stop other sessions' work). An agent started with
 # --read-only refuses them with error code "read_only", whatever the login side asks: defence in
 # depth behind the CLI's and the TUI's own refusal. Plugins add their own names to
@@ -419,16 +415,13 @@ def check_max_duration(value: Any) -> Optional[str]:
     return None
 
 
-def install_plugins(agent: Agent, names: Sequence[str] = PLUGINS) -> None:
-    """Import each plugin module and call its ``install(agent)``; missing modules are skipped."""
-    import importlib
+def install_plugins(agent: Agent) -> None:
+    """Add the stress and acceptance requests to ``agent`` (their modules are in every
+    bundle: one build ships the agent and its plugins together)."""
+    from . import accept, stress
 
-    for name in names:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        module.install(agent)
+    stress.install(agent)
+    accept.install(agent)
 
 
 def main(argv: List[str]) -> int:

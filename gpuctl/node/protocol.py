@@ -149,17 +149,20 @@ def sanitize(value: Any) -> Any:
     return value
 
 
-def decode(line: Union[bytes, str]) -> Dict[str, Any]:
+def decode(line: Union[bytes, str], lenient: bool = False) -> Dict[str, Any]:
     """Parse one line (bytes or str) into a message dict.
 
-    Raises ProtocolError (code bad_json, bad_message or line_too_long) for anything else.
+    ``lenient`` (the login side reading a node): a number that is NaN, infinite or too long
+    becomes None, so that one broken field never hides the rest of a sample. Strict (the agent
+    reading requests): such a line is refused. Raises ProtocolError (code bad_json, bad_message
+    or line_too_long) for anything else.
     """
     if len(line) > MAX_LINE:
         raise ProtocolError("line_too_long", "line of %d bytes exceeds %d" % (len(line), MAX_LINE))
     try:
         # NaN/Infinity/1e999 would make the reply unencodable (allow_nan=False), a huge number
         # would stall Python 3.6 and deep nesting raises RecursionError: junk, not reasons to stop.
-        msg = parse_json(line)
+        msg = parse_json(line, nan_to_none=lenient, long_to_none=lenient)
     except UnicodeDecodeError:
         raise ProtocolError("bad_json", "line is not UTF-8")
     except ValueError as e:
@@ -176,9 +179,11 @@ def decode(line: Union[bytes, str]) -> Dict[str, Any]:
 _INF = float("inf")
 
 
-def _number_guard(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+def _number_guard(kind: Callable[[str], Any], long_to_none: bool = False) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         if len(text) > MAX_NUMBER_CHARS:
+            if long_to_none:
+                return None
             raise ValueError("a number of %d characters (at most %d)"
                              % (len(text), MAX_NUMBER_CHARS))
         return kind(text)
@@ -209,23 +214,31 @@ def _constant_fail(name: str) -> None:
 _PARSE_INT = _number_guard(int)
 _FLOAT_OR_NONE = _number_guard(_finite_or_none)
 _FLOAT_OR_FAIL = _number_guard(_finite_or_fail)
+_INT_OR_NONE = _number_guard(int, long_to_none=True)
+_ANY_FLOAT_OR_NONE = _number_guard(_finite_or_none, long_to_none=True)
 
 
-def parse_json(text: Union[bytes, str], nan_to_none: bool = False) -> Any:
-    """Parse one JSON text that came from outside (the login side, a child process) with the
-    guards such text needs: a number of more than ``MAX_NUMBER_CHARS`` characters is refused
-    before Python parses it (Python 3.6 parses a long integer in quadratic time: 16 s for a
-    1 MB one); NaN, Infinity and floats that overflow become None when ``nan_to_none``, else
-    are refused; nesting too deep for the parser is refused. Bytes are decoded as UTF-8, invalid
-    bytes replaced when ``nan_to_none`` (a child's output is read leniently). Raises ValueError
-    (UnicodeDecodeError for bad UTF-8 when strict)."""
+def parse_json(text: Union[bytes, str], nan_to_none: bool = False,
+               long_to_none: bool = False) -> Any:
+    """Parse one JSON text that came from outside (the login side, a child process, a node)
+    with the guards such text needs: a number of more than ``MAX_NUMBER_CHARS`` characters is
+    refused before Python parses it (Python 3.6 parses a long integer in quadratic time: 16 s
+    for a 1 MB one), or becomes None with ``long_to_none``; NaN, Infinity and floats that
+    overflow become None when ``nan_to_none``, else are refused; nesting too deep for the
+    parser is refused. Bytes are decoded as UTF-8, invalid bytes replaced when ``nan_to_none``
+    (a child's output is read leniently). Raises ValueError (UnicodeDecodeError for bad UTF-8
+    when strict)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace" if nan_to_none else "strict")
+    if long_to_none:
+        parse_int, parse_float = _INT_OR_NONE, _ANY_FLOAT_OR_NONE
+    else:
+        parse_int = _PARSE_INT
+        parse_float = _FLOAT_OR_NONE if nan_to_none else _FLOAT_OR_FAIL
     try:
         return json.loads(
-            text, parse_int=_PARSE_INT,
-            parse_float=_FLOAT_OR_NONE if nan_to_none else _FLOAT_OR_FAIL,
-            parse_constant=_constant_none if nan_to_none else _constant_fail)
+            text, parse_int=parse_int, parse_float=parse_float,
+            parse_constant=_constant_none if nan_to_none or long_to_none else _constant_fail)
     except RecursionError:
         raise ValueError("nested too deeply")
 

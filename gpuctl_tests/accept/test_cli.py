@@ -216,3 +216,56 @@ def test_a_job_slurm_refuses_is_one_line(tmp_path: Path, slurm_cluster: Any) -> 
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.startswith("gpuctl: sbatch") and r.stderr.count("\n") == 1
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slurm
+def test_a_node_list_carrying_a_batch_line_is_refused_before_anything_is_written(
+    tmp_path: Path, slurm_cluster: Any
+) -> None:
+    before = slurm_cluster.jobs()
+    jobs = tmp_path / "jobs"
+    pwned = tmp_path / "pwned"
+    r = gpuctl(
+        tmp_path, "--via", "slurm", "--device", "cpu", "--job-dir", str(jobs),
+        "--nodes", f"{slurm_cluster.node}\n#SBATCH --wrap=touch {pwned}",
+        env=slurm_cluster.env,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith(f"gpuctl: --nodes: bad hostlist '{slurm_cluster.node}\\n#SBATCH")
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert not list(jobs.rglob("job.sh")) and slurm_cluster.jobs() == before
+    # a partition name from the config is checked the same way
+    r = gpuctl(
+        tmp_path, "--via", "slurm", "--device", "cpu", "--job-dir", str(jobs),
+        config='[accept]\npartition = "debug\\n#SBATCH --wrap=id"\n', env=slurm_cluster.env,
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stderr.startswith("gpuctl: [accept] partition: bad name")
+    assert not list(jobs.rglob("job.sh")) and slurm_cluster.jobs() == before
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_via_slurm_submits_with_the_configs_slurm_conf(
+    tmp_path: Path, slurm_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No SLURM_CONF in the environment: the cluster's slurm_conf (and partition) from the
+    config reach sbatch and squeue."""
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    env = {k: v for k, v in slurm_cluster.env.items() if k != "SLURM_CONF"}
+    config = (
+        f'[clusters.hpc]\nvia = "srun"\nslurm_conf = "{slurm_cluster.conf_path}"\n'
+        f'partition = "{slurm_cluster.partition}"\n'
+    )
+    jobs = tmp_path / "jobs"
+    only_env = [a for s in SECTIONS if s != "env" for a in ("--skip", s)]
+    r = gpuctl(
+        tmp_path, "--via", "slurm", "--device", "cpu", "--quick", *only_env,
+        "--job-dir", str(jobs), "--report-dir", str(tmp_path / "D"), config=config, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert lines(r)[-1] == "[RESULT] SUCCESS"
+    job_id = lines(r)[0].split()[3].rstrip(":")
+    script = next(jobs.glob("*/job.sh")).read_text()
+    assert f"#SBATCH --partition={slurm_cluster.partition}" in script
+    done = Path(slurm_cluster.jobcomp_path).read_text()
+    assert f"JobId={job_id} " in done

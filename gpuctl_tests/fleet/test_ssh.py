@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.session import LinkError
 from gpuctl.fleet.ssh import BundleStore, SshLink
 from gpuctl_tests.harness.sshd import SshCluster
-from gpuctl_tests.helpers import REPO, node_env, old_python
+from gpuctl_tests.helpers import REPO, node_env, old_python, require_binary
 
 pytestmark = pytest.mark.sshd
 
@@ -319,35 +318,66 @@ async def test_bundle_uploaded_once_for_a_shared_home(
     assert again.store is not None and again.store.uploads == []
 
 
-async def test_other_protocol_is_redeployed(ssh_cluster: SshCluster, tmp_path: Path) -> None:
-    await asyncio.to_thread(ssh_cluster.start_node, "stale-bundle")
-    store = BundleStore()
-    target = tmp_path / "bundles" / store.name
-    target.parent.mkdir(parents=True)
-    # A file with the right name but an agent from another protocol version.
+def _fake_bundle(target: Path, marker: Path) -> None:
+    """A file with the bundle's name whose agent, if it ever ran, would leave ``marker``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.chmod(0o700)
     with zipfile.ZipFile(target, "w") as zf:
         zf.writestr("gpuctl/__init__.py", "")
         zf.writestr("gpuctl/node/__init__.py", "")
         zf.writestr(
             "gpuctl/node/__main__.py",
+            f"open({str(marker)!r}, 'w').write('ran')\n"
             "import json, sys\n"
             "def main(argv):\n"
             "    print(json.dumps({'type': 'hello', 'protocol': 0}), flush=True)\n"
             "    sys.stdin.read()\n"
             "    return 0\n",
         )
-    link = SshLink(node_config(ssh_cluster, "stale-bundle", tmp_path), store=store)
-    fleet = Fleet({"stale-bundle": link}, **FAST)
-    states: list[str | None] = []
-    fleet.subscribe(lambda s: states.append(s.reason))
+
+
+@pytest.mark.parametrize("kind", ["tampered", "empty"])
+async def test_wrong_bundle_is_replaced_never_run(
+    ssh_cluster: SshCluster, tmp_path: Path, kind: str
+) -> None:
+    """A file with the bundle's name but other content (a tampered bundle, an empty one left
+    by a full disk) is replaced before anything runs: the node checks its sha256 first."""
+    await asyncio.to_thread(ssh_cluster.start_node, "wrong-bundle")
+    store = BundleStore()
+    target = tmp_path / "bundles" / store.name
+    marker = tmp_path / "the-tampered-bundle-ran"
+    _fake_bundle(target, marker)
+    if kind == "empty":
+        target.write_bytes(b"")
+    link = SshLink(node_config(ssh_cluster, "wrong-bundle", tmp_path), store=store)
+    fleet = Fleet({"wrong-bundle": link}, **FAST)
     await fleet.start()
     try:
-        await wait_fleet(fleet, lambda ss: ss["stale-bundle"].last_sample_t, what="redeployed")
+        await wait_fleet(fleet, lambda ss: ss["wrong-bundle"].last_sample_t, what="replaced")
     finally:
         await fleet.stop()
-    assert any(r and r.startswith("protocol: agent speaks protocol 0") for r in states), states
-    assert len(store.uploads) == 1
+    assert not marker.exists()
+    assert store.uploads == [("wrong-bundle", str(target))]
     assert target.read_bytes() == store.data
+
+
+async def test_forget_deploy_uploads_again(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    await asyncio.to_thread(ssh_cluster.start_node, "again")
+    store = BundleStore()
+    link = SshLink(node_config(ssh_cluster, "again", tmp_path), store=store)
+    try:
+        session = await link.open()
+        await session.close()
+        assert len(store.uploads) == 1
+        session = await link.open()
+        await session.close()
+        assert len(store.uploads) == 1  # in place: nothing to upload
+        link.forget_deploy()
+        session = await link.open()
+        await session.close()
+        assert len(store.uploads) == 2
+    finally:
+        await link.aclose()
 
 
 def _status(config: Path) -> subprocess.CompletedProcess[str]:
@@ -474,57 +504,35 @@ async def test_python_2_is_refused_in_words(ssh_cluster: SshCluster, tmp_path: P
     )
 
 
-def test_big_ssh_config_filtered_per_host_gives_the_same_options(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+BANNER = 'Welcome to the cluster! {"type":"hello","protocol":0} gpuctl-deploy: no-python'
+
+
+async def test_agent_streams_through_a_chatty_login_shell_and_tcsh(
+    ssh_cluster: SshCluster, tmp_path: Path
 ) -> None:
-    """For a big ssh config, asyncssh gets only the blocks that concern the node: the options
-    it derives must be exactly those from the whole file."""
-    import asyncssh
-
-    from gpuctl.fleet import ssh
-
-    key = tmp_path / "id"
-    key.write_text("")  # never read: the options keep the path
-    lines = ["# generated", "ConnectTimeout 7", ""]
-    for i in range(120):
-        lines += [
-            f"Host n{i:03d} alias{i:03d}",
-            f"    HostName 10.0.0.{i}",
-            f"    Port {2000 + i}",
-        ]
-    lines += [
-        "Host n01* !n015",
-        "    User tens",
-        "    ProxyJump bastion",
-        "Match originalhost n099",
-        "    User matched",
-        "Host=n11?",
-        "    UserKnownHostsFile /tmp/kh-n11x",
-        "Host *",
-        "    Port 22",
-        "    User everyone",
-        "    UserKnownHostsFile /tmp/kh-all",
-    ]
-    cfg = tmp_path / "config"
-    cfg.write_text("\n".join(lines) + "\n")
-    attrs = ("host", "port", "username", "tunnel", "known_hosts", "connect_timeout")
-
-    def options(host: str) -> tuple[Any, ...]:
-        link = SshLink(NodeConfig(name=host, cluster="c", ssh_config=str(cfg)))
-        opts = link._options()
-        return tuple(getattr(opts, a) for a in attrs)
-
-    hosts = ["n000", "n010", "n015", "n017", "n099", "n110", "n119", "alias005", "other", "N011"]
-    filtered = {h: options(h) for h in hosts}
-    assert ssh.ssh_config_for(str(cfg), "n010") is not None  # the filter was used
-    monkeypatch.setattr(ssh, "SSH_CONFIG_FILTER_LINES", 10**9)
-    ssh._CONFIG_BLOCKS.clear()
-    assert ssh.ssh_config_for(str(cfg), "n010") is None
-    whole = {h: options(h) for h in hosts}
-    assert filtered == whole
-    assert whole["n010"][:4] == ("10.0.0.10", 2010, "tens", "bastion")
-    assert whole["n015"][2] == "everyone" and whole["n099"][2] == "matched"
-    assert whole["n119"][4] == ["/tmp/kh-n11x"] and whole["other"][:2] == ("other", 22)
-    assert isinstance(asyncssh.SSHClientConnectionOptions, type)
-    # no private copy left behind
-    assert not list(Path(tempfile.gettempdir()).glob("gpuctl-ssh-config-*"))
+    """A login shell that prints a banner (on stdout and stderr) and a tcsh login shell: the
+    agent starts and streams on both; the banner is kept aside, never parsed."""
+    require_binary("tcsh")
+    await asyncio.to_thread(ssh_cluster.start_node, "chatty", banner=BANNER)
+    await asyncio.to_thread(
+        ssh_cluster.start_node, "csh", login_shell="tcsh", banner=BANNER, sftp_banner=True
+    )
+    fleet = configured_fleet(ssh_cluster, tmp_path)
+    await fleet.start()
+    try:
+        snaps = await wait_fleet(
+            fleet,
+            lambda ss: all(len(fleet.history(n, 0)) >= 2 for n in ss),
+            what="samples from the chatty and the tcsh node",
+        )
+        for name in ("chatty", "csh"):
+            assert snaps[name].state is NodeState.LIVE and snaps[name].reason is None
+            link = fleet.nodes[name].link
+            assert isinstance(link, SshLink)
+            assert link.banner == (BANNER + "\n").encode()
+            assert link.stderr_banner == (BANNER + "\n").encode()
+            session = fleet.nodes[name].session
+            assert session is not None and not any("Welcome" in t for t in session.stderr_tail)
+    finally:
+        await fleet.stop()
+    assert fleet.store is not None and len(fleet.store.uploads) == 1  # shared home: one upload

@@ -163,12 +163,28 @@ class SlurmCluster:
             key.write_bytes(os.urandom(1024))
             key.chmod(0o400)
         self.ctld_port, self.slurmd_port = _free_ports(2)
+        self._write_conf()
+        (d / "plugstack.conf").write_text("")
+        (d / "cgroup.conf").write_text("CgroupPlugin=autodetect\n")
+        gres = ["AutoDetect=off"]
+        gres += [
+            f"NodeName={self.node} Name=gpu Type={self.gpu_type} File={dev}"
+            for dev in self._devices()
+        ]
+        (d / "gres.conf").write_text("\n".join(gres) + "\n")
+
+    def _devices(self) -> list[Path]:
+        d = self.dir
         devices = []
         for i in range(self.gpus):
             dev = d / "dev" / f"nvidia{i}"
             if not dev.is_symlink():
                 dev.symlink_to("/dev/null")  # gres drops regular files; device nodes count
             devices.append(dev)
+        return devices
+
+    def _write_conf(self) -> None:
+        d = self.dir
         real_mb = max(512, min(_mem_total_mb() - 512, 16384))
         conf = {
             "ClusterName": "gpuctltest",
@@ -231,13 +247,6 @@ class SlurmCluster:
             "State=UP"
         )
         self.conf_path.write_text("\n".join(lines) + "\n")
-        (d / "plugstack.conf").write_text("")
-        (d / "cgroup.conf").write_text("CgroupPlugin=autodetect\n")
-        gres = ["AutoDetect=off"]
-        gres += [
-            f"NodeName={self.node} Name=gpu Type={self.gpu_type} File={dev}" for dev in devices
-        ]
-        (d / "gres.conf").write_text("\n".join(gres) + "\n")
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -276,11 +285,26 @@ class SlurmCluster:
                 raise self._fail(name, "did not become ready in time")
             time.sleep(0.02)  # poll interval; the deadline decides
 
-    def start(self, timeout: float = START_TIMEOUT) -> None:
+    def start(self, timeout: float = START_TIMEOUT, attempts: int = 3) -> None:
         """Start munged, slurmctld and slurmd; return once the node is idle.
 
-        Raises HarnessError (with the failing daemon's log tail) when one does not come up.
+        The ports were free when chosen, but another process (another engineer's test Slurm on
+        this machine, say) may bind one before our daemon does: then the daemon dies with
+        "Address already in use", and the cluster starts again on new ports, up to
+        ``attempts`` times. Raises HarnessError (with the failing daemon's log tail) when a
+        daemon does not come up.
         """
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once(timeout)
+                return
+            except HarnessError as e:
+                if attempt == attempts or "Address already in use" not in str(e):
+                    raise
+            self.ctld_port, self.slurmd_port = _free_ports(2)
+            self._write_conf()
+
+    def _start_once(self, timeout: float) -> None:
         t0 = time.monotonic()
         deadline = t0 + timeout
         m = self.dir / "munge"

@@ -22,6 +22,13 @@ Things to know when writing tests against these nodes:
 - ``kill()`` is SIGKILL of sshd and of every session process (a vanished node); ``restart()``
   comes back on the same port with the same host key; ``rotate_host_key()`` does not touch
   known_hosts (``trust_host_key()`` does).
+- A node's "login shell" can be made another one, and chatty: ``start_node(login_shell="tcsh",
+  banner="Welcome ...")``. sshd's ``ForceCommand`` runs a wrapper that prints the banner (on
+  stdout and stderr, like an ``echo`` in ``.bashrc``) and then runs the client's command
+  (``$SSH_ORIGINAL_COMMAND``) with ``<login_shell> -c``, as sshd would with that login shell.
+  The SFTP subsystem is the external ``sftp-server`` started by that wrapper, like on a real
+  cluster; ``sftp_banner=True`` prints the banner before it too (a hostile ``.bashrc`` that
+  breaks SFTP).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from gpuctl_tests.harness import (
 )
 
 SSHD = "/usr/sbin/sshd"
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 SSH_KEYGEN = "ssh-keygen"
 START_TIMEOUT = 10.0
 # The PATH sshd gives a session (its default for root; a superset of the one for users).
@@ -125,8 +133,14 @@ class SshNode:
         python: str | None,
         env: Mapping[str, str],
         rc_files: bool = False,
+        login_shell: str | None = None,
+        banner: str | None = None,
+        sftp_banner: bool = False,
     ) -> None:
         self.cluster = cluster
+        self.login_shell = login_shell
+        self.banner = banner
+        self.sftp_banner = sftp_banner
         self.name = name
         self.port = port
         self.simulate = simulate
@@ -163,10 +177,38 @@ class SshNode:
             self.env["PATH"] = f"{bindir}:{NODE_PATH}"
             self.env["GPUCTL_PYTHON"] = python
         self.env.update(env)
+        self.login_path: Path | None = None
+        if login_shell is not None or banner is not None or sftp_banner:
+            self.login_path = self.dir / "login"
+            self._write_login()
         self.host_key = keygen(self.host_key_path, f"gpuctl-test-host-{name}")
+        self.host_cert_path: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.start_seconds: float | None = None
+
+    def _write_login(self) -> None:
+        """The ForceCommand wrapper: the banner, then the command under the login shell."""
+        assert self.login_path is not None
+        shell = shutil.which(self.login_shell or "bash")
+        if shell is None:
+            raise HarnessError(f"login shell {self.login_shell} missing (apt-get install it)")
+        say = ""
+        if self.banner is not None:
+            say = f"printf '%s\\n' {_sh_quote(self.banner)}\n"
+            say += f"printf '%s\\n' {_sh_quote(self.banner)} >&2\n"
+        sftp_say = say if self.sftp_banner else ""
+        self.login_path.write_text(
+            "#!/bin/sh\n"
+            "# gpuctl test node: what a login shell with a chatty rc file does with a command\n"
+            'case "$SSH_ORIGINAL_COMMAND" in\n'
+            f"*sftp-server*|internal-sftp)\n{sftp_say}    exec {SFTP_SERVER} ;;\n"
+            "esac\n"
+            f"{say}"
+            f"SHELL={shell}; export SHELL\n"
+            f'exec {shell} -c "$SSH_ORIGINAL_COMMAND"\n'
+        )
+        self.login_path.chmod(0o755)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -185,7 +227,7 @@ class SshNode:
             "KbdInteractiveAuthentication no",
             "PubkeyAuthentication yes",
             "PermitRootLogin prohibit-password",
-            "Subsystem sftp internal-sftp",
+            f"Subsystem sftp {SFTP_SERVER if self.login_path else 'internal-sftp'}",
             "AcceptEnv GPUCTL_*",
             f"SetEnv {setenv}",
             "MaxSessions 100",
@@ -195,6 +237,10 @@ class SshNode:
             "UseDNS no",
             "LogLevel INFO",
         ]
+        if self.login_path is not None:
+            lines.append(f"ForceCommand {self.login_path}")
+        if self.host_cert_path is not None:
+            lines.append(f"HostCertificate {self.host_cert_path}")
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def start(self, timeout: float = START_TIMEOUT) -> None:
@@ -248,6 +294,10 @@ class SshNode:
     def _reap(self, sig: int) -> None:
         pids = self.processes()
         cmdlines = [cmdline(p) for p in pids]
+        # sshd first: a vanished node says nothing more, while a session's sshd that outlived
+        # its program for a moment would still send the client that program's exit signal
+        daemons = {p for p, c in zip(pids, cmdlines, strict=True) if c.startswith(("sshd", SSHD))}
+        kill_pids(daemons, sig)
         kill_pids(pids, sig)
         if self.proc is not None:
             try:
@@ -281,6 +331,23 @@ class SshNode:
         self.host_key = keygen(self.host_key_path, f"gpuctl-test-host-{self.name}-rotated")
         self.start()
         return self.host_key
+
+    def certify_host_key(self, ca_key: Path, principals: str = "127.0.0.1") -> Path:
+        """Sign the node's host key with the CA private key ``ca_key`` (``ssh-keygen -s -h``),
+        make sshd present the certificate and restart. Returns the certificate's path."""
+        pub = self.host_key_path.with_name(self.host_key_path.name + ".pub")
+        ident = f"gpuctl-test-{self.name}"
+        subprocess.run(
+            [SSH_KEYGEN, "-q", "-s", str(ca_key), "-I", ident, "-h", "-n", principals, str(pub)],
+            check=True,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+        )
+        self.host_cert_path = self.host_key_path.with_name(self.host_key_path.name + "-cert.pub")
+        self.kill()
+        self.start()
+        return self.host_cert_path
 
     def trust_host_key(self) -> None:
         """Put the node's current host key in known_hosts (after ``rotate_host_key``)."""
@@ -339,12 +406,18 @@ class SshCluster:
         env: Mapping[str, str] | None = None,
         port: int | None = None,
         rc_files: bool = False,
+        login_shell: str | None = None,
+        banner: str | None = None,
+        sftp_banner: bool = False,
     ) -> SshNode:
         """Start a node named ``name`` (its ``Host`` alias) and add it to ssh_config and
         known_hosts. ``simulate`` goes to the node's sessions as ``GPUCTL_SIMULATE``, ``env`` as
         further variables; ``python`` is put first on the node's PATH as ``python3``.
-        Sessions skip the user's shell rc files (~/.bashrc) unless ``rc_files``."""
-        node = self._launch(name, simulate, python, env, port, rc_files)
+        Sessions skip the user's shell rc files (~/.bashrc) unless ``rc_files``.
+        ``login_shell`` (e.g. "tcsh"), ``banner`` and ``sftp_banner``: see the module doc."""
+        node = self._launch(
+            name, simulate, python, env, port, rc_files, login_shell, banner, sftp_banner
+        )
         self._register([node])
         return node
 
@@ -375,6 +448,9 @@ class SshCluster:
         env: Mapping[str, str] | None = None,
         port: int | None = None,
         rc_files: bool = False,
+        login_shell: str | None = None,
+        banner: str | None = None,
+        sftp_banner: bool = False,
     ) -> SshNode:
         if name in self.nodes:
             raise ValueError(f"node {name} exists already")
@@ -382,7 +458,18 @@ class SshCluster:
             raise ValueError(f"bad node name {name!r}")
         sim = None if simulate is None else str(simulate)
         for attempt in range(5):
-            node = SshNode(self, name, port or free_port(), sim, python, dict(env or {}), rc_files)
+            node = SshNode(
+                self,
+                name,
+                port or free_port(),
+                sim,
+                python,
+                dict(env or {}),
+                rc_files,
+                login_shell,
+                banner,
+                sftp_banner,
+            )
             try:
                 node.start()
                 return node
@@ -523,6 +610,10 @@ class SshCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop_all()
+
+
+def _sh_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def toml_key(key: str) -> str:

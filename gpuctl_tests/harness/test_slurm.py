@@ -111,3 +111,42 @@ def test_stop_leaves_no_process_and_a_bad_config_shows_the_log(tmp_path: Path) -
     with pytest.raises(HarnessError, match=r"(?s)slurmctld.*NoSuchKey"):
         broken.start(timeout=15)
     assert broken.processes() == set()
+
+
+def test_a_port_taken_before_slurmctld_binds_it_gives_new_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another test Slurm on this machine may bind a port between the harness choosing it and
+    slurmctld binding it: slurmctld then dies with "Address already in use", and the harness
+    starts the cluster again on new ports instead of failing the session."""
+    import gpuctl_tests.harness.slurm as harness
+
+    reason = missing_parts()
+    if reason:
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        chosen: list[list[int]] = []
+        real = harness._free_ports
+
+        def first_one_taken(n: int) -> list[int]:
+            ports = real(n)
+            if not chosen:
+                ports[0] = taken  # the controller's port, already someone else's
+            chosen.append(ports)
+            return ports
+
+        monkeypatch.setattr(harness, "_free_ports", first_one_taken)
+        cluster = SlurmCluster(tmp_path / "own")
+        try:
+            assert len(chosen) == 2 and chosen[0][0] == taken
+            assert cluster.ctld_port == chosen[1][0] != taken
+            assert "Address already in use" in (tmp_path / "own" / "slurmctld.log").read_text()
+            r = cluster.run(["sinfo", "-h", "-o", "%N"])
+            assert r.stdout.split() == [cluster.node]
+        finally:
+            cluster.stop()

@@ -23,7 +23,7 @@ def slurm_executor(slurm_cluster: Any, venv1: str, venv2: str, tmp_path: Path) -
         return Executor(
             "slurm",
             partition=slurm_cluster.partition,
-            slurm_env={"SLURM_CONF": slurm_cluster.env["SLURM_CONF"]},
+            slurm_conf=str(slurm_cluster.conf_path),
             job_root=str(tmp_path / "shared-jobs"),
             store=JobStore(),
             **kw,
@@ -156,7 +156,7 @@ def test_slurm_kills_a_job_over_its_mem(
     ex = Executor(
         "slurm",
         partition=enforcing_slurm.partition,
-        slurm_env={"SLURM_CONF": enforcing_slurm.env["SLURM_CONF"]},
+        slurm_conf=str(enforcing_slurm.conf_path),
         job_root=str(tmp_path / "shared-jobs"),
         store=JobStore(),
         supervisor_python=venv1,
@@ -204,3 +204,126 @@ def test_scancel_from_outside_waits_for_slurms_verdict(
     assert err.value.kind == "cancelled"
     assert "scheduler state: CANCELLED" in str(err.value)
     assert not Path(job.jobdir, "cancel-requested").exists()  # nobody asked gpuctl to cancel
+
+
+def test_submit_target_slurm_takes_slurm_conf_from_the_config(
+    slurm_cluster: Any, venv1: str, venv2: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``gpuctl submit --target slurm`` with no SLURM_CONF in the environment: the Slurm
+    cluster's slurm_conf and partition come from the config, and so does ``[jobs] dir``."""
+    import subprocess
+    import sys
+
+    from gpuctl_tests.helpers import node_env
+
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    shared = tmp_path / "shared-jobs"
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        f'[jobs]\ndir = "{shared}"\n'
+        f'[clusters.hpc]\nvia = "srun"\nslurm_conf = "{slurm_cluster.conf_path}"\n'
+        f'partition = "{slurm_cluster.partition}"\n'
+    )
+    (tmp_path / "fns.py").write_text(
+        "def triple(x):\n    import os\n    return [x * 3, os.environ.get('SLURM_JOB_ID')]\n"
+    )
+    env = node_env({"GPUCTL_CONFIG": str(cfg), "GPUCTL_STATE_DIR": str(tmp_path / "state")})
+    env.pop("SLURM_CONF", None)
+    env["GPUCTL_TEST_SLURM"] = slurm_cluster.env["GPUCTL_TEST_SLURM"]  # the harness's cleanup
+    r = subprocess.run(
+        [
+            sys.executable, "-m", "gpuctl", "submit", f"{tmp_path / 'fns.py'}:triple",
+            "--args", "[4]", "--target", "slurm", "--python", venv2,
+            "--supervisor-python", venv1, "--wait",
+        ],
+        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    value = eval(r.stdout.strip().splitlines()[-1])  # repr of [12, '<job id>']
+    assert value[0] == 12 and value[1].isdigit()
+    (script,) = shared.glob("*/job.sbatch")
+    assert f"#SBATCH --partition={slurm_cluster.partition}" in script.read_text()
+
+
+def test_executor_slurm_reads_slurm_conf_and_partition_from_the_config(tmp_path: Path) -> None:
+    from gpuctl.config import parse_config
+
+    cfg = parse_config(
+        '[jobs]\npartition = "short"\n[clusters.hpc]\nvia = "srun"\nslurm_conf = "/x/slurm.conf"\n'
+        'partition = "gpu"\n',
+        str(tmp_path / "config.toml"),
+    )
+    ex = Executor("slurm", config=cfg, store=False)
+    assert ex.backend.client.slurm_conf == "/x/slurm.conf"  # type: ignore[attr-defined]
+    assert ex.backend.partition == "short"  # type: ignore[attr-defined]  # [jobs] wins
+    ex = Executor("slurm", config=cfg, partition="debug", slurm_conf="/y.conf", store=False)
+    assert ex.backend.client.slurm_conf == "/y.conf"  # type: ignore[attr-defined]
+    assert ex.backend.partition == "debug"  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"partition: bad name 'a\\n#SBATCH"):
+        Executor("slurm", config=cfg, partition="a\n#SBATCH --wrap=id", store=False)
+
+
+def test_the_scripts_gpuctl_writes_are_read_by_sbatch_as_written(
+    slurm_cluster: Any, tmp_path: Path
+) -> None:
+    """A function name with ``$(...)``, newlines and quotes, and a job folder with spaces,
+    ``$``, ``#`` and ``'``: the real sbatch takes the script (held, so nothing runs), the job
+    name is the sanitized one and Slurm's output file is in that folder. Job folders sbatch
+    could not read as written are refused before anything is written."""
+    from gpuctl.accept.run import AcceptOptions
+    from gpuctl.accept.slurm import SlurmJobSpec, batch_script
+    from gpuctl.jobs.backends import SlurmBackend
+    from gpuctl.jobs.hosts import LocalHost
+    from gpuctl.reach.slurm import SlurmClient, SlurmValueError
+
+    root = tmp_path / "odd $HOME #x 'q'"
+    jobdir = root / "job1"
+    jobdir.mkdir(parents=True)
+    backend = SlurmBackend(
+        LocalHost(),
+        str(root),
+        "/usr/bin/python3",
+        partition=slurm_cluster.partition,
+        nodelist=slurm_cluster.node,
+        sbatch_args=["--hold", "--comment=two words"],
+        client=SlurmClient(slurm_cluster.conf_path),
+    )
+    evil = "x$(touch /tmp/pwned)\n#SBATCH --wrap=id \"q\" 'r' `id`"
+    (handle,) = backend.start([str(jobdir)], {"name": evil, "limits": {"cpus": 1}})
+    job = handle["slurm_id"]
+    try:
+        info = slurm_cluster.run(["scontrol", "show", "job", job]).stdout
+        assert "JobName=gpuctl-x_touch_tmp_pwned_SBATCH_--wrap_id_q_r_id\n" in info
+        assert f"StdOut={root}/slurm-{job}_4294967294.out" in info  # %a of a non-array job
+        assert f"WorkDir={root}\n" in info and "Comment=two words" in info
+        assert f"ReqNodeList={slurm_cluster.node} " in info
+        assert "JobState=PENDING Reason=JobHeldUser" in info
+    finally:
+        slurm_cluster.run(["scancel", job])
+    # the acceptance script, in a folder with a space: sbatch reads its --output as written
+    accept_job = tmp_path / "accept jobs" / "accept-1"
+    accept_job.mkdir(parents=True)
+    text = batch_script(
+        accept_job,
+        accept_job / "bundle.pyz",
+        "/usr/bin/python3",
+        SlurmJobSpec(nodelist=slurm_cluster.node, partition=slurm_cluster.partition),
+        AcceptOptions(device="cpu"),
+    )
+    (accept_job / "job.sh").write_text(text)
+    out = slurm_cluster.run(["sbatch", "--parsable", "--hold", str(accept_job / "job.sh")])
+    job = out.stdout.strip().split(";")[0]
+    try:
+        info = slurm_cluster.run(["scontrol", "show", "job", job]).stdout
+        assert f"StdOut={accept_job}/slurm-{job}.out" in info
+    finally:
+        slurm_cluster.run(["scancel", job])
+    # refused before anything is written: a newline or a quote in the folder, %-patterns
+    for bad in ("new\nline", 'quo"te', "100%"):
+        folder = tmp_path / bad / "job2"
+        folder.mkdir(parents=True)
+        with pytest.raises(SlurmValueError, match="job folder: "):
+            backend.start([str(folder)], {"name": "f", "limits": {}})
+        assert not (folder / "job.sbatch").exists()
+    with pytest.raises(SlurmValueError, match=r"^--nodes: bad hostlist"):
+        SlurmJobSpec(nodelist=f"{slurm_cluster.node}\n#SBATCH --wrap=id")

@@ -15,7 +15,7 @@ import pytest
 from gpuctl.config import load_config
 from gpuctl.jobs import EnvSpec, Executor, JobFailed, JobStore, attach
 from gpuctl_tests.harness.sshd import SshCluster
-from gpuctl_tests.helpers import wait_until
+from gpuctl_tests.helpers import require_binary, wait_until
 
 pytestmark = pytest.mark.sshd
 
@@ -131,3 +131,63 @@ def test_version_mismatch_on_the_node_says_how_to_fix(
         ex.submit(len, [])
     assert info.value.kind == "python_mismatch"
     assert f"python='{sys.version_info[0]}.{sys.version_info[1]}'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "shell",
+    [
+        pytest.param({"banner": "Welcome! {not json}", "sftp_banner": True}, id="banner"),
+        pytest.param({"login_shell": "tcsh", "banner": "tcsh says hi"}, id="tcsh"),
+    ],
+)
+def test_a_job_runs_through_a_chatty_or_tcsh_login_shell(
+    ssh_cluster: SshCluster,
+    venv1: str,
+    venv2: str,
+    env_root: str,
+    env_spec: EnvSpec,
+    tmp_path: Path,
+    shell: dict[str, Any],
+) -> None:
+    """A banner on stdout (which also breaks SFTP: files go through the shell) and a tcsh login
+    shell: the job runs all the same, with VENV2 given (probed with a multi-line script: tcsh
+    used to end in venv2_wont_start) or built by gpuctl."""
+    if "login_shell" in shell:
+        require_binary(shell["login_shell"])
+    ssh_cluster.start_node("gpu1", python=venv1, **shell)
+    config = load_config(ssh_cluster.write_config(tmp_path / "config.toml"))
+    for kw in ({"env": None, "python": venv2}, {}):
+        ex = ssh_executor(config, env_root, tmp_path, env_spec, **kw)
+        try:
+            out = ex.submit(add_offset, 5).result(120)
+            assert out["value"] == 105 and out["node"] == "gpu1"
+        finally:
+            ex.backend.host.close()
+
+
+def test_jobs_honour_the_jump_chain_and_the_host_key_policy(
+    ssh_cluster: SshCluster, venv1: str, env_root: str, env_spec: EnvSpec, tmp_path: Path
+) -> None:
+    """The jobs' SSH used to ignore ``jump`` (it went straight to the node) and
+    ``host_key_policy`` (an unknown node was refused under accept-new)."""
+    ssh_cluster.start_node("bastion")
+    node = ssh_cluster.start_node("gpu1", python=venv1)
+    kh = tmp_path / "known_hosts"
+    kh.write_text(ssh_cluster["bastion"].known_hosts_line + "\n")  # gpu1 is not known yet
+    path = ssh_cluster.write_config(
+        tmp_path / "config.toml",
+        nodes="gpu1",
+        jump="bastion",
+        known_hosts=str(kh),
+        host_key_policy="accept-new",
+    )
+    ex = ssh_executor(load_config(path), env_root, tmp_path, env_spec)
+    try:
+        assert ex.submit(add_offset, 7).result(120)["value"] == 107
+    finally:
+        ex.backend.host.close()
+    assert "Accepted publickey" in ssh_cluster["bastion"].log_path.read_text()
+    assert kh.read_text().splitlines() == [
+        ssh_cluster["bastion"].known_hosts_line,
+        node.known_hosts_line,
+    ]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpuctl.jobs import Executor, JobStore, StoreError
-from gpuctl_tests.helpers import IN_CI, node_env
+from gpuctl_tests.helpers import IN_CI, node_env, wait_until
 
 JOB = "import os\n\ndef f():\n    return os.getpid()\n"
 
@@ -98,3 +98,47 @@ def test_store_error_is_a_one_line_exception_of_the_api(tmp_path: Path) -> None:
     damaged = r"is damaged \(file is not a database\): move it away \(mv "
     with pytest.raises(StoreError, match=damaged):
         JobStore(tmp_path / "jobs.sqlite")
+
+
+def test_many_processes_opening_one_old_store_at_once(tmp_path: Path) -> None:
+    """An old store (no heartbeat column) opened by eight gpuctl processes at the same time:
+    each adds the column or finds it added by another, none calls the store damaged.
+
+    The test holds the store's write lock until every process has read the columns and waits
+    for the lock (sleeping in SQLite's busy handler), so that all of them race for the ALTER."""
+    import sqlite3
+
+    path = tmp_path / "jobs.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE jobs (id TEXT PRIMARY KEY, name TEXT NOT NULL, target TEXT NOT NULL,"
+            " backend TEXT NOT NULL, jobdir TEXT NOT NULL, state TEXT NOT NULL, kind TEXT,"
+            " summary TEXT, created_at REAL NOT NULL, started_at REAL, ended_at REAL,"
+            " report TEXT)"
+        )
+        db.execute("CREATE INDEX jobs_created ON jobs(created_at)")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # readers may read; nobody may write
+    code = "import sys; from gpuctl.jobs.store import JobStore; JobStore(sys.argv[1])"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(path)],
+            env=node_env(),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
+
+    def waiting_for_the_lock(pid: int) -> bool:
+        try:
+            return "nanosleep" in Path(f"/proc/{pid}/wchan").read_text()
+        except OSError:
+            return False
+
+    wait_until(lambda: all(waiting_for_the_lock(p.pid) for p in procs), 60, "the writers")
+    holder.execute("ROLLBACK")
+    holder.close()
+    errors = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8, errors
+    assert "heartbeat" in {r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(jobs)")}

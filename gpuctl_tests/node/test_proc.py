@@ -286,3 +286,13 @@ def test_the_whole_node_side_imports_under_python36() -> None:
     _, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
     assert len(names) >= 12
+
+
+def test_the_login_side_reads_a_broken_number_as_unknown() -> None:
+    """A node's NaN, infinity or 400-digit number is None for gpuctl (lenient), never a reason
+    to drop the whole sample; the agent reading requests refuses them (strict)."""
+    line = '{"type":"sample","a":NaN,"b":1e999,"c":%s,"d":-Infinity,"e":7}' % ("9" * 400)
+    msg = protocol.decode(line, lenient=True)
+    assert msg == {"type": "sample", "a": None, "b": None, "c": None, "d": None, "e": 7}
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode(line)

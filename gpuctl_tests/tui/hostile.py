@@ -270,7 +270,7 @@ class ScriptedAgentLink(NodeLink):
 
 def hostile_fleet(now: float) -> Fleet:
     """``evil`` (a live hostile agent), ``down`` (its connection error is hostile) and ``nan``
-    (a hello, then a line with NaN: a protocol error)."""
+    (a hello, then a sample whose temperature is NaN: read as unknown)."""
     nan_hello = {**hostile_messages(now)[0], "hostname": "nan"}
     links: dict[str, NodeLink] = {
         "evil": ScriptedAgentLink(hostile_messages(now)),

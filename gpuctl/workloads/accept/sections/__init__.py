@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from . import compute, ddp, env, health, membw, pcie, train
 
 if TYPE_CHECKING:
-    from ..suite import Suite
+    from gpuctl.workloads.accept.suite import Suite
 
 RUNNERS: "dict[str, Callable[[Suite], dict[str, Any]]]" = {
     "env": env.run,

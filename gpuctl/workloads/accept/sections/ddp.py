@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from gpuctl.node.proc import spawn, stop_group
 
 if TYPE_CHECKING:
-    from ..suite import Suite
+    from gpuctl.workloads.accept.suite import Suite
 
 DDP_GRACE_S = 10.0  # torchrun's SIGTERM -> SIGKILL
 

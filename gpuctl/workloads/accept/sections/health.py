@@ -3,7 +3,7 @@
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..suite import Suite
+    from gpuctl.workloads.accept.suite import Suite
 
 BAD_THROTTLE = ("hw_slowdown", "hw_thermal", "hw_power_brake")
 WARN_THROTTLE = ("sw_thermal",)

@@ -2,10 +2,10 @@
 
 from typing import TYPE_CHECKING, Any
 
-from .. import peaks
+from gpuctl.workloads.accept import peaks
 
 if TYPE_CHECKING:
-    from ..suite import Suite
+    from gpuctl.workloads.accept.suite import Suite
 
 
 def run(suite: "Suite") -> "dict[str, Any]":
