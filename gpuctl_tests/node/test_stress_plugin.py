@@ -63,7 +63,7 @@ def start_agent(
     return a
 
 
-def burn_event(a: AgentProcess, states: tuple[str, ...], timeout: float = 30) -> dict[str, Any]:
+def burn_event(a: AgentProcess, states: tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
     msg = a.read_until(
         lambda m: m.get("kind") == "burn" and m["detail"]["state"] in states, timeout
     )

@@ -284,7 +284,7 @@ def _slurm_command_lines(tree: ast.AST) -> list[tuple[int, str]]:
 def test_slurm_commands_run_only_in_the_slurm_client() -> None:
     """squeue, sinfo, scontrol, sbatch, sacct and scancel are run by gpuctl/reach/slurm.py and
     nowhere else in the package (srun is a launcher: the srun link and batch scripts own it)."""
-    home = REPO / "gpuctl" / "remote" / "slurm.py"
+    home = REPO / "gpuctl" / "reach" / "slurm.py"
     offenders = []
     for path in sorted((REPO / "gpuctl").rglob("*.py")):
         if path == home:
