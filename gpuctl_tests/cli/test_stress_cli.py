@@ -141,7 +141,7 @@ def _cpu_burner(agents: list[AgentProcess], owner: dict[str, str]) -> int:
         }
     )
     assert a.read_until(lambda m: m.get("id") == 1)["type"] == "ok"
-    ev = a.read_until(lambda m: m.get("kind") == "burn" and m["detail"]["state"] == "running", 30)
+    ev = a.read_until(lambda m: m.get("kind") == "burn" and m["detail"]["state"] == "running", 90)
     return int(ev["detail"]["pid"])
 
 
@@ -195,13 +195,13 @@ def test_stop_stops_only_the_callers_burners_and_names_the_others(
         f"localhost: left alone (not yours; --any-owner stops them): pid {hers} on CPU of "
         "mallory@login2" in r.stdout
     )
-    wait_until(lambda: not _alive(mine), 10, "this user's burner to stop")
+    wait_until(lambda: not _alive(mine), 30, "this user's burner to stop")
     assert _alive(hers)
 
     r = gpuctl("--config", str(cfg), "stress", "stop", "--all", "--any-owner")
     assert r.returncode == 0, r.stderr
     assert f"pids {hers}" in r.stdout
-    wait_until(lambda: not _alive(hers), 10, "mallory's burner to stop with --any-owner")
+    wait_until(lambda: not _alive(hers), 30, "mallory's burner to stop with --any-owner")
 
 
 def test_ctrl_c_stops_the_burns_and_reports_them() -> None:
