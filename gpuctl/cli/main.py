@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TextIO, TypeVar
 
 from gpuctl import __version__, logs, service
+from gpuctl.core.text import printable
 
 log = logging.getLogger("gpuctl.cli")
 
@@ -29,6 +31,40 @@ COMMANDS = (
     "gpuctl.cli.bundle",
     "gpuctl.cli.completion",
 )
+
+
+class TerminalText(io.TextIOBase):
+    """A terminal's stream that lets no escape sequence or control character through: what a
+    command prints may hold what a node sent (a process name, an error text, a suite's line),
+    which must not retitle the window or clear the screen. Pipes and files get the bytes as
+    they are (scripts read them); only a terminal gets this."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(printable(text, one_line=False))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self.stream, "encoding", "utf-8"))
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 class UserError(Exception):
@@ -170,13 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:  # a real import error inside the module must surface
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     _options_everywhere(parser)
     return parser
 
@@ -184,8 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure a user can meet ends in one ``gpuctl: ...`` line."""
     for name in ("stdout", "stderr"):
-        if getattr(sys, name) is None:  # started with the descriptor closed (`gpuctl >&-`)
+        stream = getattr(sys, name)
+        if stream is None:  # started with the descriptor closed (`gpuctl >&-`)
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - lives as long as gpuctl
+        elif _isatty(stream):
+            setattr(sys, name, TerminalText(stream))
     try:
         return _run(argv)
     except (UserError, service.ReadOnlyError) as e:
@@ -248,12 +281,7 @@ def _run(argv: Sequence[str] | None) -> int:
     logs.setup(getattr(args, "verbose", 0) or 0, getattr(args, "log_file", None))
     log.info("gpuctl %s: %s", __version__, getattr(args, "command", None) or "watch")
     func = getattr(args, "func", None)
-    if func is None:
-        # Plain ``gpuctl`` opens the TUI on the configured cluster when the TUI exists.
-        default = parser._subparsers._group_actions[0].choices.get("watch")  # type: ignore[union-attr]
-        if default is None:
-            parser.print_help()
-            return 0
+    if func is None:  # plain ``gpuctl`` opens the TUI on the configured cluster
         args = parser.parse_args([*(argv or sys.argv[1:]), "watch"])
         func = args.func
     what = mutation(func)
