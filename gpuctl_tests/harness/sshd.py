@@ -10,8 +10,9 @@ marker in its environment (sshd ``SetEnv``), so a test can tell nodes apart and 
 every process a node started, even those that left sshd's process tree.
 
 Things to know when writing tests against these nodes:
-- All nodes log in as the current user (root in CI) and share that user's real home, like a
-  cluster with a shared home: a bundle uploaded to one node is there for all of them.
+- All nodes log in as the current user (root in CI) and share one home (``SshCluster.home``, a
+  folder of the test's own set as ``$HOME`` by sshd), like a cluster with a shared home: a bundle
+  uploaded to one node is there for all of them, and nothing lands in the real home.
 - Sessions run the user's login shell with ``SHLVL=1`` set by sshd, so bash skips ~/.bashrc
   (root's here runs ``pyenv init``: 0.1 s per session, and a killed ``pyenv rehash`` left a lock
   that stalled every later shell for 60 s). ``start_node(..., rc_files=True)`` keeps the rc files.
@@ -156,7 +157,11 @@ class SshNode:
         # a /tmp of its own: what a node's processes leave there stays in the test's folder
         self.tmp = self.dir / "tmp"
         self.tmp.mkdir(exist_ok=True)
-        self.env: dict[str, str] = {"GPUCTL_NODE": name, "TMPDIR": str(self.tmp)}
+        self.env: dict[str, str] = {
+            "GPUCTL_NODE": name,
+            "TMPDIR": str(self.tmp),
+            "HOME": str(cluster.home),
+        }
         if simulate is not None:
             self.env["GPUCTL_SIMULATE"] = str(simulate)
         if not rc_files:
@@ -382,7 +387,11 @@ class SshCluster:
         # the account sshd logs us in as: from the uid, not from $USER (CI may set that oddly)
         entry = pwd.getpwuid(os.getuid())
         self.user = entry.pw_name
-        self.home = Path(entry.pw_dir)
+        # The nodes' home, shared by all of them like a cluster's shared home: a folder of the
+        # test's own (sshd's SetEnv HOME wins over the account's), so that what gpuctl leaves
+        # in a node's ~ (the agent bundle, job folders) never lands in the real one.
+        self.home = self.dir / "home"
+        self.home.mkdir(mode=0o700, exist_ok=True)
         self.client_key_path = self.dir / "id_ed25519"
         self.authorized_keys_path = self.dir / "authorized_keys"
         self.ssh_config_path = self.dir / "ssh_config"
