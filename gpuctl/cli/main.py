@@ -46,6 +46,10 @@ class TerminalText(io.TextIOBase):
         self.stream.write(printable(text, one_line=False))
         return len(text)
 
+    def control(self, sequence: str) -> None:
+        """Write a control sequence of gpuctl's own (a live line's ``\r\x1b[K``) as it is."""
+        self.stream.write(sequence)
+
     def flush(self) -> None:
         self.stream.flush()
 

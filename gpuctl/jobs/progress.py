@@ -12,6 +12,16 @@ from typing import Any, TextIO
 CLEAR = "\r\x1b[K"  # back to the start of the line and clear it
 
 
+def control(stream: TextIO, sequence: str) -> None:
+    """Write gpuctl's own control sequence: past the terminal's filter of the CLI, which lets no
+    escape sequence of a node through (``gpuctl.cli.main.TerminalText``)."""
+    raw = getattr(stream, "control", None)
+    if callable(raw):
+        raw(sequence)
+    else:
+        stream.write(sequence)
+
+
 def _elapsed(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
@@ -35,7 +45,8 @@ def wait_with_progress(job: Any, stream: TextIO, *, every: float = 0.5) -> str:
         gone = getattr(job, "unreachable_for", None)
         if state == "unreachable" and gone is not None:
             extra = f" (no answer from {job.target} for {gone:.0f} s)"
-        stream.write(f"{CLEAR}{elapsed} job {job.id[:12]} {state}{extra}")
+        control(stream, CLEAR)
+        stream.write(f"{elapsed} job {job.id[:12]} {state}{extra}")
         stream.flush()
         if job.wait(every):
             state = job.state
