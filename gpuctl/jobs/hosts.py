@@ -75,6 +75,12 @@ class Host:
     def home(self) -> str:
         raise NotImplementedError
 
+    def expand(self, path: str) -> str:
+        """``path`` with a leading ``~`` replaced by this host's home (as its shell sees it)."""
+        if path.startswith("~/") or path == "~":
+            return self.home() + path[1:]
+        return path
+
     def close(self) -> None:
         pass
 
