@@ -21,7 +21,7 @@ import argparse
 import asyncio
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuctl import paths
 from gpuctl.accept.history import DEFAULT_THRESHOLD, HistoryStore, sparkline
@@ -31,6 +31,9 @@ from gpuctl.cli.main import mutating as _mutating
 from gpuctl.config import Config, NodeConfig
 from gpuctl.workloads.accept.render import summary_table, table
 from gpuctl.workloads.accept.schema import MARKERS, RESULT_FAILURE, RESULT_SUCCESS, SECTIONS
+
+if TYPE_CHECKING:
+    from gpuctl.fleet.fleet import Fleet
 
 
 def register(sub: Any) -> None:
@@ -256,7 +259,7 @@ async def _drive_slurm(
         raise _user_error(str(e)) from None
 
 
-async def _follow(accept_run: AcceptRun, printer: Printer, fleet: Any) -> dict[str, Any]:
+async def _follow(accept_run: AcceptRun, printer: Printer, fleet: Fleet | None) -> dict[str, Any]:
     printer.run = accept_run
     accept_run.subscribe(printer.on_progress)
     try:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
@@ -58,7 +59,7 @@ class Heatmap(ScrollView, can_focus=True):
         self.label_w = 8
         self.cells = 1
         self.cursor: tuple[int, int] = (0, 0)  # (node position in names, gpu position)
-        self.on_paint: Any = None
+        self.on_paint: Callable[[str, float], None] | None = None  # (node, arrival): benchmark
         self.painted: dict[str, float] = {}
 
     # -- layout -------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ update repaints only that node's lines. Colours come from component classes styl
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+from collections.abc import Callable
+from typing import ClassVar, NamedTuple
 
 from rich.segment import Segment
 from rich.style import Style
@@ -19,7 +20,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
+from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str
 from gpuctl.tui.view import (
@@ -94,7 +95,7 @@ class NodeList(ScrollView, can_focus=True):
         self.cursor: tuple[str, int | None] | None = None
         self.cursor_y = 0
         self.painted: dict[str, float] = {}  # node -> arrival time waiting for its paint
-        self.on_paint: Any = None  # callable(node, arrival) for the benchmark
+        self.on_paint: Callable[[str, float], None] | None = None  # (node, arrival): benchmark
 
     # -- layout -------------------------------------------------------------------------------
     def _block_rows(self, name: str) -> tuple[int, ...] | None:
@@ -416,7 +417,7 @@ class NodeList(ScrollView, can_focus=True):
                 self.painted.setdefault(name, t)
 
 
-def burn_text(burn: dict[str, Any]) -> str:
+def burn_text(burn: BurnState) -> str:
     """The burn column of a GPU row, e.g. BURN 412 TF/s 0 err, from a burn annotation."""
     state = burn.get("state") or "?"
     parts = ["BURN" if state == "running" else f"BURN {state}"]
