@@ -23,18 +23,22 @@ import sysconfig
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import cloudpickle
 
 from gpuctl import paths, service
 from gpuctl.jobs import _chunk, targets
 from gpuctl.jobs.backends import SlurmBackend
-from gpuctl.jobs.hosts import Host
+from gpuctl.jobs.hosts import AtomicWriter, Host
 from gpuctl.jobs.job import SUBMITTER_PYTHON, Job, JobFailed, RemoteTraceback
 from gpuctl.jobs.provision import EnvSpec, Venv2, write_runner
+from gpuctl.jobs.records import Handle, JobMeta, Limits, Probe
 from gpuctl.jobs.store import JobRecord, JobStore
 from gpuctl.node import jobfiles
+
+if TYPE_CHECKING:
+    from gpuctl.config import Config
 
 __all__ = [
     "EnvSpec",
@@ -78,7 +82,7 @@ def _is_user_module(name: str) -> bool:
     return "site-packages" not in path and "dist-packages" not in path
 
 
-def register_by_value(obj: Any) -> None:
+def register_by_value(obj: object) -> None:
     """Make cloudpickle copy the module that defines ``obj`` (when it is the user's own)."""
     name = getattr(obj, "__module__", None)
     if isinstance(name, str) and _is_user_module(name):
@@ -112,7 +116,7 @@ class Executor:
         self,
         target: str = "local",
         *,
-        config: Any = None,
+        config: Config | None = None,
         python: str | None = None,
         env: EnvSpec | None = None,
         supervisor_python: str | None = None,
@@ -136,7 +140,7 @@ class Executor:
         if python is not None and env is not None:
             raise ValueError("give python= (an existing VENV2) or env= (one to build), not both")
         self.target = target
-        self.limits: dict[str, Any] = {
+        self.limits: Limits = {
             "cpus": cpus,
             "gpus": gpus,
             "mem_bytes": parse_mem(mem),
@@ -179,7 +183,7 @@ class Executor:
         self._root_ready = False
         self.guard = service.Guard(read_only, where.config)  # read-only mode, judged at each submit
 
-    def venv2(self) -> dict[str, Any]:
+    def venv2(self) -> Probe:
         """Resolve (and build if asked) VENV2; return its probe ``{python, cloudpickle, ...}``.
 
         Raises ``JobFailed`` (env_build_failed, venv2_wont_start, python_mismatch,
@@ -203,7 +207,7 @@ class Executor:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         name: str,
-    ) -> tuple[str, str, dict[str, Any]]:
+    ) -> tuple[str, str, JobMeta]:
         """Write one job folder; return (id, jobdir, meta).
 
         The job's row goes into the store first ("preparing"): a store that cannot be written
@@ -239,13 +243,13 @@ class Executor:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         name: str,
-        probe: Mapping[str, Any],
-    ) -> tuple[str, str, dict[str, Any]]:
+        probe: Probe,
+    ) -> tuple[str, str, JobMeta]:
         host = self.backend.host
         self._job_root()
         host.mkdir(jobdir, 0o700)
         register_by_value(fn)
-        limits = dict(self.limits)
+        limits = self.limits.copy()
         if (
             limits.get("mem_bytes")
             and isinstance(self.backend, SlurmBackend)
@@ -253,7 +257,7 @@ class Executor:
         ):
             limits["mem_enforced_by"] = "slurm"
         digest, size = self._write_payload(host, jobdir, (fn, args, kwargs))
-        meta = {
+        meta: JobMeta = {
             "id": job_id,
             "name": name,
             "target": self.target,
@@ -273,7 +277,7 @@ class Executor:
         host.write_bytes(f"{jobdir}/{jobfiles.META}", json.dumps(meta, indent=1).encode(), 0o600)
         return job_id, jobdir, meta
 
-    def _write_payload(self, host: Host, jobdir: str, obj: Any) -> tuple[str, int]:
+    def _write_payload(self, host: Host, jobdir: str, obj: object) -> tuple[str, int]:
         """Pickle straight into the job folder (streamed over SFTP for a node): no temporary
         copy, no size limit; the file appears under its name only once complete."""
         writer = host.open_atomic(f"{jobdir}/{jobfiles.PAYLOAD}", 0o600)
@@ -300,7 +304,7 @@ class Executor:
         job_id, jobdir, meta = self._prepare(fn, args, kwargs, name)
         return self._start([(job_id, jobdir)], meta)[0]
 
-    def _start(self, folders: Sequence[tuple[str, str]], meta: Mapping[str, Any]) -> list[Job]:
+    def _start(self, folders: Sequence[tuple[str, str]], meta: JobMeta) -> list[Job]:
         """Start prepared folders (their rows are in the store already) and return the Jobs.
 
         A start that fails marks the rows failed, with why, before the error goes up."""
@@ -322,7 +326,7 @@ class Executor:
         for (job_id, jobdir), handle in zip(folders, handles, strict=True):
             job = Job(
                 job_id,
-                str(meta["name"]),
+                meta["name"],
                 self.target,
                 self.backend,
                 jobdir,
@@ -360,7 +364,7 @@ class Executor:
         name = _name(fn)
         register_by_value(fn)
         folders = []
-        meta: dict[str, Any] = {}
+        meta: JobMeta = {}
         for i in range(0, len(items), chunksize):
             job_id, jobdir, meta = self._prepare(
                 _chunk.run_chunk, (fn, items[i : i + chunksize]), {}, f"map:{name}"
@@ -399,12 +403,12 @@ class Executor:
 class _HashingWriter:
     """A file wrapper that hashes and counts what cloudpickle writes through it."""
 
-    def __init__(self, f: Any) -> None:
+    def __init__(self, f: AtomicWriter) -> None:
         self.f = f
         self.h = hashlib.sha256()
         self.size = 0
 
-    def write(self, data: Any) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         self.h.update(data)
         n = len(memoryview(data).cast("B"))
         self.size += n
@@ -462,7 +466,9 @@ def remote(fn: Any = None, /, *, target: str = "local", **options: Any) -> Any:
     return wrap
 
 
-def attach(record: JobRecord, store: JobStore | None = None, *, config: Any = None) -> Job:
+def attach(
+    record: JobRecord, store: JobStore | None = None, *, config: Config | None = None
+) -> Job:
     """Rebuild a ``Job`` from its stored record (after gpuctl restarted)."""
     backend = targets.backend_of(record.backend, record.id, config)
     job = Job(
@@ -471,7 +477,7 @@ def attach(record: JobRecord, store: JobStore | None = None, *, config: Any = No
         record.target,
         backend,
         record.jobdir,
-        dict(record.backend.get("handle") or {}),
+        record.backend.get("handle", Handle()).copy(),
         store,
         record.created_at,
     )

@@ -16,13 +16,23 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
 
 from gpuctl import service
+from gpuctl.core import wire
 from gpuctl.jobs.backends import Backend, SlurmBackend
 from gpuctl.jobs.hosts import HostError, LocalHost
+from gpuctl.jobs.records import (
+    Handle,
+    Heartbeat,
+    JobMeta,
+    Outcome,
+    ResultInfo,
+    SchedulerState,
+    WorkerError,
+)
 from gpuctl.jobs.report import (
     FailureReport,
     JobFiles,
@@ -30,8 +40,13 @@ from gpuctl.jobs.report import (
     parse_status,
     unreachable_report,
 )
-from gpuctl.jobs.store import JobStore, StoreError
+from gpuctl.jobs.store import JobStore, JobUpdate, StoreError
 from gpuctl.node import jobfiles
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+
+T = TypeVar("T")
 
 # the job API's log name since before executor.py was split: log filters and readers know it
 log = logging.getLogger("gpuctl.jobs.executor")
@@ -83,7 +98,7 @@ class Job:
         target: str,
         backend: Backend,
         jobdir: str,
-        handle: dict[str, Any],
+        handle: Handle,
         store: JobStore | None,
         created_at: float | None = None,
     ) -> None:
@@ -104,7 +119,7 @@ class Job:
         self._host_error: str | None = None
         self._unreachable_since: float | None = None  # wall clock of the first failed poll
         self._unreachable_mono: float | None = None
-        self._beat: dict[str, Any] | None = None
+        self._beat: Heartbeat | None = None
         self._beat_read_at: float | None = None  # monotonic time of the last heartbeat read
         self._outcome_seen_at: float | None = None
         self._store_warned = False
@@ -117,8 +132,10 @@ class Job:
     def _read(self, name: str) -> bytes | None:
         return self.backend.host.read_bytes(f"{self.jobdir}/{name}")
 
-    def _json(self, name: str) -> Any:
-        return jobfiles.loads(self._read(name))
+    def _json(self, schema: type[T], name: str) -> T | None:
+        """The job folder's JSON file ``name`` read as ``schema`` (None: absent or not an
+        object; a field of the wrong type is left out)."""
+        return wire.parse(schema, jobfiles.loads(self._read(name)))
 
     def _tail(self, name: str, limit: int = 6000) -> str:
         data = self._read(name) or b""
@@ -177,13 +194,13 @@ class Job:
         if self._beat_read_at is not None and now - self._beat_read_at < BEAT_EVERY:
             return
         self._beat_read_at = now
-        beat = self._json(jobfiles.HEARTBEAT)
-        if isinstance(beat, dict) and beat != self._beat:
+        beat = self._json(Heartbeat, jobfiles.HEARTBEAT)
+        if beat is not None and beat != self._beat:
             self._beat = beat
             self._remember(heartbeat=beat)  # for a later gpuctl that finds the node gone
 
     @property
-    def last_heartbeat(self) -> dict[str, Any] | None:
+    def last_heartbeat(self) -> Heartbeat | None:
         """The supervisor's last heartbeat this process read (``t``, ``elapsed_s``, ``rss_kb``)."""
         return self._beat
 
@@ -208,21 +225,22 @@ class Job:
         with self._lock:
             if self._final:
                 return True
-            outcome = self._json(jobfiles.OUTCOME)
-            sched: dict[str, Any] | None = None
+            outcome = self._json(Outcome, jobfiles.OUTCOME)
+            sched: SchedulerState | None = None
             if outcome is None:
                 self._note_beat()
                 if not self.backend.finished_without_outcome(self.handle, self.jobdir):
                     return False
                 # the supervisor may have written it just before it went away
-                outcome = self._json(jobfiles.OUTCOME)
+                outcome = self._json(Outcome, jobfiles.OUTCOME)
                 if outcome is None:
                     sched = self.backend.scheduler_state(self.handle) or {}
                     if self._cancel_requested:
                         sched["cancelled"] = True
-                    beat = self._json(jobfiles.HEARTBEAT)
-                    if beat and "t" in beat:
-                        sched["heartbeat_age"] = time.time() - float(beat["t"])
+                    beat = self._json(Heartbeat, jobfiles.HEARTBEAT)
+                    t = beat.get("t") if beat else None
+                    if t is not None:
+                        sched["heartbeat_age"] = time.time() - float(t)
             elif isinstance(self.backend, SlurmBackend):
                 sched = self.backend.scheduler_state(self.handle)
                 if self._await_slurm_verdict(outcome, sched):
@@ -239,7 +257,7 @@ class Job:
         self._store_final()
         return True
 
-    def _await_slurm_verdict(self, outcome: dict[str, Any], sched: dict[str, Any] | None) -> bool:
+    def _await_slurm_verdict(self, outcome: Outcome, sched: SchedulerState | None) -> bool:
         """True while a Slurm job whose supervisor was stopped by a signal gpuctl did not send
         (Slurm's time limit, preemption, an admin's scancel) is still in the queue: its final
         state says which, so wait for it (at most SLURM_VERDICT_WAIT s)."""
@@ -254,18 +272,18 @@ class Job:
             self._outcome_seen_at = now
         return now - self._outcome_seen_at < SLURM_VERDICT_WAIT
 
-    def _collect(self, outcome: dict[str, Any] | None) -> JobFiles:
+    def _collect(self, outcome: Outcome | None) -> JobFiles:
         return JobFiles(
             outcome=outcome,
             status=parse_status((self._read(jobfiles.STATUS) or b"").decode("utf-8", "replace")),
-            error=self._json(jobfiles.ERROR),
-            result_info=self._json(jobfiles.RESULT_INFO),
+            error=self._json(WorkerError, jobfiles.ERROR),
+            result_info=self._json(ResultInfo, jobfiles.RESULT_INFO),
             stderr_tail=self._tail(jobfiles.STDERR),
             setup_tail=self._tail(jobfiles.SETUP_LOG, 3000),
-            meta=self._json(jobfiles.META),
+            meta=self._json(JobMeta, jobfiles.META),
         )
 
-    def _remember(self, **values: Any) -> None:
+    def _remember(self, **values: Unpack[JobUpdate]) -> None:
         """Write to the job store; a store that stopped being writable costs the record, never
         the job (its folder keeps the truth): said once in the log."""
         if self.store is None:
@@ -282,7 +300,7 @@ class Job:
             return
         state = self.state
         r = self._report
-        o = (self._files.outcome if self._files else None) or {}
+        o: Outcome = (self._files.outcome if self._files else None) or {}
         self._remember(
             state=state,
             kind=r.kind if r else None,

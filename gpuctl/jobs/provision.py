@@ -18,12 +18,13 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import cloudpickle
 
+from gpuctl.core import wire
 from gpuctl.jobs.hosts import Host
 from gpuctl.jobs.job import SUBMITTER_PYTHON, JobFailed
+from gpuctl.jobs.records import BuildResult, Probe
 from gpuctl.jobs.report import KINDS, REMEDIES, FailureReport
 from gpuctl.node import jobfiles
 
@@ -90,10 +91,10 @@ class Venv2:
         self.env_root = env_root
         self.supervisor_python = supervisor_python
         self.verify = verify
-        self._probe: dict[str, Any] | None = None
+        self._probe: Probe | None = None
         self._lock = threading.Lock()
 
-    def probe(self) -> dict[str, Any]:
+    def probe(self) -> Probe:
         """Resolve (and build if asked) VENV2; return its probe ``{python, cloudpickle, ...}``.
 
         Raises ``JobFailed`` (env_build_failed, venv2_wont_start, python_mismatch,
@@ -105,6 +106,7 @@ class Venv2:
             if self.spec is not None:
                 probe = self._build(self.spec)
             elif not self.verify:
+                assert self.python is not None
                 probe = {"path": self.python}
             else:
                 assert self.python is not None
@@ -114,7 +116,7 @@ class Venv2:
             self._probe = probe
             return probe
 
-    def _run_probe(self, python: str) -> dict[str, Any]:
+    def _run_probe(self, python: str) -> Probe:
         from gpuctl.node.supervisor import _PROBE
 
         rc, out, err = self.host.run([python, "-c", _PROBE], timeout=120)
@@ -129,12 +131,12 @@ class Venv2:
                     ],
                 )
             )
-        probe: dict[str, Any] = json.loads(text.splitlines()[-1])
+        probe = wire.parse(Probe, json.loads(text.splitlines()[-1])) or {}
         probe.setdefault("executable", python)
         probe["path"] = python
         return probe
 
-    def _build(self, spec: EnvSpec) -> dict[str, Any]:
+    def _build(self, spec: EnvSpec) -> Probe:
         host = self.host
         root = host.expand(self.env_root)
         host.mkdir(root, 0o700)
@@ -164,8 +166,10 @@ class Venv2:
         finally:
             host.run(["rm", "-f", spec_path], timeout=30)
         try:
-            result = json.loads(out.decode().strip().splitlines()[-1])
+            result = wire.parse(BuildResult, json.loads(out.decode().strip().splitlines()[-1]))
         except (ValueError, IndexError):
+            result = None
+        if result is None:
             result = {
                 "ok": False,
                 "error": f"the builder printed nothing (exit {rc})",
@@ -184,13 +188,13 @@ class Venv2:
                     logs={"build log": str(result.get("log", ""))},
                 )
             )
-        probe = dict(result.get("probe") or {})
+        probe = result.get("probe", Probe()).copy()
         probe["path"] = result["python"]
         probe["env_key"] = result.get("key")
         probe["method"] = result.get("method")
         return probe
 
-    def _check_versions(self, probe: Mapping[str, Any]) -> None:
+    def _check_versions(self, probe: Probe) -> None:
         have = list(probe.get("python") or [])[:2]
         want = list(sys.version_info[:2])
         path = probe.get("path")

@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuctl import paths
 from gpuctl.jobs.backends import Backend, LocalBackend, SlurmBackend, SshBackend
 from gpuctl.jobs.hosts import HostError, LocalHost, SshHost
+from gpuctl.jobs.records import BackendInfo
 from gpuctl.reach.slurm import SlurmClient, slurm_target
 
 if TYPE_CHECKING:
@@ -141,9 +142,7 @@ def resolve(
     return Target(backend, python, cwd or "", setup, env_root, cfg)
 
 
-def backend_of(
-    description: Mapping[str, Any], job_id: str, config: Config | None = None
-) -> Backend:
+def backend_of(description: BackendInfo, job_id: str, config: Config | None = None) -> Backend:
     """The backend a stored job record describes (``Backend.describe()``), to reattach it.
 
     Raises HostError for a node no longer in the config or an unknown backend kind.
