@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from textual.message import Message
+
+if TYPE_CHECKING:
+    from gpuctl.accept.run import Progress
 
 
 class FleetChanged(Message):
@@ -17,6 +20,6 @@ class FleetChanged(Message):
 class AcceptProgress(Message):
     """A step of the running acceptance suite (``gpuctl.accept.run.Progress``)."""
 
-    def __init__(self, progress: Any) -> None:
+    def __init__(self, progress: Progress) -> None:
         super().__init__()
         self.progress = progress
