@@ -39,9 +39,10 @@ import socket
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuctl.core.model import NodeSnapshot, OwnerWire
+from gpuctl.core.wire import JsonObject
 
 if TYPE_CHECKING:
     from gpuctl.config import Config
@@ -180,7 +181,7 @@ class Owner:
     session: str
 
     @classmethod
-    def from_wire(cls, d: Any) -> Owner | None:
+    def from_wire(cls, d: object) -> Owner | None:
         """An owner from a protocol dict, or None when it is missing or malformed."""
         if not isinstance(d, Mapping):
             return None
@@ -219,16 +220,16 @@ def me() -> Owner:
     return _me
 
 
-def owner_text(owner: Any) -> str:
+def owner_text(owner: object) -> str:
     """``user@host`` of a wire owner, or "an unknown owner" (a burner no gpuctl marked)."""
     parsed = owner if isinstance(owner, Owner) else Owner.from_wire(owner)
     return str(parsed) if parsed is not None else "an unknown owner"
 
 
-def stop_request(gpus: list[int] | None, *, any_owner: bool = False) -> dict[str, Any]:
+def stop_request(gpus: list[int] | None, *, any_owner: bool = False) -> JsonObject:
     """The ``stress_stop`` request that stops this agent's burns and the burners of other
     sessions on the node: only those of the caller's user, unless ``any_owner``."""
-    msg: dict[str, Any] = {
+    msg: JsonObject = {
         "type": "stress_stop",
         "gpus": "all" if gpus is None else list(gpus),
         "others": True,

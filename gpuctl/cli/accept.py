@@ -33,10 +33,11 @@ from gpuctl.workloads.accept.render import summary_table, table
 from gpuctl.workloads.accept.schema import MARKERS, RESULT_FAILURE, RESULT_SUCCESS, SECTIONS
 
 if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
     from gpuctl.fleet.fleet import Fleet
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "accept",
         help="prove nodes healthy: acceptance suite, report, exit code, history",

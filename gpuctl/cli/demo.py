@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from gpuctl.cli.main import UserError
 
 if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
     from gpuctl.fleet.fleet import Fleet
 
 STALL_FIRST_S = 20.0
@@ -22,7 +23,7 @@ STALL_EVERY_S = 45.0
 STALL_FOR_S = 8.0
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "demo", help="the TUI on a simulated cluster (no configuration, no GPUs needed)"
     )

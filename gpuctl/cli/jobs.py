@@ -21,13 +21,14 @@ from gpuctl.cli.main import UserError
 from gpuctl.core.format import fmt_age
 
 if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
     from gpuctl.config import Config
     from gpuctl.jobs import Job, JobRecord, JobStore
 
 T = TypeVar("T")
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "submit", help="run FILE.py:FUNC on a node (local, a configured node, or slurm)"
     )

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from gpuctl import __version__, logs, service
 
@@ -34,6 +34,10 @@ COMMANDS = (
 class UserError(Exception):
     """A mistake the user can fix; printed as ``gpuctl: <message>`` with exit code 2."""
 
+
+if TYPE_CHECKING:
+    # what each command module's ``register`` gets: the top-level parser's add_subparsers()
+    Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 
 READ_ONLY_ENV = service.READ_ONLY_ENV
 F = TypeVar("F", bound=Callable[..., Any])

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuctl import service
 from gpuctl.cli.common import build_fleet, emit_json, load_user_config, positive_seconds
@@ -42,6 +42,14 @@ from gpuctl.fleet import control
 from gpuctl.fleet.control import BurnerInfo, StressReply, StressStatus
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.session import LinkError, refusal
+
+if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
+
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
+ENGINES = ("auto", "torch", "gpu-burn")
+OTHERS_SHOWN = 20  # GPUs of other users' processes listed when --force is missing
 
 
 class BurnRow(BurnState):
@@ -57,12 +65,7 @@ class BurnerRow(BurnerInfo):
     node: str
 
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
-ENGINES = ("auto", "torch", "gpu-burn")
-OTHERS_SHOWN = 20  # GPUs of other users' processes listed when --force is missing
-
-
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "stress",
         help="burn GPUs: start/stop/status over the fleet, or run on this machine",

@@ -29,13 +29,13 @@ class NodeState(enum.Enum):
 _INT_LIMIT = wire.INT_LIMIT  # a wider integer is junk (see gpuctl.core.wire)
 
 
-def _int(v: Any) -> int | None:
+def _int(v: object) -> int | None:
     if isinstance(v, bool) or not isinstance(v, int):
         return None
     return v if -_INT_LIMIT < v < _INT_LIMIT else None
 
 
-def _float(v: Any) -> float | None:
+def _float(v: object) -> float | None:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
     if isinstance(v, int) and _int(v) is None:
@@ -44,15 +44,15 @@ def _float(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _str(v: Any) -> str | None:
+def _str(v: object) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def _bool(v: Any) -> bool | None:
+def _bool(v: object) -> bool | None:
     return v if isinstance(v, bool) else None
 
 
-def _counts(v: Any) -> Mapping[str, Any] | None:
+def _counts(v: object) -> Mapping[str, Any] | None:
     return dict(v) if isinstance(v, dict) else None
 
 
@@ -66,7 +66,7 @@ class GpuProcess:
     mem: int | None  # bytes
 
     @classmethod
-    def from_wire(cls, d: Any) -> GpuProcess:
+    def from_wire(cls, d: object) -> GpuProcess:
         """Build from a protocol dict; bad fields become None."""
         d = d if isinstance(d, dict) else {}
         return cls(
@@ -91,7 +91,7 @@ class GpuStatic:
     serial: str | None = None
 
     @classmethod
-    def from_wire(cls, d: Any, position: int = 0) -> GpuStatic:
+    def from_wire(cls, d: object, position: int = 0) -> GpuStatic:
         """Build from a hello's GPU dict; ``position`` stands in for a missing index."""
         d = d if isinstance(d, dict) else {}
         index = _int(d.get("index"))
@@ -136,7 +136,7 @@ class GpuSample:
     processes: tuple[GpuProcess, ...] = ()
 
     @classmethod
-    def from_wire(cls, d: Any, t: float, position: int = 0) -> GpuSample:
+    def from_wire(cls, d: object, t: float, position: int = 0) -> GpuSample:
         """Build from a sample's GPU dict; bad fields become None, never an exception."""
         d = d if isinstance(d, dict) else {}
         index = _int(d.get("index"))
@@ -289,7 +289,7 @@ class BurnState(TypedDict, total=False):
 BURNING_STATES = ("starting", "running", "stopping")
 
 
-def burn_from_wire(detail: Any) -> BurnState:
+def burn_from_wire(detail: object) -> BurnState:
     """A ``burn`` event's detail as a BurnState: an unknown key, or a field of the wrong type
     (a string for ``tflops``, a 10**400 error count, a malformed owner), is left out. Never
     raises."""

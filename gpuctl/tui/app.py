@@ -578,7 +578,7 @@ class GpuctlApp(App[int]):
                         partial(self.run_action, b.action, self.overview),
                     )
             current = self.overview.current_pane()
-            panes: dict[str, Any] = {"jobs": JobsPane, "accept": AcceptPane}
+            panes: dict[str, type[JobsPane | AcceptPane]] = {"jobs": JobsPane, "accept": AcceptPane}
             if current in panes:
                 pane = self.overview.query_one(f"#pane-{current}")
                 for b in panes[current].BINDINGS:
