@@ -17,6 +17,16 @@ class FleetChanged(Message):
         return isinstance(message, FleetChanged)
 
 
+class GpuSelected(Message):
+    """A widget's cursor moved onto ``node``'s GPU ``gpu`` (None: the node itself); each widget
+    that has a cursor posts its own subclass (``NodeList.Selected``, ``Heatmap.Selected``)."""
+
+    def __init__(self, node: str, gpu: int | None) -> None:
+        super().__init__()
+        self.node = node
+        self.gpu = gpu
+
+
 class AcceptProgress(Message):
     """A step of the running acceptance suite (``gpuctl.accept.run.Progress``)."""
 

@@ -10,11 +10,11 @@ from rich.style import Style
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
-from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from gpuctl.core.model import NodeState
+from gpuctl.tui.messages import GpuSelected
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str
 from gpuctl.tui.view import HEAT_LEVELS, METRICS, heat_level, metric_fraction
@@ -42,13 +42,8 @@ class Heatmap(ScrollView, can_focus=True):
         Binding("right", "move(1,0)", "right", show=False, id="cursor_right"),
     ]
 
-    class Selected(Message):
+    class Selected(GpuSelected):
         """The cursor moved onto a GPU cell."""
-
-        def __init__(self, node: str, gpu: int | None) -> None:
-            super().__init__()
-            self.node = node
-            self.gpu = gpu
 
     def __init__(self, store: FleetStore, *, id: str | None = None) -> None:
         super().__init__(id=id)

@@ -16,11 +16,11 @@ from rich.style import Style
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Region, Size
-from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
+from gpuctl.tui.messages import GpuSelected
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str
 from gpuctl.tui.view import (
@@ -79,13 +79,8 @@ class NodeList(ScrollView, can_focus=True):
         Binding("end", "edge(1)", "last", show=False, id="cursor_end"),
     ]
 
-    class Selected(Message):
+    class Selected(GpuSelected):
         """The cursor moved onto a node's GPU (``gpu`` None: the node itself)."""
-
-        def __init__(self, node: str, gpu: int | None) -> None:
-            super().__init__()
-            self.node = node
-            self.gpu = gpu
 
     def __init__(self, store: FleetStore, *, id: str | None = None) -> None:
         super().__init__(id=id)
