@@ -49,9 +49,9 @@ def parse(schema: type[T], value: object) -> T | None:
         return None
     fields, required = _schema_of(schema)
     out: dict[str, object] = {}
-    for key, declared in fields.items():
-        if key in value:
-            checked = _fit(declared, value[key])
+    for key, v in value.items():  # in the input's order: what is printed again reads the same
+        if key in fields:
+            checked = _fit(fields[key], v)
             if not isinstance(checked, _Miss):
                 out[key] = checked
     if not required <= out.keys():

@@ -202,3 +202,9 @@ def test_an_error_reply_is_read_checked() -> None:
         "message": "m",
     }
     assert refusal({"type": "error", "code": 5}) == {"type": "error"}
+
+
+def test_the_input_order_is_kept() -> None:
+    """A JSON document printed again (``stress status --json``) lists its keys as sent."""
+    got = wire.parse(Record, {"i": 1, "unknown": 0, "s": "x", "b": True})
+    assert list(got or {}) == ["i", "s", "b"]
