@@ -94,13 +94,19 @@ class StressReply(TypedDict, total=False):
     kept: list[BurnerInfo]
 
 
+class GpuBurn(BurnState, total=False):
+    """A burn of ``stress_status``'s ``burns``: the GPU's index and its burn."""
+
+    gpu: int
+
+
 class StressStatus(TypedDict, total=False):
     """An agent's answer to ``stress_status``: its burns (by GPU), the burners of other
     sessions it found (``others``), its cap on a burn's duration (s), whether its GPUs are
     simulated, and the gpu_burn binary on its PATH."""
 
     type: str
-    burns: list[BurnState]
+    burns: list[GpuBurn]
     others: list[BurnerInfo]
     max_duration: float
     simulated: bool
