@@ -39,19 +39,19 @@ import socket
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from gpuctl.core.model import NodeSnapshot
+from gpuctl.core.model import NodeSnapshot, OwnerWire
+from gpuctl.core.wire import JsonObject
 
 if TYPE_CHECKING:
     from gpuctl.config import Config
+    from gpuctl.fleet.fleet import Fleet
 
 READ_ONLY_ENV = "GPUCTL_READ_ONLY"
 _ENV_OFF = ("", "0", "false", "no", "off")
 # What a front end that holds only a yes/no says of why (the TUI: the CLI decided at start).
 ANY_SOURCE = "--read-only, GPUCTL_READ_ONLY or read_only in the config"
-# Burn states in which a GPU is taken by a burn (``gpuctl.fleet.control.ACTIVE_STATES``).
-_BURNING = ("starting", "running", "stopping")
 OWNER_FIELDS = ("user", "host", "session")
 OWNER_LIMIT = 256  # characters of one owner field; the agent refuses longer ones
 
@@ -72,7 +72,7 @@ def env_read_only() -> bool:
     return os.environ.get(READ_ONLY_ENV, "").strip().lower() not in _ENV_OFF
 
 
-def fleet_read_only(fleet: Any) -> bool:
+def fleet_read_only(fleet: Fleet) -> bool:
     """True when ``fleet`` (a ``gpuctl.fleet.fleet.Fleet``) was built read-only: one of its
     links starts its agent with ``--read-only``."""
     nodes = getattr(fleet, "nodes", None)
@@ -122,7 +122,7 @@ class Guard:
 
     read_only: bool | None = None
     config: Config | None = None
-    fleet: Any = None
+    fleet: Fleet | None = None
     why: str | None = None
 
     def refusal(self, what: str) -> ReadOnlyError | None:
@@ -151,7 +151,7 @@ def refusal(
     *,
     read_only: bool | None = None,
     config: Config | None = None,
-    fleet: Any = None,
+    fleet: Fleet | None = None,
     why: str | None = None,
 ) -> ReadOnlyError | None:
     """``Guard(read_only, config, fleet, why).refusal(what)``: the error or None."""
@@ -163,7 +163,7 @@ def check(
     *,
     read_only: bool | None = None,
     config: Config | None = None,
-    fleet: Any = None,
+    fleet: Fleet | None = None,
     why: str | None = None,
 ) -> None:
     """Refuse ``what`` in read-only mode: raises ReadOnlyError (one line, see the module
@@ -181,7 +181,7 @@ class Owner:
     session: str
 
     @classmethod
-    def from_wire(cls, d: Any) -> Owner | None:
+    def from_wire(cls, d: object) -> Owner | None:
         """An owner from a protocol dict, or None when it is missing or malformed."""
         if not isinstance(d, Mapping):
             return None
@@ -190,7 +190,7 @@ class Owner:
             return None
         return cls(*(str(v) for v in values))
 
-    def to_wire(self) -> dict[str, str]:
+    def to_wire(self) -> OwnerWire:
         """The ``owner`` field of ``stress_start``."""
         return {"user": self.user, "host": self.host, "session": self.session}
 
@@ -220,16 +220,16 @@ def me() -> Owner:
     return _me
 
 
-def owner_text(owner: Any) -> str:
+def owner_text(owner: object) -> str:
     """``user@host`` of a wire owner, or "an unknown owner" (a burner no gpuctl marked)."""
     parsed = owner if isinstance(owner, Owner) else Owner.from_wire(owner)
     return str(parsed) if parsed is not None else "an unknown owner"
 
 
-def stop_request(gpus: list[int] | None, *, any_owner: bool = False) -> dict[str, Any]:
+def stop_request(gpus: list[int] | None, *, any_owner: bool = False) -> JsonObject:
     """The ``stress_stop`` request that stops this agent's burns and the burners of other
     sessions on the node: only those of the caller's user, unless ``any_owner``."""
-    msg: dict[str, Any] = {
+    msg: JsonObject = {
         "type": "stress_stop",
         "gpus": "all" if gpus is None else list(gpus),
         "others": True,
@@ -278,8 +278,7 @@ def others_on(
     for g in sorted(snap.gpus, key=lambda g: g.index):
         if wanted is not None and g.index not in wanted:
             continue
-        burn = snap.annotations.get(g.index, {}).get("burn")
-        if isinstance(burn, Mapping) and burn.get("state") in _BURNING:
+        if snap.burning(g.index):
             continue
         counts = Counter(p.user or UNKNOWN_USER for p in g.processes if p.user != mine)
         if counts:

@@ -31,10 +31,11 @@ from typing import Any
 
 from gpuctl import service
 from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore
-from gpuctl.core.model import NodeEvent, NodeState
-from gpuctl.fleet.fleet import Fleet
+from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
+from gpuctl.core.wire import JsonObject
+from gpuctl.fleet.fleet import EventListener, Fleet, Listener
 from gpuctl.fleet.links import LocalLink
-from gpuctl.fleet.session import LinkError
+from gpuctl.fleet.session import LinkError, refusal
 from gpuctl.workloads.accept.schema import SCHEMA_VERSION, SECTIONS
 
 CLUSTER_SCHEMA = "gpuctl.accept.cluster"
@@ -353,7 +354,7 @@ def start_fleet_run(
         else:
             run.relay(node, detail)
 
-    def on_snapshot(snap: Any) -> None:
+    def on_snapshot(snap: NodeSnapshot) -> None:
         fut = finished.get(snap.name)
         if (
             active
@@ -376,7 +377,7 @@ def start_fleet_run(
             )
             return
         python = (python_for or {}).get(node) or options.python
-        msg: dict[str, Any] = {
+        msg: JsonObject = {
             "type": "accept_start",
             "args": options.suite_args(),
             "timeout": options.timeout,
@@ -388,9 +389,10 @@ def start_fleet_run(
         except LinkError as e:
             run.finish_node(NodeOutcome(node, ERROR, reason=e.message))
             return
-        if reply.get("type") == "error":
-            why = str(reply.get("message"))
-            if reply.get("code") == "unknown_request":
+        error = refusal(reply)
+        if error is not None:
+            why = str(error.get("message"))
+            if error.get("code") == "unknown_request":
                 why = "this node's agent has no acceptance plugin (an old bundle?)"
             run.finish_node(NodeOutcome(node, ERROR, reason=why))
             return
@@ -468,19 +470,15 @@ class _FleetRouter:
 
     def __init__(self, fleet: Fleet) -> None:
         self.events: list[Callable[[str, NodeEvent], None]] = []
-        self.snapshots: list[Callable[[Any], None]] = []
+        self.snapshots: list[Listener] = []
         fleet.on_event(self._event)
         fleet.subscribe(self._snapshot)
 
-    def add(
-        self, on_event: Callable[[str, NodeEvent], None], on_snapshot: Callable[[Any], None]
-    ) -> None:
+    def add(self, on_event: EventListener, on_snapshot: Listener) -> None:
         self.events.append(on_event)
         self.snapshots.append(on_snapshot)
 
-    def remove(
-        self, on_event: Callable[[str, NodeEvent], None], on_snapshot: Callable[[Any], None]
-    ) -> None:
+    def remove(self, on_event: EventListener, on_snapshot: Listener) -> None:
         with contextlib.suppress(ValueError):
             self.events.remove(on_event)
         with contextlib.suppress(ValueError):
@@ -491,7 +489,7 @@ class _FleetRouter:
             for handler in list(self.events):
                 handler(node, ev)
 
-    def _snapshot(self, snap: Any) -> None:
+    def _snapshot(self, snap: NodeSnapshot) -> None:
         for handler in list(self.snapshots):
             handler(snap)
 

@@ -21,7 +21,7 @@ import argparse
 import asyncio
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuctl import paths
 from gpuctl.accept.history import DEFAULT_THRESHOLD, HistoryStore, sparkline
@@ -32,8 +32,12 @@ from gpuctl.config import Config, NodeConfig
 from gpuctl.workloads.accept.render import summary_table, table
 from gpuctl.workloads.accept.schema import MARKERS, RESULT_FAILURE, RESULT_SUCCESS, SECTIONS
 
+if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
+    from gpuctl.fleet.fleet import Fleet
 
-def register(sub: Any) -> None:
+
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "accept",
         help="prove nodes healthy: acceptance suite, report, exit code, history",
@@ -256,7 +260,7 @@ async def _drive_slurm(
         raise _user_error(str(e)) from None
 
 
-async def _follow(accept_run: AcceptRun, printer: Printer, fleet: Any) -> dict[str, Any]:
+async def _follow(accept_run: AcceptRun, printer: Printer, fleet: Fleet | None) -> dict[str, Any]:
     printer.run = accept_run
     accept_run.subscribe(printer.on_progress)
     try:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpuctl.bundle import write_bundle
 
+if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
 
-def register(sub: Any) -> None:
+
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "agent-bundle", help="write the node agent zipapp (gpuctl-node-<hash>.pyz) into DIR"
     )

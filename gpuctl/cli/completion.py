@@ -4,12 +4,15 @@ own argument parser by argcomplete (every command and option, as the parser know
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
 
 SHELLS = ("bash", "zsh", "fish")
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "completion",
         help="print the shell completion script (bash, zsh, fish)",

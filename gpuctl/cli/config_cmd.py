@@ -10,14 +10,17 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpuctl import paths
 from gpuctl.cli.common import emit_json, load_user_config
 from gpuctl.config import Config, NodeConfig, config_files, default_path, template
 
+if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
 
-def register(sub: Any) -> None:
+
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "config", help="check the configuration and print the nodes it names"
     )

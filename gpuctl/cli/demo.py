@@ -10,16 +10,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuctl.cli.main import UserError
+
+if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
+    from gpuctl.fleet.fleet import Fleet
 
 STALL_FIRST_S = 20.0
 STALL_EVERY_S = 45.0
 STALL_FOR_S = 8.0
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "demo", help="the TUI on a simulated cluster (no configuration, no GPUs needed)"
     )
@@ -32,7 +36,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-async def story(fleet: Any, *, stall_every: float = STALL_EVERY_S) -> None:
+async def story(fleet: Fleet, *, stall_every: float = STALL_EVERY_S) -> None:
     """Drive the demo's events through the agents' ``simulate`` request."""
     from gpuctl.fleet.session import LinkError
 
@@ -56,7 +60,7 @@ async def story(fleet: Any, *, stall_every: float = STALL_EVERY_S) -> None:
         await asyncio.sleep(stall_every)
 
 
-def _gpus(fleet: Any, node: str) -> int:
+def _gpus(fleet: Fleet, node: str) -> int:
     return max(1, len(fleet.snapshot(node).gpus) or 1)
 
 

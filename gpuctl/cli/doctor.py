@@ -6,15 +6,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpuctl.cli.common import emit_json
 from gpuctl.config import Config, ConfigError, NodeConfig, expand_hostlist, load_config
 
+if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
+
 STATE_WORDS = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "doctor",
         help="check every step to each node (ssh config, host key, login, shell, python, "

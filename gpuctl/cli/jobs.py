@@ -13,14 +13,22 @@ import os
 import pickle
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuctl.cli.common import emit_json
 from gpuctl.cli.main import UserError
 from gpuctl.core.format import fmt_age
 
+if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
+    from gpuctl.config import Config
+    from gpuctl.jobs import Job, JobRecord, JobStore
 
-def register(sub: Any) -> None:
+T = TypeVar("T")
+
+
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "submit", help="run FILE.py:FUNC on a node (local, a configured node, or slurm)"
     )
@@ -147,7 +155,7 @@ def _check_limits(args: argparse.Namespace) -> None:
         raise UserError(f"--time-limit must be positive seconds, not {args.time_limit:g}")
 
 
-def _config(args: argparse.Namespace) -> Any:
+def _config(args: argparse.Namespace) -> Config:
     from gpuctl.config import ConfigError, load_config
 
     try:
@@ -205,7 +213,7 @@ def run_submit(args: argparse.Namespace) -> int:
         return _stopped_waiting(job)
 
 
-def _stopped_waiting(job: Any) -> int:
+def _stopped_waiting(job: Job) -> int:
     """Ctrl-C while waiting stops the waiting, not the job: say so and how to go on."""
     short = job.id[:12]
     print(
@@ -215,7 +223,7 @@ def _stopped_waiting(job: Any) -> int:
     return 130
 
 
-def _print_result(job: Any, timeout: float | None) -> int:
+def _print_result(job: Job, timeout: float | None) -> int:
     from gpuctl.jobs import JobFailed, RemoteTraceback
 
     try:
@@ -240,7 +248,7 @@ def _print_result(job: Any, timeout: float | None) -> int:
     return 0
 
 
-def _job(args: argparse.Namespace) -> Any:
+def _job(args: argparse.Namespace) -> Job:
     from gpuctl.jobs import HostError, JobStore, attach
 
     store = JobStore()
@@ -305,7 +313,7 @@ def run_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refresh(store: Any, records: list[Any]) -> bool:
+def _refresh(store: JobStore, records: list[JobRecord]) -> bool:
     """Bring unfinished local and Slurm jobs up to date (cheap: files and one squeue); SSH
     jobs are refreshed by ``gpuctl result``/``logs``, which open a connection anyway."""
     from gpuctl.jobs import HostError, attach
@@ -329,7 +337,7 @@ def _decided(args: argparse.Namespace) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def _on_node(job: Any, fn: Any) -> Any:
+def _on_node(job: Job, fn: Callable[[], T]) -> T:
     """``fn()``; a node that does not answer is one line (the job may still run there)."""
     from gpuctl.jobs import HostError
 

@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
 from gpuctl import __version__, logs, service
 from gpuctl.core.text import printable
@@ -74,6 +74,10 @@ def _isatty(stream: Any) -> bool:
 class UserError(Exception):
     """A mistake the user can fix; printed as ``gpuctl: <message>`` with exit code 2."""
 
+
+if TYPE_CHECKING:
+    # what each command module's ``register`` gets: the top-level parser's add_subparsers()
+    Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 
 READ_ONLY_ENV = service.READ_ONLY_ENV
 F = TypeVar("F", bound=Callable[..., Any])

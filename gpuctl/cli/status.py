@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpuctl.cli.common import build_fleet, emit_json
 from gpuctl.core.format import gpu_table_rows
 from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.fleet.status import collect, node_to_json
 
+if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
 
-def register(sub: Any) -> None:
+
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "status", help="print one snapshot of every GPU of every node"
     )

@@ -31,21 +31,41 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuctl import service
 from gpuctl.cli.common import build_fleet, emit_json, load_user_config, positive_seconds
-from gpuctl.core.model import NodeEvent, NodeState
+from gpuctl.core import wire
+from gpuctl.core.model import BurnState, NodeEvent, NodeSnapshot, NodeState, burn_from_wire
+from gpuctl.core.wire import JsonObject
 from gpuctl.fleet import control
+from gpuctl.fleet.control import BurnerInfo, StressReply, StressStatus
 from gpuctl.fleet.fleet import Fleet
-from gpuctl.fleet.session import LinkError
+from gpuctl.fleet.session import LinkError, refusal
+
+if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
+
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
 ENGINES = ("auto", "torch", "gpu-burn")
 OTHERS_SHOWN = 20  # GPUs of other users' processes listed when --force is missing
 
 
-def register(sub: Any) -> None:
+class BurnRow(BurnState):
+    """A burn of ``stress start``'s table and ``--json`` output: the GPU and its burn."""
+
+    node: str
+    gpu: int
+
+
+class BurnerRow(BurnerInfo):
+    """A burner of ``stress status``'s table and ``--json`` output: the node and the burner."""
+
+    node: str
+
+
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "stress",
         help="burn GPUs: start/stop/status over the fleet, or run on this machine",
@@ -201,7 +221,9 @@ def run_start(args: argparse.Namespace) -> int:
     return asyncio.run(_start(fleet, names, gpus, args))
 
 
-async def _start(fleet: Fleet, names: list[str], gpus: list[int] | None, a: Any) -> int:
+async def _start(
+    fleet: Fleet, names: list[str], gpus: list[int] | None, a: argparse.Namespace
+) -> int:
     failed = 0
     started: list[tuple[str, int]] = []
     last_line: dict[tuple[str, int], float] = {}
@@ -209,7 +231,7 @@ async def _start(fleet: Fleet, names: list[str], gpus: list[int] | None, a: Any)
     def on_event(node: str, event: NodeEvent) -> None:
         if event.kind != "burn" or event.gpu is None or a.json:
             return
-        d = event.detail
+        d = burn_from_wire(event.detail)
         key = (node, event.gpu)
         now = time.monotonic()
         final = d.get("state") in ("done", "failed")
@@ -220,7 +242,7 @@ async def _start(fleet: Fleet, names: list[str], gpus: list[int] | None, a: Any)
     fleet.on_event(on_event)
     ended = asyncio.Event()
 
-    def check(_s: Any) -> None:
+    def check(_s: NodeSnapshot | None) -> None:
         if started and not any(k in started for k in control.burning(fleet)):
             ended.set()
 
@@ -290,7 +312,7 @@ async def _start(fleet: Fleet, names: list[str], gpus: list[int] | None, a: Any)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await fleet.stop()
-    results = []
+    results: list[BurnRow] = []
     for node, gpu in started:
         burn = control.burn_of(fleet.snapshot(node), gpu) or {}
         results.append({"node": node, "gpu": gpu, **burn})
@@ -328,13 +350,14 @@ async def _others_processes(
     return bool(lines)
 
 
-def _burn_line(node: str, gpu: int, d: Mapping[str, Any]) -> str:
+def _burn_line(node: str, gpu: int, d: BurnState) -> str:
     parts = [f"{node} gpu{gpu}", str(d.get("state"))]
-    if d.get("tflops") is not None:
-        parts.append(f"{d['tflops']:.1f} TFLOP/s")
+    tflops, ends_at = d.get("tflops"), d.get("ends_at")
+    if tflops is not None:
+        parts.append(f"{tflops:.1f} TFLOP/s")
     parts.append(f"errors {d.get('errors', 0)}")
-    if d.get("state") in ("starting", "running") and d.get("ends_at"):
-        parts.append(f"{max(0, int(d['ends_at'] - time.time()))} s left")
+    if d.get("state") in ("starting", "running") and ends_at:
+        parts.append(f"{max(0, int(ends_at - time.time()))} s left")
     if d.get("verdict"):
         parts.append(str(d["verdict"]))
     if d.get("reason"):
@@ -344,7 +367,7 @@ def _burn_line(node: str, gpu: int, d: Mapping[str, Any]) -> str:
     return "  ".join(parts)
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
+def _table(rows: list[BurnRow]) -> str:
     header = ("NODE", "GPU", "ENGINE", "VERDICT", "TFLOP/s", "ERRORS", "REASON")
     lines = [header]
     for r in rows:
@@ -381,13 +404,13 @@ def run_stop(args: argparse.Namespace) -> int:
             else ("no burners of yours" if not args.any_owner else "no burners")
         )
         print(f"{node}: {what}")
-        kept = [b for b in reply.get("kept", []) if isinstance(b, Mapping)]
+        kept = reply.get("kept", [])
         if kept:
             print(f"{node}: left alone (not yours; --any-owner stops them): {_kept(kept)}")
     return 1 if failed else 0
 
 
-def _kept(burners: list[Mapping[str, Any]]) -> str:
+def _kept(burners: list[BurnerInfo]) -> str:
     parts = []
     for b in burners:
         where = "CPU" if b.get("device") == "cpu" else f"GPU {_gpu_text(b)}"
@@ -395,14 +418,14 @@ def _kept(burners: list[Mapping[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def _gpu_text(b: Mapping[str, Any]) -> str:
+def _gpu_text(b: BurnerInfo) -> str:
     gpu = b.get("gpu_index")
     return str(gpu if gpu is not None else b.get("gpu") or "?")
 
 
 async def _stop_all(
-    fleet: Fleet, names: list[str], gpus: list[int] | None, a: Any
-) -> tuple[dict[str, dict[str, Any]], int]:
+    fleet: Fleet, names: list[str], gpus: list[int] | None, a: argparse.Namespace
+) -> tuple[dict[str, StressReply], int]:
     read_only = bool(getattr(a, "read_only", False))
     try:
         live = await _connect(fleet, names, a.timeout)
@@ -416,7 +439,7 @@ async def _stop_all(
             ),
             return_exceptions=True,
         )
-        replies: dict[str, dict[str, Any]] = {}
+        replies: dict[str, StressReply] = {}
         for node, ans in zip(live, answers, strict=True):
             if isinstance(ans, LinkError):
                 print(f"gpuctl: {ans.message}", file=sys.stderr)
@@ -435,9 +458,10 @@ def run_status(args: argparse.Namespace) -> int:
     fleet = build_fleet(args)
     names = _select_nodes(fleet, args.nodes)
     replies, failed = asyncio.run(_ask_all(fleet, names, {"type": "stress_status"}, args.timeout))
-    rows = []
+    rows: list[BurnerRow] = []
     for node, reply in replies.items():
-        for b in reply.get("others", []):
+        status = wire.parse(StressStatus, reply) or {}
+        for b in status.get("others", []):
             gpu = b.get("gpu_index")
             if gpus is not None and gpu not in gpus:
                 continue
@@ -451,8 +475,9 @@ def run_status(args: argparse.Namespace) -> int:
         lines = [header]
         for r in rows:
             left = "-"
-            if r.get("duration") is not None and r.get("age") is not None:
-                left = f"{max(0, int(r['duration'] - r['age']))} s"
+            duration, age = r.get("duration"), r.get("age")
+            if duration is not None and age is not None:
+                left = f"{max(0, int(duration - age))} s"
             owner = service.Owner.from_wire(r.get("owner"))
             lines.append(
                 (
@@ -461,7 +486,7 @@ def run_status(args: argparse.Namespace) -> int:
                     str(r.get("engine")),
                     str(r.get("pid")),
                     str(owner) if owner is not None else "?",
-                    f"{int(r['age'])} s" if r.get("age") is not None else "-",
+                    f"{int(age)} s" if age is not None else "-",
                     left,
                 )
             )
@@ -476,21 +501,21 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 async def _ask_all(
-    fleet: Fleet, names: list[str], msg: dict[str, Any], timeout: float
-) -> tuple[dict[str, dict[str, Any]], int]:
+    fleet: Fleet, names: list[str], msg: JsonObject, timeout: float
+) -> tuple[dict[str, JsonObject], int]:
     try:
         live = await _connect(fleet, names, timeout)
         failed = len(names) - len(live)
         answers = await asyncio.gather(
             *(fleet.request(n, dict(msg), timeout) for n in live), return_exceptions=True
         )
-        replies: dict[str, dict[str, Any]] = {}
+        replies: dict[str, JsonObject] = {}
         for node, ans in zip(live, answers, strict=True):
             if isinstance(ans, BaseException):
                 print(f"gpuctl: {node}: {getattr(ans, 'message', ans)}", file=sys.stderr)
                 failed += 1
-            elif ans.get("type") == "error":
-                print(f"gpuctl: {node}: {ans.get('message')}", file=sys.stderr)
+            elif (error := refusal(ans)) is not None:
+                print(f"gpuctl: {node}: {error.get('message')}", file=sys.stderr)
                 failed += 1
             else:
                 replies[node] = ans

@@ -14,10 +14,12 @@ from gpuctl.cli.main import UserError
 from gpuctl.core.text import printable
 
 if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
+    from gpuctl.jobs.store import JobStore
     from gpuctl.tui import GpuctlApp
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "watch", help="the live TUI of every GPU of every node (the default command)"
     )
@@ -50,7 +52,7 @@ def accept_defaults(table: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in table.items() if k in known}
 
 
-def open_job_store() -> tuple[Any | None, str | None]:
+def open_job_store() -> tuple[JobStore | None, str | None]:
     """The user's job store for the jobs pane, or None and why it cannot be opened (one line
     naming the file and what to do). The screen opens either way."""
     from gpuctl.jobs.store import JobStore, StoreError

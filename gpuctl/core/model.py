@@ -12,7 +12,9 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
+
+from gpuctl.core import wire
 
 
 class NodeState(enum.Enum):
@@ -24,18 +26,16 @@ class NodeState(enum.Enum):
     UNREACHABLE = "unreachable"
 
 
-# No GPU counter is wider than 64 bits: a bigger integer is junk (and ``10**400`` would raise
-# OverflowError in every division and float() above this layer).
-_INT_LIMIT = 1 << 64
+_INT_LIMIT = wire.INT_LIMIT  # a wider integer is junk (see gpuctl.core.wire)
 
 
-def _int(v: Any) -> int | None:
+def _int(v: object) -> int | None:
     if isinstance(v, bool) or not isinstance(v, int):
         return None
     return v if -_INT_LIMIT < v < _INT_LIMIT else None
 
 
-def _float(v: Any) -> float | None:
+def _float(v: object) -> float | None:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
     if isinstance(v, int) and _int(v) is None:
@@ -44,15 +44,15 @@ def _float(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _str(v: Any) -> str | None:
+def _str(v: object) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def _bool(v: Any) -> bool | None:
+def _bool(v: object) -> bool | None:
     return v if isinstance(v, bool) else None
 
 
-def _counts(v: Any) -> Mapping[str, Any] | None:
+def _counts(v: object) -> Mapping[str, Any] | None:
     return dict(v) if isinstance(v, dict) else None
 
 
@@ -66,7 +66,7 @@ class GpuProcess:
     mem: int | None  # bytes
 
     @classmethod
-    def from_wire(cls, d: Any) -> GpuProcess:
+    def from_wire(cls, d: object) -> GpuProcess:
         """Build from a protocol dict; bad fields become None."""
         d = d if isinstance(d, dict) else {}
         return cls(
@@ -91,7 +91,7 @@ class GpuStatic:
     serial: str | None = None
 
     @classmethod
-    def from_wire(cls, d: Any, position: int = 0) -> GpuStatic:
+    def from_wire(cls, d: object, position: int = 0) -> GpuStatic:
         """Build from a hello's GPU dict; ``position`` stands in for a missing index."""
         d = d if isinstance(d, dict) else {}
         index = _int(d.get("index"))
@@ -136,7 +136,7 @@ class GpuSample:
     processes: tuple[GpuProcess, ...] = ()
 
     @classmethod
-    def from_wire(cls, d: Any, t: float, position: int = 0) -> GpuSample:
+    def from_wire(cls, d: object, t: float, position: int = 0) -> GpuSample:
         """Build from a sample's GPU dict; bad fields become None, never an exception."""
         d = d if isinstance(d, dict) else {}
         index = _int(d.get("index"))
@@ -247,6 +247,64 @@ class NodeEvent:
     detail: Mapping[str, Any] = field(default_factory=dict)
 
 
+class OwnerWire(TypedDict):
+    """Who started a burn, as the protocol carries it (``gpuctl.service.Owner`` reads it)."""
+
+    user: str
+    host: str
+    session: str
+
+
+class BurnState(TypedDict, total=False):
+    """A burn on one GPU: the agent's ``burn`` event detail, kept as the GPU's ``burn``
+    annotation, which the TUI and the CLI read.
+
+    ``state``: "starting" | "running" | "stopping" | "done" | "failed"; ``ends_at`` unix time;
+    ``verdict``: "OK" | "FAULTY" | "DIED" | None; ``reason`` why it ended; ``owner`` the gpuctl
+    session that started it (None: a burner no gpuctl marked); the rest is what the burner
+    reports (rates in TFLOP/s, ``elapsed`` in s, ``temp`` in C, ``message`` a start-up line).
+    """
+
+    state: str
+    engine: str | None
+    ends_at: float | None
+    dtype: str | None
+    verdict: str | None
+    reason: str | None
+    pid: int | None
+    owner: OwnerWire | None
+    tflops: float | None
+    tflops_mean: float | None
+    errors: int | None
+    iterations: float | None
+    elapsed: float | None
+    size: int | None
+    duty: float | None
+    temp: float | None
+    name: str | None
+    message: str | None
+
+
+# A burn in one of these states holds its GPU (a stop may still be on its way).
+BURNING_STATES = ("starting", "running", "stopping")
+
+
+def burn_from_wire(detail: object) -> BurnState:
+    """A ``burn`` event's detail as a BurnState: an unknown key, or a field of the wrong type
+    (a string for ``tflops``, a 10**400 error count, a malformed owner), is left out. Never
+    raises."""
+    return wire.parse(BurnState, detail) or {}
+
+
+class GpuNotes(TypedDict, total=False):
+    """What other subsystems add to a GPU (``Fleet.annotate``): its burn, the Slurm job that
+    holds it and that job's user."""
+
+    burn: BurnState
+    slurm_job: str
+    slurm_user: str
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSnapshot:
     """Everything known about one node at one moment: the unit the fleet hands upward."""
@@ -259,8 +317,17 @@ class NodeSnapshot:
     last_sample_t: float | None = None  # unix time of the newest sample
     reason: str | None = None  # why it is unreachable (or None)
     # Extra per-GPU annotations from other subsystems (burn state, Slurm job), by GPU index.
-    annotations: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    annotations: Mapping[int, GpuNotes] = field(default_factory=dict)
 
     def age(self, now: float) -> float | None:
         """Seconds since the newest sample, or None if there never was one."""
         return None if self.last_sample_t is None else max(0.0, now - self.last_sample_t)
+
+    def burn(self, gpu: int) -> BurnState | None:
+        """The burn annotation of GPU ``gpu``, or None."""
+        return self.annotations.get(gpu, {}).get("burn")
+
+    def burning(self, gpu: int) -> bool:
+        """True while GPU ``gpu`` has a burn that is starting, running or stopping."""
+        burn = self.burn(gpu)
+        return burn is not None and burn.get("state") in BURNING_STATES

@@ -1,13 +1,15 @@
 """Stress control from the login side: start and stop burns, and show them on the fleet.
 
 Burn state lives in the fleet's per-GPU annotations (``fleet.annotate(node, gpu, burn={...})``)
-so that the TUI and the CLI read one source. The ``burn`` dict: ``state`` ("starting" |
-"running" | "stopping" | "done" | "failed"), ``engine``, ``tflops``, ``errors``, ``ends_at``
-(unix time), ``verdict`` ("OK" | "FAULTY" | "DIED" | None), ``reason``, plus what the burner
-reports (tflops_mean, iterations, temp, dtype, message), and ``owner`` (``{user, host,
-session}`` of the gpuctl that started it). It is fed by the agents' ``burn`` events; a node
-whose link drops has its active burns marked failed, because its agent stops them (the
-dead-man's switch).
+so that the TUI and the CLI read one source. The ``burn`` annotation is a
+``gpuctl.core.model.BurnState``: ``state`` ("starting" | "running" | "stopping" | "done" |
+"failed"), ``engine``, ``tflops``, ``errors``, ``ends_at`` (unix time), ``verdict`` ("OK" |
+"FAULTY" | "DIED" | None), ``reason``, plus what the burner reports (tflops_mean, iterations,
+temp, dtype, message), and ``owner`` (``{user, host, session}`` of the gpuctl that started it).
+It is fed by the agents' ``burn`` events, checked field by field where they enter
+(``burn_from_wire``); a node whose link drops has its active burns marked failed, because its
+agent stops them (the dead-man's switch). The agents' replies are checked the same way into
+``StressReply`` and ``StressStatus``.
 
 Starting and stopping are mutating actions: ``set_stress`` and ``stop_burners`` ask
 ``gpuctl.service`` first and raise ``ReadOnlyError`` in read-only mode (the caller's
@@ -19,15 +21,25 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from gpuctl import service
-from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
+from gpuctl.core import wire
+from gpuctl.core.model import (
+    BURNING_STATES,
+    BurnState,
+    NodeEvent,
+    NodeSnapshot,
+    NodeState,
+    OwnerWire,
+    burn_from_wire,
+)
+from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fleet import Fleet
-from gpuctl.fleet.session import LinkError
+from gpuctl.fleet.session import LinkError, refusal
 from gpuctl.node import protocol
 
-ACTIVE_STATES = ("starting", "running", "stopping")
+ACTIVE_STATES = BURNING_STATES
 REQUEST_TIMEOUT = 20.0
 # Keys of a config's [stress] table that become stress_start fields.
 OPTION_KEYS = (
@@ -42,11 +54,82 @@ OPTION_KEYS = (
 )
 
 _attached: weakref.WeakSet[Fleet] = weakref.WeakSet()
+# a config's [stress] values (checked by the config loader, passed on as stress_start fields)
 _defaults: weakref.WeakKeyDictionary[Fleet, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 class StressError(LinkError):
     """The agent refused a stress request; the message is its one-line reason."""
+
+
+class BurnerInfo(TypedDict, total=False):
+    """A burner process an agent found on its node (``stress_status``'s ``others``,
+    ``stress_stop``'s ``kept``): its pid, engine, ``gpu`` as its command line names it (an index
+    or a UUID), ``gpu_index``, ``device`` ("cuda" | "cpu"), ``duration`` and ``age`` (s), and
+    ``owner`` (None: no gpuctl marked it)."""
+
+    pid: int
+    engine: str | None
+    gpu: str | None
+    gpu_index: int | None
+    device: str | None
+    duration: float | None
+    age: float | None
+    owner: OwnerWire | None
+
+
+class StressReply(TypedDict, total=False):
+    """An agent's answer to ``stress_start`` (``started``, ``busy``: GPU indices; ``engine``;
+    ``ends_at``) or to ``stress_stop`` (``stopping``: GPUs of its own burns; ``others``: pids of
+    other sessions' burners it signalled; ``kept``: the burners it left alone)."""
+
+    type: str
+    request: str
+    started: list[int]
+    busy: list[int]
+    engine: str | None
+    ends_at: float | None
+    stopping: list[int]
+    others: list[int]
+    kept: list[BurnerInfo]
+
+
+class GpuBurn(BurnState, total=False):
+    """A burn of ``stress_status``'s ``burns``: the GPU's index and its burn."""
+
+    gpu: int
+
+
+class StressStatus(TypedDict, total=False):
+    """An agent's answer to ``stress_status``: its burns (by GPU), the burners of other
+    sessions it found (``others``), its cap on a burn's duration (s), whether its GPUs are
+    simulated, and the gpu_burn binary on its PATH."""
+
+    type: str
+    burns: list[GpuBurn]
+    others: list[BurnerInfo]
+    max_duration: float
+    simulated: bool
+    gpu_burn: str | None
+
+
+async def _ask(fleet: Fleet, node: str, msg: JsonObject, timeout: float) -> JsonObject:
+    """The agent's reply to ``msg``; StressError when it refuses (its code and one-line
+    reason), LinkError when it does not answer."""
+    reply = await fleet.request(node, msg, timeout)
+    error = refusal(reply)
+    if error is not None:
+        code, why = error.get("code", "refused"), error.get("message", "refused")
+        raise StressError(code, f"{node}: {why}")
+    return reply
+
+
+def _mark_stopping(fleet: Fleet, node: str, gpus: list[int]) -> None:
+    """Show the burns on ``gpus`` that the agent is stopping as "stopping"."""
+    for gpu in gpus:
+        current = burn_of(fleet.snapshot(node), gpu)
+        if current is not None and current.get("state") in ("starting", "running"):
+            fleet.annotate(node, gpu, burn={**current, "state": "stopping"})
 
 
 def configure(fleet: Fleet, options: Mapping[str, Any]) -> None:
@@ -75,14 +158,14 @@ def attach(fleet: Fleet) -> None:
     def on_event(node: str, event: NodeEvent) -> None:
         if event.kind != "burn" or event.gpu is None:
             return
-        fleet.annotate(node, event.gpu, burn=dict(event.detail))
+        fleet.annotate(node, event.gpu, burn=burn_from_wire(event.detail))
 
     def on_snapshot(snap: NodeSnapshot) -> None:
         if snap.state is not NodeState.UNREACHABLE:
             return
         for gpu, ann in list(snap.annotations.items()):
             burn = ann.get("burn")
-            if isinstance(burn, Mapping) and burn.get("state") in ACTIVE_STATES:
+            if burn is not None and burn.get("state") in ACTIVE_STATES:
                 fleet.annotate(
                     snap.name,
                     gpu,
@@ -98,21 +181,19 @@ def attach(fleet: Fleet) -> None:
     fleet.subscribe(on_snapshot)
 
 
-def burn_of(snap: NodeSnapshot, gpu: int) -> Mapping[str, Any] | None:
+def burn_of(snap: NodeSnapshot, gpu: int) -> BurnState | None:
     """The burn annotation of one GPU, or None."""
-    burn = snap.annotations.get(gpu, {}).get("burn")
-    return burn if isinstance(burn, Mapping) else None
+    return snap.burn(gpu)
 
 
 def burning(fleet: Fleet) -> list[tuple[str, int]]:
     """``(node, gpu)`` of every burn that is starting, running or stopping."""
-    out = []
-    for snap in fleet.snapshots():
-        for gpu in sorted(snap.annotations):
-            burn = burn_of(snap, gpu)
-            if burn is not None and burn.get("state") in ACTIVE_STATES:
-                out.append((snap.name, gpu))
-    return out
+    return [
+        (snap.name, gpu)
+        for snap in fleet.snapshots()
+        for gpu in sorted(snap.annotations)
+        if snap.burning(gpu)
+    ]
 
 
 def _workload_python(fleet: Fleet, node: str) -> str | None:
@@ -133,7 +214,7 @@ async def set_stress(
     engine: str = "auto",
     options: Mapping[str, Any] | None = None,
     read_only: bool | None = None,
-) -> dict[str, Any]:
+) -> StressReply:
     """Start (``on``) or stop burns on ``gpus`` of ``node`` (None: every GPU of the node); a
     stop reaches the burns this fleet's agent started (``stop_burners`` reaches other sessions').
 
@@ -151,7 +232,7 @@ async def set_stress(
         raise StressError("unknown_node", f"no node named {node!r}")
     target: list[int] | str = "all" if gpus is None else list(gpus)
     if on:
-        msg: dict[str, Any] = {**_defaults.get(fleet, {}), **(options or {})}
+        msg: JsonObject = {**_defaults.get(fleet, {}), **(options or {})}
         msg.update({"type": "stress_start", "gpus": target, "owner": service.me().to_wire()})
         if engine != "auto" or "engine" not in msg:
             msg["engine"] = engine
@@ -165,11 +246,7 @@ async def set_stress(
                 msg["workload_python"] = python
     else:
         msg = {"type": "stress_stop", "gpus": target}
-    reply = await fleet.request(node, msg, REQUEST_TIMEOUT)
-    if reply.get("type") == "error":
-        raise StressError(
-            str(reply.get("code", "refused")), f"{node}: {reply.get('message', 'refused')}"
-        )
+    reply = wire.parse(StressReply, await _ask(fleet, node, msg, REQUEST_TIMEOUT)) or {}
     snap = fleet.snapshot(node)
     if on:
         for gpu in reply.get("started", []):
@@ -189,10 +266,7 @@ async def set_stress(
                     },
                 )
     else:
-        for gpu in reply.get("stopping", []):
-            current = burn_of(fleet.snapshot(node), gpu)
-            if current is not None and current.get("state") in ("starting", "running"):
-                fleet.annotate(node, gpu, burn={**current, "state": "stopping"})
+        _mark_stopping(fleet, node, reply.get("stopping", []))
     return reply
 
 
@@ -204,7 +278,7 @@ async def stop_burners(
     any_owner: bool = False,
     read_only: bool | None = None,
     timeout: float = REQUEST_TIMEOUT,
-) -> dict[str, Any]:
+) -> StressReply:
     """Stop the burners on ``gpus`` of ``node`` (None: all) that this fleet's agent started and
     those other gpuctl sessions started there: of the latter only the caller's user's (any of
     their sessions), unless ``any_owner``.
@@ -218,13 +292,7 @@ async def stop_burners(
     attach(fleet)
     if node not in fleet.nodes:
         raise StressError("unknown_node", f"no node named {node!r}")
-    reply = await fleet.request(node, service.stop_request(gpus, any_owner=any_owner), timeout)
-    if reply.get("type") == "error":
-        raise StressError(
-            str(reply.get("code", "refused")), f"{node}: {reply.get('message', 'refused')}"
-        )
-    for gpu in reply.get("stopping", []):
-        current = burn_of(fleet.snapshot(node), gpu)
-        if current is not None and current.get("state") in ("starting", "running"):
-            fleet.annotate(node, gpu, burn={**current, "state": "stopping"})
+    request = service.stop_request(gpus, any_owner=any_owner)
+    reply = wire.parse(StressReply, await _ask(fleet, node, request, timeout)) or {}
+    _mark_stopping(fleet, node, reply.get("stopping", []))
     return reply

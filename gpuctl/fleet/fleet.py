@@ -16,19 +16,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
-from gpuctl.core.model import GpuSample, NodeEvent, NodeSnapshot, NodeState
+from gpuctl.core.model import BurnState, GpuNotes, GpuSample, NodeEvent, NodeSnapshot, NodeState
+from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
 from gpuctl.node import protocol
 
 Listener = Callable[[NodeSnapshot], None]
+EventListener = Callable[[str, NodeEvent], None]  # (node, event)
+MessageListener = Callable[[str, JsonObject], None]  # (node, message as decoded, unchecked)
+
+
+class _Keep(enum.Enum):
+    KEEP = "keep"  # ``annotate``: leave this annotation as it is
+
+
+KEEP = _Keep.KEEP
 
 HISTORY_SECONDS = 900  # kept per GPU: 15 min at 1 Hz
 EVENTS_KEPT = 200
@@ -80,8 +91,8 @@ class Fleet:
         self.history_len = history_len
         self.clock = clock
         self._listeners: list[Listener] = []
-        self._event_listeners: list[Callable[[str, NodeEvent], None]] = []
-        self._message_listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        self._event_listeners: list[EventListener] = []
+        self._message_listeners: list[MessageListener] = []
         self._watchdog: asyncio.Task[None] | None = None
         self._rng = random.Random()
 
@@ -90,11 +101,11 @@ class Fleet:
         """Call ``listener(snapshot)`` on every change of any node."""
         self._listeners.append(listener)
 
-    def on_event(self, listener: Callable[[str, NodeEvent], None]) -> None:
+    def on_event(self, listener: EventListener) -> None:
         """Call ``listener(node, event)`` for every agent event (XID, lost GPU, burn progress)."""
         self._event_listeners.append(listener)
 
-    def on_message(self, listener: Callable[[str, dict[str, Any]], None]) -> None:
+    def on_message(self, listener: MessageListener) -> None:
         """Call ``listener(node, msg)`` for agent messages that are not samples or events."""
         self._message_listeners.append(listener)
 
@@ -135,7 +146,7 @@ class Fleet:
             return  # no loop, no live session: the options go out at the next handshakes
         for rt in self.nodes.values():
             session = rt.session
-            if session is not None and "configure" in (session.hello.get("features") or ()):
+            if session is not None and "configure" in session.hello.get("features", ()):
                 task = loop.create_task(self._configure(session))
                 task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
@@ -234,10 +245,9 @@ class Fleet:
                 await asyncio.wait_for(session.close(), 5.0)
 
     # -- commands -----------------------------------------------------------------------------
-    async def request(
-        self, name: str, msg: dict[str, Any], timeout: float = 10.0
-    ) -> dict[str, Any]:
-        """Send a request to a node's agent and return its reply.
+    async def request(self, name: str, msg: JsonObject, timeout: float = 10.0) -> JsonObject:
+        """Send a request to a node's agent and return its reply as decoded, unchecked (the
+        caller reads it into the schema it expects; ``session.refusal`` reads an error).
 
         Raises LinkError("closed") when the node is not live.
         """
@@ -246,12 +256,33 @@ class Fleet:
             raise LinkError("closed", f"{name} is not connected")
         return await session.request(msg, timeout)
 
-    def annotate(self, name: str, gpu: int, **values: Any) -> None:
-        """Merge values into a GPU's annotations (burn state, Slurm job) and publish."""
+    def annotate(
+        self,
+        name: str,
+        gpu: int,
+        *,
+        burn: BurnState | Literal[_Keep.KEEP] | None = KEEP,
+        slurm_job: str | Literal[_Keep.KEEP] | None = KEEP,
+        slurm_user: str | Literal[_Keep.KEEP] | None = KEEP,
+    ) -> None:
+        """Set a GPU's annotations (burn state, Slurm job) and publish; None removes one, and
+        one not given stays as it is."""
         rt = self.nodes[name]
-        ann = {k: dict(v) for k, v in rt.snapshot.annotations.items()}
-        merged = {**ann.get(gpu, {}), **values}
-        ann[gpu] = {k: v for k, v in merged.items() if v is not None}
+        ann = dict(rt.snapshot.annotations)
+        notes = GpuNotes(**ann.get(gpu, {}))
+        if burn is None:
+            notes.pop("burn", None)
+        elif burn is not KEEP:
+            notes["burn"] = burn
+        if slurm_job is None:
+            notes.pop("slurm_job", None)
+        elif slurm_job is not KEEP:
+            notes["slurm_job"] = slurm_job
+        if slurm_user is None:
+            notes.pop("slurm_user", None)
+        elif slurm_user is not KEEP:
+            notes["slurm_user"] = slurm_user
+        ann[gpu] = notes
         self._publish(rt, annotations=ann)
 
     # -- per-node task ------------------------------------------------------------------------
@@ -298,9 +329,9 @@ class Fleet:
             except TimeoutError:
                 raise LinkError("timeout", f"no answer within {self.connect_timeout:g} s") from None
         hello_interval = session.hello.get("interval")
-        if isinstance(hello_interval, int | float) and hello_interval > 0:
+        if hello_interval is not None and hello_interval > 0:
             rt.interval = float(hello_interval)
-        if "configure" in (session.hello.get("features") or ()):
+        if "configure" in session.hello.get("features", ()):
             await self._configure(session)  # before any request the listeners may send
         rt.failures = 0
         rt.live_since = time.monotonic()

@@ -9,8 +9,8 @@ same numbers on every run. ``FailingLink`` is a node that cannot be reached, wit
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
+from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError
 from gpuctl.node import protocol
@@ -19,14 +19,14 @@ from gpuctl.node import protocol
 class _Discard:
     """The request side of a replayed node: requests go nowhere (and time out)."""
 
-    def write(self, data: Any) -> None:
+    def write(self, data: bytes | str) -> None:
         pass
 
 
 class ReplayLink(NodeLink):
     """A node whose agent said ``messages`` (a hello first) and then nothing more."""
 
-    def __init__(self, messages: list[dict[str, Any]], kind: str = "simulated") -> None:
+    def __init__(self, messages: list[JsonObject], kind: str = "simulated") -> None:
         self.messages = messages
         self.kind = kind
 
@@ -62,8 +62,8 @@ def recorded_node(
     samples: int = 30,
     interval: float = 1.0,
     load: dict[int, float] | None = None,
-    events: list[dict[str, Any]] | None = None,
-) -> list[dict[str, Any]]:
+    events: list[JsonObject] | None = None,
+) -> list[JsonObject]:
     """Hello plus ``samples`` samples of simulated GPUs at ``t0 + k * interval``, then events.
 
     ``load`` sets GPUs' burn load (index -> 0..1) from the start. Raises ValueError for a bad
@@ -76,7 +76,7 @@ def recorded_node(
     for index, value in (load or {}).items():
         reader.simulate("load", {"gpus": [index], "load": value})
     versions = reader.versions()
-    out: list[dict[str, Any]] = [
+    out: list[JsonObject] = [
         {
             "type": "hello",
             "protocol": protocol.PROTOCOL_VERSION,

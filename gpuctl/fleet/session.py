@@ -2,6 +2,12 @@
 
 ``AgentSession`` reads protocol lines from any byte stream with ``readline()``, checks the hello,
 turns messages into ``gpuctl.core`` values and matches replies to requests by ``id``.
+
+What an agent sends is data: samples and events become ``gpuctl.core`` values (``Sample``,
+``NodeEvent``), the hello a checked ``Hello`` (``gpuctl.core.wire.parse``). A reply to a request
+and any other message stay a ``JsonObject`` (decoded, unchecked) until the code that asked reads
+it into the schema it expects (``refusal`` for an ``error`` reply, ``gpuctl.fleet.control`` for
+stress replies).
 """
 
 from __future__ import annotations
@@ -10,11 +16,13 @@ import asyncio
 import contextlib
 import itertools
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
+from gpuctl.core import wire
 from gpuctl.core.model import GpuSample, NodeEvent, NodeInfo
+from gpuctl.core.wire import JsonObject
 from gpuctl.node import protocol
 
 
@@ -39,6 +47,7 @@ class LineReader(Protocol):
 
 
 class LineWriter(Protocol):
+    # bytes, or str for a channel opened with an encoding (``AgentSession(text=True)``)
     def write(self, data: Any) -> Any: ...
 
 
@@ -51,7 +60,47 @@ class Sample:
     gpus: tuple[GpuSample, ...]
 
 
-Message = Sample | NodeEvent | dict[str, Any]
+class Hello(TypedDict, total=False):
+    """An agent's ``hello``, checked (``gpuctl/node/protocol.py`` has the schema): its protocol
+    and agent versions, host, pid, Python, sampling ``interval`` (s), reader, the request types
+    it understands (``features``), ``read_only``, ``liveness_timeout`` and ``max_duration`` (s).
+    The GPUs' static facts are read into ``NodeInfo`` (``AgentSession.info``)."""
+
+    type: str
+    protocol: int
+    agent: str
+    hostname: str
+    pid: int
+    python: str
+    interval: float
+    reader: str | None
+    reader_error: str | None
+    driver: str | None
+    cuda: str | None
+    nvml: str | None
+    features: list[str]
+    read_only: bool
+    liveness_timeout: float
+    max_duration: float
+
+
+class AgentError(TypedDict, total=False):
+    """An ``error`` message: ``code`` (a short token) and ``message`` (one line for a person)."""
+
+    type: str
+    code: str
+    message: str
+
+
+def refusal(reply: JsonObject) -> AgentError | None:
+    """The agent's ``error`` when ``reply`` is one (its fields checked), else None."""
+    if reply.get("type") != "error":
+        return None
+    return wire.parse(AgentError, reply) or {}
+
+
+# What ``AgentSession.messages()`` yields: a sample, an event, or any other message as decoded.
+Message = Sample | NodeEvent | JsonObject
 
 
 class AgentSession:
@@ -70,12 +119,12 @@ class AgentSession:
         self._close = close
         self._text = text  # asyncssh channels opened with an encoding speak str, not bytes
         self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._waiting: dict[int, asyncio.Future[JsonObject]] = {}
         self.info: NodeInfo | None = None
-        self.hello: dict[str, Any] = {}
+        self.hello: Hello = {}
         self.stderr_tail: list[str] = []
 
-    async def _read_msg(self) -> dict[str, Any] | None:
+    async def _read_msg(self) -> JsonObject | None:
         line = await self._reader.readline()
         if not line:
             return None
@@ -103,11 +152,11 @@ class AgentSession:
                 f"agent speaks protocol {msg.get('protocol')!r}, "
                 f"gpuctl speaks {protocol.PROTOCOL_VERSION}",
             )
-        self.hello = msg
+        self.hello = wire.parse(Hello, msg) or {}
         self.info = NodeInfo.from_hello(msg)
         return self.info
 
-    async def send(self, msg: dict[str, Any]) -> None:
+    async def send(self, msg: JsonObject) -> None:
         """Write one request line."""
         data = protocol.encode(msg)
         self._writer.write(data.decode() if self._text else data)
@@ -115,13 +164,14 @@ class AgentSession:
         if drain is not None:
             await drain()
 
-    async def request(self, msg: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-        """Send a request and return its reply (an ``error`` reply is returned, not raised).
+    async def request(self, msg: JsonObject, timeout: float = 10.0) -> JsonObject:
+        """Send a request and return its reply as decoded, unchecked (an ``error`` reply is
+        returned, not raised: ``refusal`` reads it).
 
         Needs ``messages()`` to be running in another task. Raises LinkError on timeout.
         """
         req_id = next(self._ids)
-        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[JsonObject] = asyncio.get_running_loop().create_future()
         self._waiting[req_id] = waiter
         try:
             await self.send({**msg, "id": req_id})
@@ -131,7 +181,7 @@ class AgentSession:
         finally:
             self._waiting.pop(req_id, None)
 
-    async def messages(self) -> Any:
+    async def messages(self) -> AsyncIterator[Message]:
         """Yield Sample, NodeEvent or other message dicts until the stream ends.
 
         Replies to ``request()`` are routed to their waiters (a snapshot reply is also yielded).
@@ -144,7 +194,7 @@ class AgentSession:
                         pending.set_exception(LinkError("closed", "agent link closed"))
                 return
             req_id = msg.get("id")
-            fut: asyncio.Future[dict[str, Any]] | None = (
+            fut: asyncio.Future[JsonObject] | None = (
                 self._waiting.get(req_id) if isinstance(req_id, int) else None
             )
             if fut is not None and not fut.done():
@@ -173,7 +223,7 @@ class AgentSession:
             await self._close()
 
 
-def decode_sample(msg: dict[str, Any]) -> Sample:
+def decode_sample(msg: JsonObject) -> Sample:
     """Turn a ``sample`` message into a Sample; never raises on bad fields."""
     t = msg.get("t")
     t = float(t) if isinstance(t, int | float) else 0.0
@@ -188,6 +238,6 @@ def decode_sample(msg: dict[str, Any]) -> Sample:
     )
 
 
-def dumps(obj: Any) -> str:
+def dumps(obj: object) -> str:
     """Compact JSON, as the CLI prints it."""
     return json.dumps(obj, separators=(",", ":"))

@@ -24,10 +24,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gpuctl.bundle import write_bundle
 from gpuctl.config import NodeConfig
+from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError
 from gpuctl.fleet.ssh import agent_script
@@ -101,7 +101,7 @@ def gpu_holders(
     return _holders(jobs, cache, set(names))
 
 
-def _new_gpu_jobs(jobs: list[SlurmJob], cache: Mapping[str, Any]) -> list[SlurmJob]:
+def _new_gpu_jobs(jobs: list[SlurmJob], cache: Mapping[str, object]) -> list[SlurmJob]:
     return [j for j in jobs if j.gpus and j.unique_id not in cache]
 
 
@@ -149,7 +149,7 @@ class JobWatcher:
 
     def __init__(
         self,
-        fleet: Any,
+        fleet: Fleet,
         nodes: Iterable[str],
         *,
         client: SlurmClient | None = None,

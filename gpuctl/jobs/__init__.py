@@ -1,17 +1,16 @@
 """Run Python functions on nodes: ``Executor(target).submit(fn, ...)``, with failures that say
 what really happened (see ``report``). VENV1 (``gpuctl/node/supervisor.py``) supervises, VENV2
-(``gpuctl/workloads/worker.py``) runs the function."""
+(``gpuctl/workloads/worker.py``) runs the function.
 
-from gpuctl.jobs.executor import (
-    EnvSpec,
-    Executor,
-    Job,
-    JobFailed,
-    RemoteTraceback,
-    attach,
-    remote,
-)
+Modules: ``executor`` (``Executor``, ``remote``, ``attach``), ``job`` (a submitted ``Job``),
+``provision`` (VENV2), ``targets`` (which backend a target names), ``backends`` (local, SSH,
+Slurm), ``hosts`` (files and commands on a host), ``report`` (why a job failed), ``store`` (the
+job store)."""
+
+from gpuctl.jobs.executor import Executor, attach, remote
 from gpuctl.jobs.hosts import HostError
+from gpuctl.jobs.job import Job, JobFailed, RemoteTraceback
+from gpuctl.jobs.provision import EnvSpec
 from gpuctl.jobs.report import FailureReport
 from gpuctl.jobs.store import JobRecord, JobStore, StoreError
 

@@ -15,10 +15,11 @@ import shlex
 import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
+from gpuctl.core import wire
 from gpuctl.jobs.hosts import _REAPER, Host, HostError, LocalHost
+from gpuctl.jobs.records import BackendInfo, FinalState, Handle, JobMeta, PidFile, SchedulerState
 from gpuctl.node import jobfiles
 from gpuctl.reach.slurm import (
     SlurmClient,
@@ -46,33 +47,33 @@ class Backend:
         self.job_root = job_root
         self.supervisor_python = supervisor_python
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> BackendInfo:
         """What the store keeps to rebuild this backend after a restart."""
         return {"kind": self.kind, "job_root": self.job_root, "python": self.supervisor_python}
 
     def supervisor_argv(self, jobdir: str) -> list[str]:
         return [self.supervisor_python, f"{jobdir}/{SUPERVISOR_FILE}", jobdir]
 
-    def start(self, jobdirs: Sequence[str], meta: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Start supervisors for ``jobdirs``; return one handle dict per folder."""
+    def start(self, jobdirs: Sequence[str], meta: JobMeta) -> list[Handle]:
+        """Start supervisors for ``jobdirs``; return one handle per folder."""
         raise NotImplementedError
 
-    def scheduler_state(self, handle: Mapping[str, Any]) -> dict[str, Any] | None:
+    def scheduler_state(self, handle: Handle) -> SchedulerState | None:
         """What the scheduler knows of a job without an outcome (None: nothing to add)."""
         return None
 
-    def finished_without_outcome(self, handle: Mapping[str, Any], jobdir: str) -> bool:
+    def finished_without_outcome(self, handle: Handle, jobdir: str) -> bool:
         """True when the job can no longer write its outcome (process gone, job ended)."""
         raise NotImplementedError
 
-    def wait_hint(self, handle: Mapping[str, Any], timeout: float) -> None:
+    def wait_hint(self, handle: Handle, timeout: float) -> None:
         """Block up to ``timeout`` s or until the job may have changed (default: sleep)."""
         time.sleep(timeout)
 
-    def cancel(self, handle: Mapping[str, Any], jobdir: str) -> None:
+    def cancel(self, handle: Handle, jobdir: str) -> None:
         raise NotImplementedError
 
-    def signal(self, handle: Mapping[str, Any], jobdir: str, signum: int) -> None:
+    def signal(self, handle: Handle, jobdir: str, signum: int) -> None:
         """Send ``signum`` to the supervisor (it forwards SIGUSR1/SIGUSR2 to VENV2)."""
         raise NotImplementedError
 
@@ -86,17 +87,18 @@ class ProcessBackend(Backend):
         super().__init__(host, job_root, supervisor_python)
         self._last_probe: dict[str, float] = {}
 
-    def start(self, jobdirs: Sequence[str], meta: Mapping[str, Any]) -> list[dict[str, Any]]:
-        handles = []
+    def start(self, jobdirs: Sequence[str], meta: JobMeta) -> list[Handle]:
+        handles: list[Handle] = []
         for jobdir in jobdirs:
             log = f"{jobdir}/{jobfiles.SUPERVISOR_LOG}"
             pid = self.host.start_detached(self.supervisor_argv(jobdir), log)
             handles.append({"pid": pid, "host": self.host.name})
         return handles
 
-    def _pid_info(self, jobdir: str) -> dict[str, Any] | None:
-        info = jobfiles.loads(self.host.read_bytes(f"{jobdir}/{jobfiles.PIDFILE}"))
-        return info if isinstance(info, dict) else None
+    def _pid_info(self, jobdir: str) -> PidFile | None:
+        return wire.parse(
+            PidFile, jobfiles.loads(self.host.read_bytes(f"{jobdir}/{jobfiles.PIDFILE}"))
+        )
 
     def _alive(self, pid: int) -> bool:
         if isinstance(self.host, LocalHost):
@@ -115,7 +117,7 @@ class ProcessBackend(Backend):
         rc, _, _ = self.host.run(["kill", "-0", str(pid)], timeout=30)
         return rc == 0
 
-    def finished_without_outcome(self, handle: Mapping[str, Any], jobdir: str) -> bool:
+    def finished_without_outcome(self, handle: Handle, jobdir: str) -> bool:
         remote = not isinstance(self.host, LocalHost)
         if remote:
             # a liveness probe is an SSH round trip: at most one per job every few seconds
@@ -131,18 +133,18 @@ class ProcessBackend(Backend):
             return False
         return not self._alive(int(pid))
 
-    def wait_hint(self, handle: Mapping[str, Any], timeout: float) -> None:
+    def wait_hint(self, handle: Handle, timeout: float) -> None:
         pid = handle.get("pid")
         if isinstance(self.host, LocalHost) and pid and _REAPER.wait(int(pid), timeout):
             return
         time.sleep(timeout)
 
-    def cancel(self, handle: Mapping[str, Any], jobdir: str) -> None:
+    def cancel(self, handle: Handle, jobdir: str) -> None:
         # The file covers a supervisor that has not installed its handlers yet.
         self.host.write_bytes(f"{jobdir}/{jobfiles.CANCEL}", b"cancel\n")
         self.signal(handle, jobdir, signal.SIGTERM)
 
-    def signal(self, handle: Mapping[str, Any], jobdir: str, signum: int) -> None:
+    def signal(self, handle: Handle, jobdir: str, signum: int) -> None:
         info = self._pid_info(jobdir)
         pid = (info or {}).get("pid") or handle.get("pid")
         if not pid:
@@ -165,7 +167,7 @@ class SshBackend(ProcessBackend):
         super().__init__(host, job_root, supervisor_python)
         self.node = node
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> BackendInfo:
         return {**super().describe(), "node": self.node}
 
 
@@ -222,14 +224,14 @@ class SlurmBackend(Backend):
         if signal_warning is not None and not re.fullmatch(r"[A-Z0-9]+@\d+", signal_warning):
             raise SlurmValueError(f"signal_warning {signal_warning!r} is not like USR1@60")
         self.signal_warning = signal_warning
-        self._cache: dict[str, dict[str, Any]] = {}
+        self._cache: dict[str, SchedulerState] = {}
         self._cache_t = 0.0
         self._poll_every = 0.5
         self._lock = threading.Lock()
         self._watch: set[str] = set()
         self._mem_enforced: bool | None = None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> BackendInfo:
         return {
             **super().describe(),
             "partition": self.partition,
@@ -251,7 +253,7 @@ class SlurmBackend(Backend):
             self._mem_enforced = "overmemorykill" in params.lower()
         return self._mem_enforced
 
-    def script(self, jobdirs: Sequence[str], meta: Mapping[str, Any]) -> str:
+    def script(self, jobdirs: Sequence[str], meta: JobMeta) -> str:
         """The batch script: resources as #SBATCH lines, then one exec of the supervisor.
 
         Raises SlurmValueError for a job folder the script cannot name.
@@ -264,12 +266,13 @@ class SlurmBackend(Backend):
         if self.nodelist:
             lines.append(f"#SBATCH --nodelist={self.nodelist}")
         lines.append(f"#SBATCH --cpus-per-task={int(limits.get('cpus') or 1)}")
-        if limits.get("gpus"):
-            lines.append(f"#SBATCH --gpus={int(limits['gpus'])}")
-        if limits.get("mem_bytes"):
-            lines.append(f"#SBATCH --mem={max(1, int(limits['mem_bytes']) // (1 << 20))}M")
-        if limits.get("time_limit_s"):
-            minutes = max(1, int((float(limits["time_limit_s"]) + 59) // 60))
+        gpus, mem, seconds = limits.get("gpus"), limits.get("mem_bytes"), limits.get("time_limit_s")
+        if gpus:
+            lines.append(f"#SBATCH --gpus={int(gpus)}")
+        if mem:
+            lines.append(f"#SBATCH --mem={max(1, int(mem) // (1 << 20))}M")
+        if seconds:
+            minutes = max(1, int((float(seconds) + 59) // 60))
             lines.append(f"#SBATCH --time={minutes}")
         if self.signal_warning:
             lines.append(f"#SBATCH --signal=B:{self.signal_warning}")
@@ -288,7 +291,7 @@ class SlurmBackend(Backend):
         ]
         return "\n".join(lines) + "\n"
 
-    def start(self, jobdirs: Sequence[str], meta: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def start(self, jobdirs: Sequence[str], meta: JobMeta) -> list[Handle]:
         script_path = f"{jobdirs[0]}/job.sbatch"
         self.host.write_bytes(script_path, self.script(jobdirs, meta).encode(), 0o700)
         try:
@@ -296,6 +299,7 @@ class SlurmBackend(Backend):
         except SlurmError as e:
             raise HostError(str(e)) from None
         root = os.path.dirname(jobdirs[0])
+        handles: list[Handle]
         if len(jobdirs) == 1:
             # %a of a job that is not an array is a placeholder number: match any
             handles = [{"slurm_id": job_id, "output": f"{root}/slurm-{job_id}_*.out"}]
@@ -324,7 +328,7 @@ class SlurmBackend(Backend):
             self._poll_every = min(10.0, self._poll_every * 2)
             return
         self._poll_every = 0.5
-        seen = {
+        seen: dict[str, SchedulerState] = {
             j.job_id: {"state": j.state, "reason": j.reason or "None", "queued": True} for j in jobs
         }
         with self._lock:
@@ -334,11 +338,11 @@ class SlurmBackend(Backend):
                 elif self._cache.get(sid, {}).get("queued", True):
                     self._cache[sid] = {"queued": False}
 
-    def _final_state(self, slurm_id: str) -> dict[str, Any]:
+    def _final_state(self, slurm_id: str) -> FinalState:
         state, source = self.client.final_state(slurm_id)
         return {"state": state, "source": source}
 
-    def scheduler_state(self, handle: Mapping[str, Any]) -> dict[str, Any] | None:
+    def scheduler_state(self, handle: Handle) -> SchedulerState | None:
         sid = str(handle.get("slurm_id") or "")
         if not sid:
             return None
@@ -346,7 +350,7 @@ class SlurmBackend(Backend):
             self._watch.add(sid)
         self._refresh()
         with self._lock:
-            info = dict(self._cache.get(sid) or {})
+            info = self._cache.get(sid, SchedulerState()).copy()
         if info.get("queued"):
             return info
         if "final" not in info:
@@ -361,7 +365,7 @@ class SlurmBackend(Backend):
             "output_tail": final.get("output_tail", ""),
         }
 
-    def _output_tail(self, handle: Mapping[str, Any], limit: int = 3000) -> str:
+    def _output_tail(self, handle: Handle, limit: int = 3000) -> str:
         """The end of Slurm's own output file for the job (slurmstepd writes why it killed a
         step there: memory limit, time limit, cancel)."""
         pattern = str(handle.get("output") or "")
@@ -372,21 +376,21 @@ class SlurmBackend(Backend):
             return data[-limit:].decode("utf-8", "replace")
         return ""
 
-    def finished_without_outcome(self, handle: Mapping[str, Any], jobdir: str) -> bool:
+    def finished_without_outcome(self, handle: Handle, jobdir: str) -> bool:
         info = self.scheduler_state(handle) or {}
         if info.get("queued"):
             return False
         state = str(info.get("state") or "").split()[0] if info.get("state") else ""
         return state in _TERMINAL or state == ""
 
-    def cancel(self, handle: Mapping[str, Any], jobdir: str) -> None:
+    def cancel(self, handle: Handle, jobdir: str) -> None:
         self.host.write_bytes(f"{jobdir}/{jobfiles.CANCEL}", b"cancel\n")
         sid = str(handle.get("slurm_id") or "")
         if sid:
             with contextlib.suppress(SlurmError):  # ended already, or Slurm away: files decide
                 self.client.cancel(sid)
 
-    def signal(self, handle: Mapping[str, Any], jobdir: str, signum: int) -> None:
+    def signal(self, handle: Handle, jobdir: str, signum: int) -> None:
         sid = str(handle.get("slurm_id") or "")
         if sid:
             name = signal.Signals(signum).name[3:]

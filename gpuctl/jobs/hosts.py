@@ -17,13 +17,16 @@ import threading
 import uuid
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuctl.reach import launch
 from gpuctl.reach.errors import RemoteError
 from gpuctl.reach.files import RemoteFiles, RemoteWriter, files_for
 from gpuctl.reach.options import SshSettings, SshTarget, resolve
 from gpuctl.reach.pool import pool
+
+if TYPE_CHECKING:
+    from gpuctl.config import NodeConfig
 
 T = TypeVar("T")
 
@@ -74,6 +77,12 @@ class Host:
 
     def home(self) -> str:
         raise NotImplementedError
+
+    def expand(self, path: str) -> str:
+        """``path`` with a leading ``~`` replaced by this host's home (as its shell sees it)."""
+        if path.startswith("~/") or path == "~":
+            return self.home() + path[1:]
+        return path
 
     def close(self) -> None:
         pass
@@ -337,8 +346,8 @@ class SshHost(Host):
     """
 
     @classmethod
-    def for_node(cls, node: Any) -> SshHost:
-        """The host of a configured node (a ``gpuctl.config.NodeConfig``)."""
+    def for_node(cls, node: NodeConfig) -> SshHost:
+        """The host of a configured node."""
         return cls(node.name, settings=SshSettings.from_node(node))
 
     def __init__(

@@ -7,7 +7,10 @@ terminal, so a script that reads stderr gets nothing extra.
 from __future__ import annotations
 
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from gpuctl.jobs.job import Job
 
 CLEAR = "\r\x1b[K"  # back to the start of the line and clear it
 
@@ -28,7 +31,7 @@ def _elapsed(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def wait_with_progress(job: Any, stream: TextIO, *, every: float = 0.5) -> str:
+def wait_with_progress(job: Job, stream: TextIO, *, every: float = 0.5) -> str:
     """Wait until ``job`` is over (or its node has been unreachable for its
     ``unreachable_after``), keeping one live line on ``stream``: elapsed time and state. Each
     state change leaves a line behind (``0:03 running``). Returns the last state seen."""

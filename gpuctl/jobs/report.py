@@ -12,8 +12,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from gpuctl.core import wire
+from gpuctl.jobs.records import (
+    Heartbeat,
+    JobMeta,
+    Outcome,
+    ReportDict,
+    ResultInfo,
+    SchedulerState,
+    StatusLine,
+    WorkerError,
+)
 from gpuctl.node import jobfiles
 
 # Classifications, each with a one-line title.
@@ -113,7 +123,7 @@ class FailureReport:
             lines += [f"    {name}: {path}" for name, path in self.logs.items()]
         return "\n".join(lines)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ReportDict:
         return {
             "kind": self.kind,
             "title": self.title,
@@ -126,7 +136,7 @@ class FailureReport:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> FailureReport:
+    def from_dict(cls, d: ReportDict) -> FailureReport:
         return cls(
             kind=str(d["kind"]),
             phase=str(d.get("phase", "")),
@@ -140,24 +150,26 @@ class FailureReport:
 
 @dataclass
 class JobFiles:
-    """What a job folder held when it was read (None = file absent)."""
+    """What a job folder held when it was read (None = file absent or not a JSON object; each
+    file's fields checked against its ``gpuctl.jobs.records`` type)."""
 
-    outcome: dict[str, Any] | None = None
-    status: list[dict[str, Any]] = field(default_factory=list)
-    error: dict[str, Any] | None = None
-    result_info: dict[str, Any] | None = None
+    outcome: Outcome | None = None
+    status: list[StatusLine] = field(default_factory=list)
+    error: WorkerError | None = None
+    result_info: ResultInfo | None = None
     stderr_tail: str = ""
     setup_tail: str = ""
-    meta: dict[str, Any] | None = None
+    meta: JobMeta | None = None
 
     @property
     def last_phase(self) -> str:
         return str(self.status[-1]["phase"]) if self.status else "not started"
 
 
-def parse_status(text: str) -> list[dict[str, Any]]:
-    """The worker's status lines; a torn last line (crash mid-write) is skipped."""
-    return jobfiles.parse_lines(text)
+def parse_status(text: str) -> list[StatusLine]:
+    """The worker's status lines; a torn last line (crash mid-write) is skipped, and so is a
+    line that names no phase."""
+    return wire.parse_list(StatusLine, jobfiles.parse_lines(text))
 
 
 def _faulthandler_stack(stderr: str) -> str:
@@ -178,7 +190,7 @@ def _fmt_bytes(n: float | None) -> str:
     return f"{n} B"
 
 
-def _oom_delta(outcome: Mapping[str, Any]) -> int:
+def _oom_delta(outcome: Outcome) -> int:
     before = (outcome.get("cgroup_before") or {}).get("oom_kill")
     after = (outcome.get("cgroup_after") or {}).get("oom_kill")
     if isinstance(before, int) and isinstance(after, int):
@@ -191,7 +203,7 @@ def classify(
     *,
     job_id: str = "",
     logs: Mapping[str, str] | None = None,
-    scheduler: Mapping[str, Any] | None = None,
+    scheduler: SchedulerState | None = None,
     submitter_python: str = "",
 ) -> FailureReport | None:
     """Classify a finished job; None when it succeeded (a result was saved and VENV2 exited 0).
@@ -201,7 +213,7 @@ def classify(
     """
     o = files.outcome or {}
     err = files.error
-    sched = dict(scheduler or {})
+    sched = scheduler.copy() if scheduler is not None else SchedulerState()
     sstate = str(sched.get("state") or "").upper().split()[0] if sched.get("state") else ""
     phase = files.last_phase
     ev: list[str] = []
@@ -434,7 +446,7 @@ def unreachable_report(
     error: str,
     since: float,
     now: float,
-    beat: Mapping[str, Any] | None,
+    beat: Heartbeat | None,
     beat_seen_at: float | None,
     logs: Mapping[str, str] | None = None,
 ) -> FailureReport:
@@ -443,13 +455,15 @@ def unreachable_report(
     ev = [
         f"cannot reach {node} since {_clock(since)} ({now - since:.0f} s): {error}",
     ]
-    if beat and isinstance(beat.get("t"), (int, float)):
-        t = float(beat["t"])
+    written = beat.get("t") if beat else None
+    if beat and written is not None:
+        t = float(written)
         extra = []
-        if beat.get("elapsed_s") is not None:
-            extra.append(f"VENV2 running for {float(beat['elapsed_s']):.0f} s")
-        if beat.get("rss_kb"):
-            extra.append(f"RSS {_fmt_bytes(int(beat['rss_kb']) * 1024)}")
+        elapsed, rss = beat.get("elapsed_s"), beat.get("rss_kb")
+        if elapsed is not None:
+            extra.append(f"VENV2 running for {float(elapsed):.0f} s")
+        if rss:
+            extra.append(f"RSS {_fmt_bytes(int(rss) * 1024)}")
         ev.append(
             f"last heartbeat seen: written {_clock(t)}, {now - t:.0f} s ago"
             + (f" ({', '.join(extra)})" if extra else "")

@@ -16,9 +16,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from gpuctl import paths
+from gpuctl.core import wire
+from gpuctl.jobs.records import BackendInfo, Heartbeat, ReportDict
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 # "preparing": the row is written, the job folder is being written (nothing runs yet);
 # "unreachable": the node did not answer the last time gpuctl looked (the job may still run)
@@ -58,6 +63,19 @@ _COLUMNS = ("state", "kind", "summary", "started_at", "ended_at", "report", "bac
 _JSON_COLUMNS = ("report", "backend", "heartbeat")
 
 
+class JobUpdate(TypedDict, total=False):
+    """The columns ``JobStore.update`` sets (None clears one)."""
+
+    state: str
+    kind: str | None
+    summary: str | None
+    started_at: float | None
+    ended_at: float | None
+    report: ReportDict | None
+    backend: BackendInfo
+    heartbeat: Heartbeat | None
+
+
 @dataclass
 class JobRecord:
     """One stored job. ``backend`` is the JSON-able description used to reattach."""
@@ -65,7 +83,7 @@ class JobRecord:
     id: str
     name: str
     target: str
-    backend: dict[str, Any]
+    backend: BackendInfo
     jobdir: str
     state: str
     created_at: float
@@ -73,10 +91,10 @@ class JobRecord:
     summary: str | None = None
     started_at: float | None = None
     ended_at: float | None = None
-    report: dict[str, Any] | None = field(default=None)
+    report: ReportDict | None = field(default=None)
     # the supervisor's last heartbeat gpuctl read (t, elapsed_s, rss_kb): what a report can say
     # of a job whose node no longer answers, even from a gpuctl started after it went away
-    heartbeat: dict[str, Any] | None = field(default=None)
+    heartbeat: Heartbeat | None = field(default=None)
 
     @property
     def duration(self) -> float | None:
@@ -167,12 +185,12 @@ class JobStore:
         with self._db() as db:
             db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
 
-    def update(self, job_id: str, **values: Any) -> None:
-        """Set columns of one job (``backend`` and ``report`` given as dicts)."""
+    def update(self, job_id: str, **values: Unpack[JobUpdate]) -> None:
+        """Set columns of one job (``backend``, ``report`` and ``heartbeat`` stored as JSON)."""
         if not values:
             return
         cols = []
-        args: list[Any] = []
+        args: list[object] = []
         for k, v in values.items():
             if k not in _COLUMNS:
                 raise ValueError(f"unknown column {k}")
@@ -206,11 +224,13 @@ class JobStore:
 
 
 def _record(row: Mapping[str, Any]) -> JobRecord:
+    """A row as a JobRecord; its JSON columns are read field by field (``gpuctl.jobs.records``):
+    a heartbeat came from a node, and a row may be older than this gpuctl."""
     return JobRecord(
         id=row["id"],
         name=row["name"],
         target=row["target"],
-        backend=json.loads(row["backend"]),
+        backend=wire.parse(BackendInfo, json.loads(row["backend"])) or {},
         jobdir=row["jobdir"],
         state=row["state"],
         created_at=row["created_at"],
@@ -218,6 +238,8 @@ def _record(row: Mapping[str, Any]) -> JobRecord:
         summary=row["summary"],
         started_at=row["started_at"],
         ended_at=row["ended_at"],
-        report=json.loads(row["report"]) if row["report"] else None,
-        heartbeat=json.loads(row["heartbeat"]) if row.get("heartbeat") else None,
+        report=wire.parse(ReportDict, json.loads(row["report"])) if row["report"] else None,
+        heartbeat=(
+            wire.parse(Heartbeat, json.loads(row["heartbeat"])) if row.get("heartbeat") else None
+        ),
     )

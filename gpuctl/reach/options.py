@@ -37,9 +37,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuctl.reach.errors import RemoteError
+
+if TYPE_CHECKING:
+    from gpuctl.config import NodeConfig
 
 SYSTEM_CONFIG_ENV = "GPUCTL_SSH_SYSTEM_CONFIG"
 DEFAULT_SYSTEM_CONFIG = "/etc/ssh/ssh_config"
@@ -69,8 +72,8 @@ class SshSettings:
     host_key_policy: str | None = None  # "strict" | "accept-new"; None: StrictHostKeyChecking
 
     @classmethod
-    def from_node(cls, node: Any) -> SshSettings:
-        """The settings of a ``gpuctl.config.NodeConfig`` (or anything with those fields)."""
+    def from_node(cls, node: NodeConfig) -> SshSettings:
+        """The settings of a configured node."""
         return cls(
             ssh_config=node.ssh_config,
             user=node.user,

@@ -34,10 +34,12 @@ from textual.worker import Worker, WorkerState
 
 from gpuctl import paths, service
 from gpuctl.accept.history import HistoryStore
-from gpuctl.accept.run import AcceptOptions, Progress, start_fleet_run
+from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.text import printable
 from gpuctl.fleet import control
+from gpuctl.fleet.fleet import Fleet
+from gpuctl.jobs.store import JobStore
 from gpuctl.tui.messages import AcceptProgress, FleetChanged
 from gpuctl.tui.screens.accept_report import AcceptReportScreen
 from gpuctl.tui.screens.confirm import ConfirmScreen
@@ -83,7 +85,7 @@ class GpuctlApp(App[int]):
 
     def __init__(
         self,
-        fleet: Any,
+        fleet: Fleet,
         *,
         read_only: bool = False,
         simulated: bool = False,
@@ -92,11 +94,11 @@ class GpuctlApp(App[int]):
         state_dir: Path | None = None,
         coalesce: float = COALESCE_S,
         manage_fleet: bool = True,
-        job_store: Any | None = None,
+        job_store: JobStore | None = None,
         job_store_error: str | None = None,
         accept_options: Mapping[str, Any] | None = None,
     ) -> None:
-        """Build the TUI over ``fleet`` (a ``gpuctl.fleet.Fleet`` or anything shaped like one).
+        """Build the TUI over ``fleet`` (a ``gpuctl.fleet.fleet.Fleet``).
 
         ``config_tui`` is the config's raw ``[tui]`` table (``theme``, ``keys``); ``clock`` is
         the wall clock for ages (tests freeze it); ``state_dir`` (default
@@ -131,7 +133,7 @@ class GpuctlApp(App[int]):
             job_store_error=job_store_error,
             history_path=self.state_dir / "accept.sqlite",
         )
-        self.accept_run: Any | None = None
+        self.accept_run: AcceptRun | None = None
         self.crash: BaseException | None = None  # what ended the app, if something did
         self.on_flush: Callable[[set[str], dict[str, float]], None] | None = None
         # Coroutines to run as workers once the fleet is started (the demo's story).
@@ -576,7 +578,7 @@ class GpuctlApp(App[int]):
                         partial(self.run_action, b.action, self.overview),
                     )
             current = self.overview.current_pane()
-            panes: dict[str, Any] = {"jobs": JobsPane, "accept": AcceptPane}
+            panes: dict[str, type[JobsPane | AcceptPane]] = {"jobs": JobsPane, "accept": AcceptPane}
             if current in panes:
                 pane = self.overview.query_one(f"#pane-{current}")
                 for b in panes[current].BINDINGS:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from textual.message import Message
+
+if TYPE_CHECKING:
+    from gpuctl.accept.run import Progress
 
 
 class FleetChanged(Message):
@@ -14,9 +17,19 @@ class FleetChanged(Message):
         return isinstance(message, FleetChanged)
 
 
+class GpuSelected(Message):
+    """A widget's cursor moved onto ``node``'s GPU ``gpu`` (None: the node itself); each widget
+    that has a cursor posts its own subclass (``NodeList.Selected``, ``Heatmap.Selected``)."""
+
+    def __init__(self, node: str, gpu: int | None) -> None:
+        super().__init__()
+        self.node = node
+        self.gpu = gpu
+
+
 class AcceptProgress(Message):
     """A step of the running acceptance suite (``gpuctl.accept.run.Progress``)."""
 
-    def __init__(self, progress: Any) -> None:
+    def __init__(self, progress: Progress) -> None:
         super().__init__()
         self.progress = progress

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
-from gpuctl.core.model import GpuSample, NodeSnapshot
+from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot
+from gpuctl.fleet.fleet import Fleet
 from gpuctl.tui.view import (
     ClusterTotals,
     GpuFacts,
@@ -23,13 +23,11 @@ from gpuctl.tui.view import (
     short_model,
 )
 
-BURNING_STATES = ("starting", "running", "stopping")
-
 
 class FleetStore:
     """Everything the widgets read; only the app writes it (attributes down)."""
 
-    def __init__(self, fleet: Any, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, fleet: Fleet, clock: Callable[[], float] = time.time) -> None:
         self.fleet = fleet
         self.clock = clock
         self.order: list[str] = list(fleet.names)
@@ -82,14 +80,11 @@ class FleetStore:
                     return short_model(st.name)
         return "?"
 
-    def burn(self, s: NodeSnapshot, gpu: int) -> dict[str, Any] | None:
-        ann = s.annotations.get(gpu)
-        burn = ann.get("burn") if ann else None
-        return burn if isinstance(burn, dict) else None
+    def burn(self, s: NodeSnapshot, gpu: int) -> BurnState | None:
+        return s.burn(gpu)
 
     def is_burning(self, s: NodeSnapshot, gpu: int) -> bool:
-        b = self.burn(s, gpu)
-        return b is not None and b.get("state") in BURNING_STATES
+        return s.burning(gpu)
 
     def facts(self, s: NodeSnapshot, g: GpuSample) -> GpuFacts:
         return GpuFacts(

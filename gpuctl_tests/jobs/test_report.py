@@ -66,3 +66,58 @@ def test_a_store_from_an_older_gpuctl_gains_the_heartbeat_column(tmp_path: objec
     store.update("new1", heartbeat={"t": 5.0, "elapsed_s": 1.0})
     new = store.get("new1")
     assert new is not None and new.heartbeat == {"t": 5.0, "elapsed_s": 1.0}
+
+
+def test_job_folder_files_of_junk_never_stop_a_report(tmp_path: object) -> None:
+    """The files of a job folder come from the node: a field of the wrong type is left out
+    where it is read (``gpuctl.jobs.records``), so the report still says what is known."""
+    import json
+    from pathlib import Path
+
+    from gpuctl.core import wire
+    from gpuctl.jobs.job import Job
+    from gpuctl.jobs.records import Heartbeat, Outcome, WorkerError
+    from gpuctl.jobs.report import parse_status, unreachable_report
+    from gpuctl.jobs.targets import backend_of
+
+    outcome = wire.parse(
+        Outcome,
+        {
+            "exit_code": "1",
+            "signal_name": 9,
+            "run_s": "long",
+            "peak_rss_kb": 10**400,
+            "cgroup_after": {"oom_kill": "x", "limit_bytes": 1 << 30},
+            "stop_reason": None,
+        },
+    )
+    assert outcome == {"cgroup_after": {"limit_bytes": 1 << 30}, "stop_reason": None}
+    error = wire.parse(WorkerError, {"kind": "user_exception", "message": ["not", "text"]})
+    status = parse_status('{"phase": "start", "python": 3.11}\n{"t": 1}\n[1]\n{"phase": "running"')
+    assert status == [{"phase": "start"}]  # no phase: skipped; a torn last line: skipped
+    report = classify(JobFiles(outcome=outcome, status=status, error=error))
+    assert report is not None and report.kind == "user_exception"
+
+    beat = wire.parse(Heartbeat, {"t": 100.0, "elapsed_s": "abc", "rss_kb": "big"})
+    lost = unreachable_report(
+        job_id="j",
+        node="n",
+        jobdir="/j",
+        error="refused",
+        since=50.0,
+        now=200.0,
+        beat=beat,
+        beat_seen_at=None,
+    )
+    assert "last heartbeat seen: written" in "\n".join(lost.evidence)
+
+    # a job whose files are junk: its state reads, its end is classified, nothing raises
+    folder = Path(str(tmp_path))
+    (folder / "outcome.json").write_text(json.dumps([1, 2]))  # not an object: no outcome yet
+    (folder / "heartbeat.json").write_text(json.dumps({"t": "soon"}))
+    (folder / "status.jsonl").write_text('{"phase": 5}\n')
+    backend = backend_of({"kind": "local", "job_root": str(folder), "python": "python3"}, "j")
+    job = Job("j", "f", "local", backend, str(folder), {"pid": None}, None)
+    assert job.state == "running" and job.last_heartbeat == {}
+    (folder / "outcome.json").write_text(json.dumps({"exit_code": 0, "run_s": "x"}))
+    assert job.state == "failed" and job.report() is not None

@@ -326,6 +326,9 @@ async def test_stress_keys_ask_before_burning_gpus_that_run_other_users_jobs(
             pilot, lambda: len(control.burning(app.fleet)) == 4, "sim-01's four GPUs burning"
         )
         assert {n for n, _ in control.burning(app.fleet)} == {"sim-01"}
+        # S decides from what the screen shows (the app's store, a flush behind the fleet)
+        shown = app.store.snaps
+        await until(pilot, lambda: all(shown["sim-01"].burning(g) for g in range(4)), "shown")
         await pilot.press("S")  # stopping asks nothing
         await until(pilot, lambda: not control.burning(app.fleet), "the burns to stop", 15)
 

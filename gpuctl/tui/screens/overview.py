@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual import on
@@ -22,6 +22,9 @@ from gpuctl.tui.view import METRIC_TITLES, METRICS, FilterError, fmt_power, pars
 from gpuctl.tui.widgets.heatmap import Heatmap
 from gpuctl.tui.widgets.overview import NodeList
 from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
+
+if TYPE_CHECKING:
+    from gpuctl.jobs.store import JobStore
 
 PANES = ("gpus", "jobs", "accept")
 
@@ -70,7 +73,7 @@ class OverviewScreen(Screen[None]):
         *,
         simulated: bool,
         read_only: bool,
-        job_store: Any | None,
+        job_store: JobStore | None,
         job_store_error: str | None = None,
         history_path: Path | None = None,
     ) -> None:

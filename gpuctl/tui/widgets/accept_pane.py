@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual import on, work
@@ -26,6 +26,10 @@ from gpuctl.core.format import fmt_age
 from gpuctl.tui.screens.accept_report import AcceptReportScreen, section
 from gpuctl.tui.text import node_str, node_text
 from gpuctl.workloads.accept.schema import SECTIONS
+
+if TYPE_CHECKING:
+    from gpuctl.accept.history import HistoryStore
+    from gpuctl.accept.run import AcceptRun, Progress
 
 HEADERS = {
     "env": "env",
@@ -68,7 +72,7 @@ class NodeRow:
     live: bool = False
 
 
-def node_trend(history: Any, node: str, limit: int = TREND_RUNS) -> str:
+def node_trend(history: HistoryStore, node: str, limit: int = TREND_RUNS) -> str:
     """Sparkline of the node's mean COMPUTE TFLOP/s per run (bf16, else tf32, else fp32) and
     the latest figure, from ``HistoryStore.series``; "" without history."""
     from gpuctl.accept.history import sparkline
@@ -122,7 +126,7 @@ class AcceptPane(Vertical):
         self.history_path = history_path
         self.clock = clock
         self.rows: dict[str, NodeRow] = {}
-        self.run: Any | None = None
+        self.run: AcceptRun | None = None
         self.loaded = False
 
     def compose(self) -> ComposeResult:
@@ -184,7 +188,7 @@ class AcceptPane(Vertical):
             )
 
     # -- the live run -------------------------------------------------------------------------
-    def start(self, run: Any, sections: tuple[str, ...] = SECTIONS) -> None:
+    def start(self, run: AcceptRun, sections: tuple[str, ...] = SECTIONS) -> None:
         """Show a new run (``AcceptRun``); its progress arrives through ``progress()``."""
         self.run = run
         for node in run.nodes:
@@ -198,7 +202,7 @@ class AcceptPane(Vertical):
     def _note(self, text: str) -> None:
         self.query_one("#accept-note", Static).update(node_text(text, limit=LINE_LIMIT))
 
-    def progress(self, p: Any) -> None:
+    def progress(self, p: Progress) -> None:
         run = self.run
         if run is None:
             return

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
-from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from gpuctl.core.model import NodeState
+from gpuctl.tui.messages import GpuSelected
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str
 from gpuctl.tui.view import HEAT_LEVELS, METRICS, heat_level, metric_fraction
@@ -41,13 +42,8 @@ class Heatmap(ScrollView, can_focus=True):
         Binding("right", "move(1,0)", "right", show=False, id="cursor_right"),
     ]
 
-    class Selected(Message):
+    class Selected(GpuSelected):
         """The cursor moved onto a GPU cell."""
-
-        def __init__(self, node: str, gpu: int | None) -> None:
-            super().__init__()
-            self.node = node
-            self.gpu = gpu
 
     def __init__(self, store: FleetStore, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -58,7 +54,7 @@ class Heatmap(ScrollView, can_focus=True):
         self.label_w = 8
         self.cells = 1
         self.cursor: tuple[int, int] = (0, 0)  # (node position in names, gpu position)
-        self.on_paint: Any = None
+        self.on_paint: Callable[[str, float], None] | None = None  # (node, arrival): benchmark
         self.painted: dict[str, float] = {}
 
     # -- layout -------------------------------------------------------------------------------

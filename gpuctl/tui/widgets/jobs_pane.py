@@ -12,8 +12,8 @@ from __future__ import annotations
 import codecs
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual import on, work
@@ -24,10 +24,14 @@ from textual.content import Content
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Log, Static
 
-from gpuctl.jobs.store import StoreError
+from gpuctl.jobs.records import ReportDict
+from gpuctl.jobs.store import JobRecord, JobStore, StoreError
 from gpuctl.node import jobfiles
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.text import node_content, node_str, node_text
+
+if TYPE_CHECKING:
+    from gpuctl.jobs.job import Job
 
 JOB_COLUMNS = ("id", "state", "target", "function", "time", "summary")
 FINAL_STATES = ("done", "failed", "cancelled")
@@ -59,14 +63,14 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
 
 
-def job_duration(rec: Any, now: float) -> float | None:
+def job_duration(rec: JobRecord, now: float) -> float | None:
     """Start (or creation) to end, or to ``now`` while it is not over."""
     start = rec.started_at or rec.created_at
     end = rec.ended_at or (None if rec.state in FINAL_STATES else now)
     return None if end is None or start is None else max(0.0, end - start)
 
 
-def report_content(report: Mapping[str, Any]) -> Content:
+def report_content(report: ReportDict) -> Content:
     """A stored failure report (``FailureReport.to_dict()``) in four sections, theme coloured.
 
     Every field may hold what a node printed: each is made printable (``node_content``), one
@@ -111,7 +115,7 @@ def report_content(report: Mapping[str, Any]) -> Content:
 _UNSHOWN = object()
 
 
-def _default_attach(rec: Any, store: Any) -> Any:
+def _default_attach(rec: JobRecord, store: JobStore | None) -> Job:
     from gpuctl.jobs import attach
 
     return attach(rec, store)
@@ -127,11 +131,11 @@ class JobsPane(Vertical):
 
     def __init__(
         self,
-        job_store: Any | None,
+        job_store: JobStore | None,
         *,
         id: str | None = None,
         clock: Callable[[], float] = time.time,
-        attach: Callable[[Any, Any], Any] = _default_attach,
+        attach: Callable[[JobRecord, JobStore | None], Job] = _default_attach,
         unavailable: str | None = None,
     ) -> None:
         """``unavailable`` says why there is no ``job_store`` (one line: the file, what to
@@ -141,13 +145,13 @@ class JobsPane(Vertical):
         self.unavailable = unavailable
         self.clock = clock
         self.attach = attach
-        self.records: dict[str, Any] = {}
+        self.records: dict[str, JobRecord] = {}
         self.selected: str | None = None
         self.offsets: dict[str, int] = {}
         self.decoders: dict[str, codecs.IncrementalDecoder] = {}
         self.final_read = False  # the last read after the selected job ended is done
         self.shown_report: object = None
-        self._jobs: dict[str, Any] = {}  # attached Job per id (worker threads only)
+        self._jobs: dict[str, Job] = {}  # attached Job per id (worker threads only)
         self._jobs_lock = threading.Lock()
         self._rounds = 0
 
@@ -208,7 +212,7 @@ class JobsPane(Vertical):
             return
         self.app.call_from_thread(self.show, records)
 
-    def _refresh(self, records: list[Any]) -> bool:
+    def _refresh(self, records: list[JobRecord]) -> bool:
         """Poll unfinished local jobs (files) and, every few rounds, Slurm jobs (squeue); SSH
         jobs only when selected. True when a state changed."""
         self._rounds += 1
@@ -226,7 +230,7 @@ class JobsPane(Vertical):
                 continue
         return changed
 
-    def _job(self, rec: Any) -> Any | None:
+    def _job(self, rec: JobRecord) -> Job | None:
         with self._jobs_lock:
             job = self._jobs.get(rec.id)
         if job is None:
@@ -242,7 +246,7 @@ class JobsPane(Vertical):
         cls = STATE_STYLES.get(state)
         return node_text(state, self.get_component_rich_style(cls) if cls else "")
 
-    def _row(self, r: Any) -> tuple[str, str, str, str, str, str]:
+    def _row(self, r: JobRecord) -> tuple[str, str, str, str, str, str]:
         """The row's cells as printable strings (names and summaries come from jobs)."""
         return (
             node_str(r.id)[:12],  # the short id `gpuctl jobs` accepts
@@ -253,7 +257,7 @@ class JobsPane(Vertical):
             node_str(r.summary, limit=CELL_LIMIT),
         )
 
-    def show(self, records: list[Any]) -> None:
+    def show(self, records: list[JobRecord]) -> None:
         table = self.query_one(DataTable)
         existing = {str(k.value) for k in table.rows}
         added = False
@@ -348,7 +352,7 @@ class JobsPane(Vertical):
         self.read_logs(rec, dict(self.offsets))
 
     @work(thread=True, exclusive=True, group="job-logs", exit_on_error=False)
-    def read_logs(self, rec: Any, offsets: dict[str, int]) -> None:
+    def read_logs(self, rec: JobRecord, offsets: dict[str, int]) -> None:
         job = self._job(rec)
         if job is None:
             self.app.call_from_thread(self._logs_unreadable, rec.id)
@@ -419,7 +423,7 @@ class JobsPane(Vertical):
         )
 
     @work(thread=True, group="job-cancel", exit_on_error=False)
-    def cancel_job(self, rec: Any) -> None:
+    def cancel_job(self, rec: JobRecord) -> None:
         job = self._job(rec)
         if job is None:
             self.app.call_from_thread(

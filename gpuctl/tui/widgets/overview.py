@@ -8,18 +8,19 @@ update repaints only that node's lines. Colours come from component classes styl
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+from collections.abc import Callable
+from typing import ClassVar, NamedTuple
 
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Region, Size
-from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
+from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
+from gpuctl.tui.messages import GpuSelected
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str
 from gpuctl.tui.view import (
@@ -78,13 +79,8 @@ class NodeList(ScrollView, can_focus=True):
         Binding("end", "edge(1)", "last", show=False, id="cursor_end"),
     ]
 
-    class Selected(Message):
+    class Selected(GpuSelected):
         """The cursor moved onto a node's GPU (``gpu`` None: the node itself)."""
-
-        def __init__(self, node: str, gpu: int | None) -> None:
-            super().__init__()
-            self.node = node
-            self.gpu = gpu
 
     def __init__(self, store: FleetStore, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -94,7 +90,7 @@ class NodeList(ScrollView, can_focus=True):
         self.cursor: tuple[str, int | None] | None = None
         self.cursor_y = 0
         self.painted: dict[str, float] = {}  # node -> arrival time waiting for its paint
-        self.on_paint: Any = None  # callable(node, arrival) for the benchmark
+        self.on_paint: Callable[[str, float], None] | None = None  # (node, arrival): benchmark
 
     # -- layout -------------------------------------------------------------------------------
     def _block_rows(self, name: str) -> tuple[int, ...] | None:
@@ -416,7 +412,7 @@ class NodeList(ScrollView, can_focus=True):
                 self.painted.setdefault(name, t)
 
 
-def burn_text(burn: dict[str, Any]) -> str:
+def burn_text(burn: BurnState) -> str:
     """The burn column of a GPU row, e.g. BURN 412 TF/s 0 err, from a burn annotation."""
     state = burn.get("state") or "?"
     parts = ["BURN" if state == "running" else f"BURN {state}"]

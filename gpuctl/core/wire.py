@@ -1,0 +1,168 @@
+"""JSON from outside (a node's agent, a job's folder, a stored row) read into typed values.
+
+``parse(Schema, value)`` makes a ``Schema`` TypedDict of a decoded JSON object, checking every
+field against the type the schema declares: a key the schema does not name is left out, and so
+is a field whose value does not have its type (a string where a number belongs, an integer wider
+than 64 bits, a float that is not finite, a list with one element of the wrong type). A list of
+TypedDicts (records) keeps the elements that read and drops the others. It never raises on what
+it reads: junk gives fewer fields, or None when the value is not an object or a required key is
+missing or wrong. Lists and dicts are copied (the result shares none with the input), except
+under a field declared ``Any``.
+
+Declared types it checks: ``str``, ``int``, ``float`` (an int is a float too; a bool is
+neither), ``bool``, ``None``, ``X | Y``, ``Literal[...]``, ``list[X]``, ``dict[str, X]`` and
+``Mapping[str, X]``, nested TypedDicts, and ``Any`` / ``object`` (kept as they are: a field whose
+reader checks it itself). A schema declaring anything else is a programming error: TypeError,
+from the first ``parse`` of that schema.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
+
+T = TypeVar("T")
+
+# A JSON object as decoded (``json.loads``), before anything checked it: what a link or a file
+# hands over, and what ``parse`` turns into a schema's TypedDict.
+JsonObject = dict[str, Any]
+
+# No counter a node reports is wider than 64 bits: a bigger integer is junk (and 10**400 would
+# raise OverflowError in every float() above this layer).
+INT_LIMIT = 1 << 64
+
+
+class _Miss:
+    """The value does not have the declared type."""
+
+
+_MISS = _Miss()
+
+
+def parse(schema: type[T], value: object) -> T | None:
+    """``value`` as a ``schema`` TypedDict (see the module docstring), or None when it is not a
+    JSON object or lacks a required key. Never raises on ``value``."""
+    if not isinstance(value, dict):
+        return None
+    fields, required = _schema_of(schema)
+    out: dict[str, object] = {}
+    for key, v in value.items():  # in the input's order: what is printed again reads the same
+        if key in fields:
+            checked = _fit(fields[key], v)
+            if not isinstance(checked, _Miss):
+                out[key] = checked
+    if not required <= out.keys():
+        return None
+    return cast(T, out)  # every field checked against the schema above
+
+
+def parse_list(schema: type[T], value: object) -> list[T]:
+    """The elements of ``value`` (a JSON list) that ``parse`` as ``schema``; [] for a non-list."""
+    if not isinstance(value, list):
+        return []
+    return [item for item in (parse(schema, v) for v in value) if item is not None]
+
+
+_SCHEMAS: dict[object, tuple[dict[str, object], frozenset[str]]] = {}
+
+
+def _schema_of(schema: object) -> tuple[dict[str, object], frozenset[str]]:
+    """A schema's fields and required keys, read (and checked) once."""
+    known = _SCHEMAS.get(schema)
+    if known is None:
+        if not (isinstance(schema, type) and typing.is_typeddict(schema)):
+            raise TypeError(f"{schema!r} is not a TypedDict")
+        fields = get_type_hints(schema)
+        for declared in fields.values():
+            _supported(declared)
+        known = _SCHEMAS[schema] = (fields, frozenset(getattr(schema, "__required_keys__", ())))
+    return known
+
+
+_PLAIN = (str, int, float, bool, type(None))
+_UNIONS = (Union, types.UnionType)
+_LISTS = (list,)
+_DICTS = (dict, Mapping)
+
+
+def _supported(declared: object) -> None:
+    if declared in _PLAIN or declared is Any or declared is object or declared is None:
+        return
+    if isinstance(declared, type) and typing.is_typeddict(declared):
+        return
+    origin = get_origin(declared)
+    if origin is Literal:
+        return
+    if origin in _UNIONS or origin in _LISTS or origin in _DICTS:
+        args = get_args(declared)
+        if origin in _DICTS and args and args[0] is not str:
+            raise TypeError(f"JSON object keys are strings, not {args[0]!r}")
+        for arg in args[1:] if origin in _DICTS else args:
+            _supported(arg)
+        return
+    raise TypeError(f"gpuctl.core.wire cannot check a field of type {declared!r}")
+
+
+def _fit(declared: object, v: object) -> object:
+    """``v`` (copied) when it has the ``declared`` type, else ``_MISS``."""
+    if declared is Any or declared is object:
+        return v
+    if declared is None or declared is type(None):
+        return v if v is None else _MISS
+    if declared is bool:
+        return v if isinstance(v, bool) else _MISS
+    if declared is int:
+        return v if _is_int(v) else _MISS
+    if declared is float:
+        if isinstance(v, float):
+            return v if math.isfinite(v) else _MISS
+        return v if _is_int(v) else _MISS
+    if declared is str:
+        return v if isinstance(v, str) else _MISS
+    if isinstance(declared, type) and typing.is_typeddict(declared):
+        nested = parse(declared, v)
+        return _MISS if nested is None else nested
+    origin = get_origin(declared)
+    args = get_args(declared)
+    if origin in _UNIONS:
+        for arg in args:
+            fitted = _fit(arg, v)
+            if not isinstance(fitted, _Miss):
+                return fitted
+        return _MISS
+    if origin is Literal:
+        # True == 1, so compare types too: a Literal[1] field is not a bool
+        return v if any(v == a and type(v) is type(a) for a in args) else _MISS
+    if origin in _LISTS:
+        if not isinstance(v, list):
+            return _MISS
+        item = args[0] if args else Any
+        records = isinstance(item, type) and typing.is_typeddict(item)
+        items = []
+        for x in v:
+            fitted = _fit(item, x)
+            if isinstance(fitted, _Miss):
+                if records:
+                    continue  # a list of records keeps the ones that read
+                return _MISS
+            items.append(fitted)
+        return items
+    if origin in _DICTS:
+        if not isinstance(v, dict):
+            return _MISS
+        of = args[1] if len(args) > 1 else Any
+        values = {}
+        for k, x in v.items():
+            fitted = _fit(of, x)
+            if not isinstance(k, str) or isinstance(fitted, _Miss):
+                return _MISS
+            values[k] = fitted
+        return values
+    return _MISS  # _supported refused every other type when the schema was first read
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and -INT_LIMIT < v < INT_LIMIT

@@ -1,0 +1,480 @@
+"""A submitted job as its submitter sees it: ``Job`` (state, polling, result, cancel).
+
+A ``Job`` reads its folder on the target's host (``outcome.json``, heartbeats, status lines) and
+asks its backend what the scheduler knows; once the job is over it classifies what happened
+(``gpuctl.jobs.report``) and keeps the end in the job store. ``JobFailed`` is a system failure
+(its message is the report); ``RemoteTraceback`` is the node's traceback attached to a user
+exception raised again here.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import cloudpickle
+
+from gpuctl import service
+from gpuctl.core import wire
+from gpuctl.jobs.backends import Backend, SlurmBackend
+from gpuctl.jobs.hosts import HostError, LocalHost
+from gpuctl.jobs.records import (
+    Handle,
+    Heartbeat,
+    JobMeta,
+    Outcome,
+    ResultInfo,
+    SchedulerState,
+    WorkerError,
+)
+from gpuctl.jobs.report import (
+    FailureReport,
+    JobFiles,
+    classify,
+    parse_status,
+    unreachable_report,
+)
+from gpuctl.jobs.store import JobStore, JobUpdate, StoreError
+from gpuctl.node import jobfiles
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+
+T = TypeVar("T")
+
+# the job API's log name since before executor.py was split: log filters and readers know it
+log = logging.getLogger("gpuctl.jobs.executor")
+
+SUBMITTER_PYTHON = sys.version.split()[0]
+UNREACHABLE_AFTER = 60.0  # seconds a node may stay unreachable before result() reports it
+BEAT_EVERY = 3.0  # seconds between heartbeat reads while a job runs
+SLURM_VERDICT_WAIT = 30.0  # seconds to wait for Slurm's final state after a signalled stop
+
+
+class JobFailed(Exception):
+    """A system failure of a job (not an exception of the function); ``str`` is the report."""
+
+    def __init__(self, report: FailureReport) -> None:
+        super().__init__(report.text())
+        self.report = report
+
+    @property
+    def kind(self) -> str:
+        return self.report.kind
+
+
+class RemoteTraceback(Exception):
+    """Attached as ``__cause__`` of a re-raised user exception: the traceback on the node."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.tb}"""'
+
+
+class Job:
+    """A submitted function call; like ``concurrent.futures.Future``, but it explains failures.
+
+    When the job's node stops answering, ``state`` is "unreachable" and ``result()`` keeps trying
+    for ``unreachable_after`` seconds (or until its timeout), then raises ``JobFailed`` of kind
+    ``node_unreachable``: not a verdict, the job may still run there, and a later ``result()``
+    (or ``gpuctl result ID``) picks up the real outcome once the node is back.
+    """
+
+    unreachable_after = UNREACHABLE_AFTER
+
+    def __init__(
+        self,
+        job_id: str,
+        name: str,
+        target: str,
+        backend: Backend,
+        jobdir: str,
+        handle: Handle,
+        store: JobStore | None,
+        created_at: float | None = None,
+    ) -> None:
+        self.id = job_id
+        self.name = name
+        self.target = target
+        self.backend = backend
+        self.jobdir = jobdir
+        self.handle = handle
+        self.store = store
+        self.created_at = created_at or time.time()
+        self._files: JobFiles | None = None
+        self._report: FailureReport | None = None
+        self._final = False
+        self._cancel_requested = False
+        self._stored_state = "submitted"
+        self._lock = threading.Lock()
+        self._host_error: str | None = None
+        self._unreachable_since: float | None = None  # wall clock of the first failed poll
+        self._unreachable_mono: float | None = None
+        self._beat: Heartbeat | None = None
+        self._beat_read_at: float | None = None  # monotonic time of the last heartbeat read
+        self._outcome_seen_at: float | None = None
+        self._store_warned = False
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id} {self.name} on {self.target}: {self.state}>"
+
+    # --- files ---------------------------------------------------------------------------
+
+    def _read(self, name: str) -> bytes | None:
+        return self.backend.host.read_bytes(f"{self.jobdir}/{name}")
+
+    def _json(self, schema: type[T], name: str) -> T | None:
+        """The job folder's JSON file ``name`` read as ``schema`` (None: absent or not an
+        object; a field of the wrong type is left out)."""
+        return wire.parse(schema, jobfiles.loads(self._read(name)))
+
+    def _tail(self, name: str, limit: int = 6000) -> str:
+        data = self._read(name) or b""
+        return data[-limit:].decode("utf-8", "replace")
+
+    def stdout(self) -> str:
+        """What the function printed to stdout so far."""
+        return (self._read(jobfiles.STDOUT) or b"").decode("utf-8", "replace")
+
+    def stderr(self) -> str:
+        """What went to stderr so far (tracebacks, faulthandler stacks, warnings)."""
+        return (self._read(jobfiles.STDERR) or b"").decode("utf-8", "replace")
+
+    def logs(self) -> dict[str, str]:
+        """Paths of the job's log files on its host."""
+        names = jobfiles.LOGS
+        if not isinstance(self.backend.host, LocalHost):
+            return {n: f"{self.backend.host.name}:{self.jobdir}/{n}" for n in names}
+        found = {n: p for n in names if os.path.exists(p := f"{self.jobdir}/{n}")}
+        pattern = str(self.handle.get("output") or "")
+        for path in sorted(glob.glob(pattern))[:1] if pattern else ():
+            found["slurm output"] = path  # where slurmstepd says why it killed the job
+        return found
+
+    # --- state ---------------------------------------------------------------------------
+
+    def _poll(self) -> bool:
+        """Read the folder; True once the job is over (outcome written, or can never be).
+
+        A node that cannot be reached is remembered (``_host_error``, since when) and reads as
+        "not over yet": the job may well be running there.
+        """
+        try:
+            over = self._poll_files()
+        except HostError as e:
+            self._host_error = str(e)
+            if self._unreachable_since is None:
+                self._unreachable_since = time.time()
+                self._unreachable_mono = time.monotonic()
+            return False
+        self._host_error = None
+        self._unreachable_since = self._unreachable_mono = None
+        return over
+
+    @property
+    def unreachable_for(self) -> float | None:
+        """Seconds the node has been unreachable (None while it answers)."""
+        if self._unreachable_mono is None:
+            return None
+        return time.monotonic() - self._unreachable_mono
+
+    def _note_beat(self) -> None:
+        """Read heartbeat.json now and then, so an unreachable node's report can say when the
+        job was last seen alive."""
+        now = time.monotonic()
+        if self._beat_read_at is not None and now - self._beat_read_at < BEAT_EVERY:
+            return
+        self._beat_read_at = now
+        beat = self._json(Heartbeat, jobfiles.HEARTBEAT)
+        if beat is not None and beat != self._beat:
+            self._beat = beat
+            self._remember(heartbeat=beat)  # for a later gpuctl that finds the node gone
+
+    @property
+    def last_heartbeat(self) -> Heartbeat | None:
+        """The supervisor's last heartbeat this process read (``t``, ``elapsed_s``, ``rss_kb``)."""
+        return self._beat
+
+    def unreachable_report(self) -> FailureReport | None:
+        """The ``node_unreachable`` report while the node does not answer, else None."""
+        if self._host_error is None or self._unreachable_since is None:
+            return None
+        host = self.backend.host
+        return unreachable_report(
+            job_id=self.id,
+            node=host.name,
+            jobdir=self.jobdir,
+            error=self._host_error,
+            since=self._unreachable_since,
+            now=time.time(),
+            beat=self._beat,
+            beat_seen_at=self._beat_read_at,
+            logs=self.logs(),
+        )
+
+    def _poll_files(self) -> bool:
+        with self._lock:
+            if self._final:
+                return True
+            outcome = self._json(Outcome, jobfiles.OUTCOME)
+            sched: SchedulerState | None = None
+            if outcome is None:
+                self._note_beat()
+                if not self.backend.finished_without_outcome(self.handle, self.jobdir):
+                    return False
+                # the supervisor may have written it just before it went away
+                outcome = self._json(Outcome, jobfiles.OUTCOME)
+                if outcome is None:
+                    sched = self.backend.scheduler_state(self.handle) or {}
+                    if self._cancel_requested:
+                        sched["cancelled"] = True
+                    beat = self._json(Heartbeat, jobfiles.HEARTBEAT)
+                    t = beat.get("t") if beat else None
+                    if t is not None:
+                        sched["heartbeat_age"] = time.time() - float(t)
+            elif isinstance(self.backend, SlurmBackend):
+                sched = self.backend.scheduler_state(self.handle)
+                if self._await_slurm_verdict(outcome, sched):
+                    return False
+            self._files = self._collect(outcome)
+            self._report = classify(
+                self._files,
+                job_id=self.id,
+                logs=self.logs(),
+                scheduler=sched,
+                submitter_python=SUBMITTER_PYTHON,
+            )
+            self._final = True
+        self._store_final()
+        return True
+
+    def _await_slurm_verdict(self, outcome: Outcome, sched: SchedulerState | None) -> bool:
+        """True while a Slurm job whose supervisor was stopped by a signal gpuctl did not send
+        (Slurm's time limit, preemption, an admin's scancel) is still in the queue: its final
+        state says which, so wait for it (at most SLURM_VERDICT_WAIT s)."""
+        if not (sched or {}).get("queued") or self._cancel_requested:
+            return False
+        if outcome.get("stop_reason") != "cancelled" or os.path.exists(
+            jobfiles.JobPaths(self.jobdir).cancel
+        ):
+            return False
+        now = time.monotonic()
+        if self._outcome_seen_at is None:
+            self._outcome_seen_at = now
+        return now - self._outcome_seen_at < SLURM_VERDICT_WAIT
+
+    def _collect(self, outcome: Outcome | None) -> JobFiles:
+        return JobFiles(
+            outcome=outcome,
+            status=parse_status((self._read(jobfiles.STATUS) or b"").decode("utf-8", "replace")),
+            error=self._json(WorkerError, jobfiles.ERROR),
+            result_info=self._json(ResultInfo, jobfiles.RESULT_INFO),
+            stderr_tail=self._tail(jobfiles.STDERR),
+            setup_tail=self._tail(jobfiles.SETUP_LOG, 3000),
+            meta=self._json(JobMeta, jobfiles.META),
+        )
+
+    def _remember(self, **values: Unpack[JobUpdate]) -> None:
+        """Write to the job store; a store that stopped being writable costs the record, never
+        the job (its folder keeps the truth): said once in the log."""
+        if self.store is None:
+            return
+        try:
+            self.store.update(self.id, **values)
+        except StoreError as e:
+            if not self._store_warned:
+                self._store_warned = True
+                log.warning("job %s: %s", self.id, e)
+
+    def _store_final(self) -> None:
+        if self.store is None:
+            return
+        state = self.state
+        r = self._report
+        o: Outcome = (self._files.outcome if self._files else None) or {}
+        self._remember(
+            state=state,
+            kind=r.kind if r else None,
+            summary=(r.evidence[0] if r and r.evidence else None),
+            started_at=o.get("started_at"),
+            ended_at=o.get("ended_at") or time.time(),
+            report=r.to_dict() if r else None,
+        )
+
+    @property
+    def state(self) -> str:
+        """submitted | pending | running | unreachable | done | failed | cancelled."""
+        if self._final or self._poll():
+            if self._report is None:
+                return "done"
+            return "cancelled" if self._report.kind == "cancelled" else "failed"
+        state = self._live_state()
+        if state != self._stored_state and self.store is not None:
+            self._stored_state = state
+            self._remember(state=state)
+        return state
+
+    def _live_state(self) -> str:
+        if self._host_error is not None:
+            return "unreachable"
+        try:
+            if isinstance(self.backend, SlurmBackend):
+                info = self.backend.scheduler_state(self.handle) or {}
+                if info.get("state") == "PENDING":
+                    return "pending"
+            if self._beat or self._read(jobfiles.STATUS) or self._read(jobfiles.HEARTBEAT):
+                return "running"
+        except HostError as e:
+            self._host_error = str(e)
+            if self._unreachable_since is None:
+                self._unreachable_since = time.time()
+                self._unreachable_mono = time.monotonic()
+            return "unreachable"
+        return "submitted"
+
+    def done(self) -> bool:
+        """True once the job finished, failed or was cancelled."""
+        return self._poll()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until done; False at the timeout, or once the node has not answered for
+        ``unreachable_after`` seconds (then ``unreachable_report()`` says so)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.005
+        while not self._poll():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            gone = self.unreachable_for
+            if gone is not None and gone >= self.unreachable_after:
+                return False
+            step = delay if left is None else min(delay, left)
+            self.backend.wait_hint(self.handle, step)
+            delay = min(delay * 1.5, 0.5 if isinstance(self.backend.host, LocalHost) else 1.0)
+        return True
+
+    def report(self) -> FailureReport | None:
+        """The failure report once the job is over (None while running or after success); while
+        the node does not answer, the ``node_unreachable`` report."""
+        if not self._poll():
+            return self.unreachable_report()
+        return self._report
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The exception ``result()`` would raise, or None on success."""
+        try:
+            self.result(timeout)
+        except TimeoutError:
+            raise
+        except BaseException as e:
+            return e
+        return None
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The function's return value.
+
+        Raises the function's own exception (its class when importable here, with the remote
+        traceback as ``__cause__``), ``JobFailed`` for any other failure (its message is the
+        report; kind ``node_unreachable`` when the node stopped answering: call again once it
+        is back), or ``TimeoutError``.
+        """
+        if not self.wait(timeout):
+            lost = self.unreachable_report()
+            if lost is not None:
+                raise JobFailed(lost)
+            raise TimeoutError(f"job {self.id} not finished after {timeout} s")
+        r = self._report
+        try:
+            if r is None:
+                return self._load_result()
+            exc = self._load_exception() if r.kind == "user_exception" else None
+        except HostError as e:  # the node went away between the outcome and the result
+            self._host_error = str(e)
+            self._unreachable_since = time.time()
+            self._unreachable_mono = time.monotonic()
+            lost = self.unreachable_report()
+            assert lost is not None
+            raise JobFailed(lost) from None
+        if exc is not None:
+            raise exc
+        raise JobFailed(r)
+
+    def _load_result(self) -> Any:
+        path = jobfiles.JobPaths(self.jobdir)(jobfiles.RESULT)
+        host = self.backend.host
+        if isinstance(host, LocalHost):
+            with open(path, "rb") as f:
+                return cloudpickle.load(f)
+        with tempfile.TemporaryDirectory(prefix="gpuctl-result-") as tmp:
+            local = os.path.join(tmp, jobfiles.RESULT)
+            host.get_file(path, local)
+            with open(local, "rb") as f:
+                return cloudpickle.load(f)
+
+    def _load_exception(self) -> BaseException | None:
+        data = self._read(jobfiles.EXCEPTION)
+        if not data:
+            return None
+        exc = _rebuild_exception(data)
+        if exc is None:
+            return None
+        err = (self._files.error if self._files else None) or {}
+        tb = str(err.get("traceback") or "")
+        exc.__cause__ = RemoteTraceback(tb)
+        return exc
+
+    def cancel(self, *, read_only: bool | None = None) -> bool:
+        """Ask the job to stop (TERM, grace, KILL on the node); False if it had finished.
+
+        Raises ``gpuctl.service.ReadOnlyError`` in read-only mode (``read_only``: the caller's
+        decision; None: ``$GPUCTL_READ_ONLY`` and the config, ConfigError when it cannot be
+        read)."""
+        service.check("cancelling jobs", read_only=read_only)
+        if self._poll():
+            return False
+        self._cancel_requested = True
+        self.backend.cancel(self.handle, self.jobdir)
+        return True
+
+    def dump_stacks(self) -> None:
+        """Ask VENV2 to write every thread's stack to stderr (for a job that makes no progress)."""
+        import signal
+
+        self.backend.signal(self.handle, self.jobdir, signal.SIGUSR2)
+
+
+def _rebuild_exception(data: bytes) -> BaseException | None:
+    """The user's exception from the worker's exception.pkl: whole when it unpickles, else
+    rebuilt from (type, args, __dict__) without calling its ``__init__``."""
+    try:
+        record = cloudpickle.loads(data)
+    except Exception:
+        return None
+    if not isinstance(record, dict):
+        return None
+    if record.get("whole"):
+        try:
+            exc = cloudpickle.loads(record["whole"])
+        except Exception:
+            exc = None
+        if isinstance(exc, BaseException):
+            return exc
+    cls = record.get("type")
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        return None
+    try:
+        rebuilt: BaseException = cls.__new__(cls)
+        rebuilt.args = tuple(record.get("args") or ())
+        rebuilt.__dict__.update(record.get("dict") or {})
+    except Exception:
+        return None
+    return rebuilt

@@ -1,0 +1,258 @@
+"""VENV2, the interpreter a job's function runs in: provisioned and checked before a submit.
+
+``EnvSpec`` describes a VENV2 for gpuctl to build (Python ``X.Y`` plus packages, cached on the
+host by content hash); ``Venv2`` resolves the one a target uses (an existing interpreter, or the
+built one), probes it once, and refuses with a ``JobFailed`` report when its Python minor version
+or its cloudpickle cannot load this process's pickles. ``RUNNER_FILES`` and ``write_runner``
+are the runner (supervisor, worker and the job-folder contract) that every job folder and every
+built environment gets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import cloudpickle
+
+from gpuctl.core import wire
+from gpuctl.jobs.hosts import Host
+from gpuctl.jobs.job import SUBMITTER_PYTHON, JobFailed
+from gpuctl.jobs.records import BuildResult, Probe
+from gpuctl.jobs.report import KINDS, REMEDIES, FailureReport
+from gpuctl.node import jobfiles
+
+PACKAGE = Path(__file__).resolve().parent.parent
+# Copied into every job folder (path there -> source): the scripts and the contract they import.
+RUNNER_FILES = {name: PACKAGE.parent / src for name, src in jobfiles.RUNNER.items()}
+
+
+def write_runner(host: Host, folder: str) -> None:
+    """Copy the runner (``jobfiles.RUNNER``: the scripts and the package they import) into
+    ``folder``, the supervisor last: a folder holding it is complete."""
+    host.mkdir(f"{folder}/{jobfiles.RUNNER_PACKAGE}", 0o700)
+    for name, src in sorted(RUNNER_FILES.items(), key=lambda i: i[0] == jobfiles.SUPERVISOR_SCRIPT):
+        host.write_bytes(f"{folder}/{name}", src.read_bytes(), 0o600)
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A VENV2 to provision on the node: Python ``X.Y`` plus pip packages.
+
+    ``system_site_packages`` lets the environment see the base interpreter's packages (fast to
+    build when the node already has them). ``methods`` is the order to try (uv, conda, venv).
+    """
+
+    python: str = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    packages: tuple[str, ...] = ()
+    system_site_packages: bool = False
+    methods: tuple[str, ...] = ("uv", "conda", "venv")
+    base_python: str | None = None  # the interpreter ``venv`` copies (default: python3.X)
+
+    def pinned_packages(self) -> list[str]:
+        """The packages with cloudpickle pinned to this submitter's version (added if absent):
+        a payload only loads with the cloudpickle that wrote it."""
+        pin = f"cloudpickle=={cloudpickle.__version__}"
+        out = [pin if p.strip().lower() == "cloudpickle" else p for p in self.packages]
+        if not any(p.strip().lower().startswith("cloudpickle") for p in out):
+            out.insert(0, pin)
+        return out
+
+
+class Venv2:
+    """The VENV2 of one target: ``python`` (an existing interpreter on ``host``) or ``spec`` (one
+    to build under ``env_root`` with ``supervisor_python``, VENV1), probed once.
+
+    ``verify=False`` skips the probe and the version checks (only to exercise the node-side
+    checks): the probe is then just the path.
+    """
+
+    def __init__(
+        self,
+        host: Host,
+        target: str,
+        *,
+        python: str | None,
+        spec: EnvSpec | None,
+        env_root: str,
+        supervisor_python: str,
+        verify: bool,
+    ) -> None:
+        self.host = host
+        self.target = target
+        self.python = python
+        self.spec = spec
+        self.env_root = env_root
+        self.supervisor_python = supervisor_python
+        self.verify = verify
+        self._probe: Probe | None = None
+        self._lock = threading.Lock()
+
+    def probe(self) -> Probe:
+        """Resolve (and build if asked) VENV2; return its probe ``{python, cloudpickle, ...}``.
+
+        Raises ``JobFailed`` (env_build_failed, venv2_wont_start, python_mismatch,
+        cloudpickle_mismatch, module_missing) with a remedy that says exactly what to do.
+        """
+        with self._lock:
+            if self._probe is not None:
+                return self._probe
+            if self.spec is not None:
+                probe = self._build(self.spec)
+            elif not self.verify:
+                assert self.python is not None
+                probe = {"path": self.python}
+            else:
+                assert self.python is not None
+                probe = self._run_probe(self.python)
+            if self.verify:
+                self._check_versions(probe)
+            self._probe = probe
+            return probe
+
+    def _run_probe(self, python: str) -> Probe:
+        from gpuctl.node.supervisor import _PROBE
+
+        rc, out, err = self.host.run([python, "-c", _PROBE], timeout=120)
+        text = out.decode("utf-8", "replace").strip()
+        if rc != 0 or not text:
+            raise JobFailed(
+                provision_report(
+                    "venv2_wont_start",
+                    [
+                        f"{python} on {self.target} does not run: exit {rc}",
+                        *(err.decode("utf-8", "replace").strip().splitlines()[-5:]),
+                    ],
+                )
+            )
+        probe = wire.parse(Probe, json.loads(text.splitlines()[-1])) or {}
+        probe.setdefault("executable", python)
+        probe["path"] = python
+        return probe
+
+    def _build(self, spec: EnvSpec) -> Probe:
+        host = self.host
+        root = host.expand(self.env_root)
+        host.mkdir(root, 0o700)
+        # The runner once per version: a folder named by the hash of its files
+        digest = hashlib.sha256()
+        for name, src in sorted(RUNNER_FILES.items()):
+            digest.update(name.encode() + b"\0" + src.read_bytes() + b"\0")
+        runner = f"{root}/runner-{digest.hexdigest()[:12]}"
+        sup = f"{runner}/{jobfiles.SUPERVISOR_SCRIPT}"
+        if not host.exists(sup):
+            host.mkdir(runner, 0o700)
+            write_runner(host, runner)
+        spec_json = {
+            "root": root,
+            "python": spec.python,
+            "packages": spec.pinned_packages(),
+            "system_site_packages": spec.system_site_packages,
+            "methods": list(spec.methods),
+            "base_python": spec.base_python,
+        }
+        spec_path = f"{root}/spec-{uuid.uuid4().hex[:12]}.json"
+        host.write_bytes(spec_path, json.dumps(spec_json).encode())
+        try:
+            rc, out, err = host.run(
+                [self.supervisor_python, sup, "--build-env", spec_path], timeout=3600
+            )
+        finally:
+            host.run(["rm", "-f", spec_path], timeout=30)
+        try:
+            result = wire.parse(BuildResult, json.loads(out.decode().strip().splitlines()[-1]))
+        except (ValueError, IndexError):
+            result = None
+        if result is None:
+            result = {
+                "ok": False,
+                "error": f"the builder printed nothing (exit {rc})",
+                "log_tail": err.decode("utf-8", "replace")[-3000:],
+            }
+        if not result.get("ok"):
+            tail = str(result.get("log_tail") or "").strip().splitlines()[-12:]
+            raise JobFailed(
+                provision_report(
+                    "env_build_failed",
+                    [
+                        f"building Python {spec.python} with {spec.pinned_packages()}"
+                        f" on {self.target}: {result.get('error')}",
+                        *(f"| {line}" for line in tail),
+                    ],
+                    logs={"build log": str(result.get("log", ""))},
+                )
+            )
+        probe = result.get("probe", Probe()).copy()
+        probe["path"] = result["python"]
+        probe["env_key"] = result.get("key")
+        probe["method"] = result.get("method")
+        return probe
+
+    def _check_versions(self, probe: Probe) -> None:
+        have = list(probe.get("python") or [])[:2]
+        want = list(sys.version_info[:2])
+        path = probe.get("path")
+        if have != want:
+            hv = ".".join(str(x) for x in probe.get("python") or [])
+            raise JobFailed(
+                provision_report(
+                    "python_mismatch",
+                    [
+                        f"VENV2 {path} on {self.target} runs Python {hv}, this gpuctl runs Python "
+                        f"{SUBMITTER_PYTHON}: cloudpickled functions only load on"
+                        " the"
+                        " same minor version"
+                    ],
+                    remedy=f"use env=EnvSpec(python='{want[0]}.{want[1]}', packages=[...]) to let "
+                    f"gpuctl build a Python {want[0]}.{want[1]} VENV2, or python=<a Python "
+                    f"{want[0]}.{want[1]} interpreter on {self.target}>, or run gpuctl itself"
+                    " under "
+                    f"Python {have[0] if have else '?'}.{have[1] if len(have) > 1 else '?'}",
+                )
+            )
+        cp = probe.get("cloudpickle")
+        if not cp:
+            raise JobFailed(
+                provision_report(
+                    "module_missing",
+                    [f"VENV2 {path} on {self.target} has no cloudpickle"],
+                    remedy=f"{path} -m pip install cloudpickle=={cloudpickle.__version__}, or use "
+                    "env=EnvSpec(...) which installs it",
+                )
+            )
+        if str(cp).split(".")[:2] != cloudpickle.__version__.split(".")[:2]:
+            raise JobFailed(
+                provision_report(
+                    "cloudpickle_mismatch",
+                    [
+                        f"VENV2 {path} has cloudpickle {cp},"
+                        f" this gpuctl has {cloudpickle.__version__}"
+                    ],
+                    remedy=f"{path} -m pip install cloudpickle=={cloudpickle.__version__}",
+                )
+            )
+
+
+def provision_report(
+    kind: str,
+    evidence: list[str],
+    *,
+    remedy: str | None = None,
+    logs: Mapping[str, str] | None = None,
+) -> FailureReport:
+    """The report of a job refused before it was submitted (phase ``provision``)."""
+    assert kind in KINDS
+    return FailureReport(
+        kind=kind,
+        phase="provision",
+        evidence=tuple(evidence),
+        remedy=remedy or REMEDIES[kind],
+        logs=dict(logs or {}),
+        job_id="(not submitted)",
+    )

@@ -1,0 +1,249 @@
+"""What flows between the job API, its backends, the job store and a job's folder, as types.
+
+A job folder's JSON files (their names and writers are in ``gpuctl.node.jobfiles``, Python 3.6)
+are written on the node by the supervisor and the worker, so the login side reads them as data:
+``gpuctl.core.wire.parse(Schema, value)`` keeps each field only when it has the type declared
+here. The same goes for the VENV2 probe and the environment builder's answer, and for the
+store's JSON columns when a row is read back.
+
+- ``JobMeta`` (``meta.json``, written by the executor) and its ``Limits``;
+- ``Outcome`` (``outcome.json``, the supervisor's), ``StatusLine`` (``status.jsonl``),
+  ``WorkerError`` (``error.json``), ``ResultInfo`` (``result_info.json``), ``Heartbeat``
+  (``heartbeat.json``), ``PidFile`` (``supervisor.json``);
+- ``Handle`` (how a backend finds a job it started), ``BackendInfo`` (``Backend.describe()``:
+  what the store keeps to rebuild the backend), ``SchedulerState`` (what Slurm says of a job);
+- ``Probe`` (VENV2's versions) and ``BuildResult`` (the environment builder's answer);
+- ``ReportDict`` (``FailureReport.to_dict()``, the store's ``report`` column).
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+# -- written by the submitter ----------------------------------------------------------------
+class Limits(TypedDict, total=False):
+    """A job's resources: ``mem_bytes`` and ``time_limit_s`` (None: no limit), ``grace_s``
+    (SIGTERM to SIGKILL), ``mem_enforced_by`` ("slurm" when Slurm kills over ``--mem``)."""
+
+    cpus: int
+    gpus: int
+    mem_bytes: int | None
+    time_limit_s: float | None
+    grace_s: float
+    mem_enforced_by: str
+
+
+class JobMeta(TypedDict, total=False):
+    """``meta.json``: what the supervisor and the worker need, and what a report names."""
+
+    id: str
+    name: str
+    target: str
+    python_version: str  # the submitter's
+    cloudpickle_version: str
+    python: str  # VENV2's interpreter
+    payload_sha256: str
+    payload_bytes: int
+    limits: Limits
+    setup: list[str]
+    env: dict[str, str]
+    cwd: str
+    worker: str
+    created_at: float
+
+
+# -- written on the node ----------------------------------------------------------------------
+class CgroupMemory(TypedDict, total=False):
+    """The supervisor's memory cgroup before and after the job: its limit and OOM kills."""
+
+    limit_bytes: int | None
+    oom_kill: int | None
+
+
+class SetupRun(TypedDict, total=False):
+    lines: list[str]
+    rc: int | None
+
+
+class StartError(TypedDict, total=False):
+    """Why VENV2's python could not be executed."""
+
+    errno: int | None
+    errno_name: str
+    message: str
+    python: str
+
+
+class Outcome(TypedDict, total=False):
+    """``outcome.json``: how the supervisor saw the job end (the fields the login side reads)."""
+
+    started_at: float
+    ended_at: float
+    phase: str
+    exit_code: int | None
+    signal_name: str | None
+    run_s: float
+    peak_rss_kb: int | None
+    cgroup_before: CgroupMemory | None
+    cgroup_after: CgroupMemory | None
+    supervisor_error: str
+    supervisor_traceback: str
+    setup_failed: bool
+    setup: SetupRun
+    start_error: StartError
+    stop_reason: str | None
+    stop_signal: str | None
+    escalated_to_kill: bool
+    slurm_job_id: str | None
+
+
+class _StatusPhase(TypedDict):
+    phase: str
+
+
+class StatusLine(_StatusPhase, total=False):
+    """A line of ``status.jsonl``: the phase the worker entered (``start`` carries VENV2's
+    ``python`` version and ``executable``)."""
+
+    t: float
+    pid: int
+    python: str
+    executable: str
+
+
+class WorkerError(TypedDict, total=False):
+    """``error.json``: the worker's first error (``kind``, the ``phase`` it was in, the
+    exception's ``type``, ``module`` and ``message``, its ``traceback``; ``stack`` where an exit
+    was called; ``result_type`` of an unpicklable result; ``venv2_executable``)."""
+
+    kind: str
+    phase: str
+    type: str | None
+    module: str | None
+    message: str
+    traceback: str
+    t: float
+    code: int | None
+    stack: str
+    result_type: str
+    venv2_executable: str
+
+
+class ResultInfo(TypedDict, total=False):
+    """``result_info.json``: written once the result is saved."""
+
+    type: str
+    size: int
+    repr: str
+
+
+class PidFile(TypedDict, total=False):
+    """``supervisor.json``: the supervisor's pid, process group and session, written first."""
+
+    pid: int
+    pgid: int
+    sid: int
+    hostname: str
+    started_at: float
+
+
+class Heartbeat(TypedDict, total=False):
+    """``heartbeat.json``: the supervisor's sign of life (``t`` unix time, ``elapsed_s`` of
+    VENV2, ``rss_kb``)."""
+
+    t: float
+    elapsed_s: float
+    venv2_pid: int
+    rss_kb: int | None
+
+
+# -- backends and the scheduler ---------------------------------------------------------------
+class Handle(TypedDict, total=False):
+    """How a backend finds a job it started: the supervisor's ``pid`` and ``host`` (process
+    backends), or the Slurm job id, its ``array`` and the Slurm ``output`` file pattern."""
+
+    pid: int | None
+    host: str
+    slurm_id: str
+    array: str
+    output: str
+
+
+class BackendInfo(TypedDict, total=False):
+    """``Backend.describe()``, kept in the job store to rebuild the backend after a restart
+    (plus the job's ``handle`` once it started). Records of older versions lack newer keys;
+    ``slurm_env`` is such a record's way of naming slurm.conf."""
+
+    kind: str
+    job_root: str
+    python: str
+    node: str
+    partition: str | None
+    slurm_conf: str | None
+    nodelist: str | None
+    sbatch_args: list[str]
+    slurm_env: dict[str, str]
+    handle: Handle
+
+
+class FinalState(TypedDict, total=False):
+    state: str
+    source: str | None
+    output_tail: str
+
+
+class SchedulerState(TypedDict, total=False):
+    """What the scheduler knows of a job: while queued its ``state`` and pending ``reason``;
+    once gone its final ``state``, where that came from (``source``: sacct or scontrol) and the
+    tail of Slurm's output file; ``cancelled`` and ``heartbeat_age`` are added by the job."""
+
+    state: str
+    reason: str
+    queued: bool
+    source: str | None
+    output_tail: str
+    cancelled: bool
+    heartbeat_age: float
+    final: FinalState
+
+
+# -- VENV2 ------------------------------------------------------------------------------------
+class Probe(TypedDict, total=False):
+    """VENV2 as its probe saw it: ``path`` (the interpreter gpuctl runs), ``python`` (version
+    numbers), ``cloudpickle`` (version or None), ``executable``; for a built environment its
+    ``env_key`` and the ``method`` that built it."""
+
+    path: str
+    python: list[int]
+    cloudpickle: str | None
+    executable: str
+    env_key: str | None
+    method: str | None
+
+
+class BuildResult(TypedDict, total=False):
+    """The environment builder's answer (``supervisor.py --build-env``)."""
+
+    ok: bool
+    python: str
+    key: str
+    method: str
+    probe: Probe
+    error: str
+    log: str
+    log_tail: str
+
+
+# -- the store --------------------------------------------------------------------------------
+class ReportDict(TypedDict, total=False):
+    """``FailureReport.to_dict()``: the store's ``report`` column."""
+
+    kind: str
+    title: str
+    phase: str
+    evidence: list[str]
+    remedy: str
+    logs: dict[str, str]
+    job_id: str
+    traceback: str
