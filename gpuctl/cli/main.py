@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except OSError as e:  # a file, folder or connection the command needed
         log.info("failed: %s", os_error(e), exc_info=True)
-        print(f"gpuctl: {os_error(e)}", file=sys.stderr)
+        print(f"gpuctl: {os_error(e)}{logs.where()}", file=sys.stderr)
         return 1
     except Exception as e:
         store = sys.modules.get("gpuctl.jobs.store")  # loaded by any command that used it

@@ -51,3 +51,23 @@ def test_log_file_option_and_an_unwritable_log(tmp_path: Path) -> None:
     r = gpuctl(tmp_path, "--log-file", str(tmp_path / "a-file" / "x.log"), "config", "path")
     assert r.returncode == 0, r.stderr
     assert r.stderr == "" and "config.toml" in r.stdout
+
+
+def test_a_failure_that_is_not_a_mistake_names_the_log(tmp_path: Path) -> None:
+    """An OSError a command did not foresee: one line, exit 1, and where the log is."""
+    code = (
+        "import sys, errno\n"
+        "from gpuctl.cli import jobs, main\n"
+        "def boom(args):\n"
+        "    raise PermissionError(errno.EACCES, 'Permission denied', '/srv/x')\n"
+        "jobs.run_jobs = boom\n"
+        "sys.exit(main.main(['jobs']))\n"
+    )
+    env = node_env({"GPUCTL_STATE_DIR": str(tmp_path / "state")})
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    log = tmp_path / "state" / "logs" / "gpuctl.log"
+    assert r.returncode == 1
+    assert r.stderr == f"gpuctl: /srv/x: Permission denied (log: {log})\n"
+    assert "PermissionError" in log.read_text()
