@@ -286,12 +286,7 @@ class NvmlReader(Reader):
                 found[pid] = mem
         if not readable:
             return None
-        out = []  # type: List[Dict[str, Any]]
-        for pid in sorted(found):
-            pids.add(pid)
-            user, command = self._names.lookup(pid)
-            out.append({"pid": pid, "user": user, "command": command, "mem": found[pid]})
-        return out
+        return self._names.rows(found, pids)
 
     def _read_slow(self, h: Any) -> Dict[str, Any]:
         counts = {}  # type: Dict[str, Optional[int]]

@@ -6,7 +6,7 @@ not per sample.
 """
 
 import pwd
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 MAX_COMMAND = 200  # characters: enough to tell jobs apart, small enough for one sample line
 
@@ -64,3 +64,13 @@ class ProcessNames(object):
         for pid in list(self._cache):
             if pid not in pids:
                 del self._cache[pid]
+
+    def rows(self, found: Dict[int, Optional[int]], seen: Set[int]) -> List[Dict[str, Any]]:
+        """The sample's ``processes`` list for ``found`` (pid -> GPU memory in bytes or None),
+        by pid, with user and command; every pid is added to ``seen``."""
+        out = []  # type: List[Dict[str, Any]]
+        for pid in sorted(found):
+            seen.add(pid)
+            user, command = self.lookup(pid)
+            out.append({"pid": pid, "user": user, "command": command, "mem": found[pid]})
+        return out

@@ -354,12 +354,7 @@ class SmiReader(Reader):
         for pid, mem in apps.get(i, ()):
             if pid not in found or (mem is not None and (found[pid] or 0) < mem):
                 found[pid] = mem
-        out = []  # type: List[Dict[str, Any]]
-        for pid in sorted(found):
-            pids.add(pid)
-            user, command = self._names.lookup(pid)
-            out.append({"pid": pid, "user": user, "command": command, "mem": found[pid]})
-        return out
+        return self._names.rows(found, pids)
 
     # -- events --------------------------------------------------------------------------------
     def events(self) -> List[Dict[str, Any]]:
