@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +21,21 @@ if TYPE_CHECKING:
 
 # Variables of the developer's own environment that would change what gpuctl does under test.
 _FOREIGN_ENV = ("GPUCTL_CONFIG", "GPUCTL_STATE_DIR", "GPUCTL_READ_ONLY", "SSH_AUTH_SOCK")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _default_signals() -> None:
+    """Children see SIGINT and SIGQUIT as a terminal's Ctrl-C and Ctrl-\\ deliver them.
+
+    A shell without job control starts a background command (``cmd &``, as CI runners and
+    ``nohup`` lines do) with both ignored, and an ignored signal stays ignored across exec: every
+    gpuctl the tests start would then shrug off the Ctrl-C they send it. A handler is reset to
+    the default at exec, so one installed here reaches the children as the default.
+    """
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            handler = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+            signal.signal(sig, handler)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,6 +4,7 @@ traceback: real ``python -m gpuctl`` subprocesses, run in parallel, as a user wo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -524,17 +525,27 @@ def test_ctrl_c_while_waiting_for_a_job_leaves_the_job_running(tmp_path: Path) -
             and [j for j in json.loads(r.stdout)["jobs"] if j["state"] == "running"]
         )
 
-    wait_until(running, 20, "the job to run")
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=20)
-    assert proc.returncode == 130
-    line = err.strip()
-    assert re.fullmatch(r"gpuctl: stopped waiting; job (\w{12}) goes on: gpuctl result \1 .*", line)
-    job_id = line.split()[4]
-    assert running()  # the job goes on
-    r = gpuctl(tmp_path, ["cancel", job_id], env)
-    assert r.returncode == 0, r.stderr
-    wait_until(lambda: not _marked(f"GPUCTL_QA_MARK={mark}"), 20, "the cancelled job to end")
+    try:
+        wait_until(running, 20, "the job to run")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 130
+        line = err.strip()
+        assert re.fullmatch(
+            r"gpuctl: stopped waiting; job (\w{12}) goes on: gpuctl result \1 .*", line
+        )
+        job_id = line.split()[4]
+        assert running()  # the job goes on
+        r = gpuctl(tmp_path, ["cancel", job_id], env)
+        assert r.returncode == 0, r.stderr
+        wait_until(lambda: not _marked(f"GPUCTL_QA_MARK={mark}"), 20, "the cancelled job to end")
+    finally:  # a failure above must not leave gpuctl or the 120 s job behind
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for pid in _marked(f"GPUCTL_QA_MARK={mark}"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_job_folders_over_ssh_are_private_parents_included(
