@@ -3,11 +3,17 @@
 The zip is byte-for-byte reproducible (sorted entries, fixed timestamps), so the hash changes
 exactly when node-side code changes, and a node that already holds ``gpuctl-node-<hash>.pyz``
 needs no upload.
+
+It also carries the login side's nvidia-ml-py ``pynvml.py`` (one pure-Python module, BSD; its
+licence is the comment block that opens it, written beside it as ``LICENSE.nvidia-ml-py``) under
+``gpuctl/node/_vendor/``, so a node whose ``python3`` has no pynvml reads its GPUs through NVML
+(``gpuctl/node/readers/bindings.py`` chooses). A different nvidia-ml-py is a different hash.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import io
 import os
 import zipfile
@@ -17,6 +23,45 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 NODE_PACKAGES = ("node", "workloads")
 _MAIN = b"import sys\nfrom gpuctl.node.__main__ import main\nsys.exit(main())\n"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+VENDOR = "gpuctl/node/_vendor"  # readers/bindings.py reads it by this name
+
+
+def _pynvml() -> tuple[str, bytes] | None:
+    """``(version, source)`` of the installed nvidia-ml-py's ``pynvml.py``, or None."""
+    try:
+        dist = importlib.metadata.distribution("nvidia-ml-py")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in dist.files or ():
+        if file.name == "pynvml.py" and len(file.parts) == 1:
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                return dist.version, path.read_bytes()
+    return None
+
+
+def _licence(source: bytes) -> bytes:
+    """The comment block that opens ``pynvml.py`` (its copyright and BSD licence), as text."""
+    lines = []
+    for line in source.decode("utf-8", "replace").splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").removeprefix(" ").rstrip())
+    return ("\n".join(lines).strip("\n") + "\n").encode()
+
+
+def _vendored() -> list[tuple[str, bytes]]:
+    found = _pynvml()
+    if found is None:  # a login side without nvidia-ml-py: nodes use their own or smi
+        return []
+    version, source = found
+    return [
+        (f"{VENDOR}/pynvml.py", source),
+        (f"{VENDOR}/pynvml.version", version.encode() + b"\n"),
+        (f"{VENDOR}/LICENSE.nvidia-ml-py", _licence(source)),
+    ]
 
 
 def _members() -> list[tuple[str, bytes]]:
@@ -33,7 +78,7 @@ def _members() -> list[tuple[str, bytes]]:
                 continue
             rel = path.relative_to(PACKAGE_DIR.parent).as_posix()
             files.append((rel, path.read_bytes()))
-    return sorted(files)
+    return sorted(files + _vendored())
 
 
 def bundle_bytes() -> tuple[str, bytes]:

@@ -15,6 +15,8 @@ login shell   nothing printed to stdout before a command runs (a banner breaks s
 python        the node's ``python`` setting exists and is Python 3.6 or newer
 bundle dir    the agent's folder on the node is the user's and private (0700)
 agent         the agent starts and reads the GPUs: NVML or nvidia-smi, the driver's version
+NVML          the agent reads through NVML, with which pynvml (bundled or the node's own);
+              on the nvidia-smi fallback, why NVML could not be used
 jobs VENV2    the Python jobs run in: the login side's minor version, with cloudpickle
 Slurm         the node's state in Slurm (drained, down, ... with the reason)
 ============  ===============================================================================
@@ -38,6 +40,8 @@ import asyncssh
 
 from gpuctl import __version__
 from gpuctl.config import Config, NodeConfig
+from gpuctl.core.format import reader_text
+from gpuctl.core.model import NodeInfo
 from gpuctl.core.text import printable
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.session import LinkError
@@ -433,11 +437,25 @@ class _NodeDoctor:
                 f"the agent runs (Python {info.python}) but reads no GPU: {info.reader_error}",
                 "install the NVIDIA driver (libnvidia-ml.so.1, nvidia-smi) on the node",
             )
+            self.add("NVML", SKIP, "no GPU reader: see the line above")
         elif info.reader == "simulated":
             self.add("agent", OK, f"{gpus} simulated GPU(s) (Python {info.python})")
+            self.add("NVML", SKIP, "simulated GPUs")
         else:
             how = "NVML" if info.reader == "nvml" else info.reader
             self.add("agent", OK, f"{gpus} GPU(s) through {how}, driver {info.driver or '?'}")
+            self._nvml(info)
+
+    def _nvml(self, info: NodeInfo) -> None:
+        if info.reader == "nvml":
+            self.add("NVML", OK, reader_text(info))
+            return
+        self.add(
+            "NVML",
+            WARN,
+            f"{reader_text(info)}: a process per sample, no XID events",
+            "make libnvidia-ml.so.1 loadable for the node's python3 (ldconfig -p | grep nvidia-ml)",
+        )
 
     async def _slurm_state(self) -> None:
         if shutil.which("sinfo") is None:

@@ -7,8 +7,10 @@ import asyncio
 import sys
 from typing import TYPE_CHECKING
 
+import hostlist
+
 from gpuctl.cli.common import build_fleet, emit_json
-from gpuctl.core.format import gpu_table_rows
+from gpuctl.core.format import gpu_table_rows, reader_text
 from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.fleet.status import collect, node_to_json
 
@@ -38,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
         emit_json({"nodes": [node_to_json(s) for s in snaps]})
     elif len(no_driver) < len(snaps):  # a table of nothing but "no driver" rows says nothing
         print(render_table(snaps))
+        print(render_readers(snaps))
     failed = [s for s in snaps if s.state is NodeState.UNREACHABLE]
     for s in failed:
         print(f"gpuctl: {s.name} did not answer: {s.reason}", file=sys.stderr)
@@ -48,6 +51,18 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if failed or no_driver else 0
+
+
+def render_readers(snaps: list[NodeSnapshot]) -> str:
+    """One line per way of reading GPUs, with its nodes as a hostlist: on NVML (and with which
+    pynvml) or on the nvidia-smi fallback and why. Nodes without a reader are on stderr."""
+    groups: dict[str, list[str]] = {}
+    for s in snaps:
+        if s.info is not None and s.info.reader is not None:
+            groups.setdefault(reader_text(s.info), []).append(s.name)
+    return "\n".join(
+        f"reader {hostlist.collect_hostlist(names)}: {text}" for text, names in groups.items()
+    )
 
 
 def render_table(snaps: list[NodeSnapshot]) -> str:

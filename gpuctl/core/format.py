@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuctl.core.model import GpuSample, NodeSnapshot
+from gpuctl.core.model import GpuSample, NodeInfo, NodeSnapshot
 
 GIB = 1 << 30
 
@@ -24,6 +24,18 @@ def fmt_age(seconds: float) -> str:
     if seconds < 5400:
         return f"{int(seconds // 60)}m"
     return f"{int(seconds // 3600)}h"
+
+
+def reader_text(info: NodeInfo) -> str:
+    """How a node reads its GPUs, and why when it is not NVML: "NVML, pynvml bundled 13.615.71",
+    "nvidia-smi (NVML: nvmlInit failed: Driver Not Loaded)", "no GPU reader: ..."."""
+    if info.reader == "nvml":
+        return f"NVML, pynvml {info.bindings}" if info.bindings else "NVML"
+    if info.reader is None:
+        return "no GPU reader" + (f": {info.reader_error}" if info.reader_error else "")
+    if info.reader_error:  # the fallback says why NVML is not used
+        return f"{info.reader} ({info.reader_error})"
+    return info.reader
 
 
 def gpu_flags(g: GpuSample) -> list[str]:

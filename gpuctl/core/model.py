@@ -207,6 +207,7 @@ class NodeInfo:
     python: str | None = None
     reader: str | None = None
     reader_error: str | None = None
+    bindings: str | None = None  # "bundled 13.615.71" | "system 12.535.133" | None
     driver: str | None = None
     cuda: str | None = None
     nvml: str | None = None
@@ -225,6 +226,7 @@ class NodeInfo:
             python=_str(d.get("python")),
             reader=_str(d.get("reader")),
             reader_error=_str(d.get("reader_error")),
+            bindings=_str(d.get("bindings")),
             driver=_str(d.get("driver")),
             cuda=_str(d.get("cuda")),
             nvml=_str(d.get("nvml")),

@@ -69,6 +69,7 @@ def node_to_json(s: NodeSnapshot, now: float | None = None) -> dict[str, Any]:
         "hostname": info.hostname if info else None,
         "reader": info.reader if info else None,
         "reader_error": info.reader_error if info else None,
+        "bindings": info.bindings if info else None,
         "driver": info.driver if info else None,
         "cuda": info.cuda if info else None,
         "python": info.python if info else None,

@@ -25,7 +25,7 @@ from typing import IO, Any, Callable, Dict, List, Optional, Sequence
 
 from . import protocol
 from .proc import LineBuffer
-from .readers import Reader, open_reader
+from .readers import Reader, bindings, open_reader
 
 # Requests that change a node (load its GPUs, stop other sessions' work). An agent started with
 # --read-only refuses them with error code "read_only", whatever the login side asks: defence in
@@ -214,6 +214,7 @@ class Agent(object):
             "interval": self.interval,
             "reader": self.reader.name if self.reader is not None else None,
             "reader_error": self.reader_error,
+            "bindings": bindings.described(),
             "driver": versions.get("driver"),
             "cuda": versions.get("cuda"),
             "nvml": versions.get("nvml"),

@@ -14,7 +14,11 @@ Agent -> gpuctl
     hello     sent once, first. ``protocol`` (int, this version), ``agent`` (agent version),
               ``hostname``, ``pid``, ``python`` ("3.6.15"), ``interval`` (s),
               ``reader`` ("nvml" | "nvidia-smi" | "simulated" | null),
-              ``reader_error`` (why no reader works, or null),
+              ``reader_error`` (why no reader works; with reader "nvidia-smi", why NVML is
+              not used; else null),
+              ``bindings`` (the pynvml the agent loaded: "bundled 13.615.71" when it is the
+              one the bundle carries, "system 12.535.133" when the node's own is newer, null
+              when it never looked, e.g. simulated GPUs),
               ``driver``, ``cuda``, ``nvml`` (version strings or null),
               ``features`` (list of request types this agent understands),
               ``read_only`` (bool: started with --read-only, it refuses stress_*/accept_*

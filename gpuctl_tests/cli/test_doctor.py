@@ -110,6 +110,7 @@ def test_doctor_names_each_problem_with_its_fix(
         "ProxyJump none"
     )
     assert good["agent"]["detail"].startswith("2 simulated GPU(s)")
+    assert (good["NVML"]["state"], good["NVML"]["detail"]) == ("skip", "simulated GPUs")
     assert good["jobs VENV2"]["state"] == "ok" and "cloudpickle" in good["jobs VENV2"]["detail"]
     assert good["login shell"]["state"] == "ok"
 
@@ -154,7 +155,7 @@ def test_doctor_text_is_one_line_per_check_and_exit_zero_when_all_pass(
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     names = [ln.split()[0] for ln in lines]
-    assert names.count("fine") == 8 and set(names) <= {"login", "fine"}
+    assert names.count("fine") == 9 and set(names) <= {"login", "fine"}
     doc = json.loads(doctor(tmp_path, config, "fine", "--json").stdout)
     assert len(doc["checks"]) == len(lines) and doc["ok"] is True
     assert r.stderr.strip().startswith(f"{len(lines)} checks: ")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +18,7 @@ from gpuctl.core.model import NodeState
 from gpuctl.fleet import control
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
-from gpuctl.fleet.links import NodeLink
+from gpuctl.fleet.links import LocalLink, NodeLink
 from gpuctl.fleet.replay import ReplayLink, recorded_node
 from gpuctl.fleet.session import AgentSession
 from gpuctl.tui import GpuctlApp, make_app
@@ -24,6 +26,8 @@ from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.screens.help import HelpScreen
 from gpuctl.tui.widgets.panes import JobsPane
+from gpuctl_tests.node import smi_stub
+from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub, build
 
 SIZE = (120, 36)
 
@@ -398,3 +402,37 @@ async def test_heatmap_fits_1024_gpus_on_160x48(state_dir: Path) -> None:
         assert heat.virtual_size.height <= heat.size.height  # no scrolling needed
         await pilot.press("down")
         assert heat.selected() == (f"gpu-{heat.per_line:03d}", 0)
+
+
+async def test_the_node_header_says_how_each_node_reads_its_gpus(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """Two real agents: one on NVML (stand-in libnvidia-ml), one on the nvidia-smi fallback."""
+    stub = NvmlStub(build(tmp_path), tmp_path / "nvml.conf", "count 1\n")
+    smi_stub.install(tmp_path / "smi-bin", tmp_path / "smi.json", smi_stub.default_data())
+    wrappers = {
+        "nv": f"LD_LIBRARY_PATH={stub.lib_dir} {CONFIG_ENV}={stub.config}",
+        "smi": f"PATH={tmp_path / 'smi-bin'}:$PATH {smi_stub.DATA_ENV}={tmp_path / 'smi.json'}",
+    }
+    links: dict[str, NodeLink] = {}
+    for name, env in wrappers.items():
+        python = tmp_path / f"python-{name}"
+        python.write_text(f'#!/bin/sh\nunset LD_LIBRARY_PATH\n{env} exec "{sys.executable}" "$@"\n')
+        python.chmod(0o755)
+        links[name] = LocalLink(python=str(python), interval=0.2)
+    app = make_app(Fleet(links), state_dir=state_dir)
+    async with app.run_test(size=(200, 20)) as pilot:
+        await all_live(pilot)
+        nodes = app.overview.nodes
+
+        def header(name: str) -> str:
+            y = next(i for i, ln in enumerate(nodes.lines) if (ln.kind, ln.node) == ("head", name))
+            return nodes.render_line(y - int(nodes.scroll_offset.y)).text
+
+        version = importlib.metadata.version("nvidia-ml-py")  # from source: the node's own
+        assert header("nv").rstrip().endswith(f"NVML, pynvml system {version}")
+        assert (
+            header("smi")
+            .rstrip()
+            .endswith("nvidia-smi (NVML: nvmlInit failed: NVML Shared Library Not Found)")
+        )

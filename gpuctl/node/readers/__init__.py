@@ -45,7 +45,10 @@ class Reader(object):
 
 def open_reader(simulate: Optional[str] = None,
                 seed: int = 0) -> Tuple[Optional[Reader], Optional[str]]:
-    """Return ``(reader, None)`` for the first reader that works, else ``(None, reason)``.
+    """Return ``(reader, note)`` for the first reader that works, else ``(None, reason)``.
+
+    ``note`` is None for NVML and the simulated reader; for the nvidia-smi fallback it says why
+    NVML is not used ("NVML: nvmlInit failed: ..."), so the user sees why a node is on it.
 
     ``simulate`` ("8" or "8:H100" or "2:A100,2:H100") selects the simulated reader instead.
     """
@@ -65,7 +68,7 @@ def open_reader(simulate: Optional[str] = None,
     try:
         from .smi import SmiReader
 
-        return SmiReader.open(), None
+        return SmiReader.open(), "; ".join(reasons)
     except ReaderUnavailable as e:
         reasons.append("nvidia-smi: %s" % e)
     except ImportError as e:

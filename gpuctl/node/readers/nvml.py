@@ -1,7 +1,7 @@
 """The NVML reader: every GPU reading through pynvml (nvidia-ml-py), opened once.
 
-pynvml is imported inside ``NvmlReader.open`` only, so ``gpuctl.node`` stays standard library at
-import time. Each field is read in its own guard: an NVML error (NOT_SUPPORTED, NO_PERMISSION,
+pynvml (the node's own or the one the bundle carries, see ``bindings``) is imported inside
+``NvmlReader.open`` only, so ``gpuctl.node`` stays standard library at import time. Each field is read in its own guard: an NVML error (NOT_SUPPORTED, NO_PERMISSION,
 ...) or a function this pynvml/driver pair lacks makes that one field null, never the others.
 GPU_IS_LOST turns the GPU's record into the "lost" state for good and queues one ``gpu_lost``
 event. XID critical errors come from an NVML event set polled without blocking in ``events()``.
@@ -84,10 +84,12 @@ class NvmlReader(Reader):
     @classmethod
     def open(cls) -> "NvmlReader":
         """Import pynvml and initialise NVML; raises ReaderUnavailable(one-line reason)."""
+        from . import bindings
+
         try:
-            import pynvml
+            pynvml, _ = bindings.load()
         except ImportError as e:
-            raise ReaderUnavailable("pynvml is not installed (%s)" % (e,))
+            raise ReaderUnavailable("%s" % (e,))
         except Exception as e:  # a broken install must not stop the smi fallback
             raise ReaderUnavailable("pynvml failed to import: %s: %s" % (type(e).__name__, e))
         try:

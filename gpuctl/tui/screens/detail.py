@@ -14,7 +14,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 from textual_plotext import PlotextPlot
 
-from gpuctl.core.format import GIB, fmt_age
+from gpuctl.core.format import GIB, fmt_age, reader_text
 from gpuctl.core.model import GpuSample, NodeSnapshot
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str, node_text
@@ -208,9 +208,9 @@ class DetailScreen(Screen[None]):
                 f"python {info.python or '?'}"
             )
             lines.append(
-                f"reader {info.reader or 'none'}  driver {info.driver or '-'}  "
-                f"CUDA {info.cuda or '-'}  NVML {info.nvml or '-'}"
+                f"driver {info.driver or '-'}  CUDA {info.cuda or '-'}  NVML {info.nvml or '-'}"
             )
+            lines.append(f"reader {reader_text(info)}")
             for st in info.gpus:
                 if st.index != self.gpu:
                     continue

@@ -19,6 +19,7 @@ from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from gpuctl.core.format import reader_text
 from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
 from gpuctl.tui.messages import GpuSelected
 from gpuctl.tui.store import FleetStore
@@ -319,6 +320,10 @@ class NodeList(ScrollView, can_focus=True):
             t = self.store.node_totals(s.name)
             util = f"{t.util_sum / t.util_n:.0f}%" if t.util_n else "-"
             segs.append(Segment(f"  {t.gpus} GPUs  util {util}  {fmt_power(t.power)}", header))
+        if info is not None and info.reader in ("nvml", "nvidia-smi"):
+            # Last, as the least urgent: a narrow panel cuts it first. The fallback stands out.
+            style = header if info.reader == "nvml" else header + self._style("nodelist--warm")
+            segs.append(Segment(f"  {node_str(reader_text(info), limit=TEXT_LIMIT)}", style))
         return segs
 
     def _msg(self, s: NodeSnapshot) -> list[Segment]:

@@ -14,6 +14,7 @@ class Nvml:
     def __init__(self) -> None:
         self.nv: Any = None
         self.error: str | None = None
+        self.bindings: str | None = None
         self.handles: dict[int, Any] = {}  # CUDA index -> NVML handle
         self.events: Any = None
         self.xids: dict[int | None, list[int]] = {}
@@ -21,8 +22,9 @@ class Nvml:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         try:
-            import pynvml
+            from gpuctl.node.readers import bindings
 
+            pynvml, self.bindings = bindings.load()  # the agent's choice: node's own or bundled
             pynvml.nvmlInit()
             self.nv = pynvml
         except Exception as e:  # ImportError, NVMLError, missing libnvidia-ml

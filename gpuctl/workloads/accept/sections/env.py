@@ -65,6 +65,7 @@ def run(suite: "Suite") -> "dict[str, Any]":
     suite.nvml = Nvml()
     suite.nvml.map_devices(torch, count)
     info["driver"] = suite.nvml.driver()
+    info["nvml_bindings"] = suite.nvml.bindings
     try:
         v = torch.cuda.nccl.version()
         info["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
@@ -88,7 +89,7 @@ def run(suite: "Suite") -> "dict[str, Any]":
         suite.out.line(line)
     suite.out.line(
         f"driver {info['driver']}, NCCL {info['nccl']}, "
-        f"NVML {'ok' if suite.nvml.nv else suite.nvml.error}"
+        f"NVML {f'ok ({suite.nvml.bindings})' if suite.nvml.nv else suite.nvml.error}"
     )
     if expected is not None and count < expected:
         info["verdict"] = "FAIL"
