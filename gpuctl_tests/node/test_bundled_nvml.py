@@ -143,6 +143,18 @@ def test_the_nodes_own_pynvml_is_used_only_when_newer(
     assert agent.read_until(lambda m: m["type"] == "sample")["gpus"][0]["temp"] == 40
 
 
+def test_a_broken_newer_pynvml_of_the_nodes_gives_way_to_the_bundled_one(
+    nvml_lib_dir: Path, tmp_path: Path, agents: list[AgentProcess]
+) -> None:
+    python = old_python("3.6.15")
+    stub = NvmlStub(nvml_lib_dir, tmp_path / "nvml.conf", "count 1\n")
+    site = node_site(tmp_path / "site", "nvidia_ml_py-999.0.0.dist-info")
+    (site / "pynvml.py").write_text("raise OSError('half-installed')\n")
+    agent = start_agent(python, write_bundle(tmp_path / "b"), agent_env(stub, site), agents)
+    hello = agent.read()
+    assert (hello["reader"], hello["bindings"]) == ("nvml", f"bundled {VERSION}")
+
+
 def test_a_broken_driver_falls_back_to_smi_and_says_why(
     tmp_path: Path, agents: list[AgentProcess]
 ) -> None:

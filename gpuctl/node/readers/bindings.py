@@ -94,9 +94,10 @@ def _import_bundled() -> Any:
 def load() -> Tuple[Any, str]:
     """Import the pynvml to use and say which: ``(module, "bundled 13.615.71")``.
 
-    The node's own pynvml wins only when its version is known and newer than the bundled one.
-    Raises ImportError (with a one-line reason) when there is none at all; any other error from
-    importing a broken install propagates for the caller to report.
+    The node's own pynvml wins only when its version is known and newer than the bundled one,
+    and when it imports: a broken one gives way to the bundled one. Raises ImportError (with a
+    one-line reason) when there is none at all; with no bundled one to fall back on, the error of
+    a broken install propagates for the caller to report.
     """
     global _chosen
     if _chosen is not None:
@@ -112,10 +113,16 @@ def load() -> Tuple[Any, str]:
         or (version is not None and _version_key(version) > _version_key(bundled))
     )
     if use_system:
-        import pynvml
+        try:
+            import pynvml
 
-        _chosen = (pynvml, "system %s" % (version or "(version unknown)"))
-    elif bundled is not None:
+            _chosen = (pynvml, "system %s" % (version or "(version unknown)"))
+            return _chosen
+        except Exception:  # a broken install of the node's: the bundle's, when there is one
+            sys.modules.pop("pynvml", None)
+            if bundled is None:
+                raise
+    if bundled is not None:
         _chosen = (_import_bundled(), "bundled %s" % bundled)
     else:
         raise ImportError("pynvml is not installed and this agent carries none")
