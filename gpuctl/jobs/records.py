@@ -114,12 +114,14 @@ class StatusLine(_StatusPhase, total=False):
 
 class WorkerError(TypedDict, total=False):
     """``error.json``: the worker's first error (``kind``, the ``phase`` it was in, the
-    exception's ``type``, ``module`` and ``message``, its ``traceback``; ``stack`` where an exit
-    was called; ``result_type`` of an unpicklable result; ``venv2_executable``)."""
+    exception's ``type``, the module defining it as ``type_module``, and ``message``, its
+    ``traceback``; ``module``: the module an ImportError could not import; ``stack`` where an
+    exit was called; ``result_type`` of an unpicklable result; ``venv2_executable``)."""
 
     kind: str
     phase: str
     type: str | None
+    type_module: str | None
     module: str | None
     message: str
     traceback: str

@@ -380,9 +380,10 @@ def classify(
             kind == "user_exception" and err.get("type") in ("ModuleNotFoundError", "ImportError")
         ):
             name = err.get("module") or _module_from_message(str(err.get("message")))
+            exe = err.get("venv2_executable")
             return report(
                 "module_missing",
-                f"module {name!r} cannot be imported in VENV2 ({err.get('venv2_executable') or ''})"
+                f"module {name!r} cannot be imported in VENV2{f' ({exe})' if exe else ''}"
                 f" during {err.get('phase')}: {msg}",
                 remedy=f"add {name!r} to the environment's packages, or install it into VENV2",
             )

@@ -14,7 +14,7 @@ What it does, in order:
    pipe), in its own session, with ``RLIMIT_AS`` when a memory limit is asked for outside Slurm;
 4. waits: writes ``heartbeat.json`` every few seconds, enforces the time limit itself outside Slurm
    (TERM, grace, KILL to VENV2's process group), forwards SIGUSR1/SIGUSR2 (Slurm's warning signal,
-   stack dumps) and turns SIGTERM/SIGINT/SIGHUP into a cancel;
+   stack dumps) to VENV2's python alone, and turns SIGTERM/SIGINT/SIGHUP into a cancel;
 5. records exit code or signal, peak RSS (``wait4``), wall time, the cgroup (v1 or v2) memory limit
    and OOM-kill count before and after, kills whatever VENV2 left in its process group and every
    other descendant (the supervisor is a child subreaper: what the job double-forked or moved to
@@ -388,9 +388,14 @@ class Supervisor(object):
                 self.outcome["escalated_to_kill"] = True
                 self._killpg(signal.SIGKILL)
             while self.pending_forward:
+                # To VENV2's Python only: the function's own children (data loaders, servers)
+                # would die of a USR1/USR2 meant for the worker's handlers.
                 signum = self.pending_forward.pop(0)
                 self.outcome.setdefault("forwarded", []).append(signal.Signals(signum).name)
-                self._killpg(signum)
+                try:
+                    os.kill(child.pid, signum)
+                except OSError:
+                    pass
             if now >= next_beat:
                 rss = _rss_kb(child.pid)
                 if rss:

@@ -48,6 +48,11 @@ def phase(name: str, **extra: Any) -> None:
     jobfiles.append_line(_path(jobfiles.STATUS), record)
 
 
+def _note_signal(name: str) -> None:
+    """A signal the job was sent, as a status line without a phase (readers skip it)."""
+    jobfiles.append_line(_path(jobfiles.STATUS), {"signal": name, "t": time.time()})
+
+
 def first_error(
     kind: str,
     current_phase: str,
@@ -60,7 +65,9 @@ def first_error(
         "kind": kind,
         "phase": current_phase,
         "type": type(exc).__name__ if exc is not None else None,
-        "module": type(exc).__module__ if exc is not None else None,
+        # the exception class's own module; "module" is the module an ImportError could not find
+        "type_module": type(exc).__module__ if exc is not None else None,
+        "module": getattr(exc, "name", None) if isinstance(exc, ImportError) else None,
         "message": message if message is not None else (str(exc) if exc is not None else ""),
         "traceback": traceback.format_exc() if exc is not None else "",
         "t": time.time(),
@@ -109,9 +116,10 @@ def run(jobdir: str) -> int:
     phase("start", pid=os.getpid(), python=sys.version.split()[0], executable=sys.executable)
     with open(_path(jobfiles.META)) as f:
         meta = json.load(f)
-    # Stack dumps on request (SIGUSR2), into stderr.txt; SIGUSR1 (Slurm's warning) is noted.
+    # Stack dumps on request (SIGUSR2), into stderr.txt; SIGUSR1 (Slurm's warning) is noted as
+    # a line of its own that names no phase: the job stays in the phase it was in.
     faulthandler.register(signal.SIGUSR2, all_threads=True)
-    signal.signal(signal.SIGUSR1, lambda s, f: phase("warning_signal", signal="SIGUSR1"))
+    signal.signal(signal.SIGUSR1, lambda s, f: _note_signal("SIGUSR1"))
 
     state["phase"] = "env_check"
     want = [int(x) for x in meta["python_version"].split(".")[:2]]

@@ -135,7 +135,10 @@ def test_missing_module_is_named(make_executor: Any, tmp_path: Path) -> None:
         import gpuctl_no_such_package  # type: ignore[import-not-found]  # noqa: F401
 
     err = failure(make_executor().submit(imports_at_runtime), "module_missing")
-    assert "'gpuctl_no_such_package'" in str(err)
+    # the module it could not import, not the module of ImportError's class ("builtins")
+    assert err.report.evidence[0].startswith("module 'gpuctl_no_such_package' cannot be imported")
+    assert "builtins" not in str(err)
+    assert err.report.phase == "running"
 
 
 def test_time_limit_terms_then_kills(make_executor: Any) -> None:

@@ -99,19 +99,35 @@ def test_disk_full_while_saving_the_result(make_executor: Any, small_fs: Path) -
     assert not any(p.name.startswith("result.pkl") for p in Path(job.jobdir).iterdir())
 
 
-def test_warning_signal_is_forwarded_to_venv2(make_executor: Any) -> None:
-    def waits() -> None:
+def test_warning_signal_and_stack_dumps_reach_venv2_and_spare_the_functions_children(
+    make_executor: Any, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "child.pid"
+
+    def waits(pid_file: str) -> None:
+        import subprocess
         import time
 
+        child = subprocess.Popen(["sleep", "120"])  # a data loader, a server: not the job's Python
+        with open(pid_file, "w") as f:
+            f.write(str(child.pid))
         time.sleep(120)
 
-    job = make_executor(grace=1).submit(waits)
+    job = make_executor(grace=1).submit(waits, str(pid_file))
     status = Path(job.jobdir, "status.jsonl")
-    wait_until(lambda: status.exists() and '"running"' in status.read_text(), 30, "running")
+    wait_until(lambda: pid_file.exists() and pid_file.read_text(), 30, "the function's child")
+    child = int(pid_file.read_text())
     job.backend.signal(job.handle, job.jobdir, signal.SIGUSR1)  # what Slurm's --signal sends
-    wait_until(lambda: "warning_signal" in status.read_text(), 10, "VENV2 to note the signal")
+    wait_until(lambda: '"signal": "SIGUSR1"' in status.read_text(), 10, "VENV2 to note it")
+    job.dump_stacks()  # SIGUSR2: faulthandler writes every thread's stack to stderr
+    stderr = Path(job.jobdir, "stderr.txt")
+    wait_until(lambda: " in waits" in stderr.read_text(), 10, "the stack dump")
+    assert Path(f"/proc/{child}").exists()  # the function's own child lives on
+    assert Path(f"/proc/{child}/stat").read_text().split()[2] != "Z"
     job.cancel()
-    with pytest.raises(JobFailed):
+    with pytest.raises(JobFailed) as info:
         job.result(30)
+    # the note is not a phase: the job was cancelled while running
+    assert (info.value.kind, info.value.report.phase) == ("cancelled", "running")
     outcome = json.loads(Path(job.jobdir, "outcome.json").read_text())
-    assert outcome["forwarded"] == ["SIGUSR1"]
+    assert outcome["forwarded"] == ["SIGUSR1", "SIGUSR2"]
