@@ -77,6 +77,13 @@ def register(sub: Subcommands) -> None:
     p = sub.add_parser("result", help="print a job's result, or its failure report")
     p.add_argument("id", help="job id (a unique prefix is enough)")
     p.add_argument("--timeout", type=float, default=0.0, help="seconds to wait (default: none)")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the whole result as a pickle to FILE (- for stdout) instead of printing a "
+        "shortened repr; works even where the result's classes cannot be imported",
+    )
     p.set_defaults(func=run_result)
 
 
@@ -223,11 +230,33 @@ def _stopped_waiting(job: Job) -> int:
     return 130
 
 
-def _print_result(job: Job, timeout: float | None) -> int:
+REPR_CHARS = 4000  # `gpuctl result` prints at most this much of a result's repr
+
+
+def short_repr(value: Any, limit: int = REPR_CHARS) -> str:
+    """``repr(value)``, cut at ``limit`` characters with a line saying how long it was and how to
+    get all of it (a 126 MB string must not become 126 MB on a terminal)."""
+    try:
+        text = repr(value)
+    except Exception as e:  # a broken __repr__ of the user's class
+        return f"<{type(value).__qualname__}: repr failed: {type(e).__name__}: {e}>"
+    if len(text) <= limit:
+        return text
+    return (
+        f"{text[:limit]}...\n(repr shortened to {limit:,} of {len(text):,} characters: "
+        "gpuctl result ID -o FILE writes the whole result as a pickle)"
+    )
+
+
+def _print_result(job: Job, timeout: float | None, output: str | None = None) -> int:
+    """Print the result (a bounded repr) or write its pickle to ``output``; else the failure."""
     from gpuctl.jobs import JobFailed, RemoteTraceback
 
     try:
-        value = job.result(timeout)
+        if output is None:
+            value = job.result(timeout)
+        elif not job.wait(timeout) or job.report() is not None:
+            job.result(0)  # raises: the failure, the timeout, the node that went away
     except TimeoutError:
         print(f"gpuctl: job {job.id} is {job.state}", file=sys.stderr)
         return 3
@@ -244,7 +273,17 @@ def _print_result(job: Job, timeout: float | None) -> int:
             tb = cause.tb.rstrip() + "\n" if isinstance(cause, RemoteTraceback) else ""
             print(f"{tb}{type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    print(repr(value))
+    if output is None:
+        print(short_repr(value))
+        return 0
+    try:
+        job.copy_result(output)
+    except OSError as e:  # a folder that is not there, a file not ours
+        from gpuctl.cli.main import os_error
+
+        raise UserError(f"cannot write the result to {output}: {os_error(e)}") from None
+    if output != "-":
+        print(f"gpuctl: job {job.id[:12]}'s result written to {output}", file=sys.stderr)
     return 0
 
 
@@ -379,6 +418,6 @@ def run_result(args: argparse.Namespace) -> int:
         raise UserError(f"--timeout must be 0 (do not wait) or more seconds, not {args.timeout:g}")
     job = _job(args)
     try:
-        return _print_result(job, args.timeout or 0.0)
+        return _print_result(job, args.timeout or 0.0, args.output)
     except KeyboardInterrupt:
         return _stopped_waiting(job)

@@ -277,7 +277,9 @@ class SlurmBackend(Backend):
         if self.signal_warning:
             lines.append(f"#SBATCH --signal=B:{self.signal_warning}")
         root = os.path.dirname(jobdirs[0])
-        output = sbatch_path(f"{root}/slurm-%A_%a.out", "job folder", pattern=True)
+        # %a of a job that is not an array would be a placeholder (4294967294): name it by %j
+        pattern = "slurm-%A_%a.out" if len(jobdirs) > 1 else "slurm-%j.out"
+        output = sbatch_path(f"{root}/{pattern}", "job folder", pattern=True)
         lines.append(f"#SBATCH --output={output}")
         lines.append(f"#SBATCH --chdir={sbatch_path(root, 'job folder')}")
         if len(jobdirs) > 1:
@@ -301,8 +303,7 @@ class SlurmBackend(Backend):
         root = os.path.dirname(jobdirs[0])
         handles: list[Handle]
         if len(jobdirs) == 1:
-            # %a of a job that is not an array is a placeholder number: match any
-            handles = [{"slurm_id": job_id, "output": f"{root}/slurm-{job_id}_*.out"}]
+            handles = [{"slurm_id": job_id, "output": f"{root}/slurm-{job_id}.out"}]
         else:
             handles = [
                 {

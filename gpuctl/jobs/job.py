@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -383,7 +384,9 @@ class Job:
         """The function's return value.
 
         Raises the function's own exception (its class when importable here, with the remote
-        traceback as ``__cause__``), ``JobFailed`` for any other failure (its message is the
+        traceback as ``__cause__``; a ``KeyboardInterrupt`` or other ``BaseException`` that is not
+        an ``Exception`` comes as the ``__cause__`` of a ``JobFailed`` instead, so that it never
+        passes for a Ctrl-C here), ``JobFailed`` for any other failure (its message is the
         report; kind ``node_unreachable`` when the node stopped answering: call again once it
         is back), or ``TimeoutError``.
         """
@@ -404,21 +407,66 @@ class Job:
             lost = self.unreachable_report()
             assert lost is not None
             raise JobFailed(lost) from None
-        if exc is not None:
+        if isinstance(exc, Exception):
             raise exc
-        raise JobFailed(r)
+        # A KeyboardInterrupt (or another BaseException) raised on the node is the job's failure,
+        # not this process's Ctrl-C: raised as such it would stop the caller as if interrupted.
+        raise JobFailed(r) from exc
 
     def _load_result(self) -> Any:
         path = jobfiles.JobPaths(self.jobdir)(jobfiles.RESULT)
         host = self.backend.host
         if isinstance(host, LocalHost):
-            with open(path, "rb") as f:
-                return cloudpickle.load(f)
+            return self._unpickle_result(path, path)
         with tempfile.TemporaryDirectory(prefix="gpuctl-result-") as tmp:
             local = os.path.join(tmp, jobfiles.RESULT)
             host.get_file(path, local)
+            return self._unpickle_result(local, f"{host.name}:{path}")
+
+    def copy_result(self, dest: str) -> None:
+        """Copy the result's pickle, as the worker wrote it, to the file ``dest`` ("-": stdout)
+        without unpickling it: it works where the result's classes cannot be imported. The job
+        must have succeeded (``result()`` says why when not)."""
+        path = jobfiles.JobPaths(self.jobdir)(jobfiles.RESULT)
+        host = self.backend.host
+        if dest == "-":
+            sys.stdout.flush()
+            sys.stdout.buffer.write(host.read_bytes(path) or b"")
+            sys.stdout.buffer.flush()
+        elif isinstance(host, LocalHost):
+            shutil.copyfile(path, dest)
+        else:
+            host.get_file(path, dest)
+
+    def _unpickle_result(self, local: str, shown: str) -> Any:
+        """The result from its file; one that this Python cannot rebuild (its class lives in a
+        module not installed here, a newer pickle protocol) is a ``JobFailed`` that says so."""
+        try:
             with open(local, "rb") as f:
                 return cloudpickle.load(f)
+        except Exception as e:
+            info = (self._files.result_info if self._files else None) or {}
+            missing = getattr(e, "name", None) if isinstance(e, ImportError) else None
+            evidence = [
+                f"the job succeeded; its result ({info.get('type', 'unknown type')}, "
+                f"{info.get('size', '?')} bytes) is in {shown}",
+                f"unpickling it here failed: {type(e).__name__}: {e}",
+            ]
+            remedy = (
+                f"install {missing!r} into this Python ({sys.executable}), or return plain data"
+                if missing
+                else "unpickle it with the Python and packages of VENV2, or return plain data"
+            )
+            raise JobFailed(
+                FailureReport(
+                    kind="result_unloadable",
+                    phase="done",
+                    evidence=tuple(evidence),
+                    remedy=remedy,
+                    logs=self.logs(),
+                    job_id=self.id,
+                )
+            ) from e
 
     def _load_exception(self) -> BaseException | None:
         data = self._read(jobfiles.EXCEPTION)

@@ -44,6 +44,7 @@ KINDS: dict[str, str] = {
     "never_started": "the job never started",
     "disk_full": "disk full",
     "unpicklable_result": "the result cannot be pickled",
+    "result_unloadable": "the result cannot be unpickled here",
     "load_failed": "the payload could not be loaded in VENV2",
     "sys_exit": "the function exited the process",
     "killed": "VENV2 was killed by a signal",
@@ -77,6 +78,8 @@ REMEDIES: dict[str, str] = {
     "unpicklable_result": "return plain data (lists, dicts, arrays) instead of open files, locks, "
     "generators or sockets",
     "load_failed": "the payload refers to something VENV2 cannot rebuild; see the traceback",
+    "result_unloadable": "install what the result's classes need into this Python, or return "
+    "plain data",
     "sys_exit": "return a value instead of calling sys.exit/os._exit inside the function",
     "killed": "something outside the job sent the signal (an admin, the OOM killer, a scheduler)",
     "lost": "the node rebooted or the supervisor was killed; resubmit",
@@ -386,6 +389,13 @@ def classify(
                 f"module {name!r} cannot be imported in VENV2{f' ({exe})' if exe else ''}"
                 f" during {err.get('phase')}: {msg}",
                 remedy=f"add {name!r} to the environment's packages, or install it into VENV2",
+            )
+        if kind == "user_exception" and err.get("type") == "KeyboardInterrupt":
+            return report(
+                "user_exception",
+                f"{msg}",
+                "raised on the node (by the function's code, or a SIGINT sent to VENV2 there): "
+                "not a Ctrl-C of yours",
             )
         if kind == "user_exception":
             return report("user_exception", f"{msg}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,12 @@ def slow():
     import time
     print("started", flush=True)
     time.sleep(120)
+
+def huge():
+    return "x" * 1_000_000
+
+def interrupted():
+    raise KeyboardInterrupt("raised by the function")
 
 LOCK = threading.Lock()
 
@@ -71,6 +78,35 @@ def test_submit_wait_jobs_logs_result(
     assert any("boom" in line and "user_exception" in line for line in lines)
     rc, out, _ = run(capsys, "logs", job_id[:8], "--stdout")
     assert (rc, out.strip()) == (0, "hello 2 3")
+
+
+def test_a_huge_result_prints_shortened_and_writes_whole_with_o(
+    user_file: Path, venv1: str, venv2: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    common = ("--supervisor-python", venv1, "--python", venv2)
+    rc, out, _ = run(capsys, "submit", f"{user_file}:huge", "--wait", *common)
+    assert rc == 0
+    job_id, printed = out.split("\n", 1)
+    assert len(printed) < 5000
+    assert printed.startswith("'xxx") and "4,000 of 1,000,002 characters" in printed
+    assert "gpuctl result ID -o FILE" in printed
+    rc, out, err = run(capsys, "result", job_id, "-o", str(tmp_path / "r.pkl"))
+    assert (rc, out) == (0, "") and "r.pkl" in err
+    with open(tmp_path / "r.pkl", "rb") as f:
+        assert pickle.load(f) == "x" * 1_000_000
+    rc, _, err = run(capsys, "result", job_id, "-o", str(tmp_path / "no" / "such" / "r.pkl"))
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("gpuctl: cannot write the result to ") and "Traceback" not in err
+
+
+def test_a_keyboard_interrupt_raised_on_the_node_is_a_failure_not_a_ctrl_c(
+    user_file: Path, venv1: str, venv2: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ("--supervisor-python", venv1, "--python", venv2)
+    rc, _, err = run(capsys, "submit", f"{user_file}:interrupted", "--wait", *common)
+    assert rc == 1, err  # not 130: nobody pressed Ctrl-C here
+    assert "[user_exception]" in err and "KeyboardInterrupt: raised by the function" in err
+    assert "not a Ctrl-C of yours" in err
 
 
 def test_cancel_through_the_cli(

@@ -166,6 +166,40 @@ def test_unpicklable_result(make_executor: Any) -> None:
     assert "lock" in str(err).lower()
 
 
+def test_a_result_this_python_cannot_unpickle_says_so(make_executor: Any, tmp_path: Path) -> None:
+    def returns_a_node_only_class(folder: str) -> Any:
+        import importlib
+        import os
+        import sys
+
+        with open(os.path.join(folder, "gpuctl_only_on_node.py"), "w") as f:
+            f.write("class Point:\n    def __init__(self, x):\n        self.x = x\n")
+        sys.path.insert(0, folder)
+        return importlib.import_module("gpuctl_only_on_node").Point(3)  # pickled by reference
+
+    node_side = tmp_path / "node-side"
+    node_side.mkdir()
+    err = failure(
+        make_executor().submit(returns_a_node_only_class, str(node_side)), "result_unloadable"
+    )
+    assert isinstance(err.__cause__, ModuleNotFoundError)
+    assert "gpuctl_only_on_node.Point" in err.report.evidence[0]
+    assert "No module named 'gpuctl_only_on_node'" in err.report.evidence[1]
+    assert "install 'gpuctl_only_on_node' into this Python" in err.report.remedy
+
+
+def test_a_keyboard_interrupt_on_the_node_is_the_jobs_failure_not_a_ctrl_c_here(
+    make_executor: Any,
+) -> None:
+    def interrupted() -> None:
+        raise KeyboardInterrupt("stopped by the function itself")
+
+    err = failure(make_executor().submit(interrupted), "user_exception")
+    assert isinstance(err.__cause__, KeyboardInterrupt)
+    assert "KeyboardInterrupt: stopped by the function itself" in str(err)
+    assert "not a Ctrl-C of yours" in str(err)
+
+
 @pytest.mark.parametrize(
     ("how", "expect"),
     [("os", "os._exit(3)"), ("sys", "sys.exit(4)")],

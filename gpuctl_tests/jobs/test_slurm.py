@@ -294,7 +294,7 @@ def test_the_scripts_gpuctl_writes_are_read_by_sbatch_as_written(
     try:
         info = slurm_cluster.run(["scontrol", "show", "job", job]).stdout
         assert "JobName=gpuctl-x_touch_tmp_pwned_SBATCH_--wrap_id_q_r_id\n" in info
-        assert f"StdOut={root}/slurm-{job}_4294967294.out" in info  # %a of a non-array job
+        assert f"StdOut={root}/slurm-{job}.out" in info  # not an array: no %a placeholder
         assert f"WorkDir={root}\n" in info and "Comment=two words" in info
         assert f"ReqNodeList={slurm_cluster.node} " in info
         assert "JobState=PENDING Reason=JobHeldUser" in info
