@@ -64,7 +64,8 @@ def children_ns(pid: int) -> int:
 class Agent:
     def __init__(self, command: list[str], args: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
-            [*command, "agent", *args],
+            # nobody pings it here: without --liveness-timeout 0 it would stop after 30 s
+            [*command, "agent", "--liveness-timeout", "0", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import sys
@@ -68,24 +69,49 @@ def parse_mem(mem: int | str | None) -> int | None:
     return int(float(text))
 
 
+@functools.cache
+def _installed_roots() -> tuple[str, ...]:
+    """The folders Python's own and installed modules live in (stdlib, site-packages)."""
+    paths = sysconfig.get_paths()
+    bases = (paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    return tuple(os.path.realpath(b) + os.sep for b in bases if b)
+
+
+@functools.lru_cache(maxsize=65536)
+def _is_user_file(path: str) -> bool:
+    real = os.path.realpath(path)
+    if real.startswith(_installed_roots()):
+        return False
+    return "site-packages" not in real and "dist-packages" not in real
+
+
 def _is_user_module(name: str) -> bool:
     """True for a module imported from a file outside the standard library and site-packages."""
     mod = sys.modules.get(name)
     path = getattr(mod, "__file__", None)
-    if mod is None or not path or name == "__main__" or name.split(".")[0] == "gpuctl":
+    if mod is None or not isinstance(path, str) or not path or name == "__main__":
         return False
-    path = os.path.realpath(path)
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        base = sysconfig.get_paths().get(key)
-        if base and path.startswith(os.path.realpath(base) + os.sep):
-            return False
-    return "site-packages" not in path and "dist-packages" not in path
+    return name.split(".")[0] != "gpuctl" and _is_user_file(path)
+
+
+@functools.cache
+def _installed_top_levels() -> frozenset[str]:
+    """Top-level import names that belong to an installed distribution (editable ones too)."""
+    return frozenset(importlib.metadata.packages_distributions())
 
 
 def register_by_value(obj: object) -> None:
-    """Make cloudpickle copy the module that defines ``obj`` (when it is the user's own)."""
-    name = getattr(obj, "__module__", None)
-    if isinstance(name, str) and _is_user_module(name):
+    """Make cloudpickle copy the user's own modules into the payload: the one that defines
+    ``obj`` and every other module loaded from the user's files (a sibling ``helpers.py`` or
+    package next to ``train.py``), which VENV2 could not import by name. Only what the function
+    reaches is pickled; installed packages still travel by name."""
+    names = [getattr(obj, "__module__", None), *list(sys.modules)]
+    installed = _installed_top_levels()
+    for name in names:
+        if not isinstance(name, str) or not _is_user_module(name):
+            continue
+        if name != names[0] and name.split(".")[0] in installed:
+            continue  # an editable install of a package: VENV2 is expected to have it
         with contextlib.suppress(ValueError):
             cloudpickle.register_pickle_by_value(sys.modules[name])
 

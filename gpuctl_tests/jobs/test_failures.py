@@ -113,9 +113,10 @@ def test_python_version_mismatch_caught_by_the_worker(make_executor: Any) -> Non
 
 
 def test_missing_module_is_named(make_executor: Any, tmp_path: Path) -> None:
-    """A module that exists here but not in VENV2: the report names it."""
-    moddir = tmp_path / "onlyhere"
-    moddir.mkdir()
+    """A module installed here but not in VENV2: the report names it. (A module of the user's
+    own files travels with the payload instead: test_local_modules.py.)"""
+    moddir = tmp_path / "onlyhere" / "site-packages"  # as pip would have put it
+    moddir.mkdir(parents=True)
     (moddir / "gpuctl_only_on_login.py").write_text("def answer():\n    return 42\n")
     sys.path.insert(0, str(moddir))
     try:
