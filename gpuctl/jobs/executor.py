@@ -35,6 +35,7 @@ from gpuctl.jobs.hosts import AtomicWriter, Host
 from gpuctl.jobs.job import SUBMITTER_PYTHON, Job, JobFailed, RemoteTraceback
 from gpuctl.jobs.provision import EnvSpec, Venv2, write_runner
 from gpuctl.jobs.records import Handle, JobMeta, Limits, Probe
+from gpuctl.jobs.report import REMEDIES, FailureReport
 from gpuctl.jobs.store import JobRecord, JobStore
 from gpuctl.node import jobfiles
 
@@ -421,9 +422,29 @@ class Executor:
                     else:
                         exc = item[1]
                         exc.__cause__ = RemoteTraceback(item[2])
-                        raise exc
+                        if isinstance(exc, Exception):
+                            raise exc
+                        # sys.exit / KeyboardInterrupt in an item: the item's failure, never a
+                        # Ctrl-C or an exit of this process
+                        raise JobFailed(_item_report(job, exc, str(item[2]))) from exc
 
         return results()
+
+
+def _item_report(job: Job, exc: BaseException, tb: str) -> FailureReport:
+    """The report of a map item that raised a BaseException that is not an Exception."""
+    return FailureReport(
+        kind="user_exception",
+        phase="running",
+        evidence=(
+            f"a map item raised {type(exc).__name__}: {exc}",
+            "raised on the node by the function: not a Ctrl-C or an exit of yours",
+        ),
+        remedy=REMEDIES["user_exception"],
+        logs=job.logs(),
+        job_id=job.id,
+        traceback=tb,
+    )
 
 
 class _HashingWriter:

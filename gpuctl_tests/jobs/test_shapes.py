@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpuctl.jobs import Executor, remote
+from gpuctl.jobs import Executor, JobFailed, remote
 
 SCALE = 7  # a module global the remote functions read
 TABLE = {"a": 1, "b": 2}
@@ -196,6 +196,34 @@ def test_map_in_order_and_remote_decorator(
     assert double(21) == 42
     assert double.submit(5).result(60) == 10  # type: ignore[attr-defined]
     assert double.local(3) == 6  # type: ignore[attr-defined]
+
+
+def test_one_bad_item_of_a_map_fails_alone(make_executor: Any) -> None:
+    def picky(x: int) -> Any:
+        import sys
+        import threading
+
+        if x == 1:
+            return threading.Lock()  # cannot be pickled: this item's error
+        if x == 2:
+            sys.exit(3)  # not the chunk's end
+        if x == 3:
+            raise KeyboardInterrupt("item 3")
+        return x * 10
+
+    (job,) = make_executor().map_jobs(picky, range(6), chunksize=6)  # all in one chunk
+    out = job.result(60)
+    assert [o[0] for o in out] == ["ok", "err", "err", "err", "ok", "ok"]
+    assert [o[1] for o in out if o[0] == "ok"] == [0, 40, 50]
+    assert isinstance(out[1][1], TypeError) and "cannot be pickled" in str(out[1][1])
+    assert isinstance(out[2][1], SystemExit) and out[2][1].code == 3
+    assert isinstance(out[3][1], KeyboardInterrupt) and "picky" in out[3][2]
+    results = make_executor().map(picky, [0, 3])
+    assert next(results) == 0
+    with pytest.raises(JobFailed) as info:  # not a KeyboardInterrupt of this process
+        next(results)
+    assert isinstance(info.value.__cause__, KeyboardInterrupt)
+    assert "a map item raised KeyboardInterrupt: item 3" in str(info.value)
 
 
 @pytest.mark.slow
