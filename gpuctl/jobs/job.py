@@ -399,7 +399,8 @@ class Job:
         try:
             if r is None:
                 return self._load_result()
-            exc = self._load_exception() if r.kind == "user_exception" else None
+            raised = ("user_exception", "gpu_out_of_memory")  # the function's own exception
+            exc = self._load_exception() if r.kind in raised else None
         except HostError as e:  # the node went away between the outcome and the result
             self._host_error = str(e)
             self._unreachable_since = time.time()

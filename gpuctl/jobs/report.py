@@ -30,6 +30,7 @@ from gpuctl.node import jobfiles
 KINDS: dict[str, str] = {
     "user_exception": "the function raised an exception",
     "out_of_memory": "out of memory",
+    "gpu_out_of_memory": "the GPU ran out of memory",
     "crash": "VENV2 crashed",
     "python_mismatch": "Python version mismatch between the submitter and VENV2",
     "cloudpickle_mismatch": "cloudpickle version mismatch between the submitter and VENV2",
@@ -57,6 +58,9 @@ KINDS: dict[str, str] = {
 REMEDIES: dict[str, str] = {
     "user_exception": "fix the function; the remote traceback above shows where it raised",
     "out_of_memory": "ask for more memory (mem=...) or use less: the process hit the limit",
+    "gpu_out_of_memory": "use less GPU memory (a smaller batch, activation checkpointing, "
+    "bf16), or a GPU with more; another process on the same GPU may hold memory (the screen's "
+    "processes show who)",
     "crash": "the stack above shows the Python line that was running when it crashed; check the "
     "C extension it calls (ctypes, CUDA, a wheel built for another platform)",
     "python_mismatch": "make VENV2 run the submitter's Python minor version "
@@ -173,6 +177,15 @@ def parse_status(text: str) -> list[StatusLine]:
     """The worker's status lines; a torn last line (crash mid-write) is skipped, and so is a
     line that names no phase."""
     return wire.parse_list(StatusLine, jobfiles.parse_lines(text))
+
+
+def _is_gpu_oom(err: WorkerError) -> bool:
+    """torch's ``OutOfMemoryError`` (torch.cuda, torch.OutOfMemoryError), or the RuntimeError
+    older torch raised with "CUDA out of memory"."""
+    module = str(err.get("type_module") or "")
+    if err.get("type") == "OutOfMemoryError" and module.split(".")[0] == "torch":
+        return True
+    return err.get("type") == "RuntimeError" and "CUDA out of memory" in str(err.get("message"))
 
 
 def _faulthandler_stack(stderr: str) -> str:
@@ -390,6 +403,8 @@ def classify(
                 f" during {err.get('phase')}: {msg}",
                 remedy=f"add {name!r} to the environment's packages, or install it into VENV2",
             )
+        if kind == "user_exception" and _is_gpu_oom(err):
+            return report("gpu_out_of_memory", f"{msg}")
         if kind == "user_exception" and err.get("type") == "KeyboardInterrupt":
             return report(
                 "user_exception",

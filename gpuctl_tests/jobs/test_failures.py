@@ -189,6 +189,25 @@ def test_a_result_this_python_cannot_unpickle_says_so(make_executor: Any, tmp_pa
     assert "install 'gpuctl_only_on_node' into this Python" in err.report.remedy
 
 
+def test_gpu_out_of_memory_is_named_and_its_exception_kept(make_executor: Any) -> None:
+    """torch's own OutOfMemoryError (raised by hand: there is no GPU here to exhaust)."""
+    torch = pytest.importorskip("torch")
+
+    def allocates() -> None:
+        import torch
+
+        raise torch.cuda.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.11 GiB total capacity)"
+        )
+
+    job = make_executor(python=sys.executable).submit(allocates)  # a VENV2 with torch
+    with pytest.raises(torch.cuda.OutOfMemoryError):  # the function's own, to catch and retry
+        job.result(120)
+    report = job.report()
+    assert report is not None and report.kind == "gpu_out_of_memory"
+    assert "Tried to allocate 20.00 GiB" in report.text() and "smaller batch" in report.remedy
+
+
 def test_a_keyboard_interrupt_on_the_node_is_the_jobs_failure_not_a_ctrl_c_here(
     make_executor: Any,
 ) -> None:
