@@ -312,7 +312,7 @@ def run_jobs(args: argparse.Namespace) -> int:
 
     store = JobStore()
     records = store.list(args.limit)
-    if _refresh(store, records):
+    if _refresh(store, records, args):
         records = store.list(args.limit)
     if args.json:
         jobs = [
@@ -325,6 +325,7 @@ def run_jobs(args: argparse.Namespace) -> int:
                 "created_at": r.created_at,
                 "duration_s": r.duration,
                 "jobdir": r.jobdir,
+                "slurm_id": _slurm_id(r),
             }
             for r in records
         ]
@@ -335,11 +336,12 @@ def run_jobs(args: argparse.Namespace) -> int:
     now = time.time()
     for r in records:
         dur = r.duration
+        slurm = _slurm_id(r)
         rows.append(
             (
                 r.id[:12],
                 r.state,
-                r.target,
+                f"{r.target} ({slurm})" if slurm else r.target,
                 r.name[-40:],
                 fmt_age(now - r.created_at),
                 "-" if dur is None else f"{dur:.1f}s",
@@ -352,22 +354,69 @@ def run_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refresh(store: JobStore, records: list[JobRecord]) -> bool:
-    """Bring unfinished local and Slurm jobs up to date (cheap: files and one squeue); SSH
-    jobs are refreshed by ``gpuctl result``/``logs``, which open a connection anyway."""
-    from gpuctl.jobs import HostError, attach
-    from gpuctl.jobs.store import FINAL_STATES
+def _slurm_id(rec: JobRecord) -> str | None:
+    """The Slurm job id (``123`` or ``123_4`` for an array task) of a job sent through Slurm."""
+    handle = rec.backend.get("handle") or {}
+    value = handle.get("slurm_id")
+    return str(value) if value else None
 
-    changed = False
-    for rec in records:
-        if rec.state in FINAL_STATES or rec.backend.get("kind") not in ("local", "slurm"):
-            continue
+
+REFRESH_PARALLEL = 8
+REFRESH_TIMEOUT = 15.0  # seconds for all unfinished SSH jobs together; the rest stay as stored
+
+
+def _refresh(store: JobStore, records: list[JobRecord], args: argparse.Namespace) -> bool:
+    """Bring unfinished jobs up to date from their folders: local and Slurm ones (files and one
+    squeue), and SSH ones, a few nodes at a time within ``REFRESH_TIMEOUT``; a node that does
+    not answer leaves its jobs as stored (``gpuctl result ID`` says more)."""
+    import queue
+    import threading
+
+    from gpuctl.jobs import HostError, attach
+    from gpuctl.jobs.store import FINAL_STATES, StoreError
+
+    config: Config | None = None
+
+    def state(rec: JobRecord) -> bool:
         try:
-            state = attach(rec, store).state
-        except (HostError, OSError, ValueError):
-            continue
-        changed = changed or state != rec.state
-    return changed
+            return attach(rec, store, config=config).state != rec.state
+        except (HostError, OSError, ValueError, StoreError):
+            return False
+
+    todo = [r for r in records if r.state not in FINAL_STATES]
+    local = [r for r in todo if r.backend.get("kind") in ("local", "slurm")]
+    remote = [r for r in todo if r not in local]
+    changed = any([state(r) for r in local])
+    if not remote:
+        return changed
+    try:
+        config = _config(args)  # SSH jobs reach their node as the config says
+    except UserError:
+        return changed  # a broken config: list what the store holds (`config check` says why)
+    # Daemon threads: a node that hangs past the deadline must not hold gpuctl's exit.
+    work: queue.Queue[JobRecord] = queue.Queue()
+    for r in remote:
+        work.put(r)
+    results: list[bool] = []
+
+    def worker() -> None:
+        while True:
+            try:
+                rec = work.get_nowait()
+            except queue.Empty:
+                return
+            results.append(state(rec))
+
+    threads = [
+        threading.Thread(target=worker, name="gpuctl-refresh", daemon=True)
+        for _ in range(min(REFRESH_PARALLEL, len(remote)))
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + REFRESH_TIMEOUT
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return changed or any(results)
 
 
 def _decided(args: argparse.Namespace) -> bool | None:

@@ -89,3 +89,27 @@ def test_sibling_modules_and_packages_travel_over_ssh(ssh_cluster: Any, tmp_path
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[1] == str(5 * 3 + 3 + 100)
+
+
+@pytest.mark.sshd
+def test_gpuctl_jobs_follows_an_ssh_job_to_its_end(ssh_cluster: Any, tmp_path: Path) -> None:
+    """Nobody calls ``result``: ``gpuctl jobs`` itself reads the job folder on the node."""
+    import json
+
+    from gpuctl_tests.helpers import wait_until
+
+    ssh_cluster.start_node("j2", simulate="1", python=sys.executable)
+    config = ssh_cluster.write_config(tmp_path / "c.toml", workload_python=sys.executable)
+    train, _ = project(tmp_path / "proj")
+    r = gpuctl(
+        tmp_path, "submit", f"{train}:main", "--args", "[1]", "--target", "j2", config=config
+    )
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip()
+
+    def state() -> str:
+        out = gpuctl(tmp_path, "jobs", "--json", config=config)
+        (job,) = [j for j in json.loads(out.stdout)["jobs"] if j["id"] == job_id]
+        return str(job["state"])
+
+    assert wait_until(lambda: state() == "done", 60, "gpuctl jobs to see the job done")

@@ -243,6 +243,17 @@ def test_submit_target_slurm_takes_slurm_conf_from_the_config(
     assert value[0] == 12 and value[1].isdigit()
     (script,) = shared.glob("*/job.sbatch")
     assert f"#SBATCH --partition={slurm_cluster.partition}" in script.read_text()
+    # `gpuctl jobs` names the Slurm job id beside the target, and --json has it
+    jobs = subprocess.run(
+        [sys.executable, "-m", "gpuctl", "jobs"], capture_output=True, text=True, env=env,
+        timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert f"slurm ({value[1]})" in jobs.stdout, jobs.stdout
+    listed = subprocess.run(
+        [sys.executable, "-m", "gpuctl", "jobs", "--json"], capture_output=True, text=True,
+        env=env, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert [j["slurm_id"] for j in json.loads(listed.stdout)["jobs"]] == [value[1]]
 
 
 def test_executor_slurm_reads_slurm_conf_and_partition_from_the_config(tmp_path: Path) -> None:
