@@ -333,7 +333,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "job_dir": Key(_str, None, "via slurm: folder shared with the nodes for the job", True),
     },
     "jobs": {
-        "dir": Key(_str, None, "job folders here (a shared file system for Slurm)", True),
+        "dir": Key(_str, None, "job folders under <dir>/<user> (shared by Slurm nodes)", True),
         "partition": Key(_str, None, "target slurm: the partition to submit to"),
         "slurm_conf": Key(
             _str,

@@ -148,3 +148,13 @@ def test_paths_import_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['gpuctl', 'gpuctl.paths']"
+
+
+def test_a_shared_jobs_dir_gets_one_folder_per_user() -> None:
+    import pwd
+
+    from gpuctl.jobs.targets import per_user
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert per_user("/shared/jobs/") == per_user("/shared/jobs") == f"/shared/jobs/{me}"
+    assert per_user(None) is None and per_user("") is None

@@ -11,6 +11,7 @@ backend from the description a job's stored record keeps (``Backend.describe()``
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import sys
 from collections.abc import Sequence
@@ -57,6 +58,14 @@ def _jobs_table(config: Config) -> dict[str, Any]:
     return dict(getattr(config, "jobs", {}) or {})
 
 
+def per_user(shared: str | None) -> str | None:
+    """``<shared>/<user>`` for the config's ``[jobs] dir``: a file system shared by a cluster's
+    users gets one private folder per user, so two users' job folders never meet."""
+    if not shared:
+        return None
+    return f"{shared.rstrip('/')}/{pwd.getpwuid(os.getuid()).pw_name}"
+
+
 def _local_python(supervisor_python: str | None) -> str:
     """VENV1 on this machine: the caller's, else python3 on PATH, else this interpreter."""
     return supervisor_python or shutil.which("python3") or sys.executable
@@ -93,7 +102,7 @@ def resolve(
     cfg = _config(config)
     jobs_cfg = _jobs_table(cfg)  # counts for Slurm jobs as for a node's: folders, setup lines
     setup = tuple(str(x) for x in jobs_cfg.get("setup", ()))
-    job_root = job_root or jobs_cfg.get("dir")
+    job_root = job_root or per_user(jobs_cfg.get("dir"))
     env_root = env_root or jobs_cfg.get("env_root")
     if target == "slurm":
         client = None

@@ -563,7 +563,9 @@ def test_job_folders_over_ssh_are_private_parents_included(
     assert r.returncode == 0 and r.stdout.split()[-1] == "2", r.stderr
     (job,) = json.loads(gpuctl(tmp_path, ["jobs", "--json"]).stdout)["jobs"]
     folder = Path(job["jobdir"].split(":", 1)[-1])
-    assert folder.parent == root
+    import pwd
+
+    assert folder.parent == root / pwd.getpwuid(os.getuid()).pw_name  # one folder per user
     while folder != tmp_path:
         assert folder.stat().st_mode & 0o777 == 0o700, folder
         folder = folder.parent

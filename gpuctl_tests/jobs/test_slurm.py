@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import time
 from pathlib import Path
 from typing import Any
@@ -241,7 +243,7 @@ def test_submit_target_slurm_takes_slurm_conf_from_the_config(
     assert r.returncode == 0, r.stdout + r.stderr
     value = eval(r.stdout.strip().splitlines()[-1])  # repr of [12, '<job id>']
     assert value[0] == 12 and value[1].isdigit()
-    (script,) = shared.glob("*/job.sbatch")
+    (script,) = shared.glob(f"{pwd.getpwuid(os.getuid()).pw_name}/*/job.sbatch")  # per user
     assert f"#SBATCH --partition={slurm_cluster.partition}" in script.read_text()
     # `gpuctl jobs` names the Slurm job id beside the target, and --json has it
     jobs = subprocess.run(
