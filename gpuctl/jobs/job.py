@@ -9,6 +9,7 @@ exception raised again here.
 
 from __future__ import annotations
 
+import concurrent.futures
 import glob
 import logging
 import os
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
@@ -81,8 +83,67 @@ class RemoteTraceback(Exception):
         return f'\n"""\n{self.tb}"""'
 
 
-class Job:
-    """A submitted function call; like ``concurrent.futures.Future``, but it explains failures.
+class _Watcher:
+    """One daemon thread that polls every unfinished ``Job`` of this process now and then, so
+    that a job completes as a ``Future`` (``as_completed``, ``wait``, callbacks,
+    ``asyncio.wrap_future``) without anyone calling its methods. Polls back off from 0.1 s to
+    ``slowest`` seconds per job (local files are cheap, a node's are a round trip)."""
+
+    def __init__(self) -> None:
+        self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
+        self._due: weakref.WeakKeyDictionary[Job, tuple[float, float]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, job: Job) -> None:
+        with self._lock:
+            self._jobs.add(job)
+            self._due[job] = (0.0, 0.1)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="gpuctl-jobs", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            now = time.monotonic()
+            with self._lock:
+                jobs = [j for j in self._jobs if self._due.get(j, (0.0, 0.1))[0] <= now]
+            for job in jobs:
+                try:
+                    over = job._poll()  # settles the Future when the job is over
+                except Exception:  # the job's own calls report it; the watcher goes on
+                    log.debug("watching job %s", job.id, exc_info=True)
+                    over = False
+                with self._lock:
+                    if over:
+                        self._jobs.discard(job)
+                        self._due.pop(job, None)
+                    else:
+                        slowest = 1.0 if isinstance(job.backend.host, LocalHost) else 3.0
+                        step = min(self._due.get(job, (0.0, 0.1))[1] * 1.5, slowest)
+                        self._due[job] = (time.monotonic() + step, step)
+            with self._lock:
+                if not self._jobs:
+                    self._thread = None
+                    return
+                nxt = min(due for due, _ in self._due.values())
+            self._wake.wait(max(0.01, nxt - time.monotonic()))
+            self._wake.clear()
+
+
+_WATCHER = _Watcher()
+
+
+class Job(concurrent.futures.Future[Any]):
+    """A submitted function call: a ``concurrent.futures.Future`` that explains failures.
+
+    ``as_completed``, ``wait`` and ``asyncio.wrap_future`` take it as it is: a watcher thread
+    completes it when its job ends. ``result()`` and ``exception()`` are gpuctl's (below), and
+    ``cancel()`` asks the job to stop wherever it runs (the Future counts as done once it has).
 
     When the job's node stops answering, ``state`` is "unreachable" and ``result()`` keeps trying
     for ``unreachable_after`` seconds (or until its timeout), then raises ``JobFailed`` of kind
@@ -103,6 +164,7 @@ class Job:
         store: JobStore | None,
         created_at: float | None = None,
     ) -> None:
+        super().__init__()
         self.id = job_id
         self.name = name
         self.target = target
@@ -124,6 +186,7 @@ class Job:
         self._beat_read_at: float | None = None  # monotonic time of the last heartbeat read
         self._outcome_seen_at: float | None = None
         self._store_warned = False
+        _WATCHER.add(self)
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.name} on {self.target}: {self.state}>"
@@ -256,7 +319,20 @@ class Job:
             )
             self._final = True
         self._store_final()
+        self._settle()
         return True
+
+    def _settle(self) -> None:
+        """Mark the Future finished (once): waiters and done-callbacks see it. What it holds is
+        a marker; ``result()``/``exception()`` read the job's own outcome."""
+        report = self._report
+        try:
+            if report is None:
+                concurrent.futures.Future.set_result(self, None)
+            else:
+                concurrent.futures.Future.set_exception(self, JobFailed(report))
+        except concurrent.futures.InvalidStateError:
+            pass  # settled already (two threads saw the end together)
 
     def _await_slurm_verdict(self, outcome: Outcome, sched: SchedulerState | None) -> bool:
         """True while a Slurm job whose supervisor was stopped by a signal gpuctl did not send
@@ -345,6 +421,14 @@ class Job:
     def done(self) -> bool:
         """True once the job finished, failed or was cancelled."""
         return self._poll()
+
+    def running(self) -> bool:
+        """True while the function runs (``state == "running"``)."""
+        return self.state == "running"
+
+    def cancelled(self) -> bool:
+        """True once the job ended because it was cancelled."""
+        return self._poll() and self._report is not None and self._report.kind == "cancelled"
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until done; False at the timeout, or once the node has not answered for
