@@ -14,6 +14,7 @@ importable from here too, as before the split.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import importlib.metadata
@@ -21,6 +22,7 @@ import json
 import os
 import sys
 import sysconfig
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -489,28 +491,47 @@ def remote(fn: Any = None, /, *, target: str = "local", **options: Any) -> Any:
     ``f.local(...)`` calls the undecorated function. Options are those of ``Executor``.
     """
 
-    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
-        holder: dict[str, Executor] = {}
-
-        def executor() -> Executor:
-            if "ex" not in holder:
-                holder["ex"] = Executor(target, **options)
-            return holder["ex"]
-
-        @functools.wraps(func)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return executor().submit(func, *args, **kwargs).result()
-
-        def submit(*args: Any, **kwargs: Any) -> Job:
-            return executor().submit(func, *args, **kwargs)
-
-        call.submit = submit  # type: ignore[attr-defined]
-        call.local = func  # type: ignore[attr-defined]
-        return call
+    def wrap(func: Callable[..., Any]) -> RemoteFunction:
+        return RemoteFunction(func, target, options)
 
     if fn is not None:
         return wrap(fn)
     return wrap
+
+
+class RemoteFunction:
+    """What ``@remote`` makes of a function (see ``remote``).
+
+    Pickled, it is the plain function again: a job that calls another ``@remote`` function runs
+    it in its own process (VENV2 has no gpuctl to submit with), and nothing of this side's
+    executor (its locks, its connections) travels.
+    """
+
+    def __init__(self, func: Callable[..., Any], target: str, options: dict[str, Any]) -> None:
+        functools.update_wrapper(self, func)
+        self.local = func
+        self._target = target
+        self._options = options
+        self._executor: Executor | None = None
+        self._lock = threading.Lock()
+
+    def executor(self) -> Executor:
+        """The Executor it submits through, made at the first call."""
+        with self._lock:
+            if self._executor is None:
+                self._executor = Executor(self._target, **self._options)
+            return self._executor
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.executor().submit(self.local, *args, **kwargs).result()
+
+    def submit(self, *args: Any, **kwargs: Any) -> Job:
+        """Run it on the target; returns the ``Job`` at once."""
+        return self.executor().submit(self.local, *args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        # copy.copy of a function is the function: the standard library rebuilds it in VENV2
+        return copy.copy, (self.local,)
 
 
 def attach(

@@ -197,6 +197,17 @@ def test_map_in_order_and_remote_decorator(
     assert double.submit(5).result(60) == 10  # type: ignore[attr-defined]
     assert double.local(3) == 6  # type: ignore[attr-defined]
 
+    # a @remote function that calls another: the inner one travels as its plain function and
+    # runs inside the outer job's process (no executor, no lock travels)
+    @remote(target="local", supervisor_python=venv1, python=venv2, job_root=job_root, store=False)
+    def quadruple(x: int) -> tuple[int, int]:
+        import os
+
+        return double(double(x)), os.getpid()
+
+    value, pid = quadruple(5)
+    assert value == 20 and pid != os.getpid()
+
 
 def test_one_bad_item_of_a_map_fails_alone(make_executor: Any) -> None:
     def picky(x: int) -> Any:
