@@ -91,9 +91,7 @@ class _Watcher:
 
     def __init__(self) -> None:
         self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
-        self._due: weakref.WeakKeyDictionary[Job, tuple[float, float]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._due: weakref.WeakKeyDictionary[Job, tuple[float, float]] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
