@@ -243,8 +243,8 @@ class SlurmBackend(Backend):
     def memory_enforced(self) -> bool:
         """True when Slurm itself kills a step that goes over its ``--mem``
         (``JobAcctGatherParams=OverMemoryKill``; asked once). The supervisor then leaves its
-        RLIMIT_AS backstop off, so the job meets Slurm's limit on resident memory instead of a
-        MemoryError on address space. (With task/cgroup the supervisor sees the cgroup limit.)"""
+        own watch of the job's resident memory off, so Slurm's verdict is the one the job
+        meets. (With task/cgroup the supervisor sees the cgroup limit.)"""
         if self._mem_enforced is None:
             try:
                 params = self.client.config_value("JobAcctGatherParams") or ""

@@ -75,6 +75,15 @@ class StartError(TypedDict, total=False):
     python: str
 
 
+class MemLimitExceeded(TypedDict, total=False):
+    """``outcome.json``'s ``mem_limit_exceeded``: the resident memory of VENV2's session the
+    supervisor saw over ``mem=`` (where neither Slurm nor a cgroup enforces it)."""
+
+    rss_kb: int
+    limit_bytes: int
+    after_s: float
+
+
 class Outcome(TypedDict, total=False):
     """``outcome.json``: how the supervisor saw the job end (the fields the login side reads)."""
 
@@ -96,6 +105,8 @@ class Outcome(TypedDict, total=False):
     stop_signal: str | None
     escalated_to_kill: bool
     slurm_job_id: str | None
+    mem_watch_bytes: int | None
+    mem_limit_exceeded: MemLimitExceeded
 
 
 class _StatusPhase(TypedDict):

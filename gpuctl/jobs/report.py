@@ -354,21 +354,25 @@ def classify(
     mem_limit = limits.get("mem_bytes")
     peak = (o.get("peak_rss_kb") or 0) * 1024
     cg_limit = (o.get("cgroup_after") or {}).get("limit_bytes")
+    over = o.get("mem_limit_exceeded") or {}
     if (
         (err is not None and err.get("kind") == "memory_error")
         or sstate == "OUT_OF_MEMORY"
         or slurm_mem
+        or over
         or (sig == "SIGKILL" and (oom > 0 or (cg_limit and peak >= 0.9 * cg_limit)))
     ):
         lines = []
+        if over:
+            lines.append(
+                f"the job's processes held {_fmt_bytes((over.get('rss_kb') or 0) * 1024)} "
+                f"resident after {over.get('after_s', '?')} s, over its limit of "
+                f"{_fmt_bytes(over.get('limit_bytes'))} (mem=): gpuctl's supervisor killed them"
+            )
         if err is not None and err.get("kind") == "memory_error":
             lines.append(
                 f"MemoryError raised in phase {err.get('phase')}"
-                + (
-                    f" under a memory limit of {_fmt_bytes(mem_limit)} (RLIMIT_AS)"
-                    if mem_limit
-                    else ""
-                )
+                + (f" under a memory limit of {_fmt_bytes(mem_limit)}" if mem_limit else "")
             )
             tb = str(err.get("traceback") or "")
         if sstate == "OUT_OF_MEMORY":
@@ -376,7 +380,7 @@ def classify(
         lines += slurm_mem
         if oom > 0:
             lines.append(f"cgroup OOM kills during the job: {oom} (limit {_fmt_bytes(cg_limit)})")
-        if sig == "SIGKILL":
+        if sig == "SIGKILL" and not over:
             lines.append(f"VENV2 was SIGKILLed at peak RSS {_fmt_bytes(peak)}")
         return report("out_of_memory", *lines)
 

@@ -11,9 +11,10 @@ What it does, in order:
    ``setup.log``, and takes the environment they leave behind for VENV2;
 3. starts VENV2's python as ``python -X faulthandler -u worker.py JOBDIR`` with stdout and stderr
    going to ``stdout.txt``/``stderr.txt`` (files, not pipes: a chatty job cannot block on a full
-   pipe), in its own session, with ``RLIMIT_AS`` when a memory limit is asked for outside Slurm;
+   pipe), in its own session;
 4. waits: writes ``heartbeat.json`` every few seconds, enforces the time limit itself outside Slurm
-   (TERM, grace, KILL to VENV2's process group), forwards SIGUSR1/SIGUSR2 (Slurm's warning signal,
+   (TERM, grace, KILL to VENV2's process group) and a memory limit where nothing else does (the
+   resident memory of VENV2's session, summed every ``MEM_CHECK_EVERY`` s; over it, KILL), forwards SIGUSR1/SIGUSR2 (Slurm's warning signal,
    stack dumps) to VENV2's python alone, and turns SIGTERM/SIGINT/SIGHUP into a cancel;
 5. records exit code or signal, peak RSS (``wait4``), wall time, the cgroup (v1 or v2) memory limit
    and OOM-kill count before and after, kills whatever VENV2 left in its process group and every
@@ -35,7 +36,6 @@ import fcntl
 import hashlib
 import json
 import os
-import resource
 import select
 import shutil
 import signal
@@ -56,6 +56,7 @@ else:
 
 DEFAULT_GRACE = 10.0
 HEARTBEAT_EVERY = 2.0
+MEM_CHECK_EVERY = 0.2  # seconds between two sums of the job's resident memory (mem= outside Slurm)
 FORWARDED = ("SIGUSR1", "SIGUSR2")
 STOPPING = ("SIGTERM", "SIGINT", "SIGHUP")
 
@@ -178,6 +179,36 @@ def _rss_kb(pid: int) -> Optional[int]:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def _session_rss_kb(sid: int) -> int:
+    """Resident memory of every process of session ``sid`` (VENV2 and what it started), in KiB.
+
+    Resident, not virtual: CUDA maps far more address space than it uses, so an address-space
+    limit (RLIMIT_AS) would break it where this does not."""
+    total = 0
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return 0
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                stat = f.read()
+            # after the command's closing parenthesis: state ppid pgrp session ...
+            fields = stat[stat.rindex(b")") + 2:].split()
+            if int(fields[3]) != sid:
+                continue
+            with open("/proc/%s/statm" % name, "rb") as f:
+                total += int(f.read().split()[1]) * PAGE_KB
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+    return total
 
 
 def _run_setup(jobdir: str, lines: List[str],
@@ -333,21 +364,20 @@ class Supervisor(object):
         argv = [python, "-X", "faulthandler", "-u", worker, self.jobdir]
         self.outcome["argv"] = argv
         # Under Slurm the job's cgroup enforces --mem; where nothing does (no cgroup limit,
-        # jobacct_gather/none), RLIMIT_AS is the backstop so a limit is never silently ignored.
+        # jobacct_gather/none), this supervisor does: it sums the resident memory of VENV2's
+        # session every MEM_CHECK_EVERY seconds and kills it over the limit, so a limit is
+        # never silently ignored. When Slurm kills over-limit steps itself (OverMemoryKill,
+        # seen by gpuctl at submit), its verdict is left to it.
         cg_limit = (self.outcome["cgroup_before"] or {}).get("limit_bytes")
-        # When Slurm kills over-limit steps itself (OverMemoryKill, seen by gpuctl at submit),
-        # RLIMIT_AS would only turn its verdict into an earlier MemoryError on address space.
         slurm_enforces = under_slurm and limits.get("mem_enforced_by") == "slurm"
-        rlimit_as = mem_bytes if (mem_bytes and not slurm_enforces
+        mem_watch = mem_bytes if (mem_bytes and not slurm_enforces
                                   and (not under_slurm or not cg_limit)) else None
-        self.outcome["rlimit_as"] = rlimit_as
+        self.outcome["mem_watch_bytes"] = mem_watch
 
         def preexec() -> None:
             # Back to default dispositions in the child; VENV2 must see TERM as TERM.
             for name in STOPPING + FORWARDED + ("SIGCHLD",):
                 signal.signal(getattr(signal, name), signal.SIG_DFL)
-            if rlimit_as:
-                resource.setrlimit(resource.RLIMIT_AS, (rlimit_as, rlimit_as))
 
         self.outcome["phase"] = "start"
         out = open(self.path(jobfiles.STDOUT), "ab")
@@ -369,9 +399,22 @@ class Supervisor(object):
         self.outcome["phase"] = "running"
         started = time.monotonic()
         next_beat = 0.0
+        next_mem = 0.0
         peak_seen = 0
         while child.returncode is None:
             now = time.monotonic()
+            if mem_watch and now >= next_mem and not self.outcome.get("mem_limit_exceeded"):
+                next_mem = now + MEM_CHECK_EVERY
+                used_kb = _session_rss_kb(child.pid)
+                peak_seen = max(peak_seen, used_kb)
+                if used_kb * 1024 > int(mem_watch):
+                    # over the limit: no grace (it would only grow), the whole session goes
+                    self.outcome["mem_limit_exceeded"] = {
+                        "rss_kb": used_kb, "limit_bytes": int(mem_watch),
+                        "after_s": round(now - started, 3)}
+                    self.stop_reason = self.stop_reason or "mem_limit"
+                    self.outcome["stop_reason"] = self.stop_reason
+                    self._killpg(signal.SIGKILL)
             if self.stop_reason is None and os.path.exists(self.path(jobfiles.CANCEL)):
                 self.stop_reason = "cancelled"
             if (self.stop_reason is None and time_limit
@@ -411,6 +454,8 @@ class Supervisor(object):
                 waits.append(max(0.0, self.kill_at - now))
             if time_limit and self.stop_reason is None:
                 waits.append(max(0.0, started + float(time_limit) - now + 0.01))
+            if mem_watch and not self.outcome.get("mem_limit_exceeded"):
+                waits.append(max(0.0, next_mem - now))
             try:
                 select.select([self.wake_r], [], [], max(0.0, min(waits)))
             except (OSError, select.error):

@@ -180,7 +180,7 @@ def test_slurm_kills_a_job_over_its_mem(
     assert report.logs["slurm output"].endswith(".out")
     assert "exceeded memory limit" in Path(report.logs["slurm output"]).read_text()
     meta = json.loads(Path(job.jobdir, "meta.json").read_text())
-    assert meta["limits"]["mem_enforced_by"] == "slurm"  # no RLIMIT_AS MemoryError first
+    assert meta["limits"]["mem_enforced_by"] == "slurm"  # the supervisor leaves it to Slurm
     assert "#SBATCH --mem=100M" in Path(job.jobdir, "job.sbatch").read_text()
     assert took < 40  # killed by Slurm's 1 s sampling, not by the 60 s sleep ending
 
