@@ -194,6 +194,11 @@ def run_submit(args: argparse.Namespace) -> int:
     try:
         job = ex.submit(fn, *call_args, **call_kwargs)
     except JobFailed as e:
+        if e.kind == "venv1_wont_start":  # a path the user typed or configured: one line
+            raise UserError(
+                f"cannot start the job on {args.target}: {e.report.evidence[0]} "
+                "(check --supervisor-python, or the node's python in the config)"
+            ) from None
         print(str(e), file=sys.stderr)
         return 1
     except (HostError, SlurmError) as e:

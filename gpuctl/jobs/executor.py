@@ -202,6 +202,8 @@ class Executor:
             env_root=self.env_root,
             supervisor_python=self.backend.supervisor_python,
             verify=verify,
+            # Slurm's VENV1 runs on a compute node this side cannot reach before the job does
+            probe_venv1=not isinstance(self.backend, SlurmBackend),
         )
         if store is True:
             self.store: JobStore | None = JobStore()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 import threading
 import uuid
@@ -65,6 +66,10 @@ class EnvSpec:
         return out
 
 
+# Prints VENV1's version; Python 2 reads it too (so its version can be named).
+VENV1_PROBE = "import sys; print('%d.%d.%d' % tuple(sys.version_info[:3]))"
+
+
 class Venv2:
     """The VENV2 of one target: ``python`` (an existing interpreter on ``host``) or ``spec`` (one
     to build under ``env_root`` with ``supervisor_python``, VENV1), probed once.
@@ -83,8 +88,10 @@ class Venv2:
         env_root: str,
         supervisor_python: str,
         verify: bool,
+        probe_venv1: bool = True,
     ) -> None:
         self.host = host
+        self.probe_venv1 = probe_venv1
         self.target = target
         self.python = python
         self.spec = spec
@@ -113,8 +120,41 @@ class Venv2:
                 probe = self._run_probe(self.python)
             if self.verify:
                 self._check_versions(probe)
+                if self.probe_venv1:
+                    self._check_venv1()
             self._probe = probe
             return probe
+
+    def _check_venv1(self) -> None:
+        """VENV1 must be a Python 3.6 or newer: a supervisor that cannot start would leave the job
+        "lost" with nothing to say why. Raises ``JobFailed`` (venv1_wont_start)."""
+        python = self.supervisor_python
+        rc, out, err = self.host.run([python, "-c", VENV1_PROBE], timeout=60)
+        if rc == 127:  # not there at all: the start names it, with the setting to change
+            return
+        lines = out.decode("utf-8", "replace").strip().splitlines()
+        version = lines[-1] if lines else ""
+        if rc != 0 or not re.fullmatch(r"\d+\.\d+\.\d+", version):
+            raise JobFailed(
+                provision_report(
+                    "venv1_wont_start",
+                    [
+                        f"VENV1 {python} on {self.target} does not run as a Python: exit {rc}"
+                        + (f", printed {version[:80]!r}" if version else ""),
+                        *(err.decode("utf-8", "replace").strip().splitlines()[-3:]),
+                    ],
+                )
+            )
+        if tuple(int(x) for x in version.split(".")[:2]) < (3, 6):
+            raise JobFailed(
+                provision_report(
+                    "venv1_wont_start",
+                    [
+                        f"VENV1 {python} on {self.target} is Python {version}: the supervisor "
+                        "needs Python 3.6 or newer"
+                    ],
+                )
+            )
 
     def _run_probe(self, python: str) -> Probe:
         from gpuctl.node.supervisor import _PROBE

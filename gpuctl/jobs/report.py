@@ -36,6 +36,7 @@ KINDS: dict[str, str] = {
     "cloudpickle_mismatch": "cloudpickle version mismatch between the submitter and VENV2",
     "module_missing": "a module is missing in VENV2",
     "venv2_wont_start": "VENV2's python will not start",
+    "venv1_wont_start": "VENV1, the supervisor's Python, will not start",
     "env_build_failed": "the VENV2 environment could not be built",
     "setup_failed": "a setup line failed before VENV2 started",
     "time_limit": "time limit reached",
@@ -71,6 +72,8 @@ REMEDIES: dict[str, str] = {
     " or install it into VENV2",
     "venv2_wont_start": "check the VENV2 interpreter path on the node (python=...), or let gpuctl "
     "build one with env=...",
+    "venv1_wont_start": "point supervisor_python= (--supervisor-python, or the node's python in "
+    "the config) at a Python 3.6 or newer on the node",
     "env_build_failed": "read the build log; fix the package list or the node's conda/uv/python",
     "setup_failed": "fix the setup line shown (module name, path) in the cluster or job config",
     "time_limit": "raise time_limit=... or make the function faster",

@@ -14,10 +14,11 @@ from gpuctl.bundle import write_bundle
 from gpuctl_tests.helpers import REPO
 
 
-def _wrapper(tmp_path: Path, body: str) -> str:
+def _wrapper(tmp_path: Path, venv1: str, body: str) -> str:
     # Backends run ``VENV1 JOBDIR/supervisor.py JOBDIR``: the wrapper drops the script path.
+    # ``VENV1 -c CODE`` (the probe before submitting) goes to the real VENV1.
     path = tmp_path / "venv1"
-    path.write_text(f'#!/bin/sh\njobdir="$2"\n{body}\n')
+    path.write_text(f'#!/bin/sh\n[ "$1" = -c ] && exec {venv1} "$@"\njobdir="$2"\n{body}\n')
     path.chmod(0o755)
     return str(path)
 
@@ -33,7 +34,7 @@ def test_supervisor_entry_points(make_executor: Any, venv1: str, tmp_path: Path,
         body = f'exec {venv1} {bundle} supervisor "$jobdir"'
     else:
         body = f'PYTHONPATH={REPO} exec {venv1} -m gpuctl.node supervisor "$jobdir"'
-    job = make_executor(supervisor_python=_wrapper(tmp_path, body)).submit(double, 21)
+    job = make_executor(supervisor_python=_wrapper(tmp_path, venv1, body)).submit(double, 21)
     assert job.result(60) == 42
     outcome = json.loads(Path(job.jobdir, "outcome.json").read_text())
     assert outcome["supervisor_python"] == "3.6.15"

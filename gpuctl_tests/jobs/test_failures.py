@@ -117,6 +117,22 @@ def test_memory_limit_counts_resident_memory_not_address_space(make_executor: An
     assert make_executor(mem="400M").submit(maps_a_lot).result(60) == 8 << 30
 
 
+@pytest.mark.parametrize("supervisor", ["/bin/false", "2.7.18"])  # a missing one: test_store
+def test_a_broken_venv1_is_named_before_submitting(make_executor: Any, supervisor: str) -> None:
+    """Not "lost" after the fact: the supervisor's Python is probed with VENV2."""
+    python = old_python(supervisor) if supervisor[0].isdigit() else supervisor
+    ex = make_executor(supervisor_python=python)
+    with pytest.raises(JobFailed) as info:
+        ex.submit(abs, -1)
+    err = info.value
+    assert err.kind == "venv1_wont_start" and err.report.phase == "provision", str(err)
+    if supervisor == "2.7.18":
+        assert "is Python 2.7.18: the supervisor needs Python 3.6 or newer" in str(err)
+    else:
+        assert f"VENV1 {python} on local does not run as a Python: exit" in str(err)
+    assert "supervisor_python=" in err.report.remedy
+
+
 def test_python_version_mismatch_refused_before_submitting(make_executor: Any) -> None:
     py39 = old_python("3.9.18")
     with pytest.raises(JobFailed) as info:
