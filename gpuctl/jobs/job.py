@@ -303,6 +303,9 @@ class Job(concurrent.futures.Future[Any]):
                     t = beat.get("t") if beat else None
                     if t is not None:
                         sched["heartbeat_age"] = time.time() - float(t)
+                    free = self._disk_free_kb()
+                    if free is not None:  # a full disk is why a supervisor cannot write it
+                        sched["disk_free_kb"] = free
             elif isinstance(self.backend, SlurmBackend):
                 sched = self.backend.scheduler_state(self.handle)
                 if self._await_slurm_verdict(outcome, sched):
@@ -319,6 +322,18 @@ class Job(concurrent.futures.Future[Any]):
         self._store_final()
         self._settle()
         return True
+
+    def _disk_free_kb(self) -> int | None:
+        """KiB available on the job folder's file system (``df -Pk``), or None."""
+        try:
+            rc, out, _ = self.backend.host.run(["df", "-Pk", self.jobdir], timeout=30)
+        except HostError:
+            return None
+        rows = out.decode("utf-8", "replace").strip().splitlines()
+        try:
+            return int(rows[-1].split()[3]) if rc == 0 and len(rows) > 1 else None
+        except (ValueError, IndexError):
+            return None
 
     def _settle(self) -> None:
         """Mark the Future finished (once): waiters and done-callbacks see it. What it holds is

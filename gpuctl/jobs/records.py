@@ -209,7 +209,8 @@ class FinalState(TypedDict, total=False):
 class SchedulerState(TypedDict, total=False):
     """What the scheduler knows of a job: while queued its ``state`` and pending ``reason``;
     once gone its final ``state``, where that came from (``source``: sacct or scontrol) and the
-    tail of Slurm's output file; ``cancelled`` and ``heartbeat_age`` are added by the job."""
+    tail of Slurm's output file; ``cancelled``, ``heartbeat_age`` and ``disk_free_kb`` (the
+    job folder's file system, probed when the supervisor left no outcome) are added by the job."""
 
     state: str
     reason: str
@@ -218,6 +219,7 @@ class SchedulerState(TypedDict, total=False):
     output_tail: str
     cancelled: bool
     heartbeat_age: float
+    disk_free_kb: int
     final: FinalState
 
 

@@ -96,6 +96,8 @@ REMEDIES: dict[str, str] = {
     "exited_without_result": "a C extension or a thread ended the process; see stderr",
 }
 
+DISK_FULL_KB = 1024  # below this much free space a missing outcome is put down to the disk
+
 CRASH_SIGNALS = {"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"}
 
 
@@ -303,6 +305,13 @@ def classify(
             return report("cancelled", f"Slurm says {sched.get('state')}")
         if sched.get("cancelled"):
             return report("cancelled", "cancelled before the supervisor wrote its outcome")
+        free = sched.get("disk_free_kb")
+        if free is not None and free < DISK_FULL_KB:
+            return report(
+                "disk_full",
+                f"{jobfiles.OUTCOME} was never written, and the job folder's file system has "
+                f"{free} KiB free: the supervisor could not write its files",
+            )
         return report(
             "lost",
             f"{jobfiles.OUTCOME} was never written: the supervisor did not finish "

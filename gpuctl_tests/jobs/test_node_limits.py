@@ -99,6 +99,32 @@ def test_disk_full_while_saving_the_result(make_executor: Any, small_fs: Path) -
     assert not any(p.name.startswith("result.pkl") for p in Path(job.jobdir).iterdir())
 
 
+def test_a_disk_full_before_the_outcome_is_disk_full_not_lost(
+    make_executor: Any, small_fs: Path
+) -> None:
+    """The disk fills while the job runs: neither the result, nor error.json, nor outcome.json
+    can be written. The missing outcome is put down to the full disk (probed), not "lost"."""
+
+    def fills_the_disk(folder: str) -> int:
+        import errno
+        import os
+
+        with open(os.path.join(folder, "filler"), "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * (64 << 10))
+                    f.flush()
+            except OSError as e:
+                assert e.errno == errno.ENOSPC
+        return 7
+
+    job = make_executor(job_root=str(small_fs / "jobs")).submit(fills_the_disk, str(small_fs))
+    with pytest.raises(JobFailed) as info:
+        job.result(60)
+    assert info.value.kind == "disk_full", str(info.value)
+    assert "KiB free" in str(info.value), str(info.value)
+
+
 def test_warning_signal_and_stack_dumps_reach_venv2_and_spare_the_functions_children(
     make_executor: Any, tmp_path: Path
 ) -> None:
