@@ -107,6 +107,7 @@ class _Watcher:
 
     def _run(self) -> None:
         while True:
+            self._wake.clear()  # before looking: a job added from now on wakes the wait below
             now = time.monotonic()
             with self._lock:
                 jobs = [j for j in self._jobs if self._due.get(j, (0.0, 0.1))[0] <= now]
@@ -130,7 +131,6 @@ class _Watcher:
                     return
                 nxt = min(due for due, _ in self._due.values())
             self._wake.wait(max(0.01, nxt - time.monotonic()))
-            self._wake.clear()
 
 
 _WATCHER = _Watcher()
