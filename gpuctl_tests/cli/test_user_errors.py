@@ -90,8 +90,9 @@ CASES = [
     Case(["logs", "0000"], 2, r"no job '0000': see gpuctl jobs"),
     Case(["result", "0000"], 2, r"no job '0000'"),
     Case(["cancel", "0000"], 2, r"no job '0000'"),
-    Case(["logs", "ab"], 2, r"job id 'ab' is ambiguous \(2 jobs: abc1, abc2\)"),
-    Case(["result", "abc1", "--timeout", "-1"], 2, r"--timeout must be 0"),
+    # "xy": no job id gpuctl makes (hex) starts so, whatever else the module's cases store
+    Case(["logs", "xy"], 2, r"job id 'xy' is ambiguous \(2 jobs: xyz1, xyz2\)"),
+    Case(["result", "xyz1", "--timeout", "-1"], 2, r"--timeout must be 0"),
     # other commands
     Case(["demo", "--nodes", "0"], 2, r"--nodes must be within 1\.\.4096"),
     Case(["agent-bundle", "/proc/gpuctl-nope"], 2, r"cannot write the bundle into /proc/"),
@@ -117,7 +118,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     (d / "state").mkdir()
     store = JobStore(d / "state" / "jobs.sqlite")
-    for job_id in ("abc1", "abc2"):
+    for job_id in ("xyz1", "xyz2"):
         store.add(JobRecord(job_id, "job:f", "local", {"kind": "local"}, "/nowhere", "done", 0.0))
     return d
 
