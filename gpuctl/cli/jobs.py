@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import pickle
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -59,9 +60,22 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--wait", action="store_true", help="wait and print the result or report")
     p.set_defaults(func=run_submit)
 
-    p = sub.add_parser("jobs", help="list submitted jobs (newest first)")
+    p = sub.add_parser(
+        "jobs", help="list submitted jobs (newest first); `jobs purge --older-than 7d` cleans up"
+    )
+    p.add_argument(
+        "action", nargs="?", choices=["purge"], help="purge: delete ended jobs and their folders"
+    )
     p.add_argument("--limit", type=int, default=30)
     p.add_argument("--json", action="store_true", help="JSON for scripts")
+    p.add_argument(
+        "--older-than",
+        metavar="AGE",
+        help="purge: jobs that ended longer ago than AGE (30m, 12h, 7d, or seconds)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="purge: list what would go, delete nothing"
+    )
     p.set_defaults(func=run_jobs)
 
     p = sub.add_parser("logs", help="print a job's stdout and stderr")
@@ -312,9 +326,81 @@ def _job(args: argparse.Namespace) -> Job:
         raise UserError(str(e)) from None
 
 
+def parse_age(text: str) -> float:
+    """Seconds from "30m", "12h", "7d", "2w" or a plain number of seconds; UserError otherwise."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    value = text.strip().lower()
+    scale = units.get(value[-1:], 0) if value else 0
+    number = value[:-1] if scale else value
+    try:
+        seconds = float(number) * (scale or 1)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise UserError(f"--older-than {text!r}: expected an age such as 30m, 12h, 7d or 3600")
+    return seconds
+
+
+def run_purge(args: argparse.Namespace) -> int:
+    """Delete ended jobs older than ``--older-than``: their folders (here or on their node) and
+    their rows. A folder is removed only when its last path part is the job's own id; a node
+    that does not answer keeps its jobs for a later purge."""
+    from gpuctl import service
+    from gpuctl.jobs import HostError, JobStore, attach
+    from gpuctl.jobs.store import FINAL_STATES
+
+    if not args.older_than:
+        raise UserError("jobs purge needs --older-than AGE, e.g. --older-than 7d")
+    cutoff = time.time() - parse_age(args.older_than)
+    if not args.dry_run:
+        service.check("purging jobs", read_only=_decided(args))
+    store = JobStore()
+    old = [
+        r
+        for r in store.list(1_000_000)
+        if r.state in FINAL_STATES and (r.ended_at or r.created_at) < cutoff
+    ]
+    config = None
+    purged, kept = 0, []
+    for rec in old:
+        folder = rec.jobdir.split(":", 1)[-1] if rec.backend.get("kind") == "ssh" else rec.jobdir
+        if args.dry_run:
+            print(f"would purge {rec.id[:12]} {rec.state} {rec.target} {folder}")
+            continue
+        if os.path.basename(folder.rstrip("/")) != rec.id:
+            kept.append(f"{rec.id[:12]} (its folder {folder} is not named by its id)")
+            continue
+        try:
+            if rec.backend.get("kind") == "ssh":
+                if config is None:
+                    config = _config(args)
+                host = attach(rec, store, config=config).backend.host
+                rc, _, err = host.run(["rm", "-rf", "--", folder], timeout=120)
+                if rc != 0:
+                    raise OSError(err.decode("utf-8", "replace").strip() or f"rm exited {rc}")
+            elif os.path.isdir(folder):
+                shutil.rmtree(folder)
+        except (HostError, OSError, ValueError) as e:
+            kept.append(f"{rec.id[:12]} ({e})")
+            continue
+        store.delete(rec.id)
+        purged += 1
+    if args.dry_run:
+        print(f"{len(old)} job(s) ended before {time.ctime(cutoff)} would be purged")
+        return 0
+    print(f"purged {purged} job(s) that ended before {time.ctime(cutoff)}")
+    for line in kept:
+        print(f"gpuctl: kept {line}", file=sys.stderr)
+    return 1 if kept else 0
+
+
 def run_jobs(args: argparse.Namespace) -> int:
     from gpuctl.jobs import JobStore
 
+    if args.action == "purge":
+        return run_purge(args)
+    if args.older_than or args.dry_run:
+        raise UserError("--older-than and --dry-run go with: gpuctl jobs purge")
     store = JobStore()
     records = store.list(args.limit)
     if _refresh(store, records, args):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import time
 from pathlib import Path
 
 import pytest
@@ -252,3 +253,45 @@ def test_submit_wait_progress_only_on_a_terminal(tmp_path: Path, venv1: str, ven
     assert int(last_elapsed.split(":")[1]) >= 1  # it took the 1.5 s nap
     out, err = _submit_wait(tmp_path, venv1, venv2, stderr_tty=False)
     assert out.split()[1] == "'rested'" and err == ""
+
+
+def test_jobs_purge_deletes_ended_jobs_older_than_the_age_and_nothing_else(
+    user_file: Path,
+    venv1: str,
+    venv2: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpuctl.jobs import JobStore
+
+    common = ("--supervisor-python", venv1, "--python", venv2)
+    ids = []
+    for args in ("[1, 2]", "[3, 4]"):
+        rc, out, _ = run(capsys, "submit", f"{user_file}:add", "--args", args, "--wait", *common)
+        assert rc == 0
+        ids.append(out.split()[0])
+    rc, out, _ = run(capsys, "submit", f"{user_file}:slow", *common)
+    running = out.strip()
+    store = JobStore()
+    old, recent = (store.get(i) for i in ids)
+    assert old is not None and recent is not None
+    store.update(old.id, ended_at=time.time() - 8 * 86400)  # ended 8 days ago
+
+    rc, out, _ = run(capsys, "jobs", "purge", "--older-than", "7d", "--dry-run")
+    assert rc == 0 and f"would purge {old.id[:12]}" in out and "1 job(s)" in out
+    assert Path(old.jobdir).is_dir()  # a dry run deletes nothing
+
+    rc, out, err = run(capsys, "jobs", "purge", "--older-than", "7d")
+    assert (rc, err) == (0, "") and out.startswith("purged 1 job(s)")
+    assert not Path(old.jobdir).exists() and store.get(old.id) is None
+    assert Path(recent.jobdir).is_dir() and store.get(recent.id) is not None
+    assert store.get(running) is not None  # never a job that has not ended
+
+    monkeypatch.setenv("GPUCTL_READ_ONLY", "1")
+    rc, _, err = run(capsys, "jobs", "purge", "--older-than", "1s")
+    assert rc == 2 and "read-only" in err and store.get(recent.id) is not None
+    monkeypatch.delenv("GPUCTL_READ_ONLY")
+    for bad in (["purge"], ["purge", "--older-than", "soon"], ["--older-than", "7d"]):
+        rc, _, err = run(capsys, "jobs", *bad)
+        assert rc == 2 and err.count("\n") == 1 and err.startswith("gpuctl: "), err
+    run(capsys, "cancel", running)

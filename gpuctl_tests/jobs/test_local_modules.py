@@ -113,3 +113,12 @@ def test_gpuctl_jobs_follows_an_ssh_job_to_its_end(ssh_cluster: Any, tmp_path: P
         return str(job["state"])
 
     assert wait_until(lambda: state() == "done", 60, "gpuctl jobs to see the job done")
+
+    # and `jobs purge` removes its folder on the node, then its row
+    listed = json.loads(gpuctl(tmp_path, "jobs", "--json", config=config).stdout)["jobs"]
+    (folder,) = [j["jobdir"].split(":", 1)[-1] for j in listed if j["id"] == job_id]
+    assert Path(folder).is_dir()
+    r = gpuctl(tmp_path, "jobs", "purge", "--older-than", "0", config=config)
+    assert r.returncode == 0 and r.stdout.startswith("purged 1 job(s)"), r.stdout + r.stderr
+    assert not Path(folder).exists()
+    assert json.loads(gpuctl(tmp_path, "jobs", "--json", config=config).stdout)["jobs"] == []
