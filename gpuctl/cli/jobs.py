@@ -7,6 +7,7 @@ restarted. Each user mistake is one line (``gpuctl: ...``, exit 2), never a trac
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -82,6 +83,12 @@ def register(sub: Subcommands) -> None:
     p.add_argument("id", help="job id (a unique prefix is enough)")
     p.add_argument("--stdout", action="store_true", help="only stdout")
     p.add_argument("--stderr", action="store_true", help="only stderr")
+    p.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing what the job writes until it ends (stdout here, stderr to stderr)",
+    )
     p.set_defaults(func=run_logs)
 
     p = sub.add_parser("cancel", help="cancel a job")
@@ -528,8 +535,40 @@ def _on_node(job: Job, fn: Callable[[], T]) -> T:
         ) from None
 
 
+FOLLOW_EVERY = 0.5  # seconds between two reads of a followed job's files
+
+
+def follow_logs(job: Job, stdout: bool, stderr: bool) -> int:
+    """Print the job's output as it grows (stdout to stdout, stderr to stderr) until it ends;
+    Ctrl-C stops following, not the job."""
+    from gpuctl.node import jobfiles
+
+    files = [(jobfiles.STDOUT, sys.stdout)] if stdout else []
+    files += [(jobfiles.STDERR, sys.stderr)] if stderr else []
+    offsets = dict.fromkeys((name for name, _ in files), 0)
+    try:
+        while True:
+            over = _on_node(job, job.done)  # before reading: what it wrote last is then read
+            for name, stream in files:
+                data = _on_node(job, functools.partial(job.read_from, name, offsets[name]))
+                if data:
+                    offsets[name] += len(data)
+                    stream.write(data.decode("utf-8", "replace"))
+                    stream.flush()
+            if over:
+                return 0
+            time.sleep(FOLLOW_EVERY)
+    except KeyboardInterrupt:
+        short = job.id[:12]
+        print(f"gpuctl: stopped following; job {short} goes on", file=sys.stderr)
+        return 130
+
+
 def run_logs(args: argparse.Namespace) -> int:
     job = _job(args)
+    if args.follow:
+        both = not (args.stdout or args.stderr)
+        return follow_logs(job, args.stdout or both, args.stderr or both)
     both = not (args.stdout or args.stderr)
     if args.stdout or both:
         out = _on_node(job, job.stdout)

@@ -194,6 +194,11 @@ class Job(concurrent.futures.Future[Any]):
     def _read(self, name: str) -> bytes | None:
         return self.backend.host.read_bytes(f"{self.jobdir}/{name}")
 
+    def read_from(self, name: str, offset: int) -> bytes:
+        """The job folder's file ``name`` (``stdout.txt``, ``stderr.txt``, ...) from byte
+        ``offset`` on: empty when absent. Raises ``HostError`` when the node does not answer."""
+        return self.backend.host.read_bytes(f"{self.jobdir}/{name}", offset) or b""
+
     def _json(self, schema: type[T], name: str) -> T | None:
         """The job folder's JSON file ``name`` read as ``schema`` (None: absent or not an
         object; a field of the wrong type is left out)."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -295,3 +297,51 @@ def test_jobs_purge_deletes_ended_jobs_older_than_the_age_and_nothing_else(
         rc, _, err = run(capsys, "jobs", *bad)
         assert rc == 2 and err.count("\n") == 1 and err.startswith("gpuctl: "), err
     run(capsys, "cancel", running)
+
+
+def test_logs_follow_prints_what_the_job_writes_as_it_runs_and_ends_with_it(
+    tmp_path: Path, venv1: str, venv2: str
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from gpuctl_tests.helpers import node_env
+
+    (tmp_path / "ticks.py").write_text(
+        "import os, sys, time\n\n"
+        "def ticks(gate):\n"
+        "    print('tick 1', flush=True)\n"
+        "    while not os.path.exists(gate):\n"  # the second line only once the test saw the first
+        "        time.sleep(0.05)\n"
+        "    print('tick 2', flush=True)\n"
+        "    print('warned', file=sys.stderr, flush=True)\n"
+        "    return 2\n"
+    )
+    gate = tmp_path / "gate"
+    env = node_env({"GPUCTL_STATE_DIR": str(tmp_path / "state")})
+    env.pop("GPUCTL_CONFIG", None)
+
+    def gpuctl(*argv: str, **kw: Any) -> Any:
+        cmd = [sys.executable, "-m", "gpuctl", *argv]
+        return subprocess.Popen(cmd, env=env, cwd=tmp_path, text=True, **kw)
+
+    submit = gpuctl(
+        "submit", "ticks.py:ticks", "--args", json.dumps([str(gate)]),
+        "--supervisor-python", venv1, "--python", venv2, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = submit.communicate(timeout=60)
+    job_id = out.strip()
+    follow = gpuctl("logs", job_id, "-f", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert follow.stdout is not None
+        assert follow.stdout.readline() == "tick 1\n"  # while the job still runs
+        assert follow.poll() is None
+        gate.touch()
+        rest, err = follow.communicate(timeout=60)  # it ends when the job does
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+        os.close(os.open(gate, os.O_CREAT))
+    assert follow.returncode == 0
+    assert rest == "tick 2\n" and err == "warned\n"
