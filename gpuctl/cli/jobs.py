@@ -7,6 +7,7 @@ restarted. Each user mistake is one line (``gpuctl: ...``, exit 2), never a trac
 from __future__ import annotations
 
 import argparse
+import codecs
 import functools
 import importlib.util
 import json
@@ -328,7 +329,7 @@ def _job(args: argparse.Namespace) -> Job:
         raise UserError(f"no job {args.id!r}: see gpuctl jobs for the ids")
     config = _config(args) if rec.backend.get("kind") == "ssh" else None
     try:
-        return attach(rec, store, config=config)
+        return attach(rec, store, config=config, watch=False)
     except (HostError, ValueError) as e:  # ValueError: a record naming what Slurm cannot take
         raise UserError(str(e)) from None
 
@@ -353,7 +354,7 @@ def run_purge(args: argparse.Namespace) -> int:
     their rows. A folder is removed only when its last path part is the job's own id; a node
     that does not answer keeps its jobs for a later purge."""
     from gpuctl import service
-    from gpuctl.jobs import HostError, JobStore, attach
+    from gpuctl.jobs import HostError, JobStore, targets
     from gpuctl.jobs.store import FINAL_STATES
 
     if not args.older_than:
@@ -381,7 +382,7 @@ def run_purge(args: argparse.Namespace) -> int:
             if rec.backend.get("kind") == "ssh":
                 if config is None:
                     config = _config(args)
-                host = attach(rec, store, config=config).backend.host
+                host = targets.backend_of(rec.backend, rec.id, config).host
                 rc, _, err = host.run(["rm", "-rf", "--", folder], timeout=120)
                 if rc != 0:
                     raise OSError(err.decode("utf-8", "replace").strip() or f"rm exited {rc}")
@@ -477,7 +478,7 @@ def _refresh(store: JobStore, records: list[JobRecord], args: argparse.Namespace
 
     def state(rec: JobRecord) -> bool:
         try:
-            return attach(rec, store, config=config).state != rec.state
+            return attach(rec, store, config=config, watch=False).state != rec.state
         except (HostError, OSError, ValueError, StoreError):
             return False
 
@@ -546,6 +547,8 @@ def follow_logs(job: Job, stdout: bool, stderr: bool) -> int:
     files = [(jobfiles.STDOUT, sys.stdout)] if stdout else []
     files += [(jobfiles.STDERR, sys.stderr)] if stderr else []
     offsets = dict.fromkeys((name for name, _ in files), 0)
+    # a character split between two reads is decoded once whole, not as two replacement marks
+    decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name, _ in files}
     try:
         while True:
             over = _on_node(job, job.done)  # before reading: what it wrote last is then read
@@ -553,7 +556,7 @@ def follow_logs(job: Job, stdout: bool, stderr: bool) -> int:
                 data = _on_node(job, functools.partial(job.read_from, name, offsets[name]))
                 if data:
                     offsets[name] += len(data)
-                    stream.write(data.decode("utf-8", "replace"))
+                    stream.write(decoders[name].decode(data))
                     stream.flush()
             if over:
                 return 0

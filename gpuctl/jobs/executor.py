@@ -537,9 +537,14 @@ class RemoteFunction:
 
 
 def attach(
-    record: JobRecord, store: JobStore | None = None, *, config: Config | None = None
+    record: JobRecord,
+    store: JobStore | None = None,
+    *,
+    config: Config | None = None,
+    watch: bool = True,
 ) -> Job:
-    """Rebuild a ``Job`` from its stored record (after gpuctl restarted)."""
+    """Rebuild a ``Job`` from its stored record (after gpuctl restarted). ``watch=False``: no
+    background polling (for callers that poll it themselves: the CLI, the jobs pane)."""
     backend = targets.backend_of(record.backend, record.id, config)
     job = Job(
         record.id,
@@ -550,6 +555,7 @@ def attach(
         record.backend.get("handle", Handle()).copy(),
         store,
         record.created_at,
+        watch=watch,
     )
     job._stored_state = record.state
     job._beat = record.heartbeat

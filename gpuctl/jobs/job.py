@@ -161,6 +161,8 @@ class Job(concurrent.futures.Future[Any]):
         handle: Handle,
         store: JobStore | None,
         created_at: float | None = None,
+        *,
+        watch: bool = True,
     ) -> None:
         super().__init__()
         self.id = job_id
@@ -184,7 +186,8 @@ class Job(concurrent.futures.Future[Any]):
         self._beat_read_at: float | None = None  # monotonic time of the last heartbeat read
         self._outcome_seen_at: float | None = None
         self._store_warned = False
-        _WATCHER.add(self)
+        if watch:  # completed as a Future in the background; a caller that polls itself opts out
+            _WATCHER.add(self)
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.name} on {self.target}: {self.state}>"

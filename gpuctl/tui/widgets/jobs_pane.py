@@ -118,7 +118,7 @@ _UNSHOWN = object()
 def _default_attach(rec: JobRecord, store: JobStore | None) -> Job:
     from gpuctl.jobs import attach
 
-    return attach(rec, store)
+    return attach(rec, store, watch=False)  # the pane's own refresh polls it
 
 
 class JobsPane(Vertical):
