@@ -84,6 +84,14 @@ class MemLimitExceeded(TypedDict, total=False):
     after_s: float
 
 
+class SupervisorKilled(TypedDict, total=False):
+    """What the keeper saw when the supervisor died of a signal before writing its outcome."""
+
+    signal: str
+    pid: int
+    last_heartbeat: float | None
+
+
 class Outcome(TypedDict, total=False):
     """``outcome.json``: how the supervisor saw the job end (the fields the login side reads)."""
 
@@ -107,6 +115,8 @@ class Outcome(TypedDict, total=False):
     slurm_job_id: str | None
     mem_watch_bytes: int | None
     mem_limit_exceeded: MemLimitExceeded
+    supervisor_killed: SupervisorKilled
+    descendants_killed: int
 
 
 class _StatusPhase(TypedDict):

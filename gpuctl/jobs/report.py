@@ -53,6 +53,7 @@ KINDS: dict[str, str] = {
     "lost": "the job's supervisor disappeared",
     "node_unreachable": "the node cannot be reached",
     "supervisor_failed": "the supervisor failed",
+    "supervisor_killed": "the job's supervisor was killed",
     "exited_without_result": "VENV2 exited without a result",
 }
 
@@ -93,6 +94,8 @@ REMEDIES: dict[str, str] = {
     "node_unreachable": "the job may still be running on the node: once the node is back, "
     "`gpuctl result ID` (or Job.result()) picks up its real outcome from the job folder",
     "supervisor_failed": "this is a gpuctl bug: please report it with the supervisor error",
+    "supervisor_killed": "something outside the job killed its supervisor (an admin's kill, the "
+    "OOM killer: see the node's `dmesg`); the job's processes were ended with it; resubmit",
     "exited_without_result": "a C extension or a thread ended the process; see stderr",
 }
 
@@ -322,6 +325,13 @@ def classify(
             ),
         )
 
+    killed = o.get("supervisor_killed")
+    if isinstance(killed, dict):
+        return report(
+            "supervisor_killed",
+            f"the supervisor (pid {killed.get('pid')}) was killed by {killed.get('signal')}; "
+            f"its keeper ended the job's {o.get('descendants_killed', 0)} remaining process(es)",
+        )
     if o.get("supervisor_error"):
         tb = str(o.get("supervisor_traceback") or "")
         return report("supervisor_failed", f"supervisor error: {o['supervisor_error']}")

@@ -22,6 +22,12 @@ What it does, in order:
    a session of its own comes back to it, grandchildren included), and writes ``outcome.json``
    atomically, whatever happened, including its own failure.
 
+In front of the supervisor stays its keeper (``keep``): the process the backend started, a child
+subreaper that forked the supervisor and forwards the job's signals to it. When the supervisor is
+killed (``kill -9``, the OOM killer), VENV2 dies of its parent-death signal, what the function
+started reparents to the keeper, and the keeper ends it all and writes an outcome that names the
+signal.
+
 Children start through ``proc.spawn`` (own session, SIGKILL when the supervisor dies). There is
 no liveness timeout here on purpose: a job outlives the link that submitted it (a network
 partition, gpuctl closed); only its own limits, a cancel or the scheduler end it. File names and
@@ -295,6 +301,8 @@ class Supervisor(object):
 
     def run(self) -> Dict[str, Any]:
         try:
+            if self.wake_w < 0:
+                self._install_signals()
             if proc.become_subreaper():
                 self.outcome["subreaper"] = True
             self._run()
@@ -335,7 +343,6 @@ class Supervisor(object):
             self.outcome["supervisor_error"] = "%s missing or unreadable in %s" % (
                 jobfiles.META, self.jobdir)
             return
-        self._install_signals()
         self.outcome["cgroup_before"] = cgroup_memory()
         limits = meta.get("limits") or {}
         time_limit = limits.get("time_limit_s")
@@ -660,6 +667,79 @@ def _build(envdir: str, version: str, packages: List[str], ssp: bool,
     return "none", False
 
 
+# --- the keeper ------------------------------------------------------------------------------
+
+
+def keep(jobdir: str) -> int:
+    """Run the supervisor in a forked child and stay in front of it as a child subreaper.
+
+    What a SIGKILL to the supervisor (an admin's ``kill -9``, the OOM killer) would leave behind,
+    the keeper ends: VENV2 dies of its parent-death signal, and the processes the function
+    started (data loaders, servers, daemons in sessions of their own) reparent here, the nearest
+    subreaper left. The keeper then kills every descendant and, when the supervisor wrote no
+    outcome, writes one that names the signal, so the report says what happened instead of
+    "lost". Signals meant for the job (a cancel's SIGTERM, Slurm's USR1 warning) are forwarded to
+    the supervisor; the supervisor gets SIGTERM (a cancel) if the keeper dies. Returns the exit
+    status for ``main``. Where there is no ``prctl`` the supervisor runs in this process.
+    """
+    if not proc.become_subreaper():
+        outcome = Supervisor(jobdir).run()
+        return 0 if outcome.get("exit_code") == 0 else 1
+    names = STOPPING + FORWARDED
+    sigs = set(getattr(signal, n) for n in names)
+    # Blocked across the fork: a signal that arrives meanwhile waits for the right handler.
+    signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    keeper = os.getpid()
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            sup = Supervisor(jobdir)
+            sup._install_signals()
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
+            proc.set_death_signal(signal.SIGTERM, parent=keeper)
+            code = 0 if sup.run().get("exit_code") == 0 else 1
+        finally:
+            os._exit(code)
+
+    def forward(signum: int, frame: Any) -> None:
+        try:
+            os.kill(child, signum)
+        except OSError:
+            pass
+
+    for name in names:
+        signal.signal(getattr(signal, name), forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
+    status = 0
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)  # reaps the orphans that reparent here, too
+        except ChildProcessError:
+            break
+        if pid == child:
+            break
+    for name in names:
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    left = proc.kill_descendants()
+    outcome_path = os.path.join(os.path.abspath(jobdir), jobfiles.OUTCOME)
+    if os.WIFSIGNALED(status) and not os.path.exists(outcome_path):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "signal %d" % sig
+        beat = jobfiles.read_json(os.path.join(os.path.abspath(jobdir), jobfiles.HEARTBEAT), {})
+        jobfiles.write_json(outcome_path, {
+            "supervisor_killed": {"signal": name, "pid": child,
+                                  "last_heartbeat": (beat or {}).get("t")},
+            "phase": "supervisor", "keeper_pid": keeper, "hostname": socket.gethostname(),
+            "exit_code": None, "signal_name": None, "descendants_killed": len(left),
+            "ended_at": _now(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")})
+        return 1
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if len(argv) == 2 and argv[0] == "--build-env":
@@ -677,8 +757,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if len(argv) != 1 or argv[0].startswith("-"):
         sys.stderr.write("usage: supervisor JOBDIR | supervisor --build-env SPEC.json\n")
         return 2
-    outcome = Supervisor(argv[0]).run()
-    return 0 if outcome.get("exit_code") == 0 else 1
+    return keep(argv[0])
 
 
 if __name__ == "__main__":

@@ -329,12 +329,14 @@ def test_cancel_stops_the_job_and_everything_it_started(make_executor: Any) -> N
     assert not job.cancel()
 
 
-def test_supervisor_killed_is_lost_and_takes_venv2_along(make_executor: Any) -> None:
+def test_supervisor_and_keeper_killed_is_lost_and_takes_venv2_along(make_executor: Any) -> None:
+    """Both VENV1 processes killed at once (what a node's reboot or a kill of the session looks
+    like): nobody is left to write the outcome, and VENV2 dies of its parent-death signal."""
     token = f"GPUCTL_JOBTEST_{uuid.uuid4().hex}"
     job = make_executor(job_env={token: "1"}).submit(time.sleep, 300)
     wait_until(lambda: running(job), 30, "the job to run")
-    pid = json.loads(Path(job.jobdir, "supervisor.json").read_text())["pid"]
-    os.kill(pid, signal.SIGKILL)
+    pgid = json.loads(Path(job.jobdir, "supervisor.json").read_text())["pgid"]
+    os.killpg(pgid, signal.SIGKILL)
     err = failure(job, "lost", 30)
     assert "outcome.json was never written" in str(err)
     wait_until(lambda: no_process_with_env(token), 10, "VENV2 to die with its supervisor")

@@ -340,3 +340,24 @@ def test_the_scripts_gpuctl_writes_are_read_by_sbatch_as_written(
         assert not (folder / "job.sbatch").exists()
     with pytest.raises(SlurmValueError, match=r"^--nodes: bad hostlist"):
         SlurmJobSpec(nodelist=f"{slurm_cluster.node}\n#SBATCH --wrap=id")
+
+
+def test_a_killed_supervisor_under_slurm_takes_its_processes_and_says_so(
+    slurm_executor: Any, tmp_path: Path
+) -> None:
+    """The keeper is the batch step's process: a kill -9 of the supervisor inside it ends the
+    job's children (the step would otherwise hold them until Slurm's time limit) and the report
+    names the kill, not Slurm's FAILED."""
+    from gpuctl.node import jobfiles
+    from gpuctl_tests.jobs.test_subreaper import alive, start_children
+
+    pid_file = tmp_path / "pids"
+    job = slurm_executor().submit(start_children, str(pid_file))
+    wait_until(lambda: pid_file.exists() and pid_file.read_text(), 60, "the job's children")
+    pids = [int(p) for p in pid_file.read_text().split()]
+    supervisor = json.loads(Path(job.jobdir, jobfiles.PIDFILE).read_text())["pid"]
+    os.kill(supervisor, 9)
+    with pytest.raises(JobFailed) as info:
+        job.result(60)
+    assert info.value.kind == "supervisor_killed", info.value
+    assert not any(alive(p) for p in pids)

@@ -4,6 +4,9 @@ VENV1 is the real Python 3.6; the processes are checked in /proc."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -11,6 +14,7 @@ from typing import Any
 import pytest
 
 from gpuctl.jobs import JobFailed
+from gpuctl.node import jobfiles
 from gpuctl_tests.helpers import wait_until
 from gpuctl_tests.jobs.conftest import no_process_with_env
 from gpuctl_tests.jobs.test_failures import running
@@ -75,5 +79,37 @@ def test_daemons_of_a_cancelled_job_end_with_it(make_executor: Any, tmp_path: Pa
     with pytest.raises(JobFailed) as info:
         job.result(30)
     assert info.value.kind == "cancelled"
+    assert not any(alive(p) for p in pids)
+    assert no_process_with_env(token)
+
+
+def start_children(path: str) -> None:
+    """A child in the job's own session (a data loader) and a daemon in a session of its own;
+    their pids go to ``path``; then wait to be killed."""
+    import subprocess
+    import time
+
+    loader = subprocess.Popen(["sleep", "300"])
+    daemon = subprocess.Popen(["sleep", "301"], start_new_session=True)
+    Path(path).write_text(f"{loader.pid} {daemon.pid}")
+    time.sleep(300)
+
+
+def test_a_killed_supervisor_takes_the_job_processes_with_it(
+    make_executor: Any, tmp_path: Path
+) -> None:
+    """kill -9 of the supervisor (an admin, the OOM killer): VENV2 dies of its parent-death
+    signal, its children reparent to the keeper, which ends them and names what happened."""
+    token = f"GPUCTL_JOBTEST_{uuid.uuid4().hex}"
+    pid_file = tmp_path / "pids"
+    job = make_executor(job_env={token: "1"}).submit(start_children, str(pid_file))
+    wait_until(lambda: pid_file.exists() and pid_file.read_text(), 30, "the job's children")
+    pids = [int(p) for p in pid_file.read_text().split()]
+    supervisor = json.loads(Path(job.jobdir, jobfiles.PIDFILE).read_text())["pid"]
+    os.kill(supervisor, signal.SIGKILL)
+    with pytest.raises(JobFailed) as info:
+        job.result(30)
+    assert info.value.kind == "supervisor_killed", info.value
+    assert "SIGKILL" in str(info.value)
     assert not any(alive(p) for p in pids)
     assert no_process_with_env(token)
