@@ -116,6 +116,8 @@ class Outcome(TypedDict, total=False):
     mem_watch_bytes: int | None
     mem_limit_exceeded: MemLimitExceeded
     supervisor_killed: SupervisorKilled
+    resources_unavailable: str
+    resources: dict[str, str]
     descendants_killed: int
 
 

@@ -54,6 +54,7 @@ KINDS: dict[str, str] = {
     "node_unreachable": "the node cannot be reached",
     "supervisor_failed": "the supervisor failed",
     "supervisor_killed": "the job's supervisor was killed",
+    "resources_unavailable": "the node lacks what the job asked for",
     "exited_without_result": "VENV2 exited without a result",
 }
 
@@ -94,6 +95,8 @@ REMEDIES: dict[str, str] = {
     "node_unreachable": "the job may still be running on the node: once the node is back, "
     "`gpuctl result ID` (or Job.result()) picks up its real outcome from the job folder",
     "supervisor_failed": "this is a gpuctl bug: please report it with the supervisor error",
+    "resources_unavailable": "ask for fewer (gpus=, cpus=) or choose a node that has them "
+    "(`gpuctl status` lists each node's GPUs)",
     "supervisor_killed": "something outside the job killed its supervisor (an admin's kill, the "
     "OOM killer: see the node's `dmesg`); the job's processes were ended with it; resubmit",
     "exited_without_result": "a C extension or a thread ended the process; see stderr",
@@ -335,6 +338,8 @@ def classify(
     if o.get("supervisor_error"):
         tb = str(o.get("supervisor_traceback") or "")
         return report("supervisor_failed", f"supervisor error: {o['supervisor_error']}")
+    if o.get("resources_unavailable"):
+        return report("resources_unavailable", str(o["resources_unavailable"]))
     if o.get("setup_failed"):
         setup = o.get("setup") or {}
         last = files.setup_tail.strip().splitlines()[-6:]

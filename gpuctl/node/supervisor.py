@@ -252,6 +252,75 @@ def _run_setup(jobdir: str, lines: List[str],
     return True, rc, new_env
 
 
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+               "NUMEXPR_NUM_THREADS")
+
+
+def _smi(env: Dict[str, str], query: str) -> List[List[str]]:
+    """Rows of ``nvidia-smi --query-<query> --format=csv,noheader,nounits``; raises OSError
+    (no nvidia-smi) or RuntimeError (it failed, with its own words)."""
+    argv = ["nvidia-smi", "--query-" + query, "--format=csv,noheader,nounits"]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, env=env)
+    try:
+        out = p.communicate(timeout=60)[0].decode("utf-8", "replace")
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise RuntimeError("nvidia-smi did not answer in 60 s")
+    if p.returncode != 0:
+        raise RuntimeError((out.strip().splitlines() or ["exit %d" % p.returncode])[0])
+    return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def node_resources(limits: Dict[str, Any], env: Dict[str, str]) -> Tuple[Dict[str, str], str]:
+    """What ``gpus=`` and ``cpus=`` mean where no scheduler allocates them (local, SSH).
+
+    gpus=N: N of the node's GPUs in ``CUDA_VISIBLE_DEVICES`` (indices in PCI order, with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA counts them the same way), the GPUs without compute
+    processes first; a ``CUDA_VISIBLE_DEVICES`` the environment already has (the config's env,
+    a setup line) is the set to choose from. cpus=N: the usual thread-count variables set to N
+    (those the job's env does not set itself). Nothing is reserved: two jobs started at the same
+    moment can pick the same idle GPU. Returns (environment additions, "" or why the node cannot
+    give what was asked).
+    """
+    add = {}  # type: Dict[str, str]
+    cpus = int(limits.get("cpus") or 0)
+    if cpus:
+        try:
+            have = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            have = os.cpu_count() or 1
+        if cpus > have:
+            return {}, "cpus=%d asked, and this node lets the job use %d CPU(s)" % (cpus, have)
+        for name in THREAD_VARS:
+            if name not in env:
+                add[name] = str(cpus)
+    gpus = int(limits.get("gpus") or 0)
+    if not gpus:
+        return add, ""
+    visible = [g.strip() for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    if "CUDA_VISIBLE_DEVICES" in env and not visible:
+        return {}, "gpus=%d asked, and CUDA_VISIBLE_DEVICES is empty in the job's environment" % gpus
+    try:
+        rows = _smi(env, "gpu=index,uuid")
+        busy = set(r[0] for r in _smi(env, "compute-apps=gpu_uuid") if r)
+    except OSError:
+        return {}, "gpus=%d asked, and this node has no nvidia-smi on PATH (no NVIDIA driver?)" % gpus
+    except RuntimeError as e:
+        return {}, "gpus=%d asked, and nvidia-smi fails here: %s" % (gpus, e)
+    found = [(r[0], r[1]) for r in rows if len(r) >= 2 and r[0].isdigit()]
+    if visible:
+        found = [(i, u) for i, u in found if i in visible or u in visible]
+    free = [i for i, u in found if u not in busy] + [i for i, u in found if u in busy]
+    if gpus > len(free):
+        where = " of CUDA_VISIBLE_DEVICES=%s" % ",".join(visible) if visible else ""
+        return {}, "gpus=%d asked, and this node has %d GPU(s)%s" % (gpus, len(free), where)
+    add["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    add["CUDA_VISIBLE_DEVICES"] = ",".join(free[:gpus])
+    return add, ""
+
+
 class Supervisor(object):
     """One job run; ``run()`` returns the outcome dict (also written to ``outcome.json``)."""
 
@@ -364,6 +433,14 @@ class Supervisor(object):
             if self.stop_reason:
                 return
             env = new_env
+        if not under_slurm:  # under Slurm, the allocation is Slurm's (--gpus, --cpus-per-task)
+            add, lacking = node_resources(limits, env)
+            if lacking:
+                self.outcome["resources_unavailable"] = lacking
+                return
+            env.update(add)
+            if add:
+                self.outcome["resources"] = add
         python = meta["python"]
         worker = self.path(meta.get("worker", jobfiles.WORKER_SCRIPT))
         # -u: what the function prints reaches the stdout file at once (live logs, nothing lost
