@@ -10,12 +10,13 @@ job store)."""
 from gpuctl.jobs.executor import Executor, attach, remote
 from gpuctl.jobs.hosts import HostError
 from gpuctl.jobs.job import Job, JobFailed, RemoteTraceback
-from gpuctl.jobs.provision import EnvSpec
+from gpuctl.jobs.provision import EnvSpec, EnvSpecError
 from gpuctl.jobs.report import FailureReport
 from gpuctl.jobs.store import JobRecord, JobStore, StoreError
 
 __all__ = [
     "EnvSpec",
+    "EnvSpecError",
     "Executor",
     "FailureReport",
     "HostError",

@@ -16,9 +16,10 @@ import re
 import sys
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 
@@ -42,12 +43,21 @@ def write_runner(host: Host, folder: str) -> None:
         host.write_bytes(f"{folder}/{name}", src.read_bytes(), 0o600)
 
 
+class EnvSpecError(ValueError):
+    """A requirements, pyproject or environment file that cannot be used (one line)."""
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """A VENV2 to provision on the node: Python ``X.Y`` plus pip packages.
 
     ``system_site_packages`` lets the environment see the base interpreter's packages (fast to
     build when the node already has them). ``methods`` is the order to try (uv, conda, venv).
+    ``requirements`` is the text of a requirements file (``-r``-style lines, installed after
+    ``packages``); ``conda_env`` the text of a conda ``environment.yml``, which only
+    conda, mamba or micromamba build. Both are part of the environment's content hash. The
+    ``from_requirements``, ``from_pyproject`` and ``from_conda`` constructors read them from
+    files here (nothing is read on the node).
     """
 
     python: str = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -55,6 +65,54 @@ class EnvSpec:
     system_site_packages: bool = False
     methods: tuple[str, ...] = ("uv", "conda", "venv")
     base_python: str | None = None  # the interpreter ``venv`` copies (default: python3.X)
+    requirements: str = ""
+    conda_env: str = ""
+
+    @classmethod
+    def from_requirements(cls, path: str | Path, **options: Any) -> EnvSpec:
+        """A VENV2 with what ``requirements.txt`` at ``path`` lists (its text travels; a
+        ``-r other.txt`` line inside it must name a file that exists on the node)."""
+        return cls(requirements=_read(path, "requirements file"), **options)
+
+    @classmethod
+    def from_pyproject(
+        cls, path: str | Path, extras: Sequence[str] = (), **options: Any
+    ) -> EnvSpec:
+        """A VENV2 with ``[project] dependencies`` of the ``pyproject.toml`` at ``path``, plus
+        its ``optional-dependencies`` named in ``extras``; ``requires-python`` is checked
+        against ``python=`` (default this Python)."""
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover - Python 3.10
+            import tomli as tomllib
+
+        text = _read(path, "pyproject file")
+        try:
+            project = tomllib.loads(text).get("project") or {}
+        except tomllib.TOMLDecodeError as e:
+            raise EnvSpecError(f"{path}: not valid TOML ({e})") from None
+        deps = list(project.get("dependencies") or [])
+        optional = project.get("optional-dependencies") or {}
+        for extra in extras:
+            if extra not in optional:
+                known = ", ".join(sorted(optional)) or "none"
+                raise EnvSpecError(f"{path}: no optional dependencies {extra!r} (has: {known})")
+            deps += list(optional[extra])
+        spec = cls(**{**options, "packages": (*options.get("packages", ()), *deps)})
+        wanted = str(project.get("requires-python") or "")
+        if wanted and not _python_ok(spec.python, wanted):
+            raise EnvSpecError(
+                f"{path} requires Python {wanted}, and the environment asks for Python "
+                f"{spec.python}"
+            )
+        return spec
+
+    @classmethod
+    def from_conda(cls, path: str | Path, **options: Any) -> EnvSpec:
+        """A VENV2 built by conda, mamba or micromamba (whichever the node has) from the
+        ``environment.yml`` at ``path``; cloudpickle is then pip-installed into it, pinned."""
+        options.setdefault("methods", ("conda",))
+        return cls(conda_env=_read(path, "conda environment file"), **options)
 
     def pinned_packages(self) -> list[str]:
         """The packages with cloudpickle pinned to this submitter's version (added if absent):
@@ -64,6 +122,26 @@ class EnvSpec:
         if not any(p.strip().lower().startswith("cloudpickle") for p in out):
             out.insert(0, pin)
         return out
+
+
+def _read(path: str | Path, what: str) -> str:
+    try:
+        return Path(path).expanduser().read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or e
+        raise EnvSpecError(f"cannot read {what} {path}: {why}") from None
+
+
+def _python_ok(version: str, spec: str) -> bool:
+    """Whether Python ``version`` ("3.11") satisfies ``requires-python`` (">=3.10,<3.13")."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        return SpecifierSet(spec).contains(f"{version}.0", prereleases=True) or SpecifierSet(
+            spec
+        ).contains(f"{version}.99", prereleases=True)
+    except InvalidSpecifier:
+        raise EnvSpecError(f"requires-python {spec!r} is not a version specifier") from None
 
 
 # Prints VENV1's version; Python 2 reads it too (so its version can be named).
@@ -196,6 +274,8 @@ class Venv2:
             "system_site_packages": spec.system_site_packages,
             "methods": list(spec.methods),
             "base_python": spec.base_python,
+            "requirements": spec.requirements,
+            "conda_env": spec.conda_env,
         }
         spec_path = f"{root}/spec-{uuid.uuid4().hex[:12]}.json"
         host.write_bytes(spec_path, json.dumps(spec_json).encode())

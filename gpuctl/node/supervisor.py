@@ -595,10 +595,13 @@ class Supervisor(object):
 
 
 def env_key(python_version: str, packages: List[str], system_site_packages: bool = False,
-            base_python: Optional[str] = None) -> str:
-    """Content hash naming an environment: the same (Python, packages) is built once."""
+            base_python: Optional[str] = None, requirements: str = "",
+            conda_env: str = "") -> str:
+    """Content hash naming an environment: the same (Python, packages, files) is built once."""
     blob = json.dumps([str(python_version), sorted(packages), bool(system_site_packages)]
-                      + ([base_python] if base_python else []))
+                      + ([base_python] if base_python else [])
+                      + ([["requirements", requirements]] if requirements else [])
+                      + ([["conda_env", conda_env]] if conda_env else []))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -648,7 +651,9 @@ def build_env(spec: Dict[str, Any]) -> Dict[str, Any]:
     """Build (once) the VENV2 environment ``spec`` describes; return a result dict.
 
     spec: {"root": dir, "python": "3.11", "packages": [...], "system_site_packages": bool,
-    "methods": ["uv", "conda", "venv"]}. The folder is ``root/<key>``; a file lock serialises
+    "methods": ["uv", "conda", "venv"], "requirements": text of a requirements file,
+    "conda_env": text of an environment.yml}. The files are written beside the folder
+    (``<key>.requirements.txt``, ``<key>.environment.yml``) for the tools to read. The folder is ``root/<key>``; a file lock serialises
     builders; ``.gpuctl-ready`` marks a build whose probe succeeded. Result: {"ok": true,
     "python": path, "key", "method", "probe"} or {"ok": false, "error", "log"}.
     """
@@ -657,7 +662,9 @@ def build_env(spec: Dict[str, Any]) -> Dict[str, Any]:
     packages = list(spec.get("packages") or [])
     ssp = bool(spec.get("system_site_packages"))
     base = spec.get("base_python")
-    key = env_key(version, packages, ssp, base)
+    requirements = str(spec.get("requirements") or "")
+    conda_env = str(spec.get("conda_env") or "")
+    key = env_key(version, packages, ssp, base, requirements, conda_env)
     os.makedirs(root, exist_ok=True)
     envdir = os.path.join(root, key)
     log_path = envdir + ".log"
@@ -673,8 +680,15 @@ def build_env(spec: Dict[str, Any]) -> Dict[str, Any]:
             return result
         if os.path.isdir(envdir):
             shutil.rmtree(envdir, ignore_errors=True)
+        files = {}  # type: Dict[str, str]
+        for name, text in (("requirements.txt", requirements), ("environment.yml", conda_env)):
+            if text:
+                files[name] = "%s.%s" % (envdir, name)
+                with open(files[name], "w") as f:
+                    f.write(text)
         with open(log_path, "w") as log:
-            method, ok = _build(envdir, version, packages, ssp, spec.get("methods"), log, base)
+            method, ok = _build(envdir, version, packages, ssp, spec.get("methods"), log, base,
+                                files.get("requirements.txt"), files.get("environment.yml"))
         if not ok:
             shutil.rmtree(envdir, ignore_errors=True)
             result.update(ok=False, method=method, error="environment build failed (%s)" % method,
@@ -707,26 +721,67 @@ def _step(argv: List[str], log: Any) -> bool:
     return rc == 0
 
 
+def _tool(name: str) -> Optional[str]:
+    """``name`` on PATH, else where its installer puts it (a non-login shell over SSH often lacks
+    ``~/.local/bin`` on PATH)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for folder in ("~/.local/bin", "~/.cargo/bin", "~/micromamba/bin", "~/miniforge3/bin",
+                   "~/mambaforge/bin", "~/miniconda3/bin", "~/anaconda3/bin"):
+        candidate = os.path.join(os.path.expanduser(folder), name)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+CONDA_TOOLS = ("micromamba", "mamba", "conda")
+
+
+def conda_create_argv(tool: str, envdir: str, version: str,
+                      env_file: Optional[str]) -> List[str]:
+    """The command that makes a conda environment at ``envdir``: from ``env_file`` (an
+    environment.yml) when there is one, else Python ``version`` and pip."""
+    name = os.path.basename(tool)
+    if env_file:
+        if name == "micromamba":
+            return [tool, "create", "-y", "-q", "-p", envdir, "-f", env_file]
+        return [tool, "env", "create", "-q", "-p", envdir, "-f", env_file]
+    return [tool, "create", "-y", "-q", "-p", envdir, "python=%s" % version, "pip"]
+
+
 def _build(envdir: str, version: str, packages: List[str], ssp: bool,
            methods: Optional[List[str]], log: Any,
-           base_python: Optional[str] = None) -> Tuple[str, bool]:
+           base_python: Optional[str] = None, requirements: Optional[str] = None,
+           conda_env: Optional[str] = None) -> Tuple[str, bool]:
     methods = list(methods or ("uv", "conda", "venv"))
     py = os.path.join(envdir, "bin", "python")
+    extra = ["-r", requirements] if requirements else []
     tried = []  # type: List[str]
+    if conda_env:
+        methods = [m for m in methods if m == "conda"]
+        if not methods:
+            tried.append("an environment.yml needs the conda method")
     for method in methods:
-        if method == "uv" and shutil.which("uv"):
-            argv = ["uv", "venv", "--python", version, envdir]
+        uv = _tool("uv") if method == "uv" else None
+        if uv:
+            wanted = os.path.expanduser(base_python) if base_python else version
+            argv = [uv, "venv", "-q", "--python", wanted, envdir]
             if ssp:
                 argv.insert(2, "--system-site-packages")
-            ok = _step(argv, log) and (not packages or _step(
-                ["uv", "pip", "install", "--python", py] + packages, log))
+            ok = _step(argv, log) and (not (packages or extra) or _step(
+                [uv, "pip", "install", "-q", "--python", py] + packages + extra, log))
             return "uv", ok
-        if method == "conda" and shutil.which("conda"):
-            # The env's own bin/python installs packages: no `conda run`, no activation.
-            ok = _step([str(shutil.which("conda")), "create", "-y", "-q", "-p", envdir,
-                        "python=%s" % version, "pip"], log) and (not packages or _step(
-                            [py, "-m", "pip", "install", "-q"] + packages, log))
-            return "conda", ok
+        conda = None
+        if method == "conda":
+            conda = next((t for t in map(_tool, CONDA_TOOLS) if t), None)
+        if conda:
+            # The env's own bin/python installs pip packages: no `conda run`, no activation.
+            ok = _step(conda_create_argv(conda, envdir, version, conda_env), log) and (
+                not (packages or extra) or _step(
+                    [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+                    + packages + extra, log))
+            return os.path.basename(conda), ok
         if method == "venv":
             base = os.path.expanduser(base_python) if base_python else _find_python(version)
             if base is None:
@@ -735,11 +790,11 @@ def _build(envdir: str, version: str, packages: List[str], ssp: bool,
             argv = [base, "-m", "venv", envdir]
             if ssp:
                 argv.insert(3, "--system-site-packages")
-            ok = _step(argv, log) and (not packages or _step(
-                [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"] + packages,
-                log))
+            ok = _step(argv, log) and (not (packages or extra) or _step(
+                [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"] + packages
+                + extra, log))
             return "venv", ok
-        tried.append("%s not available" % method)
+        tried.append("%s not found" % ("/".join(CONDA_TOOLS) if method == "conda" else method))
     log.write("no way to build Python %s here: %s\n" % (version, "; ".join(tried)))
     return "none", False
 
