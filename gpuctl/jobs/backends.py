@@ -274,7 +274,10 @@ class SlurmBackend(Backend):
         if seconds:
             minutes = max(1, int((float(seconds) + 59) // 60))
             lines.append(f"#SBATCH --time={minutes}")
-        if self.signal_warning:
+        if meta.get("checkpointable") and limits.get("warning_s"):
+            # the warning a checkpoint waits for, as long before the limit as the job asked
+            lines.append(f"#SBATCH --signal=B:USR1@{max(1, int(limits['warning_s']))}")
+        elif self.signal_warning:
             lines.append(f"#SBATCH --signal=B:{self.signal_warning}")
         root = os.path.dirname(jobdirs[0])
         # %a of a job that is not an array would be a placeholder (4294967294): name it by %j
@@ -284,6 +287,8 @@ class SlurmBackend(Backend):
         lines.append(f"#SBATCH --chdir={sbatch_path(root, 'job folder')}")
         if len(jobdirs) > 1:
             lines.append(f"#SBATCH --array=0-{len(jobdirs) - 1}")
+        if meta.get("checkpointable"):  # the supervisor requeues it; one output for every attempt
+            lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
         lines += [f"#SBATCH {a}" for a in self.sbatch_args]
         quoted = " ".join(shlex.quote(d) for d in jobdirs)
         lines += [

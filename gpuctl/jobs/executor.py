@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import cloudpickle
 
 from gpuctl import paths, service
-from gpuctl.jobs import _chunk, targets
+from gpuctl.jobs import _chunk, checkpoint, targets
 from gpuctl.jobs.backends import SlurmBackend
 from gpuctl.jobs.hosts import AtomicWriter, Host
 from gpuctl.jobs.job import SUBMITTER_PYTHON, Job, JobFailed, RemoteTraceback
@@ -59,6 +59,7 @@ __all__ = [
 R = TypeVar("R")
 
 cloudpickle.register_pickle_by_value(_chunk)
+cloudpickle.register_pickle_by_value(checkpoint)
 
 
 def parse_mem(mem: int | str | None) -> int | None:
@@ -126,6 +127,8 @@ class Executor:
     gpuctl to build one (once, cached by content hash); ``supervisor_python`` is VENV1 (default:
     the node's configured python3). ``mem`` (bytes or "4G"), ``time_limit`` (seconds), ``cpus``,
     ``gpus`` are limits; ``setup`` lines run before VENV2 starts (after the cluster's own).
+    A checkpointable function (``gpuctl.jobs.checkpoint``) is warned ``warning`` seconds before
+    its time limit and requeued from its checkpoint at most ``max_requeues`` times.
     ``verify=False`` skips the pre-submit probe of VENV2 (only to exercise the node-side checks).
     ``read_only`` is the caller's decision on read-only mode (None: at each submit, from
     ``$GPUCTL_READ_ONLY`` and ``config``, else the config files); in read-only mode ``submit``,
@@ -165,6 +168,8 @@ class Executor:
         verify: bool = True,
         cwd: str | None = None,
         read_only: bool | None = None,
+        max_requeues: int = 3,
+        warning: float = 60.0,
     ) -> None:
         if python is not None and env is not None:
             raise ValueError("give python= (an existing VENV2) or env= (one to build), not both")
@@ -175,6 +180,8 @@ class Executor:
             "mem_bytes": parse_mem(mem),
             "time_limit_s": time_limit,
             "grace_s": grace,
+            "max_requeues": max_requeues,
+            "warning_s": warning,
         }
         self.env_spec = env
         self.job_env = dict(job_env or {})
@@ -303,6 +310,7 @@ class Executor:
             "cwd": self.cwd,
             "worker": jobfiles.WORKER_SCRIPT,
             "created_at": time.time(),
+            "checkpointable": callable(getattr(fn, "checkpoint", None)),
         }
         write_runner(host, jobdir)
         host.write_bytes(f"{jobdir}/{jobfiles.META}", json.dumps(meta, indent=1).encode(), 0o600)

@@ -28,6 +28,7 @@ from gpuctl.core import wire
 from gpuctl.jobs.backends import Backend, SlurmBackend
 from gpuctl.jobs.hosts import HostError, LocalHost
 from gpuctl.jobs.records import (
+    Attempt,
     Handle,
     Heartbeat,
     JobMeta,
@@ -379,7 +380,17 @@ class Job(concurrent.futures.Future[Any]):
             stderr_tail=self._tail(jobfiles.STDERR),
             setup_tail=self._tail(jobfiles.SETUP_LOG, 3000),
             meta=self._json(JobMeta, jobfiles.META),
+            attempts=self._attempts(),
         )
+
+    def _attempts(self) -> list[Attempt]:
+        text = (self._read(jobfiles.ATTEMPTS) or b"").decode("utf-8", "replace")
+        return wire.parse_list(Attempt, jobfiles.parse_lines(text))
+
+    def attempts(self) -> list[Attempt]:
+        """The attempts of this job that ended in a requeue (a checkpoint, or the scheduler's
+        own requeue), oldest first; empty for a job that ran once."""
+        return self._attempts()
 
     def _remember(self, **values: Unpack[JobUpdate]) -> None:
         """Write to the job store; a store that stopped being writable costs the record, never

@@ -32,6 +32,8 @@ class Limits(TypedDict, total=False):
     time_limit_s: float | None
     grace_s: float
     mem_enforced_by: str
+    max_requeues: int
+    warning_s: float
 
 
 class JobMeta(TypedDict, total=False):
@@ -51,6 +53,7 @@ class JobMeta(TypedDict, total=False):
     cwd: str
     worker: str
     created_at: float
+    checkpointable: bool
 
 
 # -- written on the node ----------------------------------------------------------------------
@@ -92,6 +95,19 @@ class SupervisorKilled(TypedDict, total=False):
     last_heartbeat: float | None
 
 
+class Attempt(TypedDict, total=False):
+    """A line of ``attempts.jsonl``: an attempt of the job that ended in a requeue."""
+
+    attempt: int
+    reason: str  # "checkpoint", "requeued by the scheduler"
+    ended_at: float | None
+    hostname: str | None
+    run_s: float | None
+    slurm_job_id: str | None
+    exit_code: int | None
+    stop_reason: str | None
+
+
 class Outcome(TypedDict, total=False):
     """``outcome.json``: how the supervisor saw the job end (the fields the login side reads)."""
 
@@ -117,6 +133,9 @@ class Outcome(TypedDict, total=False):
     mem_limit_exceeded: MemLimitExceeded
     supervisor_killed: SupervisorKilled
     resources_unavailable: str
+    attempt: int
+    requeue_error: str
+    requeues_exhausted: dict[str, int]
     resources: dict[str, str]
     descendants_killed: int
 

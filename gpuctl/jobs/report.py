@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from gpuctl.core import wire
 from gpuctl.jobs.records import (
+    Attempt,
     Heartbeat,
     JobMeta,
     Outcome,
@@ -55,6 +56,7 @@ KINDS: dict[str, str] = {
     "supervisor_failed": "the supervisor failed",
     "supervisor_killed": "the job's supervisor was killed",
     "resources_unavailable": "the node lacks what the job asked for",
+    "requeue_failed": "the job checkpointed but could not be requeued",
     "exited_without_result": "VENV2 exited without a result",
 }
 
@@ -95,6 +97,8 @@ REMEDIES: dict[str, str] = {
     "node_unreachable": "the job may still be running on the node: once the node is back, "
     "`gpuctl result ID` (or Job.result()) picks up its real outcome from the job folder",
     "supervisor_failed": "this is a gpuctl bug: please report it with the supervisor error",
+    "requeue_failed": "let the job be requeued (Slurm: JobRequeue, or ask the admins); the "
+    "job folder keeps the checkpoint as its payload",
     "resources_unavailable": "ask for fewer (gpus=, cpus=) or choose a node that has them "
     "(`gpuctl status` lists each node's GPUs)",
     "supervisor_killed": "something outside the job killed its supervisor (an admin's kill, the "
@@ -178,6 +182,7 @@ class JobFiles:
     stderr_tail: str = ""
     setup_tail: str = ""
     meta: JobMeta | None = None
+    attempts: list[Attempt] = field(default_factory=list)
 
     @property
     def last_phase(self) -> str:
@@ -264,6 +269,12 @@ def classify(
                 f"VENV2 ended with {status} after {o.get('run_s', '?')} s, "
                 f"peak RSS {_fmt_bytes((o.get('peak_rss_kb') or 0) * 1024)}"
             )
+        if files.attempts:
+            lines.append(
+                f"attempt {len(files.attempts) + 1}: requeued {len(files.attempts)} time(s) ("
+                + ", ".join(str(a.get("reason")) for a in files.attempts)
+                + ")"
+            )
         if sstate:
             lines.append(f"scheduler state: {sched.get('state')}")
         if py_line:
@@ -338,6 +349,16 @@ def classify(
     if o.get("supervisor_error"):
         tb = str(o.get("supervisor_traceback") or "")
         return report("supervisor_failed", f"supervisor error: {o['supervisor_error']}")
+    if o.get("requeue_error"):
+        return report("requeue_failed", str(o["requeue_error"]))
+    if o.get("requeues_exhausted"):
+        ex = o["requeues_exhausted"]
+        return report(
+            "time_limit",
+            f"the function checkpointed at its time-limit warning in attempt {ex.get('attempts')}"
+            f", and max_requeues={ex.get('max_requeues')} requeues were used up",
+            remedy="raise max_requeues=... or time_limit=..., or make each attempt do more",
+        )
     if o.get("resources_unavailable"):
         return report("resources_unavailable", str(o["resources_unavailable"]))
     if o.get("setup_failed"):

@@ -23,6 +23,11 @@ A job folder (mode 0700), who writes each file -> who reads it:
     result.pkl, result.json   worker: the pickled value (renamed into place), its summary
     exception.pkl      worker: the function's exception -> re-raised by the login side
     cancel-requested   login side -> supervisor (covers a supervisor without handlers yet)
+    checkpoint.pkl     worker, when a checkpointable function checkpointed: the next attempt's
+                       payload (the supervisor renames it to payload.pkl)
+    attempts.jsonl     supervisor, one line per attempt that ended in a requeue -> reports
+    requeue.json       supervisor, while Slurm requeues the job (the keeper then writes no
+                       outcome) -> the next attempt's supervisor removes it; login side
     outcome.json       supervisor, last, always, atomically -> reports
 """
 
@@ -55,6 +60,11 @@ RESULT_INFO = "result.json"
 EXCEPTION = "exception.pkl"
 CANCEL = "cancel-requested"
 OUTCOME = "outcome.json"
+CHECKPOINT = "checkpoint.pkl"
+ATTEMPTS = "attempts.jsonl"
+REQUEUE = "requeue.json"
+# The worker's exit status after a checkpoint: the supervisor starts the next attempt.
+CHECKPOINTED_EXIT = 8
 
 # Files a person reads to see what a job did, in that order.
 LOGS = (STDOUT, STDERR, STATUS, OUTCOME, ERROR, SETUP_LOG, SUPERVISOR_LOG)

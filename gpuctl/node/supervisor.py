@@ -343,6 +343,7 @@ class Supervisor(object):
         self.pending_forward = []  # type: List[int]
         self.wake_r = -1
         self.wake_w = -1
+        self.requeued = False
 
     def path(self, name: str) -> str:
         """The path of job file ``name`` (a ``jobfiles`` name)."""
@@ -399,7 +400,8 @@ class Supervisor(object):
                 self.outcome["cgroup_after"] = cgroup_memory()
             except Exception:
                 pass
-            jobfiles.write_json(self.path(jobfiles.OUTCOME), self.outcome)
+            if not self.requeued:  # Slurm starts the next attempt; it writes the outcome
+                jobfiles.write_json(self.path(jobfiles.OUTCOME), self.outcome)
         return self.outcome
 
     def _run(self) -> None:
@@ -412,6 +414,7 @@ class Supervisor(object):
             self.outcome["supervisor_error"] = "%s missing or unreadable in %s" % (
                 jobfiles.META, self.jobdir)
             return
+        self._begin()
         self.outcome["cgroup_before"] = cgroup_memory()
         limits = meta.get("limits") or {}
         time_limit = limits.get("time_limit_s")
@@ -458,10 +461,30 @@ class Supervisor(object):
                                   and (not under_slurm or not cg_limit)) else None
         self.outcome["mem_watch_bytes"] = mem_watch
 
+        # A checkpointable function outside Slurm gets the warning Slurm's --signal would send
+        warn_at = None  # type: Optional[float]
+        if meta.get("checkpointable") and not under_slurm and time_limit:
+            warn_at = max(0.0, float(time_limit) - float(limits.get("warning_s") or 60))
+        while True:
+            self._attempt(argv, env, meta, time_limit, grace, mem_watch, warn_at)
+            if not self._next_attempt(limits, under_slurm):
+                return
+
+    def _attempt(self, argv: List[str], env: Dict[str, str], meta: Dict[str, Any],
+                 time_limit: Optional[float], grace: float, mem_watch: Optional[int],
+                 warn_at: Optional[float]) -> None:
+        """One run of VENV2: start it, watch it (limits, signals, heartbeats) until it ends."""
+        python = argv[0]
+
         def preexec() -> None:
-            # Back to default dispositions in the child; VENV2 must see TERM as TERM.
-            for name in STOPPING + FORWARDED + ("SIGCHLD",):
+            # Back to default dispositions in the child; VENV2 must see TERM as TERM. USR1 and
+            # USR2 are ignored until the worker sets its handlers: a warning or a stack-dump
+            # request that comes while Python starts must not kill it (an ignored signal stays
+            # ignored across exec; a handled one is reset for the function's own children).
+            for name in STOPPING + ("SIGCHLD",):
                 signal.signal(getattr(signal, name), signal.SIG_DFL)
+            for name in FORWARDED:
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
 
         self.outcome["phase"] = "start"
         out = open(self.path(jobfiles.STDOUT), "ab")
@@ -501,6 +524,10 @@ class Supervisor(object):
                     self._killpg(signal.SIGKILL)
             if self.stop_reason is None and os.path.exists(self.path(jobfiles.CANCEL)):
                 self.stop_reason = "cancelled"
+            if (warn_at is not None and self.stop_reason is None and now - started >= warn_at
+                    and not self.outcome.get("warned") and self._worker_running()):
+                self.outcome["warned"] = True  # as Slurm's --signal=B:USR1@N does
+                self.pending_forward.append(signal.SIGUSR1)
             if (self.stop_reason is None and time_limit
                     and now - started > float(time_limit)):
                 self.stop_reason = "time_limit"
@@ -538,6 +565,9 @@ class Supervisor(object):
                 waits.append(max(0.0, self.kill_at - now))
             if time_limit and self.stop_reason is None:
                 waits.append(max(0.0, started + float(time_limit) - now + 0.01))
+            if warn_at is not None and not self.outcome.get("warned"):
+                # after the moment, until the function runs (its handler is set): 0.1 s polls
+                waits.append(max(0.1, started + warn_at - now))
             if mem_watch and not self.outcome.get("mem_limit_exceeded"):
                 waits.append(max(0.0, next_mem - now))
             try:
@@ -555,6 +585,91 @@ class Supervisor(object):
             self.outcome["peak_rss_kb"] = peak_seen
         # Whatever the function left running in its session goes with it: no orphans.
         self._killpg(signal.SIGKILL)
+
+    def _worker_running(self) -> bool:
+        """Whether this attempt's worker reached the function (its last phase is "running")."""
+        for line in reversed(jobfiles.tail(self.path(jobfiles.STATUS), 2000).splitlines()):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("phase"):
+                return bool(record["phase"] == "running")
+        return False
+
+    def _next_attempt(self, limits: Dict[str, Any], under_slurm: bool) -> bool:
+        """After VENV2 ended: True to run the next attempt here, at once. A checkpointed attempt
+        (the worker's CHECKPOINTED_EXIT and a ``checkpoint.pkl``) becomes a line of
+        ``attempts.jsonl`` and its checkpoint the payload; under Slurm the job is requeued
+        (``scontrol requeue``: Slurm starts the next attempt, maybe elsewhere) and this process
+        ends without an outcome; outside Slurm the next attempt starts here, with a fresh time
+        limit, up to ``max_requeues`` times."""
+        ckpt = self.path(jobfiles.CHECKPOINT)
+        if (self.outcome.get("exit_code") != jobfiles.CHECKPOINTED_EXIT
+                or not os.path.exists(ckpt) or self.stop_reason == "cancelled"):
+            return False
+        done = jobfiles.parse_lines(jobfiles.tail(self.path(jobfiles.ATTEMPTS), 1 << 20))
+        attempt = len(done) + 1
+        limit = int(limits.get("max_requeues", 3))
+        if attempt > limit:
+            self.outcome["requeues_exhausted"] = {"attempts": attempt, "max_requeues": limit}
+            return False
+        record = {"attempt": attempt, "reason": "checkpoint", "ended_at": _now(),
+                  "hostname": self.outcome["hostname"], "run_s": self.outcome.get("run_s"),
+                  "slurm_job_id": self.outcome["slurm_job_id"]}
+        os.replace(ckpt, self.path(jobfiles.PAYLOAD))
+        jobfiles.append_line(self.path(jobfiles.ATTEMPTS), record)
+        with open(self.path(jobfiles.STDOUT), "ab") as out:
+            out.write(("--- gpuctl: attempt %d checkpointed, the job goes on from its checkpoint"
+                       " ---\n" % attempt).encode())
+        if under_slurm:
+            job = os.environ.get("SLURM_JOB_ID", "")
+            if os.environ.get("SLURM_ARRAY_TASK_ID"):
+                job = "%s_%s" % (os.environ.get("SLURM_ARRAY_JOB_ID"),
+                                 os.environ["SLURM_ARRAY_TASK_ID"])
+            jobfiles.write_json(self.path(jobfiles.REQUEUE), record)
+            try:
+                p = subprocess.Popen(["scontrol", "requeue", job], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                said = p.communicate(timeout=60)[0].decode("utf-8", "replace").strip()
+                rc = p.returncode
+            except (OSError, subprocess.TimeoutExpired) as e:
+                said, rc = "%s: %s" % (type(e).__name__, e), -1
+            if rc != 0:
+                os.unlink(self.path(jobfiles.REQUEUE))
+                self.outcome["requeue_error"] = "scontrol requeue %s: %s" % (job, said or rc)
+                return False
+            self.requeued = True
+            return False
+        for key in ("exit_code", "signal", "signal_name", "core_dumped", "stop_reason",
+                    "stop_requested_after_s", "escalated_to_kill", "warned", "forwarded"):
+            self.outcome.pop(key, None)
+        self.stop_reason = self.stop_at = self.kill_at = None
+        self.outcome["attempt"] = attempt + 1
+        return True
+
+    def _begin(self) -> None:
+        """A job Slurm started again (after this supervisor's ``scontrol requeue``, or its own
+        requeue of a preempted job): the marker goes, a previous outcome becomes an attempt."""
+        marker = jobfiles.read_json(self.path(jobfiles.REQUEUE))
+        if isinstance(marker, dict):
+            os.unlink(self.path(jobfiles.REQUEUE))
+            self.outcome["attempt"] = int(marker.get("attempt", 0)) + 1
+        previous = jobfiles.read_json(self.path(jobfiles.OUTCOME))
+        if isinstance(previous, dict):
+            done = jobfiles.parse_lines(jobfiles.tail(self.path(jobfiles.ATTEMPTS), 1 << 20))
+            jobfiles.append_line(self.path(jobfiles.ATTEMPTS), {
+                "attempt": len(done) + 1, "reason": "requeued by the scheduler",
+                "ended_at": previous.get("ended_at"), "hostname": previous.get("hostname"),
+                "exit_code": previous.get("exit_code"),
+                "stop_reason": previous.get("stop_reason"),
+                "slurm_job_id": previous.get("slurm_job_id")})
+            for name in (jobfiles.OUTCOME, jobfiles.ERROR):
+                try:
+                    os.unlink(self.path(name))
+                except OSError:
+                    pass
+            self.outcome["attempt"] = len(done) + 2
 
     def _killpg(self, signum: int) -> None:
         if self.child is not None:
@@ -855,7 +970,9 @@ def keep(jobdir: str) -> int:
         signal.signal(getattr(signal, name), signal.SIG_DFL)
     left = proc.kill_descendants()
     outcome_path = os.path.join(os.path.abspath(jobdir), jobfiles.OUTCOME)
-    if os.WIFSIGNALED(status) and not os.path.exists(outcome_path):
+    requeue = os.path.join(os.path.abspath(jobdir), jobfiles.REQUEUE)
+    if os.WIFSIGNALED(status) and not os.path.exists(outcome_path) and not os.path.exists(
+            requeue):
         sig = os.WTERMSIG(status)
         try:
             name = signal.Signals(sig).name

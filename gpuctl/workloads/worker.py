@@ -10,7 +10,8 @@ later failure cannot hide the cause. The result is written to a temporary name a
 ``result.pkl``, with a small ``result.json`` (type, size, short repr) beside it.
 
 Exit codes: 0 done, 1 the function raised, 3 environment check failed, 4 load failed, 5 save
-failed, 6 the function called ``sys.exit``.
+failed, 6 the function called ``sys.exit``, 8 (``jobfiles.CHECKPOINTED_EXIT``) a checkpointable
+function checkpointed on SIGUSR1 (see ``_arm_checkpoint``).
 """
 
 import contextlib
@@ -104,6 +105,55 @@ def _watch_os_exit(state: "dict[str, str]") -> None:
     os._exit = recording_exit  # type: ignore[assignment]
 
 
+_REAL_EXIT = os._exit  # the checkpoint's exit is not the function's os._exit
+
+
+def _unpack_resubmission(nxt: Any) -> "tuple[Any, tuple[Any, ...], dict[str, Any]]":
+    """(function, args, kwargs) of what ``checkpoint()`` returned: gpuctl's ``Resubmit`` or
+    anything with ``function``/``args``/``kwargs`` (submitit's ``DelayedSubmission``)."""
+    fn = getattr(nxt, "function", None)
+    if not callable(fn):
+        raise TypeError(
+            f"checkpoint() returned {type(nxt).__name__}, not a Resubmit(function, *args, **kwargs)"
+        )
+    return fn, tuple(getattr(nxt, "args", ()) or ()), dict(getattr(nxt, "kwargs", {}) or {})
+
+
+def _arm_checkpoint(cloudpickle: ModuleType, fn: Any, args: Any, kwargs: Any) -> None:
+    """SIGUSR1 (Slurm's time-limit warning; the supervisor's own outside Slurm) makes a
+    checkpointable function (one with a ``checkpoint`` method, submitit's contract) pickle what
+    ``fn.checkpoint(*args, **kwargs)`` returns into ``checkpoint.pkl`` and end this attempt with
+    ``CHECKPOINTED_EXIT``; the supervisor starts the next attempt from it. A checkpoint that
+    returns None or fails leaves the job running (the failure is a status note)."""
+
+    def on_warning(signum: int, frame: Any) -> None:
+        _note_signal("SIGUSR1")
+        try:
+            nxt = fn.checkpoint(*args, **kwargs)
+            if nxt is None:
+                return
+            payload = _unpack_resubmission(nxt)
+            tmp = _path(jobfiles.CHECKPOINT + ".tmp")
+            with open(tmp, "wb") as f:
+                cloudpickle.dump(payload, f, protocol=5 if sys.version_info >= (3, 8) else None)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, _path(jobfiles.CHECKPOINT))
+        except BaseException as e:
+            jobfiles.append_line(
+                _path(jobfiles.STATUS),
+                {"checkpoint_error": f"{type(e).__name__}: {e}", "t": time.time()},
+            )
+            traceback.print_exc()
+            return
+        phase("checkpointed")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _REAL_EXIT(jobfiles.CHECKPOINTED_EXIT)
+
+    signal.signal(signal.SIGUSR1, on_warning)
+
+
 def run(jobdir: str) -> int:
     global JOBDIR
     JOBDIR = os.path.abspath(jobdir)
@@ -170,6 +220,8 @@ def run(jobdir: str) -> int:
         first_error("load_failed", "loading", e)
         return 4
 
+    if callable(getattr(fn, "checkpoint", None)):
+        _arm_checkpoint(cloudpickle, fn, args, kwargs)
     state["phase"] = "running"
     phase("running")
     try:

@@ -195,7 +195,9 @@ class SlurmCluster:
             "SlurmdUser": self.user,
             "AuthType": "auth/munge",
             "CredType": "cred/munge",
-            "AuthInfo": f"socket={self.munge_socket}",
+            # cred_expire: a requeued job waits this long before it may start again (120 s
+            # by default); the checkpoint tests requeue jobs
+            "AuthInfo": f"socket={self.munge_socket},cred_expire=10",
             "StateSaveLocation": d / "state",
             "SlurmdSpoolDir": d / "spool",
             "SlurmctldPidFile": d / "slurmctld.pid",
