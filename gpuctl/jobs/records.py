@@ -51,6 +51,7 @@ class JobMeta(TypedDict, total=False):
     cwd: str
     worker: str
     created_at: float
+    command: list[str]  # a command job's argv (``Executor.submit_command``)
 
 
 # -- written on the node ----------------------------------------------------------------------

@@ -54,6 +54,8 @@ KINDS: dict[str, str] = {
     "node_unreachable": "the node cannot be reached",
     "supervisor_failed": "the supervisor failed",
     "exited_without_result": "VENV2 exited without a result",
+    "command_failed": "the command exited with an error",
+    "command_not_found": "the command cannot be started",
 }
 
 REMEDIES: dict[str, str] = {
@@ -94,7 +96,13 @@ REMEDIES: dict[str, str] = {
     "`gpuctl result ID` (or Job.result()) picks up its real outcome from the job folder",
     "supervisor_failed": "this is a gpuctl bug: please report it with the supervisor error",
     "exited_without_result": "a C extension or a thread ended the process; see stderr",
+    "command_failed": "read the command's own output (`gpuctl logs ID`; its last lines of stderr "
+    "are above when it wrote any): the exit status is the command's, not gpuctl's",
+    "command_not_found": "give the path of the program, or install it into VENV2 (whose bin "
+    "comes first on the command's PATH) or the node",
 }
+
+COMMAND_KINDS = ("command_failed", "command_not_found")
 
 DISK_FULL_KB = 1024  # below this much free space a missing outcome is put down to the disk
 
@@ -240,8 +248,9 @@ def classify(
     ev: list[str] = []
     tb = ""
     py_line = ""
-    if files.meta:
+    if files.meta and files.meta.get("python_version"):
         py_line = f"submitter Python {files.meta.get('python_version')}"
+    command = (files.meta or {}).get("command")
     for s in files.status:
         if s.get("phase") == "start" and s.get("python"):
             py_line += f", VENV2 Python {s['python']} ({s.get('executable')})"
@@ -252,7 +261,13 @@ def classify(
         lines = [*extra, *ev]
         code = o.get("exit_code")
         sig = o.get("signal_name")
-        if files.outcome is not None and (code is not None or sig):
+        if files.outcome is not None and kind in COMMAND_KINDS and code is not None:
+            # VENV2's own exit code is the worker's, not the command's (said above)
+            lines.append(
+                f"it ran {o.get('run_s', '?')} s, "
+                f"peak RSS {_fmt_bytes((o.get('peak_rss_kb') or 0) * 1024)}"
+            )
+        elif files.outcome is not None and (code is not None or sig):
             status = f"signal {sig}" if sig else f"exit code {code}"
             lines.append(
                 f"VENV2 ended with {status} after {o.get('run_s', '?')} s, "
@@ -396,6 +411,10 @@ def classify(
             lines.append(f"VENV2 was SIGKILLed at peak RSS {_fmt_bytes(peak)}")
         return report("out_of_memory", *lines)
 
+    if err is not None and command is not None:
+        found = _command_report(err, command, oom)
+        if found is not None:
+            return report(*found)
     if err is not None:
         kind = str(err.get("kind"))
         tb = str(err.get("traceback") or "")
@@ -478,6 +497,37 @@ def classify(
         f"exit code {code} in phase {phase}; {jobfiles.RESULT} was "
         + ("written" if files.result_info else "not written"),
     )
+
+
+def _command_report(err: WorkerError, argv: list[str], oom: int) -> tuple[str, str] | None:
+    """(kind, evidence) of a command job whose command failed or could not start (the worker
+    records its exit status as a ``sys.exit`` code), else None: the runner's other kinds."""
+    import shlex
+    import signal
+
+    shown = shlex.join(argv)
+    kind = err.get("kind")
+    code = err.get("code")
+    if kind == "sys_exit" and isinstance(code, int):
+        if code >= 0:
+            return "command_failed", f"`{shown}` exited with code {code}"
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        if name == "SIGKILL" and oom > 0:
+            return "out_of_memory", (
+                f"`{shown}` was killed by SIGKILL, with {oom} cgroup OOM kill(s) during the job"
+            )
+        return "command_failed", f"`{shown}` was killed by {name}"
+    if kind == "user_exception" and err.get("type") in (
+        "FileNotFoundError",
+        "PermissionError",
+        "NotADirectoryError",
+    ):
+        message = re.sub(r"^\[Errno \d+\] ", "", str(err.get("message")))
+        return "command_not_found", f"`{shown}`: {message}"
+    return None
 
 
 def unreachable_report(
