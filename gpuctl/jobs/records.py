@@ -263,3 +263,4 @@ class ReportDict(TypedDict, total=False):
     logs: dict[str, str]
     job_id: str
     traceback: str
+    exit_status: int | None

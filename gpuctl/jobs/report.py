@@ -111,7 +111,8 @@ CRASH_SIGNALS = {"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"}
 
 @dataclass(frozen=True)
 class FailureReport:
-    """Why a job failed: ``kind`` (a key of KINDS), phase, evidence lines, remedy, log paths."""
+    """Why a job failed: ``kind`` (a key of KINDS), phase, evidence lines, remedy, log paths;
+    ``exit_status`` the failed command's (``command_failed``; negative: the signal's number)."""
 
     kind: str
     phase: str
@@ -120,6 +121,7 @@ class FailureReport:
     logs: Mapping[str, str] = field(default_factory=dict)
     job_id: str = ""
     traceback: str = ""
+    exit_status: int | None = None
 
     @property
     def title(self) -> str:
@@ -153,6 +155,7 @@ class FailureReport:
             "logs": dict(self.logs),
             "job_id": self.job_id,
             "traceback": self.traceback,
+            "exit_status": self.exit_status,
         }
 
     @classmethod
@@ -165,6 +168,7 @@ class FailureReport:
             logs=dict(d.get("logs", {})),
             job_id=str(d.get("job_id", "")),
             traceback=str(d.get("traceback", "")),
+            exit_status=d.get("exit_status"),
         )
 
 
@@ -254,10 +258,20 @@ def classify(
     for s in files.status:
         if s.get("phase") == "start" and s.get("python"):
             py_line += f", VENV2 Python {s['python']} ({s.get('executable')})"
-    if files.outcome is not None and o.get("exit_code") == 0 and files.result_info is not None:
+    # A command that exits 0 on the TERM of a cancel or a time limit (a clean shutdown) was
+    # still stopped: its 0 is not the end of its work.
+    stopped = command is not None and o.get("stop_reason") is not None
+    if (
+        files.outcome is not None
+        and o.get("exit_code") == 0
+        and files.result_info is not None
+        and not stopped
+    ):
         return None
 
-    def report(kind: str, *extra: str, remedy: str | None = None) -> FailureReport:
+    def report(
+        kind: str, *extra: str, remedy: str | None = None, exit_status: int | None = None
+    ) -> FailureReport:
         lines = [*extra, *ev]
         code = o.get("exit_code")
         sig = o.get("signal_name")
@@ -290,6 +304,7 @@ def classify(
             logs=dict(logs or {}),
             job_id=job_id,
             traceback=tb,
+            exit_status=exit_status,
         )
 
     slurm_mem = _slurm_memory_kill(str(sched.get("output_tail") or ""))
@@ -414,7 +429,9 @@ def classify(
     if err is not None and command is not None:
         found = _command_report(err, command, oom)
         if found is not None:
-            return report(*found)
+            kind, line = found
+            code = err.get("code") if kind == "command_failed" else None
+            return report(kind, line, exit_status=code)
     if err is not None:
         kind = str(err.get("kind"))
         tb = str(err.get("traceback") or "")
