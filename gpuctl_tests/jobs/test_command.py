@@ -118,6 +118,14 @@ def test_command_time_limit_stops_it(make_executor: Any) -> None:
     assert info.value.kind == "time_limit"
 
 
+def test_command_memory_counts_against_mem(make_executor: Any) -> None:
+    grows = "import time; x = b'x' * (300 << 20); print('holding', flush=True); time.sleep(60)"
+    job = make_executor(mem="100M").submit_command(["python", "-c", grows])
+    with pytest.raises(JobFailed) as info:
+        job.result(60)
+    assert info.value.kind == "out_of_memory"  # the command's memory, summed with VENV2's
+
+
 @pytest.mark.parametrize(
     ("argv", "error"),
     [
