@@ -33,16 +33,30 @@ T = TypeVar("T")
 
 def register(sub: Subcommands) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "submit", help="run FILE.py:FUNC on a node (local, a configured node, or slurm)"
+        "submit",
+        help="run FILE.py:FUNC, or a command given after --, on a node (local, a configured "
+        "node, or slurm)",
+        usage="gpuctl submit [options] FILE.py:FUNC\n"
+        "       gpuctl submit [options] -- CMD [ARGS...]",
+        after_dashes="command",
     )
-    p.add_argument("spec", metavar="FILE.py:FUNC", help="the file and the function in it")
+    p.add_argument(
+        "spec",
+        metavar="FILE.py:FUNC",
+        nargs="?",
+        help="the file and the function in it; or, after --, a command and its arguments, run "
+        "in VENV2's environment (its python first on PATH) in the job's folder or here",
+    )
     p.add_argument(
         "--args",
         metavar="JSON",
-        default="[]",
         help="arguments as JSON: a list (positional) or an object (keywords), e.g. '[1, \"a\"]'",
     )
-    p.add_argument("--target", default="local", help="local (default), slurm, or a node name")
+    p.add_argument(
+        "--target",
+        default="local",
+        help="local (default), slurm, a node name, or debug (in this process: pdb works)",
+    )
     p.add_argument("--python", help="VENV2 interpreter on the target (default: the node's)")
     p.add_argument("--supervisor-python", help="VENV1 interpreter on the target (python3)")
     p.add_argument("--mem", help="memory limit, e.g. 4G")
@@ -59,7 +73,12 @@ def register(sub: Subcommands) -> None:
         metavar="LINE",
         help="a shell line to run before VENV2 starts (repeatable)",
     )
-    p.add_argument("--wait", action="store_true", help="wait and print the result or report")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait and print the result or report; a command's output is followed as it comes "
+        "and gpuctl exits with the command's exit status",
+    )
     p.set_defaults(func=run_submit)
 
     p = sub.add_parser(
@@ -193,15 +212,32 @@ def _config(args: argparse.Namespace) -> Config:
         raise UserError(str(e)) from None
 
 
+def _command_of(args: argparse.Namespace) -> list[str] | None:
+    """The command after ``--`` (None: a function job); UserError for a mix-up of the two."""
+    command: list[str] | None = args.command
+    if command is None:
+        if not args.spec:
+            raise UserError("give FILE.py:FUNC, or a command after --: gpuctl submit -- CMD ARGS")
+        return None
+    if args.spec:
+        raise UserError(f"give FILE.py:FUNC or a command after --, not both ({args.spec!r})")
+    if not command:
+        raise UserError("nothing after --: give the command, e.g. gpuctl submit -- python a.py")
+    if args.args is not None:
+        raise UserError("--args is for FILE.py:FUNC; a command takes its arguments after --")
+    return command
+
+
 def run_submit(args: argparse.Namespace) -> int:
     from gpuctl.jobs import Executor, HostError, JobFailed
     from gpuctl.reach.slurm import SlurmError
 
-    call_args, call_kwargs = parse_args_json(args.args)
+    command = _command_of(args)
+    call_args, call_kwargs = parse_args_json(args.args or "[]")
     _check_limits(args)
-    fn = load_function(args.spec)
+    fn: Any = load_function(args.spec) if command is None else None
     # target slurm reads the config too: [jobs] slurm_conf / partition, or the Slurm cluster's
-    config = None if args.target == "local" else _config(args)
+    config = None if args.target in ("local", "debug") else _config(args)
     opts: dict[str, Any] = {"mem": args.mem, "time_limit": args.time_limit, "setup": args.setup}
     if args.python:
         opts["python"] = args.python
@@ -214,7 +250,10 @@ def run_submit(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     try:
-        job = ex.submit(fn, *call_args, **call_kwargs)
+        if command is not None:
+            job = ex.submit_command(command)
+        else:
+            job = ex.submit(fn, *call_args, **call_kwargs)
     except JobFailed as e:
         if e.kind == "venv1_wont_start":  # a path the user typed or configured: one line
             raise UserError(
@@ -234,6 +273,12 @@ def run_submit(args: argparse.Namespace) -> int:
             f"cannot start the job on {args.target}: {os_error(e)} "
             "(check --python / --supervisor-python and the job folder)"
         ) from None
+    if command is not None and (args.wait or ex.debug):
+        if not ex.debug:  # stdout is the command's own: the id goes to stderr
+            print(f"gpuctl: job {job.id}", file=sys.stderr, flush=True)
+        return _follow_command(job)
+    if ex.debug:  # over already, and kept nowhere: its id would name nothing
+        return _print_result(job, None)
     print(job.id, flush=True)
     if not args.wait:
         return 0
@@ -245,6 +290,26 @@ def run_submit(args: argparse.Namespace) -> int:
         return _print_result(job, None)
     except KeyboardInterrupt:
         return _stopped_waiting(job)
+
+
+def _follow_command(job: Job) -> int:
+    """Print a command job's output as it comes until it ends; exit with the command's status
+    (128 + N for signal N, 127 when it could not start); another failure of the job prints its
+    report and exits 1 (3: its node stopped answering)."""
+    rc = follow_logs(job, True, True)
+    if rc:
+        return rc  # Ctrl-C: following stopped, the job goes on
+    report = _on_node(job, job.report)
+    if report is None:
+        return 0
+    if report.kind == "command_failed" and report.exit_status is not None:
+        print(f"gpuctl: job {job.id[:12]}: {report.evidence[0]}", file=sys.stderr)
+        code = report.exit_status
+        return 128 - code if code < 0 else code
+    print(report.text(), file=sys.stderr)
+    if report.kind == "command_not_found":
+        return 127
+    return 3 if report.kind == "node_unreachable" else 1
 
 
 def _stopped_waiting(job: Job) -> int:

@@ -140,8 +140,28 @@ class Parser(argparse.ArgumentParser):
     """argparse with gpuctl's one-line errors: ``gpuctl: <what>; see gpuctl CMD --help``.
 
     Subcommand parsers are made by ``add_subparsers`` with the parent's class, so every
-    command, nested ones too, reports a usage mistake the same way.
+    command, nested ones too, reports a usage mistake the same way. ``after_dashes="dest"``:
+    the words after the first ``--`` go to ``args.dest`` as they are (a command to run, whose
+    options are its own), and ``args.dest`` is None when there is no ``--``.
     """
+
+    def __init__(self, *args: Any, after_dashes: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.after_dashes = after_dashes
+
+    def parse_known_args(  # type: ignore[override]  # typeshed overloads it on namespace
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self.after_dashes is None:
+            return super().parse_known_args(args, namespace)
+        words = list(sys.argv[1:] if args is None else args)
+        rest = None
+        if "--" in words:
+            at = words.index("--")
+            words, rest = words[:at], words[at + 1 :]
+        ns, extras = super().parse_known_args(words, namespace)
+        setattr(ns, self.after_dashes, rest)
+        return ns, extras
 
     def error(self, message: str) -> NoReturn:
         command = self.prog.removeprefix("gpuctl").strip()

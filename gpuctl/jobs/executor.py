@@ -20,6 +20,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shlex
 import sys
 import sysconfig
 import threading
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import cloudpickle
 
 from gpuctl import paths, service
-from gpuctl.jobs import _chunk, checkpoint, targets
+from gpuctl.jobs import _chunk, _command, checkpoint, debug, targets
 from gpuctl.jobs.backends import SlurmBackend
 from gpuctl.jobs.hosts import AtomicWriter, Host
 from gpuctl.jobs.job import SUBMITTER_PYTHON, Job, JobFailed, RemoteTraceback
@@ -60,6 +61,7 @@ R = TypeVar("R")
 
 cloudpickle.register_pickle_by_value(_chunk)
 cloudpickle.register_pickle_by_value(checkpoint)
+cloudpickle.register_pickle_by_value(_command)
 
 
 def parse_mem(mem: int | str | None) -> int | None:
@@ -121,7 +123,13 @@ def register_by_value(obj: object) -> None:
 
 
 class Executor:
-    """Runs functions on ``target``: "local", a node name from the config, or "slurm".
+    """Runs functions (``submit``, ``map``) and commands (``submit_command``) on ``target``:
+    "local", a node name from the config, "slurm", or "debug".
+
+    "debug" runs the function in this process, synchronously, so that breakpoints and pdb work
+    (see ``gpuctl.jobs.debug``): no job folder, VENV2, limits, setup lines or store row (the
+    options that configure them are accepted and not used); the call is still pickled, into
+    nothing, so that what would not travel to a node is refused as ``submit`` refuses it.
 
     ``python`` names an existing VENV2 interpreter on the target; ``env`` (an ``EnvSpec``) asks
     gpuctl to build one (once, cached by content hash); ``supervisor_python`` is VENV1 (default:
@@ -174,6 +182,7 @@ class Executor:
         if python is not None and env is not None:
             raise ValueError("give python= (an existing VENV2) or env= (one to build), not both")
         self.target = target
+        self.debug = target == "debug"
         self.limits: Limits = {
             "cpus": cpus,
             "gpus": gpus,
@@ -187,7 +196,7 @@ class Executor:
         self.job_env = dict(job_env or {})
         self.verify = verify
         where = targets.resolve(
-            target,
+            "local" if self.debug else target,  # a backend to type against; never started
             config=config,
             supervisor_python=supervisor_python,
             job_root=job_root,
@@ -204,16 +213,20 @@ class Executor:
         self._venv2 = Venv2(
             self.backend.host,
             target,
-            python=python if python is not None or env is not None else where.python,
-            spec=env,
+            python=python
+            if (python is not None or env is not None) and not self.debug
+            else where.python,
+            spec=None if self.debug else env,
             env_root=self.env_root,
             supervisor_python=self.backend.supervisor_python,
             verify=verify,
             # Slurm's VENV1 runs on a compute node this side cannot reach before the job does
             probe_venv1=not isinstance(self.backend, SlurmBackend),
         )
-        if store is True:
-            self.store: JobStore | None = JobStore()
+        if self.debug:
+            self.store: JobStore | None = None  # nothing of a debug job outlives this process
+        elif store is True:
+            self.store = JobStore()
         elif store is False or store is None:
             self.store = None
         else:
@@ -245,6 +258,7 @@ class Executor:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         name: str,
+        command: list[str] | None = None,
     ) -> tuple[str, str, JobMeta]:
         """Write one job folder; return (id, jobdir, meta).
 
@@ -267,7 +281,7 @@ class Executor:
                 )
             )
         try:
-            return self._write_folder(job_id, jobdir, fn, args, kwargs, name, probe)
+            return self._write_folder(job_id, jobdir, fn, args, kwargs, name, probe, command)
         except BaseException:
             if self.store is not None:
                 self.store.delete(job_id)
@@ -282,6 +296,7 @@ class Executor:
         kwargs: dict[str, Any],
         name: str,
         probe: Probe,
+        command: list[str] | None,
     ) -> tuple[str, str, JobMeta]:
         host = self.backend.host
         self._job_root()
@@ -312,6 +327,8 @@ class Executor:
             "created_at": time.time(),
             "checkpointable": callable(getattr(fn, "checkpoint", None)),
         }
+        if command is not None:
+            meta["command"] = command
         write_runner(host, jobdir)
         host.write_bytes(f"{jobdir}/{jobfiles.META}", json.dumps(meta, indent=1).encode(), 0o600)
         return job_id, jobdir, meta
@@ -339,8 +356,35 @@ class Executor:
         """
         self.guard.check("submitting jobs")
         name = _name(fn)
+        if self.debug:
+            register_by_value(fn)
+            return debug.run_here(self.backend, fn, args, kwargs, name)
         self.venv2()
         job_id, jobdir, meta = self._prepare(fn, args, kwargs, name)
+        return self._start([(job_id, jobdir)], meta)[0]
+
+    def submit_command(self, argv: Sequence[str]) -> Job:
+        """Run the command ``argv`` (``["python", "train.py", "--lr", "3e-4"]``, no shell) on the
+        target through the same runner as ``submit``: job folder, supervisor, limits, cancel,
+        logs. It runs in VENV2's environment (VENV2's ``bin`` first on PATH: ``python`` is
+        VENV2's python) in the job's working directory; returns at once with a ``Job``.
+
+        The job's result is 0; a command that exits otherwise fails the job with kind
+        ``command_failed`` (``JobFailed``: the exit code or signal and the last lines of
+        stderr), one that cannot be started with ``command_not_found``. Raises TypeError or
+        ValueError for an ``argv`` that is not a non-empty list of strings, and what ``submit``
+        raises.
+        """
+        command = _check_argv(argv)
+        self.guard.check("submitting jobs")
+        name = shlex.join(command)
+        if self.debug:  # the terminal's stdin, Ctrl-C as in a shell
+            here = {"interactive": True}
+            return debug.run_here(
+                self.backend, _command.run_command, (command,), here, name, command
+            )
+        self.venv2()
+        job_id, jobdir, meta = self._prepare(_command.run_command, (command,), {}, name, command)
         return self._start([(job_id, jobdir)], meta)[0]
 
     def _start(self, folders: Sequence[tuple[str, str]], meta: JobMeta) -> list[Job]:
@@ -399,9 +443,20 @@ class Executor:
             # start-up (two interpreters per chunk) does not dominate tiny tasks
             parallel = 8 if isinstance(self.backend, SlurmBackend) else (os.cpu_count() or 1)
             chunksize = max(1, -(-len(items) // (4 * parallel)))
-        self.venv2()
         name = _name(fn)
         register_by_value(fn)
+        if self.debug:
+            return [
+                debug.run_here(
+                    self.backend,
+                    _chunk.run_chunk,
+                    (fn, items[i : i + chunksize]),
+                    {},
+                    f"map:{name}",
+                )
+                for i in range(0, len(items), chunksize)
+            ]
+        self.venv2()
         folders = []
         meta: JobMeta = {}
         for i in range(0, len(items), chunksize):
@@ -476,6 +531,24 @@ class _HashingWriter:
 
     def hexdigest(self) -> str:
         return self.h.hexdigest()
+
+
+def _check_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` as a list of strings; TypeError or ValueError with one line otherwise."""
+    if isinstance(argv, str | bytes):
+        raise TypeError(
+            "give the command as a list of words, e.g. ['python', 'train.py'], not one string "
+            "(no shell runs it)"
+        )
+    command = list(argv)
+    if not command:
+        raise ValueError("the command is empty: give at least the program to run")
+    for i, word in enumerate(command):
+        if not isinstance(word, str):
+            raise TypeError(f"word {i} of the command is a {type(word).__name__}, not a str")
+        if "\0" in word:
+            raise ValueError(f"word {i} of the command holds a NUL character")
+    return command
 
 
 def _name(fn: Callable[..., Any]) -> str:

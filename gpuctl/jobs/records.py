@@ -54,6 +54,7 @@ class JobMeta(TypedDict, total=False):
     worker: str
     created_at: float
     checkpointable: bool
+    command: list[str]  # a command job's argv (``Executor.submit_command``)
 
 
 # -- written on the node ----------------------------------------------------------------------
@@ -293,3 +294,4 @@ class ReportDict(TypedDict, total=False):
     logs: dict[str, str]
     job_id: str
     traceback: str
+    exit_status: int | None

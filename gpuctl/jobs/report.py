@@ -58,6 +58,8 @@ KINDS: dict[str, str] = {
     "resources_unavailable": "the node lacks what the job asked for",
     "requeue_failed": "the job checkpointed but could not be requeued",
     "exited_without_result": "VENV2 exited without a result",
+    "command_failed": "the command exited with an error",
+    "command_not_found": "the command cannot be started",
 }
 
 REMEDIES: dict[str, str] = {
@@ -104,7 +106,13 @@ REMEDIES: dict[str, str] = {
     "supervisor_killed": "something outside the job killed its supervisor (an admin's kill, the "
     "OOM killer: see the node's `dmesg`); the job's processes were ended with it; resubmit",
     "exited_without_result": "a C extension or a thread ended the process; see stderr",
+    "command_failed": "read the command's own output (`gpuctl logs ID`; its last lines of stderr "
+    "are above when it wrote any): the exit status is the command's, not gpuctl's",
+    "command_not_found": "give the path of the program, or install it into VENV2 (whose bin "
+    "comes first on the command's PATH) or the node",
 }
+
+COMMAND_KINDS = ("command_failed", "command_not_found")
 
 DISK_FULL_KB = 1024  # below this much free space a missing outcome is put down to the disk
 
@@ -113,7 +121,8 @@ CRASH_SIGNALS = {"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"}
 
 @dataclass(frozen=True)
 class FailureReport:
-    """Why a job failed: ``kind`` (a key of KINDS), phase, evidence lines, remedy, log paths."""
+    """Why a job failed: ``kind`` (a key of KINDS), phase, evidence lines, remedy, log paths;
+    ``exit_status`` the failed command's (``command_failed``; negative: the signal's number)."""
 
     kind: str
     phase: str
@@ -122,6 +131,7 @@ class FailureReport:
     logs: Mapping[str, str] = field(default_factory=dict)
     job_id: str = ""
     traceback: str = ""
+    exit_status: int | None = None
 
     @property
     def title(self) -> str:
@@ -155,6 +165,7 @@ class FailureReport:
             "logs": dict(self.logs),
             "job_id": self.job_id,
             "traceback": self.traceback,
+            "exit_status": self.exit_status,
         }
 
     @classmethod
@@ -167,6 +178,7 @@ class FailureReport:
             logs=dict(d.get("logs", {})),
             job_id=str(d.get("job_id", "")),
             traceback=str(d.get("traceback", "")),
+            exit_status=d.get("exit_status"),
         )
 
 
@@ -251,19 +263,36 @@ def classify(
     ev: list[str] = []
     tb = ""
     py_line = ""
-    if files.meta:
+    if files.meta and files.meta.get("python_version"):
         py_line = f"submitter Python {files.meta.get('python_version')}"
+    command = (files.meta or {}).get("command")
     for s in files.status:
         if s.get("phase") == "start" and s.get("python"):
             py_line += f", VENV2 Python {s['python']} ({s.get('executable')})"
-    if files.outcome is not None and o.get("exit_code") == 0 and files.result_info is not None:
+    # A command that exits 0 on the TERM of a cancel or a time limit (a clean shutdown) was
+    # still stopped: its 0 is not the end of its work.
+    stopped = command is not None and o.get("stop_reason") is not None
+    if (
+        files.outcome is not None
+        and o.get("exit_code") == 0
+        and files.result_info is not None
+        and not stopped
+    ):
         return None
 
-    def report(kind: str, *extra: str, remedy: str | None = None) -> FailureReport:
+    def report(
+        kind: str, *extra: str, remedy: str | None = None, exit_status: int | None = None
+    ) -> FailureReport:
         lines = [*extra, *ev]
         code = o.get("exit_code")
         sig = o.get("signal_name")
-        if files.outcome is not None and (code is not None or sig):
+        if files.outcome is not None and kind in COMMAND_KINDS and code is not None:
+            # VENV2's own exit code is the worker's, not the command's (said above)
+            lines.append(
+                f"it ran {o.get('run_s', '?')} s, "
+                f"peak RSS {_fmt_bytes((o.get('peak_rss_kb') or 0) * 1024)}"
+            )
+        elif files.outcome is not None and (code is not None or sig):
             status = f"signal {sig}" if sig else f"exit code {code}"
             lines.append(
                 f"VENV2 ended with {status} after {o.get('run_s', '?')} s, "
@@ -292,6 +321,7 @@ def classify(
             logs=dict(logs or {}),
             job_id=job_id,
             traceback=tb,
+            exit_status=exit_status,
         )
 
     slurm_mem = _slurm_memory_kill(str(sched.get("output_tail") or ""))
@@ -432,6 +462,12 @@ def classify(
             lines.append(f"VENV2 was SIGKILLed at peak RSS {_fmt_bytes(peak)}")
         return report("out_of_memory", *lines)
 
+    if err is not None and command is not None:
+        found = _command_report(err, command, oom)
+        if found is not None:
+            kind, line = found
+            code = err.get("code") if kind == "command_failed" else None
+            return report(kind, line, exit_status=code)
     if err is not None:
         kind = str(err.get("kind"))
         tb = str(err.get("traceback") or "")
@@ -514,6 +550,37 @@ def classify(
         f"exit code {code} in phase {phase}; {jobfiles.RESULT} was "
         + ("written" if files.result_info else "not written"),
     )
+
+
+def _command_report(err: WorkerError, argv: list[str], oom: int) -> tuple[str, str] | None:
+    """(kind, evidence) of a command job whose command failed or could not start (the worker
+    records its exit status as a ``sys.exit`` code), else None: the runner's other kinds."""
+    import shlex
+    import signal
+
+    shown = shlex.join(argv)
+    kind = err.get("kind")
+    code = err.get("code")
+    if kind == "sys_exit" and isinstance(code, int):
+        if code >= 0:
+            return "command_failed", f"`{shown}` exited with code {code}"
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        if name == "SIGKILL" and oom > 0:
+            return "out_of_memory", (
+                f"`{shown}` was killed by SIGKILL, with {oom} cgroup OOM kill(s) during the job"
+            )
+        return "command_failed", f"`{shown}` was killed by {name}"
+    if kind == "user_exception" and err.get("type") in (
+        "FileNotFoundError",
+        "PermissionError",
+        "NotADirectoryError",
+    ):
+        message = re.sub(r"^\[Errno \d+\] ", "", str(err.get("message")))
+        return "command_not_found", f"`{shown}`: {message}"
+    return None
 
 
 def unreachable_report(

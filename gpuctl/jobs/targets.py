@@ -124,7 +124,8 @@ def resolve(
     if node is None:
         known = ", ".join(sorted(nodes)[:10]) or "none configured"
         raise ValueError(
-            f"unknown target {target!r}: use 'local', 'slurm' or a node of the config ({known})"
+            f"unknown target {target!r}: use 'local', 'slurm', 'debug' or a node of the config "
+            f"({known})"
         )
     setup = (*node.setup, *setup)
     vpy = supervisor_python or node.python

@@ -103,7 +103,7 @@ CASES = [
     Case(["stress", "status", "--demo", "--timeout", "-1"], 2, r"must be a positive number"),
     Case(["stress", "stop", "--demo", "--timeout", "x"], 2, r"not a number of seconds"),
     Case(["stauts"], 2, r"invalid choice: 'stauts'.*see: gpuctl --help"),
-    Case(["submit"], 2, r"submit: the following arguments are required"),
+    Case(["submit"], 2, r"give FILE\.py:FUNC, or a command after --"),
     Case(["stress", "start", "--engine", "x"], 2, r"stress start: argument --engine"),
 ]
 

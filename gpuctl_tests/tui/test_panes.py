@@ -3,6 +3,7 @@ acceptance (progress fed to the matrix, a real run over a simulated node, histor
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -132,6 +133,29 @@ async def test_jobs_pane_shows_output_report_and_cancels_from_the_keyboard(
     pid = slow.handle.get("pid")
     assert isinstance(pid, int), slow.handle  # a local job knows its supervisor's pid
     wait_until(lambda: gone(pid), timeout=10, what="the supervisor to end")
+
+
+async def test_jobs_pane_names_a_command_job_by_its_argv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    store = JobStore()
+    ex = Executor("local", python=sys.executable, job_root=str(tmp_path / "jobs"), store=store)
+    argv = ["python", "-c", "import sys; print('oops', file=sys.stderr); sys.exit(3)"]
+    job = ex.submit_command(argv)
+    assert job.wait(60)
+
+    app = make_app(replay_fleet(), state_dir=tmp_path / "ui", job_store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        table = app.overview.query_one("#jobs-table", DataTable)
+        await until(pilot, lambda: table.row_count == 1, "the command job")
+        assert cell(table, job.id, "function") == shlex.join(argv)
+        assert cell(table, job.id, "state") == "failed"
+        await until(pilot, lambda: app.overview.query_one("#job-report-box").display, "report")
+        report = str(app.overview.query_one("#job-report", Static).render())
+        assert "[command_failed]" in report and "exited with code 3" in report
+        await until(pilot, lambda: "oops" in log_text(app, "stderr"), "its stderr")
 
 
 def gone(pid: int) -> bool:
