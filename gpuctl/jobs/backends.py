@@ -41,6 +41,7 @@ class Backend:
     """Base: starts supervisors on ``host`` for job folders under ``job_root``."""
 
     kind = "base"
+    default_max_running = 8  # jobs of one map running at once on one machine (local, SSH)
 
     def __init__(self, host: Host, job_root: str, supervisor_python: str) -> None:
         self.host = host
@@ -201,6 +202,7 @@ class SlurmBackend(Backend):
     """
 
     kind = "slurm"
+    default_max_running = 64  # array tasks of one map running at once (``--array=0-N%64``)
 
     def __init__(
         self,
@@ -253,8 +255,11 @@ class SlurmBackend(Backend):
             self._mem_enforced = "overmemorykill" in params.lower()
         return self._mem_enforced
 
-    def script(self, jobdirs: Sequence[str], meta: JobMeta) -> str:
+    def script(
+        self, jobdirs: Sequence[str], meta: JobMeta, *, max_running: int | None = None
+    ) -> str:
         """The batch script: resources as #SBATCH lines, then one exec of the supervisor.
+        Several folders are one array, at most ``max_running`` tasks running at once.
 
         Raises SlurmValueError for a job folder the script cannot name.
         """
@@ -286,7 +291,8 @@ class SlurmBackend(Backend):
         lines.append(f"#SBATCH --output={output}")
         lines.append(f"#SBATCH --chdir={sbatch_path(root, 'job folder')}")
         if len(jobdirs) > 1:
-            lines.append(f"#SBATCH --array=0-{len(jobdirs) - 1}")
+            cap = f"%{int(max_running)}" if max_running and max_running < len(jobdirs) else ""
+            lines.append(f"#SBATCH --array=0-{len(jobdirs) - 1}{cap}")
         if meta.get("checkpointable"):  # the supervisor requeues it; one output for every attempt
             lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
         lines += [f"#SBATCH {a}" for a in self.sbatch_args]
@@ -298,9 +304,13 @@ class SlurmBackend(Backend):
         ]
         return "\n".join(lines) + "\n"
 
-    def start(self, jobdirs: Sequence[str], meta: JobMeta) -> list[Handle]:
+    def start(
+        self, jobdirs: Sequence[str], meta: JobMeta, *, max_running: int | None = None
+    ) -> list[Handle]:
+        """``sbatch`` one script for ``jobdirs`` (an array, ``max_running`` tasks at a time)."""
         script_path = f"{jobdirs[0]}/job.sbatch"
-        self.host.write_bytes(script_path, self.script(jobdirs, meta).encode(), 0o700)
+        script = self.script(jobdirs, meta, max_running=max_running)
+        self.host.write_bytes(script_path, script.encode(), 0o700)
         try:
             job_id = self.client.submit(script_path)
         except SlurmError as e:

@@ -35,7 +35,7 @@ from gpuctl import paths, service
 from gpuctl.jobs import _chunk, _command, checkpoint, debug, targets
 from gpuctl.jobs.backends import SlurmBackend
 from gpuctl.jobs.hosts import AtomicWriter, Host
-from gpuctl.jobs.job import SUBMITTER_PYTHON, Job, JobFailed, RemoteTraceback
+from gpuctl.jobs.job import SUBMITTER_PYTHON, Job, JobFailed, JobQueue, RemoteTraceback
 from gpuctl.jobs.provision import EnvSpec, Venv2, write_runner
 from gpuctl.jobs.records import Handle, JobMeta, Limits, Probe
 from gpuctl.jobs.report import REMEDIES, FailureReport
@@ -62,6 +62,26 @@ R = TypeVar("R")
 cloudpickle.register_pickle_by_value(_chunk)
 cloudpickle.register_pickle_by_value(checkpoint)
 cloudpickle.register_pickle_by_value(_command)
+
+
+CHUNKS_PER_SLOT = 4  # chunks of a map per running job: enough to balance, few enough that
+# process start-up (two interpreters per chunk) does not dominate tiny items
+
+
+def chunk_size(items: int, max_running: int) -> int:
+    """Items per job of a ``map`` of ``items`` items capped at ``max_running`` jobs at a time:
+    ``ceil(items / min(items, 4 * max_running))``, i.e. about four jobs per running slot and
+    never an empty one. It depends on nothing of the machine that submits."""
+    if items <= 0:
+        return 1
+    chunks = min(items, CHUNKS_PER_SLOT * max_running)
+    return -(-items // chunks)
+
+
+def _positive(value: int | None, what: str) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{what} must be a whole number of 1 or more, not {value!r}")
+    return value
 
 
 def parse_mem(mem: int | str | None) -> int | None:
@@ -143,6 +163,9 @@ class Executor:
     ``map_jobs`` and ``map`` raise ``gpuctl.service.ReadOnlyError`` before anything is built or
     written.
 
+    ``max_running`` caps how many jobs of one ``map`` run at once (default: the backend's,
+    ``default_max_running``: 64 through Slurm, 8 on one machine, local or SSH); see ``map_jobs``.
+
     Slurm (``target="slurm"``, or a node reached ``via = "srun"``): ``slurm_conf`` names the
     cluster's slurm.conf and ``partition`` the partition. "slurm" reads the config's ``[jobs]``
     table (``dir``, ``setup``, ``env_root``) like a node target; without ``slurm_conf`` it takes
@@ -178,6 +201,7 @@ class Executor:
         read_only: bool | None = None,
         max_requeues: int = 3,
         warning: float = 60.0,
+        max_running: int | None = None,
     ) -> None:
         if python is not None and env is not None:
             raise ValueError("give python= (an existing VENV2) or env= (one to build), not both")
@@ -193,6 +217,7 @@ class Executor:
             "warning_s": warning,
         }
         self.env_spec = env
+        self.max_running = _positive(max_running, "max_running")
         self.job_env = dict(job_env or {})
         self.verify = verify
         where = targets.resolve(
@@ -387,13 +412,23 @@ class Executor:
         job_id, jobdir, meta = self._prepare(_command.run_command, (command,), {}, name, command)
         return self._start([(job_id, jobdir)], meta)[0]
 
-    def _start(self, folders: Sequence[tuple[str, str]], meta: JobMeta) -> list[Job]:
+    def _start(
+        self,
+        folders: Sequence[tuple[str, str]],
+        meta: JobMeta,
+        *,
+        max_running: int | None = None,
+    ) -> list[Job]:
         """Start prepared folders (their rows are in the store already) and return the Jobs.
 
         A start that fails marks the rows failed, with why, before the error goes up."""
         now = time.time()
         try:
-            handles = self.backend.start([d for _, d in folders], meta)
+            dirs = [d for _, d in folders]
+            if isinstance(self.backend, SlurmBackend):
+                handles = self.backend.start(dirs, meta, max_running=max_running)
+            else:
+                handles = self.backend.start(dirs, meta)
         except BaseException as e:
             if self.store is not None:
                 for job_id, _ in folders:
@@ -405,44 +440,63 @@ class Executor:
                         ended_at=time.time(),
                     )
             raise
-        jobs = []
-        for (job_id, jobdir), handle in zip(folders, handles, strict=True):
-            job = Job(
+        return [self._job(f, meta, h, now) for f, h in zip(folders, handles, strict=True)]
+
+    def _job(self, folder: tuple[str, str], meta: JobMeta, handle: Handle, now: float) -> Job:
+        """The Job of a prepared folder; ``handle`` empty: not started yet (it waits for its
+        turn in a ``JobQueue``), its row "pending"."""
+        job_id, jobdir = folder
+        job = Job(job_id, meta["name"], self.target, self.backend, jobdir, handle, self.store, now)
+        if self.store is not None:
+            self.store.update(
                 job_id,
-                meta["name"],
-                self.target,
-                self.backend,
-                jobdir,
-                handle,
-                self.store,
-                now,
+                state="submitted" if handle else "pending",
+                backend={**self.backend.describe(), "handle": handle},
             )
-            if self.store is not None:
-                self.store.update(
-                    job_id,
-                    state="submitted",
-                    backend={**self.backend.describe(), "handle": handle},
-                )
-            jobs.append(job)
-        return jobs
+        return job
+
+    def _start_waiting(self, meta: JobMeta, job: Job) -> None:
+        """Start a job that waited for its turn (``JobQueue``): its row becomes "submitted"."""
+        (handle,) = self.backend.start([job.jobdir], meta)
+        if self.store is not None:
+            self.store.update(
+                job.id, state="submitted", backend={**self.backend.describe(), "handle": handle}
+            )
+        job._started(handle)
 
     def map_jobs(
-        self, fn: Callable[..., Any], *iterables: Iterable[Any], chunksize: int | None = None
+        self,
+        fn: Callable[..., Any],
+        *iterables: Iterable[Any],
+        chunksize: int | None = None,
+        max_running: int | None = None,
     ) -> list[Job]:
         """Submit ``fn`` over the zipped iterables in chunks; one job (Slurm array task) per chunk.
 
-        Each job's result is a list of ("ok", value) / ("err", exception, traceback). Raises
-        ``gpuctl.service.ReadOnlyError`` in read-only mode, before anything is submitted.
+        At most ``max_running`` of them run at once (default: the Executor's, else the
+        backend's ``default_max_running``): through Slurm the array says so
+        (``--array=0-N%K``) and Slurm keeps the rest pending; on one machine (local, SSH) the
+        rest wait here, "pending", and each starts as one ends (from this process: jobs still
+        waiting when it exits never start, and their rows say so). Items per chunk:
+        ``chunksize``, else ``chunk_size(items, max_running)`` (about four chunks per running
+        job, whatever machine submits).
+
+        Each job's result is a list of ("ok", value) / ("err", exception, traceback): one bad
+        item is that item's error, never its chunk's. Raises ValueError for a cap or a chunk
+        size below 1, and ``gpuctl.service.ReadOnlyError`` in read-only mode, before anything
+        is submitted.
         """
         self.guard.check("submitting jobs")
+        cap = (
+            _positive(max_running, "max_running")
+            or self.max_running
+            or self.backend.default_max_running
+        )
+        _positive(chunksize, "chunksize")
         items = list(zip(*iterables, strict=False))
         if not items:
             return []
-        if chunksize is None:
-            # about four chunks per worker slot: enough to balance, few enough that process
-            # start-up (two interpreters per chunk) does not dominate tiny tasks
-            parallel = 8 if isinstance(self.backend, SlurmBackend) else (os.cpu_count() or 1)
-            chunksize = max(1, -(-len(items) // (4 * parallel)))
+        size = chunksize or chunk_size(len(items), cap)
         name = _name(fn)
         register_by_value(fn)
         if self.debug:
@@ -450,23 +504,26 @@ class Executor:
                 debug.run_here(
                     self.backend,
                     _chunk.run_chunk,
-                    (fn, items[i : i + chunksize]),
+                    (fn, items[i : i + size]),
                     {},
                     f"map:{name}",
                 )
-                for i in range(0, len(items), chunksize)
+                for i in range(0, len(items), size)
             ]
         self.venv2()
         folders = []
         meta: JobMeta = {}
-        for i in range(0, len(items), chunksize):
+        for i in range(0, len(items), size):
             job_id, jobdir, meta = self._prepare(
-                _chunk.run_chunk, (fn, items[i : i + chunksize]), {}, f"map:{name}"
+                _chunk.run_chunk, (fn, items[i : i + size]), {}, f"map:{name}"
             )
             folders.append((job_id, jobdir))
         if isinstance(self.backend, SlurmBackend):
-            return self._start(folders, meta)
-        return [j for f in folders for j in self._start([f], meta)]
+            return self._start(folders, meta, max_running=cap)
+        now = time.time()
+        jobs = [self._job(f, meta, Handle(), now) for f in folders]
+        JobQueue(jobs, cap, functools.partial(self._start_waiting, meta))
+        return jobs
 
     def map(
         self,
@@ -474,10 +531,12 @@ class Executor:
         *iterables: Iterable[Any],
         timeout: float | None = None,
         chunksize: int | None = None,
+        max_running: int | None = None,
     ) -> Iterator[R]:
         """Like ``concurrent.futures.Executor.map``: results in order; the first exception raised
-        by ``fn`` is raised when its turn comes (a system failure raises ``JobFailed``)."""
-        jobs = self.map_jobs(fn, *iterables, chunksize=chunksize)
+        by ``fn`` is raised when its turn comes (a system failure raises ``JobFailed``).
+        Chunks and the cap on running jobs as in ``map_jobs``."""
+        jobs = self.map_jobs(fn, *iterables, chunksize=chunksize, max_running=max_running)
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def results() -> Iterator[R]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import shlex
 import subprocess
 import threading
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -33,6 +34,34 @@ T = TypeVar("T")
 
 class HostError(Exception):
     """A node cannot be reached or a file operation on it failed; the message says which."""
+
+
+def no_supervisor_python(host: str, python: str) -> HostError:
+    """The error of a job supervisor whose VENV1 ``python`` is not on ``host`` (every host)."""
+    return HostError(
+        f"{host}: no python at {python!r} for the job supervisor: set python = "
+        '"/path/to/python3" for this node in the gpuctl config (or --supervisor-python)'
+    )
+
+
+@contextlib.contextmanager
+def _local_errors(what: str) -> Iterator[None]:
+    """An OSError of this machine's files as the HostError an SSH node gives for the same
+    failure (``local: writing PATH failed: No space left on device``): one line, typed."""
+    try:
+        yield
+    except OSError as e:
+        why = e.strerror or str(e)
+        hint = _LOCAL_HINTS.get(e.errno or 0, "")
+        raise HostError(f"local: {what} failed: {why}{hint}") from e
+
+
+_LOCAL_HINTS = {
+    errno.ENOSPC: " (free space there, or point the job root elsewhere: job_root=, [jobs] dir)",
+    errno.EDQUOT: " (free space there, or point the job root elsewhere: job_root=, [jobs] dir)",
+    errno.EROFS: " (point the job root at a writable folder: job_root=, [jobs] dir)",
+    errno.EACCES: " (point the job root at a folder of yours: job_root=, [jobs] dir)",
+}
 
 
 class Host:
@@ -111,7 +140,9 @@ class LocalHost(Host):
         return p.returncode, p.stdout, p.stderr
 
     def start_detached(self, argv: Sequence[str], log: str) -> int | None:
-        with open(log, "ab") as out:
+        with _local_errors(f"writing {log}"):
+            out = open(log, "ab")  # noqa: SIM115 - closed below, once the child holds it
+        try:
             proc = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
@@ -120,15 +151,25 @@ class LocalHost(Host):
                 start_new_session=True,
                 close_fds=True,
             )
+        except FileNotFoundError:
+            raise no_supervisor_python(self.name, argv[0]) from None
+        except OSError as e:
+            raise HostError(
+                f"{self.name}: starting the supervisor ({argv[0]}) failed: {e.strerror or e}"
+            ) from e
+        finally:
+            out.close()
         _REAPER.add(proc)
         return proc.pid
 
     def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        writer = self.open_atomic(path, mode)
+        try:
+            writer.write(data)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.commit()
 
     def open_atomic(self, path: str, mode: int = 0o600) -> AtomicWriter:
         return _LocalWriter(path, mode)
@@ -136,13 +177,15 @@ class LocalHost(Host):
     def put_file(self, local: str, path: str, mode: int = 0o600) -> None:
         if os.path.abspath(local) == os.path.abspath(path):
             return
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(local, "rb") as src:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-            with os.fdopen(fd, "wb") as dst:
+        writer = self.open_atomic(path, mode)
+        try:
+            with open(local, "rb") as src:
                 while chunk := src.read(1 << 22):
-                    dst.write(chunk)
-        os.replace(tmp, path)
+                    writer.write(chunk)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.commit()
 
     def read_bytes(self, path: str, offset: int = 0) -> bytes | None:
         try:
@@ -168,12 +211,13 @@ class LocalHost(Host):
         while parent and not os.path.isdir(parent):
             missing.append(parent)
             parent = os.path.dirname(parent)
-        for folder in reversed(missing):
+        with _local_errors(f"creating {path}"):
+            for folder in reversed(missing):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(folder, 0o700)
             with contextlib.suppress(FileExistsError):
-                os.mkdir(folder, 0o700)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, mode)
-        os.chmod(path, mode)
+                os.mkdir(path, mode)
+            os.chmod(path, mode)
 
     def home(self) -> str:
         return str(Path.home())
@@ -193,17 +237,27 @@ class AtomicWriter:
 
 
 class _LocalWriter(AtomicWriter):
+    """A file of this machine; its OSErrors are HostErrors, as a node's are."""
+
     def __init__(self, path: str, mode: int) -> None:
         self.path = path
         self.tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        self.f = os.fdopen(os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb")
+        with _local_errors(f"writing {path}"):
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        self.f = os.fdopen(fd, "wb")
 
     def write(self, data: Any) -> int:
-        return self.f.write(data)
+        with _local_errors(f"writing {self.path}"):
+            return self.f.write(data)
 
     def commit(self) -> None:
-        self.f.close()
-        os.replace(self.tmp, self.path)
+        try:
+            with _local_errors(f"writing {self.path}"):
+                self.f.close()  # buffered bytes meet a full disk here
+                os.replace(self.tmp, self.path)
+        except HostError:
+            self.abort()
+            raise
 
     def abort(self) -> None:
         self.f.close()
@@ -449,10 +503,7 @@ class SshHost(Host):
         cmd = f"{check}; setsid {shlex.join(argv)} < /dev/null >> {shlex.quote(log)} 2>&1 & echo $!"
         rc, out, err = self._script(cmd, timeout=60)
         if rc == 127:
-            raise HostError(
-                f"{self.name}: no python at {argv[0]!r} for the job supervisor: set python = "
-                '"/path/to/python3" for this node in the gpuctl config (or --supervisor-python)'
-            )
+            raise no_supervisor_python(self.name, argv[0])
         if rc != 0:
             raise HostError(f"{self.name}: starting the supervisor failed: {err.decode()[-500:]}")
         try:

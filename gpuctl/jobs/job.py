@@ -9,6 +9,8 @@ exception raised again here.
 
 from __future__ import annotations
 
+import atexit
+import collections
 import concurrent.futures
 import glob
 import logging
@@ -19,6 +21,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
@@ -187,8 +190,9 @@ class Job(concurrent.futures.Future[Any]):
         self._beat_read_at: float | None = None  # monotonic time of the last heartbeat read
         self._outcome_seen_at: float | None = None
         self._store_warned = False
-        if watch:  # completed as a Future in the background; a caller that polls itself opts out
-            _WATCHER.add(self)
+        self._watch = watch
+        if watch and handle:  # completed as a Future in the background (a caller that polls
+            _WATCHER.add(self)  # itself opts out); a job waiting for its turn once it starts
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.name} on {self.target}: {self.state}>"
@@ -328,7 +332,8 @@ class Job(concurrent.futures.Future[Any]):
                 submitter_python=SUBMITTER_PYTHON,
             )
             self._final = True
-        self._store_final()
+            # under the lock: another thread that finds the job final finds its row final too
+            self._store_final()
         self._settle()
         return True
 
@@ -435,6 +440,8 @@ class Job(concurrent.futures.Future[Any]):
     def _live_state(self) -> str:
         if self._host_error is not None:
             return "unreachable"
+        if not self.handle:  # not started: waits for its turn (a map's max_running)
+            return "pending"
         try:
             if isinstance(self.backend, SlurmBackend):
                 info = self.backend.scheduler_state(self.handle) or {}
@@ -610,11 +617,110 @@ class Job(concurrent.futures.Future[Any]):
         self.backend.cancel(self.handle, self.jobdir)
         return True
 
+    def _started(self, handle: Handle) -> None:
+        """A job that waited for its turn (``JobQueue``) was started: ``handle`` is its
+        backend's; from now on it is watched like any other."""
+        self.handle.update(handle)
+        if self._watch:
+            _WATCHER.add(self)
+
+    def _start_failed(self, why: str) -> None:
+        """Starting a job that waited for its turn failed (``why``: one line): it is over, as
+        ``never_started`` with that line, and its row says so."""
+        with self._lock:
+            if self._final:
+                return
+            self._report = FailureReport(
+                kind="never_started",
+                phase="not started",
+                evidence=(why,),
+                remedy="fix what the line above says, then submit the items again",
+                logs=self.logs(),
+                job_id=self.id,
+            )
+            self._final = True
+            self._store_final()
+        self._settle()
+
     def dump_stacks(self) -> None:
         """Ask VENV2 to write every thread's stack to stderr (for a job that makes no progress)."""
         import signal
 
         self.backend.signal(self.handle, self.jobdir, signal.SIGUSR2)
+
+
+class JobQueue:
+    """Starts jobs at most ``limit`` at a time, the next as one ends: a capped ``map`` on a
+    backend without a scheduler of its own (local, SSH; Slurm caps arrays itself, ``%K``).
+
+    It has no polling of its own: the job that ends starts the next from its done-callback,
+    and jobs end when the watcher (or a caller's ``result()``) polls them, like every job.
+    ``start(job)`` starts one job and calls its ``_started``; an exception it raises ends that
+    job as ``never_started`` with the error's line, and the next job takes the turn. When the
+    very first start fails, the constructor raises that error (every job ends with it): a
+    backend that cannot start a job says so at once, as ``submit`` does. Jobs still waiting
+    when this process exits never start: their rows end so, with why.
+    """
+
+    def __init__(self, jobs: Sequence[Job], limit: int, start: Callable[[Job], None]) -> None:
+        self._waiting = collections.deque(jobs)
+        self._start = start
+        self._lock = threading.Lock()
+        self._turns = 0  # free slots not yet given to a job
+        self._busy = False  # a thread is giving turns out (callbacks may come inside it)
+        if self._waiting:
+            first = self._waiting.popleft()
+            try:
+                start(first)
+            except Exception as e:
+                self._waiting.appendleft(first)
+                self.abandon(f"starting it failed: {e}")
+                raise
+            first.add_done_callback(self._ended)
+        _QUEUES.add(self)
+        self._free(limit - 1)
+
+    def _free(self, slots: int) -> None:
+        with self._lock:
+            self._turns += slots
+            if self._busy:  # the thread giving turns out takes these too: no recursion
+                return
+            self._busy = True
+        while True:
+            with self._lock:
+                if not self._waiting or self._turns <= 0:
+                    self._busy = False
+                    return
+                self._turns -= 1
+                job = self._waiting.popleft()
+            try:
+                self._start(job)
+            except Exception as e:
+                job._start_failed(f"starting it failed: {e}")
+                with self._lock:
+                    self._turns += 1
+                continue
+            job.add_done_callback(self._ended)
+
+    def _ended(self, _: concurrent.futures.Future[Any]) -> None:
+        self._free(1)
+
+    def abandon(self, why: str) -> None:
+        """End every job still waiting as ``never_started`` with ``why``."""
+        with self._lock:
+            left = list(self._waiting)
+            self._waiting.clear()
+        for job in left:
+            job._start_failed(why)
+
+
+_QUEUES: weakref.WeakSet[JobQueue] = weakref.WeakSet()
+
+
+@atexit.register
+def _abandon_queues() -> None:
+    for queue in list(_QUEUES):
+        queue.abandon("gpuctl exited before its turn came (max_running): it never ran")
 
 
 def _rebuild_exception(data: bytes) -> BaseException | None:

@@ -27,90 +27,283 @@ from gpuctl.jobs.records import (
 )
 from gpuctl.node import jobfiles
 
-# Classifications, each with a one-line title.
-KINDS: dict[str, str] = {
-    "user_exception": "the function raised an exception",
-    "out_of_memory": "out of memory",
-    "gpu_out_of_memory": "the GPU ran out of memory",
-    "crash": "VENV2 crashed",
-    "python_mismatch": "Python version mismatch between the submitter and VENV2",
-    "cloudpickle_mismatch": "cloudpickle version mismatch between the submitter and VENV2",
-    "module_missing": "a module is missing in VENV2",
-    "venv2_wont_start": "VENV2's python will not start",
-    "venv1_wont_start": "VENV1, the supervisor's Python, will not start",
-    "env_build_failed": "the VENV2 environment could not be built",
-    "setup_failed": "a setup line failed before VENV2 started",
-    "time_limit": "time limit reached",
-    "cancelled": "cancelled",
-    "node_failure": "the node failed",
-    "preempted": "preempted by the scheduler",
-    "never_started": "the job never started",
-    "disk_full": "disk full",
-    "unpicklable_result": "the result cannot be pickled",
-    "result_unloadable": "the result cannot be unpickled here",
-    "load_failed": "the payload could not be loaded in VENV2",
-    "sys_exit": "the function exited the process",
-    "killed": "VENV2 was killed by a signal",
-    "lost": "the job's supervisor disappeared",
-    "node_unreachable": "the node cannot be reached",
-    "supervisor_failed": "the supervisor failed",
-    "supervisor_killed": "the job's supervisor was killed",
-    "resources_unavailable": "the node lacks what the job asked for",
-    "requeue_failed": "the job checkpointed but could not be requeued",
-    "exited_without_result": "VENV2 exited without a result",
-    "command_failed": "the command exited with an error",
-    "command_not_found": "the command cannot be started",
+
+@dataclass(frozen=True)
+class FailureMode:
+    """One classification: its title, the phase(s) it shows in, the evidence it is read
+    from, and the remedy its reports print."""
+
+    title: str
+    phase: str
+    evidence: str
+    remedy: str
+
+
+# The one table of classifications. ``KINDS`` and ``REMEDIES`` are views of it, and so is the
+# README's failure-mode table (``python -m gpuctl.jobs.failure_table --write README.md``).
+FAILURES: dict[str, FailureMode] = {
+    "user_exception": FailureMode(
+        title="the function raised an exception",
+        phase="running",
+        evidence=(
+            "error.json: the exception the function raised, with its traceback (a map item's too)"
+        ),
+        remedy="fix the function; the remote traceback above shows where it raised",
+    ),
+    "out_of_memory": FailureMode(
+        title="out of memory",
+        phase="running",
+        evidence=(
+            "MemoryError under mem=; the supervisor's sum of resident memory over mem=; SIGKILL "
+            'with a cgroup OOM kill; Slurm OUT_OF_MEMORY or slurmstepd\'s "exceeded memory limit"'
+        ),
+        remedy="ask for more memory (mem=...) or use less: the process hit the limit",
+    ),
+    "gpu_out_of_memory": FailureMode(
+        title="the GPU ran out of memory",
+        phase="running",
+        evidence='error.json: torch\'s OutOfMemoryError (or "CUDA out of memory")',
+        remedy=(
+            "use less GPU memory (a smaller batch, activation checkpointing, bf16), or a GPU with "
+            "more; another process on the same GPU may hold memory (the screen's processes show "
+            "who)"
+        ),
+    ),
+    "crash": FailureMode(
+        title="VENV2 crashed",
+        phase="any",
+        evidence=(
+            "VENV2 died of SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL; the faulthandler stack in "
+            "stderr.txt"
+        ),
+        remedy=(
+            "the stack above shows the Python line that was running when it crashed; check the C "
+            "extension it calls (ctypes, CUDA, a wheel built for another platform)"
+        ),
+    ),
+    "python_mismatch": FailureMode(
+        title="Python version mismatch between the submitter and VENV2",
+        phase="provision, start",
+        evidence=(
+            "VENV2's probe (before submitting) or the worker's check against meta.json: another "
+            "Python minor version"
+        ),
+        remedy=(
+            "make VENV2 run the submitter's Python minor version (env=EnvSpec(python='X.Y', ...)) "
+            "or run gpuctl under VENV2's Python"
+        ),
+    ),
+    "cloudpickle_mismatch": FailureMode(
+        title="cloudpickle version mismatch between the submitter and VENV2",
+        phase="provision, start",
+        evidence="VENV2's probe or the worker's check: another cloudpickle version",
+        remedy=(
+            "install the submitter's cloudpickle version into VENV2 (add 'cloudpickle==X' to the "
+            "env's packages)"
+        ),
+    ),
+    "module_missing": FailureMode(
+        title="a module is missing in VENV2",
+        phase="provision, loading, running",
+        evidence="ModuleNotFoundError / ImportError, the module named",
+        remedy=(
+            "add the module to the environment's packages (env=EnvSpec(packages=[...])) or install "
+            "it into VENV2"
+        ),
+    ),
+    "venv2_wont_start": FailureMode(
+        title="VENV2's python will not start",
+        phase="provision, start",
+        evidence=(
+            "the VENV2 probe fails, the supervisor cannot execute it, or it exits before the "
+            "worker ran"
+        ),
+        remedy=(
+            "check the VENV2 interpreter path on the node (python=...), or let gpuctl build one "
+            "with env=..."
+        ),
+    ),
+    "venv1_wont_start": FailureMode(
+        title="VENV1, the supervisor's Python, will not start",
+        phase="provision",
+        evidence="the probe of supervisor_python: not a Python, or older than 3.6",
+        remedy=(
+            "point supervisor_python= (--supervisor-python, or the node's python in the config) at "
+            "a Python 3.6 or newer on the node"
+        ),
+    ),
+    "env_build_failed": FailureMode(
+        title="the VENV2 environment could not be built",
+        phase="provision",
+        evidence="building env= (uv, conda, venv) failed; its log",
+        remedy="read the build log; fix the package list or the node's conda/uv/python",
+    ),
+    "setup_failed": FailureMode(
+        title="a setup line failed before VENV2 started",
+        phase="setup",
+        evidence="a setup line exited non-zero; the last lines of setup.log",
+        remedy="fix the setup line shown (module name, path) in the cluster or job config",
+    ),
+    "time_limit": FailureMode(
+        title="time limit reached",
+        phase="any",
+        evidence="time_limit= reached (TERM, grace, KILL), or Slurm TIMEOUT",
+        remedy="raise time_limit=... or make the function faster",
+    ),
+    "cancelled": FailureMode(
+        title="cancelled",
+        phase="any",
+        evidence="a cancel (file or signal), or Slurm CANCELLED",
+        remedy="nothing to fix: the job was cancelled",
+    ),
+    "node_failure": FailureMode(
+        title="the node failed",
+        phase="any",
+        evidence="Slurm NODE_FAIL or BOOT_FAIL",
+        remedy="resubmit; report the node to the cluster admins if it repeats",
+    ),
+    "preempted": FailureMode(
+        title="preempted by the scheduler",
+        phase="any",
+        evidence="Slurm PREEMPTED",
+        remedy="resubmit, or use a partition/QOS without preemption",
+    ),
+    "never_started": FailureMode(
+        title="the job never started",
+        phase="not started",
+        evidence=(
+            "Slurm's pending reason, or starting the supervisor failed (a capped map's later job)"
+        ),
+        remedy="see the pending reason; ask for fewer resources or another partition",
+    ),
+    "disk_full": FailureMode(
+        title="disk full",
+        phase="saving, any",
+        evidence=(
+            "ENOSPC writing the result, or no outcome.json and the job folder's file system nearly "
+            "full (df)"
+        ),
+        remedy="free space in the job folder's file system (or point the job root elsewhere)",
+    ),
+    "unpicklable_result": FailureMode(
+        title="the result cannot be pickled",
+        phase="saving",
+        evidence="pickling the return value failed",
+        remedy=(
+            "return plain data (lists, dicts, arrays) instead of open files, locks, generators or "
+            "sockets"
+        ),
+    ),
+    "result_unloadable": FailureMode(
+        title="the result cannot be unpickled here",
+        phase="done",
+        evidence="result.pkl is there but does not unpickle in the submitter's Python",
+        remedy="install what the result's classes need into this Python, or return plain data",
+    ),
+    "load_failed": FailureMode(
+        title="the payload could not be loaded in VENV2",
+        phase="loading",
+        evidence="the payload does not unpickle in VENV2",
+        remedy="the payload refers to something VENV2 cannot rebuild; see the traceback",
+    ),
+    "sys_exit": FailureMode(
+        title="the function exited the process",
+        phase="running",
+        evidence=(
+            "sys.exit / os._exit inside the function (caught, with the stack of the call), or an "
+            "exit while it ran"
+        ),
+        remedy="return a value instead of calling sys.exit/os._exit inside the function",
+    ),
+    "killed": FailureMode(
+        title="VENV2 was killed by a signal",
+        phase="any",
+        evidence="VENV2 died of another signal (not a crash, not an OOM kill)",
+        remedy="something outside the job sent the signal (an admin, the OOM killer, a scheduler)",
+    ),
+    "lost": FailureMode(
+        title="the job's supervisor disappeared",
+        phase="any",
+        evidence="no outcome.json and the supervisor is gone; the last heartbeat's age",
+        remedy="the node rebooted or the supervisor was killed; resubmit",
+    ),
+    "node_unreachable": FailureMode(
+        title="the node cannot be reached",
+        phase="any",
+        evidence="the node stops answering: since when, the last heartbeat, the job folder there",
+        remedy=(
+            "the job may still be running on the node: once the node is back, `gpuctl result ID` "
+            "(or Job.result()) picks up its real outcome from the job folder"
+        ),
+    ),
+    "supervisor_failed": FailureMode(
+        title="the supervisor failed",
+        phase="any",
+        evidence="outcome.json carries the supervisor's own error and traceback",
+        remedy="this is a gpuctl bug: please report it with the supervisor error",
+    ),
+    "exited_without_result": FailureMode(
+        title="VENV2 exited without a result",
+        phase="any",
+        evidence="VENV2 exited without result.pkl, outside the function",
+        remedy="a C extension or a thread ended the process; see stderr",
+    ),
+    "supervisor_killed": FailureMode(
+        title="the job's supervisor was killed",
+        phase="any",
+        evidence=(
+            "outcome.json written by the supervisor's keeper: the supervisor died of a signal "
+            "(kill -9, the OOM killer) and the keeper ended the job's processes"
+        ),
+        remedy=(
+            "something outside the job killed its supervisor (an admin's kill, the OOM killer: see "
+            "the node's `dmesg`); the job's processes were ended with it; resubmit"
+        ),
+    ),
+    "resources_unavailable": FailureMode(
+        title="the node lacks what the job asked for",
+        phase="supervisor",
+        evidence=(
+            "outside Slurm, before VENV2 starts: gpus= more than nvidia-smi lists (within "
+            "CUDA_VISIBLE_DEVICES), no nvidia-smi, or cpus= more than the job may use"
+        ),
+        remedy=(
+            "ask for fewer (gpus=, cpus=) or choose a node that has them (`gpuctl status` lists "
+            "each node's GPUs)"
+        ),
+    ),
+    "requeue_failed": FailureMode(
+        title="the job checkpointed but could not be requeued",
+        phase="checkpointed",
+        evidence="outcome.json: `scontrol requeue` refused after a checkpoint (its own words)",
+        remedy=(
+            "let the job be requeued (Slurm: JobRequeue, or ask the admins); the job folder keeps "
+            "the checkpoint as its payload"
+        ),
+    ),
+    "command_failed": FailureMode(
+        title="the command exited with an error",
+        phase="running",
+        evidence="a command job's exit status other than 0 (or the signal that killed it)",
+        remedy=(
+            "read the command's own output (`gpuctl logs ID`; its last lines of stderr are above "
+            "when it wrote any): the exit status is the command's, not gpuctl's"
+        ),
+    ),
+    "command_not_found": FailureMode(
+        title="the command cannot be started",
+        phase="running",
+        evidence="a command job's program is not on PATH, or not executable",
+        remedy=(
+            "give the path of the program, or install it into VENV2 (whose bin comes first on the "
+            "command's PATH) or the node"
+        ),
+    ),
 }
 
-REMEDIES: dict[str, str] = {
-    "user_exception": "fix the function; the remote traceback above shows where it raised",
-    "out_of_memory": "ask for more memory (mem=...) or use less: the process hit the limit",
-    "gpu_out_of_memory": "use less GPU memory (a smaller batch, activation checkpointing, "
-    "bf16), or a GPU with more; another process on the same GPU may hold memory (the screen's "
-    "processes show who)",
-    "crash": "the stack above shows the Python line that was running when it crashed; check the "
-    "C extension it calls (ctypes, CUDA, a wheel built for another platform)",
-    "python_mismatch": "make VENV2 run the submitter's Python minor version "
-    "(env=EnvSpec(python='X.Y', ...)) or run gpuctl under VENV2's Python",
-    "cloudpickle_mismatch": "install the submitter's cloudpickle version into VENV2 "
-    "(add 'cloudpickle==X' to the env's packages)",
-    "module_missing": "add the module to the environment's packages (env=EnvSpec(packages=[...]))"
-    " or install it into VENV2",
-    "venv2_wont_start": "check the VENV2 interpreter path on the node (python=...), or let gpuctl "
-    "build one with env=...",
-    "venv1_wont_start": "point supervisor_python= (--supervisor-python, or the node's python in "
-    "the config) at a Python 3.6 or newer on the node",
-    "env_build_failed": "read the build log; fix the package list or the node's conda/uv/python",
-    "setup_failed": "fix the setup line shown (module name, path) in the cluster or job config",
-    "time_limit": "raise time_limit=... or make the function faster",
-    "cancelled": "nothing to fix: the job was cancelled",
-    "node_failure": "resubmit; report the node to the cluster admins if it repeats",
-    "preempted": "resubmit, or use a partition/QOS without preemption",
-    "never_started": "see the pending reason; ask for fewer resources or another partition",
-    "disk_full": "free space in the job folder's file system (or point the job root elsewhere)",
-    "unpicklable_result": "return plain data (lists, dicts, arrays) instead of open files, locks, "
-    "generators or sockets",
-    "load_failed": "the payload refers to something VENV2 cannot rebuild; see the traceback",
-    "result_unloadable": "install what the result's classes need into this Python, or return "
-    "plain data",
-    "sys_exit": "return a value instead of calling sys.exit/os._exit inside the function",
-    "killed": "something outside the job sent the signal (an admin, the OOM killer, a scheduler)",
-    "lost": "the node rebooted or the supervisor was killed; resubmit",
-    "node_unreachable": "the job may still be running on the node: once the node is back, "
-    "`gpuctl result ID` (or Job.result()) picks up its real outcome from the job folder",
-    "supervisor_failed": "this is a gpuctl bug: please report it with the supervisor error",
-    "requeue_failed": "let the job be requeued (Slurm: JobRequeue, or ask the admins); the "
-    "job folder keeps the checkpoint as its payload",
-    "resources_unavailable": "ask for fewer (gpus=, cpus=) or choose a node that has them "
-    "(`gpuctl status` lists each node's GPUs)",
-    "supervisor_killed": "something outside the job killed its supervisor (an admin's kill, the "
-    "OOM killer: see the node's `dmesg`); the job's processes were ended with it; resubmit",
-    "exited_without_result": "a C extension or a thread ended the process; see stderr",
-    "command_failed": "read the command's own output (`gpuctl logs ID`; its last lines of stderr "
-    "are above when it wrote any): the exit status is the command's, not gpuctl's",
-    "command_not_found": "give the path of the program, or install it into VENV2 (whose bin "
-    "comes first on the command's PATH) or the node",
-}
+KINDS: dict[str, str] = {k: f.title for k, f in FAILURES.items()}
+REMEDIES: dict[str, str] = {k: f.remedy for k, f in FAILURES.items()}
+
 
 COMMAND_KINDS = ("command_failed", "command_not_found")
 

@@ -83,7 +83,7 @@ CASES = [
     Case(
         ["submit", "job.py:f", "--supervisor-python", "/no/py"],
         2,
-        r"cannot start the job on local: /no/py: No such file",
+        r"^gpuctl: local: no python at '/no/py' for the job supervisor: set python",
     ),
     Case(["accept", "--local", "--expect-gpus", "-1"], 2, r"--expect-gpus must be 0 or more"),
     # jobs by id

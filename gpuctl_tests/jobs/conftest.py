@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,3 +90,32 @@ def no_process_with_env(token: str) -> bool:
         except OSError:
             continue
     return True
+
+
+def mount_tmpfs(mnt: Path, options: str) -> Iterator[Path]:
+    """A tmpfs on ``mnt`` mounted with ``options`` while the generator is suspended (root can
+    write nowhere on a read-only one); skips the test where mounting is not allowed."""
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs; skipped where mounting is not allowed."""
+    yield from mount_tmpfs(tmp_path / "small", "size=4m,mode=0700")
+
+
+@pytest.fixture
+def read_only_fs(tmp_path: Path) -> Iterator[Path]:
+    """An empty read-only tmpfs; skipped where mounting is not allowed."""
+    yield from mount_tmpfs(tmp_path / "ro", "ro,size=1m,mode=0700")

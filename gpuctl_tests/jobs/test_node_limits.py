@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,24 +68,6 @@ def test_cgroup_oom_kill_is_out_of_memory(
     outcome = json.loads(Path(job.jobdir, "outcome.json").read_text())
     assert outcome["cgroup_after"]["limit_bytes"] == 200 << 20
     assert outcome["cgroup_after"]["path"].endswith(memory_cgroup.name)
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs; skipped where mounting is not allowed."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_disk_full_while_saving_the_result(make_executor: Any, small_fs: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from gpuctl.jobs import Executor, JobFailed, JobStore
 from gpuctl_tests.helpers import wait_until
+from gpuctl_tests.jobs.test_map_cap import run_capped
 
 pytestmark = pytest.mark.slurm
 
@@ -68,6 +69,22 @@ def test_submit_and_map_as_a_job_array(slurm_executor: Any) -> None:
         [("ok", a * a) for a in range(i, i + 4)] for i in (0, 4, 8)
     ]
     assert list(ex.map(lambda a: a + 1, range(12), chunksize=4)) == list(range(1, 13))
+
+
+def test_a_capped_map_is_an_array_slurm_throttles(
+    slurm_executor: Any, slurm_cluster: Any, tmp_path: Path
+) -> None:
+    """Six one-item tasks, cap 2, on a node with room for eight: Slurm runs two at a time (the
+    items' own start/end times say so) and keeps the rest pending for JobArrayTaskLimit."""
+
+    def throttled_by_slurm(jobs: list[Any]) -> None:
+        assert "#SBATCH --array=0-5%2\n" in Path(jobs[0].jobdir, "job.sbatch").read_text()
+        shown = slurm_cluster.run(["scontrol", "show", "job", jobs[0].handle["array"]]).stdout
+        assert "ArrayTaskThrottle=2" in shown, shown
+        reasons = slurm_cluster.run(["squeue", "-h", "-r", "-t", "PD", "-o", "%r"]).stdout.split()
+        assert reasons and set(reasons) == {"JobArrayTaskLimit"}, reasons
+
+    run_capped(slurm_executor(), tmp_path, items=6, cap=2, while_held=throttled_by_slurm)
 
 
 def test_memory_limit_on_slurm_is_out_of_memory(slurm_executor: Any) -> None:

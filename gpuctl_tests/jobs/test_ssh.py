@@ -16,6 +16,7 @@ from gpuctl.config import load_config
 from gpuctl.jobs import EnvSpec, Executor, JobFailed, JobStore, attach
 from gpuctl_tests.harness.sshd import SshCluster
 from gpuctl_tests.helpers import require_binary, wait_until
+from gpuctl_tests.jobs.test_map_cap import run_capped
 
 pytestmark = pytest.mark.sshd
 
@@ -191,3 +192,10 @@ def test_jobs_honour_the_jump_chain_and_the_host_key_policy(
         ssh_cluster["bastion"].known_hosts_line,
         node.known_hosts_line,
     ]
+
+
+def test_a_capped_map_over_ssh_starts_each_job_as_one_ends(
+    node_config: Any, env_root: str, tmp_path: Path, env_spec: EnvSpec
+) -> None:
+    """The node is this machine (sshd on 127.0.0.1), so the items' marks are seen here."""
+    run_capped(ssh_executor(node_config, env_root, tmp_path, env_spec), tmp_path, items=4, cap=2)

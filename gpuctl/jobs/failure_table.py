@@ -1,0 +1,68 @@
+"""The README's failure-mode table, made from the code's own (``report.FAILURES``).
+
+    python -m gpuctl.jobs.failure_table --markdown         # print it
+    python -m gpuctl.jobs.failure_table --write README.md  # put it between README's markers
+
+A test compares README.md with ``with_table(README.md)``, so the two never drift apart.
+"""
+
+from __future__ import annotations
+
+from gpuctl.jobs.report import FAILURES
+
+TABLE_START = "<!-- failure-modes: python -m gpuctl.jobs.failure_table --write README.md -->"
+TABLE_END = "<!-- /failure-modes -->"
+
+
+def markdown_table() -> str:
+    """``FAILURES`` as a Markdown table: phase, evidence, name (kind and title), hint."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    rows = ["| phase | evidence | name | hint |", "|---|---|---|---|"]
+    for kind, f in FAILURES.items():
+        name = f"`{kind}`: {f.title}"
+        rows.append(f"| {cell(f.phase)} | {cell(f.evidence)} | {cell(name)} | {cell(f.remedy)} |")
+    return "\n".join(rows) + "\n"
+
+
+def with_table(document: str) -> str:
+    """``document`` with the text between its table markers replaced by ``markdown_table()``.
+
+    Raises ValueError when the markers are missing or out of order."""
+    start, end = document.find(TABLE_START), document.find(TABLE_END)
+    if start < 0 or end < start:
+        raise ValueError(f"no {TABLE_START} ... {TABLE_END} markers, in this order")
+    head = document[: start + len(TABLE_START)]
+    return f"{head}\n{markdown_table()}{document[end:]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``--markdown``: print the table; ``--write FILE``: put it between FILE's markers."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    prog = "python -m gpuctl.jobs.failure_table"
+    ap = argparse.ArgumentParser(prog=prog, description=main.__doc__)
+    group = ap.add_mutually_exclusive_group(required=True)
+    group.add_argument("--markdown", action="store_true", help="print the failure-mode table")
+    group.add_argument("--write", metavar="FILE", help="rewrite the table between FILE's markers")
+    args = ap.parse_args(argv)
+    if args.markdown:
+        sys.stdout.write(markdown_table())
+        return 0
+    path = Path(args.write)
+    try:
+        text = path.read_text(encoding="utf-8")
+        path.write_text(with_table(text), encoding="utf-8")
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        print(f"{path}: {why}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
