@@ -425,6 +425,7 @@ def run_jobs(args: argparse.Namespace) -> int:
                 "duration_s": r.duration,
                 "jobdir": r.jobdir,
                 "slurm_id": _slurm_id(r),
+                "tasks": r.tasks,
             }
             for r in records
         ]
@@ -435,12 +436,12 @@ def run_jobs(args: argparse.Namespace) -> int:
     now = time.time()
     for r in records:
         dur = r.duration
-        slurm = _slurm_id(r)
+        where = [_slurm_id(r) or "", f"{r.tasks} tasks" if r.tasks > 1 else ""]
         rows.append(
             (
                 r.id[:12],
                 r.state,
-                f"{r.target} ({slurm})" if slurm else r.target,
+                f"{r.target} ({', '.join(w for w in where if w)})" if any(where) else r.target,
                 r.name[-40:],
                 fmt_age(now - r.created_at),
                 "-" if dur is None else f"{dur:.1f}s",

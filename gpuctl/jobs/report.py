@@ -520,7 +520,8 @@ def combine_ranks(
     host = outcome(lead).get("hostname")
     first = by_rank[lead]
     lines = []
-    for kind in dict.fromkeys(by_rank[r].kind for r in causes):
+    order = sorted(causes, key=lambda r: (failed_at(r), r))  # the lead's line first
+    for kind in dict.fromkeys(by_rank[r].kind for r in order):
         ranks = [r for r in causes if by_rank[r].kind == kind]
         where = f" (on {host})" if lead in ranks and host else ""
         lines.append(f"{_ranks(ranks)} of {n}{where} failed: {KINDS.get(kind, kind)} [{kind}]")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,6 +14,9 @@ from typing import Any
 import pytest
 
 from gpuctl.jobs import Executor, JobFailed
+from gpuctl.jobs.records import BackendInfo
+from gpuctl.jobs.report import FailureReport, JobFiles, combine_ranks
+from gpuctl_tests.helpers import wait_until
 
 RENDEZVOUS = (
     "RANK",
@@ -156,3 +160,74 @@ def test_map_refuses_several_tasks(slurm_executor: Any) -> None:
     with pytest.raises(ValueError, match="one task per chunk"):
         ex.map_jobs(abs, [1, 2])
     assert os.path.isdir(ex.backend.job_root) is False or not os.listdir(ex.backend.job_root)
+
+
+def test_gpuctl_jobs_shows_the_task_count(tmp_path: Path) -> None:
+    from gpuctl.jobs import JobStore
+    from gpuctl.jobs.store import JobRecord
+
+    store = JobStore()  # the test's own state folder (GPUCTL_STATE_DIR)
+    backend: BackendInfo = {"kind": "slurm", "handle": {"slurm_id": "77", "tasks": 4}}
+    store.add(JobRecord("a" * 32, "train", "slurm", backend, str(tmp_path), "done", 1000.0))
+    argv = [sys.executable, "-m", "gpuctl", "jobs"]
+    shown = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    assert "slurm (77, 4 tasks)" in shown.stdout, shown.stdout
+    listed = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=60)
+    assert [j["tasks"] for j in json.loads(listed.stdout)["jobs"]] == [4]
+
+
+def nap_in_every_rank() -> str:
+    import os
+    import time
+
+    print(f"rank {os.environ['RANK']} up", flush=True)
+    time.sleep(120)
+    return os.environ["RANK"]
+
+
+@pytest.mark.slurm
+def test_dump_stacks_reaches_every_rank(slurm_executor: Any) -> None:
+    """srun forwards the batch step's signals to its tasks: each rank's VENV2 gets SIGUSR2."""
+    job = slurm_executor(tasks_per_node=2, grace=1).submit(nap_in_every_rank)
+    stdout = [Path(job.jobdir, f"rank-{r}", "stdout.txt") for r in (0, 1)]
+    wait_until(lambda: all(p.exists() and "up" in p.read_text() for p in stdout), 60, "ranks")
+    job.dump_stacks()
+    stderr = [Path(job.jobdir, f"rank-{r}", "stderr.txt") for r in (0, 1)]
+    wait_until(lambda: all("nap_in_every_rank" in p.read_text() for p in stderr), 30, "both stacks")
+    assert job.cancel()
+    with pytest.raises(JobFailed) as info:
+        job.result(60)
+    assert info.value.kind == "cancelled", str(info.value)
+
+
+def _report(kind: str) -> FailureReport:
+    return FailureReport(kind=kind, phase="running", evidence=(f"{kind} here",), remedy="r")
+
+
+def test_combined_report_leads_with_the_first_rank_to_fail() -> None:
+    crash, user, ended = _report("crash"), _report("user_exception"), _report("cancelled")
+    files = [
+        JobFiles(outcome={"ended_at": 50.0, "hostname": "n1"}),
+        JobFiles(outcome={"ended_at": 40.0, "hostname": "n1"}, error={"t": 30.0}),
+        JobFiles(outcome={"ended_at": 45.0, "hostname": "n2"}, error={"t": 20.0}),
+        None,
+    ]
+    report, lead = combine_ranks([ended, user, crash, None], files, job_id="j")
+    assert lead == 2 and report is not None and report.kind == "crash"
+    assert report.evidence[:4] == (
+        "rank 2 of 4 (on n2) failed: VENV2 crashed [crash]",
+        "rank 1 of 4 failed: the function raised an exception [user_exception]",
+        "rank 0 of 4 did not finish: Slurm ended it when ranks 1, 2 failed "
+        "(srun --kill-on-bad-exit)",
+        "rank 3 of 4 finished",
+    )
+    # a cancel asked for is the job's verdict; a time limit met by every rank is one line
+    cancelled, _ = combine_ranks([ended, ended], [None, None], cancel_requested=True)
+    assert cancelled is not None and cancelled.kind == "cancelled"
+    timeout = _report("time_limit")
+    report, lead = combine_ranks([timeout] * 12, [None] * 12)
+    assert lead == 0 and report is not None
+    assert report.evidence[0] == (
+        "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 4 more of 12 failed: time limit reached [time_limit]"
+    )
+    assert combine_ranks([None, None], [None, None]) == (None, None)
