@@ -48,6 +48,16 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--mem", help="memory limit, e.g. 4G")
     p.add_argument("--time-limit", type=float, metavar="SECONDS", help="time limit")
     p.add_argument(
+        "--nodes", type=int, default=1, metavar="N", help="Slurm nodes (a job of several tasks)"
+    )
+    p.add_argument(
+        "--tasks-per-node",
+        type=int,
+        default=1,
+        metavar="K",
+        help="tasks per node (Slurm; each with RANK, WORLD_SIZE, MASTER_ADDR... set)",
+    )
+    p.add_argument(
         "--partition",
         help="Slurm partition (target slurm; default: [jobs] partition, else the Slurm "
         "cluster's of the config)",
@@ -202,7 +212,13 @@ def run_submit(args: argparse.Namespace) -> int:
     fn = load_function(args.spec)
     # target slurm reads the config too: [jobs] slurm_conf / partition, or the Slurm cluster's
     config = None if args.target == "local" else _config(args)
-    opts: dict[str, Any] = {"mem": args.mem, "time_limit": args.time_limit, "setup": args.setup}
+    opts: dict[str, Any] = {
+        "mem": args.mem,
+        "time_limit": args.time_limit,
+        "setup": args.setup,
+        "nodes": args.nodes,
+        "tasks_per_node": args.tasks_per_node,
+    }
     if args.python:
         opts["python"] = args.python
     if args.supervisor_python:
