@@ -62,6 +62,16 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--mem", help="memory limit, e.g. 4G")
     p.add_argument("--time-limit", type=float, metavar="SECONDS", help="time limit")
     p.add_argument(
+        "--nodes", type=int, default=1, metavar="N", help="Slurm nodes (a job of several tasks)"
+    )
+    p.add_argument(
+        "--tasks-per-node",
+        type=int,
+        default=1,
+        metavar="K",
+        help="tasks per node (Slurm; each with RANK, WORLD_SIZE, MASTER_ADDR... set)",
+    )
+    p.add_argument(
         "--partition",
         help="Slurm partition (target slurm; default: [jobs] partition, else the Slurm "
         "cluster's of the config)",
@@ -238,7 +248,13 @@ def run_submit(args: argparse.Namespace) -> int:
     fn: Any = load_function(args.spec) if command is None else None
     # target slurm reads the config too: [jobs] slurm_conf / partition, or the Slurm cluster's
     config = None if args.target in ("local", "debug") else _config(args)
-    opts: dict[str, Any] = {"mem": args.mem, "time_limit": args.time_limit, "setup": args.setup}
+    opts: dict[str, Any] = {
+        "mem": args.mem,
+        "time_limit": args.time_limit,
+        "setup": args.setup,
+        "nodes": args.nodes,
+        "tasks_per_node": args.tasks_per_node,
+    }
     if args.python:
         opts["python"] = args.python
     if args.supervisor_python:
@@ -490,6 +506,7 @@ def run_jobs(args: argparse.Namespace) -> int:
                 "duration_s": r.duration,
                 "jobdir": r.jobdir,
                 "slurm_id": _slurm_id(r),
+                "tasks": r.tasks,
             }
             for r in records
         ]
@@ -500,12 +517,12 @@ def run_jobs(args: argparse.Namespace) -> int:
     now = time.time()
     for r in records:
         dur = r.duration
-        slurm = _slurm_id(r)
+        where = [_slurm_id(r) or "", f"{r.tasks} tasks" if r.tasks > 1 else ""]
         rows.append(
             (
                 r.id[:12],
                 r.state,
-                f"{r.target} ({slurm})" if slurm else r.target,
+                f"{r.target} ({', '.join(w for w in where if w)})" if any(where) else r.target,
                 r.name[-40:],
                 fmt_age(now - r.created_at),
                 "-" if dur is None else f"{dur:.1f}s",

@@ -270,12 +270,19 @@ class SlurmBackend(Backend):
             lines.append(f"#SBATCH --partition={self.partition}")
         if self.nodelist:
             lines.append(f"#SBATCH --nodelist={self.nodelist}")
-        lines.append(f"#SBATCH --cpus-per-task={int(limits.get('cpus') or 1)}")
+        cpus = int(limits.get("cpus") or 1)
+        lines.append(f"#SBATCH --cpus-per-task={cpus}")
         gpus, mem, seconds = limits.get("gpus"), limits.get("mem_bytes"), limits.get("time_limit_s")
-        if gpus:
-            lines.append(f"#SBATCH --gpus={int(gpus)}")
-        if mem:
-            lines.append(f"#SBATCH --mem={max(1, int(mem) // (1 << 20))}M")
+        per_node = int(limits.get("tasks_per_node") or 1)
+        tasks = jobfiles.task_count(meta)
+        if tasks > 1:
+            lines.append(f"#SBATCH --nodes={int(limits.get('nodes') or 1)}")
+            lines.append(f"#SBATCH --ntasks-per-node={per_node}")
+        if gpus:  # per task; a node's tasks all see its GPUs (LOCAL_RANK picks one, as torchrun)
+            many = f"-per-node={int(gpus) * per_node}" if tasks > 1 else f"={int(gpus)}"
+            lines.append(f"#SBATCH --gpus{many}")
+        if mem:  # per task; --mem is per node
+            lines.append(f"#SBATCH --mem={max(1, int(mem) * per_node // (1 << 20))}M")
         if seconds:
             minutes = max(1, int((float(seconds) + 59) // 60))
             lines.append(f"#SBATCH --time={minutes}")
@@ -297,10 +304,17 @@ class SlurmBackend(Backend):
             lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
         lines += [f"#SBATCH {a}" for a in self.sbatch_args]
         quoted = " ".join(shlex.quote(d) for d in jobdirs)
+        # several tasks: srun starts a supervisor per task (each writes its rank's folder) and
+        # ends them all once one fails; it forwards the warning signal to them
+        srun = (
+            f"srun --kill-on-bad-exit=1 --cpus-per-task={cpus} --ntasks-per-node={per_node} "
+            if tasks > 1
+            else ""
+        )
         lines += [
             f"DIRS=({quoted})",
             'D="${DIRS[${SLURM_ARRAY_TASK_ID:-0}]}"',
-            f'exec {shlex.quote(self.supervisor_python)} "$D/{SUPERVISOR_FILE}" "$D"',
+            f'exec {srun}{shlex.quote(self.supervisor_python)} "$D/{SUPERVISOR_FILE}" "$D"',
         ]
         return "\n".join(lines) + "\n"
 
@@ -319,6 +333,8 @@ class SlurmBackend(Backend):
         handles: list[Handle]
         if len(jobdirs) == 1:
             handles = [{"slurm_id": job_id, "output": f"{root}/slurm-{job_id}.out"}]
+            if jobfiles.task_count(meta) > 1:
+                handles[0]["tasks"] = jobfiles.task_count(meta)
         else:
             handles = [
                 {

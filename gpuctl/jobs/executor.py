@@ -154,9 +154,10 @@ class Executor:
     ``python`` names an existing VENV2 interpreter on the target; ``env`` (an ``EnvSpec``) asks
     gpuctl to build one (once, cached by content hash); ``supervisor_python`` is VENV1 (default:
     the node's configured python3). ``mem`` (bytes or "4G"), ``time_limit`` (seconds), ``cpus``,
-    ``gpus`` are limits; ``setup`` lines run before VENV2 starts (after the cluster's own).
-    A checkpointable function (``gpuctl.jobs.checkpoint``) is warned ``warning`` seconds before
-    its time limit and requeued from its checkpoint at most ``max_requeues`` times.
+    ``gpus`` are limits (of each task); ``setup`` lines run before VENV2 starts (after the
+    cluster's own). A checkpointable function (``gpuctl.jobs.checkpoint``) is warned
+    ``warning`` seconds before its time limit and requeued from its checkpoint at most
+    ``max_requeues`` times.
     ``verify=False`` skips the pre-submit probe of VENV2 (only to exercise the node-side checks).
     ``read_only`` is the caller's decision on read-only mode (None: at each submit, from
     ``$GPUCTL_READ_ONLY`` and ``config``, else the config files); in read-only mode ``submit``,
@@ -173,6 +174,12 @@ class Executor:
     ``partition``, else the configured Slurm clusters' own, else ``$SLURM_CONF``); an srun
     node takes its cluster's. ``sbatch_args`` are extra ``#SBATCH`` options (checked: one option
     each). Bad values raise ``SlurmValueError`` (a ValueError) before anything is submitted.
+
+    Several tasks (Slurm only): ``nodes`` x ``tasks_per_node`` copies of the function run as one
+    Slurm job (srun), each with torch.distributed's ``env://`` rendezvous set (RANK, LOCAL_RANK,
+    WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT); ``cpus``, ``gpus`` and
+    ``mem`` are then per task. ``Job.result()`` is rank 0's value, ``Job.results()`` every
+    rank's. Other backends, and ``map``, refuse more than one task (ValueError).
     """
 
     def __init__(
@@ -187,6 +194,8 @@ class Executor:
         cpus: int = 1,
         mem: int | str | None = None,
         time_limit: float | None = None,
+        nodes: int = 1,
+        tasks_per_node: int = 1,
         grace: float = 10.0,
         setup: Sequence[str] = (),
         job_env: Mapping[str, str] | None = None,
@@ -215,6 +224,8 @@ class Executor:
             "grace_s": grace,
             "max_requeues": max_requeues,
             "warning_s": warning,
+            "nodes": _count(nodes, "nodes"),
+            "tasks_per_node": _count(tasks_per_node, "tasks_per_node"),
         }
         self.env_spec = env
         self.max_running = _positive(max_running, "max_running")
@@ -232,6 +243,13 @@ class Executor:
             cwd=cwd,
         )
         self.backend = where.backend
+        self.tasks = nodes * tasks_per_node
+        if self.tasks > 1 and not isinstance(self.backend, SlurmBackend):
+            raise ValueError(
+                f"nodes={nodes}, tasks_per_node={tasks_per_node}: jobs of several tasks run "
+                f"through Slurm only (target 'slurm' or a node reached via srun), not on "
+                f"{target!r}"
+            )
         self.cwd = where.cwd
         self.setup = (*where.setup, *setup)
         self.env_root = where.env_root or paths.NODE_ENV_DIR
@@ -323,6 +341,11 @@ class Executor:
         probe: Probe,
         command: list[str] | None,
     ) -> tuple[str, str, JobMeta]:
+        if self.tasks > 1 and callable(getattr(fn, "checkpoint", None)):
+            raise ValueError(
+                "checkpoint and requeue work for jobs of one task: submit a checkpointable "
+                "function without nodes=/tasks_per_node="
+            )
         host = self.backend.host
         self._job_root()
         host.mkdir(jobdir, 0o700)
@@ -487,6 +510,10 @@ class Executor:
         is submitted.
         """
         self.guard.check("submitting jobs")
+        if self.tasks > 1:
+            raise ValueError(
+                "map runs one task per chunk: use an Executor without nodes=/tasks_per_node="
+            )
         cap = (
             _positive(max_running, "max_running")
             or self.max_running
@@ -555,6 +582,13 @@ class Executor:
                         raise JobFailed(_item_report(job, exc, str(item[2]))) from exc
 
         return results()
+
+
+def _count(value: int, name: str) -> int:
+    """``value`` when it is a whole number >= 1; else ValueError (one line)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r}: give a whole number, 1 or more")
+    return value
 
 
 def _item_report(job: Job, exc: BaseException, tb: str) -> FailureReport:

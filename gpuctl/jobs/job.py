@@ -44,6 +44,7 @@ from gpuctl.jobs.report import (
     FailureReport,
     JobFiles,
     classify,
+    combine_ranks,
     parse_status,
     unreachable_report,
 )
@@ -62,6 +63,7 @@ SUBMITTER_PYTHON = sys.version.split()[0]
 UNREACHABLE_AFTER = 60.0  # seconds a node may stay unreachable before result() reports it
 BEAT_EVERY = 3.0  # seconds between heartbeat reads while a job runs
 SLURM_VERDICT_WAIT = 30.0  # seconds to wait for Slurm's final state after a signalled stop
+_RAISED = ("user_exception", "gpu_out_of_memory")  # kinds that are the function's own exception
 
 
 class JobFailed(Exception):
@@ -151,6 +153,11 @@ class Job(concurrent.futures.Future[Any]):
     for ``unreachable_after`` seconds (or until its timeout), then raises ``JobFailed`` of kind
     ``node_unreachable``: not a verdict, the job may still run there, and a later ``result()``
     (or ``gpuctl result ID``) picks up the real outcome once the node is back.
+
+    A job of several tasks (``handle["tasks"]``, Slurm's nodes x tasks_per_node) reads each
+    rank's folder through a ``Job`` of its own (``ranks``); it is over once every rank is, and
+    fails when any rank failed (the report names the ranks). ``result()`` is rank 0's value,
+    ``results()`` every rank's; its logs are rank 0's.
     """
 
     unreachable_after = UNREACHABLE_AFTER
@@ -190,6 +197,24 @@ class Job(concurrent.futures.Future[Any]):
         self._beat_read_at: float | None = None  # monotonic time of the last heartbeat read
         self._outcome_seen_at: float | None = None
         self._store_warned = False
+        self.tasks = int(handle.get("tasks") or 1)
+        rank_handle = handle.copy()
+        rank_handle.pop("tasks", None)
+        self.ranks = [
+            Job(
+                job_id,
+                name,
+                target,
+                backend,
+                jobfiles.task_folder(jobdir, rank),
+                rank_handle,
+                None,
+                created_at,
+                watch=False,
+            )
+            for rank in range(self.tasks if self.tasks > 1 else 0)
+        ]
+        self._lead_rank: int | None = None  # the failed rank the report is about
         self._watch = watch
         if watch and handle:  # completed as a Future in the background (a caller that polls
             _WATCHER.add(self)  # itself opts out); a job waiting for its turn once it starts
@@ -202,10 +227,17 @@ class Job(concurrent.futures.Future[Any]):
     def _read(self, name: str) -> bytes | None:
         return self.backend.host.read_bytes(f"{self.jobdir}/{name}")
 
+    @property
+    def _logs_job(self) -> Job:
+        """Whose files are this job's logs and result: its own, or rank 0's."""
+        return self.ranks[0] if self.ranks else self
+
     def read_from(self, name: str, offset: int) -> bytes:
         """The job folder's file ``name`` (``stdout.txt``, ``stderr.txt``, ...) from byte
-        ``offset`` on: empty when absent. Raises ``HostError`` when the node does not answer."""
-        return self.backend.host.read_bytes(f"{self.jobdir}/{name}", offset) or b""
+        ``offset`` on (rank 0's for a job of several tasks): empty when absent. Raises
+        ``HostError`` when the node does not answer."""
+        folder = self._logs_job.jobdir
+        return self.backend.host.read_bytes(f"{folder}/{name}", offset) or b""
 
     def _json(self, schema: type[T], name: str) -> T | None:
         """The job folder's JSON file ``name`` read as ``schema`` (None: absent or not an
@@ -217,15 +249,21 @@ class Job(concurrent.futures.Future[Any]):
         return data[-limit:].decode("utf-8", "replace")
 
     def stdout(self) -> str:
-        """What the function printed to stdout so far."""
-        return (self._read(jobfiles.STDOUT) or b"").decode("utf-8", "replace")
+        """What the function printed to stdout so far (rank 0's)."""
+        return self.read_from(jobfiles.STDOUT, 0).decode("utf-8", "replace")
 
     def stderr(self) -> str:
-        """What went to stderr so far (tracebacks, faulthandler stacks, warnings)."""
-        return (self._read(jobfiles.STDERR) or b"").decode("utf-8", "replace")
+        """What went to stderr so far (tracebacks, faulthandler stacks, warnings; rank 0's)."""
+        return self.read_from(jobfiles.STDERR, 0).decode("utf-8", "replace")
 
     def logs(self) -> dict[str, str]:
-        """Paths of the job's log files on its host."""
+        """Paths of the job's log files on its host (every rank's, named "rank R FILE")."""
+        if self.ranks:
+            return {
+                f"rank {r} {name}": path
+                for r, job in enumerate(self.ranks)
+                for name, path in job.logs().items()
+            }
         names = jobfiles.LOGS
         if not isinstance(self.backend.host, LocalHost):
             return {n: f"{self.backend.host.name}:{self.jobdir}/{n}" for n in names}
@@ -297,6 +335,8 @@ class Job(concurrent.futures.Future[Any]):
         )
 
     def _poll_files(self) -> bool:
+        if self.ranks:
+            return self._poll_ranks()
         with self._lock:
             if self._final:
                 return True
@@ -334,6 +374,25 @@ class Job(concurrent.futures.Future[Any]):
             self._final = True
             # under the lock: another thread that finds the job final finds its row final too
             self._store_final()
+        self._settle()
+        return True
+
+    def _poll_ranks(self) -> bool:
+        """A job of several tasks: over once every rank is; its report names the failed ranks."""
+        with self._lock:
+            if self._final:
+                return True
+            if not all([job._poll_files() for job in self.ranks]):  # each rank polled
+                return False
+            self._files = self.ranks[0]._files
+            self._report, self._lead_rank = combine_ranks(
+                [job._report for job in self.ranks],
+                [job._files for job in self.ranks],
+                job_id=self.id,
+                cancel_requested=self._cancel_requested,
+            )
+            self._final = True
+        self._store_final()
         self._settle()
         return True
 
@@ -442,6 +501,9 @@ class Job(concurrent.futures.Future[Any]):
             return "unreachable"
         if not self.handle:  # not started: waits for its turn (a map's max_running)
             return "pending"
+        if self.ranks:  # running once one rank runs
+            states = [job._live_state() for job in self.ranks]
+            return "running" if "running" in states else states[0]
         try:
             if isinstance(self.backend, SlurmBackend):
                 info = self.backend.scheduler_state(self.handle) or {}
@@ -519,11 +581,15 @@ class Job(concurrent.futures.Future[Any]):
                 raise JobFailed(lost)
             raise TimeoutError(f"job {self.id} not finished after {timeout} s")
         r = self._report
+        if self.ranks and r is not None:
+            # the failed rank's own exception is the cause; the failure is the whole job's
+            lead = self.ranks[self._lead_rank or 0]
+            raised = lead._report is not None and lead._report.kind in _RAISED
+            raise JobFailed(r) from (lead._load_exception() if raised else None)
         try:
             if r is None:
-                return self._load_result()
-            raised = ("user_exception", "gpu_out_of_memory")  # the function's own exception
-            exc = self._load_exception() if r.kind in raised else None
+                return self._logs_job._load_result()
+            exc = self._load_exception() if r.kind in _RAISED else None
         except HostError as e:  # the node went away between the outcome and the result
             self._host_error = str(e)
             self._unreachable_since = time.time()
@@ -536,6 +602,12 @@ class Job(concurrent.futures.Future[Any]):
         # A KeyboardInterrupt (or another BaseException) raised on the node is the job's failure,
         # not this process's Ctrl-C: raised as such it would stop the caller as if interrupted.
         raise JobFailed(r) from exc
+
+    def results(self, timeout: float | None = None) -> list[Any]:
+        """Every rank's return value, in rank order (one value for a job of one task). Raises
+        what ``result()`` raises."""
+        first = self.result(timeout)
+        return [first, *(job._load_result() for job in self.ranks[1:])]
 
     def _load_result(self) -> Any:
         path = jobfiles.JobPaths(self.jobdir)(jobfiles.RESULT)
@@ -551,7 +623,7 @@ class Job(concurrent.futures.Future[Any]):
         """Copy the result's pickle, as the worker wrote it, to the file ``dest`` ("-": stdout)
         without unpickling it: it works where the result's classes cannot be imported. The job
         must have succeeded (``result()`` says why when not)."""
-        path = jobfiles.JobPaths(self.jobdir)(jobfiles.RESULT)
+        path = jobfiles.JobPaths(self._logs_job.jobdir)(jobfiles.RESULT)
         host = self.backend.host
         if dest == "-":
             sys.stdout.flush()
@@ -614,6 +686,8 @@ class Job(concurrent.futures.Future[Any]):
         if self._poll():
             return False
         self._cancel_requested = True
+        for job in self.ranks:
+            job._cancel_requested = True
         self.backend.cancel(self.handle, self.jobdir)
         return True
 

@@ -23,11 +23,14 @@ from typing import TypedDict
 
 # -- written by the submitter ----------------------------------------------------------------
 class Limits(TypedDict, total=False):
-    """A job's resources: ``mem_bytes`` and ``time_limit_s`` (None: no limit), ``grace_s``
-    (SIGTERM to SIGKILL), ``mem_enforced_by`` ("slurm" when Slurm kills over ``--mem``)."""
+    """A job's resources, per task: ``mem_bytes`` and ``time_limit_s`` (None: no limit),
+    ``grace_s`` (SIGTERM to SIGKILL), ``mem_enforced_by`` ("slurm" when Slurm kills over
+    ``--mem``); ``nodes`` x ``tasks_per_node`` tasks (Slurm only; absent: one task)."""
 
     cpus: int
     gpus: int
+    nodes: int
+    tasks_per_node: int
     mem_bytes: int | None
     time_limit_s: float | None
     grace_s: float
@@ -130,6 +133,8 @@ class Outcome(TypedDict, total=False):
     stop_signal: str | None
     escalated_to_kill: bool
     slurm_job_id: str | None
+    hostname: str
+    rank: int  # a task of a job of several: its rank (SLURM_PROCID)
     mem_watch_bytes: int | None
     mem_limit_exceeded: MemLimitExceeded
     supervisor_killed: SupervisorKilled
@@ -206,13 +211,15 @@ class Heartbeat(TypedDict, total=False):
 # -- backends and the scheduler ---------------------------------------------------------------
 class Handle(TypedDict, total=False):
     """How a backend finds a job it started: the supervisor's ``pid`` and ``host`` (process
-    backends), or the Slurm job id, its ``array`` and the Slurm ``output`` file pattern."""
+    backends), or the Slurm job id, its ``array`` and the Slurm ``output`` file pattern;
+    ``tasks``: how many tasks (ranks) the job runs, each in its own folder (absent: one)."""
 
     pid: int | None
     host: str
     slurm_id: str
     array: str
     output: str
+    tasks: int
 
 
 class BackendInfo(TypedDict, total=False):

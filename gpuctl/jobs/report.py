@@ -10,7 +10,7 @@ explains a failure the report says which file is missing and what the exit statu
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuctl.core import wire
@@ -774,6 +774,84 @@ def _command_report(err: WorkerError, argv: list[str], oom: int) -> tuple[str, s
         message = re.sub(r"^\[Errno \d+\] ", "", str(err.get("message")))
         return "command_not_found", f"`{shown}`: {message}"
     return None
+
+
+# How a task ends when another task of its job failed first: srun (--kill-on-bad-exit) sends
+# TERM (the supervisor stops VENV2: "cancelled"), then KILL (no outcome: "lost"; "killed").
+_ENDED_BY_OTHERS = ("cancelled", "lost", "killed")
+
+
+def combine_ranks(
+    reports: Sequence[FailureReport | None],
+    files: Sequence[JobFiles | None],
+    *,
+    job_id: str = "",
+    cancel_requested: bool = False,
+) -> tuple[FailureReport | None, int | None]:
+    """The report of a job of several tasks from its tasks' reports (rank order), and the rank
+    whose failure it is about: (None, None) when every task succeeded.
+
+    The failed ranks are the ones whose report is not what srun's ending of the others leaves
+    (the first to fail leads: its error's time, else its end); when that is all there is,
+    every unfinished rank counts. The
+    report is the leading rank's, with lines naming each failed rank and each rank ended with
+    it first."""
+    failed = [r for r, rep in enumerate(reports) if rep is not None]
+    if not failed:
+        return None, None
+    by_rank: dict[int, FailureReport] = {r: rep for r, rep in enumerate(reports) if rep}
+    causes = [r for r in failed if by_rank[r].kind not in _ENDED_BY_OTHERS] or failed
+    if cancel_requested:
+        causes = [r for r in failed if by_rank[r].kind == "cancelled"] or causes
+
+    def outcome(r: int) -> Outcome:
+        return (files[r] or JobFiles()).outcome or {}
+
+    def failed_at(r: int) -> float:
+        err = (files[r] or JobFiles()).error or {}
+        return float(err.get("t") or outcome(r).get("ended_at") or float("inf"))
+
+    lead = min(causes, key=lambda r: (failed_at(r), r))
+    n = len(reports)
+    host = outcome(lead).get("hostname")
+    first = by_rank[lead]
+    lines = []
+    order = sorted(causes, key=lambda r: (failed_at(r), r))  # the lead's line first
+    for kind in dict.fromkeys(by_rank[r].kind for r in order):
+        ranks = [r for r in causes if by_rank[r].kind == kind]
+        where = f" (on {host})" if lead in ranks and host else ""
+        lines.append(f"{_ranks(ranks)} of {n}{where} failed: {KINDS.get(kind, kind)} [{kind}]")
+    others = [r for r in failed if r not in causes]
+    if others:
+        lines.append(
+            f"{_ranks(others)} of {n} did not finish: Slurm ended "
+            f"{'them' if len(others) > 1 else 'it'} when "
+            f"{_ranks(causes)} failed (srun --kill-on-bad-exit)"
+        )
+    if len(failed) < n:
+        done = [r for r in range(n) if r not in by_rank]
+        lines.append(f"{_ranks(done)} of {n} finished")
+    lines.append(f"rank {lead}'s report:")
+    lines += [f"  {e}" for e in first.evidence]
+    return (
+        FailureReport(
+            kind=first.kind,
+            phase=first.phase,
+            evidence=tuple(lines),
+            remedy=first.remedy,
+            logs={f"rank {lead} {name}": path for name, path in first.logs.items()},
+            job_id=job_id,
+            traceback=first.traceback,
+        ),
+        lead,
+    )
+
+
+def _ranks(ranks: Sequence[int], limit: int = 8) -> str:
+    """ "rank 1", "ranks 0, 2, 3" (the first ``limit``, then how many more)."""
+    shown = ", ".join(str(r) for r in ranks[:limit])
+    more = f" and {len(ranks) - limit} more" if len(ranks) > limit else ""
+    return f"rank{'s' if len(ranks) > 1 else ''} {shown}{more}"
 
 
 def unreachable_report(

@@ -97,6 +97,11 @@ class JobRecord:
     heartbeat: Heartbeat | None = field(default=None)
 
     @property
+    def tasks(self) -> int:
+        """How many tasks (ranks) the job runs: 1, or Slurm's nodes x tasks_per_node."""
+        return int((self.backend.get("handle") or {}).get("tasks") or 1)
+
+    @property
     def duration(self) -> float | None:
         """Seconds from start (or creation) to end, or to now while running."""
         start = self.started_at or self.created_at

@@ -29,6 +29,9 @@ A job folder (mode 0700), who writes each file -> who reads it:
     requeue.json       supervisor, while Slurm requeues the job (the keeper then writes no
                        outcome) -> the next attempt's supervisor removes it; login side
     outcome.json       supervisor, last, always, atomically -> reports
+    rank-R/            a job of several tasks (Slurm ``nodes`` x ``tasks_per_node``): one folder
+                       per task (rank R), made by that task's supervisor, holding the files above
+                       that a run writes, and links to the job's inputs (``TASK_LINKS``)
 """
 
 import errno
@@ -65,6 +68,10 @@ ATTEMPTS = "attempts.jsonl"
 REQUEUE = "requeue.json"
 # The worker's exit status after a checkpoint: the supervisor starts the next attempt.
 CHECKPOINTED_EXIT = 8
+TASK_FOLDER = "rank-%d"
+# A task folder's links to the job folder's inputs: its supervisor and worker read the job as if
+# the task folder were the job folder (a dangling link to the cancel file comes alive with it).
+TASK_LINKS = (META, PAYLOAD, WORKER_SCRIPT, CANCEL)
 
 # Files a person reads to see what a job did, in that order.
 LOGS = (STDOUT, STDERR, STATUS, OUTCOME, ERROR, SETUP_LOG, SUPERVISOR_LOG)
@@ -108,6 +115,40 @@ class JobPaths(object):
     @property
     def pidfile(self) -> str:
         return self(PIDFILE)
+
+
+def task_count(meta: Any) -> int:
+    """How many tasks (ranks) a job's ``meta.json`` asks for: nodes x tasks_per_node (>= 1)."""
+    limits = meta.get("limits") if isinstance(meta, dict) else None
+    if not isinstance(limits, dict):
+        return 1
+    try:
+        return max(1, int(limits.get("nodes") or 1) * int(limits.get("tasks_per_node") or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
+def task_folder(jobdir: str, rank: int) -> str:
+    """The folder of task ``rank`` of a job of several tasks (``jobdir/rank-R``)."""
+    return jobdir.rstrip("/") + "/" + TASK_FOLDER % rank
+
+
+def make_task_folder(jobdir: str, rank: int) -> str:
+    """Make (mode 0700) and return task ``rank``'s folder, with ``TASK_LINKS`` to the job's
+    inputs; existing links are kept (a requeued task). Raises OSError."""
+    folder = task_folder(jobdir, rank)
+    try:
+        os.mkdir(folder, 0o700)
+    except OSError as e:
+        if e.errno != errno.EEXIST:
+            raise
+    for name in TASK_LINKS:
+        try:
+            os.symlink(os.path.join("..", name), os.path.join(folder, name))
+        except OSError as e:
+            if e.errno != errno.EEXIST:
+                raise
+    return folder
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -159,8 +159,10 @@ def run(jobdir: str) -> int:
     JOBDIR = os.path.abspath(jobdir)
     # The job folder is sys.path[0] (this script lives there); its worker.py/supervisor.py
     # must not shadow the user's own modules of those names.
-    here = os.path.dirname(os.path.abspath(__file__))
-    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
+    # (real paths: Python resolves a linked script's folder, as in a task folder of a job of
+    # several tasks)
+    here = os.path.dirname(os.path.realpath(__file__))
+    if sys.path and os.path.realpath(sys.path[0] or ".") == here:
         del sys.path[0]
     state = {"phase": "start"}
     phase("start", pid=os.getpid(), python=sys.version.split()[0], executable=sys.executable)

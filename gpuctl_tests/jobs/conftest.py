@@ -76,6 +76,26 @@ def make_executor(venv1: str, venv2: str, job_root: str) -> Iterator[Any]:
     yield make
 
 
+@pytest.fixture
+def slurm_executor(slurm_cluster: Any, venv1: str, venv2: str, tmp_path: Path) -> Any:
+    """``slurm_executor(**options)`` → an Executor on the session's one-node Slurm."""
+
+    def make(**kw: Any) -> Executor:
+        kw.setdefault("supervisor_python", venv1)
+        kw.setdefault("python", venv2)
+        return Executor(
+            "slurm",
+            partition=slurm_cluster.partition,
+            slurm_conf=str(slurm_cluster.conf_path),
+            job_root=str(tmp_path / "shared-jobs"),
+            store=JobStore(),
+            **kw,
+        )
+
+    yield make
+    slurm_cluster.cancel_all()
+
+
 def no_process_with_env(token: str) -> bool:
     """True when no live process carries ``token`` in its environment."""
     for pid in os.listdir("/proc"):

@@ -144,6 +144,8 @@ def test_cancel_through_the_cli(
         (["submit", "{file}:add", "--args", "3"], "--args must be a JSON list"),
         (["submit", "{file}:haslock"], "cannot be pickled: TypeError"),
         (["submit", "{file}:add", "--target", "nowhere"], "unknown target 'nowhere'"),
+        (["submit", "{file}:add", "--nodes", "2"], "run through Slurm only"),
+        (["submit", "{file}:add", "--tasks-per-node", "0"], "give a whole number, 1 or more"),
         (["result", "0000000"], "no job '0000000'"),
         (["logs", "0000000"], "no job '0000000'"),
         (["cancel", "0000000"], "no job '0000000'"),

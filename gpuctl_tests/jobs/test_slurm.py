@@ -18,24 +18,6 @@ from gpuctl_tests.jobs.test_map_cap import run_capped
 pytestmark = pytest.mark.slurm
 
 
-@pytest.fixture
-def slurm_executor(slurm_cluster: Any, venv1: str, venv2: str, tmp_path: Path) -> Any:
-    def make(**kw: Any) -> Executor:
-        kw.setdefault("supervisor_python", venv1)
-        kw.setdefault("python", venv2)
-        return Executor(
-            "slurm",
-            partition=slurm_cluster.partition,
-            slurm_conf=str(slurm_cluster.conf_path),
-            job_root=str(tmp_path / "shared-jobs"),
-            store=JobStore(),
-            **kw,
-        )
-
-    yield make
-    slurm_cluster.cancel_all()
-
-
 def where_am_i(x: int) -> dict[str, Any]:
     import os
 

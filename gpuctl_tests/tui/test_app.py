@@ -263,6 +263,25 @@ async def test_jobs_pane_lists_the_job_store_in_place(state_dir: Path, tmp_path:
         assert app.overview.nodes.has_focus
 
 
+async def test_jobs_pane_shows_the_task_count_of_a_job_of_several(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    from gpuctl.jobs.records import BackendInfo
+    from gpuctl.jobs.store import JobRecord, JobStore
+
+    store = JobStore(tmp_path / "jobs.sqlite")
+    backend: BackendInfo = {"kind": "slurm", "handle": {"slurm_id": "77", "tasks": 4}}
+    store.add(JobRecord("j-ddp", "train", "slurm", backend, str(tmp_path), "done", 1000.0))
+    store.add(JobRecord("j-one", "eval", "slurm", {"kind": "slurm"}, str(tmp_path), "done", 900.0))
+    app = sim_app(state_dir, job_store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        table = app.overview.query_one("#jobs-table", DataTable)
+        await until(pilot, lambda: table.row_count == 2, "the two jobs")
+        assert str(table.get_cell("j-ddp", "target")) == "slurm (4 tasks)"
+        assert str(table.get_cell("j-one", "target")) == "slurm"
+
+
 async def test_acceptance_key_asks_first(state_dir: Path) -> None:
     app = sim_app(state_dir)
     async with app.run_test(size=SIZE) as pilot:

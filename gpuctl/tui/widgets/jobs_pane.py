@@ -251,7 +251,7 @@ class JobsPane(Vertical):
         return (
             node_str(r.id)[:12],  # the short id `gpuctl jobs` accepts
             node_str(r.state, limit=CELL_LIMIT),
-            node_str(r.target, limit=CELL_LIMIT),
+            node_str(r.target + (f" ({r.tasks} tasks)" if r.tasks > 1 else ""), limit=CELL_LIMIT),
             node_str(r.name, limit=CELL_LIMIT),
             fmt_duration(job_duration(r, self.clock())),
             node_str(r.summary, limit=CELL_LIMIT),
