@@ -46,7 +46,8 @@ FAILURES: dict[str, FailureMode] = {
         title="the function raised an exception",
         phase="running",
         evidence=(
-            "error.json: the exception the function raised, with its traceback (a map item's too)"
+            f"{jobfiles.ERROR}: the exception the function raised, with its traceback (a map "
+            "item's too)"
         ),
         remedy="fix the function; the remote traceback above shows where it raised",
     ),
@@ -62,7 +63,7 @@ FAILURES: dict[str, FailureMode] = {
     "gpu_out_of_memory": FailureMode(
         title="the GPU ran out of memory",
         phase="running",
-        evidence='error.json: torch\'s OutOfMemoryError (or "CUDA out of memory")',
+        evidence=f'{jobfiles.ERROR}: torch\'s OutOfMemoryError (or "CUDA out of memory")',
         remedy=(
             "use less GPU memory (a smaller batch, activation checkpointing, bf16), or a GPU with "
             "more; another process on the same GPU may hold memory (the screen's processes show "
@@ -74,7 +75,7 @@ FAILURES: dict[str, FailureMode] = {
         phase="any",
         evidence=(
             "VENV2 died of SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL; the faulthandler stack in "
-            "stderr.txt"
+            f"{jobfiles.STDERR}"
         ),
         remedy=(
             "the stack above shows the Python line that was running when it crashed; check the C "
@@ -85,7 +86,8 @@ FAILURES: dict[str, FailureMode] = {
         title="Python version mismatch between the submitter and VENV2",
         phase="provision, start",
         evidence=(
-            "VENV2's probe (before submitting) or the worker's check against meta.json: another "
+            f"VENV2's probe (before submitting) or the worker's check against {jobfiles.META}: "
+            "another "
             "Python minor version"
         ),
         remedy=(
@@ -141,7 +143,7 @@ FAILURES: dict[str, FailureMode] = {
     "setup_failed": FailureMode(
         title="a setup line failed before VENV2 started",
         phase="setup",
-        evidence="a setup line exited non-zero; the last lines of setup.log",
+        evidence=f"a setup line exited non-zero; the last lines of {jobfiles.SETUP_LOG}",
         remedy="fix the setup line shown (module name, path) in the cluster or job config",
     ),
     "time_limit": FailureMode(
@@ -180,7 +182,8 @@ FAILURES: dict[str, FailureMode] = {
         title="disk full",
         phase="saving, any",
         evidence=(
-            "ENOSPC writing the result, or no outcome.json and the job folder's file system nearly "
+            f"ENOSPC writing the result, or no {jobfiles.OUTCOME} and the job folder's file "
+            "system nearly "
             "full (df)"
         ),
         remedy="free space in the job folder's file system (or point the job root elsewhere)",
@@ -197,7 +200,7 @@ FAILURES: dict[str, FailureMode] = {
     "result_unloadable": FailureMode(
         title="the result cannot be unpickled here",
         phase="done",
-        evidence="result.pkl is there but does not unpickle in the submitter's Python",
+        evidence=f"{jobfiles.RESULT} is there but does not unpickle in the submitter's Python",
         remedy="install what the result's classes need into this Python, or return plain data",
     ),
     "load_failed": FailureMode(
@@ -224,7 +227,7 @@ FAILURES: dict[str, FailureMode] = {
     "lost": FailureMode(
         title="the job's supervisor disappeared",
         phase="any",
-        evidence="no outcome.json and the supervisor is gone; the last heartbeat's age",
+        evidence=f"no {jobfiles.OUTCOME} and the supervisor is gone; the last heartbeat's age",
         remedy="the node rebooted or the supervisor was killed; resubmit",
     ),
     "node_unreachable": FailureMode(
@@ -239,20 +242,21 @@ FAILURES: dict[str, FailureMode] = {
     "supervisor_failed": FailureMode(
         title="the supervisor failed",
         phase="any",
-        evidence="outcome.json carries the supervisor's own error and traceback",
+        evidence=f"{jobfiles.OUTCOME} carries the supervisor's own error and traceback",
         remedy="this is a gpuctl bug: please report it with the supervisor error",
     ),
     "exited_without_result": FailureMode(
         title="VENV2 exited without a result",
         phase="any",
-        evidence="VENV2 exited without result.pkl, outside the function",
+        evidence=f"VENV2 exited without {jobfiles.RESULT}, outside the function",
         remedy="a C extension or a thread ended the process; see stderr",
     ),
     "supervisor_killed": FailureMode(
         title="the job's supervisor was killed",
         phase="any",
         evidence=(
-            "outcome.json written by the supervisor's keeper: the supervisor died of a signal "
+            f"{jobfiles.OUTCOME} written by the supervisor's keeper: the supervisor died of a "
+            "signal "
             "(kill -9, the OOM killer) and the keeper ended the job's processes"
         ),
         remedy=(
@@ -275,7 +279,7 @@ FAILURES: dict[str, FailureMode] = {
     "requeue_failed": FailureMode(
         title="the job checkpointed but could not be requeued",
         phase="checkpointed",
-        evidence="outcome.json: `scontrol requeue` refused after a checkpoint (its own words)",
+        evidence=f"{jobfiles.OUTCOME}: `scontrol requeue` refused after a checkpoint (its words)",
         remedy=(
             "let the job be requeued (Slurm: JobRequeue, or ask the admins); the job folder keeps "
             "the checkpoint as its payload"

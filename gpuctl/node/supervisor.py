@@ -214,15 +214,28 @@ def rendezvous_env(meta: Dict[str, Any], environ: Dict[str, str]) -> Dict[str, s
     }
 
 
+def scontrol(*args: str) -> Tuple[int, str]:
+    """Run ``scontrol ARGS`` on this node: (exit status, its output). The node side's only Slurm
+    command (the login side's go through ``gpuctl.reach.slurm``, which a node's Python 3.6
+    cannot import): ``show hostnames`` for the rendezvous, ``requeue`` after a checkpoint."""
+    try:
+        p = subprocess.Popen(["scontrol"] + list(args), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        return -1, "%s: %s" % (type(e).__name__, e)
+    try:
+        out = p.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        return -1, "scontrol did not answer in 60 s"
+    return p.returncode, out.decode("utf-8", "replace").strip()
+
+
 def _first_node(environ: Dict[str, str]) -> str:
     """The allocation's first node by name (``scontrol show hostnames``), else this one."""
-    try:
-        out = subprocess.check_output(
-            ["scontrol", "show", "hostnames", environ.get("SLURM_JOB_NODELIST", "")],
-            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=30)
-        names = out.decode("utf-8", "replace").split()
-    except (OSError, subprocess.SubprocessError):
-        names = []
+    rc, out = scontrol("show", "hostnames", environ.get("SLURM_JOB_NODELIST", ""))
+    names = out.split() if rc == 0 else []
     return names[0] if names else environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
@@ -683,13 +696,7 @@ class Supervisor(object):
                 job = "%s_%s" % (os.environ.get("SLURM_ARRAY_JOB_ID"),
                                  os.environ["SLURM_ARRAY_TASK_ID"])
             jobfiles.write_json(self.path(jobfiles.REQUEUE), record)
-            try:
-                p = subprocess.Popen(["scontrol", "requeue", job], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-                said = p.communicate(timeout=60)[0].decode("utf-8", "replace").strip()
-                rc = p.returncode
-            except (OSError, subprocess.TimeoutExpired) as e:
-                said, rc = "%s: %s" % (type(e).__name__, e), -1
+            rc, said = scontrol("requeue", job)
             if rc != 0:
                 os.unlink(self.path(jobfiles.REQUEUE))
                 self.outcome["requeue_error"] = "scontrol requeue %s: %s" % (job, said or rc)
@@ -982,7 +989,8 @@ def keep(jobdir: str) -> int:
     outcome, writes one that names the signal, so the report says what happened instead of
     "lost". Signals meant for the job (a cancel's SIGTERM, Slurm's USR1 warning) are forwarded to
     the supervisor; the supervisor gets SIGTERM (a cancel) if the keeper dies. Returns the exit
-    status for ``main``. Where there is no ``prctl`` the supervisor runs in this process.
+    status for ``main``. Where a process cannot become a subreaper the supervisor runs in this
+    process.
     """
     if not proc.become_subreaper():
         outcome = Supervisor(jobdir).run()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpuctl.jobs import Executor, JobStore, StoreError
+from gpuctl.jobs import Executor, HostError, JobStore, StoreError
 from gpuctl_tests.helpers import IN_CI, node_env, wait_until
 
 JOB = "import os\n\ndef f():\n    return os.getpid()\n"
@@ -76,7 +76,7 @@ def test_the_row_is_written_before_the_start_and_says_why_it_failed(tmp_path: Pa
         job_root=str(tmp_path / "jobs"),
         store=store,
     )
-    with pytest.raises(OSError):
+    with pytest.raises(HostError, match="no python at"):
         ex.submit(os.getpid)
     (rec,) = store.list()
     assert rec.state == "failed" and rec.kind == "never_started"
