@@ -86,39 +86,24 @@ def test_a_plain_function_ignores_the_warning(make_executor: Any) -> None:
 
 @pytest.mark.slurm
 def test_checkpoint_and_scontrol_requeue_through_slurm(
-    slurm_cluster: Any, venv1: str, venv2: str, tmp_path: Path
+    slurm_executor: Any, slurm_cluster: Any
 ) -> None:
-    from gpuctl.jobs import Executor, JobStore
-
-    ex = Executor(
-        "slurm",
-        partition=slurm_cluster.partition,
-        slurm_conf=str(slurm_cluster.conf_path),
-        job_root=str(tmp_path / "shared-jobs"),
-        store=JobStore(),
-        supervisor_python=venv1,
-        python=venv2,
-        time_limit=600,
-    )
-    try:
-        job = ex.submit(Counter(), 40, 0.25)
-        script = Path(job.jobdir, "job.sbatch").read_text()
-        assert "#SBATCH --requeue" in script and "#SBATCH --signal=B:USR1@60" in script
-        status = Path(job.jobdir, "status.jsonl")
-        wait_until(lambda: status.exists() and '"running"' in status.read_text(), 60, "running")
-        # what Slurm sends at --signal=B:USR1@60 (its own timer ticks too slowly for a test)
-        job.backend.signal(job.handle, job.jobdir, signal.SIGUSR1)
-        got = job.result(180)
-        assert got["step"] == 40 and len(got["runs"]) == 2
-        (attempt,) = job.attempts()
-        assert attempt["reason"] == "checkpoint"
-        assert attempt["slurm_job_id"] == job.handle["slurm_id"]  # the same job, requeued
-        show = subprocess.run(
-            ["scontrol", "show", "job", str(job.handle["slurm_id"])],
-            capture_output=True,
-            text=True,
-            env=slurm_cluster.env,
-        ).stdout
-        assert "Restarts=1" in show or show == ""  # "" once it left scontrol's memory
-    finally:
-        slurm_cluster.cancel_all()
+    job = slurm_executor(time_limit=600).submit(Counter(), 40, 0.25)
+    script = Path(job.jobdir, "job.sbatch").read_text()
+    assert "#SBATCH --requeue" in script and "#SBATCH --signal=B:USR1@60" in script
+    status = Path(job.jobdir, "status.jsonl")
+    wait_until(lambda: status.exists() and '"running"' in status.read_text(), 60, "running")
+    # what Slurm sends at --signal=B:USR1@60 (its own timer ticks too slowly for a test)
+    job.backend.signal(job.handle, job.jobdir, signal.SIGUSR1)
+    got = job.result(180)
+    assert got["step"] == 40 and len(got["runs"]) == 2
+    (attempt,) = job.attempts()
+    assert attempt["reason"] == "checkpoint"
+    assert attempt["slurm_job_id"] == job.handle["slurm_id"]  # the same job, requeued
+    show = subprocess.run(
+        ["scontrol", "show", "job", str(job.handle["slurm_id"])],
+        capture_output=True,
+        text=True,
+        env=slurm_cluster.env,
+    ).stdout
+    assert "Restarts=1" in show or show == ""  # "" once it left scontrol's memory
