@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import collections
 import concurrent.futures
+import contextlib
 import glob
 import logging
 import os
@@ -215,9 +216,15 @@ class Job(concurrent.futures.Future[Any]):
             for rank in range(self.tasks if self.tasks > 1 else 0)
         ]
         self._lead_rank: int | None = None  # the failed rank the report is about
+        self._preloaded: tuple[Any] | None = None  # the result, read before a callback runs
+        self._callbacks = False  # a done-callback was added (see _settle)
         self._watch = watch
         if watch and handle:  # completed as a Future in the background (a caller that polls
             _WATCHER.add(self)  # itself opts out); a job waiting for its turn once it starts
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future[Any]], object]) -> None:
+        self._callbacks = True
+        super().add_done_callback(fn)
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.name} on {self.target}: {self.state}>"
@@ -412,6 +419,13 @@ class Job(concurrent.futures.Future[Any]):
         """Mark the Future finished (once): waiters and done-callbacks see it. What it holds is
         a marker; ``result()``/``exception()`` read the job's own outcome."""
         report = self._report
+        if report is None and self._callbacks and self._preloaded is None:
+            # A done-callback may read the result in its own thread: asyncio.wrap_future's
+            # reads it in the event loop, where fetching a result over SSH would block every
+            # other task. It is read here first (the watcher's thread, or the caller's), kept,
+            # and handed out by result(); one that fails to load is read again there, to raise.
+            with contextlib.suppress(Exception):
+                self._preloaded = (self._logs_job._load_result(),)
         try:
             if report is None:
                 concurrent.futures.Future.set_result(self, None)
@@ -588,6 +602,9 @@ class Job(concurrent.futures.Future[Any]):
             raise JobFailed(r) from (lead._load_exception() if raised else None)
         try:
             if r is None:
+                preloaded = self._preloaded
+                if preloaded is not None:
+                    return preloaded[0]
                 return self._logs_job._load_result()
             exc = self._load_exception() if r.kind in _RAISED else None
         except HostError as e:  # the node went away between the outcome and the result
@@ -750,7 +767,8 @@ class JobQueue:
                 self._waiting.appendleft(first)
                 self.abandon(f"starting it failed: {e}")
                 raise
-            first.add_done_callback(self._ended)
+            # the base method: a queue's callback reads no result (Job.add_done_callback would)
+            concurrent.futures.Future.add_done_callback(first, self._ended)
         _QUEUES.add(self)
         self._free(limit - 1)
 
@@ -774,7 +792,7 @@ class JobQueue:
                 with self._lock:
                     self._turns += 1
                 continue
-            job.add_done_callback(self._ended)
+            concurrent.futures.Future.add_done_callback(job, self._ended)
 
     def _ended(self, _: concurrent.futures.Future[Any]) -> None:
         self._free(1)

@@ -80,3 +80,43 @@ def test_asyncio_wrap_future_awaits_a_job(make_executor: Any) -> None:
         return list(await asyncio.wait_for(asyncio.gather(*futures), 120))
 
     assert asyncio.run(main()) == [0, 1, 2]
+
+
+def _note_the_unpickling_thread(value: int) -> int:
+    """Rebuilds a result here and writes down which thread did it (the environment is the one
+    place a by-value function shares with the test)."""
+    import os
+    import threading
+
+    os.environ["GPUCTL_TEST_RESULT_READ_IN"] = threading.current_thread().name
+    return value
+
+
+class Traced:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        return (_note_the_unpickling_thread, (self.value,))
+
+
+def traced(value: int) -> Traced:
+    return Traced(value)
+
+
+def test_awaiting_a_job_reads_its_result_outside_the_event_loop(
+    make_executor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A result is fetched (over SSH: a file transfer) and unpickled before the Future settles,
+    in the watcher's thread: the event loop only gets the value."""
+    monkeypatch.delenv("GPUCTL_TEST_RESULT_READ_IN", raising=False)
+    ex = make_executor(store=False)
+
+    async def main() -> int:
+        return int(await asyncio.wait_for(asyncio.wrap_future(ex.submit(traced, 7)), 120))
+
+    assert asyncio.run(main()) == 7
+    import os
+
+    read_in = os.environ["GPUCTL_TEST_RESULT_READ_IN"]
+    assert read_in == "gpuctl-jobs", read_in  # the watcher's thread, not MainThread's loop
