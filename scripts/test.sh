@@ -19,9 +19,30 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     iproute2 procps >/dev/null
 
 echo "== python packages (into $VENV)"
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+# torch==2.13.0 must be the CPU wheel these machines carry (pip's find-links), never a CUDA build
+# from an index: that wheel is for one Python version. The venv is made with python3 (or
+# GPUCTL_TEST_PYTHON) when the wheel fits it, else with the first Python here that it fits.
 PY="$VENV/bin/python"
-# torch==2.13.0 is the CPU wheel these machines carry; never pull a CUDA build into tests.
+cpu_torch_fits() {  # the venv's Python can install torch 2.13.0 from local wheels alone
+    "$PY" -m pip install -q --disable-pip-version-check --dry-run --no-deps --no-index \
+        'torch==2.13.0' >/dev/null 2>&1
+}
+if [ ! -x "$PY" ] || ! cpu_torch_fits; then
+    found=""
+    for cand in "${GPUCTL_TEST_PYTHON:-python3}" python3.11 python3.12 python3.13 python3.10 \
+            "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[0-9]*/bin/python; do
+        command -v "$cand" >/dev/null 2>&1 || continue
+        rm -rf "$VENV"
+        "$cand" -m venv "$VENV" || continue
+        if cpu_torch_fits; then found="$cand"; break; fi
+    done
+    if [ -z "$found" ]; then
+        echo "no CPU wheel of torch 2.13.0 fits any Python here (pip's find-links):" \
+            "refusing to pull a CUDA build" >&2
+        exit 1
+    fi
+    echo "   (the test venv uses $found: torch's CPU wheel here is for $("$PY" -V 2>&1))"
+fi
 "$PY" -m pip install -q --disable-pip-version-check -e '.[test]' 'torch==2.13.0'
 
 echo "== ruff"
