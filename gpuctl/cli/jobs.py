@@ -159,6 +159,11 @@ def load_function(spec: str) -> Any:
     except SyntaxError as e:
         where = f"{path}:{e.lineno}" if e.lineno else path
         raise UserError(f"{where}: syntax error: {e.msg}") from None
+    except ValueError as e:
+        if not (str(e).startswith("source code") and "null bytes" in str(e)):
+            raise UserError(f"{path} failed to import: ValueError: {e}") from None
+        # Pythons before 3.11.4 say so with a ValueError from compile(), later ones a SyntaxError
+        raise UserError(f"{path}: syntax error: {e}") from None
     except SystemExit as e:  # script code at the top level: it must not end gpuctl silently
         raise UserError(
             f"{path} called sys.exit({e.code!r}) when imported: put its script code under "
