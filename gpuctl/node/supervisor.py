@@ -214,22 +214,29 @@ def rendezvous_env(meta: Dict[str, Any], environ: Dict[str, str]) -> Dict[str, s
     }
 
 
+def _output(argv: List[str], env: Optional[Dict[str, str]] = None,
+            timeout: float = 60) -> Tuple[int, str]:
+    """Run a node tool: (exit status, its stdout and stderr as text); -1 and why when it cannot
+    start or does not answer within ``timeout`` seconds."""
+    try:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, env=env)
+    except OSError as e:
+        return -1, "%s: %s" % (type(e).__name__, e)
+    try:
+        out = p.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        return -1, "%s did not answer in %d s" % (argv[0], timeout)
+    return p.returncode, out.decode("utf-8", "replace").strip()
+
+
 def scontrol(*args: str) -> Tuple[int, str]:
     """Run ``scontrol ARGS`` on this node: (exit status, its output). The node side's only Slurm
     command (the login side's go through ``gpuctl.reach.slurm``, which a node's Python 3.6
     cannot import): ``show hostnames`` for the rendezvous, ``requeue`` after a checkpoint."""
-    try:
-        p = subprocess.Popen(["scontrol"] + list(args), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    except OSError as e:
-        return -1, "%s: %s" % (type(e).__name__, e)
-    try:
-        out = p.communicate(timeout=60)[0]
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
-        return -1, "scontrol did not answer in 60 s"
-    return p.returncode, out.decode("utf-8", "replace").strip()
+    return _output(["scontrol"] + list(args))
 
 
 def _first_node(environ: Dict[str, str]) -> str:
@@ -325,17 +332,11 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
 def _smi(env: Dict[str, str], query: str) -> List[List[str]]:
     """Rows of ``nvidia-smi --query-<query> --format=csv,noheader,nounits``; raises OSError
     (no nvidia-smi) or RuntimeError (it failed, with its own words)."""
-    argv = ["nvidia-smi", "--query-" + query, "--format=csv,noheader,nounits"]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, env=env)
-    try:
-        out = p.communicate(timeout=60)[0].decode("utf-8", "replace")
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
-        raise RuntimeError("nvidia-smi did not answer in 60 s")
-    if p.returncode != 0:
-        raise RuntimeError((out.strip().splitlines() or ["exit %d" % p.returncode])[0])
+    if not shutil.which("nvidia-smi", path=env.get("PATH")):
+        raise OSError("nvidia-smi not on PATH")
+    rc, out = _output(["nvidia-smi", "--query-" + query, "--format=csv,noheader,nounits"], env)
+    if rc != 0:
+        raise RuntimeError((out.splitlines() or ["exit %d" % rc])[0])
     return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
 
 
