@@ -1,4 +1,5 @@
-"""The built wheel carries everything a user needs: the node side, the themes, the stylesheet."""
+"""The built wheel carries everything a user needs: the node side, the themes, the stylesheet,
+the page of ``gpuctl serve``."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def test_wheel_contents(wheel: Path) -> None:
     assert any(n.startswith("gpuctl/themes/high") for n in themes), themes
     assert "gpuctl/node/agent.py" in names and "gpuctl/node/protocol.py" in names
     assert any(n.startswith("gpuctl/tui/") and n.endswith(".tcss") for n in names)
+    assert "gpuctl/tui/web/app_index.html" in names  # gpuctl serve's page
     assert not any(n.startswith("gpuctl_tests/") for n in names)
     # Every module of the source tree ships: a folder without __init__.py is silently dropped.
     source = {

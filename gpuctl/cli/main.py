@@ -27,6 +27,7 @@ COMMANDS = (
     "gpuctl.cli.doctor",
     "gpuctl.cli.stress",
     "gpuctl.cli.accept",
+    "gpuctl.cli.serve",
     "gpuctl.cli.jobs",
     "gpuctl.cli.bundle",
     "gpuctl.cli.completion",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,10 @@ def register(sub: Subcommands) -> None:
 
 
 def require_terminal() -> None:
-    """The TUI needs a terminal on both ends; say so in one line rather than draw garbage."""
+    """The TUI needs a terminal on both ends (or a browser: ``gpuctl serve`` runs it with
+    Textual's web driver); say so in one line rather than draw garbage."""
+    if "web_driver" in os.environ.get("TEXTUAL_DRIVER", ""):
+        return
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UserError("the TUI needs a terminal; for scripts use: gpuctl status --json")
 

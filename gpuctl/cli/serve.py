@@ -1,0 +1,120 @@
+"""``gpuctl serve``: the screen in a browser (textual-serve), read-only unless --allow-actions.
+
+Each browser session runs its own ``gpuctl`` screen on this machine with the same cluster (or
+the demo), so what the browser shows is what the terminal would. Listens on 127.0.0.1 by
+default; the URL printed at start carries the token that every request needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import socket
+import sys
+from typing import TYPE_CHECKING
+
+from gpuctl.cli.main import UserError
+
+if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
+
+DEFAULT_LISTEN = "127.0.0.1:8000"
+
+
+def register(sub: Subcommands) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve", help="the screen in a browser (read-only unless --allow-actions)"
+    )
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        default=DEFAULT_LISTEN,
+        help=f"address to listen on ({DEFAULT_LISTEN}; port 0 picks a free one)",
+    )
+    p.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow an address other than loopback (anyone who can reach it and has the token "
+        "gets the screen; prefer ssh -L)",
+    )
+    p.add_argument(
+        "--allow-actions",
+        action="store_true",
+        help="let the browser stress GPUs and start acceptance runs (default: read-only)",
+    )
+    p.add_argument("--demo", action="store_true", help="serve the simulated cluster")
+    p.add_argument("--nodes", type=int, default=6, metavar="N", help="demo nodes (6)")
+    p.add_argument("--gpus", type=int, default=8, metavar="G", help="demo GPUs per node (8)")
+    p.set_defaults(func=run)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` (loopback) as (host, port); UserError else."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise UserError(f"--listen wants HOST:PORT with a port within 0..65535, not {text!r}")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port_text)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def session_argv(args: argparse.Namespace) -> list[str]:
+    """The command each browser session runs: this gpuctl's screen on the same cluster."""
+    argv = [sys.executable, "-m", "gpuctl"]
+    if getattr(args, "config", None):
+        argv += ["--config", args.config]
+    if not args.allow_actions:
+        argv.append("--read-only")
+    if args.demo:
+        argv += ["demo", "--nodes", str(args.nodes), "--gpus", str(args.gpus)]
+        if not args.allow_actions:
+            argv.append("--read-only")
+    else:
+        argv.append("watch")
+    return argv
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuctl.tui import serve
+
+    host, port = parse_listen(args.listen)
+    if not is_loopback(host) and not args.allow_remote:
+        raise UserError(
+            f"--listen {args.listen} is not a loopback address: add --allow-remote, or keep "
+            f"127.0.0.1 and reach it with ssh -L"
+        )
+    if args.demo and not (1 <= args.nodes <= 4096 and 1 <= args.gpus <= 64):
+        raise UserError("--nodes must be within 1..4096 and --gpus within 1..64")
+    if getattr(args, "read_only", False) and args.allow_actions:
+        raise UserError("--allow-actions in read-only mode: the browser would be refused anyway")
+    if not args.demo:  # a broken config fails here in one line, not in every browser session
+        from gpuctl.cli.common import load_user_config
+
+        load_user_config(args)
+    token = serve.new_token()
+    mode = "actions allowed" if args.allow_actions else "read-only"
+
+    def ready(bound_host: str, bound_port: int) -> None:
+        url = f"http://{serve.url_host(bound_host)}:{bound_port}/?token={token}"
+        print(f"gpuctl serve: the screen is at {url} ({mode}; Ctrl+C stops it)", flush=True)
+        if is_loopback(bound_host):
+            print(
+                f"from your laptop: ssh -N -L {bound_port}:127.0.0.1:{bound_port} "
+                f"{socket.gethostname()}   then open the URL above",
+                flush=True,
+            )
+
+    try:
+        asyncio.run(serve.serve(session_argv(args), host=host, port=port, token=token, ready=ready))
+    except OSError as e:
+        raise UserError(f"cannot listen on {args.listen}: {e.strerror or e}") from None
+    return 0

@@ -1,0 +1,246 @@
+"""``gpuctl serve``: the screen in a real browser (Debian's chromium driven by selenium), the
+token and origin checks over real HTTP, and no session left behind when it stops."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl_tests.helpers import require_binary, wait_until
+
+ANSI = re.compile(r"\x1b(\[[0-9;?<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[()][0-9A-B]|.)")
+# A demo size no other test uses, so the session's process can be told from others.
+NODES, GPUS = "2", "3"
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[str]
+    url: str
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def base(self) -> str:
+        return self.url.split("/?", 1)[0]
+
+    @property
+    def token(self) -> str:
+        return self.url.rsplit("token=", 1)[1]
+
+
+def _sessions() -> list[int]:
+    """Pids of the screens that ``gpuctl serve`` started for this test's demo size."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode(errors="replace") for a in argv]
+        if "demo" in words and words[-5:] == ["--nodes", NODES, "--gpus", GPUS, "--read-only"]:
+            found.append(int(d.name))
+    return found
+
+
+def _start(*args: str) -> Served:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuctl", "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # its first line, printed once it listens (or its error)
+    m = re.search(r"(http://\S+)", line)
+    if m is None:
+        proc.kill()
+        pytest.fail(f"gpuctl serve did not print a URL: {line!r}")
+    return Served(proc, m.group(1), [line])
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    s = _start("--demo", "--nodes", NODES, "--gpus", GPUS, "--listen", "127.0.0.1:0")
+    try:
+        yield s
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+        s.proc.wait(10)
+        for pid in _sessions():
+            os.kill(pid, signal.SIGKILL)
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, str]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode(), r.headers.get("Set-Cookie", "")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), ""
+
+
+def test_every_request_needs_the_token(served: Served) -> None:
+    status, body, _ = _get(served.base + "/")
+    assert status == 403 and "open the URL that gpuctl serve printed" in body
+    assert _get(served.base + "/?token=" + "x" * len(served.token))[0] == 403
+    assert _get(served.base + "/ws")[0] == 403
+    status, body, cookie = _get(served.url)
+    assert status == 200
+    assert f"ws://{served.base.split('://')[1]}/ws" in body  # the Host the browser asked for
+    assert "googleapis" not in body  # nothing fetched from outside this server
+    assert cookie.startswith(f"gpuctl_token={served.token}")
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    # the cookie opens the page again without the token in the URL
+    assert _get(served.base + "/", {"Cookie": f"gpuctl_token={served.token}"})[0] == 200
+    # a websocket from a page of another site is refused even with the cookie
+    status, body, _ = _get(
+        served.base + "/ws",
+        {"Cookie": f"gpuctl_token={served.token}", "Origin": "http://evil.example"},
+    )
+    assert status == 403 and "another site" in body
+
+
+def test_prints_the_tunnel_line_and_stops_on_ctrl_c(served: Served) -> None:
+    assert served.proc.stdout is not None
+    second = served.proc.stdout.readline()
+    port = served.base.rsplit(":", 1)[1]
+    assert f"ssh -N -L {port}:127.0.0.1:{port} " in second
+    assert "read-only" in served.lines[0]
+    served.proc.send_signal(signal.SIGINT)
+    assert served.proc.wait(15) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--listen", "0.0.0.0:8000"], "is not a loopback address: add --allow-remote"),
+        (["--listen", "127.0.0.1"], "--listen wants HOST:PORT"),
+        (["--listen", "127.0.0.1:99999"], "--listen wants HOST:PORT"),
+    ],
+)
+def test_bad_listen_is_one_line(args: list[str], says: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuctl", "serve", "--demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+
+
+def test_a_port_in_use_is_one_line(served: Served) -> None:
+    port = served.base.rsplit(":", 1)[1]
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuctl", "serve", "--demo", "--listen", f"127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"gpuctl: cannot listen on 127.0.0.1:{port}: ")
+    assert r.stderr.count("\n") == 1, r.stderr
+
+
+class Browser:
+    """Headless chromium on the served page; what the screen sent is read from the
+    websocket's frames as the browser received them (Chrome's performance log)."""
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+        self.frames: list[str] = []
+
+    def poll(self) -> None:
+        for entry in self.driver.get_log("performance"):
+            msg = json.loads(entry["message"])["message"]
+            if msg["method"] != "Network.webSocketFrameReceived":
+                continue
+            resp = msg["params"]["response"]
+            data = resp["payloadData"]
+            raw = base64.b64decode(data) if resp["opcode"] == 2 else data.encode()
+            self.frames.append(ANSI.sub("", raw.decode("utf-8", "replace")))
+
+    def text_since(self, start: int) -> str:
+        self.poll()
+        return "".join(self.frames[start:])
+
+    def shows(self, text: str, *, since: int = 0, timeout: float = 30.0) -> None:
+        wait_until(lambda: text in self.text_since(since), timeout, f"{text!r} in the browser")
+
+    def press(self, key: str) -> int:
+        """Type ``key`` into the terminal; returns the frame count before it."""
+        self.poll()
+        mark = len(self.frames)
+        self.driver.find_element("css selector", ".xterm-helper-textarea").send_keys(key)
+        return mark
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    require_binary("chromium")
+    require_binary("chromedriver")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,900"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    service = webdriver.ChromeService(executable_path="/usr/bin/chromedriver")
+    driver = webdriver.Chrome(options=options, service=service)
+    try:
+        yield Browser(driver)
+    finally:
+        with contextlib.suppress(Exception):  # a test may have closed it already
+            driver.quit()
+
+
+@pytest.mark.slow
+def test_the_screen_in_a_real_browser(served: Served, browser: Browser) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    browser.driver.get(served.url)
+    browser.shows("sim-02")  # the page loaded, the session started, GPU rows arrived
+    assert len(_sessions()) == 1
+    # Enter opens the selected GPU; after Escape and one Down, Enter opens the next one.
+    mark = browser.press(Keys.ENTER)
+    browser.shows("GPU 0", since=mark)
+    # (the overview must be back before the next key: ESC then a key at once reads as Alt+key)
+    browser.shows("nodes 2/2", since=browser.press(Keys.ESCAPE))
+    browser.press(Keys.DOWN)
+    mark = browser.press(Keys.ENTER)
+    browser.shows("GPU 1", since=mark)
+    browser.shows("nodes 2/2", since=browser.press(Keys.ESCAPE))
+    # a key that changes nodes is refused: the browser's screen is read-only
+    mark = browser.press("s")
+    browser.shows("read-only", since=mark)
+    # closing the browser ends its screen on the login node
+    browser.driver.quit()
+    wait_until(lambda: not _sessions(), 30, "the session's gpuctl to end")
+
+
+@pytest.mark.slow
+def test_stopping_serve_ends_open_sessions(served: Served, browser: Browser) -> None:
+    browser.driver.get(served.url)
+    browser.shows("sim-01")
+    pids = _sessions()
+    assert len(pids) == 1
+    served.proc.send_signal(signal.SIGTERM)
+    assert served.proc.wait(20) == 0
+    assert not _sessions()
