@@ -34,6 +34,9 @@ def require_terminal() -> None:
     """The TUI needs a terminal on both ends (or a browser: ``gpuctl serve`` runs it with
     Textual's web driver); say so in one line rather than draw garbage."""
     if "web_driver" in os.environ.get("TEXTUAL_DRIVER", ""):
+        from gpuctl.tui.serve import bind_session_to_server
+
+        bind_session_to_server()
         return
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UserError("the TUI needs a terminal; for scripts use: gpuctl status --json")

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
 import secrets
 import signal
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,6 +27,7 @@ from aiohttp import web
 log = logging.getLogger("gpuctl.serve")
 
 COOKIE = "gpuctl_token"
+PARENT_ENV = "GPUCTL_SERVE_PARENT"  # set for each session: the pid of the gpuctl serve it serves
 PAGE_FOLDER = Path(__file__).parent / "web"
 DENIED = "gpuctl serve: wrong or missing token: open the URL that gpuctl serve printed\n"
 
@@ -39,6 +41,17 @@ def new_token() -> str:
 def url_host(host: str) -> str:
     """``host`` as it goes into a URL (an IPv6 address in brackets)."""
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def bind_session_to_server() -> None:
+    """In a browser session's screen: end with the ``gpuctl serve`` that started it, even when
+    that one is killed outright (a session would otherwise keep its fleet's links open with
+    nobody watching). The session runs as ``exec gpuctl ...``, so its parent is the server."""
+    from gpuctl.node import proc
+
+    parent = os.environ.pop(PARENT_ENV, "")
+    if parent.isdigit():
+        proc.set_death_signal(signal.SIGTERM, parent=int(parent))
 
 
 def _build_server(command: str, token: str, title: str) -> Any:
@@ -134,7 +147,8 @@ async def serve(
     """
     import shlex
 
-    server = _build_server(shlex.join(argv), token, title)
+    os.environ[PARENT_ENV] = str(os.getpid())  # textual-serve hands its environment to sessions
+    server = _build_server("exec " + shlex.join(argv), token, title)
     app = await server._make_app()
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()

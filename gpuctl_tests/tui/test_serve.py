@@ -244,3 +244,16 @@ def test_stopping_serve_ends_open_sessions(served: Served, browser: Browser) -> 
     served.proc.send_signal(signal.SIGTERM)
     assert served.proc.wait(20) == 0
     assert not _sessions()
+
+
+@pytest.mark.slow
+def test_a_killed_serve_leaves_no_session(served: Served, browser: Browser) -> None:
+    browser.driver.get(served.url)
+    browser.shows("sim-01")
+    (pid,) = _sessions()
+    assert int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == (
+        served.proc.pid
+    )  # its parent is the server itself (exec), not a shell in between
+    served.proc.kill()
+    served.proc.wait(10)
+    wait_until(lambda: not _sessions(), 15, "the session to end with its server")
