@@ -36,6 +36,7 @@ from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fleet import EventListener, Fleet, Listener
 from gpuctl.fleet.links import LocalLink
 from gpuctl.fleet.session import LinkError, refusal
+from gpuctl.workloads.accept.peaks import format_floors
 from gpuctl.workloads.accept.schema import SCHEMA_VERSION, SECTIONS
 
 CLUSTER_SCHEMA = "gpuctl.accept.cluster"
@@ -53,7 +54,9 @@ class AcceptOptions:
     device: str = "cuda"
     expect_gpus: int | None = None
     allow_no_gpu: bool = False
-    floor: float | None = None
+    floor: float | None = None  # one floor for every model and dtype (None: per model x dtype)
+    floors: Mapping[str, Mapping[str, float]] | None = None  # [accept.floors]: model -> dtype
+    dtypes: tuple[str, ...] | None = None  # GEMM dtypes (None: the suite's default)
     python: str | None = None  # VENV2 interpreter on the nodes; None: the agent's own
     timeout: float = 3600.0
     threshold: float = DEFAULT_THRESHOLD  # history: a drop beyond this is a degradation
@@ -72,6 +75,10 @@ class AcceptOptions:
             args.append("--allow-no-gpu")
         if self.floor is not None:
             args += ["--floor", str(self.floor)]
+        if self.floors:
+            args += ["--floors", format_floors({k: dict(v) for k, v in self.floors.items()})]
+        if self.dtypes:
+            args += ["--dtypes", ",".join(self.dtypes)]
         if self.test_break_rank is not None:
             args += ["--test-break-rank", str(self.test_break_rank)]
         if self.test_slow_compute is not None:
@@ -107,6 +114,7 @@ class NodeOutcome:
     reason: str | None = None
     failures: list[str] = field(default_factory=list)
     degradations: list[Degradation] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # WARN results: noted, not failed
 
 
 class AcceptRun:
@@ -277,12 +285,14 @@ class AcceptRun:
             },
             "verdict": verdict,
             "failures": failures,
+            "warnings": [f"{n}: {w}" for n in self.nodes for w in self.outcomes[n].warnings],
             "degradations": [d.to_dict() for d in degradations],
             "nodes": {
                 n: {
                     "verdict": self.outcomes[n].verdict,
                     "reason": self.outcomes[n].reason,
                     "failures": self.outcomes[n].failures,
+                    "warnings": self.outcomes[n].warnings,
                     "sections": dict(self.status[n]),
                     "report": self.outcomes[n].report,
                 }
@@ -311,7 +321,8 @@ def outcome_from_report(
         return NodeOutcome(node, ERROR, None, why)
     fails = [str(f) for f in report.get("failures") or []]
     verdict = "PASS" if report.get("verdict") == "PASS" else "FAIL"
-    return NodeOutcome(node, verdict, dict(report), reason, fails)
+    warns = [str(w) for w in report.get("warnings") or []]
+    return NodeOutcome(node, verdict, dict(report), reason, fails, warnings=warns)
 
 
 # -- through the fleet's agents ----------------------------------------------------------------

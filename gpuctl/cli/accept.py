@@ -57,12 +57,20 @@ def register(sub: Subcommands) -> None:
     )
     what.add_argument("--expect-gpus", type=int, metavar="N", help="fewer GPUs per node fail")
     what.add_argument("--allow-no-gpu", action="store_true", help="no GPU is a SKIP")
-    what.add_argument("--floor", type=float, help="minimum fraction of peak TFLOP/s (0.6)")
+    what.add_argument(
+        "--floor",
+        type=float,
+        help="one minimum fraction of peak TFLOP/s for every GPU and dtype (default: per model "
+        "and dtype, [accept.floors] in the config over the shipped table)",
+    )
+    what.add_argument(
+        "--dtypes", metavar="LIST", help="GEMM dtypes to check, e.g. bf16,fp16 (fp32,tf32,bf16)"
+    )
     what.add_argument("--python", help="VENV2 interpreter (torch) on the nodes")
     what.add_argument(
         "--skip", action="append", default=[], choices=SECTIONS, help="leave a section out"
     )
-    what.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    what.add_argument("--timeout", type=float, help="seconds per run (3600)")
     slurm = p.add_argument_group("slurm")
     slurm.add_argument("--partition", help="Slurm partition")
     slurm.add_argument("--nnodes", type=int, help="nodes to allocate (default: --nodes, else 1)")
@@ -74,8 +82,8 @@ def register(sub: Subcommands) -> None:
     hist.add_argument(
         "--threshold",
         type=float,
-        default=DEFAULT_THRESHOLD,
-        help="a drop beyond this fraction of a node's recent median is a degradation",
+        help="a drop beyond this fraction of a node's healthy median is a degradation "
+        f"({DEFAULT_THRESHOLD})",
     )
     hist.add_argument("--fail-on-degradation", action="store_true", help="degradation exits 1")
     hist.add_argument("--no-history", action="store_true", help="do not record this run")
@@ -97,26 +105,43 @@ def _user_error(message: str) -> Exception:
 
 
 def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
+    """The run's options: what is typed, else the config's ``[accept]`` table, else defaults."""
     if args.floor is not None and not 0 < args.floor <= 1:
         raise _user_error("--floor must be within (0, 1], e.g. 0.6")
-    if args.timeout <= 0:
+    if args.timeout is not None and args.timeout <= 0:
         raise _user_error("--timeout must be positive")
     if args.expect_gpus is not None and args.expect_gpus < 0:
         raise _user_error("--expect-gpus must be 0 or more")
-    if not 0 < args.threshold < 1:
+    if args.threshold is not None and not 0 < args.threshold < 1:
         raise _user_error("--threshold must be within (0, 1), e.g. 0.1")
     if args.test_slow_compute is not None and args.test_slow_compute < 1:
         raise _user_error("--test-slow-compute must be >= 1")
-    python = args.python or _str(config.accept.get("python"))
+    conf = config.accept
+    dtypes = conf.get("dtypes")
+    if args.dtypes is not None:
+        from gpuctl.workloads.accept.peaks import DTYPE_COLUMN
+
+        dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+        bad = [d for d in dtypes if d not in DTYPE_COLUMN]
+        if bad or not dtypes:
+            raise _user_error(
+                f"--dtypes: unknown {','.join(bad) or 'empty list'} (known: "
+                f"{','.join(DTYPE_COLUMN)})"
+            )
+    python = args.python or _str(conf.get("python"))
     return AcceptOptions(
         quick=args.quick,
         device=args.device,
         expect_gpus=args.expect_gpus,
-        allow_no_gpu=args.allow_no_gpu,
-        floor=args.floor,
+        allow_no_gpu=args.allow_no_gpu or bool(conf.get("allow_no_gpu")),
+        floor=args.floor if args.floor is not None else conf.get("floor"),
+        floors=conf.get("floors") or None,
+        dtypes=dtypes,
         python=python,
-        timeout=args.timeout,
-        threshold=args.threshold,
+        timeout=args.timeout or conf.get("timeout") or 3600.0,
+        threshold=next(
+            t for t in (args.threshold, conf.get("threshold"), DEFAULT_THRESHOLD) if t is not None
+        ),
         test_break_rank=args.test_break_rank,
         test_slow_compute=args.test_slow_compute,
         extra_args=tuple(a for s in args.skip for a in ("--skip", s)),
@@ -315,6 +340,8 @@ class Printer:
                 f"{drop:.0f}% below its median of the last {d['runs']} run(s) "
                 f"({d['reference']:.4g})"
             )
+        for w in report.get("warnings") or []:
+            print(f"[WARN] {w}")
         failures = list(report["failures"])
         if fail_on_degradation:
             failures += [f"{d['node']}: degraded {d['key']}" for d in report["degradations"]]
