@@ -100,6 +100,7 @@ class NodeConfig:
     jobid: int | None = None
     slurm_conf: str | None = None
     slurm: bool = False  # annotate GPUs with the Slurm job holding them
+    expect_gpus: int | None = None  # acceptance: GPUs this node must show (gpuctl.accept.expect)
 
     def describe(self) -> str:
         """A short human line: how this node is reached."""
@@ -277,6 +278,11 @@ CLUSTER_KEYS: dict[str, Key] = {
     "jobid": Key(_integer(1, 2**62), None, "via srun: the job whose nodes to watch"),
     "slurm_conf": Key(_str, None, "slurm.conf for this cluster's Slurm clients", True),
     "slurm": Key(_bool, False, "show which Slurm job and user hold each GPU"),
+    "expect_gpus": Key(
+        _integer(0, 1024),
+        None,
+        "GPUs each node must show in acceptance (default: [accept] expect_gpus, else Slurm's gres)",
+    ),
 }
 NODE_KEYS = tuple(k for k in CLUSTER_KEYS if k != "nodes")  # allowed in an override
 

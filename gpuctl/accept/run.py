@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl import service
+from gpuctl.accept.expect import TYPED, Expectation, resolve
 from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.wire import JsonObject
@@ -52,7 +53,9 @@ class AcceptOptions:
 
     quick: bool = False
     device: str = "cuda"
-    expect_gpus: int | None = None
+    expect_gpus: int | None = None  # typed: every node (else ``expected``, then Slurm's gres)
+    expected: Mapping[str, Expectation] = field(default_factory=dict)  # per node, from config
+    gres_from: Mapping[str, str | None] = field(default_factory=dict)  # node -> its slurm_conf
     allow_no_gpu: bool = False
     floor: float | None = None  # one floor for every model and dtype (None: per model x dtype)
     floors: Mapping[str, Mapping[str, float]] | None = None  # [accept.floors]: model -> dtype
@@ -64,13 +67,16 @@ class AcceptOptions:
     test_slow_compute: int | None = None
     extra_args: tuple[str, ...] = ()
 
-    def suite_args(self) -> list[str]:
-        """Options for ``python -m gpuctl.workloads.accept``."""
+    def suite_args(self, expectation: Expectation | None = None) -> list[str]:
+        """Options for ``python -m gpuctl.workloads.accept`` (``expectation``: the node's
+        expected GPU count, ``gpuctl.accept.expect``; a typed ``expect_gpus`` wins)."""
         args = ["--device", self.device]
         if self.quick:
             args.append("--quick")
         if self.expect_gpus is not None:
-            args += ["--expect-gpus", str(self.expect_gpus)]
+            expectation = Expectation(self.expect_gpus, TYPED)
+        if expectation is not None:
+            args += ["--expect-gpus", str(expectation.count), "--expect-source", expectation.source]
         if self.allow_no_gpu:
             args.append("--allow-no-gpu")
         if self.floor is not None:
@@ -379,18 +385,26 @@ def start_fleet_run(
     router = _router(fleet)
     router.add(on_event, on_snapshot)
 
+    expectations: dict[str, Expectation] = {}
+    unknown: dict[str, str] = {}  # Slurm nodes whose expected GPU count could not be had
+
     async def one(node: str) -> None:
+        outcome = await one_outcome(node)
+        if node in unknown:
+            outcome.warnings.append(f"expected GPU count unknown: {unknown[node]}")
+        run.finish_node(outcome)
+
+    async def one_outcome(node: str) -> NodeOutcome:
         finished[node] = loop.create_future()
         snap = fleet.snapshot(node)
         if snap.state is not NodeState.LIVE:
-            run.finish_node(
-                NodeOutcome(node, ERROR, reason=f"not reachable: {snap.reason or snap.state.value}")
+            return NodeOutcome(
+                node, ERROR, reason=f"not reachable: {snap.reason or snap.state.value}"
             )
-            return
         python = (python_for or {}).get(node) or options.python
         msg: JsonObject = {
             "type": "accept_start",
-            "args": options.suite_args(),
+            "args": options.suite_args(expectations.get(node)),
             "timeout": options.timeout,
         }
         if python:
@@ -398,36 +412,35 @@ def start_fleet_run(
         try:
             reply = await fleet.request(node, msg, timeout=30)
         except LinkError as e:
-            run.finish_node(NodeOutcome(node, ERROR, reason=e.message))
-            return
+            return NodeOutcome(node, ERROR, reason=e.message)
         error = refusal(reply)
         if error is not None:
             why = str(error.get("message"))
             if error.get("code") == "unknown_request":
                 why = "this node's agent has no acceptance plugin (an old bundle?)"
-            run.finish_node(NodeOutcome(node, ERROR, reason=why))
-            return
+            return NodeOutcome(node, ERROR, reason=why)
         runs[node] = str(reply.get("run"))
         try:
             detail = await asyncio.wait_for(finished[node], options.timeout + 60)
         except LinkError as e:
-            run.finish_node(NodeOutcome(node, ERROR, reason=e.message))
-            return
+            return NodeOutcome(node, ERROR, reason=e.message)
         except TimeoutError:
-            run.finish_node(NodeOutcome(node, ERROR, reason="no result before the timeout"))
-            return
+            return NodeOutcome(node, ERROR, reason="no result before the timeout")
         report = detail.get("report")
         reason = detail.get("reason")
         if report is None:
             tail = " | ".join([*(detail.get("stderr_tail") or [])[-2:]])
             reason = f"{reason or 'no report'}" + (f": {tail}" if tail else "")
-        run.finish_node(
-            outcome_from_report(node, report if isinstance(report, dict) else None, reason)
-        )
+        return outcome_from_report(node, report if isinstance(report, dict) else None, reason)
 
     async def body() -> None:
         nonlocal active
         try:
+            found, missing = await resolve(
+                nodes, options.expect_gpus, options.expected, options.gres_from
+            )
+            expectations.update(found)
+            unknown.update(missing)
             await fleet.wait_settled(settle_timeout)
             await asyncio.gather(*(one(n) for n in nodes))
         finally:

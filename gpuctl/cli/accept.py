@@ -20,10 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpuctl import paths
+from gpuctl.accept.expect import from_config
 from gpuctl.accept.history import DEFAULT_THRESHOLD, HistoryStore, sparkline
 from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run, start_local_run
 from gpuctl.cli.common import emit_json, load_user_config
@@ -189,8 +192,14 @@ async def _drive(
     printer: Printer,
 ) -> dict[str, Any]:
     if args.local or (config.empty and not args.nodes and args.via is None):
+        name = socket.gethostname()
+        expected, _ = from_config(config, [name])  # [accept] expect_gpus
         accept_run, fleet = await start_local_run(
-            options, report_dir=args.report_dir, history=history, read_only=_decided(args)
+            replace(options, expected=expected),
+            report_dir=args.report_dir,
+            history=history,
+            node=name,
+            read_only=_decided(args),
         )
         return await _follow(accept_run, printer, fleet)
     if args.via == "slurm":
@@ -205,10 +214,11 @@ async def _drive(
     fleet = Fleet(links)
     await fleet.start()
     python_for = {n.name: options.python or n.workload_python for n in nodes}
+    expected, gres_from = from_config(config, [n.name for n in nodes])
     accept_run = start_fleet_run(
         fleet,
         [n.name for n in nodes],
-        options,
+        replace(options, expected=expected, gres_from=gres_from),
         report_dir=args.report_dir,
         history=history,
         python_for=python_for,

@@ -54,6 +54,9 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
     )
     p.add_argument("--node-name", help="node name in the report (default: Slurm's or hostname)")
     p.add_argument("--expect-gpus", type=int, help="fail when fewer GPUs are visible")
+    p.add_argument(
+        "--expect-source", default="--expect-gpus", help="where the expected count came from"
+    )
     p.add_argument("--allow-no-gpu", action="store_true", help="no GPU is a SKIP, not a failure")
     p.add_argument(
         "--floor",
