@@ -267,6 +267,10 @@ class AcceptRun:
                     )
                 except Exception as e:  # history is a convenience: never lose the report to it
                     o.failures.append(f"history not recorded: {e}")
+                # A node below its own healthy past fails, even above the absolute floors.
+                o.failures += [f"degraded {d.reason()}" for d in o.degradations]
+                if o.degradations and o.verdict == "PASS":
+                    o.verdict = "FAIL"
             if folder is not None:
                 path = folder / f"accept-{node}-{stamp}.json"
                 _write_json(path, o.report)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuctl import paths
 from gpuctl.accept.expect import from_config
-from gpuctl.accept.history import DEFAULT_THRESHOLD, HistoryStore, sparkline
+from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore, sparkline
 from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run, start_local_run
 from gpuctl.cli.common import emit_json, load_user_config
 from gpuctl.cli.main import mutating as _mutating
@@ -88,7 +88,8 @@ def register(sub: Subcommands) -> None:
         help="a drop beyond this fraction of a node's healthy median is a degradation "
         f"({DEFAULT_THRESHOLD})",
     )
-    hist.add_argument("--fail-on-degradation", action="store_true", help="degradation exits 1")
+    # a degradation always fails now; the option stays so that existing scripts still run
+    hist.add_argument("--fail-on-degradation", action="store_true", help=argparse.SUPPRESS)
     hist.add_argument("--no-history", action="store_true", help="do not record this run")
     p.add_argument("--test-break-rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--test-slow-compute", type=int, help=argparse.SUPPRESS)
@@ -181,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         args.report_dir = str(paths.state_dir() / "reports")
     printer = Printer()
     report = asyncio.run(_drive(args, config, options, history, printer))
-    return printer.conclude(report, args.fail_on_degradation)
+    return printer.conclude(report)
 
 
 async def _drive(
@@ -324,7 +325,7 @@ class Printer:
         elif p.kind == "done" and multi:
             print(f"{p.node}: finished, {p.verdict}", flush=True)
 
-    def conclude(self, report: dict[str, Any], fail_on_degradation: bool) -> int:
+    def conclude(self, report: dict[str, Any]) -> int:
         assert self.run is not None
         nodes = report["nodes"]
         if len(nodes) == 1:
@@ -344,17 +345,10 @@ class Printer:
         for path in self.run.report_paths:
             print(f"report: {path}")
         for d in report["degradations"]:
-            drop = 100 * d["drop"]
-            print(
-                f"[HISTORY] DEGRADED {d['node']} {d['key']}: {d['value']:.4g} {d['unit']} is "
-                f"{drop:.0f}% below its median of the last {d['runs']} run(s) "
-                f"({d['reference']:.4g})"
-            )
+            print(f"[HISTORY] DEGRADED {Degradation.from_dict(d).describe()}")
         for w in report.get("warnings") or []:
             print(f"[WARN] {w}")
-        failures = list(report["failures"])
-        if fail_on_degradation:
-            failures += [f"{d['node']}: degraded {d['key']}" for d in report["degradations"]]
+        failures = list(report["failures"])  # a degradation is one of them
         ok = report["verdict"] == "PASS" and not failures
         print(RESULT_SUCCESS if ok else f"{RESULT_FAILURE}: {json.dumps(failures)}", flush=True)
         return 0 if ok else 1
