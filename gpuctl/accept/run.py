@@ -32,6 +32,7 @@ from typing import Any
 from gpuctl import service
 from gpuctl.accept.expect import TYPED, Expectation, resolve
 from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore
+from gpuctl.accept.results import outcome
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fleet import EventListener, Fleet, Listener
@@ -313,6 +314,7 @@ class AcceptRun:
             path = folder / f"accept-cluster-{stamp}.json"
             _write_json(path, report)
             self.report_paths.append(path)
+        report["outcome"] = outcome(report)  # PASS | WARN | FAIL | ERROR (gpuctl.accept.results)
         self.report = report
         self.emit(Progress("", "finished", verdict=verdict))
         return report

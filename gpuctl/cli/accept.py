@@ -10,8 +10,11 @@ Config ``[accept]`` keys: ``python`` (VENV2 on the nodes), ``partition``, ``slur
 slurm_conf``, else the configured Slurm clusters' one ``slurm_conf`` (the cluster holding
 ``--nodes`` when they are configured nodes), else ``$SLURM_CONF``.
 
-The last stdout line is ``[RESULT] SUCCESS`` or ``[RESULT] FAILURE: [...]``; the exit code is 0 or
-1 (2 for a usage mistake). ``--via ssh`` (the default with configured nodes) runs the single-node
+The last stdout line is ``[RESULT] SUCCESS``, ``[RESULT] WARNING: [...]`` or ``[RESULT] FAILURE:
+[...]``; the exit code says the outcome (``gpuctl.accept.results``: 0 pass, 1 a node failed, 3 a
+node gave no report, 4 passed with warnings; 2 for a usage mistake). ``--json`` puts the cluster
+report alone on stdout, ``--junit FILE`` writes JUnit XML, ``--drain-failed`` drains the failed
+nodes in Slurm. ``--via ssh`` (the default with configured nodes) runs the single-node
 suite through each node's agent; ``--via slurm`` submits one batch job so DDP spans the nodes.
 """
 
@@ -19,21 +22,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import socket
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuctl import paths
 from gpuctl.accept.expect import from_config
 from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore, sparkline
+from gpuctl.accept.results import drain_failed, exit_code, failed_nodes, junit_xml, outcome
 from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run, start_local_run
 from gpuctl.cli.common import emit_json, load_user_config
 from gpuctl.cli.main import mutating as _mutating
 from gpuctl.config import Config, NodeConfig
 from gpuctl.workloads.accept.render import summary_table, table
 from gpuctl.workloads.accept.schema import MARKERS, RESULT_FAILURE, RESULT_SUCCESS, SECTIONS
+
+RESULT_WARNING = "[RESULT] WARNING"
 
 if TYPE_CHECKING:
     from gpuctl.cli.main import Subcommands
@@ -81,6 +91,16 @@ def register(sub: Subcommands) -> None:
         "--gpus-per-node", type=int, help="GPUs (DDP ranks) per node (default 8; 2 with cpu)"
     )
     slurm.add_argument("--job-dir", help="shared folder for job files (default: state dir)")
+    out = p.add_argument_group("results")
+    out.add_argument(
+        "--json", action="store_true", help="the report as JSON on stdout (the rest: stderr)"
+    )
+    out.add_argument("--junit", metavar="FILE", help="JUnit XML: one test case per node x check")
+    out.add_argument(
+        "--drain-failed",
+        action="store_true",
+        help="drain the nodes that failed in Slurm, the reason naming the failure",
+    )
     hist = p.add_argument_group("history")
     hist.add_argument(
         "--threshold",
@@ -180,9 +200,51 @@ def run(args: argparse.Namespace) -> int:
     history = None if args.no_history else HistoryStore()
     if args.report_dir is None:
         args.report_dir = str(paths.state_dir() / "reports")
+    if args.junit:
+        _check_writable(args.junit)
     printer = Printer()
-    report = asyncio.run(_drive(args, config, options, history, printer))
-    return printer.conclude(report)
+    # --json: stdout is the report alone; the progress and the summary go to stderr
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        report = asyncio.run(_drive(args, config, options, history, printer))
+        printer.conclude(report)
+        if args.junit:
+            _write_text(Path(args.junit), junit_xml(report))
+            print(f"junit: {args.junit}")
+        if args.drain_failed:
+            report["drained"] = _drain(args, config, report)
+    if args.json:
+        emit_json(report)
+    return exit_code(report)
+
+
+def _check_writable(name: str) -> None:
+    folder = Path(name).expanduser().absolute().parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise _user_error(f"--junit {name}: cannot write into {folder}")
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _drain(args: argparse.Namespace, config: Config, report: dict[str, Any]) -> dict[str, str]:
+    """``--drain-failed``: drain the failed nodes in Slurm; node -> reason (printed)."""
+    from gpuctl.reach.slurm import SlurmError, slurm_target
+
+    failed = list(failed_nodes(report))
+    if not failed:
+        return {}
+    try:
+        client = slurm_target(config, "accept", nodes=failed).client()
+        drained = drain_failed(report, client, read_only=_decided(args))
+    except SlurmError as e:
+        print(f"gpuctl: --drain-failed: {e}", file=sys.stderr)
+        return {}
+    for node, reason in drained.items():
+        print(f"drained {node} in Slurm: {reason}")
+    return drained
 
 
 async def _drive(
@@ -325,7 +387,7 @@ class Printer:
         elif p.kind == "done" and multi:
             print(f"{p.node}: finished, {p.verdict}", flush=True)
 
-    def conclude(self, report: dict[str, Any]) -> int:
+    def conclude(self, report: dict[str, Any]) -> None:
         assert self.run is not None
         nodes = report["nodes"]
         if len(nodes) == 1:
@@ -349,9 +411,13 @@ class Printer:
         for w in report.get("warnings") or []:
             print(f"[WARN] {w}")
         failures = list(report["failures"])  # a degradation is one of them
-        ok = report["verdict"] == "PASS" and not failures
-        print(RESULT_SUCCESS if ok else f"{RESULT_FAILURE}: {json.dumps(failures)}", flush=True)
-        return 0 if ok else 1
+        result = outcome(report)
+        if result == "PASS":
+            print(RESULT_SUCCESS, flush=True)
+        elif result == "WARN":
+            print(f"{RESULT_WARNING}: {json.dumps(report['warnings'])}", flush=True)
+        else:
+            print(f"{RESULT_FAILURE}: {json.dumps(failures)}", flush=True)
 
 
 def run_history(args: argparse.Namespace) -> int:
