@@ -100,6 +100,7 @@ class NodeConfig:
     jobid: int | None = None
     slurm_conf: str | None = None
     slurm: bool = False  # annotate GPUs with the Slurm job holding them
+    expect_gpus: int | None = None  # acceptance: GPUs this node must show (gpuctl.accept.expect)
 
     def describe(self) -> str:
         """A short human line: how this node is reached."""
@@ -277,6 +278,11 @@ CLUSTER_KEYS: dict[str, Key] = {
     "jobid": Key(_integer(1, 2**62), None, "via srun: the job whose nodes to watch"),
     "slurm_conf": Key(_str, None, "slurm.conf for this cluster's Slurm clients", True),
     "slurm": Key(_bool, False, "show which Slurm job and user hold each GPU"),
+    "expect_gpus": Key(
+        _integer(0, 1024),
+        None,
+        "GPUs each node must show in acceptance (default: [accept] expect_gpus, else Slurm's gres)",
+    ),
 }
 NODE_KEYS = tuple(k for k in CLUSTER_KEYS if k != "nodes")  # allowed in an override
 
@@ -288,6 +294,33 @@ def _keymap(v: Any) -> dict[str, str]:
 
 
 _DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
+
+
+def _floors(v: Any) -> dict[str, dict[str, float]]:
+    from gpuctl.workloads.accept.peaks import check_floor
+
+    if not isinstance(v, dict) or not all(isinstance(t, dict) for t in v.values()):
+        raise _Bad(f"expected tables of dtype = fraction per GPU model, got {_show(v)}")
+    try:
+        return {
+            key: {dtype: check_floor(key, dtype, x) for dtype, x in table.items()}
+            for key, table in v.items()
+        }
+    except ValueError as e:
+        raise _Bad(str(e)) from None
+
+
+def _gemm_dtypes(v: Any) -> tuple[str, ...]:
+    from gpuctl.workloads.accept.peaks import DTYPE_COLUMN
+
+    names = _lines(v)
+    bad = [d for d in names if d not in DTYPE_COLUMN]
+    if bad or not names:
+        known = ", ".join(DTYPE_COLUMN)
+        raise _Bad(f"unknown dtype {bad[0]!r} (known: {known})" if bad else "names no dtype")
+    return names
+
+
 _WEEK = 7 * 86400.0
 
 # The feature tables: [name] -> key -> Key. What reads each: fleet/ (fleet), tui/ (tui),
@@ -322,7 +355,13 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "python": Key(_str, None, "Python with torch on the nodes (default: workload_python)"),
         "expect_gpus": Key(_integer(0, 1024), None, "GPUs each node must show"),
         "allow_no_gpu": Key(_bool, False, "pass a node without GPUs (CPU-only runs)"),
-        "floor": Key(_number(0.01, 1.0), 0.6, "share of the reference peak GEMM must reach"),
+        "floor": Key(
+            _number(0.01, 1.0),
+            None,
+            "one share of the reference peak for every GEMM (default: per model and dtype)",
+        ),
+        "floors": Key(_floors, {}, "floors per model and dtype: [accept.floors.L40S] fp32 = 0.35"),
+        "dtypes": Key(_gemm_dtypes, None, 'GEMM dtypes checked (default ["fp32", "tf32", "bf16"])'),
         "timeout": Key(_number(1, _WEEK), 3600.0, "seconds before a node's suite is stopped"),
         "threshold": Key(_number(0.0, 1.0), 0.1, "drop below the node's history that fails it"),
         "gpus_per_node": Key(_integer(1, 1024), None, "via slurm: tasks (GPUs) per node"),

@@ -2,10 +2,21 @@
 
 The database is ``accept.sqlite`` in gpuctl's state folder (``gpuctl.paths.state_dir()``,
 ``~/.local/state/gpuctl``). A report's figures (COMPUTE TFLOP/s per device
-and dtype, MEMBW GB/s per device, all-reduce busbw) are stored as rows keyed by node and
-figure name. A new figure is compared with the median of the same node's last
-``REFERENCE_RUNS`` values of the same figure from runs of the same kind (device, quick): a drop
-beyond the threshold is a ``Degradation`` even when the absolute floor passed.
+and dtype, MEMBW GB/s per device, all-reduce busbw per topology) are stored as rows keyed by
+node and figure name. A new figure is compared with the same node's earlier *healthy* runs of the
+same kind (device, quick): runs that passed and had no degradation, so a failing node never
+lowers its own bar. Three findings are a ``Degradation`` even when the absolute floor passed:
+
+- ``median``: the figure is more than the threshold below the median of the last
+  ``REFERENCE_RUNS`` healthy values;
+- ``falling``: it fell at every one of the last two or more healthy runs and now, and in all by
+  more than the threshold (a node losing 3 % a run: 100, 97, 94, 91, 88 fails at 88, where the
+  median of the window still trails it);
+- ``missing``: a per-GPU figure the latest healthy run measured is absent although its section
+  and dtype ran (a GPU that vanished from the node).
+
+busbw depends on how many GPUs and nodes took part: its key names them (``ddp/busbw/8gpu-1node``)
+so a run on 2 GPUs is never held to a run on 8.
 """
 
 from __future__ import annotations
@@ -63,13 +74,42 @@ class Degradation:
     reference: float
     drop: float  # 0.3 = 30 % below the reference
     unit: str
-    runs: int  # how many earlier runs the reference is the median of
+    runs: int  # how many earlier healthy runs the reference comes from
+    kind: str = "median"  # "median" | "falling" | "missing" (see the module docstring)
 
     def describe(self) -> str:
-        """One line for a person."""
+        """One line for a person: the node, the figure (its key names the GPU) and why."""
+        return f"{self.node} {self.reason()}"
+
+    def reason(self) -> str:
+        """``describe`` without the node: ``compute/gpu3/bf16: 88 TFLOP/s is 12% below ...``."""
+        if self.kind == "missing":
+            return (
+                f"{self.key}: no figure in this run (the GPU or its result is gone); "
+                f"{self.reference:.4g} {self.unit} in the last {self.runs} healthy run(s)"
+            )
+        if self.kind == "falling":
+            return (
+                f"{self.key}: {self.value:.4g} {self.unit} is {100 * self.drop:.0f}% "
+                f"below {self.reference:.4g} {self.runs} healthy runs ago, falling at every run"
+            )
         return (
-            f"{self.node} {self.key}: {self.value:.4g} {self.unit} is {100 * self.drop:.0f}% "
-            f"below its median of the last {self.runs} run(s) ({self.reference:.4g})"
+            f"{self.key}: {self.value:.4g} {self.unit} is {100 * self.drop:.0f}% "
+            f"below its median of the last {self.runs} healthy run(s) ({self.reference:.4g})"
+        )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Degradation:
+        """The inverse of ``to_dict`` (a report's ``degradations``)."""
+        return cls(
+            str(d["node"]),
+            str(d["key"]),
+            float(d["value"]),
+            float(d["reference"]),
+            float(d["drop"]),
+            str(d["unit"]),
+            int(d["runs"]),
+            str(d.get("kind") or "median"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -81,6 +121,7 @@ class Degradation:
             "drop": self.drop,
             "unit": self.unit,
             "runs": self.runs,
+            "kind": self.kind,
         }
 
 
@@ -115,9 +156,38 @@ def figures(report: Mapping[str, Any]) -> dict[str, tuple[float, str]]:
         v = d.get("gbps")
         if isinstance(v, int | float) and v > 0:
             out[f"membw/{d.get('label')}"] = (float(v), "GB/s")
-    busbw = (sections.get("ddp_allreduce") or {}).get("busbw_gbps")
+    ar = sections.get("ddp_allreduce") or {}
+    busbw = ar.get("busbw_gbps")
     if isinstance(busbw, int | float) and busbw > 0:
-        out["ddp/busbw"] = (float(busbw), "GB/s")
+        out[busbw_key(ar)] = (float(busbw), "GB/s")
+    return out
+
+
+def busbw_key(allreduce: Mapping[str, Any]) -> str:
+    """``ddp/busbw/<gpus>gpu-<nodes>node``: busbw is only comparable within one topology."""
+    world, nnodes = allreduce.get("world_size"), allreduce.get("nnodes")
+    if isinstance(world, int) and isinstance(nnodes, int):
+        return f"ddp/busbw/{world}gpu-{nnodes}node"
+    return "ddp/busbw"
+
+
+def expected_keys(report: Mapping[str, Any], known: list[str]) -> list[str]:
+    """Of the per-GPU figure keys ``known`` from earlier runs, those this report should hold:
+    the section ran (not SKIP) and, for COMPUTE, the dtype was asked for."""
+    sections = report.get("sections") or {}
+    dtypes = (report.get("options") or {}).get("dtypes")
+    out = []
+    for key in known:
+        parts = key.split("/")
+        if parts[0] == "compute" and len(parts) == 3:
+            sec = sections.get("compute") or {}
+            ran = isinstance(dtypes, list) and parts[2] in dtypes
+        elif parts[0] == "membw" and len(parts) == 2:
+            sec, ran = sections.get("membw") or {}, True
+        else:
+            continue
+        if ran and sec.get("verdict") not in (None, "SKIP"):
+            out.append(key)
     return out
 
 
@@ -152,19 +222,59 @@ class HistoryStore:
         quick = int(bool(report.get("quick")))
         t = before if before is not None else float(report.get("started") or time.time())
         found = []
+        now = figures(report)
         with self._db() as db:
-            for key, (value, unit) in sorted(figures(report).items()):
+
+            def healthy(key: str) -> list[tuple[float, str]]:
+                """The key's values in the last REFERENCE_RUNS healthy runs, newest first."""
                 rows = db.execute(
-                    "SELECT value FROM figures WHERE node=? AND key=? AND device=? AND quick=? "
-                    "AND t<? ORDER BY t DESC LIMIT ?",
+                    "SELECT f.value, f.unit FROM figures f JOIN runs r ON r.id = f.run "
+                    "WHERE f.node=? AND f.key=? AND f.device=? AND f.quick=? AND f.t<? "
+                    "AND r.verdict='PASS' AND r.degradations='[]' ORDER BY f.t DESC LIMIT ?",
                     (node, key, device, quick, t, REFERENCE_RUNS),
                 ).fetchall()
-                if not rows:
+                return [(float(v), str(u)) for v, u in rows]
+
+            for key, (value, unit) in sorted(now.items()):
+                past = [v for v, _ in healthy(key)]
+                if not past:
                     continue
-                reference = statistics.median(r[0] for r in rows)
+                reference = statistics.median(past)
                 drop = 1.0 - value / reference if reference > 0 else 0.0
                 if drop > threshold:
-                    found.append(Degradation(node, key, value, reference, drop, unit, len(rows)))
+                    found.append(Degradation(node, key, value, reference, drop, unit, len(past)))
+                    continue
+                chain = [value]  # the current value, then each earlier one while it was higher
+                for v in past:
+                    if v <= chain[-1]:
+                        break
+                    chain.append(v)
+                fall = 1.0 - value / chain[-1]
+                if len(chain) >= 3 and fall > threshold:
+                    found.append(
+                        Degradation(
+                            node, key, value, chain[-1], fall, unit, len(chain) - 1, kind="falling"
+                        )
+                    )
+            last = db.execute(  # the latest healthy run: what this node measured when well
+                "SELECT id FROM runs WHERE node=? AND device=? AND quick=? AND t<? "
+                "AND verdict='PASS' AND degradations='[]' ORDER BY t DESC, id DESC LIMIT 1",
+                (node, device, quick, t),
+            ).fetchone()
+            known = (
+                [r[0] for r in db.execute("SELECT key FROM figures WHERE run=?", (last[0],))]
+                if last
+                else []
+            )
+            for key in sorted(set(expected_keys(report, known)) - set(now)):
+                rows = healthy(key)
+                if rows:
+                    reference = statistics.median(v for v, _ in rows)
+                    found.append(
+                        Degradation(
+                            node, key, 0.0, reference, 1.0, rows[0][1], len(rows), kind="missing"
+                        )
+                    )
         return found
 
     def record(

@@ -30,12 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl import service
+from gpuctl.accept.expect import TYPED, Expectation, resolve
 from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore
+from gpuctl.accept.results import outcome
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fleet import EventListener, Fleet, Listener
 from gpuctl.fleet.links import LocalLink
 from gpuctl.fleet.session import LinkError, refusal
+from gpuctl.workloads.accept.peaks import format_floors
 from gpuctl.workloads.accept.schema import SCHEMA_VERSION, SECTIONS
 
 CLUSTER_SCHEMA = "gpuctl.accept.cluster"
@@ -51,9 +54,13 @@ class AcceptOptions:
 
     quick: bool = False
     device: str = "cuda"
-    expect_gpus: int | None = None
+    expect_gpus: int | None = None  # typed: every node (else ``expected``, then Slurm's gres)
+    expected: Mapping[str, Expectation] = field(default_factory=dict)  # per node, from config
+    gres_from: Mapping[str, str | None] = field(default_factory=dict)  # node -> its slurm_conf
     allow_no_gpu: bool = False
-    floor: float | None = None
+    floor: float | None = None  # one floor for every model and dtype (None: per model x dtype)
+    floors: Mapping[str, Mapping[str, float]] | None = None  # [accept.floors]: model -> dtype
+    dtypes: tuple[str, ...] | None = None  # GEMM dtypes (None: the suite's default)
     python: str | None = None  # VENV2 interpreter on the nodes; None: the agent's own
     timeout: float = 3600.0
     threshold: float = DEFAULT_THRESHOLD  # history: a drop beyond this is a degradation
@@ -61,17 +68,24 @@ class AcceptOptions:
     test_slow_compute: int | None = None
     extra_args: tuple[str, ...] = ()
 
-    def suite_args(self) -> list[str]:
-        """Options for ``python -m gpuctl.workloads.accept``."""
+    def suite_args(self, expectation: Expectation | None = None) -> list[str]:
+        """Options for ``python -m gpuctl.workloads.accept`` (``expectation``: the node's
+        expected GPU count, ``gpuctl.accept.expect``; a typed ``expect_gpus`` wins)."""
         args = ["--device", self.device]
         if self.quick:
             args.append("--quick")
         if self.expect_gpus is not None:
-            args += ["--expect-gpus", str(self.expect_gpus)]
+            expectation = Expectation(self.expect_gpus, TYPED)
+        if expectation is not None:
+            args += ["--expect-gpus", str(expectation.count), "--expect-source", expectation.source]
         if self.allow_no_gpu:
             args.append("--allow-no-gpu")
         if self.floor is not None:
             args += ["--floor", str(self.floor)]
+        if self.floors:
+            args += ["--floors", format_floors({k: dict(v) for k, v in self.floors.items()})]
+        if self.dtypes:
+            args += ["--dtypes", ",".join(self.dtypes)]
         if self.test_break_rank is not None:
             args += ["--test-break-rank", str(self.test_break_rank)]
         if self.test_slow_compute is not None:
@@ -107,6 +121,7 @@ class NodeOutcome:
     reason: str | None = None
     failures: list[str] = field(default_factory=list)
     degradations: list[Degradation] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # WARN results: noted, not failed
 
 
 class AcceptRun:
@@ -253,6 +268,10 @@ class AcceptRun:
                     )
                 except Exception as e:  # history is a convenience: never lose the report to it
                     o.failures.append(f"history not recorded: {e}")
+                # A node below its own healthy past fails, even above the absolute floors.
+                o.failures += [f"degraded {d.reason()}" for d in o.degradations]
+                if o.degradations and o.verdict == "PASS":
+                    o.verdict = "FAIL"
             if folder is not None:
                 path = folder / f"accept-{node}-{stamp}.json"
                 _write_json(path, o.report)
@@ -277,12 +296,14 @@ class AcceptRun:
             },
             "verdict": verdict,
             "failures": failures,
+            "warnings": [f"{n}: {w}" for n in self.nodes for w in self.outcomes[n].warnings],
             "degradations": [d.to_dict() for d in degradations],
             "nodes": {
                 n: {
                     "verdict": self.outcomes[n].verdict,
                     "reason": self.outcomes[n].reason,
                     "failures": self.outcomes[n].failures,
+                    "warnings": self.outcomes[n].warnings,
                     "sections": dict(self.status[n]),
                     "report": self.outcomes[n].report,
                 }
@@ -293,6 +314,7 @@ class AcceptRun:
             path = folder / f"accept-cluster-{stamp}.json"
             _write_json(path, report)
             self.report_paths.append(path)
+        report["outcome"] = outcome(report)  # PASS | WARN | FAIL | ERROR (gpuctl.accept.results)
         self.report = report
         self.emit(Progress("", "finished", verdict=verdict))
         return report
@@ -311,7 +333,8 @@ def outcome_from_report(
         return NodeOutcome(node, ERROR, None, why)
     fails = [str(f) for f in report.get("failures") or []]
     verdict = "PASS" if report.get("verdict") == "PASS" else "FAIL"
-    return NodeOutcome(node, verdict, dict(report), reason, fails)
+    warns = [str(w) for w in report.get("warnings") or []]
+    return NodeOutcome(node, verdict, dict(report), reason, fails, warnings=warns)
 
 
 # -- through the fleet's agents ----------------------------------------------------------------
@@ -368,18 +391,26 @@ def start_fleet_run(
     router = _router(fleet)
     router.add(on_event, on_snapshot)
 
+    expectations: dict[str, Expectation] = {}
+    unknown: dict[str, str] = {}  # Slurm nodes whose expected GPU count could not be had
+
     async def one(node: str) -> None:
+        outcome = await one_outcome(node)
+        if node in unknown:
+            outcome.warnings.append(f"expected GPU count unknown: {unknown[node]}")
+        run.finish_node(outcome)
+
+    async def one_outcome(node: str) -> NodeOutcome:
         finished[node] = loop.create_future()
         snap = fleet.snapshot(node)
         if snap.state is not NodeState.LIVE:
-            run.finish_node(
-                NodeOutcome(node, ERROR, reason=f"not reachable: {snap.reason or snap.state.value}")
+            return NodeOutcome(
+                node, ERROR, reason=f"not reachable: {snap.reason or snap.state.value}"
             )
-            return
         python = (python_for or {}).get(node) or options.python
         msg: JsonObject = {
             "type": "accept_start",
-            "args": options.suite_args(),
+            "args": options.suite_args(expectations.get(node)),
             "timeout": options.timeout,
         }
         if python:
@@ -387,36 +418,35 @@ def start_fleet_run(
         try:
             reply = await fleet.request(node, msg, timeout=30)
         except LinkError as e:
-            run.finish_node(NodeOutcome(node, ERROR, reason=e.message))
-            return
+            return NodeOutcome(node, ERROR, reason=e.message)
         error = refusal(reply)
         if error is not None:
             why = str(error.get("message"))
             if error.get("code") == "unknown_request":
                 why = "this node's agent has no acceptance plugin (an old bundle?)"
-            run.finish_node(NodeOutcome(node, ERROR, reason=why))
-            return
+            return NodeOutcome(node, ERROR, reason=why)
         runs[node] = str(reply.get("run"))
         try:
             detail = await asyncio.wait_for(finished[node], options.timeout + 60)
         except LinkError as e:
-            run.finish_node(NodeOutcome(node, ERROR, reason=e.message))
-            return
+            return NodeOutcome(node, ERROR, reason=e.message)
         except TimeoutError:
-            run.finish_node(NodeOutcome(node, ERROR, reason="no result before the timeout"))
-            return
+            return NodeOutcome(node, ERROR, reason="no result before the timeout")
         report = detail.get("report")
         reason = detail.get("reason")
         if report is None:
             tail = " | ".join([*(detail.get("stderr_tail") or [])[-2:]])
             reason = f"{reason or 'no report'}" + (f": {tail}" if tail else "")
-        run.finish_node(
-            outcome_from_report(node, report if isinstance(report, dict) else None, reason)
-        )
+        return outcome_from_report(node, report if isinstance(report, dict) else None, reason)
 
     async def body() -> None:
         nonlocal active
         try:
+            found, missing = await resolve(
+                nodes, options.expect_gpus, options.expected, options.gres_from
+            )
+            expectations.update(found)
+            unknown.update(missing)
             await fleet.wait_settled(settle_timeout)
             await asyncio.gather(*(one(n) for n in nodes))
         finally:

@@ -10,8 +10,11 @@ Config ``[accept]`` keys: ``python`` (VENV2 on the nodes), ``partition``, ``slur
 slurm_conf``, else the configured Slurm clusters' one ``slurm_conf`` (the cluster holding
 ``--nodes`` when they are configured nodes), else ``$SLURM_CONF``.
 
-The last stdout line is ``[RESULT] SUCCESS`` or ``[RESULT] FAILURE: [...]``; the exit code is 0 or
-1 (2 for a usage mistake). ``--via ssh`` (the default with configured nodes) runs the single-node
+The last stdout line is ``[RESULT] SUCCESS``, ``[RESULT] WARNING: [...]`` or ``[RESULT] FAILURE:
+[...]``; the exit code says the outcome (``gpuctl.accept.results``: 0 pass, 1 a node failed, 3 a
+node gave no report, 4 passed with warnings; 2 for a usage mistake). ``--json`` puts the cluster
+report alone on stdout, ``--junit FILE`` writes JUnit XML, ``--drain-failed`` drains the failed
+nodes in Slurm. ``--via ssh`` (the default with configured nodes) runs the single-node
 suite through each node's agent; ``--via slurm`` submits one batch job so DDP spans the nodes.
 """
 
@@ -19,18 +22,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
+import socket
+import sys
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuctl import paths
-from gpuctl.accept.history import DEFAULT_THRESHOLD, HistoryStore, sparkline
+from gpuctl.accept.expect import from_config
+from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore, sparkline
+from gpuctl.accept.results import drain_failed, exit_code, failed_nodes, junit_xml, outcome
 from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run, start_local_run
 from gpuctl.cli.common import emit_json, load_user_config
 from gpuctl.cli.main import mutating as _mutating
 from gpuctl.config import Config, NodeConfig
 from gpuctl.workloads.accept.render import summary_table, table
 from gpuctl.workloads.accept.schema import MARKERS, RESULT_FAILURE, RESULT_SUCCESS, SECTIONS
+
+RESULT_WARNING = "[RESULT] WARNING"
 
 if TYPE_CHECKING:
     from gpuctl.cli.main import Subcommands
@@ -57,12 +70,20 @@ def register(sub: Subcommands) -> None:
     )
     what.add_argument("--expect-gpus", type=int, metavar="N", help="fewer GPUs per node fail")
     what.add_argument("--allow-no-gpu", action="store_true", help="no GPU is a SKIP")
-    what.add_argument("--floor", type=float, help="minimum fraction of peak TFLOP/s (0.6)")
+    what.add_argument(
+        "--floor",
+        type=float,
+        help="one minimum fraction of peak TFLOP/s for every GPU and dtype (default: per model "
+        "and dtype, [accept.floors] in the config over the shipped table)",
+    )
+    what.add_argument(
+        "--dtypes", metavar="LIST", help="GEMM dtypes to check, e.g. bf16,fp16 (fp32,tf32,bf16)"
+    )
     what.add_argument("--python", help="VENV2 interpreter (torch) on the nodes")
     what.add_argument(
         "--skip", action="append", default=[], choices=SECTIONS, help="leave a section out"
     )
-    what.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    what.add_argument("--timeout", type=float, help="seconds per run (3600)")
     slurm = p.add_argument_group("slurm")
     slurm.add_argument("--partition", help="Slurm partition")
     slurm.add_argument("--nnodes", type=int, help="nodes to allocate (default: --nodes, else 1)")
@@ -70,14 +91,25 @@ def register(sub: Subcommands) -> None:
         "--gpus-per-node", type=int, help="GPUs (DDP ranks) per node (default 8; 2 with cpu)"
     )
     slurm.add_argument("--job-dir", help="shared folder for job files (default: state dir)")
+    out = p.add_argument_group("results")
+    out.add_argument(
+        "--json", action="store_true", help="the report as JSON on stdout (the rest: stderr)"
+    )
+    out.add_argument("--junit", metavar="FILE", help="JUnit XML: one test case per node x check")
+    out.add_argument(
+        "--drain-failed",
+        action="store_true",
+        help="drain the nodes that failed in Slurm, the reason naming the failure",
+    )
     hist = p.add_argument_group("history")
     hist.add_argument(
         "--threshold",
         type=float,
-        default=DEFAULT_THRESHOLD,
-        help="a drop beyond this fraction of a node's recent median is a degradation",
+        help="a drop beyond this fraction of a node's healthy median is a degradation "
+        f"({DEFAULT_THRESHOLD})",
     )
-    hist.add_argument("--fail-on-degradation", action="store_true", help="degradation exits 1")
+    # a degradation always fails now; the option stays so that existing scripts still run
+    hist.add_argument("--fail-on-degradation", action="store_true", help=argparse.SUPPRESS)
     hist.add_argument("--no-history", action="store_true", help="do not record this run")
     p.add_argument("--test-break-rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--test-slow-compute", type=int, help=argparse.SUPPRESS)
@@ -97,26 +129,43 @@ def _user_error(message: str) -> Exception:
 
 
 def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
+    """The run's options: what is typed, else the config's ``[accept]`` table, else defaults."""
     if args.floor is not None and not 0 < args.floor <= 1:
         raise _user_error("--floor must be within (0, 1], e.g. 0.6")
-    if args.timeout <= 0:
+    if args.timeout is not None and args.timeout <= 0:
         raise _user_error("--timeout must be positive")
     if args.expect_gpus is not None and args.expect_gpus < 0:
         raise _user_error("--expect-gpus must be 0 or more")
-    if not 0 < args.threshold < 1:
+    if args.threshold is not None and not 0 < args.threshold < 1:
         raise _user_error("--threshold must be within (0, 1), e.g. 0.1")
     if args.test_slow_compute is not None and args.test_slow_compute < 1:
         raise _user_error("--test-slow-compute must be >= 1")
-    python = args.python or _str(config.accept.get("python"))
+    conf = config.accept
+    dtypes = conf.get("dtypes")
+    if args.dtypes is not None:
+        from gpuctl.workloads.accept.peaks import DTYPE_COLUMN
+
+        dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+        bad = [d for d in dtypes if d not in DTYPE_COLUMN]
+        if bad or not dtypes:
+            raise _user_error(
+                f"--dtypes: unknown {','.join(bad) or 'empty list'} (known: "
+                f"{','.join(DTYPE_COLUMN)})"
+            )
+    python = args.python or _str(conf.get("python"))
     return AcceptOptions(
         quick=args.quick,
         device=args.device,
         expect_gpus=args.expect_gpus,
-        allow_no_gpu=args.allow_no_gpu,
-        floor=args.floor,
+        allow_no_gpu=args.allow_no_gpu or bool(conf.get("allow_no_gpu")),
+        floor=args.floor if args.floor is not None else conf.get("floor"),
+        floors=conf.get("floors") or None,
+        dtypes=dtypes,
         python=python,
-        timeout=args.timeout,
-        threshold=args.threshold,
+        timeout=args.timeout or conf.get("timeout") or 3600.0,
+        threshold=next(
+            t for t in (args.threshold, conf.get("threshold"), DEFAULT_THRESHOLD) if t is not None
+        ),
         test_break_rank=args.test_break_rank,
         test_slow_compute=args.test_slow_compute,
         extra_args=tuple(a for s in args.skip for a in ("--skip", s)),
@@ -151,9 +200,51 @@ def run(args: argparse.Namespace) -> int:
     history = None if args.no_history else HistoryStore()
     if args.report_dir is None:
         args.report_dir = str(paths.state_dir() / "reports")
+    if args.junit:
+        _check_writable(args.junit)
     printer = Printer()
-    report = asyncio.run(_drive(args, config, options, history, printer))
-    return printer.conclude(report, args.fail_on_degradation)
+    # --json: stdout is the report alone; the progress and the summary go to stderr
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        report = asyncio.run(_drive(args, config, options, history, printer))
+        printer.conclude(report)
+        if args.junit:
+            _write_text(Path(args.junit), junit_xml(report))
+            print(f"junit: {args.junit}")
+        if args.drain_failed:
+            report["drained"] = _drain(args, config, report)
+    if args.json:
+        emit_json(report)
+    return exit_code(report)
+
+
+def _check_writable(name: str) -> None:
+    folder = Path(name).expanduser().absolute().parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise _user_error(f"--junit {name}: cannot write into {folder}")
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _drain(args: argparse.Namespace, config: Config, report: dict[str, Any]) -> dict[str, str]:
+    """``--drain-failed``: drain the failed nodes in Slurm; node -> reason (printed)."""
+    from gpuctl.reach.slurm import SlurmError, slurm_target
+
+    failed = list(failed_nodes(report))
+    if not failed:
+        return {}
+    try:
+        client = slurm_target(config, "accept", nodes=failed).client()
+        drained = drain_failed(report, client, read_only=_decided(args))
+    except SlurmError as e:
+        print(f"gpuctl: --drain-failed: {e}", file=sys.stderr)
+        return {}
+    for node, reason in drained.items():
+        print(f"drained {node} in Slurm: {reason}")
+    return drained
 
 
 async def _drive(
@@ -164,8 +255,14 @@ async def _drive(
     printer: Printer,
 ) -> dict[str, Any]:
     if args.local or (config.empty and not args.nodes and args.via is None):
+        name = socket.gethostname()
+        expected, _ = from_config(config, [name])  # [accept] expect_gpus
         accept_run, fleet = await start_local_run(
-            options, report_dir=args.report_dir, history=history, read_only=_decided(args)
+            replace(options, expected=expected),
+            report_dir=args.report_dir,
+            history=history,
+            node=name,
+            read_only=_decided(args),
         )
         return await _follow(accept_run, printer, fleet)
     if args.via == "slurm":
@@ -180,10 +277,11 @@ async def _drive(
     fleet = Fleet(links)
     await fleet.start()
     python_for = {n.name: options.python or n.workload_python for n in nodes}
+    expected, gres_from = from_config(config, [n.name for n in nodes])
     accept_run = start_fleet_run(
         fleet,
         [n.name for n in nodes],
-        options,
+        replace(options, expected=expected, gres_from=gres_from),
         report_dir=args.report_dir,
         history=history,
         python_for=python_for,
@@ -289,7 +387,7 @@ class Printer:
         elif p.kind == "done" and multi:
             print(f"{p.node}: finished, {p.verdict}", flush=True)
 
-    def conclude(self, report: dict[str, Any], fail_on_degradation: bool) -> int:
+    def conclude(self, report: dict[str, Any]) -> None:
         assert self.run is not None
         nodes = report["nodes"]
         if len(nodes) == 1:
@@ -309,18 +407,17 @@ class Printer:
         for path in self.run.report_paths:
             print(f"report: {path}")
         for d in report["degradations"]:
-            drop = 100 * d["drop"]
-            print(
-                f"[HISTORY] DEGRADED {d['node']} {d['key']}: {d['value']:.4g} {d['unit']} is "
-                f"{drop:.0f}% below its median of the last {d['runs']} run(s) "
-                f"({d['reference']:.4g})"
-            )
-        failures = list(report["failures"])
-        if fail_on_degradation:
-            failures += [f"{d['node']}: degraded {d['key']}" for d in report["degradations"]]
-        ok = report["verdict"] == "PASS" and not failures
-        print(RESULT_SUCCESS if ok else f"{RESULT_FAILURE}: {json.dumps(failures)}", flush=True)
-        return 0 if ok else 1
+            print(f"[HISTORY] DEGRADED {Degradation.from_dict(d).describe()}")
+        for w in report.get("warnings") or []:
+            print(f"[WARN] {w}")
+        failures = list(report["failures"])  # a degradation is one of them
+        result = outcome(report)
+        if result == "PASS":
+            print(RESULT_SUCCESS, flush=True)
+        elif result == "WARN":
+            print(f"{RESULT_WARNING}: {json.dumps(report['warnings'])}", flush=True)
+        else:
+            print(f"{RESULT_FAILURE}: {json.dumps(failures)}", flush=True)
 
 
 def run_history(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 import io
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuctl import logs
@@ -16,6 +16,7 @@ from gpuctl.core.text import printable
 
 if TYPE_CHECKING:
     from gpuctl.cli.main import Subcommands
+    from gpuctl.config import Config
     from gpuctl.jobs.store import JobStore
     from gpuctl.tui import GpuctlApp
 
@@ -48,15 +49,26 @@ def tui_config(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
     return dict(config.tui), bool(config.read_only)
 
 
-def accept_defaults(table: Mapping[str, Any]) -> dict[str, Any]:
-    """The config's ``[accept]`` keys that the TUI's ``a`` passes on (python, floor, ...)."""
+def accept_defaults(
+    table: Mapping[str, Any], config: Config | None = None, names: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The config's ``[accept]`` keys that the TUI's ``a`` passes on (python, floor, ...).
+
+    With ``config``, also each of ``names``' expected GPU count (``gpuctl.accept.expect``: the
+    cluster's ``expect_gpus``, ``[accept] expect_gpus``, else Slurm's gres when run)."""
     from dataclasses import fields
 
     from gpuctl.accept.run import AcceptOptions
 
     known = {f.name for f in fields(AcceptOptions) if not f.name.startswith("test_")}
     known -= {"quick", "device", "extra_args"}  # the key press decides these
-    return {k: v for k, v in table.items() if k in known}
+    out = {k: v for k, v in table.items() if k in known}
+    if config is not None:
+        from gpuctl.accept.expect import from_config
+
+        out.pop("expect_gpus", None)  # not typed: a cluster's own count wins over it
+        out["expected"], out["gres_from"] = from_config(config, names)
+    return out
 
 
 def open_job_store() -> tuple[JobStore | None, str | None]:
@@ -110,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         fleet,
         read_only=bool(getattr(args, "read_only", False)) or config.read_only,
         config_tui=dict(config.tui),
-        accept_options=accept_defaults(config.accept),
+        accept_options=accept_defaults(config.accept, config, list(fleet.nodes)),
         job_store=job_store,
         job_store_error=job_store_error,
     )

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 COMMANDS = ("squeue", "sinfo", "scontrol", "sbatch", "sacct", "scancel")
 DEFAULT_TIMEOUT = 15.0
+REASON_LIMIT = 200  # characters of a drain reason: sinfo -R shows it on one line
 SUBMIT_TIMEOUT = 60.0  # sbatch is not retried (a retry could submit twice): give it longer
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _IDX = re.compile(r"\bgpu(?::[^:(),]+)?(?::\d+)?\(IDX:([^)]*)\)")
@@ -599,6 +600,27 @@ class SlurmClient:
                 raise SlurmValueError(f"signal {_show(signal)} is not a signal name like USR1")
             argv.append(f"--signal={signal}")
         self.run([*argv, str(job_id)])
+
+    def drain(self, names: Sequence[str], reason: str) -> str:
+        """``scontrol update nodename=NODES state=drain reason=REASON``: Slurm starts no new job
+        there (running ones finish). ``reason`` is made one printable line (at most
+        ``REASON_LIMIT`` characters); returns it as given to Slurm. Raises SlurmValueError for
+        a bad node name, SlurmError when scontrol refuses (not an operator: "Access/permission
+        denied")."""
+        text = " ".join("".join(c if c.isprintable() else " " for c in reason).split())
+        if not text:
+            raise SlurmValueError("a drain needs a reason")
+        if len(text) > REASON_LIMIT:
+            text = text[: REASON_LIMIT - 3] + "..."
+        self.run(
+            ["scontrol", "update", f"nodename={nodelist(names)}", "state=drain", f"reason={text}"]
+        )
+        return text
+
+    def resume(self, names: Sequence[str]) -> None:
+        """``scontrol update nodename=NODES state=resume``: a drained node takes jobs again.
+        Raises SlurmValueError for a bad node name, SlurmError when scontrol refuses."""
+        self.run(["scontrol", "update", f"nodename={nodelist(names)}", "state=resume"])
 
     # --- async twins for the event loop ----------------------------------------------------
 

@@ -46,7 +46,7 @@ def test_a_drop_beyond_the_threshold_is_a_degradation(tmp_path: Path) -> None:
         ("compute/gpu0/bf16", round(1 - 560 / 695, 3)),  # median of 700 and 690
         ("ddp/busbw", 0.15),
     ]
-    assert "below its median of the last 2 run(s)" in found[0].describe()
+    assert "below its median of the last 2 healthy run(s)" in found[0].describe()
     # Another node, another device kind: compared only with their own kind.
     assert store.record("n2", report(4, 100.0)) == []
     assert store.record("n1", report(5, 0.1, device="cpu")) == []
@@ -67,3 +67,87 @@ def test_sparkline_scales_between_min_and_max() -> None:
     assert sparkline([1.0, 2.0, 3.0]) == "▁▄█"
     assert sparkline([5.0, 5.0]) == "▅▅"
     assert sparkline([]) == ""
+
+
+def run_report(
+    t: float,
+    bf16: dict[str, float],
+    *,
+    verdict: str = "PASS",
+    busbw: tuple[float, int, int] | None = None,
+    dtypes: tuple[str, ...] = ("bf16",),
+) -> dict[str, Any]:
+    """A report with one bf16 figure per GPU label, and busbw (GB/s, GPUs, nodes)."""
+    sections: dict[str, Any] = {
+        "compute": {
+            "verdict": "PASS",
+            "devices": [
+                {"label": label, "results": [{"dtype": "bf16", "tflops": v}]}
+                for label, v in bf16.items()
+            ],
+        },
+    }
+    if busbw is not None:
+        sections["ddp_allreduce"] = {
+            "busbw_gbps": busbw[0],
+            "world_size": busbw[1],
+            "nnodes": busbw[2],
+        }
+    return {
+        "started": 1000.0 + t,
+        "device": "cuda",
+        "quick": False,
+        "verdict": verdict,
+        "options": {"dtypes": list(dtypes)},
+        "sections": sections,
+    }
+
+
+def test_a_slowly_degrading_gpu_fails_naming_the_gpu_and_the_figure(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "h.sqlite")
+    for t, v in enumerate((100.0, 97.0, 94.0, 91.0)):  # 3 % a run: each step is under 10 %
+        assert store.record("gpu07", run_report(t, {"gpu0": 500.0, "gpu3": v})) == []
+    (found,) = store.record("gpu07", run_report(4, {"gpu0": 500.0, "gpu3": 88.0}))
+    assert (found.key, found.kind, found.reference) == ("compute/gpu3/bf16", "falling", 100.0)
+    assert found.describe() == (
+        "gpu07 compute/gpu3/bf16: 88 TFLOP/s is 12% below 100 4 healthy runs ago, "
+        "falling at every run"
+    )
+    # The degraded run is not healthy: the bar stays where the healthy runs put it.
+    (found,) = store.record("gpu07", run_report(5, {"gpu0": 500.0, "gpu3": 85.0}))
+    assert (found.kind, found.reference) == ("median", 95.5)  # median of 100, 97, 94, 91
+    assert "below its median of the last 4 healthy run(s) (95.5)" in found.describe()
+
+
+def test_failed_runs_are_not_part_of_the_baseline(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "h.sqlite")
+    store.record("n1", run_report(0, {"gpu0": 100.0}))
+    store.record("n1", run_report(1, {"gpu0": 50.0}, verdict="FAIL"))
+    store.record("n1", run_report(2, {"gpu0": 50.0}, verdict="FAIL"))
+    (found,) = store.record("n1", run_report(3, {"gpu0": 85.0}))
+    assert (found.reference, found.runs) == (100.0, 1)
+
+
+def test_busbw_is_compared_within_one_topology(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "h.sqlite")
+    store.record("n1", run_report(0, {}, busbw=(100.0, 8, 1)))
+    assert store.record("n1", run_report(1, {}, busbw=(30.0, 2, 1))) == []  # 2 GPUs, not 8
+    assert store.record("n1", run_report(2, {}, busbw=(60.0, 8, 2))) == []  # across 2 nodes
+    (found,) = store.record("n1", run_report(3, {}, busbw=(80.0, 8, 1)))
+    assert (found.key, found.reference) == ("ddp/busbw/8gpu-1node", 100.0)
+
+
+def test_a_gpu_that_vanished_is_a_failure_not_a_gap(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "h.sqlite")
+    eight = {f"gpu{i}": 700.0 for i in range(8)}
+    store.record("gpu07", run_report(0, eight))
+    seven = {f"gpu{i}": 700.0 for i in range(7)}
+    (found,) = store.record("gpu07", run_report(1, seven))
+    assert (found.key, found.kind, found.value) == ("compute/gpu7/bf16", "missing", 0.0)
+    assert found.describe() == (
+        "gpu07 compute/gpu7/bf16: no figure in this run (the GPU or its result is gone); "
+        "700 TFLOP/s in the last 1 healthy run(s)"
+    )
+    # A dtype not asked for this time is not missing.
+    assert store.record("n2", run_report(0, eight)) == []
+    assert store.record("n2", run_report(1, {}, dtypes=("fp16",))) == []

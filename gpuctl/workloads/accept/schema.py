@@ -3,13 +3,16 @@
 Report (JSON object, ``schema`` == SCHEMA, ``schema_version`` == SCHEMA_VERSION):
     node, hostname, started, finished (unix time), duration_s, device ("cuda" | "cpu"),
     quick (bool), options (the suite's settings), verdict ("PASS" | "FAIL"),
-    failures (list of one-line strings), sections: one object per name in SECTIONS, each with
+    failures (list of one-line strings), warnings (one-line strings of WARN results: noted,
+    not failed, e.g. a GPU model without a reference peak, with its measured figure),
+    sections: one object per name in SECTIONS, each with
     ``verdict`` (one of VERDICTS), ``summary`` (one line) and its figures:
       env:           hostname, python, torch, cuda, driver, nccl, gpu_count, expected_gpus,
                      gpus [{index, name, uuid, model_key, memory_bytes}], nvidia_smi_l [str]
       compute:       devices [{index, name, model_key, results [{dtype, n, iters, seconds,
-                     tflops, peak_tflops, fraction, check, verdict, reason}]}], floor,
-                     same_model_tolerance
+                     tflops, peak_tflops, fraction, floor, floor_source, check, verdict,
+                     reason}]}], floor (one for all, or null), floors (per model key and
+                     dtype), same_model_tolerance, warnings
       membw:         devices [{index, name, bytes, gbps, peak_gbps, fraction, verdict, reason}]
       pcie:          devices [{index, h2d_gbps, d2h_gbps, link_gen, link_width, peak_gbps,
                      fraction, verdict, reason}]

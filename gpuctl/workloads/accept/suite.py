@@ -25,6 +25,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from . import peaks
 from .nvml import Nvml
 from .output import Output
 from .render import summary_table
@@ -53,8 +54,21 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
     )
     p.add_argument("--node-name", help="node name in the report (default: Slurm's or hostname)")
     p.add_argument("--expect-gpus", type=int, help="fail when fewer GPUs are visible")
+    p.add_argument(
+        "--expect-source", default="--expect-gpus", help="where the expected count came from"
+    )
     p.add_argument("--allow-no-gpu", action="store_true", help="no GPU is a SKIP, not a failure")
-    p.add_argument("--floor", type=float, default=0.6, help="minimum fraction of peak TFLOP/s")
+    p.add_argument(
+        "--floor",
+        type=float,
+        help="one minimum fraction of peak TFLOP/s for every model and dtype (default: per "
+        "model and dtype, peaks.FLOORS)",
+    )
+    p.add_argument(
+        "--floors",
+        default="",
+        help="floors per model and dtype, e.g. L40S:fp32=0.4,H100-SXM:bf16=0.7 (win over --floor)",
+    )
     p.add_argument(
         "--same-model-tolerance",
         type=float,
@@ -88,8 +102,12 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
     if bad or not dtypes:
         p.error(f"--dtypes: unknown {','.join(bad) or 'empty'} (known: {','.join(DTYPES)})")
     args.dtypes = dtypes
-    if not 0 < args.floor <= 1:
+    if args.floor is not None and not 0 < args.floor <= 1:
         p.error("--floor must be within (0, 1]")
+    try:
+        args.floors = peaks.parse_floors(args.floors)
+    except ValueError as e:
+        p.error(f"--floors: {e}")
     if args.test_slow_compute < 1:
         p.error("--test-slow-compute must be >= 1")
     return args
@@ -233,8 +251,10 @@ def main(argv: "list[str] | None" = None) -> int:
     suite = Suite(args, out, torch)
     sections = suite.run()
     failures: list[str] = []
+    warnings: list[str] = []
     for name in SECTIONS:
         failures.extend(sections[name].get("failures") or [])
+        warnings.extend(sections[name].get("warnings") or [])
     verdict = "FAIL" if any(s["verdict"] == "FAIL" for s in sections.values()) else "PASS"
     finished = time.time()
     report = {
@@ -254,6 +274,7 @@ def main(argv: "list[str] | None" = None) -> int:
         },
         "verdict": verdict,
         "failures": failures,
+        "warnings": warnings,
         "sections": sections,
     }
     path = None
@@ -275,6 +296,8 @@ def main(argv: "list[str] | None" = None) -> int:
         sys.stdout.write(f"{line}\n")
     if path:
         sys.stdout.write(f"report: {path}\n")
+    for warning in warnings:
+        sys.stdout.write(f"[WARN] {warning}\n")
     out.event(event="result", verdict=verdict, failures=failures, report=path)
     out.close()
     if verdict == "PASS":

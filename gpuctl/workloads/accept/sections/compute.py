@@ -113,10 +113,13 @@ def run(suite: "Suite") -> "dict[str, Any]":
             suite.nvml.stop_throttle_watch()
     judge_same_model(devices, a.same_model_tolerance)
     failures: list[str] = []
+    warnings: list[str] = []
     for d in devices:
         for r in d["results"]:
             if r["verdict"] == "FAIL":
                 failures.append(f"compute {d['label']} {r['dtype']}: {r['reason']}")
+            elif r["verdict"] == "WARN":
+                warnings.append(f"compute {d['label']} {r['dtype']}: {r['reason']}")
     best: dict[str, float] = {}
     for d in devices:
         for r in d["results"]:
@@ -124,12 +127,14 @@ def run(suite: "Suite") -> "dict[str, Any]":
                 best[r["dtype"]] = max(best.get(r["dtype"], 0.0), r["tflops"])
     summary = ", ".join(f"{k} {v:.3g} TFLOP/s" for k, v in best.items()) or "nothing ran"
     return {
-        "verdict": "FAIL" if failures else "PASS",
+        "verdict": "FAIL" if failures else ("WARN" if warnings else "PASS"),
         "summary": summary,
         "devices": devices,
         "floor": a.floor,
+        "floors": a.floors,
         "same_model_tolerance": a.same_model_tolerance,
         "failures": failures,
+        "warnings": warnings,
     }
 
 
@@ -146,6 +151,8 @@ def compute_one(
         "tflops": None,
         "peak_tflops": None,
         "fraction": None,
+        "floor": None,
+        "floor_source": None,
         "check": None,
         "reason": None,
     }
@@ -165,17 +172,39 @@ def compute_one(
         return dict(r, verdict="FAIL", reason=f"wrong result: {r['check']}")
     if device.type == "cpu":
         return dict(r, verdict="PASS", reason="result checked (CPU: no peak judged)")
+    return judge_peak(r, name, suite.args.floors, suite.args.floor)
+
+
+def judge_peak(
+    r: "dict[str, Any]",
+    name: str,
+    floors: "dict[str, dict[str, float]] | None",
+    uniform: "float | None",
+) -> "dict[str, Any]":
+    """A measured GEMM figure against its model's peak and floor (per model and dtype).
+
+    A model gpuctl has no peak for is a WARN that carries the figure: never a silent pass.
+    """
+    dtype = r["dtype"]
     peak = peaks.peak_tflops(name, dtype)
     r["peak_tflops"] = peak
     if peak is None:
-        return dict(r, verdict="PASS", reason=f"no reference peak for {name}")
+        return dict(
+            r,
+            verdict="WARN",
+            reason=f"{name}: measured {r['tflops']:.1f} TFLOP/s, not judged: no reference "
+            "peak for this model",
+        )
+    key = peaks.model_key(name)
+    floor, source = peaks.floor_for(key, dtype, floors, uniform)
     r["fraction"] = r["tflops"] / peak
-    if r["fraction"] < suite.args.floor:
+    r["floor"], r["floor_source"] = floor, source
+    if r["fraction"] < floor:
         return dict(
             r,
             verdict="FAIL",
-            reason=f"{r['tflops']:.1f} TFLOP/s is {r['fraction']:.2f} of the {peak:g} peak "
-            f"(floor {suite.args.floor:.2f})",
+            reason=f"{r['tflops']:.1f} TFLOP/s is {r['fraction']:.2f} of the {key} {dtype} "
+            f"peak {peak:g} (floor {floor:.2f}, {source})",
         )
     return dict(r, verdict="PASS")
 

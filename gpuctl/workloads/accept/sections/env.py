@@ -41,12 +41,13 @@ def run(suite: "Suite") -> "dict[str, Any]":
         )
         suite.out.line(info["summary"])
         return info
-    expected = a.expect_gpus
+    expected, source = a.expect_gpus, a.expect_source
     if expected is None:
         slurm = os.environ.get("SLURM_GPUS_ON_NODE")
         if slurm and slurm.isdigit():
-            expected = int(slurm)
+            expected, source = int(slurm), "the Slurm job's SLURM_GPUS_ON_NODE"
     info["expected_gpus"] = expected
+    info["expected_source"] = source if expected is not None else None
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     info["gpu_count"] = count
     if count == 0:
@@ -54,7 +55,10 @@ def run(suite: "Suite") -> "dict[str, Any]":
         if torch.version.cuda is None:
             why = f"this torch is a CPU-only build ({torch.__version__})"
         suite.no_gpu = True
-        if a.allow_no_gpu:
+        short = count_shortfall(suite.node, count, expected, source)
+        if short is not None:
+            why = f"{short}; {why}"
+        if a.allow_no_gpu and short is None:
             info["verdict"] = "SKIP"
             info["summary"] = f"no GPU found ({why}); --allow-no-gpu: GPU sections skipped"
         else:
@@ -91,12 +95,25 @@ def run(suite: "Suite") -> "dict[str, Any]":
         f"driver {info['driver']}, NCCL {info['nccl']}, "
         f"NVML {f'ok ({suite.nvml.bindings})' if suite.nvml.nv else suite.nvml.error}"
     )
-    if expected is not None and count < expected:
+    short = count_shortfall(suite.node, count, expected, source)
+    if short is not None:
         info["verdict"] = "FAIL"
-        info["summary"] = f"{int(count)} GPUs visible, {int(expected)} expected"
+        info["summary"] = short
     else:
         models = sorted(set(g["name"] for g in suite.gpus))
         info["verdict"] = "PASS"
         info["summary"] = f"{int(count)} GPU(s): {', '.join(models)}, driver {info['driver']}"
     suite.out.line(info["summary"])
     return info
+
+
+def count_shortfall(
+    node: str, count: int, expected: "int | None", source: "str | None"
+) -> "str | None":
+    """The failure line of a node showing fewer GPUs than expected, or None when it has them.
+
+    ``gpu07: 7 of 8 GPUs visible (expected: Slurm gres gpu:h100:8)``.
+    """
+    if expected is None or count >= expected:
+        return None
+    return f"{node}: {int(count)} of {int(expected)} GPUs visible (expected: {source})"

@@ -1,0 +1,130 @@
+"""Verdicts of ``gpuctl accept``: floors and dtypes from the config and the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.config import ConfigError, parse_config
+from gpuctl.workloads.accept.schema import SECTIONS
+from gpuctl_tests.accept.test_cli import LIGHT, gpuctl, reports
+
+
+def test_floors_and_dtypes_are_config_keys_checked_with_their_line() -> None:
+    config = parse_config(
+        '[accept]\ndtypes = ["bf16", "fp16"]\n[accept.floors.L40S]\nfp32 = 0.4\nbf16 = 0.55\n'
+    )
+    assert config.accept["floors"] == {"L40S": {"fp32": 0.4, "bf16": 0.55}}
+    assert config.accept["dtypes"] == ("bf16", "fp16")
+    assert config.accept.get("floor") is None  # no single floor unless one is set
+    for text, why in (
+        ("[accept.floors.B200]\nbf16 = 0.5\n", "unknown GPU model 'B200'"),
+        ("[accept.floors.L40S]\nint4 = 0.5\n", "unknown dtype 'int4'"),
+        ("[accept.floors.L40S]\nbf16 = 2\n", "within (0, 1]"),
+        ('[accept]\ndtypes = ["int8"]\n', "unknown dtype 'int8'"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            parse_config(text, "c.toml")
+        assert str(e.value).startswith("c.toml:") and why in str(e.value), str(e.value)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_dtypes_on_the_command_line_and_floors_from_the_config_reach_the_suite(
+    tmp_path: Path,
+) -> None:
+    config = '[accept]\ndtypes = ["fp16"]\n[accept.floors.L40S]\nfp32 = 0.4\n'
+    d = tmp_path / "D"
+    args = ("--local", "--device", "cpu", "--quick", "--skip", "membw", *LIGHT)
+    r = gpuctl(tmp_path, *args, "--dtypes", "fp32,bf16", "--report-dir", str(d), config=config)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (report,) = reports(d)
+    results = report["sections"]["compute"]["devices"][0]["results"]
+    assert [x["dtype"] for x in results] == ["fp32", "bf16"]  # typed wins over the config
+    assert report["sections"]["compute"]["floors"] == {"L40S": {"fp32": 0.4}}
+    assert report["options"]["floor"] is None
+    bad = gpuctl(tmp_path, "--local", "--device", "cpu", "--dtypes", "fp32,int4")
+    assert bad.returncode == 2 and "--dtypes: unknown int4" in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0
+    # Without --dtypes the config's list is used.
+    r = gpuctl(tmp_path, *args, "--report-dir", str(tmp_path / "E"))
+    assert r.returncode == 0, r.stdout[-2000:]
+    (report,) = reports(tmp_path / "E")
+    assert [x["dtype"] for x in report["sections"]["compute"]["devices"][0]["results"]] == ["fp16"]
+
+
+# -- the expected GPU count ---------------------------------------------------------------------
+def test_a_node_short_of_gpus_is_named_with_the_count_and_its_source() -> None:
+    from gpuctl.workloads.accept.sections.env import count_shortfall
+
+    assert count_shortfall("gpu07", 7, 8, "Slurm gres gpu:h100:8") == (
+        "gpu07: 7 of 8 GPUs visible (expected: Slurm gres gpu:h100:8)"
+    )
+    assert count_shortfall("gpu07", 8, 8, "x") is None
+    assert count_shortfall("gpu07", 7, None, None) is None
+
+
+def test_expected_counts_come_from_the_cluster_the_node_and_the_accept_table() -> None:
+    from gpuctl.accept.expect import Expectation, from_config
+    from gpuctl.cli.watch import accept_defaults
+
+    config = parse_config(
+        "[accept]\nexpect_gpus = 4\n"
+        '[clusters.dgx]\nnodes = "dgx[1-3]"\nexpect_gpus = 8\n'
+        '[clusters.dgx.override."dgx3"]\nexpect_gpus = 7\n'
+        '[clusters.hpc]\nnodes = "gpu[1-2]"\nvia = "srun"\n'
+        '[clusters.lab]\nnodes = "box1"\n'
+    )
+    expected, gres_from = from_config(config, ["dgx1", "dgx3", "box1", "gpu1"])
+    assert expected == {
+        "dgx1": Expectation(8, "[clusters.dgx] expect_gpus"),
+        "dgx3": Expectation(7, "[clusters.dgx] expect_gpus"),
+        "box1": Expectation(4, "[accept] expect_gpus"),
+        "gpu1": Expectation(4, "[accept] expect_gpus"),
+    }
+    assert gres_from == {}
+    # Without [accept] expect_gpus, the Slurm cluster's nodes are asked from their gres.
+    config = parse_config('[clusters.hpc]\nnodes = "gpu[1-2]"\nvia = "srun"\n')
+    assert from_config(config, ["gpu1"]) == ({}, {"gpu1": None})
+    # The screen's `a` gets the same (the TUI builds its options with accept_defaults).
+    got = accept_defaults({"expect_gpus": 4, "python": "p"}, config, ["gpu1"])
+    assert got == {"python": "p", "expected": {}, "gres_from": {"gpu1": None}}
+
+
+@pytest.mark.slurm
+async def test_slurm_gres_gives_the_count_and_a_node_without_gres_says_why(
+    slurm_cluster: Any,
+) -> None:
+    from gpuctl.accept.expect import Expectation, resolve
+
+    conf = str(slurm_cluster.conf_path)
+    found, missing = await resolve([slurm_cluster.node, "nosuch"], None, {}, {
+        slurm_cluster.node: conf, "nosuch": conf,
+    })  # fmt: skip
+    assert found == {slurm_cluster.node: Expectation(2, "Slurm gres gpu:h100:2")}
+    assert "nosuch" in missing and "GRES" in missing["nosuch"]
+    typed, _ = await resolve([slurm_cluster.node], 8, {}, {slurm_cluster.node: conf})
+    assert typed[slurm_cluster.node] == Expectation(8, "--expect-gpus")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_every_run_asks_slurm_how_many_gpus_a_configured_node_has(
+    tmp_path: Path, slurm_cluster: Any
+) -> None:
+    """No --expect-gpus typed: the suite is told the node's gres count and where it came from."""
+    node = slurm_cluster.node
+    config = (
+        f'[clusters.hpc]\nnodes = "{node}"\nvia = "local"\n'
+        f'slurm_conf = "{slurm_cluster.conf_path}"\n'
+    )
+    only_env = [a for s in SECTIONS if s != "env" for a in ("--skip", s)]
+    d = tmp_path / "D"
+    r = gpuctl(tmp_path, "--device", "cpu", "--quick", *only_env, "--report-dir", str(d),
+               config=config)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (report,) = reports(d)
+    assert report["options"]["expect_gpus"] == 2
+    assert report["options"]["expect_source"] == "Slurm gres gpu:h100:2"
