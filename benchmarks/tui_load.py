@@ -1,16 +1,28 @@
-"""TUI load benchmark: the real app, headless, over N simulated nodes × G GPUs sampling at 1 Hz.
+"""TUI load benchmark: the real app, headless, over N simulated nodes x G GPUs sampling at 1 Hz.
 
 The GPUs are simulated in a separate feeder process (one process for all nodes, writing protocol
-lines to one pipe per node, phases spread over the second), so this process does exactly what
-gpuctl does on a login node: read lines, decode, keep history, update the screen. It prints
+lines to one pipe per node, phases spread over the second), so the app's process does exactly
+what gpuctl does on a login node: read lines, decode, keep history, update the screen. Each run
+is a process of its own (its memory is its own), and reports
 
-* the app process's CPU share (user + system time over wall time, 100% = one core), and
-* the delay from a sample's arrival in the app to the paint of its node's lines (p50/p95/max),
-  for the nodes on screen (the list shows a few; the heatmap shows them all).
+* the app process's CPU share (user + system time over wall time, 100% = one core),
+* the delay from a sample's arrival in the app to the paint of its node's lines, and from the
+  sample's time stamp to that paint (p50/p95/max), for the nodes on screen (the list shows a
+  few; the heatmap shows them all),
+* its RSS every ``--rss-every`` seconds: first, last, peak, and the slope over the last two
+  thirds of the run (MB per minute; flat is about 0),
+* the quit time: from ``app.exit()`` to the end of the process (the fleet's links closed and
+  every object freed: the terminal is the user's again only then).
 
-Usage: python benchmarks/tui_load.py [--nodes 128] [--gpus 8] [--seconds 60] [--mode list|heatmap]
-Without --nodes/--mode it runs the issue's set: 128×8 and 256×8, list and heatmap.
-Targets (issue 4): < 25% of one core, p95 < 300 ms at 128×8.
+``--compare REV`` runs every case twice in one go, with this checkout's gpuctl and with the
+gpuctl of git revision REV (extracted to a temporary folder; the feeder and this script are the
+same for both), one after the other, and prints the ratios.
+
+Usage: python benchmarks/tui_load.py [--nodes 512] [--gpus 8] [--minutes 5] [--mode list|heatmap]
+                                     [--compare REV] [--json]
+Without --nodes it runs the issue's set: 512x8 (4,096 GPUs) and 128x8 (1,024 GPUs).
+Targets (issue 15, over 30 minutes at 4,096 GPUs): < 25% of one core, sample->paint p95
+< 300 ms, RSS < 300 MB and flat over the last 20 minutes, quit < 1 s.
 """
 
 from __future__ import annotations
@@ -22,12 +34,16 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# The gpuctl the app runs (--compare points a run at another revision's); the feeder always
+# runs this checkout's simulated GPUs, so both see the same numbers.
+TREE = Path(os.environ.get("GPUCTL_BENCH_TREE") or REPO)
+sys.path.insert(0, str(TREE))
 
 
 # -- feeder (child process) -----------------------------------------------------------------------
@@ -93,32 +109,50 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_once(nodes: int, gpus: int, seconds: float, mode: str) -> dict[str, Any]:
-    """Start the feeder, measure the app over its pipes, stop the feeder."""
+def rss_mb() -> float:
+    """This process's resident set, in MB (10^6 bytes)."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def slope_per_min(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MB) points, in MB per minute."""
+    if len(points) < 2:
+        return float("nan")
+    mt = statistics.fmean(t for t, _ in points)
+    mv = statistics.fmean(v for _, v in points)
+    den = sum((t - mt) ** 2 for t, _ in points)
+    return 60 * sum((t - mt) * (v - mv) for t, v in points) / den if den else float("nan")
+
+
+def run_once(nodes: int, gpus: int, seconds: float, mode: str, rss_every: float) -> dict[str, Any]:
+    """Start the feeder, measure the app over its pipes, stop the feeder (in the run's process)."""
     pipes = [os.pipe() for _ in range(nodes)]
     child = subprocess.Popen(
         [sys.executable, __file__, "--feeder", json.dumps([w for _, w in pipes]), str(gpus)],
         pass_fds=[w for _, w in pipes],
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), "GPUCTL_BENCH_TREE": str(REPO)},
     )
     for _, w in pipes:
         os.close(w)
     try:
-        return asyncio.run(measure([r for r, _ in pipes], gpus, seconds, mode))
+        return asyncio.run(measure([r for r, _ in pipes], gpus, seconds, mode, rss_every))
     finally:
         child.kill()
         child.wait()
 
 
-async def measure(fds: list[int], gpus: int, seconds: float, mode: str) -> dict[str, Any]:
+async def measure(
+    fds: list[int], gpus: int, seconds: float, mode: str, rss_every: float
+) -> dict[str, Any]:
+    import gpuctl
     from gpuctl.core.model import NodeState
     from gpuctl.fleet.fleet import Fleet
     from gpuctl.tui import make_app
 
     nodes = len(fds)
     fleet = Fleet({f"bench-{i:03d}": pipe_link(r) for i, r in enumerate(fds)})
-    import tempfile
-
     app = make_app(fleet, simulated=True, state_dir=Path(tempfile.mkdtemp()))
     arrival_paint: list[float] = []
     sample_paint: list[float] = []
@@ -136,9 +170,11 @@ async def measure(fds: list[int], gpus: int, seconds: float, mode: str) -> dict[
         if measuring[0]:
             flushes[0] += 1
 
+    started = time.monotonic()
+    rss: list[tuple[float, float]] = []
     task = asyncio.create_task(app.run_async(headless=True, size=(160, 48)))
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while not (
             app.is_running
             and app.overview.ready
@@ -147,6 +183,7 @@ async def measure(fds: list[int], gpus: int, seconds: float, mode: str) -> dict[
             if time.monotonic() > deadline or task.done():
                 raise SystemExit("the benchmark fleet did not come up")
             await asyncio.sleep(0.1)
+        first_frame_s = time.monotonic() - started
         if mode == "heatmap":
             app.overview.action_heatmap()
         app.overview.nodes.on_paint = on_paint
@@ -155,18 +192,26 @@ async def measure(fds: list[int], gpus: int, seconds: float, mode: str) -> dict[
         await asyncio.sleep(3.0)  # warm up: layout, caches
         measuring[0] = True
         cpu0, wall0 = os.times(), time.monotonic()
-        await asyncio.sleep(seconds)
+        while (now := time.monotonic()) < wall0 + seconds:
+            rss.append((now - wall0, rss_mb()))
+            await asyncio.sleep(min(rss_every, wall0 + seconds - now))  # the sampling period
+        rss.append((time.monotonic() - wall0, rss_mb()))
         cpu1, wall1 = os.times(), time.monotonic()
         measuring[0] = False
     finally:
+        exit_called_at = time.time()
         app.exit(0)
-        await asyncio.wait_for(task, 30)
+        await asyncio.wait_for(task, 120)
     busy = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     wall = wall1 - wall0
+    tail = [(t, v) for t, v in rss if t >= wall / 3]
     return {
         "nodes": nodes,
         "gpus": gpus,
         "mode": mode,
+        "gpuctl": str(Path(gpuctl.__file__).parent.parent),
+        "seconds": wall,
+        "first_frame_s": first_frame_s,
         "cpu_share": busy / wall,
         "paints": len(arrival_paint),
         "arrival_paint_p50_ms": 1000 * statistics.median(arrival_paint) if arrival_paint else None,
@@ -174,16 +219,67 @@ async def measure(fds: list[int], gpus: int, seconds: float, mode: str) -> dict[
         "arrival_paint_max_ms": 1000 * max(arrival_paint, default=float("nan")),
         "sample_paint_p95_ms": 1000 * pct(sample_paint, 0.95),
         "flushes_per_s": flushes[0] / wall,
+        "rss_mb": [round(v, 1) for _, v in rss],
+        "rss_first_mb": rss[0][1],
+        "rss_last_mb": rss[-1][1],
+        "rss_peak_mb": max(v for _, v in rss),
+        "rss_tail_slope_mb_per_min": slope_per_min(tail),
+        "exit_called_at": exit_called_at,
     }
 
 
-def report(r: dict[str, Any]) -> str:
+def run_process(
+    nodes: int, gpus: int, seconds: float, mode: str, rss_every: float, tree: Path
+) -> dict[str, Any]:
+    """One run in a process of its own, with ``tree``'s gpuctl; adds its quit time."""
+    args = json.dumps([nodes, gpus, seconds, mode, rss_every])
+    proc = subprocess.run(
+        [sys.executable, __file__, "--run", args],
+        env={**os.environ, "GPUCTL_BENCH_TREE": str(tree), "PYTHONPATH": str(tree)},
+        stdout=subprocess.PIPE,
+        check=True,
+    )
+    ended = time.time()
+    r: dict[str, Any] = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    r["quit_s"] = ended - r.pop("exit_called_at")
+    return r
+
+
+def old_tree(rev: str) -> Path:
+    """gpuctl of git revision ``rev``, extracted to a temporary folder."""
+    folder = Path(tempfile.mkdtemp(prefix="gpuctl-bench-"))
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", rev, "gpuctl"], stdout=subprocess.PIPE, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
+def report(r: dict[str, Any], label: str = "") -> str:
     return (
-        f"{r['nodes']:>4}x{r['gpus']} {r['mode']:<8} CPU {100 * r['cpu_share']:5.1f}% of one core"
-        f"  arrival->paint p50 {r['arrival_paint_p50_ms']:6.1f} ms  p95 "
-        f"{r['arrival_paint_p95_ms']:6.1f} ms  max {r['arrival_paint_max_ms']:6.1f} ms"
-        f" (n={r['paints']})  sample->paint p95 {r['sample_paint_p95_ms']:6.1f} ms"
-        f"  flushes {r['flushes_per_s']:.1f}/s"
+        f"{label}{r['nodes']:>4}x{r['gpus']} ({r['nodes'] * r['gpus']} GPUs) {r['mode']:<7} "
+        f"{r['seconds'] / 60:.1f} min: CPU {100 * r['cpu_share']:5.1f}% of one core"
+        f"  sample->paint p95 {r['sample_paint_p95_ms']:6.1f} ms"
+        f"  arrival->paint p50 {r['arrival_paint_p50_ms'] or float('nan'):6.1f} ms p95 "
+        f"{r['arrival_paint_p95_ms']:6.1f} ms max {r['arrival_paint_max_ms']:6.1f} ms"
+        f" (n={r['paints']})\n    RSS {r['rss_first_mb']:.0f} -> {r['rss_last_mb']:.0f} MB"
+        f" (peak {r['rss_peak_mb']:.0f}, last 2/3: {r['rss_tail_slope_mb_per_min']:+.1f} MB/min)"
+        f"  quit {r['quit_s']:.2f} s  first frame {r['first_frame_s']:.1f} s"
+        f"  flushes {r['flushes_per_s']:.1f}/s\n    RSS every period (MB): {r['rss_mb']}"
+    )
+
+
+def ratios(old: dict[str, Any], new: dict[str, Any]) -> str:
+    def ratio(key: str) -> str:
+        a, b = old[key], new[key]
+        return f"{a / b:.1f}x" if b else "-"
+
+    growth_old = old["rss_last_mb"] - old["rss_first_mb"]
+    growth_new = new["rss_last_mb"] - new["rss_first_mb"]
+    return (
+        f"    old/new: CPU {ratio('cpu_share')}  sample->paint p95 {ratio('sample_paint_p95_ms')}"
+        f"  RSS at the end {ratio('rss_last_mb')}  quit {ratio('quit_s')}"
+        f"  RSS growth {growth_old:+.0f} MB vs {growth_new:+.0f} MB"
     )
 
 
@@ -191,19 +287,34 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--feeder":
         feeder(json.loads(sys.argv[2]), int(sys.argv[3]), 1.0)
         return 0
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    if len(sys.argv) > 1 and sys.argv[1] == "--run":
+        nodes, gpus, seconds, mode, rss_every = json.loads(sys.argv[2])
+        print(json.dumps(run_once(nodes, gpus, seconds, mode, rss_every)), flush=True)
+        return 0
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--nodes", type=int)
     p.add_argument("--gpus", type=int, default=8)
-    p.add_argument("--seconds", type=float, default=60.0)
-    p.add_argument("--mode", choices=("list", "heatmap"))
+    p.add_argument("--minutes", type=float, default=1.0, help="measured time per run")
+    p.add_argument("--seconds", type=float, help="measured time per run (instead of --minutes)")
+    p.add_argument("--mode", choices=("list", "heatmap"), default="list")
+    p.add_argument("--rss-every", type=float, default=10.0, help="seconds between RSS readings")
+    p.add_argument("--compare", metavar="REV", help="also run git revision REV's gpuctl")
     p.add_argument("--json", action="store_true", help="one JSON object per run")
     args = p.parse_args()
-    sizes = [args.nodes] if args.nodes else [128, 256]
-    modes = [args.mode] if args.mode else ["list", "heatmap"]
+    seconds = args.seconds if args.seconds is not None else 60 * args.minutes
+    sizes = [args.nodes] if args.nodes else [512, 128]
+    trees = [("new", REPO)]
+    if args.compare:
+        trees.append((f"old ({args.compare})", old_tree(args.compare)))
     for n in sizes:
-        for mode in modes:
-            r = run_once(n, args.gpus, args.seconds, mode)
-            print(json.dumps(r) if args.json else report(r), flush=True)
+        results = {}
+        for label, tree in trees:
+            r = run_process(n, args.gpus, seconds, args.mode, args.rss_every, tree)
+            results[label] = r
+            prefix = f"{label}: " if args.compare else ""
+            print(json.dumps({"code": label, **r}) if args.json else report(r, prefix), flush=True)
+        if args.compare and not args.json:
+            print(ratios(results[trees[1][0]], results["new"]), flush=True)
     return 0
 
 

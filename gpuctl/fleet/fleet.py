@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
-from gpuctl.core.model import BurnState, GpuNotes, GpuSample, NodeEvent, NodeSnapshot, NodeState
+from gpuctl.core.model import BurnState, GpuNotes, NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.wire import JsonObject
+from gpuctl.fleet.history import EMPTY, OLDER_KEPT, OLDER_STEP_S, RECENT_KEPT, GpuHistory
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
 from gpuctl.node import protocol
@@ -41,7 +42,7 @@ class _Keep(enum.Enum):
 
 KEEP = _Keep.KEEP
 
-HISTORY_SECONDS = 900  # kept per GPU: 15 min at 1 Hz
+HISTORY_SECONDS = RECENT_KEPT  # samples kept as they came per GPU (see gpuctl.fleet.history)
 EVENTS_KEPT = 200
 
 
@@ -54,7 +55,7 @@ class NodeRuntime:
         self.snapshot = NodeSnapshot(name=name, state=NodeState.CONNECTING, link=link.kind)
         self.session: AgentSession | None = None
         self.task: asyncio.Task[None] | None = None
-        self.history: dict[int, deque[GpuSample]] = {}
+        self.history: dict[int, GpuHistory] = {}
         self.events: deque[NodeEvent] = deque(maxlen=EVENTS_KEPT)
         self.failures = 0
         self.wake = asyncio.Event()  # set to cut a backoff short (reconnect key)
@@ -76,6 +77,8 @@ class Fleet:
         backoff_base: float = 1.0,
         backoff_max: float = 30.0,
         history_len: int = HISTORY_SECONDS,
+        history_older: int = OLDER_KEPT,
+        history_step: float = OLDER_STEP_S,
         clock: Callable[[], float] = time.time,
         liveness_timeout: float = protocol.DEFAULT_LIVENESS_S,
     ) -> None:
@@ -89,6 +92,8 @@ class Fleet:
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         self.history_len = history_len
+        self.history_older = history_older
+        self.history_step = history_step
         self.clock = clock
         self._listeners: list[Listener] = []
         self._event_listeners: list[EventListener] = []
@@ -175,9 +180,10 @@ class Fleet:
     def snapshots(self) -> list[NodeSnapshot]:
         return [rt.snapshot for rt in self.nodes.values()]
 
-    def history(self, name: str, gpu: int) -> list[GpuSample]:
-        """Kept samples of one GPU, oldest first."""
-        return list(self.nodes[name].history.get(gpu, ()))
+    def history(self, name: str, gpu: int) -> GpuHistory:
+        """One GPU's kept history (``series``, ``recent``; empty for a GPU never seen). It is
+        the fleet's own, changed by the next sample: read it, do not keep it."""
+        return self.nodes[name].history.get(gpu, EMPTY)
 
     def events(self, name: str) -> list[NodeEvent]:
         return list(self.nodes[name].events)
@@ -358,8 +364,10 @@ class Fleet:
         for g in sample.gpus:
             hist = rt.history.get(g.index)
             if hist is None:
-                hist = rt.history[g.index] = deque(maxlen=self.history_len)
-            hist.append(g)
+                hist = rt.history[g.index] = GpuHistory(
+                    self.history_len, self.history_older, self.history_step
+                )
+            hist.add(g)
         self._publish(
             rt, state=NodeState.LIVE, gpus=sample.gpus, last_sample_t=sample.t, reason=None
         )

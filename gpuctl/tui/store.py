@@ -111,5 +111,4 @@ class FleetStore:
     _no_facts = GpuFacts()
 
     def util_history(self, name: str, gpu: int, n: int) -> list[float | None]:
-        hist = self.fleet.history(name, gpu)[-n:]
-        return [None if g.util_gpu is None else float(g.util_gpu) for g in hist]
+        return self.fleet.history(name, gpu).recent("util", n)

@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Footer, Static
 from textual_plotext import PlotextPlot
 
 from gpuctl.core.format import GIB, fmt_age, reader_text
-from gpuctl.core.model import GpuSample, NodeSnapshot
+from gpuctl.core.model import NodeSnapshot
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str, node_text
 from gpuctl.tui.view import node_age_text, short_model
@@ -36,27 +36,21 @@ PLOTS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _value(g: GpuSample, metric: str) -> float | None:
-    """The plotted value, or None; a reading no GPU can give (a node's junk) is not plotted:
-    plotext cannot scale an axis to 1e308."""
-    v = _reading(g, metric)
-    return v if v is not None and abs(v) <= PLOT_LIMIT else None
-
-
-def _reading(g: GpuSample, metric: str) -> float | None:
-    if g.lost:
-        return None
-    if metric == "util":
-        return None if g.util_gpu is None else float(g.util_gpu)
-    if metric == "mem":
-        return None if g.mem_used is None else g.mem_used / GIB
-    if metric == "temp":
-        return None if g.temp is None else float(g.temp)
-    if metric == "power":
-        return g.power
-    if metric == "mem_clock":
-        return None if g.mem_clock is None else float(g.mem_clock)
-    return None if g.sm_clock is None else float(g.sm_clock)
+def _points(
+    times: list[float], values: list[float | None], now: float, scale: float
+) -> tuple[list[float], list[float]]:
+    """The plotted points (x: time before ``now`` in ``scale`` units), at most MAX_POINTS of
+    them, the newest always among them; a reading no GPU can give (a node's junk) is not
+    plotted: plotext cannot scale an axis to 1e308."""
+    step = max(1, len(times) // MAX_POINTS)
+    xs: list[float] = []
+    ys: list[float] = []
+    for i in range(len(times) - 1, -1, -step):
+        v = values[i]
+        if v is not None and abs(v) <= PLOT_LIMIT:
+            xs.append((times[i] - now) / scale)
+            ys.append(v)
+    return xs[::-1], ys[::-1]
 
 
 class DetailScreen(Screen[None]):
@@ -145,11 +139,12 @@ class DetailScreen(Screen[None]):
         if self.gpu is None:
             return
         hist = self.store.fleet.history(self.node, self.gpu)
-        step = max(1, len(hist) // MAX_POINTS)
-        hist = hist[::-1][::step][::-1]  # keep the newest sample whatever the stride
         now = self.store.clock()
-        span = now - hist[0].t if hist else 0.0
+        times = hist.series("util")[0]
+        span = now - times[0] if times else 0.0
         unit, scale = ("minutes", 60.0) if span > 120 else ("seconds", 1.0)
+        if span > 3 * 3600:
+            unit, scale = "hours", 3600.0
         theme = self.app.current_theme
         colours = [Color.parse(c).rgb for c in (theme.primary, theme.accent or theme.primary)]
         for metric, title in PLOTS:
@@ -157,15 +152,9 @@ class DetailScreen(Screen[None]):
             plt = plot.plt
             plt.clear_data()
             plt.clear_figure()
-            series = [metric, "mem_clock"] if metric == "clock" else [metric]
+            series = ["sm_clock", "mem_clock"] if metric == "clock" else [metric]
             for name, colour in zip(series, colours, strict=False):
-                xs: list[float] = []
-                ys: list[float] = []
-                for g in hist:
-                    v = _value(g, name)
-                    if v is not None:
-                        xs.append((g.t - now) / scale)
-                        ys.append(v)
+                xs, ys = _points(*hist.series(name), now, scale)
                 if xs:
                     plt.plot(xs, ys, color=colour, marker="braille")
             plt.title(f"GPU {self.gpu} {title}")

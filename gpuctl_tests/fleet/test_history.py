@@ -1,0 +1,141 @@
+"""The fleet's GPU history: fixed-size numeric buffers, older samples as means.
+
+The samples come through the real path: a replayed agent's protocol lines, decoded by the
+session, kept by the fleet. Memory is measured with tracemalloc: the bytes the history holds are
+what is freed when the fleet drops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import math
+import time
+import tracemalloc
+
+import pytest
+
+from gpuctl.core.model import NodeState
+from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.history import GpuHistory
+from gpuctl.fleet.replay import ReplayLink, recorded_node
+
+T0 = 1_700_000_000.0
+
+
+async def replayed(samples: int, spec: str = "4:H100", **kwargs: float) -> Fleet:
+    """A fleet over one replayed node, once the fleet has kept all ``samples`` samples."""
+    fleet = Fleet({"n": ReplayLink(recorded_node("n", spec, samples=samples, t0=T0))}, **kwargs)
+    await fleet.start()
+    last = T0 + samples - 1
+    deadline = time.monotonic() + 60
+    while fleet.snapshot("n").last_sample_t != last:
+        if time.monotonic() > deadline:
+            pytest.fail(f"the replay did not end: {fleet.snapshot('n')}")
+        await asyncio.sleep(0.01)  # a poll with a deadline: the replay runs on this loop
+    return fleet
+
+
+async def history_bytes_per_gpu(samples: int, gpus: int, **kwargs: float) -> float:
+    """Bytes per GPU the fleet's history holds after ``samples`` samples of ``gpus`` GPUs."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        fleet = await replayed(samples, f"{gpus}:H100", **kwargs)
+        try:
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0]
+            fleet.nodes["n"].history.clear()
+            gc.collect()
+            freed = held - tracemalloc.get_traced_memory()[0]
+        finally:
+            await fleet.stop()
+    finally:
+        tracemalloc.stop()
+    return freed / gpus
+
+
+async def test_history_memory_per_gpu_is_constant_once_full() -> None:
+    # Small buffers so that they fill fast: 50 recent samples, then 10 means of 5 s.
+    small = {"history_len": 50, "history_older": 10, "history_step": 5.0}
+    full = 50 + 10 * 5
+    await history_bytes_per_gpu(full, 16, **small)  # the first run also fills Python's caches
+    sizes = [await history_bytes_per_gpu(n, 16, **small) for n in (full + 20, 3 * full, 6 * full)]
+    # The same buffers whatever came through (tracemalloc may see a few bytes of other objects
+    # come and go: 16 GPUs make that noise small per GPU) ...
+    assert max(sizes) - min(sizes) <= 16, sizes
+    # ... and little more than their own bytes: nothing kept per sample.
+    buffers = GpuHistory(50, 10, 5.0).nbytes
+    assert buffers < sizes[0] < buffers + 3072, sizes
+
+
+async def test_history_memory_per_gpu_at_the_default_sizes() -> None:
+    """15 minutes of samples and 4 hours of minute means cost a GPU under 32 KB (a whole
+    sample object per second cost over a megabyte): 128 MB at 4,096 GPUs."""
+    per_gpu = await history_bytes_per_gpu(900 + 240 * 60 + 100, 1)
+    assert per_gpu < 32 * 1024, per_gpu
+
+
+async def test_history_reads_recent_samples_and_older_means() -> None:
+    fleet = await replayed(400, history_len=100, history_older=10, history_step=60.0)
+    try:
+        snap = fleet.snapshot("n")
+        assert snap.state is NodeState.LIVE
+        hist = fleet.history("n", 1)
+        times, util = hist.series("util")
+        # 100 samples as they came (t0+300 .. t0+399), before them the minute means that end
+        # before the first of them: minutes starting at t0-20+60k ... (T0 is 20 s into a minute)
+        first_recent = T0 + 300
+        assert times[-100:] == [T0 + k for k in range(300, 400)]
+        older = times[:-100]
+        assert older and all(t + 30 <= first_recent for t in older)
+        assert all(b - a == 60 for a, b in itertools.pairwise(older))
+        assert len(hist) == len(times)
+        # the recent values are the samples' own; the last one is the snapshot's
+        gpu1 = next(g for g in snap.gpus if g.index == 1)
+        assert util[-1] == gpu1.util_gpu and hist.recent("util", 1) == [gpu1.util_gpu]
+        mem = hist.series("mem")[1][-1]
+        assert gpu1.mem_used is not None and mem is not None
+        assert math.isclose(mem, gpu1.mem_used / 2**30, rel_tol=1e-6)
+        assert hist.recent("temp", 5) == hist.series("temp")[1][-5:]
+        assert len(hist.recent("util", 1000)) == 100
+        # a minute's mean is the mean of that minute's samples (which the replay can repeat)
+        messages = recorded_node("n", "4:H100", samples=400, t0=T0)[1:]
+        start = older[-1] - 30
+        minute = [
+            g["util_gpu"]
+            for m in messages
+            if start <= m["t"] < start + 60
+            for g in m["gpus"]
+            if g["index"] == 1
+        ]
+        assert util[len(older) - 1] == round(sum(minute) / len(minute))
+        # a GPU never seen has no history
+        assert len(fleet.history("n", 99)) == 0 and fleet.history("n", 99).series("util") == (
+            [],
+            [],
+        )
+    finally:
+        await fleet.stop()
+
+
+async def test_missing_and_junk_readings_are_none() -> None:
+    messages = recorded_node("n", "1:H100", samples=3, t0=T0)
+    messages[1]["gpus"][0].update(util_gpu=None, temp=-5, sm_clock=10**9, power=1e308)
+    messages[2]["gpus"][0]["state"] = "lost"
+    fleet = Fleet({"n": ReplayLink(messages)})
+    await fleet.start()
+    try:
+        deadline = time.monotonic() + 10
+        while fleet.snapshot("n").last_sample_t != T0 + 2:
+            assert time.monotonic() < deadline, fleet.snapshot("n")
+            await asyncio.sleep(0.01)  # a poll with a deadline: the replay runs on this loop
+        hist = fleet.history("n", 0)
+        assert hist.series("util")[1][0] is None
+        assert hist.series("temp")[1][0] is None
+        assert hist.series("sm_clock")[1][0] is None
+        assert hist.series("power")[1][0] == math.inf
+        assert all(hist.series(m)[1][1] is None for m in ("util", "mem", "temp", "power"))
+    finally:
+        await fleet.stop()
