@@ -23,6 +23,7 @@ COMMANDS = (
     "gpuctl.cli.watch",
     "gpuctl.cli.demo",
     "gpuctl.cli.status",
+    "gpuctl.cli.export",
     "gpuctl.cli.config_cmd",
     "gpuctl.cli.doctor",
     "gpuctl.cli.stress",

@@ -1,0 +1,88 @@
+"""``gpuctl export [--listen HOST:PORT] [--allow-remote] [--demo]``: the cluster as one
+Prometheus / OpenMetrics endpoint, fed by the same fleet as the screen."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+from typing import TYPE_CHECKING
+
+from gpuctl.cli.main import UserError
+
+if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
+    from gpuctl.fleet.fleet import Fleet
+
+
+def register(sub: Subcommands) -> None:
+    from gpuctl.fleet.export import DEFAULT_LISTEN
+
+    p: argparse.ArgumentParser = sub.add_parser(
+        "export", help="serve every GPU of every node as Prometheus metrics"
+    )
+    p.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"where to serve /metrics (default {DEFAULT_LISTEN}; port 0: any free port)",
+    )
+    p.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a --listen address other than loopback (the metrics name your nodes, "
+        "jobs and users: anyone who reaches the port reads them)",
+    )
+    p.add_argument("--demo", action="store_true", help="simulated nodes instead of real ones")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuctl.cli.common import build_fleet
+    from gpuctl.fleet.export import is_loopback, parse_listen
+
+    try:
+        host, port = parse_listen(args.listen)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if not is_loopback(host) and not args.allow_remote:
+        raise UserError(
+            f"--listen {args.listen} is not a loopback address: the metrics name your nodes, "
+            "jobs and users; add --allow-remote to serve them beyond this machine"
+        )
+    args.read_only = True  # an exporter only watches: its agents refuse stress and acceptance
+    fleet = build_fleet(args)
+    return asyncio.run(serve(fleet, host, port, listen=args.listen, demo=args.demo))
+
+
+async def serve(fleet: Fleet, host: str, port: int, *, listen: str, demo: bool = False) -> int:
+    """Serve ``fleet`` at ``host:port`` until SIGINT or SIGTERM; 0 then."""
+    from gpuctl.fleet.export import MetricsServer, registry_for
+
+    registry, _ = registry_for(fleet)
+    try:
+        server = MetricsServer(registry, host, port)
+    except OSError as e:
+        raise UserError(f"cannot listen on {listen}: {e.strerror or e}") from None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    background: list[asyncio.Task[None]] = []
+    try:
+        await fleet.start()
+        if demo:
+            from gpuctl.cli.demo import story
+
+            background.append(asyncio.create_task(story(fleet)))
+        print(f"gpuctl export: {server.url()} ({len(fleet.names)} nodes; Ctrl-C stops)", flush=True)
+        await stop.wait()
+    finally:
+        for task in background:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        server.close()
+        await fleet.stop()
+    return 0
