@@ -140,7 +140,7 @@ class AcceptPane(Vertical):
         table = self.query_one(DataTable)
         table.add_column("node", key="node")
         for s in SECTIONS:
-            table.add_column(HEADERS[s], key=s)
+            table.add_column(HEADERS.get(s, s), key=s)
         table.add_column("verdict", key="verdict")
         table.add_column("when", key="when")
         table.add_column("trend (mean TFLOP/s)", key="trend")

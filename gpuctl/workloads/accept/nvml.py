@@ -155,6 +155,79 @@ class Nvml:
             }
         return out
 
+    def shape(self, i: int) -> "dict[str, Any]":
+        """The node-shape facts of GPU i (each None where NVML cannot tell): name, pci (the
+        ``domain:bus:device.function`` address), link_gen/width now and max_link_gen/width
+        (what device and slot allow), nvlinks (links the GPU has) and nvlinks_active,
+        ecc_mode/ecc_pending, persistence, mig/mig_pending (bools)."""
+        out: dict[str, Any] = dict.fromkeys(
+            (
+                "name",
+                "pci",
+                "link_gen",
+                "link_width",
+                "max_link_gen",
+                "max_link_width",
+                "nvlinks",
+                "nvlinks_active",
+                "ecc_mode",
+                "ecc_pending",
+                "persistence",
+                "mig",
+                "mig_pending",
+            )
+        )
+        h = self.handles.get(i)
+        if h is None:
+            return out
+        nv = self.nv
+        out["name"] = _text(self._call(nv.nvmlDeviceGetName, h))
+        out["pci"] = self.pci_address(i)
+        gen, width, max_gen, max_width = self.pcie(i)
+        out.update(link_gen=gen, link_width=width, max_link_gen=max_gen, max_link_width=max_width)
+        out["nvlinks"], out["nvlinks_active"] = self.nvlinks(i)
+        ecc = self._call(nv.nvmlDeviceGetEccMode, h)
+        if ecc is not None:
+            out["ecc_mode"], out["ecc_pending"] = bool(ecc[0]), bool(ecc[1])
+        persistence = self._call(nv.nvmlDeviceGetPersistenceMode, h)
+        out["persistence"] = None if persistence is None else bool(persistence)
+        mig = self._call(nv.nvmlDeviceGetMigMode, h)
+        if mig is not None:
+            out["mig"], out["mig_pending"] = bool(mig[0]), bool(mig[1])
+        return out
+
+    def pci_address(self, i: int) -> "str | None":
+        """GPU i's PCI address as sysfs spells it (``0000:3b:00.0``), or None."""
+        h = self.handles.get(i)
+        info = self._call(self.nv.nvmlDeviceGetPciInfo, h) if h is not None else None
+        bus_id = _text(getattr(info, "busId", None)) if info is not None else None
+        if not bus_id:
+            return None
+        from .nodehealth import pci_key
+
+        function = bus_id.rsplit(".", 1)[1] if "." in bus_id else "0"
+        return f"{pci_key(bus_id)}.{function}"
+
+    def nvlinks(self, i: int) -> "tuple[int | None, int | None]":
+        """(links NVML reports, links active) of GPU i; (None, None) without NVLink."""
+        h = self.handles.get(i)
+        if h is None:
+            return None, None
+        present = active = 0
+        for link in range(int(getattr(self.nv, "NVML_NVLINK_MAX_LINKS", 18))):
+            state = self._call(self.nv.nvmlDeviceGetNvLinkState, h, link)
+            if state is None:
+                continue  # no such link (INVALID_ARGUMENT) or no NVLink at all (NOT_SUPPORTED)
+            present += 1
+            active += 1 if state else 0
+        return (present, active) if present else (None, None)
+
+    def retired_pending(self, i: int) -> "bool | None":
+        """Whether GPU i has retired pages waiting for a reset (pre-Ampere ECC), or None."""
+        h = self.handles.get(i)
+        v = self._call(self.nv.nvmlDeviceGetRetiredPagesPendingStatus, h) if h is not None else None
+        return None if v is None else bool(v)
+
     def close(self) -> None:
         self.stop_throttle_watch()
         if self.nv is not None:

@@ -9,6 +9,10 @@ Report (JSON object, ``schema`` == SCHEMA, ``schema_version`` == SCHEMA_VERSION)
     ``verdict`` (one of VERDICTS), ``summary`` (one line) and its figures:
       env:           hostname, python, torch, cuda, driver, nccl, gpu_count, expected_gpus,
                      gpus [{index, name, uuid, model_key, memory_bytes}], nvidia_smi_l [str]
+      shape:         gpus [{index, label, name, pci, link_gen, link_width, max_link_gen,
+                     max_link_width, read_under_load, nvlinks, nvlinks_active, ecc_mode,
+                     ecc_pending, persistence, mig, mig_pending, verdict, reason}],
+                     expect_model, expect_nvlinks, expect_mig
       compute:       devices [{index, name, model_key, results [{dtype, n, iters, seconds,
                      tflops, peak_tflops, fraction, floor, floor_source, check, verdict,
                      reason}]}], floor (one for all, or null), floors (per model key and
@@ -23,7 +27,11 @@ Report (JSON object, ``schema`` == SCHEMA, ``schema_version`` == SCHEMA_VERSION)
                      params_identical
       health:        gpus [{index, ecc_uncorrected_volatile, ecc_uncorrected_aggregate,
                      remapped_rows {correctable, uncorrectable, pending, failure}, xids [int],
-                     throttle [names seen during COMPUTE], verdict, reason}]
+                     throttle [names seen during COMPUTE], retired_pending, pci,
+                     kernel_xids [{xid, hardware, text}], aer {device {correctable, nonfatal,
+                     fatal}, port {...}, port_address}, verdict, reason}],
+                     kernel_log (source read, or null), kernel_log_error (why unreadable),
+                     node_xids (XIDs of PCI devices that are not GPUs under test)
 
 A field that could not be measured is null. Verdicts: PASS, WARN (noted, does not fail),
 FAIL, SKIP (not run, with the reason in ``summary``).
@@ -31,9 +39,20 @@ FAIL, SKIP (not run, with the reason in ``summary``).
 
 SCHEMA = "gpuctl.accept.report"
 SCHEMA_VERSION = 1
-SECTIONS = ("env", "compute", "membw", "pcie", "train", "ddp_allreduce", "ddp_train", "health")
+SECTIONS = (
+    "env",
+    "shape",
+    "compute",
+    "membw",
+    "pcie",
+    "train",
+    "ddp_allreduce",
+    "ddp_train",
+    "health",
+)
 MARKERS = {
     "env": "ENV",
+    "shape": "SHAPE",
     "compute": "COMPUTE",
     "membw": "MEMBW",
     "pcie": "PCIE",

@@ -91,6 +91,13 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
     p.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (default: local)")
     p.add_argument("--rdzv-id", default=None, help="rendezvous id shared by all nodes")
     p.add_argument("--ddp-timeout", type=float, help="seconds before DDP is declared hung")
+    p.add_argument("--expect-model", help="[SHAPE]: every GPU's name contains this (e.g. H100)")
+    p.add_argument("--expect-nvlinks", type=int, help="[SHAPE]: active NVLinks per GPU")
+    p.add_argument(
+        "--expect-mig", choices=("on", "off"), default="off", help="[SHAPE]: MIG mode (off)"
+    )
+    p.add_argument("--test-kernel-log", help=argparse.SUPPRESS)  # a file read as the kernel log
+    p.add_argument("--test-sysfs-root", default="/sys", help=argparse.SUPPRESS)
     p.add_argument("--skip", action="append", default=[], choices=SECTIONS, help="skip a section")
     p.add_argument("--events", help="append JSON progress lines to this file ({node}: node name)")
     p.add_argument("--events-fd", type=int, help="write JSON progress lines to this descriptor")

@@ -24,6 +24,8 @@
  *     xid GPU XID N               an XID critical error event, delivered by nvmlEventSetWait
  *                                 once the GPU has had more than N samples
  *     proc GPU PID MIB [graphics] a running process using MIB MiB (compute unless 'graphics')
+ * `set` also takes the node-shape fields of SHAPE_FIELDS (link training, NVLink, ECC mode,
+ * persistence, PCI address: see "node shape" near the end of this file).
  * In-process tests may also change a reading while NVML is open with the non-NVML export
  * gpuctl_stub_set(gpu, field, value) (see the end of this file).
  * Default readings of GPU i are derived from i (util 50+i, temp 40+i, ...; see gpu_defaults),
@@ -123,6 +125,10 @@ static const char *FIELDS[F_COUNT] = {
     "rows_failure", "mig", "pcie_gen", "pcie_width",
 };
 
+/* node-shape readings (defined near the end): -1 from shape_set = no such field */
+static void shape_defaults(unsigned int i);
+static int shape_set(unsigned int i, const char *field, long long value);
+
 static gpu_t gpus[MAX_GPUS];
 static unsigned int ngpus;
 static int initialised;
@@ -195,8 +201,10 @@ static void load_config(void)
     cuda_version = 12040;
     snprintf(driver_version, sizeof(driver_version), "550.54.15");
     snprintf(nvml_version, sizeof(nvml_version), "12.550.54.15");
-    for (i = 0; i < MAX_GPUS; i++)
+    for (i = 0; i < MAX_GPUS; i++) {
         gpu_defaults(&gpus[i], i);
+        shape_defaults(i);
+    }
     if (path == NULL || *path == '\0') {
         init_error = NVML_ERROR_DRIVER_NOT_LOADED;
         return;
@@ -243,6 +251,8 @@ static void load_config(void)
             value = strtok_r(NULL, " \t", &save);
             if (g && field && value && (k = lookup(field, FIELDS, F_COUNT)) >= 0)
                 g->v[k] = strtoll(value, NULL, 0);
+            else if (g && field && value)
+                shape_set(g->index, field, strtoll(value, NULL, 0));
         } else if (strcmp(key, "error") == 0) {
             char *tok;
             int code;
@@ -771,7 +781,134 @@ int gpuctl_stub_set(unsigned int index, const char *field, long long value)
     }
     k = lookup(field, FIELDS, F_COUNT);
     if (k < 0)
-        return -1;
+        return shape_set(index, field, value);
     gpus[index].v[k] = value;
     return 0;
+}
+
+/* ---- node shape (acceptance): link training, NVLink, ECC mode, persistence, PCI address ---- */
+/* Kept apart from FIELDS: `set GPU FIELD VALUE` falls back to these names. */
+enum shape_field {
+    S_CURR_PCIE_GEN, S_CURR_PCIE_WIDTH, S_GPU_MAX_PCIE_GEN, S_NVLINKS, S_NVLINKS_ACTIVE,
+    S_ECC_MODE, S_ECC_PENDING, S_PERSISTENCE, S_PCI_DOMAIN, S_PCI_BUS, S_COUNT
+};
+/* curr_pcie_gen/width -1: the link runs at its maximum (pcie_gen/pcie_width);
+ * gpu_max_pcie_gen -1: as pcie_gen; nvlinks: links the GPU has (0: NVLink NOT_SUPPORTED), the
+ * first nvlinks_active of them are up (-1: all); ecc_mode/persistence -1: NOT_SUPPORTED;
+ * ecc_pending -1: as ecc_mode. The PCI address is DOMAIN:BUS:00.0. */
+static const char *SHAPE_FIELDS[S_COUNT] = {
+    "curr_pcie_gen", "curr_pcie_width", "gpu_max_pcie_gen", "nvlinks", "nvlinks_active",
+    "ecc_mode", "ecc_pending", "persistence", "pci_domain", "pci_bus",
+};
+static long long shape[MAX_GPUS][S_COUNT];
+
+static void shape_defaults(unsigned int i)
+{
+    long long *s = shape[i];
+    s[S_CURR_PCIE_GEN] = -1;
+    s[S_CURR_PCIE_WIDTH] = -1;
+    s[S_GPU_MAX_PCIE_GEN] = -1;
+    s[S_NVLINKS] = 18; /* an H100 SXM */
+    s[S_NVLINKS_ACTIVE] = -1;
+    s[S_ECC_MODE] = 1;
+    s[S_ECC_PENDING] = -1;
+    s[S_PERSISTENCE] = 1;
+    s[S_PCI_DOMAIN] = 0;
+    s[S_PCI_BUS] = 0x18 + 0x10 * (long long)i;
+}
+
+static int shape_set(unsigned int i, const char *field, long long value)
+{
+    int k = lookup(field, SHAPE_FIELDS, S_COUNT);
+    if (i >= MAX_GPUS || k < 0)
+        return -1;
+    shape[i][k] = value;
+    return 0;
+}
+
+static long long shape_or(gpu_t *g, int k, long long fallback)
+{
+    long long v = shape[g->index][k];
+    return v < 0 ? fallback : v;
+}
+
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(gpu_t *g, unsigned int *gen)
+{
+    CHECK(g, W_PCIE);
+    *gen = (unsigned int)shape_or(g, S_CURR_PCIE_GEN, g->v[F_PCIE_GEN]);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(gpu_t *g, unsigned int *width)
+{
+    CHECK(g, W_PCIE);
+    *width = (unsigned int)shape_or(g, S_CURR_PCIE_WIDTH, g->v[F_PCIE_WIDTH]);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(gpu_t *g, unsigned int *gen)
+{
+    CHECK(g, W_PCIE);
+    *gen = (unsigned int)shape_or(g, S_GPU_MAX_PCIE_GEN, g->v[F_PCIE_GEN]);
+    return NVML_SUCCESS;
+}
+
+/* nvmlEnableState_t: 0 disabled, 1 enabled */
+nvmlReturn_t nvmlDeviceGetNvLinkState(gpu_t *g, unsigned int link, unsigned int *active)
+{
+    long long n;
+    CHECK(g, -1);
+    n = shape[g->index][S_NVLINKS];
+    if (n <= 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (active == NULL || (long long)link >= n)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *active = (long long)link < shape_or(g, S_NVLINKS_ACTIVE, n) ? 1u : 0u;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetEccMode(gpu_t *g, unsigned int *current, unsigned int *pending)
+{
+    long long mode;
+    CHECK(g, W_ECC);
+    mode = shape[g->index][S_ECC_MODE];
+    if (mode < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *current = (unsigned int)mode;
+    *pending = (unsigned int)shape_or(g, S_ECC_PENDING, mode);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPersistenceMode(gpu_t *g, unsigned int *mode)
+{
+    CHECK(g, -1);
+    if (shape[g->index][S_PERSISTENCE] < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *mode = (unsigned int)shape[g->index][S_PERSISTENCE];
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(gpu_t *g, nvmlPciInfo_t *pci)
+{
+    CHECK(g, -1);
+    if (pci == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof(*pci));
+    pci->domain = (unsigned int)shape[g->index][S_PCI_DOMAIN];
+    pci->bus = (unsigned int)shape[g->index][S_PCI_BUS];
+    pci->pciDeviceId = 0x233010deu;
+    snprintf(pci->busId, sizeof(pci->busId), "%08X:%02X:00.0", pci->domain, pci->bus);
+    snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "%04X:%02X:00.0", pci->domain & 0xffff,
+             pci->bus);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetPciInfo_v2(gpu_t *g, nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetPciInfo_v3(g, pci);
 }

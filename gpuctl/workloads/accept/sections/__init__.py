@@ -4,13 +4,14 @@ to the function that runs it on a ``Suite`` and returns its result dict."""
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import compute, ddp, env, health, membw, pcie, train
+from . import compute, ddp, env, health, membw, pcie, shape, train
 
 if TYPE_CHECKING:
     from gpuctl.workloads.accept.suite import Suite
 
 RUNNERS: "dict[str, Callable[[Suite], dict[str, Any]]]" = {
     "env": env.run,
+    "shape": shape.run,
     "compute": compute.run,
     "membw": membw.run,
     "pcie": pcie.run,

@@ -1,6 +1,9 @@
-"""[HEALTH]: ECC, remapped rows, XIDs and throttling read from NVML."""
+"""[HEALTH]: ECC, remapped rows, retired pages, XIDs and throttling read from NVML; XIDs in the
+kernel log and PCIe AER counters read from the node (``nodehealth``)."""
 
 from typing import TYPE_CHECKING, Any
+
+from gpuctl.workloads.accept import nodehealth
 
 if TYPE_CHECKING:
     from gpuctl.workloads.accept.suite import Suite
@@ -17,18 +20,31 @@ def run(suite: "Suite") -> "dict[str, Any]":
         why = suite.nvml.error if suite.nvml else "NVML not opened"
         return {"verdict": "SKIP", "summary": f"NVML unavailable ({why})", "gpus": []}
     suite.nvml.poll_xids()
+    log, log_source = _kernel_log(suite)
+    logged = nodehealth.parse_xids(log) if log is not None else []
     gpus, failures, warns = [], [], []
+    ours: set[str] = set()
     for g in suite.gpus:
         i = g["index"]
         h = suite.nvml.health(i)
+        pci = suite.nvml.pci_address(i)
+        key = nodehealth.pci_key(pci) if pci else None
+        if key:
+            ours.add(key)
         h.update(
             index=i,
             xids=sorted(set(suite.nvml.xids.get(i, []))),
             throttle=sorted(suite.nvml.throttle.get(i, ())),
+            retired_pending=suite.nvml.retired_pending(i),
+            pci=pci,
+            kernel_xids=[
+                {k: x[k] for k in ("xid", "hardware", "text")} for x in logged if x["pci"] == key
+            ],
+            aer=nodehealth.aer_counters(pci, suite.args.test_sysfs_root) if pci else None,
             verdict="PASS",
             reason=None,
         )
-        problems = []
+        problems, notes = [], []
         if h["ecc_uncorrected_volatile"]:
             problems.append(f"{int(h['ecc_uncorrected_volatile'])} uncorrectable ECC errors")
         rows = h["remapped_rows"] or {}
@@ -36,6 +52,13 @@ def run(suite: "Suite") -> "dict[str, Any]":
             problems.append("row remapping pending (reset the GPU)")
         if rows.get("failure"):
             problems.append("row remapping failed")
+        if h["retired_pending"]:
+            problems.append("page retirement pending (reset the GPU)")
+        problems.extend(_kernel_xid_problems(h["kernel_xids"], hardware=True))
+        notes.extend(_kernel_xid_problems(h["kernel_xids"], hardware=False))
+        bad, odd = _aer_problems(h["aer"])
+        problems.extend(bad)
+        notes.extend(odd)
         if h["xids"]:
             problems.append(f"XID {','.join(str(x) for x in h['xids'])} during the run")
         hw = [t for t in h["throttle"] if t in BAD_THROTTLE]
@@ -45,23 +68,89 @@ def run(suite: "Suite") -> "dict[str, Any]":
         if problems:
             h["verdict"], h["reason"] = "FAIL", "; ".join(problems)
             failures.append(f"health gpu{i}: {h['reason']}")
-        elif soft:
-            h["verdict"], h["reason"] = (
-                "WARN",
-                f"throttled during COMPUTE: {','.join(soft)}",
-            )
+        elif soft or notes:
+            if soft:
+                notes.insert(0, f"throttled during COMPUTE: {','.join(soft)}")
+            h["verdict"], h["reason"] = "WARN", "; ".join(notes)
             warns.append(i)
         gpus.append(h)
         suite.out.line(
             f"gpu{i} ECC uncorrected {h['ecc_uncorrected_volatile']}, "
             f"remapped rows {rows or None}, XID {h['xids'] or 'none'}, "
-            f"throttle {','.join(h['throttle']) or 'none'}  {h['verdict']}"
+            f"throttle {','.join(h['throttle']) or 'none'}, "
+            f"kernel-log XID {[x['xid'] for x in h['kernel_xids']] or 'none'}, "
+            f"AER {_aer_text(h['aer'])}  {h['verdict']}"
             + (f" ({h['reason']})" if h["reason"] else "")
         )
-    verdict = "FAIL" if failures else ("WARN" if warns else "PASS")
+    node_xids = [x for x in logged if x["pci"] not in ours]
+    if node_xids:
+        suite.out.line(
+            "kernel-log XIDs of devices not under test: "
+            + ", ".join(f"{x['pci']} XID {x['xid']}" for x in node_xids[:20])
+        )
+    if log is None:
+        suite.out.line(f"kernel log unreadable, XIDs not checked: {log_source}")
+    verdict = "FAIL" if failures else ("WARN" if warns or log is None else "PASS")
+    summary = "; ".join(failures) or f"{len(gpus)} GPU(s) healthy"
+    if log is None:
+        summary += f"; kernel log unreadable ({log_source}): XIDs not checked"
     return {
         "verdict": verdict,
         "gpus": gpus,
         "failures": failures,
-        "summary": "; ".join(failures) or f"{len(gpus)} GPU(s) healthy",
+        "summary": summary,
+        "kernel_log": log_source if log is not None else None,
+        "kernel_log_error": None if log is not None else log_source,
+        "node_xids": node_xids,
     }
+
+
+def _kernel_log(suite: "Suite") -> "tuple[list[str] | None, str]":
+    path = suite.args.test_kernel_log
+    if path is None:
+        return nodehealth.kernel_log()
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().splitlines(), path
+    except OSError as e:
+        return None, f"{path}: {e.strerror}"
+
+
+def _kernel_xid_problems(xids: "list[dict[str, Any]]", hardware: bool) -> "list[str]":
+    """One phrase per distinct XID of the kind asked (hardware ones fail, others are noted)."""
+    counts: dict[int, int] = {}
+    for x in xids:
+        if x["hardware"] == hardware:
+            counts[x["xid"]] = counts.get(x["xid"], 0) + 1
+    return [
+        f"kernel log XID {xid}"
+        + (f" x{n}" if n > 1 else "")
+        + (f" ({nodehealth.HARDWARE_XIDS[xid]})" if hardware else "")
+        for xid, n in sorted(counts.items())
+    ]
+
+
+def _aer_problems(aer: "dict[str, Any] | None") -> "tuple[list[str], list[str]]":
+    """(failures, notes): uncorrectable AER errors fail, correctable ones are noted."""
+    bad: list[str] = []
+    odd: list[str] = []
+    if not aer:
+        return bad, odd
+    for where, counts in (("GPU", aer["device"]), (f"port {aer['port_address']}", aer["port"])):
+        if not counts:
+            continue
+        unc = {k: counts.get(k, 0) for k in ("nonfatal", "fatal") if counts.get(k)}
+        if unc:
+            bad.append(
+                f"PCIe AER {', '.join(f'{n} {k}' for k, n in unc.items())} errors on the {where}"
+            )
+        if counts.get("correctable"):
+            odd.append(f"PCIe AER {counts['correctable']} correctable errors on the {where}")
+    return bad, odd
+
+
+def _aer_text(aer: "dict[str, Any] | None") -> str:
+    if not aer:
+        return "unreadable"
+    d = aer["device"]
+    return "/".join(str(d.get(k, "?")) for k in nodehealth.AER_KINDS) + " (corr/nonfatal/fatal)"
