@@ -361,7 +361,12 @@ class Fleet:
                 hist = rt.history[g.index] = deque(maxlen=self.history_len)
             hist.append(g)
         self._publish(
-            rt, state=NodeState.LIVE, gpus=sample.gpus, last_sample_t=sample.t, reason=None
+            rt,
+            state=NodeState.LIVE,
+            gpus=sample.gpus,
+            last_sample_t=sample.t,
+            reason=None,
+            parents=sample.parents,
         )
 
     async def _watch_stale(self) -> None:
