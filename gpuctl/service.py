@@ -23,6 +23,10 @@ host and a per-process session id) in ``stress_start``; the agent records it, re
 marks the burner process with it, so that another session sees whose a burner is. ``stress
 stop`` stops the caller's user's burners only, unless asked for any owner.
 
+Signalling a GPU process (the process view's kill keys, ``gpuctl.fleet.control.
+signal_process``) is a mutating action too, allowed only for the caller's own processes
+(``not_mine``); the agent checks the uid again on its side.
+
 Others' processes: ``others_on`` says which GPUs run processes of another user than the caller,
 from the latest sample the fleet holds, so the TUI can ask and the CLI can require ``--force``
 before a burn lands on someone's job.
@@ -241,6 +245,16 @@ def stop_request(gpus: list[int] | None, *, any_owner: bool = False) -> JsonObje
 
 # -- other users' processes on GPUs -------------------------------------------------------------
 UNKNOWN_USER = "an unknown user"
+
+
+def not_mine(process_user: str | None, *, user: str | None = None) -> str | None:
+    """Why a process of ``process_user`` is not the caller's to signal (``user``, default this
+    process's user), in words (``belongs to alice, not to bob: only your own processes``), or
+    None when it is the caller's. A process whose user the node could not tell is not."""
+    mine = user if user is not None else user_name()
+    if process_user == mine:
+        return None
+    return f"belongs to {process_user or UNKNOWN_USER}, not to {mine}: only your own processes"
 
 
 @dataclass(frozen=True, slots=True)

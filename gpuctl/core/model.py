@@ -56,22 +56,84 @@ def _counts(v: object) -> Mapping[str, Any] | None:
     return dict(v) if isinstance(v, dict) else None
 
 
+class ProcessWire(TypedDict, total=False):
+    """A process as a sample carries it (``processes`` of a GPU, or ``parents``)."""
+
+    pid: int
+    user: str | None
+    command: str | None
+    mem: int | None
+    uid: int | None
+    ppid: int | None
+    sm: float | None
+    cpu: float | None
+    rss: int | None
+    started: float | None
+
+
+def _within(v: float | None, low: float, high: float) -> float | None:
+    """``v`` when ``low <= v <= high``: a reading outside is junk from a node, not a fact."""
+    return v if v is not None and low <= v <= high else None
+
+
+CPU_PERCENT_LIMIT = 100_000.0  # %CPU of one process: 1,000 cores busy
+
+
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
-    """A process holding GPU memory."""
+    """A process holding GPU memory (or, in ``NodeSnapshot.parents``, an ancestor of one).
+
+    ``mem`` and ``rss`` in bytes, ``sm`` the SM % it used on its GPU, ``cpu`` its host %CPU,
+    ``started`` a unix time, ``ppid`` its parent; any may be None (unknown)."""
 
     pid: int | None
     user: str | None
     command: str | None
     mem: int | None  # bytes
+    uid: int | None = None
+    ppid: int | None = None
+    sm: float | None = None
+    cpu: float | None = None
+    rss: int | None = None
+    started: float | None = None
 
     @classmethod
     def from_wire(cls, d: object) -> GpuProcess:
-        """Build from a protocol dict; bad fields become None."""
-        d = d if isinstance(d, dict) else {}
+        """Build from a protocol dict; bad fields (wrong type, out of range) become None."""
+        w = wire.parse(ProcessWire, d) or {}
+
+        def count(key: str) -> int | None:
+            v = _int(w.get(key))
+            return v if v is not None and v >= 0 else None
+
+        pid = count("pid")
         return cls(
-            _int(d.get("pid")), _str(d.get("user")), _str(d.get("command")), _int(d.get("mem"))
+            pid=pid if pid else None,
+            user=w.get("user"),
+            command=w.get("command"),
+            mem=count("mem"),
+            uid=count("uid"),
+            ppid=count("ppid"),
+            sm=_within(_float(w.get("sm")), 0.0, 100.0),
+            cpu=_within(_float(w.get("cpu")), 0.0, CPU_PERCENT_LIMIT),
+            rss=count("rss"),
+            started=_within(_float(w.get("started")), 1.0, 1e11),
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The process as plain JSON-able data (the wire names)."""
+        return {
+            "pid": self.pid,
+            "user": self.user,
+            "command": self.command,
+            "mem": self.mem,
+            "uid": self.uid,
+            "ppid": self.ppid,
+            "sm": self.sm,
+            "cpu": self.cpu,
+            "rss": self.rss,
+            "started": self.started,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,10 +252,7 @@ class GpuSample:
             "ecc": dict(self.ecc) if self.ecc is not None else None,
             "retired_pages": dict(self.retired_pages) if self.retired_pages is not None else None,
             "remapped_rows": dict(self.remapped_rows) if self.remapped_rows is not None else None,
-            "processes": [
-                {"pid": p.pid, "user": p.user, "command": p.command, "mem": p.mem}
-                for p in self.processes
-            ],
+            "processes": [p.to_dict() for p in self.processes],
         }
 
 
@@ -320,6 +379,8 @@ class NodeSnapshot:
     reason: str | None = None  # why it is unreachable (or None)
     # Extra per-GPU annotations from other subsystems (burn state, Slurm job), by GPU index.
     annotations: Mapping[int, GpuNotes] = field(default_factory=dict)
+    # Ancestors of the GPU processes that use no GPU themselves (launchers, shells).
+    parents: tuple[GpuProcess, ...] = ()
 
     def age(self, now: float) -> float | None:
         """Seconds since the newest sample, or None if there never was one."""

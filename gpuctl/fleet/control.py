@@ -11,6 +11,10 @@ It is fed by the agents' ``burn`` events, checked field by field where they ente
 agent stops them (the dead-man's switch). The agents' replies are checked the same way into
 ``StressReply`` and ``StressStatus``.
 
+``signal_process`` sends SIGTERM or SIGKILL to a GPU process of the caller's own user (the
+process view's kill keys): refused for another user's process, here and by the agent, and in
+read-only mode.
+
 Starting and stopping are mutating actions: ``set_stress`` and ``stop_burners`` ask
 ``gpuctl.service`` first and raise ``ReadOnlyError`` in read-only mode (the caller's
 ``read_only``, a fleet built read-only, ``$GPUCTL_READ_ONLY``, the config). Every burn started
@@ -28,6 +32,7 @@ from gpuctl.core import wire
 from gpuctl.core.model import (
     BURNING_STATES,
     BurnState,
+    GpuProcess,
     NodeEvent,
     NodeSnapshot,
     NodeState,
@@ -113,14 +118,20 @@ class StressStatus(TypedDict, total=False):
     gpu_burn: str | None
 
 
-async def _ask(fleet: Fleet, node: str, msg: JsonObject, timeout: float) -> JsonObject:
-    """The agent's reply to ``msg``; StressError when it refuses (its code and one-line
-    reason), LinkError when it does not answer."""
+async def _ask(
+    fleet: Fleet,
+    node: str,
+    msg: JsonObject,
+    timeout: float,
+    error_type: type[LinkError] = StressError,
+) -> JsonObject:
+    """The agent's reply to ``msg``; ``error_type`` (StressError) when it refuses (its code and
+    one-line reason), LinkError when it does not answer."""
     reply = await fleet.request(node, msg, timeout)
     error = refusal(reply)
     if error is not None:
         code, why = error.get("code", "refused"), error.get("message", "refused")
-        raise StressError(code, f"{node}: {why}")
+        raise error_type(code, f"{node}: {why}")
     return reply
 
 
@@ -296,3 +307,67 @@ async def stop_burners(
     reply = wire.parse(StressReply, await _ask(fleet, node, request, timeout)) or {}
     _mark_stopping(fleet, node, reply.get("stopping", []))
     return reply
+
+
+# -- GPU processes ------------------------------------------------------------------------------
+SIGNALS = ("TERM", "KILL")
+
+
+class ProcessError(LinkError):
+    """A signal to a GPU process refused, here or by the agent; the message is one line
+    (reasons: bad_argument, unknown_node, not_gpu_process, no_process, not_yours, read_only)."""
+
+
+class SignalReply(TypedDict, total=False):
+    """An agent's answer to ``signal``: the pid, the signal sent and what it did, in words."""
+
+    type: str
+    request: str
+    pid: int
+    signal: str
+    message: str
+
+
+def find_process(snap: NodeSnapshot, pid: int) -> GpuProcess | None:
+    """The GPU process ``pid`` of the latest sample of ``snap``, or None."""
+    for g in snap.gpus:
+        for p in g.processes:
+            if p.pid == pid:
+                return p
+    return None
+
+
+async def signal_process(
+    fleet: Fleet,
+    node: str,
+    pid: int,
+    signal: str = "TERM",
+    *,
+    read_only: bool | None = None,
+    timeout: float = REQUEST_TIMEOUT,
+) -> SignalReply:
+    """Send SIGTERM (``signal="TERM"``) or SIGKILL (``"KILL"``) to GPU process ``pid`` of
+    ``node``: only a process of the caller's own user, as the latest sample shows it (the agent
+    checks the process's uid against its own too, and its start time, so a pid reused meanwhile
+    is left alone).
+
+    Returns the agent's reply. Raises ``service.ReadOnlyError`` in read-only mode,
+    ProcessError (a LinkError) when the process is not a GPU process of the node, is another
+    user's, or the agent refuses; LinkError when the node does not answer.
+    """
+    service.check("signalling processes", read_only=read_only, fleet=fleet)
+    if signal not in SIGNALS:
+        raise ProcessError("bad_argument", f"signal must be TERM or KILL, not {signal!r}")
+    if node not in fleet.nodes:
+        raise ProcessError("unknown_node", f"no node named {node!r}")
+    proc = find_process(fleet.snapshot(node), pid)
+    if proc is None:
+        raise ProcessError("not_gpu_process", f"{node}: pid {pid} is not a GPU process there")
+    why = service.not_mine(proc.user)
+    if why is not None:
+        raise ProcessError("not_yours", f"{node}: pid {pid} {why}")
+    msg: JsonObject = {"type": "signal", "pid": pid, "signal": signal}
+    if proc.started is not None:
+        msg["started"] = proc.started
+    reply = await _ask(fleet, node, msg, timeout, ProcessError)
+    return wire.parse(SignalReply, reply) or {}

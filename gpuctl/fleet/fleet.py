@@ -369,7 +369,12 @@ class Fleet:
                 )
             hist.add(g)
         self._publish(
-            rt, state=NodeState.LIVE, gpus=sample.gpus, last_sample_t=sample.t, reason=None
+            rt,
+            state=NodeState.LIVE,
+            gpus=sample.gpus,
+            last_sample_t=sample.t,
+            reason=None,
+            parents=sample.parents,
         )
 
     async def _watch_stale(self) -> None:

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict
 
 from gpuctl.core import wire
-from gpuctl.core.model import GpuSample, NodeEvent, NodeInfo
+from gpuctl.core.model import GpuProcess, GpuSample, NodeEvent, NodeInfo
 from gpuctl.core.wire import JsonObject
 from gpuctl.node import protocol
+
+MAX_PARENTS = 256  # a sample's ``parents`` kept (an agent sends at most 64)
 
 
 class LinkError(Exception):
@@ -58,6 +60,7 @@ class Sample:
     t: float
     seq: int
     gpus: tuple[GpuSample, ...]
+    parents: tuple[GpuProcess, ...] = ()  # ancestors of the GPU processes (launchers)
 
 
 class Hello(TypedDict, total=False):
@@ -229,11 +232,15 @@ def decode_sample(msg: JsonObject) -> Sample:
     t = float(t) if isinstance(t, int | float) else 0.0
     seq = msg.get("seq")
     gpus = msg.get("gpus")
+    parents = msg.get("parents")
     return Sample(
         t=t,
         seq=seq if isinstance(seq, int) else -1,
         gpus=tuple(GpuSample.from_wire(g, t, i) for i, g in enumerate(gpus))
         if isinstance(gpus, list)
+        else (),
+        parents=tuple(GpuProcess.from_wire(p) for p in parents[:MAX_PARENTS])
+        if isinstance(parents, list)
         else (),
     )
 

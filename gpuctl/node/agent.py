@@ -21,7 +21,7 @@ import socket
 import stat
 import sys
 import time
-from typing import IO, Any, Callable, Dict, List, Optional, Sequence
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set
 
 from . import protocol
 from .proc import LineBuffer
@@ -31,7 +31,7 @@ from .readers import Reader, bindings, open_reader
 # --read-only refuses them with error code "read_only", whatever the login side asks: defence in
 # depth behind the CLI's and the TUI's own refusal. Plugins add their own names to
 # ``agent.mutating``; these are known up front so that a plugin forgetting to does not matter.
-MUTATING = ("stress_start", "stress_stop", "accept_start", "accept_stop")
+MUTATING = ("stress_start", "stress_stop", "accept_start", "accept_stop", "signal")
 
 OUT_LIMIT = 8 << 20  # bytes queued for a reader that does not read; past it messages are dropped
 DRAIN_S = 2.0  # at exit, how long the last messages (burns ended, bye) may wait for the reader
@@ -147,7 +147,9 @@ class Agent(object):
             "snapshot": self._snapshot,
             "shutdown": self._shutdown,
             "configure": self._configure,
+            "signal": self._signal,
         }  # type: Dict[str, Handler]
+        self._gpu_pids = set()  # type: Set[int]  # the GPU processes of the latest sample
         if reader is not None and hasattr(reader, "simulate"):
             self.handlers["simulate"] = self._simulate
         # called once per loop turn with the current monotonic time
@@ -238,6 +240,11 @@ class Agent(object):
             hook(gpus)
         msg = {"type": "sample", "t": time.time(), "seq": self.seq,
                "gpus": gpus}  # type: Dict[str, Any]
+        if self.reader is not None:
+            self._gpu_pids = set(
+                p["pid"] for g in gpus for p in (g.get("processes") or ())
+                if isinstance(p, dict) and isinstance(p.get("pid"), int))
+            msg["parents"] = self.reader.parents()
         if req_id is not None:
             msg["id"] = req_id
         self.seq += 1
@@ -299,6 +306,18 @@ class Agent(object):
 
     def _snapshot(self, msg: Dict[str, Any], req_id: Any) -> None:
         self.sample(req_id)
+
+    def _signal(self, msg: Dict[str, Any], req_id: Any) -> None:
+        if self.reader is None:
+            self.reply_error("no_reader", "no GPU reader: no GPU processes to signal", req_id)
+            return
+        pid, name = msg.get("pid"), msg.get("signal")
+        code, message = self.reader.signal(pid, name, self._gpu_pids, msg.get("started"))
+        if code is not None:
+            self.reply_error(code, message, req_id)
+            return
+        self.send({"type": "ok", "request": "signal", "id": req_id, "pid": pid,
+                   "signal": name, "message": message})
 
     def _shutdown(self, msg: Dict[str, Any], req_id: Any) -> None:
         self.send({"type": "bye", "id": req_id})

@@ -189,6 +189,54 @@ def stop_group(pgid: int, grace: float = GRACE_S,
     return _wait_gone(pgid, proc, kill_wait)
 
 
+# -- /proc/PID/stat ------------------------------------------------------------------------------
+class ProcStat(object):
+    """What ``/proc/PID/stat`` says of a process: ``state`` ("R", "S", "Z", ...), ``ppid``,
+    ``cpu_ticks`` (user + system time, in clock ticks), ``start_ticks`` (start time in clock
+    ticks after boot; with the pid it names one process, whatever reuses the pid later) and
+    ``rss`` (resident bytes)."""
+
+    __slots__ = ("state", "ppid", "cpu_ticks", "start_ticks", "rss")
+
+    def __init__(self, state: str, ppid: int, cpu_ticks: int, start_ticks: int, rss: int) -> None:
+        self.state = state
+        self.ppid = ppid
+        self.cpu_ticks = cpu_ticks
+        self.start_ticks = start_ticks
+        self.rss = rss
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def read_stat(pid: Union[int, str], proc_root: str = "/proc") -> Optional[ProcStat]:
+    """``/proc/PID/stat`` of ``pid``, or None when it is gone or unreadable. The command name
+    may hold spaces and parentheses: the fields are read after its last ``)``."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "stat"), "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(b")") + 2:].split()
+        # fields[n - 3] is field n of proc(5): 4 ppid, 14 utime, 15 stime, 22 starttime, 24 rss
+        return ProcStat(fields[0].decode("ascii", "replace"), int(fields[1]),
+                        int(fields[11]) + int(fields[12]), int(fields[19]),
+                        int(fields[21]) * PAGE_BYTES)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def boot_time(proc_root: str = "/proc") -> Optional[float]:
+    """The unix time the machine booted (``btime`` of /proc/stat), or None."""
+    try:
+        with open(os.path.join(proc_root, "stat"), "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 # -- descendants (a child subreaper's inheritance) ----------------------------------------------
 def _parents(proc_root: str = "/proc") -> Dict[int, int]:
     """pid -> parent pid of every live (non-zombie) process, from /proc."""
@@ -196,15 +244,10 @@ def _parents(proc_root: str = "/proc") -> Dict[int, int]:
     for entry in os.listdir(proc_root):
         if not entry.isdigit():
             continue
-        try:
-            with open(os.path.join(proc_root, entry, "stat")) as f:
-                stat = f.read()
-        except OSError:
+        stat = read_stat(entry, proc_root)
+        if stat is None or stat.state in ("Z", "X"):
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] in ("Z", "X"):
-            continue
-        out[int(entry)] = int(fields[1])
+        out[int(entry)] = stat.ppid
     return out
 
 

@@ -38,7 +38,13 @@ Agent -> gpuctl
                         aggregate_uncorrected} | null,
                   retired_pages: {single_bit, double_bit, pending} | null,
                   remapped_rows: {correctable, uncorrectable, pending, failure} | null,
-                  processes: [{pid, user, command, mem (bytes or null)}]
+                  processes: [{pid, user, command, mem (bytes or null), uid, ppid,
+                               sm (the process's SM %, NVML's per-process utilization),
+                               cpu (host %CPU since the previous sample; null on the first),
+                               rss (resident bytes), started (unix time)}]
+              ``parents``: the ancestors of the GPU processes that are not GPU processes
+              themselves (a launcher, a shell), up to pid 1: [{pid, ppid, uid, user, command,
+              started}] (at most 64).
               A field the GPU cannot report is null; it never hides the others. ecc,
               retired_pages and remapped_rows are read every ``SLOW_EVERY`` samples and repeated
               in between. A reply to ``snapshot`` is a sample with the request's ``id``.
@@ -60,6 +66,11 @@ gpuctl -> agent
                   MAX_DURATION_CEILING: the cap of every later burn) -> ok {liveness_timeout,
                   max_duration} (error bad_argument, nothing changed, for a bad value). gpuctl
                   sends it first, from its config, and then pings every liveness_timeout / 3.
+    signal        pid, signal ("TERM" | "KILL"), started (optional: the process's start time
+                  as a sample gave it) -> ok {pid, signal, message}, or error: bad_argument,
+                  not_gpu_process (the pid is not among the latest sample's GPU processes),
+                  no_process (it ended, or another process has its pid now), not_yours (it
+                  belongs to another user than the agent's, root included), read_only.
     simulate      (simulated reader only) action: "load" (gpus, load 0..1) | "xid" (gpu, xid)
                   | "lose" (gpu) | "stall" (seconds 0..60: the next sample waits, as a hung
                   driver call would) -> ok

@@ -35,3 +35,51 @@ def test_big_but_real_numbers_stay() -> None:
     )
     assert g.mem_used == 2**63 - 1 and g.power == 1e308 and g.temp == -5
     assert NodeInfo.from_hello({"hostname": "h", "gpus": [{"index": 0}]}).gpus[0].index == 0
+
+
+def test_process_fields_from_a_node_are_checked() -> None:
+    """Every process field is of its type and within what a process can have, or None."""
+    good = GpuProcess.from_wire(
+        {
+            "pid": 42,
+            "user": "alice",
+            "command": "python train.py",
+            "mem": 1 << 30,
+            "uid": 1001,
+            "ppid": 41,
+            "sm": 87,
+            "cpu": 101.5,
+            "rss": 5 << 30,
+            "started": 1_700_000_000.5,
+        }
+    )
+    assert (good.pid, good.uid, good.ppid, good.sm, good.cpu) == (42, 1001, 41, 87.0, 101.5)
+    assert (good.rss, good.started) == (5 << 30, 1_700_000_000.5)
+    assert good.to_dict()["sm"] == 87.0
+    junk = GpuProcess.from_wire(
+        {
+            "pid": -3,
+            "user": 7,
+            "command": ["rm"],
+            "mem": 10**30,
+            "uid": "root",
+            "ppid": True,
+            "sm": 250,
+            "cpu": -1.0,
+            "rss": -5,
+            "started": 1e300,
+            "extra": "x",
+        }
+    )
+    assert junk == GpuProcess(None, None, None, None)
+    assert GpuProcess.from_wire("not a dict") == GpuProcess(None, None, None, None)
+
+
+def test_a_samples_parents_are_read_and_bounded() -> None:
+    from gpuctl.fleet.session import MAX_PARENTS, decode_sample
+
+    parents = [{"pid": 10 + i, "command": "bash job.sh"} for i in range(MAX_PARENTS + 50)]
+    sample = decode_sample({"type": "sample", "t": 1.0, "gpus": [], "parents": [*parents, 5]})
+    assert len(sample.parents) == MAX_PARENTS
+    assert sample.parents[0] == GpuProcess(10, None, "bash job.sh", None)
+    assert decode_sample({"type": "sample", "parents": "junk"}).parents == ()

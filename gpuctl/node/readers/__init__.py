@@ -7,11 +7,14 @@ A reader is an object with:
     sample(slow) -> list     one dict per GPU (protocol.SAMPLE_FIELDS); slow=True also reads the
                              slow fields (ECC, retired pages, remapped rows), else repeats them
     events() -> list         event messages seen since the last call (XID, GPU lost)
+    parents() -> list        ancestors of the last sample's GPU processes (pid, ppid, uid, user,
+                             command, started): the sample's ``parents``
+    signal(pid, name, started) -> (code, message)   the ``signal`` request (procs.signal_process)
     close()
 ``Reader`` spells that out; the three readers derive from it.
 """
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 
 class ReaderUnavailable(Exception):
@@ -38,6 +41,18 @@ class Reader(object):
     def events(self) -> List[Dict[str, Any]]:
         """Event messages seen since the last call (XID, GPU lost)."""
         raise NotImplementedError
+
+    def parents(self) -> List[Dict[str, Any]]:
+        """Ancestors of the last sample's GPU processes; none by default."""
+        return []
+
+    def signal(self, pid: Any, name: Any, gpu_pids: Iterable[int],
+               started: Any = None) -> Tuple[Optional[str], str]:
+        """Send SIGTERM/SIGKILL to a GPU process of this node's user: ``(None, what was done)``
+        or ``(error code, why not)`` (see ``procs.signal_process``)."""
+        from .procs import signal_process
+
+        return signal_process(pid, name, gpu_pids, started)
 
     def close(self) -> None:
         """Release the driver."""

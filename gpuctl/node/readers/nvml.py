@@ -9,6 +9,7 @@ Python 3.6 syntax.
 """
 
 import ctypes
+import time
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 from ..protocol import decode_throttle
@@ -45,6 +46,7 @@ EVENT_XID = 0x8
 PSTATE_UNKNOWN = 32
 NOT_AVAILABLE = (1 << 64) - 1  # usedGpuMemory when the driver cannot tell (and the ulonglong -1)
 MAX_EVENTS_PER_POLL = 256  # bounds one events() call if a GPU floods XIDs
+PROC_UTIL_WINDOW_S = 5.0  # per-process SM %: NVML's samples of this last while, newest per pid
 
 
 class _Lost(Exception):
@@ -66,6 +68,7 @@ class NvmlReader(Reader):
         self._pending = []  # type: List[Dict[str, Any]]
         self._slow = {}  # type: Dict[int, Dict[str, Any]]
         self._names = ProcessNames()
+        self._parents = []  # type: List[Dict[str, Any]]
         self._index_of_handle = {}  # type: Dict[Any, int]
         count = nvml.nvmlDeviceGetCount()
         for i in range(count):
@@ -239,8 +242,13 @@ class NvmlReader(Reader):
                 self._mark_lost(i)
                 rec = lost_record(i, self._uuids[i])
             out.append(rec)
+        self._parents = self._names.parents(pids)
         self._names.forget_except(pids)
         return out
+
+    def parents(self) -> List[Dict[str, Any]]:
+        """Ancestors of the last sample's GPU processes (``ProcessNames.parents``)."""
+        return self._parents
 
     def _read_fast(self, i: int, h: Any, pids: Set[int]) -> Dict[str, Any]:
         util = self._read("nvmlDeviceGetUtilizationRates", h)
@@ -288,7 +296,22 @@ class NvmlReader(Reader):
                 found[pid] = mem
         if not readable:
             return None
-        return self._names.rows(found, pids)
+        return self._names.rows(found, pids, self._process_sm(h) if found else None)
+
+    def _process_sm(self, h: Any) -> Dict[int, Optional[int]]:
+        """pid -> SM % of its newest NVML utilization sample of the last few seconds (a pid
+        without one ran no kernel then, or the GPU cannot tell: left out)."""
+        since = int((time.time() - PROC_UTIL_WINDOW_S) * 1e6)  # NVML stamps are microseconds
+        samples = self._read("nvmlDeviceGetProcessUtilization", h, since)
+        newest = {}  # type: Dict[int, Tuple[int, Optional[int]]]
+        for s in samples or ():
+            pid = _int(getattr(s, "pid", None))
+            stamp = _int(getattr(s, "timeStamp", None)) or 0
+            util = _int(getattr(s, "smUtil", None))
+            if pid is None or (pid in newest and newest[pid][0] > stamp):
+                continue
+            newest[pid] = (stamp, util if util is not None and 0 <= util <= 100 else None)
+        return {pid: util for pid, (_, util) in newest.items()}
 
     def _read_slow(self, h: Any) -> Dict[str, Any]:
         counts = {}  # type: Dict[str, Optional[int]]

@@ -1,32 +1,55 @@
-"""Who runs a GPU process: user and command line from /proc, shared by the NVML and smi readers.
+"""Who runs a GPU process, and what it costs the host: /proc, shared by the NVML and smi readers.
 
-Python 3.6, standard library only. Lookups are cached per pid by ``ProcessNames`` and the cache
-forgets pids that stop showing up, so a busy GPU costs two small /proc reads per new process,
-not per sample.
+Python 3.6, standard library only. ``ProcessNames`` keeps per pid what does not change (uid,
+user, command line) and forgets pids that stop showing up, so a busy GPU costs two small /proc
+reads per new process; what changes (``/proc/PID/stat``: parent, CPU time, resident memory,
+start time) is read once per sample for each GPU process. Host %CPU is the CPU time a process
+used between two samples over the wall time between them, so the first sample of a process has
+none (null).
+
+``signal_process`` is the agent's ``signal`` request: it sends SIGTERM or SIGKILL to a GPU process
+of the agent's own user, and refuses anything else (see its docstring).
 """
 
+import os
 import pwd
+import signal
+import time
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
+from ..proc import CLOCK_TICKS, ProcStat, boot_time, read_stat
+
 MAX_COMMAND = 200  # characters: enough to tell jobs apart, small enough for one sample line
+MAX_PARENTS = 64  # ancestors of GPU processes sent in one sample (a tree, not a process table)
+MAX_DEPTH = 16  # ancestors followed up from one GPU process
+SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 
 
-def process_user(pid: int) -> Optional[str]:
-    """Return the name of the real user running ``pid`` (uid as text if unnamed), or None."""
+def process_uid(pid: int) -> Optional[int]:
+    """Return the real uid running ``pid``, or None."""
     try:
         with open("/proc/%d/status" % pid, "rb") as f:
             for line in f:
                 if line.startswith(b"Uid:"):
-                    uid = int(line.split()[1])
-                    break
-            else:
-                return None
+                    return int(line.split()[1])
     except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def user_of(uid: Optional[int]) -> Optional[str]:
+    """The name of ``uid`` (the uid as text when it has none), or None."""
+    if uid is None:
         return None
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+def process_user(pid: int) -> Optional[str]:
+    """Return the name of the real user running ``pid`` (uid as text if unnamed), or None."""
+    return user_of(process_uid(pid))
 
 
 def process_command(pid: int) -> Optional[str]:
@@ -45,32 +68,153 @@ def process_command(pid: int) -> Optional[str]:
     return text or None
 
 
+Identity = Tuple[Optional[int], Optional[str], Optional[str]]  # uid, user, command
+
+
 class ProcessNames(object):
-    """Cache of (user, command) per pid; ``forget_except(pids)`` drops pids no longer seen."""
+    """Per-pid facts of GPU processes (see the module docstring). A reader calls ``rows`` for
+    each GPU of a sample, then ``parents`` once, then ``forget_except`` with every pid seen."""
 
-    def __init__(self) -> None:
-        self._cache = {}  # type: Dict[int, Tuple[Optional[str], Optional[str]]]
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._cache = {}  # type: Dict[int, Identity]
+        self._clock = clock
+        self._boot = boot_time()
+        self._stats = {}  # type: Dict[int, Optional[ProcStat]]  # this sample's reads
+        self._fields = {}  # type: Dict[int, Dict[str, Any]]  # this sample's host fields
+        self._cpu = {}  # type: Dict[int, Tuple[int, int, float]]  # start, ticks, when
+        self._seen = set()  # type: Set[int]
 
-    def lookup(self, pid: int) -> Tuple[Optional[str], Optional[str]]:
-        """Return ``(user, command)`` for ``pid``; either may be None (pid in another namespace)."""
+    def identity(self, pid: int) -> Identity:
+        """Return ``(uid, user, command)`` for ``pid``; any may be None (another namespace)."""
         hit = self._cache.get(pid)
         if hit is None:
-            hit = (process_user(pid), process_command(pid))
+            uid = process_uid(pid)
+            hit = (uid, user_of(uid), process_command(pid))
             self._cache[pid] = hit
         return hit
 
-    def forget_except(self, pids: Iterable[int]) -> None:
-        """Drop cached pids not in ``pids`` (so a reused pid is looked up afresh)."""
-        for pid in list(self._cache):
-            if pid not in pids:
-                del self._cache[pid]
+    def lookup(self, pid: int) -> Tuple[Optional[str], Optional[str]]:
+        """Return ``(user, command)`` for ``pid``; either may be None (pid in another namespace)."""
+        _, user, command = self.identity(pid)
+        return user, command
 
-    def rows(self, found: Dict[int, Optional[int]], seen: Set[int]) -> List[Dict[str, Any]]:
+    def stat(self, pid: int) -> Optional[ProcStat]:
+        """``/proc/PID/stat``, read once per sample."""
+        if pid not in self._stats:
+            self._stats[pid] = read_stat(pid)
+        return self._stats[pid]
+
+    def forget_except(self, pids: Iterable[int]) -> None:
+        """End a sample: drop cached pids not in ``pids`` (so a reused pid is looked up afresh)
+        and this sample's stat reads."""
+        keep = set(pids) | self._seen
+        for cache in (self._cache, self._cpu):
+            for pid in list(cache):
+                if pid not in keep:
+                    del cache[pid]
+        self._stats = {}
+        self._fields = {}
+        self._seen = set()
+
+    def host_fields(self, pid: int) -> Dict[str, Any]:
+        """``ppid``, ``cpu`` (host %CPU since the last sample, None on the first), ``rss``
+        (bytes) and ``started`` (unix time) of ``pid``; all None when /proc cannot tell."""
+        done = self._fields.get(pid)  # a process on two GPUs is measured once per sample
+        if done is not None:
+            return done
+        st = self.stat(pid)
+        if st is None:
+            return {"ppid": None, "cpu": None, "rss": None, "started": None}
+        now = self._clock()
+        cpu = None  # type: Optional[float]
+        before = self._cpu.get(pid)
+        if before is not None and before[0] == st.start_ticks and now > before[2]:
+            used = (st.cpu_ticks - before[1]) / float(CLOCK_TICKS)
+            cpu = round(max(0.0, 100.0 * used / (now - before[2])), 1)
+        self._cpu[pid] = (st.start_ticks, st.cpu_ticks, now)
+        done = self._fields[pid] = {
+            "ppid": st.ppid, "cpu": cpu, "rss": st.rss, "started": self.started(st)}
+        return done
+
+    def started(self, st: ProcStat) -> Optional[float]:
+        if self._boot is None:
+            return None
+        return round(self._boot + st.start_ticks / float(CLOCK_TICKS), 2)
+
+    def rows(self, found: Dict[int, Optional[int]], seen: Set[int],
+             sm: Optional[Dict[int, Optional[int]]] = None) -> List[Dict[str, Any]]:
         """The sample's ``processes`` list for ``found`` (pid -> GPU memory in bytes or None),
-        by pid, with user and command; every pid is added to ``seen``."""
+        by pid, with uid, user, command, host fields and ``sm`` (the process's SM % from
+        ``sm``, None when unknown); every pid is added to ``seen``."""
         out = []  # type: List[Dict[str, Any]]
         for pid in sorted(found):
             seen.add(pid)
-            user, command = self.lookup(pid)
-            out.append({"pid": pid, "user": user, "command": command, "mem": found[pid]})
+            uid, user, command = self.identity(pid)
+            row = {"pid": pid, "user": user, "command": command, "mem": found[pid], "uid": uid,
+                   "sm": (sm or {}).get(pid)}  # type: Dict[str, Any]
+            row.update(self.host_fields(pid))
+            out.append(row)
         return out
+
+    def parents(self, gpu_pids: Iterable[int]) -> List[Dict[str, Any]]:
+        """The ancestors of ``gpu_pids`` that are not GPU processes themselves (a launcher such
+        as torchrun, a shell), up to but not including pid 1: ``pid``, ``ppid``, ``uid``,
+        ``user``, ``command``, ``started``; at most ``MAX_PARENTS``."""
+        gpu = set(gpu_pids)
+        out = {}  # type: Dict[int, Dict[str, Any]]
+        for pid in sorted(gpu):
+            st = self.stat(pid)
+            depth = 0
+            while st is not None and st.ppid > 1 and depth < MAX_DEPTH:
+                ppid = st.ppid
+                if ppid in gpu or ppid in out or len(out) >= MAX_PARENTS:
+                    break
+                st = self.stat(ppid)
+                if st is None:
+                    break
+                uid, user, command = self.identity(ppid)
+                self._seen.add(ppid)
+                out[ppid] = {"pid": ppid, "ppid": st.ppid, "uid": uid, "user": user,
+                             "command": command, "started": self.started(st)}
+                depth += 1
+        return [out[p] for p in sorted(out)]
+
+
+def signal_process(pid: Any, name: Any, gpu_pids: Iterable[int],
+                   started: Any = None) -> Tuple[Optional[str], str]:
+    """Send SIGTERM or SIGKILL (``name`` "TERM" | "KILL") to ``pid``; returns ``(None, what
+    was done)`` or ``(error code, one line why not)``.
+
+    Refused: a name other than TERM/KILL (``bad_argument``), a pid that is not one of
+    ``gpu_pids`` (the GPU processes of the latest sample: this is no general kill tool;
+    ``not_gpu_process``), a process gone or whose start time is not ``started`` (unix time, as
+    the sample said: the pid was reused; ``no_process``), and a process of another user than the
+    agent's own (``not_yours``): whatever the login side decided, and even for root.
+    """
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+        return "bad_argument", "signal needs the pid of a GPU process"
+    sig = SIGNALS.get(name) if isinstance(name, str) else None
+    if sig is None:
+        return "bad_argument", "signal must be TERM or KILL"
+    if pid not in set(gpu_pids):
+        return "not_gpu_process", "pid %d is not a GPU process of this node" % pid
+    uid = process_uid(pid)
+    st = read_stat(pid)
+    if uid is None or st is None or st.state in ("Z", "X"):
+        return "no_process", "pid %d has ended" % pid
+    if started is not None:
+        boot = boot_time()
+        now_started = None if boot is None else round(boot + st.start_ticks / float(CLOCK_TICKS), 2)
+        if isinstance(started, bool) or not isinstance(started, (int, float)) \
+                or now_started is None or abs(now_started - started) > 0.05:
+            return "no_process", "pid %d has ended (a newer process has its number)" % pid
+    if uid != os.geteuid():
+        return "not_yours", "pid %d belongs to %s, not to %s: only your own processes" % (
+            pid, user_of(uid), user_of(os.geteuid()))
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return "no_process", "pid %d has ended" % pid
+    except PermissionError as e:
+        return "not_yours", "pid %d: %s" % (pid, e)
+    return None, "SIG%s sent to pid %d" % (name, pid)

@@ -7,9 +7,10 @@ comes from one seeded ``random.Random`` and time from an injectable clock, so a 
 the clock gets the same numbers every run.
 """
 
+import os
 import random
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from . import Reader
 from .records import event, lost_record
@@ -31,6 +32,7 @@ HOT_C = 88.0  # where a fully loaded GPU settles
 SLOWDOWN_C = 84.0  # above this the SM clock drops and sw_thermal is reported
 TAU_S = 20.0
 GIB = 1 << 30
+SIM_UIDS = {"alice": 1001, "bob": 1002, "chen": 1003, "dana": 1004, "gpuctl": 1900}
 
 
 def parse_spec(spec: Any) -> List[str]:
@@ -88,6 +90,13 @@ class SimGpu(object):
             self.processes.append({
                 "pid": 4000 + 97 * index, "user": rng.choice(("alice", "bob", "chen", "dana")),
                 "command": "python train.py", "mem": int(self.base_mem * self.mem_total)})
+        # Host-side facts of the simulated processes come from a generator of their own, so
+        # that adding them changed none of the GPU readings above.
+        own = random.Random(host_seed * 1009 + index)
+        for p in self.processes:
+            p.update({"uid": SIM_UIDS.get(p["user"]), "ppid": 3000 + p["pid"] % 1000,
+                      "age": own.uniform(600, 30 * 3600), "rss": int(own.uniform(2, 40) * GIB),
+                      "cpu_base": own.uniform(60, 140)})
 
     def step(self, dt: float, rng: random.Random) -> None:
         load = max(self.burn, self.base_load)
@@ -97,7 +106,20 @@ class SimGpu(object):
         alpha = min(1.0, dt / TAU_S)
         self.temp += (hot_target - self.temp) * alpha + rng.gauss(0, 0.15)
 
-    def read(self, rng: random.Random) -> Optional[Dict[str, Any]]:
+    def _process(self, p: Dict[str, Any], epoch: float) -> Dict[str, Any]:
+        """A process as the protocol carries it: its host fields follow the GPU's load."""
+        share = self.util / 100.0
+        return {"pid": p["pid"], "user": p["user"], "command": p["command"], "mem": p["mem"],
+                "uid": p["uid"], "ppid": p["ppid"], "sm": int(round(self.util)),
+                "cpu": round(p["cpu_base"] * max(share, 0.05), 1), "rss": p["rss"],
+                "started": round(epoch - p["age"], 2)}
+
+    def parents(self) -> List[Dict[str, Any]]:
+        """The launcher of each simulated job (a shell running its job script)."""
+        return [{"pid": p["ppid"], "ppid": 1, "uid": p["uid"], "user": p["user"],
+                 "command": "bash job.sh", "started": None} for p in self.processes]
+
+    def read(self, rng: random.Random, epoch: float) -> Optional[Dict[str, Any]]:
         if self.lost:
             return None
         util = int(round(self.util))
@@ -115,10 +137,12 @@ class SimGpu(object):
         if util <= 2:
             throttle.append("gpu_idle")
         mem_frac = min(0.97, self.base_mem + (0.9 if self.burn else 0.0))
-        procs = list(self.processes)
+        procs = [self._process(p, epoch) for p in self.processes]
         if self.burn:
-            procs.append({"pid": 9000 + self.index, "user": "gpuctl",
-                          "command": "gpuctl-burn", "mem": int(0.9 * self.mem_total)})
+            procs.append({"pid": 9000 + self.index, "user": "gpuctl", "uid": SIM_UIDS["gpuctl"],
+                          "command": "gpuctl-burn", "mem": int(0.9 * self.mem_total),
+                          "sm": util, "cpu": 100.0, "rss": 3 * GIB, "ppid": None,
+                          "started": None})
         return {
             "index": self.index, "uuid": self.uuid, "state": "ok",
             "util_gpu": util, "util_mem": int(util * 0.6),
@@ -145,6 +169,9 @@ class SimReader(Reader):
         self._slow = [None] * len(self.gpus)  # type: List[Optional[Dict[str, Any]]]
         # simulate(action="stall"): a hung driver call
         self._stall_until = None  # type: Optional[float]
+        # The wall clock simulated processes started by (replays set a fixed one).
+        self.wall = time.time  # type: Callable[[], float]
+        self._epoch = None  # type: Optional[float]
 
     @classmethod
     def from_spec(cls, spec: Any, seed: int = 0,
@@ -173,10 +200,12 @@ class SimReader(Reader):
         now = self._clock()
         dt = max(0.0, min(30.0, now - self._last))
         self._last = now
+        if self._epoch is None:
+            self._epoch = self.wall()
         out = []  # type: List[Dict[str, Any]]
         for g in self.gpus:
             g.step(dt, self._rng)
-            rec = g.read(self._rng)
+            rec = g.read(self._rng, self._epoch)
             if rec is None:
                 out.append(lost_record(g.index, g.uuid))
                 continue
@@ -196,6 +225,31 @@ class SimReader(Reader):
     def events(self) -> List[Dict[str, Any]]:
         out, self._pending_events = self._pending_events, []
         return out
+
+    def parents(self) -> List[Dict[str, Any]]:
+        seen = {}  # type: Dict[int, Dict[str, Any]]
+        for g in self.gpus:
+            if not g.lost:
+                for p in g.parents():
+                    seen.setdefault(p["pid"], p)
+        return [seen[pid] for pid in sorted(seen)]
+
+    def signal(self, pid: Any, name: Any, gpu_pids: Iterable[int],
+               started: Any = None) -> Tuple[Optional[str], str]:
+        """Simulated processes belong to simulated users: a process of this user's uid ends,
+        any other is refused as a real node refuses it."""
+        if name not in ("TERM", "KILL"):
+            return "bad_argument", "signal must be TERM or KILL"
+        for g in self.gpus:
+            for p in g.processes:
+                if p["pid"] != pid:
+                    continue
+                if p["uid"] != os.geteuid():
+                    return "not_yours", "pid %s belongs to %s: only your own processes" % (
+                        pid, p["user"])
+                g.processes.remove(p)
+                return None, "SIG%s sent to pid %s" % (name, pid)
+        return "not_gpu_process", "pid %r is not a GPU process of this node" % (pid,)
 
     def close(self) -> None:
         pass

@@ -99,6 +99,7 @@ class SmiReader(Reader):
     def __init__(self, binary: str) -> None:
         self._bin = binary
         self._names = ProcessNames()
+        self._parents = []  # type: List[Dict[str, Any]]
         self._lost = set()  # type: Set[int]
         self._pending = []  # type: List[Dict[str, Any]]
         self._slow = {}  # type: Dict[int, Dict[str, Any]]
@@ -289,8 +290,13 @@ class SmiReader(Reader):
             rec.update(self._slow.get(i) or _empty_slow())
             rec["processes"] = self._processes(apps, i, pids)
             out.append(rec)
+        self._parents = self._names.parents(pids)
         self._names.forget_except(pids)
         return out
+
+    def parents(self) -> List[Dict[str, Any]]:
+        """Ancestors of the last sample's GPU processes (``ProcessNames.parents``)."""
+        return self._parents
 
     def _fast_record(self, i: int, v: Dict[str, str]) -> Dict[str, Any]:
         text = _value(v.get("throttle"))

@@ -26,6 +26,8 @@
  *     proc GPU PID MIB [graphics] a running process using MIB MiB (compute unless 'graphics')
  * `set` also takes the node-shape fields of SHAPE_FIELDS (link training, NVLink, ECC mode,
  * persistence, PCI address: see "node shape" near the end of this file).
+ *     procutil GPU PID SM MEM     a per-process utilization sample (SM %, memory %) that
+ *                                 nvmlDeviceGetProcessUtilization returns (NOT_FOUND: none)
  * In-process tests may also change a reading while NVML is open with the non-NVML export
  * gpuctl_stub_set(gpu, field, value) (see the end of this file).
  * Default readings of GPU i are derived from i (util 50+i, temp 40+i, ...; see gpu_defaults),
@@ -189,6 +191,32 @@ static gpu_t *gpu_arg(const char *tok)
     return &gpus[i];
 }
 
+/* ---- per-process utilization (procutil lines, nvmlDeviceGetProcessUtilization) ---------- */
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+static struct procutil {
+    unsigned int gpu, pid, sm, mem;
+} procutils[MAX_GPUS * MAX_PROCS];
+static int nprocutils;
+
+static void procutil_line(gpu_t *g, char **save)
+{
+    char *pid = strtok_r(NULL, " \t", save), *sm = strtok_r(NULL, " \t", save);
+    char *mem = strtok_r(NULL, " \t", save);
+    struct procutil *u;
+    if (g == NULL || pid == NULL || sm == NULL || nprocutils >= MAX_GPUS * MAX_PROCS)
+        return;
+    u = &procutils[nprocutils++];
+    u->gpu = g->index;
+    u->pid = (unsigned int)strtoul(pid, NULL, 10);
+    u->sm = (unsigned int)strtoul(sm, NULL, 10);
+    u->mem = mem ? (unsigned int)strtoul(mem, NULL, 10) : 0;
+}
+
 static void load_config(void)
 {
     const char *path = getenv("GPUCTL_NVML_STUB");
@@ -197,6 +225,7 @@ static void load_config(void)
     unsigned int i;
 
     ngpus = 2;
+    nprocutils = 0;
     init_error = 0;
     cuda_version = 12040;
     snprintf(driver_version, sizeof(driver_version), "550.54.15");
@@ -281,6 +310,8 @@ static void load_config(void)
                 g->xids[g->nxids].delivered = 0;
                 g->nxids++;
             }
+        } else if (strcmp(key, "procutil") == 0) {
+            procutil_line(gpu_arg(strtok_r(NULL, " \t", &save)), &save);
         } else if (strcmp(key, "proc") == 0) {
             char *pid, *mib, *kind;
             g = gpu_arg(strtok_r(NULL, " \t", &save));
@@ -683,6 +714,39 @@ static nvmlReturn_t processes(gpu_t *g, int graphics, unsigned int *count, void 
 
 PROCESS_FUNCTIONS(Compute, 0)
 PROCESS_FUNCTIONS(Graphics, 1)
+
+/* Samples of `procutil` lines for this GPU, stamped with the GPU's sample count; the NVML
+ * contract of the process list (NULL or too small a buffer: INSUFFICIENT_SIZE and the count). */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(gpu_t *g, nvmlProcessUtilizationSample_t *out,
+                                             unsigned int *count, unsigned long long since)
+{
+    unsigned int n = 0, k = 0;
+    int i;
+    (void)since;
+    CHECK(g, W_PROCS);
+    if (count == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (i = 0; i < nprocutils; i++)
+        n += procutils[i].gpu == g->index;
+    if (n == 0)
+        return 6; /* NVML_ERROR_NOT_FOUND: no sample since `since` */
+    if (out == NULL || *count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (i = 0; i < nprocutils; i++) {
+        if (procutils[i].gpu != g->index)
+            continue;
+        memset(&out[k], 0, sizeof(out[k]));
+        out[k].pid = procutils[i].pid;
+        out[k].timeStamp = 1000000ULL * (unsigned long long)(g->samples + 1);
+        out[k].smUtil = procutils[i].sm;
+        out[k].memUtil = procutils[i].mem;
+        k++;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
 
 /* ---- events --------------------------------------------------------------------------- */
 typedef struct {

@@ -1,0 +1,156 @@
+"""GPU processes as a node reports them, and the ``signal`` request, against real processes.
+
+Real ``sleep`` processes are handed to the stand-in NVML's process list (``proc`` and
+``procutil`` lines); the agent runs from the bundle under pyenv's Python 3.6.15, as on a node
+with nothing installed, reads /proc for them, and signals them for real. Another user's process
+is a ``sleep`` of a second Unix user made for the test (root only: ``useradd``, ``setpriv``).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.bundle import write_bundle
+from gpuctl.node.proc import descendants
+from gpuctl_tests.helpers import AgentProcess, old_python, wait_until
+from gpuctl_tests.node.nvml_stub import NvmlStub, build
+from gpuctl_tests.processes import OTHER_USER, Start, as_user, other_user, started_processes
+
+
+@pytest.fixture
+def procs() -> Iterator[Start]:
+    yield from started_processes()
+
+
+@pytest.fixture(scope="module")
+def nvml_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.getbasetemp())
+
+
+def start_agent(
+    stub: NvmlStub, tmp_path: Path, agents: list[AgentProcess], *args: str
+) -> AgentProcess:
+    env = stub.env()
+    env.pop("PYTHONPATH", None)  # the bundle alone, as on a node
+    bundle = write_bundle(tmp_path / "bundle")
+    agent = AgentProcess(
+        [old_python("3.6.15"), str(bundle), "agent", "--interval", "0.2", *args], env=env
+    )
+    agents.append(agent)
+    assert agent.read()["type"] == "hello"
+    return agent
+
+
+def processes(sample: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """pid -> (GPU index, process) of a sample."""
+    return {p["pid"]: {**p, "gpu": g["index"]} for g in sample["gpus"] for p in g["processes"]}
+
+
+def sample_with(
+    agent: AgentProcess, pids: set[int], pred: Callable[..., bool] | None = None
+) -> dict[str, Any]:
+    def ok(m: dict[str, Any]) -> bool:
+        if m["type"] != "sample" or not pids <= processes(m).keys():
+            return False
+        return pred is None or pred(processes(m))
+
+    return agent.read_until(ok, timeout=20)
+
+
+def test_the_agent_reports_real_processes_with_their_host_facts_and_tree(
+    nvml_lib_dir: Path, tmp_path: Path, agents: list[AgentProcess], procs: Start
+) -> None:
+    launcher = procs("sh", "-c", "sleep 301 & sleep 302 & wait")
+    kids = wait_until(lambda: len(descendants(launcher.pid)) == 2 and descendants(launcher.pid))
+    # both children exec'd sleep (the fork may still be the shell for a moment)
+    wait_until(
+        lambda: all(Path(f"/proc/{k}/cmdline").read_bytes().startswith(b"sleep") for k in kids)
+    )
+    lone = procs("sleep", "303")
+    stub = NvmlStub(
+        nvml_lib_dir,
+        tmp_path / "nvml.conf",
+        f"count 2\nproc 0 {kids[0]} 512\nproc 1 {kids[1]} 256\nproc 1 {lone.pid} 128\n"
+        f"procutil 0 {kids[0]} 37 5\n",
+    )
+    agent = start_agent(stub, tmp_path, agents)
+    pids = {*kids, lone.pid}
+    first = sample_with(agent, pids)
+    seen = processes(first)
+    me = pwd.getpwuid(os.getuid()).pw_name
+    commands = {seen[k]["command"] for k in kids}
+    assert commands == {"sleep 301", "sleep 302"}
+    assert seen[lone.pid]["command"] == "sleep 303"
+    for pid in pids:
+        p = seen[pid]
+        assert (p["user"], p["uid"]) == (me, os.getuid())
+        assert p["rss"] > 0
+        assert abs(p["started"] - time.time()) < 120
+        assert p["cpu"] is None  # one read of /proc/PID/stat is no rate yet
+    assert [seen[k]["ppid"] for k in kids] == [launcher.pid, launcher.pid]
+    assert seen[lone.pid]["ppid"] == os.getpid()
+    assert (seen[kids[0]]["gpu"], seen[kids[0]]["mem"], seen[kids[0]]["sm"]) == (0, 512 << 20, 37)
+    assert seen[lone.pid]["sm"] is None  # no utilization sample of it
+    # The launcher is a parent, not a GPU process; no GPU process is listed as a parent.
+    parents = {p["pid"]: p for p in first["parents"]}
+    assert parents[launcher.pid]["command"] == "sh -c sleep 301 & sleep 302 & wait"
+    assert parents[launcher.pid]["user"] == me
+    assert not pids & parents.keys()
+    # The next sample has %CPU: a sleeping process uses next to nothing.
+    later = sample_with(agent, pids, lambda ps: ps[lone.pid]["cpu"] is not None)
+    assert 0.0 <= processes(later)[lone.pid]["cpu"] < 50.0
+
+
+def test_signal_ends_an_own_gpu_process_and_refuses_the_rest(
+    nvml_lib_dir: Path, tmp_path: Path, agents: list[AgentProcess], procs: Start
+) -> None:
+    other = other_user()
+    theirs = procs(*as_user(other), "sleep", "304")
+    wait_until(lambda: os.stat(f"/proc/{theirs.pid}").st_uid == other.pw_uid)
+    mine = procs("sleep", "305")
+    stub = NvmlStub(
+        nvml_lib_dir,
+        tmp_path / "nvml.conf",
+        f"count 1\nproc 0 {mine.pid} 64\nproc 0 {theirs.pid} 64\n",
+    )
+    agent = start_agent(stub, tmp_path, agents)
+    seen = processes(sample_with(agent, {mine.pid, theirs.pid}))
+    assert seen[theirs.pid]["user"] == OTHER_USER
+
+    def ask(**fields: Any) -> dict[str, Any]:
+        agent.send({"type": "signal", "id": "k", **fields})
+        return agent.read_until(lambda m: m.get("id") == "k")
+
+    refused = ask(pid=theirs.pid, signal="KILL")
+    assert (refused["type"], refused["code"]) == ("error", "not_yours")
+    assert OTHER_USER in refused["message"]
+    assert ask(pid=os.getpid(), signal="TERM")["code"] == "not_gpu_process"
+    assert ask(pid=mine.pid, signal="HUP")["code"] == "bad_argument"
+    wrong_start = ask(pid=mine.pid, signal="TERM", started=seen[mine.pid]["started"] - 60)
+    assert wrong_start["code"] == "no_process"
+    assert mine.poll() is None and theirs.poll() is None
+
+    done = ask(pid=mine.pid, signal="TERM", started=seen[mine.pid]["started"])
+    assert (done["type"], done["pid"], done["signal"]) == ("ok", mine.pid, "TERM")
+    assert mine.wait(10) == -15
+    assert theirs.poll() is None
+
+
+def test_a_read_only_agent_refuses_signal(
+    nvml_lib_dir: Path, tmp_path: Path, agents: list[AgentProcess], procs: Start
+) -> None:
+    mine = procs("sleep", "306")
+    stub = NvmlStub(nvml_lib_dir, tmp_path / "nvml.conf", f"count 1\nproc 0 {mine.pid} 64\n")
+    agent = start_agent(stub, tmp_path, agents, "--read-only")
+    sample_with(agent, {mine.pid})
+    agent.send({"type": "signal", "id": 1, "pid": mine.pid, "signal": "KILL"})
+    reply = agent.read_until(lambda m: m.get("id") == 1)
+    assert reply["code"] == "read_only"
+    assert mine.poll() is None
