@@ -109,14 +109,14 @@ def sequential_ssh(cluster: SshCluster) -> float:
     return time.monotonic() - t0
 
 
-def run_k(k: int, stream: float, workdir: Path) -> dict[str, float]:
+def run_k(k: int, stream: float, workdir: Path, gpus: int = 8) -> dict[str, float]:
     with SshCluster(workdir / f"k{k}") as cluster:
         t0 = time.monotonic()
         cluster.start_nodes([f"n{i:03d}" for i in range(k)])
         sshd_start = time.monotonic() - t0
         bundles = workdir / f"k{k}" / "bundles"
         config = cluster.write_config(
-            workdir / f"k{k}" / "config.toml", simulate=2, interval=1.0, bundle_dir=str(bundles)
+            workdir / f"k{k}" / "config.toml", simulate=gpus, interval=1.0, bundle_dir=str(bundles)
         )
         cold = asyncio.run(connect_once(config, 0))
         warm = asyncio.run(connect_once(config, stream))
@@ -142,6 +142,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("k", nargs="*", type=int, default=[8, 32, 64], help="node counts")
     ap.add_argument("--stream", type=float, default=10.0, help="seconds of streaming to measure")
+    ap.add_argument("--gpus", type=int, default=8, help="simulated GPUs per node (8)")
     args = ap.parse_args()
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
@@ -153,7 +154,7 @@ def main() -> int:
     print(" | ".join(cols))
     with tempfile.TemporaryDirectory(prefix="gpuctl-bench-") as tmp:
         for k in args.k:
-            r = run_k(k, args.stream, Path(tmp))
+            r = run_k(k, args.stream, Path(tmp), args.gpus)
             print(
                 f"{r['k']:>3} | {r['cold_live_s']:.2f} s | {r['cold_sampled_s']:.2f} s | "
                 f"{r['cold_uploads']:.0f} | {r['warm_live_s']:.2f} s | "

@@ -247,3 +247,33 @@ def test_command_over_ssh(
     with pytest.raises(JobFailed) as info:
         ex.submit_command(["no-such-program-xyz"]).result(60)
     assert info.value.kind == "command_not_found"
+
+
+def test_command_through_slurm(slurm_executor: Any, venv2: str) -> None:
+    """A command job as a batch job: VENV2's python, the exit status, the stderr tail, the
+    Slurm job id in the store, and ``cancel`` (scancel) letting it end its own way."""
+    token = uuid.uuid4().hex
+    ex = slurm_executor(grace=30, job_env={"GPUCTL_TEST_TOKEN": token})
+    job = ex.submit_command(["python", "-c", SHOW])
+    assert job.result(120) == 0
+    exe, cwd = job.stdout().splitlines()
+    assert exe == venv2 != sys.executable
+    assert cwd == os.getcwd()  # as sbatch does: the folder it was submitted from (shared)
+    rec = JobStore().get(job.id)
+    assert rec is not None and rec.state == "done"
+    assert str((rec.backend.get("handle") or {}).get("slurm_id", "")).isdigit()
+
+    with pytest.raises(JobFailed) as info:
+        ex.submit_command(["python", "-c", FAIL_3]).result(120)
+    assert (info.value.kind, info.value.report.exit_status) == ("command_failed", 3)
+    assert "| it went wrong" in info.value.report.evidence
+
+    job = ex.submit_command(["python", "-c", TRAPS_TERM])
+    wait_until(lambda: "ready" in job.stdout(), 120, "the command to start under Slurm")
+    assert not no_process_with_env(token)
+    assert job.cancel()
+    with pytest.raises(JobFailed) as info:
+        job.result(120)
+    assert info.value.kind == "cancelled"
+    assert "cleaned up" in job.stdout()  # TERM reached the command, not only its supervisor
+    wait_until(lambda: no_process_with_env(token), 30, "the command's process to end")
