@@ -119,6 +119,12 @@ def register(sub: Subcommands) -> None:
         action="store_true",
         help="keep printing what the job writes until it ends (stdout here, stderr to stderr)",
     )
+    p.add_argument(
+        "--rank",
+        type=int,
+        metavar="R",
+        help="a job of several tasks: rank R's logs (default: rank 0's)",
+    )
     p.set_defaults(func=run_logs)
 
     p = sub.add_parser("cancel", help="cancel a job")
@@ -654,8 +660,21 @@ def follow_logs(job: Job, stdout: bool, stderr: bool) -> int:
         return 130
 
 
+def _rank(job: Job, rank: int) -> Job:
+    """Rank ``rank`` of a job of several tasks; UserError naming the ranks there are."""
+    if not job.ranks:
+        if rank == 0:
+            return job
+        raise UserError(f"job {job.id} runs one task: there is no rank {rank}")
+    if not 0 <= rank < len(job.ranks):
+        raise UserError(f"job {job.id} has ranks 0..{len(job.ranks) - 1}, not {rank}")
+    return job.ranks[rank]
+
+
 def run_logs(args: argparse.Namespace) -> int:
     job = _job(args)
+    if args.rank is not None:
+        job = _rank(job, args.rank)
     if args.follow:
         both = not (args.stdout or args.stderr)
         return follow_logs(job, args.stdout or both, args.stderr or both)

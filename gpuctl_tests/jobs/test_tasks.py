@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpuctl.cli.main import main
 from gpuctl.jobs import Executor, JobFailed
 from gpuctl.jobs.records import BackendInfo
 from gpuctl.jobs.report import FailureReport, JobFiles, combine_ranks
@@ -115,8 +116,10 @@ def test_ddp_of_two_tasks_through_slurm(slurm_executor: Any) -> None:
 def rank_one_raises() -> int:
     """Rank 1 raises at once; rank 0 waits for ever: only Slurm can end it."""
     import os
+    import sys
     import threading
 
+    print(f"rank {os.environ['RANK']} to stderr", file=sys.stderr, flush=True)
     if os.environ["RANK"] == "1":
         raise ValueError("rank one broke")
     threading.Event().wait()
@@ -124,7 +127,9 @@ def rank_one_raises() -> int:
 
 
 @pytest.mark.slurm
-def test_a_failed_rank_fails_the_job_and_slurm_ends_the_others(slurm_executor: Any) -> None:
+def test_a_failed_rank_fails_the_job_and_slurm_ends_the_others(
+    slurm_executor: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     job = slurm_executor(tasks_per_node=2, grace=1).submit(rank_one_raises)
     started = time.monotonic()
     with pytest.raises(JobFailed) as info:
@@ -142,6 +147,13 @@ def test_a_failed_rank_fails_the_job_and_slurm_ends_the_others(slurm_executor: A
     assert took < 100  # rank 0 never returns by itself: srun ended it
     report = job.report()
     assert report is not None and any("rank 1" in name for name in report.logs)
+    # each rank's logs on the command line
+    assert main(["logs", job.id, "--rank", "1", "--stderr"]) == 0
+    assert capsys.readouterr().out == "rank 1 to stderr\n"
+    assert main(["logs", job.id, "--stderr"]) == 0  # rank 0's, as before
+    assert capsys.readouterr().out == "rank 0 to stderr\n"
+    assert main(["logs", job.id, "--rank", "2"]) == 2
+    assert capsys.readouterr().err == f"gpuctl: job {job.id} has ranks 0..1, not 2\n"
 
 
 def test_several_tasks_need_slurm(make_executor: Any) -> None:
