@@ -13,7 +13,9 @@ lowers its own bar. Three findings are a ``Degradation`` even when the absolute 
   more than the threshold (a node losing 3 % a run: 100, 97, 94, 91, 88 fails at 88, where the
   median of the window still trails it);
 - ``missing``: a per-GPU figure the latest healthy run measured is absent although its section
-  and dtype ran (a GPU that vanished from the node).
+  and dtype ran (a GPU that vanished from the node);
+- ``vanished``: a GPU [ENV] listed in the latest healthy run is not listed now, named by its
+  UUID (the survivors are renumbered, so ``gpu7`` missing may be the old ``gpu3``).
 
 busbw depends on how many GPUs and nodes took part: its key names them (``ddp/busbw/8gpu-1node``)
 so a run on 2 GPUs is never held to a run on 8.
@@ -75,7 +77,8 @@ class Degradation:
     drop: float  # 0.3 = 30 % below the reference
     unit: str
     runs: int  # how many earlier healthy runs the reference comes from
-    kind: str = "median"  # "median" | "falling" | "missing" (see the module docstring)
+    kind: str = "median"  # "median" | "falling" | "missing" | "vanished" (module docstring)
+    detail: str = ""  # vanished: which GPUs, by their index then and UUID
 
     def describe(self) -> str:
         """One line for a person: the node, the figure (its key names the GPU) and why."""
@@ -83,6 +86,11 @@ class Degradation:
 
     def reason(self) -> str:
         """``describe`` without the node: ``compute/gpu3/bf16: 88 TFLOP/s is 12% below ...``."""
+        if self.kind == "vanished":
+            return (
+                f"{self.key}: {self.value:.0f} GPUs, {self.reference:.0f} in the last healthy "
+                f"run; gone: {self.detail}"
+            )
         if self.kind == "missing":
             return (
                 f"{self.key}: no figure in this run (the GPU or its result is gone); "
@@ -110,6 +118,7 @@ class Degradation:
             str(d["unit"]),
             int(d["runs"]),
             str(d.get("kind") or "median"),
+            str(d.get("detail") or ""),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -122,6 +131,7 @@ class Degradation:
             "unit": self.unit,
             "runs": self.runs,
             "kind": self.kind,
+            "detail": self.detail,
         }
 
 
@@ -169,6 +179,26 @@ def busbw_key(allreduce: Mapping[str, Any]) -> str:
     if isinstance(world, int) and isinstance(nnodes, int):
         return f"ddp/busbw/{world}gpu-{nnodes}node"
     return "ddp/busbw"
+
+
+def gpu_uuids(report: Mapping[str, Any]) -> dict[str, int]:
+    """UUID -> index of the GPUs [ENV] listed (CUDA runs; {} when it listed none)."""
+    env = (report.get("sections") or {}).get("env") or {}
+    out: dict[str, int] = {}
+    for g in env.get("gpus") or []:
+        if isinstance(g, Mapping) and isinstance(g.get("uuid"), str) and g["uuid"]:
+            out[g["uuid"]] = int(g.get("index") or 0)
+    return out
+
+
+def vanished(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The GPUs of ``before`` that ``now`` lacks, each as ``gpu<index then> <UUID>`` (torch
+    renumbers the survivors, so only the UUID names the GPU that went); [] when none or when
+    either run listed no UUIDs."""
+    old, new = gpu_uuids(before), gpu_uuids(now)
+    if not old or not new:
+        return []
+    return [f"gpu{i} {u}" for u, i in sorted(old.items(), key=lambda x: x[1]) if u not in new]
 
 
 def expected_keys(report: Mapping[str, Any], known: list[str]) -> list[str]:
@@ -266,6 +296,23 @@ class HistoryStore:
                 if last
                 else []
             )
+            before_report = (self.report(int(last[0])) or {}) if last else {}
+            gone = vanished(before_report, report)
+            if gone:
+                had = len(gpu_uuids(before_report))
+                found.append(
+                    Degradation(
+                        node,
+                        "env/gpus",
+                        float(had - len(gone)),
+                        float(had),
+                        len(gone) / had,
+                        "GPUs",
+                        1,
+                        kind="vanished",
+                        detail=", ".join(gone),
+                    )
+                )
             for key in sorted(set(expected_keys(report, known)) - set(now)):
                 rows = healthy(key)
                 if rows:

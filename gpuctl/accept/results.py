@@ -8,7 +8,7 @@ Outcomes of a cluster report (``gpuctl.accept.run``), worst first, and the exit 
 FAIL   1    a node failed a check (a section, or its own history)
 ERROR  3    a node gave no report (unreachable, the suite could not start, cancelled)
 WARN   4    everything passed, with warnings (a GPU model without a reference peak, an
-            expected GPU count Slurm could not give)
+            expected GPU count Slurm could not give, history not recorded)
 PASS   0    every node passed every check
 ====== ==== ==========================================================================
 

@@ -267,7 +267,7 @@ class AcceptRun:
                         node, o.report, threshold=self.options.threshold, via=self.via
                     )
                 except Exception as e:  # history is a convenience: never lose the report to it
-                    o.failures.append(f"history not recorded: {e}")
+                    o.warnings.append(f"history not recorded: {e}")
                 # A node below its own healthy past fails, even above the absolute floors.
                 o.failures += [f"degraded {d.reason()}" for d in o.degradations]
                 if o.degradations and o.verdict == "PASS":

@@ -44,6 +44,7 @@ from gpuctl.reach.slurm import (
     check_hostlist,
     check_name,
     nodelist,
+    pyxis_args,
     sbatch_path,
 )
 from gpuctl.workloads.accept.schema import SECTIONS
@@ -66,6 +67,7 @@ class SlurmJobSpec:
         partition: str | None = None,
         time_limit_min: int = 30,
         exclusive: bool = False,
+        container: str | None = None,
     ) -> None:
         for what, n in (
             ("--nnodes", nnodes),
@@ -80,6 +82,9 @@ class SlurmJobSpec:
         self.partition = check_name(partition, "--partition") if partition is not None else None
         self.time_limit_min = time_limit_min
         self.exclusive = exclusive
+        self.container = container  # a Pyxis image: the suite runs inside it (srun)
+        if container is not None:
+            pyxis_args(container)  # checked now: SlurmValueError before anything is written
 
 
 def _nodelist(text: str) -> str:
@@ -132,6 +137,10 @@ def batch_script(
         "--rdzv-id",
         '"gpuctl-$SLURM_JOB_ID"',
     ]
+    # the job folder (bundle, reports, events) at the same path inside the container
+    srun_extra = pyxis_args(spec.container, [job]) if spec.container else []
+    # the port helper runs on the batch host, outside any container
+    host_python = "python3" if spec.container else python
     free_port = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
     lines += [
         "set -u",
@@ -139,11 +148,12 @@ def batch_script(
         'scontrol show hostnames "$SLURM_JOB_NODELIST" > "$JOB/nodes.txt"',
         'HEAD=$(head -n 1 "$JOB/nodes.txt")',
         "# this script runs on the first node: the rendezvous port is free here",
-        f"PORT=$({q(python)} -c {q(free_port)})",
+        f"PORT=$({q(host_python)} -c {q(free_port)})",
         f"export PYTHONPATH={q(str(bundle))}${{PYTHONPATH:+:$PYTHONPATH}}",
         "export PYTHONUNBUFFERED=1",
         'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" '
         "--ntasks-per-node=1 --kill-on-bad-exit=0 \\",
+        *(f"    {q(a)} \\" for a in srun_extra),
         "    " + " ".join(suite),
         "rc=$?",
         'echo "$rc" > "$JOB/exit_code.tmp" && mv "$JOB/exit_code.tmp" "$JOB/exit_code"',
@@ -197,6 +207,8 @@ async def start_slurm_run(
     service.check("the acceptance suite", read_only=read_only)
     client = client or SlurmClient()
     root = _checked_root(job_dir)
+    if spec.container:  # job folders are mounted into the container: refuse before writing
+        pyxis_args(spec.container, [root / "accept-x"])
     root.mkdir(parents=True, exist_ok=True)
     job = Path(tempfile.mkdtemp(prefix=time.strftime("accept-%Y%m%d-%H%M%S-"), dir=root))  # 0700
     (job / "events").mkdir()

@@ -91,6 +91,24 @@ def register(sub: Subcommands) -> None:
         "--gpus-per-node", type=int, help="GPUs (DDP ranks) per node (default 8; 2 with cpu)"
     )
     slurm.add_argument("--job-dir", help="shared folder for job files (default: state dir)")
+    deploy = p.add_argument_group("deployments (not run by gpuctl's tests: see the README)")
+    deploy.add_argument(
+        "--container",
+        metavar="IMAGE",
+        help="run the suite inside IMAGE: through Slurm with Pyxis/enroot (implies --via slurm), "
+        "or the image of --emit k8s",
+    )
+    deploy.add_argument(
+        "--emit",
+        choices=("k8s",),
+        help="print Kubernetes Jobs (YAML) that run the suite, one per --nodes, and exit",
+    )
+    deploy.add_argument(
+        "--k8s-pvc",
+        default="gpuctl-accept-reports",
+        metavar="NAME",
+        help="--emit k8s: the PersistentVolumeClaim the reports go to",
+    )
     out = p.add_argument_group("results")
     out.add_argument(
         "--json", action="store_true", help="the report as JSON on stdout (the rest: stderr)"
@@ -197,6 +215,12 @@ def run(args: argparse.Namespace) -> int:
     if args.local and (args.nodes or args.via):
         raise _user_error("--local runs on this machine: leave out --nodes and --via")
     options = _options(args, config)
+    if args.emit:
+        return _emit(args, config, options)
+    if args.container:
+        if args.local or args.via == "ssh":
+            raise _user_error("--container runs the suite through Slurm (Pyxis): use --via slurm")
+        args.via = "slurm"
     history = None if args.no_history else HistoryStore()
     if args.report_dir is None:
         args.report_dir = str(paths.state_dir() / "reports")
@@ -215,6 +239,37 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report)
     return exit_code(report)
+
+
+def _emit(args: argparse.Namespace, config: Config, options: AcceptOptions) -> int:
+    """``--emit k8s``: the manifest on stdout; nothing runs."""
+    from gpuctl.accept.k8s import ManifestError, job_manifests
+
+    if not args.container:
+        raise _user_error("--emit k8s needs --container IMAGE (an image with torch and CUDA)")
+    nodes = _hostlist(args.nodes) if args.nodes else []
+    gpn = args.gpus_per_node or _gpus_per_node(config) or (2 if options.device == "cpu" else 8)
+    try:
+        text = job_manifests(
+            options.suite_args(),
+            args.container,
+            nodes=nodes,
+            gpus=gpn,
+            pvc=args.k8s_pvc,
+            timeout_s=options.timeout,
+            cuda=options.device == "cuda",
+        )
+    except ManifestError as e:
+        raise _user_error(str(e)) from None
+    sys.stdout.write(text)
+    return 0
+
+
+def _gpus_per_node(config: Config) -> int | None:
+    conf_gpn = config.accept.get("gpus_per_node")
+    if conf_gpn is not None and (not isinstance(conf_gpn, int) or isinstance(conf_gpn, bool)):
+        raise _user_error(f"[accept] gpus_per_node must be an integer, not {conf_gpn!r}")
+    return conf_gpn
 
 
 def _check_writable(name: str) -> None:
@@ -323,10 +378,7 @@ async def _drive_slurm(
     if args.nodes:
         names = _hostlist(args.nodes)
         nodelist, nnodes = ",".join(names), len(names)
-    conf_gpn = config.accept.get("gpus_per_node")
-    if conf_gpn is not None and (not isinstance(conf_gpn, int) or isinstance(conf_gpn, bool)):
-        raise _user_error(f"[accept] gpus_per_node must be an integer, not {conf_gpn!r}")
-    gpn = args.gpus_per_node or conf_gpn or (2 if options.device == "cpu" else 8)
+    gpn = args.gpus_per_node or _gpus_per_node(config) or (2 if options.device == "cpu" else 8)
     if nnodes < 1 or gpn < 1:
         raise _user_error("--nnodes and --gpus-per-node must be at least 1")
     try:
@@ -338,11 +390,12 @@ async def _drive_slurm(
             partition=target.partition,
             time_limit_min=max(5, int(options.timeout // 60) + 5),
             exclusive=options.device == "cuda",
+            container=args.container,
         )
         accept_run = await start_slurm_run(
             options,
             spec,
-            python=options.python,
+            python=options.python or ("python3" if args.container else None),
             job_dir=args.job_dir or _str(config.accept.get("job_dir")),
             client=target.client(),
             report_dir=args.report_dir,

@@ -168,6 +168,37 @@ def sbatch_arg(arg: str, what: str = "sbatch_args") -> str:
     return arg
 
 
+# Pyxis image references: "nvcr.io#nvidia/pytorch:24.05-py3", "docker://ubuntu:22.04", a
+# squashfs path. No spaces, quotes, commas or "=": nothing srun or a batch script would split.
+_IMAGE = re.compile(r"[A-Za-z0-9/][A-Za-z0-9._/:@#+-]*")
+
+
+def pyxis_args(image: str, mounts: Sequence[str | os.PathLike[str]] = ()) -> list[str]:
+    """``srun`` options that run a step's tasks inside ``image`` through Pyxis and enroot
+    (``--container-image=IMAGE``, ``--container-mounts=P:P,...``: each folder at the same
+    path inside). Needs the Pyxis SPANK plugin on the cluster.
+
+    Raises SlurmValueError (``--container: ...``) for an image or folder that srun could not
+    take as one value.
+    """
+    if not isinstance(image, str) or not _IMAGE.fullmatch(image) or len(image) > 500:
+        raise SlurmValueError(
+            f"--container: bad image {_show(str(image))}: use a reference like "
+            "nvcr.io#nvidia/pytorch:24.05-py3 or a squashfs path"
+        )
+    args = [f"--container-image={image}"]
+    folders = [os.fspath(m) for m in mounts]
+    for folder in folders:
+        if not os.path.isabs(folder) or re.search(r"[,:\s\x00-\x1f\x7f\"'\\]", folder):
+            raise SlurmValueError(
+                f"--container: the folder {_show(folder)} cannot be mounted into the container "
+                "(an absolute path without ',', ':', spaces or quotes)"
+            )
+    if folders:
+        args.append("--container-mounts=" + ",".join(f"{f}:{f}" for f in folders))
+    return args
+
+
 # --- parsers (pure; the tests feed them what a real Slurm 22.05 printed) ----------------------
 
 

@@ -76,9 +76,12 @@ def run_report(
     verdict: str = "PASS",
     busbw: tuple[float, int, int] | None = None,
     dtypes: tuple[str, ...] = ("bf16",),
+    uuids: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """A report with one bf16 figure per GPU label, and busbw (GB/s, GPUs, nodes)."""
+    """A report with one bf16 figure per GPU label, busbw (GB/s, GPUs, nodes), and the GPUs
+    [ENV] listed (their UUIDs, in index order)."""
     sections: dict[str, Any] = {
+        "env": {"gpus": [{"index": i, "uuid": u} for i, u in enumerate(uuids)]},
         "compute": {
             "verdict": "PASS",
             "devices": [
@@ -140,14 +143,19 @@ def test_busbw_is_compared_within_one_topology(tmp_path: Path) -> None:
 def test_a_gpu_that_vanished_is_a_failure_not_a_gap(tmp_path: Path) -> None:
     store = HistoryStore(tmp_path / "h.sqlite")
     eight = {f"gpu{i}": 700.0 for i in range(8)}
-    store.record("gpu07", run_report(0, eight))
+    store.record("gpu07", run_report(0, eight, uuids=tuple(f"GPU-{i}" for i in range(8))))
+    # The GPU with index 3 fell off the bus: torch numbers the other seven 0-6.
     seven = {f"gpu{i}": 700.0 for i in range(7)}
-    (found,) = store.record("gpu07", run_report(1, seven))
-    assert (found.key, found.kind, found.value) == ("compute/gpu7/bf16", "missing", 0.0)
-    assert found.describe() == (
+    left = tuple(f"GPU-{i}" for i in (0, 1, 2, 4, 5, 6, 7))
+    gone, missing = store.record("gpu07", run_report(1, seven, uuids=left))
+    assert (gone.key, gone.kind, gone.value, gone.reference) == ("env/gpus", "vanished", 7, 8)
+    assert gone.describe() == "gpu07 env/gpus: 7 GPUs, 8 in the last healthy run; gone: gpu3 GPU-3"
+    assert (missing.key, missing.kind, missing.value) == ("compute/gpu7/bf16", "missing", 0.0)
+    assert missing.describe() == (
         "gpu07 compute/gpu7/bf16: no figure in this run (the GPU or its result is gone); "
         "700 TFLOP/s in the last 1 healthy run(s)"
     )
+    assert store.runs("gpu07")[0].degradations[0]["detail"] == "gpu3 GPU-3"
     # A dtype not asked for this time is not missing.
     assert store.record("n2", run_report(0, eight)) == []
     assert store.record("n2", run_report(1, {}, dtypes=("fp16",))) == []

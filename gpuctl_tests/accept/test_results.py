@@ -151,3 +151,20 @@ def test_a_warning_exits_4_and_a_node_without_report_3(tmp_path: Path, slurm_clu
     r = gpuctl(tmp_path, "--local", "--device", "cpu", "--python", str(tmp_path / "nopython"))
     assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
     assert lines(r)[-1].startswith("[RESULT] FAILURE: [")
+
+
+def test_history_that_cannot_be_written_is_a_warning_not_a_failure(tmp_path: Path) -> None:
+    from gpuctl.accept.history import HistoryStore
+    from gpuctl.accept.run import AcceptOptions, AcceptRun, outcome_from_report
+    from gpuctl.workloads.accept.schema import SCHEMA_VERSION
+
+    history = HistoryStore(tmp_path / "h.sqlite")
+    (tmp_path / "h.sqlite").unlink()
+    (tmp_path / "h.sqlite").mkdir()  # the database is gone: sqlite cannot open it
+    run = AcceptRun(["n1"], AcceptOptions(), "agent")
+    report = {"schema_version": SCHEMA_VERSION, "verdict": "PASS", "sections": {}, "started": 1.0}
+    run.finish_node(outcome_from_report("n1", report, None))
+    cluster_report = run._conclude(None, history)
+    assert cluster_report["failures"] == []
+    assert cluster_report["warnings"][0].startswith("n1: history not recorded: ")
+    assert exit_code(cluster_report) == 4
