@@ -455,3 +455,16 @@ async def test_acceptance_from_the_tui_is_recorded_and_reported(tmp_path: Path) 
     assert HistoryStore(tmp_path / "accept.sqlite").nodes() == ["sim-01"]
     (path,) = (tmp_path / "reports").glob("accept-sim-01-*.json")
     assert run.report_paths == [path]
+
+
+def test_the_report_says_why_a_figure_degraded() -> None:
+    """The report screen words a degradation as the history does: a slow fall, a lost GPU."""
+    from gpuctl.accept.history import Degradation
+    from gpuctl.tui.screens.accept_report import _degradation_text
+
+    falling = Degradation("gpu07", "compute/gpu3/bf16", 88.0, 100.0, 0.12, "TFLOP/s", 4, "falling")
+    assert "falling at every run" in _degradation_text(falling.to_dict())
+    gone = Degradation("gpu07", "gpus", 7, 8, 0.125, "", 1, "vanished", "gpu5 (GPU-ab12)")
+    assert _degradation_text(gone.to_dict()).endswith("gone: gpu5 (GPU-ab12)")
+    # an entry that is not one (a report from elsewhere) still shows its figures
+    assert "below its earlier runs" in _degradation_text({"key": "x", "value": 1, "drop": 0.5})

@@ -220,10 +220,7 @@ class AcceptReportScreen(Screen[None]):
         for f in failures if isinstance(failures, list) else []:
             notes += [("FAIL ", "$error bold"), node_str(f, limit=LINE_LIMIT), "\n"]
         for d in self.degradations:
-            what = (
-                f"{d.get('key')}: {_num(d.get('value'))} {d.get('unit', '')} is "
-                f"{_frac(d.get('drop'))} below its median ({_num(d.get('reference'))})"
-            )
+            what = _degradation_text(d)
             notes += [("DEGRADED ", "$warning bold"), node_str(what, limit=LINE_LIMIT), "\n"]
         self.query_one("#report-notes", Static).update(node_content(*notes, one_line=False))
         self.query_one("#report-notes").display = bool(notes)
@@ -260,3 +257,17 @@ class AcceptReportScreen(Screen[None]):
 
     def action_back(self) -> None:
         self.dismiss(None)
+
+
+def _degradation_text(d: Mapping[str, Any]) -> str:
+    """The history's own reason for a degradation (below the median, falling at every run, a
+    figure or a GPU gone), or the bare figures when the entry cannot be read as one."""
+    from gpuctl.accept.history import Degradation
+
+    try:
+        return Degradation.from_dict(d).reason()
+    except (KeyError, TypeError, ValueError):
+        return (
+            f"{d.get('key')}: {_num(d.get('value'))} {d.get('unit', '')} is "
+            f"{_frac(d.get('drop'))} below its earlier runs ({_num(d.get('reference'))})"
+        )
