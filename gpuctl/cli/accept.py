@@ -63,6 +63,9 @@ def register(sub: Subcommands) -> None:
         "--skip", action="append", default=[], choices=SECTIONS, help="leave a section out"
     )
     what.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    what.add_argument(
+        "--burn", metavar="DURATION", help="[BURN]: all GPUs at once, traced, e.g. 10m (0: skip)"
+    )
     slurm = p.add_argument_group("slurm")
     slurm.add_argument("--partition", help="Slurm partition")
     slurm.add_argument("--nnodes", type=int, help="nodes to allocate (default: --nodes, else 1)")
@@ -108,6 +111,7 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
     if args.test_slow_compute is not None and args.test_slow_compute < 1:
         raise _user_error("--test-slow-compute must be >= 1")
     python = args.python or _str(config.accept.get("python"))
+    burn = _burn_args(args.burn)
     return AcceptOptions(
         quick=args.quick,
         device=args.device,
@@ -115,12 +119,25 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
         allow_no_gpu=args.allow_no_gpu,
         floor=args.floor,
         python=python,
-        timeout=args.timeout,
+        timeout=args.timeout + (float(burn[1]) if burn else 0.0),  # --timeout excludes the burn
         threshold=args.threshold,
         test_break_rank=args.test_break_rank,
         test_slow_compute=args.test_slow_compute,
-        extra_args=tuple(a for s in args.skip for a in ("--skip", s)),
+        extra_args=tuple(a for s in args.skip for a in ("--skip", s)) + burn,
     )
+
+
+def _burn_args(text: str | None) -> tuple[str, ...]:
+    """``("--burn", seconds)`` for the suite, () without a burn; a bad duration is one line."""
+    from gpuctl.workloads.accept.sections.burn import parse_duration
+
+    if text is None:
+        return ()
+    try:
+        seconds = parse_duration(text)
+    except ValueError as e:
+        raise _user_error(str(e)) from None
+    return ("--burn", f"{seconds:g}") if seconds else ()
 
 
 def _hostlist(text: str) -> list[str]:

@@ -93,18 +93,26 @@ def sysfs_tree(root: Path, gpu0_nonfatal: int = 2) -> Path:
     return root
 
 
-def run_script(tmp_path: Path, stub_text: str, *args: str) -> dict[str, Any]:
+def run_with_stub(
+    tmp_path: Path, script: str, stub_text: str, *args: str, timeout: float = 60
+) -> dict[str, Any]:
+    """Run ``script`` (which prints one JSON line last) over a stub NVML scripted by
+    ``stub_text``; returns that JSON."""
     stub = NvmlStub(build(tmp_path), tmp_path / "nvml.conf", stub_text)
     r = subprocess.run(
-        [sys.executable, "-c", SCRIPT, *args],
+        [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
         env=stub.env(),
-        timeout=60,
+        timeout=timeout,
     )
-    assert r.returncode == 0, r.stderr
-    out: dict[str, Any] = json.loads(r.stdout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
     return out
+
+
+def run_script(tmp_path: Path, stub_text: str, *args: str) -> dict[str, Any]:
+    return run_with_stub(tmp_path, SCRIPT, stub_text, *args)
 
 
 def test_shape_fails_a_gpu_trained_down_persistence_ecc_and_nvlink_naming_gpu_and_figures(

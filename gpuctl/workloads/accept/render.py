@@ -36,6 +36,51 @@ def summary_table(report: "Mapping[str, Any]") -> "list[str]":
                     )
                 )
         lines += ["", *table(rows)]
+    lines += burn_plots(report)
+    return lines
+
+
+BURN_PLOTS = (
+    ("power_w", "power (W)"),
+    ("sm_clock_mhz", "SM clock (MHz)"),
+    ("temp_c", "temperature (C)"),
+)
+MARKS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def burn_plots(report: "Mapping[str, Any]", width: int = 100, height: int = 14) -> "list[str]":
+    """The [BURN] trace as text plots, one per quantity, each GPU drawn with its index as the
+    marker; [] when the report has no trace. Without plotext (a node's VENV2 may lack it) one
+    line says where the data is."""
+    trace = (report.get("sections", {}).get("burn") or {}).get("trace") or {}
+    t = trace.get("t") or []
+    gpus = trace.get("gpus") or []
+    if not t or not gpus:
+        return []
+    try:
+        import plotext as plt
+    except ImportError:
+        return ["", "[BURN] trace: plotext is not installed here; the JSON report holds the data"]
+    lines = [""]
+    for key, title in BURN_PLOTS:
+        plt.clear_figure()
+        plt.plotsize(width, height)
+        plt.theme("clear")
+        drawn = 0
+        for g in gpus:
+            ys = g.get(key) or []
+            pts = [(t[k], ys[k]) for k in range(min(len(t), len(ys))) if ys[k] is not None]
+            if not pts:
+                continue
+            mark = MARKS[int(g["index"]) % len(MARKS)]
+            plt.plot([p[0] for p in pts], [p[1] for p in pts], label=g["label"], marker=mark)
+            drawn += 1
+        if not drawn:
+            continue
+        plt.title(f"[BURN] {title}")
+        plt.xlabel("seconds")
+        lines += plt.uncolorize(plt.build()).rstrip("\n").splitlines()
+    plt.clear_figure()
     return lines
 
 

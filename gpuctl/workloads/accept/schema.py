@@ -18,6 +18,13 @@ Report (JSON object, ``schema`` == SCHEMA, ``schema_version`` == SCHEMA_VERSION)
       pcie:          devices [{index, h2d_gbps, d2h_gbps, link_gen, link_width, peak_gbps,
                      fraction, verdict, reason}]
       train:         devices [{index, steps, first_loss, final_loss, drop, verdict, reason}]
+      burn:          burn_seconds, interval_s, warmup_s, node_sm_clock_median,
+                     sm_clock_allowed_mhz, devices [{label, verdict (the burner's OK/FAULTY/
+                     DIED), reason, tflops_mean, errors, iterations, elapsed, tflops [per
+                     progress line]}], trace {t [s since start], gpus [{index, label, name,
+                     power_w [..], sm_clock_mhz [..], temp_c [..], throttle [bit mask ..],
+                     throttle_seconds {reason: s}, sm_clock_median, power_max_w, temp_max_c,
+                     verdict, reason}]} (one array element per second, null where unreadable)
       ddp_allreduce: world_size, nnodes, backend, numel, bytes, iters, algbw_gbps, busbw_gbps,
                      ranks [{rank, host, ok, mismatches, first_bad}]
       ddp_train:     world_size, steps, ranks [{rank, first_loss, final_loss, drop, ok}],
@@ -43,6 +50,7 @@ SECTIONS = (
     "membw",
     "pcie",
     "train",
+    "burn",
     "ddp_allreduce",
     "ddp_train",
     "health",
@@ -54,6 +62,7 @@ MARKERS = {
     "membw": "MEMBW",
     "pcie": "PCIE",
     "train": "TRAIN",
+    "burn": "BURN",
     "ddp_allreduce": "DDP",
     "ddp_train": "DDP",
     "health": "HEALTH",

@@ -36,6 +36,7 @@ from .schema import (
     SECTIONS,
 )
 from .sections import RUNNERS
+from .sections.burn import parse_duration
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 
@@ -82,6 +83,9 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
     p.add_argument(
         "--expect-mig", choices=("on", "off"), default="off", help="[SHAPE]: MIG mode (off)"
     )
+    p.add_argument(
+        "--burn", default="0", help="[BURN]: burn every GPU this long, e.g. 10m (0: skip)"
+    )
     p.add_argument("--test-kernel-log", help=argparse.SUPPRESS)  # a file read as the kernel log
     p.add_argument("--test-sysfs-root", default="/sys", help=argparse.SUPPRESS)
     p.add_argument("--skip", action="append", default=[], choices=SECTIONS, help="skip a section")
@@ -95,6 +99,10 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
     if bad or not dtypes:
         p.error(f"--dtypes: unknown {','.join(bad) or 'empty'} (known: {','.join(DTYPES)})")
     args.dtypes = dtypes
+    try:
+        args.burn = parse_duration(args.burn)
+    except ValueError as e:
+        p.error(str(e))
     if not 0 < args.floor <= 1:
         p.error("--floor must be within (0, 1]")
     if args.test_slow_compute < 1:
