@@ -66,6 +66,11 @@ def register(sub: Subcommands) -> None:
     what.add_argument(
         "--burn", metavar="DURATION", help="[BURN]: all GPUs at once, traced, e.g. 10m (0: skip)"
     )
+    what.add_argument(
+        "--busbw-floor",
+        metavar="GBPS",
+        help="[DDP] all-reduce busbw floor: 360, or per GPUs-per-node x nodes: 8x1=360,8x2=180",
+    )
     slurm = p.add_argument_group("slurm")
     slurm.add_argument("--partition", help="Slurm partition")
     slurm.add_argument("--nnodes", type=int, help="nodes to allocate (default: --nodes, else 1)")
@@ -123,7 +128,9 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
         threshold=args.threshold,
         test_break_rank=args.test_break_rank,
         test_slow_compute=args.test_slow_compute,
-        extra_args=tuple(a for s in args.skip for a in ("--skip", s)) + burn,
+        extra_args=tuple(a for s in args.skip for a in ("--skip", s))
+        + burn
+        + _floor_args(args.busbw_floor),
     )
 
 
@@ -138,6 +145,19 @@ def _burn_args(text: str | None) -> tuple[str, ...]:
     except ValueError as e:
         raise _user_error(str(e)) from None
     return ("--burn", f"{seconds:g}") if seconds else ()
+
+
+def _floor_args(text: str | None) -> tuple[str, ...]:
+    """``("--busbw-floor", text)`` once the suite's parser accepts it; a bad one is one line."""
+    from gpuctl.workloads.accept.sections.ddp import parse_floors
+
+    if text is None:
+        return ()
+    try:
+        parse_floors(text)
+    except ValueError as e:
+        raise _user_error(str(e)) from None
+    return ("--busbw-floor", text)
 
 
 def _hostlist(text: str) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,3 +45,27 @@ def test_a_bad_burn_duration_is_one_line(tmp_path: Path) -> None:
     assert r.returncode == 2, r.stdout + r.stderr
     assert "--burn 'soon': expected a duration such as 10m, 90s, 1h or 0" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slurm
+def test_through_slurm_the_ddp_job_sweeps_sizes_and_keys_its_topology(
+    tmp_path: Path, slurm_cluster: Any
+) -> None:
+    """The Slurm launch path (one batch job, torchrun per node) carries the size sweep and the
+    busbw floor of its topology (2 ranks per node x 1 node)."""
+    d = tmp_path / "D"
+    r = gpuctl(
+        tmp_path, "--via", "slurm", "--device", "cpu", "--quick", "--no-history",
+        "--job-dir", str(tmp_path / "jobs"), "--report-dir", str(d),
+        "--busbw-floor", "2x1=0.000001", "--skip", "compute", "--skip", "membw",
+        "--skip", "train", "--skip", "ddp_train",
+        env=slurm_cluster.env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (report,) = reports(d)
+    ar = report["sections"]["ddp_allreduce"]
+    assert ar["topology"] == "2x1" and ar["busbw_floor_gbps"] == 0.000001
+    reduce = ar["sweep"]["all_reduce"]
+    assert reduce[0]["size"] == 8 and reduce[-1]["size"] == 64 << 10  # --quick on a CPU
+    assert all(x["wrong"] == 0 for x in reduce + ar["sweep"]["all_gather"])
+    assert "# all_reduce: 2 ranks (2x1 = GPUs per node x nodes), gloo" in r.stdout

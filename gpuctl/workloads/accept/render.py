@@ -36,8 +36,46 @@ def summary_table(report: "Mapping[str, Any]") -> "list[str]":
                     )
                 )
         lines += ["", *table(rows)]
+    sweep = report["sections"].get("ddp_allreduce", {}).get("sweep")
+    if sweep:
+        lines += ["", *sweep_table(report["sections"]["ddp_allreduce"])]
     lines += burn_plots(report)
     return lines
+
+
+def sweep_table(section: "Mapping[str, Any]") -> "list[str]":
+    """The [DDP] size sweep as nccl-tests prints it: per collective a header naming the ranks
+    and the topology (GPUs per node x nodes), then one row per size."""
+    lines: list[str] = []
+    for op, rows in (section.get("sweep") or {}).items():
+        lines.append(
+            f"# {op}: {section.get('world_size')} ranks ({section.get('topology')} = GPUs per "
+            f"node x nodes), {section.get('backend')}"
+        )
+        cells = [
+            ("size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"),
+            ("(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", ""),
+        ]
+        for r in rows:
+            cells.append(
+                (
+                    str(r["size"]),
+                    str(r["count"]),
+                    str(r["type"]),
+                    str(r["redop"]),
+                    _fixed(r["time_us"], 2),
+                    _fixed(r["algbw"], 2),
+                    _fixed(r["busbw"], 2),
+                    str(r["wrong"]),
+                )
+            )
+        widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+        lines += ["  " + "  ".join(c.rjust(widths[i]) for i, c in enumerate(row)) for row in cells]
+    return lines
+
+
+def _fixed(value: Any, places: int) -> str:
+    return "-" if value is None else f"{float(value):.{places}f}"
 
 
 BURN_PLOTS = (
