@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from gpuctl.workloads.accept import nodehealth
-from gpuctl_tests.helpers import node_env
 from gpuctl_tests.node.nvml_stub import NvmlStub, build
 
 SCRIPT = r"""
@@ -196,23 +195,22 @@ def test_kernel_log_without_root_says_why_for_every_source(tmp_path: Path) -> No
     if setpriv is None:
         pytest.skip("setpriv missing")
     nobody = pwd.getpwnam("nobody")
-    code = (
-        "import json; from gpuctl.workloads.accept.nodehealth import kernel_log; "
-        "print(json.dumps(kernel_log()))"
-    )
+    # The module (standard library only) goes in on stdin: nobody may not read this checkout.
+    code = Path(nodehealth.__file__).read_text()
+    code += "\nimport json\nprint(json.dumps(kernel_log()))\n"
     r = subprocess.run(
         [
             setpriv,
             f"--reuid={nobody.pw_uid}",
             f"--regid={nobody.pw_gid}",
             "--clear-groups",
-            "/usr/bin/python3",
-            "-c",
-            code,
+            "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable,
+            "-I",
+            "-",
         ],
+        input=code,
         capture_output=True,
         text=True,
-        env=node_env(),
         cwd="/",
         timeout=60,
     )
