@@ -157,8 +157,13 @@ def _sweep_row(
             .reshape(-1)
         )
 
+        parts = list(gathered.chunk(world))
+
         def once() -> None:
-            dist.all_gather_into_tensor(gathered, src)
+            if hasattr(dist, "all_gather_into_tensor"):
+                dist.all_gather_into_tensor(gathered, src)
+            else:  # torch < 2.0: the list form gathers into views of the same buffer
+                dist.all_gather(parts, src)
 
         def wrong() -> int:
             return int((gathered != want).sum().item())

@@ -50,6 +50,8 @@ def run(suite: "Suite") -> "dict[str, Any]":
     seconds = suite.args.burn
     if not seconds:
         return {"verdict": "SKIP", "summary": "no --burn duration (e.g. --burn 10m)"}
+    if suite.cuda and suite.torch is not None:
+        suite.torch.cuda.empty_cache()  # the earlier sections' cached blocks: the burners' now
     burners = _start(suite, seconds)
     trace = _Trace(suite)
     deadline = time.monotonic() + seconds + GRACE_S
