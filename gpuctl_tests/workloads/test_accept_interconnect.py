@@ -64,16 +64,27 @@ def test_the_size_sweep_prints_nccl_tests_rows_and_fails_below_its_topologys_flo
     assert re.search(r"^ +4096 +1024 +float +sum ", tail, re.M)
 
 
-def test_a_floor_for_another_topology_does_not_apply_and_bad_floors_are_one_line(
+def test_every_size_is_checked_and_another_topologys_floor_does_not_apply(
     tmp_path: Path,
 ) -> None:
+    """Rank 1 adds 1 to its middle element: every size's checked collective is off by one
+    element (all-reduce: on both ranks; all-gather: rank 1's part, seen by both)."""
     r = run_suite(
         "--device", "cpu", "--quick", "--report-dir", str(tmp_path), "--sweep-max", "64",
-        "--busbw-floor", "8x1=1000", *ONLY_DDP,
+        "--busbw-floor", "8x1=1000", "--test-break-rank", "1", *ONLY_DDP,
     )  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:]
+    assert r.returncode == 1, r.stdout[-3000:]
     ar = only_report(tmp_path)["sections"]["ddp_allreduce"]
     assert ar["busbw_floor_gbps"] is None and len(ar["sweep"]["all_reduce"]) == 4
+    assert [x["wrong"] for x in ar["sweep"]["all_reduce"]] == [2, 2, 2, 2]
+    assert [x["wrong"] for x in ar["sweep"]["all_gather"]] == [2, 2, 2, 2]
+    failures = last_failures(r.stdout)
+    assert "all_reduce at 8 B: 2 wrong elements" in failures
+    assert "all_gather at 64 B: 2 wrong elements" in failures
+    assert not any("floor" in f for f in failures)
+
+
+def test_a_bad_floor_is_one_line() -> None:
     r = run_suite("--device", "cpu", "--busbw-floor", "8 nodes=3", timeout=60)
     assert r.returncode == 2
     assert "--busbw-floor '8 nodes=3': a topology is GPUSxNODES, e.g. 8x2=180" in r.stderr

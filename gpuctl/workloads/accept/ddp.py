@@ -113,13 +113,13 @@ def bus_factor(op: str, world: int) -> float:
 
 
 def sweep(
-    torch: Any, dist: Any, device: Any, rank: int, world: int, max_bytes: int
+    torch: Any, dist: Any, device: Any, rank: int, world: int, max_bytes: int, break_rank: int = -1
 ) -> "dict[str, list[dict[str, Any]]]":
     """All-reduce and all-gather over sizes 8 B, 16 B, ... ``max_bytes`` (float32), as
     nccl-tests prints them: one row per size with ``size`` (bytes; for all-gather the gathered
     total), ``count`` (elements per rank), ``type``, ``redop``, ``time_us`` (mean per operation
     on the slowest rank), ``algbw``/``busbw`` (GB/s) and ``wrong`` (elements off their exact
-    value after the timed loop)."""
+    value in a checked collective after the timed loop)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for op in SWEEP_OPS:
         rows = []
@@ -127,25 +127,37 @@ def sweep(
         while size <= max_bytes:
             per_rank = size // 4 if op == "all_reduce" else size // 4 // world
             if per_rank >= 1:
-                rows.append(_sweep_row(torch, dist, device, rank, world, op, per_rank))
+                rows.append(_sweep_row(torch, dist, device, rank, world, op, per_rank, break_rank))
             size *= 2
         out[op] = rows
     return out
 
 
 def _sweep_row(
-    torch: Any, dist: Any, device: Any, rank: int, world: int, op: str, count: int
+    torch: Any,
+    dist: Any,
+    device: Any,
+    rank: int,
+    world: int,
+    op: str,
+    count: int,
+    break_rank: int = -1,
 ) -> "dict[str, Any]":
     src = torch.full((count,), float(rank + 1), device=device, dtype=torch.float32)
+    if rank == break_rank:
+        src[count // 2] += 1.0  # test option: a rank that contributes a wrong value
     if op == "all_reduce":
         nbytes = count * 4
-        buf = src.clone()
+        # Timed on zeros, which stay zeros (nothing between the collectives, as in nccl-tests);
+        # checked afterwards on one reduction of rank + 1 from every rank.
+        buf = torch.zeros(count, device=device, dtype=torch.float32)
 
         def once() -> None:
-            buf.copy_(src)  # refilled: reducing the result again would multiply it
             dist.all_reduce(buf)
 
         def wrong() -> int:
+            buf.copy_(src)
+            dist.all_reduce(buf)
             return int((buf != float(world * (world + 1) // 2)).sum().item())
 
     else:
@@ -266,7 +278,9 @@ def main(argv: "list[str] | None" = None) -> int:
             torch, dist, device, rank, world, args.numel, args.iters, args.break_rank
         )
         if args.sweep_max_bytes:
-            result["sweep"] = sweep(torch, dist, device, rank, world, args.sweep_max_bytes)
+            result["sweep"] = sweep(
+                torch, dist, device, rank, world, args.sweep_max_bytes, args.break_rank
+            )
         result["train"] = ddp_train(torch, dist, device, rank, world, args.steps, args.loss_drop)
         dist.barrier()
     except Exception as e:  # the suite reports it per rank; the traceback goes to stderr
