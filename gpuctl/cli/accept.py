@@ -84,6 +84,14 @@ def register(sub: Subcommands) -> None:
         "--skip", action="append", default=[], choices=SECTIONS, help="leave a section out"
     )
     what.add_argument("--timeout", type=float, help="seconds per run (3600)")
+    what.add_argument(
+        "--burn", metavar="DURATION", help="[BURN]: all GPUs at once, traced, e.g. 10m (0: skip)"
+    )
+    what.add_argument(
+        "--busbw-floor",
+        metavar="GBPS",
+        help="[DDP] all-reduce busbw floor: 360, or per GPUs-per-node x nodes: 8x1=360,8x2=180",
+    )
     slurm = p.add_argument_group("slurm")
     slurm.add_argument("--partition", help="Slurm partition")
     slurm.add_argument("--nnodes", type=int, help="nodes to allocate (default: --nodes, else 1)")
@@ -171,6 +179,7 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
                 f"{','.join(DTYPE_COLUMN)})"
             )
     python = args.python or _str(conf.get("python"))
+    burn = _burn_args(args.burn)
     return AcceptOptions(
         quick=args.quick,
         device=args.device,
@@ -180,14 +189,43 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
         floors=conf.get("floors") or None,
         dtypes=dtypes,
         python=python,
-        timeout=args.timeout or conf.get("timeout") or 3600.0,
+        # --timeout (or [accept] timeout) excludes the burn stage, which adds its own length
+        timeout=(args.timeout or conf.get("timeout") or 3600.0) + (float(burn[1]) if burn else 0.0),
         threshold=next(
             t for t in (args.threshold, conf.get("threshold"), DEFAULT_THRESHOLD) if t is not None
         ),
         test_break_rank=args.test_break_rank,
         test_slow_compute=args.test_slow_compute,
-        extra_args=tuple(a for s in args.skip for a in ("--skip", s)),
+        extra_args=tuple(a for s in args.skip for a in ("--skip", s))
+        + burn
+        + _floor_args(args.busbw_floor),
     )
+
+
+def _burn_args(text: str | None) -> tuple[str, ...]:
+    """``("--burn", seconds)`` for the suite, () without a burn; a bad duration is one line."""
+    from gpuctl.workloads.accept.sections.burn import parse_duration
+
+    if text is None:
+        return ()
+    try:
+        seconds = parse_duration(text)
+    except ValueError as e:
+        raise _user_error(str(e)) from None
+    return ("--burn", f"{seconds:g}") if seconds else ()
+
+
+def _floor_args(text: str | None) -> tuple[str, ...]:
+    """``("--busbw-floor", text)`` once the suite's parser accepts it; a bad one is one line."""
+    from gpuctl.workloads.accept.sections.ddp import parse_floors
+
+    if text is None:
+        return ()
+    try:
+        parse_floors(text)
+    except ValueError as e:
+        raise _user_error(str(e)) from None
+    return ("--busbw-floor", text)
 
 
 def _hostlist(text: str) -> list[str]:

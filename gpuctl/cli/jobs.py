@@ -428,15 +428,10 @@ def _job(args: argparse.Namespace) -> Job:
 
 def parse_age(text: str) -> float:
     """Seconds from "30m", "12h", "7d", "2w" or a plain number of seconds; UserError otherwise."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-    value = text.strip().lower()
-    scale = units.get(value[-1:], 0) if value else 0
-    number = value[:-1] if scale else value
-    try:
-        seconds = float(number) * (scale or 1)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0 or seconds == float("inf"):
+    from gpuctl.node.protocol import parse_seconds
+
+    seconds = parse_seconds(text)
+    if seconds is None:
         raise UserError(f"--older-than {text!r}: expected an age such as 30m, 12h, 7d or 3600")
     return seconds
 

@@ -144,6 +144,24 @@ def decode_throttle(mask: Optional[int]) -> Optional[List[str]]:
     return [name for bit, name in THROTTLE_REASONS if mask & bit]
 
 
+_SECONDS_PER_UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+def parse_seconds(text: str) -> Optional[float]:
+    """Seconds from "90s", "10m", "12h", "7d", "2w" or a plain number of seconds; None when the
+    text is none of these or not a finite non-negative figure."""
+    value = text.strip().lower()
+    scale = _SECONDS_PER_UNIT.get(value[-1:], 0.0) if value else 0.0
+    number = value[:-1] if scale else value
+    try:
+        seconds = float(number) * (scale or 1.0)
+    except ValueError:
+        return None
+    if not 0 <= seconds < _INF:
+        return None
+    return seconds
+
+
 def encode(msg: Mapping[str, Any]) -> bytes:
     """Return ``msg`` as one protocol line (bytes, newline-terminated).
 

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from gpuctl.workloads.accept import nodehealth
-from gpuctl_tests.helpers import node_env
 from gpuctl_tests.node.nvml_stub import NvmlStub, build
 
 SCRIPT = r"""
@@ -93,18 +92,26 @@ def sysfs_tree(root: Path, gpu0_nonfatal: int = 2) -> Path:
     return root
 
 
-def run_script(tmp_path: Path, stub_text: str, *args: str) -> dict[str, Any]:
+def run_with_stub(
+    tmp_path: Path, script: str, stub_text: str, *args: str, timeout: float = 60
+) -> dict[str, Any]:
+    """Run ``script`` (which prints one JSON line last) over a stub NVML scripted by
+    ``stub_text``; returns that JSON."""
     stub = NvmlStub(build(tmp_path), tmp_path / "nvml.conf", stub_text)
     r = subprocess.run(
-        [sys.executable, "-c", SCRIPT, *args],
+        [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
         env=stub.env(),
-        timeout=60,
+        timeout=timeout,
     )
-    assert r.returncode == 0, r.stderr
-    out: dict[str, Any] = json.loads(r.stdout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
     return out
+
+
+def run_script(tmp_path: Path, stub_text: str, *args: str) -> dict[str, Any]:
+    return run_with_stub(tmp_path, SCRIPT, stub_text, *args)
 
 
 def test_shape_fails_a_gpu_trained_down_persistence_ecc_and_nvlink_naming_gpu_and_figures(
@@ -188,23 +195,22 @@ def test_kernel_log_without_root_says_why_for_every_source(tmp_path: Path) -> No
     if setpriv is None:
         pytest.skip("setpriv missing")
     nobody = pwd.getpwnam("nobody")
-    code = (
-        "import json; from gpuctl.workloads.accept.nodehealth import kernel_log; "
-        "print(json.dumps(kernel_log()))"
-    )
+    # The module (standard library only) goes in on stdin: nobody may not read this checkout.
+    code = Path(nodehealth.__file__).read_text()
+    code += "\nimport json\nprint(json.dumps(kernel_log()))\n"
     r = subprocess.run(
         [
             setpriv,
             f"--reuid={nobody.pw_uid}",
             f"--regid={nobody.pw_gid}",
             "--clear-groups",
-            "/usr/bin/python3",
-            "-c",
-            code,
+            "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable,
+            "-I",
+            "-",
         ],
+        input=code,
         capture_output=True,
         text=True,
-        env=node_env(),
         cwd="/",
         timeout=60,
     )

@@ -98,6 +98,114 @@ def allreduce_check(
     }
 
 
+SWEEP_OPS = ("all_reduce", "all_gather")
+SWEEP_MIN_BYTES = 8
+SWEEP_BUDGET_BYTES = 4 << 30  # bytes moved per size and op: fewer iterations for big sizes
+SWEEP_MAX_ITERS = 20
+SWEEP_WARMUP = 2
+
+
+def bus_factor(op: str, world: int) -> float:
+    """busbw / algbw (nccl-tests): 2(n-1)/n for all-reduce, (n-1)/n for all-gather."""
+    if world <= 1:
+        return 0.0
+    return (2.0 if op == "all_reduce" else 1.0) * (world - 1) / world
+
+
+def sweep(
+    torch: Any, dist: Any, device: Any, rank: int, world: int, max_bytes: int, break_rank: int = -1
+) -> "dict[str, list[dict[str, Any]]]":
+    """All-reduce and all-gather over sizes 8 B, 16 B, ... ``max_bytes`` (float32), as
+    nccl-tests prints them: one row per size with ``size`` (bytes; for all-gather the gathered
+    total), ``count`` (elements per rank), ``type``, ``redop``, ``time_us`` (mean per operation
+    on the slowest rank), ``algbw``/``busbw`` (GB/s) and ``wrong`` (elements off their exact
+    value in a checked collective after the timed loop)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for op in SWEEP_OPS:
+        rows = []
+        size = SWEEP_MIN_BYTES
+        while size <= max_bytes:
+            per_rank = size // 4 if op == "all_reduce" else size // 4 // world
+            if per_rank >= 1:
+                rows.append(_sweep_row(torch, dist, device, rank, world, op, per_rank, break_rank))
+            size *= 2
+        out[op] = rows
+    return out
+
+
+def _sweep_row(
+    torch: Any,
+    dist: Any,
+    device: Any,
+    rank: int,
+    world: int,
+    op: str,
+    count: int,
+    break_rank: int = -1,
+) -> "dict[str, Any]":
+    src = torch.full((count,), float(rank + 1), device=device, dtype=torch.float32)
+    if rank == break_rank:
+        src[count // 2] += 1.0  # test option: a rank that contributes a wrong value
+    if op == "all_reduce":
+        nbytes = count * 4
+        # Timed on zeros, which stay zeros (nothing between the collectives, as in nccl-tests);
+        # checked afterwards on one reduction of rank + 1 from every rank.
+        buf = torch.zeros(count, device=device, dtype=torch.float32)
+
+        def once() -> None:
+            dist.all_reduce(buf)
+
+        def wrong() -> int:
+            buf.copy_(src)
+            dist.all_reduce(buf)
+            return int((buf != float(world * (world + 1) // 2)).sum().item())
+
+    else:
+        nbytes = count * 4 * world
+        gathered = torch.empty(count * world, device=device, dtype=torch.float32)
+        want = (
+            torch.arange(1, world + 1, device=device, dtype=torch.float32)
+            .repeat_interleave(count)
+            .reshape(-1)
+        )
+
+        parts = list(gathered.chunk(world))
+
+        def once() -> None:
+            if hasattr(dist, "all_gather_into_tensor"):
+                dist.all_gather_into_tensor(gathered, src)
+            else:  # torch < 2.0: the list form gathers into views of the same buffer
+                dist.all_gather(parts, src)
+
+        def wrong() -> int:
+            return int((gathered != want).sum().item())
+
+    iters = max(2, min(SWEEP_MAX_ITERS, SWEEP_BUDGET_BYTES // max(nbytes, 1)))
+    for _ in range(SWEEP_WARMUP):  # connections, algorithm choice: never timed
+        once()
+    _sync(torch, device)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        once()
+    _sync(torch, device)
+    took = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank bounds the collective
+    seconds = float(took.item())
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else None
+    return {
+        "size": nbytes,
+        "count": count,
+        "type": "float",
+        "redop": "sum" if op == "all_reduce" else "none",
+        "iters": iters,
+        "time_us": round(seconds * 1e6, 3),
+        "algbw": algbw,
+        "busbw": algbw * bus_factor(op, world) if algbw is not None else None,
+        "wrong": wrong(),
+    }
+
+
 def ddp_train(
     torch: Any, dist: Any, device: Any, rank: int, world: int, steps: int, loss_drop: float
 ) -> "dict[str, Any]":
@@ -141,6 +249,7 @@ def main(argv: "list[str] | None" = None) -> int:
     p.add_argument("--loss-drop", type=float, default=0.5)
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--break-rank", type=int, default=-1)
+    p.add_argument("--sweep-max-bytes", type=int, default=0, help="0: no size sweep")
     args = p.parse_args(argv)
 
     import torch
@@ -168,6 +277,10 @@ def main(argv: "list[str] | None" = None) -> int:
         result["allreduce"] = allreduce_check(
             torch, dist, device, rank, world, args.numel, args.iters, args.break_rank
         )
+        if args.sweep_max_bytes:
+            result["sweep"] = sweep(
+                torch, dist, device, rank, world, args.sweep_max_bytes, args.break_rank
+            )
         result["train"] = ddp_train(torch, dist, device, rank, world, args.steps, args.loss_drop)
         dist.barrier()
     except Exception as e:  # the suite reports it per rank; the traceback goes to stderr

@@ -6,6 +6,8 @@ import threading
 from typing import Any
 
 XID_CRITICAL = 0x0000000000000008  # nvmlEventTypeXidCriticalError
+CLOCK_SM = 1  # nvmlClockType_t NVML_CLOCK_SM
+TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU
 
 
 class Nvml:
@@ -221,6 +223,26 @@ class Nvml:
             present += 1
             active += 1 if state else 0
         return (present, active) if present else (None, None)
+
+    def sample(self, i: int) -> "dict[str, Any]":
+        """One reading of GPU i for a trace: power_w, sm_clock_mhz, temp_c, throttle (the clock
+        event reasons' bit mask); each None when unreadable."""
+        h = self.handles.get(i)
+        out: dict[str, Any] = dict.fromkeys(("power_w", "sm_clock_mhz", "temp_c", "throttle"))
+        if h is None:
+            return out
+        nv = self.nv
+        mw = self._call(nv.nvmlDeviceGetPowerUsage, h)
+        out["power_w"] = None if mw is None else round(mw / 1000.0, 1)
+        out["sm_clock_mhz"] = self._call(nv.nvmlDeviceGetClockInfo, h, CLOCK_SM)
+        out["temp_c"] = self._call(nv.nvmlDeviceGetTemperature, h, TEMPERATURE_GPU)
+        read = (
+            getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
+        mask = self._call(read, h)
+        out["throttle"] = None if mask is None else int(mask)
+        return out
 
     def retired_pending(self, i: int) -> "bool | None":
         """Whether GPU i has retired pages waiting for a reset (pre-Ampere ECC), or None."""

@@ -20,9 +20,23 @@ Report (JSON object, ``schema`` == SCHEMA, ``schema_version`` == SCHEMA_VERSION)
       membw:         devices [{index, name, bytes, gbps, peak_gbps, fraction, verdict, reason}]
       pcie:          devices [{index, h2d_gbps, d2h_gbps, link_gen, link_width, peak_gbps,
                      fraction, verdict, reason}]
+      p2p:           bytes, iters, median_gbps, floor, devices [labels], pairs [{src, dst,
+                     gbps (best of 3 runs), peer_access, data_ok, fraction (of the median
+                     pair), verdict, reason}]
       train:         devices [{index, steps, first_loss, final_loss, drop, verdict, reason}]
+      burn:          burn_seconds, interval_s, warmup_s, node_sm_clock_median,
+                     sm_clock_allowed_mhz, devices [{label, verdict (the burner's OK/FAULTY/
+                     DIED), reason, tflops_mean, errors, iterations, elapsed, tflops [per
+                     progress line]}], trace {t [s since start], gpus [{index, label, name,
+                     power_w [..], sm_clock_mhz [..], temp_c [..], throttle [bit mask ..],
+                     throttle_seconds {reason: s}, sm_clock_median, power_max_w, temp_max_c,
+                     verdict, reason}]} (one array element per second, null where unreadable)
       ddp_allreduce: world_size, nnodes, backend, numel, bytes, iters, algbw_gbps, busbw_gbps,
-                     ranks [{rank, host, ok, mismatches, first_bad}]
+                     ranks [{rank, host, ok, mismatches, first_bad}], topology ("8x2": GPUs
+                     per node x nodes), sweep {all_reduce: [rows], all_gather: [rows]} with
+                     rows {size (bytes), count, type, redop, iters, time_us, algbw, busbw,
+                     wrong} as nccl-tests prints them, sweep_busbw_gbps (all-reduce at the
+                     largest size), busbw_floor_gbps (this topology's, or null)
       ddp_train:     world_size, steps, ranks [{rank, first_loss, final_loss, drop, ok}],
                      params_identical
       health:        gpus [{index, ecc_uncorrected_volatile, ecc_uncorrected_aggregate,
@@ -45,7 +59,9 @@ SECTIONS = (
     "compute",
     "membw",
     "pcie",
+    "p2p",
     "train",
+    "burn",
     "ddp_allreduce",
     "ddp_train",
     "health",
@@ -56,7 +72,9 @@ MARKERS = {
     "compute": "COMPUTE",
     "membw": "MEMBW",
     "pcie": "PCIE",
+    "p2p": "P2P",
     "train": "TRAIN",
+    "burn": "BURN",
     "ddp_allreduce": "DDP",
     "ddp_train": "DDP",
     "health": "HEALTH",

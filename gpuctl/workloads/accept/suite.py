@@ -25,6 +25,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from gpuctl.workloads.burn import parse_bytes
+
 from . import peaks
 from .nvml import Nvml
 from .output import Output
@@ -37,6 +39,8 @@ from .schema import (
     SECTIONS,
 )
 from .sections import RUNNERS
+from .sections.burn import parse_duration
+from .sections.ddp import parse_floors
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 
@@ -96,6 +100,27 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
     p.add_argument(
         "--expect-mig", choices=("on", "off"), default="off", help="[SHAPE]: MIG mode (off)"
     )
+    p.add_argument(
+        "--burn", default="0", help="[BURN]: burn every GPU this long, e.g. 10m (0: skip)"
+    )
+    p.add_argument(
+        "--sweep-max",
+        help="[DDP] all-reduce/all-gather size sweep up to this many bytes (e.g. 1G; 0: none; "
+        "default 1G on GPUs, 64M with --quick)",
+    )
+    p.add_argument(
+        "--busbw-floor",
+        help="[DDP] all-reduce busbw floor in GB/s at the sweep's largest size: 360, or per "
+        "topology (GPUs per node x nodes) 8x1=360,8x2=180",
+    )
+    p.add_argument(
+        "--p2p-floor",
+        type=float,
+        default=0.7,
+        help="[P2P] a GPU pair below this fraction of the median pair's GB/s fails",
+    )
+    p.add_argument("--test-p2p-devices", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--test-slow-pair", help=argparse.SUPPRESS)  # "I,J": that pair copies 8x
     p.add_argument("--test-kernel-log", help=argparse.SUPPRESS)  # a file read as the kernel log
     p.add_argument("--test-sysfs-root", default="/sys", help=argparse.SUPPRESS)
     p.add_argument("--skip", action="append", default=[], choices=SECTIONS, help="skip a section")
@@ -109,6 +134,16 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
     if bad or not dtypes:
         p.error(f"--dtypes: unknown {','.join(bad) or 'empty'} (known: {','.join(DTYPES)})")
     args.dtypes = dtypes
+    try:
+        args.burn = parse_duration(args.burn)
+        args.busbw_floor = parse_floors(args.busbw_floor) if args.busbw_floor else None
+    except ValueError as e:
+        p.error(str(e))
+    if args.sweep_max is not None:
+        try:
+            args.sweep_max = 0 if args.sweep_max.strip() == "0" else parse_bytes(args.sweep_max)
+        except ValueError:
+            p.error(f"--sweep-max {args.sweep_max!r}: expected bytes such as 64K, 1G or 0")
     if args.floor is not None and not 0 < args.floor <= 1:
         p.error("--floor must be within (0, 1]")
     try:

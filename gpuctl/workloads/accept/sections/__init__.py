@@ -4,7 +4,7 @@ to the function that runs it on a ``Suite`` and returns its result dict."""
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import compute, ddp, env, health, membw, pcie, shape, train
+from . import burn, compute, ddp, env, health, membw, p2p, pcie, shape, train
 
 if TYPE_CHECKING:
     from gpuctl.workloads.accept.suite import Suite
@@ -15,7 +15,9 @@ RUNNERS: "dict[str, Callable[[Suite], dict[str, Any]]]" = {
     "compute": compute.run,
     "membw": membw.run,
     "pcie": pcie.run,
+    "p2p": p2p.run,
     "train": train.run,
+    "burn": burn.run,
     "ddp_allreduce": ddp.run_allreduce,
     "ddp_train": ddp.run_train,
     "health": health.run,

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -16,6 +17,34 @@ if TYPE_CHECKING:
     from gpuctl.workloads.accept.suite import Suite
 
 DDP_GRACE_S = 10.0  # torchrun's SIGTERM -> SIGKILL
+# The size sweep's largest size (bytes; nccl-tests goes to 1 GiB), by device and --quick.
+SWEEP_MAX = {("cuda", False): 1 << 30, ("cuda", True): 64 << 20, ("cpu", False): 1 << 20}
+SWEEP_MAX[("cpu", True)] = 64 << 10
+
+
+def parse_floors(text: str) -> "dict[str, float]":
+    """``--busbw-floor``: ``"360"`` (every topology) or ``"8x1=360,8x2=180"`` (GPUs per node x
+    nodes = GB/s) -> ``{"*": 360.0}`` / ``{"8x1": 360.0, "8x2": 180.0}``. Raises ValueError."""
+    floors: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        key, _, value = part.rpartition("=")
+        key = key.strip().lower() or "*"
+        if key != "*" and not re.fullmatch(r"\d+x\d+", key):
+            raise ValueError(f"--busbw-floor {part!r}: a topology is GPUSxNODES, e.g. 8x2=180")
+        try:
+            floors[key] = float(value)
+        except ValueError:
+            raise ValueError(f"--busbw-floor {part!r}: expected GB/s, e.g. 8x1=360") from None
+        if not floors[key] > 0:
+            raise ValueError(f"--busbw-floor {part!r}: GB/s must be positive")
+    return floors
+
+
+def topology(local_procs: int, nnodes: int) -> str:
+    """The key of a DDP run's shape: GPUs (ranks) per node x nodes, e.g. ``8x2``."""
+    return f"{int(local_procs)}x{int(nnodes)}"
 
 
 def free_port() -> int:
@@ -77,6 +106,8 @@ def launch(suite: "Suite") -> "tuple[list[dict[str, Any]], str | None, int]":
         str(timeout),
         "--break-rank",
         str(a.test_break_rank),
+        "--sweep-max-bytes",
+        str(_sweep_max(suite)),
     ]
     suite.out.line(
         f"torchrun: {a.ddp_nnodes} node(s) x {nproc} process(es), c10d rendezvous at {endpoint}",
@@ -123,6 +154,54 @@ def launch(suite: "Suite") -> "tuple[list[dict[str, Any]], str | None, int]":
     return ranks, error, nproc
 
 
+def _sweep_max(suite: "Suite") -> int:
+    a = suite.args
+    if a.sweep_max is not None:
+        return int(a.sweep_max)
+    return SWEEP_MAX[("cuda" if suite.cuda else "cpu", bool(a.quick))]
+
+
+def _sweep(ranks: "list[dict[str, Any]]") -> "dict[str, list[dict[str, Any]]] | None":
+    """Rank 0's sweep rows (times are already the slowest rank's), with every local rank's
+    wrong elements added up."""
+    sweeps = [r["sweep"] for r in ranks if r.get("sweep")]
+    if not sweeps:
+        return None
+    out: dict[str, list[dict[str, Any]]] = {}
+    for op, rows in sweeps[0].items():
+        merged = []
+        for k, row in enumerate(rows):
+            row = dict(row)
+            row["wrong"] = sum(
+                int(sw[op][k]["wrong"]) for sw in sweeps if op in sw and k < len(sw[op])
+            )
+            merged.append(row)
+        out[op] = merged
+    return out
+
+
+def _judge_sweep(suite: "Suite", out: "dict[str, Any]") -> "list[str]":
+    """Wrong elements at any size fail; so does an all-reduce busbw at the largest size below
+    this topology's floor (``--busbw-floor``)."""
+    failures = []
+    for op, rows in (out["sweep"] or {}).items():
+        for r in rows:
+            if r["wrong"]:
+                failures.append(f"{op} at {r['size']} B: {r['wrong']} wrong elements")
+    rows = (out["sweep"] or {}).get("all_reduce") or []
+    floors = suite.args.busbw_floor or {}
+    floor = floors.get(out["topology"], floors.get("*"))
+    out["busbw_floor_gbps"] = floor
+    if rows and rows[-1]["busbw"] is not None:
+        out["sweep_busbw_gbps"] = rows[-1]["busbw"]
+        if floor is not None and rows[-1]["busbw"] < floor:
+            failures.append(
+                f"all-reduce busbw {rows[-1]['busbw']:.2f} GB/s at {rows[-1]['size']} B over "
+                f"{out['topology']} (GPUs per node x nodes) is below its floor {floor:g} GB/s"
+            )
+    return failures
+
+
 def run_allreduce(suite: "Suite") -> "dict[str, Any]":
     """[DDP] all-reduce: every element right on every rank, and the bus bandwidth."""
     ranks, error, nproc = launch(suite)
@@ -138,6 +217,10 @@ def run_allreduce(suite: "Suite") -> "dict[str, Any]":
         "algbw_gbps": None,
         "busbw_gbps": None,
         "ranks": [],
+        "topology": topology(nproc, suite.args.ddp_nnodes),
+        "sweep": _sweep(ranks),
+        "sweep_busbw_gbps": None,
+        "busbw_floor_gbps": None,
     }
     if error:
         failures.append(f"ddp: {error}")
@@ -188,10 +271,22 @@ def run_allreduce(suite: "Suite") -> "dict[str, Any]":
             f"all-reduce {out['bytes']} bytes x {out['world_size']} ranks: "
             f"algbw {out['algbw_gbps']:.3f} GB/s, busbw {out['busbw_gbps']:.3f} GB/s"
         )
+    if out["sweep"]:
+        from gpuctl.workloads.accept.render import sweep_table
+
+        for line in sweep_table(out):
+            suite.out.line(line)
+        failures.extend(_judge_sweep(suite, out))
     out["failures"] = failures
     out["verdict"] = "FAIL" if failures else "PASS"
     out["summary"] = (failures[0] if failures else None) or (
         f"busbw {out['busbw_gbps'] or 0:.3f} GB/s over {out['world_size']} ranks"
+        + (
+            f"; sweep to {out['sweep']['all_reduce'][-1]['size']} B: all-reduce busbw "
+            f"{out['sweep_busbw_gbps']:.3f} GB/s ({out['topology']})"
+            if out["sweep"] and out["sweep"].get("all_reduce") and out["sweep_busbw_gbps"]
+            else ""
+        )
     )
     return out
 
