@@ -11,6 +11,14 @@ error counters reset after each ``Summary at:`` block; gpu-burn exits 0 even wit
 so the verdict comes from its final ``Tested N GPUs:`` block, and a run without that block
 failed. Its parent has no SIGTERM handler, so it runs in its own process group and the whole
 group is signalled.
+
+Reaching that summary: at the end of its TIME gpu-burn SIGTERMs its workers and sleeps ``-stts``
+seconds (default 30) before it prints the summary; we pass a short ``-stts`` (``--stts``, 3 s)
+and, once gpu-burn has begun its end (``Killing processes with SIGTERM``), a stop request waits
+for the summary instead of killing it. A stop before that point cannot have a summary: gpu-burn
+dies on SIGTERM without one, so the burn ends without a verdict (or FAULTY/DIED from what its
+progress lines showed). ``elapsed`` is gpu-burn's own clock (its percentage of TIME), so the
+agent's duration limit runs from gpu-burn's start, not from ours.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuctl.node.proc import set_death_signal, signal_group, spawn
+from gpuctl.node.stress import GPU_BURN_STTS_S
 
 COMPARE_FILES = ("compare.fatbin", "compare.ptx")
 EXIT_REASONS = {
@@ -229,6 +238,7 @@ TEMPS_RE = re.compile(r"(-?\d+)\s*C|(--)")
 FINAL_RE = re.compile(r"^\s*GPU\s+(\d+):\s*(OK|FAULTY)\s*$")
 TESTED_RE = re.compile(r"^\s*Tested\s+(\d+)\s+GPUs:")
 INIT_RE = re.compile(r"^\s*Initialized device (\d+) with (\d+) MB")
+ENDING_RE = re.compile(r"^\s*Killing processes with SIGTERM")
 
 
 @dataclass
@@ -261,6 +271,7 @@ class GpuBurnOutput:
     all_died: bool = False
     failures: list[str] = field(default_factory=list)
     initialized: int = 0
+    ending: bool = False  # gpu-burn's TIME is over: it is stopping its workers, summary next
     _pending: str = ""
     _peeked: str | None = None
 
@@ -317,6 +328,8 @@ class GpuBurnOutput:
             return []
         if INIT_RE.match(text):
             self.initialized += 1
+        if ENDING_RE.match(text):
+            self.ending = True
         return []
 
     def stderr_line(self, text: str) -> None:
@@ -385,15 +398,26 @@ class GpuBurnOutput:
 
 
 # -- running --------------------------------------------------------------------------------
-def gpu_burn_argv(binary: str, seconds: float, mem_fraction: float, dtype: str | None) -> list[str]:
+def gpu_burn_argv(
+    binary: str,
+    seconds: float,
+    mem_fraction: float,
+    dtype: str | None,
+    stts: int = GPU_BURN_STTS_S,
+) -> list[str]:
     """The command line; TIME is last (``gpu_burn 60 -d`` would run for 0 s)."""
     argv = [binary, "-m", f"{round(mem_fraction * 100)}%"]
     if dtype == "fp64":
         argv.append("-d")
     elif dtype in ("tf32", "bf16", "fp16"):
         argv.append("-tc")
-    argv.append(str(max(1, round(seconds))))
+    argv += ["-stts", str(stts), str(burn_seconds(seconds))]
     return argv
+
+
+def burn_seconds(seconds: float) -> int:
+    """gpu-burn's TIME for a duration (whole seconds, at least 1)."""
+    return max(1, round(seconds))
 
 
 def run_gpu_burn(
@@ -406,20 +430,24 @@ def run_gpu_burn(
     should_stop: Callable[[], bool] = lambda: False,
     grace: float = 3.0,
     gpu_label: str | None = None,
+    stts: int = GPU_BURN_STTS_S,
 ) -> list[dict[str, Any]]:
-    """Run gpu-burn, emit progress lines, return one summary dict per GPU."""
+    """Run gpu-burn, emit progress lines, return one summary dict per GPU.
+
+    A stop (``should_stop()``) before gpu-burn's end SIGTERMs its group (no summary possible);
+    during its end it waits up to ``stts + grace`` seconds for the summary, then SIGKILLs."""
     folder = os.path.dirname(os.path.abspath(binary))
     if not any(os.path.exists(os.path.join(folder, c)) for c in COMPARE_FILES):
         raise BuildError(
             f"no compare.fatbin or compare.ptx next to {binary}: keep gpu-burn's build folder "
             "together or rebuild it"
         )
-    argv = gpu_burn_argv(binary, seconds, mem_fraction, dtype)
+    argv = gpu_burn_argv(binary, seconds, mem_fraction, dtype, stts)
+    run_time = burn_seconds(seconds)
     emit({"type": "step", "message": "running " + " ".join(argv)})
     # its own session, SIGKILL when we die; cwd: gpu-burn loads its compare kernel from there
     proc = spawn(argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     parsed = GpuBurnOutput()
-    started = time.monotonic()
     last_emit: dict[int, float] = {}
     stderr_lines: list[str] = []
     err_buf = ""
@@ -448,10 +476,19 @@ def run_gpu_burn(
                         stderr_lines = [*stderr_lines, ln.strip()][-20:]
                 continue
             now = time.monotonic()
+            was_ending = parsed.ending
             for i in parsed.feed(text):
                 if now - last_emit.get(i, 0.0) >= 1.0:
                     last_emit[i] = now
-                    emit(_progress(parsed.gpus[i], parsed, now - started, gpu_label))
+                    emit(_progress(parsed.gpus[i], parsed, run_time, gpu_label))
+            if parsed.ending and not was_ending:
+                emit(
+                    {
+                        "type": "step",
+                        "message": f"gpu-burn's time is up: it stops its workers, its summary "
+                        f"follows in {stts} s",
+                    }
+                )
         now = time.monotonic()
         if proc.poll() is not None and not killed:
             # gpu-burn's parent is gone; workers it left behind would hold the pipes open.
@@ -460,7 +497,10 @@ def run_gpu_burn(
         if not stopped and should_stop():
             stopped = True
             term_at = now
-            signal_group(proc.pid, signal.SIGTERM)
+            if parsed.ending:
+                term_at += stts  # let it finish: its summary is seconds away
+            else:
+                signal_group(proc.pid, signal.SIGTERM)
         if term_at is not None and not killed and now - term_at >= grace:
             killed = True
             signal_group(proc.pid, signal.SIGKILL)
@@ -476,7 +516,7 @@ def run_gpu_burn(
         st = parsed.gpus.get(v["gpu"]) or GpuState(v["gpu"])
         summaries.append(
             {
-                **_progress(st, parsed, time.monotonic() - started, gpu_label),
+                **_progress(st, parsed, run_time, gpu_label),
                 "type": "summary",
                 "verdict": v["verdict"],
                 "reason": v["reason"],
@@ -487,9 +527,10 @@ def run_gpu_burn(
 
 
 def _progress(
-    st: GpuState, parsed: GpuBurnOutput, elapsed: float, label: str | None
+    st: GpuState, parsed: GpuBurnOutput, run_time: int, label: str | None
 ) -> dict[str, Any]:
     mean = st.gflops_sum / st.samples if st.samples else 0.0
+    elapsed = parsed.percent / 100.0 * run_time  # gpu-burn's clock: it counts from its start
     return {
         "type": "progress",
         "engine": "gpu-burn",
@@ -516,6 +557,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--duration", type=float, default=60.0, help="seconds (default 60)")
     run.add_argument("--mem-fraction", type=float, default=0.9)
     run.add_argument("--dtype", choices=("fp32", "tf32", "bf16", "fp16", "fp64"))
+    run.add_argument(
+        "--stts",
+        type=int,
+        default=GPU_BURN_STTS_S,
+        help=f"gpu-burn's SIGTERM-to-SIGKILL wait at its end, s (default {GPU_BURN_STTS_S})",
+    )
     sub.add_parser("find", help="print the gpu_burn binary and CUDA toolkit discovery finds")
     args = p.parse_args(argv)
 
@@ -543,6 +590,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.duration <= 0 or not 0.05 <= args.mem_fraction <= 0.99:
         p.error("--duration must be positive and --mem-fraction within 0.05..0.99")
+    if not 0 <= args.stts <= 600:
+        p.error("--stts must be within 0..600 seconds")
     if args.gpu is not None:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
@@ -572,6 +621,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=args.dtype,
             should_stop=lambda: bool(stopping),
             gpu_label=args.gpu,
+            stts=args.stts,
         )
     except BuildError as e:
         emit({"type": "summary", "engine": "gpu-burn", "verdict": "DIED", "reason": str(e)})

@@ -16,6 +16,7 @@ import pytest
 from gpuctl.workloads import gpuburn
 from gpuctl.workloads.gpuburn import GpuBurnOutput, build_gpu_burn, find_toolkit
 from gpuctl_tests.helpers import node_env, wait_until
+from gpuctl_tests.workloads import gpuburn_standin
 
 
 def exe(path: Path, body: str = "#!/bin/sh\nexit 0\n") -> Path:
@@ -294,130 +295,133 @@ def test_no_clients_alive_and_exit_codes() -> None:
 
 def test_time_is_the_last_argument() -> None:
     argv = gpuburn.gpu_burn_argv("/x/gpu_burn", 60.4, 0.9, "fp64")
-    assert argv == ["/x/gpu_burn", "-m", "90%", "-d", "60"]
-    assert gpuburn.gpu_burn_argv("g", 5, 0.5, "bf16")[-2:] == ["-tc", "5"]
+    assert argv == ["/x/gpu_burn", "-m", "90%", "-d", "-stts", "3", "60"]
+    assert gpuburn.gpu_burn_argv("g", 5, 0.5, "tf32")[-4:] == ["-tc", "-stts", "3", "5"]
 
 
-# -- the runner, end to end, over a stand-in gpu_burn ----------------------------------------
-FAKE_GPU_BURN = '''#!{python}
-"""A stand-in for gpu_burn: prints its real output format; MODE picks the story."""
-import os, signal, subprocess, sys, time
-mode = os.environ.get("FAKE_MODE", "ok")
-seconds = int(sys.argv[-1])  # TIME last, like the real one
-if not os.path.exists("compare.fatbin"):
-    sys.stderr.write("Couldn't init a GPU test: compare.fatbin not found\\n")
-    sys.exit(124)
-with open("argv", "w") as f:
-    f.write(" ".join(sys.argv[1:]))
-with open("visible", "w") as f:
-    f.write(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
-out = sys.stdout
-out.write("Using compare file: compare.fatbin\\nBurning for %d seconds.\\n" % seconds)
-out.write("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0b1c)\\n")
-out.write("Initialized device 0 with 81559 MB of memory (80886 MB available, using 72797 MB "
-          "of it), using FLOATS\\n")
-out.flush()
-worker = subprocess.Popen(["sleep", "600"])  # a forked worker, in our process group
-open("worker.pid", "w").write(str(worker.pid))
-steps = 10 if mode != "hang" else 10 ** 6
-for i in range(1, steps + 1):
-    err = "2 (WARNING!)" if mode == "faulty" and i >= 3 else "0"
-    out.write("\\r%.1f%%  proc'd: %d (4%d000 Gflop/s)   errors: %s   temps: %d C "
-              % (min(100.0, 10.0 * i), 100 * i, i % 10, err, 40 + i))
-    out.flush()
-    time.sleep(seconds / 10.0)
-if mode == "cut":
-    sys.exit(0)
-worker.kill()
-out.write("\\nKilling processes with SIGTERM (soft kill)\\ndone\\n\\nTested 1 GPUs:\\n")
-out.write("\\tGPU 0: %s\\n" % ("FAULTY" if mode == "faulty" else "OK"))
-'''
-
-
+# -- the runner, end to end, over the stand-in gpu_burn (gpuburn_standin.py) -------------------
 @pytest.fixture
-def fake_gpu_burn(tmp_path: Path) -> Path:
-    folder = tmp_path / "gpu-burn"
-    folder.mkdir()
-    (folder / "compare.fatbin").write_bytes(b"\0")
-    return exe(folder / "gpu_burn", FAKE_GPU_BURN.format(python=sys.executable))
+def standin(tmp_path: Path) -> Path:
+    return Path(gpuburn_standin.install(tmp_path / "gpu-burn"))
 
 
-def run_wrapper(binary: Path, mode: str, *args: str) -> tuple[int, list[dict[str, Any]]]:
+def wrapper_argv(binary: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "gpuctl.workloads.gpuburn", "run", "--binary", str(binary), *args]
+
+
+def standin_env(binary: Path, **extra: str) -> dict[str, str]:
+    return node_env({"STANDIN_RECORD": str(binary.parent / "record.json"), **extra})
+
+
+def run_wrapper(binary: Path, *args: str, **env: str) -> tuple[int, list[dict[str, Any]]]:
     proc = subprocess.run(
-        [sys.executable, "-m", "gpuctl.workloads.gpuburn", "run", "--binary", str(binary), *args],
+        wrapper_argv(binary, *args),
         capture_output=True,
         text=True,
         timeout=60,
-        env=node_env({"FAKE_MODE": mode}),
+        env=standin_env(binary, **env),
     )
     return proc.returncode, [json.loads(x) for x in proc.stdout.splitlines()]
 
 
-def test_runner_ok_end_to_end(fake_gpu_burn: Path) -> None:
-    rc, lines = run_wrapper(fake_gpu_burn, "ok", "--duration", "1", "--dtype", "fp64")
+def recorded(binary: Path) -> dict[str, Any]:
+    """What the stand-in gpu_burn was started with: argv, CUDA_VISIBLE_DEVICES, its pid."""
+    return dict(json.loads((binary.parent / "record.json").read_text()))
+
+
+def test_runner_ok_end_to_end(standin: Path) -> None:
+    rc, lines = run_wrapper(standin, "--duration", "1", "--dtype", "fp64", "--stts", "1")
     assert rc == 0, lines
-    assert (fake_gpu_burn.parent / "argv").read_text() == "-m 90% -d 1"
+    assert recorded(standin)["argv"] == ["-m", "90%", "-d", "-stts", "1", "1"]
     progress = [m for m in lines if m["type"] == "progress"]
     assert progress and progress[0]["engine"] == "gpu-burn"
     summary = lines[-1]
-    assert summary["type"] == "summary" and summary["verdict"] == "OK"
-    assert summary["iterations"] == 1000 and summary["temp"] == 50 and summary["errors"] == 0
-    assert summary["tflops"] == 40.0
+    assert summary["type"] == "summary" and summary["verdict"] == "OK", summary
+    assert summary["reason"] is None and summary["errors"] == 0
+    assert summary["iterations"] > 0 and summary["tflops"] > 0
+    assert summary["elapsed"] == 1.0  # gpu-burn's own clock: 100 % of its TIME
 
 
-def test_runner_faulty_and_cut_off(fake_gpu_burn: Path) -> None:
-    rc, lines = run_wrapper(fake_gpu_burn, "faulty", "--duration", "1")
-    assert rc == 1 and lines[-1]["verdict"] == "FAULTY" and lines[-1]["errors"] == 2
-    rc, lines = run_wrapper(fake_gpu_burn, "cut", "--duration", "1")
-    assert rc == 3 and lines[-1]["verdict"] == "DIED"
-    assert "without its final summary" in lines[-1]["reason"]
-    worker = int((fake_gpu_burn.parent / "worker.pid").read_text())
-    wait_until(
-        lambda: not Path(f"/proc/{worker}").exists() or _zombie(worker),
-        5,
-        "the worker gpu-burn left behind to be killed",
+def test_short_stts_lets_the_summary_come_and_is_passed_before_time(standin: Path) -> None:
+    # Without -stts gpu-burn sleeps 30 s between its TIME and its summary.
+    rc, lines = run_wrapper(standin, "--duration", "1")
+    assert recorded(standin)["argv"] == ["-m", "90%", "-stts", "3", "1"]
+    steps = [m["message"] for m in lines if m["type"] == "step"]
+    assert "gpu-burn's time is up: it stops its workers, its summary follows in 3 s" in steps
+    assert rc == 0 and lines[-1]["verdict"] == "OK", lines[-1]
+
+
+def test_stop_during_gpu_burns_end_waits_for_its_summary(standin: Path) -> None:
+    proc = subprocess.Popen(
+        wrapper_argv(standin, "--duration", "1", "--stts", "2"),
+        stdout=subprocess.PIPE,
+        text=True,
+        env=standin_env(standin),
     )
-
-
-def _zombie(pid: int) -> bool:
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return text[text.rindex(")") + 2] in "ZX"
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            msg = json.loads(line)
+            if msg["type"] == "step" and "time is up" in msg["message"]:
+                break
+        proc.send_signal(signal.SIGTERM)  # the agent's stop at the duration limit
+        rest = [json.loads(x) for x in proc.stdout]
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert rest[-1]["type"] == "summary" and rest[-1]["verdict"] == "OK", rest
+
+
+def test_runner_faulty_and_died(standin: Path) -> None:
+    rc, lines = run_wrapper(standin, "--duration", "1", "--stts", "1", STANDIN_FAULTY="0")
+    assert rc == 1 and lines[-1]["verdict"] == "FAULTY" and lines[-1]["errors"] > 0
+    assert "gpu-burn says FAULTY" in lines[-1]["reason"]
+    rc, lines = run_wrapper(standin, "--duration", "5", "--stts", "1", STANDIN_DIE="0")
+    assert rc == 3 and lines[-1]["verdict"] == "DIED", lines[-1]
+    # gpu-burn exits without killing its temperature reader: the wrapper ends the group
+    group = recorded(standin)["pid"]
+    wait_until(lambda: not group_members(group), 5, "what gpu-burn left behind to be killed")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group, from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in "ZX":
+            out.append(int(entry))
+    return out
 
 
 def test_runner_without_compare_file_or_binary_says_so(tmp_path: Path) -> None:
-    lonely = exe(tmp_path / "gpu_burn")
-    rc, lines = run_wrapper(lonely, "ok")
+    lonely = Path(gpuburn_standin.install(tmp_path / "lonely", compare=False))
+    rc, lines = run_wrapper(lonely)
     assert rc == 3 and "no compare.fatbin or compare.ptx next to" in lines[-1]["reason"]
-    rc, lines = run_wrapper(tmp_path / "nothing", "ok")
+    rc, lines = run_wrapper(tmp_path / "nothing")
     assert rc == 3 and "is not an executable gpu_burn" in lines[-1]["reason"]
 
 
-def test_stopping_the_runner_kills_the_whole_gpu_burn_group(fake_gpu_burn: Path) -> None:
+def test_stopping_the_runner_kills_the_whole_gpu_burn_group(standin: Path) -> None:
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuctl.workloads.gpuburn",
-            "run",
-            "--binary",
-            str(fake_gpu_burn),
-            "--duration",
-            "600",
-        ],
+        wrapper_argv(standin, "--duration", "600"),
         stdout=subprocess.PIPE,
         text=True,
-        env=node_env({"FAKE_MODE": "hang"}),
+        env=standin_env(standin),
     )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             if json.loads(line)["type"] == "progress":
                 break
-        worker = int((fake_gpu_burn.parent / "worker.pid").read_text())
-        assert not _zombie(worker)
+        group = recorded(standin)["pid"]
+        assert len(group_members(group)) == 3  # gpu-burn, its worker, its temperature reader
         proc.send_signal(signal.SIGTERM)
         rest = [json.loads(x) for x in proc.stdout]
         assert proc.wait(10) == 0
@@ -426,21 +430,20 @@ def test_stopping_the_runner_kills_the_whole_gpu_burn_group(fake_gpu_burn: Path)
         proc.wait()
     assert rest[-1]["verdict"] is None
     assert rest[-1]["reason"] == "stopped before gpu-burn's final summary"
-    wait_until(lambda: _zombie(worker), 3, "gpu-burn's worker to be gone")
+    wait_until(lambda: not group_members(group), 3, "gpu-burn's group to be gone")
 
 
 def test_runner_builds_from_source_reporting_each_step(tmp_path: Path) -> None:
     # No gpu_burn anywhere: the runner finds the toolkit (nvcc on PATH), builds, then runs.
     src = tmp_path / "gpu-burn-src"
     src.mkdir()
-    fake = tmp_path / "fake_gpu_burn"
-    fake.write_text(FAKE_GPU_BURN.format(python=sys.executable))
+    fake = gpuburn_standin.install(tmp_path / "standin")
     (src / "Makefile").write_text(
         f"gpu_burn:\n\t$(CUDAPATH)/bin/nvcc\n\tcp {fake} gpu_burn\n\tchmod +x gpu_burn\n"
         "\ttouch compare.fatbin\n"
     )
     top = toolkit(tmp_path, "opt/cuda-12.6")
-    env = node_env({"FAKE_MODE": "ok"})
+    env = node_env()
     env["PATH"] = f"{top / 'bin'}{os.pathsep}{env['PATH']}"
     proc = subprocess.run(
         [
@@ -451,6 +454,8 @@ def test_runner_builds_from_source_reporting_each_step(tmp_path: Path) -> None:
             "--source",
             str(src),
             "--duration",
+            "1",
+            "--stts",
             "1",
         ],
         capture_output=True,
@@ -463,5 +468,5 @@ def test_runner_builds_from_source_reporting_each_step(tmp_path: Path) -> None:
     assert steps[0] == f"CUDA toolkit {top} (found by nvcc on PATH: {top}/bin/nvcc)"
     assert steps[1] == f"building: make CUDAPATH={top} in {src}"
     assert steps[2] == f"built {src}/gpu_burn"
-    assert steps[3].startswith(f"running {src}/gpu_burn -m 90% 1")
+    assert steps[3] == f"running {src}/gpu_burn -m 90% -stts 1 1"
     assert proc.returncode == 0 and lines[-1]["verdict"] == "OK", proc.stderr
