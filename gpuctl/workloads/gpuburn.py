@@ -24,10 +24,13 @@ agent's duration limit runs from gpu-burn's start, not from ours.
 from __future__ import annotations
 
 import argparse
+import fcntl
+import hashlib
 import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -168,6 +171,66 @@ class BuildError(Exception):
     """gpu-burn could not be found or built; the message is one line saying what to do."""
 
 
+# Files of a gpu-burn source folder that decide what a build produces (hashed for the key).
+SOURCE_SUFFIXES = (".cpp", ".cu", ".h", ".hpp", ".cuh", ".c")
+BUILD_PRODUCTS = ("gpu_burn", "*.o", "*.fatbin", "*.ptx", ".git")
+# The compiler's or linker's own words for why a build failed; make's "*** [...] Error 1",
+# "compilation terminated." and collect2's "ld returned 1 exit status" only say that it did.
+CAUSE_RE = re.compile(
+    r"fatal error|error:|cannot find -l|undefined reference|No such file|not found|"
+    r"Permission denied|unsupported",
+    re.IGNORECASE,
+)
+NOISE_RE = re.compile(
+    r"^(make(\[\d+\])?: \*\*\*|compilation terminated\.|collect2: error: ld returned)"
+)
+
+
+def default_build_root(env: Mapping[str, str]) -> str:
+    """Where built gpu-burns are kept: ``$XDG_CACHE_HOME/gpuctl/gpu-burn`` (``~/.cache``)."""
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "gpuctl", "gpu-burn")
+
+
+def build_key(source: str, toolkit: Toolkit, env: Mapping[str, str]) -> str:
+    """A hash of what a build depends on: the source files (names and bytes), nvcc's real path,
+    CUDAPATH and ``$COMPUTE`` (gpu-burn's Makefile reads it). A changed source rebuilds."""
+    h = hashlib.sha256()
+    for name, value in (
+        ("nvcc", os.path.realpath(toolkit.nvcc)),
+        ("cudapath", toolkit.root),
+        ("compute", env.get("COMPUTE", "")),
+    ):
+        h.update(f"{name}={value}\0".encode())
+    for folder, dirs, files in sorted(os.walk(source)):
+        dirs[:] = sorted(d for d in dirs if d != ".git")
+        for name in sorted(files):
+            if name == "Makefile" or name.endswith(SOURCE_SUFFIXES):
+                path = os.path.join(folder, name)
+                h.update(os.path.relpath(path, source).encode() + b"\0")
+                with open(path, "rb") as f:
+                    h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()[:16]
+
+
+def build_cause(output: str, limit: int = 3) -> list[str]:
+    """The lines of a failed build's output that say why (the compiler's, the linker's)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    causes: list[str] = []
+    for ln in lines:
+        if CAUSE_RE.search(ln) and not NOISE_RE.match(ln) and ln not in causes:
+            causes.append(ln)
+    if not causes:
+        causes = [ln for ln in lines if not NOISE_RE.match(ln)][-1:] or lines[-1:]
+    return [ln[:300] for ln in causes[:limit]]
+
+
+def _built(folder: str) -> str | None:
+    binary = os.path.join(folder, "gpu_burn")
+    ok = _is_exe(binary) and any(os.path.exists(os.path.join(folder, c)) for c in COMPARE_FILES)
+    return binary if ok else None
+
+
 def build_gpu_burn(
     source: str,
     report: Report,
@@ -176,10 +239,15 @@ def build_gpu_burn(
     root: str = "/",
     ask_nvcc: Callable[[str], str | None] = nvcc_top,
     timeout: float = 900,
+    build_root: str | None = None,
 ) -> str:
-    """Build gpu-burn in ``source`` with ``make CUDAPATH=<toolkit>``, reporting each step.
+    """gpu-burn built from ``source`` with ``make CUDAPATH=<toolkit>``, once per source and
+    toolkit, reporting each step; returns the binary's path, raises BuildError.
 
-    Returns the binary's path; raises BuildError."""
+    The build runs in a private copy of the source and the finished folder is renamed into
+    place (``<build_root>/gpu-burn-<key>``, see ``build_key``), so nobody ever runs a binary
+    that is being written (``Text file busy``); a lock file next to it (flock) makes the GPUs
+    of one node build once and the others wait and reuse it."""
     env = dict(os.environ if env is None else env)
     source = os.path.abspath(os.path.expanduser(source))
     if not os.path.isfile(os.path.join(source, "Makefile")):
@@ -192,6 +260,40 @@ def build_gpu_burn(
             + "); set CUDA_HOME or install the toolkit"
         )
     report(f"CUDA toolkit {toolkit.root} (found by {toolkit.how}: {toolkit.nvcc})")
+    build_root = os.path.abspath(os.path.expanduser(build_root or default_build_root(env)))
+    key = build_key(source, toolkit, env)
+    final = os.path.join(build_root, f"gpu-burn-{key}")
+    binary = _built(final)
+    if binary is not None:
+        report(f"using {binary} (built before from {source})")
+        return binary
+    try:
+        os.makedirs(build_root, mode=0o700, exist_ok=True)
+        lock = open(os.path.join(build_root, f"gpu-burn-{key}.lock"), "a")  # noqa: SIM115
+    except OSError as e:
+        raise BuildError(f"cannot use the build folder {build_root}: {e.strerror or e}") from None
+    with lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            report(f"waiting for another build of {source} ({lock.name})")
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        binary = _built(final)  # built while we waited
+        if binary is not None:
+            report(f"using {binary} (built meanwhile from {source})")
+            return binary
+        return _make(source, final, toolkit, env, report, timeout)
+
+
+def _make(
+    source: str,
+    final: str,
+    toolkit: Toolkit,
+    env: dict[str, str],
+    report: Report,
+    timeout: float,
+) -> str:
+    """Build in a private copy of ``source`` and rename it to ``final`` (caller holds the lock)."""
     make = next(
         (
             os.path.join(d, "make")
@@ -202,27 +304,44 @@ def build_gpu_burn(
     )
     if make is None:
         raise BuildError("make not found on PATH: install make and a C++ compiler")
-    report(f"building: make CUDAPATH={toolkit.root} in {source}")
+    work = f"{final}.{os.getpid()}.tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(source, work, ignore=shutil.ignore_patterns(*BUILD_PRODUCTS))
+    report(f"building: make CUDAPATH={toolkit.root} in {work} (a copy of {source})")
     env["PATH"] = os.pathsep.join([os.path.dirname(toolkit.nvcc), env.get("PATH", "")])
+    log = f"{final}.build.log"
     try:
         proc = subprocess.run(
             [make, f"CUDAPATH={toolkit.root}"],
-            cwd=source,
+            cwd=work,
             env=env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
+            errors="replace",
             timeout=timeout,
         )
     except subprocess.TimeoutExpired:
+        shutil.rmtree(work, ignore_errors=True)
         raise BuildError(f"make in {source} took longer than {timeout:g} s") from None
-    binary = os.path.join(source, "gpu_burn")
-    if proc.returncode != 0 or not _is_exe(binary):
-        lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
-        # The compiler's complaint, not make's "*** [Makefile:2: gpu_burn] Error 1" after it.
-        tail = [ln for ln in lines if not re.match(r"make(\[\d+\])?:", ln)][-1:] or lines[-1:]
+    with open(log, "w") as f:
+        f.write(proc.stdout)
+    binary = _built(work)
+    if proc.returncode != 0 or binary is None:
+        shutil.rmtree(work, ignore_errors=True)
+        cause = "; ".join(build_cause(proc.stdout)) or "no output"
+        if proc.returncode == 0:
+            cause = f"it made no gpu_burn with compare.fatbin or compare.ptx ({cause})"
         raise BuildError(
-            f"make in {source} failed (exit {proc.returncode})" + (f": {tail[0]}" if tail else "")
+            f"make in {source} failed (exit {proc.returncode}): {cause} (full log: {log})"
         )
+    try:
+        os.rename(work, final)
+    except OSError:  # another node sharing this folder (no shared lock there) was first
+        shutil.rmtree(work, ignore_errors=True)
+        if _built(final) is None:
+            raise BuildError(f"cannot move the build of {source} to {final}") from None
+    binary = os.path.join(final, "gpu_burn")
     report(f"built {binary}")
     return binary
 
@@ -553,6 +672,10 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="find or build gpu-burn, run it, JSON lines on stdout")
     run.add_argument("--binary", help="gpu_burn binary (or its folder); default: PATH")
     run.add_argument("--source", help="gpu-burn source folder to build from when none is found")
+    run.add_argument(
+        "--build-dir",
+        help="where builds from --source are kept (default $XDG_CACHE_HOME/gpuctl/gpu-burn)",
+    )
     run.add_argument("--gpu", metavar="ID", help="pin to this GPU via CUDA_VISIBLE_DEVICES")
     run.add_argument("--duration", type=float, default=60.0, help="seconds (default 60)")
     run.add_argument("--mem-fraction", type=float, default=0.9)
@@ -610,7 +733,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise BuildError(
                     "no gpu_burn on PATH; name a gpu-burn source folder to build it from"
                 )
-            binary = build_gpu_burn(args.source, lambda m: emit({"type": "step", "message": m}))
+            binary = build_gpu_burn(
+                args.source,
+                lambda m: emit({"type": "step", "message": m}),
+                build_root=args.build_dir,
+            )
         else:
             emit({"type": "step", "message": f"using {binary}"})
         summaries = run_gpu_burn(

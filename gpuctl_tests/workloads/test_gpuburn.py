@@ -119,52 +119,188 @@ def test_find_gpu_burn_configured_then_path(tmp_path: Path) -> None:
     assert gpuburn.find_gpu_burn(None, {"PATH": ""}) is None
 
 
-# -- building -------------------------------------------------------------------------------
-FAKE_NVCC = """#!/bin/sh
-# stands in for nvcc: "compiles" gpu_burn into a script and writes the compare kernel
-printf '#!/bin/sh\\necho built\\n' > gpu_burn
-chmod +x gpu_burn
-echo ptx > compare.ptx
+# -- building: gpu-burn's Makefile shape, the real g++ and ld, a stand-in nvcc ----------------
+STANDIN_NVCC = """#!/bin/sh
+# stands in for nvcc: "-fatbin X.cu -o Y" writes Y; logs each run, takes STANDIN_NVCC_SECONDS
+[ -n "$STANDIN_NVCC_LOG" ] && echo "$PWD $*" >> "$STANDIN_NVCC_LOG"
+sleep "${STANDIN_NVCC_SECONDS:-0}"
+out=""
+while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done
+[ -n "$out" ] && echo fatbin > "$out"
+exit 0
+"""
+
+# The same targets and flags as gpu-burn's Makefile: the driver compiled by g++ against the
+# toolkit's headers, linked with -lcuda -lcublas -lcudart from lib64 and lib64/stubs.
+MAKEFILE = """CUDAPATH ?= /usr/local/cuda
+CXXFLAGS = -O2 -I$(CUDAPATH)/include
+LIBS = -lcuda -L$(CUDAPATH)/lib64 -L$(CUDAPATH)/lib64/stubs -Wl,-rpath=$(CUDAPATH)/lib64 \\
+\t-lcublas -lcudart
+
+gpu_burn: gpu_burn-drv.o compare.fatbin
+\tg++ -o $@ $< $(LIBS)
+
+%.o: %.cpp
+\tg++ $(CXXFLAGS) -c $<
+
+%.fatbin: %.cu
+\t$(CUDAPATH)/bin/nvcc -I$(CUDAPATH)/include -fatbin $< -o $@
+"""
+
+# The driver: includes what the real one includes, then runs the stand-in gpu_burn.
+DRIVER = """#include "cublas_v2.h"
+#include <cuda.h>
+#include <unistd.h>
+#include <vector>
+int main(int argc, char **argv) {{
+    std::vector<char *> args;
+    args.push_back((char *)"{python}");
+    args.push_back((char *)"{standin}");
+    for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    return 127;
+}}
 """
 
 
+def cuda_toolkit(root: Path, rel: str = "usr/local/cuda-12.4") -> Path:
+    """A toolkit tree: the stand-in nvcc, headers, and libcuda/libcublas/libcudart built by gcc."""
+    top = toolkit(root, rel)
+    exe(top / "bin" / "nvcc", STANDIN_NVCC)
+    for header in ("cuda.h", "cublas_v2.h"):
+        (top / "include" / header).write_text("/* stand-in */\n")
+    empty = root / "empty.c"
+    empty.write_text("int gpuctl_stand_in;\n")
+    for lib in ("lib64/stubs/libcuda.so", "lib64/libcublas.so", "lib64/libcudart.so"):
+        (top / lib).parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["gcc", "-shared", "-o", str(top / lib), str(empty)], check=True)
+    return top
+
+
+def burn_source(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "Makefile").write_text(MAKEFILE)
+    (folder / "compare.cu").write_text("// the compare kernel\n")
+    standin = Path(gpuburn_standin.__file__).resolve()
+    (folder / "gpu_burn-drv.cpp").write_text(DRIVER.format(python=sys.executable, standin=standin))
+    return folder
+
+
 def test_build_runs_make_with_cudapath_and_reports_each_step(tmp_path: Path) -> None:
-    gpuburn_dir = tmp_path / "src" / "gpu-burn"
-    gpuburn_dir.mkdir(parents=True)
-    (gpuburn_dir / "Makefile").write_text(
-        "CUDAPATH ?= /usr/local/cuda\n"
-        "gpu_burn:\n\t$(CUDAPATH)/bin/nvcc gpu_burn-drv.cpp\n\techo $(CUDAPATH) > cudapath\n"
-    )
-    top = toolkit(tmp_path, "usr/local/cuda-12.4")
-    exe(top / "bin" / "nvcc", FAKE_NVCC)
+    src = burn_source(tmp_path / "src" / "gpu-burn")
+    top = cuda_toolkit(tmp_path)
+    builds = tmp_path / "builds"
     steps: list[str] = []
     env = {"PATH": os.environ["PATH"]}
     binary = build_gpu_burn(
-        str(gpuburn_dir), steps.append, env=env, root=str(tmp_path), ask_nvcc=no_ask
+        str(src), steps.append, env=env, root=str(tmp_path), ask_nvcc=no_ask, build_root=str(builds)
     )
-    assert binary == str(gpuburn_dir / "gpu_burn")
-    assert (gpuburn_dir / "cudapath").read_text().strip() == str(top)
+    folder = Path(binary).parent
+    assert folder.parent == builds and folder.name.startswith("gpu-burn-")
+    assert (folder / "compare.fatbin").read_text() == "fatbin\n"
+    assert not (src / "gpu_burn").exists()  # the source folder is left as it was
     assert steps[0].startswith(f"CUDA toolkit {top} (found by /usr/local/cuda-12.4")
-    assert steps[1] == f"building: make CUDAPATH={top} in {gpuburn_dir}"
+    assert steps[1].startswith(f"building: make CUDAPATH={top} in {builds}/")
     assert steps[2] == f"built {binary}"
+    proc = subprocess.run([binary, "-l"], capture_output=True, text=True, timeout=30)
+    assert proc.stdout.startswith("ID 0: NVIDIA H100"), proc  # the binary g++ linked runs
+
+
+def test_build_is_reused_and_redone_when_source_or_toolkit_change(tmp_path: Path) -> None:
+    src = burn_source(tmp_path / "gpu-burn")
+    cuda_toolkit(tmp_path)
+    log = tmp_path / "nvcc.log"
+    env = {"PATH": os.environ["PATH"], "STANDIN_NVCC_LOG": str(log)}
+    kw: dict[str, Any] = {"env": env, "root": str(tmp_path), "ask_nvcc": no_ask}
+    kw["build_root"] = str(tmp_path / "builds")
+    first = build_gpu_burn(str(src), print, **kw)
+    steps: list[str] = []
+    assert build_gpu_burn(str(src), steps.append, **kw) == first
+    assert steps[-1] == f"using {first} (built before from {src})"
+    assert len(log.read_text().splitlines()) == 1
+    with (src / "gpu_burn-drv.cpp").open("a") as f:
+        f.write("// changed\n")
+    second = build_gpu_burn(str(src), print, **kw)
+    assert second != first and len(log.read_text().splitlines()) == 2
+    other = cuda_toolkit(tmp_path, "opt/cuda-12.6")
+    kw["env"] = {**env, "CUDA_HOME": str(other)}
+    third = build_gpu_burn(str(src), print, **kw)
+    assert third not in (first, second) and len(log.read_text().splitlines()) == 3
+
+
+def test_concurrent_builds_on_one_node_build_once(tmp_path: Path) -> None:
+    # One wrapper per GPU, all started together with the same source: one build, all run it.
+    src = burn_source(tmp_path / "gpu-burn")
+    top = cuda_toolkit(tmp_path)
+    log = tmp_path / "nvcc.log"
+    env = node_env({"STANDIN_NVCC_LOG": str(log), "STANDIN_NVCC_SECONDS": "2"})
+    env["PATH"] = f"{top / 'bin'}{os.pathsep}{env['PATH']}"
+    argv = [sys.executable, "-m", "gpuctl.workloads.gpuburn", "run", "--source", str(src)]
+    argv += ["--build-dir", str(tmp_path / "builds"), "--duration", "1", "--stts", "0"]
+    procs = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for _ in range(4)
+    ]
+    results = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, results, strict=True):
+        lines = [json.loads(x) for x in out.splitlines()]
+        assert p.returncode == 0 and lines[-1]["verdict"] == "OK", (out, err)
+    assert len(log.read_text().splitlines()) == 1  # nvcc ran once: one build
+    msgs = [json.loads(x) for out, _ in results for x in out.splitlines()]
+    steps = [m["message"] for m in msgs if m["type"] == "step"]
+    assert sum(m.startswith("built ") for m in steps) == 1
+    assert sum(m.startswith("using ") for m in steps) == 3  # they waited for it, or found it
+
+
+@pytest.mark.parametrize(
+    ("remove", "cause"),
+    [
+        (
+            "include/cublas_v2.h",
+            "gpu_burn-drv.cpp:1:10: fatal error: cublas_v2.h: No such file or directory",
+        ),
+        ("lib64/stubs/libcuda.so", "cannot find -lcuda"),
+    ],
+)
+def test_build_error_shows_the_compilers_cause(tmp_path: Path, remove: str, cause: str) -> None:
+    src = burn_source(tmp_path / "gpu-burn")
+    top = cuda_toolkit(tmp_path)
+    (top / remove).unlink()
+    with pytest.raises(gpuburn.BuildError) as err:
+        build_gpu_burn(
+            str(src),
+            print,
+            env={"PATH": os.environ["PATH"]},
+            root=str(tmp_path),
+            ask_nvcc=no_ask,
+            build_root=str(tmp_path / "builds"),
+        )
+    text = str(err.value)
+    assert text.startswith(f"make in {src} failed (exit 2): ")
+    assert cause in text, text
+    assert "compilation terminated" not in text and "ld returned" not in text
+    log = text.rsplit("(full log: ", 1)[1].rstrip(")")
+    assert cause in Path(log).read_text()
+    # nothing half-built is left to be picked up next time
+    assert [p.name for p in (tmp_path / "builds").iterdir() if p.is_dir()] == []
 
 
 def test_build_failures_are_one_line(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
+    kw: dict[str, Any] = {"env": {"PATH": os.environ["PATH"]}, "root": str(tmp_path)}
+    kw["build_root"] = str(tmp_path / "builds")
     with pytest.raises(gpuburn.BuildError, match="not a gpu-burn source folder"):
-        build_gpu_burn(str(src), print, env={"PATH": os.environ["PATH"]}, root=str(tmp_path))
-    (src / "Makefile").write_text("gpu_burn:\n\t@echo 'nvcc: fatal error: no cuda.h' >&2; false\n")
+        build_gpu_burn(str(src), print, **kw)
+    (src / "Makefile").write_text("gpu_burn:\n\t@echo 'nvcc fatal   : no cuda.h' >&2; false\n")
     with pytest.raises(gpuburn.BuildError, match="no CUDA toolkit found"):
-        build_gpu_burn(
-            str(src), print, env={"PATH": os.environ["PATH"]}, root=str(tmp_path), ask_nvcc=no_ask
-        )
+        build_gpu_burn(str(src), print, ask_nvcc=no_ask, **kw)
     toolkit(tmp_path, "opt/cuda")
     with pytest.raises(gpuburn.BuildError) as err:
-        build_gpu_burn(
-            str(src), print, env={"PATH": os.environ["PATH"]}, root=str(tmp_path), ask_nvcc=no_ask
-        )
-    assert str(err.value).endswith("failed (exit 2): nvcc: fatal error: no cuda.h")
+        build_gpu_burn(str(src), print, ask_nvcc=no_ask, **kw)
+    assert "failed (exit 2): nvcc fatal   : no cuda.h (full log: " in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 # -- parsing --------------------------------------------------------------------------------
@@ -435,29 +571,13 @@ def test_stopping_the_runner_kills_the_whole_gpu_burn_group(standin: Path) -> No
 
 def test_runner_builds_from_source_reporting_each_step(tmp_path: Path) -> None:
     # No gpu_burn anywhere: the runner finds the toolkit (nvcc on PATH), builds, then runs.
-    src = tmp_path / "gpu-burn-src"
-    src.mkdir()
-    fake = gpuburn_standin.install(tmp_path / "standin")
-    (src / "Makefile").write_text(
-        f"gpu_burn:\n\t$(CUDAPATH)/bin/nvcc\n\tcp {fake} gpu_burn\n\tchmod +x gpu_burn\n"
-        "\ttouch compare.fatbin\n"
-    )
-    top = toolkit(tmp_path, "opt/cuda-12.6")
-    env = node_env()
+    src = burn_source(tmp_path / "gpu-burn-src")
+    top = cuda_toolkit(tmp_path, "opt/cuda-12.6")
+    env = node_env({"XDG_CACHE_HOME": str(tmp_path / "cache")})
     env["PATH"] = f"{top / 'bin'}{os.pathsep}{env['PATH']}"
+    argv = [sys.executable, "-m", "gpuctl.workloads.gpuburn", "run", "--source", str(src)]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuctl.workloads.gpuburn",
-            "run",
-            "--source",
-            str(src),
-            "--duration",
-            "1",
-            "--stts",
-            "1",
-        ],
+        [*argv, "--duration", "1", "--stts", "1"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -465,8 +585,10 @@ def test_runner_builds_from_source_reporting_each_step(tmp_path: Path) -> None:
     )
     lines = [json.loads(x) for x in proc.stdout.splitlines()]
     steps = [m["message"] for m in lines if m["type"] == "step"]
+    builds = tmp_path / "cache" / "gpuctl" / "gpu-burn"
     assert steps[0] == f"CUDA toolkit {top} (found by nvcc on PATH: {top}/bin/nvcc)"
-    assert steps[1] == f"building: make CUDAPATH={top} in {src}"
-    assert steps[2] == f"built {src}/gpu_burn"
-    assert steps[3] == f"running {src}/gpu_burn -m 90% -stts 1 1"
+    assert steps[1].startswith(f"building: make CUDAPATH={top} in {builds}/gpu-burn-")
+    assert steps[2].startswith(f"built {builds}/gpu-burn-")
+    binary = steps[2].removeprefix("built ")
+    assert steps[3] == f"running {binary} -m 90% -stts 1 1"
     assert proc.returncode == 0 and lines[-1]["verdict"] == "OK", proc.stderr
