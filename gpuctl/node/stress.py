@@ -231,7 +231,8 @@ class Burn(object):
             "state": self.state,
             "engine": self.engine,
             "ends_at": self.ends_at,
-            "dtype": self.dtype or self.progress.get("dtype"),
+            # what the burner says it computes (gpu-burn has no bf16), else what was asked
+            "dtype": self.progress.get("dtype") or self.dtype,
             "verdict": self.verdict,
             "reason": self.reason,
             "pid": self.proc.pid if self.proc is not None else None,
@@ -532,7 +533,7 @@ class StressPlugin(object):
         elif kind == "summary":
             burn.summary = msg
             for key in ("tflops", "tflops_mean", "errors", "iterations", "elapsed", "size",
-                        "duty", "temp"):
+                        "duty", "temp", "dtype"):
                 if key in msg:
                     burn.progress[key] = msg[key]
         elif kind in ("info", "step"):

@@ -19,6 +19,13 @@ for the summary instead of killing it. A stop before that point cannot have a su
 dies on SIGTERM without one, so the burn ends without a verdict (or FAULTY/DIED from what its
 progress lines showed). ``elapsed`` is gpu-burn's own clock (its percentage of TIME), so the
 agent's duration limit runs from gpu-burn's start, not from ours.
+
+Reading it: a dead worker (``-1`` proc'd, `` (DIED!)``) is DIED with the CUDA error its stderr
+gave (``Couldn't init a GPU test: ...``, ``Failure during compute: ...``), whatever its final
+line says, and its error counter (its count plus -1, then garbage) is not counted; worker i is
+the i-th CUDA_VISIBLE_DEVICES entry (its label), and gpu-burn's temperature column is mapped to
+it only when gpu-burn burns every GPU of the node (see ``GpuBurnOutput.temp_slot``); gpu-burn
+computes fp32, fp64 (``-d``) or tf32 (``-tc``) only, and every line says which (``dtype``).
 """
 
 from __future__ import annotations
@@ -352,11 +359,21 @@ PROGRESS_RE = re.compile(
     r"(?:temps:(?P<temps>.*))?$"
 )
 PROCD_RE = re.compile(r"(-?\d+)\s*\(\s*(\d+(?:\.\d+)?)\s*Gflop/s\)")
-ERRORS_RE = re.compile(r"(\d+)\s*(\((?:DIED!|WARNING!)\))?")
+# "-1  (DIED!)": a dead worker's counter is its last count plus -1 (then whatever its closed pipe
+# leaves in gpu-burn's variable): the sign is part of the number, and the number means nothing.
+ERRORS_RE = re.compile(r"(-?\d+)\s*(\((?:DIED!|WARNING!)\))?")
 TEMPS_RE = re.compile(r"(-?\d+)\s*C|(--)")
 FINAL_RE = re.compile(r"^\s*GPU\s+(\d+):\s*(OK|FAULTY)\s*$")
 TESTED_RE = re.compile(r"^\s*Tested\s+(\d+)\s+GPUs:")
-INIT_RE = re.compile(r"^\s*Initialized device (\d+) with (\d+) MB")
+INIT_RE = re.compile(
+    r"^\s*Initialized device (\d+) with (\d+) MB.*using (FLOATS|DOUBLES)(, using Tensor Cores)?"
+)
+# gpu-burn's start-up `nvidia-smi -L`: every GPU of the node, whatever CUDA_VISIBLE_DEVICES says
+SMI_RE = re.compile(r"^\s*GPU\s+(\d+):\s*(.*?)\s*\(UUID:\s*(\S+?)\)\s*$")
+# stderr: a worker's CUDA error, and the parent's report of a worker's closed pipe (no newline)
+CUDA_ERROR_PREFIXES = ("Couldn't init a GPU test", "Failure during compute", "Couldn't init CUDA")
+READ_ERROR_RE = re.compile(r"read\[(\d+)\] error -?\d+")
+STDERR_PENDING_MAX = 4096
 ENDING_RE = re.compile(r"^\s*Killing processes with SIGTERM")
 
 
@@ -374,6 +391,7 @@ class GpuState:
     died: bool = False
     temp: int | None = None
     final: str | None = None  # OK | FAULTY from the last block
+    dtype: str | None = None  # what its "Initialized device" line says it computes
 
     @property
     def errors(self) -> int:
@@ -384,7 +402,15 @@ class GpuState:
 class GpuBurnOutput:
     """Incremental parser of gpu-burn's stdout and stderr."""
 
+    # The physical GPU (a CUDA_VISIBLE_DEVICES entry: index or UUID) of each worker, in gpu-burn's
+    # order; None: every GPU, in PCI order (CUDA_DEVICE_ORDER=PCI_BUS_ID). See ``temp_slot``.
+    devices: list[str] | None = None
+    pinned: int | None = None  # gpu-burn's -i N, if given
+    dtype: str | None = None  # what the command line asks for (a worker's init line says more)
+    tail: list[str] = field(default_factory=list)  # the last lines of stderr
     gpus: dict[int, GpuState] = field(default_factory=dict)
+    smi_uuids: list[str] = field(default_factory=list)
+    cuda_errors: list[str] = field(default_factory=list)
     percent: float = 0.0
     tested: int | None = None
     all_died: bool = False
@@ -393,6 +419,7 @@ class GpuBurnOutput:
     ending: bool = False  # gpu-burn's TIME is over: it is stopping its workers, summary next
     _pending: str = ""
     _peeked: str | None = None
+    _err_pending: str = ""
 
     def gpu(self, i: int) -> GpuState:
         if i not in self.gpus:
@@ -445,22 +472,74 @@ class GpuBurnOutput:
         if m and self.tested is not None:
             self.gpu(int(m.group(1))).final = m.group(2)
             return []
-        if INIT_RE.match(text):
+        m = SMI_RE.match(text)
+        if m and self.tested is None and int(m.group(1)) == len(self.smi_uuids):
+            self.smi_uuids.append(m.group(3))
+            return []
+        m = INIT_RE.match(text)
+        if m:
             self.initialized += 1
+            # "device D" is the CUDA index: the worker's, or N with -i N (listed as GPU 0)
+            worker = 0 if self.pinned is not None else int(m.group(1))
+            kind = "fp64" if m.group(3) == "DOUBLES" else "tf32" if m.group(4) else "fp32"
+            self.gpu(worker).dtype = kind
         if ENDING_RE.match(text):
             self.ending = True
         return []
+
+    def stderr(self, text: str) -> None:
+        """Take a chunk of stderr. gpu-burn's ``read[i] error N`` has no newline and repeats
+        while a dead worker's pipe stays readable: it is cut out, and what waits for a newline
+        is bounded."""
+        data = self._err_pending + text
+        for m in READ_ERROR_RE.finditer(data):
+            self.gpu(int(m.group(1))).died = True
+        data = READ_ERROR_RE.sub("", data)
+        *lines, rest = data.split("\n")
+        self._err_pending = rest[-STDERR_PENDING_MAX:]
+        for ln in lines:
+            self.stderr_line(ln)
+
+    def stderr_finish(self) -> None:
+        rest, self._err_pending = self._err_pending, ""
+        self.stderr_line(rest)
+
+    def label(self, i: int) -> int | str:
+        """Worker ``i``'s GPU as CUDA_VISIBLE_DEVICES names it (its index when all are seen)."""
+        return self.devices[i] if self.devices is not None and i < len(self.devices) else i
 
     def stderr_line(self, text: str) -> None:
         text = text.strip()
         if not text:
             return
+        self.tail = [*self.tail[-19:], text[:500]]
         if "No clients are alive" in text:
             self.all_died = True
-        if text.startswith(("Couldn't init a GPU test", "Failure during compute")) or (
-            "No clients are alive" in text
-        ):
-            self.failures.append(text)
+        if text.startswith(CUDA_ERROR_PREFIXES) or "No clients are alive" in text:
+            self.failures.append(text[:500])
+        if text.startswith(CUDA_ERROR_PREFIXES) and text not in self.cuda_errors:
+            self.cuda_errors.append(text[:500])
+
+    def temp_slot(self, i: int, workers: int) -> int | None:
+        """The entry of gpu-burn's ``temps:`` column that is worker ``i``'s GPU, or None.
+
+        gpu-burn reads ``nvidia-smi -q -d TEMPERATURE``, which lists every GPU of the node in
+        nvidia-smi's order (the ``-L`` list it prints at start), into its workers' slots round
+        robin: entry j is nvidia-smi's GPU j only when it burns as many GPUs as the node has;
+        burning fewer, a slot cycles through several GPUs and belongs to none. Worker i's GPU
+        is the i-th of CUDA_VISIBLE_DEVICES (an index in PCI order, or a UUID)."""
+        smi = self.smi_uuids
+        if not smi or len(smi) != workers:
+            return None
+        if self.devices is None:
+            return i
+        if i >= len(self.devices):
+            return None
+        entry = self.devices[i].strip()
+        if entry.isdigit():
+            return int(entry) if int(entry) < len(smi) else None
+        found = [k for k, uuid in enumerate(smi) if entry and uuid.startswith(entry)]
+        return found[0] if len(found) == 1 else None
 
     def _progress(self, m: re.Match[str]) -> list[int]:
         self.percent = float(m.group("pct"))
@@ -470,18 +549,23 @@ class GpuBurnOutput:
         changed = []
         for i, (n, g) in enumerate(procd):
             st = self.gpu(i)
-            st.iterations = max(st.iterations, int(n)) if int(n) >= 0 else st.iterations
             if int(n) < 0:
-                st.died = True
-            st.gflops = float(g)
-            st.gflops_sum += float(g)
-            st.samples += 1
+                st.died = True  # its count stays what it was; its rate is its last one
+            else:
+                st.iterations = max(st.iterations, int(n))
+                st.gflops = float(g)
+                st.gflops_sum += float(g)
+                st.samples += 1
             if i < len(errors):
-                st.errors_now = int(errors[i][0])
-                if errors[i][1] == "(DIED!)":
-                    st.died = True
-            if i < len(temps):
-                st.temp = int(temps[i][0]) if temps[i][0] else None
+                if errors[i][1] == "(DIED!)" or int(errors[i][0]) < 0:
+                    st.died = True  # its counter is no count any more: keep the last one
+                elif not st.died:
+                    st.errors_now = int(errors[i][0])
+            slot = self.temp_slot(i, len(procd))
+            if slot is not None and slot < len(temps):
+                st.temp = int(temps[slot][0]) if temps[slot][0] else None
+            else:
+                st.temp = None
             changed.append(i)
         return changed
 
@@ -495,17 +579,21 @@ class GpuBurnOutput:
             gpus[0] = GpuState(0)
         why_exit = EXIT_REASONS.get(returncode or 0, f"exit code {returncode}")
         tail = f": {stderr_tail}" if stderr_tail else ""
+        # A worker's CUDA error does not name its GPU: with one dead worker it is that one's.
+        cuda = "; ".join(self.cuda_errors[:2]) or stderr_tail
         for i, st in sorted(gpus.items()):
             verdict: str | None
-            if self.tested is not None and st.final is not None:
+            if st.died or (self.all_died and st.final is None):
+                verdict, reason = "DIED", "worker died" + (f": {cuda}" if cuda else "")
+                if st.errors:
+                    reason += f" (after {st.errors} errors)"
+                if st.final == "OK":
+                    reason += " (gpu-burn still listed it as OK)"
+            elif self.tested is not None and st.final is not None:
                 if st.final == "FAULTY" or st.errors:
                     verdict, reason = "FAULTY", f"{st.errors} errors (gpu-burn says {st.final})"
-                elif st.died or self.all_died:
-                    verdict, reason = "DIED", "worker died (gpu-burn still listed it as OK)"
                 else:
                     verdict, reason = "OK", None
-            elif st.died or self.all_died:
-                verdict, reason = "DIED", "worker died" + tail
             elif stopped:
                 verdict = "FAULTY" if st.errors else None
                 reason = "stopped before gpu-burn's final summary"
@@ -524,14 +612,33 @@ def gpu_burn_argv(
     dtype: str | None,
     stts: int = GPU_BURN_STTS_S,
 ) -> list[str]:
-    """The command line; TIME is last (``gpu_burn 60 -d`` would run for 0 s)."""
+    """The command line; TIME is last (``gpu_burn 60 -d`` would run for 0 s). ``-tc`` (tensor
+    core SGEMM) only for tf32: gpu-burn has only floats and doubles (see ``burn_dtype``)."""
     argv = [binary, "-m", f"{round(mem_fraction * 100)}%"]
-    if dtype == "fp64":
+    used = burn_dtype(dtype)
+    if used == "fp64":
         argv.append("-d")
-    elif dtype in ("tf32", "bf16", "fp16"):
+    elif used == "tf32":
         argv.append("-tc")
     argv += ["-stts", str(stts), str(burn_seconds(seconds))]
     return argv
+
+
+def burn_dtype(requested: str | None) -> str:
+    """What gpu-burn computes for a requested dtype: fp64 (``-d``), tf32 (``-tc``), else fp32
+    (bf16 and fp16 too: gpu-burn has no half-precision GEMM)."""
+    return requested if requested in ("fp64", "tf32") else "fp32"
+
+
+def worker_devices(visible: str | None, pinned: int | None = None) -> list[str] | None:
+    """The physical GPU of each gpu-burn worker from CUDA_VISIBLE_DEVICES: worker i burns the
+    i-th visible device; with ``-i N`` the one worker burns the N-th. None: every GPU."""
+    if visible is None:
+        return None if pinned is None else [str(pinned)]
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if pinned is not None:
+        return entries[pinned : pinned + 1]
+    return entries
 
 
 def burn_seconds(seconds: float) -> int:
@@ -563,13 +670,22 @@ def run_gpu_burn(
         )
     argv = gpu_burn_argv(binary, seconds, mem_fraction, dtype, stts)
     run_time = burn_seconds(seconds)
+    if dtype is not None and burn_dtype(dtype) != dtype:
+        emit(
+            {
+                "type": "step",
+                "message": f"gpu-burn has no {dtype} GEMM: it burns {burn_dtype(dtype)} "
+                "(the torch engine burns bf16 and fp16)",
+            }
+        )
     emit({"type": "step", "message": "running " + " ".join(argv)})
+    # CUDA's device i is then nvidia-smi's GPU i (for the temperatures, see temp_slot)
+    env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID")
     # its own session, SIGKILL when we die; cwd: gpu-burn loads its compare kernel from there
-    proc = spawn(argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    parsed = GpuBurnOutput()
+    proc = spawn(argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    parsed = GpuBurnOutput(devices=worker_devices(env.get("CUDA_VISIBLE_DEVICES")))
+    parsed.dtype = burn_dtype(dtype)
     last_emit: dict[int, float] = {}
-    stderr_lines: list[str] = []
-    err_buf = ""
     sel = selectors.DefaultSelector()
     assert proc.stdout is not None and proc.stderr is not None
     sel.register(proc.stdout, selectors.EVENT_READ, "out")
@@ -587,12 +703,7 @@ def run_gpu_burn(
                 continue
             text = data.decode("utf-8", "replace")
             if key.data == "err":
-                err_buf += text
-                *lines, err_buf = err_buf.split("\n")
-                for ln in lines:
-                    parsed.stderr_line(ln)
-                    if ln.strip():
-                        stderr_lines = [*stderr_lines, ln.strip()][-20:]
+                parsed.stderr(text)
                 continue
             now = time.monotonic()
             was_ending = parsed.ending
@@ -624,13 +735,11 @@ def run_gpu_burn(
             killed = True
             signal_group(proc.pid, signal.SIGKILL)
     parsed.finish()
-    if err_buf.strip():
-        parsed.stderr_line(err_buf)
-        stderr_lines.append(err_buf.strip())
+    parsed.stderr_finish()
     code = proc.wait()
     signal_group(proc.pid, signal.SIGKILL)  # workers a dead parent left behind
     summaries = []
-    tail = parsed.failures[-1] if parsed.failures else (stderr_lines[-1] if stderr_lines else "")
+    tail = parsed.failures[-1] if parsed.failures else (parsed.tail[-1] if parsed.tail else "")
     for v in parsed.verdicts(stopped, code, tail):
         st = parsed.gpus.get(v["gpu"]) or GpuState(v["gpu"])
         summaries.append(
@@ -653,7 +762,8 @@ def _progress(
     return {
         "type": "progress",
         "engine": "gpu-burn",
-        "gpu": label if label is not None else st.index,
+        "gpu": label if label is not None else parsed.label(st.index),
+        "dtype": st.dtype or parsed.dtype,
         "iterations": st.iterations,
         "tflops": round(st.gflops / 1000, 4),
         "tflops_mean": round(mean / 1000, 4),

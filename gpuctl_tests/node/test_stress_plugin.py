@@ -393,18 +393,33 @@ def test_gpu_burn_engine_through_the_agent(
     assert record["visible"] == uuid  # pinned by UUID, not by index
 
 
+def gpu_burn_to_its_end(
+    agents: list[AgentProcess], env: dict[str, str], **start: Any
+) -> dict[str, Any]:
+    """Start a 1 s gpu-burn burn through a new agent; the detail of its last event."""
+    a = AgentProcess([sys.executable, "-m", "gpuctl.node", "agent"], env=env)
+    agents.append(a)
+    a.read(20)
+    a.send({"type": "stress_start", "id": 1, "duration": 1, "engine": "gpu-burn", **start})
+    assert reply(a, 1)["type"] == "ok"
+    return dict(burn_event(a, ("done", "failed"))["detail"])
+
+
 def test_gpu_burn_faulty_gpu_through_the_agent(
     agents: list[AgentProcess], gpu_node: dict[str, str]
 ) -> None:
     env = {**gpu_node, "STANDIN_FAULTY": "1"}  # physical GPU 1 computes wrong results
-    a = AgentProcess([sys.executable, "-m", "gpuctl.node", "agent"], env=env)
-    agents.append(a)
-    a.read(20)
-    a.send({"type": "stress_start", "id": 1, "gpus": [1], "duration": 1, "engine": "gpu-burn"})
-    assert reply(a, 1)["type"] == "ok"
-    done = burn_event(a, ("done", "failed"))["detail"]
+    done = gpu_burn_to_its_end(agents, env, gpus=[1])
     assert done["verdict"] == "FAULTY" and done["errors"] > 0, done
     assert "gpu-burn says FAULTY" in done["reason"]
+
+
+def test_gpu_burn_says_the_dtype_it_burns(
+    agents: list[AgentProcess], gpu_node: dict[str, str]
+) -> None:
+    done = gpu_burn_to_its_end(agents, gpu_node, gpus=[0], dtype="bf16")
+    assert done["verdict"] == "OK" and done["dtype"] == "fp32", done  # no bf16 in gpu-burn
+    assert "-tc" not in standin_record(gpu_node)["argv"]
 
 
 def test_gpu_burn_engine_dies_with_a_killed_agent(

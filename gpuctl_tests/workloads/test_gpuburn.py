@@ -435,6 +435,123 @@ def test_time_is_the_last_argument() -> None:
     assert gpuburn.gpu_burn_argv("g", 5, 0.5, "tf32")[-4:] == ["-tc", "-stts", "3", "5"]
 
 
+def test_tensor_cores_only_for_tf32_and_the_dtype_really_used() -> None:
+    for dtype, flags, used in (
+        ("fp64", ["-d"], "fp64"),
+        ("tf32", ["-tc"], "tf32"),
+        ("fp32", [], "fp32"),
+        ("bf16", [], "fp32"),  # gpu-burn has floats and doubles only
+        ("fp16", [], "fp32"),
+        (None, [], "fp32"),
+    ):
+        assert gpuburn.gpu_burn_argv("g", 5, 0.5, dtype) == [
+            "g",
+            "-m",
+            "50%",
+            *flags,
+            "-stts",
+            "3",
+            "5",
+        ]
+        assert gpuburn.burn_dtype(dtype) == used
+    out = parse(HEAD.replace("using FLOATS\n", "using FLOATS, using Tensor Cores\n", 1))
+    assert out.gpus[0].dtype == "tf32" and out.gpus[1].dtype == "fp32"
+
+
+# Recorded in gpu-burn's own format (shared/notes/gpu-burn.md): worker 1 dies during compute.
+# Its proc'd count turns -1 (its rate stays the last one), its error counter becomes its count
+# plus -1 with " (DIED!)", gpu-burn spins on its closed pipe printing "read[1] error 0" to stderr
+# without a newline, and its final block says FAULTY (the counter is not 0) or OK (after a reset).
+DIED_STDOUT = (
+    HEAD
+    + prog(10.0, "5611 (48299 Gflop/s)", "5216 (48050 Gflop/s)", eb="2 (WARNING!)")
+    + prog(13.3, "7482 (48301 Gflop/s)", "-1 (48050 Gflop/s)", eb="1  (DIED!)")
+    + prog(13.3, "7482 (48301 Gflop/s)", "-1 (48050 Gflop/s)", eb="1  (DIED!)")
+    + prog(100.0, "56110 (48290 Gflop/s)", "-1 (48050 Gflop/s)", eb="-1  (DIED!)", tb="--")
+    + END
+    + "\tGPU 0: OK\n\tGPU 1: FAULTY\n"
+)
+COMPUTE_FAILURE = (
+    'Failure during compute: Error in "SGEMM" (gpu_burn-drv.cpp:197): an illegal memory access '
+    "was encountered"
+)
+DIED_STDERR = COMPUTE_FAILURE + "\n" + "read[1] error 0" * 5000
+
+
+def test_a_dead_workers_counter_is_not_errors_and_its_cuda_error_is_kept() -> None:
+    out = parse(DIED_STDOUT, 13)
+    for i in range(0, len(DIED_STDERR), 4096):
+        out.stderr(DIED_STDERR[i : i + 4096])
+    out.stderr_finish()
+    g1 = out.gpus[1]
+    assert g1.died and g1.errors == 2  # "-1  (DIED!)" is not 1 error, nor -1: 2 before it died
+    assert g1.iterations == 5216 and g1.gflops == 48050.0
+    assert len(out._err_pending) <= gpuburn.STDERR_PENDING_MAX
+    v = out.verdicts(stopped=False, returncode=0)
+    assert v[0]["verdict"] == "OK"
+    assert v[1]["verdict"] == "DIED"
+    assert v[1]["reason"] == f"worker died: {COMPUTE_FAILURE} (after 2 errors)"
+
+
+def test_a_worker_that_dies_without_errors_has_none() -> None:
+    text = HEAD + prog(20.0, "5611 (48299 Gflop/s)", "-1 (48050 Gflop/s)", eb="-1  (DIED!)")
+    out = parse(text + END + "\tGPU 0: OK\n\tGPU 1: FAULTY\n")
+    assert out.gpus[1].died and out.gpus[1].errors == 0
+    assert out.verdicts(stopped=False, returncode=0)[1]["reason"] == "worker died"
+
+
+def test_init_failure_keeps_the_cuda_error_not_just_no_clients_alive() -> None:
+    # One worker (the agent's case): it cannot allocate, gpu-burn sees its pipe close and gives up.
+    head = HEAD.split("GPU 1:")[0]
+    out = parse(head + "\r0.0%  proc'd: -1 (0 Gflop/s)   errors: 0  (DIED!)   temps: -- ")
+    failure = 'Couldn\'t init a GPU test: Error in "C alloc" (gpu_burn-drv.cpp:221): out of memory'
+    out.stderr(failure + "\nread[0] error 0\n\nNo clients are alive!  Aborting\n")
+    v = out.verdicts(stopped=False, returncode=123, stderr_tail=out.failures[-1])
+    assert [x["verdict"] for x in v] == ["DIED"]
+    assert v[0]["reason"] == f"worker died: {failure}"
+
+
+SMI_HEAD = "Using compare file: compare.fatbin\nBurning for 30 seconds.\n" + "".join(
+    f"GPU {k}: NVIDIA H100 80GB HBM3 (UUID: GPU-{k}aaa-{k})\n" for k in range(4)
+)
+
+
+def temps_line(workers: int, temps: list[str]) -> str:
+    procd = " - ".join("100 (48000 Gflop/s)" for _ in range(workers))
+    errors = " - ".join("0" for _ in range(workers))
+    return f"\r10.0%  proc'd: {procd}   errors: {errors}   temps: {' - '.join(temps)} \r"
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        (None, [40, 41, 42, 43]),  # every GPU, PCI order: column j is GPU j
+        ("3,2,1,0", [43, 42, 41, 40]),  # worker i burns the i-th visible GPU
+        ("GPU-2aaa,GPU-0aaa,GPU-3aaa,GPU-1aaa", [42, 40, 43, 41]),  # UUIDs (prefixes)
+    ],
+)
+def test_temperatures_map_to_the_physical_gpu(visible: str | None, expected: list[int]) -> None:
+    out = GpuBurnOutput(devices=gpuburn.worker_devices(visible))
+    out.feed(SMI_HEAD + temps_line(4, ["40 C", "41 C", "42 C", "43 C"]))
+    assert [out.gpus[i].temp for i in range(4)] == expected
+    assert [out.label(i) for i in range(4)] == (visible.split(",") if visible else [0, 1, 2, 3])
+
+
+def test_temperatures_of_fewer_gpus_than_the_node_has_are_unknown() -> None:
+    # gpu-burn rotates all 4 GPUs' readings through its one slot: it is nobody's temperature.
+    out = GpuBurnOutput(devices=gpuburn.worker_devices("2"))
+    out.feed(SMI_HEAD + temps_line(1, ["43 C"]))
+    assert out.gpus[0].temp is None and out.label(0) == "2"
+    # -i 3 under CUDA_VISIBLE_DEVICES=4,5,6,7: one worker, listed as GPU 0, burning GPU 7
+    out = GpuBurnOutput(devices=gpuburn.worker_devices("4,5,6,7", pinned=3), pinned=3)
+    out.feed(
+        SMI_HEAD
+        + "Initialized device 3 with 81559 MB of memory (80886 MB available, using 72797 MB of "
+        "it), using DOUBLES\n" + temps_line(1, ["41 C"])
+    )
+    assert out.label(0) == "7" and out.gpus[0].dtype == "fp64" and out.gpus[0].temp is None
+
+
 # -- the runner, end to end, over the stand-in gpu_burn (gpuburn_standin.py) -------------------
 @pytest.fixture
 def standin(tmp_path: Path) -> Path:
@@ -515,9 +632,45 @@ def test_runner_faulty_and_died(standin: Path) -> None:
     assert "gpu-burn says FAULTY" in lines[-1]["reason"]
     rc, lines = run_wrapper(standin, "--duration", "5", "--stts", "1", STANDIN_DIE="0")
     assert rc == 3 and lines[-1]["verdict"] == "DIED", lines[-1]
+    assert lines[-1]["reason"] == (
+        'worker died: Failure during compute: Error in "SGEMM" (gpu_burn-drv.cpp:197): '
+        "an illegal memory access was encountered"
+    )
     # gpu-burn exits without killing its temperature reader: the wrapper ends the group
     group = recorded(standin)["pid"]
     wait_until(lambda: not group_members(group), 5, "what gpu-burn left behind to be killed")
+
+
+def test_runner_on_part_of_a_node_labels_and_temperatures(standin: Path) -> None:
+    # A node of 4 GPUs; the job sees them in another order, or only one of them.
+    rc, lines = run_wrapper(
+        standin, "--duration", "1", "--stts", "0", STANDIN_GPUS="4", CUDA_VISIBLE_DEVICES="3,2,1,0"
+    )
+    summaries = [m for m in lines if m["type"] == "summary"]
+    assert rc == 0 and [m["verdict"] for m in summaries] == ["OK"] * 4
+    assert [(m["gpu"], m["temp"]) for m in summaries] == [
+        ("3", 43),
+        ("2", 42),
+        ("1", 41),
+        ("0", 40),
+    ]
+    rc, lines = run_wrapper(
+        standin, "--duration", "1", "--stts", "0", STANDIN_GPUS="4", CUDA_VISIBLE_DEVICES="2"
+    )
+    assert rc == 0 and lines[-1]["gpu"] == "2" and lines[-1]["temp"] is None
+
+
+def test_runner_bf16_burns_fp32_and_says_so(standin: Path) -> None:
+    rc, lines = run_wrapper(standin, "--duration", "1", "--stts", "0", "--dtype", "bf16")
+    assert rc == 0 and recorded(standin)["argv"] == ["-m", "90%", "-stts", "0", "1"]
+    steps = [m["message"] for m in lines if m["type"] == "step"]
+    assert (
+        "gpu-burn has no bf16 GEMM: it burns fp32 (the torch engine burns bf16 and fp16)" in steps
+    )
+    assert {m["dtype"] for m in lines if m["type"] in ("progress", "summary")} == {"fp32"}
+    rc, lines = run_wrapper(standin, "--duration", "1", "--stts", "0", "--dtype", "tf32")
+    assert recorded(standin)["argv"] == ["-m", "90%", "-tc", "-stts", "0", "1"]
+    assert lines[-1]["dtype"] == "tf32"  # from its "using Tensor Cores" line
 
 
 def group_members(pgid: int) -> list[int]:
