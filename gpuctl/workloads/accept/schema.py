@@ -11,6 +11,9 @@ Report (JSON object, ``schema`` == SCHEMA, ``schema_version`` == SCHEMA_VERSION)
                      tflops, peak_tflops, fraction, check, verdict, reason}]}], floor,
                      same_model_tolerance
       membw:         devices [{index, name, bytes, gbps, peak_gbps, fraction, verdict, reason}]
+      memtest:       devices [{index, label, name, bytes, patterns, gbps, wrong_words,
+                     first_bad {pattern, offset, address, expected, read} | null, verdict,
+                     reason}]
       pcie:          devices [{index, h2d_gbps, d2h_gbps, link_gen, link_width, peak_gbps,
                      fraction, verdict, reason}]
       train:         devices [{index, steps, first_loss, final_loss, drop, verdict, reason}]
@@ -28,11 +31,22 @@ FAIL, SKIP (not run, with the reason in ``summary``).
 
 SCHEMA = "gpuctl.accept.report"
 SCHEMA_VERSION = 1
-SECTIONS = ("env", "compute", "membw", "pcie", "train", "ddp_allreduce", "ddp_train", "health")
+SECTIONS = (
+    "env",
+    "compute",
+    "membw",
+    "memtest",
+    "pcie",
+    "train",
+    "ddp_allreduce",
+    "ddp_train",
+    "health",
+)
 MARKERS = {
     "env": "ENV",
     "compute": "COMPUTE",
     "membw": "MEMBW",
+    "memtest": "MEMTEST",
     "pcie": "PCIE",
     "train": "TRAIN",
     "ddp_allreduce": "DDP",

@@ -4,7 +4,7 @@ to the function that runs it on a ``Suite`` and returns its result dict."""
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import compute, ddp, env, health, membw, pcie, train
+from . import compute, ddp, env, health, membw, memtest, pcie, train
 
 if TYPE_CHECKING:
     from gpuctl.workloads.accept.suite import Suite
@@ -13,6 +13,7 @@ RUNNERS: "dict[str, Callable[[Suite], dict[str, Any]]]" = {
     "env": env.run,
     "compute": compute.run,
     "membw": membw.run,
+    "memtest": memtest.run,
     "pcie": pcie.run,
     "train": train.run,
     "ddp_allreduce": ddp.run_allreduce,
