@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 MEMTEST_FRACTION = 0.9  # of the free memory, on a GPU
 CHUNK_WORDS = 1 << 24  # 128 MiB of words compared at a time (a multiple of 64 words)
-CPU_MB = {True: 64, False: 256}  # --quick: buffer size on the CPU without --memtest-mb
+CPU_MB = {True: 16, False: 32}  # MiB on the CPU (a test of the code, not of the memory)
 MIN_WORDS = 1024
 
 
