@@ -66,6 +66,11 @@ CLOSE_GRACE_S = 1.0  # shorter when the agent itself is going away
 # A burner's duration counts from its first progress line (torch import and CUDA start-up can
 # take a while); the agent's limit before that line is duration + this allowance.
 STARTUP_S = 120.0
+# gpu-burn's -stts: at the end of its TIME it SIGTERMs its workers, sleeps this long (its default
+# is 30 s), then prints its OK/FAULTY summary. The agent waits that long past a gpu-burn burn's
+# duration before it stops the burn itself (a stop would kill gpu-burn before its summary).
+GPU_BURN_STTS_S = 3
+END_ALLOWANCE_S = {"gpu-burn": GPU_BURN_STTS_S + 2.0}
 ENGINES = ("auto", "torch", "gpu-burn")
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
 ACTIVE = ("starting", "running", "stopping")
@@ -226,7 +231,8 @@ class Burn(object):
             "state": self.state,
             "engine": self.engine,
             "ends_at": self.ends_at,
-            "dtype": self.dtype or self.progress.get("dtype"),
+            # what the burner says it computes (gpu-burn has no bf16), else what was asked
+            "dtype": self.progress.get("dtype") or self.dtype,
             "verdict": self.verdict,
             "reason": self.reason,
             "pid": self.proc.pid if self.proc is not None else None,
@@ -440,6 +446,7 @@ class StressPlugin(object):
         if burn.engine == "gpu-burn":
             argv = [opts["python"], "-m", "gpuctl.workloads.gpuburn", "run",
                     "--gpu", gpu_id, "--duration", "%g" % burn.duration,
+                    "--stts", str(GPU_BURN_STTS_S),
                     "--mem-fraction", "%g" % opts["mem_fraction"]]
             if opts["gpu_burn"]:
                 argv += ["--binary", opts["gpu_burn"]]
@@ -526,7 +533,7 @@ class StressPlugin(object):
         elif kind == "summary":
             burn.summary = msg
             for key in ("tflops", "tflops_mean", "errors", "iterations", "elapsed", "size",
-                        "duty", "temp"):
+                        "duty", "temp", "dtype"):
                 if key in msg:
                     burn.progress[key] = msg[key]
         elif kind in ("info", "step"):
@@ -598,7 +605,8 @@ class StressPlugin(object):
             if burn.engine == "sim":
                 self._tick_sim(burn, now)
                 continue
-            if burn.state in ("starting", "running") and now >= burn.deadline + self.grace:
+            allowance = self.grace + END_ALLOWANCE_S.get(burn.engine, 0.0)
+            if burn.state in ("starting", "running") and now >= burn.deadline + allowance:
                 # The burner should have ended itself at its duration: enforce it.
                 self.stop(burn, "duration limit reached")
             if burn.term_at is not None and not burn.killed and now >= burn.term_at + self.grace:

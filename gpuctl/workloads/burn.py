@@ -6,12 +6,17 @@ How it works
     A round is K products ``A @ B`` accumulated into one result slot (the first with ``mm``, the
     others with ``addmm_``, whose beta=1 epilogue costs nothing next to the multiply), so every
     product lands in the checked value. K is chosen so that a round lasts ~0.25 s (0.5 s on the
-    CPU). Each round's slot is compared with the first round's (the same computation, so a
-    healthy device reproduces it; the tolerance per dtype only absorbs benign differences),
-    element by element on the device: ``|S - R| <= rtol * (|R| + mean|R|)`` counted with ``le``,
-    which is false for NaN and Inf, so the same pass is the NaN/Inf scan. Mismatching elements
-    are errors. Result slots rotate through the memory the burner holds, so that memory is
-    written and read too.
+    CPU). Each round's slot is compared with the first round's, computed once as the
+    reference: the same GEMMs on the same inputs on the same device give the same bits, so the
+    comparison is of bits (both viewed as integers of the element's width, ``ne`` counted on
+    the device), not a tolerance: a tolerance wide enough for bf16's rounding (3 %) lets a 1 %
+    error through, and any tolerance relative to the values misses a large error in a small
+    element. Differing elements are errors; a NaN or Inf differs from a finite reference, and
+    a non-finite reference is counted once. Result slots rotate through the memory the burner
+    holds, so that memory is written and read too. ``--inject-error ROUND`` (tests only)
+    corrupts one element of that round's result to prove the check; with
+    ``--inject-relative R`` the corruption is a relative change of R (0.01: 1 %) to the element
+    of smallest magnitude.
 
     On CUDA nothing waits inside a round: the host queues the next round before it waits (on an
     event) for the previous one, error counts travel back by a non-blocking copy, and GEMM time
@@ -25,7 +30,8 @@ Output (stdout, one JSON object per line)
     line), tflops_mean, errors, elapsed, size, slots, dtype, duty (the figures count from the
     second round: the first makes the reference);
     ``{"type":"summary", ...}`` last: the same totals plus nonfinite, verdict (OK / FAULTY /
-    DIED) and reason. Exit code: 0 OK, 1 FAULTY, 3 DIED, 2 bad usage.
+    DIED) and reason (a FAULTY one names the device and how many elements differed). Exit
+    code: 0 OK, 1 FAULTY, 3 DIED, 2 bad usage.
 
 SIGTERM or SIGINT ends the burn after the current round with a summary.
 """
@@ -42,8 +48,6 @@ import time
 from typing import Any
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
-# Relative tolerance per dtype, scaled by |R| + mean|R| (see the module docstring).
-RTOL = {"fp64": 1e-9, "fp32": 1e-4, "tf32": 5e-3, "bf16": 3e-2, "fp16": 5e-3}
 ELEMENT_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 DEFAULT_SIZE = {"cpu": 2048, "cuda": 8192}
 ROUND_SECONDS = {"cpu": 0.5, "cuda": 0.25}
@@ -71,9 +75,9 @@ def parse_bytes(text: str) -> int:
 
 
 def buffer_bytes(size: int, slots: int, dtype: str) -> int:
-    """Bytes held for a size and slot count: A, B, R, |S-R|, threshold, slots, a bool mask."""
+    """Bytes held for a size and slot count: A, B, the reference R, the slots, a bool mask."""
     n2 = size * size
-    return n2 * (ELEMENT_BYTES[dtype] * (5 + slots) + 1)
+    return n2 * (ELEMENT_BYTES[dtype] * (3 + slots) + 1)
 
 
 def plan(size_cap: int, budget: int | None, dtype: str, slots: int | None) -> tuple[int, int]:
@@ -270,8 +274,6 @@ class Burner:
         for m in (self.a, self.b):
             m.uniform_(-1.0, 1.0, generator=gen).mul_(scale**0.5)
         self.ref = empty(self.tdtype, elem)
-        self.diff = empty(self.tdtype, elem)
-        self.thresh = empty(self.tdtype, elem)
         self.mask = empty(torch.bool, 1)
         self.slots = [empty(self.tdtype, elem) for _ in range(slots)]
         self.err_dev = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -279,7 +281,7 @@ class Burner:
         self.err_host = torch.zeros(ring, dtype=torch.int64, pin_memory=self.cuda)
 
     def _free(self) -> None:
-        for name in ("a", "b", "ref", "diff", "thresh", "mask", "err_dev", "err_host"):
+        for name in ("a", "b", "ref", "mask", "err_dev", "err_host"):
             if hasattr(self, name):
                 delattr(self, name)
         self.slots = []
@@ -323,8 +325,10 @@ class Burner:
     def set_reference(self, slot: Any, k: int) -> None:
         torch = self.torch
         self.ref.copy_(slot)
-        torch.abs(self.ref, out=self.thresh)
-        self.thresh.add_(self.thresh.mean(dtype=torch.float32)).mul_(RTOL[self.dtype_name])
+        # The comparison's integer views (same storage): bits, not values, are compared.
+        itype = {8: torch.int64, 4: torch.int32, 2: torch.int16}[self.ref.element_size()]
+        self.ref_bits = self.ref.view(itype)
+        self.bits_type = itype
         finite = int(torch.isfinite(self.ref).sum())  # once, at start: a sync is fine here
         bad = self.ref.numel() - finite
         if bad:
@@ -333,17 +337,15 @@ class Burner:
         del k
 
     def check(self, slot: Any) -> int | None:
-        """Count mismatches of ``slot`` against the reference.
+        """Count the elements of ``slot`` whose bits differ from the reference's.
 
-        CPU: returns the count (a fast exact compare first; the tolerance pass only on a
-        difference). CUDA: adds it to the device counter and returns None (no sync)."""
+        CPU: returns the count (memcmp first; the element count only on a difference). CUDA:
+        adds it to the device counter and returns None (no sync)."""
         torch = self.torch
         if not self.deferred and bitwise_equal(slot, self.ref):
             return 0
-        torch.sub(slot, self.ref, out=self.diff)
-        self.diff.abs_()
-        torch.le(self.diff, self.thresh, out=self.mask)
-        bad = slot.numel() - torch.count_nonzero(self.mask)
+        torch.ne(slot.view(self.bits_type), self.ref_bits, out=self.mask)
+        bad = torch.count_nonzero(self.mask)
         if not self.deferred:
             n = int(bad)
             if n:
@@ -353,10 +355,18 @@ class Burner:
         return None
 
     def inject(self, slot: Any) -> None:
-        """Corrupt one element of a result (``--inject-error``): proves the check works."""
+        """Corrupt one element of a result (``--inject-error``): proves the check works. With
+        ``--inject-relative R``: the element of smallest magnitude changed by R relative."""
         flat = slot.view(-1)
-        i = flat.numel() // 2 + 1
-        flat[i] = flat[i] * 2 + 1000
+        relative = getattr(self.args, "inject_relative", None)
+        if relative is None:
+            i = flat.numel() // 2 + 1
+            flat[i] = flat[i] * 2 + 1000
+            return
+        magnitude = flat.abs().float()
+        magnitude[magnitude == 0] = float("inf")
+        i = int(magnitude.argmin())
+        flat[i] = (flat[i].double() * (1.0 + relative)).to(flat.dtype)
 
     # -- the loop -----------------------------------------------------------------------
     def run(self, should_stop: Any, duration: float | None) -> None:
@@ -447,6 +457,12 @@ class Burner:
             written = self.slots[: min(r, len(self.slots))]  # the others hold no result yet
             self.nonfinite += sum(s.numel() - int(torch.isfinite(s).sum()) for s in written)
 
+    def where(self) -> str:
+        """The device under test, for people: ``GPU <id> (<name>)`` or ``cpu``."""
+        if not self.cuda:
+            return "cpu"
+        return f"GPU {self.args.gpu if self.args.gpu is not None else 0} ({self.name})"
+
     def totals(self) -> dict[str, Any]:
         flops = 2.0 * self.size**3 * self.iterations
         span = self.span_seconds
@@ -507,6 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ROUND",
         help="test only: corrupt one result of this round (default 1) to prove the check",
     )
+    p.add_argument("--inject-relative", type=float, metavar="R", help=argparse.SUPPRESS)
     return p
 
 
@@ -558,12 +575,18 @@ def main(argv: list[str] | None = None) -> int:
             args.dtype = default_dtype(torch, args.device)
         if args.device == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
+            # cuBLAS gives the same bits for the same GEMM on one stream; a fixed workspace
+            # keeps it so whatever else runs (the check compares bits).
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         burner = Burner(torch, args, emit)
         burner.allocate()
         burner.run(lambda: bool(stopping), args.duration)
         if burner.errors:
             verdict = "FAULTY"
-            reason = f"{burner.errors} result mismatches"
+            reason = (
+                f"{burner.where()}: {burner.errors} element(s) of its results differ bit for bit "
+                f"from the reference ({burner.size}x{burner.size} per round)"
+            )
             if burner.nonfinite:
                 reason += f" ({burner.nonfinite} NaN/Inf)"
     except OutOfMemory as e:

@@ -11,15 +11,33 @@ error counters reset after each ``Summary at:`` block; gpu-burn exits 0 even wit
 so the verdict comes from its final ``Tested N GPUs:`` block, and a run without that block
 failed. Its parent has no SIGTERM handler, so it runs in its own process group and the whole
 group is signalled.
+
+Reaching that summary: at the end of its TIME gpu-burn SIGTERMs its workers and sleeps ``-stts``
+seconds (default 30) before it prints the summary; we pass a short ``-stts`` (``--stts``, 3 s)
+and, once gpu-burn has begun its end (``Killing processes with SIGTERM``), a stop request waits
+for the summary instead of killing it. A stop before that point cannot have a summary: gpu-burn
+dies on SIGTERM without one, so the burn ends without a verdict (or FAULTY/DIED from what its
+progress lines showed). ``elapsed`` is gpu-burn's own clock (its percentage of TIME), so the
+agent's duration limit runs from gpu-burn's start, not from ours.
+
+Reading it: a dead worker (``-1`` proc'd, `` (DIED!)``) is DIED with the CUDA error its stderr
+gave (``Couldn't init a GPU test: ...``, ``Failure during compute: ...``), whatever its final
+line says, and its error counter (its count plus -1, then garbage) is not counted; worker i is
+the i-th CUDA_VISIBLE_DEVICES entry (its label), and gpu-burn's temperature column is mapped to
+it only when gpu-burn burns every GPU of the node (see ``GpuBurnOutput.temp_slot``); gpu-burn
+computes fp32, fp64 (``-d``) or tf32 (``-tc``) only, and every line says which (``dtype``).
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import hashlib
 import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuctl.node.proc import set_death_signal, signal_group, spawn
+from gpuctl.node.stress import GPU_BURN_STTS_S
 
 COMPARE_FILES = ("compare.fatbin", "compare.ptx")
 EXIT_REASONS = {
@@ -159,6 +178,66 @@ class BuildError(Exception):
     """gpu-burn could not be found or built; the message is one line saying what to do."""
 
 
+# Files of a gpu-burn source folder that decide what a build produces (hashed for the key).
+SOURCE_SUFFIXES = (".cpp", ".cu", ".h", ".hpp", ".cuh", ".c")
+BUILD_PRODUCTS = ("gpu_burn", "*.o", "*.fatbin", "*.ptx", ".git")
+# The compiler's or linker's own words for why a build failed; make's "*** [...] Error 1",
+# "compilation terminated." and collect2's "ld returned 1 exit status" only say that it did.
+CAUSE_RE = re.compile(
+    r"fatal error|error:|cannot find -l|undefined reference|No such file|not found|"
+    r"Permission denied|unsupported",
+    re.IGNORECASE,
+)
+NOISE_RE = re.compile(
+    r"^(make(\[\d+\])?: \*\*\*|compilation terminated\.|collect2: error: ld returned)"
+)
+
+
+def default_build_root(env: Mapping[str, str]) -> str:
+    """Where built gpu-burns are kept: ``$XDG_CACHE_HOME/gpuctl/gpu-burn`` (``~/.cache``)."""
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "gpuctl", "gpu-burn")
+
+
+def build_key(source: str, toolkit: Toolkit, env: Mapping[str, str]) -> str:
+    """A hash of what a build depends on: the source files (names and bytes), nvcc's real path,
+    CUDAPATH and ``$COMPUTE`` (gpu-burn's Makefile reads it). A changed source rebuilds."""
+    h = hashlib.sha256()
+    for name, value in (
+        ("nvcc", os.path.realpath(toolkit.nvcc)),
+        ("cudapath", toolkit.root),
+        ("compute", env.get("COMPUTE", "")),
+    ):
+        h.update(f"{name}={value}\0".encode())
+    for folder, dirs, files in sorted(os.walk(source)):
+        dirs[:] = sorted(d for d in dirs if d != ".git")
+        for name in sorted(files):
+            if name == "Makefile" or name.endswith(SOURCE_SUFFIXES):
+                path = os.path.join(folder, name)
+                h.update(os.path.relpath(path, source).encode() + b"\0")
+                with open(path, "rb") as f:
+                    h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()[:16]
+
+
+def build_cause(output: str, limit: int = 3) -> list[str]:
+    """The lines of a failed build's output that say why (the compiler's, the linker's)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    causes: list[str] = []
+    for ln in lines:
+        if CAUSE_RE.search(ln) and not NOISE_RE.match(ln) and ln not in causes:
+            causes.append(ln)
+    if not causes:
+        causes = [ln for ln in lines if not NOISE_RE.match(ln)][-1:] or lines[-1:]
+    return [ln[:300] for ln in causes[:limit]]
+
+
+def _built(folder: str) -> str | None:
+    binary = os.path.join(folder, "gpu_burn")
+    ok = _is_exe(binary) and any(os.path.exists(os.path.join(folder, c)) for c in COMPARE_FILES)
+    return binary if ok else None
+
+
 def build_gpu_burn(
     source: str,
     report: Report,
@@ -167,10 +246,15 @@ def build_gpu_burn(
     root: str = "/",
     ask_nvcc: Callable[[str], str | None] = nvcc_top,
     timeout: float = 900,
+    build_root: str | None = None,
 ) -> str:
-    """Build gpu-burn in ``source`` with ``make CUDAPATH=<toolkit>``, reporting each step.
+    """gpu-burn built from ``source`` with ``make CUDAPATH=<toolkit>``, once per source and
+    toolkit, reporting each step; returns the binary's path, raises BuildError.
 
-    Returns the binary's path; raises BuildError."""
+    The build runs in a private copy of the source and the finished folder is renamed into
+    place (``<build_root>/gpu-burn-<key>``, see ``build_key``), so nobody ever runs a binary
+    that is being written (``Text file busy``); a lock file next to it (flock) makes the GPUs
+    of one node build once and the others wait and reuse it."""
     env = dict(os.environ if env is None else env)
     source = os.path.abspath(os.path.expanduser(source))
     if not os.path.isfile(os.path.join(source, "Makefile")):
@@ -183,6 +267,40 @@ def build_gpu_burn(
             + "); set CUDA_HOME or install the toolkit"
         )
     report(f"CUDA toolkit {toolkit.root} (found by {toolkit.how}: {toolkit.nvcc})")
+    build_root = os.path.abspath(os.path.expanduser(build_root or default_build_root(env)))
+    key = build_key(source, toolkit, env)
+    final = os.path.join(build_root, f"gpu-burn-{key}")
+    binary = _built(final)
+    if binary is not None:
+        report(f"using {binary} (built before from {source})")
+        return binary
+    try:
+        os.makedirs(build_root, mode=0o700, exist_ok=True)
+        lock = open(os.path.join(build_root, f"gpu-burn-{key}.lock"), "a")  # noqa: SIM115
+    except OSError as e:
+        raise BuildError(f"cannot use the build folder {build_root}: {e.strerror or e}") from None
+    with lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            report(f"waiting for another build of {source} ({lock.name})")
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        binary = _built(final)  # built while we waited
+        if binary is not None:
+            report(f"using {binary} (built meanwhile from {source})")
+            return binary
+        return _make(source, final, toolkit, env, report, timeout)
+
+
+def _make(
+    source: str,
+    final: str,
+    toolkit: Toolkit,
+    env: dict[str, str],
+    report: Report,
+    timeout: float,
+) -> str:
+    """Build in a private copy of ``source`` and rename it to ``final`` (caller holds the lock)."""
     make = next(
         (
             os.path.join(d, "make")
@@ -193,27 +311,44 @@ def build_gpu_burn(
     )
     if make is None:
         raise BuildError("make not found on PATH: install make and a C++ compiler")
-    report(f"building: make CUDAPATH={toolkit.root} in {source}")
+    work = f"{final}.{os.getpid()}.tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(source, work, ignore=shutil.ignore_patterns(*BUILD_PRODUCTS))
+    report(f"building: make CUDAPATH={toolkit.root} in {work} (a copy of {source})")
     env["PATH"] = os.pathsep.join([os.path.dirname(toolkit.nvcc), env.get("PATH", "")])
+    log = f"{final}.build.log"
     try:
         proc = subprocess.run(
             [make, f"CUDAPATH={toolkit.root}"],
-            cwd=source,
+            cwd=work,
             env=env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
+            errors="replace",
             timeout=timeout,
         )
     except subprocess.TimeoutExpired:
+        shutil.rmtree(work, ignore_errors=True)
         raise BuildError(f"make in {source} took longer than {timeout:g} s") from None
-    binary = os.path.join(source, "gpu_burn")
-    if proc.returncode != 0 or not _is_exe(binary):
-        lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
-        # The compiler's complaint, not make's "*** [Makefile:2: gpu_burn] Error 1" after it.
-        tail = [ln for ln in lines if not re.match(r"make(\[\d+\])?:", ln)][-1:] or lines[-1:]
+    with open(log, "w") as f:
+        f.write(proc.stdout)
+    binary = _built(work)
+    if proc.returncode != 0 or binary is None:
+        shutil.rmtree(work, ignore_errors=True)
+        cause = "; ".join(build_cause(proc.stdout)) or "no output"
+        if proc.returncode == 0:
+            cause = f"it made no gpu_burn with compare.fatbin or compare.ptx ({cause})"
         raise BuildError(
-            f"make in {source} failed (exit {proc.returncode})" + (f": {tail[0]}" if tail else "")
+            f"make in {source} failed (exit {proc.returncode}): {cause} (full log: {log})"
         )
+    try:
+        os.rename(work, final)
+    except OSError:  # another node sharing this folder (no shared lock there) was first
+        shutil.rmtree(work, ignore_errors=True)
+        if _built(final) is None:
+            raise BuildError(f"cannot move the build of {source} to {final}") from None
+    binary = os.path.join(final, "gpu_burn")
     report(f"built {binary}")
     return binary
 
@@ -224,11 +359,22 @@ PROGRESS_RE = re.compile(
     r"(?:temps:(?P<temps>.*))?$"
 )
 PROCD_RE = re.compile(r"(-?\d+)\s*\(\s*(\d+(?:\.\d+)?)\s*Gflop/s\)")
-ERRORS_RE = re.compile(r"(\d+)\s*(\((?:DIED!|WARNING!)\))?")
+# "-1  (DIED!)": a dead worker's counter is its last count plus -1 (then whatever its closed pipe
+# leaves in gpu-burn's variable): the sign is part of the number, and the number means nothing.
+ERRORS_RE = re.compile(r"(-?\d+)\s*(\((?:DIED!|WARNING!)\))?")
 TEMPS_RE = re.compile(r"(-?\d+)\s*C|(--)")
 FINAL_RE = re.compile(r"^\s*GPU\s+(\d+):\s*(OK|FAULTY)\s*$")
 TESTED_RE = re.compile(r"^\s*Tested\s+(\d+)\s+GPUs:")
-INIT_RE = re.compile(r"^\s*Initialized device (\d+) with (\d+) MB")
+INIT_RE = re.compile(
+    r"^\s*Initialized device (\d+) with (\d+) MB.*using (FLOATS|DOUBLES)(, using Tensor Cores)?"
+)
+# gpu-burn's start-up `nvidia-smi -L`: every GPU of the node, whatever CUDA_VISIBLE_DEVICES says
+SMI_RE = re.compile(r"^\s*GPU\s+(\d+):\s*(.*?)\s*\(UUID:\s*(\S+?)\)\s*$")
+# stderr: a worker's CUDA error, and the parent's report of a worker's closed pipe (no newline)
+CUDA_ERROR_PREFIXES = ("Couldn't init a GPU test", "Failure during compute", "Couldn't init CUDA")
+READ_ERROR_RE = re.compile(r"read\[(\d+)\] error -?\d+")
+STDERR_PENDING_MAX = 4096
+ENDING_RE = re.compile(r"^\s*Killing processes with SIGTERM")
 
 
 @dataclass
@@ -245,6 +391,7 @@ class GpuState:
     died: bool = False
     temp: int | None = None
     final: str | None = None  # OK | FAULTY from the last block
+    dtype: str | None = None  # what its "Initialized device" line says it computes
 
     @property
     def errors(self) -> int:
@@ -255,14 +402,24 @@ class GpuState:
 class GpuBurnOutput:
     """Incremental parser of gpu-burn's stdout and stderr."""
 
+    # The physical GPU (a CUDA_VISIBLE_DEVICES entry: index or UUID) of each worker, in gpu-burn's
+    # order; None: every GPU, in PCI order (CUDA_DEVICE_ORDER=PCI_BUS_ID). See ``temp_slot``.
+    devices: list[str] | None = None
+    pinned: int | None = None  # gpu-burn's -i N, if given
+    dtype: str | None = None  # what the command line asks for (a worker's init line says more)
+    tail: list[str] = field(default_factory=list)  # the last lines of stderr
     gpus: dict[int, GpuState] = field(default_factory=dict)
+    smi_uuids: list[str] = field(default_factory=list)
+    cuda_errors: list[str] = field(default_factory=list)
     percent: float = 0.0
     tested: int | None = None
     all_died: bool = False
     failures: list[str] = field(default_factory=list)
     initialized: int = 0
+    ending: bool = False  # gpu-burn's TIME is over: it is stopping its workers, summary next
     _pending: str = ""
     _peeked: str | None = None
+    _err_pending: str = ""
 
     def gpu(self, i: int) -> GpuState:
         if i not in self.gpus:
@@ -315,20 +472,74 @@ class GpuBurnOutput:
         if m and self.tested is not None:
             self.gpu(int(m.group(1))).final = m.group(2)
             return []
-        if INIT_RE.match(text):
+        m = SMI_RE.match(text)
+        if m and self.tested is None and int(m.group(1)) == len(self.smi_uuids):
+            self.smi_uuids.append(m.group(3))
+            return []
+        m = INIT_RE.match(text)
+        if m:
             self.initialized += 1
+            # "device D" is the CUDA index: the worker's, or N with -i N (listed as GPU 0)
+            worker = 0 if self.pinned is not None else int(m.group(1))
+            kind = "fp64" if m.group(3) == "DOUBLES" else "tf32" if m.group(4) else "fp32"
+            self.gpu(worker).dtype = kind
+        if ENDING_RE.match(text):
+            self.ending = True
         return []
+
+    def stderr(self, text: str) -> None:
+        """Take a chunk of stderr. gpu-burn's ``read[i] error N`` has no newline and repeats
+        while a dead worker's pipe stays readable: it is cut out, and what waits for a newline
+        is bounded."""
+        data = self._err_pending + text
+        for m in READ_ERROR_RE.finditer(data):
+            self.gpu(int(m.group(1))).died = True
+        data = READ_ERROR_RE.sub("", data)
+        *lines, rest = data.split("\n")
+        self._err_pending = rest[-STDERR_PENDING_MAX:]
+        for ln in lines:
+            self.stderr_line(ln)
+
+    def stderr_finish(self) -> None:
+        rest, self._err_pending = self._err_pending, ""
+        self.stderr_line(rest)
+
+    def label(self, i: int) -> int | str:
+        """Worker ``i``'s GPU as CUDA_VISIBLE_DEVICES names it (its index when all are seen)."""
+        return self.devices[i] if self.devices is not None and i < len(self.devices) else i
 
     def stderr_line(self, text: str) -> None:
         text = text.strip()
         if not text:
             return
+        self.tail = [*self.tail[-19:], text[:500]]
         if "No clients are alive" in text:
             self.all_died = True
-        if text.startswith(("Couldn't init a GPU test", "Failure during compute")) or (
-            "No clients are alive" in text
-        ):
-            self.failures.append(text)
+        if text.startswith(CUDA_ERROR_PREFIXES) or "No clients are alive" in text:
+            self.failures.append(text[:500])
+        if text.startswith(CUDA_ERROR_PREFIXES) and text not in self.cuda_errors:
+            self.cuda_errors.append(text[:500])
+
+    def temp_slot(self, i: int, workers: int) -> int | None:
+        """The entry of gpu-burn's ``temps:`` column that is worker ``i``'s GPU, or None.
+
+        gpu-burn reads ``nvidia-smi -q -d TEMPERATURE``, which lists every GPU of the node in
+        nvidia-smi's order (the ``-L`` list it prints at start), into its workers' slots round
+        robin: entry j is nvidia-smi's GPU j only when it burns as many GPUs as the node has;
+        burning fewer, a slot cycles through several GPUs and belongs to none. Worker i's GPU
+        is the i-th of CUDA_VISIBLE_DEVICES (an index in PCI order, or a UUID)."""
+        smi = self.smi_uuids
+        if not smi or len(smi) != workers:
+            return None
+        if self.devices is None:
+            return i
+        if i >= len(self.devices):
+            return None
+        entry = self.devices[i].strip()
+        if entry.isdigit():
+            return int(entry) if int(entry) < len(smi) else None
+        found = [k for k, uuid in enumerate(smi) if entry and uuid.startswith(entry)]
+        return found[0] if len(found) == 1 else None
 
     def _progress(self, m: re.Match[str]) -> list[int]:
         self.percent = float(m.group("pct"))
@@ -338,18 +549,23 @@ class GpuBurnOutput:
         changed = []
         for i, (n, g) in enumerate(procd):
             st = self.gpu(i)
-            st.iterations = max(st.iterations, int(n)) if int(n) >= 0 else st.iterations
             if int(n) < 0:
-                st.died = True
-            st.gflops = float(g)
-            st.gflops_sum += float(g)
-            st.samples += 1
+                st.died = True  # its count stays what it was; its rate is its last one
+            else:
+                st.iterations = max(st.iterations, int(n))
+                st.gflops = float(g)
+                st.gflops_sum += float(g)
+                st.samples += 1
             if i < len(errors):
-                st.errors_now = int(errors[i][0])
-                if errors[i][1] == "(DIED!)":
-                    st.died = True
-            if i < len(temps):
-                st.temp = int(temps[i][0]) if temps[i][0] else None
+                if errors[i][1] == "(DIED!)" or int(errors[i][0]) < 0:
+                    st.died = True  # its counter is no count any more: keep the last one
+                elif not st.died:
+                    st.errors_now = int(errors[i][0])
+            slot = self.temp_slot(i, len(procd))
+            if slot is not None and slot < len(temps):
+                st.temp = int(temps[slot][0]) if temps[slot][0] else None
+            else:
+                st.temp = None
             changed.append(i)
         return changed
 
@@ -363,17 +579,21 @@ class GpuBurnOutput:
             gpus[0] = GpuState(0)
         why_exit = EXIT_REASONS.get(returncode or 0, f"exit code {returncode}")
         tail = f": {stderr_tail}" if stderr_tail else ""
+        # A worker's CUDA error does not name its GPU: with one dead worker it is that one's.
+        cuda = "; ".join(self.cuda_errors[:2]) or stderr_tail
         for i, st in sorted(gpus.items()):
             verdict: str | None
-            if self.tested is not None and st.final is not None:
+            if st.died or (self.all_died and st.final is None):
+                verdict, reason = "DIED", "worker died" + (f": {cuda}" if cuda else "")
+                if st.errors:
+                    reason += f" (after {st.errors} errors)"
+                if st.final == "OK":
+                    reason += " (gpu-burn still listed it as OK)"
+            elif self.tested is not None and st.final is not None:
                 if st.final == "FAULTY" or st.errors:
                     verdict, reason = "FAULTY", f"{st.errors} errors (gpu-burn says {st.final})"
-                elif st.died or self.all_died:
-                    verdict, reason = "DIED", "worker died (gpu-burn still listed it as OK)"
                 else:
                     verdict, reason = "OK", None
-            elif st.died or self.all_died:
-                verdict, reason = "DIED", "worker died" + tail
             elif stopped:
                 verdict = "FAULTY" if st.errors else None
                 reason = "stopped before gpu-burn's final summary"
@@ -385,15 +605,45 @@ class GpuBurnOutput:
 
 
 # -- running --------------------------------------------------------------------------------
-def gpu_burn_argv(binary: str, seconds: float, mem_fraction: float, dtype: str | None) -> list[str]:
-    """The command line; TIME is last (``gpu_burn 60 -d`` would run for 0 s)."""
+def gpu_burn_argv(
+    binary: str,
+    seconds: float,
+    mem_fraction: float,
+    dtype: str | None,
+    stts: int = GPU_BURN_STTS_S,
+) -> list[str]:
+    """The command line; TIME is last (``gpu_burn 60 -d`` would run for 0 s). ``-tc`` (tensor
+    core SGEMM) only for tf32: gpu-burn has only floats and doubles (see ``burn_dtype``)."""
     argv = [binary, "-m", f"{round(mem_fraction * 100)}%"]
-    if dtype == "fp64":
+    used = burn_dtype(dtype)
+    if used == "fp64":
         argv.append("-d")
-    elif dtype in ("tf32", "bf16", "fp16"):
+    elif used == "tf32":
         argv.append("-tc")
-    argv.append(str(max(1, round(seconds))))
+    argv += ["-stts", str(stts), str(burn_seconds(seconds))]
     return argv
+
+
+def burn_dtype(requested: str | None) -> str:
+    """What gpu-burn computes for a requested dtype: fp64 (``-d``), tf32 (``-tc``), else fp32
+    (bf16 and fp16 too: gpu-burn has no half-precision GEMM)."""
+    return requested if requested in ("fp64", "tf32") else "fp32"
+
+
+def worker_devices(visible: str | None, pinned: int | None = None) -> list[str] | None:
+    """The physical GPU of each gpu-burn worker from CUDA_VISIBLE_DEVICES: worker i burns the
+    i-th visible device; with ``-i N`` the one worker burns the N-th. None: every GPU."""
+    if visible is None:
+        return None if pinned is None else [str(pinned)]
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if pinned is not None:
+        return entries[pinned : pinned + 1]
+    return entries
+
+
+def burn_seconds(seconds: float) -> int:
+    """gpu-burn's TIME for a duration (whole seconds, at least 1)."""
+    return max(1, round(seconds))
 
 
 def run_gpu_burn(
@@ -406,23 +656,36 @@ def run_gpu_burn(
     should_stop: Callable[[], bool] = lambda: False,
     grace: float = 3.0,
     gpu_label: str | None = None,
+    stts: int = GPU_BURN_STTS_S,
 ) -> list[dict[str, Any]]:
-    """Run gpu-burn, emit progress lines, return one summary dict per GPU."""
+    """Run gpu-burn, emit progress lines, return one summary dict per GPU.
+
+    A stop (``should_stop()``) before gpu-burn's end SIGTERMs its group (no summary possible);
+    during its end it waits up to ``stts + grace`` seconds for the summary, then SIGKILLs."""
     folder = os.path.dirname(os.path.abspath(binary))
     if not any(os.path.exists(os.path.join(folder, c)) for c in COMPARE_FILES):
         raise BuildError(
             f"no compare.fatbin or compare.ptx next to {binary}: keep gpu-burn's build folder "
             "together or rebuild it"
         )
-    argv = gpu_burn_argv(binary, seconds, mem_fraction, dtype)
+    argv = gpu_burn_argv(binary, seconds, mem_fraction, dtype, stts)
+    run_time = burn_seconds(seconds)
+    if dtype is not None and burn_dtype(dtype) != dtype:
+        emit(
+            {
+                "type": "step",
+                "message": f"gpu-burn has no {dtype} GEMM: it burns {burn_dtype(dtype)} "
+                "(the torch engine burns bf16 and fp16)",
+            }
+        )
     emit({"type": "step", "message": "running " + " ".join(argv)})
+    # CUDA's device i is then nvidia-smi's GPU i (for the temperatures, see temp_slot)
+    env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID")
     # its own session, SIGKILL when we die; cwd: gpu-burn loads its compare kernel from there
-    proc = spawn(argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    parsed = GpuBurnOutput()
-    started = time.monotonic()
+    proc = spawn(argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    parsed = GpuBurnOutput(devices=worker_devices(env.get("CUDA_VISIBLE_DEVICES")))
+    parsed.dtype = burn_dtype(dtype)
     last_emit: dict[int, float] = {}
-    stderr_lines: list[str] = []
-    err_buf = ""
     sel = selectors.DefaultSelector()
     assert proc.stdout is not None and proc.stderr is not None
     sel.register(proc.stdout, selectors.EVENT_READ, "out")
@@ -440,18 +703,22 @@ def run_gpu_burn(
                 continue
             text = data.decode("utf-8", "replace")
             if key.data == "err":
-                err_buf += text
-                *lines, err_buf = err_buf.split("\n")
-                for ln in lines:
-                    parsed.stderr_line(ln)
-                    if ln.strip():
-                        stderr_lines = [*stderr_lines, ln.strip()][-20:]
+                parsed.stderr(text)
                 continue
             now = time.monotonic()
+            was_ending = parsed.ending
             for i in parsed.feed(text):
                 if now - last_emit.get(i, 0.0) >= 1.0:
                     last_emit[i] = now
-                    emit(_progress(parsed.gpus[i], parsed, now - started, gpu_label))
+                    emit(_progress(parsed.gpus[i], parsed, run_time, gpu_label))
+            if parsed.ending and not was_ending:
+                emit(
+                    {
+                        "type": "step",
+                        "message": f"gpu-burn's time is up: it stops its workers, its summary "
+                        f"follows in {stts} s",
+                    }
+                )
         now = time.monotonic()
         if proc.poll() is not None and not killed:
             # gpu-burn's parent is gone; workers it left behind would hold the pipes open.
@@ -460,23 +727,24 @@ def run_gpu_burn(
         if not stopped and should_stop():
             stopped = True
             term_at = now
-            signal_group(proc.pid, signal.SIGTERM)
+            if parsed.ending:
+                term_at += stts  # let it finish: its summary is seconds away
+            else:
+                signal_group(proc.pid, signal.SIGTERM)
         if term_at is not None and not killed and now - term_at >= grace:
             killed = True
             signal_group(proc.pid, signal.SIGKILL)
     parsed.finish()
-    if err_buf.strip():
-        parsed.stderr_line(err_buf)
-        stderr_lines.append(err_buf.strip())
+    parsed.stderr_finish()
     code = proc.wait()
     signal_group(proc.pid, signal.SIGKILL)  # workers a dead parent left behind
     summaries = []
-    tail = parsed.failures[-1] if parsed.failures else (stderr_lines[-1] if stderr_lines else "")
+    tail = parsed.failures[-1] if parsed.failures else (parsed.tail[-1] if parsed.tail else "")
     for v in parsed.verdicts(stopped, code, tail):
         st = parsed.gpus.get(v["gpu"]) or GpuState(v["gpu"])
         summaries.append(
             {
-                **_progress(st, parsed, time.monotonic() - started, gpu_label),
+                **_progress(st, parsed, run_time, gpu_label),
                 "type": "summary",
                 "verdict": v["verdict"],
                 "reason": v["reason"],
@@ -487,13 +755,15 @@ def run_gpu_burn(
 
 
 def _progress(
-    st: GpuState, parsed: GpuBurnOutput, elapsed: float, label: str | None
+    st: GpuState, parsed: GpuBurnOutput, run_time: int, label: str | None
 ) -> dict[str, Any]:
     mean = st.gflops_sum / st.samples if st.samples else 0.0
+    elapsed = parsed.percent / 100.0 * run_time  # gpu-burn's clock: it counts from its start
     return {
         "type": "progress",
         "engine": "gpu-burn",
-        "gpu": label if label is not None else st.index,
+        "gpu": label if label is not None else parsed.label(st.index),
+        "dtype": st.dtype or parsed.dtype,
         "iterations": st.iterations,
         "tflops": round(st.gflops / 1000, 4),
         "tflops_mean": round(mean / 1000, 4),
@@ -512,10 +782,20 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="find or build gpu-burn, run it, JSON lines on stdout")
     run.add_argument("--binary", help="gpu_burn binary (or its folder); default: PATH")
     run.add_argument("--source", help="gpu-burn source folder to build from when none is found")
+    run.add_argument(
+        "--build-dir",
+        help="where builds from --source are kept (default $XDG_CACHE_HOME/gpuctl/gpu-burn)",
+    )
     run.add_argument("--gpu", metavar="ID", help="pin to this GPU via CUDA_VISIBLE_DEVICES")
     run.add_argument("--duration", type=float, default=60.0, help="seconds (default 60)")
     run.add_argument("--mem-fraction", type=float, default=0.9)
     run.add_argument("--dtype", choices=("fp32", "tf32", "bf16", "fp16", "fp64"))
+    run.add_argument(
+        "--stts",
+        type=int,
+        default=GPU_BURN_STTS_S,
+        help=f"gpu-burn's SIGTERM-to-SIGKILL wait at its end, s (default {GPU_BURN_STTS_S})",
+    )
     sub.add_parser("find", help="print the gpu_burn binary and CUDA toolkit discovery finds")
     args = p.parse_args(argv)
 
@@ -543,6 +823,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.duration <= 0 or not 0.05 <= args.mem_fraction <= 0.99:
         p.error("--duration must be positive and --mem-fraction within 0.05..0.99")
+    if not 0 <= args.stts <= 600:
+        p.error("--stts must be within 0..600 seconds")
     if args.gpu is not None:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
@@ -561,7 +843,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise BuildError(
                     "no gpu_burn on PATH; name a gpu-burn source folder to build it from"
                 )
-            binary = build_gpu_burn(args.source, lambda m: emit({"type": "step", "message": m}))
+            binary = build_gpu_burn(
+                args.source,
+                lambda m: emit({"type": "step", "message": m}),
+                build_root=args.build_dir,
+            )
         else:
             emit({"type": "step", "message": f"using {binary}"})
         summaries = run_gpu_burn(
@@ -572,6 +858,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=args.dtype,
             should_stop=lambda: bool(stopping),
             gpu_label=args.gpu,
+            stts=args.stts,
         )
     except BuildError as e:
         emit({"type": "summary", "engine": "gpu-burn", "verdict": "DIED", "reason": str(e)})

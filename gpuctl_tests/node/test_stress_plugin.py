@@ -351,25 +351,31 @@ async def test_ssh_link_drop_stops_the_burner(ssh_cluster: Any, tmp_path: Path) 
 # -- the gpu-burn engine, end to end: an agent over the stand-in NVML, a stand-in gpu_burn ------
 @pytest.fixture
 def gpu_node(tmp_path: Path) -> dict[str, str]:
-    """Environment of an agent that sees 2 GPUs (stand-in NVML) and a gpu_burn on PATH."""
+    """Environment of an agent that sees 2 GPUs (stand-in NVML) and a gpu_burn on PATH (the
+    stand-in gpu_burn, on a node of the same 2 GPUs)."""
     from gpuctl_tests.node.nvml_stub import NvmlStub, build
-    from gpuctl_tests.workloads.test_gpuburn import FAKE_GPU_BURN
+    from gpuctl_tests.workloads import gpuburn_standin
 
     stub = NvmlStub(build(tmp_path / "nvml"), tmp_path / "nvml.conf", "count 2\n")
     folder = tmp_path / "gpu-burn"
-    folder.mkdir()
-    (folder / "compare.fatbin").write_bytes(b"\0")
-    write_script(folder / "gpu_burn", "")
-    (folder / "gpu_burn").write_text(FAKE_GPU_BURN.format(python=sys.executable))
+    gpuburn_standin.install(folder)
     env = stub.env()
     env["PATH"] = f"{folder}{os.pathsep}{env.get('PATH', '')}"
     env["GPUCTL_STRESS_GRACE"] = "2"
+    env["STANDIN_GPUS"] = "2"
+    env["STANDIN_UUIDS"] = ",".join(f"GPU-5718a1c0-0000-4000-8000-{i:012d}" for i in range(2))
+    env["STANDIN_RECORD"] = str(folder / "record.json")
     return env
+
+
+def standin_record(env: dict[str, str]) -> dict[str, Any]:
+    return dict(json.loads(Path(env["STANDIN_RECORD"]).read_text()))
 
 
 def test_gpu_burn_engine_through_the_agent(
     agents: list[AgentProcess], gpu_node: dict[str, str]
 ) -> None:
+    # Its end: TIME, then -stts seconds, then the OK/FAULTY summary the verdict comes from.
     a = AgentProcess([sys.executable, "-m", "gpuctl.node", "agent"], env=gpu_node)
     agents.append(a)
     hello = a.read(20)
@@ -380,33 +386,57 @@ def test_gpu_burn_engine_through_the_agent(
     assert ok["engine"] == "gpu-burn", ok  # auto: a gpu_burn on PATH wins
     done = burn_event(a, ("done", "failed"))["detail"]
     assert done["state"] == "done" and done["verdict"] == "OK", done
-    assert done["engine"] == "gpu-burn" and done["iterations"] == 1000
-    assert done["tflops"] == 40.0
-    folder = Path(gpu_node["PATH"].split(os.pathsep)[0])
-    assert (folder / "argv").read_text() == "-m 90% -d 1"
-    assert (folder / "visible").read_text() == uuid  # pinned by UUID, not by index
+    assert done["reason"] == "duration reached"
+    assert done["engine"] == "gpu-burn" and done["iterations"] > 0 and done["tflops"] > 0
+    record = standin_record(gpu_node)
+    assert record["argv"] == ["-m", "90%", "-d", "-stts", "3", "1"]
+    assert record["visible"] == uuid  # pinned by UUID, not by index
+
+
+def gpu_burn_to_its_end(
+    agents: list[AgentProcess], env: dict[str, str], **start: Any
+) -> dict[str, Any]:
+    """Start a 1 s gpu-burn burn through a new agent; the detail of its last event."""
+    a = AgentProcess([sys.executable, "-m", "gpuctl.node", "agent"], env=env)
+    agents.append(a)
+    a.read(20)
+    a.send({"type": "stress_start", "id": 1, "duration": 1, "engine": "gpu-burn", **start})
+    assert reply(a, 1)["type"] == "ok"
+    return dict(burn_event(a, ("done", "failed"))["detail"])
+
+
+def test_gpu_burn_faulty_gpu_through_the_agent(
+    agents: list[AgentProcess], gpu_node: dict[str, str]
+) -> None:
+    env = {**gpu_node, "STANDIN_FAULTY": "1"}  # physical GPU 1 computes wrong results
+    done = gpu_burn_to_its_end(agents, env, gpus=[1])
+    assert done["verdict"] == "FAULTY" and done["errors"] > 0, done
+    assert "gpu-burn says FAULTY" in done["reason"]
+
+
+def test_gpu_burn_says_the_dtype_it_burns(
+    agents: list[AgentProcess], gpu_node: dict[str, str]
+) -> None:
+    done = gpu_burn_to_its_end(agents, gpu_node, gpus=[0], dtype="bf16")
+    assert done["verdict"] == "OK" and done["dtype"] == "fp32", done  # no bf16 in gpu-burn
+    assert "-tc" not in standin_record(gpu_node)["argv"]
 
 
 def test_gpu_burn_engine_dies_with_a_killed_agent(
     agents: list[AgentProcess], gpu_node: dict[str, str]
 ) -> None:
-    env = {**gpu_node, "FAKE_MODE": "hang"}
-    a = AgentProcess([sys.executable, "-m", "gpuctl.node", "agent"], env=env)
+    a = AgentProcess([sys.executable, "-m", "gpuctl.node", "agent"], env=gpu_node)
     agents.append(a)
     a.read(20)
     a.send({"type": "stress_start", "id": 1, "gpus": [0], "engine": "gpu-burn"})
     assert reply(a, 1)["type"] == "ok"
     wrapper = burn_event(a, ("running",))["detail"]["pid"]
-    folder = Path(gpu_node["PATH"].split(os.pathsep)[0])
-    worker = int(
-        wait_until(lambda: (folder / "worker.pid").exists() and (folder / "worker.pid").read_text())
-    )
-    gpu_burn_group = proc_stat(worker)
-    assert gpu_burn_group is not None
+    gpu_burn_group = int(standin_record(gpu_node)["pid"])
+    assert group_members(gpu_burn_group)
     a.proc.send_signal(signal.SIGKILL)
     a.proc.wait(5)
     wait_until(
-        lambda: not group_members(wrapper) and not group_members(gpu_burn_group[1]),
+        lambda: not group_members(wrapper) and not group_members(gpu_burn_group),
         2.0,
         "the wrapper, gpu_burn and its worker to die with the agent",
     )

@@ -16,6 +16,7 @@ import pytest
 from gpuctl.workloads import gpuburn
 from gpuctl.workloads.gpuburn import GpuBurnOutput, build_gpu_burn, find_toolkit
 from gpuctl_tests.helpers import node_env, wait_until
+from gpuctl_tests.workloads import gpuburn_standin
 
 
 def exe(path: Path, body: str = "#!/bin/sh\nexit 0\n") -> Path:
@@ -118,52 +119,188 @@ def test_find_gpu_burn_configured_then_path(tmp_path: Path) -> None:
     assert gpuburn.find_gpu_burn(None, {"PATH": ""}) is None
 
 
-# -- building -------------------------------------------------------------------------------
-FAKE_NVCC = """#!/bin/sh
-# stands in for nvcc: "compiles" gpu_burn into a script and writes the compare kernel
-printf '#!/bin/sh\\necho built\\n' > gpu_burn
-chmod +x gpu_burn
-echo ptx > compare.ptx
+# -- building: gpu-burn's Makefile shape, the real g++ and ld, a stand-in nvcc ----------------
+STANDIN_NVCC = """#!/bin/sh
+# stands in for nvcc: "-fatbin X.cu -o Y" writes Y; logs each run, takes STANDIN_NVCC_SECONDS
+[ -n "$STANDIN_NVCC_LOG" ] && echo "$PWD $*" >> "$STANDIN_NVCC_LOG"
+sleep "${STANDIN_NVCC_SECONDS:-0}"
+out=""
+while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done
+[ -n "$out" ] && echo fatbin > "$out"
+exit 0
+"""
+
+# The same targets and flags as gpu-burn's Makefile: the driver compiled by g++ against the
+# toolkit's headers, linked with -lcuda -lcublas -lcudart from lib64 and lib64/stubs.
+MAKEFILE = """CUDAPATH ?= /usr/local/cuda
+CXXFLAGS = -O2 -I$(CUDAPATH)/include
+LIBS = -lcuda -L$(CUDAPATH)/lib64 -L$(CUDAPATH)/lib64/stubs -Wl,-rpath=$(CUDAPATH)/lib64 \\
+\t-lcublas -lcudart
+
+gpu_burn: gpu_burn-drv.o compare.fatbin
+\tg++ -o $@ $< $(LIBS)
+
+%.o: %.cpp
+\tg++ $(CXXFLAGS) -c $<
+
+%.fatbin: %.cu
+\t$(CUDAPATH)/bin/nvcc -I$(CUDAPATH)/include -fatbin $< -o $@
+"""
+
+# The driver: includes what the real one includes, then runs the stand-in gpu_burn.
+DRIVER = """#include "cublas_v2.h"
+#include <cuda.h>
+#include <unistd.h>
+#include <vector>
+int main(int argc, char **argv) {{
+    std::vector<char *> args;
+    args.push_back((char *)"{python}");
+    args.push_back((char *)"{standin}");
+    for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    return 127;
+}}
 """
 
 
+def cuda_toolkit(root: Path, rel: str = "usr/local/cuda-12.4") -> Path:
+    """A toolkit tree: the stand-in nvcc, headers, and libcuda/libcublas/libcudart built by gcc."""
+    top = toolkit(root, rel)
+    exe(top / "bin" / "nvcc", STANDIN_NVCC)
+    for header in ("cuda.h", "cublas_v2.h"):
+        (top / "include" / header).write_text("/* stand-in */\n")
+    empty = root / "empty.c"
+    empty.write_text("int gpuctl_stand_in;\n")
+    for lib in ("lib64/stubs/libcuda.so", "lib64/libcublas.so", "lib64/libcudart.so"):
+        (top / lib).parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["gcc", "-shared", "-o", str(top / lib), str(empty)], check=True)
+    return top
+
+
+def burn_source(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "Makefile").write_text(MAKEFILE)
+    (folder / "compare.cu").write_text("// the compare kernel\n")
+    standin = Path(gpuburn_standin.__file__).resolve()
+    (folder / "gpu_burn-drv.cpp").write_text(DRIVER.format(python=sys.executable, standin=standin))
+    return folder
+
+
 def test_build_runs_make_with_cudapath_and_reports_each_step(tmp_path: Path) -> None:
-    gpuburn_dir = tmp_path / "src" / "gpu-burn"
-    gpuburn_dir.mkdir(parents=True)
-    (gpuburn_dir / "Makefile").write_text(
-        "CUDAPATH ?= /usr/local/cuda\n"
-        "gpu_burn:\n\t$(CUDAPATH)/bin/nvcc gpu_burn-drv.cpp\n\techo $(CUDAPATH) > cudapath\n"
-    )
-    top = toolkit(tmp_path, "usr/local/cuda-12.4")
-    exe(top / "bin" / "nvcc", FAKE_NVCC)
+    src = burn_source(tmp_path / "src" / "gpu-burn")
+    top = cuda_toolkit(tmp_path)
+    builds = tmp_path / "builds"
     steps: list[str] = []
     env = {"PATH": os.environ["PATH"]}
     binary = build_gpu_burn(
-        str(gpuburn_dir), steps.append, env=env, root=str(tmp_path), ask_nvcc=no_ask
+        str(src), steps.append, env=env, root=str(tmp_path), ask_nvcc=no_ask, build_root=str(builds)
     )
-    assert binary == str(gpuburn_dir / "gpu_burn")
-    assert (gpuburn_dir / "cudapath").read_text().strip() == str(top)
+    folder = Path(binary).parent
+    assert folder.parent == builds and folder.name.startswith("gpu-burn-")
+    assert (folder / "compare.fatbin").read_text() == "fatbin\n"
+    assert not (src / "gpu_burn").exists()  # the source folder is left as it was
     assert steps[0].startswith(f"CUDA toolkit {top} (found by /usr/local/cuda-12.4")
-    assert steps[1] == f"building: make CUDAPATH={top} in {gpuburn_dir}"
+    assert steps[1].startswith(f"building: make CUDAPATH={top} in {builds}/")
     assert steps[2] == f"built {binary}"
+    proc = subprocess.run([binary, "-l"], capture_output=True, text=True, timeout=30)
+    assert proc.stdout.startswith("ID 0: NVIDIA H100"), proc  # the binary g++ linked runs
+
+
+def test_build_is_reused_and_redone_when_source_or_toolkit_change(tmp_path: Path) -> None:
+    src = burn_source(tmp_path / "gpu-burn")
+    cuda_toolkit(tmp_path)
+    log = tmp_path / "nvcc.log"
+    env = {"PATH": os.environ["PATH"], "STANDIN_NVCC_LOG": str(log)}
+    kw: dict[str, Any] = {"env": env, "root": str(tmp_path), "ask_nvcc": no_ask}
+    kw["build_root"] = str(tmp_path / "builds")
+    first = build_gpu_burn(str(src), print, **kw)
+    steps: list[str] = []
+    assert build_gpu_burn(str(src), steps.append, **kw) == first
+    assert steps[-1] == f"using {first} (built before from {src})"
+    assert len(log.read_text().splitlines()) == 1
+    with (src / "gpu_burn-drv.cpp").open("a") as f:
+        f.write("// changed\n")
+    second = build_gpu_burn(str(src), print, **kw)
+    assert second != first and len(log.read_text().splitlines()) == 2
+    other = cuda_toolkit(tmp_path, "opt/cuda-12.6")
+    kw["env"] = {**env, "CUDA_HOME": str(other)}
+    third = build_gpu_burn(str(src), print, **kw)
+    assert third not in (first, second) and len(log.read_text().splitlines()) == 3
+
+
+def test_concurrent_builds_on_one_node_build_once(tmp_path: Path) -> None:
+    # One wrapper per GPU, all started together with the same source: one build, all run it.
+    src = burn_source(tmp_path / "gpu-burn")
+    top = cuda_toolkit(tmp_path)
+    log = tmp_path / "nvcc.log"
+    env = node_env({"STANDIN_NVCC_LOG": str(log), "STANDIN_NVCC_SECONDS": "2"})
+    env["PATH"] = f"{top / 'bin'}{os.pathsep}{env['PATH']}"
+    argv = [sys.executable, "-m", "gpuctl.workloads.gpuburn", "run", "--source", str(src)]
+    argv += ["--build-dir", str(tmp_path / "builds"), "--duration", "1", "--stts", "0"]
+    procs = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for _ in range(4)
+    ]
+    results = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, results, strict=True):
+        lines = [json.loads(x) for x in out.splitlines()]
+        assert p.returncode == 0 and lines[-1]["verdict"] == "OK", (out, err)
+    assert len(log.read_text().splitlines()) == 1  # nvcc ran once: one build
+    msgs = [json.loads(x) for out, _ in results for x in out.splitlines()]
+    steps = [m["message"] for m in msgs if m["type"] == "step"]
+    assert sum(m.startswith("built ") for m in steps) == 1
+    assert sum(m.startswith("using ") for m in steps) == 3  # they waited for it, or found it
+
+
+@pytest.mark.parametrize(
+    ("remove", "cause"),
+    [
+        (
+            "include/cublas_v2.h",
+            "gpu_burn-drv.cpp:1:10: fatal error: cublas_v2.h: No such file or directory",
+        ),
+        ("lib64/stubs/libcuda.so", "cannot find -lcuda"),
+    ],
+)
+def test_build_error_shows_the_compilers_cause(tmp_path: Path, remove: str, cause: str) -> None:
+    src = burn_source(tmp_path / "gpu-burn")
+    top = cuda_toolkit(tmp_path)
+    (top / remove).unlink()
+    with pytest.raises(gpuburn.BuildError) as err:
+        build_gpu_burn(
+            str(src),
+            print,
+            env={"PATH": os.environ["PATH"]},
+            root=str(tmp_path),
+            ask_nvcc=no_ask,
+            build_root=str(tmp_path / "builds"),
+        )
+    text = str(err.value)
+    assert text.startswith(f"make in {src} failed (exit 2): ")
+    assert cause in text, text
+    assert "compilation terminated" not in text and "ld returned" not in text
+    log = text.rsplit("(full log: ", 1)[1].rstrip(")")
+    assert cause in Path(log).read_text()
+    # nothing half-built is left to be picked up next time
+    assert [p.name for p in (tmp_path / "builds").iterdir() if p.is_dir()] == []
 
 
 def test_build_failures_are_one_line(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
+    kw: dict[str, Any] = {"env": {"PATH": os.environ["PATH"]}, "root": str(tmp_path)}
+    kw["build_root"] = str(tmp_path / "builds")
     with pytest.raises(gpuburn.BuildError, match="not a gpu-burn source folder"):
-        build_gpu_burn(str(src), print, env={"PATH": os.environ["PATH"]}, root=str(tmp_path))
-    (src / "Makefile").write_text("gpu_burn:\n\t@echo 'nvcc: fatal error: no cuda.h' >&2; false\n")
+        build_gpu_burn(str(src), print, **kw)
+    (src / "Makefile").write_text("gpu_burn:\n\t@echo 'nvcc fatal   : no cuda.h' >&2; false\n")
     with pytest.raises(gpuburn.BuildError, match="no CUDA toolkit found"):
-        build_gpu_burn(
-            str(src), print, env={"PATH": os.environ["PATH"]}, root=str(tmp_path), ask_nvcc=no_ask
-        )
+        build_gpu_burn(str(src), print, ask_nvcc=no_ask, **kw)
     toolkit(tmp_path, "opt/cuda")
     with pytest.raises(gpuburn.BuildError) as err:
-        build_gpu_burn(
-            str(src), print, env={"PATH": os.environ["PATH"]}, root=str(tmp_path), ask_nvcc=no_ask
-        )
-    assert str(err.value).endswith("failed (exit 2): nvcc: fatal error: no cuda.h")
+        build_gpu_burn(str(src), print, ask_nvcc=no_ask, **kw)
+    assert "failed (exit 2): nvcc fatal   : no cuda.h (full log: " in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 # -- parsing --------------------------------------------------------------------------------
@@ -294,130 +431,286 @@ def test_no_clients_alive_and_exit_codes() -> None:
 
 def test_time_is_the_last_argument() -> None:
     argv = gpuburn.gpu_burn_argv("/x/gpu_burn", 60.4, 0.9, "fp64")
-    assert argv == ["/x/gpu_burn", "-m", "90%", "-d", "60"]
-    assert gpuburn.gpu_burn_argv("g", 5, 0.5, "bf16")[-2:] == ["-tc", "5"]
+    assert argv == ["/x/gpu_burn", "-m", "90%", "-d", "-stts", "3", "60"]
+    assert gpuburn.gpu_burn_argv("g", 5, 0.5, "tf32")[-4:] == ["-tc", "-stts", "3", "5"]
 
 
-# -- the runner, end to end, over a stand-in gpu_burn ----------------------------------------
-FAKE_GPU_BURN = '''#!{python}
-"""A stand-in for gpu_burn: prints its real output format; MODE picks the story."""
-import os, signal, subprocess, sys, time
-mode = os.environ.get("FAKE_MODE", "ok")
-seconds = int(sys.argv[-1])  # TIME last, like the real one
-if not os.path.exists("compare.fatbin"):
-    sys.stderr.write("Couldn't init a GPU test: compare.fatbin not found\\n")
-    sys.exit(124)
-with open("argv", "w") as f:
-    f.write(" ".join(sys.argv[1:]))
-with open("visible", "w") as f:
-    f.write(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
-out = sys.stdout
-out.write("Using compare file: compare.fatbin\\nBurning for %d seconds.\\n" % seconds)
-out.write("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0b1c)\\n")
-out.write("Initialized device 0 with 81559 MB of memory (80886 MB available, using 72797 MB "
-          "of it), using FLOATS\\n")
-out.flush()
-worker = subprocess.Popen(["sleep", "600"])  # a forked worker, in our process group
-open("worker.pid", "w").write(str(worker.pid))
-steps = 10 if mode != "hang" else 10 ** 6
-for i in range(1, steps + 1):
-    err = "2 (WARNING!)" if mode == "faulty" and i >= 3 else "0"
-    out.write("\\r%.1f%%  proc'd: %d (4%d000 Gflop/s)   errors: %s   temps: %d C "
-              % (min(100.0, 10.0 * i), 100 * i, i % 10, err, 40 + i))
-    out.flush()
-    time.sleep(seconds / 10.0)
-if mode == "cut":
-    sys.exit(0)
-worker.kill()
-out.write("\\nKilling processes with SIGTERM (soft kill)\\ndone\\n\\nTested 1 GPUs:\\n")
-out.write("\\tGPU 0: %s\\n" % ("FAULTY" if mode == "faulty" else "OK"))
-'''
+def test_tensor_cores_only_for_tf32_and_the_dtype_really_used() -> None:
+    for dtype, flags, used in (
+        ("fp64", ["-d"], "fp64"),
+        ("tf32", ["-tc"], "tf32"),
+        ("fp32", [], "fp32"),
+        ("bf16", [], "fp32"),  # gpu-burn has floats and doubles only
+        ("fp16", [], "fp32"),
+        (None, [], "fp32"),
+    ):
+        assert gpuburn.gpu_burn_argv("g", 5, 0.5, dtype) == [
+            "g",
+            "-m",
+            "50%",
+            *flags,
+            "-stts",
+            "3",
+            "5",
+        ]
+        assert gpuburn.burn_dtype(dtype) == used
+    out = parse(HEAD.replace("using FLOATS\n", "using FLOATS, using Tensor Cores\n", 1))
+    assert out.gpus[0].dtype == "tf32" and out.gpus[1].dtype == "fp32"
 
 
+# Recorded in gpu-burn's own format (shared/notes/gpu-burn.md): worker 1 dies during compute.
+# Its proc'd count turns -1 (its rate stays the last one), its error counter becomes its count
+# plus -1 with " (DIED!)", gpu-burn spins on its closed pipe printing "read[1] error 0" to stderr
+# without a newline, and its final block says FAULTY (the counter is not 0) or OK (after a reset).
+DIED_STDOUT = (
+    HEAD
+    + prog(10.0, "5611 (48299 Gflop/s)", "5216 (48050 Gflop/s)", eb="2 (WARNING!)")
+    + prog(13.3, "7482 (48301 Gflop/s)", "-1 (48050 Gflop/s)", eb="1  (DIED!)")
+    + prog(13.3, "7482 (48301 Gflop/s)", "-1 (48050 Gflop/s)", eb="1  (DIED!)")
+    + prog(100.0, "56110 (48290 Gflop/s)", "-1 (48050 Gflop/s)", eb="-1  (DIED!)", tb="--")
+    + END
+    + "\tGPU 0: OK\n\tGPU 1: FAULTY\n"
+)
+COMPUTE_FAILURE = (
+    'Failure during compute: Error in "SGEMM" (gpu_burn-drv.cpp:197): an illegal memory access '
+    "was encountered"
+)
+DIED_STDERR = COMPUTE_FAILURE + "\n" + "read[1] error 0" * 5000
+
+
+def test_a_dead_workers_counter_is_not_errors_and_its_cuda_error_is_kept() -> None:
+    out = parse(DIED_STDOUT, 13)
+    for i in range(0, len(DIED_STDERR), 4096):
+        out.stderr(DIED_STDERR[i : i + 4096])
+    out.stderr_finish()
+    g1 = out.gpus[1]
+    assert g1.died and g1.errors == 2  # "-1  (DIED!)" is not 1 error, nor -1: 2 before it died
+    assert g1.iterations == 5216 and g1.gflops == 48050.0
+    assert len(out._err_pending) <= gpuburn.STDERR_PENDING_MAX
+    v = out.verdicts(stopped=False, returncode=0)
+    assert v[0]["verdict"] == "OK"
+    assert v[1]["verdict"] == "DIED"
+    assert v[1]["reason"] == f"worker died: {COMPUTE_FAILURE} (after 2 errors)"
+
+
+def test_a_worker_that_dies_without_errors_has_none() -> None:
+    text = HEAD + prog(20.0, "5611 (48299 Gflop/s)", "-1 (48050 Gflop/s)", eb="-1  (DIED!)")
+    out = parse(text + END + "\tGPU 0: OK\n\tGPU 1: FAULTY\n")
+    assert out.gpus[1].died and out.gpus[1].errors == 0
+    assert out.verdicts(stopped=False, returncode=0)[1]["reason"] == "worker died"
+
+
+def test_init_failure_keeps_the_cuda_error_not_just_no_clients_alive() -> None:
+    # One worker (the agent's case): it cannot allocate, gpu-burn sees its pipe close and gives up.
+    head = HEAD.split("GPU 1:")[0]
+    out = parse(head + "\r0.0%  proc'd: -1 (0 Gflop/s)   errors: 0  (DIED!)   temps: -- ")
+    failure = 'Couldn\'t init a GPU test: Error in "C alloc" (gpu_burn-drv.cpp:221): out of memory'
+    out.stderr(failure + "\nread[0] error 0\n\nNo clients are alive!  Aborting\n")
+    v = out.verdicts(stopped=False, returncode=123, stderr_tail=out.failures[-1])
+    assert [x["verdict"] for x in v] == ["DIED"]
+    assert v[0]["reason"] == f"worker died: {failure}"
+
+
+SMI_HEAD = "Using compare file: compare.fatbin\nBurning for 30 seconds.\n" + "".join(
+    f"GPU {k}: NVIDIA H100 80GB HBM3 (UUID: GPU-{k}aaa-{k})\n" for k in range(4)
+)
+
+
+def temps_line(workers: int, temps: list[str]) -> str:
+    procd = " - ".join("100 (48000 Gflop/s)" for _ in range(workers))
+    errors = " - ".join("0" for _ in range(workers))
+    return f"\r10.0%  proc'd: {procd}   errors: {errors}   temps: {' - '.join(temps)} \r"
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        (None, [40, 41, 42, 43]),  # every GPU, PCI order: column j is GPU j
+        ("3,2,1,0", [43, 42, 41, 40]),  # worker i burns the i-th visible GPU
+        ("GPU-2aaa,GPU-0aaa,GPU-3aaa,GPU-1aaa", [42, 40, 43, 41]),  # UUIDs (prefixes)
+    ],
+)
+def test_temperatures_map_to_the_physical_gpu(visible: str | None, expected: list[int]) -> None:
+    out = GpuBurnOutput(devices=gpuburn.worker_devices(visible))
+    out.feed(SMI_HEAD + temps_line(4, ["40 C", "41 C", "42 C", "43 C"]))
+    assert [out.gpus[i].temp for i in range(4)] == expected
+    assert [out.label(i) for i in range(4)] == (visible.split(",") if visible else [0, 1, 2, 3])
+
+
+def test_temperatures_of_fewer_gpus_than_the_node_has_are_unknown() -> None:
+    # gpu-burn rotates all 4 GPUs' readings through its one slot: it is nobody's temperature.
+    out = GpuBurnOutput(devices=gpuburn.worker_devices("2"))
+    out.feed(SMI_HEAD + temps_line(1, ["43 C"]))
+    assert out.gpus[0].temp is None and out.label(0) == "2"
+    # -i 3 under CUDA_VISIBLE_DEVICES=4,5,6,7: one worker, listed as GPU 0, burning GPU 7
+    out = GpuBurnOutput(devices=gpuburn.worker_devices("4,5,6,7", pinned=3), pinned=3)
+    out.feed(
+        SMI_HEAD
+        + "Initialized device 3 with 81559 MB of memory (80886 MB available, using 72797 MB of "
+        "it), using DOUBLES\n" + temps_line(1, ["41 C"])
+    )
+    assert out.label(0) == "7" and out.gpus[0].dtype == "fp64" and out.gpus[0].temp is None
+
+
+# -- the runner, end to end, over the stand-in gpu_burn (gpuburn_standin.py) -------------------
 @pytest.fixture
-def fake_gpu_burn(tmp_path: Path) -> Path:
-    folder = tmp_path / "gpu-burn"
-    folder.mkdir()
-    (folder / "compare.fatbin").write_bytes(b"\0")
-    return exe(folder / "gpu_burn", FAKE_GPU_BURN.format(python=sys.executable))
+def standin(tmp_path: Path) -> Path:
+    return Path(gpuburn_standin.install(tmp_path / "gpu-burn"))
 
 
-def run_wrapper(binary: Path, mode: str, *args: str) -> tuple[int, list[dict[str, Any]]]:
+def wrapper_argv(binary: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "gpuctl.workloads.gpuburn", "run", "--binary", str(binary), *args]
+
+
+def standin_env(binary: Path, **extra: str) -> dict[str, str]:
+    return node_env({"STANDIN_RECORD": str(binary.parent / "record.json"), **extra})
+
+
+def run_wrapper(binary: Path, *args: str, **env: str) -> tuple[int, list[dict[str, Any]]]:
     proc = subprocess.run(
-        [sys.executable, "-m", "gpuctl.workloads.gpuburn", "run", "--binary", str(binary), *args],
+        wrapper_argv(binary, *args),
         capture_output=True,
         text=True,
         timeout=60,
-        env=node_env({"FAKE_MODE": mode}),
+        env=standin_env(binary, **env),
     )
     return proc.returncode, [json.loads(x) for x in proc.stdout.splitlines()]
 
 
-def test_runner_ok_end_to_end(fake_gpu_burn: Path) -> None:
-    rc, lines = run_wrapper(fake_gpu_burn, "ok", "--duration", "1", "--dtype", "fp64")
+def recorded(binary: Path) -> dict[str, Any]:
+    """What the stand-in gpu_burn was started with: argv, CUDA_VISIBLE_DEVICES, its pid."""
+    return dict(json.loads((binary.parent / "record.json").read_text()))
+
+
+def test_runner_ok_end_to_end(standin: Path) -> None:
+    rc, lines = run_wrapper(standin, "--duration", "1", "--dtype", "fp64", "--stts", "1")
     assert rc == 0, lines
-    assert (fake_gpu_burn.parent / "argv").read_text() == "-m 90% -d 1"
+    assert recorded(standin)["argv"] == ["-m", "90%", "-d", "-stts", "1", "1"]
     progress = [m for m in lines if m["type"] == "progress"]
     assert progress and progress[0]["engine"] == "gpu-burn"
     summary = lines[-1]
-    assert summary["type"] == "summary" and summary["verdict"] == "OK"
-    assert summary["iterations"] == 1000 and summary["temp"] == 50 and summary["errors"] == 0
-    assert summary["tflops"] == 40.0
+    assert summary["type"] == "summary" and summary["verdict"] == "OK", summary
+    assert summary["reason"] is None and summary["errors"] == 0
+    assert summary["iterations"] > 0 and summary["tflops"] > 0
+    assert summary["elapsed"] == 1.0  # gpu-burn's own clock: 100 % of its TIME
 
 
-def test_runner_faulty_and_cut_off(fake_gpu_burn: Path) -> None:
-    rc, lines = run_wrapper(fake_gpu_burn, "faulty", "--duration", "1")
-    assert rc == 1 and lines[-1]["verdict"] == "FAULTY" and lines[-1]["errors"] == 2
-    rc, lines = run_wrapper(fake_gpu_burn, "cut", "--duration", "1")
-    assert rc == 3 and lines[-1]["verdict"] == "DIED"
-    assert "without its final summary" in lines[-1]["reason"]
-    worker = int((fake_gpu_burn.parent / "worker.pid").read_text())
-    wait_until(
-        lambda: not Path(f"/proc/{worker}").exists() or _zombie(worker),
-        5,
-        "the worker gpu-burn left behind to be killed",
+def test_short_stts_lets_the_summary_come_and_is_passed_before_time(standin: Path) -> None:
+    # Without -stts gpu-burn sleeps 30 s between its TIME and its summary.
+    rc, lines = run_wrapper(standin, "--duration", "1")
+    assert recorded(standin)["argv"] == ["-m", "90%", "-stts", "3", "1"]
+    steps = [m["message"] for m in lines if m["type"] == "step"]
+    assert "gpu-burn's time is up: it stops its workers, its summary follows in 3 s" in steps
+    assert rc == 0 and lines[-1]["verdict"] == "OK", lines[-1]
+
+
+def test_stop_during_gpu_burns_end_waits_for_its_summary(standin: Path) -> None:
+    proc = subprocess.Popen(
+        wrapper_argv(standin, "--duration", "1", "--stts", "2"),
+        stdout=subprocess.PIPE,
+        text=True,
+        env=standin_env(standin),
     )
-
-
-def _zombie(pid: int) -> bool:
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return text[text.rindex(")") + 2] in "ZX"
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            msg = json.loads(line)
+            if msg["type"] == "step" and "time is up" in msg["message"]:
+                break
+        proc.send_signal(signal.SIGTERM)  # the agent's stop at the duration limit
+        rest = [json.loads(x) for x in proc.stdout]
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert rest[-1]["type"] == "summary" and rest[-1]["verdict"] == "OK", rest
+
+
+def test_runner_faulty_and_died(standin: Path) -> None:
+    rc, lines = run_wrapper(standin, "--duration", "1", "--stts", "1", STANDIN_FAULTY="0")
+    assert rc == 1 and lines[-1]["verdict"] == "FAULTY" and lines[-1]["errors"] > 0
+    assert "gpu-burn says FAULTY" in lines[-1]["reason"]
+    rc, lines = run_wrapper(standin, "--duration", "5", "--stts", "1", STANDIN_DIE="0")
+    assert rc == 3 and lines[-1]["verdict"] == "DIED", lines[-1]
+    assert lines[-1]["reason"] == (
+        'worker died: Failure during compute: Error in "SGEMM" (gpu_burn-drv.cpp:197): '
+        "an illegal memory access was encountered"
+    )
+    # gpu-burn exits without killing its temperature reader: the wrapper ends the group
+    group = recorded(standin)["pid"]
+    wait_until(lambda: not group_members(group), 5, "what gpu-burn left behind to be killed")
+
+
+def test_runner_on_part_of_a_node_labels_and_temperatures(standin: Path) -> None:
+    # A node of 4 GPUs; the job sees them in another order, or only one of them.
+    rc, lines = run_wrapper(
+        standin, "--duration", "1", "--stts", "0", STANDIN_GPUS="4", CUDA_VISIBLE_DEVICES="3,2,1,0"
+    )
+    summaries = [m for m in lines if m["type"] == "summary"]
+    assert rc == 0 and [m["verdict"] for m in summaries] == ["OK"] * 4
+    assert [(m["gpu"], m["temp"]) for m in summaries] == [
+        ("3", 43),
+        ("2", 42),
+        ("1", 41),
+        ("0", 40),
+    ]
+    rc, lines = run_wrapper(
+        standin, "--duration", "1", "--stts", "0", STANDIN_GPUS="4", CUDA_VISIBLE_DEVICES="2"
+    )
+    assert rc == 0 and lines[-1]["gpu"] == "2" and lines[-1]["temp"] is None
+
+
+def test_runner_bf16_burns_fp32_and_says_so(standin: Path) -> None:
+    rc, lines = run_wrapper(standin, "--duration", "1", "--stts", "0", "--dtype", "bf16")
+    assert rc == 0 and recorded(standin)["argv"] == ["-m", "90%", "-stts", "0", "1"]
+    steps = [m["message"] for m in lines if m["type"] == "step"]
+    assert (
+        "gpu-burn has no bf16 GEMM: it burns fp32 (the torch engine burns bf16 and fp16)" in steps
+    )
+    assert {m["dtype"] for m in lines if m["type"] in ("progress", "summary")} == {"fp32"}
+    rc, lines = run_wrapper(standin, "--duration", "1", "--stts", "0", "--dtype", "tf32")
+    assert recorded(standin)["argv"] == ["-m", "90%", "-tc", "-stts", "0", "1"]
+    assert lines[-1]["dtype"] == "tf32"  # from its "using Tensor Cores" line
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group, from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in "ZX":
+            out.append(int(entry))
+    return out
 
 
 def test_runner_without_compare_file_or_binary_says_so(tmp_path: Path) -> None:
-    lonely = exe(tmp_path / "gpu_burn")
-    rc, lines = run_wrapper(lonely, "ok")
+    lonely = Path(gpuburn_standin.install(tmp_path / "lonely", compare=False))
+    rc, lines = run_wrapper(lonely)
     assert rc == 3 and "no compare.fatbin or compare.ptx next to" in lines[-1]["reason"]
-    rc, lines = run_wrapper(tmp_path / "nothing", "ok")
+    rc, lines = run_wrapper(tmp_path / "nothing")
     assert rc == 3 and "is not an executable gpu_burn" in lines[-1]["reason"]
 
 
-def test_stopping_the_runner_kills_the_whole_gpu_burn_group(fake_gpu_burn: Path) -> None:
+def test_stopping_the_runner_kills_the_whole_gpu_burn_group(standin: Path) -> None:
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuctl.workloads.gpuburn",
-            "run",
-            "--binary",
-            str(fake_gpu_burn),
-            "--duration",
-            "600",
-        ],
+        wrapper_argv(standin, "--duration", "600"),
         stdout=subprocess.PIPE,
         text=True,
-        env=node_env({"FAKE_MODE": "hang"}),
+        env=standin_env(standin),
     )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             if json.loads(line)["type"] == "progress":
                 break
-        worker = int((fake_gpu_burn.parent / "worker.pid").read_text())
-        assert not _zombie(worker)
+        group = recorded(standin)["pid"]
+        assert len(group_members(group)) == 3  # gpu-burn, its worker, its temperature reader
         proc.send_signal(signal.SIGTERM)
         rest = [json.loads(x) for x in proc.stdout]
         assert proc.wait(10) == 0
@@ -426,33 +719,18 @@ def test_stopping_the_runner_kills_the_whole_gpu_burn_group(fake_gpu_burn: Path)
         proc.wait()
     assert rest[-1]["verdict"] is None
     assert rest[-1]["reason"] == "stopped before gpu-burn's final summary"
-    wait_until(lambda: _zombie(worker), 3, "gpu-burn's worker to be gone")
+    wait_until(lambda: not group_members(group), 3, "gpu-burn's group to be gone")
 
 
 def test_runner_builds_from_source_reporting_each_step(tmp_path: Path) -> None:
     # No gpu_burn anywhere: the runner finds the toolkit (nvcc on PATH), builds, then runs.
-    src = tmp_path / "gpu-burn-src"
-    src.mkdir()
-    fake = tmp_path / "fake_gpu_burn"
-    fake.write_text(FAKE_GPU_BURN.format(python=sys.executable))
-    (src / "Makefile").write_text(
-        f"gpu_burn:\n\t$(CUDAPATH)/bin/nvcc\n\tcp {fake} gpu_burn\n\tchmod +x gpu_burn\n"
-        "\ttouch compare.fatbin\n"
-    )
-    top = toolkit(tmp_path, "opt/cuda-12.6")
-    env = node_env({"FAKE_MODE": "ok"})
+    src = burn_source(tmp_path / "gpu-burn-src")
+    top = cuda_toolkit(tmp_path, "opt/cuda-12.6")
+    env = node_env({"XDG_CACHE_HOME": str(tmp_path / "cache")})
     env["PATH"] = f"{top / 'bin'}{os.pathsep}{env['PATH']}"
+    argv = [sys.executable, "-m", "gpuctl.workloads.gpuburn", "run", "--source", str(src)]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuctl.workloads.gpuburn",
-            "run",
-            "--source",
-            str(src),
-            "--duration",
-            "1",
-        ],
+        [*argv, "--duration", "1", "--stts", "1"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -460,8 +738,10 @@ def test_runner_builds_from_source_reporting_each_step(tmp_path: Path) -> None:
     )
     lines = [json.loads(x) for x in proc.stdout.splitlines()]
     steps = [m["message"] for m in lines if m["type"] == "step"]
+    builds = tmp_path / "cache" / "gpuctl" / "gpu-burn"
     assert steps[0] == f"CUDA toolkit {top} (found by nvcc on PATH: {top}/bin/nvcc)"
-    assert steps[1] == f"building: make CUDAPATH={top} in {src}"
-    assert steps[2] == f"built {src}/gpu_burn"
-    assert steps[3].startswith(f"running {src}/gpu_burn -m 90% 1")
+    assert steps[1].startswith(f"building: make CUDAPATH={top} in {builds}/gpu-burn-")
+    assert steps[2].startswith(f"built {builds}/gpu-burn-")
+    binary = steps[2].removeprefix("built ")
+    assert steps[3] == f"running {binary} -m 90% -stts 1 1"
     assert proc.returncode == 0 and lines[-1]["verdict"] == "OK", proc.stderr

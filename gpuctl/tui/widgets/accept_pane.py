@@ -35,6 +35,7 @@ HEADERS = {
     "env": "env",
     "compute": "compute",
     "membw": "membw",
+    "memtest": "memtest",
     "pcie": "pcie",
     "train": "train",
     "ddp_allreduce": "allreduce",

@@ -18,6 +18,9 @@ Report (JSON object, ``schema`` == SCHEMA, ``schema_version`` == SCHEMA_VERSION)
                      reason}]}], floor (one for all, or null), floors (per model key and
                      dtype), same_model_tolerance, warnings
       membw:         devices [{index, name, bytes, gbps, peak_gbps, fraction, verdict, reason}]
+      memtest:       devices [{index, label, name, bytes, patterns, gbps, wrong_words,
+                     first_bad {pattern, offset, address, expected, read} | null, verdict,
+                     reason}]
       pcie:          devices [{index, h2d_gbps, d2h_gbps, link_gen, link_width, peak_gbps,
                      fraction, verdict, reason}]
       p2p:           bytes, iters, median_gbps, floor, devices [labels], pairs [{src, dst,
@@ -58,6 +61,7 @@ SECTIONS = (
     "shape",
     "compute",
     "membw",
+    "memtest",
     "pcie",
     "p2p",
     "train",
@@ -71,6 +75,7 @@ MARKERS = {
     "shape": "SHAPE",
     "compute": "COMPUTE",
     "membw": "MEMBW",
+    "memtest": "MEMTEST",
     "pcie": "PCIE",
     "p2p": "P2P",
     "train": "TRAIN",

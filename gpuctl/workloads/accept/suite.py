@@ -128,6 +128,10 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
     p.add_argument("--events-fd", type=int, help="write JSON progress lines to this descriptor")
     p.add_argument("--test-break-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--test-slow-compute", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--memtest-mb", type=int, help="MiB of memory [MEMTEST] tests (default: 90%% of free)"
+    )
+    p.add_argument("--test-memtest-flip", type=int, metavar="OFFSET", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     bad = [d for d in dtypes if d not in DTYPES]
@@ -152,6 +156,8 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
         p.error(f"--floors: {e}")
     if args.test_slow_compute < 1:
         p.error("--test-slow-compute must be >= 1")
+    if args.memtest_mb is not None and args.memtest_mb < 1:
+        p.error("--memtest-mb must be at least 1")
     return args
 
 

@@ -4,7 +4,7 @@ to the function that runs it on a ``Suite`` and returns its result dict."""
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import burn, compute, ddp, env, health, membw, p2p, pcie, shape, train
+from . import burn, compute, ddp, env, health, membw, memtest, p2p, pcie, shape, train
 
 if TYPE_CHECKING:
     from gpuctl.workloads.accept.suite import Suite
@@ -14,6 +14,7 @@ RUNNERS: "dict[str, Callable[[Suite], dict[str, Any]]]" = {
     "shape": shape.run,
     "compute": compute.run,
     "membw": membw.run,
+    "memtest": memtest.run,
     "pcie": pcie.run,
     "p2p": p2p.run,
     "train": train.run,
