@@ -39,8 +39,8 @@ class Lines:
     def line(self, text, section=None):
         self.lines.append(text)
 suite.out = Lines()
-json.dump({"shape": shape.run(suite), "health": health.run(suite), "lines": Lines.lines},
-          sys.stdout)
+json.dump({"shape": shape.run(suite), "health": health.run(suite), "lines": Lines.lines,
+           "node": suite.node}, sys.stdout)
 """
 
 # Four H100s (stub default: max PCIe Gen5 x16, 18 NVLinks, ECC and persistence on) with:
@@ -134,6 +134,21 @@ def test_shape_fails_a_gpu_trained_down_persistence_ecc_and_nvlink_naming_gpu_an
     assert len(shape["failures"]) == 3
     line = "gpu1 NVIDIA H100 80GB HBM3 at 0000:28:00.0: PCIe Gen3 x8 (max Gen5 x16)"
     assert any(x.startswith(line) for x in res["lines"])
+
+
+def test_a_node_that_lost_a_gpu_fails_shape_with_the_count(tmp_path: Path) -> None:
+    """7 of 8 GPUs on the bus (NVML sees the whole node, whatever CUDA is shown): the figure
+    and where the 8 came from; with all 8 there, or no expectation, the count passes."""
+    res = run_script(tmp_path, "count 7\n", "--expect-gpus", "8", "--expect-source", "gres gpu:8")
+    shape = res["shape"]
+    assert shape["verdict"] == "FAIL" and shape["nvml_gpu_count"] == 7
+    short = f"{res['node']}: 7 of 8 GPUs visible (expected: gres gpu:8)"
+    assert shape["failures"] == [f"shape: {short}"]
+    assert all(g["verdict"] == "PASS" for g in shape["gpus"])  # the 7 there are fine
+    ok = run_script(tmp_path / "eight", "count 8\n", "--expect-gpus", "8")["shape"]
+    assert ok["verdict"] == "PASS" and ok["nvml_gpu_count"] == 8
+    # inside a Slurm job the job's own count is the expectation
+    assert run_script(tmp_path / "none", "count 7\n")["shape"]["verdict"] == "PASS"
 
 
 def test_health_reads_kernel_log_xids_aer_counters_and_pending_remaps(tmp_path: Path) -> None:

@@ -60,6 +60,13 @@ class Nvml:
             for h in self.handles.values():
                 self._call(self.nv.nvmlDeviceRegisterEvents, h, XID_CRITICAL, self.events)
 
+    def device_count(self) -> "int | None":
+        """Every GPU NVML sees on the node (CUDA_VISIBLE_DEVICES hides none of them)."""
+        if self.nv is None:
+            return None
+        n = self._call(self.nv.nvmlDeviceGetCount)
+        return int(n) if isinstance(n, int) else None
+
     def driver(self) -> "str | None":
         if self.nv is None:
             return None

@@ -41,11 +41,7 @@ def run(suite: "Suite") -> "dict[str, Any]":
         )
         suite.out.line(info["summary"])
         return info
-    expected, source = a.expect_gpus, a.expect_source
-    if expected is None:
-        slurm = os.environ.get("SLURM_GPUS_ON_NODE")
-        if slurm and slurm.isdigit():
-            expected, source = int(slurm), "the Slurm job's SLURM_GPUS_ON_NODE"
+    expected, source = expected_count(a)
     info["expected_gpus"] = expected
     info["expected_source"] = source if expected is not None else None
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -105,6 +101,17 @@ def run(suite: "Suite") -> "dict[str, Any]":
         info["summary"] = f"{int(count)} GPU(s): {', '.join(models)}, driver {info['driver']}"
     suite.out.line(info["summary"])
     return info
+
+
+def expected_count(a: Any) -> "tuple[int | None, str | None]":
+    """The node's expected GPU count and where it came from: ``--expect-gpus`` (which the
+    login side fills from the config or Slurm's gres), else the Slurm job's own count."""
+    if a.expect_gpus is not None:
+        return a.expect_gpus, a.expect_source
+    slurm = os.environ.get("SLURM_GPUS_ON_NODE")
+    if slurm and slurm.isdigit():
+        return int(slurm), "the Slurm job's SLURM_GPUS_ON_NODE"
+    return None, None
 
 
 def count_shortfall(

@@ -6,6 +6,8 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from .env import count_shortfall, expected_count
+
 if TYPE_CHECKING:
     from gpuctl.workloads.accept.suite import Suite
 
@@ -61,6 +63,12 @@ def run(suite: "Suite") -> "dict[str, Any]":
         if s["mig"] is not None and s["mig_pending"] != s["mig"]:
             p.append(f"MIG {'on' if s['mig_pending'] else 'off'} pending a GPU reset")
     failures = []
+    seen = suite.nvml.device_count()
+    expected, source = expected_count(a)
+    short = count_shortfall(suite.node, seen, expected, source) if seen is not None else None
+    if short is not None:  # a GPU gone from the bus: NVML, unlike CUDA, sees the whole node
+        failures.append(f"shape: {short}")
+        suite.out.line(short)
     for s in gpus:
         p = problems[s["index"]]
         s["verdict"] = "FAIL" if p else "PASS"
@@ -78,6 +86,8 @@ def run(suite: "Suite") -> "dict[str, Any]":
     return {
         "verdict": verdict,
         "summary": summary,
+        "nvml_gpu_count": seen,
+        "expected_gpus": expected,
         "gpus": gpus,
         "failures": failures,
         "expect_model": a.expect_model,
