@@ -60,6 +60,7 @@ MAX_FRAME_BYTES = 256 << 20  # a frame that says it is bigger is junk
 MAX_HEADER = 4 << 20
 RECORDED = ("hello", "sample", "event")
 SUFFIX = ".gpurec"
+BACKLOG = 600  # messages kept for a node whose session is opening (a fast replay)
 
 Record = dict[str, Any]
 
@@ -467,6 +468,8 @@ class Replayer:
         self._fleet: Fleet | None = None
         self._reconnecting: set[str] = set()
         self._arrived: dict[str, asyncio.Event] = {}
+        # What a node's agent said after its hello while its session was being opened.
+        self._backlog: dict[str, list[JsonObject]] = {}
         self._again: set[str] = set()
         self._changed = asyncio.Event()
         self._base_t = reader.start
@@ -524,9 +527,8 @@ class Replayer:
             await self._arrived.setdefault(name, asyncio.Event()).wait()
         reader = asyncio.StreamReader(limit=STREAM_LIMIT)
         self._feed(reader, hello)
-        sample = self.last_sample.get(name)
-        if sample is not None:
-            self._feed(reader, sample)
+        for msg in self._backlog.pop(name, ()):
+            self._feed(reader, msg)
         old = self.readers.get(name)
         if old is not None:
             old.feed_eof()
@@ -563,6 +565,7 @@ class Replayer:
                 self._pending = [rec]
                 break
             self._apply_state(rec)
+        self._backlog = {n: [m] for n, m in self.last_sample.items()}
         self._base_t = t
         self._base_mono = self.monotonic()
 
@@ -673,12 +676,15 @@ class Replayer:
         self._apply_state(rec)
         fleet = self._fleet
         if isinstance(msg, dict) and msg.get("type") == "hello":
-            if fleet is not None and was_up:  # a new agent on a streaming node: connect again
+            self._backlog[node] = []
+            streaming = self.readers.pop(node, None) is not None
+            if fleet is not None and streaming:  # a new agent on a streaming node: reconnect
                 self._reconnect(node)
             elif fleet is not None:  # a node that was down: cut its backoff short
                 fleet.nodes[node].wake.set()
             return
         if not isinstance(msg, dict):  # the link failed: end the node's stream
+            self._backlog.pop(node, None)
             reader = self.readers.pop(node, None)
             if reader is not None and was_up:
                 reader.feed_eof()
@@ -686,8 +692,12 @@ class Replayer:
         reader = self.readers.get(node)
         if reader is not None:
             self._feed(reader, msg)
-            if msg.get("type") == "sample":
-                self.samples_played += 1
+        elif node in self.hellos:  # its session is opening: it gets these first
+            backlog = self._backlog.setdefault(node, [])
+            backlog.append(msg)
+            del backlog[:-BACKLOG]
+        if msg.get("type") == "sample":
+            self.samples_played += 1
 
 
 def parse_position(text: str, reader: RecordingReader) -> float:

@@ -3,6 +3,7 @@ reader here, replayed on the real screen (Textual's pilot) and into CSV; cut and
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
@@ -11,6 +12,7 @@ import stat
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +276,29 @@ async def test_shift_r_records_the_screens_fleet(tmp_path: Path) -> None:
     assert {r["n"] for r in frames[0] if r.get("k")} == {n for n, _ in demo_nodes(2, 2)}
     assert len(samples_in(frames)) == recorder.samples
     assert RecordingReader(path).complete
+
+
+async def test_a_fast_replay_loses_no_sample(recording: Path) -> None:
+    # At any speed, what a node said between its hello and the fleet opening its session
+    # reaches the fleet: its history holds every recorded sample, in order.
+    frames = frames_of(recording)
+    want: dict[str, list[float]] = {}
+    for r in samples_in(frames):
+        want.setdefault(r["n"], []).append(r["m"]["t"])
+    replayer = Replayer(RecordingReader(recording), speed=1e6)
+    fleet = replayer.fleet()
+    await fleet.start()
+    play = asyncio.create_task(replayer.play())
+    try:
+        deadline = time.monotonic() + 20
+
+        def got() -> dict[str, list[float]]:
+            return {n: [g.t for g in fleet.history(n, 0)] for n in want}
+
+        while got() != want:
+            assert time.monotonic() < deadline, (got(), want)
+            await asyncio.sleep(0.05)  # a poll interval: the deadline decides
+        assert replayer.samples_played == sum(len(v) for v in want.values())
+    finally:
+        play.cancel()
+        await fleet.stop()
