@@ -10,8 +10,10 @@ received it, and when a node's link failed (why). File layout (integers big-endi
              of JSON lines, the records:
                {"t": T, "n": node, "m": message}    a hello, sample or event of the node's agent
                {"t": T, "n": node, "down": reason}  the node's link failed
+               {"t": T, "n": node, "slurm": {gpu: [job, user]}}  the Slurm jobs on its GPUs
              A frame starts with keyframe records ("k": 1): each node's current hello and last
-             sample (or why it is down), so that a replay can start at any frame.
+             sample (or why it is down) and its Slurm jobs, so that a replay can start at any
+             frame.
     index    FRAME (b"GRI1", length, 0, 0) + one zstd frame: JSON [[first t, offset], ...]
     trailer  b"GRECEND1" + the index's offset (u64)
 
@@ -146,7 +148,11 @@ class Recorder:
         self.hellos: dict[str, JsonObject] = {}
         self.last_sample: dict[str, JsonObject] = {}
         self.down: dict[str, str] = {}
+        self.slurm: dict[str, SlurmJobs] = {}
         for name, rt in fleet.nodes.items():
+            jobs = slurm_jobs(rt.snapshot)
+            if jobs:
+                self.slurm[name] = jobs
             if rt.session is not None and rt.session.hello_msg is not None:
                 self.hellos[name] = rt.session.hello_msg
             elif rt.snapshot.state is NodeState.UNREACHABLE:
@@ -178,6 +184,10 @@ class Recorder:
         self._add({"t": self.clock(), "n": node, "m": msg})
 
     def _on_snapshot(self, snap: NodeSnapshot) -> None:
+        jobs = slurm_jobs(snap)
+        if jobs != self.slurm.get(snap.name, {}):
+            self.slurm[snap.name] = jobs
+            self._add({"t": self.clock(), "n": snap.name, "slurm": jobs})
         if snap.state is not NodeState.UNREACHABLE:
             return
         reason = snap.reason or "unreachable"
@@ -198,6 +208,9 @@ class Recorder:
                     self._line({"t": t, "n": node, "k": 1, "m": sample})
             for node, reason in self.down.items():
                 self._line({"t": t, "n": node, "k": 1, "down": reason})
+            for node, jobs in self.slurm.items():
+                if jobs:
+                    self._line({"t": t, "n": node, "k": 1, "slurm": jobs})
         self._line(record)
         self._last = t
         if t - self._first >= self.frame_seconds or self._size >= FRAME_BYTES:
@@ -238,6 +251,33 @@ class Recorder:
     def seconds(self) -> float:
         """How long the recording ran (so far)."""
         return (self._ended or self.clock()) - self.started
+
+
+SlurmJobs = dict[str, list[str | None]]  # GPU index (as text) -> [job, user]
+
+
+def slurm_jobs(snap: NodeSnapshot) -> SlurmJobs:
+    """The Slurm job and user on each of a node's GPUs, as a recording keeps them."""
+    return {
+        str(gpu): [notes.get("slurm_job"), notes.get("slurm_user")]
+        for gpu, notes in sorted(snap.annotations.items())
+        if notes.get("slurm_job") is not None or notes.get("slurm_user") is not None
+    }
+
+
+def read_slurm_jobs(value: object) -> dict[int, tuple[str | None, str | None]]:
+    """A ``slurm`` record's jobs, checked: GPU index -> (job, user); junk is left out."""
+    out: dict[int, tuple[str | None, str | None]] = {}
+    for gpu, pair in (value if isinstance(value, dict) else {}).items():
+        if (
+            isinstance(gpu, str)
+            and gpu.isdigit()
+            and isinstance(pair, list)
+            and len(pair) == 2
+            and all(v is None or isinstance(v, str) for v in pair)
+        ):
+            out[int(gpu)] = (pair[0], pair[1])
+    return out
 
 
 def new_recording_path(folder: Path, clock: Callable[[], float] = time.time) -> Path:
@@ -393,7 +433,11 @@ class RecordingReader:
                 and isinstance(rec.get("n"), str)
                 and isinstance(rec.get("t"), int | float)
                 and _finite(rec["t"])
-                and (isinstance(rec.get("m"), dict) or isinstance(rec.get("down"), str))
+                and (
+                    isinstance(rec.get("m"), dict)
+                    or isinstance(rec.get("down"), str)
+                    or isinstance(rec.get("slurm"), dict)
+                )
             ):
                 out.append(rec)
         return out
@@ -463,6 +507,7 @@ class Replayer:
         self.hellos: dict[str, JsonObject] = {}
         self.down: dict[str, str] = {}
         self.last_sample: dict[str, JsonObject] = {}
+        self.slurm: dict[str, dict[int, tuple[str | None, str | None]]] = {}
         self.readers: dict[str, asyncio.StreamReader] = {}
         self.samples_played = 0
         self._fleet: Fleet | None = None
@@ -511,7 +556,21 @@ class Replayer:
         kwargs.setdefault("connect_timeout", 1e9)  # a node not yet seen waits for its hello
         kwargs.setdefault("backoff_max", 2.0)
         self._fleet = Fleet(self.links, clock=self.now, liveness_timeout=0, **kwargs)
+        for name in self.links:
+            self._annotate(name)
         return self._fleet
+
+    def _annotate(self, name: str) -> None:
+        """Give node ``name``'s GPUs the Slurm jobs the recording has for them now."""
+        fleet = self._fleet
+        if fleet is None:
+            return
+        want = self.slurm.get(name, {})
+        have = fleet.snapshot(name).annotations
+        held = {g for g, notes in have.items() if "slurm_job" in notes or "slurm_user" in notes}
+        for gpu in sorted(set(want) | held):
+            job, user = want.get(gpu, (None, None))
+            fleet.annotate(name, gpu, slurm_job=job, slurm_user=user)
 
     async def open_session(self, name: str) -> AgentSession:
         """A session for node ``name`` as the recording has it now (a hello, its last sample).
@@ -553,6 +612,7 @@ class Replayer:
         self.hellos.clear()
         self.down.clear()
         self.last_sample.clear()
+        self.slurm.clear()
         first = self.reader.frame_index(t)
         self._records = self.reader.records(first)
         self._pending = []
@@ -584,6 +644,8 @@ class Replayer:
                 self.last_sample.pop(node, None)
             elif kind == "sample":
                 self.last_sample[node] = msg
+        elif "slurm" in rec:
+            self.slurm[node] = read_slurm_jobs(rec["slurm"])
         else:
             self.down[node] = str(rec.get("down"))
             self.hellos.pop(node, None)
@@ -598,6 +660,7 @@ class Replayer:
         if fleet is not None:
             for name in self.links:
                 fleet.forget_history(name)
+                self._annotate(name)
                 reader = self.readers.get(name)
                 hello = self.hellos.get(name)
                 if reader is not None and hello is not None and hello == before.get(name):
@@ -682,6 +745,9 @@ class Replayer:
                 self._reconnect(node)
             elif fleet is not None:  # a node that was down: cut its backoff short
                 fleet.nodes[node].wake.set()
+            return
+        if "slurm" in rec:
+            self._annotate(node)
             return
         if not isinstance(msg, dict):  # the link failed: end the node's stream
             self._backlog.pop(node, None)
@@ -778,6 +844,8 @@ CSV_COLUMNS = (
     "remapped_correctable",
     "remapped_uncorrectable",
     "processes",
+    "slurm_job",
+    "slurm_user",
 )
 
 
@@ -798,13 +866,16 @@ def export_csv(reader: RecordingReader, out: IO[str], *, start: float | None = N
     writer = csv.writer(out)
     writer.writerow(CSV_COLUMNS)
     models: dict[str, dict[int, str]] = {}
+    jobs: dict[str, dict[int, tuple[str | None, str | None]]] = {}
     rows = 0
     first = reader.frame_index(start) if start is not None else 0
     for _i, rec in reader.records(first):
         msg = rec.get("m")
+        node = rec["n"]
+        if "slurm" in rec:
+            jobs[node] = read_slurm_jobs(rec["slurm"])
         if not isinstance(msg, dict):
             continue
-        node = rec["n"]
         if msg.get("type") == "hello":
             gpus = msg.get("gpus")
             models[node] = {
@@ -823,6 +894,7 @@ def export_csv(reader: RecordingReader, out: IO[str], *, start: float | None = N
         for g in sample.gpus:
             ecc = g.ecc or {}
             rows_ = g.remapped_rows or {}
+            job, user = jobs.get(node, {}).get(g.index, (None, None))
             writer.writerow(
                 [
                     _cell(v)
@@ -853,6 +925,8 @@ def export_csv(reader: RecordingReader, out: IO[str], *, start: float | None = N
                         rows_.get("correctable"),
                         rows_.get("uncorrectable"),
                         len(g.processes),
+                        job,
+                        user,
                     )
                 ]
             )

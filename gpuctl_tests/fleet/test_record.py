@@ -22,7 +22,7 @@ import zstandard
 from gpuctl.core.model import GpuSample
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import simulated_fleet
-from gpuctl.fleet.record import RecordingReader, Replayer, format_time
+from gpuctl.fleet.record import Recorder, RecordingReader, Replayer, export_csv, format_time
 from gpuctl.tui.app import GpuctlApp
 from gpuctl.tui.replay import ReplayApp
 from gpuctl_tests.helpers import node_env, wait_until
@@ -302,3 +302,51 @@ async def test_a_fast_replay_loses_no_sample(recording: Path) -> None:
     finally:
         play.cancel()
         await fleet.stop()
+
+
+async def test_slurm_jobs_are_recorded_replayed_and_in_the_csv(tmp_path: Path) -> None:
+    fleet = simulated_fleet([("a", "2:H100"), ("b", "1:A100")], interval=0.1)
+    path = tmp_path / "jobs.gpurec"
+    recorder = Recorder(fleet, path, frame_seconds=0.5)
+    await fleet.start()
+    try:
+        await wait_async(lambda: recorder.samples >= 6, "samples before the job")
+        fleet.annotate("a", 1, slurm_job="4242", slurm_user="alice")
+        marked = recorder.samples
+        await wait_async(lambda: recorder.samples >= marked + 12, "samples under the job")
+        fleet.annotate("a", 1, slurm_job=None, slurm_user=None)
+        ended = recorder.samples
+        await wait_async(lambda: recorder.samples >= ended + 6, "samples after the job")
+    finally:
+        await fleet.stop()
+        recorder.close()
+    reader = RecordingReader(path)
+    out = io.StringIO()
+    export_csv(reader, out)
+    rows = [r for r in csv_rows(out.getvalue()) if r["node"] == "a" and r["gpu"] == "1"]
+    jobs = [(r["slurm_job"], r["slurm_user"]) for r in rows]
+    # none, then the job on every sample while it ran, then none again: in that order
+    runs = [k for i, k in enumerate(jobs) if i == 0 or jobs[i - 1] != k]
+    assert runs == [("", ""), ("4242", "alice"), ("", "")], jobs
+    assert all(r["slurm_job"] == "" for r in csv_rows(out.getvalue()) if r["node"] == "b")
+    # The replay puts the job on the GPU while the recording has it, and takes it off.
+    t_on = next(rec["t"] for _i, rec in reader.records() if rec.get("slurm") and not rec.get("k"))
+    replayer = Replayer(reader, speed=1.0, start=t_on + 0.05)
+    replayer.paused = True
+    replay_fleet = replayer.fleet()
+    assert replay_fleet.snapshot("a").annotations[1] == {"slurm_job": "4242", "slurm_user": "alice"}
+    await replay_fleet.start()
+    try:
+        replayer.seek(reader.end)
+        assert "slurm_job" not in replay_fleet.snapshot("a").annotations.get(1, {})
+        replayer.seek(t_on + 0.05)
+        assert replay_fleet.snapshot("a").annotations[1]["slurm_job"] == "4242"
+    finally:
+        await replay_fleet.stop()
+
+
+async def wait_async(pred: Any, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)  # a poll interval: the deadline decides
