@@ -134,10 +134,12 @@ class Fleet:
             listener(name, msg)
 
     def forget_history(self, name: str) -> None:
-        """Drop a node's kept samples and events (a replay that jumped in time)."""
+        """Drop a node's kept samples, its latest one too, and its events, and publish (a
+        replay that jumped in time: what it showed is not what the node said then)."""
         rt = self.nodes[name]
         rt.history.clear()
         rt.events.clear()
+        self._publish(rt, gpus=(), last_sample_t=None)
 
     def _publish(self, rt: NodeRuntime, **changes: Any) -> None:
         rt.snapshot = replace(rt.snapshot, **changes)

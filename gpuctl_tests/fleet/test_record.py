@@ -241,7 +241,16 @@ async def test_replay_screen_shows_recorded_values_time_and_seeks(
         assert f"{util}%" in text and f"{temp}°C" in text, text
         assert app.read_only
         # Pause, back to the start (a minute back is clamped), then on one second at a time.
-        await pilot.press("p", "left_curly_bracket", "full_stop", "full_stop")
+        await pilot.press("p", "left_curly_bracket")
+        first = last_samples(frames, reader.start)
+        await until(
+            pilot,
+            lambda: all(
+                shown(app, n) == (recorded(first[n]) if n in first else ()) for n in app.store.snaps
+            ),
+            "the start: no GPU values from later on screen",
+        )
+        await pilot.press("full_stop", "full_stop")
         at = reader.start + 2
         assert app.replayer.paused and app.replayer.now() == pytest.approx(at)
         then = last_samples(frames, at)
