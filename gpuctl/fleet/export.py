@@ -228,8 +228,8 @@ class FleetCollector(Collector):
         )
         slurm = InfoMetricFamily(
             "gpuctl_gpu_slurm_job",
-            "The Slurm job that holds the GPU, and its user.",
-            labels=(*GPU_LABELS, "job", "user"),
+            "The Slurm job that holds the GPU (job), and its user.",
+            labels=GPU_LABELS,
         )
         for s in snaps:
             if s.state is not NodeState.LIVE:
