@@ -13,7 +13,8 @@ site config        ``<each of $XDG_CONFIG_DIRS>/gpuctl/config.toml``
                    overrides it key by key
 state              ``$XDG_STATE_HOME/gpuctl`` (``~/.local/state``):   ``$GPUCTL_STATE_DIR``
                    ``jobs.sqlite``, ``accept.sqlite``, ``tui.json``,
-                   ``reports/``, ``accept-jobs/``, ``logs/``
+                   ``reports/``, ``accept-jobs/``, ``logs/``,
+                   ``recordings/`` (``R`` in the screen)
 job folders        ``<state>/jobs`` (they hold results: not cache)    ``[jobs] dir``
 cache              ``$XDG_CACHE_HOME/gpuctl`` (``~/.cache``)          ``$GPUCTL_CACHE_DIR``
 =================  ================================================  =========================

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
+import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from gpuctl.config import Config, ConfigError, load_config
@@ -71,3 +74,28 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
         return fleet_from_config(config, read_only=read_only or config.read_only)
     except SlurmError as e:
         raise UserError(str(e)) from None
+
+
+@contextlib.asynccontextmanager
+async def running_fleet(fleet: Fleet, *, demo: bool = False) -> AsyncIterator[asyncio.Event]:
+    """Start ``fleet`` (and, with ``demo``, the demo's story) for a command that runs until it
+    is stopped (``export``, ``record``); yield an event that SIGINT or SIGTERM sets; on the way
+    out stop the story and the fleet (which stops the agents)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    background: list[asyncio.Task[None]] = []
+    try:
+        await fleet.start()
+        if demo:
+            from gpuctl.cli.demo import story
+
+            background.append(asyncio.create_task(story(fleet)))
+        yield stop
+    finally:
+        for task in background:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await fleet.stop()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import signal
 from typing import TYPE_CHECKING
 
 from gpuctl.cli.main import UserError
@@ -58,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(fleet: Fleet, host: str, port: int, *, listen: str, demo: bool = False) -> int:
     """Serve ``fleet`` at ``host:port`` until SIGINT or SIGTERM; 0 then."""
+    from gpuctl.cli.common import running_fleet
     from gpuctl.fleet.export import MetricsServer, registry_for
 
     registry, _ = registry_for(fleet)
@@ -65,24 +64,13 @@ async def serve(fleet: Fleet, host: str, port: int, *, listen: str, demo: bool =
         server = MetricsServer(registry, host, port)
     except OSError as e:
         raise UserError(f"cannot listen on {listen}: {e.strerror or e}") from None
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    background: list[asyncio.Task[None]] = []
     try:
-        await fleet.start()
-        if demo:
-            from gpuctl.cli.demo import story
-
-            background.append(asyncio.create_task(story(fleet)))
-        print(f"gpuctl export: {server.url()} ({len(fleet.names)} nodes; Ctrl-C stops)", flush=True)
-        await stop.wait()
+        async with running_fleet(fleet, demo=demo) as stop:
+            print(
+                f"gpuctl export: {server.url()} ({len(fleet.names)} nodes; Ctrl-C stops)",
+                flush=True,
+            )
+            await stop.wait()
     finally:
-        for task in background:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
         server.close()
-        await fleet.stop()
     return 0

@@ -24,6 +24,7 @@ COMMANDS = (
     "gpuctl.cli.demo",
     "gpuctl.cli.status",
     "gpuctl.cli.export",
+    "gpuctl.cli.record",
     "gpuctl.cli.config_cmd",
     "gpuctl.cli.doctor",
     "gpuctl.cli.stress",

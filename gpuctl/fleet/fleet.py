@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import random
 import time
 from collections import deque
@@ -34,6 +35,7 @@ from gpuctl.node import protocol
 Listener = Callable[[NodeSnapshot], None]
 EventListener = Callable[[str, NodeEvent], None]  # (node, event)
 MessageListener = Callable[[str, JsonObject], None]  # (node, message as decoded, unchecked)
+WireListener = Callable[[str, JsonObject], None]  # (node, any message read, hello included)
 
 
 class _Keep(enum.Enum):
@@ -98,6 +100,7 @@ class Fleet:
         self._listeners: list[Listener] = []
         self._event_listeners: list[EventListener] = []
         self._message_listeners: list[MessageListener] = []
+        self._wire_listeners: list[WireListener] = []
         self._watchdog: asyncio.Task[None] | None = None
         self._rng = random.Random()
 
@@ -113,6 +116,35 @@ class Fleet:
     def on_message(self, listener: MessageListener) -> None:
         """Call ``listener(node, msg)`` for agent messages that are not samples or events."""
         self._message_listeners.append(listener)
+
+    def on_wire(self, listener: WireListener) -> None:
+        """Call ``listener(node, msg)`` for every message an agent sends, hello included, as
+        decoded and unchecked, before the fleet reads it (``gpuctl.fleet.record``)."""
+        self._wire_listeners.append(listener)
+
+    def unsubscribe(self, listener: Callable[..., None]) -> None:
+        """Stop calling ``listener`` (given to ``subscribe``, ``on_event``, ``on_message`` or
+        ``on_wire``)."""
+        for listeners in (
+            self._listeners,
+            self._event_listeners,
+            self._message_listeners,
+            self._wire_listeners,
+        ):
+            while listener in listeners:
+                listeners.remove(listener)
+
+    def _on_wire(self, name: str, msg: JsonObject) -> None:
+        for listener in self._wire_listeners:
+            listener(name, msg)
+
+    def forget_history(self, name: str) -> None:
+        """Drop a node's kept samples, its latest one too, and its events, and publish (a
+        replay that jumped in time: what it showed is not what the node said then)."""
+        rt = self.nodes[name]
+        rt.history.clear()
+        rt.events.clear()
+        self._publish(rt, gpus=(), last_sample_t=None)
 
     def _publish(self, rt: NodeRuntime, **changes: Any) -> None:
         rt.snapshot = replace(rt.snapshot, **changes)
@@ -331,6 +363,7 @@ class Fleet:
             try:
                 session = await asyncio.wait_for(rt.link.open(), self.connect_timeout)
                 rt.session = session
+                session.tap = functools.partial(self._on_wire, rt.name)
                 info = await session.handshake(self.connect_timeout)
             except TimeoutError:
                 raise LinkError("timeout", f"no answer within {self.connect_timeout:g} s") from None

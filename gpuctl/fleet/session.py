@@ -125,16 +125,22 @@ class AgentSession:
         self._waiting: dict[int, asyncio.Future[JsonObject]] = {}
         self.info: NodeInfo | None = None
         self.hello: Hello = {}
+        self.hello_msg: JsonObject | None = None  # the hello as the agent sent it (decoded)
         self.stderr_tail: list[str] = []
+        # Called with every message read, hello included, before it is interpreted (recording).
+        self.tap: Callable[[JsonObject], None] | None = None
 
     async def _read_msg(self) -> JsonObject | None:
         line = await self._reader.readline()
         if not line:
             return None
         try:
-            return protocol.decode(line, lenient=True)  # a broken field is None, not a stop
+            msg = protocol.decode(line, lenient=True)  # a broken field is None, not a stop
         except protocol.ProtocolError as e:
             raise LinkError("protocol", f"agent sent a bad line: {e.message}") from None
+        if self.tap is not None:
+            self.tap(msg)
+        return msg
 
     async def handshake(self, timeout: float = 20.0) -> NodeInfo:
         """Wait for the hello; raises LinkError (timeout, agent_crashed, protocol)."""
@@ -156,6 +162,7 @@ class AgentSession:
                 f"gpuctl speaks {protocol.PROTOCOL_VERSION}",
             )
         self.hello = wire.parse(Hello, msg) or {}
+        self.hello_msg = msg
         self.info = NodeInfo.from_hello(msg)
         return self.info
 

@@ -39,6 +39,7 @@ from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.text import printable
 from gpuctl.fleet import control
 from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.record import Recorder, new_recording_path
 from gpuctl.jobs.store import JobStore
 from gpuctl.tui.messages import AcceptProgress, FleetChanged
 from gpuctl.tui.screens.accept_report import AcceptReportScreen
@@ -76,6 +77,7 @@ class GpuctlApp(App[int]):
         Binding("a", "accept", "accept", id="accept"),
         Binding("r", "reconnect", "reconnect", id="reconnect"),
         Binding("t", "next_theme", "theme", id="theme"),
+        Binding("R", "record", "record", id="record", show=False),
         Binding("1", "pane('gpus')", "GPUs pane", id="pane_gpus", group=PANES),
         Binding("2", "pane('jobs')", "jobs pane", id="pane_jobs", group=PANES),
         Binding("3", "pane('accept')", "acceptance pane", id="pane_accept", group=PANES),
@@ -138,6 +140,7 @@ class GpuctlApp(App[int]):
         self.on_flush: Callable[[set[str], dict[str, float]], None] | None = None
         # Coroutines to run as workers once the fleet is started (the demo's story).
         self.background: list[Callable[[], Awaitable[None]]] = []
+        self.recorder: Recorder | None = None  # ``R``: the fleet's stream into a file
 
     def get_default_screen(self) -> Screen[Any]:
         return self.overview
@@ -156,6 +159,8 @@ class GpuctlApp(App[int]):
             self.run_worker(job(), name="background", group="background", exit_on_error=False)
 
     async def on_unmount(self) -> None:
+        if self.recorder is not None:
+            self.action_record()  # a recording ends with the screen, whole
         if self.manage_fleet:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.fleet.stop(), STOP_TIMEOUT_S)
@@ -476,6 +481,20 @@ class GpuctlApp(App[int]):
             group=f"node:{sel[0]}",
             exit_on_error=False,
         )
+
+    def action_record(self) -> None:
+        """Start recording the fleet's stream into the state folder's ``recordings/``, or stop."""
+        recorder, self.recorder = self.recorder, None
+        if recorder is not None:
+            recorder.close()
+            self.notify(f"recorded {recorder.seconds:.0f} s into {recorder.path}")
+            return
+        try:
+            self.recorder = Recorder(self.fleet, new_recording_path(self.state_dir / "recordings"))
+        except OSError as e:
+            self.notify(f"cannot record: {e}", severity="error")
+            return
+        self.notify(f"recording into {self.recorder.path}; R stops")
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state is WorkerState.ERROR:

@@ -1,0 +1,164 @@
+"""``gpuctl record FILE [--duration 60s] [--demo]`` and ``gpuctl replay FILE [--speed 10]
+[--from T] [--export-csv OUT]``: the fleet's stream into a file, and back onto the screen or into
+a spreadsheet."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuctl.cli.main import UserError
+
+if TYPE_CHECKING:
+    from gpuctl.cli.main import Subcommands
+    from gpuctl.fleet.fleet import Fleet
+    from gpuctl.fleet.record import Recorder, RecordingReader
+
+
+def _duration(text: str) -> float:
+    from gpuctl.fleet.record import parse_duration
+
+    value = parse_duration(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90, 60s, 5m, 1h30m)")
+    return value
+
+
+def _speed(text: str) -> float:
+    try:
+        value = float(text.removeprefix("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a speed: {text!r} (e.g. 10)") from None
+    if not 0.01 <= value <= 1e6:
+        raise argparse.ArgumentTypeError(f"must be within 0.01..1000000, not {text}")
+    return value
+
+
+def register(sub: Subcommands) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "record", help="record every node's stream (samples, events) into a file to replay"
+    )
+    p.add_argument("file", metavar="FILE", help="the recording to write (must not exist)")
+    p.add_argument(
+        "--duration", type=_duration, metavar="D", help="stop after D (60s, 5m, 2h; default: ^C)"
+    )
+    p.add_argument("--demo", action="store_true", help="simulated nodes instead of real ones")
+    p.add_argument(
+        "--frame-seconds",
+        type=_duration,
+        default=None,
+        metavar="S",
+        help="seconds of stream per compressed frame: the replay's seek step and the most a "
+        "killed recording loses (default 10)",
+    )
+    p.set_defaults(func=run_record)
+
+    r: argparse.ArgumentParser = sub.add_parser(
+        "replay", help="the screen on a recording, with its time and seek keys; or CSV"
+    )
+    r.add_argument("file", metavar="FILE", help="a recording made by gpuctl record or R")
+    r.add_argument("--speed", type=_speed, default=1.0, help="times real time (default 1)")
+    r.add_argument(
+        "--from",
+        dest="start",
+        metavar="T",
+        help="start at T: seconds into the recording (90, 5m), a time (03:12) or a date and "
+        "time (2026-11-24T03:12)",
+    )
+    r.add_argument(
+        "--export-csv",
+        metavar="OUT",
+        help="write one row per node x GPU x sample to OUT (- for stdout) instead of the screen",
+    )
+    r.set_defaults(func=run_replay)
+
+
+def run_record(args: argparse.Namespace) -> int:
+    from gpuctl.cli.common import build_fleet
+
+    path = Path(args.file)
+    if path.exists():
+        raise UserError(f"{path} exists: give a new file name (a recording is never overwritten)")
+    args.read_only = True  # a recorder only watches: its agents refuse stress and acceptance
+    fleet = build_fleet(args)
+    recorder = asyncio.run(record(fleet, path, args))
+    size = os.path.getsize(path)
+    print(
+        f"gpuctl record: wrote {path}: {recorder.seconds:.0f} s, {recorder.samples} samples, "
+        f"{size / 1024:.0f} KiB",
+        flush=True,
+    )
+    return 0
+
+
+async def record(fleet: Fleet, path: Path, args: argparse.Namespace) -> Recorder:
+    """Record ``fleet`` into ``path`` for ``args.duration`` or until SIGINT/SIGTERM."""
+    from gpuctl.cli.common import running_fleet
+    from gpuctl.fleet.record import FRAME_SECONDS, Recorder
+
+    try:
+        recorder = Recorder(fleet, path, frame_seconds=args.frame_seconds or FRAME_SECONDS)
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        async with running_fleet(fleet, demo=args.demo) as stop:
+            until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
+            print(f"gpuctl record: {path}: {len(fleet.names)} nodes, {until}", flush=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), args.duration)
+    finally:
+        recorder.close()
+    return recorder
+
+
+def _open(path: str) -> RecordingReader:
+    from gpuctl.fleet.record import RecordingError, RecordingReader
+
+    try:
+        return RecordingReader(path)
+    except RecordingError as e:
+        raise UserError(str(e)) from None
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from gpuctl.fleet.record import export_csv, format_time, parse_position
+
+    reader = _open(args.file)
+    start = None
+    if args.start is not None:
+        try:
+            start = parse_position(args.start, reader)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        if not reader.start - 1 <= start <= reader.end + 1:
+            raise UserError(
+                f"--from {args.start}: {format_time(start)} is outside the recording "
+                f"({format_time(reader.start)} to {format_time(reader.end)})"
+            )
+    if not reader.complete:
+        print(
+            f"gpuctl: {args.file} has no index (the recording was cut short): "
+            f"replaying its {len(reader.frames)} complete frames",
+            file=sys.stderr,
+        )
+    if args.export_csv is not None:
+        if args.export_csv == "-":
+            rows = export_csv(reader, sys.stdout, start=start)
+        else:
+            with open(args.export_csv, "w", newline="", encoding="utf-8") as out:
+                rows = export_csv(reader, out, start=start)
+            print(f"gpuctl replay: wrote {rows} rows to {args.export_csv}", file=sys.stderr)
+        return 0
+    from gpuctl.cli.watch import require_terminal, run_tui, tui_config
+    from gpuctl.fleet.record import Replayer
+    from gpuctl.tui.replay import ReplayApp
+
+    require_terminal()
+    config_tui, _ = tui_config(args)
+    app = ReplayApp(Replayer(reader, speed=args.speed, start=start), config_tui=config_tui)
+    return run_tui(app)
