@@ -46,6 +46,32 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def listen_address(text: str, *, allow_remote: bool, why_local: str) -> tuple[str, int]:
+    """``--listen HOST:PORT`` (``[v6]:PORT``; port 0: any free one) of a command that serves
+    something (``export``, ``serve``), as (host, port). A mistake, or an address other than
+    loopback without ``--allow-remote``, is a UserError of one line; ``why_local`` says what
+    the command would expose."""
+    import ipaddress
+
+    from gpuctl.cli.main import UserError
+
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise UserError(f"--listen must be HOST:PORT with a port within 0..65535, not {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False  # a name other than localhost may resolve to anything
+    if not loopback and not allow_remote:
+        raise UserError(
+            f"--listen {text} is not a loopback address: {why_local}; add --allow-remote to "
+            f"serve beyond this machine (or keep 127.0.0.1 and reach it with ssh -L)"
+        )
+    return host, int(port_text)
+
+
 def load_user_config(args: argparse.Namespace) -> Config:
     """The config named by ``--config``, else ``$GPUCTL_CONFIG``, else the XDG file, else empty.
 

@@ -37,18 +37,13 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuctl.cli.common import build_fleet
-    from gpuctl.fleet.export import is_loopback, parse_listen
+    from gpuctl.cli.common import build_fleet, listen_address
 
-    try:
-        host, port = parse_listen(args.listen)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    if not is_loopback(host) and not args.allow_remote:
-        raise UserError(
-            f"--listen {args.listen} is not a loopback address: the metrics name your nodes, "
-            "jobs and users; add --allow-remote to serve them beyond this machine"
-        )
+    host, port = listen_address(
+        args.listen,
+        allow_remote=args.allow_remote,
+        why_local="the metrics name your nodes, jobs and users",
+    )
     args.read_only = True  # an exporter only watches: its agents refuse stress and acceptance
     fleet = build_fleet(args)
     return asyncio.run(serve(fleet, host, port, listen=args.listen, demo=args.demo))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import socket
 import sys
 from typing import TYPE_CHECKING
@@ -49,24 +48,6 @@ def register(sub: Subcommands) -> None:
     p.set_defaults(func=run)
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` (loopback) as (host, port); UserError else."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise UserError(f"--listen wants HOST:PORT with a port within 0..65535, not {text!r}")
-    host = host.strip("[]") or "127.0.0.1"
-    return host, int(port_text)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def session_argv(args: argparse.Namespace) -> list[str]:
     """The command each browser session runs: this gpuctl's screen on the same cluster."""
     argv = [sys.executable, "-m", "gpuctl"]
@@ -84,14 +65,14 @@ def session_argv(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpuctl.cli.common import listen_address
     from gpuctl.tui import serve
 
-    host, port = parse_listen(args.listen)
-    if not is_loopback(host) and not args.allow_remote:
-        raise UserError(
-            f"--listen {args.listen} is not a loopback address: add --allow-remote, or keep "
-            f"127.0.0.1 and reach it with ssh -L"
-        )
+    host, port = listen_address(
+        args.listen,
+        allow_remote=args.allow_remote,
+        why_local="anyone who can reach it and has the token gets the screen",
+    )
     if args.demo and not (1 <= args.nodes <= 4096 and 1 <= args.gpus <= 64):
         raise UserError("--nodes must be within 1..4096 and --gpus within 1..64")
     if getattr(args, "read_only", False) and args.allow_actions:
@@ -106,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     def ready(bound_host: str, bound_port: int) -> None:
         url = f"http://{serve.url_host(bound_host)}:{bound_port}/?token={token}"
         print(f"gpuctl serve: the screen is at {url} ({mode}; Ctrl+C stops it)", flush=True)
-        if is_loopback(bound_host):
+        if bound_host in ("127.0.0.1", "::1", "localhost"):
             print(
                 f"from your laptop: ssh -N -L {bound_port}:127.0.0.1:{bound_port} "
                 f"{socket.gethostname()}   then open the URL above",

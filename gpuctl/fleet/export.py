@@ -14,7 +14,6 @@ and the XID counts are copied under a lock.
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -302,29 +301,6 @@ class FleetCollector(Collector):
                     [s.name, i.hostname or "", i.driver or "", i.cuda or "", i.reader or ""], {}
                 )
         yield from (up, state, age, info)
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port). Raises ValueError with one line."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise ValueError(f"--listen must be HOST:PORT, e.g. {DEFAULT_LISTEN} (not {text!r})")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"--listen port must be within 0..65535 (not {port})")
-    return host, port
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name other than localhost: it may resolve to anything
 
 
 def registry_for(fleet: Fleet, **kwargs: Any) -> tuple[CollectorRegistry, FleetCollector]:

@@ -174,7 +174,7 @@ def test_bad_listen_is_one_line() -> None:
         taken = f"127.0.0.1:{busy.getsockname()[1]}"
         for listen, says in (
             ("nonsense", "--listen must be HOST:PORT"),
-            ("127.0.0.1:99999", "port must be within 0..65535"),
+            ("127.0.0.1:99999", "a port within 0..65535"),
             ("0.0.0.0:9400", "not a loopback address"),
             ("10.1.2.3:9400", "--allow-remote"),
             (taken, f"cannot listen on {taken}: Address already in use"),

@@ -130,9 +130,9 @@ def test_prints_the_tunnel_line_and_stops_on_ctrl_c(served: Served) -> None:
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--listen", "0.0.0.0:8000"], "is not a loopback address: add --allow-remote"),
-        (["--listen", "127.0.0.1"], "--listen wants HOST:PORT"),
-        (["--listen", "127.0.0.1:99999"], "--listen wants HOST:PORT"),
+        (["--listen", "0.0.0.0:8000"], "is not a loopback address: anyone who can reach"),
+        (["--listen", "127.0.0.1"], "--listen must be HOST:PORT"),
+        (["--listen", "127.0.0.1:99999"], "--listen must be HOST:PORT"),
     ],
 )
 def test_bad_listen_is_one_line(args: list[str], says: str) -> None:
