@@ -197,3 +197,17 @@ async def until(pilot: Pilot[Any], pred: Callable[[], Any], timeout: float = 15.
         assert time.monotonic() < deadline, "timed out"
         await pilot.pause(0.05)
     return value
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_process_view(snap_compare: Compare, tmp_path: Path, size: tuple[int, int]) -> None:
+    """``p`` on a GPU: its processes; ``g`` the whole node; ``T`` the tree under launchers."""
+    app = replay_app(tmp_path)
+    assert snap_compare(app, terminal_size=size, run_before=prepare("p", "g", "T"))
+
+
+@pytest.mark.slow
+def test_process_view_of_one_gpu_by_cpu(snap_compare: Compare, tmp_path: Path) -> None:
+    app = replay_app(tmp_path)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=prepare("p", "o", "o"))

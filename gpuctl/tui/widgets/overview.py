@@ -22,6 +22,7 @@ from textual.strip import Strip
 from gpuctl.core.format import reader_text
 from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
 from gpuctl.tui.messages import GpuSelected
+from gpuctl.tui.procview import gpu_owners
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str
 from gpuctl.tui.view import (
@@ -400,6 +401,9 @@ class NodeList(ScrollView, can_focus=True):
         if job or user:
             who = " ".join(str(x) for x in (job and f"job {job}", user) if x)
             segs.append(Segment(node_str(who, limit=TEXT_LIMIT) + "  ", st("nodelist--job")))
+        owners = gpu_owners(g)  # who runs processes on it (p: the process view)
+        if owners and owners != user:
+            segs.append(Segment(node_str(owners, limit=40) + "  ", st("nodelist--job")))
         burn = self.store.burn(s, index)
         if burn is not None:
             segs.append(Segment(node_str(burn_text(burn), limit=TEXT_LIMIT), st("nodelist--burn")))
