@@ -105,6 +105,7 @@ def recorded_node(
                 "seq": k,
                 "gpus": gpus,
                 "parents": reader.parents(),
+                "host": reader.host(),
             }
         )
     out.extend(events or [])

@@ -19,7 +19,7 @@ from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from gpuctl.core.format import reader_text
+from gpuctl.core.format import host_text, reader_text
 from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
 from gpuctl.tui.messages import GpuSelected
 from gpuctl.tui.procview import gpu_owners
@@ -309,18 +309,22 @@ class NodeList(ScrollView, can_focus=True):
             Segment(f"  {node_str(s.link, limit=TEXT_LIMIT)}", header),
         ]
         info = s.info
+        if info is not None and info.reader is None and info.reader_error:
+            why = node_str(info.reader_error, limit=TEXT_LIMIT)
+            segs.append(Segment(f"  {why}", header + self._style("nodelist--down")))
+        if s.gpus and s.state in (NodeState.LIVE, NodeState.STALE):
+            t = self.store.node_totals(s.name)
+            util = f"{t.util_sum / t.util_n:.0f}%" if t.util_n else "-"
+            segs.append(Segment(f"  {t.gpus} GPUs  util {util}  {fmt_power(t.power)}", header))
+        # The host's load beside its GPUs, before the versions (a narrow panel cuts those).
+        host = host_text(s.host) if s.host is not None else ""
+        if host and s.state in (NodeState.LIVE, NodeState.STALE):
+            segs.append(Segment(f"  ·  {host}  ·", header))
         if info is not None:
             if info.driver:
                 segs.append(Segment(f"  driver {node_str(info.driver, limit=TEXT_LIMIT)}", header))
             if info.cuda:
                 segs.append(Segment(f"  CUDA {node_str(info.cuda, limit=TEXT_LIMIT)}", header))
-            if info.reader is None and info.reader_error:
-                why = node_str(info.reader_error, limit=TEXT_LIMIT)
-                segs.append(Segment(f"  {why}", header + self._style("nodelist--down")))
-        if s.gpus and s.state in (NodeState.LIVE, NodeState.STALE):
-            t = self.store.node_totals(s.name)
-            util = f"{t.util_sum / t.util_n:.0f}%" if t.util_n else "-"
-            segs.append(Segment(f"  {t.gpus} GPUs  util {util}  {fmt_power(t.power)}", header))
         if info is not None and info.reader in ("nvml", "nvidia-smi"):
             # Last, as the least urgent: a narrow panel cuts it first. The fallback stands out.
             style = header if info.reader == "nvml" else header + self._style("nodelist--warm")
