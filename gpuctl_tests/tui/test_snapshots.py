@@ -211,3 +211,21 @@ def test_process_view(snap_compare: Compare, tmp_path: Path, size: tuple[int, in
 def test_process_view_of_one_gpu_by_cpu(snap_compare: Compare, tmp_path: Path) -> None:
     app = replay_app(tmp_path)
     assert snap_compare(app, terminal_size=(80, 24), run_before=prepare("p", "o", "o"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_compact_list(snap_compare: Compare, tmp_path: Path, size: tuple[int, int]) -> None:
+    """``v``: one line per node under its column titles."""
+    app = replay_app(tmp_path)
+    assert snap_compare(app, terminal_size=size, run_before=prepare("v"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_list_sorted_hottest_first(
+    snap_compare: Compare, tmp_path: Path, size: tuple[int, int]
+) -> None:
+    """``o``: the hottest GPU on top, its node first; the TEMP column marked."""
+    app = replay_app(tmp_path)
+    assert snap_compare(app, terminal_size=size, run_before=prepare("o"))

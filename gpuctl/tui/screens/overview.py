@@ -20,7 +20,7 @@ from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_text
 from gpuctl.tui.view import METRIC_TITLES, METRICS, FilterError, fmt_power, parse_filter
 from gpuctl.tui.widgets.heatmap import Heatmap
-from gpuctl.tui.widgets.overview import NodeList
+from gpuctl.tui.widgets.overview import GpuColumns, NodeList
 from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ class OverviewScreen(Screen[None]):
         yield ClusterHeader(simulated=self.simulated, read_only=self.read_only)
         with ContentSwitcher(initial="pane-gpus", id="panes"):
             with Container(id="pane-gpus"):
+                yield GpuColumns(id="gpu-columns")
                 yield NodeList(self.store, id="nodes")
                 yield Heatmap(self.store, id="heatmap")
                 yield Static("", id="heat-status")
@@ -201,6 +202,7 @@ class OverviewScreen(Screen[None]):
         self.mode = order[(order.index(self.mode) + 1) % len(order)]
         heat = self.mode != "list"
         self.nodes.display = not heat
+        self.query_one(GpuColumns).display = not heat
         self.heatmap.display = heat
         self.query_one("#heat-status").display = heat
         if heat:
