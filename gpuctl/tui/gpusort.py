@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
-from gpuctl.tui.view import mem_fraction
+from gpuctl.tui.view import _gpu_metric as gpu_metric
 
 # key, title shown in the column header and the notification, the column it sorts, descending
 SORTS: tuple[tuple[str, str, str, bool], ...] = (
@@ -34,18 +34,9 @@ def next_sort(current: str | None) -> str | None:
 
 
 def metric(g: GpuSample, column: str) -> float | None:
-    """The value a sort compares: temperature °C, utilization %, memory fraction, watts."""
-    if g.lost:
-        return None
-    if column == "temp":
-        return None if g.temp is None else float(g.temp)
-    if column == "util":
-        return None if g.util_gpu is None else float(g.util_gpu)
-    if column == "mem":
-        return mem_fraction(g)
-    if column == "power":
-        return g.power
-    raise ValueError(f"unknown column {column!r}")
+    """The value a sort compares (temperature °C, utilization %, memory %, watts), as the
+    filter reads it; None for a lost GPU or a reading it lacks."""
+    return gpu_metric(g, column)
 
 
 def _rank(value: float | None, descending: bool) -> tuple[int, float]:

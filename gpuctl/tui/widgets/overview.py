@@ -44,6 +44,12 @@ from gpuctl.tui.view import (
 SPARK_WIDTH = 12
 BAR_WIDTH = 8
 LEVEL_CLASSES = ("nodelist--ok", "nodelist--warm", "nodelist--hot")
+STATE_CLASSES = {
+    NodeState.LIVE: "nodelist--live",
+    NodeState.STALE: "nodelist--stale",
+    NodeState.UNREACHABLE: "nodelist--down",
+    NodeState.CONNECTING: "nodelist--dim",
+}
 TEXT_LIMIT = 300  # characters of one node string on a line (the line is cut at the edge anyway)
 
 
@@ -354,12 +360,7 @@ class NodeList(ScrollView, can_focus=True):
     def _head(self, s: NodeSnapshot) -> list[Segment]:
         header = self._style("nodelist--header")
         name = header + self._style("nodelist--name")
-        state_cls = {
-            NodeState.LIVE: "nodelist--live",
-            NodeState.STALE: "nodelist--stale",
-            NodeState.UNREACHABLE: "nodelist--down",
-            NodeState.CONNECTING: "nodelist--dim",
-        }[s.state]
+        state_cls = STATE_CLASSES[s.state]
         dot = {"live": "●", "stale": "◐", "unreachable": "✖", "connecting": "○"}[s.state.value]
         state = header + self._style(state_cls)
         age = node_str(node_age_text(s, self.store.clock()), limit=TEXT_LIMIT)
@@ -398,12 +399,7 @@ class NodeList(ScrollView, can_focus=True):
         and one bar per GPU, memory, hottest GPU, power, and its trouble counted."""
         st = self._style
         dim = st("nodelist--dim")
-        state_cls = {
-            NodeState.LIVE: "nodelist--live",
-            NodeState.STALE: "nodelist--stale",
-            NodeState.UNREACHABLE: "nodelist--down",
-            NodeState.CONNECTING: "nodelist--dim",
-        }[s.state]
+        state_cls = STATE_CLASSES[s.state]
         word = {"live": "● live", "stale": "◐ stale", "unreachable": "✖ down"}.get(
             s.state.value, "○ …"
         )
