@@ -200,3 +200,25 @@ def test_the_gpu_row_names_its_main_user() -> None:
     g = GpuSample(0, 0.0, processes=(proc(1, "bob", 10), proc(2, "alice", 30), proc(3, "c", 5)))
     assert gpu_owners(g) == "alice +2"
     assert gpu_owners(GpuSample(0, 0.0)) == ""
+
+
+async def test_a_hostile_nodes_processes_are_shown_as_data(tmp_path: Path) -> None:
+    """Markup, escapes and junk numbers in processes, launchers and the host: text on screen,
+    no crash, and a kill key refuses (the processes are no one's this user can prove)."""
+    from gpuctl_tests.tui.hostile import hostile_fleet
+    from gpuctl_tests.tui.test_hostile import NOW, check
+
+    app = make_app(hostile_fleet(NOW), state_dir=tmp_path / "state", clock=lambda: NOW)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await until(pilot, lambda: app.store.snaps["evil"].gpus, "the hostile node")
+        check(app)
+        app.overview.nodes.select("evil", 0)
+        await pilot.press("p", "g", "T")
+        await until(pilot, lambda: isinstance(app.screen, ProcessScreen), "the process view")
+        await pilot.pause()
+        text = check(app)
+        assert "[bold]x[/" in text
+        for key in ("o", "o", "o", "O", "T", "K"):
+            await pilot.press(key)
+            check(app)
+        assert not isinstance(app.screen, ConfirmScreen)

@@ -229,3 +229,14 @@ def test_list_sorted_hottest_first(
     """``o``: the hottest GPU on top, its node first; the TEMP column marked."""
     app = replay_app(tmp_path)
     assert snap_compare(app, terminal_size=size, run_before=prepare("o"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_heatmap_legend_and_marks(
+    snap_compare: Compare, tmp_path: Path, size: tuple[int, int]
+) -> None:
+    """The temperature heatmap: the legend's scale, XID and burning marks, a stale node."""
+    app = replay_app(tmp_path)
+    keys = ("m", "m", "m", "right", "right", "right")
+    assert snap_compare(app, terminal_size=size, run_before=prepare(*keys))
