@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuctl.core.model import GpuSample, NodeInfo, NodeSnapshot
+from gpuctl.core.model import GpuSample, HostSample, NodeInfo, NodeSnapshot
 
 GIB = 1 << 30
 
@@ -24,6 +24,33 @@ def fmt_age(seconds: float) -> str:
     if seconds < 5400:
         return f"{int(seconds // 60)}m"
     return f"{int(seconds // 3600)}h"
+
+
+def fmt_rate(bytes_per_s: float) -> str:
+    """A byte rate in its largest sensible unit: "12kB/s", "340MB/s", "1.2GB/s"."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if bytes_per_s >= size:
+            value = bytes_per_s / size
+            return f"{value:.1f}{unit}/s" if value < 10 else f"{value:.0f}{unit}/s"
+    return f"{bytes_per_s:.0f}B/s"
+
+
+def host_text(h: HostSample) -> str:
+    """A node's host in one short line: "cpu 23% of 64  mem 120/503G  load 12.3  net ↓1.2GB/s
+    ↑340MB/s"; what is unknown is left out ("" when nothing is known)."""
+    parts = []
+    if h.cpu is not None:
+        parts.append(f"cpu {h.cpu:.0f}%" + (f" of {h.cpus}" if h.cpus else ""))
+    if h.mem_total:
+        used = h.mem_used
+        parts.append(f"mem {'-' if used is None else f'{used / GIB:.0f}'}/{h.mem_total / GIB:.0f}G")
+    if h.load:
+        parts.append(f"load {h.load[0]:.1f}")
+    if h.net_rx is not None or h.net_tx is not None:
+        rx = "-" if h.net_rx is None else fmt_rate(h.net_rx)
+        tx = "-" if h.net_tx is None else fmt_rate(h.net_tx)
+        parts.append(f"net ↓{rx} ↑{tx}")
+    return "  ".join(parts)
 
 
 def reader_text(info: NodeInfo) -> str:

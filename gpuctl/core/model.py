@@ -136,6 +136,66 @@ class GpuProcess:
         }
 
 
+class HostWire(TypedDict, total=False):
+    """A sample's ``host``: the node's CPU, memory, load and network (protocol v1)."""
+
+    cpu: float | None
+    cpus: int | None
+    mem_total: int | None
+    mem_available: int | None
+    load: list[float] | None
+    net_rx: float | None
+    net_tx: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """A node's host beside its GPUs: ``cpu`` % of all CPUs busy, ``cpus`` their count,
+    ``mem_total`` / ``mem_available`` bytes, ``load`` the 1, 5 and 15 minute load averages,
+    ``net_rx`` / ``net_tx`` bytes/s; any may be None (unknown)."""
+
+    cpu: float | None = None
+    cpus: int | None = None
+    mem_total: int | None = None
+    mem_available: int | None = None
+    load: tuple[float, ...] = ()
+    net_rx: float | None = None
+    net_tx: float | None = None
+
+    @classmethod
+    def from_wire(cls, d: object) -> HostSample | None:
+        """Build from a sample's ``host``; None when it is not an object; a bad or impossible
+        field (a negative amount, more than 100 % busy) becomes None."""
+        if not isinstance(d, dict):
+            return None
+        w = wire.parse(HostWire, d) or {}
+
+        def amount(key: str) -> int | None:
+            v = _int(w.get(key))
+            return v if v is not None and v >= 0 else None
+
+        def rate(key: str) -> float | None:
+            return _within(_float(w.get(key)), 0.0, 1e15)
+
+        load = w.get("load") or []
+        return cls(
+            cpu=_within(_float(w.get("cpu")), 0.0, 100.0),
+            cpus=amount("cpus"),
+            mem_total=amount("mem_total"),
+            mem_available=amount("mem_available"),
+            load=tuple(x for x in load[:3] if 0.0 <= x <= 1e9),
+            net_rx=rate("net_rx"),
+            net_tx=rate("net_tx"),
+        )
+
+    @property
+    def mem_used(self) -> int | None:
+        """Bytes in use (total less available), or None."""
+        if self.mem_total is None or self.mem_available is None:
+            return None
+        return max(0, self.mem_total - self.mem_available)
+
+
 @dataclass(frozen=True, slots=True)
 class GpuStatic:
     """Facts about a GPU that do not change while the agent runs."""
@@ -381,6 +441,7 @@ class NodeSnapshot:
     annotations: Mapping[int, GpuNotes] = field(default_factory=dict)
     # Ancestors of the GPU processes that use no GPU themselves (launchers, shells).
     parents: tuple[GpuProcess, ...] = ()
+    host: HostSample | None = None  # the node's CPU, memory, load and network, newest sample
 
     def age(self, now: float) -> float | None:
         """Seconds since the newest sample, or None if there never was one."""

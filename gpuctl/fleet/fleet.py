@@ -408,6 +408,7 @@ class Fleet:
             last_sample_t=sample.t,
             reason=None,
             parents=sample.parents,
+            host=sample.host,
         )
 
     async def _watch_stale(self) -> None:

@@ -73,6 +73,7 @@ def recorded_node(
 
     now = [0.0]
     reader = SimReader.from_spec(spec, seed=seed, clock=lambda: now[0])
+    reader.wall = lambda: t0 + now[0]  # processes' start times follow the replayed clock
     for index, value in (load or {}).items():
         reader.simulate("load", {"gpus": [index], "load": value})
     versions = reader.versions()
@@ -97,6 +98,15 @@ def recorded_node(
     for k in range(samples):
         now[0] = k * interval
         gpus = reader.sample(slow=k % protocol.SLOW_EVERY == 0)
-        out.append({"type": "sample", "t": t0 + k * interval, "seq": k, "gpus": gpus})
+        out.append(
+            {
+                "type": "sample",
+                "t": t0 + k * interval,
+                "seq": k,
+                "gpus": gpus,
+                "parents": reader.parents(),
+                "host": reader.host(),
+            }
+        )
     out.extend(events or [])
     return out

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict
 
 from gpuctl.core import wire
-from gpuctl.core.model import GpuProcess, GpuSample, NodeEvent, NodeInfo
+from gpuctl.core.model import GpuProcess, GpuSample, HostSample, NodeEvent, NodeInfo
 from gpuctl.core.wire import JsonObject
 from gpuctl.node import protocol
 
@@ -61,6 +61,7 @@ class Sample:
     seq: int
     gpus: tuple[GpuSample, ...]
     parents: tuple[GpuProcess, ...] = ()  # ancestors of the GPU processes (launchers)
+    host: HostSample | None = None  # the node's CPU, memory, load and network
 
 
 class Hello(TypedDict, total=False):
@@ -249,6 +250,7 @@ def decode_sample(msg: JsonObject) -> Sample:
         parents=tuple(GpuProcess.from_wire(p) for p in parents[:MAX_PARENTS])
         if isinstance(parents, list)
         else (),
+        host=HostSample.from_wire(msg.get("host")),
     )
 
 

@@ -245,6 +245,10 @@ class Agent(object):
                 p["pid"] for g in gpus for p in (g.get("processes") or ())
                 if isinstance(p, dict) and isinstance(p.get("pid"), int))
             msg["parents"] = self.reader.parents()
+            try:
+                msg["host"] = self.reader.host()
+            except Exception:  # the host's figures must never cost the GPUs' sample
+                msg["host"] = None
         if req_id is not None:
             msg["id"] = req_id
         self.seq += 1

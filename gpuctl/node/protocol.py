@@ -45,6 +45,10 @@ Agent -> gpuctl
               ``parents``: the ancestors of the GPU processes that are not GPU processes
               themselves (a launcher, a shell), up to pid 1: [{pid, ppid, uid, user, command,
               started}] (at most 64).
+              ``host``: the node's host, {cpu (% of all CPUs busy since the previous sample),
+              cpus, mem_total, mem_available (bytes), load ([1, 5, 15] minute averages),
+              net_rx, net_tx (bytes/s since the previous sample, loopback left out)}, any null
+              when unknown (cpu and the rates are null in the first sample), or null.
               A field the GPU cannot report is null; it never hides the others. ecc,
               retired_pages and remapped_rows are read every ``SLOW_EVERY`` samples and repeated
               in between. A reply to ``snapshot`` is a sample with the request's ``id``.

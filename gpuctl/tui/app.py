@@ -47,6 +47,7 @@ from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.screens.help import HelpRow, HelpScreen
 from gpuctl.tui.screens.overview import OverviewScreen
+from gpuctl.tui.screens.processes import ProcessScreen
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.themes import DEFAULT_THEME, ThemeMemory, load_themes
 from gpuctl.tui.widgets.heatmap import Heatmap
@@ -76,6 +77,7 @@ class GpuctlApp(App[int]):
         Binding("B", "stress_cluster", "stress all", id="stress_cluster"),
         Binding("a", "accept", "accept", id="accept"),
         Binding("r", "reconnect", "reconnect", id="reconnect"),
+        Binding("p", "processes", "processes", id="processes"),
         Binding("t", "next_theme", "theme", id="theme"),
         Binding("R", "record", "record", id="record", show=False),
         Binding("1", "pane('gpus')", "GPUs pane", id="pane_gpus", group=PANES),
@@ -264,7 +266,7 @@ class GpuctlApp(App[int]):
         with self.batch_update():
             self.overview.nodes_changed(names, arrivals)
             screen = self.screen
-            if isinstance(screen, DetailScreen) and screen.node in names:
+            if isinstance(screen, DetailScreen | ProcessScreen) and screen.node in names:
                 screen.node_changed()
         if self.on_flush is not None:
             self.on_flush(names, arrivals)
@@ -496,6 +498,14 @@ class GpuctlApp(App[int]):
             return
         self.notify(f"recording into {self.recorder.path}; R stops")
 
+    def action_processes(self) -> None:
+        """The process view of the selected GPU (or node)."""
+        sel = self.current_selection()
+        if sel is None or sel[0] not in self.store.snaps:
+            self.notify("select a node or GPU first", severity="warning")
+            return
+        self.push_screen(ProcessScreen(self.store, sel[0], sel[1], read_only=self.read_only))
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state is WorkerState.ERROR:
             err = event.worker.error
@@ -562,6 +572,7 @@ class GpuctlApp(App[int]):
         yield "GPU list", NodeList.BINDINGS
         yield "heatmap", Heatmap.BINDINGS
         yield "detail", DetailScreen.BINDINGS
+        yield "processes", ProcessScreen.BINDINGS
         yield "jobs pane", JobsPane.BINDINGS
         yield "acceptance pane", AcceptPane.BINDINGS
         yield "acceptance report", AcceptReportScreen.BINDINGS

@@ -73,6 +73,20 @@ def hostile_messages(now: float) -> list[dict[str, Any] | bytes]:
                 "type": "sample",
                 "t": now - 2.5 + k,
                 "seq": k,
+                # launchers in a cycle of parents, a host of junk
+                "parents": [
+                    {"pid": 5, "ppid": 6, "user": H, "command": LONG, "started": H},
+                    {"pid": 6, "ppid": 5, "user": LONG, "command": H, "started": -1e308},
+                ],
+                "host": {
+                    "cpu": HUGE,
+                    "cpus": H,
+                    "mem_total": HUGE,
+                    "load": [H, 1e308],
+                    "net_rx": 1e308,
+                    "net_tx": -5,
+                    "mem_available": 1 << 30,
+                },
                 "gpus": [
                     {
                         "index": 0,
@@ -92,7 +106,18 @@ def hostile_messages(now: float) -> list[dict[str, Any] | bytes]:
                         "remapped_rows": {"pending": H},
                         "processes": [
                             {"pid": HUGE, "user": H, "command": LONG, "mem": HUGE},
-                            {"pid": 7, "user": LONG, "command": H, "mem": 1 << 30},
+                            {
+                                "pid": 7,
+                                "user": LONG,
+                                "command": H,
+                                "mem": 1 << 30,
+                                "ppid": 5,
+                                "sm": H,
+                                "cpu": 1e308,
+                                "rss": HUGE,
+                                "started": 1e308,
+                                "uid": HUGE,
+                            },
                         ],
                     },
                     {

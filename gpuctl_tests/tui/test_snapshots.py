@@ -197,3 +197,46 @@ async def until(pilot: Pilot[Any], pred: Callable[[], Any], timeout: float = 15.
         assert time.monotonic() < deadline, "timed out"
         await pilot.pause(0.05)
     return value
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_process_view(snap_compare: Compare, tmp_path: Path, size: tuple[int, int]) -> None:
+    """``p`` on a GPU: its processes; ``g`` the whole node; ``T`` the tree under launchers."""
+    app = replay_app(tmp_path)
+    assert snap_compare(app, terminal_size=size, run_before=prepare("p", "g", "T"))
+
+
+@pytest.mark.slow
+def test_process_view_of_one_gpu_by_cpu(snap_compare: Compare, tmp_path: Path) -> None:
+    app = replay_app(tmp_path)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=prepare("p", "o", "o"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_compact_list(snap_compare: Compare, tmp_path: Path, size: tuple[int, int]) -> None:
+    """``v``: one line per node under its column titles."""
+    app = replay_app(tmp_path)
+    assert snap_compare(app, terminal_size=size, run_before=prepare("v"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_list_sorted_hottest_first(
+    snap_compare: Compare, tmp_path: Path, size: tuple[int, int]
+) -> None:
+    """``o``: the hottest GPU on top, its node first; the TEMP column marked."""
+    app = replay_app(tmp_path)
+    assert snap_compare(app, terminal_size=size, run_before=prepare("o"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_heatmap_legend_and_marks(
+    snap_compare: Compare, tmp_path: Path, size: tuple[int, int]
+) -> None:
+    """The temperature heatmap: the legend's scale, XID and burning marks, a stale node."""
+    app = replay_app(tmp_path)
+    keys = ("m", "m", "m", "right", "right", "right")
+    assert snap_compare(app, terminal_size=size, run_before=prepare(*keys))

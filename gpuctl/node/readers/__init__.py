@@ -9,6 +9,7 @@ A reader is an object with:
     events() -> list         event messages seen since the last call (XID, GPU lost)
     parents() -> list        ancestors of the last sample's GPU processes (pid, ppid, uid, user,
                              command, started): the sample's ``parents``
+    host() -> dict           the host's CPU, memory, load and network: the sample's ``host``
     signal(pid, name, started) -> (code, message)   the ``signal`` request (procs.signal_process)
     close()
 ``Reader`` spells that out; the three readers derive from it.
@@ -53,6 +54,15 @@ class Reader(object):
         from .procs import signal_process
 
         return signal_process(pid, name, gpu_pids, started)
+
+    def host(self) -> Optional[Dict[str, Any]]:
+        """This node's host CPU, memory, load and network (``host.HostStats``), or None."""
+        stats = getattr(self, "_host_stats", None)
+        if stats is None:
+            from .host import HostStats
+
+            stats = self._host_stats = HostStats()
+        return stats.sample()
 
     def close(self) -> None:
         """Release the driver."""

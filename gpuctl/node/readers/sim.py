@@ -234,6 +234,16 @@ class SimReader(Reader):
                     seen.setdefault(p["pid"], p)
         return [seen[pid] for pid in sorted(seen)]
 
+    def host(self) -> Optional[Dict[str, Any]]:
+        """A host that follows its GPUs: the jobs' data loaders keep CPUs and the network busy."""
+        gpus = [g for g in self.gpus if not g.lost]
+        load = sum(g.util for g in gpus) / (100.0 * len(gpus)) if gpus else 0.0
+        cpus = 16 * max(1, len(self.gpus))
+        return {"cpu": round(4.0 + 40.0 * load, 1), "cpus": cpus,
+                "mem_total": 2 * GIB * cpus * 8, "mem_available": int(GIB * cpus * (14 - 8 * load)),
+                "load": [round(cpus * (0.05 + 0.4 * load), 2)] * 3,
+                "net_rx": round(2e6 + 1.2e9 * load, 1), "net_tx": round(1e6 + 0.4e9 * load, 1)}
+
     def signal(self, pid: Any, name: Any, gpu_pids: Iterable[int],
                started: Any = None) -> Tuple[Optional[str], str]:
         """Simulated processes belong to simulated users: a process of this user's uid ends,

@@ -19,8 +19,8 @@ from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_text
 from gpuctl.tui.view import METRIC_TITLES, METRICS, FilterError, fmt_power, parse_filter
-from gpuctl.tui.widgets.heatmap import Heatmap
-from gpuctl.tui.widgets.overview import NodeList
+from gpuctl.tui.widgets.heatmap import HeatLegend, Heatmap
+from gpuctl.tui.widgets.overview import GpuColumns, NodeList
 from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
 
 if TYPE_CHECKING:
@@ -91,8 +91,10 @@ class OverviewScreen(Screen[None]):
         yield ClusterHeader(simulated=self.simulated, read_only=self.read_only)
         with ContentSwitcher(initial="pane-gpus", id="panes"):
             with Container(id="pane-gpus"):
+                yield GpuColumns(id="gpu-columns")
                 yield NodeList(self.store, id="nodes")
                 yield Heatmap(self.store, id="heatmap")
+                yield HeatLegend(id="heat-legend")
                 yield Static("", id="heat-status")
             yield JobsPane(
                 self.job_store,
@@ -110,6 +112,7 @@ class OverviewScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one(Heatmap).display = False
+        self.query_one(HeatLegend).display = False
         self.query_one("#heat-status").display = False
         self.query_one("#filter").display = False
         self.nodes.rebuild()
@@ -201,10 +204,13 @@ class OverviewScreen(Screen[None]):
         self.mode = order[(order.index(self.mode) + 1) % len(order)]
         heat = self.mode != "list"
         self.nodes.display = not heat
+        self.query_one(GpuColumns).display = not heat
         self.heatmap.display = heat
+        self.query_one(HeatLegend).display = heat
         self.query_one("#heat-status").display = heat
         if heat:
             self.heatmap.metric = self.mode
+            self.query_one(HeatLegend).refresh()
             self.heatmap.rebuild()
             if sel is not None:
                 self.heatmap.select(*sel)

@@ -7,17 +7,20 @@ from typing import ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
+from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+from textual.widget import Widget
 
-from gpuctl.core.model import NodeState
+from gpuctl.core.format import gpu_flags
+from gpuctl.core.model import GpuSample, NodeState
 from gpuctl.tui.messages import GpuSelected
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str
-from gpuctl.tui.view import HEAT_LEVELS, METRICS, heat_level, metric_fraction
+from gpuctl.tui.view import HEAT_LEVELS, METRIC_TITLES, METRICS, heat_level, metric_fraction
 
 CELL = "  "
 GAP = 2
@@ -29,6 +32,8 @@ class Heatmap(ScrollView, can_focus=True):
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         *(f"heatmap--heat-{i}" for i in range(HEAT_LEVELS)),
         "heatmap--none",
+        "heatmap--mark",
+        "heatmap--alarm",
         "heatmap--label",
         "heatmap--stale",
         "heatmap--down",
@@ -170,6 +175,11 @@ class Heatmap(ScrollView, can_focus=True):
         heat = [st(f"heatmap--heat-{i}") for i in range(HEAT_LEVELS)]
         none = st("heatmap--none")
         cursor = st("heatmap--cursor")
+        # partial: a mark's colour over the cell's own background, not the widget's
+        mark_styles = {
+            False: st("heatmap--mark", partial=True),
+            True: st("heatmap--alarm", partial=True),
+        }
         blank = Style()
         segs: list[Segment] = []
         for ni in range(first, min(first + self.per_line, len(self.names))):
@@ -182,16 +192,27 @@ class Heatmap(ScrollView, can_focus=True):
             }.get(snap.state, "heatmap--label")
             shown = node_str(name)[-self.label_w :]  # names can come from Slurm
             segs.append(Segment(f"{shown:>{self.label_w}} ", st(label)))
-            live = snap.state is NodeState.LIVE
+            has_data = snap.state in (NodeState.LIVE, NodeState.STALE)  # stale: last colours
+            stale = snap.state is NodeState.STALE
             # Neighbouring cells of one colour become one segment: fewer segments, less work
             # for the compositor on every repaint.
             run_text, run_style = "", blank
             for gi in range(self.cells):
                 if gi < len(snap.gpus):
                     g = snap.gpus[gi]
-                    lv = heat_level(metric_fraction(g, self.metric)) if live else None
+                    lv = heat_level(metric_fraction(g, self.metric)) if has_data else None
                     style = none if lv is None else heat[lv]
-                    text = "✕ " if g.lost else CELL
+                    text = CELL
+                    if has_data:
+                        text, alarm = heat_mark(
+                            g,
+                            xid=(name, g.index) in self.store.xids,
+                            burning=self.store.is_burning(snap, g.index),
+                            stale=stale,
+                            reading=lv is not None,
+                        )
+                        if text != CELL:
+                            style = style + mark_styles[alarm]
                 else:
                     style, text = blank, " " * len(CELL)
                 if (ni, gi) == self.cursor:
@@ -218,3 +239,71 @@ class Heatmap(ScrollView, can_focus=True):
             i = index.get(name)
             if i is not None and top <= i // self.per_line < top + self.size.height:
                 self.painted.setdefault(name, t)
+
+
+# A cell's mark, most urgent first: what each letter means is the legend's second half.
+MARKS: tuple[tuple[str, str], ...] = (
+    ("✕", "lost"),
+    ("X", "XID"),
+    ("E", "ECC/remap"),
+    ("B", "burning"),
+    ("T", "throttled"),
+    ("·", "stale"),
+    ("?", "no reading"),
+)
+ALARMS = {"✕", "X", "E"}
+SCALES = {
+    "util": ("0%", "100%"),
+    "mem": ("0%", "100% used"),
+    "temp": ("30°C", "90°C"),
+    "power": ("0%", "100% of limit"),
+}
+
+
+def heat_mark(
+    g: GpuSample, *, xid: bool, burning: bool, stale: bool, reading: bool
+) -> tuple[str, bool]:
+    """The two characters of a GPU's cell (``CELL`` when nothing is to say) and whether they
+    are an alarm: its most urgent state (lost, XID seen, ECC or row-remap trouble, burning,
+    throttled, no reading of the metric), then ``·`` when its node is stale."""
+    flags = gpu_flags(g)
+    if g.lost:
+        first = "✕"
+    elif xid:
+        first = "X"
+    elif "ECC" in flags or "REMAP" in flags:
+        first = "E"
+    elif burning:
+        first = "B"
+    elif any(f not in ("ECC", "REMAP") for f in flags):
+        first = "T"
+    elif not reading:
+        first = "?"
+    else:
+        first = " "
+    return first + ("·" if stale else " "), first in ALARMS
+
+
+class HeatLegend(Widget):
+    """One line under the heatmap: its metric's scale in the heatmap's colours, and the marks."""
+
+    DEFAULT_CSS = "HeatLegend { height: 1; }"
+
+    def render(self) -> Text:
+        maps = self.screen.query(Heatmap)
+        if not maps:
+            return Text("")
+        heat = maps.first()
+        st = heat.get_component_rich_style
+        low, high = SCALES.get(heat.metric, ("low", "high"))
+        line = Text(f" {METRIC_TITLES.get(heat.metric, heat.metric)} {low} ", end="")
+        for i in range(HEAT_LEVELS):
+            line.append(CELL, st(f"heatmap--heat-{i}"))
+        line.append(f" {high}   ")
+        line.append("  ", st("heatmap--none"))
+        line.append(" no data  ")
+        for mark, meaning in MARKS:
+            style = st("heatmap--alarm" if mark in ALARMS else "heatmap--mark", partial=True)
+            line.append(mark, style)
+            line.append(f" {meaning}  ")
+        return line

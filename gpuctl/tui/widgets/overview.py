@@ -8,23 +8,28 @@ update repaints only that node's lines. Colours come from component classes styl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import ClassVar, NamedTuple
 
 from rich.segment import Segment
 from rich.style import Style
+from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+from textual.widget import Widget
 
-from gpuctl.core.format import reader_text
+from gpuctl.core.format import host_text, reader_text
 from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
+from gpuctl.tui.gpusort import SORT_BY_KEY, next_sort, order_gpus, order_nodes
 from gpuctl.tui.messages import GpuSelected
+from gpuctl.tui.procview import gpu_owners
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str
 from gpuctl.tui.view import (
+    SPARK_CHARS,
     bar,
     fmt_gib_pair,
     fmt_power,
@@ -39,11 +44,17 @@ from gpuctl.tui.view import (
 SPARK_WIDTH = 12
 BAR_WIDTH = 8
 LEVEL_CLASSES = ("nodelist--ok", "nodelist--warm", "nodelist--hot")
+STATE_CLASSES = {
+    NodeState.LIVE: "nodelist--live",
+    NodeState.STALE: "nodelist--stale",
+    NodeState.UNREACHABLE: "nodelist--down",
+    NodeState.CONNECTING: "nodelist--dim",
+}
 TEXT_LIMIT = 300  # characters of one node string on a line (the line is cut at the edge anyway)
 
 
 class Line(NamedTuple):
-    kind: str  # "head" | "gpu" | "msg" | "gap"
+    kind: str  # "head" | "gpu" | "msg" | "gap" | "node" (compact: a whole node on one line)
     node: str
     gpu: int | None  # GPU index for "gpu" lines
 
@@ -78,6 +89,8 @@ class NodeList(ScrollView, can_focus=True):
         Binding("pagedown", "page(1)", "page down", show=False, id="page_down"),
         Binding("home", "edge(-1)", "first", show=False, id="cursor_home"),
         Binding("end", "edge(1)", "last", show=False, id="cursor_end"),
+        Binding("o", "sort", "sort GPUs", show=False, id="gpu_sort"),
+        Binding("v", "compact", "one line per node", show=False, id="compact"),
     ]
 
     class Selected(GpuSelected):
@@ -92,22 +105,47 @@ class NodeList(ScrollView, can_focus=True):
         self.cursor_y = 0
         self.painted: dict[str, float] = {}  # node -> arrival time waiting for its paint
         self.on_paint: Callable[[str, float], None] | None = None  # (node, arrival): benchmark
+        self.sort: str | None = None  # a key of gpusort.SORTS; None: the fleet's order
+        self.compact = False  # one line per node
+        self.node_order: list[str] = []  # the nodes in the order shown
+        self.per_gpu_w = PER_GPU_W  # compact: the width of the per-GPU bars
 
     # -- layout -------------------------------------------------------------------------------
     def _block_rows(self, name: str) -> tuple[int, ...] | None:
-        shown = self.store.visible_gpus(self.store.snaps[name])
-        return None if shown is None else tuple(shown)
+        snap = self.store.snaps[name]
+        shown = self.store.visible_gpus(snap)
+        if shown is None:
+            return None
+        if self.sort is not None and not self.compact:
+            shown = order_gpus(snap, shown, self.sort)
+        return tuple(shown)
+
+    def _order(self) -> list[str]:
+        if self.sort is None:
+            return list(self.store.order)
+        return order_nodes([self.store.snaps[n] for n in self.store.order], self.sort)
+
+    def _height(self, rows: tuple[int, ...]) -> int:
+        """Lines of a shown node's block: one when compact, else header, rows (or a message)
+        and a gap."""
+        return 1 if self.compact else 2 + max(1, len(rows))
 
     def rebuild(self) -> None:
         """Recompute every node's block (after a filter change or a change of GPU count)."""
         lines: list[Line] = []
         blocks: dict[str, tuple[int, tuple[int, ...] | None]] = {}
-        for name in self.store.order:
+        self.node_order = self._order()
+        most = max((len(self.store.snaps[n].gpus) for n in self.node_order), default=0)
+        self.per_gpu_w = max(len("PER GPU"), min(PER_GPU_W, most))
+        for name in self.node_order:
             rows = self._block_rows(name)
             blocks[name] = (len(lines), rows)
             if rows is None:
                 continue
             snap = self.store.snaps[name]
+            if self.compact:
+                lines.append(Line("node", name, None))
+                continue
             lines.append(Line("head", name, None))
             if rows:
                 lines.extend(Line("gpu", name, snap.gpus[i].index) for i in rows)
@@ -125,6 +163,9 @@ class NodeList(ScrollView, can_focus=True):
         if not self.lines and not self.blocks:
             self.rebuild()
             return
+        if self.sort is not None and self._order() != self.node_order:
+            self.rebuild()
+            return
         for name in names:
             old = self.blocks.get(name)
             if old is None or old[1] != self._block_rows(name):
@@ -136,7 +177,7 @@ class NodeList(ScrollView, can_focus=True):
             y0, rows = self.blocks[name]
             if rows is None:
                 continue
-            n = 2 + max(1, len(rows))
+            n = self._height(rows)
             if y0 < bottom and y0 + n > top:
                 self.refresh_lines(y0, n)
 
@@ -145,12 +186,14 @@ class NodeList(ScrollView, can_focus=True):
         top = int(self.scroll_offset.y)
         for y in range(top, min(len(self.lines), top + self.size.height)):
             line = self.lines[y]
-            if line.kind == "head" and self.store.snaps[line.node].state is NodeState.STALE:
+            if line.kind in ("head", "node") and (
+                self.store.snaps[line.node].state is NodeState.STALE
+            ):
                 self.refresh_line(y)
 
     # -- cursor -------------------------------------------------------------------------------
     def selectable(self, line: Line) -> bool:
-        return line.kind == "gpu" or line.kind == "msg"
+        return line.kind in ("gpu", "msg", "node")
 
     def _place_cursor(self) -> None:
         target = None
@@ -214,7 +257,7 @@ class NodeList(ScrollView, can_focus=True):
     def action_node(self, step: int) -> None:
         if not self.lines or self.cursor is None:
             return
-        names = [n for n in self.store.order if self.blocks.get(n, (0, None))[1] is not None]
+        names = [n for n in self.node_order if self.blocks.get(n, (0, None))[1] is not None]
         if self.cursor[0] not in names:
             return
         i = names.index(self.cursor[0]) + step
@@ -233,6 +276,29 @@ class NodeList(ScrollView, can_focus=True):
             self._move_to(
                 self._next_selectable(0, 1) if step < 0 else self._next_selectable(10**9, -1)
             )
+
+    def action_sort(self) -> None:
+        """The next order of the GPU list (hottest, busiest, most idle, most memory, most
+        power, then the fleet's own)."""
+        self.sort = next_sort(self.sort)
+        self.rebuild()
+        self._columns_changed()  # the sorted column's title shows the order
+
+    def action_compact(self) -> None:
+        """One line per node, or back to a row per GPU."""
+        self.compact = not self.compact
+        if self.compact and self.cursor is not None:
+            self.cursor = (self.cursor[0], None)
+        elif self.cursor is not None:
+            snap = self.store.snaps.get(self.cursor[0])
+            if snap is not None and snap.gpus:
+                self.cursor = (self.cursor[0], snap.gpus[0].index)
+        self.rebuild()
+        self._columns_changed()
+
+    def _columns_changed(self) -> None:
+        for columns in self.screen.query(GpuColumns):
+            columns.refresh()
 
     def select(self, node: str, gpu: int | None) -> None:
         """Put the cursor on a node's GPU (from the heatmap or a test)."""
@@ -274,6 +340,9 @@ class NodeList(ScrollView, can_focus=True):
         elif line.kind == "gpu":
             segs = self._gpu(snap, line.gpu)
             strip = Strip(segs).apply_style(base).extend_cell_length(width, base).crop(0, width)
+        elif line.kind == "node":
+            segs = self._compact(snap)
+            strip = Strip(segs).apply_style(base).extend_cell_length(width, base).crop(0, width)
         elif line.kind == "msg":
             segs = self._msg(snap)
             strip = Strip(segs).apply_style(base).extend_cell_length(width, base).crop(0, width)
@@ -291,12 +360,7 @@ class NodeList(ScrollView, can_focus=True):
     def _head(self, s: NodeSnapshot) -> list[Segment]:
         header = self._style("nodelist--header")
         name = header + self._style("nodelist--name")
-        state_cls = {
-            NodeState.LIVE: "nodelist--live",
-            NodeState.STALE: "nodelist--stale",
-            NodeState.UNREACHABLE: "nodelist--down",
-            NodeState.CONNECTING: "nodelist--dim",
-        }[s.state]
+        state_cls = STATE_CLASSES[s.state]
         dot = {"live": "●", "stale": "◐", "unreachable": "✖", "connecting": "○"}[s.state.value]
         state = header + self._style(state_cls)
         age = node_str(node_age_text(s, self.store.clock()), limit=TEXT_LIMIT)
@@ -308,23 +372,78 @@ class NodeList(ScrollView, can_focus=True):
             Segment(f"  {node_str(s.link, limit=TEXT_LIMIT)}", header),
         ]
         info = s.info
+        if info is not None and info.reader is None and info.reader_error:
+            why = node_str(info.reader_error, limit=TEXT_LIMIT)
+            segs.append(Segment(f"  {why}", header + self._style("nodelist--down")))
+        if s.gpus and s.state in (NodeState.LIVE, NodeState.STALE):
+            t = self.store.node_totals(s.name)
+            util = f"{t.util_sum / t.util_n:.0f}%" if t.util_n else "-"
+            segs.append(Segment(f"  {t.gpus} GPUs  util {util}  {fmt_power(t.power)}", header))
+        # The host's load beside its GPUs, before the versions (a narrow panel cuts those).
+        host = host_text(s.host) if s.host is not None else ""
+        if host and s.state in (NodeState.LIVE, NodeState.STALE):
+            segs.append(Segment(f"  ·  {host}  ·", header))
         if info is not None:
             if info.driver:
                 segs.append(Segment(f"  driver {node_str(info.driver, limit=TEXT_LIMIT)}", header))
             if info.cuda:
                 segs.append(Segment(f"  CUDA {node_str(info.cuda, limit=TEXT_LIMIT)}", header))
-            if info.reader is None and info.reader_error:
-                why = node_str(info.reader_error, limit=TEXT_LIMIT)
-                segs.append(Segment(f"  {why}", header + self._style("nodelist--down")))
-        if s.gpus and s.state in (NodeState.LIVE, NodeState.STALE):
-            t = self.store.node_totals(s.name)
-            util = f"{t.util_sum / t.util_n:.0f}%" if t.util_n else "-"
-            segs.append(Segment(f"  {t.gpus} GPUs  util {util}  {fmt_power(t.power)}", header))
         if info is not None and info.reader in ("nvml", "nvidia-smi"):
             # Last, as the least urgent: a narrow panel cuts it first. The fallback stands out.
             style = header if info.reader == "nvml" else header + self._style("nodelist--warm")
             segs.append(Segment(f"  {node_str(reader_text(info), limit=TEXT_LIMIT)}", style))
         return segs
+
+    def _compact(self, s: NodeSnapshot) -> list[Segment]:
+        """A whole node on one line (``COMPACT_COLUMNS``): state, GPU count, mean utilization
+        and one bar per GPU, memory, hottest GPU, power, and its trouble counted."""
+        st = self._style
+        dim = st("nodelist--dim")
+        state_cls = STATE_CLASSES[s.state]
+        word = {"live": "● live", "stale": "◐ stale", "unreachable": "✖ down"}.get(
+            s.state.value, "○ …"
+        )
+        name = node_str(s.name, limit=TEXT_LIMIT)
+        segs = [
+            Segment(f" {name[:NAME_W]:<{NAME_W}} ", st("nodelist--name")),
+            Segment(f"{word:<8}", st(state_cls)),
+        ]
+        if s.state not in (NodeState.LIVE, NodeState.STALE):
+            why = node_age_text(s, self.store.clock())
+            return [*segs, Segment(node_str(why, limit=TEXT_LIMIT), st(state_cls))]
+        if not s.gpus:
+            return [*segs, Segment(self._msg_text(s), dim)]
+        stale = s.state is not NodeState.LIVE
+        t = self.store.node_totals(s.name)
+        mean = t.util_sum / t.util_n if t.util_n else None
+        util = "-" if mean is None else f"{mean:.0f}%"
+        per_gpu = gpu_bars(s.gpus[: self.per_gpu_w]).ljust(self.per_gpu_w)
+        used = sum(g.mem_used for g in s.gpus if g.mem_used is not None and not g.lost)
+        total = sum(g.mem_total for g in s.gpus if g.mem_total is not None and not g.lost)
+        temps = [g.temp for g in s.gpus if g.temp is not None and not g.lost]
+        hot = max(temps) if temps else None
+
+        def lvl(n: int) -> Style:
+            return dim if stale else st(LEVEL_CLASSES[n])
+
+        segs += [
+            Segment(f"{t.gpus:>4} ", dim),
+            Segment(f"{util:>5} ", lvl(level(mean, 50, 90))),
+            Segment(f"{per_gpu} ", dim if stale else st("nodelist--spark")),
+            Segment(f"{fmt_gib_pair(used, total):>9} ", dim if stale else Style()),
+            Segment(f"{'-' if hot is None else f'{hot}°C':>6} ", lvl(level(hot, 75, 85))),
+            Segment(f"{fmt_power(t.power):>7} ", dim if stale else Style()),
+        ]
+        trouble = node_trouble(s, {i for n, i in self.store.xids if n == s.name})
+        burning = sum(1 for g in s.gpus if self.store.is_burning(s, g.index))
+        if burning:
+            trouble.append(f"BURN×{burning}")
+        if trouble:
+            segs.append(Segment(" ".join(trouble), st("nodelist--badge")))
+        return segs
+
+    def _msg_text(self, s: NodeSnapshot) -> str:
+        return "".join(seg.text for seg in self._msg(s)).strip()
 
     def _msg(self, s: NodeSnapshot) -> list[Segment]:
         dim = self._style("nodelist--dim")
@@ -400,6 +519,9 @@ class NodeList(ScrollView, can_focus=True):
         if job or user:
             who = " ".join(str(x) for x in (job and f"job {job}", user) if x)
             segs.append(Segment(node_str(who, limit=TEXT_LIMIT) + "  ", st("nodelist--job")))
+        owners = gpu_owners(g)  # who runs processes on it (p: the process view)
+        if owners and owners != user:
+            segs.append(Segment(node_str(owners, limit=40) + "  ", st("nodelist--job")))
         burn = self.store.burn(s, index)
         if burn is not None:
             segs.append(Segment(node_str(burn_text(burn), limit=TEXT_LIMIT), st("nodelist--burn")))
@@ -431,3 +553,68 @@ def burn_text(burn: BurnState) -> str:
     if verdict:
         parts.append(str(verdict))
     return " ".join(parts)
+
+
+NAME_W = 12  # characters of a node name on a compact line
+PER_GPU_W = 16  # at most this many GPUs of a node drawn as bars on a compact line
+
+
+def gpu_bars(gpus: Iterable[GpuSample]) -> str:
+    """One character per GPU, its utilization as a bar (an idle GPU a low one), ✕ if lost."""
+    out = []
+    for g in gpus:
+        if g.lost or g.util_gpu is None:
+            out.append("✕" if g.lost else "?")
+        else:
+            step = round(min(100, max(0, g.util_gpu)) / 100 * (len(SPARK_CHARS) - 2))
+            out.append(SPARK_CHARS[1 + step])
+    return "".join(out)
+
+
+def node_trouble(s: NodeSnapshot, xid_gpus: set[int]) -> list[str]:
+    """A node's badges counted over its GPUs, worst first: ``LOST×1 XID×2 PWRCAP×3``."""
+    counts: dict[str, int] = {}
+    for g in s.gpus:
+        for badge in gpu_badges(g, g.index in xid_gpus):
+            counts[badge] = counts.get(badge, 0) + 1
+    first = ("LOST", "XID", "ECC", "REMAP")
+    order = sorted(counts, key=lambda b: (first.index(b) if b in first else len(first), b))
+    return [f"{b}×{counts[b]}" for b in order]
+
+
+def column_titles(width: int, sort: str | None, compact: bool, per_gpu: int = PER_GPU_W) -> str:
+    """The titles above the GPU list, aligned with its rows (``NodeList._gpu``; compact:
+    ``NodeList._compact``), the sorted column marked with its direction."""
+    mark = {}
+    if sort is not None:
+        _, _, column, descending = SORT_BY_KEY[sort]
+        mark[column] = "↓" if descending else "↑"
+
+    def t(title: str, column: str) -> str:
+        return title + mark.get(column, "")
+
+    if compact:
+        return (
+            f" {'NODE':<{NAME_W}} {'STATE':<8}{'GPUS':>4} {t('UTIL', 'util'):>5} "
+            f"{'PER GPU':<{per_gpu}} {t('MEMORY', 'mem'):>9} {t('MAX°C', 'temp'):>6} "
+            f"{t('POWER', 'power'):>7} TROUBLE"
+        )
+    spark = SPARK_WIDTH if width >= 140 else SPARK_WIDTH // 2 + 2
+    return (
+        f"  {'#':>2} {'MODEL':<15} {t('UTIL', 'util'):<{BAR_WIDTH + 7}}"
+        f"{t('MEMORY', 'mem'):<{BAR_WIDTH + 11}}{t('TEMP', 'temp'):>5}  "
+        f"{t('POWER', 'power'):>9}  {'SM CLK':>7}  {'RECENT':<{spark}}  FLAGS · JOB · USER · BURN"
+    )
+
+
+class GpuColumns(Widget):
+    """The column titles above the GPU list; they follow its sort and compact mode."""
+
+    DEFAULT_CSS = "GpuColumns { height: 1; }"
+
+    def render(self) -> Text:
+        nodes = self.screen.query(NodeList)
+        sort = nodes.first().sort if nodes else None
+        compact = nodes.first().compact if nodes else False
+        per_gpu = nodes.first().per_gpu_w if nodes else PER_GPU_W
+        return Text(column_titles(self.size.width, sort, compact, per_gpu), end="", no_wrap=True)

@@ -1,0 +1,105 @@
+"""The node's host beside its GPUs: CPU busy %, memory, load average and network rate.
+
+Read from /proc/stat, /proc/meminfo, /proc/loadavg and /proc/net/dev: four small files per
+sample. CPU % and the network rates are differences between two samples, so the first sample
+has none (null). The loopback interface is left out of the network rate: it is not traffic to
+other nodes. Python 3.6, standard library only; a file that cannot be read makes its fields
+null, never an error.
+"""
+
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+HOST_FIELDS = ("cpu", "cpus", "mem_total", "mem_available", "load", "net_rx", "net_tx")
+
+
+class HostStats(object):
+    """``sample()`` returns the sample's ``host`` dict (``HOST_FIELDS``): ``cpu`` (% of all
+    CPUs busy since the last sample), ``cpus`` (count), ``mem_total`` and ``mem_available``
+    (bytes), ``load`` ([1, 5, 15] minute load averages), ``net_rx`` and ``net_tx`` (bytes/s
+    since the last sample, every interface but loopback)."""
+
+    def __init__(self, root: str = "/proc",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._root = root
+        self._clock = clock
+        self._cpu = None  # type: Optional[Tuple[int, int]]  # busy, total jiffies
+        self._net = None  # type: Optional[Tuple[int, int, float]]  # rx, tx bytes, when
+
+    def _read(self, name: str) -> Optional[str]:
+        try:
+            with open(os.path.join(self._root, name), "rb") as f:
+                return f.read(1 << 20).decode("ascii", "replace")
+        except OSError:
+            return None
+
+    def sample(self) -> Dict[str, Any]:
+        out = dict.fromkeys(HOST_FIELDS)  # type: Dict[str, Any]
+        out["cpus"] = os.cpu_count()
+        out["cpu"] = self._cpu_percent(self._read("stat"))
+        out.update(_meminfo(self._read("meminfo")))
+        out["load"] = _loadavg(self._read("loadavg"))
+        out["net_rx"], out["net_tx"] = self._net_rates(self._read("net/dev"))
+        return out
+
+    def _cpu_percent(self, text: Optional[str]) -> Optional[float]:
+        if not text:
+            return None
+        for line in text.splitlines():
+            if line.startswith("cpu "):
+                try:
+                    ticks = [int(x) for x in line.split()[1:9]]
+                except ValueError:
+                    return None
+                break
+        else:
+            return None
+        total = sum(ticks)
+        busy = total - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)  # idle, iowait
+        before, self._cpu = self._cpu, (busy, total)
+        if before is None or total <= before[1]:
+            return None
+        return round(100.0 * max(0, busy - before[0]) / (total - before[1]), 1)
+
+    def _net_rates(self, text: Optional[str]) -> Tuple[Optional[float], Optional[float]]:
+        if not text:
+            return None, None
+        rx = tx = 0
+        for line in text.splitlines()[2:]:
+            name, _, rest = line.partition(":")
+            fields = rest.split()
+            if name.strip() == "lo" or len(fields) < 9:
+                continue
+            try:
+                rx += int(fields[0])
+                tx += int(fields[8])
+            except ValueError:
+                continue
+        now = self._clock()
+        before, self._net = self._net, (rx, tx, now)
+        if before is None or now <= before[2]:
+            return None, None
+        dt = now - before[2]
+        # a counter that went back (an interface gone, a wrap) is no rate
+        return (round((rx - before[0]) / dt, 1) if rx >= before[0] else None,
+                round((tx - before[1]) / dt, 1) if tx >= before[1] else None)
+
+
+def _meminfo(text: Optional[str]) -> Dict[str, Optional[int]]:
+    found = {}  # type: Dict[str, int]
+    for line in (text or "").splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("MemTotal", "MemAvailable"):
+            try:
+                found[key] = int(rest.split()[0]) * 1024  # kB
+            except (ValueError, IndexError):
+                pass
+    return {"mem_total": found.get("MemTotal"), "mem_available": found.get("MemAvailable")}
+
+
+def _loadavg(text: Optional[str]) -> Optional[List[float]]:
+    try:
+        return [float(x) for x in (text or "").split()[:3]] or None
+    except ValueError:
+        return None

@@ -1,0 +1,84 @@
+"""The heatmap's legend, its monotone colour scale in every theme, and its marks for states."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from textual.color import Color
+
+from gpuctl.core.model import GpuSample
+from gpuctl.tui.view import HEAT_LEVELS
+from gpuctl.tui.widgets.heatmap import CELL, HeatLegend, heat_mark
+from gpuctl_tests.tui.conftest import replay_app, settle
+
+SIZE = (160, 30)
+
+
+def cell_texts(app: object) -> list[str]:
+    heat = app.overview.heatmap  # type: ignore[attr-defined]
+    return [seg.text for seg in heat.render_line(0)]
+
+
+@pytest.mark.parametrize("theme", ["gpuctl-dark", "gpuctl-light", "gpuctl-high-contrast"])
+async def test_each_step_of_the_scale_stands_further_from_the_background(
+    tmp_path: Path, theme: str
+) -> None:
+    app = replay_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.theme = theme
+        await pilot.press("m")
+        heat = app.overview.heatmap
+        ground = Color.from_rich_color(heat.rich_style.bgcolor)
+        steps = [
+            Color.from_rich_color(heat.get_component_rich_style(f"heatmap--heat-{i}").bgcolor)
+            for i in range(HEAT_LEVELS)
+        ]
+        distance = [_distance(ground, c) for c in steps]
+        assert distance == sorted(distance) and len(set(distance)) == HEAT_LEVELS, distance
+
+
+def _distance(a: Color, b: Color) -> float:
+    """How far apart two colours are (RGB): a blend towards one hue moves steadily away."""
+    return float(((a.r - b.r) ** 2 + (a.g - b.g) ** 2 + (a.b - b.b) ** 2) ** 0.5)
+
+
+async def test_the_legend_names_the_scale_and_every_mark(tmp_path: Path) -> None:
+    app = replay_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        legend = app.overview.query_one(HeatLegend)
+        assert not legend.display
+        await pilot.press("m")
+        assert legend.display
+        text = legend.render().plain
+        assert text.startswith(" utilization 0% ") and "100%" in text
+        for word in ("lost", "XID", "ECC", "burning", "throttled", "stale", "no data"):
+            assert word in text
+        await pilot.press("m", "m")
+        assert legend.render().plain.startswith(" temperature 30°C ")
+        # the cells: GPU 1 had an XID, GPU 2 burns (under the cursor once it moves on)
+        await pilot.press("right", "right", "right")
+        row = "".join(cell_texts(app))
+        assert "X " in row and "B " in row and "·" in row  # gpu-b02 is stale
+        await pilot.press("escape")
+        assert not legend.display
+
+
+def test_marks_most_urgent_first() -> None:
+    def mark(g: GpuSample, **kw: bool) -> tuple[str, bool]:
+        args = {"xid": False, "burning": False, "stale": False, "reading": True, **kw}
+        return heat_mark(g, **args)
+
+    ok = GpuSample(0, 0.0, util_gpu=50, throttle=("gpu_idle",))
+    assert mark(ok) == (CELL, False)
+    assert mark(ok, stale=True) == (" ·", False)
+    hot = GpuSample(0, 0.0, throttle=("sw_thermal",))
+    assert mark(hot) == ("T ", False)
+    assert mark(hot, burning=True) == ("B ", False)
+    ecc = GpuSample(0, 0.0, ecc={"volatile_uncorrected": 2}, throttle=("sw_thermal",))
+    assert mark(ecc, burning=True) == ("E ", True)
+    assert mark(ecc, xid=True) == ("X ", True)
+    assert mark(GpuSample(0, 0.0, lost=True), xid=True, stale=True) == ("✕·", True)
+    assert mark(GpuSample(0, 0.0), reading=False) == ("? ", False)
