@@ -19,7 +19,7 @@ class ReplayApp(GpuctlApp):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         *GpuctlApp.BINDINGS,
-        Binding("p", "replay_pause", "pause replay", id="replay_pause"),
+        Binding("space", "replay_pause", "pause replay", id="replay_pause"),
         Binding("comma", "replay_step(-1)", "back 1 s", id="replay_back_1s", show=False),
         Binding("full_stop", "replay_step(1)", "on 1 s", id="replay_on_1s", show=False),
         Binding("left_square_bracket", "replay_step(-10)", "back 10 s", id="replay_back_10s"),
