@@ -114,11 +114,14 @@ class SimGpu(object):
             throttle.append("sw_power_cap")
         if util <= 2:
             throttle.append("gpu_idle")
-        mem_frac = min(0.97, self.base_mem + (0.9 if self.burn else 0.0))
+        # A burn takes most of what the job leaves: what the processes hold adds up to at most
+        # what is used, and what is used to at most what there is.
+        burn_frac = min(0.9, 0.97 - self.base_mem) if self.burn else 0.0
+        mem_frac = self.base_mem + burn_frac
         procs = list(self.processes)
         if self.burn:
             procs.append({"pid": 9000 + self.index, "user": "gpuctl",
-                          "command": "gpuctl-burn", "mem": int(0.9 * self.mem_total)})
+                          "command": "gpuctl-burn", "mem": int(burn_frac * self.mem_total)})
         return {
             "index": self.index, "uuid": self.uuid, "state": "ok",
             "util_gpu": util, "util_mem": int(util * 0.6),
