@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.notifications import SeverityLevel
@@ -230,6 +230,31 @@ class GpuctlApp(App[int]):
             timeout=timeout,
             markup=False,
         )
+
+    def deliver_screenshot(
+        self, filename: str | None = None, path: str | None = None, time_format: str | None = None
+    ) -> str | None:
+        """The palette's Screenshot: into ``path``, else ~/Downloads when there is one, else
+        ``screenshots/`` in the state folder (made, 0700): a missing folder is no failure."""
+        if path is None:
+            downloads = Path.home() / "Downloads"
+            try:
+                folder = downloads if downloads.is_dir() else self.state_dir / "screenshots"
+                path = str(paths.private_dir(folder) if folder != downloads else folder)
+            except OSError as e:
+                self.notify(f"screenshot not saved: {e}", severity="error")
+                return None
+        return super().deliver_screenshot(filename, path, time_format)
+
+    def on_delivery_complete(self, event: events.DeliveryComplete) -> None:
+        if event.name == "screenshot":  # said here, plainly: notify shows no markup
+            event.prevent_default()
+            self.notify(f"screenshot saved to {event.path}" if event.path else "screenshot saved")
+
+    def on_delivery_failed(self, event: events.DeliveryFailed) -> None:
+        if event.name == "screenshot":
+            event.prevent_default()
+            self.notify(f"screenshot not saved: {event.exception}", severity="error")
 
     def _handle_exception(self, error: Exception) -> None:
         # Textual ends the app (return code 1) and keeps a traceback, with local variables

@@ -4,23 +4,30 @@ cursor, burns that end, the filter, the configured keys, and the words."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.coordinate import Coordinate
 from textual.pilot import Pilot
-from textual.widgets import Footer, Input, Static
+from textual.widgets import DataTable, Footer, Input, Static
 from textual.widgets._footer import FooterKey, FooterLabel
 
+from gpuctl.core.model import NodeState
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.replay import ReplayLink, recorded_node
+from gpuctl.jobs import Executor, JobStore
 from gpuctl.node.readers.sim import SimReader
 from gpuctl.tui import GpuctlApp, make_app
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.store import BURN_ENDED_SHOWN_S
-from gpuctl_tests.tui.conftest import NOW, T0, replay_app, settle
-from gpuctl_tests.tui.test_panes import messages, until
+from gpuctl.tui.widgets.panes import JobsPane
+from gpuctl.workloads.accept.schema import SECTIONS
+from gpuctl_tests.tui.conftest import NOW, T0, replay_app, replay_fleet, settle
+from gpuctl_tests.tui.hostile import ScriptedAgentLink
+from gpuctl_tests.tui.test_panes import messages, sleeps, until
 
 SIZES = [(80, 24), (120, 40), (200, 60)]
 
@@ -216,3 +223,134 @@ def test_simulated_memory_adds_up() -> None:
         for g in reader.sample():
             held = sum(p["mem"] for p in g["processes"])
             assert held <= g["mem_used"] <= g["mem_total"], (seed, g)
+
+
+# -- jobs pane --------------------------------------------------------------------------------
+@pytest.mark.slow
+async def test_the_highlighted_job_is_the_one_c_cancels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new job sorts in on top: the highlight used to stay on a row index (another job)
+    while ``c`` cancelled the job selected before."""
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    store = JobStore()
+    ex = Executor("local", python=sys.executable, job_root=str(tmp_path / "jobs"), store=store)
+    first, second = ex.submit(sleeps), ex.submit(sleeps)
+    jobs = [first, second]
+    try:
+        app = make_app(replay_fleet(), state_dir=tmp_path / "ui", job_store=store)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("2")
+            pane = app.overview.query_one(JobsPane)
+            table = app.overview.query_one("#jobs-table", DataTable)
+            await until(pilot, lambda: table.row_count == 2, "two jobs")
+            await pilot.press("down")  # the first job (the list is newest first)
+            await until(pilot, lambda: pane.selected == first.id, "the first job selected")
+            jobs.append(ex.submit(sleeps))  # the newest: it sorts in above
+            await until(pilot, lambda: table.row_count == 3, "the new job")
+            await pilot.pause()
+            highlighted = table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key
+            assert highlighted.value == first.id == pane.selected
+            await pilot.press("c")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+            assert first.id[:12] in app.screen.question
+            await pilot.press("n")
+    finally:
+        for job in jobs:
+            job.cancel()
+
+
+# -- acceptance pane --------------------------------------------------------------------------
+def stalling_agent(req: dict[str, Any]) -> list[dict[str, Any]]:
+    """A stand-in agent whose suite passes ENV, starts COMPUTE and then runs until stopped."""
+    rid = req.get("id")
+    if req.get("type") == "accept_stop":
+        return [{"type": "ok", "request": "accept_stop", "id": rid}]
+    if req.get("type") != "accept_start":
+        return [{"type": "error", "code": "unknown_request", "message": "no", "id": rid}]
+
+    def section(name: str, state: str, verdict: str | None = None) -> dict[str, Any]:
+        detail = {"event": "section", "run": "r", "section": name, "state": state}
+        if verdict:
+            detail["verdict"] = verdict
+        return {"type": "event", "t": NOW, "kind": "accept", "gpu": None, "detail": detail}
+
+    return [
+        {"type": "ok", "request": "accept_start", "id": rid, "run": "r", "pid": 1},
+        {"type": "event", "t": NOW, "kind": "accept", "gpu": None, "detail": {"event": "start"}},
+        section("env", "start"),
+        section("env", "end", "PASS"),
+        section("compute", "start"),
+    ]
+
+
+async def test_a_cancelled_acceptance_run_says_cancelled_and_ends(tmp_path: Path) -> None:
+    node = recorded_node("ok-01", "2:H100", samples=3, t0=NOW - 2.5)
+    fleet = Fleet({"ok-01": ScriptedAgentLink(node, stalling_agent)}, clock=lambda: NOW)
+    app = make_app(fleet, state_dir=tmp_path, clock=lambda: NOW)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.store.snaps["ok-01"].state is NodeState.LIVE, "live")
+        await until(pilot, lambda: app.overview.nodes.lines, "the node on screen")
+        await pilot.press("a")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        await pilot.press("y")
+        table = app.overview.query_one("#accept-table", DataTable)
+        await until(pilot, lambda: str(table.get_cell("ok-01", "compute")) == "▶ run", "running")
+        await pilot.press("a")  # again: cancel
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        assert "Cancel" in app.screen.question
+        await pilot.press("y")
+        run = app.accept_run
+        assert run is not None
+        await until(pilot, run.done, "the run to end")
+        await until(pilot, lambda: str(table.get_cell("ok-01", "verdict")) == "CANCELLED", "it")
+        cells = {s: str(table.get_cell("ok-01", s)) for s in SECTIONS}
+        assert cells["env"] == "PASS" and cells["compute"] == "-", cells
+        assert "ERROR" not in cells.values() and "▶ run" not in cells.values(), cells
+        note = str(app.overview.query_one("#accept-note", Static).render())
+        assert "acceptance cancelled on ok-01" in note and "running" not in note
+
+
+# -- detail -----------------------------------------------------------------------------------
+async def test_detail_events_in_words_with_ages_that_move_and_a_scroll(tmp_path: Path) -> None:
+    now = [NOW]
+    burn = {"state": "done", "verdict": "OK", "tflops_mean": 611.6, "errors": 0, "owner": {}}
+    events: list[dict[str, Any]] = [
+        {"type": "event", "t": T0 + k, "kind": "xid", "gpu": k % 4, "detail": {"xid": 79}}
+        for k in range(30)
+    ]
+    events.append({"type": "event", "t": T0 + 31, "kind": "burn", "gpu": 2, "detail": burn})
+    messages_ = recorded_node("n-01", "4:H100", samples=3, t0=T0, events=events)
+    fleet = Fleet({"n-01": ReplayLink(messages_)}, clock=lambda: now[0], stale_after=1e9)
+    app = make_app(fleet, clock=lambda: now[0], state_dir=tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: len(fleet.events("n-01")) == 31, "the events")
+        await until(pilot, lambda: app.overview.nodes.lines, "the node on screen")
+        await pilot.press("enter")
+        box = await until(pilot, lambda: app.screen.query("#detail-events-box"), "the detail")
+        text = app.screen.query_one("#detail-events", Static)
+        await until(pilot, lambda: "burn done" in str(text.render()), "the events")
+        lines = str(text.render()).splitlines()
+        assert lines[0].endswith("GPU 2  burn done: OK, 612 TF/s"), lines[0]
+        assert lines[1].endswith("GPU 1  XID 79") and "xid=" not in str(text.render())
+        assert len(lines) == 31  # every kept event, not the last twelve
+        assert box.first().max_scroll_y > 0  # more than fit: it scrolls
+        assert lines[0].lstrip().startswith(f"{int(NOW - T0 - 31)}s ago")
+        now[0] += 300
+        await until(pilot, lambda: str(text.render()).lstrip().startswith("5m ago"), "ages")
+
+
+# -- screenshot -------------------------------------------------------------------------------
+async def test_screenshot_without_a_downloads_folder(tmp_path: Path) -> None:
+    assert not (Path.home() / "Downloads").exists()  # the tests' home has none
+    app = replay_app(tmp_path / "state")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        app.action_screenshot()
+        saved = await until(
+            pilot, lambda: [m for m in messages(app) if "screenshot" in m], "the notification"
+        )
+        assert saved[0].startswith("screenshot saved to "), saved
+        files = list((tmp_path / "state" / "screenshots").glob("*.svg"))
+        assert len(files) == 1 and "<svg" in files[0].read_text()
+        assert saved[0] == f"screenshot saved to {files[0]}"
