@@ -202,6 +202,7 @@ async def measure(
         exit_called_at = time.time()
         app.exit(0)
         await asyncio.wait_for(task, 120)
+        app_exit_s = time.time() - exit_called_at
     busy = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     wall = wall1 - wall0
     tail = [(t, v) for t, v in rss if t >= wall / 3]
@@ -225,6 +226,7 @@ async def measure(
         "rss_peak_mb": max(v for _, v in rss),
         "rss_tail_slope_mb_per_min": slope_per_min(tail),
         "exit_called_at": exit_called_at,
+        "app_exit_s": app_exit_s,  # of quit_s: until the app's run ended (links closed)
     }
 
 
@@ -264,7 +266,8 @@ def report(r: dict[str, Any], label: str = "") -> str:
         f"{r['arrival_paint_p95_ms']:6.1f} ms max {r['arrival_paint_max_ms']:6.1f} ms"
         f" (n={r['paints']})\n    RSS {r['rss_first_mb']:.0f} -> {r['rss_last_mb']:.0f} MB"
         f" (peak {r['rss_peak_mb']:.0f}, last 2/3: {r['rss_tail_slope_mb_per_min']:+.1f} MB/min)"
-        f"  quit {r['quit_s']:.2f} s  first frame {r['first_frame_s']:.1f} s"
+        f"  quit {r['quit_s']:.2f} s (app {r['app_exit_s']:.2f} s)"
+        f"  first frame {r['first_frame_s']:.1f} s"
         f"  flushes {r['flushes_per_s']:.1f}/s\n    RSS every period (MB): {r['rss_mb']}"
     )
 

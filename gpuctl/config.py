@@ -287,6 +287,15 @@ CLUSTER_KEYS: dict[str, Key] = {
 NODE_KEYS = tuple(k for k in CLUSTER_KEYS if k != "nodes")  # allowed in an override
 
 
+def check_interval(value: Any) -> float:
+    """Seconds between samples as ``interval`` takes them (config and ``--interval``); raises
+    ValueError with one line."""
+    try:
+        return float(CLUSTER_KEYS["interval"].check(value))
+    except _Bad as e:
+        raise ValueError(str(e)) from None
+
+
 def _keymap(v: Any) -> dict[str, str]:
     if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
         raise _Bad(f'expected a table of binding id = "key", got {_show(v)}')

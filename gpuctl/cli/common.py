@@ -85,19 +85,45 @@ def load_user_config(args: argparse.Namespace) -> Config:
         raise UserError(str(e)) from None
 
 
+def add_interval_option(p: argparse.ArgumentParser) -> None:
+    """``--interval SECONDS``: every node samples this often (over the config's ``interval``)."""
+
+    def seconds(text: str) -> float:
+        from gpuctl.config import check_interval
+
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected seconds between samples (e.g. 0.5), got {text!r}"
+            ) from None
+        try:
+            return check_interval(value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{e} (seconds between samples)") from None
+
+    p.add_argument(
+        "--interval",
+        type=seconds,
+        metavar="S",
+        help="seconds between samples on every node (default: the config's interval, 1)",
+    )
+
+
 def build_fleet(args: argparse.Namespace) -> Fleet:
     """The fleet the command works on: the demo cluster with ``--demo``, else the configured
     nodes, else this machine. Raises UserError for a broken config or a failed discovery."""
     read_only = bool(getattr(args, "read_only", False))
+    interval: float | None = getattr(args, "interval", None)
     if getattr(args, "demo", False):
-        return simulated_fleet(demo_nodes(), read_only=read_only)
+        return simulated_fleet(demo_nodes(), read_only=read_only, interval=interval or 1.0)
     from gpuctl.cli.main import UserError
     from gpuctl.fleet.build import fleet_from_config
     from gpuctl.fleet.slurm import SlurmError
 
     config = load_user_config(args)
     try:
-        return fleet_from_config(config, read_only=read_only or config.read_only)
+        return fleet_from_config(config, read_only=read_only or config.read_only, interval=interval)
     except SlurmError as e:
         raise UserError(str(e)) from None
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from gpuctl.cli.common import add_interval_option
 from gpuctl.cli.main import UserError
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ def register(sub: Subcommands) -> None:
     p.add_argument(
         "--no-story", action="store_true", help="no throttling GPU, XID or stalling node"
     )
+    add_interval_option(p)
     p.set_defaults(func=run)
 
 
@@ -75,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus must be within 1..64, not {args.gpus}")
     require_terminal()
     config_tui, _ = tui_config(args)
-    fleet = simulated_fleet(demo_nodes(args.nodes, args.gpus), read_only=args.read_only)
+    fleet = simulated_fleet(
+        demo_nodes(args.nodes, args.gpus), read_only=args.read_only, interval=args.interval or 1.0
+    )
     from gpuctl.tui import GpuctlApp
 
     job_store, job_store_error = open_job_store()

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuctl import logs
-from gpuctl.cli.common import load_user_config
+from gpuctl.cli.common import add_interval_option, load_user_config
 from gpuctl.cli.main import UserError
 from gpuctl.core.text import printable
 
@@ -28,6 +28,7 @@ def register(sub: Subcommands) -> None:
     p.add_argument(
         "--read-only", action="store_true", help="watch only: no stress, no acceptance runs"
     )
+    add_interval_option(p)
     p.set_defaults(func=run)
 
 
@@ -82,8 +83,9 @@ def open_job_store() -> tuple[JobStore | None, str | None]:
         return None, printable(e)
 
 
-def run_tui(app: GpuctlApp, *, headless: bool = False) -> int:
+def run_tui(app: GpuctlApp, *, headless: bool = False, size: tuple[int, int] | None = None) -> int:
     """Run the TUI and return its exit status: 0, or non-zero when the screen crashed.
+    (``headless`` and ``size``, columns and lines, are for tests.)
 
     Nothing is printed while the screen is drawn (log lines go to the log file only). A crash
     ends in one line on stderr, after the terminal is restored, naming the log file that holds
@@ -93,7 +95,7 @@ def run_tui(app: GpuctlApp, *, headless: bool = False) -> int:
     where = logs.log_file()
     if where is not None:  # Textual's own traceback: the log file has ours
         app.error_console.file = io.StringIO()
-    app.run(headless=headless)
+    app.run(headless=headless, size=size)
     code = app.return_code or 0
     if app.crash is None:
         return code

@@ -17,6 +17,11 @@ def fmt_opt(v: float | int | None, unit: str = "", digits: int = 0) -> str:
     return "-" if v is None else f"{v:.{digits}f}{unit}"
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """A count with its noun in the right number: "1 node", "3 nodes", "2 GPUs"."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def fmt_age(seconds: float) -> str:
     """A duration in its largest sensible unit: "45s", "12m", "3h"."""
     if seconds < 90:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import replace
 from typing import Any
 
 from gpuctl.config import ClusterConfig, Config, NodeConfig
@@ -70,11 +71,17 @@ def cluster_nodes(
 
 
 def fleet_from_config(
-    config: Config, *, read_only: bool | None = None, **fleet_kwargs: Any
+    config: Config,
+    *,
+    read_only: bool | None = None,
+    interval: float | None = None,
+    **fleet_kwargs: Any,
 ) -> ClusterFleet:
     """Build the fleet for ``config``: its nodes, or this machine when it names none.
 
-    The agents start with ``--read-only`` when ``read_only`` (default: the config's) is true.
+    The agents start with ``--read-only`` when ``read_only`` (default: the config's) is true,
+    and sample every ``interval`` seconds when given (``--interval``), else as each node's
+    config says.
     Raises SlurmError when a cluster's nodes must come from sinfo and it fails.
     """
     if read_only is None:
@@ -84,7 +91,8 @@ def fleet_from_config(
         kwargs["concurrency"] = int(kwargs["concurrency"])
     kwargs.update(fleet_kwargs)
     if config.empty:
-        return ClusterFleet({LOCAL_NAME: LocalLink(read_only=read_only)}, **kwargs)
+        link = LocalLink(read_only=read_only, interval=interval or 1.0)
+        return ClusterFleet({LOCAL_NAME: link}, **kwargs)
     store = BundleStore()
     links: dict[str, NodeLink] = {}
     slurm_watch: dict[str | None, list[str]] = {}
@@ -93,6 +101,8 @@ def fleet_from_config(
     for cluster in config.clusters.values():
         nodes, known = cluster_nodes(cluster)
         for node in nodes:
+            if interval is not None:
+                node = replace(node, interval=interval)
             if node.name in links:
                 raise SlurmError(f"node {node.name} is in two clusters (one found by sinfo)")
             links[node.name] = link_for(

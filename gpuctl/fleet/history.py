@@ -40,18 +40,17 @@ _MISSING = {code: (1 << (8 * array(code).itemsize)) - 1 for code in ("B", "H")}
 BYTES_PER_POINT = 8 + sum(array(code).itemsize for code in COLUMNS.values())  # + time (float64)
 
 
-def _reading(g: GpuSample, metric: str) -> float | None:
-    if metric == "util":
-        return g.util_gpu
-    if metric == "temp":
-        return g.temp
-    if metric == "sm_clock":
-        return g.sm_clock
-    if metric == "mem_clock":
-        return g.mem_clock
-    if metric == "mem":
-        return None if g.mem_used is None else g.mem_used / GIB
-    return g.power
+def _readings(g: GpuSample) -> tuple[float | None, ...]:
+    """A sample's values in ``METRICS`` order (all missing for a lost GPU)."""
+    if g.lost:
+        return _LOST
+    mem = None if g.mem_used is None else g.mem_used / GIB
+    return (g.util_gpu, g.temp, g.sm_clock, g.mem_clock, mem, g.power)
+
+
+_LOST: tuple[None, ...] = (None,) * len(COLUMNS)
+# Per column: None for a float column, else the integer that stands for "missing".
+_LIMITS = tuple(_MISSING.get(code) for code in COLUMNS.values())
 
 
 class _Ring:
@@ -67,12 +66,40 @@ class _Ring:
         self.size = 0
 
     def push(self, t: float, values: Sequence[float | None]) -> None:
+        """Keep one point; integer columns take whole numbers (a reading) or are rounded."""
         i = self.head
         self.times[i] = t
-        for column, code, v in zip(self.columns, COLUMNS.values(), values, strict=True):
-            column[i] = _stored(code, v)
-        self.head = (i + 1) % self.capacity
-        self.size = min(self.size + 1, self.capacity)
+        for column, limit, v in zip(self.columns, _LIMITS, values, strict=True):
+            if v is None:
+                column[i] = math.nan if limit is None else limit
+            elif limit is None:  # float32: what it cannot hold is infinite
+                column[i] = v if -3e38 < v < 3e38 or v != v else math.copysign(math.inf, v)
+            else:
+                n = v if type(v) is int else round(v)
+                column[i] = n if 0 <= n < limit else limit
+        self.head = i + 1 if i + 1 < self.capacity else 0
+        if self.size < self.capacity:
+            self.size += 1
+
+    def last_values(self, column: int, n: int) -> list[float]:
+        """The newest ``n`` raw values of a column (missing ones as stored), oldest first."""
+        n = min(n, self.size)
+        a = self.columns[column]
+        start = self.head - n
+        if start >= 0:
+            return a[start : self.head].tolist()
+        return a[start:].tolist() + a[: self.head].tolist()
+
+    def count_since(self, t0: float) -> int:
+        """How many of the newest points have a time at or after ``t0``."""
+        n = 0
+        i = self.head
+        while n < self.size:
+            i = i - 1 if i > 0 else self.capacity - 1
+            if self.times[i] < t0:
+                break
+            n += 1
+        return n
 
     def _ordered(self, a: array) -> array:  # type: ignore[type-arg]
         if self.size < self.capacity:
@@ -102,15 +129,6 @@ def _empty(code: str) -> float:
     return math.nan if code == "f" else _MISSING[code]
 
 
-def _stored(code: str, v: float | None) -> float:
-    if v is None or v != v:
-        return _empty(code)
-    if code == "f":
-        return v if abs(v) < 3e38 else math.copysign(math.inf, v)  # float32's range
-    n = round(v)
-    return n if 0 <= n < _MISSING[code] else _MISSING[code]
-
-
 def _loaded(code: str, v: float) -> float | None:
     if code == "f":
         return None if v != v else v
@@ -132,33 +150,34 @@ class GpuHistory:
         self._recent = _Ring(recent)
         self._older = _Ring(max(older, 1))
         self._keep_older = older > 0
-        # The bucket being averaged: its start, and per metric a sum and a count.
-        self._bucket: float | None = None
-        self._sums = array("d", bytes(8 * len(COLUMNS)))
-        self._counts = array("L", bytes(array("L").itemsize * len(COLUMNS)))
+        self._bucket: float | None = None  # start of the bucket the newest samples are in
 
     def add(self, g: GpuSample) -> None:
         """Keep one sample (a lost GPU's metrics are missing)."""
-        values = [None if g.lost else _reading(g, m) for m in METRICS]
-        self._recent.push(g.t, values)
-        if not self._keep_older:
-            return
-        bucket = math.floor(g.t / self.step) * self.step
-        if self._bucket is not None and bucket != self._bucket:
-            self._close_bucket()
-        self._bucket = bucket
-        for i, v in enumerate(values):
-            if v is not None and math.isfinite(v):
-                self._sums[i] += v
-                self._counts[i] += 1
+        if self._keep_older:
+            bucket = (g.t // self.step) * self.step
+            if bucket != self._bucket:
+                if self._bucket is not None:
+                    self._close_bucket(self._bucket)
+                self._bucket = bucket
+        self._recent.push(g.t, _readings(g))
 
-    def _close_bucket(self) -> None:
-        assert self._bucket is not None
-        means = [s / n if n else None for s, n in zip(self._sums, self._counts, strict=True)]
-        self._older.push(self._bucket, means)
-        for i in range(len(self._sums)):
-            self._sums[i] = 0.0
-            self._counts[i] = 0
+    def _close_bucket(self, start: float) -> None:
+        """Keep the means of the samples since ``start`` (all still among the recent ones
+        when ``recent`` holds a bucket's worth: 900 samples, 60 s buckets at up to 15 Hz)."""
+        recent = self._recent
+        n = recent.count_since(start)
+        if n == 0:
+            return
+        means: list[float | None] = []
+        for column, limit in enumerate(_LIMITS):
+            values = recent.last_values(column, n)
+            if limit is None:
+                kept = [v for v in values if v == v and abs(v) != math.inf]
+            else:
+                kept = [v for v in values if v != limit]
+            means.append(sum(kept) / len(kept) if kept else None)
+        self._older.push(start, means)
 
     def _older_count(self) -> int:
         """How many older means lie wholly before the first recent sample."""
@@ -188,8 +207,7 @@ class GpuHistory:
     @property
     def nbytes(self) -> int:
         """Bytes of the buffers: fixed from the first sample on."""
-        sums = self._sums.itemsize * len(self._sums) + self._counts.itemsize * len(self._counts)
-        return self._recent.nbytes + self._older.nbytes + sums
+        return self._recent.nbytes + self._older.nbytes
 
 
 EMPTY = GpuHistory(recent=1, older=0)  # what ``Fleet.history`` hands out for an unknown GPU

@@ -20,11 +20,12 @@ import logging
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.notifications import SeverityLevel
@@ -35,6 +36,7 @@ from textual.worker import Worker, WorkerState
 from gpuctl import paths, service
 from gpuctl.accept.history import HistoryStore
 from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run
+from gpuctl.core.format import counted
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.text import printable
 from gpuctl.fleet import control
@@ -59,6 +61,9 @@ COALESCE_S = 0.1  # how long a flush waits for more samples (p95 paint budget is
 STOP_TIMEOUT_S = 10.0
 NOTIFY_LIMIT = 400  # characters of a notification: a node's error text can be megabytes
 OTHERS_SHOWN = 4  # GPUs named one by one when S asks about other users' processes
+# Keys that change nodes: in read-only mode they stay (and say why they refuse) but the footer
+# does not offer them.
+MUTATING_KEYS = ("stress_gpu", "stress_node", "stress_cluster", "accept")
 
 log = logging.getLogger("gpuctl.tui")
 
@@ -70,15 +75,17 @@ class GpuctlApp(App[int]):
     TITLE = "gpuctl"
     ENABLE_COMMAND_PALETTE = True
 
-    PANES = Binding.Group("panes", compact=True)
+    PANES = Binding.Group("panes")
+    STRESS = Binding.Group("stress")  # "s S stress": the footer must fit 80 columns
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("s", "stress_gpu", "stress GPU", id="stress_gpu"),
-        Binding("S", "stress_node", "stress node", id="stress_node"),
-        Binding("B", "stress_cluster", "stress all", id="stress_cluster"),
+        Binding("s", "stress_gpu", "stress GPU", id="stress_gpu", group=STRESS),
+        Binding("S", "stress_node", "stress node", id="stress_node", group=STRESS),
+        # B and r are in help and the palette, not the footer: it must fit 80 columns.
+        Binding("B", "stress_cluster", "stress all", id="stress_cluster", show=False),
         Binding("a", "accept", "accept", id="accept"),
-        Binding("r", "reconnect", "reconnect", id="reconnect"),
+        Binding("r", "reconnect", "reconnect", id="reconnect", show=False),
         Binding("p", "processes", "processes", id="processes"),
-        Binding("t", "next_theme", "theme", id="theme"),
+        Binding("t", "next_theme", "theme", id="theme", show=False),
         Binding("R", "record", "record", id="record", show=False),
         Binding("1", "pane('gpus')", "GPUs pane", id="pane_gpus", group=PANES),
         Binding("2", "pane('jobs')", "jobs pane", id="pane_jobs", group=PANES),
@@ -116,6 +123,11 @@ class GpuctlApp(App[int]):
         super().__init__()
         self.fleet = fleet
         self.read_only = read_only
+        if read_only:
+            self._bindings.key_to_bindings = {
+                key: [replace(b, show=False) if b.id in MUTATING_KEYS else b for b in bindings]
+                for key, bindings in self._bindings.key_to_bindings.items()
+            }
         self.simulated = simulated
         self.config_tui = dict(config_tui or {})
         self.store = FleetStore(fleet, clock or time.time)
@@ -225,6 +237,31 @@ class GpuctlApp(App[int]):
             timeout=timeout,
             markup=False,
         )
+
+    def deliver_screenshot(
+        self, filename: str | None = None, path: str | None = None, time_format: str | None = None
+    ) -> str | None:
+        """The palette's Screenshot: into ``path``, else ~/Downloads when there is one, else
+        ``screenshots/`` in the state folder (made, 0700): a missing folder is no failure."""
+        if path is None:
+            downloads = Path.home() / "Downloads"
+            try:
+                folder = downloads if downloads.is_dir() else self.state_dir / "screenshots"
+                path = str(paths.private_dir(folder) if folder != downloads else folder)
+            except OSError as e:
+                self.notify(f"screenshot not saved: {e}", severity="error")
+                return None
+        return super().deliver_screenshot(filename, path, time_format)
+
+    def on_delivery_complete(self, event: events.DeliveryComplete) -> None:
+        if event.name == "screenshot":  # said here, plainly: notify shows no markup
+            event.prevent_default()
+            self.notify(f"screenshot saved to {event.path}" if event.path else "screenshot saved")
+
+    def on_delivery_failed(self, event: events.DeliveryFailed) -> None:
+        if event.name == "screenshot":
+            event.prevent_default()
+            self.notify(f"screenshot not saved: {event.exception}", severity="error")
 
     def _handle_exception(self, error: Exception) -> None:
         # Textual ends the app (return code 1) and keeps a traceback, with local variables
@@ -359,8 +396,9 @@ class GpuctlApp(App[int]):
 
         shown = OTHERS_SHOWN
         lines = "; ".join(f"GPU {o.gpu} {o.runs()}" for o in others[:shown])
-        more = f"; {len(others) - shown} more GPUs too" if len(others) > shown else ""
-        question = f"On {node}, {lines}{more}. Burn all {len(snap.gpus)} GPUs of {node} anyway?"
+        more = f"; {counted(len(others) - shown, 'more GPU')} too" if len(others) > shown else ""
+        every = counted(len(snap.gpus), "GPU")
+        question = f"On {node}, {lines}{more}. Burn all {every} of {node} anyway?"
         self.push_screen(ConfirmScreen(question, "Burn anyway"), answered)
 
     def action_stress_cluster(self) -> None:
@@ -369,7 +407,9 @@ class GpuctlApp(App[int]):
         burning = self._burning()
         if burning:
             nodes = sorted({n for n, _ in burning})
-            question = f"Stop all {len(burning)} burning GPUs on {len(nodes)} nodes?"
+            question = (
+                f"Stop {counted(len(burning), 'burning GPU')} on {counted(len(nodes), 'node')}?"
+            )
 
             def stop(yes: bool | None) -> None:
                 if yes:
@@ -389,7 +429,7 @@ class GpuctlApp(App[int]):
                 for n in live:
                     self.stress(n, None, True)
 
-        question = f"Burn all {gpus} GPUs on {len(live)} live nodes?"
+        question = f"Burn all {counted(gpus, 'GPU')} on {counted(len(live), 'live node')}?"
         others = self._others(dict.fromkeys(live))
         if others:
             question += f" {service.others_summary(others)}."
@@ -552,7 +592,7 @@ class GpuctlApp(App[int]):
 
     @work(exit_on_error=False, group="quit")
     async def stop_and_exit(self, nodes: list[str]) -> None:
-        self.notify(f"stopping burns on {len(nodes)} nodes…")
+        self.notify(f"stopping burns on {counted(len(nodes), 'node')}…")
         await asyncio.wait(
             [
                 asyncio.ensure_future(
@@ -577,6 +617,11 @@ class GpuctlApp(App[int]):
         yield "acceptance pane", AcceptPane.BINDINGS
         yield "acceptance report", AcceptReportScreen.BINDINGS
 
+    def key_display(self, binding_id: str, default: str) -> str:
+        """How the footer shows the key of ``binding_id`` as configured ([tui.keys])."""
+        key = self.keymap.get(binding_id, default)
+        return ", ".join(self.get_key_display(Binding(k.strip(), "")) for k in key.split(","))
+
     def help_rows(self) -> list[HelpRow]:
         rows: list[HelpRow] = []
         seen: set[tuple[str, str]] = set()
@@ -585,11 +630,7 @@ class GpuctlApp(App[int]):
                 if not isinstance(b, Binding) or b.id is None or (b.id, where) in seen:
                     continue
                 seen.add((b.id, where))
-                key = self.keymap.get(b.id, b.key)
-                shown = ", ".join(
-                    self.get_key_display(Binding(k.strip(), "")) for k in key.split(",")
-                )
-                rows.append((shown, b.description, b.id, where))
+                rows.append((self.key_display(b.id, b.key), b.description, b.id, where))
         return rows
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:

@@ -23,6 +23,9 @@ from gpuctl.tui.view import (
     short_model,
 )
 
+BURN_ENDED = ("done", "failed")
+BURN_ENDED_SHOWN_S = 60.0  # a finished burn's verdict stays on its row this long
+
 
 class FleetStore:
     """Everything the widgets read; only the app writes it (attributes down)."""
@@ -38,6 +41,7 @@ class FleetStore:
         self.xids: set[tuple[str, int]] = set()
         self.filter: NodeFilter = parse_filter("")
         self._totals: dict[str, tuple[int, NodeTotals]] = {}
+        self._burn_ended: dict[tuple[str, int], float] = {}  # when a burn was seen finished
 
     # -- writes (the app) ---------------------------------------------------------------------
     def offer(self, snapshot: NodeSnapshot) -> bool:
@@ -81,7 +85,19 @@ class FleetStore:
         return "?"
 
     def burn(self, s: NodeSnapshot, gpu: int) -> BurnState | None:
-        return s.burn(gpu)
+        """The burn a GPU row shows: a finished one (done, failed) only for
+        ``BURN_ENDED_SHOWN_S`` after it was first seen finished, then none."""
+        burn = s.burn(gpu)
+        key = (s.name, gpu)
+        if burn is None or burn.get("state") not in BURN_ENDED:
+            self._burn_ended.pop(key, None)
+            return burn
+        ended = self._burn_ended.setdefault(key, self.clock())
+        return burn if self.clock() - ended < BURN_ENDED_SHOWN_S else None
+
+    def any_match(self) -> bool:
+        """Whether the filter lets any node through."""
+        return any(self.visible_gpus(self.snaps[n]) is not None for n in self.order)
 
     def is_burning(self, s: NodeSnapshot, gpu: int) -> bool:
         return s.burning(gpu)

@@ -94,7 +94,7 @@ def test_a_crashed_screen_exits_non_zero_and_names_its_log(
         app.exit(0)
 
     app.background.append(deadline)
-    code = run_tui(app, headless=True)
+    code = run_tui(app, headless=True, size=(120, 36))  # wide enough for the sparklines
     assert code == 1
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]

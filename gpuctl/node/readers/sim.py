@@ -136,11 +136,14 @@ class SimGpu(object):
             throttle.append("sw_power_cap")
         if util <= 2:
             throttle.append("gpu_idle")
-        mem_frac = min(0.97, self.base_mem + (0.9 if self.burn else 0.0))
+        # A burn takes most of what the job leaves: what the processes hold adds up to at most
+        # what is used, and what is used to at most what there is.
+        burn_frac = min(0.9, 0.97 - self.base_mem) if self.burn else 0.0
+        mem_frac = self.base_mem + burn_frac
         procs = [self._process(p, epoch) for p in self.processes]
         if self.burn:
             procs.append({"pid": 9000 + self.index, "user": "gpuctl", "uid": SIM_UIDS["gpuctl"],
-                          "command": "gpuctl-burn", "mem": int(0.9 * self.mem_total),
+                          "command": "gpuctl-burn", "mem": int(burn_frac * self.mem_total),
                           "sm": util, "cpu": 100.0, "rss": 3 * GIB, "ppid": None,
                           "started": None})
         return {

@@ -15,13 +15,12 @@ from textual.widgets import DataTable, Footer, Static
 from textual_plotext import PlotextPlot
 
 from gpuctl.core.format import GIB, fmt_age, reader_text
-from gpuctl.core.model import NodeSnapshot
+from gpuctl.core.model import NodeEvent, NodeSnapshot
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str, node_text
 from gpuctl.tui.view import node_age_text, short_model
 
 MAX_POINTS = 240  # a plot is at most ~120 cells wide: more points only cost time
-EVENTS_SHOWN = 12
 CELL_LIMIT = 300  # characters of a process cell: a command line can be megabytes
 LINE_LIMIT = 400  # characters of a line of facts or events
 PLOT_LIMIT = 1e9  # no GPU metric in these units (%, GiB, °C, W, MHz) comes near
@@ -53,6 +52,33 @@ def _points(
     return xs[::-1], ys[::-1]
 
 
+def event_text(e: NodeEvent) -> str:
+    """An agent event in words ("XID 79", "burn done: OK, 612 TF/s"); an unknown one as its
+    kind and its plain fields."""
+    d = e.detail
+    if e.kind == "xid":
+        return f"XID {d.get('xid', '?')}"
+    if e.kind == "gpu_lost":
+        return "fell off the bus" + (f": {d['reason']}" if d.get("reason") else "")
+    if e.kind == "burn":
+        words = [f"burn {d.get('state') or '?'}"]
+        facts = [str(d["verdict"])] if d.get("verdict") else []
+        tflops = d.get("tflops_mean") or d.get("tflops")
+        if isinstance(tflops, int | float) and not isinstance(tflops, bool) and abs(tflops) < 1e9:
+            facts.append(f"{tflops:.0f} TF/s")
+        if isinstance(d.get("errors"), int) and d["errors"]:
+            facts.append(f"{d['errors']} errors")
+        if d.get("reason"):
+            facts.append(str(d["reason"]))
+        return words[0] + (": " + ", ".join(facts) if facts else "")
+    if e.kind == "accept":
+        what = d.get("event") or "?"
+        code = d.get("rc")
+        return f"acceptance {what}" + ("" if code is None else f" (exit code {code})")
+    plain = [f"{k} {v}" for k, v in d.items() if isinstance(v, str | int | float | bool)]
+    return " ".join([e.kind, *plain])
+
+
 class DetailScreen(Screen[None]):
     """Everything about one node; left/right step through its GPUs."""
 
@@ -76,7 +102,7 @@ class DetailScreen(Screen[None]):
         self.node = node
         self.gpu = gpu
         self._version = -1
-        self._events_len = -1
+        self._events_text: str | None = None
         self._info_shown: object = None
         self._ready = False
 
@@ -85,7 +111,8 @@ class DetailScreen(Screen[None]):
         with VerticalScroll(id="detail-body"):
             with Horizontal(id="detail-top"):
                 yield Static(id="detail-facts")
-                yield Static(id="detail-events")
+                with VerticalScroll(id="detail-events-box"):
+                    yield Static(id="detail-events")
             with Grid(id="detail-plots"):
                 for metric, _title in PLOTS:
                     yield PlotextPlot(id=f"plot-{metric}", classes="plot")
@@ -100,7 +127,7 @@ class DetailScreen(Screen[None]):
         table.add_column("GPU memory", key="mem")
         table.add_column("command", key="command")
         table.border_title = "processes"
-        self.query_one("#detail-events", Static).border_title = "recent events"
+        self.query_one("#detail-events-box").border_title = "recent events"
         self.query_one("#detail-facts", Static).border_title = "facts"
         self.app.theme_changed_signal.subscribe(self, lambda _t: self.refresh_all())
         self._ready = True
@@ -218,19 +245,19 @@ class DetailScreen(Screen[None]):
         self.query_one("#detail-facts", Static).update(node_text(facts, one_line=False))
 
     def _events(self) -> None:
+        """Every kept event, newest first, in words; redrawn when an event or an age changed
+        (the app calls this once a second)."""
         events = self.store.fleet.events(self.node)
-        if len(events) == self._events_len:
-            return
-        self._events_len = len(events)
         now = self.store.clock()
         lines = []
-        for e in events[-EVENTS_SHOWN:][::-1]:
-            gpu = "" if e.gpu is None else f"GPU {e.gpu} "
-            detail = " ".join(f"{k}={v}" for k, v in e.detail.items())
-            line = f"{fmt_age(max(0.0, now - e.t)):>4} ago  {gpu}{e.kind} {detail}"
+        for e in events[::-1]:
+            gpu = "" if e.gpu is None else f"GPU {e.gpu}  "
+            line = f"{fmt_age(max(0.0, now - e.t)):>4} ago  {gpu}{event_text(e)}"
             lines.append(node_str(line, limit=LINE_LIMIT))
         text = "\n".join(lines) or "no events"
-        self.query_one("#detail-events", Static).update(node_text(text, one_line=False))
+        if text != self._events_text:
+            self._events_text = text
+            self.query_one("#detail-events", Static).update(node_text(text, one_line=False))
 
     # -- actions ------------------------------------------------------------------------------
     def action_back(self) -> None:

@@ -46,13 +46,15 @@ class ClusterHeader(Horizontal):
         yield Label("", id="totals")
         yield Label("", id="filter-shown")
 
-    def show(self, totals: str, filter_text: str) -> None:
+    def show(self, totals: str, filter_text: str, matches: bool = True) -> None:
         t = self.query_one("#totals", Label)
         if str(t.content) != totals:
             # fixed size: a relayout per sample costs ~20 ms
             t.update(Text(totals, end=""), layout=False)
         f = self.query_one("#filter-shown", Label)
         shown = f"filter: {filter_text}" if filter_text else ""
+        if filter_text and not matches:
+            shown += " (no match)"
         if str(f.content) != shown:
             f.update(node_text(shown))  # what the user typed: text, not markup
 
@@ -86,6 +88,7 @@ class OverviewScreen(Screen[None]):
         self.read_only = read_only
         self.mode = "list"  # "list" or a heatmap metric
         self.ready = False
+        self.filter_error: str | None = None  # why the filter text cannot be read
 
     def compose(self) -> ComposeResult:
         yield ClusterHeader(simulated=self.simulated, read_only=self.read_only)
@@ -168,7 +171,9 @@ class OverviewScreen(Screen[None]):
             f"nodes {t.live}/{t.nodes} live{extra}   GPUs {t.gpus}   util {util}   "
             f"power {fmt_power(t.power)}"
         )
-        self.query_one(ClusterHeader).show(text, self.store.filter.text.strip())
+        f = self.store.filter
+        matches = f.empty or self.store.any_match()
+        self.query_one(ClusterHeader).show(text, f.text.strip(), matches)
 
     def show_pane(self, pane: str) -> None:
         """Switch to pane ``gpus``, ``jobs`` or ``accept`` and focus it."""
@@ -243,9 +248,11 @@ class OverviewScreen(Screen[None]):
         try:
             f = parse_filter(event.value)
         except FilterError as e:
+            self.filter_error = str(e)
             event.input.border_title = node_text(str(e))  # it quotes what was typed
             event.input.add_class("-invalid")
             return
+        self.filter_error = None
         event.input.border_title = None
         event.input.remove_class("-invalid")
         self.store.filter = f
@@ -254,6 +261,10 @@ class OverviewScreen(Screen[None]):
 
     @on(Input.Submitted, "#filter")
     def filter_done(self, event: Input.Submitted) -> None:
+        if self.filter_error is not None:
+            # Closing would leave the last valid prefix of the text filtering, unexplained.
+            self.notify(f"filter not applied: {self.filter_error}", severity="warning")
+            return
         event.input.display = False
         self.active_view().focus()
 
@@ -265,7 +276,9 @@ class OverviewScreen(Screen[None]):
         if self.mode == "list":
             return
         sel = self.heatmap.selected()
-        hint = f"heatmap: {METRIC_TITLES[self.mode]}  (m: next metric, esc: list)"
+        key = getattr(self.app, "key_display", None)  # the configured key, not the default
+        next_key = "m" if key is None else key("heatmap", "m")
+        hint = f"heatmap: {METRIC_TITLES[self.mode]}  ({next_key}: next metric, esc: list)"
         line = Text(f" {hint}", end="")
         if sel is not None:
             line = Text(" ", end="")

@@ -29,8 +29,9 @@ from gpuctl.workloads.accept.schema import SECTIONS
 
 if TYPE_CHECKING:
     from gpuctl.accept.history import HistoryStore
-    from gpuctl.accept.run import AcceptRun, Progress
+    from gpuctl.accept.run import AcceptRun, NodeOutcome, Progress
 
+CANCELLED = "CANCELLED"  # a node whose run was stopped: not an ERROR of the node
 HEADERS = {
     "env": "env",
     "compute": "compute",
@@ -48,10 +49,11 @@ VERDICT_CLASS = {
     "FAIL": "acceptpane--fail",
     "SKIP": "acceptpane--skip",
     "ERROR": "acceptpane--error",
+    CANCELLED: "acceptpane--warn",
     "running": "acceptpane--running",
     "pending": "acceptpane--pending",
 }
-LABELS = {"pending": "·", "running": "▶ run"}
+LABELS = {"pending": "·", "running": "▶ run", "stopped": "-"}
 TREND_RUNS = 20
 AGES_EVERY_S = 10.0
 PREFERRED_DTYPES = ("bf16", "tf32", "fp32")
@@ -92,6 +94,16 @@ def node_trend(history: HistoryStore, node: str, limit: int = TREND_RUNS) -> str
     if not means:
         return ""
     return f"{sparkline(means)} {means[-1]:.3g} {dtype}"
+
+
+def was_cancelled(outcome: NodeOutcome | None) -> bool:
+    """True for a node whose suite was stopped by a cancel (``AcceptRun.cancel``), not one
+    that failed to run: the run gives such a node no report and a reason saying so."""
+    return (
+        outcome is not None
+        and outcome.report is None
+        and (outcome.reason or "").startswith("cancelled")
+    )
 
 
 def row_from_report(report: Mapping[str, Any], when: float | None) -> NodeRow:
@@ -209,6 +221,7 @@ class AcceptPane(Vertical):
             return
         row = self.rows.get(p.node)
         if row is not None and row.live and p.kind != "line":  # lines change no cell
+            before = row.status
             row.status = dict(run.status.get(p.node, row.status))
             if p.kind in ("done", "error"):
                 outcome = run.outcomes.get(p.node)
@@ -216,7 +229,16 @@ class AcceptPane(Vertical):
                 if outcome is not None:
                     row.report = outcome.report
                     row.reason = outcome.reason
+                if was_cancelled(outcome):
+                    # Sections it never reached were stopped, not broken.
+                    row.status = {
+                        s: "stopped" if before.get(s) in ("pending", "running") else v
+                        for s, v in row.status.items()
+                    }
+                    row.verdict = CANCELLED
             self._put(p.node, row)
+        if p.kind in ("done", "error") and all(n in run.outcomes for n in run.nodes):
+            self._ended(run)
         log = self.query_one(RichLog)
         if p.kind == "line" and p.text:
             log.write(node_text(f"{p.node}: {p.text}", limit=LINE_LIMIT))
@@ -236,6 +258,16 @@ class AcceptPane(Vertical):
                     if outcome is not None:
                         self.rows[node].degradations = [d.to_dict() for d in outcome.degradations]
             self.load_history()  # the recorded run: trends move on
+
+    def _ended(self, run: AcceptRun) -> None:
+        """Every node has its outcome: the rows are no longer live. A cancelled run ends here
+        (no "finished" comes after a cancel); a finished one's note follows with its report."""
+        for node in run.nodes:
+            if node in self.rows:
+                self.rows[node].live = False
+        cancelled = [n for n in run.nodes if was_cancelled(run.outcomes.get(n))]
+        if cancelled:
+            self._note(f"acceptance cancelled on {', '.join(cancelled)} · a on a node: run again")
 
     # -- drawing ------------------------------------------------------------------------------
     def _cell(self, value: str) -> Text:

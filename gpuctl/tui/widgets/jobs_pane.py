@@ -285,11 +285,23 @@ class JobsPane(Vertical):
         if added:  # newest first, as `gpuctl jobs` lists them
             created = {r.id[:12]: r.created_at for r in records}
             table.sort("id", key=lambda short: -created.get(str(short), 0.0))
-        if self.selected is None and table.row_count:
-            key = table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key
-            self.select(str(key.value))
-        elif self.selected is not None:
+        # The highlighted row is the selected job (the one c cancels): a sort or a removal
+        # moves rows under a cursor that stays put, so put the cursor back on the selection.
+        if self.selected in self.records and self.selected in table.rows:
+            index = table.get_row_index(self.selected)
+            if index != table.cursor_row:
+                table.move_cursor(row=index)
             self._show_selected()
+        elif table.row_count:
+            self.select(self._cursor_job() or "")
+
+    def _cursor_job(self) -> str | None:
+        """The id of the job under the cursor, or None for an empty list."""
+        table = self.query_one(DataTable)
+        if not table.row_count:
+            return None
+        key = table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
+        return None if key is None else str(key)
 
     def _restyle(self) -> None:
         table = self.query_one(DataTable)
@@ -404,6 +416,9 @@ class JobsPane(Vertical):
         refuse = getattr(self.app, "refuse", None)  # the app asks the service layer
         if refuse is not None and refuse("cancelling a job"):
             return
+        highlighted = self._cursor_job()  # what the user sees is what gets cancelled
+        if highlighted is not None and highlighted != self.selected:
+            self.select(highlighted)
         rec = self.records.get(self.selected or "")
         if rec is None:
             self.notify("select a job first", severity="warning")

@@ -8,6 +8,7 @@ update repaints only that node's lines. Colours come from component classes styl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import ClassVar, NamedTuple
 
@@ -21,7 +22,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widget import Widget
 
-from gpuctl.core.format import host_text, reader_text
+from gpuctl.core.format import counted, fmt_age, host_text, reader_text
 from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
 from gpuctl.tui.gpusort import SORT_BY_KEY, next_sort, order_gpus, order_nodes
 from gpuctl.tui.messages import GpuSelected
@@ -43,6 +44,29 @@ from gpuctl.tui.view import (
 
 SPARK_WIDTH = 12
 BAR_WIDTH = 8
+
+
+class RowLayout(NamedTuple):
+    """What a GPU row holds at a width: bars, sparkline and SM clock give way, in that order,
+    so that badges, the Slurm job and a burn stay on an 80-column terminal."""
+
+    model: int  # characters of the model name
+    bar: int  # cells of the utilization and memory bars (0: none)
+    spark: int  # cells of the sparkline (0: none)
+    clock: bool
+
+
+def row_layout(width: int) -> RowLayout:
+    """The GPU row's layout for a list ``width`` cells wide."""
+    if width >= 140:
+        return RowLayout(15, BAR_WIDTH, SPARK_WIDTH, True)
+    if width >= 110:
+        return RowLayout(15, BAR_WIDTH, SPARK_WIDTH // 2 + 2, True)
+    if width >= 90:
+        return RowLayout(10, BAR_WIDTH // 2, 0, False)
+    return RowLayout(10, 0, 0, False)
+
+
 LEVEL_CLASSES = ("nodelist--ok", "nodelist--warm", "nodelist--hot")
 STATE_CLASSES = {
     NodeState.LIVE: "nodelist--live",
@@ -55,6 +79,7 @@ TEXT_LIMIT = 300  # characters of one node string on a line (the line is cut at 
 
 class Line(NamedTuple):
     kind: str  # "head" | "gpu" | "msg" | "gap" | "node" (compact: a whole node on one line)
+    # | "nomatch" (the filter hides every node)
     node: str
     gpu: int | None  # GPU index for "gpu" lines
 
@@ -152,6 +177,8 @@ class NodeList(ScrollView, can_focus=True):
             else:
                 lines.append(Line("msg", name, None))
             lines.append(Line("gap", name, None))
+        if not lines and not self.store.filter.empty:
+            lines.append(Line("nomatch", "", None))
         self.lines = lines
         self.blocks = blocks
         self.virtual_size = Size(self.size.width, len(lines))
@@ -219,8 +246,8 @@ class NodeList(ScrollView, can_focus=True):
 
     def _move_to(self, y: int | None, post: bool = True) -> None:
         if y is None:
-            if self.lines == [] and self.cursor is not None:
-                self.cursor = None
+            if self.cursor is not None and not any(self.selectable(x) for x in self.lines):
+                self.cursor = None  # nothing to select (the filter hides every node)
             return
         old_y = self.cursor_y
         line = self.lines[y]
@@ -314,6 +341,8 @@ class NodeList(ScrollView, can_focus=True):
 
     def on_resize(self, event: events.Resize) -> None:
         self.virtual_size = Size(event.size.width, len(self.lines))
+        if self.lines:  # a smaller window must not leave the cursor out of view
+            self.call_after_refresh(self._scroll_cursor_into_view)
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
@@ -331,6 +360,11 @@ class NodeList(ScrollView, can_focus=True):
         if ly >= len(self.lines):
             return Strip.blank(width, base)
         line = self.lines[ly]
+        if line.kind == "nomatch":
+            typed = self.store.filter.text.strip()
+            text = f"    no GPU matches the filter {typed!r} (esc clears it)"
+            segs = [Segment(node_str(text, limit=TEXT_LIMIT), self._style("nodelist--dim"))]
+            return Strip(segs).apply_style(base).extend_cell_length(width, base).crop(0, width)
         snap = self.store.snaps[line.node]
         if line.kind == "head":
             segs = self._head(snap)
@@ -378,7 +412,8 @@ class NodeList(ScrollView, can_focus=True):
         if s.gpus and s.state in (NodeState.LIVE, NodeState.STALE):
             t = self.store.node_totals(s.name)
             util = f"{t.util_sum / t.util_n:.0f}%" if t.util_n else "-"
-            segs.append(Segment(f"  {t.gpus} GPUs  util {util}  {fmt_power(t.power)}", header))
+            gpus = counted(t.gpus, "GPU")
+            segs.append(Segment(f"  {gpus}  util {util}  {fmt_power(t.power)}", header))
         # The host's load beside its GPUs, before the versions (a narrow panel cuts those).
         host = host_text(s.host) if s.host is not None else ""
         if host and s.state in (NodeState.LIVE, NodeState.STALE):
@@ -474,8 +509,9 @@ class NodeList(ScrollView, can_focus=True):
         def lvl(n: int) -> Style:
             return dim if stale else st(LEVEL_CLASSES[n])
 
-        model = node_str(self.store.model(s, index), limit=15)
-        segs = [Segment(f"  {index:>2} ", dim), Segment(f"{model:<15} ")]
+        layout = row_layout(self.size.width)
+        model = node_str(self.store.model(s, index), limit=layout.model)
+        segs = [Segment(f"  {index:>2} ", dim), Segment(f"{model:<{layout.model}} ")]
         if g.lost:
             segs.append(Segment("LOST", st("nodelist--badge")))
             segs.append(Segment("  GPU fell off the bus", dim))
@@ -483,13 +519,13 @@ class NodeList(ScrollView, can_focus=True):
         empty = st("nodelist--bar-empty")
         # utilization
         ul = lvl(level(g.util_gpu, 50, 90))
-        filled, rest = bar(None if g.util_gpu is None else g.util_gpu / 100, BAR_WIDTH)
+        filled, rest = bar(None if g.util_gpu is None else g.util_gpu / 100, layout.bar)
         pct = "-" if g.util_gpu is None else f"{g.util_gpu}%"
         segs += [Segment(filled, ul), Segment(rest, empty), Segment(f"{pct:>5}  ", ul)]
         # memory
         mf = mem_fraction(g)
         ml = lvl(level(mf, 0.8, 0.95))
-        filled, rest = bar(mf, BAR_WIDTH)
+        filled, rest = bar(mf, layout.bar)
         segs += [
             Segment(filled, ml),
             Segment(rest, empty),
@@ -503,12 +539,14 @@ class NodeList(ScrollView, can_focus=True):
         segs.append(
             Segment(f"{pw + '/' + pl + 'W':>9}  ", lvl(level(power_fraction(g), 0.8, 0.97)))
         )
-        clock = "-" if g.sm_clock is None else f"{g.sm_clock}MHz"
-        segs.append(Segment(f"{clock:>7}  ", dim if stale else Style()))
+        if layout.clock:
+            clock = "-" if g.sm_clock is None else f"{g.sm_clock}MHz"
+            segs.append(Segment(f"{clock:>7}  ", dim if stale else Style()))
         # recent utilization
-        width = SPARK_WIDTH if self.size.width >= 140 else SPARK_WIDTH // 2 + 2
-        spark = sparkline(self.store.util_history(s.name, index, width), width)
-        segs.append(Segment(spark + "  ", dim if stale else st("nodelist--spark")))
+        if layout.spark:
+            width = layout.spark
+            spark = sparkline(self.store.util_history(s.name, index, width), width)
+            segs.append(Segment(spark + "  ", dim if stale else st("nodelist--spark")))
         # trouble, owner, burn
         badges = gpu_badges(g, (s.name, index) in self.store.xids)
         if badges:
@@ -524,7 +562,8 @@ class NodeList(ScrollView, can_focus=True):
             segs.append(Segment(node_str(owners, limit=40) + "  ", st("nodelist--job")))
         burn = self.store.burn(s, index)
         if burn is not None:
-            segs.append(Segment(node_str(burn_text(burn), limit=TEXT_LIMIT), st("nodelist--burn")))
+            text = burn_text(burn, self.store.clock())
+            segs.append(Segment(node_str(text, limit=TEXT_LIMIT), st("nodelist--burn")))
         return segs
 
     # Paint accounting for the benchmark: an arrival is "painted" when its first line renders.
@@ -539,8 +578,9 @@ class NodeList(ScrollView, can_focus=True):
                 self.painted.setdefault(name, t)
 
 
-def burn_text(burn: BurnState) -> str:
-    """The burn column of a GPU row, e.g. BURN 412 TF/s 0 err, from a burn annotation."""
+def burn_text(burn: BurnState, now: float | None = None) -> str:
+    """The burn column of a GPU row, e.g. BURN 412 TF/s 0 err 14m left, from a burn
+    annotation (the time left when ``now`` is given and the burn runs)."""
     state = burn.get("state") or "?"
     parts = ["BURN" if state == "running" else f"BURN {state}"]
     tflops = burn.get("tflops")
@@ -552,6 +592,15 @@ def burn_text(burn: BurnState) -> str:
     verdict = burn.get("verdict")
     if verdict:
         parts.append(str(verdict))
+    ends_at = burn.get("ends_at")
+    if (
+        now is not None
+        and state in ("starting", "running")
+        and isinstance(ends_at, int | float)
+        and not isinstance(ends_at, bool)
+        and math.isfinite(ends_at)
+    ):
+        parts.append(f"{fmt_age(max(0.0, min(ends_at - now, 1e9)))} left")
     return " ".join(parts)
 
 
