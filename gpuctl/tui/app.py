@@ -84,7 +84,7 @@ class GpuctlApp(App[int]):
         Binding("B", "stress_cluster", "stress all", id="stress_cluster", show=False),
         Binding("a", "accept", "accept", id="accept"),
         Binding("r", "reconnect", "reconnect", id="reconnect", show=False),
-        Binding("p", "processes", "processes", id="processes"),
+        Binding("p", "processes", "procs", id="processes"),
         Binding("t", "next_theme", "theme", id="theme", show=False),
         Binding("R", "record", "record", id="record", show=False),
         Binding("1", "pane('gpus')", "GPUs pane", id="pane_gpus", group=PANES),

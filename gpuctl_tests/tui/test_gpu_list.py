@@ -7,7 +7,13 @@ from pathlib import Path
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
 from gpuctl.tui.gpusort import next_sort, order_gpus, order_nodes
 from gpuctl.tui.screens.detail import DetailScreen
-from gpuctl.tui.widgets.overview import GpuColumns, NodeList, column_titles, gpu_bars
+from gpuctl.tui.widgets.overview import (
+    GpuColumns,
+    NodeList,
+    column_titles,
+    gpu_bars,
+    row_layout,
+)
 from gpuctl_tests.tui.conftest import replay_app, settle
 
 SIZE = (120, 36)
@@ -91,6 +97,16 @@ def test_column_titles_line_up_with_the_rows() -> None:
     line = column_titles(120, "mem", compact=False)
     assert line.index("MEMORY↓") == 2 + 2 + 1 + 16 + 15  # index, model, util bar and %
     assert line.index("UTIL") == 21
+    # At every width the titles follow the row's layout: bars, sparkline and clock give way
+    for width in (80, 100, 120, 200):
+        lay = row_layout(width)
+        line = column_titles(width, None, compact=False)
+        start = 2 + 2 + 1 + lay.model + 1  # where the utilization field begins
+        at = start + lay.bar + 7 if lay.bar else start + 7 + 3  # MEMORY over its bar / figure
+        assert line.index("MEMORY") == at, width
+        assert ("SM CLK" in line) == lay.clock and ("RECENT" in line) == bool(lay.spark)
+        temp_end = start + lay.bar + 7 + lay.bar + 11 + 5  # TEMP ends where the figure does
+        assert line.index("TEMP") + 4 == temp_end, width
     compact = column_titles(80, None, compact=True, per_gpu=8)  # nodes of 8 GPUs
     assert compact.index("STATE") == 14 and compact.index("TROUBLE") <= 67
     assert gpu_bars([GpuSample(0, 0.0, util_gpu=0), GpuSample(1, 0.0, lost=True)]) == "▁✕"

@@ -648,11 +648,16 @@ def column_titles(width: int, sort: str | None, compact: bool, per_gpu: int = PE
             f"{'PER GPU':<{per_gpu}} {t('MEMORY', 'mem'):>9} {t('MAX°C', 'temp'):>6} "
             f"{t('POWER', 'power'):>7} TROUBLE"
         )
-    spark = SPARK_WIDTH if width >= 140 else SPARK_WIDTH // 2 + 2
+    lay = row_layout(width)  # the same cells as the rows at this width
+    # over a bar a title starts with it; without bars it stands over its right-aligned figure
+    util = f"{t('UTIL', 'util'):<{lay.bar + 7}}" if lay.bar else f"{t('UTIL', 'util'):>5}  "
+    mem = f"{t('MEMORY', 'mem'):<{lay.bar + 11}}" if lay.bar else f"{t('MEMORY', 'mem'):>9}  "
     return (
-        f"  {'#':>2} {'MODEL':<15} {t('UTIL', 'util'):<{BAR_WIDTH + 7}}"
-        f"{t('MEMORY', 'mem'):<{BAR_WIDTH + 11}}{t('TEMP', 'temp'):>5}  "
-        f"{t('POWER', 'power'):>9}  {'SM CLK':>7}  {'RECENT':<{spark}}  FLAGS · JOB · USER · BURN"
+        f"  {'#':>2} {'MODEL':<{lay.model}} {util}{mem}{t('TEMP', 'temp'):>5}  "
+        f"{t('POWER', 'power'):>9}  "
+        + (f"{'SM CLK':>7}  " if lay.clock else "")
+        + (f"{'RECENT':<{lay.spark}}  " if lay.spark else "")
+        + "FLAGS · JOB · USER · BURN"
     )
 
 
