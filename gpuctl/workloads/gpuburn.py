@@ -194,9 +194,10 @@ NOISE_RE = re.compile(
 
 
 def default_build_root(env: Mapping[str, str]) -> str:
-    """Where built gpu-burns are kept: ``$XDG_CACHE_HOME/gpuctl/gpu-burn`` (``~/.cache``)."""
-    cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "gpuctl", "gpu-burn")
+    """Where built gpu-burns are kept on a node: ``~/.cache/gpuctl/gpu-burn``, beside the other
+    folders gpuctl keeps on nodes (``gpuctl.paths.NODE_ENV_DIR``, the agent bundle's default)."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    return os.path.join(home, ".cache", "gpuctl", "gpu-burn")
 
 
 def build_key(source: str, toolkit: Toolkit, env: Mapping[str, str]) -> str:
@@ -784,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--source", help="gpu-burn source folder to build from when none is found")
     run.add_argument(
         "--build-dir",
-        help="where builds from --source are kept (default $XDG_CACHE_HOME/gpuctl/gpu-burn)",
+        help="where builds from --source are kept (default ~/.cache/gpuctl/gpu-burn)",
     )
     run.add_argument("--gpu", metavar="ID", help="pin to this GPU via CUDA_VISIBLE_DEVICES")
     run.add_argument("--duration", type=float, default=60.0, help="seconds (default 60)")

@@ -726,7 +726,7 @@ def test_runner_builds_from_source_reporting_each_step(tmp_path: Path) -> None:
     # No gpu_burn anywhere: the runner finds the toolkit (nvcc on PATH), builds, then runs.
     src = burn_source(tmp_path / "gpu-burn-src")
     top = cuda_toolkit(tmp_path, "opt/cuda-12.6")
-    env = node_env({"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    env = node_env({"HOME": str(tmp_path / "home")})
     env["PATH"] = f"{top / 'bin'}{os.pathsep}{env['PATH']}"
     argv = [sys.executable, "-m", "gpuctl.workloads.gpuburn", "run", "--source", str(src)]
     proc = subprocess.run(
@@ -738,7 +738,7 @@ def test_runner_builds_from_source_reporting_each_step(tmp_path: Path) -> None:
     )
     lines = [json.loads(x) for x in proc.stdout.splitlines()]
     steps = [m["message"] for m in lines if m["type"] == "step"]
-    builds = tmp_path / "cache" / "gpuctl" / "gpu-burn"
+    builds = tmp_path / "home" / ".cache" / "gpuctl" / "gpu-burn"
     assert steps[0] == f"CUDA toolkit {top} (found by nvcc on PATH: {top}/bin/nvcc)"
     assert steps[1].startswith(f"building: make CUDAPATH={top} in {builds}/gpu-burn-")
     assert steps[2].startswith(f"built {builds}/gpu-burn-")

@@ -557,13 +557,14 @@ class NodeList(ScrollView, can_focus=True):
         if job or user:
             who = " ".join(str(x) for x in (job and f"job {job}", user) if x)
             segs.append(Segment(node_str(who, limit=TEXT_LIMIT) + "  ", st("nodelist--job")))
-        owners = gpu_owners(g)  # who runs processes on it (p: the process view)
-        if owners and owners != user:
-            segs.append(Segment(node_str(owners, limit=40) + "  ", st("nodelist--job")))
         burn = self.store.burn(s, index)
         if burn is not None:
             text = burn_text(burn, self.store.clock())
-            segs.append(Segment(node_str(text, limit=TEXT_LIMIT), st("nodelist--burn")))
+            segs.append(Segment(node_str(text, limit=TEXT_LIMIT) + "  ", st("nodelist--burn")))
+        # Last (a narrow row cuts it first): who runs processes on it; `p` shows them all.
+        owners = gpu_owners(g)
+        if owners and owners != user:
+            segs.append(Segment(node_str(owners, limit=40), st("nodelist--job")))
         return segs
 
     # Paint accounting for the benchmark: an arrival is "painted" when its first line renders.
@@ -657,7 +658,7 @@ def column_titles(width: int, sort: str | None, compact: bool, per_gpu: int = PE
         f"{t('POWER', 'power'):>9}  "
         + (f"{'SM CLK':>7}  " if lay.clock else "")
         + (f"{'RECENT':<{lay.spark}}  " if lay.spark else "")
-        + "FLAGS · JOB · USER · BURN"
+        + "FLAGS · JOB · USER · BURN · OWNERS"
     )
 
 
