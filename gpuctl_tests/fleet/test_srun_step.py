@@ -57,6 +57,21 @@ def test_step_argv_for_one_node_is_what_srun_link_ran_and_shared_adds_labels() -
         client.step_argv("7; rm", ["n1"], ["true"])
 
 
+def test_srun_step_key_chooses_one_srun_per_node() -> None:
+    from gpuctl.config import ConfigError
+    from gpuctl.fleet.slurm import SrunLink
+
+    base = '[clusters.hpc]\nvia = "srun"\nnodes = "n[1-3]"\n'
+    fleet = fleet_from_config(parse_config(base))
+    assert {type(rt.link) for rt in fleet.nodes.values()} == {StepLink}
+    fleet = fleet_from_config(parse_config(base + 'srun_step = "per-node"\n'))
+    assert {type(rt.link) for rt in fleet.nodes.values()} == {SrunLink}
+    one = fleet_from_config(parse_config('[clusters.hpc]\nvia = "srun"\nnodes = "n1"\n'))
+    assert type(one.nodes["n1"].link) is SrunLink  # one node: nothing to share
+    with pytest.raises(ConfigError, match=r"srun_step: must be one of shared, per-node"):
+        parse_config(base + 'srun_step = "one"\n')
+
+
 # -- the real four-node Slurm ----------------------------------------------------------------
 def _hold(slurm: SlurmCluster) -> str:
     job = slurm.run(["sbatch", "--parsable", "-N4", "-J", "hold", "--wrap", "sleep 600"])
