@@ -583,8 +583,9 @@ class _Step:
                     task.lines.put_nowait(whole + b"\n")
         await self.proc.wait()
         why = self.errors[-1] if self.errors else f"srun exited {self.proc.returncode}"
+        started = set(self._by_id.values())
         for task in self.tasks.values():
-            reason = "slurm" if task.state == "waiting" and not self._by_id else "lost"
+            reason = "lost" if task in started else "slurm"  # srun could not start it at all
             task.finish(LinkError(reason, f"{task.name}: the shared srun step ended: {why}"))
         self.done.set()
 
@@ -758,8 +759,10 @@ class SrunFanout:
             task.state = "claimed"
         try:
             first = await task.readline()
-        except LinkError:
+        except BaseException:  # the step ended, or the fleet gave up waiting (cancelled)
             task.state = "gone"
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                _Addressed(step, name).write(protocol.encode({"type": "shutdown"}))
             raise
         reply = parse_reply(first)
         if reply is not None:

@@ -287,3 +287,22 @@ def test_gpuctl_killed_leaves_no_agent_on_any_node(
         if proc.poll() is None:
             proc.kill()
         slurm.run(["scancel", job])
+
+
+async def test_a_step_srun_refuses_reads_as_slurm_saying_why(
+    slurm_nodes: SlurmCluster, tmp_path: Path
+) -> None:
+    text = _fleet_config(slurm_nodes, tmp_path, "jobid = 999999")
+    fleet = fleet_from_config(parse_config(text), **FAST)
+    await fleet.start()
+    try:
+        snaps = await wait_fleet(
+            fleet,
+            lambda ss: all(s.state is NodeState.UNREACHABLE for s in ss.values()),
+            what="every node unreachable",
+        )
+    finally:
+        await fleet.stop()
+    for name, snap in snaps.items():
+        assert (snap.reason or "").startswith(f"slurm: {name}: the shared srun step ended: srun:")
+        assert "999999" in (snap.reason or ""), snap.reason
