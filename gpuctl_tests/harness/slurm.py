@@ -10,8 +10,11 @@ ports, and waits until the node is idle. Clients reach it with ``env=cluster.env
 ``SlurmCluster(tmpdir, nodes=N)`` runs N nodes instead, ``node01`` .. ``nodeN``: one slurmd per
 network namespace (``gpuctl_tests.harness.netns.HostNet``: a private bridge, each node its own
 10.x address, nothing leaves the machine), the controller on the bridge's address so that every
-node and every client reaches it. Each node carries the same two fake GPUs. Needs root and
-network namespaces (``missing_parts(multi=True)`` says why not).
+node and every client reaches it. Each slurmd also has its own hostname (its node name) and a
+private ``/etc/hosts`` naming every node's address (UTS and mount namespaces), so that what runs
+on a node finds itself and the others by name, as on a real cluster (gloo does). Each node
+carries the same two fake GPUs. Needs root and network namespaces (``missing_parts(multi=True)``
+says why not).
 
 Every daemon and job carries a private marker in its environment so ``stop()`` also finds job
 processes that left the daemons' process trees.
@@ -278,8 +281,9 @@ class SlurmCluster:
         lines = [f"{k}={v}" for k, v in conf.items()]
         addrs = self.net.addresses if self.net else ["127.0.0.1"]
         for node, addr in zip(self.nodes, addrs, strict=True):
+            host = node if self.net else socket.gethostname()
             lines.append(
-                f"NodeName={node} NodeAddr={addr} NodeHostname={socket.gethostname()} "
+                f"NodeName={node} NodeAddr={addr} NodeHostname={host} "
                 f"CPUs={self.cpus} RealMemory={real_mb} Gres=gpu:{self.gpu_type}:{self.gpus} "
                 "State=UNKNOWN"
             )
@@ -372,9 +376,19 @@ class SlurmCluster:
             self._spawn("slurmd", argv)
             self._wait("slurmd", self._node_idle, deadline)
         else:
+            hosts = self.dir / "hosts"
+            hosts.write_text(
+                "127.0.0.1 localhost\n"
+                + "".join(f"{a} {n}\n" for a, n in zip(self.net.addresses, self.nodes, strict=True))
+            )
             for i, node in enumerate(self.nodes):
                 argv = [DAEMONS["slurmd"], "-D", "-N", node, "-f", str(self.conf_path)]
-                self._spawn(f"slurmd-{node}", self.net.enter(i, argv))
+                own = [  # its own hostname and /etc/hosts, then slurmd (same pid throughout)
+                    "unshare", "--uts", "--mount", "--propagation", "private",
+                    "sh", "-c", 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && '
+                    'exec "$@"', "sh", str(hosts), node, *argv,
+                ]  # fmt: skip
+                self._spawn(f"slurmd-{node}", self.net.enter(i, own))
             for node in self.nodes:
                 self._wait(f"slurmd-{node}", self._node_idle, deadline)
         self.start_seconds = time.monotonic() - t0

@@ -168,13 +168,21 @@ def test_several_nodes_each_in_its_own_network_namespace(tmp_path: Path) -> None
         out = cluster.run(["sinfo", "-h", "-N", "-o", "%N|%T|%G"]).stdout.split()
         assert out == [f"node0{i}|idle|gpu:h100:2" for i in (1, 2, 3)]
         r = cluster.run(
-            ["srun", "-N3", "--label", "sh", "-c", 'echo "$SLURMD_NODENAME $(hostname -I)"'],
+            [
+                "srun",
+                "-N3",
+                "--label",
+                "sh",
+                "-c",
+                'echo "$SLURMD_NODENAME $(hostname) $(hostname -I)"',
+            ],
             timeout=60,
         )
         seen = {}
         for line in r.stdout.splitlines():
             task, _, text = line.partition(": ")
-            node, _, addrs = text.partition(" ")
+            node, host, addrs = text.split(" ", 2)
+            assert host == node  # its own hostname
             seen[node] = (int(task), addrs)
         assert sorted(seen) == ["node01", "node02", "node03"]
         for i, node in enumerate(cluster.nodes):
