@@ -50,6 +50,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 VIAS = ("ssh", "srun", "local")
+SRUN_STEPS = ("shared", "per-node")
 HOST_KEY_POLICIES = ("strict", "accept-new")
 MAX_NODES = 100_000
 DEFAULT_BUNDLE_DIR = "~/.cache/gpuctl"
@@ -99,6 +100,7 @@ class NodeConfig:
     partition: str | None = None
     jobid: int | None = None
     slurm_conf: str | None = None
+    srun_step: str = "shared"  # via srun: one step for all nodes of a job, or one per node
     slurm: bool = False  # annotate GPUs with the Slurm job holding them
     expect_gpus: int | None = None  # acceptance: GPUs this node must show (gpuctl.accept.expect)
 
@@ -277,6 +279,11 @@ CLUSTER_KEYS: dict[str, Key] = {
     "partition": Key(_str, None, "Slurm partition whose nodes these are (sinfo lists them)"),
     "jobid": Key(_integer(1, 2**62), None, "via srun: the job whose nodes to watch"),
     "slurm_conf": Key(_str, None, "slurm.conf for this cluster's Slurm clients", True),
+    "srun_step": Key(
+        _choice(*SRUN_STEPS),
+        "shared",
+        "via srun: one srun step for all nodes of a job (shared), or one srun per node",
+    ),
     "slurm": Key(_bool, False, "show which Slurm job and user hold each GPU"),
     "expect_gpus": Key(
         _integer(0, 1024),

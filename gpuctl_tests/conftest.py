@@ -133,3 +133,22 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A real four-node Slurm (``node01`` .. ``node04``, one slurmd per network namespace, each
+    with GRES gpu:h100:2; partition ``debug``) shared by the whole session. Skips locally, fails
+    in CI, when slurm-wlm, munge or network namespaces (root) are missing."""
+    from gpuctl_tests.harness.slurm import SlurmCluster, missing_parts
+
+    reason = missing_parts(multi=True)
+    if reason:
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm4"), nodes=4)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -11,7 +11,7 @@ from typing import Any
 from gpuctl.config import ClusterConfig, Config, NodeConfig
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import LocalLink, NodeLink
-from gpuctl.fleet.slurm import JobWatcher, SrunLink, discover
+from gpuctl.fleet.slurm import JobWatcher, SrunFanout, SrunLink, StepLink, discover
 from gpuctl.fleet.ssh import BundleStore, SshLink
 from gpuctl.reach.slurm import SlurmClient, SlurmError, SlurmNode, SlurmValueError
 
@@ -116,6 +116,7 @@ def fleet_from_config(
             if node.slurm:
                 slurm_watch.setdefault(node.slurm_conf, []).append(node.name)
                 owner.setdefault(node.slurm_conf, cluster.name)
+    _share_srun_steps(config, links)
     fleet = ClusterFleet(links, **kwargs)
     fleet.store = store
     for conf, names in slurm_watch.items():
@@ -123,6 +124,25 @@ def fleet_from_config(
         fleet.watchers.append(watcher)
         fleet.services.append(watcher.run)
     return fleet
+
+
+def _share_srun_steps(config: Config, links: dict[str, NodeLink]) -> None:
+    """Put the srun nodes of each cluster (``srun_step = "shared"``, the default) behind one
+    ``SrunFanout``: one srun step per job instead of one srun per node."""
+    for cluster in config.clusters.values():
+        own = {
+            name: link
+            for name, link in links.items()
+            if isinstance(link, SrunLink)
+            and link.node.cluster == cluster.name
+            and link.node.srun_step == "shared"
+        }
+        if len(own) < 2:
+            continue
+        first = next(iter(own.values()))
+        fanout = SrunFanout(own, first.client)
+        for name, link in own.items():
+            links[name] = StepLink(fanout, link)
 
 
 def _client(cluster: str, slurm_conf: str | None, timeout: float = 15.0) -> SlurmClient:

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
+import re
+import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpuctl.bundle import write_bundle
@@ -31,6 +34,7 @@ from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError
 from gpuctl.fleet.ssh import agent_script
+from gpuctl.node import protocol
 from gpuctl.reach.bundle import parse_reply
 from gpuctl.reach.slurm import (
     DEFAULT_TIMEOUT,
@@ -47,7 +51,9 @@ __all__ = [
     "JobWatcher",
     "SlurmError",
     "SlurmNode",
+    "SrunFanout",
     "SrunLink",
+    "StepLink",
     "discover",
     "find_job",
     "gpu_holders",
@@ -316,20 +322,7 @@ class SrunLink(NodeLink):
             self.read_only,
             digest=self._digest,
         )
-        return [
-            "srun",
-            "--overlap",
-            f"--jobid={jobid}",
-            "-w",
-            self.node.name,
-            "-N1",
-            "-n1",
-            "--quiet",
-            "--kill-on-bad-exit=1",
-            "sh",
-            "-c",
-            script,
-        ]
+        return self.client.step_argv(jobid, [self.node.name], ["sh", "-c", script])
 
     async def _still_down(self) -> bool:
         """True when Slurm (asked again: what discovery saw may be old) has the node down."""
@@ -360,33 +353,11 @@ class SrunLink(NodeLink):
     async def _start(
         self, jobid: str
     ) -> tuple[asyncio.subprocess.Process, bytes, Callable[[], Awaitable[None]]]:
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv(jobid),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=self.env,
-                limit=STREAM_LIMIT,
-                start_new_session=True,  # a Ctrl-C in the terminal is gpuctl's, not srun's
-            )
-        except FileNotFoundError:
-            raise LinkError("slurm", "srun not found: is this a Slurm login node?") from None
+        proc = await start_srun(self.argv(jobid), self.env)
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
 
         async def close() -> None:
-            if proc.stdin is not None and not proc.stdin.is_closing():
-                proc.stdin.close()  # EOF: the agent stops and the step ends
-            try:
-                await asyncio.wait_for(proc.wait(), 5.0)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.terminate()
-                try:
-                    await asyncio.wait_for(proc.wait(), 5.0)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+            await end_srun(proc)
 
         try:
             first = await proc.stdout.readline()
@@ -433,8 +404,43 @@ class SrunLink(NodeLink):
 _keep: set[asyncio.Task[None]] = set()
 
 
+async def start_srun(argv: list[str], env: Mapping[str, str]) -> asyncio.subprocess.Process:
+    """Start an srun step with pipes on all three streams. Raises LinkError when srun is not
+    there."""
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(env),
+            limit=STREAM_LIMIT,
+            start_new_session=True,  # a Ctrl-C in the terminal is gpuctl's, not srun's
+        )
+    except FileNotFoundError:
+        raise LinkError("slurm", "srun not found: is this a Slurm login node?") from None
+
+
+async def end_srun(proc: asyncio.subprocess.Process) -> None:
+    """EOF on the step's stdin (its agents stop and the step ends); TERM, then KILL, when srun
+    is still there 5 s later."""
+    if proc.stdin is not None and not proc.stdin.is_closing():
+        proc.stdin.close()
+    try:
+        await asyncio.wait_for(proc.wait(), 5.0)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 5.0)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+
 class _First:
-    def __init__(self, first: bytes, reader: asyncio.StreamReader) -> None:
+    def __init__(self, first: bytes, reader: asyncio.StreamReader | _Task) -> None:
         self._first: bytes | None = first
         self._reader = reader
 
@@ -450,3 +456,358 @@ async def _stderr_tail(stream: asyncio.StreamReader, session: AgentSession) -> N
         while line := await stream.readline():
             session.stderr_tail.append(line.decode(errors="replace").rstrip())
             del session.stderr_tail[:-20]
+
+
+# -- one srun step for many nodes --------------------------------------------------------------
+
+_LABEL = re.compile(rb" *(\d+): ")
+_TASK_EXIT = re.compile(r"srun: error: (\S+): tasks? ([\d,-]+): (.*)")
+TASK_TAG = b"gpuctl-task: "  # each task's first line: its node's Slurm name
+EXIT_TAG = b"gpuctl-exit: "  # each task's last line: the agent's exit status
+
+
+def step_script(agent: str) -> str:
+    """The ``sh`` script of each task of a shared step: say which node this is, run the agent
+    script (``agent``, which may ``exec`` or ``exit``: it runs in a subshell), then say how the
+    agent ended."""
+    return (
+        f'echo "{TASK_TAG.decode()}$SLURMD_NODENAME"\n'
+        f"(\n{agent}\n)\n"
+        f'rc=$?\necho "{EXIT_TAG.decode()}$rc"\nexit $rc'
+    )
+
+
+def exit_words(status: int) -> str:
+    """How a shell's exit status reads: "exited with status 3", "killed by SIGKILL"."""
+    if status > 128:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(status - 128).name}"
+    return f"exited with status {status}"
+
+
+class _Task:
+    """One node's share of a shared step: its lines (whole messages), its end, its stderr."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.state = "waiting"  # waiting (not claimed yet) | claimed | gone
+        self.lines: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.joiner = protocol.Joiner()
+        self.end: LinkError | None = None
+        self.ended = asyncio.Event()
+        self.stderr_tail: list[str] = []
+
+    def finish(self, error: LinkError | None) -> None:
+        if not self.ended.is_set():
+            self.end = error
+            self.ended.set()
+            self.lines.put_nowait(None)
+
+    async def readline(self) -> bytes:
+        """The next whole line; b"" once the agent ended normally. Raises the LinkError that
+        says how it ended otherwise."""
+        line = await self.lines.get()
+        if line is None:
+            self.lines.put_nowait(None)  # stays at its end for the next reader
+            if self.end is not None:
+                raise self.end
+            return b""
+        return line
+
+    def note(self, text: str) -> None:
+        self.stderr_tail.append(text)
+        del self.stderr_tail[:-20]
+
+
+class _Addressed:
+    """Writes one node's requests onto the step's shared stdin, addressed to that node."""
+
+    def __init__(self, step: _Step, name: str) -> None:
+        self.step = step
+        self.prefix = b"@" + name.encode() + b" "
+
+    def write(self, data: bytes) -> None:
+        stdin = self.step.proc.stdin
+        if stdin is None or stdin.is_closing():
+            raise ConnectionError("the srun step's stdin is closed")
+        stdin.write(self.prefix + data)
+
+    async def drain(self) -> None:
+        assert self.step.proc.stdin is not None
+        await self.step.proc.stdin.drain()
+
+
+class _Step:
+    """One running ``srun`` whose tasks are the agents of ``names`` (one each)."""
+
+    def __init__(self, jobid: str, names: list[str], proc: asyncio.subprocess.Process) -> None:
+        self.jobid = jobid
+        self.proc = proc
+        self.tasks = {n: _Task(n) for n in names}
+        self._by_id: dict[int, _Task] = {}
+        self.errors: list[str] = []  # srun's own lines, for a step that failed as a whole
+        self.done = asyncio.Event()  # srun exited
+        self._readers = [
+            asyncio.get_running_loop().create_task(self._read_out()),
+            asyncio.get_running_loop().create_task(self._read_err()),
+        ]
+        self._closing: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return not self.done.is_set()
+
+    def _task_of(self, line: bytes) -> tuple[_Task | None, int, bytes]:
+        m = _LABEL.match(line)
+        if m is None:
+            return None, -1, line
+        tid = int(m.group(1))
+        return self._by_id.get(tid), tid, line[m.end() :]
+
+    async def _read_out(self) -> None:
+        assert self.proc.stdout is not None
+        with contextlib.suppress(Exception):
+            while line := await self.proc.stdout.readline():
+                task, tid, body = self._task_of(line)
+                if task is None:
+                    if tid >= 0 and body.startswith(TASK_TAG):
+                        name = body[len(TASK_TAG) :].strip().decode(errors="replace")
+                        if name in self.tasks:
+                            self._by_id[tid] = self.tasks[name]
+                    continue
+                if body.startswith(EXIT_TAG):
+                    self._exited(task, body[len(EXIT_TAG) :].strip())
+                    continue
+                whole = task.joiner.feed(body.rstrip(b"\n"))
+                if whole is not None:
+                    task.lines.put_nowait(whole + b"\n")
+        await self.proc.wait()
+        why = self.errors[-1] if self.errors else f"srun exited {self.proc.returncode}"
+        started = set(self._by_id.values())
+        for task in self.tasks.values():
+            reason = "lost" if task in started else "slurm"  # srun could not start it at all
+            task.finish(LinkError(reason, f"{task.name}: the shared srun step ended: {why}"))
+        self.done.set()
+
+    def _exited(self, task: _Task, status: bytes) -> None:
+        try:
+            code = int(status)
+        except ValueError:
+            code = -1
+        if code == 0:
+            task.finish(None)
+            return
+        tail = " | ".join(task.stderr_tail[-3:])
+        task.finish(
+            LinkError(
+                "agent_crashed",
+                f"{task.name}: agent {exit_words(code)}" + (f": {tail}" if tail else ""),
+            )
+        )
+
+    async def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        with contextlib.suppress(Exception):
+            while line := await self.proc.stderr.readline():
+                task, _tid, body = self._task_of(line)
+                text = body.decode(errors="replace").rstrip()
+                if task is not None:
+                    task.note(text)
+                    continue
+                m = _TASK_EXIT.match(text)
+                if m is not None and m.group(1) in self.tasks:
+                    self.tasks[m.group(1)].note(text)
+                else:
+                    self.errors.append(text)
+                    del self.errors[:-20]
+
+    def in_use(self) -> bool:
+        """True while a task may still be claimed or is someone's session."""
+        return any(
+            t.state == "claimed" or (t.state == "waiting" and not t.ended.is_set())
+            for t in self.tasks.values()
+        )
+
+    async def release(self, name: str) -> None:
+        """The node's session closed (its ``shutdown`` was sent): wait a little for its agent
+        to end, then end the step when no node uses it any more."""
+        task = self.tasks[name]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(task.ended.wait(), 5.0)
+        task.state = "gone"
+        if not self.in_use():
+            await self.close()
+
+    async def close(self) -> None:
+        """EOF on the shared stdin (every agent stops), then TERM and KILL if srun lingers."""
+        if self._closing is None:
+            self._closing = asyncio.get_running_loop().create_task(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        await end_srun(self.proc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.done.wait(), 5.0)
+
+
+class SrunFanout:
+    """The agents of several nodes of one job as ONE srun step (``srun --overlap --jobid=J -w
+    NODES -N K --ntasks-per-node=1 --label --input=all``) instead of one srun per node: Slurm's
+    own I/O forwarding carries every node's lines, and the login node runs one srun.
+
+    Each node still gets its own ``AgentSession`` (``StepLink``): its lines are picked out of
+    the step's output by their task label, its requests are addressed to it (``@NODE``) on the
+    shared stdin, and it is pinged on its own. A node whose agent ended while the step runs
+    goes on with an srun of its own (``SrunLink``) from then on; the other nodes carry on.
+    Nodes are grouped by the job that holds them (their ``jobid``, else ``squeue``).
+    """
+
+    def __init__(self, links: Mapping[str, SrunLink], client: SlurmClient) -> None:
+        self.links = dict(links)
+        self.client = client
+        self.solo: set[str] = set()  # nodes that went on with their own srun
+        self.steps: list[_Step] = []
+        self._step_of: dict[str, _Step] = {}
+        self._why: dict[str, LinkError] = {}
+        self._lock = asyncio.Lock()
+
+    async def _jobs(self, names: list[str]) -> dict[str, str]:
+        """Node -> the running job of ours that holds it (the one holding most of ``names``)."""
+        fixed = {n: str(self.links[n].node.jobid) for n in names if self.links[n].node.jobid}
+        rest = [n for n in names if n not in fixed]
+        if not rest:
+            return fixed
+        try:
+            jobs = await self.client.jobs_async(
+                nodes=rest, user=current_user(), states=("RUNNING",)
+            )
+        except SlurmError as e:
+            raise LinkError("slurm", str(e)) from None
+        jobs.sort(key=lambda j: -len(set(j.node_names()) & set(rest)))
+        for name in rest:
+            job = next((j for j in jobs if name in j.node_names()), None)
+            if job is not None:
+                fixed[name] = job.job_id
+        return fixed
+
+    def _free(self, name: str) -> bool:
+        """True when no running step carries (or is about to carry) the node's agent."""
+        step = self._step_of.get(name)
+        if name in self.solo:
+            return False
+        return step is None or not step.running or step.tasks[name].state == "gone"
+
+    async def _start_steps(self) -> None:
+        names = [n for n in self.links if self._free(n) and not self._carried_before(n)]
+        jobs = await self._jobs(names)
+        for name in names:
+            if name not in jobs:
+                self._why[name] = LinkError(
+                    "no_job",
+                    f"no running Slurm job of yours on {name}: start one "
+                    f"(salloc -w {name} ...) or set jobid = N for this cluster",
+                )
+        groups: dict[tuple[str, str], list[str]] = {}
+        for name, jobid in jobs.items():
+            groups.setdefault((jobid, self._script(name)), []).append(name)
+        for (jobid, script), members in groups.items():
+            argv = self.client.step_argv(
+                jobid, members, ["sh", "-c", step_script(script)], shared=True
+            )
+            proc = await start_srun(argv, self.links[members[0]].env)
+            step = _Step(jobid, members, proc)
+            self.steps = [s for s in self.steps if s.running] + [step]
+            for name in members:
+                self._step_of[name] = step
+                self._why.pop(name, None)
+
+    def _carried_before(self, name: str) -> bool:
+        """The node's agent ended while its step still runs: it goes on alone."""
+        step = self._step_of.get(name)
+        if step is not None and step.running and step.tasks[name].state == "gone":
+            self.solo.add(name)
+            return True
+        return False
+
+    def _script(self, name: str) -> str:
+        link = self.links[name]
+        bundle = link._bundle_path()
+        return agent_script(
+            replace(link.node, name=""),
+            str(bundle.parent),
+            bundle.name,
+            0,
+            link.read_only,
+            digest=link._digest,
+            addressed=True,
+        )
+
+    async def open(self, name: str) -> AgentSession | None:
+        """The node's session out of a shared step (started when none carries it), or None
+        when the node must use an srun of its own. Raises LinkError (no job, srun failed,
+        the agent could not start)."""
+        async with self._lock:
+            if name in self.solo or self._carried_before(name):
+                return None
+            step = self._step_of.get(name)
+            if step is None or not step.running or step.tasks[name].state != "waiting":
+                await self._start_steps()
+                step = self._step_of.get(name)
+                if step is None or step.tasks[name].state != "waiting":
+                    raise self._why.get(name) or LinkError("slurm", f"{name}: no srun step")
+            task = step.tasks[name]
+            task.state = "claimed"
+        try:
+            first = await task.readline()
+        except BaseException:  # the step ended, or the fleet gave up waiting (cancelled)
+            task.state = "gone"
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                _Addressed(step, name).write(protocol.encode({"type": "shutdown"}))
+            raise
+        reply = parse_reply(first)
+        if reply is not None:
+            task.state = "gone"
+            word, rest = reply
+            if word == "mismatch":
+                self.solo.add(name)  # its own srun writes the bundle again and retries
+                return None
+            raise self.links[name]._deploy_error(word, rest)
+        session = AgentSession(
+            _First(first, task),
+            _Addressed(step, name),
+            close=functools.partial(step.release, name),
+        )
+        session.stderr_tail = task.stderr_tail
+        return session
+
+    async def aclose(self) -> None:
+        """End every step (the fleet stops)."""
+        steps, self.steps = self.steps, []
+        self._step_of.clear()
+        await asyncio.gather(*(s.close() for s in steps), return_exceptions=True)
+
+
+class StepLink(NodeLink):
+    """One node of a ``SrunFanout``: its agent is a task of a step shared with other nodes of
+    the job, or (after that agent ended) a step of its own (``SrunLink``)."""
+
+    kind = "srun"
+
+    def __init__(self, fanout: SrunFanout, own: SrunLink) -> None:
+        self.fanout = fanout
+        self.own = own
+        self.node = own.node
+
+    def describe(self) -> str:
+        if self.node.name in self.fanout.solo:
+            return self.own.describe()
+        return f"srun {self.node.name} (one step for {len(self.fanout.links)} nodes)"
+
+    async def open(self) -> AgentSession:
+        session = await self.fanout.open(self.node.name)
+        if session is None:
+            return await self.own.open()
+        return session
+
+    async def aclose(self) -> None:
+        await self.fanout.aclose()

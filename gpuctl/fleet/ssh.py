@@ -60,8 +60,10 @@ def agent_script(
     read_only: bool = False,
     *,
     digest: str | None = None,
+    addressed: bool = False,
 ) -> str:
-    """The ``sh`` script that starts the agent on a node.
+    """The ``sh`` script that starts the agent on a node (``addressed``: one of many agents of
+    one srun step, named by ``$SLURMD_NODENAME``; see ``gpuctl.node.protocol``).
 
     It runs the node's setup lines, then prints one ``gpuctl-deploy: ...`` line and exits when
     the python is not there (``no-python``), is older than 3.6 (``old-python X.Y.Z``), the
@@ -76,6 +78,8 @@ def agent_script(
         agent += ["--simulate", node.simulate, "--seed", str(seed)]
     if read_only:
         agent.append("--read-only")
+    if addressed:
+        agent.append("--addressed")
     lines = [
         f"PY={remote_path(node.python)}",
         f"B={remote_path(bundle)}",

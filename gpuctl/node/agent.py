@@ -8,6 +8,10 @@ pings; a frozen or partitioned login is not reported by the kernel, so silence i
 sign). Before exiting it runs every plugin's close hook, which stops burners and suites: the
 dead-man's switch.
 
+Started with ``addressed`` (one srun step carrying the agents of many nodes, all reading the
+same stdin; see ``protocol``), it acts on and hears only the lines addressed to its node, and
+writes long messages as pieces.
+
 Its output never blocks the loop: on a pipe or a socket, stdout is made non-blocking and what
 the reader has not taken yet waits in a bounded queue (messages past ``OUT_LIMIT`` are dropped
 whole), so a reader that stopped reading cannot stop the liveness check.
@@ -21,6 +25,7 @@ import socket
 import stat
 import sys
 import time
+import zlib
 from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set
 
 from . import protocol
@@ -45,8 +50,9 @@ class _Output(object):
     """The agent's stdout (see the module docstring). ``write`` returns False once the reader is
     gone for good (a broken pipe)."""
 
-    def __init__(self, out: IO[bytes]) -> None:
+    def __init__(self, out: IO[bytes], split: bool = False) -> None:
         self.out = out
+        self.split = split  # long messages as protocol.pieces (an addressed agent)
         self.fd = None  # type: Optional[int]
         self.pending = bytearray()
         self.dropped = 0
@@ -74,6 +80,8 @@ class _Output(object):
             self.fd = None
 
     def write(self, data: bytes) -> bool:
+        if self.split:
+            data = protocol.pieces(data)
         if self.fd is None:
             try:
                 self.out.write(data)
@@ -126,15 +134,18 @@ class Agent(object):
                  interval: float = 1.0, in_fd: int = 0, out: Optional[IO[bytes]] = None,
                  clock: Callable[[], float] = time.monotonic, read_only: bool = False,
                  liveness_timeout: float = protocol.DEFAULT_LIVENESS_S,
-                 max_duration: float = protocol.DEFAULT_MAX_DURATION) -> None:
+                 max_duration: float = protocol.DEFAULT_MAX_DURATION,
+                 addressed: Optional[str] = None) -> None:
         self.reader = reader
+        # "@NAME " of this node's requests when many agents share one stdin (an srun step)
+        self.address = None if addressed is None else b"@" + addressed.encode() + b" "
         self.read_only = bool(read_only)
         self.mutating = set(MUTATING)
         self.reader_error = reader_error
         self.interval = float(interval)
         self.in_fd = in_fd
         self.out = out if out is not None else sys.stdout.buffer
-        self._output = _Output(self.out)
+        self._output = _Output(self.out, split=addressed is not None)
         self.clock = clock
         self.liveness_timeout = float(liveness_timeout)
         self.max_duration = min(float(max_duration), protocol.MAX_DURATION_CEILING)
@@ -356,8 +367,17 @@ class Agent(object):
         if not data:
             self.stop("stdin closed")
             return
-        self._heard = self.clock()
+        if self.address is None:
+            self._heard = self.clock()
         for line in self._lines.feed(data):
+            if self.address is not None:
+                if line.startswith(self.address):
+                    line = line[len(self.address):]
+                elif line.startswith(b"@* "):
+                    line = line[3:]
+                else:
+                    continue  # another node's request: not ours, and not a sign of life
+                self._heard = self.clock()
             if line.strip():
                 self.handle_line(line)
             if not self.running:
@@ -462,6 +482,9 @@ def main(argv: List[str]) -> int:
     p.add_argument("--liveness-timeout", type=float, default=protocol.DEFAULT_LIVENESS_S,
                    metavar="S", help="stop every burner and suite and exit after S seconds "
                    "without a line on stdin (gpuctl pings); 0: never (default %(default)g)")
+    p.add_argument("--addressed", nargs="?", const="", metavar="NAME",
+                   help="stdin is shared with other nodes' agents (one srun step): act only on "
+                   "lines '@NAME {...}' (NAME: this node's, default $SLURMD_NODENAME)")
     p.add_argument("--max-duration", type=float, default=protocol.DEFAULT_MAX_DURATION,
                    metavar="S", help="the longest burn this agent starts (default %(default)g; "
                    "gpuctl sets it from [stress] max_duration)")
@@ -471,12 +494,21 @@ def main(argv: List[str]) -> int:
     for problem in (check_liveness(args.liveness_timeout), check_max_duration(args.max_duration)):
         if problem:
             p.error("--" + problem.replace("_", "-"))
+    addressed = args.addressed
+    if addressed == "":
+        addressed = os.environ.get("SLURMD_NODENAME", "")
+        if not addressed:
+            p.error("--addressed without NAME needs $SLURMD_NODENAME (an srun task has it)")
+    seed = args.seed
+    if addressed is not None and args.simulate:
+        seed += zlib.crc32(addressed.encode()) % 100000  # one step, one command: nodes differ
     try:
-        reader, reason = open_reader(args.simulate, seed=args.seed)
+        reader, reason = open_reader(args.simulate, seed=seed)
     except ValueError as e:
         p.error(str(e))
     agent = Agent(reader, reason, interval=args.interval, read_only=args.read_only,
-                  liveness_timeout=args.liveness_timeout, max_duration=args.max_duration)
+                  liveness_timeout=args.liveness_timeout, max_duration=args.max_duration,
+                  addressed=addressed)
     install_plugins(agent)
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -10,6 +10,14 @@ Transport
     A request may carry ``id`` (any JSON scalar); replies to it carry the same ``id``. A number
     of more than ``MAX_NUMBER_CHARS`` characters, NaN or Infinity makes a line ``bad_json``.
 
+One srun step for many nodes (``agent --addressed``)
+    Slurm's ``srun --input=all`` gives every task of the step the same stdin, and ``--label``
+    prefixes each output line with the task's number but cuts lines into pieces of 1024 bytes.
+    So an addressed agent reads only request lines ``@NAME {json}`` where NAME is its node's
+    Slurm name (``@* {json}``: every agent), ignores the others (they do not count as hearing
+    from the login side either), and writes each message longer than ``PIECE_BYTES`` as pieces:
+    ``+piece`` lines, then one ``=piece`` line (``pieces``; ``Joiner`` puts them together).
+
 Agent -> gpuctl
     hello     sent once, first. ``protocol`` (int, this version), ``agent`` (agent version),
               ``hostname``, ``pid``, ``python`` ("3.6.15"), ``interval`` (s),
@@ -107,6 +115,7 @@ DEFAULT_LIVENESS_S = 30.0  # no line on stdin for this long: stop everything and
 MAX_LIVENESS_S = 86400.0
 DEFAULT_MAX_DURATION = 3600.0  # the longest burn, unless the login side's config says otherwise
 MAX_DURATION_CEILING = 7 * 86400.0  # the node's own limit, whatever the login side asks
+PIECE_BYTES = 1000  # an addressed agent's longest output line (srun --label cuts at 1024)
 
 # NVML clocksThrottleReasons bits (nvml.h), decoded to the names the UI shows.
 THROTTLE_REASONS = (
@@ -286,3 +295,41 @@ def error(code: str, message: str, req_id: Any = None) -> Dict[str, Any]:
     if req_id is not None:
         msg["id"] = req_id
     return msg
+
+
+def pieces(line: bytes, size: int = PIECE_BYTES) -> bytes:
+    """``line`` (one encoded message, newline-terminated) as it goes out through a shared srun
+    step: unchanged when it is at most ``size`` bytes, else ``+piece`` lines and a last
+    ``=piece`` line, each at most ``size + 2`` bytes (see "One srun step" above)."""
+    if len(line) <= size:
+        return line
+    body = line[:-1] if line.endswith(b"\n") else line
+    chunks = [body[i:i + size] for i in range(0, len(body), size)]
+    out = [b"+" + c + b"\n" for c in chunks[:-1]]
+    out.append(b"=" + chunks[-1] + b"\n")
+    return b"".join(out)
+
+
+class Joiner(object):
+    """Lines of one agent in, whole messages out: undoes ``pieces`` (bounded by MAX_LINE)."""
+
+    def __init__(self) -> None:
+        self._parts = []  # type: List[bytes]
+        self._size = 0
+
+    def feed(self, line: bytes) -> Optional[bytes]:
+        """Take one line (without the label); return a whole line when it completes one (a
+        message of more than MAX_LINE bytes is dropped: None)."""
+        head = line[:1]
+        if head == b"+":
+            if self._size <= MAX_LINE:  # past it the message is junk: keep counting, drop it
+                self._parts.append(line[1:].rstrip(b"\n"))
+            self._size += len(line)
+            return None
+        if head == b"=":
+            whole = b"".join(self._parts) + line[1:]
+            too_long = self._size > MAX_LINE
+            self._parts, self._size = [], 0
+            return None if too_long else whole
+        self._parts, self._size = [], 0
+        return line

@@ -510,6 +510,45 @@ class SlurmClient:
         """``run`` without blocking the event loop."""
         return await asyncio.to_thread(functools.partial(self.run, argv, timeout=timeout))
 
+    def step_argv(
+        self,
+        jobid: str,
+        nodes: Sequence[str],
+        command: Sequence[str],
+        *,
+        tasks_per_node: int = 1,
+        shared: bool = False,
+    ) -> list[str]:
+        """The ``srun`` line that runs ``command`` as a step of the running job ``jobid`` on
+        ``nodes`` (``tasks_per_node`` tasks each), beside the job's own steps (``--overlap``).
+
+        One node: any failure ends the step (``--kill-on-bad-exit=1``). ``shared`` (one step
+        carrying many nodes' agents): every task reads all of stdin (``--input=all``), output
+        lines carry their task number (``--label``), and one task ending, even badly, leaves
+        the others running (``--kill-on-bad-exit=0``). Raises SlurmValueError for a bad name.
+        """
+        names = nodelist(nodes)
+        if not _JOB_ID.fullmatch(str(jobid)):
+            raise SlurmValueError(f"jobid: {_show(str(jobid))} is not a Slurm job id")
+        argv = [
+            "srun",
+            "--overlap",
+            f"--jobid={jobid}",
+            "-w",
+            names,
+            f"-N{len(nodes)}",
+        ]
+        if tasks_per_node == 1 and len(nodes) == 1 and not shared:
+            argv.append("-n1")
+        else:
+            argv.append(f"--ntasks-per-node={tasks_per_node}")
+        argv.append("--quiet")
+        if shared:
+            argv += ["--input=all", "--label", "--kill-on-bad-exit=0"]
+        else:
+            argv.append("--kill-on-bad-exit=1")
+        return [*argv, *command]
+
     # --- queries -------------------------------------------------------------------------------
 
     def nodes(

@@ -269,3 +269,34 @@ def test_via_slurm_submits_with_the_configs_slurm_conf(
     assert f"#SBATCH --partition={slurm_cluster.partition}" in script
     done = Path(slurm_cluster.jobcomp_path).read_text()
     assert f"JobId={job_id} " in done
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_through_slurm_two_nodes_rendezvous_and_report_each(
+    tmp_path: Path, slurm_nodes: Any
+) -> None:
+    """Two nodes of the multi-node test Slurm (each its own network namespace and hostname):
+    one torchrun rendezvous across both, one report per node, DDP over four ranks."""
+    d = tmp_path / "D"
+    r = gpuctl(
+        tmp_path, "--via", "slurm", "--device", "cpu", "--quick", "--skip", "train",
+        "--skip", "membw", "--nodes", "node[01-02]", "--job-dir", str(tmp_path / "jobs"),
+        "--report-dir", str(d), env=slurm_nodes.env,
+    )  # fmt: skip
+    out = lines(r)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert out[-1] == "[RESULT] SUCCESS"
+    script = next((tmp_path / "jobs").glob("*/job.sh")).read_text()
+    assert "#SBATCH --nodes=2" in script
+    found = reports(d)
+    (cluster,) = [rep for rep in found if "nodes" in rep]
+    assert cluster["verdict"] == "PASS" and sorted(cluster["nodes"]) == ["node01", "node02"]
+    by_node = {rep["node"]: rep for rep in found if "node" in rep}
+    assert sorted(by_node) == ["node01", "node02"]
+    for name, rep in by_node.items():
+        assert rep["sections"]["env"]["hostname"] == name  # ran on that node
+        ar = rep["sections"]["ddp_allreduce"]
+        assert ar["verdict"] == "PASS" and ar["world_size"] == 4 and ar["topology"] == "2x2"
+        assert {r["host"] for r in ar["ranks"]} == {name}
+        assert rep["sections"]["ddp_train"]["params_identical"] is True

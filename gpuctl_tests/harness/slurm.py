@@ -7,6 +7,15 @@ ports, and waits until the node is idle. Clients reach it with ``env=cluster.env
 (``Gres=gpu:h100:2``, device files are symlinks to /dev/null), so ``--gpus=1`` sets
 ``CUDA_VISIBLE_DEVICES`` in the job and ``--gpus=3`` is refused.
 
+``SlurmCluster(tmpdir, nodes=N)`` runs N nodes instead, ``node01`` .. ``nodeN``: one slurmd per
+network namespace (``gpuctl_tests.harness.netns.HostNet``: a private bridge, each node its own
+10.x address, nothing leaves the machine), the controller on the bridge's address so that every
+node and every client reaches it. Each slurmd also has its own hostname (its node name) and a
+private ``/etc/hosts`` naming every node's address (UTS and mount namespaces), so that what runs
+on a node finds itself and the others by name, as on a real cluster (gloo does). Each node
+carries the same two fake GPUs. Needs root and network namespaces (``missing_parts(multi=True)``
+says why not).
+
 Every daemon and job carries a private marker in its environment so ``stop()`` also finds job
 processes that left the daemons' process trees.
 """
@@ -26,7 +35,7 @@ import uuid
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuctl_tests.harness import (
     HarnessError,
@@ -37,6 +46,9 @@ from gpuctl_tests.harness import (
     pids_with_env,
     wait_gone,
 )
+
+if TYPE_CHECKING:
+    from gpuctl_tests.harness.netns import HostNet
 
 DAEMONS = {
     "munged": "/usr/sbin/munged",
@@ -56,8 +68,9 @@ def _stop_leftovers() -> None:
         cluster.stop()
 
 
-def missing_parts() -> str | None:
-    """Why a private Slurm cannot run here, or None when it can."""
+def missing_parts(multi: bool = False) -> str | None:
+    """Why a private Slurm (with ``multi``: of several nodes, in network namespaces) cannot run
+    here, or None when it can."""
     for name, path in DAEMONS.items():
         if not Path(path).exists():
             pkg = "munge" if name == "munged" else "slurm-wlm"
@@ -67,6 +80,10 @@ def missing_parts() -> str | None:
             return f"{tool} missing (apt-get install slurm-client)"
     if os.geteuid() != 0:
         return "a private Slurm needs root here (slurmd starts job steps as the job's user)"
+    if multi:
+        from gpuctl_tests.harness.netns import missing_netns
+
+        return missing_netns()
     return None
 
 
@@ -91,12 +108,14 @@ def _mem_total_mb() -> int:
 
 
 class SlurmCluster:
-    """A private munged + slurmctld + one slurmd ("node ``node``", partition ``partition``).
+    """A private munged + slurmctld + one slurmd ("node ``node``", partition ``partition``), or
+    with ``nodes=N`` N slurmd's in network namespaces (``node01`` .. ``nodeN``; ``node`` is the
+    first).
 
     Attributes: ``env`` (environment for Slurm clients: ``SLURM_CONF`` set, inherited
     ``SLURM_*`` job variables removed), ``conf_path``, ``node``, ``partition``, ``gpus`` (2),
     ``gpu_type`` ("h100"), ``cpus``, ``jobcomp_path`` (one line per finished job),
-    ``start_seconds``.
+    ``start_seconds``, ``nodes`` (every node's name), ``net`` (the namespaces, or None).
 
     ``enforce_memory=True`` makes Slurm enforce ``--mem`` itself (``jobacct_gather/linux``
     sampling every second with ``OverMemoryKill``: a step over its limit is killed and the job
@@ -109,6 +128,7 @@ class SlurmCluster:
         tmpdir: str | os.PathLike[str],
         *,
         node: str = "localhost",
+        nodes: int | None = None,
         partition: str = "debug",
         cpus: int = 8,
         gpus: int = 2,
@@ -117,12 +137,19 @@ class SlurmCluster:
         enforce_memory: bool = False,
         start: bool = True,
     ) -> None:
-        reason = missing_parts()
+        reason = missing_parts(multi=nodes is not None)
         if reason:
             raise HarnessError(reason)
         self.dir = Path(tmpdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
+        self.net: HostNet | None = None
+        if nodes is None:
+            self.nodes = [node]
+        else:
+            width = max(2, len(str(nodes)))
+            self.nodes = [f"node{i:0{width}d}" for i in range(1, nodes + 1)]
+            node = self.nodes[0]
         self.node = node
         self.partition = partition
         self.cpus = cpus
@@ -139,6 +166,8 @@ class SlurmCluster:
             "slurmctld": self.dir / "slurmctld.log",
             "slurmd": self.dir / "slurmd.log",
         }
+        if nodes is not None:
+            self.logs.update({f"slurmd-{n}": self.dir / f"slurmd-{n}.log" for n in self.nodes})
         self.marker = f"GPUCTL_TEST_SLURM={uuid.uuid4().hex}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env["SLURM_CONF"] = str(self.conf_path)
@@ -148,6 +177,13 @@ class SlurmCluster:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         _LIVE.add(self)
         self.start_seconds: float | None = None
+        if nodes is not None:
+            from gpuctl_tests.harness.netns import HostNet
+
+            try:
+                self.net = HostNet(nodes)
+            except (RuntimeError, ValueError) as e:
+                raise HarnessError(f"private Slurm: no network namespaces: {e}") from None
         self._write_files()
         if start:
             self.start()
@@ -168,7 +204,8 @@ class SlurmCluster:
         (d / "cgroup.conf").write_text("CgroupPlugin=autodetect\n")
         gres = ["AutoDetect=off"]
         gres += [
-            f"NodeName={self.node} Name=gpu Type={self.gpu_type} File={dev}"
+            f"NodeName={node} Name=gpu Type={self.gpu_type} File={dev}"
+            for node in self.nodes
             for dev in self._devices()
         ]
         (d / "gres.conf").write_text("\n".join(gres) + "\n")
@@ -186,9 +223,12 @@ class SlurmCluster:
     def _write_conf(self) -> None:
         d = self.dir
         real_mb = max(512, min(_mem_total_mb() - 512, 16384))
+        # several nodes: each slurmd reaches the controller on the bridge, and keeps its own
+        # spool, pid and log file (%n: the node's name)
+        per_node = "-%n" if self.net is not None else ""
         conf = {
             "ClusterName": "gpuctltest",
-            "SlurmctldHost": "localhost(127.0.0.1)",
+            "SlurmctldHost": f"localhost({self.net.gateway if self.net else '127.0.0.1'})",
             "SlurmctldPort": self.ctld_port,
             "SlurmdPort": self.slurmd_port,
             "SlurmUser": self.user,
@@ -199,11 +239,11 @@ class SlurmCluster:
             # by default); the checkpoint tests requeue jobs
             "AuthInfo": f"socket={self.munge_socket},cred_expire=10",
             "StateSaveLocation": d / "state",
-            "SlurmdSpoolDir": d / "spool",
+            "SlurmdSpoolDir": f"{d / 'spool'}{per_node}",
             "SlurmctldPidFile": d / "slurmctld.pid",
-            "SlurmdPidFile": d / "slurmd.pid",
+            "SlurmdPidFile": d / f"slurmd{per_node}.pid",
             "SlurmctldLogFile": self.logs["slurmctld"],
-            "SlurmdLogFile": self.logs["slurmd"],
+            "SlurmdLogFile": d / f"slurmd{per_node}.log",
             "PlugStackConfig": d / "plugstack.conf",
             "ProctrackType": "proctrack/linuxproc",
             "TaskPlugin": "task/none",
@@ -239,14 +279,17 @@ class SlurmCluster:
             conf["JobAcctGatherFrequency"] = "task=1"
             conf["JobAcctGatherParams"] = "OverMemoryKill"
         lines = [f"{k}={v}" for k, v in conf.items()]
+        addrs = self.net.addresses if self.net else ["127.0.0.1"]
+        for node, addr in zip(self.nodes, addrs, strict=True):
+            host = node if self.net else socket.gethostname()
+            lines.append(
+                f"NodeName={node} NodeAddr={addr} NodeHostname={host} "
+                f"CPUs={self.cpus} RealMemory={real_mb} Gres=gpu:{self.gpu_type}:{self.gpus} "
+                "State=UNKNOWN"
+            )
         lines.append(
-            f"NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname()} "
-            f"CPUs={self.cpus} RealMemory={real_mb} Gres=gpu:{self.gpu_type}:{self.gpus} "
-            "State=UNKNOWN"
-        )
-        lines.append(
-            f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE "
-            "State=UP"
+            f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES "
+            "MaxTime=INFINITE State=UP"
         )
         self.conf_path.write_text("\n".join(lines) + "\n")
 
@@ -270,7 +313,8 @@ class SlurmCluster:
         return proc
 
     def _fail(self, name: str, why: str) -> HarnessError:
-        tails = [f"--- {name} log ---\n{log_tail(self.logs[name])}"]
+        log = self.logs.get(name, self.logs["slurmd"])
+        tails = [f"--- {name} log ---\n{log_tail(log)}"]
         out = self.dir / f"{name}.out"
         if out.exists() and out.stat().st_size:
             tails.append(f"--- {name} output ---\n{log_tail(out)}")
@@ -327,8 +371,26 @@ class SlurmCluster:
         self._wait("munged", self.munge_socket.exists, deadline)
         self._spawn("slurmctld", [DAEMONS["slurmctld"], "-D", "-c", "-f", str(self.conf_path)])
         self._wait("slurmctld", self._controller_up, deadline)
-        self._spawn("slurmd", [DAEMONS["slurmd"], "-D", "-N", self.node, "-f", str(self.conf_path)])
-        self._wait("slurmd", self._node_idle, deadline)
+        if self.net is None:
+            argv = [DAEMONS["slurmd"], "-D", "-N", self.node, "-f", str(self.conf_path)]
+            self._spawn("slurmd", argv)
+            self._wait("slurmd", self._node_idle, deadline)
+        else:
+            hosts = self.dir / "hosts"
+            hosts.write_text(
+                "127.0.0.1 localhost\n"
+                + "".join(f"{a} {n}\n" for a, n in zip(self.net.addresses, self.nodes, strict=True))
+            )
+            for i, node in enumerate(self.nodes):
+                argv = [DAEMONS["slurmd"], "-D", "-N", node, "-f", str(self.conf_path)]
+                own = [  # its own hostname and /etc/hosts, then slurmd (same pid throughout)
+                    "unshare", "--uts", "--mount", "--propagation", "private",
+                    "sh", "-c", 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && '
+                    'exec "$@"', "sh", str(hosts), node, *argv,
+                ]  # fmt: skip
+                self._spawn(f"slurmd-{node}", self.net.enter(i, own))
+            for node in self.nodes:
+                self._wait(f"slurmd-{node}", self._node_idle, deadline)
         self.start_seconds = time.monotonic() - t0
 
     def _client(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -350,11 +412,16 @@ class SlurmCluster:
         return "is UP" in r.stdout
 
     def _node_state(self) -> str:
+        """The node's state; with several nodes, the first one that is not idle (or idle)."""
+        names = ",".join(self.nodes)
         try:
-            r = self._client(["sinfo", "-h", "-N", "-n", self.node, "-o", "%T"], timeout=5)
+            r = self._client(["sinfo", "-h", "-N", "-n", names, "-o", "%T"], timeout=5)
         except subprocess.TimeoutExpired:
             return ""
-        return r.stdout.strip()
+        states = r.stdout.split()
+        if len(states) != len(self.nodes):
+            return r.stdout.strip()
+        return next((s for s in states if s != "idle"), "idle")
 
     def _node_idle(self) -> bool:
         return self._node_state() == "idle"
@@ -420,7 +487,8 @@ class SlurmCluster:
         """Put a drained or down node back in service; True when scontrol accepted it."""
         try:
             r = self._client(
-                ["scontrol", "update", f"NodeName={self.node}", "State=RESUME"], timeout=5
+                ["scontrol", "update", f"NodeName={','.join(self.nodes)}", "State=RESUME"],
+                timeout=5,
             )
         except subprocess.TimeoutExpired:
             return False
@@ -437,22 +505,26 @@ class SlurmCluster:
         self.cancel_all()
         pids = self.processes()
         # slurmd first (it may ignore SIGTERM while registering), then the controller, munge
-        for name in ("slurmd", "slurmctld", "munged"):
-            proc = self.procs.get(name)
-            if proc is None or proc.poll() is not None:
-                continue
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        slurmds = [n for n in self.procs if n.startswith("slurmd")]
+        for group in (slurmds, ["slurmctld"], ["munged"]):
+            procs = [p for n in group if (p := self.procs.get(n)) and p.poll() is None]
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            for proc in procs:
+                try:
+                    proc.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
         kill_pids(self.processes() | pids, signal.SIGKILL)
         wait_gone(pids, 5)
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(5)
+        if self.net is not None:
+            self.net.close()
 
     def __enter__(self) -> SlurmCluster:
         return self

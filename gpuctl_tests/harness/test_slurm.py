@@ -150,3 +150,54 @@ def test_a_port_taken_before_slurmctld_binds_it_gives_new_ports(
             assert r.stdout.split() == [cluster.node]
         finally:
             cluster.stop()
+
+
+def test_several_nodes_each_in_its_own_network_namespace(tmp_path: Path) -> None:
+    """``nodes=3``: node01..node03, one slurmd each in its own network namespace with its own
+    address; one srun step reaches all three; stop() leaves no process, namespace or bridge."""
+    import subprocess
+
+    reason = missing_parts(multi=True)
+    if reason:
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    cluster = SlurmCluster(tmp_path / "three", nodes=3)
+    try:
+        assert cluster.net is not None
+        out = cluster.run(["sinfo", "-h", "-N", "-o", "%N|%T|%G"]).stdout.split()
+        assert out == [f"node0{i}|idle|gpu:h100:2" for i in (1, 2, 3)]
+        r = cluster.run(
+            [
+                "srun",
+                "-N3",
+                "--label",
+                "sh",
+                "-c",
+                'echo "$SLURMD_NODENAME $(hostname) $(hostname -I)"',
+            ],
+            timeout=60,
+        )
+        seen = {}
+        for line in r.stdout.splitlines():
+            task, _, text = line.partition(": ")
+            node, host, addrs = text.split(" ", 2)
+            assert host == node  # its own hostname
+            seen[node] = (int(task), addrs)
+        assert sorted(seen) == ["node01", "node02", "node03"]
+        for i, node in enumerate(cluster.nodes):
+            addrs = seen[node][1]
+            # its own address, and not the machine's: the step ran inside the namespace
+            assert addrs.split() == [cluster.net.addresses[i]], addrs
+        assert len({t for t, _ in seen.values()}) == 3
+        names = list(cluster.net.names)
+        bridge = cluster.net.bridge
+        pids = cluster.processes()
+    finally:
+        cluster.stop()
+    assert cluster.processes() == set()
+    assert not any(is_alive(p) for p in pids)
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(n in left for n in names)
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    assert bridge not in links

@@ -243,3 +243,40 @@ def test_combined_report_leads_with_the_first_rank_to_fail() -> None:
         "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 4 more of 12 failed: time limit reached [time_limit]"
     )
     assert combine_ranks([None, None], [None, None]) == (None, None)
+
+
+@pytest.mark.slurm
+def test_ddp_of_two_nodes_by_two_tasks(slurm_nodes: Any, venv1: str, tmp_path: Path) -> None:
+    """2 nodes x 2 tasks on the multi-node test Slurm: each node in its own network namespace,
+    so the ranks of node02 reach rank 0 over the bridge, at the address srun gave them."""
+    from gpuctl.jobs import JobStore
+
+    ex = Executor(
+        "slurm",
+        partition=slurm_nodes.partition,
+        slurm_conf=str(slurm_nodes.conf_path),
+        job_root=str(tmp_path / "shared-jobs"),
+        store=JobStore(),
+        supervisor_python=venv1,
+        python=sys.executable,  # torch
+        nodes=2,
+        tasks_per_node=2,
+        time_limit=300,
+    )
+    try:
+        job = ex.submit(train_ddp, 40)
+        job.result(300)
+        results = job.results()
+    finally:
+        slurm_nodes.cancel_all()
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    for r in results:
+        assert r["world"] == 4 and r["params_equal"]
+        assert r["losses"][-1] < 0.2 * r["losses"][0], r["losses"]
+    envs = [r["env"] for r in results]
+    assert [e["NODE_RANK"] for e in envs] == ["0", "0", "1", "1"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "0", "1"]
+    assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"}
+    # rank 0's node, by the address of its own namespace: not this machine's loopback
+    assert {e["MASTER_ADDR"] for e in envs} == {slurm_nodes.net.addresses[0]}
+    assert len({tuple(r["params"]) for r in results}) == 1

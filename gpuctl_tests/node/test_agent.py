@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -341,3 +342,64 @@ def test_junk_at_volume_gets_one_reply_per_line(agents: list[AgentProcess]) -> N
     # and nothing was left unanswered: a final ping is the very next reply
     agent.send({"type": "ping", "id": "last"})
     assert agent.read_until(is_reply)["id"] == "last"
+
+
+def test_an_addressed_agent_acts_on_and_hears_only_its_own_lines() -> None:
+    """Many agents on one stdin (a shared srun step): under Python 3.6, ``--addressed`` (name
+    from $SLURMD_NODENAME) answers ``@node02`` and ``@*`` lines, ignores the others, writes
+    long messages as pieces, and lines for other nodes do not keep it alive."""
+    import subprocess
+
+    from gpuctl.node import protocol
+    from gpuctl_tests.helpers import node_env, old_python
+
+    py36 = old_python("3.6.15")
+    argv = [py36, "-m", "gpuctl.node", "agent", "--simulate", "8", "--addressed"]
+    argv += ["--interval", "60", "--liveness-timeout", "2"]
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=node_env({"SLURMD_NODENAME": "node02"}),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    stop = threading.Event()
+    try:
+        for target, req in (("node01", "a"), ("node02", "b"), ("*", "c"), ("node021", "d")):
+            line = protocol.encode({"type": "ping", "id": req})
+            proc.stdin.write(b"@" + target.encode() + b" " + line)
+        proc.stdin.write(b'{"type":"ping","id":"bare"}\n')
+        proc.stdin.flush()
+        joiner = protocol.Joiner()
+        msgs = []
+        t0 = time.monotonic()
+
+        def others() -> None:  # then only other nodes' lines: it must still give up after 2 s
+            while not stop.wait(0.2):  # a sender's pace, not synchronisation
+                try:
+                    proc.stdin.write(b"@node01 " + protocol.encode({"type": "ping"}))
+                    proc.stdin.flush()
+                except OSError:
+                    return
+
+        sender = threading.Thread(target=others, daemon=True)
+        sender.start()
+        while time.monotonic() - t0 < 6:
+            raw = proc.stdout.readline()
+            if not raw:
+                break
+            assert len(raw) <= protocol.PIECE_BYTES + 2
+            whole = joiner.feed(raw.rstrip(b"\n"))
+            if whole:
+                msgs.append(json.loads(whole))
+                if msgs[-1].get("code") == "liveness":
+                    break
+        kinds = [m["type"] for m in msgs]
+        assert kinds[:2] == ["hello", "sample"] and len(msgs[1]["gpus"]) == 8
+        assert [m["id"] for m in msgs if m["type"] == "pong"] == ["b", "c"]
+        assert msgs[-1]["code"] == "liveness", msgs[-1]
+        assert 1.5 < time.monotonic() - t0 < 5
+    finally:
+        stop.set()
+        proc.kill()
+        proc.wait()
