@@ -269,7 +269,11 @@ class _StreamWriter(AtomicWriter):
     """Streams writes to a node's file (SFTP, or the shell when SFTP is unusable): chunks of
     CHUNK bytes go out as parallel writes at explicit offsets while the caller (cloudpickle)
     keeps producing; at most AHEAD chunks are in flight, so memory stays bounded whatever the
-    payload size."""
+    payload size. Small writes are gathered into a chunk (copied); a write of a chunk or more
+    is sent from the caller's buffer itself (cloudpickle hands over the argument's own bytes):
+    no copy, and ``write`` returns only once all but AHEAD chunks of it are sent, ``commit``
+    and ``abort`` once all are, so the buffer must stay unchanged until then (it does: the
+    pickling caller is waiting)."""
 
     CHUNK = 8 << 20
     AHEAD = 4
@@ -287,7 +291,7 @@ class _StreamWriter(AtomicWriter):
 
         self.f = host._call(open_file())
 
-    def _submit(self, chunk: bytes) -> None:
+    def _submit(self, chunk: bytes | memoryview) -> None:
         fut = asyncio.run_coroutine_threadsafe(
             self.f.write_at(chunk, self.offset), self.host._lt.loop
         )
@@ -312,7 +316,7 @@ class _StreamWriter(AtomicWriter):
                 self._submit(bytes(self.buf))
                 self.buf.clear()
             for i in range(0, n, self.CHUNK):
-                self._submit(bytes(mv[i : i + self.CHUNK]))
+                self._submit(mv[i : i + self.CHUNK])
             return n
         self.buf += mv
         if len(self.buf) >= self.CHUNK:

@@ -49,7 +49,7 @@ class RemoteWriter:
     """A file being written: ``write_at`` chunks (in order for the shell route), then
     ``commit()`` (renamed into place) or ``abort()`` (removed)."""
 
-    async def write_at(self, data: bytes, offset: int) -> None:
+    async def write_at(self, data: bytes | memoryview, offset: int) -> None:
         raise NotImplementedError
 
     async def commit(self) -> None:
@@ -66,8 +66,8 @@ class _SftpWriter(RemoteWriter):
         self.tmp = tmp
         self.path = path
 
-    async def write_at(self, data: bytes, offset: int) -> None:
-        await self.f.write(data, offset)
+    async def write_at(self, data: bytes | memoryview, offset: int) -> None:
+        await self.f.write(data, offset)  # asyncssh copies what it sends: a view is fine
 
     async def commit(self) -> None:
         await self.f.close()
@@ -93,7 +93,7 @@ class _ShellWriter(RemoteWriter):
         self.mode = mode
         self.pos = 0
 
-    async def write_at(self, data: bytes, offset: int) -> None:
+    async def write_at(self, data: bytes | memoryview, offset: int) -> None:
         if offset != self.pos:
             raise RemoteError("file", f"{self.files.node}: out-of-order write to {self.path}")
         # the write happens before the first await: callers' writes keep their order
