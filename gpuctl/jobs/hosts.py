@@ -16,6 +16,7 @@ import shlex
 import subprocess
 import threading
 import uuid
+from collections import deque
 from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -95,6 +96,11 @@ class Host:
         raise NotImplementedError
 
     def get_file(self, path: str, local: str) -> None:
+        raise NotImplementedError
+
+    def open_read(self, path: str) -> BinaryReader:
+        """A binary reader of ``path`` (``read``, ``readinto``, ``readline``, ``close``; a
+        context manager). Raises HostError when it cannot be read."""
         raise NotImplementedError
 
     def exists(self, path: str) -> bool:
@@ -223,6 +229,11 @@ class LocalHost(Host):
         return str(Path.home())
 
 
+# what ``Host.open_read`` returns: a file opened "rb", or a ``_StreamReader`` (``read``,
+# ``readinto``, ``readline``, ``close``, a context manager)
+BinaryReader = Any
+
+
 class AtomicWriter:
     """``write`` bytes, then ``commit()`` (rename into place) or ``abort()`` (remove)."""
 
@@ -337,6 +348,141 @@ class _StreamWriter(AtomicWriter):
             fut.cancel()
         with contextlib.suppress(Exception):
             self.host._call(self.f.abort())
+
+
+class _StreamReader:
+    """Reads a node's file as it arrives (``RemoteFiles.chunks`` on the loop thread, feeding
+    this thread): the reader (cloudpickle) works on the first bytes while the rest are on the
+    wire, and its ``readinto`` fills the caller's buffer straight from the received blocks, so
+    a large result needs no local file and no second copy. At most LIMIT bytes wait here: the
+    download pauses until the reader catches up. A transfer that fails raises HostError from
+    the read that meets it; it never looks like the end of the file."""
+
+    LIMIT = 32 << 20
+
+    def __init__(self, host: SshHost, path: str) -> None:
+        self.host = host
+        self.path = path
+        self._cond = threading.Condition()
+        self._chunks: deque[memoryview] = deque()
+        self._buffered = 0
+        self._done = False
+        self._error: BaseException | None = None
+        self._room: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+        async def begin() -> None:
+            self._room = asyncio.Event()
+            self._task = asyncio.ensure_future(self._pump())
+
+        host._call(begin())
+
+    async def _pump(self) -> None:
+        assert self._room is not None
+        try:
+            files = await self.host._files()
+            async for chunk in files.chunks(self.path):
+                with self._cond:
+                    self._chunks.append(memoryview(chunk))
+                    self._buffered += len(chunk)
+                    self._cond.notify()
+                while self._buffered > self.LIMIT:
+                    self._room.clear()
+                    if self._buffered > self.LIMIT:
+                        await self._room.wait()
+        except BaseException as e:
+            with self._cond:
+                self._error = e
+                self._cond.notify()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+        else:
+            with self._cond:
+                self._done = True
+                self._cond.notify()
+
+    def _fail(self, e: BaseException) -> HostError:
+        if isinstance(e, RemoteError):
+            if e.reason in ("lost", "closed"):
+                self.host._drop()
+            return HostError(e.message)
+        if isinstance(e, HostError):
+            return e
+        self.host._drop()
+        return HostError(f"{self.host.name}: reading {self.path} failed: {e}")
+
+    def readinto(self, buf: Any) -> int:
+        """Fill ``buf`` (all of it, unless the file ends first); return the count."""
+        out = memoryview(buf).cast("B")
+        n = 0
+        while n < len(out):
+            with self._cond:
+                while not self._chunks and not self._done and self._error is None:
+                    self._cond.wait()
+                if not self._chunks:
+                    if self._error is not None:
+                        raise self._fail(self._error)
+                    break
+                head = self._chunks[0]
+            take = min(len(head), len(out) - n)
+            out[n : n + take] = head[:take]
+            n += take
+            with self._cond:
+                if take == len(head):
+                    self._chunks.popleft()
+                else:
+                    self._chunks[0] = head[take:]
+                before = self._buffered
+                self._buffered -= take
+            if before > self.LIMIT // 2 >= self._buffered and self._room is not None:
+                self.host._lt.loop.call_soon_threadsafe(self._room.set)
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (fewer only at the end of the file); all the rest for -1."""
+        if size is None or size < 0:
+            parts = []
+            while part := self.read(1 << 20):
+                parts.append(part)
+            return b"".join(parts)
+        buf = bytearray(size)
+        n = self.readinto(buf)
+        del buf[n:]
+        return bytes(buf)
+
+    def readline(self, size: int = -1) -> bytes:
+        line = bytearray()
+        while size < 0 or len(line) < size:
+            c = self.read(1)
+            if not c:
+                break
+            line += c
+            if c == b"\n":
+                break
+        return bytes(line)
+
+    def close(self) -> None:
+        """Stop the transfer (when not finished) and drop what it buffered."""
+        task = self._task
+        self._task = None
+        if task is not None and not task.done():
+
+            async def stop() -> None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+            with contextlib.suppress(Exception):
+                self.host._call(stop(), timeout=30)
+        with self._cond:
+            self._chunks.clear()
+            self._buffered = 0
+
+    def __enter__(self) -> _StreamReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _Reaper:
@@ -541,6 +687,9 @@ class SshHost(Host):
             await (await self._files()).get(path, local)
 
         self._call(go())
+
+    def open_read(self, path: str) -> BinaryReader:
+        return _StreamReader(self, path)
 
     def exists(self, path: str) -> bool:
         async def go() -> bool:

@@ -19,6 +19,8 @@ import os
 import shlex
 import uuid
 import weakref
+from collections import deque
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncssh
@@ -290,25 +292,66 @@ class RemoteFiles:
         except (asyncssh.Error, OSError) as e:
             raise self._sftp_error(e, f"reading {path}") from None
 
-    async def get(self, path: str, local: str) -> None:
-        """Copy ``path`` to the local file ``local``."""
+    async def chunks(self, path: str, ahead: int = 64) -> AsyncIterator[bytes]:
+        """The bytes of ``path``, in order, as they arrive: over SFTP, up to ``ahead`` reads of
+        the server's largest read size in flight (the whole file is asked for, not a stream
+        that could end early: a file shorter than its size at the start is an error); through
+        the shell, ``cat``'s output. Raises RemoteError ("file" also when it does not exist);
+        the stream never just stops short."""
         path = await self.abspath(path)
         sftp = await self.sftp()
         if sftp is None:
             proc = await launch.start(self.conn, f"exec cat {remote_path(path)}", node=self.node)
             try:
-                dst = await asyncio.to_thread(open, local, "wb")
-                try:
-                    while chunk := await proc.stdout.read(1 << 20):
-                        await asyncio.to_thread(dst.write, chunk)
-                finally:
-                    dst.close()
+                while chunk := await proc.stdout.read(1 << 20):
+                    yield chunk
                 await proc.proc.wait_closed()
                 if proc.proc.exit_status != 0:
                     err = await proc.stderr.read()
                     raise RemoteError("file", f"{self.node}: reading {path} failed: {_tail(err)}")
+            except (asyncssh.Error, OSError) as e:
+                raise RemoteError("lost", f"SSH connection to {self.node} lost: {e}") from None
             finally:
                 proc.close()
+            return
+        pending: deque[asyncio.Future[bytes]] = deque()
+        try:
+            async with sftp.open(path, "rb") as f:
+                size = (await f.stat()).size or 0
+                block = sftp.limits.max_read_len
+                offset = 0
+                while pending or offset < size:
+                    while offset < size and len(pending) < ahead:
+                        n = min(block, size - offset)
+                        pending.append(asyncio.ensure_future(self._read_block(f, path, offset, n)))
+                        offset += n
+                    yield await pending.popleft()
+        except (asyncssh.Error, OSError) as e:
+            raise self._sftp_error(e, f"reading {path}") from None
+        finally:
+            for task in pending:
+                task.cancel()
+
+    async def _read_block(self, f: Any, path: str, offset: int, n: int) -> bytes:
+        data: bytes = await f.read(n, offset)
+        while len(data) < n:  # SFTP allows a short read: ask for the rest
+            more: bytes = await f.read(n - len(data), offset + len(data))
+            if not more:
+                raise RemoteError("file", f"{self.node}: {path} shrank while being read")
+            data += more
+        return data
+
+    async def get(self, path: str, local: str) -> None:
+        """Copy ``path`` to the local file ``local``."""
+        path = await self.abspath(path)
+        sftp = await self.sftp()
+        if sftp is None:
+            dst = await asyncio.to_thread(open, local, "wb")
+            try:
+                async for chunk in self.chunks(path):
+                    await asyncio.to_thread(dst.write, chunk)
+            finally:
+                dst.close()
             return
         try:
             await sftp.get(path, local, max_requests=128)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from gpuctl.config import load_config
 from gpuctl.jobs import EnvSpec, Executor, JobStore
 from gpuctl.jobs.executor import _HashingWriter
+from gpuctl.jobs.hosts import HostError
 from gpuctl_tests.harness.sshd import SshCluster
 
 MIB = 1 << 20
@@ -84,3 +86,45 @@ def test_a_large_argument_arrives_intact(ssh_executor: Executor) -> None:
     assert meta["payload_sha256"] == hashlib.sha256(payload).hexdigest()
     assert meta["payload_bytes"] == len(payload)
     assert [p.name for p in Path(job.jobdir).iterdir() if ".tmp-" in p.name] == []
+
+
+def blob_of(n: int) -> bytes:
+    import random
+
+    return random.Random(n).randbytes(n)
+
+
+@pytest.mark.sshd
+def test_a_large_result_streams_back_intact_without_local_disk(
+    ssh_executor: Executor, small_fs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+
+    # the login node's temporary folder holds 4 MiB: the result is unpickled as it arrives,
+    # never copied to a local file first
+    monkeypatch.setattr(tempfile, "tempdir", str(small_fs))
+    n = 45 * MIB + 7  # more than the reader keeps buffered: the download pauses and resumes
+    job = ssh_executor.submit(blob_of, n)
+    value = job.result(120)
+    assert len(value) == n and value == random.Random(n).randbytes(n)
+    assert list(small_fs.iterdir()) == []
+
+
+@pytest.mark.sshd
+def test_a_transfer_cut_midway_raises_and_never_looks_complete(
+    ssh_cluster: SshCluster, ssh_executor: Executor, tmp_path: Path
+) -> None:
+    data = os.urandom(96 * MIB)
+    src = tmp_path / "result.bin"
+    src.write_bytes(data)
+    host = ssh_executor.backend.host
+    with host.open_read(str(src)) as f:
+        head = f.read(MIB)
+        assert head == data[:MIB]
+        # the reader holds at most 32 MiB (+ the reads in flight): the rest is still to come
+        ssh_cluster["gpu1"].kill()
+        with pytest.raises(HostError):
+            f.read()
+    ssh_cluster["gpu1"].restart()
+    with host.open_read(str(src)) as f:  # a new connection after the loss
+        assert f.read() == data
