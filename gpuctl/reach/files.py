@@ -316,21 +316,25 @@ class RemoteFiles:
             return
         pending: deque[asyncio.Future[bytes]] = deque()
         try:
-            async with sftp.open(path, "rb") as f:
-                size = (await f.stat()).size or 0
-                block = sftp.limits.max_read_len
-                offset = 0
-                while pending or offset < size:
-                    while offset < size and len(pending) < ahead:
-                        n = min(block, size - offset)
-                        pending.append(asyncio.ensure_future(self._read_block(f, path, offset, n)))
-                        offset += n
-                    yield await pending.popleft()
+            # block_size=0: each read below is one SFTP request, answered straight into bytes
+            async with sftp.open(path, "rb", block_size=0) as f:
+                try:
+                    size = (await f.stat()).size or 0
+                    block = sftp.limits.max_read_len
+                    offset = 0
+                    while pending or offset < size:
+                        while offset < size and len(pending) < ahead:
+                            n = min(block, size - offset)
+                            read = self._read_block(f, path, offset, n)
+                            pending.append(asyncio.ensure_future(read))
+                            offset += n
+                        yield await pending.popleft()
+                finally:
+                    for task in pending:  # the reader stopped early: no read outlives the file
+                        task.cancel()
+                    await asyncio.gather(*pending, return_exceptions=True)
         except (asyncssh.Error, OSError) as e:
             raise self._sftp_error(e, f"reading {path}") from None
-        finally:
-            for task in pending:
-                task.cancel()
 
     async def _read_block(self, f: Any, path: str, offset: int, n: int) -> bytes:
         data: bytes = await f.read(n, offset)
