@@ -16,7 +16,6 @@ import shlex
 import subprocess
 import threading
 import uuid
-from collections import deque
 from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -352,54 +351,60 @@ class _StreamWriter(AtomicWriter):
 
 class _StreamReader:
     """Reads a node's file as it arrives (``RemoteFiles.chunks`` on the loop thread, feeding
-    this thread): the reader (cloudpickle) works on the first bytes while the rest are on the
-    wire, and its ``readinto`` fills the caller's buffer straight from the received blocks, so
-    a large result needs no local file and no second copy. At most LIMIT bytes wait here: the
+    this thread through a pipe): the reader (cloudpickle) works on the first bytes while the
+    rest are on the wire, and its ``readinto`` has the kernel fill the caller's buffer with the
+    GIL released, so the loop thread (the transfer) is not held up by the copy, and a large
+    result needs no local file. At most the pipe and the loop's write buffer wait here: the
     download pauses until the reader catches up. A transfer that fails raises HostError from
     the read that meets it; it never looks like the end of the file."""
 
-    LIMIT = 32 << 20
+    PIPE = 1 << 20  # the pipe's size, where the kernel allows it
 
     def __init__(self, host: SshHost, path: str) -> None:
         self.host = host
         self.path = path
-        self._cond = threading.Condition()
-        self._chunks: deque[memoryview] = deque()
-        self._buffered = 0
+        rfd, wfd = os.pipe()
+        with contextlib.suppress(OSError, AttributeError):
+            import fcntl
+
+            fcntl.fcntl(wfd, fcntl.F_SETPIPE_SZ, self.PIPE)
+        self._r = open(rfd, "rb", buffering=0)  # noqa: SIM115 (closed by close())
+        w = open(wfd, "wb", buffering=0)  # noqa: SIM115 (the loop's pipe transport closes it)
         self._done = False
         self._error: BaseException | None = None
-        self._room: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
 
         async def begin() -> None:
-            self._room = asyncio.Event()
-            self._task = asyncio.ensure_future(self._pump())
+            self._task = asyncio.ensure_future(self._pump(w))
 
-        host._call(begin())
+        try:
+            host._call(begin())
+        except BaseException:
+            w.close()
+            self._r.close()
+            raise
 
-    async def _pump(self) -> None:
-        assert self._room is not None
+    async def _pump(self, w: Any) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, w)
+        except BaseException as e:
+            w.close()
+            self._error = e
+            raise
+        writer = asyncio.StreamWriter(transport, protocol, None, loop)
         try:
             files = await self.host._files()
             async for chunk in files.chunks(self.path):
-                with self._cond:
-                    self._chunks.append(memoryview(chunk))
-                    self._buffered += len(chunk)
-                    self._cond.notify()
-                while self._buffered > self.LIMIT:
-                    self._room.clear()
-                    if self._buffered > self.LIMIT:
-                        await self._room.wait()
+                writer.write(chunk)
+                await writer.drain()
+            self._done = True  # before the close: the reader's end of file is then the file's
+            transport.close()  # after what is still buffered
         except BaseException as e:
-            with self._cond:
-                self._error = e
-                self._cond.notify()
+            self._error = e
+            transport.abort()  # the reader sees the end of the pipe, then the error
             if isinstance(e, asyncio.CancelledError):
                 raise
-        else:
-            with self._cond:
-                self._done = True
-                self._cond.notify()
 
     def _fail(self, e: BaseException) -> HostError:
         if isinstance(e, RemoteError):
@@ -416,26 +421,12 @@ class _StreamReader:
         out = memoryview(buf).cast("B")
         n = 0
         while n < len(out):
-            with self._cond:
-                while not self._chunks and not self._done and self._error is None:
-                    self._cond.wait()
-                if not self._chunks:
-                    if self._error is not None:
-                        raise self._fail(self._error)
-                    break
-                head = self._chunks[0]
-            take = min(len(head), len(out) - n)
-            out[n : n + take] = head[:take]
-            n += take
-            with self._cond:
-                if take == len(head):
-                    self._chunks.popleft()
-                else:
-                    self._chunks[0] = head[take:]
-                before = self._buffered
-                self._buffered -= take
-            if before > self.LIMIT // 2 >= self._buffered and self._room is not None:
-                self.host._lt.loop.call_soon_threadsafe(self._room.set)
+            got = self._r.readinto(out[n:])
+            if not got:
+                if not self._done:
+                    raise self._fail(self._error or EOFError("the transfer ended early"))
+                break
+            n += got
         return n
 
     def read(self, size: int = -1) -> bytes:
@@ -462,7 +453,7 @@ class _StreamReader:
         return bytes(line)
 
     def close(self) -> None:
-        """Stop the transfer (when not finished) and drop what it buffered."""
+        """Stop the transfer (when not finished)."""
         task = self._task
         self._task = None
         if task is not None and not task.done():
@@ -474,9 +465,7 @@ class _StreamReader:
 
             with contextlib.suppress(Exception):
                 self.host._call(stop(), timeout=30)
-        with self._cond:
-            self._chunks.clear()
-            self._buffered = 0
+        self._r.close()
 
     def __enter__(self) -> _StreamReader:
         return self
