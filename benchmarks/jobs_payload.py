@@ -6,7 +6,8 @@ One loopback sshd node (the test harness's real OpenSSH). Each round runs, one a
 ``submit(size_of, blob)`` (pickle + upload until ``submit`` returns), ``result()`` of a job that
 returned a blob of the same size (download + unpickle, timed once the job is over), ``scp`` up
 and ``scp`` down of a file of the same size, and a small job's round trip (submit to result).
-The gpuctl measurements run in a child process per round, one per code version: ``--old REF``
+The gpuctl measurements (wall time, and the login process's CPU seconds, which the machine's
+load changes less) run in a child process per round, one per code version: ``--old REF``
 adds the code of git revision REF (``git archive`` of its ``gpuctl/``) measured in the same
 rounds, so before and after share the machine's load of the moment (2 shared cores here). The
 figures are medians over the rounds, as ratios to scp in the same round.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -44,6 +46,12 @@ def trivial() -> int:
     return 1
 
 
+def cpu_s() -> float:
+    """This process's CPU seconds (every thread): what the login side spends, load or not."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def child(args: argparse.Namespace) -> int:
     """One round of gpuctl measurements with the code under ``args.code``; prints JSON."""
     sys.path.insert(0, args.code)
@@ -69,18 +77,20 @@ def child(args: argparse.Namespace) -> int:
         small.append(time.perf_counter() - t0)
     out: dict[str, Any] = {"small_rt": statistics.median(small)}
     blob = Path(args.blob).read_bytes()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_s()
     job = ex.submit(size_of, blob)
     out["submit"] = time.perf_counter() - t0
+    out["submit_cpu"] = cpu_s() - c0
     del blob
     if job.result(600) != n:
         raise SystemExit("the payload arrived damaged")
     shutil.rmtree(job.jobdir, ignore_errors=True)
     job = ex.submit(make_blob, n)
     job.wait(600)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_s()
     value = job.result(600)
     out["fetch"] = time.perf_counter() - t0
+    out["fetch_cpu"] = cpu_s() - c0
     if len(value) != n:
         raise SystemExit("the result arrived damaged")
     del value
@@ -175,7 +185,9 @@ def main() -> int:
         print(
             f"  {name}: submit {s:6.2f} s = {mib / s:5.0f} MiB/s -> {_spread(ups)}; "
             f"fetch {f:6.2f} s = {mib / f:5.0f} MiB/s -> {_spread(dns)}; "
-            f"small job round trip {small:.0f} ms"
+            f"small job round trip {small:.0f} ms; login-side CPU: submit "
+            f"{statistics.median(times[f'{name} submit_cpu']):.2f} s, fetch "
+            f"{statistics.median(times[f'{name} fetch_cpu']):.2f} s"
         )
     return 0
 
