@@ -364,7 +364,7 @@ class _StreamReader:
         self.host = host
         self.path = path
         rfd, wfd = os.pipe()
-        with contextlib.suppress(OSError, AttributeError):
+        with contextlib.suppress(OSError, AttributeError, ImportError):  # Linux only
             import fcntl
 
             fcntl.fcntl(wfd, fcntl.F_SETPIPE_SZ, self.PIPE)
