@@ -615,11 +615,16 @@ class _HashingWriter:
         self.h = hashlib.sha256()
         self.size = 0
 
+    PIECE = 8 << 20  # a large buffer is hashed piece by piece, each sent while the next hashes
+
     def write(self, data: bytes | bytearray | memoryview) -> int:
-        self.h.update(data)
-        n = len(memoryview(data).cast("B"))
+        mv = memoryview(data).cast("B")
+        n = len(mv)
+        for i in range(0, n, self.PIECE):
+            piece = mv[i : i + self.PIECE]
+            self.h.update(piece)
+            self.f.write(piece)
         self.size += n
-        self.f.write(data)
         return n
 
     def hexdigest(self) -> str:

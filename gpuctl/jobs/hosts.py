@@ -97,6 +97,11 @@ class Host:
     def get_file(self, path: str, local: str) -> None:
         raise NotImplementedError
 
+    def open_read(self, path: str) -> BinaryReader:
+        """A binary reader of ``path`` (``read``, ``readinto``, ``readline``, ``close``; a
+        context manager). Raises HostError when it cannot be read."""
+        raise NotImplementedError
+
     def exists(self, path: str) -> bool:
         raise NotImplementedError
 
@@ -223,6 +228,11 @@ class LocalHost(Host):
         return str(Path.home())
 
 
+# what ``Host.open_read`` returns: a file opened "rb", or a ``_StreamReader`` (``read``,
+# ``readinto``, ``readline``, ``close``, a context manager)
+BinaryReader = Any
+
+
 class AtomicWriter:
     """``write`` bytes, then ``commit()`` (rename into place) or ``abort()`` (remove)."""
 
@@ -269,7 +279,11 @@ class _StreamWriter(AtomicWriter):
     """Streams writes to a node's file (SFTP, or the shell when SFTP is unusable): chunks of
     CHUNK bytes go out as parallel writes at explicit offsets while the caller (cloudpickle)
     keeps producing; at most AHEAD chunks are in flight, so memory stays bounded whatever the
-    payload size."""
+    payload size. Small writes are gathered into a chunk (copied); a write of a chunk or more
+    is sent from the caller's buffer itself (cloudpickle hands over the argument's own bytes):
+    no copy, and ``write`` returns only once all but AHEAD chunks of it are sent, ``commit``
+    and ``abort`` once all are, so the buffer must stay unchanged until then (it does: the
+    pickling caller is waiting)."""
 
     CHUNK = 8 << 20
     AHEAD = 4
@@ -287,7 +301,7 @@ class _StreamWriter(AtomicWriter):
 
         self.f = host._call(open_file())
 
-    def _submit(self, chunk: bytes) -> None:
+    def _submit(self, chunk: bytes | memoryview) -> None:
         fut = asyncio.run_coroutine_threadsafe(
             self.f.write_at(chunk, self.offset), self.host._lt.loop
         )
@@ -312,7 +326,7 @@ class _StreamWriter(AtomicWriter):
                 self._submit(bytes(self.buf))
                 self.buf.clear()
             for i in range(0, n, self.CHUNK):
-                self._submit(bytes(mv[i : i + self.CHUNK]))
+                self._submit(mv[i : i + self.CHUNK])
             return n
         self.buf += mv
         if len(self.buf) >= self.CHUNK:
@@ -333,6 +347,131 @@ class _StreamWriter(AtomicWriter):
             fut.cancel()
         with contextlib.suppress(Exception):
             self.host._call(self.f.abort())
+
+
+class _StreamReader:
+    """Reads a node's file as it arrives (``RemoteFiles.chunks`` on the loop thread, feeding
+    this thread through a pipe): the reader (cloudpickle) works on the first bytes while the
+    rest are on the wire, and its ``readinto`` has the kernel fill the caller's buffer with the
+    GIL released, so the loop thread (the transfer) is not held up by the copy, and a large
+    result needs no local file. At most the pipe and the loop's write buffer wait here: the
+    download pauses until the reader catches up. A transfer that fails raises HostError from
+    the read that meets it; it never looks like the end of the file."""
+
+    PIPE = 1 << 20  # the pipe's size, where the kernel allows it
+
+    def __init__(self, host: SshHost, path: str) -> None:
+        self.host = host
+        self.path = path
+        rfd, wfd = os.pipe()
+        with contextlib.suppress(OSError, AttributeError, ImportError):  # Linux only
+            import fcntl
+
+            fcntl.fcntl(wfd, fcntl.F_SETPIPE_SZ, self.PIPE)
+        self._r = open(rfd, "rb", buffering=0)  # noqa: SIM115 (closed by close())
+        w = open(wfd, "wb", buffering=0)  # noqa: SIM115 (the loop's pipe transport closes it)
+        self._done = False
+        self._error: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+
+        async def begin() -> None:
+            self._task = asyncio.ensure_future(self._pump(w))
+
+        try:
+            host._call(begin())
+        except BaseException:
+            w.close()
+            self._r.close()
+            raise
+
+    async def _pump(self, w: Any) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, w)
+        except BaseException as e:
+            w.close()
+            self._error = e
+            raise
+        writer = asyncio.StreamWriter(transport, protocol, None, loop)
+        try:
+            files = await self.host._files()
+            async for chunk in files.chunks(self.path):
+                writer.write(chunk)
+                await writer.drain()
+            self._done = True  # before the close: the reader's end of file is then the file's
+            transport.close()  # after what is still buffered
+        except BaseException as e:
+            self._error = e
+            transport.abort()  # the reader sees the end of the pipe, then the error
+            if isinstance(e, asyncio.CancelledError):
+                raise
+
+    def _fail(self, e: BaseException) -> HostError:
+        if isinstance(e, RemoteError):
+            if e.reason in ("lost", "closed"):
+                self.host._drop()
+            return HostError(e.message)
+        if isinstance(e, HostError):
+            return e
+        self.host._drop()
+        return HostError(f"{self.host.name}: reading {self.path} failed: {e}")
+
+    def readinto(self, buf: Any) -> int:
+        """Fill ``buf`` (all of it, unless the file ends first); return the count."""
+        out = memoryview(buf).cast("B")
+        n = 0
+        while n < len(out):
+            got = self._r.readinto(out[n:])
+            if not got:
+                if not self._done:
+                    raise self._fail(self._error or EOFError("the transfer ended early"))
+                break
+            n += got
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (fewer only at the end of the file); all the rest for -1."""
+        if size is None or size < 0:
+            parts = []
+            while part := self.read(1 << 20):
+                parts.append(part)
+            return b"".join(parts)
+        buf = bytearray(size)
+        n = self.readinto(buf)
+        del buf[n:]
+        return bytes(buf)
+
+    def readline(self, size: int = -1) -> bytes:
+        line = bytearray()
+        while size < 0 or len(line) < size:
+            c = self.read(1)
+            if not c:
+                break
+            line += c
+            if c == b"\n":
+                break
+        return bytes(line)
+
+    def close(self) -> None:
+        """Stop the transfer (when not finished)."""
+        task = self._task
+        self._task = None
+        if task is not None and not task.done():
+
+            async def stop() -> None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+            with contextlib.suppress(Exception):
+                self.host._call(stop(), timeout=30)
+        self._r.close()
+
+    def __enter__(self) -> _StreamReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _Reaper:
@@ -537,6 +676,9 @@ class SshHost(Host):
             await (await self._files()).get(path, local)
 
         self._call(go())
+
+    def open_read(self, path: str) -> BinaryReader:
+        return _StreamReader(self, path)
 
     def exists(self, path: str) -> bool:
         async def go() -> bool:

@@ -18,7 +18,6 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -30,7 +29,7 @@ import cloudpickle
 from gpuctl import service
 from gpuctl.core import wire
 from gpuctl.jobs.backends import Backend, SlurmBackend
-from gpuctl.jobs.hosts import HostError, LocalHost
+from gpuctl.jobs.hosts import BinaryReader, HostError, LocalHost
 from gpuctl.jobs.records import (
     Attempt,
     Handle,
@@ -630,11 +629,10 @@ class Job(concurrent.futures.Future[Any]):
         path = jobfiles.JobPaths(self.jobdir)(jobfiles.RESULT)
         host = self.backend.host
         if isinstance(host, LocalHost):
-            return self._unpickle_result(path, path)
-        with tempfile.TemporaryDirectory(prefix="gpuctl-result-") as tmp:
-            local = os.path.join(tmp, jobfiles.RESULT)
-            host.get_file(path, local)
-            return self._unpickle_result(local, f"{host.name}:{path}")
+            return self._unpickle_result(lambda: open(path, "rb"), path)
+        # a node's result is unpickled as it arrives (no local copy): the worker renamed it
+        # into place complete, and a transfer cut short raises HostError, never a short file
+        return self._unpickle_result(lambda: host.open_read(path), f"{host.name}:{path}")
 
     def copy_result(self, dest: str) -> None:
         """Copy the result's pickle, as the worker wrote it, to the file ``dest`` ("-": stdout)
@@ -651,12 +649,15 @@ class Job(concurrent.futures.Future[Any]):
         else:
             host.get_file(path, dest)
 
-    def _unpickle_result(self, local: str, shown: str) -> Any:
+    def _unpickle_result(self, opener: Callable[[], BinaryReader], shown: str) -> Any:
         """The result from its file; one that this Python cannot rebuild (its class lives in a
-        module not installed here, a newer pickle protocol) is a ``JobFailed`` that says so."""
+        module not installed here, a newer pickle protocol) is a ``JobFailed`` that says so.
+        Reading a node's may raise HostError (the node went away)."""
         try:
-            with open(local, "rb") as f:
+            with opener() as f:
                 return cloudpickle.load(f)
+        except HostError:
+            raise
         except Exception as e:
             info = (self._files.result_info if self._files else None) or {}
             missing = getattr(e, "name", None) if isinstance(e, ImportError) else None

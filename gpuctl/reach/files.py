@@ -19,6 +19,8 @@ import os
 import shlex
 import uuid
 import weakref
+from collections import deque
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncssh
@@ -49,7 +51,7 @@ class RemoteWriter:
     """A file being written: ``write_at`` chunks (in order for the shell route), then
     ``commit()`` (renamed into place) or ``abort()`` (removed)."""
 
-    async def write_at(self, data: bytes, offset: int) -> None:
+    async def write_at(self, data: bytes | memoryview, offset: int) -> None:
         raise NotImplementedError
 
     async def commit(self) -> None:
@@ -66,8 +68,8 @@ class _SftpWriter(RemoteWriter):
         self.tmp = tmp
         self.path = path
 
-    async def write_at(self, data: bytes, offset: int) -> None:
-        await self.f.write(data, offset)
+    async def write_at(self, data: bytes | memoryview, offset: int) -> None:
+        await self.f.write(data, offset)  # asyncssh copies what it sends: a view is fine
 
     async def commit(self) -> None:
         await self.f.close()
@@ -93,7 +95,7 @@ class _ShellWriter(RemoteWriter):
         self.mode = mode
         self.pos = 0
 
-    async def write_at(self, data: bytes, offset: int) -> None:
+    async def write_at(self, data: bytes | memoryview, offset: int) -> None:
         if offset != self.pos:
             raise RemoteError("file", f"{self.files.node}: out-of-order write to {self.path}")
         # the write happens before the first await: callers' writes keep their order
@@ -290,25 +292,70 @@ class RemoteFiles:
         except (asyncssh.Error, OSError) as e:
             raise self._sftp_error(e, f"reading {path}") from None
 
-    async def get(self, path: str, local: str) -> None:
-        """Copy ``path`` to the local file ``local``."""
+    async def chunks(self, path: str, ahead: int = 64) -> AsyncIterator[bytes]:
+        """The bytes of ``path``, in order, as they arrive: over SFTP, up to ``ahead`` reads of
+        the server's largest read size in flight (the whole file is asked for, not a stream
+        that could end early: a file shorter than its size at the start is an error); through
+        the shell, ``cat``'s output. Raises RemoteError ("file" also when it does not exist);
+        the stream never just stops short."""
         path = await self.abspath(path)
         sftp = await self.sftp()
         if sftp is None:
             proc = await launch.start(self.conn, f"exec cat {remote_path(path)}", node=self.node)
             try:
-                dst = await asyncio.to_thread(open, local, "wb")
-                try:
-                    while chunk := await proc.stdout.read(1 << 20):
-                        await asyncio.to_thread(dst.write, chunk)
-                finally:
-                    dst.close()
+                while chunk := await proc.stdout.read(1 << 20):
+                    yield chunk
                 await proc.proc.wait_closed()
                 if proc.proc.exit_status != 0:
                     err = await proc.stderr.read()
                     raise RemoteError("file", f"{self.node}: reading {path} failed: {_tail(err)}")
+            except (asyncssh.Error, OSError) as e:
+                raise RemoteError("lost", f"SSH connection to {self.node} lost: {e}") from None
             finally:
                 proc.close()
+            return
+        pending: deque[asyncio.Future[bytes]] = deque()
+        try:
+            # block_size=0: each read below is one SFTP request, answered straight into bytes
+            async with sftp.open(path, "rb", block_size=0) as f:
+                try:
+                    size = (await f.stat()).size or 0
+                    block = sftp.limits.max_read_len
+                    offset = 0
+                    while pending or offset < size:
+                        while offset < size and len(pending) < ahead:
+                            n = min(block, size - offset)
+                            read = self._read_block(f, path, offset, n)
+                            pending.append(asyncio.ensure_future(read))
+                            offset += n
+                        yield await pending.popleft()
+                finally:
+                    for task in pending:  # the reader stopped early: no read outlives the file
+                        task.cancel()
+                    await asyncio.gather(*pending, return_exceptions=True)
+        except (asyncssh.Error, OSError) as e:
+            raise self._sftp_error(e, f"reading {path}") from None
+
+    async def _read_block(self, f: Any, path: str, offset: int, n: int) -> bytes:
+        data: bytes = await f.read(n, offset)
+        while len(data) < n:  # SFTP allows a short read: ask for the rest
+            more: bytes = await f.read(n - len(data), offset + len(data))
+            if not more:
+                raise RemoteError("file", f"{self.node}: {path} shrank while being read")
+            data += more
+        return data
+
+    async def get(self, path: str, local: str) -> None:
+        """Copy ``path`` to the local file ``local``."""
+        path = await self.abspath(path)
+        sftp = await self.sftp()
+        if sftp is None:
+            dst = await asyncio.to_thread(open, local, "wb")
+            try:
+                async for chunk in self.chunks(path):
+                    await asyncio.to_thread(dst.write, chunk)
+            finally:
+                dst.close()
             return
         try:
             await sftp.get(path, local, max_requests=128)

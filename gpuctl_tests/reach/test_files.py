@@ -83,6 +83,26 @@ async def test_sftp_or_shell_same_results(files: RemoteFiles, tmp_path: Path) ->
     assert sorted(p.name for p in root.iterdir()) == ["a", "put.bin", "streamed"]  # no temps
 
 
+async def test_a_file_streams_in_order_whole_or_not_at_all(
+    files: RemoteFiles, tmp_path: Path
+) -> None:
+    # more blocks than the reads kept in flight, and not a multiple of a block
+    data = os.urandom(21 * (1 << 20) + 4321)
+    src = tmp_path / "big.bin"
+    src.write_bytes(data)
+    got = [chunk async for chunk in files.chunks(str(src), ahead=8)]
+    assert b"".join(got) == data
+    if files.node == "sftp":  # many reads of the server's largest size, delivered in order
+        assert len(got) > 8 and len({len(c) for c in got[:-1]}) == 1
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert [c async for c in files.chunks(str(empty))] == []
+    with pytest.raises(RemoteError) as info:
+        async for _ in files.chunks(str(tmp_path / "missing")):
+            pass
+    assert info.value.reason == "file" and "missing" in info.value.message
+
+
 async def test_tilde_is_the_home_the_nodes_shell_sees(
     files: RemoteFiles, ssh_cluster: SshCluster
 ) -> None:
