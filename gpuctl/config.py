@@ -380,6 +380,10 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "dtypes": Key(_gemm_dtypes, None, 'GEMM dtypes checked (default ["fp32", "tf32", "bf16"])'),
         "timeout": Key(_number(1, _WEEK), 3600.0, "seconds before a node's suite is stopped"),
         "threshold": Key(_number(0.0, 1.0), 0.1, "drop below the node's history that fails it"),
+        "expect_model": Key(_str, None, "[SHAPE]: every GPU's name contains this, e.g. H100"),
+        "expect_nvlinks": Key(_integer(0, 64), None, "[SHAPE]: active NVLinks per GPU"),
+        "expect_mig": Key(_choice("on", "off"), "off", "[SHAPE]: the MIG mode of every GPU"),
+        "memtest_mb": Key(_integer(1, 1 << 20), None, "MiB [MEMTEST] tests (default: 90% of free)"),
         "gpus_per_node": Key(_integer(1, 1024), None, "via slurm: tasks (GPUs) per node"),
         "partition": Key(_str, None, "via slurm: the partition to submit to"),
         "slurm_conf": Key(

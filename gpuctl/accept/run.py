@@ -64,6 +64,10 @@ class AcceptOptions:
     python: str | None = None  # VENV2 interpreter on the nodes; None: the agent's own
     timeout: float = 3600.0
     threshold: float = DEFAULT_THRESHOLD  # history: a drop beyond this is a degradation
+    expect_model: str | None = None  # [SHAPE]: every GPU's name contains this
+    expect_nvlinks: int | None = None  # [SHAPE]: active NVLinks per GPU
+    expect_mig: str = "off"  # [SHAPE]: the MIG mode every GPU must be in
+    memtest_mb: int | None = None  # [MEMTEST]: MiB tested (None: 90% of free)
     test_break_rank: int | None = None
     test_slow_compute: int | None = None
     extra_args: tuple[str, ...] = ()
@@ -86,6 +90,14 @@ class AcceptOptions:
             args += ["--floors", format_floors({k: dict(v) for k, v in self.floors.items()})]
         if self.dtypes:
             args += ["--dtypes", ",".join(self.dtypes)]
+        if self.expect_model:
+            args += ["--expect-model", self.expect_model]
+        if self.expect_nvlinks is not None:
+            args += ["--expect-nvlinks", str(self.expect_nvlinks)]
+        if self.expect_mig != "off":
+            args += ["--expect-mig", self.expect_mig]
+        if self.memtest_mb is not None:
+            args += ["--memtest-mb", str(self.memtest_mb)]
         if self.test_break_rank is not None:
             args += ["--test-break-rank", str(self.test_break_rank)]
         if self.test_slow_compute is not None:

@@ -88,6 +88,11 @@ def register(sub: Subcommands) -> None:
         "--burn", metavar="DURATION", help="[BURN]: all GPUs at once, traced, e.g. 10m (0: skip)"
     )
     what.add_argument(
+        "--expect-model", metavar="TEXT", help="[SHAPE]: every GPU's name contains it, e.g. H100"
+    )
+    what.add_argument("--expect-nvlinks", type=int, metavar="N", help="[SHAPE]: NVLinks per GPU")
+    what.add_argument("--memtest-mb", type=int, metavar="MIB", help="[MEMTEST]: MiB to test")
+    what.add_argument(
         "--busbw-floor",
         metavar="GBPS",
         help="[DDP] all-reduce busbw floor: 360, or per GPUs-per-node x nodes: 8x1=360,8x2=180",
@@ -166,6 +171,10 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
         raise _user_error("--threshold must be within (0, 1), e.g. 0.1")
     if args.test_slow_compute is not None and args.test_slow_compute < 1:
         raise _user_error("--test-slow-compute must be >= 1")
+    if args.expect_nvlinks is not None and args.expect_nvlinks < 0:
+        raise _user_error("--expect-nvlinks must be 0 or more")
+    if args.memtest_mb is not None and args.memtest_mb < 1:
+        raise _user_error("--memtest-mb must be at least 1")
     conf = config.accept
     dtypes = conf.get("dtypes")
     if args.dtypes is not None:
@@ -194,6 +203,12 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
         threshold=next(
             t for t in (args.threshold, conf.get("threshold"), DEFAULT_THRESHOLD) if t is not None
         ),
+        expect_model=args.expect_model or _str(conf.get("expect_model")),
+        expect_nvlinks=next(
+            (n for n in (args.expect_nvlinks, conf.get("expect_nvlinks")) if n is not None), None
+        ),
+        expect_mig=str(conf.get("expect_mig") or "off"),
+        memtest_mb=args.memtest_mb if args.memtest_mb is not None else conf.get("memtest_mb"),
         test_break_rank=args.test_break_rank,
         test_slow_compute=args.test_slow_compute,
         extra_args=tuple(a for s in args.skip for a in ("--skip", s))

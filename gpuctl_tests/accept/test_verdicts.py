@@ -128,3 +128,41 @@ def test_every_run_asks_slurm_how_many_gpus_a_configured_node_has(
     (report,) = reports(d)
     assert report["options"]["expect_gpus"] == 2
     assert report["options"]["expect_source"] == "Slurm gres gpu:h100:2"
+
+
+def test_the_nodes_shape_and_memtest_size_reach_the_suite_from_config_and_command_line() -> None:
+    """[accept] expect_model / expect_nvlinks / expect_mig / memtest_mb (and the typed options)
+    become the suite's options, which the suite itself accepts; the screen's `a` passes them."""
+    from gpuctl.cli.accept import _options
+    from gpuctl.cli.main import build_parser
+    from gpuctl.cli.watch import accept_defaults
+    from gpuctl.workloads.accept.suite import parse_args
+
+    config = parse_config(
+        '[accept]\nexpect_model = "H100"\nexpect_nvlinks = 18\nexpect_mig = "on"\n'
+        "memtest_mb = 512\n"
+    )
+    parser = build_parser()
+    opts = _options(parser.parse_args(["accept", "--local"]), config)
+    argv = opts.suite_args()
+    for flag, value in (
+        ("--expect-model", "H100"),
+        ("--expect-nvlinks", "18"),
+        ("--expect-mig", "on"),
+        ("--memtest-mb", "512"),
+    ):
+        assert argv[argv.index(flag) + 1] == value
+    suite = parse_args(argv)
+    assert (suite.expect_model, suite.expect_nvlinks, suite.expect_mig) == ("H100", 18, "on")
+    assert suite.memtest_mb == 512
+    # typed wins over the config
+    typed = ["accept", "--local", "--expect-model", "A100", "--expect-nvlinks", "12"]
+    argv = _options(parser.parse_args(typed), config).suite_args()
+    assert argv[argv.index("--expect-model") + 1] == "A100"
+    assert argv[argv.index("--expect-nvlinks") + 1] == "12"
+    # nothing set, nothing passed: the suite's defaults hold
+    argv = _options(parser.parse_args(["accept", "--local"]), parse_config("")).suite_args()
+    assert not {"--expect-model", "--expect-nvlinks", "--expect-mig", "--memtest-mb"} & set(argv)
+    assert accept_defaults(config.accept)["expect_model"] == "H100"
+    with pytest.raises(ConfigError, match="expect_mig"):
+        parse_config('[accept]\nexpect_mig = "maybe"\n', "c.toml")
