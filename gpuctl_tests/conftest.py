@@ -17,6 +17,7 @@ from gpuctl_tests.helpers import IN_CI, AgentProcess
 if TYPE_CHECKING:
     from gpuctl_tests.harness.slurm import SlurmCluster
     from gpuctl_tests.harness.sshd import SshCluster
+    from gpuctl_tests.processes import Start
 
 
 # Variables of the developer's own environment that would change what gpuctl does under test.
@@ -152,3 +153,19 @@ def slurm_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClust
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def nvml_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the stand-in ``libnvidia-ml.so.1``, compiled once per session."""
+    from gpuctl_tests.node.nvml_stub import build
+
+    return build(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture
+def procs() -> Iterator[Start]:
+    """Starts real processes (``sleep``s, as this user or another) and ends them afterwards."""
+    from gpuctl_tests.processes import started_processes
+
+    yield from started_processes()

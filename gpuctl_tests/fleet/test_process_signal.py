@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,18 +15,8 @@ from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import LocalLink
 from gpuctl.node.readers.procs import user_of
 from gpuctl_tests.fleet.test_fleet_local import wait_for_state
-from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub, build
-from gpuctl_tests.processes import OTHER_USER, Start, as_user, other_user, started_processes
-
-
-@pytest.fixture
-def procs() -> Iterator[Start]:
-    yield from started_processes()
-
-
-@pytest.fixture(scope="module")
-def nvml_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.getbasetemp())
+from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub
+from gpuctl_tests.processes import OTHER_USER, Start, as_user, other_user
 
 
 def stub_fleet(

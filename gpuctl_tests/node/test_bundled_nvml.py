@@ -26,16 +26,11 @@ from gpuctl.node.protocol import SAMPLE_FIELDS
 from gpuctl_tests.harness.sshd import NODE_PATH, SshCluster
 from gpuctl_tests.helpers import AgentProcess, node_env, old_python
 from gpuctl_tests.node import smi_stub
-from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub, build
+from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub
 
 VERSION = importlib.metadata.version("nvidia-ml-py")
 INSTALLED = Path(str(importlib.metadata.distribution("nvidia-ml-py").locate_file("pynvml.py")))
 SCRIPT = "count 2\nset 0 throttle 0x44\nset 1 pstate 8\nset 1 rows_pending 1\nxid 1 48 2\n"
-
-
-@pytest.fixture(scope="module")
-def nvml_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.getbasetemp())
 
 
 def agent_env(stub: NvmlStub, pythonpath: Path | None = None) -> dict[str, str]:

@@ -11,27 +11,15 @@ from __future__ import annotations
 import os
 import pwd
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from gpuctl.bundle import write_bundle
 from gpuctl.node.proc import descendants
 from gpuctl_tests.helpers import AgentProcess, old_python, wait_until
-from gpuctl_tests.node.nvml_stub import NvmlStub, build
-from gpuctl_tests.processes import OTHER_USER, Start, as_user, other_user, started_processes
-
-
-@pytest.fixture
-def procs() -> Iterator[Start]:
-    yield from started_processes()
-
-
-@pytest.fixture(scope="module")
-def nvml_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.getbasetemp())
+from gpuctl_tests.node.nvml_stub import NvmlStub
+from gpuctl_tests.processes import OTHER_USER, Start, as_user, other_user
 
 
 def start_agent(

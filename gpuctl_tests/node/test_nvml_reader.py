@@ -15,14 +15,9 @@ from gpuctl.node.protocol import SAMPLE_FIELDS, STATIC_FIELDS
 from gpuctl.node.readers import ReaderUnavailable, open_reader
 from gpuctl.node.readers.nvml import NvmlReader
 from gpuctl_tests.helpers import AgentProcess
-from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub, build
+from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub
 
 MIB = 1 << 20
-
-
-@pytest.fixture(scope="session")
-def nvml_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import pwd
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +20,11 @@ from gpuctl.tui import GpuctlApp, make_app
 from gpuctl.tui.procview import gpu_owners, process_rows
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.screens.processes import ProcessScreen
-from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub, build
-from gpuctl_tests.processes import OTHER_USER, Start, as_user, other_user, started_processes
+from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub
+from gpuctl_tests.processes import OTHER_USER, Start, as_user, other_user
 from gpuctl_tests.tui.test_app import messages, until
 
 SIZE = (120, 36)
-
-
-@pytest.fixture
-def procs() -> Iterator[Start]:
-    yield from started_processes()
-
-
-@pytest.fixture(scope="module")
-def nvml_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.getbasetemp())
 
 
 def stub_app(
