@@ -19,7 +19,7 @@ gpuctl of git revision REV (extracted to a temporary folder; the feeder and this
 same for both), one after the other, and prints the ratios.
 
 Usage: python benchmarks/tui_load.py [--nodes 512] [--gpus 8] [--minutes 5] [--mode list|heatmap]
-                                     [--compare REV] [--json]
+                                     [--compare REV] [--json] [--profile FILE]
 Without --nodes it runs the issue's set: 512x8 (4,096 GPUs) and 128x8 (1,024 GPUs).
 Targets (issue 15, over 30 minutes at 4,096 GPUs): < 25% of one core, sample->paint p95
 < 300 ms, RSS < 300 MB and flat over the last 20 minutes, quit < 1 s.
@@ -292,7 +292,16 @@ def main() -> int:
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--run":
         nodes, gpus, seconds, mode, rss_every = json.loads(sys.argv[2])
-        print(json.dumps(run_once(nodes, gpus, seconds, mode, rss_every)), flush=True)
+        profile = os.environ.get("GPUCTL_BENCH_PROFILE")
+        if profile:  # the whole run under cProfile (slower: for where the time goes, not figures)
+            import cProfile
+
+            with cProfile.Profile() as prof:
+                r = run_once(nodes, gpus, seconds, mode, rss_every)
+            prof.dump_stats(profile)
+        else:
+            r = run_once(nodes, gpus, seconds, mode, rss_every)
+        print(json.dumps(r), flush=True)
         return 0
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--nodes", type=int)
@@ -303,7 +312,10 @@ def main() -> int:
     p.add_argument("--rss-every", type=float, default=10.0, help="seconds between RSS readings")
     p.add_argument("--compare", metavar="REV", help="also run git revision REV's gpuctl")
     p.add_argument("--json", action="store_true", help="one JSON object per run")
+    p.add_argument("--profile", metavar="FILE", help="cProfile the app's run into FILE (pstats)")
     args = p.parse_args()
+    if args.profile:
+        os.environ["GPUCTL_BENCH_PROFILE"] = str(Path(args.profile).resolve())
     seconds = args.seconds if args.seconds is not None else 60 * args.minutes
     sizes = [args.nodes] if args.nodes else [512, 128]
     trees = [("new", REPO)]

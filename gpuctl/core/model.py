@@ -30,12 +30,16 @@ _INT_LIMIT = wire.INT_LIMIT  # a wider integer is junk (see gpuctl.core.wire)
 
 
 def _int(v: object) -> int | None:
+    if type(v) is int:  # what JSON gives: checked first, the hot path of every sample
+        return v if -_INT_LIMIT < v < _INT_LIMIT else None
     if isinstance(v, bool) or not isinstance(v, int):
         return None
     return v if -_INT_LIMIT < v < _INT_LIMIT else None
 
 
 def _float(v: object) -> float | None:
+    if type(v) is float:
+        return v if math.isfinite(v) else None
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
     if isinstance(v, int) and _int(v) is None:
@@ -71,6 +75,12 @@ class ProcessWire(TypedDict, total=False):
     started: float | None
 
 
+def _count(v: object) -> int | None:
+    """A non-negative integer, or None."""
+    n = _int(v)
+    return n if n is not None and n >= 0 else None
+
+
 def _within(v: float | None, low: float, high: float) -> float | None:
     """``v`` when ``low <= v <= high``: a reading outside is junk from a node, not a fact."""
     return v if v is not None and low <= v <= high else None
@@ -100,23 +110,20 @@ class GpuProcess:
     @classmethod
     def from_wire(cls, d: object) -> GpuProcess:
         """Build from a protocol dict; bad fields (wrong type, out of range) become None."""
-        w = wire.parse(ProcessWire, d) or {}
-
-        def count(key: str) -> int | None:
-            v = _int(w.get(key))
-            return v if v is not None and v >= 0 else None
-
-        pid = count("pid")
+        # Read field by field with the checks ``wire.parse(ProcessWire, d)`` makes (it is the
+        # schema), without its generic walk: every GPU process of every sample comes here.
+        w: Mapping[str, object] = d if isinstance(d, dict) else {}
+        pid = _count(w.get("pid"))
         return cls(
             pid=pid if pid else None,
-            user=w.get("user"),
-            command=w.get("command"),
-            mem=count("mem"),
-            uid=count("uid"),
-            ppid=count("ppid"),
+            user=_str(w.get("user")),
+            command=_str(w.get("command")),
+            mem=_count(w.get("mem")),
+            uid=_count(w.get("uid")),
+            ppid=_count(w.get("ppid")),
             sm=_within(_float(w.get("sm")), 0.0, 100.0),
             cpu=_within(_float(w.get("cpu")), 0.0, CPU_PERCENT_LIMIT),
-            rss=count("rss"),
+            rss=_count(w.get("rss")),
             started=_within(_float(w.get("started")), 1.0, 1e11),
         )
 

@@ -264,6 +264,19 @@ _INT_OR_NONE = _number_guard(int, long_to_none=True)
 _ANY_FLOAT_OR_NONE = _number_guard(_finite_or_none, long_to_none=True)
 
 
+# A number of more than MAX_NUMBER_CHARS characters has a run of at least 33 digits (a JSON
+# number's digits are in at most three runs: integer, fraction, exponent). A text without such a
+# run has no integer the guard would change, so its integers are parsed in C, without a Python
+# call each (they are most of a sample's numbers); floats keep their guard (overflow, length).
+_DIGITS = bytes(ord("0") if c in b"0123456789" else ord(" ") for c in range(256))
+_LONG_RUN = b"0" * 33
+
+
+def _short_integers(data: bytes) -> bool:
+    """True when ``data`` has no run of 33 digits (so no integer the guards would change)."""
+    return _LONG_RUN not in data.translate(_DIGITS)
+
+
 def parse_json(text: Union[bytes, str], nan_to_none: bool = False,
                long_to_none: bool = False) -> Any:
     """Parse one JSON text that came from outside (the login side, a child process, a node)
@@ -275,7 +288,17 @@ def parse_json(text: Union[bytes, str], nan_to_none: bool = False,
     (a child's output is read leniently). Raises ValueError (UnicodeDecodeError for bad UTF-8
     when strict)."""
     if isinstance(text, bytes):
+        short = _short_integers(text)
         text = text.decode("utf-8", "replace" if nan_to_none else "strict")
+    else:
+        short = _short_integers(text.encode("utf-8", "replace"))
+    return _parse_guarded(text, nan_to_none, long_to_none, guard_ints=not short)
+
+
+def _parse_guarded(text: str, nan_to_none: bool, long_to_none: bool,
+                   guard_ints: bool = True) -> Any:
+    """``parse_json`` of a str; ``guard_ints=False`` parses integers without their guard (for a
+    text ``_short_integers`` found none the guard would change)."""
     if long_to_none:
         parse_int, parse_float = _INT_OR_NONE, _ANY_FLOAT_OR_NONE
     else:
@@ -283,7 +306,7 @@ def parse_json(text: Union[bytes, str], nan_to_none: bool = False,
         parse_float = _FLOAT_OR_NONE if nan_to_none else _FLOAT_OR_FAIL
     try:
         return json.loads(
-            text, parse_int=parse_int, parse_float=parse_float,
+            text, parse_int=parse_int if guard_ints else None, parse_float=parse_float,
             parse_constant=_constant_none if nan_to_none or long_to_none else _constant_fail)
     except RecursionError:
         raise ValueError("nested too deeply")

@@ -83,3 +83,47 @@ def test_a_samples_parents_are_read_and_bounded() -> None:
     assert len(sample.parents) == MAX_PARENTS
     assert sample.parents[0] == GpuProcess(10, None, "bash job.sh", None)
     assert decode_sample({"type": "sample", "parents": "junk"}).parents == ()
+
+
+def test_process_fields_are_checked_as_the_wire_schema_says() -> None:
+    """``GpuProcess.from_wire`` reads field by field (the hot path); what it keeps of every junk
+    value is what ``wire.parse(ProcessWire, ...)`` keeps, before the ranges apply."""
+    from gpuctl.core import wire
+    from gpuctl.core.model import ProcessWire
+
+    values: list[object] = [
+        None,
+        True,
+        False,
+        0,
+        3,
+        -3,
+        2**64,
+        -(2**64),
+        1.5,
+        -0.5,
+        float("nan"),
+        float("inf"),
+        "x",
+        [1],
+        {"a": 1},
+        50,
+        1_700_000_000.5,
+    ]
+    ranges = {"sm": (0.0, 100.0), "cpu": (0.0, 100_000.0), "started": (1.0, 1e11)}
+    for key in ProcessWire.__annotations__:
+        for v in values:
+            got = getattr(GpuProcess.from_wire({key: v}), key)
+            checked = (wire.parse(ProcessWire, {key: v}) or {}).get(key)
+            if key in ranges:
+                low, high = ranges[key]
+                want = float(checked) if checked is not None and low <= checked <= high else None
+            elif key in ("user", "command"):
+                want = checked
+            else:
+                want = (
+                    checked
+                    if checked is not None and checked >= 0 and (key != "pid" or checked > 0)
+                    else None
+                )
+            assert got == want and type(got) is type(want), (key, v, got, want)

@@ -296,3 +296,59 @@ def test_the_login_side_reads_a_broken_number_as_unknown() -> None:
     assert msg == {"type": "sample", "a": None, "b": None, "c": None, "d": None, "e": 7}
     with pytest.raises(protocol.ProtocolError):
         protocol.decode(line)
+
+
+EDGE_NUMBERS = [
+    "1" * 99,
+    "-" + "1" * 99,
+    "1" * 100,
+    "-" + "1" * 100,
+    "0." + "1" * 98,
+    "0." + "1" * 99,
+    "1" * 32 + "." + "1" * 32 + "e" + "1" * 32,  # 100 characters in three short runs
+    "1" * 33 + "." + "1" * 33 + "e" + "1" * 33,
+    "1e308",
+    "1.7976931348623157e308",
+    "1e309",
+    "-1e999",
+    "1E+400",
+    "1e-400",
+    "1e99",
+    "-0.0",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "12592370048",
+    "1795496491.9738526",
+]
+
+
+@pytest.mark.parametrize("nan_to_none,long_to_none", [(False, False), (True, False), (True, True)])
+def test_parse_json_without_per_number_guards_reads_what_the_guards_read(
+    nan_to_none: bool, long_to_none: bool
+) -> None:
+    """The fast path (integers parsed in C) is taken only where it changes nothing: for
+    every edge number, in every mode, the answer (or the refusal) is the guarded parser's."""
+
+    def outcome(parse: Any, text: str) -> object:
+        try:
+            return ("ok", parse(text))
+        except ValueError as e:
+            return ("refused", type(e).__name__)
+
+    for number in EDGE_NUMBERS:
+        for text in (f'{{"x":{number}}}', f'[1,"GPU-41e592",{number},{{"y":[{number}]}}]'):
+            guarded = outcome(lambda t: protocol._parse_guarded(t, nan_to_none, long_to_none), text)
+            for given in (text, text.encode()):
+                got = outcome(lambda t: protocol.parse_json(t, nan_to_none, long_to_none), given)
+                assert repr(got) == repr(guarded), (number, given)
+
+
+def test_a_sample_lines_integers_are_parsed_without_their_guard() -> None:
+    """What the login side reads every second from every node takes the fast path."""
+    from gpuctl.node.readers.sim import SimReader
+
+    reader = SimReader.from_spec("8:H100", seed=3)
+    line = protocol.encode({"type": "sample", "t": 1.5, "seq": 1, "gpus": reader.sample()})
+    assert protocol._short_integers(line)
+    assert not protocol._short_integers(line.replace(b'"seq":1', b'"seq":' + b"7" * 33))
