@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import os
 import re
 import shlex
@@ -22,6 +23,7 @@ from gpuctl.jobs.hosts import _REAPER, Host, HostError, LocalHost
 from gpuctl.jobs.records import BackendInfo, FinalState, Handle, JobMeta, PidFile, SchedulerState
 from gpuctl.node import jobfiles
 from gpuctl.reach.slurm import (
+    DEFAULT_MAX_ARRAY_SIZE,
     SlurmClient,
     SlurmError,
     SlurmValueError,
@@ -232,6 +234,7 @@ class SlurmBackend(Backend):
         self._lock = threading.Lock()
         self._watch: set[str] = set()
         self._mem_enforced: bool | None = None
+        self._max_array: int | None = None
 
     def describe(self) -> BackendInfo:
         return {
@@ -255,11 +258,27 @@ class SlurmBackend(Backend):
             self._mem_enforced = "overmemorykill" in params.lower()
         return self._mem_enforced
 
+    def max_array_size(self) -> int:
+        """How many tasks one array may have here (the cluster's ``MaxArraySize``, asked once;
+        Slurm's default 1001 when ``scontrol`` does not answer)."""
+        if self._max_array is None:
+            try:
+                self._max_array = self.client.max_array_size()
+            except SlurmError:
+                self._max_array = DEFAULT_MAX_ARRAY_SIZE
+        return self._max_array
+
     def script(
-        self, jobdirs: Sequence[str], meta: JobMeta, *, max_running: int | None = None
+        self,
+        jobdirs: Sequence[str],
+        meta: JobMeta,
+        *,
+        max_running: int | None = None,
+        after: str | None = None,
     ) -> str:
         """The batch script: resources as #SBATCH lines, then one exec of the supervisor.
-        Several folders are one array, at most ``max_running`` tasks running at once.
+        Several folders are one array, at most ``max_running`` tasks running at once; ``after``:
+        the Slurm job it waits for (``--dependency=afterany``, however that one ended).
 
         Raises SlurmValueError for a job folder the script cannot name.
         """
@@ -300,6 +319,10 @@ class SlurmBackend(Backend):
         if len(jobdirs) > 1:
             cap = f"%{int(max_running)}" if max_running and max_running < len(jobdirs) else ""
             lines.append(f"#SBATCH --array=0-{len(jobdirs) - 1}{cap}")
+        if after is not None:
+            if not after.isdigit():
+                raise SlurmValueError(f"job id {after!r} is not a Slurm job id")
+            lines.append(f"#SBATCH --dependency=afterany:{after}")
         if meta.get("checkpointable"):  # the supervisor requeues it; one output for every attempt
             lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
         lines += [f"#SBATCH {a}" for a in self.sbatch_args]
@@ -321,9 +344,48 @@ class SlurmBackend(Backend):
     def start(
         self, jobdirs: Sequence[str], meta: JobMeta, *, max_running: int | None = None
     ) -> list[Handle]:
-        """``sbatch`` one script for ``jobdirs`` (an array, ``max_running`` tasks at a time)."""
+        """``sbatch`` ``jobdirs``: one job, or an array with at most ``max_running`` tasks
+        running at once.
+
+        More folders than the cluster's ``MaxArraySize`` become several arrays, each within it,
+        each waiting for the one before to end (``afterany``): one array runs at a time, so the
+        cap holds over all of them, enforced by Slurm. Each handle then says so (``split``).
+        """
+        most = self.max_array_size()
+        count = -(-len(jobdirs) // most)  # arrays, as even as can be
+        bounds = [len(jobdirs) * k // count for k in range(count + 1)]
+        groups = [jobdirs[a:b] for a, b in itertools.pairwise(bounds)]
+        split = (
+            f"{count} arrays of <={max(map(len, groups))} tasks (MaxArraySize {most}), "
+            f"one after another"
+            if count > 1
+            else ""
+        )
+        handles: list[Handle] = []
+        after: str | None = None
+        for n, group in enumerate(groups):
+            try:
+                after, part = self._submit(group, meta, max_running, after)
+            except HostError:
+                if handles:  # the arrays already queued would run without their map: stop them
+                    for array in {str(h.get("array") or h["slurm_id"]) for h in handles}:
+                        with contextlib.suppress(SlurmError):
+                            self.client.cancel(array)
+                raise
+            for h in part:
+                if split:
+                    h["split"] = f"array {n + 1} of {count}: {split}"
+            handles += part
+        with self._lock:
+            self._watch.update(h["slurm_id"] for h in handles)
+        return handles
+
+    def _submit(
+        self, jobdirs: Sequence[str], meta: JobMeta, max_running: int | None, after: str | None
+    ) -> tuple[str, list[Handle]]:
+        """``sbatch`` one script for ``jobdirs``; (its Slurm job id, one handle per folder)."""
         script_path = f"{jobdirs[0]}/job.sbatch"
-        script = self.script(jobdirs, meta, max_running=max_running)
+        script = self.script(jobdirs, meta, max_running=max_running, after=after)
         self.host.write_bytes(script_path, script.encode(), 0o700)
         try:
             job_id = self.client.submit(script_path)
@@ -344,9 +406,7 @@ class SlurmBackend(Backend):
                 }
                 for i in range(len(jobdirs))
             ]
-        with self._lock:
-            self._watch.update(h["slurm_id"] for h in handles)
-        return handles
+        return job_id, handles
 
     def _refresh(self) -> None:
         now = time.monotonic()

@@ -502,7 +502,10 @@ class Executor:
         rest wait here, "pending", and each starts as one ends (from this process: jobs still
         waiting when it exits never start, and their rows say so). Items per chunk:
         ``chunksize``, else ``chunk_size(items, max_running)`` (about four chunks per running
-        job, whatever machine submits).
+        job, whatever machine submits), through Slurm raised when needed so that the chunks
+        fit one array (the cluster's ``MaxArraySize``). A ``chunksize`` that makes more tasks
+        than that is kept: the tasks go into several arrays that run one after another, so the
+        cap holds over all (each job's ``handle["split"]`` says which array it is in).
 
         Each job's result is a list of ("ok", value) / ("err", exception, traceback): one bad
         item is that item's error, never its chunk's. Raises ValueError for a cap or a chunk
@@ -524,6 +527,9 @@ class Executor:
         if not items:
             return []
         size = chunksize or chunk_size(len(items), cap)
+        if not chunksize and isinstance(self.backend, SlurmBackend):
+            # chunks enough that one array holds them: Slurm then caps them itself
+            size = max(size, -(-len(items) // self.backend.max_array_size()))
         name = _name(fn)
         register_by_value(fn)
         if self.debug:
