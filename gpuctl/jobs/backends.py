@@ -1,6 +1,7 @@
 """How a prepared job folder gets run: a local process, a supervisor over SSH, or Slurm.
 
-Every backend starts the same thing, ``VENV1 JOBDIR/supervisor.py JOBDIR``: one command line
+Every backend starts the same thing, ``VENV1 JOBDIR/supervisor.py JOBDIR`` (a Slurm map's
+chunks: ``VENV1 RUNNER/supervisor.py JOBDIR``, one runner folder shared by them): one command line
 holding only paths gpuctl made. What differs is how it is started, how its state is asked for,
 and how it is cancelled.
 """
@@ -37,6 +38,8 @@ from gpuctl.reach.slurm import nodelist as nodelist_of
 
 SUPERVISOR_FILE = jobfiles.SUPERVISOR_SCRIPT
 REMOTE_PROBE_EVERY = 3.0  # seconds between `kill -0` probes of a remote supervisor
+POLL_EVERY = 0.5  # seconds between squeue calls of one Slurm backend, with few jobs to watch
+POLL_EVERY_MOST = 3.0  # ... and with hundreds
 
 
 class Backend:
@@ -72,6 +75,9 @@ class Backend:
     def wait_hint(self, handle: Handle, timeout: float) -> None:
         """Block up to ``timeout`` s or until the job may have changed (default: sleep)."""
         time.sleep(timeout)
+
+    def forget(self, handle: Handle) -> None:
+        """The job is over and its outcome read: nothing more to ask the scheduler about it."""
 
     def cancel(self, handle: Handle, jobdir: str) -> None:
         raise NotImplementedError
@@ -230,7 +236,7 @@ class SlurmBackend(Backend):
         self.signal_warning = signal_warning
         self._cache: dict[str, SchedulerState] = {}
         self._cache_t = 0.0
-        self._poll_every = 0.5
+        self._poll_every = POLL_EVERY
         self._lock = threading.Lock()
         self._watch: set[str] = set()
         self._mem_enforced: bool | None = None
@@ -327,6 +333,10 @@ class SlurmBackend(Backend):
             lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
         lines += [f"#SBATCH {a}" for a in self.sbatch_args]
         quoted = " ".join(shlex.quote(d) for d in jobdirs)
+        runner = meta.get("runner")  # one for every folder of the array, else each its own
+        supervisor = (
+            shlex.quote(f"{runner}/{SUPERVISOR_FILE}") if runner else f'"$D/{SUPERVISOR_FILE}"'
+        )
         # several tasks: srun starts a supervisor per task (each writes its rank's folder) and
         # ends them all once one fails; it forwards the warning signal to them
         srun = (
@@ -337,7 +347,7 @@ class SlurmBackend(Backend):
         lines += [
             f"DIRS=({quoted})",
             'D="${DIRS[${SLURM_ARRAY_TASK_ID:-0}]}"',
-            f'exec {srun}{shlex.quote(self.supervisor_python)} "$D/{SUPERVISOR_FILE}" "$D"',
+            f'exec {srun}{shlex.quote(self.supervisor_python)} {supervisor} "$D"',
         ]
         return "\n".join(lines) + "\n"
 
@@ -378,6 +388,7 @@ class SlurmBackend(Backend):
             handles += part
         with self._lock:
             self._watch.update(h["slurm_id"] for h in handles)
+            self._cache_t = 0.0  # the next look asks squeue: it knows the new ids, the cache not
         return handles
 
     def _submit(
@@ -419,7 +430,10 @@ class SlurmBackend(Backend):
             # the controller is slow or gone: back off instead of hammering it
             self._poll_every = min(10.0, self._poll_every * 2)
             return
-        self._poll_every = 0.5
+        with self._lock:
+            # every watched job's state comes from one squeue; with many, a slower pace (the
+            # job folders, read more often, say when each ends)
+            self._poll_every = min(POLL_EVERY_MOST, max(POLL_EVERY, len(self._watch) / 100))
         seen: dict[str, SchedulerState] = {
             j.job_id: {"state": j.state, "reason": j.reason or "None", "queued": True} for j in jobs
         }
@@ -434,15 +448,22 @@ class SlurmBackend(Backend):
         state, source = self.client.final_state(slurm_id)
         return {"state": state, "source": source}
 
-    def scheduler_state(self, handle: Handle) -> SchedulerState | None:
+    def _squeue_says(self, handle: Handle) -> tuple[str, SchedulerState]:
+        """(Slurm id, what the last squeue said of it: a copy, {} when nothing yet); the job is
+        watched from now on, and squeue asked again when its answer is ``poll_every`` old."""
         sid = str(handle.get("slurm_id") or "")
         if not sid:
-            return None
+            return "", SchedulerState()
         with self._lock:
             self._watch.add(sid)
         self._refresh()
         with self._lock:
-            info = self._cache.get(sid, SchedulerState()).copy()
+            return sid, self._cache.get(sid, SchedulerState()).copy()
+
+    def scheduler_state(self, handle: Handle) -> SchedulerState | None:
+        sid, info = self._squeue_says(handle)
+        if not sid:
+            return None
         if info.get("queued"):
             return info
         if "final" not in info:
@@ -456,6 +477,11 @@ class SlurmBackend(Backend):
             "source": final.get("source"),
             "output_tail": final.get("output_tail", ""),
         }
+
+    def pending(self, handle: Handle) -> bool:
+        """True while squeue (at most ``poll_every`` s ago) lists the job as PENDING."""
+        _, info = self._squeue_says(handle)
+        return bool(info.get("queued")) and info.get("state") == "PENDING"
 
     def _output_tail(self, handle: Handle, limit: int = 3000) -> str:
         """The end of Slurm's own output file for the job (slurmstepd writes why it killed a
@@ -474,6 +500,12 @@ class SlurmBackend(Backend):
             return False
         state = str(info.get("state") or "").split()[0] if info.get("state") else ""
         return state in _TERMINAL or state == ""
+
+    def forget(self, handle: Handle) -> None:
+        sid = str(handle.get("slurm_id") or "")
+        with self._lock:
+            self._watch.discard(sid)
+            self._cache.pop(sid, None)
 
     def cancel(self, handle: Handle, jobdir: str) -> None:
         self.host.write_bytes(f"{jobdir}/{jobfiles.CANCEL}", b"cancel\n")

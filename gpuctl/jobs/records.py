@@ -58,6 +58,7 @@ class JobMeta(TypedDict, total=False):
     created_at: float
     checkpointable: bool
     command: list[str]  # a command job's argv (``Executor.submit_command``)
+    runner: str  # a runner folder shared by a Slurm map's chunks (else the runner is in the folder)
 
 
 # -- written on the node ----------------------------------------------------------------------

@@ -118,3 +118,25 @@ def test_cancel_a_task_of_a_later_array_and_the_rest_still_run(
     gate.touch()
     assert [j.result(120)[0][1][0] for j in jobs[:-1]] == list(range(10))
     assert not (marks / "10.start").exists()
+
+
+def test_the_chunks_of_a_map_share_one_runner_folder(executor: Any) -> None:
+    """A Slurm map writes the runner (supervisor, worker, their package) once, into a folder
+    named by its content under the job root; each chunk's folder holds its payload and meta
+    only, and the array runs the shared supervisor on it. Once every chunk's result is read,
+    the backend has no job left to ask squeue about."""
+    ex = executor()
+    jobs = ex.map_jobs(plus_one, range(6), chunksize=2)
+    runner = Path(json.loads(Path(jobs[0].jobdir, "meta.json").read_text())["runner"])
+    assert runner.parent == Path(jobs[0].jobdir).parent and runner.name.startswith("runner-")
+    assert (runner / "supervisor.py").is_file() and (runner / "worker.py").is_file()
+    for job in jobs:
+        assert not Path(job.jobdir, "supervisor.py").exists()
+        assert not Path(job.jobdir, "worker.py").exists()
+    script = Path(jobs[0].jobdir, "job.sbatch").read_text()
+    assert f'{runner}/supervisor.py "$D"' in script
+    assert [v for j in jobs for _, v in j.result(120)] == list(range(1, 7))
+    again = ex.map_jobs(plus_one, range(2), chunksize=1)  # the same runner, not a second one
+    assert json.loads(Path(again[0].jobdir, "meta.json").read_text())["runner"] == str(runner)
+    assert [v for j in again for _, v in j.result(120)] == [1, 2]
+    assert not ex.backend._watch
