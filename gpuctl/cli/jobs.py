@@ -512,6 +512,7 @@ def run_jobs(args: argparse.Namespace) -> int:
                 "duration_s": r.duration,
                 "jobdir": r.jobdir,
                 "slurm_id": _slurm_id(r),
+                "split": (r.backend.get("handle") or {}).get("split"),
                 "tasks": r.tasks,
             }
             for r in records
@@ -523,7 +524,8 @@ def run_jobs(args: argparse.Namespace) -> int:
     now = time.time()
     for r in records:
         dur = r.duration
-        where = [_slurm_id(r) or "", f"{r.tasks} tasks" if r.tasks > 1 else ""]
+        split = str((r.backend.get("handle") or {}).get("split") or "").split(":")[0]
+        where = [_slurm_id(r) or "", split, f"{r.tasks} tasks" if r.tasks > 1 else ""]
         rows.append(
             (
                 r.id[:12],

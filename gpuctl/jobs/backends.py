@@ -1,6 +1,7 @@
 """How a prepared job folder gets run: a local process, a supervisor over SSH, or Slurm.
 
-Every backend starts the same thing, ``VENV1 JOBDIR/supervisor.py JOBDIR``: one command line
+Every backend starts the same thing, ``VENV1 JOBDIR/supervisor.py JOBDIR`` (a Slurm map's
+chunks: ``VENV1 RUNNER/supervisor.py JOBDIR``, one runner folder shared by them): one command line
 holding only paths gpuctl made. What differs is how it is started, how its state is asked for,
 and how it is cancelled.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import os
 import re
 import shlex
@@ -22,6 +24,7 @@ from gpuctl.jobs.hosts import _REAPER, Host, HostError, LocalHost
 from gpuctl.jobs.records import BackendInfo, FinalState, Handle, JobMeta, PidFile, SchedulerState
 from gpuctl.node import jobfiles
 from gpuctl.reach.slurm import (
+    DEFAULT_MAX_ARRAY_SIZE,
     SlurmClient,
     SlurmError,
     SlurmValueError,
@@ -35,6 +38,8 @@ from gpuctl.reach.slurm import nodelist as nodelist_of
 
 SUPERVISOR_FILE = jobfiles.SUPERVISOR_SCRIPT
 REMOTE_PROBE_EVERY = 3.0  # seconds between `kill -0` probes of a remote supervisor
+POLL_EVERY = 0.5  # seconds between squeue calls of one Slurm backend, with few jobs to watch
+POLL_EVERY_MOST = 3.0  # ... and with hundreds
 
 
 class Backend:
@@ -70,6 +75,9 @@ class Backend:
     def wait_hint(self, handle: Handle, timeout: float) -> None:
         """Block up to ``timeout`` s or until the job may have changed (default: sleep)."""
         time.sleep(timeout)
+
+    def forget(self, handle: Handle) -> None:
+        """The job is over and its outcome read: nothing more to ask the scheduler about it."""
 
     def cancel(self, handle: Handle, jobdir: str) -> None:
         raise NotImplementedError
@@ -228,10 +236,11 @@ class SlurmBackend(Backend):
         self.signal_warning = signal_warning
         self._cache: dict[str, SchedulerState] = {}
         self._cache_t = 0.0
-        self._poll_every = 0.5
+        self._poll_every = POLL_EVERY
         self._lock = threading.Lock()
         self._watch: set[str] = set()
         self._mem_enforced: bool | None = None
+        self._max_array: int | None = None
 
     def describe(self) -> BackendInfo:
         return {
@@ -255,11 +264,27 @@ class SlurmBackend(Backend):
             self._mem_enforced = "overmemorykill" in params.lower()
         return self._mem_enforced
 
+    def max_array_size(self) -> int:
+        """How many tasks one array may have here (the cluster's ``MaxArraySize``, asked once;
+        Slurm's default 1001 when ``scontrol`` does not answer)."""
+        if self._max_array is None:
+            try:
+                self._max_array = self.client.max_array_size()
+            except SlurmError:
+                self._max_array = DEFAULT_MAX_ARRAY_SIZE
+        return self._max_array
+
     def script(
-        self, jobdirs: Sequence[str], meta: JobMeta, *, max_running: int | None = None
+        self,
+        jobdirs: Sequence[str],
+        meta: JobMeta,
+        *,
+        max_running: int | None = None,
+        after: str | None = None,
     ) -> str:
         """The batch script: resources as #SBATCH lines, then one exec of the supervisor.
-        Several folders are one array, at most ``max_running`` tasks running at once.
+        Several folders are one array, at most ``max_running`` tasks running at once; ``after``:
+        the Slurm job it waits for (``--dependency=afterany``, however that one ended).
 
         Raises SlurmValueError for a job folder the script cannot name.
         """
@@ -300,10 +325,18 @@ class SlurmBackend(Backend):
         if len(jobdirs) > 1:
             cap = f"%{int(max_running)}" if max_running and max_running < len(jobdirs) else ""
             lines.append(f"#SBATCH --array=0-{len(jobdirs) - 1}{cap}")
+        if after is not None:
+            if not after.isdigit():
+                raise SlurmValueError(f"job id {after!r} is not a Slurm job id")
+            lines.append(f"#SBATCH --dependency=afterany:{after}")
         if meta.get("checkpointable"):  # the supervisor requeues it; one output for every attempt
             lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
         lines += [f"#SBATCH {a}" for a in self.sbatch_args]
         quoted = " ".join(shlex.quote(d) for d in jobdirs)
+        runner = meta.get("runner")  # one for every folder of the array, else each its own
+        supervisor = (
+            shlex.quote(f"{runner}/{SUPERVISOR_FILE}") if runner else f'"$D/{SUPERVISOR_FILE}"'
+        )
         # several tasks: srun starts a supervisor per task (each writes its rank's folder) and
         # ends them all once one fails; it forwards the warning signal to them
         srun = (
@@ -314,16 +347,56 @@ class SlurmBackend(Backend):
         lines += [
             f"DIRS=({quoted})",
             'D="${DIRS[${SLURM_ARRAY_TASK_ID:-0}]}"',
-            f'exec {srun}{shlex.quote(self.supervisor_python)} "$D/{SUPERVISOR_FILE}" "$D"',
+            f'exec {srun}{shlex.quote(self.supervisor_python)} {supervisor} "$D"',
         ]
         return "\n".join(lines) + "\n"
 
     def start(
         self, jobdirs: Sequence[str], meta: JobMeta, *, max_running: int | None = None
     ) -> list[Handle]:
-        """``sbatch`` one script for ``jobdirs`` (an array, ``max_running`` tasks at a time)."""
+        """``sbatch`` ``jobdirs``: one job, or an array with at most ``max_running`` tasks
+        running at once.
+
+        More folders than the cluster's ``MaxArraySize`` become several arrays, each within it,
+        each waiting for the one before to end (``afterany``): one array runs at a time, so the
+        cap holds over all of them, enforced by Slurm. Each handle then says so (``split``).
+        """
+        most = self.max_array_size()
+        count = -(-len(jobdirs) // most)  # arrays, as even as can be
+        bounds = [len(jobdirs) * k // count for k in range(count + 1)]
+        groups = [jobdirs[a:b] for a, b in itertools.pairwise(bounds)]
+        split = (
+            f"{count} arrays of <={max(map(len, groups))} tasks (MaxArraySize {most}), "
+            f"one after another"
+            if count > 1
+            else ""
+        )
+        handles: list[Handle] = []
+        after: str | None = None
+        for n, group in enumerate(groups):
+            try:
+                after, part = self._submit(group, meta, max_running, after)
+            except HostError:
+                if handles:  # the arrays already queued would run without their map: stop them
+                    for array in {str(h.get("array") or h["slurm_id"]) for h in handles}:
+                        with contextlib.suppress(SlurmError):
+                            self.client.cancel(array)
+                raise
+            for h in part:
+                if split:
+                    h["split"] = f"array {n + 1} of {count}: {split}"
+            handles += part
+        with self._lock:
+            self._watch.update(h["slurm_id"] for h in handles)
+            self._cache_t = 0.0  # the next look asks squeue: it knows the new ids, the cache not
+        return handles
+
+    def _submit(
+        self, jobdirs: Sequence[str], meta: JobMeta, max_running: int | None, after: str | None
+    ) -> tuple[str, list[Handle]]:
+        """``sbatch`` one script for ``jobdirs``; (its Slurm job id, one handle per folder)."""
         script_path = f"{jobdirs[0]}/job.sbatch"
-        script = self.script(jobdirs, meta, max_running=max_running)
+        script = self.script(jobdirs, meta, max_running=max_running, after=after)
         self.host.write_bytes(script_path, script.encode(), 0o700)
         try:
             job_id = self.client.submit(script_path)
@@ -344,9 +417,7 @@ class SlurmBackend(Backend):
                 }
                 for i in range(len(jobdirs))
             ]
-        with self._lock:
-            self._watch.update(h["slurm_id"] for h in handles)
-        return handles
+        return job_id, handles
 
     def _refresh(self) -> None:
         now = time.monotonic()
@@ -359,7 +430,10 @@ class SlurmBackend(Backend):
             # the controller is slow or gone: back off instead of hammering it
             self._poll_every = min(10.0, self._poll_every * 2)
             return
-        self._poll_every = 0.5
+        with self._lock:
+            # every watched job's state comes from one squeue; with many, a slower pace (the
+            # job folders, read more often, say when each ends)
+            self._poll_every = min(POLL_EVERY_MOST, max(POLL_EVERY, len(self._watch) / 100))
         seen: dict[str, SchedulerState] = {
             j.job_id: {"state": j.state, "reason": j.reason or "None", "queued": True} for j in jobs
         }
@@ -374,15 +448,22 @@ class SlurmBackend(Backend):
         state, source = self.client.final_state(slurm_id)
         return {"state": state, "source": source}
 
-    def scheduler_state(self, handle: Handle) -> SchedulerState | None:
+    def _squeue_says(self, handle: Handle) -> tuple[str, SchedulerState]:
+        """(Slurm id, what the last squeue said of it: a copy, {} when nothing yet); the job is
+        watched from now on, and squeue asked again when its answer is ``poll_every`` old."""
         sid = str(handle.get("slurm_id") or "")
         if not sid:
-            return None
+            return "", SchedulerState()
         with self._lock:
             self._watch.add(sid)
         self._refresh()
         with self._lock:
-            info = self._cache.get(sid, SchedulerState()).copy()
+            return sid, self._cache.get(sid, SchedulerState()).copy()
+
+    def scheduler_state(self, handle: Handle) -> SchedulerState | None:
+        sid, info = self._squeue_says(handle)
+        if not sid:
+            return None
         if info.get("queued"):
             return info
         if "final" not in info:
@@ -396,6 +477,11 @@ class SlurmBackend(Backend):
             "source": final.get("source"),
             "output_tail": final.get("output_tail", ""),
         }
+
+    def pending(self, handle: Handle) -> bool:
+        """True while squeue (at most ``poll_every`` s ago) lists the job as PENDING."""
+        _, info = self._squeue_says(handle)
+        return bool(info.get("queued")) and info.get("state") == "PENDING"
 
     def _output_tail(self, handle: Handle, limit: int = 3000) -> str:
         """The end of Slurm's own output file for the job (slurmstepd writes why it killed a
@@ -414,6 +500,12 @@ class SlurmBackend(Backend):
             return False
         state = str(info.get("state") or "").split()[0] if info.get("state") else ""
         return state in _TERMINAL or state == ""
+
+    def forget(self, handle: Handle) -> None:
+        sid = str(handle.get("slurm_id") or "")
+        with self._lock:
+            self._watch.discard(sid)
+            self._cache.pop(sid, None)
 
     def cancel(self, handle: Handle, jobdir: str) -> None:
         self.host.write_bytes(f"{jobdir}/{jobfiles.CANCEL}", b"cancel\n")

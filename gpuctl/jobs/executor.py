@@ -36,7 +36,7 @@ from gpuctl.jobs import _chunk, _command, checkpoint, debug, targets
 from gpuctl.jobs.backends import SlurmBackend
 from gpuctl.jobs.hosts import AtomicWriter, Host
 from gpuctl.jobs.job import SUBMITTER_PYTHON, Job, JobFailed, JobQueue, RemoteTraceback
-from gpuctl.jobs.provision import EnvSpec, Venv2, write_runner
+from gpuctl.jobs.provision import EnvSpec, Venv2, shared_runner, write_runner
 from gpuctl.jobs.records import Handle, JobMeta, Limits, Probe
 from gpuctl.jobs.report import REMEDIES, FailureReport
 from gpuctl.jobs.store import JobRecord, JobStore
@@ -302,8 +302,13 @@ class Executor:
         kwargs: dict[str, Any],
         name: str,
         command: list[str] | None = None,
+        *,
+        registered: bool = False,
+        runner: str | None = None,
     ) -> tuple[str, str, JobMeta]:
-        """Write one job folder; return (id, jobdir, meta).
+        """Write one job folder; return (id, jobdir, meta). ``registered``: the caller made
+        ``register_by_value`` for this function already (a map does it once, not per chunk);
+        ``runner``: a shared runner folder (``shared_runner``) instead of a copy in this one.
 
         The job's row goes into the store first ("preparing"): a store that cannot be written
         refuses the job (``StoreError``) before anything exists on the node. A job that fails
@@ -324,7 +329,9 @@ class Executor:
                 )
             )
         try:
-            return self._write_folder(job_id, jobdir, fn, args, kwargs, name, probe, command)
+            return self._write_folder(
+                job_id, jobdir, fn, args, kwargs, name, probe, command, registered, runner
+            )
         except BaseException:
             if self.store is not None:
                 self.store.delete(job_id)
@@ -340,6 +347,8 @@ class Executor:
         name: str,
         probe: Probe,
         command: list[str] | None,
+        registered: bool = False,
+        runner: str | None = None,
     ) -> tuple[str, str, JobMeta]:
         if self.tasks > 1 and callable(getattr(fn, "checkpoint", None)):
             raise ValueError(
@@ -349,7 +358,8 @@ class Executor:
         host = self.backend.host
         self._job_root()
         host.mkdir(jobdir, 0o700)
-        register_by_value(fn)
+        if not registered:
+            register_by_value(fn)
         limits = self.limits.copy()
         if (
             limits.get("mem_bytes")
@@ -371,13 +381,16 @@ class Executor:
             "setup": list(self.setup),
             "env": self.job_env,
             "cwd": self.cwd,
-            "worker": jobfiles.WORKER_SCRIPT,
+            "worker": f"{runner}/{jobfiles.WORKER_SCRIPT}" if runner else jobfiles.WORKER_SCRIPT,
             "created_at": time.time(),
             "checkpointable": callable(getattr(fn, "checkpoint", None)),
         }
         if command is not None:
             meta["command"] = command
-        write_runner(host, jobdir)
+        if runner:
+            meta["runner"] = runner
+        else:
+            write_runner(host, jobdir)
         host.write_bytes(f"{jobdir}/{jobfiles.META}", json.dumps(meta, indent=1).encode(), 0o600)
         return job_id, jobdir, meta
 
@@ -502,7 +515,10 @@ class Executor:
         rest wait here, "pending", and each starts as one ends (from this process: jobs still
         waiting when it exits never start, and their rows say so). Items per chunk:
         ``chunksize``, else ``chunk_size(items, max_running)`` (about four chunks per running
-        job, whatever machine submits).
+        job, whatever machine submits), through Slurm raised when needed so that the chunks
+        fit one array (the cluster's ``MaxArraySize``). A ``chunksize`` that makes more tasks
+        than that is kept: the tasks go into several arrays that run one after another, so the
+        cap holds over all (each job's ``handle["split"]`` says which array it is in).
 
         Each job's result is a list of ("ok", value) / ("err", exception, traceback): one bad
         item is that item's error, never its chunk's. Raises ValueError for a cap or a chunk
@@ -524,6 +540,9 @@ class Executor:
         if not items:
             return []
         size = chunksize or chunk_size(len(items), cap)
+        if not chunksize and isinstance(self.backend, SlurmBackend):
+            # chunks enough that one array holds them: Slurm then caps them itself
+            size = max(size, -(-len(items) // self.backend.max_array_size()))
         name = _name(fn)
         register_by_value(fn)
         if self.debug:
@@ -540,9 +559,21 @@ class Executor:
         self.venv2()
         folders = []
         meta: JobMeta = {}
+        # an array's chunks share one runner (the job folders are all on the login side's
+        # file system): a folder then holds its payload and meta.json only
+        runner = (
+            shared_runner(self.backend.host, self._job_root())
+            if isinstance(self.backend, SlurmBackend)
+            else None
+        )
         for i in range(0, len(items), size):
             job_id, jobdir, meta = self._prepare(
-                _chunk.run_chunk, (fn, items[i : i + size]), {}, f"map:{name}"
+                _chunk.run_chunk,
+                (fn, items[i : i + size]),
+                {},
+                f"map:{name}",
+                registered=True,
+                runner=runner,
             )
             folders.append((job_id, jobdir))
         if isinstance(self.backend, SlurmBackend):

@@ -62,6 +62,7 @@ log = logging.getLogger("gpuctl.jobs.executor")
 SUBMITTER_PYTHON = sys.version.split()[0]
 UNREACHABLE_AFTER = 60.0  # seconds a node may stay unreachable before result() reports it
 BEAT_EVERY = 3.0  # seconds between heartbeat reads while a job runs
+WATCH_CROWD_MOST = 4.0  # the watcher's slowest pace per job, times this at most, with many jobs
 SLURM_VERDICT_WAIT = 30.0  # seconds to wait for Slurm's final state after a signalled stop
 _RAISED = ("user_exception", "gpu_out_of_memory")  # kinds that are the function's own exception
 
@@ -117,6 +118,9 @@ class _Watcher:
             now = time.monotonic()
             with self._lock:
                 jobs = [j for j in self._jobs if self._due.get(j, (0.0, 0.1))[0] <= now]
+                # hundreds of jobs (a map): each is looked at less often, so that watching
+                # them costs about what a hundred do (a caller's wait still polls its own)
+                crowd = min(WATCH_CROWD_MOST, max(1.0, len(self._jobs) / 100))
             for job in jobs:
                 try:
                     over = job._poll()  # settles the Future when the job is over
@@ -129,6 +133,7 @@ class _Watcher:
                         self._due.pop(job, None)
                     else:
                         slowest = 1.0 if isinstance(job.backend.host, LocalHost) else 3.0
+                        slowest *= crowd
                         step = min(self._due.get(job, (0.0, 0.1))[1] * 1.5, slowest)
                         self._due[job] = (time.monotonic() + step, step)
             with self._lock:
@@ -346,6 +351,8 @@ class Job(concurrent.futures.Future[Any]):
         with self._lock:
             if self._final:
                 return True
+            if isinstance(self.backend, SlurmBackend) and self.backend.pending(self.handle):
+                return False  # nothing in its folder yet: Slurm has not started it
             outcome = self._json(Outcome, jobfiles.OUTCOME)
             sched: SchedulerState | None = None
             if outcome is None:
@@ -365,7 +372,9 @@ class Job(concurrent.futures.Future[Any]):
                     free = self._disk_free_kb()
                     if free is not None:  # a full disk is why a supervisor cannot write it
                         sched["disk_free_kb"] = free
-            elif isinstance(self.backend, SlurmBackend):
+            elif isinstance(self.backend, SlurmBackend) and not _clean_end(outcome):
+                # (a clean end needs no verdict of Slurm's: not asking spares a map of
+                # hundreds of jobs a lookup each once they have left squeue)
                 sched = self.backend.scheduler_state(self.handle)
                 if self._await_slurm_verdict(outcome, sched):
                     return False
@@ -380,6 +389,7 @@ class Job(concurrent.futures.Future[Any]):
             self._final = True
             # under the lock: another thread that finds the job final finds its row final too
             self._store_final()
+        self.backend.forget(self.handle)
         self._settle()
         return True
 
@@ -814,6 +824,11 @@ _QUEUES: weakref.WeakSet[JobQueue] = weakref.WeakSet()
 def _abandon_queues() -> None:
     for queue in list(_QUEUES):
         queue.abandon("gpuctl exited before its turn came (max_running): it never ran")
+
+
+def _clean_end(outcome: Outcome) -> bool:
+    """True when the supervisor saw VENV2 exit 0 with nothing stopping it."""
+    return outcome.get("exit_code") == 0 and outcome.get("stop_reason") is None
 
 
 def _rebuild_exception(data: bytes) -> BaseException | None:

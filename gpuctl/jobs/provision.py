@@ -10,6 +10,7 @@ built environment gets.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -39,8 +40,29 @@ def write_runner(host: Host, folder: str) -> None:
     """Copy the runner (``jobfiles.RUNNER``: the scripts and the package they import) into
     ``folder``, the supervisor last: a folder holding it is complete."""
     host.mkdir(f"{folder}/{jobfiles.RUNNER_PACKAGE}", 0o700)
-    for name, src in sorted(RUNNER_FILES.items(), key=lambda i: i[0] == jobfiles.SUPERVISOR_SCRIPT):
-        host.write_bytes(f"{folder}/{name}", src.read_bytes(), 0o600)
+    for name, data in _runner_bytes():
+        host.write_bytes(f"{folder}/{name}", data, 0o600)
+
+
+def shared_runner(host: Host, root: str) -> str:
+    """The runner for many job folders: ``root/runner-<hash of its files>``, written once per
+    version (the supervisor last: a folder holding it is complete); returns its path."""
+    digest = hashlib.sha256()
+    for name, data in sorted(_runner_bytes()):
+        digest.update(name.encode() + b"\0" + data + b"\0")
+    runner = f"{root}/runner-{digest.hexdigest()[:12]}"
+    if not host.exists(f"{runner}/{jobfiles.SUPERVISOR_SCRIPT}"):
+        host.mkdir(runner, 0o700)
+        write_runner(host, runner)
+    return runner
+
+
+@functools.cache
+def _runner_bytes() -> tuple[tuple[str, bytes], ...]:
+    """The runner's files (name in the folder, content), the supervisor last; read once per
+    process (a map writes them into every chunk's folder)."""
+    order = sorted(RUNNER_FILES.items(), key=lambda i: i[0] == jobfiles.SUPERVISOR_SCRIPT)
+    return tuple((name, src.read_bytes()) for name, src in order)
 
 
 class EnvSpecError(ValueError):
@@ -258,15 +280,8 @@ class Venv2:
         host = self.host
         root = host.expand(self.env_root)
         host.mkdir(root, 0o700)
-        # The runner once per version: a folder named by the hash of its files
-        digest = hashlib.sha256()
-        for name, src in sorted(RUNNER_FILES.items()):
-            digest.update(name.encode() + b"\0" + src.read_bytes() + b"\0")
-        runner = f"{root}/runner-{digest.hexdigest()[:12]}"
+        runner = shared_runner(host, root)
         sup = f"{runner}/{jobfiles.SUPERVISOR_SCRIPT}"
-        if not host.exists(sup):
-            host.mkdir(runner, 0o700)
-            write_runner(host, runner)
         spec_json = {
             "root": root,
             "python": spec.python,

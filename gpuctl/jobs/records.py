@@ -58,6 +58,7 @@ class JobMeta(TypedDict, total=False):
     created_at: float
     checkpointable: bool
     command: list[str]  # a command job's argv (``Executor.submit_command``)
+    runner: str  # a runner folder shared by a Slurm map's chunks (else the runner is in the folder)
 
 
 # -- written on the node ----------------------------------------------------------------------
@@ -212,7 +213,8 @@ class Heartbeat(TypedDict, total=False):
 class Handle(TypedDict, total=False):
     """How a backend finds a job it started: the supervisor's ``pid`` and ``host`` (process
     backends), or the Slurm job id, its ``array`` and the Slurm ``output`` file pattern;
-    ``tasks``: how many tasks (ranks) the job runs, each in its own folder (absent: one)."""
+    ``tasks``: how many tasks (ranks) the job runs, each in its own folder (absent: one);
+    ``split``: a map's tasks were more than one array may hold, which array this one is in."""
 
     pid: int | None
     host: str
@@ -220,6 +222,7 @@ class Handle(TypedDict, total=False):
     array: str
     output: str
     tasks: int
+    split: str
 
 
 class BackendInfo(TypedDict, total=False):

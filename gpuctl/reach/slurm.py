@@ -399,6 +399,9 @@ def parse_scontrol_state(text: str) -> str | None:
     return None
 
 
+DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's MaxArraySize when slurm.conf says nothing
+
+
 def parse_config_value(text: str, key: str) -> str | None:
     """A value from ``scontrol show config`` (``Key = value`` lines); None when absent."""
     for line in text.splitlines():
@@ -645,6 +648,15 @@ class SlurmClient:
     def config_value(self, key: str) -> str | None:
         """One value of ``scontrol show config`` (None when unset). Raises SlurmError."""
         return parse_config_value(self.run(["scontrol", "show", "config"]), key)
+
+    def max_array_size(self) -> int:
+        """How many tasks one job array may have: Slurm's ``MaxArraySize`` (indices run from 0
+        to one less; Slurm's default when unset or unreadable as a number). Raises SlurmError."""
+        value = self.config_value("MaxArraySize")
+        try:
+            return max(1, int(value or DEFAULT_MAX_ARRAY_SIZE))
+        except ValueError:
+            return DEFAULT_MAX_ARRAY_SIZE
 
     # --- actions -------------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ import subprocess
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +121,8 @@ class SlurmCluster:
     sampling every second with ``OverMemoryKill``: a step over its limit is killed and the job
     ends OUT_OF_MEMORY). Off by default: with ``DefMemPerCPU=100`` every job without ``--mem``
     would then be held to 100 MB per CPU.
+
+    ``conf``: more ``slurm.conf`` settings, over the harness's own (``{"MaxArraySize": 11}``).
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class SlurmCluster:
         gpu_type: str = "h100",
         min_job_age: int = 10,
         enforce_memory: bool = False,
+        conf: Mapping[str, str | int] | None = None,
         start: bool = True,
     ) -> None:
         reason = missing_parts(multi=nodes is not None)
@@ -157,6 +160,7 @@ class SlurmCluster:
         self.gpu_type = gpu_type
         self.min_job_age = min_job_age
         self.enforce_memory = enforce_memory
+        self.extra_conf = dict(conf or {})
         self.user = pwd.getpwuid(os.getuid()).pw_name
         self.conf_path = self.dir / "slurm.conf"
         self.munge_socket = self.dir / "munge" / "munge.socket"
@@ -278,6 +282,7 @@ class SlurmCluster:
             conf["JobAcctGatherType"] = "jobacct_gather/linux"
             conf["JobAcctGatherFrequency"] = "task=1"
             conf["JobAcctGatherParams"] = "OverMemoryKill"
+        conf.update(self.extra_conf)
         lines = [f"{k}={v}" for k, v in conf.items()]
         addrs = self.net.addresses if self.net else ["127.0.0.1"]
         for node, addr in zip(self.nodes, addrs, strict=True):

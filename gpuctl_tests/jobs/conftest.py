@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -76,23 +77,25 @@ def make_executor(venv1: str, venv2: str, job_root: str) -> Iterator[Any]:
     yield make
 
 
+def executor_on(cluster: Any, venv1: str, venv2: str, tmp_path: Path, **kw: Any) -> Executor:
+    """An Executor on the test Slurm ``cluster``: VENV1 3.6, the session VENV2, job folders
+    under ``tmp_path``, the default job store; ``kw``: more Executor options."""
+    kw.setdefault("supervisor_python", venv1)
+    kw.setdefault("python", venv2)
+    return Executor(
+        "slurm",
+        partition=cluster.partition,
+        slurm_conf=str(cluster.conf_path),
+        job_root=str(tmp_path / "shared-jobs"),
+        store=JobStore(),
+        **kw,
+    )
+
+
 @pytest.fixture
 def slurm_executor(slurm_cluster: Any, venv1: str, venv2: str, tmp_path: Path) -> Any:
     """``slurm_executor(**options)`` → an Executor on the session's one-node Slurm."""
-
-    def make(**kw: Any) -> Executor:
-        kw.setdefault("supervisor_python", venv1)
-        kw.setdefault("python", venv2)
-        return Executor(
-            "slurm",
-            partition=slurm_cluster.partition,
-            slurm_conf=str(slurm_cluster.conf_path),
-            job_root=str(tmp_path / "shared-jobs"),
-            store=JobStore(),
-            **kw,
-        )
-
-    yield make
+    yield functools.partial(executor_on, slurm_cluster, venv1, venv2, tmp_path)
     slurm_cluster.cancel_all()
 
 
