@@ -68,6 +68,10 @@ ATTEMPTS = "attempts.jsonl"
 REQUEUE = "requeue.json"
 # The worker's exit status after a checkpoint: the supervisor starts the next attempt.
 CHECKPOINTED_EXIT = 8
+# Set (to "1") in a checkpointable function's environment under Slurm: the worker lets its first
+# SIGTERM pass (Slurm's preemption and its cancel both send one to every process of the job) and
+# waits for the supervisor's verdict: SIGUSR1 to checkpoint (a preemption), or SIGTERM again.
+TERM_WAITS_ENV = "GPUCTL_TERM_WAITS"
 TASK_FOLDER = "rank-%d"
 # A task folder's links to the job folder's inputs: its supervisor and worker read the job as if
 # the task folder were the job folder (a dangling link to the cancel file comes alive with it).

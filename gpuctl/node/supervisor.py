@@ -239,6 +239,28 @@ def scontrol(*args: str) -> Tuple[int, str]:
     return _output(["scontrol"] + list(args))
 
 
+def slurm_preemption(job_id: str, restarts: int) -> Optional[Dict[str, str]]:
+    """Whether Slurm is preempting (or requeuing) job ``job_id``, asked when a SIGTERM came:
+    the evidence (``scontrol -o show job`` fields) or None (a cancel, the time limit, or Slurm
+    did not answer). A preemption with a grace time sets the job's PreemptTime; once the grace
+    is over Slurm requeues the job before it signals it, so its Restarts count is above
+    ``restarts`` (this run's ``SLURM_RESTART_COUNT``). A cancel or a time limit does neither."""
+    rc, out = _output(["scontrol", "-o", "show", "job", job_id], timeout=10)
+    if rc != 0:
+        return None
+    fields = {}  # type: Dict[str, str]
+    for word in out.split():
+        key, sep, value = word.partition("=")
+        if sep and key in ("JobState", "Restarts", "PreemptTime"):
+            fields.setdefault(key, value)
+    if fields.get("PreemptTime", "None") not in ("None", "Unknown", "N/A", ""):
+        return fields
+    count = fields.get("Restarts", "")
+    if count.isdigit() and int(count) > restarts:
+        return fields
+    return None
+
+
 def _first_node(environ: Dict[str, str]) -> str:
     """The allocation's first node by name (``scontrol show hostnames``), else this one."""
     rc, out = scontrol("show", "hostnames", environ.get("SLURM_JOB_NODELIST", ""))
@@ -411,15 +433,37 @@ class Supervisor(object):
         self.wake_r = -1
         self.wake_w = -1
         self.requeued = False
+        # a SIGTERM under Slurm: a cancel or a preemption, which ``_resolve_stop`` tells apart
+        self.term_pending = False
 
     def path(self, name: str) -> str:
         """The path of job file ``name`` (a ``jobfiles`` name)."""
         return os.path.join(self.jobdir, name)
 
     def _on_stop(self, signum: int, frame: Any) -> None:
-        if self.stop_reason is None:
-            self.stop_reason = "cancelled"
+        if self.stop_reason is None and not self.term_pending:
             self.outcome["stop_signal"] = signal.Signals(signum).name
+            if self.outcome["slurm_job_id"] and signum == signal.SIGTERM:
+                self.term_pending = True  # not in a handler: it asks Slurm
+            else:
+                self.stop_reason = "cancelled"
+
+    def _resolve_stop(self) -> None:
+        """What a SIGTERM under Slurm means: gpuctl's cancel (its file), else Slurm's word, a
+        preemption (``slurm_preemption``: the job goes back to the queue) or a cancel
+        (``scancel``, the time limit)."""
+        if not self.term_pending or self.stop_reason is not None:
+            return
+        self.term_pending = False
+        evidence = None
+        if not os.path.exists(self.path(jobfiles.CANCEL)):
+            evidence = slurm_preemption(str(self.outcome["slurm_job_id"]),
+                                        int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+        if evidence:
+            self.outcome["preempted"] = evidence
+            self.stop_reason = "preempted"
+        else:
+            self.stop_reason = "cancelled"
 
     def _on_forward(self, signum: int, frame: Any) -> None:
         self.pending_forward.append(signum)
@@ -502,6 +546,9 @@ class Supervisor(object):
             if not ok or new_env is None:
                 self.outcome["setup_failed"] = True
                 return
+            self._resolve_stop()
+            if self.stop_reason == "preempted":
+                self._preempted()
             if self.stop_reason:
                 return
             env = new_env
@@ -513,6 +560,8 @@ class Supervisor(object):
             env.update(add)
             if add:
                 self.outcome["resources"] = add
+        elif meta.get("checkpointable"):  # its first SIGTERM may be a preemption's
+            env[jobfiles.TERM_WAITS_ENV] = "1"
         python = meta["python"]
         worker = self.path(meta.get("worker", jobfiles.WORKER_SCRIPT))
         # -u: what the function prints reaches the stdout file at once (live logs, nothing lost
@@ -591,6 +640,7 @@ class Supervisor(object):
                     self.stop_reason = self.stop_reason or "mem_limit"
                     self.outcome["stop_reason"] = self.stop_reason
                     self._killpg(signal.SIGKILL)
+            self._resolve_stop()
             if self.stop_reason is None and os.path.exists(self.path(jobfiles.CANCEL)):
                 self.stop_reason = "cancelled"
             if (warn_at is not None and self.stop_reason is None and now - started >= warn_at
@@ -605,7 +655,11 @@ class Supervisor(object):
                 self.kill_at = now + grace
                 self.outcome["stop_reason"] = self.stop_reason
                 self.outcome["stop_requested_after_s"] = round(now - started, 3)
-                self._killpg(signal.SIGTERM)
+                if self.stop_reason == "preempted" and meta.get("checkpointable"):
+                    # it checkpoints (or, declining, is killed after the grace)
+                    self.pending_forward.append(signal.SIGUSR1)
+                else:
+                    self._killpg(signal.SIGTERM)
             if self.kill_at is not None and now >= self.kill_at and not self.outcome.get(
                     "escalated_to_kill"):
                 self.outcome["escalated_to_kill"] = True
@@ -673,6 +727,10 @@ class Supervisor(object):
         (``scontrol requeue``: Slurm starts the next attempt, maybe elsewhere) and this process
         ends without an outcome; outside Slurm the next attempt starts here, with a fresh time
         limit, up to ``max_requeues`` times."""
+        self._resolve_stop()
+        if self.stop_reason == "preempted":
+            self._preempted()
+            return False
         ckpt = self.path(jobfiles.CHECKPOINT)
         if (self.outcome.get("exit_code") != jobfiles.CHECKPOINTED_EXIT
                 or not os.path.exists(ckpt) or self.stop_reason == "cancelled"):
@@ -680,7 +738,8 @@ class Supervisor(object):
         done = jobfiles.parse_lines(jobfiles.tail(self.path(jobfiles.ATTEMPTS), 1 << 20))
         attempt = len(done) + 1
         limit = int(limits.get("max_requeues", 3))
-        if attempt > limit:
+        # preemptions are Slurm's doing, not the job's: only checkpoints count
+        if sum(1 for a in done if a.get("reason") == "checkpoint") + 1 > limit:
             self.outcome["requeues_exhausted"] = {"attempts": attempt, "max_requeues": limit}
             return False
         record = {"attempt": attempt, "reason": "checkpoint", "ended_at": _now(),
@@ -710,6 +769,30 @@ class Supervisor(object):
         self.stop_reason = self.stop_at = self.kill_at = None
         self.outcome["attempt"] = attempt + 1
         return True
+
+    def _preempted(self) -> None:
+        """This attempt was preempted and Slurm requeues the job itself: a line of
+        ``attempts.jsonl`` that says so (and whether the function checkpointed: then its
+        checkpoint becomes the payload, else the next attempt starts over), the requeue marker
+        for the next attempt, and no outcome."""
+        ckpt = self.path(jobfiles.CHECKPOINT)
+        checkpointed = (self.outcome.get("exit_code") == jobfiles.CHECKPOINTED_EXIT
+                        and os.path.exists(ckpt))
+        done = jobfiles.parse_lines(jobfiles.tail(self.path(jobfiles.ATTEMPTS), 1 << 20))
+        attempt = len(done) + 1
+        record = {"attempt": attempt, "reason": "preempted", "checkpointed": checkpointed,
+                  "ended_at": _now(), "hostname": self.outcome["hostname"],
+                  "run_s": self.outcome.get("run_s"), "exit_code": self.outcome.get("exit_code"),
+                  "slurm_job_id": self.outcome["slurm_job_id"]}
+        if checkpointed:
+            os.replace(ckpt, self.path(jobfiles.PAYLOAD))
+        jobfiles.append_line(self.path(jobfiles.ATTEMPTS), record)
+        with open(self.path(jobfiles.STDOUT), "ab") as out:
+            out.write(("--- gpuctl: attempt %d preempted, the job %s ---\n" % (
+                attempt, "goes on from its checkpoint" if checkpointed else "starts over")
+            ).encode())
+        jobfiles.write_json(self.path(jobfiles.REQUEUE), record)
+        self.requeued = True
 
     def _begin(self) -> None:
         """A job Slurm started again (after this supervisor's ``scontrol requeue``, or its own
