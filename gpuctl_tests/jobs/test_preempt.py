@@ -39,6 +39,13 @@ def preempting_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         cluster.stop()
 
 
+@pytest.fixture(autouse=True)
+def _nothing_left(preempting_slurm: Any) -> Iterator[None]:
+    yield
+    preempting_slurm.cancel_all()
+    preempting_slurm.wait_idle(60)
+
+
 def _executor(cluster: Any, venv1: str, venv2: str, folder: Path) -> Executor:
     # every CPU of the node: the high partition's job can only start by preempting this one
     return Executor(
