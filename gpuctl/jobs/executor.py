@@ -377,7 +377,8 @@ class Executor:
         }
         if command is not None:
             meta["command"] = command
-        write_runner(host, jobdir)
+        # the supervisor picks the GPUs where no scheduler does: through NVML, which it may lack
+        write_runner(host, jobdir, nvml=bool(limits.get("gpus")) and self.backend.kind != "slurm")
         host.write_bytes(f"{jobdir}/{jobfiles.META}", json.dumps(meta, indent=1).encode(), 0o600)
         return job_id, jobdir, meta
 

@@ -47,7 +47,8 @@ WORKER_SCRIPT = "worker.py"
 # beside them: the copies' relative imports keep working, and the name cannot shadow a module
 # of the user's.
 RUNNER_PACKAGE = "gpuctl_runner"
-RUNNER_MODULES = ("__init__", "jobfiles", "proc", "protocol")
+RUNNER_MODULES = ("__init__", "jobfiles", "proc", "protocol", "readers/__init__", "readers/bindings",
+                  "readers/nvml", "readers/smi", "readers/procs", "readers/records")
 PIDFILE = "supervisor.json"
 SUPERVISOR_LOG = "supervisor.log"
 SETUP_SCRIPT = "setup.sh"

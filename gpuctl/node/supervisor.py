@@ -53,12 +53,12 @@ import traceback
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
-    from . import jobfiles, proc
+    from . import jobfiles, proc, readers
 else:
     try:
-        from . import jobfiles, proc
+        from . import jobfiles, proc, readers
     except ImportError:  # a script in a job folder: copies of the node modules sit beside it
-        from gpuctl_runner import jobfiles, proc
+        from gpuctl_runner import jobfiles, proc, readers
 
 DEFAULT_GRACE = 10.0
 HEARTBEAT_EVERY = 2.0
@@ -351,15 +351,31 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                "NUMEXPR_NUM_THREADS")
 
 
-def _smi(env: Dict[str, str], query: str) -> List[List[str]]:
-    """Rows of ``nvidia-smi --query-<query> --format=csv,noheader,nounits``; raises OSError
-    (no nvidia-smi) or RuntimeError (it failed, with its own words)."""
-    if not shutil.which("nvidia-smi", path=env.get("PATH")):
-        raise OSError("nvidia-smi not on PATH")
-    rc, out = _output(["nvidia-smi", "--query-" + query, "--format=csv,noheader,nounits"], env)
-    if rc != 0:
-        raise RuntimeError((out.splitlines() or ["exit %d" % rc])[0])
-    return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+def _node_gpus(env: Dict[str, str]) -> Tuple[Optional[List[Tuple[str, str, bool]]], str]:
+    """(index, uuid, busy) of each of the node's GPUs through the node's readers (NVML, else
+    nvidia-smi: ``readers.open_reader``), read with the job's environment (a setup line's PATH
+    finds nvidia-smi); busy: a process uses it. None and the readers' reason when neither
+    works."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        reader, note = readers.open_reader()
+        if reader is None:
+            return None, note or ""
+        try:
+            rows = reader.sample(slow=False)
+        finally:
+            reader.close()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    found = []  # type: List[Tuple[str, str, bool]]
+    for row in rows:
+        if isinstance(row.get("index"), int):
+            found.append((str(row["index"]), str(row.get("uuid") or ""),
+                          bool(row.get("processes"))))
+    return found, ""
 
 
 def node_resources(limits: Dict[str, Any], env: Dict[str, str]) -> Tuple[Dict[str, str], str]:
@@ -368,7 +384,8 @@ def node_resources(limits: Dict[str, Any], env: Dict[str, str]) -> Tuple[Dict[st
     gpus=N: N of the node's GPUs in ``CUDA_VISIBLE_DEVICES`` (indices in PCI order, with
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA counts them the same way), the GPUs without compute
     processes first; a ``CUDA_VISIBLE_DEVICES`` the environment already has (the config's env,
-    a setup line) is the set to choose from. cpus=N: the usual thread-count variables set to N
+    a setup line) is the set to choose from. The GPUs are read as the agent reads them (NVML,
+    else nvidia-smi). cpus=N: the usual thread-count variables set to N
     (those the job's env does not set itself). Nothing is reserved: two jobs started at the same
     moment can pick the same idle GPU. Returns (environment additions, "" or why the node cannot
     give what was asked).
@@ -391,17 +408,16 @@ def node_resources(limits: Dict[str, Any], env: Dict[str, str]) -> Tuple[Dict[st
     visible = [g.strip() for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
     if "CUDA_VISIBLE_DEVICES" in env and not visible:
         return {}, "gpus=%d asked, and CUDA_VISIBLE_DEVICES is empty in the job's environment" % gpus
-    try:
-        rows = _smi(env, "gpu=index,uuid")
-        busy = set(r[0] for r in _smi(env, "compute-apps=gpu_uuid") if r)
-    except OSError:
-        return {}, "gpus=%d asked, and this node has no nvidia-smi on PATH (no NVIDIA driver?)" % gpus
-    except RuntimeError as e:
-        return {}, "gpus=%d asked, and nvidia-smi fails here: %s" % (gpus, e)
-    found = [(r[0], r[1]) for r in rows if len(r) >= 2 and r[0].isdigit()]
+    found, why = _node_gpus(env)
+    if found is None:
+        if "nvidia-smi is not on PATH" in why:
+            return {}, ("gpus=%d asked, and this node has no NVML and no nvidia-smi on PATH (no "
+                        "NVIDIA driver?)" % gpus)
+        return {}, "gpus=%d asked, and the GPUs cannot be read here: %s" % (
+            gpus, why.rpartition("nvidia-smi: ")[2].rstrip(")"))
     if visible:
-        found = [(i, u) for i, u in found if i in visible or u in visible]
-    free = [i for i, u in found if u not in busy] + [i for i, u in found if u in busy]
+        found = [g for g in found if g[0] in visible or g[1] in visible]
+    free = [i for i, _, busy in found if not busy] + [i for i, _, busy in found if busy]
     if gpus > len(free):
         where = " of CUDA_VISIBLE_DEVICES=%s" % ",".join(visible) if visible else ""
         return {}, "gpus=%d asked, and this node has %d GPU(s)%s" % (gpus, len(free), where)
