@@ -471,15 +471,20 @@ class Supervisor(object):
         if not self.term_pending or self.stop_reason is not None:
             return
         self.term_pending = False
-        evidence = None
-        if not os.path.exists(self.path(jobfiles.CANCEL)):
-            evidence = slurm_preemption(str(self.outcome["slurm_job_id"]),
-                                        int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+        if not self._preempted_now():
+            self.stop_reason = "cancelled"
+
+    def _preempted_now(self) -> bool:
+        """True (and the stop reason "preempted") when Slurm says it preempts this job and
+        gpuctl did not ask to cancel it."""
+        if os.path.exists(self.path(jobfiles.CANCEL)):
+            return False
+        evidence = slurm_preemption(str(self.outcome["slurm_job_id"]),
+                                    int(os.environ.get("SLURM_RESTART_COUNT") or 0))
         if evidence:
             self.outcome["preempted"] = evidence
             self.stop_reason = "preempted"
-        else:
-            self.stop_reason = "cancelled"
+        return bool(evidence)
 
     def _on_forward(self, signum: int, frame: Any) -> None:
         self.pending_forward.append(signum)
@@ -744,6 +749,11 @@ class Supervisor(object):
         ends without an outcome; outside Slurm the next attempt starts here, with a fresh time
         limit, up to ``max_requeues`` times."""
         self._resolve_stop()
+        if (self.stop_reason is None and under_slurm
+                and self.outcome.get("signal_name") == "SIGTERM"):
+            # Slurm signals every process of the job: VENV2 may die of it before this process
+            # hears its own, and only Slurm can say whether it was a preemption
+            self._preempted_now()
         if self.stop_reason == "preempted":
             self._preempted()
             return False
