@@ -232,11 +232,12 @@ def _output(argv: List[str], env: Optional[Dict[str, str]] = None,
     return p.returncode, out.decode("utf-8", "replace").strip()
 
 
-def scontrol(*args: str) -> Tuple[int, str]:
+def scontrol(*args: str, timeout: float = 60) -> Tuple[int, str]:
     """Run ``scontrol ARGS`` on this node: (exit status, its output). The node side's only Slurm
     command (the login side's go through ``gpuctl.reach.slurm``, which a node's Python 3.6
-    cannot import): ``show hostnames`` for the rendezvous, ``requeue`` after a checkpoint."""
-    return _output(["scontrol"] + list(args))
+    cannot import): ``show hostnames`` for the rendezvous, ``requeue`` after a checkpoint,
+    ``show job`` to tell a preemption from a cancel."""
+    return _output(["scontrol"] + list(args), timeout=timeout)
 
 
 def slurm_preemption(job_id: str, restarts: int) -> Optional[Dict[str, str]]:
@@ -245,7 +246,7 @@ def slurm_preemption(job_id: str, restarts: int) -> Optional[Dict[str, str]]:
     did not answer). A preemption with a grace time sets the job's PreemptTime; once the grace
     is over Slurm requeues the job before it signals it, so its Restarts count is above
     ``restarts`` (this run's ``SLURM_RESTART_COUNT``). A cancel or a time limit does neither."""
-    rc, out = _output(["scontrol", "-o", "show", "job", job_id], timeout=10)
+    rc, out = scontrol("-o", "show", "job", job_id, timeout=10)
     if rc != 0:
         return None
     fields = {}  # type: Dict[str, str]
