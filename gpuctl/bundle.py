@@ -52,16 +52,22 @@ def _licence(source: bytes) -> bytes:
     return ("\n".join(lines).strip("\n") + "\n").encode()
 
 
-def _vendored() -> list[tuple[str, bytes]]:
+def vendored() -> list[tuple[str, bytes]]:
+    """The files of the pynvml the bundle (and every job folder's runner) carries, by name in
+    the vendored folder: ``pynvml.py``, its version and licence; none without nvidia-ml-py."""
     found = _pynvml()
     if found is None:  # a login side without nvidia-ml-py: nodes use their own or smi
         return []
     version, source = found
     return [
-        (f"{VENDOR}/pynvml.py", source),
-        (f"{VENDOR}/pynvml.version", version.encode() + b"\n"),
-        (f"{VENDOR}/LICENSE.nvidia-ml-py", _licence(source)),
+        ("pynvml.py", source),
+        ("pynvml.version", version.encode() + b"\n"),
+        ("LICENSE.nvidia-ml-py", _licence(source)),
     ]
+
+
+def _vendored() -> list[tuple[str, bytes]]:
+    return [(f"{VENDOR}/{name}", data) for name, data in vendored()]
 
 
 def _members() -> list[tuple[str, bytes]]:

@@ -387,10 +387,14 @@ class Executor:
         }
         if command is not None:
             meta["command"] = command
-        if runner:
+        if runner:  # a Slurm map's chunks share one (Slurm picks their GPUs)
             meta["runner"] = runner
         else:
-            write_runner(host, jobdir)
+            # the supervisor picks the GPUs where no scheduler does: through NVML, which it may
+            # lack
+            write_runner(
+                host, jobdir, nvml=bool(limits.get("gpus")) and self.backend.kind != "slurm"
+            )
         host.write_bytes(f"{jobdir}/{jobfiles.META}", json.dumps(meta, indent=1).encode(), 0o600)
         return job_id, jobdir, meta
 

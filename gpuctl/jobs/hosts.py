@@ -194,17 +194,27 @@ class LocalHost(Host):
 
     def read_bytes(self, path: str, offset: int = 0) -> bytes | None:
         try:
-            with open(path, "rb") as f:
+            with _local_errors(f"reading {path}"), open(path, "rb") as f:
                 f.seek(offset)
                 return f.read()
-        except FileNotFoundError:
-            return None
+        except HostError as e:
+            if isinstance(e.__cause__, FileNotFoundError):
+                return None
+            raise
 
     def get_file(self, path: str, local: str) -> None:
         if os.path.abspath(local) != os.path.abspath(path):
-            with open(path, "rb") as src, open(local, "wb") as dst:
+            with (
+                _local_errors(f"copying {path} to {local}"),
+                open(path, "rb") as src,
+                open(local, "wb") as dst,
+            ):
                 while chunk := src.read(1 << 22):
                     dst.write(chunk)
+
+    def open_read(self, path: str) -> BinaryReader:
+        with _local_errors(f"reading {path}"):
+            return open(path, "rb")
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)

@@ -16,7 +16,6 @@ import contextlib
 import glob
 import logging
 import os
-import shutil
 import sys
 import threading
 import time
@@ -638,11 +637,10 @@ class Job(concurrent.futures.Future[Any]):
     def _load_result(self) -> Any:
         path = jobfiles.JobPaths(self.jobdir)(jobfiles.RESULT)
         host = self.backend.host
-        if isinstance(host, LocalHost):
-            return self._unpickle_result(lambda: open(path, "rb"), path)
         # a node's result is unpickled as it arrives (no local copy): the worker renamed it
         # into place complete, and a transfer cut short raises HostError, never a short file
-        return self._unpickle_result(lambda: host.open_read(path), f"{host.name}:{path}")
+        shown = path if isinstance(host, LocalHost) else f"{host.name}:{path}"
+        return self._unpickle_result(lambda: host.open_read(path), shown)
 
     def copy_result(self, dest: str) -> None:
         """Copy the result's pickle, as the worker wrote it, to the file ``dest`` ("-": stdout)
@@ -654,8 +652,6 @@ class Job(concurrent.futures.Future[Any]):
             sys.stdout.flush()
             sys.stdout.buffer.write(host.read_bytes(path) or b"")
             sys.stdout.buffer.flush()
-        elif isinstance(host, LocalHost):
-            shutil.copyfile(path, dest)
         else:
             host.get_file(path, dest)
 

@@ -24,29 +24,42 @@ from typing import Any
 
 import cloudpickle
 
+from gpuctl import bundle
 from gpuctl.core import wire
 from gpuctl.jobs.hosts import Host
 from gpuctl.jobs.job import SUBMITTER_PYTHON, JobFailed
 from gpuctl.jobs.records import BuildResult, Probe
 from gpuctl.jobs.report import KINDS, REMEDIES, FailureReport
 from gpuctl.node import jobfiles
+from gpuctl.node.readers import bindings
 
 PACKAGE = Path(__file__).resolve().parent.parent
 # Copied into every job folder (path there -> source): the scripts and the contract they import.
 RUNNER_FILES = {name: PACKAGE.parent / src for name, src in jobfiles.RUNNER.items()}
 
 
-def write_runner(host: Host, folder: str) -> None:
+def write_runner(host: Host, folder: str, *, nvml: bool = False) -> None:
     """Copy the runner (``jobfiles.RUNNER``: the scripts and the package they import) into
-    ``folder``, the supervisor last: a folder holding it is complete."""
-    host.mkdir(f"{folder}/{jobfiles.RUNNER_PACKAGE}", 0o700)
+    ``folder``, the supervisor last: a folder holding it is complete. ``nvml`` adds the pynvml
+    the bundle carries (330 KB; for a supervisor that picks GPUs, ``gpus=`` outside Slurm, on a
+    node whose Python has no pynvml)."""
+    package = f"{folder}/{jobfiles.RUNNER_PACKAGE}"
+    host.mkdir(package, 0o700)
+    host.mkdir(f"{package}/readers", 0o700)
+    # the pynvml the bundle carries: the supervisor reads GPUs (gpus=) on a node without one
+    vendored = bundle.vendored() if nvml else []
+    if vendored:
+        host.mkdir(f"{package}/{bindings.VENDOR}", 0o700)
+    for name, data in vendored:
+        host.write_bytes(f"{package}/{bindings.VENDOR}/{name}", data, 0o600)
     for name, data in _runner_bytes():
         host.write_bytes(f"{folder}/{name}", data, 0o600)
 
 
 def shared_runner(host: Host, root: str) -> str:
-    """The runner for many job folders: ``root/runner-<hash of its files>``, written once per
-    version (the supervisor last: a folder holding it is complete); returns its path."""
+    """The runner for many job folders (a Slurm map's chunks, where Slurm picks the GPUs):
+    ``root/runner-<hash of its files>``, written once per version (the supervisor last: a
+    folder holding it is complete); returns its path."""
     digest = hashlib.sha256()
     for name, data in sorted(_runner_bytes()):
         digest.update(name.encode() + b"\0" + data + b"\0")

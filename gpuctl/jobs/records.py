@@ -104,7 +104,8 @@ class Attempt(TypedDict, total=False):
     """A line of ``attempts.jsonl``: an attempt of the job that ended in a requeue."""
 
     attempt: int
-    reason: str  # "checkpoint", "requeued by the scheduler"
+    reason: str  # "checkpoint", "preempted", "requeued by the scheduler"
+    checkpointed: bool  # a preempted attempt: the next one goes on from its checkpoint
     ended_at: float | None
     hostname: str | None
     run_s: float | None

@@ -268,8 +268,9 @@ FAILURES: dict[str, FailureMode] = {
         title="the node lacks what the job asked for",
         phase="supervisor",
         evidence=(
-            "outside Slurm, before VENV2 starts: gpus= more than nvidia-smi lists (within "
-            "CUDA_VISIBLE_DEVICES), no nvidia-smi, or cpus= more than the job may use"
+            "outside Slurm, before VENV2 starts: gpus= more than NVML or nvidia-smi lists (within "
+            "CUDA_VISIBLE_DEVICES), neither NVML nor nvidia-smi, or cpus= more than the job may "
+            "use"
         ),
         remedy=(
             "ask for fewer (gpus=, cpus=) or choose a node that has them (`gpuctl status` lists "

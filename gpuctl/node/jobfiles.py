@@ -47,7 +47,8 @@ WORKER_SCRIPT = "worker.py"
 # beside them: the copies' relative imports keep working, and the name cannot shadow a module
 # of the user's.
 RUNNER_PACKAGE = "gpuctl_runner"
-RUNNER_MODULES = ("__init__", "jobfiles", "proc", "protocol")
+RUNNER_MODULES = ("__init__", "jobfiles", "proc", "protocol", "readers/__init__", "readers/bindings",
+                  "readers/nvml", "readers/smi", "readers/procs", "readers/records")
 PIDFILE = "supervisor.json"
 SUPERVISOR_LOG = "supervisor.log"
 SETUP_SCRIPT = "setup.sh"
@@ -68,6 +69,10 @@ ATTEMPTS = "attempts.jsonl"
 REQUEUE = "requeue.json"
 # The worker's exit status after a checkpoint: the supervisor starts the next attempt.
 CHECKPOINTED_EXIT = 8
+# Set (to "1") in a checkpointable function's environment under Slurm: the worker lets its first
+# SIGTERM pass (Slurm's preemption and its cancel both send one to every process of the job) and
+# waits for the supervisor's verdict: SIGUSR1 to checkpoint (a preemption), or SIGTERM again.
+TERM_WAITS_ENV = "GPUCTL_TERM_WAITS"
 TASK_FOLDER = "rank-%d"
 # A task folder's links to the job folder's inputs: its supervisor and worker read the job as if
 # the task folder were the job folder (a dangling link to the cancel file comes alive with it).

@@ -53,12 +53,12 @@ import traceback
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
-    from . import jobfiles, proc
+    from . import jobfiles, proc, readers
 else:
     try:
-        from . import jobfiles, proc
+        from . import jobfiles, proc, readers
     except ImportError:  # a script in a job folder: copies of the node modules sit beside it
-        from gpuctl_runner import jobfiles, proc
+        from gpuctl_runner import jobfiles, proc, readers
 
 DEFAULT_GRACE = 10.0
 HEARTBEAT_EVERY = 2.0
@@ -232,11 +232,34 @@ def _output(argv: List[str], env: Optional[Dict[str, str]] = None,
     return p.returncode, out.decode("utf-8", "replace").strip()
 
 
-def scontrol(*args: str) -> Tuple[int, str]:
+def scontrol(*args: str, timeout: float = 60) -> Tuple[int, str]:
     """Run ``scontrol ARGS`` on this node: (exit status, its output). The node side's only Slurm
     command (the login side's go through ``gpuctl.reach.slurm``, which a node's Python 3.6
-    cannot import): ``show hostnames`` for the rendezvous, ``requeue`` after a checkpoint."""
-    return _output(["scontrol"] + list(args))
+    cannot import): ``show hostnames`` for the rendezvous, ``requeue`` after a checkpoint,
+    ``show job`` to tell a preemption from a cancel."""
+    return _output(["scontrol"] + list(args), timeout=timeout)
+
+
+def slurm_preemption(job_id: str, restarts: int) -> Optional[Dict[str, str]]:
+    """Whether Slurm is preempting (or requeuing) job ``job_id``, asked when a SIGTERM came:
+    the evidence (``scontrol -o show job`` fields) or None (a cancel, the time limit, or Slurm
+    did not answer). A preemption with a grace time sets the job's PreemptTime; once the grace
+    is over Slurm requeues the job before it signals it, so its Restarts count is above
+    ``restarts`` (this run's ``SLURM_RESTART_COUNT``). A cancel or a time limit does neither."""
+    rc, out = scontrol("-o", "show", "job", job_id, timeout=10)
+    if rc != 0:
+        return None
+    fields = {}  # type: Dict[str, str]
+    for word in out.split():
+        key, sep, value = word.partition("=")
+        if sep and key in ("JobState", "Restarts", "PreemptTime"):
+            fields.setdefault(key, value)
+    if fields.get("PreemptTime", "None") not in ("None", "Unknown", "N/A", ""):
+        return fields
+    count = fields.get("Restarts", "")
+    if count.isdigit() and int(count) > restarts:
+        return fields
+    return None
 
 
 def _first_node(environ: Dict[str, str]) -> str:
@@ -329,15 +352,31 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                "NUMEXPR_NUM_THREADS")
 
 
-def _smi(env: Dict[str, str], query: str) -> List[List[str]]:
-    """Rows of ``nvidia-smi --query-<query> --format=csv,noheader,nounits``; raises OSError
-    (no nvidia-smi) or RuntimeError (it failed, with its own words)."""
-    if not shutil.which("nvidia-smi", path=env.get("PATH")):
-        raise OSError("nvidia-smi not on PATH")
-    rc, out = _output(["nvidia-smi", "--query-" + query, "--format=csv,noheader,nounits"], env)
-    if rc != 0:
-        raise RuntimeError((out.splitlines() or ["exit %d" % rc])[0])
-    return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+def _node_gpus(env: Dict[str, str]) -> Tuple[Optional[List[Tuple[str, str, bool]]], str]:
+    """(index, uuid, busy) of each of the node's GPUs through the node's readers (NVML, else
+    nvidia-smi: ``readers.open_reader``), read with the job's environment (a setup line's PATH
+    finds nvidia-smi); busy: a process uses it. None and the readers' reason when neither
+    works."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        reader, note = readers.open_reader()
+        if reader is None:
+            return None, note or ""
+        try:
+            rows = reader.sample(slow=False)
+        finally:
+            reader.close()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    found = []  # type: List[Tuple[str, str, bool]]
+    for row in rows:
+        if isinstance(row.get("index"), int):
+            found.append((str(row["index"]), str(row.get("uuid") or ""),
+                          bool(row.get("processes"))))
+    return found, ""
 
 
 def node_resources(limits: Dict[str, Any], env: Dict[str, str]) -> Tuple[Dict[str, str], str]:
@@ -346,7 +385,8 @@ def node_resources(limits: Dict[str, Any], env: Dict[str, str]) -> Tuple[Dict[st
     gpus=N: N of the node's GPUs in ``CUDA_VISIBLE_DEVICES`` (indices in PCI order, with
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA counts them the same way), the GPUs without compute
     processes first; a ``CUDA_VISIBLE_DEVICES`` the environment already has (the config's env,
-    a setup line) is the set to choose from. cpus=N: the usual thread-count variables set to N
+    a setup line) is the set to choose from. The GPUs are read as the agent reads them (NVML,
+    else nvidia-smi). cpus=N: the usual thread-count variables set to N
     (those the job's env does not set itself). Nothing is reserved: two jobs started at the same
     moment can pick the same idle GPU. Returns (environment additions, "" or why the node cannot
     give what was asked).
@@ -369,17 +409,16 @@ def node_resources(limits: Dict[str, Any], env: Dict[str, str]) -> Tuple[Dict[st
     visible = [g.strip() for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
     if "CUDA_VISIBLE_DEVICES" in env and not visible:
         return {}, "gpus=%d asked, and CUDA_VISIBLE_DEVICES is empty in the job's environment" % gpus
-    try:
-        rows = _smi(env, "gpu=index,uuid")
-        busy = set(r[0] for r in _smi(env, "compute-apps=gpu_uuid") if r)
-    except OSError:
-        return {}, "gpus=%d asked, and this node has no nvidia-smi on PATH (no NVIDIA driver?)" % gpus
-    except RuntimeError as e:
-        return {}, "gpus=%d asked, and nvidia-smi fails here: %s" % (gpus, e)
-    found = [(r[0], r[1]) for r in rows if len(r) >= 2 and r[0].isdigit()]
+    found, why = _node_gpus(env)
+    if found is None:
+        if "nvidia-smi is not on PATH" in why:
+            return {}, ("gpus=%d asked, and this node has no NVML and no nvidia-smi on PATH (no "
+                        "NVIDIA driver?)" % gpus)
+        return {}, "gpus=%d asked, and the GPUs cannot be read here: %s" % (
+            gpus, why.rpartition("nvidia-smi: ")[2].rstrip(")"))
     if visible:
-        found = [(i, u) for i, u in found if i in visible or u in visible]
-    free = [i for i, u in found if u not in busy] + [i for i, u in found if u in busy]
+        found = [g for g in found if g[0] in visible or g[1] in visible]
+    free = [i for i, _, busy in found if not busy] + [i for i, _, busy in found if busy]
     if gpus > len(free):
         where = " of CUDA_VISIBLE_DEVICES=%s" % ",".join(visible) if visible else ""
         return {}, "gpus=%d asked, and this node has %d GPU(s)%s" % (gpus, len(free), where)
@@ -411,15 +450,42 @@ class Supervisor(object):
         self.wake_r = -1
         self.wake_w = -1
         self.requeued = False
+        # a SIGTERM under Slurm: a cancel or a preemption, which ``_resolve_stop`` tells apart
+        self.term_pending = False
 
     def path(self, name: str) -> str:
         """The path of job file ``name`` (a ``jobfiles`` name)."""
         return os.path.join(self.jobdir, name)
 
     def _on_stop(self, signum: int, frame: Any) -> None:
-        if self.stop_reason is None:
-            self.stop_reason = "cancelled"
+        if self.stop_reason is None and not self.term_pending:
             self.outcome["stop_signal"] = signal.Signals(signum).name
+            if self.outcome["slurm_job_id"] and signum == signal.SIGTERM:
+                self.term_pending = True  # not in a handler: it asks Slurm
+            else:
+                self.stop_reason = "cancelled"
+
+    def _resolve_stop(self) -> None:
+        """What a SIGTERM under Slurm means: gpuctl's cancel (its file), else Slurm's word, a
+        preemption (``slurm_preemption``: the job goes back to the queue) or a cancel
+        (``scancel``, the time limit)."""
+        if not self.term_pending or self.stop_reason is not None:
+            return
+        self.term_pending = False
+        if not self._preempted_now():
+            self.stop_reason = "cancelled"
+
+    def _preempted_now(self) -> bool:
+        """True (and the stop reason "preempted") when Slurm says it preempts this job and
+        gpuctl did not ask to cancel it."""
+        if os.path.exists(self.path(jobfiles.CANCEL)):
+            return False
+        evidence = slurm_preemption(str(self.outcome["slurm_job_id"]),
+                                    int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+        if evidence:
+            self.outcome["preempted"] = evidence
+            self.stop_reason = "preempted"
+        return bool(evidence)
 
     def _on_forward(self, signum: int, frame: Any) -> None:
         self.pending_forward.append(signum)
@@ -502,6 +568,9 @@ class Supervisor(object):
             if not ok or new_env is None:
                 self.outcome["setup_failed"] = True
                 return
+            self._resolve_stop()
+            if self.stop_reason == "preempted":
+                self._preempted()
             if self.stop_reason:
                 return
             env = new_env
@@ -513,6 +582,8 @@ class Supervisor(object):
             env.update(add)
             if add:
                 self.outcome["resources"] = add
+        elif meta.get("checkpointable"):  # its first SIGTERM may be a preemption's
+            env[jobfiles.TERM_WAITS_ENV] = "1"
         python = meta["python"]
         worker = self.path(meta.get("worker", jobfiles.WORKER_SCRIPT))
         # -u: what the function prints reaches the stdout file at once (live logs, nothing lost
@@ -591,6 +662,7 @@ class Supervisor(object):
                     self.stop_reason = self.stop_reason or "mem_limit"
                     self.outcome["stop_reason"] = self.stop_reason
                     self._killpg(signal.SIGKILL)
+            self._resolve_stop()
             if self.stop_reason is None and os.path.exists(self.path(jobfiles.CANCEL)):
                 self.stop_reason = "cancelled"
             if (warn_at is not None and self.stop_reason is None and now - started >= warn_at
@@ -605,7 +677,11 @@ class Supervisor(object):
                 self.kill_at = now + grace
                 self.outcome["stop_reason"] = self.stop_reason
                 self.outcome["stop_requested_after_s"] = round(now - started, 3)
-                self._killpg(signal.SIGTERM)
+                if self.stop_reason == "preempted" and meta.get("checkpointable"):
+                    # it checkpoints (or, declining, is killed after the grace)
+                    self.pending_forward.append(signal.SIGUSR1)
+                else:
+                    self._killpg(signal.SIGTERM)
             if self.kill_at is not None and now >= self.kill_at and not self.outcome.get(
                     "escalated_to_kill"):
                 self.outcome["escalated_to_kill"] = True
@@ -673,6 +749,15 @@ class Supervisor(object):
         (``scontrol requeue``: Slurm starts the next attempt, maybe elsewhere) and this process
         ends without an outcome; outside Slurm the next attempt starts here, with a fresh time
         limit, up to ``max_requeues`` times."""
+        self._resolve_stop()
+        if (self.stop_reason is None and under_slurm
+                and self.outcome.get("signal_name") == "SIGTERM"):
+            # Slurm signals every process of the job: VENV2 may die of it before this process
+            # hears its own, and only Slurm can say whether it was a preemption
+            self._preempted_now()
+        if self.stop_reason == "preempted":
+            self._preempted()
+            return False
         ckpt = self.path(jobfiles.CHECKPOINT)
         if (self.outcome.get("exit_code") != jobfiles.CHECKPOINTED_EXIT
                 or not os.path.exists(ckpt) or self.stop_reason == "cancelled"):
@@ -680,7 +765,8 @@ class Supervisor(object):
         done = jobfiles.parse_lines(jobfiles.tail(self.path(jobfiles.ATTEMPTS), 1 << 20))
         attempt = len(done) + 1
         limit = int(limits.get("max_requeues", 3))
-        if attempt > limit:
+        # preemptions are Slurm's doing, not the job's: only checkpoints count
+        if sum(1 for a in done if a.get("reason") == "checkpoint") + 1 > limit:
             self.outcome["requeues_exhausted"] = {"attempts": attempt, "max_requeues": limit}
             return False
         record = {"attempt": attempt, "reason": "checkpoint", "ended_at": _now(),
@@ -710,6 +796,30 @@ class Supervisor(object):
         self.stop_reason = self.stop_at = self.kill_at = None
         self.outcome["attempt"] = attempt + 1
         return True
+
+    def _preempted(self) -> None:
+        """This attempt was preempted and Slurm requeues the job itself: a line of
+        ``attempts.jsonl`` that says so (and whether the function checkpointed: then its
+        checkpoint becomes the payload, else the next attempt starts over), the requeue marker
+        for the next attempt, and no outcome."""
+        ckpt = self.path(jobfiles.CHECKPOINT)
+        checkpointed = (self.outcome.get("exit_code") == jobfiles.CHECKPOINTED_EXIT
+                        and os.path.exists(ckpt))
+        done = jobfiles.parse_lines(jobfiles.tail(self.path(jobfiles.ATTEMPTS), 1 << 20))
+        attempt = len(done) + 1
+        record = {"attempt": attempt, "reason": "preempted", "checkpointed": checkpointed,
+                  "ended_at": _now(), "hostname": self.outcome["hostname"],
+                  "run_s": self.outcome.get("run_s"), "exit_code": self.outcome.get("exit_code"),
+                  "slurm_job_id": self.outcome["slurm_job_id"]}
+        if checkpointed:
+            os.replace(ckpt, self.path(jobfiles.PAYLOAD))
+        jobfiles.append_line(self.path(jobfiles.ATTEMPTS), record)
+        with open(self.path(jobfiles.STDOUT), "ab") as out:
+            out.write(("--- gpuctl: attempt %d preempted, the job %s ---\n" % (
+                attempt, "goes on from its checkpoint" if checkpointed else "starts over")
+            ).encode())
+        jobfiles.write_json(self.path(jobfiles.REQUEUE), record)
+        self.requeued = True
 
     def _begin(self) -> None:
         """A job Slurm started again (after this supervisor's ``scontrol requeue``, or its own

@@ -11,7 +11,7 @@ later failure cannot hide the cause. The result is written to a temporary name a
 
 Exit codes: 0 done, 1 the function raised, 3 environment check failed, 4 load failed, 5 save
 failed, 6 the function called ``sys.exit``, 8 (``jobfiles.CHECKPOINTED_EXIT``) a checkpointable
-function checkpointed on SIGUSR1 (see ``_arm_checkpoint``).
+function checkpointed on SIGUSR1 (a time-limit warning or a preemption; see ``_arm_checkpoint``).
 """
 
 import contextlib
@@ -124,7 +124,10 @@ def _arm_checkpoint(cloudpickle: ModuleType, fn: Any, args: Any, kwargs: Any) ->
     checkpointable function (one with a ``checkpoint`` method, submitit's contract) pickle what
     ``fn.checkpoint(*args, **kwargs)`` returns into ``checkpoint.pkl`` and end this attempt with
     ``CHECKPOINTED_EXIT``; the supervisor starts the next attempt from it. A checkpoint that
-    returns None or fails leaves the job running (the failure is a status note)."""
+    returns None or fails leaves the job running (the failure is a status note). Under Slurm
+    (``jobfiles.TERM_WAITS_ENV`` set by the supervisor) the first SIGTERM is only noted: a
+    preemption sends it to every process of the job, and the supervisor answers with SIGUSR1
+    (checkpoint) or, for a cancel, a second SIGTERM."""
 
     def on_warning(signum: int, frame: Any) -> None:
         _note_signal("SIGUSR1")
@@ -152,6 +155,14 @@ def _arm_checkpoint(cloudpickle: ModuleType, fn: Any, args: Any, kwargs: Any) ->
         _REAL_EXIT(jobfiles.CHECKPOINTED_EXIT)
 
     signal.signal(signal.SIGUSR1, on_warning)
+    if os.environ.get(jobfiles.TERM_WAITS_ENV):
+
+        def on_first_term(signum: int, frame: Any) -> None:
+            # the supervisor decides: SIGUSR1 for a preemption, SIGTERM again for a cancel
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _note_signal("SIGTERM")
+
+        signal.signal(signal.SIGTERM, on_first_term)
 
 
 def run(jobdir: str) -> int:

@@ -123,6 +123,11 @@ class SlurmCluster:
     would then be held to 100 MB per CPU.
 
     ``conf``: more ``slurm.conf`` settings, over the harness's own (``{"MaxArraySize": 11}``).
+    ``preemption=True`` adds two partitions on the same node(s), ``low`` (``PriorityTier=1``,
+    ``PreemptMode=REQUEUE``, ``GraceTime=preempt_grace``) and ``high`` (``PriorityTier=2``,
+    never preempted), under ``PreemptType=preempt/partition_prio``: a job of ``high`` that
+    needs the node preempts the jobs of ``low`` (SIGCONT and SIGTERM, ``preempt_grace`` seconds,
+    then Slurm kills and requeues them). Off by default; the default partition stays.
     """
 
     def __init__(
@@ -138,6 +143,8 @@ class SlurmCluster:
         min_job_age: int = 10,
         enforce_memory: bool = False,
         conf: Mapping[str, str | int] | None = None,
+        preemption: bool = False,
+        preempt_grace: int = 30,
         start: bool = True,
     ) -> None:
         reason = missing_parts(multi=nodes is not None)
@@ -161,6 +168,10 @@ class SlurmCluster:
         self.min_job_age = min_job_age
         self.enforce_memory = enforce_memory
         self.extra_conf = dict(conf or {})
+        self.preemption = preemption
+        self.preempt_grace = preempt_grace
+        self.low_partition = "low"
+        self.high_partition = "high"
         self.user = pwd.getpwuid(os.getuid()).pw_name
         self.conf_path = self.dir / "slurm.conf"
         self.munge_socket = self.dir / "munge" / "munge.socket"
@@ -283,6 +294,9 @@ class SlurmCluster:
             conf["JobAcctGatherFrequency"] = "task=1"
             conf["JobAcctGatherParams"] = "OverMemoryKill"
         conf.update(self.extra_conf)
+        if self.preemption:
+            conf["PreemptType"] = "preempt/partition_prio"
+            conf["PreemptMode"] = "REQUEUE"
         lines = [f"{k}={v}" for k, v in conf.items()]
         addrs = self.net.addresses if self.net else ["127.0.0.1"]
         for node, addr in zip(self.nodes, addrs, strict=True):
@@ -296,6 +310,14 @@ class SlurmCluster:
             f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES "
             "MaxTime=INFINITE State=UP"
         )
+        if self.preemption:
+            nodes = ",".join(self.nodes)
+            lines += [
+                f"PartitionName={self.low_partition} Nodes={nodes} MaxTime=INFINITE State=UP "
+                f"PriorityTier=1 PreemptMode=REQUEUE GraceTime={self.preempt_grace}",
+                f"PartitionName={self.high_partition} Nodes={nodes} MaxTime=INFINITE State=UP "
+                "PriorityTier=2 PreemptMode=OFF",
+            ]
         self.conf_path.write_text("\n".join(lines) + "\n")
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -420,10 +442,12 @@ class SlurmCluster:
         """The node's state; with several nodes, the first one that is not idle (or idle)."""
         names = ",".join(self.nodes)
         try:
-            r = self._client(["sinfo", "-h", "-N", "-n", names, "-o", "%T"], timeout=5)
+            r = self._client(["sinfo", "-h", "-N", "-n", names, "-o", "%N %T"], timeout=5)
         except subprocess.TimeoutExpired:
             return ""
-        states = r.stdout.split()
+        # a node is listed once per partition it is in
+        by_node = dict(line.split(None, 1) for line in r.stdout.splitlines() if " " in line)
+        states = [by_node[n] for n in self.nodes if n in by_node]
         if len(states) != len(self.nodes):
             return r.stdout.strip()
         return next((s for s in states if s != "idle"), "idle")

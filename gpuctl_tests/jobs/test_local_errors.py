@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuctl.jobs import HostError, JobStore
+from gpuctl.jobs import HostError, JobFailed, JobStore
 
 
 def test_a_read_only_job_root_is_one_host_error(
@@ -47,3 +47,28 @@ def test_a_missing_venv1_is_the_ssh_backends_error(make_executor: Any, tmp_path:
         f"local: no python at {missing!r} for the job supervisor: set python = "
         '"/path/to/python3" for this node in the gpuctl config (or --supervisor-python)'
     )
+
+
+def test_reading_a_job_file_that_cannot_be_read_is_one_host_error(
+    make_executor: Any, tmp_path: Path
+) -> None:
+    """A job file that is a folder (EISDIR, which stops root as well as anyone) gives the one
+    line a node would, for the logs, the result's copy and the result itself."""
+    job = make_executor().submit(abs, -7)
+    assert job.result(60) == 7
+    folder = Path(job.jobdir)
+    for name in ("stdout.txt", "result.pkl"):
+        (folder / name).unlink()
+        (folder / name).mkdir()
+    with pytest.raises(HostError) as info:
+        job.stdout()
+    (line,) = str(info.value).splitlines()
+    assert line == f"local: reading {folder / 'stdout.txt'} failed: Is a directory"
+    with pytest.raises(HostError) as info:
+        job.copy_result(str(tmp_path / "out.pkl"))
+    (line,) = str(info.value).splitlines()
+    assert line.startswith(f"local: copying {folder / 'result.pkl'} to ")
+    assert line.endswith("failed: Is a directory")
+    with pytest.raises(JobFailed) as failed:
+        job.result(60)
+    assert f"local: reading {folder / 'result.pkl'} failed: Is a directory" in str(failed.value)

@@ -1,6 +1,7 @@
 """gpus= and cpus= where no scheduler allocates them (local and SSH): the supervisor picks GPUs
-through the node's nvidia-smi (the stand-in from gpuctl_tests.node.smi_stub, replaying a
-two-GPU node) and sets thread counts, or fails fast naming what the node lacks."""
+through the node's readers, NVML (the stand-in library of gpuctl_tests.node.nvml_stub) else
+nvidia-smi (the stand-in from gpuctl_tests.node.smi_stub, replaying a two-GPU node), and sets
+thread counts, or fails fast naming what the node lacks."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from gpuctl.jobs import JobFailed
 from gpuctl_tests.node import smi_stub
+from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub
 
 
 def gpu_env() -> dict[str, str | None]:
@@ -81,7 +83,9 @@ def test_gpus_on_a_node_without_nvidia_smi_or_a_driver(
     assert "no nvidia-smi on PATH" in str(err)
     smi_stub.write_data(smi["path"], dict(smi["data"], fail=smi_stub.NO_DRIVER))
     err = failure(make_executor(job_env=smi["env"], gpus=1).submit(gpu_env))
-    assert "nvidia-smi fails here: NVIDIA-SMI has failed" in str(err)
+    assert "the GPUs cannot be read here: nvidia-smi failed (exit 9): NVIDIA-SMI has failed" in str(
+        err
+    )
 
 
 def test_cpus_set_thread_counts_and_are_checked(make_executor: Any) -> None:
@@ -94,3 +98,20 @@ def test_cpus_set_thread_counts_and_are_checked(make_executor: Any) -> None:
     err = failure(make_executor(cpus=too_many).submit(gpu_env))
     assert err.kind == "resources_unavailable"
     assert f"cpus={too_many} asked" in str(err)
+
+
+def test_gpus_are_read_through_nvml_without_nvidia_smi(
+    make_executor: Any, nvml_lib_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor reads GPUs as the agent does: NVML first (the stand-in library, three GPUs,
+    a process on GPU 0), through the pynvml the job folder carries (VENV1 3.6 has none), with
+    no nvidia-smi anywhere on PATH."""
+    stub = NvmlStub(nvml_lib_dir, tmp_path / "nvml.conf", "count 3\nproc 0 4242 1000\n")
+    # a node's library path, which the supervisor inherits (read when its process starts)
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(nvml_lib_dir))
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    env = {"PATH": f"{empty}{os.pathsep}/usr/bin:/bin", CONFIG_ENV: str(stub.config)}
+    got = make_executor(job_env=env, gpus=2).submit(gpu_env).result(60)
+    assert got["CUDA_VISIBLE_DEVICES"] == "1,2"  # the two idle ones of three
+    assert got["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"

@@ -20,10 +20,15 @@ _DIST_INFO = re.compile(r"^(nvidia_ml_py3?|pynvml)-([0-9][0-9A-Za-z.+]*)\.(?:dis
 _chosen = None  # type: Optional[Tuple[Any, str]]
 
 
+# The package that holds ``readers`` (and the vendored folder): ``gpuctl.node`` in the bundle,
+# ``gpuctl_runner`` in a job folder (the supervisor's copy, which carries pynvml too).
+_NODE_PACKAGE = __name__.rsplit(".", 2)[0]
+
+
 def bundled_version() -> Optional[str]:
     """The version of the pynvml this bundle carries, or None (running from a source tree)."""
     try:
-        data = pkgutil.get_data("gpuctl.node", VENDOR + "/pynvml.version")
+        data = pkgutil.get_data(_NODE_PACKAGE, VENDOR + "/pynvml.version")
     except (OSError, ValueError):
         return None
     text = (data or b"").decode("ascii", "replace").strip()
@@ -76,9 +81,7 @@ def system_pynvml() -> Tuple[Optional[str], Optional[str]]:
 
 def _import_bundled() -> Any:
     """Import the bundle's pynvml as ``pynvml`` (its folder is on sys.path only meanwhile)."""
-    import gpuctl.node
-
-    folder = os.path.join(os.path.dirname(os.path.abspath(gpuctl.node.__file__)), VENDOR)
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), VENDOR)
     sys.path.insert(0, folder)
     try:
         import pynvml

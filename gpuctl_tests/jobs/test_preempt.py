@@ -1,0 +1,138 @@
+"""Preemption through a real Slurm (``PreemptType=preempt/partition_prio``,
+``PreemptMode=REQUEUE``, a ``GraceTime`` on the low partition): a job of the high partition
+that needs the node ends the low partition's job, which Slurm requeues. A checkpointable function
+checkpoints on the preemption's SIGTERM and goes on from it; a plain one starts over; both say
+"preempted" in their attempts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.jobs import Executor, JobStore
+from gpuctl.jobs.checkpoint import Checkpointable
+from gpuctl_tests.helpers import IN_CI, wait_until
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="module")
+def preempting_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A one-node Slurm of its own with partitions ``low`` (preempted, requeued, 5 s of grace)
+    and ``high``."""
+    from gpuctl_tests.harness.slurm import SlurmCluster, missing_parts
+
+    reason = missing_parts()
+    if reason:
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    cluster = SlurmCluster(
+        tmp_path_factory.mktemp("slurm-preempt"), preemption=True, preempt_grace=2
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left(preempting_slurm: Any) -> Iterator[None]:
+    yield
+    preempting_slurm.cancel_all()
+    preempting_slurm.wait_idle(60)
+
+
+def _executor(cluster: Any, venv1: str, venv2: str, folder: Path) -> Executor:
+    # every CPU of the node: the high partition's job can only start by preempting this one
+    return Executor(
+        "slurm",
+        partition=cluster.low_partition,
+        slurm_conf=str(cluster.conf_path),
+        job_root=str(folder),
+        store=JobStore(),
+        supervisor_python=venv1,
+        python=venv2,
+        cpus=cluster.cpus,
+        time_limit=600,
+    )
+
+
+def _preempt(cluster: Any, job: Any) -> None:
+    """Once ``job`` runs its function, a job of the high partition that needs the whole node."""
+    status = Path(job.jobdir, "status.jsonl")
+    wait_until(lambda: status.exists() and '"running"' in status.read_text(), 90, "running")
+    cluster.run(
+        ["sbatch", "-p", cluster.high_partition, f"--cpus-per-task={cluster.cpus}", "--wrap",
+         "sleep 2"],
+        cwd=job.jobdir,
+    )  # fmt: skip
+
+
+class UntilResumed(Checkpointable):
+    """Counts in steps of ``pause`` seconds; its first run never ends by itself (Slurm's
+    preemption ends it: when is Slurm's to say), a run that began from its checkpoint counts
+    on to ``target``. Every call is a run; the object carries them across checkpoints."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.runs: list[int] = []
+
+    def __call__(self, target: int, pause: float) -> dict[str, Any]:
+        import os
+        import time
+
+        self.runs.append(os.getpid())
+        while self.step < target or len(self.runs) < 2:
+            time.sleep(pause)
+            self.step += 1
+        return {"step": self.step, "runs": self.runs}
+
+
+def starts_twice(pause: float) -> int:
+    """Its first run waits to be preempted; a second run in the same job folder returns how
+    many runs there were."""
+    import os
+    import time
+
+    marks = os.path.join(os.environ["GPUCTL_JOB_DIR"], "starts.txt")
+    with open(marks, "a") as f:
+        f.write("start\n")
+    while True:
+        with open(marks) as f:
+            count = len(f.read().splitlines())
+        if count >= 2:
+            return count
+        time.sleep(pause)
+
+
+def test_a_preempted_checkpointable_function_goes_on_from_its_checkpoint(
+    preempting_slurm: Any, venv1: str, venv2: str, tmp_path: Path
+) -> None:
+    job = _executor(preempting_slurm, venv1, venv2, tmp_path / "jobs").submit(
+        UntilResumed(), 20, 0.1
+    )
+    _preempt(preempting_slurm, job)
+    got = job.result(240)
+    # two runs of the same object: the second one began where the checkpoint left it
+    assert len(got["runs"]) == 2 and got["runs"][0] != got["runs"][1], got
+    assert got["step"] >= 20
+    (attempt,) = job.attempts()
+    assert attempt["reason"] == "preempted", attempt
+    assert attempt.get("checkpointed") is True
+    assert attempt["slurm_job_id"] == job.handle["slurm_id"]
+    assert "attempt 1 preempted, the job goes on from its checkpoint" in job.stdout()
+
+
+def test_a_preempted_plain_function_starts_over(
+    preempting_slurm: Any, venv1: str, venv2: str, tmp_path: Path
+) -> None:
+    job = _executor(preempting_slurm, venv1, venv2, tmp_path / "jobs").submit(starts_twice, 0.1)
+    _preempt(preempting_slurm, job)
+    assert job.result(240) == 2  # started twice, and the second run finished
+    (attempt,) = job.attempts()
+    assert attempt["reason"] == "preempted", attempt
+    assert attempt.get("checkpointed") is False
