@@ -84,8 +84,14 @@ def test_pending_then_cancelled_and_running_cancel(slurm_executor: Any) -> None:
     ex = slurm_executor(sbatch_args=["--begin=now+3600"])
     pending = ex.submit(where_am_i, 1)
     wait_until(lambda: pending.state == "pending", 20, "the job to be pending")
-    info = pending.backend.scheduler_state(pending.handle)
-    assert info is not None and info["reason"] == "BeginTime"
+
+    def reason() -> str | None:
+        info = pending.backend.scheduler_state(pending.handle)
+        return None if info is None else info["reason"]
+
+    # Slurm may first give another reason (Resources, while the node is still busy with the
+    # job of the test before) and says BeginTime at its next scheduling pass.
+    wait_until(lambda: reason() == "BeginTime", 30, "Slurm to say the job waits for its begin time")
     assert pending.cancel()
     with pytest.raises(JobFailed) as err:
         pending.result(30)
