@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import enum
 import functools
+import logging
 import random
 import time
 from collections import deque
@@ -31,6 +32,13 @@ from gpuctl.fleet.history import EMPTY, OLDER_KEPT, OLDER_STEP_S, RECENT_KEPT, G
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
 from gpuctl.node import protocol
+
+log = logging.getLogger(__name__)
+
+# File descriptors a node may hold on the login side (an SSH socket; a simulated node's pipes)
+# and what the rest of the process needs: see ``fd_room``.
+FDS_PER_NODE = 4
+FDS_SPARE = 256
 
 Listener = Callable[[NodeSnapshot], None]
 EventListener = Callable[[str, NodeEvent], None]  # (node, event)
@@ -223,6 +231,9 @@ class Fleet:
     # -- life cycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         """Start one task per node and the stale watchdog; returns at once."""
+        short = fd_room(len(self.nodes))
+        if short:
+            log.warning("%s", short)
         for rt in self.nodes.values():
             if rt.task is None:
                 rt.task = asyncio.create_task(self._run_node(rt), name=f"node:{rt.name}")
@@ -434,6 +445,33 @@ class Fleet:
                     session, rt.session = rt.session, None
                     task = asyncio.create_task(session.close())
                     task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+def fd_room(nodes: int) -> str | None:
+    """Make room for ``nodes`` links in this process's open-file limit: raise the soft limit
+    (``ulimit -n``, often 1024) up to the hard one when it is below ``FDS_PER_NODE`` per node
+    plus ``FDS_SPARE``, as far as the hard limit allows. Returns None when there is room, else
+    one line saying what to set (the nodes beyond the limit would fail with "too many open
+    files")."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX: nothing to raise
+        return None
+    need = FDS_PER_NODE * nodes + FDS_SPARE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return None
+    new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if new > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+    if soft >= need:
+        return None
+    return (
+        f"the open-file limit ({soft}) is short for {nodes} nodes (about {need} needed): "
+        f"run `ulimit -n {need}` before gpuctl, or raise nofile in /etc/security/limits.conf"
+    )
 
 
 def is_progress(event: NodeEvent) -> bool:

@@ -174,3 +174,31 @@ async def test_burn_progress_does_not_push_an_xid_out_of_the_kept_events() -> No
         assert seen.count("burn") > sum(1 for e in kept if e.kind == "burn")
     finally:
         await fleet.stop()
+
+
+async def test_a_fleet_beyond_the_open_file_limit_raises_the_soft_limit() -> None:
+    # ``ulimit -n`` is often 1024 while the hard limit is far higher: a fleet of more nodes
+    # than the soft limit has room for raises it instead of failing them "too many open files".
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    open_now = len(os.listdir("/proc/self/fd"))
+    nodes = 40  # 4 pipe ends each: far beyond the few fds left below
+    if hard != resource.RLIM_INFINITY and hard < open_now + 4 * nodes + 300:
+        pytest.skip(f"the hard open-file limit ({hard}) leaves no room to test this")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 16, hard))
+    try:
+        fleet = simulated_fleet(
+            [(f"n{i}", "1:H100") for i in range(nodes)], interval=0.2, backoff_max=60
+        )
+        await fleet.start()
+        try:
+            snaps = await wait_for_state(
+                fleet, lambda ss: all(s.last_sample_t is not None for s in ss), timeout=30
+            )
+            assert all(s.state is NodeState.LIVE for s in snaps)
+            assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= open_now + 4 * nodes
+        finally:
+            await fleet.stop()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
