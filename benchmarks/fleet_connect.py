@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import cProfile
 import os
 import pstats
@@ -68,6 +69,18 @@ def node_cpu_seconds() -> float:
         fields = stat[stat.rindex(")") + 2 :].split()
         total += sum(int(f) for f in fields[11:15]) / tick  # utime stime cutime cstime
     return total
+
+
+def dump_tasks() -> None:
+    """Where the event loop's tasks wait, counted by their innermost frame (a hang's map)."""
+    where: collections.Counter[str] = collections.Counter()
+    for task in asyncio.all_tasks():
+        frames = task.get_stack()
+        if frames:
+            f = frames[-1]
+            where[f"{f.f_code.co_filename.rsplit('/', 2)[-1]}:{f.f_lineno} {f.f_code.co_name}"] += 1
+    for line, n in where.most_common(12):
+        print(f"#   {n:4d} tasks at {line}", flush=True)
 
 
 def p95(values: list[float]) -> float:
@@ -117,7 +130,14 @@ async def connect_once(
     await fleet.start()
     out: dict[str, float] = {}
     try:
-        await asyncio.wait_for(done.wait(), 900)
+        try:
+            await asyncio.wait_for(done.wait(), 600)
+        except TimeoutError:
+            states = collections.Counter(s.state.value for s in fleet.snapshots())
+            reasons = collections.Counter(s.reason for s in fleet.snapshots() if s.reason)
+            print(f"# not ready in 600 s: {dict(states)}; {reasons.most_common(3)}", flush=True)
+            dump_tasks()
+            raise
         if profile is not None:
             profile.disable()
         out = {
@@ -149,7 +169,12 @@ async def connect_once(
             out["not_live"] = sum(s.state is not NodeState.LIVE for s in fleet.snapshots())
         out["uploads"] = len(fleet.store.uploads) if fleet.store else 0
     finally:
-        await fleet.stop()
+        try:
+            await asyncio.wait_for(fleet.stop(), 120)
+        except TimeoutError:
+            print("# fleet.stop() took more than 120 s", flush=True)
+            dump_tasks()
+            raise
     return out
 
 
