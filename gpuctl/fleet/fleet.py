@@ -200,9 +200,10 @@ class Fleet:
         after this call is judged by them."""
         await session.send({"type": "configure", **self.agent_options})
 
-    async def _keep_alive(self, session: AgentSession) -> None:
-        """Ping the agent every ``liveness_timeout / 3`` seconds (see the module docstring)."""
-        while self.liveness_timeout > 0:
+    async def _keep_alive(self, rt: NodeRuntime, session: AgentSession) -> None:
+        """Ping the agent every ``liveness_timeout / 3`` seconds (see the module docstring),
+        while ``session`` is the node's (a pinger whose cancel was lost ends by itself)."""
+        while self.liveness_timeout > 0 and rt.session is session:
             period = self.liveness_timeout / 3
             await asyncio.sleep(period)  # a timer: the agent's liveness rule is about time
             # Any failure here is the link's: the message loop sees it end and this task goes.
@@ -263,10 +264,7 @@ class Fleet:
         """Close every agent (which stops its burners) and end all tasks."""
         if self._watchdog is not None:
             self._watchdog.cancel()
-        tasks = [rt.task for rt in self.nodes.values() if rt.task is not None]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _end([rt.task for rt in self.nodes.values() if rt.task is not None])
         await asyncio.gather(
             *(self._close_session(rt) for rt in self.nodes.values()), return_exceptions=True
         )
@@ -386,7 +384,7 @@ class Fleet:
         rt.failures = 0
         rt.live_since = time.monotonic()
         self._publish(rt, state=NodeState.LIVE, info=info, reason=None)
-        pinger = asyncio.create_task(self._keep_alive(session), name=f"ping:{rt.name}")
+        pinger = asyncio.create_task(self._keep_alive(rt, session), name=f"ping:{rt.name}")
         try:
             async for msg in session.messages():
                 if isinstance(msg, Sample):
@@ -445,6 +443,18 @@ class Fleet:
                     session, rt.session = rt.session, None
                     task = asyncio.create_task(session.close())
                     task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+async def _end(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait until they are done, cancelling again those still running: on
+    Python 3.11 ``asyncio.wait_for`` loses a cancel that comes as its inner await finishes (fixed
+    in 3.12), and a node task that lost one would go on (reconnect) and keep ``stop`` waiting
+    for ever. Seen with 256 and 512 nodes on a loaded machine."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=1.0)
 
 
 def fd_room(nodes: int) -> str | None:

@@ -202,3 +202,55 @@ async def test_a_fleet_beyond_the_open_file_limit_raises_the_soft_limit() -> Non
             await fleet.stop()
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+class _CancelLosingReader:
+    """An agent's stream that says hello, then loses the first cancel of its read the way
+    Python 3.11's ``asyncio.wait_for`` does when its inner await finishes at that moment: the
+    read returns (end of stream) instead of raising."""
+
+    def __init__(self, link: _CancelLosingLink) -> None:
+        self.link = link
+        self.said_hello = False
+
+    async def readline(self) -> bytes:
+        from gpuctl.node import protocol
+
+        if not self.said_hello:
+            self.said_hello = True
+            return protocol.encode({"type": "hello", "protocol": protocol.PROTOCOL_VERSION})
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if self.link.lost_cancel:
+                raise
+            self.link.lost_cancel = True  # once: then the node task reconnects
+        return b""
+
+
+class _CancelLosingLink(LocalLink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost_cancel = False
+
+    async def open(self) -> AgentSession:
+        reader = _CancelLosingReader(self)
+
+        class _Sink:
+            def write(self, data: bytes) -> None:
+                pass
+
+        return AgentSession(reader, _Sink())
+
+
+async def test_stop_ends_a_node_task_that_lost_a_cancel() -> None:
+    link = _CancelLosingLink()
+    fleet = Fleet({"a": link}, backoff_base=0.05, backoff_max=0.05)
+    await fleet.start()
+    await wait_for_state(fleet, lambda ss: ss[0].state is NodeState.LIVE)
+    try:
+        await asyncio.wait_for(fleet.stop(), 10)
+    except TimeoutError:
+        pytest.fail("Fleet.stop() waited for ever on a node task that lost a cancel")
+    assert link.lost_cancel
+    assert fleet.nodes["a"].task is None
