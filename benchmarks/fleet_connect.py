@@ -243,8 +243,9 @@ def main() -> int:
         type=int,
         default=0,
         metavar="N",
-        help="profile the warm connect (cProfile) and print the top N functions by own and "
-        "cumulative time",
+        help="profile the warm connect (cProfile, CPU time) and print the top N functions by own "
+        "and cumulative time; the profiler slows the login side many times over, so a profiled "
+        "run's figures say where the time goes, not how much there is",
     )
     ap.add_argument(
         "--no-seq", action="store_true", help="skip the K sequential `ssh true` comparison"
