@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import enum
 import functools
+import logging
 import random
 import time
 from collections import deque
@@ -31,6 +32,13 @@ from gpuctl.fleet.history import EMPTY, OLDER_KEPT, OLDER_STEP_S, RECENT_KEPT, G
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
 from gpuctl.node import protocol
+
+log = logging.getLogger(__name__)
+
+# File descriptors a node may hold on the login side (an SSH socket; a simulated node's pipes)
+# and what the rest of the process needs: see ``fd_room``.
+FDS_PER_NODE = 4
+FDS_SPARE = 256
 
 Listener = Callable[[NodeSnapshot], None]
 EventListener = Callable[[str, NodeEvent], None]  # (node, event)
@@ -192,9 +200,10 @@ class Fleet:
         after this call is judged by them."""
         await session.send({"type": "configure", **self.agent_options})
 
-    async def _keep_alive(self, session: AgentSession) -> None:
-        """Ping the agent every ``liveness_timeout / 3`` seconds (see the module docstring)."""
-        while self.liveness_timeout > 0:
+    async def _keep_alive(self, rt: NodeRuntime, session: AgentSession) -> None:
+        """Ping the agent every ``liveness_timeout / 3`` seconds (see the module docstring),
+        while ``session`` is the node's (a pinger whose cancel was lost ends by itself)."""
+        while self.liveness_timeout > 0 and rt.session is session:
             period = self.liveness_timeout / 3
             await asyncio.sleep(period)  # a timer: the agent's liveness rule is about time
             # Any failure here is the link's: the message loop sees it end and this task goes.
@@ -223,6 +232,9 @@ class Fleet:
     # -- life cycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         """Start one task per node and the stale watchdog; returns at once."""
+        short = fd_room(len(self.nodes))
+        if short:
+            log.warning("%s", short)
         for rt in self.nodes.values():
             if rt.task is None:
                 rt.task = asyncio.create_task(self._run_node(rt), name=f"node:{rt.name}")
@@ -252,10 +264,7 @@ class Fleet:
         """Close every agent (which stops its burners) and end all tasks."""
         if self._watchdog is not None:
             self._watchdog.cancel()
-        tasks = [rt.task for rt in self.nodes.values() if rt.task is not None]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _end([rt.task for rt in self.nodes.values() if rt.task is not None])
         await asyncio.gather(
             *(self._close_session(rt) for rt in self.nodes.values()), return_exceptions=True
         )
@@ -375,7 +384,7 @@ class Fleet:
         rt.failures = 0
         rt.live_since = time.monotonic()
         self._publish(rt, state=NodeState.LIVE, info=info, reason=None)
-        pinger = asyncio.create_task(self._keep_alive(session), name=f"ping:{rt.name}")
+        pinger = asyncio.create_task(self._keep_alive(rt, session), name=f"ping:{rt.name}")
         try:
             async for msg in session.messages():
                 if isinstance(msg, Sample):
@@ -434,6 +443,45 @@ class Fleet:
                     session, rt.session = rt.session, None
                     task = asyncio.create_task(session.close())
                     task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+async def _end(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait until they are done, cancelling again those still running: on
+    Python 3.11 ``asyncio.wait_for`` loses a cancel that comes as its inner await finishes (fixed
+    in 3.12), and a node task that lost one would go on (reconnect) and keep ``stop`` waiting
+    for ever. Seen with 256 and 512 nodes on a loaded machine."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=1.0)
+
+
+def fd_room(nodes: int) -> str | None:
+    """Make room for ``nodes`` links in this process's open-file limit: raise the soft limit
+    (``ulimit -n``, often 1024) up to the hard one when it is below ``FDS_PER_NODE`` per node
+    plus ``FDS_SPARE``, as far as the hard limit allows. Returns None when there is room, else
+    one line saying what to set (the nodes beyond the limit would fail with "too many open
+    files")."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX: nothing to raise
+        return None
+    need = FDS_PER_NODE * nodes + FDS_SPARE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return None
+    new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if new > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+    if soft >= need:
+        return None
+    return (
+        f"the open-file limit ({soft}) is short for {nodes} nodes (about {need} needed): "
+        f"run `ulimit -n {need}` before gpuctl, or raise nofile in /etc/security/limits.conf"
+    )
 
 
 def is_progress(event: NodeEvent) -> bool:

@@ -62,6 +62,7 @@ class Pool:
         self._entries: dict[SshTarget, _Entry] = {}
         self._locks: dict[SshTarget, asyncio.Lock] = {}
         self.opened = 0  # connections opened so far (tests and benchmarks read it)
+        self._until_sweep = 0  # connects left before the next sweep (see ``_sweep``)
 
     async def connect(
         self, target: SshTarget, owner: object, *, _chain: tuple[SshTarget, ...] = ()
@@ -143,7 +144,13 @@ class Pool:
             self.release(entry.hop, entry.holder)
 
     def _sweep(self) -> None:
-        # owners that were garbage-collected without releasing (a forgotten SshHost)
+        # owners that were garbage-collected without releasing (a forgotten SshHost). A sweep
+        # reads every entry, so it runs once per as many connects as there are entries: O(1)
+        # per connect (a fleet of K nodes connecting would otherwise read K^2/2 entries).
+        if self._until_sweep > 0:
+            self._until_sweep -= 1
+            return
+        self._until_sweep = len(self._entries)
         for target, entry in list(self._entries.items()):
             if not entry.owners:
                 self._forget(target, entry)

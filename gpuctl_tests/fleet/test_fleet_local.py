@@ -174,3 +174,83 @@ async def test_burn_progress_does_not_push_an_xid_out_of_the_kept_events() -> No
         assert seen.count("burn") > sum(1 for e in kept if e.kind == "burn")
     finally:
         await fleet.stop()
+
+
+async def test_a_fleet_beyond_the_open_file_limit_raises_the_soft_limit() -> None:
+    # ``ulimit -n`` is often 1024 while the hard limit is far higher: a fleet of more nodes
+    # than the soft limit has room for raises it instead of failing them "too many open files".
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    open_now = len(os.listdir("/proc/self/fd"))
+    nodes = 40  # 4 pipe ends each: far beyond the few fds left below
+    if hard != resource.RLIM_INFINITY and hard < open_now + 4 * nodes + 300:
+        pytest.skip(f"the hard open-file limit ({hard}) leaves no room to test this")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 16, hard))
+    try:
+        fleet = simulated_fleet(
+            [(f"n{i}", "1:H100") for i in range(nodes)], interval=0.2, backoff_max=60
+        )
+        await fleet.start()
+        try:
+            snaps = await wait_for_state(
+                fleet, lambda ss: all(s.last_sample_t is not None for s in ss), timeout=30
+            )
+            assert all(s.state is NodeState.LIVE for s in snaps)
+            assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= open_now + 4 * nodes
+        finally:
+            await fleet.stop()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+class _CancelLosingReader:
+    """An agent's stream that says hello, then loses the first cancel of its read the way
+    Python 3.11's ``asyncio.wait_for`` does when its inner await finishes at that moment: the
+    read returns (end of stream) instead of raising."""
+
+    def __init__(self, link: _CancelLosingLink) -> None:
+        self.link = link
+        self.said_hello = False
+
+    async def readline(self) -> bytes:
+        from gpuctl.node import protocol
+
+        if not self.said_hello:
+            self.said_hello = True
+            return protocol.encode({"type": "hello", "protocol": protocol.PROTOCOL_VERSION})
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if self.link.lost_cancel:
+                raise
+            self.link.lost_cancel = True  # once: then the node task reconnects
+        return b""
+
+
+class _CancelLosingLink(LocalLink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost_cancel = False
+
+    async def open(self) -> AgentSession:
+        reader = _CancelLosingReader(self)
+
+        class _Sink:
+            def write(self, data: bytes) -> None:
+                pass
+
+        return AgentSession(reader, _Sink())
+
+
+async def test_stop_ends_a_node_task_that_lost_a_cancel() -> None:
+    link = _CancelLosingLink()
+    fleet = Fleet({"a": link}, backoff_base=0.05, backoff_max=0.05)
+    await fleet.start()
+    await wait_for_state(fleet, lambda ss: ss[0].state is NodeState.LIVE)
+    try:
+        await asyncio.wait_for(fleet.stop(), 10)
+    except TimeoutError:
+        pytest.fail("Fleet.stop() waited for ever on a node task that lost a cancel")
+    assert link.lost_cancel
+    assert fleet.nodes["a"].task is None
