@@ -175,24 +175,19 @@ class HostSample:
         field (a negative amount, more than 100 % busy) becomes None."""
         if not isinstance(d, dict):
             return None
-        w = wire.parse(HostWire, d) or {}
-
-        def amount(key: str) -> int | None:
-            v = _int(w.get(key))
-            return v if v is not None and v >= 0 else None
-
-        def rate(key: str) -> float | None:
-            return _within(_float(w.get(key)), 0.0, 1e15)
-
-        load = w.get("load") or []
+        # Field by field with the checks ``wire.parse(HostWire, d)`` makes (it is the schema):
+        # one of these comes with every sample of every node.
+        load = d.get("load")
+        if not (isinstance(load, list) and all(_float(x) is not None for x in load)):
+            load = []
         return cls(
-            cpu=_within(_float(w.get("cpu")), 0.0, 100.0),
-            cpus=amount("cpus"),
-            mem_total=amount("mem_total"),
-            mem_available=amount("mem_available"),
+            cpu=_within(_float(d.get("cpu")), 0.0, 100.0),
+            cpus=_count(d.get("cpus")),
+            mem_total=_count(d.get("mem_total")),
+            mem_available=_count(d.get("mem_available")),
             load=tuple(x for x in load[:3] if 0.0 <= x <= 1e9),
-            net_rx=rate("net_rx"),
-            net_tx=rate("net_tx"),
+            net_rx=_within(_float(d.get("net_rx")), 0.0, 1e15),
+            net_tx=_within(_float(d.get("net_tx")), 0.0, 1e15),
         )
 
     @property

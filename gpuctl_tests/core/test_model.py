@@ -127,3 +127,59 @@ def test_process_fields_are_checked_as_the_wire_schema_says() -> None:
                     else None
                 )
             assert got == want and type(got) is type(want), (key, v, got, want)
+
+
+def test_host_fields_are_checked_as_the_wire_schema_says() -> None:
+    """``HostSample.from_wire`` (the hot path) keeps what reading through
+    ``wire.parse(HostWire, ...)`` and then the ranges kept."""
+    from gpuctl.core import wire
+    from gpuctl.core.model import HostSample, HostWire
+
+    def through_the_schema(d: dict[str, object]) -> HostSample:
+        w = wire.parse(HostWire, d) or {}
+
+        def amount(key: str) -> int | None:
+            v = w.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+        def within(key: str, low: float, high: float) -> float | None:
+            v = w.get(key)
+            return float(v) if isinstance(v, int | float) and low <= v <= high else None
+
+        return HostSample(
+            cpu=within("cpu", 0.0, 100.0),
+            cpus=amount("cpus"),
+            mem_total=amount("mem_total"),
+            mem_available=amount("mem_available"),
+            load=tuple(x for x in (w.get("load") or [])[:3] if 0.0 <= x <= 1e9),
+            net_rx=within("net_rx", 0.0, 1e15),
+            net_tx=within("net_tx", 0.0, 1e15),
+        )
+
+    values: list[object] = [
+        None,
+        True,
+        0,
+        7,
+        -7,
+        2**64,
+        1.5,
+        -0.5,
+        150.0,
+        float("nan"),
+        float("inf"),
+        "x",
+        [0.5, 1, 2.5],
+        [0.5, True],
+        [0.5, float("nan")],
+        [3, 2, 1, 0],
+        [-1.0, 2.0],
+        [],
+        {},
+    ]
+    for key in HostWire.__annotations__:
+        for v in values:
+            got = HostSample.from_wire({key: v})
+            want = through_the_schema({key: v})
+            assert got == want, (key, v, got, want)
+    assert HostSample.from_wire("not a dict") is None
