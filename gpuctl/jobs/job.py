@@ -40,6 +40,7 @@ from gpuctl.jobs.records import (
     WorkerError,
 )
 from gpuctl.jobs.report import (
+    REMEDIES,
     FailureReport,
     JobFiles,
     classify,
@@ -328,10 +329,20 @@ class Job(concurrent.futures.Future[Any]):
         return self._beat
 
     def unreachable_report(self) -> FailureReport | None:
-        """The ``node_unreachable`` report while the node does not answer, else None."""
+        """The ``node_unreachable`` report while the node does not answer, else None (on this
+        machine, where nothing is unreachable, the ``job_files_unreadable`` one)."""
         if self._host_error is None or self._unreachable_since is None:
             return None
         host = self.backend.host
+        if isinstance(host, LocalHost):
+            return FailureReport(
+                kind="job_files_unreadable",
+                phase="unknown",
+                evidence=(self._host_error, f"job folder: {self.jobdir}"),
+                remedy=REMEDIES["job_files_unreadable"],
+                logs=self.logs(),
+                job_id=self.id,
+            )
         return unreachable_report(
             job_id=self.id,
             node=host.name,

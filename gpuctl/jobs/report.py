@@ -239,6 +239,14 @@ FAILURES: dict[str, FailureMode] = {
             "(or Job.result()) picks up its real outcome from the job folder"
         ),
     ),
+    "job_files_unreadable": FailureMode(
+        title="the job's files cannot be read",
+        phase="any",
+        evidence="on this machine (local backend), reading the job folder failed for another "
+        "reason than a missing file: the path and the system's words",
+        remedy="something outside gpuctl changed the job folder (a file replaced by a folder, its "
+        "permissions, a full or unmounted file system): mend it and ask again",
+    ),
     "supervisor_failed": FailureMode(
         title="the supervisor failed",
         phase="any",

@@ -72,3 +72,6 @@ def test_reading_a_job_file_that_cannot_be_read_is_one_host_error(
     with pytest.raises(JobFailed) as failed:
         job.result(60)
     assert f"local: reading {folder / 'result.pkl'} failed: Is a directory" in str(failed.value)
+    # this machine is not "a node that cannot be reached": the report says what it is
+    assert failed.value.kind == "job_files_unreadable"
+    assert "cannot be reached" not in str(failed.value)
