@@ -203,14 +203,15 @@ class LocalHost(Host):
             raise
 
     def get_file(self, path: str, local: str) -> None:
-        if os.path.abspath(local) != os.path.abspath(path):
-            with (
-                _local_errors(f"copying {path} to {local}"),
-                open(path, "rb") as src,
-                open(local, "wb") as dst,
-            ):
-                while chunk := src.read(1 << 22):
-                    dst.write(chunk)
+        if os.path.abspath(local) == os.path.abspath(path):
+            return
+        # The job's file is the host's (HostError); ``local`` is the caller's own file: its
+        # OSError (a folder that is not there) is the caller's to word, as over SSH.
+        with _local_errors(f"copying {path} to {local}"):
+            src = open(path, "rb")  # noqa: SIM115 - closed below
+        with src, open(local, "wb") as dst, _local_errors(f"copying {path} to {local}"):
+            while chunk := src.read(1 << 22):
+                dst.write(chunk)
 
     def open_read(self, path: str) -> BinaryReader:
         with _local_errors(f"reading {path}"):
