@@ -16,10 +16,15 @@ is a process of its own (its memory is its own), and reports
 
 ``--compare REV`` runs every case twice in one go, with this checkout's gpuctl and with the
 gpuctl of git revision REV (extracted to a temporary folder; the feeder and this script are the
-same for both), one after the other, and prints the ratios.
+same for both), one after the other, and prints the ratios; ``--compare-loop`` compares this
+checkout on gpuctl's event loop (``gpuctl.fleet.eventloop``, what the screen runs on) with the
+same on asyncio's plain loop. ``--rounds K`` alternates the two K times and prints the median CPU
+of each: on a shared machine the CPU a run takes drifts by several points within minutes, so
+only alternated runs compare.
 
 Usage: python benchmarks/tui_load.py [--nodes 512] [--gpus 8] [--minutes 5] [--mode list|heatmap]
-                                     [--compare REV] [--json] [--profile FILE]
+                                     [--compare REV | --compare-loop] [--rounds K] [--json]
+                                     [--profile FILE]
 Without --nodes it runs the issue's set: 512x8 (4,096 GPUs) and 128x8 (1,024 GPUs).
 Targets (issue 15, over 30 minutes at 4,096 GPUs): < 25% of one core, sample->paint p95
 < 300 ms, RSS < 300 MB and flat over the last 20 minutes, quit < 1 s.
@@ -126,6 +131,18 @@ def slope_per_min(points: list[tuple[float, float]]) -> float:
     return 60 * sum((t - mt) * (v - mv) for t, v in points) / den if den else float("nan")
 
 
+def loop_runner() -> Any:
+    """What runs the app's event loop: gpuctl's own (``gpuctl.fleet.eventloop``, as the screen
+    runs), or asyncio's plain loop for ``--compare-loop`` and for a gpuctl from before it."""
+    if os.environ.get("GPUCTL_BENCH_LOOP") == "plain":
+        return asyncio.run
+    try:
+        from gpuctl.fleet.eventloop import run
+    except ImportError:
+        return asyncio.run
+    return run
+
+
 def run_once(nodes: int, gpus: int, seconds: float, mode: str, rss_every: float) -> dict[str, Any]:
     """Start the feeder, measure the app over its pipes, stop the feeder (in the run's process)."""
     pipes = [os.pipe() for _ in range(nodes)]
@@ -137,7 +154,10 @@ def run_once(nodes: int, gpus: int, seconds: float, mode: str, rss_every: float)
     for _, w in pipes:
         os.close(w)
     try:
-        return asyncio.run(measure([r for r, _ in pipes], gpus, seconds, mode, rss_every))
+        result: dict[str, Any] = loop_runner()(
+            measure([r for r, _ in pipes], gpus, seconds, mode, rss_every)
+        )
+        return result
     finally:
         child.kill()
         child.wait()
@@ -231,13 +251,18 @@ async def measure(
 
 
 def run_process(
-    nodes: int, gpus: int, seconds: float, mode: str, rss_every: float, tree: Path
+    nodes: int, gpus: int, seconds: float, mode: str, rss_every: float, tree: Path, loop: str = ""
 ) -> dict[str, Any]:
     """One run in a process of its own, with ``tree``'s gpuctl; adds its quit time."""
     args = json.dumps([nodes, gpus, seconds, mode, rss_every])
     proc = subprocess.run(
         [sys.executable, __file__, "--run", args],
-        env={**os.environ, "GPUCTL_BENCH_TREE": str(tree), "PYTHONPATH": str(tree)},
+        env={
+            **os.environ,
+            "GPUCTL_BENCH_TREE": str(tree),
+            "PYTHONPATH": str(tree),
+            "GPUCTL_BENCH_LOOP": loop,
+        },
         stdout=subprocess.PIPE,
         check=True,
     )
@@ -311,6 +336,17 @@ def main() -> int:
     p.add_argument("--mode", choices=("list", "heatmap"), default="list")
     p.add_argument("--rss-every", type=float, default=10.0, help="seconds between RSS readings")
     p.add_argument("--compare", metavar="REV", help="also run git revision REV's gpuctl")
+    p.add_argument(
+        "--compare-loop",
+        action="store_true",
+        help="also run this checkout on asyncio's plain event loop (not gpuctl's gathering one)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with a comparison: alternate the two this many times, report medians",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per run")
     p.add_argument("--profile", metavar="FILE", help="cProfile the app's run into FILE (pstats)")
     args = p.parse_args()
@@ -318,19 +354,42 @@ def main() -> int:
         os.environ["GPUCTL_BENCH_PROFILE"] = str(Path(args.profile).resolve())
     seconds = args.seconds if args.seconds is not None else 60 * args.minutes
     sizes = [args.nodes] if args.nodes else [512, 128]
-    trees = [("new", REPO)]
+    trees = [("new", REPO, "")]
     if args.compare:
-        trees.append((f"old ({args.compare})", old_tree(args.compare)))
+        trees.append((f"old ({args.compare})", old_tree(args.compare), ""))
+    elif args.compare_loop:
+        trees.append(("plain loop", REPO, "plain"))
+    compare = len(trees) > 1
     for n in sizes:
-        results = {}
-        for label, tree in trees:
-            r = run_process(n, args.gpus, seconds, args.mode, args.rss_every, tree)
-            results[label] = r
-            prefix = f"{label}: " if args.compare else ""
-            print(json.dumps({"code": label, **r}) if args.json else report(r, prefix), flush=True)
-        if args.compare and not args.json:
-            print(ratios(results[trees[1][0]], results["new"]), flush=True)
+        results: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in trees}
+        # Alternated, so that a machine that slows down or speeds up meanwhile (a shared host
+        # does, by several points) weighs on both alike.
+        for _ in range(args.rounds if compare else 1):
+            for label, tree, loop in trees:
+                r = run_process(n, args.gpus, seconds, args.mode, args.rss_every, tree, loop)
+                results[label].append(r)
+                line = json.dumps({"code": label, **r}) if args.json else report(r, f"{label}: ")
+                print(line if compare or args.json else report(r), flush=True)
+        if compare and not args.json:
+            old, new = results[trees[1][0]], results["new"]
+            if len(new) > 1:
+                print(medians(old, new, trees[1][0]), flush=True)
+            print(ratios(middle(old), middle(new)), flush=True)
     return 0
+
+
+def middle(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median CPU share (the upper one of an even count)."""
+    return sorted(runs, key=lambda r: r["cpu_share"])[len(runs) // 2]
+
+
+def medians(old: list[dict[str, Any]], new: list[dict[str, Any]], label: str) -> str:
+    def cpu(runs: list[dict[str, Any]]) -> str:
+        shares = [100 * r["cpu_share"] for r in runs]
+        each = ", ".join(f"{x:.1f}" for x in shares)
+        return f"median {statistics.median(shares):.1f}% (runs: {each})"
+
+    return f"    CPU of one core, new: {cpu(new)}; {label}: {cpu(old)}"
 
 
 if __name__ == "__main__":

@@ -4,10 +4,10 @@ Prometheus / OpenMetrics endpoint, fed by the same fleet as the screen."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 from typing import TYPE_CHECKING
 
 from gpuctl.cli.main import UserError
+from gpuctl.fleet import eventloop
 
 if TYPE_CHECKING:
     from gpuctl.cli.main import Subcommands
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     )
     args.read_only = True  # an exporter only watches: its agents refuse stress and acceptance
     fleet = build_fleet(args)
-    return asyncio.run(serve(fleet, host, port, listen=args.listen, demo=args.demo))
+    return eventloop.run(serve(fleet, host, port, listen=args.listen, demo=args.demo))
 
 
 async def serve(fleet: Fleet, host: str, port: int, *, listen: str, demo: bool = False) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuctl.cli.main import UserError
+from gpuctl.fleet import eventloop
 
 if TYPE_CHECKING:
     from gpuctl.cli.main import Subcommands
@@ -86,7 +87,7 @@ def run_record(args: argparse.Namespace) -> int:
         raise UserError(f"{path} exists: give a new file name (a recording is never overwritten)")
     args.read_only = True  # a recorder only watches: its agents refuse stress and acceptance
     fleet = build_fleet(args)
-    recorder = asyncio.run(record(fleet, path, args))
+    recorder = eventloop.run(record(fleet, path, args))
     size = os.path.getsize(path)
     print(
         f"gpuctl record: wrote {path}: {recorder.seconds:.0f} s, {recorder.samples} samples, "

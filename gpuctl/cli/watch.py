@@ -13,6 +13,7 @@ from gpuctl import logs
 from gpuctl.cli.common import add_interval_option, load_user_config
 from gpuctl.cli.main import UserError
 from gpuctl.core.text import printable
+from gpuctl.fleet import eventloop
 
 if TYPE_CHECKING:
     from gpuctl.cli.main import Subcommands
@@ -95,7 +96,7 @@ def run_tui(app: GpuctlApp, *, headless: bool = False, size: tuple[int, int] | N
     where = logs.log_file()
     if where is not None:  # Textual's own traceback: the log file has ours
         app.error_console.file = io.StringIO()
-    app.run(headless=headless, size=size)
+    eventloop.run(app.run_async(headless=headless, size=size))  # what app.run does, gathered
     code = app.return_code or 0
     if app.crash is None:
         return code

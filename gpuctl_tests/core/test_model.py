@@ -183,3 +183,42 @@ def test_host_fields_are_checked_as_the_wire_schema_says() -> None:
             want = through_the_schema({key: v})
             assert got == want, (key, v, got, want)
     assert HostSample.from_wire("not a dict") is None
+
+
+def test_values_built_from_the_wire_are_the_frozen_classes_themselves() -> None:
+    """``from_wire`` builds through a plain twin class and then sets the class: what comes out
+    must be indistinguishable from ``cls(...)``: the type, frozen, equal, hashed, replaced,
+    pickled and printed alike."""
+    import dataclasses
+    import pickle
+
+    import pytest
+
+    from gpuctl.core.model import HostSample
+
+    wire_gpu = {
+        "index": 2,
+        "uuid": "GPU-1",
+        "util_gpu": 50,
+        "power": 120.5,
+        "throttle": ["sw_power"],
+        "processes": [{"pid": 42, "user": "ann", "command": "python", "mem": 1024}],
+    }
+    built = [
+        GpuSample.from_wire(wire_gpu, 5.0),
+        GpuSample.from_wire(wire_gpu, 5.0).processes[0],
+        HostSample.from_wire({"cpu": 12.5, "cpus": 4, "load": [0.5, 1.0, 1.5]}),
+    ]
+    for value in built:
+        cls = type(value)
+        assert cls in (GpuSample, GpuProcess, HostSample)
+        direct = cls(**{f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+        assert value == direct and hash(value) == hash(direct) and repr(value) == repr(direct)
+        assert not hasattr(value, "__dict__")
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            value.pid = 1  # type: ignore[union-attr,misc]
+        first = dataclasses.fields(value)[0].name
+        assert dataclasses.replace(value, **{first: None}) != value
+        assert pickle.loads(pickle.dumps(value)) == value
+    assert built[0].processes == (GpuProcess(42, "ann", "python", 1024),)
+    assert built[0].throttle == ("sw_power",) and built[0].power == 120.5
