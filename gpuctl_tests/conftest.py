@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from gpuctl_tests.helpers import IN_CI, AgentProcess
+from gpuctl_tests.helpers import AgentProcess, unavailable
 
 if TYPE_CHECKING:
     from gpuctl_tests.harness.slurm import SlurmCluster
@@ -107,9 +107,7 @@ def ssh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshCluster
 
     reason = missing_parts()
     if reason:
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(reason)
     cluster = SshCluster(tmp_path_factory.mktemp("sshd"))
     try:
         yield cluster
@@ -122,18 +120,10 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     """A real one-node Slurm (munged, slurmctld, slurmd; partition ``debug``; GRES gpu:h100:2)
     shared by the whole session; clients need ``env=slurm_cluster.env``. Skips locally, fails
     in CI, when slurm-wlm or munge is missing."""
-    from gpuctl_tests.harness.slurm import SlurmCluster, missing_parts
+    from gpuctl_tests.harness.slurm import running_cluster
 
-    reason = missing_parts()
-    if reason:
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
+    with running_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="session")
@@ -141,18 +131,10 @@ def slurm_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClust
     """A real four-node Slurm (``node01`` .. ``node04``, one slurmd per network namespace, each
     with GRES gpu:h100:2; partition ``debug``) shared by the whole session. Skips locally, fails
     in CI, when slurm-wlm, munge or network namespaces (root) are missing."""
-    from gpuctl_tests.harness.slurm import SlurmCluster, missing_parts
+    from gpuctl_tests.harness.slurm import running_cluster
 
-    reason = missing_parts(multi=True)
-    if reason:
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm4"), nodes=4)
-    try:
+    with running_cluster(tmp_path_factory.mktemp("slurm4"), nodes=4) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="session")

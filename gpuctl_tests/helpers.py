@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -20,6 +20,14 @@ REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # Read once at import, before the session's own HOME is set (conftest ``_hermetic_home``).
 PYENV = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+
+
+def unavailable(reason: str) -> NoReturn:
+    """A part a test needs is missing: skip it here, fail it in CI (where the test command
+    installs every part, so a missing one is a broken install, not a reason to pass)."""
+    if IN_CI:
+        pytest.fail(reason)
+    pytest.skip(reason)
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
@@ -38,10 +46,7 @@ def old_python(version: str) -> str:
     """Path of a pyenv interpreter (e.g. "3.6.15"); skips locally, fails in CI, when missing."""
     path = PYENV / version / "bin" / "python"
     if not path.exists():
-        msg = f"Python {version} not found at {path}"
-        if IN_CI:
-            pytest.fail(msg)
-        pytest.skip(msg)
+        unavailable(f"Python {version} not found at {path}")
     return str(path)
 
 
@@ -50,9 +55,7 @@ def require_binary(path: str) -> str:
     if not Path(path).exists() and not any(
         (Path(d) / path).exists() for d in os.environ.get("PATH", "").split(os.pathsep)
     ):
-        if IN_CI:
-            pytest.fail(f"{path} missing: scripts/test.sh installs it")
-        pytest.skip(f"{path} missing")
+        unavailable(f"{path} missing: scripts/test.sh installs it")
     return path
 
 

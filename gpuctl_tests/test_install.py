@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from gpuctl_tests.helpers import (
-    IN_CI,
     REPO,
     Tmux,
     clean_copy,
     old_python,
     shell_then_report,
+    unavailable,
     wait_until,
 )
 
@@ -49,9 +49,7 @@ def stock_env(home: Path, path: str = STOCK_PATH) -> dict[str, str]:
 def system_python() -> Path:
     """Debian's own python3 (3.11, PEP 668 externally managed)."""
     if not SYSTEM_PYTHON.exists():
-        if IN_CI:
-            pytest.fail(f"{SYSTEM_PYTHON} missing: this is not the Debian 12 image")
-        pytest.skip(f"{SYSTEM_PYTHON} missing")
+        unavailable(f"{SYSTEM_PYTHON} missing: this is not the Debian 12 image")
     return SYSTEM_PYTHON
 
 

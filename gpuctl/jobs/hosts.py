@@ -209,9 +209,13 @@ class LocalHost(Host):
         # OSError (a folder that is not there) is the caller's to word, as over SSH.
         with _local_errors(f"copying {path} to {local}"):
             src = open(path, "rb")  # noqa: SIM115 - closed below
-        with src, open(local, "wb") as dst, _local_errors(f"copying {path} to {local}"):
-            while chunk := src.read(1 << 22):
-                dst.write(chunk)
+        with src, open(local, "wb") as dst:
+            while True:
+                with _local_errors(f"copying {path} to {local}"):
+                    chunk = src.read(1 << 22)
+                if not chunk:
+                    break
+                dst.write(chunk)  # an OSError here is the destination's: the caller's
 
     def open_read(self, path: str) -> BinaryReader:
         with _local_errors(f"reading {path}"):

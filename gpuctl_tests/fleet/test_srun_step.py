@@ -16,6 +16,7 @@ import pytest
 from gpuctl.config import parse_config
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
 from gpuctl.fleet.build import fleet_from_config
+from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.slurm import StepLink
 from gpuctl.node import protocol
 from gpuctl_tests.fleet.test_slurm import FAST, wait_fleet
@@ -143,6 +144,12 @@ def _steps(slurm: SlurmCluster, job: str) -> list[str]:
     return [s for s in out if not s.endswith((".batch", ".extern"))]
 
 
+async def _held_fleet(slurm: SlurmCluster, tmp_path: Path) -> tuple[str, Fleet]:
+    """A job holding every node, and a fleet that reaches them through one step of it."""
+    job = await asyncio.to_thread(_hold, slurm)
+    return job, fleet_from_config(parse_config(_fleet_config(slurm, tmp_path)), **FAST)
+
+
 def _live(ss: dict[str, NodeSnapshot], names: list[str]) -> bool:
     return all(
         ss[n].state is NodeState.LIVE and ss[n].last_sample_t is not None and len(ss[n].gpus) == 2
@@ -154,8 +161,7 @@ async def test_one_step_carries_every_node_and_requests_reach_only_theirs(
     slurm_nodes: SlurmCluster, tmp_path: Path
 ) -> None:
     slurm = slurm_nodes
-    job = await asyncio.to_thread(_hold, slurm)
-    fleet = fleet_from_config(parse_config(_fleet_config(slurm, tmp_path)), **FAST)
+    job, fleet = await _held_fleet(slurm, tmp_path)
     assert all(isinstance(rt.link, StepLink) for rt in fleet.nodes.values())
     burns: list[tuple[str, NodeEvent]] = []
     fleet.on_event(lambda node, e: burns.append((node, e)) if e.kind == "burn" else None)
@@ -202,8 +208,7 @@ async def test_one_agent_dying_leaves_the_others_live(
     slurm_nodes: SlurmCluster, tmp_path: Path
 ) -> None:
     slurm = slurm_nodes
-    job = await asyncio.to_thread(_hold, slurm)
-    fleet = fleet_from_config(parse_config(_fleet_config(slurm, tmp_path)), **FAST)
+    job, fleet = await _held_fleet(slurm, tmp_path)
     seen: list[NodeSnapshot] = []
     fleet.subscribe(seen.append)
     await fleet.start()

@@ -33,7 +33,7 @@ import subprocess
 import time
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +85,22 @@ def missing_parts(multi: bool = False) -> str | None:
 
         return missing_netns()
     return None
+
+
+@contextlib.contextmanager
+def running_cluster(folder: Path, **options: Any) -> Iterator[SlurmCluster]:
+    """A private Slurm in ``folder`` (``options`` as ``SlurmCluster`` takes them), stopped at
+    the end; the test is skipped here, failed in CI, when the parts it needs are missing."""
+    from gpuctl_tests.helpers import unavailable
+
+    reason = missing_parts(multi=options.get("nodes", 1) > 1)
+    if reason:
+        unavailable(reason)
+    cluster = SlurmCluster(folder, **options)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def _free_ports(n: int) -> list[int]:

@@ -10,7 +10,7 @@ import pytest
 
 from gpuctl_tests.harness import HarnessError, is_alive
 from gpuctl_tests.harness.slurm import SlurmCluster, missing_parts
-from gpuctl_tests.helpers import IN_CI, wait_until
+from gpuctl_tests.helpers import unavailable, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -90,9 +90,7 @@ def test_a_running_job_shows_in_squeue_json(slurm_cluster: SlurmCluster) -> None
 def test_stop_leaves_no_process_and_a_bad_config_shows_the_log(tmp_path: Path) -> None:
     reason = missing_parts()
     if reason:
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(reason)
     cluster = SlurmCluster(tmp_path / "own", min_job_age=2)
     job = cluster.run(["sbatch", "--parsable", "--wrap", "sleep 300"]).stdout.strip()
     wait_until(
@@ -123,9 +121,7 @@ def test_a_port_taken_before_slurmctld_binds_it_gives_new_ports(
 
     reason = missing_parts()
     if reason:
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(reason)
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
@@ -159,9 +155,7 @@ def test_several_nodes_each_in_its_own_network_namespace(tmp_path: Path) -> None
 
     reason = missing_parts(multi=True)
     if reason:
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(reason)
     cluster = SlurmCluster(tmp_path / "three", nodes=3)
     try:
         assert cluster.net is not None

@@ -3,6 +3,7 @@ gives for the same failure, never a raw OSError out of the API."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -75,3 +76,16 @@ def test_reading_a_job_file_that_cannot_be_read_is_one_host_error(
     # this machine is not "a node that cannot be reached": the report says what it is
     assert failed.value.kind == "job_files_unreadable"
     assert "cannot be reached" not in str(failed.value)
+
+
+def test_a_copy_whose_own_destination_fails_mid_write_keeps_its_oserror(
+    make_executor: Any,
+) -> None:
+    """``copy_result`` to the caller's own file: a write that fails there (a full disk:
+    /dev/full) is the caller's OSError, as over SSH, not the node's HostError."""
+    job = make_executor().submit(bytes, 1 << 16)  # a result larger than a write's buffer
+    assert job.result(60) == bytes(1 << 16)
+    with pytest.raises(OSError) as info:
+        job.copy_result("/dev/full")
+    assert not isinstance(info.value, HostError)
+    assert info.value.errno == errno.ENOSPC

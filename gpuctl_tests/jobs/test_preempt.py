@@ -14,7 +14,7 @@ import pytest
 
 from gpuctl.jobs import Executor, JobStore
 from gpuctl.jobs.checkpoint import Checkpointable
-from gpuctl_tests.helpers import IN_CI, wait_until
+from gpuctl_tests.helpers import wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -23,20 +23,11 @@ pytestmark = pytest.mark.slurm
 def preempting_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A one-node Slurm of its own with partitions ``low`` (preempted, requeued, 5 s of grace)
     and ``high``."""
-    from gpuctl_tests.harness.slurm import SlurmCluster, missing_parts
+    from gpuctl_tests.harness.slurm import running_cluster
 
-    reason = missing_parts()
-    if reason:
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
-    cluster = SlurmCluster(
-        tmp_path_factory.mktemp("slurm-preempt"), preemption=True, preempt_grace=2
-    )
-    try:
+    folder = tmp_path_factory.mktemp("slurm-preempt")
+    with running_cluster(folder, preemption=True, preempt_grace=2) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(autouse=True)

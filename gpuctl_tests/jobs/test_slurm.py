@@ -130,19 +130,10 @@ def test_time_limit_on_slurm(slurm_executor: Any) -> None:
 def enforcing_slurm(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A private Slurm of its own that enforces --mem (jobacct_gather/linux, OverMemoryKill);
     the shared one does not, so that jobs without --mem keep their default of 100 MB/CPU."""
-    from gpuctl_tests.harness.slurm import SlurmCluster, missing_parts
-    from gpuctl_tests.helpers import IN_CI
+    from gpuctl_tests.harness.slurm import running_cluster
 
-    reason = missing_parts()
-    if reason:
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm-mem"), enforce_memory=True)
-    try:
+    with running_cluster(tmp_path_factory.mktemp("slurm-mem"), enforce_memory=True) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.mark.slow

@@ -25,21 +25,11 @@ MAX_ARRAY_SIZE = 5  # array indices 0..4: a map of 12 one-item tasks needs three
 @pytest.fixture(scope="module")
 def small_arrays(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A private one-node Slurm with ``MaxArraySize=5`` (the shared one keeps Slurm's 1001)."""
-    from gpuctl_tests.harness.slurm import SlurmCluster, missing_parts
-    from gpuctl_tests.helpers import IN_CI
+    from gpuctl_tests.harness.slurm import running_cluster
 
-    reason = missing_parts()
-    if reason:
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
-    cluster = SlurmCluster(
-        tmp_path_factory.mktemp("slurm-arrays"), conf={"MaxArraySize": MAX_ARRAY_SIZE}
-    )
-    try:
+    folder = tmp_path_factory.mktemp("slurm-arrays")
+    with running_cluster(folder, conf={"MaxArraySize": MAX_ARRAY_SIZE}) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpuctl.jobs import Executor, HostError, JobStore, StoreError
-from gpuctl_tests.helpers import IN_CI, node_env, wait_until
+from gpuctl_tests.helpers import node_env, unavailable, wait_until
 
 JOB = "import os\n\ndef f():\n    return os.getpid()\n"
 
@@ -34,9 +34,7 @@ def read_only_mount(folder: Path) -> str:
     namespace: root included, nothing can write there)."""
     probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
     if shutil.which("unshare") is None or probe.returncode != 0:
-        if IN_CI:
-            pytest.fail("unshare -m is not permitted: CI runs as root")
-        pytest.skip("needs unshare -m (root)")
+        unavailable("needs unshare -m (root; CI runs as root)")
     q = shlex.quote(str(folder))
     inner = f'mount --bind {q} {q} && mount -o remount,ro,bind {q} {q} && exec "$0" "$@"'
     return f"exec unshare -m sh -c {shlex.quote(inner)}"
