@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypedDict, TypeVar, overload
 
 from gpuctl.core import wire
 
@@ -173,6 +173,53 @@ class GpuProcess:
 _PROCESS_TWIN = _twin(GpuProcess)
 
 
+class WireProcesses(Sequence[GpuProcess]):
+    """A sample's ``processes`` as the node sent them, each read (``GpuProcess.from_wire``) the
+    first time the sequence is looked into: most samples are never looked into (only the
+    latest one of a GPU on screen, or in the process view, is), and reading every process of
+    every GPU of every sample cost ~7 % of the screen's CPU at 4,096 GPUs. What it holds is
+    what an eagerly read tuple holds, and it compares (and hashes) equal to that tuple."""
+
+    __slots__ = ("_raw", "_read")
+
+    def __init__(self, raw: list[object]) -> None:
+        self._raw = raw
+        self._read: tuple[GpuProcess, ...] | None = None
+
+    def _all(self) -> tuple[GpuProcess, ...]:
+        if self._read is None:
+            self._read = tuple([GpuProcess.from_wire(p) for p in self._raw])
+            self._raw = []  # the node's dicts are no longer needed
+        return self._read
+
+    def __len__(self) -> int:
+        return len(self._raw) if self._read is None else len(self._read)
+
+    @overload
+    def __getitem__(self, index: int) -> GpuProcess: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[GpuProcess, ...]: ...
+    def __getitem__(self, index: int | slice) -> GpuProcess | tuple[GpuProcess, ...]:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[GpuProcess]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, WireProcesses):
+            other = other._all()
+        return isinstance(other, tuple) and self._all() == other
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+    def __reduce__(self) -> tuple[type[tuple[GpuProcess, ...]], tuple[tuple[GpuProcess, ...]]]:
+        return tuple, (self._all(),)  # pickled (and copied) as the tuple it stands for
+
+
 class HostWire(TypedDict, total=False):
     """A sample's ``host``: the node's CPU, memory, load and network (protocol v1)."""
 
@@ -292,7 +339,8 @@ class GpuSample:
     ecc: Mapping[str, Any] | None = None
     retired_pages: Mapping[str, Any] | None = None
     remapped_rows: Mapping[str, Any] | None = None
-    processes: tuple[GpuProcess, ...] = ()
+    # A tuple, or from a node a WireProcesses (read when first looked into; equal to the tuple).
+    processes: Sequence[GpuProcess] = ()
 
     @classmethod
     def from_wire(cls, d: object, t: float, position: int = 0) -> GpuSample:
@@ -323,9 +371,7 @@ class GpuSample:
             ecc=_counts(d.get("ecc")),
             retired_pages=_counts(d.get("retired_pages")),
             remapped_rows=_counts(d.get("remapped_rows")),
-            processes=tuple(GpuProcess.from_wire(p) for p in procs)
-            if isinstance(procs, list)
-            else (),
+            processes=WireProcesses(procs) if isinstance(procs, list) and procs else (),
         )
         obj.__class__ = GpuSample
         return obj

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gpuctl.core.model import GpuProcess, GpuSample, GpuStatic, NodeInfo
 
 HUGE = 10**400
@@ -192,8 +194,6 @@ def test_values_built_from_the_wire_are_the_frozen_classes_themselves() -> None:
     import dataclasses
     import pickle
 
-    import pytest
-
     from gpuctl.core.model import HostSample
 
     wire_gpu = {
@@ -222,3 +222,43 @@ def test_values_built_from_the_wire_are_the_frozen_classes_themselves() -> None:
         assert pickle.loads(pickle.dumps(value)) == value
     assert built[0].processes == (GpuProcess(42, "ann", "python", 1024),)
     assert built[0].throttle == ("sw_power",) and built[0].power == 120.5
+
+
+def test_a_samples_processes_are_read_when_first_looked_into(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Most samples' processes are never looked at (only the latest one of a GPU on screen
+    is): they are read from the node's dicts on first use, once, and are then what an eager
+    read gives, equal to it as a tuple in every way the code uses it."""
+    import pickle
+
+    from gpuctl.core.model import WireProcesses
+
+    raw: list[object] = [
+        {"pid": 42, "user": "ann", "command": "python", "mem": 1024, "sm": 250.0},
+        "junk",
+        {"pid": 7, "user": "bob", "mem": 10**400},
+    ]
+    eager = tuple(GpuProcess.from_wire(p) for p in raw)
+    reads: list[object] = []
+    real = GpuProcess.from_wire.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[GpuProcess], d: object) -> GpuProcess:
+        reads.append(d)
+        return real(cls, d)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(GpuProcess, "from_wire", classmethod(counting))
+    g = GpuSample.from_wire({"index": 0, "processes": raw}, 1.0)
+    assert isinstance(g.processes, WireProcesses)
+    assert len(g.processes) == 3 and reads == []  # counted, not read
+    assert g.processes[0] == eager[0] and len(reads) == 3  # the first look reads them all
+    assert list(g.processes) == list(eager) and g.processes[1:] == eager[1:]
+    assert len(reads) == 3  # once
+    assert g.processes == eager and eager == g.processes and g.processes != eager[:2]
+    assert hash(g.processes) == hash(eager) and repr(g.processes) == repr(eager)
+    assert g == GpuSample.from_wire({"index": 0, "processes": raw}, 1.0)
+    assert g.processes[0].sm is None and g.processes[2].mem is None  # checked as ever
+    copied = pickle.loads(pickle.dumps(g))
+    assert copied == g and type(copied.processes) is tuple
+    assert GpuSample.from_wire({"index": 0, "processes": []}, 1.0).processes == ()
+    assert GpuSample.from_wire({"index": 0, "processes": "junk"}, 1.0).processes == ()
