@@ -72,11 +72,7 @@ def _twin(cls: type[_T]) -> type[_T]:
     class change included). For the values built once per GPU per sample; what comes out is a
     ``cls`` like any other (frozen, equal and hashable as ``cls(...)`` would be)."""
     fields = [
-        (f.name, f.type, field(default=f.default))
-        if f.default is not dataclasses.MISSING
-        else (f.name, f.type, field(default_factory=f.default_factory))
-        if f.default_factory is not dataclasses.MISSING
-        else (f.name, f.type)
+        (f.name, f.type, field(default=f.default, default_factory=f.default_factory))
         for f in dataclasses.fields(cls)  # type: ignore[arg-type]
     ]
     twin = dataclasses.make_dataclass(f"_{cls.__name__}Twin", fields, slots=True)
