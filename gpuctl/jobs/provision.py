@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import re
 import sys
 import threading
@@ -32,6 +33,8 @@ from gpuctl.jobs.records import BuildResult, Probe
 from gpuctl.jobs.report import KINDS, REMEDIES, FailureReport
 from gpuctl.node import jobfiles
 from gpuctl.node.readers import bindings
+
+log = logging.getLogger(__name__)
 
 PACKAGE = Path(__file__).resolve().parent.parent
 # Copied into every job folder (path there -> source): the scripts and the contract they import.
@@ -340,6 +343,9 @@ class Venv2:
         probe["path"] = result["python"]
         probe["env_key"] = result.get("key")
         probe["method"] = result.get("method")
+        probe["notes"] = list(result.get("notes") or [])
+        for note in probe["notes"]:
+            log.warning("VENV2 on %s: %s (build log %s)", self.target, note, result.get("log"))
         return probe
 
     def _check_versions(self, probe: Probe) -> None:

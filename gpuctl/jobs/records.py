@@ -270,7 +270,7 @@ class SchedulerState(TypedDict, total=False):
 class Probe(TypedDict, total=False):
     """VENV2 as its probe saw it: ``path`` (the interpreter gpuctl runs), ``python`` (version
     numbers), ``cloudpickle`` (version or None), ``executable``; for a built environment its
-    ``env_key`` and the ``method`` that built it."""
+    ``env_key``, the ``method`` that built it and ``notes`` for the user (a relaxed pin)."""
 
     path: str
     python: list[int]
@@ -278,6 +278,7 @@ class Probe(TypedDict, total=False):
     executable: str
     env_key: str | None
     method: str | None
+    notes: list[str]
 
 
 class BuildResult(TypedDict, total=False):
@@ -291,6 +292,7 @@ class BuildResult(TypedDict, total=False):
     error: str
     log: str
     log_tail: str
+    notes: list[str]
 
 
 # -- the store --------------------------------------------------------------------------------

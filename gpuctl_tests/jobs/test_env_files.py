@@ -1,10 +1,11 @@
-"""VENV2 from files: a requirements file built by uv for real (uv from PyPI, packages from the
-machine's own index when it has one), a pyproject's dependencies, and a conda environment.yml
-through the conda family's command lines (no conda here: a stand-in micromamba records its
-arguments and makes the environment with venv)."""
+"""VENV2 from files: a requirements file built by uv for real (uv from PyPI; the packages from
+a wheelhouse the test makes, named only in pip's configuration), a pyproject's dependencies, and
+a conda environment.yml through the conda family's command lines (no conda here: a stand-in
+micromamba records its arguments and makes the environment with venv)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -16,38 +17,52 @@ import pytest
 
 from gpuctl.jobs import EnvSpec, Executor, JobStore
 from gpuctl.jobs.provision import EnvSpecError
-from gpuctl.node.supervisor import conda_create_argv
+from gpuctl.node import supervisor
+from gpuctl.node.supervisor import UV_OWN, conda_create_argv
+from gpuctl_tests.jobs.wheels import make_wheel, wheel_of
 
-LOCAL_INDEX = Path("/opt/pypi/simple")  # this machine image's package index (see testbed.md)
+MARKER = b'WHERE = "the test\'s own wheelhouse"\n'
 
 
-def six_version() -> list[str]:
+def marker_where() -> list[str]:
     import sys
 
-    import six
+    import gpuctl_test_marker  # type: ignore[import-not-found]
 
-    return [six.__version__, sys.prefix]
+    return [gpuctl_test_marker.WHERE, sys.prefix]
 
 
 @pytest.fixture
-def uv_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """uv (installed with the test extra, beside this Python) on PATH; its cache in the test's
-    folder; no Python downloads; the machine's own index when there is one."""
+def pip_wheelhouse(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """uv (installed with the test extra, beside this Python) on PATH with no settings of its
+    own; a wheelhouse of the test's own making (this cloudpickle, and a package that is on no
+    index) that only pip's configuration names (``no-index``, ``find-links``), as on a site
+    whose mirror is configured for pip. Nothing depends on what the machine image carries."""
     uv = Path(sys.executable).parent / "uv"
     if not uv.exists():
         pytest.fail(f"uv is not installed beside {sys.executable} (it is in the test extra)")
     monkeypatch.setenv("PATH", f"{uv.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     monkeypatch.setenv("UV_PYTHON_DOWNLOADS", "never")
-    if LOCAL_INDEX.is_dir():
-        monkeypatch.setenv("UV_INDEX_URL", LOCAL_INDEX.as_uri())
+    for name in list(os.environ):
+        if name.startswith("PIP_") or name in UV_OWN or name == "UV_INDEX_STRATEGY":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # no user's uv.toml
+    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "etc-xdg"))
+    house = tmp_path / "wheelhouse"
+    wheel_of("cloudpickle", house)
+    make_wheel(house, "gpuctl-test-marker", "1.0", {"gpuctl_test_marker.py": MARKER})
+    conf = tmp_path / "pip.conf"
+    conf.write_text(f"[global]\nno-index = true\nfind-links =\n    {house}\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    return house
 
 
-def test_requirements_file_built_by_uv(
-    uv_env: None, venv1: str, tmp_path: Path, job_root: str
+def test_requirements_file_built_by_uv_from_pips_package_source(
+    pip_wheelhouse: Path, venv1: str, tmp_path: Path, job_root: str
 ) -> None:
     req = tmp_path / "requirements.txt"
-    req.write_text("# what train.py needs\nsix==1.17.0\n")
+    req.write_text("# what train.py needs\ngpuctl-test-marker==1.0\n")
     spec = EnvSpec.from_requirements(req, methods=("uv",), base_python=sys.executable)
     ex = Executor(
         "local",
@@ -60,16 +75,67 @@ def test_requirements_file_built_by_uv(
     probe = ex.venv2()
     assert probe["method"] == "uv"
     assert probe["cloudpickle"] == cloudpickle.__version__
-    version, prefix = ex.submit(six_version).result(120)
-    assert version == "1.17.0"
+    assert probe["notes"] == []
+    where, prefix = ex.submit(marker_where).result(120)
+    assert where == "the test's own wheelhouse"
     assert Path(prefix).name == probe["env_key"]
-    log = Path(str(probe["path"])).parents[2] / f"{probe['env_key']}.log"
-    assert "uv pip install" in log.read_text() and "-r" in log.read_text()
+    log = (Path(str(probe["path"])).parents[2] / f"{probe['env_key']}.log").read_text()
+    assert "uv pip install" in log and "-r" in log
+    assert f"# pip's configuration handed to uv: --find-links {pip_wheelhouse}" in log
+    assert "--no-index" in log
     # the file's text is part of the key: another requirement is another environment
     other = EnvSpec.from_requirements(req, methods=("uv",), base_python=sys.executable)
     assert other == spec
-    req.write_text("six==1.16.0\n")
+    req.write_text("gpuctl-test-marker==0.9\n")
     assert EnvSpec.from_requirements(req, methods=("uv",)) != spec
+
+
+def test_a_cloudpickle_pin_missing_from_the_index_takes_the_same_minor_release(
+    pip_wheelhouse: Path,
+    venv1: str,
+    tmp_path: Path,
+    job_root: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """This gpuctl's cloudpickle is a patch release the node's index lacks (the wheelhouse has
+    the release before it): VENV2 gets the same minor release, and the build log, the probe
+    and a warning say so."""
+    real = cloudpickle.__version__
+    major, minor, _ = real.split(".", 2)
+    login = f"{major}.{minor}.99"
+    monkeypatch.setattr(cloudpickle, "__version__", login)
+    spec = EnvSpec(methods=("uv",), base_python=sys.executable)
+    ex = Executor(
+        "local",
+        supervisor_python=venv1,
+        env=spec,
+        env_root=str(tmp_path / "envs"),
+        job_root=job_root,
+        store=JobStore(),
+    )
+    with caplog.at_level("WARNING", logger="gpuctl.jobs.provision"):
+        probe = ex.venv2()
+    assert probe["cloudpickle"] == real
+    (note,) = probe["notes"]
+    assert note == (
+        f"cloudpickle=={login} is not on the node's package index: VENV2 got the same minor "
+        f"release (cloudpickle=={major}.{minor}.*): it has cloudpickle {real}"
+    )
+    assert note in caplog.text
+    log = (Path(str(probe["path"])).parents[2] / f"{probe['env_key']}.log").read_text()
+    assert f"# cloudpickle=={login} is not on this node's package index" in log
+    assert ex.submit(sum, [1, 2, 3]).result(60) == 6
+    # built once: the next executor finds it ready, and hears the same note
+    again = Executor(
+        "local",
+        supervisor_python=venv1,
+        env=spec,
+        env_root=str(tmp_path / "envs"),
+        job_root=job_root,
+        store=JobStore(),
+    )
+    assert again.venv2()["notes"] == [note]
 
 
 def test_pyproject_dependencies_and_extras(tmp_path: Path) -> None:
@@ -164,3 +230,52 @@ def test_environment_yml_without_any_conda_tool_says_so(
     assert info.value.kind == "env_build_failed"
     assert "an environment.yml needs the conda method" not in str(info.value)
     assert "micromamba/mamba/conda not found" in str(info.value)
+
+
+def test_pips_configuration_as_pip_resolves_it_becomes_uvs_flags(tmp_path: Path) -> None:
+    """Files in pip's order (global, user, PIP_CONFIG_FILE), [install] over [global], PIP_*
+    variables last; uv's own settings win over all of it; os.devnull turns the files off."""
+    etc = tmp_path / "xdg" / "pip"
+    etc.mkdir(parents=True)
+    (etc / "pip.conf").write_text(
+        "[global]\nindex-url = https://global.example/simple\n"
+        "extra-index-url = https://extra.example/simple\ncert = /etc/site-ca.pem\n"
+    )
+    home = tmp_path / "home"
+    (home / ".config" / "pip").mkdir(parents=True)
+    (home / ".config" / "pip" / "pip.conf").write_text(
+        "[global]\nindex-url = https://mirror.example/simple\n"
+        "[install]\nfind-links =\n    /srv/wheels\n    /srv/more\ntrusted_host = mirror.example\n"
+    )
+    environ = {"HOME": str(home), "XDG_CONFIG_DIRS": str(tmp_path / "xdg")}
+    uv_index_options = functools.partial(supervisor.uv_index_options, etc=str(tmp_path / "etc"))
+    flags, env, lines = uv_index_options(environ)
+    assert flags == [
+        "--index-url", "https://mirror.example/simple",
+        "--extra-index-url", "https://extra.example/simple",
+        "--find-links", "/srv/wheels", "--find-links", "/srv/more",
+        "--allow-insecure-host", "mirror.example",
+        "--index-strategy", "unsafe-best-match",
+    ]  # fmt: skip
+    assert env == {"SSL_CERT_FILE": "/etc/site-ca.pem"}
+    assert lines[0].startswith("# pip's configuration handed to uv: --index-url")
+    # a variable beats the files
+    flags, _, _ = uv_index_options({**environ, "PIP_INDEX_URL": "https://var.example/simple"})
+    assert flags[:2] == ["--index-url", "https://var.example/simple"]
+    # PIP_CONFIG_FILE that exists replaces the user's file (not the global one)
+    named = tmp_path / "named.conf"
+    named.write_text("[global]\nno-index = yes\n")
+    flags, _, _ = uv_index_options({**environ, "PIP_CONFIG_FILE": str(named)})
+    assert flags[:2] == ["--index-url", "https://global.example/simple"]
+    assert "--no-index" in flags and "--find-links" not in flags
+    # os.devnull: no files at all
+    assert uv_index_options({**environ, "PIP_CONFIG_FILE": os.devnull})[0] == []
+    # uv configured for itself: pip's settings stay pip's
+    flags, env, lines = uv_index_options({**environ, "UV_INDEX_URL": "https://uv.example"})
+    assert (flags, env) == ([], {})
+    assert lines == [
+        "# uv has package index settings of its own (UV_INDEX_URL): pip's are not handed to it"
+    ]
+    (home / ".config" / "uv").mkdir()
+    (home / ".config" / "uv" / "uv.toml").write_text('index-url = "https://uv.example"\n')
+    assert uv_index_options(environ)[0] == []
