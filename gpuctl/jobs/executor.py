@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import cloudpickle
 
 from gpuctl import paths, service
-from gpuctl.jobs import _chunk, _command, checkpoint, debug, targets
+from gpuctl.jobs import _chunk, _command, checkpoint, debug, sources, targets
 from gpuctl.jobs.backends import SlurmBackend
 from gpuctl.jobs.hosts import AtomicWriter, Host
 from gpuctl.jobs.job import SUBMITTER_PYTHON, Job, JobFailed, JobQueue, RemoteTraceback
@@ -404,11 +404,14 @@ class Executor:
         writer = host.open_atomic(f"{jobdir}/{jobfiles.PAYLOAD}", 0o600)
         w = _HashingWriter(writer)
         try:
-            cloudpickle.dump(obj, w, protocol=5)
+            files = sources.dump(obj, w)
         except BaseException:
             writer.abort()
             raise
         writer.commit()
+        text = sources.read_sources(files)
+        if text:
+            host.write_bytes(f"{jobdir}/{jobfiles.SOURCES}", json.dumps(text).encode(), 0o600)
         return w.hexdigest(), w.size
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Job:
@@ -685,9 +688,16 @@ def _check_argv(argv: Sequence[str]) -> list[str]:
 
 
 def _name(fn: Callable[..., Any]) -> str:
+    """What ``gpuctl jobs`` calls the function: ``train.py:main`` for a script's function (run
+    as __main__, or loaded by ``gpuctl submit FILE.py:FUNC``), ``package.module.func`` else."""
     mod = getattr(fn, "__module__", "") or ""
     qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
-    return f"{mod}.{qual}" if mod and mod != "__main__" else str(qual)
+    if mod == "__main__" or mod.startswith("gpuctl_user_"):
+        filename = getattr(getattr(fn, "__code__", None), "co_filename", "") or ""
+        if filename and not filename.startswith("<"):
+            return f"{os.path.basename(filename)}:{qual}"
+        return str(qual)
+    return f"{mod}.{qual}" if mod else str(qual)
 
 
 @overload

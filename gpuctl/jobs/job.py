@@ -709,6 +709,10 @@ class Job(concurrent.futures.Future[Any]):
         err = (self._files.error if self._files else None) or {}
         tb = str(err.get("traceback") or "")
         exc.__cause__ = RemoteTraceback(tb)
+        if hasattr(exc, "add_note"):  # Python 3.11+: shown under the exception, uncaught
+            exc.add_note(
+                f"(job {self.id} on {self.target}: `gpuctl logs {self.id}` shows its output)"
+            )
         return exc
 
     def cancel(self, *, read_only: bool | None = None) -> bool:

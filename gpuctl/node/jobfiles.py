@@ -41,6 +41,9 @@ from typing import Any, Dict, List, Optional
 
 META = "meta.json"
 PAYLOAD = "payload.pkl"
+# The source text of the files whose code the payload carries by value ({path: text}): the
+# worker puts it in linecache, so that tracebacks show the user's lines where the file is not.
+SOURCES = "sources.json"
 SUPERVISOR_SCRIPT = "supervisor.py"
 WORKER_SCRIPT = "worker.py"
 # The node modules the scripts need (this one, proc, protocol), copied as a package of this name

@@ -222,6 +222,7 @@ def run(jobdir: str) -> int:
 
     state["phase"] = "loading"
     phase("loading")
+    _load_sources()
     try:
         with open(_path(jobfiles.PAYLOAD), "rb") as f:
             fn, args, kwargs = cloudpickle.load(f)
@@ -283,6 +284,20 @@ def run(jobdir: str) -> int:
     state["phase"] = "done"
     phase("done")
     return 0
+
+
+def _load_sources() -> None:
+    """The text of the files whose code the payload carries (``jobfiles.SOURCES``) into
+    linecache: tracebacks then show the user's lines where the node lacks the file. An entry
+    without a modification time is never checked against the disk."""
+    import linecache
+
+    data = jobfiles.read_json(_path(jobfiles.SOURCES), None)
+    if not isinstance(data, dict):
+        return
+    for name, text in data.items():
+        if isinstance(name, str) and isinstance(text, str):
+            linecache.cache[name] = (len(text), None, text.splitlines(True), name)
 
 
 def _save_exception(cloudpickle: ModuleType, exc: BaseException) -> bool:
