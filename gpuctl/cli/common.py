@@ -110,18 +110,58 @@ def add_interval_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_nodes_arguments(p: argparse.ArgumentParser) -> None:
+    """``NODES`` (a hostlist) and ``--hostfile FILE``: nodes for this command only, without
+    writing a config (configured ones keep their settings, others get the defaults)."""
+    p.add_argument(
+        "nodes",
+        nargs="?",
+        metavar="NODES",
+        help="a hostlist, e.g. 'gpu[01-04]' (default: the configured nodes, or this machine); "
+        "names not in the config are reached over ssh as your ssh config says",
+    )
+    p.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help="more nodes: one name or hostlist per line (an MPI hostfile works), # comments",
+    )
+
+
+def chosen_nodes(args: argparse.Namespace) -> list[str] | None:
+    """The nodes named by ``NODES`` and ``--hostfile`` (None: neither was given); UserError with
+    one line for a bad hostlist or an unreadable file."""
+    from gpuctl.cli.main import UserError
+    from gpuctl.config import parse_nodes, read_hostfile
+
+    text, hostfile = getattr(args, "nodes", None), getattr(args, "hostfile", None)
+    if text is None and hostfile is None:
+        return None
+    try:
+        names = parse_nodes(text) if text is not None else []
+        if hostfile is not None:
+            names += read_hostfile(hostfile)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    return names
+
+
 def build_fleet(args: argparse.Namespace) -> Fleet:
-    """The fleet the command works on: the demo cluster with ``--demo``, else the configured
-    nodes, else this machine. Raises UserError for a broken config or a failed discovery."""
+    """The fleet the command works on: the demo cluster with ``--demo``, else the nodes named
+    by ``NODES``/``--hostfile``, else the configured nodes, else this machine. Raises UserError
+    for a broken config, a bad hostlist or a failed discovery."""
     read_only = bool(getattr(args, "read_only", False))
     interval: float | None = getattr(args, "interval", None)
     if getattr(args, "demo", False):
         return simulated_fleet(demo_nodes(), read_only=read_only, interval=interval or 1.0)
     from gpuctl.cli.main import UserError
+    from gpuctl.config import select_nodes
     from gpuctl.fleet.build import fleet_from_config
     from gpuctl.fleet.slurm import SlurmError
 
     config = load_user_config(args)
+    names = chosen_nodes(args)
+    if names is not None:
+        config = select_nodes(config, names)
     try:
         return fleet_from_config(config, read_only=read_only or config.read_only, interval=interval)
     except SlurmError as e:

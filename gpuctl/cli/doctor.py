@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from gpuctl.cli.common import emit_json
-from gpuctl.config import Config, ConfigError, NodeConfig, expand_hostlist, load_config
+from gpuctl.config import Config, ConfigError, NodeConfig, load_config, parse_nodes
 
 if TYPE_CHECKING:
     from gpuctl.cli.main import Subcommands
@@ -36,15 +36,14 @@ def register(sub: Subcommands) -> None:
 
 def _nodes(config: Config, hostlist: str | None) -> list[NodeConfig]:
     from gpuctl.cli.main import UserError
-    from gpuctl.config import _Bad
     from gpuctl.doctor import local_node
 
     if hostlist is None:
         return config.nodes() or [local_node()]
     try:
-        names = expand_hostlist(hostlist)
-    except _Bad as e:
-        raise UserError(f"NODES: {e}") from None
+        names = parse_nodes(hostlist)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
     known = {n.name: n for n in config.nodes()}
     return [known.get(n) or NodeConfig(name=n, cluster="(not configured)") for n in names]
 

@@ -307,6 +307,9 @@ def _run(argv: Sequence[str] | None) -> int:
     if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (gpuctl completion)
         import argcomplete
 
+        from gpuctl.cli.completion import attach_completers
+
+        attach_completers(parser)
         argcomplete.autocomplete(parser)  # answers and exits
     args = parser.parse_args(argv)
     logs.setup(getattr(args, "verbose", 0) or 0, getattr(args, "log_file", None))

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuctl import logs
-from gpuctl.cli.common import add_interval_option, load_user_config
+from gpuctl.cli.common import add_interval_option, add_nodes_arguments, load_user_config
 from gpuctl.cli.main import UserError
 from gpuctl.core.text import printable
 from gpuctl.fleet import eventloop
@@ -30,6 +30,7 @@ def register(sub: Subcommands) -> None:
         "--read-only", action="store_true", help="watch only: no stress, no acceptance runs"
     )
     add_interval_option(p)
+    add_nodes_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -111,9 +112,10 @@ def run_tui(app: GpuctlApp, *, headless: bool = False, size: tuple[int, int] | N
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuctl.cli.common import build_fleet
+    from gpuctl.cli.common import build_fleet, chosen_nodes
     from gpuctl.fleet import control
 
+    chosen_nodes(args)  # a bad NODES or --hostfile says so before anything else
     require_terminal()
     config = load_user_config(args)
     fleet = build_fleet(args)

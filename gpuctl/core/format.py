@@ -86,8 +86,33 @@ def gpu_flags(g: GpuSample) -> list[str]:
     return flags
 
 
+# The badge of each throttle reason, as the screen shows it (the one table of these names).
+THROTTLE_BADGES = {
+    "sw_thermal": "THERM",
+    "hw_thermal": "HWTHERM",
+    "hw_slowdown": "HWSLOW",
+    "hw_power_brake": "PWRBRAKE",
+    "sw_power_cap": "PWRCAP",
+    "sync_boost": "SYNC",
+}
+
+
+def gpu_badge_names(g: GpuSample) -> list[str]:
+    """``gpu_flags`` with throttle reasons as the screen's badges (``PWRCAP``, ``THERM``)."""
+    return [THROTTLE_BADGES.get(f, f.upper()) for f in gpu_flags(g)]
+
+
+def gpu_users(g: GpuSample) -> str:
+    """Who runs processes on the GPU: user names, comma separated, in order of first process."""
+    users: list[str] = []
+    for p in g.processes or ():
+        if p.user and p.user not in users:
+            users.append(p.user)
+    return ",".join(users)
+
+
 def gpu_table_rows(s: NodeSnapshot) -> list[tuple[str, ...]]:
-    """One text row per GPU: index, model, util, memory, temp, power, SM clock, flags."""
+    """One text row per GPU: index, model, util, memory, temp, power, SM clock, users, badges."""
     names = {g.index: g.name for g in s.info.gpus} if s.info else {}
     rows: list[tuple[str, ...]] = []
     for g in s.gpus:
@@ -102,7 +127,8 @@ def gpu_table_rows(s: NodeSnapshot) -> list[tuple[str, ...]]:
                 fmt_opt(g.temp, "C"),
                 power,
                 fmt_opt(g.sm_clock),
-                ",".join(gpu_flags(g)),
+                gpu_users(g),
+                " ".join(gpu_badge_names(g)),
             )
         )
     return rows

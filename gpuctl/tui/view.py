@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from gpuctl.core.format import GIB, fmt_age, gpu_flags
+from gpuctl.core.format import GIB, fmt_age, gpu_badge_names, gpu_flags
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
 
 SPARK_CHARS = " ▁▂▃▄▅▆▇█"
@@ -103,15 +103,7 @@ def heat_level(fraction: float | None) -> int | None:
 
 def gpu_badges(g: GpuSample, xid_seen: bool) -> list[str]:
     """Badges for a GPU row: throttle reasons shortened, ECC, REMAP, XID, LOST."""
-    short = {
-        "sw_thermal": "THERM",
-        "hw_thermal": "HWTHERM",
-        "hw_slowdown": "HWSLOW",
-        "hw_power_brake": "PWRBRAKE",
-        "sw_power_cap": "PWRCAP",
-        "sync_boost": "SYNC",
-    }
-    out = [short.get(f, f.upper()) for f in gpu_flags(g)]
+    out = gpu_badge_names(g)
     if xid_seen and not g.lost:
         out.append("XID")
     return out

@@ -63,3 +63,32 @@ def test_zsh_and_fish_scripts_name_gpuctl(shell: str, tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "gpuctl" in r.stdout and "_ARGCOMPLETE" in r.stdout
+
+
+def test_node_names_complete_from_the_config_and_job_ids_from_the_store(tmp_path: Path) -> None:
+    from gpuctl.jobs.store import JobRecord, JobStore
+
+    env = _gpuctl_on_path(tmp_path)
+    conf = tmp_path / "config.toml"
+    conf.write_text('[clusters.lab]\nnodes = "gpu[01-03],dgx-a"\n')
+    env["GPUCTL_CONFIG"] = str(conf)
+    env["GPUCTL_STATE_DIR"] = str(tmp_path / "state")
+    assert _complete(env, "gpuctl status gp") == ["gpu01", "gpu02", "gpu03"]
+    assert _complete(env, "gpuctl watch dg") == ["dgx-a"]
+    assert _complete(env, "gpuctl doctor gpu0") == ["gpu01", "gpu02", "gpu03"]
+    assert _complete(env, "gpuctl accept --nodes gpu02") == ["gpu02"]
+    store = JobStore(tmp_path / "state" / "jobs.sqlite")
+    for job_id in ("abc123" + "0" * 26, "abd456" + "0" * 26, "ffe789" + "0" * 26):
+        store.add(
+            JobRecord(
+                id=job_id,
+                name="train.py:main",
+                target="local",
+                backend={"kind": "local"},  # type: ignore[typeddict-item]
+                jobdir=f"/tmp/{job_id}",
+                state="done",
+                created_at=1.0,
+            )
+        )
+    assert _complete(env, "gpuctl logs ab") == ["abc123" + "0" * 26, "abd456" + "0" * 26]
+    assert _complete(env, "gpuctl result ff") == ["ffe789" + "0" * 26]
