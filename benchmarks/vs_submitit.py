@@ -3,8 +3,8 @@
     python3 benchmarks/vs_submitit.py [--cases NAME ...] [--timeout 120] [--markdown]
 
 A small user project is written to a temporary folder (``train.py`` whose functions fail in
-the ways training code fails, beside its own ``model.py``) and imported from there, as a user's
-script would be. Each case is submitted to gpuctl's ``Executor("local")`` (VENV1: pyenv's
+the ways training code fails, beside its own ``model.py``) and imported from there with that
+folder as the working directory, as ``cd project && python run.py`` would. Each case is submitted to gpuctl's ``Executor("local")`` (VENV1: pyenv's
 3.6.15 when present, else this Python; VENV2: this Python) and to submitit's
 ``LocalExecutor``; the script waits for each job's outcome and prints, per case, the seconds
 from submit to the answer and the answer's first line (gpuctl's failure kind, submitit's
@@ -204,11 +204,10 @@ def main() -> int:
     project.mkdir()
     (project / "model.py").write_text(textwrap.dedent(MODEL))
     (project / "train.py").write_text(textwrap.dedent(TRAIN))
+    # as `cd project && python run.py` would: the project first on the path, and the cwd
     sys.path.insert(0, str(project))
+    os.chdir(project)  # "data/train.csv" is missing here and on the node alike
     train = importlib.import_module("train")
-    sys.path.remove(str(project))  # the jobs must not find model.py through our path
-    sys.modules.pop("model", None)
-    os.chdir(folder)  # "data/train.csv" is missing here and on the node alike
     rows = []
     print(f"gpuctl vs submitit {submitit.__version__}, Python {sys.version.split()[0]}", flush=True)
     try:
