@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import stat
 import sys
@@ -96,7 +97,6 @@ def test_a_cloudpickle_pin_missing_from_the_index_takes_the_same_minor_release(
     tmp_path: Path,
     job_root: str,
     monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """This gpuctl's cloudpickle is a patch release the node's index lacks (the wheelhouse has
     the release before it): VENV2 gets the same minor release, and the build log, the probe
@@ -114,15 +114,22 @@ def test_a_cloudpickle_pin_missing_from_the_index_takes_the_same_minor_release(
         job_root=job_root,
         store=JobStore(),
     )
-    with caplog.at_level("WARNING", logger="gpuctl.jobs.provision"):
+    heard: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = heard.append  # type: ignore[method-assign]
+    logger = logging.getLogger("gpuctl.jobs.provision")  # propagation aside (logs.setup)
+    logger.addHandler(handler)
+    try:
         probe = ex.venv2()
+    finally:
+        logger.removeHandler(handler)
     assert probe["cloudpickle"] == real
     (note,) = probe["notes"]
     assert note == (
         f"cloudpickle=={login} is not on the node's package index: VENV2 got the same minor "
         f"release (cloudpickle=={major}.{minor}.*): it has cloudpickle {real}"
     )
-    assert note in caplog.text
+    assert any(note in r.getMessage() for r in heard)
     log = (Path(str(probe["path"])).parents[2] / f"{probe['env_key']}.log").read_text()
     assert f"# cloudpickle=={login} is not on this node's package index" in log
     assert ex.submit(sum, [1, 2, 3]).result(60) == 6
