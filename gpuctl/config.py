@@ -897,6 +897,50 @@ def toml_value(value: Any) -> str:
     raise TypeError(f"no TOML form for {value!r}")
 
 
+# What ``gpuctl config init`` writes for a key that is unset by default: a value of the right
+# form, so that uncommenting the line gives valid TOML that gpuctl accepts (a test checks it).
+EXAMPLES: dict[str, Any] = {
+    "ssh_config": "~/.ssh/config",
+    "known_hosts": "~/.ssh/known_hosts",
+    "host_key_policy": "accept-new",
+    "user": "alice",
+    "port": 22,
+    "identity": "~/.ssh/id_ed25519",
+    "jump": "bastion.example.org",
+    "workload_python": "/opt/conda/bin/python3",
+    "python": "/opt/conda/bin/python3",
+    "simulate": "8:H100",
+    "connect_timeout": 15.0,
+    "keepalive_interval": 5.0,
+    "keepalive_count_max": 3,
+    "partition": "gpu",
+    "jobid": 123456,
+    "slurm_conf": "/etc/slurm/slurm.conf",
+    "expect_gpus": 8,
+    "theme": "dark",
+    "duration": 600.0,
+    "dtype": "bf16",
+    "gpu_burn": "/opt/gpu-burn/gpu_burn",
+    "gpu_burn_source": "/opt/gpu-burn",
+    "floor": 0.6,
+    "dtypes": ["fp32", "tf32", "bf16"],
+    "expect_model": "H100",
+    "expect_nvlinks": 18,
+    "memtest_mb": 4096,
+    "gpus_per_node": 8,
+    "job_dir": "/shared/gpuctl-accept",
+    "dir": "/shared/gpuctl-jobs",
+    "env_root": "~/.cache/gpuctl/envs",
+}
+
+
+def _default_line(name: str, key: Key) -> str:
+    """``name = value`` for the template: the default, else an example marked as one."""
+    if key.default is not None:
+        return f"{name} = {toml_value(key.default)}"
+    return f"{name} = {toml_value(EXAMPLES[name])}  # unset by default; an example"
+
+
 def template(*, cluster: str = "main", nodes: str | None = None, note: str | None = None) -> str:
     """A commented config file: every key of every table with its default and its meaning.
 
@@ -922,16 +966,13 @@ def template(*, cluster: str = "main", nodes: str | None = None, note: str | Non
         out.append(f"{c}# {key.help}")
         if name == "nodes":
             out.append(f"{c}nodes = {toml_value(nodes or 'gpu[01-04]')}")
-        elif key.default is None:
-            out.append(f"{c}# {name} = (unset)")
         else:
-            out.append(f"{c}# {name} = {toml_value(key.default)}")
+            out.append(f"{c}# {_default_line(name, key)}")
     out.append("")
     for section, keys in SECTIONS.items():
         out.append(f"[{section}]")
         for name, key in keys.items():
             out.append(f"# {key.help}")
-            value = "(unset)" if key.default is None else toml_value(key.default)
-            out.append(f"# {name} = {value}")
+            out.append(f"# {_default_line(name, key)}")
         out.append("")
     return "\n".join(out)

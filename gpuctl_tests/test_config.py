@@ -412,18 +412,25 @@ def _init(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess
 
 
 def test_the_template_shows_every_key_its_default_and_meaning() -> None:
-    from gpuctl.config import CLUSTER_KEYS, SECTIONS, template, toml_value
+    from gpuctl.config import CLUSTER_KEYS, EXAMPLES, SECTIONS, template, toml_value
 
     text = template(nodes="gpu[01-02]")
     for name, key in [*CLUSTER_KEYS.items(), *(kv for s in SECTIONS.values() for kv in s.items())]:
         assert f"# {key.help}\n" in text, name
-        shown = "(unset)" if key.default is None else toml_value(key.default)
-        assert f"{name} = {shown}" in text or name == "nodes", name
-    # every default passes its own check: uncomment each line that carries one
-    setting = re.compile(r"# [a-z_]+ = (?!\(unset\))")
+        if name == "nodes":
+            continue  # the template's own line: the hostlist given, else an example
+        if key.default is None:  # an example of the right form, said to be one
+            shown = f"{toml_value(EXAMPLES[name])}  # unset by default; an example"
+        else:
+            shown = toml_value(key.default)
+        assert f"{name} = {shown}" in text, name
+    assert "(unset)" not in text
+    # every line is TOML that gpuctl accepts once uncommented: defaults and examples alike
+    setting = re.compile(r"# [a-z_]+ = ")
     active = "\n".join(line[2:] if setting.match(line) else line for line in text.splitlines())
     config = parse_config(active)
     assert [n.name for n in config.nodes()] == ["gpu01", "gpu02"]
+    assert config.nodes()[0].user == EXAMPLES["user"]  # the examples were taken, not skipped
 
 
 def test_config_defaults_are_the_ones_the_code_uses() -> None:
@@ -489,3 +496,19 @@ def test_fleet_table_reaches_the_fleet() -> None:
     assert fleet.liveness_timeout == 5.0 and fleet._sem._value == 4
     with pytest.raises(ConfigError, match=r"fleet\.liveness_timeout: must be 0 \(never\) or"):
         parse_config("[fleet]\nliveness_timeout = 0.5\n")
+
+
+def test_config_check_names_only_the_host_key_policies_that_were_set() -> None:
+    from gpuctl.cli.config_cmd import render_inventory
+    from gpuctl.config import NodeConfig
+
+    table = render_inventory(
+        [
+            NodeConfig(name="gpu01", cluster="lab"),  # unset: as the ssh config says
+            NodeConfig(name="gpu02", cluster="lab", host_key_policy="accept-new"),
+        ],
+        {},
+    )
+    gpu01, gpu02 = table.splitlines()[1:]
+    assert "host_keys" not in gpu01 and "None" not in gpu01
+    assert gpu02.endswith("host_keys=accept-new")

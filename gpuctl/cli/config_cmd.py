@@ -218,7 +218,7 @@ def render_inventory(nodes: list[NodeConfig], slurm: dict[str, str]) -> str:
         details = []
         if n.via == "ssh":
             details += [f"{k}={getattr(n, k)}" for k in ("user", "port", "jump") if getattr(n, k)]
-            if n.host_key_policy != "strict":
+            if n.host_key_policy not in (None, "strict"):  # unset: as the ssh config says
                 details.append(f"host_keys={n.host_key_policy}")
         if n.via == "srun":
             details.append(f"job={n.jobid}" if n.jobid else "job=(yours, found by squeue)")
