@@ -3,10 +3,11 @@
 ``python -m gpuctl.workloads.burn [--device cpu|cuda] [--gpu ID] [--dtype D] [--duration S]``
 
 How it works
-    A round is a chain of K products, each one the next one's input: ``X1 = A @ Q``, ``X2 = X1 @
-    Q``, ..., ``XK = X(K-1) @ Q`` into the round's result slot, every product written with
-    ``matmul(out=)`` (beta=0, as a bare GEMM loop writes; the burner that accumulated products
-    with ``addmm_`` ran at 0.93x of one on an H100), so every product lands in the checked
+    A round is a chain of K products, each one the next one's input: ``X1 = A @ Q``,
+    ``X2 = X1 @ Q``, ..., ``XK = X(K-1) @ Q`` into the round's result slot, every product
+    written with ``matmul(out=)`` (beta=0, as a bare GEMM loop writes; the burner that
+    accumulated products with ``addmm_`` ran at 0.93x of one on an H100), so every product lands
+    in the checked
     value: a product's element feeds a whole row of the next, and a 1 % error in it flips the
     rounding of many of them. ``Q`` is a random orthogonal matrix (the Kronecker product of two
     small ones, so it costs nothing to make), dense like random data, so a chain neither grows
