@@ -7,17 +7,16 @@ How it works
     ``X2 = X1 @ Q``, ..., ``XK = X(K-1) @ Q`` into the round's result slot, every product
     written with ``matmul(out=)`` (beta=0, as a bare GEMM loop writes; the burner that
     accumulated products with ``addmm_`` ran at 0.93x of one on an H100), so every product lands
-    in the checked
-    value: a product's element feeds a whole row of the next, and a 1 % error in it flips the
-    rounding of many of them. ``Q`` is a random orthogonal matrix (the Kronecker product of two
-    small ones, so it costs nothing to make), dense like random data, so a chain neither grows
-    nor shrinks; K is chosen so that a round lasts ~0.25 s (0.5 s on the CPU), at most
-    ``MAX_CHAIN``. Each round's slot is compared with the first round's, computed once as the
-    reference: the same GEMMs on the same inputs on the same device give the same bits, so the
-    comparison is of bits (both viewed as integers of the element's width, ``ne`` counted on the
-    device), not a tolerance: a tolerance wide enough for bf16's rounding (3 %) lets a 1 % error
-    through, and any tolerance relative to the values misses a large error in a small element.
-    Differing elements are errors; a NaN or Inf differs from a finite reference, and a
+    in the checked value: a product's element feeds a whole row of the next, and a 1 % error in
+    it flips the rounding of many of them. ``Q`` is a random orthogonal matrix (the Kronecker
+    product of two small ones, so it costs nothing to make), dense like random data, so a chain
+    neither grows nor shrinks; K is chosen so that a round lasts ~0.25 s (0.5 s on the CPU), at
+    most ``MAX_CHAIN``. Each round's slot is compared with the first round's, computed once as
+    the reference: the same GEMMs on the same inputs on the same device give the same bits, so
+    the comparison is of bits (both viewed as integers of the element's width, ``ne`` counted on
+    the device), not a tolerance: a tolerance wide enough for bf16's rounding (3 %) lets a 1 %
+    error through, and any tolerance relative to the values misses a large error in a small
+    element. Differing elements are errors; a NaN or Inf differs from a finite reference, and a
     non-finite reference is counted once. Result slots rotate through the memory the burner
     holds, so that memory is written and read too; two slots are allocated before the first GEMM
     and the rest while the burn goes (``SLOTS_PER_ROUND`` a round), so a GPU burns within
