@@ -130,6 +130,61 @@ def reader_cost(reader: Any, samples: int, pause: float, old: bool) -> float:
     return used / samples * 1000
 
 
+class Timed:
+    """pynvml with the CPU time of every function call added up by name (a profile of the
+    reader's NVML calls on this machine's driver)."""
+
+    def __init__(self, nv: Any) -> None:
+        self._nv = nv
+        self.used: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._nv, name)
+        if not callable(attr) or not name.startswith("nvml"):
+            return attr
+
+        def timed(*args: Any) -> Any:
+            t = time.process_time()
+            try:
+                return attr(*args)
+            finally:
+                self.used[name] = self.used.get(name, 0.0) + time.process_time() - t
+                self.calls[name] = self.calls.get(name, 0) + 1
+
+        return timed
+
+
+def profile(reader: Any, samples: int, pause: float) -> list[str]:
+    """The new way's CPU per sample by pynvml function, plus the agent's other reader calls
+    (events, host, parents), most expensive first."""
+    from gpuctl.node import protocol
+
+    nv = reader._nv
+    timed = reader._nv = Timed(nv)
+    reader._resolved = {}  # resolve the functions through the timing proxy
+    other: dict[str, float] = {"events()": 0.0, "host()": 0.0, "parents()": 0.0}
+    reader.events(), reader.host(), reader.parents()  # imports and first reads: not counted
+    try:
+        for seq in range(samples):
+            reader.sample(slow=seq % protocol.SLOW_EVERY == 0)
+            for label, fn in (
+                ("events()", reader.events),
+                ("host()", reader.host),
+                ("parents()", reader.parents),
+            ):
+                t = time.process_time()
+                fn()
+                other[label] += time.process_time() - t
+            time.sleep(pause)
+    finally:
+        reader._nv, reader._resolved = nv, {}
+    rows = [(v, f"{k} x{timed.calls[k] / samples:.1f}") for k, v in timed.used.items()]
+    rows += [(v, k) for k, v in other.items()]
+    rows.sort(reverse=True)
+    return [f"{v / samples * 1000:7.3f} ms  {k}" for v, k in rows[:14]]
+
+
 def part_agent(a: argparse.Namespace, results: Path) -> int:
     from benchmarks import agent_cpu
     from gpuctl.bundle import write_bundle
@@ -162,6 +217,11 @@ def part_agent(a: argparse.Namespace, results: Path) -> int:
         old2 = reader_cost(reader, n, 0.25, old=True)
         say(f"[agent] reader, old way again: {old2:.3f} ms CPU/sample")
         out.update(bare_ms=bare, reader_old_ms=[old, old2], reader_new_ms=new)
+        say(f"[agent] where the new way's CPU goes, per sample ({n} samples at 1 Hz):")
+        rows = profile(reader, n, 1.0 if not a.quick else 0.25)
+        for row in rows:
+            say(f"[agent]   {row}")
+        out["profile"] = rows
         reader.close()
         with tempfile.TemporaryDirectory(prefix="gpuctl-check-") as tmp:
             bundle = str(write_bundle(Path(tmp) / "bundle"))
