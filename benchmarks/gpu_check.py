@@ -227,9 +227,15 @@ def part_agent(a: argparse.Namespace, results: Path) -> int:
             bundle = str(write_bundle(Path(tmp) / "bundle"))
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
             say("[agent] the real agent, bundle under python3 -S, 1 Hz:")
-            agent = agent_cpu.measure(
-                "agent (bundle, -S)", [sys.executable, "-S", bundle], [], env, 1.0, n
-            )
+            try:
+                agent = agent_cpu.measure(
+                    "agent (bundle, -S)", [sys.executable, "-S", bundle], [], env, 1.0, n
+                )
+            except Exception as e:  # e.g. a bundle without pynvml: the python3's own then
+                say(f"[agent] {e}; again with this python3's site-packages:")
+                agent = agent_cpu.measure(
+                    "agent (bundle)", [sys.executable, bundle], [], env, 1.0, n
+                )
         out["agent_ms"] = agent
         say(
             f"[agent] RESULT agent {agent:.3f} ms CPU/sample for {gpus} GPU(s) "
