@@ -35,8 +35,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuctl.bundle import write_bundle  # noqa: E402
-from gpuctl_tests.node import smi_stub  # noqa: E402
-from gpuctl_tests.node.nvml_stub import CONFIG_ENV, LIB_NAME, build  # noqa: E402
 
 TARGET_MS = 5.0
 
@@ -156,6 +154,10 @@ def main() -> int:
     p.add_argument("--fast-interval", type=float, default=0.1, help="seconds (>= 0.1)")
     p.add_argument("--skip-1hz", action="store_true", help="only the fast interval (quick)")
     args = p.parse_args()
+    # the stand-ins come with the tests (pytest among their imports): here, not at import, so
+    # that gpu_check.py can use measure() where only torch and nvidia-ml-py are installed
+    from gpuctl_tests.node import smi_stub
+    from gpuctl_tests.node.nvml_stub import CONFIG_ENV, LIB_NAME, build
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), env.get("PYTHONPATH")) if x)

@@ -3,18 +3,25 @@
 ``python -m gpuctl.workloads.burn [--device cpu|cuda] [--gpu ID] [--dtype D] [--duration S]``
 
 How it works
-    A round is K products ``A @ B`` accumulated into one result slot (the first with ``mm``, the
-    others with ``addmm_``, whose beta=1 epilogue costs nothing next to the multiply), so every
-    product lands in the checked value. K is chosen so that a round lasts ~0.25 s (0.5 s on the
-    CPU). Each round's slot is compared with the first round's, computed once as the
-    reference: the same GEMMs on the same inputs on the same device give the same bits, so the
-    comparison is of bits (both viewed as integers of the element's width, ``ne`` counted on
+    A round is a chain of K products, each one the next one's input: ``X1 = A @ Q``,
+    ``X2 = X1 @ Q``, ..., ``XK = X(K-1) @ Q`` into the round's result slot, every product
+    written with ``matmul(out=)`` (beta=0, as a bare GEMM loop writes; the burner that
+    accumulated products with ``addmm_`` ran at 0.93x of one on an H100), so every product lands
+    in the checked value: a product's element feeds a whole row of the next, and a 1 % error in
+    it flips the rounding of many of them. ``Q`` is a random orthogonal matrix (the Kronecker
+    product of two small ones, so it costs nothing to make), dense like random data, so a chain
+    neither grows nor shrinks; K is chosen so that a round lasts ~0.25 s (0.5 s on the CPU), at
+    most ``MAX_CHAIN``. Each round's slot is compared with the first round's, computed once as
+    the reference: the same GEMMs on the same inputs on the same device give the same bits, so
+    the comparison is of bits (both viewed as integers of the element's width, ``ne`` counted on
     the device), not a tolerance: a tolerance wide enough for bf16's rounding (3 %) lets a 1 %
     error through, and any tolerance relative to the values misses a large error in a small
-    element. Differing elements are errors; a NaN or Inf differs from a finite reference, and
-    a non-finite reference is counted once. Result slots rotate through the memory the burner
-    holds, so that memory is written and read too. ``--inject-error ROUND`` (tests only)
-    corrupts one element of that round's result to prove the check; with
+    element. Differing elements are errors; a NaN or Inf differs from a finite reference, and a
+    non-finite reference is counted once. Result slots rotate through the memory the burner
+    holds, so that memory is written and read too; two slots are allocated before the first GEMM
+    and the rest while the burn goes (``SLOTS_PER_ROUND`` a round), so a GPU burns within
+    seconds of the start instead of after allocating tens of GiB. ``--inject-error ROUND``
+    (tests only) corrupts one element of that round's result to prove the check; with
     ``--inject-relative R`` the corruption is a relative change of R (0.01: 1 %) to the element
     of smallest magnitude.
 
@@ -25,7 +32,9 @@ How it works
     from the first round's start to the last round's end.
 
 Output (stdout, one JSON object per line)
-    ``{"type":"info", "message"}`` start-up facts (sizes, out-of-memory fallbacks);
+    ``{"type":"info", "message"}`` start-up facts (sizes, out-of-memory fallbacks); the one
+    after the first GEMM also has ``startup`` (seconds since the start for ``torch``,
+    ``device``, ``buffers`` and ``first_gemm``);
     ``{"type":"progress", ...}`` about once per second: iterations, tflops (since the previous
     line), tflops_mean, errors, elapsed, size, slots, dtype, duty (the figures count from the
     second round: the first makes the reference);
@@ -53,6 +62,10 @@ DEFAULT_SIZE = {"cpu": 2048, "cuda": 8192}
 ROUND_SECONDS = {"cpu": 0.5, "cuda": 0.25}
 MIN_SIZE = 32
 MAX_SLOTS = 4096
+MAX_CHAIN = 256  # products per round at most: bf16's rounding of Q drifts a chain's size slowly
+FIRST_SLOTS = 2  # result slots allocated before the first GEMM ...
+SLOTS_PER_ROUND = 16  # ... and at most this many more after each round is queued
+STARTED = time.monotonic()  # the burner's start, for the start-up figures
 PIPELINE_DEPTH = 2  # CUDA rounds in flight: the GPU always has the next round queued
 EXIT_OK, EXIT_FAULTY, EXIT_USAGE, EXIT_DIED = 0, 1, 2, 3
 
@@ -75,9 +88,24 @@ def parse_bytes(text: str) -> int:
 
 
 def buffer_bytes(size: int, slots: int, dtype: str) -> int:
-    """Bytes held for a size and slot count: A, B, the reference R, the slots, a bool mask."""
+    """Bytes held for a size and slot count: A, Q, the chain's scratch T, the reference R, the
+    slots, a bool mask."""
     n2 = size * size
-    return n2 * (ELEMENT_BYTES[dtype] * (3 + slots) + 1)
+    return n2 * (ELEMENT_BYTES[dtype] * (4 + slots) + 1)
+
+
+def orthogonal(torch: Any, size: int, seed: int, device: Any) -> Any:
+    """A random ``size`` x ``size`` orthogonal matrix (float32, on ``device``): the Kronecker
+    product of two random orthogonal factors whose sizes multiply to ``size`` (QR of small
+    Gaussian matrices, so it takes milliseconds where a QR of the whole would take seconds).
+    Dense: every entry is a product of two nonzero Gaussian-like numbers."""
+    small = max(d for d in range(1, int(size**0.5) + 1) if size % d == 0)
+    gen = torch.Generator().manual_seed(seed)
+    factors = []
+    for n in (small, size // small):
+        q, r = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))
+        factors.append((q * torch.sign(torch.diagonal(r))).float().to(device))  # Haar: signs
+    return torch.kron(factors[0], factors[1])
 
 
 def plan(size_cap: int, budget: int | None, dtype: str, slots: int | None) -> tuple[int, int]:
@@ -192,6 +220,9 @@ class Burner:
         self.oom_fallbacks = 0
         self.size = 0
         self.slots: list[Any] = []
+        self.slots_planned = 0
+        self.used = 0  # bytes allocated (for --mem-budget)
+        self.startup: dict[str, float] = {}
         self.iterations = 0
         self.errors = 0
         self.nonfinite = 0
@@ -219,7 +250,7 @@ class Burner:
             size, slots = cap, self.args.slots or 2
         while True:
             try:
-                self._allocate(size, slots)
+                self._allocate(size, min(slots, FIRST_SLOTS))
                 break
             except OutOfMemory as e:
                 self._free()
@@ -236,52 +267,74 @@ class Burner:
                 )
                 size, slots = new_size, new_slots
         self.size = size
+        self.slots_planned = slots
+        self.startup["buffers"] = time.monotonic() - STARTED
         self.emit(
             {
                 "type": "info",
-                "message": f"{self.name}: {size}x{size} {self.dtype_name}, {len(self.slots)} "
-                f"result slots, {buffer_bytes(size, slots, self.dtype_name) >> 20} MiB",
+                "message": f"{self.name}: {size}x{size} {self.dtype_name}, {slots} result slots "
+                f"({len(self.slots)} before the first GEMM, the rest as it burns), "
+                f"{buffer_bytes(size, slots, self.dtype_name) >> 20} MiB",
             }
         )
 
-    def _allocate(self, size: int, slots: int) -> None:
+    def _empty(self, dtype: Any, elem: int) -> Any:
+        """One size x size buffer; raises OutOfMemory (a real one, or past --mem-budget)."""
         torch = self.torch
         limit = self.args.mem_budget if not self.cuda else None
-        used = 0
+        nbytes = self.size * self.size * elem
+        if limit is not None and self.used + nbytes > limit:
+            raise OutOfMemory(f"{self.used + nbytes} bytes exceed the budget of {limit}")
+        try:
+            out = torch.empty((self.size, self.size), dtype=dtype, device=self.device)
+        except (torch.OutOfMemoryError, MemoryError) as e:
+            raise OutOfMemory(str(e).splitlines()[0] if str(e) else "no memory") from None
+        except RuntimeError as e:  # older builds say "out of memory" in a RuntimeError
+            if "out of memory" in str(e):
+                raise OutOfMemory(str(e).splitlines()[0]) from None
+            raise
+        self.used += nbytes
+        return out
 
-        def empty(dtype: Any, elem: int) -> Any:
-            nonlocal used
-            used += size * size * elem
-            if limit is not None and used > limit:
-                raise OutOfMemory(f"{used} bytes exceed the budget of {limit}")
-            try:
-                return torch.empty((size, size), dtype=dtype, device=self.device)
-            except (torch.OutOfMemoryError, MemoryError) as e:
-                raise OutOfMemory(str(e).splitlines()[0] if str(e) else "no memory") from None
-            except RuntimeError as e:  # older builds say "out of memory" in a RuntimeError
-                if "out of memory" in str(e):
-                    raise OutOfMemory(str(e).splitlines()[0]) from None
-                raise
-
+    def _allocate(self, size: int, slots: int) -> None:
+        torch = self.torch
+        self.size, self.used = size, 0
         elem = ELEMENT_BYTES[self.dtype_name]
         gen = torch.Generator(device=self.device)
         gen.manual_seed(1234 + size)
-        self.a = empty(self.tdtype, elem)
-        self.b = empty(self.tdtype, elem)
-        # Uniform in [-1, 1) scaled by 3/sqrt(N): each product element is ~N(0, 1), so a round's
-        # sum of K products stays far from fp16's range limit.
-        scale = 3.0 / size**0.5
-        for m in (self.a, self.b):
-            m.uniform_(-1.0, 1.0, generator=gen).mul_(scale**0.5)
-        self.ref = empty(self.tdtype, elem)
-        self.mask = empty(torch.bool, 1)
-        self.slots = [empty(self.tdtype, elem) for _ in range(slots)]
+        self.a = self._empty(self.tdtype, elem)
+        self.q = self._empty(self.tdtype, elem)
+        self.t = self._empty(self.tdtype, elem)
+        # A uniform with variance 1 (each element of every product of the chain is then about
+        # N(0, 1): far from fp16's range limit); Q orthogonal, so X @ Q keeps that.
+        self.a.uniform_(-1.0, 1.0, generator=gen).mul_(3.0**0.5)
+        self.q.copy_(orthogonal(torch, size, 1234 + size, self.device))
+        self.ref = self._empty(self.tdtype, elem)
+        self.mask = self._empty(torch.bool, 1)
+        self.slots = [self._empty(self.tdtype, elem) for _ in range(slots)]
         self.err_dev = torch.zeros((), dtype=torch.int64, device=self.device)
         ring = PIPELINE_DEPTH + 2
         self.err_host = torch.zeros(ring, dtype=torch.int64, pin_memory=self.cuda)
 
+    def grow(self) -> None:
+        """Allocate up to SLOTS_PER_ROUND more result slots, until the planned count; an
+        allocation that does not fit ends the growing (the slots held so far rotate)."""
+        for _ in range(min(SLOTS_PER_ROUND, self.slots_planned - len(self.slots))):
+            try:
+                self.slots.append(self._empty(self.tdtype, ELEMENT_BYTES[self.dtype_name]))
+            except OutOfMemory as e:
+                self.emit(
+                    {
+                        "type": "info",
+                        "message": f"{len(self.slots)} of {self.slots_planned} result slots: "
+                        f"no memory for more ({e})",
+                    }
+                )
+                self.slots_planned = len(self.slots)
+                return
+
     def _free(self) -> None:
-        for name in ("a", "b", "ref", "mask", "err_dev", "err_host"):
+        for name in ("a", "q", "t", "ref", "mask", "err_dev", "err_host"):
             if hasattr(self, name):
                 delattr(self, name)
         self.slots = []
@@ -289,24 +342,40 @@ class Burner:
             self.torch.cuda.empty_cache()
 
     # -- compute ------------------------------------------------------------------------
-    def gemms(self, out: Any, k: int, give_up: Any = None) -> int:
-        """K products into ``out``; returns how many ran (fewer when ``give_up()`` says so)."""
-        torch = self.torch
-        torch.mm(self.a, self.b, out=out)
-        if give_up is None:
-            for _ in range(k - 1):
-                out.addmm_(self.a, self.b)
+    def gemms(self, out: Any, k: int, give_up: Any = None, tamper: Any = None) -> int:
+        """The chain of K products, the last one into ``out`` (the others alternate between
+        ``out`` and the scratch T so that it ends there); returns how many ran (fewer when
+        ``give_up()`` says so). ``tamper(i, product)`` (tests) sees each product as it is made."""
+        mm, q = self.torch.matmul, self.q
+        src, dst, other = self.a, (out if k % 2 else self.t), (self.t if k % 2 else out)
+        if give_up is None and tamper is None:
+            for _ in range(k):
+                mm(src, q, out=dst)
+                src, dst, other = dst, other, dst
             return k
-        for i in range(1, k):
-            if give_up():
+        for i in range(k):
+            if i and give_up is not None and give_up():
                 return i
-            out.addmm_(self.a, self.b)
+            mm(src, q, out=dst)
+            if tamper is not None:
+                tamper(i, dst)
+            src, dst, other = dst, other, dst
         return k
 
     def calibrate(self) -> int:
         """Time one GEMM (after a warm-up) and return K, the GEMMs per round."""
         out = self.slots[0]
         self.gemms(out, 1)  # warm-up: library handles, kernel choice
+        done = self.clock.mark()
+        self.clock.wait(done)
+        self.startup["first_gemm"] = time.monotonic() - STARTED
+        self.emit(
+            {
+                "type": "info",
+                "message": f"first GEMM done {self.startup['first_gemm']:.2f} s after the start",
+                "startup": {k: round(v, 3) for k, v in self.startup.items()},
+            }
+        )
         if self.args.gemms_per_round:
             return int(self.args.gemms_per_round)
         n = 1
@@ -320,7 +389,7 @@ class Burner:
                 break
             n *= 2
         one = max(1e-7, took / n)
-        return max(1, min(1 << 20, round(ROUND_SECONDS[self.args.device] / one)))
+        return max(1, min(MAX_CHAIN, round(ROUND_SECONDS[self.args.device] / one)))
 
     def set_reference(self, slot: Any, k: int) -> None:
         torch = self.torch
@@ -423,6 +492,8 @@ class Burner:
                 self.errors += host_errors
             pending.append(Round(r, start, end, done, errors_at, done_k))
             r += 1
+            if len(self.slots) < self.slots_planned:
+                self.grow()  # while the GPU works on the queued rounds
             # A duration shorter than two rounds still checks one product against the reference.
             late = deadline is not None and time.monotonic() >= deadline and r >= 2
             stop = should_stop() or late
@@ -568,6 +639,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:
         emit({"type": "summary", "verdict": "DIED", "reason": f"torch not importable: {e}"})
         return EXIT_DIED
+    imported = time.monotonic() - STARTED
     try:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("no CUDA device visible to torch (use --device cpu to test)")
@@ -579,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
             # keeps it so whatever else runs (the check compares bits).
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         burner = Burner(torch, args, emit)
+        burner.startup.update(torch=imported, device=time.monotonic() - STARTED)
         burner.allocate()
         burner.run(lambda: bool(stopping), args.duration)
         if burner.errors:

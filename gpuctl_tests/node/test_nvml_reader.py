@@ -134,6 +134,53 @@ def test_unsupported_fields_are_null_and_hide_nothing_else(reader: Any) -> None:
     assert g1["remapped_rows"] is not None
 
 
+def test_a_field_a_gpu_does_not_support_is_asked_once(reader: Any, stub: NvmlStub) -> None:
+    """NOT_SUPPORTED is remembered per GPU and field (a fan-less SXM part: 0.25 ms a sample on an
+    H100); another error (NO_PERMISSION here) is asked again, and other GPUs are still asked."""
+    r = reader("count 2\nerror 1 3 fan retired\nerror 1 4 temp\n")
+    for _ in range(4):
+        g1 = by_index(r.sample(slow=True))[1]
+        assert (g1["fan"], g1["retired_pages"], g1["temp"]) == (None, None, None)
+        assert g1["power"] == 201.0
+    assert stub.calls(1, "nvmlDeviceGetFanSpeed") == 1
+    assert stub.calls(1, "nvmlDeviceGetRetiredPages") == 2  # single- and double-bit: one each
+    assert stub.calls(1, "nvmlDeviceGetRetiredPagesPendingStatus") == 1
+    assert stub.calls(1, "nvmlDeviceGetTemperature") == 4
+    assert stub.calls(0, "nvmlDeviceGetFanSpeed") == 4
+    assert stub.calls(1, "nvmlDeviceGetPowerUsage") == 4
+
+
+def test_process_utilization_is_read_only_for_gpus_with_processes_and_not_every_sample(
+    reader: Any, stub: NvmlStub
+) -> None:
+    me = os.getpid()
+    r = reader(f"count 3\nproc 0 {me} 512\nprocutil 0 {me} 37 5\nproc 2 4194000 64\n")
+    util = "nvmlDeviceGetProcessUtilization"
+    r.sample(slow=False)
+    first = [stub.calls(i, util) for i in range(3)]
+    # GPU 2's process has no utilization sample (NOT_FOUND): not an answer to remember for good
+    assert first[0] > 0 and first[1] == 0 and first[2] > 0
+    for _ in range(4):  # back to back: well within PROC_UTIL_EVERY_S
+        gpus = by_index(r.sample(slow=False))
+        assert gpus[0]["processes"][0]["sm"] == 37  # the last answer is repeated in between
+        assert gpus[1]["processes"] == []
+    assert [stub.calls(i, util) for i in range(3)] == first
+    r.proc_util_every = 0.0  # every sample is now due
+    r.sample(slow=False)
+    again = [stub.calls(i, util) for i in range(3)]
+    assert again == [2 * first[0], 0, 2 * first[2]]
+
+
+def test_unsupported_process_utilization_is_asked_once(reader: Any, stub: NvmlStub) -> None:
+    me = os.getpid()
+    r = reader(f"count 1\nproc 0 {me} 512\nerror 0 3 procutil\n")
+    r.proc_util_every = 0.0
+    for _ in range(3):
+        procs = r.sample(slow=False)[0]["processes"]
+        assert [(p["pid"], p["sm"]) for p in procs] == [(me, None)]
+    assert stub.calls(0, "nvmlDeviceGetProcessUtilization") == 1
+
+
 def test_unreadable_static_facts_are_null(reader: Any) -> None:
     r = reader("count 2\nerror 0 3 serial pcie mig\nerror 0 4 max_clock\n")
     s0 = r.static()[0]

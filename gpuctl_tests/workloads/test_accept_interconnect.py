@@ -84,6 +84,31 @@ def test_every_size_is_checked_and_another_topologys_floor_does_not_apply(
     assert not any("floor" in f for f in failures)
 
 
+def test_one_rank_skips_the_all_reduce_and_still_trains(tmp_path: Path) -> None:
+    """One rank has no one to all-reduce with: SKIP with the reason (no "busbw 0.000 GB/s"
+    PASS, no table of a local copy's bandwidth); DDP training still runs on its one rank."""
+    skip = ("--skip", "compute", "--skip", "membw", "--skip", "train")
+    r = run_suite(
+        "--device", "cpu", "--quick", "--report-dir", str(tmp_path), "--ddp-procs", "1",
+        "--sweep-max", "64", *skip,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    sections = only_report(tmp_path)["sections"]
+    ar = sections["ddp_allreduce"]
+    assert ar["verdict"] == "SKIP" and ar["summary"] == (
+        "1 rank: no all-reduce between ranks to check or time"
+    )
+    assert (ar["world_size"], ar["topology"], ar["busbw_gbps"], ar["sweep"]) == (
+        1,
+        "1x1",
+        None,
+        None,
+    )
+    assert "busbw" not in r.stdout and not any(map(ROW.match, r.stdout.splitlines()))
+    train = sections["ddp_train"]
+    assert train["verdict"] == "PASS" and train["world_size"] == 1
+
+
 def test_a_bad_floor_is_one_line() -> None:
     r = run_suite("--device", "cpu", "--busbw-floor", "8 nodes=3", timeout=60)
     assert r.returncode == 2

@@ -238,6 +238,40 @@ def test_the_burner_reports_a_one_percent_error_as_faulty(dtype: str) -> None:
     assert rc == 0 and lines[-1]["verdict"] == "OK" and lines[-1]["errors"] == 0, (lines, err)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_a_one_percent_error_in_any_product_of_a_round_reaches_the_checked_result(
+    dtype: str,
+) -> None:
+    """Each product is the next one's input (written with beta=0, never accumulated): 1 % off
+    in one element of any product of the chain, not only the last, changes the checked bits."""
+    b = make_burner(dtype)
+    slot = b.slots[1]
+    for bad in range(3):  # make_burner's reference is a chain of 3
+
+        def tamper(i: int, product: Any, bad: int = bad) -> None:
+            if i == bad:
+                flat = product.view(-1)
+                j = flat.numel() // 2 + 3
+                flat[j] = (flat[j].double() * 1.01).to(flat.dtype)
+
+        b.gemms(slot, 3, tamper=tamper)
+        assert b.check(slot) >= 1, bad
+    b.gemms(slot, 3)
+    assert b.check(slot) == 0  # untouched, the chain reproduces the reference
+
+
+def test_the_first_gemm_comes_before_the_result_slots_are_all_allocated() -> None:
+    rc, lines, err = run_burner("--size", "64", "--slots", "40", "--duration", "1")
+    assert rc == 0, err
+    infos = of_type(lines, "info")
+    first = infos[0]["message"]
+    assert "40 result slots (2 before the first GEMM, the rest as it burns)" in first
+    startup = infos[1]["startup"]
+    assert infos[1]["message"].startswith("first GEMM done ")
+    assert 0 < startup["torch"] <= startup["device"] <= startup["buffers"] <= startup["first_gemm"]
+    assert lines[-1]["slots"] == 40 and lines[-1]["verdict"] == "OK"
+
+
 def test_a_gpus_fault_names_the_gpu() -> None:
     b = make_burner("fp32")
     assert b.where() == "cpu"
@@ -317,5 +351,5 @@ def test_deferred_error_counting_as_on_cuda() -> None:
     b.run(lambda: len(calls) >= 8, None)  # a warm-up call, then rounds 0..6
     assert b.errors == 1  # the one corrupted element of round 3, read back from err_host
     assert b.iterations == 4 * 6  # rounds 1..6 are counted, round 0 is the reference
-    assert clock.waited == 7  # every round was waited for once, none skipped
+    assert clock.waited == 1 + 7  # the first GEMM, then every round once, none skipped
     assert progress[-1]["errors"] == 1

@@ -1,7 +1,8 @@
 """The node's host beside its GPUs: CPU busy %, memory, load average and network rate.
 
 Read from /proc/stat, /proc/meminfo, /proc/loadavg and /proc/net/dev: four small files per
-sample. CPU % and the network rates are differences between two samples, so the first sample
+sample, each opened once and read again from its start with ``pread`` (opening the four for
+every sample, each into a 1 MiB buffer, cost 0.12 ms of the agent's CPU per sample). CPU % and the network rates are differences between two samples, so the first sample
 has none (null). The loopback interface is left out of the network rate: it is not traffic to
 other nodes. Python 3.6, standard library only; a file that cannot be read makes its fields
 null, never an error.
@@ -26,13 +27,45 @@ class HostStats(object):
         self._clock = clock
         self._cpu = None  # type: Optional[Tuple[int, int]]  # busy, total jiffies
         self._net = None  # type: Optional[Tuple[int, int, float]]  # rx, tx bytes, when
+        self._fds = {}  # type: Dict[str, int]
 
     def _read(self, name: str) -> Optional[str]:
+        """The file's text (at most 1 MiB), read through a descriptor kept open."""
+        fd = self._fds.get(name)
         try:
-            with open(os.path.join(self._root, name), "rb") as f:
-                return f.read(1 << 20).decode("ascii", "replace")
+            if fd is not None and os.fstat(fd).st_nlink == 0:  # removed: not /proc, a test's
+                self._close(name)
+                fd = None
+            if fd is None:
+                fd = self._fds[name] = os.open(os.path.join(self._root, name), os.O_RDONLY)
+            chunks = []  # type: List[bytes]
+            size = 0
+            while size < 1 << 20:
+                chunk = os.pread(fd, 1 << 16, size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            return b"".join(chunks).decode("ascii", "replace")
         except OSError:
+            self._close(name)  # opened again next time
             return None
+
+    def _close(self, name: str) -> None:
+        fd = self._fds.pop(name, None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Close the files kept open."""
+        for name in list(self._fds):
+            self._close(name)
+
+    def __del__(self) -> None:
+        self.close()
 
     def sample(self) -> Dict[str, Any]:
         out = dict.fromkeys(HOST_FIELDS)  # type: Dict[str, Any]
@@ -46,14 +79,13 @@ class HostStats(object):
     def _cpu_percent(self, text: Optional[str]) -> Optional[float]:
         if not text:
             return None
-        for line in text.splitlines():
-            if line.startswith("cpu "):
-                try:
-                    ticks = [int(x) for x in line.split()[1:9]]
-                except ValueError:
-                    return None
-                break
-        else:
+        start = 0 if text.startswith("cpu ") else text.find("\ncpu ") + 1
+        if not start and not text.startswith("cpu "):
+            return None
+        end = text.find("\n", start)
+        try:
+            ticks = [int(x) for x in text[start:end if end >= 0 else None].split()[1:9]]
+        except ValueError:
             return None
         total = sum(ticks)
         busy = total - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)  # idle, iowait
@@ -87,15 +119,20 @@ class HostStats(object):
 
 
 def _meminfo(text: Optional[str]) -> Dict[str, Optional[int]]:
-    found = {}  # type: Dict[str, int]
-    for line in (text or "").splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("MemTotal", "MemAvailable"):
-            try:
-                found[key] = int(rest.split()[0]) * 1024  # kB
-            except (ValueError, IndexError):
-                pass
-    return {"mem_total": found.get("MemTotal"), "mem_available": found.get("MemAvailable")}
+    return {"mem_total": _meminfo_kb(text or "", "MemTotal"),
+            "mem_available": _meminfo_kb(text or "", "MemAvailable")}
+
+
+def _meminfo_kb(text: str, key: str) -> Optional[int]:
+    """Bytes of one ``Key:   123 kB`` line of /proc/meminfo, None when absent or malformed."""
+    at = 0 if text.startswith(key + ":") else text.find("\n" + key + ":") + 1
+    if not at and not text.startswith(key + ":"):
+        return None
+    end = text.find("\n", at)
+    try:
+        return int(text[at + len(key) + 1:end if end >= 0 else None].split()[0]) * 1024
+    except (ValueError, IndexError):
+        return None
 
 
 def _loadavg(text: Optional[str]) -> Optional[List[float]]:

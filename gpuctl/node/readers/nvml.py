@@ -3,6 +3,10 @@
 pynvml (the node's own or the one the bundle carries, see ``bindings``) is imported inside
 ``NvmlReader.open`` only, so ``gpuctl.node`` stays standard library at import time. Each field is read in its own guard: an NVML error (NOT_SUPPORTED, NO_PERMISSION,
 ...) or a function this pynvml/driver pair lacks makes that one field null, never the others.
+A field a GPU answers NOT_SUPPORTED is not asked again of that GPU (on an H100 SXM, the fan
+speed alone cost 0.25 ms a sample). Per-process SM utilization (1.4 ms a call on an H100) is
+read only for a GPU with processes, at most every ``PROC_UTIL_EVERY_S`` while its pids stay
+the same; the samples in between repeat the last answer.
 GPU_IS_LOST turns the GPU's record into the "lost" state for good and queues one ``gpu_lost``
 event. XID critical errors come from an NVML event set polled without blocking in ``events()``.
 Python 3.6 syntax.
@@ -34,6 +38,7 @@ POWER_LIMIT = ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementL
 Names = Union[str, Tuple[str, ...]]  # a pynvml function, or alternatives newest first
 
 # nvml.h constants, fixed by the C ABI (kept here so an old pynvml lacking a name still works)
+NOT_SUPPORTED = 3
 GPU_IS_LOST = 15
 FUNCTION_NOT_FOUND = 13
 TEMPERATURE_GPU = 0
@@ -47,6 +52,7 @@ PSTATE_UNKNOWN = 32
 NOT_AVAILABLE = (1 << 64) - 1  # usedGpuMemory when the driver cannot tell (and the ulonglong -1)
 MAX_EVENTS_PER_POLL = 256  # bounds one events() call if a GPU floods XIDs
 PROC_UTIL_WINDOW_S = 5.0  # per-process SM %: NVML's samples of this last while, newest per pid
+PROC_UTIL_EVERY_S = 5.0  # ... read this often per GPU (and when its pids change): one window
 
 
 class _Lost(Exception):
@@ -67,6 +73,10 @@ class NvmlReader(Reader):
         self._lost = set()  # type: Set[int]
         self._pending = []  # type: List[Dict[str, Any]]
         self._slow = {}  # type: Dict[int, Dict[str, Any]]
+        self._unsupported = set()  # type: Set[Any]  # (names, args) a GPU said NOT_SUPPORTED to
+        # GPU -> (monotonic time, its pids, pid -> SM %) of the last per-process utilization read
+        self._sm = {}  # type: Dict[int, Tuple[float, Any, Dict[int, Optional[int]]]]
+        self.proc_util_every = PROC_UTIL_EVERY_S
         self._names = ProcessNames()
         self._parents = []  # type: List[Dict[str, Any]]
         self._index_of_handle = {}  # type: Dict[Any, int]
@@ -141,13 +151,25 @@ class NvmlReader(Reader):
             return getattr(e, "value", None) == FUNCTION_NOT_FOUND
         return type(e).__name__ == "NVMLLibraryMismatchError"
 
-    def _read(self, names: Names, *args: Any) -> Any:
-        """One guarded field read: the value, None when unreadable; raises _Lost."""
+    def _read(self, names: Names, *args: Any, key: Any = None) -> Any:
+        """One guarded field read: the value, None when unreadable; raises _Lost.
+
+        A read answered NOT_SUPPORTED is remembered under ``key`` (default: the call, the GPU's
+        handle (by identity: the reader keeps its handles, and ctypes pointers do not hash) and
+        the other arguments) and answered None from then on without a call.
+        """
+        if key is None:
+            key = (names, id(args[0]), args[1:]) if args else names
+        if key in self._unsupported:
+            return None
         try:
             return self._call(names, *args)
         except self._error as e:
-            if getattr(e, "value", None) == GPU_IS_LOST:
+            value = getattr(e, "value", None)
+            if value == GPU_IS_LOST:
                 raise _Lost()
+            if value == NOT_SUPPORTED:
+                self._unsupported.add(key)
             return None
         except Exception:  # a missing function, an old pynvml's quirk: this field only
             return None
@@ -271,10 +293,10 @@ class NvmlReader(Reader):
             "fan": self._read("nvmlDeviceGetFanSpeed", h),
             "pstate": "P%d" % pstate if pstate is not None and pstate != PSTATE_UNKNOWN else None,
             "throttle": decode_throttle(_int(mask)) if mask is not None else None,
-            "processes": self._processes(h, pids),
+            "processes": self._processes(i, h, pids),
         }
 
-    def _processes(self, h: Any, pids: Set[int]) -> Optional[List[Dict[str, Any]]]:
+    def _processes(self, i: int, h: Any, pids: Set[int]) -> Optional[List[Dict[str, Any]]]:
         """Compute and graphics processes, one entry per pid (largest memory figure)."""
         found = {}  # type: Dict[int, Optional[int]]
         readable = False
@@ -296,13 +318,22 @@ class NvmlReader(Reader):
                 found[pid] = mem
         if not readable:
             return None
-        return self._names.rows(found, pids, self._process_sm(h) if found else None)
+        if not found:
+            self._sm.pop(i, None)
+            return self._names.rows(found, pids, None)
+        return self._names.rows(found, pids, self._process_sm(i, h, frozenset(found)))
 
-    def _process_sm(self, h: Any) -> Dict[int, Optional[int]]:
+    def _process_sm(self, i: int, h: Any, gpu_pids: Any) -> Dict[int, Optional[int]]:
         """pid -> SM % of its newest NVML utilization sample of the last few seconds (a pid
-        without one ran no kernel then, or the GPU cannot tell: left out)."""
+        without one ran no kernel then, or the GPU cannot tell: left out). Read again only
+        after ``proc_util_every`` seconds or when the GPU's pids change."""
+        now = time.monotonic()
+        last = self._sm.get(i)
+        if last is not None and last[1] == gpu_pids and now - last[0] < self.proc_util_every:
+            return last[2]
         since = int((time.time() - PROC_UTIL_WINDOW_S) * 1e6)  # NVML stamps are microseconds
-        samples = self._read("nvmlDeviceGetProcessUtilization", h, since)
+        samples = self._read("nvmlDeviceGetProcessUtilization", h, since,
+                             key=("nvmlDeviceGetProcessUtilization", id(h), ()))
         newest = {}  # type: Dict[int, Tuple[int, Optional[int]]]
         for s in samples or ():
             pid = _int(getattr(s, "pid", None))
@@ -311,7 +342,9 @@ class NvmlReader(Reader):
             if pid is None or (pid in newest and newest[pid][0] > stamp):
                 continue
             newest[pid] = (stamp, util if util is not None and 0 <= util <= 100 else None)
-        return {pid: util for pid, (_, util) in newest.items()}
+        sm = {pid: util for pid, (_, util) in newest.items()}
+        self._sm[i] = (now, gpu_pids, sm)
+        return sm
 
     def _read_slow(self, h: Any) -> Dict[str, Any]:
         counts = {}  # type: Dict[str, Optional[int]]

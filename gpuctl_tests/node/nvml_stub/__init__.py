@@ -94,3 +94,13 @@ class NvmlStub:
         fn.argtypes = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_longlong]
         if fn(gpu, field.encode(), value) != 0:
             raise ValueError(f"stub has no GPU {gpu} or field {field!r}")
+
+    def calls(self, gpu: int, function: str) -> int:
+        """How often the preloaded stub's device ``function`` (its C name, e.g.
+        ``"nvmlDeviceGetFanSpeed"``) was called for ``gpu`` since the last ``nvmlInit``."""
+        assert self._handle is not None, "preload() first"
+        fn = self._handle.gpuctl_stub_calls
+        fn.argtypes = [ctypes.c_uint, ctypes.c_char_p]
+        fn.restype = ctypes.c_long
+        n: int = fn(gpu, function.encode())
+        return n

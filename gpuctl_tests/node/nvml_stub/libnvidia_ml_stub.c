@@ -17,7 +17,8 @@
  *     set GPU FIELD VALUE         a number (see FIELDS below; throttle takes 0x.. too)
  *     error GPU CODE WHAT...      calls for WHAT on that GPU return CODE (3 = NOT_SUPPORTED,
  *                                 4 = NO_PERMISSION, 999 = UNKNOWN); WHAT is one of the names
- *                                 in WHATS below
+ *                                 in WHATS below ("procs" fails the process lists and the
+ *                                 per-process utilization, "procutil" only the latter)
  *     lost GPU N                  every call on that GPU returns GPU_IS_LOST once the GPU has
  *                                 had more than N samples (a sample = one utilization read),
  *                                 i.e. from its 0-based sample N on
@@ -29,7 +30,10 @@
  *     procutil GPU PID SM MEM     a per-process utilization sample (SM %, memory %) that
  *                                 nvmlDeviceGetProcessUtilization returns (NOT_FOUND: none)
  * In-process tests may also change a reading while NVML is open with the non-NVML export
- * gpuctl_stub_set(gpu, field, value) (see the end of this file).
+ * gpuctl_stub_set(gpu, field, value), and read how often a device function was called for one
+ * GPU with gpuctl_stub_calls(gpu, "nvmlDeviceGetFanSpeed") (see the end of this file; counted
+ * per function that checks the handle, so a pynvml call that asks twice, size then data, counts
+ * two; reset by nvmlInit).
  * Default readings of GPU i are derived from i (util 50+i, temp 40+i, ...; see gpu_defaults),
  * so a test can check that the number it sees came from this library.
  */
@@ -77,12 +81,12 @@ typedef struct {
 enum what {
     W_NAME, W_UUID, W_SERIAL, W_MEMORY, W_UTIL, W_TEMP, W_POWER, W_POWER_LIMIT, W_CLOCK,
     W_MAX_CLOCK, W_FAN, W_PSTATE, W_THROTTLE, W_ECC, W_RETIRED, W_REMAPPED, W_PROCS, W_MIG,
-    W_PCIE, W_EVENTS, W_COUNT
+    W_PCIE, W_EVENTS, W_PROCUTIL, W_COUNT
 };
 static const char *WHATS[W_COUNT] = {
     "name", "uuid", "serial", "memory", "util", "temp", "power", "power_limit", "clock",
     "max_clock", "fan", "pstate", "throttle", "ecc", "retired", "remapped", "procs", "mig",
-    "pcie", "events",
+    "pcie", "events", "procutil",
 };
 
 struct proc {
@@ -133,6 +137,29 @@ static int shape_set(unsigned int i, const char *field, long long value);
 
 static gpu_t gpus[MAX_GPUS];
 static unsigned int ngpus;
+
+/* calls per GPU and function (__func__ of the checked function) for gpuctl_stub_calls */
+#define MAX_COUNTED 96
+static struct counted {
+    const char *fn;
+    long n;
+} counted[MAX_GPUS][MAX_COUNTED];
+
+static void count_call(gpu_t *g, const char *fn)
+{
+    struct counted *c;
+    int k;
+    if (g == NULL || g < gpus || g >= gpus + MAX_GPUS)
+        return;
+    c = counted[g - gpus];
+    for (k = 0; k < MAX_COUNTED && c[k].fn != NULL; k++)
+        if (strcmp(c[k].fn, fn) == 0)
+            break;
+    if (k == MAX_COUNTED)
+        return;
+    c[k].fn = fn;
+    c[k].n++;
+}
 static int initialised;
 static int init_error;
 static char driver_version[80], nvml_version[80];
@@ -226,6 +253,7 @@ static void load_config(void)
 
     ngpus = 2;
     nprocutils = 0;
+    memset(counted, 0, sizeof(counted));
     init_error = 0;
     cuda_version = 12040;
     snprintf(driver_version, sizeof(driver_version), "550.54.15");
@@ -346,7 +374,9 @@ static nvmlReturn_t check(gpu_t *g, int what)
 
 #define CHECK(g, what)                      \
     do {                                    \
-        nvmlReturn_t rc_ = check((g), (what)); \
+        nvmlReturn_t rc_;                   \
+        count_call((g), __func__);          \
+        rc_ = check((g), (what));           \
         if (rc_ != NVML_SUCCESS)            \
             return rc_;                     \
     } while (0)
@@ -699,6 +729,7 @@ static nvmlReturn_t processes(gpu_t *g, int graphics, unsigned int *count, void 
     nvmlReturn_t nvmlDeviceGet##kind##RunningProcesses_v3(gpu_t *g, unsigned int *count,       \
                                                           nvmlProcessInfo_v2_t *infos)        \
     {                                                                                          \
+        count_call(g, __func__);                                                               \
         return processes(g, graphics, count, infos, sizeof(nvmlProcessInfo_v2_t));             \
     }                                                                                          \
     nvmlReturn_t nvmlDeviceGet##kind##RunningProcesses_v2(gpu_t *g, unsigned int *count,       \
@@ -724,6 +755,8 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(gpu_t *g, nvmlProcessUtilizationSam
     int i;
     (void)since;
     CHECK(g, W_PROCS);
+    if (g->err[W_PROCUTIL])
+        return g->err[W_PROCUTIL];
     if (count == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
     for (i = 0; i < nprocutils; i++)
@@ -847,6 +880,18 @@ int gpuctl_stub_set(unsigned int index, const char *field, long long value)
     if (k < 0)
         return shape_set(index, field, value);
     gpus[index].v[k] = value;
+    return 0;
+}
+
+/* How often FN (a device function's name) was called for GPU INDEX since nvmlInit. */
+long gpuctl_stub_calls(unsigned int index, const char *fn)
+{
+    int k;
+    if (index >= MAX_GPUS || fn == NULL)
+        return -1;
+    for (k = 0; k < MAX_COUNTED && counted[index][k].fn != NULL; k++)
+        if (strcmp(counted[index][k].fn, fn) == 0)
+            return counted[index][k].n;
     return 0;
 }
 

@@ -57,10 +57,15 @@ def free_port() -> int:
         s.close()
 
 
+def local_procs(suite: "Suite") -> int:
+    """DDP processes on this node: ``--ddp-procs``, else one per GPU (2 on the CPU)."""
+    return int(suite.args.ddp_procs or (len(suite.gpus) if suite.cuda else 2))
+
+
 def launch(suite: "Suite") -> "tuple[list[dict[str, Any]], str | None, int]":
     """Run the DDP ranks of this node under torchrun; returns (rank results, error or None)."""
     a = suite.args
-    nproc = a.ddp_procs or (len(suite.gpus) if suite.cuda else 2)
+    nproc = local_procs(suite)
     if nproc < 1:
         return [], "no DDP process to start", nproc
     if a.quick:
@@ -203,7 +208,10 @@ def _judge_sweep(suite: "Suite", out: "dict[str, Any]") -> "list[str]":
 
 
 def run_allreduce(suite: "Suite") -> "dict[str, Any]":
-    """[DDP] all-reduce: every element right on every rank, and the bus bandwidth."""
+    """[DDP] all-reduce: every element right on every rank, and the bus bandwidth; SKIP with
+    one rank in all (nothing crosses a link: its "bandwidth" is a local copy's)."""
+    if local_procs(suite) == 1 and suite.args.ddp_nnodes == 1:
+        return _single_rank(suite)
     ranks, error, nproc = launch(suite)
     failures = []
     out = {
@@ -289,6 +297,29 @@ def run_allreduce(suite: "Suite") -> "dict[str, Any]":
         )
     )
     return out
+
+
+def _single_rank(suite: "Suite") -> "dict[str, Any]":
+    """The ddp_allreduce section of a one-rank run: SKIP, no torchrun (ddp_train still runs)."""
+    return {
+        "verdict": "SKIP",
+        "summary": "1 rank: no all-reduce between ranks to check or time",
+        "world_size": 1,
+        "nnodes": 1,
+        "local_procs": 1,
+        "backend": None,
+        "numel": None,
+        "bytes": None,
+        "iters": None,
+        "algbw_gbps": None,
+        "busbw_gbps": None,
+        "ranks": [],
+        "topology": topology(1, 1),
+        "sweep": None,
+        "sweep_busbw_gbps": None,
+        "busbw_floor_gbps": None,
+        "failures": [],
+    }
 
 
 def run_train(suite: "Suite") -> "dict[str, Any]":
