@@ -125,6 +125,7 @@ def add_nodes_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="more nodes: one name or hostlist per line (an MPI hostfile works), # comments",
     )
+    p.set_defaults(adhoc_nodes=True)  # other commands' own NODES (stress) are not these
 
 
 def chosen_nodes(args: argparse.Namespace) -> list[str] | None:
@@ -134,7 +135,7 @@ def chosen_nodes(args: argparse.Namespace) -> list[str] | None:
     from gpuctl.config import parse_nodes, read_hostfile
 
     text, hostfile = getattr(args, "nodes", None), getattr(args, "hostfile", None)
-    if text is None and hostfile is None:
+    if not getattr(args, "adhoc_nodes", False) or (text is None and hostfile is None):
         return None
     try:
         names = parse_nodes(text) if text is not None else []
