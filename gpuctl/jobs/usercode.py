@@ -1,0 +1,256 @@
+"""The user's own code, shipped with a job: the importable modules and packages of the project
+the submitter runs from, so that a function that imports them when it runs (``def main(): from
+model import MLP``) finds them in VENV2 on every target, with no shared file system.
+
+The project is the folder the submitting script's imports come from (``python train.py``: the
+script's folder; ``python -m proj.train``: the folder holding ``proj``; a REPL or a notebook: the
+current folder) and the folder of the file a function was loaded from (``gpuctl submit
+train.py:main``). Its top-level ``*.py`` modules and its packages (folders with ``__init__.py``,
+every file in them) ship; installed distributions (editable installs too: VENV2 is expected to
+have them) and gpuctl do not. Content-addressed like the runner: ``<job root>/code-<hash>`` on the
+target's host, written once per content (a ``.complete`` file last), and put first on VENV2's
+``sys.path`` (and ``PYTHONPATH``, for the processes the function starts) by the worker.
+
+``limit`` caps the bytes shipped (modules already imported here come first), ``exclude`` lists
+``fnmatch`` patterns matched against each file's and folder's name and each module's dotted
+name. What is left out is named in ``meta.json`` (``unshipped``: name -> [path, why]) for the
+report of a job that then misses it: "your module `model` (`/path/model.py`) was not shipped:
+...".
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import hashlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuctl.jobs.hosts import Host
+
+DEFAULT_LIMIT = 64 << 20  # bytes of the user's code per job: source, not data
+DEFAULT_EXCLUDE = ("__pycache__", "*.pyc", "*.pyo", ".*")
+NEVER_SHIPPED = frozenset({"gpuctl", "gpuctl_runner"})
+COMPLETE = ".complete"  # written last into a code folder: the folder is whole
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One top-level module (``model.py``) or package (``pkg/``) of the project."""
+
+    name: str
+    path: str  # the module's file or the package's folder
+    files: tuple[tuple[str, str], ...]  # (path in the code folder, path here)
+    size: int
+
+
+@dataclass(frozen=True)
+class UserCode:
+    """What ships with a job: ``files`` (path in the code folder, path here), their ``digest``,
+    and what was left out (``unshipped``: module name -> (path, why))."""
+
+    files: tuple[tuple[str, str], ...] = ()
+    digest: str = ""
+    unshipped: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def folder(self, root: str) -> str:
+        """The code folder under the job root ``root``."""
+        return f"{root}/code-{self.digest[:16]}"
+
+
+def _fmt(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
+
+
+def _not_installed_dir(path: str) -> bool:
+    """A folder that is not the standard library's, site-packages or this Python's prefix (a
+    console script's ``bin``)."""
+    from gpuctl.jobs.executor import _is_user_file
+
+    real = os.path.realpath(path)
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    inside = any(real == p or real.startswith(p + os.sep) for p in prefixes)
+    return not inside and _is_user_file(os.path.join(real, "x.py"))
+
+
+def _import_root(file: str, name: str) -> str:
+    """The ``sys.path`` folder module ``name`` (dotted) was imported from, given its file."""
+    folder = os.path.dirname(os.path.realpath(file))
+    for _ in range(name.count(".")):
+        folder = os.path.dirname(folder)
+    return folder
+
+
+def project_roots(fn: Callable[..., Any]) -> list[str]:
+    """The folders whose modules ship with ``fn``'s job (see the module docstring)."""
+    roots: list[str] = []
+    main = sys.modules.get("__main__")
+    file = getattr(main, "__file__", None)
+    spec = getattr(main, "__spec__", None)
+    name = str(getattr(spec, "name", "") or "")
+    if isinstance(file, str) and file:
+        if name.split(".")[0] not in NEVER_SHIPPED:
+            roots.append(_import_root(file, name))
+    elif main is not None and sys.argv[:1] != ["-c"]:
+        roots.append(os.getcwd())  # a REPL or a notebook imports from the current folder
+    mod = sys.modules.get(str(getattr(fn, "__module__", "") or ""))
+    mfile = getattr(mod, "__file__", None)
+    if mod is not None and mod is not main and isinstance(mfile, str) and "." not in mod.__name__:
+        roots.append(os.path.dirname(os.path.realpath(mfile)))  # a file loaded by path
+    out: list[str] = []
+    for root in roots:
+        if root not in out and os.path.isdir(root) and _not_installed_dir(root):
+            out.append(root)
+    return out
+
+
+def _excluded_why(pattern: str) -> str:
+    return f"the pattern {pattern!r} of Executor(ship_exclude=...) leaves it out: remove it to ship it"
+
+
+def _excluded(name: str, patterns: Sequence[str]) -> str | None:
+    return next((p for p in patterns if fnmatch.fnmatchcase(name, p)), None)
+
+
+def _package_files(
+    top: str, exclude: Sequence[str], unshipped: dict[str, tuple[str, str]]
+) -> tuple[list[tuple[str, str]], int]:
+    """Every file of the package folder ``top`` (but the excluded), and their size."""
+    files: list[tuple[str, str]] = []
+    size = 0
+    for folder, dirs, names in os.walk(top):
+        rel = os.path.relpath(folder, os.path.dirname(top))
+        dotted = rel.replace(os.sep, ".")
+        for d in list(dirs):
+            pattern = _excluded(d, (*DEFAULT_EXCLUDE, *exclude)) or _excluded(
+                f"{dotted}.{d}", exclude
+            )
+            if pattern:
+                dirs.remove(d)
+                if pattern in exclude and os.path.exists(os.path.join(folder, d, "__init__.py")):
+                    why = _excluded_why(pattern)
+                    unshipped[f"{dotted}.{d}"] = (os.path.join(folder, d), why)
+        dirs.sort()
+        for n in sorted(names):
+            path = os.path.join(folder, n)
+            module = f"{dotted}.{n[:-3]}" if n.endswith(".py") else ""
+            pattern = _excluded(n, (*DEFAULT_EXCLUDE, *exclude)) or (
+                _excluded(module, exclude) if module else None
+            )
+            if pattern:
+                if pattern in exclude and module:
+                    why = _excluded_why(pattern)
+                    unshipped[module] = (path, why)
+                continue
+            if not os.path.isfile(path):
+                continue
+            files.append((f"{rel}/{n}".replace(os.sep, "/"), path))
+            size += os.path.getsize(path)
+    return files, size
+
+
+def _units(root: str, exclude: Sequence[str], unshipped: dict[str, tuple[str, str]]) -> list[Unit]:
+    """The top-level modules and packages in ``root`` that may ship."""
+    from gpuctl.jobs.executor import _installed_top_levels
+
+    installed = _installed_top_levels()
+    units = []
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return []
+    for entry in entries:
+        is_module = entry.name.endswith(".py") and entry.is_file()
+        name = entry.name[:-3] if is_module else entry.name
+        if not name.isidentifier() or name in NEVER_SHIPPED or name in installed:
+            continue
+        if not is_module and not (
+            entry.is_dir() and os.path.isfile(os.path.join(entry.path, "__init__.py"))
+        ):
+            continue
+        pattern = _excluded(entry.name, (*DEFAULT_EXCLUDE, *exclude)) or _excluded(name, exclude)
+        if pattern:
+            if pattern in exclude:
+                why = _excluded_why(pattern)
+                unshipped[name] = (entry.path, why)
+            continue
+        if is_module:
+            units.append(Unit(name, entry.path, ((entry.name, entry.path),), entry.stat().st_size))
+        else:
+            files, size = _package_files(entry.path, exclude, unshipped)
+            units.append(Unit(name, entry.path, tuple(files), size))
+    return units
+
+
+@functools.lru_cache(maxsize=8192)
+def _file_digest(path: str, size: int, mtime_ns: int, ino: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def collect(
+    fn: Callable[..., Any], *, limit: int = DEFAULT_LIMIT, exclude: Sequence[str] = ()
+) -> UserCode:
+    """The user code that ships with ``fn``'s job: the modules and packages of its project
+    (``project_roots``), those already imported here first, up to ``limit`` bytes."""
+    unshipped: dict[str, tuple[str, str]] = {}
+    units: dict[str, Unit] = {}
+    for root in project_roots(fn):
+        for unit in _units(root, exclude, unshipped):
+            units.setdefault(unit.name, unit)  # the first root wins, as on sys.path
+    order = sorted(units.values(), key=lambda u: (u.name not in sys.modules, u.name))
+    total = 0
+    files: list[tuple[str, str]] = []
+    for unit in order:
+        if limit <= 0:
+            unshipped[unit.name] = (
+                unit.path,
+                "shipping your code is off (Executor(ship_limit=0)): give it a limit",
+            )
+            continue
+        if total + unit.size > limit:
+            why = (
+                f"it is {_fmt(unit.size)}, and your project's code would then be "
+                f"{_fmt(total + unit.size)}, over the limit of {_fmt(limit)}: leave out what the "
+                "job does not import (Executor(ship_exclude=[...])) or raise the limit "
+                "(Executor(ship_limit=...))"
+            )
+            unshipped[unit.name] = (unit.path, why)
+            continue
+        total += unit.size
+        files += unit.files
+    if not files:
+        return UserCode(unshipped=unshipped)
+    digest = hashlib.sha256()
+    for rel, path in sorted(files):
+        st = os.stat(path)
+        digest.update(
+            f"{rel}\0{_file_digest(path, st.st_size, st.st_mtime_ns, st.st_ino)}\0".encode()
+        )
+    return UserCode(tuple(sorted(files)), digest.hexdigest(), unshipped)
+
+
+def ship(host: Host, root: str, code: UserCode) -> str | None:
+    """Copy ``code`` into its folder under the job root ``root`` on ``host`` unless a complete
+    copy is there already; returns the folder (None when nothing ships)."""
+    if not code.files:
+        return None
+    folder = code.folder(root)
+    if host.exists(f"{folder}/{COMPLETE}"):
+        return folder
+    host.mkdir(folder, 0o700)
+    made = {folder}
+    for rel, path in code.files:
+        parent = f"{folder}/{rel}".rsplit("/", 1)[0]
+        if parent not in made:
+            host.mkdir(parent, 0o700)
+            made.add(parent)
+        host.put_file(path, f"{folder}/{rel}", 0o600)
+    host.write_bytes(f"{folder}/{COMPLETE}", b"", 0o600)
+    return folder
