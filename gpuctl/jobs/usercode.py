@@ -108,7 +108,9 @@ def project_roots(fn: Callable[..., Any]) -> list[str]:
 
 
 def _excluded_why(pattern: str) -> str:
-    return f"the pattern {pattern!r} of Executor(ship_exclude=...) leaves it out: remove it to ship it"
+    return (
+        f"the pattern {pattern!r} of Executor(ship_exclude=...) leaves it out: remove it to ship it"
+    )
 
 
 def _excluded(name: str, patterns: Sequence[str]) -> str | None:
