@@ -227,7 +227,10 @@ def payload_distributions(modules: set[str]) -> dict[str, list[str]]:
     """Top-level module -> [distribution, version here] for the installed distributions whose
     modules are in ``modules`` (cloudpickle is checked on its own)."""
     found: dict[str, list[str]] = {}
-    for top in sorted({m.split(".")[0] for m in modules}):
+    # modules pickled by value (the user's, gpuctl's own helpers) are never imported in VENV2
+    by_value = cloudpickle.list_registry_pickle_by_value()
+    imported = {m for m in modules if not any(m == b or m.startswith(b + ".") for b in by_value)}
+    for top in sorted({m.split(".")[0] for m in imported}):
         for dist in _distributions_of().get(top, ()):
             if dist_key(dist) == "cloudpickle":
                 continue

@@ -352,7 +352,8 @@ def version_remedy(dist: str, here: str, there: str, venv2: str) -> str:
 
 def _unshipped(meta: JobMeta | None, module: str) -> str | None:
     """The line for a user's module that did not ship with the job (``usercode``), if it is
-    one: the module or a package above it is in ``meta.json``'s ``unshipped``."""
+    one: the module or a package above it is in ``meta.json``'s ``unshipped``, or it is one of
+    the user's files here, outside the folders that ship."""
     left = (meta or {}).get("unshipped") or {}
     parts = module.split(".")
     for i in range(len(parts), 0, -1):
@@ -360,6 +361,11 @@ def _unshipped(meta: JobMeta | None, module: str) -> str | None:
         if found and len(found) == 2:
             path, why = found
             return f"your module `{'.'.join(parts[:i])}` (`{path}`) was not shipped: {why}"
+    from gpuctl.jobs import usercode
+
+    here = usercode.local_module(parts[0]) if module else None
+    if here is not None:
+        return f"your module `{parts[0]}` (`{here}`) was not shipped: {usercode.OUTSIDE}"
     return None
 
 

@@ -107,6 +107,35 @@ def project_roots(fn: Callable[..., Any]) -> list[str]:
     return out
 
 
+OUTSIDE = (
+    "it is outside the folders whose modules ship with a job (the submitting script's folder, "
+    "or the file `gpuctl submit` loaded): submit from a script in your project's folder, or "
+    "install your project into VENV2 (`pip install -e`)"
+)
+
+
+def local_module(name: str) -> str | None:
+    """The file here of the user's own top-level module ``name`` (not installed, not the
+    standard library), found without importing it; None when it is no such module."""
+    import importlib.machinery
+
+    from gpuctl.jobs.executor import _installed_top_levels, _is_user_file
+
+    if not name.isidentifier() or name in NEVER_SHIPPED or name in _installed_top_levels():
+        return None
+    mod = sys.modules.get(name)
+    path = getattr(mod, "__file__", None)
+    if mod is None:
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        path = spec.origin if spec is not None else None
+    if not isinstance(path, str) or not os.path.isfile(path) or not _is_user_file(path):
+        return None
+    return path
+
+
 def _excluded_why(pattern: str) -> str:
     return (
         f"the pattern {pattern!r} of Executor(ship_exclude=...) leaves it out: remove it to ship it"

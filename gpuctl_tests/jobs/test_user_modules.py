@@ -35,15 +35,23 @@ def main(x):
     return [MLP(3).forward(data.batch(x)), depth(), model.__file__]
 
 
+def uses_a_library(x):
+    import mylib  # on this side's sys.path, outside the project's folder
+
+    return mylib.twice(x)
+
+
 if __name__ == "__main__":
     from gpuctl.config import load_config
     from gpuctl.jobs import Executor, JobFailed
 
     opts = json.loads(sys.argv[1])
     config = opts.pop("config", None)
+    sys.path[1:1] = opts.pop("path", [])
+    fn = globals()[opts.pop("fn", "main")]
     ex = Executor(opts.pop("target"), config=load_config(config) if config else None, **opts)
     try:
-        out = {"result": ex.submit(main, 2).result(120)}
+        out = {"result": ex.submit(fn, 2).result(120)}
     except JobFailed as e:
         out = {"kind": e.kind, "text": str(e), "remedy": e.report.remedy}
     print(json.dumps(out))
@@ -160,3 +168,26 @@ def test_a_module_left_out_is_named_as_the_users_own(
     assert f"your module `nets` (`{nets}`) was not shipped: it is 2.0 MiB" in out["text"]
     assert "over the limit of 1.0 MiB" in out["text"] and "ship_limit" in out["remedy"]
     assert "install" not in out["remedy"]
+
+
+def test_a_module_of_the_users_outside_the_project_is_named_as_theirs(
+    venv1: str, venv2: str, tmp_path: Path
+) -> None:
+    train = project(tmp_path / "proj")
+    lib = tmp_path / "lib"  # on the submitter's sys.path, not in the project's folder
+    lib.mkdir()
+    (lib / "mylib.py").write_text("def twice(x):\n    return 2 * x\n")
+    out = run_train(
+        train,
+        tmp_path / "elsewhere",
+        target="local",
+        python=venv2,
+        supervisor_python=venv1,
+        job_root=str(tmp_path / "jobs"),
+        path=[str(lib)],
+        fn="uses_a_library",
+    )
+    assert out.get("kind") == "module_missing", out
+    mylib = lib / "mylib.py"
+    assert f"your module `mylib` (`{mylib}`) was not shipped: it is outside" in out["text"]
+    assert "pip install -e" in out["remedy"] and "environment's packages" not in out["remedy"]
