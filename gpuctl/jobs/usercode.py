@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuctl.jobs.hosts import Host
+from gpuctl.node import jobfiles
 
 DEFAULT_LIMIT = 64 << 20  # bytes of the user's code per job: source, not data
 DEFAULT_EXCLUDE = ("__pycache__", "*.pyc", "*.pyo", ".*")
-NEVER_SHIPPED = frozenset({"gpuctl", "gpuctl_runner"})
+NEVER_SHIPPED = frozenset({"gpuctl", jobfiles.RUNNER_PACKAGE})
 COMPLETE = ".complete"  # written last into a code folder: the folder is whole
 
 
