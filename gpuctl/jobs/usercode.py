@@ -25,6 +25,7 @@ import functools
 import hashlib
 import os
 import sys
+import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,14 +68,16 @@ def _fmt(n: int) -> str:
 
 
 def _not_installed_dir(path: str) -> bool:
-    """A folder that is not the standard library's, site-packages or this Python's prefix (a
-    console script's ``bin``)."""
+    """A folder that is not the standard library's, site-packages or this Python's ``bin`` (a
+    console script's, e.g. ``pytest``)."""
     from gpuctl.jobs.executor import _is_user_file
 
     real = os.path.realpath(path)
-    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    inside = any(real == p or real.startswith(p + os.sep) for p in prefixes)
-    return not inside and _is_user_file(os.path.join(real, "x.py"))
+    scripts = {sysconfig.get_path("scripts")}
+    scripts |= {os.path.join(p, "bin") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    return real not in {os.path.realpath(p) for p in scripts} and _is_user_file(
+        os.path.join(real, "x.py")
+    )
 
 
 def _import_root(file: str, name: str) -> str:
@@ -177,8 +180,8 @@ def _package_files(
                     why = _excluded_why(pattern)
                     unshipped[module] = (path, why)
                 continue
-            if not os.path.isfile(path):
-                continue
+            if not os.path.isfile(path) or not os.access(path, os.R_OK):
+                continue  # a socket, a broken link, a file this user cannot read
             files.append((f"{rel}/{n}".replace(os.sep, "/"), path))
             size += os.path.getsize(path)
     return files, size
@@ -195,7 +198,7 @@ def _units(root: str, exclude: Sequence[str], unshipped: dict[str, tuple[str, st
     except OSError:
         return []
     for entry in entries:
-        is_module = entry.name.endswith(".py") and entry.is_file()
+        is_module = entry.name.endswith(".py") and entry.is_file() and os.access(entry, os.R_OK)
         name = entry.name[:-3] if is_module else entry.name
         if not name.isidentifier() or name in NEVER_SHIPPED or name in installed:
             continue

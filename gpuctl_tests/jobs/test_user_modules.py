@@ -191,3 +191,50 @@ def test_a_module_of_the_users_outside_the_project_is_named_as_theirs(
     mylib = lib / "mylib.py"
     assert f"your module `mylib` (`{mylib}`) was not shipped: it is outside" in out["text"]
     assert "pip install -e" in out["remedy"] and "environment's packages" not in out["remedy"]
+
+
+PACKAGED = """\
+import json
+import sys
+
+
+def main(x):
+    from proj.model import scale
+    import common
+
+    return scale(x) + common.BIAS
+
+
+if __name__ == "__main__":
+    from gpuctl.jobs import Executor
+
+    ex = Executor("local", **json.loads(sys.argv[1]))
+    print(json.dumps({"result": ex.submit(main, 2).result(120)}))
+"""
+
+
+@pytest.mark.parametrize("how", ["-m", "stdin"])
+def test_a_package_run_with_dash_m_and_a_script_on_stdin_ship_their_folder(
+    how: str, venv1: str, venv2: str, tmp_path: Path
+) -> None:
+    """``python -m proj.train`` imports from the folder holding ``proj``; a script read from
+    stdin (a REPL, a notebook) from the current folder: that folder's modules ship."""
+    root = tmp_path / "root"
+    (root / "proj").mkdir(parents=True)
+    (root / "proj" / "__init__.py").write_text("")
+    (root / "proj" / "model.py").write_text("def scale(x):\n    return 10 * x\n")
+    (root / "proj" / "train.py").write_text(PACKAGED)
+    (root / "common.py").write_text("BIAS = 1\n")
+    opts = {"python": venv2, "supervisor_python": venv1, "job_root": str(tmp_path / "jobs")}
+    argv = ["-m", "proj.train"] if how == "-m" else ["-"]
+    r = subprocess.run(
+        [sys.executable, *argv, json.dumps(opts)],
+        input=PACKAGED if how == "stdin" else None,
+        capture_output=True,
+        text=True,
+        env=node_env(),
+        cwd=root,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"result": 21}
