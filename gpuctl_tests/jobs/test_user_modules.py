@@ -138,6 +138,29 @@ def test_own_modules_imported_inside_the_function_run_over_ssh(
     assert where == str(folder / "model.py")
 
 
+@pytest.mark.slurm
+def test_own_modules_imported_inside_the_function_run_through_slurm(
+    slurm_cluster: Any, venv1: str, venv2: str, tmp_path: Path
+) -> None:
+    train = project(tmp_path / "proj")
+    jobs = tmp_path / "shared-jobs"
+    out = run_train(
+        train,
+        tmp_path / "elsewhere",
+        target="slurm",
+        partition=slurm_cluster.partition,
+        slurm_conf=str(slurm_cluster.conf_path),
+        python=venv2,
+        supervisor_python=venv1,
+        job_root=str(jobs),
+    )
+    assert "result" in out, out.get("text")
+    value, depth, where = out["result"]
+    assert (value, depth) == (21, 12)
+    (folder,) = code_folders(jobs)
+    assert where == str(folder / "model.py")
+
+
 def test_a_module_left_out_is_named_as_the_users_own(
     venv1: str, venv2: str, tmp_path: Path
 ) -> None:
