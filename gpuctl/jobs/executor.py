@@ -372,8 +372,9 @@ class Executor:
             register_by_value(fn)
         # before the first byte goes out: what the payload holds loads in VENV2, and the user's
         # own modules it may import travel with it
-        dists = payload_distributions(payload_modules((fn, args, kwargs)))
-        self._venv2.check_distributions(dists)
+        modules = payload_modules((fn, args, kwargs))
+        dists = payload_distributions(modules)
+        self._venv2.check_distributions(modules, dists)
         user_fn = args[0] if fn is _chunk.run_chunk else fn  # a map's chunk runs the user's
         code = (
             usercode.UserCode()  # a command imports nothing of the submitter's

@@ -206,11 +206,15 @@ class _Discard:
 
 
 def payload_modules(obj: object) -> set[str]:
-    """The modules a pickle of ``obj`` refers to (see ``_Scanner``); it is pickled once into
-    nothing, so what cannot be pickled raises here, before anything is sent."""
+    """The modules unpickling ``obj`` imports (see ``_Scanner``), less those pickled by value
+    (the user's, gpuctl's own helpers), which VENV2 never imports. ``obj`` is pickled once into
+    nothing: what cannot be pickled raises here, before anything is sent."""
     scanner = _Scanner()
     scanner.dump(obj)
-    return scanner.modules
+    by_value = cloudpickle.list_registry_pickle_by_value()
+    return {
+        m for m in scanner.modules if not any(m == b or m.startswith(b + ".") for b in by_value)
+    }
 
 
 @functools.cache
@@ -227,10 +231,7 @@ def payload_distributions(modules: set[str]) -> dict[str, list[str]]:
     """Top-level module -> [distribution, version here] for the installed distributions whose
     modules are in ``modules`` (cloudpickle is checked on its own)."""
     found: dict[str, list[str]] = {}
-    # modules pickled by value (the user's, gpuctl's own helpers) are never imported in VENV2
-    by_value = cloudpickle.list_registry_pickle_by_value()
-    imported = {m for m in modules if not any(m == b or m.startswith(b + ".") for b in by_value)}
-    for top in sorted({m.split(".")[0] for m in imported}):
+    for top in sorted({m.split(".")[0] for m in modules}):
         for dist in _distributions_of().get(top, ()):
             if dist_key(dist) == "cloudpickle":
                 continue
@@ -244,6 +245,18 @@ def payload_distributions(modules: set[str]) -> dict[str, list[str]]:
 
 def _major(version: str) -> str:
     return re.split(r"[.+!-]", version.strip(), maxsplit=1)[0]
+
+
+# Run in VENV2: which of the modules named on stdin (a JSON list) it cannot find.
+_FIND_MODULES = (
+    "import importlib.util, json, sys\n"
+    "def gone(name):\n"
+    "    try:\n"
+    "        return importlib.util.find_spec(name) is None\n"
+    "    except Exception:\n"
+    "        return True\n"
+    "print(json.dumps([m for m in json.load(sys.stdin) if gone(m)]))\n"
+)
 
 
 # Prints VENV1's version; Python 2 reads it too (so its version can be named).
@@ -279,6 +292,7 @@ class Venv2:
         self.supervisor_python = supervisor_python
         self.verify = verify
         self._probe: Probe | None = None
+        self._unresolved_cache: dict[tuple[str, ...], list[str]] = {}
         self._lock = threading.Lock()
 
     def probe(self) -> Probe:
@@ -305,28 +319,52 @@ class Venv2:
             self._probe = probe
             return probe
 
-    def check_distributions(self, dists: Mapping[str, list[str]]) -> None:
-        """Refuse a payload holding objects of a distribution whose major version differs in
-        VENV2 (numpy 2 here, 1 there: its pickles name modules the other lacks). ``dists``:
-        ``payload_distributions``. Raises ``JobFailed`` (version_mismatch)."""
+    def check_distributions(self, modules: set[str], dists: Mapping[str, list[str]]) -> None:
+        """Refuse a payload that will not unpickle in VENV2 for a version's sake: it holds
+        objects of a distribution whose major version differs there (``dists``:
+        ``payload_distributions``), and a module it names (``modules``: ``payload_modules``) is
+        not in that version (numpy 2 here, 1 there: ``numpy._core``). A major version that
+        still has them passes (numpy 1 here, 2 there). Raises ``JobFailed``
+        (version_mismatch)."""
         if not self.verify or not dists:
             return
         there = self._distributions()
-        for dist, here in dists.values():
+        for top, (dist, here) in sorted(dists.items()):
             theirs = there.get(dist_key(dist))
-            if theirs and _major(theirs) != _major(here):
-                path = (self._probe or {}).get("path") or self.python or "VENV2"
-                raise JobFailed(
-                    provision_report(
-                        "version_mismatch",
-                        [
-                            f"the payload holds {dist} objects: {dist} {here} here, {theirs} in "
-                            f"VENV2 {path} on {self.target}; a pickle of {dist} {_major(here)}.x "
-                            f"does not load under {dist} {_major(theirs)}.x"
-                        ],
-                        remedy=version_remedy(dist, here, theirs, str(path)),
-                    )
+            if not theirs or _major(theirs) == _major(here):
+                continue
+            missing = self._unresolved(sorted(m for m in modules if m.split(".")[0] == top))
+            if not missing:
+                continue
+            path = (self._probe or {}).get("path") or self.python or "VENV2"
+            raise JobFailed(
+                provision_report(
+                    "version_mismatch",
+                    [
+                        f"the payload holds {dist} objects: {dist} {here} here, {theirs} in "
+                        f"VENV2 {path} on {self.target}; they refer to {missing[0]!r}, which "
+                        f"{dist} {theirs} does not have"
+                    ],
+                    remedy=version_remedy(dist, here, theirs, str(path)),
                 )
+            )
+
+    def _unresolved(self, modules: list[str]) -> list[str]:
+        """Which of ``modules`` VENV2 cannot find (asked once per list: rare, only for a
+        distribution whose major version differs)."""
+        key = tuple(modules)
+        with self._lock:
+            if key not in self._unresolved_cache:
+                path = str((self._probe or {}).get("path") or self.python)
+                rc, out, _ = self.host.run(
+                    [path, "-c", _FIND_MODULES], timeout=120, stdin=json.dumps(modules).encode()
+                )
+                try:
+                    found = json.loads(out.decode().strip().splitlines()[-1]) if rc == 0 else []
+                except (ValueError, IndexError):
+                    found = []
+                self._unresolved_cache[key] = [str(m) for m in found if isinstance(m, str)]
+            return self._unresolved_cache[key]
 
     def _distributions(self) -> dict[str, str]:
         """VENV2's distributions (pip's names -> version), from its probe (probed again when the
