@@ -109,9 +109,9 @@ FAILURES: dict[str, FailureMode] = {
         phase="provision, loading",
         evidence=(
             "the payload holds objects of a distribution (numpy, torch, pandas, ...) whose major "
-            "version in VENV2 differs from the submitter's (VENV2's probe, before anything is "
-            "sent); or unpickling misses a submodule of a distribution VENV2 has at another "
-            "version"
+            "version in VENV2 differs from the submitter's and lacks a module they name (VENV2's "
+            "probe, before anything is sent); or unpickling misses a submodule of a distribution "
+            "VENV2 has at another version"
         ),
         remedy=(
             "use the same major version on both sides, e.g. numpy 2.x in VENV2 (add "
