@@ -8,7 +8,7 @@ current folder) and the folder of the file a function was loaded from (``gpuctl 
 train.py:main``). Its top-level ``*.py`` modules and its packages (folders with ``__init__.py``,
 every file in them) ship; installed distributions (editable installs too: VENV2 is expected to
 have them) and gpuctl do not. Content-addressed like the runner: ``<job root>/code-<hash>`` on the
-target's host, written once per content (a ``.complete`` file last), and put first on VENV2's
+target's host, written once per content (one archive, unpacked there), and put first on VENV2's
 ``sys.path`` (and ``PYTHONPATH``, for the processes the function starts) by the worker.
 
 ``limit`` caps the bytes shipped (modules already imported here come first), ``exclude`` lists
@@ -23,14 +23,17 @@ from __future__ import annotations
 import fnmatch
 import functools
 import hashlib
+import io
 import os
 import sys
 import sysconfig
+import tarfile
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuctl.jobs.hosts import Host
+from gpuctl.jobs.hosts import Host, HostError
 from gpuctl.node import jobfiles
 
 DEFAULT_LIMIT = 64 << 20  # bytes of the user's code per job: source, not data
@@ -271,21 +274,50 @@ def collect(
     return UserCode(tuple(sorted(files)), digest.hexdigest(), unshipped)
 
 
+# Unpacks the archive $1 into the new folder $2, then makes it the code folder $3 unless
+# another submitter's copy got there first.
+_UNPACK = (
+    'tar -x -f "$1" -C "$2" && rm -f "$1" && '
+    'if [ -e "$3" ]; then rm -rf "$2"; else mv "$2" "$3" || rm -rf "$2"; fi'
+)
+
+
+def _private(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.mode = 0o700 if info.isdir() else 0o600
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
 def ship(host: Host, root: str, code: UserCode) -> str | None:
     """Copy ``code`` into its folder under the job root ``root`` on ``host`` unless a complete
-    copy is there already; returns the folder (None when nothing ships)."""
+    copy is there already; returns the folder (None when nothing ships).
+
+    One archive streams to the host and ``tar`` unpacks it there into a new folder that is then
+    renamed into place, ``.complete`` in it: one transfer whatever the number of files, and a
+    folder that is never seen half written."""
     if not code.files:
         return None
     folder = code.folder(root)
     if host.exists(f"{folder}/{COMPLETE}"):
         return folder
-    host.mkdir(folder, 0o700)
-    made = {folder}
-    for rel, path in code.files:
-        parent = f"{folder}/{rel}".rsplit("/", 1)[0]
-        if parent not in made:
-            host.mkdir(parent, 0o700)
-            made.add(parent)
-        host.put_file(path, f"{folder}/{rel}", 0o600)
-    host.write_bytes(f"{folder}/{COMPLETE}", b"", 0o600)
+    tmp = f"{folder}.tmp-{uuid.uuid4().hex[:8]}"
+    archive = f"{tmp}.tar"
+    writer = host.open_atomic(archive, 0o600)
+    try:
+        with tarfile.open(fileobj=writer, mode="w|") as tar:  # type: ignore[call-overload]
+            for rel, path in code.files:
+                tar.add(path, arcname=rel, recursive=False, filter=_private)
+            mark = _private(tarfile.TarInfo(COMPLETE))
+            tar.addfile(mark, io.BytesIO(b""))
+    except BaseException:
+        writer.abort()
+        raise
+    writer.commit()
+    host.mkdir(tmp, 0o700)
+    rc, _, err = host.run(["sh", "-c", _UNPACK, "sh", archive, tmp, folder], timeout=600)
+    if rc != 0:
+        host.run(["rm", "-rf", tmp, archive], timeout=60)
+        why = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit {rc}"]
+        raise HostError(f"unpacking your code into {folder} on {host.name} failed: {why[0]}")
     return folder
