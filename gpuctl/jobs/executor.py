@@ -171,6 +171,14 @@ class Executor:
     ``map_jobs`` and ``map`` raise ``gpuctl.service.ReadOnlyError`` before anything is built or
     written.
 
+    The modules and packages of the user's project (the submitting script's folder, see
+    ``gpuctl.jobs.usercode``) ship with each job, once per content, so that a function that
+    imports them when it runs finds them: ``ship_limit`` caps their bytes (bytes or "64M"; 0 or
+    None: ship nothing), ``ship_exclude`` leaves out the files, folders and modules matching
+    its ``fnmatch`` patterns. A payload holding objects of a distribution that VENV2 has at
+    another major version, lacking a module they name (numpy 2 here, 1 there), is refused
+    before anything is written (``JobFailed``, version_mismatch).
+
     ``max_running`` caps how many jobs of one ``map`` run at once (default: the backend's,
     ``default_max_running``: 64 through Slurm, 8 on one machine, local or SSH); see ``map_jobs``.
 
@@ -238,7 +246,9 @@ class Executor:
         }
         self.env_spec = env
         self.ship_limit = parse_mem(ship_limit) or 0
-        self.ship_exclude = tuple(ship_exclude)
+        self.ship_exclude = (
+            (ship_exclude,) if isinstance(ship_exclude, str) else tuple(ship_exclude)
+        )
         self._code_folders: set[str] = set()  # code folders known complete on the host
         self.max_running = _positive(max_running, "max_running")
         self.job_env = dict(job_env or {})
