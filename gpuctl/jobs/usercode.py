@@ -143,6 +143,16 @@ def local_module(name: str) -> str | None:
     return path
 
 
+INSTALLED = (
+    "an installed distribution here has a module of that name (an editable install of your "
+    "project?), so VENV2 is expected to have it: install it into VENV2 too"
+)
+STDLIB = (
+    "it has the name of a module of Python's standard library, which it would hide in VENV2: "
+    "rename it"
+)
+
+
 def _excluded_why(pattern: str) -> str:
     return (
         f"the pattern {pattern!r} of Executor(ship_exclude=...) leaves it out: remove it to ship it"
@@ -203,11 +213,17 @@ def _units(root: str, exclude: Sequence[str], unshipped: dict[str, tuple[str, st
     for entry in entries:
         is_module = entry.name.endswith(".py") and entry.is_file() and os.access(entry, os.R_OK)
         name = entry.name[:-3] if is_module else entry.name
-        if not name.isidentifier() or name in NEVER_SHIPPED or name in installed:
+        if not name.isidentifier() or name in NEVER_SHIPPED:
             continue
         if not is_module and not (
             entry.is_dir() and os.path.isfile(os.path.join(entry.path, "__init__.py"))
         ):
+            continue
+        if name in installed:
+            unshipped[name] = (entry.path, INSTALLED)
+            continue
+        if name in sys.stdlib_module_names:
+            unshipped[name] = (entry.path, STDLIB)
             continue
         pattern = _excluded(entry.name, (*DEFAULT_EXCLUDE, *exclude)) or _excluded(name, exclude)
         if pattern:

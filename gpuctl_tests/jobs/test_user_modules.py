@@ -95,6 +95,8 @@ def test_own_modules_imported_inside_the_function_run_locally(
     venv1: str, venv2: str, tmp_path: Path
 ) -> None:
     train = project(tmp_path / "proj")
+    (train.parent / "queue.py").write_text("")  # the name of a standard library module
+    (train.parent / "notes.txt").write_text("")  # not a module
     jobs = tmp_path / "jobs"
     opts = {"target": "local", "python": venv2, "supervisor_python": venv1, "job_root": str(jobs)}
     out = run_train(train, tmp_path / "elsewhere", **opts)
@@ -104,7 +106,14 @@ def test_own_modules_imported_inside_the_function_run_locally(
     # VENV2 imported the shipped copy, not the project's folder
     (folder,) = code_folders(jobs)
     assert where == str(folder / "model.py")
-    assert (folder / ".complete").exists() and (folder / "nets" / "layers.py").exists()
+    shipped = {str(p.relative_to(folder)) for p in folder.rglob("*")}
+    assert shipped == {
+        ".complete", "data.py", "model.py", "train.py", "nets", "nets/__init__.py",
+        "nets/layers.py",
+    }  # fmt: skip
+    (meta,) = [json.loads(m.read_text()) for m in jobs.glob("*/meta.json")]
+    assert meta["code"] == str(folder)
+    assert meta["unshipped"]["queue"][1].startswith("it has the name of a module of Python's")
 
     # the same code again: the folder is reused; changed code: a folder of its own
     assert "result" in run_train(train, tmp_path / "elsewhere", **opts)
