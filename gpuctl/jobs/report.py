@@ -752,11 +752,15 @@ def classify(
                     f"VENV2 cannot import {name!r} during {err.get('phase')}: {msg}",
                     remedy=unshipped.split(" was not shipped: ", 1)[1],
                 )
+            # the distribution to install: the one the payload's module came from here (a
+            # submodule such as numpy._core.numeric is no package of its own)
+            held = ((files.meta or {}).get("dists") or {}).get(str(name or "").split(".")[0])
+            package = f"{held[0]}=={held[1]}" if held and len(held) == 2 else name
             return report(
                 "module_missing",
                 f"module {name!r} cannot be imported in VENV2{f' ({exe})' if exe else ''}"
                 f" during {err.get('phase')}: {msg}",
-                remedy=f"add {name!r} to the environment's packages, or install it into VENV2",
+                remedy=f"add {package!r} to the environment's packages, or install it into VENV2",
             )
         if kind == "user_exception" and _is_gpu_oom(err):
             return report("gpu_out_of_memory", f"{msg}")

@@ -25,29 +25,31 @@ NUMPY1 = "numpy==1.26.4"
 NUMPY2 = "numpy>=2,<3"
 
 
-def _numpy_venv(root: Path, requirement: str, wheels: Path) -> str:
-    """A venv at ``root`` with numpy ``requirement`` from ``wheels``; its python."""
+def _numpy_venv(root: Path, requirement: str | None, wheels: Path) -> str:
+    """A venv at ``root`` with numpy ``requirement`` (None: no numpy) from ``wheels``; its
+    python."""
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--without-pip", str(root)], check=True, timeout=300)
     python = root / "bin" / "python"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "-q",
-            "--no-index",
-            "--no-deps",
-            "--find-links",
-            str(wheels),
-            requirement,
-        ],
-        check=True,
-        timeout=600,
-    )
+    if requirement is not None:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                str(python),
+                "install",
+                "-q",
+                "--no-index",
+                "--no-deps",
+                "--find-links",
+                str(wheels),
+                requirement,
+            ],
+            check=True,
+            timeout=600,
+        )
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
@@ -62,7 +64,8 @@ def _numpy_venv(root: Path, requirement: str, wheels: Path) -> str:
 
 @pytest.fixture(scope="session")
 def numpy_venvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """{"1": python of a venv with numpy 1.26.4, "2": one with numpy 2.x}, built once."""
+    """{"1": python of a venv with numpy 1.26.4, "2": one with numpy 2.x, "none": one
+    without}, built once."""
     root = tmp_path_factory.mktemp("numpy-venvs")
     wheels = root / "wheels"
     for requirement in (NUMPY1, NUMPY2):
@@ -88,6 +91,7 @@ def numpy_venvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {
         "1": _numpy_venv(root / "np1", NUMPY1, wheels),
         "2": _numpy_venv(root / "np2", NUMPY2, wheels),
+        "none": _numpy_venv(root / "none", None, wheels),
     }
 
 
@@ -178,3 +182,21 @@ def test_numpy_mismatch_met_while_unpickling_is_named_too(
     assert f"it was pickled with numpy {here}" in out["text"]
     assert out["remedy"].startswith("use numpy 2.x in VENV2 or 1.x here")
     assert "module_missing" not in out["text"]
+
+
+def test_a_distribution_missing_in_venv2_is_named_with_the_version_here(
+    numpy_venvs: dict[str, str], venv1: str, tmp_path: Path
+) -> None:
+    """VENV2 without numpy at all: module_missing, and the remedy names the distribution at
+    this side's version, never a submodule as a package."""
+    here = numpy_version(numpy_venvs["2"])
+    out = submit_from(
+        numpy_venvs["2"],
+        python=numpy_venvs["none"],
+        supervisor_python=venv1,
+        job_root=str(tmp_path / "jobs"),
+    )
+    assert out.get("kind") == "module_missing", out
+    assert out["remedy"] == (
+        f"add 'numpy=={here}' to the environment's packages, or install it into VENV2"
+    )
