@@ -72,11 +72,14 @@ def project(root: Path) -> Path:
     return root / "train.py"
 
 
-def run_train(train: Path, cwd: Path, **options: Any) -> dict[str, Any]:
-    """Run ``python train.py OPTIONS`` from ``cwd`` (not the project); its JSON answer."""
+def run_python(
+    argv: list[str], cwd: Path, options: dict[str, Any], stdin: str | None = None
+) -> dict[str, Any]:
+    """Run ``python ARGV OPTIONS`` (OPTIONS as JSON) from ``cwd``; its JSON answer."""
     cwd.mkdir(exist_ok=True)
     r = subprocess.run(
-        [sys.executable, str(train), json.dumps(options)],
+        [sys.executable, *argv, json.dumps(options)],
+        input=stdin,
         capture_output=True,
         text=True,
         env=node_env(),
@@ -85,6 +88,11 @@ def run_train(train: Path, cwd: Path, **options: Any) -> dict[str, Any]:
     )
     assert r.returncode == 0, r.stderr
     return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def run_train(train: Path, cwd: Path, **options: Any) -> dict[str, Any]:
+    """Run ``python train.py OPTIONS`` from ``cwd`` (not the project); its JSON answer."""
+    return run_python([str(train)], cwd, options)
 
 
 def code_folders(job_root: Path) -> list[Path]:
@@ -258,15 +266,7 @@ def test_a_package_run_with_dash_m_and_a_script_on_stdin_ship_their_folder(
     (root / "proj" / "train.py").write_text(PACKAGED)
     (root / "common.py").write_text("BIAS = 1\n")
     opts = {"python": venv2, "supervisor_python": venv1, "job_root": str(tmp_path / "jobs")}
-    argv = ["-m", "proj.train"] if how == "-m" else ["-"]
-    r = subprocess.run(
-        [sys.executable, *argv, json.dumps(opts)],
-        input=PACKAGED if how == "stdin" else None,
-        capture_output=True,
-        text=True,
-        env=node_env(),
-        cwd=root,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"result": 21}
+    if how == "-m":
+        assert run_python(["-m", "proj.train"], root, opts) == {"result": 21}
+    else:
+        assert run_python(["-"], root, opts, stdin=PACKAGED) == {"result": 21}
