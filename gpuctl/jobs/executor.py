@@ -32,11 +32,18 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import cloudpickle
 
 from gpuctl import paths, service
-from gpuctl.jobs import _chunk, _command, checkpoint, debug, sources, targets
+from gpuctl.jobs import _chunk, _command, checkpoint, debug, sources, targets, usercode
 from gpuctl.jobs.backends import SlurmBackend
 from gpuctl.jobs.hosts import AtomicWriter, Host
 from gpuctl.jobs.job import SUBMITTER_PYTHON, Job, JobFailed, JobQueue, RemoteTraceback
-from gpuctl.jobs.provision import EnvSpec, Venv2, shared_runner, write_runner
+from gpuctl.jobs.provision import (
+    EnvSpec,
+    Venv2,
+    payload_distributions,
+    payload_modules,
+    shared_runner,
+    write_runner,
+)
 from gpuctl.jobs.records import Handle, JobMeta, Limits, Probe
 from gpuctl.jobs.report import REMEDIES, FailureReport
 from gpuctl.jobs.store import JobRecord, JobStore
@@ -164,6 +171,14 @@ class Executor:
     ``map_jobs`` and ``map`` raise ``gpuctl.service.ReadOnlyError`` before anything is built or
     written.
 
+    The modules and packages of the user's project (the submitting script's folder, see
+    ``gpuctl.jobs.usercode``) ship with each job, once per content, so that a function that
+    imports them when it runs finds them: ``ship_limit`` caps their bytes (bytes or "64M"; 0 or
+    None: ship nothing), ``ship_exclude`` leaves out the files, folders and modules matching
+    its ``fnmatch`` patterns. A payload holding objects of a distribution that VENV2 has at
+    another major version, lacking a module they name (numpy 2 here, 1 there), is refused
+    before anything is written (``JobFailed``, version_mismatch).
+
     ``max_running`` caps how many jobs of one ``map`` run at once (default: the backend's,
     ``default_max_running``: 64 through Slurm, 8 on one machine, local or SSH); see ``map_jobs``.
 
@@ -211,6 +226,8 @@ class Executor:
         max_requeues: int = 3,
         warning: float = 60.0,
         max_running: int | None = None,
+        ship_limit: int | str | None = usercode.DEFAULT_LIMIT,
+        ship_exclude: Sequence[str] = (),
     ) -> None:
         if python is not None and env is not None:
             raise ValueError("give python= (an existing VENV2) or env= (one to build), not both")
@@ -228,6 +245,11 @@ class Executor:
             "tasks_per_node": _count(tasks_per_node, "tasks_per_node"),
         }
         self.env_spec = env
+        self.ship_limit = parse_mem(ship_limit) or 0
+        self.ship_exclude = (
+            (ship_exclude,) if isinstance(ship_exclude, str) else tuple(ship_exclude)
+        )
+        self._code_folders: set[str] = set()  # code folders known complete on the host
         self.max_running = _positive(max_running, "max_running")
         self.job_env = dict(job_env or {})
         self.verify = verify
@@ -356,10 +378,25 @@ class Executor:
                 "function without nodes=/tasks_per_node="
             )
         host = self.backend.host
-        self._job_root()
-        host.mkdir(jobdir, 0o700)
         if not registered:
             register_by_value(fn)
+        # before the first byte goes out: what the payload holds loads in VENV2, and the user's
+        # own modules it may import travel with it
+        modules = payload_modules((fn, args, kwargs))
+        dists = payload_distributions(modules)
+        self._venv2.check_distributions(modules, dists)
+        user_fn = args[0] if fn is _chunk.run_chunk else fn  # a map's chunk runs the user's
+        code = (
+            usercode.UserCode()  # a command imports nothing of the submitter's
+            if command is not None
+            else usercode.collect(user_fn, limit=self.ship_limit, exclude=self.ship_exclude)
+        )
+        root = self._job_root()
+        host.mkdir(jobdir, 0o700)
+        folder = code.folder(root) if code.files else None
+        if folder is not None and folder not in self._code_folders:
+            usercode.ship(host, root, code)
+            self._code_folders.add(folder)
         limits = self.limits.copy()
         if (
             limits.get("mem_bytes")
@@ -387,6 +424,12 @@ class Executor:
         }
         if command is not None:
             meta["command"] = command
+        if folder is not None:
+            meta["code"] = folder
+        if code.unshipped:
+            meta["unshipped"] = {k: list(v) for k, v in code.unshipped.items()}
+        if dists:
+            meta["dists"] = dists
         if runner:  # a Slurm map's chunks share one (Slurm picks their GPUs)
             meta["runner"] = runner
         else:

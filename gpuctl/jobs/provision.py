@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 import re
 import sys
 import threading
+import types
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ from gpuctl.core import wire
 from gpuctl.jobs.hosts import Host
 from gpuctl.jobs.job import SUBMITTER_PYTHON, JobFailed
 from gpuctl.jobs.records import BuildResult, Probe
-from gpuctl.jobs.report import KINDS, REMEDIES, FailureReport
+from gpuctl.jobs.report import KINDS, REMEDIES, FailureReport, version_remedy
 from gpuctl.node import jobfiles
 from gpuctl.node.readers import bindings
 
@@ -182,6 +184,84 @@ def _python_ok(version: str, spec: str) -> bool:
         raise EnvSpecError(f"requires-python {spec!r} is not a version specifier") from None
 
 
+class _Scanner(cloudpickle.Pickler):  # type: ignore[misc]
+    """Pickles into nothing, noting the module of every class, function and module the pickle
+    refers to: the modules unpickling will import (what its GLOBAL and STACK_GLOBAL opcodes
+    name, and cloudpickle's ``subimport``). Large buffers go out of band and are not copied."""
+
+    def __init__(self) -> None:
+        super().__init__(_Discard(), protocol=5, buffer_callback=lambda buf: False)
+        self.modules: set[str] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.ModuleType):
+            self.modules.add(obj.__name__)
+        elif isinstance(obj, type | types.FunctionType | types.BuiltinFunctionType):
+            module = getattr(obj, "__module__", None)
+            if isinstance(module, str):
+                self.modules.add(module)
+        return super().reducer_override(obj)
+
+
+class _Discard:
+    def write(self, data: Any) -> int:
+        return len(memoryview(data))
+
+
+def payload_modules(obj: object) -> set[str]:
+    """The modules unpickling ``obj`` imports (see ``_Scanner``), less those pickled by value
+    (the user's, gpuctl's own helpers), which VENV2 never imports. ``obj`` is pickled once into
+    nothing: what cannot be pickled raises here, before anything is sent."""
+    scanner = _Scanner()
+    scanner.dump(obj)
+    by_value = cloudpickle.list_registry_pickle_by_value()
+    return {
+        m for m in scanner.modules if not any(m == b or m.startswith(b + ".") for b in by_value)
+    }
+
+
+@functools.cache
+def _distributions_of() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+def dist_key(name: str) -> str:
+    """A distribution's name as pip compares them (``Foo_bar`` -> ``foo-bar``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def payload_distributions(modules: set[str]) -> dict[str, list[str]]:
+    """Top-level module -> [distribution, version here] for the installed distributions whose
+    modules are in ``modules`` (cloudpickle is checked on its own)."""
+    found: dict[str, list[str]] = {}
+    for top in sorted({m.split(".")[0] for m in modules}):
+        for dist in _distributions_of().get(top, ()):
+            if dist_key(dist) == "cloudpickle":
+                continue
+            try:
+                found[top] = [dist, importlib.metadata.version(dist)]
+            except importlib.metadata.PackageNotFoundError:
+                continue
+            break
+    return found
+
+
+def _major(version: str) -> str:
+    return re.split(r"[.+!-]", version.strip(), maxsplit=1)[0]
+
+
+# Run in VENV2: which of the modules named on stdin (a JSON list) it cannot find.
+_FIND_MODULES = (
+    "import importlib.util, json, sys\n"
+    "def gone(name):\n"
+    "    try:\n"
+    "        return importlib.util.find_spec(name) is None\n"
+    "    except Exception:\n"
+    "        return True\n"
+    "print(json.dumps([m for m in json.load(sys.stdin) if gone(m)]))\n"
+)
+
+
 # Prints VENV1's version; Python 2 reads it too (so its version can be named).
 VENV1_PROBE = "import sys; print('%d.%d.%d' % tuple(sys.version_info[:3]))"
 
@@ -215,6 +295,7 @@ class Venv2:
         self.supervisor_python = supervisor_python
         self.verify = verify
         self._probe: Probe | None = None
+        self._unresolved_cache: dict[tuple[str, ...], list[str]] = {}
         self._lock = threading.Lock()
 
     def probe(self) -> Probe:
@@ -240,6 +321,62 @@ class Venv2:
                     self._check_venv1()
             self._probe = probe
             return probe
+
+    def check_distributions(self, modules: set[str], dists: Mapping[str, list[str]]) -> None:
+        """Refuse a payload that will not unpickle in VENV2 for a version's sake: it holds
+        objects of a distribution whose major version differs there (``dists``:
+        ``payload_distributions``), and a module it names (``modules``: ``payload_modules``) is
+        not in that version (numpy 2 here, 1 there: ``numpy._core``). A major version that
+        still has them passes (numpy 1 here, 2 there). Raises ``JobFailed``
+        (version_mismatch)."""
+        if not self.verify or not dists:
+            return
+        there = self._distributions()
+        for top, (dist, here) in sorted(dists.items()):
+            theirs = there.get(dist_key(dist))
+            if not theirs or _major(theirs) == _major(here):
+                continue
+            missing = self._unresolved(sorted(m for m in modules if m.split(".")[0] == top))
+            if not missing:
+                continue
+            path = (self._probe or {}).get("path") or self.python or "VENV2"
+            raise JobFailed(
+                provision_report(
+                    "version_mismatch",
+                    [
+                        f"the payload holds {dist} objects: {dist} {here} here, {theirs} in "
+                        f"VENV2 {path} on {self.target}; they refer to {missing[0]!r}, which "
+                        f"{dist} {theirs} does not have"
+                    ],
+                    remedy=version_remedy(dist, here, theirs, str(path)),
+                )
+            )
+
+    def _unresolved(self, modules: list[str]) -> list[str]:
+        """Which of ``modules`` VENV2 cannot find (asked once per list: rare, only for a
+        distribution whose major version differs)."""
+        key = tuple(modules)
+        with self._lock:
+            if key not in self._unresolved_cache:
+                path = str((self._probe or {}).get("path") or self.python)
+                rc, out, _ = self.host.run(
+                    [path, "-c", _FIND_MODULES], timeout=120, stdin=json.dumps(modules).encode()
+                )
+                try:
+                    found = json.loads(out.decode().strip().splitlines()[-1]) if rc == 0 else []
+                except (ValueError, IndexError):
+                    found = []
+                self._unresolved_cache[key] = [str(m) for m in found if isinstance(m, str)]
+            return self._unresolved_cache[key]
+
+    def _distributions(self) -> dict[str, str]:
+        """VENV2's distributions (pip's names -> version), from its probe (probed again when the
+        probe predates the field: a VENV2 built by an older gpuctl)."""
+        probe = self.probe()
+        with self._lock:
+            if "dists" not in probe and probe.get("path"):
+                probe["dists"] = self._run_probe(str(probe["path"])).get("dists") or {}
+            return {dist_key(k): v for k, v in (probe.get("dists") or {}).items()}
 
     def _check_venv1(self) -> None:
         """VENV1 must be a Python 3.6 or newer: a supervisor that cannot start would leave the job

@@ -59,6 +59,9 @@ class JobMeta(TypedDict, total=False):
     checkpointable: bool
     command: list[str]  # a command job's argv (``Executor.submit_command``)
     runner: str  # a runner folder shared by a Slurm map's chunks (else the runner is in the folder)
+    code: str  # the user's modules shipped with the job (``usercode``): first on VENV2's path
+    unshipped: dict[str, list[str]]  # the user's modules left out: name -> [path, why]
+    dists: dict[str, list[str]]  # top-level module -> [distribution, version] the payload holds
 
 
 # -- written on the node ----------------------------------------------------------------------
@@ -180,6 +183,9 @@ class WorkerError(TypedDict, total=False):
     stack: str
     result_type: str
     venv2_executable: str
+    dist: str  # version_mismatch: the distribution, its version in VENV2 and the submitter's
+    venv2_version: str
+    pickler_version: str
 
 
 class ResultInfo(TypedDict, total=False):
@@ -279,6 +285,7 @@ class Probe(TypedDict, total=False):
     env_key: str | None
     method: str | None
     notes: list[str]
+    dists: dict[str, str]  # every distribution of VENV2 (pip's name) -> its version
 
 
 class BuildResult(TypedDict, total=False):

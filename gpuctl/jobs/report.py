@@ -104,6 +104,20 @@ FAILURES: dict[str, FailureMode] = {
             "env's packages)"
         ),
     ),
+    "version_mismatch": FailureMode(
+        title="a package's version in VENV2 cannot load the payload",
+        phase="provision, loading",
+        evidence=(
+            "the payload holds objects of a distribution (numpy, torch, pandas, ...) whose major "
+            "version in VENV2 differs from the submitter's and lacks a module they name (VENV2's "
+            "probe, before anything is sent); or unpickling misses a submodule of a distribution "
+            "VENV2 has at another version"
+        ),
+        remedy=(
+            "use the same major version on both sides, e.g. numpy 2.x in VENV2 (add "
+            "'numpy==X' to the env's packages) or numpy 1.x here"
+        ),
+    ),
     "module_missing": FailureMode(
         title="a module is missing in VENV2",
         phase="provision, loading, running",
@@ -323,6 +337,36 @@ COMMAND_KINDS = ("command_failed", "command_not_found")
 DISK_FULL_KB = 1024  # below this much free space a missing outcome is put down to the disk
 
 CRASH_SIGNALS = {"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"}
+
+
+def version_remedy(dist: str, here: str, there: str, venv2: str) -> str:
+    """The fix for ``dist`` at version ``here`` on the submitter's side, ``there`` in VENV2."""
+    major = re.split(r"[.+!-]", here, maxsplit=1)[0]
+    other = re.split(r"[.+!-]", there, maxsplit=1)[0]
+    return (
+        f"use {dist} {major}.x in VENV2 or {other}.x here: add '{dist}=={here}' to the env's "
+        f"packages (env=EnvSpec(packages=[...])) or run `{venv2} -m pip install '{dist}=={here}'`"
+        f", or install {dist} {other}.x into this Python"
+    )
+
+
+def _unshipped(meta: JobMeta | None, module: str) -> str | None:
+    """The line for a user's module that did not ship with the job (``usercode``), if it is
+    one: the module or a package above it is in ``meta.json``'s ``unshipped``, or it is one of
+    the user's files here, outside the folders that ship."""
+    left = (meta or {}).get("unshipped") or {}
+    parts = module.split(".")
+    for i in range(len(parts), 0, -1):
+        found = left.get(".".join(parts[:i]))
+        if found and len(found) == 2:
+            path, why = found
+            return f"your module `{'.'.join(parts[:i])}` (`{path}`) was not shipped: {why}"
+    from gpuctl.jobs import usercode
+
+    here = usercode.local_module(parts[0]) if module else None
+    if here is not None:
+        return f"your module `{parts[0]}` (`{here}`) was not shipped: {usercode.OUTSIDE}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -686,16 +730,37 @@ def classify(
             )
         if kind == "cloudpickle_mismatch":
             return report("cloudpickle_mismatch", str(err.get("message")))
+        if kind == "version_mismatch":
+            dist, there = str(err.get("dist")), str(err.get("venv2_version"))
+            here, venv2 = str(err.get("pickler_version")), str(err.get("venv2_executable"))
+            return report(
+                "version_mismatch",
+                f"the payload refers to {err.get('module')!r}, which {dist} {there} in VENV2 "
+                f"({venv2}) does not have: it was pickled with {dist} {here}",
+                remedy=version_remedy(dist, here, there, venv2),
+            )
         if kind == "module_missing" or (
             kind == "user_exception" and err.get("type") in ("ModuleNotFoundError", "ImportError")
         ):
             name = err.get("module") or _module_from_message(str(err.get("message")))
             exe = err.get("venv2_executable")
+            unshipped = _unshipped(files.meta, str(name or ""))
+            if unshipped is not None:
+                return report(
+                    "module_missing",
+                    unshipped,
+                    f"VENV2 cannot import {name!r} during {err.get('phase')}: {msg}",
+                    remedy=unshipped.split(" was not shipped: ", 1)[1],
+                )
+            # the distribution to install: the one the payload's module came from here (a
+            # submodule such as numpy._core.numeric is no package of its own)
+            held = ((files.meta or {}).get("dists") or {}).get(str(name or "").split(".")[0])
+            package = f"{held[0]}=={held[1]}" if held and len(held) == 2 else name
             return report(
                 "module_missing",
                 f"module {name!r} cannot be imported in VENV2{f' ({exe})' if exe else ''}"
                 f" during {err.get('phase')}: {msg}",
-                remedy=f"add {name!r} to the environment's packages, or install it into VENV2",
+                remedy=f"add {package!r} to the environment's packages, or install it into VENV2",
             )
         if kind == "user_exception" and _is_gpu_oom(err):
             return report("gpu_out_of_memory", f"{msg}")

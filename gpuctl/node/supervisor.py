@@ -913,11 +913,17 @@ def _find_python(version: str) -> Optional[str]:
     return None
 
 
+# ``dists``: every distribution's version (pip's name), for the login side to compare with
+# the versions of the distributions a payload holds objects of (numpy 1 against 2).
 _PROBE = ("import sys, json\n"
           "try:\n import cloudpickle; cp = cloudpickle.__version__\n"
           "except Exception: cp = None\n"
+          "try:\n import importlib.metadata as md\n"
+          " ds = dict((d.metadata['Name'], d.version) for d in md.distributions()"
+          " if d.metadata['Name'])\n"
+          "except Exception: ds = {}\n"
           "print(json.dumps({'python': list(sys.version_info[:3]), 'cloudpickle': cp, "
-          "'executable': sys.executable}))\n")
+          "'executable': sys.executable, 'dists': ds}))\n")
 
 
 def probe(python: str) -> Dict[str, Any]:

@@ -179,6 +179,7 @@ def run(jobdir: str) -> int:
     phase("start", pid=os.getpid(), python=sys.version.split()[0], executable=sys.executable)
     with open(_path(jobfiles.META)) as f:
         meta = json.load(f)
+    _use_shipped_code(meta.get("code"))
     # Stack dumps on request (SIGUSR2), into stderr.txt; SIGUSR1 (Slurm's warning) is noted as
     # a line of its own that names no phase: the job stays in the phase it was in.
     faulthandler.register(signal.SIGUSR2, all_threads=True)
@@ -228,7 +229,8 @@ def run(jobdir: str) -> int:
             fn, args, kwargs = cloudpickle.load(f)
     except ImportError as e:
         name = getattr(e, "name", None)
-        first_error("module_missing", "loading", e, module=name, venv2_executable=sys.executable)
+        kind, versions = _import_failure(name, meta.get("dists") or {})
+        first_error(kind, "loading", e, module=name, venv2_executable=sys.executable, **versions)
         return 4
     except BaseException as e:
         first_error("load_failed", "loading", e)
@@ -298,6 +300,35 @@ def _load_sources() -> None:
     for name, text in data.items():
         if isinstance(name, str) and isinstance(text, str):
             linecache.cache[name] = (len(text), None, text.splitlines(True), name)
+
+
+def _use_shipped_code(folder: "str | None") -> None:
+    """The user's modules shipped with the job (``gpuctl.jobs.usercode``) come first on the path,
+    for this process and the Python processes the function starts."""
+    if not folder:
+        return
+    sys.path.insert(0, folder)
+    rest = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = folder + (os.pathsep + rest if rest else "")
+
+
+def _import_failure(name: "str | None", dists: "dict[str, Any]") -> "tuple[str, dict[str, str]]":
+    """``version_mismatch`` (with both versions) when the payload misses a submodule of a
+    distribution VENV2 has at another version than the submitter's, else ``module_missing``."""
+    top = (name or "").split(".")[0]
+    found = dists.get(top)
+    if not name or "." not in name or not isinstance(found, list) or len(found) != 2:
+        return "module_missing", {}
+    import importlib.metadata
+
+    dist, theirs = str(found[0]), str(found[1])
+    try:
+        mine = importlib.metadata.version(dist)
+    except Exception:
+        return "module_missing", {}
+    if mine == theirs:
+        return "module_missing", {}
+    return "version_mismatch", {"dist": dist, "venv2_version": mine, "pickler_version": theirs}
 
 
 def _save_exception(cloudpickle: ModuleType, exc: BaseException) -> bool:
