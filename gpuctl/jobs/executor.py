@@ -167,15 +167,24 @@ class Executor:
     ``python`` names an existing VENV2 interpreter on the target; ``env`` (an ``EnvSpec``) asks
     gpuctl to build one (once, cached by content hash); ``supervisor_python`` is VENV1 (default:
     the node's configured python3). ``mem`` (bytes or "4G"), ``time_limit`` (seconds), ``cpus``,
-    ``gpus`` are limits (of each task); ``setup`` lines run before VENV2 starts (after the
-    cluster's own). A checkpointable function (``gpuctl.jobs.checkpoint``) is warned
-    ``warning`` seconds before its time limit and requeued from its checkpoint at most
-    ``max_requeues`` times.
+    ``gpus`` are limits (of each task); without ``cpus`` a job outside Slurm may use all the
+    node's CPUs (and its libraries start a thread per CPU: the report says how many it ran
+    with), with ``cpus=N`` it gets ``OMP_NUM_THREADS=N`` and its kin; ``setup`` lines run
+    before VENV2 starts (after the cluster's own). A checkpointable function
+    (``gpuctl.jobs.checkpoint``) is warned ``warning`` seconds before its time limit and
+    requeued from its checkpoint at most ``max_requeues`` times.
     ``verify=False`` skips the pre-submit probe of VENV2 (only to exercise the node-side checks).
     ``read_only`` is the caller's decision on read-only mode (None: at each submit, from
     ``$GPUCTL_READ_ONLY`` and ``config``, else the config files); in read-only mode ``submit``,
     ``map_jobs`` and ``map`` raise ``gpuctl.service.ReadOnlyError`` before anything is built or
     written.
+
+    ``max_payload`` (bytes or "4G"; default: the config's ``[jobs] max_payload``, else 1 GiB)
+    caps one pickled payload: a submit's call, a map's function with what it closes over (sent
+    once per map) and each of its chunks; one over it raises ``PayloadTooLarge`` (a ValueError)
+    before anything is written. ``cancel_on_interrupt`` (default: the config's ``[jobs]
+    cancel_on_interrupt``, else False): a Ctrl-C while ``result()`` waits cancels the job;
+    otherwise the job keeps running and a line on stderr says how to cancel it.
 
     ``max_running`` caps how many jobs of one ``map`` run at once (default: the backend's,
     ``default_max_running``: 64 through Slurm, 8 on one machine, local or SSH); see ``map_jobs``.
@@ -204,7 +213,7 @@ class Executor:
         env: EnvSpec | None = None,
         supervisor_python: str | None = None,
         gpus: int = 0,
-        cpus: int = 1,
+        cpus: int | None = None,
         mem: int | str | None = None,
         time_limit: float | None = None,
         nodes: int = 1,
@@ -232,7 +241,7 @@ class Executor:
         self.target = target
         self.debug = target == "debug"
         self.limits: Limits = {
-            "cpus": cpus,
+            "cpus": _positive(cpus, "cpus"),
             "gpus": gpus,
             "mem_bytes": parse_mem(mem),
             "time_limit_s": time_limit,
