@@ -514,6 +514,8 @@ def run_jobs(args: argparse.Namespace) -> int:
                 "slurm_id": _slurm_id(r),
                 "split": (r.backend.get("handle") or {}).get("split"),
                 "tasks": r.tasks,
+                "threads": r.threads,
+                "summary": r.summary,
             }
             for r in records
         ]
@@ -534,7 +536,7 @@ def run_jobs(args: argparse.Namespace) -> int:
                 r.name[-40:],
                 fmt_age(now - r.created_at),
                 "-" if dur is None else f"{dur:.1f}s",
-                r.kind or "",
+                r.kind or (r.summary or "")[:100],  # a done job's notes: what it left running
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

@@ -45,6 +45,7 @@ from gpuctl.jobs.report import (
     JobFiles,
     classify,
     combine_ranks,
+    left_note,
     parse_status,
     unreachable_report,
 )
@@ -510,10 +511,12 @@ class Job(concurrent.futures.Future[Any]):
         self._remember(
             state=state,
             kind=r.kind if r else None,
-            summary=(r.evidence[0] if r and r.evidence else None),
+            # a success's own notes (processes it left running) where a failure has its why
+            summary=(r.evidence[0] if r and r.evidence else None) if r else left_note(o) or None,
             started_at=o.get("started_at"),
             ended_at=o.get("ended_at") or time.time(),
             report=r.to_dict() if r else None,
+            threads=(o.get("threads") or {}).get("count"),
         )
 
     @property

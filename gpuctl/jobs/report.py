@@ -524,11 +524,6 @@ def left_note(o: Outcome) -> str:
     )
 
 
-def run_notes(files: JobFiles) -> str:
-    """What a job's record says of a run that succeeded: processes it left running."""
-    return left_note(files.outcome or {})
-
-
 def _relative_missing(err: WorkerError) -> str:
     """The relative path of a FileNotFoundError the function raised, else ""."""
     if err.get("type") != "FileNotFoundError":

@@ -1,0 +1,190 @@
+"""The defaults a training job expects, on real jobs (VENV1 3.6, the session VENV2; an sshd node
+for the relative path): the node's CPUs without ``cpus=``, where a job that hit its time limit
+was waiting, the processes a function left running, where a relative path resolved, a stack
+overflow named as one, and Ctrl-C of the process that waits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.config import load_config
+from gpuctl.jobs import Executor, JobFailed, JobStore
+from gpuctl_tests.harness.sshd import SshCluster
+
+
+def _threads() -> str | None:
+    return os.environ.get("OMP_NUM_THREADS")
+
+
+def _fail() -> None:
+    raise ValueError("bad batch")
+
+
+def test_without_cpus_a_job_gets_the_node_s_cpus_and_the_report_says_how_many(
+    make_executor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cpus = len(os.sched_getaffinity(0))
+    assert make_executor().submit(_threads).result(120) is None
+    assert make_executor(cpus=1).submit(_threads).result(120) == "1"
+    with pytest.raises(ValueError, match="bad batch"):
+        make_executor().submit(_fail).result(120)
+    job = make_executor().submit(_fail)
+    job.wait(120)
+    report = job.report()
+    assert report is not None
+    assert f"{cpus} thread(s) (OMP_NUM_THREADS unset: the {cpus} CPUs it may use)" in "\n".join(
+        report.evidence
+    )
+    job = make_executor(cpus=1).submit(_fail)
+    job.wait(120)
+    assert "1 thread(s) (OMP_NUM_THREADS=1)" in report_text(job)
+
+
+def report_text(job: Any) -> str:
+    report = job.report()
+    assert report is not None
+    return str(report.text())
+
+
+def _lock_forever() -> None:
+    ready = threading.Event()
+    lock = threading.Lock()
+    lock.acquire()
+
+    def helper() -> None:
+        ready.set()
+        lock.acquire()  # never released: the deadlock the report must point at
+
+    threading.Thread(target=helper, daemon=True).start()
+    ready.wait()
+    wait_for_the_lock(lock)
+
+
+def wait_for_the_lock(lock: threading.Lock) -> None:
+    lock.acquire()
+
+
+def test_a_job_that_hangs_to_its_time_limit_says_where_it_was_waiting(
+    make_executor: Any,
+) -> None:
+    job = make_executor(time_limit=2, grace=2).submit(_lock_forever)
+    job.wait(120)
+    report = job.report()
+    assert report is not None and report.kind == "time_limit"
+    text = report.text()
+    # the innermost frame of the user's code in the thread the function runs in (its file:
+    # this one, or "<dynamic-code>" where cloudpickle does not keep it)
+    assert "it was waiting in wait_for_the_lock (" in text
+    assert "every thread's stack just before the SIGTERM" in text
+    # both threads' stacks: the helper's too
+    assert report.traceback.count("Thread 0x") + report.traceback.count("thread 0x") >= 2
+    assert " in helper" in report.traceback
+    assert "deadlock" in report.remedy and "raise time_limit" in report.remedy
+
+
+def _start_uploader() -> int:
+    import subprocess
+    import sys
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)  # metrics-uploader"],
+        start_new_session=True,
+    )
+    return p.pid
+
+
+def test_a_process_the_function_left_running_is_named_in_the_record(
+    make_executor: Any, tmp_path: Path
+) -> None:
+    job = make_executor().submit(_start_uploader)
+    pid = job.result(120)
+    assert not _alive(pid)
+    rec = JobStore().get(job.id)
+    assert rec is not None and rec.state == "done"
+    assert rec.summary is not None
+    assert "left 1 process(es) running when it returned, and gpuctl ended them" in rec.summary
+    assert f"pid {pid} `" in rec.summary and "metrics-uploader" in rec.summary
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuctl", "jobs"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith(job.id[:12]))
+    assert "left 1 process(es) running" in row
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _read_relative() -> str:
+    with open("data/train.csv") as f:
+        return f.read()
+
+
+@pytest.mark.sshd
+def test_a_relative_path_missing_on_an_ssh_node_says_where_the_job_ran(
+    ssh_cluster: SshCluster, venv1: str, venv2: str, tmp_path: Path
+) -> None:
+    ssh_cluster.start_node("gpu1", python=venv1)
+    config = load_config(ssh_cluster.write_config(tmp_path / "config.toml"))
+    ex = Executor(
+        "gpu1",
+        config=config,
+        python=venv2,
+        job_root=str(tmp_path / "remote-jobs"),
+        store=JobStore(),
+    )
+    job = ex.submit(_read_relative)
+    job.wait(120)
+    report = job.report()
+    assert report is not None and report.kind == "user_exception"
+    text = report.text()
+    jobdir = job.jobdir
+    assert (
+        f"the job ran on {os.uname().nodename} in {jobdir}: the relative path 'data/train.csv' "
+        "resolves there, not where you submitted from"
+    ) in text
+    assert "use an absolute path that exists on" in report.remedy
+
+
+def _recurse_in_c() -> None:
+    import sys
+
+    sys.setrecursionlimit(10**7)
+
+    def down(n: int) -> list[Any]:
+        return list(map(down, [n + 1]))  # through C each time: the C stack fills
+
+    down(0)
+
+
+@pytest.mark.skipif(
+    sys.version_info >= (3, 12), reason="3.12 raises RecursionError before the C stack fills"
+)
+def test_a_c_stack_overflow_is_named_as_one(make_executor: Any) -> None:
+    job = make_executor().submit(_recurse_in_c)
+    job.wait(120)
+    report = job.report()
+    assert report is not None and report.kind == "crash"
+    first = report.evidence[0]
+    assert "a stack overflow, the same frames repeat: down (" in first
+    assert "(deep recursion)" in first
+    assert "C extension" not in report.remedy and "iterative" in report.remedy
