@@ -315,8 +315,8 @@ def run_submit(args: argparse.Namespace) -> int:
 
             wait_with_progress(job, sys.stderr)
         return _print_result(job, None)
-    except KeyboardInterrupt:
-        return _stopped_waiting(job)
+    except KeyboardInterrupt as e:
+        return _stopped_waiting(job, e)
 
 
 def _follow_command(job: Job) -> int:
@@ -339,13 +339,18 @@ def _follow_command(job: Job) -> int:
     return 3 if report.kind == "node_unreachable" else 1
 
 
-def _stopped_waiting(job: Job) -> int:
-    """Ctrl-C while waiting stops the waiting, not the job: say so and how to go on."""
-    short = job.id[:12]
-    print(
-        f"gpuctl: stopped waiting; job {short} goes on: gpuctl result {short} (or cancel {short})",
-        file=sys.stderr,
-    )
+def _stopped_waiting(job: Job, interrupt: KeyboardInterrupt) -> int:
+    """Ctrl-C while waiting stops the waiting, not the job: say so and how to go on (the job's
+    own wait said it already: ``gpuctl.jobs.interrupt.said``)."""
+    from gpuctl.jobs.interrupt import said
+
+    if not said(interrupt):
+        short = job.id[:12]
+        print(
+            f"gpuctl: job {short} keeps running on {job.target}: `gpuctl cancel {short}` stops "
+            f"it (`gpuctl result {short}` waits for it again)",
+            file=sys.stderr,
+        )
     return 130
 
 
@@ -706,5 +711,5 @@ def run_result(args: argparse.Namespace) -> int:
     job = _job(args)
     try:
         return _print_result(job, args.timeout or 0.0, args.output)
-    except KeyboardInterrupt:
-        return _stopped_waiting(job)
+    except KeyboardInterrupt as e:
+        return _stopped_waiting(job, e)

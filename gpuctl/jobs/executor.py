@@ -582,6 +582,7 @@ class Executor:
         turn in a ``JobQueue``), its row "pending"."""
         job_id, jobdir = folder
         job = Job(job_id, meta["name"], self.target, self.backend, jobdir, handle, self.store, now)
+        job.cancel_on_interrupt = self.cancel_on_interrupt
         if self.store is not None:
             self.store.update(
                 job_id,

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from gpuctl.config import load_config
-from gpuctl.jobs import Executor, JobFailed, JobStore
+from gpuctl.jobs import Executor, JobStore, attach
 from gpuctl_tests.harness.sshd import SshCluster
+from gpuctl_tests.helpers import wait_until
 
 
 def _threads() -> str | None:
@@ -188,3 +189,99 @@ def test_a_c_stack_overflow_is_named_as_one(make_executor: Any) -> None:
     assert "a stack overflow, the same frames repeat: down (" in first
     assert "(deep recursion)" in first
     assert "C extension" not in report.remedy and "iterative" in report.remedy
+
+
+SCRIPT = """
+import sys
+from gpuctl.jobs import Executor
+
+def slow():
+    import time
+    time.sleep(300)
+
+ex = Executor("local", supervisor_python=sys.argv[1], python=sys.argv[2], job_root=sys.argv[3])
+job = ex.submit(slow)
+print(job.id, flush=True)
+job.result()
+"""
+
+
+def _interrupt_a_script(
+    venv1: str, venv2: str, job_root: str, tmp_path: Path, env: dict[str, str]
+) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """Run SCRIPT (submit, then wait in result()), send it SIGINT once its job runs: (the
+    job's id, how the script ended)."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, str(script), venv1, venv2, job_root],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root), **env},
+    )
+    try:
+        assert proc.stdout is not None
+        job_id = proc.stdout.readline().strip()
+        assert len(job_id) == 32, proc.communicate(timeout=30)
+        status = Path(job_root, job_id, "status.jsonl")
+        wait_until(
+            lambda: status.exists() and '"running"' in status.read_text(), 60, "the job to run"
+        )
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return job_id, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_ctrl_c_of_a_script_in_result_says_the_job_keeps_running_without_gpuctl_s_frames(
+    venv1: str, venv2: str, job_root: str, tmp_path: Path
+) -> None:
+    job_id, done = _interrupt_a_script(venv1, venv2, job_root, tmp_path, {})
+    short = job_id[:12]
+    # a KeyboardInterrupt: Python ends the script by SIGINT, 130 in a shell
+    assert done.returncode == -signal.SIGINT, done.stderr
+    err = done.stderr
+    line = f"gpuctl: job {short} keeps running on local: `gpuctl cancel {short}` stops it"
+    assert err.startswith(line), err
+    assert "Traceback (most recent call last)" in err and "train.py" in err
+    assert "job.result()" in err
+    frames = [x for x in err.splitlines() if x.strip().startswith("File ")]
+    assert frames and all("train.py" in x for x in frames), err
+    assert "wait_hint" not in err and "_REAPER" not in err
+    rec = JobStore().get(job_id)
+    assert rec is not None
+    job = attach(rec, JobStore())
+    try:
+        assert not job.done()  # it runs on
+    finally:
+        job.cancel()
+        assert job.wait(60)
+    report = job.report()
+    assert report is not None and report.kind == "cancelled"
+
+
+def test_cancel_on_interrupt_from_the_config_cancels_the_job_on_ctrl_c(
+    venv1: str, venv2: str, job_root: str, tmp_path: Path
+) -> None:
+    conf = tmp_path / "config.toml"
+    conf.write_text("[jobs]\ncancel_on_interrupt = true\n")
+    job_id, done = _interrupt_a_script(
+        venv1, venv2, job_root, tmp_path, {"GPUCTL_CONFIG": str(conf)}
+    )
+    assert done.returncode == -signal.SIGINT, done.stderr
+    short = job_id[:12]
+    assert done.stderr.startswith(
+        f"gpuctl: job {short} on local is cancelled (cancel_on_interrupt)"
+    ), done.stderr
+    rec = JobStore().get(job_id)
+    assert rec is not None
+    job = attach(rec, JobStore())
+    assert job.wait(60)
+    report = job.report()
+    assert report is not None and report.kind == "cancelled"
+    assert Executor("local", cancel_on_interrupt=False).cancel_on_interrupt is False
