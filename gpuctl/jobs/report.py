@@ -723,27 +723,28 @@ def classify(
     sig = o.get("signal_name")
     code = o.get("exit_code")
     limits = (files.meta or {}).get("limits") or {}
-    if sstate == "TIMEOUT" and stop != "time_limit":
-        return report(
-            "time_limit",
-            f"Slurm ended the job at its time limit (TIMEOUT) in phase {phase}; the supervisor "
-            f"got {o.get('stop_signal') or 'SIGTERM'} and stopped VENV2",
-        )
     if stop == "time_limit" or sstate == "TIMEOUT":
-        stacks = str(o.get("stacks") or "").strip()
-        waiting = waiting_in(stacks)
-        tb = stacks
+        # every thread's stack, dumped by the supervisor before its SIGTERM: where it waited
+        tb = str(o.get("stacks") or "").strip()
+        waiting = waiting_in(tb)
+        hang = [
+            *([f"it was waiting in {waiting}"] if waiting else []),
+            *(["every thread's stack just before the SIGTERM is below (traceback)"] if tb else []),
+        ]
+        if stop != "time_limit":
+            return report(
+                "time_limit",
+                f"Slurm ended the job at its time limit (TIMEOUT) in phase {phase}; the "
+                f"supervisor got {o.get('stop_signal') or 'SIGTERM'} and stopped VENV2",
+                *hang,
+                remedy=HANG_REMEDY if tb else None,
+            )
         return report(
             "time_limit",
             f"time limit {limits.get('time_limit_s')} s reached in phase {phase}; "
             f"sent SIGTERM{', then SIGKILL' if o.get('escalated_to_kill') else ''}",
-            *([f"it was waiting in {waiting}"] if waiting else []),
-            *(
-                ["every thread's stack just before the SIGTERM is below (traceback)"]
-                if stacks
-                else []
-            ),
-            remedy=HANG_REMEDY if stacks else None,
+            *hang,
+            remedy=HANG_REMEDY if tb else None,
         )
     if stop == "cancelled" or sstate.startswith("CANCELLED"):
         return report("cancelled", f"stopped by request ({o.get('stop_signal') or 'cancel file'})")

@@ -727,8 +727,10 @@ class Supervisor(object):
                     # it checkpoints (or, declining, is killed after the grace)
                     self.pending_forward.append(signal.SIGUSR1)
                 else:
-                    if self.stop_reason == "time_limit":
-                        self._dump_stacks(child.pid)  # where a job that hangs waits
+                    if self.stop_reason == "time_limit" or (
+                            self.stop_reason == "cancelled" and self.outcome["slurm_job_id"]):
+                        # where a job that hangs waits (Slurm's time limit comes as a TERM)
+                        self._dump_stacks(child.pid)
                     self._killpg(signal.SIGTERM)
             if self.kill_at is not None and now >= self.kill_at and not self.outcome.get(
                     "escalated_to_kill"):
