@@ -117,3 +117,12 @@ def test_the_limit_comes_from_the_config(
         load_config(None)
     with pytest.raises(ValueError, match='max_payload must be a size such as 1073741824 or "4G"'):
         make_executor(max_payload="lots")
+
+
+def test_a_slurm_array_s_chunks_share_the_one_copy(slurm_executor: Any, tmp_path: Path) -> None:
+    blob = os.urandom(2 * MIB)
+    fn = _closing_over(blob)
+    jobs = slurm_executor().map_jobs(fn, range(4), chunksize=1)
+    assert [job.result(120) for job in jobs] == [[("ok", blob[i] + len(blob))] for i in range(4)]
+    written = _written(str(tmp_path / "shared-jobs"))
+    assert 2 * MIB < sum(written.values()) < 3 * MIB, written
