@@ -39,7 +39,7 @@ from gpuctl.jobs.hosts import AtomicWriter, Host
 from gpuctl.jobs.job import SUBMITTER_PYTHON, Job, JobFailed, JobQueue, RemoteTraceback
 from gpuctl.jobs.provision import EnvSpec, Venv2, shared_runner, write_runner
 from gpuctl.jobs.records import Handle, JobMeta, Limits, Probe
-from gpuctl.jobs.report import REMEDIES, FailureReport
+from gpuctl.jobs.report import REMEDIES, FailureReport, _fmt_bytes
 from gpuctl.jobs.store import JobRecord, JobStore
 from gpuctl.node import jobfiles
 
@@ -491,7 +491,8 @@ class Executor:
 
     def _write_payload(self, host: Host, jobdir: str, obj: object) -> tuple[str, int]:
         """Pickle straight into the job folder (streamed over SFTP for a node): no temporary
-        copy, no size limit; the file appears under its name only once complete."""
+        copy (its size was measured against ``max_payload`` before); the file appears under
+        its name only once complete."""
         writer = host.open_atomic(f"{jobdir}/{jobfiles.PAYLOAD}", 0o600)
         w = _HashingWriter(writer)
         try:
@@ -808,9 +809,9 @@ class PayloadTooLarge(ValueError):
 
     def __init__(self, what: str, size: int, limit: int, parts: Sequence[tuple[str, int]]) -> None:
         self.size, self.limit, self.parts = size, limit, list(parts)
-        big = "; ".join(f"{name}: {_fmt_size(n)}" for name, n in self.parts[:3])
+        big = "; ".join(f"{name}: {_fmt_bytes(n)}" for name, n in self.parts[:3])
         super().__init__(
-            f"{what} pickles to more than {_fmt_size(limit)}, the payload limit (max_payload)"
+            f"{what} pickles to more than {_fmt_bytes(limit)}, the payload limit (max_payload)"
             + (f"; the biggest parts: {big}" if big else "")
             + ". Nothing was written. Pass big data by path (save it where the node can read "
             "it and load it inside the function), or raise the limit: "
@@ -818,16 +819,11 @@ class PayloadTooLarge(ValueError):
         )
 
 
-def _fmt_size(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.1f} {unit}"
-    return f"{n} B"
-
-
 def _measure(obj: object, limit: int | None, *, hashing: bool = False) -> tuple[int, str]:
-    """(bytes, sha256 or "") of ``obj`` pickled as a payload is, without keeping them;
-    past ``limit`` bytes it stops and the size is ``limit + 1``."""
+    """(bytes, sha256 when ``hashing``, else "") of ``obj`` pickled as a payload is, without
+    keeping them; past ``limit`` bytes it stops (the size is then what it counted: over the
+    limit, maybe not all). The pickler hands large bytes and buffers over as they are, so
+    measuring them copies nothing (a torch tensor is copied once, by its own reducer)."""
     w = _HashingWriter(None, limit=limit, hashing=hashing)
     try:
         cloudpickle.dump(obj, w, protocol=5)
@@ -909,7 +905,10 @@ def _biggest(parts: Mapping[str, Any], limit: int) -> list[tuple[str, int]]:
             continue  # a part that does not pickle alone (it may inside the whole)
         if n >= limit // 100:
             t = type(value)
-            sized.append((f"{name} ({t.__module__}.{t.__qualname__})".replace("builtins.", ""), n))
+            kind = (
+                t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+            )
+            sized.append((f"{name} ({kind})", n))
     return sorted(sized, key=lambda p: -p[1])
 
 
