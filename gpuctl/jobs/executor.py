@@ -344,8 +344,9 @@ class Executor:
         ``max_payload``, naming the biggest of ``parts()`` (what the payload is made of)."""
         limit = self.max_payload
         size, digest = _measure(obj, limit, hashing=hashing)
-        if size > limit:
-            raise PayloadTooLarge(what, size, limit, _biggest(parts(), limit))
+        if size > limit:  # refused: measured whole this time, to say how big it is
+            whole, _ = _measure(obj, None)
+            raise PayloadTooLarge(what, whole, limit, _biggest(parts(), limit))
         return size, digest
 
     def venv2(self) -> Probe:
@@ -804,14 +805,15 @@ SHARED_ABOVE = 1 << 20  # a map's function that pickles to more goes into one fi
 
 class PayloadTooLarge(ValueError):
     """A payload over the Executor's ``max_payload``, refused before anything was written:
-    ``size`` (bytes, at least: the measuring stopped past the limit), ``limit``, ``parts`` (what
-    is big in it: (what, bytes), biggest first)."""
+    its ``size`` and the ``limit`` (bytes), ``parts`` (what is big in it: (what, bytes),
+    biggest first)."""
 
     def __init__(self, what: str, size: int, limit: int, parts: Sequence[tuple[str, int]]) -> None:
         self.size, self.limit, self.parts = size, limit, list(parts)
         big = "; ".join(f"{name}: {_fmt_bytes(n)}" for name, n in self.parts[:3])
         super().__init__(
-            f"{what} pickles to more than {_fmt_bytes(limit)}, the payload limit (max_payload)"
+            f"{what} pickles to {_fmt_bytes(size)}, over the payload limit of "
+            f"{_fmt_bytes(limit)} (max_payload)"
             + (f"; the biggest parts: {big}" if big else "")
             + ". Nothing was written. Pass big data by path (save it where the node can read "
             "it and load it inside the function), or raise the limit: "

@@ -5,6 +5,7 @@ overflow named as one, and Ctrl-C of the process that waits."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -46,9 +47,22 @@ def test_without_cpus_a_job_gets_the_node_s_cpus_and_the_report_says_how_many(
     assert f"{cpus} thread(s) (OMP_NUM_THREADS unset: the {cpus} CPUs it may use)" in "\n".join(
         report.evidence
     )
-    job = make_executor(cpus=1).submit(_fail)
-    job.wait(120)
-    assert "1 thread(s) (OMP_NUM_THREADS=1)" in report_text(job)
+    one = make_executor(cpus=1).submit(_fail)
+    one.wait(120)
+    assert "1 thread(s) (OMP_NUM_THREADS=1)" in report_text(one)
+    # and in `gpuctl jobs --json`, for jobs that succeeded too
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuctl", "jobs", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    threads = {j["id"]: j["threads"] for j in json.loads(out.stdout)["jobs"]}
+    assert len(threads) == 5
+    assert threads[job.id] == cpus and threads[one.id] == 1
+    assert sorted(threads.values()) == sorted([cpus, 1, cpus, cpus, 1])
 
 
 def report_text(job: Any) -> str:
@@ -119,7 +133,7 @@ def test_a_process_the_function_left_running_is_named_in_the_record(
         [sys.executable, "-m", "gpuctl", "jobs"],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
