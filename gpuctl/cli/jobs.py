@@ -251,6 +251,7 @@ def _command_of(args: argparse.Namespace) -> list[str] | None:
 
 def run_submit(args: argparse.Namespace) -> int:
     from gpuctl.jobs import Executor, HostError, JobFailed
+    from gpuctl.jobs.executor import PayloadTooLarge
     from gpuctl.reach.slurm import SlurmError
 
     command = _command_of(args)
@@ -289,7 +290,7 @@ def run_submit(args: argparse.Namespace) -> int:
             ) from None
         print(str(e), file=sys.stderr)
         return 1
-    except (HostError, SlurmError) as e:
+    except (HostError, SlurmError, PayloadTooLarge) as e:
         raise UserError(str(e)) from None
     except (pickle.PicklingError, TypeError) as e:
         raise UserError(f"cannot pickle the call: {e}") from None

@@ -128,3 +128,30 @@ def test_a_slurm_array_s_chunks_share_the_one_copy(slurm_executor: Any, tmp_path
     assert [job.result(120) for job in jobs] == [[("ok", blob[i] + len(blob))] for i in range(4)]
     written = _written(str(tmp_path / "shared-jobs"))
     assert 2 * MIB < sum(written.values()) < 3 * MIB, written
+
+
+def test_gpuctl_submit_refuses_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "big.py").write_text(
+        "import os\nBLOB = os.urandom(3 << 20)\n\ndef f():\n    return len(BLOB)\n"
+    )
+    (tmp_path / "c.toml").write_text('[jobs]\nmax_payload = "1M"\n')
+    env = {
+        **os.environ,
+        "GPUCTL_CONFIG": str(tmp_path / "c.toml"),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuctl", "submit", "big.py:f"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("gpuctl: the call of ") and "global `BLOB` that f uses" in line
+    assert JobStore().list() == []
