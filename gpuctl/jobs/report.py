@@ -75,7 +75,7 @@ FAILURES: dict[str, FailureMode] = {
         phase="any",
         evidence=(
             "VENV2 died of SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL; the faulthandler stack in "
-            f"{jobfiles.STDERR}"
+            f"{jobfiles.STDERR} (the same frames repeating: a stack overflow)"
         ),
         remedy=(
             "the stack above shows the Python line that was running when it crashed; check the C "
@@ -149,7 +149,10 @@ FAILURES: dict[str, FailureMode] = {
     "time_limit": FailureMode(
         title="time limit reached",
         phase="any",
-        evidence="time_limit= reached (TERM, grace, KILL), or Slurm TIMEOUT",
+        evidence=(
+            "time_limit= reached (TERM, grace, KILL), or Slurm TIMEOUT; every thread's stack "
+            "just before the TERM, and the line of the user's code it was waiting in"
+        ),
         remedy="raise time_limit=... or make the function faster",
     ),
     "cancelled": FailureMode(
