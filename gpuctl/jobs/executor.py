@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import cloudpickle
 
 from gpuctl import paths, service
-from gpuctl.jobs import _chunk, _command, checkpoint, debug, targets
+from gpuctl.jobs import _chunk, _command, checkpoint, debug, interrupt, targets
 from gpuctl.jobs.backends import SlurmBackend
 from gpuctl.jobs.hosts import AtomicWriter, Host
 from gpuctl.jobs.job import SUBMITTER_PYTHON, Job, JobFailed, JobQueue, RemoteTraceback
@@ -723,7 +723,13 @@ class Executor:
         def results() -> Iterator[R]:
             for job in jobs:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                for item in job.result(left):
+                try:
+                    done = job.result(left)
+                except KeyboardInterrupt as e:  # Ctrl-C: the rest of the map, too
+                    if interrupt.said(e):
+                        interrupt.rest_of_map(jobs, job, job.cancel_on_interrupt)
+                    raise
+                for item in done:
                     if item[0] == "ok":
                         yield item[1]
                     else:

@@ -11,9 +11,12 @@ shows the caller's frames and not gpuctl's own.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import os
 import sys
 import types
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -58,6 +61,32 @@ def interrupted(job: Job) -> KeyboardInterrupt:
     interrupt.gpuctl_job_id = job.id  # type: ignore[attr-defined]
     interrupt.gpuctl_cancelled = cancelled  # type: ignore[attr-defined]
     return interrupt
+
+
+def rest_of_map(jobs: Sequence[Job], waited: Job, cancel: bool) -> None:
+    """After ``interrupted(waited)`` in a ``map``: the map's other jobs that started and have
+    not ended are cancelled too (``cancel``), or a line says they keep running; those still
+    waiting for their turn never start once this process exits (``JobQueue``)."""
+    running = [
+        j for j in jobs if j is not waited and j.handle and not concurrent.futures.Future.done(j)
+    ]
+    waiting = sum(1 for j in jobs if not j.handle)
+    if not running and not waiting:
+        return
+    if cancel:
+        ended = 0
+        for job in running:
+            with contextlib.suppress(Exception):  # one that cannot be reached runs on
+                ended += bool(job.cancel())
+        line = f"{ended} more job(s) of this map on {waited.target} are cancelled too"
+    else:
+        line = (
+            f"{len(running)} more job(s) of this map keep running on {waited.target} "
+            "(`gpuctl jobs` lists them)"
+        )
+    if waiting:
+        line += f"; {waiting} waiting for their turn never start once this process exits"
+    print(f"gpuctl: {line}", file=sys.stderr, flush=True)
 
 
 _PREVIOUS: list[Any] = []

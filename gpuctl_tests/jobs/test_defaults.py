@@ -220,13 +220,33 @@ job.result()
 """
 
 
+MAP_SCRIPT = """
+import sys
+from gpuctl.jobs import Executor
+
+def slow(i):
+    import time
+    time.sleep(300)
+
+ex = Executor("local", supervisor_python=sys.argv[1], python=sys.argv[2], job_root=sys.argv[3])
+for value in ex.map(slow, range(3), chunksize=1, max_running=2):
+    print(value)
+"""
+
+
 def _interrupt_a_script(
-    venv1: str, venv2: str, job_root: str, tmp_path: Path, env: dict[str, str]
+    venv1: str,
+    venv2: str,
+    job_root: str,
+    tmp_path: Path,
+    env: dict[str, str],
+    script_text: str = SCRIPT,
+    running: int = 1,
 ) -> tuple[str, subprocess.CompletedProcess[str]]:
-    """Run SCRIPT (submit, then wait in result()), send it SIGINT once its job runs: (the
-    job's id, how the script ended)."""
+    """Run ``script_text`` (SCRIPT: submit, then wait in result()), send it SIGINT once
+    ``running`` jobs run: (the id of the job it printed, if any, and how the script ended)."""
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(SCRIPT))
+    script.write_text(textwrap.dedent(script_text))
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(
         [sys.executable, str(script), venv1, venv2, job_root],
@@ -237,12 +257,13 @@ def _interrupt_a_script(
     )
     try:
         assert proc.stdout is not None
-        job_id = proc.stdout.readline().strip()
-        assert len(job_id) == 32, proc.communicate(timeout=30)
-        status = Path(job_root, job_id, "status.jsonl")
-        wait_until(
-            lambda: status.exists() and '"running"' in status.read_text(), 60, "the job to run"
-        )
+        job_id = proc.stdout.readline().strip() if script_text == SCRIPT else ""
+
+        def runs() -> int:
+            found = Path(job_root).glob("*/status.jsonl")
+            return sum('"running"' in status.read_text() for status in found)
+
+        wait_until(lambda: runs() >= running, 60, "the jobs to run")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -299,3 +320,25 @@ def test_cancel_on_interrupt_from_the_config_cancels_the_job_on_ctrl_c(
     report = job.report()
     assert report is not None and report.kind == "cancelled"
     assert Executor("local", cancel_on_interrupt=False).cancel_on_interrupt is False
+
+
+def test_ctrl_c_in_a_map_says_what_becomes_of_its_other_jobs(
+    venv1: str, venv2: str, job_root: str, tmp_path: Path
+) -> None:
+    _, done = _interrupt_a_script(venv1, venv2, job_root, tmp_path, {}, MAP_SCRIPT, running=2)
+    assert done.returncode == -signal.SIGINT, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("gpuctl: job ") and "keeps running on local" in lines[0]
+    assert lines[1] == (
+        "gpuctl: 1 more job(s) of this map keep running on local (`gpuctl jobs` lists them); "
+        "1 waiting for their turn never start once this process exits"
+    )
+    assert not any("/gpuctl/jobs/" in line for line in lines)
+    store = JobStore()
+    states = sorted(r.state for r in store.list())
+    assert states[0] == "failed"  # the one that never started (the atexit of the script)
+    for rec in store.list():
+        if rec.state != "failed":
+            job = attach(rec, store)
+            job.cancel()
+            assert job.wait(60)
