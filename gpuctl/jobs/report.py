@@ -435,7 +435,8 @@ def _faulthandler_stack(stderr: str) -> str:
 
 HANG_REMEDY = (
     "if it hangs (a deadlock: a lock, queue or collective that is never released, a rank that "
-    "died, input that never comes), the stacks below show where each thread waited: fix that; "
+    "died, input that never comes), the traceback's stacks show where each thread waited: fix "
+    "that; "
     "if it only needs longer, raise time_limit=... or make the function faster"
 )
 
@@ -626,6 +627,9 @@ def classify(
         if py_line:
             lines.append(py_line.lstrip(", "))
         stderr = files.stderr_tail.strip()
+        dump = str(o.get("stacks") or "").strip().split("\n", 1)[0]
+        if dump and dump in stderr:  # the stacks come whole as the traceback: not again here
+            stderr = stderr[: stderr.rfind(dump)].strip()
         if stderr and kind not in ("crash",):
             last = stderr.splitlines()[-8:]
             lines.append("last lines of stderr:")
@@ -732,7 +736,7 @@ def classify(
         waiting = waiting_in(tb)
         hang = [
             *([f"it was waiting in {waiting}"] if waiting else []),
-            *(["every thread's stack just before the SIGTERM is below (traceback)"] if tb else []),
+            *(["every thread's stack just before the SIGTERM is the traceback"] if tb else []),
         ]
         if stop != "time_limit":
             return report(

@@ -100,11 +100,13 @@ def test_a_job_that_hangs_to_its_time_limit_says_where_it_was_waiting(
     # the innermost frame of the user's code in the thread the function runs in (its file:
     # this one, or "<dynamic-code>" where cloudpickle does not keep it)
     assert "it was waiting in wait_for_the_lock (" in text
-    assert "every thread's stack just before the SIGTERM" in text
+    assert "every thread's stack just before the SIGTERM is the traceback" in text
     # both threads' stacks: the helper's too
     assert report.traceback.count("Thread 0x") + report.traceback.count("thread 0x") >= 2
     assert " in helper" in report.traceback
     assert "deadlock" in report.remedy and "raise time_limit" in report.remedy
+    # the stacks are the traceback, not also the stderr lines of the evidence
+    assert not any(line.startswith("| Thread 0x") for line in report.evidence)
 
 
 def _start_uploader() -> int:
