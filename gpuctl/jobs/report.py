@@ -436,8 +436,7 @@ def _faulthandler_stack(stderr: str) -> str:
 HANG_REMEDY = (
     "if it hangs (a deadlock: a lock, queue or collective that is never released, a rank that "
     "died, input that never comes), the traceback's stacks show where each thread waited: fix "
-    "that; "
-    "if it only needs longer, raise time_limit=... or make the function faster"
+    "that; if it only needs longer, raise time_limit=... or make the function faster"
 )
 
 _FRAME = re.compile(r'^\s*File "([^"]*)", line (\d+) in (\S+)')
