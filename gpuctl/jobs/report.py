@@ -834,11 +834,13 @@ def classify(
         relative = _relative_missing(err)
         if kind == "user_exception" and relative:
             host, cwd = o.get("hostname") or "the node", o.get("cwd") or "its job folder"
+            # no cwd given (a node's job): it ran in its job folder, not in the submitter's
+            elsewhere = "" if (files.meta or {}).get("cwd") else ", not where you submitted from"
             return report(
                 "user_exception",
                 f"{msg}",
-                f"the job ran on {host} in {cwd}: the relative path {relative!r} resolves there, "
-                "not where you submitted from",
+                f"the job ran on {host} in {cwd}: the relative path {relative!r} resolves "
+                f"there{elsewhere}",
                 remedy=(
                     f"use an absolute path that exists on {host}, copy the file there, or give "
                     "the job another working directory (Executor(cwd=...))"
