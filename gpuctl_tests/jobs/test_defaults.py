@@ -120,16 +120,26 @@ def _start_uploader() -> int:
     return p.pid
 
 
+def _start_uploader_and_fail() -> None:
+    _start_uploader()
+    raise RuntimeError("diverged")
+
+
 def test_a_process_the_function_left_running_is_named_in_the_record(
     make_executor: Any, tmp_path: Path
 ) -> None:
+    failed = make_executor().submit(_start_uploader_and_fail)
+    failed.wait(120)
+    assert "left 1 process(es) running when it finished, and gpuctl stopped them" in report_text(
+        failed
+    )
     job = make_executor().submit(_start_uploader)
     pid = job.result(120)
     assert not _alive(pid)
     rec = JobStore().get(job.id)
     assert rec is not None and rec.state == "done"
     assert rec.summary is not None
-    assert "left 1 process(es) running when it returned, and gpuctl ended them" in rec.summary
+    assert "left 1 process(es) running when it finished, and gpuctl stopped them" in rec.summary
     assert f"pid {pid} `" in rec.summary and "metrics-uploader" in rec.summary
     out = subprocess.run(
         [sys.executable, "-m", "gpuctl", "jobs"],
