@@ -522,7 +522,7 @@ def left_note(o: Outcome) -> str:
     shown = "; ".join(f"pid {p.get('pid')} `{p.get('cmd') or '?'}`" for p in left[:3])
     more = f" and {len(left) - 3} more" if len(left) > 3 else ""
     return (
-        f"the function left {len(left)} process(es) running when it returned, and gpuctl ended "
+        f"the function left {len(left)} process(es) running when it finished, and gpuctl stopped "
         f"them (TERM, then KILL): {shown}{more}"
     )
 
