@@ -171,6 +171,14 @@ def _bool(v: Any) -> bool:
     return v
 
 
+def _size(v: Any) -> int | str:
+    """Bytes: a whole number, or "512M", "4G", "1.5GiB" (the unit's K, M, G, T are 1024s)."""
+    ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1
+    if ok or (isinstance(v, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*([KMGT]i?)?B?\s*", v, re.I)):
+        return v  # type: ignore[no-any-return]
+    raise _Bad(f'expected a size in bytes (1073741824, "4G"), got {_show(v)}')
+
+
 def _liveness(v: Any) -> float:
     seconds = _number(0, 86400)(v)
     if 0 < seconds < 1:
@@ -402,6 +410,10 @@ SECTIONS: dict[str, dict[str, Key]] = {
         ),
         "env_root": Key(_str, None, "where VENV2 environments are built on the nodes"),
         "setup": Key(_lines, [], "shell lines run before every job's VENV2 starts"),
+        "max_payload": Key(_size, None, 'largest pickled payload a submit or map sends ("1G")'),
+        "cancel_on_interrupt": Key(
+            _bool, False, "Ctrl-C while waiting for a job cancels it (else it keeps running)"
+        ),
     },
 }
 

@@ -251,6 +251,7 @@ def _command_of(args: argparse.Namespace) -> list[str] | None:
 
 def run_submit(args: argparse.Namespace) -> int:
     from gpuctl.jobs import Executor, HostError, JobFailed
+    from gpuctl.jobs.executor import PayloadTooLarge
     from gpuctl.reach.slurm import SlurmError
 
     command = _command_of(args)
@@ -289,7 +290,7 @@ def run_submit(args: argparse.Namespace) -> int:
             ) from None
         print(str(e), file=sys.stderr)
         return 1
-    except (HostError, SlurmError) as e:
+    except (HostError, SlurmError, PayloadTooLarge) as e:
         raise UserError(str(e)) from None
     except (pickle.PicklingError, TypeError) as e:
         raise UserError(f"cannot pickle the call: {e}") from None
@@ -315,8 +316,8 @@ def run_submit(args: argparse.Namespace) -> int:
 
             wait_with_progress(job, sys.stderr)
         return _print_result(job, None)
-    except KeyboardInterrupt:
-        return _stopped_waiting(job)
+    except KeyboardInterrupt as e:
+        return _stopped_waiting(job, e)
 
 
 def _follow_command(job: Job) -> int:
@@ -339,13 +340,18 @@ def _follow_command(job: Job) -> int:
     return 3 if report.kind == "node_unreachable" else 1
 
 
-def _stopped_waiting(job: Job) -> int:
-    """Ctrl-C while waiting stops the waiting, not the job: say so and how to go on."""
-    short = job.id[:12]
-    print(
-        f"gpuctl: stopped waiting; job {short} goes on: gpuctl result {short} (or cancel {short})",
-        file=sys.stderr,
-    )
+def _stopped_waiting(job: Job, interrupt: KeyboardInterrupt) -> int:
+    """Ctrl-C while waiting stops the waiting, not the job: say so and how to go on (the job's
+    own wait said it already: ``gpuctl.jobs.interrupt.said``)."""
+    from gpuctl.jobs.interrupt import said
+
+    if not said(interrupt):
+        short = job.id[:12]
+        print(
+            f"gpuctl: job {short} keeps running on {job.target}: `gpuctl cancel {short}` stops "
+            f"it (`gpuctl result {short}` waits for it again)",
+            file=sys.stderr,
+        )
     return 130
 
 
@@ -514,6 +520,8 @@ def run_jobs(args: argparse.Namespace) -> int:
                 "slurm_id": _slurm_id(r),
                 "split": (r.backend.get("handle") or {}).get("split"),
                 "tasks": r.tasks,
+                "threads": r.threads,
+                "summary": r.summary,
             }
             for r in records
         ]
@@ -534,7 +542,7 @@ def run_jobs(args: argparse.Namespace) -> int:
                 r.name[-40:],
                 fmt_age(now - r.created_at),
                 "-" if dur is None else f"{dur:.1f}s",
-                r.kind or "",
+                r.kind or (r.summary or "")[:100],  # a done job's notes: what it left running
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -704,5 +712,5 @@ def run_result(args: argparse.Namespace) -> int:
     job = _job(args)
     try:
         return _print_result(job, args.timeout or 0.0, args.output)
-    except KeyboardInterrupt:
-        return _stopped_waiting(job)
+    except KeyboardInterrupt as e:
+        return _stopped_waiting(job, e)

@@ -35,3 +35,32 @@ def run_chunk(fn: Any, items: Any) -> Any:
             continue
         out.append(("ok", value))
     return out
+
+
+def load_shared(path: str) -> Any:
+    """The shared part of a map (its function, with what it closes over), unpickled from the
+    one file all its chunks' payloads name: called while VENV2 loads a chunk's payload."""
+    import json
+    import linecache
+
+    import cloudpickle
+
+    try:  # the source text of its code, for tracebacks (as the worker does for a payload's)
+        with open(path + ".sources.json") as f:
+            for name, text in json.load(f).items():
+                linecache.cache[name] = (len(text), None, text.splitlines(True), name)
+    except (OSError, ValueError, AttributeError):
+        pass
+    with open(path, "rb") as f:
+        return cloudpickle.load(f)
+
+
+class SharedPart:
+    """What a chunk's payload holds in place of a map's function when that was written once
+    for all chunks (``path`` on the node): unpickled, it is the function (``load_shared``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> Any:
+        return load_shared, (self.path,)

@@ -25,6 +25,7 @@ import sys
 import sysconfig
 import threading
 import time
+import types
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import cloudpickle
 
 from gpuctl import paths, service
-from gpuctl.jobs import _chunk, _command, checkpoint, debug, sources, targets, usercode
+from gpuctl.jobs import _chunk, _command, checkpoint, debug, interrupt, sources, targets, usercode
 from gpuctl.jobs.backends import SlurmBackend
 from gpuctl.jobs.hosts import AtomicWriter, Host
 from gpuctl.jobs.job import SUBMITTER_PYTHON, Job, JobFailed, JobQueue, RemoteTraceback
@@ -45,7 +46,7 @@ from gpuctl.jobs.provision import (
     write_runner,
 )
 from gpuctl.jobs.records import Handle, JobMeta, Limits, Probe
-from gpuctl.jobs.report import REMEDIES, FailureReport
+from gpuctl.jobs.report import REMEDIES, FailureReport, _fmt_bytes
 from gpuctl.jobs.store import JobRecord, JobStore
 from gpuctl.node import jobfiles
 
@@ -100,6 +101,18 @@ def parse_mem(mem: int | str | None) -> int | None:
     if text and text[-1] in units:
         return int(float(text[:-1]) * units[text[-1]])
     return int(float(text))
+
+
+def _size(value: int | str | None, what: str) -> int | None:
+    """Bytes from ``value`` (an int, or "512M", "4G"); ValueError with one line when it is not
+    a size of 1 byte or more."""
+    try:
+        n = parse_mem(value)
+    except (ValueError, TypeError, AttributeError):
+        n = 0
+    if value is not None and (isinstance(value, bool) or not n or n < 1):
+        raise ValueError(f'{what} must be a size such as 1073741824 or "4G", not {value!r}')
+    return n
 
 
 @functools.cache
@@ -161,10 +174,12 @@ class Executor:
     ``python`` names an existing VENV2 interpreter on the target; ``env`` (an ``EnvSpec``) asks
     gpuctl to build one (once, cached by content hash); ``supervisor_python`` is VENV1 (default:
     the node's configured python3). ``mem`` (bytes or "4G"), ``time_limit`` (seconds), ``cpus``,
-    ``gpus`` are limits (of each task); ``setup`` lines run before VENV2 starts (after the
-    cluster's own). A checkpointable function (``gpuctl.jobs.checkpoint``) is warned
-    ``warning`` seconds before its time limit and requeued from its checkpoint at most
-    ``max_requeues`` times.
+    ``gpus`` are limits (of each task); without ``cpus`` a job outside Slurm may use all the
+    node's CPUs (and its libraries start a thread per CPU: the report says how many it ran
+    with), with ``cpus=N`` it gets ``OMP_NUM_THREADS=N`` and its kin; ``setup`` lines run
+    before VENV2 starts (after the cluster's own). A checkpointable function
+    (``gpuctl.jobs.checkpoint``) is warned ``warning`` seconds before its time limit and
+    requeued from its checkpoint at most ``max_requeues`` times.
     ``verify=False`` skips the pre-submit probe of VENV2 (only to exercise the node-side checks).
     ``read_only`` is the caller's decision on read-only mode (None: at each submit, from
     ``$GPUCTL_READ_ONLY`` and ``config``, else the config files); in read-only mode ``submit``,
@@ -178,6 +193,13 @@ class Executor:
     its ``fnmatch`` patterns. A payload holding objects of a distribution that VENV2 has at
     another major version, lacking a module they name (numpy 2 here, 1 there), is refused
     before anything is written (``JobFailed``, version_mismatch).
+
+    ``max_payload`` (bytes or "4G"; default: the config's ``[jobs] max_payload``, else 1 GiB)
+    caps one pickled payload: a submit's call, a map's function with what it closes over (sent
+    once per map) and each of its chunks; one over it raises ``PayloadTooLarge`` (a ValueError)
+    before anything is written. ``cancel_on_interrupt`` (default: the config's ``[jobs]
+    cancel_on_interrupt``, else False): a Ctrl-C while ``result()`` waits cancels the job;
+    otherwise the job keeps running and a line on stderr says how to cancel it.
 
     ``max_running`` caps how many jobs of one ``map`` run at once (default: the backend's,
     ``default_max_running``: 64 through Slurm, 8 on one machine, local or SSH); see ``map_jobs``.
@@ -206,7 +228,7 @@ class Executor:
         env: EnvSpec | None = None,
         supervisor_python: str | None = None,
         gpus: int = 0,
-        cpus: int = 1,
+        cpus: int | None = None,
         mem: int | str | None = None,
         time_limit: float | None = None,
         nodes: int = 1,
@@ -228,13 +250,15 @@ class Executor:
         max_running: int | None = None,
         ship_limit: int | str | None = usercode.DEFAULT_LIMIT,
         ship_exclude: Sequence[str] = (),
+        max_payload: int | str | None = None,
+        cancel_on_interrupt: bool | None = None,
     ) -> None:
         if python is not None and env is not None:
             raise ValueError("give python= (an existing VENV2) or env= (one to build), not both")
         self.target = target
         self.debug = target == "debug"
         self.limits: Limits = {
-            "cpus": cpus,
+            "cpus": _positive(cpus, "cpus"),
             "gpus": gpus,
             "mem_bytes": parse_mem(mem),
             "time_limit_s": time_limit,
@@ -251,6 +275,8 @@ class Executor:
         )
         self._code_folders: set[str] = set()  # code folders known complete on the host
         self.max_running = _positive(max_running, "max_running")
+        self._max_payload = _size(max_payload, "max_payload")
+        self._cancel_on_interrupt = cancel_on_interrupt
         self.job_env = dict(job_env or {})
         self.verify = verify
         where = targets.resolve(
@@ -298,6 +324,52 @@ class Executor:
             self.store = store
         self._root_ready = False
         self.guard = service.Guard(read_only, where.config)  # read-only mode, judged at each submit
+        self._config = where.config
+
+    def _jobs_setting(self, key: str) -> Any:
+        """The config's ``[jobs] key`` (None when unset), the config read when first needed."""
+        if self._config is None:
+            from gpuctl.config import load_config
+
+            self._config = load_config(None)
+        return dict(getattr(self._config, "jobs", {}) or {}).get(key)
+
+    @property
+    def max_payload(self) -> int:
+        """Bytes one pickled payload may have (a submit's call; a map's function and each
+        chunk): ``max_payload=``, else the config's ``[jobs] max_payload``, else 1 GiB."""
+        if self._max_payload is None:
+            self._max_payload = (
+                _size(self._jobs_setting("max_payload"), "[jobs] max_payload")
+                or DEFAULT_MAX_PAYLOAD
+            )
+        return self._max_payload
+
+    @property
+    def cancel_on_interrupt(self) -> bool:
+        """Whether a Ctrl-C while waiting for a job cancels it (else it keeps running and a
+        line says how to cancel it): ``cancel_on_interrupt=``, else the config's ``[jobs]
+        cancel_on_interrupt``, else False."""
+        if self._cancel_on_interrupt is None:
+            self._cancel_on_interrupt = bool(self._jobs_setting("cancel_on_interrupt"))
+        return self._cancel_on_interrupt
+
+    def _check_payload(
+        self,
+        what: str,
+        obj: object,
+        parts: Callable[[], Mapping[str, Any]],
+        *,
+        hashing: bool = False,
+    ) -> tuple[int, str]:
+        """(bytes, sha256 when ``hashing``) of ``obj`` pickled; ``PayloadTooLarge`` when over
+        ``max_payload``, naming the biggest of ``parts()`` (what the payload is made of)."""
+        limit = self.max_payload
+        size, digest = _measure(obj, limit, hashing=hashing)
+        if size > limit:  # refused: measured whole this time, to say how big it is
+            whole, _ = _measure(obj, None)
+            raise PayloadTooLarge(what, whole, limit, _biggest(parts(), limit))
+        return size, digest
 
     def venv2(self) -> Probe:
         """Resolve (and build if asked) VENV2; return its probe ``{python, cloudpickle, ...}``.
@@ -441,9 +513,33 @@ class Executor:
         host.write_bytes(f"{jobdir}/{jobfiles.META}", json.dumps(meta, indent=1).encode(), 0o600)
         return job_id, jobdir, meta
 
+    def _job_root_path(self) -> str:
+        """The job root on the target's host, ``~`` resolved there (not created)."""
+        return self.backend.host.expand(self.backend.job_root)
+
+    def _write_shared(self, path: str, fn: object) -> None:
+        """Write a map's shared part to ``path`` (named by its content's hash) unless a map
+        wrote the same before."""
+        host = self.backend.host
+        if host.exists(path):
+            return
+        self._job_root()
+        host.mkdir(os.path.dirname(path), 0o700)
+        writer = host.open_atomic(path, 0o600)
+        try:
+            files = sources.dump(fn, _HashingWriter(writer, hashing=False))
+        except BaseException:
+            writer.abort()
+            raise
+        text = sources.read_sources(files)
+        if text:  # beside it, for the chunks' tracebacks (``_chunk.load_shared``)
+            host.write_bytes(f"{path}.sources.json", json.dumps(text).encode(), 0o600)
+        writer.commit()
+
     def _write_payload(self, host: Host, jobdir: str, obj: object) -> tuple[str, int]:
         """Pickle straight into the job folder (streamed over SFTP for a node): no temporary
-        copy, no size limit; the file appears under its name only once complete."""
+        copy (its size was measured against ``max_payload`` before); the file appears under
+        its name only once complete."""
         writer = host.open_atomic(f"{jobdir}/{jobfiles.PAYLOAD}", 0o600)
         w = _HashingWriter(writer)
         try:
@@ -470,8 +566,12 @@ class Executor:
         if self.debug:
             register_by_value(fn)
             return debug.run_here(self.backend, fn, args, kwargs, name)
+        register_by_value(fn)
+        self._check_payload(
+            f"the call of {name}", (fn, args, kwargs), lambda: _parts(fn, args, kwargs)
+        )
         self.venv2()
-        job_id, jobdir, meta = self._prepare(fn, args, kwargs, name)
+        job_id, jobdir, meta = self._prepare(fn, args, kwargs, name, registered=True)
         return self._start([(job_id, jobdir)], meta)[0]
 
     def submit_command(self, argv: Sequence[str]) -> Job:
@@ -533,6 +633,7 @@ class Executor:
         turn in a ``JobQueue``), its row "pending"."""
         job_id, jobdir = folder
         job = Job(job_id, meta["name"], self.target, self.backend, jobdir, handle, self.store, now)
+        job.cancel_on_interrupt = self.cancel_on_interrupt
         if self.store is not None:
             self.store.update(
                 job_id,
@@ -606,7 +707,28 @@ class Executor:
                 )
                 for i in range(0, len(items), size)
             ]
+        # The function and what it closes over go once per map: above SHARED_ABOVE into one
+        # file (content-addressed, in the job root's shared/) that each chunk's payload names.
+        # Every payload is measured against max_payload before anything is written.
+        shared_size, digest = self._check_payload(
+            f"the function of map:{name} (with what it closes over)",
+            fn,
+            lambda: _parts(fn, (), {}),
+            hashing=True,
+        )
+        part: Any = fn
+        if shared_size > SHARED_ABOVE:
+            part = _chunk.SharedPart(f"{self._job_root_path()}/shared/{digest}.pkl")
+        chunks = [items[i : i + size] for i in range(0, len(items), size)]
+        for k, chunk in enumerate(chunks):
+            self._check_payload(
+                f"chunk {k} of map:{name} (items {k * size} to {k * size + len(chunk) - 1})",
+                (_chunk.run_chunk, (part, chunk), {}),
+                functools.partial(_item_parts, chunk, k * size),
+            )
         self.venv2()
+        if isinstance(part, _chunk.SharedPart):
+            self._write_shared(part.path, fn)
         folders = []
         meta: JobMeta = {}
         # an array's chunks share one runner (the job folders are all on the login side's
@@ -616,10 +738,10 @@ class Executor:
             if isinstance(self.backend, SlurmBackend)
             else None
         )
-        for i in range(0, len(items), size):
+        for chunk in chunks:
             job_id, jobdir, meta = self._prepare(
                 _chunk.run_chunk,
-                (fn, items[i : i + size]),
+                (part, chunk),
                 {},
                 f"map:{name}",
                 registered=True,
@@ -650,7 +772,13 @@ class Executor:
         def results() -> Iterator[R]:
             for job in jobs:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                for item in job.result(left):
+                try:
+                    done = job.result(left)
+                except KeyboardInterrupt as e:  # Ctrl-C: the rest of the map, too
+                    if interrupt.said(e):
+                        interrupt.rest_of_map(jobs, job, job.cancel_on_interrupt)
+                    raise
+                for item in done:
                     if item[0] == "ok":
                         yield item[1]
                     else:
@@ -689,27 +817,156 @@ def _item_report(job: Job, exc: BaseException, tb: str) -> FailureReport:
 
 
 class _HashingWriter:
-    """A file wrapper that hashes and counts what cloudpickle writes through it."""
+    """A file wrapper that hashes and counts what cloudpickle writes through it. ``f`` None:
+    nothing is kept (a pickle measured before anything is written); ``limit``: past that many
+    bytes the write raises ``_OverLimit`` (the pickling stops there); ``hashing`` False: only
+    counted."""
 
-    def __init__(self, f: AtomicWriter) -> None:
+    def __init__(
+        self, f: AtomicWriter | None, *, limit: int | None = None, hashing: bool = True
+    ) -> None:
         self.f = f
-        self.h = hashlib.sha256()
+        self.h = hashlib.sha256() if hashing else None
         self.size = 0
+        self.limit = limit
 
     PIECE = 8 << 20  # a large buffer is hashed piece by piece, each sent while the next hashes
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         mv = memoryview(data).cast("B")
         n = len(mv)
+        self.size += n
+        if self.limit is not None and self.size > self.limit:
+            raise _OverLimit
         for i in range(0, n, self.PIECE):
             piece = mv[i : i + self.PIECE]
-            self.h.update(piece)
-            self.f.write(piece)
-        self.size += n
+            if self.h is not None:
+                self.h.update(piece)
+            if self.f is not None:
+                self.f.write(piece)
         return n
 
     def hexdigest(self) -> str:
-        return self.h.hexdigest()
+        return self.h.hexdigest() if self.h is not None else ""
+
+
+class _OverLimit(Exception):
+    """A measured pickle passed its limit (``_HashingWriter``): it stopped there."""
+
+
+DEFAULT_MAX_PAYLOAD = 1 << 30  # bytes of one pickled payload (a map's shared part, a chunk)
+SHARED_ABOVE = 1 << 20  # a map's function that pickles to more goes into one file for all chunks
+
+
+class PayloadTooLarge(ValueError):
+    """A payload over the Executor's ``max_payload``, refused before anything was written:
+    its ``size`` and the ``limit`` (bytes), ``parts`` (what is big in it: (what, bytes),
+    biggest first)."""
+
+    def __init__(self, what: str, size: int, limit: int, parts: Sequence[tuple[str, int]]) -> None:
+        self.size, self.limit, self.parts = size, limit, list(parts)
+        big = "; ".join(f"{name}: {_fmt_bytes(n)}" for name, n in self.parts[:3])
+        super().__init__(
+            f"{what} pickles to {_fmt_bytes(size)}, over the payload limit of "
+            f"{_fmt_bytes(limit)} (max_payload)"
+            + (f"; the biggest parts: {big}" if big else "")
+            + ". Nothing was written. Pass big data by path (save it where the node can read "
+            "it and load it inside the function), or raise the limit: "
+            'Executor(..., max_payload="4G") or max_payload = "4G" in the config\'s [jobs]'
+        )
+
+
+def _measure(obj: object, limit: int | None, *, hashing: bool = False) -> tuple[int, str]:
+    """(bytes, sha256 when ``hashing``, else "") of ``obj`` pickled as a payload is, without
+    keeping them; past ``limit`` bytes it stops (the size is then what it counted: over the
+    limit, maybe not all). The pickler hands large bytes and buffers over as they are, so
+    measuring them copies nothing (a torch tensor is copied once, by its own reducer)."""
+    w = _HashingWriter(None, limit=limit, hashing=hashing)
+    try:
+        cloudpickle.dump(obj, w, protocol=5)
+    except _OverLimit:
+        return w.size, ""
+    return w.size, w.hexdigest()
+
+
+def _parts(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """What a call is made of, by name: the arguments, and what the function closes over
+    (its closure's variables, the globals its code names, a bound method's object, a
+    partial's arguments)."""
+    found: dict[str, Any] = {}
+    for i, a in enumerate(args):
+        found[f"argument {i}"] = a
+    for k, v in kwargs.items():
+        found[f"argument {k}="] = v
+    seen: set[int] = set()
+
+    def walk(f: Any, depth: int) -> None:
+        if depth > 3 or id(f) in seen:
+            return
+        seen.add(id(f))
+        if isinstance(f, functools.partial):
+            walk(f.func, depth + 1)
+            for i, a in enumerate(f.args):
+                found[f"argument {i} of the partial"] = a
+            for k, v in (f.keywords or {}).items():
+                found[f"argument {k}= of the partial"] = v
+            return
+        owner = getattr(f, "__self__", None)
+        if owner is not None and not isinstance(owner, types.ModuleType):
+            found[f"the object of method {getattr(f, '__name__', '?')}"] = owner
+        code = getattr(f, "__code__", None)
+        if code is None:
+            return
+        label = getattr(f, "__qualname__", "?")
+        for name, cell in zip(
+            code.co_freevars, getattr(f, "__closure__", None) or (), strict=False
+        ):
+            with contextlib.suppress(ValueError):  # an empty cell
+                value = cell.cell_contents
+                if callable(value) and hasattr(value, "__code__"):
+                    walk(value, depth + 1)
+                else:
+                    found[f"variable `{name}` that {label} closes over"] = value
+        glob = getattr(f, "__globals__", {})
+        for name in code.co_names:
+            if name in glob:
+                value = glob[name]
+                if isinstance(value, types.ModuleType | type):
+                    continue
+                if callable(value) and hasattr(value, "__code__"):
+                    walk(value, depth + 1)
+                else:
+                    found[f"global `{name}` that {label} uses"] = value
+
+    walk(fn, 0)
+    return found
+
+
+def _item_parts(chunk: Sequence[tuple[Any, ...]], first: int) -> dict[str, Any]:
+    """The arguments of a map's chunk, by name ("item 7", "item 7 argument 1")."""
+    return {
+        f"item {first + j}" + (f" argument {i}" if len(args) > 1 else ""): a
+        for j, args in enumerate(chunk)
+        for i, a in enumerate(args)
+    }
+
+
+def _biggest(parts: Mapping[str, Any], limit: int) -> list[tuple[str, int]]:
+    """``parts`` (name: value) by pickled size, biggest first, each as "name (type)"; those
+    under 1 % of ``limit`` are left out."""
+    sized = []
+    for name, value in parts.items():
+        try:
+            n, _ = _measure(value, limit)
+        except Exception:
+            continue  # a part that does not pickle alone (it may inside the whole)
+        if n >= limit // 100:
+            t = type(value)
+            kind = (
+                t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+            )
+            sized.append((f"{name} ({kind})", n))
+    return sorted(sized, key=lambda p: -p[1])
 
 
 def _check_argv(argv: Sequence[str]) -> list[str]:

@@ -45,6 +45,7 @@ from gpuctl.jobs.report import (
     JobFiles,
     classify,
     combine_ranks,
+    left_note,
     parse_status,
     unreachable_report,
 )
@@ -166,6 +167,7 @@ class Job(concurrent.futures.Future[Any]):
     """
 
     unreachable_after = UNREACHABLE_AFTER
+    cancel_on_interrupt = False  # a Ctrl-C while waiting cancels it (set by the Executor)
 
     def __init__(
         self,
@@ -510,10 +512,12 @@ class Job(concurrent.futures.Future[Any]):
         self._remember(
             state=state,
             kind=r.kind if r else None,
-            summary=(r.evidence[0] if r and r.evidence else None),
+            # a success's own notes (processes it left running) where a failure has its why
+            summary=(r.evidence[0] if r and r.evidence else None) if r else left_note(o) or None,
             started_at=o.get("started_at"),
             ended_at=o.get("ended_at") or time.time(),
             report=r.to_dict() if r else None,
+            threads=(o.get("threads") or {}).get("count"),
         )
 
     @property
@@ -566,7 +570,17 @@ class Job(concurrent.futures.Future[Any]):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until done; False at the timeout, or once the node has not answered for
-        ``unreachable_after`` seconds (then ``unreachable_report()`` says so)."""
+        ``unreachable_after`` seconds (then ``unreachable_report()`` says so). A Ctrl-C while
+        it waits raises KeyboardInterrupt after a line on stderr that says the job keeps
+        running, or cancels the job (``cancel_on_interrupt``): ``gpuctl.jobs.interrupt``."""
+        try:
+            return self._wait(timeout)
+        except KeyboardInterrupt:
+            from gpuctl.jobs.interrupt import interrupted
+
+            raise interrupted(self) from None
+
+    def _wait(self, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
         while not self._poll():

@@ -27,7 +27,7 @@ class Limits(TypedDict, total=False):
     ``grace_s`` (SIGTERM to SIGKILL), ``mem_enforced_by`` ("slurm" when Slurm kills over
     ``--mem``); ``nodes`` x ``tasks_per_node`` tasks (Slurm only; absent: one task)."""
 
-    cpus: int
+    cpus: int | None  # None: no cpus= (outside Slurm the job may use all the node's CPUs)
     gpus: int
     nodes: int
     tasks_per_node: int
@@ -117,6 +117,22 @@ class Attempt(TypedDict, total=False):
     stop_reason: str | None
 
 
+class ThreadCount(TypedDict, total=False):
+    """The threads a job's math libraries start by default (the supervisor's ``thread_count``):
+    ``count``, its ``source`` ("OMP_NUM_THREADS", or "cpus": the CPUs it may use), ``cpus``."""
+
+    count: int
+    source: str
+    cpus: int
+
+
+class LeftProcess(TypedDict, total=False):
+    """A process the function left running when it returned (the supervisor ended it)."""
+
+    pid: int
+    cmd: str
+
+
 class Outcome(TypedDict, total=False):
     """``outcome.json``: how the supervisor saw the job end (the fields the login side reads)."""
 
@@ -149,6 +165,10 @@ class Outcome(TypedDict, total=False):
     requeues_exhausted: dict[str, int]
     resources: dict[str, str]
     descendants_killed: int
+    threads: ThreadCount
+    stacks: str  # every thread's stack (faulthandler) just before a time limit's TERM
+    left_running: list[LeftProcess]
+    cwd: str  # the folder VENV2 ran in
 
 
 class _StatusPhase(TypedDict):

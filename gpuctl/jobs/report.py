@@ -75,7 +75,7 @@ FAILURES: dict[str, FailureMode] = {
         phase="any",
         evidence=(
             "VENV2 died of SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL; the faulthandler stack in "
-            f"{jobfiles.STDERR}"
+            f"{jobfiles.STDERR} (the same frames repeating: a stack overflow)"
         ),
         remedy=(
             "the stack above shows the Python line that was running when it crashed; check the C "
@@ -163,7 +163,10 @@ FAILURES: dict[str, FailureMode] = {
     "time_limit": FailureMode(
         title="time limit reached",
         phase="any",
-        evidence="time_limit= reached (TERM, grace, KILL), or Slurm TIMEOUT",
+        evidence=(
+            "time_limit= reached (TERM, grace, KILL), or Slurm TIMEOUT; every thread's stack "
+            "just before the TERM, and the line of the user's code it was waiting in"
+        ),
         remedy="raise time_limit=... or make the function faster",
     ),
     "cancelled": FailureMode(
@@ -474,6 +477,109 @@ def _faulthandler_stack(stderr: str) -> str:
     return stderr[idx:].strip()
 
 
+HANG_REMEDY = (
+    "if it hangs (a deadlock: a lock, queue or collective that is never released, a rank that "
+    "died, input that never comes), the traceback's stacks show where each thread waited: fix "
+    "that; if it only needs longer, raise time_limit=... or make the function faster"
+)
+
+_FRAME = re.compile(r'^\s*File "([^"]*)", line (\d+) in (\S+)')
+_LIBRARY = ("/lib/python", "site-packages", "dist-packages", "<frozen", "/gpuctl/", "<string>")
+
+
+def _frames(block: str) -> list[tuple[str, str, str]]:
+    """(file, line, function) of each frame line of a faulthandler block, innermost first."""
+    found = []
+    for line in block.splitlines():
+        m = _FRAME.match(line)
+        if m:
+            found.append((m.group(1), m.group(2), m.group(3)))
+    return found
+
+
+def _user_frame(frames: list[tuple[str, str, str]]) -> tuple[str, str, str] | None:
+    """The innermost frame of the user's own code: not the standard library, an installed
+    package or the runner (its worker script)."""
+    for f in frames:
+        if any(part in f[0] for part in _LIBRARY):
+            continue
+        if f[0].endswith("/" + jobfiles.WORKER_SCRIPT) and f[2] in ("run", "main"):
+            continue
+        return f
+    return None
+
+
+def waiting_in(stacks: str) -> str:
+    """Where a job whose stacks were dumped was waiting: "fn (file, line N)" of the innermost
+    frame of the user's code in the thread that got the signal (faulthandler's "Current
+    thread", the main thread as a rule), and the call it was in when that was a library's;
+    "" when the dump has no such frame."""
+    blocks = re.split(r"\n\s*\n", stacks)
+    current = [b for b in blocks if b.lstrip().startswith("Current thread")]
+    for block in current + [b for b in blocks if b not in current]:
+        frames = _frames(block)
+        mine = _user_frame(frames)
+        if mine is None:
+            continue
+        where = f"{mine[2]} ({mine[0]}, line {mine[1]})"
+        inner = frames[0]
+        if inner != mine:
+            where += f", in {inner[2]} of {inner[0].rsplit('/', 1)[-1]}"
+        return where
+    return ""
+
+
+def stack_overflow(stack: str) -> str:
+    """For a crash's faulthandler stack whose frames repeat (recursion deeper than the C
+    stack): "fn (file, line N) called itself N times in the last frames shown", else ""."""
+    frames = _frames(stack)
+    if len(frames) < 30:
+        return ""
+    counts: dict[tuple[str, str, str], int] = {}
+    for f in frames:
+        counts[f] = counts.get(f, 0) + 1
+    top, n = max(counts.items(), key=lambda kv: kv[1])
+    if n < len(frames) // 3:
+        return ""
+    return (
+        f"the same frames repeat: {top[2]} ({top[0]}, line {top[1]}) is {n} of the last "
+        f"{len(frames)} frames shown (deep recursion)"
+    )
+
+
+def threads_note(o: Outcome) -> str:
+    """ "16 threads (...)": how many threads the job's math libraries started, and why."""
+    t = o.get("threads") or {}
+    n = t.get("count")
+    if not n:
+        return ""
+    if t.get("source") == "OMP_NUM_THREADS":
+        return f"{n} thread(s) (OMP_NUM_THREADS={n})"
+    return f"{n} thread(s) (OMP_NUM_THREADS unset: the {t.get('cpus', n)} CPUs it may use)"
+
+
+def left_note(o: Outcome) -> str:
+    """The line that names the processes the function left running (ended by gpuctl)."""
+    left = o.get("left_running") or []
+    if not left:
+        return ""
+    shown = "; ".join(f"pid {p.get('pid')} `{p.get('cmd') or '?'}`" for p in left[:3])
+    more = f" and {len(left) - 3} more" if len(left) > 3 else ""
+    return (
+        f"the function left {len(left)} process(es) running when it finished, and gpuctl stopped "
+        f"them (TERM, then KILL): {shown}{more}"
+    )
+
+
+def _relative_missing(err: WorkerError) -> str:
+    """The relative path of a FileNotFoundError the function raised, else ""."""
+    if err.get("type") != "FileNotFoundError":
+        return ""
+    m = re.search(r"No such file or directory: '([^']+)'", str(err.get("message") or ""))
+    path = m.group(1) if m else ""
+    return path if path and not path.startswith(("/", "~")) else ""
+
+
 def _fmt_bytes(n: float | None) -> str:
     if n is None:
         return "unknown"
@@ -544,10 +650,15 @@ def classify(
             )
         elif files.outcome is not None and (code is not None or sig):
             status = f"signal {sig}" if sig else f"exit code {code}"
+            threads = threads_note(o)
             lines.append(
                 f"VENV2 ended with {status} after {o.get('run_s', '?')} s, "
                 f"peak RSS {_fmt_bytes((o.get('peak_rss_kb') or 0) * 1024)}"
+                + (f", {threads}" if threads else "")
             )
+        left = left_note(o)
+        if left:
+            lines.append(left)
         if files.attempts:
             lines.append(
                 f"attempt {len(files.attempts) + 1}: requeued {len(files.attempts)} time(s) ("
@@ -559,6 +670,9 @@ def classify(
         if py_line:
             lines.append(py_line.lstrip(", "))
         stderr = files.stderr_tail.strip()
+        dump = str(o.get("stacks") or "").strip().split("\n", 1)[0]
+        if dump and dump in stderr:  # the stacks come whole as the traceback: not again here
+            stderr = stderr[: stderr.rfind(dump)].strip()
         if stderr and kind not in ("crash",):
             last = stderr.splitlines()[-8:]
             lines.append("last lines of stderr:")
@@ -659,17 +773,28 @@ def classify(
     sig = o.get("signal_name")
     code = o.get("exit_code")
     limits = (files.meta or {}).get("limits") or {}
-    if sstate == "TIMEOUT" and stop != "time_limit":
-        return report(
-            "time_limit",
-            f"Slurm ended the job at its time limit (TIMEOUT) in phase {phase}; the supervisor "
-            f"got {o.get('stop_signal') or 'SIGTERM'} and stopped VENV2",
-        )
     if stop == "time_limit" or sstate == "TIMEOUT":
+        # every thread's stack, dumped by the supervisor before its SIGTERM: where it waited
+        tb = str(o.get("stacks") or "").strip()
+        waiting = waiting_in(tb)
+        hang = [
+            *([f"it was waiting in {waiting}"] if waiting else []),
+            *(["every thread's stack just before the SIGTERM is the traceback"] if tb else []),
+        ]
+        if stop != "time_limit":
+            return report(
+                "time_limit",
+                f"Slurm ended the job at its time limit (TIMEOUT) in phase {phase}; the "
+                f"supervisor got {o.get('stop_signal') or 'SIGTERM'} and stopped VENV2",
+                *hang,
+                remedy=HANG_REMEDY if tb else None,
+            )
         return report(
             "time_limit",
             f"time limit {limits.get('time_limit_s')} s reached in phase {phase}; "
             f"sent SIGTERM{', then SIGKILL' if o.get('escalated_to_kill') else ''}",
+            *hang,
+            remedy=HANG_REMEDY if tb else None,
         )
     if stop == "cancelled" or sstate.startswith("CANCELLED"):
         return report("cancelled", f"stopped by request ({o.get('stop_signal') or 'cancel file'})")
@@ -771,6 +896,21 @@ def classify(
                 "raised on the node (by the function's code, or a SIGINT sent to VENV2 there): "
                 "not a Ctrl-C of yours",
             )
+        relative = _relative_missing(err)
+        if kind == "user_exception" and relative:
+            host, cwd = o.get("hostname") or "the node", o.get("cwd") or "its job folder"
+            # no cwd given (a node's job): it ran in its job folder, not in the submitter's
+            elsewhere = "" if (files.meta or {}).get("cwd") else ", not where you submitted from"
+            return report(
+                "user_exception",
+                f"{msg}",
+                f"the job ran on {host} in {cwd}: the relative path {relative!r} resolves "
+                f"there{elsewhere}",
+                remedy=(
+                    f"use an absolute path that exists on {host}, copy the file there, or give "
+                    "the job another working directory (Executor(cwd=...))"
+                ),
+            )
         if kind == "user_exception":
             return report("user_exception", f"{msg}")
         if kind == "unpicklable_result":
@@ -794,6 +934,17 @@ def classify(
     if sig in CRASH_SIGNALS:
         stack = _faulthandler_stack(files.stderr_tail)
         tb = stack
+        overflow = stack_overflow(stack)
+        if overflow:
+            return report(
+                "crash",
+                f"VENV2 died of {sig} in phase {phase}: a stack overflow, {overflow}",
+                remedy=(
+                    "the recursion went deeper than the C stack holds (a raised "
+                    "sys.setrecursionlimit lets it): make it iterative or shallower, or run it in "
+                    "a thread with a larger stack (threading.stack_size)"
+                ),
+            )
         return report(
             "crash",
             f"VENV2 died of {sig} in phase {phase}"

@@ -53,13 +53,24 @@ CREATE TABLE IF NOT EXISTS jobs (
     started_at REAL,
     ended_at REAL,
     report TEXT,
-    heartbeat TEXT
+    heartbeat TEXT,
+    threads INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_created ON jobs(created_at);
 """
 
 
-_COLUMNS = ("state", "kind", "summary", "started_at", "ended_at", "report", "backend", "heartbeat")
+_COLUMNS = (
+    "state",
+    "kind",
+    "summary",
+    "started_at",
+    "ended_at",
+    "report",
+    "backend",
+    "heartbeat",
+    "threads",
+)
 _JSON_COLUMNS = ("report", "backend", "heartbeat")
 
 
@@ -74,6 +85,7 @@ class JobUpdate(TypedDict, total=False):
     report: ReportDict | None
     backend: BackendInfo
     heartbeat: Heartbeat | None
+    threads: int | None
 
 
 @dataclass
@@ -95,6 +107,8 @@ class JobRecord:
     # the supervisor's last heartbeat gpuctl read (t, elapsed_s, rss_kb): what a report can say
     # of a job whose node no longer answers, even from a gpuctl started after it went away
     heartbeat: Heartbeat | None = field(default=None)
+    # the threads its math libraries started by default (OMP_NUM_THREADS, else its CPUs)
+    threads: int | None = None
 
     @property
     def tasks(self) -> int:
@@ -134,9 +148,11 @@ class JobStore:
         with self._db() as db:
             db.executescript(_SCHEMA)
             columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
-            if "heartbeat" not in columns:  # a store written by an older gpuctl
-                try:
-                    db.execute("ALTER TABLE jobs ADD COLUMN heartbeat TEXT")
+            for name, sql_type in (("heartbeat", "TEXT"), ("threads", "INTEGER")):
+                if name in columns:
+                    continue
+                try:  # a store written by an older gpuctl
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {sql_type}")
                 except sqlite3.OperationalError as e:  # another gpuctl added it just now
                     if "duplicate column" not in str(e):
                         raise
@@ -247,4 +263,5 @@ def _record(row: Mapping[str, Any]) -> JobRecord:
         heartbeat=(
             wire.parse(Heartbeat, json.loads(row["heartbeat"])) if row.get("heartbeat") else None
         ),
+        threads=row.get("threads"),
     )

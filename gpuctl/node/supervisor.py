@@ -429,6 +429,50 @@ def node_resources(limits: Dict[str, Any], env: Dict[str, str]) -> Tuple[Dict[st
     return add, ""
 
 
+def thread_count(env: Dict[str, str]) -> Dict[str, Any]:
+    """How many threads the job's math libraries (torch, numpy's BLAS, OpenMP) start by
+    default: ``OMP_NUM_THREADS`` when the job's environment sets it (``cpus=``, the config's
+    env, a setup line), else the CPUs the job may run on (its affinity: under Slurm, its
+    allocation)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    value = env.get("OMP_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return {"count": int(value), "source": "OMP_NUM_THREADS", "cpus": cpus}
+    return {"count": cpus, "source": "cpus", "cpus": cpus}
+
+
+MAX_LEFT_SHOWN = 10
+
+
+def left_running() -> List[Dict[str, Any]]:
+    """The processes still alive under this supervisor once VENV2 ended (what the function
+    started and did not end: they reparent to this subreaper): pid and command line."""
+    found = []  # type: List[Dict[str, Any]]
+    for pid in proc.descendants()[:MAX_LEFT_SHOWN]:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").strip().decode("utf-8", "replace")
+        except OSError:
+            continue
+        found.append({"pid": pid, "cmd": cmd[:200]})
+    return found
+
+
+STACK_DUMP_WAIT = 2.0  # seconds for VENV2's faulthandler to write its stacks before the TERM
+STACK_DUMP_QUIET = 0.1  # the dump is over once stderr has not grown for this long
+MAX_STACK_DUMP = 32768  # bytes of it kept in the outcome
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 class Supervisor(object):
     """One job run; ``run()`` returns the outcome dict (also written to ``outcome.json``)."""
 
@@ -586,6 +630,7 @@ class Supervisor(object):
                 self.outcome["resources"] = add
         elif meta.get("checkpointable"):  # its first SIGTERM may be a preemption's
             env[jobfiles.TERM_WAITS_ENV] = "1"
+        self.outcome["threads"] = thread_count(env)
         python = meta["python"]
         worker = self.path(meta.get("worker", jobfiles.WORKER_SCRIPT))
         # -u: what the function prints reaches the stdout file at once (live logs, nothing lost
@@ -629,12 +674,13 @@ class Supervisor(object):
                 signal.signal(getattr(signal, name), signal.SIG_IGN)
 
         self.outcome["phase"] = "start"
+        self.outcome["cwd"] = meta.get("cwd") or self.jobdir  # where relative paths resolve
         out = open(self.path(jobfiles.STDOUT), "ab")
         err = open(self.path(jobfiles.STDERR), "ab")
         try:
             # Its own session; SIGKILL if the supervisor dies (no orphan jobs).
             self.child = proc.spawn(argv, stdout=out, stderr=err, env=env,
-                                    cwd=meta.get("cwd") or self.jobdir, preexec=preexec)
+                                    cwd=self.outcome["cwd"], preexec=preexec)
         except OSError as e:
             self.outcome["start_error"] = {
                 "errno": e.errno, "errno_name": errno.errorcode.get(e.errno or 0, ""),
@@ -683,6 +729,10 @@ class Supervisor(object):
                     # it checkpoints (or, declining, is killed after the grace)
                     self.pending_forward.append(signal.SIGUSR1)
                 else:
+                    if self.stop_reason == "time_limit" or (
+                            self.stop_reason == "cancelled" and self.outcome["slurm_job_id"]):
+                        # where a job that hangs waits (Slurm's time limit comes as a TERM)
+                        self._dump_stacks(child.pid)
                     self._killpg(signal.SIGTERM)
             if self.kill_at is not None and now >= self.kill_at and not self.outcome.get(
                     "escalated_to_kill"):
@@ -730,8 +780,41 @@ class Supervisor(object):
         self.outcome["run_s"] = round(time.monotonic() - started, 3)
         if peak_seen and not self.outcome.get("peak_rss_kb"):
             self.outcome["peak_rss_kb"] = peak_seen
+        if self.stop_reason is None:  # it ended on its own: what it left behind is named
+            left = left_running()
+            if left:
+                self.outcome["left_running"] = left
         # Whatever the function left running in its session goes with it: no orphans.
         self._killpg(signal.SIGKILL)
+
+    def _dump_stacks(self, pid: int) -> None:
+        """Have VENV2 write every thread's stack (faulthandler, on SIGUSR2, into stderr) and
+        keep it in the outcome (``stacks``): what a job that reached its time limit was
+        waiting on. Waits at most STACK_DUMP_WAIT s for it; nothing when the function had not
+        started (the worker's handler is not set before)."""
+        if not self._worker_running():
+            return
+        err = self.path(jobfiles.STDERR)
+        start = _size(err)
+        try:
+            os.kill(pid, signal.SIGUSR2)
+        except OSError:
+            return
+        deadline = time.monotonic() + STACK_DUMP_WAIT
+        size, quiet_since = start, time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.02)  # polling a file another process writes
+            now_size = _size(err)
+            if now_size != size:
+                size, quiet_since = now_size, time.monotonic()
+            elif size > start and time.monotonic() - quiet_since >= STACK_DUMP_QUIET:
+                break
+        if size <= start:
+            return
+        with open(err, "rb") as f:
+            f.seek(start)
+            text = f.read(MAX_STACK_DUMP).decode("utf-8", "replace")
+        self.outcome["stacks"] = text
 
     def _worker_running(self) -> bool:
         """Whether this attempt's worker reached the function (its last phase is "running")."""

@@ -533,9 +533,11 @@ def test_ctrl_c_while_waiting_for_a_job_leaves_the_job_running(tmp_path: Path) -
         assert proc.returncode == 130
         line = err.strip()
         assert re.fullmatch(
-            r"gpuctl: stopped waiting; job (\w{12}) goes on: gpuctl result \1 .*", line
+            r"gpuctl: job (\w{12}) keeps running on local: `gpuctl cancel \1` stops it "
+            r"\(`gpuctl result \1` waits for it again\)",
+            line,
         )
-        job_id = line.split()[4]
+        job_id = line.split()[2]
         assert running()  # the job goes on
         r = gpuctl(tmp_path, ["cancel", job_id], env)
         assert r.returncode == 0, r.stderr

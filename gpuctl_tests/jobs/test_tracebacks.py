@@ -80,3 +80,51 @@ def test_a_scripts_function_is_named_by_its_file(make_executor: Any, tmp_path: P
     job = make_executor().submit(fn)
     assert job.name == "train.py:main"
     assert job.result(60) == "trained"
+
+
+MAP_SOURCE = textwrap.dedent(
+    """\
+    import os
+    import time
+
+
+    def make(go):
+        blob = bytes(2 << 20)  # the function goes once per map, in the job root's shared/
+
+        def work(x):
+            deadline = time.monotonic() + 60
+            while not os.path.exists(go) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if x == 1:
+                raise ValueError(f"item {x} of {len(blob)}")
+            return x
+
+        return work
+    """
+)
+
+
+def test_a_maps_shared_function_shows_the_users_lines_too(
+    make_executor: Any, tmp_path: Path
+) -> None:
+    src = tmp_path / "proj" / "mapped_job.py"
+    src.parent.mkdir()
+    src.write_text(MAP_SOURCE)
+    module = _import(src, f"mapped_job_{tmp_path.name}")
+    go = tmp_path / "go"
+    ex = make_executor()
+    try:
+        results = ex.map(module.make(str(go)), [0, 1], chunksize=2)
+    finally:
+        del sys.modules[module.__name__]
+    assert list(Path(ex.backend.host.expand(ex.backend.job_root), "shared").glob("*.pkl"))
+    src.unlink()
+    go.write_text("")
+    with pytest.raises(ValueError, match="item 1 of 2097152") as info:
+        list(results)
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    assert (
+        f'File "{src}", line 13, in work\n    raise ValueError(f"item {{x}} of {{len(blob)}}")'
+        in (cause.tb)
+    )
