@@ -470,10 +470,17 @@ def _is_gpu_oom(err: WorkerError) -> bool:
 
 
 def _faulthandler_stack(stderr: str) -> str:
-    """The faulthandler block of stderr ("Fatal Python error: ..." and the stack after it)."""
+    """The faulthandler block of stderr ("Fatal Python error: ..." and the stack after it).
+    A deep stack (a stack overflow: 100 frames, each with its file's whole path) can be longer
+    than the tail of stderr that is read: then the block from its first thread or frame line."""
     idx = stderr.rfind("Fatal Python error")
     if idx < 0:
-        return ""
+        found = re.search(
+            r'^(Current thread 0x|Thread 0x|\s*File ".*", line \d+ in )', stderr, re.M
+        )
+        if found is None:
+            return ""
+        idx = found.start()
     return stderr[idx:].strip()
 
 
