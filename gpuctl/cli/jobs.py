@@ -408,17 +408,13 @@ def _print_result(job: Job, timeout: float | None, output: str | None = None) ->
 
 def _job(args: argparse.Namespace) -> Job:
     from gpuctl.jobs import HostError, JobStore, attach
+    from gpuctl.jobs.store import JobNotFound
 
     store = JobStore()
-    rec = store.get(args.id) if args.id else None
-    if rec is None:
-        same = sorted(r.id[:12] for r in store.list(100_000) if r.id.startswith(args.id))
-        if len(same) > 1:
-            shown = ", ".join(same[:4]) + (", ..." if len(same) > 4 else "")
-            raise UserError(
-                f"job id {args.id!r} is ambiguous ({len(same)} jobs: {shown}): give more of it"
-            )
-        raise UserError(f"no job {args.id!r}: see gpuctl jobs for the ids")
+    try:
+        rec = store.find(args.id)
+    except JobNotFound as e:
+        raise UserError(str(e)) from None
     config = _config(args) if rec.backend.get("kind") == "ssh" else None
     try:
         return attach(rec, store, config=config, watch=False)

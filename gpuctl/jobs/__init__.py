@@ -9,7 +9,7 @@ job store)."""
 
 from gpuctl.jobs.executor import Executor, attach, remote
 from gpuctl.jobs.hosts import HostError
-from gpuctl.jobs.job import Job, JobFailed, RemoteTraceback
+from gpuctl.jobs.job import Job, JobCancelled, JobFailed, RemoteTraceback
 from gpuctl.jobs.provision import EnvSpec, EnvSpecError
 from gpuctl.jobs.report import FailureReport
 from gpuctl.jobs.store import JobRecord, JobStore, StoreError
@@ -21,6 +21,7 @@ __all__ = [
     "FailureReport",
     "HostError",
     "Job",
+    "JobCancelled",
     "JobFailed",
     "JobRecord",
     "JobStore",

@@ -226,6 +226,16 @@ class Handle(TypedDict, total=False):
     split: str
 
 
+class QueuedBy(TypedDict, total=False):
+    """The process whose ``JobQueue`` holds a job not started yet (a capped map's): its ``pid``
+    on ``host``, and its start time in clock ticks since boot (``start_ticks``: a pid reused by
+    another process is told apart)."""
+
+    pid: int
+    host: str
+    start_ticks: int
+
+
 class BackendInfo(TypedDict, total=False):
     """``Backend.describe()``, kept in the job store to rebuild the backend after a restart
     (plus the job's ``handle`` once it started). Records of older versions lack newer keys;
@@ -241,6 +251,7 @@ class BackendInfo(TypedDict, total=False):
     sbatch_args: list[str]
     slurm_env: dict[str, str]
     handle: Handle
+    queued_by: QueuedBy
 
 
 class FinalState(TypedDict, total=False):
