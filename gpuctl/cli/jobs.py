@@ -434,7 +434,8 @@ def parse_age(text: str) -> float:
 
 def run_purge(args: argparse.Namespace) -> int:
     """Delete ended jobs older than ``--older-than``: their folders (here or on their node) and
-    their rows. A folder is removed only when its last path part is the job's own id; a node
+    their rows. Unfinished rows are brought up to date first (a job lost, or never started,
+    ends so). A folder is removed only when its last path part is the job's own id; a node
     that does not answer keeps its jobs for a later purge."""
     from gpuctl import service
     from gpuctl.jobs import HostError, JobStore, targets
@@ -446,6 +447,9 @@ def run_purge(args: argparse.Namespace) -> int:
     if not args.dry_run:
         service.check("purging jobs", read_only=_decided(args))
     store = JobStore()
+    # a job that looks unfinished may have ended unseen (its supervisor died, the gpuctl that
+    # was to start it is gone): looked at first, so that what ended is purged like any end
+    _refresh(store, [r for r in store.list(1_000_000) if r.created_at < cutoff], args)
     old = [
         r
         for r in store.list(1_000_000)

@@ -329,7 +329,8 @@ class Executor:
                     id=job_id,
                     name=name,
                     target=self.target,
-                    backend=self.backend.describe(),
+                    # who writes it: once that process is gone, it never starts
+                    backend={**self.backend.describe(), "queued_by": queue_owner()},
                     jobdir=jobdir,
                     state="preparing",
                     created_at=time.time(),

@@ -531,7 +531,9 @@ class Job(concurrent.futures.Future[Any]):
                 log.warning("job %s: %s", self.id, e)
             return True
 
-    def _store_final(self) -> bool:
+    def _store_final(self, *, seen: bool = True) -> bool:
+        """Write the end to the row (``seen``: it ended now; else when is not known, and the row
+        keeps no end time: its age is its creation's)."""
         if self.store is None:
             return True
         state = self.state
@@ -542,7 +544,7 @@ class Job(concurrent.futures.Future[Any]):
             kind=r.kind if r else None,
             summary=(r.evidence[0] if r and r.evidence else None),
             started_at=o.get("started_at"),
-            ended_at=o.get("ended_at") or time.time(),
+            ended_at=o.get("ended_at") or (time.time() if seen else None),
             report=r.to_dict() if r else None,
         )
 
@@ -562,8 +564,8 @@ class Job(concurrent.futures.Future[Any]):
     def _live_state(self) -> str:
         if self._host_error is not None:
             return "unreachable"
-        if not self.handle:  # not started: waits for its turn (a map's max_running)
-            return "pending"
+        if not self.handle:  # not started: its folder is being written, or it waits for its
+            return "preparing" if self._stored_state == "preparing" else "pending"  # turn
         if self.ranks:  # running once one rank runs
             states = [job._live_state() for job in self.ranks]
             return "running" if "running" in states else states[0]
@@ -829,15 +831,18 @@ class Job(concurrent.futures.Future[Any]):
         if not self.handle and record.state in FINAL_STATES:
             self._end_unstarted(_stored_report(record), store=False)
 
-    def _end_unstarted(self, report: FailureReport | None, *, store: bool = True) -> None:
-        """End a job that never started with ``report``, its row too (``store``). A row that
-        ended meanwhile (another gpuctl cancelled it) keeps its end, and so does this Job."""
+    def _end_unstarted(
+        self, report: FailureReport | None, *, store: bool = True, seen: bool = True
+    ) -> None:
+        """End a job that never started with ``report``, its row too (``store``; ``seen``: it
+        ended now, else at a time not known). A row that ended meanwhile (another gpuctl
+        cancelled it) keeps its end, and so does this Job."""
         with self._lock:
             if self._final:
                 return
             self._report = report
             self._final = True
-            if store and not self._store_final():
+            if store and not self._store_final(seen=seen):
                 rec = self._row()
                 if rec is not None and rec.state in FINAL_STATES:
                     self._report = _stored_report(rec)
@@ -875,14 +880,14 @@ class Job(concurrent.futures.Future[Any]):
                 kind="never_started",
                 phase="not started",
                 evidence=(
-                    f"the gpuctl process that held it in its queue (max_running; pid "
-                    f"{owner.get('pid')} on {owner.get('host')}) ended before its turn came: "
-                    "it never ran",
+                    f"the gpuctl process that was to start it (pid {owner.get('pid')} on "
+                    f"{owner.get('host')}) ended before it did: it never ran",
                 ),
                 remedy="submit the items again",
                 logs={},
                 job_id=self.id,
-            )
+            ),
+            seen=False,  # when that process went is not known
         )
         return True
 

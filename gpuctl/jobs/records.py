@@ -227,9 +227,9 @@ class Handle(TypedDict, total=False):
 
 
 class QueuedBy(TypedDict, total=False):
-    """The process whose ``JobQueue`` holds a job not started yet (a capped map's): its ``pid``
-    on ``host``, and its start time in clock ticks since boot (``start_ticks``: a pid reused by
-    another process is told apart)."""
+    """The process that is to start a job not started yet (it writes its folder, or holds it
+    in the ``JobQueue`` of a capped map): its ``pid`` on ``host``, and its start time in clock
+    ticks since boot (``start_ticks``: a pid reused by another process is told apart)."""
 
     pid: int
     host: str

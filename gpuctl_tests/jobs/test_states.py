@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +24,8 @@ import pytest
 
 from gpuctl.cli.main import main
 from gpuctl.jobs import JobRecord, JobStore
+from gpuctl.jobs.job import queue_owner
+from gpuctl.jobs.records import BackendInfo, QueuedBy
 from gpuctl.jobs.store import STATES
 from gpuctl.node import jobfiles
 from gpuctl_tests.helpers import node_env, wait_until
@@ -163,9 +165,8 @@ def test_jobs_whose_submitter_was_killed_end_as_never_started_and_are_purged(
     assert [_state(store, i) for i in ids[1:]] == ["pending", "pending"]
     rc, out, err = run(capsys, "result", ids[2])
     assert rc == 1 and "[never_started]" in err and f"pid {proc.pid}" in err, err
-    rc, out, _ = run(capsys, "jobs", "--json")
-    states = {j["id"]: (j["state"], j["kind"]) for j in json.loads(out)["jobs"]}
-    assert states[ids[1]] == states[ids[2]] == ("failed", "never_started")
+    rc, out, err = run(capsys, "jobs", "purge", "--older-than", "0", "--dry-run")
+    assert f"would purge {ids[1][:12]} failed" in out, err  # looked at: it ended, unseen
     rc, out, err = run(capsys, "jobs", "purge", "--older-than", "0")
     assert rc == 0 and "purged 2 job(s)" in out, err  # the first still runs: it stays
     assert [r.id for r in store.list()] == [ids[0]]
@@ -202,3 +203,45 @@ def test_a_job_waiting_for_its_turn_is_cancelled_here_or_from_another_gpuctl(
     assert sorted(p.name for p in marks.iterdir()) == ["0.start", "3.start"]
     assert not os.path.exists(f"{jobs[2].jobdir}/supervisor.json")
     assert [_state(store, j.id) for j in jobs] == ["done", "cancelled", "cancelled", "done"]
+
+
+def test_stuck_rows_of_jobs_never_started_are_cancelled_and_purged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A row left "preparing" (its gpuctl died writing the folder) or "pending" by an older
+    gpuctl: one whose writer is gone ends as never_started when looked at; one whose writer
+    lives (or is not known) can be cancelled; both are then purged with their folders."""
+    pid = int(subprocess.check_output([sys.executable, "-c", "import os; print(os.getpid())"]))
+    dead: QueuedBy = {"pid": pid, "host": socket.gethostname()}  # a process that has ended
+    store = JobStore()
+    rows: dict[str, tuple[str, QueuedBy | None]] = {
+        "a" * 32: ("preparing", dead),
+        "b" * 32: ("preparing", queue_owner()),  # this process: alive
+        "c" * 32: ("pending", None),  # written by a gpuctl that did not say whose queue
+    }
+    for job_id, (state, owner) in rows.items():
+        folder = tmp_path / "jobs" / job_id
+        folder.mkdir(parents=True)
+        (folder / jobfiles.PAYLOAD).write_bytes(b"x" * 1000)
+        backend: BackendInfo = {"kind": "local", "job_root": str(folder.parent), "python": "3"}
+        if owner:
+            backend["queued_by"] = owner
+        store.add(JobRecord(job_id, "f", "local", backend, str(folder), state, time.time() - 60))
+    rc, _, err = run(capsys, "result", "a" * 12)
+    assert rc == 1 and "[never_started]" in err and f"pid {dead['pid']}" in err, err
+    assert _state(store, "a" * 32) == "failed"
+    for job_id in ("b" * 32, "c" * 32):
+        rc, out, err = run(capsys, "result", job_id[:12])  # waits for its turn: not over
+        assert rc == 3 and f"is {rows[job_id][0]}" in err, err
+        rc, out, err = run(capsys, "cancel", job_id[:12])
+        assert rc == 0 and f"cancelling {job_id}" in out, err
+        assert _state(store, job_id) == "cancelled"
+        rc, _, err = run(capsys, "result", job_id[:12])
+        assert rc == 1 and "[cancelled]" in err and "never ran" in err, err
+    # the end of the first was not seen: its age is its creation's; the others ended just now
+    rc, out, err = run(capsys, "jobs", "purge", "--older-than", "30s")
+    assert rc == 0 and "purged 1 job(s)" in out, err
+    assert not (tmp_path / "jobs" / ("a" * 32)).exists()
+    rc, out, err = run(capsys, "jobs", "purge", "--older-than", "0")
+    assert rc == 0 and "purged 2 job(s)" in out, err
+    assert store.list() == [] and os.listdir(tmp_path / "jobs") == []
