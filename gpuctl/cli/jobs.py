@@ -508,6 +508,7 @@ def run_jobs(args: argparse.Namespace) -> int:
                 "target": r.target,
                 "state": r.state,
                 "kind": r.kind,
+                "why": r.summary,
                 "created_at": r.created_at,
                 "duration_s": r.duration,
                 "jobdir": r.jobdir,
@@ -526,15 +527,17 @@ def run_jobs(args: argparse.Namespace) -> int:
         dur = r.duration
         split = str((r.backend.get("handle") or {}).get("split") or "").split(":")[0]
         where = [_slurm_id(r) or "", split, f"{r.tasks} tasks" if r.tasks > 1 else ""]
+        # a map's chunk that ran to its end with failed items is not plain done: WHY names them
+        partial = r.state == "done" and r.kind == "items_failed"
         rows.append(
             (
                 r.id[:12],
-                r.state,
+                "partial" if partial else r.state,
                 f"{r.target} ({', '.join(w for w in where if w)})" if any(where) else r.target,
                 r.name[-40:],
                 fmt_age(now - r.created_at),
                 "-" if dur is None else f"{dur:.1f}s",
-                r.kind or "",
+                f"{r.kind}: {r.summary}" if partial else r.kind or "",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

@@ -28,11 +28,13 @@ import cloudpickle
 
 from gpuctl import service
 from gpuctl.core import wire
+from gpuctl.jobs import _chunk
 from gpuctl.jobs.backends import Backend, SlurmBackend
 from gpuctl.jobs.hosts import BinaryReader, HostError, LocalHost
 from gpuctl.jobs.records import (
     Attempt,
     BackendInfo,
+    FailedItems,
     Handle,
     Heartbeat,
     JobMeta,
@@ -212,6 +214,7 @@ class Job(concurrent.futures.Future[Any]):
         self._outcome_seen_at: float | None = None
         self._store_warned = False
         self._queued_by: QueuedBy | None = None  # the process whose JobQueue holds it
+        self.failed_items: FailedItems | None = None  # a map's chunk that ended: its failures
         self.tasks = int(handle.get("tasks") or 1)
         rank_handle = handle.copy()
         rank_handle.pop("tasks", None)
@@ -418,6 +421,8 @@ class Job(concurrent.futures.Future[Any]):
                 scheduler=sched,
                 submitter_python=SUBMITTER_PYTHON,
             )
+            if self._report is None and self.name.startswith("map:"):
+                self.failed_items = self._json(FailedItems, _chunk.FAILED_ITEMS)
             self._final = True
             # under the lock: another thread that finds the job final finds its row final too
             self._store_final()
@@ -539,10 +544,20 @@ class Job(concurrent.futures.Future[Any]):
         state = self.state
         r = self._report
         o: Outcome = (self._files.outcome if self._files else None) or {}
+        kind, summary = (r.kind, r.evidence[0] if r.evidence else None) if r else (None, None)
+        items = self.failed_items
+        if r is None and items and items.get("count"):  # done, and some of its items failed
+            named = ", ".join(items.get("failed") or ())
+            more = ", ..." if int(items["count"]) > len(items.get("failed") or ()) else ""
+            kind = "items_failed"
+            summary = (
+                f"{items['count']} of {items.get('items', '?')} items failed ({named}{more}): "
+                f"{items.get('first', '')}"
+            )
         return self._remember(
             state=state,
-            kind=r.kind if r else None,
-            summary=(r.evidence[0] if r and r.evidence else None),
+            kind=kind,
+            summary=summary,
             started_at=o.get("started_at"),
             ended_at=o.get("ended_at") or (time.time() if seen else None),
             report=r.to_dict() if r else None,

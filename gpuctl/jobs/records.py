@@ -182,6 +182,17 @@ class WorkerError(TypedDict, total=False):
     venv2_executable: str
 
 
+class FailedItems(TypedDict, total=False):
+    """``items_failed.json`` of a map's chunk (``gpuctl.jobs._chunk``): of its ``items``,
+    ``count`` failed; ``failed`` names the first ones (their arguments, shortened), ``first``
+    is the first one's exception line."""
+
+    items: int
+    count: int
+    failed: list[str]
+    first: str
+
+
 class ResultInfo(TypedDict, total=False):
     """``result_info.json``: written once the result is saved."""
 
