@@ -125,6 +125,15 @@ def register(sub: Subcommands) -> None:
         metavar="R",
         help="a job of several tasks: rank R's logs (default: rank 0's)",
     )
+    ends = p.add_mutually_exclusive_group()
+    ends.add_argument(
+        "--tail",
+        type=int,
+        metavar="N",
+        help="only the last N lines (read on the node: a big log is not fetched whole); with "
+        "-f, then what comes",
+    )
+    ends.add_argument("--head", type=int, metavar="N", help="only the first N lines")
     p.set_defaults(func=run_logs)
 
     p = sub.add_parser("cancel", help="cancel a job")
@@ -632,9 +641,9 @@ def _on_node(job: Job, fn: Callable[[], T]) -> T:
 FOLLOW_EVERY = 0.5  # seconds between two reads of a followed job's files
 
 
-def follow_logs(job: Job, stdout: bool, stderr: bool) -> int:
-    """Print the job's output as it grows (stdout to stdout, stderr to stderr) until it ends;
-    Ctrl-C stops following, not the job."""
+def follow_logs(job: Job, stdout: bool, stderr: bool, tail: int | None = None) -> int:
+    """Print the job's output as it grows (stdout to stdout, stderr to stderr) until it ends,
+    from the start, or from its last ``tail`` lines; Ctrl-C stops following, not the job."""
     from gpuctl.node import jobfiles
 
     files = [(jobfiles.STDOUT, sys.stdout)] if stdout else []
@@ -643,6 +652,12 @@ def follow_logs(job: Job, stdout: bool, stderr: bool) -> int:
     # a character split between two reads is decoded once whole, not as two replacement marks
     decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name, _ in files}
     try:
+        for name, stream in files if tail is not None else ():
+            read = functools.partial(job.read_lines, name, tail=tail, sized=True)
+            data, size = _on_node(job, read)
+            offsets[name] = size or 0
+            stream.write(decoders[name].decode(data))
+            stream.flush()
         while True:
             over = _on_node(job, job.done)  # before reading: what it wrote last is then read
             for name, stream in files:
@@ -672,20 +687,27 @@ def _rank(job: Job, rank: int) -> Job:
 
 
 def run_logs(args: argparse.Namespace) -> int:
+    for opt in ("tail", "head"):
+        value = getattr(args, opt)
+        if value is not None and value < 0:
+            raise UserError(f"--{opt} takes a number of lines, 0 or more, not {value}")
+    if args.head is not None and args.follow:
+        raise UserError("--head and -f do not go together: -f --tail N follows from the end")
     job = _job(args)
     if args.rank is not None:
         job = _rank(job, args.rank)
     if args.follow:
         both = not (args.stdout or args.stderr)
-        return follow_logs(job, args.stdout or both, args.stderr or both)
+        return follow_logs(job, args.stdout or both, args.stderr or both, args.tail)
     both = not (args.stdout or args.stderr)
+    ends = {"tail": args.tail, "head": args.head}
     if args.stdout or both:
-        out = _on_node(job, job.stdout)
+        out = _on_node(job, functools.partial(job.stdout, **ends))
         if both:
             print("=== stdout ===")
         sys.stdout.write(out if out.endswith("\n") or not out else out + "\n")
     if args.stderr or both:
-        err = _on_node(job, job.stderr)
+        err = _on_node(job, functools.partial(job.stderr, **ends))
         if both:
             print("=== stderr ===")
         sys.stdout.write(err if err.endswith("\n") or not err else err + "\n")

@@ -68,6 +68,7 @@ SUBMITTER_PYTHON = sys.version.split()[0]
 UNREACHABLE_AFTER = 60.0  # seconds a node may stay unreachable before result() reports it
 BEAT_EVERY = 3.0  # seconds between heartbeat reads while a job runs
 WATCH_CROWD_MOST = 4.0  # the watcher's slowest pace per job, times this at most, with many jobs
+LINE_BYTES = 64 * 1024  # bytes a line at most, on average, that read_lines brings (tail=/head=)
 SLURM_VERDICT_WAIT = 30.0  # seconds to wait for Slurm's final state after a signalled stop
 _RAISED = ("user_exception", "gpu_out_of_memory")  # kinds that are the function's own exception
 
@@ -282,13 +283,58 @@ class Job(concurrent.futures.Future[Any]):
         data = self._read(name) or b""
         return data[-limit:].decode("utf-8", "replace")
 
-    def stdout(self) -> str:
-        """What the function printed to stdout so far (rank 0's)."""
-        return self.read_from(jobfiles.STDOUT, 0).decode("utf-8", "replace")
+    def read_lines(
+        self, name: str, *, tail: int | None = None, head: int | None = None, sized: bool = False
+    ) -> tuple[bytes, int | None]:
+        """The last ``tail`` (or first ``head``) lines of the job folder's file ``name`` (rank
+        0's for a job of several tasks), read on its host (``tail`` seeks from the end there):
+        only those lines travel, at most ``LINE_BYTES`` a line on average (longer lines are
+        cut, at the start for ``tail``). ``sized`` (with ``tail``): also the file's size the
+        lines end at, to follow it from there (the node then reads the file through once);
+        else None. Empty when absent; raises ``HostError`` when the node does not answer."""
+        if (tail is None) == (head is None) or (tail or head or 0) < 0:
+            raise ValueError("give one of tail= and head=, a whole number of lines, 0 or more")
+        count = int(tail if tail is not None else head or 0)
+        sized = sized and tail is not None
+        path = f"{self._logs_job.jobdir}/{name}"
+        most = str(max(1, count) * LINE_BYTES)
+        if tail is not None and sized:  # the size first: the lines shown are the ones before it
+            script = 's=$(wc -c < "$1") || exit 3; echo "$s"; head -c "$s" -- "$1" | '
+            script += 'tail -n "$2" | tail -c "$3"'
+        elif tail is not None:
+            script = 'tail -n "$2" -- "$1" | tail -c "$3"'
+        else:
+            script = 'head -n "$2" -- "$1" | head -c "$3"'
+        script = f'[ -f "$1" ] || exit 3; {script}'
+        rc, out, err = self.backend.host.run(
+            ["sh", "-c", script, "sh", path, str(count), most], timeout=120
+        )
+        if rc == 3:
+            return b"", 0 if sized else None
+        if rc != 0:
+            why = err.decode("utf-8", "replace").strip()[-300:] or f"exit status {rc}"
+            raise HostError(f"{self.backend.host.name}: reading {path} failed: {why}")
+        if not sized:
+            return out, None
+        size, _, data = out.partition(b"\n")
+        return data, int(size.strip() or 0)
 
-    def stderr(self) -> str:
-        """What went to stderr so far (tracebacks, faulthandler stacks, warnings; rank 0's)."""
-        return self.read_from(jobfiles.STDERR, 0).decode("utf-8", "replace")
+    def stdout(self, *, tail: int | None = None, head: int | None = None) -> str:
+        """What the function printed to stdout so far (rank 0's); ``tail=N`` / ``head=N``: its
+        last / first N lines only, and only those are read from the node."""
+        return self._text(jobfiles.STDOUT, tail, head)
+
+    def stderr(self, *, tail: int | None = None, head: int | None = None) -> str:
+        """What went to stderr so far (tracebacks, faulthandler stacks, warnings; rank 0's);
+        ``tail=N`` / ``head=N`` as for ``stdout``."""
+        return self._text(jobfiles.STDERR, tail, head)
+
+    def _text(self, name: str, tail: int | None, head: int | None) -> str:
+        if tail is None and head is None:
+            data = self.read_from(name, 0)
+        else:
+            data = self.read_lines(name, tail=tail, head=head)[0]
+        return data.decode("utf-8", "replace")
 
     def logs(self) -> dict[str, str]:
         """Paths of the job's log files on its host (every rank's, named "rank R FILE")."""
