@@ -5,7 +5,6 @@ costs what a log of a few lines does."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -133,34 +132,27 @@ def test_tail_and_head_read_only_what_they_show_over_ssh(
         check_tail_and_head(job, small, env)
 
 
-def test_follow_from_the_tail_then_what_comes(tmp_path: Path, venv1: str, venv2: str) -> None:
-    (tmp_path / "ticks.py").write_text(
-        "import os, time\n\n"
-        "def ticks(gate):\n"
-        "    for i in range(1000):\n"
-        "        print('tick', i)\n"
-        "    print('waiting', flush=True)\n"
-        "    while not os.path.exists(gate):\n"  # the last line only once the test saw the rest
-        "        time.sleep(0.05)\n"
-        "    print('done', flush=True)\n"
-    )
+def ticks(gate: str) -> None:
+    import os
+    import time
+
+    for i in range(1000):
+        print("tick", i)
+    print("waiting", flush=True)
+    while not os.path.exists(gate):  # the last line only once the test saw the rest
+        time.sleep(0.05)
+    print("done", flush=True)
+
+
+def test_follow_from_the_tail_then_what_comes(make_executor: Any, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
-    env = node_env({"GPUCTL_STATE_DIR": str(tmp_path / "state")})
+    job = make_executor().submit(ticks, str(gate))
+    env = node_env({"GPUCTL_STATE_DIR": os.environ["GPUCTL_STATE_DIR"]})
     env.pop("GPUCTL_CONFIG", None)
-
-    def gpuctl(*argv: str, **kw: Any) -> Any:
-        cmd = [sys.executable, "-m", "gpuctl", *argv]
-        return subprocess.Popen(cmd, env=env, cwd=tmp_path, text=True, **kw)
-
-    submit = gpuctl(
-        "submit", "ticks.py:ticks", "--args", json.dumps([str(gate)]),
-        "--supervisor-python", venv1, "--python", venv2, stdout=subprocess.PIPE,
-    )  # fmt: skip
-    job_id = submit.communicate(timeout=60)[0].strip()
-    follow = gpuctl(
-        "logs", job_id, "-f", "--tail", "2", "--stdout", stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
+    argv = [sys.executable, "-m", "gpuctl", "logs", job.id, "-f", "--tail", "2", "--stdout"]
+    follow = subprocess.Popen(
+        argv, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         assert follow.stdout is not None
         first = [follow.stdout.readline() for _ in range(2)]

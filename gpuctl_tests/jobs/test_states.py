@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
-from gpuctl.cli.main import main
 from gpuctl.jobs import JobRecord, JobStore
 from gpuctl.jobs.job import queue_owner
 from gpuctl.jobs.records import BackendInfo, QueuedBy
 from gpuctl.jobs.store import STATES
 from gpuctl.node import jobfiles
 from gpuctl_tests.helpers import node_env, wait_until
+from gpuctl_tests.jobs.test_cli import run
 
 FINAL = {"done", "failed", "cancelled"}
 # (from, to) pairs a row may take, besides staying as it is; written out, not derived
@@ -118,12 +118,6 @@ def _submitter(tmp_path: Path, venv1: str, venv2: str) -> tuple[subprocess.Popen
     ids = proc.stdout.readline().split()
     assert len(ids) == 3, proc.communicate()
     return proc, ids
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def test_jobs_an_interrupted_map_never_ran_stay_ended_and_are_purged(
