@@ -12,7 +12,7 @@ from gpuctl.jobs.hosts import HostError
 from gpuctl.jobs.job import Job, JobCancelled, JobFailed, RemoteTraceback
 from gpuctl.jobs.provision import EnvSpec, EnvSpecError
 from gpuctl.jobs.report import FailureReport
-from gpuctl.jobs.store import JobRecord, JobStore, StoreError
+from gpuctl.jobs.store import JobNotFound, JobRecord, JobStore, StoreError
 
 __all__ = [
     "EnvSpec",
@@ -23,6 +23,7 @@ __all__ = [
     "Job",
     "JobCancelled",
     "JobFailed",
+    "JobNotFound",
     "JobRecord",
     "JobStore",
     "RemoteTraceback",

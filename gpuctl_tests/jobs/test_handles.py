@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from gpuctl.cli.main import main
-from gpuctl.jobs import JobCancelled, JobRecord, JobStore, attach
-from gpuctl.jobs.store import JobNotFound
+from gpuctl.jobs import JobCancelled, JobNotFound, JobRecord, JobStore, attach
 from gpuctl.node import jobfiles
 from gpuctl_tests.helpers import node_env, wait_until
 

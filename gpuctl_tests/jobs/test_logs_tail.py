@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpuctl.cli.main import main
 from gpuctl.config import load_config
 from gpuctl.jobs import EnvSpec, Executor, Job, JobStore
 from gpuctl_tests.helpers import node_env
@@ -166,3 +167,23 @@ def test_follow_from_the_tail_then_what_comes(make_executor: Any, tmp_path: Path
             follow.kill()
         gate.touch()
     assert (follow.returncode, rest, err) == (0, "done\n", "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--tail", "-1"], "--tail takes a number of lines, 0 or more, not -1"),
+        (["--head", "2", "-f"], "--head and -f do not go together"),
+        (["--head", "2", "--tail", "2"], "not allowed with argument"),
+    ],
+)
+def test_tail_and_head_mistakes_are_one_line(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        rc = main(["logs", "0" * 32, *argv])
+    except SystemExit as e:  # argparse's own: the two options together
+        rc = int(str(e.code))
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") <= 2, err
