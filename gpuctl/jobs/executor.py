@@ -499,7 +499,9 @@ class Executor:
             backend: BackendInfo = {**self.backend.describe(), "handle": handle}
             if not handle:  # whose queue holds it: once that process is gone, it never starts
                 backend["queued_by"] = queue_owner()
-            self.store.update(job_id, state="submitted" if handle else "pending", backend=backend)
+            state = "submitted" if handle else "pending"
+            if not self.store.update(job_id, state=state, backend=backend) and handle:
+                self.backend.cancel(handle, jobdir)  # `gpuctl cancel` came while it was prepared
         return job
 
     def _start_waiting(self, meta: JobMeta, job: Job) -> None:

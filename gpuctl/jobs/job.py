@@ -444,7 +444,10 @@ class Job(concurrent.futures.Future[Any]):
                 outcome = self._json(Outcome, jobfiles.OUTCOME)
                 if outcome is None:
                     sched = self.backend.scheduler_state(self.handle) or {}
-                    if self._cancel_requested:
+                    # a cancel from elsewhere (another gpuctl, a cancel as it started) left its file
+                    if self._cancel_requested or self.backend.host.exists(
+                        f"{self.jobdir}/{jobfiles.CANCEL}"
+                    ):
                         sched["cancelled"] = True
                     beat = self._json(Heartbeat, jobfiles.HEARTBEAT)
                     t = beat.get("t") if beat else None
@@ -931,7 +934,7 @@ class Job(concurrent.futures.Future[Any]):
             return True
         handle = (rec.backend.get("handle") if rec is not None else None) or {}
         if handle:
-            self.handle.update(handle)
+            self._started(handle)
             return False
         owner = (rec.backend.get("queued_by") if rec is not None else None) or self._queued_by
         if owner is None or not _owner_gone(owner):
@@ -1071,6 +1074,8 @@ def _handle(
 
     store = JobStore(store_path) if store_path else None
     rec = store.get(job_id) if store is not None else None
+    if rec is not None and rec.jobdir != jobdir:  # a rank of a job of several tasks: the row
+        store = rec = None  # is the whole job's, not the rank's
     if rec is None or rec.id != job_id:
         rec = JobRecord(job_id, name, target, backend, jobdir, "submitted", created_at)
     return attach(rec, store)

@@ -239,3 +239,24 @@ def test_stuck_rows_of_jobs_never_started_are_cancelled_and_purged(
     rc, out, err = run(capsys, "jobs", "purge", "--older-than", "0")
     assert rc == 0 and "purged 2 job(s)" in out, err
     assert store.list() == [] and os.listdir(tmp_path / "jobs") == []
+
+
+def test_a_job_cancelled_while_its_folder_was_written_is_stopped_as_it_starts(
+    make_executor: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gpuctl cancel` of a row still "preparing" (a big payload being written): the row ends
+    cancelled there and then, and the job the submitter starts next is stopped by its cancel
+    file, never left running untracked."""
+    from gpuctl_tests.jobs.test_handles import naps
+
+    ex = make_executor()
+    job_id, jobdir, meta = ex._prepare(naps, (60.0, 1), {}, "naps")  # the folder is written
+    store = JobStore()
+    assert _state(store, job_id) == "preparing"
+    rc, out, err = run(capsys, "cancel", job_id)
+    assert rc == 0 and f"cancelling {job_id}" in out and _state(store, job_id) == "cancelled", err
+    (job,) = ex._start([(job_id, jobdir)], meta)  # what submit does next
+    with pytest.raises(concurrent.futures.CancelledError):
+        job.result(60)
+    assert job.cancelled() and os.path.exists(f"{jobdir}/{jobfiles.CANCEL}")
+    assert _state(store, job_id) == "cancelled"
