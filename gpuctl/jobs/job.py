@@ -450,6 +450,7 @@ class Job(concurrent.futures.Future[Any]):
                     ):
                         sched["cancelled"] = True
                     beat = self._json(Heartbeat, jobfiles.HEARTBEAT)
+                    self._beat = beat or self._beat  # its last sign of life: when it ended
                     t = beat.get("t") if beat else None
                     if t is not None:
                         sched["heartbeat_age"] = time.time() - float(t)
@@ -586,13 +587,17 @@ class Job(concurrent.futures.Future[Any]):
             return True
 
     def _store_final(self, *, seen: bool = True) -> bool:
-        """Write the end to the row (``seen``: it ended now; else when is not known, and the row
-        keeps no end time: its age is its creation's)."""
+        """Write the end to the row: the outcome's end time; for a job that ended with no
+        outcome (its supervisor died), its last heartbeat's; else now (``seen``), or none when
+        that is not known (the row's age is then its creation's)."""
         if self.store is None:
             return True
         state = self.state
         r = self._report
         o: Outcome = (self._files.outcome if self._files else None) or {}
+        ended = o.get("ended_at")
+        if ended is None and self._files is not None and self._files.outcome is None:
+            ended, seen = (self._beat or {}).get("t"), False
         kind, summary = (r.kind, r.evidence[0] if r.evidence else None) if r else (None, None)
         items = self.failed_items
         if r is None and items and items.get("count"):  # done, and some of its items failed
@@ -608,7 +613,7 @@ class Job(concurrent.futures.Future[Any]):
             kind=kind,
             summary=summary,
             started_at=o.get("started_at"),
-            ended_at=o.get("ended_at") or (time.time() if seen else None),
+            ended_at=ended or (time.time() if seen else None),
             report=r.to_dict() if r else None,
         )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import json
 import os
 import signal
 import socket
@@ -260,3 +261,38 @@ def test_a_job_cancelled_while_its_folder_was_written_is_stopped_as_it_starts(
         job.result(60)
     assert job.cancelled() and os.path.exists(f"{jobdir}/{jobfiles.CANCEL}")
     assert _state(store, job_id) == "cancelled"
+
+
+LOST = """
+import sys
+from gpuctl.jobs import Executor, JobStore
+from gpuctl_tests.jobs.test_handles import naps
+
+ex = Executor("local", supervisor_python=sys.argv[1], python=sys.argv[2], job_root=sys.argv[3],
+              store=JobStore())
+for job in [ex.submit(naps, 120.0, i) for i in range(2)]:
+    print(job.id, job.jobdir, flush=True)
+"""
+
+
+def test_lost_jobs_are_cancelled_as_ended_and_purged(
+    venv1: str, venv2: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Jobs whose supervisor was killed (keeper and all: SIGKILL to its process group) wrote no
+    outcome, and no gpuctl saw them end: `cancel` finds one ended, `purge` looks at them first
+    and deletes them."""
+    env = node_env({"GPUCTL_STATE_DIR": os.environ["GPUCTL_STATE_DIR"]})
+    argv = [sys.executable, "-c", LOST, venv1, venv2, str(tmp_path / "jobs")]
+    submitted = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    jobs = [line.split() for line in submitted.stdout.splitlines()]
+    for _, jobdir in jobs:
+        wait_until(Path(jobdir, jobfiles.STDOUT).read_bytes, 60, "the job to run")
+        os.killpg(json.loads(Path(jobdir, jobfiles.PIDFILE).read_text())["pgid"], signal.SIGKILL)
+    store = JobStore()
+    assert {_state(store, job_id) for job_id, _ in jobs} == {"submitted"}
+    rc, _, err = run(capsys, "cancel", jobs[0][0])
+    assert rc == 1 and "already ended (failed)" in err, err
+    rc, out, err = run(capsys, "jobs", "purge", "--older-than", "0")
+    assert rc == 0 and "purged 2 job(s)" in out, err
+    assert store.list() == [] and os.listdir(tmp_path / "jobs") == []
