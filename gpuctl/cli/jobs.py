@@ -125,6 +125,15 @@ def register(sub: Subcommands) -> None:
         metavar="R",
         help="a job of several tasks: rank R's logs (default: rank 0's)",
     )
+    ends = p.add_mutually_exclusive_group()
+    ends.add_argument(
+        "--tail",
+        type=int,
+        metavar="N",
+        help="only the last N lines (read on the node: a big log is not fetched whole); with "
+        "-f, then what comes",
+    )
+    ends.add_argument("--head", type=int, metavar="N", help="only the first N lines")
     p.set_defaults(func=run_logs)
 
     p = sub.add_parser("cancel", help="cancel a job")
@@ -414,17 +423,13 @@ def _print_result(job: Job, timeout: float | None, output: str | None = None) ->
 
 def _job(args: argparse.Namespace) -> Job:
     from gpuctl.jobs import HostError, JobStore, attach
+    from gpuctl.jobs.store import JobNotFound
 
     store = JobStore()
-    rec = store.get(args.id) if args.id else None
-    if rec is None:
-        same = sorted(r.id[:12] for r in store.list(100_000) if r.id.startswith(args.id))
-        if len(same) > 1:
-            shown = ", ".join(same[:4]) + (", ..." if len(same) > 4 else "")
-            raise UserError(
-                f"job id {args.id!r} is ambiguous ({len(same)} jobs: {shown}): give more of it"
-            )
-        raise UserError(f"no job {args.id!r}: see gpuctl jobs for the ids")
+    try:
+        rec = store.find(args.id)
+    except JobNotFound as e:
+        raise UserError(str(e)) from None
     config = _config(args) if rec.backend.get("kind") == "ssh" else None
     try:
         return attach(rec, store, config=config, watch=False)
@@ -444,7 +449,8 @@ def parse_age(text: str) -> float:
 
 def run_purge(args: argparse.Namespace) -> int:
     """Delete ended jobs older than ``--older-than``: their folders (here or on their node) and
-    their rows. A folder is removed only when its last path part is the job's own id; a node
+    their rows. Unfinished rows are brought up to date first (a job lost, or never started,
+    ends so). A folder is removed only when its last path part is the job's own id; a node
     that does not answer keeps its jobs for a later purge."""
     from gpuctl import service
     from gpuctl.jobs import HostError, JobStore, targets
@@ -456,6 +462,9 @@ def run_purge(args: argparse.Namespace) -> int:
     if not args.dry_run:
         service.check("purging jobs", read_only=_decided(args))
     store = JobStore()
+    # a job that looks unfinished may have ended unseen (its supervisor died, the gpuctl that
+    # was to start it is gone): looked at first, so that what ended is purged like any end
+    _refresh(store, [r for r in store.list(1_000_000) if r.created_at < cutoff], args)
     old = [
         r
         for r in store.list(1_000_000)
@@ -514,6 +523,7 @@ def run_jobs(args: argparse.Namespace) -> int:
                 "target": r.target,
                 "state": r.state,
                 "kind": r.kind,
+                "why": r.summary,
                 "created_at": r.created_at,
                 "duration_s": r.duration,
                 "jobdir": r.jobdir,
@@ -534,15 +544,17 @@ def run_jobs(args: argparse.Namespace) -> int:
         dur = r.duration
         split = str((r.backend.get("handle") or {}).get("split") or "").split(":")[0]
         where = [_slurm_id(r) or "", split, f"{r.tasks} tasks" if r.tasks > 1 else ""]
+        # a map's chunk that ran to its end with failed items is not plain done: WHY names them
+        partial = r.state == "done" and r.kind == "items_failed"
         rows.append(
             (
                 r.id[:12],
-                r.state,
+                "partial" if partial else r.state,
                 f"{r.target} ({', '.join(w for w in where if w)})" if any(where) else r.target,
                 r.name[-40:],
                 fmt_age(now - r.created_at),
                 "-" if dur is None else f"{dur:.1f}s",
-                r.kind or (r.summary or "")[:100],  # a done job's notes: what it left running
+                f"{r.kind}: {r.summary}" if partial else r.kind or (r.summary or "")[:100],
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -637,9 +649,9 @@ def _on_node(job: Job, fn: Callable[[], T]) -> T:
 FOLLOW_EVERY = 0.5  # seconds between two reads of a followed job's files
 
 
-def follow_logs(job: Job, stdout: bool, stderr: bool) -> int:
-    """Print the job's output as it grows (stdout to stdout, stderr to stderr) until it ends;
-    Ctrl-C stops following, not the job."""
+def follow_logs(job: Job, stdout: bool, stderr: bool, tail: int | None = None) -> int:
+    """Print the job's output as it grows (stdout to stdout, stderr to stderr) until it ends,
+    from the start, or from its last ``tail`` lines; Ctrl-C stops following, not the job."""
     from gpuctl.node import jobfiles
 
     files = [(jobfiles.STDOUT, sys.stdout)] if stdout else []
@@ -648,6 +660,12 @@ def follow_logs(job: Job, stdout: bool, stderr: bool) -> int:
     # a character split between two reads is decoded once whole, not as two replacement marks
     decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name, _ in files}
     try:
+        for name, stream in files if tail is not None else ():
+            read = functools.partial(job.read_lines, name, tail=tail, sized=True)
+            data, size = _on_node(job, read)
+            offsets[name] = size or 0
+            stream.write(decoders[name].decode(data))
+            stream.flush()
         while True:
             over = _on_node(job, job.done)  # before reading: what it wrote last is then read
             for name, stream in files:
@@ -677,20 +695,27 @@ def _rank(job: Job, rank: int) -> Job:
 
 
 def run_logs(args: argparse.Namespace) -> int:
+    for opt in ("tail", "head"):
+        value = getattr(args, opt)
+        if value is not None and value < 0:
+            raise UserError(f"--{opt} takes a number of lines, 0 or more, not {value}")
+    if args.head is not None and args.follow:
+        raise UserError("--head and -f do not go together: -f --tail N follows from the end")
     job = _job(args)
     if args.rank is not None:
         job = _rank(job, args.rank)
     if args.follow:
         both = not (args.stdout or args.stderr)
-        return follow_logs(job, args.stdout or both, args.stderr or both)
+        return follow_logs(job, args.stdout or both, args.stderr or both, args.tail)
     both = not (args.stdout or args.stderr)
+    ends = {"tail": args.tail, "head": args.head}
     if args.stdout or both:
-        out = _on_node(job, job.stdout)
+        out = _on_node(job, functools.partial(job.stdout, **ends))
         if both:
             print("=== stdout ===")
         sys.stdout.write(out if out.endswith("\n") or not out else out + "\n")
     if args.stderr or both:
-        err = _on_node(job, job.stderr)
+        err = _on_node(job, functools.partial(job.stderr, **ends))
         if both:
             print("=== stderr ===")
         sys.stdout.write(err if err.endswith("\n") or not err else err + "\n")

@@ -9,10 +9,10 @@ job store)."""
 
 from gpuctl.jobs.executor import Executor, attach, remote
 from gpuctl.jobs.hosts import HostError
-from gpuctl.jobs.job import Job, JobFailed, RemoteTraceback
+from gpuctl.jobs.job import Job, JobCancelled, JobFailed, RemoteTraceback
 from gpuctl.jobs.provision import EnvSpec, EnvSpecError
 from gpuctl.jobs.report import FailureReport
-from gpuctl.jobs.store import JobRecord, JobStore, StoreError
+from gpuctl.jobs.store import JobNotFound, JobRecord, JobStore, StoreError
 
 __all__ = [
     "EnvSpec",
@@ -21,7 +21,9 @@ __all__ = [
     "FailureReport",
     "HostError",
     "Job",
+    "JobCancelled",
     "JobFailed",
+    "JobNotFound",
     "JobRecord",
     "JobStore",
     "RemoteTraceback",

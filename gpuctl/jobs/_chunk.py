@@ -2,6 +2,11 @@
 
 from typing import Any
 
+# The chunk's failed items, in its job folder (GPUCTL_JOB_DIR): what `gpuctl jobs` says of a
+# chunk that ran to its end with some items failed, without loading its result.
+FAILED_ITEMS = "items_failed.json"
+NAMED_AT_MOST = 20  # failed items named in the file; the count is of all
+
 
 def run_chunk(fn: Any, items: Any) -> Any:
     """Apply ``fn`` to each argument tuple; per item ("ok", value) or ("err", exception, tb).
@@ -9,15 +14,32 @@ def run_chunk(fn: Any, items: Any) -> Any:
     One bad item is that item's error, never the chunk's: whatever it raises (``sys.exit`` and
     ``KeyboardInterrupt`` too), a result that cannot be pickled, an exception that cannot be.
     """
+    import json
+    import os
     import traceback
 
     import cloudpickle
 
-    def error(exc: BaseException, tb: str) -> Any:
+    # what FAILED_ITEMS says: rewritten at each failure (small: the first items' arguments)
+    failed: dict[str, Any] = {"items": len(items), "count": 0, "failed": []}
+    folder = os.environ.get("GPUCTL_JOB_DIR")
+
+    def error(exc: BaseException, tb: str, args: Any) -> Any:
+        line = f"{type(exc).__name__}: {exc}"
         try:
             cloudpickle.dumps(exc)
         except Exception:  # an exception that cannot travel travels as its text
-            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+            exc = RuntimeError(line)
+        failed["count"] += 1
+        failed.setdefault("first", line[:300])
+        if len(failed["failed"]) < NAMED_AT_MOST:
+            failed["failed"].append(repr(args[0] if len(args) == 1 else args)[:60])
+        try:
+            if folder:
+                with open(os.path.join(folder, FAILED_ITEMS), "w") as f:
+                    json.dump(failed, f)
+        except OSError:  # the result says it all the same
+            pass
         return ("err", exc, tb)
 
     out: list[Any] = []
@@ -25,13 +47,13 @@ def run_chunk(fn: Any, items: Any) -> Any:
         try:
             value = fn(*args)
         except BaseException as e:
-            out.append(error(e, traceback.format_exc()))
+            out.append(error(e, traceback.format_exc(), args))
             continue
         try:
             cloudpickle.dumps(value)  # checked here, alone: else it would sink the whole chunk
         except Exception as e:
             wrapped = TypeError(f"the result cannot be pickled: {type(e).__name__}: {e}")
-            out.append(error(wrapped, traceback.format_exc()))
+            out.append(error(wrapped, traceback.format_exc(), args))
             continue
         out.append(("ok", value))
     return out

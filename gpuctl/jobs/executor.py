@@ -36,7 +36,14 @@ from gpuctl import paths, service
 from gpuctl.jobs import _chunk, _command, checkpoint, debug, interrupt, sources, targets, usercode
 from gpuctl.jobs.backends import SlurmBackend
 from gpuctl.jobs.hosts import AtomicWriter, Host
-from gpuctl.jobs.job import SUBMITTER_PYTHON, Job, JobFailed, JobQueue, RemoteTraceback
+from gpuctl.jobs.job import (
+    SUBMITTER_PYTHON,
+    Job,
+    JobFailed,
+    JobQueue,
+    RemoteTraceback,
+    queue_owner,
+)
 from gpuctl.jobs.provision import (
     EnvSpec,
     Venv2,
@@ -45,7 +52,7 @@ from gpuctl.jobs.provision import (
     shared_runner,
     write_runner,
 )
-from gpuctl.jobs.records import Handle, JobMeta, Limits, Probe
+from gpuctl.jobs.records import BackendInfo, Handle, JobMeta, Limits, Probe
 from gpuctl.jobs.report import REMEDIES, FailureReport, _fmt_bytes
 from gpuctl.jobs.store import JobRecord, JobStore
 from gpuctl.node import jobfiles
@@ -416,7 +423,8 @@ class Executor:
                     id=job_id,
                     name=name,
                     target=self.target,
-                    backend=self.backend.describe(),
+                    # who writes it: once that process is gone, it never starts
+                    backend={**self.backend.describe(), "queued_by": queue_owner()},
                     jobdir=jobdir,
                     state="preparing",
                     created_at=time.time(),
@@ -635,11 +643,12 @@ class Executor:
         job = Job(job_id, meta["name"], self.target, self.backend, jobdir, handle, self.store, now)
         job.cancel_on_interrupt = self.cancel_on_interrupt
         if self.store is not None:
-            self.store.update(
-                job_id,
-                state="submitted" if handle else "pending",
-                backend={**self.backend.describe(), "handle": handle},
-            )
+            backend: BackendInfo = {**self.backend.describe(), "handle": handle}
+            if not handle:  # whose queue holds it: once that process is gone, it never starts
+                backend["queued_by"] = queue_owner()
+            state = "submitted" if handle else "pending"
+            if not self.store.update(job_id, state=state, backend=backend) and handle:
+                self.backend.cancel(handle, jobdir)  # `gpuctl cancel` came while it was prepared
         return job
 
     def _start_waiting(self, meta: JobMeta, job: Job) -> None:
@@ -1061,14 +1070,19 @@ class RemoteFunction:
 
 
 def attach(
-    record: JobRecord,
+    record: JobRecord | str,
     store: JobStore | None = None,
     *,
     config: Config | None = None,
     watch: bool = True,
 ) -> Job:
-    """Rebuild a ``Job`` from its stored record (after gpuctl restarted). ``watch=False``: no
+    """Rebuild a ``Job`` from its stored record (after gpuctl restarted), or from its id or a
+    unique prefix of it (looked up in ``store``, else the default job store; ``JobNotFound``,
+    one line naming the candidates, when none or several match). ``watch=False``: no
     background polling (for callers that poll it themselves: the CLI, the jobs pane)."""
+    if isinstance(record, str):
+        store = store if store is not None else JobStore()
+        record = store.find(record)
     backend = targets.backend_of(record.backend, record.id, config)
     job = Job(
         record.id,
@@ -1081,6 +1095,5 @@ def attach(
         record.created_at,
         watch=watch,
     )
-    job._stored_state = record.state
-    job._beat = record.heartbeat
+    job._restore(record)
     return job

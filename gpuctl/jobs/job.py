@@ -16,6 +16,7 @@ import contextlib
 import glob
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -27,14 +28,18 @@ import cloudpickle
 
 from gpuctl import service
 from gpuctl.core import wire
+from gpuctl.jobs import _chunk
 from gpuctl.jobs.backends import Backend, SlurmBackend
 from gpuctl.jobs.hosts import BinaryReader, HostError, LocalHost
 from gpuctl.jobs.records import (
     Attempt,
+    BackendInfo,
+    FailedItems,
     Handle,
     Heartbeat,
     JobMeta,
     Outcome,
+    QueuedBy,
     ResultInfo,
     SchedulerState,
     WorkerError,
@@ -49,8 +54,8 @@ from gpuctl.jobs.report import (
     parse_status,
     unreachable_report,
 )
-from gpuctl.jobs.store import JobStore, JobUpdate, StoreError
-from gpuctl.node import jobfiles
+from gpuctl.jobs.store import FINAL_STATES, JobRecord, JobStore, JobUpdate, StoreError
+from gpuctl.node import jobfiles, proc
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
@@ -64,6 +69,7 @@ SUBMITTER_PYTHON = sys.version.split()[0]
 UNREACHABLE_AFTER = 60.0  # seconds a node may stay unreachable before result() reports it
 BEAT_EVERY = 3.0  # seconds between heartbeat reads while a job runs
 WATCH_CROWD_MOST = 4.0  # the watcher's slowest pace per job, times this at most, with many jobs
+LINE_BYTES = 64 * 1024  # bytes a line at most, on average, that read_lines brings (tail=/head=)
 SLURM_VERDICT_WAIT = 30.0  # seconds to wait for Slurm's final state after a signalled stop
 _RAISED = ("user_exception", "gpu_out_of_memory")  # kinds that are the function's own exception
 
@@ -78,6 +84,12 @@ class JobFailed(Exception):
     @property
     def kind(self) -> str:
         return self.report.kind
+
+
+class JobCancelled(JobFailed, concurrent.futures.CancelledError):
+    """What ``result()`` and ``exception()`` of a cancelled job raise: the
+    ``concurrent.futures.CancelledError`` of any cancelled Future, and a ``JobFailed`` of kind
+    "cancelled" whose report says how it was stopped (also ``job.report()``)."""
 
 
 class RemoteTraceback(Exception):
@@ -204,6 +216,8 @@ class Job(concurrent.futures.Future[Any]):
         self._beat_read_at: float | None = None  # monotonic time of the last heartbeat read
         self._outcome_seen_at: float | None = None
         self._store_warned = False
+        self._queued_by: QueuedBy | None = None  # the process whose JobQueue holds it
+        self.failed_items: FailedItems | None = None  # a map's chunk that ended: its failures
         self.tasks = int(handle.get("tasks") or 1)
         rank_handle = handle.copy()
         rank_handle.pop("tasks", None)
@@ -235,6 +249,16 @@ class Job(concurrent.futures.Future[Any]):
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.name} on {self.target}: {self.state}>"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A Job pickles as a handle (its id, target, backend, folder and job store's path):
+        unpickled in another process it is that job again, read from its folder and its row."""
+        store = str(self.store.path) if self.store is not None else None
+        backend = {**self.backend.describe(), "handle": self.handle}
+        return (
+            _handle,
+            (self.id, self.name, self.target, backend, self.jobdir, self.created_at, store),
+        )
+
     # --- files ---------------------------------------------------------------------------
 
     def _read(self, name: str) -> bytes | None:
@@ -261,13 +285,58 @@ class Job(concurrent.futures.Future[Any]):
         data = self._read(name) or b""
         return data[-limit:].decode("utf-8", "replace")
 
-    def stdout(self) -> str:
-        """What the function printed to stdout so far (rank 0's)."""
-        return self.read_from(jobfiles.STDOUT, 0).decode("utf-8", "replace")
+    def read_lines(
+        self, name: str, *, tail: int | None = None, head: int | None = None, sized: bool = False
+    ) -> tuple[bytes, int | None]:
+        """The last ``tail`` (or first ``head``) lines of the job folder's file ``name`` (rank
+        0's for a job of several tasks), read on its host (``tail`` seeks from the end there):
+        only those lines travel, at most ``LINE_BYTES`` a line on average (longer lines are
+        cut, at the start for ``tail``). ``sized`` (with ``tail``): also the file's size the
+        lines end at, to follow it from there (the node then reads the file through once);
+        else None. Empty when absent; raises ``HostError`` when the node does not answer."""
+        if (tail is None) == (head is None) or (tail or head or 0) < 0:
+            raise ValueError("give one of tail= and head=, a whole number of lines, 0 or more")
+        count = int(tail if tail is not None else head or 0)
+        sized = sized and tail is not None
+        path = f"{self._logs_job.jobdir}/{name}"
+        most = str(max(1, count) * LINE_BYTES)
+        if tail is not None and sized:  # the size first: the lines shown are the ones before it
+            script = 's=$(wc -c < "$1") || exit 3; echo "$s"; head -c "$s" -- "$1" | '
+            script += 'tail -n "$2" | tail -c "$3"'
+        elif tail is not None:
+            script = 'tail -n "$2" -- "$1" | tail -c "$3"'
+        else:
+            script = 'head -n "$2" -- "$1" | head -c "$3"'
+        script = f'[ -f "$1" ] || exit 3; {script}'
+        rc, out, err = self.backend.host.run(
+            ["sh", "-c", script, "sh", path, str(count), most], timeout=120
+        )
+        if rc == 3:
+            return b"", 0 if sized else None
+        if rc != 0:
+            why = err.decode("utf-8", "replace").strip()[-300:] or f"exit status {rc}"
+            raise HostError(f"{self.backend.host.name}: reading {path} failed: {why}")
+        if not sized:
+            return out, None
+        size, _, data = out.partition(b"\n")
+        return data, int(size.strip() or 0)
 
-    def stderr(self) -> str:
-        """What went to stderr so far (tracebacks, faulthandler stacks, warnings; rank 0's)."""
-        return self.read_from(jobfiles.STDERR, 0).decode("utf-8", "replace")
+    def stdout(self, *, tail: int | None = None, head: int | None = None) -> str:
+        """What the function printed to stdout so far (rank 0's); ``tail=N`` / ``head=N``: its
+        last / first N lines only, and only those are read from the node."""
+        return self._text(jobfiles.STDOUT, tail, head)
+
+    def stderr(self, *, tail: int | None = None, head: int | None = None) -> str:
+        """What went to stderr so far (tracebacks, faulthandler stacks, warnings; rank 0's);
+        ``tail=N`` / ``head=N`` as for ``stdout``."""
+        return self._text(jobfiles.STDERR, tail, head)
+
+    def _text(self, name: str, tail: int | None, head: int | None) -> str:
+        if tail is None and head is None:
+            data = self.read_from(name, 0)
+        else:
+            data = self.read_lines(name, tail=tail, head=head)[0]
+        return data.decode("utf-8", "replace")
 
     def logs(self) -> dict[str, str]:
         """Paths of the job's log files on its host (every rank's, named "rank R FILE")."""
@@ -360,6 +429,8 @@ class Job(concurrent.futures.Future[Any]):
     def _poll_files(self) -> bool:
         if self.ranks:
             return self._poll_ranks()
+        if not self.handle:
+            return self._unstarted_over()
         with self._lock:
             if self._final:
                 return True
@@ -375,9 +446,13 @@ class Job(concurrent.futures.Future[Any]):
                 outcome = self._json(Outcome, jobfiles.OUTCOME)
                 if outcome is None:
                     sched = self.backend.scheduler_state(self.handle) or {}
-                    if self._cancel_requested:
+                    # a cancel from elsewhere (another gpuctl, a cancel as it started) left its file
+                    if self._cancel_requested or self.backend.host.exists(
+                        f"{self.jobdir}/{jobfiles.CANCEL}"
+                    ):
                         sched["cancelled"] = True
                     beat = self._json(Heartbeat, jobfiles.HEARTBEAT)
+                    self._beat = beat or self._beat  # its last sign of life: when it ended
                     t = beat.get("t") if beat else None
                     if t is not None:
                         sched["heartbeat_age"] = time.time() - float(t)
@@ -398,6 +473,8 @@ class Job(concurrent.futures.Future[Any]):
                 scheduler=sched,
                 submitter_python=SUBMITTER_PYTHON,
             )
+            if self._report is None and self.name.startswith("map:"):
+                self.failed_items = self._json(FailedItems, _chunk.FAILED_ITEMS)
             self._final = True
             # under the lock: another thread that finds the job final finds its row final too
             self._store_final()
@@ -447,6 +524,12 @@ class Job(concurrent.futures.Future[Any]):
             # and handed out by result(); one that fails to load is read again there, to raise.
             with contextlib.suppress(Exception):
                 self._preloaded = (self._logs_job._load_result(),)
+        if report is not None and report.kind == "cancelled":
+            # a cancelled Future, as concurrent.futures has it: waiters and callbacks see it
+            # cancelled (the base class's cancel, then its notice to as_completed and wait)
+            if concurrent.futures.Future.cancel(self):
+                concurrent.futures.Future.set_running_or_notify_cancel(self)
+            return
         try:
             if report is None:
                 concurrent.futures.Future.set_result(self, None)
@@ -491,31 +574,49 @@ class Job(concurrent.futures.Future[Any]):
         own requeue), oldest first; empty for a job that ran once."""
         return self._attempts()
 
-    def _remember(self, **values: Unpack[JobUpdate]) -> None:
-        """Write to the job store; a store that stopped being writable costs the record, never
-        the job (its folder keeps the truth): said once in the log."""
+    def _remember(self, **values: Unpack[JobUpdate]) -> bool:
+        """Write to the job store; False when the row's state may not become ``state`` (see
+        ``gpuctl.jobs.store.TRANSITIONS``). A store that stopped being writable costs the
+        record, never the job (its folder keeps the truth): said once in the log."""
         if self.store is None:
-            return
+            return True
         try:
-            self.store.update(self.id, **values)
+            return self.store.update(self.id, **values)
         except StoreError as e:
             if not self._store_warned:
                 self._store_warned = True
                 log.warning("job %s: %s", self.id, e)
+            return True
 
-    def _store_final(self) -> None:
+    def _store_final(self, *, seen: bool = True) -> bool:
+        """Write the end to the row: the outcome's end time; for a job that ended with no
+        outcome (its supervisor died), its last heartbeat's; else now (``seen``), or none when
+        that is not known (the row's age is then its creation's)."""
         if self.store is None:
-            return
+            return True
         state = self.state
         r = self._report
         o: Outcome = (self._files.outcome if self._files else None) or {}
-        self._remember(
+        ended = o.get("ended_at")
+        if ended is None and self._files is not None and self._files.outcome is None:
+            ended, seen = (self._beat or {}).get("t"), False
+        kind, summary = (r.kind, r.evidence[0] if r.evidence else None) if r else (None, None)
+        items = self.failed_items
+        if r is None and items and items.get("count"):  # done, and some of its items failed
+            named = ", ".join(items.get("failed") or ())
+            more = ", ..." if int(items["count"]) > len(items.get("failed") or ()) else ""
+            kind = "items_failed"
+            summary = (
+                f"{items['count']} of {items.get('items', '?')} items failed ({named}{more}): "
+                f"{items.get('first', '')}"
+            )
+        return self._remember(
             state=state,
-            kind=r.kind if r else None,
+            kind=kind,
             # a success's own notes (processes it left running) where a failure has its why
-            summary=(r.evidence[0] if r and r.evidence else None) if r else left_note(o) or None,
+            summary=summary if r is not None or kind else left_note(o) or None,
             started_at=o.get("started_at"),
-            ended_at=o.get("ended_at") or time.time(),
+            ended_at=ended or (time.time() if seen else None),
             report=r.to_dict() if r else None,
             threads=(o.get("threads") or {}).get("count"),
         )
@@ -536,8 +637,8 @@ class Job(concurrent.futures.Future[Any]):
     def _live_state(self) -> str:
         if self._host_error is not None:
             return "unreachable"
-        if not self.handle:  # not started: waits for its turn (a map's max_running)
-            return "pending"
+        if not self.handle:  # not started: its folder is being written, or it waits for its
+            return "preparing" if self._stored_state == "preparing" else "pending"  # turn
         if self.ranks:  # running once one rank runs
             states = [job._live_state() for job in self.ranks]
             return "running" if "running" in states else states[0]
@@ -603,10 +704,11 @@ class Job(concurrent.futures.Future[Any]):
         return self._report
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        """The exception ``result()`` would raise, or None on success."""
+        """The exception ``result()`` would raise, or None on success; raises
+        ``TimeoutError`` and, for a cancelled job, ``concurrent.futures.CancelledError``."""
         try:
             self.result(timeout)
-        except TimeoutError:
+        except (TimeoutError, concurrent.futures.CancelledError):
             raise
         except BaseException as e:
             return e
@@ -620,7 +722,8 @@ class Job(concurrent.futures.Future[Any]):
         an ``Exception`` comes as the ``__cause__`` of a ``JobFailed`` instead, so that it never
         passes for a Ctrl-C here), ``JobFailed`` for any other failure (its message is the
         report; kind ``node_unreachable`` when the node stopped answering: call again once it
-        is back), or ``TimeoutError``.
+        is back), ``TimeoutError``, or ``JobCancelled`` (a ``concurrent.futures.CancelledError``)
+        for a job that was cancelled (``cancelled()`` is True).
         """
         if not self.wait(timeout):
             lost = self.unreachable_report()
@@ -628,6 +731,8 @@ class Job(concurrent.futures.Future[Any]):
                 raise JobFailed(lost)
             raise TimeoutError(f"job {self.id} not finished after {timeout} s")
         r = self._report
+        if r is not None and r.kind == "cancelled":
+            raise JobCancelled(r)
         if self.ranks and r is not None:
             # the failed rank's own exception is the cause; the failure is the whole job's
             lead = self.ranks[self._lead_rank or 0]
@@ -738,10 +843,47 @@ class Job(concurrent.futures.Future[Any]):
         service.check("cancelling jobs", read_only=read_only)
         if self._poll():
             return False
+        if not self.handle:
+            return self._cancel_unstarted()
         self._cancel_requested = True
         for job in self.ranks:
             job._cancel_requested = True
         self.backend.cancel(self.handle, self.jobdir)
+        return True
+
+    def _cancel_unstarted(self) -> bool:
+        """Cancel a job still waiting for its turn (``max_running``): it ends here, cancelled,
+        and never starts. Its row goes from "pending" to "cancelled" only while it is pending:
+        when its queue (another gpuctl) claimed it meanwhile, the cancel file stops it as it
+        starts, like any job."""
+        self._cancel_requested = True
+        report = FailureReport(
+            kind="cancelled",
+            phase="not started",
+            evidence=("cancelled while it waited for its turn (max_running): it never ran",),
+            remedy=REMEDIES["cancelled"],
+            logs={},
+            job_id=self.id,
+        )
+        if self.store is not None:
+            try:
+                ended = self.store.update(
+                    self.id,
+                    only_from=("preparing", "pending"),
+                    state="cancelled",
+                    kind="cancelled",
+                    summary=report.evidence[0],
+                    ended_at=time.time(),
+                    report=report.to_dict(),
+                )
+            except StoreError:
+                ended = False
+            if not ended:
+                if self._unstarted_over():
+                    return False  # it ended first
+                self.backend.cancel(self.handle, self.jobdir)  # it is starting: the file stops it
+                return True
+        self._end_unstarted(report, store=False)
         return True
 
     def _started(self, handle: Handle) -> None:
@@ -754,10 +896,8 @@ class Job(concurrent.futures.Future[Any]):
     def _start_failed(self, why: str) -> None:
         """Starting a job that waited for its turn failed (``why``: one line): it is over, as
         ``never_started`` with that line, and its row says so."""
-        with self._lock:
-            if self._final:
-                return
-            self._report = FailureReport(
+        self._end_unstarted(
+            FailureReport(
                 kind="never_started",
                 phase="not started",
                 evidence=(why,),
@@ -765,9 +905,94 @@ class Job(concurrent.futures.Future[Any]):
                 logs=self.logs(),
                 job_id=self.id,
             )
+        )
+
+    def _restore(self, record: JobRecord) -> None:
+        """Take what the store knows of the job: the state last seen, the last heartbeat, the
+        process whose queue holds it. A job that ended before it started (``never_started``, or
+        cancelled while it waited for its turn) has no folder to tell: its row is the truth,
+        and this Job is over as the row says."""
+        self._stored_state = record.state
+        self._beat = record.heartbeat
+        self._queued_by = record.backend.get("queued_by")
+        if not self.handle and record.state in FINAL_STATES:
+            self._end_unstarted(_stored_report(record), store=False)
+
+    def _end_unstarted(
+        self, report: FailureReport | None, *, store: bool = True, seen: bool = True
+    ) -> None:
+        """End a job that never started with ``report``, its row too (``store``; ``seen``: it
+        ended now, else at a time not known). A row that ended meanwhile (another gpuctl
+        cancelled it) keeps its end, and so does this Job."""
+        with self._lock:
+            if self._final:
+                return
+            self._report = report
             self._final = True
-            self._store_final()
+            if store and not self._store_final(seen=seen):
+                rec = self._row()
+                if rec is not None and rec.state in FINAL_STATES:
+                    self._report = _stored_report(rec)
         self._settle()
+
+    def _row(self) -> JobRecord | None:
+        """The job's row in the store (None: no store, no row, or a store that cannot be read)."""
+        if self.store is None:
+            return None
+        try:
+            return self.store.get(self.id)
+        except StoreError:
+            return None
+
+    def _unstarted_over(self) -> bool:
+        """A job not started yet (waiting for its turn in a ``JobQueue``): over once its row
+        ended (cancelled, or ended by another gpuctl), or once the process holding it in its
+        queue is gone (then it never will start). A row that gained a handle meanwhile (its
+        queue, in another process, started it) gives this Job the handle: it is polled as any."""
+        if self._final:
+            return True
+        rec = self._row()
+        if rec is not None and rec.state in FINAL_STATES:
+            self._end_unstarted(_stored_report(rec), store=False)
+            return True
+        handle = (rec.backend.get("handle") if rec is not None else None) or {}
+        if handle:
+            self._started(handle)
+            return False
+        owner = (rec.backend.get("queued_by") if rec is not None else None) or self._queued_by
+        if owner is None or not _owner_gone(owner):
+            return False
+        self._end_unstarted(
+            FailureReport(
+                kind="never_started",
+                phase="not started",
+                evidence=(
+                    f"the gpuctl process that was to start it (pid {owner.get('pid')} on "
+                    f"{owner.get('host')}) ended before it did: it never ran",
+                ),
+                remedy="submit the items again",
+                logs={},
+                job_id=self.id,
+            ),
+            seen=False,  # when that process went is not known
+        )
+        return True
+
+    def _claim(self) -> bool:
+        """Its turn came (``JobQueue``): True when it may start. Its row becomes "submitted"
+        first, so that a ``gpuctl cancel`` from another process either comes before (this Job
+        ends as cancelled, never starting: False) or finds a job to stop (the cancel file)."""
+        if self._final:
+            return False
+        if self.store is None:
+            return True
+        try:
+            claimed = self.store.update(self.id, state="submitted")
+        except StoreError:
+            return True  # a store that cannot be written costs the record, never the job
+        if not claimed:
+            self._unstarted_over()  # the row ended: so does this Job
+        return claimed
 
     def dump_stacks(self) -> None:
         """Ask VENV2 to write every thread's stack to stderr (for a job that makes no progress)."""
@@ -795,6 +1020,8 @@ class JobQueue:
         self._lock = threading.Lock()
         self._turns = 0  # free slots not yet given to a job
         self._busy = False  # a thread is giving turns out (callbacks may come inside it)
+        while self._waiting and not self._waiting[0]._claim():
+            self._waiting.popleft()  # cancelled before its turn came
         if self._waiting:
             first = self._waiting.popleft()
             try:
@@ -821,6 +1048,10 @@ class JobQueue:
                     return
                 self._turns -= 1
                 job = self._waiting.popleft()
+            if not job._claim():  # it was cancelled while it waited: the turn is the next one's
+                with self._lock:
+                    self._turns += 1
+                continue
             try:
                 self._start(job)
             except Exception as e:
@@ -849,6 +1080,74 @@ _QUEUES: weakref.WeakSet[JobQueue] = weakref.WeakSet()
 def _abandon_queues() -> None:
     for queue in list(_QUEUES):
         queue.abandon("gpuctl exited before its turn came (max_running): it never ran")
+
+
+def _handle(
+    job_id: str,
+    name: str,
+    target: str,
+    backend: BackendInfo,
+    jobdir: str,
+    created_at: float,
+    store_path: str | None,
+) -> Job:
+    """A pickled Job unpickled: attached again, from its row when the store has it (the row
+    knows more: the handle a queued job got since, its end), else from what was pickled."""
+    from gpuctl.jobs.executor import attach  # executor imports this module
+
+    store = JobStore(store_path) if store_path else None
+    rec = store.get(job_id) if store is not None else None
+    if rec is not None and rec.jobdir != jobdir:  # a rank of a job of several tasks: the row
+        store = rec = None  # is the whole job's, not the rank's
+    if rec is None or rec.id != job_id:
+        rec = JobRecord(job_id, name, target, backend, jobdir, "submitted", created_at)
+    return attach(rec, store)
+
+
+def queue_owner() -> QueuedBy:
+    """This process, as the one whose ``JobQueue`` holds the jobs it has not started yet."""
+    me = os.getpid()
+    owner: QueuedBy = {"pid": me, "host": socket.gethostname()}
+    stat = proc.read_stat(me)
+    if stat is not None:
+        owner["start_ticks"] = stat.start_ticks
+    return owner
+
+
+def _owner_gone(owner: QueuedBy) -> bool:
+    """True when the process that queued a job is known to be gone: on this machine, no such
+    process, a zombie, or another process under its pid. False while alive, or not known here."""
+    pid = owner.get("pid")
+    if not pid or owner.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process: the pid was given to someone else
+        return True
+    stat = proc.read_stat(pid)
+    if stat is None:  # no /proc here: alive as far as can be told
+        return False
+    ticks = owner.get("start_ticks")
+    return stat.state == "Z" or (ticks is not None and stat.start_ticks != ticks)
+
+
+def _stored_report(record: JobRecord) -> FailureReport | None:
+    """The report a row keeps (a row written when a start failed has its kind and line only)."""
+    if record.report and record.report.get("kind"):
+        return FailureReport.from_dict(record.report)
+    if record.state == "done":
+        return None
+    kind = record.kind or ("cancelled" if record.state == "cancelled" else "never_started")
+    return FailureReport(
+        kind=kind,
+        phase="not started",
+        evidence=(record.summary or "it ended before it started",),
+        remedy=REMEDIES.get(kind, ""),
+        logs={},
+        job_id=record.id,
+    )
 
 
 def _clean_end(outcome: Outcome) -> bool:

@@ -208,6 +208,17 @@ class WorkerError(TypedDict, total=False):
     pickler_version: str
 
 
+class FailedItems(TypedDict, total=False):
+    """``items_failed.json`` of a map's chunk (``gpuctl.jobs._chunk``): of its ``items``,
+    ``count`` failed; ``failed`` names the first ones (their arguments, shortened), ``first``
+    is the first one's exception line."""
+
+    items: int
+    count: int
+    failed: list[str]
+    first: str
+
+
 class ResultInfo(TypedDict, total=False):
     """``result_info.json``: written once the result is saved."""
 
@@ -252,6 +263,16 @@ class Handle(TypedDict, total=False):
     split: str
 
 
+class QueuedBy(TypedDict, total=False):
+    """The process that is to start a job not started yet (it writes its folder, or holds it
+    in the ``JobQueue`` of a capped map): its ``pid`` on ``host``, and its start time in clock
+    ticks since boot (``start_ticks``: a pid reused by another process is told apart)."""
+
+    pid: int
+    host: str
+    start_ticks: int
+
+
 class BackendInfo(TypedDict, total=False):
     """``Backend.describe()``, kept in the job store to rebuild the backend after a restart
     (plus the job's ``handle`` once it started). Records of older versions lack newer keys;
@@ -267,6 +288,7 @@ class BackendInfo(TypedDict, total=False):
     sbatch_args: list[str]
     slurm_env: dict[str, str]
     handle: Handle
+    queued_by: QueuedBy
 
 
 class FinalState(TypedDict, total=False):

@@ -12,7 +12,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +38,29 @@ STATES = (
     "cancelled",
 )
 FINAL_STATES = ("done", "failed", "cancelled")
+
+# What a row's state may become: the one place it is enforced is ``JobStore.update`` (in the same
+# transaction that reads the row). A final state is final: nothing brings a job that ended back
+# to life, so a later look that knows less (a job that never started reads as "pending") cannot
+# undo it; writing the same final state again (a fresher report) is allowed. Nothing goes back to
+# "preparing", and a job seen running is not "submitted" again ("pending" is: Slurm requeued it).
+_AHEAD = frozenset(FINAL_STATES)
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "preparing": _AHEAD | {"submitted", "pending"},
+    "submitted": _AHEAD | {"pending", "running", "unreachable"},
+    "pending": _AHEAD | {"submitted", "running", "unreachable"},
+    "running": _AHEAD | {"pending", "unreachable"},
+    "unreachable": _AHEAD | {"submitted", "pending", "running"},
+    "done": frozenset(),
+    "failed": frozenset(),
+    "cancelled": frozenset(),
+}
+
+
+def allowed(old: str, new: str) -> bool:
+    """True when a row in state ``old`` may be written as ``new`` (the same state always may)."""
+    return old == new or new in TRANSITIONS.get(old, frozenset())
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -127,6 +150,10 @@ class StoreError(Exception):
     """The job store cannot be read or written; the message is one line saying what to do."""
 
 
+class JobNotFound(LookupError):
+    """No job has this id or id prefix, or several do; ``str`` is one line that says which."""
+
+
 class JobStore:
     """SQLite-backed list of jobs; safe to share between threads of one process.
 
@@ -206,10 +233,16 @@ class JobStore:
         with self._db() as db:
             db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
 
-    def update(self, job_id: str, **values: Unpack[JobUpdate]) -> None:
-        """Set columns of one job (``backend``, ``report`` and ``heartbeat`` stored as JSON)."""
+    def update(
+        self, job_id: str, *, only_from: Sequence[str] = STATES, **values: Unpack[JobUpdate]
+    ) -> bool:
+        """Set columns of one job (``backend``, ``report`` and ``heartbeat`` stored as JSON).
+
+        An update that sets ``state`` is applied only when ``TRANSITIONS`` allows the row's
+        state to become it, and the row is in one of ``only_from``; else none of it is (False):
+        what ended stays as it ended. True when applied (also for a row that is not there)."""
         if not values:
-            return
+            return True
         cols = []
         args: list[object] = []
         for k, v in values.items():
@@ -217,8 +250,17 @@ class JobStore:
                 raise ValueError(f"unknown column {k}")
             cols.append(f"{k} = ?")
             args.append(json.dumps(v) if k in _JSON_COLUMNS and v is not None else v)
+        where: list[object] = [job_id]
+        sql = f"UPDATE jobs SET {', '.join(cols)} WHERE id = ?"
+        new = values.get("state")
+        if new is not None:  # one statement: no other writer comes between the look and the write
+            old = [s for s in STATES if s in only_from and allowed(s, new)]
+            sql += f" AND state IN ({', '.join('?' * len(old))})"
+            where += old
         with self._db() as db:
-            db.execute(f"UPDATE jobs SET {', '.join(cols)} WHERE id = ?", (*args, job_id))
+            if db.execute(sql, (*args, *where)).rowcount or new is None:
+                return True
+            return db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job with this id, or with this unique id prefix; None when there is none."""
@@ -234,6 +276,26 @@ class JobStore:
         if len(rows) != 1:
             return None
         return _record(dict(zip(names, rows[0], strict=True)))
+
+    def find(self, job_id: str) -> JobRecord:
+        """The job with this id or unique id prefix; ``JobNotFound`` (one line naming the
+        candidates of an ambiguous prefix) otherwise."""
+        rec = self.get(job_id) if job_id else None
+        if rec is not None:
+            return rec
+        with self._db() as db:
+            query = "FROM jobs WHERE substr(id, 1, ?) = ?"
+            (count,) = db.execute(f"SELECT COUNT(*) {query}", (len(job_id), job_id)).fetchone()
+            same = [
+                r[0][:12]
+                for r in db.execute(f"SELECT id {query} ORDER BY id LIMIT 4", (len(job_id), job_id))
+            ]
+        if count > 1:
+            shown = ", ".join(same) + (", ..." if count > len(same) else "")
+            raise JobNotFound(
+                f"job id {job_id!r} is ambiguous ({count} jobs: {shown}): give more of it"
+            )
+        raise JobNotFound(f"no job {job_id!r}: see gpuctl jobs for the ids")
 
     def list(self, limit: int = 100) -> list[JobRecord]:
         """Newest first."""

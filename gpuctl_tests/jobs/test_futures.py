@@ -67,9 +67,12 @@ def test_wait_first_exception_and_done_callbacks(make_executor: Any) -> None:
     assert isinstance(bad.exception(), ValueError)
     wait_until(slow.running, 60, "the slow job to run")
     assert slow.cancel()
-    with pytest.raises(JobFailed):
+    with pytest.raises(concurrent.futures.CancelledError) as info:  # as any cancelled Future's
         slow.result(60)
-    assert slow.cancelled()
+    assert slow.cancelled() and isinstance(info.value, JobFailed)
+    assert info.value.report is slow.report() and slow.report().kind == "cancelled"  # type: ignore[union-attr]
+    with pytest.raises(concurrent.futures.CancelledError):
+        slow.exception()
 
 
 def test_asyncio_wrap_future_awaits_a_job(make_executor: Any) -> None:
