@@ -43,6 +43,11 @@ class ReplayApp(GpuctlApp):
             "simulated", all(link.kind == "simulated" for link in replayer.links.values())
         )
         super().__init__(replayer.fleet(), **kwargs)
+        # "? help  q quit" last, as on every screen: after the replay's keys, not among them
+        # (bindings merge in the order of the base class's keys)
+        keys = self._bindings.key_to_bindings
+        for key in [k for k, found in keys.items() if any(b.id in ("help", "quit") for b in found)]:
+            keys[key] = keys.pop(key)
         self.replayer = replayer
         self.background.append(replayer.play)
 
