@@ -642,15 +642,22 @@ class GpuctlApp(App[int]):
         return ", ".join(self.get_key_display(Binding(k.strip(), "")) for k in key.split(","))
 
     def help_rows(self) -> list[HelpRow]:
+        """Every binding once: the same key doing the same in two places is one row that
+        names both (``GPU list, heatmap``)."""
         rows: list[HelpRow] = []
-        seen: set[tuple[str, str]] = set()
+        at: dict[tuple[str, str, str], int] = {}
         for where, bindings in self._binding_sources():
             for b in bindings:
-                if not isinstance(b, Binding) or b.id is None or (b.id, where) in seen:
+                if not isinstance(b, Binding) or b.id is None:
                     continue
-                seen.add((b.id, where))
+                key = self.key_display(b.id, b.key)
                 what = b.tooltip or b.description  # the footer's word can be short
-                rows.append((self.key_display(b.id, b.key), what, b.id, where))
+                i = at.get((b.id, key, what))
+                if i is None:
+                    at[(b.id, key, what)] = len(rows)
+                    rows.append((key, what, b.id, where))
+                elif where not in rows[i][3].split(", "):
+                    rows[i] = (*rows[i][:3], f"{rows[i][3]}, {where}")
         return rows
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:

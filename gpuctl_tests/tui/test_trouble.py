@@ -13,13 +13,14 @@ import pytest
 from rich.segment import Segment
 from textual.color import Color
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Label
+from textual.widgets import DataTable, Label, Static
 
 from gpuctl.core.model import NodeSnapshot
 from gpuctl.fleet.record import RecordingReader, Replayer
 from gpuctl.tui import GpuctlApp
 from gpuctl.tui.replay import ReplayApp
 from gpuctl.tui.screens.detail import DetailScreen
+from gpuctl.tui.screens.help import HelpScreen
 from gpuctl.tui.screens.processes import ProcessScreen
 from gpuctl_tests.fleet.test_record import recording  # noqa: F401  (a fixture)
 from gpuctl_tests.tui.conftest import replay_app, settle
@@ -286,3 +287,28 @@ async def test_the_replay_footer_ends_with_help_and_quit(
         await until(pilot, lambda: footer_items(app), "the footer")
         names = assert_fits(app, "replay")
         assert "pause replay" in names
+
+
+# -- help -------------------------------------------------------------------------------------
+async def test_help_says_esc_closes_it_lists_each_key_once_and_has_a_legend(
+    tmp_path: Path,
+) -> None:
+    app = replay_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        rows = app.help_rows()
+        same = [(key, what, bid) for key, what, bid, _ in rows]
+        assert len(same) == len(set(same)), sorted(same)
+        assert ("↑", "up", "cursor_up", "GPU list, heatmap") in rows
+        assert ("n", "next GPU in trouble", "next_problem", "GPU list, heatmap") in rows
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        assert "esc" in str(app.screen.query_one("#help-title", Static).content)
+        table = app.screen.query_one(DataTable)
+        keys = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        for badge in ("LOST", "XID", "ECC", "THERM", "PWRCAP", "BURN", "T", "P", "red"):
+            assert badge in keys, badge
+        await pilot.press("end")
+        assert table.cursor_row == table.row_count - 1 and table.scroll_x == 0
+        await pilot.press("escape")
+        assert app.screen is app.overview

@@ -113,7 +113,14 @@ class OverviewScreen(Screen[None]):
         Binding("enter", "detail", "detail", show=False, id="detail"),
         Binding("m", "heatmap", "map", id="heatmap"),
         Binding("slash", "filter", "filter", id="filter"),
-        Binding("escape", "escape", "back", show=False, id="escape"),
+        Binding(
+            "escape",
+            "escape",
+            "back",
+            show=False,
+            id="escape",
+            tooltip="close or clear the filter; leave the map",
+        ),
     ]
 
     def __init__(

@@ -729,7 +729,7 @@ def node_trouble(s: NodeSnapshot, xid_gpus: set[int]) -> list[str]:
     for g in s.gpus:
         for badge in gpu_badges(g, g.index in xid_gpus):
             counts[badge] = counts.get(badge, 0) + 1
-    first = ("LOST", "XID", "ECC", "REMAP")
+    first = ("LOST", "XID", "ECC", "REMAP", "HWSLOW", "PWRBRAKE", "HWTHERM", "THERM")
     order = sorted(counts, key=lambda b: (first.index(b) if b in first else len(first), b))
     return [f"{b}×{counts[b]}" for b in order]
 
