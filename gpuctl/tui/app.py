@@ -53,6 +53,7 @@ from gpuctl.tui.screens.overview import OverviewScreen
 from gpuctl.tui.screens.processes import ProcessScreen
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.themes import DEFAULT_THEME, ThemeMemory, load_themes
+from gpuctl.tui.view import TROUBLE_TITLES
 from gpuctl.tui.widgets.heatmap import Heatmap
 from gpuctl.tui.widgets.overview import NodeList
 from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
@@ -668,6 +669,14 @@ class GpuctlApp(App[int]):
                     _title(b.description), f"key {b.key}", partial(self.run_action, b.action)
                 )
         if screen is self.overview:
+            # the header's counts, each a filter (as a click on it): from the keyboard too
+            for kind, n in self.store.trouble().items():
+                if n:
+                    yield SystemCommand(
+                        f"Show trouble: {TROUBLE_TITLES[kind]} ({n})",
+                        f"filter the list by {kind!r}; Esc clears it",
+                        partial(self.overview.action_trouble, kind),
+                    )
             for b in OverviewScreen.BINDINGS:
                 if isinstance(b, Binding) and b.show:
                     yield SystemCommand(

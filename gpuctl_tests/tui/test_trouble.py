@@ -143,7 +143,9 @@ async def test_the_header_counts_trouble_and_each_count_filters(tmp_path: Path) 
         await pilot.pause()
         assert app.store.filter.empty and len(shown_gpus(app)) == 6
         assert "unfilter" not in [what for what, _, _ in footer_items(app)]
-        app.overview.action_trouble("down")
+        # from the keyboard: the palette offers each count
+        commands = {c.title: c for c in app.get_system_commands(app.overview)}
+        commands["Show trouble: down (2)"].callback()
         await pilot.pause()
         assert {n for n, _ in shown_gpus(app)} == {"gpu-b02"}
         assert any(ln.node == "gpu-c03" for ln in app.overview.nodes.lines)
