@@ -95,16 +95,6 @@ def trouble_content(counts: dict[str, int]) -> Content:
     return Content("  ").join(parts)
 
 
-# The filter word each header count stands for (the filter language's own words).
-TROUBLE_FILTERS = {
-    "lost": "lost",
-    "xid": "xid",
-    "ecc": "ecc",
-    "down": "down",
-    "slowdown": "slowdown",
-}
-
-
 class OverviewScreen(Screen[None]):
     """The main screen: header, the GPUs / jobs / acceptance panes, the filter line, the footer."""
 
@@ -168,9 +158,9 @@ class OverviewScreen(Screen[None]):
         yield Footer(compact=True, show_command_palette=False)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """The GPU list's keys (detail, map, filter, a header count) work, and the footer
-        offers them, on the GPUs pane only."""
-        if action in ("detail", "heatmap", "filter", "trouble") and self.ready:
+        """The GPU list's keys (detail, map, filter) work, and the footer offers them, on the
+        GPUs pane only."""
+        if action in ("detail", "heatmap", "filter") and self.ready:
             return self.current_pane() == "gpus"
         return True
 
@@ -290,10 +280,14 @@ class OverviewScreen(Screen[None]):
             self.nodes.focus()
 
     def action_trouble(self, kind: str) -> None:
-        """A header count chosen: filter the list by that problem (Esc clears it)."""
-        word = TROUBLE_FILTERS.get(kind)
-        if word is not None:
-            self.set_filter(word)
+        """A header count chosen: the GPUs pane, filtered by that problem (its name is the
+        filter language's word for it; Esc clears it)."""
+        if kind not in PROBLEMS:
+            return
+        to_pane = getattr(self.app, "action_pane", None)
+        if self.current_pane() != "gpus" and to_pane is not None:
+            to_pane("gpus")
+        self.set_filter(kind)
 
     def set_filter(self, text: str) -> None:
         """Filter the list by ``text`` as if typed after ``/`` (the box stays closed)."""
