@@ -43,6 +43,7 @@ from gpuctl.fleet import control
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.record import Recorder, new_recording_path
 from gpuctl.jobs.store import JobStore
+from gpuctl.tui.keys import offer
 from gpuctl.tui.messages import AcceptProgress, FleetChanged
 from gpuctl.tui.screens.accept_report import AcceptReportScreen
 from gpuctl.tui.screens.confirm import ConfirmScreen
@@ -52,6 +53,7 @@ from gpuctl.tui.screens.overview import OverviewScreen
 from gpuctl.tui.screens.processes import ProcessScreen
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.themes import DEFAULT_THEME, ThemeMemory, load_themes
+from gpuctl.tui.view import TROUBLE_TITLES
 from gpuctl.tui.widgets.heatmap import Heatmap
 from gpuctl.tui.widgets.overview import NodeList
 from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
@@ -64,6 +66,8 @@ OTHERS_SHOWN = 4  # GPUs named one by one when S asks about other users' process
 # Keys that change nodes: in read-only mode they stay (and say why they refuse) but the footer
 # does not offer them.
 MUTATING_KEYS = ("stress_gpu", "stress_node", "stress_cluster", "accept")
+# Actions on the selected GPU or node (``check_action``): offered only where there is one.
+SELECTION_KEYS = ("stress_gpu", "stress_node", "accept", "processes")
 
 log = logging.getLogger("gpuctl.tui")
 
@@ -82,7 +86,8 @@ class GpuctlApp(App[int]):
         Binding("S", "stress_node", "stress node", id="stress_node", group=STRESS),
         # B and r are in help and the palette, not the footer: it must fit 80 columns.
         Binding("B", "stress_cluster", "stress all", id="stress_cluster", show=False),
-        Binding("a", "accept", "accept", id="accept"),
+        # "a accept" is in the acceptance pane's footer (action_pane), not the list's: 80 columns
+        Binding("a", "accept", "accept", id="accept", show=False),
         Binding("r", "reconnect", "reconnect", id="reconnect", show=False),
         Binding("p", "processes", "procs", id="processes"),
         Binding("t", "next_theme", "theme", id="theme", show=False),
@@ -158,6 +163,20 @@ class GpuctlApp(App[int]):
 
     def get_default_screen(self) -> Screen[Any]:
         return self.overview
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Keys that act on the selected GPU or node work (and the footer offers them) where
+        one is selected: the GPU list and the heatmap, the detail screen, and for ``a`` the
+        acceptance pane's matrix too."""
+        if action in SELECTION_KEYS:
+            screen = self.screen_stack[-1] if self.screen_stack else None
+            if isinstance(screen, DetailScreen):
+                return True
+            if screen is self.overview:
+                pane = self.overview.current_pane()
+                return pane == "gpus" or (action == "accept" and pane == "accept")
+            return False
+        return True
 
     # -- start and stop -----------------------------------------------------------------------
     async def on_mount(self) -> None:
@@ -556,6 +575,7 @@ class GpuctlApp(App[int]):
         while self.screen is not self.overview and len(self.screen_stack) > 1:
             self.pop_screen()
         self.overview.show_pane(pane)
+        offer(self, "accept", pane == "accept" and not self.read_only)
 
     def action_next_theme(self) -> None:
         names = self.gpuctl_themes or [self.theme]
@@ -623,14 +643,22 @@ class GpuctlApp(App[int]):
         return ", ".join(self.get_key_display(Binding(k.strip(), "")) for k in key.split(","))
 
     def help_rows(self) -> list[HelpRow]:
+        """Every binding once: the same key doing the same in two places is one row that
+        names both (``GPU list, heatmap``)."""
         rows: list[HelpRow] = []
-        seen: set[tuple[str, str]] = set()
+        at: dict[tuple[str, str, str], int] = {}
         for where, bindings in self._binding_sources():
             for b in bindings:
-                if not isinstance(b, Binding) or b.id is None or (b.id, where) in seen:
+                if not isinstance(b, Binding) or b.id is None:
                     continue
-                seen.add((b.id, where))
-                rows.append((self.key_display(b.id, b.key), b.description, b.id, where))
+                key = self.key_display(b.id, b.key)
+                what = b.tooltip or b.description  # the footer's word can be short
+                i = at.get((b.id, key, what))
+                if i is None:
+                    at[(b.id, key, what)] = len(rows)
+                    rows.append((key, what, b.id, where))
+                elif where not in rows[i][3].split(", "):
+                    rows[i] = (*rows[i][:3], f"{rows[i][3]}, {where}")
         return rows
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
@@ -641,6 +669,14 @@ class GpuctlApp(App[int]):
                     _title(b.description), f"key {b.key}", partial(self.run_action, b.action)
                 )
         if screen is self.overview:
+            # the header's counts, each a filter (as a click on it): from the keyboard too
+            for kind, n in self.store.trouble().items():
+                if n:
+                    yield SystemCommand(
+                        f"Show trouble: {TROUBLE_TITLES[kind]} ({n})",
+                        f"filter the list by {kind!r}; Esc clears it",
+                        partial(self.overview.action_trouble, kind),
+                    )
             for b in OverviewScreen.BINDINGS:
                 if isinstance(b, Binding) and b.show:
                     yield SystemCommand(

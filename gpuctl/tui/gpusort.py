@@ -3,18 +3,21 @@
 Within a node its GPUs go by the metric; the nodes go by their best GPU, so the hottest (or
 most idle, ...) GPU of the cluster is on top. A GPU that cannot report the metric (lost, or a
 field its driver lacks) goes last, and so does a node with no such GPU; ties keep the fleet's
-order.
+order. "Trouble first" goes by ``view.TROUBLE``: lost, XID, ECC/remap, down or stale node,
+thermal/hardware slowdown, power cap, then the GPUs without trouble.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
+from gpuctl.tui.view import NO_TROUBLE, TROUBLE, gpu_trouble, node_is_down
 from gpuctl.tui.view import _gpu_metric as gpu_metric
 
 # key, title shown in the column header and the notification, the column it sorts, descending
 SORTS: tuple[tuple[str, str, str, bool], ...] = (
+    ("trouble", "trouble first", "flags", True),
     ("hot", "hottest", "temp", True),
     ("busy", "busiest", "util", True),
     ("idle", "most idle", "util", False),
@@ -22,6 +25,13 @@ SORTS: tuple[tuple[str, str, str, bool], ...] = (
     ("power", "most power", "power", True),
 )
 SORT_BY_KEY = {s[0]: s for s in SORTS}
+DOWN_RANK = TROUBLE.index("down")
+
+XidsOf = Callable[[str], set[int]]  # node -> the GPUs an XID was seen on
+
+
+def _no_xids(_node: str) -> set[int]:
+    return set()
 
 
 def next_sort(current: str | None) -> str | None:
@@ -45,17 +55,37 @@ def _rank(value: float | None, descending: bool) -> tuple[int, float]:
     return (0, -value if descending else value)
 
 
-def order_gpus(snap: NodeSnapshot, positions: Iterable[int], sort: str) -> list[int]:
-    """``positions`` (indexes into ``snap.gpus``) in the order of ``sort``."""
+def _trouble_rank(snap: NodeSnapshot, g: GpuSample, xids: set[int]) -> tuple[int, float]:
+    rank = gpu_trouble(g, g.index in xids)
+    if node_is_down(snap):
+        rank = min(rank, DOWN_RANK)
+    return (0, float(rank)) if rank < NO_TROUBLE else (1, 0.0)
+
+
+def order_gpus(
+    snap: NodeSnapshot, positions: Iterable[int], sort: str, xids: set[int] | None = None
+) -> list[int]:
+    """``positions`` (indexes into ``snap.gpus``) in the order of ``sort`` (``xids``: the
+    node's GPUs an XID was seen on, for "trouble first")."""
     _, _, column, descending = SORT_BY_KEY[sort]
+    if sort == "trouble":
+        seen = xids or set()
+        return sorted(positions, key=lambda i: _trouble_rank(snap, snap.gpus[i], seen))
     return sorted(positions, key=lambda i: _rank(metric(snap.gpus[i], column), descending))
 
 
-def order_nodes(snaps: Sequence[NodeSnapshot], sort: str) -> list[str]:
-    """Node names by their best GPU under ``sort`` (live and stale nodes first)."""
+def order_nodes(snaps: Sequence[NodeSnapshot], sort: str, xids_of: XidsOf = _no_xids) -> list[str]:
+    """Node names by their best GPU under ``sort`` (live and stale nodes first; for "trouble
+    first" a down node ranks as its trouble)."""
     _, _, column, descending = SORT_BY_KEY[sort]
 
     def best(s: NodeSnapshot) -> tuple[int, float]:
+        if sort == "trouble":
+            xids = xids_of(s.name)
+            ranks = [_trouble_rank(s, g, xids) for g in s.gpus]
+            if node_is_down(s):
+                ranks.append((0, float(DOWN_RANK)))
+            return min(ranks, default=(1, 0.0))
         if s.state not in (NodeState.LIVE, NodeState.STALE):
             return (2, 0.0)
         ranks = [_rank(metric(g, column), descending) for g in s.gpus]

@@ -17,13 +17,30 @@ SHOW_EVERY_S = 0.25
 class ReplayApp(GpuctlApp):
     """``GpuctlApp`` over ``replayer``'s fleet; the replay plays as a background worker."""
 
+    SEEK = Binding.Group("±10s")
     BINDINGS: ClassVar[list[BindingType]] = [
         *GpuctlApp.BINDINGS,
-        Binding("space", "replay_pause", "pause replay", id="replay_pause"),
+        # "␣ pause  [ ] ±10s": the footer keeps "? help  q quit" in 80 columns
+        Binding(
+            "space",
+            "replay_pause",
+            "pause",
+            id="replay_pause",
+            key_display="␣",
+            tooltip="pause or resume the replay",
+        ),
         Binding("comma", "replay_step(-1)", "back 1 s", id="replay_back_1s", show=False),
         Binding("full_stop", "replay_step(1)", "on 1 s", id="replay_on_1s", show=False),
-        Binding("left_square_bracket", "replay_step(-10)", "back 10 s", id="replay_back_10s"),
-        Binding("right_square_bracket", "replay_step(10)", "on 10 s", id="replay_on_10s"),
+        Binding(
+            "left_square_bracket",
+            "replay_step(-10)",
+            "back 10 s",
+            id="replay_back_10s",
+            group=SEEK,
+        ),
+        Binding(
+            "right_square_bracket", "replay_step(10)", "on 10 s", id="replay_on_10s", group=SEEK
+        ),
         Binding(
             "left_curly_bracket", "replay_step(-60)", "back 1 min", id="replay_back_1m", show=False
         ),
@@ -43,6 +60,11 @@ class ReplayApp(GpuctlApp):
             "simulated", all(link.kind == "simulated" for link in replayer.links.values())
         )
         super().__init__(replayer.fleet(), **kwargs)
+        # "? help  q quit" last, as on every screen: after the replay's keys, not among them
+        # (bindings merge in the order of the base class's keys)
+        keys = self._bindings.key_to_bindings
+        for key in [k for k, found in keys.items() if any(b.id in ("help", "quit") for b in found)]:
+            keys[key] = keys.pop(key)
         self.replayer = replayer
         self.background.append(replayer.play)
 

@@ -21,6 +21,7 @@ from gpuctl.tui.view import (
     node_totals,
     parse_filter,
     short_model,
+    trouble_counts,
 )
 
 BURN_ENDED = ("done", "failed")
@@ -41,6 +42,7 @@ class FleetStore:
         self.xids: set[tuple[str, int]] = set()
         self.filter: NodeFilter = parse_filter("")
         self._totals: dict[str, tuple[int, NodeTotals]] = {}
+        self._trouble: dict[str, tuple[int, dict[str, int]]] = {}
         self._burn_ended: dict[tuple[str, int], float] = {}  # when a burn was seen finished
 
     # -- writes (the app) ---------------------------------------------------------------------
@@ -73,6 +75,29 @@ class FleetStore:
             cached = (v, node_totals(s))
             self._totals[s.name] = cached
         return cached[1]
+
+    def xid_gpus(self, name: str) -> set[int]:
+        """The GPUs of node ``name`` an XID was seen on."""
+        return {i for n, i in self.xids if n == name}
+
+    def node_trouble(self, name: str) -> dict[str, int]:
+        """``view.trouble_counts`` of a node, kept until its next snapshot (an XID comes with
+        one: the app offers the node's snapshot after every event)."""
+        v = self.version.get(name, 0)
+        cached = self._trouble.get(name)
+        if cached is None or cached[0] != v:
+            cached = (v, trouble_counts(self.snaps[name], self.xid_gpus(name)))
+            self._trouble[name] = cached
+        return cached[1]
+
+    def trouble(self) -> dict[str, int]:
+        """The header's counts over the cluster: lost GPUs, GPUs with an XID, with ECC or
+        row-remap trouble, down (unreachable or stale) nodes, GPUs slowed down."""
+        total: dict[str, int] = {}
+        for name in self.order:
+            for kind, n in self.node_trouble(name).items():
+                total[kind] = total.get(kind, 0) + n
+        return total
 
     def node_totals(self, name: str) -> NodeTotals:
         return self._node_totals(self.snaps[name])

@@ -109,6 +109,72 @@ def gpu_badges(g: GpuSample, xid_seen: bool) -> list[str]:
     return out
 
 
+# -- trouble ------------------------------------------------------------------------------------
+# What is wrong, worst first: the header counts these, ``n`` / ``N`` jump between them, the
+# "trouble first" order sorts by them. Power capping is last and is no problem: a busy GPU at
+# its power limit is normal (it is neither counted nor jumped to).
+TROUBLE = ("lost", "xid", "ecc", "down", "slowdown", "pwrcap")
+TROUBLE_TITLES = {
+    "lost": "lost",
+    "xid": "XID",
+    "ecc": "ECC",
+    "down": "down",
+    "slowdown": "slow",
+    "pwrcap": "pwrcap",
+}
+PROBLEMS = TROUBLE[:-1]  # what counts as trouble; power capping does not
+NO_TROUBLE = len(TROUBLE)
+SLOWDOWN_REASONS = frozenset({"sw_thermal", "hw_thermal", "hw_slowdown", "hw_power_brake"})
+POWER_CAP_REASONS = frozenset({"sw_power_cap"})
+
+
+def gpu_problems(g: GpuSample, xid: bool) -> list[str]:
+    """A GPU's troubles (``TROUBLE`` words), worst first (a lost GPU reports nothing else). A
+    down or stale node is its node's trouble (``node_is_down``), not its GPUs'."""
+    out = ["xid"] if xid else []
+    if g.lost:
+        return ["lost", *out]
+    flags = gpu_flags(g)
+    if "ECC" in flags or "REMAP" in flags:
+        out.append("ecc")
+    if SLOWDOWN_REASONS.intersection(flags):
+        out.append("slowdown")
+    if POWER_CAP_REASONS.intersection(flags):
+        out.append("pwrcap")
+    return out
+
+
+def gpu_trouble(g: GpuSample, xid: bool) -> int:
+    """A GPU's worst trouble as an index into ``TROUBLE`` (``NO_TROUBLE``: none)."""
+    problems = gpu_problems(g, xid)
+    return TROUBLE.index(problems[0]) if problems else NO_TROUBLE
+
+
+def node_is_down(s: NodeSnapshot) -> bool:
+    """Unreachable or stale: its GPUs are not being watched right now."""
+    return s.state in (NodeState.UNREACHABLE, NodeState.STALE)
+
+
+def trouble_counts(s: NodeSnapshot, xid_gpus: set[int]) -> dict[str, int]:
+    """How many of a node's GPUs have each problem (``PROBLEMS``; ``down`` counts the node);
+    a GPU with two problems counts under both, as the filter of each finds it."""
+    counts = dict.fromkeys(PROBLEMS, 0)
+    if node_is_down(s):
+        counts["down"] = 1
+    for g in s.gpus:
+        for kind in gpu_problems(g, g.index in xid_gpus):
+            if kind in counts:
+                counts[kind] += 1
+    return counts
+
+
+def is_problem(s: NodeSnapshot, g: GpuSample | None, xid: bool) -> bool:
+    """Whether ``n`` stops at this GPU (``None``: the node as a whole)."""
+    if node_is_down(s):
+        return True
+    return g is not None and gpu_trouble(g, xid) < TROUBLE.index("pwrcap")
+
+
 def node_age_text(s: NodeSnapshot, now: float) -> str:
     """The state for people: live, "stale 12s", "unreachable: <reason>", connecting."""
     if s.state is NodeState.STALE:
@@ -185,7 +251,19 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 }
 _THRESHOLD = re.compile(r"^([a-z_]+)\s*(>=|<=|!=|==|>|<|=)\s*(-?\d+(?:\.\d+)?)$")
 STATE_WORDS = {s.value for s in NodeState} | {"down"}
-GPU_WORDS = {"lost", "throttle", "throttling", "xid", "burning", "idle", "busy"}
+GPU_WORDS = {
+    "lost",
+    "throttle",
+    "throttling",
+    "xid",
+    "burning",
+    "idle",
+    "busy",
+    "ecc",
+    "slowdown",
+    "pwrcap",
+    "trouble",
+}
 FILTER_METRICS = {"util", "mem", "temp", "power", "clock", "mem_gib"}
 
 
@@ -229,9 +307,10 @@ class NodeFilter:
     """A parsed ``/`` filter: every term must hold (AND).
 
     Terms: a state word (live, stale, unreachable, connecting, down), a GPU word (lost, throttle,
-    xid, burning, idle, busy), a threshold ``metric op number`` (util, mem [%], mem_gib, temp
-    [°C], power [W], clock [MHz]) or any other text, matched against the node name and the GPU
-    model. A node with no GPU rows matches only if no GPU term is present.
+    xid, ecc [ECC or row-remap trouble], slowdown [thermal or hardware], pwrcap, trouble [any of
+    the header's counts], burning, idle, busy), a threshold ``metric op number`` (util, mem [%],
+    mem_gib, temp [°C], power [W], clock [MHz]) or any other text, matched against the node
+    name and the GPU model. A node with no GPU rows matches only if no GPU term is present.
     """
 
     text: str
@@ -318,6 +397,10 @@ def _gpu_word(word: str) -> GpuPredicate:
             return bool([x for x in gpu_flags(g) if x not in ("ECC", "REMAP", "LOST")])
         if word == "xid":
             return f.xid
+        if word in ("ecc", "slowdown", "pwrcap"):
+            return word in gpu_problems(g, f.xid)
+        if word == "trouble":
+            return is_problem(_s, g, f.xid)
         if word == "burning":
             return f.burning
         if word == "idle":

@@ -37,7 +37,7 @@ async def test_o_cycles_the_orders_and_marks_the_column(tmp_path: Path) -> None:
         assert fleet_order[:4] == [("gpu-a01", i) for i in range(4)]
         assert "TEMP " in titles(app) and "↓" not in titles(app)
         temps = {(n, g.index): g.temp for n, s in app.store.snaps.items() for g in s.gpus}
-        await pilot.press("o")  # hottest
+        await pilot.press("o", "o")  # trouble first, then hottest
         rows = gpu_rows(nodes)
         a01 = [r for r in rows if r[0] == "gpu-a01"]
         assert [temps[r] for r in a01] == sorted((temps[r] for r in a01), reverse=True)
@@ -90,7 +90,12 @@ def test_orders_put_unknowns_and_dead_nodes_last() -> None:
     assert order_nodes([down, lost, a, b], "hot") == ["b", "a", "d", "c"]
     assert order_gpus(a, range(3), "hot") == [1, 0, 2]
     assert order_gpus(a, range(3), "idle") == [0, 1, 2]  # the lost GPU last, not "0 %"
-    assert [next_sort(k) for k in (None, "hot", "power")] == ["hot", "busy", None]
+    assert [next_sort(k) for k in (None, "trouble", "hot", "power")] == [
+        "trouble",
+        "hot",
+        "busy",
+        None,
+    ]
 
 
 def test_column_titles_line_up_with_the_rows() -> None:

@@ -54,7 +54,7 @@ async def test_the_legend_names_the_scale_and_every_mark(tmp_path: Path) -> None
         assert legend.display
         text = legend.render().plain
         assert text.startswith(" utilization 0% ") and "100%" in text
-        for word in ("lost", "XID", "ECC", "burning", "throttled", "stale", "no data"):
+        for word in ("lost", "XID", "ECC", "burning", "slowdown", "power cap", "stale", "no data"):
             assert word in text
         await pilot.press("m", "m")
         assert legend.render().plain.startswith(" temperature 30°C ")
@@ -67,18 +67,28 @@ async def test_the_legend_names_the_scale_and_every_mark(tmp_path: Path) -> None
 
 
 def test_marks_most_urgent_first() -> None:
-    def mark(g: GpuSample, **kw: bool) -> tuple[str, bool]:
+    def mark(g: GpuSample, **kw: bool) -> tuple[str, str]:
         args = {"xid": False, "burning": False, "stale": False, "reading": True, **kw}
         return heat_mark(g, **args)
 
     ok = GpuSample(0, 0.0, util_gpu=50, throttle=("gpu_idle",))
-    assert mark(ok) == (CELL, False)
-    assert mark(ok, stale=True) == (" ·", False)
+    assert mark(ok) == (CELL, "mark")
+    assert mark(ok, stale=True) == (" ·", "mark")
     hot = GpuSample(0, 0.0, throttle=("sw_thermal",))
-    assert mark(hot) == ("T ", False)
-    assert mark(hot, burning=True) == ("B ", False)
+    assert mark(hot) == ("T ", "mark")
+    assert mark(hot, burning=True) == ("B ", "mark")
     ecc = GpuSample(0, 0.0, ecc={"volatile_uncorrected": 2}, throttle=("sw_thermal",))
-    assert mark(ecc, burning=True) == ("E ", True)
-    assert mark(ecc, xid=True) == ("X ", True)
-    assert mark(GpuSample(0, 0.0, lost=True), xid=True, stale=True) == ("✕·", True)
-    assert mark(GpuSample(0, 0.0), reading=False) == ("? ", False)
+    assert mark(ecc, burning=True) == ("E ", "alarm")
+    assert mark(ecc, xid=True) == ("X ", "alarm")
+    assert mark(GpuSample(0, 0.0, lost=True), xid=True, stale=True) == ("✕·", "alarm")
+    assert mark(GpuSample(0, 0.0), reading=False) == ("? ", "mark")
+
+
+def test_power_cap_is_its_own_quiet_mark_and_slowdown_outranks_it() -> None:
+    """At full load a GPU at its power cap is normal: ``P``, drawn quietly, not the ``T`` of a
+    thermal or hardware slowdown (issue 26: 150 ``T`` marks hid the one XID)."""
+    args = {"xid": False, "burning": False, "stale": False, "reading": True}
+    capped = GpuSample(0, 0.0, util_gpu=100, throttle=("sw_power_cap",))
+    assert heat_mark(capped, **args) == ("P ", "minor")
+    both = GpuSample(0, 0.0, util_gpu=100, throttle=("sw_power_cap", "hw_slowdown"))
+    assert heat_mark(both, **args) == ("T ", "mark")

@@ -228,7 +228,7 @@ def test_list_sorted_hottest_first(
 ) -> None:
     """``o``: the hottest GPU on top, its node first; the TEMP column marked."""
     app = replay_app(tmp_path)
-    assert snap_compare(app, terminal_size=size, run_before=prepare("o"))
+    assert snap_compare(app, terminal_size=size, run_before=prepare("o", "o"))  # trouble, hot
 
 
 @pytest.mark.slow

@@ -97,3 +97,26 @@ def test_filter_mistakes_are_one_line_errors(text: str) -> None:
     with pytest.raises(FilterError) as e:
         parse_filter(text)
     assert "\n" not in str(e.value) and str(e.value)
+
+
+def test_trouble_words_filter_what_the_header_counts() -> None:
+    from gpuctl.tui.view import trouble_counts
+
+    capped = gpu(0, util_gpu=100, throttle=("sw_power_cap",))
+    hot = gpu(1, throttle=("sw_thermal", "sw_power_cap"))
+    ecc = gpu(2, remapped_rows={"pending": 1})
+    lost = gpu(3, lost=True)
+    s = node("n", NodeState.LIVE, capped, hot, ecc, lost)
+
+    def matching(text: str, xids: frozenset[int] = frozenset()) -> list[int]:
+        f = parse_filter(text)
+        return [g.index for g in s.gpus if f.gpu_matches(s, g, GpuFacts(xid=g.index in xids))]
+
+    assert matching("slowdown") == [1]
+    assert matching("pwrcap") == [0, 1]
+    assert matching("ecc") == [2]
+    assert matching("trouble") == [1, 2, 3]  # a power cap is no trouble
+    assert matching("xid", frozenset({0})) == [0]
+    assert trouble_counts(s, {0}) == {"lost": 1, "xid": 1, "ecc": 1, "down": 0, "slowdown": 1}
+    stale = node("m", NodeState.STALE, gpu(0))
+    assert trouble_counts(stale, set())["down"] == 1

@@ -230,7 +230,7 @@ class AcceptReportScreen(Screen[None]):
 
     def _verdict(self, verdict: str) -> Text:
         cls = VERDICT_CLASS.get(verdict)
-        return node_text(verdict, self.get_component_rich_style(cls) if cls else "")
+        return node_text(verdict, self.get_component_rich_style(cls, partial=True) if cls else "")
 
     @work(thread=True, exclusive=True, group="report-trends", exit_on_error=False)
     def load_trends(self, path: Path) -> None:
@@ -251,7 +251,7 @@ class AcceptReportScreen(Screen[None]):
 
     def _show_trends(self, trends: dict[str, str]) -> None:
         table = self.query_one("#report-figures", DataTable)
-        style = self.get_component_rich_style("acceptreport--trend")
+        style = self.get_component_rich_style("acceptreport--trend", partial=True)
         for row, spark in trends.items():
             table.update_cell(row, "trend", Text(spark, style=style))
 

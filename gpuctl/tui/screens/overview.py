@@ -10,15 +10,25 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Container, Horizontal
+from textual.content import Content, Span
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Input, Label, Static
 
 from gpuctl.core.model import NodeSnapshot, NodeState
+from gpuctl.tui.keys import offer
 from gpuctl.tui.messages import FleetChanged
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_text
-from gpuctl.tui.view import METRIC_TITLES, METRICS, FilterError, fmt_power, parse_filter
+from gpuctl.tui.view import (
+    METRIC_TITLES,
+    METRICS,
+    PROBLEMS,
+    TROUBLE_TITLES,
+    FilterError,
+    fmt_power,
+    parse_filter,
+)
 from gpuctl.tui.widgets.heatmap import HeatLegend, Heatmap
 from gpuctl.tui.widgets.overview import GpuColumns, NodeList
 from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
@@ -43,8 +53,17 @@ class ClusterHeader(Horizontal):
             yield Label(" SIMULATED ", id="mark-simulated", classes="marker")
         if self.read_only:
             yield Label(" READ-ONLY ", id="mark-read-only", classes="marker")
+        yield Label("", id="trouble")
         yield Label("", id="totals")
         yield Label("", id="filter-shown")
+
+    def show_trouble(self, counts: dict[str, int]) -> None:
+        """The problems counted, worst first, each a link that filters the list by it."""
+        label = self.query_one("#trouble", Label)
+        line = trouble_content(counts)
+        if label.content != line:
+            label.set_class(not counts_any(counts), "-none")
+            label.update(line)  # rare (a count changes): the relayout is affordable
 
     def show(self, totals: str, filter_text: str, matches: bool = True) -> None:
         t = self.query_one("#totals", Label)
@@ -59,14 +78,39 @@ class ClusterHeader(Horizontal):
             f.update(node_text(shown))  # what the user typed: text, not markup
 
 
+def counts_any(counts: dict[str, int]) -> bool:
+    return any(counts.get(k) for k in PROBLEMS)
+
+
+def trouble_content(counts: dict[str, int]) -> Content:
+    """``2 lost  1 XID  1 down``: each count links to ``screen.trouble(kind)`` (the filter of
+    that kind); ``no trouble`` when there is none."""
+    if not counts_any(counts):
+        return Content("no trouble")
+    parts = []
+    for k in PROBLEMS:
+        if counts.get(k):
+            text = f"{counts[k]} {TROUBLE_TITLES[k]}"
+            parts.append(Content(text, spans=[Span(0, len(text), f"@click=screen.trouble('{k}')")]))
+    return Content("  ").join(parts)
+
+
 class OverviewScreen(Screen[None]):
     """The main screen: header, the GPUs / jobs / acceptance panes, the filter line, the footer."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("enter", "detail", "detail", id="detail"),
+        # Enter opens the selected GPU as everywhere: in help, not the footer (80 columns)
+        Binding("enter", "detail", "detail", show=False, id="detail"),
         Binding("m", "heatmap", "map", id="heatmap"),
         Binding("slash", "filter", "filter", id="filter"),
-        Binding("escape", "escape", "back", show=False, id="escape"),
+        Binding(
+            "escape",
+            "escape",
+            "back",
+            show=False,
+            id="escape",
+            tooltip="close or clear the filter; leave the map",
+        ),
     ]
 
     def __init__(
@@ -112,6 +156,13 @@ class OverviewScreen(Screen[None]):
             placeholder="filter: name, state (live stale down), temp>80 util<5 …", id="filter"
         )
         yield Footer(compact=True, show_command_palette=False)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The GPU list's keys (detail, map, filter) work, and the footer offers them, on the
+        GPUs pane only."""
+        if action in ("detail", "heatmap", "filter") and self.ready:
+            return self.current_pane() == "gpus"
+        return True
 
     def on_mount(self) -> None:
         self.query_one(Heatmap).display = False
@@ -164,20 +215,21 @@ class OverviewScreen(Screen[None]):
             return
         t = self.store.totals()
         util = "-" if t.util_mean is None else f"{t.util_mean:.0f}%"
-        stale = sum(1 for s in self.store.snaps.values() if s.state is NodeState.STALE)
-        down = sum(1 for s in self.store.snaps.values() if s.state is NodeState.UNREACHABLE)
-        extra = (f"  {stale} stale" if stale else "") + (f"  {down} down" if down else "")
+        # stale and unreachable nodes are counted among the trouble ("down")
         text = (
-            f"nodes {t.live}/{t.nodes} live{extra}   GPUs {t.gpus}   util {util}   "
+            f"nodes {t.live}/{t.nodes} live   GPUs {t.gpus}   util {util}   "
             f"power {fmt_power(t.power)}"
         )
         f = self.store.filter
         matches = f.empty or self.store.any_match()
-        self.query_one(ClusterHeader).show(text, f.text.strip(), matches)
+        header = self.query_one(ClusterHeader)
+        header.show_trouble(self.store.trouble())
+        header.show(text, f.text.strip(), matches)
 
     def show_pane(self, pane: str) -> None:
         """Switch to pane ``gpus``, ``jobs`` or ``accept`` and focus it."""
         self.query_one(ContentSwitcher).current = f"pane-{pane}"
+        self.refresh_bindings()  # the footer offers each pane's keys
         if pane == "gpus":
             self.active_view().focus()
         elif pane == "jobs":
@@ -227,17 +279,37 @@ class OverviewScreen(Screen[None]):
                 self.nodes.select(*sel)
             self.nodes.focus()
 
+    def action_trouble(self, kind: str) -> None:
+        """A header count chosen: the GPUs pane, filtered by that problem (its name is the
+        filter language's word for it; Esc clears it)."""
+        if kind not in PROBLEMS:
+            return
+        to_pane = getattr(self.app, "action_pane", None)
+        if self.current_pane() != "gpus" and to_pane is not None:
+            to_pane("gpus")
+        self.set_filter(kind)
+
+    def set_filter(self, text: str) -> None:
+        """Filter the list by ``text`` as if typed after ``/`` (the box stays closed)."""
+        box = self.query_one("#filter", Input)
+        box.value = text  # Input.Changed applies it (filter_changed)
+
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
         box.display = True
         box.focus()
 
     def action_escape(self) -> None:
+        """Close the filter box (clearing it), else clear a kept filter, else leave the
+        heatmap."""
         box = self.query_one("#filter", Input)
         if box.display:
             box.value = ""
             box.display = False
             self.active_view().focus()
+            return
+        if box.value:
+            box.value = ""
             return
         if self.mode != "list":
             self.mode = METRICS[-1]
@@ -258,6 +330,13 @@ class OverviewScreen(Screen[None]):
         self.store.filter = f
         self.active_view().rebuild()
         self.call_later(self.update_header)
+        self._offer_clear(not f.empty)
+
+    def _offer_clear(self, on: bool) -> None:
+        """While a filter is kept the footer offers ``esc unfilter`` in place of ``/ filter``:
+        it says the list is filtered, and how to undo that (``/`` still edits it)."""
+        offer(self, "escape", on, "unfilter" if on else "back")
+        offer(self, "filter", not on)
 
     @on(Input.Submitted, "#filter")
     def filter_done(self, event: Input.Submitted) -> None:

@@ -40,14 +40,17 @@ SIGNAL_NAMES = {"TERM": "SIGTERM", "KILL": "SIGKILL"}
 class ProcessScreen(Screen[None]):
     """Every GPU process of ``node`` (of GPU ``gpu`` only, when given)."""
 
+    # "o O sort", "k K kill": groups keep the footer, ? help and q quit in 80 columns
+    SORT_KEYS = Binding.Group("sort")
+    SIGNAL_KEYS = Binding.Group("kill")
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "back", id="procs_back"),
-        Binding("o", "sort", "sort", id="procs_sort"),
-        Binding("O", "reverse", "reverse", id="procs_reverse"),
+        Binding("o", "sort", "sort", id="procs_sort", group=SORT_KEYS),
+        Binding("O", "reverse", "reverse", id="procs_reverse", group=SORT_KEYS),
         Binding("T", "tree", "tree", id="procs_tree"),
         Binding("g", "scope", "GPU/node", id="procs_scope"),
-        Binding("k", "signal('TERM')", "SIGTERM", id="procs_term"),
-        Binding("K", "signal('KILL')", "SIGKILL", id="procs_kill"),
+        Binding("k", "signal('TERM')", "SIGTERM", id="procs_term", group=SIGNAL_KEYS),
+        Binding("K", "signal('KILL')", "SIGKILL", id="procs_kill", group=SIGNAL_KEYS),
     ]
 
     def __init__(

@@ -273,7 +273,7 @@ class AcceptPane(Vertical):
     def _cell(self, value: str) -> Text:
         label = LABELS.get(value, value)
         cls = VERDICT_CLASS.get(value)
-        style = self.get_component_rich_style(cls) if cls else ""
+        style = self.get_component_rich_style(cls, partial=True) if cls else ""
         return node_text(label, style, limit=CELL_LIMIT)  # verdicts come from the node
 
     def _cells(self, node: str, row: NodeRow) -> dict[str, Text]:
@@ -283,11 +283,14 @@ class AcceptPane(Vertical):
         verdict = self._cell(row.verdict)
         if row.degradations:
             verdict.append(
-                f" ↓{len(row.degradations)}", self.get_component_rich_style(VERDICT_CLASS["WARN"])
+                f" ↓{len(row.degradations)}",
+                self.get_component_rich_style(VERDICT_CLASS["WARN"], partial=True),
             )
         cells["verdict"] = verdict
         cells["when"] = Text(self._when(row))
-        cells["trend"] = node_text(row.trend, self.get_component_rich_style("acceptpane--trend"))
+        cells["trend"] = node_text(
+            row.trend, self.get_component_rich_style("acceptpane--trend", partial=True)
+        )
         return cells
 
     def _put(self, node: str, row: NodeRow) -> None:

@@ -20,7 +20,17 @@ from gpuctl.core.model import GpuSample, NodeState
 from gpuctl.tui.messages import GpuSelected
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str
-from gpuctl.tui.view import HEAT_LEVELS, METRIC_TITLES, METRICS, heat_level, metric_fraction
+from gpuctl.tui.view import (
+    HEAT_LEVELS,
+    METRIC_TITLES,
+    METRICS,
+    POWER_CAP_REASONS,
+    SLOWDOWN_REASONS,
+    heat_level,
+    is_problem,
+    metric_fraction,
+    node_is_down,
+)
 
 CELL = "  "
 GAP = 2
@@ -38,6 +48,8 @@ class Heatmap(ScrollView, can_focus=True):
         "heatmap--stale",
         "heatmap--down",
         "heatmap--cursor",
+        "heatmap--cursor-label",
+        "heatmap--minor",
     }
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -45,6 +57,16 @@ class Heatmap(ScrollView, can_focus=True):
         Binding("down", "move(0,1)", "down", show=False, id="cursor_down"),
         Binding("left", "move(-1,0)", "left", show=False, id="cursor_left"),
         Binding("right", "move(1,0)", "right", show=False, id="cursor_right"),
+        # the footer says "n trouble" (80 columns); help and the palette the tooltip
+        Binding("n", "problem(1)", "trouble", id="next_problem", tooltip="next GPU in trouble"),
+        Binding(
+            "N",
+            "problem(-1)",
+            "previous trouble",
+            show=False,
+            id="prev_problem",
+            tooltip="previous GPU in trouble",
+        ),
     ]
 
     class Selected(GpuSelected):
@@ -136,6 +158,30 @@ class Heatmap(ScrollView, can_focus=True):
         if sel is not None:
             self.post_message(self.Selected(*sel))
 
+    def action_problem(self, step: int) -> None:
+        """The next (``step`` 1) or previous (-1) GPU in trouble (or down node), in reading
+        order, round the end."""
+        cells = [(ni, gi) for ni, n in enumerate(self.names) for gi in range(self._cells_of(n))]
+        if not cells:
+            return
+        here = cells.index(self.cursor) if self.cursor in cells else 0
+        for k in range(1, len(cells) + 1):  # a key press, not a frame
+            ni, gi = cells[(here + step * k) % len(cells)]
+            snap = self.store.snaps[self.names[ni]]
+            g = snap.gpus[gi] if gi < len(snap.gpus) else None
+            if gi and node_is_down(snap):
+                continue  # a down node is one problem: its first cell
+            if is_problem(snap, g, g is not None and (snap.name, g.index) in self.store.xids):
+                self.cursor = (ni, gi)
+                self.action_move(0, 0)
+                self.refresh()
+                return
+        self.notify("no trouble on the map", timeout=3)
+
+    def _cells_of(self, name: str) -> int:
+        """Cells of a node the cursor can stand on (one for a node without GPUs)."""
+        return max(1, len(self.store.snaps[name].gpus))
+
     def scroll_to_region_row(self, row: int) -> None:
         top = int(self.scroll_offset.y)
         if row < top:
@@ -175,10 +221,12 @@ class Heatmap(ScrollView, can_focus=True):
         heat = [st(f"heatmap--heat-{i}") for i in range(HEAT_LEVELS)]
         none = st("heatmap--none")
         cursor = st("heatmap--cursor")
+        cursor_label = st("heatmap--cursor-label")
         # partial: a mark's colour over the cell's own background, not the widget's
         mark_styles = {
-            False: st("heatmap--mark", partial=True),
-            True: st("heatmap--alarm", partial=True),
+            "mark": st("heatmap--mark", partial=True),
+            "alarm": st("heatmap--alarm", partial=True),
+            "minor": st("heatmap--minor", partial=True),
         }
         blank = Style()
         segs: list[Segment] = []
@@ -191,7 +239,10 @@ class Heatmap(ScrollView, can_focus=True):
                 NodeState.CONNECTING: "heatmap--stale",
             }.get(snap.state, "heatmap--label")
             shown = node_str(name)[-self.label_w :]  # names can come from Slurm
-            segs.append(Segment(f"{shown:>{self.label_w}} ", st(label)))
+            # the selected cell's node label stands out as the list's selected row does
+            label_style = cursor_label if ni == self.cursor[0] else st(label)
+            segs.append(Segment(f"{shown:>{self.label_w}}", label_style))
+            segs.append(Segment(" "))
             has_data = snap.state in (NodeState.LIVE, NodeState.STALE)  # stale: last colours
             stale = snap.state is NodeState.STALE
             # Neighbouring cells of one colour become one segment: fewer segments, less work
@@ -204,7 +255,7 @@ class Heatmap(ScrollView, can_focus=True):
                     style = none if lv is None else heat[lv]
                     text = CELL
                     if has_data:
-                        text, alarm = heat_mark(
+                        text, kind = heat_mark(
                             g,
                             xid=(name, g.index) in self.store.xids,
                             burning=self.store.is_burning(snap, g.index),
@@ -212,7 +263,7 @@ class Heatmap(ScrollView, can_focus=True):
                             reading=lv is not None,
                         )
                         if text != CELL:
-                            style = style + mark_styles[alarm]
+                            style = style + mark_styles[kind]
                 else:
                     style, text = blank, " " * len(CELL)
                 if (ni, gi) == self.cursor:
@@ -247,11 +298,13 @@ MARKS: tuple[tuple[str, str], ...] = (
     ("X", "XID"),
     ("E", "ECC/remap"),
     ("B", "burning"),
-    ("T", "throttled"),
+    ("T", "slowdown"),  # thermal or hardware
+    ("P", "power cap"),
     ("·", "stale"),
     ("?", "no reading"),
 )
 ALARMS = {"✕", "X", "E"}
+MINOR = {"P"}  # normal at full load: drawn quietly, never as an alarm
 SCALES = {
     "util": ("0%", "100%"),
     "mem": ("0%", "100% used"),
@@ -262,10 +315,11 @@ SCALES = {
 
 def heat_mark(
     g: GpuSample, *, xid: bool, burning: bool, stale: bool, reading: bool
-) -> tuple[str, bool]:
-    """The two characters of a GPU's cell (``CELL`` when nothing is to say) and whether they
-    are an alarm: its most urgent state (lost, XID seen, ECC or row-remap trouble, burning,
-    throttled, no reading of the metric), then ``·`` when its node is stale."""
+) -> tuple[str, str]:
+    """The two characters of a GPU's cell (``CELL`` when nothing is to say) and how to draw
+    them ("alarm", "mark" or "minor"): its most urgent state (lost, XID seen, ECC or row-remap
+    trouble, burning, thermal or hardware slowdown, power cap, no reading of the metric), then
+    ``·`` when its node is stale."""
     flags = gpu_flags(g)
     if g.lost:
         first = "✕"
@@ -275,13 +329,16 @@ def heat_mark(
         first = "E"
     elif burning:
         first = "B"
-    elif any(f not in ("ECC", "REMAP") for f in flags):
+    elif SLOWDOWN_REASONS.intersection(flags):
         first = "T"
+    elif POWER_CAP_REASONS.intersection(flags):
+        first = "P"
     elif not reading:
         first = "?"
     else:
         first = " "
-    return first + ("·" if stale else " "), first in ALARMS
+    kind = "alarm" if first in ALARMS else "minor" if first in MINOR else "mark"
+    return first + ("·" if stale else " "), kind
 
 
 class HeatLegend(Widget):
@@ -303,7 +360,8 @@ class HeatLegend(Widget):
         line.append("  ", st("heatmap--none"))
         line.append(" no data  ")
         for mark, meaning in MARKS:
-            style = st("heatmap--alarm" if mark in ALARMS else "heatmap--mark", partial=True)
+            kind = "alarm" if mark in ALARMS else "minor" if mark in MINOR else "mark"
+            style = st(f"heatmap--{kind}", partial=True)
             line.append(mark, style)
             line.append(f" {meaning}  ")
         return line

@@ -244,7 +244,7 @@ class JobsPane(Vertical):
 
     def _state_cell(self, state: str) -> Text:
         cls = STATE_STYLES.get(state)
-        return node_text(state, self.get_component_rich_style(cls) if cls else "")
+        return node_text(state, self.get_component_rich_style(cls, partial=True) if cls else "")
 
     def _row(self, r: JobRecord) -> tuple[str, str, str, str, str, str]:
         """The row's cells as printable strings (names and summaries come from jobs)."""

@@ -9,6 +9,7 @@ update repaints only that node's lines. Colours come from component classes styl
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable
 from typing import ClassVar, NamedTuple
 
@@ -35,15 +36,20 @@ from gpuctl.tui.view import (
     fmt_gib_pair,
     fmt_power,
     gpu_badges,
+    is_problem,
     level,
     mem_fraction,
     node_age_text,
+    node_is_down,
     power_fraction,
     sparkline,
 )
 
 SPARK_WIDTH = 12
 BAR_WIDTH = 8
+# A sorted list re-sorts this often (and on ``o`` or a filter): rows do not move under the
+# cursor with every sample, and between re-sorts no sample costs a sort.
+RESORT_S = 5.0
 
 
 class RowLayout(NamedTuple):
@@ -67,6 +73,18 @@ def row_layout(width: int) -> RowLayout:
     return RowLayout(10, 0, 0, False)
 
 
+# A badge's colour: faults in the alarm colour, slowdowns as a warning, the rest (a power cap,
+# sync boost) quiet.
+BADGE_CLASSES = {
+    "LOST": "nodelist--badge",
+    "XID": "nodelist--badge",
+    "ECC": "nodelist--badge",
+    "REMAP": "nodelist--badge",
+    "THERM": "nodelist--slow",
+    "HWTHERM": "nodelist--slow",
+    "HWSLOW": "nodelist--slow",
+    "PWRBRAKE": "nodelist--slow",
+}
 LEVEL_CLASSES = ("nodelist--ok", "nodelist--warm", "nodelist--hot")
 STATE_CLASSES = {
     NodeState.LIVE: "nodelist--live",
@@ -103,6 +121,8 @@ class NodeList(ScrollView, can_focus=True):
         "nodelist--burn",
         "nodelist--spark",
         "nodelist--cursor",
+        "nodelist--util",
+        "nodelist--slow",
     }
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -114,6 +134,16 @@ class NodeList(ScrollView, can_focus=True):
         Binding("pagedown", "page(1)", "page down", show=False, id="page_down"),
         Binding("home", "edge(-1)", "first", show=False, id="cursor_home"),
         Binding("end", "edge(1)", "last", show=False, id="cursor_end"),
+        # the footer says "n trouble" (80 columns); help and the palette the tooltip
+        Binding("n", "problem(1)", "trouble", id="next_problem", tooltip="next GPU in trouble"),
+        Binding(
+            "N",
+            "problem(-1)",
+            "previous trouble",
+            show=False,
+            id="prev_problem",
+            tooltip="previous GPU in trouble",
+        ),
         Binding("o", "sort", "sort GPUs", show=False, id="gpu_sort"),
         Binding("v", "compact", "one line per node", show=False, id="compact"),
     ]
@@ -134,6 +164,12 @@ class NodeList(ScrollView, can_focus=True):
         self.compact = False  # one line per node
         self.node_order: list[str] = []  # the nodes in the order shown
         self.per_gpu_w = PER_GPU_W  # compact: the width of the per-GPU bars
+        # A sort holds still between re-sorts: the order of the nodes and of each one's GPUs
+        # (positions in its ``gpus``) when last sorted, and when that was (monotonic).
+        self.resort_s = RESORT_S
+        self._sorted_at = 0.0
+        self._sorted_nodes: dict[str, int] = {}
+        self._sorted_rows: dict[str, dict[int, int]] = {}
 
     # -- layout -------------------------------------------------------------------------------
     def _block_rows(self, name: str) -> tuple[int, ...] | None:
@@ -142,13 +178,37 @@ class NodeList(ScrollView, can_focus=True):
         if shown is None:
             return None
         if self.sort is not None and not self.compact:
-            shown = order_gpus(snap, shown, self.sort)
+            held = self._sorted_rows.get(name)
+            if held is None:
+                shown = order_gpus(snap, shown, self.sort, self.store.xid_gpus(name))
+                self._sorted_rows[name] = {p: i for i, p in enumerate(shown)}
+            else:
+                shown = sorted(shown, key=lambda p: held.get(p, len(held)))
         return tuple(shown)
 
     def _order(self) -> list[str]:
+        """The nodes as shown: the fleet's order, or the order of the last sort (a node that
+        came since then last)."""
         if self.sort is None:
             return list(self.store.order)
-        return order_nodes([self.store.snaps[n] for n in self.store.order], self.sort)
+        if not self._sorted_nodes:
+            self._resort()
+        held = self._sorted_nodes
+        return sorted(self.store.order, key=lambda n: held.get(n, len(held)))
+
+    def _resort(self) -> None:
+        """Sort again from the newest samples; ``_order`` and ``_block_rows`` hold it."""
+        self._sorted_at = time.monotonic()
+        self._sorted_rows = {}
+        if self.sort is None:
+            self._sorted_nodes = {}
+            return
+        snaps = [self.store.snaps[n] for n in self.store.order]
+        names = order_nodes(snaps, self.sort, self.store.xid_gpus)
+        self._sorted_nodes = {n: i for i, n in enumerate(names)}
+
+    def _resort_due(self) -> bool:
+        return self.sort is not None and time.monotonic() - self._sorted_at >= self.resort_s
 
     def _height(self, rows: tuple[int, ...]) -> int:
         """Lines of a shown node's block: one when compact, else header, rows (or a message)
@@ -190,8 +250,8 @@ class NodeList(ScrollView, can_focus=True):
         if not self.lines and not self.blocks:
             self.rebuild()
             return
-        if self.sort is not None and self._order() != self.node_order:
-            self.rebuild()
+        if self._resort_due():
+            self.resort_in_place()
             return
         for name in names:
             old = self.blocks.get(name)
@@ -207,6 +267,14 @@ class NodeList(ScrollView, can_focus=True):
             n = self._height(rows)
             if y0 < bottom and y0 + n > top:
                 self.refresh_lines(y0, n)
+
+    def resort_in_place(self) -> None:
+        """Sort again; the selected GPU stays selected, on the same line of the screen."""
+        row = self.cursor_y - int(self.scroll_offset.y)
+        self._resort()
+        self.rebuild()
+        if self.cursor is not None and self.lines:
+            self.scroll_to(y=max(0, self.cursor_y - row), animate=False, immediate=True)
 
     def refresh_stale_headers(self) -> None:
         """Ages tick every second for stale nodes: repaint just their header lines."""
@@ -305,11 +373,40 @@ class NodeList(ScrollView, can_focus=True):
             )
 
     def action_sort(self) -> None:
-        """The next order of the GPU list (hottest, busiest, most idle, most memory, most
-        power, then the fleet's own)."""
+        """The next order of the GPU list (trouble first, hottest, busiest, most idle, most
+        memory, most power, then the fleet's own); the view starts at its top."""
         self.sort = next_sort(self.sort)
+        self._resort()
         self.rebuild()
+        self.scroll_to(y=0, animate=False, immediate=True)
+        self._move_to(self._next_selectable(0, 1))
         self._columns_changed()  # the sorted column's title shows the order
+
+    def line_has_problem(self, line: Line) -> bool:
+        """Whether ``n`` stops on ``line``: its GPU's trouble, or its node's (compact)."""
+        if not self.selectable(line):
+            return False
+        snap = self.store.snaps[line.node]
+        if line.kind == "gpu":
+            g = next((x for x in snap.gpus if x.index == line.gpu), None)
+            return is_problem(snap, g, (line.node, line.gpu) in self.store.xids)
+        return is_problem(snap, None, False) or any(self.store.node_trouble(line.node).values())
+
+    def action_problem(self, step: int) -> None:
+        """The next (``step`` 1) or previous (-1) GPU in trouble, round the end of the list."""
+        if not self.lines:
+            return
+        n = len(self.lines)
+        for k in range(1, n + 1):  # a key press, not a frame: a walk over the lines is fine
+            y = (self.cursor_y + step * k) % n
+            line = self.lines[y]
+            first = self._next_selectable(self.blocks[line.node][0], 1) if line.node else y
+            if y != first and node_is_down(self.store.snaps[line.node]):
+                continue  # a down node is one problem: stop on its first line only
+            if self.line_has_problem(line):
+                self._move_to(y)
+                return
+        self.notify("no trouble in the list", timeout=3)
 
     def action_compact(self) -> None:
         """One line per node, or back to a row per GPU."""
@@ -383,10 +480,10 @@ class NodeList(ScrollView, can_focus=True):
         else:
             return Strip.blank(width, base)
         if ly == self.cursor_y and (line.node, line.gpu) == self.cursor:
-            cursor = self._style("nodelist--cursor")
-            if self.has_focus:
-                strip = strip.apply_style(cursor)
-            strip = Strip([Segment("▶", base + cursor), *strip.crop(1, width)])
+            # The whole row on the cursor's background, over every other colour in it.
+            cursor = Style(bgcolor=self._style("nodelist--cursor").bgcolor, bold=True)
+            marked = [Segment("▶", base), *strip.crop(1, width)]
+            strip = Strip(Segment.apply_style(marked, post_style=cursor), width)
         if self.on_paint is not None and line.node in self.painted:
             self.on_paint(line.node, self.painted.pop(line.node))
         return strip
@@ -463,18 +560,20 @@ class NodeList(ScrollView, can_focus=True):
 
         segs += [
             Segment(f"{t.gpus:>4} ", dim),
-            Segment(f"{util:>5} ", lvl(level(mean, 50, 90))),
+            Segment(f"{util:>5} ", dim if stale else st("nodelist--util")),
             Segment(f"{per_gpu} ", dim if stale else st("nodelist--spark")),
             Segment(f"{fmt_gib_pair(used, total):>9} ", dim if stale else Style()),
             Segment(f"{'-' if hot is None else f'{hot}°C':>6} ", lvl(level(hot, 75, 85))),
             Segment(f"{fmt_power(t.power):>7} ", dim if stale else Style()),
         ]
-        trouble = node_trouble(s, {i for n, i in self.store.xids if n == s.name})
+        trouble = node_trouble(s, self.store.xid_gpus(s.name))
         burning = sum(1 for g in s.gpus if self.store.is_burning(s, g.index))
         if burning:
             trouble.append(f"BURN×{burning}")
-        if trouble:
-            segs.append(Segment(" ".join(trouble), st("nodelist--badge")))
+        for item in trouble:
+            badge = item.partition("×")[0]
+            cls = "nodelist--burn" if badge == "BURN" else BADGE_CLASSES.get(badge, "nodelist--dim")
+            segs += [Segment(item, st(cls)), Segment(" ")]
         return segs
 
     def _msg_text(self, s: NodeSnapshot) -> str:
@@ -518,13 +617,13 @@ class NodeList(ScrollView, can_focus=True):
             return segs
         empty = st("nodelist--bar-empty")
         # utilization
-        ul = lvl(level(g.util_gpu, 50, 90))
+        ul = dim if stale else st("nodelist--util")  # busy is healthy: never the alarm colour
         filled, rest = bar(None if g.util_gpu is None else g.util_gpu / 100, layout.bar)
         pct = "-" if g.util_gpu is None else f"{g.util_gpu}%"
         segs += [Segment(filled, ul), Segment(rest, empty), Segment(f"{pct:>5}  ", ul)]
         # memory
         mf = mem_fraction(g)
-        ml = lvl(level(mf, 0.8, 0.95))
+        ml = lvl(min(1, level(mf, 0.8, 0.95)))  # a full memory is no fault
         filled, rest = bar(mf, layout.bar)
         segs += [
             Segment(filled, ml),
@@ -537,7 +636,7 @@ class NodeList(ScrollView, can_focus=True):
         pw = "-" if g.power is None else f"{g.power:.0f}"
         pl = "-" if g.power_limit is None else f"{g.power_limit:.0f}"
         segs.append(
-            Segment(f"{pw + '/' + pl + 'W':>9}  ", lvl(level(power_fraction(g), 0.8, 0.97)))
+            Segment(f"{pw + '/' + pl + 'W':>9}  ", lvl(min(1, level(power_fraction(g), 0.8, 0.97))))
         )
         if layout.clock:
             clock = "-" if g.sm_clock is None else f"{g.sm_clock}MHz"
@@ -549,9 +648,12 @@ class NodeList(ScrollView, can_focus=True):
             segs.append(Segment(spark + "  ", dim if stale else st("nodelist--spark")))
         # trouble, owner, burn
         badges = gpu_badges(g, (s.name, index) in self.store.xids)
+        for badge in badges:  # red for faults only: a power cap at full load is normal
+            cls = BADGE_CLASSES.get(badge, "nodelist--dim")
+            segs.append(Segment(node_str(badge, limit=TEXT_LIMIT), st(cls)))
+            segs.append(Segment(" "))
         if badges:
-            shown = node_str(" ".join(badges), limit=TEXT_LIMIT)
-            segs.append(Segment(shown + "  ", st("nodelist--badge")))
+            segs.append(Segment(" "))
         ann = s.annotations.get(index) or {}
         job, user = ann.get("slurm_job"), ann.get("slurm_user")
         if job or user:
@@ -627,7 +729,7 @@ def node_trouble(s: NodeSnapshot, xid_gpus: set[int]) -> list[str]:
     for g in s.gpus:
         for badge in gpu_badges(g, g.index in xid_gpus):
             counts[badge] = counts.get(badge, 0) + 1
-    first = ("LOST", "XID", "ECC", "REMAP")
+    first = ("LOST", "XID", "ECC", "REMAP", "HWSLOW", "PWRBRAKE", "HWTHERM", "THERM")
     order = sorted(counts, key=lambda b: (first.index(b) if b in first else len(first), b))
     return [f"{b}×{counts[b]}" for b in order]
 
@@ -647,7 +749,7 @@ def column_titles(width: int, sort: str | None, compact: bool, per_gpu: int = PE
         return (
             f" {'NODE':<{NAME_W}} {'STATE':<8}{'GPUS':>4} {t('UTIL', 'util'):>5} "
             f"{'PER GPU':<{per_gpu}} {t('MEMORY', 'mem'):>9} {t('MAX°C', 'temp'):>6} "
-            f"{t('POWER', 'power'):>7} TROUBLE"
+            f"{t('POWER', 'power'):>7} {t('TROUBLE', 'flags')}"
         )
     lay = row_layout(width)  # the same cells as the rows at this width
     # over a bar a title starts with it; without bars it stands over its right-aligned figure
@@ -658,7 +760,7 @@ def column_titles(width: int, sort: str | None, compact: bool, per_gpu: int = PE
         f"{t('POWER', 'power'):>9}  "
         + (f"{'SM CLK':>7}  " if lay.clock else "")
         + (f"{'RECENT':<{lay.spark}}  " if lay.spark else "")
-        + "FLAGS · JOB · USER · BURN · OWNERS"
+        + f"{t('FLAGS', 'flags')} · JOB · USER · BURN · OWNERS"
     )
 
 

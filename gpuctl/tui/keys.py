@@ -1,0 +1,25 @@
+"""Which keys the footer offers, changed while the app runs (a pane shown, a filter kept)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from textual.dom import DOMNode
+
+
+def offer(node: DOMNode, binding_id: str, shown: bool, description: str | None = None) -> None:
+    """Show (or hide) ``node``'s binding ``binding_id`` in the footer, under whatever key the
+    user mapped it to; its key works either way. ``description`` renames it."""
+    bindings = node._bindings.key_to_bindings
+    changed = False
+    for key, found in bindings.items():
+        if any(b.id == binding_id for b in found):
+            bindings[key] = [
+                replace(b, show=shown, description=description or b.description)
+                if b.id == binding_id
+                else b
+                for b in found
+            ]
+            changed = True
+    if changed:
+        node.refresh_bindings()
