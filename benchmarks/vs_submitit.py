@@ -4,11 +4,12 @@
 
 A small user project is written to a temporary folder (``train.py`` whose functions fail in
 the ways training code fails, beside its own ``model.py``) and imported from there with that
-folder as the working directory, as ``cd project && python run.py`` would. Each case is submitted to gpuctl's ``Executor("local")`` (VENV1: pyenv's
-3.6.15 when present, else this Python; VENV2: this Python) and to submitit's
-``LocalExecutor``; the script waits for each job's outcome and prints, per case, the seconds
-from submit to the answer and the answer's first line (gpuctl's failure kind, submitit's
-exception). Runs are one after the other (no two jobs at once), gpuctl first.
+folder as the working directory, as ``cd project && python run.py`` would. Each case is
+submitted to gpuctl's ``Executor("local")`` (VENV1: pyenv's 3.6.15 when present, else this
+Python; VENV2: this Python) and to submitit's ``LocalExecutor``; the script waits for each
+job's outcome and prints, per case, the seconds from submit to the answer and the answer's
+first line (gpuctl's failure kind, submitit's exception). Runs are one after the other (no two
+jobs at once), gpuctl first.
 
 Needs submitit (``pip install submitit``; not a dependency of gpuctl). Nothing here is timed
 by an assertion: the figures are for the README's table and depend on the machine.
