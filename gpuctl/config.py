@@ -943,6 +943,7 @@ EXAMPLES: dict[str, Any] = {
     "job_dir": "/shared/gpuctl-accept",
     "dir": "/shared/gpuctl-jobs",
     "env_root": "~/.cache/gpuctl/envs",
+    "max_payload": "4G",
 }
 
 

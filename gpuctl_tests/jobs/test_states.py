@@ -42,6 +42,12 @@ ALLOWED = {
 }
 
 
+def job_folders(root: Path) -> list[str]:
+    """The job folders under a job root; the caches jobs share (the user's shipped code,
+    runner folders, a map's shared part: content-addressed, kept like pip's cache) aside."""
+    return [p for p in os.listdir(root) if not p.startswith(("code-", "runner-", "shared"))]
+
+
 def _state(store: JobStore, job_id: str) -> str:
     rec = store.get(job_id)
     assert rec is not None
@@ -144,7 +150,7 @@ def test_jobs_an_interrupted_map_never_ran_stay_ended_and_are_purged(
     assert (rc, out.strip()) == (0, "[('ok', 'ran')]")
     rc, out, err = run(capsys, "jobs", "purge", "--older-than", "0")
     assert rc == 0 and "purged 3 job(s)" in out, err
-    assert store.list() == [] and os.listdir(tmp_path / "jobs") == []
+    assert store.list() == [] and job_folders(tmp_path / "jobs") == []
 
 
 def test_jobs_whose_submitter_was_killed_end_as_never_started_and_are_purged(
@@ -239,7 +245,7 @@ def test_stuck_rows_of_jobs_never_started_are_cancelled_and_purged(
     assert not (tmp_path / "jobs" / ("a" * 32)).exists()
     rc, out, err = run(capsys, "jobs", "purge", "--older-than", "0")
     assert rc == 0 and "purged 2 job(s)" in out, err
-    assert store.list() == [] and os.listdir(tmp_path / "jobs") == []
+    assert store.list() == [] and job_folders(tmp_path / "jobs") == []
 
 
 def test_a_job_cancelled_while_its_folder_was_written_is_stopped_as_it_starts(
@@ -295,4 +301,4 @@ def test_lost_jobs_are_cancelled_as_ended_and_purged(
     assert rc == 1 and "already ended (failed)" in err, err
     rc, out, err = run(capsys, "jobs", "purge", "--older-than", "0")
     assert rc == 0 and "purged 2 job(s)" in out, err
-    assert store.list() == [] and os.listdir(tmp_path / "jobs") == []
+    assert store.list() == [] and job_folders(tmp_path / "jobs") == []
