@@ -4,7 +4,23 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from textual.binding import Binding
 from textual.dom import DOMNode
+
+# n / N: the next and previous GPU in trouble, in the list, the compact view and the heatmap
+# (each calls its own ``action_problem``). The footer says "n trouble" (80 columns); help and
+# the palette show the tooltip.
+TROUBLE_KEYS = (
+    Binding("n", "problem(1)", "trouble", id="next_problem", tooltip="next GPU in trouble"),
+    Binding(
+        "N",
+        "problem(-1)",
+        "previous trouble",
+        show=False,
+        id="prev_problem",
+        tooltip="previous GPU in trouble",
+    ),
+)
 
 
 def offer(node: DOMNode, binding_id: str, shown: bool, description: str | None = None) -> None:

@@ -22,6 +22,19 @@ from gpuctl.node import supervisor
 from gpuctl.node.supervisor import UV_OWN, conda_create_argv
 from gpuctl_tests.jobs.wheels import make_wheel, wheel_of
 
+
+def building(spec: EnvSpec, venv1: str, tmp_path: Path, job_root: str) -> Executor:
+    """A local Executor that builds ``spec`` as VENV2 under the test's folder."""
+    return Executor(
+        "local",
+        supervisor_python=venv1,
+        env=spec,
+        env_root=str(tmp_path / "envs"),
+        job_root=job_root,
+        store=JobStore(),
+    )
+
+
 MARKER = b'WHERE = "the test\'s own wheelhouse"\n'
 
 
@@ -65,14 +78,7 @@ def test_requirements_file_built_by_uv_from_pips_package_source(
     req = tmp_path / "requirements.txt"
     req.write_text("# what train.py needs\ngpuctl-test-marker==1.0\n")
     spec = EnvSpec.from_requirements(req, methods=("uv",), base_python=sys.executable)
-    ex = Executor(
-        "local",
-        supervisor_python=venv1,
-        env=spec,
-        env_root=str(tmp_path / "envs"),
-        job_root=job_root,
-        store=JobStore(),
-    )
+    ex = building(spec, venv1, tmp_path, job_root)
     probe = ex.venv2()
     assert probe["method"] == "uv"
     assert probe["cloudpickle"] == cloudpickle.__version__
@@ -106,14 +112,7 @@ def test_a_cloudpickle_pin_missing_from_the_index_takes_the_same_minor_release(
     login = f"{major}.{minor}.99"
     monkeypatch.setattr(cloudpickle, "__version__", login)
     spec = EnvSpec(methods=("uv",), base_python=sys.executable)
-    ex = Executor(
-        "local",
-        supervisor_python=venv1,
-        env=spec,
-        env_root=str(tmp_path / "envs"),
-        job_root=job_root,
-        store=JobStore(),
-    )
+    ex = building(spec, venv1, tmp_path, job_root)
     heard: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = heard.append  # type: ignore[method-assign]
@@ -134,14 +133,7 @@ def test_a_cloudpickle_pin_missing_from_the_index_takes_the_same_minor_release(
     assert f"# cloudpickle=={login} is not on this node's package index" in log
     assert ex.submit(sum, [1, 2, 3]).result(60) == 6
     # built once: the next executor finds it ready, and hears the same note
-    again = Executor(
-        "local",
-        supervisor_python=venv1,
-        env=spec,
-        env_root=str(tmp_path / "envs"),
-        job_root=job_root,
-        store=JobStore(),
-    )
+    again = building(spec, venv1, tmp_path, job_root)
     assert again.venv2()["notes"] == [note]
 
 
@@ -200,14 +192,7 @@ def test_environment_yml_goes_to_the_conda_tool_the_node_has(
     yml.write_text("name: train\ndependencies:\n  - python=3.11\n  - pip\n")
     spec = EnvSpec.from_conda(yml)
     assert spec.methods == ("conda",)
-    ex = Executor(
-        "local",
-        supervisor_python=venv1,
-        env=spec,
-        env_root=str(tmp_path / "envs"),
-        job_root=job_root,
-        store=JobStore(),
-    )
+    ex = building(spec, venv1, tmp_path, job_root)
     probe = ex.venv2()
     assert probe["method"] == "micromamba"
     (call,) = [json.loads(line) for line in record.read_text().splitlines()]

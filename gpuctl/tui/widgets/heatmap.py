@@ -17,6 +17,7 @@ from textual.widget import Widget
 
 from gpuctl.core.format import gpu_flags
 from gpuctl.core.model import GpuSample, NodeState
+from gpuctl.tui.keys import TROUBLE_KEYS
 from gpuctl.tui.messages import GpuSelected
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str
@@ -57,16 +58,7 @@ class Heatmap(ScrollView, can_focus=True):
         Binding("down", "move(0,1)", "down", show=False, id="cursor_down"),
         Binding("left", "move(-1,0)", "left", show=False, id="cursor_left"),
         Binding("right", "move(1,0)", "right", show=False, id="cursor_right"),
-        # the footer says "n trouble" (80 columns); help and the palette the tooltip
-        Binding("n", "problem(1)", "trouble", id="next_problem", tooltip="next GPU in trouble"),
-        Binding(
-            "N",
-            "problem(-1)",
-            "previous trouble",
-            show=False,
-            id="prev_problem",
-            tooltip="previous GPU in trouble",
-        ),
+        *TROUBLE_KEYS,
     ]
 
     class Selected(GpuSelected):

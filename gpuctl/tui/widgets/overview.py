@@ -26,6 +26,7 @@ from textual.widget import Widget
 from gpuctl.core.format import counted, fmt_age, host_text, reader_text
 from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
 from gpuctl.tui.gpusort import SORT_BY_KEY, next_sort, order_gpus, order_nodes
+from gpuctl.tui.keys import TROUBLE_KEYS
 from gpuctl.tui.messages import GpuSelected
 from gpuctl.tui.procview import gpu_owners
 from gpuctl.tui.store import FleetStore
@@ -134,16 +135,7 @@ class NodeList(ScrollView, can_focus=True):
         Binding("pagedown", "page(1)", "page down", show=False, id="page_down"),
         Binding("home", "edge(-1)", "first", show=False, id="cursor_home"),
         Binding("end", "edge(1)", "last", show=False, id="cursor_end"),
-        # the footer says "n trouble" (80 columns); help and the palette the tooltip
-        Binding("n", "problem(1)", "trouble", id="next_problem", tooltip="next GPU in trouble"),
-        Binding(
-            "N",
-            "problem(-1)",
-            "previous trouble",
-            show=False,
-            id="prev_problem",
-            tooltip="previous GPU in trouble",
-        ),
+        *TROUBLE_KEYS,
         Binding("o", "sort", "sort GPUs", show=False, id="gpu_sort"),
         Binding("v", "compact", "one line per node", show=False, id="compact"),
     ]
