@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -37,7 +36,9 @@ def register(sub: Subcommands) -> None:
 def require_terminal() -> None:
     """The TUI needs a terminal on both ends (or a browser: ``gpuctl serve`` runs it with
     Textual's web driver); say so in one line rather than draw garbage."""
-    if "web_driver" in os.environ.get("TEXTUAL_DRIVER", ""):
+    from gpuctl.tui.serve import served
+
+    if served():
         from gpuctl.tui.serve import bind_session_to_server
 
         bind_session_to_server()

@@ -353,9 +353,10 @@ class GpuctlApp(App[int]):
     def refuse(self, what: str) -> bool:
         """True (after saying so) when ``what`` ("stress", "acceptance") may not run: the
         service decides, from the read-only mode this app was started in."""
-        error = service.refusal(
-            what, read_only=self.read_only, fleet=self.fleet, why=service.ANY_SOURCE
-        )
+        from gpuctl.tui.serve import SERVED_WHY, served
+
+        why = SERVED_WHY if served() else service.ANY_SOURCE  # the browser's own way out
+        error = service.refusal(what, read_only=self.read_only, fleet=self.fleet, why=why)
         if error is not None:
             self.notify(f"read-only: {error.what} is disabled ({error.why})", severity="warning")
         return error is not None

@@ -43,6 +43,14 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+SERVED_WHY = "this browser screen was started read-only: start it with gpuctl serve --allow-actions"
+
+
+def served() -> bool:
+    """True in a screen that ``gpuctl serve`` runs for a browser (Textual's web driver)."""
+    return "web_driver" in os.environ.get("TEXTUAL_DRIVER", "")
+
+
 def bind_session_to_server() -> None:
     """In a browser session's screen: end with the ``gpuctl serve`` that started it, even when
     that one is killed outright (a session would otherwise keep its fleet's links open with

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Label
 
@@ -183,6 +184,20 @@ async def test_read_only_refuses_mutating_keys(state_dir: Path) -> None:
         assert len(refused) == 4
         assert not isinstance(app.screen, ConfirmScreen)  # B did not even ask
         assert all(not s.annotations for s in app.store.snaps.values())
+
+
+async def test_read_only_in_the_browser_names_serves_flag(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A screen `gpuctl serve` runs for a browser is read-only because serve said so: the
+    refusal names serve's --allow-actions, not flags its user never typed."""
+    app = sim_app(state_dir, read_only=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await all_live(pilot)
+        monkeypatch.setenv("TEXTUAL_DRIVER", "textual_serve.web_driver:WebDriver")
+        await pilot.press("s")
+        (refused,) = [m for m in messages(app) if m.startswith("read-only:")]
+        assert "gpuctl serve --allow-actions" in refused and "GPUCTL_READ_ONLY" not in refused
 
 
 async def test_quit_asks_while_burning_and_stops(state_dir: Path) -> None:
