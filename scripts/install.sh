@@ -64,7 +64,7 @@ if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
     pip_outside=1
 fi
 
-say "installing gpuctl from $here (about 20 packages, no torch)"
+say "installing gpuctl from $here (about 35 packages, no torch)"
 if [ -n "$pip_outside" ]; then
     "$python" -m pip --python "$venv/bin/python" install --quiet --disable-pip-version-check --upgrade "$here"
 else
