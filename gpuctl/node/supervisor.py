@@ -1212,6 +1212,16 @@ def _truthy(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
+def other_tools_config_dirs(environ: Dict[str, str]) -> Tuple[str, str, List[str]]:
+    """Where the node's own tools (pip, uv: not gpuctl, whose files ``gpuctl.paths`` places)
+    read their configuration, by the XDG base directory rules: (home, the user's config
+    folder, the system's config folders)."""
+    home = environ.get("HOME") or os.path.expanduser("~")
+    config_home = environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":") if d]
+    return home, config_home, dirs
+
+
 def pip_config_files(environ: Dict[str, str], etc: str = "/etc") -> List[str]:
     """The configuration files ``pip install`` reads, in pip's order (a later one wins): the
     global ones, the user's (unless PIP_CONFIG_FILE names a file that exists), PIP_CONFIG_FILE;
@@ -1219,11 +1229,9 @@ def pip_config_files(environ: Dict[str, str], etc: str = "/etc") -> List[str]:
     named = environ.get("PIP_CONFIG_FILE")
     if named == os.devnull:
         return []
-    dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":") if d]
+    home, config_home, dirs = other_tools_config_dirs(environ)
     files = [os.path.join(d, "pip", "pip.conf") for d in dirs] + [os.path.join(etc, "pip.conf")]
     if not (named and os.path.exists(named)):
-        home = environ.get("HOME") or os.path.expanduser("~")
-        config_home = environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
         files += [os.path.join(home, ".pip", "pip.conf"),
                   os.path.join(config_home, "pip", "pip.conf")]
     if named:
@@ -1257,11 +1265,9 @@ def pip_settings(environ: Dict[str, str], etc: str = "/etc") -> Dict[str, str]:
 def uv_own_settings(environ: Dict[str, str], etc: str = "/etc") -> List[str]:
     """Where uv has index settings of its own (UV_* variables, a uv.toml): named, for the log."""
     found = [name for name in UV_OWN if environ.get(name)]
-    home = environ.get("HOME") or os.path.expanduser("~")
-    config_home = environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
-    dirs = [config_home] + [d for d in (environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":")
-                            if d] + [etc]
-    found += [p for p in (os.path.join(d, "uv", "uv.toml") for d in dirs) if os.path.exists(p)]
+    _, config_home, dirs = other_tools_config_dirs(environ)
+    places = [config_home] + dirs + [etc]
+    found += [p for p in (os.path.join(d, "uv", "uv.toml") for d in places) if os.path.exists(p)]
     return found
 
 
