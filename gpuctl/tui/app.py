@@ -667,7 +667,9 @@ class GpuctlApp(App[int]):
         for b in self.BINDINGS:
             if isinstance(b, Binding) and b.id not in ("quit",):
                 yield SystemCommand(
-                    _title(b.description), f"key {b.key}", partial(self.run_action, b.action)
+                    _title(b.description),
+                    f"key {self.key_display(b.id or '', b.key)}",
+                    partial(self.run_action, b.action),
                 )
         if screen is self.overview:
             # the header's counts, each a filter (as a click on it): from the keyboard too
@@ -682,7 +684,7 @@ class GpuctlApp(App[int]):
                 if isinstance(b, Binding) and b.show:
                     yield SystemCommand(
                         _title(b.description),
-                        f"key {b.key}",
+                        f"key {self.key_display(b.id or '', b.key)}",
                         partial(self.run_action, b.action, self.overview),
                     )
             current = self.overview.current_pane()
@@ -693,7 +695,7 @@ class GpuctlApp(App[int]):
                     if isinstance(b, Binding):
                         yield SystemCommand(
                             _title(b.description),
-                            f"key {self.keymap.get(b.id or '', b.key)}",
+                            f"key {self.key_display(b.id or '', b.key)}",
                             partial(self.run_action, b.action, pane),
                         )
 

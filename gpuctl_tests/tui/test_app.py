@@ -255,6 +255,10 @@ async def test_help_lists_every_binding_and_keys_remap(state_dir: Path) -> None:
         await pilot.press("escape")
         commands = {c.title for c in app.get_system_commands(app.overview)}
         assert {"Stress GPU", "Map", "Filter", "Reconnect", "Theme"} <= commands
+        # the palette names keys as the footer does: "/" and "?", not "slash", "question_mark"
+        helps = {c.title: c.help for c in app.get_system_commands(app.overview)}
+        assert helps["Filter"] == "key /" and helps["Help"] == "key ?"
+        assert not [h for h in helps.values() if "slash" in h or "question_mark" in h]
 
 
 async def test_jobs_pane_lists_the_job_store_in_place(state_dir: Path, tmp_path: Path) -> None:
