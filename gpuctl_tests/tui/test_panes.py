@@ -237,6 +237,29 @@ async def test_jobs_pane_says_why_a_damaged_store_lists_nothing(
         assert "↑↓ select" in str(note.render()) and table.row_count == 1
 
 
+async def test_jobs_pane_says_how_to_submit_when_empty_and_gives_the_summary_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    store = JobStore()
+    app = make_app(replay_fleet(), state_dir=tmp_path, job_store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        note = app.overview.query_one("#jobs-note", Static)
+        table = app.overview.query_one("#jobs-table", DataTable)
+        await until(pilot, lambda: "no jobs yet" in str(note.render()), "the empty state")
+        assert "gpuctl submit train.py:main" in str(note.render())
+        store.add(JobRecord("j-1", "train", "local", {}, str(tmp_path), "running", 1000.0))
+        app.overview.query_one(JobsPane).reload()
+        await until(pilot, lambda: table.row_count == 1, "the job")
+        assert "↑↓ select" in str(note.render())
+        why = "ValueError: the learning rate 3e-1 diverged at step 12"
+        store.update("j-1", state="failed", kind="user_exception", summary=why)
+        app.overview.query_one(JobsPane).reload()
+        await until(pilot, lambda: cell(table, "j-1", "summary") == why, "the summary")
+        assert table.columns["summary"].get_render_width(table) >= len(why)
+
+
 # -- acceptance ------------------------------------------------------------------------------
 def gpu_report(node: str, started: float, bf16: tuple[float, float]) -> dict[str, Any]:
     """A node report as the suite writes it (two H100s), with the given bf16 TFLOP/s."""

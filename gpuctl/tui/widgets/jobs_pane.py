@@ -45,6 +45,10 @@ COLUMN_WIDTHS = {"id": 12, "state": 9, "time": 8}
 CELL_LIMIT = 200  # characters of a cell: a summary can be a whole traceback
 LINE_LIMIT = 2000  # characters of one line of a failure report
 NOTE = "jobs (gpuctl submit / jobs / logs): ↑↓ select · c cancel"
+EMPTY_NOTE = (
+    "no jobs yet: gpuctl submit train.py:main --target NODE (or Executor(...).submit(fn) in "
+    "Python; README: Jobs) and they show here"
+)
 STATE_STYLES = {
     "done": "jobspane--done",
     "failed": "jobspane--failed",
@@ -264,14 +268,16 @@ class JobsPane(Vertical):
         if self.unavailable is not None and self.job_store is not None:  # readable again
             self.unavailable = None
             self.query_one("#jobs-note").remove_class("-unavailable")
-            self._note(NOTE)
+        if self.unavailable is None:
+            self._note(NOTE if records else EMPTY_NOTE)
         for r in records:
             row = self._row(r)
             if r.id in existing:
                 for col, value in zip(JOB_COLUMNS, row, strict=True):
                     if str(table.get_cell(r.id, col)) != value:
                         cell = self._state_cell(value) if col == "state" else Text(value)
-                        table.update_cell(r.id, col, cell, update_width=False)
+                        # the summary, last, takes the width it needs; the others stay put
+                        table.update_cell(r.id, col, cell, update_width=col == "summary")
             else:
                 cells = [
                     self._state_cell(v) if c == "state" else Text(v)
