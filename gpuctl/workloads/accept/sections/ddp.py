@@ -214,22 +214,7 @@ def run_allreduce(suite: "Suite") -> "dict[str, Any]":
         return _single_rank(suite)
     ranks, error, nproc = launch(suite)
     failures = []
-    out = {
-        "world_size": None,
-        "nnodes": suite.args.ddp_nnodes,
-        "local_procs": nproc,
-        "backend": None,
-        "numel": None,
-        "bytes": None,
-        "iters": None,
-        "algbw_gbps": None,
-        "busbw_gbps": None,
-        "ranks": [],
-        "topology": topology(nproc, suite.args.ddp_nnodes),
-        "sweep": _sweep(ranks),
-        "sweep_busbw_gbps": None,
-        "busbw_floor_gbps": None,
-    }
+    out = _allreduce_record(nproc, suite.args.ddp_nnodes, sweep=_sweep(ranks))
     if error:
         failures.append(f"ddp: {error}")
     for r in ranks:
@@ -299,14 +284,12 @@ def run_allreduce(suite: "Suite") -> "dict[str, Any]":
     return out
 
 
-def _single_rank(suite: "Suite") -> "dict[str, Any]":
-    """The ddp_allreduce section of a one-rank run: SKIP, no torchrun (ddp_train still runs)."""
-    return {
-        "verdict": "SKIP",
-        "summary": "1 rank: no all-reduce between ranks to check or time",
-        "world_size": 1,
-        "nnodes": 1,
-        "local_procs": 1,
+def _allreduce_record(nproc: int, nnodes: int, **values: Any) -> "dict[str, Any]":
+    """The ddp_allreduce section's fields, unknown (None) unless ``values`` give them."""
+    out = {
+        "world_size": None,
+        "nnodes": nnodes,
+        "local_procs": nproc,
         "backend": None,
         "numel": None,
         "bytes": None,
@@ -314,12 +297,25 @@ def _single_rank(suite: "Suite") -> "dict[str, Any]":
         "algbw_gbps": None,
         "busbw_gbps": None,
         "ranks": [],
-        "topology": topology(1, 1),
+        "topology": topology(nproc, nnodes),
         "sweep": None,
         "sweep_busbw_gbps": None,
         "busbw_floor_gbps": None,
-        "failures": [],
-    }
+    }  # type: dict[str, Any]
+    out.update(values)
+    return out
+
+
+def _single_rank(suite: "Suite") -> "dict[str, Any]":
+    """The ddp_allreduce section of a one-rank run: SKIP, no torchrun (ddp_train still runs)."""
+    return _allreduce_record(
+        1,
+        1,
+        world_size=1,
+        verdict="SKIP",
+        summary="1 rank: no all-reduce between ranks to check or time",
+        failures=[],
+    )
 
 
 def run_train(suite: "Suite") -> "dict[str, Any]":
