@@ -5,9 +5,11 @@ script's function is called ``train.py:main``."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,29 +37,38 @@ SOURCE = textwrap.dedent(
 )
 
 
-def _import(path: Path, name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
+@contextlib.contextmanager
+def users_module(tmp_path: Path, name: str, text: str) -> Iterator[tuple[Path, Any]]:
+    """``proj/NAME.py`` holding ``text``, imported from its file as a user's script imports
+    it: (its path, the module); out of sys.modules again afterwards."""
+    src = tmp_path / "proj" / f"{name}.py"
+    src.parent.mkdir(exist_ok=True)
+    src.write_text(text)
+    spec = importlib.util.spec_from_file_location(f"{name}_{tmp_path.name}", src)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield src, module
+    finally:
+        del sys.modules[spec.name]
+
+
+def as_on_another_node(src: Path, go: Path) -> None:
+    """The job's source file gone (only the shipped text can show its lines), then the job,
+    which waits for ``go``, goes on."""
+    src.unlink()
+    go.write_text("")
 
 
 def test_the_traceback_names_the_users_file_and_lines_where_the_node_has_no_such_file(
     make_executor: Any, tmp_path: Path
 ) -> None:
-    src = tmp_path / "proj" / "inventory_job.py"
-    src.parent.mkdir()
-    src.write_text(SOURCE)
-    module = _import(src, f"inventory_job_{tmp_path.name}")
     go = tmp_path / "go"
-    try:
+    with users_module(tmp_path, "inventory_job", SOURCE) as (src, module):
         job = make_executor().submit(module.main, str(go), "widgets")
-    finally:
-        del sys.modules[module.__name__]
-    src.unlink()  # as on a node that never had the file: only the shipped text can show it
-    go.write_text("")
+    as_on_another_node(src, go)
     with pytest.raises(ValueError, match="widgets: only 2 left") as info:
         job.result(60)
     cause = info.value.__cause__
@@ -107,19 +118,12 @@ MAP_SOURCE = textwrap.dedent(
 def test_a_maps_shared_function_shows_the_users_lines_too(
     make_executor: Any, tmp_path: Path
 ) -> None:
-    src = tmp_path / "proj" / "mapped_job.py"
-    src.parent.mkdir()
-    src.write_text(MAP_SOURCE)
-    module = _import(src, f"mapped_job_{tmp_path.name}")
     go = tmp_path / "go"
     ex = make_executor()
-    try:
+    with users_module(tmp_path, "mapped_job", MAP_SOURCE) as (src, module):
         results = ex.map(module.make(str(go)), [0, 1], chunksize=2)
-    finally:
-        del sys.modules[module.__name__]
     assert list(Path(ex.backend.host.expand(ex.backend.job_root), "shared").glob("*.pkl"))
-    src.unlink()
-    go.write_text("")
+    as_on_another_node(src, go)
     with pytest.raises(ValueError, match="item 1 of 2097152") as info:
         list(results)
     cause = info.value.__cause__
