@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -142,3 +143,35 @@ def test_a_read_only_agent_refuses_signal(
     reply = agent.read_until(lambda m: m.get("id") == 1)
     assert reply["code"] == "read_only"
     assert mine.poll() is None
+
+
+def test_parents_are_walked_again_when_the_pids_change_or_after_a_while(procs: Start) -> None:
+    """The ancestors' chain is kept for ``PARENTS_EVERY_S`` while the GPU pids stay the same
+    (walking it read 4-5 /proc files per sample), and walked again at once for other pids."""
+    from gpuctl.node.readers.procs import PARENTS_EVERY_S, ProcessNames
+
+    launcher = procs("sh", "-c", "sleep 306 & wait")
+    kid = wait_until(lambda: descendants(launcher.pid))[0]
+    try:
+        lone = procs("sleep", "307")
+        now = [1000.0]
+        names = ProcessNames(clock=lambda: now[0])
+        assert launcher.pid in {p["pid"] for p in names.parents([kid])}
+        names.forget_except([kid])
+        launcher.kill()  # the chain changes: the kid goes to a new parent
+        launcher.wait(10)
+        wait_until(lambda: read_ppid(kid) != launcher.pid)
+        now[0] += PARENTS_EVERY_S / 2  # the same pids, soon after: the chain as it was walked
+        assert launcher.pid in {p["pid"] for p in names.parents([kid])}
+        names.forget_except([kid])
+        # other pids: walked at once (the lone sleep's parent is this test's process)
+        assert {p["pid"] for p in names.parents([kid, lone.pid])} >= {os.getpid()}
+        names.forget_except([kid, lone.pid])
+        now[0] += PARENTS_EVERY_S  # and after a while, the same pids are walked again too
+        assert launcher.pid not in {p["pid"] for p in names.parents([kid])}
+    finally:  # orphaned by the kill: not among the processes the fixture ends
+        os.kill(kid, signal.SIGKILL)
+
+
+def read_ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
