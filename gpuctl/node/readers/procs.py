@@ -15,7 +15,7 @@ import os
 import pwd
 import signal
 import time
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from ..proc import CLOCK_TICKS, ProcStat, boot_time, read_stat
 
@@ -84,7 +84,7 @@ class ProcessNames(object):
         self._fields = {}  # type: Dict[int, Dict[str, Any]]  # this sample's host fields
         self._cpu = {}  # type: Dict[int, Tuple[int, int, float]]  # start, ticks, when
         # parents() of the last GPU pid set: (the set, when read, the rows)
-        self._parents = None  # type: Optional[Tuple[frozenset, float, List[Dict[str, Any]]]]
+        self._parents = None  # type: Optional[Tuple[FrozenSet[int], float, List[Dict[str, Any]]]]
         self._seen = set()  # type: Set[int]
 
     def identity(self, pid: int) -> Identity:
