@@ -24,7 +24,8 @@ only alternated runs compare.
 
 Usage: python benchmarks/tui_load.py [--nodes 512] [--gpus 8] [--minutes 5] [--mode list|heatmap]
                                      [--compare REV | --compare-loop] [--rounds K] [--json]
-                                     [--profile FILE]
+                                     [--profile FILE] [--cycle K]
+16,384 GPUs (issue 27): --nodes 2048 --cycle 10 (the feeder cannot simulate them live on a core).
 Without --nodes it runs the issue's set: 512x8 (4,096 GPUs) and 128x8 (1,024 GPUs).
 Targets (issue 15, over 30 minutes at 4,096 GPUs): < 25% of one core, sample->paint p95
 < 300 ms, RSS < 300 MB and flat over the last 20 minutes, quit < 1 s.
@@ -52,8 +53,16 @@ sys.path.insert(0, str(TREE))
 
 
 # -- feeder (child process) -----------------------------------------------------------------------
-def feeder(fds: list[int], gpus: int, interval: float) -> None:
-    """Write a hello, then one sample per node per interval, node i at phase i/N."""
+def feeder(fds: list[int], gpus: int, interval: float, cycle: int = 0) -> None:
+    """Write a hello, then one sample per node per interval, node i at phase i/N.
+
+    ``cycle`` > 0: each node's first ``cycle`` simulated samples are encoded once and written
+    over and over with a fresh time and sequence number (the values repeat every ``cycle``
+    seconds). Simulating 16,384 GPUs live takes more than one core; the app's work per line
+    (read, decode, keep, paint) is the same either way."""
+    if cycle > 0:
+        cycled_feeder(fds, gpus, interval, cycle)
+        return
     from gpuctl.fleet.replay import recorded_node
     from gpuctl.node import protocol
     from gpuctl.node.readers.sim import SimReader
@@ -81,6 +90,52 @@ def feeder(fds: list[int], gpus: int, interval: float) -> None:
             except BrokenPipeError:
                 return
         seq += 1
+
+
+def cycled_feeder(fds: list[int], gpus: int, interval: float, cycle: int) -> None:
+    from gpuctl.fleet.replay import recorded_node
+    from gpuctl.node import protocol
+    from gpuctl.node.readers.sim import SimReader
+
+    models = ("H100", "A100", "H200", "L40S")
+    outs = [os.fdopen(fd, "wb", buffering=0) for fd in fds]
+    lines: list[list[tuple[bytes, bytes, bytes]]] = []
+    for i, out in enumerate(outs):
+        spec = f"{gpus}:{models[i % len(models)]}"
+        out.write(protocol.encode(recorded_node(f"bench-{i:03d}", spec, samples=0)[0]))
+        reader = SimReader.from_spec(spec, seed=i)
+        node = []
+        for _ in range(cycle):  # time and seq as markers, replaced at each write
+            msg = {"type": "sample", "t": "@T@", "seq": "@S@", "gpus": reader.sample()}
+            head, rest = protocol.encode(msg).split(b'"@T@"', 1)
+            mid, tail = rest.split(b'"@S@"', 1)
+            node.append((head, mid, tail))
+        lines.append(node)
+    n = len(outs)
+    start = time.monotonic()
+    seq = 0
+    while True:
+        for i, out in enumerate(outs):
+            due = start + seq * interval + interval * i / n
+            delay = due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)  # the feeder's cadence: a simulated clock, not synchronisation
+            head, mid, tail = lines[i][seq % cycle]
+            try:
+                out.write(b"%s%r%s%d%s" % (head, time.time(), mid, seq, tail))
+            except BrokenPipeError:
+                return
+        seq += 1
+
+
+def raise_open_files(needed: int) -> None:
+    """Two descriptors per node (a pipe's ends) and the app's own: lift the soft limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed + 256:
+        target = needed + 256 if hard == resource.RLIM_INFINITY else min(hard, needed + 256)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 # -- app side -------------------------------------------------------------------------------------
@@ -145,9 +200,11 @@ def loop_runner() -> Any:
 
 def run_once(nodes: int, gpus: int, seconds: float, mode: str, rss_every: float) -> dict[str, Any]:
     """Start the feeder, measure the app over its pipes, stop the feeder (in the run's process)."""
+    raise_open_files(2 * nodes)
     pipes = [os.pipe() for _ in range(nodes)]
+    cycle = os.environ.get("GPUCTL_BENCH_CYCLE", "0")
     child = subprocess.Popen(
-        [sys.executable, __file__, "--feeder", json.dumps([w for _, w in pipes]), str(gpus)],
+        [sys.executable, __file__, "--feeder", json.dumps([w for _, w in pipes]), str(gpus), cycle],
         pass_fds=[w for _, w in pipes],
         env={**os.environ, "PYTHONPATH": str(REPO), "GPUCTL_BENCH_TREE": str(REPO)},
     )
@@ -313,7 +370,7 @@ def ratios(old: dict[str, Any], new: dict[str, Any]) -> str:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--feeder":
-        feeder(json.loads(sys.argv[2]), int(sys.argv[3]), 1.0)
+        feeder(json.loads(sys.argv[2]), int(sys.argv[3]), 1.0, int(sys.argv[4]))
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--run":
         nodes, gpus, seconds, mode, rss_every = json.loads(sys.argv[2])
@@ -347,9 +404,18 @@ def main() -> int:
         default=1,
         help="with a comparison: alternate the two this many times, report medians",
     )
+    p.add_argument(
+        "--cycle",
+        type=int,
+        default=0,
+        metavar="K",
+        help="the feeder writes each node's first K simulated samples over and over (for "
+        "fleets too large to simulate live on one core: 2,048 nodes)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per run")
     p.add_argument("--profile", metavar="FILE", help="cProfile the app's run into FILE (pstats)")
     args = p.parse_args()
+    os.environ["GPUCTL_BENCH_CYCLE"] = str(args.cycle)
     if args.profile:
         os.environ["GPUCTL_BENCH_PROFILE"] = str(Path(args.profile).resolve())
     seconds = args.seconds if args.seconds is not None else 60 * args.minutes
