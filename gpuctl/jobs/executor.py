@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -368,15 +369,17 @@ class Executor:
         parts: Callable[[], Mapping[str, Any]],
         *,
         hashing: bool = False,
-    ) -> tuple[int, str]:
-        """(bytes, sha256 when ``hashing``) of ``obj`` pickled; ``PayloadTooLarge`` when over
-        ``max_payload``, naming the biggest of ``parts()`` (what the payload is made of)."""
+        keep: bool = False,
+    ) -> _Pickled:
+        """``obj`` pickled and measured (``_measure``: its bytes when ``keep`` and small);
+        ``PayloadTooLarge`` when over ``max_payload``, naming the biggest of ``parts()`` (what
+        the payload is made of)."""
         limit = self.max_payload
-        size, digest = _measure(obj, limit, hashing=hashing)
-        if size > limit:  # refused: measured whole this time, to say how big it is
-            whole, _ = _measure(obj, None)
+        pickled = _measure(obj, limit, hashing=hashing or keep, keep=keep)
+        if pickled.size > limit:  # refused: measured whole this time, to say how big it is
+            whole = _measure(obj, None).size
             raise PayloadTooLarge(what, whole, limit, _biggest(parts(), limit))
-        return size, digest
+        return pickled
 
     def venv2(self) -> Probe:
         """Resolve (and build if asked) VENV2; return its probe ``{python, cloudpickle, ...}``.
@@ -406,10 +409,12 @@ class Executor:
         *,
         registered: bool = False,
         runner: str | None = None,
+        pickled: _Pickled | None = None,
     ) -> tuple[str, str, JobMeta]:
         """Write one job folder; return (id, jobdir, meta). ``registered``: the caller made
         ``register_by_value`` for this function already (a map does it once, not per chunk);
-        ``runner``: a shared runner folder (``shared_runner``) instead of a copy in this one.
+        ``runner``: a shared runner folder (``shared_runner``) instead of a copy in this one;
+        ``pickled``: the payload ``(fn, args, kwargs)`` as the caller measured it.
 
         The job's row goes into the store first ("preparing"): a store that cannot be written
         refuses the job (``StoreError``) before anything exists on the node. A job that fails
@@ -432,7 +437,7 @@ class Executor:
             )
         try:
             return self._write_folder(
-                job_id, jobdir, fn, args, kwargs, name, probe, command, registered, runner
+                job_id, jobdir, fn, args, kwargs, name, probe, command, registered, runner, pickled
             )
         except BaseException:
             if self.store is not None:
@@ -451,6 +456,7 @@ class Executor:
         command: list[str] | None,
         registered: bool = False,
         runner: str | None = None,
+        pickled: _Pickled | None = None,
     ) -> tuple[str, str, JobMeta]:
         if self.tasks > 1 and callable(getattr(fn, "checkpoint", None)):
             raise ValueError(
@@ -460,9 +466,11 @@ class Executor:
         host = self.backend.host
         if not registered:
             register_by_value(fn)
+        if pickled is None:  # one pass: measured, scanned, and kept when small
+            pickled = _measure((fn, args, kwargs), None, hashing=True, keep=True)
         # before the first byte goes out: what the payload holds loads in VENV2, and the user's
         # own modules it may import travel with it
-        modules = payload_modules((fn, args, kwargs))
+        modules = payload_modules(pickled.modules)
         dists = payload_distributions(modules)
         self._venv2.check_distributions(modules, dists)
         user_fn = args[0] if fn is _chunk.run_chunk else fn  # a map's chunk runs the user's
@@ -484,7 +492,7 @@ class Executor:
             and self.backend.memory_enforced()
         ):
             limits["mem_enforced_by"] = "slurm"
-        digest, size = self._write_payload(host, jobdir, (fn, args, kwargs))
+        digest, size = self._write_payload(host, jobdir, (fn, args, kwargs), pickled)
         meta: JobMeta = {
             "id": job_id,
             "name": name,
@@ -525,9 +533,9 @@ class Executor:
         """The job root on the target's host, ``~`` resolved there (not created)."""
         return self.backend.host.expand(self.backend.job_root)
 
-    def _write_shared(self, path: str, fn: object) -> None:
+    def _write_shared(self, path: str, fn: object, pickled: _Pickled) -> None:
         """Write a map's shared part to ``path`` (named by its content's hash) unless a map
-        wrote the same before."""
+        wrote the same before; from ``pickled``'s bytes when it kept them."""
         host = self.backend.host
         if host.exists(path):
             return
@@ -535,7 +543,11 @@ class Executor:
         host.mkdir(os.path.dirname(path), 0o700)
         writer = host.open_atomic(path, 0o600)
         try:
-            files = sources.dump(fn, _HashingWriter(writer, hashing=False))
+            if pickled.data is not None:
+                writer.write(pickled.data)
+                files = pickled.filenames
+            else:
+                files = sources.dump(fn, _HashingWriter(writer, hashing=False)).filenames
         except BaseException:
             writer.abort()
             raise
@@ -544,14 +556,21 @@ class Executor:
             host.write_bytes(f"{path}.sources.json", json.dumps(text).encode(), 0o600)
         writer.commit()
 
-    def _write_payload(self, host: Host, jobdir: str, obj: object) -> tuple[str, int]:
-        """Pickle straight into the job folder (streamed over SFTP for a node): no temporary
-        copy (its size was measured against ``max_payload`` before); the file appears under
-        its name only once complete."""
+    def _write_payload(
+        self, host: Host, jobdir: str, obj: object, pickled: _Pickled
+    ) -> tuple[str, int]:
+        """Write the payload into the job folder: ``pickled``'s bytes when the measuring pass
+        kept them, else pickled again straight into the file (streamed over SFTP for a node,
+        no temporary copy); the file appears under its name only once complete."""
         writer = host.open_atomic(f"{jobdir}/{jobfiles.PAYLOAD}", 0o600)
-        w = _HashingWriter(writer)
         try:
-            files = sources.dump(obj, w)
+            if pickled.data is not None:
+                writer.write(pickled.data)
+                digest, size, files = pickled.digest, pickled.size, pickled.filenames
+            else:
+                w = _HashingWriter(writer)
+                files = sources.dump(obj, w).filenames
+                digest, size = w.hexdigest(), w.size
         except BaseException:
             writer.abort()
             raise
@@ -559,7 +578,7 @@ class Executor:
         text = sources.read_sources(files)
         if text:
             host.write_bytes(f"{jobdir}/{jobfiles.SOURCES}", json.dumps(text).encode(), 0o600)
-        return w.hexdigest(), w.size
+        return digest, size
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Job:
         """Run ``fn(*args, **kwargs)`` on the target; returns at once with a ``Job``.
@@ -575,11 +594,13 @@ class Executor:
             register_by_value(fn)
             return debug.run_here(self.backend, fn, args, kwargs, name)
         register_by_value(fn)
-        self._check_payload(
-            f"the call of {name}", (fn, args, kwargs), lambda: _parts(fn, args, kwargs)
+        pickled = self._check_payload(
+            f"the call of {name}", (fn, args, kwargs), lambda: _parts(fn, args, kwargs), keep=True
         )
         self.venv2()
-        job_id, jobdir, meta = self._prepare(fn, args, kwargs, name, registered=True)
+        job_id, jobdir, meta = self._prepare(
+            fn, args, kwargs, name, registered=True, pickled=pickled
+        )
         return self._start([(job_id, jobdir)], meta)[0]
 
     def submit_command(self, argv: Sequence[str]) -> Job:
@@ -719,25 +740,29 @@ class Executor:
         # The function and what it closes over go once per map: above SHARED_ABOVE into one
         # file (content-addressed, in the job root's shared/) that each chunk's payload names.
         # Every payload is measured against max_payload before anything is written.
-        shared_size, digest = self._check_payload(
+        shared = self._check_payload(
             f"the function of map:{name} (with what it closes over)",
             fn,
             lambda: _parts(fn, (), {}),
-            hashing=True,
+            keep=True,
         )
         part: Any = fn
-        if shared_size > SHARED_ABOVE:
-            part = _chunk.SharedPart(f"{self._job_root_path()}/shared/{digest}.pkl")
+        if shared.size > SHARED_ABOVE:
+            part = _chunk.SharedPart(f"{self._job_root_path()}/shared/{shared.digest}.pkl")
         chunks = [items[i : i + size] for i in range(0, len(items), size)]
-        for k, chunk in enumerate(chunks):
+        # each chunk measured and scanned once here; written by a second pass (all chunks'
+        # bytes kept until written could be many times max_payload)
+        measured = [
             self._check_payload(
                 f"chunk {k} of map:{name} (items {k * size} to {k * size + len(chunk) - 1})",
                 (_chunk.run_chunk, (part, chunk), {}),
                 functools.partial(_item_parts, chunk, k * size),
             )
+            for k, chunk in enumerate(chunks)
+        ]
         self.venv2()
         if isinstance(part, _chunk.SharedPart):
-            self._write_shared(part.path, fn)
+            self._write_shared(part.path, fn, shared)
         folders = []
         meta: JobMeta = {}
         # an array's chunks share one runner (the job folders are all on the login side's
@@ -747,7 +772,7 @@ class Executor:
             if isinstance(self.backend, SlurmBackend)
             else None
         )
-        for chunk in chunks:
+        for chunk, pickled in zip(chunks, measured, strict=True):
             job_id, jobdir, meta = self._prepare(
                 _chunk.run_chunk,
                 (part, chunk),
@@ -755,6 +780,7 @@ class Executor:
                 f"map:{name}",
                 registered=True,
                 runner=runner,
+                pickled=pickled,
             )
             folders.append((job_id, jobdir))
         if isinstance(self.backend, SlurmBackend):
@@ -832,12 +858,19 @@ class _HashingWriter:
     counted."""
 
     def __init__(
-        self, f: AtomicWriter | None, *, limit: int | None = None, hashing: bool = True
+        self,
+        f: AtomicWriter | None,
+        *,
+        limit: int | None = None,
+        hashing: bool = True,
+        keep: int = 0,
     ) -> None:
         self.f = f
         self.h = hashlib.sha256() if hashing else None
         self.size = 0
         self.limit = limit
+        self.keep = keep  # the bytes are kept while they come to at most this many
+        self.kept: bytearray | None = bytearray() if keep > 0 else None
 
     PIECE = 8 << 20  # a large buffer is hashed piece by piece, each sent while the next hashes
 
@@ -847,6 +880,11 @@ class _HashingWriter:
         self.size += n
         if self.limit is not None and self.size > self.limit:
             raise _OverLimit
+        if self.kept is not None:
+            if self.size > self.keep:
+                self.kept = None  # too big to hold: the caller pickles again into the file
+            else:
+                self.kept += mv
         for i in range(0, n, self.PIECE):
             piece = mv[i : i + self.PIECE]
             if self.h is not None:
@@ -885,17 +923,37 @@ class PayloadTooLarge(ValueError):
         )
 
 
-def _measure(obj: object, limit: int | None, *, hashing: bool = False) -> tuple[int, str]:
-    """(bytes, sha256 when ``hashing``, else "") of ``obj`` pickled as a payload is, without
-    keeping them; past ``limit`` bytes it stops (the size is then what it counted: over the
-    limit, maybe not all). The pickler hands large bytes and buffers over as they are, so
-    measuring them copies nothing (a torch tensor is copied once, by its own reducer)."""
-    w = _HashingWriter(None, limit=limit, hashing=hashing)
+KEEP_BELOW = 64 << 20  # a payload that pickles to at most this is written from its measure
+
+
+@dataclasses.dataclass
+class _Pickled:
+    """A payload pickled once by ``sources.PayloadPickler``: its size, sha256 (or ""), the
+    files whose code went by value, the modules unpickling imports, and its bytes when kept."""
+
+    size: int
+    digest: str
+    filenames: set[str]
+    modules: set[str]
+    data: bytes | None
+
+
+def _measure(
+    obj: object, limit: int | None, *, hashing: bool = False, keep: bool = False
+) -> _Pickled:
+    """``obj`` pickled as a payload is, in one pass: measured, hashed when ``hashing``, its
+    files and modules noted, and its bytes kept when ``keep`` and at most ``KEEP_BELOW`` (a
+    submit measured, scanned and wrote its payload in three passes). Past ``limit`` bytes it
+    stops (the size is then what it counted: over the limit, maybe not all; nothing else
+    noted). The pickler hands large bytes and buffers over as they are, so measuring them
+    copies nothing (a torch tensor is copied once, by its own reducer)."""
+    w = _HashingWriter(None, limit=limit, hashing=hashing, keep=KEEP_BELOW if keep else 0)
     try:
-        cloudpickle.dump(obj, w, protocol=5)
+        pickler = sources.dump(obj, w)
     except _OverLimit:
-        return w.size, ""
-    return w.size, w.hexdigest()
+        return _Pickled(w.size, "", set(), set(), None)
+    data = bytes(w.kept) if w.kept is not None else None
+    return _Pickled(w.size, w.hexdigest(), pickler.filenames, pickler.modules, data)
 
 
 def _parts(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -966,7 +1024,7 @@ def _biggest(parts: Mapping[str, Any], limit: int) -> list[tuple[str, int]]:
     sized = []
     for name, value in parts.items():
         try:
-            n, _ = _measure(value, limit)
+            n = _measure(value, limit).size
         except Exception:
             continue  # a part that does not pickle alone (it may inside the whole)
         if n >= limit // 100:

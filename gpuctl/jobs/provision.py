@@ -18,7 +18,6 @@ import logging
 import re
 import sys
 import threading
-import types
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -184,40 +183,12 @@ def _python_ok(version: str, spec: str) -> bool:
         raise EnvSpecError(f"requires-python {spec!r} is not a version specifier") from None
 
 
-class _Scanner(cloudpickle.Pickler):  # type: ignore[misc]
-    """Pickles into nothing, noting the module of every class, function and module the pickle
-    refers to: the modules unpickling will import (what its GLOBAL and STACK_GLOBAL opcodes
-    name, and cloudpickle's ``subimport``). Large buffers go out of band and are not copied."""
-
-    def __init__(self) -> None:
-        super().__init__(_Discard(), protocol=5, buffer_callback=lambda buf: False)
-        self.modules: set[str] = set()
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, types.ModuleType):
-            self.modules.add(obj.__name__)
-        elif isinstance(obj, type | types.FunctionType | types.BuiltinFunctionType):
-            module = getattr(obj, "__module__", None)
-            if isinstance(module, str):
-                self.modules.add(module)
-        return super().reducer_override(obj)
-
-
-class _Discard:
-    def write(self, data: Any) -> int:
-        return len(memoryview(data))
-
-
-def payload_modules(obj: object) -> set[str]:
-    """The modules unpickling ``obj`` imports (see ``_Scanner``), less those pickled by value
-    (the user's, gpuctl's own helpers), which VENV2 never imports. ``obj`` is pickled once into
-    nothing: what cannot be pickled raises here, before anything is sent."""
-    scanner = _Scanner()
-    scanner.dump(obj)
+def payload_modules(noted: set[str]) -> set[str]:
+    """The modules unpickling a payload imports (``noted`` by ``sources.PayloadPickler``),
+    less those pickled by value (the user's, gpuctl's own helpers), which VENV2 never
+    imports."""
     by_value = cloudpickle.list_registry_pickle_by_value()
-    return {
-        m for m in scanner.modules if not any(m == b or m.startswith(b + ".") for b in by_value)
-    }
+    return {m for m in noted if not any(m == b or m.startswith(b + ".") for b in by_value)}
 
 
 @functools.cache

@@ -155,3 +155,32 @@ def test_gpuctl_submit_refuses_in_one_line(tmp_path: Path) -> None:
     (line,) = done.stderr.splitlines()
     assert line.startswith("gpuctl: the call of ") and "global `BLOB` that f uses" in line
     assert JobStore().list() == []
+
+
+PICKLED: list[str] = []
+
+
+class _Counted:
+    """An argument that notes each time it is pickled (unpickled on the node as a plain
+    number: its reducer runs here only)."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        PICKLED.append(self.tag)
+        return int, (len(self.tag),)
+
+
+def test_a_payload_is_pickled_once_and_a_map_chunk_twice(make_executor: Any) -> None:
+    """Measured against max_payload, scanned for the modules VENV2 must have, and written: one
+    pickling pass for a submit's small payload (its bytes kept from the measure), two for a
+    map's chunk (measured with the others, then written). It took three and three."""
+    ex = make_executor()
+    PICKLED.clear()
+    assert ex.submit(abs, _Counted("call")).result(120) == 4
+    assert PICKLED == ["call"]
+    PICKLED.clear()
+    jobs = ex.map_jobs(abs, [_Counted("a"), _Counted("bb")], chunksize=1)
+    assert [job.result(120) for job in jobs] == [[("ok", 1)], [("ok", 2)]]
+    assert sorted(PICKLED) == ["a", "a", "bb", "bb"]
