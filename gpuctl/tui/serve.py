@@ -15,7 +15,11 @@ The websocket also refuses an ``Origin`` other than the page's own.
 Each websocket is a whole ``gpuctl`` screen (a process and its fleet: one agent per node per
 tab), so there are at most ``max_sessions`` at once (a 503 that says so beyond it), and the
 terminal size the browser asks for, on connect and on resize, is clamped to ``MAX_WIDTH`` x
-``MAX_HEIGHT`` (``?width=20000&height=20000`` took one session past 2.2 GB).
+``MAX_HEIGHT`` (``?width=20000&height=20000`` took one session past 2.2 GB). Measured with
+``benchmarks/serve_sessions.py`` (demo, 6 nodes x 8 GPUs, RSS of the server and its screens):
+1 tab 158 MB, 10 tabs 684 MB (the server itself 75 MB: each tab is ~58 MB more), one tab asking
+20000 x 20000 now 162 MB. One fleet shared by all tabs would need the screens in one process
+(textual-serve runs one process per websocket): not done.
 
 The page is gpuctl's own (no web fonts or anything else fetched from outside this server), and
 the websocket's URL is built from the ``Host`` the browser asked for, so a tunnel to another
