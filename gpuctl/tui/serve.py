@@ -189,10 +189,10 @@ def _build_server(command: str, token: str, title: str, max_sessions: int) -> An
         async def handle_index(self, request: web.Request) -> web.StreamResponse:
             import aiohttp_jinja2
 
-            if len(sessions) >= max_sessions:
+            given = request.query.get("token")
+            denied = not hmac.compare_digest((given or "").encode(), token.encode())
+            if len(sessions) >= max_sessions and not (given and denied):  # (a reload: no token)
                 return web.Response(status=503, text=full(max_sessions))
-            given = request.query.get("token", "")
-            denied = not hmac.compare_digest(given.encode(), token.encode())
             scheme = "wss" if request.secure else "ws"
             size = request.query.get("fontsize", "16")
             context = {
