@@ -476,6 +476,20 @@ def test_init_without_slurm_writes_a_file_that_configures_nothing_yet(tmp_path: 
     assert _init(tmp_path, "--force", PATH=str(tmp_path / "bin")).returncode == 0
 
 
+def test_init_writes_a_file_only_its_owner_can_write(tmp_path: Path) -> None:
+    """Under umask 002 (many sites' default) the file would be group-writable, and refused."""
+    (tmp_path / "bin").mkdir()
+    old = os.umask(0o002)
+    try:
+        r = _init(tmp_path, PATH=str(tmp_path / "bin"))
+    finally:
+        os.umask(old)
+    assert r.returncode == 0, r.stderr
+    target = tmp_path / "xdg" / "gpuctl" / "config.toml"
+    assert target.stat().st_mode & 0o777 == 0o644
+    assert load_config(target).empty
+
+
 @pytest.mark.slurm
 def test_init_with_slurm_names_its_gpu_nodes(tmp_path: Path, slurm_cluster: Any) -> None:
     r = _init(tmp_path, "--stdout", SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
