@@ -7,9 +7,10 @@ open this screen. Instead the page's own script takes the token from the address
 in the tab's ``sessionStorage`` (per origin, so per port: only this server's pages read it),
 strips it from the address bar (``history.replaceState``) and hands it to the websocket in the
 websocket's URL; a reload of the tab uses the stored copy. The page is sent with
-``Referrer-Policy: no-referrer`` and ``Cache-Control: no-store``. Every request but the page's
-static files and a delivery's one-time ``/download/<128-bit key>`` needs the token: the page
-without it is a 403 that says to open the printed URL, and ``/ws`` without it starts nothing.
+``Referrer-Policy: no-referrer`` and ``Cache-Control: no-store``. Every request needs the token
+but the page's static files and a delivery's one-time ``/download/<key>`` (a uuid4: 122 random
+bits): the page without it is a 403 that says to open the printed URL (its script still finds a
+reloaded tab's token), and ``/ws`` without it starts nothing.
 The websocket also refuses an ``Origin`` other than the page's own.
 
 Each websocket is a whole ``gpuctl`` screen (a process and its fleet: one agent per node per
@@ -214,8 +215,8 @@ def _build_server(command: str, token: str, title: str, max_sessions: int) -> An
 def _guard(token: str) -> Any:
     """Every request needs the token in its query (the page's own check is in ``handle_index``:
     without the token it is the page that says so), but textual-serve's static files and a
-    delivery's download, whose one-time key (128 random bits) is its credential: the browser
-    opens it in a new tab, with no token."""
+    delivery's download, whose one-time key (a uuid4: 122 random bits) is its credential: the
+    browser opens it in a new tab, with no token."""
     expected = token.encode()
 
     @web.middleware
