@@ -4,7 +4,9 @@ Files, read in this order, each overriding the ones before key by key (tables me
 values replace): the site's ``<each of $XDG_CONFIG_DIRS>/gpuctl/config.toml`` (default
 ``/etc/xdg/gpuctl/config.toml``: a cluster's admins name the nodes once for everybody), then the
 user's ``~/.config/gpuctl/config.toml`` (``$XDG_CONFIG_HOME``), or the file named by
-``$GPUCTL_CONFIG`` or ``--config PATH`` instead of the user's. See ``gpuctl.paths``::
+``$GPUCTL_CONFIG`` or ``--config PATH`` instead of the user's. Each must be owned by this
+user or root and writable by nobody else (``unsafe_owner_or_mode``): it is code run on every
+node. See ``gpuctl.paths``::
 
     read_only = false              # true: no stress, no jobs, no acceptance runs
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -549,7 +552,11 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
 
 def _read(name: str) -> str:
     try:
-        return paths.expand(name).read_text(encoding="utf-8")
+        with open(paths.expand(name), "rb") as f:
+            why = unsafe_owner_or_mode(os.fstat(f.fileno()))
+            if why is not None:
+                raise ConfigError(name, None, why)
+            return f.read().decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(name, None, "no such file") from None
     except IsADirectoryError:
@@ -558,6 +565,34 @@ def _read(name: str) -> str:
         raise ConfigError(name, None, "cannot read it: permission denied") from None
     except UnicodeDecodeError:
         raise ConfigError(name, None, "is not UTF-8 text") from None
+
+
+def unsafe_owner_or_mode(st: os.stat_result) -> str | None:
+    """Why a config file with this owner and mode may not be used, or None.
+
+    The config is code: its ``setup`` lines, ``python`` and ``[jobs] setup`` run as this user
+    on every node. So, like OpenSSH for its own config (``Bad owner or permissions``), a file
+    must be owned by this user or root and writable by nobody else (no group or other write
+    bit): on a shared login node another user who can write it runs commands as this user
+    everywhere. Checked on the open file (``fstat``), so it is the file that is read."""
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (0, os.geteuid()):
+        who = f"owned by uid {st.st_uid}, neither you nor root"
+    elif mode & 0o022:
+        who = "writable by " + (
+            "group and others"
+            if mode & 0o022 == 0o022
+            else "its group"
+            if mode & 0o020
+            else "others"
+        )
+    else:
+        return None
+    return (
+        f"Bad owner or permissions (mode {mode:04o}, {who}): another user could run commands "
+        "on every node through it; it must be yours or root's, writable only by its owner "
+        "(chmod go-w)"
+    )
 
 
 _TOML_AT = re.compile(r"\s*\(at line (\d+), column \d+\)\s*$")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -475,6 +476,20 @@ def test_init_without_slurm_writes_a_file_that_configures_nothing_yet(tmp_path: 
     assert _init(tmp_path, "--force", PATH=str(tmp_path / "bin")).returncode == 0
 
 
+def test_init_writes_a_file_only_its_owner_can_write(tmp_path: Path) -> None:
+    """Under umask 002 (many sites' default) the file would be group-writable, and refused."""
+    (tmp_path / "bin").mkdir()
+    old = os.umask(0o002)
+    try:
+        r = _init(tmp_path, PATH=str(tmp_path / "bin"))
+    finally:
+        os.umask(old)
+    assert r.returncode == 0, r.stderr
+    target = tmp_path / "xdg" / "gpuctl" / "config.toml"
+    assert target.stat().st_mode & 0o777 == 0o644
+    assert load_config(target).empty
+
+
 @pytest.mark.slurm
 def test_init_with_slurm_names_its_gpu_nodes(tmp_path: Path, slurm_cluster: Any) -> None:
     r = _init(tmp_path, "--stdout", SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
@@ -512,3 +527,64 @@ def test_config_check_names_only_the_host_key_policies_that_were_set() -> None:
     gpu01, gpu02 = table.splitlines()[1:]
     assert "host_keys" not in gpu01 and "None" not in gpu01
     assert gpu02.endswith("host_keys=accept-new")
+
+
+# -- the config is code: who may write it --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "who"),
+    [(0o666, "group and others"), (0o664, "its group"), (0o646, "others"), (0o606, "others")],
+)
+def test_a_config_others_can_write_is_refused(tmp_path: Path, mode: int, who: str) -> None:
+    """Its ``setup`` lines run as this user on every node: like OpenSSH, one line naming the
+    file and its mode (the --config file, $GPUCTL_CONFIG and the user's file alike)."""
+    path = tmp_path / "config.toml"
+    path.write_text('[clusters.lab]\nnodes = "a"\nsetup = ["touch /tmp/owned"]\n')
+    path.chmod(mode)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: Bad owner or permissions (mode 0{mode:o}, writable by {who}")
+    assert "\n" not in msg and "chmod go-w" in msg
+    path.chmod(mode & ~0o022)  # the same file, writable by its owner only, is read
+    assert [n.name for n in load_config(path).nodes()] == ["a"]
+
+
+def test_a_group_writable_user_file_and_site_file_are_refused(site: Path, tmp_path: Path) -> None:
+    user = tmp_path / "user" / "gpuctl" / "config.toml"
+    user.write_text('[tui]\ntheme = "light"\n')
+    user.chmod(0o664)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(user))}: Bad owner or permissions"):
+        load_config(None)
+    user.chmod(0o644)
+    (site / "config.toml").write_text(SITE)
+    (site / "config.toml").chmod(0o666)
+    with pytest.raises(ConfigError, match=r"etc-xdg/gpuctl/config\.toml: Bad owner .*mode 0666"):
+        load_config(None)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root (chown)")
+def test_a_config_owned_by_another_user_is_refused(site: Path, tmp_path: Path) -> None:
+    """A site file owned by another user (uid 65534), even 0644, is theirs to rewrite; one owned
+    by root (or by this user) is read."""
+    (site / "config.toml").write_text(SITE)
+    os.chown(site / "config.toml", 65534, 65534)
+    with pytest.raises(ConfigError) as info:
+        load_config(None)
+    assert str(info.value) == (
+        f"{site / 'config.toml'}: Bad owner or permissions (mode 0644, owned by uid 65534, "
+        "neither you nor root): another user could run commands on every node through it; "
+        "it must be yours or root's, writable only by its owner (chmod go-w)"
+    )
+    os.chown(site / "config.toml", 0, 0)
+    assert len(load_config(None).nodes()) == 4
+
+
+def test_the_cli_says_it_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[clusters.lab]\nnodes = "a"\n')
+    path.chmod(0o666)
+    r = _gpuctl("--config", str(path), "config", "check")
+    assert r.returncode == 2, r
+    assert r.stderr.count("\n") == 1 and f"{path}: Bad owner or permissions (mode 0666" in r.stderr

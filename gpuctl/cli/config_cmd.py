@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -107,6 +108,9 @@ def run_init(args: argparse.Namespace) -> int:
     paths.private_dir(target.parent)
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
+    # writable by you alone whatever the umask (002 on many sites): gpuctl refuses a config
+    # others can write, since its setup lines run on every node (config.unsafe_owner_or_mode)
+    tmp.chmod(stat.S_IMODE(tmp.stat().st_mode) & ~0o022)
     os.replace(tmp, target)
     found = f"{nodes} from sinfo" if nodes else "no nodes yet: fill them in"
     print(f"wrote {target} ({found}); check it with: gpuctl config check")

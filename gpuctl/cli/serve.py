@@ -2,7 +2,8 @@
 
 Each browser session runs its own ``gpuctl`` screen on this machine with the same cluster (or
 the demo), so what the browser shows is what the terminal would. Listens on 127.0.0.1 by
-default; the URL printed at start carries the token that every request needs.
+default; the URL printed at start carries the token that every request needs. At most
+--max-sessions tabs at once (each is a whole screen with its own agents on the nodes).
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ def register(sub: Subcommands) -> None:
         action="store_true",
         help="let the browser stress GPUs and start acceptance runs (default: read-only)",
     )
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="browser tabs open at once (default 4): each is a gpuctl screen with one agent per "
+        "node; the next is refused",
+    )
     p.add_argument("--demo", action="store_true", help="serve the simulated cluster")
     p.add_argument("--nodes", type=int, default=6, metavar="N", help="demo nodes (6)")
     p.add_argument("--gpus", type=int, default=8, metavar="G", help="demo GPUs per node (8)")
@@ -75,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.demo and not (1 <= args.nodes <= 4096 and 1 <= args.gpus <= 64):
         raise UserError("--nodes must be within 1..4096 and --gpus within 1..64")
+    most = serve.DEFAULT_MAX_SESSIONS if args.max_sessions is None else args.max_sessions
+    if not 1 <= most <= 64:
+        raise UserError("--max-sessions must be within 1..64")
     if getattr(args, "read_only", False) and args.allow_actions:
         raise UserError("--allow-actions in read-only mode: the browser would be refused anyway")
     if not args.demo:  # a broken config fails here in one line, not in every browser session
@@ -95,7 +107,16 @@ def run(args: argparse.Namespace) -> int:
             )
 
     try:
-        asyncio.run(serve.serve(session_argv(args), host=host, port=port, token=token, ready=ready))
+        asyncio.run(
+            serve.serve(
+                session_argv(args),
+                host=host,
+                port=port,
+                token=token,
+                max_sessions=most,
+                ready=ready,
+            )
+        )
     except OSError as e:
         raise UserError(f"cannot listen on {args.listen}: {e.strerror or e}") from None
     return 0

@@ -545,7 +545,15 @@ class GpuctlApp(App[int]):
         )
 
     def action_record(self) -> None:
-        """Start recording the fleet's stream into the state folder's ``recordings/``, or stop."""
+        """Start recording the fleet's stream into the state folder's ``recordings/``, or stop.
+
+        Refused in a read-only browser screen: it writes on the server's disk without bound,
+        and a read-only browser must not change what is on the server."""
+        from gpuctl.tui.serve import SERVED_WHY, served
+
+        if self.recorder is None and self.read_only and served():
+            self.notify(f"read-only: recording is disabled ({SERVED_WHY})", severity="warning")
+            return
         recorder, self.recorder = self.recorder, None
         if recorder is not None:
             recorder.close()
