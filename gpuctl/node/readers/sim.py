@@ -1,8 +1,9 @@
 """Simulated GPUs for the demo and the UI tests: plausible numbers, a story when burned.
 
 Each GPU follows simple first-order physics: under load its utilization goes to 100%, its power
-to the limit and its temperature climbs towards a hot target with a time constant of ~20 s; past
-the slowdown temperature its SM clock drops and ``sw_thermal`` throttling is reported. Randomness
+to the limit and its temperature climbs towards a target with a time constant of ~20 s (hot
+under a burn, warm under a job); past the slowdown temperature its SM clock drops and
+``sw_thermal`` throttling is reported: a burned GPU throttles, a busy one does not. Randomness
 comes from one seeded ``random.Random`` and time from an injectable clock, so a test that steps
 the clock gets the same numbers every run.
 """
@@ -28,7 +29,11 @@ MODELS = {
 }
 DEFAULT_MODEL = "H100"
 AMBIENT_C = 32.0
-HOT_C = 88.0  # where a fully loaded GPU settles
+HOT_C = 88.0  # where a burned GPU settles
+# Where a GPU busy with a job settles at 100%: warm, below the slowdown. At HOT_C for every load,
+# the demo's busy GPUs (a 95% job) crossed SLOWDOWN_C after two minutes and 4-7 of them showed
+# THERM, where the story has one GPU burning until it throttles.
+JOB_HOT_C = 78.0
 SLOWDOWN_C = 84.0  # above this the SM clock drops and sw_thermal is reported
 TAU_S = 20.0
 GIB = 1 << 30
@@ -102,7 +107,8 @@ class SimGpu(object):
         load = max(self.burn, self.base_load)
         target_util = 100.0 * load if self.burn else min(100.0, 100.0 * load + rng.gauss(0, 6))
         self.util = max(0.0, min(100.0, self.util + (target_util - self.util) * min(1.0, dt)))
-        hot_target = AMBIENT_C + (HOT_C - AMBIENT_C) * (self.util / 100.0) ** 0.8
+        top = HOT_C if self.burn else JOB_HOT_C
+        hot_target = AMBIENT_C + (top - AMBIENT_C) * (self.util / 100.0) ** 0.8
         alpha = min(1.0, dt / TAU_S)
         self.temp += (hot_target - self.temp) * alpha + rng.gauss(0, 0.15)
 
