@@ -109,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         config_tui=config_tui,
         job_store=job_store,
         job_store_error=job_store_error,
+        # ``a`` runs the suite simulated on the simulated GPUs: the demo needs no torch
+        accept_options={"device": "sim"},
     )
     if not args.no_story:
         app.background.append(lambda: story(fleet))

@@ -524,7 +524,11 @@ class GpuctlApp(App[int]):
             self.overview.query_one(AcceptPane).start(run, SECTIONS)
             self.action_pane("accept")
 
-        where = "on the CPU (simulated GPUs)" if simulated else "on its GPUs"
+        where = "on its GPUs"
+        if options.device == "sim":  # gpuctl demo: figures made from the simulated GPUs
+            where = "on its simulated GPUs (a simulated run: no torch, nothing measured)"
+        elif simulated:
+            where = "on the CPU (simulated GPUs)"
         self.push_screen(
             ConfirmScreen(f"Run the quick acceptance suite on {node} {where}?", "Run"), start
         )

@@ -125,16 +125,20 @@ class SimGpu(object):
         return [{"pid": p["ppid"], "ppid": 1, "uid": p["uid"], "user": p["user"],
                  "command": "bash job.sh", "started": None} for p in self.processes]
 
+    def clock(self) -> Tuple[int, bool]:
+        """The SM clock now (MHz) and whether heat holds it down (``sw_thermal``)."""
+        if self.temp > SLOWDOWN_C:
+            over = min(1.0, (self.temp - SLOWDOWN_C) / (HOT_C + 4 - SLOWDOWN_C))
+            return int(self.max_sm * (1.0 - 0.25 * over)), True
+        return (self.max_sm if self.util > 2.5 else 345), False
+
     def read(self, rng: random.Random, epoch: float) -> Optional[Dict[str, Any]]:
         if self.lost:
             return None
         util = int(round(self.util))
-        hot = self.temp > SLOWDOWN_C
         throttle = []  # type: List[str]
-        sm = self.max_sm if util > 2 else 345
+        sm, hot = self.clock()
         if hot:
-            over = min(1.0, (self.temp - SLOWDOWN_C) / (HOT_C + 4 - SLOWDOWN_C))
-            sm = int(self.max_sm * (1.0 - 0.25 * over))
             throttle.append("sw_thermal")
         power = self.idle_w + (self.power_limit - self.idle_w) * (util / 100.0) ** 1.3
         power = min(float(self.power_limit), power + rng.gauss(0, 2.0))
@@ -229,6 +233,22 @@ class SimReader(Reader):
                 }
             rec.update(self._slow[g.index] or {})
             out.append(rec)
+        return out
+
+    def accept_facts(self) -> List[Dict[str, Any]]:
+        """What a simulated acceptance run judges (``gpuctl.workloads.accept.simulated``):
+        each GPU's static facts and its state now (temperature, SM clock under load, heat
+        throttling, XIDs, lost), read without stepping the simulation."""
+        out = []  # type: List[Dict[str, Any]]
+        for static, g in zip(self.static(), self.gpus):
+            sm, hot = g.clock()
+            facts = dict(static)
+            # Under the suite's load an idle GPU clocks up; heat holds a hot one down.
+            facts.update({"temp": round(g.temp, 1), "sm_clock": sm if hot else g.max_sm,
+                          "lost": g.lost,
+                          "throttle": ["sw_thermal"] if hot else [], "xids": list(g.xids),
+                          "driver": self.versions()["driver"]})
+            out.append(facts)
         return out
 
     def events(self) -> List[Dict[str, Any]]:
