@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
+from textual.pilot import Pilot
 from textual.widgets import DataTable, Label, RichLog
 
 from gpuctl.accept.history import HistoryStore
+from gpuctl.accept.run import AcceptRun
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import simulated_fleet
 from gpuctl.node.readers.sim import SimReader
-from gpuctl.tui import make_app
+from gpuctl.tui import GpuctlApp, make_app
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.workloads.accept import suite
 from gpuctl.workloads.accept.schema import SECTIONS
@@ -40,6 +43,23 @@ def message(python: str) -> str:
     )
 
 
+async def accept(pilot: Pilot[Any], node: str) -> tuple[AcceptRun, str]:
+    """``a`` on ``node``, answered yes; the run once it ended and the question asked."""
+    app = pilot.app
+    assert isinstance(app, GpuctlApp)
+    app.overview.nodes.select(node, 0)
+    await pilot.press("a")
+    screen = await until(
+        pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen, "the question"
+    )
+    question = str(screen.query_one("#confirm-question", Label).render())
+    await pilot.press("y")
+    run = await until(pilot, lambda: app.accept_run, "the run")
+    await until(pilot, run.done, "the run to end", timeout=60)
+    await pilot.pause()
+    return run, question
+
+
 @pytest.mark.slow
 async def test_a_without_torch_says_so_once_with_the_ways_out(tmp_path: Path) -> None:
     python = python_without_torch()
@@ -47,13 +67,7 @@ async def test_a_without_torch_says_so_once_with_the_ways_out(tmp_path: Path) ->
     app = make_app(fleet, simulated=True, state_dir=tmp_path, accept_options={"python": python})
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.store.snaps["sim-01"].gpus, "sim-01 live")
-        app.overview.nodes.select("sim-01", 0)
-        await pilot.press("a")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
-        await pilot.press("y")
-        run = await until(pilot, lambda: app.accept_run, "the run")
-        await until(pilot, run.done, "the run to end", timeout=60)
-        await pilot.pause()
+        run, _question = await accept(pilot, "sim-01")
         table = app.overview.query_one("#accept-table", DataTable)
         cells = {s: cell(table, "sim-01", s) for s in SECTIONS}
         # one FAIL that says why, every other section skipped: no ERROR cell
@@ -79,16 +93,8 @@ async def test_the_demo_runs_the_suite_simulated_on_its_gpus(tmp_path: Path) -> 
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.store.snaps["sim-02"].gpus, "sim-02 live")
         await fleet.request("sim-02", {"type": "simulate", "action": "xid", "gpu": 3, "xid": 79})
-        app.overview.nodes.select("sim-02", 0)
-        await pilot.press("a")
-        question = await until(
-            pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen, "the question"
-        )
-        assert "simulated run" in str(question.query_one("#confirm-question", Label).render())
-        await pilot.press("y")
-        run = await until(pilot, lambda: app.accept_run, "the run")
-        await until(pilot, run.done, "the run to end", timeout=60)
-        await pilot.pause()
+        run, question = await accept(pilot, "sim-02")
+        assert "simulated run" in question
         table = app.overview.query_one("#accept-table", DataTable)
         cells = {s: cell(table, "sim-02", s) for s in SECTIONS}
         # the figures come from the simulated GPUs: all pass but the XID GPU's health

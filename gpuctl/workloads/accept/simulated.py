@@ -186,34 +186,26 @@ def runners(facts_path: str) -> "dict[str, Runner]":
             peak = peaks.peak_membw(g["name"])
             gbps = None if peak is None else round(peak * MEMBW_EFFICIENCY, 1)
             rows.append(
-                {
-                    "index": g["index"],
-                    "label": f"gpu{g['index']}",
-                    "name": g["name"],
-                    "bytes": None,
-                    "gbps": gbps,
-                    "peak_gbps": peak,
-                    "fraction": MEMBW_EFFICIENCY if peak else None,
-                    "verdict": "PASS",
-                    "reason": None,
-                }
+                _row(
+                    g,
+                    bytes=None,
+                    gbps=gbps,
+                    peak_gbps=peak,
+                    fraction=MEMBW_EFFICIENCY if peak else None,
+                )
             )
         return _passed(rows, f"{MEMBW_EFFICIENCY:.0%} of the datasheet's GB/s")
 
     def memtest(suite: "Suite") -> "dict[str, Any]":
         rows = [
-            {
-                "index": g["index"],
-                "label": f"gpu{g['index']}",
-                "name": g["name"],
-                "bytes": int((g.get("mem_total") or 0) * 0.9),
-                "patterns": 4,
-                "gbps": None,
-                "wrong_words": 0,
-                "first_bad": None,
-                "verdict": "PASS",
-                "reason": None,
-            }
+            _row(
+                g,
+                bytes=int((g.get("mem_total") or 0) * 0.9),
+                patterns=4,
+                gbps=None,
+                wrong_words=0,
+                first_bad=None,
+            )
             for g in gpus
         ]
         return _passed(rows, "90% of each GPU's memory, no wrong word")
@@ -224,17 +216,15 @@ def runners(facts_path: str) -> "dict[str, Runner]":
             peak = peaks.pcie_peak(g.get("pcie_gen"), g.get("pcie_width"))
             rate = None if peak is None else round(peak * PCIE_EFFICIENCY, 1)
             rows.append(
-                {
-                    "index": g["index"],
-                    "h2d_gbps": rate,
-                    "d2h_gbps": rate,
-                    "link_gen": g.get("pcie_gen"),
-                    "link_width": g.get("pcie_width"),
-                    "peak_gbps": peak,
-                    "fraction": PCIE_EFFICIENCY if peak else None,
-                    "verdict": "PASS",
-                    "reason": None,
-                }
+                _row(
+                    g,
+                    h2d_gbps=rate,
+                    d2h_gbps=rate,
+                    link_gen=g.get("pcie_gen"),
+                    link_width=g.get("pcie_width"),
+                    peak_gbps=peak,
+                    fraction=PCIE_EFFICIENCY if peak else None,
+                )
             )
         return _passed(rows, f"{PCIE_EFFICIENCY:.0%} of each link's GB/s")
 
@@ -385,6 +375,12 @@ def runners(facts_path: str) -> "dict[str, Runner]":
         "ddp_train": ddp_train,
         "health": health,
     }
+
+
+def _row(gpu: "dict[str, Any]", **fields: Any) -> "dict[str, Any]":
+    """One GPU's passing row of a section: its index, label and name, then ``fields``."""
+    head = {"index": gpu["index"], "label": f"gpu{gpu['index']}", "name": gpu["name"]}
+    return {**head, **fields, "verdict": "PASS", "reason": None}
 
 
 def _passed(rows: "list[dict[str, Any]]", what: str) -> "dict[str, Any]":
