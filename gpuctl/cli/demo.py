@@ -40,8 +40,14 @@ def register(sub: Subcommands) -> None:
     p.set_defaults(func=run)
 
 
-async def story(fleet: Fleet, *, stall_every: float = STALL_EVERY_S) -> None:
-    """Drive the demo's events through the agents' ``simulate`` request."""
+async def story(
+    fleet: Fleet,
+    *,
+    stall_every: float = STALL_EVERY_S,
+    burns: set[tuple[str, int]] | None = None,
+) -> None:
+    """Drive the demo's events through the agents' ``simulate`` request; the burn it starts
+    goes into ``burns`` (the app's ``own_burns``: quitting the demo does not ask about it)."""
     from gpuctl.fleet.session import LinkError
 
     names = list(fleet.names)
@@ -53,6 +59,8 @@ async def story(fleet: Fleet, *, stall_every: float = STALL_EVERY_S) -> None:
 
     hot = names[0]
     gpu = min(2, _gpus(fleet, hot) - 1)
+    if burns is not None:
+        burns.add((hot, gpu))
     if not await _burn(fleet, hot, gpu):  # read-only: the load alone, without a burn
         await simulate(hot, action="load", gpus=[gpu], load=1.0)
     xid_node = names[min(1, len(names) - 1)]
@@ -113,5 +121,5 @@ def run(args: argparse.Namespace) -> int:
         accept_options={"device": "sim"},
     )
     if not args.no_story:
-        app.background.append(lambda: story(fleet))
+        app.background.append(lambda: story(fleet, burns=app.own_burns))
     return run_tui(app)

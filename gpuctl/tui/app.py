@@ -159,6 +159,9 @@ class GpuctlApp(App[int]):
         self.on_flush: Callable[[set[str], dict[str, float]], None] | None = None
         # Coroutines to run as workers once the fleet is started (the demo's story).
         self.background: list[Callable[[], Awaitable[None]]] = []
+        # (node, GPU) of burns the app's own background started (the demo's story): ``q`` and
+        # ``S`` leave them out (quitting ends them with the simulated nodes); the user's ask.
+        self.own_burns: set[tuple[str, int]] = set()
         self.recorder: Recorder | None = None  # ``R``: the fleet's stream into a file
 
     def get_default_screen(self) -> Screen[Any]:
@@ -362,7 +365,7 @@ class GpuctlApp(App[int]):
         return error is not None
 
     def _burning(self) -> list[tuple[str, int]]:
-        return list(control.burning(self.fleet))
+        return [b for b in control.burning(self.fleet) if b not in self.own_burns]
 
     def _others(self, targets: Mapping[str, Iterable[int] | None]) -> list[service.OthersGpu]:
         """GPUs among ``targets`` (node -> GPUs, None: all) running other users' processes."""

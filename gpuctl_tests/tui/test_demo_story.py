@@ -40,7 +40,7 @@ def test_only_the_burned_gpu_of_the_demo_throttles_after_ten_minutes() -> None:
 async def test_the_demo_burns_one_gpu_with_its_badge_on_the_screen(tmp_path: Path) -> None:
     fleet = simulated_fleet(demo_nodes(2, 4), interval=0.2)
     app = make_app(fleet, simulated=True, state_dir=tmp_path / "state")
-    app.background.append(lambda: story(fleet, stall_every=3600))
+    app.background.append(lambda: story(fleet, stall_every=3600, burns=app.own_burns))
     async with app.run_test(size=(160, 30)) as pilot:
         nodes = app.overview.nodes
 
@@ -61,3 +61,7 @@ async def test_the_demo_burns_one_gpu_with_its_badge_on_the_screen(tmp_path: Pat
         assert [g for g in range(4) if app.store.snaps["sim-01"].burning(g)] == [2]
         # the XID the story sends arrives too
         await until(pilot, lambda: ("sim-02", 3) in app.store.xids, "the XID on sim-02")
+        # q quits the demo at once, as its first screen says: the story's burn asks nothing
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, "the demo to exit")
+    assert app.return_value == 0

@@ -154,6 +154,7 @@ class NodeList(ScrollView, can_focus=True):
         self.on_paint: Callable[[str, float], None] | None = None  # (node, arrival): benchmark
         self.sort: str | None = None  # a key of gpusort.SORTS; None: the fleet's order
         self.compact = False  # one line per node
+        self._down_shown: dict[str, str] = {}  # a down node's state words as last painted
         self.node_order: list[str] = []  # the nodes in the order shown
         self.per_gpu_w = PER_GPU_W  # compact: the width of the per-GPU bars
         # A sort holds still between re-sorts: the order of the nodes and of each one's GPUs
@@ -270,12 +271,16 @@ class NodeList(ScrollView, can_focus=True):
 
     def refresh_stale_headers(self) -> None:
         """Ages tick every second for stale nodes, and a down node's next try counts down:
-        repaint just their header lines."""
+        repaint just their header lines (a down node's only when its words changed)."""
         top = int(self.scroll_offset.y)
         for y in range(top, min(len(self.lines), top + self.size.height)):
             line = self.lines[y]
-            if line.kind in ("head", "node") and (
-                self.store.snaps[line.node].state in (NodeState.STALE, NodeState.UNREACHABLE)
+            if line.kind not in ("head", "node"):
+                continue
+            snap = self.store.snaps[line.node]
+            if snap.state is NodeState.STALE or (
+                snap.state is NodeState.UNREACHABLE
+                and self._down_shown.get(line.node) != self._state_text(snap)
             ):
                 self.refresh_line(y)
 
@@ -487,7 +492,7 @@ class NodeList(ScrollView, can_focus=True):
         state_cls = STATE_CLASSES[s.state]
         dot = {"live": "●", "stale": "◐", "unreachable": "✖", "connecting": "○"}[s.state.value]
         state = header + self._style(state_cls)
-        age = node_str(self._state_text(s), limit=TEXT_LIMIT)
+        age = node_str(self._shown_state(s), limit=TEXT_LIMIT)
         segs = [
             Segment(" ", header),
             Segment(node_str(s.name, limit=TEXT_LIMIT), name),
@@ -523,6 +528,14 @@ class NodeList(ScrollView, can_focus=True):
         """The node's state as its header says it (a down node: last seen, next try)."""
         return down_text(s, self.store.clock(), self.store.retry_in(s.name))
 
+    def _shown_state(self, s: NodeSnapshot) -> str:
+        """``_state_text`` for a line being painted: a down node's is kept, so that the
+        once-a-second tick repaints it only when its words change."""
+        text = self._state_text(s)
+        if s.state is NodeState.UNREACHABLE:
+            self._down_shown[s.name] = text
+        return text
+
     def _compact(self, s: NodeSnapshot) -> list[Segment]:
         """A whole node on one line (``COMPACT_COLUMNS``): state, GPU count, mean utilization
         and one bar per GPU, memory, hottest GPU, power, and its trouble counted."""
@@ -538,7 +551,7 @@ class NodeList(ScrollView, can_focus=True):
             Segment(f"{word:<8}", st(state_cls)),
         ]
         if s.state not in (NodeState.LIVE, NodeState.STALE):
-            why = self._state_text(s)
+            why = self._shown_state(s)
             return [*segs, Segment(node_str(why, limit=TEXT_LIMIT), st(state_cls))]
         if not s.gpus:
             return [*segs, Segment(self._msg_text(s), dim)]
