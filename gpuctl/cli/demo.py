@@ -1,8 +1,10 @@
 """``gpuctl demo``: the TUI on a simulated cluster, nothing to configure.
 
-The story, so that the demo shows what the screen is for: one GPU runs hot until it throttles,
-one GPU reports an XID, and the last node stalls for a few seconds now and then (its panel goes
-stale, then live again).
+The story, so that the demo shows what the screen is for (the README's words): one GPU burning
+(a simulated burn, started as ``s`` starts one: its BURN badge and rate on its row) until it
+throttles, one GPU reports an XID, and the last node stalls for a few seconds now and then (its
+panel goes stale, then live again). The simulated jobs on the other GPUs run warm, not hot: only
+the burning GPU throttles (``gpuctl.node.readers.sim``).
 """
 
 from __future__ import annotations
@@ -38,8 +40,14 @@ def register(sub: Subcommands) -> None:
     p.set_defaults(func=run)
 
 
-async def story(fleet: Fleet, *, stall_every: float = STALL_EVERY_S) -> None:
-    """Drive the demo's events through the agents' ``simulate`` request."""
+async def story(
+    fleet: Fleet,
+    *,
+    stall_every: float = STALL_EVERY_S,
+    burns: set[tuple[str, int]] | None = None,
+) -> None:
+    """Drive the demo's events through the agents' ``simulate`` request; the burn it starts
+    goes into ``burns`` (the app's ``own_burns``: quitting the demo does not ask about it)."""
     from gpuctl.fleet.session import LinkError
 
     names = list(fleet.names)
@@ -50,7 +58,11 @@ async def story(fleet: Fleet, *, stall_every: float = STALL_EVERY_S) -> None:
             await fleet.request(node, {"type": "simulate", **msg})
 
     hot = names[0]
-    await simulate(hot, action="load", gpus=[min(2, _gpus(fleet, hot) - 1)], load=1.0)
+    gpu = min(2, _gpus(fleet, hot) - 1)
+    if burns is not None:
+        burns.add((hot, gpu))
+    if not await _burn(fleet, hot, gpu):  # read-only: the load alone, without a burn
+        await simulate(hot, action="load", gpus=[gpu], load=1.0)
     xid_node = names[min(1, len(names) - 1)]
     await simulate(xid_node, action="xid", gpu=min(5, _gpus(fleet, xid_node) - 1), xid=79)
     if len(names) < 2:
@@ -60,6 +72,21 @@ async def story(fleet: Fleet, *, stall_every: float = STALL_EVERY_S) -> None:
     while True:
         await simulate(stall, action="stall", seconds=STALL_FOR_S)
         await asyncio.sleep(stall_every)
+
+
+async def _burn(fleet: Fleet, node: str, gpu: int) -> bool:
+    """Burn one simulated GPU as ``s`` does (a BURN badge, its rate, ``s`` stops it), for as
+    long as the agents let a burn last; False when it may not (``--read-only``)."""
+    from gpuctl import service
+    from gpuctl.config import ConfigError
+    from gpuctl.fleet import control
+    from gpuctl.fleet.session import LinkError
+
+    try:
+        reply = await control.set_stress(fleet, node, [gpu], True, read_only=False)
+    except (LinkError, TimeoutError, service.ReadOnlyError, ConfigError):
+        return False
+    return gpu in reply.get("started", [])
 
 
 def _gpus(fleet: Fleet, node: str) -> int:
@@ -90,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
         config_tui=config_tui,
         job_store=job_store,
         job_store_error=job_store_error,
+        # ``a`` runs the suite simulated on the simulated GPUs: the demo needs no torch
+        accept_options={"device": "sim"},
     )
     if not args.no_story:
-        app.background.append(lambda: story(fleet))
+        app.background.append(lambda: story(fleet, burns=app.own_burns))
     return run_tui(app)

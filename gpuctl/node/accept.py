@@ -2,7 +2,9 @@
 
 Requests
     accept_start  ``python`` (VENV2 interpreter; default this one), ``args`` (list of suite
-                  options such as ``--quick``, ``--device cpu``), ``timeout`` (s, default 3600)
+                  options such as ``--quick``, ``--device cpu``; ``--device sim`` on simulated
+                  GPUs: the agent passes the suite their state, ``--sim-facts``), ``timeout``
+                  (s, default 3600)
                   -> ok {request, id, run, pid} | error busy / bad_argument / spawn_failed
     accept_stop   -> ok (the running suite, if any, is terminated; its exit event follows)
 
@@ -38,7 +40,8 @@ from . import proc
 if TYPE_CHECKING:
     from .agent import Agent
 
-_OWNED = ("--report-dir", "--report-name", "--events", "--events-fd")
+_OWNED = ("--report-dir", "--report-name", "--events", "--events-fd", "--sim-facts")
+SIM_FACTS_NAME = "sim-facts.json"
 TAIL_LINES = 20
 FOLDER_PREFIX = "gpuctl-accept-"
 LOCK_NAME = "owner.lock"
@@ -219,6 +222,16 @@ class AcceptRun(object):
         self.folder.remove()
 
 
+def _option(args: List[str], name: str) -> Optional[str]:
+    """The value of option ``name`` in ``args`` (``--name V`` or ``--name=V``), or None."""
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
 class AcceptPlugin(object):
     def __init__(self, agent: "Agent") -> None:
         self.agent = agent
@@ -248,6 +261,14 @@ class AcceptPlugin(object):
                 or not isinstance(timeout, (int, float)) or timeout <= 0:
             self.agent.reply_error("bad_argument", "python must be a path, timeout > 0", req_id)
             return
+        facts = None  # type: Any
+        if _option(args, "--device") == "sim":
+            read = getattr(self.agent.reader, "accept_facts", None)
+            if read is None:
+                self.agent.reply_error("bad_argument", "--device sim needs simulated GPUs "
+                                       "(gpuctl demo)", req_id)
+                return
+            facts = read()
         self.counter += 1
         run_id = "%d-%d" % (os.getpid(), self.counter)
         argv = [python, "-m", "gpuctl.workloads.accept"] + args
@@ -258,6 +279,10 @@ class AcceptPlugin(object):
                                    req_id)
             return
         try:
+            if facts is not None:  # a simulated run judges the simulated GPUs as they are now
+                with open(folder.join(SIM_FACTS_NAME), "w") as f:
+                    json.dump(facts, f)
+                argv += ["--sim-facts", folder.join(SIM_FACTS_NAME)]
             # TMPDIR: what the suite makes there (DDP rank files) goes with the folder
             env = proc.bundle_env({"TMPDIR": folder.path})
             self.run = AcceptRun(self, run_id, argv, env, folder, time.monotonic() + timeout)

@@ -159,6 +159,9 @@ class GpuctlApp(App[int]):
         self.on_flush: Callable[[set[str], dict[str, float]], None] | None = None
         # Coroutines to run as workers once the fleet is started (the demo's story).
         self.background: list[Callable[[], Awaitable[None]]] = []
+        # (node, GPU) of burns the app's own background started (the demo's story): ``q`` and
+        # ``S`` leave them out (quitting ends them with the simulated nodes); the user's ask.
+        self.own_burns: set[tuple[str, int]] = set()
         self.recorder: Recorder | None = None  # ``R``: the fleet's stream into a file
 
     def get_default_screen(self) -> Screen[Any]:
@@ -362,7 +365,7 @@ class GpuctlApp(App[int]):
         return error is not None
 
     def _burning(self) -> list[tuple[str, int]]:
-        return list(control.burning(self.fleet))
+        return [b for b in control.burning(self.fleet) if b not in self.own_burns]
 
     def _others(self, targets: Mapping[str, Iterable[int] | None]) -> list[service.OthersGpu]:
         """GPUs among ``targets`` (node -> GPUs, None: all) running other users' processes."""
@@ -524,7 +527,11 @@ class GpuctlApp(App[int]):
             self.overview.query_one(AcceptPane).start(run, SECTIONS)
             self.action_pane("accept")
 
-        where = "on the CPU (simulated GPUs)" if simulated else "on its GPUs"
+        where = "on its GPUs"
+        if options.device == "sim":  # gpuctl demo: figures made from the simulated GPUs
+            where = "on its simulated GPUs (a simulated run: no torch, nothing measured)"
+        elif simulated:
+            where = "on the CPU (simulated GPUs)"
         self.push_screen(
             ConfirmScreen(f"Run the quick acceptance suite on {node} {where}?", "Run"), start
         )

@@ -151,5 +151,10 @@ class FleetStore:
 
     _no_facts = GpuFacts()
 
+    def retry_in(self, name: str) -> float | None:
+        """Seconds until the fleet tries a down node again; None while it tries (or is up)."""
+        at = self.fleet.retry_at(name)
+        return None if at is None else max(0.0, at - self.fleet.clock())
+
     def util_history(self, name: str, gpu: int, n: int) -> list[float | None]:
         return self.fleet.history(name, gpu).recent("util", n)

@@ -186,6 +186,18 @@ def node_age_text(s: NodeSnapshot, now: float) -> str:
     return str(s.state.value)
 
 
+def down_text(s: NodeSnapshot, now: float, retry_in: float | None) -> str:
+    """An unreachable node's state for people, with what a person waits for: "unreachable:
+    <reason> · last seen 2m ago · retry in 4s" (``retry_in``: seconds to the fleet's next try,
+    None while it tries). Other states as ``node_age_text``."""
+    if s.state is not NodeState.UNREACHABLE:
+        return node_age_text(s, now)
+    age = s.age(now)
+    seen = "never seen" if age is None else f"last seen {fmt_age(age)} ago"
+    retry = "retrying now" if retry_in is None else f"retry in {math.ceil(max(0.0, retry_in))}s"
+    return f"{node_age_text(s, now)} · {seen} · {retry}"
+
+
 def fmt_power(watts: float) -> str:
     if not math.isfinite(watts):  # a sum of junk readings (1e308 W twice)
         return "-"

@@ -22,7 +22,7 @@ import pytest
 from gpuctl.config import NodeConfig, load_config
 from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.fleet.build import ClusterFleet, fleet_from_config
-from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.fleet import BACKOFF_MAX_S, Fleet
 from gpuctl.fleet.session import LinkError
 from gpuctl.fleet.ssh import BundleStore, SshLink
 from gpuctl_tests.harness.sshd import SshCluster
@@ -168,6 +168,56 @@ async def test_killed_node_turns_stale_then_unreachable_and_comes_back(
             what="b back by itself",
         )
         assert snaps["b"].reason is None
+    finally:
+        await fleet.stop()
+
+
+CONNECT_SLACK_S = 4.0  # an SSH connect and an agent's hello here take about a second
+
+
+@pytest.mark.slow
+async def test_a_node_back_from_a_long_outage_shows_within_the_backoff_cap(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    """Issue 26: with the default backoff (no [fleet] keys), a node whose sshd was down long
+    enough for the old backoff to reach its 30 s cap (a wait of 15-30 s after the sixth failure)
+    shows again within ``BACKOFF_MAX_S`` plus one connect once its sshd is back."""
+    await asyncio.to_thread(ssh_cluster.start_nodes, ["back"])
+    path = ssh_cluster.write_config(
+        tmp_path / "config.toml",
+        nodes=["back"],
+        simulate=1,
+        interval=0.2,
+        bundle_dir=str(tmp_path / "bundles"),
+    )
+    fleet = fleet_from_config(load_config(path), stale_after=1.0)
+    rt = fleet.nodes["back"]
+    await fleet.start()
+    try:
+        await wait_fleet(fleet, lambda ss: ss["back"].last_sample_t, what="back live")
+        await asyncio.to_thread(ssh_cluster["back"].kill)
+        # 1 + 2 + 4 + 8 + 8 s of backoff (x 0.5..1): the old caps waited 16 s then 30 s
+        await wait_fleet(
+            fleet,
+            lambda ss: ss["back"].state is NodeState.UNREACHABLE and rt.failures >= 6,
+            timeout=60.0,
+            what="six failed connects",
+        )
+        assert fleet.backoff_max == BACKOFF_MAX_S
+        await asyncio.to_thread(ssh_cluster["back"].start)
+        started = time.monotonic()
+        restarted_at = time.time()
+        await wait_fleet(
+            fleet,
+            lambda ss: (
+                ss["back"].state is NodeState.LIVE
+                and (ss["back"].last_sample_t or 0) > restarted_at
+            ),
+            timeout=BACKOFF_MAX_S + 30.0,
+            what="back live again by itself",
+        )
+        took = time.monotonic() - started
+        assert took <= BACKOFF_MAX_S + CONNECT_SLACK_S, f"back after {took:.1f} s"
     finally:
         await fleet.stop()
 

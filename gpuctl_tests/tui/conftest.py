@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -47,8 +48,14 @@ def replay_links() -> dict[str, NodeLink]:
 
 def replay_fleet() -> Fleet:
     # Stale (older than 3 s) but not yet dropped by the fleet (silent for 12 s and more).
+    # A seeded jitter: the down node's "retry in" is the same on every run.
     return Fleet(
-        replay_links(), clock=lambda: NOW, stale_after=3.0, backoff_base=30.0, backoff_max=60.0
+        replay_links(),
+        clock=lambda: NOW,
+        stale_after=3.0,
+        backoff_base=30.0,
+        backoff_max=60.0,
+        rng=random.Random(0),
     )
 
 

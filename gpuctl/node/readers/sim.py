@@ -1,8 +1,9 @@
 """Simulated GPUs for the demo and the UI tests: plausible numbers, a story when burned.
 
 Each GPU follows simple first-order physics: under load its utilization goes to 100%, its power
-to the limit and its temperature climbs towards a hot target with a time constant of ~20 s; past
-the slowdown temperature its SM clock drops and ``sw_thermal`` throttling is reported. Randomness
+to the limit and its temperature climbs towards a target with a time constant of ~20 s (hot
+under a burn, warm under a job); past the slowdown temperature its SM clock drops and
+``sw_thermal`` throttling is reported: a burned GPU throttles, a busy one does not. Randomness
 comes from one seeded ``random.Random`` and time from an injectable clock, so a test that steps
 the clock gets the same numbers every run.
 """
@@ -28,7 +29,11 @@ MODELS = {
 }
 DEFAULT_MODEL = "H100"
 AMBIENT_C = 32.0
-HOT_C = 88.0  # where a fully loaded GPU settles
+HOT_C = 88.0  # where a burned GPU settles
+# Where a GPU busy with a job settles at 100%: warm, below the slowdown. At HOT_C for every load,
+# the demo's busy GPUs (a 95% job) crossed SLOWDOWN_C after two minutes and 4-7 of them showed
+# THERM, where the story has one GPU burning until it throttles.
+JOB_HOT_C = 78.0
 SLOWDOWN_C = 84.0  # above this the SM clock drops and sw_thermal is reported
 TAU_S = 20.0
 GIB = 1 << 30
@@ -102,7 +107,8 @@ class SimGpu(object):
         load = max(self.burn, self.base_load)
         target_util = 100.0 * load if self.burn else min(100.0, 100.0 * load + rng.gauss(0, 6))
         self.util = max(0.0, min(100.0, self.util + (target_util - self.util) * min(1.0, dt)))
-        hot_target = AMBIENT_C + (HOT_C - AMBIENT_C) * (self.util / 100.0) ** 0.8
+        top = HOT_C if self.burn else JOB_HOT_C
+        hot_target = AMBIENT_C + (top - AMBIENT_C) * (self.util / 100.0) ** 0.8
         alpha = min(1.0, dt / TAU_S)
         self.temp += (hot_target - self.temp) * alpha + rng.gauss(0, 0.15)
 
@@ -119,16 +125,20 @@ class SimGpu(object):
         return [{"pid": p["ppid"], "ppid": 1, "uid": p["uid"], "user": p["user"],
                  "command": "bash job.sh", "started": None} for p in self.processes]
 
+    def clock(self) -> Tuple[int, bool]:
+        """The SM clock now (MHz) and whether heat holds it down (``sw_thermal``)."""
+        if self.temp > SLOWDOWN_C:
+            over = min(1.0, (self.temp - SLOWDOWN_C) / (HOT_C + 4 - SLOWDOWN_C))
+            return int(self.max_sm * (1.0 - 0.25 * over)), True
+        return (self.max_sm if self.util > 2.5 else 345), False
+
     def read(self, rng: random.Random, epoch: float) -> Optional[Dict[str, Any]]:
         if self.lost:
             return None
         util = int(round(self.util))
-        hot = self.temp > SLOWDOWN_C
         throttle = []  # type: List[str]
-        sm = self.max_sm if util > 2 else 345
+        sm, hot = self.clock()
         if hot:
-            over = min(1.0, (self.temp - SLOWDOWN_C) / (HOT_C + 4 - SLOWDOWN_C))
-            sm = int(self.max_sm * (1.0 - 0.25 * over))
             throttle.append("sw_thermal")
         power = self.idle_w + (self.power_limit - self.idle_w) * (util / 100.0) ** 1.3
         power = min(float(self.power_limit), power + rng.gauss(0, 2.0))
@@ -223,6 +233,22 @@ class SimReader(Reader):
                 }
             rec.update(self._slow[g.index] or {})
             out.append(rec)
+        return out
+
+    def accept_facts(self) -> List[Dict[str, Any]]:
+        """What a simulated acceptance run judges (``gpuctl.workloads.accept.simulated``):
+        each GPU's static facts and its state now (temperature, SM clock under load, heat
+        throttling, XIDs, lost), read without stepping the simulation."""
+        out = []  # type: List[Dict[str, Any]]
+        for static, g in zip(self.static(), self.gpus):
+            sm, hot = g.clock()
+            facts = dict(static)
+            # Under the suite's load an idle GPU clocks up; heat holds a hot one down.
+            facts.update({"temp": round(g.temp, 1), "sm_clock": sm if hot else g.max_sm,
+                          "lost": g.lost,
+                          "throttle": ["sw_thermal"] if hot else [], "xids": list(g.xids),
+                          "driver": self.versions()["driver"]})
+            out.append(facts)
         return out
 
     def events(self) -> List[Dict[str, Any]]:

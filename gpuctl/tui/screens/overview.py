@@ -204,8 +204,10 @@ class OverviewScreen(Screen[None]):
         self.update_header()
 
     def tick(self) -> None:
-        """Once a second: ages of stale nodes move on, and so does the header."""
-        if any(s.state is NodeState.STALE for s in self.store.snaps.values()):
+        """Once a second: ages of stale nodes and down nodes' next tries move on, and so does
+        the header."""
+        down = (NodeState.STALE, NodeState.UNREACHABLE)  # ages and next tries count
+        if any(s.state in down for s in self.store.snaps.values()):
             if self.mode == "list":
                 self.nodes.refresh_stale_headers()
             self.update_header()

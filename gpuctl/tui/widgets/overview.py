@@ -34,13 +34,13 @@ from gpuctl.tui.text import node_str
 from gpuctl.tui.view import (
     SPARK_CHARS,
     bar,
+    down_text,
     fmt_gib_pair,
     fmt_power,
     gpu_badges,
     is_problem,
     level,
     mem_fraction,
-    node_age_text,
     node_is_down,
     power_fraction,
     sparkline,
@@ -154,6 +154,7 @@ class NodeList(ScrollView, can_focus=True):
         self.on_paint: Callable[[str, float], None] | None = None  # (node, arrival): benchmark
         self.sort: str | None = None  # a key of gpusort.SORTS; None: the fleet's order
         self.compact = False  # one line per node
+        self._down_shown: dict[str, str] = {}  # a down node's state words as last painted
         self.node_order: list[str] = []  # the nodes in the order shown
         self.per_gpu_w = PER_GPU_W  # compact: the width of the per-GPU bars
         # A sort holds still between re-sorts: the order of the nodes and of each one's GPUs
@@ -269,12 +270,17 @@ class NodeList(ScrollView, can_focus=True):
             self.scroll_to(y=max(0, self.cursor_y - row), animate=False, immediate=True)
 
     def refresh_stale_headers(self) -> None:
-        """Ages tick every second for stale nodes: repaint just their header lines."""
+        """Ages tick every second for stale nodes, and a down node's next try counts down:
+        repaint just their header lines (a down node's only when its words changed)."""
         top = int(self.scroll_offset.y)
         for y in range(top, min(len(self.lines), top + self.size.height)):
             line = self.lines[y]
-            if line.kind in ("head", "node") and (
-                self.store.snaps[line.node].state is NodeState.STALE
+            if line.kind not in ("head", "node"):
+                continue
+            snap = self.store.snaps[line.node]
+            if snap.state is NodeState.STALE or (
+                snap.state is NodeState.UNREACHABLE
+                and self._down_shown.get(line.node) != self._state_text(snap)
             ):
                 self.refresh_line(y)
 
@@ -486,7 +492,7 @@ class NodeList(ScrollView, can_focus=True):
         state_cls = STATE_CLASSES[s.state]
         dot = {"live": "●", "stale": "◐", "unreachable": "✖", "connecting": "○"}[s.state.value]
         state = header + self._style(state_cls)
-        age = node_str(node_age_text(s, self.store.clock()), limit=TEXT_LIMIT)
+        age = node_str(self._shown_state(s), limit=TEXT_LIMIT)
         segs = [
             Segment(" ", header),
             Segment(node_str(s.name, limit=TEXT_LIMIT), name),
@@ -518,6 +524,18 @@ class NodeList(ScrollView, can_focus=True):
             segs.append(Segment(f"  {node_str(reader_text(info), limit=TEXT_LIMIT)}", style))
         return segs
 
+    def _state_text(self, s: NodeSnapshot) -> str:
+        """The node's state as its header says it (a down node: last seen, next try)."""
+        return down_text(s, self.store.clock(), self.store.retry_in(s.name))
+
+    def _shown_state(self, s: NodeSnapshot) -> str:
+        """``_state_text`` for a line being painted: a down node's is kept, so that the
+        once-a-second tick repaints it only when its words change."""
+        text = self._state_text(s)
+        if s.state is NodeState.UNREACHABLE:
+            self._down_shown[s.name] = text
+        return text
+
     def _compact(self, s: NodeSnapshot) -> list[Segment]:
         """A whole node on one line (``COMPACT_COLUMNS``): state, GPU count, mean utilization
         and one bar per GPU, memory, hottest GPU, power, and its trouble counted."""
@@ -533,7 +551,7 @@ class NodeList(ScrollView, can_focus=True):
             Segment(f"{word:<8}", st(state_cls)),
         ]
         if s.state not in (NodeState.LIVE, NodeState.STALE):
-            why = node_age_text(s, self.store.clock())
+            why = self._shown_state(s)
             return [*segs, Segment(node_str(why, limit=TEXT_LIMIT), st(state_cls))]
         if not s.gpus:
             return [*segs, Segment(self._msg_text(s), dim)]

@@ -51,7 +51,13 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
         description="Acceptance suite of one node: prints [RESULT] and writes a JSON report.",
     )
     p.add_argument("--quick", action="store_true", help="short runs (seconds, not minutes)")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu", "sim"),
+        default="cuda",
+        help="sim: a simulated run on a simulated node's GPUs (its agent passes --sim-facts)",
+    )
+    p.add_argument("--sim-facts", help=argparse.SUPPRESS)  # JSON: the simulated GPUs now
     p.add_argument("--report-dir", default=".", help="folder for the JSON report")
     p.add_argument(
         "--report-name", help="report file name, {node} is replaced (default accept-NODE-TIME.json)"
@@ -158,7 +164,32 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
         p.error("--test-slow-compute must be >= 1")
     if args.memtest_mb is not None and args.memtest_mb < 1:
         p.error("--memtest-mb must be at least 1")
+    if args.device == "sim" and not args.sim_facts:
+        p.error("--device sim runs on a simulated node, whose agent passes --sim-facts")
     return args
+
+
+def no_torch(error: ImportError) -> str:
+    """The one line a run without torch says: which Python lacks it and the two ways out
+    (the README's install has no torch: the suite runs with the nodes' Python with torch)."""
+    why = "" if error.name == "torch" else f" ({error})"  # torch there, a part of it broken
+    return (
+        f"torch is not importable by {sys.executable}{why}: install it there, or set "
+        "`[accept] python` / `--python`"
+    )
+
+
+def _env_without_torch(suite: "Suite", message: str) -> "dict[str, Any]":
+    """[ENV] of a Python without torch: FAIL, saying so once; the sections after it SKIP."""
+    suite.blocked = "needs torch: see [ENV]"
+    return {
+        "verdict": "FAIL",
+        "summary": message,
+        "failures": [message],
+        "hostname": socket.gethostname(),
+        "python": sys.executable,
+        "torch": None,
+    }
 
 
 class Suite:
@@ -175,6 +206,9 @@ class Suite:
         self.node = args.node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         # [DDP]: (rank results, error or None, local processes), run once for both sections
         self.ddp_result: tuple[list[dict[str, Any]], str | None, int] | None = None
+        self.runners = RUNNERS  # section name -> its runner (a simulated run has its own)
+        # Why every section after [ENV] is skipped (no torch): said once, by [ENV].
+        self.blocked: str | None = None
 
     # helpers for the sections ------------------------------------------------------------------
     def devices(self) -> "list[tuple[str, Any, str]]":
@@ -231,6 +265,8 @@ class Suite:
             res: dict[str, Any]
             if name in a.skip:
                 res = {"verdict": "SKIP", "summary": f"--skip {name}"}
+            elif name != "env" and self.blocked is not None:
+                res = {"verdict": "SKIP", "summary": self.blocked}
             elif name != "env" and self.no_gpu:
                 # ENV already failed (or was allowed to skip): one failure, not eight.
                 res = {
@@ -239,7 +275,7 @@ class Suite:
                 }
             else:
                 try:
-                    res = RUNNERS[name](self)
+                    res = self.runners[name](self)
                 except Exception as e:
                     traceback.print_exc()
                     msg = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
@@ -251,7 +287,8 @@ class Suite:
             res["seconds"] = round(time.monotonic() - t0, 3)
             if res["verdict"] == "FAIL" and not res.get("failures"):
                 res["failures"] = [f"{name}: {res.get('summary')}"]
-            self.out.line(f"{res['verdict']} ({res['seconds']:.1f} s): {res.get('summary')}")
+            if not (name != "env" and self.blocked is not None):  # [ENV] said why, once
+                self.out.line(f"{res['verdict']} ({res['seconds']:.1f} s): {res.get('summary')}")
             self.out.event(
                 event="section",
                 section=name,
@@ -287,16 +324,20 @@ def main(argv: "list[str] | None" = None) -> int:
     out = Output(args.events, args.events_fd)
     started = time.time()
     out.event(event="start", node=node, device=args.device, quick=args.quick, pid=os.getpid())
-    try:
-        import torch
-    except ImportError as e:
-        msg = f"torch is not importable by {sys.executable} ({e})"
-        out.line(f"[ENV] {msg}")
-        out.event(event="result", verdict="FAIL", failures=[msg], report=None)
-        sys.stdout.write(f"{RESULT_FAILURE}: [{json.dumps(msg)}]\n")
-        out.close()
-        return 1
+    torch: Any = None
+    missing: str | None = None
+    if args.device == "sim":  # simulated GPUs: figures from their state, no torch
+        from . import simulated
+    else:
+        try:
+            import torch
+        except ImportError as e:
+            missing = no_torch(e)
     suite = Suite(args, out, torch)
+    if args.device == "sim":
+        suite.runners = simulated.runners(args.sim_facts)
+    elif missing is not None:
+        suite.runners = {**RUNNERS, "env": lambda s: _env_without_torch(s, missing)}
     sections = suite.run()
     failures: list[str] = []
     warnings: list[str] = []
@@ -314,6 +355,7 @@ def main(argv: "list[str] | None" = None) -> int:
         "finished": finished,
         "duration_s": round(finished - started, 3),
         "device": args.device,
+        "simulated": args.device == "sim",  # figures made from simulated GPUs, not measured
         "quick": args.quick,
         "options": {
             k: v

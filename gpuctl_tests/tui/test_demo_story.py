@@ -1,0 +1,67 @@
+"""Issue 26: ``gpuctl demo`` tells the README's story: "one GPU burning until it throttles, one
+XID, one node that stalls now and then". The burning GPU shows BURN on its row (it was a load
+seen only in ``p``), and it is the only GPU that throttles (4-7 busy GPUs showed THERM after two
+minutes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuctl.cli.demo import story
+from gpuctl.fleet.demo import demo_nodes
+from gpuctl.fleet.fleet import simulated_fleet
+from gpuctl.node.readers.sim import SimReader
+from gpuctl.tui import make_app
+from gpuctl_tests.tui.test_panes import until
+
+
+def test_only_the_burned_gpu_of_the_demo_throttles_after_ten_minutes() -> None:
+    """The demo's six nodes (the seeds and specs ``gpuctl demo`` gives them), the story's GPU 2
+    of the first node loaded as the burn loads it, ten simulated minutes in one-second steps."""
+    now = [0.0]
+    readers = [
+        SimReader.from_spec(spec, seed=i, clock=lambda: now[0])
+        for i, (_name, spec) in enumerate(demo_nodes())
+    ]
+    readers[0].simulate("load", {"gpus": [2], "load": 1.0})
+    throttled: set[tuple[int, int]] = set()
+    for _ in range(600):
+        now[0] += 1.0
+        for n, reader in enumerate(readers):
+            for g in reader.sample(slow=False):
+                if "sw_thermal" in g["throttle"]:
+                    throttled.add((n, g["index"]))
+    # the demo's jobs keep GPUs busy (the point is that they do not throttle)
+    busy = sum(1 for r in readers for g in r.gpus if g.base_load >= 0.9)
+    assert busy >= 4, busy
+    assert throttled == {(0, 2)}, sorted(throttled)
+
+
+async def test_the_demo_burns_one_gpu_with_its_badge_on_the_screen(tmp_path: Path) -> None:
+    fleet = simulated_fleet(demo_nodes(2, 4), interval=0.2)
+    app = make_app(fleet, simulated=True, state_dir=tmp_path / "state")
+    app.background.append(lambda: story(fleet, stall_every=3600, burns=app.own_burns))
+    async with app.run_test(size=(160, 30)) as pilot:
+        nodes = app.overview.nodes
+
+        def row(node: str, gpu: int) -> str:
+            y = next(i for i, ln in enumerate(nodes.lines) if (ln.node, ln.gpu) == (node, gpu))
+            nodes.scroll_to(y=y, animate=False, immediate=True)
+            return "".join(s.text for s in nodes.render_line(y - int(nodes.scroll_offset.y)))
+
+        await until(
+            pilot,
+            lambda: app.store.snaps["sim-01"].burning(2) and "BURN" in row("sim-01", 2),
+            "sim-01 GPU 2 burning on screen",
+            timeout=30,
+        )
+        burn = app.store.snaps["sim-01"].burn(2)
+        assert burn is not None and burn.get("engine") == "sim"
+        # one GPU burns, not the node: the others show no burn
+        assert [g for g in range(4) if app.store.snaps["sim-01"].burning(g)] == [2]
+        # the XID the story sends arrives too
+        await until(pilot, lambda: ("sim-02", 3) in app.store.xids, "the XID on sim-02")
+        # q quits the demo at once, as its first screen says: the story's burn asks nothing
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, "the demo to exit")
+    assert app.return_value == 0

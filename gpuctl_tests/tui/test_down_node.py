@@ -1,0 +1,99 @@
+"""Issue 26: a node that went down says in its header when it was last seen and when the fleet
+tries it next, and the countdown moves on by itself (the fleet's own next try, not a guess)."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+from gpuctl.core.model import NodeState
+from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.links import NodeLink
+from gpuctl.fleet.replay import ReplayLink, recorded_node
+from gpuctl.fleet.session import AgentSession, LinkError
+from gpuctl.tui import make_app
+from gpuctl_tests.tui.conftest import T0, T_LAST
+from gpuctl_tests.tui.test_panes import until
+
+LATER = T_LAST + 125.0  # the frozen "now": the node's last sample was 2 minutes ago
+
+
+class GoneAfterOneSession(NodeLink):
+    """A node that streamed its recording once, then refuses every connection."""
+
+    kind = "ssh"
+
+    def __init__(self) -> None:
+        self.first = ReplayLink(recorded_node("gpu-d04", "2:H100", seed=5, t0=T0, samples=40))
+        self.opened = 0
+
+    async def open(self) -> AgentSession:
+        self.opened += 1
+        if self.opened == 1:
+            session = await self.first.open()
+            await session.close()  # the recording ends: the link closes after it
+            return session
+        raise LinkError("refused", "connection refused by 10.0.0.14:22")
+
+
+def header_text(app: object, node: str) -> str:
+    nodes = app.overview.nodes  # type: ignore[attr-defined]
+    y = next(i for i, ln in enumerate(nodes.lines) if ln.node == node and ln.kind == "head")
+    nodes.scroll_to(y=y, animate=False, immediate=True)
+    return "".join(s.text for s in nodes.render_line(y - int(nodes.scroll_offset.y)))
+
+
+async def test_a_down_nodes_header_says_when_last_seen_and_when_the_next_try_is(
+    tmp_path: Path,
+) -> None:
+    now = [LATER]
+    link = GoneAfterOneSession()
+    # backoff long enough that no retry comes while the test reads the screen
+    fleet = Fleet(
+        {"gpu-d04": link},
+        clock=lambda: now[0],
+        backoff_base=30.0,
+        backoff_max=60.0,
+        rng=random.Random(1),
+    )
+    app = make_app(fleet, clock=lambda: now[0], state_dir=tmp_path / "state")
+    async with app.run_test(size=(160, 30)) as pilot:
+        await until(
+            pilot,
+            lambda: (
+                app.store.snaps["gpu-d04"].state is NodeState.UNREACHABLE
+                and fleet.retry_at("gpu-d04") is not None
+                and not app.store.pending
+            ),
+            "gpu-d04 down, waiting to retry",
+        )
+        at = fleet.retry_at("gpu-d04")
+        assert at is not None
+        left = math.ceil(at - now[0])
+        assert 15 <= left <= 30  # 30 s x jitter 0.5..1
+        await pilot.pause()
+        text = header_text(app, "gpu-d04")
+        assert (
+            f"✖ unreachable: closed: agent link closed · last seen 2m ago · retry in {left}s"
+            in text
+        ), text
+        # a second later (the app's once-a-second tick) the countdown has moved on
+        now[0] += 1.0
+        await until(
+            pilot,
+            lambda: f"retry in {left - 1}s" in header_text(app, "gpu-d04"),
+            "the countdown to tick",
+        )
+        # the compact view says the same on the node's one line
+        await pilot.press("v")
+        await until(pilot, lambda: app.overview.nodes.compact, "the compact view")
+        await pilot.pause()
+        text = node_line(app, "gpu-d04")
+        assert "✖ down  unreachable: closed: agent link closed · last seen 2m ago" in text, text
+
+
+def node_line(app: object, node: str) -> str:
+    nodes = app.overview.nodes  # type: ignore[attr-defined]
+    y = next(i for i, ln in enumerate(nodes.lines) if ln.node == node and ln.kind == "node")
+    return "".join(s.text for s in nodes.render_line(y - int(nodes.scroll_offset.y)))
