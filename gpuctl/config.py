@@ -359,7 +359,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "connect_timeout": Key(_number(0.5, 600), 20.0, "seconds for an agent to say hello"),
         "stale_after": Key(_number(0.5, 3600), 3.0, "seconds without a sample: the node is stale"),
         "backoff_base": Key(_number(0.01, 600), 1.0, "first reconnect delay, seconds"),
-        "backoff_max": Key(_number(0.01, 3600), 30.0, "longest reconnect delay, seconds"),
+        "backoff_max": Key(_number(0.01, 3600), 8.0, "longest reconnect delay, seconds"),
         "liveness_timeout": Key(
             _liveness, 30.0, "an agent that hears nothing this long stops its burns (0: never)"
         ),
