@@ -14,6 +14,9 @@ import pytest
 
 from gpuctl_tests.helpers import AgentProcess, unavailable
 
+# The unit and full lanes (``--unit``, the markers tests get from their fixtures).
+pytest_plugins = ["gpuctl_tests.lanes"]
+
 if TYPE_CHECKING:
     from gpuctl_tests.harness.slurm import SlurmCluster
     from gpuctl_tests.harness.sshd import SshCluster

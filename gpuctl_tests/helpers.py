@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import inspect
 import json
 import os
 import selectors
@@ -10,11 +13,17 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
+
+if TYPE_CHECKING:
+    from textual.pilot import Pilot
+
+    from gpuctl.core.model import NodeSnapshot
+    from gpuctl.fleet.fleet import Fleet
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -30,16 +39,109 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``pred`` until it returns something truthy; fail the test at the deadline."""
+# -- waiting: the one mechanism every test uses to wait for something --------------------------
+# A test waits for a condition with a deadline, never for a time: ``pred`` is tried again until
+# it returns something truthy (which is returned), and the test fails at the deadline, naming
+# ``what`` it waited for and, when ``now`` is given, what it saw instead. Between two tries a
+# thread sleeps ``every`` seconds; a coroutine awaits ``wake(seconds_left)``: a short sleep by
+# default, ``fleet_changes`` to be woken by a fleet's updates, ``pilot.pause`` on a screen.
+Wake = Callable[[float], Awaitable[object]]
+
+
+def _timed_out(timeout: float, what: str, now: Callable[[], object] | None) -> NoReturn:
+    seen = f"; now {now()}" if now is not None else ""
+    pytest.fail(f"timed out after {timeout:g} s waiting for {what}{seen}")
+
+
+def wait_until(
+    pred: Callable[[], Any],
+    timeout: float = 10.0,
+    what: str = "condition",
+    *,
+    every: float = 0.02,
+    now: Callable[[], object] | None = None,
+) -> Any:
+    """Try ``pred`` until it returns something truthy; fail the test at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
         value = pred()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)  # a poll interval, not synchronisation: the deadline decides
+            _timed_out(timeout, what, now)
+        time.sleep(every)  # a poll interval, not synchronisation: the deadline decides
+
+
+async def wait_until_async(
+    pred: Callable[[], Any],
+    timeout: float = 10.0,
+    what: str = "condition",
+    *,
+    wake: Wake | None = None,
+    now: Callable[[], object] | None = None,
+) -> Any:
+    """``wait_until`` on an event loop; ``pred`` may be a coroutine function. Between two tries
+    it awaits ``wake(seconds left)`` (default: a 0.02 s sleep, a poll interval)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        left = deadline - time.monotonic()
+        if left <= 0:
+            _timed_out(timeout, what, now)
+        await (wake(left) if wake is not None else asyncio.sleep(min(left, 0.02)))
+
+
+def fleet_changes(fleet: Fleet) -> Wake:
+    """A ``wake`` for ``wait_until_async`` that returns when ``fleet`` publishes a change (or
+    after half a second at most: a condition on the clock needs no change to come true)."""
+    changed = asyncio.Event()
+    fleet.subscribe(lambda _snapshot: changed.set())
+
+    async def wake(left: float) -> None:
+        changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), min(left, 0.5))
+
+    return wake
+
+
+async def wait_fleet(
+    fleet: Fleet,
+    pred: Callable[[dict[str, NodeSnapshot]], Any],
+    timeout: float = 30.0,
+    what: str = "the fleet state",
+) -> dict[str, NodeSnapshot]:
+    """Wait until ``pred({name: snapshot})`` holds, woken by the fleet's own updates; the
+    snapshots it held for."""
+
+    def snapshots() -> dict[str, NodeSnapshot]:
+        return {s.name: s for s in fleet.snapshots()}
+
+    def now() -> object:
+        return {n: (s.state.value, s.reason, dict(s.annotations)) for n, s in snapshots().items()}
+
+    await wait_until_async(
+        lambda: pred(snapshots()), timeout, what, wake=fleet_changes(fleet), now=now
+    )
+    return snapshots()
+
+
+async def until(
+    pilot: Pilot[Any], pred: Callable[[], Any], what: str = "condition", timeout: float = 15.0
+) -> Any:
+    """``wait_until_async`` on a Textual screen: the app runs between two tries, and an app
+    that crashed fails the test at once, saying so."""
+
+    def screen_pred() -> Any:
+        crashed = pilot.app._exception
+        assert crashed is None, f"the app crashed waiting for {what}: {crashed!r}"
+        return pred()
+
+    return await wait_until_async(screen_pred, timeout, what, wake=lambda _left: pilot.pause(0.05))
 
 
 def old_python(version: str) -> str:

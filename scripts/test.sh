@@ -2,8 +2,19 @@
 # The README's test command: installs everything the tests need on a fresh Debian machine
 # (system packages, the package with its test extra, torch's CPU wheel), then runs the linters
 # and the whole test suite. Extra arguments go to pytest.
+#
+# ``scripts/test.sh --unit``: the developer's lane. No system packages (no apt, sshd, Slurm or
+# browser), pip only to make a missing venv, the same linters, and ``pytest --unit``: the tests
+# that need none of those, nor a real Python 3.6 job, nor a slow marker (gpuctl_tests/conftest.py
+# marks them from the fixtures they use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+UNIT=""
+if [ "${1:-}" = "--unit" ]; then
+    UNIT=1
+    shift
+fi
 
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -11,12 +22,37 @@ SUDO=""
 # GPUCTL_TEST_VENV), so the tests never depend on, or disturb, what the machine has installed.
 VENV="${GPUCTL_TEST_VENV:-.venv}"
 
-echo "== system packages (OpenSSH server, Slurm, munge, tmux, tcsh, gcc, chromium for gpuctl serve)"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends \
-    openssh-server openssh-client slurm-wlm slurm-client munge tmux tcsh gcc libc6-dev \
-    iproute2 procps chromium chromium-driver >/dev/null
+# The system packages the full lane needs, one a line.
+SYSTEM_PACKAGES="
+    openssh-server
+    openssh-client
+    slurm-wlm
+    slurm-client
+    munge
+    tmux
+    tcsh
+    gcc
+    libc6-dev
+    iproute2
+    procps
+    chromium
+    chromium-driver
+"
+if [ -z "$UNIT" ]; then
+    echo "== system packages (OpenSSH server, Slurm, munge, tmux, tcsh, gcc, chromium for gpuctl serve)"
+    export DEBIAN_FRONTEND=noninteractive
+    missing=""
+    for pkg in $SYSTEM_PACKAGES; do
+        dpkg-query -W -f='${db:Status-Abbrev}' "$pkg" 2>/dev/null | grep -q '^ii' ||
+            missing="$missing $pkg"
+    done
+    if [ -n "$missing" ]; then  # apt-get update only when something is to be installed
+        echo "   installing:$missing"
+        $SUDO apt-get update -qq
+        # shellcheck disable=SC2086  # one word a package
+        $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    fi
+fi
 
 echo "== python packages (into $VENV)"
 # torch==2.13.0 must be the CPU wheel these machines carry (pip's find-links), never a CUDA build
@@ -27,23 +63,31 @@ cpu_torch_fits() {  # the venv's Python can install torch 2.13.0 from local whee
     "$PY" -m pip install -q --disable-pip-version-check --dry-run --no-deps --no-index \
         'torch==2.13.0' >/dev/null 2>&1
 }
-if [ ! -x "$PY" ] || ! cpu_torch_fits; then
-    found=""
-    for cand in "${GPUCTL_TEST_PYTHON:-python3}" python3.11 python3.12 python3.13 python3.10 \
-            "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[0-9]*/bin/python; do
-        command -v "$cand" >/dev/null 2>&1 || continue
-        rm -rf "$VENV"
-        "$cand" -m venv "$VENV" || continue
-        if cpu_torch_fits; then found="$cand"; break; fi
-    done
-    if [ -z "$found" ]; then
-        echo "no CPU wheel of torch 2.13.0 fits any Python here (pip's find-links):" \
-            "refusing to pull a CUDA build" >&2
-        exit 1
+install_venv() {
+    if [ ! -x "$PY" ] || ! cpu_torch_fits; then
+        found=""
+        for cand in "${GPUCTL_TEST_PYTHON:-python3}" python3.11 python3.12 python3.13 python3.10 \
+                "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[0-9]*/bin/python; do
+            command -v "$cand" >/dev/null 2>&1 || continue
+            rm -rf "$VENV"
+            "$cand" -m venv "$VENV" || continue
+            if cpu_torch_fits; then found="$cand"; break; fi
+        done
+        if [ -z "$found" ]; then
+            echo "no CPU wheel of torch 2.13.0 fits any Python here (pip's find-links):" \
+                "refusing to pull a CUDA build" >&2
+            exit 1
+        fi
+        echo "   (the test venv uses $found: torch's CPU wheel here is for $("$PY" -V 2>&1))"
     fi
-    echo "   (the test venv uses $found: torch's CPU wheel here is for $("$PY" -V 2>&1))"
+    "$PY" -m pip install -q --disable-pip-version-check -e '.[test]' 'torch==2.13.0'
+}
+if [ -n "$UNIT" ] && [ -x "$PY" ] && "$PY" -c "import pytest, ruff, mypy, textual" 2>/dev/null
+then
+    echo "   (the unit lane takes the venv as it is; the full lane installs into it)"
+else
+    install_venv
 fi
-"$PY" -m pip install -q --disable-pip-version-check -e '.[test]' 'torch==2.13.0'
 
 echo "== ruff"
 LINTED=$(ls -d gpuctl gpuctl_tests benchmarks 2>/dev/null)
@@ -54,4 +98,4 @@ echo "== mypy (strict, login side)"
 echo "== vermin (gpuctl/node must run on Python 3.6)"
 "$VENV/bin/vermin" -q --no-tips --eval-annotations --violations -t=3.6- gpuctl/node
 echo "== pytest"
-"$PY" -m pytest -q -p no:cacheprovider --durations=15 "$@"
+"$PY" -m pytest -q -p no:cacheprovider --durations=15 ${UNIT:+--unit} "$@"

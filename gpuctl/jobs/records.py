@@ -7,7 +7,8 @@ here. The same goes for the VENV2 probe and the environment builder's answer, an
 store's JSON columns when a row is read back.
 
 - ``JobMeta`` (``meta.json``, written by the executor) and its ``Limits``;
-- ``Outcome`` (``outcome.json``, the supervisor's), ``StatusLine`` (``status.jsonl``),
+- ``Outcome`` (``outcome.json``, the supervisor's: defined in ``gpuctl.node.jobfiles``, where
+  the supervisor is type-checked against it), ``StatusLine`` (``status.jsonl``),
   ``WorkerError`` (``error.json``), ``ResultInfo`` (``result_info.json``), ``Heartbeat``
   (``heartbeat.json``), ``PidFile`` (``supervisor.json``);
 - ``Handle`` (how a backend finds a job it started), ``BackendInfo`` (``Backend.describe()``:
@@ -19,6 +20,10 @@ store's JSON columns when a row is read back.
 from __future__ import annotations
 
 from typing import TypedDict
+
+from gpuctl.node.jobfiles import Outcome
+
+__all__ = ["Outcome"]  # defined with its writer, the supervisor (the job folder's contract)
 
 
 # -- written by the submitter ----------------------------------------------------------------
@@ -64,45 +69,7 @@ class JobMeta(TypedDict, total=False):
     dists: dict[str, list[str]]  # top-level module -> [distribution, version] the payload holds
 
 
-# -- written on the node ----------------------------------------------------------------------
-class CgroupMemory(TypedDict, total=False):
-    """The supervisor's memory cgroup before and after the job: its limit and OOM kills."""
-
-    limit_bytes: int | None
-    oom_kill: int | None
-
-
-class SetupRun(TypedDict, total=False):
-    lines: list[str]
-    rc: int | None
-
-
-class StartError(TypedDict, total=False):
-    """Why VENV2's python could not be executed."""
-
-    errno: int | None
-    errno_name: str
-    message: str
-    python: str
-
-
-class MemLimitExceeded(TypedDict, total=False):
-    """``outcome.json``'s ``mem_limit_exceeded``: the resident memory of VENV2's session the
-    supervisor saw over ``mem=`` (where neither Slurm nor a cgroup enforces it)."""
-
-    rss_kb: int
-    limit_bytes: int
-    after_s: float
-
-
-class SupervisorKilled(TypedDict, total=False):
-    """What the keeper saw when the supervisor died of a signal before writing its outcome."""
-
-    signal: str
-    pid: int
-    last_heartbeat: float | None
-
-
+# -- written on the node (outcome.json's Outcome is imported above) ------------------------------
 class Attempt(TypedDict, total=False):
     """A line of ``attempts.jsonl``: an attempt of the job that ended in a requeue."""
 
@@ -115,60 +82,6 @@ class Attempt(TypedDict, total=False):
     slurm_job_id: str | None
     exit_code: int | None
     stop_reason: str | None
-
-
-class ThreadCount(TypedDict, total=False):
-    """The threads a job's math libraries start by default (the supervisor's ``thread_count``):
-    ``count``, its ``source`` ("OMP_NUM_THREADS", or "cpus": the CPUs it may use), ``cpus``."""
-
-    count: int
-    source: str
-    cpus: int
-
-
-class LeftProcess(TypedDict, total=False):
-    """A process the function left running when it returned (the supervisor ended it)."""
-
-    pid: int
-    cmd: str
-
-
-class Outcome(TypedDict, total=False):
-    """``outcome.json``: how the supervisor saw the job end (the fields the login side reads)."""
-
-    started_at: float
-    ended_at: float
-    phase: str
-    exit_code: int | None
-    signal_name: str | None
-    run_s: float
-    peak_rss_kb: int | None
-    cgroup_before: CgroupMemory | None
-    cgroup_after: CgroupMemory | None
-    supervisor_error: str
-    supervisor_traceback: str
-    setup_failed: bool
-    setup: SetupRun
-    start_error: StartError
-    stop_reason: str | None
-    stop_signal: str | None
-    escalated_to_kill: bool
-    slurm_job_id: str | None
-    hostname: str
-    rank: int  # a task of a job of several: its rank (SLURM_PROCID)
-    mem_watch_bytes: int | None
-    mem_limit_exceeded: MemLimitExceeded
-    supervisor_killed: SupervisorKilled
-    resources_unavailable: str
-    attempt: int
-    requeue_error: str
-    requeues_exhausted: dict[str, int]
-    resources: dict[str, str]
-    descendants_killed: int
-    threads: ThreadCount
-    stacks: str  # every thread's stack (faulthandler) just before a time limit's TERM
-    left_running: list[LeftProcess]
-    cwd: str  # the folder VENV2 ran in
 
 
 class _StatusPhase(TypedDict):

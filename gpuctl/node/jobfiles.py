@@ -37,6 +37,7 @@ A job folder (mode 0700), who writes each file -> who reads it:
 import errno
 import json
 import os
+import sys
 from typing import Any, Dict, List, Optional
 
 META = "meta.json"
@@ -157,6 +158,127 @@ def make_task_folder(jobdir: str, rank: int) -> str:
             if e.errno != errno.EEXIST:
                 raise
     return folder
+
+
+# -- outcome.json: one definition for its writer (the supervisor) and its reader ---------------
+# The supervisor's ``outcome`` is typed as ``Outcome`` (mypy checks every key it writes and the
+# type of its value), and the login side decodes the file through the same classes
+# (``gpuctl.core.wire.parse``, which keeps a field only when it has the type declared here): a
+# key written that no class here names would be dropped on the way in, which
+# ``gpuctl_tests/jobs/test_outcome.py`` checks on real runs. Python 3.6 has no TypedDict: there
+# the classes are not made (the node side only needs them for mypy), on 3.8 and later they are.
+if sys.version_info >= (3, 8):
+    from typing import TypedDict  # novermin
+
+    class CgroupMemory(TypedDict, total=False):
+        """The supervisor's memory cgroup before and after the job (``cgroup_memory``): its
+        limit, peak and OOM kills (v1 or v2; ``path`` None: none found)."""
+
+        version: Optional[int]
+        path: Optional[str]
+        limit_bytes: Optional[int]
+        peak_bytes: Optional[int]
+        oom_kill: Optional[int]
+        oom: Optional[int]  # v2's memory.events
+        failcnt: Optional[int]  # v1's memory.failcnt
+
+    class SetupRun(TypedDict, total=False):
+        lines: List[str]
+        rc: Optional[int]
+
+    class StartError(TypedDict, total=False):
+        """Why VENV2's python could not be executed."""
+
+        errno: Optional[int]
+        errno_name: str
+        message: str
+        python: str
+
+    class MemLimitExceeded(TypedDict, total=False):
+        """``mem_limit_exceeded``: the resident memory of VENV2's session the supervisor saw
+        over ``mem=`` (where neither Slurm nor a cgroup enforces it)."""
+
+        rss_kb: int
+        limit_bytes: int
+        after_s: float
+
+    class SupervisorKilled(TypedDict, total=False):
+        """What the keeper saw when the supervisor died of a signal before writing its
+        outcome."""
+
+        signal: str
+        pid: int
+        last_heartbeat: Optional[float]
+
+    class ThreadCount(TypedDict, total=False):
+        """The threads a job's math libraries start by default (``thread_count``): ``count``,
+        its ``source`` ("OMP_NUM_THREADS", or "cpus": the CPUs it may use), ``cpus``."""
+
+        count: int
+        source: str
+        cpus: int
+
+    class LeftProcess(TypedDict, total=False):
+        """A process the function left running when it returned (the supervisor ended it)."""
+
+        pid: int
+        cmd: str
+
+    class Outcome(TypedDict, total=False):
+        """``outcome.json``: how the supervisor (or, when it was killed, its keeper) saw the
+        job end."""
+
+        supervisor_version: int
+        supervisor_python: str  # VENV1's version
+        supervisor_executable: str
+        supervisor_pid: int
+        keeper_pid: int  # the keeper's outcome only
+        hostname: str
+        slurm_job_id: Optional[str]
+        rank: int  # a task of a job of several: its rank (SLURM_PROCID)
+        attempt: int
+        started_at: float
+        ended_at: float
+        wall_s: float  # started_at to ended_at
+        phase: str  # supervisor, setup, start, running, exited
+        setup: SetupRun
+        setup_failed: bool
+        resources_unavailable: str
+        resources: Dict[str, str]  # what gpus= and cpus= set in VENV2's environment
+        threads: ThreadCount
+        argv: List[str]  # VENV2's command line
+        cwd: str  # the folder VENV2 ran in
+        mem_watch_bytes: Optional[int]
+        cgroup_before: Optional[CgroupMemory]
+        cgroup_after: Optional[CgroupMemory]
+        subreaper: bool
+        start_error: StartError
+        venv2_pid: int
+        exit_code: Optional[int]
+        signal: Optional[int]
+        signal_name: Optional[str]
+        core_dumped: bool
+        run_s: float
+        peak_rss_kb: Optional[int]
+        cpu_user_s: float
+        cpu_sys_s: float
+        stop_signal: Optional[str]  # the signal the supervisor itself received
+        stop_reason: Optional[str]
+        stop_requested_after_s: float
+        preempted: Dict[str, str]  # Slurm's evidence (``scontrol show job`` fields)
+        warned: bool
+        forwarded: List[str]  # signals passed on to VENV2
+        escalated_to_kill: bool
+        mem_limit_exceeded: MemLimitExceeded
+        stacks: str  # every thread's stack (faulthandler) just before a time limit's TERM
+        left_running: List[LeftProcess]
+        descendants_killed: int
+        descendants_error: str
+        requeue_error: str
+        requeues_exhausted: Dict[str, int]
+        supervisor_error: str
+        supervisor_traceback: str
+        supervisor_killed: SupervisorKilled
 
 
 # -- helpers ------------------------------------------------------------------------------------

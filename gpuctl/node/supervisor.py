@@ -152,10 +152,10 @@ def _cgroup_dirs() -> Tuple[Optional[int], Optional[str]]:
     return None, None
 
 
-def cgroup_memory() -> Dict[str, Any]:
+def cgroup_memory() -> "jobfiles.CgroupMemory":
     """Memory limit, usage peak and OOM-kill count of this process's cgroup (v1 or v2)."""
     version, path = _cgroup_dirs()
-    info = {"version": version, "path": path}  # type: Dict[str, Any]
+    info = {"version": version, "path": path}  # type: jobfiles.CgroupMemory
     if path is None:
         return info
     if version == 2:
@@ -180,7 +180,7 @@ def cgroup_memory() -> Dict[str, Any]:
 MASTER_PORTS = (15000, 30000)  # below Linux's ephemeral ports (32768-60999), above well-known
 
 
-def task_folder(jobdir: str, outcome: Dict[str, Any]) -> str:
+def task_folder(jobdir: str, outcome: "jobfiles.Outcome") -> str:
     """Where this supervisor's files go: ``jobdir``, or for one task of a job of several its
     rank's own folder (``SLURM_PROCID``; made with links to the job's inputs), so that ranks
     never write each other's files. Raises OSError when the folder cannot be made."""
@@ -429,7 +429,7 @@ def node_resources(limits: Dict[str, Any], env: Dict[str, str]) -> Tuple[Dict[st
     return add, ""
 
 
-def thread_count(env: Dict[str, str]) -> Dict[str, Any]:
+def thread_count(env: Dict[str, str]) -> "jobfiles.ThreadCount":
     """How many threads the job's math libraries (torch, numpy's BLAS, OpenMP) start by
     default: ``OMP_NUM_THREADS`` when the job's environment sets it (``cpus=``, the config's
     env, a setup line), else the CPUs the job may run on (its affinity: under Slurm, its
@@ -447,10 +447,10 @@ def thread_count(env: Dict[str, str]) -> Dict[str, Any]:
 MAX_LEFT_SHOWN = 10
 
 
-def left_running() -> List[Dict[str, Any]]:
+def left_running() -> "List[jobfiles.LeftProcess]":
     """The processes still alive under this supervisor once VENV2 ended (what the function
     started and did not end: they reparent to this subreaper): pid and command line."""
-    found = []  # type: List[Dict[str, Any]]
+    found = []  # type: List[jobfiles.LeftProcess]
     for pid in proc.descendants()[:MAX_LEFT_SHOWN]:
         try:
             with open("/proc/%d/cmdline" % pid, "rb") as f:
@@ -487,7 +487,7 @@ class Supervisor(object):
             "started_at": _now(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "phase": "supervisor",
-        }  # type: Dict[str, Any]
+        }  # type: jobfiles.Outcome
         self.stop_reason = None  # type: Optional[str]
         self.stop_at = None  # type: Optional[float]
         self.kill_at = None  # type: Optional[float]
@@ -548,7 +548,7 @@ class Supervisor(object):
         for name in FORWARDED:
             signal.signal(getattr(signal, name), self._on_forward)
 
-    def run(self) -> Dict[str, Any]:
+    def run(self) -> "jobfiles.Outcome":
         try:
             if self.wake_w < 0:
                 self._install_signals()
@@ -875,9 +875,17 @@ class Supervisor(object):
                 return False
             self.requeued = True
             return False
-        for key in ("exit_code", "signal", "signal_name", "core_dumped", "stop_reason",
-                    "stop_requested_after_s", "escalated_to_kill", "warned", "forwarded"):
-            self.outcome.pop(key, None)
+        # how this attempt ended goes (the next one says it again); one key a line, as mypy
+        # checks each against jobfiles.Outcome only when it is spelled out
+        self.outcome.pop("exit_code", None)
+        self.outcome.pop("signal", None)
+        self.outcome.pop("signal_name", None)
+        self.outcome.pop("core_dumped", None)
+        self.outcome.pop("stop_reason", None)
+        self.outcome.pop("stop_requested_after_s", None)
+        self.outcome.pop("escalated_to_kill", None)
+        self.outcome.pop("warned", None)
+        self.outcome.pop("forwarded", None)
         self.stop_reason = self.stop_at = self.kill_at = None
         self.outcome["attempt"] = attempt + 1
         return True
@@ -1405,12 +1413,14 @@ def keep(jobdir: str) -> int:
         except ValueError:
             name = "signal %d" % sig
         beat = jobfiles.read_json(os.path.join(os.path.abspath(jobdir), jobfiles.HEARTBEAT), {})
-        jobfiles.write_json(outcome_path, {
+        killed = {
             "supervisor_killed": {"signal": name, "pid": child,
                                   "last_heartbeat": (beat or {}).get("t")},
             "phase": "supervisor", "keeper_pid": keeper, "hostname": socket.gethostname(),
             "exit_code": None, "signal_name": None, "descendants_killed": len(left),
-            "ended_at": _now(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")})
+            "ended_at": _now(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")
+        }  # type: jobfiles.Outcome
+        jobfiles.write_json(outcome_path, killed)
         return 1
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
 

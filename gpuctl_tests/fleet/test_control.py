@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
@@ -17,21 +16,14 @@ from gpuctl.fleet import control
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 from gpuctl.fleet.links import LocalLink
 from gpuctl.fleet.session import LinkError
+from gpuctl_tests.helpers import fleet_changes, wait_until_async
 
 
 async def wait_for(fleet: Fleet, pred: Callable[[], Any], timeout: float = 15.0) -> Any:
     """Wait until ``pred()`` is truthy, woken by the fleet's own updates."""
-    changed = asyncio.Event()
-    fleet.subscribe(lambda _s: changed.set())
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            pytest.fail(f"timed out; burns now {control.burning(fleet)}")
-        changed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), left)
-    return value
+    return await wait_until_async(
+        pred, timeout, "the burns", wake=fleet_changes(fleet), now=lambda: control.burning(fleet)
+    )
 
 
 def burn(fleet: Fleet, node: str, gpu: int) -> Mapping[str, Any]:

@@ -26,7 +26,7 @@ from gpuctl.fleet.export import METRICS, MetricsServer, registry_for
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.replay import FailingLink, ReplayLink, recorded_node
-from gpuctl_tests.helpers import node_env
+from gpuctl_tests.helpers import node_env, wait_until, wait_until_async
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -100,16 +100,6 @@ def demo_export() -> Iterator[Exporter]:
             exporter.proc.wait()
 
 
-def _until(pred: Any, what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)  # a poll interval: the deadline decides
-
-
 def test_demo_export_serves_every_gpu_of_the_demo_fleet(demo_export: Exporter) -> None:
     url = demo_export.url()
     # The demo fleet is seeded: `status --demo --json` reads the same GPUs (uuids, models, sizes).
@@ -128,7 +118,7 @@ def test_demo_export_serves_every_gpu_of_the_demo_fleet(demo_export: Exporter) -
         ups = s.get("gpuctl_node_up", [])
         return s if len(ups) == len(nodes) and all(v == 1 for _, v in ups) else None
 
-    samples = _until(all_up, "every demo node up")
+    samples = wait_until(all_up, 30, "every demo node up", every=0.2)
     for node in nodes:
         name = node["name"]
         assert one(samples, "gpuctl_node_state", node=name, gpuctl_node_state="live") == 1
@@ -151,13 +141,15 @@ def test_demo_export_serves_every_gpu_of_the_demo_fleet(demo_export: Exporter) -
             )
     # The demo's story: GPU 5 of the second node reports XID 79.
     xid = {"node": nodes[1]["name"], "gpu": "5"}
-    samples = _until(
+    samples = wait_until(
         lambda: (
             (s := scrape(url, openmetrics=True))
             and any(v == 79 for lab, v in s.get("DCGM_FI_DEV_XID_ERRORS", []) if _has(lab, xid))
             and s
         ),
+        30,
         "the demo's XID",
+        every=0.2,
     )
     assert one(samples, "gpuctl_gpu_xid_errors_total", xid="79", **xid) == 1
     assert demo_export.stop() == 0
@@ -196,14 +188,6 @@ async def _scrape(server: MetricsServer, **kw: Any) -> Samples:
     return await asyncio.to_thread(scrape, server.url(), **kw)
 
 
-async def _until_async(pred: Any, what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := await pred()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)  # a poll interval: the deadline decides
-    return value
-
-
 async def test_metrics_are_the_fleets_snapshots() -> None:
     xid_event = {
         "type": "event",
@@ -232,7 +216,7 @@ async def test_metrics_are_the_fleets_snapshots() -> None:
             )
             return s if ok else None
 
-        samples = await _until_async(settled, "every node settled")
+        samples = await wait_until_async(settled, 20, "every node settled")
         fleet.annotate("n1", 1, slurm_job="4242", slurm_user="alice")
         samples = await _scrape(server)
         assert one(samples, "gpuctl_node_up", node="down", link="ssh") == 0
@@ -293,9 +277,9 @@ async def test_a_node_that_goes_silent_shows_up_0() -> None:
             got = [v for lab, v in s.get("gpuctl_node_up", []) if lab["node"] == node]
             return s if got == [want] else None
 
-        await _until_async(lambda: up("b", 1.0), "b up")
+        await wait_until_async(lambda: up("b", 1.0), 20, "b up")
         await fleet.request("b", {"type": "simulate", "action": "stall", "seconds": 30})
-        samples = await _until_async(lambda: up("b", 0.0), "b down")
+        samples = await wait_until_async(lambda: up("b", 0.0), 20, "b down")
         assert one(samples, "gpuctl_node_state", node="b", gpuctl_node_state="stale") == 1
         assert one(samples, "gpuctl_node_last_sample_age_seconds", node="b") > 0.6
         assert one(samples, "gpuctl_node_up", node="a", link="simulated") == 1

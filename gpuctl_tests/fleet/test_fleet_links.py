@@ -14,18 +14,17 @@ from gpuctl.core.model import NodeState
 from gpuctl.fleet.build import ClusterFleet, fleet_from_config
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import LocalLink
+from gpuctl_tests.helpers import fleet_changes, wait_until_async
 
 
 async def _wait(fleet: Fleet, pred, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    changed = asyncio.Event()
-    fleet.subscribe(lambda _s: changed.set())
-    deadline = time.monotonic() + timeout
-    while not pred(fleet.snapshots()[0]):
-        left = deadline - time.monotonic()
-        assert left > 0, f"timed out; now {fleet.snapshots()[0]}"
-        changed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), min(left, 0.5))
+    await wait_until_async(
+        lambda: pred(fleet.snapshots()[0]),
+        timeout,
+        "the node's state",
+        wake=fleet_changes(fleet),
+        now=lambda: fleet.snapshots()[0],
+    )
 
 
 async def test_silent_link_is_dropped_and_reconnected() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
@@ -15,21 +14,18 @@ from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 from gpuctl.fleet.links import LocalLink
 from gpuctl.fleet.session import AgentSession, LinkError
+from gpuctl_tests.helpers import fleet_changes, wait_until_async
 
 
 async def wait_for_state(fleet: Fleet, pred, timeout: float = 15.0) -> list[NodeSnapshot]:
     """Wait until ``pred(snapshots)`` holds, woken by the fleet's own updates."""
-    changed = asyncio.Event()
-    fleet.subscribe(lambda _s: changed.set())
-    deadline = time.monotonic() + timeout
-    while not pred(fleet.snapshots()):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            now = [(s.name, s.state.value) for s in fleet.snapshots()]
-            pytest.fail(f"fleet never reached the state; now {now}")
-        changed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), left)
+    await wait_until_async(
+        lambda: pred(fleet.snapshots()),
+        timeout,
+        "the fleet state",
+        wake=fleet_changes(fleet),
+        now=lambda: [(s.name, s.state.value) for s in fleet.snapshots()],
+    )
     return fleet.snapshots()
 
 

@@ -25,8 +25,7 @@ from gpuctl.fleet.fleet import simulated_fleet
 from gpuctl.fleet.record import Recorder, RecordingReader, Replayer, export_csv, format_time
 from gpuctl.tui.app import GpuctlApp
 from gpuctl.tui.replay import ReplayApp
-from gpuctl_tests.helpers import node_env, wait_until
-from gpuctl_tests.tui.test_app import until
+from gpuctl_tests.helpers import node_env, until, wait_until, wait_until_async
 
 SIZE = (120, 36)
 
@@ -320,13 +319,13 @@ async def test_slurm_jobs_are_recorded_replayed_and_in_the_csv(tmp_path: Path) -
     recorder = Recorder(fleet, path, frame_seconds=0.5)
     await fleet.start()
     try:
-        await wait_async(lambda: recorder.samples >= 6, "samples before the job")
+        await wait_until_async(lambda: recorder.samples >= 6, 20, "samples before the job")
         fleet.annotate("a", 1, slurm_job="4242", slurm_user="alice")
         marked = recorder.samples
-        await wait_async(lambda: recorder.samples >= marked + 12, "samples under the job")
+        await wait_until_async(lambda: recorder.samples >= marked + 12, 20, "samples under the job")
         fleet.annotate("a", 1, slurm_job=None, slurm_user=None)
         ended = recorder.samples
-        await wait_async(lambda: recorder.samples >= ended + 6, "samples after the job")
+        await wait_until_async(lambda: recorder.samples >= ended + 6, 20, "samples after the job")
     finally:
         await fleet.stop()
         recorder.close()
@@ -353,10 +352,3 @@ async def test_slurm_jobs_are_recorded_replayed_and_in_the_csv(tmp_path: Path) -
         assert replay_fleet.snapshot("a").annotations[1]["slurm_job"] == "4242"
     finally:
         await replay_fleet.stop()
-
-
-async def wait_async(pred: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)  # a poll interval: the deadline decides

@@ -4,11 +4,8 @@ srun link, and which job holds which GPU."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
-import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,9 +13,8 @@ from typing import Any
 import pytest
 
 from gpuctl.config import load_config, parse_config
-from gpuctl.core.model import NodeSnapshot, NodeState
+from gpuctl.core.model import NodeState
 from gpuctl.fleet.build import fleet_from_config
-from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.slurm import JobWatcher, SlurmError, discover
 from gpuctl.reach.slurm import (
     SlurmClient,
@@ -28,7 +24,7 @@ from gpuctl.reach.slurm import (
     parse_sinfo,
 )
 from gpuctl_tests.harness.slurm import SlurmCluster
-from gpuctl_tests.helpers import wait_until
+from gpuctl_tests.helpers import wait_fleet, wait_until
 
 FAST = {"backoff_base": 0.2, "backoff_max": 0.5, "stale_after": 1.0}
 
@@ -75,28 +71,6 @@ def test_missing_sinfo_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # -- the real Slurm ---------------------------------------------------------------------------
-async def wait_fleet(
-    fleet: Fleet,
-    pred: Callable[[dict[str, NodeSnapshot]], Any],
-    timeout: float = 30.0,
-    what: str = "the fleet state",
-) -> dict[str, NodeSnapshot]:
-    changed = asyncio.Event()
-    fleet.subscribe(lambda _s: changed.set())
-    deadline = time.monotonic() + timeout
-    while True:
-        snaps = {s.name: s for s in fleet.snapshots()}
-        if pred(snaps):
-            return snaps
-        left = deadline - time.monotonic()
-        if left <= 0:
-            now = {n: (s.state.value, s.reason, dict(s.annotations)) for n, s in snaps.items()}
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}; now {now}")
-        changed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), min(left, 0.5))
-
-
 def _cancel_jobs(slurm: SlurmCluster) -> None:
     """scancel our jobs and wait until squeue lists none (the node may read "mixed" a while)."""
     slurm.cancel_all()

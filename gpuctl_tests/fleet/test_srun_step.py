@@ -19,10 +19,10 @@ from gpuctl.fleet.build import fleet_from_config
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.slurm import StepLink
 from gpuctl.node import protocol
-from gpuctl_tests.fleet.test_slurm import FAST, wait_fleet
+from gpuctl_tests.fleet.test_slurm import FAST
 from gpuctl_tests.harness import all_pids, is_alive
 from gpuctl_tests.harness.slurm import SlurmCluster
-from gpuctl_tests.helpers import REPO, wait_until
+from gpuctl_tests.helpers import REPO, wait_fleet, wait_until
 
 pytestmark = pytest.mark.slurm
 

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,40 +19,24 @@ from typing import Any
 import pytest
 
 from gpuctl.config import NodeConfig, load_config
-from gpuctl.core.model import NodeSnapshot, NodeState
+from gpuctl.core.model import NodeState
 from gpuctl.fleet.build import ClusterFleet, fleet_from_config
 from gpuctl.fleet.fleet import BACKOFF_MAX_S, Fleet
 from gpuctl.fleet.session import LinkError
 from gpuctl.fleet.ssh import BundleStore, SshLink
 from gpuctl_tests.harness.sshd import SshCluster
-from gpuctl_tests.helpers import REPO, node_env, old_python, require_binary
+from gpuctl_tests.helpers import (
+    REPO,
+    node_env,
+    old_python,
+    require_binary,
+    wait_fleet,
+    wait_until,
+)
 
 pytestmark = pytest.mark.sshd
 
 FAST = {"backoff_base": 0.2, "backoff_max": 0.5, "stale_after": 1.0}
-
-
-async def wait_fleet(
-    fleet: Fleet,
-    pred: Callable[[dict[str, NodeSnapshot]], Any],
-    timeout: float = 30.0,
-    what: str = "the fleet state",
-) -> dict[str, NodeSnapshot]:
-    """Wait until ``pred({name: snapshot})`` holds, woken by the fleet's own updates."""
-    changed = asyncio.Event()
-    fleet.subscribe(lambda _s: changed.set())
-    deadline = time.monotonic() + timeout
-    while True:
-        snaps = {s.name: s for s in fleet.snapshots()}
-        if pred(snaps):
-            return snaps
-        left = deadline - time.monotonic()
-        if left <= 0:
-            now = {n: (s.state.value, s.reason) for n, s in snaps.items()}
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}; now {now}")
-        changed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), min(left, 0.5))
 
 
 def configured_fleet(
@@ -101,7 +84,7 @@ async def test_four_nodes_stream_at_once(ssh_cluster: SshCluster, tmp_path: Path
         await fleet.stop()
     # stopping the fleet ends every agent: no orphans on the nodes
     await asyncio.to_thread(
-        lambda: _wait(lambda: not _agents_of(ssh_cluster), what="agents to exit")
+        lambda: wait_until(lambda: not _agents_of(ssh_cluster), 15, "agents to exit")
     )
 
 
@@ -113,12 +96,6 @@ def _agents_of(cluster: SshCluster) -> list[int]:
                 if b"gpuctl-node-" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     pids.append(pid)
     return pids
-
-
-def _wait(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> None:
-    from gpuctl_tests.helpers import wait_until
-
-    wait_until(pred, timeout, what)
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -15,7 +14,14 @@ from typing import Any
 import pytest
 
 from gpuctl.bundle import write_bundle
-from gpuctl_tests.helpers import AgentProcess, node_env, old_python, wait_until
+from gpuctl_tests.helpers import (
+    AgentProcess,
+    fleet_changes,
+    node_env,
+    old_python,
+    wait_until,
+    wait_until_async,
+)
 
 pytest.importorskip("torch")
 
@@ -302,22 +308,13 @@ async def test_ssh_link_drop_stops_the_burner(ssh_cluster: Any, tmp_path: Path) 
         tmp_path / "config.toml", simulate=1, interval=0.2, bundle_dir=str(tmp_path / "b")
     )
     fleet = fleet_from_config(load_config(path), backoff_base=30)
-    changed = asyncio.Event()
-    fleet.subscribe(lambda _s: changed.set())
-
-    async def until(pred: Any, timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while not (value := pred()):
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out waiting for {what}")
-            changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), 0.2)
-        return value
+    changes = fleet_changes(fleet)
 
     await fleet.start()
     try:
-        await until(lambda: fleet.snapshot("n1").last_sample_t, 30, "n1 live")
+        await wait_until_async(
+            lambda: fleet.snapshot("n1").last_sample_t, 30, "n1 live", wake=changes
+        )
         agent_pid = int(fleet.nodes["n1"].session.hello["pid"])  # type: ignore[union-attr]
         await control.set_stress(
             fleet,
@@ -326,8 +323,11 @@ async def test_ssh_link_drop_stops_the_burner(ssh_cluster: Any, tmp_path: Path) 
             True,
             options={"device": "cpu", "size": 64, "workload_python": sys.executable},
         )
-        burner = await until(
-            lambda: (control.burn_of(fleet.snapshot("n1"), 0) or {}).get("pid"), 60, "burner"
+        burner = await wait_until_async(
+            lambda: (control.burn_of(fleet.snapshot("n1"), 0) or {}).get("pid"),
+            60,
+            "burner",
+            wake=changes,
         )
         assert running(burner) and _parent(burner) == agent_pid
         # Drop the link: SIGKILL every sshd above the agent (session and listener), not the

@@ -6,7 +6,6 @@ import asyncio
 import importlib.metadata
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.screens.help import HelpScreen
 from gpuctl.tui.widgets.panes import JobsPane
+from gpuctl_tests.helpers import until
 from gpuctl_tests.node import smi_stub
 from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub, build
 
@@ -36,17 +36,6 @@ SIZE = (120, 36)
 def sim_app(state_dir: Path, **kwargs: Any) -> GpuctlApp:
     fleet = simulated_fleet(demo_nodes(3, 4), interval=0.2)
     return make_app(fleet, simulated=True, state_dir=state_dir, **kwargs)
-
-
-async def until(
-    pilot: Pilot[Any], pred: Callable[[], Any], what: str, timeout: float = 10.0
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await pilot.pause(0.05)
-    return value
 
 
 async def all_live(pilot: Pilot[Any]) -> None:

@@ -8,12 +8,8 @@ escape or control character from a node into what it draws.
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from textual.pilot import Pilot
 from textual.widgets import DataTable, Log
 
 from gpuctl.core.model import NodeState
@@ -22,6 +18,7 @@ from gpuctl.tui.screens.accept_report import AcceptReportScreen
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.screens.help import HelpScreen
+from gpuctl_tests.helpers import until
 from gpuctl_tests.tui.conftest import NOW
 from gpuctl_tests.tui.hostile import SEEN, hostile_fleet, hostile_job_store
 
@@ -47,19 +44,6 @@ def check(app: GpuctlApp, *, shows: str | None = SEEN) -> str:
     if shows is not None:
         assert shows in text, f"{shows!r} not shown literally on {type(app.screen).__name__}"
     return text
-
-
-async def until(
-    pilot: Pilot[Any], pred: Callable[[], Any], what: str, timeout: float = 15.0
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        app = pilot.app
-        assert app._exception is None, f"the app crashed waiting for {what}: {app._exception!r}"
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await pilot.pause(0.05)
-    return value
 
 
 def messages(app: GpuctlApp) -> list[str]:

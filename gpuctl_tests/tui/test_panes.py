@@ -6,13 +6,11 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.text import Text
-from textual.pilot import Pilot
 from textual.widgets import DataTable, Log, Static
 
 from gpuctl.accept.history import HistoryStore
@@ -28,23 +26,12 @@ from gpuctl.tui.screens.accept_report import AcceptReportScreen, figure_rows
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
 from gpuctl.workloads.accept.schema import SCHEMA, SCHEMA_VERSION, SECTIONS
-from gpuctl_tests.helpers import wait_until
+from gpuctl_tests.helpers import until, wait_until
 from gpuctl_tests.tui.conftest import NOW, replay_fleet
 from gpuctl_tests.tui.hostile import ScriptedAgentLink
 
 SIZE = (120, 36)
 H100_0 = "gpu0 NVIDIA H100 80GB HBM3"
-
-
-async def until(
-    pilot: Pilot[Any], pred: Callable[[], Any], what: str, timeout: float = 15.0
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await pilot.pause(0.05)
-    return value
 
 
 def messages(app: GpuctlApp) -> list[str]:

@@ -20,9 +20,10 @@ from gpuctl.tui import GpuctlApp, make_app
 from gpuctl.tui.procview import gpu_owners, process_rows
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.screens.processes import ProcessScreen
+from gpuctl_tests.helpers import until
 from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub
 from gpuctl_tests.processes import OTHER_USER, Start, as_user, other_user
-from gpuctl_tests.tui.test_app import messages, until
+from gpuctl_tests.tui.test_app import messages
 
 SIZE = (120, 36)
 

@@ -6,7 +6,6 @@ the SVGs before committing them.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Log
 
+from gpuctl_tests.helpers import until
 from gpuctl_tests.tui.conftest import NOW, replay_app, settle
 
 SIZE = (120, 36)
@@ -189,14 +189,6 @@ def test_acceptance_report(snap_compare: Compare, tmp_path: Path) -> None:
         await until(pilot, lambda: str(figures.first().get_cell("2", "trend")))
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
-
-
-async def until(pilot: Pilot[Any], pred: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        assert time.monotonic() < deadline, "timed out"
-        await pilot.pause(0.05)
-    return value
 
 
 @pytest.mark.slow

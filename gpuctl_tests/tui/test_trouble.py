@@ -23,8 +23,9 @@ from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.screens.help import HelpScreen
 from gpuctl.tui.screens.processes import ProcessScreen
 from gpuctl_tests.fleet.test_record import recording  # noqa: F401  (a fixture)
+from gpuctl_tests.helpers import until
 from gpuctl_tests.tui.conftest import replay_app, settle
-from gpuctl_tests.tui.test_panes import fill_history, until
+from gpuctl_tests.tui.test_panes import fill_history
 from gpuctl_tests.tui.test_snapshots import job_store_with_three_jobs
 from gpuctl_tests.tui.test_usability import footer_items
 

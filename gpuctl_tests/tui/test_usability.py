@@ -25,9 +25,10 @@ from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.store import BURN_ENDED_SHOWN_S
 from gpuctl.tui.widgets.panes import JobsPane
 from gpuctl.workloads.accept.schema import SECTIONS
+from gpuctl_tests.helpers import until
 from gpuctl_tests.tui.conftest import NOW, T0, replay_app, replay_fleet, settle
 from gpuctl_tests.tui.hostile import ScriptedAgentLink
-from gpuctl_tests.tui.test_panes import messages, sleeps, until
+from gpuctl_tests.tui.test_panes import messages, sleeps
 
 SIZES = [(80, 24), (120, 40), (200, 60)]
 

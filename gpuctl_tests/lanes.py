@@ -1,0 +1,96 @@
+"""The suite's two lanes: the full lane (the README's ``bash scripts/test.sh``, CI: every test)
+and the unit lane (``pytest --unit``, ``bash scripts/test.sh --unit``: the developer's loop).
+
+The unit lane leaves out every test marked with one of ``UNIT_LEAVES_OUT``. Nobody has to
+remember those marks on a new test:
+
+- a test that asks for a fixture of ``FIXTURE_MARKS`` needs what the marker names (a real sshd,
+  a real Slurm, a job on the real Python 3.6, chromium) and gets that marker here;
+- a test that took over ``SLOW_S`` seconds when it was last measured is listed in
+  ``slow_tests.txt`` and gets the ``slow`` marker here (as a test marked slow by hand does).
+  ``pytest --record-slow ...`` measures the tests it runs (setup, call and teardown) and
+  updates their lines in that file, leaving the lines of the tests it did not run.
+
+Measured on this project's two-core machine shared with other work (``time bash
+scripts/test.sh --unit``): the unit lane is in the README's development section; the full lane
+takes 15 to 19 minutes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+FIXTURE_MARKS = {
+    "ssh_cluster": "sshd",
+    "slurm_cluster": "slurm",
+    "slurm_nodes": "slurm",
+    "slurm_executor": "slurm",
+    "venv1": "jobs",  # a real job: the Python 3.6 supervisor, a VENV2 that gpuctl builds
+    "browser": "chromium",
+}
+UNIT_LEAVES_OUT = ("slow", "sshd", "slurm", "jobs", "chromium")
+SLOW_S = 1.0
+SLOW_FILE = Path(__file__).with_name("slow_tests.txt")
+_HEADER = (
+    "# Tests that took over {:g} s when last measured: the unit lane (pytest --unit) leaves them\n"
+    "# out. Written by `pytest --record-slow ...` (gpuctl_tests/lanes.py): one test id a line.\n"
+)
+
+_seconds: Counter[str] = Counter()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gpuctl lanes")
+    group.addoption(
+        "--unit",
+        action="store_true",
+        help="the unit lane: leave out the tests marked " + ", ".join(UNIT_LEAVES_OUT),
+    )
+    group.addoption(
+        "--record-slow",
+        action="store_true",
+        help=f"update gpuctl_tests/slow_tests.txt for the tests run: listed when over {SLOW_S:g} s",
+    )
+
+
+def read_slow() -> set[str]:
+    try:
+        text = SLOW_FILE.read_text()
+    except FileNotFoundError:
+        return set()
+    return {line for line in text.splitlines() if line.strip() and not line.startswith("#")}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow = read_slow()
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            marker = FIXTURE_MARKS.get(fixture)
+            if marker is not None:
+                item.add_marker(marker)
+        if item.nodeid in slow:
+            item.add_marker("slow")
+    if not config.getoption("unit"):
+        return
+    kept, left = [], []
+    for item in items:
+        out = any(item.get_closest_marker(name) for name in UNIT_LEAVES_OUT)
+        (left if out else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seconds[report.nodeid] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not session.config.getoption("record_slow") or not _seconds:
+        return
+    slow = read_slow() - _seconds.keys()
+    slow |= {nodeid for nodeid, seconds in _seconds.items() if seconds > SLOW_S}
+    SLOW_FILE.write_text(_HEADER.format(SLOW_S) + "".join(f"{n}\n" for n in sorted(slow)))
