@@ -418,7 +418,8 @@ class RecordingReader:
             if len(frames) >= room:
                 raise DamagedIndex(f"more entries than the {offset} bytes of frames can hold")
             if at < end:
-                raise DamagedIndex(f"entry {len(frames) + 1} is not after the frame before it")
+                before = "the frame before it" if frames else "the header"
+                raise DamagedIndex(f"entry {len(frames) + 1} is not after {before}")
             frame = self._frame_at_offset(at, offset)
             if frame is None:
                 raise DamagedIndex(f"entry {len(frames) + 1} names no frame")
@@ -635,6 +636,8 @@ def _in_time(t: float) -> bool:
 # -- replaying --------------------------------------------------------------------------------
 class RecordedLink(NodeLink):
     """A replayed node: its agent's messages come from the recording, as the replay plays."""
+
+    holds_files = False  # no process, no connection: no `ulimit -n` advice for a replay
 
     def __init__(self, replayer: Replayer, name: str, kind: str) -> None:
         self.replayer = replayer
