@@ -21,7 +21,12 @@ Frames are written whole and flushed, so a recording killed mid-way replays up t
 complete frame: without the trailer the reader walks the frame headers instead of the index.
 A recording is data from outside when it comes back (attached to a ticket): every record is
 checked, a frame is decompressed only up to ``MAX_FRAME_BYTES``, and what the agents said goes
-through the same ``AgentSession`` as a live node's lines.
+through the same ``AgentSession`` as a live node's lines. Nothing in the file is believed before
+it is checked, and what it can cost is bounded by the file's size or by the limits below (see
+``RecordingReader``): a file that is not a recording is one line (``not a gpuctl recording``);
+a damaged index is one line (``damaged index: reading frames in order``) and the frames are read
+in order; a frame that cannot be read, or only in part, is one line (``frame N skipped: ...``)
+and the rest of the recording replays.
 """
 
 from __future__ import annotations
@@ -632,6 +637,7 @@ def _in_time(t: float) -> bool:
     """A time a recording can hold: the clock's seconds, from 1970 to ``MAX_TIME`` (a frame
     at 1e300 s would fail every conversion to a date)."""
     return 0 <= t <= MAX_TIME
+
 
 # -- replaying --------------------------------------------------------------------------------
 class RecordedLink(NodeLink):

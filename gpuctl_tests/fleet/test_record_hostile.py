@@ -30,7 +30,7 @@ from gpuctl.fleet.record import (
 )
 from gpuctl.tui.replay import ReplayApp
 from gpuctl_tests.helpers import node_env
-from gpuctl_tests.tui.test_app import until
+from gpuctl_tests.tui.test_app import messages, until
 
 FRAME = struct.Struct(">4sIdd")
 TRAILER = struct.Struct(">8sQ")
@@ -309,6 +309,22 @@ async def test_the_replay_screen_plays_a_recording_with_nested_json(tmp_path: Pa
         await until(pilot, lambda: app.overview.nodes.lines, "the replayed node")
         await until(pilot, lambda: app.replayer.ended, "the end of the replay")
         assert app.replayer.samples_played == 2
+
+
+async def test_the_replay_screen_says_what_it_could_not_read(tmp_path: Path) -> None:
+    head = header()
+    at = first_frame_offset(head)
+    path = tmp_path / "damaged.gpurec"
+    index = b"[[%r, %d], [%r, %d]]" % (T0, at, T0, at)
+    path.write_bytes(recording(head, [PAYLOAD, PAYLOAD + b"junk\n" * 200], index))
+    app = ReplayApp(Replayer(RecordingReader(path), speed=100))
+    async with app.run_test(size=(120, 36), notifications=True) as pilot:
+        await until(pilot, lambda: app.replayer.ended, "the end of the replay")
+        want = [
+            "damaged index (entry 2 is not after the frame before it): reading frames in order",
+            "frame 2 skipped: 100 of its first 102 lines are not records",
+        ]
+        await until(pilot, lambda: messages(app) == want, f"{want} in {messages(app)}")
 
 
 # -- the fuzz test -------------------------------------------------------------------------------
