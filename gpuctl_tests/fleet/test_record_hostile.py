@@ -446,3 +446,26 @@ def test_no_recording_ends_in_an_internal_error(tmp_path: Path, data: bytes) -> 
         rc = main(["replay", str(path), "--export-csv", str(tmp_path / "out.csv")])
     assert rc in (0, 2), err.getvalue()
     one_line_each(err.getvalue())
+
+
+def depth_of(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(depth_of, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(depth_of, value), default=0)
+    return 0
+
+
+DEEP_JSON = st.recursive(
+    st.none() | st.integers() | st.text(alphabet='[]{}"\\ab', max_size=6),
+    lambda c: st.lists(c, max_size=2) | st.dictionaries(st.text(max_size=3), c, max_size=2),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(value=DEEP_JSON, depth=st.integers(1, 12))
+def test_the_nesting_check_on_the_text_is_the_depth_of_the_value(value: Any, depth: int) -> None:
+    # strings full of brackets, quotes and backslashes: they must not count
+    text = json.dumps({"t": 1, "v": value}).encode()
+    assert record._shallow(text, depth) == (depth_of({"v": value}) <= depth)
