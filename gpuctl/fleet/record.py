@@ -485,7 +485,10 @@ class RecordingReader:
         frame = self.frames[i]
         self.file.seek(frame.offset + FRAME.size)
         data = self.file.read(frame.length)
-        size = zstandard.frame_content_size(data) if len(data) >= 4 else -1
+        try:
+            size = zstandard.frame_content_size(data)
+        except zstandard.ZstdError:  # not a zstd frame at all
+            size = -1
         if not 0 <= size <= MAX_FRAME_BYTES:
             self._tell(i, f"not a zstd frame of a known size up to {MAX_FRAME_BYTES >> 20} MiB")
             return
@@ -586,10 +589,10 @@ def _lines(dctx: zstandard.ZstdDecompressor, data: bytes) -> Iterator[bytes]:
         rest = lines.pop()
         for line in lines:
             if len(line) > MAX_RECORD_LINE:
-                raise _Skip(f"a line of more than {MAX_RECORD_LINE >> 20} MiB")
+                raise _Skip(f"a line of more than {MAX_RECORD_LINE} bytes")
             yield line
         if len(rest) > MAX_RECORD_LINE:
-            raise _Skip(f"a line of more than {MAX_RECORD_LINE >> 20} MiB")
+            raise _Skip(f"a line of more than {MAX_RECORD_LINE} bytes")
     if rest:
         yield rest
 

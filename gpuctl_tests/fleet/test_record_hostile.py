@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -216,6 +217,53 @@ def test_a_frame_is_left_after_max_frame_lines(
     assert reader.problems == ["frame 1 skipped: more than 1000 lines (from line 1001 on)"]
 
 
+def unsized(payload: bytes) -> bytes:
+    """zstd of ``payload`` without its size in the frame header (a stream)."""
+    out = io.BytesIO()
+    with zstandard.ZstdCompressor().stream_writer(out, closefd=False) as w:
+        w.write(payload)
+    return out.getvalue()
+
+
+def damaged_frame(how: str, data: bytes) -> bytes:
+    if how == "not-zstd":
+        return b"\x00" * 4 + data[4:]
+    if how == "unsized":
+        return unsized(PAYLOAD)
+    if how == "corrupt":
+        return data[:-12] + bytes(12)  # the end of the data and its checksum
+    return zstandard.ZstdCompressor().compress(PAYLOAD + b"x" * 5000 + b"\n" + PAYLOAD)
+
+
+@pytest.mark.parametrize(
+    ("how", "why"),
+    [
+        ("not-zstd", "not a zstd frame of a known size up to 256 MiB"),
+        ("unsized", "not a zstd frame of a known size up to 256 MiB"),
+        ("corrupt", "damaged zstd data"),
+        ("long-line", "a line of more than 4096 bytes"),
+    ],
+)
+def test_a_damaged_frame_is_skipped_and_the_others_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, why: str
+) -> None:
+    monkeypatch.setattr(record, "MAX_RECORD_LINE", 4096)
+    data = bytearray(recording(header(), [PAYLOAD, PAYLOAD, PAYLOAD]))
+    path = tmp_path / "damaged-frame.gpurec"
+    path.write_bytes(data)
+    second = RecordingReader(path).frames[1]
+    body = bytes(data[second.offset + 24 : second.offset + 24 + second.length])
+    new = damaged_frame(how, body)
+    head = struct.pack(">4sIdd", b"GRF1", len(new), second.t_first, second.t_last)
+    path.write_bytes(
+        data[: second.offset] + head + new + data[second.offset + 24 + second.length :]
+    )
+    reader = RecordingReader(path)  # the index is wrong now if the length changed: no matter
+    rows = export_csv(reader, io.StringIO())
+    assert reader.problems == [f"frame 2 skipped: {why}"]
+    assert rows == (3 if how == "long-line" else 2)  # its first sample, when it came whole
+
+
 def test_a_header_naming_100000_nodes_replays_a_bounded_number(tmp_path: Path) -> None:
     names = [f"n{i}" for i in range(100_000)]
     path = tmp_path / "nodes.gpurec"
@@ -375,7 +423,7 @@ def mutated_line(base: dict[str, Any]) -> st.SearchStrategy[bytes]:
 def hostile_recordings(draw: st.DrawFn) -> bytes:
     nodes = draw(st.lists(st.sampled_from(["a", "b", "", "a" * 300]), min_size=0, max_size=3))
     head = header(nodes or ["a"])
-    if draw(st.booleans()):  # one of the header's fields replaced by any JSON or hostile text
+    if draw(st.integers(0, 3)) == 0:  # a header field replaced by any JSON or hostile text
         h = json.loads(head)
         h[draw(st.sampled_from(["started", "nodes", "version", "x"]))] = "@@"
         raw = draw(JSON.map(json.dumps) | HOSTILE_TEXT)
@@ -401,12 +449,17 @@ def hostile_recordings(draw: st.DrawFn) -> bytes:
         | HOSTILE_TEXT.map(str.encode)
     )
     data = bytearray(recording(head, payloads, index, trailer=draw(st.booleans())))
-    # then some bytes overwritten, anywhere (frame heads, lengths, times, zstd data, trailer)
+    # then some bytes overwritten after the header (frame heads, lengths, times, zstd data, the
+    # index, the trailer), and the file maybe cut short
+    marks = [m.start() for m in re.finditer(b"GRF1|GRI1|GRECEND1", data)]
     for _ in range(draw(st.integers(0, 3))):
-        at = draw(st.integers(0, len(data) - 1))
+        if draw(st.booleans()):  # in a frame's head or its data's start, or in the trailer
+            at = min(draw(st.sampled_from(marks)) + draw(st.integers(0, 31)), len(data) - 1)
+        else:
+            at = draw(st.integers(len(head), len(data) - 1))
         data[at : at + 8] = draw(st.binary(min_size=1, max_size=8))
-    if draw(st.booleans()):
-        del data[draw(st.integers(0, len(data))) :]
+    if draw(st.integers(0, 3)) == 0:
+        del data[draw(st.integers(len(head), len(data))) :]
     return bytes(data)
 
 
