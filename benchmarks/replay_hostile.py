@@ -63,10 +63,12 @@ print(time.perf_counter() - t, n)
 
 SCREEN = """
 import asyncio, sys, tempfile
+from pathlib import Path
 from gpuctl.fleet.record import RecordingReader, Replayer
 from gpuctl.tui.replay import ReplayApp
 async def go():
-    app = ReplayApp(Replayer(RecordingReader(sys.argv[1])), state_dir=tempfile.mkdtemp())
+    state = Path(tempfile.mkdtemp())
+    app = ReplayApp(Replayer(RecordingReader(sys.argv[1])), state_dir=state)
     async with app.run_test(size=(120, 36)) as pilot:
         while not app.overview.nodes.lines:
             await pilot.pause(0.05)

@@ -573,7 +573,8 @@ def _lines(dctx: zstandard.ZstdDecompressor, data: bytes) -> Iterator[bytes]:
     """The lines of one zstd frame as it is decompressed, never more than ``MAX_FRAME_BYTES``
     in all; raises _Skip at a line longer than ``MAX_RECORD_LINE`` or at damaged data."""
     stream = dctx.stream_reader(io.BytesIO(data))
-    rest = b""
+    pieces: list[bytes] = []  # the line being read, in pieces (joined once, at its end)
+    held = 0
     total = 0
     while True:
         try:
@@ -585,16 +586,22 @@ def _lines(dctx: zstandard.ZstdDecompressor, data: bytes) -> Iterator[bytes]:
             raise _Skip(f"more than {MAX_FRAME_BYTES >> 20} MiB")
         if not chunk:
             break
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            if len(line) > MAX_RECORD_LINE:
-                raise _Skip(f"a line of more than {MAX_RECORD_LINE} bytes")
-            yield line
-        if len(rest) > MAX_RECORD_LINE:
+        if b"\n" not in chunk:
+            pieces.append(chunk)
+            held += len(chunk)
+        else:
+            lines = chunk.split(b"\n")
+            lines[0] = b"".join([*pieces, lines[0]])
+            last = lines.pop()
+            for line in lines:
+                if len(line) > MAX_RECORD_LINE:
+                    raise _Skip(f"a line of more than {MAX_RECORD_LINE} bytes")
+                yield line
+            pieces, held = [last], len(last)
+        if held > MAX_RECORD_LINE:
             raise _Skip(f"a line of more than {MAX_RECORD_LINE} bytes")
-    if rest:
-        yield rest
+    if held:
+        yield b"".join(pieces)
 
 
 def _record(line: bytes) -> Record | None:

@@ -522,3 +522,19 @@ def test_the_nesting_check_on_the_text_is_the_depth_of_the_value(value: Any, dep
     # strings full of brackets, quotes and backslashes: they must not count
     text = json.dumps({"t": 1, "v": value}).encode()
     assert record._shallow(text, depth) == (depth_of({"v": value}) <= depth)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(
+    parts=st.lists(
+        st.sampled_from([b"", b"a", b"b" * 70_000, b"\n", b"xyz\n", b"c" * 200_000]), max_size=20
+    )
+)
+def test_a_frame_is_read_in_the_lines_it_holds(parts: list[bytes]) -> None:
+    # the frame's lines as they are decompressed in 64 KiB pieces: the lines of the whole text
+    payload = b"".join(parts)
+    want = payload.split(b"\n")
+    if want[-1] == b"":
+        want.pop()
+    data = zstandard.ZstdCompressor().compress(payload)
+    assert list(record._lines(zstandard.ZstdDecompressor(), data)) == want
