@@ -30,6 +30,7 @@ from gpuctl.fleet.record import (
     export_csv,
 )
 from gpuctl.tui.replay import ReplayApp
+from gpuctl_tests.fleet.test_record import gpuctl
 from gpuctl_tests.helpers import node_env
 from gpuctl_tests.tui.test_app import messages, until
 
@@ -177,13 +178,7 @@ def test_a_bad_index_is_one_line_and_the_frames_are_read_in_order(
     reader = RecordingReader(path)
     assert reader.damaged is not None and why in reader.damaged, reader.damaged
     assert len(reader.frames) == 1 and not reader.complete
-    r = subprocess.run(
-        [sys.executable, "-m", "gpuctl", "replay", str(path), "--export-csv", "-"],
-        capture_output=True,
-        text=True,
-        env=node_env(),
-        timeout=120,
-    )
+    r = gpuctl("replay", str(path), "--export-csv", "-")
     assert r.returncode == 0, r.stderr
     assert one_line_each(r.stderr) == [
         f"gpuctl: {path}: damaged index ({reader.damaged}): reading frames in order"
@@ -271,13 +266,7 @@ def test_a_header_naming_100000_nodes_replays_a_bounded_number(tmp_path: Path) -
     reader = RecordingReader(path)
     assert len(reader.nodes) == MAX_NODES and reader.nodes[0] == ("a", "local")
     assert reader.problems == [f"the recording names 100001 nodes: replaying the first {MAX_NODES}"]
-    r = subprocess.run(
-        [sys.executable, "-m", "gpuctl", "replay", str(path), "--export-csv", "-"],
-        capture_output=True,
-        text=True,
-        env=node_env(),
-        timeout=120,
-    )
+    r = gpuctl("replay", str(path), "--export-csv", "-")
     assert r.returncode == 0 and one_line_each(r.stderr)[0] == (
         f"gpuctl: {path}: {reader.problems[0]}"
     ), r.stderr
@@ -319,13 +308,7 @@ def test_nested_json_in_the_header_is_not_a_recording(tmp_path: Path) -> None:
     path.write_bytes(recording(head, [PAYLOAD]))
     with pytest.raises(RecordingError, match="is not a gpuctl recording"):
         RecordingReader(path)
-    r = subprocess.run(
-        [sys.executable, "-m", "gpuctl", "replay", str(path)],
-        capture_output=True,
-        text=True,
-        env=node_env(),
-        timeout=120,
-    )
+    r = gpuctl("replay", str(path))
     assert r.returncode == 2
     assert one_line_each(r.stderr) == [f"gpuctl: {path} is not a gpuctl recording"]
 
