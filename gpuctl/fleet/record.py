@@ -1076,9 +1076,12 @@ def export_csv(reader: RecordingReader, out: IO[str], *, start: float | None = N
     jobs: dict[str, dict[int, tuple[str | None, str | None]]] = {}
     rows = 0
     first = reader.frame_index(start) if start is not None else 0
+    nodes = {name for name, _kind in reader.nodes}
     for _i, rec in reader.records(first):
         msg = rec.get("m")
         node = rec["n"]
+        if node not in nodes:  # not in the header: not replayed either, nor kept (unbounded)
+            continue
         if "slurm" in rec:
             jobs[node] = read_slurm_jobs(rec["slurm"])
         if not isinstance(msg, dict):

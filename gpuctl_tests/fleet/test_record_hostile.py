@@ -272,6 +272,20 @@ def test_a_header_naming_100000_nodes_replays_a_bounded_number(tmp_path: Path) -
     ), r.stderr
 
 
+def test_records_of_nodes_the_header_does_not_name_are_kept_nowhere(tmp_path: Path) -> None:
+    # one frame naming 5,000 other nodes: nothing of them in the replay's state or the CSV
+    others = b"".join(
+        line({"t": T0 + 0.1, "n": f"x{i}", "m": sample(T0 + 0.1, 1)}) for i in range(5000)
+    )
+    path = tmp_path / "others.gpurec"
+    path.write_bytes(recording(header(["a"]), [PAYLOAD + others]))
+    reader = RecordingReader(path)
+    replayer = Replayer(reader, start=reader.end)
+    assert set(replayer.last_sample) == {"a"} and set(replayer.hellos) == {"a"}
+    out = io.StringIO()
+    assert export_csv(reader, out) == 1 and "x1" not in out.getvalue()
+
+
 # A replay opens no connection: the open-file limit is no concern of it (a replay of many nodes
 # told the user to raise `ulimit -n`).
 FD_CHECK = """
