@@ -141,12 +141,18 @@ def run_replay(args: argparse.Namespace) -> int:
                 f"--from {args.start}: {format_time(start)} is outside the recording "
                 f"({format_time(reader.start)} to {format_time(reader.end)})"
             )
-    if not reader.complete:
+    if reader.damaged is not None:
+        print(
+            f"gpuctl: {args.file}: damaged index ({reader.damaged}): reading frames in order",
+            file=sys.stderr,
+        )
+    elif not reader.complete:
         print(
             f"gpuctl: {args.file} has no index (the recording was cut short): "
             f"replaying its {len(reader.frames)} complete frames",
             file=sys.stderr,
         )
+    told = _tell_problems(args.file, reader, 0)
     if args.export_csv is not None:
         if args.export_csv == "-":
             rows = export_csv(reader, sys.stdout, start=start)
@@ -154,6 +160,7 @@ def run_replay(args: argparse.Namespace) -> int:
             with open(args.export_csv, "w", newline="", encoding="utf-8") as out:
                 rows = export_csv(reader, out, start=start)
             print(f"gpuctl replay: wrote {rows} rows to {args.export_csv}", file=sys.stderr)
+        _tell_problems(args.file, reader, told)
         return 0
     from gpuctl.cli.watch import require_terminal, run_tui, tui_config
     from gpuctl.fleet.record import Replayer
@@ -163,3 +170,13 @@ def run_replay(args: argparse.Namespace) -> int:
     config_tui, _ = tui_config(args)
     app = ReplayApp(Replayer(reader, speed=args.speed, start=start), config_tui=config_tui)
     return run_tui(app)
+
+
+def _tell_problems(file: str, reader: RecordingReader, told: int) -> int:
+    """One line for what of the recording could not be read since the first ``told`` of
+    ``reader.problems`` (the first of them and how many more); returns how many are told."""
+    new = reader.problems[told:]
+    if new:
+        more = f" (and {len(new) - 1} more)" if len(new) > 1 else ""
+        print(f"gpuctl: {file}: {new[0]}{more}", file=sys.stderr)
+    return len(reader.problems)

@@ -245,7 +245,7 @@ class Fleet:
     # -- life cycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         """Start one task per node and the stale watchdog; returns at once."""
-        short = fd_room(len(self.nodes))
+        short = fd_room(sum(rt.link.holds_files for rt in self.nodes.values()))
         if short:
             log.warning("%s", short)
         for rt in self.nodes.values():

@@ -25,6 +25,9 @@ class NodeLink:
     """How to reach one node. Subclasses set ``kind`` and implement ``open()``."""
 
     kind = "?"
+    # Each open session holds a process's pipes or a connection (``fd_room`` counts them); a
+    # replayed node holds none.
+    holds_files = True
 
     async def open(self) -> AgentSession:
         """Start the agent and return its session (handshake not yet done).

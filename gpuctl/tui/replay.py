@@ -67,6 +67,8 @@ class ReplayApp(GpuctlApp):
             keys[key] = keys.pop(key)
         self.replayer = replayer
         self.background.append(replayer.play)
+        self._problems_told = 0
+        self._damage_told = False
 
     def on_ready(self) -> None:
         self.overview.query_one("#header").mount(
@@ -85,6 +87,7 @@ class ReplayApp(GpuctlApp):
         )
 
     def _show_position(self) -> None:
+        self._tell_problems()
         labels = self.overview.query("#mark-replay")
         if not labels:
             return  # not mounted yet
@@ -92,6 +95,19 @@ class ReplayApp(GpuctlApp):
         text = self.position_text()
         if str(label.content) != text:
             label.update(text)
+
+    def _tell_problems(self) -> None:
+        """A notification for each new line of what the recording could not give (a damaged
+        index, a frame skipped), as ``gpuctl replay --export-csv`` prints them."""
+        reader = self.replayer.reader
+        if reader.damaged is not None and not self._damage_told:
+            self._damage_told = True
+            self.notify(
+                f"damaged index ({reader.damaged}): reading frames in order", severity="warning"
+            )
+        for problem in reader.problems[self._problems_told :]:
+            self.notify(problem, severity="warning")
+        self._problems_told = len(reader.problems)
 
     def action_replay_pause(self) -> None:
         self.replayer.toggle_pause()
