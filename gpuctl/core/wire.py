@@ -24,6 +24,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
+import msgspec
+
 T = TypeVar("T")
 
 # A JSON object as decoded (``json.loads``), before anything checked it: what a link or a file
@@ -166,3 +168,91 @@ def _fit(declared: object, v: object) -> object:
 
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and -INT_LIMIT < v < INT_LIMIT
+
+
+# -- msgspec Structs, leniently -------------------------------------------------------------------
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def lenient(
+    schema: type[S], value: object, defaults: Mapping[str, object] | None = None
+) -> S | None:
+    """``value`` (decoded JSON) as the msgspec Struct ``schema``, keeping what reads: the slow
+    path for what a typed decoder refused as a whole. A field whose value does not have its
+    type (bounds included) is left at its default; a nested Struct is read the same way; a
+    list of Structs keeps the elements that read, the first ``max_length`` when the type bounds
+    it (a Struct with an ``index`` field in a list takes its position there when its own is
+    missing or bad: a GPU's); a list of anything else is kept whole or not at all (after
+    ``max_length``). ``defaults`` (by wire name) stand in for missing or bad fields. None when
+    ``value`` is not an object or a required field is missing. Never raises on ``value``."""
+    try:
+        return msgspec.convert(value, schema)
+    except msgspec.ValidationError:
+        pass
+    if not isinstance(value, dict):
+        return None
+    kept: dict[str, object] = dict(defaults or {})
+    for name, declared, plan in _plan(schema):
+        if name in value:
+            fitted = _lenient_value(declared, plan, value[name])
+            if fitted is not _MISS:
+                kept[name] = fitted
+    try:
+        return msgspec.convert(kept, schema)
+    except msgspec.ValidationError:
+        return None  # a required field is missing
+
+
+_Plan = tuple[str, type[msgspec.Struct] | None, int | None]
+_PLANS: dict[type[msgspec.Struct], list[tuple[str, object, _Plan]]] = {}
+
+
+def _plan(schema: type[msgspec.Struct]) -> list[tuple[str, object, _Plan]]:
+    """Each field of ``schema``: its wire name, declared type, and how to read it leniently:
+    ("one", Struct, None) for an (optional) nested Struct, ("many", Struct or None, max_length)
+    for a list or tuple (of Structs or not), ("plain", None, None) for the rest."""
+    known = _PLANS.get(schema)
+    if known is None:
+        info = msgspec.inspect.type_info(schema)
+        assert isinstance(info, msgspec.inspect.StructType)
+        known = []
+        for field, declared in zip(info.fields, msgspec.structs.fields(schema), strict=True):
+            kind = field.type
+            options = kind.types if isinstance(kind, msgspec.inspect.UnionType) else (kind,)
+            plan: _Plan = ("plain", None, None)
+            for option in options:
+                if isinstance(option, msgspec.inspect.StructType):
+                    plan = ("one", option.cls, None)
+                elif isinstance(option, msgspec.inspect.VarTupleType | msgspec.inspect.ListType):
+                    item = option.item_type
+                    record = item.cls if isinstance(item, msgspec.inspect.StructType) else None
+                    plan = ("many", record, option.max_length)
+            known.append((field.encode_name, declared.type, plan))
+        _PLANS[schema] = known
+    return known
+
+
+def _lenient_value(declared: object, plan: _Plan, v: object) -> object:
+    try:
+        return msgspec.convert(v, declared)
+    except msgspec.ValidationError:
+        pass
+    kind, record, most = plan
+    if kind == "one" and record is not None:
+        nested = lenient(record, v)
+        return _MISS if nested is None else nested
+    if kind == "many" and isinstance(v, list):
+        items = v[:most] if most is not None else v
+        if record is None:
+            try:
+                return msgspec.convert(items, declared)
+            except msgspec.ValidationError:
+                return _MISS
+        positional = "index" in record.__struct_fields__
+        kept = []
+        for position, item in enumerate(items):
+            read = lenient(record, item, {"index": position} if positional else None)
+            if read is not None:
+                kept.append(read)
+        return tuple(kept)
+    return _MISS
