@@ -231,15 +231,20 @@ def test_events_and_other_messages() -> None:
     broken = decode_line(b'{"type":"event","t":NaN,"kind":"xid","gpu":"x","detail":[1]}\n')
     assert broken == NodeEvent(0.0, "xid", None, {})
     assert decode_line(b'{"type":"pong","id":3,"t":NaN}') == {"type": "pong", "id": 3, "t": None}
-    for bad in (
-        b"[1]",
-        b"{}",
-        b'{"type":5}',
-        b"not json",
-        b'{"type":"x"' + b" " * protocol.MAX_LINE,
+    deep = b"[" * 100_000 + b"]" * 100_000
+    too_long = b'{"type":"x"' + b" " * protocol.MAX_LINE + b"}"
+    for bad, code in (
+        (b"[1]", "bad_message"),
+        (b"{}", "bad_message"),
+        (b'{"type":5}', "bad_message"),
+        (b"not json", "bad_json"),
+        (b'{"type":"sample","x":' + deep + b"}", "bad_json"),  # nested too deeply
+        (b'{"type":"x","x":' + deep + b"}", "bad_json"),
+        (too_long, "line_too_long"),
     ):
-        with pytest.raises(protocol.ProtocolError):
+        with pytest.raises(protocol.ProtocolError) as refused:
             decode_line(bad)
+        assert refused.value.code == code, (bad[:30], refused.value.code)
 
 
 def test_values_from_the_wire_are_frozen_values() -> None:
