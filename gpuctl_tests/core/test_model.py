@@ -26,8 +26,7 @@ from gpuctl.core.model import (
 from gpuctl.fleet.session import MAX_PARENTS, decode_line, decode_sample
 from gpuctl.node import protocol
 from gpuctl.node.readers.sim import SimReader
-
-HUGE = 10**400
+from gpuctl_tests.core.test_wire import HUGE, JSON
 
 
 def test_huge_and_non_finite_numbers_become_none() -> None:
@@ -266,16 +265,6 @@ def test_values_from_the_wire_are_frozen_values() -> None:
     assert g.to_dict()["state"] == "ok" and "t" not in g.to_dict()
 
 
-JSON = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.just(HUGE)
-    | st.floats()
-    | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner),
-    max_leaves=20,
-)
 FIELDS = st.sampled_from(
     [
         *("index", "t", "gpus", "processes", "parents", "host", "pid", "sm", "load", "temp"),
