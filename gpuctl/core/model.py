@@ -1,19 +1,33 @@
-"""Immutable values that everything above the links sees: no I/O, standard library only.
+"""Immutable values that everything above the links sees: no I/O.
 
-A field a GPU could not report is ``None``. These are built from protocol v1 messages
-(``gpuctl/node/protocol.py`` holds the wire schema) by the ``from_wire`` constructors, which accept
-any dict and never raise on a missing or mistyped field: a bad field becomes ``None``, and so does
-a number no GPU can report (an integer beyond 64 bits, a float that is not finite).
+A field a GPU could not report is ``None``. The classes an agent's messages are read into
+(``Sample``, ``GpuSample``, ``GpuProcess``, ``HostSample``, ``NodeInfo`` with its ``GpuStatic``,
+``NodeEvent``) are msgspec Structs, and they are the login side's schema of protocol v1
+(``gpuctl/node/protocol.py`` documents the wire, which the node side writes with the standard
+library): a field's type says what a valid value is, bounds included (``Annotated`` with
+``msgspec.Meta``), and ``gpuctl.fleet.session.decode_line`` decodes a line straight into them,
+in C. A line that does not fit (a string where a number belongs, an integer beyond 64 bits, a
+load average of -1) is read again leniently, field by field (``gpuctl.core.wire.lenient``), and
+the bad fields are left at their defaults (``None``): one broken field never hides the rest.
+
+The Structs are ``frozen`` (values, safe to share between the screen's views) and ``gc=False``:
+they hold only numbers, strings, tuples of such Structs and dicts decoded from JSON, which
+cannot refer back to them, so they can never be part of a reference cycle and the collector
+need not track the Structs a sample makes. Decoding a sample line of 8 GPUs takes ~12 us of
+CPU where json.loads and reading its dicts field by field took ~130 us on the same machine
+(``benchmarks/decode.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import math
-from collections.abc import Iterator, Mapping, Sequence
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, TypeVar, overload
+from typing import Annotated, Any, TypedDict
+
+import msgspec
+from msgspec import Meta
 
 from gpuctl.core import wire
 
@@ -27,243 +41,59 @@ class NodeState(enum.Enum):
     UNREACHABLE = "unreachable"
 
 
-_INT_LIMIT = wire.INT_LIMIT  # a wider integer is junk (see gpuctl.core.wire)
-
-
-def _int(v: object) -> int | None:
-    if type(v) is int:  # what JSON gives: checked first, the hot path of every sample
-        return v if -_INT_LIMIT < v < _INT_LIMIT else None
-    if isinstance(v, bool) or not isinstance(v, int):
-        return None
-    return v if -_INT_LIMIT < v < _INT_LIMIT else None
-
-
-def _float(v: object) -> float | None:
-    if type(v) is float:
-        return v if math.isfinite(v) else None
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return None
-    if isinstance(v, int) and _int(v) is None:
-        return None
-    f = float(v)
-    return f if math.isfinite(f) else None
-
-
-def _str(v: object) -> str | None:
-    return v if isinstance(v, str) else None
-
-
-def _bool(v: object) -> bool | None:
-    return v if isinstance(v, bool) else None
-
-
-def _counts(v: object) -> Mapping[str, Any] | None:
-    return dict(v) if isinstance(v, dict) else None
-
-
-_T = TypeVar("_T")
-
-
-def _twin(cls: type[_T]) -> type[_T]:
-    """A builder for the frozen, slotted dataclass ``cls``: a plain slotted dataclass with the
-    same fields, whose instances become ``cls``'s by ``obj.__class__ = cls`` (same slots, same
-    layout). A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``
-    (~2.7 us for a GpuSample's 20 fields); the twin's sets them as plain slots (~0.7 us, the
-    class change included). For the values built once per GPU per sample; what comes out is a
-    ``cls`` like any other (frozen, equal and hashable as ``cls(...)`` would be)."""
-    fields = [
-        (f.name, f.type, field(default=f.default, default_factory=f.default_factory))
-        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-    ]
-    twin = dataclasses.make_dataclass(f"_{cls.__name__}Twin", fields, slots=True)
-    if twin.__slots__ != cls.__slots__:  # type: ignore[attr-defined]
-        raise TypeError(f"{cls.__name__} and its twin differ in their slots")
-    return twin
-
-
-class ProcessWire(TypedDict, total=False):
-    """A process as a sample carries it (``processes`` of a GPU, or ``parents``)."""
-
-    pid: int
-    user: str | None
-    command: str | None
-    mem: int | None
-    uid: int | None
-    ppid: int | None
-    sm: float | None
-    cpu: float | None
-    rss: int | None
-    started: float | None
-
-
-def _count(v: object) -> int | None:
-    """A non-negative integer, or None."""
-    n = _int(v)
-    return n if n is not None and n >= 0 else None
-
-
-def _within(v: float | None, low: float, high: float) -> float | None:
-    """``v`` when ``low <= v <= high``: a reading outside is junk from a node, not a fact."""
-    return v if v is not None and low <= v <= high else None
-
-
+# The bounds of a value from a node; outside them it is junk, not a fact. No counter a node
+# reports is wider than 64 bits; msgspec bounds an integer within int64 (a counter past 2**63 is
+# as much junk as one past 2**64), and a JSON float beyond a double is refused by the decoder.
+Int = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+# A finite float: the bounds refuse NaN and the infinities (which a dict from json.loads, a
+# recording's, may hold; the JSON decoder refuses a float beyond a double anyway).
+Float = Annotated[float, Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
+Count = Annotated[int, Meta(ge=0, le=2**63 - 1)]  # an amount or an id: never negative
+Pid = Annotated[int, Meta(ge=1, le=2**63 - 1)]  # pid 0 is no process
+Percent = Annotated[float, Meta(ge=0.0, le=100.0)]
 CPU_PERCENT_LIMIT = 100_000.0  # %CPU of one process: 1,000 cores busy
+CpuPercent = Annotated[float, Meta(ge=0.0, le=CPU_PERCENT_LIMIT)]
+UnixTime = Annotated[float, Meta(ge=1.0, le=1e11)]  # a process's start: 1970 to year 5138
+Rate = Annotated[float, Meta(ge=0.0, le=1e15)]  # bytes/s of a node's network
+Load = Annotated[float, Meta(ge=0.0, le=1e9)]
+# ECC counters, retired pages, remapped rows: counts and flags by name (protocol docstring).
+Counts = dict[str, Annotated[int, Meta(ge=0, le=2**63 - 1)] | bool | None]
 
 
-@dataclass(frozen=True, slots=True)
-class GpuProcess:
+class GpuProcess(msgspec.Struct, frozen=True, gc=False):
     """A process holding GPU memory (or, in ``NodeSnapshot.parents``, an ancestor of one).
 
     ``mem`` and ``rss`` in bytes, ``sm`` the SM % it used on its GPU, ``cpu`` its host %CPU,
     ``started`` a unix time, ``ppid`` its parent; any may be None (unknown)."""
 
-    pid: int | None
-    user: str | None
-    command: str | None
-    mem: int | None  # bytes
-    uid: int | None = None
-    ppid: int | None = None
-    sm: float | None = None
-    cpu: float | None = None
-    rss: int | None = None
-    started: float | None = None
-
-    @classmethod
-    def from_wire(cls, d: object) -> GpuProcess:
-        """Build from a protocol dict; bad fields (wrong type, out of range) become None."""
-        # Read field by field with the checks ``wire.parse(ProcessWire, d)`` makes (it is the
-        # schema), without its generic walk: every GPU process of every sample comes here.
-        w: Mapping[str, object] = d if isinstance(d, dict) else {}
-        pid = _count(w.get("pid"))
-        obj = _PROCESS_TWIN(
-            pid=pid if pid else None,
-            user=_str(w.get("user")),
-            command=_str(w.get("command")),
-            mem=_count(w.get("mem")),
-            uid=_count(w.get("uid")),
-            ppid=_count(w.get("ppid")),
-            sm=_within(_float(w.get("sm")), 0.0, 100.0),
-            cpu=_within(_float(w.get("cpu")), 0.0, CPU_PERCENT_LIMIT),
-            rss=_count(w.get("rss")),
-            started=_within(_float(w.get("started")), 1.0, 1e11),
-        )
-        obj.__class__ = GpuProcess
-        return obj
+    pid: Pid | None = None
+    user: str | None = None
+    command: str | None = None
+    mem: Count | None = None  # bytes
+    uid: Count | None = None
+    ppid: Count | None = None
+    sm: Percent | None = None
+    cpu: CpuPercent | None = None
+    rss: Count | None = None
+    started: UnixTime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The process as plain JSON-able data (the wire names)."""
-        return {
-            "pid": self.pid,
-            "user": self.user,
-            "command": self.command,
-            "mem": self.mem,
-            "uid": self.uid,
-            "ppid": self.ppid,
-            "sm": self.sm,
-            "cpu": self.cpu,
-            "rss": self.rss,
-            "started": self.started,
-        }
+        return msgspec.structs.asdict(self)
 
 
-_PROCESS_TWIN = _twin(GpuProcess)
-
-
-class WireProcesses(Sequence[GpuProcess]):
-    """A sample's ``processes`` as the node sent them, each read (``GpuProcess.from_wire``) the
-    first time the sequence is looked into: most samples are never looked into (only the
-    latest one of a GPU on screen, or in the process view, is), and reading every process of
-    every GPU of every sample cost ~7 % of the screen's CPU at 4,096 GPUs. What it holds is
-    what an eagerly read tuple holds, and it compares (and hashes) equal to that tuple."""
-
-    __slots__ = ("_raw", "_read")
-
-    def __init__(self, raw: list[object]) -> None:
-        self._raw = raw
-        self._read: tuple[GpuProcess, ...] | None = None
-
-    def _all(self) -> tuple[GpuProcess, ...]:
-        if self._read is None:
-            self._read = tuple([GpuProcess.from_wire(p) for p in self._raw])
-            self._raw = []  # the node's dicts are no longer needed
-        return self._read
-
-    def __len__(self) -> int:
-        return len(self._raw) if self._read is None else len(self._read)
-
-    @overload
-    def __getitem__(self, index: int) -> GpuProcess: ...
-    @overload
-    def __getitem__(self, index: slice) -> tuple[GpuProcess, ...]: ...
-    def __getitem__(self, index: int | slice) -> GpuProcess | tuple[GpuProcess, ...]:
-        return self._all()[index]
-
-    def __iter__(self) -> Iterator[GpuProcess]:
-        return iter(self._all())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, WireProcesses):
-            other = other._all()
-        return isinstance(other, tuple) and self._all() == other
-
-    def __hash__(self) -> int:
-        return hash(self._all())
-
-    def __repr__(self) -> str:
-        return repr(self._all())
-
-    def __reduce__(self) -> tuple[type[tuple[GpuProcess, ...]], tuple[tuple[GpuProcess, ...]]]:
-        return tuple, (self._all(),)  # pickled (and copied) as the tuple it stands for
-
-
-class HostWire(TypedDict, total=False):
-    """A sample's ``host``: the node's CPU, memory, load and network (protocol v1)."""
-
-    cpu: float | None
-    cpus: int | None
-    mem_total: int | None
-    mem_available: int | None
-    load: list[float] | None
-    net_rx: float | None
-    net_tx: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class HostSample:
+class HostSample(msgspec.Struct, frozen=True, gc=False):
     """A node's host beside its GPUs: ``cpu`` % of all CPUs busy, ``cpus`` their count,
     ``mem_total`` / ``mem_available`` bytes, ``load`` the 1, 5 and 15 minute load averages,
     ``net_rx`` / ``net_tx`` bytes/s; any may be None (unknown)."""
 
-    cpu: float | None = None
-    cpus: int | None = None
-    mem_total: int | None = None
-    mem_available: int | None = None
-    load: tuple[float, ...] = ()
-    net_rx: float | None = None
-    net_tx: float | None = None
-
-    @classmethod
-    def from_wire(cls, d: object) -> HostSample | None:
-        """Build from a sample's ``host``; None when it is not an object; a bad or impossible
-        field (a negative amount, more than 100 % busy) becomes None."""
-        if not isinstance(d, dict):
-            return None
-        # Field by field with the checks ``wire.parse(HostWire, d)`` makes (it is the schema):
-        # one of these comes with every sample of every node.
-        load = d.get("load")
-        if not (isinstance(load, list) and all(_float(x) is not None for x in load)):
-            load = []
-        obj = _HOST_TWIN(
-            cpu=_within(_float(d.get("cpu")), 0.0, 100.0),
-            cpus=_count(d.get("cpus")),
-            mem_total=_count(d.get("mem_total")),
-            mem_available=_count(d.get("mem_available")),
-            load=tuple(x for x in load[:3] if 0.0 <= x <= 1e9),
-            net_rx=_within(_float(d.get("net_rx")), 0.0, 1e15),
-            net_tx=_within(_float(d.get("net_tx")), 0.0, 1e15),
-        )
-        obj.__class__ = HostSample
-        return obj
+    cpu: Percent | None = None
+    cpus: Count | None = None
+    mem_total: Count | None = None
+    mem_available: Count | None = None
+    load: Annotated[tuple[Load, ...], Meta(max_length=3)] = ()
+    net_rx: Rate | None = None
+    net_tx: Rate | None = None
 
     @property
     def mem_used(self) -> int | None:
@@ -273,139 +103,83 @@ class HostSample:
         return max(0, self.mem_total - self.mem_available)
 
 
-_HOST_TWIN = _twin(HostSample)
+class GpuStatic(msgspec.Struct, frozen=True, gc=False):
+    """Facts about a GPU that do not change while the agent runs (a hello's ``gpus``; a GPU
+    whose ``index`` is missing or bad takes its position in the list)."""
 
-
-@dataclass(frozen=True, slots=True)
-class GpuStatic:
-    """Facts about a GPU that do not change while the agent runs."""
-
-    index: int
+    index: Int
     uuid: str | None = None
     name: str | None = None
-    mem_total: int | None = None
-    power_limit: float | None = None
-    max_sm_clock: int | None = None
-    max_mem_clock: int | None = None
-    pcie_gen: int | None = None
-    pcie_width: int | None = None
+    mem_total: Int | None = None
+    power_limit: Float | None = None
+    max_sm_clock: Int | None = None
+    max_mem_clock: Int | None = None
+    pcie_gen: Int | None = None
+    pcie_width: Int | None = None
     mig_mode: bool | None = None
     serial: str | None = None
 
-    @classmethod
-    def from_wire(cls, d: object, position: int = 0) -> GpuStatic:
-        """Build from a hello's GPU dict; ``position`` stands in for a missing index."""
-        d = d if isinstance(d, dict) else {}
-        index = _int(d.get("index"))
-        return cls(
-            index=position if index is None else index,
-            uuid=_str(d.get("uuid")),
-            name=_str(d.get("name")),
-            mem_total=_int(d.get("mem_total")),
-            power_limit=_float(d.get("power_limit")),
-            max_sm_clock=_int(d.get("max_sm_clock")),
-            max_mem_clock=_int(d.get("max_mem_clock")),
-            pcie_gen=_int(d.get("pcie_gen")),
-            pcie_width=_int(d.get("pcie_width")),
-            mig_mode=_bool(d.get("mig_mode")),
-            serial=_str(d.get("serial")),
-        )
 
+class GpuSample(msgspec.Struct, frozen=True, gc=False):
+    """One reading of one GPU at time ``t`` (unix seconds: the sample's ``t``, which the wire
+    carries once per sample, not per GPU). ``state`` is "ok" or "lost" (``lost``)."""
 
-@dataclass(frozen=True, slots=True)
-class GpuSample:
-    """One reading of one GPU at time ``t`` (unix seconds)."""
-
-    index: int
-    t: float
+    index: Int
+    t: Float = 0.0
     uuid: str | None = None
-    lost: bool = False
-    util_gpu: int | None = None
-    util_mem: int | None = None
-    mem_used: int | None = None
-    mem_total: int | None = None
-    temp: int | None = None
-    power: float | None = None
-    power_limit: float | None = None
-    sm_clock: int | None = None
-    mem_clock: int | None = None
-    fan: int | None = None
+    state: str = "ok"
+    util_gpu: Int | None = None
+    util_mem: Int | None = None
+    mem_used: Int | None = None
+    mem_total: Int | None = None
+    temp: Int | None = None
+    power: Float | None = None
+    power_limit: Float | None = None
+    sm_clock: Int | None = None
+    mem_clock: Int | None = None
+    fan: Int | None = None
     pstate: str | None = None
     throttle: tuple[str, ...] | None = None
-    ecc: Mapping[str, Any] | None = None
-    retired_pages: Mapping[str, Any] | None = None
-    remapped_rows: Mapping[str, Any] | None = None
-    # A tuple, or from a node a WireProcesses (read when first looked into; equal to the tuple).
-    processes: Sequence[GpuProcess] = ()
+    ecc: Counts | None = None
+    retired_pages: Counts | None = None
+    remapped_rows: Counts | None = None
+    processes: tuple[GpuProcess, ...] = ()
 
-    @classmethod
-    def from_wire(cls, d: object, t: float, position: int = 0) -> GpuSample:
-        """Build from a sample's GPU dict; bad fields become None, never an exception."""
-        d = d if isinstance(d, dict) else {}
-        index = _int(d.get("index"))
-        throttle = d.get("throttle")
-        procs = d.get("processes")
-        obj = _SAMPLE_TWIN(
-            index=position if index is None else index,
-            t=t,
-            uuid=_str(d.get("uuid")),
-            lost=d.get("state") == "lost",
-            util_gpu=_int(d.get("util_gpu")),
-            util_mem=_int(d.get("util_mem")),
-            mem_used=_int(d.get("mem_used")),
-            mem_total=_int(d.get("mem_total")),
-            temp=_int(d.get("temp")),
-            power=_float(d.get("power")),
-            power_limit=_float(d.get("power_limit")),
-            sm_clock=_int(d.get("sm_clock")),
-            mem_clock=_int(d.get("mem_clock")),
-            fan=_int(d.get("fan")),
-            pstate=_str(d.get("pstate")),
-            throttle=tuple(x for x in throttle if isinstance(x, str))
-            if isinstance(throttle, list)
-            else None,
-            ecc=_counts(d.get("ecc")),
-            retired_pages=_counts(d.get("retired_pages")),
-            remapped_rows=_counts(d.get("remapped_rows")),
-            processes=WireProcesses(procs) if isinstance(procs, list) and procs else (),
-        )
-        obj.__class__ = GpuSample
-        return obj
+    @property
+    def lost(self) -> bool:
+        """The agent lost this GPU (it fell off the bus, or its driver stopped answering)."""
+        return self.state == "lost"
 
     def to_dict(self) -> dict[str, Any]:
-        """The sample as plain JSON-able data (the wire names, ``state`` instead of ``lost``)."""
-        return {
-            "index": self.index,
-            "uuid": self.uuid,
-            "state": "lost" if self.lost else "ok",
-            "util_gpu": self.util_gpu,
-            "util_mem": self.util_mem,
-            "mem_used": self.mem_used,
-            "mem_total": self.mem_total,
-            "temp": self.temp,
-            "power": self.power,
-            "power_limit": self.power_limit,
-            "sm_clock": self.sm_clock,
-            "mem_clock": self.mem_clock,
-            "fan": self.fan,
-            "pstate": self.pstate,
-            "throttle": list(self.throttle) if self.throttle is not None else None,
-            "ecc": dict(self.ecc) if self.ecc is not None else None,
-            "retired_pages": dict(self.retired_pages) if self.retired_pages is not None else None,
-            "remapped_rows": dict(self.remapped_rows) if self.remapped_rows is not None else None,
-            "processes": [p.to_dict() for p in self.processes],
-        }
+        """The sample as plain JSON-able data (the wire names)."""
+        d: dict[str, Any] = msgspec.to_builtins(self)
+        del d["t"]
+        d["state"] = "lost" if self.lost else "ok"
+        return d
 
 
-_SAMPLE_TWIN = _twin(GpuSample)
+MAX_PARENTS = 256  # a sample's ``parents`` kept (an agent sends at most 64)
 
 
-@dataclass(frozen=True, slots=True)
-class NodeInfo:
-    """What a node's agent said about itself in its hello."""
+class Sample(msgspec.Struct, frozen=True, gc=False, tag_field="type", tag="sample"):
+    """A ``sample`` message: ``t`` (unix time), ``seq``, its GPUs (each with the sample's ``t``),
+    the ancestors of the GPU processes (``parents``: launchers, shells) and the node's host."""
+
+    t: Float = 0.0
+    seq: Int = -1
+    gpus: tuple[GpuSample, ...] = ()
+    parents: Annotated[tuple[GpuProcess, ...], Meta(max_length=MAX_PARENTS)] = ()
+    host: HostSample | None = None
+
+
+class NodeInfo(msgspec.Struct, frozen=True, gc=False):
+    """What a node's agent said about itself in its hello (the protocol docstring lists the
+    fields): versions, host, pid, Python, reader, sampling ``interval`` (s), the request types
+    it understands (``features``), ``read_only``, ``liveness_timeout`` and ``max_duration`` (s),
+    and its GPUs' static facts."""
 
     hostname: str | None = None
-    protocol: int | None = None
+    protocol: Int | None = None
     agent: str | None = None
     python: str | None = None
     reader: str | None = None
@@ -416,40 +190,21 @@ class NodeInfo:
     nvml: str | None = None
     features: tuple[str, ...] = ()
     gpus: tuple[GpuStatic, ...] = ()
-
-    @classmethod
-    def from_hello(cls, d: Mapping[str, Any]) -> NodeInfo:
-        """Build from a hello message; bad fields become None."""
-        gpus = d.get("gpus")
-        feats = d.get("features")
-        return cls(
-            hostname=_str(d.get("hostname")),
-            protocol=_int(d.get("protocol")),
-            agent=_str(d.get("agent")),
-            python=_str(d.get("python")),
-            reader=_str(d.get("reader")),
-            reader_error=_str(d.get("reader_error")),
-            bindings=_str(d.get("bindings")),
-            driver=_str(d.get("driver")),
-            cuda=_str(d.get("cuda")),
-            nvml=_str(d.get("nvml")),
-            features=tuple(f for f in feats if isinstance(f, str))
-            if isinstance(feats, list)
-            else (),
-            gpus=tuple(GpuStatic.from_wire(g, i) for i, g in enumerate(gpus))
-            if isinstance(gpus, list)
-            else (),
-        )
+    pid: Count | None = None
+    interval: Float | None = None
+    read_only: bool | None = None
+    liveness_timeout: Float | None = None
+    max_duration: Float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class NodeEvent:
-    """Something that happened on a node: an XID, a lost GPU, a burn that ended."""
+class NodeEvent(msgspec.Struct, frozen=True, gc=False, tag_field="type", tag="event"):
+    """Something that happened on a node: an XID, a lost GPU, a burn that ended. ``detail`` is
+    the event's data as the node sent it (``burn_from_wire`` checks a burn's)."""
 
-    t: float
-    kind: str
-    gpu: int | None = None
-    detail: Mapping[str, Any] = field(default_factory=dict)
+    t: Float = 0.0
+    kind: str = ""
+    gpu: Int | None = None
+    detail: dict[str, Any] = {}
 
 
 class OwnerWire(TypedDict):

@@ -1,38 +1,61 @@
-"""JSON from outside (a node's agent, a job's folder, a stored row) read into typed values.
+"""JSON from outside (a node's agent, a job's folder, a stored row) read into typed values, by
+msgspec: the declared types are the schema, and msgspec checks a value against them in C.
 
-``parse(Schema, value)`` makes a ``Schema`` TypedDict of a decoded JSON object, checking every
-field against the type the schema declares: a key the schema does not name is left out, and so
-is a field whose value does not have its type (a string where a number belongs, an integer wider
-than 64 bits, a float that is not finite, a list with one element of the wrong type). A list of
-TypedDicts (records) keeps the elements that read and drops the others. It never raises on what
-it reads: junk gives fewer fields, or None when the value is not an object or a required key is
-missing or wrong. Lists and dicts are copied (the result shares none with the input), except
-under a field declared ``Any``.
+``lenient(Struct, value)`` reads a decoded JSON object into a msgspec Struct (the messages of an
+agent, ``gpuctl.core.model``), and ``parse(Schema, value)`` into a ``Schema`` TypedDict (the
+replies, burn events and job files). Both first convert the value whole (``msgspec.convert``:
+the fast path, for what is valid); where it refuses, they read it field by field, so that one
+broken field never hides the others:
 
-Declared types it checks: ``str``, ``int``, ``float`` (an int is a float too; a bool is
-neither), ``bool``, ``None``, ``X | Y``, ``Literal[...]``, ``list[X]``, ``dict[str, X]`` and
-``Mapping[str, X]``, nested TypedDicts, and ``Any`` / ``object`` (kept as they are: a field whose
-reader checks it itself). A schema declaring anything else is a programming error: TypeError,
-from the first ``parse`` of that schema.
+* a key the schema does not name is left out;
+* a field whose value does not have its type is left out (TypedDict) or left at its default
+  (Struct): a string where a number belongs, a bool where an int does, a float that is not
+  finite, an integer wider than 64 bits (in a TypedDict an ``int`` is read as an int64 and a
+  ``float`` as a finite one; a Struct states its bounds with ``msgspec.Meta``);
+* a nested object is read the same way; a list of objects (records) keeps the elements that
+  read (the first ``max_length`` where the type bounds it); a list of anything else is kept
+  whole or not at all;
+* the result is None when ``value`` is not an object or a required field is missing or bad.
+
+It never raises on what it reads. Lists and dicts are copied (the result shares none with the
+input), except under a field declared ``Any``. A TypedDict declaring a type msgspec cannot
+check is a programming error: TypeError, from the first ``parse`` of that schema.
 """
 
 from __future__ import annotations
 
-import math
+import sys
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
+from typing import (
+    Annotated,
+    Any,
+    Literal,
+    TypedDict,
+    TypeVar,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
+
+import msgspec
+from msgspec import Meta
 
 T = TypeVar("T")
+S = TypeVar("S", bound=msgspec.Struct)
 
 # A JSON object as decoded (``json.loads``), before anything checked it: what a link or a file
 # hands over, and what ``parse`` turns into a schema's TypedDict.
 JsonObject = dict[str, Any]
 
-# No counter a node reports is wider than 64 bits: a bigger integer is junk (and 10**400 would
-# raise OverflowError in every float() above this layer).
-INT_LIMIT = 1 << 64
+# What a TypedDict's ``int`` and ``float`` mean for a value from outside: no counter is wider
+# than 64 bits (10**400 would raise OverflowError in every float() above this layer), and NaN or
+# an infinity is no reading.
+Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+Finite = Annotated[float, Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
 
 
 class _Miss:
@@ -47,16 +70,7 @@ def parse(schema: type[T], value: object) -> T | None:
     JSON object or lacks a required key. Never raises on ``value``."""
     if not isinstance(value, dict):
         return None
-    fields, required = _schema_of(schema)
-    out: dict[str, object] = {}
-    for key, v in value.items():  # in the input's order: what is printed again reads the same
-        if key in fields:
-            checked = _fit(fields[key], v)
-            if not isinstance(checked, _Miss):
-                out[key] = checked
-    if not required <= out.keys():
-        return None
-    return cast(T, out)  # every field checked against the schema above
+    return cast(T | None, _read(_bounded_typeddict(schema), value, None))
 
 
 def parse_list(schema: type[T], value: object) -> list[T]:
@@ -66,103 +80,147 @@ def parse_list(schema: type[T], value: object) -> list[T]:
     return [item for item in (parse(schema, v) for v in value) if item is not None]
 
 
-_SCHEMAS: dict[object, tuple[dict[str, object], frozenset[str]]] = {}
+def lenient(
+    schema: type[S], value: object, defaults: Mapping[str, object] | None = None
+) -> S | None:
+    """``value`` (decoded JSON) as the msgspec Struct ``schema`` (see the module docstring):
+    the slow path for what a typed decoder refused as a whole. ``defaults`` (by wire name) stand
+    in for missing or bad fields; a Struct with an ``index`` field in a list takes its position
+    there when its own is missing or bad (a GPU's). Never raises on ``value``."""
+    return cast(S | None, _read(schema, value, defaults))
 
 
-def _schema_of(schema: object) -> tuple[dict[str, object], frozenset[str]]:
-    """A schema's fields and required keys, read (and checked) once."""
-    known = _SCHEMAS.get(schema)
+def _read(schema: object, value: object, defaults: Mapping[str, object] | None) -> object:
+    try:
+        return msgspec.convert(value, schema)
+    except msgspec.ValidationError:
+        pass
+    if not isinstance(value, dict):
+        return None
+    kept: dict[str, object] = dict(defaults or {})
+    plan = _plan(schema)
+    for key, v in value.items():  # in the input's order: what is printed again reads the same
+        field = plan.get(key)
+        if field is not None:
+            fitted = _lenient_value(field, v)
+            if not isinstance(fitted, _Miss):
+                kept[key] = fitted
+    try:
+        return msgspec.convert(kept, schema)
+    except msgspec.ValidationError:
+        return None  # a required field is missing or bad
+
+
+# A field's reading: its declared type, and for a (list of) nested object(s) the schema of one
+# (a Struct class or a bounded TypedDict), whether it is a list, and the list's max_length.
+_Field = tuple[object, object | None, bool, int | None]
+_PLANS: dict[object, dict[str, _Field]] = {}
+
+
+def _plan(schema: object) -> dict[str, _Field]:
+    known = _PLANS.get(schema)
     if known is None:
-        if not (isinstance(schema, type) and typing.is_typeddict(schema)):
-            raise TypeError(f"{schema!r} is not a TypedDict")
-        fields = get_type_hints(schema)
-        for declared in fields.values():
-            _supported(declared)
-        known = _SCHEMAS[schema] = (fields, frozenset(getattr(schema, "__required_keys__", ())))
+        info = msgspec.inspect.type_info(schema)
+        assert isinstance(info, msgspec.inspect.StructType | msgspec.inspect.TypedDictType)
+        declared = (
+            {f.encode_name: f.type for f in msgspec.structs.fields(info.cls)}
+            if isinstance(info, msgspec.inspect.StructType)
+            else get_type_hints(schema, include_extras=True)
+        )
+        known = {}
+        for field in info.fields:
+            kind = field.type
+            options = kind.types if isinstance(kind, msgspec.inspect.UnionType) else (kind,)
+            nested: object | None = None
+            many = False
+            most: int | None = None
+            for option in options:
+                if isinstance(option, msgspec.inspect.ListType | msgspec.inspect.VarTupleType):
+                    many, most, option = True, option.max_length, option.item_type
+                if isinstance(option, msgspec.inspect.StructType | msgspec.inspect.TypedDictType):
+                    nested = option.cls
+            known[field.encode_name] = (declared[field.encode_name], nested, many, most)
+        _PLANS[schema] = known
     return known
 
 
-_PLAIN = (str, int, float, bool, type(None))
-_UNIONS = (Union, types.UnionType)
-_LISTS = (list,)
-_DICTS = (dict, Mapping)
-
-
-def _supported(declared: object) -> None:
-    if declared in _PLAIN or declared is Any or declared is object or declared is None:
-        return
-    if isinstance(declared, type) and typing.is_typeddict(declared):
-        return
-    origin = get_origin(declared)
-    if origin is Literal:
-        return
-    if origin in _UNIONS or origin in _LISTS or origin in _DICTS:
-        args = get_args(declared)
-        if origin in _DICTS and args and args[0] is not str:
-            raise TypeError(f"JSON object keys are strings, not {args[0]!r}")
-        for arg in args[1:] if origin in _DICTS else args:
-            _supported(arg)
-        return
-    raise TypeError(f"gpuctl.core.wire cannot check a field of type {declared!r}")
-
-
-def _fit(declared: object, v: object) -> object:
-    """``v`` (copied) when it has the ``declared`` type, else ``_MISS``."""
-    if declared is Any or declared is object:
-        return v
-    if declared is None or declared is type(None):
-        return v if v is None else _MISS
-    if declared is bool:
-        return v if isinstance(v, bool) else _MISS
-    if declared is int:
-        return v if _is_int(v) else _MISS
-    if declared is float:
-        if isinstance(v, float):
-            return v if math.isfinite(v) else _MISS
-        return v if _is_int(v) else _MISS
-    if declared is str:
-        return v if isinstance(v, str) else _MISS
-    if isinstance(declared, type) and typing.is_typeddict(declared):
-        nested = parse(declared, v)
-        return _MISS if nested is None else nested
-    origin = get_origin(declared)
-    args = get_args(declared)
-    if origin in _UNIONS:
-        for arg in args:
-            fitted = _fit(arg, v)
-            if not isinstance(fitted, _Miss):
-                return fitted
-        return _MISS
-    if origin is Literal:
-        # True == 1, so compare types too: a Literal[1] field is not a bool
-        return v if any(v == a and type(v) is type(a) for a in args) else _MISS
-    if origin in _LISTS:
+def _lenient_value(field: _Field, v: object) -> object:
+    declared, nested, many, most = field
+    try:
+        return msgspec.convert(v, declared)
+    except msgspec.ValidationError:
+        pass
+    if many:
         if not isinstance(v, list):
             return _MISS
-        item = args[0] if args else Any
-        records = isinstance(item, type) and typing.is_typeddict(item)
-        items = []
-        for x in v:
-            fitted = _fit(item, x)
-            if isinstance(fitted, _Miss):
-                if records:
-                    continue  # a list of records keeps the ones that read
+        items = v[:most] if most is not None else v
+        if nested is None:  # a list of values: whole or not at all
+            try:
+                return msgspec.convert(items, declared)
+            except msgspec.ValidationError:
                 return _MISS
-            items.append(fitted)
-        return items
-    if origin in _DICTS:
-        if not isinstance(v, dict):
-            return _MISS
-        of = args[1] if len(args) > 1 else Any
-        values = {}
-        for k, x in v.items():
-            fitted = _fit(of, x)
-            if not isinstance(k, str) or isinstance(fitted, _Miss):
-                return _MISS
-            values[k] = fitted
-        return values
-    return _MISS  # _supported refused every other type when the schema was first read
+        positional = isinstance(nested, type) and "index" in getattr(
+            nested, "__struct_fields__", ()
+        )
+        kept = []
+        for position, item in enumerate(items):
+            read = _read(nested, item, {"index": position} if positional else None)
+            if read is not None:
+                kept.append(read)
+        return kept
+    if nested is not None:
+        read = _read(nested, v, None)
+        return _MISS if read is None else read
+    return _MISS
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and -INT_LIMIT < v < INT_LIMIT
+# -- a TypedDict as msgspec checks it --------------------------------------------------------------
+_BOUNDED: dict[object, object] = {}
+_UNIONS = (Union, types.UnionType)
+
+
+def _bounded_typeddict(schema: object) -> object:
+    """``schema`` (a TypedDict) with every ``int`` an ``Int64`` and every ``float`` a
+    ``Finite``, nested TypedDicts too (made once per schema)."""
+    known = _BOUNDED.get(schema)
+    if known is None:
+        if not (isinstance(schema, type) and typing.is_typeddict(schema)):
+            raise TypeError(f"{schema!r} is not a TypedDict")
+        required: frozenset[str] = getattr(schema, "__required_keys__", frozenset())
+        fields = {key: _bounded(declared) for key, declared in get_type_hints(schema).items()}
+        made: Any = TypedDict(schema.__name__, fields, total=False)  # type: ignore[misc]
+        # which keys are required, as the schema says (typing.Required is Python 3.11+)
+        made.__required_keys__ = frozenset(required)
+        made.__optional_keys__ = frozenset(fields) - required
+        try:
+            msgspec.inspect.type_info(made)
+        except TypeError as e:
+            raise TypeError(f"gpuctl.core.wire cannot check {schema.__name__}: {e}") from None
+        known = _BOUNDED[schema] = made
+    return known
+
+
+def _bounded(declared: object) -> object:
+    if declared is int:
+        return Int64
+    if declared is float:
+        return Finite
+    if declared in (str, bool, type(None), None, Any):
+        return declared
+    if declared is object:
+        return Any
+    if isinstance(declared, type) and typing.is_typeddict(declared):
+        return _bounded_typeddict(declared)
+    origin = get_origin(declared)
+    args = get_args(declared)
+    if origin is Literal:
+        return declared
+    if origin in _UNIONS:
+        return Union[tuple(_bounded(a) for a in args)]  # noqa: UP007 (built from a tuple)
+    if origin is list:
+        return list[_bounded(args[0]) if args else Any]  # type: ignore[misc]
+    if origin in (dict, Mapping):
+        if args and args[0] is not str:
+            raise TypeError(f"JSON object keys are strings, not {args[0]!r}")
+        return dict[str, _bounded(args[1]) if len(args) > 1 else Any]  # type: ignore[misc]
+    raise TypeError(f"gpuctl.core.wire cannot check a field of type {declared!r}")

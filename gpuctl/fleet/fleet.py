@@ -150,7 +150,15 @@ class Fleet:
             while listener in listeners:
                 listeners.remove(listener)
 
-    def _on_wire(self, name: str, msg: JsonObject) -> None:
+    def _on_wire(self, name: str, line: bytes | str) -> None:
+        """A line an agent sent, decoded into a dict for the wire listeners only while there
+        are some (the links decode samples straight into typed values)."""
+        if not self._wire_listeners:
+            return
+        try:
+            msg = protocol.decode(line, lenient=True)
+        except protocol.ProtocolError:
+            return  # the session refuses it too, and says why
         for listener in self._wire_listeners:
             listener(name, msg)
 
@@ -199,7 +207,7 @@ class Fleet:
             return  # no loop, no live session: the options go out at the next handshakes
         for rt in self.nodes.values():
             session = rt.session
-            if session is not None and "configure" in session.hello.get("features", ()):
+            if session is not None and session.info and "configure" in session.info.features:
                 task = loop.create_task(self._configure(session))
                 task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
@@ -393,10 +401,9 @@ class Fleet:
                 info = await session.handshake(self.connect_timeout)
             except TimeoutError:
                 raise LinkError("timeout", f"no answer within {self.connect_timeout:g} s") from None
-        hello_interval = session.hello.get("interval")
-        if hello_interval is not None and hello_interval > 0:
-            rt.interval = float(hello_interval)
-        if "configure" in session.hello.get("features", ()):
+        if info.interval is not None and info.interval > 0:
+            rt.interval = info.interval
+        if "configure" in info.features:
             await self._configure(session)  # before any request the listeners may send
         rt.failures = 0
         rt.live_since = time.monotonic()

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpuctl.core import wire
 from gpuctl.core.model import BurnState, burn_from_wire
 from gpuctl.fleet.control import StressReply, StressStatus
-from gpuctl.fleet.session import AgentError, Hello, refusal
+from gpuctl.fleet.session import AgentError, refusal
 
 HUGE = 10**400
 
@@ -152,7 +152,7 @@ FIELDS = st.sampled_from(
     st.one_of(JSON, st.dictionaries(FIELDS, JSON)),
 )
 def test_junk_never_raises_and_what_comes_out_has_its_type(value: object) -> None:
-    for schema in (Record, BurnState, StressReply, StressStatus, Hello, AgentError):
+    for schema in (Record, BurnState, StressReply, StressStatus, AgentError):
         got = wire.parse(schema, value)
         assert got is None or isinstance(got, dict)
     burn = burn_from_wire(value)

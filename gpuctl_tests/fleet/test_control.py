@@ -92,7 +92,7 @@ async def test_link_loss_marks_active_burns_failed_and_the_agent_stops_them() ->
         pid = await wait_for(fleet, lambda: burn(fleet, "local", 0).get("pid"))
         session = fleet.nodes["local"].session
         assert session is not None
-        os.kill(int(session.hello["pid"]), signal.SIGKILL)
+        os.kill(int(session.info.pid), signal.SIGKILL)
         failed = await wait_for(
             fleet,
             lambda: burn(fleet, "local", 0).get("state") == "failed" and burn(fleet, "local", 0),

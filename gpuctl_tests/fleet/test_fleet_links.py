@@ -42,7 +42,7 @@ async def test_silent_link_is_dropped_and_reconnected() -> None:
         await _wait(fleet, lambda s: s.last_sample_t is not None)
         session = fleet.nodes["hung"].session
         assert session is not None
-        pid = session.hello["pid"]
+        pid = session.info.pid
         os.kill(pid, signal.SIGSTOP)  # a hung node: the link stays open, nothing comes
         await _wait(fleet, lambda s: s.state is NodeState.STALE)
         # after 4 x stale_after of silence the fleet drops the link and starts a new agent
@@ -51,7 +51,7 @@ async def test_silent_link_is_dropped_and_reconnected() -> None:
             lambda s: (
                 s.state is NodeState.LIVE
                 and fleet.nodes["hung"].session is not None
-                and fleet.nodes["hung"].session.hello.get("pid") != pid
+                and getattr(fleet.nodes["hung"].session.info, "pid", None) != pid
             ),
         )
         assert any(r and r.startswith("reconnecting: no sample for") for r in reasons), reasons

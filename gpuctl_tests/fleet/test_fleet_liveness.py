@@ -33,7 +33,7 @@ async def test_agents_get_the_fleets_options_and_pings_keep_them_alive() -> None
         await wait_for_state(fleet, lambda ss: ss[0].state is NodeState.LIVE)
         session = fleet.nodes["n1"].session
         assert session is not None
-        agent = int(session.hello["pid"])
+        agent = int(session.info.pid)
         # configure with no field is a query: the agent runs with the fleet's options
         now = await fleet.request("n1", {"type": "configure"})
         assert (now["liveness_timeout"], now["max_duration"]) == (1.5, 120.0)

@@ -75,7 +75,7 @@ async def test_local_agent_death_is_unreachable_then_recovers() -> None:
     await fleet.start()
     try:
         await wait_for_state(fleet, lambda ss: ss[0].last_sample_t is not None)
-        pid = fleet.nodes["n1"].session.hello["pid"]  # type: ignore[union-attr]
+        pid = fleet.nodes["n1"].session.info.pid  # type: ignore[union-attr]
         os.kill(pid, signal.SIGKILL)
         snaps = await wait_for_state(fleet, lambda ss: ss[0].state is NodeState.UNREACHABLE)
         assert snaps[0].reason and snaps[0].reason.startswith("closed")
@@ -84,7 +84,7 @@ async def test_local_agent_death_is_unreachable_then_recovers() -> None:
             lambda ss: (
                 ss[0].state is NodeState.LIVE
                 and fleet.nodes["n1"].session is not None
-                and fleet.nodes["n1"].session.hello.get("pid") != pid
+                and getattr(fleet.nodes["n1"].session.info, "pid", None) != pid
             ),
         )
     finally:
@@ -96,7 +96,7 @@ async def test_frozen_agent_turns_stale_then_live_again() -> None:
     await fleet.start()
     try:
         await wait_for_state(fleet, lambda ss: ss[0].last_sample_t is not None)
-        pid = fleet.nodes["frozen"].session.hello["pid"]  # type: ignore[union-attr]
+        pid = fleet.nodes["frozen"].session.info.pid  # type: ignore[union-attr]
         os.kill(pid, signal.SIGSTOP)  # a hung node: the link stays up, samples stop
         try:
             snaps = await wait_for_state(fleet, lambda ss: ss[0].state is NodeState.STALE)

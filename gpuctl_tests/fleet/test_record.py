@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import zstandard
 
-from gpuctl.core.model import GpuSample
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import simulated_fleet
 from gpuctl.fleet.record import Recorder, RecordingReader, Replayer, export_csv, format_time
+from gpuctl.fleet.session import decode_sample
 from gpuctl.tui.app import GpuctlApp
 from gpuctl.tui.replay import ReplayApp
 from gpuctl_tests.helpers import node_env, until, wait_until, wait_until_async
@@ -211,7 +211,7 @@ def shown(app: GpuctlApp, node: str) -> tuple[tuple[int | None, int | None], ...
 
 
 def recorded(msg: dict[str, Any]) -> tuple[tuple[int | None, int | None], ...]:
-    gpus = [GpuSample.from_wire(g, msg["t"]) for g in msg["gpus"]]
+    gpus = decode_sample(msg).gpus
     return tuple((g.util_gpu, g.temp) for g in gpus)
 
 

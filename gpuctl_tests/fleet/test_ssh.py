@@ -499,14 +499,14 @@ async def test_agent_killed_on_a_live_link(ssh_cluster: SshCluster, tmp_path: Pa
         await wait_fleet(fleet, lambda ss: ss["crash"].last_sample_t, what="streaming")
         session = fleet.nodes["crash"].session
         assert session is not None
-        pid = session.hello["pid"]
+        pid = session.info.pid
         os.kill(pid, signal.SIGKILL)
         await wait_fleet(
             fleet,
             lambda ss: (
                 ss["crash"].state is NodeState.LIVE
                 and fleet.nodes["crash"].session is not None
-                and fleet.nodes["crash"].session.hello["pid"] != pid
+                and fleet.nodes["crash"].session.info.pid != pid
             ),
             what="a new agent",
         )

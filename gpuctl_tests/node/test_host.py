@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl.core import wire
 from gpuctl.core.format import fmt_rate, host_text
 from gpuctl.core.model import HostSample
 from gpuctl.node.readers.host import HOST_FIELDS, HostStats
@@ -82,7 +83,8 @@ def test_an_nvml_agent_sends_this_machines_host_under_python36(
 
 
 def test_host_values_from_a_node_are_checked_and_shown() -> None:
-    h = HostSample.from_wire(
+    h = wire.lenient(
+        HostSample,
         {
             "cpu": 23.4,
             "cpus": 64,
@@ -91,11 +93,12 @@ def test_host_values_from_a_node_are_checked_and_shown() -> None:
             "load": [12.34, 10.0, 9.0],
             "net_rx": 1.2e9,
             "net_tx": 3.4e8,
-        }
+        },
     )
     assert h is not None and h.mem_used == 120 * GIB
     assert host_text(h) == "cpu 23% of 64  mem 120/503G  load 12.3  net ↓1.2GB/s ↑340MB/s"
-    junk = HostSample.from_wire(
+    junk = wire.lenient(
+        HostSample,
         {
             "cpu": 250,
             "cpus": -1,
@@ -104,11 +107,11 @@ def test_host_values_from_a_node_are_checked_and_shown() -> None:
             "load": [1.0, "x"],
             "net_rx": -5.0,
             "net_tx": 1e300,
-        }
+        },
     )
     assert junk == HostSample()
     assert host_text(HostSample()) == ""
-    assert HostSample.from_wire(None) is None and HostSample.from_wire([1]) is None
+    assert wire.lenient(HostSample, None) is None and wire.lenient(HostSample, [1]) is None
     assert fmt_rate(999) == "999B/s" and fmt_rate(12_345) == "12kB/s"
 
 

@@ -121,8 +121,8 @@ async def main():
         await asyncio.sleep(0.05)
     status = await fleet.request("n1", {"type": "stress_status"})
     print(json.dumps({"burner": control.burn_of(fleet.snapshot("n1"), 0)["pid"],
-                      "agent": session.hello["pid"], "cap": status["max_duration"],
-                      "hello_liveness": session.hello["liveness_timeout"]}), flush=True)
+                      "agent": session.info.pid, "cap": status["max_duration"],
+                      "hello_liveness": session.info.liveness_timeout}), flush=True)
     await asyncio.sleep(3600)  # streaming and pinging until frozen or killed
 
 asyncio.run(main())

@@ -315,7 +315,7 @@ async def test_ssh_link_drop_stops_the_burner(ssh_cluster: Any, tmp_path: Path) 
         await wait_until_async(
             lambda: fleet.snapshot("n1").last_sample_t, 30, "n1 live", wake=changes
         )
-        agent_pid = int(fleet.nodes["n1"].session.hello["pid"])  # type: ignore[union-attr]
+        agent_pid = int(fleet.nodes["n1"].session.info.pid)  # type: ignore[union-attr]
         await control.set_stress(
             fleet,
             "n1",

@@ -77,7 +77,8 @@ async def test_v_shows_one_line_per_node_and_keeps_the_selection(tmp_path: Path)
 
 def snap(name: str, temps: list[int | None], state: NodeState = NodeState.LIVE) -> NodeSnapshot:
     gpus = tuple(
-        GpuSample(i, 0.0, temp=t, util_gpu=10 * i, lost=t is None) for i, t in enumerate(temps)
+        GpuSample(i, 0.0, temp=t, util_gpu=10 * i, state="lost" if t is None else "ok")
+        for i, t in enumerate(temps)
     )
     return NodeSnapshot(name, state, gpus=gpus)
 
@@ -114,4 +115,4 @@ def test_column_titles_line_up_with_the_rows() -> None:
         assert line.index("TEMP") + 4 == temp_end, width
     compact = column_titles(80, None, compact=True, per_gpu=8)  # nodes of 8 GPUs
     assert compact.index("STATE") == 14 and compact.index("TROUBLE") <= 67
-    assert gpu_bars([GpuSample(0, 0.0, util_gpu=0), GpuSample(1, 0.0, lost=True)]) == "▁✕"
+    assert gpu_bars([GpuSample(0, 0.0, util_gpu=0), GpuSample(1, 0.0, state="lost")]) == "▁✕"

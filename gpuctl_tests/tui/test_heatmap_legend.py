@@ -80,7 +80,7 @@ def test_marks_most_urgent_first() -> None:
     ecc = GpuSample(0, 0.0, ecc={"volatile_uncorrected": 2}, throttle=("sw_thermal",))
     assert mark(ecc, burning=True) == ("E ", "alarm")
     assert mark(ecc, xid=True) == ("X ", "alarm")
-    assert mark(GpuSample(0, 0.0, lost=True), xid=True, stale=True) == ("✕·", "alarm")
+    assert mark(GpuSample(0, 0.0, state="lost"), xid=True, stale=True) == ("✕·", "alarm")
     assert mark(GpuSample(0, 0.0), reading=False) == ("? ", "mark")
 
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from rich.segment import Segment
 from textual.color import Color
@@ -74,7 +75,9 @@ def shown_gpus(app: GpuctlApp) -> list[tuple[str, int | None]]:
 
 
 def with_gpu(snap: NodeSnapshot, index: int, **changes: Any) -> NodeSnapshot:
-    gpus = tuple(replace(g, **changes) if g.index == index else g for g in snap.gpus)
+    gpus = tuple(
+        msgspec.structs.replace(g, **changes) if g.index == index else g for g in snap.gpus
+    )
     return replace(snap, gpus=gpus)
 
 
@@ -154,7 +157,7 @@ async def test_the_header_counts_trouble_and_each_count_filters(tmp_path: Path) 
         assert any(ln.node == "gpu-c03" for ln in app.overview.nodes.lines)
         # a GPU that falls off the bus is counted at once
         snap = app.store.snaps["gpu-a01"]
-        app._on_snapshot(with_gpu(snap, 3, lost=True))
+        app._on_snapshot(with_gpu(snap, 3, state="lost"))
         await flushed(pilot)
         assert "1 lost" in header_trouble(app)
 
@@ -209,7 +212,7 @@ async def test_trouble_first_starts_at_the_top_and_holds_still_under_the_cursor(
         # a GPU falls off the bus: the rows stay until the next re-sort
         nodes.resort_s = 3600.0
         lost = next(i for n, i in order if n == "gpu-a01" and (n, i) != chosen and i != 1)
-        app._on_snapshot(with_gpu(app.store.snaps["gpu-a01"], lost, lost=True))
+        app._on_snapshot(with_gpu(app.store.snaps["gpu-a01"], lost, state="lost"))
         await flushed(pilot)
         assert shown_gpus(app) == order and nodes.cursor == chosen
         # the re-sort comes: the lost GPU goes first, the selected GPU stays selected, and on

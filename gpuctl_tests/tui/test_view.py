@@ -55,7 +55,7 @@ def test_heat_levels_cover_the_range_and_none() -> None:
     assert heat_level(0.99) == 4
     assert heat_level(1.5) == 4
     assert metric_fraction(gpu(temp=90), "temp") == pytest.approx(1.0)
-    assert metric_fraction(gpu(lost=True), "util") is None
+    assert metric_fraction(gpu(state="lost"), "util") is None
     with pytest.raises(ValueError):
         metric_fraction(gpu(), "fans")
 
@@ -105,7 +105,7 @@ def test_trouble_words_filter_what_the_header_counts() -> None:
     capped = gpu(0, util_gpu=100, throttle=("sw_power_cap",))
     hot = gpu(1, throttle=("sw_thermal", "sw_power_cap"))
     ecc = gpu(2, remapped_rows={"pending": 1})
-    lost = gpu(3, lost=True)
+    lost = gpu(3, state="lost")
     s = node("n", NodeState.LIVE, capped, hot, ecc, lost)
 
     def matching(text: str, xids: frozenset[int] = frozenset()) -> list[int]:

@@ -1,0 +1,128 @@
+"""Decode benchmark: CPU per agent line on the login side, this checkout against another tree.
+
+Builds a sample line of ``--gpus`` simulated GPUs (the simulated reader of this checkout, a few
+samples in, with processes, parents and host: what an agent writes, ~5.4 KB for 8 GPUs) and
+decodes it the way each tree's links do, in one process, alternating the two ``--rounds`` times
+(on a shared machine the CPU a run takes drifts by several percent within a minute: only
+alternated runs compare):
+
+* new: ``gpuctl.fleet.session.decode_line`` (msgspec straight into the model's Structs),
+* old: ``protocol.decode(line, lenient=True)`` then ``session.decode_sample`` of the tree given
+  by ``--old`` (a checkout of an older revision, e.g. ``git worktree add /tmp/old 3285137``);
+  that tree's GPU processes were read only when first looked into, so its figure leaves them
+  out (the new one reads them all),
+
+and the same for the same line with one bad field (a string for a GPU's temperature): the
+lenient slow path. Prints the median microseconds of CPU (``time.process_time``) per line of
+each, and the ratios.
+
+Usage: python benchmarks/decode.py --old /tmp/old-msgspec [--gpus 8] [--rounds 7] [--n 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _import_tree(tree: Path, forget: bool) -> dict[str, Any]:
+    """The decoders of the gpuctl in ``tree``, imported under the name ``gpuctl``; ``forget``:
+    then forgotten by ``sys.modules`` (the functions keep their modules: the old tree's
+    dataclasses need nothing more), so that the next tree imports afresh into one process."""
+    for name in [m for m in sys.modules if m == "gpuctl" or m.startswith("gpuctl.")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(tree))
+    try:
+        session = importlib.import_module("gpuctl.fleet.session")
+        protocol = importlib.import_module("gpuctl.node.protocol")
+        sim = importlib.import_module("gpuctl.node.readers.sim")
+        found = {
+            "session": session,
+            "protocol": protocol,
+            "sim": sim,
+            "file": importlib.import_module("gpuctl").__file__,
+        }
+    finally:
+        sys.path.remove(str(tree))
+        if forget:
+            for name in [m for m in sys.modules if m == "gpuctl" or m.startswith("gpuctl.")]:
+                del sys.modules[name]
+    return found
+
+
+def sample_line(new: dict[str, Any], gpus: int) -> bytes:
+    reader = new["sim"].SimReader.from_spec(f"{gpus}:H100", seed=3)
+    for _ in range(5):
+        reader.sample()
+    msg = {
+        "type": "sample",
+        "t": time.time(),
+        "seq": 5,
+        "gpus": reader.sample(),
+        "parents": reader.parents(),
+        "host": reader.host(),
+    }
+    line: bytes = new["protocol"].encode(msg)
+    return line
+
+
+def per_line_us(decode: Callable[[bytes], object], line: bytes, n: int) -> float:
+    start = time.process_time()
+    for _ in range(n):
+        decode(line)
+    return (time.process_time() - start) / n * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--old", type=Path, required=True, help="the older tree to compare")
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--n", type=int, default=2000, help="lines decoded per timed run")
+    args = parser.parse_args()
+
+    old = _import_tree(args.old.resolve(), forget=True)
+    new = _import_tree(REPO, forget=False)  # msgspec reads a Struct's module for its types
+    line = sample_line(new, args.gpus)
+    bad = line.replace(b'"temp":', b'"temp":"hot","was":', 1)
+    processes = sum(len(g.processes) for g in new["session"].decode_line(line).gpus)
+
+    def old_decode(text: bytes) -> object:
+        return old["session"].decode_sample(old["protocol"].decode(text, lenient=True))
+
+    cases: dict[str, tuple[Callable[[bytes], object], bytes]] = {
+        "new": (new["session"].decode_line, line),
+        "old": (old_decode, line),
+        "new, one bad field": (new["session"].decode_line, bad),
+        "old, one bad field": (old_decode, bad),
+    }
+    for decode, text in cases.values():  # both decode the same line to the same readings
+        got = decode(text)
+        assert getattr(got, "gpus", None), got
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(args.rounds):
+        for name, (decode, text) in cases.items():
+            times[name].append(per_line_us(decode, text, args.n))
+    print(f"new: {new['file']}\nold: {old['file']}")
+    print(
+        f"one sample line: {args.gpus} GPUs, {len(line)} bytes, {processes} GPU processes; "
+        f"{args.rounds} alternated rounds of {args.n} lines, us of CPU per line (median)"
+    )
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    for name, us in med.items():
+        print(f"  {name:20s} {us:8.1f} us   (rounds: {', '.join(f'{t:.1f}' for t in times[name])})")
+    bad_ratio = med["old, one bad field"] / med["new, one bad field"]
+    print(f"  old / new, valid line:      {med['old'] / med['new']:.1f}x")
+    print(f"  old / new, one bad field:   {bad_ratio:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
