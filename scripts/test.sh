@@ -11,12 +11,12 @@ SUDO=""
 # GPUCTL_TEST_VENV), so the tests never depend on, or disturb, what the machine has installed.
 VENV="${GPUCTL_TEST_VENV:-.venv}"
 
-echo "== system packages (OpenSSH server, Slurm, munge, tmux, tcsh, gcc, chromium for gpuctl serve)"
+echo "== system packages (OpenSSH server, Slurm, munge, tmux, tcsh, gcc, chromium for gpuctl serve, prometheus)"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     openssh-server openssh-client slurm-wlm slurm-client munge tmux tcsh gcc libc6-dev \
-    iproute2 procps chromium chromium-driver >/dev/null
+    iproute2 procps chromium chromium-driver prometheus >/dev/null
 
 echo "== python packages (into $VENV)"
 # torch==2.13.0 must be the CPU wheel these machines carry (pip's find-links), never a CUDA build

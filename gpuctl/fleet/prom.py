@@ -1,0 +1,719 @@
+"""Nodes read from the site's Prometheus (DCGM exporter's series), not from agents.
+
+A site of tens of thousands of GPUs already runs NVIDIA's DCGM exporter on every node and a
+Prometheus (or VictoriaMetrics, Thanos, Mimir: the same HTTP API) scraping them. ``PromSource``
+reads that store: every interval one instant query per metric for all GPUs at once (never one
+per GPU), each ``max by`` the host and GPU labels so the answer carries only the labels used
+(DCGM exporter adds pci_bus_id, device, pod, ...: 3x the bytes to decode). The answers are
+decoded by msgspec into typed structs (C speed, no dict per series), grouped per host and handed
+to each host's ``PromLink`` as the protocol lines an agent would send (a hello, then samples),
+so the fleet, the screen, ``status``, ``record`` and ``export`` work unchanged.
+
+Labels: the host is DCGM exporter's ``Hostname`` (before 3.3), ``hostname`` (since), gpuctl
+export's ``node``, else ``instance``; the GPU is ``gpu``; ``UUID`` (or ``uuid``), ``modelName``
+(or ``model``) and ``DCGM_FI_DRIVER_VERSION`` come from the utilisation query only.
+
+Time: a query's answer carries the evaluation time, not the sample's; one more query,
+``timestamp()`` of the utilisation per host, gives each node's newest sample time, so a node
+whose exporter stopped goes stale by the sample's age (a node is fed a sample only when that
+time moved). Its hello's ``interval`` is the scrape period read from one series' raw samples
+(``[5m]`` of one GPU), so staleness waits three scrapes, not three polls.
+
+A node seen through Prometheus has no agent: its link answers pings and refuses every other
+request, and it is read-only (``read_only_why`` says why to the keys that act).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import math
+import ssl
+import statistics
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from gpuctl.config import PrometheusConfig
+from gpuctl.core.wire import JsonObject
+from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
+from gpuctl.fleet.session import AgentSession, LinkError
+from gpuctl.node import protocol
+
+HOST_LABELS = ("Hostname", "hostname", "node", "instance")  # the first one present names it
+UUID_LABELS = ("UUID", "uuid")
+MODEL_LABELS = ("modelName", "model")
+DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
+MIB = 1 << 20
+DEFAULT_PERIOD = 30.0  # the scrape period assumed until one series shows two samples
+PREFIX = "DCGM_FI_DEV_"
+
+
+class PromError(Exception):
+    """The store could not be read; ``reason``: unreachable, auth, no_match, sample_limit,
+    bad_query, protocol, config. ``str()`` is one line for a person."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+# -- the HTTP API's answers, typed (msgspec decodes them without a dict per series) ----------
+class Series(msgspec.Struct):
+    metric: dict[str, str]
+    value: tuple[float, str]
+
+
+class RangeSeries(msgspec.Struct):
+    metric: dict[str, str]
+    values: list[tuple[float, str]]
+
+
+class VectorData(msgspec.Struct):
+    resultType: str
+    result: list[Series]
+
+
+class MatrixData(msgspec.Struct):
+    resultType: str
+    result: list[RangeSeries]
+
+
+class VectorReply(msgspec.Struct):
+    status: str
+    data: VectorData | None = None
+
+
+class MatrixReply(msgspec.Struct):
+    status: str
+    data: MatrixData | None = None
+
+
+class ErrorReply(msgspec.Struct):
+    status: str = "error"
+    errorType: str | None = None
+    error: str | None = None
+
+
+_VECTOR = msgspec.json.Decoder(VectorReply)
+_MATRIX = msgspec.json.Decoder(MatrixReply)
+_ERROR = msgspec.json.Decoder(ErrorReply)
+
+
+# -- what is read -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One DCGM exporter metric (or several names for one reading) and where it goes in a
+    sample's GPU dict: ``key``, or ``table``.``key`` for the ECC and row-remap counters."""
+
+    names: tuple[str, ...]
+    key: str
+    table: str | None = None
+    integer: bool = True
+
+    @property
+    def label(self) -> str:
+        return " or ".join(n.removeprefix(PREFIX) for n in self.names)
+
+
+UTIL = Metric(("DCGM_FI_DEV_GPU_UTIL",), "util_gpu")
+XID = Metric(("DCGM_FI_DEV_XID_ERRORS",), "xid")
+METRICS: tuple[Metric, ...] = (
+    UTIL,
+    Metric(("DCGM_FI_DEV_MEM_COPY_UTIL",), "util_mem"),
+    Metric(("DCGM_FI_DEV_FB_USED",), "fb_used", integer=False),
+    Metric(("DCGM_FI_DEV_FB_FREE",), "fb_free", integer=False),
+    Metric(("DCGM_FI_DEV_FB_RESERVED",), "fb_reserved", integer=False),
+    Metric(("DCGM_FI_DEV_GPU_TEMP",), "temp"),
+    Metric(("DCGM_FI_DEV_POWER_USAGE",), "power", integer=False),
+    Metric(("DCGM_FI_DEV_POWER_MGMT_LIMIT",), "power_limit", integer=False),
+    Metric(("DCGM_FI_DEV_SM_CLOCK",), "sm_clock"),
+    Metric(("DCGM_FI_DEV_MEM_CLOCK",), "mem_clock"),
+    Metric(("DCGM_FI_DEV_FAN_SPEED",), "fan"),
+    Metric(("DCGM_FI_DEV_PSTATE",), "pstate"),
+    # DCGM 3.3 renamed the throttle reasons "clock events"; either name, NVML's bitmask
+    Metric(("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"), "throttle"),
+    XID,
+    Metric(("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",), "volatile_corrected", "ecc"),
+    Metric(("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",), "volatile_uncorrected", "ecc"),
+    Metric(("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",), "aggregate_corrected", "ecc"),
+    Metric(("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",), "aggregate_uncorrected", "ecc"),
+    Metric(("DCGM_FI_DEV_RETIRED_SBE",), "single_bit", "retired_pages"),
+    Metric(("DCGM_FI_DEV_RETIRED_DBE",), "double_bit", "retired_pages"),
+    Metric(("DCGM_FI_DEV_RETIRED_PENDING",), "pending", "retired_pages"),
+    Metric(("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",), "correctable", "remapped_rows"),
+    Metric(("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",), "uncorrectable", "remapped_rows"),
+    Metric(("DCGM_FI_DEV_ROW_REMAP_PENDING",), "pending", "remapped_rows"),
+    Metric(("DCGM_FI_DEV_ROW_REMAP_FAILURE",), "failure", "remapped_rows"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PromTarget:
+    """Where the store is and how to ask it: ``url`` (http(s)://host:port[/prefix]), ``match``
+    (label matchers every query carries: ``cluster="a"``, braces optional), a bearer token
+    file, or a user with a password file (basic auth), and a CA bundle for TLS."""
+
+    url: str
+    match: str = ""
+    token_file: str | None = None
+    user: str | None = None
+    password_file: str | None = None
+    ca: str | None = None
+    timeout: float = 10.0
+    origin: str = "--prometheus"  # where the URL came from, for messages
+
+    def matchers(self) -> str:
+        m = self.match.strip()
+        if m.startswith("{") and m.endswith("}"):
+            m = m[1:-1].strip()
+        return m
+
+
+def check_url(url: str) -> str:
+    """``url`` without a trailing slash; raises PromError(config) unless it is http(s)://host."""
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise PromError(
+            "config",
+            f"a Prometheus URL is http(s)://host:port, e.g. http://prom:9090 (not {url!r})",
+        )
+    return url.strip().rstrip("/")
+
+
+def _read_secret(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().strip()
+    except OSError as e:
+        raise PromError(
+            "config", f"cannot read the Prometheus {what} {path}: {e.strerror}"
+        ) from None
+    if not text:
+        raise PromError("config", f"the Prometheus {what} {path} is empty")
+    return text
+
+
+class PromClient:
+    """Blocking queries to one store's HTTP API (run in threads: ``PromSource``)."""
+
+    def __init__(self, target: PromTarget) -> None:
+        self.target = target
+        self.base = check_url(target.url)
+        self.headers = {"Accept": "application/json", "User-Agent": "gpuctl"}
+        if target.token_file:
+            token = _read_secret(target.token_file, "token file")
+            self.headers["Authorization"] = f"Bearer {token}"
+        elif target.user:
+            password = (
+                _read_secret(target.password_file, "password file") if target.password_file else ""
+            )
+            pair = base64.b64encode(f"{target.user}:{password}".encode()).decode()
+            self.headers["Authorization"] = f"Basic {pair}"
+        self.context: ssl.SSLContext | None = None
+        if self.base.startswith("https:"):
+            try:
+                self.context = ssl.create_default_context(cafile=target.ca)
+            except (OSError, ssl.SSLError) as e:
+                raise PromError("config", f"cannot read the CA file {target.ca}: {e}") from None
+
+    def _post(self, path: str, form: dict[str, str]) -> bytes:
+        url = self.base + path
+        data = urllib.parse.urlencode(form).encode()
+        req = urllib.request.Request(url, data=data, headers=self.headers, method="POST")
+        try:
+            with urllib.request.urlopen(
+                req, timeout=self.target.timeout, context=self.context
+            ) as r:
+                body: bytes = r.read()
+                return body
+        except urllib.error.HTTPError as e:
+            body = e.read() if e.fp is not None else b""
+            raise self._http_error(e.code, e.reason, body, form.get("query", "")) from None
+        except urllib.error.URLError as e:
+            why = (
+                e.reason.strerror
+                if isinstance(e.reason, OSError) and e.reason.strerror
+                else e.reason
+            )
+            raise PromError(
+                "unreachable", f"cannot reach Prometheus at {self.base}: {why}"
+            ) from None
+        except (TimeoutError, OSError) as e:
+            why = (
+                f"no answer within {self.target.timeout:g} s"
+                if isinstance(e, TimeoutError)
+                else str(e)
+            )
+            raise PromError(
+                "unreachable", f"cannot reach Prometheus at {self.base}: {why}"
+            ) from None
+
+    def _http_error(self, code: int, reason: str, body: bytes, query: str) -> PromError:
+        if code in (401, 403):
+            how = (
+                "check prometheus_token_file / prometheus_user and prometheus_password_file"
+                if "Authorization" in self.headers
+                else "set prometheus_token_file, or prometheus_user and prometheus_password_file"
+            )
+            return PromError(
+                "auth", f"Prometheus at {self.base} refused us ({code} {reason}): {how}"
+            )
+        try:
+            err = _ERROR.decode(body)
+        except msgspec.DecodeError:
+            err = ErrorReply(error=body[:200].decode(errors="replace").strip() or reason)
+        text = " ".join((err.error or reason).split())[:300]
+        if "too many samples" in text:
+            return PromError(
+                "sample_limit",
+                f"Prometheus at {self.base} refused the query as over its sample limit "
+                f"(--query.max-samples): narrow prometheus_match, or raise that limit ({text})",
+            )
+        if err.errorType == "bad_data":
+            return PromError(
+                "bad_query",
+                f"Prometheus at {self.base} cannot parse {query!r}: {text}; check prometheus_match",
+            )
+        return PromError("protocol", f"Prometheus at {self.base} answered {code}: {text}")
+
+    def query(self, promql: str) -> list[Series]:
+        """The instant vector ``promql`` evaluates to now. Raises PromError."""
+        body = self._post("/api/v1/query", {"query": promql})
+        try:
+            reply = _VECTOR.decode(body)
+        except msgspec.DecodeError as e:
+            raise PromError(
+                "protocol", f"Prometheus at {self.base}: not a vector answer to {promql!r}: {e}"
+            ) from None
+        return reply.data.result if reply.data is not None else []
+
+    def query_matrix(self, promql: str) -> list[RangeSeries]:
+        """The raw samples of a range selector (``x[5m]``) now. Raises PromError."""
+        body = self._post("/api/v1/query", {"query": promql})
+        try:
+            reply = _MATRIX.decode(body)
+        except msgspec.DecodeError as e:
+            raise PromError(
+                "protocol", f"Prometheus at {self.base}: not a matrix answer to {promql!r}: {e}"
+            ) from None
+        return reply.data.result if reply.data is not None else []
+
+
+def _host(labels: dict[str, str]) -> str | None:
+    for key in HOST_LABELS:
+        v = labels.get(key)
+        if v:
+            return v
+    return None
+
+
+def _number(text: str) -> float | None:
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _label(labels: dict[str, str], keys: Iterable[str]) -> str | None:
+    for key in keys:
+        v = labels.get(key)
+        if v:
+            return v
+    return None
+
+
+@dataclass(slots=True)
+class NodeReading:
+    """One host as one poll saw it: newest sample time, each GPU's values by ``Metric.key``
+    (tables nested), its static labels, and the metrics that had a series for it."""
+
+    t: float | None
+    gpus: dict[int, dict[str, Any]]
+    statics: dict[int, dict[str, Any]]
+    driver: str | None
+    seen: set[str]
+
+
+def _selector(names: tuple[str, ...], matchers: str) -> str:
+    if len(names) == 1:
+        return f"{names[0]}{{{matchers}}}"
+    alternatives = "|".join(names)
+    extra = f", {matchers}" if matchers else ""
+    return f'{{__name__=~"{alternatives}"{extra}}}'
+
+
+def queries(matchers: str) -> list[tuple[Metric | None, str]]:
+    """The instant queries of one poll: (metric, PromQL); the metric None is the sample-time
+    query. Each keeps only the labels it needs (``max by``)."""
+    hosts = ", ".join(HOST_LABELS)
+    statics = ", ".join((*UUID_LABELS, *MODEL_LABELS, DRIVER_LABEL))
+    out: list[tuple[Metric | None, str]] = [
+        (None, f"max by ({hosts}) (timestamp({_selector(UTIL.names, matchers)}))")
+    ]
+    for m in METRICS:
+        by = f"{hosts}, gpu, {statics}" if m is UTIL else f"{hosts}, gpu"
+        out.append((m, f"max by ({by}) ({_selector(m.names, matchers)})"))
+    return out
+
+
+def group(answers: list[tuple[Metric | None, list[Series]]]) -> dict[str, NodeReading]:
+    """Per host, the readings of one poll's answers (see ``queries``)."""
+    nodes: dict[str, NodeReading] = {}
+    for metric, series in answers:
+        if metric is None:
+            for s in series:
+                host = _host(s.metric)
+                v = _number(s.value[1])
+                if host is None or v is None:
+                    continue
+                node = nodes.get(host)
+                if node is None:
+                    node = nodes[host] = NodeReading(None, {}, {}, None, set())
+                node.t = v if node.t is None else max(node.t, v)
+            continue
+        key, table, integer = metric.key, metric.table, metric.integer
+        for s in series:
+            labels = s.metric
+            host = _host(labels)
+            gpu_text = labels.get("gpu")
+            if host is None or gpu_text is None or not gpu_text.isdigit():
+                continue
+            gpu = int(gpu_text)
+            node = nodes.get(host)
+            if node is None:
+                node = nodes[host] = NodeReading(None, {}, {}, None, set())
+            node.seen.add(metric.label)
+            values = node.gpus.get(gpu)
+            if values is None:
+                values = node.gpus[gpu] = {}
+            v = _number(s.value[1])
+            if v is not None and integer:
+                v = int(v)
+            if table is None:
+                values[key] = v
+            else:
+                values.setdefault(table, {})[key] = v
+            if metric is UTIL:
+                node.statics[gpu] = {
+                    "index": gpu,
+                    "uuid": _label(labels, UUID_LABELS),
+                    "name": _label(labels, MODEL_LABELS),
+                }
+                node.driver = node.driver or labels.get(DRIVER_LABEL) or None
+    return nodes
+
+
+def gpu_wire(index: int, values: dict[str, Any], uuid: str | None) -> JsonObject:
+    """A sample's GPU dict (protocol v1) from one GPU's readings."""
+    used, free, reserved = values.get("fb_used"), values.get("fb_free"), values.get("fb_reserved")
+    total = None
+    if used is not None and free is not None:
+        total = int((used + free + (reserved or 0)) * MIB)
+    mask = values.get("throttle")
+    pstate = values.get("pstate")
+    return {
+        "index": index,
+        "uuid": uuid,
+        "state": "ok",
+        "util_gpu": values.get("util_gpu"),
+        "util_mem": values.get("util_mem"),
+        "mem_used": int(used * MIB) if used is not None else None,
+        "mem_total": total,
+        "temp": values.get("temp"),
+        "power": values.get("power"),
+        "power_limit": values.get("power_limit"),
+        "sm_clock": values.get("sm_clock"),
+        "mem_clock": values.get("mem_clock"),
+        "fan": values.get("fan"),
+        "pstate": f"P{pstate}" if isinstance(pstate, int) and 0 <= pstate < 32 else None,
+        "throttle": protocol.decode_throttle(mask) if isinstance(mask, int) and mask >= 0 else None,
+        "ecc": values.get("ecc"),
+        "retired_pages": values.get("retired_pages"),
+        "remapped_rows": values.get("remapped_rows"),
+        "processes": [],
+    }
+
+
+def missing_text(seen: set[str]) -> str | None:
+    """ "no series for X, Y" for the metrics a node has none of (its exporter collects fewer
+    counters, DCGM exporter's defaults leave ECC out), else None."""
+    gone = [m.label for m in METRICS if m.label not in seen]
+    return f"no series for {', '.join(gone)}" if gone else None
+
+
+class PromLink(NodeLink):
+    """One host seen through ``source``: its session is fed the lines an agent would send."""
+
+    kind = "prometheus"
+    read_only = True
+
+    def __init__(self, source: PromSource, name: str) -> None:
+        self.source = source
+        self.name = name
+        self._reader: asyncio.StreamReader | None = None
+        self._last_t: float | None = None
+        self._statics: dict[int, JsonObject] = {}
+
+    @property
+    def read_only_why(self) -> str:
+        return (
+            f"{self.name} is seen through Prometheus ({self.source.client.base}), no agent runs "
+            "there: give its cluster nodes with via = ssh or srun to act on it"
+        )
+
+    def describe(self) -> str:
+        return f"prometheus {self.source.client.base}"
+
+    async def open(self) -> AgentSession:
+        reading = self.source.latest.get(self.name)
+        if reading is None or reading.t is None:
+            error = self.source.error
+            if error is not None:
+                raise LinkError(error.reason, error.message)
+            raise LinkError("no_data", f"Prometheus has no series of {self.name} now")
+        age = self.source.clock() - reading.t
+        if age > 3 * self.source.staleness_period:
+            # its exporter stopped being scraped: say so rather than show its old sample live
+            raise LinkError(
+                "no_data", f"Prometheus's newest sample of {self.name} is {age:.0f} s old"
+            )
+        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        self._reader = reader
+        self._last_t = None
+        self._statics = {}
+        self._feed(self._hello(reading))
+        self.update(reading, ())
+
+        async def close() -> None:
+            if self._reader is reader:
+                self._reader = None
+            reader.feed_eof()
+
+        return AgentSession(reader, _Answers(self, reader), close=close)
+
+    def _hello(self, reading: NodeReading) -> JsonObject:
+        self._statics = {i: dict(st) for i, st in sorted(reading.statics.items())}
+        for i, st in self._statics.items():
+            values = reading.gpus.get(i, {})
+            total = gpu_wire(i, values, None)["mem_total"]
+            st["mem_total"] = total
+            st["power_limit"] = values.get("power_limit")
+        return {
+            "type": "hello",
+            "protocol": protocol.PROTOCOL_VERSION,
+            "agent": "prometheus",
+            "hostname": self.name,
+            "pid": 0,
+            "python": None,
+            "interval": self.source.staleness_period,
+            "reader": "prometheus",
+            "reader_error": missing_text(reading.seen),
+            "driver": reading.driver,
+            "cuda": None,
+            "nvml": None,
+            "features": ["ping"],
+            "read_only": True,
+            "gpus": list(self._statics.values()),
+        }
+
+    def _feed(self, msg: JsonObject) -> None:
+        if self._reader is not None:
+            self._reader.feed_data(protocol.encode(msg))
+
+    def update(self, reading: NodeReading, events: Iterable[JsonObject]) -> None:
+        """Send the node's newest sample (when its time moved) and ``events``."""
+        if self._reader is None or reading.t is None:
+            return
+        if self._last_t is None or reading.t > self._last_t:
+            self._last_t = reading.t
+            gpus = []
+            for index in sorted({*self._statics, *reading.gpus}):
+                values = reading.gpus.get(index)
+                uuid = (self._statics.get(index) or reading.statics.get(index) or {}).get("uuid")
+                if values is None:  # was there at the hello, has no series now
+                    gpus.append({"index": index, "uuid": uuid, "state": "lost"})
+                else:
+                    gpus.append(gpu_wire(index, values, uuid))
+            self._feed({"type": "sample", "t": reading.t, "seq": self.source.polls, "gpus": gpus})
+        for event in events:
+            self._feed(event)
+
+
+class _Answers:
+    """The request side of a Prometheus node: a ping is answered, anything else refused."""
+
+    def __init__(self, link: PromLink, reader: asyncio.StreamReader) -> None:
+        self.link = link
+        self.reader = reader
+
+    def write(self, data: bytes | str) -> None:
+        try:
+            msg = protocol.decode(data.encode() if isinstance(data, str) else data)
+        except protocol.ProtocolError:
+            return
+        kind, req_id = msg.get("type"), msg.get("id")
+        if kind == "shutdown" or self.reader.at_eof():
+            return
+        if kind == "ping":
+            reply: JsonObject = {"type": "pong", "id": req_id, "t": time.time()}
+        else:
+            reply = {
+                "type": "error",
+                "id": req_id,
+                "code": "read_only",
+                "message": self.link.read_only_why,
+            }
+        self.reader.feed_data(protocol.encode(reply))
+
+
+class PromSource:
+    """Polls one store for every GPU it holds and feeds each host's ``PromLink``.
+
+    ``discover()`` (blocking, before the fleet starts) makes the first poll: the nodes are the
+    hosts it finds, and a store that cannot be read, or a selector that matches nothing, is one
+    error line then. ``run()`` (a fleet service) polls every ``interval`` seconds after that.
+    """
+
+    def __init__(
+        self,
+        target: PromTarget,
+        *,
+        interval: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.target = target
+        self.client = PromClient(target)
+        self.interval = interval
+        self.clock = clock
+        self.queries = queries(target.matchers())
+        self.latest: dict[str, NodeReading] = {}
+        self.links: dict[str, PromLink] = {}
+        self.error: PromError | None = None
+        self.period = DEFAULT_PERIOD
+        self.polls = 0
+        self.poll_seconds = 0.0  # the last poll's wall time, queries and grouping
+        self._xids: dict[tuple[str, int], int] = {}
+
+    @property
+    def staleness_period(self) -> float:
+        """The seconds between two samples of a node as seen here: a scrape, or a poll when
+        polls are rarer (the hello's ``interval``: a node is stale after three)."""
+        return max(self.interval, self.period)
+
+    def _poll_blocking(self) -> dict[str, NodeReading]:
+        return group([(m, self.client.query(q)) for m, q in self.queries])
+
+    async def poll(self) -> dict[str, NodeReading]:
+        """One poll: every query at once (threads), grouped per host. Raises PromError."""
+        answers = await asyncio.gather(
+            *(asyncio.to_thread(self.client.query, q) for _m, q in self.queries)
+        )
+        return group([(m, a) for (m, _q), a in zip(self.queries, answers, strict=True)])
+
+    def discover(self) -> list[str]:
+        """The hosts the store holds GPUs of now, sorted; makes the nodes' links. Raises
+        PromError (one line), ``no_match`` when the selector matches no GPU."""
+        readings = {h: r for h, r in self._poll_blocking().items() if r.gpus and r.t is not None}
+        if not readings:
+            sel = _selector(UTIL.names, self.target.matchers())
+            raise PromError(
+                "no_match",
+                f"Prometheus at {self.client.base} has no series {sel}: is DCGM exporter scraped"
+                " there? check prometheus_match",
+            )
+        self.period = self._scrape_period(readings)
+        self._take(readings, publish=False)
+        self.links = {h: PromLink(self, h) for h in sorted(readings)}
+        return list(self.links)
+
+    def _scrape_period(self, readings: dict[str, NodeReading]) -> float:
+        """The scrape period: the median gap between one GPU's raw samples over 5 minutes."""
+        host = min(readings)
+        gpu = min(readings[host].gpus)
+        extra = self.target.matchers()
+        # which label named the host is not kept: each is tried until one answers
+        for label in HOST_LABELS:
+            matchers = ", ".join(m for m in (f'{label}="{host}", gpu="{gpu}"', extra) if m)
+            sel = f"{UTIL.names[0]}{{{matchers}}}[5m]"
+            try:
+                series = self.client.query_matrix(sel)
+            except PromError:
+                return DEFAULT_PERIOD
+            if series:
+                times = sorted(t for t, _v in series[0].values)
+                gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
+                return float(statistics.median(gaps)) if gaps else DEFAULT_PERIOD
+        return DEFAULT_PERIOD
+
+    def _take(self, readings: dict[str, NodeReading], *, publish: bool) -> None:
+        self.polls += 1
+        for host, reading in readings.items():
+            events: list[JsonObject] = []
+            for index, values in reading.gpus.items():
+                xid = values.get("xid")
+                last = self._xids.get((host, index), 0)
+                if isinstance(xid, int) and xid > 0 and xid != last:
+                    events.append(
+                        {
+                            "type": "event",
+                            "t": reading.t,
+                            "kind": "xid",
+                            "gpu": index,
+                            "detail": {"xid": xid, "source": "DCGM_FI_DEV_XID_ERRORS"},
+                        }
+                    )
+                if isinstance(xid, int):
+                    self._xids[(host, index)] = xid
+            if reading.t is not None:
+                self.latest[host] = reading
+            link = self.links.get(host)
+            if publish and link is not None:
+                link.update(reading, events)
+
+    async def run(self) -> None:
+        """Poll every ``interval`` seconds until cancelled (a fleet service)."""
+        while True:
+            started = time.monotonic()
+            try:
+                readings = await self.poll()
+            except PromError as e:
+                self.error = e
+            else:
+                self.error = None
+                self._take(readings, publish=True)
+            self.poll_seconds = time.monotonic() - started
+            # a timer: the store is polled at a rate, not in answer to anything
+            await asyncio.sleep(max(0.0, self.interval - self.poll_seconds))
+
+
+def target_of(config: PrometheusConfig, origin: str) -> PromTarget:
+    """The target a cluster's ``prometheus*`` keys name."""
+    return PromTarget(
+        url=config.url,
+        match=config.match,
+        token_file=config.token_file,
+        user=config.user,
+        password_file=config.password_file,
+        ca=config.ca,
+        origin=origin,
+    )
+
+
+def prometheus_links(
+    target: PromTarget, *, interval: float = 5.0
+) -> tuple[PromSource, dict[str, NodeLink]]:
+    """A source for ``target``, discovered (blocking), and its links by node. Raises
+    PromError."""
+    source = PromSource(target, interval=interval)
+    names = source.discover()
+    return source, {name: source.links[name] for name in names}
