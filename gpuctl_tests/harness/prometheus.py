@@ -201,14 +201,17 @@ def prometheus(
     basic_auth: bool = False,
     max_samples: int | None = None,
     metrics_path: str = "/metrics",
+    scrape_interval: float = 1.0,
 ) -> Iterator[Prometheus]:
-    """Start Prometheus scraping ``targets`` (host:port) every second; stop it after."""
+    """Start Prometheus scraping ``targets`` (host:port) every ``scrape_interval`` seconds;
+    stop it after."""
     if not Path(PROMETHEUS).exists():
         unavailable(f"{PROMETHEUS} missing: scripts/test.sh installs Debian's prometheus")
     folder = Path(tempfile.mkdtemp(prefix="gpuctl-prom-"))
     target_list = ", ".join(f'"{t}"' for t in targets)
     (folder / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+        f"global:\n  scrape_interval: {scrape_interval:g}s\n"
+        f"  scrape_timeout: {min(scrape_interval, 10.0):g}s\n"
         "scrape_configs:\n  - job_name: dcgm\n"
         f"    metrics_path: {metrics_path}\n"
         f"    static_configs:\n      - targets: [{target_list}]\n"
