@@ -28,6 +28,7 @@ import http.server
 import json
 import resource
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -39,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from gpuctl.core.model import NodeSnapshot  # noqa: E402
 from gpuctl.fleet.build import ClusterFleet  # noqa: E402
-from gpuctl.fleet.prom import _VECTOR, PromSource, PromTarget  # noqa: E402
+from gpuctl.fleet.prom import _VECTOR, PromLink, PromSource, PromTarget  # noqa: E402
 from gpuctl_tests.harness.prometheus import COUNTERS, gpu_values, prometheus  # noqa: E402
 
 # The counters of DCGM exporter's default set that gpuctl reads (the rest only cost the store).
@@ -110,8 +111,10 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     t = time.perf_counter()
     names = await asyncio.to_thread(source.discover)
     discover_s = time.perf_counter() - t
+    source.links = {name: PromLink(source, name) for name in names}
     fleet = ClusterFleet(dict(source.links), stale_after=3.0)
     poll_times: list[float] = []
+    moved_counts: list[int] = []
     latencies: list[float] = []
     poll_start = [0.0]
     newest: dict[str, float] = {}
@@ -138,6 +141,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
             readings = await source.poll()
             poll_times.append(time.perf_counter() - poll_start[0])
             moved = {n for n, r in readings.items() if r.t is not None and r.t != before.get(n)}
+            moved_counts.append(len(moved))
             pending.clear()
             pending.update(moved)
             published.clear()
@@ -190,7 +194,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "poll_s_p95": round(pct(poll_times[polls0:], 0.95), 3),
         "query_to_published_s_median": round(statistics.median(latencies), 3),
         "query_to_published_s_p95": round(pct(latencies, 0.95), 3),
-        "polls_with_new_samples": len(latencies),
+        "nodes_with_a_new_sample_per_poll": moved_counts[polls0:],
         "cpu_share_of_one_core": round(cpu / wall, 3),
         "rss_peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "answer_bytes": len(body),
@@ -202,6 +206,16 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def serve_exporters(args: argparse.Namespace) -> None:
+    """The stand-in exporters, in a process of their own (``--serve``): their CPU and memory
+    must not count as gpuctl's. Prints their addresses, one line, then serves until killed."""
+    hosts = [f"gpu{n:05d}" for n in range(args.nodes)]
+    share = -(-len(hosts) // args.targets)
+    servers = [serve(render(hosts[i : i + share], args.gpus)) for i in range(0, len(hosts), share)]
+    print(" ".join(f"127.0.0.1:{s.server_address[1]}" for s in servers), flush=True)
+    threading.Event().wait()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=2048)
@@ -211,19 +225,33 @@ def main() -> None:
     p.add_argument("--scrape", type=float, default=15.0)
     p.add_argument("--targets", type=int, default=8)
     p.add_argument("--tui", action="store_true", help="run the screen too (headless)")
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    hosts = [f"gpu{n:05d}" for n in range(args.nodes)]
-    share = -(-len(hosts) // args.targets)
-    servers = [serve(render(hosts[i : i + share], args.gpus)) for i in range(0, len(hosts), share)]
-    targets = [f"127.0.0.1:{s.server_address[1]}" for s in servers]
-    with prometheus(targets, scrape_interval=args.scrape) as prom:
-        prom.wait_for(f"count(DCGM_FI_DEV_GPU_UTIL) >= {args.nodes * args.gpus}", 1, timeout=600)
-        prom.wait_for(  # two scrapes in, so the scrape period can be read
-            f"count(count_over_time(DCGM_FI_DEV_GPU_UTIL[5m]) >= 2) >= {args.nodes * args.gpus}",
-            1,
-            timeout=600,
-        )
-        result = asyncio.run(measure(prom.url, args))
+    if args.serve:
+        serve_exporters(args)
+        return
+    exporters = subprocess.Popen(
+        [sys.executable, __file__, "--serve", *sys.argv[1:]], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert exporters.stdout is not None
+        targets = exporters.stdout.readline().split()
+        print(f"exporters at {' '.join(targets)}", file=sys.stderr, flush=True)
+        with prometheus(targets, scrape_interval=args.scrape) as prom:
+            prom.wait_for(
+                f"count(DCGM_FI_DEV_GPU_UTIL) >= {args.nodes * args.gpus}", 1, timeout=900
+            )
+            prom.wait_for(  # two scrapes in, so the scrape period can be read
+                "count(count_over_time(DCGM_FI_DEV_GPU_UTIL[5m]) >= 2) >= "
+                f"{args.nodes * args.gpus}",
+                1,
+                timeout=900,
+            )
+            print(f"{prom.url} holds every GPU; measuring", file=sys.stderr, flush=True)
+            result = asyncio.run(measure(prom.url, args))
+    finally:
+        exporters.kill()
+        exporters.wait()
     result["tui"] = args.tui
     print(json.dumps(result, indent=1))
 

@@ -787,14 +787,8 @@ class _Builder:
         settings = {**base, **own}
         via = settings.get("via", "ssh")
         names: tuple[str, ...] | None = settings.pop("nodes", None)
-        if prometheus is not None:
-            if names is not None or "partition" in own or via != "ssh":
-                raise self.fail(
-                    (*keys, "prometheus"),
-                    "a cluster read from Prometheus takes its nodes from there: leave out nodes, "
-                    "partition and via (gpuctl does not yet act on such nodes through agents)",
-                )
-            names = ()
+        if prometheus is not None and names is None and via == "ssh" and "partition" not in own:
+            names = ()  # every host the store holds, read-only; with nodes: mixed
         if names is None:
             if via == "local":
                 names = ("localhost",)

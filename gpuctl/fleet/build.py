@@ -104,7 +104,7 @@ def fleet_from_config(
     seed = 0
     sources: list[PromSource] = []
     for cluster in config.clusters.values():
-        if cluster.prometheus is not None:
+        if cluster.prometheus is not None and not cluster.nodes and not cluster.discover:
             source, found = prometheus_source(cluster, interval)
             sources.append(source)
             for name, prom_link in found.items():
@@ -113,6 +113,7 @@ def fleet_from_config(
                 links[name] = prom_link
             continue
         nodes, known = cluster_nodes(cluster)
+        first = len(links)
         for node in nodes:
             if interval is not None:
                 node = replace(node, interval=interval)
@@ -129,6 +130,11 @@ def fleet_from_config(
             if node.slurm:
                 slurm_watch.setdefault(node.slurm_conf, []).append(node.name)
                 owner.setdefault(node.slurm_conf, cluster.name)
+        if cluster.prometheus is not None:  # mixed: watched through the store, acting via agents
+            own = dict(list(links.items())[first:])
+            source, found = prometheus_source(cluster, interval, agents=own)
+            sources.append(source)
+            links.update(found)
     _share_srun_steps(config, links)
     fleet = ClusterFleet(links, **kwargs)
     fleet.store = store
@@ -141,9 +147,12 @@ def fleet_from_config(
 
 
 def prometheus_source(
-    cluster: ClusterConfig, interval: float | None = None
+    cluster: ClusterConfig,
+    interval: float | None = None,
+    agents: dict[str, NodeLink] | None = None,
 ) -> tuple[PromSource, dict[str, NodeLink]]:
-    """The cluster's store, read once (its hosts are the nodes), and a link per node. Raises
+    """The cluster's store, read once (its hosts are the nodes; with ``agents``, those of them
+    it holds, acting through their agents), and a link per node. Raises
     SlurmError (the error ``fleet_from_config`` callers turn into one line) naming the cluster
     when the store cannot be read or holds no GPU for the cluster's selector."""
     from gpuctl.fleet.prom import PromError, prometheus_links, target_of
@@ -153,6 +162,7 @@ def prometheus_source(
         return prometheus_links(
             target_of(cluster.prometheus, f"[clusters.{cluster.name}]"),
             interval=interval or DEFAULT_PROM_INTERVAL,
+            agents=agents,
         )
     except PromError as e:
         raise SlurmError(f"cluster {cluster.name}: {e}") from None

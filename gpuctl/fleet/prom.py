@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import math
 import ssl
@@ -42,9 +43,10 @@ from typing import Any
 import msgspec
 
 from gpuctl.config import PrometheusConfig
+from gpuctl.core.model import NodeEvent
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
-from gpuctl.fleet.session import AgentSession, LinkError
+from gpuctl.fleet.session import AgentSession, LinkError, Sample
 from gpuctl.node import protocol
 
 HOST_LABELS = ("Hostname", "hostname", "node", "instance")  # the first one present names it
@@ -452,27 +454,122 @@ def missing_text(seen: set[str]) -> str | None:
 
 
 class PromLink(NodeLink):
-    """One host seen through ``source``: its session is fed the lines an agent would send."""
+    """One host seen through ``source``: its session is fed the lines an agent would send.
+
+    With ``agent`` (a cluster that also names how to reach its nodes: mixed), the samples still
+    come from the store, and a request to act (stress, acceptance, a signal) opens the agent
+    then, once, and goes to it; the agent's replies and events (burn progress, XIDs) come back
+    on the same session, its own samples are dropped. A node nobody acts on costs no
+    connection. Without ``agent`` the node is read-only and every request is refused, saying
+    why.
+    """
 
     kind = "prometheus"
-    read_only = True
 
-    def __init__(self, source: PromSource, name: str) -> None:
+    def __init__(self, source: PromSource, name: str, agent: NodeLink | None = None) -> None:
         self.source = source
         self.name = name
+        self.agent = agent
+        self.read_only = agent is None or bool(getattr(agent, "read_only", False))
         self._reader: asyncio.StreamReader | None = None
         self._last_t: float | None = None
         self._statics: dict[int, JsonObject] = {}
+        self._agent_session: AgentSession | None = None
+        self._opening: asyncio.Task[AgentSession] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
-    def read_only_why(self) -> str:
+    def node(self) -> object:
+        """The agent link's node config (``workload_python`` for burns), if any."""
+        return getattr(self.agent, "node", None)
+
+    @property
+    def read_only_why(self) -> str | None:
+        if self.agent is not None:
+            return None
         return (
             f"{self.name} is seen through Prometheus ({self.source.client.base}), no agent runs "
-            "there: give its cluster nodes with via = ssh or srun to act on it"
+            "there: name its cluster's nodes with via = ssh or srun to act on them"
         )
 
     def describe(self) -> str:
-        return f"prometheus {self.source.client.base}"
+        acts = f", acting via {self.agent.describe()}" if self.agent is not None else ""
+        return f"prometheus {self.source.client.base}{acts}"
+
+    async def aclose(self) -> None:
+        if self.agent is not None:
+            await self.agent.aclose()
+
+    # -- the agent of a mixed node, opened on the first request to act ----------------------
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _agent(self) -> AgentSession:
+        if self._agent_session is not None:
+            return self._agent_session
+        if self._opening is None or self._opening.done():
+            self._opening = asyncio.get_running_loop().create_task(self._open_agent())
+        return await asyncio.shield(self._opening)
+
+    async def _open_agent(self) -> AgentSession:
+        assert self.agent is not None
+        timeout = self.source.target.timeout * 6
+        try:
+            session = await asyncio.wait_for(self.agent.open(), timeout)
+            await session.handshake(timeout)
+        except TimeoutError:
+            raise LinkError("timeout", f"{self.name}'s agent: no answer in {timeout:g} s") from None
+        self._agent_session = session
+        self._spawn(self._relay(session))
+        return session
+
+    async def _relay(self, session: AgentSession) -> None:
+        """The agent's replies and events onto the node's session (not its samples)."""
+        try:
+            async for msg in session.messages():
+                if isinstance(msg, Sample):
+                    continue  # the store's samples are the node's
+                if isinstance(msg, NodeEvent):
+                    self._feed(
+                        {
+                            "type": "event",
+                            "t": msg.t,
+                            "kind": msg.kind,
+                            "gpu": msg.gpu,
+                            "detail": dict(msg.detail),
+                        }
+                    )
+                elif msg.get("type") != "bye":
+                    self._feed(msg)
+        except (LinkError, OSError):
+            pass
+        finally:
+            if self._agent_session is session:
+                self._agent_session = None
+
+    async def _forward(self, msg: JsonObject) -> None:
+        try:
+            session = await self._agent()
+            await session.send(msg)
+        except (LinkError, OSError) as e:
+            why = e.message if isinstance(e, LinkError) else str(e)
+            if "id" in msg:
+                self._feed(
+                    {
+                        "type": "error",
+                        "id": msg["id"],
+                        "code": "unreachable",
+                        "message": f"cannot reach {self.name}'s agent to act: {why}",
+                    }
+                )
+
+    async def _close_agent(self) -> None:
+        session, self._agent_session = self._agent_session, None
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(session.close(), 5.0)
 
     async def open(self) -> AgentSession:
         reading = self.source.latest.get(self.name)
@@ -498,6 +595,7 @@ class PromLink(NodeLink):
             if self._reader is reader:
                 self._reader = None
             reader.feed_eof()
+            await self._close_agent()
 
         return AgentSession(reader, _Answers(self, reader), close=close)
 
@@ -564,6 +662,10 @@ class _Answers:
         kind, req_id = msg.get("type"), msg.get("id")
         if kind == "shutdown" or self.reader.at_eof():
             return
+        link = self.link
+        if link.agent is not None and (kind != "ping" or link._agent_session is not None):
+            link._spawn(link._forward(msg))  # a ping keeps an open agent alive
+            return
         if kind == "ping":
             reply: JsonObject = {"type": "pong", "id": req_id, "t": time.time()}
         else:
@@ -571,7 +673,7 @@ class _Answers:
                 "type": "error",
                 "id": req_id,
                 "code": "read_only",
-                "message": self.link.read_only_why,
+                "message": self.link.read_only_why or "",
             }
         self.reader.feed_data(protocol.encode(reply))
 
@@ -633,8 +735,7 @@ class PromSource:
             )
         self.period = self._scrape_period(readings)
         self._take(readings, publish=False)
-        self.links = {h: PromLink(self, h) for h in sorted(readings)}
-        return list(self.links)
+        return sorted(readings)
 
     def _scrape_period(self, readings: dict[str, NodeReading]) -> float:
         """The scrape period: the median gap between one GPU's raw samples over 5 minutes."""
@@ -710,10 +811,29 @@ def target_of(config: PrometheusConfig, origin: str) -> PromTarget:
 
 
 def prometheus_links(
-    target: PromTarget, *, interval: float = 5.0
+    target: PromTarget,
+    *,
+    interval: float = 5.0,
+    agents: dict[str, NodeLink] | None = None,
 ) -> tuple[PromSource, dict[str, NodeLink]]:
-    """A source for ``target``, discovered (blocking), and its links by node. Raises
-    PromError."""
+    """A source for ``target``, discovered (blocking), and its links by node. Without
+    ``agents``, a read-only link for every host the store holds; with ``agents`` (node ->
+    its agent link: a mixed cluster), those nodes only, each watched through the store when it
+    holds the node, through its agent alone when not. Raises PromError (``no_match`` also when
+    the store holds none of ``agents``' nodes)."""
     source = PromSource(target, interval=interval)
-    names = source.discover()
-    return source, {name: source.links[name] for name in names}
+    hosts = source.discover()
+    if agents is None:
+        source.links = {h: PromLink(source, h) for h in hosts}
+        return source, dict(source.links)
+    held = set(hosts)
+    source.links = {n: PromLink(source, n, agent) for n, agent in agents.items() if n in held}
+    if not source.links and agents:
+        shown = ", ".join(hosts[:3]) + (", ..." if len(hosts) > 3 else "")
+        raise PromError(
+            "no_match",
+            f"Prometheus at {source.client.base} holds GPUs of {shown} but of none of the "
+            f"cluster's nodes ({', '.join(list(agents)[:3])}{', ...' if len(agents) > 3 else ''})"
+            ": check the names or prometheus_match",
+        )
+    return source, {n: source.links.get(n) or agent for n, agent in agents.items()}

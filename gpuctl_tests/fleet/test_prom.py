@@ -21,9 +21,10 @@ from gpuctl import service
 from gpuctl.config import parse_config
 from gpuctl.core.format import gpu_flags
 from gpuctl.core.model import NodeEvent, NodeState
+from gpuctl.fleet import control
 from gpuctl.fleet.build import fleet_from_config
 from gpuctl.fleet.fleet import Fleet
-from gpuctl.fleet.prom import PromError, PromSource, PromTarget
+from gpuctl.fleet.prom import PromError, PromLink, PromSource, PromTarget
 from gpuctl.fleet.session import refusal
 from gpuctl.tui import GpuctlApp
 from gpuctl.tui.view import trouble_counts
@@ -163,6 +164,54 @@ async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
     assert sorted(readings) == list(NODES)
     assert len(seen) == len(source.queries) and len(seen) < 30
     assert all("gpu=" not in q for q in seen)  # never one GPU's own query
+
+
+async def test_mixed_watches_through_prometheus_and_acts_through_the_agent() -> None:
+    """A cluster that names its nodes and a Prometheus: the samples are the store's, and a
+    burn goes to the node's agent, opened then (a node nobody acts on costs no connection)."""
+    exporter = StandInExporter("localhost")
+    try:
+        with prometheus([exporter.address]) as prom:
+            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
+            fleet = site_fleet(
+                prom.url,
+                'via = "local"\nsimulate = "2:H100"\n'
+                "prometheus_match = '{Hostname=\"localhost\"}'\n",
+            )
+            link = fleet.nodes["localhost"].link
+            assert isinstance(link, PromLink) and link.agent is not None
+            await fleet.start()
+            try:
+                await until(
+                    lambda: (
+                        fleet.snapshot("localhost").state is NodeState.LIVE
+                        and fleet.snapshot("localhost").gpus
+                    ),
+                    "the node live",
+                )
+                snap = fleet.snapshot("localhost")
+                assert [g.util_gpu for g in snap.gpus] == [10, 20]  # the store's, not the sim's
+                assert link._agent_session is None  # nothing acted yet: no agent
+                assert service.refusal("stress", fleet=fleet, read_only=False) is None
+                reply = await control.set_stress(
+                    fleet, "localhost", [0], True, duration=1.5, read_only=False
+                )
+                assert reply["started"] == [0] and reply["engine"] == "sim"
+                assert link._agent_session is not None
+                done = await until(
+                    lambda: (
+                        (fleet.snapshot("localhost").burn(0) or {}).get("state") == "done"
+                        and fleet.snapshot("localhost").burn(0)
+                    ),
+                    "the burn's end, from the agent's events",
+                )
+                assert done["verdict"] == "OK"
+                # the agent's own samples never replace the store's
+                assert [g.util_gpu for g in fleet.snapshot("localhost").gpus] == [10, 20]
+            finally:
+                await fleet.stop()
+    finally:
+        exporter.close()
 
 
 def test_status_json_and_table_through_prometheus(site: Site) -> None:
