@@ -148,8 +148,16 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
             source._take(readings, publish=True)
             started = poll_start[0]
             if moved:  # the fleet's tasks read the fed lines: until each node published
-                await asyncio.wait_for(published.wait(), 60)
-                latencies.append(time.perf_counter() - started)
+                try:
+                    await asyncio.wait_for(published.wait(), 60)
+                    latencies.append(time.perf_counter() - started)
+                except TimeoutError:
+                    print(f"{len(pending)} nodes never published", file=sys.stderr, flush=True)
+            print(
+                f"poll {len(poll_times)}: {poll_times[-1]:.2f} s, {len(moved)} nodes moved",
+                file=sys.stderr,
+                flush=True,
+            )
             polled.set()
             await asyncio.sleep(max(0.0, args.interval - (time.perf_counter() - started)))
 
@@ -165,6 +173,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         await fleet.start()
     # warm: every node live once, then measure whole polls
     await all_live.wait()
+    print("every node live", file=sys.stderr, flush=True)
     cpu0, wall0, polls0 = cpu_seconds(), time.perf_counter(), len(poll_times)
     while len(poll_times) - polls0 < args.polls:
         polled.clear()

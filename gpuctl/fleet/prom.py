@@ -43,7 +43,7 @@ from typing import Any
 import msgspec
 
 from gpuctl.config import PrometheusConfig
-from gpuctl.core.model import NodeEvent
+from gpuctl.core.model import GpuSample, NodeEvent
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
@@ -56,6 +56,18 @@ DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
 MIB = 1 << 20
 DEFAULT_PERIOD = 30.0  # the scrape period assumed until one series shows two samples
 PREFIX = "DCGM_FI_DEV_"
+HISTORY_S = 4 * 3600.0  # the detail screen's history asked of the store (the fleet keeps 4 h)
+HISTORY_STEP_S = 15.0  # one point per this many seconds at least ...
+MAX_POINTS = 1000  # ... and at most this many per series (Prometheus refuses 11,000)
+# The plotted metrics (``gpuctl.fleet.history.METRICS``) and the series they come from.
+HISTORY_METRICS = (
+    ("util", "DCGM_FI_DEV_GPU_UTIL"),
+    ("temp", "DCGM_FI_DEV_GPU_TEMP"),
+    ("sm_clock", "DCGM_FI_DEV_SM_CLOCK"),
+    ("mem_clock", "DCGM_FI_DEV_MEM_CLOCK"),
+    ("mem", "DCGM_FI_DEV_FB_USED"),
+    ("power", "DCGM_FI_DEV_POWER_USAGE"),
+)
 
 
 class PromError(Exception):
@@ -298,6 +310,19 @@ class PromClient:
             ) from None
         return reply.data.result if reply.data is not None else []
 
+    def query_range(self, promql: str, start: float, end: float, step: float) -> list[RangeSeries]:
+        """``promql`` from ``start`` to ``end`` every ``step`` s (``/api/v1/query_range``).
+        Raises PromError."""
+        form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        body = self._post("/api/v1/query_range", form)
+        try:
+            reply = _MATRIX.decode(body)
+        except msgspec.DecodeError as e:
+            raise PromError(
+                "protocol", f"Prometheus at {self.base}: bad range answer: {e}"
+            ) from None
+        return reply.data.result if reply.data is not None else []
+
     def query_matrix(self, promql: str) -> list[RangeSeries]:
         """The raw samples of a range selector (``x[5m]``) now. Raises PromError."""
         body = self._post("/api/v1/query", {"query": promql})
@@ -318,12 +343,20 @@ def _host(labels: dict[str, str]) -> str | None:
     return None
 
 
+def _host_label(labels: dict[str, str]) -> str:
+    return next((key for key in HOST_LABELS if labels.get(key)), HOST_LABELS[0])
+
+
 def _number(text: str) -> float | None:
     try:
         v = float(text)
     except ValueError:
         return None
     return v if math.isfinite(v) else None
+
+
+def _whole(v: float | None) -> int | None:
+    return None if v is None else round(v)
 
 
 def _label(labels: dict[str, str], keys: Iterable[str]) -> str | None:
@@ -344,6 +377,7 @@ class NodeReading:
     statics: dict[int, dict[str, Any]]
     driver: str | None
     seen: set[str]
+    host_label: str = "Hostname"  # the label that named the host (for queries about it)
 
 
 def _selector(names: tuple[str, ...], matchers: str) -> str:
@@ -406,6 +440,7 @@ def group(answers: list[tuple[Metric | None, list[Series]]]) -> dict[str, NodeRe
             else:
                 values.setdefault(table, {})[key] = v
             if metric is UTIL:
+                node.host_label = _host_label(labels)
                 node.statics[gpu] = {
                     "index": gpu,
                     "uuid": _label(labels, UUID_LABELS),
@@ -499,6 +534,13 @@ class PromLink(NodeLink):
     async def aclose(self) -> None:
         if self.agent is not None:
             await self.agent.aclose()
+
+    async def history(self, end: float, seconds: float = HISTORY_S) -> list[GpuSample]:
+        """The node's GPUs as the store kept them from ``end - seconds`` to ``end`` (one
+        ``query_range`` per plotted metric, every ``HISTORY_STEP_S``), oldest first: the detail
+        screen's plots then show the hours the store holds, not only what this process saw.
+        Raises PromError."""
+        return await self.source.history(self.name, end - seconds, end)
 
     # -- the agent of a mixed node, opened on the first request to act ----------------------
     def _spawn(self, coro: Any) -> None:
@@ -704,6 +746,7 @@ class PromSource:
         self.period = DEFAULT_PERIOD
         self.polls = 0
         self.poll_seconds = 0.0  # the last poll's wall time, queries and grouping
+        self.history_step = HISTORY_STEP_S
         self._xids: dict[tuple[str, int], int] = {}
 
     @property
@@ -780,6 +823,52 @@ class PromSource:
             link = self.links.get(host)
             if publish and link is not None:
                 link.update(reading, events)
+
+    async def history(self, host: str, start: float, end: float) -> list[GpuSample]:
+        """``host``'s GPUs from ``start`` to ``end`` (see ``PromLink.history``)."""
+        reading = self.latest.get(host)
+        label = reading.host_label if reading is not None else HOST_LABELS[0]
+        extra = self.target.matchers()
+        matchers = ", ".join(m for m in (f'{label}="{host}"', extra) if m)
+        step = max(self.history_step, (end - start) / MAX_POINTS)
+        answers = await asyncio.gather(
+            *(
+                asyncio.to_thread(
+                    self.client.query_range,
+                    f"max by (gpu) ({name}{{{matchers}}})",
+                    start,
+                    end,
+                    step,
+                )
+                for _key, name in HISTORY_METRICS
+            )
+        )
+        points: dict[tuple[float, int], dict[str, Any]] = {}
+        for (key, _name), series in zip(HISTORY_METRICS, answers, strict=True):
+            for rs in series:
+                gpu_text = rs.metric.get("gpu", "")
+                if not gpu_text.isdigit():
+                    continue
+                for t, text in rs.values:
+                    value = _number(text)
+                    if value is not None:
+                        points.setdefault((t, int(gpu_text)), {})[key] = value
+        out = []
+        for (t, index), got in sorted(points.items()):
+            used = got.get("mem")
+            out.append(
+                GpuSample(
+                    index=index,
+                    t=t,
+                    util_gpu=_whole(got.get("util")),
+                    temp=_whole(got.get("temp")),
+                    sm_clock=_whole(got.get("sm_clock")),
+                    mem_clock=_whole(got.get("mem_clock")),
+                    mem_used=None if used is None else int(used * MIB),
+                    power=got.get("power"),
+                )
+            )
+        return out
 
     async def run(self) -> None:
         """Poll every ``interval`` seconds until cancelled (a fleet service)."""

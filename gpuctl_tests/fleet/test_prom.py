@@ -27,6 +27,7 @@ from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.prom import PromError, PromLink, PromSource, PromTarget
 from gpuctl.fleet.session import refusal
 from gpuctl.tui import GpuctlApp
+from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.view import trouble_counts
 from gpuctl_tests.fleet.test_export import Exporter
 from gpuctl_tests.harness.prometheus import (
@@ -145,6 +146,30 @@ async def test_the_fleet_reads_every_gpu_from_prometheus(site: Site) -> None:
         site.exporters["node-c"].close()
         await until(lambda: fleet.snapshot("node-c").state is NodeState.STALE, "node-c stale")
         assert fleet.snapshot("node-a").state is NodeState.LIVE
+    finally:
+        await fleet.stop()
+
+
+async def test_history_comes_from_the_store(site: Site) -> None:
+    """The detail screen's history: what the store kept before this process saw the node is
+    put before what it saw (``Fleet.backfill``, one query_range per plotted metric)."""
+    fleet = site_fleet(site.prom.url)
+    link = fleet.nodes["node-a"].link
+    assert isinstance(link, PromLink)
+    link.source.history_step = 1.0  # the store holds seconds here, not hours
+    await fleet.start()
+    try:
+        await until(lambda: fleet.history("node-a", 0).series("util")[0], "a first sample")
+        first_seen = fleet.history("node-a", 0).series("util")[0][0]
+        assert await fleet.backfill("node-a")
+        times, utils = fleet.history("node-a", 0).series("util")
+        older = [(t, u) for t, u in zip(times, utils, strict=True) if t < first_seen]
+        assert len(older) >= 2 and all(u == 10 for _t, u in older)
+        assert times == sorted(times) and times[-1] >= first_seen
+        temps = fleet.history("node-a", 0).series("temp")[1]
+        assert temps[0] == 45
+        assert not await fleet.backfill("node-a")  # once per node
+        assert fleet.history("node-b", 0).series("util")[0][0] >= first_seen - 1
     finally:
         await fleet.stop()
 
@@ -342,3 +367,10 @@ async def test_the_screen_over_prometheus(site: Site, state_dir: Path) -> None:
         await pilot.press("s")
         refused = [n.message for n in app._notifications if n.message.startswith("read-only:")]
         assert refused and "through Prometheus" in refused[0]
+        # the detail screen asks the store for the node's history
+        await pilot.press("enter")
+        deadline = time.monotonic() + 30
+        while "node-a" not in fleet._backfilled:
+            assert time.monotonic() < deadline, "the detail screen never asked for history"
+            await pilot.pause(0.05)
+        assert isinstance(app.screen, DetailScreen) and app.screen.node == "node-a"
