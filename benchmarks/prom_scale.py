@@ -111,6 +111,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     t = time.perf_counter()
     names = await asyncio.to_thread(source.discover)
     discover_s = time.perf_counter() - t
+    print(f"discovered {len(names)} nodes in {discover_s:.1f} s", file=sys.stderr, flush=True)
     source.links = {name: PromLink(source, name) for name in names}
     fleet = ClusterFleet(dict(source.links), stale_after=3.0)
     poll_times: list[float] = []
@@ -138,7 +139,12 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         while True:
             poll_start[0] = time.perf_counter()
             before = {n: r.t for n, r in source.latest.items()}
-            readings = await source.poll()
+            try:
+                readings = await source.poll()
+            except Exception as e:
+                print(f"poll failed: {e}", file=sys.stderr, flush=True)
+                await asyncio.sleep(args.interval)
+                continue
             poll_times.append(time.perf_counter() - poll_start[0])
             moved = {n for n, r in readings.items() if r.t is not None and r.t != before.get(n)}
             moved_counts.append(len(moved))

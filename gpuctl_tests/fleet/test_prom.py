@@ -157,6 +157,7 @@ async def test_history_comes_from_the_store(site: Site) -> None:
     link = fleet.nodes["node-a"].link
     assert isinstance(link, PromLink)
     link.source.history_step = 1.0  # the store holds seconds here, not hours
+    link.source.history_seconds = 60.0
     await fleet.start()
     try:
         await until(lambda: fleet.history("node-a", 0).series("util")[0], "a first sample")
