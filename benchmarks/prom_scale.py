@@ -16,8 +16,11 @@ measures over ``--polls`` polls:
 * decoding one utilisation answer (all GPUs) with msgspec's typed structs vs ``json.loads``
   into dicts, alternated runs, as a ratio.
 
+With ``--decode-only``, no store: one poll's answers for N x G GPUs as Prometheus writes them,
+decoded (msgspec vs ``json.loads``) and grouped, in CPU seconds.
+
 Usage: python benchmarks/prom_scale.py [--nodes 2048] [--gpus 8] [--interval 5] [--polls 12]
-       [--scrape 15] [--targets 8] [--tui]
+       [--scrape 15] [--targets 8] [--tui] [--decode-only]
 """
 
 from __future__ import annotations
@@ -231,6 +234,60 @@ def serve_exporters(args: argparse.Namespace) -> None:
     threading.Event().wait()
 
 
+def decode_only(args: argparse.Namespace) -> None:
+    """One poll's answers as Prometheus writes them (``max by`` labels only), made here:
+    decoding them (msgspec typed vs ``json.loads``, alternated) and grouping them per host, as
+    CPU seconds of this process."""
+    from gpuctl.fleet.prom import group, queries
+
+    bodies = []
+    for metric, _q in queries(""):
+        if metric is None:
+            result: list[dict[str, Any]] = [
+                {"metric": {"Hostname": f"gpu{h:05d}"}, "value": [1.8e9, "1799999990.1"]}
+                for h in range(args.nodes)
+            ]
+        else:
+            result = []
+            for h in range(args.nodes):
+                for i in range(args.gpus):
+                    labels = {"Hostname": f"gpu{h:05d}", "gpu": str(i)}
+                    if metric.key == "util_gpu":
+                        labels.update(
+                            UUID=f"GPU-{h:08d}-0000-0000-0000-{i:012d}",
+                            modelName="NVIDIA H100 80GB HBM3",
+                            DCGM_FI_DRIVER_VERSION="550.54.15",
+                        )
+                    result.append({"metric": labels, "value": [1.8e9, "42"]})
+        answer = {"status": "success", "data": {"resultType": "vector", "result": result}}
+        bodies.append((metric, json.dumps(answer).encode()))
+    typed, plain, grouping = [], [], []
+    for _ in range(3):
+        t = time.process_time()
+        answers = [(m, _VECTOR.decode(b).data.result) for m, b in bodies]
+        typed.append(time.process_time() - t)
+        t = time.process_time()
+        group(answers)
+        grouping.append(time.process_time() - t)
+        t = time.process_time()
+        for _m, b in bodies:
+            json.loads(b)
+        plain.append(time.process_time() - t)
+    m, j = statistics.median(typed), statistics.median(plain)
+    print(
+        json.dumps(
+            {
+                "gpus": args.nodes * args.gpus,
+                "answers_mb": round(sum(len(b) for _m, b in bodies) / 1e6, 1),
+                "decode_msgspec_s": round(m, 3),
+                "decode_json_loads_s": round(j, 3),
+                "json_loads_over_msgspec": round(j / m, 2),
+                "group_s": round(statistics.median(grouping), 3),
+            }
+        )
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=2048)
@@ -241,7 +298,13 @@ def main() -> None:
     p.add_argument("--targets", type=int, default=8)
     p.add_argument("--tui", action="store_true", help="run the screen too (headless)")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--decode-only", action="store_true", help="time decoding one poll's answers, no store"
+    )
     args = p.parse_args()
+    if args.decode_only:
+        decode_only(args)
+        return
     if args.serve:
         serve_exporters(args)
         return

@@ -26,10 +26,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
-from gpuctl.core.format import GIB
 from gpuctl.core.model import BurnState, GpuNotes, GpuSample, NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.wire import JsonObject
-from gpuctl.fleet.history import EMPTY, OLDER_KEPT, OLDER_STEP_S, RECENT_KEPT, GpuHistory
+from gpuctl.fleet.history import (
+    EMPTY,
+    OLDER_KEPT,
+    OLDER_STEP_S,
+    RECENT_KEPT,
+    GpuHistory,
+    history_sample,
+)
 from gpuctl.fleet.history import METRICS as HISTORY_COLUMNS
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
@@ -257,7 +263,7 @@ class Fleet:
                 times = kept.series("util")[0]
                 columns = {m: kept.series(m)[1] for m in HISTORY_COLUMNS}
                 for i, t in enumerate(times):
-                    fresh.add(_sample_of(gpu, t, {m: columns[m][i] for m in columns}))
+                    fresh.add(history_sample(gpu, t, {m: columns[m][i] for m in columns}))
             rt.history[gpu] = fresh
         self._publish(rt)
         return True
@@ -479,25 +485,6 @@ class Fleet:
                     session, rt.session = rt.session, None
                     task = asyncio.create_task(session.close())
                     task.add_done_callback(lambda t: t.cancelled() or t.exception())
-
-
-def _sample_of(gpu: int, t: float, v: Mapping[str, float | None]) -> GpuSample:
-    """A sample holding what a history keeps of it (``backfill``)."""
-
-    def whole(x: float | None) -> int | None:
-        return None if x is None else round(x)
-
-    mem = v.get("mem")
-    return GpuSample(
-        index=gpu,
-        t=t,
-        util_gpu=whole(v.get("util")),
-        temp=whole(v.get("temp")),
-        sm_clock=whole(v.get("sm_clock")),
-        mem_clock=whole(v.get("mem_clock")),
-        mem_used=None if mem is None else int(mem * GIB),
-        power=v.get("power"),
-    )
 
 
 async def _end(tasks: list[asyncio.Task[None]]) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from gpuctl.fleet.session import refusal
 from gpuctl.tui import GpuctlApp
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.view import trouble_counts
+from gpuctl_tests.cli.test_status_nodes import gpuctl as run_gpuctl
 from gpuctl_tests.fleet.test_export import Exporter
 from gpuctl_tests.harness.prometheus import (
     PASSWORD,
@@ -83,15 +83,8 @@ def site_fleet(url: str, extra: str = "", **kw: Any) -> Fleet:
     return fleet_from_config(config, interval=0.5, **kw)
 
 
-def gpuctl(*args: str, home: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = node_env()
-    return subprocess.run(
-        [sys.executable, "-m", "gpuctl", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+def gpuctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_gpuctl(*args, env=node_env())
 
 
 async def test_the_fleet_reads_every_gpu_from_prometheus(site: Site) -> None:
