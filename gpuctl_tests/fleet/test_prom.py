@@ -29,7 +29,7 @@ from gpuctl.tui import GpuctlApp
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.view import trouble_counts
 from gpuctl_tests.cli.test_status_nodes import gpuctl as run_gpuctl
-from gpuctl_tests.fleet.test_export import Exporter
+from gpuctl_tests.fleet.test_export import Exporter, Samples, one, scrape
 from gpuctl_tests.harness.prometheus import (
     PASSWORD,
     USER,
@@ -265,6 +265,30 @@ def test_export_demo_read_back_through_prometheus() -> None:
     assert all(g["util_gpu"] is not None and g["mem_total"] for n in nodes for g in n["gpus"])
     assert "H100" in (nodes[0]["gpus"][0]["name"] or "")
     assert nodes[0]["gpus"][0]["power_limit"] is not None  # export has the power limit
+
+
+def test_export_re_serves_a_prometheus_cluster(site: Site, tmp_path: Path) -> None:
+    """``gpuctl export`` over a cluster read from Prometheus serves its GPUs under gpuctl's
+    labels (a login node's own endpoint for a subset of the site, e.g. one cluster)."""
+    config = tmp_path / "config.toml"
+    config.write_text(f'[clusters.site]\nprometheus = "{site.prom.url}"\n')
+    exporter = Exporter("--config", str(config), "--listen", "127.0.0.1:0")
+    try:
+        url = exporter.url()
+
+        def served() -> Samples | None:
+            samples = scrape(url)
+            up = [v for lab, v in samples.get("gpuctl_node_up", []) if lab["link"] == "prometheus"]
+            return samples if len(up) == 3 and all(up) else None
+
+        deadline = time.monotonic() + 30
+        while not (samples := served()):
+            assert time.monotonic() < deadline, "export never served the three nodes"
+            time.sleep(0.2)  # a poll interval: the deadline decides
+    finally:
+        exporter.stop()
+    assert one(samples, "DCGM_FI_DEV_GPU_UTIL", node="node-b", gpu="1") == 20
+    assert one(samples, "DCGM_FI_DEV_FB_USED", node="node-a", gpu="0") == 1000
 
 
 def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
