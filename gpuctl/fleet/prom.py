@@ -4,10 +4,11 @@ A site of tens of thousands of GPUs already runs NVIDIA's DCGM exporter on every
 Prometheus (or VictoriaMetrics, Thanos, Mimir: the same HTTP API) scraping them. ``PromSource``
 reads that store: every interval one instant query per metric for all GPUs at once (never one
 per GPU), each ``max by`` the host and GPU labels so the answer carries only the labels used
-(DCGM exporter adds pci_bus_id, device, pod, ...: 3x the bytes to decode). The answers are
-decoded by msgspec into typed structs (C speed, no dict per series), grouped per host and handed
-to each host's ``PromLink`` as the protocol lines an agent would send (a hello, then samples),
-so the fleet, the screen, ``status``, ``record`` and ``export`` work unchanged.
+(DCGM exporter also sets pci_bus_id, device, pod, ...: bytes to decode for nothing). The
+answers are decoded by msgspec into typed structs, grouped per host and handed to each host's
+``PromLink`` as the protocol lines an agent would send (a hello, then samples), so the fleet,
+the screen, ``status`` and ``export`` work unchanged. At 16,384 GPUs a poll costs ~1 s of CPU
+(``benchmarks/prom_scale.py``; figures in the README).
 
 Labels: the host is DCGM exporter's ``Hostname`` (before 3.3), ``hostname`` (since), gpuctl
 export's ``node``, else ``instance``; the GPU is ``gpu``; ``UUID`` (or ``uuid``), ``modelName``
@@ -19,8 +20,9 @@ whose exporter stopped goes stale by the sample's age (a node is fed a sample on
 time moved). Its hello's ``interval`` is the scrape period read from one series' raw samples
 (``[5m]`` of one GPU), so staleness waits three scrapes, not three polls.
 
-A node seen through Prometheus has no agent: its link answers pings and refuses every other
-request, and it is read-only (``read_only_why`` says why to the keys that act).
+A node seen through Prometheus alone has no agent: its link answers pings and refuses every
+other request, and it is read-only (``read_only_why`` says why to the keys that act). A mixed
+node (the cluster also says how to reach it) opens its agent on the first request to act.
 """
 
 from __future__ import annotations
