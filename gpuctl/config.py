@@ -303,6 +303,17 @@ CLUSTER_KEYS: dict[str, Key] = {
     ),
 }
 NODE_KEYS = tuple(k for k in CLUSTER_KEYS if k != "nodes")  # allowed in an override
+# A cluster's store of DCGM exporter series (gpuctl.fleet.prom): cluster keys, not per node.
+PROMETHEUS_KEYS: dict[str, Key] = {
+    "prometheus": Key(
+        _str, None, 'the site\'s Prometheus, read instead of agents ("http://prom:9090")'
+    ),
+    "prometheus_match": Key(_str, None, "label matchers every query carries ('{cluster=\"a\"}')"),
+    "prometheus_token_file": Key(_str, None, "file holding a bearer token for it", True),
+    "prometheus_user": Key(_str, None, "basic-auth user for it"),
+    "prometheus_password_file": Key(_str, None, "file holding that user's password", True),
+    "prometheus_ca": Key(_str, None, "CA bundle to check its https certificate", True),
+}
 
 
 def check_interval(value: Any) -> float:
@@ -422,6 +433,18 @@ SECTIONS: dict[str, dict[str, Key]] = {
 
 
 @dataclass(frozen=True, slots=True)
+class PrometheusConfig:
+    """A cluster's ``prometheus*`` keys (see ``PROMETHEUS_KEYS``), checked."""
+
+    url: str
+    match: str = ""
+    token_file: str | None = None
+    user: str | None = None
+    password_file: str | None = None
+    ca: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterConfig:
     """One ``[clusters.NAME]`` table, nodes expanded, overrides applied per node."""
 
@@ -432,6 +455,7 @@ class ClusterConfig:
     slurm_conf: str | None = None
     discover: bool = False  # via srun without ``nodes``: the node list comes from sinfo
     template: NodeConfig | None = None  # settings for discovered nodes
+    prometheus: PrometheusConfig | None = None  # the nodes come from this store, not agents
 
 
 @dataclass(frozen=True, slots=True)
@@ -789,6 +813,8 @@ class _Builder:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", cname):
             raise self.fail(keys, "a cluster name is letters, digits, '.', '_' or '-'")
         table = self.table(table, keys)
+        prometheus = self.prometheus(table, keys)
+        table = {k: v for k, v in table.items() if k not in PROMETHEUS_KEYS}
         overrides = self.table(table.get("override", {}), (*keys, "override"))
         own = self.settings(
             {k: v for k, v in table.items() if k != "override"}, keys, (*CLUSTER_KEYS, "override")
@@ -796,6 +822,8 @@ class _Builder:
         settings = {**base, **own}
         via = settings.get("via", "ssh")
         names: tuple[str, ...] | None = settings.pop("nodes", None)
+        if prometheus is not None and names is None and via == "ssh" and "partition" not in own:
+            names = ()  # every host the store holds, read-only; with nodes: mixed
         if names is None:
             if via == "local":
                 names = ("localhost",)
@@ -835,6 +863,25 @@ class _Builder:
             slurm_conf=settings.get("slurm_conf"),
             discover=names is None,
             template=template,
+            prometheus=prometheus,
+        )
+
+    def prometheus(self, table: dict[str, Any], keys: tuple[str, ...]) -> PrometheusConfig | None:
+        """The cluster's ``prometheus*`` keys, checked; None without ``prometheus``."""
+        values: dict[str, Any] = {}
+        for key, spec in PROMETHEUS_KEYS.items():
+            if key in table:
+                value = self.check((*keys, key), table[key], spec.check)
+                values[key] = self.local_path((*keys, key), value) if spec.local_path else value
+        if not values:
+            return None
+        if "prometheus" not in values:
+            raise self.fail((*keys, next(iter(values))), 'needs prometheus = "http://host:9090"')
+        url = values.pop("prometheus")
+        if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):
+            raise self.fail((*keys, "prometheus"), f"expected http(s)://host:port, got {url!r}")
+        return PrometheusConfig(
+            url, **{k.removeprefix("prometheus_"): v for k, v in values.items()}
         )
 
 

@@ -87,6 +87,16 @@ def fleet_read_only(fleet: Fleet) -> bool:
     )
 
 
+def read_only_link_why(fleet: Fleet) -> str | None:
+    """Why a link of ``fleet`` cannot act, when it says (a node seen through Prometheus has no
+    agent: ``gpuctl.fleet.prom.PromLink.read_only_why``), else None."""
+    for rt in getattr(fleet, "nodes", {}).values():
+        why = getattr(getattr(rt, "link", None), "read_only_why", None)
+        if isinstance(why, str):
+            return why
+    return None
+
+
 def read_only_reason(
     *,
     flag: bool = False,
@@ -132,6 +142,9 @@ class Guard:
     def refusal(self, what: str) -> ReadOnlyError | None:
         """The error that refuses ``what`` ("stress", "submitting jobs"), or None when it may
         run. Raises ConfigError when the config must be read and cannot be."""
+        link_why = read_only_link_why(self.fleet) if self.fleet is not None else None
+        if link_why is not None:  # no agent to act through: no flag lifts that
+            return ReadOnlyError(what, link_why)
         if self.read_only:
             return ReadOnlyError(what, self.why or "read_only=True was given: leave it out")
         if self.fleet is not None and fleet_read_only(self.fleet):

@@ -6,6 +6,8 @@ remember those marks on a new test:
 
 - a test that asks for a fixture of ``FIXTURE_MARKS`` needs what the marker names (a real sshd,
   a real Slurm, a job on the real Python 3.6, chromium) and gets that marker here;
+- a module that starts a real Prometheus (``gpuctl_tests.harness.prometheus``) marks itself
+  ``prometheus`` (``pytestmark``);
 - a test that took over ``SLOW_S`` seconds when it was last measured is listed in
   ``slow_tests.txt`` and gets the ``slow`` marker here (as a test marked slow by hand does).
   ``pytest --record-slow ...`` measures the tests it runs (setup, call and teardown) and
@@ -31,7 +33,7 @@ FIXTURE_MARKS = {
     "venv1": "jobs",  # a real job: the Python 3.6 supervisor, a VENV2 that gpuctl builds
     "browser": "chromium",
 }
-UNIT_LEAVES_OUT = ("slow", "sshd", "slurm", "jobs", "chromium")
+UNIT_LEAVES_OUT = ("slow", "sshd", "slurm", "jobs", "chromium", "prometheus")
 SLOW_S = 1.0
 SLOW_FILE = Path(__file__).with_name("slow_tests.txt")
 _HEADER = (

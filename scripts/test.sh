@@ -37,9 +37,10 @@ SYSTEM_PACKAGES="
     procps
     chromium
     chromium-driver
+    prometheus
 "
 if [ -z "$UNIT" ]; then
-    echo "== system packages (OpenSSH server, Slurm, munge, tmux, tcsh, gcc, chromium for gpuctl serve)"
+    echo "== system packages (OpenSSH server, Slurm, munge, tmux, tcsh, gcc, chromium for gpuctl serve, prometheus)"
     export DEBIAN_FRONTEND=noninteractive
     missing=""
     for pkg in $SYSTEM_PACKAGES; do

@@ -128,6 +128,23 @@ def add_nodes_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(adhoc_nodes=True)  # other commands' own NODES (stress) are not these
 
 
+def add_prometheus_options(p: argparse.ArgumentParser) -> None:
+    """``--prometheus URL`` and ``--prometheus-match SELECTOR``: read the nodes' GPUs from the
+    site's Prometheus (DCGM exporter's series) instead of agents (``gpuctl.fleet.prom``)."""
+    p.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="read every GPU from this Prometheus (DCGM exporter's series), no agents; "
+        "read-only (a cluster's prometheus key in the config does the same)",
+    )
+    p.add_argument(
+        "--prometheus-match",
+        metavar="SELECTOR",
+        default="",
+        help="with --prometheus: label matchers every query carries, e.g. '{cluster=\"a\"}'",
+    )
+
+
 def chosen_nodes(args: argparse.Namespace) -> list[str] | None:
     """The nodes named by ``NODES`` and ``--hostfile`` (None: neither was given); UserError with
     one line for a bad hostlist or an unreadable file."""
@@ -161,12 +178,37 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
 
     config = load_user_config(args)
     names = chosen_nodes(args)
-    if names is not None:
+    url = getattr(args, "prometheus", None)
+    if url is not None:
+        config = prometheus_config(config, url, getattr(args, "prometheus_match", ""), names)
+    elif names is not None:
         config = select_nodes(config, names)
     try:
         return fleet_from_config(config, read_only=read_only or config.read_only, interval=interval)
     except SlurmError as e:
         raise UserError(str(e)) from None
+
+
+def prometheus_config(config: Config, url: str, match: str, names: list[str] | None) -> Config:
+    """``config`` with its clusters replaced by one read from ``url`` (``--prometheus``)."""
+    from dataclasses import replace
+
+    from gpuctl.cli.main import UserError
+    from gpuctl.config import ClusterConfig, PrometheusConfig
+    from gpuctl.fleet.prom import PromError, check_url
+
+    if names is not None:
+        raise UserError(
+            "--prometheus takes its nodes from the store: leave out NODES and --hostfile"
+        )
+    try:
+        check_url(url)
+    except PromError as e:
+        raise UserError(f"--prometheus: {e}") from None
+    cluster = ClusterConfig(
+        name="prometheus", via="ssh", nodes=(), prometheus=PrometheusConfig(url, match)
+    )
+    return replace(config, clusters={cluster.name: cluster})
 
 
 @contextlib.asynccontextmanager

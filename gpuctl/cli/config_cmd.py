@@ -156,7 +156,12 @@ def run_check(args: argparse.Namespace) -> int:
             "sources": list(config.sources),
             "read_only": config.read_only,
             "clusters": {
-                name: {"via": c.via, "discover": c.discover, "partition": c.partition}
+                name: {
+                    "via": c.via,
+                    "discover": c.discover,
+                    "partition": c.partition,
+                    "prometheus": c.prometheus.url if c.prometheus else None,
+                }
                 for name, c in config.clusters.items()
             },
             "nodes": [{**dataclasses.asdict(n), "slurm_state": slurm.get(n.name)} for n in nodes],
@@ -166,6 +171,11 @@ def run_check(args: argparse.Namespace) -> int:
         emit_json(doc)
     else:
         print(render_inventory(nodes, slurm))
+        for c in config.clusters.values():
+            if c.prometheus is not None:
+                match = f" {c.prometheus.match}" if c.prometheus.match else ""
+                how = "acting via its nodes" if c.nodes or c.discover else "read-only"
+                print(f"cluster {c.name}: watched through {c.prometheus.url}{match} ({how})")
         ro = ", read-only" if config.read_only else ""
         print(
             f"{', '.join(config.sources)}: {len(config.clusters)} cluster(s), "

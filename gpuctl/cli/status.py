@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import hostlist
 
-from gpuctl.cli.common import add_nodes_arguments, build_fleet, emit_json
+from gpuctl.cli.common import add_nodes_arguments, add_prometheus_options, build_fleet, emit_json
 from gpuctl.core.format import gpu_table_rows, reader_text
 from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.core.text import printable
@@ -28,6 +28,7 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--demo", action="store_true", help="simulated nodes instead of real ones")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait per node")
     add_nodes_arguments(p)
+    add_prometheus_options(p)
     p.set_defaults(func=run)
 
 

@@ -9,7 +9,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuctl import logs
-from gpuctl.cli.common import add_interval_option, add_nodes_arguments, load_user_config
+from gpuctl.cli.common import (
+    add_interval_option,
+    add_nodes_arguments,
+    add_prometheus_options,
+    load_user_config,
+)
 from gpuctl.cli.main import UserError
 from gpuctl.core.text import printable
 from gpuctl.fleet import eventloop
@@ -30,6 +35,7 @@ def register(sub: Subcommands) -> None:
     )
     add_interval_option(p)
     add_nodes_arguments(p)
+    add_prometheus_options(p)
     p.set_defaults(func=run)
 
 
@@ -121,12 +127,15 @@ def run(args: argparse.Namespace) -> int:
     config = load_user_config(args)
     fleet = build_fleet(args)
     control.configure(fleet, config.stress)  # the [stress] defaults apply to the keys too
+    from gpuctl.service import read_only_link_why
     from gpuctl.tui import GpuctlApp
 
     job_store, job_store_error = open_job_store()
     app = GpuctlApp(
         fleet,
-        read_only=bool(getattr(args, "read_only", False)) or config.read_only,
+        read_only=bool(getattr(args, "read_only", False))
+        or config.read_only
+        or read_only_link_why(fleet) is not None,  # nodes seen through Prometheus
         config_tui=dict(config.tui),
         accept_options=accept_defaults(config.accept, config, list(fleet.nodes)),
         job_store=job_store,

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuctl.config import ClusterConfig, Config, NodeConfig
 from gpuctl.fleet.fleet import Fleet
@@ -15,7 +15,11 @@ from gpuctl.fleet.slurm import JobWatcher, SrunFanout, SrunLink, StepLink, disco
 from gpuctl.fleet.ssh import BundleStore, SshLink
 from gpuctl.reach.slurm import SlurmClient, SlurmError, SlurmNode, SlurmValueError
 
+if TYPE_CHECKING:
+    from gpuctl.fleet.prom import PromSource
+
 LOCAL_NAME = "localhost"
+DEFAULT_PROM_INTERVAL = 5.0  # seconds between polls of a Prometheus (scrapes are 15 s or more)
 Service = Callable[[], Coroutine[Any, Any, None]]
 
 
@@ -98,8 +102,18 @@ def fleet_from_config(
     slurm_watch: dict[str | None, list[str]] = {}
     owner: dict[str | None, str] = {}
     seed = 0
+    sources: list[PromSource] = []
     for cluster in config.clusters.values():
+        if cluster.prometheus is not None and not cluster.nodes and not cluster.discover:
+            source, found = prometheus_source(cluster, interval)
+            sources.append(source)
+            for name, prom_link in found.items():
+                if name in links:
+                    raise SlurmError(f"node {name} is in two clusters (one read from Prometheus)")
+                links[name] = prom_link
+            continue
         nodes, known = cluster_nodes(cluster)
+        first = len(links)
         for node in nodes:
             if interval is not None:
                 node = replace(node, interval=interval)
@@ -116,14 +130,42 @@ def fleet_from_config(
             if node.slurm:
                 slurm_watch.setdefault(node.slurm_conf, []).append(node.name)
                 owner.setdefault(node.slurm_conf, cluster.name)
+        if cluster.prometheus is not None:  # mixed: watched through the store, acting via agents
+            own = dict(list(links.items())[first:])
+            source, found = prometheus_source(cluster, interval, agents=own)
+            sources.append(source)
+            links.update(found)
     _share_srun_steps(config, links)
     fleet = ClusterFleet(links, **kwargs)
     fleet.store = store
+    fleet.services.extend(source.run for source in sources)
     for conf, names in slurm_watch.items():
         watcher = JobWatcher(fleet, names, client=_client(owner[conf], conf))
         fleet.watchers.append(watcher)
         fleet.services.append(watcher.run)
     return fleet
+
+
+def prometheus_source(
+    cluster: ClusterConfig,
+    interval: float | None = None,
+    agents: dict[str, NodeLink] | None = None,
+) -> tuple[PromSource, dict[str, NodeLink]]:
+    """The cluster's store, read once (its hosts are the nodes; with ``agents``, those of them
+    it holds, acting through their agents), and a link per node. Raises
+    SlurmError (the error ``fleet_from_config`` callers turn into one line) naming the cluster
+    when the store cannot be read or holds no GPU for the cluster's selector."""
+    from gpuctl.fleet.prom import PromError, prometheus_links, target_of
+
+    assert cluster.prometheus is not None
+    try:
+        return prometheus_links(
+            target_of(cluster.prometheus, f"[clusters.{cluster.name}]"),
+            interval=interval or DEFAULT_PROM_INTERVAL,
+            agents=agents,
+        )
+    except PromError as e:
+        raise SlurmError(f"cluster {cluster.name}: {e}") from None
 
 
 def _share_srun_steps(config: Config, links: dict[str, NodeLink]) -> None:

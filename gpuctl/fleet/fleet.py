@@ -26,9 +26,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
-from gpuctl.core.model import BurnState, GpuNotes, NodeEvent, NodeSnapshot, NodeState
+from gpuctl.core.model import BurnState, GpuNotes, GpuSample, NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.wire import JsonObject
-from gpuctl.fleet.history import EMPTY, OLDER_KEPT, OLDER_STEP_S, RECENT_KEPT, GpuHistory
+from gpuctl.fleet.history import (
+    EMPTY,
+    OLDER_KEPT,
+    OLDER_STEP_S,
+    RECENT_KEPT,
+    GpuHistory,
+    history_sample,
+)
+from gpuctl.fleet.history import METRICS as HISTORY_COLUMNS
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
 from gpuctl.node import protocol
@@ -119,6 +127,7 @@ class Fleet:
         self._wire_listeners: list[WireListener] = []
         self._watchdog: asyncio.Task[None] | None = None
         self._rng = rng or random.Random()
+        self._backfilled: set[str] = set()
 
     # -- subscription -----------------------------------------------------------------------
     def subscribe(self, listener: Listener) -> None:
@@ -241,6 +250,39 @@ class Fleet:
         """One GPU's kept history (``series``, ``recent``; empty for a GPU never seen). It is
         the fleet's own, changed by the next sample: read it, do not keep it."""
         return self.nodes[name].history.get(gpu, EMPTY)
+
+    async def backfill(self, name: str) -> bool:
+        """Fill a node's kept history with what its link's store kept before this process saw
+        it (a link with ``history``: ``gpuctl.fleet.prom.PromLink``), once per node; True when
+        it did. The detail screen calls it when it opens; a failure is logged, not raised."""
+        rt = self.nodes[name]
+        history = getattr(rt.link, "history", None)
+        if history is None or name in self._backfilled:
+            return False
+        self._backfilled.add(name)
+        firsts = [h.series("util")[0][:1] for h in rt.history.values()]
+        end = min((f[0] for f in firsts if f), default=self.clock())
+        try:
+            past: list[GpuSample] = await history(end - 1e-3)
+        except Exception as e:  # the store's one line; the screen keeps what it has
+            log.warning("%s: no history from its store: %s", name, e)
+            return False
+        by_gpu: dict[int, list[GpuSample]] = {}
+        for g in past:
+            by_gpu.setdefault(g.index, []).append(g)
+        for gpu, samples in by_gpu.items():
+            fresh = GpuHistory(self.history_len, self.history_older, self.history_step)
+            for g in samples:
+                fresh.add(g)
+            kept = rt.history.get(gpu)
+            if kept is not None:
+                times = kept.series("util")[0]
+                columns = {m: kept.series(m)[1] for m in HISTORY_COLUMNS}
+                for i, t in enumerate(times):
+                    fresh.add(history_sample(gpu, t, {m: columns[m][i] for m in columns}))
+            rt.history[gpu] = fresh
+        self._publish(rt)
+        return True
 
     def events(self, name: str) -> list[NodeEvent]:
         return list(self.nodes[name].events)

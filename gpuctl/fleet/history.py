@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpuctl.core.format import GIB
 from gpuctl.core.model import GpuSample
@@ -46,6 +46,26 @@ def _readings(g: GpuSample) -> tuple[float | None, ...]:
         return _LOST
     mem = None if g.mem_used is None else g.mem_used / GIB
     return (g.util_gpu, g.temp, g.sm_clock, g.mem_clock, mem, g.power)
+
+
+def history_sample(gpu: int, t: float, values: Mapping[str, float | None]) -> GpuSample:
+    """A sample holding ``values`` by ``METRICS`` name in the history's units (the inverse of
+    ``_readings``): what a store's history (``Fleet.backfill``) is kept from."""
+
+    def whole(x: float | None) -> int | None:
+        return None if x is None else round(x)
+
+    mem = values.get("mem")
+    return GpuSample(
+        index=gpu,
+        t=t,
+        util_gpu=whole(values.get("util")),
+        temp=whole(values.get("temp")),
+        sm_clock=whole(values.get("sm_clock")),
+        mem_clock=whole(values.get("mem_clock")),
+        mem_used=None if mem is None else int(mem * GIB),
+        power=values.get("power"),
+    )
 
 
 _LOST: tuple[None, ...] = (None,) * len(COLUMNS)

@@ -132,6 +132,8 @@ class DetailScreen(Screen[None]):
         self.app.theme_changed_signal.subscribe(self, lambda _t: self.refresh_all())
         self._ready = True
         self.refresh_all()
+        # a node read from a store (Prometheus) has hours of history there: plot them too
+        self.run_worker(self.store.fleet.backfill(self.node), exit_on_error=False)
 
     # -- updates (called by the app when this node changed) -----------------------------------
     def refresh_all(self) -> None:

@@ -1,0 +1,931 @@
+"""Nodes read from the site's Prometheus (DCGM exporter's series), not from agents.
+
+A site of tens of thousands of GPUs already runs NVIDIA's DCGM exporter on every node and a
+Prometheus (or VictoriaMetrics, Thanos, Mimir: the same HTTP API) scraping them. ``PromSource``
+reads that store: every interval one instant query per metric for all GPUs at once (never one
+per GPU), each ``max by`` the host and GPU labels so the answer carries only the labels used
+(DCGM exporter also sets pci_bus_id, device, pod, ...: bytes to decode for nothing). The
+answers are decoded by msgspec into typed structs, grouped per host and handed to each host's
+``PromLink`` as the protocol lines an agent would send (a hello, then samples), so the fleet,
+the screen, ``status`` and ``export`` work unchanged. At 16,384 GPUs a poll costs ~1 s of CPU
+(``benchmarks/prom_scale.py``; figures in the README).
+
+Labels: the host is DCGM exporter's ``Hostname`` (before 3.3), ``hostname`` (since), gpuctl
+export's ``node``, else ``instance``; the GPU is ``gpu``; ``UUID`` (or ``uuid``), ``modelName``
+(or ``model``) and ``DCGM_FI_DRIVER_VERSION`` come from the utilisation query only.
+
+Time: a query's answer carries the evaluation time, not the sample's; one more query,
+``timestamp()`` of the utilisation per host, gives each node's newest sample time, so a node
+whose exporter stopped goes stale by the sample's age (a node is fed a sample only when that
+time moved). Its hello's ``interval`` is the scrape period read from one series' raw samples
+(``[5m]`` of one GPU), so staleness waits three scrapes, not three polls.
+
+A node seen through Prometheus alone has no agent: its link answers pings and refuses every
+other request, and it is read-only (``read_only_why`` says why to the keys that act). A mixed
+node (the cluster also says how to reach it) opens its agent on the first request to act.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import math
+import ssl
+import statistics
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from gpuctl.config import PrometheusConfig
+from gpuctl.core.format import GIB
+from gpuctl.core.model import GpuSample, NodeEvent
+from gpuctl.core.wire import JsonObject
+from gpuctl.fleet.history import history_sample
+from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
+from gpuctl.fleet.session import AgentSession, LinkError, Sample
+from gpuctl.node import protocol
+
+HOST_LABELS = ("Hostname", "hostname", "node", "instance")  # the first one present names it
+UUID_LABELS = ("UUID", "uuid")
+MODEL_LABELS = ("modelName", "model")
+DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
+MIB = 1 << 20
+DEFAULT_PERIOD = 30.0  # the scrape period assumed until one series shows two samples
+PREFIX = "DCGM_FI_DEV_"
+QUERIES_AT_ONCE = 8  # a poll's queries in flight together (27 at once overran a loaded store)
+HISTORY_S = 4 * 3600.0  # the detail screen's history asked of the store (the fleet keeps 4 h)
+HISTORY_STEP_S = 15.0  # one point per this many seconds at least ...
+MAX_POINTS = 1000  # ... and at most this many per series (Prometheus refuses 11,000)
+# The plotted metrics (``gpuctl.fleet.history.METRICS``) and the series they come from.
+HISTORY_METRICS = (
+    ("util", "DCGM_FI_DEV_GPU_UTIL"),
+    ("temp", "DCGM_FI_DEV_GPU_TEMP"),
+    ("sm_clock", "DCGM_FI_DEV_SM_CLOCK"),
+    ("mem_clock", "DCGM_FI_DEV_MEM_CLOCK"),
+    ("mem", "DCGM_FI_DEV_FB_USED"),
+    ("power", "DCGM_FI_DEV_POWER_USAGE"),
+)
+
+
+class PromError(Exception):
+    """The store could not be read; ``reason``: unreachable, auth, no_match, sample_limit,
+    bad_query, protocol, config. ``str()`` is one line for a person."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+# -- the HTTP API's answers, typed (msgspec decodes them without a dict per series) ----------
+class Labels(msgspec.Struct):
+    """The labels gpuctl reads (``HOST_LABELS``, ``gpu``, ``UUID_LABELS``, ``MODEL_LABELS``,
+    ``DRIVER_LABEL``); any other is skipped while decoding. A poll's answers for 16,384 GPUs
+    hold 440,000 label sets: decoding them costs ~0.6 s of CPU here (``json.loads`` into
+    dicts 2.9x that) and grouping them ~0.4 s (``benchmarks/prom_scale.py --decode-only``)."""
+
+    Hostname: str = ""
+    hostname: str = ""
+    node: str = ""
+    instance: str = ""
+    gpu: str = ""
+    UUID: str = ""
+    uuid: str = ""
+    modelName: str = ""
+    model: str = ""
+    DCGM_FI_DRIVER_VERSION: str = ""
+
+    def host(self) -> str:
+        """The host's name: the first of ``HOST_LABELS`` set ("" when none is)."""
+        return self.Hostname or self.hostname or self.node or self.instance
+
+    def host_label(self) -> str:
+        for key in HOST_LABELS:
+            if getattr(self, key):
+                return key
+        return HOST_LABELS[0]
+
+
+class Series(msgspec.Struct):
+    metric: Labels
+    value: tuple[float, str]
+
+
+class RangeSeries(msgspec.Struct):
+    metric: Labels
+    values: list[tuple[float, str]]
+
+
+class VectorData(msgspec.Struct):
+    resultType: str
+    result: list[Series]
+
+
+class MatrixData(msgspec.Struct):
+    resultType: str
+    result: list[RangeSeries]
+
+
+class VectorReply(msgspec.Struct):
+    status: str
+    data: VectorData | None = None
+
+
+class MatrixReply(msgspec.Struct):
+    status: str
+    data: MatrixData | None = None
+
+
+class ErrorReply(msgspec.Struct):
+    status: str = "error"
+    errorType: str | None = None
+    error: str | None = None
+
+
+_VECTOR = msgspec.json.Decoder(VectorReply)
+_MATRIX = msgspec.json.Decoder(MatrixReply)
+_ERROR = msgspec.json.Decoder(ErrorReply)
+
+
+# -- what is read -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One DCGM exporter metric (or several names for one reading) and where it goes in a
+    sample's GPU dict: ``key``, or ``table``.``key`` for the ECC and row-remap counters."""
+
+    names: tuple[str, ...]
+    key: str
+    table: str | None = None
+    integer: bool = True
+
+    @property
+    def label(self) -> str:
+        return " or ".join(n.removeprefix(PREFIX) for n in self.names)
+
+
+UTIL = Metric(("DCGM_FI_DEV_GPU_UTIL",), "util_gpu")
+XID = Metric(("DCGM_FI_DEV_XID_ERRORS",), "xid")
+METRICS: tuple[Metric, ...] = (
+    UTIL,
+    Metric(("DCGM_FI_DEV_MEM_COPY_UTIL",), "util_mem"),
+    Metric(("DCGM_FI_DEV_FB_USED",), "fb_used", integer=False),
+    Metric(("DCGM_FI_DEV_FB_FREE",), "fb_free", integer=False),
+    Metric(("DCGM_FI_DEV_FB_RESERVED",), "fb_reserved", integer=False),
+    Metric(("DCGM_FI_DEV_GPU_TEMP",), "temp"),
+    Metric(("DCGM_FI_DEV_POWER_USAGE",), "power", integer=False),
+    Metric(("DCGM_FI_DEV_POWER_MGMT_LIMIT",), "power_limit", integer=False),
+    Metric(("DCGM_FI_DEV_SM_CLOCK",), "sm_clock"),
+    Metric(("DCGM_FI_DEV_MEM_CLOCK",), "mem_clock"),
+    Metric(("DCGM_FI_DEV_FAN_SPEED",), "fan"),
+    Metric(("DCGM_FI_DEV_PSTATE",), "pstate"),
+    # DCGM 3.3 renamed the throttle reasons "clock events"; either name, NVML's bitmask
+    Metric(("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"), "throttle"),
+    XID,
+    Metric(("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",), "volatile_corrected", "ecc"),
+    Metric(("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",), "volatile_uncorrected", "ecc"),
+    Metric(("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",), "aggregate_corrected", "ecc"),
+    Metric(("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",), "aggregate_uncorrected", "ecc"),
+    Metric(("DCGM_FI_DEV_RETIRED_SBE",), "single_bit", "retired_pages"),
+    Metric(("DCGM_FI_DEV_RETIRED_DBE",), "double_bit", "retired_pages"),
+    Metric(("DCGM_FI_DEV_RETIRED_PENDING",), "pending", "retired_pages"),
+    Metric(("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",), "correctable", "remapped_rows"),
+    Metric(("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",), "uncorrectable", "remapped_rows"),
+    Metric(("DCGM_FI_DEV_ROW_REMAP_PENDING",), "pending", "remapped_rows"),
+    Metric(("DCGM_FI_DEV_ROW_REMAP_FAILURE",), "failure", "remapped_rows"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PromTarget:
+    """Where the store is and how to ask it: ``url`` (http(s)://host:port[/prefix]), ``match``
+    (label matchers every query carries: ``cluster="a"``, braces optional), a bearer token
+    file, or a user with a password file (basic auth), and a CA bundle for TLS."""
+
+    url: str
+    match: str = ""
+    token_file: str | None = None
+    user: str | None = None
+    password_file: str | None = None
+    ca: str | None = None
+    timeout: float = 30.0  # per query: a busy store answers 16,384 GPUs' series in seconds
+    origin: str = "--prometheus"  # where the URL came from, for messages
+
+    def matchers(self) -> str:
+        m = self.match.strip()
+        if m.startswith("{") and m.endswith("}"):
+            m = m[1:-1].strip()
+        return m
+
+
+def check_url(url: str) -> str:
+    """``url`` without a trailing slash; raises PromError(config) unless it is http(s)://host."""
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise PromError(
+            "config",
+            f"a Prometheus URL is http(s)://host:port, e.g. http://prom:9090 (not {url!r})",
+        )
+    return url.strip().rstrip("/")
+
+
+def _read_secret(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().strip()
+    except OSError as e:
+        raise PromError(
+            "config", f"cannot read the Prometheus {what} {path}: {e.strerror}"
+        ) from None
+    if not text:
+        raise PromError("config", f"the Prometheus {what} {path} is empty")
+    return text
+
+
+class PromClient:
+    """Blocking queries to one store's HTTP API (run in threads: ``PromSource``)."""
+
+    def __init__(self, target: PromTarget) -> None:
+        self.target = target
+        self.base = check_url(target.url)
+        self.headers = {"Accept": "application/json", "User-Agent": "gpuctl"}
+        if target.token_file:
+            token = _read_secret(target.token_file, "token file")
+            self.headers["Authorization"] = f"Bearer {token}"
+        elif target.user:
+            password = (
+                _read_secret(target.password_file, "password file") if target.password_file else ""
+            )
+            pair = base64.b64encode(f"{target.user}:{password}".encode()).decode()
+            self.headers["Authorization"] = f"Basic {pair}"
+        self.context: ssl.SSLContext | None = None
+        if self.base.startswith("https:"):
+            try:
+                self.context = ssl.create_default_context(cafile=target.ca)
+            except (OSError, ssl.SSLError) as e:
+                raise PromError("config", f"cannot read the CA file {target.ca}: {e}") from None
+
+    def _post(self, path: str, form: dict[str, str]) -> bytes:
+        url = self.base + path
+        data = urllib.parse.urlencode(form).encode()
+        req = urllib.request.Request(url, data=data, headers=self.headers, method="POST")
+        try:
+            with urllib.request.urlopen(
+                req, timeout=self.target.timeout, context=self.context
+            ) as r:
+                body: bytes = r.read()
+                return body
+        except urllib.error.HTTPError as e:
+            body = e.read() if e.fp is not None else b""
+            raise self._http_error(e.code, e.reason, body, form.get("query", "")) from None
+        except urllib.error.URLError as e:
+            why = (
+                e.reason.strerror
+                if isinstance(e.reason, OSError) and e.reason.strerror
+                else e.reason
+            )
+            raise PromError(
+                "unreachable", f"cannot reach Prometheus at {self.base}: {why}"
+            ) from None
+        except (TimeoutError, OSError) as e:
+            why = (
+                f"no answer within {self.target.timeout:g} s"
+                if isinstance(e, TimeoutError)
+                else str(e)
+            )
+            raise PromError(
+                "unreachable", f"cannot reach Prometheus at {self.base}: {why}"
+            ) from None
+
+    def _http_error(self, code: int, reason: str, body: bytes, query: str) -> PromError:
+        if code in (401, 403):
+            how = (
+                "check prometheus_token_file / prometheus_user and prometheus_password_file"
+                if "Authorization" in self.headers
+                else "set prometheus_token_file, or prometheus_user and prometheus_password_file"
+            )
+            return PromError(
+                "auth", f"Prometheus at {self.base} refused us ({code} {reason}): {how}"
+            )
+        try:
+            err = _ERROR.decode(body)
+        except msgspec.DecodeError:
+            err = ErrorReply(error=body[:200].decode(errors="replace").strip() or reason)
+        text = " ".join((err.error or reason).split())[:300]
+        if "too many samples" in text:
+            return PromError(
+                "sample_limit",
+                f"Prometheus at {self.base} refused the query as over its sample limit "
+                f"(--query.max-samples): narrow prometheus_match, or raise that limit ({text})",
+            )
+        if err.errorType == "bad_data":
+            return PromError(
+                "bad_query",
+                f"Prometheus at {self.base} cannot parse {query!r}: {text}; check prometheus_match",
+            )
+        return PromError("protocol", f"Prometheus at {self.base} answered {code}: {text}")
+
+    def _ask(self, path: str, form: dict[str, str], decoder: Any) -> Any:
+        """The ``data.result`` of an answer, decoded by ``decoder`` (vector or matrix)."""
+        body = self._post(path, form)
+        try:
+            reply = decoder.decode(body)
+        except msgspec.DecodeError as e:
+            raise PromError(
+                "protocol",
+                f"Prometheus at {self.base}: unexpected answer to {form['query']!r}: {e}",
+            ) from None
+        return reply.data.result if reply.data is not None else []
+
+    def query(self, promql: str) -> list[Series]:
+        """The instant vector ``promql`` evaluates to now. Raises PromError."""
+        result: list[Series] = self._ask("/api/v1/query", {"query": promql}, _VECTOR)
+        return result
+
+    def query_range(self, promql: str, start: float, end: float, step: float) -> list[RangeSeries]:
+        """``promql`` from ``start`` to ``end`` every ``step`` s (``/api/v1/query_range``).
+        Raises PromError."""
+        form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        result: list[RangeSeries] = self._ask("/api/v1/query_range", form, _MATRIX)
+        return result
+
+    def query_matrix(self, promql: str) -> list[RangeSeries]:
+        """The raw samples of a range selector (``x[5m]``) now. Raises PromError."""
+        result: list[RangeSeries] = self._ask("/api/v1/query", {"query": promql}, _MATRIX)
+        return result
+
+
+def _number(text: str) -> float | None:
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+@dataclass(slots=True)
+class NodeReading:
+    """One host as one poll saw it: newest sample time, each GPU's values by ``Metric.key``
+    (tables nested), its static labels, and the metrics that had a series for it."""
+
+    t: float | None
+    gpus: dict[int, dict[str, Any]]
+    statics: dict[int, dict[str, Any]]
+    driver: str | None
+    seen: set[str]
+    host_label: str = "Hostname"  # the label that named the host (for queries about it)
+
+
+def _selector(names: tuple[str, ...], matchers: str) -> str:
+    if len(names) == 1:
+        return f"{names[0]}{{{matchers}}}"
+    alternatives = "|".join(names)
+    extra = f", {matchers}" if matchers else ""
+    return f'{{__name__=~"{alternatives}"{extra}}}'
+
+
+def queries(matchers: str) -> list[tuple[Metric | None, str]]:
+    """The instant queries of one poll: (metric, PromQL); the metric None is the sample-time
+    query. Each keeps only the labels it needs (``max by``)."""
+    hosts = ", ".join(HOST_LABELS)
+    statics = ", ".join((*UUID_LABELS, *MODEL_LABELS, DRIVER_LABEL))
+    out: list[tuple[Metric | None, str]] = [
+        (None, f"max by ({hosts}) (timestamp({_selector(UTIL.names, matchers)}))")
+    ]
+    for m in METRICS:
+        by = f"{hosts}, gpu, {statics}" if m is UTIL else f"{hosts}, gpu"
+        out.append((m, f"max by ({by}) ({_selector(m.names, matchers)})"))
+    return out
+
+
+def group(answers: list[tuple[Metric | None, list[Series]]]) -> dict[str, NodeReading]:
+    """Per host, the readings of one poll's answers (see ``queries``)."""
+    nodes: dict[str, NodeReading] = {}
+    for metric, series in answers:
+        if metric is None:
+            for s in series:
+                host = s.metric.host()
+                v = _number(s.value[1])
+                if not host or v is None:
+                    continue
+                node = nodes.get(host)
+                if node is None:
+                    node = nodes[host] = NodeReading(None, {}, {}, None, set())
+                node.t = v if node.t is None else max(node.t, v)
+            continue
+        # the loop runs once per GPU per metric (440,000 times a poll at 16,384 GPUs): what
+        # does not change within it is read once
+        key, table, integer, label = metric.key, metric.table, metric.integer, metric.label
+        for s in series:
+            labels = s.metric
+            host = labels.Hostname or labels.host()
+            gpu_text = labels.gpu
+            if not host or not gpu_text.isdigit():
+                continue
+            gpu = int(gpu_text)
+            node = nodes.get(host)
+            if node is None:
+                node = nodes[host] = NodeReading(None, {}, {}, None, set())
+            node.seen.add(label)
+            values = node.gpus.get(gpu)
+            if values is None:
+                values = node.gpus[gpu] = {}
+            v = _number(s.value[1])
+            if v is not None and integer:
+                v = int(v)
+            if table is None:
+                values[key] = v
+            else:
+                values.setdefault(table, {})[key] = v
+            if metric is UTIL:
+                node.host_label = labels.host_label()
+                node.statics[gpu] = {
+                    "index": gpu,
+                    "uuid": labels.UUID or labels.uuid or None,
+                    "name": labels.modelName or labels.model or None,
+                }
+                node.driver = node.driver or labels.DCGM_FI_DRIVER_VERSION or None
+    return nodes
+
+
+def gpu_wire(index: int, values: dict[str, Any], uuid: str | None) -> JsonObject:
+    """A sample's GPU dict (protocol v1) from one GPU's readings."""
+    used, free, reserved = values.get("fb_used"), values.get("fb_free"), values.get("fb_reserved")
+    total = None
+    if used is not None and free is not None:
+        total = int((used + free + (reserved or 0)) * MIB)
+    mask = values.get("throttle")
+    pstate = values.get("pstate")
+    return {
+        "index": index,
+        "uuid": uuid,
+        "state": "ok",
+        "util_gpu": values.get("util_gpu"),
+        "util_mem": values.get("util_mem"),
+        "mem_used": int(used * MIB) if used is not None else None,
+        "mem_total": total,
+        "temp": values.get("temp"),
+        "power": values.get("power"),
+        "power_limit": values.get("power_limit"),
+        "sm_clock": values.get("sm_clock"),
+        "mem_clock": values.get("mem_clock"),
+        "fan": values.get("fan"),
+        "pstate": f"P{pstate}" if isinstance(pstate, int) and 0 <= pstate < 32 else None,
+        "throttle": protocol.decode_throttle(mask) if isinstance(mask, int) and mask >= 0 else None,
+        "ecc": values.get("ecc"),
+        "retired_pages": values.get("retired_pages"),
+        "remapped_rows": values.get("remapped_rows"),
+        "processes": [],
+    }
+
+
+def missing_text(seen: set[str]) -> str | None:
+    """ "no series for X, Y" for the metrics a node has none of (its exporter collects fewer
+    counters, DCGM exporter's defaults leave ECC out), else None."""
+    gone = [m.label for m in METRICS if m.label not in seen]
+    return f"no series for {', '.join(gone)}" if gone else None
+
+
+class PromLink(NodeLink):
+    """One host seen through ``source``: its session is fed the lines an agent would send.
+
+    With ``agent`` (a cluster that also names how to reach its nodes: mixed), the samples still
+    come from the store, and a request to act (stress, acceptance, a signal) opens the agent
+    then, once, and goes to it; the agent's replies and events (burn progress, XIDs) come back
+    on the same session, its own samples are dropped. A node nobody acts on costs no
+    connection. Without ``agent`` the node is read-only and every request is refused, saying
+    why.
+    """
+
+    kind = "prometheus"
+
+    def __init__(self, source: PromSource, name: str, agent: NodeLink | None = None) -> None:
+        self.source = source
+        self.name = name
+        self.agent = agent
+        self.read_only = agent is None or bool(getattr(agent, "read_only", False))
+        self._reader: asyncio.StreamReader | None = None
+        self._last_t: float | None = None
+        self._statics: dict[int, JsonObject] = {}
+        self._agent_session: AgentSession | None = None
+        self._opening: asyncio.Task[AgentSession] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def node(self) -> object:
+        """The agent link's node config (``workload_python`` for burns), if any."""
+        return getattr(self.agent, "node", None)
+
+    @property
+    def read_only_why(self) -> str | None:
+        if self.agent is not None:
+            return None
+        return (
+            f"{self.name} is seen through Prometheus ({self.source.client.base}), no agent runs "
+            "there: name its cluster's nodes with via = ssh or srun to act on them"
+        )
+
+    def describe(self) -> str:
+        acts = f", acting via {self.agent.describe()}" if self.agent is not None else ""
+        return f"prometheus {self.source.client.base}{acts}"
+
+    async def aclose(self) -> None:
+        if self.agent is not None:
+            await self.agent.aclose()
+
+    async def history(self, end: float, seconds: float | None = None) -> list[GpuSample]:
+        """The node's GPUs as the store kept them from ``end - seconds`` to ``end`` (one
+        ``query_range`` per plotted metric, every ``HISTORY_STEP_S``), oldest first: the detail
+        screen's plots then show the hours the store holds, not only what this process saw.
+        Raises PromError."""
+        span = self.source.history_seconds if seconds is None else seconds
+        return await self.source.history(self.name, end - span, end)
+
+    # -- the agent of a mixed node, opened on the first request to act ----------------------
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _agent(self) -> AgentSession:
+        if self._agent_session is not None:
+            return self._agent_session
+        if self._opening is None or self._opening.done():
+            self._opening = asyncio.get_running_loop().create_task(self._open_agent())
+        return await asyncio.shield(self._opening)
+
+    async def _open_agent(self) -> AgentSession:
+        assert self.agent is not None
+        timeout = self.source.target.timeout * 6
+        try:
+            session = await asyncio.wait_for(self.agent.open(), timeout)
+            await session.handshake(timeout)
+        except TimeoutError:
+            raise LinkError("timeout", f"{self.name}'s agent: no answer in {timeout:g} s") from None
+        self._agent_session = session
+        self._spawn(self._relay(session))
+        return session
+
+    async def _relay(self, session: AgentSession) -> None:
+        """The agent's replies and events onto the node's session (not its samples)."""
+        try:
+            async for msg in session.messages():
+                if isinstance(msg, Sample):
+                    continue  # the store's samples are the node's
+                if isinstance(msg, NodeEvent):
+                    self._feed(
+                        {
+                            "type": "event",
+                            "t": msg.t,
+                            "kind": msg.kind,
+                            "gpu": msg.gpu,
+                            "detail": dict(msg.detail),
+                        }
+                    )
+                elif msg.get("type") != "bye":
+                    self._feed(msg)
+        except (LinkError, OSError):
+            pass
+        finally:
+            if self._agent_session is session:
+                self._agent_session = None
+
+    async def _forward(self, msg: JsonObject) -> None:
+        try:
+            session = await self._agent()
+            await session.send(msg)
+        except (LinkError, OSError) as e:
+            why = e.message if isinstance(e, LinkError) else str(e)
+            if "id" in msg:
+                self._feed(
+                    {
+                        "type": "error",
+                        "id": msg["id"],
+                        "code": "unreachable",
+                        "message": f"cannot reach {self.name}'s agent to act: {why}",
+                    }
+                )
+
+    async def _close_agent(self) -> None:
+        session, self._agent_session = self._agent_session, None
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(session.close(), 5.0)
+
+    async def open(self) -> AgentSession:
+        reading = self.source.latest.get(self.name)
+        if reading is None or reading.t is None:
+            error = self.source.error
+            if error is not None:
+                raise LinkError(error.reason, error.message)
+            raise LinkError("no_data", f"Prometheus has no series of {self.name} now")
+        age = self.source.clock() - reading.t
+        if age > 10 * self.source.staleness_period:  # as long as the fleet waits on a link
+            # its exporter stopped being scraped: say so rather than show its old sample live
+            raise LinkError(
+                "no_data", f"Prometheus's newest sample of {self.name} is {age:.0f} s old"
+            )
+        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        self._reader = reader
+        self._last_t = None
+        self._statics = {}
+        self._feed(self._hello(reading))
+        self.update(reading, ())
+
+        async def close() -> None:
+            if self._reader is reader:
+                self._reader = None
+            reader.feed_eof()
+            await self._close_agent()
+
+        return AgentSession(reader, _Answers(self, reader), close=close)
+
+    def _hello(self, reading: NodeReading) -> JsonObject:
+        self._statics = {i: dict(st) for i, st in sorted(reading.statics.items())}
+        for i, st in self._statics.items():
+            values = reading.gpus.get(i, {})
+            total = gpu_wire(i, values, None)["mem_total"]
+            st["mem_total"] = total
+            st["power_limit"] = values.get("power_limit")
+        return {
+            "type": "hello",
+            "protocol": protocol.PROTOCOL_VERSION,
+            "agent": "prometheus",
+            "hostname": self.name,
+            "pid": 0,
+            "python": None,
+            "interval": self.source.staleness_period,
+            "reader": "prometheus",
+            "reader_error": missing_text(reading.seen),
+            "driver": reading.driver,
+            "cuda": None,
+            "nvml": None,
+            "features": ["ping"],
+            "read_only": True,
+            "gpus": list(self._statics.values()),
+        }
+
+    def _feed(self, msg: JsonObject) -> None:
+        if self._reader is not None:
+            self._reader.feed_data(protocol.encode(msg))
+
+    def update(self, reading: NodeReading, events: Iterable[JsonObject]) -> None:
+        """Send the node's newest sample (when its time moved) and ``events``."""
+        if self._reader is None or reading.t is None:
+            return
+        if self._last_t is None or reading.t > self._last_t:
+            self._last_t = reading.t
+            gpus = []
+            for index in sorted({*self._statics, *reading.gpus}):
+                values = reading.gpus.get(index)
+                uuid = (self._statics.get(index) or reading.statics.get(index) or {}).get("uuid")
+                if values is None:  # was there at the hello, has no series now
+                    gpus.append({"index": index, "uuid": uuid, "state": "lost"})
+                else:
+                    gpus.append(gpu_wire(index, values, uuid))
+            self._feed({"type": "sample", "t": reading.t, "seq": self.source.polls, "gpus": gpus})
+        for event in events:
+            self._feed(event)
+
+
+class _Answers:
+    """The request side of a Prometheus node: a ping is answered, anything else refused."""
+
+    def __init__(self, link: PromLink, reader: asyncio.StreamReader) -> None:
+        self.link = link
+        self.reader = reader
+
+    def write(self, data: bytes | str) -> None:
+        try:
+            msg = protocol.decode(data.encode() if isinstance(data, str) else data)
+        except protocol.ProtocolError:
+            return
+        kind, req_id = msg.get("type"), msg.get("id")
+        if kind == "shutdown" or self.reader.at_eof():
+            return
+        link = self.link
+        if link.agent is not None and (kind != "ping" or link._agent_session is not None):
+            link._spawn(link._forward(msg))  # a ping keeps an open agent alive
+            return
+        if kind == "ping":
+            reply: JsonObject = {"type": "pong", "id": req_id, "t": time.time()}
+        else:
+            reply = {
+                "type": "error",
+                "id": req_id,
+                "code": "read_only",
+                "message": self.link.read_only_why or "",
+            }
+        self.reader.feed_data(protocol.encode(reply))
+
+
+class PromSource:
+    """Polls one store for every GPU it holds and feeds each host's ``PromLink``.
+
+    ``discover()`` (blocking, before the fleet starts) makes the first poll: the nodes are the
+    hosts it finds, and a store that cannot be read, or a selector that matches nothing, is one
+    error line then. ``run()`` (a fleet service) polls every ``interval`` seconds after that.
+    """
+
+    def __init__(
+        self,
+        target: PromTarget,
+        *,
+        interval: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.target = target
+        self.client = PromClient(target)
+        self.interval = interval
+        self.clock = clock
+        self.queries = queries(target.matchers())
+        self.latest: dict[str, NodeReading] = {}
+        self.links: dict[str, PromLink] = {}
+        self.error: PromError | None = None
+        self.period = DEFAULT_PERIOD
+        self.polls = 0
+        self.poll_seconds = 0.0  # the last poll's wall time, queries and grouping
+        self.history_step = HISTORY_STEP_S
+        self.history_seconds = HISTORY_S
+        self._xids: dict[tuple[str, int], int] = {}
+
+    @property
+    def staleness_period(self) -> float:
+        """The seconds between two samples of a node as seen here: a scrape, or a poll when
+        polls are rarer (the hello's ``interval``: a node is stale after three)."""
+        return max(self.interval, self.period)
+
+    def _poll_blocking(self) -> dict[str, NodeReading]:
+        """A poll from outside the event loop (``discover``): the queries at once, in threads
+        (one after the other took 27 round trips: seconds at 16,384 GPUs)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=QUERIES_AT_ONCE) as pool:
+            answers = list(pool.map(self.client.query, [q for _m, q in self.queries]))
+        return group([(m, a) for (m, _q), a in zip(self.queries, answers, strict=True)])
+
+    async def poll(self) -> dict[str, NodeReading]:
+        """One poll: every query at once (threads), grouped per host. Raises PromError."""
+        gate = asyncio.Semaphore(QUERIES_AT_ONCE)
+
+        async def ask(promql: str) -> list[Series]:
+            async with gate:
+                return await asyncio.to_thread(self.client.query, promql)
+
+        answers = await asyncio.gather(*(ask(q) for _m, q in self.queries))
+        return group([(m, a) for (m, _q), a in zip(self.queries, answers, strict=True)])
+
+    def discover(self) -> list[str]:
+        """The hosts the store holds GPUs of now, sorted; makes the nodes' links. Raises
+        PromError (one line), ``no_match`` when the selector matches no GPU."""
+        readings = {h: r for h, r in self._poll_blocking().items() if r.gpus and r.t is not None}
+        if not readings:
+            sel = _selector(UTIL.names, self.target.matchers())
+            raise PromError(
+                "no_match",
+                f"Prometheus at {self.client.base} has no series {sel}: is DCGM exporter scraped"
+                " there? check prometheus_match",
+            )
+        self.period = self._scrape_period(readings)
+        self._take(readings, publish=False)
+        return sorted(readings)
+
+    def _scrape_period(self, readings: dict[str, NodeReading]) -> float:
+        """The scrape period: the median gap between one GPU's raw samples over 5 minutes."""
+        host = min(readings)
+        gpu = min(readings[host].gpus)
+        extra = self.target.matchers()
+        # which label named the host is not kept: each is tried until one answers
+        for label in HOST_LABELS:
+            matchers = ", ".join(m for m in (f'{label}="{host}", gpu="{gpu}"', extra) if m)
+            sel = f"{UTIL.names[0]}{{{matchers}}}[5m]"
+            try:
+                series = self.client.query_matrix(sel)
+            except PromError:
+                return DEFAULT_PERIOD
+            if series:
+                times = sorted(t for t, _v in series[0].values)
+                gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
+                return float(statistics.median(gaps)) if gaps else DEFAULT_PERIOD
+        return DEFAULT_PERIOD
+
+    def _take(self, readings: dict[str, NodeReading], *, publish: bool) -> None:
+        self.polls += 1
+        for host, reading in readings.items():
+            events: list[JsonObject] = []
+            for index, values in reading.gpus.items():
+                xid = values.get("xid")
+                last = self._xids.get((host, index), 0)
+                if isinstance(xid, int) and xid > 0 and xid != last:
+                    events.append(
+                        {
+                            "type": "event",
+                            "t": reading.t,
+                            "kind": "xid",
+                            "gpu": index,
+                            "detail": {"xid": xid, "source": "DCGM_FI_DEV_XID_ERRORS"},
+                        }
+                    )
+                if isinstance(xid, int):
+                    self._xids[(host, index)] = xid
+            if reading.t is not None:
+                self.latest[host] = reading
+            link = self.links.get(host)
+            if publish and link is not None:
+                link.update(reading, events)
+
+    async def history(self, host: str, start: float, end: float) -> list[GpuSample]:
+        """``host``'s GPUs from ``start`` to ``end`` (see ``PromLink.history``)."""
+        reading = self.latest.get(host)
+        label = reading.host_label if reading is not None else HOST_LABELS[0]
+        extra = self.target.matchers()
+        matchers = ", ".join(m for m in (f'{label}="{host}"', extra) if m)
+        step = max(self.history_step, (end - start) / MAX_POINTS)
+        answers = await asyncio.gather(
+            *(
+                asyncio.to_thread(
+                    self.client.query_range,
+                    f"max by (gpu) ({name}{{{matchers}}})",
+                    start,
+                    end,
+                    step,
+                )
+                for _key, name in HISTORY_METRICS
+            )
+        )
+        points: dict[tuple[float, int], dict[str, Any]] = {}
+        for (key, _name), series in zip(HISTORY_METRICS, answers, strict=True):
+            for rs in series:
+                gpu_text = rs.metric.gpu
+                if not gpu_text.isdigit():
+                    continue
+                for t, text in rs.values:
+                    value = _number(text)
+                    if value is not None:  # FB_USED is MiB, the history's memory GiB
+                        scale = MIB / GIB if key == "mem" else 1.0
+                        points.setdefault((t, int(gpu_text)), {})[key] = value * scale
+        return [history_sample(index, t, got) for (t, index), got in sorted(points.items())]
+
+    async def run(self) -> None:
+        """Poll every ``interval`` seconds until cancelled (a fleet service)."""
+        while True:
+            started = time.monotonic()
+            try:
+                readings = await self.poll()
+            except PromError as e:
+                self.error = e
+            else:
+                self.error = None
+                self._take(readings, publish=True)
+            self.poll_seconds = time.monotonic() - started
+            # a timer: the store is polled at a rate, not in answer to anything
+            await asyncio.sleep(max(0.0, self.interval - self.poll_seconds))
+
+
+def target_of(config: PrometheusConfig, origin: str) -> PromTarget:
+    """The target a cluster's ``prometheus*`` keys name."""
+    return PromTarget(
+        url=config.url,
+        match=config.match,
+        token_file=config.token_file,
+        user=config.user,
+        password_file=config.password_file,
+        ca=config.ca,
+        origin=origin,
+    )
+
+
+def prometheus_links(
+    target: PromTarget,
+    *,
+    interval: float = 5.0,
+    agents: dict[str, NodeLink] | None = None,
+) -> tuple[PromSource, dict[str, NodeLink]]:
+    """A source for ``target``, discovered (blocking), and its links by node. Without
+    ``agents``, a read-only link for every host the store holds; with ``agents`` (node ->
+    its agent link: a mixed cluster), those nodes only, each watched through the store when it
+    holds the node, through its agent alone when not. Raises PromError (``no_match`` also when
+    the store holds none of ``agents``' nodes)."""
+    source = PromSource(target, interval=interval)
+    hosts = source.discover()
+    if agents is None:
+        source.links = {h: PromLink(source, h) for h in hosts}
+        return source, dict(source.links)
+    held = set(hosts)
+    source.links = {n: PromLink(source, n, agent) for n, agent in agents.items() if n in held}
+    if not source.links and agents:
+        shown = ", ".join(hosts[:3]) + (", ..." if len(hosts) > 3 else "")
+        raise PromError(
+            "no_match",
+            f"Prometheus at {source.client.base} holds GPUs of {shown} but of none of the "
+            f"cluster's nodes ({', '.join(list(agents)[:3])}{', ...' if len(agents) > 3 else ''})"
+            ": check the names or prometheus_match",
+        )
+    return source, {n: source.links.get(n) or agent for n, agent in agents.items()}

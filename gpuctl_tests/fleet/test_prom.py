@@ -1,0 +1,397 @@
+"""The screen over the site's Prometheus (issue 29), with real parts: Debian's prometheus on a
+loopback port scraping stand-in DCGM exporters (their text format and labels) and
+``gpuctl export --demo``; the fleet, ``gpuctl status`` and the TUI read it through the HTTP API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl import service
+from gpuctl.config import parse_config
+from gpuctl.core.format import gpu_flags
+from gpuctl.core.model import NodeEvent, NodeState
+from gpuctl.fleet import control
+from gpuctl.fleet.build import fleet_from_config
+from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.prom import PromError, PromLink, PromSource, PromTarget
+from gpuctl.fleet.session import refusal
+from gpuctl.tui import GpuctlApp
+from gpuctl.tui.screens.detail import DetailScreen
+from gpuctl.tui.view import trouble_counts
+from gpuctl_tests.cli.test_status_nodes import gpuctl as run_gpuctl
+from gpuctl_tests.fleet.test_export import Exporter, Samples, one, scrape
+from gpuctl_tests.harness.prometheus import (
+    PASSWORD,
+    USER,
+    Prometheus,
+    StandInExporter,
+    free_port,
+    prometheus,
+)
+from gpuctl_tests.helpers import node_env
+
+MIB = 1 << 20
+NODES = ("node-a", "node-b", "node-c")
+
+
+pytestmark = pytest.mark.prometheus  # a real /usr/bin/prometheus: the full lane only
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+@dataclass
+class Site:
+    prom: Prometheus
+    exporters: dict[str, StandInExporter]
+
+
+@pytest.fixture
+def site() -> Iterator[Site]:
+    """Three nodes of two GPUs each behind their own stand-in exporter, scraped every second;
+    ready once every series has three samples (the scrape period can be read)."""
+    exporters = {name: StandInExporter(name) for name in NODES}
+    try:
+        with prometheus([e.address for e in exporters.values()]) as prom:
+            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2 * len(NODES))
+            yield Site(prom, exporters)
+    finally:
+        for e in exporters.values():
+            e.close()
+
+
+async def until(pred: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := pred()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.05)  # a poll interval: the deadline decides
+    return value
+
+
+def site_fleet(url: str, extra: str = "", **kw: Any) -> Fleet:
+    config = parse_config(f'[clusters.site]\nprometheus = "{url}"\n{extra}')
+    return fleet_from_config(config, interval=0.5, **kw)
+
+
+def gpuctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_gpuctl(*args, env=node_env())
+
+
+async def test_the_fleet_reads_every_gpu_from_prometheus(site: Site) -> None:
+    fleet = site_fleet(site.prom.url, stale_after=1.0)
+    assert sorted(fleet.nodes) == list(NODES)  # the hosts the store holds, no config of nodes
+    events: list[tuple[str, NodeEvent]] = []
+    fleet.on_event(lambda node, e: events.append((node, e)))
+    await fleet.start()
+    try:
+        await until(
+            lambda: all(s.state is NodeState.LIVE and s.gpus for s in fleet.snapshots()),
+            "every node live",
+        )
+        snap = fleet.snapshot("node-b")
+        assert snap.link == "prometheus"
+        g0, g1 = snap.gpus
+        assert (g0.util_gpu, g1.util_gpu) == (10, 20)
+        assert g0.mem_used == 1000 * MIB and g0.mem_total == (80000 + 1000 + 559) * MIB
+        assert (g0.temp, g0.power, g0.sm_clock, g0.mem_clock) == (45, 120.5, 1980, 2619)
+        assert g0.uuid == site.exporters["node-b"].uuid(0)
+        assert snap.info is not None and snap.info.reader == "prometheus"
+        assert snap.info.driver == "550.54.15"
+        assert [g.name for g in snap.info.gpus] == ["NVIDIA H100 80GB HBM3"] * 2
+        # the default counters leave these out: the node says which, not that it failed
+        missing = snap.info.reader_error or ""
+        assert "POWER_MGMT_LIMIT" in missing and "ECC_SBE_VOL_TOTAL" in missing
+        assert "GPU_UTIL" not in missing and "CLOCK" not in missing
+        assert g0.power_limit is None
+
+        # The GPUs change: the next scrape and poll show it, faults as flags and an XID event.
+        site.exporters["node-b"].set(1, util=97, events=0x8 | 0x40, dbe=2, xid=79)
+        await until(lambda: fleet.snapshot("node-b").gpus[1].util_gpu == 97, "the new reading")
+        g1 = fleet.snapshot("node-b").gpus[1]
+        assert {"hw_slowdown", "hw_thermal", "ECC"} <= set(gpu_flags(g1))
+        await until(
+            lambda: [e for n, e in events if n == "node-b" and e.kind == "xid"], "the XID event"
+        )
+        (xid,) = [e for n, e in events if n == "node-b" and e.kind == "xid"]
+        assert (xid.gpu, xid.detail["xid"]) == (1, 79)
+        counts = trouble_counts(fleet.snapshot("node-b"), {1})
+        assert counts.get("xid") == 1 and counts.get("ecc") == 1
+
+        # Read-only by nature: a request to act is refused, saying why.
+        reply = await fleet.request("node-a", {"type": "stress_start", "gpus": [0]})
+        error = refusal(reply)
+        assert error is not None and error.get("code") == "read_only"
+        assert "Prometheus" in str(error.get("message"))
+        guard = service.refusal("stress", fleet=fleet)
+        assert guard is not None and "through Prometheus" in guard.why
+
+        # A node whose exporter stops goes stale by its samples' age; the others stay live.
+        site.exporters["node-c"].close()
+        await until(lambda: fleet.snapshot("node-c").state is NodeState.STALE, "node-c stale")
+        assert fleet.snapshot("node-a").state is NodeState.LIVE
+    finally:
+        await fleet.stop()
+
+
+async def test_history_comes_from_the_store(site: Site) -> None:
+    """The detail screen's history: what the store kept before this process saw the node is
+    put before what it saw (``Fleet.backfill``, one query_range per plotted metric)."""
+    fleet = site_fleet(site.prom.url)
+    link = fleet.nodes["node-a"].link
+    assert isinstance(link, PromLink)
+    link.source.history_step = 1.0  # the store holds seconds here, not hours
+    link.source.history_seconds = 60.0
+    await fleet.start()
+    try:
+        await until(lambda: fleet.history("node-a", 0).series("util")[0], "a first sample")
+        first_seen = fleet.history("node-a", 0).series("util")[0][0]
+        assert await fleet.backfill("node-a")
+        times, utils = fleet.history("node-a", 0).series("util")
+        older = [(t, u) for t, u in zip(times, utils, strict=True) if t < first_seen]
+        assert len(older) >= 2 and all(u == 10 for _t, u in older)
+        assert times == sorted(times) and times[-1] >= first_seen
+        temps = fleet.history("node-a", 0).series("temp")[1]
+        assert temps[0] == 45
+        assert not await fleet.backfill("node-a")  # once per node
+        assert fleet.history("node-b", 0).series("util")[0][0] >= first_seen - 1
+    finally:
+        await fleet.stop()
+
+
+async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
+    """A poll's queries do not grow with the GPUs: one per metric (and one for the time)."""
+    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    seen: list[str] = []
+    query = source.client.query
+
+    def counting(promql: str) -> Any:
+        seen.append(promql)
+        return query(promql)
+
+    source.client.query = counting  # type: ignore[method-assign]
+    readings = await source.poll()
+    assert sorted(readings) == list(NODES)
+    assert len(seen) == len(source.queries) and len(seen) < 30
+    assert all("gpu=" not in q for q in seen)  # never one GPU's own query
+
+
+async def test_mixed_watches_through_prometheus_and_acts_through_the_agent() -> None:
+    """A cluster that names its nodes and a Prometheus: the samples are the store's, and a
+    burn goes to the node's agent, opened then (a node nobody acts on costs no connection)."""
+    exporter = StandInExporter("localhost")
+    try:
+        with prometheus([exporter.address]) as prom:
+            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
+            fleet = site_fleet(
+                prom.url,
+                'via = "local"\nsimulate = "2:H100"\n'
+                "prometheus_match = '{Hostname=\"localhost\"}'\n",
+            )
+            link = fleet.nodes["localhost"].link
+            assert isinstance(link, PromLink) and link.agent is not None
+            await fleet.start()
+            try:
+                await until(
+                    lambda: (
+                        fleet.snapshot("localhost").state is NodeState.LIVE
+                        and fleet.snapshot("localhost").gpus
+                    ),
+                    "the node live",
+                )
+                snap = fleet.snapshot("localhost")
+                assert [g.util_gpu for g in snap.gpus] == [10, 20]  # the store's, not the sim's
+                assert link._agent_session is None  # nothing acted yet: no agent
+                assert service.refusal("stress", fleet=fleet, read_only=False) is None
+                reply = await control.set_stress(
+                    fleet, "localhost", [0], True, duration=1.5, read_only=False
+                )
+                assert reply["started"] == [0] and reply["engine"] == "sim"
+                assert link._agent_session is not None
+                done = await until(
+                    lambda: (
+                        (fleet.snapshot("localhost").burn(0) or {}).get("state") == "done"
+                        and fleet.snapshot("localhost").burn(0)
+                    ),
+                    "the burn's end, from the agent's events",
+                )
+                assert done["verdict"] == "OK"
+                # the agent's own samples never replace the store's
+                assert [g.util_gpu for g in fleet.snapshot("localhost").gpus] == [10, 20]
+            finally:
+                await fleet.stop()
+    finally:
+        exporter.close()
+
+
+def test_status_json_and_table_through_prometheus(site: Site) -> None:
+    r = gpuctl("status", "--prometheus", site.prom.url, "--json")
+    assert r.returncode == 0, r.stderr
+    nodes = {n["name"]: n for n in json.loads(r.stdout)["nodes"]}
+    assert sorted(nodes) == list(NODES)
+    assert all(n["state"] == "live" and n["link"] == "prometheus" for n in nodes.values())
+    assert [g["util_gpu"] for g in nodes["node-a"]["gpus"]] == [10, 20]
+    assert nodes["node-a"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    r = gpuctl("status", "--prometheus", site.prom.url, "--prometheus-match", '{Hostname="node-c"}')
+    assert r.returncode == 0, r.stderr
+    assert "node-c" in r.stdout and "node-a" not in r.stdout
+    assert "reader node-c: prometheus (no series for" in r.stdout
+
+
+def test_export_demo_read_back_through_prometheus() -> None:
+    """``gpuctl export --demo`` names its metrics as DCGM exporter does: a Prometheus scraping
+    it is read back as the demo's six nodes of eight GPUs."""
+    exporter = Exporter("--demo", "--listen", "127.0.0.1:0")
+    try:
+        address = exporter.url().removeprefix("http://").removesuffix("/metrics")
+        with prometheus([address]) as prom:
+            prom.wait_for("DCGM_FI_DEV_GPU_UTIL", 48, timeout=60)
+            r = gpuctl("status", "--prometheus", prom.url, "--json")
+    finally:
+        exporter.stop()
+    assert r.returncode == 0, r.stderr
+    nodes = json.loads(r.stdout)["nodes"]
+    assert [n["name"] for n in nodes] == [f"sim-0{i}" for i in range(1, 7)]
+    assert all(len(n["gpus"]) == 8 and n["state"] == "live" for n in nodes)
+    assert all(g["util_gpu"] is not None and g["mem_total"] for n in nodes for g in n["gpus"])
+    assert "H100" in (nodes[0]["gpus"][0]["name"] or "")
+    assert nodes[0]["gpus"][0]["power_limit"] is not None  # export has the power limit
+
+
+def test_export_re_serves_a_prometheus_cluster(site: Site, tmp_path: Path) -> None:
+    """``gpuctl export`` over a cluster read from Prometheus serves its GPUs under gpuctl's
+    labels (a login node's own endpoint for a subset of the site, e.g. one cluster)."""
+    config = tmp_path / "config.toml"
+    config.write_text(f'[clusters.site]\nprometheus = "{site.prom.url}"\n')
+    exporter = Exporter("--config", str(config), "--listen", "127.0.0.1:0")
+    try:
+        url = exporter.url()
+
+        def served() -> Samples | None:
+            samples = scrape(url)
+            up = [v for lab, v in samples.get("gpuctl_node_up", []) if lab["link"] == "prometheus"]
+            return samples if len(up) == 3 and all(up) else None
+
+        deadline = time.monotonic() + 30
+        while not (samples := served()):
+            assert time.monotonic() < deadline, "export never served the three nodes"
+            time.sleep(0.2)  # a poll interval: the deadline decides
+    finally:
+        exporter.stop()
+    assert one(samples, "DCGM_FI_DEV_GPU_UTIL", node="node-b", gpu="1") == 20
+    assert one(samples, "DCGM_FI_DEV_FB_USED", node="node-a", gpu="0") == 1000
+
+
+def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+def test_unreachable_prometheus_is_one_line() -> None:
+    port = free_port()  # nothing listens there
+    line = one_line_error(gpuctl("status", "--prometheus", f"http://127.0.0.1:{port}"))
+    assert "cannot reach Prometheus at http://127.0.0.1:" in line and "refused" in line
+
+
+def test_a_selector_matching_nothing_is_one_line(site: Site) -> None:
+    r = gpuctl("status", "--prometheus", site.prom.url, "--prometheus-match", '{cluster="nope"}')
+    line = one_line_error(r)
+    assert 'has no series DCGM_FI_DEV_GPU_UTIL{cluster="nope"}' in line
+    assert "prometheus_match" in line
+
+
+def test_a_query_over_the_sample_limit_is_one_line() -> None:
+    exporters = [StandInExporter(f"big-{i}", gpus=8) for i in range(2)]
+    try:
+        with prometheus([e.address for e in exporters], max_samples=12) as prom:
+            for e in exporters:  # 8 series a query: within the limit, all 16 are not
+                prom.wait_for(f'DCGM_FI_DEV_GPU_UTIL{{Hostname="{e.hostname}"}}', 8)
+            line = one_line_error(gpuctl("status", "--prometheus", prom.url))
+    finally:
+        for e in exporters:
+            e.close()
+    assert "over its sample limit" in line and "prometheus_match" in line
+
+
+def test_basic_auth_refused_then_accepted(tmp_path: Path) -> None:
+    exporter = StandInExporter("node-x")
+    try:
+        with prometheus([exporter.address], basic_auth=True) as prom:
+            import base64
+
+            auth = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+            prom.wait_for("DCGM_FI_DEV_GPU_UTIL", 2, auth=auth)
+            line = one_line_error(gpuctl("status", "--prometheus", prom.url))
+            assert "refused us (401" in line and "prometheus_user" in line
+            secret = tmp_path / "password"
+            secret.write_text(PASSWORD + "\n")
+            config = tmp_path / "config.toml"
+            config.write_text(
+                f'[clusters.site]\nprometheus = "{prom.url}"\n'
+                f'prometheus_user = "{USER}"\nprometheus_password_file = "{secret}"\n'
+            )
+            r = gpuctl("--config", str(config), "status", "--json")
+            assert r.returncode == 0, r.stderr
+            (node,) = json.loads(r.stdout)["nodes"]
+            assert node["name"] == "node-x" and len(node["gpus"]) == 2
+            secret.write_text("wrong\n")
+            line = one_line_error(gpuctl("--config", str(config), "status"))
+            assert "refused us (401" in line and "check prometheus_token_file" in line
+    finally:
+        exporter.close()
+
+
+def test_source_errors_carry_a_reason() -> None:
+    with pytest.raises(PromError) as e:
+        PromSource(PromTarget("ftp://x")).discover()
+    assert e.value.reason == "config"
+
+
+async def test_the_screen_over_prometheus(site: Site, state_dir: Path) -> None:
+    """The TUI on a Prometheus cluster: every node and GPU on screen from the store, the
+    acting keys hidden and, pressed anyway, saying why."""
+    fleet = site_fleet(site.prom.url)
+    app = GpuctlApp(fleet, read_only=True, state_dir=state_dir)
+    async with app.run_test(size=(120, 36)) as pilot:
+
+        def on_screen() -> bool:
+            snaps = app.store.snaps
+            return (
+                sorted(snaps) == list(NODES)
+                and all(s.state is NodeState.LIVE and len(s.gpus) == 2 for s in snaps.values())
+                and bool(app.overview.nodes.lines)
+            )
+
+        deadline = time.monotonic() + 30
+        while not on_screen():
+            assert time.monotonic() < deadline, "the nodes never showed"
+            await pilot.pause(0.05)
+        site.exporters["node-a"].set(0, util=88)
+        deadline = time.monotonic() + 30
+        while app.store.snaps["node-a"].gpus[0].util_gpu != 88:
+            assert time.monotonic() < deadline, "the new reading never showed"
+            await pilot.pause(0.05)
+        await pilot.press("s")
+        refused = [n.message for n in app._notifications if n.message.startswith("read-only:")]
+        assert refused and "through Prometheus" in refused[0]
+        # the detail screen asks the store for the node's history
+        await pilot.press("enter")
+        deadline = time.monotonic() + 30
+        while "node-a" not in fleet._backfilled:
+            assert time.monotonic() < deadline, "the detail screen never asked for history"
+            await pilot.pause(0.05)
+        assert isinstance(app.screen, DetailScreen) and app.screen.node == "node-a"

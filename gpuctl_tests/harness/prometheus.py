@@ -1,0 +1,243 @@
+"""A real Prometheus (Debian's ``prometheus`` package) on a free loopback port, and stand-in
+DCGM exporters for it to scrape: the parts ``gpuctl.fleet.prom`` reads in the tests.
+
+``StandInExporter`` serves, for one node, text in DCGM exporter's own exposition format and
+labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``Hostname``, the driver
+version label), the counters of its default set (``etc/default-counters.csv``) plus the clock
+event reasons and one ECC counter; a test changes a GPU's values in ``gpus`` and the next scrape
+serves them.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from gpuctl_tests.helpers import unavailable
+
+PROMETHEUS = "/usr/bin/prometheus"
+# bcrypt of "gpuctl-test" (cost 4): Prometheus's web config takes only bcrypt hashes.
+USER, PASSWORD = "ops", "gpuctl-test"
+PASSWORD_HASH = "$2b$04$ilUwImCpL8EoJGcmyJCNoO4DZgRlzqC4QIxp1u.86XmOzyJnDaTBy"
+
+# name, type, help: DCGM exporter's default counters (those it exports out of the box), and
+# two it leaves commented out that gpuctl reads when a site turns them on.
+COUNTERS = (
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", "sm_clock"),
+    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", "mem_clock"),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", "mem_temp"),
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", "temp"),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", "power"),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Energy since boot (in mJ).", "energy"),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "PCIe retries.", "replay"),
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", "util"),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", "mem_util"),
+    ("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", "enc"),
+    ("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", "dec"),
+    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.", "xid"),
+    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", "fb_free"),
+    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", "fb_used"),
+    ("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).", "fb_reserved"),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Rows remapped (uncorr.).", "rr_u"),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Rows remapped (corr.).", "rr_c"),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed", "rr_f"),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Graphics engine active ratio.", "gr"),
+    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Clock event reasons (bitmask).", "events"),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Double-bit volatile ECC errors.", "dbe"),
+)
+
+
+def gpu_values(util: int = 10, **changes: Any) -> dict[str, Any]:
+    """One GPU's readings as the stand-in serves them (MiB, C, W, MHz, %)."""
+    values: dict[str, Any] = {
+        "sm_clock": 1980,
+        "mem_clock": 2619,
+        "mem_temp": 40,
+        "temp": 45,
+        "power": 120.5,
+        "energy": 123456789,
+        "replay": 0,
+        "util": util,
+        "mem_util": 3,
+        "enc": 0,
+        "dec": 0,
+        "xid": 0,
+        "fb_free": 80000,
+        "fb_used": 1000,
+        "fb_reserved": 559,
+        "rr_u": 0,
+        "rr_c": 0,
+        "rr_f": 0,
+        "gr": 0.1,
+        "events": 0,
+        "dbe": 0,
+    }
+    values.update(changes)
+    return values
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class StandInExporter:
+    """One node's DCGM exporter: ``/metrics`` in its text format, from ``gpus`` (index ->
+    values, see ``gpu_values``), on a loopback port of its own."""
+
+    def __init__(self, hostname: str, gpus: int = 2, model: str = "NVIDIA H100 80GB HBM3") -> None:
+        self.hostname = hostname
+        self.model = model
+        self.gpus: dict[int, dict[str, Any]] = {i: gpu_values(10 * (i + 1)) for i in range(gpus)}
+        self.lock = threading.Lock()
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = owner.text().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def uuid(self, gpu: int) -> str:
+        tag = sum(self.hostname.encode()) % 10**8
+        return f"GPU-{tag:08d}-0000-0000-0000-{gpu:012d}"
+
+    def set(self, gpu: int, **changes: Any) -> None:
+        with self.lock:
+            self.gpus[gpu].update(changes)
+
+    def text(self) -> str:
+        with self.lock:
+            gpus = {i: dict(v) for i, v in self.gpus.items()}
+        lines = []
+        for name, kind, help_text, key in COUNTERS:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+            for i, values in sorted(gpus.items()):
+                labels = (
+                    f'gpu="{i}",UUID="{self.uuid(i)}",pci_bus_id="00000000:{i + 7:02X}:00.0",'
+                    f'device="nvidia{i}",modelName="{self.model}",Hostname="{self.hostname}",'
+                    'DCGM_FI_DRIVER_VERSION="550.54.15"'
+                )
+                lines.append(f"{name}{{{labels}}} {values[key]}")
+        return "\n".join(lines) + "\n"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Prometheus:
+    """A running ``/usr/bin/prometheus`` with its own config and data folder."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, folder: Path) -> None:
+        self.proc = proc
+        self.port = port
+        self.folder = folder
+        self.url = f"http://127.0.0.1:{port}"
+
+    def log(self) -> str:
+        return (self.folder / "log").read_text(errors="replace")[-2000:]
+
+    def query(self, promql: str, auth: str | None = None) -> list[dict[str, Any]]:
+        data = urllib.parse.urlencode({"query": promql}).encode()
+        req = urllib.request.Request(self.url + "/api/v1/query", data=data)
+        if auth:
+            req.add_header("Authorization", auth)
+        with urllib.request.urlopen(req, timeout=5) as r:
+            result: list[dict[str, Any]] = json.load(r)["data"]["result"]
+            return result
+
+    def wait_for(
+        self, promql: str, count: int, timeout: float = 30.0, auth: str | None = None
+    ) -> None:
+        """Poll until ``promql`` gives ``count`` series or more (the first scrapes are in);
+        fail naming the log at the deadline."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if len(self.query(promql, auth)) >= count:
+                    return
+            except (urllib.error.URLError, OSError, KeyError):
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"Prometheus never had {count} series of {promql}: {self.log()}"
+                )
+            time.sleep(0.1)  # a poll interval: the deadline decides
+
+
+@contextmanager
+def prometheus(
+    targets: list[str],
+    *,
+    basic_auth: bool = False,
+    max_samples: int | None = None,
+    metrics_path: str = "/metrics",
+    scrape_interval: float = 1.0,
+) -> Iterator[Prometheus]:
+    """Start Prometheus scraping ``targets`` (host:port) every ``scrape_interval`` seconds;
+    stop it after."""
+    if not Path(PROMETHEUS).exists():
+        unavailable(f"{PROMETHEUS} missing: scripts/test.sh installs Debian's prometheus")
+    folder = Path(tempfile.mkdtemp(prefix="gpuctl-prom-"))
+    target_list = ", ".join(f'"{t}"' for t in targets)
+    (folder / "prometheus.yml").write_text(
+        f"global:\n  scrape_interval: {scrape_interval:g}s\n"
+        f"  scrape_timeout: {min(scrape_interval, 10.0):g}s\n"
+        "scrape_configs:\n  - job_name: dcgm\n"
+        f"    metrics_path: {metrics_path}\n"
+        f"    static_configs:\n      - targets: [{target_list}]\n"
+    )
+    port = free_port()
+    argv = [
+        PROMETHEUS,
+        f"--config.file={folder / 'prometheus.yml'}",
+        f"--storage.tsdb.path={folder / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
+    if basic_auth:
+        (folder / "web.yml").write_text(f'basic_auth_users:\n  {USER}: "{PASSWORD_HASH}"\n')
+        argv.append(f"--web.config.file={folder / 'web.yml'}")
+    if max_samples is not None:
+        argv.append(f"--query.max-samples={max_samples}")
+    with open(folder / "log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield Prometheus(proc, port, folder)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
