@@ -1004,6 +1004,12 @@ EXAMPLES: dict[str, Any] = {
     "workload_python": "/opt/conda/bin/python3",
     "python": "/opt/conda/bin/python3",
     "simulate": "8:H100",
+    "prometheus": "http://prometheus.example.org:9090",
+    "prometheus_match": '{cluster="a"}',
+    "prometheus_token_file": "~/.config/gpuctl/prometheus.token",
+    "prometheus_user": "alice",
+    "prometheus_password_file": "~/.config/gpuctl/prometheus.password",
+    "prometheus_ca": "/etc/ssl/certs/site-ca.pem",
     "connect_timeout": 15.0,
     "keepalive_interval": 5.0,
     "keepalive_count_max": 3,
@@ -1063,6 +1069,9 @@ def template(*, cluster: str = "main", nodes: str | None = None, note: str | Non
             out.append(f"{c}nodes = {toml_value(nodes or 'gpu[01-04]')}")
         else:
             out.append(f"{c}# {_default_line(name, key)}")
+    for name, key in PROMETHEUS_KEYS.items():  # past one login node's reach: the site's store
+        out.append(f"{c}# {key.help}")
+        out.append(f"{c}# {_default_line(name, key)}")
     out.append("")
     for section, keys in SECTIONS.items():
         out.append(f"[{section}]")

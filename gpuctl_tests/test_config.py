@@ -413,10 +413,18 @@ def _init(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess
 
 
 def test_the_template_shows_every_key_its_default_and_meaning() -> None:
-    from gpuctl.config import CLUSTER_KEYS, EXAMPLES, SECTIONS, template, toml_value
+    from gpuctl.config import (
+        CLUSTER_KEYS,
+        EXAMPLES,
+        PROMETHEUS_KEYS,
+        SECTIONS,
+        template,
+        toml_value,
+    )
 
     text = template(nodes="gpu[01-02]")
-    for name, key in [*CLUSTER_KEYS.items(), *(kv for s in SECTIONS.values() for kv in s.items())]:
+    keys = [*CLUSTER_KEYS.items(), *PROMETHEUS_KEYS.items()]
+    for name, key in [*keys, *(kv for s in SECTIONS.values() for kv in s.items())]:
         assert f"# {key.help}\n" in text, name
         if name == "nodes":
             continue  # the template's own line: the hostlist given, else an example
