@@ -22,7 +22,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuctl.core.model import NodeState
-from gpuctl.fleet.export import METRICS, MetricsServer, registry_for
+from gpuctl.fleet.export import METRICS, FleetExporter, MetricsServer
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.replay import FailingLink, ReplayLink, recorded_node
@@ -218,8 +218,7 @@ async def test_metrics_are_the_fleets_snapshots() -> None:
         "down": FailingLink("refused", "connection refused"),
     }
     fleet = Fleet(links, backoff_base=30.0)
-    registry, _ = registry_for(fleet)
-    server = MetricsServer(registry, "127.0.0.1", 0)
+    server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0)
     await fleet.start()
     try:
 
@@ -283,8 +282,7 @@ async def test_metrics_are_the_fleets_snapshots() -> None:
 
 async def test_a_node_that_goes_silent_shows_up_0() -> None:
     fleet = simulated_fleet([("a", "2:H100"), ("b", "1:L40S")], interval=0.2, stale_after=0.6)
-    registry, _ = registry_for(fleet)
-    server = MetricsServer(registry, "127.0.0.1", 0)
+    server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0)
     await fleet.start()
     try:
 
