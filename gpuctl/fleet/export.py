@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import concurrent.futures
 import gzip
 import hmac
 import os
@@ -591,8 +592,8 @@ class Credential:
             ) from None
         except OSError as e:
             raise AuthFileError(f"{where}: {e.strerror or e}") from None
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
+        try:
+            st = os.fstat(fd)
             mode = stat.S_IMODE(st.st_mode)
             if not stat.S_ISREG(st.st_mode):
                 raise AuthFileError(f"{where}: not a regular file")
@@ -603,7 +604,9 @@ class Credential:
                     f"{where}: bad permissions {mode:04o}, other users could read or change the "
                     f"secret (chmod 600 {path}, or 640 for a group that scrapes)"
                 )
-            data = f.read(4097)
+            data = os.read(fd, 4097)
+        finally:
+            os.close(fd)
         secret = data.strip()
         if len(data) > 4096 or len(secret) < MIN_SECRET or not all(33 <= b < 127 for b in secret):
             raise AuthFileError(
@@ -663,14 +666,15 @@ class MetricsServer:
         ][0]
         self._sock = socket.create_server((host, port), family=family, backlog=128)
         self._writers: dict[asyncio.StreamWriter, bool] = {}  # open ones -> sent its request
+        self._tasks: set[asyncio.Task[None]] = set()  # their handlers
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
-        ready = threading.Event()
+        started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.thread = threading.Thread(
-            target=self._run, args=(ready,), name="gpuctl-export-http", daemon=True
+            target=self._run, args=(started,), name="gpuctl-export-http", daemon=True
         )
         self.thread.start()
-        ready.wait()
+        started.result()
 
     @property
     def port(self) -> int:
@@ -695,12 +699,16 @@ class MetricsServer:
         self._loop.close()
         self._sock.close()
 
-    def _run(self, ready: threading.Event) -> None:
+    def _run(self, started: concurrent.futures.Future[None]) -> None:
         asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(
-            asyncio.start_server(self._connection, sock=self._sock, limit=HEAD_LIMIT)
-        )
-        ready.set()
+        try:
+            self._server = self._loop.run_until_complete(
+                asyncio.start_server(self._connection, sock=self._sock, limit=HEAD_LIMIT)
+            )
+        except BaseException as e:
+            started.set_exception(e)
+            raise
+        started.set_result(None)
         self._loop.run_forever()
 
     async def _stop(self) -> None:
@@ -708,9 +716,19 @@ class MetricsServer:
             self._server.close()
         for w in list(self._writers):
             w.transport.abort()
-        await asyncio.sleep(0)  # the handlers see their connections lost
+        if self._tasks:  # the handlers see their connections lost and end
+            await asyncio.wait(self._tasks, timeout=10)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._serve(reader, writer)
+        finally:
+            self._tasks.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._writers) >= self.max_connections:
             idle = next((w for w, busy in self._writers.items() if not busy), None)
             if idle is None:  # every one is being answered: refuse this one
