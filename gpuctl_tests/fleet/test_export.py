@@ -374,6 +374,13 @@ async def test_hostile_strings_come_back_equal_from_both_parsers() -> None:
         sample_gpus = msg.get("gpus")
         if isinstance(sample_gpus, list):
             sample_gpus[0]["uuid"] = H + "%s{}"
+            sample_gpus[0]["ecc"] = {
+                "volatile_corrected": 10**30,  # past 64 bits: written as a float
+                "volatile_uncorrected": "x",  # not a number: no series
+                "aggregate_corrected": True,
+                "aggregate_uncorrected": 1.5,
+            }
+            sample_gpus[1]["temp"] = None  # a gap in a family: line by line
     fleet = await _live_fleet({"h": ReplayLink(messages)})
     fleet.annotate("h", 0, slurm_job=H, slurm_user='"; DROP\\')
     server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0)
@@ -384,7 +391,15 @@ async def test_hostile_strings_come_back_equal_from_both_parsers() -> None:
             assert info == 1
             assert one(samples, "gpuctl_node_info", node="h", cuda='a"b\\c\nd') == 1
             assert one(samples, "DCGM_FI_DEV_GPU_TEMP", gpu="0", uuid=H + "%s{}", model=H) > 0
-            assert one(samples, "DCGM_FI_DEV_GPU_TEMP", gpu="1", model="broken ? utf-16") > 0
+            assert one(samples, "DCGM_FI_DEV_GPU_UTIL", gpu="0", uuid=H + "%s{}", model=H) >= 0
+            assert one(samples, "DCGM_FI_DEV_POWER_USAGE", gpu="1", model="broken ? utf-16") > 0
+            assert not [lab for lab, _ in samples["DCGM_FI_DEV_GPU_TEMP"] if lab["gpu"] == "1"]
+            assert one(samples, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", gpu="0") == 1e30
+            assert not [
+                lab for lab, _ in samples["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"] if lab["gpu"] == "0"
+            ]
+            assert one(samples, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", gpu="0") == 1
+            assert one(samples, "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", gpu="0") == 1.5
             job = one(samples, "gpuctl_gpu_slurm_job_info", job=H, user='"; DROP\\', model=H)
             assert job == 1
     finally:
