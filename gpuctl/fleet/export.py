@@ -37,6 +37,7 @@ import binascii
 import concurrent.futures
 import gzip
 import hmac
+import logging
 import os
 import socket
 import stat
@@ -50,6 +51,8 @@ from typing import Any
 from gpuctl.core.model import GpuSample, GpuStatic, NodeEvent, NodeSnapshot, NodeState
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.node.protocol import THROTTLE_REASONS
+
+log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = "127.0.0.1:9400"  # DCGM exporter's port: the scrape config stays the same
 GPU_LABELS = ("node", "gpu", "uuid", "model")
@@ -726,7 +729,13 @@ class Credential:
 HEAD_LIMIT = 16 * 1024  # a request head longer than this is refused
 SLICE = 256 * 1024  # a response is written this much at a time (bounded memory per connection)
 CHALLENGE = 'Bearer realm="gpuctl export", Basic realm="gpuctl export"'
-_REASON = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 405: "Method Not Allowed"}
+_REASON = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+}
 
 
 class MetricsServer:
@@ -838,7 +847,7 @@ class MetricsServer:
             pass
         finally:
             self._writers.pop(writer, None)
-            writer.transport.abort()
+            writer.transport.abort()  # closed already unless it timed out or failed
 
     async def _answer(self, head: bytes, writer: asyncio.StreamWriter) -> None:
         lines = head.decode("latin-1").split("\r\n")
@@ -856,19 +865,22 @@ class MetricsServer:
             headers.get("authorization")
         ):
             status = 401
-            extra = [
-                ("WWW-Authenticate", 'Bearer realm="gpuctl export", Basic realm="gpuctl export"')
-            ]
+            extra = [("WWW-Authenticate", CHALLENGE)]
         elif request[0] not in ("GET", "HEAD"):
             status, extra = 405, [("Allow", "GET, HEAD")]
         else:
             status = 200
             om = wants_openmetrics(headers.get("accept", ""))
             gz = wants_gzip(headers.get("accept-encoding", ""))
-            chunks = self.exporter.body(openmetrics=om, gzipped=gz)
-            extra = [("Content-Type", OPENMETRICS_TYPE if om else TEXT_TYPE)]
-            if gz:
-                extra.append(("Content-Encoding", "gzip"))
+            try:
+                chunks = self.exporter.body(openmetrics=om, gzipped=gz)
+            except Exception:  # a bug: the scraper sees a 500, the log says why
+                log.exception("gpuctl export: rendering the metrics failed")
+                status, chunks = 500, []
+            else:
+                extra = [("Content-Type", OPENMETRICS_TYPE if om else TEXT_TYPE)]
+                if gz:
+                    extra.append(("Content-Encoding", "gzip"))
         size = sum(map(len, chunks))
         text = "".join(f"{k}: {v}\r\n" for k, v in extra)
         writer.write(
@@ -882,6 +894,5 @@ class MetricsServer:
             for at in range(0, len(view), SLICE):
                 writer.write(view[at : at + SLICE])
                 await writer.drain()
-        await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
+        writer.close()  # after what is buffered is sent: wait for that (within write_timeout)
+        await writer.wait_closed()
