@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import selectors
@@ -511,6 +512,41 @@ async def test_idle_connections_are_capped_and_closed_after_the_read_timeout() -
             s.close()
         server.close()
         await fleet.stop()
+
+
+async def test_a_scraper_that_does_not_read_is_cut_off_after_the_write_timeout() -> None:
+    # 36 nodes x 64 GPUs: a body of ~10 MB, more than the kernel's send buffer (4 MB at most).
+    links: dict[str, NodeLink] = {
+        f"n{i}": ReplayLink(recorded_node(f"n{i}", "64:H100", seed=i, samples=1)) for i in range(36)
+    }
+    fleet = await _live_fleet(links, concurrency=36)
+    server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0, write_timeout=1.0)
+    try:
+        stuck = socket.socket()
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.connect(("127.0.0.1", server.port))
+        stuck.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")  # and never reads
+        await _until_async(lambda: _async_value(server.connections == 1), "the request taken")
+        t0 = time.monotonic()
+        await _until_async(lambda: _async_value(server.connections == 0), "the writer cut off")
+        assert time.monotonic() - t0 > 0.5
+        stuck.setblocking(False)
+        got = 0
+        with contextlib.suppress(BlockingIOError, ConnectionResetError):
+            while chunk := stuck.recv(1 << 20):
+                got += len(chunk)
+        stuck.close()
+        whole = sum(map(len, server.exporter.body()))
+        assert got < whole > 8 << 20  # what it got of a body bigger than the buffers
+        assert await asyncio.to_thread(_head, server.url()) == 200  # the server still answers
+    finally:
+        server.close()
+        await fleet.stop()
+
+
+def _head(url: str) -> int:
+    with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=10) as r:
+        return int(r.status)
 
 
 async def _async_value(value: Any) -> Any:
