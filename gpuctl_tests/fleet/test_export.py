@@ -172,6 +172,21 @@ def _has(labels: dict[str, str], want: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in want.items())
 
 
+def _refused_in_one_line(*args: str, says: str) -> str:
+    """``gpuctl export ARGS`` exits 2 at once with one line on stderr that ``says``."""
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuctl", "export", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=node_env(),
+    )
+    assert r.returncode == 2, (args, r.stderr)
+    assert r.stderr.count("\n") == 1 and says in r.stderr, (args, r.stderr)
+    assert r.stderr.startswith("gpuctl: ") and r.stdout == ""
+    return r.stderr
+
+
 def test_bad_listen_is_one_line() -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -184,16 +199,7 @@ def test_bad_listen_is_one_line() -> None:
             ("10.1.2.3:9400", "--allow-remote"),
             (taken, f"cannot listen on {taken}: Address already in use"),
         ):
-            r = subprocess.run(
-                [sys.executable, "-m", "gpuctl", "export", "--demo", "--listen", listen],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                env=node_env(),
-            )
-            assert r.returncode == 2, (listen, r.stderr)
-            assert r.stderr.count("\n") == 1 and says in r.stderr, (listen, r.stderr)
-            assert r.stderr.startswith("gpuctl: ") and r.stdout == ""
+            _refused_in_one_line("--demo", "--listen", listen, says=says)
 
 
 # -- the collector over fleets whose values are known -------------------------------------------
@@ -603,9 +609,6 @@ def test_300_idle_connections_cost_no_thread_and_are_closed(demo_export: Exporte
     assert demo_export.stop() == 0
 
 
-GPUCTL_EXPORT = (sys.executable, "-m", "gpuctl", "export")
-
-
 def _auth_file(tmp_path: Path, secret: str, mode: int = 0o600, name: str = "secret") -> Path:
     path = tmp_path / name
     path.write_text(secret + "\n")
@@ -654,13 +657,5 @@ def test_a_bad_auth_file_is_one_line(tmp_path: Path) -> None:
         (_auth_file(tmp_path, "two words " + good, 0o600, "spaces"), "no spaces"),
         (tmp_path, "not a regular file"),
     ):
-        r = subprocess.run(
-            [*GPUCTL_EXPORT, "--demo", "--listen", "127.0.0.1:0", "--auth-file", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=node_env(),
-        )
-        assert r.returncode == 2, (path, r.stderr)
-        assert r.stderr.count("\n") == 1 and says in r.stderr, (path, r.stderr)
-        assert r.stderr.startswith(f"gpuctl: --auth-file {path}: ") and r.stdout == ""
+        stderr = _refused_in_one_line("--demo", "--auth-file", str(path), says=says)
+        assert stderr.startswith(f"gpuctl: --auth-file {path}: ")
