@@ -45,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -513,11 +514,16 @@ class _NodeText:
         frags: dict[int, str] = {}
         if not shown:
             return frags
-        for i, read in enumerate(_READS):
-            values = tuple(map(read, shown))
-            if values.count(None) == len(values):
-                continue  # a reading no GPU of the node has (fan on SXM parts)
-            if _plain(values):
+        n = len(shown)
+        columns = [
+            (i, values)
+            for i, read in enumerate(_READS)
+            # a reading no GPU of the node has (fan on SXM parts) has no line
+            if (values := tuple(map(read, shown))).count(None) != n
+        ]
+        every = _plain(tuple(chain.from_iterable(values for _, values in columns)))
+        for i, values in columns:
+            if every or _plain(values):  # one check for the node, per family when it fails
                 frags[F_METRIC + i] = self.templates[i] % values
                 continue
             lines_of = [
