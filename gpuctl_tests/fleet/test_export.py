@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import gzip
 import json
 import os
 import selectors
@@ -364,6 +365,33 @@ async def test_a_scrape_formats_only_the_nodes_whose_snapshot_changed() -> None:
         ]
         assert job == [{**job[0], "node": "n1", "gpu": "0", "job": "77", "user": "bob"}]
     finally:
+        await fleet.stop()
+
+
+def _get(url: str, headers: dict[str, str]) -> tuple[dict[str, str], bytes]:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+        return dict(r.headers), r.read()
+
+
+async def test_gzip_when_asked_is_the_same_text() -> None:
+    # Prometheus asks for gzip on every scrape: the body is gzip members (the kept text's and
+    # the ages'), which a gzip reader reads as one stream.
+    fleet = await _live_fleet({"a": ReplayLink(recorded_node("a", "2:H100", samples=1))})
+    exporter = FleetExporter(fleet, clock=lambda: 1_700_000_100.0)  # the same ages each time
+    server = MetricsServer(exporter, "127.0.0.1", 0)
+    try:
+        for accept in ("text/plain", "application/openmetrics-text; version=1.0.0"):
+            plain_headers, plain = await asyncio.to_thread(_get, server.url(), {"Accept": accept})
+            gz_headers, gz = await asyncio.to_thread(
+                _get, server.url(), {"Accept": accept, "Accept-Encoding": "deflate, gzip"}
+            )
+            assert "Content-Encoding" not in plain_headers
+            assert gz_headers["Content-Encoding"] == "gzip" and len(gz) < len(plain) / 4
+            assert gzip.decompress(gz) == plain
+            assert plain_headers["Content-Type"] == gz_headers["Content-Type"]
+        assert exporter.renders == 1
+    finally:
+        server.close()
         await fleet.stop()
 
 
