@@ -14,8 +14,11 @@ snapshot: the fleet replaces a node's snapshot whole on every change, so ``is`` 
 changed since the last scrape, and the others' text is reused. The body is joined once per set
 of snapshots and kept as bytes (and gzipped once, when a client asks for gzip); only the age of
 each node's newest sample is written per scrape, as a separate piece (a separate gzip member,
-which HTTP clients read as one stream). Two scrapes of the same samples cost the age lines;
-figures in ``benchmarks/export_scrape.py`` and the README.
+which HTTP clients read as one stream). A node's METRICS families are one ``%`` of a template
+holding its GPUs' line starts over each family's values (C calls, not a loop per line). At 4,096
+GPUs (``benchmarks/export_scrape.py --against`` the old code, alternated runs on a 2-core test
+machine): new snapshots of every node at each scrape, 84 ms median and 82 ms of CPU per scrape
+(0.06x of prometheus-client's 1.33 s); the same samples scraped again, 6.5 ms of CPU.
 
 Serving: one thread runs its own asyncio loop for every connection (``MetricsServer``), so another
 local user holding hundreds of idle connections costs no thread: a request head must arrive
