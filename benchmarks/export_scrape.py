@@ -15,7 +15,15 @@ and against gpuctl's endpoint for one node of G GPUs, per GPU per scrape. nvitop
 NVML in a background thread every ``--interval`` and serves what it last read; its CPU per scrape
 is its process's CPU over the scrapes less the same wall time unscraped.
 
+With ``--against OLD`` (a checkout of an older gpuctl, e.g. ``git worktree add /tmp/old-export
+3285137``) it runs the same measurement on OLD's code and on this checkout's, alternated
+``--rounds`` times, each in a fresh process, and prints each run and the ratios. ``--same`` scrapes
+one unchanging set of samples (what a cache saves); by default every scrape sees a new snapshot
+of every node (the fleet at 1 Hz scraped every 15 s: nothing can be reused but label sets).
+``--gzip`` asks for gzip, as Prometheus does on every scrape.
+
 Usage: python benchmarks/export_scrape.py [--nodes 512] [--gpus 8] [--scrapes 200] [--nvitop]
+       python benchmarks/export_scrape.py --against /tmp/old-export [--rounds 3] [--scrapes 30]
 """
 
 from __future__ import annotations
@@ -35,10 +43,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# A child of --against runs the older checkout's code: the checkout comes first on the path.
+sys.path.insert(0, os.environ.get("GPUCTL_BENCH_REPO", str(REPO)))
 
-from gpuctl.core.model import NodeState  # noqa: E402
-from gpuctl.fleet.export import MetricsServer, registry_for  # noqa: E402
+import copy  # noqa: E402
+
+from gpuctl.core.model import NodeSnapshot, NodeState  # noqa: E402
+from gpuctl.fleet import export  # noqa: E402
 from gpuctl.fleet.fleet import Fleet  # noqa: E402
 from gpuctl.fleet.links import NodeLink  # noqa: E402
 from gpuctl.fleet.replay import ReplayLink, recorded_node  # noqa: E402
@@ -46,7 +57,7 @@ from gpuctl.fleet.replay import ReplayLink, recorded_node  # noqa: E402
 SCRAPER = """
 import json, sys, time, urllib.request
 url, n = sys.argv[1], int(sys.argv[2])
-req = urllib.request.Request(url, headers={"Accept": sys.argv[3]})
+req = urllib.request.Request(url, headers={"Accept": sys.argv[3], "Accept-Encoding": sys.argv[4]})
 times, size = [], 0
 for _ in range(n):
     t = time.perf_counter()
@@ -75,16 +86,35 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-async def scrape(url: str, n: int, accept: str) -> dict[str, Any]:
+async def scrape(url: str, n: int, accept: str, encoding: str = "identity") -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", SCRAPER, url, str(n), accept, stdout=subprocess.PIPE
+        sys.executable, "-c", SCRAPER, url, str(n), accept, encoding, stdout=subprocess.PIPE
     )
     out, _ = await proc.communicate()
     result: dict[str, Any] = json.loads(out)
     return result
 
 
-async def gpuctl_endpoint(nodes: int, gpus: int, scrapes: int, accept: str) -> dict[str, Any]:
+def start_server(fleet: Fleet) -> Any:
+    """The endpoint over ``fleet`` with this checkout's API, or the older one's (a
+    prometheus-client registry) when the code under test predates ``FleetExporter``."""
+    if hasattr(export, "FleetExporter"):
+        return export.MetricsServer(export.FleetExporter(fleet), "127.0.0.1", 0)
+    registry, _ = export.registry_for(fleet)  # type: ignore[attr-defined]
+    return export.MetricsServer(registry, "127.0.0.1", 0)
+
+
+async def gpuctl_endpoint(
+    nodes: int,
+    gpus: int,
+    scrapes: int,
+    accept: str,
+    *,
+    fresh: bool = False,
+    encoding: str = "identity",
+) -> dict[str, Any]:
+    """Scrape N nodes x G GPUs; ``fresh``: every scrape reads a new snapshot of every node (a
+    copy, equal in value, as the fleet makes one per sample), so nothing per snapshot is reused."""
     now = time.time()
     links: dict[str, NodeLink] = {
         f"node{i:04d}": ReplayLink(
@@ -102,12 +132,18 @@ async def gpuctl_endpoint(nodes: int, gpus: int, scrapes: int, accept: str) -> d
     fleet.subscribe(check)
     await fleet.start()
     await streaming.wait()
-    registry, _ = registry_for(fleet)
-    server = MetricsServer(registry, "127.0.0.1", 0)
+    if fresh:
+        snapshots = fleet.snapshots
+
+        def new_snapshots() -> list[NodeSnapshot]:
+            return [copy.copy(s) for s in snapshots()]
+
+        fleet.snapshots = new_snapshots  # type: ignore[method-assign]
+    server = start_server(fleet)
     try:
-        await scrape(server.url(), 3, accept)  # warm up
+        await scrape(server.url(), 3, accept, encoding)  # warm up
         cpu0, wall0 = cpu_self(), time.monotonic()
-        result = await scrape(server.url(), scrapes, accept)
+        result = await scrape(server.url(), scrapes, accept, encoding)
         cpu1, wall1 = cpu_self(), time.monotonic()
         await asyncio.sleep(wall1 - wall0)  # the same wall time without scrapes: the baseline
         idle = cpu_self() - cpu1
@@ -183,6 +219,54 @@ def report(what: str, gpus: int, r: dict[str, Any]) -> None:
     )
 
 
+def summary(r: dict[str, Any]) -> tuple[float, float, float]:
+    """Median and p99 scrape time and CPU per scrape, in ms."""
+    times = [t * 1000 for t in r["times"]]
+    return statistics.median(times), pct(times, 0.99), r["cpu_per_scrape"] * 1000
+
+
+def against(args: argparse.Namespace) -> None:
+    """Old and new code alternated, each run in a fresh process; each run's figures, then the
+    medians over the runs and new / old."""
+    old = str(Path(args.against).resolve())
+    child = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--nodes",
+        str(args.nodes),
+        "--gpus",
+        str(args.gpus),
+        "--scrapes",
+        str(args.scrapes),
+        *(["--openmetrics"] if args.openmetrics else []),
+        *(["--same"] if args.same else []),
+        *(["--gzip"] if args.gzip else []),
+    ]
+    runs: dict[str, list[tuple[float, float, float]]] = {"old": [], "new": []}
+    for k in range(args.rounds):
+        for which, repo in (("old", old), ("new", str(REPO))):
+            env = {**os.environ, "GPUCTL_BENCH_REPO": repo}
+            out = subprocess.run(child, env=env, capture_output=True, text=True, check=True)
+            r = json.loads(out.stdout)
+            med, p99, cpu = summary(r)
+            runs[which].append((med, p99, cpu))
+            print(
+                f"round {k + 1} {which} ({repo}): scrape median {med:.1f} ms, p99 {p99:.1f} ms, "
+                f"CPU {cpu:.1f} ms per scrape, {r['bytes'] / 1024:.0f} KiB",
+                flush=True,
+            )
+    what = "same samples" if args.same else "new snapshots every scrape"
+    print(
+        f"{args.nodes} nodes x {args.gpus} GPUs, {args.scrapes} scrapes per run, {what}"
+        f"{', gzip' if args.gzip else ''}{', OpenMetrics' if args.openmetrics else ''}:"
+    )
+    for i, name in enumerate(("scrape median", "scrape p99", "CPU per scrape")):
+        o = statistics.median(x[i] for x in runs["old"])
+        n = statistics.median(x[i] for x in runs["new"])
+        print(f"  {name}: old {o:.1f} ms, new {n:.1f} ms: new/old {n / o:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=512)
@@ -190,12 +274,28 @@ def main() -> None:
     ap.add_argument("--scrapes", type=int, default=200)
     ap.add_argument("--openmetrics", action="store_true", help="ask for OpenMetrics text")
     ap.add_argument("--nvitop", action="store_true", help="also nvitop-exporter, one node")
+    ap.add_argument("--against", metavar="OLD", help="alternate with an older checkout's code")
+    ap.add_argument("--rounds", type=int, default=3, help="old/new pairs with --against")
+    ap.add_argument("--same", action="store_true", help="every scrape reads the same samples")
+    ap.add_argument("--gzip", action="store_true", help="ask for gzip, as Prometheus does")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     accept = OPENMETRICS if args.openmetrics else TEXT
-    r = asyncio.run(gpuctl_endpoint(args.nodes, args.gpus, args.scrapes, accept))
+    encoding = "gzip" if args.gzip else "identity"
+    if args.against:
+        against(args)
+        return
+    r = asyncio.run(
+        gpuctl_endpoint(
+            args.nodes, args.gpus, args.scrapes, accept, fresh=not args.same, encoding=encoding
+        )
+    )
+    if args.child:
+        print(json.dumps(r))
+        return
     report(f"gpuctl export, {args.nodes} nodes", args.nodes * args.gpus, r)
     if args.nvitop:
-        one = asyncio.run(gpuctl_endpoint(1, args.gpus, args.scrapes, accept))
+        one = asyncio.run(gpuctl_endpoint(1, args.gpus, args.scrapes, accept, fresh=not args.same))
         report("gpuctl export, 1 node", args.gpus, one)
         nv = nvitop_endpoint(args.gpus, args.scrapes, accept)
         if nv is not None:

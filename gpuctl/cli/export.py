@@ -1,5 +1,5 @@
-"""``gpuctl export [--listen HOST:PORT] [--allow-remote] [--demo]``: the cluster as one
-Prometheus / OpenMetrics endpoint, fed by the same fleet as the screen."""
+"""``gpuctl export [--listen HOST:PORT] [--allow-remote] [--auth-file FILE] [--demo]``: the
+cluster as one Prometheus / OpenMetrics endpoint, fed by the same fleet as the screen."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from gpuctl.fleet import eventloop
 
 if TYPE_CHECKING:
     from gpuctl.cli.main import Subcommands
+    from gpuctl.fleet.export import Credential
     from gpuctl.fleet.fleet import Fleet
 
 
@@ -32,6 +33,13 @@ def register(sub: Subcommands) -> None:
         help="allow a --listen address other than loopback (the metrics name your nodes, "
         "jobs and users: anyone who reaches the port reads them)",
     )
+    p.add_argument(
+        "--auth-file",
+        metavar="FILE",
+        help="serve only requests that carry the secret FILE holds (Authorization: Bearer, or "
+        "as the basic-auth password; Prometheus reads the same file); FILE must not be "
+        "readable by others",
+    )
     p.add_argument("--demo", action="store_true", help="simulated nodes instead of real ones")
     p.set_defaults(func=run)
 
@@ -44,25 +52,43 @@ def run(args: argparse.Namespace) -> int:
         allow_remote=args.allow_remote,
         why_local="the metrics name your nodes, jobs and users",
     )
+    credential = None
+    if args.auth_file is not None:
+        from gpuctl.fleet.export import AuthFileError, Credential
+
+        try:
+            credential = Credential.load(args.auth_file)
+        except AuthFileError as e:
+            raise UserError(str(e)) from None
     args.read_only = True  # an exporter only watches: its agents refuse stress and acceptance
     fleet = build_fleet(args)
-    return eventloop.run(serve(fleet, host, port, listen=args.listen, demo=args.demo))
+    return eventloop.run(
+        serve(fleet, host, port, listen=args.listen, demo=args.demo, credential=credential)
+    )
 
 
-async def serve(fleet: Fleet, host: str, port: int, *, listen: str, demo: bool = False) -> int:
+async def serve(
+    fleet: Fleet,
+    host: str,
+    port: int,
+    *,
+    listen: str,
+    demo: bool = False,
+    credential: Credential | None = None,
+) -> int:
     """Serve ``fleet`` at ``host:port`` until SIGINT or SIGTERM; 0 then."""
     from gpuctl.cli.common import running_fleet
-    from gpuctl.fleet.export import MetricsServer, registry_for
+    from gpuctl.fleet.export import FleetExporter, MetricsServer
 
-    registry, _ = registry_for(fleet)
     try:
-        server = MetricsServer(registry, host, port)
+        server = MetricsServer(FleetExporter(fleet), host, port, credential=credential)
     except OSError as e:
         raise UserError(f"cannot listen on {listen}: {e.strerror or e}") from None
     try:
         async with running_fleet(fleet, demo=demo) as stop:
             print(
-                f"gpuctl export: {server.url()} ({len(fleet.names)} nodes; Ctrl-C stops)",
+                f"gpuctl export: {server.url()} ({len(fleet.names)} nodes; "
+                f"{'requests need the --auth-file secret; ' if credential else ''}Ctrl-C stops)",
                 flush=True,
             )
             await stop.wait()

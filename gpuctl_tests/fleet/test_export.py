@@ -4,15 +4,21 @@ its values checked against the fleet that feeds it."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import gzip
 import json
+import os
 import selectors
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +28,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuctl.core.model import NodeState
-from gpuctl.fleet.export import METRICS, MetricsServer, registry_for
+from gpuctl.fleet.export import METRICS, FleetExporter, MetricsServer
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.replay import FailingLink, ReplayLink, recorded_node
@@ -159,6 +165,21 @@ def _has(labels: dict[str, str], want: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in want.items())
 
 
+def _refused_in_one_line(*args: str, says: str) -> str:
+    """``gpuctl export ARGS`` exits 2 at once with one line on stderr that ``says``."""
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuctl", "export", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=node_env(),
+    )
+    assert r.returncode == 2, (args, r.stderr)
+    assert r.stderr.count("\n") == 1 and says in r.stderr, (args, r.stderr)
+    assert r.stderr.startswith("gpuctl: ") and r.stdout == ""
+    return r.stderr
+
+
 def test_bad_listen_is_one_line() -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -171,16 +192,7 @@ def test_bad_listen_is_one_line() -> None:
             ("10.1.2.3:9400", "--allow-remote"),
             (taken, f"cannot listen on {taken}: Address already in use"),
         ):
-            r = subprocess.run(
-                [sys.executable, "-m", "gpuctl", "export", "--demo", "--listen", listen],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                env=node_env(),
-            )
-            assert r.returncode == 2, (listen, r.stderr)
-            assert r.stderr.count("\n") == 1 and says in r.stderr, (listen, r.stderr)
-            assert r.stderr.startswith("gpuctl: ") and r.stdout == ""
+            _refused_in_one_line("--demo", "--listen", listen, says=says)
 
 
 # -- the collector over fleets whose values are known -------------------------------------------
@@ -202,8 +214,7 @@ async def test_metrics_are_the_fleets_snapshots() -> None:
         "down": FailingLink("refused", "connection refused"),
     }
     fleet = Fleet(links, backoff_base=30.0)
-    registry, _ = registry_for(fleet)
-    server = MetricsServer(registry, "127.0.0.1", 0)
+    server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0)
     await fleet.start()
     try:
 
@@ -267,8 +278,7 @@ async def test_metrics_are_the_fleets_snapshots() -> None:
 
 async def test_a_node_that_goes_silent_shows_up_0() -> None:
     fleet = simulated_fleet([("a", "2:H100"), ("b", "1:L40S")], interval=0.2, stale_after=0.6)
-    registry, _ = registry_for(fleet)
-    server = MetricsServer(registry, "127.0.0.1", 0)
+    server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0)
     await fleet.start()
     try:
 
@@ -296,3 +306,368 @@ def test_export_is_not_reachable_beyond_loopback_by_default() -> None:
 
     args = build_parser().parse_args(["export"])
     assert args.listen == "127.0.0.1:9400" and not args.allow_remote
+
+
+# -- what changed is rendered, what is hostile is escaped -----------------------------------------
+async def _live_fleet(links: dict[str, NodeLink], **kw: Any) -> Fleet:
+    fleet = Fleet(links, stale_after=1e9, **kw)
+    ready = asyncio.Event()
+
+    def check(_s: object) -> None:
+        if all(s.state is NodeState.LIVE and s.gpus for s in fleet.snapshots()):
+            ready.set()
+
+    fleet.subscribe(check)
+    await fleet.start()
+    await asyncio.wait_for(ready.wait(), 30)
+    return fleet
+
+
+async def test_a_scrape_formats_only_the_nodes_whose_snapshot_changed() -> None:
+    links: dict[str, NodeLink] = {
+        f"n{i}": ReplayLink(recorded_node(f"n{i}", "2:H100", seed=i, samples=2)) for i in range(3)
+    }
+    fleet = await _live_fleet(links)
+    try:
+        exporter = FleetExporter(fleet)
+        first = exporter.body()
+        assert exporter.renders == 3
+        again = exporter.body()
+        assert exporter.renders == 3  # the same samples: nothing formatted again
+        assert again[0] is first[0] and again[2] is first[2]  # the very same bytes, not a copy
+        om = exporter.body(openmetrics=True)
+        assert exporter.renders == 3 and om[2].endswith(b"# EOF\n")
+        fleet.annotate("n1", 0, slurm_job="77", slurm_user="bob")  # one new snapshot, of n1
+        after = exporter.body()
+        assert exporter.renders == 4 and after[2] is not first[2]
+        job = [
+            lab
+            for f in text_string_to_metric_families(b"".join(after).decode())
+            for s in f.samples
+            if s.name == "gpuctl_gpu_slurm_job_info"
+            for lab in [s.labels]
+        ]
+        assert job == [{**job[0], "node": "n1", "gpu": "0", "job": "77", "user": "bob"}]
+    finally:
+        await fleet.stop()
+
+
+def _get(url: str, headers: dict[str, str]) -> tuple[dict[str, str], bytes]:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+        return dict(r.headers), r.read()
+
+
+async def test_gzip_when_asked_is_the_same_text() -> None:
+    # Prometheus asks for gzip on every scrape: the body is gzip members (the kept text's and
+    # the ages'), which a gzip reader reads as one stream.
+    fleet = await _live_fleet({"a": ReplayLink(recorded_node("a", "2:H100", samples=1))})
+    exporter = FleetExporter(fleet, clock=lambda: 1_700_000_100.0)  # the same ages each time
+    server = MetricsServer(exporter, "127.0.0.1", 0)
+    try:
+        for accept in ("text/plain", "application/openmetrics-text; version=1.0.0"):
+            plain_headers, plain = await asyncio.to_thread(_get, server.url(), {"Accept": accept})
+            gz_headers, gz = await asyncio.to_thread(
+                _get, server.url(), {"Accept": accept, "Accept-Encoding": "deflate, gzip"}
+            )
+            assert "Content-Encoding" not in plain_headers
+            assert gz_headers["Content-Encoding"] == "gzip" and len(gz) < len(plain) / 4
+            assert gzip.decompress(gz) == plain
+            assert plain_headers["Content-Type"] == gz_headers["Content-Type"]
+        assert exporter.renders == 1
+    finally:
+        server.close()
+        await fleet.stop()
+
+
+async def test_hostile_strings_come_back_equal_from_both_parsers() -> None:
+    from gpuctl_tests.tui.hostile import LONG, H
+
+    messages = recorded_node("h", "2:H100", samples=2)
+    hello = messages[0]
+    hello["hostname"], hello["driver"], hello["cuda"] = LONG, H, 'a"b\\c\nd'
+    gpus = hello["gpus"]
+    assert isinstance(gpus, list)
+    gpus[0]["name"] = H
+    gpus[1]["name"] = "broken \ud800 utf-16"  # JSON carries a lone surrogate; UTF-8 cannot
+    for msg in messages[1:]:
+        sample_gpus = msg.get("gpus")
+        if isinstance(sample_gpus, list):
+            sample_gpus[0]["uuid"] = H + "%s{}"
+            sample_gpus[0]["ecc"] = {
+                "volatile_corrected": 10**30,  # past 64 bits: written as a float
+                "volatile_uncorrected": "x",  # not a number: no series
+                "aggregate_corrected": True,
+                "aggregate_uncorrected": 1.5,
+            }
+            sample_gpus[1]["temp"] = None  # a gap in a family: line by line
+    fleet = await _live_fleet({"h": ReplayLink(messages)})
+    fleet.annotate("h", 0, slurm_job=H, slurm_user='"; DROP\\')
+    server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0)
+    try:
+        for om in (False, True):
+            samples = await _scrape(server, openmetrics=om)
+            info = one(samples, "gpuctl_node_info", node="h", hostname=LONG, driver=H)
+            assert info == 1
+            assert one(samples, "gpuctl_node_info", node="h", cuda='a"b\\c\nd') == 1
+            assert one(samples, "DCGM_FI_DEV_GPU_TEMP", gpu="0", uuid=H + "%s{}", model=H) > 0
+            assert one(samples, "DCGM_FI_DEV_GPU_UTIL", gpu="0", uuid=H + "%s{}", model=H) >= 0
+            assert one(samples, "DCGM_FI_DEV_POWER_USAGE", gpu="1", model="broken ? utf-16") > 0
+            assert not [lab for lab, _ in samples["DCGM_FI_DEV_GPU_TEMP"] if lab["gpu"] == "1"]
+            assert one(samples, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", gpu="0") == 1e30
+            assert not [
+                lab for lab, _ in samples["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"] if lab["gpu"] == "0"
+            ]
+            assert one(samples, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", gpu="0") == 1
+            assert one(samples, "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", gpu="0") == 1.5
+            job = one(samples, "gpuctl_gpu_slurm_job_info", job=H, user='"; DROP\\', model=H)
+            assert job == 1
+    finally:
+        server.close()
+        await fleet.stop()
+
+
+async def test_xids_are_counted_for_the_hellos_gpus_in_range_and_capped() -> None:
+    from gpuctl.fleet.export import XID_MAX, XIDS_PER_GPU
+
+    def xid(gpu: object, value: object) -> dict[str, Any]:
+        return {"type": "event", "t": 1.0, "kind": "xid", "gpu": gpu, "detail": {"xid": value}}
+
+    made_up = [xid(0, x) for x in range(1, 1001)]  # 1,000 distinct XIDs on GPU 0
+    bad = [xid(0, x) for x in (0, -1, XID_MAX + 1, 10**30, "79", True, 1.5, None)]
+    bad += [xid(5, 79), xid(-1, 79), xid(None, 79), xid(10**9, 79)]  # GPUs the hello did not name
+    real = [xid(1, 79), xid(1, 79), xid(1, 48)]
+    messages = recorded_node("x", "2:H100", samples=1, events=[*made_up, *bad, *real])
+    fleet = Fleet({"x": ReplayLink(messages)}, stale_after=1e9)
+    server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0)
+    await fleet.start()
+    try:
+        want = len(made_up) + len(bad) + len(real)
+
+        async def all_seen() -> Samples | None:
+            s = await _scrape(server)
+            refused = s.get("gpuctl_node_xid_events_refused_total", [])
+            counted = sum(v for _, v in s.get("gpuctl_gpu_xid_errors_total", []))
+            return s if refused and refused[0][1] + counted == want else None
+
+        samples = await _until_async(all_seen, "every XID event counted or refused")
+        series = samples["gpuctl_gpu_xid_errors_total"]
+        on0 = sorted(int(lab["xid"]) for lab, _ in series if lab["gpu"] == "0")
+        assert on0 == list(range(1, XIDS_PER_GPU + 1))  # the cap: the first 32 distinct ones
+        assert {lab["gpu"] for lab, _ in series} == {"0", "1"}
+        assert one(samples, "gpuctl_gpu_xid_errors_total", gpu="1", xid="79") == 2
+        assert one(samples, "gpuctl_gpu_xid_errors_total", gpu="1", xid="48") == 1
+        assert one(samples, "DCGM_FI_DEV_XID_ERRORS", gpu="1") == 48
+        assert one(samples, "DCGM_FI_DEV_XID_ERRORS", gpu="0") == XIDS_PER_GPU
+        refused = one(samples, "gpuctl_node_xid_events_refused_total", node="x")
+        assert refused == len(made_up) - XIDS_PER_GPU + len(bad)
+    finally:
+        server.close()
+        await fleet.stop()
+
+
+# -- the server against other local users ---------------------------------------------------------
+def _closed(socks: list[socket.socket], timeout: float) -> set[socket.socket]:
+    """The sockets among ``socks`` that the server has closed, waiting at most ``timeout``."""
+    closed: set[socket.socket] = set()
+    with selectors.DefaultSelector() as sel:
+        for s in socks:
+            sel.register(s, selectors.EVENT_READ)
+        for key, _ in sel.select(timeout):
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            try:
+                gone = sock.recv(1) == b""
+            except ConnectionResetError:
+                gone = True
+            if gone:
+                closed.add(sock)
+    return closed
+
+
+def _wait_closed(socks: list[socket.socket], want: int, what: str, timeout: float) -> None:
+    """Poll until at least ``want`` of ``socks`` are closed by the server (a deadline, no sleep)."""
+    deadline = time.monotonic() + timeout
+    open_ = list(socks)
+    while len(socks) - len(open_) < want:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{what}: {len(socks) - len(open_)} of {len(socks)} closed"
+        gone = _closed(open_, min(left, 1.0))
+        open_ = [s for s in open_ if s not in gone]
+
+
+def _connect_idle(port: int, n: int) -> list[socket.socket]:
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.setblocking(False)
+        socks.append(s)
+    return socks
+
+
+async def test_idle_connections_are_capped_and_closed_after_the_read_timeout() -> None:
+    fleet = await _live_fleet({"a": ReplayLink(recorded_node("a", "1:H100", samples=1))})
+    server = MetricsServer(
+        FleetExporter(fleet), "127.0.0.1", 0, max_connections=4, read_timeout=1.0
+    )
+    socks = _connect_idle(server.port, 12)
+    try:
+        # Past the cap each new one closes the oldest idle one: 8 of 12 closed at once.
+        await asyncio.to_thread(_wait_closed, socks, 8, "the cap", 5.0)
+        assert server.connections <= 4
+        # A scraper still gets in (it evicts an idle one) while the others hold on.
+        samples = await _scrape(server)
+        assert one(samples, "gpuctl_node_up", node="a") == 1
+        # Idle ones, and one that sends its head a byte at a time, closed after the timeout.
+        slow = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        slow.sendall(b"GET /metrics HTTP/1.1\r\n")
+        t0 = time.monotonic()
+        await asyncio.to_thread(_wait_closed, [*socks, slow], len(socks) + 1, "timeout", 10.0)
+        assert time.monotonic() - t0 >= 0.5  # not refused at once: closed by the timeout
+        await _until_async(lambda: _async_value(server.connections == 0), "no connection left")
+        slow.close()
+    finally:
+        for s in socks:
+            s.close()
+        server.close()
+        await fleet.stop()
+
+
+async def test_a_scraper_that_does_not_read_is_cut_off_after_the_write_timeout() -> None:
+    # 36 nodes x 64 GPUs: a body of ~10 MB, more than the kernel's send buffer (4 MB at most).
+    links: dict[str, NodeLink] = {
+        f"n{i}": ReplayLink(recorded_node(f"n{i}", "64:H100", seed=i, samples=1)) for i in range(36)
+    }
+    fleet = await _live_fleet(links, concurrency=36)
+    server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0, write_timeout=1.0)
+    try:
+        stuck = socket.socket()
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.connect(("127.0.0.1", server.port))
+        stuck.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")  # and never reads
+        await _until_async(lambda: _async_value(server.connections == 1), "the request taken")
+        t0 = time.monotonic()
+        await _until_async(lambda: _async_value(server.connections == 0), "the writer cut off")
+        assert time.monotonic() - t0 > 0.5
+        stuck.setblocking(False)
+        got = 0
+        with contextlib.suppress(BlockingIOError, ConnectionResetError):
+            while chunk := stuck.recv(1 << 20):
+                got += len(chunk)
+        stuck.close()
+        whole = sum(map(len, server.exporter.body()))
+        assert got < whole > 8 << 20  # what it got of a body bigger than the buffers
+        assert await asyncio.to_thread(_head, server.url()) == 200  # the server still answers
+    finally:
+        server.close()
+        await fleet.stop()
+
+
+def _head(url: str) -> int:
+    with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=10) as r:
+        return int(r.status)
+
+
+async def _async_value(value: Any) -> Any:
+    return value
+
+
+def test_requests_that_are_not_a_scrape_get_an_error_status() -> None:
+    fleet = Fleet({})
+    server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0)
+    try:
+        for raw, status in (
+            (b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"405"),
+            (b"nonsense\r\n\r\n", b"400"),
+            (b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n", b""),  # past the head limit
+        ):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+                s.sendall(raw)
+                reply = b""
+                while chunk := s.recv(65536):
+                    reply += chunk
+            assert reply.split(b" ")[1:2] == ([status] if status else []), (raw[:20], reply)
+        head = urllib.request.Request(server.url(), method="HEAD")
+        with urllib.request.urlopen(head, timeout=10) as resp:
+            assert int(resp.headers["Content-Length"]) > 0 and resp.read() == b""
+    finally:
+        server.close()
+
+
+def _threads_and_fds(pid: int) -> tuple[int, int]:
+    return len(os.listdir(f"/proc/{pid}/task")), len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_300_idle_connections_cost_no_thread_and_are_closed(demo_export: Exporter) -> None:
+    url = demo_export.url()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    scrape(url)
+    pid = demo_export.proc.pid
+    threads0, fds0 = _threads_and_fds(pid)
+    socks = _connect_idle(port, 300)
+    try:
+        # At most the cap (64) stay open: the rest are closed as they come, costing nothing.
+        _wait_closed(socks, 300 - 64, "connections past the cap", 30.0)
+        threads, fds = _threads_and_fds(pid)
+        # The fleet's own executor threads come and go; the prior code had a thread per
+        # connection (300 more).
+        assert threads < threads0 + 32, (threads0, threads)
+        assert fds < fds0 + 64 + 32, (fds0, fds)
+        assert scrape(url).get("gpuctl_node_up")  # a scraper still gets its answer
+        _wait_closed(socks, 300, "idle connections after the read timeout (10 s)", 40.0)
+        _until(lambda: _threads_and_fds(pid)[1] < fds0 + 32, "the sockets released")
+    finally:
+        for s in socks:
+            s.close()
+    assert demo_export.stop() == 0
+
+
+def _auth_file(tmp_path: Path, secret: str, mode: int = 0o600, name: str = "secret") -> Path:
+    path = tmp_path / name
+    path.write_text(secret + "\n")
+    path.chmod(mode)
+    return path
+
+
+def _status(url: str, headers: dict[str, str]) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def test_auth_file_lets_only_its_secret_read(tmp_path: Path) -> None:
+    secret = "s3cret-" + "x" * 30
+    exporter = Exporter(
+        "--demo", "--listen", "127.0.0.1:0", "--auth-file", str(_auth_file(tmp_path, secret))
+    )
+    try:
+        url = exporter.url()
+        basic = base64.b64encode(f"prometheus:{secret}".encode()).decode()
+        wrong = base64.b64encode(f"{secret}:x".encode()).decode()
+        assert _status(url, {}) == 401
+        assert _status(url, {"Authorization": "Bearer " + secret[:-1]}) == 401
+        assert _status(url, {"Authorization": secret}) == 401
+        assert _status(url, {"Authorization": "Basic " + wrong}) == 401
+        assert _status(url, {"Authorization": "Basic !!"}) == 401
+        assert _status(url, {"Authorization": "Bearer " + secret}) == 200
+        assert _status(url, {"Authorization": "Basic " + basic}) == 200
+        req = urllib.request.Request(url, headers={"Authorization": "Bearer " + secret})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert list(text_string_to_metric_families(resp.read().decode()))
+    finally:
+        assert exporter.stop() == 0
+
+
+def test_a_bad_auth_file_is_one_line(tmp_path: Path) -> None:
+    good = "y" * 24
+    for path, says in (
+        (tmp_path / "missing", "no such file"),
+        (_auth_file(tmp_path, good, 0o644, "open"), "bad permissions 0644"),
+        (_auth_file(tmp_path, good, 0o620, "group-writable"), "bad permissions 0620"),
+        (_auth_file(tmp_path, "short", 0o600, "short"), "one secret of 16 to 4096 printable"),
+        (_auth_file(tmp_path, "two words " + good, 0o600, "spaces"), "no spaces"),
+        (tmp_path, "not a regular file"),
+    ):
+        stderr = _refused_in_one_line("--demo", "--auth-file", str(path), says=says)
+        assert stderr.startswith(f"gpuctl: --auth-file {path}: ")
