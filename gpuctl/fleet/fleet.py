@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import enum
 import functools
+import heapq
 import logging
 import random
 import time
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
+from gpuctl.core.format import QUIET_THROTTLE
 from gpuctl.core.model import BurnState, GpuNotes, NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.history import EMPTY, OLDER_KEPT, OLDER_STEP_S, RECENT_KEPT, GpuHistory
@@ -67,6 +69,10 @@ class NodeRuntime:
         self.task: asyncio.Task[None] | None = None
         self.history: dict[int, GpuHistory] = {}
         self.events: deque[NodeEvent] = deque(maxlen=EVENTS_KEPT)
+        # Throttle starts and ends, derived from the samples (``throttle_event``): kept apart,
+        # so that a power cap flapping at full load never pushes an XID out of ``events``.
+        self.throttle_events: deque[NodeEvent] = deque(maxlen=EVENTS_KEPT)
+        self.throttle: dict[int, Throttling] = {}
         self.failures = 0
         self.wake = asyncio.Event()  # set to cut a backoff short (reconnect key)
         self.interval = 1.0
@@ -152,6 +158,8 @@ class Fleet:
         rt = self.nodes[name]
         rt.history.clear()
         rt.events.clear()
+        rt.throttle_events.clear()
+        rt.throttle.clear()
         self._publish(rt, gpus=(), last_sample_t=None)
 
     def _publish(self, rt: NodeRuntime, **changes: Any) -> None:
@@ -227,7 +235,12 @@ class Fleet:
         return self.nodes[name].history.get(gpu, EMPTY)
 
     def events(self, name: str) -> list[NodeEvent]:
-        return list(self.nodes[name].events)
+        """A node's kept events, oldest first: the agent's, and the throttle starts and ends
+        read from its samples."""
+        rt = self.nodes[name]
+        if not rt.throttle_events:
+            return list(rt.events)
+        return list(heapq.merge(rt.events, rt.throttle_events, key=lambda e: e.t))
 
     # -- life cycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -404,6 +417,12 @@ class Fleet:
 
     def _on_sample(self, rt: NodeRuntime, sample: Sample) -> None:
         for g in sample.gpus:
+            watch = rt.throttle.get(g.index)
+            if watch is None:
+                watch = rt.throttle[g.index] = Throttling()
+            event = watch.update(sample.t, g.index, () if g.lost else g.throttle or ())
+            if event is not None:
+                rt.throttle_events.append(event)
             hist = rt.history.get(g.index)
             if hist is None:
                 hist = rt.history[g.index] = GpuHistory(
@@ -482,6 +501,44 @@ def fd_room(nodes: int) -> str | None:
         f"the open-file limit ({soft}) is short for {nodes} nodes (about {need} needed): "
         f"run `ulimit -n {need}` before gpuctl, or raise nofile in /etc/security/limits.conf"
     )
+
+
+THROTTLE_HOLD_S = 10.0
+
+
+class Throttling:
+    """One GPU's throttle reasons as events: a reason that starts is a ``throttle`` event
+    (``detail``: the reasons that ``started`` and ``ended``); one that stops ends only after
+    THROTTLE_HOLD_S without it. The agent reports reasons, not their changes: the detail
+    screen said "no events" on a GPU at 88 C with THERM and PWRCAP; and a power cap at full
+    load comes and goes every second or two (the demo's GPUs: 40 events a minute, without the
+    hold)."""
+
+    __slots__ = ("active", "gone", "raw")
+
+    def __init__(self) -> None:
+        self.raw: tuple[str, ...] = ()  # the last sample's reasons, as sent
+        self.active: set[str] = set()  # the reasons that started and have not ended
+        self.gone: dict[str, float] = {}  # an active reason missing since (sample time)
+
+    def update(self, t: float, gpu: int, reasons: tuple[str, ...]) -> NodeEvent | None:
+        if reasons == self.raw and not self.gone:
+            return None  # the common case at 4,096 GPUs: a tuple compare, no more
+        self.raw = reasons
+        now = {r for r in reasons if r not in QUIET_THROTTLE}
+        started = sorted(now - self.active)
+        self.active |= now
+        for r in now:
+            self.gone.pop(r, None)
+        for r in self.active - now:
+            self.gone.setdefault(r, t)
+        ended = sorted(r for r, since in self.gone.items() if t - since >= THROTTLE_HOLD_S)
+        for r in ended:
+            del self.gone[r]
+            self.active.discard(r)
+        if not started and not ended:
+            return None
+        return NodeEvent(t, "throttle", gpu, {"started": started, "ended": ended})
 
 
 def is_progress(event: NodeEvent) -> bool:

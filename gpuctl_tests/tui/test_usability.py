@@ -332,7 +332,8 @@ async def test_detail_events_in_words_with_ages_that_move_and_a_scroll(tmp_path:
         await until(pilot, lambda: "burn done" in str(text.render()), "the events")
         lines = str(text.render()).splitlines()
         assert lines[0].endswith("GPU 2  burn done: OK, 612 TF/s"), lines[0]
-        assert lines[1].endswith("GPU 1  XID 79") and "xid=" not in str(text.render())
+        xid79 = "GPU 1  XID 79: GPU has fallen off the bus: drain and reset the node"
+        assert lines[1].endswith(xid79) and "xid=" not in str(text.render())
         assert len(lines) == 31  # every kept event, not the last twelve
         assert box.first().max_scroll_y > 0  # more than fit: it scrolls
         assert lines[0].lstrip().startswith(f"{int(NOW - T0 - 31)}s ago")

@@ -14,27 +14,16 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
+from .xids import XIDS
+
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus." (function omitted)
 XID_LINE = re.compile(
     r"NVRM: Xid \(PCI:(?P<domain>[0-9A-Fa-f]{1,8}):(?P<bus>[0-9A-Fa-f]{1,2}):"
     r"(?P<dev>[0-9A-Fa-f]{1,2})(?:\.[0-7])?\): (?P<xid>\d+)(?P<rest>.*)"
 )
-# XIDs that mean the hardware (memory, NVLink, the bus, the GPU's firmware) failed, after NVIDIA's
-# XID catalogue; the others (13, 31, 43, 45, ...) are usually raised by an application's fault.
-HARDWARE_XIDS = {
-    48: "double-bit ECC error",
-    61: "internal micro-controller breakpoint",
-    62: "internal micro-controller halt",
-    63: "ECC page retirement or row remapping recorded",
-    64: "ECC page retirement or row remapping failed",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
+# XIDs that mean the hardware (memory, NVLink, the bus, the GPU's firmware) failed, from the one
+# table of XIDs (``xids``); the others (13, 31, 43, 45, ...) are usually an application's fault.
+HARDWARE_XIDS = {xid: x.meaning for xid, x in XIDS.items() if x.hardware}
 KMSG = "/dev/kmsg"
 AER_KINDS = ("correctable", "nonfatal", "fatal")
 LOG_TIMEOUT_S = 20.0
