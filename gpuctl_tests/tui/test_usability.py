@@ -139,7 +139,7 @@ async def test_no_horizontal_scrollbar_and_the_cursor_stays_in_view(
         assert nodes.cursor == ("node-19", 3)
         await until(pilot, cursor_in_view, "the last GPU on screen")
         # the last GPU's row is painted, not covered
-        assert "H100" in row_text(app, "node-19", 3)
+        assert "°C" in row_text(app, "node-19", 3)
         await pilot.resize_terminal(size[0], 14)
         await until(pilot, cursor_in_view, "the cursor in view after a resize")
         assert not nodes.show_horizontal_scrollbar
@@ -208,7 +208,8 @@ async def test_one_node_one_gpu_is_singular(tmp_path: Path) -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await all_shown(pilot, 1)
         nodes = app.overview.nodes
-        assert "  1 GPU  util" in nodes.render_line(0).text
+        head = nodes.render_line(0).text
+        assert "  1× H100 80GB HBM3  util" in head and "GPUs" not in head
         await pilot.press("B")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
         assert app.screen.question.startswith("Burn all 1 GPU on 1 live node?")
