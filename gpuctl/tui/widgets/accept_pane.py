@@ -63,9 +63,8 @@ CELL_LIMIT = 40  # a verdict the suite made up must not push the matrix off the 
 # column (``update_width=False``), so a column sized by its first cell ("·") or its title
 # ("env") cut the words that came later ("PAS", "SKI", "ERRO").
 WORD_W = max(len(LABELS.get(w, w)) for w in (*VERDICT_CLASS, *LABELS) if w != CANCELLED)
-VERDICT_W = len(CANCELLED) + len(" ↓99")  # the verdict and its count of degradations
-WHEN_W = len("999m ago")
-TREND_W = TREND_RUNS + len(" 999 bf16")
+# The first four columns take the width of their widest cell, as it comes (update_width).
+GROWING = frozenset({"verdict", "node", "when", "trend"})
 LINE_LIMIT = 1000  # characters of one suite line in the log
 
 
@@ -169,10 +168,10 @@ class AcceptPane(Vertical):
         """The verdict, node, age and trend first (all four show at 120 columns), then the
         sections, each as wide as its longest word."""
         table = self.query_one(DataTable)
-        table.add_column("verdict", key="verdict", width=VERDICT_W)
+        table.add_column("verdict", key="verdict")
         table.add_column("node", key="node")
-        table.add_column("when", key="when", width=WHEN_W)
-        table.add_column("trend (TFLOP/s)", key="trend", width=TREND_W)
+        table.add_column("when", key="when")
+        table.add_column("trend (TFLOP/s)", key="trend")
         for s in SECTIONS:
             title = HEADERS.get(s, s)
             table.add_column(title, key=s, width=max(len(title), WORD_W))
@@ -330,8 +329,8 @@ class AcceptPane(Vertical):
         self.rows[node] = row
         for col, cell in cells.items():
             if not _same(table.get_cell(node, col), cell):
-                # A longer node name widens its column; the others have their widest words.
-                table.update_cell(node, col, cell, update_width=col == "node")
+                # The sections' columns hold their widest words already.
+                table.update_cell(node, col, cell, update_width=col in GROWING)
 
     def _when(self, row: NodeRow) -> str:
         return "" if row.when is None else fmt_age(max(0.0, self.clock() - row.when)) + " ago"
@@ -343,7 +342,7 @@ class AcceptPane(Vertical):
         for node, row in self.rows.items():
             text = self._when(row)
             if str(table.get_cell(node, "when")) != text:
-                table.update_cell(node, "when", Text(text), update_width=False)
+                table.update_cell(node, "when", Text(text), update_width=True)
 
     def _restyle(self) -> None:
         for node, row in list(self.rows.items()):
