@@ -106,6 +106,7 @@ STATE_CLASSES = {
     NodeState.UNREACHABLE: "nodelist--down",
     NodeState.CONNECTING: "nodelist--dim",
 }
+LIVE_OR_STALE = (NodeState.LIVE, NodeState.STALE)
 TEXT_LIMIT = 300  # characters of one node string on a line (the line is cut at the edge anyway)
 
 
@@ -553,7 +554,12 @@ class NodeList(ScrollView, can_focus=True):
             else:
                 gpus = counted(t.gpus, "GPU")
             segs.append(Segment(f"  {gpus}  util {util}  {fmt_power(t.power)}", header))
-        more: list[Segment] = []
+        # The host's load: after the versions on a second line (80 columns cut its end), before
+        # them on one line (the reader last, as the least urgent).
+        host = host_text(s.host) if s.host is not None else ""
+        load = [Segment(f"  ·  {host}", header)] if host and s.state in LIVE_OR_STALE else []
+        two = s.name in self.head2
+        more: list[Segment] = [] if two else list(load)
         if info is not None:
             if info.driver:
                 more.append(Segment(f"  driver {node_str(info.driver, limit=TEXT_LIMIT)}", header))
@@ -563,14 +569,11 @@ class NodeList(ScrollView, can_focus=True):
             # The fallback stands out.
             style = header if info.reader == "nvml" else header + self._style("nodelist--warm")
             more.append(Segment(f"  {node_str(reader_text(info), limit=TEXT_LIMIT)}", style))
-        # The host's load last, as the least urgent: the edge of the list cuts it first.
-        host = host_text(s.host) if s.host is not None else ""
-        if host and s.state in (NodeState.LIVE, NodeState.STALE):
-            more.append(Segment(f"  ·  {host}", header))
-        if more and s.name in self.head2:
+        if two:
+            more += load
             more.insert(0, Segment("  ", header))  # under the name, indented
-        elif more:
-            more.insert(0, Segment("  ·", header))
+        elif len(more) > len(load):
+            more.insert(len(load), Segment("  ·", header))
         return segs, more
 
     def _compact(self, s: NodeSnapshot) -> list[Segment]:
