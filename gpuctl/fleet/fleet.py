@@ -428,7 +428,13 @@ class Fleet:
     def _on_sample(self, rt: NodeRuntime, sample: Sample) -> None:
         for g in sample.gpus:
             watch = rt.throttle.get(g.index)
-            if watch is None or g.throttle != watch.raw or sample.t >= watch.due or g.lost:
+            reasons = g.throttle
+            if (
+                watch is None
+                or (reasons != watch.raw and reasons != watch.alt)
+                or sample.t >= watch.due
+                or g.lost
+            ):
                 self._throttle(rt, sample.t, g)  # inline above: at 4,096 GPUs a call costs
             hist = rt.history.get(g.index)
             if hist is None:
@@ -511,6 +517,7 @@ def fd_room(nodes: int) -> str | None:
 
 
 THROTTLE_HOLD_S = 10.0
+NEVER = ("never sent",)  # ``Throttling.alt`` when it stands for no state
 
 
 class Throttling:
@@ -521,19 +528,26 @@ class Throttling:
     load comes and goes every second or two (the demo's GPUs: 40 events a minute, without the
     hold)."""
 
-    __slots__ = ("active", "due", "gone", "raw")
+    __slots__ = ("active", "alt", "due", "gone", "raw")
 
     def __init__(self) -> None:
         self.raw: tuple[str, ...] | None = None  # the last sample's reasons, as sent
         self.active: set[str] = set()  # the reasons that started and have not ended
         self.gone: dict[str, float] = {}  # an active reason missing since (sample time)
         self.due = math.inf  # when the first of ``gone`` ends
+        # The other of two quiet states an idle GPU alternates between (() and ("gpu_idle",):
+        # 30% of the simulator's samples) while nothing is active, else a tuple never sent.
+        self.alt: tuple[str, ...] | None = NEVER
 
     def update(self, t: float, gpu: int, reasons: tuple[str, ...] | None) -> NodeEvent | None:
         """The event of the GPU's reasons now (None: a lost GPU's, or none known)."""
-        if reasons == self.raw and t < self.due:
+        if (reasons == self.raw or reasons == self.alt) and t < self.due:
             return None  # the common case at 4,096 GPUs (``Fleet._on_sample`` inlines it)
-        self.raw = reasons
+        before, self.raw = self.raw, reasons
+        if not self.active and (not reasons or all(r in QUIET_THROTTLE for r in reasons)):
+            self.alt = before  # quiet too: with nothing active, every reason was quiet
+            return None
+        self.alt = NEVER
         now = {r for r in reasons or () if r not in QUIET_THROTTLE}
         started = sorted(now - self.active)
         self.active |= now

@@ -63,6 +63,13 @@ def test_a_throttle_starts_once_and_ends_after_the_hold() -> None:
         "ended": ["sw_power_cap", "sw_thermal"],
     }
     assert w.update(50.0, 0, ()) is None
+    for k in range(51, 60):  # an idle GPU's quiet reasons come and go
+        assert w.update(float(k), 0, ("gpu_idle",) if k % 2 else ()) is None
+    again = w.update(60.0, 0, ("gpu_idle", "hw_slowdown"))
+    assert again is not None and again.detail == {"started": ["hw_slowdown"], "ended": []}
+    assert w.update(61.0, 0, ()) is None and w.update(62.0, 0, ("gpu_idle",)) is None  # held
+    ended = w.update(71.0, 0, ("gpu_idle",))
+    assert ended is not None and ended.detail == {"started": [], "ended": ["hw_slowdown"]}
 
 
 def detail_fleet() -> Fleet:
