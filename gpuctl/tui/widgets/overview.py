@@ -225,11 +225,10 @@ class NodeList(ScrollView, can_focus=True):
             return 1
         return 2 + (name in self.head2) + max(1, len(rows))
 
-    def _two_line_head(self, name: str, width: int | None = None) -> bool:
-        """Whether a node's header takes two lines at ``width`` (this list's own by default):
-        on a narrow list, once the node said what it runs (its hello) or its host's load."""
+    def _two_line_head(self, name: str, narrow: bool) -> bool:
+        """Whether a node's header takes two lines on a list ``narrow``er than ONE_LINE_HEAD_W:
+        once the node said what it runs (its hello) or its host's load."""
         s = self.store.snaps[name]
-        narrow = (self.size.width if width is None else width) < ONE_LINE_HEAD_W
         return narrow and not self.compact and (s.info is not None or s.host is not None)
 
     def rebuild(self) -> None:
@@ -237,6 +236,7 @@ class NodeList(ScrollView, can_focus=True):
         lines: list[Line] = []
         blocks: dict[str, tuple[int, tuple[int, ...] | None]] = {}
         head2: set[str] = set()
+        narrow = self.size.width < ONE_LINE_HEAD_W
         self.node_order = self._order()
         most = max((len(self.store.snaps[n].gpus) for n in self.node_order), default=0)
         self.per_gpu_w = max(len("PER GPU"), min(PER_GPU_W, most))
@@ -250,7 +250,7 @@ class NodeList(ScrollView, can_focus=True):
                 lines.append(Line("node", name, None))
                 continue
             lines.append(Line("head", name, None))
-            if self._two_line_head(name):
+            if self._two_line_head(name, narrow):
                 lines.append(Line("head2", name, None))
                 head2.add(name)
             if rows:
@@ -275,13 +275,13 @@ class NodeList(ScrollView, can_focus=True):
         if self._resort_due():
             self.resort_in_place()
             return
+        narrow = self.size.width < ONE_LINE_HEAD_W  # once: a widget's size is no attribute
         for name in names:
             old = self.blocks.get(name)
-            if (
-                old is None
-                or old[1] != self._block_rows(name)
-                or (name in self.head2) != (old[1] is not None and self._two_line_head(name))
-            ):
+            if old is None or old[1] != self._block_rows(name):
+                self.rebuild()
+                return
+            if (name in self.head2) != (old[1] is not None and self._two_line_head(name, narrow)):
                 self.rebuild()
                 return
         top = int(self.scroll_offset.y)
@@ -494,13 +494,12 @@ class NodeList(ScrollView, can_focus=True):
             return Strip(segs).apply_style(base).extend_cell_length(width, base).crop(0, width)
         snap = self.store.snaps[line.node]
         if line.kind in ("head", "head2"):
-            first, second = self._head(snap)
             if line.kind == "head2":
-                segs = second
+                segs = self._head_more(snap)
             elif line.node in self.head2:
-                segs = first
+                segs = self._head(snap)
             else:
-                segs = first + second
+                segs = self._head(snap) + self._head_more(snap)
             strip = Strip(segs).apply_style(base)
             header = self._style("nodelist--header")
             strip = strip.extend_cell_length(width, base + header).crop(0, width)
@@ -524,10 +523,10 @@ class NodeList(ScrollView, can_focus=True):
             self.on_paint(line.node, self.painted.pop(line.node))
         return strip
 
-    def _head(self, s: NodeSnapshot) -> tuple[list[Segment], list[Segment]]:
-        """A node's header in two parts: its name, state, link, GPUs (with their model, which a
-        narrow row leaves out), utilization and power; then its host's load, driver, CUDA and
-        reader. One line holds both on a wide list; a narrow one shows them on two lines."""
+    def _head(self, s: NodeSnapshot) -> list[Segment]:
+        """A node's header: its name, state, link, GPUs (with their model, which a narrow row
+        leaves out), utilization and power; then (``_head_more``) its driver, CUDA, reader and
+        host's load, on the same line of a wide list, on a second line of a narrow one."""
         header = self._style("nodelist--header")
         name = header + self._style("nodelist--name")
         state_cls = STATE_CLASSES[s.state]
@@ -554,6 +553,12 @@ class NodeList(ScrollView, can_focus=True):
             else:
                 gpus = counted(t.gpus, "GPU")
             segs.append(Segment(f"  {gpus}  util {util}  {fmt_power(t.power)}", header))
+        return segs
+
+    def _head_more(self, s: NodeSnapshot) -> list[Segment]:
+        """The rest of a node's header: driver, CUDA, reader and the host's load."""
+        header = self._style("nodelist--header")
+        info = s.info
         # The host's load: after the versions on a second line (80 columns cut its end), before
         # them on one line (the reader last, as the least urgent).
         host = host_text(s.host) if s.host is not None else ""
@@ -574,7 +579,7 @@ class NodeList(ScrollView, can_focus=True):
             more.insert(0, Segment("  ", header))  # under the name, indented
         elif len(more) > len(load):
             more.insert(len(load), Segment("  ·", header))
-        return segs, more
+        return more
 
     def _compact(self, s: NodeSnapshot) -> list[Segment]:
         """A whole node on one line (``COMPACT_COLUMNS``): state, GPU count, mean utilization
