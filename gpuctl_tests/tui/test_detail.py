@@ -14,8 +14,7 @@ from gpuctl.fleet.fleet import THROTTLE_HOLD_S, Fleet, Throttling
 from gpuctl.fleet.replay import ReplayLink, recorded_node
 from gpuctl.tui import make_app
 from gpuctl.tui.screens.detail import DetailScreen, Facts, time_ticks, value_ticks
-from gpuctl.workloads.accept.nodehealth import HARDWARE_XIDS
-from gpuctl.workloads.accept.xids import XIDS, xid_text
+from gpuctl.workloads.accept.nodehealth import HARDWARE_XIDS, XIDS, xid_text
 from gpuctl_tests.tui.conftest import T0
 from gpuctl_tests.tui.test_hostile import drawn
 from gpuctl_tests.tui.test_panes import until

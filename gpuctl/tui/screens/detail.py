@@ -26,7 +26,7 @@ from gpuctl.core.model import GpuSample, NodeEvent, NodeSnapshot
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str, node_text
 from gpuctl.tui.view import node_age_text, short_model
-from gpuctl.workloads.accept.xids import xid_text
+from gpuctl.workloads.accept.nodehealth import xid_text
 
 MAX_POINTS = 240  # a plot is at most ~120 cells wide: more points only cost time
 CELL_LIMIT = 300  # characters of a process cell: a command line can be megabytes
