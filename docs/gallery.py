@@ -39,7 +39,7 @@ SCREENS: dict[str, Sequence[str]] = {
     "jobs": ("2",),
     "acceptance": ("3",),
     "processes": ("down", "down", "down", "p"),
-    "detail": ("down", "enter"),
+    "detail": ("down", "down", "down", "enter"),  # GPU 3: burning, throttled
     "help": ("question_mark",),
 }
 

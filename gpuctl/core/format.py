@@ -70,13 +70,17 @@ def reader_text(info: NodeInfo) -> str:
     return info.reader
 
 
+# Throttle reasons that are no slowdown: an idle GPU clocks down, clocks set by hand.
+QUIET_THROTTLE = frozenset({"gpu_idle", "applications_clocks", "display_clocks"})
+
+
 def gpu_flags(g: GpuSample) -> list[str]:
     """Short badges for trouble on a GPU: lost, throttling, ECC, remapped rows."""
     flags: list[str] = []
     if g.lost:
         return ["LOST"]
     for reason in g.throttle or ():
-        if reason not in ("gpu_idle", "applications_clocks", "display_clocks"):
+        if reason not in QUIET_THROTTLE:
             flags.append(reason)
     if g.ecc and (g.ecc.get("volatile_uncorrected") or g.ecc.get("aggregate_uncorrected")):
         flags.append("ECC")
@@ -94,6 +98,15 @@ THROTTLE_BADGES = {
     "hw_power_brake": "PWRBRAKE",
     "sw_power_cap": "PWRCAP",
     "sync_boost": "SYNC",
+}
+# What each badge means, for the detail screen and the help.
+THROTTLE_WORDS = {
+    "THERM": "thermal slowdown",
+    "HWTHERM": "hardware thermal slowdown",
+    "HWSLOW": "hardware slowdown",
+    "PWRBRAKE": "power brake (the power supply asked)",
+    "PWRCAP": "at its power cap",
+    "SYNC": "held to its sync-boost group",
 }
 
 

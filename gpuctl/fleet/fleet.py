@@ -18,7 +18,9 @@ import asyncio
 import contextlib
 import enum
 import functools
+import heapq
 import logging
+import math
 import random
 import time
 from collections import deque
@@ -26,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
+from gpuctl.core.format import QUIET_THROTTLE
 from gpuctl.core.model import BurnState, GpuNotes, GpuSample, NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.history import (
@@ -80,6 +83,10 @@ class NodeRuntime:
         self.task: asyncio.Task[None] | None = None
         self.history: dict[int, GpuHistory] = {}
         self.events: deque[NodeEvent] = deque(maxlen=EVENTS_KEPT)
+        # Throttle starts and ends, derived from the samples (``throttle_event``): kept apart,
+        # so that a power cap flapping at full load never pushes an XID out of ``events``.
+        self.throttle_events: deque[NodeEvent] = deque(maxlen=EVENTS_KEPT)
+        self.throttle: dict[int, Throttling] = {}
         self.failures = 0
         self.wake = asyncio.Event()  # set to cut a backoff short (reconnect key)
         self.retry_at: float | None = None  # fleet.clock() time of the next connect attempt
@@ -177,6 +184,8 @@ class Fleet:
         rt = self.nodes[name]
         rt.history.clear()
         rt.events.clear()
+        rt.throttle_events.clear()
+        rt.throttle.clear()
         self._publish(rt, gpus=(), last_sample_t=None)
 
     def _publish(self, rt: NodeRuntime, **changes: Any) -> None:
@@ -285,7 +294,12 @@ class Fleet:
         return True
 
     def events(self, name: str) -> list[NodeEvent]:
-        return list(self.nodes[name].events)
+        """A node's kept events, oldest first: the agent's, and the throttle starts and ends
+        read from its samples."""
+        rt = self.nodes[name]
+        if not rt.throttle_events:
+            return list(rt.events)
+        return list(heapq.merge(rt.events, rt.throttle_events, key=lambda e: e.t))
 
     def retry_at(self, name: str) -> float | None:
         """When (``clock`` time) the fleet next tries to connect to a node that is down, or
@@ -468,8 +482,26 @@ class Fleet:
         finally:
             pinger.cancel()
 
+    @staticmethod
+    def _throttle(rt: NodeRuntime, t: float, g: GpuSample) -> None:
+        watch = rt.throttle.get(g.index)
+        if watch is None:
+            watch = rt.throttle[g.index] = Throttling()
+        event = watch.update(t, g.index, None if g.lost else g.throttle)
+        if event is not None:
+            rt.throttle_events.append(event)
+
     def _on_sample(self, rt: NodeRuntime, sample: Sample) -> None:
         for g in sample.gpus:
+            watch = rt.throttle.get(g.index)
+            reasons = g.throttle
+            if (
+                watch is None
+                or (reasons != watch.raw and reasons != watch.alt)
+                or sample.t >= watch.due
+                or g.lost
+            ):
+                self._throttle(rt, sample.t, g)  # inline above: at 4,096 GPUs a call costs
             hist = rt.history.get(g.index)
             if hist is None:
                 hist = rt.history[g.index] = GpuHistory(
@@ -548,6 +580,55 @@ def fd_room(nodes: int) -> str | None:
         f"the open-file limit ({soft}) is short for {nodes} nodes (about {need} needed): "
         f"run `ulimit -n {need}` before gpuctl, or raise nofile in /etc/security/limits.conf"
     )
+
+
+THROTTLE_HOLD_S = 10.0
+NEVER = ("never sent",)  # ``Throttling.alt`` when it stands for no state
+
+
+class Throttling:
+    """One GPU's throttle reasons as events: a reason that starts is a ``throttle`` event
+    (``detail``: the reasons that ``started`` and ``ended``); one that stops ends only after
+    THROTTLE_HOLD_S without it. The agent reports reasons, not their changes: the detail
+    screen said "no events" on a GPU at 88 C with THERM and PWRCAP; and a power cap at full
+    load comes and goes every second or two (the demo's GPUs: 40 events a minute, without the
+    hold)."""
+
+    __slots__ = ("active", "alt", "due", "gone", "raw")
+
+    def __init__(self) -> None:
+        self.raw: tuple[str, ...] | None = None  # the last sample's reasons, as sent
+        self.active: set[str] = set()  # the reasons that started and have not ended
+        self.gone: dict[str, float] = {}  # an active reason missing since (sample time)
+        self.due = math.inf  # when the first of ``gone`` ends
+        # The other of two quiet states an idle GPU alternates between (() and ("gpu_idle",):
+        # 30% of the simulator's samples) while nothing is active, else a tuple never sent.
+        self.alt: tuple[str, ...] | None = NEVER
+
+    def update(self, t: float, gpu: int, reasons: tuple[str, ...] | None) -> NodeEvent | None:
+        """The event of the GPU's reasons now (None: a lost GPU's, or none known)."""
+        if (reasons == self.raw or reasons == self.alt) and t < self.due:
+            return None  # the common case at 4,096 GPUs (``Fleet._on_sample`` inlines it)
+        before, self.raw = self.raw, reasons
+        if not self.active and (not reasons or all(r in QUIET_THROTTLE for r in reasons)):
+            self.alt = before  # quiet too: with nothing active, every reason was quiet
+            return None
+        self.alt = NEVER
+        now = {r for r in reasons or () if r not in QUIET_THROTTLE}
+        started = sorted(now - self.active)
+        self.active |= now
+        for r in now:
+            self.gone.pop(r, None)
+        for r in self.active - now:
+            self.gone.setdefault(r, t)
+        ended = sorted(r for r, since in self.gone.items() if t - since >= THROTTLE_HOLD_S)
+        for r in ended:
+            del self.gone[r]
+            self.active.discard(r)
+        self.due = min(self.gone.values(), default=math.inf) + THROTTLE_HOLD_S
+        if not started and not ended:
+            return None
+        return NodeEvent(t, "throttle", gpu, {"started": started, "ended": ended})
 
 
 def is_progress(event: NodeEvent) -> bool:

@@ -82,20 +82,30 @@ async def test_cursor_moves_and_detail_opens(state_dir: Path) -> None:
         assert (detail.node, detail.gpu) == ("sim-03", 3)
         await pilot.press("right")
         assert detail.gpu == 0  # wraps around the node's GPUs
-        # The processes table follows the node's samples: one row per process of each GPU.
+        # The processes table follows the node's samples: one row per process of this GPU.
         table = detail.query_one("#detail-procs", DataTable)
 
         def procs() -> set[str]:
             return {
-                f"{g.index}:{p.pid}" for g in app.store.snaps["sim-03"].gpus for p in g.processes
+                f"{g.index}:{p.pid}"
+                for g in app.store.snaps["sim-03"].gpus
+                if g.index == detail.gpu
+                for p in g.processes
             }
 
         await until(
+            pilot, lambda: any(g.processes for g in app.store.snaps["sim-03"].gpus), "a process"
+        )
+        for _ in range(4):  # to a GPU with processes
+            if procs():
+                break
+            await pilot.press("right")
+        await until(
             pilot,
             lambda: procs() and {str(k.value) for k in table.rows} == procs(),
-            "the node's processes in the table",
+            "the GPU's processes in the table",
         )
-        assert {str(table.get_row_at(i)[4]) for i in range(table.row_count)} == {"python train.py"}
+        assert {str(table.get_row_at(i)[3]) for i in range(table.row_count)} == {"python train.py"}
         await pilot.press("escape")
         assert app.screen is app.overview
 
@@ -409,7 +419,7 @@ async def test_a_node_update_repaints_only_that_node(state_dir: Path) -> None:
         await until(pilot, lambda: painted, "a repaint")
         await pilot.pause()
         assert set(painted) == {"gpu-b02"}
-        assert len(painted) <= 4  # header, two GPU rows, the gap line
+        assert len(painted) <= 5  # header (two lines at 120 columns), two GPU rows, the gap line
 
 
 async def test_heatmap_fits_1024_gpus_on_160x48(state_dir: Path) -> None:

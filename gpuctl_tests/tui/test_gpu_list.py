@@ -107,7 +107,8 @@ def test_column_titles_line_up_with_the_rows() -> None:
     for width in (80, 100, 120, 200):
         lay = row_layout(width)
         line = column_titles(width, None, compact=False)
-        start = 2 + 2 + 1 + lay.model + 1  # where the utilization field begins
+        # where the utilization field begins (narrow: no model column, it is in the header)
+        start = 2 + 2 + 1 + (lay.model + 1 if lay.model else 0)
         at = start + lay.bar + 7 if lay.bar else start + 7 + 3  # MEMORY over its bar / figure
         assert line.index("MEMORY") == at, width
         assert ("SM CLK" in line) == lay.clock and ("RECENT" in line) == bool(lay.spark)

@@ -390,6 +390,49 @@ async def test_acceptance_matrix_follows_progress_and_drills_down(tmp_path: Path
         assert any(why in m for m in messages(app))
 
 
+async def test_acceptance_matrix_words_are_whole_verdict_first_and_the_trend_shows_at_120(
+    tmp_path: Path,
+) -> None:
+    """Issue 26 §5: cells that change in place kept the width of their first word ("PAS",
+    "SKI", "ERRO", "21s ag"), the cursor's colour hid PASS green, the trend was off the right
+    edge at 120 columns, and a long suite line was cut."""
+    fill_history(tmp_path / "accept.sqlite")
+    app = make_app(replay_fleet(), state_dir=tmp_path, clock=lambda: NOW)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("3")
+        pane = app.overview.query_one(AcceptPane)
+        table = app.overview.query_one("#accept-table", DataTable)
+        await until(pilot, lambda: table.row_count == 1, "the history row")
+        run = AcceptRun(["gpu-a01", "a-node-with-a-long-name-07"], AcceptOptions(), "agent")
+        pane.start(run)
+        run.subscribe(pane.progress)
+        for s, v in zip(SECTIONS, ("PASS", "SKIP", "ERROR", "WARN", "FAIL"), strict=False):
+            run.emit(Progress("gpu-a01", "section", section=s, state="end", verdict=v))
+        long = "[COMPUTE] gpu0 bf16 " + "x" * 150 + " the one line that matters"
+        run.emit(Progress("gpu-a01", "line", section="compute", text=long))
+        table.move_cursor(row=table.get_row_index("gpu-a01"))
+        await pilot.pause()
+        title = table.render_line(0).text
+        assert title.split()[:2] == ["verdict", "node"]
+        assert "trend" in title  # inside the 120 columns
+        row = table.render_line(1 + table.get_row_index("gpu-a01"))
+        words = row.text.split()
+        assert {"PASS", "SKIP", "ERROR", "WARN", "FAIL", "ago"} <= set(words), row.text
+        # PASS in the pass colour and SKIP in the muted one, under the cursor too
+        colours = {seg.text.strip(): seg.style.color for seg in row if seg.text.strip()}
+        for word, cls in (("PASS", "acceptpane--pass"), ("SKIP", "acceptpane--skip")):
+            assert colours[word] == pane.get_component_rich_style(cls).color, word
+        # the history row's age is a whole "ago"; the long node's name is whole
+        cells = [table.render_line(1 + i).text for i in range(table.row_count)]
+        assert any("a-node-with-a-long-name-07" in c for c in cells)
+        run.finish_node(NodeOutcome("gpu-a01", "ERROR", reason="x"))
+        await pilot.pause()
+        # the wrapped line: every word of it is on the log's screen
+        log = pane.query_one("#accept-log")
+        shown = "".join(strip.text for strip in log.lines)  # type: ignore[attr-defined]
+        assert "the one line that matters" in shown
+
+
 def passing_agent(req: dict[str, Any]) -> list[dict[str, Any]]:
     """A stand-in agent whose suite passes at once with a two-H100 report."""
     if req.get("type") != "accept_start":

@@ -140,7 +140,7 @@ async def test_no_horizontal_scrollbar_and_the_cursor_stays_in_view(
         assert nodes.cursor == ("node-19", 3)
         await until(pilot, cursor_in_view, "the last GPU on screen")
         # the last GPU's row is painted, not covered
-        assert "H100" in row_text(app, "node-19", 3)
+        assert "°C" in row_text(app, "node-19", 3)
         await pilot.resize_terminal(size[0], 14)
         await until(pilot, cursor_in_view, "the cursor in view after a resize")
         assert not nodes.show_horizontal_scrollbar
@@ -209,7 +209,8 @@ async def test_one_node_one_gpu_is_singular(tmp_path: Path) -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await all_shown(pilot, 1)
         nodes = app.overview.nodes
-        assert "  1 GPU  util" in nodes.render_line(0).text
+        head = nodes.render_line(0).text
+        assert "  1× H100 80GB HBM3  util" in head and "GPUs" not in head
         await pilot.press("B")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
         assert app.screen.question.startswith("Burn all 1 GPU on 1 live node?")
@@ -333,7 +334,8 @@ async def test_detail_events_in_words_with_ages_that_move_and_a_scroll(tmp_path:
         await until(pilot, lambda: "burn done" in str(text.render()), "the events")
         lines = str(text.render()).splitlines()
         assert lines[0].endswith("GPU 2  burn done: OK, 612 TF/s"), lines[0]
-        assert lines[1].endswith("GPU 1  XID 79") and "xid=" not in str(text.render())
+        xid79 = "GPU 1  XID 79: GPU has fallen off the bus: drain and reset the node"
+        assert lines[1].endswith(xid79) and "xid=" not in str(text.render())
         assert len(lines) == 31  # every kept event, not the last twelve
         assert box.first().max_scroll_y > 0  # more than fit: it scrolls
         assert lines[0].lstrip().startswith(f"{int(NOW - T0 - 31)}s ago")

@@ -1,24 +1,32 @@
-"""Node detail: per-metric plots of one GPU's history, its processes, static facts, events."""
+"""Node detail: one GPU now (its readings, throttle reasons, XID), the node's events, the GPU's
+processes, then plots of its history and the static facts (what an operator reads first, first).
+"""
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.color import Color
 from textual.containers import Grid, Horizontal, VerticalScroll
+from textual.events import Resize
+from textual.geometry import Size
 from textual.message import Message
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Static
 from textual_plotext import PlotextPlot
 
-from gpuctl.core.format import GIB, fmt_age, reader_text
-from gpuctl.core.model import NodeEvent, NodeSnapshot
+from gpuctl.core.format import GIB, THROTTLE_BADGES, THROTTLE_WORDS, fmt_age, gpu_flags, reader_text
+from gpuctl.core.model import GpuSample, NodeEvent, NodeSnapshot
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str, node_text
 from gpuctl.tui.view import node_age_text, short_model
+from gpuctl.workloads.accept.nodehealth import xid_text
 
 MAX_POINTS = 240  # a plot is at most ~120 cells wide: more points only cost time
 CELL_LIMIT = 300  # characters of a process cell: a command line can be megabytes
@@ -36,28 +44,76 @@ PLOTS: tuple[tuple[str, str], ...] = (
 
 
 def _points(
-    times: list[float], values: list[float | None], now: float, scale: float
+    times: list[float], values: list[float | None], now: float
 ) -> tuple[list[float], list[float]]:
-    """The plotted points (x: time before ``now`` in ``scale`` units), at most MAX_POINTS of
-    them, the newest always among them; a reading no GPU can give (a node's junk) is not
-    plotted: plotext cannot scale an axis to 1e308."""
+    """The plotted points (x: seconds before ``now``, negative), at most MAX_POINTS of them,
+    the newest always among them; a reading no GPU can give (a node's junk) is not plotted:
+    plotext cannot scale an axis to 1e308."""
     step = max(1, len(times) // MAX_POINTS)
     xs: list[float] = []
     ys: list[float] = []
     for i in range(len(times) - 1, -1, -step):
         v = values[i]
         if v is not None and abs(v) <= PLOT_LIMIT:
-            xs.append((times[i] - now) / scale)
+            xs.append(times[i] - now)
             ys.append(v)
     return xs[::-1], ys[::-1]
 
 
+# Tick steps of the time axis, in seconds: the first that gives at most TIME_TICKS ticks.
+TIME_STEPS = (10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 3 * 3600, 6 * 3600, 86400)
+TIME_TICKS = 4
+
+
+def age_label(seconds: float, step: float) -> str:
+    """A tick of the time axis: "now", "30s", "10m", "2h" (the unit of the step)."""
+    if seconds <= 0:
+        return "now"
+    if step < 60:
+        return f"{seconds:.0f}s"
+    if step < 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"
+
+
+def time_ticks(span: float) -> tuple[list[float], list[str]]:
+    """Ticks of a time axis ``span`` seconds long ending now, as ages: "90s 60s 30s now" (the
+    axis read -93.1 -69.9 ... -0.1 "seconds ago" before)."""
+    step = next((s for s in TIME_STEPS if span / s <= TIME_TICKS), TIME_STEPS[-1])
+    ticks = [-k * step for k in range(int(span // step), -1, -1)]
+    return [float(t) for t in ticks], [age_label(-t, step) for t in ticks]
+
+
+def value_ticks(lo: float, hi: float, most: int = 5) -> tuple[float, float, list[int]]:
+    """Whole-number ticks (a step of 1, 2 or 5 times a power of ten) over ``lo``..``hi`` and
+    the axis limits that hold them: the axis read 2469.3, 2479.5 before."""
+    lo, hi = math.floor(lo), math.ceil(hi)
+    if hi - lo < 2:
+        lo, hi = lo - 1, hi + 1
+    raw = (hi - lo) / (most - 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    step = max(1, int(step))
+    first = math.floor(lo / step) * step
+    last = math.ceil(hi / step) * step
+    return first, last, list(range(int(first), int(last) + 1, step))
+
+
 def event_text(e: NodeEvent) -> str:
-    """An agent event in words ("XID 79", "burn done: OK, 612 TF/s"); an unknown one as its
-    kind and its plain fields."""
+    """An agent event in words ("XID 79: GPU has fallen off the bus: drain and reset the
+    node", "burn done: OK, 612 TF/s", "THERM PWRCAP started"); an unknown one as its kind and its
+    plain fields."""
     d = e.detail
     if e.kind == "xid":
-        return f"XID {d.get('xid', '?')}"
+        return xid_text(d.get("xid", "?"))
+    if e.kind == "throttle":
+        parts = []
+        for what in ("started", "ended"):
+            reasons = d.get(what)
+            if isinstance(reasons, list) and reasons:
+                names = " ".join(THROTTLE_BADGES.get(str(r), str(r)) for r in reasons)
+                parts.append(f"{names} {what}")
+        return ", ".join(parts)
     if e.kind == "gpu_lost":
         return "fell off the bus" + (f": {d['reason']}" if d.get("reason") else "")
     if e.kind == "burn":
@@ -77,6 +133,67 @@ def event_text(e: NodeEvent) -> str:
         return f"acceptance {what}" + ("" if code is None else f" (exit code {code})")
     plain = [f"{k} {v}" for k, v in d.items() if isinstance(v, str | int | float | bool)]
     return " ".join([e.kind, *plain])
+
+
+def pack(paragraphs: list[list[Text]], width: int) -> Text:
+    """Facts packed into lines ``width`` cells wide, two spaces apart: a fact moves to the next
+    line whole (a wrap broke "python 3.11.7" and a GPU's UUID mid-token at 80 columns). A fact
+    wider than a line wraps between its words; a word wider than a line ends in an ellipsis.
+    Each paragraph starts a line."""
+    width = max(1, width)
+    lines: list[Text] = []
+    for facts in paragraphs:
+        line = Text()
+        for fact in facts:
+            words = [fact] if fact.cell_len <= width else list(fact.split(" "))
+            gap = "  "
+            for word in words:
+                if line.cell_len and line.cell_len + len(gap) + word.cell_len > width:
+                    lines.append(line)
+                    line = Text()
+                if line.cell_len:
+                    line.append(gap)
+                if word.cell_len > width:
+                    word = word.copy()
+                    word.truncate(width, overflow="ellipsis")
+                line.append_text(word)
+                gap = " "  # between the words of one fact
+        lines.append(line)
+    return Text("\n").join(lines)
+
+
+class Facts(Widget):
+    """Paragraphs of short facts, packed to the widget's width (``pack``)."""
+
+    DEFAULT_CSS = "Facts { height: auto; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.paragraphs: list[list[Text]] = []
+
+    def show(self, paragraphs: list[list[Text]]) -> None:
+        if paragraphs != self.paragraphs:
+            self.paragraphs = paragraphs
+            self.refresh(layout=True)
+
+    def text(self) -> Text:
+        return pack(self.paragraphs, self.content_size.width)
+
+    def render(self) -> Text:
+        return self.text()
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(pack(self.paragraphs, width).split())
+
+    def on_resize(self, _event: Resize) -> None:
+        self.refresh(layout=True)
+
+
+def _num(value: float | None, unit: str = "", digits: int = 0) -> str:
+    """A reading, or "-" (none, or junk no GPU reports: 1e308 W)."""
+    if value is None or not math.isfinite(value) or abs(value) > PLOT_LIMIT:
+        return "-"
+    return f"{value:.{digits}f}{unit}"
 
 
 class DetailScreen(Screen[None]):
@@ -110,25 +227,24 @@ class DetailScreen(Screen[None]):
         yield Static(id="detail-title")
         with VerticalScroll(id="detail-body"):
             with Horizontal(id="detail-top"):
-                yield Static(id="detail-facts")
+                yield Facts(id="detail-now")
                 with VerticalScroll(id="detail-events-box"):
                     yield Static(id="detail-events")
+            yield DataTable(id="detail-procs", cursor_type="row", zebra_stripes=True)
             with Grid(id="detail-plots"):
                 for metric, _title in PLOTS:
                     yield PlotextPlot(id=f"plot-{metric}", classes="plot")
-            yield DataTable(id="detail-procs", cursor_type="row", zebra_stripes=True)
+            yield Facts(id="detail-facts")
         yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         table = self.query_one("#detail-procs", DataTable)
-        table.add_column("GPU", key="gpu")
         table.add_column("PID", key="pid")
         table.add_column("user", key="user")
         table.add_column("GPU memory", key="mem")
         table.add_column("command", key="command")
-        table.border_title = "processes"
         self.query_one("#detail-events-box").border_title = "recent events"
-        self.query_one("#detail-facts", Static).border_title = "facts"
+        self.query_one("#detail-facts", Facts).border_title = "facts"
         self.app.theme_changed_signal.subscribe(self, lambda _t: self.refresh_all())
         self._ready = True
         self.refresh_all()
@@ -151,6 +267,7 @@ class DetailScreen(Screen[None]):
         self._title(snap)
         if version != self._version:
             self._version = version
+            self._now(snap)
             self._plots()
             self._processes(snap)
         if snap.info is not self._info_shown:
@@ -164,16 +281,69 @@ class DetailScreen(Screen[None]):
         title = node_text(f" {s.name}  ·  {age}  ·  {s.link}{gpu}", limit=LINE_LIMIT)
         self.query_one("#detail-title", Static).update(title, layout=False)
 
+    def _theme_style(self, which: str) -> Style:
+        theme = self.app.current_theme
+        colour = getattr(theme, which, None) or theme.primary
+        return Style(color=colour, bold=True)
+
+    def _now(self, s: NodeSnapshot) -> None:
+        """The GPU's readings, then its trouble: throttle reasons in words, an XID named with
+        what to do, ECC and remapped rows, a lost GPU."""
+        box = self.query_one("#detail-now", Facts)
+        box.border_title = "now" if self.gpu is None else f"GPU {self.gpu} now"
+        g: GpuSample | None = next((x for x in s.gpus if x.index == self.gpu), None)
+        if g is None:
+            box.show([[Text(node_str(s.reason or "no reading of this GPU yet", limit=LINE_LIMIT))]])
+            return
+        alarm, warn = self._theme_style("error"), self._theme_style("warning")
+        paragraphs: list[list[Text]] = []
+        if g.lost:
+            paragraphs.append([Text("LOST: GPU fell off the bus: drain and reset the node", alarm)])
+        else:
+            mem = "-" if g.mem_used is None else f"{g.mem_used / GIB:.1f}"
+            total = "-" if g.mem_total is None else f"{g.mem_total / GIB:.0f}"
+            facts = [
+                f"util {_num(g.util_gpu, '%')}",
+                f"memory {mem}/{total} GiB",
+                f"{_num(g.temp, '°C')}",
+                f"power {_num(g.power)}/{_num(g.power_limit, ' W')}",
+                f"SM {_num(g.sm_clock, ' MHz')}",
+                f"mem clock {_num(g.mem_clock, ' MHz')}",
+            ]
+            if g.fan is not None:
+                facts.append(f"fan {_num(g.fan, '%')}")
+            if g.pstate:
+                facts.append(node_str(g.pstate, limit=40))
+            paragraphs.append([Text(f) for f in facts])
+            trouble: list[Text] = []
+            for flag in gpu_flags(g):
+                badge = THROTTLE_BADGES.get(flag, node_str(flag, limit=40))
+                words = THROTTLE_WORDS.get(badge)
+                if flag in ("ECC", "REMAP"):
+                    words = "uncorrected ECC errors" if flag == "ECC" else "row remapping pending"
+                    trouble.append(Text(f"{badge}: {words}", alarm))
+                elif badge == "PWRCAP" or words is None:
+                    trouble.append(Text(badge if words is None else f"{badge}: {words}"))
+                else:
+                    trouble.append(Text(f"{badge}: {words}", warn))
+            paragraphs.append(trouble or [Text("not throttled")])
+        xids = [
+            e for e in self.store.fleet.events(self.node) if e.kind == "xid" and e.gpu == self.gpu
+        ]
+        if xids:
+            paragraphs.append(
+                [Text(node_str(xid_text(xids[-1].detail.get("xid")), limit=200), alarm)]
+            )
+        box.show(paragraphs)
+
     def _plots(self) -> None:
         if self.gpu is None:
             return
         hist = self.store.fleet.history(self.node, self.gpu)
         now = self.store.clock()
         times = hist.series("util")[0]
-        span = now - times[0] if times else 0.0
-        unit, scale = ("minutes", 60.0) if span > 120 else ("seconds", 1.0)
-        if span > 3 * 3600:
-            unit, scale = "hours", 3600.0
+        span = max(1.0, now - times[0]) if times else 60.0
+        xticks, xlabels = time_ticks(span)
         theme = self.app.current_theme
         colours = [Color.parse(c).rgb for c in (theme.primary, theme.accent or theme.primary)]
         for metric, title in PLOTS:
@@ -182,26 +352,36 @@ class DetailScreen(Screen[None]):
             plt.clear_data()
             plt.clear_figure()
             series = ["sm_clock", "mem_clock"] if metric == "clock" else [metric]
+            ys_all: list[float] = []
             for name, colour in zip(series, colours, strict=False):
-                xs, ys = _points(*hist.series(name), now, scale)
+                xs, ys = _points(*hist.series(name), now)
                 if xs:
                     plt.plot(xs, ys, color=colour, marker="braille")
+                    ys_all += ys
             plt.title(f"GPU {self.gpu} {title}")
-            plt.xlabel(f"{unit} ago")
-            if metric == "util":
-                plt.ylim(0, 100)
+            plt.xlim(-span, 0)
+            plt.xticks(xticks, xlabels)
+            lo, hi = (
+                (0.0, 100.0)
+                if metric == "util"
+                else (min(ys_all, default=0.0), max(ys_all, default=1.0))
+            )
+            first, last, yticks = value_ticks(lo, hi)
+            plt.ylim(first, last)
+            plt.yticks([float(y) for y in yticks], [str(y) for y in yticks])
             plot.refresh()
 
     def _processes(self, s: NodeSnapshot) -> None:
-        """Every GPU's processes; users and command lines are the node's, shown as text."""
+        """This GPU's processes; users and command lines are the node's, shown as text."""
         table = self.query_one("#detail-procs", DataTable)
-        rows: dict[str, tuple[str, str, str, str, str]] = {}
+        rows: dict[str, tuple[str, str, str, str]] = {}
         for g in s.gpus:
+            if g.index != self.gpu:
+                continue
             for p in g.processes:
                 key = f"{g.index}:{p.pid}"
                 mem = "-" if p.mem is None else f"{p.mem / GIB:.1f} GiB"
                 rows[key] = (
-                    str(g.index),
                     "?" if p.pid is None else str(p.pid),
                     node_str(p.user or "?", limit=CELL_LIMIT),
                     mem,
@@ -212,39 +392,52 @@ class DetailScreen(Screen[None]):
             table.remove_row(key)
         for key, row in rows.items():
             if key in existing:
-                if str(table.get_cell(key, "mem")) != row[3]:
-                    table.update_cell(key, "mem", Text(row[3]), update_width=False)
+                if str(table.get_cell(key, "mem")) != row[2]:
+                    table.update_cell(key, "mem", Text(row[2]), update_width=False)
             else:
                 table.add_row(*(Text(cell) for cell in row), key=key)
+        gpu = "" if self.gpu is None else f" on GPU {self.gpu}"
+        table.border_title = f"processes{gpu}" if rows else f"no processes{gpu}"
 
     def _facts(self, s: NodeSnapshot) -> None:
+        """What does not change: the node's host, agent and driver, the GPU's identity."""
         info = s.info
-        lines = []
+        paragraphs: list[list[str]] = []
         if info is not None:
-            lines.append(
-                f"host {info.hostname or '?'}  agent {info.agent or '?'}  "
-                f"python {info.python or '?'}"
+            paragraphs.append(
+                [
+                    f"host {info.hostname or '?'}",
+                    f"agent {info.agent or '?'}",
+                    f"python {info.python or '?'}",
+                    f"driver {info.driver or '-'}",
+                    f"CUDA {info.cuda or '-'}",
+                    f"NVML {info.nvml or '-'}",
+                    f"reader {reader_text(info)}",
+                ]
             )
-            lines.append(
-                f"driver {info.driver or '-'}  CUDA {info.cuda or '-'}  NVML {info.nvml or '-'}"
-            )
-            lines.append(f"reader {reader_text(info)}")
             for st in info.gpus:
                 if st.index != self.gpu:
                     continue
-                lines.append(f"GPU {st.index}: {short_model(st.name)}  serial {st.serial or '-'}")
-                lines.append(f"  {st.uuid or '-'}")
                 mem = "-" if st.mem_total is None else f"{st.mem_total / GIB:.0f} GiB"
                 pcie = f"gen{st.pcie_gen} x{st.pcie_width}" if st.pcie_gen else "-"
-                lines.append(f"  memory {mem}  power limit {st.power_limit or '-'} W  PCIe {pcie}")
-                lines.append(
-                    f"  max SM {st.max_sm_clock or '-'} MHz  max mem "
-                    f"{st.max_mem_clock or '-'} MHz  MIG {'on' if st.mig_mode else 'off'}"
+                paragraphs.append(
+                    [
+                        f"GPU {st.index}: {short_model(st.name)}",
+                        f"serial {st.serial or '-'}",
+                        f"{st.uuid or '-'}",
+                        f"memory {mem}",
+                        f"power limit {st.power_limit or '-'} W",
+                        f"PCIe {pcie}",
+                        f"max SM {st.max_sm_clock or '-'} MHz",
+                        f"max mem {st.max_mem_clock or '-'} MHz",
+                        f"MIG {'on' if st.mig_mode else 'off'}",
+                    ]
                 )
         else:
-            lines.append(s.reason or "no hello from the agent yet")
-        facts = "\n".join(node_str(line, limit=LINE_LIMIT) for line in lines)
-        self.query_one("#detail-facts", Static).update(node_text(facts, one_line=False))
+            paragraphs.append([s.reason or "no hello from the agent yet"])
+        self.query_one("#detail-facts", Facts).show(
+            [[Text(node_str(f, limit=LINE_LIMIT)) for f in para] for para in paragraphs]
+        )
 
     def _events(self) -> None:
         """Every kept event, newest first, in words; redrawn when an event or an age changed

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from rich.style import Style
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -58,6 +59,12 @@ TREND_RUNS = 20
 AGES_EVERY_S = 10.0
 PREFERRED_DTYPES = ("bf16", "tf32", "fp32")
 CELL_LIMIT = 40  # a verdict the suite made up must not push the matrix off the screen
+# A section cell is as wide as its longest word: cells change in place without widening their
+# column (``update_width=False``), so a column sized by its first cell ("·") or its title
+# ("env") cut the words that came later ("PAS", "SKI", "ERRO").
+WORD_W = max(len(LABELS.get(w, w)) for w in (*VERDICT_CLASS, *LABELS) if w != CANCELLED)
+# The first four columns take the width of their widest cell, as it comes (update_width).
+GROWING = frozenset({"verdict", "node", "when", "trend"})
 LINE_LIMIT = 1000  # characters of one suite line in the log
 
 
@@ -146,17 +153,28 @@ class AcceptPane(Vertical):
         yield Static(
             node_text("No acceptance run yet: select a node and press a."), id="accept-note"
         )
-        yield VerdictTable(id="accept-table", cursor_type="row", zebra_stripes=True)
-        yield RichLog(id="accept-log", max_lines=500, wrap=False, markup=False)
+        # The cells' own colours (PASS green, SKIP grey) on the cursor's row too: the matrix is
+        # often one row, always under the cursor.
+        yield VerdictTable(
+            id="accept-table",
+            cursor_type="row",
+            zebra_stripes=True,
+            cursor_foreground_priority="renderable",
+        )
+        # Wrapped: the one line that says why a section failed is often the longest.
+        yield RichLog(id="accept-log", max_lines=500, wrap=True, markup=False)
 
     def on_mount(self) -> None:
+        """The verdict, node, age and trend first (all four show at 120 columns), then the
+        sections, each as wide as its longest word."""
         table = self.query_one(DataTable)
-        table.add_column("node", key="node")
-        for s in SECTIONS:
-            table.add_column(HEADERS.get(s, s), key=s)
         table.add_column("verdict", key="verdict")
+        table.add_column("node", key="node")
         table.add_column("when", key="when")
-        table.add_column("trend (mean TFLOP/s)", key="trend")
+        table.add_column("trend (TFLOP/s)", key="trend")
+        for s in SECTIONS:
+            title = HEADERS.get(s, s)
+            table.add_column(title, key=s, width=max(len(title), WORD_W))
         self.query_one(RichLog).border_title = "suite output"
         self.app.theme_changed_signal.subscribe(self, lambda _t: self._restyle())
         self.set_interval(AGES_EVERY_S, self._ages)
@@ -270,27 +288,34 @@ class AcceptPane(Vertical):
             self._note(f"acceptance cancelled on {', '.join(cancelled)} · a on a node: run again")
 
     # -- drawing ------------------------------------------------------------------------------
+    def _style(self, cls: str) -> Style:
+        """A component's style for a cell: its own background only (the row's zebra or cursor
+        shows through), its colour blended as drawn (a partial style left ``$text-muted``'s
+        alpha out: SKIP came out white, not grey)."""
+        partial = self.get_component_rich_style(cls, partial=True)
+        return partial + Style(color=self.get_component_rich_style(cls).color)
+
     def _cell(self, value: str) -> Text:
         label = LABELS.get(value, value)
         cls = VERDICT_CLASS.get(value)
-        style = self.get_component_rich_style(cls, partial=True) if cls else ""
+        style = self._style(cls) if cls else Style()
         return node_text(label, style, limit=CELL_LIMIT)  # verdicts come from the node
 
     def _cells(self, node: str, row: NodeRow) -> dict[str, Text]:
-        cells = {"node": node_text(node, limit=CELL_LIMIT)}
-        for s in SECTIONS:
-            cells[s] = self._cell(row.status.get(s, "pending"))
         verdict = self._cell(row.verdict)
         if row.degradations:
             verdict.append(
                 f" ↓{len(row.degradations)}",
-                self.get_component_rich_style(VERDICT_CLASS["WARN"], partial=True),
+                self._style(VERDICT_CLASS["WARN"]),
             )
-        cells["verdict"] = verdict
-        cells["when"] = Text(self._when(row))
-        cells["trend"] = node_text(
-            row.trend, self.get_component_rich_style("acceptpane--trend", partial=True)
-        )
+        cells = {
+            "verdict": verdict,
+            "node": node_text(node, limit=CELL_LIMIT),
+            "when": Text(self._when(row)),
+            "trend": node_text(row.trend, self._style("acceptpane--trend")),
+        }
+        for s in SECTIONS:
+            cells[s] = self._cell(row.status.get(s, "pending"))
         return cells
 
     def _put(self, node: str, row: NodeRow) -> None:
@@ -304,7 +329,8 @@ class AcceptPane(Vertical):
         self.rows[node] = row
         for col, cell in cells.items():
             if not _same(table.get_cell(node, col), cell):
-                table.update_cell(node, col, cell, update_width=False)
+                # The sections' columns hold their widest words already.
+                table.update_cell(node, col, cell, update_width=col in GROWING)
 
     def _when(self, row: NodeRow) -> str:
         return "" if row.when is None else fmt_age(max(0.0, self.clock() - row.when)) + " ago"
@@ -316,7 +342,7 @@ class AcceptPane(Vertical):
         for node, row in self.rows.items():
             text = self._when(row)
             if str(table.get_cell(node, "when")) != text:
-                table.update_cell(node, "when", Text(text), update_width=False)
+                table.update_cell(node, "when", Text(text), update_width=True)
 
     def _restyle(self) -> None:
         for node, row in list(self.rows.items()):

@@ -43,6 +43,7 @@ from gpuctl.tui.view import (
     mem_fraction,
     node_is_down,
     power_fraction,
+    short_model,
     sparkline,
 )
 
@@ -54,10 +55,12 @@ RESORT_S = 5.0
 
 
 class RowLayout(NamedTuple):
-    """What a GPU row holds at a width: bars, sparkline and SM clock give way, in that order,
-    so that badges, the Slurm job and a burn stay on an 80-column terminal."""
+    """What a GPU row holds at a width. Narrow, the model goes first (the same on every row of
+    a node and in its header), then the bars, sparkline and SM clock, so that badges, the Slurm
+    job, a burn and the owners stay on an 80-column terminal; wide, bars and sparkline grow (at
+    200 columns 8-cell bars left ~45% of the screen empty)."""
 
-    model: int  # characters of the model name
+    model: int  # characters of the model name (0: no model column)
     bar: int  # cells of the utilization and memory bars (0: none)
     spark: int  # cells of the sparkline (0: none)
     clock: bool
@@ -65,13 +68,23 @@ class RowLayout(NamedTuple):
 
 def row_layout(width: int) -> RowLayout:
     """The GPU row's layout for a list ``width`` cells wide."""
+    if width >= 190:
+        return RowLayout(15, 2 * BAR_WIDTH + 4, 2 * SPARK_WIDTH, True)
+    if width >= 160:
+        return RowLayout(15, 2 * BAR_WIDTH, SPARK_WIDTH + 6, True)
     if width >= 140:
         return RowLayout(15, BAR_WIDTH, SPARK_WIDTH, True)
     if width >= 110:
         return RowLayout(15, BAR_WIDTH, SPARK_WIDTH // 2 + 2, True)
     if width >= 90:
-        return RowLayout(10, BAR_WIDTH // 2, 0, False)
-    return RowLayout(10, 0, 0, False)
+        return RowLayout(0, BAR_WIDTH, 0, False)
+    return RowLayout(0, 0, 0, False)
+
+
+# Narrower than this, a node's header takes two lines: its state and GPUs, then its host's
+# load, driver, CUDA and reader (on one line, a 120-column list cut every header before the
+# driver). Wider, one line holds all of it (about 180 characters).
+ONE_LINE_HEAD_W = 190
 
 
 # A badge's colour: faults in the alarm colour, slowdowns as a warning, the rest (a power cap,
@@ -93,12 +106,13 @@ STATE_CLASSES = {
     NodeState.UNREACHABLE: "nodelist--down",
     NodeState.CONNECTING: "nodelist--dim",
 }
+LIVE_OR_STALE = (NodeState.LIVE, NodeState.STALE)
 TEXT_LIMIT = 300  # characters of one node string on a line (the line is cut at the edge anyway)
 
 
 class Line(NamedTuple):
-    kind: str  # "head" | "gpu" | "msg" | "gap" | "node" (compact: a whole node on one line)
-    # | "nomatch" (the filter hides every node)
+    kind: str  # "head" | "head2" (the header's second line) | "gpu" | "msg" | "gap" | "node"
+    # (compact: a whole node on one line) | "nomatch" (the filter hides every node)
     node: str
     gpu: int | None  # GPU index for "gpu" lines
 
@@ -148,6 +162,8 @@ class NodeList(ScrollView, can_focus=True):
         self.store = store
         self.lines: list[Line] = []
         self.blocks: dict[str, tuple[int, tuple[int, ...] | None]] = {}  # node -> (first y, rows)
+        self.head2: set[str] = set()  # the nodes whose header takes two lines
+        self._narrow: bool | None = None  # narrower than ONE_LINE_HEAD_W when last resized
         self.cursor: tuple[str, int | None] | None = None
         self.cursor_y = 0
         self.painted: dict[str, float] = {}  # node -> arrival time waiting for its paint
@@ -203,15 +219,25 @@ class NodeList(ScrollView, can_focus=True):
     def _resort_due(self) -> bool:
         return self.sort is not None and time.monotonic() - self._sorted_at >= self.resort_s
 
-    def _height(self, rows: tuple[int, ...]) -> int:
-        """Lines of a shown node's block: one when compact, else header, rows (or a message)
-        and a gap."""
-        return 1 if self.compact else 2 + max(1, len(rows))
+    def _height(self, name: str, rows: tuple[int, ...]) -> int:
+        """Lines of a shown node's block: one when compact, else header (one or two lines),
+        rows (or a message) and a gap."""
+        if self.compact:
+            return 1
+        return 2 + (name in self.head2) + max(1, len(rows))
+
+    def _two_line_head(self, name: str, narrow: bool) -> bool:
+        """Whether a node's header takes two lines on a list ``narrow``er than ONE_LINE_HEAD_W:
+        once the node said what it runs (its hello) or its host's load."""
+        s = self.store.snaps[name]
+        return narrow and not self.compact and (s.info is not None or s.host is not None)
 
     def rebuild(self) -> None:
         """Recompute every node's block (after a filter change or a change of GPU count)."""
         lines: list[Line] = []
         blocks: dict[str, tuple[int, tuple[int, ...] | None]] = {}
+        head2: set[str] = set()
+        narrow = self.size.width < ONE_LINE_HEAD_W
         self.node_order = self._order()
         most = max((len(self.store.snaps[n].gpus) for n in self.node_order), default=0)
         self.per_gpu_w = max(len("PER GPU"), min(PER_GPU_W, most))
@@ -225,6 +251,9 @@ class NodeList(ScrollView, can_focus=True):
                 lines.append(Line("node", name, None))
                 continue
             lines.append(Line("head", name, None))
+            if self._two_line_head(name, narrow):
+                lines.append(Line("head2", name, None))
+                head2.add(name)
             if rows:
                 lines.extend(Line("gpu", name, snap.gpus[i].index) for i in rows)
             else:
@@ -234,6 +263,7 @@ class NodeList(ScrollView, can_focus=True):
             lines.append(Line("nomatch", "", None))
         self.lines = lines
         self.blocks = blocks
+        self.head2 = head2
         self.virtual_size = Size(self.size.width, len(lines))
         self._place_cursor()
         self.refresh()
@@ -246,9 +276,13 @@ class NodeList(ScrollView, can_focus=True):
         if self._resort_due():
             self.resort_in_place()
             return
+        narrow = self.size.width < ONE_LINE_HEAD_W  # once: a widget's size is no attribute
         for name in names:
             old = self.blocks.get(name)
             if old is None or old[1] != self._block_rows(name):
+                self.rebuild()
+                return
+            if (name in self.head2) != (old[1] is not None and self._two_line_head(name, narrow)):
                 self.rebuild()
                 return
         top = int(self.scroll_offset.y)
@@ -257,7 +291,7 @@ class NodeList(ScrollView, can_focus=True):
             y0, rows = self.blocks[name]
             if rows is None:
                 continue
-            n = self._height(rows)
+            n = self._height(name, rows)
             if y0 < bottom and y0 + n > top:
                 self.refresh_lines(y0, n)
 
@@ -435,6 +469,10 @@ class NodeList(ScrollView, can_focus=True):
                 self._move_to(target)
 
     def on_resize(self, event: events.Resize) -> None:
+        narrow = event.size.width < ONE_LINE_HEAD_W
+        if narrow != self._narrow:
+            self._narrow = narrow
+            self.rebuild()  # the headers fold or unfold at this width
         self.virtual_size = Size(event.size.width, len(self.lines))
         if self.lines:  # a smaller window must not leave the cursor out of view
             self.call_after_refresh(self._scroll_cursor_into_view)
@@ -461,8 +499,13 @@ class NodeList(ScrollView, can_focus=True):
             segs = [Segment(node_str(text, limit=TEXT_LIMIT), self._style("nodelist--dim"))]
             return Strip(segs).apply_style(base).extend_cell_length(width, base).crop(0, width)
         snap = self.store.snaps[line.node]
-        if line.kind == "head":
-            segs = self._head(snap)
+        if line.kind in ("head", "head2"):
+            if line.kind == "head2":
+                segs = self._head_more(snap)
+            elif line.node in self.head2:
+                segs = self._head(snap)
+            else:
+                segs = self._head(snap) + self._head_more(snap)
             strip = Strip(segs).apply_style(base)
             header = self._style("nodelist--header")
             strip = strip.extend_cell_length(width, base + header).crop(0, width)
@@ -487,6 +530,9 @@ class NodeList(ScrollView, can_focus=True):
         return strip
 
     def _head(self, s: NodeSnapshot) -> list[Segment]:
+        """A node's header: its name, state, link, GPUs (with their model, which a narrow row
+        leaves out), utilization and power; then (``_head_more``) its driver, CUDA, reader and
+        host's load, on the same line of a wide list, on a second line of a narrow one."""
         header = self._style("nodelist--header")
         name = header + self._style("nodelist--name")
         state_cls = STATE_CLASSES[s.state]
@@ -507,22 +553,39 @@ class NodeList(ScrollView, can_focus=True):
         if s.gpus and s.state in (NodeState.LIVE, NodeState.STALE):
             t = self.store.node_totals(s.name)
             util = f"{t.util_sum / t.util_n:.0f}%" if t.util_n else "-"
-            gpus = counted(t.gpus, "GPU")
+            models = {st.name for st in info.gpus} if info is not None else set()
+            if info is not None and len(models) == 1 and len(info.gpus) == len(s.gpus):
+                gpus = f"{t.gpus}× {node_str(short_model(models.pop()), limit=TEXT_LIMIT)}"
+            else:
+                gpus = counted(t.gpus, "GPU")
             segs.append(Segment(f"  {gpus}  util {util}  {fmt_power(t.power)}", header))
-        # The host's load beside its GPUs, before the versions (a narrow panel cuts those).
+        return segs
+
+    def _head_more(self, s: NodeSnapshot) -> list[Segment]:
+        """The rest of a node's header: driver, CUDA, reader and the host's load."""
+        header = self._style("nodelist--header")
+        info = s.info
+        # The host's load: after the versions on a second line (80 columns cut its end), before
+        # them on one line (the reader last, as the least urgent).
         host = host_text(s.host) if s.host is not None else ""
-        if host and s.state in (NodeState.LIVE, NodeState.STALE):
-            segs.append(Segment(f"  ·  {host}  ·", header))
+        load = [Segment(f"  ·  {host}", header)] if host and s.state in LIVE_OR_STALE else []
+        two = s.name in self.head2
+        more: list[Segment] = [] if two else list(load)
         if info is not None:
             if info.driver:
-                segs.append(Segment(f"  driver {node_str(info.driver, limit=TEXT_LIMIT)}", header))
+                more.append(Segment(f"  driver {node_str(info.driver, limit=TEXT_LIMIT)}", header))
             if info.cuda:
-                segs.append(Segment(f"  CUDA {node_str(info.cuda, limit=TEXT_LIMIT)}", header))
+                more.append(Segment(f"  CUDA {node_str(info.cuda, limit=TEXT_LIMIT)}", header))
         if info is not None and info.reader in ("nvml", "nvidia-smi"):
-            # Last, as the least urgent: a narrow panel cuts it first. The fallback stands out.
+            # The fallback stands out.
             style = header if info.reader == "nvml" else header + self._style("nodelist--warm")
-            segs.append(Segment(f"  {node_str(reader_text(info), limit=TEXT_LIMIT)}", style))
-        return segs
+            more.append(Segment(f"  {node_str(reader_text(info), limit=TEXT_LIMIT)}", style))
+        if two:
+            more += load
+            more.insert(0, Segment("  ", header))  # under the name, indented
+        elif len(more) > len(load):
+            more.insert(len(load), Segment("  ·", header))
+        return more
 
     def _state_text(self, s: NodeSnapshot) -> str:
         """The node's state as its header says it (a down node: last seen, next try)."""
@@ -619,8 +682,10 @@ class NodeList(ScrollView, can_focus=True):
             return dim if stale else st(LEVEL_CLASSES[n])
 
         layout = row_layout(self.size.width)
-        model = node_str(self.store.model(s, index), limit=layout.model)
-        segs = [Segment(f"  {index:>2} ", dim), Segment(f"{model:<{layout.model}} ")]
+        segs = [Segment(f"  {index:>2} ", dim)]
+        if layout.model:  # narrow: the model is in the node's header only
+            model = node_str(self.store.model(s, index), limit=layout.model)
+            segs.append(Segment(f"{model:<{layout.model}} "))
         if g.lost:
             segs.append(Segment("LOST", st("nodelist--badge")))
             segs.append(Segment("  GPU fell off the bus", dim))
@@ -765,8 +830,9 @@ def column_titles(width: int, sort: str | None, compact: bool, per_gpu: int = PE
     # over a bar a title starts with it; without bars it stands over its right-aligned figure
     util = f"{t('UTIL', 'util'):<{lay.bar + 7}}" if lay.bar else f"{t('UTIL', 'util'):>5}  "
     mem = f"{t('MEMORY', 'mem'):<{lay.bar + 11}}" if lay.bar else f"{t('MEMORY', 'mem'):>9}  "
+    model = f"{'MODEL':<{lay.model}} " if lay.model else ""
     return (
-        f"  {'#':>2} {'MODEL':<{lay.model}} {util}{mem}{t('TEMP', 'temp'):>5}  "
+        f"  {'#':>2} {model}{util}{mem}{t('TEMP', 'temp'):>5}  "
         f"{t('POWER', 'power'):>9}  "
         + (f"{'SM CLK':>7}  " if lay.clock else "")
         + (f"{'RECENT':<{lay.spark}}  " if lay.spark else "")

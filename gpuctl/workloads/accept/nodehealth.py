@@ -12,29 +12,98 @@ import os
 import re
 import subprocess
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus." (function omitted)
 XID_LINE = re.compile(
     r"NVRM: Xid \(PCI:(?P<domain>[0-9A-Fa-f]{1,8}):(?P<bus>[0-9A-Fa-f]{1,2}):"
     r"(?P<dev>[0-9A-Fa-f]{1,2})(?:\.[0-7])?\): (?P<xid>\d+)(?P<rest>.*)"
 )
-# XIDs that mean the hardware (memory, NVLink, the bus, the GPU's firmware) failed, after NVIDIA's
-# XID catalogue; the others (13, 31, 43, 45, ...) are usually raised by an application's fault.
-HARDWARE_XIDS = {
-    48: "double-bit ECC error",
-    61: "internal micro-controller breakpoint",
-    62: "internal micro-controller halt",
-    63: "ECC page retirement or row remapping recorded",
-    64: "ECC page retirement or row remapping failed",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
+
+
+class Xid(NamedTuple):
+    """A common XID, after NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors): what it
+    means and what an operator does about it. ``XIDS`` is the one table of them: this suite's
+    health section names the hardware ones; the TUI's detail screen and events name every one.
+    """
+
+    meaning: str
+    action: str  # what to do, as an operator would be told
+    hardware: bool  # the hardware failed (else usually an application's fault)
+
+
+XIDS: "dict[int, Xid]" = {
+    8: Xid(
+        "GPU stopped processing (timeout)", "restart the job; reset the GPU if it recurs", False
+    ),
+    13: Xid(
+        "graphics engine exception",
+        "usually the application (bad address or instruction): check its code",
+        False,
+    ),
+    31: Xid(
+        "GPU memory page fault",
+        "usually the application (illegal address): check its code",
+        False,
+    ),
+    32: Xid(
+        "invalid or corrupted push buffer stream",
+        "check the PCIe link; reset the GPU if it recurs",
+        False,
+    ),
+    38: Xid("driver firmware error", "reload or update the driver", False),
+    43: Xid("GPU stopped processing (channel reset)", "the application faulted: restart it", False),
+    45: Xid(
+        "preemptive cleanup after earlier errors",
+        "look at the XID before it; often a killed process",
+        False,
+    ),
+    48: Xid("double-bit ECC error", "drain the node and reset the GPU", True),
+    61: Xid(
+        "internal micro-controller breakpoint",
+        "reset the GPU; call the vendor if it recurs",
+        True,
+    ),
+    62: Xid("internal micro-controller halt", "drain the node and reset the GPU", True),
+    63: Xid(
+        "ECC page retirement or row remapping recorded",
+        "reset the GPU when idle to apply it",
+        True,
+    ),
+    64: Xid(
+        "ECC page retirement or row remapping failed",
+        "drain the node and replace the GPU",
+        True,
+    ),
+    68: Xid("video decoder exception", "restart the application", False),
+    69: Xid("graphics engine class error", "restart the application", False),
+    74: Xid("NVLink error", "drain the node, reset its GPUs, check NVLink", True),
+    79: Xid("GPU has fallen off the bus", "drain and reset the node", True),
+    92: Xid("high single-bit ECC error rate", "watch it; replace the GPU if it keeps rising", True),
+    94: Xid("contained ECC error", "restart the job it hit; reset the GPU when idle", True),
+    95: Xid("uncontained ECC error", "drain the node and reset the GPU", True),
+    109: Xid("context switch timeout", "restart the job; reset the GPU if it recurs", False),
+    119: Xid("GSP RPC timeout", "drain the node and reset the GPU", True),
+    120: Xid("GSP error", "drain the node and reset the GPU", True),
+    154: Xid(
+        "GPU recovery action changed",
+        "do the recovery the driver names (reset the GPU or reboot the node)",
+        False,
+    ),
 }
+
+
+def xid_text(xid: object) -> str:
+    """An XID in words: "XID 79: GPU has fallen off the bus: drain and reset the node"."""
+    known = XIDS.get(xid) if isinstance(xid, int) and not isinstance(xid, bool) else None
+    if known is None:
+        return f"XID {xid}: see NVIDIA's XID catalogue"
+    return f"XID {xid}: {known.meaning}: {known.action}"
+
+
+# XIDs that mean the hardware (memory, NVLink, the bus, the GPU's firmware) failed; the others
+# (13, 31, 43, 45, ...) are usually raised by an application's fault.
+HARDWARE_XIDS = {xid: x.meaning for xid, x in XIDS.items() if x.hardware}
 KMSG = "/dev/kmsg"
 AER_KINDS = ("correctable", "nonfatal", "fatal")
 LOG_TIMEOUT_S = 20.0

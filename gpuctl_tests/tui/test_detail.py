@@ -1,0 +1,138 @@
+"""The detail screen an operator opens on a GPU in trouble (issue 26 §4): its readings and
+throttle reasons first, then its processes, then the plots; axes that read as time and whole
+numbers; throttle starts and ends as events; an XID named with what to do; facts whole at 80x24."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.containers import VerticalScroll
+from textual.widgets import DataTable, Static
+from textual_plotext import PlotextPlot
+
+from gpuctl.fleet.fleet import THROTTLE_HOLD_S, Fleet, Throttling
+from gpuctl.fleet.replay import ReplayLink, recorded_node
+from gpuctl.tui import make_app
+from gpuctl.tui.screens.detail import DetailScreen, Facts, time_ticks, value_ticks
+from gpuctl.workloads.accept.nodehealth import HARDWARE_XIDS, XIDS, xid_text
+from gpuctl_tests.tui.conftest import T0
+from gpuctl_tests.tui.test_hostile import drawn
+from gpuctl_tests.tui.test_panes import until
+
+SAMPLES = 120
+NOW = T0 + SAMPLES - 0.5
+
+
+def test_an_xid_is_named_with_what_to_do_from_the_one_table() -> None:
+    assert xid_text(79) == "XID 79: GPU has fallen off the bus: drain and reset the node"
+    assert xid_text(48).startswith("XID 48: double-bit ECC error: drain")
+    assert xid_text(999) == "XID 999: see NVIDIA's XID catalogue"
+    assert xid_text("junk") == "XID junk: see NVIDIA's XID catalogue"
+    # the acceptance suite's hardware XIDs (read from the table) are the ones it had
+    assert sorted(HARDWARE_XIDS) == [48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120]
+    assert HARDWARE_XIDS[79] == "GPU has fallen off the bus"
+    assert {13, 31, 43, 45} <= XIDS.keys() and not any(XIDS[x].hardware for x in (13, 31, 43))
+
+
+def test_axes_read_as_time_and_whole_numbers() -> None:
+    assert time_ticks(119.5) == ([-90.0, -60.0, -30.0, 0.0], ["90s", "60s", "30s", "now"])
+    assert time_ticks(1800.0)[1] == ["30m", "20m", "10m", "now"]
+    assert time_ticks(6 * 3600.0)[1][-2:] == ["2h", "now"]
+    first, last, ticks = value_ticks(2340.0, 2619.0)
+    assert ticks == [2300, 2400, 2500, 2600, 2700] and (first, last) == (2300, 2700)
+    assert value_ticks(59.7, 59.7)[2] == [58, 59, 60, 61]  # a flat line still has ticks
+    assert value_ticks(0.0, 100.0)[2] == [0, 50, 100]
+
+
+def test_a_throttle_starts_once_and_ends_after_the_hold() -> None:
+    """A power cap at full load comes and goes every second: one start, not 40 a minute."""
+    w = Throttling()
+    t = 0.0
+    assert w.update(t, 0, ("gpu_idle",)) is None  # an idle GPU is no event
+    started = w.update(1.0, 0, ("sw_power_cap", "sw_thermal"))
+    assert started is not None and started.kind == "throttle" and started.gpu == 0
+    assert started.detail == {"started": ["sw_power_cap", "sw_thermal"], "ended": []}
+    for k in range(2, 30):  # the cap flaps, the thermal slowdown stays
+        reasons = ("sw_thermal",) if k % 2 else ("sw_thermal", "sw_power_cap")
+        assert w.update(float(k), 0, reasons) is None
+    assert w.update(30.0, 0, ()) is None  # gone, but not yet for the hold
+    ended = w.update(30.0 + THROTTLE_HOLD_S, 0, ())
+    assert ended is not None and ended.detail == {
+        "started": [],
+        "ended": ["sw_power_cap", "sw_thermal"],
+    }
+    assert w.update(50.0, 0, ()) is None
+    for k in range(51, 60):  # an idle GPU's quiet reasons come and go
+        assert w.update(float(k), 0, ("gpu_idle",) if k % 2 else ()) is None
+    again = w.update(60.0, 0, ("gpu_idle", "hw_slowdown"))
+    assert again is not None and again.detail == {"started": ["hw_slowdown"], "ended": []}
+    assert w.update(61.0, 0, ()) is None and w.update(62.0, 0, ("gpu_idle",)) is None  # held
+    ended = w.update(71.0, 0, ("gpu_idle",))
+    assert ended is not None and ended.detail == {"started": [], "ended": ["hw_slowdown"]}
+
+
+def detail_fleet() -> Fleet:
+    """One node, GPU 0 burning (it heats into THERM and its power cap), an XID 79 on it."""
+    xid = {"type": "event", "t": T0 + 90, "kind": "xid", "gpu": 0, "detail": {"xid": 79}}
+    messages = recorded_node(
+        "n-01", "2:H100", seed=11, t0=T0, samples=SAMPLES, load={0: 1.0}, events=[xid]
+    )
+    return Fleet({"n-01": ReplayLink(messages)}, clock=lambda: NOW, stale_after=1e9)
+
+
+async def test_detail_reads_now_then_processes_then_plots_and_names_the_trouble(
+    tmp_path: Path,
+) -> None:
+    fleet = detail_fleet()
+    app = make_app(fleet, clock=lambda: NOW, state_dir=tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(
+            pilot, lambda: len(fleet.history("n-01", 0).series("util")[0]) == SAMPLES, "samples"
+        )
+        await until(pilot, lambda: app.overview.nodes.lines, "the node on screen")
+        app.overview.nodes.select("n-01", 0)
+        await pilot.press("enter")
+        screen = await until(
+            pilot, lambda: isinstance(app.screen, DetailScreen) and app.screen, "detail"
+        )
+        now = screen.query_one("#detail-now", Facts)
+        await until(pilot, lambda: "THERM" in now.text().plain, "the throttle reasons")
+        await pilot.pause()
+        text = now.text().plain.replace("\n", " ")  # a long fact wraps between its words
+        assert "THERM: thermal slowdown" in text and "PWRCAP: at its power cap" in text
+        assert "XID 79: GPU has fallen off the bus: drain and reset the node" in text
+        # first the readings, then the processes, then the plots, then the static facts
+        ys = [
+            screen.query_one(q).region.y
+            for q in ("#detail-now", "#detail-procs", "#plot-util", "#detail-facts")
+        ]
+        assert ys == sorted(ys) and len(set(ys)) == 4, ys
+        procs = screen.query_one("#detail-procs", DataTable)
+        assert procs.row_count and all(str(k.value).startswith("0:") for k in procs.rows)
+        # throttle starts are events, the XID is named in the events too
+        events = str(screen.query_one("#detail-events", Static).render())
+        assert "GPU 0  PWRCAP sw_thermal" not in events
+        assert any(line.endswith("started") and "THERM" in line for line in events.splitlines())
+        assert "GPU 0  XID 79: GPU has fallen off the bus: drain and reset the node" in events
+        # at 80x24 every fact of the readings is whole on one screen line
+        screen_text = drawn(app)
+        for para in now.paragraphs:
+            for fact in para:
+                if fact.cell_len <= now.content_size.width:
+                    assert fact.plain in screen_text, fact.plain
+                else:  # the XID: wrapped between its words
+                    assert all(word in screen_text for word in fact.plain.split()), fact.plain
+        # the facts at the bottom too (a GPU's UUID, "python 3.11.7" were broken mid-token)
+        screen.query_one("#detail-body", VerticalScroll).scroll_end(animate=False, immediate=True)
+        await pilot.pause()
+        screen_text = drawn(app)
+        facts = screen.query_one("#detail-facts", Facts)
+        assert facts.paragraphs
+        for para in facts.paragraphs:
+            for fact in para:
+                assert fact.plain in screen_text, fact.plain
+        # the time axis reads as ages; the value axis in whole numbers
+        plot = screen.query_one("#plot-temp", PlotextPlot)
+        rendered = plot.plt.build()
+        assert "now" in rendered and "30s" in rendered and "seconds ago" not in rendered
+        assert "." not in "".join(line.split("┤")[0] for line in rendered.splitlines())
