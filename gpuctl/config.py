@@ -577,7 +577,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
 def _read(name: str) -> str:
     try:
         with open(paths.expand(name), "rb") as f:
-            why = unsafe_owner_or_mode(os.fstat(f.fileno()))
+            why = unsafe_owner_or_mode(os.fstat(f.fileno())) or unsafe_folder(name)
             if why is not None:
                 raise ConfigError(name, None, why)
             return f.read().decode("utf-8")
@@ -617,6 +617,36 @@ def unsafe_owner_or_mode(st: os.stat_result) -> str | None:
         "on every node through it; it must be yours or root's, writable only by its owner "
         "(chmod go-w)"
     )
+
+
+def unsafe_folder(name: str) -> str | None:
+    """Why the folders holding a config file make it unsafe, or None: a folder on its path
+    (links resolved, up to ``/``) that another user owns, or that its group or others may
+    write without the sticky bit, lets them replace the file (renaming theirs over it), which
+    its own mode cannot stop. Root's folders and the user's own pass; a sticky folder (``/tmp``)
+    lets nobody rename another's file."""
+    folder = os.path.dirname(os.path.realpath(paths.expand(name)))
+    while True:
+        try:
+            st = os.stat(folder)
+        except OSError:
+            return None  # the file was read: a folder that cannot be looked at is not ours to judge
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid not in (0, os.geteuid()):
+            return (
+                f"Bad owner or permissions: its folder {folder} is owned by uid {st.st_uid}, "
+                "neither you nor root, who could replace the file; keep the config in a folder "
+                "of yours"
+            )
+        if mode & 0o022 and not mode & stat.S_ISVTX:
+            return (
+                f"Bad owner or permissions: its folder {folder} (mode {mode:04o}) is writable by "
+                "others than you, who could replace the file (chmod go-w the folder)"
+            )
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
 
 
 _TOML_AT = re.compile(r"\s*\(at line (\d+), column \d+\)\s*$")

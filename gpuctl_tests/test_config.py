@@ -559,6 +559,32 @@ def test_a_config_others_can_write_is_refused(tmp_path: Path, mode: int, who: st
     assert [n.name for n in load_config(path).nodes()] == ["a"]
 
 
+def test_a_config_in_a_folder_others_can_write_is_refused(tmp_path: Path) -> None:
+    """Its own mode cannot stop another user who may write its folder: they rename their file
+    over it. A sticky folder (as /tmp) lets nobody rename another's file."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    path = folder / "config.toml"
+    path.write_text('[clusters.lab]\nnodes = "a"\n')
+    path.chmod(0o644)
+    folder.chmod(0o777)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        f"{path}: Bad owner or permissions: its folder {folder} (mode 0777) is writable by "
+        "others than you, who could replace the file (chmod go-w the folder)"
+    )
+    folder.chmod(0o1777)  # sticky
+    assert [n.name for n in load_config(path).nodes()] == ["a"]
+    folder.chmod(0o755)
+    assert [n.name for n in load_config(path).nodes()] == ["a"]
+    if os.geteuid() == 0:  # a folder of another user (root can chown it to uid 65534)
+        os.chown(folder, 65534, 65534)
+        with pytest.raises(ConfigError, match=r"its folder .* is owned by uid 65534"):
+            load_config(path)
+        os.chown(folder, 0, 0)
+
+
 def test_a_group_writable_user_file_and_site_file_are_refused(site: Path, tmp_path: Path) -> None:
     user = tmp_path / "user" / "gpuctl" / "config.toml"
     user.write_text('[tui]\ntheme = "light"\n')
