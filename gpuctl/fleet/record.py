@@ -1000,15 +1000,12 @@ def parse_position(text: str, reader: RecordingReader) -> float:
 
 
 def parse_duration(text: str, *, allow_zero: bool = False) -> float | None:
-    """``90``, ``90s``, ``1.5m``, ``2h``, ``1h2m3s`` as seconds; None when ``text`` is not one."""
-    import re
+    """``90``, ``+90``, ``90s``, ``1.5m``, ``2h``, ``1h2m3s`` as seconds (``protocol``'s one
+    duration grammar); None when ``text`` is not one, or is zero unless ``allow_zero``."""
+    from gpuctl.node.protocol import parse_seconds
 
-    m = re.fullmatch(r"\+?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", text)
-    if not text or m is None or not any(m.groups()):
-        return None
-    h, mi, s = (float(g) if g else 0.0 for g in m.groups())
-    value = h * 3600 + mi * 60 + s
-    if value == 0 and not allow_zero:
+    value = parse_seconds(text.removeprefix("+"))
+    if value is None or (value == 0 and not allow_zero):
         return None
     return value
 

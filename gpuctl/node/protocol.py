@@ -101,6 +101,7 @@ Versioning
 """
 
 import json
+import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 PROTOCOL_VERSION = 1
@@ -157,19 +158,26 @@ def decode_throttle(mask: Optional[int]) -> Optional[List[str]]:
     return [name for bit, name in THROTTLE_REASONS if mask & bit]
 
 
-_SECONDS_PER_UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+_SECONDS_PER_UNIT = (("w", 7 * 86400.0), ("d", 86400.0), ("h", 3600.0), ("m", 60.0),
+                     ("s", 1.0))
+_DURATION = re.compile(
+    "".join(r"(?:(\d+(?:\.\d*)?|\.\d+)%s)?" % unit for unit, _ in _SECONDS_PER_UNIT))
 
 
 def parse_seconds(text: str) -> Optional[float]:
-    """Seconds from "90s", "10m", "12h", "7d", "2w" or a plain number of seconds; None when the
-    text is none of these or not a finite non-negative figure."""
+    """Seconds from a plain number of seconds ("90", "2.5") or figures with units, largest
+    first ("90s", "10m", "1.5h", "7d", "2w", "1h30m", "1d12h"): gpuctl's one duration grammar
+    (stress, acceptance --burn, jobs purge --older-than, record and replay). None when the text
+    is none of these or not a finite non-negative figure."""
     value = text.strip().lower()
-    scale = _SECONDS_PER_UNIT.get(value[-1:], 0.0) if value else 0.0
-    number = value[:-1] if scale else value
     try:
-        seconds = float(number) * (scale or 1.0)
+        seconds = float(value)
     except ValueError:
-        return None
+        m = _DURATION.fullmatch(value)
+        if not value or m is None:
+            return None
+        seconds = sum(float(figure) * scale
+                      for figure, (_, scale) in zip(m.groups(), _SECONDS_PER_UNIT) if figure)
     if not 0 <= seconds < _INF:
         return None
     return seconds
