@@ -193,17 +193,20 @@ def stop_group(pgid: int, grace: float = GRACE_S,
 class ProcStat(object):
     """What ``/proc/PID/stat`` says of a process: ``state`` ("R", "S", "Z", ...), ``ppid``,
     ``cpu_ticks`` (user + system time, in clock ticks), ``start_ticks`` (start time in clock
-    ticks after boot; with the pid it names one process, whatever reuses the pid later) and
-    ``rss`` (resident bytes)."""
+    ticks after boot; with the pid it names one process, whatever reuses the pid later),
+    ``rss`` (resident bytes) and ``session`` (its session id). The node side's one reader of
+    /proc/PID/stat (the agent's process facts, descendants, the supervisor's memory limit)."""
 
-    __slots__ = ("state", "ppid", "cpu_ticks", "start_ticks", "rss")
+    __slots__ = ("state", "ppid", "cpu_ticks", "start_ticks", "rss", "session")
 
-    def __init__(self, state: str, ppid: int, cpu_ticks: int, start_ticks: int, rss: int) -> None:
+    def __init__(self, state: str, ppid: int, cpu_ticks: int, start_ticks: int, rss: int,
+                 session: int = 0) -> None:
         self.state = state
         self.ppid = ppid
         self.cpu_ticks = cpu_ticks
         self.start_ticks = start_ticks
         self.rss = rss
+        self.session = session
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -217,10 +220,11 @@ def read_stat(pid: Union[int, str], proc_root: str = "/proc") -> Optional[ProcSt
         with open(os.path.join(proc_root, str(pid), "stat"), "rb") as f:
             stat = f.read()
         fields = stat[stat.rindex(b")") + 2:].split()
-        # fields[n - 3] is field n of proc(5): 4 ppid, 14 utime, 15 stime, 22 starttime, 24 rss
+        # fields[n - 3] is field n of proc(5): 4 ppid, 6 session, 14 utime, 15 stime,
+        # 22 starttime, 24 rss
         return ProcStat(fields[0].decode("ascii", "replace"), int(fields[1]),
                         int(fields[11]) + int(fields[12]), int(fields[19]),
-                        int(fields[21]) * PAGE_BYTES)
+                        int(fields[21]) * PAGE_BYTES, int(fields[3]))
     except (OSError, ValueError, IndexError):
         return None
 
@@ -235,6 +239,21 @@ def boot_time(proc_root: str = "/proc") -> Optional[float]:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def session_rss(sid: int, proc_root: str = "/proc") -> int:
+    """Resident bytes of every process of session ``sid`` (one ``read_stat`` each)."""
+    total = 0
+    try:
+        names = os.listdir(proc_root)
+    except OSError:
+        return 0
+    for name in names:
+        if name.isdigit():
+            st = read_stat(name, proc_root)
+            if st is not None and st.session == sid:
+                total += st.rss
+    return total
 
 
 # -- descendants (a child subreaper's inheritance) ----------------------------------------------

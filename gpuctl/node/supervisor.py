@@ -56,11 +56,14 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from . import jobfiles, proc, readers
+    from .readers.procs import process_command
 else:
     try:
         from . import jobfiles, proc, readers
+        from .readers.procs import process_command
     except ImportError:  # a script in a job folder: copies of the node modules sit beside it
         from gpuctl_runner import jobfiles, proc, readers
+        from gpuctl_runner.readers.procs import process_command
 
 DEFAULT_GRACE = 10.0
 HEARTBEAT_EVERY = 2.0
@@ -275,17 +278,8 @@ def _first_node(environ: Dict[str, str]) -> str:
 
 
 def _rss_kb(pid: int) -> Optional[int]:
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+    st = proc.read_stat(pid)
+    return st.rss // 1024 if st is not None else None
 
 
 def _session_rss_kb(sid: int) -> int:
@@ -293,26 +287,7 @@ def _session_rss_kb(sid: int) -> int:
 
     Resident, not virtual: CUDA maps far more address space than it uses, so an address-space
     limit (RLIMIT_AS) would break it where this does not."""
-    total = 0
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return 0
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % name, "rb") as f:
-                stat = f.read()
-            # after the command's closing parenthesis: state ppid pgrp session ...
-            fields = stat[stat.rindex(b")") + 2:].split()
-            if int(fields[3]) != sid:
-                continue
-            with open("/proc/%s/statm" % name, "rb") as f:
-                total += int(f.read().split()[1]) * PAGE_KB
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile, or not ours to read
-    return total
+    return proc.session_rss(sid) // 1024
 
 
 def _run_setup(jobdir: str, lines: List[str],
@@ -452,12 +427,9 @@ def left_running() -> "List[jobfiles.LeftProcess]":
     started and did not end: they reparent to this subreaper): pid and command line."""
     found = []  # type: List[jobfiles.LeftProcess]
     for pid in proc.descendants()[:MAX_LEFT_SHOWN]:
-        try:
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").strip().decode("utf-8", "replace")
-        except OSError:
-            continue
-        found.append({"pid": pid, "cmd": cmd[:200]})
+        cmd = process_command(pid)
+        if cmd is not None:
+            found.append({"pid": pid, "cmd": cmd})
     return found
 
 

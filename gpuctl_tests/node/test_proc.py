@@ -352,3 +352,24 @@ def test_a_sample_lines_integers_are_parsed_without_their_guard() -> None:
     line = protocol.encode({"type": "sample", "t": 1.5, "seq": 1, "gpus": reader.sample()})
     assert protocol._short_integers(line)
     assert not protocol._short_integers(line.replace(b'"seq":1', b'"seq":' + b"7" * 33))
+
+
+def test_a_session_s_resident_memory_is_the_sum_of_its_processes() -> None:
+    """The supervisor's memory limit reads it (``session_rss``): a process of a new session and
+    the child it started, the child holding 64 MiB it has written to."""
+    child = "import sys, time; b = bytearray(64 << 20); print('held', flush=True); time.sleep(60)"
+    script = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    leader = proc.spawn([old_python("3.6.15"), "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert leader.stdout is not None and leader.stdout.readline() == b"held\n"
+        st = proc.read_stat(leader.pid)
+        assert st is not None and st.session == os.getsid(leader.pid) == leader.pid
+        kids = wait_until(lambda: proc.descendants(leader.pid))
+        each = [proc.read_stat(pid) for pid in [leader.pid, *kids]]
+        assert all(s is not None and s.session == leader.pid for s in each)
+        total = proc.session_rss(leader.pid)
+        assert total >= 64 << 20 and total == sum(s.rss for s in each if s is not None)
+        assert proc.session_rss(os.getsid(0)) > 0 and proc.session_rss(2**22 + 7) == 0
+    finally:
+        proc.stop_group(leader.pid, grace=1.0)
+        leader.wait(10)
