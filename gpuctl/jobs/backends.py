@@ -23,6 +23,7 @@ from gpuctl.core import wire
 from gpuctl.jobs.hosts import _REAPER, Host, HostError, LocalHost
 from gpuctl.jobs.records import BackendInfo, FinalState, Handle, JobMeta, PidFile, SchedulerState
 from gpuctl.node import jobfiles
+from gpuctl.node.proc import read_stat
 from gpuctl.reach.slurm import (
     DEFAULT_MAX_ARRAY_SIZE,
     SlurmClient,
@@ -118,11 +119,8 @@ class ProcessBackend(Backend):
                 return False
             except PermissionError:
                 return True
-            try:  # a zombie that is not ours is dead for this purpose
-                with open(f"/proc/{pid}/stat") as f:
-                    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-            except OSError:
-                return False
+            st = read_stat(pid)  # a zombie that is not ours is dead for this purpose
+            return st is not None and st.state != "Z"
         rc, _, _ = self.host.run(["kill", "-0", str(pid)], timeout=30)
         return rc == 0
 
