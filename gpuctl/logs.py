@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gpuctl import paths
 
-LOG_NAME = "gpuctl.log"
+LOG_NAME = paths.LOG_NAME
 MAX_BYTES = 5 << 20
 BACKUPS = 3
 FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"

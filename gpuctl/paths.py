@@ -38,6 +38,17 @@ STATE_ENV = "GPUCTL_STATE_DIR"
 CACHE_ENV = "GPUCTL_CACHE_DIR"
 CONFIG_ENV = "GPUCTL_CONFIG"
 CONFIG_NAME = "config.toml"
+# The state folder's files and folders (``state_dir()``, or a screen's own state folder): named
+# here only, so that whoever looks for one finds where it lives in one place.
+JOBS_DB = "jobs.sqlite"  # the job store
+ACCEPT_DB = "accept.sqlite"  # acceptance history
+TUI_SETTINGS = "tui.json"  # the screen's remembered theme and layout
+REPORTS = "reports"  # acceptance reports
+RECORDINGS = "recordings"  # `R` in the screen
+SCREENSHOTS = "screenshots"  # where no Downloads folder is
+ACCEPT_JOBS = "accept-jobs"  # acceptance runs through Slurm
+LOGS = "logs"
+LOG_NAME = "gpuctl.log"
 # On a node (resolved by the node's shell): where job folders and VENV2 builds go by default.
 NODE_JOB_DIR = "~/.local/state/gpuctl/jobs"
 NODE_ENV_DIR = "~/.cache/gpuctl/envs"
@@ -93,7 +104,7 @@ def cache_dir() -> Path:
 
 def log_dir() -> Path:
     """Where gpuctl's own log files go (``<state>/logs``)."""
-    return state_dir() / "logs"
+    return state_dir() / LOGS
 
 
 def jobs_dir(configured: str | os.PathLike[str] | None = None) -> Path:

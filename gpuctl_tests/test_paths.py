@@ -112,11 +112,24 @@ def test_job_folders_of_local_jobs_are_state_not_cache(
     assert ex.backend.job_root == str(tmp_path / "st" / "jobs")
 
 
+# the state folder's names, spelled in gpuctl.paths only ("reports" and "logs" too, which as
+# words also name other things: a Slurm run's report folder, `gpuctl jobs logs`)
+STATE_NAMES = {
+    paths.JOBS_DB,
+    paths.ACCEPT_DB,
+    paths.TUI_SETTINGS,
+    paths.RECORDINGS,
+    paths.SCREENSHOTS,
+    paths.ACCEPT_JOBS,
+    paths.LOG_NAME,
+}
+
+
 def test_no_module_but_paths_decides_where_files_live() -> None:
-    """platformdirs, and XDG or state-folder variables read by hand, stay out of the package:
-    gpuctl.paths decides (docstrings may name them). One exception, by name: the node side's
-    ``other_tools_config_dirs``, where pip and uv on a node read their own configuration (not
-    gpuctl's files; gpuctl.paths is not on a node)."""
+    """platformdirs, XDG or state-folder variables read by hand, and the state folder's file
+    names stay out of the package: gpuctl.paths decides (docstrings may name them). One
+    exception, by name: the node side's ``other_tools_config_dirs``, where pip and uv on a node
+    read their own configuration (not gpuctl's files; gpuctl.paths is not on a node)."""
     offenders = []
     for path in sorted((REPO / "gpuctl").rglob("*.py")):
         if path.name == "paths.py" and path.parent.name == "gpuctl":
@@ -141,7 +154,11 @@ def test_no_module_but_paths_decides_where_files_live() -> None:
                 isinstance(node, ast.Constant)
                 and isinstance(node.value, str)
                 and id(node) not in docs
-                and (node.value.startswith("XDG_") or node.value == "GPUCTL_STATE_DIR")
+                and (
+                    node.value.startswith("XDG_")
+                    or node.value == "GPUCTL_STATE_DIR"
+                    or node.value in STATE_NAMES
+                )
             ):
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value}")
     assert offenders == []

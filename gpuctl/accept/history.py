@@ -225,7 +225,7 @@ class HistoryStore:
     """The SQLite history. Cheap to open; each call uses its own short transaction."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = Path(path) if path is not None else paths.state_dir() / "accept.sqlite"
+        self.path = Path(path) if path is not None else paths.state_dir() / paths.ACCEPT_DB
         paths.private_dir(self.path.parent)
         with self._db() as db:
             db.executescript(_SCHEMA)

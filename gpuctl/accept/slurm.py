@@ -93,7 +93,7 @@ def _nodelist(text: str) -> str:
 
 def job_root() -> Path:
     """Default parent of job folders: ``<state dir>/accept-jobs``."""
-    return paths.state_dir() / "accept-jobs"
+    return paths.state_dir() / paths.ACCEPT_JOBS
 
 
 def batch_script(

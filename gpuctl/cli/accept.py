@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
         args.via = "slurm"
     history = None if args.no_history else HistoryStore()
     if args.report_dir is None:
-        args.report_dir = str(paths.state_dir() / "reports")
+        args.report_dir = str(paths.state_dir() / paths.REPORTS)
     if args.junit:
         _check_writable(args.junit)
     printer = Printer()

@@ -164,7 +164,7 @@ class JobStore:
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         if path is None:
             try:
-                path = paths.private_dir(paths.state_dir()) / "jobs.sqlite"
+                path = paths.private_dir(paths.state_dir()) / paths.JOBS_DB
             except OSError as e:
                 raise StoreError(
                     f"cannot make gpuctl's state folder {paths.state_dir()}: "

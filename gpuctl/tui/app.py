@@ -152,7 +152,7 @@ class GpuctlApp(App[int]):
             read_only=read_only,
             job_store=job_store,
             job_store_error=job_store_error,
-            history_path=self.state_dir / "accept.sqlite",
+            history_path=self.state_dir / paths.ACCEPT_DB,
         )
         self.accept_run: AcceptRun | None = None
         self.crash: BaseException | None = None  # what ended the app, if something did
@@ -268,7 +268,7 @@ class GpuctlApp(App[int]):
         if path is None:
             downloads = Path.home() / "Downloads"
             try:
-                folder = downloads if downloads.is_dir() else self.state_dir / "screenshots"
+                folder = downloads if downloads.is_dir() else self.state_dir / paths.SCREENSHOTS
                 path = str(paths.private_dir(folder) if folder != downloads else folder)
             except OSError as e:
                 self.notify(f"screenshot not saved: {e}", severity="error")
@@ -502,7 +502,7 @@ class GpuctlApp(App[int]):
             if not yes:
                 return
             try:  # recorded and written like the CLI's runs: the state dir
-                history = HistoryStore(self.state_dir / "accept.sqlite")
+                history = HistoryStore(self.state_dir / paths.ACCEPT_DB)
             except (OSError, sqlite3.Error) as e:
                 self.notify(
                     f"acceptance history unavailable ({e}): not recorded", severity="warning"
@@ -513,7 +513,7 @@ class GpuctlApp(App[int]):
                 [node],
                 options,
                 history=history,
-                report_dir=self.state_dir / "reports",
+                report_dir=self.state_dir / paths.REPORTS,
                 read_only=self.read_only,
             )
             self.accept_run = run
@@ -567,7 +567,9 @@ class GpuctlApp(App[int]):
             self.notify(f"recorded {recorder.seconds:.0f} s into {recorder.path}")
             return
         try:
-            self.recorder = Recorder(self.fleet, new_recording_path(self.state_dir / "recordings"))
+            self.recorder = Recorder(
+                self.fleet, new_recording_path(self.state_dir / paths.RECORDINGS)
+            )
         except OSError as e:
             self.notify(f"cannot record: {e}", severity="error")
             return

@@ -91,7 +91,7 @@ class ThemeMemory:
     """Remembers the last theme chosen in a small JSON file under the user's state folder."""
 
     def __init__(self, state_dir: Path | None = None) -> None:
-        self.path = (state_dir if state_dir is not None else paths.state_dir()) / "tui.json"
+        self.path = (state_dir if state_dir is not None else paths.state_dir()) / paths.TUI_SETTINGS
 
     def load(self) -> str | None:
         try:
