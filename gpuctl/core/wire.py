@@ -24,6 +24,7 @@ check is a programming error: TypeError, from the first ``parse`` of that schema
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 import typing
@@ -86,8 +87,23 @@ def lenient(
     """``value`` (decoded JSON) as the msgspec Struct ``schema`` (see the module docstring):
     the slow path for what a typed decoder refused as a whole. ``defaults`` (by wire name) stand
     in for missing or bad fields; a Struct with an ``index`` field in a list takes its position
-    there when its own is missing or bad (a GPU's). Never raises on ``value``."""
-    return cast(S | None, _read(schema, value, defaults))
+    there when its own is missing or bad (a GPU's). Never raises on ``value``. A float that is
+    not finite (the lenient JSON reader takes ``NaN`` and ``Infinity``) is null wherever it is,
+    under a field declared ``Any`` too: what comes out is JSON again."""
+    return cast(S | None, _read(schema, _finite(value), defaults))
+
+
+def _finite(value: object, depth: int = 0) -> object:
+    """``value`` with every NaN or infinite float as None (lists and dicts copied)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if depth > 64:  # deeper than any reader lets through; left as it is
+        return value
+    if isinstance(value, dict):
+        return {k: _finite(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v, depth + 1) for v in value]
+    return value
 
 
 def _read(schema: object, value: object, defaults: Mapping[str, object] | None) -> object:
