@@ -148,7 +148,7 @@ def _cpu_burner(agents: list[AgentProcess], owner: dict[str, str]) -> int:
 def _alive(pid: int) -> bool:
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or gone between open and read
         return False
     return text.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
