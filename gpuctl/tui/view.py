@@ -233,17 +233,15 @@ class ClusterTotals:
     power: float
 
 
-def cluster_totals(
-    snaps: Iterable[NodeSnapshot], per_node: Callable[[NodeSnapshot], NodeTotals]
-) -> ClusterTotals:
+def cluster_totals(parts: Iterable[tuple[bool, NodeTotals | None]]) -> ClusterTotals:
+    """The cluster's figures from each node's part: whether it is live, and its totals when
+    it is live or stale (None otherwise)."""
     nodes = live = gpus = util_n = 0
     util_sum = power = 0.0
-    for s in snaps:
+    for is_live, t in parts:
         nodes += 1
-        if s.state is NodeState.LIVE:
-            live += 1
-        if s.state in (NodeState.LIVE, NodeState.STALE):
-            t = per_node(s)
+        live += is_live
+        if t is not None:
             gpus += t.gpus
             util_sum += t.util_sum
             util_n += t.util_n
