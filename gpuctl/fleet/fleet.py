@@ -508,15 +508,23 @@ class Fleet:
                     self.history_len, self.history_older, self.history_step
                 )
             hist.add(g)
-        self._publish(
-            rt,
+        # ``_publish`` written out: ``dataclasses.replace`` reads every field's definition at
+        # each call (~4 us), 512 times a second at 512 nodes.
+        snap = rt.snapshot
+        rt.snapshot = snap = NodeSnapshot(
+            name=snap.name,
             state=NodeState.LIVE,
+            link=snap.link,
+            info=snap.info,
             gpus=sample.gpus,
             last_sample_t=sample.t,
             reason=None,
+            annotations=snap.annotations,
             parents=sample.parents,
             host=sample.host,
         )
+        for listener in self._listeners:
+            listener(snap)
 
     async def _watch_stale(self) -> None:
         while True:
