@@ -264,7 +264,7 @@ def test_a_sample_keeps_every_field_of_the_snapshot_it_does_not_carry() -> None:
     fleet = simulated_fleet([("a", "1:H100")])
     rt = fleet.nodes["a"]
     kept = {"link": "ssh", "info": NodeInfo(hostname="a"), "annotations": {0: {"slurm_job": "7"}}}
-    rt.snapshot = dataclasses.replace(rt.snapshot, reason="was down", **kept)  # type: ignore[arg-type]
+    rt.snapshot = dataclasses.replace(rt.snapshot, reason="was down", **kept)
     sample = Sample(t=1e9, gpus=(GpuSample(index=0, t=1e9),), host=HostSample(cpus=4))
     fleet._on_sample(rt, sample)
     set_by_sample = {"state", "gpus", "last_sample_t", "reason", "parents", "host"}
