@@ -4,10 +4,12 @@ The fleet's listener only drops the newest snapshot into ``pending`` (latest win
 the pending set once per refresh tick, so a burst of samples costs one repaint, not one per
 sample.
 
-The header's cluster figures (``totals``, ``trouble``) are asked for at every flush (about ten a
+The header's cluster figures (``totals``, ``trouble``) are asked for at every flush (about nine a
 second) but only the nodes taken since the last ask changed: each node's part is kept and only
-the changed ones are computed again (``_settle``). Walking every node's cached part at each ask
-(a call, a version check, a dict of counts per node) took ~1 ms a flush at 512 nodes.
+the changed ones are computed again (``_settle``), instead of a walk over every node's cached
+part at each ask (a call, a version check, a dict of counts per node). At 512 nodes of 8 GPUs
+with 60 changed per flush the two took 1.2 ms a flush before, 0.8-1.0 ms now: the rest is the
+changed nodes' own parts (``trouble_counts``, ``node_totals``).
 """
 
 from __future__ import annotations
