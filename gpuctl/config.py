@@ -434,7 +434,11 @@ SECTIONS: dict[str, dict[str, Key]] = {
 
 @dataclass(frozen=True, slots=True)
 class PrometheusConfig:
-    """A cluster's ``prometheus*`` keys (see ``PROMETHEUS_KEYS``), checked."""
+    """A cluster's ``prometheus*`` keys (see ``PROMETHEUS_KEYS``), checked: where the store is
+    and how to ask it (``gpuctl.fleet.prom`` reads it as is). ``url``
+    (http(s)://host:port[/prefix]), ``match`` (label matchers every query carries:
+    ``cluster="a"``, braces optional), a bearer token file, or a user with a password file
+    (basic auth), and a CA bundle for TLS."""
 
     url: str
     match: str = ""
@@ -442,6 +446,14 @@ class PrometheusConfig:
     user: str | None = None
     password_file: str | None = None
     ca: str | None = None
+    timeout: float = 30.0  # per query: a busy store answers 16,384 GPUs' series in seconds
+
+    def matchers(self) -> str:
+        """``match`` without its braces: the matchers to put inside a query's selector."""
+        m = self.match.strip()
+        if m.startswith("{") and m.endswith("}"):
+            m = m[1:-1].strip()
+        return m
 
 
 @dataclass(frozen=True, slots=True)

@@ -622,3 +622,24 @@ def test_the_cli_says_it_in_one_line(tmp_path: Path) -> None:
     r = _gpuctl("--config", str(path), "config", "check")
     assert r.returncode == 2, r
     assert r.stderr.count("\n") == 1 and f"{path}: Bad owner or permissions (mode 0666" in r.stderr
+
+
+def test_a_clusters_prometheus_keys_are_what_the_store_client_reads(tmp_path: Path) -> None:
+    """One definition (issue 29): ``[clusters.X] prometheus*`` parse into the very target the
+    Prometheus client asks with, the selector's braces dropped and a token file read."""
+    from gpuctl.fleet.prom import PromClient, PromSource, PromTarget
+
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    config = parse_config(
+        '[clusters.site]\nprometheus = "http://prom.example:9090/"\n'
+        f'prometheus_match = \'{{cluster="a"}}\'\nprometheus_token_file = "{token}"\n'
+    )
+    target = config.clusters["site"].prometheus
+    assert isinstance(target, PromTarget)
+    assert target.matchers() == 'cluster="a"' and target.timeout > 0
+    client = PromClient(target)
+    assert client.base == "http://prom.example:9090"
+    assert client.headers["Authorization"] == "Bearer s3cret"
+    source = PromSource(target)
+    assert all('cluster="a"' in promql for _metric, promql in source.queries)

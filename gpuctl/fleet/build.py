@@ -138,7 +138,11 @@ def fleet_from_config(
     _share_srun_steps(config, links)
     fleet = ClusterFleet(links, **kwargs)
     fleet.store = store
-    fleet.services.extend(source.run for source in sources)
+    squeued = {name for names in slurm_watch.values() for name in names}
+    for source in sources:  # new hosts become nodes, hpc_job labels the GPUs' jobs
+        source.fleet = fleet
+        source.jobs_from_squeue = squeued & set(source.links)
+        fleet.services.append(source.run)
     for conf, names in slurm_watch.items():
         watcher = JobWatcher(fleet, names, client=_client(owner[conf], conf))
         fleet.watchers.append(watcher)
@@ -155,12 +159,12 @@ def prometheus_source(
     it holds, acting through their agents), and a link per node. Raises
     SlurmError (the error ``fleet_from_config`` callers turn into one line) naming the cluster
     when the store cannot be read or holds no GPU for the cluster's selector."""
-    from gpuctl.fleet.prom import PromError, prometheus_links, target_of
+    from gpuctl.fleet.prom import PromError, prometheus_links
 
     assert cluster.prometheus is not None
     try:
         return prometheus_links(
-            target_of(cluster.prometheus, f"[clusters.{cluster.name}]"),
+            cluster.prometheus,
             interval=interval or DEFAULT_PROM_INTERVAL,
             agents=agents,
         )

@@ -135,6 +135,7 @@ class Fleet:
         self._watchdog: asyncio.Task[None] | None = None
         self._rng = rng or random.Random()
         self._backfilled: set[str] = set()
+        self._running = False  # between start() and stop(): a node added then starts at once
 
     # -- subscription -----------------------------------------------------------------------
     def subscribe(self, listener: Listener) -> None:
@@ -306,9 +307,21 @@ class Fleet:
         None when it is not waiting to (connected, or trying now)."""
         return self.nodes[name].retry_at
 
+    def add_node(self, name: str, link: NodeLink) -> None:
+        """A node found after the fleet was made (a host that appeared in the site's
+        Prometheus): kept as the others are, its snapshot published (the screen adds its row)
+        and, while the fleet runs, its task started. Raises ValueError for a name it has."""
+        if name in self.nodes:
+            raise ValueError(f"the fleet already has a node {name}")
+        rt = self.nodes[name] = NodeRuntime(name, link)
+        self._publish(rt)
+        if self._running:
+            rt.task = asyncio.create_task(self._run_node(rt), name=f"node:{rt.name}")
+
     # -- life cycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         """Start one task per node and the stale watchdog; returns at once."""
+        self._running = True
         short = fd_room(sum(rt.link.holds_files for rt in self.nodes.values()))
         if short:
             log.warning("%s", short)
@@ -339,6 +352,7 @@ class Fleet:
 
     async def stop(self) -> None:
         """Close every agent (which stops its burners) and end all tasks."""
+        self._running = False
         if self._watchdog is not None:
             self._watchdog.cancel()
         await _end([rt.task for rt in self.nodes.values() if rt.task is not None])
@@ -508,15 +522,23 @@ class Fleet:
                     self.history_len, self.history_older, self.history_step
                 )
             hist.add(g)
-        self._publish(
-            rt,
+        # ``_publish`` written out: ``dataclasses.replace`` reads every field's definition at
+        # each call (~4 us), 512 times a second at 512 nodes.
+        snap = rt.snapshot
+        rt.snapshot = snap = NodeSnapshot(
+            name=snap.name,
             state=NodeState.LIVE,
+            link=snap.link,
+            info=snap.info,
             gpus=sample.gpus,
             last_sample_t=sample.t,
             reason=None,
+            annotations=snap.annotations,
             parents=sample.parents,
             host=sample.host,
         )
+        for listener in self._listeners:
+            listener(snap)
 
     async def _watch_stale(self) -> None:
         while True:

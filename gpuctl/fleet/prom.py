@@ -20,6 +20,14 @@ whose exporter stopped goes stale by the sample's age (a node is fed a sample on
 time moved). Its hello's ``interval`` is the scrape period read from one series' raw samples
 (``[5m]`` of one GPU), so staleness waits three scrapes, not three polls.
 
+Events and jobs: DCGM exporter's ``XID_ERRORS`` is the last XID a GPU had, so a new value is
+an ``xid`` event, and one a GPU already holds when gpuctl first reads it is told once (as an
+agent tells the kernel log's). A site whose exporter runs with ``--hpc-job-mapping-dir`` has
+each GPU's series once per Slurm job on it, labelled ``hpc_job``: that is the GPU's
+``slurm_job`` annotation, what gpuctl's squeue watch sets for agents (no user: the exporter has
+no label for it). A host that appears in the store after the start becomes a node at the next
+poll (``Fleet.add_node``; a cluster of the store's hosts only, not a mixed one).
+
 A node seen through Prometheus alone has no agent: its link answers pings and refuses every
 other request, and it is read-only (``read_only_why`` says why to the keys that act). A mixed
 node (the cluster also says how to reach it) opens its agent on the first request to act.
@@ -38,9 +46,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -53,10 +61,18 @@ from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
 from gpuctl.node import protocol
 
+if TYPE_CHECKING:
+    from gpuctl.fleet.fleet import Fleet
+
 HOST_LABELS = ("Hostname", "hostname", "node", "instance")  # the first one present names it
 UUID_LABELS = ("UUID", "uuid")
 MODEL_LABELS = ("modelName", "model")
 DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
+# The Slurm (HPC) job on a GPU: DCGM exporter started with --hpc-job-mapping-dir (or
+# DCGM_HPC_JOB_MAPPING_DIR) reads one file per GPU there, a job id a line, and copies each
+# series once per job with this label (internal/pkg/transformation/hpc.go). It has no label
+# for the job's user.
+JOB_LABEL = "hpc_job"
 MIB = 1 << 20
 DEFAULT_PERIOD = 30.0  # the scrape period assumed until one series shows two samples
 PREFIX = "DCGM_FI_DEV_"
@@ -102,6 +118,7 @@ class Labels(msgspec.Struct):
     modelName: str = ""
     model: str = ""
     DCGM_FI_DRIVER_VERSION: str = ""
+    hpc_job: str = ""
 
     def host(self) -> str:
         """The host's name: the first of ``HOST_LABELS`` set ("" when none is)."""
@@ -203,26 +220,9 @@ METRICS: tuple[Metric, ...] = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class PromTarget:
-    """Where the store is and how to ask it: ``url`` (http(s)://host:port[/prefix]), ``match``
-    (label matchers every query carries: ``cluster="a"``, braces optional), a bearer token
-    file, or a user with a password file (basic auth), and a CA bundle for TLS."""
-
-    url: str
-    match: str = ""
-    token_file: str | None = None
-    user: str | None = None
-    password_file: str | None = None
-    ca: str | None = None
-    timeout: float = 30.0  # per query: a busy store answers 16,384 GPUs' series in seconds
-    origin: str = "--prometheus"  # where the URL came from, for messages
-
-    def matchers(self) -> str:
-        m = self.match.strip()
-        if m.startswith("{") and m.endswith("}"):
-            m = m[1:-1].strip()
-        return m
+# Where the store is and how to ask it: the config's own type (``[clusters.X] prometheus*``
+# keys, or ``--prometheus``), one definition for both.
+PromTarget = PrometheusConfig
 
 
 def check_url(url: str) -> str:
@@ -381,6 +381,7 @@ class NodeReading:
     driver: str | None
     seen: set[str]
     host_label: str = "Hostname"  # the label that named the host (for queries about it)
+    jobs: dict[int, set[str]] = field(default_factory=dict)  # GPU -> its ``hpc_job`` labels
 
 
 def _selector(names: tuple[str, ...], matchers: str) -> str:
@@ -400,7 +401,7 @@ def queries(matchers: str) -> list[tuple[Metric | None, str]]:
         (None, f"max by ({hosts}) (timestamp({_selector(UTIL.names, matchers)}))")
     ]
     for m in METRICS:
-        by = f"{hosts}, gpu, {statics}" if m is UTIL else f"{hosts}, gpu"
+        by = f"{hosts}, gpu, {statics}, {JOB_LABEL}" if m is UTIL else f"{hosts}, gpu"
         out.append((m, f"max by ({by}) ({_selector(m.names, matchers)})"))
     return out
 
@@ -452,6 +453,8 @@ def group(answers: list[tuple[Metric | None, list[Series]]]) -> dict[str, NodeRe
                     "name": labels.modelName or labels.model or None,
                 }
                 node.driver = node.driver or labels.DCGM_FI_DRIVER_VERSION or None
+                if labels.hpc_job:  # one series per job on the GPU
+                    node.jobs.setdefault(gpu, set()).add(labels.hpc_job)
     return nodes
 
 
@@ -514,6 +517,9 @@ class PromLink(NodeLink):
         self._reader: asyncio.StreamReader | None = None
         self._last_t: float | None = None
         self._statics: dict[int, JsonObject] = {}
+        # each GPU's XID as last told to the fleet: kept across reopenings, so the XID a GPU
+        # already had when the node was first read is told once, at the first open
+        self._xids: dict[int, int] = {}
         self._agent_session: AgentSession | None = None
         self._opening: asyncio.Task[AgentSession] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -637,7 +643,7 @@ class PromLink(NodeLink):
         self._last_t = None
         self._statics = {}
         self._feed(self._hello(reading))
-        self.update(reading, ())
+        self.update(reading)
 
         async def close() -> None:
             if self._reader is reader:
@@ -676,8 +682,12 @@ class PromLink(NodeLink):
         if self._reader is not None:
             self._reader.feed_data(protocol.encode(msg))
 
-    def update(self, reading: NodeReading, events: Iterable[JsonObject]) -> None:
-        """Send the node's newest sample (when its time moved) and ``events``."""
+    def update(self, reading: NodeReading) -> None:
+        """Send the node's newest sample (when its time moved), then an ``xid`` event for each
+        GPU whose XID is not the one last told (DCGM exporter's XID_ERRORS is the last XID the
+        GPU had, not a count: a new value is a new error; one held since before gpuctl looked
+        is told once, at the first open, as an agent tells what the kernel log holds).
+        Nothing while the node is not open: what changed meanwhile is told at the next open."""
         if self._reader is None or reading.t is None:
             return
         if self._last_t is None or reading.t > self._last_t:
@@ -691,8 +701,21 @@ class PromLink(NodeLink):
                 else:
                     gpus.append(gpu_wire(index, values, uuid))
             self._feed({"type": "sample", "t": reading.t, "seq": self.source.polls, "gpus": gpus})
-        for event in events:
-            self._feed(event)
+        for index, values in sorted(reading.gpus.items()):
+            xid = values.get("xid")
+            if not isinstance(xid, int) or xid == self._xids.get(index, 0):
+                continue
+            self._xids[index] = xid
+            if xid > 0:
+                self._feed(
+                    {
+                        "type": "event",
+                        "t": reading.t,
+                        "kind": "xid",
+                        "gpu": index,
+                        "detail": {"xid": xid, "source": XID.names[0]},
+                    }
+                )
 
 
 class _Answers:
@@ -754,7 +777,11 @@ class PromSource:
         self.poll_seconds = 0.0  # the last poll's wall time, queries and grouping
         self.history_step = HISTORY_STEP_S
         self.history_seconds = HISTORY_S
-        self._xids: dict[tuple[str, int], int] = {}
+        # Set by the fleet's builder: where the jobs go and new hosts are added (``_take``).
+        self.fleet: Fleet | None = None
+        self.adds_hosts = False  # a cluster of every host the store holds (not mixed)
+        self.jobs_from_squeue: set[str] = set()  # nodes whose jobs gpuctl's squeue watch tells
+        self.jobs_shown: dict[tuple[str, int], str] = {}
 
     @property
     def staleness_period(self) -> float:
@@ -819,27 +846,50 @@ class PromSource:
     def _take(self, readings: dict[str, NodeReading], *, publish: bool) -> None:
         self.polls += 1
         for host, reading in readings.items():
-            events: list[JsonObject] = []
-            for index, values in reading.gpus.items():
-                xid = values.get("xid")
-                last = self._xids.get((host, index), 0)
-                if isinstance(xid, int) and xid > 0 and xid != last:
-                    events.append(
-                        {
-                            "type": "event",
-                            "t": reading.t,
-                            "kind": "xid",
-                            "gpu": index,
-                            "detail": {"xid": xid, "source": "DCGM_FI_DEV_XID_ERRORS"},
-                        }
-                    )
-                if isinstance(xid, int):
-                    self._xids[(host, index)] = xid
             if reading.t is not None:
                 self.latest[host] = reading
+        if not publish:
+            return
+        if self.fleet is not None and self.adds_hosts:
+            self._add_hosts(readings)
+        for host, reading in readings.items():
             link = self.links.get(host)
-            if publish and link is not None:
-                link.update(reading, events)
+            if link is not None:
+                link.update(reading)
+        if self.fleet is not None:
+            self._publish_jobs(readings)
+
+    def _add_hosts(self, readings: dict[str, NodeReading]) -> None:
+        """Hosts the store holds GPUs of now and the fleet has no node for become nodes (a
+        node booted, a rack added). Every poll's queries already cover every host the
+        selector matches, so this is a set difference a poll, not a discovery query."""
+        assert self.fleet is not None
+        for host in sorted(set(readings) - set(self.links)):
+            reading = readings[host]
+            if not reading.gpus or reading.t is None or host in self.fleet.nodes:
+                continue  # no GPU yet, or a node of another cluster by that name
+            link = self.links[host] = PromLink(self, host)
+            self.fleet.add_node(host, link)
+
+    def _publish_jobs(self, readings: dict[str, NodeReading]) -> None:
+        """Each GPU's Slurm job from the ``hpc_job`` labels, as the fleet's GPU annotation
+        (``slurm_job``, what the squeue watch sets for agents; the label has no user); the
+        nodes in ``jobs_from_squeue`` are left to that watch."""
+        fleet = self.fleet
+        assert fleet is not None
+        holders: dict[tuple[str, int], str] = {}
+        for host, reading in readings.items():
+            if host in self.jobs_from_squeue or host not in self.links:
+                continue
+            for gpu, jobs in reading.jobs.items():
+                holders[(host, gpu)] = ",".join(sorted(jobs, key=lambda j: (len(j), j)))
+        for host, gpu in set(self.jobs_shown) - set(holders):
+            if host in fleet.nodes:
+                fleet.annotate(host, gpu, slurm_job=None)
+        for (host, gpu), job in holders.items():
+            if self.jobs_shown.get((host, gpu)) != job and host in fleet.nodes:
+                fleet.annotate(host, gpu, slurm_job=job)
+        self.jobs_shown = holders
 
     async def history(self, host: str, start: float, end: float) -> list[GpuSample]:
         """``host``'s GPUs from ``start`` to ``end`` (see ``PromLink.history``)."""
@@ -889,19 +939,6 @@ class PromSource:
             await asyncio.sleep(max(0.0, self.interval - self.poll_seconds))
 
 
-def target_of(config: PrometheusConfig, origin: str) -> PromTarget:
-    """The target a cluster's ``prometheus*`` keys name."""
-    return PromTarget(
-        url=config.url,
-        match=config.match,
-        token_file=config.token_file,
-        user=config.user,
-        password_file=config.password_file,
-        ca=config.ca,
-        origin=origin,
-    )
-
-
 def prometheus_links(
     target: PromTarget,
     *,
@@ -911,12 +948,14 @@ def prometheus_links(
     """A source for ``target``, discovered (blocking), and its links by node. Without
     ``agents``, a read-only link for every host the store holds; with ``agents`` (node ->
     its agent link: a mixed cluster), those nodes only, each watched through the store when it
-    holds the node, through its agent alone when not. Raises PromError (``no_match`` also when
-    the store holds none of ``agents``' nodes)."""
+    holds the node, through its agent alone when not. The fleet built over these links is
+    given to ``source.fleet`` (new hosts, ``hpc_job`` labels). Raises PromError
+    (``no_match`` also when the store holds none of ``agents``' nodes)."""
     source = PromSource(target, interval=interval)
     hosts = source.discover()
     if agents is None:
         source.links = {h: PromLink(source, h) for h in hosts}
+        source.adds_hosts = True  # hosts that appear later are nodes too, once a fleet runs
         return source, dict(source.links)
     held = set(hosts)
     source.links = {n: PromLink(source, n, agent) for n, agent in agents.items() if n in held}

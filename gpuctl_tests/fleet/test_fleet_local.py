@@ -250,3 +250,33 @@ async def test_stop_ends_a_node_task_that_lost_a_cancel() -> None:
         pytest.fail("Fleet.stop() waited for ever on a node task that lost a cancel")
     assert link.lost_cancel
     assert fleet.nodes["a"].task is None
+
+
+def test_a_sample_keeps_every_field_of_the_snapshot_it_does_not_carry() -> None:
+    """``Fleet._on_sample`` builds the node's next snapshot field by field (not with
+    ``dataclasses.replace``): a field it does not name would fall back to its default. Every
+    field of ``NodeSnapshot`` is either one a sample sets or kept from the snapshot before."""
+    import dataclasses
+
+    from gpuctl.core.model import GpuSample, HostSample, NodeInfo
+    from gpuctl.fleet.session import Sample
+
+    fleet = simulated_fleet([("a", "1:H100")])
+    rt = fleet.nodes["a"]
+    kept = {"link": "ssh", "info": NodeInfo(hostname="a"), "annotations": {0: {"slurm_job": "7"}}}
+    rt.snapshot = dataclasses.replace(rt.snapshot, reason="was down", **kept)
+    sample = Sample(t=1e9, gpus=(GpuSample(index=0, t=1e9),), host=HostSample(cpus=4))
+    fleet._on_sample(rt, sample)
+    set_by_sample = {"state", "gpus", "last_sample_t", "reason", "parents", "host"}
+    snap = rt.snapshot
+    for f in dataclasses.fields(NodeSnapshot):
+        if f.name not in set_by_sample:
+            assert f.name in {"name", *kept}, f"a new field {f.name}: keep it in _on_sample"
+    assert {k: getattr(snap, k) for k in kept} == kept and snap.name == "a"
+    assert (snap.state, snap.gpus, snap.last_sample_t, snap.reason, snap.host) == (
+        NodeState.LIVE,
+        sample.gpus,
+        1e9,
+        None,
+        sample.host,
+    )

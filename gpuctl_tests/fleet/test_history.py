@@ -171,3 +171,34 @@ async def test_missing_and_junk_readings_are_none() -> None:
         assert all(hist.series(m)[1][1] is None for m in ("util", "mem", "temp", "power"))
     finally:
         await fleet.stop()
+
+
+def test_a_gpu_sample_is_kept_as_its_readings_are() -> None:
+    """``_Ring.push_gpu`` (the fleet's path, written out per column) keeps what ``push`` keeps
+    of ``_readings``: in range, at and past each column's edges, missing, NaN, infinite, a
+    float where an integer belongs, a lost GPU."""
+    from gpuctl.core.model import GpuSample
+    from gpuctl.fleet.history import METRICS, _readings, _Ring
+
+    edges: list[object] = [None, 0, 1, 254, 255, 256, 65534, 65535, 65536, -1, 10**30]
+    edges += [True, 3.4, 3.6, 254.6, -0.4, -0.6, 7e4]
+    floats: list[float | None] = [None, 0.0, 412.5, 3e38, -3e38, 2.9e38, 1e308, -1e308]
+    floats += [math.inf, -math.inf, math.nan, 17]
+    samples = []
+    for i, v in enumerate(edges):
+        f = floats[i % len(floats)]
+        g = GpuSample(index=0, t=T0 + i, util_gpu=v, temp=v, sm_clock=v, mem_clock=v, power=f)
+        samples.append(g)
+    for i, f in enumerate(floats):
+        mem = None if f is None or f != f or abs(f) == math.inf else int(f)
+        samples.append(GpuSample(index=0, t=T0 + 100 + i, mem_used=mem, power=f))
+    samples.append(GpuSample(index=0, t=T0 + 200, state="lost", util_gpu=50, power=300.0))
+    written, looped = _Ring(len(samples)), _Ring(len(samples))
+    for g in samples:
+        written.push_gpu(g.t, g)
+        looped.push(g.t, _readings(g))  # type: ignore[arg-type]
+    assert written.times_list() == looped.times_list()
+    for metric in METRICS:
+        ours, theirs = written.values(metric), looped.values(metric)
+        same = [a == b or (a != a and b != b) for a, b in zip(ours, theirs, strict=True)]
+        assert all(same), (metric, ours, theirs)

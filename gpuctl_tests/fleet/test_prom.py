@@ -24,9 +24,11 @@ from gpuctl.fleet import control
 from gpuctl.fleet.build import fleet_from_config
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.prom import PromError, PromLink, PromSource, PromTarget
+from gpuctl.fleet.record import slurm_jobs
 from gpuctl.fleet.session import refusal
 from gpuctl.tui import GpuctlApp
 from gpuctl.tui.screens.detail import DetailScreen
+from gpuctl.tui.store import FleetStore
 from gpuctl.tui.view import trouble_counts
 from gpuctl_tests.cli.test_status_nodes import gpuctl as run_gpuctl
 from gpuctl_tests.fleet.test_export import Exporter, Samples, one, scrape
@@ -144,6 +146,113 @@ async def test_the_fleet_reads_every_gpu_from_prometheus(site: Site) -> None:
         assert fleet.snapshot("node-a").state is NodeState.LIVE
     finally:
         await fleet.stop()
+
+
+async def test_an_xid_held_at_discovery_is_told_once(site: Site) -> None:
+    """DCGM exporter's XID_ERRORS is the last XID a GPU had: one it already holds when gpuctl
+    first reads the store is an event once (an agent tells what the kernel log holds), not
+    again on later polls or when the node is opened again; a new one after is told too."""
+    site.exporters["node-a"].set(0, xid=48)
+    site.prom.wait_for("DCGM_FI_DEV_XID_ERRORS == 48", 1)
+    fleet = site_fleet(site.prom.url)
+    link = fleet.nodes["node-a"].link
+    assert isinstance(link, PromLink)
+    source = link.source
+    xids: list[tuple[str, int | None, object]] = []
+    hellos: list[str] = []
+
+    def on_event(node: str, event: NodeEvent) -> None:
+        if event.kind == "xid":
+            xids.append((node, event.gpu, event.detail["xid"]))
+
+    def on_wire(node: str, msg: dict[str, Any]) -> None:
+        if msg.get("type") == "hello":
+            hellos.append(node)
+
+    fleet.on_event(on_event)
+    fleet.on_wire(on_wire)
+    await fleet.start()
+    try:
+        await until(lambda: xids, "the XID held at discovery")
+        polls = source.polls
+        await until(lambda: source.polls >= polls + 3, "three more polls")
+        await fleet.reconnect("node-a")
+        await until(lambda: hellos.count("node-a") >= 2, "node-a opened again")
+        polls = source.polls
+        await until(lambda: source.polls >= polls + 3, "three more polls")
+        assert xids == [("node-a", 0, 48)]
+        site.exporters["node-a"].set(0, xid=79)
+        await until(lambda: len(xids) == 2, "the new XID")
+        assert xids[1] == ("node-a", 0, 79)
+        assert not [x for x in xids if x[0] != "node-a"]
+    finally:
+        await fleet.stop()
+
+
+async def test_slurm_jobs_come_from_the_hpc_job_label(site: Site) -> None:
+    """DCGM exporter run with --hpc-job-mapping-dir gives each series of a GPU once per Slurm
+    job on it, labelled ``hpc_job``: a Prometheus-only cluster shows them as the GPU's job
+    annotation (``slurm_job``, as the squeue watch sets it for agents), gone when the job is."""
+    site.exporters["node-b"].set_jobs(1, "1234")
+    site.exporters["node-a"].set_jobs(0, "778", "77")  # a GPU shared by two jobs
+    fleet = site_fleet(site.prom.url)
+    store = FleetStore(fleet)
+    fleet.subscribe(store.offer)
+
+    def job(node: str, gpu: int) -> object:
+        return (fleet.snapshot(node).annotations.get(gpu) or {}).get("slurm_job")
+
+    await fleet.start()
+    try:
+        await until(lambda: job("node-b", 1) == "1234", "node-b's job")
+        await until(lambda: job("node-a", 0) == "77,778", "node-a's two jobs")
+        assert job("node-b", 0) is None and job("node-c", 1) is None
+        assert slurm_jobs(fleet.snapshot("node-b")) == {"1": ["1234", None]}  # as recorded
+        store.take_pending()
+        assert store.snaps["node-b"].annotations[1].get("slurm_job") == "1234"
+        site.exporters["node-b"].set_jobs(1)
+        await until(lambda: job("node-b", 1) is None, "the job's end")
+        assert job("node-a", 0) == "77,778"
+    finally:
+        await fleet.stop()
+
+
+async def test_a_host_that_appears_later_becomes_a_node() -> None:
+    """A host whose exporter comes up after gpuctl started (a node booted, a rack added) is
+    added to a Prometheus-only cluster as a node, live with its GPUs, on the screen's store."""
+    first = StandInExporter("node-a")
+    port = free_port()  # node-d's exporter: scraped from the start, nothing there yet
+    late: StandInExporter | None = None
+    try:
+        with prometheus([first.address, f"127.0.0.1:{port}"]) as prom:
+            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
+            fleet = site_fleet(prom.url)
+            assert sorted(fleet.nodes) == ["node-a"]
+            store = FleetStore(fleet)
+            fleet.subscribe(store.offer)
+            await fleet.start()
+            try:
+                await until(lambda: fleet.snapshot("node-a").gpus, "node-a's GPUs")
+                late = StandInExporter("node-d", port=port)
+                late.set(1, util=55)
+                await until(lambda: "node-d" in fleet.nodes, "node-d added", timeout=30)
+                await until(
+                    lambda: (
+                        fleet.snapshot("node-d").state is NodeState.LIVE
+                        and fleet.snapshot("node-d").gpus
+                    ),
+                    "node-d live",
+                )
+                assert [g.util_gpu for g in fleet.snapshot("node-d").gpus] == [10, 55]
+                assert fleet.snapshot("node-d").link == "prometheus"
+                store.take_pending()
+                assert store.order == ["node-a", "node-d"]
+            finally:
+                await fleet.stop()
+    finally:
+        first.close()
+        if late is not None:
+            late.close()
 
 
 async def test_history_comes_from_the_store(site: Site) -> None:

@@ -5,7 +5,8 @@ DCGM exporters for it to scrape: the parts ``gpuctl.fleet.prom`` reads in the te
 labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``Hostname``, the driver
 version label), the counters of its default set (``etc/default-counters.csv``) plus the clock
 event reasons and one ECC counter; a test changes a GPU's values in ``gpus`` and the next scrape
-serves them.
+serves them. ``set_jobs`` maps a GPU to Slurm jobs as DCGM exporter's ``--hpc-job-mapping-dir``
+does: each of the GPU's series once per job, with an ``hpc_job`` label.
 """
 
 from __future__ import annotations
@@ -97,12 +98,20 @@ def free_port() -> int:
 
 class StandInExporter:
     """One node's DCGM exporter: ``/metrics`` in its text format, from ``gpus`` (index ->
-    values, see ``gpu_values``), on a loopback port of its own."""
+    values, see ``gpu_values``), on a loopback port of its own (``port``: one chosen before,
+    e.g. a target Prometheus already scrapes while nothing listens there: a node coming up)."""
 
-    def __init__(self, hostname: str, gpus: int = 2, model: str = "NVIDIA H100 80GB HBM3") -> None:
+    def __init__(
+        self,
+        hostname: str,
+        gpus: int = 2,
+        model: str = "NVIDIA H100 80GB HBM3",
+        port: int = 0,
+    ) -> None:
         self.hostname = hostname
         self.model = model
         self.gpus: dict[int, dict[str, Any]] = {i: gpu_values(10 * (i + 1)) for i in range(gpus)}
+        self.jobs: dict[int, list[str]] = {}
         self.lock = threading.Lock()
         owner = self
 
@@ -118,7 +127,7 @@ class StandInExporter:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -134,9 +143,15 @@ class StandInExporter:
         with self.lock:
             self.gpus[gpu].update(changes)
 
+    def set_jobs(self, gpu: int, *jobs: str) -> None:
+        """The Slurm jobs on ``gpu`` now (none: its series lose the ``hpc_job`` label)."""
+        with self.lock:
+            self.jobs[gpu] = list(jobs)
+
     def text(self) -> str:
         with self.lock:
             gpus = {i: dict(v) for i, v in self.gpus.items()}
+            jobs = {i: list(v) for i, v in self.jobs.items()}
         lines = []
         for name, kind, help_text, key in COUNTERS:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
@@ -146,7 +161,9 @@ class StandInExporter:
                     f'device="nvidia{i}",modelName="{self.model}",Hostname="{self.hostname}",'
                     'DCGM_FI_DRIVER_VERSION="550.54.15"'
                 )
-                lines.append(f"{name}{{{labels}}} {values[key]}")
+                for job in jobs.get(i) or [None]:
+                    extra = f',hpc_job="{job}"' if job is not None else ""
+                    lines.append(f"{name}{{{labels}{extra}}} {values[key]}")
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:

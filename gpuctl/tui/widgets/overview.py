@@ -8,6 +8,7 @@ update repaints only that node's lines. Colours come from component classes styl
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -183,6 +184,8 @@ class NodeList(ScrollView, can_focus=True):
     # -- layout -------------------------------------------------------------------------------
     def _block_rows(self, name: str) -> tuple[int, ...] | None:
         snap = self.store.snaps[name]
+        if self.sort is None and self.store.filter.empty:
+            return _every_row(len(snap.gpus))  # each changed node, at each flush
         shown = self.store.visible_gpus(snap)
         if shown is None:
             return None
@@ -754,6 +757,12 @@ class NodeList(ScrollView, can_focus=True):
             block = self.blocks.get(name)
             if block is not None and block[1] is not None and view.contains(0, block[0]):
                 self.painted.setdefault(name, t)
+
+
+@functools.lru_cache(maxsize=64)  # bounded: a node decides how many GPUs it sends
+def _every_row(n: int) -> tuple[int, ...]:
+    """``NodeList._block_rows`` of a node of ``n`` GPUs when no filter or sort applies."""
+    return tuple(range(n))
 
 
 def burn_text(burn: BurnState, now: float | None = None) -> str:
