@@ -95,7 +95,10 @@ def register(sub: Subcommands) -> None:
         "jobs", help="list submitted jobs (newest first); `jobs purge --older-than 7d` cleans up"
     )
     p.add_argument(
-        "action", nargs="?", choices=["purge"], help="purge: delete ended jobs and their folders"
+        "action",
+        nargs="?",
+        choices=["purge"],
+        help="purge: delete ended jobs, their folders and the caches no job used for AGE",
     )
     p.add_argument("--limit", type=int, default=30)
     p.add_argument("--json", action="store_true", help="JSON for scripts")
@@ -465,11 +468,8 @@ def run_purge(args: argparse.Namespace) -> int:
     # a job that looks unfinished may have ended unseen (its supervisor died, the gpuctl that
     # was to start it is gone): looked at first, so that what ended is purged like any end
     _refresh(store, [r for r in store.list(1_000_000) if r.created_at < cutoff], args)
-    old = [
-        r
-        for r in store.list(1_000_000)
-        if r.state in FINAL_STATES and (r.ended_at or r.created_at) < cutoff
-    ]
+    every = store.list(1_000_000)
+    old = [r for r in every if r.state in FINAL_STATES and (r.ended_at or r.created_at) < cutoff]
     config = None
     purged, kept = 0, []
     for rec in old:
@@ -495,13 +495,76 @@ def run_purge(args: argparse.Namespace) -> int:
             continue
         store.delete(rec.id)
         purged += 1
+    caches = _purge_caches(every, cutoff, args)
     if args.dry_run:
         print(f"{len(old)} job(s) ended before {time.ctime(cutoff)} would be purged")
+        for path in caches:
+            print(f"would remove {path}")
         return 0
     print(f"purged {purged} job(s) that ended before {time.ctime(cutoff)}")
+    if caches:
+        print(
+            f"removed {len(caches)} cached item(s) (your code, runners, maps' shared parts)"
+            f" no job used since {time.ctime(cutoff)}"
+        )
     for line in kept:
         print(f"gpuctl: kept {line}", file=sys.stderr)
     return 1 if kept else 0
+
+
+# A job root's content-addressed caches, shared by its jobs: the user's code (``code-<hash>``,
+# ``usercode.ship``), the runners Slurm maps share (``runner-<hash>``) and maps' shared parts
+# (``shared/<hash>.pkl`` and its ``.sources.json``). Each reuse refreshes the item's time
+# (``Host.touch``), so an item older than the purge's age was used by no job since.
+_CACHES = (
+    'find "$1" -mindepth 1 -maxdepth 1 -type d \\( -name "code-*" -o -name "runner-*" \\) '
+    '-mmin "+$2" -print; '
+    '[ ! -d "$1/shared" ] || find "$1/shared" -mindepth 1 -maxdepth 1 -type f -mmin "+$2" -print'
+)
+
+
+def _purge_caches(records: list[JobRecord], cutoff: float, args: argparse.Namespace) -> list[str]:
+    """Remove (or, with ``--dry-run``, list) the caches of the job roots ``records`` used that
+    no job used since ``cutoff``. A root where the store still holds a job that has not ended
+    keeps all of its caches (the job may load them yet); a node that does not answer keeps
+    them for a later purge (named on stderr)."""
+    from gpuctl.jobs import HostError, targets
+    from gpuctl.jobs.store import FINAL_STATES
+
+    roots: dict[tuple[str, str], JobRecord] = {}
+    busy: set[tuple[str, str]] = set()
+    for rec in records:
+        kind = rec.backend.get("kind")
+        where = str(rec.backend.get("node") or "") if kind == "ssh" else ""
+        folder = rec.jobdir.split(":", 1)[-1] if kind == "ssh" else rec.jobdir
+        key = (where, os.path.dirname(folder.rstrip("/")))
+        roots.setdefault(key, rec)
+        if rec.state not in FINAL_STATES:  # never purged: it is in the store still
+            busy.add(key)
+    minutes = max(1, int((time.time() - cutoff) // 60))
+    found: list[str] = []
+    config = None
+    for key, rec in sorted(roots.items()):
+        if key in busy or not key[1]:
+            continue
+        try:
+            if rec.backend.get("kind") == "ssh" and config is None:
+                config = _config(args)
+            host = targets.backend_of(rec.backend, rec.id, config).host
+            rc, out, err = host.run(["sh", "-c", _CACHES, "sh", key[1], str(minutes)], timeout=120)
+            paths = [p for p in out.decode("utf-8", "replace").splitlines() if p]
+            if not args.dry_run and paths:
+                rc, _, err = host.run(["rm", "-rf", "--", *paths], timeout=300)
+                if rc != 0:
+                    raise OSError(err.decode("utf-8", "replace").strip() or f"rm exited {rc}")
+        except (HostError, OSError, ValueError) as e:
+            print(
+                f"gpuctl: kept the caches of {key[0] or 'this machine'}:{key[1]} ({e})",
+                file=sys.stderr,
+            )
+            continue
+        found += [f"{key[0]}:{p}" if key[0] else p for p in paths]
+    return found
 
 
 def run_jobs(args: argparse.Namespace) -> int:

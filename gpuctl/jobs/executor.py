@@ -537,7 +537,7 @@ class Executor:
         """Write a map's shared part to ``path`` (named by its content's hash) unless a map
         wrote the same before; from ``pickled``'s bytes when it kept them."""
         host = self.backend.host
-        if host.exists(path):
+        if host.touch(path):  # written before, now marked used (``gpuctl jobs purge``)
             return
         self._job_root()
         host.mkdir(os.path.dirname(path), 0o700)

@@ -105,6 +105,13 @@ class Host:
     def exists(self, path: str) -> bool:
         raise NotImplementedError
 
+    def touch(self, path: str) -> bool:
+        """True when ``path`` exists, its modification time then set to now: a content-addressed
+        cache (``code-*``, ``runner-*``, ``shared/*.pkl``) found and reused is marked used, so
+        that ``gpuctl jobs purge`` removes only what no job used for its age. One round trip."""
+        rc, _, _ = self.run(["sh", "-c", '[ -e "$1" ] && touch -c "$1"', "sh", path], timeout=60)
+        return rc == 0
+
     def mkdir(self, path: str, mode: int = 0o700) -> None:
         """Create ``path`` and its parents; the last component gets ``mode``."""
         raise NotImplementedError
@@ -223,6 +230,13 @@ class LocalHost(Host):
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
+
+    def touch(self, path: str) -> bool:
+        try:
+            os.utime(path)
+        except OSError:
+            return False
+        return True
 
     def mkdir(self, path: str, mode: int = 0o700) -> None:
         # Parents gpuctl creates are private too (os.makedirs gives them the umask's 0755).

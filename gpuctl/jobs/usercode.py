@@ -315,7 +315,7 @@ def ship(host: Host, root: str, code: UserCode) -> str | None:
     if not code.files:
         return None
     folder = code.folder(root)
-    if host.exists(f"{folder}/{COMPLETE}"):
+    if host.exists(f"{folder}/{COMPLETE}") and host.touch(folder):  # marked used for purge
         return folder
     tmp = f"{folder}.tmp-{uuid.uuid4().hex[:8]}"
     archive = f"{tmp}.tar"

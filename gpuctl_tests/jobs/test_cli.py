@@ -301,6 +301,52 @@ def test_jobs_purge_deletes_ended_jobs_older_than_the_age_and_nothing_else(
     run(capsys, "cancel", running)
 
 
+def test_jobs_purge_removes_the_caches_no_job_used_for_the_age_and_keeps_a_running_jobs(
+    user_file: Path, venv1: str, venv2: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The job root's content-addressed caches (the user's code, maps' shared parts) go with
+    ``purge`` once no job used them for the age: reuse marks them used, a job not ended keeps
+    its root's caches whatever their age."""
+    import os
+
+    from gpuctl.jobs import JobStore
+
+    common = ("--supervisor-python", venv1, "--python", venv2)
+    rc, out, _ = run(capsys, "submit", f"{user_file}:add", "--args", "[1, 2]", "--wait", *common)
+    assert rc == 0
+    first = JobStore().get(out.split()[0])
+    assert first is not None
+    root = Path(first.jobdir).parent
+    (code,) = root.glob("code-*")  # user_jobs.py shipped with the job
+    week_ago = time.time() - 8 * 86400
+    os.utime(code, (week_ago, week_ago))
+    rc, out, _ = run(capsys, "submit", f"{user_file}:add", "--args", "[3, 4]", "--wait", *common)
+    assert rc == 0 and code.stat().st_mtime > time.time() - 600  # reused: marked used now
+    (root / "shared").mkdir(mode=0o700, exist_ok=True)
+    stale = root / "shared" / "0123abcd.pkl"
+    stale.write_bytes(b"x")
+    os.utime(stale, (week_ago, week_ago))
+    fresh = root / "code-fresh"
+    fresh.mkdir()
+
+    rc, out, _ = run(capsys, "submit", f"{user_file}:slow", *common)
+    running = out.strip()
+    os.utime(code, (week_ago, week_ago))  # as if the running job were a week old
+    rc, out, err = run(capsys, "jobs", "purge", "--older-than", "7d")
+    assert rc == 0 and "removed" not in out, (out, err)
+    assert code.is_dir() and stale.exists()  # a job not ended may load them yet
+    rc, _, _ = run(capsys, "cancel", running)
+    rc, _, err = run(capsys, "result", running, "--timeout", "30")
+    assert "[cancelled]" in err
+
+    rc, out, err = run(capsys, "jobs", "purge", "--older-than", "7d", "--dry-run")
+    assert rc == 0 and f"would remove {code}" in out and f"would remove {stale}" in out, out
+    assert code.is_dir() and str(fresh) not in out
+    rc, out, err = run(capsys, "jobs", "purge", "--older-than", "7d")
+    assert (rc, err) == (0, "") and "removed 2 cached item(s)" in out, (out, err)
+    assert not code.exists() and not stale.exists() and fresh.is_dir()
+
+
 def test_logs_follow_prints_what_the_job_writes_as_it_runs_and_ends_with_it(
     tmp_path: Path, venv1: str, venv2: str
 ) -> None:
