@@ -286,20 +286,27 @@ class Job(concurrent.futures.Future[Any]):
         return data[-limit:].decode("utf-8", "replace")
 
     def read_lines(
-        self, name: str, *, tail: int | None = None, head: int | None = None, sized: bool = False
+        self,
+        name: str,
+        *,
+        tail: int | None = None,
+        head: int | None = None,
+        sized: bool = False,
+        most_bytes: int | None = None,
     ) -> tuple[bytes, int | None]:
         """The last ``tail`` (or first ``head``) lines of the job folder's file ``name`` (rank
         0's for a job of several tasks), read on its host (``tail`` seeks from the end there):
         only those lines travel, at most ``LINE_BYTES`` a line on average (longer lines are
         cut, at the start for ``tail``). ``sized`` (with ``tail``): also the file's size the
         lines end at, to follow it from there (the node then reads the file through once);
-        else None. Empty when absent; raises ``HostError`` when the node does not answer."""
+        else None. ``most_bytes``: at most that many bytes travel, whatever the lines' count.
+        Empty when absent; raises ``HostError`` when the node does not answer."""
         if (tail is None) == (head is None) or (tail or head or 0) < 0:
             raise ValueError("give one of tail= and head=, a whole number of lines, 0 or more")
         count = int(tail if tail is not None else head or 0)
         sized = sized and tail is not None
         path = f"{self._logs_job.jobdir}/{name}"
-        most = str(max(1, count) * LINE_BYTES)
+        most = str(most_bytes if most_bytes is not None else max(1, count) * LINE_BYTES)
         if tail is not None and sized:  # the size first: the lines shown are the ones before it
             script = 's=$(wc -c < "$1") || exit 3; echo "$s"; head -c "$s" -- "$1" | '
             script += 'tail -n "$2" | tail -c "$3"'

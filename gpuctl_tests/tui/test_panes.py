@@ -63,6 +63,45 @@ def sleeps() -> None:
     time.sleep(300)
 
 
+def prints_a_lot(lines: int) -> int:
+    sys.stdout.write("".join(f"line {i:07d} of a long log\n" for i in range(lines)))
+    return lines
+
+
+async def test_jobs_pane_reads_only_the_end_of_a_long_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's log of megabytes: the pane shows its end and says how much came before, and
+    only that end travels from the node (read there, as ``gpuctl logs --tail``)."""
+    from gpuctl.jobs.hosts import LocalHost
+    from gpuctl.tui.widgets.jobs_pane import TAIL_BYTES
+
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    store = JobStore()
+    ex = Executor("local", python=sys.executable, job_root=str(tmp_path / "jobs"), store=store)
+    job = ex.submit(prints_a_lot, 100_000)  # 2.7 MB of stdout
+    assert job.result(60) == 100_000
+    brought: list[int] = []
+    for name in ("read_bytes", "run"):
+        real = getattr(LocalHost, name)
+
+        def spy(self: Any, *a: Any, _real: Any = real, **k: Any) -> Any:
+            out = _real(self, *a, **k)
+            data = out if isinstance(out, bytes) or out is None else out[1]
+            brought.append(len(data or b""))
+            return out
+
+        monkeypatch.setattr(LocalHost, name, spy)
+    app = make_app(replay_fleet(), state_dir=tmp_path / "ui", job_store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        await until(pilot, lambda: "line 0099999" in log_text(app, "stdout"), "the log's end")
+        text = log_text(app, "stdout")
+        assert text.startswith("[… ") and "bytes before]" in text.splitlines()[0]
+        assert "line 0000000" not in text
+    assert brought and max(brought) <= TAIL_BYTES + 64, brought
+
+
 @pytest.mark.slow
 async def test_jobs_pane_shows_output_report_and_cancels_from_the_keyboard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -36,8 +36,11 @@ if TYPE_CHECKING:
 JOB_COLUMNS = ("id", "state", "target", "function", "time", "summary")
 FINAL_STATES = ("done", "failed", "cancelled")
 STREAMS = (jobfiles.STDOUT, jobfiles.STDERR)
-TAIL_BYTES = 64 * 1024  # a newly selected job shows at most this much of each log
 LOG_LINES = 2000
+TAIL_BYTES = 64 * 1024  # a newly selected job shows at most this much of each log's end
+# and at most the last lines the view keeps after its "[… N bytes before]" line: read on the
+# job's node, only they travel however long the log (as ``gpuctl logs --tail``)
+TAIL_LINES = LOG_LINES - 2  # the marker line, and the empty line after the last break
 LIST_EVERY_S = 2.0
 TAIL_EVERY_S = 1.0
 SLURM_EVERY = 5  # list rounds between Slurm state polls (one squeue per unfinished job)
@@ -383,16 +386,19 @@ class JobsPane(Vertical):
                 final = False
         chunks: dict[str, bytes] = {}
         for name in STREAMS:
-            path = f"{job.jobdir}/{name}"
             try:
-                data = job.backend.host.read_bytes(path, offsets[name]) or b""
+                if offsets[name] == 0:  # a newly selected job: its logs' end, read on its node
+                    data, size = job.read_lines(
+                        name, tail=TAIL_LINES, sized=True, most_bytes=TAIL_BYTES
+                    )
+                    skipped = (size or 0) - len(data)
+                    chunks[name] = f"[… {skipped} bytes before]\n".encode() if skipped else b""
+                    chunks[name] += data
+                    offsets[name] = size or 0
+                    continue
+                data = job.read_from(name, offsets[name])
             except Exception:
                 data = b""
-            if offsets[name] == 0 and len(data) > TAIL_BYTES:
-                skipped = len(data) - TAIL_BYTES
-                chunks[name] = f"[… {skipped} bytes before]\n".encode() + data[-TAIL_BYTES:]
-                offsets[name] = len(data)
-                continue
             chunks[name] = data
             offsets[name] += len(data)
         self.app.call_from_thread(self._append_logs, rec.id, chunks, offsets, final)
