@@ -84,6 +84,20 @@ def register(sub: Subcommands) -> None:
         help="a shell line to run before VENV2 starts (repeatable)",
     )
     p.add_argument(
+        "--ship-limit",
+        metavar="SIZE",
+        help="most bytes of your project's modules that travel with the job (default 64M; "
+        "0: ship none)",
+    )
+    p.add_argument(
+        "--ship-exclude",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="leave out of what ships the files, folders and modules matching PATTERN "
+        "(fnmatch, e.g. 'data*' or 'proj.experiments.*'; repeatable)",
+    )
+    p.add_argument(
         "--wait",
         action="store_true",
         help="wait and print the result or report; a command's output is followed as it comes "
@@ -232,6 +246,15 @@ def _check_limits(args: argparse.Namespace) -> None:
             ok = False
         if not ok:
             raise UserError(f"--mem {args.mem!r}: expected a size like 4G, 512M or 1.5GB")
+    if getattr(args, "ship_limit", None) is not None:
+        try:
+            ok = (parse_mem(args.ship_limit) or 0) >= 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UserError(
+                f"--ship-limit {args.ship_limit!r}: expected a size like 64M or 1G (0: ship none)"
+            )
     if args.time_limit is not None and not args.time_limit > 0:
         raise UserError(f"--time-limit must be positive seconds, not {args.time_limit:g}")
 
@@ -285,6 +308,10 @@ def run_submit(args: argparse.Namespace) -> int:
         opts["supervisor_python"] = args.supervisor_python
     if args.partition:
         opts["partition"] = args.partition
+    if args.ship_limit is not None:
+        opts["ship_limit"] = args.ship_limit
+    if args.ship_exclude:
+        opts["ship_exclude"] = args.ship_exclude
     try:  # read-only mode: decided by gpuctl.cli.main before the command ran
         ex = Executor(args.target, config=config, read_only=_decided(args), **opts)
     except ValueError as e:

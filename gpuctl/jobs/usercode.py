@@ -155,7 +155,8 @@ STDLIB = (
 
 def _excluded_why(pattern: str) -> str:
     return (
-        f"the pattern {pattern!r} of Executor(ship_exclude=...) leaves it out: remove it to ship it"
+        f"the pattern {pattern!r} of --ship-exclude / Executor(ship_exclude=...) leaves it out: "
+        "remove it to ship it"
     )
 
 
@@ -265,15 +266,16 @@ def collect(
         if limit <= 0:
             unshipped[unit.name] = (
                 unit.path,
-                "shipping your code is off (Executor(ship_limit=0)): give it a limit",
+                "shipping your code is off (--ship-limit 0 / Executor(ship_limit=0)): "
+                "give it a limit",
             )
             continue
         if total + unit.size > limit:
             why = (
                 f"it is {_fmt(unit.size)}, and your project's code would then be "
                 f"{_fmt(total + unit.size)}, over the limit of {_fmt(limit)}: leave out what the "
-                "job does not import (Executor(ship_exclude=[...])) or raise the limit "
-                "(Executor(ship_limit=...))"
+                "job does not import (--ship-exclude / Executor(ship_exclude=[...])) or raise "
+                "the limit (--ship-limit / Executor(ship_limit=...))"
             )
             unshipped[unit.name] = (unit.path, why)
             continue

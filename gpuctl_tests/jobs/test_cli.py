@@ -149,6 +149,8 @@ def test_cancel_through_the_cli(
         (["result", "0000000"], "no job '0000000'"),
         (["logs", "0000000"], "no job '0000000'"),
         (["cancel", "0000000"], "no job '0000000'"),
+        (["submit", "{file}:add", "--ship-limit", "lots"], "--ship-limit 'lots': expected a size"),
+        (["submit", "{file}:add", "--ship-limit=-1M"], "--ship-limit '-1M': expected a size"),
     ],
 )
 def test_user_mistakes_are_one_line(
@@ -159,6 +161,25 @@ def test_user_mistakes_are_one_line(
     assert err.count("\n") == 1 and err.startswith("gpuctl: ")
     assert message in err
     assert "Traceback" not in err
+
+
+def test_ship_exclude_and_ship_limit_from_the_command_line(
+    tmp_path: Path, venv1: str, venv2: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--ship-exclude`` leaves a module of the project out (the report names it and the
+    option), ``--ship-limit`` caps what ships; without them the module travels."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "helper.py").write_text("VALUE = 41\n")
+    (proj / "main.py").write_text("def f():\n    import helper\n    return helper.VALUE + 1\n")
+    common = ("--supervisor-python", venv1, "--python", venv2, "--wait")
+    rc, out, err = run(capsys, "submit", f"{proj / 'main.py'}:f", *common)
+    assert (rc, out.split()[-1]) == (0, "42"), (out, err)
+    for extra in (("--ship-exclude", "help*"), ("--ship-limit", "0")):
+        rc, out, err = run(capsys, "submit", f"{proj / 'main.py'}:f", *common, *extra)
+        assert rc == 1, (out, err)
+        assert f"your module `helper` (`{proj / 'helper.py'}`) was not shipped" in err, err
+        assert extra[0] in err, err
 
 
 def test_node_of_the_config_via_local_with_jobs_table(
