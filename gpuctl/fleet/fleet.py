@@ -605,24 +605,33 @@ def fd_room(nodes: int) -> str | None:
 
 
 THROTTLE_HOLD_S = 10.0
+# A reason that starts again within THROTTLE_FLAP_S of its end is flapping: its next end waits
+# twice as long (up to THROTTLE_HOLD_MAX_S), so a power cap that comes and goes every 20 s is
+# one episode, not a started/ended pair every 20 s; a start after a quiet THROTTLE_FLAP_S
+# waits THROTTLE_HOLD_S again.
+THROTTLE_FLAP_S = 60.0
+THROTTLE_HOLD_MAX_S = 160.0
 NEVER = ("never sent",)  # ``Throttling.alt`` when it stands for no state
 
 
 class Throttling:
     """One GPU's throttle reasons as events: a reason that starts is a ``throttle`` event
     (``detail``: the reasons that ``started`` and ``ended``); one that stops ends only after
-    THROTTLE_HOLD_S without it. The agent reports reasons, not their changes: the detail
+    its hold without it (THROTTLE_HOLD_S, doubled each time it starts again within
+    THROTTLE_FLAP_S of its end). The agent reports reasons, not their changes: the detail
     screen said "no events" on a GPU at 88 C with THERM and PWRCAP; and a power cap at full
     load comes and goes every second or two (the demo's GPUs: 40 events a minute, without the
-    hold)."""
+    hold; a pair every ~20 s with a fixed hold of 10 s)."""
 
-    __slots__ = ("active", "alt", "due", "gone", "raw")
+    __slots__ = ("active", "alt", "due", "ended_at", "gone", "hold", "raw")
 
     def __init__(self) -> None:
         self.raw: tuple[str, ...] | None = None  # the last sample's reasons, as sent
         self.active: set[str] = set()  # the reasons that started and have not ended
         self.gone: dict[str, float] = {}  # an active reason missing since (sample time)
         self.due = math.inf  # when the first of ``gone`` ends
+        self.hold: dict[str, float] = {}  # a reason's hold, when longer than THROTTLE_HOLD_S
+        self.ended_at: dict[str, float] = {}  # when a reason last ended
         # The other of two quiet states an idle GPU alternates between (() and ("gpu_idle",):
         # 30% of the simulator's samples) while nothing is active, else a tuple never sent.
         self.alt: tuple[str, ...] | None = NEVER
@@ -638,16 +647,29 @@ class Throttling:
         self.alt = NEVER
         now = {r for r in reasons or () if r not in QUIET_THROTTLE}
         started = sorted(now - self.active)
+        for r in started:
+            last = self.ended_at.get(r)
+            if last is not None and t - last < THROTTLE_FLAP_S:  # flapping: hold it longer
+                self.hold[r] = min(2 * self.hold.get(r, THROTTLE_HOLD_S), THROTTLE_HOLD_MAX_S)
+            else:
+                self.hold.pop(r, None)
         self.active |= now
         for r in now:
             self.gone.pop(r, None)
         for r in self.active - now:
             self.gone.setdefault(r, t)
-        ended = sorted(r for r, since in self.gone.items() if t - since >= THROTTLE_HOLD_S)
+        hold = self.hold
+        ended = sorted(
+            r for r, since in self.gone.items() if t - since >= hold.get(r, THROTTLE_HOLD_S)
+        )
         for r in ended:
             del self.gone[r]
             self.active.discard(r)
-        self.due = min(self.gone.values(), default=math.inf) + THROTTLE_HOLD_S
+            self.ended_at[r] = t
+        self.due = min(
+            (since + hold.get(r, THROTTLE_HOLD_S) for r, since in self.gone.items()),
+            default=math.inf,
+        )
         if not started and not ended:
             return None
         return NodeEvent(t, "throttle", gpu, {"started": started, "ended": ended})

@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
-from gpuctl.fleet.fleet import THROTTLE_HOLD_S, Fleet, Throttling
+from gpuctl.fleet.fleet import THROTTLE_HOLD_MAX_S, THROTTLE_HOLD_S, Fleet, Throttling
 from gpuctl.fleet.replay import ReplayLink, recorded_node
 from gpuctl.tui import make_app
 from gpuctl.tui.screens.detail import DetailScreen, Facts, time_ticks, value_ticks
@@ -69,6 +69,35 @@ def test_a_throttle_starts_once_and_ends_after_the_hold() -> None:
     assert w.update(61.0, 0, ()) is None and w.update(62.0, 0, ("gpu_idle",)) is None  # held
     ended = w.update(71.0, 0, ("gpu_idle",))
     assert ended is not None and ended.detail == {"started": [], "ended": ["hw_slowdown"]}
+
+
+def test_a_power_cap_that_comes_back_every_20_s_is_one_episode_not_a_pair_each_time() -> None:
+    """The demo's GPU 1: its cap off for ~12 s, back for ~8 s, for ten minutes. A fixed hold
+    ended and restarted it every 20 s; a reason that comes back soon after it ended is held
+    twice as long each time, so the flapping is one episode, ended once it stays away."""
+    w = Throttling()
+    events = []
+    t = 0.0
+    for _ in range(30):  # 30 cycles of 20 s
+        for k in range(20):
+            reasons = ("sw_power_cap",) if k < 8 else ()
+            e = w.update(t + k, 1, reasons)
+            if e is not None:
+                events.append((t + k, e.detail))
+        t += 20.0
+    starts = [d for _, d in events if d["started"]]
+    ends = [d for _, d in events if d["ended"]]
+    assert len(starts) <= 3 and len(ends) <= 2, events  # was 30 pairs
+    e = None
+    for k in range(int(THROTTLE_HOLD_MAX_S) + 1):  # then it stays away: it ends, once
+        e = w.update(t + k, 1, ()) or e
+    assert e is not None and e.detail == {"started": [], "ended": ["sw_power_cap"]}
+    # much later, a cap is a new episode with the short hold again
+    later = t + 1000.0
+    assert w.update(later, 1, ("sw_power_cap",)) is not None
+    assert w.update(later + 1, 1, ()) is None
+    ended = w.update(later + 1 + THROTTLE_HOLD_S, 1, ())
+    assert ended is not None and ended.detail["ended"] == ["sw_power_cap"]
 
 
 def detail_fleet() -> Fleet:
