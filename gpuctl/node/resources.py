@@ -2,9 +2,8 @@
 many threads the job's math libraries will start.
 
 The GPUs are read as the agent reads them (``readers.open_reader``: NVML, else nvidia-smi)
-with the job's environment, which is put in ``os.environ`` for the read and taken back after:
-a setup line's PATH finds nvidia-smi, a setup line's LD_LIBRARY_PATH the NVML library.
-Standard library only, Python 3.6.
+with the job's environment, which is put in ``os.environ`` for the read and taken back after
+(a setup line's PATH finds nvidia-smi). Standard library only, Python 3.6.
 """
 
 import os
