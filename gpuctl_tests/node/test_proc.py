@@ -54,6 +54,23 @@ def test_prctl_lives_in_the_process_module_only() -> None:
     assert "PR_SET_PDEATHSIG" in (REPO / "gpuctl" / "node" / "proc.py").read_text()
 
 
+def test_proc_pid_stat_is_parsed_in_the_process_module_only() -> None:
+    """One reader of /proc/PID/stat and /proc/stat's boot time (``proc.read_stat``,
+    ``proc.boot_time``): the idioms of a parse of its own (the fields after the command name's
+    last ``)``, the ``btime`` line) appear nowhere else in the package."""
+    idioms = ('rindex(")")', 'rindex(b")")', 'rfind(")")', 'rfind(b")")', '"btime', 'b"btime')
+    offenders = []
+    for path in sorted((REPO / "gpuctl").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel == "gpuctl/node/proc.py":
+            continue
+        text = path.read_text()
+        offenders += [f"{rel}: {idiom}" for idiom in idioms if idiom in text]
+    assert offenders == [], "read /proc/PID/stat with gpuctl.node.proc.read_stat"
+    proc_text = (REPO / "gpuctl" / "node" / "proc.py").read_text()
+    assert 'rindex(b")")' in proc_text and 'b"btime' in proc_text  # the rule sees the real ones
+
+
 SPAWNER = r"""
 import sys, time
 from gpuctl.node import proc
