@@ -381,7 +381,7 @@ class Venv2:
             )
 
     def _run_probe(self, python: str) -> Probe:
-        from gpuctl.node.supervisor import _PROBE
+        from gpuctl.node.envbuild import _PROBE
 
         rc, out, err = self.host.run([python, "-c", _PROBE], timeout=120)
         text = out.decode("utf-8", "replace").strip()

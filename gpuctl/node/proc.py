@@ -194,19 +194,21 @@ class ProcStat(object):
     """What ``/proc/PID/stat`` says of a process: ``state`` ("R", "S", "Z", ...), ``ppid``,
     ``cpu_ticks`` (user + system time, in clock ticks), ``start_ticks`` (start time in clock
     ticks after boot; with the pid it names one process, whatever reuses the pid later),
-    ``rss`` (resident bytes) and ``session`` (its session id). The node side's one reader of
-    /proc/PID/stat (the agent's process facts, descendants, the supervisor's memory limit)."""
+    ``rss`` (resident bytes), ``session`` (its session id) and ``pgrp`` (its process group). The
+    node side's one reader of /proc/PID/stat (the agent's process facts, descendants, the
+    supervisor's memory limit, the burners of other sessions)."""
 
-    __slots__ = ("state", "ppid", "cpu_ticks", "start_ticks", "rss", "session")
+    __slots__ = ("state", "ppid", "cpu_ticks", "start_ticks", "rss", "session", "pgrp")
 
     def __init__(self, state: str, ppid: int, cpu_ticks: int, start_ticks: int, rss: int,
-                 session: int = 0) -> None:
+                 session: int = 0, pgrp: int = 0) -> None:
         self.state = state
         self.ppid = ppid
         self.cpu_ticks = cpu_ticks
         self.start_ticks = start_ticks
         self.rss = rss
         self.session = session
+        self.pgrp = pgrp
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -220,11 +222,11 @@ def read_stat(pid: Union[int, str], proc_root: str = "/proc") -> Optional[ProcSt
         with open(os.path.join(proc_root, str(pid), "stat"), "rb") as f:
             stat = f.read()
         fields = stat[stat.rindex(b")") + 2:].split()
-        # fields[n - 3] is field n of proc(5): 4 ppid, 6 session, 14 utime, 15 stime,
+        # fields[n - 3] is field n of proc(5): 4 ppid, 5 pgrp, 6 session, 14 utime, 15 stime,
         # 22 starttime, 24 rss
         return ProcStat(fields[0].decode("ascii", "replace"), int(fields[1]),
                         int(fields[11]) + int(fields[12]), int(fields[19]),
-                        int(fields[21]) * PAGE_BYTES, int(fields[3]))
+                        int(fields[21]) * PAGE_BYTES, int(fields[3]), int(fields[2]))
     except (OSError, ValueError, IndexError):
         return None
 

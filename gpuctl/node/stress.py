@@ -145,14 +145,7 @@ def scan_burners(proc_root: str = "/proc") -> List[Dict[str, Any]]:
     """gpuctl burners of this user running on this machine, whoever started them: one dict
     (pid, engine, gpu, device, duration, age, owner) per process group leader."""
     uid = os.getuid()
-    btime = None  # type: Optional[int]
-    ticks = 100
-    try:
-        with open(os.path.join(proc_root, "stat")) as f:
-            btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime "))
-        ticks = os.sysconf("SC_CLK_TCK")
-    except (OSError, StopIteration, ValueError):
-        btime, ticks = None, 100
+    btime = proc.boot_time(proc_root)
     out = []
     for entry in os.listdir(proc_root):
         if not entry.isdigit():
@@ -164,16 +157,14 @@ def scan_burners(proc_root: str = "/proc") -> List[Dict[str, Any]]:
                 continue
             with open(os.path.join(base, "cmdline"), "rb") as f:
                 argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0")]
-            with open(os.path.join(base, "stat")) as f:
-                stat = f.read()
         except OSError:
             continue
         module = _arg(argv, "-m")
         if module not in BURNER_MODULES:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] in ("Z", "X") or int(fields[2]) != pid:
-            continue  # a zombie, or not the leader of its own group
+        stat = proc.read_stat(pid, proc_root)
+        if stat is None or stat.state in ("Z", "X") or stat.pgrp != pid:
+            continue  # gone, a zombie, or not the leader of its own group
         try:
             with open(os.path.join(base, "environ"), "rb") as f:
                 owner = read_owner(f.read(ENVIRON_LIMIT))
@@ -181,7 +172,7 @@ def scan_burners(proc_root: str = "/proc") -> List[Dict[str, Any]]:
             owner = None
         age = None
         if btime is not None:
-            age = round(time.time() - (btime + int(fields[19]) / float(ticks)), 1)
+            age = round(time.time() - (btime + stat.start_ticks / float(proc.CLOCK_TICKS)), 1)
         text = _arg(argv, "--duration")
         try:
             duration = float(text) if text is not None else None

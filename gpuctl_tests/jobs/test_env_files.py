@@ -18,8 +18,8 @@ import pytest
 
 from gpuctl.jobs import EnvSpec, Executor, JobStore
 from gpuctl.jobs.provision import EnvSpecError
-from gpuctl.node import supervisor
-from gpuctl.node.supervisor import UV_OWN, conda_create_argv
+from gpuctl.node import envbuild
+from gpuctl.node.envbuild import UV_OWN, conda_create_argv
 from gpuctl_tests.jobs.wheels import make_wheel, wheel_of
 
 
@@ -240,7 +240,7 @@ def test_pips_configuration_as_pip_resolves_it_becomes_uvs_flags(tmp_path: Path)
         "[install]\nfind-links =\n    /srv/wheels\n    /srv/more\ntrusted_host = mirror.example\n"
     )
     environ = {"HOME": str(home), "XDG_CONFIG_DIRS": str(tmp_path / "xdg")}
-    uv_index_options = functools.partial(supervisor.uv_index_options, etc=str(tmp_path / "etc"))
+    uv_index_options = functools.partial(envbuild.uv_index_options, etc=str(tmp_path / "etc"))
     flags, env, lines = uv_index_options(environ)
     assert flags == [
         "--index-url", "https://mirror.example/simple",

@@ -16,6 +16,7 @@ import pytest
 
 import gpuctl.bundle
 from gpuctl.bundle import bundle_bytes, bundle_name, write_bundle
+from gpuctl.node import jobfiles
 from gpuctl_tests.helpers import REPO, AgentProcess, old_python
 
 
@@ -49,6 +50,9 @@ def test_bundle_holds_the_node_side_only() -> None:
         "gpuctl/node/readers/nvml.py",
         "gpuctl/node/readers/smi.py",
         "gpuctl/node/readers/sim.py",
+        "gpuctl/node/supervisor.py",
+        # the supervisor's modules: ``gpuctl-node-<hash>.pyz supervisor JOBDIR`` imports them
+        *(f"gpuctl/node/{m}.py" for m in jobfiles.RUNNER_MODULES),
     ):
         assert needed in names
     for name in names:

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,23 @@ def test_prctl_lives_in_the_process_module_only() -> None:
     assert offenders == [], "use gpuctl.node.proc instead"
     # and the check can fail: the module itself does hold them
     assert "PR_SET_PDEATHSIG" in (REPO / "gpuctl" / "node" / "proc.py").read_text()
+
+
+def test_proc_pid_stat_is_parsed_in_the_process_module_only() -> None:
+    """One reader of /proc/PID/stat and /proc/stat's boot time (``proc.read_stat``,
+    ``proc.boot_time``): the idioms of a parse of its own (the fields after the command name's
+    last ``)``, the ``btime`` line) appear nowhere else in the package."""
+    idioms = ('rindex(")")', 'rindex(b")")', 'rfind(")")', 'rfind(b")")', '"btime', 'b"btime')
+    offenders = []
+    for path in sorted((REPO / "gpuctl").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel == "gpuctl/node/proc.py":
+            continue
+        text = path.read_text()
+        offenders += [f"{rel}: {idiom}" for idiom in idioms if idiom in text]
+    assert offenders == [], "read /proc/PID/stat with gpuctl.node.proc.read_stat"
+    proc_text = (REPO / "gpuctl" / "node" / "proc.py").read_text()
+    assert 'rindex(b")")' in proc_text and 'b"btime' in proc_text  # the rule sees the real ones
 
 
 SPAWNER = r"""
@@ -373,3 +391,44 @@ def test_a_session_s_resident_memory_is_the_sum_of_its_processes() -> None:
     finally:
         proc.stop_group(leader.pid, grace=1.0)
         leader.wait(10)
+
+
+def _fake_process(
+    root: Path, pid: int, argv: list[str], comm: bytes, state: str, pgrp: int
+) -> None:
+    """``root/PID`` as /proc shows a process: cmdline, and stat with start time 50 s after boot."""
+    folder = root / str(pid)
+    folder.mkdir()
+    (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    # fields 3.. of proc(5): state ppid pgrp session tty tpgid flags 4 faults utime stime
+    # cutime cstime priority nice threads itrealvalue starttime(22) vsize rss(24)
+    rest = f"{state} 1 {pgrp} {pgrp} 0 -1 0 0 0 0 0 7 3 0 0 20 0 1 0 {50 * proc.CLOCK_TICKS} 0 9"
+    (folder / "stat").write_bytes(b"%d (%s) %s\n" % (pid, comm, rest.encode()))
+    (folder / "environ").write_bytes(b"PATH=/usr/bin\0")
+
+
+def test_other_sessions_burners_are_read_through_the_one_stat_reader(tmp_path: Path) -> None:
+    """``stress.scan_burners`` reads /proc/PID/stat and the boot time through ``proc``: a burner
+    that leads its group is found with its age, a child of it, a zombie and the user's other
+    processes are not, and a process whose name is not UTF-8 (``prctl(PR_SET_NAME)`` takes any
+    bytes) does not make the scan fail (its own text-mode parse raised UnicodeDecodeError)."""
+    from gpuctl.node import stress
+
+    (tmp_path / "stat").write_bytes(b"cpu  1 2 3 4\nbtime 1000\nprocesses 9\n")
+    burn = ["python3", "-m", "gpuctl.workloads.burn", "--gpu", "0", "--duration", "60"]
+    _fake_process(tmp_path, 100, burn, b"python3 (x) y", "S", pgrp=100)
+    _fake_process(tmp_path, 101, burn, b"python3", "S", pgrp=100)  # not its group's leader
+    _fake_process(tmp_path, 102, burn, b"python3", "Z", pgrp=102)  # a zombie
+    _fake_process(tmp_path, 103, ["bash"], b"\xff\xfe", "S", pgrp=103)
+    before = time.time()
+    (found,) = stress.scan_burners(str(tmp_path))
+    assert (found["pid"], found["engine"], found["gpu"], found["duration"]) == (
+        100,
+        "torch",
+        "0",
+        60.0,
+    )
+    assert found["owner"] is None and found["device"] == "cuda"
+    assert before - 1050 - 1 <= found["age"] <= time.time() - 1050 + 1
+    stats = [proc.read_stat(pid, str(tmp_path)) for pid in (100, 101)]
+    assert [s.pgrp if s else None for s in stats] == [100, 100]

@@ -285,9 +285,9 @@ def test_slurm_commands_run_only_in_the_slurm_client() -> None:
     """squeue, sinfo, scontrol, sbatch, sacct and scancel are run by gpuctl/reach/slurm.py and
     nowhere else in the package (srun is a launcher: the srun link and batch scripts own it).
     The node side, which cannot import it (Python 3.6), has one function of its own:
-    ``supervisor.scontrol``."""
+    ``gpuctl.node.scontrol.scontrol``."""
     home = REPO / "gpuctl" / "reach" / "slurm.py"
-    node = REPO / "gpuctl" / "node" / "supervisor.py"
+    node = REPO / "gpuctl" / "node" / "scontrol.py"
     offenders = []
     for path in sorted((REPO / "gpuctl").rglob("*.py")):
         if path == home:
