@@ -64,12 +64,13 @@ Agent -> gpuctl
               process's and a parent's leave out every null field, ``state`` when "ok" and
               ``processes`` when empty (the login side's defaults: null, "ok", []); and
               ``FROM_HELLO`` (uuid, mem_total, power_limit) when equal to the hello's for the
-              same index. The login side reads a GPU's absent ``uuid``, and an "ok" GPU's
-              absent ``mem_total`` and ``power_limit``, as the hello's (so a power cap set
+              same index. The login side reads a GPU's ``uuid``, and an "ok" GPU's
+              ``mem_total`` and ``power_limit``, that are absent or null as the hello's (so a power cap set
               after the hello is sent in every sample while it differs, and a reading that
               failed shows the hello's value); a lost GPU's readings stay null. ``throttle``
-              [] (none active) is sent: null would mean unknown. An 8-GPU sample of the
-              simulated reader: 5.6 KB in protocol 1, ~4.2 KB in 2 (``benchmarks/record_size.py``).
+              [] (none active) is sent: null would mean unknown. Simulated GPUs: 680 bytes
+              per GPU-sample in protocol 1, 526 in 2, and the record file 4% smaller
+              (``benchmarks/record_size.py --shapes-only``); decoding costs the same.
     event     ``t``, ``kind`` ("xid" | "gpu_lost" | ...), ``gpu`` (index or null), ``detail``
               (dict: for xid ``{"xid": 79}``).
     error     ``code`` (short token), ``message`` (one line for a person), optional ``id``.
