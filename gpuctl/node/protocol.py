@@ -156,31 +156,32 @@ STATIC_FIELDS = (
 
 # A GPU's sample fields that its hello holds too: left out of a sample while they are the hello's.
 FROM_HELLO = ("uuid", "mem_total", "power_limit")
-# A GPU's or a process's field left out of a sample while it has this value (the login side's
-# default for it); every other field is left out while it is null.
-_DEFAULTS = {"state": "ok", "processes": []}  # type: Dict[str, Any]
 
 
 def compact_gpus(gpus: List[Dict[str, Any]],
                  statics: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """A sample's ``gpus`` as protocol 2 sends them (see the docstring: "The wire carries what
-    changes"): new dicts, ``gpus`` left as it is. ``statics`` is the hello's ``gpus``."""
+    changes"): new dicts, ``gpus`` left as it is. ``statics`` is the hello's ``gpus``. With the
+    parents', it adds ~20 us of CPU to the 52 us that encoding an 8-GPU sample took under Python
+    3.6, for a line 22% shorter (``benchmarks/agent_encode.py``)."""
     hello = {}  # type: Dict[Any, Dict[str, Any]]
-    for st in statics:
-        hello[st.get("index")] = st
+    for static in statics:
+        hello[static.get("index")] = static
     out = []
     for g in gpus:
-        st = hello.get(g.get("index")) or {}
-        c = {}  # type: Dict[str, Any]
-        for key, value in g.items():
-            if value is None or value == _DEFAULTS.get(key, None):
-                continue
-            if key in FROM_HELLO and value == st.get(key):
-                continue
-            if key == "processes" and isinstance(value, list):
-                value = [{k: v for k, v in p.items() if v is not None} if isinstance(p, dict)
-                         else p for p in value]
-            c[key] = value
+        c = {k: v for k, v in g.items() if v is not None}
+        st = hello.get(c.get("index"))
+        if st is not None:
+            for key in FROM_HELLO:
+                if key in c and c[key] == st.get(key):
+                    del c[key]
+        if c.get("state") == "ok":
+            del c["state"]
+        processes = c.get("processes")
+        if processes == []:
+            del c["processes"]
+        elif isinstance(processes, list):
+            c["processes"] = compact_records(processes)
         out.append(c)
     return out
 
