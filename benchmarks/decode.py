@@ -7,10 +7,13 @@ decodes it the way each tree's links do, in one process, alternating the two ``-
 alternated runs compare):
 
 * new: ``gpuctl.fleet.session.decode_line`` (msgspec straight into the model's Structs),
+  of the line in protocol 1's shape and (``new, protocol 2``) in protocol 2's (nulls and what
+  the hello holds left out; the GPUs filled from the hello's statics as a session does),
 * old: ``protocol.decode(line, lenient=True)`` then ``session.decode_sample`` of the tree given
   by ``--old`` (a checkout of an older revision, e.g. ``git worktree add /tmp/old 3285137``);
   that tree's GPU processes were read only when first looked into, so its figure leaves them
-  out (the new one reads them all),
+  out (the new one reads them all); or, for a tree that has it (1679462 on), its
+  ``session.decode_line``: what its links do,
 
 and the same for the same line with one bad field (a string for a GPU's temperature): the
 lenient slow path. Prints the median microseconds of CPU (``time.process_time``) per line of
@@ -33,6 +36,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 
 
+WARM = (
+    b'{"type":"sample","t":1,"gpus":[{"index":0,"temp":"x","ecc":{"a":"x"},"processes":'
+    b'[{"pid":"x"}]}],"parents":[{"pid":"x"}],"host":{"cpu":"x"}}'
+)
+
+
 def _import_tree(tree: Path, forget: bool) -> dict[str, Any]:
     """The decoders of the gpuctl in ``tree``, imported under the name ``gpuctl``; ``forget``:
     then forgotten by ``sys.modules`` (the functions keep their modules: the old tree's
@@ -46,10 +55,17 @@ def _import_tree(tree: Path, forget: bool) -> dict[str, Any]:
         sim = importlib.import_module("gpuctl.node.readers.sim")
         found = {
             "session": session,
+            "model": importlib.import_module("gpuctl.core.model"),
+            "msgspec": importlib.import_module("msgspec"),
             "protocol": protocol,
             "sim": sim,
             "file": importlib.import_module("gpuctl").__file__,
         }
+        if forget and hasattr(session, "decode_line"):
+            # A tree whose model is msgspec Structs: msgspec resolves their annotations when it
+            # first reads them, by their module's name, which names the other tree's module
+            # once this one is forgotten: resolve them now (a GPU with bad fields everywhere).
+            session.decode_line(WARM)
     finally:
         sys.path.remove(str(tree))
         if forget:
@@ -58,7 +74,9 @@ def _import_tree(tree: Path, forget: bool) -> dict[str, Any]:
     return found
 
 
-def sample_line(new: dict[str, Any], gpus: int) -> bytes:
+def sample_lines(new: dict[str, Any], gpus: int) -> tuple[bytes, bytes, Any]:
+    """One sample as protocol 1 sent it and as protocol 2 does (``compact_gpus``), and the
+    hello's statics that the second is decoded with."""
     reader = new["sim"].SimReader.from_spec(f"{gpus}:H100", seed=3)
     for _ in range(5):
         reader.sample()
@@ -70,8 +88,18 @@ def sample_line(new: dict[str, Any], gpus: int) -> bytes:
         "parents": reader.parents(),
         "host": reader.host(),
     }
-    line: bytes = new["protocol"].encode(msg)
-    return line
+    protocol = new["protocol"]
+    line: bytes = protocol.encode(msg)
+    compact = {
+        **msg,
+        "gpus": protocol.compact_gpus(msg["gpus"], reader.static()),
+        "parents": protocol.compact_records(msg["parents"]),
+    }
+    info = new["model"].NodeInfo(
+        protocol=2,
+        gpus=tuple(new["msgspec"].convert(st, new["model"].GpuStatic) for st in reader.static()),
+    )
+    return line, protocol.encode(compact), new["session"].statics(info)
 
 
 def per_line_us(decode: Callable[[bytes], object], line: bytes, n: int) -> float:
@@ -91,29 +119,41 @@ def main() -> None:
 
     old = _import_tree(args.old.resolve(), forget=True)
     new = _import_tree(REPO, forget=False)  # msgspec reads a Struct's module for its types
-    line = sample_line(new, args.gpus)
+    line, line2, hello = sample_lines(new, args.gpus)
     bad = line.replace(b'"temp":', b'"temp":"hot","was":', 1)
+    bad2 = line2.replace(b'"temp":', b'"temp":"hot","was":', 1)
     processes = sum(len(g.processes) for g in new["session"].decode_line(line).gpus)
 
     def old_decode(text: bytes) -> object:
         return old["session"].decode_sample(old["protocol"].decode(text, lenient=True))
 
+    if hasattr(old["session"], "decode_line"):  # a tree whose links decode with msgspec
+        old_decode = old["session"].decode_line
+
+    def new_decode2(text: bytes) -> object:
+        return new["session"].decode_line(text, hello)
+
     cases: dict[str, tuple[Callable[[bytes], object], bytes]] = {
         "new": (new["session"].decode_line, line),
+        "new, protocol 2": (new_decode2, line2),
         "old": (old_decode, line),
         "new, one bad field": (new["session"].decode_line, bad),
+        "new, p2, bad field": (new_decode2, bad2),
         "old, one bad field": (old_decode, bad),
     }
     for decode, text in cases.values():  # both decode the same line to the same readings
         got = decode(text)
-        assert getattr(got, "gpus", None), got
+        assert getattr(got, "gpus", None), (text[:80], got)
+    assert new_decode2(line2) == new["session"].decode_line(line)
+    assert repr(old_decode(line)) == repr(new["session"].decode_line(line))
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(args.rounds):
         for name, (decode, text) in cases.items():
             times[name].append(per_line_us(decode, text, args.n))
     print(f"new: {new['file']}\nold: {old['file']}")
     print(
-        f"one sample line: {args.gpus} GPUs, {len(line)} bytes, {processes} GPU processes; "
+        f"one sample line: {args.gpus} GPUs, {len(line)} bytes in protocol 1, {len(line2)} in "
+        f"protocol 2 (the same readings), {processes} GPU processes; "
         f"{args.rounds} alternated rounds of {args.n} lines, us of CPU per line (median)"
     )
     med = {name: statistics.median(ts) for name, ts in times.items()}
@@ -122,6 +162,7 @@ def main() -> None:
     bad_ratio = med["old, one bad field"] / med["new, one bad field"]
     print(f"  old / new, valid line:      {med['old'] / med['new']:.1f}x")
     print(f"  old / new, one bad field:   {bad_ratio:.1f}x")
+    print(f"  new protocol 2 / protocol 1: {med['new, protocol 2'] / med['new']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,16 @@ Then it replays the file on the real screen (``ReplayApp``, headless, 160x48) at
 speed and prints the samples the fleet took in per second (node samples and GPU samples) from
 the start of the replay until every node shows its last recorded sample.
 
+First (``--shapes``, or alone with ``--shapes-only``) it compares the sample shapes of protocol
+1 (every field of every GPU in every sample) and protocol 2 (nulls, defaults and what the hello
+holds left out) on the same readings: the simulated reader of each demo node on a stepped 1 Hz
+clock for ``--seconds`` s, each sample encoded both ways (``protocol.encode``: the bytes on the
+SSH link and in the agent's pipe), and the records written both ways through the real
+``RecordingWriter`` in 10 s frames that start with every node's hello and last sample, as the
+``Recorder`` writes them (the record file's bytes). Sizes only: nothing is timed.
+
 Usage: python benchmarks/record_size.py [--nodes 32] [--gpus 8] [--seconds 30] [--interval 0.2]
+           [--shapes | --shapes-only]
 """
 
 from __future__ import annotations
@@ -28,7 +37,116 @@ sys.path.insert(0, str(REPO))
 
 from gpuctl.fleet.demo import demo_nodes  # noqa: E402
 from gpuctl.fleet.fleet import simulated_fleet  # noqa: E402
-from gpuctl.fleet.record import FRAME_SECONDS, Recorder, RecordingReader, Replayer  # noqa: E402
+from gpuctl.fleet.record import (  # noqa: E402
+    FRAME_SECONDS,
+    Recorder,
+    RecordingReader,
+    RecordingWriter,
+    Replayer,
+)
+from gpuctl.node import protocol  # noqa: E402
+from gpuctl.node.readers.sim import SimReader  # noqa: E402
+
+SLOW_FIELDS = ("ecc", "retired_pages", "remapped_rows")
+
+
+def shapes(nodes: int, gpus: int, seconds: int) -> None:
+    """Bytes per GPU-sample on the wire and in a record file, protocol 1 and 2, same readings."""
+    t0 = 1_700_000_000.0
+    names = demo_nodes(nodes, gpus)
+    now = [0.0]
+    readers = {}
+    for i, (name, spec) in enumerate(names):
+        reader = SimReader.from_spec(spec, seed=i, clock=lambda: now[0])
+        reader.wall = lambda: t0 + now[0]
+        readers[name] = reader
+    hellos = {
+        name: {"type": "hello", "protocol": 2, "hostname": name, "gpus": r.static()}
+        for name, r in readers.items()
+    }
+    wire = {1: 0, 2: 0}
+    other = {"slow": 0, "array": 0}
+    records: dict[int, list[list[dict[str, object]]]] = {1: [], 2: []}
+    last: dict[int, dict[str, dict[str, object]]] = {1: {}, 2: {}}
+    for k in range(seconds):
+        now[0] = float(k)
+        t = t0 + k
+        if k % int(FRAME_SECONDS) == 0:  # a new frame: every node's hello and last sample
+            for v in (1, 2):
+                frame: list[dict[str, object]] = []
+                for name in readers:
+                    frame.append({"t": t, "n": name, "k": 1, "m": {**hellos[name], "protocol": v}})
+                    if name in last[v]:
+                        frame.append({"t": t, "n": name, "k": 1, "m": last[v][name]})
+                records[v].append(frame)
+        for name, r in readers.items():
+            gpu_list = r.sample(slow=k % protocol.SLOW_EVERY == 0)
+            parents = r.parents()
+            host = r.host()
+            msgs = {
+                1: {
+                    "type": "sample",
+                    "t": t,
+                    "seq": k,
+                    "gpus": gpu_list,
+                    "parents": parents,
+                    "host": host,
+                },
+                2: {
+                    "type": "sample",
+                    "t": t,
+                    "seq": k,
+                    "gpus": protocol.compact_gpus(gpu_list, hellos[name]["gpus"]),
+                    "parents": protocol.compact_records(parents),
+                    "host": host,
+                },
+            }
+            # Not built, for comparison: protocol 2 with the slow fields only in the samples
+            # that read them (the login side would carry them forward), and protocol 1's GPUs
+            # as arrays in SAMPLE_FIELDS order (msgspec's array_like): wire bytes only.
+            slow_only = [
+                {f: v for f, v in g.items() if f not in SLOW_FIELDS}
+                for g in msgs[2]["gpus"]  # type: ignore[attr-defined]
+            ]
+            arrays = [[g.get(f) for f in protocol.SAMPLE_FIELDS] for g in gpu_list]
+            for variant, gl in (("slow", slow_only), ("array", arrays)):
+                if variant != "slow" or k % protocol.SLOW_EVERY != 0:
+                    m = {**msgs[2 if variant == "slow" else 1], "gpus": gl}
+                else:
+                    m = msgs[2]
+                other[variant] += len(protocol.encode(m))
+            for v, m in msgs.items():
+                wire[v] += len(protocol.encode(m))
+                last[v][name] = m
+                records[v][-1].append({"t": t, "n": name, "m": m})
+    gpu_samples = nodes * gpus * seconds
+    file_bytes = {}
+    for v in (1, 2):
+        path = Path(tempfile.mkdtemp(prefix="gpuctl-bench-")) / f"protocol{v}.gpurec"
+        writer = RecordingWriter(path, names, started=t0)
+        for frame in records[v]:
+            payload = b"".join(protocol.encode(rec) for rec in frame)
+            writer.write_frame(payload, float(frame[0]["t"]), float(frame[-1]["t"]))
+        writer.close()
+        file_bytes[v] = path.stat().st_size
+    print(
+        f"shapes: {nodes} nodes x {gpus} GPUs, {seconds} samples each at 1 Hz, the same readings"
+        " (bytes per GPU-sample)"
+    )
+    for v in (1, 2):
+        print(
+            f"  protocol {v}: wire {wire[v] / gpu_samples:6.1f}  record file "
+            f"{file_bytes[v] / gpu_samples:5.1f}"
+        )
+    print(
+        f"  protocol 2 / 1: wire {wire[2] / wire[1]:.2f}x, record file "
+        f"{file_bytes[2] / file_bytes[1]:.2f}x"
+    )
+    print(
+        f"  not built: protocol 2 with ECC/retired pages/remapped rows only when read (every "
+        f"{protocol.SLOW_EVERY}th sample): wire {other['slow'] / gpu_samples:.1f}; protocol 1 "
+        f"with each GPU an array (array_like): wire {other['array'] / gpu_samples:.1f}"
+    )
 
 
 async def record(path: Path, nodes: int, gpus: int, seconds: float, interval: float) -> int:
@@ -87,7 +205,13 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--interval", type=float, default=0.2)
+    ap.add_argument("--shapes", action="store_true", help="compare protocol 1 and 2 first")
+    ap.add_argument("--shapes-only", action="store_true", help="only compare protocol 1 and 2")
     args = ap.parse_args()
+    if args.shapes or args.shapes_only:
+        shapes(args.nodes, args.gpus, max(1, round(args.seconds)))
+        if args.shapes_only:
+            return
     path = Path(tempfile.mkdtemp(prefix="gpuctl-bench-")) / "bench.gpurec"
     samples = asyncio.run(record(path, args.nodes, args.gpus, args.seconds, args.interval))
     gpu_samples, raw, size = sizes(path)

@@ -2,13 +2,15 @@
 
 A field a GPU could not report is ``None``. The classes an agent's messages are read into
 (``Sample``, ``GpuSample``, ``GpuProcess``, ``HostSample``, ``NodeInfo`` with its ``GpuStatic``,
-``NodeEvent``) are msgspec Structs, and they are the login side's schema of protocol v1
+``NodeEvent``) are msgspec Structs, and they are the login side's schema of protocol v2 and v1
 (``gpuctl/node/protocol.py`` documents the wire, which the node side writes with the standard
-library): a field's type says what a valid value is, bounds included (``Annotated`` with
-``msgspec.Meta``), and ``gpuctl.fleet.session.decode_line`` decodes a line straight into them,
-in C. A line that does not fit (a string where a number belongs, an integer beyond 64 bits, a
-load average of -1) is read again leniently, field by field (``gpuctl.core.wire.lenient``), and
-the bad fields are left at their defaults (``None``): one broken field never hides the rest.
+library; a v2 sample leaves out what is null and what the hello holds, and the session fills a
+GPU's ``uuid``, ``mem_total`` and ``power_limit`` from its ``GpuStatic``): a field's type says what
+a valid value is, bounds included (``Annotated`` with ``msgspec.Meta``), and
+``gpuctl.fleet.session.decode_line`` decodes a line straight into them, in C. A line that does not
+fit (a string where a number belongs, an integer beyond 64 bits, a load average of -1) is read
+again leniently, field by field (``gpuctl.core.wire.lenient``), and the bad fields are left at
+their defaults (``None``): one broken field never hides the rest.
 
 The Structs are ``frozen`` (values, safe to share between the screen's views) and ``gc=False``:
 they hold only numbers, strings, tuples of such Structs and dicts decoded from JSON, which

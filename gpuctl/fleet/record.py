@@ -48,11 +48,12 @@ from typing import IO, Any
 
 import zstandard
 
-from gpuctl.core.model import NodeSnapshot, NodeState
+from gpuctl.core import wire
+from gpuctl.core.model import NodeInfo, NodeSnapshot, NodeState
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
-from gpuctl.fleet.session import AgentSession, LinkError, decode_sample
+from gpuctl.fleet.session import AgentSession, LinkError, Statics, decode_sample, statics
 from gpuctl.node import protocol
 
 FORMAT = "gpuctl-recording"
@@ -1070,6 +1071,7 @@ def export_csv(reader: RecordingReader, out: IO[str], *, start: float | None = N
     writer = csv.writer(out)
     writer.writerow(CSV_COLUMNS)
     models: dict[str, dict[int, str]] = {}
+    hellos: dict[str, Statics | None] = {}  # what each node's samples leave to its hello
     jobs: dict[str, dict[int, tuple[str | None, str | None]]] = {}
     rows = 0
     first = reader.frame_index(start) if start is not None else 0
@@ -1084,6 +1086,7 @@ def export_csv(reader: RecordingReader, out: IO[str], *, start: float | None = N
         if not isinstance(msg, dict):
             continue
         if msg.get("type") == "hello":
+            hellos[node] = statics(wire.lenient(NodeInfo, msg) or NodeInfo())
             gpus = msg.get("gpus")
             models[node] = {
                 g["index"]: g["name"]
@@ -1095,7 +1098,7 @@ def export_csv(reader: RecordingReader, out: IO[str], *, start: float | None = N
             continue
         if rec.get("k") or msg.get("type") != "sample":
             continue
-        sample = decode_sample(msg)
+        sample = decode_sample(msg, hellos.get(node))
         if start is not None and rec["t"] < start:
             continue
         for g in sample.gpus:

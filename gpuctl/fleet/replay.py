@@ -77,6 +77,7 @@ def recorded_node(
     for index, value in (load or {}).items():
         reader.simulate("load", {"gpus": [index], "load": value})
     versions = reader.versions()
+    statics = reader.static()
     out: list[JsonObject] = [
         {
             "type": "hello",
@@ -92,19 +93,19 @@ def recorded_node(
             "cuda": versions.get("cuda"),
             "nvml": versions.get("nvml"),
             "features": ["ping", "simulate", "snapshot"],
-            "gpus": reader.static(),
+            "gpus": statics,
         }
     ]
     for k in range(samples):
         now[0] = k * interval
         gpus = reader.sample(slow=k % protocol.SLOW_EVERY == 0)
-        out.append(
+        out.append(  # as the agent sends it
             {
                 "type": "sample",
                 "t": t0 + k * interval,
                 "seq": k,
-                "gpus": gpus,
-                "parents": reader.parents(),
+                "gpus": protocol.compact_gpus(gpus, statics),
+                "parents": protocol.compact_records(reader.parents()),
                 "host": reader.host(),
             }
         )

@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypedDict
 import msgspec
 
 from gpuctl.core import wire
-from gpuctl.core.model import MAX_PARENTS, NodeEvent, NodeInfo, Sample
+from gpuctl.core.model import MAX_PARENTS, GpuStatic, NodeEvent, NodeInfo, Sample
 from gpuctl.core.wire import JsonObject
 from gpuctl.node import protocol
 
@@ -73,6 +73,25 @@ def refusal(reply: JsonObject) -> AgentError | None:
     return wire.parse(AgentError, reply) or {}
 
 
+# The protocol versions this gpuctl reads: 2 (``protocol.PROTOCOL_VERSION``, what its agent
+# speaks) and 1 (an agent bundle an older gpuctl deployed, a recording made by one), whose
+# samples carry every field in every sample.
+READS = (1, 2)
+
+# A node's GPUs' static facts by index, where its samples leave out what the hello holds
+# (``protocol.FROM_HELLO``, protocol 2): ``statics`` makes it from the hello, ``decode_line``
+# and ``decode_sample`` fill the samples' GPUs from it. None: nothing to fill (protocol 1).
+Statics = dict[int, GpuStatic]
+
+
+def statics(info: NodeInfo) -> Statics | None:
+    """What the samples of the agent that said ``info`` leave to its hello, by GPU index; None
+    for a protocol 1 agent (its samples leave nothing out)."""
+    if info.protocol == 1:
+        return None
+    return {st.index: st for st in info.gpus}
+
+
 # What ``AgentSession.messages()`` yields: a sample, an event, or any other message as decoded.
 Message = Sample | NodeEvent | JsonObject
 
@@ -81,8 +100,9 @@ Message = Sample | NodeEvent | JsonObject
 _DECODER: msgspec.json.Decoder[Sample | NodeEvent] = msgspec.json.Decoder(Sample | NodeEvent)
 
 
-def decode_line(line: bytes | str) -> Message:
-    """One line from an agent as a Sample, a NodeEvent or (any other message) a decoded dict.
+def decode_line(line: bytes | str, hello: Statics | None = None) -> Message:
+    """One line from an agent as a Sample, a NodeEvent or (any other message) a decoded dict;
+    a sample's GPUs take what it left to the hello from ``hello`` (``statics``).
 
     The fast path decodes a valid sample or event whole; a line it refuses is parsed again
     (``_parse``) and read field by field (``decode_message``), so one broken field never hides
@@ -90,13 +110,13 @@ def decode_line(line: bytes | str) -> Message:
     message at all.
     """
     if len(line) > protocol.MAX_LINE:
-        return decode_message(protocol.decode(line, lenient=True))  # raises line_too_long
+        return decode_message(protocol.decode(line, lenient=True), hello)  # line_too_long
     try:
         msg: Sample | NodeEvent = _DECODER.decode(line)
     except (msgspec.MsgspecError, RecursionError):  # RecursionError: nested too deeply
-        return decode_message(_parse(line))
+        return decode_message(_parse(line), hello)
     if type(msg) is Sample:
-        _stamp(msg)
+        _stamp(msg, hello)
     return msg
 
 
@@ -116,36 +136,52 @@ def _parse(line: bytes | str) -> JsonObject:
     return protocol.decode(line, lenient=True)
 
 
-def decode_message(msg: JsonObject) -> Message:
+def decode_message(msg: JsonObject, hello: Statics | None = None) -> Message:
     """A decoded message (a dict) as ``decode_line`` returns it: samples and events read
     leniently into their Structs, anything else as it is. Never raises."""
     kind = msg.get("type")
     if kind == "sample":
-        return decode_sample(msg)
+        return decode_sample(msg, hello)
     if kind == "event":
         return wire.lenient(NodeEvent, msg) or NodeEvent()
     return msg
 
 
-def decode_sample(msg: JsonObject) -> Sample:
-    """A ``sample`` message (decoded, e.g. from a recording) as a Sample; a bad field is
-    blanked, never an exception."""
+def decode_sample(msg: JsonObject, hello: Statics | None = None) -> Sample:
+    """A ``sample`` message (decoded, e.g. from a recording) as a Sample, its GPUs filled from
+    ``hello`` (``statics``); a bad field is blanked, never an exception."""
     sample = wire.lenient(Sample, msg) or Sample()
-    _stamp(sample)
+    _stamp(sample, hello)
     return sample
 
 
-def _stamp(sample: Sample) -> None:
-    """Give each GPU reading the sample's time (the wire carries it once per sample). The
-    GpuSamples were made a moment ago and nobody else holds them: setting a field of these
-    frozen values is how they are built, not a change anyone sees."""
+def _stamp(sample: Sample, hello: Statics | None) -> None:
+    """Give each GPU reading the sample's time (the wire carries it once per sample) and, from
+    ``hello``, what the sample left to the hello (``protocol.FROM_HELLO``: a uuid, and an "ok"
+    GPU's mem_total and power_limit, that are absent or null; a lost GPU's readings stay
+    null). The GpuSamples were made a moment ago and nobody else holds them: setting a field
+    of these frozen values is how they are built, not a change anyone sees."""
     t = sample.t
+    put = msgspec.structs.force_setattr
     for g in sample.gpus:
-        msgspec.structs.force_setattr(g, "t", t)
+        put(g, "t", t)
+        if hello is None:
+            continue
+        st = hello.get(g.index)
+        if st is None:
+            continue
+        if g.uuid is None:
+            put(g, "uuid", st.uuid)
+        if g.state == "ok":
+            if g.mem_total is None:
+                put(g, "mem_total", st.mem_total)
+            if g.power_limit is None:
+                put(g, "power_limit", st.power_limit)
 
 
 class AgentSession:
-    """Protocol v1 over a pair of streams. Call ``handshake()`` first, then ``messages()``."""
+    """Protocol v2 (or v1: ``READS``) over a pair of streams. Call ``handshake()`` first, then
+    ``messages()``."""
 
     def __init__(
         self,
@@ -162,6 +198,7 @@ class AgentSession:
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[JsonObject]] = {}
         self.info: NodeInfo | None = None  # the hello, read (``handshake``)
+        self._statics: Statics | None = None  # what the samples leave to the hello
         self.hello_msg: JsonObject | None = None  # the hello as the agent sent it (decoded)
         self.stderr_tail: list[str] = []
         # Called with every line read, hello included, before it is decoded (recording: the
@@ -199,14 +236,16 @@ class AgentSession:
             )
         if msg.get("type") != "hello":
             raise LinkError("protocol", f"expected hello, got {str(msg.get('type'))[:40]!r}")
-        if msg.get("protocol") != protocol.PROTOCOL_VERSION:
+        version = msg.get("protocol")
+        if type(version) is not int or version not in READS:
             raise LinkError(
                 "protocol",
-                f"agent speaks protocol {msg.get('protocol')!r}, "
-                f"gpuctl speaks {protocol.PROTOCOL_VERSION}",
+                f"agent speaks protocol {str(version)[:40]}, "
+                f"gpuctl reads {' and '.join(map(str, READS))}",
             )
         self.hello_msg = msg
         self.info = wire.lenient(NodeInfo, msg) or NodeInfo()
+        self._statics = statics(self.info)
         return self.info
 
     async def send(self, msg: JsonObject) -> None:
@@ -247,7 +286,7 @@ class AgentSession:
                         pending.set_exception(LinkError("closed", "agent link closed"))
                 return
             try:
-                msg = decode_line(line)
+                msg = decode_line(line, self._statics)
             except protocol.ProtocolError as e:
                 raise LinkError("protocol", f"agent sent a bad line: {e.message}") from None
             if isinstance(msg, Sample | NodeEvent):

@@ -1,4 +1,4 @@
-"""The node agent: reads GPUs and speaks protocol v1 (see ``protocol``) on stdin/stdout.
+"""The node agent: reads GPUs and speaks protocol v2 (see ``protocol``) on stdin/stdout.
 
 One thread, one ``selectors`` loop over stdin and whatever file descriptors plugins add (burner
 output pipes): no locks, and the agent's CPU cost is one read per interval. The agent never dies
@@ -249,13 +249,14 @@ class Agent(object):
                 return
         for hook in self.sample_hooks:
             hook(gpus)
+        # What the hello holds and what is null stay off the wire (protocol 2).
         msg = {"type": "sample", "t": time.time(), "seq": self.seq,
-               "gpus": gpus}  # type: Dict[str, Any]
+               "gpus": protocol.compact_gpus(gpus, self._static)}  # type: Dict[str, Any]
         if self.reader is not None:
             self._gpu_pids = set(
                 p["pid"] for g in gpus for p in (g.get("processes") or ())
                 if isinstance(p, dict) and isinstance(p.get("pid"), int))
-            msg["parents"] = self.reader.parents()
+            msg["parents"] = protocol.compact_records(self.reader.parents())
             try:
                 msg["host"] = self.reader.host()
             except Exception:  # the host's figures must never cost the GPUs' sample

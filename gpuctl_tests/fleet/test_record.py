@@ -97,11 +97,18 @@ def csv_rows(text: str) -> list[dict[str, str]]:
 
 
 def expected_rows(frames: list[list[dict[str, Any]]]) -> list[tuple[str, str, str, str, str]]:
+    """The rows as the protocol documents a sample: a GPU's absent uuid is its hello's."""
     out = []
-    for r in samples_in(frames):
-        m = r["m"]
+    uuids: dict[str, dict[int, str]] = {}
+    for r in (r for f in frames for r in f):
+        m = r.get("m", {})
+        if m.get("type") == "hello":
+            uuids[r["n"]] = {g["index"]: g["uuid"] for g in m["gpus"]}
+        if r.get("k") or m.get("type") != "sample":
+            continue
         for g in m["gpus"]:
-            out.append((r["n"], str(g["index"]), str(g["util_gpu"]), str(g["temp"]), g["uuid"]))
+            uuid = g.get("uuid", uuids[r["n"]][g["index"]])
+            out.append((r["n"], str(g["index"]), str(g["util_gpu"]), str(g["temp"]), uuid))
     return out
 
 

@@ -1,4 +1,4 @@
-"""Protocol v1 as the real agent subprocess speaks it: requests, replies, bad input, exits."""
+"""Protocol v2 as the real agent subprocess speaks it: requests, replies, bad input, exits."""
 
 from __future__ import annotations
 
@@ -8,15 +8,19 @@ import threading
 import time
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuctl.core.model import NodeInfo, Sample
+from gpuctl.fleet.session import decode_line, statics
 from gpuctl.node.agent import Agent
 from gpuctl.node.protocol import (
     AGENT_VERSION,
     DEFAULT_LIVENESS_S,
     DEFAULT_MAX_DURATION,
+    FROM_HELLO,
     MAX_DURATION_CEILING,
     MAX_LINE,
     PROTOCOL_VERSION,
@@ -60,9 +64,48 @@ def test_hello_then_samples(agents: list[AgentProcess]) -> None:
     assert [s["seq"] for s in samples] == sorted({s["seq"] for s in samples})
     assert samples[0]["t"] <= samples[-1]["t"]
     for s in samples:
-        assert [g["uuid"] for g in s["gpus"]] == [g["uuid"] for g in hello["gpus"]]
-        for g in s["gpus"]:
-            assert set(SAMPLE_FIELDS) <= set(g)
+        assert [g["index"] for g in s["gpus"]] == [0, 1, 2]
+        for g in s["gpus"]:  # what the hello holds and what is null stay off the wire
+            assert set(g) <= set(SAMPLE_FIELDS) and {"util_gpu", "temp", "throttle"} <= set(g)
+            assert not set(FROM_HELLO) & set(g) and None not in g.values()
+        decoded = decode_line(json.dumps(s), statics(msgspec.convert(hello, NodeInfo)))
+        assert isinstance(decoded, Sample)
+        assert [(g.uuid, g.mem_total, g.power_limit) for g in decoded.gpus] == [
+            (g["uuid"], g["mem_total"], g["power_limit"]) for g in hello["gpus"]
+        ]
+
+
+def test_a_python36_agent_sends_what_changes_and_the_login_side_fills_the_rest(
+    agents: list[AgentProcess],
+) -> None:
+    agent = AgentProcess.start(
+        "--simulate", "2:H100", "--interval", "0.1", python=old_python("3.6.15")
+    )
+    agents.append(agent)
+    hello = agent.read()
+    assert hello["python"].startswith("3.6.") and hello["protocol"] == 2
+    agent.send({"type": "simulate", "action": "lose", "gpu": 1, "id": 1})
+    assert agent.read_until(is_reply)["type"] == "ok"
+    sample = agent.read_until(
+        lambda m: m["type"] == "sample" and m["gpus"][1].get("state") == "lost"
+    )
+    assert sample["gpus"][1] == {"index": 1, "state": "lost"}
+    assert all(None not in p.values() for p in sample["parents"])
+    decoded = decode_line(json.dumps(sample), statics(msgspec.convert(hello, NodeInfo)))
+    assert isinstance(decoded, Sample)
+    ok, lost = decoded.gpus
+    assert (ok.uuid, ok.mem_total, ok.power_limit, ok.state) == (
+        hello["gpus"][0]["uuid"],
+        hello["gpus"][0]["mem_total"],
+        hello["gpus"][0]["power_limit"],
+        "ok",
+    )
+    assert (lost.uuid, lost.mem_total, lost.util_gpu, lost.processes) == (
+        hello["gpus"][1]["uuid"],
+        None,
+        None,
+        (),
+    )
 
 
 @pytest.mark.parametrize("req_id", [7, "abc", 1.5, None, True])

@@ -18,10 +18,13 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 import gpuctl.bundle
 from gpuctl.bundle import bundle_bytes, write_bundle
+from gpuctl.core.model import NodeInfo, Sample
+from gpuctl.fleet.session import decode_line, statics
 from gpuctl.node.protocol import SAMPLE_FIELDS
 from gpuctl_tests.harness.sshd import NODE_PATH, SshCluster
 from gpuctl_tests.helpers import AgentProcess, node_env, old_python
@@ -92,11 +95,16 @@ def test_python36_without_pynvml_reads_nvml_through_the_bundled_bindings(
     sample = agent.read_until(lambda m: m["type"] == "sample")
     gpus = sorted(sample["gpus"], key=lambda g: g["index"])
     assert len(gpus) == 2
-    for g in gpus:
-        assert set(g) == set(SAMPLE_FIELDS)
-        # every field the stand-in gives arrives: nothing is null, no process runs there
-        assert [k for k, v in g.items() if v is None] == [], g
-        assert g["processes"] == []
+    read = decode_line(json.dumps(sample), statics(msgspec.convert(hello, NodeInfo)))
+    assert isinstance(read, Sample)
+    for g, got in zip(gpus, read.gpus, strict=True):
+        assert set(g) <= set(SAMPLE_FIELDS) and None not in g.values()  # protocol 2's shape
+        full = got.to_dict()
+        assert set(full) == set(SAMPLE_FIELDS)
+        # every field the stand-in gives arrives (what the hello holds, from the hello):
+        # nothing is null, no process runs there
+        assert [k for k, v in full.items() if v is None] == [], full
+        assert full["processes"] == () and full["state"] == "ok"
     assert gpus[0]["throttle"] == ["sw_power_cap", "hw_thermal"]
     assert gpus[1]["pstate"] == "P8" and gpus[1]["remapped_rows"]["pending"] is True
     assert gpus[0]["ecc"]["aggregate_corrected"] == 10
