@@ -432,6 +432,97 @@ SECTIONS: dict[str, dict[str, Key]] = {
 }
 
 
+# -- typed settings: one class per feature table, its fields the table's keys -------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Section:
+    """The checked keys of one feature table, typed: each field is a key of ``SECTIONS[name]``
+    with that key's default (a test holds the two equal), and ``given`` names the keys the
+    files set. Consumers read the fields; what passes a table on as options where the
+    receiver has defaults of its own (``[stress]`` to ``stress_start``, ``[accept]`` to the
+    TUI's runs) takes ``given_values()``, so an unset key leaves the receiver's default."""
+
+    name = ""  # the table's name, ``[fleet]``
+    given: frozenset[str] = frozenset()
+
+    def given_values(self) -> dict[str, Any]:
+        """The keys the config files set, with their checked values."""
+        return {k: getattr(self, k) for k in SECTIONS[self.name] if k in self.given}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetSettings(Section):
+    """``[fleet]``: how the login side keeps its agents (``gpuctl.fleet.fleet.Fleet``)."""
+
+    name = "fleet"
+    concurrency: int = 32
+    connect_timeout: float = 20.0
+    stale_after: float = 3.0
+    backoff_base: float = 1.0
+    backoff_max: float = 8.0
+    liveness_timeout: float = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TuiSettings(Section):
+    """``[tui]``: the screen's theme and remapped keys (binding id -> key)."""
+
+    name = "tui"
+    theme: str | None = None
+    keys: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StressSettings(Section):
+    """``[stress]``: the defaults of a burn (``stress_start`` fields)."""
+
+    name = "stress"
+    duration: float | None = None
+    max_duration: float = 3600.0
+    engine: str = "auto"
+    dtype: str | None = None
+    mem_fraction: float = 0.9
+    gpu_burn: str | None = None
+    gpu_burn_source: str | None = None
+    workload_python: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AcceptSettings(Section):
+    """``[accept]``: the acceptance suite's expectations and where it runs."""
+
+    name = "accept"
+    python: str | None = None
+    expect_gpus: int | None = None
+    allow_no_gpu: bool = False
+    floor: float | None = None
+    floors: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    dtypes: tuple[str, ...] | None = None
+    timeout: float = 3600.0
+    threshold: float = 0.1
+    expect_model: str | None = None
+    expect_nvlinks: int | None = None
+    expect_mig: str = "off"
+    memtest_mb: int | None = None
+    gpus_per_node: int | None = None
+    partition: str | None = None
+    slurm_conf: str | None = None
+    job_dir: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobsSettings(Section):
+    """``[jobs]``: the job runner's folders, environments and limits."""
+
+    name = "jobs"
+    dir: str | None = None
+    partition: str | None = None
+    slurm_conf: str | None = None
+    env_root: str | None = None
+    setup: tuple[str, ...] = ()
+    max_payload: int | str | None = None
+    cancel_on_interrupt: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class PrometheusConfig:
     """A cluster's ``prometheus*`` keys (see ``PROMETHEUS_KEYS``), checked: where the store is
@@ -475,17 +566,18 @@ class Config:
     """The whole configuration. Empty (no clusters) means "watch this machine".
 
     ``path`` is the most specific file read (the user's, else the site's); ``sources`` every
-    file read, site files first. The feature tables hold checked values of the keys given.
+    file read, site files first. The feature tables are typed settings (``Section``): every
+    key with its checked value or its default, and which keys the files set.
     """
 
     path: str | None = None
     clusters: Mapping[str, ClusterConfig] = field(default_factory=dict)
     read_only: bool = False
-    fleet: Mapping[str, Any] = field(default_factory=dict)
-    tui: Mapping[str, Any] = field(default_factory=dict)
-    stress: Mapping[str, Any] = field(default_factory=dict)
-    accept: Mapping[str, Any] = field(default_factory=dict)
-    jobs: Mapping[str, Any] = field(default_factory=dict)
+    fleet: FleetSettings = FleetSettings()
+    tui: TuiSettings = TuiSettings()
+    stress: StressSettings = StressSettings()
+    accept: AcceptSettings = AcceptSettings()
+    jobs: JobsSettings = JobsSettings()
     sources: tuple[str, ...] = ()
 
     def nodes(self) -> list[NodeConfig]:
@@ -795,16 +887,16 @@ class _Builder:
             path=self.path,
             clusters=clusters,
             read_only=read_only,
-            fleet=sections["fleet"],
-            tui=sections["tui"],
-            stress=sections["stress"],
-            accept=sections["accept"],
-            jobs=sections["jobs"],
+            fleet=FleetSettings(**sections["fleet"], given=frozenset(sections["fleet"])),
+            tui=TuiSettings(**sections["tui"], given=frozenset(sections["tui"])),
+            stress=StressSettings(**sections["stress"], given=frozenset(sections["stress"])),
+            accept=AcceptSettings(**sections["accept"], given=frozenset(sections["accept"])),
+            jobs=JobsSettings(**sections["jobs"], given=frozenset(sections["jobs"])),
             sources=self.sources,
         )
 
     def section(self, name: str) -> dict[str, Any]:
-        """The checked keys of a feature table (``[stress]``, ...); unknown keys are errors."""
+        """The checked keys a feature table (``[stress]``, ...) sets; unknown keys are errors."""
         keys = SECTIONS[name]
         table = self.table(self.data.get(name, {}), (name,))
         out: dict[str, Any] = {}

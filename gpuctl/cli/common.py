@@ -10,9 +10,12 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuctl.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from gpuctl.context import Context
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 
@@ -72,17 +75,37 @@ def listen_address(text: str, *, allow_remote: bool, why_local: str) -> tuple[st
     return host, int(port_text)
 
 
-def load_user_config(args: argparse.Namespace) -> Config:
-    """The config named by ``--config``, else ``$GPUCTL_CONFIG``, else the XDG file, else empty.
+def session(args: argparse.Namespace) -> Context:
+    """This command's ``gpuctl.context.Context``, built once (at its first use, by
+    ``gpuctl.cli.main`` before the command runs when read-only mode matters) and installed as
+    the process's: the config named by ``--config``, else ``$GPUCTL_CONFIG``, else the XDG
+    file, else empty, and the read-only decision from ``--read-only`` (the top-level one or
+    the command's), ``$GPUCTL_READ_ONLY`` and the config (not for the demo's simulated nodes).
 
-    A broken config raises UserError with its one line ``path:line: message``.
+    A broken config raises UserError with its one line ``path:line: message`` (nothing kept).
     """
     from gpuctl.cli.main import UserError
+    from gpuctl.context import Context, install
 
+    found = getattr(args, "context", None)
+    if isinstance(found, Context):
+        return found
     try:
-        return load_config(getattr(args, "config", None))
+        config = load_config(getattr(args, "config", None))
     except ConfigError as e:
         raise UserError(str(e)) from None
+    flag = bool(getattr(args, "global_read_only", False) or getattr(args, "read_only", False))
+    context = Context.of(config, flag=flag, use_config=not getattr(args, "demo", False))
+    args.context = context
+    install(context)
+    return context
+
+
+def load_user_config(args: argparse.Namespace) -> Config:
+    """The config named by ``--config``, else ``$GPUCTL_CONFIG``, else the XDG file, else empty:
+    the command's session's (``session``), read once. A broken config raises UserError with its
+    one line ``path:line: message``."""
+    return session(args).config
 
 
 def add_interval_option(p: argparse.ArgumentParser) -> None:

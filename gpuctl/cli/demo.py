@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.gpus <= 64:
         raise UserError(f"--gpus must be within 1..64, not {args.gpus}")
     require_terminal()
-    config_tui, _ = tui_config(args)
+    tui, _ = tui_config(args)
     fleet = simulated_fleet(
         demo_nodes(args.nodes, args.gpus), read_only=args.read_only, interval=args.interval or 1.0
     )
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         fleet,
         read_only=args.read_only,
         simulated=True,
-        config_tui=config_tui,
+        tui=tui,
         job_store=job_store,
         job_store_error=job_store_error,
         # ``a`` runs the suite simulated on the simulated GPUs: the demo needs no torch

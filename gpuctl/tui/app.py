@@ -36,6 +36,7 @@ from textual.worker import Worker, WorkerState
 from gpuctl import paths, service
 from gpuctl.accept.history import HistoryStore
 from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run
+from gpuctl.config import TuiSettings
 from gpuctl.core.format import counted
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.text import printable
@@ -105,7 +106,7 @@ class GpuctlApp(App[int]):
         *,
         read_only: bool = False,
         simulated: bool = False,
-        config_tui: dict[str, Any] | None = None,
+        tui: TuiSettings | None = None,
         clock: Callable[[], float] | None = None,
         state_dir: Path | None = None,
         coalesce: float = COALESCE_S,
@@ -116,7 +117,7 @@ class GpuctlApp(App[int]):
     ) -> None:
         """Build the TUI over ``fleet`` (a ``gpuctl.fleet.fleet.Fleet``).
 
-        ``config_tui`` is the config's raw ``[tui]`` table (``theme``, ``keys``); ``clock`` is
+        ``tui`` is the config's ``[tui]`` settings (``theme``, ``keys``); ``clock`` is
         the wall clock for ages (tests freeze it); ``state_dir`` (default
         ``gpuctl.paths.state_dir()``) holds the remembered theme, and the acceptance history and
         reports of runs started with ``a``. With ``manage_fleet`` the app starts the fleet on
@@ -134,7 +135,7 @@ class GpuctlApp(App[int]):
                 for key, bindings in self._bindings.key_to_bindings.items()
             }
         self.simulated = simulated
-        self.config_tui = dict(config_tui or {})
+        self.tui_settings = tui if tui is not None else TuiSettings()
         self.store = FleetStore(fleet, clock or time.time)
         self.coalesce = coalesce
         self.manage_fleet = manage_fleet
@@ -205,7 +206,7 @@ class GpuctlApp(App[int]):
         for theme in load_themes():
             self.register_theme(theme)
             self.gpuctl_themes.append(theme.name)
-        wanted = self.config_tui.get("theme")
+        wanted = self.tui_settings.theme
         if isinstance(wanted, str) and f"gpuctl-{wanted}" in self.available_themes:
             wanted = f"gpuctl-{wanted}"
         remembered = self.theme_memory.load()
@@ -226,7 +227,7 @@ class GpuctlApp(App[int]):
             self.theme_memory.save(theme.name)
 
     def _setup_keys(self) -> None:
-        keys = self.config_tui.get("keys") or {}
+        keys = self.tui_settings.keys
         known = {row[2] for row in self.help_rows()}
         bad = [k for k in keys if k not in known or not isinstance(keys[k], str)]
         if bad:

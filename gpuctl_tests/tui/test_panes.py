@@ -15,6 +15,7 @@ from textual.widgets import DataTable, Log, Static
 
 from gpuctl.accept.history import HistoryStore
 from gpuctl.accept.run import AcceptOptions, AcceptRun, NodeOutcome, Progress, outcome_from_report
+from gpuctl.config import TuiSettings
 from gpuctl.core.model import NodeState
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
@@ -162,7 +163,7 @@ async def test_cancel_job_is_refused_read_only_and_listed_in_help(tmp_path: Path
         state_dir=tmp_path,
         job_store=store,
         read_only=True,
-        config_tui={"keys": {"cancel_job": "x"}},
+        tui=TuiSettings(keys={"cancel_job": "x"}),
     )
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("2")
