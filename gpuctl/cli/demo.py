@@ -47,7 +47,8 @@ async def story(
     burns: set[tuple[str, int]] | None = None,
 ) -> None:
     """Drive the demo's events through the agents' ``simulate`` request; the burn it starts
-    goes into ``burns`` (the app's ``own_burns``: quitting the demo does not ask about it)."""
+    goes into ``burns`` (the app's ``stress_flow.own_burns``: quitting the demo does not ask
+    about it)."""
     from gpuctl.fleet.session import LinkError
 
     names = list(fleet.names)
@@ -121,5 +122,5 @@ def run(args: argparse.Namespace) -> int:
         accept_options={"device": "sim"},
     )
     if not args.no_story:
-        app.background.append(lambda: story(fleet, burns=app.own_burns))
+        app.background.append(lambda: story(fleet, burns=app.stress_flow.own_burns))
     return run_tui(app)

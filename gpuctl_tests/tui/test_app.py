@@ -309,7 +309,7 @@ async def test_acceptance_key_asks_first(state_dir: Path) -> None:
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
         assert "sim-01" in app.screen.question and "CPU" in app.screen.question
         await pilot.press("n")
-        assert app.accept_run is None and app.screen is app.overview
+        assert app.accept_flow.run is None and app.screen is app.overview
 
 
 async def test_stress_key_burns_the_selected_gpu(state_dir: Path) -> None:

@@ -462,7 +462,9 @@ async def test_acceptance_runs_from_the_tui_leave_no_listeners_behind(tmp_path: 
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
             await pilot.press("y")
             run = await until(
-                pilot, lambda: app.accept_run not in (None, *runs) and app.accept_run, "a run"
+                pilot,
+                lambda: app.accept_flow.run not in (None, *runs) and app.accept_flow.run,
+                "a run",
             )
             runs.append(run)
             await until(pilot, run.done, "the run to end")
@@ -493,7 +495,7 @@ async def test_acceptance_from_the_tui_is_recorded_and_reported(tmp_path: Path) 
         await pilot.press("y")
         table = app.overview.query_one("#accept-table", DataTable)
         await until(pilot, lambda: table.row_count == 1, "the live row")
-        run = app.accept_run
+        run = app.accept_flow.run
         assert run is not None
         await until(pilot, run.done, "the run to end", timeout=180)
         await until(pilot, lambda: cell(table, "sim-01", "trend"), "the trend from history")

@@ -303,7 +303,7 @@ async def test_a_cancelled_acceptance_run_says_cancelled_and_ends(tmp_path: Path
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
         assert "Cancel" in app.screen.question
         await pilot.press("y")
-        run = app.accept_run
+        run = app.accept_flow.run
         assert run is not None
         await until(pilot, run.done, "the run to end")
         await until(pilot, lambda: str(table.get_cell("ok-01", "verdict")) == "CANCELLED", "it")
