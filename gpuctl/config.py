@@ -28,7 +28,8 @@ node. See ``gpuctl.paths``::
 Every key of every table is known here (``CLUSTER_KEYS``, ``SECTIONS``): its check, its default
 and one line of meaning, from which ``gpuctl config init`` writes a commented file. An unknown
 key is an error with a "did you mean" when one is close. Every mistake is a ``ConfigError``
-whose text is one line: ``path:line: what is wrong``, naming the file that holds the key.
+whose text is one line: ``path:line: what is wrong``, naming the file that holds the key
+(``tomllib`` gives the line of a syntax error; ``gpuctl.tomllines`` the line of each key).
 Hostlists are expanded by python-hostlist, never by hand.
 """
 
@@ -46,6 +47,7 @@ from typing import Any
 import hostlist
 
 from gpuctl import paths
+from gpuctl.tomllines import key_lines
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -787,7 +789,7 @@ def _parse_layers(layers: Sequence[tuple[str | None, str]]) -> Config:
     for path, text in layers:
         data = _toml(text, path)
         _merge(merged, data)
-        for keys, line in _key_lines(text).items():
+        for keys, line in key_lines(text).items():
             origins[keys] = (path, line)
         for keys in _all_keys(data):  # keys the line finder missed still name their file
             if origins.get(keys, (None, None))[0] != path:
@@ -1039,75 +1041,6 @@ def _close(key: str, known: tuple[str, ...]) -> str:
 
 def _quote_key(k: str) -> str:
     return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else f'"{k}"'
-
-
-# -- where a key is defined: line numbers for semantic errors (tomllib gives none) -------------
-_KEY_PART = re.compile(r"\s*(?:\"((?:[^\"\\]|\\.)*)\"|'([^']*)'|([A-Za-z0-9_-]+))\s*")
-
-
-def _split_key(text: str) -> tuple[tuple[str, ...], int] | None:
-    """Parse a dotted TOML key at the start of ``text``; returns (parts, chars consumed)."""
-    parts: list[str] = []
-    pos = 0
-    while True:
-        m = _KEY_PART.match(text, pos)
-        if not m:
-            return None
-        if m.group(1) is not None:
-            parts.append(m.group(1).encode().decode("unicode_escape"))
-        else:
-            parts.append(m.group(2) if m.group(2) is not None else m.group(3))
-        pos = m.end()
-        if pos < len(text) and text[pos] == ".":
-            pos += 1
-            continue
-        return tuple(parts), pos
-
-
-def _key_lines(text: str) -> dict[tuple[str, ...], int]:
-    """Map each table header and key path to its (first) line number, best effort.
-
-    Multi-line strings and arrays are skipped so their contents are not read as keys.
-    """
-    found: dict[tuple[str, ...], int] = {}
-    table: tuple[str, ...] = ()
-    depth = 0  # open brackets of a multi-line array
-    in_string: str | None = None
-    for no, line in enumerate(text.splitlines(), 1):
-        if in_string is not None:
-            if line.count(in_string) % 2 == 1:
-                in_string = None
-            continue
-        stripped = line.strip()
-        if depth > 0:
-            depth += _bracket_balance(stripped)
-            continue
-        if not stripped or stripped.startswith("#"):
-            continue
-        if stripped.startswith("["):
-            inner = stripped[2:] if stripped.startswith("[[") else stripped[1:]
-            parsed = _split_key(inner)
-            if parsed:
-                table = parsed[0]
-                found.setdefault(table, no)
-            continue
-        parsed = _split_key(stripped)
-        if not parsed or not stripped[parsed[1] :].startswith("="):
-            continue
-        keys, end = parsed
-        found.setdefault((*table, *keys), no)
-        value = stripped[end + 1 :].strip()
-        for quote in ('"""', "'''"):
-            if value.startswith(quote) and value.count(quote) == 1:
-                in_string = quote
-        if value.startswith("["):
-            depth = _bracket_balance(value)
-    return found
-
-
-def _bracket_balance(s: str) -> int:
-    s = re.sub(r"\"(?:[^\"\\]|\\.)*\"|'[^']*'", "", s).split("#", 1)[0]
-    return s.count("[") - s.count("]")
 
 
 def toml_value(value: Any) -> str:

@@ -694,3 +694,42 @@ def test_typed_settings_hold_the_checked_values_and_which_keys_were_set(tmp_path
     assert config.fleet.concurrency == 32  # the default, not given
     assert config.fleet.given_values() == {"backoff_max": 2.0}
     assert config.accept.expect_gpus == 8
+
+
+def test_key_lines_finds_each_key_and_skips_what_only_looks_like_one() -> None:
+    """``gpuctl.tomllines.key_lines``: the lines tomllib does not give. A ``key =`` inside a
+    multi-line string or array is not a key; dotted and quoted keys are split as TOML does."""
+    from gpuctl.tomllines import key_lines
+
+    text = "\n".join(
+        [
+            "read_only = false",  # 1
+            "[clusters.lab]",  # 2
+            'setup = """',  # 3
+            "nodes = not a key",  # 4
+            '"""',  # 5
+            "nodes = [",  # 6
+            '  "a[1-2]",  # python = "x"',  # 7
+            "]",  # 8
+            'override."node1".python = "p"',  # 9
+            "[[jobs.array]]",  # 10
+            "'quoted.key' = 1",  # 11
+        ]
+    )
+    found = key_lines(text)
+    assert found[("read_only",)] == 1
+    assert found[("clusters", "lab")] == 2
+    assert found[("clusters", "lab", "setup")] == 3
+    assert found[("clusters", "lab", "nodes")] == 6  # not line 4, inside the string
+    assert ("clusters", "lab", "python") not in found  # line 7 is inside the array
+    assert found[("clusters", "lab", "override", "node1", "python")] == 9
+    assert found[("jobs", "array")] == 10
+    assert found[("jobs", "array", "quoted.key")] == 11
+
+
+def test_a_key_after_multi_line_values_is_named_with_its_line(tmp_path: Path) -> None:
+    path = str(tmp_path / "c.toml")
+    text = '[clusters.lab]\nsetup = """\nport = 1\n"""\nnodes = ["a",\n "b"]\nport = 0\n'
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, path)
+    assert str(e.value) == f"{path}:7: clusters.lab.port: must be within 1..65535; got 0"
