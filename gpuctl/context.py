@@ -9,9 +9,10 @@ builder, the job runner and the service take what they need from it instead of r
 config file again or probing objects for attributes.
 
 Why once: before, every mutating action that had no decision of its caller's read the config
-file from disk again (``service.read_only_reason``), so a session's read-only mode could change
-under it halfway through, and ``gpuctl watch`` read the file three times before its screen
-opened. A session is now what it was when it started: to change its mode, start it again.
+file from disk again, so a session's read-only mode could change under it halfway through (and
+a file broken meanwhile refused every action), and a command read the file up to three times
+before it ran (the read-only decision, the command, its fleet). A session is now what it was
+when it started: to change its mode, start it again.
 
 The Python API (``gpuctl.fleet.control``, ``gpuctl.accept.run``, ``gpuctl.jobs``) called
 without a context or a decision uses ``current()``: the context the CLI installed, else one
@@ -60,9 +61,7 @@ class Context:
         """The context of an already read ``config``: read-only decided now from ``flag``
         (``--read-only``), the environment and (unless not ``use_config``: the demo's
         simulated nodes) the config's ``read_only``."""
-        why = service.read_only_reason(
-            flag=flag, config=config if use_config else None, read_config=False
-        )
+        why = service.read_only_reason(flag=flag, config=config if use_config else None)
         return cls(config, why)
 
     @classmethod

@@ -94,29 +94,18 @@ def read_only_link_why(fleet: Fleet) -> str | None:
     return None
 
 
-def read_only_reason(
-    *,
-    flag: bool = False,
-    config: Config | None = None,
-    config_path: str | os.PathLike[str] | None = None,
-    read_config: bool = True,
-) -> str | None:
-    """Why this process is read-only (the source and how to lift it, in words), or None: the
-    decision a ``gpuctl.context.Context`` makes once when it is built.
+def read_only_reason(*, flag: bool = False, config: Config | None = None) -> str | None:
+    """Why a session is read-only (the source and how to lift it, in words), or None: the
+    decision a ``gpuctl.context.Context`` makes once when it is built (which reads the
+    config: nothing here reads a file).
 
-    ``flag`` is a ``--read-only`` option; ``config`` a config already read, else the one at
-    ``config_path`` (default: ``$GPUCTL_CONFIG``, else the XDG files) is read unless
-    ``read_config`` is false. Raises ``gpuctl.config.ConfigError`` when the config must be read
-    and cannot be: the caller refuses rather than guess.
+    ``flag`` is a ``--read-only`` option; ``config`` the session's config (None: none counts,
+    the demo's simulated nodes).
     """
     if flag:
         return "--read-only is given: run without it"
     if env_read_only():
         return f"{READ_ONLY_ENV} is set: unset it"
-    if config is None and read_config:
-        from gpuctl.config import load_config
-
-        config = load_config(config_path)
     if config is not None and config.read_only:
         return f"{config.path or 'the config'} sets read_only = true: set it to false there"
     return None
