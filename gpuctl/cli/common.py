@@ -190,16 +190,17 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
     """The fleet the command works on: the demo cluster with ``--demo``, else the nodes named
     by ``NODES``/``--hostfile``, else the configured nodes, else this machine. Raises UserError
     for a broken config, a bad hostlist or a failed discovery."""
-    read_only = bool(getattr(args, "read_only", False))
     interval: float | None = getattr(args, "interval", None)
-    if getattr(args, "demo", False):
+    if getattr(args, "demo", False):  # reads no config: the flags decide (gpuctl.cli.main)
+        read_only = bool(getattr(args, "read_only", False))
         return simulated_fleet(demo_nodes(), read_only=read_only, interval=interval or 1.0)
     from gpuctl.cli.main import UserError
     from gpuctl.config import select_nodes
     from gpuctl.fleet.build import fleet_from_config
     from gpuctl.fleet.slurm import SlurmError
 
-    config = load_user_config(args)
+    context = session(args)
+    config = context.config
     names = chosen_nodes(args)
     url = getattr(args, "prometheus", None)
     if url is not None:
@@ -207,7 +208,8 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
     elif names is not None:
         config = select_nodes(config, names)
     try:
-        return fleet_from_config(config, read_only=read_only or config.read_only, interval=interval)
+        # the session's decision: --read-only, $GPUCTL_READ_ONLY, the config's read_only
+        return fleet_from_config(config, read_only=context.read_only, interval=interval)
     except SlurmError as e:
         raise UserError(str(e)) from None
 
