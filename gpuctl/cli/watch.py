@@ -138,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         read_only=context.read_only
         or read_only_link_why(fleet) is not None,  # nodes seen through Prometheus
         tui=config.tui,
+        state_dir=context.state_dir,
         accept_options=accept_defaults(config.accept, config, list(fleet.nodes)),
         job_store=job_store,
         job_store_error=job_store_error,
