@@ -2,8 +2,9 @@
 
 A ``Context`` holds the config (read and checked once), the read-only decision (made once, from
 ``--read-only``, ``$GPUCTL_READ_ONLY`` and the config's ``read_only``: ``gpuctl.service``
-gives the order and the words), the owner of the burns this session starts
-(``service.me()``) and the state folder. The CLI builds one per command
+gives the order and the words) and the state folder. The owner of the burns a session starts
+is not in it: ``service.me()`` is already made once per process, and nothing else decides it.
+The CLI builds one per command
 (``gpuctl.cli.common.session``) and installs it as the process's; the TUI, the fleet
 builder, the job runner and the service take what they need from it instead of reading the
 config file again or probing objects for attributes.
@@ -42,13 +43,12 @@ class Context:
     """One session's settings and decisions (see the module docstring).
 
     ``read_only_why``: why the session is read-only, in words naming how to lift it, or None
-    when it is not; ``owner``: whose burns this session starts; ``state_dir``: the folder of
-    the remembered theme and the acceptance history (``gpuctl.paths.state_dir()``).
+    when it is not; ``state_dir``: the folder of the remembered theme, the acceptance history
+    and the recordings (``gpuctl.paths.state_dir()``).
     """
 
     config: Config = field(default_factory=Config)
     read_only_why: str | None = None
-    owner: service.Owner = field(default_factory=service.me)
     state_dir: Path = field(default_factory=paths.state_dir)
 
     @property
