@@ -28,7 +28,8 @@ node. See ``gpuctl.paths``::
 Every key of every table is known here (``CLUSTER_KEYS``, ``SECTIONS``): its check, its default
 and one line of meaning, from which ``gpuctl config init`` writes a commented file. An unknown
 key is an error with a "did you mean" when one is close. Every mistake is a ``ConfigError``
-whose text is one line: ``path:line: what is wrong``, naming the file that holds the key.
+whose text is one line: ``path:line: what is wrong``, naming the file that holds the key
+(``tomllib`` gives the line of a syntax error; ``gpuctl.tomllines`` the line of each key).
 Hostlists are expanded by python-hostlist, never by hand.
 """
 
@@ -46,6 +47,7 @@ from typing import Any
 import hostlist
 
 from gpuctl import paths
+from gpuctl.tomllines import key_lines
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -432,6 +434,97 @@ SECTIONS: dict[str, dict[str, Key]] = {
 }
 
 
+# -- typed settings: one class per feature table, its fields the table's keys -------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Section:
+    """The checked keys of one feature table, typed: each field is a key of ``SECTIONS[name]``
+    with that key's default (a test holds the two equal), and ``given`` names the keys the
+    files set. Consumers read the fields; what passes a table on as options where the
+    receiver has defaults of its own (``[stress]`` to ``stress_start``, ``[accept]`` to the
+    TUI's runs) takes ``given_values()``, so an unset key leaves the receiver's default."""
+
+    name = ""  # the table's name, ``[fleet]``
+    given: frozenset[str] = frozenset()
+
+    def given_values(self) -> dict[str, Any]:
+        """The keys the config files set, with their checked values."""
+        return {k: getattr(self, k) for k in SECTIONS[self.name] if k in self.given}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetSettings(Section):
+    """``[fleet]``: how the login side keeps its agents (``gpuctl.fleet.fleet.Fleet``)."""
+
+    name = "fleet"
+    concurrency: int = 32
+    connect_timeout: float = 20.0
+    stale_after: float = 3.0
+    backoff_base: float = 1.0
+    backoff_max: float = 8.0
+    liveness_timeout: float = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TuiSettings(Section):
+    """``[tui]``: the screen's theme and remapped keys (binding id -> key)."""
+
+    name = "tui"
+    theme: str | None = None
+    keys: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StressSettings(Section):
+    """``[stress]``: the defaults of a burn (``stress_start`` fields)."""
+
+    name = "stress"
+    duration: float | None = None
+    max_duration: float = 3600.0
+    engine: str = "auto"
+    dtype: str | None = None
+    mem_fraction: float = 0.9
+    gpu_burn: str | None = None
+    gpu_burn_source: str | None = None
+    workload_python: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AcceptSettings(Section):
+    """``[accept]``: the acceptance suite's expectations and where it runs."""
+
+    name = "accept"
+    python: str | None = None
+    expect_gpus: int | None = None
+    allow_no_gpu: bool = False
+    floor: float | None = None
+    floors: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    dtypes: tuple[str, ...] | None = None
+    timeout: float = 3600.0
+    threshold: float = 0.1
+    expect_model: str | None = None
+    expect_nvlinks: int | None = None
+    expect_mig: str = "off"
+    memtest_mb: int | None = None
+    gpus_per_node: int | None = None
+    partition: str | None = None
+    slurm_conf: str | None = None
+    job_dir: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobsSettings(Section):
+    """``[jobs]``: the job runner's folders, environments and limits."""
+
+    name = "jobs"
+    dir: str | None = None
+    partition: str | None = None
+    slurm_conf: str | None = None
+    env_root: str | None = None
+    setup: tuple[str, ...] = ()
+    max_payload: int | str | None = None
+    cancel_on_interrupt: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class PrometheusConfig:
     """A cluster's ``prometheus*`` keys (see ``PROMETHEUS_KEYS``), checked: where the store is
@@ -475,17 +568,18 @@ class Config:
     """The whole configuration. Empty (no clusters) means "watch this machine".
 
     ``path`` is the most specific file read (the user's, else the site's); ``sources`` every
-    file read, site files first. The feature tables hold checked values of the keys given.
+    file read, site files first. The feature tables are typed settings (``Section``): every
+    key with its checked value or its default, and which keys the files set.
     """
 
     path: str | None = None
     clusters: Mapping[str, ClusterConfig] = field(default_factory=dict)
     read_only: bool = False
-    fleet: Mapping[str, Any] = field(default_factory=dict)
-    tui: Mapping[str, Any] = field(default_factory=dict)
-    stress: Mapping[str, Any] = field(default_factory=dict)
-    accept: Mapping[str, Any] = field(default_factory=dict)
-    jobs: Mapping[str, Any] = field(default_factory=dict)
+    fleet: FleetSettings = FleetSettings()
+    tui: TuiSettings = TuiSettings()
+    stress: StressSettings = StressSettings()
+    accept: AcceptSettings = AcceptSettings()
+    jobs: JobsSettings = JobsSettings()
     sources: tuple[str, ...] = ()
 
     def nodes(self) -> list[NodeConfig]:
@@ -695,7 +789,7 @@ def _parse_layers(layers: Sequence[tuple[str | None, str]]) -> Config:
     for path, text in layers:
         data = _toml(text, path)
         _merge(merged, data)
-        for keys, line in _key_lines(text).items():
+        for keys, line in key_lines(text).items():
             origins[keys] = (path, line)
         for keys in _all_keys(data):  # keys the line finder missed still name their file
             if origins.get(keys, (None, None))[0] != path:
@@ -795,16 +889,16 @@ class _Builder:
             path=self.path,
             clusters=clusters,
             read_only=read_only,
-            fleet=sections["fleet"],
-            tui=sections["tui"],
-            stress=sections["stress"],
-            accept=sections["accept"],
-            jobs=sections["jobs"],
+            fleet=FleetSettings(**sections["fleet"], given=frozenset(sections["fleet"])),
+            tui=TuiSettings(**sections["tui"], given=frozenset(sections["tui"])),
+            stress=StressSettings(**sections["stress"], given=frozenset(sections["stress"])),
+            accept=AcceptSettings(**sections["accept"], given=frozenset(sections["accept"])),
+            jobs=JobsSettings(**sections["jobs"], given=frozenset(sections["jobs"])),
             sources=self.sources,
         )
 
     def section(self, name: str) -> dict[str, Any]:
-        """The checked keys of a feature table (``[stress]``, ...); unknown keys are errors."""
+        """The checked keys a feature table (``[stress]``, ...) sets; unknown keys are errors."""
         keys = SECTIONS[name]
         table = self.table(self.data.get(name, {}), (name,))
         out: dict[str, Any] = {}
@@ -947,75 +1041,6 @@ def _close(key: str, known: tuple[str, ...]) -> str:
 
 def _quote_key(k: str) -> str:
     return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else f'"{k}"'
-
-
-# -- where a key is defined: line numbers for semantic errors (tomllib gives none) -------------
-_KEY_PART = re.compile(r"\s*(?:\"((?:[^\"\\]|\\.)*)\"|'([^']*)'|([A-Za-z0-9_-]+))\s*")
-
-
-def _split_key(text: str) -> tuple[tuple[str, ...], int] | None:
-    """Parse a dotted TOML key at the start of ``text``; returns (parts, chars consumed)."""
-    parts: list[str] = []
-    pos = 0
-    while True:
-        m = _KEY_PART.match(text, pos)
-        if not m:
-            return None
-        if m.group(1) is not None:
-            parts.append(m.group(1).encode().decode("unicode_escape"))
-        else:
-            parts.append(m.group(2) if m.group(2) is not None else m.group(3))
-        pos = m.end()
-        if pos < len(text) and text[pos] == ".":
-            pos += 1
-            continue
-        return tuple(parts), pos
-
-
-def _key_lines(text: str) -> dict[tuple[str, ...], int]:
-    """Map each table header and key path to its (first) line number, best effort.
-
-    Multi-line strings and arrays are skipped so their contents are not read as keys.
-    """
-    found: dict[tuple[str, ...], int] = {}
-    table: tuple[str, ...] = ()
-    depth = 0  # open brackets of a multi-line array
-    in_string: str | None = None
-    for no, line in enumerate(text.splitlines(), 1):
-        if in_string is not None:
-            if line.count(in_string) % 2 == 1:
-                in_string = None
-            continue
-        stripped = line.strip()
-        if depth > 0:
-            depth += _bracket_balance(stripped)
-            continue
-        if not stripped or stripped.startswith("#"):
-            continue
-        if stripped.startswith("["):
-            inner = stripped[2:] if stripped.startswith("[[") else stripped[1:]
-            parsed = _split_key(inner)
-            if parsed:
-                table = parsed[0]
-                found.setdefault(table, no)
-            continue
-        parsed = _split_key(stripped)
-        if not parsed or not stripped[parsed[1] :].startswith("="):
-            continue
-        keys, end = parsed
-        found.setdefault((*table, *keys), no)
-        value = stripped[end + 1 :].strip()
-        for quote in ('"""', "'''"):
-            if value.startswith(quote) and value.count(quote) == 1:
-                in_string = quote
-        if value.startswith("["):
-            depth = _bracket_balance(value)
-    return found
-
-
-def _bracket_balance(s: str) -> int:
-    s = re.sub(r"\"(?:[^\"\\]|\\.)*\"|'[^']*'", "", s).split("#", 1)[0]
-    return s.count("[") - s.count("]")
 
 
 def toml_value(value: Any) -> str:

@@ -10,13 +10,14 @@ Read-only mode has these sources, first match wins:
 
 - the caller's own decision: ``read_only=True`` (``--read-only``, a TUI started read-only);
   ``read_only=False`` means the caller decided already (the CLI checked before the command ran,
-  the TUI at start) and nothing is read again;
+  the TUI at start) and nothing is looked at again;
 - a fleet built read-only (its agents run with ``--read-only``), whatever else says;
-- ``$GPUCTL_READ_ONLY`` set to anything but 0/false/no/off (a typo must not lift a safety
-  switch);
-- ``read_only = true`` in the config (the ``Config`` the caller holds, else
-  ``gpuctl.config.load_config()``); a config that cannot be read refuses the action with its
-  own one-line ``ConfigError`` rather than guess.
+- the session's decision, made once when its ``gpuctl.context.Context`` was built (the one the
+  caller holds, else the process's ``gpuctl.context.current()``) from ``$GPUCTL_READ_ONLY``
+  set to anything but 0/false/no/off (a typo must not lift a safety switch), then
+  ``read_only = true`` in the config. A config that cannot be read refuses the action with its
+  own one-line ``ConfigError`` rather than guess. The file is not read again at each action:
+  a session keeps the mode it started with (``read_only_reason`` is how a context decides).
 
 Owners: every burn carries ``owner`` (``Owner``: the user name of this process's uid, the login
 host and a per-process session id) in ``stress_start``; the agent records it, reports it and
@@ -50,6 +51,7 @@ from gpuctl.core.wire import JsonObject
 
 if TYPE_CHECKING:
     from gpuctl.config import Config
+    from gpuctl.context import Context
     from gpuctl.fleet.fleet import Fleet
 
 READ_ONLY_ENV = "GPUCTL_READ_ONLY"
@@ -78,47 +80,32 @@ def env_read_only() -> bool:
 
 def fleet_read_only(fleet: Fleet) -> bool:
     """True when ``fleet`` (a ``gpuctl.fleet.fleet.Fleet``) was built read-only: one of its
-    links starts its agent with ``--read-only``."""
-    nodes = getattr(fleet, "nodes", None)
-    if not isinstance(nodes, Mapping):
-        return False
-    return any(
-        getattr(getattr(rt, "link", None), "read_only", False) is True for rt in nodes.values()
-    )
+    links starts its agent with ``--read-only`` (``NodeLink.read_only``)."""
+    return any(rt.link.read_only for rt in fleet.nodes.values())
 
 
 def read_only_link_why(fleet: Fleet) -> str | None:
     """Why a link of ``fleet`` cannot act, when it says (a node seen through Prometheus has no
-    agent: ``gpuctl.fleet.prom.PromLink.read_only_why``), else None."""
-    for rt in getattr(fleet, "nodes", {}).values():
-        why = getattr(getattr(rt, "link", None), "read_only_why", None)
-        if isinstance(why, str):
+    agent: ``NodeLink.read_only_why``), else None."""
+    for rt in fleet.nodes.values():
+        why = rt.link.read_only_why
+        if why is not None:
             return why
     return None
 
 
-def read_only_reason(
-    *,
-    flag: bool = False,
-    config: Config | None = None,
-    config_path: str | os.PathLike[str] | None = None,
-    read_config: bool = True,
-) -> str | None:
-    """Why this process is read-only (the source and how to lift it, in words), or None.
+def read_only_reason(*, flag: bool = False, config: Config | None = None) -> str | None:
+    """Why a session is read-only (the source and how to lift it, in words), or None: the
+    decision a ``gpuctl.context.Context`` makes once when it is built (which reads the
+    config: nothing here reads a file).
 
-    ``flag`` is a ``--read-only`` option; ``config`` a config already read, else the one at
-    ``config_path`` (default: ``$GPUCTL_CONFIG``, else the XDG files) is read unless
-    ``read_config`` is false. Raises ``gpuctl.config.ConfigError`` when the config must be read
-    and cannot be: the caller refuses rather than guess.
+    ``flag`` is a ``--read-only`` option; ``config`` the session's config (None: none counts,
+    the demo's simulated nodes).
     """
     if flag:
         return "--read-only is given: run without it"
     if env_read_only():
         return f"{READ_ONLY_ENV} is set: unset it"
-    if config is None and read_config:
-        from gpuctl.config import load_config
-
-        config = load_config(config_path)
     if config is not None and config.read_only:
         return f"{config.path or 'the config'} sets read_only = true: set it to false there"
     return None
@@ -128,20 +115,21 @@ def read_only_reason(
 class Guard:
     """What an object knows of read-only mode, kept to judge the actions it performs later.
 
-    ``read_only``: the caller's decision (None: decide at each action from the environment and
-    the config); ``config``: a config already read (None: read it when needed); ``fleet``: the
-    fleet the actions go to (a fleet built read-only refuses whatever else says); ``why``: the
-    words for an explicit ``read_only=True``.
+    ``read_only``: the caller's decision (None: the session's, below); ``context``: the
+    session whose decision counts (None: the process's, ``gpuctl.context.current()``, looked
+    up at the first action that needs it); ``fleet``: the fleet the actions go to (a fleet
+    built read-only refuses whatever else says); ``why``: the words for an explicit
+    ``read_only=True``.
     """
 
     read_only: bool | None = None
-    config: Config | None = None
+    context: Context | None = None
     fleet: Fleet | None = None
     why: str | None = None
 
     def refusal(self, what: str) -> ReadOnlyError | None:
         """The error that refuses ``what`` ("stress", "submitting jobs"), or None when it may
-        run. Raises ConfigError when the config must be read and cannot be."""
+        run. Raises ConfigError when the session's config must be read and cannot be."""
         link_why = read_only_link_why(self.fleet) if self.fleet is not None else None
         if link_why is not None:  # no agent to act through: no flag lifts that
             return ReadOnlyError(what, link_why)
@@ -153,7 +141,12 @@ class Guard:
             )
         if self.read_only is False:
             return None
-        why = read_only_reason(config=self.config)
+        if self.context is not None:
+            why = self.context.read_only_why
+        else:
+            from gpuctl.context import current
+
+            why = current().read_only_why
         return None if why is None else ReadOnlyError(what, why)
 
     def check(self, what: str) -> None:
@@ -167,25 +160,25 @@ def refusal(
     what: str,
     *,
     read_only: bool | None = None,
-    config: Config | None = None,
+    context: Context | None = None,
     fleet: Fleet | None = None,
     why: str | None = None,
 ) -> ReadOnlyError | None:
-    """``Guard(read_only, config, fleet, why).refusal(what)``: the error or None."""
-    return Guard(read_only, config, fleet, why).refusal(what)
+    """``Guard(read_only, context, fleet, why).refusal(what)``: the error or None."""
+    return Guard(read_only, context, fleet, why).refusal(what)
 
 
 def check(
     what: str,
     *,
     read_only: bool | None = None,
-    config: Config | None = None,
+    context: Context | None = None,
     fleet: Fleet | None = None,
     why: str | None = None,
 ) -> None:
     """Refuse ``what`` in read-only mode: raises ReadOnlyError (one line, see the module
     docstring for the sources), or ConfigError when the config cannot be read."""
-    Guard(read_only, config, fleet, why).check(what)
+    Guard(read_only, context, fleet, why).check(what)
 
 
 # -- owners -------------------------------------------------------------------------------------

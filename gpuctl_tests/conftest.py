@@ -27,6 +27,18 @@ if TYPE_CHECKING:
 _FOREIGN_ENV = ("GPUCTL_CONFIG", "GPUCTL_STATE_DIR", "GPUCTL_READ_ONLY", "SSH_AUTH_SOCK")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_session() -> Iterator[None]:
+    """Each test is a process's session of its own: the context a test's CLI run installed, or
+    the one built from the environment and config the test set, does not reach the next
+    (``gpuctl.context.current`` keeps one per process)."""
+    from gpuctl import context
+
+    context.install(None)
+    yield
+    context.install(None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _default_signals() -> None:
     """Children see SIGINT and SIGQUIT as a terminal's Ctrl-C and Ctrl-\\ deliver them.

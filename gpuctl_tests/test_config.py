@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuctl.config import ConfigError, load_config, parse_config
+from gpuctl.config import Config, ConfigError, load_config, parse_config
 from gpuctl_tests.helpers import REPO, node_env
 
 GOOD = """\
@@ -66,10 +66,11 @@ def test_good_config_expands_hostlists_and_applies_overrides(tmp_path: Path) -> 
     assert by["gpu01"].ssh_config == str(tmp_path / "ssh" / "config")
     assert by["sim1"].via == "local" and by["sim1"].simulate == "4"
     assert config.read_only is True
-    assert config.tui == {"theme": "nord", "keys": {"quit": "ctrl+q"}}
-    assert config.stress == {"max_duration": 1800.0}
-    assert config.accept == {} and config.jobs == {}
-    assert config.fleet == {"concurrency": 8}
+    assert config.tui.given_values() == {"theme": "nord", "keys": {"quit": "ctrl+q"}}
+    assert config.stress.given_values() == {"max_duration": 1800.0}
+    assert config.stress.max_duration == 1800.0 and config.stress.engine == "auto"  # default
+    assert config.accept.given_values() == {} and config.jobs.given_values() == {}
+    assert config.fleet.given_values() == {"concurrency": 8}
 
 
 def test_hostlist_forms() -> None:
@@ -358,7 +359,7 @@ def test_the_user_file_overrides_the_site_key_by_key(site: Path, tmp_path: Path)
     assert hpc.python == "/opt/py/bin/python3"  # the user's value
     assert hpc.interval == 2.0  # the site's, untouched
     assert [n.name for n in config.clusters["mine"].nodes] == ["box1"]
-    assert config.stress == {"max_duration": 600.0, "engine": "torch"}
+    assert config.stress.given_values() == {"max_duration": 600.0, "engine": "torch"}
     assert config.sources == (str(site / "config.toml"), str(user))
     assert config.path == str(user)
 
@@ -643,3 +644,92 @@ def test_a_clusters_prometheus_keys_are_what_the_store_client_reads(tmp_path: Pa
     assert client.headers["Authorization"] == "Bearer s3cret"
     source = PromSource(target)
     assert all('cluster="a"' in promql for _metric, promql in source.queries)
+
+
+def test_the_fleet_table_defaults_are_the_fleets_own() -> None:
+    """``fleet_from_config`` hands every ``[fleet]`` setting to the fleet, default or not: the
+    defaults must be the ones a fleet built without a config has."""
+    import inspect
+    from dataclasses import fields
+
+    from gpuctl.config import FleetSettings
+    from gpuctl.fleet.fleet import Fleet
+
+    params = inspect.signature(Fleet.__init__).parameters
+    settings = FleetSettings()
+    for f in fields(settings):
+        if f.name != "given":
+            assert params[f.name].default == getattr(settings, f.name), f.name
+
+
+def test_each_feature_table_has_a_typed_settings_class_with_its_keys_and_defaults() -> None:
+    """``Config.fleet`` ... ``Config.jobs`` are typed (``gpuctl.config.Section``): a field per
+    key of ``SECTIONS[name]``, no other, each with the key's default (a list default is a
+    tuple), so that a key added to one and not the other fails here."""
+    from dataclasses import fields
+
+    from gpuctl.config import SECTIONS
+
+    config = Config()
+    for name, keys in SECTIONS.items():
+        settings = getattr(config, name)
+        assert settings.name == name
+        own = {f.name: getattr(settings, f.name) for f in fields(settings) if f.name != "given"}
+        assert list(own) == list(keys), name
+        for key, spec in keys.items():
+            default = tuple(spec.default) if isinstance(spec.default, list) else spec.default
+            assert own[key] == default, (name, key)
+        assert settings.given_values() == {}
+
+
+def test_typed_settings_hold_the_checked_values_and_which_keys_were_set(tmp_path: Path) -> None:
+    config = parse_config(
+        '[jobs]\nsetup = "module load x"\nmax_payload = "1G"\n[fleet]\nbackoff_max = 2\n'
+        "[accept]\nexpect_gpus = 8\n",
+        str(tmp_path / "c.toml"),
+    )
+    assert config.jobs.setup == ("module load x",) and config.jobs.max_payload == "1G"
+    assert config.jobs.given == {"setup", "max_payload"}
+    assert config.fleet.backoff_max == 2.0 and isinstance(config.fleet.backoff_max, float)
+    assert config.fleet.concurrency == 32  # the default, not given
+    assert config.fleet.given_values() == {"backoff_max": 2.0}
+    assert config.accept.expect_gpus == 8
+
+
+def test_key_lines_finds_each_key_and_skips_what_only_looks_like_one() -> None:
+    """``gpuctl.tomllines.key_lines``: the lines tomllib does not give. A ``key =`` inside a
+    multi-line string or array is not a key; dotted and quoted keys are split as TOML does."""
+    from gpuctl.tomllines import key_lines
+
+    text = "\n".join(
+        [
+            "read_only = false",  # 1
+            "[clusters.lab]",  # 2
+            'setup = """',  # 3
+            "nodes = not a key",  # 4
+            '"""',  # 5
+            "nodes = [",  # 6
+            '  "a[1-2]",  # python = "x"',  # 7
+            "]",  # 8
+            'override."node1".python = "p"',  # 9
+            "[[jobs.array]]",  # 10
+            "'quoted.key' = 1",  # 11
+        ]
+    )
+    found = key_lines(text)
+    assert found[("read_only",)] == 1
+    assert found[("clusters", "lab")] == 2
+    assert found[("clusters", "lab", "setup")] == 3
+    assert found[("clusters", "lab", "nodes")] == 6  # not line 4, inside the string
+    assert ("clusters", "lab", "python") not in found  # line 7 is inside the array
+    assert found[("clusters", "lab", "override", "node1", "python")] == 9
+    assert found[("jobs", "array")] == 10
+    assert found[("jobs", "array", "quoted.key")] == 11
+
+
+def test_a_key_after_multi_line_values_is_named_with_its_line(tmp_path: Path) -> None:
+    path = str(tmp_path / "c.toml")
+    text = '[clusters.lab]\nsetup = """\nport = 1\n"""\nnodes = ["a",\n "b"]\nport = 0\n'
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, path)
+    assert str(e.value) == f"{path}:7: clusters.lab.port: must be within 1..65535; got 0"

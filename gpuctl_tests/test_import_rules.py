@@ -50,6 +50,8 @@ HEADLESS = (
     "gpuctl.paths",
     "gpuctl.logs",
     "gpuctl.service",
+    "gpuctl.context",
+    "gpuctl.tomllines",
 )
 
 

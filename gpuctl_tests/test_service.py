@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl import service
+from gpuctl import context, service
 from gpuctl.accept.run import AcceptOptions, start_fleet_run, start_local_run
 from gpuctl.accept.slurm import SlurmJobSpec, start_slurm_run
 from gpuctl.config import ConfigError
+from gpuctl.context import Context
 from gpuctl.core.model import GpuProcess, GpuSample, NodeSnapshot, NodeState
 from gpuctl.fleet import control
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
@@ -61,8 +62,49 @@ def test_the_config_turns_it_on_and_a_broken_one_refuses(config_file: Path) -> N
     with pytest.raises(service.ReadOnlyError, match="sets read_only = true: set it to false"):
         service.check("submitting jobs")
     config_file.write_text("read_only = true\nread_only = false\n")  # cannot be read
+    context.install(None)  # a new session reads it
     with pytest.raises(ConfigError):
         service.check("submitting jobs")
+    with pytest.raises(ConfigError):  # and keeps refusing: nothing is kept of a broken one
+        service.check("submitting jobs")
+
+
+@pytest.mark.parametrize("start", [True, False])
+def test_a_session_keeps_the_mode_it_started_with_when_the_file_changes(
+    start: bool, config_file: Path
+) -> None:
+    """The config is read once per session (``gpuctl.context``): rewriting the file does not
+    turn read-only mode on or off under a running session, nor does breaking it; the next
+    session reads the file as it is then."""
+    config_file.write_text(f"read_only = {'true' if start else 'false'}\n")
+
+    def refused() -> bool:
+        return service.refusal("stress") is not None
+
+    assert refused() is start
+    config_file.write_text(f"read_only = {'false' if start else 'true'}\n")
+    assert refused() is start
+    config_file.write_text("read_only = [\n")  # broken: this session does not look
+    assert refused() is start
+    config_file.write_text(f"read_only = {'false' if start else 'true'}\n")
+    context.install(None)  # a new session
+    assert refused() is not start
+
+
+def test_a_context_decides_once_and_its_guard_keeps_the_decision(
+    config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config_file.write_text("read_only = true\n")
+    session = Context.load()
+    assert session.read_only_why == f"{config_file} sets read_only = true: set it to false there"
+    config_file.write_text("")
+    monkeypatch.setenv(service.READ_ONLY_ENV, "1")  # later changes reach no built context
+    assert str(session.guard().refusal("stress")).endswith("set it to false there)")
+    assert Context.load(flag=False).read_only_why != session.read_only_why
+    monkeypatch.delenv(service.READ_ONLY_ENV)
+    assert Context.load().read_only is False
+    assert service.refusal("stress", context=session) is not None
+    assert service.refusal("stress", context=Context.load()) is None
 
 
 def test_the_callers_decision_wins_over_what_it_would_read(
@@ -120,12 +162,14 @@ async def test_set_stress_refuses_in_read_only_mode_of_env_and_config(
         assert str(e.value) == ENV_LINE
         monkeypatch.delenv(service.READ_ONLY_ENV)
         _write(config_file, "read_only = true\n")
+        context.install(None)  # each session decides once: a new one for each setting
         with pytest.raises(service.ReadOnlyError, match=str(config_file)):
             await control.set_stress(fleet, "n1", [0], True)
         with pytest.raises(service.ReadOnlyError):
             start_fleet_run(fleet, ["n1"], AcceptOptions(quick=True, device="cpu"))
         assert control.burning(fleet) == []
         _write(config_file, "read_only = false\n")
+        context.install(None)
         reply = await control.set_stress(fleet, "n1", [0], True, duration=30)
         assert reply["started"] == [0]
         burn = control.burn_of(fleet.snapshot("n1"), 0) or {}

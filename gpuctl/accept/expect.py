@@ -46,7 +46,7 @@ def from_config(
     (node -> its ``slurm_conf``, None: the environment's), whose GRES is to be asked."""
     known = {n.name: n for n in config.nodes()}
     discovering = [c for c in config.clusters.values() if c.discover and c.template is not None]
-    glob = config.accept.get("expect_gpus")
+    glob = config.accept.expect_gpus
     expected: dict[str, Expectation] = {}
     gres_from: dict[str, str | None] = {}
     for name in names:

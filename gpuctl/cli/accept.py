@@ -176,7 +176,7 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
     if args.memtest_mb is not None and args.memtest_mb < 1:
         raise _user_error("--memtest-mb must be at least 1")
     conf = config.accept
-    dtypes = conf.get("dtypes")
+    dtypes = conf.dtypes
     if args.dtypes is not None:
         from gpuctl.workloads.accept.peaks import DTYPE_COLUMN
 
@@ -187,28 +187,26 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
                 f"--dtypes: unknown {','.join(bad) or 'empty list'} (known: "
                 f"{','.join(DTYPE_COLUMN)})"
             )
-    python = args.python or _str(conf.get("python"))
+    python = args.python or conf.python
     burn = _burn_args(args.burn)
     return AcceptOptions(
         quick=args.quick,
         device=args.device,
         expect_gpus=args.expect_gpus,
-        allow_no_gpu=args.allow_no_gpu or bool(conf.get("allow_no_gpu")),
-        floor=args.floor if args.floor is not None else conf.get("floor"),
-        floors=conf.get("floors") or None,
+        allow_no_gpu=args.allow_no_gpu or conf.allow_no_gpu,
+        floor=args.floor if args.floor is not None else conf.floor,
+        floors=conf.floors or None,
         dtypes=dtypes,
         python=python,
         # --timeout (or [accept] timeout) excludes the burn stage, which adds its own length
-        timeout=(args.timeout or conf.get("timeout") or 3600.0) + (float(burn[1]) if burn else 0.0),
-        threshold=next(
-            t for t in (args.threshold, conf.get("threshold"), DEFAULT_THRESHOLD) if t is not None
-        ),
-        expect_model=args.expect_model or _str(conf.get("expect_model")),
-        expect_nvlinks=next(
-            (n for n in (args.expect_nvlinks, conf.get("expect_nvlinks")) if n is not None), None
-        ),
-        expect_mig=str(conf.get("expect_mig") or "off"),
-        memtest_mb=args.memtest_mb if args.memtest_mb is not None else conf.get("memtest_mb"),
+        timeout=(args.timeout or conf.timeout) + (float(burn[1]) if burn else 0.0),
+        threshold=args.threshold if args.threshold is not None else conf.threshold,
+        expect_model=args.expect_model or conf.expect_model,
+        expect_nvlinks=args.expect_nvlinks
+        if args.expect_nvlinks is not None
+        else conf.expect_nvlinks,
+        expect_mig=conf.expect_mig,
+        memtest_mb=args.memtest_mb if args.memtest_mb is not None else conf.memtest_mb,
         test_break_rank=args.test_break_rank,
         test_slow_compute=args.test_slow_compute,
         extra_args=tuple(a for s in args.skip for a in ("--skip", s))
@@ -319,10 +317,7 @@ def _emit(args: argparse.Namespace, config: Config, options: AcceptOptions) -> i
 
 
 def _gpus_per_node(config: Config) -> int | None:
-    conf_gpn = config.accept.get("gpus_per_node")
-    if conf_gpn is not None and (not isinstance(conf_gpn, int) or isinstance(conf_gpn, bool)):
-        raise _user_error(f"[accept] gpus_per_node must be an integer, not {conf_gpn!r}")
-    return conf_gpn
+    return config.accept.gpus_per_node  # a whole number: the config checked it
 
 
 def _check_writable(name: str) -> None:
@@ -449,7 +444,7 @@ async def _drive_slurm(
             options,
             spec,
             python=options.python or ("python3" if args.container else None),
-            job_dir=args.job_dir or _str(config.accept.get("job_dir")),
+            job_dir=args.job_dir or config.accept.job_dir,
             client=target.client(),
             report_dir=args.report_dir,
             history=history,

@@ -10,9 +10,12 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuctl.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from gpuctl.context import Context
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 
@@ -72,17 +75,37 @@ def listen_address(text: str, *, allow_remote: bool, why_local: str) -> tuple[st
     return host, int(port_text)
 
 
-def load_user_config(args: argparse.Namespace) -> Config:
-    """The config named by ``--config``, else ``$GPUCTL_CONFIG``, else the XDG file, else empty.
+def session(args: argparse.Namespace) -> Context:
+    """This command's ``gpuctl.context.Context``, built once (at its first use, by
+    ``gpuctl.cli.main`` before the command runs when read-only mode matters) and installed as
+    the process's: the config named by ``--config``, else ``$GPUCTL_CONFIG``, else the XDG
+    file, else empty, and the read-only decision from ``--read-only`` (the top-level one or
+    the command's), ``$GPUCTL_READ_ONLY`` and the config (not for the demo's simulated nodes).
 
-    A broken config raises UserError with its one line ``path:line: message``.
+    A broken config raises UserError with its one line ``path:line: message`` (nothing kept).
     """
     from gpuctl.cli.main import UserError
+    from gpuctl.context import Context, install
 
+    found = getattr(args, "context", None)
+    if isinstance(found, Context):
+        return found
     try:
-        return load_config(getattr(args, "config", None))
+        config = load_config(getattr(args, "config", None))
     except ConfigError as e:
         raise UserError(str(e)) from None
+    flag = bool(getattr(args, "global_read_only", False) or getattr(args, "read_only", False))
+    context = Context.of(config, flag=flag, use_config=not getattr(args, "demo", False))
+    args.context = context
+    install(context)
+    return context
+
+
+def load_user_config(args: argparse.Namespace) -> Config:
+    """The config named by ``--config``, else ``$GPUCTL_CONFIG``, else the XDG file, else empty:
+    the command's session's (``session``), read once. A broken config raises UserError with its
+    one line ``path:line: message``."""
+    return session(args).config
 
 
 def add_interval_option(p: argparse.ArgumentParser) -> None:
@@ -167,16 +190,17 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
     """The fleet the command works on: the demo cluster with ``--demo``, else the nodes named
     by ``NODES``/``--hostfile``, else the configured nodes, else this machine. Raises UserError
     for a broken config, a bad hostlist or a failed discovery."""
-    read_only = bool(getattr(args, "read_only", False))
     interval: float | None = getattr(args, "interval", None)
-    if getattr(args, "demo", False):
+    if getattr(args, "demo", False):  # reads no config: the flags decide (gpuctl.cli.main)
+        read_only = bool(getattr(args, "read_only", False))
         return simulated_fleet(demo_nodes(), read_only=read_only, interval=interval or 1.0)
     from gpuctl.cli.main import UserError
     from gpuctl.config import select_nodes
     from gpuctl.fleet.build import fleet_from_config
     from gpuctl.fleet.slurm import SlurmError
 
-    config = load_user_config(args)
+    context = session(args)
+    config = context.config
     names = chosen_nodes(args)
     url = getattr(args, "prometheus", None)
     if url is not None:
@@ -184,7 +208,8 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
     elif names is not None:
         config = select_nodes(config, names)
     try:
-        return fleet_from_config(config, read_only=read_only or config.read_only, interval=interval)
+        # the session's decision: --read-only, $GPUCTL_READ_ONLY, the config's read_only
+        return fleet_from_config(config, read_only=context.read_only, interval=interval)
     except SlurmError as e:
         raise UserError(str(e)) from None
 

@@ -47,7 +47,8 @@ async def story(
     burns: set[tuple[str, int]] | None = None,
 ) -> None:
     """Drive the demo's events through the agents' ``simulate`` request; the burn it starts
-    goes into ``burns`` (the app's ``own_burns``: quitting the demo does not ask about it)."""
+    goes into ``burns`` (the app's ``stress_flow.own_burns``: quitting the demo does not ask
+    about it)."""
     from gpuctl.fleet.session import LinkError
 
     names = list(fleet.names)
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.gpus <= 64:
         raise UserError(f"--gpus must be within 1..64, not {args.gpus}")
     require_terminal()
-    config_tui, _ = tui_config(args)
+    tui, _ = tui_config(args)
     fleet = simulated_fleet(
         demo_nodes(args.nodes, args.gpus), read_only=args.read_only, interval=args.interval or 1.0
     )
@@ -114,12 +115,12 @@ def run(args: argparse.Namespace) -> int:
         fleet,
         read_only=args.read_only,
         simulated=True,
-        config_tui=config_tui,
+        tui=tui,
         job_store=job_store,
         job_store_error=job_store_error,
         # ``a`` runs the suite simulated on the simulated GPUs: the demo needs no torch
         accept_options={"device": "sim"},
     )
     if not args.no_story:
-        app.background.append(lambda: story(fleet, burns=app.own_burns))
+        app.background.append(lambda: story(fleet, burns=app.stress_flow.own_burns))
     return run_tui(app)

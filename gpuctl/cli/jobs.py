@@ -260,12 +260,10 @@ def _check_limits(args: argparse.Namespace) -> None:
 
 
 def _config(args: argparse.Namespace) -> Config:
-    from gpuctl.config import ConfigError, load_config
+    """The command's session's config (read once: the read-only decision used it too)."""
+    from gpuctl.cli.common import load_user_config
 
-    try:
-        return load_config(getattr(args, "config", None))
-    except ConfigError as e:
-        raise UserError(str(e)) from None
+    return load_user_config(args)
 
 
 def _command_of(args: argparse.Namespace) -> list[str] | None:

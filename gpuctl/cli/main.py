@@ -118,24 +118,19 @@ def mutation(func: Any) -> str | None:
 
 def read_only_source(args: argparse.Namespace, *, strict: bool = False) -> str | None:
     """Why this run is read-only (how to lift it, in words), or None when it is not: the
-    service's decision (``gpuctl.service.read_only_reason``) over the top-level ``--read-only``,
-    a command's own ``--read-only``, ``$GPUCTL_READ_ONLY`` and the config named by ``--config``
-    (the demo cluster reads no config). A broken config raises UserError when ``strict`` (a
-    command that changes nodes must not run when it cannot tell), else it is left to the
-    command, which reports it as one line.
+    decision of the command's session (``gpuctl.cli.common.session``: the top-level
+    ``--read-only``, a command's own ``--read-only``, ``$GPUCTL_READ_ONLY`` and the config
+    named by ``--config``; the demo cluster's ignores the config's). A broken config raises
+    UserError when ``strict`` (a command that changes nodes must not run when it cannot
+    tell), else it is left to the command, which reports it as one line.
     """
-    from gpuctl.config import ConfigError
+    from gpuctl.cli.common import session
 
-    flag = bool(getattr(args, "global_read_only", False) or getattr(args, "read_only", False))
     try:
-        return service.read_only_reason(
-            flag=flag,
-            config_path=getattr(args, "config", None),
-            read_config=not getattr(args, "demo", False),
-        )
-    except ConfigError as e:
+        return session(args).read_only_why
+    except UserError:
         if strict:
-            raise UserError(str(e)) from None
+            raise
         return None
 
 

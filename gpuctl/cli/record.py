@@ -167,8 +167,8 @@ def run_replay(args: argparse.Namespace) -> int:
     from gpuctl.tui.replay import ReplayApp
 
     require_terminal()
-    config_tui, _ = tui_config(args)
-    app = ReplayApp(Replayer(reader, speed=args.speed, start=start), config_tui=config_tui)
+    tui, _ = tui_config(args)
+    app = ReplayApp(Replayer(reader, speed=args.speed, start=start), tui=tui)
     return run_tui(app)
 
 

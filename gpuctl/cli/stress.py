@@ -174,7 +174,7 @@ def _check_scope(args: argparse.Namespace) -> None:
 def _stress_options(args: argparse.Namespace) -> Mapping[str, Any]:
     if getattr(args, "demo", False):
         return {}
-    return dict(load_user_config(args).stress)
+    return load_user_config(args).stress.given_values()
 
 
 async def _connect(fleet: Fleet, names: list[str], timeout: float) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuctl import logs
@@ -21,7 +21,7 @@ from gpuctl.fleet import eventloop
 
 if TYPE_CHECKING:
     from gpuctl.cli.main import Subcommands
-    from gpuctl.config import Config
+    from gpuctl.config import AcceptSettings, Config, TuiSettings
     from gpuctl.jobs.store import JobStore
     from gpuctl.tui import GpuctlApp
 
@@ -53,16 +53,16 @@ def require_terminal() -> None:
         raise UserError("the TUI needs a terminal; for scripts use: gpuctl status --json")
 
 
-def tui_config(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
-    """The config's ``[tui]`` table and its ``read_only``."""
+def tui_config(args: argparse.Namespace) -> tuple[TuiSettings, bool]:
+    """The config's ``[tui]`` settings and its ``read_only``."""
     config = load_user_config(args)
-    return dict(config.tui), bool(config.read_only)
+    return config.tui, bool(config.read_only)
 
 
 def accept_defaults(
-    table: Mapping[str, Any], config: Config | None = None, names: Sequence[str] = ()
+    settings: AcceptSettings, config: Config | None = None, names: Sequence[str] = ()
 ) -> dict[str, Any]:
-    """The config's ``[accept]`` keys that the TUI's ``a`` passes on (python, floor, ...).
+    """The ``[accept]`` keys the config sets that the TUI's ``a`` passes on (python, floor, ...).
 
     With ``config``, also each of ``names``' expected GPU count (``gpuctl.accept.expect``: the
     cluster's ``expect_gpus``, ``[accept] expect_gpus``, else Slurm's gres when run)."""
@@ -72,7 +72,7 @@ def accept_defaults(
 
     known = {f.name for f in fields(AcceptOptions) if not f.name.startswith("test_")}
     known -= {"quick", "device", "extra_args"}  # the key press decides these
-    out = {k: v for k, v in table.items() if k in known}
+    out = {k: v for k, v in settings.given_values().items() if k in known}
     if config is not None:
         from gpuctl.accept.expect import from_config
 
@@ -119,24 +119,26 @@ def run_tui(app: GpuctlApp, *, headless: bool = False, size: tuple[int, int] | N
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuctl.cli.common import build_fleet, chosen_nodes
+    from gpuctl.cli.common import build_fleet, chosen_nodes, session
     from gpuctl.fleet import control
 
     chosen_nodes(args)  # a bad NODES or --hostfile says so before anything else
     require_terminal()
-    config = load_user_config(args)
+    context = session(args)  # the config read once, read-only decided once
+    config = context.config
     fleet = build_fleet(args)
-    control.configure(fleet, config.stress)  # the [stress] defaults apply to the keys too
+    # the [stress] defaults apply to the keys too
+    control.configure(fleet, config.stress.given_values())
     from gpuctl.service import read_only_link_why
     from gpuctl.tui import GpuctlApp
 
     job_store, job_store_error = open_job_store()
     app = GpuctlApp(
         fleet,
-        read_only=bool(getattr(args, "read_only", False))
-        or config.read_only
+        read_only=context.read_only
         or read_only_link_why(fleet) is not None,  # nodes seen through Prometheus
-        config_tui=dict(config.tui),
+        tui=config.tui,
+        state_dir=context.state_dir,
         accept_options=accept_defaults(config.accept, config, list(fleet.nodes)),
         job_store=job_store,
         job_store_error=job_store_error,

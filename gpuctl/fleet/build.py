@@ -90,10 +90,16 @@ def fleet_from_config(
     """
     if read_only is None:
         read_only = config.read_only
-    kwargs: dict[str, Any] = {k: v for k, v in config.fleet.items()}
-    if "concurrency" in kwargs:
-        kwargs["concurrency"] = int(kwargs["concurrency"])
-    kwargs.update(fleet_kwargs)
+    settings = config.fleet
+    kwargs: dict[str, Any] = {
+        "concurrency": settings.concurrency,
+        "connect_timeout": settings.connect_timeout,
+        "stale_after": settings.stale_after,
+        "backoff_base": settings.backoff_base,
+        "backoff_max": settings.backoff_max,
+        "liveness_timeout": settings.liveness_timeout,
+        **fleet_kwargs,
+    }
     if config.empty:
         link = LocalLink(read_only=read_only, interval=interval or 1.0)
         return ClusterFleet({LOCAL_NAME: link}, **kwargs)

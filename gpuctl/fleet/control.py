@@ -23,7 +23,6 @@ here carries ``service.me()`` as its owner.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
@@ -57,10 +56,6 @@ OPTION_KEYS = (
     "gpu_burn_source",
     "workload_python",
 )
-
-_attached: weakref.WeakSet[Fleet] = weakref.WeakSet()
-# a config's [stress] values (checked by the config loader, passed on as stress_start fields)
-_defaults: weakref.WeakKeyDictionary[Fleet, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 class StressError(LinkError):
@@ -149,7 +144,7 @@ def configure(fleet: Fleet, options: Mapping[str, Any]) -> None:
     ``protocol.DEFAULT_MAX_DURATION``) also becomes every agent's cap, which the node enforces.
     A value no agent accepts is not an error here: it stays a stress_start field, which the
     agent refuses with its one-line reason when a burn starts."""
-    _defaults[fleet] = {k: options[k] for k in OPTION_KEYS if k in options}
+    fleet.stress_defaults = {k: options[k] for k in OPTION_KEYS if k in options}
     cap = options.get("max_duration")
     if (
         isinstance(cap, int | float)
@@ -162,9 +157,9 @@ def configure(fleet: Fleet, options: Mapping[str, Any]) -> None:
 
 def attach(fleet: Fleet) -> None:
     """Translate the fleet's burn events into annotations (idempotent)."""
-    if fleet in _attached:
+    if fleet.burns_tracked:
         return
-    _attached.add(fleet)
+    fleet.burns_tracked = True
 
     def on_event(node: str, event: NodeEvent) -> None:
         if event.kind != "burn" or event.gpu is None:
@@ -243,7 +238,7 @@ async def set_stress(
         raise StressError("unknown_node", f"no node named {node!r}")
     target: list[int] | str = "all" if gpus is None else list(gpus)
     if on:
-        msg: JsonObject = {**_defaults.get(fleet, {}), **(options or {})}
+        msg: JsonObject = {**fleet.stress_defaults, **(options or {})}
         msg.update({"type": "stress_start", "gpus": target, "owner": service.me().to_wire()})
         if engine != "auto" or "engine" not in msg:
             msg["engine"] = engine

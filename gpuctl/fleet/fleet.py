@@ -136,6 +136,10 @@ class Fleet:
         self._rng = rng or random.Random()
         self._backfilled: set[str] = set()
         self._running = False  # between start() and stop(): a node added then starts at once
+        # Stress state of this fleet (``gpuctl.fleet.control``): the [stress] fields every
+        # stress_start carries, and whether burn events already become annotations.
+        self.stress_defaults: dict[str, Any] = {}
+        self.burns_tracked = False
 
     # -- subscription -----------------------------------------------------------------------
     def subscribe(self, listener: Listener) -> None:

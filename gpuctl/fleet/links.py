@@ -25,6 +25,9 @@ class NodeLink:
     """How to reach one node. Subclasses set ``kind`` and implement ``open()``."""
 
     kind = "?"
+    # The agent starts with ``--read-only`` (it refuses stress and acceptance requests):
+    # ``gpuctl.service`` refuses on this side first for a fleet with such a link.
+    read_only = False
     # Each open session holds a process's pipes or a connection (``fd_room`` counts them); a
     # replayed node holds none.
     holds_files = True
@@ -39,6 +42,12 @@ class NodeLink:
     def describe(self) -> str:
         """A short human description: where this link goes."""
         return self.kind
+
+    @property
+    def read_only_why(self) -> str | None:
+        """Why no action can go through this link whatever the mode (a node seen through
+        Prometheus has no agent), in words; None when it can act."""
+        return None
 
     def forget_deploy(self) -> None:
         """The agent spoke another protocol version: deploy it afresh on the next ``open()``."""

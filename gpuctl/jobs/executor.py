@@ -59,7 +59,7 @@ from gpuctl.jobs.store import JobRecord, JobStore
 from gpuctl.node import jobfiles
 
 if TYPE_CHECKING:
-    from gpuctl.config import Config
+    from gpuctl.config import Config, JobsSettings
 
 __all__ = [
     "EnvSpec",
@@ -331,16 +331,19 @@ class Executor:
         else:
             self.store = store
         self._root_ready = False
-        self.guard = service.Guard(read_only, where.config)  # read-only mode, judged at each submit
+        # read-only mode: the caller's decision, else the session's (a config handed in is a
+        # session of its own, decided now; none: the process's, looked up at the first submit)
+        from gpuctl.context import Context
+
+        context = Context.of(where.config) if where.config is not None else None
+        self.guard = service.Guard(read_only, context)
         self._config = where.config
 
-    def _jobs_setting(self, key: str) -> Any:
-        """The config's ``[jobs] key`` (None when unset), the config read when first needed."""
-        if self._config is None:
-            from gpuctl.config import load_config
+    def _jobs_settings(self) -> JobsSettings:
+        """The config's ``[jobs]`` settings: the one handed in, else the session's."""
+        from gpuctl.context import current
 
-            self._config = load_config(None)
-        return dict(getattr(self._config, "jobs", {}) or {}).get(key)
+        return (self._config or current().config).jobs
 
     @property
     def max_payload(self) -> int:
@@ -348,7 +351,7 @@ class Executor:
         chunk): ``max_payload=``, else the config's ``[jobs] max_payload``, else 1 GiB."""
         if self._max_payload is None:
             self._max_payload = (
-                _size(self._jobs_setting("max_payload"), "[jobs] max_payload")
+                _size(self._jobs_settings().max_payload, "[jobs] max_payload")
                 or DEFAULT_MAX_PAYLOAD
             )
         return self._max_payload
@@ -359,7 +362,7 @@ class Executor:
         line says how to cancel it): ``cancel_on_interrupt=``, else the config's ``[jobs]
         cancel_on_interrupt``, else False."""
         if self._cancel_on_interrupt is None:
-            self._cancel_on_interrupt = bool(self._jobs_setting("cancel_on_interrupt"))
+            self._cancel_on_interrupt = self._jobs_settings().cancel_on_interrupt
         return self._cancel_on_interrupt
 
     def _check_payload(

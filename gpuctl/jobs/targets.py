@@ -16,7 +16,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuctl import paths
 from gpuctl.jobs.backends import Backend, LocalBackend, SlurmBackend, SshBackend
@@ -49,13 +49,9 @@ class Target:
 def _config(config: Config | None) -> Config:
     if config is not None:
         return config
-    from gpuctl.config import load_config
+    from gpuctl.context import current
 
-    return load_config(None)
-
-
-def _jobs_table(config: Config) -> dict[str, Any]:
-    return dict(getattr(config, "jobs", {}) or {})
+    return current().config
 
 
 def per_user(shared: str | None) -> str | None:
@@ -100,10 +96,10 @@ def resolve(
             config=config,
         )
     cfg = _config(config)
-    jobs_cfg = _jobs_table(cfg)  # counts for Slurm jobs as for a node's: folders, setup lines
-    setup = tuple(str(x) for x in jobs_cfg.get("setup", ()))
-    job_root = job_root or per_user(jobs_cfg.get("dir"))
-    env_root = env_root or jobs_cfg.get("env_root")
+    jobs = cfg.jobs  # counts for Slurm jobs as for a node's: folders, setup lines
+    setup = jobs.setup
+    job_root = job_root or per_user(jobs.dir)
+    env_root = env_root or jobs.env_root
     if target == "slurm":
         client = None
         if slurm_conf is None:

@@ -782,11 +782,11 @@ def slurm_target(
 
     ``partition`` (a command-line option) wins over all of these. Raises SlurmValueError.
     """
-    table = getattr(config, section, {}) or {}
+    table = config.accept if section == "accept" else config.jobs
     base = Path(config.path).expanduser().resolve().parent if config.path else Path.cwd()
     conf: str | None = None
     origin = "$SLURM_CONF"
-    raw = table.get("slurm_conf")
+    raw = table.slurm_conf
     if raw is not None:
         if not isinstance(raw, str) or not raw.strip():
             raise SlurmValueError(f"[{section}] slurm_conf must be a path, not {raw!r}")
@@ -794,8 +794,8 @@ def slurm_target(
         conf, origin = str(p if p.is_absolute() else base / p), f"[{section}] slurm_conf"
     part = partition
     part_origin = "--partition"
-    if part is None and table.get("partition") is not None:
-        part, part_origin = table["partition"], f"[{section}] partition"
+    if part is None and table.partition is not None:
+        part, part_origin = table.partition, f"[{section}] partition"
     clusters = list(config.clusters.values())
     wanted = set(nodes)
     chosen = [c for c in clusters if wanted & {n.name for n in c.nodes}] if wanted else []

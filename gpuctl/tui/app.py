@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
@@ -25,7 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
-from textual import events, on, work
+from textual import events, on
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.notifications import SeverityLevel
@@ -34,19 +33,21 @@ from textual.theme import Theme
 from textual.worker import Worker, WorkerState
 
 from gpuctl import paths, service
-from gpuctl.accept.history import HistoryStore
-from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run
-from gpuctl.core.format import counted
-from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
+from gpuctl.config import TuiSettings
+from gpuctl.core.model import NodeEvent, NodeSnapshot
 from gpuctl.core.text import printable
 from gpuctl.fleet import control
 from gpuctl.fleet.fleet import Fleet
-from gpuctl.fleet.record import Recorder, new_recording_path
 from gpuctl.jobs.store import JobStore
+from gpuctl.tui.controllers import (
+    AcceptController,
+    QuitController,
+    RecordController,
+    StressController,
+)
 from gpuctl.tui.keys import offer
 from gpuctl.tui.messages import AcceptProgress, FleetChanged
 from gpuctl.tui.screens.accept_report import AcceptReportScreen
-from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.screens.help import HelpRow, HelpScreen
 from gpuctl.tui.screens.overview import OverviewScreen
@@ -57,12 +58,10 @@ from gpuctl.tui.view import TROUBLE_TITLES
 from gpuctl.tui.widgets.heatmap import Heatmap
 from gpuctl.tui.widgets.overview import NodeList
 from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
-from gpuctl.workloads.accept.schema import SECTIONS
 
 COALESCE_S = 0.1  # how long a flush waits for more samples (p95 paint budget is 300 ms)
 STOP_TIMEOUT_S = 10.0
 NOTIFY_LIMIT = 400  # characters of a notification: a node's error text can be megabytes
-OTHERS_SHOWN = 4  # GPUs named one by one when S asks about other users' processes
 # Keys that change nodes: in read-only mode they stay (and say why they refuse) but the footer
 # does not offer them.
 MUTATING_KEYS = ("stress_gpu", "stress_node", "stress_cluster", "accept")
@@ -105,7 +104,7 @@ class GpuctlApp(App[int]):
         *,
         read_only: bool = False,
         simulated: bool = False,
-        config_tui: dict[str, Any] | None = None,
+        tui: TuiSettings | None = None,
         clock: Callable[[], float] | None = None,
         state_dir: Path | None = None,
         coalesce: float = COALESCE_S,
@@ -116,7 +115,7 @@ class GpuctlApp(App[int]):
     ) -> None:
         """Build the TUI over ``fleet`` (a ``gpuctl.fleet.fleet.Fleet``).
 
-        ``config_tui`` is the config's raw ``[tui]`` table (``theme``, ``keys``); ``clock`` is
+        ``tui`` is the config's ``[tui]`` settings (``theme``, ``keys``); ``clock`` is
         the wall clock for ages (tests freeze it); ``state_dir`` (default
         ``gpuctl.paths.state_dir()``) holds the remembered theme, and the acceptance history and
         reports of runs started with ``a``. With ``manage_fleet`` the app starts the fleet on
@@ -134,13 +133,12 @@ class GpuctlApp(App[int]):
                 for key, bindings in self._bindings.key_to_bindings.items()
             }
         self.simulated = simulated
-        self.config_tui = dict(config_tui or {})
+        self.tui_settings = tui if tui is not None else TuiSettings()
         self.store = FleetStore(fleet, clock or time.time)
         self.coalesce = coalesce
         self.manage_fleet = manage_fleet
         self.state_dir = state_dir if state_dir is not None else paths.state_dir()
         self.theme_memory = ThemeMemory(self.state_dir)
-        self.accept_options = dict(accept_options or {})
         self.gpuctl_themes: list[str] = []
         self.selection: tuple[str, int | None] | None = None
         self.keymap: dict[str, str] = {}
@@ -154,15 +152,15 @@ class GpuctlApp(App[int]):
             job_store_error=job_store_error,
             history_path=self.state_dir / paths.ACCEPT_DB,
         )
-        self.accept_run: AcceptRun | None = None
         self.crash: BaseException | None = None  # what ended the app, if something did
         self.on_flush: Callable[[set[str], dict[str, float]], None] | None = None
         # Coroutines to run as workers once the fleet is started (the demo's story).
         self.background: list[Callable[[], Awaitable[None]]] = []
-        # (node, GPU) of burns the app's own background started (the demo's story): ``q`` and
-        # ``S`` leave them out (quitting ends them with the simulated nodes); the user's ask.
-        self.own_burns: set[tuple[str, int]] = set()
-        self.recorder: Recorder | None = None  # ``R``: the fleet's stream into a file
+        # The feature flows (``gpuctl.tui.controllers``): what the keys do with the fleet.
+        self.stress_flow = StressController(self)
+        self.accept_flow = AcceptController(self, accept_options)
+        self.record_flow = RecordController(self)
+        self.quit_flow = QuitController(self, self.stress_flow)
 
     def get_default_screen(self) -> Screen[Any]:
         return self.overview
@@ -195,8 +193,7 @@ class GpuctlApp(App[int]):
             self.run_worker(job(), name="background", group="background", exit_on_error=False)
 
     async def on_unmount(self) -> None:
-        if self.recorder is not None:
-            self.action_record()  # a recording ends with the screen, whole
+        self.record_flow.close()  # a recording ends with the screen, whole
         if self.manage_fleet:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.fleet.stop(), STOP_TIMEOUT_S)
@@ -205,7 +202,7 @@ class GpuctlApp(App[int]):
         for theme in load_themes():
             self.register_theme(theme)
             self.gpuctl_themes.append(theme.name)
-        wanted = self.config_tui.get("theme")
+        wanted = self.tui_settings.theme
         if isinstance(wanted, str) and f"gpuctl-{wanted}" in self.available_themes:
             wanted = f"gpuctl-{wanted}"
         remembered = self.theme_memory.load()
@@ -226,7 +223,7 @@ class GpuctlApp(App[int]):
             self.theme_memory.save(theme.name)
 
     def _setup_keys(self) -> None:
-        keys = self.config_tui.get("keys") or {}
+        keys = self.tui_settings.keys
         known = {row[2] for row in self.help_rows()}
         bad = [k for k in keys if k not in known or not isinstance(keys[k], str)]
         if bad:
@@ -364,177 +361,17 @@ class GpuctlApp(App[int]):
             self.notify(f"read-only: {error.what} is disabled ({error.why})", severity="warning")
         return error is not None
 
-    def _burning(self) -> list[tuple[str, int]]:
-        return [b for b in control.burning(self.fleet) if b not in self.own_burns]
-
-    def _others(self, targets: Mapping[str, Iterable[int] | None]) -> list[service.OthersGpu]:
-        """GPUs among ``targets`` (node -> GPUs, None: all) running other users' processes."""
-        found: list[service.OthersGpu] = []
-        for node, gpus in targets.items():
-            snap = self.store.snaps.get(node)
-            if snap is not None:
-                found += service.others_on(snap, gpus)
-        return found
-
     def action_stress_gpu(self) -> None:
-        if self.refuse("stress"):
-            return
-        sel = self.current_selection()
-        if sel is None or sel[1] is None:
-            self.notify("select a GPU first", severity="warning")
-            return
-        node, gpu = sel[0], sel[1]
-        on = not self.store.is_burning(self.store.snaps[node], gpu)
-        others = self._others({node: [gpu]}) if on else []
-        if not others:
-            self.stress(node, [gpu], on)
-            return
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.stress(node, [gpu], True)
-
-        self.push_screen(
-            ConfirmScreen(f"{others[0].line()}. Burn it anyway?", "Burn anyway"), answered
-        )
+        self.stress_flow.gpu()
 
     def action_stress_node(self) -> None:
-        if self.refuse("stress"):
-            return
-        sel = self.current_selection()
-        if sel is None:
-            self.notify("select a node first", severity="warning")
-            return
-        node = sel[0]
-        snap = self.store.snaps[node]
-        on = not any(self.store.is_burning(snap, g.index) for g in snap.gpus)
-        others = self._others({node: None}) if on else []
-        if not others:
-            self.stress(node, None, on)
-            return
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.stress(node, None, True)
-
-        shown = OTHERS_SHOWN
-        lines = "; ".join(f"GPU {o.gpu} {o.runs()}" for o in others[:shown])
-        more = f"; {counted(len(others) - shown, 'more GPU')} too" if len(others) > shown else ""
-        every = counted(len(snap.gpus), "GPU")
-        question = f"On {node}, {lines}{more}. Burn all {every} of {node} anyway?"
-        self.push_screen(ConfirmScreen(question, "Burn anyway"), answered)
+        self.stress_flow.node()
 
     def action_stress_cluster(self) -> None:
-        if self.refuse("stress"):
-            return
-        burning = self._burning()
-        if burning:
-            nodes = sorted({n for n, _ in burning})
-            question = (
-                f"Stop {counted(len(burning), 'burning GPU')} on {counted(len(nodes), 'node')}?"
-            )
-
-            def stop(yes: bool | None) -> None:
-                if yes:
-                    for n in nodes:
-                        self.stress(n, None, False)
-
-            self.push_screen(ConfirmScreen(question, "Stop all"), stop)
-            return
-        live = [s.name for s in self.store.snaps.values() if s.state is NodeState.LIVE]
-        gpus = sum(len(self.store.snaps[n].gpus) for n in live)
-        if not live:
-            self.notify("no live node to stress", severity="warning")
-            return
-
-        def start(yes: bool | None) -> None:
-            if yes:
-                for n in live:
-                    self.stress(n, None, True)
-
-        question = f"Burn all {counted(gpus, 'GPU')} on {counted(len(live), 'live node')}?"
-        others = self._others(dict.fromkeys(live))
-        if others:
-            question += f" {service.others_summary(others)}."
-        self.push_screen(ConfirmScreen(question, "Burn anyway" if others else "Burn all"), start)
-
-    def stress(self, node: str, gpus: list[int] | None, on: bool) -> None:
-        what = "all GPUs" if gpus is None else f"GPU {','.join(map(str, gpus))}"
-        self.notify(f"{node}: {'starting' if on else 'stopping'} stress on {what}")
-        self.run_worker(
-            control.set_stress(self.fleet, node, gpus, on, read_only=self.read_only),
-            name=f"stress {node} {what}",
-            group=f"node:{node}",
-            exit_on_error=False,
-        )
+        self.stress_flow.cluster()
 
     def action_accept(self) -> None:
-        if self.refuse("acceptance"):
-            return
-        run = self.accept_run
-        if run is not None and not run.done():
-
-            def cancel(yes: bool | None) -> None:
-                if yes:
-                    self.run_worker(run.cancel(), name="cancel acceptance", exit_on_error=False)
-
-            self.push_screen(
-                ConfirmScreen("Cancel the running acceptance suite?", "Cancel it"), cancel
-            )
-            return
-        sel = self.current_selection()
-        on_matrix = self.overview.query_one(AcceptPane).cursor_node()
-        if isinstance(self.screen, OverviewScreen) and on_matrix in self.store.snaps:
-            sel = (on_matrix, None)  # pane 3: the node under the matrix cursor
-        if sel is None:
-            self.notify("select a node first", severity="warning")
-            return
-        node = sel[0]
-        snap = self.store.snaps[node]
-        if snap.state is not NodeState.LIVE:
-            self.notify(f"{node} is not live: {snap.state.value}", severity="warning")
-            return
-        simulated = snap.info is not None and snap.info.reader == "simulated"
-        settings: dict[str, Any] = {"quick": True, "device": "cpu" if simulated else "cuda"}
-        options = AcceptOptions(**{**settings, **self.accept_options})
-
-        def start(yes: bool | None) -> None:
-            if not yes:
-                return
-            try:  # recorded and written like the CLI's runs: the state dir
-                history = HistoryStore(self.state_dir / paths.ACCEPT_DB)
-            except (OSError, sqlite3.Error) as e:
-                self.notify(
-                    f"acceptance history unavailable ({e}): not recorded", severity="warning"
-                )
-                history = None
-            run = start_fleet_run(
-                self.fleet,
-                [node],
-                options,
-                history=history,
-                report_dir=self.state_dir / paths.REPORTS,
-                read_only=self.read_only,
-            )
-            self.accept_run = run
-
-            def relay(progress: Progress) -> None:
-                self.post_message(AcceptProgress(progress))
-                if progress.kind == "finished":
-                    run.unsubscribe(relay)  # the run is over: nothing holds on to the app
-
-            run.subscribe(relay)
-            self.overview.query_one(AcceptPane).start(run, SECTIONS)
-            self.action_pane("accept")
-
-        where = "on its GPUs"
-        if options.device == "sim":  # gpuctl demo: figures made from the simulated GPUs
-            where = "on its simulated GPUs (a simulated run: no torch, nothing measured)"
-        elif simulated:
-            where = "on the CPU (simulated GPUs)"
-        self.push_screen(
-            ConfirmScreen(f"Run the quick acceptance suite on {node} {where}?", "Run"), start
-        )
+        self.accept_flow.press()
 
     def on_accept_progress(self, message: AcceptProgress) -> None:
         self.overview.query_one(AcceptPane).progress(message.progress)
@@ -552,28 +389,9 @@ class GpuctlApp(App[int]):
         )
 
     def action_record(self) -> None:
-        """Start recording the fleet's stream into the state folder's ``recordings/``, or stop.
-
-        Refused in a read-only browser screen: it writes on the server's disk without bound,
-        and a read-only browser must not change what is on the server."""
-        from gpuctl.tui.serve import SERVED_WHY, served
-
-        if self.recorder is None and self.read_only and served():
-            self.notify(f"read-only: recording is disabled ({SERVED_WHY})", severity="warning")
-            return
-        recorder, self.recorder = self.recorder, None
-        if recorder is not None:
-            recorder.close()
-            self.notify(f"recorded {recorder.seconds:.0f} s into {recorder.path}")
-            return
-        try:
-            self.recorder = Recorder(
-                self.fleet, new_recording_path(self.state_dir / paths.RECORDINGS)
-            )
-        except OSError as e:
-            self.notify(f"cannot record: {e}", severity="error")
-            return
-        self.notify(f"recording into {self.recorder.path}; R stops")
+        """Start recording the fleet's stream into the state folder's ``recordings/``, or stop
+        (``RecordController``)."""
+        self.record_flow.toggle()
 
     def action_processes(self) -> None:
         """The process view of the selected GPU (or node)."""
@@ -611,37 +429,7 @@ class GpuctlApp(App[int]):
         )
 
     async def action_quit(self) -> None:
-        burning = self._burning()
-        if not burning:
-            self.exit(0)
-            return
-        nodes = sorted({n for n, _ in burning})
-        question = (
-            f"{len(burning)} {'GPU is' if len(burning) == 1 else 'GPUs are'} burning on "
-            f"{', '.join(nodes[:4])}"
-            f"{' …' if len(nodes) > 4 else ''}. Stop them and quit?"
-        )
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.stop_and_exit(nodes)
-
-        self.push_screen(ConfirmScreen(question, "Stop and quit", "Cancel"), answered)
-
-    @work(exit_on_error=False, group="quit")
-    async def stop_and_exit(self, nodes: list[str]) -> None:
-        self.notify(f"stopping burns on {counted(len(nodes), 'node')}…")
-        await asyncio.wait(
-            [
-                asyncio.ensure_future(
-                    control.set_stress(self.fleet, n, None, False, read_only=self.read_only)
-                )
-                for n in nodes
-            ],
-            timeout=STOP_TIMEOUT_S,
-        )
-        # Closing the links stops anything still burning: the agents' dead-man's switch.
-        self.exit(0)
+        self.quit_flow.quit()
 
     # -- bindings as data: help screen and command palette ------------------------------------
     def _binding_sources(self) -> Iterable[tuple[str, list[BindingType]]]:

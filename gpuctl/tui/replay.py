@@ -52,7 +52,7 @@ class ReplayApp(GpuctlApp):
     ]
 
     def __init__(self, replayer: Replayer, **kwargs: Any) -> None:
-        """``kwargs`` go to ``GpuctlApp`` (``state_dir``, ``config_tui``, ...); a replay is
+        """``kwargs`` go to ``GpuctlApp`` (``state_dir``, ``tui``, ...); a replay is
         always read-only and its clock is the recording's."""
         kwargs["read_only"] = True
         kwargs["clock"] = replayer.now

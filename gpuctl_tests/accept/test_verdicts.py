@@ -16,9 +16,9 @@ def test_floors_and_dtypes_are_config_keys_checked_with_their_line() -> None:
     config = parse_config(
         '[accept]\ndtypes = ["bf16", "fp16"]\n[accept.floors.L40S]\nfp32 = 0.4\nbf16 = 0.55\n'
     )
-    assert config.accept["floors"] == {"L40S": {"fp32": 0.4, "bf16": 0.55}}
-    assert config.accept["dtypes"] == ("bf16", "fp16")
-    assert config.accept.get("floor") is None  # no single floor unless one is set
+    assert config.accept.floors == {"L40S": {"fp32": 0.4, "bf16": 0.55}}
+    assert config.accept.dtypes == ("bf16", "fp16")
+    assert config.accept.floor is None  # no single floor unless one is set
     for text, why in (
         ("[accept.floors.B200]\nbf16 = 0.5\n", "unknown GPU model 'B200'"),
         ("[accept.floors.L40S]\nint4 = 0.5\n", "unknown dtype 'int4'"),
@@ -89,7 +89,8 @@ def test_expected_counts_come_from_the_cluster_the_node_and_the_accept_table() -
     config = parse_config('[clusters.hpc]\nnodes = "gpu[1-2]"\nvia = "srun"\n')
     assert from_config(config, ["gpu1"]) == ({}, {"gpu1": None})
     # The screen's `a` gets the same (the TUI builds its options with accept_defaults).
-    got = accept_defaults({"expect_gpus": 4, "python": "p"}, config, ["gpu1"])
+    table = parse_config('[accept]\nexpect_gpus = 4\npython = "p"\n').accept
+    got = accept_defaults(table, config, ["gpu1"])
     assert got == {"python": "p", "expected": {}, "gres_from": {"gpu1": None}}
 
 

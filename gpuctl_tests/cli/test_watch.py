@@ -14,6 +14,7 @@ import pytest
 from gpuctl import logs
 from gpuctl.accept.run import AcceptOptions
 from gpuctl.cli.watch import accept_defaults, open_job_store, run_tui
+from gpuctl.config import parse_config
 from gpuctl.tui import GpuctlApp
 from gpuctl_tests.tui.hostile import crashing_fleet
 
@@ -21,14 +22,10 @@ JUNK = b"this is not an SQLite file, just bytes on the disk\x00\xff" * 40
 
 
 def test_accept_table_reaches_the_tui_options() -> None:
-    table = {
-        "python": "/opt/torch/bin/python",
-        "floor": 0.5,
-        "partition": "gpu",
-        "quick": False,
-        "test_break_rank": 1,
-    }
-    got = accept_defaults(table)
+    table = parse_config(
+        '[accept]\npython = "/opt/torch/bin/python"\nfloor = 0.5\npartition = "gpu"\n'
+    ).accept
+    got = accept_defaults(table)  # partition is the Slurm run's, not the suite's
     assert got == {"python": "/opt/torch/bin/python", "floor": 0.5}
     opts = AcceptOptions(quick=True, device="cpu", **got)
     assert opts.python == "/opt/torch/bin/python" and "--floor" in opts.suite_args()

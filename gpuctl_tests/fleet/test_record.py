@@ -279,11 +279,11 @@ async def test_shift_r_records_the_screens_fleet(tmp_path: Path) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: all(s.gpus for s in app.store.snaps.values()), "live")
         await pilot.press("R")
-        recorder = app.recorder
+        recorder = app.record_flow.recorder
         assert recorder is not None
         await until(pilot, lambda: recorder.samples >= 10, "samples recorded")
         await pilot.press("R")
-        assert app.recorder is None
+        assert app.record_flow.recorder is None
     path = recorder.path
     assert path.parent == tmp_path / "recordings" and path.suffix == ".gpurec"
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700

@@ -108,7 +108,7 @@ def test_the_limit_comes_from_the_config(
     conf = tmp_path / "config.toml"
     conf.write_text('[jobs]\nmax_payload = "1M"\n')
     monkeypatch.setenv("GPUCTL_CONFIG", str(conf))
-    assert load_config(None).jobs["max_payload"] == "1M"
+    assert load_config(None).jobs.max_payload == "1M"
     with pytest.raises(
         PayloadTooLarge, match=r"pickles to 2\.0 MiB, over the payload limit of 1\.0 MiB"
     ):

@@ -82,9 +82,9 @@ def test_a_config_that_cannot_be_read_refuses_rather_than_guess(
 def test_cancel_refuses_in_read_only_mode_and_the_job_runs_on(
     make_executor: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ex = make_executor(read_only=False)
+    monkeypatch.setenv(service.READ_ONLY_ENV, "1")  # the session (gpuctl.context) is read-only
+    ex = make_executor(read_only=False)  # this executor's caller decided otherwise
     job = ex.submit(nap, 120)
-    monkeypatch.setenv(service.READ_ONLY_ENV, "1")
     with pytest.raises(service.ReadOnlyError) as e:
         job.cancel()
     assert str(e.value) == (

@@ -54,7 +54,7 @@ async def accept(pilot: Pilot[Any], node: str) -> tuple[AcceptRun, str]:
     )
     question = str(screen.query_one("#confirm-question", Label).render())
     await pilot.press("y")
-    run = await until(pilot, lambda: app.accept_run, "the run")
+    run = await until(pilot, lambda: app.accept_flow.run, "the run")
     await until(pilot, run.done, "the run to end", timeout=60)
     await pilot.pause()
     return run, question

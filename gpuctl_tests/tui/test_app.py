@@ -14,6 +14,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Label
 
 from gpuctl import service
+from gpuctl.config import TuiSettings
 from gpuctl.core.model import NodeState
 from gpuctl.fleet import control
 from gpuctl.fleet.demo import demo_nodes
@@ -167,7 +168,7 @@ async def test_theme_switch_is_remembered(state_dir: Path) -> None:
     again = sim_app(state_dir)
     async with again.run_test(size=SIZE):
         assert again.theme == chosen
-    pinned = sim_app(state_dir, config_tui={"theme": "light"})
+    pinned = sim_app(state_dir, tui=TuiSettings(theme="light"))
     async with pinned.run_test(size=SIZE):
         assert pinned.theme == "gpuctl-light"  # the config pins it
 
@@ -227,7 +228,7 @@ async def test_quit_without_burns_exits_at_once(state_dir: Path) -> None:
 
 
 async def test_help_lists_every_binding_and_keys_remap(state_dir: Path) -> None:
-    app = sim_app(state_dir, config_tui={"keys": {"heatmap": "h", "nonsense": "x"}})
+    app = sim_app(state_dir, tui=TuiSettings(keys={"heatmap": "h", "nonsense": "x"}))
     async with app.run_test(size=SIZE) as pilot:
         await all_live(pilot)
         assert any("nonsense" in m for m in messages(app))
@@ -308,7 +309,7 @@ async def test_acceptance_key_asks_first(state_dir: Path) -> None:
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
         assert "sim-01" in app.screen.question and "CPU" in app.screen.question
         await pilot.press("n")
-        assert app.accept_run is None and app.screen is app.overview
+        assert app.accept_flow.run is None and app.screen is app.overview
 
 
 async def test_stress_key_burns_the_selected_gpu(state_dir: Path) -> None:

@@ -40,7 +40,7 @@ def test_only_the_burned_gpu_of_the_demo_throttles_after_ten_minutes() -> None:
 async def test_the_demo_burns_one_gpu_with_its_badge_on_the_screen(tmp_path: Path) -> None:
     fleet = simulated_fleet(demo_nodes(2, 4), interval=0.2)
     app = make_app(fleet, simulated=True, state_dir=tmp_path / "state")
-    app.background.append(lambda: story(fleet, stall_every=3600, burns=app.own_burns))
+    app.background.append(lambda: story(fleet, stall_every=3600, burns=app.stress_flow.own_burns))
     async with app.run_test(size=(160, 30)) as pilot:
         nodes = app.overview.nodes
 

@@ -123,7 +123,7 @@ async def test_hostile_node_is_shown_as_data_on_every_screen(tmp_path: Path) -> 
         await pilot.press("a")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
         await pilot.press("y")
-        run = await until(pilot, lambda: app.accept_run, "the acceptance run")
+        run = await until(pilot, lambda: app.accept_flow.run, "the acceptance run")
         await until(pilot, run.done, "the run to end")
         await pilot.pause()
         check(app)  # the matrix (hostile verdicts), the suite's lines, the note

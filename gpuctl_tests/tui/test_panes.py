@@ -15,6 +15,7 @@ from textual.widgets import DataTable, Log, Static
 
 from gpuctl.accept.history import HistoryStore
 from gpuctl.accept.run import AcceptOptions, AcceptRun, NodeOutcome, Progress, outcome_from_report
+from gpuctl.config import TuiSettings
 from gpuctl.core.model import NodeState
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
@@ -201,7 +202,7 @@ async def test_cancel_job_is_refused_read_only_and_listed_in_help(tmp_path: Path
         state_dir=tmp_path,
         job_store=store,
         read_only=True,
-        config_tui={"keys": {"cancel_job": "x"}},
+        tui=TuiSettings(keys={"cancel_job": "x"}),
     )
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("2")
@@ -500,7 +501,9 @@ async def test_acceptance_runs_from_the_tui_leave_no_listeners_behind(tmp_path: 
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
             await pilot.press("y")
             run = await until(
-                pilot, lambda: app.accept_run not in (None, *runs) and app.accept_run, "a run"
+                pilot,
+                lambda: app.accept_flow.run not in (None, *runs) and app.accept_flow.run,
+                "a run",
             )
             runs.append(run)
             await until(pilot, run.done, "the run to end")
@@ -531,7 +534,7 @@ async def test_acceptance_from_the_tui_is_recorded_and_reported(tmp_path: Path) 
         await pilot.press("y")
         table = app.overview.query_one("#accept-table", DataTable)
         await until(pilot, lambda: table.row_count == 1, "the live row")
-        run = app.accept_run
+        run = app.accept_flow.run
         assert run is not None
         await until(pilot, run.done, "the run to end", timeout=180)
         await until(pilot, lambda: cell(table, "sim-01", "trend"), "the trend from history")

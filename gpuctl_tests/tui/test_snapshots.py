@@ -14,6 +14,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Log
 
+from gpuctl.config import TuiSettings
 from gpuctl_tests.helpers import until
 from gpuctl_tests.tui.conftest import NOW, replay_app, settle
 
@@ -34,7 +35,7 @@ def prepare(*keys: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
 @pytest.mark.parametrize("theme", ["dark", "light", "high-contrast"])
 def test_overview_in_each_theme(snap_compare: Compare, tmp_path: Path, theme: str) -> None:
     """Live, stale and unreachable nodes; throttling, XID, Slurm job and burn badges."""
-    app = replay_app(tmp_path, config_tui={"theme": theme})
+    app = replay_app(tmp_path, tui=TuiSettings(theme=theme))
     assert snap_compare(app, terminal_size=SIZE, run_before=prepare())
 
 

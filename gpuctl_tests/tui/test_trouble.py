@@ -16,6 +16,7 @@ from textual.color import Color
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Label, Static
 
+from gpuctl.config import TuiSettings
 from gpuctl.core.model import NodeSnapshot
 from gpuctl.fleet.record import RecordingReader, Replayer
 from gpuctl.tui import GpuctlApp
@@ -95,7 +96,7 @@ async def test_the_selected_row_is_highlighted_whole_in_every_theme(
 ) -> None:
     fill_history(tmp_path / "accept.sqlite")
     app = replay_app(
-        tmp_path, config_tui={"theme": theme}, job_store=job_store_with_three_jobs(tmp_path)
+        tmp_path, tui=TuiSettings(theme=theme), job_store=job_store_with_three_jobs(tmp_path)
     )
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)

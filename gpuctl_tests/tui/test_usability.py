@@ -15,6 +15,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Footer, Input, Static
 from textual.widgets._footer import FooterKey, FooterLabel
 
+from gpuctl.config import TuiSettings
 from gpuctl.core.model import NodeState
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.replay import ReplayLink, recorded_node
@@ -195,7 +196,7 @@ async def test_an_invalid_filter_is_not_applied_and_no_match_is_said(tmp_path: P
 
 # -- configured keys --------------------------------------------------------------------------
 async def test_the_heatmap_hint_names_the_configured_key(tmp_path: Path) -> None:
-    app = replay_app(tmp_path, config_tui={"keys": {"heatmap": "h"}})
+    app = replay_app(tmp_path, tui=TuiSettings(keys={"heatmap": "h"}))
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         await pilot.press("h")
@@ -302,7 +303,7 @@ async def test_a_cancelled_acceptance_run_says_cancelled_and_ends(tmp_path: Path
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
         assert "Cancel" in app.screen.question
         await pilot.press("y")
-        run = app.accept_run
+        run = app.accept_flow.run
         assert run is not None
         await until(pilot, run.done, "the run to end")
         await until(pilot, lambda: str(table.get_cell("ok-01", "verdict")) == "CANCELLED", "it")

@@ -1,0 +1,18 @@
+"""The TUI's feature flows, each a controller the App composes: ``StressController`` (``s``,
+``S``, ``B``), ``AcceptController`` (``a``), ``RecordController`` (``R``) and
+``QuitController`` (``q``).
+
+Why apart from the App: the App is the shell (screens, keys, themes, the fleet's stream into
+the store); a flow is what a key press does with the fleet (ask the service, ask the user,
+start the work in a worker, say what happened). Each holds its own state (the run under way,
+the recording, the burns the demo's story started) and reaches the screen only through the App
+it is given (``notify``, ``push_screen``, ``run_worker``, the selection). The App's actions are
+one line each, handing the key press to its controller.
+"""
+
+from gpuctl.tui.controllers.accept import AcceptController
+from gpuctl.tui.controllers.quit import QuitController
+from gpuctl.tui.controllers.record import RecordController
+from gpuctl.tui.controllers.stress import StressController
+
+__all__ = ["AcceptController", "QuitController", "RecordController", "StressController"]
