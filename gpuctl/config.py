@@ -617,8 +617,13 @@ def read_hostfile(path: str) -> list[str]:
     word of a line only (an MPI hostfile's ``gpu01 slots=8`` works), ``#`` comments. Raises
     ConfigError with one line (``FILE:LINE: ...``)."""
     try:
-        with open(os.path.expanduser(path), encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        with open(os.path.expanduser(path), "rb") as f:
+            # the same rule as the config's: the nodes it names are where stress, acceptance
+            # runs and jobs go
+            why = unsafe_owner_or_mode(os.fstat(f.fileno()), HOSTFILE_RISK) or unsafe_folder(path)
+            if why is not None:
+                raise ConfigError(f"--hostfile {path}", None, why)
+            lines = f.read().decode("utf-8").splitlines()
     except FileNotFoundError:
         raise ConfigError(f"--hostfile {path}", None, "no such file") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -697,8 +702,13 @@ def _read(name: str) -> str:
         raise ConfigError(name, None, "is not UTF-8 text") from None
 
 
-def unsafe_owner_or_mode(st: os.stat_result) -> str | None:
-    """Why a config file with this owner and mode may not be used, or None.
+CONFIG_RISK = "another user could run commands on every node through it"
+HOSTFILE_RISK = "another user could choose the nodes gpuctl acts on through it"
+
+
+def unsafe_owner_or_mode(st: os.stat_result, risk: str = CONFIG_RISK) -> str | None:
+    """Why a config file (or a hostfile: ``risk`` says what is at stake) with this owner and
+    mode may not be used, or None.
 
     The config is code: its ``setup`` lines, ``python`` and ``[jobs] setup`` run as this user
     on every node. So, like OpenSSH for its own config (``Bad owner or permissions``), a file
@@ -719,9 +729,8 @@ def unsafe_owner_or_mode(st: os.stat_result) -> str | None:
     else:
         return None
     return (
-        f"Bad owner or permissions (mode {mode:04o}, {who}): another user could run commands "
-        "on every node through it; it must be yours or root's, writable only by its owner "
-        "(chmod go-w)"
+        f"Bad owner or permissions (mode {mode:04o}, {who}): {risk}; it must be yours or "
+        "root's, writable only by its owner (chmod go-w)"
     )
 
 
@@ -741,7 +750,7 @@ def unsafe_folder(name: str) -> str | None:
         if st.st_uid not in (0, os.geteuid()):
             return (
                 f"Bad owner or permissions: its folder {folder} is owned by uid {st.st_uid}, "
-                "neither you nor root, who could replace the file; keep the config in a folder "
+                "neither you nor root, who could replace the file; keep the file in a folder "
                 "of yours"
             )
         if mode & 0o022 and not mode & stat.S_ISVTX:

@@ -104,6 +104,20 @@ def test_a_hostfile_line_that_is_no_hostlist_names_its_line(tmp_path: Path) -> N
     assert r.stderr.startswith(f"gpuctl: {hostfile}:2: bad hostlist 'gpu[7-'"), r.stderr
 
 
+def test_a_hostfile_others_may_write_is_refused_as_a_config_would_be(tmp_path: Path) -> None:
+    """The nodes a hostfile names are where stress, acceptance runs and jobs go: a file another
+    user may write is refused in one line, as the config is (``config.unsafe_owner_or_mode``)."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("gpu01\n")
+    hostfile.chmod(0o666)
+    r = gpuctl("status", "--hostfile", str(hostfile), env=node_env({"HOME": str(tmp_path)}))
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(
+        f"gpuctl: --hostfile {hostfile}: Bad owner or permissions (mode 0666, writable by group "
+        "and others): another user could choose the nodes gpuctl acts on through it"
+    ), r.stderr
+
+
 def test_configured_nodes_keep_their_settings_others_get_the_defaults(tmp_path: Path) -> None:
     conf = tmp_path / "config.toml"
     conf.write_text(
