@@ -627,8 +627,8 @@ def read_hostfile(path: str) -> list[str]:
     except FileNotFoundError:
         raise ConfigError(f"--hostfile {path}", None, "no such file") from None
     except (OSError, UnicodeDecodeError) as e:
-        why = getattr(e, "strerror", None) or e
-        raise ConfigError(f"--hostfile {path}", None, f"cannot read it: {why}") from None
+        error = getattr(e, "strerror", None) or e
+        raise ConfigError(f"--hostfile {path}", None, f"cannot read it: {error}") from None
     names: list[str] = []
     for number, line in enumerate(lines, 1):
         words = line.split("#", 1)[0].split()
