@@ -217,8 +217,13 @@ def read_stat(pid: Union[int, str], proc_root: str = "/proc") -> Optional[ProcSt
     """``/proc/PID/stat`` of ``pid``, or None when it is gone or unreadable. The command name
     may hold spaces and parentheses: the fields are read after its last ``)``."""
     try:
-        with open(os.path.join(proc_root, str(pid), "stat"), "rb") as f:
-            stat = f.read()
+        # os.open/read/close: a file object (buffered reader, context manager) was two thirds
+        # of the 32 us this cost per GPU process and sample
+        fd = os.open(os.path.join(proc_root, str(pid), "stat"), os.O_RDONLY)
+        try:
+            stat = os.read(fd, 4096)
+        finally:
+            os.close(fd)
         fields = stat[stat.rindex(b")") + 2:].split()
         # fields[n - 3] is field n of proc(5): 4 ppid, 6 session, 14 utime, 15 stime,
         # 22 starttime, 24 rss

@@ -65,6 +65,24 @@ def test_cpu_memory_load_and_network_from_proc(tmp_path: Path) -> None:
     assert third["cpu"] is None  # no jiffies passed
 
 
+def test_the_cpu_count_is_read_again_every_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """os.cpu_count() reads /sys each time (9 us of a 59 us host sample): once a minute."""
+    from gpuctl.node.readers import host
+
+    now = [100.0]
+    counts = iter([8, 6, 4])
+    monkeypatch.setattr(host.os, "cpu_count", lambda: next(counts))
+    stats = HostStats(str(tmp_path), clock=lambda: now[0])
+    write_proc(tmp_path, [100, 0, 100, 700, 100, 0, 0, 0], rx=1000, tx=500, lo=0)
+    assert [stats.sample()["cpus"] for _ in range(3)] == [8, 8, 8]
+    now[0] += host.CPUS_EVERY_S - 1
+    assert stats.sample()["cpus"] == 8
+    now[0] += 1
+    assert stats.sample()["cpus"] == 6  # a CPU went offline: seen within a minute
+
+
 def test_an_nvml_agent_sends_this_machines_host_under_python36(
     tmp_path: Path, agents: list[AgentProcess]
 ) -> None:

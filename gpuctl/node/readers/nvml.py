@@ -7,6 +7,10 @@ A field a GPU answers NOT_SUPPORTED is not asked again of that GPU (on an H100 S
 speed alone cost 0.25 ms a sample). Per-process SM utilization (1.4 ms a call on an H100) is
 read only for a GPU with processes, at most every ``PROC_UTIL_EVERY_S`` while its pids stay
 the same; the samples in between repeat the last answer.
+The lists NVML fills into a caller's buffer (running processes, per-process utilization) are
+read with one driver call into a buffer kept between samples (``_OneCall``) where pynvml makes
+two (the size, then the list) and converts every entry to a Python object: on an H100 those
+calls cost 0.13 ms (compute processes, one process) and 2.3 ms (process utilization) a read.
 GPU_IS_LOST turns the GPU's record into the "lost" state for good and queues one ``gpu_lost``
 event. XID critical errors come from an NVML event set polled without blocking in ``events()``.
 Python 3.6 syntax.
@@ -53,6 +57,37 @@ NOT_AVAILABLE = (1 << 64) - 1  # usedGpuMemory when the driver cannot tell (and 
 MAX_EVENTS_PER_POLL = 256  # bounds one events() call if a GPU floods XIDs
 PROC_UTIL_WINDOW_S = 5.0  # per-process SM %: NVML's samples of this last while, newest per pid
 PROC_UTIL_EVERY_S = 5.0  # ... read this often per GPU (and when its pids change): one window
+INSUFFICIENT_SIZE = 7
+PROC_BUFFER = 8  # entries first kept for a process list (grown to twice what NVML asks for)
+SAMPLE_BUFFER = 64  # ... and for per-process utilization samples (one per pid and NVML tick)
+
+
+# nvml.h's structures, fixed by the C ABI: the one-call reads fill them directly.
+class _ProcessInfoV1(ctypes.Structure):  # nvmlDeviceGet*RunningProcesses (no suffix)
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class _ProcessInfoV2(ctypes.Structure):  # ..._v2 and ..._v3 (nvmlProcessInfo_t)
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class _UtilizationSample(ctypes.Structure):  # nvmlProcessUtilizationSample_t
+    _fields_ = [("pid", ctypes.c_uint), ("timeStamp", ctypes.c_ulonglong),
+                ("smUtil", ctypes.c_uint), ("memUtil", ctypes.c_uint),
+                ("encUtil", ctypes.c_uint), ("decUtil", ctypes.c_uint)]
+
+
+# the functions read with one call, and the entry each fills
+ONE_CALL = {
+    "nvmlDeviceGetComputeRunningProcesses_v3": _ProcessInfoV2,
+    "nvmlDeviceGetComputeRunningProcesses_v2": _ProcessInfoV2,
+    "nvmlDeviceGetComputeRunningProcesses": _ProcessInfoV1,
+    "nvmlDeviceGetGraphicsRunningProcesses_v3": _ProcessInfoV2,
+    "nvmlDeviceGetGraphicsRunningProcesses_v2": _ProcessInfoV2,
+    "nvmlDeviceGetGraphicsRunningProcesses": _ProcessInfoV1,
+    "nvmlDeviceGetProcessUtilization": _UtilizationSample,
+}
 
 
 class _Lost(Exception):
@@ -126,9 +161,18 @@ class NvmlReader(Reader):
         fns = self._resolved.get(names)
         if fns is None:
             alternatives = (names,) if isinstance(names, str) else names
-            fns = [getattr(self._nv, n) for n in alternatives if hasattr(self._nv, n)]
+            fns = [self._one_call(n) or getattr(self._nv, n)
+                   for n in alternatives if hasattr(self._nv, n)]
             self._resolved[names] = fns
         return fns
+
+    def _one_call(self, name: str) -> Any:
+        """A ``_OneCall`` for ``name`` when it is a list read and this pynvml lets us reach the
+        library's function (its ``_nvmlGetFunctionPointer``), else None (pynvml's own)."""
+        entry = ONE_CALL.get(name)
+        if entry is None or not callable(getattr(self._nv, "_nvmlGetFunctionPointer", None)):
+            return None
+        return _OneCall(self._nv, name, entry)
 
     def _call(self, names: Names, *args: Any) -> Any:
         """Call the first alternative that exists in this pynvml and this driver's library.
@@ -449,6 +493,47 @@ class NvmlReader(Reader):
         if isinstance(value, bytes):
             return value.decode("utf-8", "replace")
         return value if value is None else str(value)
+
+
+class _OneCall(object):
+    """An NVML list read with one driver call: ``fn(handle)`` for running processes,
+    ``fn(handle, since)`` for per-process utilization; returns the filled entries (valid until
+    the next call: the buffer is reused) and raises pynvml's NVMLError as pynvml would.
+
+    pynvml asks the size first (a NULL buffer), then the list, and converts each entry; NVML
+    fills a buffer that is large enough at once and says INSUFFICIENT_SIZE (with the count)
+    otherwise, so the buffer grows to twice that and the call is made again."""
+
+    def __init__(self, nv: Any, name: str, entry: Any) -> None:
+        self._nv = nv
+        self._name = name
+        self._entry = entry
+        self._utilization = entry is _UtilizationSample
+        self._size = SAMPLE_BUFFER if self._utilization else PROC_BUFFER
+        self._buffer = None  # type: Any
+        self._fn = None  # type: Any
+        self._count = ctypes.c_uint(0)
+
+    def __call__(self, handle: Any, since: int = 0) -> List[Any]:
+        if self._fn is None:  # FUNCTION_NOT_FOUND (NVMLError) when the library lacks it
+            self._fn = self._nv._nvmlGetFunctionPointer(self._name)
+        count = self._count
+        for _ in range(4):
+            if self._buffer is None:
+                self._buffer = (self._entry * self._size)()
+            count.value = self._size
+            if self._utilization:
+                ret = self._fn(handle, self._buffer, ctypes.byref(count),
+                               ctypes.c_ulonglong(since))
+            else:
+                ret = self._fn(handle, ctypes.byref(count), self._buffer)
+            if ret == 0:
+                return self._buffer[:count.value] if count.value else []
+            if ret != INSUFFICIENT_SIZE:
+                raise self._nv.NVMLError(ret)
+            self._size = max(self._size, int(count.value) * 2 + 5)
+            self._buffer = None
+        raise self._nv.NVMLError(INSUFFICIENT_SIZE)  # a list growing faster than we follow
 
 
 class _Unsupported(Exception):
