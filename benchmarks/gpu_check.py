@@ -10,15 +10,16 @@ the others), all of them within ``--budget`` seconds (default 400):
 agent  CPU milliseconds per sample for all GPUs: a bare pynvml loop over the fields a monitor
        shows (the baseline); the NVML reader in this process at 1 Hz and where its CPU goes
        (per NVML function, host(), events(), the sample line's JSON); then the real agent from
-       the bundle under ``python3 -S`` at 1 Hz, the old agent (``--old``, default
-       benchmarks/agent_old, a base commit's ``gpuctl`` package placed there by hand, see
-       below) and this tree's alternated, ``--agent-rounds`` times each: the A/B on this GPU;
-       which fields came back null. A helper process keeps a small CUDA context busy
+       the bundle under ``python3 -S`` at 1 Hz, the old agent (``--old``, default ./agent_old,
+       a base commit's ``gpuctl`` package placed there by hand, see below) and this tree's,
+       alternated, ``--agent-rounds`` times each: the A/B on this GPU; which fields came back
+       null. A helper process keeps a small CUDA context busy
        meanwhile, so every GPU-0 sample has a process to look up. The old agent: in a git
        checkout, ``--old-ref`` (default the base of the agent's issue-27 cuts) is taken with
        ``git archive``; in a copy without .git, place it first (untracked, not ignored: it
-       travels with the tree), e.g. ``mkdir -p benchmarks/agent_old && git archive 1679462
-       gpuctl | tar -x -C benchmarks/agent_old``; without one, only this tree's agent is run.
+       travels with the tree; at the root, outside what ruff, mypy and pytest look at), e.g.
+       ``mkdir -p agent_old && git archive 1679462 gpuctl | tar -x -C agent_old``; without
+       one, only this tree's agent is run.
        Only this part: ``--parts agent`` (about 2 minutes).
 burn   bf16 and tf32, alternated: a bare ``matmul(out=)`` loop (benchmarks/burn_rate.py) and
        the burner, ``--seconds`` each, ``--rounds`` times, with TFLOP/s, ratio, duty, errors
@@ -55,7 +56,7 @@ sys.path.insert(0, str(REPO))
 PART_LIMITS = {"agent": 175.0, "burn": 200.0, "ddp": 120.0}
 # Fields a monitor shows, for the bare pynvml baseline (what nvtop/nvitop read per GPU).
 BARE_FIELDS = 9  # see bare_pynvml
-OLD_DIR = REPO / "benchmarks" / "agent_old"  # a base commit's gpuctl package (see the docstring)
+OLD_DIR = REPO / "agent_old"  # a base commit's gpuctl package, placed by hand (see the docstring)
 OLD_REF = "1679462"  # the agent before its issue-27 CPU cuts (one-call lists, host reads, ...)
 
 
