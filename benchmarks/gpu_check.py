@@ -20,7 +20,7 @@ agent  CPU milliseconds per sample for all GPUs: a bare pynvml loop over the fie
        travels with the tree; at the root, outside what ruff, mypy and pytest look at), e.g.
        ``mkdir -p agent_old && git archive 1679462 gpuctl | tar -x -C agent_old``; without
        one, only this tree's agent is run.
-       Only this part: ``--parts agent`` (about 2 minutes).
+       Only this part: ``--parts agent`` (about 2.5 minutes).
 burn   bf16 and tf32, alternated: a bare ``matmul(out=)`` loop (benchmarks/burn_rate.py) and
        the burner, ``--seconds`` each, ``--rounds`` times, with TFLOP/s, ratio, duty, errors
        and the GPU's mean power and SM clock during each; a bare ``addmm_`` loop (the old
@@ -288,7 +288,9 @@ def part_agent(a: argparse.Namespace, results: Path) -> int:
             say(f"[agent] old agent: {old and Path(old).name} from {origin}")
             say(f"[agent] new agent: {Path(bundle).name} from this tree")
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-            samples = 6 if a.quick else 15
+            # 20: a window of 12 holds one or two of the 10 s per-process utilization reads
+            # (1.5 ms each on an H100): +-0.12 ms of noise a run
+            samples = 6 if a.quick else 20
             say(f"[agent] the real agents, bundles under python3 -S, 1 Hz, {samples} samples "
                 f"each, alternated:")  # fmt: skip
             runs: dict[str, list[float]] = {"old": [], "new": []}
