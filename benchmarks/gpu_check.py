@@ -8,11 +8,19 @@ Three parts, each a subprocess with its own time limit (one failing or hanging d
 the others), all of them within ``--budget`` seconds (default 400):
 
 agent  CPU milliseconds per sample for all GPUs: a bare pynvml loop over the fields a monitor
-       shows (the baseline); the NVML reader in this process the old way (every field asked
-       every sample, per-process utilization every sample) and the new way (NOT_SUPPORTED
-       remembered, per-process utilization every 5 s), alternated; the real agent from the
-       bundle under ``python3 -S`` at 1 Hz; which fields came back null. A helper process keeps
-       a small CUDA context busy meanwhile, so every GPU-0 sample has a process to look up.
+       shows (the baseline); the NVML reader in this process at 1 Hz and where its CPU goes
+       (per NVML function, host(), events(), the sample line's JSON); then the real agent from
+       the bundle under ``python3 -S`` at 1 Hz, the old agent (``--old``, default ./agent_old,
+       a base commit's ``gpuctl`` package placed there by hand, see below) and this tree's,
+       alternated, ``--agent-rounds`` times each: the A/B on this GPU; which fields came back
+       null. A helper process keeps a small CUDA context busy
+       meanwhile, so every GPU-0 sample has a process to look up. The old agent: in a git
+       checkout, ``--old-ref`` (default the base of the agent's issue-27 cuts) is taken with
+       ``git archive``; in a copy without .git, place it first (untracked, not ignored: it
+       travels with the tree; at the root, outside what ruff, mypy and pytest look at), e.g.
+       ``mkdir -p agent_old && git archive 1679462 gpuctl | tar -x -C agent_old``; without
+       one, only this tree's agent is run.
+       Only this part: ``--parts agent`` (about 2.5 minutes).
 burn   bf16 and tf32, alternated: a bare ``matmul(out=)`` loop (benchmarks/burn_rate.py) and
        the burner, ``--seconds`` each, ``--rounds`` times, with TFLOP/s, ratio, duty, errors
        and the GPU's mean power and SM clock during each; a bare ``addmm_`` loop (the old
@@ -45,9 +53,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-PART_LIMITS = {"agent": 110.0, "burn": 200.0, "ddp": 120.0}
+PART_LIMITS = {"agent": 175.0, "burn": 200.0, "ddp": 120.0}
 # Fields a monitor shows, for the bare pynvml baseline (what nvtop/nvitop read per GPU).
 BARE_FIELDS = 9  # see bare_pynvml
+OLD_DIR = REPO / "agent_old"  # a base commit's gpuctl package, placed by hand (see the docstring)
+OLD_REF = "1679462"  # the agent before its issue-27 CPU cuts (one-call lists, host reads, ...)
 
 
 def say(text: str = "") -> None:
@@ -141,9 +151,13 @@ class Timed:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._nv, name)
+        if name == "_nvmlGetFunctionPointer":  # the reader's one-call list reads: the C function
+            return lambda fname: self._timed(f"{fname} (one call)", attr(fname))
         if not callable(attr) or not name.startswith("nvml"):
             return attr
+        return self._timed(name, attr)
 
+    def _timed(self, name: str, attr: Any) -> Any:
         def timed(*args: Any) -> Any:
             t = time.process_time()
             try:
@@ -163,11 +177,11 @@ def profile(reader: Any, samples: int, pause: float) -> list[str]:
     nv = reader._nv
     timed = reader._nv = Timed(nv)
     reader._resolved = {}  # resolve the functions through the timing proxy
-    other: dict[str, float] = {"events()": 0.0, "host()": 0.0, "parents()": 0.0}
+    other: dict[str, float] = {"events()": 0.0, "host()": 0.0, "parents()": 0.0, "encode": 0.0}
     reader.events(), reader.host(), reader.parents()  # imports and first reads: not counted
     try:
         for seq in range(samples):
-            reader.sample(slow=seq % protocol.SLOW_EVERY == 0)
+            gpus = reader.sample(slow=seq % protocol.SLOW_EVERY == 0)
             for label, fn in (
                 ("events()", reader.events),
                 ("host()", reader.host),
@@ -176,22 +190,71 @@ def profile(reader: Any, samples: int, pause: float) -> list[str]:
                 t = time.process_time()
                 fn()
                 other[label] += time.process_time() - t
+            msg = {"type": "sample", "t": time.time(), "seq": seq, "gpus": gpus,
+                   "parents": reader.parents(), "host": reader.host()}  # fmt: skip
+            t = time.process_time()
+            protocol.encode(msg)  # the sample line's JSON, as the agent sends it
+            other["encode"] += time.process_time() - t
             time.sleep(pause)
     finally:
         reader._nv, reader._resolved = nv, {}
     rows = [(v, f"{k} x{timed.calls[k] / samples:.1f}") for k, v in timed.used.items()]
     rows += [(v, k) for k, v in other.items()]
     rows.sort(reverse=True)
-    return [f"{v / samples * 1000:7.3f} ms  {k}" for v, k in rows[:14]]
+    return [f"{v / samples * 1000:7.3f} ms  {k}" for v, k in rows[:16]]
+
+
+def old_bundle(a: argparse.Namespace, tmp: Path) -> tuple[str | None, str]:
+    """The old agent's bundle (written by its own ``gpuctl.bundle``, so it carries this python's
+    nvidia-ml-py as the new one does) and where it came from; None and why when there is none."""
+    src = Path(a.old)
+    if not (src / "gpuctl" / "node").is_dir():
+        if not (REPO / ".git").exists():
+            return None, (
+                f"no old agent under {src} and no .git here: place one with `mkdir -p {src} && "
+                f"git archive {a.old_ref} gpuctl | tar -x -C {src}` in a checkout"
+            )
+        src = tmp / "old-src"
+        src.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", a.old_ref, "gpuctl"],
+            capture_output=True, timeout=60,
+        )  # fmt: skip
+        if archive.returncode:
+            return None, f"git archive {a.old_ref}: {archive.stderr.decode().strip()[:200]}"
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
+        origin = f"git {a.old_ref}"
+    else:
+        origin = str(src)
+    env = dict(os.environ, PYTHONPATH=str(src))
+    code = "import sys; from gpuctl.bundle import write_bundle; print(write_bundle(sys.argv[1]))"
+    made = subprocess.run(
+        [sys.executable, "-c", code, str(tmp / "old")],
+        capture_output=True, text=True, env=env, cwd=src, timeout=60,
+    )  # fmt: skip
+    if made.returncode:
+        return None, f"the old bundle failed to build: {made.stderr.strip()[-300:]}"
+    return made.stdout.strip(), origin
+
+
+def run_agent(label: str, bundle: str, env: dict[str, str], samples: int) -> float:
+    """CPU ms per sample of the bundle's agent under ``python3 -S`` at 1 Hz (with this
+    python3's site-packages if the bundle carries no pynvml)."""
+    from benchmarks import agent_cpu
+
+    try:
+        return agent_cpu.measure(label, [sys.executable, "-S", bundle], [], env, 1.0, samples)
+    except Exception as e:  # e.g. a bundle without pynvml: the python3's own then
+        say(f"[agent] {e}; again with this python3's site-packages:")
+        return agent_cpu.measure(label, [sys.executable, bundle], [], env, 1.0, samples)
 
 
 def part_agent(a: argparse.Namespace, results: Path) -> int:
-    from benchmarks import agent_cpu
     from gpuctl.bundle import write_bundle
     from gpuctl.node.readers.nvml import NvmlReader
 
     out: dict[str, Any] = {}
-    n = 8 if a.quick else 20
+    n = 6 if a.quick else 10
     hold = holder(a.device)
     try:
         reader = NvmlReader.open()
@@ -210,14 +273,10 @@ def part_agent(a: argparse.Namespace, results: Path) -> int:
         out.update(gpus=gpus, null_sample=nulls, null_static=static_nulls, processes=procs)
         bare = bare_pynvml(nv, n, 0.05)
         say(f"[agent] bare pynvml ({BARE_FIELDS} calls x {gpus} GPU): {bare:.3f} ms CPU/sample")
-        old = reader_cost(reader, n, 0.25, old=True)
-        say(f"[agent] reader, old way (4 Hz, {n} samples): {old:.3f} ms CPU/sample")
         new = reader_cost(reader, n, 1.0 if not a.quick else 0.25, old=False)
-        say(f"[agent] reader, new way (1 Hz, {n} samples): {new:.3f} ms CPU/sample")
-        old2 = reader_cost(reader, n, 0.25, old=True)
-        say(f"[agent] reader, old way again: {old2:.3f} ms CPU/sample")
-        out.update(bare_ms=bare, reader_old_ms=[old, old2], reader_new_ms=new)
-        say(f"[agent] where the new way's CPU goes, per sample ({n} samples at 1 Hz):")
+        say(f"[agent] reader (1 Hz, {n} samples): {new:.3f} ms CPU/sample")
+        out.update(bare_ms=bare, reader_ms=new)
+        say(f"[agent] where the reader's CPU goes, per sample ({n} samples at 1 Hz):")
         rows = profile(reader, n, 1.0 if not a.quick else 0.25)
         for row in rows:
             say(f"[agent]   {row}")
@@ -225,22 +284,30 @@ def part_agent(a: argparse.Namespace, results: Path) -> int:
         reader.close()
         with tempfile.TemporaryDirectory(prefix="gpuctl-check-") as tmp:
             bundle = str(write_bundle(Path(tmp) / "bundle"))
+            old, origin = old_bundle(a, Path(tmp))
+            say(f"[agent] old agent: {old and Path(old).name} from {origin}")
+            say(f"[agent] new agent: {Path(bundle).name} from this tree")
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-            say("[agent] the real agent, bundle under python3 -S, 1 Hz:")
-            try:
-                agent = agent_cpu.measure(
-                    "agent (bundle, -S)", [sys.executable, "-S", bundle], [], env, 1.0, n
-                )
-            except Exception as e:  # e.g. a bundle without pynvml: the python3's own then
-                say(f"[agent] {e}; again with this python3's site-packages:")
-                agent = agent_cpu.measure(
-                    "agent (bundle)", [sys.executable, bundle], [], env, 1.0, n
-                )
-        out["agent_ms"] = agent
+            # 20: a window of 12 holds one or two of the 10 s per-process utilization reads
+            # (1.5 ms each on an H100): +-0.12 ms of noise a run
+            samples = 6 if a.quick else 20
+            say(f"[agent] the real agents, bundles under python3 -S, 1 Hz, {samples} samples "
+                f"each, alternated:")  # fmt: skip
+            runs: dict[str, list[float]] = {"old": [], "new": []}
+            for _ in range(a.agent_rounds):
+                if old is not None:
+                    runs["old"].append(run_agent("old agent (bundle, -S)", old, env, samples))
+                runs["new"].append(run_agent("new agent (bundle, -S)", bundle, env, samples))
+        agent = statistics.mean(runs["new"])
+        out.update(agent_ms=agent, agent_runs=runs, old_origin=origin)
+        ab = "no old agent to compare"
+        if runs["old"]:
+            before = statistics.mean(runs["old"])
+            out["agent_old_ms"] = before
+            ab = f"old {before:.3f} -> new {agent:.3f} ms ({agent / before:.2f}x)"
         say(
             f"[agent] RESULT agent {agent:.3f} ms CPU/sample for {gpus} GPU(s) "
-            f"(target <= 1 ms per H100); reader old {statistics.mean([old, old2]):.3f} -> new "
-            f"{new:.3f} ms; bare pynvml {bare:.3f} ms"
+            f"(target <= 1 ms per H100): {ab}; reader {new:.3f} ms; bare pynvml {bare:.3f} ms"
         )
     finally:
         hold.kill()
@@ -456,6 +523,7 @@ def run_part(name: str, a: argparse.Namespace, results: Path, limit: float, log:
     cmd = [sys.executable, __file__, "--part", name, "--results", str(results)]
     cmd += ["--device", a.device, "--seconds", str(a.seconds), "--rounds", str(a.rounds)]
     cmd += ["--quick"] if a.quick else []
+    cmd += ["--old", a.old, "--old-ref", a.old_ref, "--agent-rounds", str(a.agent_rounds)]
     env = dict(os.environ)
     if a.device == "cpu" and name == "agent":
         from gpuctl_tests.node.nvml_stub import CONFIG_ENV, build
@@ -511,6 +579,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2, help="bare/burner alternations per dtype")
     p.add_argument("--budget", type=float, default=400.0, help="seconds for all parts")
     p.add_argument("--quick", action="store_true", help="fewer samples (a dry run)")
+    p.add_argument("--old", default=str(OLD_DIR), help="folder holding the old agent's gpuctl")
+    p.add_argument("--old-ref", default=OLD_REF, help="git ref of the old agent (with .git)")
+    p.add_argument("--agent-rounds", type=int, default=2, help="old/new agent alternations")
     p.add_argument("--out", help="folder for gpu_check.log/.json (default: $OUT, else a temp)")
     p.add_argument("--part", choices=tuple(PARTS), help=argparse.SUPPRESS)
     p.add_argument("--results", help=argparse.SUPPRESS)

@@ -215,19 +215,36 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+STAT_BYTES = 4096  # /proc/PID/stat: 52 numbers and a name of at most 16 bytes fit
+
+
 def read_stat(pid: Union[int, str], proc_root: str = "/proc") -> Optional[ProcStat]:
-    """``/proc/PID/stat`` of ``pid``, or None when it is gone or unreadable. The command name
-    may hold spaces and parentheses: the fields are read after its last ``)``."""
+    """``/proc/PID/stat`` of ``pid``, or None when it is gone or unreadable."""
     try:
-        with open(os.path.join(proc_root, str(pid), "stat"), "rb") as f:
-            stat = f.read()
+        # os.open/read/close: a file object (buffered reader, context manager) was two thirds
+        # of the 32 us this cost per GPU process and sample here (0.116 -> 0.071 ms on an
+        # H100's VM, where each system call at 1 Hz costs 0.01-0.03 ms)
+        fd = os.open(os.path.join(proc_root, str(pid), "stat"), os.O_RDONLY)
+        try:
+            stat = os.read(fd, STAT_BYTES)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    return parse_stat(stat)
+
+
+def parse_stat(stat: bytes) -> Optional[ProcStat]:
+    """The text of a /proc/PID/stat, or None when it is not one. The command name may hold
+    spaces and parentheses: the fields are read after its last ``)``."""
+    try:
         fields = stat[stat.rindex(b")") + 2:].split()
         # fields[n - 3] is field n of proc(5): 4 ppid, 5 pgrp, 6 session, 14 utime, 15 stime,
         # 22 starttime, 24 rss
         return ProcStat(fields[0].decode("ascii", "replace"), int(fields[1]),
                         int(fields[11]) + int(fields[12]), int(fields[19]),
                         int(fields[21]) * PAGE_BYTES, int(fields[3]), int(fields[2]))
-    except (OSError, ValueError, IndexError):
+    except (ValueError, IndexError):
         return None
 
 

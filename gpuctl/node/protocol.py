@@ -239,7 +239,12 @@ def encode(msg: Mapping[str, Any]) -> bytes:
     Raises ValueError for NaN or Infinity anywhere in it (see ``sanitize``), TypeError for a
     value JSON cannot carry.
     """
-    return (json.dumps(msg, separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
+    return (_ENCODER.encode(msg) + "\n").encode("utf-8")
+
+
+# One encoder for every line: json.dumps builds one per call when given options (3 us of the
+# ~25 us an agent's 1-GPU sample line costs).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def sanitize(value: Any) -> Any:

@@ -175,3 +175,44 @@ def test_parents_are_walked_again_when_the_pids_change_or_after_a_while(procs: S
 
 def read_ppid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_gpu_process_stat_file_is_opened_once_while_it_runs(
+    procs: Start, monkeypatch: Any
+) -> None:
+    """/proc/PID/stat is read through a descriptor kept open while the pid stays a GPU process
+    (open, read and close cost 0.07 ms against 0.04 ms a read on an H100's VM); once the process
+    is gone its figures are null, not the last ones, and the descriptor is closed."""
+    from gpuctl.node import proc
+    from gpuctl.node.readers import procs as procs_module
+
+    sleeper = procs("sleep", "308")
+    path = f"/proc/{sleeper.pid}/stat"
+    opened: list[str] = []
+    real_os_open, real_open = os.open, open
+
+    def os_open(name: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(str(name))
+        return real_os_open(name, *args, **kwargs)
+
+    def builtin_open(name: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(str(name))
+        return real_open(name, *args, **kwargs)
+
+    names = procs_module.ProcessNames()
+    monkeypatch.setattr(os, "open", os_open)
+    for module in (proc, procs_module):  # the file object the reader used before
+        monkeypatch.setattr(module, "open", builtin_open, raising=False)
+    for _ in range(3):
+        seen: set[int] = set()
+        row = names.rows({sleeper.pid: None}, seen)[0]
+        assert row["ppid"] == os.getpid() and row["rss"]
+        names.forget_except(seen)
+    assert [name for name in opened if name.endswith("/stat")] == [path]
+    sleeper.kill()
+    sleeper.wait(10)
+    seen = set()
+    row = names.rows({sleeper.pid: None}, seen)[0]
+    assert (row["ppid"], row["rss"], row["started"]) == (None, None, None)
+    names.forget_except(set())
+    names.close()

@@ -59,10 +59,41 @@ def test_cpu_memory_load_and_network_from_proc(tmp_path: Path) -> None:
     # a counter that went back is no rate; a file that is gone is null, not an error
     write_proc(tmp_path, [300, 0, 200, 750, 150, 0, 0, 0], rx=10, tx=900, lo=0)
     (tmp_path / "loadavg").unlink()
-    now[0] = 103.0
+    now[0] = 105.0  # LOAD_EVERY_S after the first read: the load averages are read again
     third = stats.sample()
     assert (third["net_rx"], third["net_tx"], third["load"]) == (None, 0.0, None)
     assert third["cpu"] is None  # no jiffies passed
+
+
+def test_the_cpu_count_is_read_again_every_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """os.cpu_count() reads /sys each time (9 us of a 59 us host sample): once a minute."""
+    from gpuctl.node.readers import host
+
+    now = [100.0]
+    counts = iter([8, 6, 4])
+    monkeypatch.setattr(host.os, "cpu_count", lambda: next(counts))
+    stats = HostStats(str(tmp_path), clock=lambda: now[0])
+    write_proc(tmp_path, [100, 0, 100, 700, 100, 0, 0, 0], rx=1000, tx=500, lo=0)
+    assert [stats.sample()["cpus"] for _ in range(3)] == [8, 8, 8]
+    now[0] += host.CPUS_EVERY_S - 1
+    assert stats.sample()["cpus"] == 8
+    now[0] += 1
+    assert stats.sample()["cpus"] == 6  # a CPU went offline: seen within a minute
+
+
+def test_the_load_averages_are_read_every_five_seconds(tmp_path: Path) -> None:
+    """The kernel computes them every 5 s (LOAD_EVERY_S): read as often, not every sample."""
+    now = [100.0]
+    stats = HostStats(str(tmp_path), clock=lambda: now[0])
+    write_proc(tmp_path, [100, 0, 100, 700, 100, 0, 0, 0], rx=1000, tx=500, lo=0)
+    assert stats.sample()["load"] == [3.5, 2.25, 1.0]
+    (tmp_path / "loadavg").write_text("7.00 3.00 1.50 2/345 6789\n")
+    now[0] += 4.0
+    assert stats.sample()["load"] == [3.5, 2.25, 1.0]
+    now[0] += 1.0
+    assert stats.sample()["load"] == [7.0, 3.0, 1.5]
 
 
 def test_an_nvml_agent_sends_this_machines_host_under_python36(

@@ -171,6 +171,65 @@ def test_process_utilization_is_read_only_for_gpus_with_processes_and_not_every_
     assert again == [2 * first[0], 0, 2 * first[2]]
 
 
+def test_process_lists_and_process_utilization_are_one_library_call_each(
+    reader: Any, stub: NvmlStub
+) -> None:
+    """pynvml asks NVML twice for a list (its size, then the entries); the reader fills a buffer
+    it keeps, once (on an H100: 0.13 ms for the compute list, 2.3 ms for the utilization)."""
+    me = os.getpid()
+    r = reader(f"count 1\nproc 0 {me} 512\nproc 0 4194000 64 graphics\nprocutil 0 {me} 37 5\n")
+    r.proc_util_every = r.procs_every = 0.0  # read every sample
+    for n in (1, 2, 3):
+        procs = r.sample(slow=False)[0]["processes"]
+        assert [(p["pid"], p["mem"], p["sm"]) for p in procs] == [
+            (me, 512 * MIB, 37),
+            (4194000, 64 * MIB, None),
+        ]
+        assert stub.calls(0, "nvmlDeviceGetComputeRunningProcesses_v3") == n
+        assert stub.calls(0, "nvmlDeviceGetGraphicsRunningProcesses_v3") == n
+        assert stub.calls(0, "nvmlDeviceGetProcessUtilization") == n
+
+
+def test_more_processes_than_the_kept_buffer_are_all_listed(reader: Any, stub: NvmlStub) -> None:
+    """The first read with more processes than the buffer holds (NVML: INSUFFICIENT_SIZE and
+    the count) grows it and asks again; later reads are one call."""
+    from gpuctl.node.readers import nvml
+
+    pids = list(range(4194000, 4194012))  # 12: more than the first buffer, and the stub holds 16
+    r = reader("count 1\n" + "".join(f"proc 0 {pid} {k + 1}\n" for k, pid in enumerate(pids)))
+    r.procs_every = 0.0  # read every sample
+    procs = r.sample(slow=False)[0]["processes"]
+    assert [(p["pid"], p["mem"]) for p in procs] == [
+        (pid, (k + 1) * MIB) for k, pid in enumerate(pids)
+    ]
+    assert stub.calls(0, "nvmlDeviceGetComputeRunningProcesses_v3") == 2
+    assert [p["pid"] for p in r.sample(slow=False)[0]["processes"]] == pids
+    assert stub.calls(0, "nvmlDeviceGetComputeRunningProcesses_v3") == 3
+    assert len(pids) > nvml.PROC_BUFFER
+
+
+def test_process_lists_are_read_again_when_the_used_memory_changes_or_after_a_while(
+    reader: Any, stub: NvmlStub
+) -> None:
+    """A process that starts or ends changes the GPU's used memory (its context): while that
+    stays the same, the last lists are repeated (0.1-0.2 ms a sample and GPU on an H100), at
+    most PROCS_EVERY_S; the processes' host figures are still read every sample."""
+    me = os.getpid()
+    r = reader(f"count 2\nproc 0 {me} 512\n")
+    lists = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3")
+    for _ in range(4):
+        gpus = by_index(r.sample(slow=False))
+        assert [(p["pid"], p["mem"]) for p in gpus[0]["processes"]] == [(me, 512 * MIB)]
+        assert gpus[0]["processes"][0]["rss"] and gpus[1]["processes"] == []
+    assert [stub.calls(i, fn) for i in (0, 1) for fn in lists] == [1, 1, 1, 1]
+    stub.set(1, "mem_used_mib", 2048)  # GPU 1's memory moved: its lists are read again, not GPU 0's
+    r.sample(slow=False)
+    assert [stub.calls(i, fn) for i in (0, 1) for fn in lists] == [1, 1, 2, 2]
+    r.procs_every = 0.0  # the while has passed: read again, whatever the memory
+    r.sample(slow=False)
+    assert [stub.calls(i, fn) for i in (0, 1) for fn in lists] == [2, 2, 3, 3]
+
+
 def test_unsupported_process_utilization_is_asked_once(reader: Any, stub: NvmlStub) -> None:
     me = os.getpid()
     r = reader(f"count 1\nproc 0 {me} 512\nerror 0 3 procutil\n")

@@ -3,7 +3,10 @@
 Python 3.6, standard library only. ``ProcessNames`` keeps per pid what does not change (uid,
 user, command line) and forgets pids that stop showing up, so a busy GPU costs two small /proc
 reads per new process; what changes (``/proc/PID/stat``: parent, CPU time, resident memory,
-start time) is read once per sample for each GPU process. Host %CPU is the CPU time a process
+start time) is read once per sample for each GPU process, through a descriptor kept open while
+the pid stays known (one ``pread``; opening, reading and closing cost 0.07 ms against 0.04 ms on
+an H100's VM). A descriptor names the process, not its number: once the process is gone its
+reads fail (ESRCH), also when a new process takes the pid, which is then opened afresh. Host %CPU is the CPU time a process
 used between two samples over the wall time between them, so the first sample of a process has
 none (null).
 
@@ -17,7 +20,7 @@ import signal
 import time
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
-from ..proc import CLOCK_TICKS, ProcStat, boot_time, read_stat
+from ..proc import CLOCK_TICKS, STAT_BYTES, ProcStat, boot_time, parse_stat, read_stat
 
 MAX_COMMAND = 200  # characters: enough to tell jobs apart, small enough for one sample line
 MAX_PARENTS = 64  # ancestors of GPU processes sent in one sample (a tree, not a process table)
@@ -86,6 +89,7 @@ class ProcessNames(object):
         # parents() of the last GPU pid set: (the set, when read, the rows)
         self._parents = None  # type: Optional[Tuple[FrozenSet[int], float, List[Dict[str, Any]]]]
         self._seen = set()  # type: Set[int]
+        self._stat_fds = {}  # type: Dict[int, int]  # pid -> its /proc/PID/stat, kept open
 
     def identity(self, pid: int) -> Identity:
         """Return ``(uid, user, command)`` for ``pid``; any may be None (another namespace)."""
@@ -104,8 +108,45 @@ class ProcessNames(object):
     def stat(self, pid: int) -> Optional[ProcStat]:
         """``/proc/PID/stat``, read once per sample."""
         if pid not in self._stats:
-            self._stats[pid] = read_stat(pid)
+            self._stats[pid] = self._read_stat(pid)
         return self._stats[pid]
+
+    def _read_stat(self, pid: int) -> Optional[ProcStat]:
+        fd = self._stat_fds.get(pid)
+        if fd is not None:
+            try:
+                st = parse_stat(os.pread(fd, STAT_BYTES, 0))
+            except OSError:  # ESRCH: that process is gone (its pid may be another's now)
+                st = None
+            if st is not None:
+                return st
+            self._close_stat(pid)
+        try:
+            fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY)
+        except OSError:
+            return None
+        self._stat_fds[pid] = fd
+        try:
+            return parse_stat(os.pread(fd, STAT_BYTES, 0))
+        except OSError:
+            self._close_stat(pid)
+            return None
+
+    def _close_stat(self, pid: int) -> None:
+        fd = self._stat_fds.pop(pid, None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Close the /proc files kept open."""
+        for pid in list(getattr(self, "_stat_fds", ())):
+            self._close_stat(pid)
+
+    def __del__(self) -> None:
+        self.close()
 
     def forget_except(self, pids: Iterable[int]) -> None:
         """End a sample: drop cached pids not in ``pids`` (so a reused pid is looked up afresh)
@@ -115,6 +156,9 @@ class ProcessNames(object):
             for pid in list(cache):
                 if pid not in keep:
                     del cache[pid]
+        for pid in list(self._stat_fds):
+            if pid not in keep:
+                self._close_stat(pid)
         self._stats = {}
         self._fields = {}
         self._seen = set()
