@@ -39,8 +39,10 @@ Agent -> gpuctl
                   max_mem_clock (MHz), pcie_gen, pcie_width, mig_mode (bool or null), serial
     sample    ``t`` (unix time), ``seq`` (int), ``gpus``: one dict per GPU:
                   index, uuid, state ("ok" | "lost"),
-                  util_gpu, util_mem (%), mem_used, mem_total (bytes), temp (C),
-                  power, power_limit (W), sm_clock, mem_clock (MHz), fan (%), pstate ("P0"),
+                  the readings of ``gpuctl/node/metrics.py`` (one row each: key, unit, bounds,
+                  how it is read): util_gpu, util_mem (%), mem_used, mem_total (bytes), temp
+                  (C), power, power_limit (W), sm_clock, mem_clock (MHz), fan (%), pstate
+                  ("P0"), enc, dec (video encoder / decoder %), pcie_tx, pcie_rx (bytes/s),
                   throttle (list of names from THROTTLE_REASONS, active now),
                   ecc: {volatile_corrected, volatile_uncorrected, aggregate_corrected,
                         aggregate_uncorrected} | null,
@@ -58,8 +60,8 @@ Agent -> gpuctl
               net_rx, net_tx (bytes/s since the previous sample, loopback left out)}, any null
               when unknown (cpu and the rates are null in the first sample), or null.
               A field the GPU cannot report is null; it never hides the others. ecc,
-              retired_pages and remapped_rows are read every ``SLOW_EVERY`` samples and repeated
-              in between. A reply to ``snapshot`` is a sample with the request's ``id``.
+              retired_pages, remapped_rows and the readings marked ``slow`` in metrics.py
+              (pcie_tx, pcie_rx) are read every ``SLOW_EVERY`` samples and repeated in between. A reply to ``snapshot`` is a sample with the request's ``id``.
     event     ``t``, ``kind`` ("xid" | "gpu_lost" | ...), ``gpu`` (index or null), ``detail``
               (dict: for xid ``{"xid": 79}``).
     error     ``code`` (short token), ``message`` (one line for a person), optional ``id``.
@@ -104,6 +106,8 @@ import json
 import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
+from . import metrics
+
 PROTOCOL_VERSION = 1
 AGENT_VERSION = "0.1.0"
 MAX_LINE = 1 << 20  # 1 MiB: a request is small; anything bigger is junk or an attack.
@@ -131,11 +135,7 @@ THROTTLE_REASONS = (
     (0x0000000000000100, "display_clocks"),
 )
 
-SAMPLE_FIELDS = (
-    "index", "uuid", "state", "util_gpu", "util_mem", "mem_used", "mem_total", "temp", "power",
-    "power_limit", "sm_clock", "mem_clock", "fan", "pstate", "throttle", "ecc", "retired_pages",
-    "remapped_rows", "processes",
-)
+SAMPLE_FIELDS = metrics.SAMPLE_FIELDS  # identity, the registry's readings, structured fields
 STATIC_FIELDS = (
     "index", "uuid", "name", "mem_total", "power_limit", "max_sm_clock", "max_mem_clock",
     "pcie_gen", "pcie_width", "mig_mode", "serial",

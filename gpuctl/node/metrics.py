@@ -1,0 +1,169 @@
+"""The GPU metric registry: one row per reading a sample carries for a GPU, read by both sides.
+
+Python 3.6 syntax, standard library only: the node side imports it (``protocol.SAMPLE_FIELDS``,
+the nvidia-smi reader's query), and so does the login side, which drives from it the decode
+check (``GpuSample``'s fields are these keys: a test holds them equal), the Prometheus export
+(``fleet/export.py``: DCGM exporter's names and units), the Prometheus source (``fleet/prom.py``
+reads the same DCGM series back), the CSV columns (``fleet/record.py``, by name), the history
+columns (``fleet/history.py``), the filter words, sort keys and heatmap metrics
+(``tui/view.py``, ``tui/gpusort.py``), the ``status`` table (``core/format.py``), the detail
+screen's plots and the README's metrics table (``python -m gpuctl.metrics_table --write
+README.md``; a test fails when the README's differs).
+
+Units (one per reading, everywhere): the wire carries each reading in ``unit``; the screen,
+``status`` and the filter show it in ``shown`` (the wire value times ``scale``). Memory: bytes
+on the wire, GiB where a figure is shown (``mem_gib``), and the filter, sort and heatmap word
+``mem`` is the part of the memory in use in % (``PERCENT_OF``: mem_used over mem_total), never a
+0..1 fraction outside code. PCIe throughput: bytes/s on the wire (NVML answers KB/s, the reader
+multiplies), GB/s on the screen, bytes/s in the export (DCGM's unit).
+
+Adding a metric: a row here, its read in each reader (``readers/nvml.py``, ``readers/smi.py``
+takes ``smi`` from here, ``readers/sim.py``), the field in ``core/model.py``'s ``GpuSample``
+(the decode stays a msgspec Struct: a test holds its fields equal to ``SAMPLE_FIELDS``), and
+the README's table regenerated. Everything else follows from the row's flags.
+
+Flags of a row (``flags``):
+    list     a column of the GPU list where the width allows it (``tui/widgets/overview.py``)
+    filter   a threshold word of the ``/`` filter (``name``, in ``shown`` units)
+    sort     a sort of the GPU list (``o``)
+    heatmap  a metric of the heatmap (``m``), as a fraction of ``hi`` (util: of 100 %)
+    plot     a plot of the detail screen (from the history column)
+    csv      a column of ``replay --export-csv`` (named ``key``)
+    status   a column of ``gpuctl status``
+"""
+
+from collections import namedtuple
+
+Metric = namedtuple("Metric", (
+    "key",      # the wire key in a sample's GPU dict (and the GpuSample field, the CSV column)
+    "name",     # the screen's word: filter, sort, heatmap, history column, status column id
+    "title",    # the column title (list, status)
+    "what",     # what it is, for people (README, export help)
+    "unit",     # the wire unit: "%", "bytes", "C", "W", "MHz", "bytes/s", "" (text)
+    "lo",       # bounds of a valid value in the wire unit (None: unbounded); outside them a
+    "hi",       # ... reading is junk: the login side keeps None (the lenient decode)
+    "nvml",     # how the NVML reader reads it (a pynvml call, for people)
+    "smi",      # nvidia-smi --query-gpu fields that give it, newest name first
+    "slow",     # read every protocol.SLOW_EVERY samples only (the call is costly), else each
+    "dcgm",     # DCGM exporter's field name it is exported as (None: not exported by itself)
+    "dcgm_scale",  # the wire value times this is DCGM's unit (bytes -> MiB: 1 / 2**20)
+    "shown",    # the unit on the screen, in status and in the filter
+    "scale",    # the wire value times this is the shown figure
+    "digits",   # decimals of the shown figure
+    "history",  # array typecode of its history column (None: no history)
+    "flags",    # frozenset of list, filter, sort, heatmap, plot, csv, status (docstring)
+))
+
+MIB = 1 << 20
+GIB = 1 << 30
+_ALL = frozenset(("list", "filter", "sort", "heatmap", "plot", "csv", "status"))
+
+
+def _m(key, name, title, what, unit, lo, hi, nvml, smi, dcgm, dcgm_scale=1.0, shown=None,
+       scale=1.0, digits=0, history=None, flags=(), slow=False):
+    # type: (...) -> Metric
+    bad = set(flags) - _ALL
+    if bad:
+        raise ValueError("metric %s: unknown flags %s" % (key, sorted(bad)))
+    return Metric(key, name, title, what, unit, lo, hi, nvml, tuple(smi), slow, dcgm,
+                  dcgm_scale, unit if shown is None else shown, scale, digits, history,
+                  frozenset(flags))
+
+
+# In the order of the wire, the CSV and status. Percent readings are whole numbers.
+METRICS = (
+    _m("util_gpu", "util", "UTIL", "GPU utilization", "%", 0, 100,
+       "nvmlDeviceGetUtilizationRates().gpu", ("utilization.gpu",),
+       "DCGM_FI_DEV_GPU_UTIL", history="B",
+       flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
+    _m("util_mem", "util_mem", "MEM UTIL", "memory (copy) utilization", "%", 0, 100,
+       "nvmlDeviceGetUtilizationRates().memory", ("utilization.memory",),
+       "DCGM_FI_DEV_MEM_COPY_UTIL", flags=("csv",)),
+    _m("mem_used", "mem_gib", "MEMORY", "memory used", "bytes", 0, 2 ** 63 - 1,
+       "nvmlDeviceGetMemoryInfo().used", ("memory.used",),
+       "DCGM_FI_DEV_FB_USED", 1.0 / MIB, shown="GiB", scale=1.0 / GIB, digits=1, history="f",
+       flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
+    _m("mem_total", "mem_total", "MEM TOTAL", "memory total", "bytes", 0, 2 ** 63 - 1,
+       "nvmlDeviceGetMemoryInfo().total", ("memory.total",),
+       "DCGM_FI_DEV_FB_TOTAL", 1.0 / MIB, shown="GiB", scale=1.0 / GIB, digits=1,
+       flags=("csv",)),
+    _m("temp", "temp", "TEMP", "temperature", "C", -273, 1000,
+       "nvmlDeviceGetTemperature(TEMPERATURE_GPU)", ("temperature.gpu",),
+       "DCGM_FI_DEV_GPU_TEMP", history="B",
+       flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
+    _m("power", "power", "POWER", "power draw", "W", 0, 1e6,
+       "nvmlDeviceGetPowerUsage() / 1000", ("power.draw",),
+       "DCGM_FI_DEV_POWER_USAGE", history="f",
+       flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
+    _m("power_limit", "power_limit", "POWER LIMIT", "power limit", "W", 0, 1e6,
+       "nvmlDeviceGetEnforcedPowerLimit() / 1000", ("power.limit",),
+       "DCGM_FI_DEV_POWER_MGMT_LIMIT", flags=("csv",)),
+    _m("sm_clock", "clock", "SM CLK", "SM clock", "MHz", 0, 65534,
+       "nvmlDeviceGetClockInfo(CLOCK_SM)", ("clocks.sm", "clocks.current.sm"),
+       "DCGM_FI_DEV_SM_CLOCK", history="H",
+       flags=("list", "filter", "plot", "csv", "status")),
+    _m("mem_clock", "mem_clock", "MEM CLK", "memory clock", "MHz", 0, 65534,
+       "nvmlDeviceGetClockInfo(CLOCK_MEM)", ("clocks.mem", "clocks.current.memory"),
+       "DCGM_FI_DEV_MEM_CLOCK", history="H", flags=("filter", "plot", "csv")),
+    _m("fan", "fan", "FAN", "fan speed (null on passively cooled boards)", "%", 0, 100,
+       "nvmlDeviceGetFanSpeed()", ("fan.speed",),
+       "DCGM_FI_DEV_FAN_SPEED", flags=("list", "filter", "csv")),
+    _m("pstate", "pstate", "PST", "performance state, P0 the fastest", "", None, None,
+       "nvmlDeviceGetPerformanceState()", ("pstate",),
+       "DCGM_FI_DEV_PSTATE", flags=("list", "csv")),
+    _m("enc", "enc", "ENC", "video encoder (NVENC) utilization", "%", 0, 100,
+       "nvmlDeviceGetEncoderUtilization()[0]", ("utilization.encoder",),
+       "DCGM_FI_DEV_ENC_UTIL", history="B",
+       flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
+    _m("dec", "dec", "DEC", "video decoder (NVDEC) utilization", "%", 0, 100,
+       "nvmlDeviceGetDecoderUtilization()[0]", ("utilization.decoder",),
+       "DCGM_FI_DEV_DEC_UTIL", history="B",
+       flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
+    # NVML measures PCIe throughput over a 20 ms window inside the call: read it slowly.
+    _m("pcie_tx", "pcie_tx", "PCIe TX", "PCIe transmit throughput (GPU to host)", "bytes/s",
+       0, 1e13, "nvmlDeviceGetPcieThroughput(PCIE_UTIL_TX_BYTES) * 1000", (),
+       "DCGM_FI_PROF_PCIE_TX_BYTES", shown="GB/s", scale=1e-9, digits=1, history="f",
+       flags=("list", "filter", "sort", "plot", "csv", "status"), slow=True),
+    _m("pcie_rx", "pcie_rx", "PCIe RX", "PCIe receive throughput (host to GPU)", "bytes/s",
+       0, 1e13, "nvmlDeviceGetPcieThroughput(PCIE_UTIL_RX_BYTES) * 1000", (),
+       "DCGM_FI_PROF_PCIE_RX_BYTES", shown="GB/s", scale=1e-9, digits=1, history="f",
+       flags=("list", "filter", "sort", "plot", "csv", "status"), slow=True),
+)
+
+BY_KEY = dict((m.key, m) for m in METRICS)
+BY_NAME = dict((m.name, m) for m in METRICS)
+# A name shown as a share of another reading, in %: the screen's "mem" is mem_used of mem_total.
+PERCENT_OF = {"mem": ("mem_used", "mem_total")}
+
+# The wire's GPU dict: who it is, then the readings above, then the structured fields.
+IDENTITY_FIELDS = ("index", "uuid", "state")
+STRUCTURED_FIELDS = ("throttle", "ecc", "retired_pages", "remapped_rows", "processes")
+SAMPLE_FIELDS = IDENTITY_FIELDS + tuple(m.key for m in METRICS) + STRUCTURED_FIELDS
+
+
+def flagged(flag):
+    # type: (str) -> tuple
+    """The metrics with ``flag``, in registry order."""
+    return tuple(m for m in METRICS if flag in m.flags)
+
+
+def shown_value(metric, value):
+    # type: (Metric, object) -> object
+    """A wire value in the metric's shown unit (None stays None, text stays text)."""
+    if value is None or isinstance(value, str) or metric.scale == 1.0:
+        return value
+    return value * metric.scale  # type: ignore
+
+
+def fmt(metric, value, suffix=True):
+    # type: (Metric, object, bool) -> str
+    """The shown figure with its unit ("45C", "1.2GB/s", "P0"), or "-" when unknown."""
+    v = shown_value(metric, value)
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    unit = metric.shown if suffix else ""
+    if unit == "GiB":
+        unit = "G"  # the short form status and the list print
+    return "%.*f%s" % (metric.digits, v, unit)
