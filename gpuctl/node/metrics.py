@@ -121,11 +121,11 @@ METRICS = (
        flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
     # NVML measures PCIe throughput over a 20 ms window inside the call: read it slowly.
     _m("pcie_tx", "pcie_tx", "PCIe TX", "PCIe transmit throughput (GPU to host)", "bytes/s",
-       0, 1e13, "nvmlDeviceGetPcieThroughput(PCIE_UTIL_TX_BYTES) * 1000", (),
+       0, 1e13, "nvmlDeviceGetPcieThroughput(PCIE_UTIL_TX_BYTES) * 1024 (KB/s)", (),
        "DCGM_FI_PROF_PCIE_TX_BYTES", shown="GB/s", scale=1e-9, digits=1, history="f",
        flags=("list", "filter", "sort", "plot", "csv", "status"), slow=True),
     _m("pcie_rx", "pcie_rx", "PCIe RX", "PCIe receive throughput (host to GPU)", "bytes/s",
-       0, 1e13, "nvmlDeviceGetPcieThroughput(PCIE_UTIL_RX_BYTES) * 1000", (),
+       0, 1e13, "nvmlDeviceGetPcieThroughput(PCIE_UTIL_RX_BYTES) * 1024 (KB/s)", (),
        "DCGM_FI_PROF_PCIE_RX_BYTES", shown="GB/s", scale=1e-9, digits=1, history="f",
        flags=("list", "filter", "sort", "plot", "csv", "status"), slow=True),
 )

@@ -7,6 +7,12 @@ A field a GPU answers NOT_SUPPORTED is not asked again of that GPU (on an H100 S
 speed alone cost 0.25 ms a sample). Per-process SM utilization (1.4 ms a call on an H100) is
 read only for a GPU with processes, at most every ``PROC_UTIL_EVERY_S`` while its pids stay
 the same; the samples in between repeat the last answer.
+The video encoder and decoder utilization cost what the utilization rates do (1.7 us of CPU a
+call on an H100: ``benchmarks/nvml_call_cost.py``) and are read every sample. PCIe throughput
+is not: NVML measures it inside the call over 20 ms (21 ms wall, 0.9 ms CPU per counter), so
+each GPU's TX and RX are read once per ``SLOW_EVERY`` samples, GPU i on the samples where
+``tick % SLOW_EVERY == i % SLOW_EVERY`` (spread: at 8 GPUs a sample waits for at most one GPU's
+two reads), and repeated in between.
 GPU_IS_LOST turns the GPU's record into the "lost" state for good and queues one ``gpu_lost``
 event. XID critical errors come from an NVML event set polled without blocking in ``events()``.
 Python 3.6 syntax.
@@ -16,7 +22,7 @@ import ctypes
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
-from ..protocol import decode_throttle
+from ..protocol import SLOW_EVERY, decode_throttle
 from . import Reader, ReaderUnavailable
 from .procs import ProcessNames
 from .records import event, lost_record
@@ -49,6 +55,8 @@ ECC_VOLATILE, ECC_AGGREGATE = 0, 1
 RETIRED_SINGLE_BIT, RETIRED_DOUBLE_BIT = 0, 1
 EVENT_XID = 0x8
 PSTATE_UNKNOWN = 32
+PCIE_TX_BYTES, PCIE_RX_BYTES = 0, 1  # nvmlPcieUtilCounter_t
+KB = 1024  # nvmlDeviceGetPcieThroughput answers KB/s
 NOT_AVAILABLE = (1 << 64) - 1  # usedGpuMemory when the driver cannot tell (and the ulonglong -1)
 MAX_EVENTS_PER_POLL = 256  # bounds one events() call if a GPU floods XIDs
 PROC_UTIL_WINDOW_S = 5.0  # per-process SM %: NVML's samples of this last while, newest per pid
@@ -73,6 +81,8 @@ class NvmlReader(Reader):
         self._lost = set()  # type: Set[int]
         self._pending = []  # type: List[Dict[str, Any]]
         self._slow = {}  # type: Dict[int, Dict[str, Any]]
+        self._pcie = {}  # type: Dict[int, Dict[str, Any]]  # GPU -> last PCIe throughput
+        self._tick = 0  # samples taken: spreads the PCIe reads over SLOW_EVERY samples
         self._unsupported = set()  # type: Set[Any]  # (names, args) a GPU said NOT_SUPPORTED to
         # GPU -> (monotonic time, its pids, pid -> SM %) of the last per-process utilization read
         self._sm = {}  # type: Dict[int, Tuple[float, Any, Dict[int, Optional[int]]]]
@@ -260,10 +270,14 @@ class NvmlReader(Reader):
                 if slow or i not in self._slow:
                     self._slow[i] = self._read_slow(h)
                 rec.update(self._slow[i])
+                if i not in self._pcie or (self._tick - i) % SLOW_EVERY == 0:
+                    self._pcie[i] = self._read_pcie(h)
+                rec.update(self._pcie[i])
             except _Lost:
                 self._mark_lost(i)
                 rec = lost_record(i, self._uuids[i])
             out.append(rec)
+        self._tick += 1
         self._parents = self._names.parents(pids)
         self._names.forget_except(pids)
         return out
@@ -277,6 +291,8 @@ class NvmlReader(Reader):
         mem = self._read("nvmlDeviceGetMemoryInfo", h)
         pstate = self._read("nvmlDeviceGetPerformanceState", h)
         mask = self._read(THROTTLE, h)
+        enc = self._read("nvmlDeviceGetEncoderUtilization", h)
+        dec = self._read("nvmlDeviceGetDecoderUtilization", h)
         return {
             "index": i,
             "uuid": self._uuids[i],
@@ -292,6 +308,8 @@ class NvmlReader(Reader):
             "mem_clock": self._read("nvmlDeviceGetClockInfo", h, CLOCK_MEM),
             "fan": self._read("nvmlDeviceGetFanSpeed", h),
             "pstate": "P%d" % pstate if pstate is not None and pstate != PSTATE_UNKNOWN else None,
+            "enc": _int(enc[0]) if enc is not None else None,
+            "dec": _int(dec[0]) if dec is not None else None,
             "throttle": decode_throttle(_int(mask)) if mask is not None else None,
             "processes": self._processes(i, h, pids),
         }
@@ -345,6 +363,13 @@ class NvmlReader(Reader):
         sm = {pid: util for pid, (_, util) in newest.items()}
         self._sm[i] = (now, gpu_pids, sm)
         return sm
+
+    def _read_pcie(self, h: Any) -> Dict[str, Any]:
+        """PCIe TX and RX throughput in bytes/s (NVML's KB/s times ``KB``)."""
+        tx = _int(self._read("nvmlDeviceGetPcieThroughput", h, PCIE_TX_BYTES))
+        rx = _int(self._read("nvmlDeviceGetPcieThroughput", h, PCIE_RX_BYTES))
+        return {"pcie_tx": tx * KB if tx is not None else None,
+                "pcie_rx": rx * KB if rx is not None else None}
 
     def _read_slow(self, h: Any) -> Dict[str, Any]:
         counts = {}  # type: Dict[str, Optional[int]]
