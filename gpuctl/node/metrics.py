@@ -40,8 +40,10 @@ Metric = namedtuple("Metric", (
     "title",    # the column title (list, status)
     "what",     # what it is, for people (README, export help)
     "unit",     # the wire unit: "%", "bytes", "C", "W", "MHz", "bytes/s", "" (text)
-    "lo",       # bounds of a valid value in the wire unit (None: unbounded); outside them a
-    "hi",       # ... reading is junk: the login side keeps None (the lenient decode)
+    "kind",     # the wire type: "int", "float" or "str" (GpuSample's field type)
+    "lo",       # bounds of a valid value in the wire unit (None: the type's own, a 64-bit
+    "hi",       # ... integer or a finite double); outside them a reading is junk: the login
+                # side keeps None (GpuSample's Meta(ge, le): the lenient decode)
     "nvml",     # how the NVML reader reads it (a pynvml call, for people)
     "smi",      # nvidia-smi --query-gpu fields that give it, newest name first
     "slow",     # read every protocol.SLOW_EVERY samples only (the call is costly), else each
@@ -65,47 +67,48 @@ def _m(key, name, title, what, unit, lo, hi, nvml, smi, dcgm, dcgm_scale=1.0, sh
     bad = set(flags) - _ALL
     if bad:
         raise ValueError("metric %s: unknown flags %s" % (key, sorted(bad)))
-    return Metric(key, name, title, what, unit, lo, hi, nvml, tuple(smi), slow, dcgm,
+    kind = "str" if unit == "" else "float" if unit == "W" else "int"
+    return Metric(key, name, title, what, unit, kind, lo, hi, nvml, tuple(smi), slow, dcgm,
                   dcgm_scale, unit if shown is None else shown, scale, digits, history,
                   frozenset(flags))
 
 
 # In the order of the wire, the CSV and status. Percent readings are whole numbers.
 METRICS = (
-    _m("util_gpu", "util", "UTIL", "GPU utilization", "%", 0, 100,
+    _m("util_gpu", "util", "UTIL", "GPU utilization", "%", None, None,
        "nvmlDeviceGetUtilizationRates().gpu", ("utilization.gpu",),
        "DCGM_FI_DEV_GPU_UTIL", history="B",
        flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
-    _m("util_mem", "util_mem", "MEM UTIL", "memory (copy) utilization", "%", 0, 100,
+    _m("util_mem", "util_mem", "MEM UTIL", "memory (copy) utilization", "%", None, None,
        "nvmlDeviceGetUtilizationRates().memory", ("utilization.memory",),
        "DCGM_FI_DEV_MEM_COPY_UTIL", flags=("csv",)),
-    _m("mem_used", "mem_gib", "MEMORY", "memory used", "bytes", 0, 2 ** 63 - 1,
+    _m("mem_used", "mem_gib", "MEMORY", "framebuffer memory used", "bytes", None, None,
        "nvmlDeviceGetMemoryInfo().used", ("memory.used",),
        "DCGM_FI_DEV_FB_USED", 1.0 / MIB, shown="GiB", scale=1.0 / GIB, digits=1, history="f",
        flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
-    _m("mem_total", "mem_total", "MEM TOTAL", "memory total", "bytes", 0, 2 ** 63 - 1,
+    _m("mem_total", "mem_total", "MEM TOTAL", "framebuffer memory total", "bytes", None, None,
        "nvmlDeviceGetMemoryInfo().total", ("memory.total",),
        "DCGM_FI_DEV_FB_TOTAL", 1.0 / MIB, shown="GiB", scale=1.0 / GIB, digits=1,
        flags=("csv",)),
-    _m("temp", "temp", "TEMP", "temperature", "C", -273, 1000,
+    _m("temp", "temp", "TEMP", "GPU temperature", "C", None, None,
        "nvmlDeviceGetTemperature(TEMPERATURE_GPU)", ("temperature.gpu",),
        "DCGM_FI_DEV_GPU_TEMP", history="B",
        flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
-    _m("power", "power", "POWER", "power draw", "W", 0, 1e6,
+    _m("power", "power", "POWER", "power draw", "W", None, None,
        "nvmlDeviceGetPowerUsage() / 1000", ("power.draw",),
        "DCGM_FI_DEV_POWER_USAGE", history="f",
        flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
-    _m("power_limit", "power_limit", "POWER LIMIT", "power limit", "W", 0, 1e6,
+    _m("power_limit", "power_limit", "POWER LIMIT", "power limit", "W", None, None,
        "nvmlDeviceGetEnforcedPowerLimit() / 1000", ("power.limit",),
        "DCGM_FI_DEV_POWER_MGMT_LIMIT", flags=("csv",)),
-    _m("sm_clock", "clock", "SM CLK", "SM clock", "MHz", 0, 65534,
+    _m("sm_clock", "clock", "SM MHz", "SM clock frequency", "MHz", None, None,
        "nvmlDeviceGetClockInfo(CLOCK_SM)", ("clocks.sm", "clocks.current.sm"),
        "DCGM_FI_DEV_SM_CLOCK", history="H",
        flags=("list", "filter", "plot", "csv", "status")),
-    _m("mem_clock", "mem_clock", "MEM CLK", "memory clock", "MHz", 0, 65534,
+    _m("mem_clock", "mem_clock", "MEM CLK", "memory clock frequency", "MHz", None, None,
        "nvmlDeviceGetClockInfo(CLOCK_MEM)", ("clocks.mem", "clocks.current.memory"),
        "DCGM_FI_DEV_MEM_CLOCK", history="H", flags=("filter", "plot", "csv")),
-    _m("fan", "fan", "FAN", "fan speed (null on passively cooled boards)", "%", 0, 100,
+    _m("fan", "fan", "FAN", "fan speed", "%", None, None,
        "nvmlDeviceGetFanSpeed()", ("fan.speed",),
        "DCGM_FI_DEV_FAN_SPEED", flags=("list", "filter", "csv")),
     _m("pstate", "pstate", "PST", "performance state, P0 the fastest", "", None, None,
@@ -121,11 +124,11 @@ METRICS = (
        flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
     # NVML measures PCIe throughput over a 20 ms window inside the call: read it slowly.
     _m("pcie_tx", "pcie_tx", "PCIe TX", "PCIe transmit throughput (GPU to host)", "bytes/s",
-       0, 1e13, "nvmlDeviceGetPcieThroughput(PCIE_UTIL_TX_BYTES) * 1024 (KB/s)", (),
+       0, 10 ** 13, "nvmlDeviceGetPcieThroughput(PCIE_UTIL_TX_BYTES) * 1024 (KB/s)", (),
        "DCGM_FI_PROF_PCIE_TX_BYTES", shown="GB/s", scale=1e-9, digits=1, history="f",
        flags=("list", "filter", "sort", "plot", "csv", "status"), slow=True),
     _m("pcie_rx", "pcie_rx", "PCIe RX", "PCIe receive throughput (host to GPU)", "bytes/s",
-       0, 1e13, "nvmlDeviceGetPcieThroughput(PCIE_UTIL_RX_BYTES) * 1024 (KB/s)", (),
+       0, 10 ** 13, "nvmlDeviceGetPcieThroughput(PCIE_UTIL_RX_BYTES) * 1024 (KB/s)", (),
        "DCGM_FI_PROF_PCIE_RX_BYTES", shown="GB/s", scale=1e-9, digits=1, history="f",
        flags=("list", "filter", "sort", "plot", "csv", "status"), slow=True),
 )

@@ -33,13 +33,16 @@ CELL_LIMIT = 300  # characters of a process cell: a command line can be megabyte
 LINE_LIMIT = 400  # characters of a line of facts or events
 PLOT_LIMIT = 1e9  # no GPU metric in these units (%, GiB, °C, W, MHz) comes near
 
-# metric id, title; "clock" also draws the memory clock as a second line
-PLOTS: tuple[tuple[str, str], ...] = (
-    ("util", "utilization %"),
-    ("mem", "memory used GiB"),
-    ("temp", "temperature °C"),
-    ("power", "power W"),
-    ("clock", "clocks MHz: SM, memory"),
+# plot id, title, the history columns it draws (one line each): every metric the registry
+# (``gpuctl/node/metrics.py``) flags "plot", in the registry's shown units (a test holds it)
+PLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("util", "utilization %", ("util",)),
+    ("mem", "memory used GiB", ("mem_gib",)),
+    ("temp", "temperature °C", ("temp",)),
+    ("power", "power W", ("power",)),
+    ("clock", "clocks MHz: SM, memory", ("clock", "mem_clock")),
+    ("video", "video % (NVENC, NVDEC)", ("enc", "dec")),
+    ("pcie", "PCIe GB/s: TX, RX", ("pcie_tx", "pcie_rx")),
 )
 
 
@@ -232,7 +235,7 @@ class DetailScreen(Screen[None]):
                     yield Static(id="detail-events")
             yield DataTable(id="detail-procs", cursor_type="row", zebra_stripes=True)
             with Grid(id="detail-plots"):
-                for metric, _title in PLOTS:
+                for metric, _title, _series in PLOTS:
                     yield PlotextPlot(id=f"plot-{metric}", classes="plot")
             yield Facts(id="detail-facts")
         yield Footer(compact=True, show_command_palette=False)
@@ -346,12 +349,11 @@ class DetailScreen(Screen[None]):
         xticks, xlabels = time_ticks(span)
         theme = self.app.current_theme
         colours = [Color.parse(c).rgb for c in (theme.primary, theme.accent or theme.primary)]
-        for metric, title in PLOTS:
+        for metric, title, series in PLOTS:
             plot = self.query_one(f"#plot-{metric}", PlotextPlot)
             plt = plot.plt
             plt.clear_data()
             plt.clear_figure()
-            series = ["sm_clock", "mem_clock"] if metric == "clock" else [metric]
             ys_all: list[float] = []
             for name, colour in zip(series, colours, strict=False):
                 xs, ys = _points(*hist.series(name), now)
@@ -363,7 +365,7 @@ class DetailScreen(Screen[None]):
             plt.xticks(xticks, xlabels)
             lo, hi = (
                 (0.0, 100.0)
-                if metric == "util"
+                if metric in ("util", "video")
                 else (min(ys_all, default=0.0), max(ys_all, default=1.0))
             )
             first, last, yticks = value_ticks(lo, hi)
