@@ -116,27 +116,27 @@ METRICS = (
        "DCGM_FI_DEV_PSTATE", flags=("list", "csv")),
     _m("enc", "enc", "ENC", "video encoder (NVENC) utilization", "%", 0, 100,
        "nvmlDeviceGetEncoderUtilization()[0]", ("utilization.encoder",),
-       "DCGM_FI_DEV_ENC_UTIL", history="B",
-       flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
+       "DCGM_FI_DEV_ENC_UTIL", history="B", flags=("list", "filter", "plot", "csv", "status")),
     _m("dec", "dec", "DEC", "video decoder (NVDEC) utilization", "%", 0, 100,
        "nvmlDeviceGetDecoderUtilization()[0]", ("utilization.decoder",),
-       "DCGM_FI_DEV_DEC_UTIL", history="B",
-       flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
+       "DCGM_FI_DEV_DEC_UTIL", history="B", flags=("list", "filter", "plot", "csv", "status")),
     # NVML measures PCIe throughput over a 20 ms window inside the call: read it slowly.
     _m("pcie_tx", "pcie_tx", "PCIe TX", "PCIe transmit throughput (GPU to host)", "bytes/s",
        0, 10 ** 13, "nvmlDeviceGetPcieThroughput(PCIE_UTIL_TX_BYTES) * 1024 (KB/s)", (),
        "DCGM_FI_PROF_PCIE_TX_BYTES", shown="GB/s", scale=1e-9, digits=1, history="f",
-       flags=("list", "filter", "sort", "plot", "csv", "status"), slow=True),
+       flags=("list", "filter", "plot", "csv", "status"), slow=True),
     _m("pcie_rx", "pcie_rx", "PCIe RX", "PCIe receive throughput (host to GPU)", "bytes/s",
        0, 10 ** 13, "nvmlDeviceGetPcieThroughput(PCIE_UTIL_RX_BYTES) * 1024 (KB/s)", (),
        "DCGM_FI_PROF_PCIE_RX_BYTES", shown="GB/s", scale=1e-9, digits=1, history="f",
-       flags=("list", "filter", "sort", "plot", "csv", "status"), slow=True),
+       flags=("list", "filter", "plot", "csv", "status"), slow=True),
 )
 
 BY_KEY = dict((m.key, m) for m in METRICS)
 BY_NAME = dict((m.name, m) for m in METRICS)
 # A name shown as a share of another reading, in %: the screen's "mem" is mem_used of mem_total.
 PERCENT_OF = {"mem": ("mem_used", "mem_total")}
+# A reading shown with the one it is a part of, "used/total" (status: "12.3G/80.0G", "300W/700W").
+PAIRED = {"mem_used": "mem_total", "power": "power_limit"}
 
 # The wire's GPU dict: who it is, then the readings above, then the structured fields.
 IDENTITY_FIELDS = ("index", "uuid", "state")
@@ -166,7 +166,7 @@ def fmt(metric, value, suffix=True):
         return "-"
     if isinstance(v, str):
         return v
-    unit = metric.shown if suffix else ""
+    unit = metric.shown if suffix and not metric.title.endswith(metric.shown) else ""
     if unit == "GiB":
         unit = "G"  # the short form status and the list print
     return "%.*f%s" % (metric.digits, v, unit)

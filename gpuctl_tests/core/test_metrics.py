@@ -77,3 +77,36 @@ def test_fmt_prints_the_shown_unit() -> None:
     assert metrics.fmt(by["temp"], 45) == "45C"
     assert metrics.fmt(by["pstate"], "P0") == "P0"
     assert metrics.fmt(by["enc"], None) == "-"
+
+
+def test_the_screens_tables_are_the_registrys_views() -> None:
+    """The sorts, plots, filter words and heatmap are the metrics flagged for them."""
+    from gpuctl.tui import view
+    from gpuctl.tui.gpusort import SORTS
+    from gpuctl.tui.screens.detail import PLOTS
+
+    assert {column for _k, _t, column, _d in SORTS} - {"flags"} == {
+        view.screen_word(m) for m in metrics.flagged("sort")
+    }
+    assert [name for _id, _title, series in PLOTS for name in series] == [
+        m.name for m in metrics.flagged("plot")
+    ]
+    assert {m.name for m in metrics.flagged("filter")} <= view.FILTER_METRICS
+    assert tuple(view.screen_word(m) for m in metrics.flagged("heatmap")) == view.METRICS
+
+
+def test_filter_words_read_the_shown_unit() -> None:
+    from gpuctl.core.model import NodeSnapshot, NodeState
+    from gpuctl.tui.view import GpuFacts, parse_filter
+
+    g = GpuSample(
+        index=0, enc=40, dec=0, pcie_rx=3_000_000_000, mem_used=8 << 30, mem_total=32 << 30, fan=55
+    )
+    snap = NodeSnapshot(name="n", state=NodeState.LIVE, gpus=(g,))
+
+    def hit(text: str) -> bool:
+        return parse_filter(text).gpu_matches(snap, g, GpuFacts())
+
+    assert hit("enc>30") and not hit("dec>0") and hit("pcie_rx>2.5") and not hit("pcie_rx>3.5")
+    assert hit("mem=25") and hit("mem_gib=8") and hit("fan>=55")
+    assert not hit("pcie_tx>0")  # unknown: no match

@@ -107,8 +107,8 @@ class SimGpu(object):
                       "cpu_base": own.uniform(60, 140)})
         # Video work (NVENC / NVDEC) on a few GPUs, from a generator of its own as above.
         video = random.Random(host_seed * 7919 + index)
-        self.enc = video.choice((0, 0, 0, 0, 0, 12, 35))
-        self.dec = video.choice((0, 0, 0, 0, 20, 45, 70))
+        self.enc = video.choice((0,) * 7 + (12, 35))
+        self.dec = video.choice((0,) * 5 + (20, 45, 70))
 
     def step(self, dt: float, rng: random.Random) -> None:
         load = max(self.burn, self.base_load)
