@@ -8,6 +8,8 @@ A test compares README.md with ``with_table(README.md)``, so the two never drift
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gpuctl.jobs.report import FAILURES
 
 TABLE_START = "<!-- failure-modes: python -m gpuctl.jobs.failure_table --write README.md -->"
@@ -40,23 +42,41 @@ def with_table(document: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``--markdown``: print the table; ``--write FILE``: put it between FILE's markers."""
+    return run_cli(
+        argv,
+        "python -m gpuctl.jobs.failure_table",
+        "the failure-mode table",
+        markdown_table,
+        with_table,
+    )
+
+
+def run_cli(
+    argv: list[str] | None,
+    prog: str,
+    what: str,
+    table: Callable[[], str],
+    put: Callable[[str], str],
+) -> int:
+    """The command line of a README table made from code (this one, ``gpuctl.metrics_table``):
+    ``--markdown`` prints ``table()``, ``--write FILE`` rewrites FILE with ``put``; a file it
+    cannot read or write, or one without the markers, is one line on stderr and exit 2."""
     import argparse
     import sys
     from pathlib import Path
 
-    prog = "python -m gpuctl.jobs.failure_table"
     ap = argparse.ArgumentParser(prog=prog, description=main.__doc__)
     group = ap.add_mutually_exclusive_group(required=True)
-    group.add_argument("--markdown", action="store_true", help="print the failure-mode table")
-    group.add_argument("--write", metavar="FILE", help="rewrite the table between FILE's markers")
+    group.add_argument("--markdown", action="store_true", help=f"print {what}")
+    group.add_argument("--write", metavar="FILE", help=f"rewrite {what} between FILE's markers")
     args = ap.parse_args(argv)
     if args.markdown:
-        sys.stdout.write(markdown_table())
+        sys.stdout.write(table())
         return 0
     path = Path(args.write)
     try:
         text = path.read_text(encoding="utf-8")
-        path.write_text(with_table(text), encoding="utf-8")
+        path.write_text(put(text), encoding="utf-8")
     except (OSError, ValueError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         print(f"{path}: {why}", file=sys.stderr)

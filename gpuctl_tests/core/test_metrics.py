@@ -4,12 +4,15 @@ are its views. These tests fail as soon as one of them drifts from it."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from pathlib import Path
 
 import msgspec
 import msgspec.inspect as mi
 import pytest
 
+from gpuctl import metrics_table
 from gpuctl.core.model import GpuSample
 from gpuctl.fleet.session import decode_line
 from gpuctl.node import metrics
@@ -110,3 +113,26 @@ def test_filter_words_read_the_shown_unit() -> None:
     assert hit("enc>30") and not hit("dec>0") and hit("pcie_rx>2.5") and not hit("pcie_rx>3.5")
     assert hit("mem=25") and hit("mem_gib=8") and hit("fan>=55")
     assert not hit("pcie_tx>0")  # unknown: no match
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readmes_metrics_table_is_the_one_the_registry_makes(tmp_path: Path) -> None:
+    readme = README.read_text(encoding="utf-8")
+    assert metrics_table.with_table(readme) == readme, (
+        "README.md's GPU metrics table differs from the registry's: run "
+        "`python -m gpuctl.metrics_table --write README.md`"
+    )
+    for m in METRICS:
+        assert f"| `{m.key}` | {m.what} |" in readme
+    start, end = metrics_table.TABLE_START, metrics_table.TABLE_END
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"before\n{start}\nstale\n{end}\nafter\n")
+    cmd = [sys.executable, "-m", "gpuctl.metrics_table"]
+    r = subprocess.run([*cmd, "--write", str(doc)], capture_output=True, text=True, check=True)
+    assert r.stderr == "" and "stale" not in doc.read_text()
+    assert doc.read_text() == f"before\n{start}\n{metrics_table.markdown_table()}{end}\nafter\n"
+    (tmp_path / "bare.md").write_text("no markers\n")
+    r = subprocess.run([*cmd, "--write", str(tmp_path / "bare.md")], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "markers" in r.stderr
