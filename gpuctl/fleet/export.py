@@ -143,7 +143,7 @@ _SPECIAL: dict[str, tuple[str, Callable[[GpuSample], float | int | None]]] = {
 def _scaled(key: str, scale: float) -> Callable[[GpuSample], float | int | None]:
     get = attrgetter(key)
     if scale == 1.0:
-        return get  # type: ignore[no-any-return]
+        return get
 
     def read(g: GpuSample) -> float | None:
         v = get(g)

@@ -30,7 +30,7 @@ OLDER_KEPT = 240  # ... for 4 hours before the recent samples
 # The registry's metrics with a history: name -> array typecode. The unit is the registry's
 # ``shown`` one: util %, mem_gib GiB, temp °C, power W, clocks MHz, enc/dec %, pcie GB/s.
 _KEPT = tuple(m for m in REGISTRY if m.history)
-COLUMNS: dict[str, str] = {m.name: m.history for m in _KEPT}
+COLUMNS: dict[str, str] = {m.name: m.history or "f" for m in _KEPT}
 METRICS = tuple(COLUMNS)
 # Integer columns keep their largest value as "missing"; float columns keep NaN.
 _MISSING = {code: (1 << (8 * array(code).itemsize)) - 1 for code in ("B", "H")}
@@ -166,7 +166,7 @@ def _push_gpu_source() -> str:
             lines.append(f"    x = math.nan if v is None else {scaled}")
             lines.append(f"    columns[{n}][i] = x if -3e38 < x < 3e38 else _single(x)")
         else:
-            limit = _MISSING[m.history]
+            limit = _MISSING[COLUMNS[m.name]]
             lines.append(
                 f"    columns[{n}][i] = v if type(v) is int and 0 <= v < {limit} "
                 f"else _whole(v, {limit})"

@@ -32,29 +32,31 @@ Flags of a row (``flags``):
     status   a column of ``gpuctl status``
 """
 
-from collections import namedtuple
+from typing import Dict, FrozenSet, NamedTuple, Optional, Sequence, Tuple, Union
 
-Metric = namedtuple("Metric", (
-    "key",      # the wire key in a sample's GPU dict (and the GpuSample field, the CSV column)
-    "name",     # the screen's word: filter, sort, heatmap, history column, status column id
-    "title",    # the column title (list, status)
-    "what",     # what it is, for people (README, export help)
-    "unit",     # the wire unit: "%", "bytes", "C", "W", "MHz", "bytes/s", "" (text)
-    "kind",     # the wire type: "int", "float" or "str" (GpuSample's field type)
-    "lo",       # bounds of a valid value in the wire unit (None: the type's own, a 64-bit
-    "hi",       # ... integer or a finite double); outside them a reading is junk: the login
-                # side keeps None (GpuSample's Meta(ge, le): the lenient decode)
-    "nvml",     # how the NVML reader reads it (a pynvml call, for people)
-    "smi",      # nvidia-smi --query-gpu fields that give it, newest name first
-    "slow",     # read every protocol.SLOW_EVERY samples only (the call is costly), else each
-    "dcgm",     # DCGM exporter's field name it is exported as (None: not exported by itself)
-    "dcgm_scale",  # the wire value times this is DCGM's unit (bytes -> MiB: 1 / 2**20)
-    "shown",    # the unit on the screen, in status and in the filter
-    "scale",    # the wire value times this is the shown figure
-    "digits",   # decimals of the shown figure
-    "history",  # array typecode of its history column (None: no history)
-    "flags",    # frozenset of list, filter, sort, heatmap, plot, csv, status (docstring)
-))
+Metric = NamedTuple("Metric", [
+    ("key", str),      # the wire key in a sample's GPU dict (the GpuSample field, CSV column)
+    ("name", str),     # the screen's word: filter, sort, heatmap, history column
+    ("title", str),    # the column title (list, status)
+    ("what", str),     # what it is, for people (README, export help)
+    ("unit", str),     # the wire unit: "%", "bytes", "C", "W", "MHz", "bytes/s", "" (text)
+    ("kind", str),     # the wire type: "int", "float" or "str" (GpuSample's field type)
+    # bounds of a valid value in the wire unit (None: the type's own, a 64-bit integer or a
+    # finite double); outside them a reading is junk: the login side keeps None (GpuSample's
+    # Meta(ge, le): the lenient decode)
+    ("lo", Optional[int]),
+    ("hi", Optional[int]),
+    ("nvml", str),     # how the NVML reader reads it (a pynvml call, for people)
+    ("smi", Tuple[str, ...]),  # nvidia-smi --query-gpu fields that give it, newest first
+    ("slow", bool),    # read every protocol.SLOW_EVERY samples only (the call is costly)
+    ("dcgm", Optional[str]),  # DCGM exporter's field name it is exported as (None: not)
+    ("dcgm_scale", float),  # the wire value times this is DCGM's unit (bytes -> MiB: 2**-20)
+    ("shown", str),    # the unit on the screen, in status and in the filter
+    ("scale", float),  # the wire value times this is the shown figure
+    ("digits", int),   # decimals of the shown figure
+    ("history", Optional[str]),  # array typecode of its history column (None: no history)
+    ("flags", FrozenSet[str]),  # list, filter, sort, heatmap, plot, csv, status (docstring)
+])
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -63,7 +65,7 @@ _ALL = frozenset(("list", "filter", "sort", "heatmap", "plot", "csv", "status"))
 
 def _m(key, name, title, what, unit, lo, hi, nvml, smi, dcgm, dcgm_scale=1.0, shown=None,
        scale=1.0, digits=0, history=None, flags=(), slow=False):
-    # type: (...) -> Metric
+    # type: (str, str, str, str, str, Optional[int], Optional[int], str, Sequence[str], Optional[str], float, Optional[str], float, int, Optional[str], Sequence[str], bool) -> Metric  # noqa: E501
     bad = set(flags) - _ALL
     if bad:
         raise ValueError("metric %s: unknown flags %s" % (key, sorted(bad)))
@@ -131,8 +133,8 @@ METRICS = (
        flags=("list", "filter", "plot", "csv", "status"), slow=True),
 )
 
-BY_KEY = dict((m.key, m) for m in METRICS)
-BY_NAME = dict((m.name, m) for m in METRICS)
+BY_KEY = dict((m.key, m) for m in METRICS)  # type: Dict[str, Metric]
+BY_NAME = dict((m.name, m) for m in METRICS)  # type: Dict[str, Metric]
 # A name shown as a share of another reading, in %: the screen's "mem" is mem_used of mem_total.
 PERCENT_OF = {"mem": ("mem_used", "mem_total")}
 # A reading shown with the one it is a part of, "used/total" (status: "12.3G/80.0G", "300W/700W").
@@ -145,21 +147,24 @@ SAMPLE_FIELDS = IDENTITY_FIELDS + tuple(m.key for m in METRICS) + STRUCTURED_FIE
 
 
 def flagged(flag):
-    # type: (str) -> tuple
+    # type: (str) -> Tuple[Metric, ...]
     """The metrics with ``flag``, in registry order."""
     return tuple(m for m in METRICS if flag in m.flags)
 
 
+Value = Union[int, float, str, None]
+
+
 def shown_value(metric, value):
-    # type: (Metric, object) -> object
+    # type: (Metric, Value) -> Value
     """A wire value in the metric's shown unit (None stays None, text stays text)."""
     if value is None or isinstance(value, str) or metric.scale == 1.0:
         return value
-    return value * metric.scale  # type: ignore
+    return value * metric.scale
 
 
 def fmt(metric, value, suffix=True):
-    # type: (Metric, object, bool) -> str
+    # type: (Metric, Value, bool) -> str
     """The shown figure with its unit ("45C", "1.2GB/s", "P0"), or "-" when unknown."""
     v = shown_value(metric, value)
     if v is None:

@@ -28,7 +28,8 @@ _SHARE_WORD = {num: word for word, (num, _total) in PERCENT_OF.items()}
 
 def screen_word(m: Metric) -> str:
     """What the filter, the sort and the heatmap call ``m``: "mem" for memory (in %)."""
-    return _SHARE_WORD.get(m.key, m.name)
+    word: str = _SHARE_WORD.get(m.key, m.name)
+    return word
 
 
 # The heatmap's metrics (the registry's "heatmap" flag), with their title for people.
