@@ -17,10 +17,13 @@ on the wire, GiB where a figure is shown (``mem_gib``), and the filter, sort and
 0..1 fraction outside code. PCIe throughput: bytes/s on the wire (NVML answers KB/s, the reader
 multiplies), GB/s on the screen, bytes/s in the export (DCGM's unit).
 
-Adding a metric: a row here, its read in each reader (``readers/nvml.py``, ``readers/smi.py``
-takes ``smi`` from here, ``readers/sim.py``), the field in ``core/model.py``'s ``GpuSample``
-(the decode stays a msgspec Struct: a test holds its fields equal to ``SAMPLE_FIELDS``), and
-the README's table regenerated. Everything else follows from the row's flags.
+Adding a metric: a row here, its read in ``readers/nvml.py`` (and the stand-in library's
+function in ``gpuctl_tests/node/nvml_stub``) and ``readers/sim.py`` (``readers/smi.py`` takes
+``smi`` and the unit from here), the field in ``core/model.py``'s ``GpuSample`` (the decode stays
+a msgspec Struct: a test holds its fields, types and bounds equal to these rows), and the
+README's table regenerated; with "plot", its line in ``tui/screens/detail.py``'s ``PLOTS``, with
+"sort", its entry in ``tui/gpusort.py`` (tests say so). Everything else follows from the flags:
+NVENC/NVDEC took 5 product files (6 with the plot), where a metric took ~15 before.
 
 Flags of a row (``flags``):
     list     a column of the GPU list where the width allows it (``tui/widgets/overview.py``)
