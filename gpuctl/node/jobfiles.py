@@ -47,12 +47,13 @@ PAYLOAD = "payload.pkl"
 SOURCES = "sources.json"
 SUPERVISOR_SCRIPT = "supervisor.py"
 WORKER_SCRIPT = "worker.py"
-# The node modules the scripts need (this one, proc, protocol), copied as a package of this name
-# beside them: the copies' relative imports keep working, and the name cannot shadow a module
-# of the user's.
+# The node modules the scripts need (this one, proc, protocol and the metric registry it reads),
+# copied as a package of this name beside them: the copies' relative imports keep working, and
+# the name cannot shadow a module of the user's.
 RUNNER_PACKAGE = "gpuctl_runner"
-RUNNER_MODULES = ("__init__", "jobfiles", "proc", "protocol", "readers/__init__", "readers/bindings",
-                  "readers/nvml", "readers/smi", "readers/procs", "readers/records")
+RUNNER_MODULES = ("__init__", "jobfiles", "metrics", "proc", "protocol", "readers/__init__",
+                  "readers/bindings", "readers/nvml", "readers/smi", "readers/procs",
+                  "readers/records")
 PIDFILE = "supervisor.json"
 SUPERVISOR_LOG = "supervisor.log"
 SETUP_SCRIPT = "setup.sh"
