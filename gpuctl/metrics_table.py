@@ -47,11 +47,7 @@ def with_table(document: str) -> str:
     """``document`` with the text between its table markers replaced by ``markdown_table()``.
 
     Raises ValueError when the markers are missing or out of order."""
-    start, end = document.find(TABLE_START), document.find(TABLE_END)
-    if start < 0 or end < start:
-        raise ValueError(f"no {TABLE_START} ... {TABLE_END} markers, in this order")
-    head = document[: start + len(TABLE_START)]
-    return f"{head}\n{markdown_table()}{document[end:]}"
+    return failure_table.put_table(document, TABLE_START, TABLE_END, markdown_table())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,11 +33,18 @@ def with_table(document: str) -> str:
     """``document`` with the text between its table markers replaced by ``markdown_table()``.
 
     Raises ValueError when the markers are missing or out of order."""
-    start, end = document.find(TABLE_START), document.find(TABLE_END)
+    return put_table(document, TABLE_START, TABLE_END, markdown_table())
+
+
+def put_table(document: str, start_marker: str, end_marker: str, table: str) -> str:
+    """``document`` with the text between the two markers replaced by ``table``; raises
+    ValueError when the markers are missing or out of order (every README table made from
+    code: this one, ``gpuctl.metrics_table``)."""
+    start, end = document.find(start_marker), document.find(end_marker)
     if start < 0 or end < start:
-        raise ValueError(f"no {TABLE_START} ... {TABLE_END} markers, in this order")
-    head = document[: start + len(TABLE_START)]
-    return f"{head}\n{markdown_table()}{document[end:]}"
+        raise ValueError(f"no {start_marker} ... {end_marker} markers, in this order")
+    head = document[: start + len(start_marker)]
+    return f"{head}\n{table}{document[end:]}"
 
 
 def main(argv: list[str] | None = None) -> int:
