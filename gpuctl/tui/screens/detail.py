@@ -23,6 +23,8 @@ from textual_plotext import PlotextPlot
 
 from gpuctl.core.format import GIB, THROTTLE_BADGES, THROTTLE_WORDS, fmt_age, gpu_flags, reader_text
 from gpuctl.core.model import GpuSample, NodeEvent, NodeSnapshot
+from gpuctl.node import metrics
+from gpuctl.node.metrics import BY_KEY
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str, node_text
 from gpuctl.tui.view import node_age_text, short_model
@@ -317,6 +319,11 @@ class DetailScreen(Screen[None]):
                 facts.append(f"fan {_num(g.fan, '%')}")
             if g.pstate:
                 facts.append(node_str(g.pstate, limit=40))
+            if g.enc is not None or g.dec is not None:
+                facts.append(f"NVENC {_num(g.enc, '%')} NVDEC {_num(g.dec, '%')}")
+            if g.pcie_tx is not None or g.pcie_rx is not None:
+                tx, rx = (metrics.fmt(BY_KEY[k], getattr(g, k)) for k in ("pcie_tx", "pcie_rx"))
+                facts.append(f"PCIe TX {tx} RX {rx}")
             paragraphs.append([Text(f) for f in facts])
             trouble: list[Text] = []
             for flag in gpu_flags(g):
