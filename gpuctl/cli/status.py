@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TextIO
 import hostlist
 
 from gpuctl.cli.common import add_nodes_arguments, add_prometheus_options, build_fleet, emit_json
-from gpuctl.core.format import gpu_table_rows, reader_text
+from gpuctl.core.format import STATUS_TITLES, gpu_table_rows, reader_text
 from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.core.text import printable
 from gpuctl.fleet.status import collect, node_to_json
@@ -101,7 +101,7 @@ def _paint(badges: str) -> str:
 def render_table(snaps: list[NodeSnapshot], *, color: bool = False) -> str:
     """The table of every GPU (a node without GPUs to show gets one row saying why); with
     ``color``, badges and node trouble in ANSI colours (column widths as without)."""
-    header = ("NODE", "GPU", "MODEL", "UTIL", "MEMORY", "TEMP", "POWER", "SM MHz", "USER", "FLAGS")
+    header = ("NODE", "GPU", "MODEL", *STATUS_TITLES, "USER", "FLAGS")
     rows: list[tuple[str, ...]] = []
     trouble: set[int] = set()
     for s in snaps:
@@ -112,7 +112,7 @@ def render_table(snaps: list[NodeSnapshot], *, color: bool = False) -> str:
             state = s.state.value if s.state is not NodeState.LIVE else why
             if s.state is not NodeState.LIVE or no_reader:
                 trouble.add(len(rows))
-            rows.append((s.name, "-", state, "", "", "", "", "", "", ""))
+            rows.append((s.name, "-", state, *[""] * (len(header) - 3)))
             continue
         rows.extend((s.name, *r) for r in gpu_table_rows(s))
     if color:  # what a node sent must not act on the terminal: the colours are ours alone

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpuctl.core.model import GpuSample, HostSample, NodeInfo, NodeSnapshot
+from gpuctl.node import metrics
 
 GIB = 1 << 30
 
@@ -124,22 +125,31 @@ def gpu_users(g: GpuSample) -> str:
     return ",".join(users)
 
 
+# The status table's readings: the registry's "status" metrics (gpuctl/node/metrics.py).
+STATUS_METRICS = metrics.flagged("status")
+STATUS_TITLES = tuple(m.title for m in STATUS_METRICS)
+
+
+def reading_text(m: metrics.Metric, g: GpuSample) -> str:
+    """A reading as status prints it ("45C", "1.2GB/s"), with its whole where it is a part of
+    one ("12.3G/80.0G", "300W/700W"); "-" when unknown."""
+    text = metrics.fmt(m, getattr(g, m.key))
+    whole = metrics.PAIRED.get(m.key)
+    if whole is None:
+        return text
+    return f"{text}/{metrics.fmt(metrics.BY_KEY[whole], getattr(g, whole))}"
+
+
 def gpu_table_rows(s: NodeSnapshot) -> list[tuple[str, ...]]:
-    """One text row per GPU: index, model, util, memory, temp, power, SM clock, users, badges."""
+    """One text row per GPU: index, model, the ``STATUS_METRICS``, users, badges."""
     names = {g.index: g.name for g in s.info.gpus} if s.info else {}
     rows: list[tuple[str, ...]] = []
     for g in s.gpus:
-        mem = f"{fmt_bytes(g.mem_used)}/{fmt_bytes(g.mem_total)}"
-        power = f"{fmt_opt(g.power, 'W')}/{fmt_opt(g.power_limit, 'W')}"
         rows.append(
             (
                 str(g.index),
                 names.get(g.index) or "?",
-                fmt_opt(g.util_gpu, "%"),
-                mem,
-                fmt_opt(g.temp, "C"),
-                power,
-                fmt_opt(g.sm_clock),
+                *(reading_text(m, g) for m in STATUS_METRICS),
                 gpu_users(g),
                 " ".join(gpu_badge_names(g)),
             )

@@ -58,6 +58,8 @@ CpuPercent = Annotated[float, Meta(ge=0.0, le=CPU_PERCENT_LIMIT)]
 UnixTime = Annotated[float, Meta(ge=1.0, le=1e11)]  # a process's start: 1970 to year 5138
 Rate = Annotated[float, Meta(ge=0.0, le=1e15)]  # bytes/s of a node's network
 Load = Annotated[float, Meta(ge=0.0, le=1e9)]
+Share = Annotated[int, Meta(ge=0, le=100)]  # a whole % (gpuctl/node/metrics.py: lo, hi)
+Throughput = Annotated[int, Meta(ge=0, le=10**13)]  # bytes/s of a GPU's PCIe link
 # ECC counters, retired pages, remapped rows: counts and flags by name (protocol docstring).
 Counts = dict[str, Annotated[int, Meta(ge=0, le=2**63 - 1)] | bool | None]
 
@@ -124,7 +126,9 @@ class GpuStatic(msgspec.Struct, frozen=True, gc=False):
 
 class GpuSample(msgspec.Struct, frozen=True, gc=False):
     """One reading of one GPU at time ``t`` (unix seconds: the sample's ``t``, which the wire
-    carries once per sample, not per GPU). ``state`` is "ok" or "lost" (``lost``)."""
+    carries once per sample, not per GPU). ``state`` is "ok" or "lost" (``lost``). The readings
+    are the rows of ``gpuctl/node/metrics.py``, in its order, with its types and bounds (a test
+    holds them equal; written out here so that the decode stays msgspec's, in C)."""
 
     index: Int
     t: Float = 0.0
@@ -141,6 +145,10 @@ class GpuSample(msgspec.Struct, frozen=True, gc=False):
     mem_clock: Int | None = None
     fan: Int | None = None
     pstate: str | None = None
+    enc: Share | None = None
+    dec: Share | None = None
+    pcie_tx: Throughput | None = None
+    pcie_rx: Throughput | None = None
     throttle: tuple[str, ...] | None = None
     ecc: Counts | None = None
     retired_pages: Counts | None = None

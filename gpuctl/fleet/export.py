@@ -3,7 +3,9 @@
 GPU metrics carry the labels ``node``, ``gpu``, ``uuid`` and ``model``; where DCGM exporter has a
 metric for the same reading, the name and unit are DCGM exporter's (``DCGM_FI_DEV_GPU_UTIL`` in %,
 ``DCGM_FI_DEV_FB_USED`` in MiB, ...) so that dashboards made for it work; the rest are
-``gpuctl_*``. ``METRICS`` is the table the README shows.
+``gpuctl_*``. ``METRICS`` is made from the metric registry (``gpuctl/node/metrics.py``: each
+reading with a DCGM name) and what is derived from readings (free memory, throttle bits, ECC
+counts); the README's metrics table is the registry's (``gpuctl.metrics_table``).
 
 Why the exposition is written here and not by prometheus-client: its collector built a Sample
 object per series at every scrape, 134k of them at 4,096 GPUs, and wrote each one's labels again:
@@ -54,6 +56,8 @@ from typing import Any
 
 from gpuctl.core.model import GpuSample, GpuStatic, NodeEvent, NodeSnapshot, NodeState
 from gpuctl.fleet.fleet import Fleet
+from gpuctl.node.metrics import METRICS as REGISTRY
+from gpuctl.node.metrics import Metric
 from gpuctl.node.protocol import THROTTLE_REASONS
 
 log = logging.getLogger(__name__)
@@ -130,25 +134,40 @@ def _pstate(g: GpuSample) -> int | None:
     return int(p[1:])
 
 
+# Help and reading of a registry row whose DCGM value is not its wire value times a scale.
+_SPECIAL: dict[str, tuple[str, Callable[[GpuSample], float | int | None]]] = {
+    "pstate": ("Performance state, 0 = highest.", _pstate),
+}
+
+
+def _scaled(key: str, scale: float) -> Callable[[GpuSample], float | int | None]:
+    get = attrgetter(key)
+    if scale == 1.0:
+        return get
+
+    def read(g: GpuSample) -> float | None:
+        v = get(g)
+        return None if v is None else v * scale
+
+    return read
+
+
+def _from_registry(m: Metric) -> GpuMetric:
+    """A registry row's gauge: DCGM exporter's name, in DCGM's unit (MiB for memory)."""
+    assert m.dcgm is not None
+    special = _SPECIAL.get(m.key)
+    if special is not None:
+        return GpuMetric(m.dcgm, special[0], special[1])
+    unit = "MiB" if m.dcgm_scale == 1 / MIB else m.unit
+    return GpuMetric(
+        m.dcgm, f"{m.what[:1].upper()}{m.what[1:]} (in {unit}).", _scaled(m.key, m.dcgm_scale)
+    )
+
+
+# The registry's readings with a DCGM name (``gpuctl/node/metrics.py``), then what is derived.
 METRICS: tuple[GpuMetric, ...] = (
-    GpuMetric("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.util_gpu),
-    GpuMetric(
-        "DCGM_FI_DEV_MEM_COPY_UTIL", "Memory (copy) utilization (in %).", lambda g: g.util_mem
-    ),
-    GpuMetric(
-        "DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: _mib(g.mem_used)
-    ),
+    *(_from_registry(m) for m in REGISTRY if m.dcgm),
     GpuMetric("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", _free),
-    GpuMetric(
-        "DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).", lambda g: _mib(g.mem_total)
-    ),
-    GpuMetric("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temp),
-    GpuMetric("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power),
-    GpuMetric("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power limit (in W).", lambda g: g.power_limit),
-    GpuMetric("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda g: g.sm_clock),
-    GpuMetric("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", lambda g: g.mem_clock),
-    GpuMetric("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", lambda g: g.fan),
-    GpuMetric("DCGM_FI_DEV_PSTATE", "Performance state, 0 = highest.", _pstate),
     GpuMetric(
         "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
         "Active clock throttle reasons as NVML's bitmask.",

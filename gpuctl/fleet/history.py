@@ -3,7 +3,9 @@
 The fleet keeps, per GPU, the last ``recent`` samples as they came (1 Hz: 15 minutes) and,
 beyond them, the means of ``step``-second buckets (1 minute: 4 more hours). Each metric is one
 ``array.array`` of the narrowest type that holds it (utilization and temperature in a byte,
-clocks in two, memory and power as float32), allocated full when the GPU first reports, so a
+clocks in two, memory and power as float32: the registry's ``history`` typecode, see
+``gpuctl/node/metrics.py``; the columns are named by its ``name`` and hold its ``shown`` unit),
+allocated full when the GPU first reports, so a
 GPU's history costs the same bytes after a minute as after a week: about
 ``(recent + older) * BYTES_PER_POINT``. A whole ``GpuSample`` per second (its tuples, its
 process list) cost some 1.25 KB per GPU per sample: 1.6 GB at 1,024 GPUs after 19 minutes.
@@ -16,24 +18,19 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from gpuctl.core.format import GIB
 from gpuctl.core.model import GpuSample
+from gpuctl.node.metrics import METRICS as REGISTRY
 
 RECENT_KEPT = 900  # samples as they came: 15 min at 1 Hz
 OLDER_STEP_S = 60.0  # older history: the mean of each minute ...
 OLDER_KEPT = 240  # ... for 4 hours before the recent samples
 
-# metric -> array typecode; the unit is the screen's: util %, mem GiB, temp °C, power W, MHz.
-COLUMNS: dict[str, str] = {
-    "util": "B",
-    "temp": "B",
-    "sm_clock": "H",
-    "mem_clock": "H",
-    "mem": "f",
-    "power": "f",
-}
+# The registry's metrics with a history: name -> array typecode. The unit is the registry's
+# ``shown`` one: util %, mem_gib GiB, temp °C, power W, clocks MHz, enc/dec %, pcie GB/s.
+_KEPT = tuple(m for m in REGISTRY if m.history)
+COLUMNS: dict[str, str] = {m.name: m.history or "f" for m in _KEPT}
 METRICS = tuple(COLUMNS)
 # Integer columns keep their largest value as "missing"; float columns keep NaN.
 _MISSING = {code: (1 << (8 * array(code).itemsize)) - 1 for code in ("B", "H")}
@@ -44,28 +41,26 @@ def _readings(g: GpuSample) -> tuple[float | None, ...]:
     """A sample's values in ``METRICS`` order (all missing for a lost GPU)."""
     if g.lost:
         return _LOST
-    mem = None if g.mem_used is None else g.mem_used / GIB
-    return (g.util_gpu, g.temp, g.sm_clock, g.mem_clock, mem, g.power)
+    out: list[float | None] = []
+    for m in _KEPT:
+        v = getattr(g, m.key)
+        out.append(v if v is None or m.scale == 1.0 else v * m.scale)
+    return tuple(out)
 
 
 def history_sample(gpu: int, t: float, values: Mapping[str, float | None]) -> GpuSample:
     """A sample holding ``values`` by ``METRICS`` name in the history's units (the inverse of
     ``_readings``): what a store's history (``Fleet.backfill``) is kept from."""
 
-    def whole(x: float | None) -> int | None:
-        return None if x is None else round(x)
-
-    mem = values.get("mem")
-    return GpuSample(
-        index=gpu,
-        t=t,
-        util_gpu=whole(values.get("util")),
-        temp=whole(values.get("temp")),
-        sm_clock=whole(values.get("sm_clock")),
-        mem_clock=whole(values.get("mem_clock")),
-        mem_used=None if mem is None else int(mem * GIB),
-        power=values.get("power"),
-    )
+    readings: dict[str, float | int | None] = {}
+    for m in _KEPT:
+        x = values.get(m.name)
+        if x is not None and m.scale != 1.0:
+            x = x / m.scale
+        readings[m.key] = (
+            x if x is None or m.kind != "int" else int(x) if m.scale != 1.0 else round(x)
+        )
+    return GpuSample(index=gpu, t=t, **readings)  # type: ignore[arg-type]
 
 
 _LOST: tuple[None, ...] = (None,) * len(COLUMNS)
@@ -101,32 +96,11 @@ class _Ring:
         if self.size < self.capacity:
             self.size += 1
 
-    def push_gpu(self, t: float, g: GpuSample) -> None:
-        """``push(t, _readings(g))`` written out for the columns as ``COLUMNS`` has them: the
-        fleet keeps every GPU's sample (4,096 a second at 512 nodes), and the tuple, the loop
-        over the columns and the tests of each column's kind cost more than the stores."""
-        if g.lost:
-            self.push(t, _LOST)
-            return
-        i = self.head
-        self.times[i] = t
-        util, temp, sm_clock, mem_clock, mem, power = self.columns
-        v = g.util_gpu
-        util[i] = v if type(v) is int and 0 <= v < _BYTE else _whole(v, _BYTE)
-        v = g.temp
-        temp[i] = v if type(v) is int and 0 <= v < _BYTE else _whole(v, _BYTE)
-        v = g.sm_clock
-        sm_clock[i] = v if type(v) is int and 0 <= v < _SHORT else _whole(v, _SHORT)
-        v = g.mem_clock
-        mem_clock[i] = v if type(v) is int and 0 <= v < _SHORT else _whole(v, _SHORT)
-        m = g.mem_used
-        x = math.nan if m is None else m / GIB
-        mem[i] = x if -3e38 < x < 3e38 else _single(x)
-        x = g.power if g.power is not None else math.nan
-        power[i] = x if -3e38 < x < 3e38 else _single(x)
-        self.head = i + 1 if i + 1 < self.capacity else 0
-        if self.size < self.capacity:
-            self.size += 1
+    # push_gpu(self, t, g): ``push(t, _readings(g))`` written out per column, made from the
+    # registry below (``_push_gpu_source``): the fleet keeps every GPU's sample (4,096 a second
+    # at 512 nodes), and the tuple, the loop over the columns and the tests of each column's
+    # kind cost more than the stores.
+    push_gpu: Callable[[float, GpuSample], None]
 
     def last_values(self, column: int, n: int) -> list[float]:
         """The newest ``n`` raw values of a column (missing ones as stored), oldest first."""
@@ -172,9 +146,37 @@ class _Ring:
         return sum(a.itemsize * len(a) for a in arrays)
 
 
-_BYTE = _MISSING["B"]
-_SHORT = _MISSING["H"]
-assert tuple(COLUMNS.values()) == ("B", "B", "H", "H", "f", "f"), "_Ring.push_gpu's columns"
+def _push_gpu_source() -> str:
+    """The source of ``_Ring.push_gpu``: one store per history column, as ``push`` keeps it
+    (an integer column takes the reading as it came: the registry's test holds that such a
+    reading needs no scale)."""
+    lines = [
+        "def push_gpu(self, t, g):",
+        "    if g.lost:",
+        "        self.push(t, _LOST)",
+        "        return",
+        "    i = self.head",
+        "    self.times[i] = t",
+        "    columns = self.columns",
+    ]
+    for n, m in enumerate(_KEPT):
+        lines.append(f"    v = g.{m.key}")
+        if m.history == "f":
+            scaled = "v" if m.scale == 1.0 else f"v * {m.scale!r}"
+            lines.append(f"    x = math.nan if v is None else {scaled}")
+            lines.append(f"    columns[{n}][i] = x if -3e38 < x < 3e38 else _single(x)")
+        else:
+            limit = _MISSING[COLUMNS[m.name]]
+            lines.append(
+                f"    columns[{n}][i] = v if type(v) is int and 0 <= v < {limit} "
+                f"else _whole(v, {limit})"
+            )
+    lines += [
+        "    self.head = i + 1 if i + 1 < self.capacity else 0",
+        "    if self.size < self.capacity:",
+        "        self.size += 1",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _whole(v: float | None, limit: int) -> int:
@@ -277,3 +279,12 @@ class GpuHistory:
 
 
 EMPTY = GpuHistory(recent=1, older=0)  # what ``Fleet.history`` hands out for an unknown GPU
+
+
+def _make_push_gpu() -> None:
+    scope: dict[str, object] = {"math": math, "_LOST": _LOST, "_single": _single, "_whole": _whole}
+    exec(compile(_push_gpu_source(), "<history push_gpu>", "exec"), scope)
+    _Ring.push_gpu = scope["push_gpu"]  # type: ignore[assignment]
+
+
+_make_push_gpu()

@@ -53,13 +53,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gpuctl.config import PrometheusConfig
-from gpuctl.core.format import GIB
 from gpuctl.core.model import GpuSample, NodeEvent
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.history import history_sample
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
 from gpuctl.node import protocol
+from gpuctl.node.metrics import METRICS as REGISTRY
 
 if TYPE_CHECKING:
     from gpuctl.fleet.fleet import Fleet
@@ -80,14 +80,11 @@ QUERIES_AT_ONCE = 8  # a poll's queries in flight together (27 at once overran a
 HISTORY_S = 4 * 3600.0  # the detail screen's history asked of the store (the fleet keeps 4 h)
 HISTORY_STEP_S = 15.0  # one point per this many seconds at least ...
 MAX_POINTS = 1000  # ... and at most this many per series (Prometheus refuses 11,000)
-# The plotted metrics (``gpuctl.fleet.history.METRICS``) and the series they come from.
-HISTORY_METRICS = (
-    ("util", "DCGM_FI_DEV_GPU_UTIL"),
-    ("temp", "DCGM_FI_DEV_GPU_TEMP"),
-    ("sm_clock", "DCGM_FI_DEV_SM_CLOCK"),
-    ("mem_clock", "DCGM_FI_DEV_MEM_CLOCK"),
-    ("mem", "DCGM_FI_DEV_FB_USED"),
-    ("power", "DCGM_FI_DEV_POWER_USAGE"),
+# The history's columns (``gpuctl.fleet.history.METRICS``, the registry's metrics with a
+# history and a DCGM name) and the series they come from, with DCGM's value times ``scale`` in
+# the history's unit (MiB -> GiB for memory).
+HISTORY_METRICS = tuple(
+    (m.name, m.dcgm, m.scale / m.dcgm_scale) for m in REGISTRY if m.history and m.dcgm
 )
 
 
@@ -188,20 +185,19 @@ class Metric:
         return " or ".join(n.removeprefix(PREFIX) for n in self.names)
 
 
-UTIL = Metric(("DCGM_FI_DEV_GPU_UTIL",), "util_gpu")
+# The registry's plain gauges (``gpuctl/node/metrics.py``): DCGM's value is the wire's.
+GAUGES = {
+    m.key: Metric((m.dcgm,), m.key, integer=m.kind == "int")
+    for m in REGISTRY
+    if m.dcgm and m.dcgm_scale == 1.0 and m.kind != "str"
+}
+UTIL = GAUGES["util_gpu"]
 XID = Metric(("DCGM_FI_DEV_XID_ERRORS",), "xid")
 METRICS: tuple[Metric, ...] = (
-    UTIL,
-    Metric(("DCGM_FI_DEV_MEM_COPY_UTIL",), "util_mem"),
+    *GAUGES.values(),
     Metric(("DCGM_FI_DEV_FB_USED",), "fb_used", integer=False),
     Metric(("DCGM_FI_DEV_FB_FREE",), "fb_free", integer=False),
     Metric(("DCGM_FI_DEV_FB_RESERVED",), "fb_reserved", integer=False),
-    Metric(("DCGM_FI_DEV_GPU_TEMP",), "temp"),
-    Metric(("DCGM_FI_DEV_POWER_USAGE",), "power", integer=False),
-    Metric(("DCGM_FI_DEV_POWER_MGMT_LIMIT",), "power_limit", integer=False),
-    Metric(("DCGM_FI_DEV_SM_CLOCK",), "sm_clock"),
-    Metric(("DCGM_FI_DEV_MEM_CLOCK",), "mem_clock"),
-    Metric(("DCGM_FI_DEV_FAN_SPEED",), "fan"),
     Metric(("DCGM_FI_DEV_PSTATE",), "pstate"),
     # DCGM 3.3 renamed the throttle reasons "clock events"; either name, NVML's bitmask
     Metric(("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"), "throttle"),
@@ -470,16 +466,9 @@ def gpu_wire(index: int, values: dict[str, Any], uuid: str | None) -> JsonObject
         "index": index,
         "uuid": uuid,
         "state": "ok",
-        "util_gpu": values.get("util_gpu"),
-        "util_mem": values.get("util_mem"),
+        **{key: values.get(key) for key in GAUGES},
         "mem_used": int(used * MIB) if used is not None else None,
         "mem_total": total,
-        "temp": values.get("temp"),
-        "power": values.get("power"),
-        "power_limit": values.get("power_limit"),
-        "sm_clock": values.get("sm_clock"),
-        "mem_clock": values.get("mem_clock"),
-        "fan": values.get("fan"),
         "pstate": f"P{pstate}" if isinstance(pstate, int) and 0 <= pstate < 32 else None,
         "throttle": protocol.decode_throttle(mask) if isinstance(mask, int) and mask >= 0 else None,
         "ecc": values.get("ecc"),
@@ -907,19 +896,18 @@ class PromSource:
                     end,
                     step,
                 )
-                for _key, name in HISTORY_METRICS
+                for _key, name, _scale in HISTORY_METRICS
             )
         )
         points: dict[tuple[float, int], dict[str, Any]] = {}
-        for (key, _name), series in zip(HISTORY_METRICS, answers, strict=True):
+        for (key, _name, scale), series in zip(HISTORY_METRICS, answers, strict=True):
             for rs in series:
                 gpu_text = rs.metric.gpu
                 if not gpu_text.isdigit():
                     continue
                 for t, text in rs.values:
                     value = _number(text)
-                    if value is not None:  # FB_USED is MiB, the history's memory GiB
-                        scale = MIB / GIB if key == "mem" else 1.0
+                    if value is not None:  # e.g. FB_USED is MiB, the history's memory GiB
                         points.setdefault((t, int(gpu_text)), {})[key] = value * scale
         return [history_sample(index, t, got) for (t, index), got in sorted(points.items())]
 

@@ -55,6 +55,7 @@ from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError, Statics, decode_sample, statics
 from gpuctl.node import protocol
+from gpuctl.node.metrics import METRICS as REGISTRY
 
 FORMAT = "gpuctl-recording"
 VERSION = 1
@@ -1017,25 +1018,11 @@ def format_time(t: float) -> str:
 
 
 # -- CSV --------------------------------------------------------------------------------------
-CSV_COLUMNS = (
-    "time",
-    "t",
-    "node",
-    "gpu",
-    "uuid",
-    "model",
-    "state",
-    "util_gpu",
-    "util_mem",
-    "mem_used",
-    "mem_total",
-    "temp",
-    "power",
-    "power_limit",
-    "sm_clock",
-    "mem_clock",
-    "fan",
-    "pstate",
+# Who and when, the registry's readings flagged "csv" (named by their wire key, in the
+# registry's order: ``gpuctl/node/metrics.py``), then the structured fields and the job.
+CSV_HEAD = ("time", "t", "node", "gpu", "uuid", "model", "state")
+CSV_READINGS = tuple(m.key for m in REGISTRY if "csv" in m.flags)
+CSV_TAIL = (
     "throttle",
     "ecc_volatile_corrected",
     "ecc_volatile_uncorrected",
@@ -1047,6 +1034,7 @@ CSV_COLUMNS = (
     "slurm_job",
     "slurm_user",
 )
+CSV_COLUMNS = CSV_HEAD + CSV_READINGS + CSV_TAIL
 
 
 def _cell(value: object) -> object:
@@ -1105,40 +1093,26 @@ def export_csv(reader: RecordingReader, out: IO[str], *, start: float | None = N
             ecc = g.ecc or {}
             rows_ = g.remapped_rows or {}
             job, user = jobs.get(node, {}).get(g.index, (None, None))
-            writer.writerow(
-                [
-                    _cell(v)
-                    for v in (
-                        _iso(g.t),
-                        f"{g.t:.3f}",
-                        node,
-                        g.index,
-                        g.uuid,
-                        models.get(node, {}).get(g.index),
-                        "lost" if g.lost else "ok",
-                        g.util_gpu,
-                        g.util_mem,
-                        g.mem_used,
-                        g.mem_total,
-                        g.temp,
-                        g.power,
-                        g.power_limit,
-                        g.sm_clock,
-                        g.mem_clock,
-                        g.fan,
-                        g.pstate,
-                        "|".join(g.throttle) if g.throttle is not None else None,
-                        ecc.get("volatile_corrected"),
-                        ecc.get("volatile_uncorrected"),
-                        ecc.get("aggregate_corrected"),
-                        ecc.get("aggregate_uncorrected"),
-                        rows_.get("correctable"),
-                        rows_.get("uncorrectable"),
-                        len(g.processes),
-                        job,
-                        user,
-                    )
-                ]
-            )
+            row = {
+                "time": _iso(g.t),
+                "t": f"{g.t:.3f}",
+                "node": node,
+                "gpu": g.index,
+                "uuid": g.uuid,
+                "model": models.get(node, {}).get(g.index),
+                "state": "lost" if g.lost else "ok",
+                **{key: getattr(g, key) for key in CSV_READINGS},
+                "throttle": "|".join(g.throttle) if g.throttle is not None else None,
+                "ecc_volatile_corrected": ecc.get("volatile_corrected"),
+                "ecc_volatile_uncorrected": ecc.get("volatile_uncorrected"),
+                "ecc_aggregate_corrected": ecc.get("aggregate_corrected"),
+                "ecc_aggregate_uncorrected": ecc.get("aggregate_uncorrected"),
+                "remapped_correctable": rows_.get("correctable"),
+                "remapped_uncorrectable": rows_.get("uncorrectable"),
+                "processes": len(g.processes),
+                "slurm_job": job,
+                "slurm_user": user,
+            }
+            writer.writerow([_cell(row[c]) for c in CSV_COLUMNS])  # by name: no column drifts
             rows += 1
     return rows

@@ -47,15 +47,15 @@ PAYLOAD = "payload.pkl"
 SOURCES = "sources.json"
 SUPERVISOR_SCRIPT = "supervisor.py"
 WORKER_SCRIPT = "worker.py"
-# The node modules the scripts need (this one, proc, protocol, the readers, and the supervisor's
-# own: its loop is the script, its other mechanisms these modules), copied as a package of this
-# name beside them: the copies' relative imports keep working, and the name cannot shadow a
-# module of the user's.
+# The node modules the scripts need (this one, proc, protocol and the metric registry it reads,
+# the readers, and the supervisor's own: its loop is the script, its other mechanisms these
+# modules), copied as a package of this name beside them: the copies' relative imports keep
+# working, and the name cannot shadow a module of the user's.
 RUNNER_PACKAGE = "gpuctl_runner"
-RUNNER_MODULES = ("__init__", "jobfiles", "proc", "protocol", "readers/__init__", "readers/bindings",
-                  "readers/nvml", "readers/smi", "readers/procs", "readers/records",
-                  "attempts", "cgroups", "envbuild", "keeper", "rendezvous", "resources",
-                  "scontrol")
+RUNNER_MODULES = ("__init__", "jobfiles", "metrics", "proc", "protocol", "readers/__init__",
+                  "readers/bindings", "readers/nvml", "readers/smi", "readers/procs",
+                  "readers/records", "attempts", "cgroups", "envbuild", "keeper", "rendezvous",
+                  "resources", "scontrol")
 PIDFILE = "supervisor.json"
 SUPERVISOR_LOG = "supervisor.log"
 SETUP_SCRIPT = "setup.sh"

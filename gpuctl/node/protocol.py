@@ -39,8 +39,10 @@ Agent -> gpuctl
                   max_mem_clock (MHz), pcie_gen, pcie_width, mig_mode (bool or null), serial
     sample    ``t`` (unix time), ``seq`` (int), ``gpus``: one dict per GPU:
                   index, uuid, state ("ok" | "lost"),
-                  util_gpu, util_mem (%), mem_used, mem_total (bytes), temp (C),
-                  power, power_limit (W), sm_clock, mem_clock (MHz), fan (%), pstate ("P0"),
+                  the readings of ``gpuctl/node/metrics.py`` (one row each: key, unit, bounds,
+                  how it is read): util_gpu, util_mem (%), mem_used, mem_total (bytes), temp
+                  (C), power, power_limit (W), sm_clock, mem_clock (MHz), fan (%), pstate
+                  ("P0"), enc, dec (video encoder / decoder %), pcie_tx, pcie_rx (bytes/s),
                   throttle (list of names from THROTTLE_REASONS, active now),
                   ecc: {volatile_corrected, volatile_uncorrected, aggregate_corrected,
                         aggregate_uncorrected} | null,
@@ -58,15 +60,17 @@ Agent -> gpuctl
               net_rx, net_tx (bytes/s since the previous sample, loopback left out)}, any null
               when unknown (cpu and the rates are null in the first sample), or null.
               A field the GPU cannot report is null; it never hides the others. ecc,
-              retired_pages and remapped_rows are read every ``SLOW_EVERY`` samples and repeated
-              in between. A reply to ``snapshot`` is a sample with the request's ``id``.
+              retired_pages, remapped_rows and the readings marked ``slow`` in metrics.py
+              (pcie_tx, pcie_rx: see its ``slow``) are read every ``SLOW_EVERY`` samples (or
+              less often) and repeated in between. A reply to ``snapshot`` is a sample with the
+              request's ``id``.
               The wire carries what changes (protocol 2, ``compact_gpus``): a GPU's dict, a
               process's and a parent's leave out every null field, ``state`` when "ok" and
               ``processes`` when empty (the login side's defaults: null, "ok", []); and
               ``FROM_HELLO`` (uuid, mem_total, power_limit) when equal to the hello's for the
               same index. The login side reads a GPU's ``uuid``, and an "ok" GPU's
-              ``mem_total`` and ``power_limit``, that are absent or null as the hello's (so a power cap set
-              after the hello is sent in every sample while it differs, and a reading that
+              ``mem_total`` and ``power_limit``, that are absent or null as the hello's (so a
+              power cap set after the hello is sent in every sample while it differs, and a reading that
               failed shows the hello's value); a lost GPU's readings stay null. ``throttle``
               [] (none active) is sent: null would mean unknown. Simulated GPUs: 680 bytes
               per GPU-sample in protocol 1, 526 in 2, and the record file 4% smaller
@@ -117,6 +121,8 @@ import json
 import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
+from . import metrics
+
 PROTOCOL_VERSION = 2
 AGENT_VERSION = "0.1.0"
 MAX_LINE = 1 << 20  # 1 MiB: a request is small; anything bigger is junk or an attack.
@@ -144,11 +150,7 @@ THROTTLE_REASONS = (
     (0x0000000000000100, "display_clocks"),
 )
 
-SAMPLE_FIELDS = (
-    "index", "uuid", "state", "util_gpu", "util_mem", "mem_used", "mem_total", "temp", "power",
-    "power_limit", "sm_clock", "mem_clock", "fan", "pstate", "throttle", "ecc", "retired_pages",
-    "remapped_rows", "processes",
-)
+SAMPLE_FIELDS = metrics.SAMPLE_FIELDS  # identity, the registry's readings, structured fields
 STATIC_FIELDS = (
     "index", "uuid", "name", "mem_total", "power_limit", "max_sm_clock", "max_mem_clock",
     "pcie_gen", "pcie_width", "mig_mode", "serial",

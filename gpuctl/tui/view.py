@@ -14,14 +14,26 @@ from dataclasses import dataclass
 
 from gpuctl.core.format import GIB, fmt_age, gpu_badge_names, gpu_flags
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
+from gpuctl.node.metrics import BY_NAME, PERCENT_OF, Metric, flagged
 
 SPARK_CHARS = " ▁▂▃▄▅▆▇█"
 BAR_FULL = "█"
 BAR_PARTS = " ▏▎▍▌▋▊▉"
 HEAT_LEVELS = 5
 
-# Metrics the heatmap and the filter know, with their unit for people.
-METRICS = ("util", "mem", "temp", "power")
+# The screen's word for a registry metric (``gpuctl/node/metrics.py``): its ``name``, or the
+# share it is sorted and drawn as ("mem": mem_used in % of mem_total, ``PERCENT_OF``).
+_SHARE_WORD = {num: word for word, (num, _total) in PERCENT_OF.items()}
+
+
+def screen_word(m: Metric) -> str:
+    """What the filter, the sort and the heatmap call ``m``: "mem" for memory (in %)."""
+    word: str = _SHARE_WORD.get(m.key, m.name)
+    return word
+
+
+# The heatmap's metrics (the registry's "heatmap" flag), with their title for people.
+METRICS = tuple(screen_word(m) for m in flagged("heatmap"))
 METRIC_TITLES = {"util": "utilization", "mem": "memory", "temp": "temperature", "power": "power"}
 
 
@@ -90,7 +102,11 @@ def metric_fraction(g: GpuSample, metric: str) -> float | None:
         return None if g.temp is None else (g.temp - 30.0) / 60.0
     if metric == "power":
         return power_fraction(g)
-    raise ValueError(f"unknown metric {metric!r}")
+    m = BY_NAME.get(metric)
+    if m is None or m.unit != "%":
+        raise ValueError(f"unknown metric {metric!r}")
+    v = getattr(g, m.key)
+    return None if v is None else v / 100.0
 
 
 def heat_level(fraction: float | None) -> int | None:
@@ -285,7 +301,9 @@ GPU_WORDS = {
     "pwrcap",
     "trouble",
 }
-FILTER_METRICS = {"util", "mem", "temp", "power", "clock", "mem_gib"}
+# Threshold words of the filter: the registry's "filter" metrics, in their shown units, and the
+# shares ("mem": % of the memory in use).
+FILTER_METRICS = {m.name for m in flagged("filter")} | set(PERCENT_OF)
 
 
 class FilterError(ValueError):
@@ -293,22 +311,15 @@ class FilterError(ValueError):
 
 
 def _gpu_metric(g: GpuSample, metric: str) -> float | None:
+    """A metric by its screen word, in its shown unit (the registry's ``shown``; "mem": %)."""
     if g.lost:
         return None
-    if metric == "util":
-        return None if g.util_gpu is None else float(g.util_gpu)
-    if metric == "mem":
+    if metric in PERCENT_OF:
         f = mem_fraction(g)
         return None if f is None else 100.0 * f
-    if metric == "mem_gib":
-        return None if g.mem_used is None else g.mem_used / GIB
-    if metric == "temp":
-        return None if g.temp is None else float(g.temp)
-    if metric == "power":
-        return g.power
-    if metric == "clock":
-        return None if g.sm_clock is None else float(g.sm_clock)
-    raise AssertionError(metric)
+    m = BY_NAME[metric]
+    v = getattr(g, m.key)
+    return None if v is None else float(v) * m.scale
 
 
 GpuPredicate = Callable[[NodeSnapshot, GpuSample | None, "GpuFacts"], bool]
@@ -329,9 +340,11 @@ class NodeFilter:
 
     Terms: a state word (live, stale, unreachable, connecting, down), a GPU word (lost, throttle,
     xid, ecc [ECC or row-remap trouble], slowdown [thermal or hardware], pwrcap, trouble [any of
-    the header's counts], burning, idle, busy), a threshold ``metric op number`` (util, mem [%],
-    mem_gib, temp [°C], power [W], clock [MHz]) or any other text, matched against the node
-    name and the GPU model. A node with no GPU rows matches only if no GPU term is present.
+    the header's counts], burning, idle, busy), a threshold ``metric op number``
+    (``FILTER_METRICS``: util, mem [%], mem_gib, temp [°C], power [W], clock [MHz], fan, enc,
+    dec [%], pcie_tx [GB/s], ...: the metric registry's, in its shown units) or any other
+    text, matched against the node name and the GPU model. A node with no GPU rows matches
+    only if no GPU term is present.
     """
 
     text: str

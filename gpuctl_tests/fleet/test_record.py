@@ -21,7 +21,14 @@ import zstandard
 
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import simulated_fleet
-from gpuctl.fleet.record import Recorder, RecordingReader, Replayer, export_csv, format_time
+from gpuctl.fleet.record import (
+    CSV_READINGS,
+    Recorder,
+    RecordingReader,
+    Replayer,
+    export_csv,
+    format_time,
+)
 from gpuctl.fleet.session import decode_sample
 from gpuctl.tui.app import GpuctlApp
 from gpuctl.tui.replay import ReplayApp
@@ -126,6 +133,11 @@ def test_csv_has_one_row_per_node_gpu_sample(recording: Path, tmp_path: Path) ->
     assert first["model"] == "NVIDIA H100 80GB HBM3" and first["mem_total"] == str(80 * 2**30)
     sample = samples_in(frames)[0]["m"]
     assert rows[0]["t"] == f"{sample['t']:.3f}" and rows[0]["time"].endswith("Z")
+    # every reading of the metric registry is a column named by its key, with the wire's value
+    wire = [g for r in samples_in(frames) for g in r["m"]["gpus"]]
+    assert {"enc", "dec", "pcie_tx", "pcie_rx"} <= set(CSV_READINGS)
+    for key in CSV_READINGS:
+        assert [x[key] for x in rows] == ["" if g[key] is None else str(g[key]) for g in wire], key
     # --from: only samples received from then on
     reader = RecordingReader(recording)
     r = gpuctl("replay", str(recording), "--export-csv", "-", "--from", "2s")

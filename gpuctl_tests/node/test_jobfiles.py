@@ -125,3 +125,27 @@ def test_the_copied_runner_runs_as_scripts_under_python36(tmp_path: Path) -> Non
     assert outcome["subreaper"] is True
     pid = json.loads((folder / jobfiles.PIDFILE).read_text())["pid"]
     assert pid == outcome["supervisor_pid"]
+
+
+def test_every_copied_runner_module_imports_from_the_copy(tmp_path: Path) -> None:
+    """Each module of ``RUNNER_MODULES`` imports from the copy alone under Python 3.6: a node
+    module a copied one needs (the metric registry that ``protocol`` reads) is copied too.
+    The supervisor imports the readers late, so a missing one showed only as a lost job."""
+    folder = tmp_path / "job"
+    for name, src in jobfiles.RUNNER.items():
+        dest = folder / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / src, dest)
+    names = [
+        f"{jobfiles.RUNNER_PACKAGE}.{m.replace('/', '.')}".removesuffix(".__init__")
+        for m in jobfiles.RUNNER_MODULES
+    ]
+    run = subprocess.run(
+        [old_python("3.6.15"), "-c", "import " + ", ".join(names)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=folder,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert run.returncode == 0, run.stderr

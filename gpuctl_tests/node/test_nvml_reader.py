@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gpuctl.node.protocol import SAMPLE_FIELDS, STATIC_FIELDS
+from gpuctl.node.protocol import SAMPLE_FIELDS, SLOW_EVERY, STATIC_FIELDS
 from gpuctl.node.readers import ReaderUnavailable, open_reader
-from gpuctl.node.readers.nvml import NvmlReader
+from gpuctl.node.readers.nvml import PCIE_EVERY, NvmlReader
 from gpuctl_tests.helpers import AgentProcess
 from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub
 
@@ -247,6 +247,41 @@ def test_unreadable_static_facts_are_null(reader: Any) -> None:
     assert (s0["max_sm_clock"], s0["max_mem_clock"]) == (None, None)
     assert s0["name"] == "NVIDIA H100 80GB HBM3" and s0["power_limit"] == 700.0
     assert r.static()[1]["serial"] == "1650000000001"
+
+
+def test_video_engines_and_pcie_throughput_come_from_the_library(
+    reader: Any, stub: NvmlStub
+) -> None:
+    """NVENC / NVDEC % every sample; PCIe TX / RX (NVML's KB/s, as bytes/s) spread over
+    PCIE_EVERY samples: GPU i is read on the samples i, i + PCIE_EVERY, ... and repeated in
+    between (the call waits 20 ms and takes 0.9 ms of CPU on an H100)."""
+    r = reader("count 3\nset 1 enc 40\nset 1 dec 60\nset 2 pcie_tx_kb 5000\n")
+    gpus = by_index(r.sample(slow=True))
+    assert [(g["enc"], g["dec"]) for g in gpus.values()] == [(5, 7), (40, 60), (7, 9)]
+    assert (gpus[0]["pcie_tx"], gpus[0]["pcie_rx"]) == (1000 * 1024, 2000 * 1024)
+    assert (gpus[2]["pcie_tx"], gpus[2]["pcie_rx"]) == (5000 * 1024, 2002 * 1024)
+    tput = "nvmlDeviceGetPcieThroughput"
+    assert [stub.calls(i, tput) for i in range(3)] == [2, 2, 2]  # the first sample: all of them
+    stub.set(1, "enc", 3)
+    stub.set(2, "pcie_rx_kb", 9)
+    seen = [by_index(r.sample(slow=False)) for _ in range(PCIE_EVERY)]  # samples 1..60
+    assert all(g[1]["enc"] == 3 for g in seen)  # read every sample
+    # GPU 2's turn is sample 2 (seen[1]): before it, the first sample's reading repeated
+    assert [g[2]["pcie_rx"] for g in seen] == [2002 * 1024] + [9 * 1024] * (PCIE_EVERY - 1)
+    # each GPU read once more in these samples: 1 on sample 1, 2 on 2, 0 on 60
+    assert [stub.calls(i, tput) for i in range(3)] == [4, 4, 4]
+
+
+def test_unsupported_video_and_pcie_readings_are_asked_once(reader: Any, stub: NvmlStub) -> None:
+    r = reader("count 2\nerror 1 3 codec pcie_tput\n")
+    for _ in range(2 * SLOW_EVERY + 1):
+        g0, g1 = by_index(r.sample(slow=False)).values()
+        assert (g1["enc"], g1["dec"], g1["pcie_tx"], g1["pcie_rx"]) == (None,) * 4
+        assert g1["util_gpu"] == 51 and g0["enc"] == 5 and g0["pcie_tx"] == 1000 * 1024
+    assert stub.calls(1, "nvmlDeviceGetEncoderUtilization") == 1
+    assert stub.calls(1, "nvmlDeviceGetDecoderUtilization") == 1
+    assert stub.calls(1, "nvmlDeviceGetPcieThroughput") == 2  # TX and RX: one each
+    assert stub.calls(0, "nvmlDeviceGetEncoderUtilization") == 2 * SLOW_EVERY + 1
 
 
 def test_slow_fields_are_repeated_between_slow_reads(reader: Any, stub: NvmlStub) -> None:

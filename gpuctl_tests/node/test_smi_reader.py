@@ -131,6 +131,9 @@ def test_sample_parses_values_and_bracketed_forms(
     assert (rtx["mem_total"], rtx["temp"], rtx["fan"], rtx["pstate"]) == (24564 * MIB, 38, 30, "P8")
     assert rtx["throttle"] == ["gpu_idle"]
     assert rtx["processes"] == []
+    # the video engines come through the registry's nvidia-smi fields; PCIe throughput has none
+    assert (h100["enc"], h100["dec"], rtx["enc"], rtx["dec"]) == (0, 23, None, 4)
+    assert (h100["pcie_tx"], h100["pcie_rx"]) == (None, None)
 
 
 def test_slow_fields_repeat_between_slow_samples(

@@ -117,3 +117,31 @@ def test_column_titles_line_up_with_the_rows() -> None:
     compact = column_titles(80, None, compact=True, per_gpu=8)  # nodes of 8 GPUs
     assert compact.index("STATE") == 14 and compact.index("TROUBLE") <= 67
     assert gpu_bars([GpuSample(0, 0.0, util_gpu=0), GpuSample(1, 0.0, state="lost")]) == "▁✕"
+
+
+def test_wide_lists_show_the_registrys_other_list_columns() -> None:
+    """Fan and P-state from 160 columns, the video engines and PCIe from 190, each title
+    right-aligned over its figure, after the SM clock; none below 160 (80 and 120 as before)."""
+    assert [m.key for m in row_layout(160).extras] == ["fan", "pstate"]
+    assert [m.key for m in row_layout(200).extras] == [
+        "fan",
+        "pstate",
+        "enc",
+        "dec",
+        "pcie_tx",
+        "pcie_rx",
+    ]
+    assert row_layout(159).extras == () and row_layout(80).extras == ()
+    line = column_titles(200, None, compact=False)
+    clock_end = line.index("SM CLK") + len("SM CLK")
+    assert line[clock_end:].split("RECENT")[0].split() == [
+        "FAN",
+        "PST",
+        "ENC",
+        "DEC",
+        "TX",
+        "GB/s",
+        "RX",
+        "GB/s",
+    ]
+    assert "FAN" not in column_titles(120, None, compact=False)

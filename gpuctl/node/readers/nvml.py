@@ -19,6 +19,17 @@ The lists NVML fills into a caller's buffer (running processes, per-process util
 read with one driver call into a buffer kept between samples (``_OneCall``) where pynvml makes
 two (the size, then the list) and converts every entry to a Python object: on an H100 those
 the compute list cost 0.27 ms with pynvml and 0.16-0.19 ms with one call (one process).
+The video encoder and decoder utilization cost what the utilization rates do (1.7 us of CPU a
+call on an H100: ``benchmarks/nvml_call_cost.py``) and are read every sample. PCIe throughput
+is not: NVML measures it inside the call over 20 ms (21 ms wall, 0.9 ms CPU per counter on an
+H100), so each GPU's TX and RX are read once per ``PCIE_EVERY`` samples (60: once a minute at
+1 Hz), GPU i on the samples where ``(tick - i) % PCIE_EVERY == 0`` (spread: a sample waits for
+at most one GPU's two reads, 42 ms), and repeated in between: 0.03 ms of CPU per GPU per
+sample on average (every ``SLOW_EVERY`` samples it was 0.18 ms, which alone would have taken
+the agent past its 1 ms per H100 sample). The first sample reads every GPU's. NVML's
+cumulative counters (``nvmlDeviceGetFieldValues`` of ``NVML_FI_DEV_PCIE_COUNT_TX_BYTES``/
+``RX_BYTES``, a rate from two reads) may be far cheaper on drivers that have them: not
+measured yet.
 GPU_IS_LOST turns the GPU's record into the "lost" state for good and queues one ``gpu_lost``
 event. XID critical errors come from an NVML event set polled without blocking in ``events()``.
 Python 3.6 syntax.
@@ -28,6 +39,7 @@ import ctypes
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
+from ..metrics import SLOW_READ_EVERY as PCIE_EVERY
 from ..protocol import decode_throttle
 from . import Reader, ReaderUnavailable
 from .procs import ProcessNames
@@ -61,6 +73,8 @@ ECC_VOLATILE, ECC_AGGREGATE = 0, 1
 RETIRED_SINGLE_BIT, RETIRED_DOUBLE_BIT = 0, 1
 EVENT_XID = 0x8
 PSTATE_UNKNOWN = 32
+PCIE_TX_BYTES, PCIE_RX_BYTES = 0, 1  # nvmlPcieUtilCounter_t
+KB = 1024  # nvmlDeviceGetPcieThroughput answers KB/s
 NOT_AVAILABLE = (1 << 64) - 1  # usedGpuMemory when the driver cannot tell (and the ulonglong -1)
 MAX_EVENTS_PER_POLL = 256  # bounds one events() call if a GPU floods XIDs
 PROC_UTIL_WINDOW_S = 5.0  # per-process SM %: NVML's samples of this last while, newest per pid
@@ -117,6 +131,8 @@ class NvmlReader(Reader):
         self._lost = set()  # type: Set[int]
         self._pending = []  # type: List[Dict[str, Any]]
         self._slow = {}  # type: Dict[int, Dict[str, Any]]
+        self._pcie = {}  # type: Dict[int, Dict[str, Any]]  # GPU -> last PCIe throughput
+        self._tick = 0  # samples taken: spreads the PCIe reads over PCIE_EVERY samples
         self._unsupported = set()  # type: Set[Any]  # (names, args) a GPU said NOT_SUPPORTED to
         # GPU -> (monotonic time, its pids, pid -> SM %) of the last per-process utilization read
         self._sm = {}  # type: Dict[int, Tuple[float, Any, Dict[int, Optional[int]]]]
@@ -316,10 +332,14 @@ class NvmlReader(Reader):
                 if slow or i not in self._slow:
                     self._slow[i] = self._read_slow(h)
                 rec.update(self._slow[i])
+                if i not in self._pcie or (self._tick - i) % PCIE_EVERY == 0:
+                    self._pcie[i] = self._read_pcie(h)
+                rec.update(self._pcie[i])
             except _Lost:
                 self._mark_lost(i)
                 rec = lost_record(i, self._uuids[i])
             out.append(rec)
+        self._tick += 1
         self._parents = self._names.parents(pids)
         self._names.forget_except(pids)
         return out
@@ -333,6 +353,8 @@ class NvmlReader(Reader):
         mem = self._read("nvmlDeviceGetMemoryInfo", h)
         pstate = self._read("nvmlDeviceGetPerformanceState", h)
         mask = self._read(THROTTLE, h)
+        enc = self._read("nvmlDeviceGetEncoderUtilization", h)
+        dec = self._read("nvmlDeviceGetDecoderUtilization", h)
         return {
             "index": i,
             "uuid": self._uuids[i],
@@ -348,6 +370,8 @@ class NvmlReader(Reader):
             "mem_clock": self._read("nvmlDeviceGetClockInfo", h, CLOCK_MEM),
             "fan": self._read("nvmlDeviceGetFanSpeed", h),
             "pstate": "P%d" % pstate if pstate is not None and pstate != PSTATE_UNKNOWN else None,
+            "enc": _int(enc[0]) if enc is not None else None,
+            "dec": _int(dec[0]) if dec is not None else None,
             "throttle": decode_throttle(_int(mask)) if mask is not None else None,
             "processes": self._processes(i, h, pids, _int(mem.used) if mem is not None else None),
         }
@@ -417,6 +441,13 @@ class NvmlReader(Reader):
         sm = {pid: util for pid, (_, util) in newest.items()}
         self._sm[i] = (now, gpu_pids, sm)
         return sm
+
+    def _read_pcie(self, h: Any) -> Dict[str, Any]:
+        """PCIe TX and RX throughput in bytes/s (NVML's KB/s times ``KB``)."""
+        tx = _int(self._read("nvmlDeviceGetPcieThroughput", h, PCIE_TX_BYTES))
+        rx = _int(self._read("nvmlDeviceGetPcieThroughput", h, PCIE_RX_BYTES))
+        return {"pcie_tx": tx * KB if tx is not None else None,
+                "pcie_rx": rx * KB if rx is not None else None}
 
     def _read_slow(self, h: Any) -> Dict[str, Any]:
         counts = {}  # type: Dict[str, Optional[int]]

@@ -37,6 +37,9 @@ JOB_HOT_C = 78.0
 SLOWDOWN_C = 84.0  # above this the SM clock drops and sw_thermal is reported
 TAU_S = 20.0
 GIB = 1 << 30
+# Boards with a fan of their own (the data-centre ones are cooled by the chassis: fan null).
+FANNED = ("NVIDIA RTX A6000", "NVIDIA GeForce RTX 4090")
+PCIE_LANE_BYTES = {3: 0.985e9, 4: 1.969e9, 5: 3.938e9}  # bytes/s of one lane per generation
 SIM_UIDS = {"alice": 1001, "bob": 1002, "chen": 1003, "dana": 1004, "gpuctl": 1900}
 
 
@@ -102,6 +105,10 @@ class SimGpu(object):
             p.update({"uid": SIM_UIDS.get(p["user"]), "ppid": 3000 + p["pid"] % 1000,
                       "age": own.uniform(600, 30 * 3600), "rss": int(own.uniform(2, 40) * GIB),
                       "cpu_base": own.uniform(60, 140)})
+        # Video work (NVENC / NVDEC) on a few GPUs, from a generator of its own as above.
+        video = random.Random(host_seed * 7919 + index)
+        self.enc = video.choice((0,) * 7 + (12, 35))
+        self.dec = video.choice((0,) * 5 + (20, 45, 70))
 
     def step(self, dt: float, rng: random.Random) -> None:
         load = max(self.burn, self.base_load)
@@ -151,6 +158,7 @@ class SimGpu(object):
         burn_frac = min(0.9, 0.97 - self.base_mem) if self.burn else 0.0
         mem_frac = self.base_mem + burn_frac
         procs = [self._process(p, epoch) for p in self.processes]
+        link = PCIE_LANE_BYTES.get(self.pcie_gen, 1e9) * self.pcie_width  # bytes/s each way
         if self.burn:
             procs.append({"pid": 9000 + self.index, "user": "gpuctl", "uid": SIM_UIDS["gpuctl"],
                           "command": "gpuctl-burn", "mem": int(burn_frac * self.mem_total),
@@ -162,8 +170,12 @@ class SimGpu(object):
             "mem_used": int(mem_frac * self.mem_total), "mem_total": self.mem_total,
             "temp": int(round(self.temp)), "power": round(max(0.0, power), 1),
             "power_limit": float(self.power_limit), "sm_clock": sm, "mem_clock": self.max_mem,
-            "fan": None, "pstate": "P0" if util > 2 else "P8", "throttle": throttle,
-            "processes": procs,
+            "fan": int(30 + 0.6 * util) if self.name in FANNED else None,
+            "pstate": "P0" if util > 2 else "P8",
+            "enc": self.enc if util > 2 else 0, "dec": self.dec if util > 2 else 0,
+            "pcie_tx": int(link * (0.001 + 0.05 * util / 100.0)),
+            "pcie_rx": int(link * (0.002 + 0.2 * util / 100.0)),
+            "throttle": throttle, "processes": procs,
         }
 
 

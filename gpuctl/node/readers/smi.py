@@ -17,6 +17,7 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
+from ..metrics import METRICS
 from ..protocol import decode_throttle
 from . import Reader, ReaderUnavailable
 from .procs import ProcessNames
@@ -39,21 +40,13 @@ STATIC_QUERY = (
     "mig.mode.current",
     "driver_version",
 )
-# Each entry: our name, then the nvidia-smi fields to try, newest name first.
-FAST = (
-    ("util_gpu", ("utilization.gpu",)),
-    ("util_mem", ("utilization.memory",)),
-    ("mem_used", ("memory.used",)),
-    ("mem_total", ("memory.total",)),
-    ("temp", ("temperature.gpu",)),
-    ("power", ("power.draw",)),
-    ("power_limit", ("power.limit",)),
-    ("sm_clock", ("clocks.sm", "clocks.current.sm")),
-    ("mem_clock", ("clocks.mem", "clocks.current.memory")),
-    ("fan", ("fan.speed",)),
-    ("pstate", ("pstate",)),
+# Each entry: our name, then the nvidia-smi fields to try, newest name first: the registry's
+# readings that nvidia-smi can give (PCIe throughput it cannot: null here), then the throttle.
+FAST = tuple((m.key, m.smi) for m in METRICS if m.smi) + (
     ("throttle", ("clocks_event_reasons.active", "clocks_throttle_reasons.active")),
 )
+# A reading's text -> its wire value, by the registry's unit (nounits: memory comes in MiB).
+_BY_UNIT = {"bytes": "mib", "W": "float", "": "pstate"}
 SLOW = (
     ("ecc.volatile_corrected", ("ecc.errors.corrected.volatile.total",)),
     ("ecc.volatile_uncorrected", ("ecc.errors.uncorrected.volatile.total",)),
@@ -304,24 +297,21 @@ class SmiReader(Reader):
             mask = int(text, 16) if text is not None else None
         except ValueError:
             mask = None
-        pstate = _value(v.get("pstate"))
-        return {
-            "index": i,
-            "uuid": self._uuids[i],
-            "state": "ok",
-            "util_gpu": _int(v.get("util_gpu")),
-            "util_mem": _int(v.get("util_mem")),
-            "mem_used": _mib(v.get("mem_used")),
-            "mem_total": _mib(v.get("mem_total")),
-            "temp": _int(v.get("temp")),
-            "power": _float(v.get("power")),
-            "power_limit": _float(v.get("power_limit")),
-            "sm_clock": _int(v.get("sm_clock")),
-            "mem_clock": _int(v.get("mem_clock")),
-            "fan": _int(v.get("fan")),
-            "pstate": pstate if pstate and re.match(r"^P\d+$", pstate) else None,
-            "throttle": decode_throttle(mask),
-        }
+        rec = {"index": i, "uuid": self._uuids[i], "state": "ok"}  # type: Dict[str, Any]
+        for m in METRICS:
+            kind = _BY_UNIT.get(m.unit)
+            text = v.get(m.key)
+            if kind is None:
+                rec[m.key] = _int(text)
+            elif kind == "mib":
+                rec[m.key] = _mib(text)
+            elif kind == "float":
+                rec[m.key] = _float(text)
+            else:
+                pstate = _value(text)
+                rec[m.key] = pstate if pstate and re.match(r"^P\d+$", pstate) else None
+        rec["throttle"] = decode_throttle(mask)
+        return rec
 
     def _slow_record(self, v: Dict[str, str]) -> Dict[str, Any]:
         rec = {}  # type: Dict[str, Any]

@@ -23,6 +23,8 @@ from textual_plotext import PlotextPlot
 
 from gpuctl.core.format import GIB, THROTTLE_BADGES, THROTTLE_WORDS, fmt_age, gpu_flags, reader_text
 from gpuctl.core.model import GpuSample, NodeEvent, NodeSnapshot
+from gpuctl.node import metrics
+from gpuctl.node.metrics import BY_KEY
 from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str, node_text
 from gpuctl.tui.view import node_age_text, short_model
@@ -33,13 +35,16 @@ CELL_LIMIT = 300  # characters of a process cell: a command line can be megabyte
 LINE_LIMIT = 400  # characters of a line of facts or events
 PLOT_LIMIT = 1e9  # no GPU metric in these units (%, GiB, °C, W, MHz) comes near
 
-# metric id, title; "clock" also draws the memory clock as a second line
-PLOTS: tuple[tuple[str, str], ...] = (
-    ("util", "utilization %"),
-    ("mem", "memory used GiB"),
-    ("temp", "temperature °C"),
-    ("power", "power W"),
-    ("clock", "clocks MHz: SM, memory"),
+# plot id, title, the history columns it draws (one line each): every metric the registry
+# (``gpuctl/node/metrics.py``) flags "plot", in the registry's shown units (a test holds it)
+PLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("util", "utilization %", ("util",)),
+    ("mem", "memory used GiB", ("mem_gib",)),
+    ("temp", "temperature °C", ("temp",)),
+    ("power", "power W", ("power",)),
+    ("clock", "clocks MHz: SM, memory", ("clock", "mem_clock")),
+    ("video", "video % (NVENC, NVDEC)", ("enc", "dec")),
+    ("pcie", "PCIe GB/s: TX, RX", ("pcie_tx", "pcie_rx")),
 )
 
 
@@ -232,7 +237,7 @@ class DetailScreen(Screen[None]):
                     yield Static(id="detail-events")
             yield DataTable(id="detail-procs", cursor_type="row", zebra_stripes=True)
             with Grid(id="detail-plots"):
-                for metric, _title in PLOTS:
+                for metric, _title, _series in PLOTS:
                     yield PlotextPlot(id=f"plot-{metric}", classes="plot")
             yield Facts(id="detail-facts")
         yield Footer(compact=True, show_command_palette=False)
@@ -314,6 +319,11 @@ class DetailScreen(Screen[None]):
                 facts.append(f"fan {_num(g.fan, '%')}")
             if g.pstate:
                 facts.append(node_str(g.pstate, limit=40))
+            if g.enc is not None or g.dec is not None:
+                facts.append(f"NVENC {_num(g.enc, '%')} NVDEC {_num(g.dec, '%')}")
+            if g.pcie_tx is not None or g.pcie_rx is not None:
+                tx, rx = (metrics.fmt(BY_KEY[k], getattr(g, k)) for k in ("pcie_tx", "pcie_rx"))
+                facts.append(f"PCIe TX {tx} RX {rx}")
             paragraphs.append([Text(f) for f in facts])
             trouble: list[Text] = []
             for flag in gpu_flags(g):
@@ -346,12 +356,11 @@ class DetailScreen(Screen[None]):
         xticks, xlabels = time_ticks(span)
         theme = self.app.current_theme
         colours = [Color.parse(c).rgb for c in (theme.primary, theme.accent or theme.primary)]
-        for metric, title in PLOTS:
+        for metric, title, series in PLOTS:
             plot = self.query_one(f"#plot-{metric}", PlotextPlot)
             plt = plot.plt
             plt.clear_data()
             plt.clear_figure()
-            series = ["sm_clock", "mem_clock"] if metric == "clock" else [metric]
             ys_all: list[float] = []
             for name, colour in zip(series, colours, strict=False):
                 xs, ys = _points(*hist.series(name), now)
@@ -363,7 +372,7 @@ class DetailScreen(Screen[None]):
             plt.xticks(xticks, xlabels)
             lo, hi = (
                 (0.0, 100.0)
-                if metric == "util"
+                if metric in ("util", "video")
                 else (min(ys_all, default=0.0), max(ys_all, default=1.0))
             )
             first, last, yticks = value_ticks(lo, hi)

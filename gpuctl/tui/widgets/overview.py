@@ -26,6 +26,8 @@ from textual.widget import Widget
 
 from gpuctl.core.format import counted, fmt_age, host_text, reader_text
 from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
+from gpuctl.node import metrics
+from gpuctl.node.metrics import Metric, flagged
 from gpuctl.tui.gpusort import SORT_BY_KEY, next_sort, order_gpus, order_nodes
 from gpuctl.tui.keys import TROUBLE_KEYS
 from gpuctl.tui.messages import GpuSelected
@@ -58,21 +60,36 @@ RESORT_S = 5.0
 class RowLayout(NamedTuple):
     """What a GPU row holds at a width. Narrow, the model goes first (the same on every row of
     a node and in its header), then the bars, sparkline and SM clock, so that badges, the Slurm
-    job, a burn and the owners stay on an 80-column terminal; wide, bars and sparkline grow (at
-    200 columns 8-cell bars left ~45% of the screen empty)."""
+    job, a burn and the owners stay on an 80-column terminal; wide, bars grow (at 200 columns
+    8-cell bars left ~45% of the screen empty) and the registry's other list columns come in
+    (``EXTRA_COLUMNS``: fan and P-state from 160 columns, the video engines and PCIe from 190)."""
 
     model: int  # characters of the model name (0: no model column)
     bar: int  # cells of the utilization and memory bars (0: none)
     spark: int  # cells of the sparkline (0: none)
     clock: bool
+    extras: tuple[Metric, ...] = ()  # the registry's list columns after the clock
+
+
+# The metric registry's list columns the row does not draw by hand (bars, temperature, power
+# and clock are): fan, P-state, NVENC, NVDEC, PCIe TX and RX, with the cells of their figures.
+_DRAWN = ("util_gpu", "mem_used", "temp", "power", "sm_clock")
+EXTRA_COLUMNS = tuple(m for m in flagged("list") if m.key not in _DRAWN)
+EXTRA_CELLS = {"%": 4, "": 3, "GB/s": 5}  # by shown unit: "100%", "P12", "123.4" (GB/s)
+_FAN_PSTATE = tuple(m for m in EXTRA_COLUMNS if m.key in ("fan", "pstate"))
+
+
+def extra_width(m: Metric) -> int:
+    """Cells of an extra column's figure (its title fits: titles are at most as wide)."""
+    return max(len(m.title), EXTRA_CELLS.get(m.shown, 6))
 
 
 def row_layout(width: int) -> RowLayout:
     """The GPU row's layout for a list ``width`` cells wide."""
     if width >= 190:
-        return RowLayout(15, 2 * BAR_WIDTH + 4, 2 * SPARK_WIDTH, True)
+        return RowLayout(15, 2 * BAR_WIDTH, SPARK_WIDTH, True, EXTRA_COLUMNS)
     if width >= 160:
-        return RowLayout(15, 2 * BAR_WIDTH, SPARK_WIDTH + 6, True)
+        return RowLayout(15, 2 * BAR_WIDTH, SPARK_WIDTH, True, _FAN_PSTATE)
     if width >= 140:
         return RowLayout(15, BAR_WIDTH, SPARK_WIDTH, True)
     if width >= 110:
@@ -719,6 +736,10 @@ class NodeList(ScrollView, can_focus=True):
         if layout.clock:
             clock = "-" if g.sm_clock is None else f"{g.sm_clock}MHz"
             segs.append(Segment(f"{clock:>7}  ", dim if stale else Style()))
+        for m in layout.extras:  # fan, P-state, video engines, PCIe: as the registry prints them
+            # PCIe's figure bare ("12.3"): its title says GB/s
+            text = metrics.fmt(m, getattr(g, m.key), suffix=m.shown != "GB/s")
+            segs.append(Segment(f"{text:>{extra_width(m)}}  ", dim if stale else Style()))
         # recent utilization
         if layout.spark:
             width = layout.spark
@@ -844,9 +865,15 @@ def column_titles(width: int, sort: str | None, compact: bool, per_gpu: int = PE
         f"  {'#':>2} {model}{util}{mem}{t('TEMP', 'temp'):>5}  "
         f"{t('POWER', 'power'):>9}  "
         + (f"{'SM CLK':>7}  " if lay.clock else "")
+        + "".join(f"{extra_title(m):>{extra_width(m)}}  " for m in lay.extras)
         + (f"{'RECENT':<{lay.spark}}  " if lay.spark else "")
         + f"{t('FLAGS', 'flags')} · JOB · USER · BURN · OWNERS"
     )
+
+
+def extra_title(m: Metric) -> str:
+    """An extra column's title: PCIe's with its unit (its figures are bare)."""
+    return f"{m.title[-2:]} GB/s" if m.shown == "GB/s" else m.title
 
 
 class GpuColumns(Widget):

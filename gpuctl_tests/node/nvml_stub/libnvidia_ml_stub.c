@@ -81,12 +81,12 @@ typedef struct {
 enum what {
     W_NAME, W_UUID, W_SERIAL, W_MEMORY, W_UTIL, W_TEMP, W_POWER, W_POWER_LIMIT, W_CLOCK,
     W_MAX_CLOCK, W_FAN, W_PSTATE, W_THROTTLE, W_ECC, W_RETIRED, W_REMAPPED, W_PROCS, W_MIG,
-    W_PCIE, W_EVENTS, W_PROCUTIL, W_COUNT
+    W_PCIE, W_EVENTS, W_PROCUTIL, W_CODEC, W_PCIE_TPUT, W_COUNT
 };
 static const char *WHATS[W_COUNT] = {
     "name", "uuid", "serial", "memory", "util", "temp", "power", "power_limit", "clock",
     "max_clock", "fan", "pstate", "throttle", "ecc", "retired", "remapped", "procs", "mig",
-    "pcie", "events", "procutil",
+    "pcie", "events", "procutil", "codec", "pcie_tput",
 };
 
 struct proc {
@@ -104,7 +104,7 @@ struct xid {
 typedef struct gpu {
     unsigned int index;
     char name[96], uuid[96], serial[32];
-    long long v[32]; /* numeric readings, indexed by FIELDS */
+    long long v[48]; /* numeric readings, indexed by FIELDS */
     int err[W_COUNT];
     long lost_after; /* -1: never */
     long samples;
@@ -121,14 +121,15 @@ enum field {
     F_DEFAULT_LIMIT_MW, F_SM_CLOCK, F_MEM_CLOCK, F_MAX_SM_CLOCK, F_MAX_MEM_CLOCK, F_FAN,
     F_PSTATE, F_THROTTLE, F_ECC_VOL_CORR, F_ECC_VOL_UNC, F_ECC_AGG_CORR, F_ECC_AGG_UNC,
     F_RETIRED_SBE, F_RETIRED_DBE, F_RETIRED_PENDING, F_ROWS_CORR, F_ROWS_UNC, F_ROWS_PENDING,
-    F_ROWS_FAILURE, F_MIG, F_PCIE_GEN, F_PCIE_WIDTH, F_COUNT
+    F_ROWS_FAILURE, F_MIG, F_PCIE_GEN, F_PCIE_WIDTH, F_ENC, F_DEC, F_PCIE_TX_KB, F_PCIE_RX_KB,
+    F_COUNT
 };
 static const char *FIELDS[F_COUNT] = {
     "mem_total_mib", "mem_used_mib", "util_gpu", "util_mem", "temp", "power_mw", "limit_mw",
     "default_limit_mw", "sm_clock", "mem_clock", "max_sm_clock", "max_mem_clock", "fan",
     "pstate", "throttle", "ecc_vol_corr", "ecc_vol_unc", "ecc_agg_corr", "ecc_agg_unc",
     "retired_sbe", "retired_dbe", "retired_pending", "rows_corr", "rows_unc", "rows_pending",
-    "rows_failure", "mig", "pcie_gen", "pcie_width",
+    "rows_failure", "mig", "pcie_gen", "pcie_width", "enc", "dec", "pcie_tx_kb", "pcie_rx_kb",
 };
 
 /* node-shape readings (defined near the end): -1 from shape_set = no such field */
@@ -195,6 +196,10 @@ static void gpu_defaults(gpu_t *g, unsigned int i)
     g->v[F_ROWS_CORR] = i;
     g->v[F_PCIE_GEN] = 5;
     g->v[F_PCIE_WIDTH] = 16;
+    g->v[F_ENC] = 5 + i;
+    g->v[F_DEC] = 7 + i;
+    g->v[F_PCIE_TX_KB] = 1000 + i;
+    g->v[F_PCIE_RX_KB] = 2000 + i;
     g->lost_after = -1;
 }
 
@@ -597,6 +602,33 @@ nvmlReturn_t nvmlDeviceGetFanSpeed(gpu_t *g, unsigned int *pct)
 {
     CHECK(g, W_FAN);
     *pct = (unsigned int)g->v[F_FAN];
+    return NVML_SUCCESS;
+}
+
+/* codec: both the video encoder and decoder utilization ("error GPU 3 codec") */
+nvmlReturn_t nvmlDeviceGetEncoderUtilization(gpu_t *g, unsigned int *pct, unsigned int *period_us)
+{
+    CHECK(g, W_CODEC);
+    *pct = (unsigned int)g->v[F_ENC];
+    *period_us = 167000;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetDecoderUtilization(gpu_t *g, unsigned int *pct, unsigned int *period_us)
+{
+    CHECK(g, W_CODEC);
+    *pct = (unsigned int)g->v[F_DEC];
+    *period_us = 167000;
+    return NVML_SUCCESS;
+}
+
+/* counter 0: TX bytes, 1: RX bytes (nvmlPcieUtilCounter_t); KB/s as NVML answers */
+nvmlReturn_t nvmlDeviceGetPcieThroughput(gpu_t *g, int counter, unsigned int *kb_per_s)
+{
+    CHECK(g, W_PCIE_TPUT);
+    if (counter != 0 && counter != 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *kb_per_s = (unsigned int)g->v[counter == 0 ? F_PCIE_TX_KB : F_PCIE_RX_KB];
     return NVML_SUCCESS;
 }
 
