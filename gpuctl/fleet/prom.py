@@ -40,6 +40,7 @@ import base64
 import contextlib
 import itertools
 import math
+import re
 import ssl
 import statistics
 import time
@@ -392,18 +393,38 @@ def _selector(names: tuple[str, ...], matchers: str) -> str:
     return f'{{__name__=~"{alternatives}"{extra}}}'
 
 
-def queries(matchers: str) -> list[tuple[Metric | None, str]]:
+def stamp_query(matchers: str) -> str:
+    """Each host's newest sample time (the utilisation's ``timestamp()``, ``max`` per host),
+    every host label kept: a poll's first query, small (a series per host)."""
+    return f"max by ({', '.join(HOST_LABELS)}) (timestamp({_selector(UTIL.names, matchers)}))"
+
+
+def queries(
+    matchers: str, host_labels: tuple[str, ...] = HOST_LABELS
+) -> list[tuple[Metric | None, str]]:
     """The instant queries of one poll: (metric, PromQL); the metric None is the sample-time
-    query. Each keeps only the labels it needs (``max by``)."""
-    hosts = ", ".join(HOST_LABELS)
+    query. Each keeps only the labels it needs (``max by``): ``host_labels``, the labels that
+    name the hosts (``instance`` is on every series: kept when not needed it made each series
+    of an answer a third longer, for Prometheus to write and gpuctl to decode)."""
+    hosts = ", ".join(host_labels)
     statics = ", ".join((*UUID_LABELS, *MODEL_LABELS, DRIVER_LABEL))
-    out: list[tuple[Metric | None, str]] = [
-        (None, f"max by ({hosts}) (timestamp({_selector(UTIL.names, matchers)}))")
-    ]
+    out: list[tuple[Metric | None, str]] = [(None, stamp_query(matchers))]
     for m in METRICS:
         by = f"{hosts}, gpu, {statics}, {JOB_LABEL}" if m is UTIL else f"{hosts}, gpu"
         out.append((m, f"max by ({by}) ({_selector(m.names, matchers)})"))
     return out
+
+
+_REGEX_SPECIAL = re.compile(r"([\\.+*?()|\[\]{}^$])")
+
+
+def hosts_matcher(label: str, hosts: list[str]) -> str | None:
+    """A matcher for exactly ``hosts`` by ``label`` (a set of literals: Prometheus looks each
+    up in its index, no regex scan), or None where a name cannot be written in one."""
+    if not hosts or any("`" in h for h in hosts):
+        return None
+    alternatives = "|".join(_REGEX_SPECIAL.sub(r"\\\1", h) for h in hosts)
+    return f"{label}=~`{alternatives}`"
 
 
 def group(answers: list[tuple[Metric | None, list[Series]]]) -> dict[str, NodeReading]:
@@ -768,7 +789,8 @@ class PromSource:
         self.client = PromClient(target)
         self.interval = interval
         self.clock = clock
-        self.queries = queries(target.matchers())
+        self.stamp_query = stamp_query(target.matchers())
+        self.queries = queries(target.matchers())  # the last poll's (tests count them)
         self.latest: dict[str, NodeReading] = {}
         self.links: dict[str, PromLink] = {}
         self.error: PromError | None = None
@@ -789,25 +811,71 @@ class PromSource:
         polls are rarer (the hello's ``interval``: a node is stale after three)."""
         return max(self.interval, self.period)
 
+    def _plan(self, stamped: list[Series]) -> tuple[set[str], list[tuple[Metric | None, str]]]:
+        """From the stamp query's answer: the hosts with a sample newer than the one held
+        (``moved``), and the queries for their readings. Only those are asked for: at a
+        5 s poll over a 15 s scrape a poll's answers hold a third of the GPUs, not every
+        one (the rest would be decoded, grouped and dropped as not new)."""
+        stamps: dict[str, float] = {}
+        labels: set[str] = set()
+        for s in stamped:
+            host, t = s.metric.host(), _number(s.value[1])
+            if host and t is not None and t > stamps.get(host, -math.inf):
+                stamps[host] = t
+                labels.add(s.metric.host_label())
+        moved = set()
+        for host, t in stamps.items():
+            held = self.latest.get(host)
+            if held is None or held.t is None or t > held.t:
+                moved.add(host)
+        if not moved:
+            return moved, []
+        matchers = self.target.matchers()
+        if len(labels) == 1 and 2 * len(moved) <= len(stamps):
+            # a third of the hosts by name: Prometheus reads only theirs (a set of names is
+            # looked up in its index); past half, asking for all costs less than the names
+            hosts = hosts_matcher(next(iter(labels)), sorted(moved))
+            matchers = ", ".join(m for m in (matchers, hosts) if m)
+        by = tuple(label for label in HOST_LABELS if label in labels)
+        return moved, queries(matchers, by)[1:]
+
+    def _readings(
+        self,
+        stamped: list[Series],
+        moved: set[str],
+        asked: list[tuple[Metric | None, str]],
+        answers: list[list[Series]],
+    ) -> dict[str, NodeReading]:
+        self.queries = [(None, self.stamp_query), *asked]
+        nodes = group(
+            [(None, stamped), *((m, a) for (m, _q), a in zip(asked, answers, strict=True))]
+        )
+        return {h: r for h, r in nodes.items() if h in moved}
+
     def _poll_blocking(self) -> dict[str, NodeReading]:
         """A poll from outside the event loop (``discover``): the queries at once, in threads
         (one after the other took 27 round trips: seconds at 16,384 GPUs)."""
         from concurrent.futures import ThreadPoolExecutor
 
+        stamped = self.client.query(self.stamp_query)
+        moved, asked = self._plan(stamped)
         with ThreadPoolExecutor(max_workers=QUERIES_AT_ONCE) as pool:
-            answers = list(pool.map(self.client.query, [q for _m, q in self.queries]))
-        return group([(m, a) for (m, _q), a in zip(self.queries, answers, strict=True)])
+            answers = list(pool.map(self.client.query, [q for _m, q in asked]))
+        return self._readings(stamped, moved, asked, answers)
 
     async def poll(self) -> dict[str, NodeReading]:
-        """One poll: every query at once (threads), grouped per host. Raises PromError."""
+        """One poll: the hosts with a new sample (see ``_plan``), each metric's query for them
+        at once (threads), grouped per host. Raises PromError."""
+        stamped = await asyncio.to_thread(self.client.query, self.stamp_query)
+        moved, asked = self._plan(stamped)
         gate = asyncio.Semaphore(QUERIES_AT_ONCE)
 
         async def ask(promql: str) -> list[Series]:
             async with gate:
                 return await asyncio.to_thread(self.client.query, promql)
 
-        answers = await asyncio.gather(*(ask(q) for _m, q in self.queries))
-        return group([(m, a) for (m, _q), a in zip(self.queries, answers, strict=True)])
+        answers = await asyncio.gather(*(ask(q) for _m, q in asked))
+        return self._readings(stamped, moved, asked, answers)
 
     def discover(self) -> list[str]:
         """The hosts the store holds GPUs of now, sorted; makes the nodes' links. Raises
@@ -857,7 +925,7 @@ class PromSource:
             if link is not None:
                 link.update(reading)
         if self.fleet is not None:
-            self._publish_jobs(readings)
+            self._publish_jobs()
 
     def _add_hosts(self, readings: dict[str, NodeReading]) -> None:
         """Hosts the store holds GPUs of now and the fleet has no node for become nodes (a
@@ -871,14 +939,14 @@ class PromSource:
             link = self.links[host] = PromLink(self, host)
             self.fleet.add_node(host, link)
 
-    def _publish_jobs(self, readings: dict[str, NodeReading]) -> None:
+    def _publish_jobs(self) -> None:
         """Each GPU's Slurm job from the ``hpc_job`` labels, as the fleet's GPU annotation
         (``slurm_job``, what the squeue watch sets for agents; the label has no user); the
         nodes in ``jobs_from_squeue`` are left to that watch."""
         fleet = self.fleet
         assert fleet is not None
         holders: dict[tuple[str, int], str] = {}
-        for host, reading in readings.items():
+        for host, reading in self.latest.items():  # a poll reads the moved hosts only
             if host in self.jobs_from_squeue or host not in self.links:
                 continue
             for gpu, jobs in reading.jobs.items():
