@@ -541,6 +541,10 @@ class PromLink(NodeLink):
         # each GPU's XID as last told to the fleet: kept across reopenings, so the XID a GPU
         # already had when the node was first read is told once, at the first open
         self._xids: dict[int, int] = {}
+        # mixed: an XID the agent tells at once (NVML) and the store a scrape later is told
+        # once, by whichever side is first; (gpu, xid) -> when each side last told it
+        self._told_by_agent: dict[tuple[int, int], float] = {}
+        self._told_by_store: dict[tuple[int, int], float] = {}
         self._agent_session: AgentSession | None = None
         self._opening: asyncio.Task[AgentSession] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -607,6 +611,15 @@ class PromLink(NodeLink):
                 if isinstance(msg, Sample):
                     continue  # the store's samples are the node's
                 if isinstance(msg, NodeEvent):
+                    xid = msg.detail.get("xid") if msg.kind == "xid" else None
+                    if (
+                        isinstance(xid, int)
+                        and msg.gpu is not None
+                        and self._told_by_other(
+                            self._told_by_store, self._told_by_agent, msg.gpu, xid
+                        )
+                    ):
+                        continue
                     self._feed(
                         {
                             "type": "event",
@@ -699,6 +712,23 @@ class PromLink(NodeLink):
             "gpus": list(self._statics.values()),
         }
 
+    def _told_by_other(
+        self,
+        other: dict[tuple[int, int], float],
+        mine: dict[tuple[int, int], float],
+        gpu: int,
+        xid: int,
+    ) -> bool:
+        """Whether the other side (agent or store) told ``xid`` on ``gpu`` lately: the same
+        error, not to be told twice. Else notes that this side tells it now. Lately: within
+        three scrape periods (the store's value comes a scrape and a poll after NVML's event)."""
+        now = self.source.clock()
+        told = other.get((gpu, xid))
+        if told is not None and now - told <= 3 * self.source.staleness_period:
+            return True
+        mine[(gpu, xid)] = now
+        return False
+
     def _feed(self, msg: JsonObject) -> None:
         if self._reader is not None:
             self._reader.feed_data(protocol.encode(msg))
@@ -727,7 +757,9 @@ class PromLink(NodeLink):
             if not isinstance(xid, int) or xid == self._xids.get(index, 0):
                 continue
             self._xids[index] = xid
-            if xid > 0:
+            if xid > 0 and not self._told_by_other(
+                self._told_by_agent, self._told_by_store, index, xid
+            ):
                 self._feed(
                     {
                         "type": "event",

@@ -345,6 +345,57 @@ async def test_mixed_watches_through_prometheus_and_acts_through_the_agent() -> 
         exporter.close()
 
 
+async def test_mixed_tells_an_xid_once() -> None:
+    """A mixed node hears an XID twice: from its agent (NVML, at once) and from the store (a
+    scrape later, DCGM exporter's XID_ERRORS): it is told once, whichever comes first."""
+    exporter = StandInExporter("localhost")
+    try:
+        with prometheus([exporter.address]) as prom:
+            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
+            fleet = site_fleet(
+                prom.url,
+                'via = "local"\nsimulate = "2:H100"\n'
+                "prometheus_match = '{Hostname=\"localhost\"}'\n",
+            )
+            link = fleet.nodes["localhost"].link
+            assert isinstance(link, PromLink)
+            source = link.source
+            xids: list[tuple[int | None, object]] = []
+            fleet.on_event(
+                lambda _n, e: xids.append((e.gpu, e.detail["xid"])) if e.kind == "xid" else None
+            )
+
+            def store_xid(gpu: int) -> object:
+                reading = source.latest.get("localhost")
+                return reading is not None and reading.gpus.get(gpu, {}).get("xid")
+
+            await fleet.start()
+            try:
+                await until(lambda: fleet.snapshot("localhost").gpus, "the node's GPUs")
+                # the agent first (it opens for this request), the store a scrape later
+                await fleet.request(
+                    "localhost", {"type": "simulate", "action": "xid", "gpu": 0, "xid": 79}
+                )
+                await until(lambda: xids, "the agent's XID")
+                exporter.set(0, xid=79)
+                await until(lambda: store_xid(0) == 79, "the store's XID")
+                # the store first, the agent after; then another the agent alone has
+                exporter.set(1, xid=48)
+                await until(lambda: (1, 48) in xids, "the store's XID")
+                for gpu, xid in ((1, 48), (1, 13)):
+                    await fleet.request(
+                        "localhost", {"type": "simulate", "action": "xid", "gpu": gpu, "xid": xid}
+                    )
+                await until(lambda: (1, 13) in xids, "the agent's second XID")
+                polls = source.polls
+                await until(lambda: source.polls >= polls + 2, "two more polls")
+                assert xids == [(0, 79), (1, 48), (1, 13)]
+            finally:
+                await fleet.stop()
+    finally:
+        exporter.close()
+
+
 def test_status_json_and_table_through_prometheus(site: Site) -> None:
     r = gpuctl("status", "--prometheus", site.prom.url, "--json")
     assert r.returncode == 0, r.stderr
