@@ -64,6 +64,7 @@ from gpuctl.node import protocol
 
 if TYPE_CHECKING:
     from gpuctl.fleet.fleet import Fleet
+    from gpuctl.fleet.slurm import JobWatcher
 
 HOST_LABELS = ("Hostname", "hostname", "node", "instance")  # the first one present names it
 UUID_LABELS = ("UUID", "uuid")
@@ -835,6 +836,11 @@ class PromSource:
         self.fleet: Fleet | None = None
         self.adds_hosts = False  # a cluster of every host the store holds (not mixed)
         self.jobs_from_squeue: set[str] = set()  # nodes whose jobs gpuctl's squeue watch tells
+        # a cluster with ``slurm = true``: squeue tells each GPU's job and user (the hpc_job
+        # label has no user); hosts added later join ``job_watcher``'s nodes
+        self.squeue = False
+        self.squeue_conf: str | None = None
+        self.job_watcher: JobWatcher | None = None
         self.jobs_shown: dict[tuple[str, int], str] = {}
 
     @property
@@ -970,6 +976,9 @@ class PromSource:
                 continue  # no GPU yet, or a node of another cluster by that name
             link = self.links[host] = PromLink(self, host)
             self.fleet.add_node(host, link)
+            if self.job_watcher is not None:
+                self.job_watcher.nodes.add(host)
+                self.jobs_from_squeue.add(host)
 
     def _publish_jobs(self) -> None:
         """Each GPU's Slurm job from the ``hpc_job`` labels, as the fleet's GPU annotation

@@ -40,6 +40,7 @@ from gpuctl_tests.harness.prometheus import (
     free_port,
     prometheus,
 )
+from gpuctl_tests.harness.slurm import SlurmCluster
 from gpuctl_tests.helpers import node_env
 
 MIB = 1 << 20
@@ -253,6 +254,38 @@ async def test_a_host_that_appears_later_becomes_a_node() -> None:
         first.close()
         if late is not None:
             late.close()
+
+
+@pytest.mark.slurm
+async def test_slurm_jobs_and_users_come_from_squeue(slurm_cluster: SlurmCluster) -> None:
+    """A Prometheus-only cluster with ``slurm = true``: gpuctl's squeue watch tells each GPU's
+    job and its user (DCGM exporter's hpc_job label has no user), for the store's hosts."""
+    exporter = StandInExporter(slurm_cluster.node)
+    out = await asyncio.to_thread(
+        slurm_cluster.run, ["sbatch", "--parsable", "--gpus=1", "-J", "gpu", "--wrap", "sleep 300"]
+    )
+    job = out.stdout.strip().split(";")[0]
+    try:
+        with prometheus([exporter.address]) as prom:
+            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
+            fleet = site_fleet(
+                prom.url, f'slurm = true\nslurm_conf = "{slurm_cluster.conf_path}"\n'
+            )
+            assert list(fleet.nodes) == [slurm_cluster.node]
+
+            def holders() -> list[tuple[object, object]]:
+                notes = fleet.snapshot(slurm_cluster.node).annotations.values()
+                return [(n.get("slurm_job"), n.get("slurm_user")) for n in notes if n]
+
+            await fleet.start()
+            try:
+                await until(lambda: holders(), "the job's GPU annotated", timeout=60)
+                assert holders() == [(job, slurm_cluster.user)]
+            finally:
+                await fleet.stop()
+    finally:
+        exporter.close()
+        await asyncio.to_thread(slurm_cluster.cancel_all)
 
 
 async def test_history_comes_from_the_store(site: Site) -> None:
