@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import resource
@@ -317,6 +318,8 @@ def poll_answers(hosts: range, gpus: int, instance: bool) -> list[tuple[Any, byt
                 result.append({"metric": labels, "value": [1.8e9, "1799999990.1"]})
                 continue
             for i in range(gpus):
+                k = h * gpus + i  # values as a fleet's vary: integers repeat, floats seldom
+                value = str(k * 7 % 101) if metric.integer else f"{k * 37 % 70000 / 3:.3f}"
                 labels = {"Hostname": f"gpu{h:05d}", "gpu": str(i), **where}
                 if metric.key == "util_gpu":
                     labels.update(
@@ -324,7 +327,7 @@ def poll_answers(hosts: range, gpus: int, instance: bool) -> list[tuple[Any, byt
                         modelName="NVIDIA H100 80GB HBM3",
                         DCGM_FI_DRIVER_VERSION="550.54.15",
                     )
-                result.append({"metric": labels, "value": [1.8e9, "42"]})
+                result.append({"metric": labels, "value": [1.8e9, value]})
         answer = {"status": "success", "data": {"resultType": "vector", "result": result}}
         bodies.append((metric, json.dumps(answer).encode()))
     return bodies
@@ -371,7 +374,58 @@ def decode_only(args: argparse.Namespace) -> None:
     out["every_host_over_moved_hosts_cpu"] = round(
         out["every_host"]["cpu_s"] / out["moved_hosts"]["cpu_s"], 2
     )
+    readings = this_prom.group(
+        [(m, this_prom._VECTOR.decode(b).data.result) for m, b in shapes["every_host"]]
+    )
+    out["publish_moved_hosts"] = asyncio.run(publish_cpu(readings, moved, args))
     print(json.dumps(out, indent=1))
+
+
+async def publish_cpu(
+    readings: dict[str, Any], moved: int, args: argparse.Namespace
+) -> dict[str, float]:
+    """A fleet of one ``PromLink`` per host, every node live: the CPU seconds from handing it
+    ``moved`` hosts' new readings (``PromSource._take``) to every one of them published (the
+    fed lines read, decoded, the snapshots made), median of alternated rounds."""
+    source = this_prom.PromSource(this_prom.PromTarget("http://127.0.0.1:9"), interval=5.0)
+    source.period = args.scrape
+    now = time.time()
+    for reading in readings.values():
+        reading.t = now
+    source.latest = dict(readings)
+    names = sorted(readings)
+    source.links = {name: this_prom.PromLink(source, name) for name in names}
+    fleet = ClusterFleet(dict(source.links), stale_after=60.0)
+    waiting: set[str] = set(names)
+    done = asyncio.Event()
+
+    def on_snapshot(snap: NodeSnapshot) -> None:
+        if snap.gpus and snap.name in waiting and snap.last_sample_t == source.latest[snap.name].t:
+            waiting.discard(snap.name)
+            if not waiting:
+                done.set()
+
+    fleet.subscribe(on_snapshot)
+    await fleet.start()
+    await asyncio.wait_for(done.wait(), 120)
+    cpu, wall = [], []
+    for n in range(5):
+        hosts = names[(n * moved) % len(names) :][:moved]
+        t = time.time()
+        batch = {h: dataclasses.replace(source.latest[h], t=t) for h in hosts}
+        waiting.update(hosts)
+        done.clear()
+        c0, w0 = time.process_time(), time.perf_counter()
+        source._take(batch, publish=True)
+        await asyncio.wait_for(done.wait(), 120)
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - w0)
+    await fleet.stop()
+    return {
+        "nodes": moved,
+        "cpu_s": round(statistics.median(cpu), 3),
+        "wall_s": round(statistics.median(wall), 3),
+    }
 
 
 def main() -> None:

@@ -118,7 +118,7 @@ class Labels(msgspec.Struct, gc=False):
     """The labels gpuctl reads (``HOST_LABELS``, ``gpu``, ``UUID_LABELS``, ``MODEL_LABELS``,
     ``DRIVER_LABEL``); any other is skipped while decoding. A poll's answers for 16,384 GPUs
     hold 440,000 label sets: decoding them costs ~0.6 s of CPU here (``json.loads`` into
-    dicts 1.7x that) and grouping them ~0.3 s (``benchmarks/prom_scale.py --decode-only``)."""
+    dicts 3.7x that) and grouping them ~0.26 s (``benchmarks/prom_scale.py --decode-only``)."""
 
     Hostname: str = ""
     hostname: str = ""
@@ -143,9 +143,18 @@ class Labels(msgspec.Struct, gc=False):
         return HOST_LABELS[0]
 
 
+class Value(msgspec.Struct, array_like=True, gc=False):
+    """An instant vector's ``[time, "value"]``: a struct, not a tuple, as tuples are tracked
+    by the GC (decoding 26 answers of 16,384 series with 2 million objects alive: 0.15 s,
+    0.17 s with tuples)."""
+
+    t: float
+    text: str
+
+
 class Series(msgspec.Struct, gc=False):
     metric: Labels
-    value: tuple[float, str]
+    value: Value
 
 
 class RangeSeries(msgspec.Struct, gc=False):
@@ -438,6 +447,9 @@ def hosts_matcher(label: str, hosts: list[str]) -> str | None:
     return f"{label}=~`{alternatives}`"
 
 
+_GPU_INDEX = {str(i): i for i in range(256)}  # a GPU's label text -> its index
+
+
 def group(answers: list[tuple[Metric | None, list[Series]]]) -> dict[str, NodeReading]:
     """Per host, the readings of one poll's answers (see ``queries``)."""
     nodes: dict[str, NodeReading] = {}
@@ -445,7 +457,7 @@ def group(answers: list[tuple[Metric | None, list[Series]]]) -> dict[str, NodeRe
         if metric is None:
             for s in series:
                 host = s.metric.host()
-                v = _number(s.value[1])
+                v = _number(s.value.text)
                 if not host or v is None:
                     continue
                 node = nodes.get(host)
@@ -454,15 +466,21 @@ def group(answers: list[tuple[Metric | None, list[Series]]]) -> dict[str, NodeRe
                 node.t = v if node.t is None else max(node.t, v)
             continue
         # the loop runs once per GPU per metric (440,000 times a poll at 16,384 GPUs): what
-        # does not change within it is read once
+        # does not change within it is read once, and a value's text is converted once a
+        # metric (counters and gauges repeat a few values: "0", "1980"): grouping every host
+        # of a poll 0.35 -> 0.26 s, the moved third 0.11 -> 0.06 s
         key, table, integer, label = metric.key, metric.table, metric.integer, metric.label
+        converted: dict[str, float | int | None] = {}
         for s in series:
             labels = s.metric
             host = labels.Hostname or labels.host()
-            gpu_text = labels.gpu
-            if not host or not gpu_text.isdigit():
+            gpu = _GPU_INDEX.get(labels.gpu)
+            if gpu is None:
+                if not labels.gpu.isdigit():
+                    continue
+                gpu = int(labels.gpu)
+            if not host:
                 continue
-            gpu = int(gpu_text)
             node = nodes.get(host)
             if node is None:
                 node = nodes[host] = NodeReading(None, {}, {}, None, set())
@@ -470,9 +488,13 @@ def group(answers: list[tuple[Metric | None, list[Series]]]) -> dict[str, NodeRe
             values = node.gpus.get(gpu)
             if values is None:
                 values = node.gpus[gpu] = {}
-            v = _number(s.value[1])
-            if v is not None and integer:
-                v = int(v)
+            text = s.value.text
+            if text in converted:
+                v = converted[text]
+            else:
+                v = converted[text] = _number(text)
+                if v is not None and integer:
+                    v = converted[text] = int(v)
             if table is None:
                 values[key] = v
             else:
@@ -867,7 +889,7 @@ class PromSource:
         stamps: dict[str, float] = {}
         labels: set[str] = set()
         for s in stamped:
-            host, t = s.metric.host(), _number(s.value[1])
+            host, t = s.metric.host(), _number(s.value.text)
             if host and t is not None and t > stamps.get(host, -math.inf):
                 stamps[host] = t
                 labels.add(s.metric.host_label())
