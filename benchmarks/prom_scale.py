@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuctl.core.model import NodeSnapshot  # noqa: E402
+from gpuctl.fleet import eventloop  # noqa: E402
 from gpuctl.fleet import prom as this_prom  # noqa: E402
 from gpuctl.fleet.build import ClusterFleet  # noqa: E402
 from gpuctl_tests.harness.prometheus import (  # noqa: E402
@@ -377,7 +378,7 @@ def decode_only(args: argparse.Namespace) -> None:
     readings = this_prom.group(
         [(m, this_prom._VECTOR.decode(b).data.result) for m, b in shapes["every_host"]]
     )
-    out["publish_moved_hosts"] = asyncio.run(publish_cpu(readings, moved, args))
+    out["publish_moved_hosts"] = eventloop.run(publish_cpu(readings, moved, args))
     print(json.dumps(out, indent=1))
 
 
@@ -472,7 +473,8 @@ def main() -> None:
                 timeout=900,
             )
             print(f"{prom.url} holds every GPU; measuring", file=sys.stderr, flush=True)
-            result = asyncio.run(alternate(prom.url, args))
+            # the loop and collector settings ``gpuctl watch`` runs on
+            result = eventloop.run(alternate(prom.url, args))
     finally:
         exporters.kill()
         exporters.wait()
