@@ -894,9 +894,10 @@ class PromSource:
                 stamps[host] = t
                 labels.add(s.metric.host_label())
         moved = set()
+        mine = self.links if self.links and not self.adds_hosts else None  # mixed: its nodes
         for host, t in stamps.items():
             held = self.latest.get(host)
-            if held is None or held.t is None or t > held.t:
+            if (held is None or held.t is None or t > held.t) and (mine is None or host in mine):
                 moved.add(host)
         if not moved:
             return moved, []
