@@ -19,8 +19,13 @@ measures over ``--polls`` polls:
 With ``--decode-only``, no store: one poll's answers for N x G GPUs as Prometheus writes them,
 decoded (msgspec vs ``json.loads``) and grouped, in CPU seconds.
 
+With ``--baseline TREE`` (e.g. ``git worktree add /tmp/base <commit>``), TREE's
+``gpuctl/fleet/prom.py`` is measured too, on the same store: ``--rounds`` rounds, each this
+tree's then the baseline's, and the ratios printed (baseline over this).
+
 Usage: python benchmarks/prom_scale.py [--nodes 2048] [--gpus 8] [--interval 5] [--polls 12]
-       [--scrape 15] [--targets 8] [--tui] [--decode-only]
+       [--scrape 15] [--targets 8] [--tui] [--baseline TREE] [--rounds 1]
+       [--decode-only [--live-objects N]]
 """
 
 from __future__ import annotations
@@ -338,29 +343,41 @@ def decode_only(args: argparse.Namespace) -> None:
     """A poll's answers made here, decoded (msgspec typed vs ``json.loads``, alternated) and
     grouped per host, in CPU seconds of this process: ``every_host`` is what a poll of the base
     decoded (every GPU, the ``instance`` label kept); ``moved_hosts`` what one decodes now (the
-    hosts with a new sample: ``--interval`` / ``--scrape`` of them, host label and gpu)."""
+    hosts with a new sample: ``--interval`` / ``--scrape`` of them, host label and gpu); with
+    ``--baseline``, ``baseline_every_host`` is the base's poll by the base's code. With
+    ``--live-objects N``, N small dicts stay alive meanwhile, as the fleet's objects do in
+    gpuctl (the collector's full collections walk them)."""
+    live = [{"n": i} for i in range(args.live_objects)]
     moved = max(1, round(args.nodes * min(1.0, args.interval / args.scrape)))
-    shapes = {
-        "every_host": poll_answers(range(args.nodes), args.gpus, instance=True),
-        "moved_hosts": poll_answers(range(moved), args.gpus, instance=False),
+    every = poll_answers(range(args.nodes), args.gpus, instance=True)
+    shapes: dict[str, tuple[ModuleType, list[tuple[Any, bytes]]]] = {
+        "every_host": (this_prom, every),
+        "moved_hosts": (this_prom, poll_answers(range(moved), args.gpus, instance=False)),
     }
+    if args.baseline:
+        shapes["baseline_every_host"] = (load_baseline(args.baseline), every)
     typed: dict[str, list[float]] = {name: [] for name in shapes}
     grouping: dict[str, list[float]] = {name: [] for name in shapes}
     plain = []
     for _ in range(3):  # alternated
-        for name, bodies in shapes.items():
+        for name, (module, bodies) in shapes.items():
             t = time.process_time()
-            answers = [(m, this_prom._VECTOR.decode(b).data.result) for m, b in bodies]
+            answers = [(m, module._VECTOR.decode(b).data.result) for m, b in bodies]
             typed[name].append(time.process_time() - t)
             t = time.process_time()
-            this_prom.group(answers)
+            module.group(answers)
             grouping[name].append(time.process_time() - t)
+            del answers
         t = time.process_time()
-        for _m, b in shapes["every_host"]:
+        for _m, b in every:
             json.loads(b)
         plain.append(time.process_time() - t)
-    out: dict[str, Any] = {"gpus": args.nodes * args.gpus, "moved_nodes": moved}
-    for name, bodies in shapes.items():
+    out: dict[str, Any] = {
+        "gpus": args.nodes * args.gpus,
+        "moved_nodes": moved,
+        "live_objects": len(live),
+    }
+    for name, (_module, bodies) in shapes.items():
         decode, grouped = statistics.median(typed[name]), statistics.median(grouping[name])
         out[name] = {
             "answers_mb": round(sum(len(b) for _m, b in bodies) / 1e6, 1),
@@ -375,6 +392,10 @@ def decode_only(args: argparse.Namespace) -> None:
     out["every_host_over_moved_hosts_cpu"] = round(
         out["every_host"]["cpu_s"] / out["moved_hosts"]["cpu_s"], 2
     )
+    if args.baseline:
+        out["baseline_every_host_over_moved_hosts_cpu"] = round(
+            out["baseline_every_host"]["cpu_s"] / out["moved_hosts"]["cpu_s"], 2
+        )
     readings = this_prom.group(
         [(m, this_prom._VECTOR.decode(b).data.result) for m, b in shapes["every_host"]]
     )
@@ -445,6 +466,12 @@ def main() -> None:
         help="also measure TREE's gpuctl/fleet/prom.py (a git worktree of the base), alternated",
     )
     p.add_argument("--rounds", type=int, default=1, help="rounds of --polls polls per variant")
+    p.add_argument(
+        "--live-objects",
+        type=int,
+        default=0,
+        help="--decode-only: objects kept alive meanwhile (the fleet's, in gpuctl)",
+    )
     p.add_argument(
         "--decode-only", action="store_true", help="time decoding one poll's answers, no store"
     )
