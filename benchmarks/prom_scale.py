@@ -396,9 +396,7 @@ def decode_only(args: argparse.Namespace) -> None:
         out["baseline_every_host_over_moved_hosts_cpu"] = round(
             out["baseline_every_host"]["cpu_s"] / out["moved_hosts"]["cpu_s"], 2
         )
-    readings = this_prom.group(
-        [(m, this_prom._VECTOR.decode(b).data.result) for m, b in shapes["every_host"]]
-    )
+    readings = this_prom.group([(m, this_prom._VECTOR.decode(b).data.result) for m, b in every])
     out["publish_moved_hosts"] = eventloop.run(publish_cpu(readings, moved, args))
     print(json.dumps(out, indent=1))
 
