@@ -10,7 +10,7 @@ import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +328,27 @@ async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
     assert sorted(readings) == list(NODES)
     assert len(seen) == len(source.queries) and len(seen) < 30
     assert all("gpu=" not in q for q in seen)  # never one GPU's own query
+
+
+async def test_a_poll_asks_only_the_hosts_with_a_new_sample(site: Site) -> None:
+    """After the small stamp query, the metrics are asked for the hosts whose newest sample
+    is newer than the one held, by name, and by the one host label in use (no ``instance``):
+    at a 5 s poll of a 15 s scrape, a third of the GPUs."""
+    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    source._take(await source.poll(), publish=False)
+    stamped = source.client.query(source.stamp_query)
+    for host in NODES:  # node-b as if scraped since; the others not
+        t = source.latest[host].t
+        assert t is not None
+        source.latest[host] = replace(source.latest[host], t=t - 100 if host == "node-b" else 1e12)
+    moved, asked = source._plan(stamped)
+    assert moved == {"node-b"}
+    assert len(asked) == len(source.queries) - 1
+    assert all("Hostname=~`node-b`" in q and "instance" not in q for _m, q in asked)
+    answers = [source.client.query(q) for _m, q in asked]
+    readings = source._readings(stamped, moved, asked, answers)
+    assert list(readings) == ["node-b"]
+    assert [g["util_gpu"] for _i, g in sorted(readings["node-b"].gpus.items())] == [10, 20]
 
 
 async def test_mixed_watches_through_prometheus_and_acts_through_the_agent() -> None:
