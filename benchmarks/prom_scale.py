@@ -11,13 +11,17 @@ measures over ``--polls`` polls:
 * a poll's wall time (all queries at once, decoded, grouped per host), median and p95,
 * query to published: from a poll's start to the last node's snapshot with that poll's sample
   (polls that brought new samples), median and p95,
+* the answers' bytes a poll,
 * this process's CPU (user + system, threads included; Prometheus is another process) as a
-  share of one core, and its peak RSS,
+  share of one core and in seconds a poll, and its peak RSS (with ``--baseline``, of both
+  variants' fleets together: run without it for this tree's),
 * decoding one utilisation answer (all GPUs) with msgspec's typed structs vs ``json.loads``
   into dicts, alternated runs, as a ratio.
 
-With ``--decode-only``, no store: one poll's answers for N x G GPUs as Prometheus writes them,
-decoded (msgspec vs ``json.loads``) and grouped, in CPU seconds.
+With ``--decode-only``, no store: a poll's answers as Prometheus writes them, for every host
+(the base's poll) and for the hosts with a new sample (this one's), decoded (msgspec vs
+``json.loads``) and grouped, and the moved hosts published into a live fleet, in CPU seconds:
+figures that the machine's load disturbs less than the wall times above.
 
 With ``--baseline TREE`` (e.g. ``git worktree add /tmp/base <commit>``), TREE's
 ``gpuctl/fleet/prom.py`` is measured too, on the same store: ``--rounds`` rounds, each this
