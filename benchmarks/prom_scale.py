@@ -11,23 +11,33 @@ measures over ``--polls`` polls:
 * a poll's wall time (all queries at once, decoded, grouped per host), median and p95,
 * query to published: from a poll's start to the last node's snapshot with that poll's sample
   (polls that brought new samples), median and p95,
+* the answers' bytes a poll,
 * this process's CPU (user + system, threads included; Prometheus is another process) as a
-  share of one core, and its peak RSS,
+  share of one core and in seconds a poll, and its peak RSS (with ``--baseline``, of both
+  variants' fleets together: run without it for this tree's),
 * decoding one utilisation answer (all GPUs) with msgspec's typed structs vs ``json.loads``
   into dicts, alternated runs, as a ratio.
 
-With ``--decode-only``, no store: one poll's answers for N x G GPUs as Prometheus writes them,
-decoded (msgspec vs ``json.loads``) and grouped, in CPU seconds.
+With ``--decode-only``, no store: a poll's answers as Prometheus writes them, for every host
+(the base's poll) and for the hosts with a new sample (this one's), decoded (msgspec vs
+``json.loads``) and grouped, and the moved hosts published into a live fleet, in CPU seconds:
+figures that the machine's load disturbs less than the wall times above.
+
+With ``--baseline TREE`` (e.g. ``git worktree add /tmp/base <commit>``), TREE's
+``gpuctl/fleet/prom.py`` is measured too, on the same store: ``--rounds`` rounds, each this
+tree's then the baseline's, and the ratios printed (baseline over this).
 
 Usage: python benchmarks/prom_scale.py [--nodes 2048] [--gpus 8] [--interval 5] [--polls 12]
-       [--scrape 15] [--targets 8] [--tui] [--decode-only]
+       [--scrape 15] [--targets 8] [--tui] [--baseline TREE] [--rounds 1]
+       [--decode-only [--live-objects N]]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import http.server
+import dataclasses
+import importlib.util
 import json
 import resource
 import statistics
@@ -36,15 +46,23 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuctl.core.model import NodeSnapshot  # noqa: E402
+from gpuctl.fleet import eventloop  # noqa: E402
+from gpuctl.fleet import prom as this_prom  # noqa: E402
 from gpuctl.fleet.build import ClusterFleet  # noqa: E402
-from gpuctl.fleet.prom import _VECTOR, PromLink, PromSource, PromTarget  # noqa: E402
-from gpuctl_tests.harness.prometheus import COUNTERS, gpu_values, prometheus  # noqa: E402
+from gpuctl_tests.harness.prometheus import (  # noqa: E402
+    COUNTERS,
+    gpu_values,
+    prometheus,
+    series_labels,
+    serve_metrics,
+)
 
 # The counters of DCGM exporter's default set that gpuctl reads (the rest only cost the store).
 READ = {
@@ -73,30 +91,10 @@ def render(hosts: list[str], gpus: int) -> bytes:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         for h, host in enumerate(hosts):
             for i in range(gpus):
-                lines.append(
-                    f'{name}{{gpu="{i}",UUID="GPU-{h:08d}-0000-0000-0000-{i:012d}",'
-                    f'pci_bus_id="00000000:{i + 7:02X}:00.0",device="nvidia{i}",'
-                    f'modelName="NVIDIA H100 80GB HBM3",Hostname="{host}",'
-                    f'DCGM_FI_DRIVER_VERSION="550.54.15"}} {values[key]}'
-                )
+                uuid = f"GPU-{h:08d}-0000-0000-0000-{i:012d}"
+                labels = series_labels(host, i, uuid, "NVIDIA H100 80GB HBM3")
+                lines.append(f"{name}{{{labels}}} {values[key]}")
     return ("\n".join(lines) + "\n").encode()
-
-
-def serve(body: bytes) -> http.server.ThreadingHTTPServer:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def pct(values: list[float], p: float) -> float:
@@ -109,13 +107,24 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    source = PromSource(PromTarget(url), interval=args.interval)
+async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[str, Any]:
+    """``args.polls`` polls of a fleet over ``url`` read by ``prom`` (gpuctl.fleet.prom, or
+    the baseline's): the raw figures, summed up by ``summary``."""
+    source = prom.PromSource(prom.PromTarget(url), interval=args.interval)
+    received = [0]  # the answers' bytes
+    post = source.client._post
+
+    def counting(path: str, form: dict[str, str]) -> bytes:
+        body: bytes = post(path, form)
+        received[0] += len(body)
+        return body
+
+    source.client._post = counting
     t = time.perf_counter()
     names = await asyncio.to_thread(source.discover)
     discover_s = time.perf_counter() - t
     print(f"discovered {len(names)} nodes in {discover_s:.1f} s", file=sys.stderr, flush=True)
-    source.links = {name: PromLink(source, name) for name in names}
+    source.links = {name: prom.PromLink(source, name) for name in names}
     fleet = ClusterFleet(dict(source.links), stale_after=3.0)
     poll_times: list[float] = []
     moved_counts: list[int] = []
@@ -184,6 +193,8 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     await all_live.wait()
     print("every node live", file=sys.stderr, flush=True)
     cpu0, wall0, polls0 = cpu_seconds(), time.perf_counter(), len(poll_times)
+    lats0 = len(latencies)
+    received[0] = 0
     while len(poll_times) - polls0 < args.polls:
         polled.clear()
         await polled.wait()
@@ -194,11 +205,12 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         await app_task
     else:
         await fleet.stop()
-    body = source.client._post("/api/v1/query", {"query": source.queries[1][1]})
+    bytes_per_poll = received[0] / args.polls
+    body = post("/api/v1/query", {"query": prom.queries("")[1][1]})
     msgspec_s, json_s = [], []
     for _ in range(5):  # alternated: the same answer, one decoder then the other
         t = time.perf_counter()
-        _VECTOR.decode(body)
+        prom._VECTOR.decode(body)
         msgspec_s.append(time.perf_counter() - t)
         t = time.perf_counter()
         json.loads(body)
@@ -207,15 +219,42 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "nodes": len(names),
         "gpus": sum(len(r.gpus) for r in source.latest.values()),
         "scrape_period_s": source.period,
-        "discover_s": round(discover_s, 2),
-        "poll_s_median": round(statistics.median(poll_times[polls0:]), 3),
-        "poll_s_p95": round(pct(poll_times[polls0:], 0.95), 3),
+        "discover_s": discover_s,
+        "polls": poll_times[polls0:],
+        "latencies": latencies[lats0:],
+        "moved": moved_counts[polls0:],
+        "cpu": cpu,
+        "wall": wall,
+        "bytes_per_poll": bytes_per_poll,
+        "answer_bytes": len(body),
+        "msgspec_s": msgspec_s,
+        "json_s": json_s,
+    }
+
+
+def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One variant's figures over its rounds."""
+    polls = [p for r in rounds for p in r["polls"]]
+    latencies = [x for r in rounds for x in r["latencies"]]
+    msgspec_s = [x for r in rounds for x in r["msgspec_s"]]
+    json_s = [x for r in rounds for x in r["json_s"]]
+    first = rounds[0]
+    return {
+        "nodes": first["nodes"],
+        "gpus": first["gpus"],
+        "scrape_period_s": round(first["scrape_period_s"], 2),
+        "discover_s": [round(r["discover_s"], 2) for r in rounds],
+        "poll_s_median": round(statistics.median(polls), 3),
+        "poll_s_p95": round(pct(polls, 0.95), 3),
         "query_to_published_s_median": round(statistics.median(latencies), 3),
         "query_to_published_s_p95": round(pct(latencies, 0.95), 3),
-        "nodes_with_a_new_sample_per_poll": moved_counts[polls0:],
-        "cpu_share_of_one_core": round(cpu / wall, 3),
-        "rss_peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "answer_bytes": len(body),
+        "nodes_with_a_new_sample_per_poll": [m for r in rounds for m in r["moved"]],
+        "answers_mb_per_poll": round(statistics.mean(r["bytes_per_poll"] for r in rounds) / 1e6, 2),
+        "cpu_share_of_one_core": round(
+            sum(r["cpu"] for r in rounds) / sum(r["wall"] for r in rounds), 3
+        ),
+        "cpu_s_per_poll": round(sum(r["cpu"] for r in rounds) / len(polls), 3),
+        "util_answer_bytes": first["answer_bytes"],
         "decode_msgspec_ms": round(1000 * statistics.median(msgspec_s), 1),
         "decode_json_loads_ms": round(1000 * statistics.median(json_s), 1),
         "json_loads_over_msgspec": round(
@@ -224,68 +263,193 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def load_baseline(tree: str) -> ModuleType:
+    """``tree``'s gpuctl/fleet/prom.py (e.g. a ``git worktree`` of the commit before a
+    change), as a module of its own beside this tree's: the two alternate on one store."""
+    path = Path(tree) / "gpuctl" / "fleet" / "prom.py"
+    spec = importlib.util.spec_from_file_location("gpuctl_baseline_prom", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"no {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+async def alternate(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``args.rounds`` rounds, each this tree's prom.py then the baseline's when given."""
+    variants: dict[str, ModuleType] = {"this": this_prom}
+    if args.baseline:
+        variants["baseline"] = load_baseline(args.baseline)
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    for n in range(args.rounds):
+        for name, module in variants.items():
+            print(f"round {n + 1}: {name}", file=sys.stderr, flush=True)
+            rounds[name].append(await measure(url, args, module))
+    result: dict[str, Any] = {name: summary(r) for name, r in rounds.items()}
+    if args.baseline:
+        this, base = result["this"], result["baseline"]
+        result["baseline_over_this"] = {
+            key: round(base[key] / this[key], 2) if this[key] else None
+            for key in (
+                "poll_s_median",
+                "poll_s_p95",
+                "query_to_published_s_median",
+                "query_to_published_s_p95",
+                "answers_mb_per_poll",
+                "cpu_s_per_poll",
+            )
+        }
+    result["rss_peak_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return result
+
+
 def serve_exporters(args: argparse.Namespace) -> None:
     """The stand-in exporters, in a process of their own (``--serve``): their CPU and memory
     must not count as gpuctl's. Prints their addresses, one line, then serves until killed."""
     hosts = [f"gpu{n:05d}" for n in range(args.nodes)]
     share = -(-len(hosts) // args.targets)
-    servers = [serve(render(hosts[i : i + share], args.gpus)) for i in range(0, len(hosts), share)]
+    bodies = [render(hosts[i : i + share], args.gpus) for i in range(0, len(hosts), share)]
+    servers = [serve_metrics(lambda body=body: body) for body in bodies]
     print(" ".join(f"127.0.0.1:{s.server_address[1]}" for s in servers), flush=True)
     threading.Event().wait()
 
 
-def decode_only(args: argparse.Namespace) -> None:
-    """One poll's answers as Prometheus writes them (``max by`` labels only), made here:
-    decoding them (msgspec typed vs ``json.loads``, alternated) and grouping them per host, as
-    CPU seconds of this process."""
-    from gpuctl.fleet.prom import group, queries
-
+def poll_answers(hosts: range, gpus: int, instance: bool) -> list[tuple[Any, bytes]]:
+    """One poll's answers for ``hosts`` as Prometheus writes them (``max by`` labels), made
+    here; with ``instance``, each series also has that label (the base's ``by`` kept it)."""
     bodies = []
-    for metric, _q in queries(""):
-        if metric is None:
-            result: list[dict[str, Any]] = [
-                {"metric": {"Hostname": f"gpu{h:05d}"}, "value": [1.8e9, "1799999990.1"]}
-                for h in range(args.nodes)
-            ]
-        else:
-            result = []
-            for h in range(args.nodes):
-                for i in range(args.gpus):
-                    labels = {"Hostname": f"gpu{h:05d}", "gpu": str(i)}
-                    if metric.key == "util_gpu":
-                        labels.update(
-                            UUID=f"GPU-{h:08d}-0000-0000-0000-{i:012d}",
-                            modelName="NVIDIA H100 80GB HBM3",
-                            DCGM_FI_DRIVER_VERSION="550.54.15",
-                        )
-                    result.append({"metric": labels, "value": [1.8e9, "42"]})
+    for metric, _q in this_prom.queries(""):
+        result: list[dict[str, Any]] = []
+        for h in hosts:
+            where = {"instance": f"10.0.{h // 256}.{h % 256}:9400"} if instance else {}
+            if metric is None:
+                labels = {"Hostname": f"gpu{h:05d}", **where}
+                result.append({"metric": labels, "value": [1.8e9, "1799999990.1"]})
+                continue
+            for i in range(gpus):
+                k = h * gpus + i  # values as a fleet's vary: integers repeat, floats seldom
+                value = str(k * 7 % 101) if metric.integer else f"{k * 37 % 70000 / 3:.3f}"
+                labels = {"Hostname": f"gpu{h:05d}", "gpu": str(i), **where}
+                if metric.key == "util_gpu":
+                    labels.update(
+                        UUID=f"GPU-{h:08d}-0000-0000-0000-{i:012d}",
+                        modelName="NVIDIA H100 80GB HBM3",
+                        DCGM_FI_DRIVER_VERSION="550.54.15",
+                    )
+                result.append({"metric": labels, "value": [1.8e9, value]})
         answer = {"status": "success", "data": {"resultType": "vector", "result": result}}
         bodies.append((metric, json.dumps(answer).encode()))
-    typed, plain, grouping = [], [], []
-    for _ in range(3):
+    return bodies
+
+
+def decode_only(args: argparse.Namespace) -> None:
+    """A poll's answers made here, decoded (msgspec typed vs ``json.loads``, alternated) and
+    grouped per host, in CPU seconds of this process: ``every_host`` is what a poll of the base
+    decoded (every GPU, the ``instance`` label kept); ``moved_hosts`` what one decodes now (the
+    hosts with a new sample: ``--interval`` / ``--scrape`` of them, host label and gpu); with
+    ``--baseline``, ``baseline_every_host`` is the base's poll by the base's code. With
+    ``--live-objects N``, N small dicts stay alive meanwhile, as the fleet's objects do in
+    gpuctl (the collector's full collections walk them)."""
+    live = [{"n": i} for i in range(args.live_objects)]
+    moved = max(1, round(args.nodes * min(1.0, args.interval / args.scrape)))
+    every = poll_answers(range(args.nodes), args.gpus, instance=True)
+    shapes: dict[str, tuple[ModuleType, list[tuple[Any, bytes]]]] = {
+        "every_host": (this_prom, every),
+        "moved_hosts": (this_prom, poll_answers(range(moved), args.gpus, instance=False)),
+    }
+    if args.baseline:
+        shapes["baseline_every_host"] = (load_baseline(args.baseline), every)
+    typed: dict[str, list[float]] = {name: [] for name in shapes}
+    grouping: dict[str, list[float]] = {name: [] for name in shapes}
+    plain = []
+    for _ in range(3):  # alternated
+        for name, (module, bodies) in shapes.items():
+            t = time.process_time()
+            answers = [(m, module._VECTOR.decode(b).data.result) for m, b in bodies]
+            typed[name].append(time.process_time() - t)
+            t = time.process_time()
+            module.group(answers)
+            grouping[name].append(time.process_time() - t)
+            del answers
         t = time.process_time()
-        answers = [(m, _VECTOR.decode(b).data.result) for m, b in bodies]
-        typed.append(time.process_time() - t)
-        t = time.process_time()
-        group(answers)
-        grouping.append(time.process_time() - t)
-        t = time.process_time()
-        for _m, b in bodies:
+        for _m, b in every:
             json.loads(b)
         plain.append(time.process_time() - t)
-    m, j = statistics.median(typed), statistics.median(plain)
-    print(
-        json.dumps(
-            {
-                "gpus": args.nodes * args.gpus,
-                "answers_mb": round(sum(len(b) for _m, b in bodies) / 1e6, 1),
-                "decode_msgspec_s": round(m, 3),
-                "decode_json_loads_s": round(j, 3),
-                "json_loads_over_msgspec": round(j / m, 2),
-                "group_s": round(statistics.median(grouping), 3),
-            }
-        )
+    out: dict[str, Any] = {
+        "gpus": args.nodes * args.gpus,
+        "moved_nodes": moved,
+        "live_objects": len(live),
+    }
+    for name, (_module, bodies) in shapes.items():
+        decode, grouped = statistics.median(typed[name]), statistics.median(grouping[name])
+        out[name] = {
+            "answers_mb": round(sum(len(b) for _m, b in bodies) / 1e6, 1),
+            "decode_msgspec_s": round(decode, 3),
+            "group_s": round(grouped, 3),
+            "cpu_s": round(decode + grouped, 3),
+        }
+    out["every_host"]["decode_json_loads_s"] = round(statistics.median(plain), 3)
+    out["every_host"]["json_loads_over_msgspec"] = round(
+        statistics.median(plain) / statistics.median(typed["every_host"]), 2
     )
+    out["every_host_over_moved_hosts_cpu"] = round(
+        out["every_host"]["cpu_s"] / out["moved_hosts"]["cpu_s"], 2
+    )
+    if args.baseline:
+        out["baseline_every_host_over_moved_hosts_cpu"] = round(
+            out["baseline_every_host"]["cpu_s"] / out["moved_hosts"]["cpu_s"], 2
+        )
+    readings = this_prom.group([(m, this_prom._VECTOR.decode(b).data.result) for m, b in every])
+    out["publish_moved_hosts"] = eventloop.run(publish_cpu(readings, moved, args))
+    print(json.dumps(out, indent=1))
+
+
+async def publish_cpu(
+    readings: dict[str, Any], moved: int, args: argparse.Namespace
+) -> dict[str, float]:
+    """A fleet of one ``PromLink`` per host, every node live: the CPU seconds from handing it
+    ``moved`` hosts' new readings (``PromSource._take``) to every one of them published (the
+    fed lines read, decoded, the snapshots made), median of alternated rounds."""
+    source = this_prom.PromSource(this_prom.PromTarget("http://127.0.0.1:9"), interval=5.0)
+    source.period = args.scrape
+    now = time.time()
+    for reading in readings.values():
+        reading.t = now
+    source.latest = dict(readings)
+    names = sorted(readings)
+    source.links = {name: this_prom.PromLink(source, name) for name in names}
+    fleet = ClusterFleet(dict(source.links), stale_after=60.0)
+    waiting: set[str] = set(names)
+    done = asyncio.Event()
+
+    def on_snapshot(snap: NodeSnapshot) -> None:
+        if snap.gpus and snap.name in waiting and snap.last_sample_t == source.latest[snap.name].t:
+            waiting.discard(snap.name)
+            if not waiting:
+                done.set()
+
+    fleet.subscribe(on_snapshot)
+    await fleet.start()
+    await asyncio.wait_for(done.wait(), 120)
+    cpu, wall = [], []
+    for n in range(5):
+        hosts = names[(n * moved) % len(names) :][:moved]
+        t = time.time()
+        batch = {h: dataclasses.replace(source.latest[h], t=t) for h in hosts}
+        waiting.update(hosts)
+        done.clear()
+        c0, w0 = time.process_time(), time.perf_counter()
+        source._take(batch, publish=True)
+        await asyncio.wait_for(done.wait(), 120)
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - w0)
+    await fleet.stop()
+    return {
+        "nodes": moved,
+        "cpu_s": round(statistics.median(cpu), 3),
+        "wall_s": round(statistics.median(wall), 3),
+    }
 
 
 def main() -> None:
@@ -298,6 +462,18 @@ def main() -> None:
     p.add_argument("--targets", type=int, default=8)
     p.add_argument("--tui", action="store_true", help="run the screen too (headless)")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--baseline",
+        metavar="TREE",
+        help="also measure TREE's gpuctl/fleet/prom.py (a git worktree of the base), alternated",
+    )
+    p.add_argument("--rounds", type=int, default=1, help="rounds of --polls polls per variant")
+    p.add_argument(
+        "--live-objects",
+        type=int,
+        default=0,
+        help="--decode-only: objects kept alive meanwhile (the fleet's, in gpuctl)",
+    )
     p.add_argument(
         "--decode-only", action="store_true", help="time decoding one poll's answers, no store"
     )
@@ -326,7 +502,8 @@ def main() -> None:
                 timeout=900,
             )
             print(f"{prom.url} holds every GPU; measuring", file=sys.stderr, flush=True)
-            result = asyncio.run(measure(prom.url, args))
+            # the loop and collector settings ``gpuctl watch`` runs on
+            result = eventloop.run(alternate(prom.url, args))
     finally:
         exporters.kill()
         exporters.wait()

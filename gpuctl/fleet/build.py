@@ -117,6 +117,12 @@ def fleet_from_config(
                 if name in links:
                     raise SlurmError(f"node {name} is in two clusters (one read from Prometheus)")
                 links[name] = prom_link
+            template = cluster.template
+            if template is not None and template.slurm:  # jobs and users from squeue
+                slurm_watch.setdefault(template.slurm_conf, []).extend(found)
+                owner.setdefault(template.slurm_conf, cluster.name)
+                source.squeue_conf = template.slurm_conf
+                source.squeue = True
             continue
         nodes, known = cluster_nodes(cluster)
         first = len(links)
@@ -153,6 +159,9 @@ def fleet_from_config(
         watcher = JobWatcher(fleet, names, client=_client(owner[conf], conf))
         fleet.watchers.append(watcher)
         fleet.services.append(watcher.run)
+        for source in sources:
+            if source.squeue and source.squeue_conf == conf:
+                source.job_watcher = watcher  # hosts that appear later are asked about too
     return fleet
 
 

@@ -10,7 +10,7 @@ import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from gpuctl_tests.harness.prometheus import (
     free_port,
     prometheus,
 )
+from gpuctl_tests.harness.slurm import SlurmCluster
 from gpuctl_tests.helpers import node_env
 
 MIB = 1 << 20
@@ -259,6 +260,38 @@ async def test_a_host_that_appears_later_becomes_a_node() -> None:
             late.close()
 
 
+@pytest.mark.slurm
+async def test_slurm_jobs_and_users_come_from_squeue(slurm_cluster: SlurmCluster) -> None:
+    """A Prometheus-only cluster with ``slurm = true``: gpuctl's squeue watch tells each GPU's
+    job and its user (DCGM exporter's hpc_job label has no user), for the store's hosts."""
+    exporter = StandInExporter(slurm_cluster.node)
+    out = await asyncio.to_thread(
+        slurm_cluster.run, ["sbatch", "--parsable", "--gpus=1", "-J", "gpu", "--wrap", "sleep 300"]
+    )
+    job = out.stdout.strip().split(";")[0]
+    try:
+        with prometheus([exporter.address]) as prom:
+            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
+            fleet = site_fleet(
+                prom.url, f'slurm = true\nslurm_conf = "{slurm_cluster.conf_path}"\n'
+            )
+            assert list(fleet.nodes) == [slurm_cluster.node]
+
+            def holders() -> list[tuple[object, object]]:
+                notes = fleet.snapshot(slurm_cluster.node).annotations.values()
+                return [(n.get("slurm_job"), n.get("slurm_user")) for n in notes if n]
+
+            await fleet.start()
+            try:
+                await until(lambda: holders(), "the job's GPU annotated", timeout=60)
+                assert holders() == [(job, slurm_cluster.user)]
+            finally:
+                await fleet.stop()
+    finally:
+        exporter.close()
+        await asyncio.to_thread(slurm_cluster.cancel_all)
+
+
 async def test_history_comes_from_the_store(site: Site) -> None:
     """The detail screen's history: what the store kept before this process saw the node is
     put before what it saw (``Fleet.backfill``, one query_range per plotted metric)."""
@@ -299,6 +332,27 @@ async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
     assert sorted(readings) == list(NODES)
     assert len(seen) == len(source.queries) == len(prom.METRICS) + 1
     assert all("gpu=" not in q for q in seen)  # never one GPU's own query
+
+
+async def test_a_poll_asks_only_the_hosts_with_a_new_sample(site: Site) -> None:
+    """After the small stamp query, the metrics are asked for the hosts whose newest sample
+    is newer than the one held, by name, and by the one host label in use (no ``instance``):
+    at a 5 s poll of a 15 s scrape, a third of the GPUs."""
+    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    source._take(await source.poll(), publish=False)
+    stamped = source.client.query(source.stamp_query)
+    for host in NODES:  # node-b as if scraped since; the others not
+        t = source.latest[host].t
+        assert t is not None
+        source.latest[host] = replace(source.latest[host], t=t - 100 if host == "node-b" else 1e12)
+    moved, asked = source._plan(stamped)
+    assert moved == {"node-b"}
+    assert len(asked) == len(source.queries) - 1
+    assert all("Hostname=~`node-b`" in q and "instance" not in q for _m, q in asked)
+    answers = [source.client.query(q) for _m, q in asked]
+    readings = source._readings(stamped, moved, asked, answers)
+    assert list(readings) == ["node-b"]
+    assert [g["util_gpu"] for _i, g in sorted(readings["node-b"].gpus.items())] == [10, 20]
 
 
 async def test_mixed_watches_through_prometheus_and_acts_through_the_agent() -> None:
@@ -343,6 +397,57 @@ async def test_mixed_watches_through_prometheus_and_acts_through_the_agent() -> 
                 assert done["verdict"] == "OK"
                 # the agent's own samples never replace the store's
                 assert [g.util_gpu for g in fleet.snapshot("localhost").gpus] == [10, 20]
+            finally:
+                await fleet.stop()
+    finally:
+        exporter.close()
+
+
+async def test_mixed_tells_an_xid_once() -> None:
+    """A mixed node hears an XID twice: from its agent (NVML, at once) and from the store (a
+    scrape later, DCGM exporter's XID_ERRORS): it is told once, whichever comes first."""
+    exporter = StandInExporter("localhost")
+    try:
+        with prometheus([exporter.address]) as prom:
+            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
+            fleet = site_fleet(
+                prom.url,
+                'via = "local"\nsimulate = "2:H100"\n'
+                "prometheus_match = '{Hostname=\"localhost\"}'\n",
+            )
+            link = fleet.nodes["localhost"].link
+            assert isinstance(link, PromLink)
+            source = link.source
+            xids: list[tuple[int | None, object]] = []
+            fleet.on_event(
+                lambda _n, e: xids.append((e.gpu, e.detail["xid"])) if e.kind == "xid" else None
+            )
+
+            def store_xid(gpu: int) -> object:
+                reading = source.latest.get("localhost")
+                return reading is not None and reading.gpus.get(gpu, {}).get("xid")
+
+            await fleet.start()
+            try:
+                await until(lambda: fleet.snapshot("localhost").gpus, "the node's GPUs")
+                # the agent first (it opens for this request), the store a scrape later
+                await fleet.request(
+                    "localhost", {"type": "simulate", "action": "xid", "gpu": 0, "xid": 79}
+                )
+                await until(lambda: xids, "the agent's XID")
+                exporter.set(0, xid=79)
+                await until(lambda: store_xid(0) == 79, "the store's XID")
+                # the store first, the agent after; then another the agent alone has
+                exporter.set(1, xid=48)
+                await until(lambda: (1, 48) in xids, "the store's XID")
+                for gpu, xid in ((1, 48), (1, 13)):
+                    await fleet.request(
+                        "localhost", {"type": "simulate", "action": "xid", "gpu": gpu, "xid": xid}
+                    )
+                await until(lambda: (1, 13) in xids, "the agent's second XID")
+                polls = source.polls
+                await until(lambda: source.polls >= polls + 2, "two more polls")
+                assert xids == [(0, 79), (1, 48), (1, 13)]
             finally:
                 await fleet.stop()
     finally:

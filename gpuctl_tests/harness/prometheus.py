@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,36 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def series_labels(hostname: str, gpu: int, uuid: str, model: str) -> str:
+    """A GPU's labels as DCGM exporter writes them (inside the braces)."""
+    return (
+        f'gpu="{gpu}",UUID="{uuid}",pci_bus_id="00000000:{gpu + 7:02X}:00.0",'
+        f'device="nvidia{gpu}",modelName="{model}",Hostname="{hostname}",'
+        'DCGM_FI_DRIVER_VERSION="550.54.15"'
+    )
+
+
+def serve_metrics(body: Callable[[], bytes], port: int = 0) -> http.server.ThreadingHTTPServer:
+    """An exporter's HTTP side on a loopback port (0: any free one): every GET is answered
+    ``body()`` as exposition text, from a thread of its own until ``shutdown()``."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            text = body()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 class StandInExporter:
     """One node's DCGM exporter: ``/metrics`` in its text format, from ``gpus`` (index ->
     values, see ``gpu_values``), on a loopback port of its own (``port``: one chosen before,
@@ -113,23 +143,7 @@ class StandInExporter:
         self.gpus: dict[int, dict[str, Any]] = {i: gpu_values(10 * (i + 1)) for i in range(gpus)}
         self.jobs: dict[int, list[str]] = {}
         self.lock = threading.Lock()
-        owner = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = owner.text().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.server = serve_metrics(lambda: self.text().encode(), port)
 
     @property
     def address(self) -> str:
@@ -156,11 +170,7 @@ class StandInExporter:
         for name, kind, help_text, key in COUNTERS:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
             for i, values in sorted(gpus.items()):
-                labels = (
-                    f'gpu="{i}",UUID="{self.uuid(i)}",pci_bus_id="00000000:{i + 7:02X}:00.0",'
-                    f'device="nvidia{i}",modelName="{self.model}",Hostname="{self.hostname}",'
-                    'DCGM_FI_DRIVER_VERSION="550.54.15"'
-                )
+                labels = series_labels(self.hostname, i, self.uuid(i), self.model)
                 for job in jobs.get(i) or [None]:
                     extra = f',hpc_job="{job}"' if job is not None else ""
                     lines.append(f"{name}{{{labels}{extra}}} {values[key]}")
