@@ -61,7 +61,8 @@ def test_status_of_a_hostlist_and_a_hostfile_without_a_config(
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].split() == [
-        "NODE", "GPU", "MODEL", "UTIL", "MEMORY", "TEMP", "POWER", "SM", "MHz", "USER", "FLAGS"
+        "NODE", "GPU", "MODEL", "UTIL", "MEMORY", "TEMP", "POWER", "SM", "MHz", "ENC", "DEC",
+        "PCIe", "TX", "PCIe", "RX", "USER", "FLAGS"
     ]  # fmt: skip
     assert [line.split()[:2] for line in lines[1:5]] == [
         ["gpu01", "0"], ["gpu01", "1"], ["gpu02", "0"], ["gpu02", "1"]

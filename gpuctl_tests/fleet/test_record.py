@@ -30,6 +30,7 @@ from gpuctl.fleet.record import (
     format_time,
 )
 from gpuctl.fleet.session import decode_sample
+from gpuctl.node.protocol import FROM_HELLO
 from gpuctl.tui.app import GpuctlApp
 from gpuctl.tui.replay import ReplayApp
 from gpuctl_tests.helpers import node_env, until, wait_until, wait_until_async
@@ -134,10 +135,25 @@ def test_csv_has_one_row_per_node_gpu_sample(recording: Path, tmp_path: Path) ->
     sample = samples_in(frames)[0]["m"]
     assert rows[0]["t"] == f"{sample['t']:.3f}" and rows[0]["time"].endswith("Z")
     # every reading of the metric registry is a column named by its key, with the wire's value
-    wire = [g for r in samples_in(frames) for g in r["m"]["gpus"]]
+    # (protocol 2: a field absent is null, and an "ok" GPU's FROM_HELLO fields are its hello's)
+    hellos = {
+        r["n"]: {g["index"]: g for g in r["m"]["gpus"]}
+        for f in frames
+        for r in f
+        if r["m"].get("type") == "hello"
+    }
+
+    def value(node: str, g: dict[str, Any], key: str) -> Any:
+        v = g.get(key)
+        if v is None and key in FROM_HELLO and g.get("state", "ok") == "ok":
+            v = hellos[node][g["index"]].get(key)
+        return v
+
+    wire = [(r["n"], g) for r in samples_in(frames) for g in r["m"]["gpus"]]
     assert {"enc", "dec", "pcie_tx", "pcie_rx"} <= set(CSV_READINGS)
     for key in CSV_READINGS:
-        assert [x[key] for x in rows] == ["" if g[key] is None else str(g[key]) for g in wire], key
+        want_key = ["" if (v := value(n, g, key)) is None else str(v) for n, g in wire]
+        assert [x[key] for x in rows] == want_key, key
     # --from: only samples received from then on
     reader = RecordingReader(recording)
     r = gpuctl("replay", str(recording), "--export-csv", "-", "--from", "2s")
