@@ -7,8 +7,8 @@
    clock around a synchronize, alternated ``--rounds`` times on the same device, dtype and size
    in this one process. Prints each pair, the ratio of medians and of the best rounds
    (target: within 5 %).
-2. The wall time of ``python -m gpuctl.workloads.accept --device cpu --quick`` as a user sees it
-   (a fresh process: torch import, torchrun with 2 gloo ranks included) and its sections' times.
+2. The wall time of ``python -m gpuctl.workloads.accept_suite --device cpu --quick`` as a user sees
+   it (a fresh process: torch import, torchrun with 2 gloo ranks included) and its sections' times.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from gpuctl.workloads.accept.suite import Suite, parse_args  # noqa: E402
+from gpuctl.workloads.accept_suite.suite import Suite, parse_args  # noqa: E402
 
 
 def bare_loop(device: torch.device, dtype: torch.dtype, n: int, seconds: float) -> float:
@@ -102,8 +102,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as d:
             t0 = time.perf_counter()
             proc = subprocess.run(
-                [sys.executable, "-m", "gpuctl.workloads.accept", "--device", "cpu", "--quick",
-                 "--report-dir", d, "--report-name", "r.json"],
+                [sys.executable, "-m", "gpuctl.workloads.accept_suite", "--device", "cpu",
+                 "--quick", "--report-dir", d, "--report-name", "r.json"],
                 capture_output=True, text=True, cwd=REPO,
             )  # fmt: skip
             wall = time.perf_counter() - t0

@@ -3,7 +3,7 @@
     python3 benchmarks/accept_sweep.py [--device cpu|cuda] [--nproc 2] [--largest 1M] [--rounds 3]
 
 Starts itself under torchrun (gloo on the CPU, NCCL on GPUs). For each size of the sweep, rank 0
-prints the suite's row (``gpuctl.workloads.accept.ddp.sweep``: warm-up, timed loop, slowest
+prints the suite's row (``workloads.accept_suite.ddp_rank.sweep``: warm-up, timed loop, slowest
 rank, then a checked collective) next to a bare ``dist.all_reduce`` / ``all_gather_into_tensor``
 loop timed with the host clock around a synchronize, alternated ``--rounds`` times, best of each
 kept; and the ratio suite/bare time (target: within 10 % where the time is above 100 us).
@@ -44,7 +44,7 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from gpuctl.workloads.accept.ddp import _sweep_row
+    from gpuctl.workloads.accept_suite.ddp_rank import _sweep_row
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", "0"))

@@ -50,9 +50,9 @@ import copy  # noqa: E402
 
 from gpuctl.core.model import NodeSnapshot, NodeState  # noqa: E402
 from gpuctl.fleet import export  # noqa: E402
+from gpuctl.fleet.fixed_links import ReplayLink, recorded_node  # noqa: E402
 from gpuctl.fleet.fleet import Fleet  # noqa: E402
 from gpuctl.fleet.links import NodeLink  # noqa: E402
-from gpuctl.fleet.replay import ReplayLink, recorded_node  # noqa: E402
 
 SCRAPER = """
 import json, sys, time, urllib.request

@@ -488,12 +488,19 @@ def part_burn(a: argparse.Namespace, results: Path) -> int:
 
 # -- ddp -----------------------------------------------------------------------------------
 def part_ddp(a: argparse.Namespace, results: Path) -> int:
-    from gpuctl.workloads.accept.schema import SECTIONS
+    from gpuctl.workloads.accept_suite.schema import SECTIONS
 
     keep = {"env", "ddp_allreduce", "ddp_train"}
     skip = [x for s in SECTIONS if s not in keep for x in ("--skip", s)]
     with tempfile.TemporaryDirectory(prefix="gpuctl-check-ddp-") as tmp:
-        cmd = [sys.executable, "-m", "gpuctl.workloads.accept", "--device", a.device, "--quick"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gpuctl.workloads.accept_suite",
+            "--device",
+            a.device,
+            "--quick",
+        ]
         cmd += ["--report-dir", tmp, "--ddp-procs", "1", *skip]
         say(f"[ddp] {' '.join(cmd[1:])}")
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=110)

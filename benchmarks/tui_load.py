@@ -63,7 +63,7 @@ def feeder(fds: list[int], gpus: int, interval: float, cycle: int = 0) -> None:
     if cycle > 0:
         cycled_feeder(fds, gpus, interval, cycle)
         return
-    from gpuctl.fleet.replay import recorded_node
+    from gpuctl.fleet.fixed_links import recorded_node
     from gpuctl.node import protocol
     from gpuctl.node.readers.sim import SimReader
 
@@ -93,7 +93,7 @@ def feeder(fds: list[int], gpus: int, interval: float, cycle: int = 0) -> None:
 
 
 def cycled_feeder(fds: list[int], gpus: int, interval: float, cycle: int) -> None:
-    from gpuctl.fleet.replay import recorded_node
+    from gpuctl.fleet.fixed_links import recorded_node
     from gpuctl.node import protocol
     from gpuctl.node.readers.sim import SimReader
 
@@ -140,8 +140,8 @@ def raise_open_files(needed: int) -> None:
 
 # -- app side -------------------------------------------------------------------------------------
 def pipe_link(fd: int) -> Any:
+    from gpuctl.fleet.fixed_links import _Discard
     from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
-    from gpuctl.fleet.replay import _Discard
     from gpuctl.fleet.session import AgentSession
 
     class PipeLink(NodeLink):

@@ -1,6 +1,6 @@
 """Regenerate docs/screenshot.svg from the app itself: python docs/screenshot.py
 
-The cluster is replayed (gpuctl.fleet.replay), so the picture is the same on every run: busy
+The cluster is replayed (gpuctl.fleet.fixed_links), so the picture is the same on every run: busy
 nodes, one GPU burning until it throttles, an XID, a Slurm job, a stale node, a refused one.
 """
 
@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpuctl.core.model import NodeState  # noqa: E402
+from gpuctl.fleet.fixed_links import FailingLink, ReplayLink, recorded_node  # noqa: E402
 from gpuctl.fleet.fleet import Fleet  # noqa: E402
 from gpuctl.fleet.links import NodeLink  # noqa: E402
-from gpuctl.fleet.replay import FailingLink, ReplayLink, recorded_node  # noqa: E402
 from gpuctl.tui import make_app  # noqa: E402
 
 T0 = 1_700_000_000.0

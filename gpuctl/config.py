@@ -337,7 +337,7 @@ _DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
 
 
 def _floors(v: Any) -> dict[str, dict[str, float]]:
-    from gpuctl.workloads.accept.peaks import check_floor
+    from gpuctl.workloads.accept_suite.peaks import check_floor
 
     if not isinstance(v, dict) or not all(isinstance(t, dict) for t in v.values()):
         raise _Bad(f"expected tables of dtype = fraction per GPU model, got {_show(v)}")
@@ -351,7 +351,7 @@ def _floors(v: Any) -> dict[str, dict[str, float]]:
 
 
 def _gemm_dtypes(v: Any) -> tuple[str, ...]:
-    from gpuctl.workloads.accept.peaks import DTYPE_COLUMN
+    from gpuctl.workloads.accept_suite.peaks import DTYPE_COLUMN
 
     names = _lines(v)
     bad = [d for d in names if d not in DTYPE_COLUMN]

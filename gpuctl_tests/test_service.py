@@ -262,7 +262,7 @@ def test_others_on_defaults_to_this_processes_user() -> None:
 
 
 def test_a_fleet_of_links_without_read_only_is_not_read_only() -> None:
-    from gpuctl.fleet.replay import FailingLink
+    from gpuctl.fleet.fixed_links import FailingLink
 
     assert not service.fleet_read_only(Fleet({"x": FailingLink("refused", "no")}))
     assert service.fleet_read_only(simulated_fleet([("a", "1")], read_only=True))

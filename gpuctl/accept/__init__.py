@@ -7,5 +7,5 @@
 - ``gpuctl.accept.history``: ``HistoryStore`` (SQLite in the user state dir), degradations,
   ``series`` for trend sparklines.
 
-Nothing here imports torch or textual; the suite itself is ``gpuctl.workloads.accept``.
+Nothing here imports torch or textual; the suite itself is ``gpuctl.workloads.accept_suite``.
 """

@@ -2,7 +2,7 @@
 
 The manifest is self-contained: a ConfigMap carries gpuctl's node bundle (the same zip the agents
 run, ~200 KB, under ConfigMap's 1 MiB limit), each Job's one pod mounts it and runs
-``python3 -m gpuctl.workloads.accept`` in the image given with ``--container`` (it must hold
+``python3 -m gpuctl.workloads.accept_suite`` in the image given with ``--container`` (it must hold
 torch with CUDA, e.g. ``nvcr.io/nvidia/pytorch:24.05-py3``). The suite starts torchrun itself
 for its DDP sections (one torchrun per node, ``--nproc-per-node`` = the GPUs asked for). The pod
 asks for ``nvidia.com/gpu`` (the NVIDIA device plugin), gets a memory-backed ``/dev/shm`` for
@@ -116,7 +116,7 @@ def _job(
     command = [
         "python3",
         "-m",
-        "gpuctl.workloads.accept",
+        "gpuctl.workloads.accept_suite",
         *suite_args,
         "--node-name",
         "$(NODE_NAME)",  # Kubernetes expands $(VAR) from the container's env

@@ -38,8 +38,8 @@ from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fleet import EventListener, Fleet, Listener
 from gpuctl.fleet.links import LocalLink
 from gpuctl.fleet.session import LinkError, refusal
-from gpuctl.workloads.accept.peaks import format_floors
-from gpuctl.workloads.accept.schema import SCHEMA_VERSION, SECTIONS
+from gpuctl.workloads.accept_suite.peaks import format_floors
+from gpuctl.workloads.accept_suite.schema import SCHEMA_VERSION, SECTIONS
 
 CLUSTER_SCHEMA = "gpuctl.accept.cluster"
 PENDING, RUNNING = "pending", "running"
@@ -73,7 +73,7 @@ class AcceptOptions:
     extra_args: tuple[str, ...] = ()
 
     def suite_args(self, expectation: Expectation | None = None) -> list[str]:
-        """Options for ``python -m gpuctl.workloads.accept`` (``expectation``: the node's
+        """Options for ``python -m gpuctl.workloads.accept_suite`` (``expectation``: the node's
         expected GPU count, ``gpuctl.accept.expect``; a typed ``expect_gpus`` wins)."""
         args = ["--device", self.device]
         if self.quick:

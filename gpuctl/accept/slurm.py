@@ -47,7 +47,7 @@ from gpuctl.reach.slurm import (
     pyxis_args,
     sbatch_path,
 )
-from gpuctl.workloads.accept.schema import SECTIONS
+from gpuctl.workloads.accept_suite.schema import SECTIONS
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def batch_script(
     suite = [
         q(python),
         "-m",
-        "gpuctl.workloads.accept",
+        "gpuctl.workloads.accept_suite",
         *(q(a) for a in options.suite_args()),
         "--report-dir",
         '"$JOB/reports"',

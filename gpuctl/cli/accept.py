@@ -40,8 +40,8 @@ from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_ru
 from gpuctl.cli.common import emit_json, load_user_config
 from gpuctl.cli.main import mutating as _mutating
 from gpuctl.config import Config, NodeConfig
-from gpuctl.workloads.accept.render import summary_table, table
-from gpuctl.workloads.accept.schema import MARKERS, RESULT_FAILURE, RESULT_SUCCESS, SECTIONS
+from gpuctl.workloads.accept_suite.render import summary_table, table
+from gpuctl.workloads.accept_suite.schema import MARKERS, RESULT_FAILURE, RESULT_SUCCESS, SECTIONS
 
 RESULT_WARNING = "[RESULT] WARNING"
 
@@ -178,7 +178,7 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
     conf = config.accept
     dtypes = conf.dtypes
     if args.dtypes is not None:
-        from gpuctl.workloads.accept.peaks import DTYPE_COLUMN
+        from gpuctl.workloads.accept_suite.peaks import DTYPE_COLUMN
 
         dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
         bad = [d for d in dtypes if d not in DTYPE_COLUMN]
@@ -217,7 +217,7 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
 
 def _burn_args(text: str | None) -> tuple[str, ...]:
     """``("--burn", seconds)`` for the suite, () without a burn; a bad duration is one line."""
-    from gpuctl.workloads.accept.sections.burn import parse_duration
+    from gpuctl.workloads.accept_suite.sections.burn import parse_duration
 
     if text is None:
         return ()
@@ -230,7 +230,7 @@ def _burn_args(text: str | None) -> tuple[str, ...]:
 
 def _floor_args(text: str | None) -> tuple[str, ...]:
     """``("--busbw-floor", text)`` once the suite's parser accepts it; a bad one is one line."""
-    from gpuctl.workloads.accept.sections.ddp import parse_floors
+    from gpuctl.workloads.accept_suite.sections.ddp import parse_floors
 
     if text is None:
         return ()

@@ -31,7 +31,7 @@ from typing import Any, Literal
 from gpuctl.core.format import QUIET_THROTTLE
 from gpuctl.core.model import BurnState, GpuNotes, GpuSample, NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.wire import JsonObject
-from gpuctl.fleet.history import (
+from gpuctl.fleet.gpu_history import (
     EMPTY,
     OLDER_KEPT,
     OLDER_STEP_S,
@@ -39,7 +39,7 @@ from gpuctl.fleet.history import (
     GpuHistory,
     history_sample,
 )
-from gpuctl.fleet.history import METRICS as HISTORY_COLUMNS
+from gpuctl.fleet.gpu_history import METRICS as HISTORY_COLUMNS
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
 from gpuctl.node import protocol
@@ -68,7 +68,7 @@ KEEP = _Keep.KEEP
 # whose sshd was back took 29 s to show; at 8 s it shows within ~10 s, and a down node costs one
 # SSH attempt per 4-8 s (jittered), which 4,096 down nodes at 32 connects at once can afford.
 BACKOFF_MAX_S = 8.0
-HISTORY_SECONDS = RECENT_KEPT  # samples kept as they came per GPU (see gpuctl.fleet.history)
+HISTORY_SECONDS = RECENT_KEPT  # samples kept as they came per GPU (see gpuctl.fleet.gpu_history)
 EVENTS_KEPT = 200
 
 

@@ -64,7 +64,7 @@ import msgspec
 from gpuctl.config import PrometheusConfig
 from gpuctl.core.model import GpuSample, NodeEvent
 from gpuctl.core.wire import JsonObject
-from gpuctl.fleet.history import history_sample
+from gpuctl.fleet.gpu_history import history_sample
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
 from gpuctl.node import protocol
@@ -90,7 +90,7 @@ QUERIES_AT_ONCE = 8  # a poll's queries in flight together (27 at once overran a
 HISTORY_S = 4 * 3600.0  # the detail screen's history asked of the store (the fleet keeps 4 h)
 HISTORY_STEP_S = 15.0  # one point per this many seconds at least ...
 MAX_POINTS = 1000  # ... and at most this many per series (Prometheus refuses 11,000)
-# The history's columns (``gpuctl.fleet.history.METRICS``, the registry's metrics with a
+# The history's columns (``gpuctl.fleet.gpu_history.METRICS``, the registry's metrics with a
 # history and a DCGM name) and the series they come from, with DCGM's value times ``scale`` in
 # the history's unit (MiB -> GiB for memory).
 HISTORY_METRICS = tuple(

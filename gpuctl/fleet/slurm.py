@@ -35,7 +35,7 @@ from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError
 from gpuctl.fleet.ssh import agent_script
 from gpuctl.node import protocol
-from gpuctl.reach.bundle import parse_reply
+from gpuctl.reach.deploy import parse_reply
 from gpuctl.reach.slurm import (
     DEFAULT_TIMEOUT,
     SlurmClient,
@@ -334,7 +334,7 @@ class SrunLink(NodeLink):
         return self.slurm_node is not None and self.slurm_node.down
 
     def _deploy_error(self, word: str, rest: str) -> LinkError:
-        """The one line for the boot code's word (see ``gpuctl.reach.bundle``)."""
+        """The one line for the boot code's word (see ``gpuctl.reach.deploy``)."""
         name, py = self.node.name, self.node.python
         if word == "no-python":
             return LinkError("no_python", f"no python at {py!r} on {name}")

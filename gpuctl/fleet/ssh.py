@@ -32,7 +32,7 @@ from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError
 from gpuctl.node import protocol
 from gpuctl.reach import launch
-from gpuctl.reach.bundle import (
+from gpuctl.reach.deploy import (
     DEPLOY_TAG,
     boot_line,
     deploy,

@@ -14,9 +14,9 @@ Events (``{"type": "event", "kind": "accept", "gpu": null, "t", "detail": {...}}
     ``result``) and finally ``exit``: ``rc``, ``report`` (the JSON report as an object, or null),
     ``reason`` (why there is no report, or null), ``stdout_tail`` and ``stderr_tail``.
 
-The suite runs as ``python -m gpuctl.workloads.accept`` with this bundle on PYTHONPATH, started
-by ``proc.spawn`` (its own session, SIGTERM as its parent-death signal): when the agent stops
-(stdin closed, link lost, liveness timeout) the close hook stops it and everything it started.
+The suite runs as ``python -m gpuctl.workloads.accept_suite`` with this bundle on PYTHONPATH,
+started by ``proc.spawn`` (its own session, SIGTERM as its parent-death signal): when the agent
+stops (stdin closed, link lost, liveness timeout) the close hook stops it and everything it started.
 
 Its report and output go to a private folder ``$TMPDIR/gpuctl-accept-*`` (mode 0700), removed
 once the exit event is built, or when the agent stops. The agent holds a lock on
@@ -271,7 +271,7 @@ class AcceptPlugin(object):
             facts = read()
         self.counter += 1
         run_id = "%d-%d" % (os.getpid(), self.counter)
-        argv = [python, "-m", "gpuctl.workloads.accept"] + args
+        argv = [python, "-m", "gpuctl.workloads.accept_suite"] + args
         try:
             folder = RunFolder()
         except OSError as e:

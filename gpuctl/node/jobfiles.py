@@ -54,7 +54,7 @@ WORKER_SCRIPT = "worker.py"
 RUNNER_PACKAGE = "gpuctl_runner"
 RUNNER_MODULES = ("__init__", "jobfiles", "metrics", "proc", "protocol", "readers/__init__",
                   "readers/bindings", "readers/nvml", "readers/smi", "readers/procs",
-                  "readers/records", "attempts", "cgroups", "envbuild", "keeper", "rendezvous",
+                  "readers/emit", "attempts", "cgroups", "envbuild", "keeper", "rendezvous",
                   "resources", "scontrol")
 PIDFILE = "supervisor.json"
 SUPERVISOR_LOG = "supervisor.log"

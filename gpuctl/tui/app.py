@@ -45,6 +45,7 @@ from gpuctl.tui.controllers import (
     RecordController,
     StressController,
 )
+from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.keys import offer
 from gpuctl.tui.messages import AcceptProgress, FleetChanged
 from gpuctl.tui.screens.accept_report import AcceptReportScreen
@@ -52,7 +53,6 @@ from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.screens.help import HelpRow, HelpScreen
 from gpuctl.tui.screens.overview import OverviewScreen
 from gpuctl.tui.screens.processes import ProcessScreen
-from gpuctl.tui.store import FleetStore
 from gpuctl.tui.themes import DEFAULT_THEME, ThemeMemory, load_themes
 from gpuctl.tui.view import TROUBLE_TITLES
 from gpuctl.tui.widgets.heatmap import Heatmap

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuctl.workloads.accept.schema import MARKERS, SCHEMA, SCHEMA_VERSION, SECTIONS
+from gpuctl.workloads.accept_suite.schema import MARKERS, SCHEMA, SCHEMA_VERSION, SECTIONS
 from gpuctl_tests.helpers import node_env, old_python
 
 LIGHT = ("--skip", "train", "--skip", "ddp_allreduce", "--skip", "ddp_train")

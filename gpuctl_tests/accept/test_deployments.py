@@ -21,7 +21,7 @@ import yaml
 from gpuctl.accept.run import AcceptOptions
 from gpuctl.accept.slurm import SlurmJobSpec, batch_script
 from gpuctl.reach.slurm import SlurmValueError, pyxis_args
-from gpuctl.workloads.accept.suite import parse_args
+from gpuctl.workloads.accept_suite.suite import parse_args
 from gpuctl_tests.accept.test_cli import gpuctl
 
 IMAGE = "nvcr.io#nvidia/pytorch:24.05-py3"
@@ -47,7 +47,7 @@ def test_container_runs_the_suite_through_pyxis_with_the_job_folder_mounted(
     assert f"--container-image={IMAGE}" in argv
     assert f"--container-mounts={job}:{job}" in argv  # bundle, reports, events inside
     at = argv.index("python3")
-    assert argv[at : at + 3] == ["python3", "-m", "gpuctl.workloads.accept"]
+    assert argv[at : at + 3] == ["python3", "-m", "gpuctl.workloads.accept_suite"]
     assert max(argv.index(a) for a in argv if a.startswith("--container-")) < at
     # The rendezvous port is found on the batch host, outside the container.
     assert re.search(r"^PORT=\$\(python3 -c ", script, re.M)
@@ -125,7 +125,7 @@ def test_emit_k8s_writes_a_configmap_and_one_job_per_node(tmp_path: Path) -> Non
         assert volumes["gpuctl"]["configMap"]["name"] == config_map["metadata"]["name"]
         assert volumes["shm"]["emptyDir"] == {"medium": "Memory"}
         command = container["command"]
-        assert command[:3] == ["python3", "-m", "gpuctl.workloads.accept"]
+        assert command[:3] == ["python3", "-m", "gpuctl.workloads.accept_suite"]
         args = parse_args([a.replace("$(NODE_NAME)", node) for a in command[3:]])
         assert (args.quick, args.dtypes, args.ddp_procs) == (True, ["bf16"], 8)
         assert args.report_dir == "/reports" and args.node_name == node
@@ -135,7 +135,7 @@ def test_emit_k8s_writes_a_configmap_and_one_job_per_node(tmp_path: Path) -> Non
     bundle.write_bytes(base64.b64decode(blob))
     env = jobs[0]["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "PYTHONPATH", "value": f"/opt/gpuctl/{file_name}"} in env
-    probe = "import gpuctl.workloads.accept.suite as s, gpuctl; print(gpuctl.__file__)"
+    probe = "import gpuctl.workloads.accept_suite.suite as s, gpuctl; print(gpuctl.__file__)"
     out = subprocess.run(
         [sys.executable, "-S", "-c", probe],
         env={"PYTHONPATH": str(bundle)},

@@ -13,7 +13,7 @@ import pytest
 from gpuctl.accept.results import EXIT_CODES, drain_failed, exit_code, junit_xml, outcome
 from gpuctl.reach.slurm import SlurmClient
 from gpuctl.service import ReadOnlyError
-from gpuctl.workloads.accept.schema import SECTIONS
+from gpuctl.workloads.accept_suite.schema import SECTIONS
 from gpuctl_tests.accept.test_cli import gpuctl, lines
 
 
@@ -156,7 +156,7 @@ def test_a_warning_exits_4_and_a_node_without_report_3(tmp_path: Path, slurm_clu
 def test_history_that_cannot_be_written_is_a_warning_not_a_failure(tmp_path: Path) -> None:
     from gpuctl.accept.history import HistoryStore
     from gpuctl.accept.run import AcceptOptions, AcceptRun, outcome_from_report
-    from gpuctl.workloads.accept.schema import SCHEMA_VERSION
+    from gpuctl.workloads.accept_suite.schema import SCHEMA_VERSION
 
     history = HistoryStore(tmp_path / "h.sqlite")
     (tmp_path / "h.sqlite").unlink()

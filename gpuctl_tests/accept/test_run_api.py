@@ -11,9 +11,9 @@ import pytest
 
 from gpuctl.accept.history import HistoryStore
 from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run
+from gpuctl.fleet.fixed_links import recorded_node
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
-from gpuctl.fleet.replay import recorded_node
-from gpuctl.workloads.accept.schema import SCHEMA_VERSION, SECTIONS
+from gpuctl.workloads.accept_suite.schema import SCHEMA_VERSION, SECTIONS
 from gpuctl_tests.tui.hostile import ScriptedAgentLink
 
 SKIPS = ("membw", "train", "ddp_allreduce", "ddp_train")

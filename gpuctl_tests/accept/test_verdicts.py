@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpuctl.config import ConfigError, parse_config
-from gpuctl.workloads.accept.schema import SECTIONS
+from gpuctl.workloads.accept_suite.schema import SECTIONS
 from gpuctl_tests.accept.test_cli import LIGHT, gpuctl, reports
 
 
@@ -57,7 +57,7 @@ def test_dtypes_on_the_command_line_and_floors_from_the_config_reach_the_suite(
 
 # -- the expected GPU count ---------------------------------------------------------------------
 def test_a_node_short_of_gpus_is_named_with_the_count_and_its_source() -> None:
-    from gpuctl.workloads.accept.sections.env import count_shortfall
+    from gpuctl.workloads.accept_suite.sections.env import count_shortfall
 
     assert count_shortfall("gpu07", 7, 8, "Slurm gres gpu:h100:8") == (
         "gpu07: 7 of 8 GPUs visible (expected: Slurm gres gpu:h100:8)"
@@ -137,7 +137,7 @@ def test_the_nodes_shape_and_memtest_size_reach_the_suite_from_config_and_comman
     from gpuctl.cli.accept import _options
     from gpuctl.cli.main import build_parser
     from gpuctl.cli.watch import accept_defaults
-    from gpuctl.workloads.accept.suite import parse_args
+    from gpuctl.workloads.accept_suite.suite import parse_args
 
     config = parse_config(
         '[accept]\nexpect_model = "H100"\nexpect_nvlinks = 18\nexpect_mig = "on"\n'

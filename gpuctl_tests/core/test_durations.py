@@ -14,7 +14,7 @@ from gpuctl.cli.main import UserError
 from gpuctl.cli.record import _duration
 from gpuctl.fleet.record import parse_duration
 from gpuctl.node.protocol import MAX_DURATION_CEILING, parse_seconds
-from gpuctl.workloads.accept.sections import burn
+from gpuctl.workloads.accept_suite.sections import burn
 
 SAME = {
     "90": 90.0,

@@ -29,9 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuctl.core.model import NodeState
 from gpuctl.fleet.export import METRICS, FleetExporter, MetricsServer
+from gpuctl.fleet.fixed_links import FailingLink, ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 from gpuctl.fleet.links import NodeLink
-from gpuctl.fleet.replay import FailingLink, ReplayLink, recorded_node
 from gpuctl_tests.helpers import node_env, wait_until, wait_until_async
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]

@@ -27,8 +27,8 @@ from gpuctl.fleet.prom import PromError, PromLink, PromSource, PromTarget
 from gpuctl.fleet.record import slurm_jobs
 from gpuctl.fleet.session import refusal
 from gpuctl.tui import GpuctlApp
+from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.screens.detail import DetailScreen
-from gpuctl.tui.store import FleetStore
 from gpuctl.tui.view import trouble_counts
 from gpuctl_tests.cli.test_status_nodes import gpuctl as run_gpuctl
 from gpuctl_tests.fleet.test_export import Exporter, Samples, one, scrape

@@ -11,9 +11,9 @@ import pytest
 from textual.pilot import Pilot
 
 from gpuctl.core.model import NodeState
+from gpuctl.fleet.fixed_links import FailingLink, ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import NodeLink
-from gpuctl.fleet.replay import FailingLink, ReplayLink, recorded_node
 from gpuctl.tui import GpuctlApp, make_app
 
 T0 = 1_700_000_000.0

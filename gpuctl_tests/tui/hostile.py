@@ -15,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuctl.fleet.fixed_links import FailingLink
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
-from gpuctl.fleet.replay import FailingLink
 from gpuctl.fleet.session import AgentSession
 from gpuctl.node import protocol
-from gpuctl.workloads.accept.schema import SCHEMA, SCHEMA_VERSION, SECTIONS
+from gpuctl.workloads.accept_suite.schema import SCHEMA, SCHEMA_VERSION, SECTIONS
 
 # Markup that Textual and Rich refuse or act on, terminal escapes (window title, clear screen),
 # NUL, 8-bit CSI, NEL, DEL, a tab and a newline.
@@ -355,7 +355,7 @@ def crashing_fleet() -> Fleet:
     paint of a GPU row."""
     import time
 
-    from gpuctl.fleet.replay import ReplayLink, recorded_node
+    from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 
     node = recorded_node("crash-01", "2:H100", samples=3, t0=time.time() - 3)
     return CrashingFleet({"crash-01": ReplayLink(node)})

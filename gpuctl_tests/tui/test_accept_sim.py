@@ -20,8 +20,8 @@ from gpuctl.fleet.fleet import simulated_fleet
 from gpuctl.node.readers.sim import SimReader
 from gpuctl.tui import GpuctlApp, make_app
 from gpuctl.tui.screens.confirm import ConfirmScreen
-from gpuctl.workloads.accept import suite
-from gpuctl.workloads.accept.schema import SECTIONS
+from gpuctl.workloads.accept_suite import suite
+from gpuctl.workloads.accept_suite.schema import SECTIONS
 from gpuctl_tests.helpers import old_python
 from gpuctl_tests.tui.test_panes import cell, until
 

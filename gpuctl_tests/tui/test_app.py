@@ -18,9 +18,9 @@ from gpuctl.config import TuiSettings
 from gpuctl.core.model import NodeState
 from gpuctl.fleet import control
 from gpuctl.fleet.demo import demo_nodes
+from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 from gpuctl.fleet.links import LocalLink, NodeLink
-from gpuctl.fleet.replay import ReplayLink, recorded_node
 from gpuctl.fleet.session import AgentSession
 from gpuctl.tui import GpuctlApp, make_app
 from gpuctl.tui.screens.confirm import ConfirmScreen

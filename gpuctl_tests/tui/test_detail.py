@@ -10,11 +10,11 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
+from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 from gpuctl.fleet.fleet import THROTTLE_HOLD_MAX_S, THROTTLE_HOLD_S, Fleet, Throttling
-from gpuctl.fleet.replay import ReplayLink, recorded_node
 from gpuctl.tui import make_app
 from gpuctl.tui.screens.detail import DetailScreen, Facts, time_ticks, value_ticks
-from gpuctl.workloads.accept.nodehealth import HARDWARE_XIDS, XIDS, xid_text
+from gpuctl.workloads.accept_suite.nodehealth import HARDWARE_XIDS, XIDS, xid_text
 from gpuctl_tests.tui.conftest import T0
 from gpuctl_tests.tui.test_hostile import drawn
 from gpuctl_tests.tui.test_panes import until

@@ -8,9 +8,9 @@ import random
 from pathlib import Path
 
 from gpuctl.core.model import NodeState
+from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import NodeLink
-from gpuctl.fleet.replay import ReplayLink, recorded_node
 from gpuctl.fleet.session import AgentSession, LinkError
 from gpuctl.tui import make_app
 from gpuctl_tests.tui.conftest import T0, T_LAST

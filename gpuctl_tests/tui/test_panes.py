@@ -18,15 +18,15 @@ from gpuctl.accept.run import AcceptOptions, AcceptRun, NodeOutcome, Progress, o
 from gpuctl.config import TuiSettings
 from gpuctl.core.model import NodeState
 from gpuctl.fleet.demo import demo_nodes
+from gpuctl.fleet.fixed_links import recorded_node
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
-from gpuctl.fleet.replay import recorded_node
 from gpuctl.jobs import Executor, JobStore
 from gpuctl.jobs.store import JobRecord
 from gpuctl.tui import GpuctlApp, make_app
 from gpuctl.tui.screens.accept_report import AcceptReportScreen, figure_rows
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
-from gpuctl.workloads.accept.schema import SCHEMA, SCHEMA_VERSION, SECTIONS
+from gpuctl.workloads.accept_suite.schema import SCHEMA, SCHEMA_VERSION, SECTIONS
 from gpuctl_tests.helpers import until, wait_until
 from gpuctl_tests.tui.conftest import NOW, replay_fleet
 from gpuctl_tests.tui.hostile import ScriptedAgentLink

@@ -17,15 +17,15 @@ from textual.widgets._footer import FooterKey, FooterLabel
 
 from gpuctl.config import TuiSettings
 from gpuctl.core.model import NodeState
+from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet
-from gpuctl.fleet.replay import ReplayLink, recorded_node
 from gpuctl.jobs import Executor, JobStore
 from gpuctl.node.readers.sim import SimReader
 from gpuctl.tui import GpuctlApp, make_app
+from gpuctl.tui.fleet_store import BURN_ENDED_SHOWN_S
 from gpuctl.tui.screens.confirm import ConfirmScreen
-from gpuctl.tui.store import BURN_ENDED_SHOWN_S
 from gpuctl.tui.widgets.panes import JobsPane
-from gpuctl.workloads.accept.schema import SECTIONS
+from gpuctl.workloads.accept_suite.schema import SECTIONS
 from gpuctl_tests.helpers import until
 from gpuctl_tests.tui.conftest import NOW, T0, replay_app, replay_fleet, settle
 from gpuctl_tests.tui.hostile import ScriptedAgentLink

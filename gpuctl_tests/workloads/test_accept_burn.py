@@ -19,10 +19,10 @@ pytest.importorskip("torch")
 SCRIPT = r"""
 import json, sys
 import torch
-from gpuctl.workloads.accept.nvml import Nvml
-from gpuctl.workloads.accept.render import summary_table
-from gpuctl.workloads.accept.sections import burn
-from gpuctl.workloads.accept.suite import Suite, parse_args
+from gpuctl.workloads.accept_suite.nvml import Nvml
+from gpuctl.workloads.accept_suite.render import summary_table
+from gpuctl.workloads.accept_suite.sections import burn
+from gpuctl.workloads.accept_suite.suite import Suite, parse_args
 
 nv = Nvml()
 assert nv.nv is not None, nv.error
@@ -106,7 +106,7 @@ def test_the_node_spread_sets_the_clock_bar(tmp_path: Path) -> None:
 
 
 def test_burn_is_skipped_without_a_duration_and_bad_durations_are_one_line() -> None:
-    from gpuctl.workloads.accept.sections.burn import parse_duration
+    from gpuctl.workloads.accept_suite.sections.burn import parse_duration
 
     assert [parse_duration(x) for x in ("10m", "90s", "1h", "0", "2.5")] == [
         600.0,
@@ -116,7 +116,7 @@ def test_burn_is_skipped_without_a_duration_and_bad_durations_are_one_line() -> 
         2.5,
     ]
     r = subprocess.run(
-        [sys.executable, "-m", "gpuctl.workloads.accept", "--device", "cpu", "--burn", "ten"],
+        [sys.executable, "-m", "gpuctl.workloads.accept_suite", "--device", "cpu", "--burn", "ten"],
         env=node_env(),
         capture_output=True,
         text=True,

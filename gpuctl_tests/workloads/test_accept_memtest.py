@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpuctl.workloads.accept.schema import SECTIONS
-from gpuctl.workloads.accept.sections import memtest
+from gpuctl.workloads.accept_suite.schema import SECTIONS
+from gpuctl.workloads.accept_suite.sections import memtest
 from gpuctl_tests.helpers import node_env
 
 torch = pytest.importorskip("torch")
@@ -22,7 +22,7 @@ OTHERS = [a for s in SECTIONS if s not in ("env", "memtest") for a in ("--skip",
 def run_memtest(
     tmp_path: Path, *args: str
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    argv = [sys.executable, "-m", "gpuctl.workloads.accept", "--device", "cpu", "--quick"]
+    argv = [sys.executable, "-m", "gpuctl.workloads.accept_suite", "--device", "cpu", "--quick"]
     argv += ["--report-dir", str(tmp_path), "--memtest-mb", "4", *OTHERS, *args]
     proc = subprocess.run(
         argv,

@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from gpuctl.workloads.accept import nodehealth
+from gpuctl.workloads.accept_suite import nodehealth
 from gpuctl_tests.node.nvml_stub import NvmlStub, build
 
 SCRIPT = r"""
 import json, sys
-from gpuctl.workloads.accept.nvml import Nvml
-from gpuctl.workloads.accept.sections import health, shape
-from gpuctl.workloads.accept.suite import Suite, parse_args
+from gpuctl.workloads.accept_suite.nvml import Nvml
+from gpuctl.workloads.accept_suite.sections import health, shape
+from gpuctl.workloads.accept_suite.suite import Suite, parse_args
 
 nv = Nvml()
 assert nv.nv is not None, nv.error

@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 
 def run_suite(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpuctl.workloads.accept", *args],
+        [sys.executable, "-m", "gpuctl.workloads.accept_suite", *args],
         capture_output=True,
         text=True,
         env=node_env(),

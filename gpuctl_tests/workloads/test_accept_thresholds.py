@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from gpuctl.workloads.accept import peaks
-from gpuctl.workloads.accept.sections import compute
-from gpuctl.workloads.accept.suite import parse_args
+from gpuctl.workloads.accept_suite import peaks
+from gpuctl.workloads.accept_suite.sections import compute
+from gpuctl.workloads.accept_suite.suite import parse_args
 
 
 def measured(dtype: str, tflops: float) -> dict[str, Any]:

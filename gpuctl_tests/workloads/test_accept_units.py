@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from gpuctl.workloads.accept import peaks
-from gpuctl.workloads.accept.render import summary_table
-from gpuctl.workloads.accept.schema import SECTIONS
-from gpuctl.workloads.accept.sections import compute
-from gpuctl.workloads.accept.suite import parse_args
+from gpuctl.workloads.accept_suite import peaks
+from gpuctl.workloads.accept_suite.render import summary_table
+from gpuctl.workloads.accept_suite.schema import SECTIONS
+from gpuctl.workloads.accept_suite.sections import compute
+from gpuctl.workloads.accept_suite.suite import parse_args
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ from ..metrics import SLOW_READ_EVERY as PCIE_EVERY
 from ..protocol import decode_throttle
 from . import Reader, ReaderUnavailable
 from .procs import ProcessNames
-from .records import event, lost_record
+from .emit import event, lost_record
 
 # Alternatives for calls whose name depends on the pynvml / driver versions, newest first: the
 # first one this pair supports is remembered.

@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from . import Reader
-from .records import event, lost_record
+from .emit import event, lost_record
 
 # name, memory GiB, power limit W, idle W, max SM MHz, max mem MHz, pcie gen, width
 MODELS = {
@@ -248,7 +248,7 @@ class SimReader(Reader):
         return out
 
     def accept_facts(self) -> List[Dict[str, Any]]:
-        """What a simulated acceptance run judges (``gpuctl.workloads.accept.simulated``):
+        """What a simulated acceptance run judges (``gpuctl.workloads.accept_suite.simulated``):
         each GPU's static facts and its state now (temperature, SM clock under load, heat
         throttling, XIDs, lost), read without stepping the simulation."""
         out = []  # type: List[Dict[str, Any]]

@@ -21,7 +21,7 @@ from ..metrics import METRICS
 from ..protocol import decode_throttle
 from . import Reader, ReaderUnavailable
 from .procs import ProcessNames
-from .records import event, lost_record
+from .emit import event, lost_record
 
 TIMEOUT_S = 10.0  # nvidia-smi hangs on a wedged GPU; a sample must not wait forever
 MIB = 1 << 20

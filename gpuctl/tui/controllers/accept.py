@@ -19,7 +19,7 @@ from gpuctl.tui.messages import AcceptProgress
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.screens.overview import OverviewScreen
 from gpuctl.tui.widgets.panes import AcceptPane
-from gpuctl.workloads.accept.schema import SECTIONS
+from gpuctl.workloads.accept_suite.schema import SECTIONS
 
 if TYPE_CHECKING:
     from gpuctl.tui.app import GpuctlApp

@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from gpuctl.tui.text import node_content, node_str, node_text
-from gpuctl.workloads.accept.schema import SECTIONS
+from gpuctl.workloads.accept_suite.schema import SECTIONS
 
 FIGURE_COLUMNS = ("section", "device", "what", "value", "peak", "of peak", "verdict", "trend")
 VERDICT_CLASS = {

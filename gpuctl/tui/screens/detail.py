@@ -25,10 +25,10 @@ from gpuctl.core.format import GIB, THROTTLE_BADGES, THROTTLE_WORDS, fmt_age, gp
 from gpuctl.core.model import GpuSample, NodeEvent, NodeSnapshot
 from gpuctl.node import metrics
 from gpuctl.node.metrics import BY_KEY
-from gpuctl.tui.store import FleetStore
+from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.text import node_str, node_text
 from gpuctl.tui.view import node_age_text, short_model
-from gpuctl.workloads.accept.nodehealth import xid_text
+from gpuctl.workloads.accept_suite.nodehealth import xid_text
 
 MAX_POINTS = 240  # a plot is at most ~120 cells wide: more points only cost time
 CELL_LIMIT = 300  # characters of a process cell: a command line can be megabytes

@@ -15,10 +15,10 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Input, Label, Static
 
 from gpuctl.core.model import NodeSnapshot, NodeState
+from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.keys import offer
 from gpuctl.tui.messages import FleetChanged
 from gpuctl.tui.screens.detail import DetailScreen
-from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_text
 from gpuctl.tui.view import (
     METRIC_TITLES,

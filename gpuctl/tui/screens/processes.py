@@ -20,6 +20,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from gpuctl import service
 from gpuctl.fleet import control
+from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.procview import (
     COLUMN_KEYS,
     COLUMNS,
@@ -30,7 +31,6 @@ from gpuctl.tui.procview import (
     process_rows,
 )
 from gpuctl.tui.screens.confirm import ConfirmScreen
-from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str, node_text
 
 CELL_LIMIT = 300  # characters of a cell: a command line can be long

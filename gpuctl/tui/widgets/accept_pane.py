@@ -26,7 +26,7 @@ from textual.widgets import DataTable, RichLog, Static
 from gpuctl.core.format import fmt_age
 from gpuctl.tui.screens.accept_report import AcceptReportScreen, section
 from gpuctl.tui.text import node_str, node_text
-from gpuctl.workloads.accept.schema import SECTIONS
+from gpuctl.workloads.accept_suite.schema import SECTIONS
 
 if TYPE_CHECKING:
     from gpuctl.accept.history import HistoryStore

@@ -17,9 +17,9 @@ from textual.widget import Widget
 
 from gpuctl.core.format import gpu_flags
 from gpuctl.core.model import GpuSample, NodeState
+from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.keys import TROUBLE_KEYS
 from gpuctl.tui.messages import GpuSelected
-from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str
 from gpuctl.tui.view import (
     HEAT_LEVELS,

@@ -28,11 +28,11 @@ from gpuctl.core.format import counted, fmt_age, host_text, reader_text
 from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
 from gpuctl.node import metrics
 from gpuctl.node.metrics import Metric, flagged
+from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.gpusort import SORT_BY_KEY, next_sort, order_gpus, order_nodes
 from gpuctl.tui.keys import TROUBLE_KEYS
 from gpuctl.tui.messages import GpuSelected
 from gpuctl.tui.procview import gpu_owners
-from gpuctl.tui.store import FleetStore
 from gpuctl.tui.text import node_str
 from gpuctl.tui.view import (
     SPARK_CHARS,

@@ -2,10 +2,10 @@
 
 from typing import TYPE_CHECKING, Any
 
-from gpuctl.workloads.accept import peaks
+from gpuctl.workloads.accept_suite import peaks
 
 if TYPE_CHECKING:
-    from gpuctl.workloads.accept.suite import Suite
+    from gpuctl.workloads.accept_suite.suite import Suite
 
 
 def gemm_size(suite: "Suite") -> int:

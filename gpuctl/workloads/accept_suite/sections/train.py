@@ -2,10 +2,10 @@
 
 from typing import TYPE_CHECKING, Any
 
-from gpuctl.workloads.accept.smoke import tiny_mlp, train_steps
+from gpuctl.workloads.accept_suite.smoke import tiny_mlp, train_steps
 
 if TYPE_CHECKING:
-    from gpuctl.workloads.accept.suite import Suite
+    from gpuctl.workloads.accept_suite.suite import Suite
 
 
 def run(suite: "Suite") -> "dict[str, Any]":

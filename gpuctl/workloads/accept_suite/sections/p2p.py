@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpuctl.workloads.accept.suite import Suite
+    from gpuctl.workloads.accept_suite.suite import Suite
 
 RUNS = 3  # timed runs per pair; the best counts
 CPU_BYTES = 4 << 20  # the CPU stand-in's buffer (tests)

@@ -24,7 +24,7 @@ from gpuctl.node.proc import json_object, spawn, stop_group
 from gpuctl.node.protocol import MAX_DURATION_CEILING, decode_throttle, parse_seconds
 
 if TYPE_CHECKING:
-    from gpuctl.workloads.accept.suite import Suite
+    from gpuctl.workloads.accept_suite.suite import Suite
 
 BAD_THROTTLE = ("hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal")
 SAG_FLOOR = 0.05  # a GPU may run this fraction below the node's median clock ...

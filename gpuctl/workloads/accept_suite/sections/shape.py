@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .env import count_shortfall, expected_count
 
 if TYPE_CHECKING:
-    from gpuctl.workloads.accept.suite import Suite
+    from gpuctl.workloads.accept_suite.suite import Suite
 
 LOAD_S = 0.5  # GPUs drop the PCIe link speed when idle: read it again under this much load
 

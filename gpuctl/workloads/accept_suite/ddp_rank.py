@@ -1,6 +1,7 @@
 """One DDP rank of the acceptance suite: all-reduce check and timing, then DDP training smoke.
 
-Run by torchrun (``python -m torch.distributed.run ... -m gpuctl.workloads.accept.ddp --out D``)
+Run by torchrun
+(``python -m torch.distributed.run ... -m gpuctl.workloads.accept_suite.ddp_rank --out D``)
 or by any launcher that sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT (srun tasks are
 mapped from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID). Each rank writes ``D/rank-<rank>.json``;
 the suite on that node reads its local ranks' files and judges.
@@ -240,7 +241,7 @@ def ddp_train(
 
 
 def main(argv: "list[str] | None" = None) -> int:
-    p = argparse.ArgumentParser(prog="gpuctl.workloads.accept.ddp")
+    p = argparse.ArgumentParser(prog="gpuctl.workloads.accept_suite.ddp_rank")
     p.add_argument("--out", required=True, help="folder for rank-<rank>.json")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--numel", type=int, default=1 << 20)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from gpuctl.node.proc import spawn, stop_group
 
 if TYPE_CHECKING:
-    from gpuctl.workloads.accept.suite import Suite
+    from gpuctl.workloads.accept_suite.suite import Suite
 
 DDP_GRACE_S = 10.0  # torchrun's SIGTERM -> SIGKILL
 # The size sweep's largest size (bytes; nccl-tests goes to 1 GiB), by device and --quick.
@@ -94,7 +94,7 @@ def launch(suite: "Suite") -> "tuple[list[dict[str, Any]], str | None, int]":
         "--max-restarts",
         "0",
         "-m",
-        "gpuctl.workloads.accept.ddp",
+        "gpuctl.workloads.accept_suite.ddp_rank",
         "--out",
         outdir,
         "--device",
@@ -265,7 +265,7 @@ def run_allreduce(suite: "Suite") -> "dict[str, Any]":
             f"algbw {out['algbw_gbps']:.3f} GB/s, busbw {out['busbw_gbps']:.3f} GB/s"
         )
     if out["sweep"]:
-        from gpuctl.workloads.accept.render import sweep_table
+        from gpuctl.workloads.accept_suite.render import sweep_table
 
         for line in sweep_table(out):
             suite.out.line(line)

@@ -1,7 +1,7 @@
 """The single-node acceptance suite's runner: options, the sections in order, the JSON report
 and the result line.
 
-``python -m gpuctl.workloads.accept [--quick] [--device cuda|cpu] [--report-dir D] ...``
+``python -m gpuctl.workloads.accept_suite [--quick] [--device cuda|cpu] [--report-dir D] ...``
 
 Every section (one module each in ``sections``) returns a dict with ``verdict`` and ``summary``
 (see ``schema``). Human lines go to stdout prefixed with the section marker; ``[RESULT] SUCCESS``
@@ -47,7 +47,7 @@ DTYPES = ("fp32", "tf32", "bf16", "fp16")
 
 def parse_args(argv: "list[str]") -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m gpuctl.workloads.accept",
+        prog="python -m gpuctl.workloads.accept_suite",
         description="Acceptance suite of one node: prints [RESULT] and writes a JSON report.",
     )
     p.add_argument("--quick", action="store_true", help="short runs (seconds, not minutes)")
@@ -310,7 +310,7 @@ def main(argv: "list[str] | None" = None) -> int:
         # One suite per node starts its own torchrun; eight suites per node would fight.
         msg = (
             "the suite runs once per node and starts torchrun itself; under torchrun, run "
-            "gpuctl.workloads.accept.ddp instead"
+            "gpuctl.workloads.accept_suite.ddp_rank instead"
         )
         sys.stdout.write(f"{RESULT_FAILURE}: {json.dumps([msg])}\n")
         return 2

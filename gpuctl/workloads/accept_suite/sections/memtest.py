@@ -20,7 +20,7 @@ after the first pattern is written: the fault a bad cell makes.
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpuctl.workloads.accept.suite import Suite
+    from gpuctl.workloads.accept_suite.suite import Suite
 
 MEMTEST_FRACTION = 0.9  # of the free memory, on a GPU
 CHUNK_WORDS = 1 << 24  # 128 MiB of words compared at a time (a multiple of 64 words)

@@ -19,10 +19,10 @@ import types
 import pytest
 
 from gpuctl.core.model import NodeState
+from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet
-from gpuctl.fleet.history import COLUMNS as HISTORY_COLUMNS
-from gpuctl.fleet.history import GpuHistory
-from gpuctl.fleet.replay import ReplayLink, recorded_node
+from gpuctl.fleet.gpu_history import COLUMNS as HISTORY_COLUMNS
+from gpuctl.fleet.gpu_history import GpuHistory
 
 T0 = 1_700_000_000.0
 
@@ -183,7 +183,7 @@ def test_a_gpu_sample_is_kept_as_its_readings_are() -> None:
     of ``_readings``: in range, at and past each column's edges, missing, NaN, infinite, a
     float where an integer belongs, a lost GPU."""
     from gpuctl.core.model import GpuSample
-    from gpuctl.fleet.history import METRICS, _readings, _Ring
+    from gpuctl.fleet.gpu_history import METRICS, _readings, _Ring
 
     edges: list[object] = [None, 0, 1, 254, 255, 256, 65534, 65535, 65536, -1, 10**30]
     edges += [True, 3.4, 3.6, 254.6, -0.4, -0.6, 7e4]

@@ -5,11 +5,11 @@ import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
-from gpuctl.workloads.accept import peaks
-from gpuctl.workloads.accept.nvml import Nvml
+from gpuctl.workloads.accept_suite import peaks
+from gpuctl.workloads.accept_suite.nvml import Nvml
 
 if TYPE_CHECKING:
-    from gpuctl.workloads.accept.suite import Suite
+    from gpuctl.workloads.accept_suite.suite import Suite
 
 
 def run(suite: "Suite") -> "dict[str, Any]":

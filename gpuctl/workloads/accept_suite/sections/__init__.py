@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from . import burn, compute, ddp, env, health, membw, memtest, p2p, pcie, shape, train
 
 if TYPE_CHECKING:
-    from gpuctl.workloads.accept.suite import Suite
+    from gpuctl.workloads.accept_suite.suite import Suite
 
 RUNNERS: "dict[str, Callable[[Suite], dict[str, Any]]]" = {
     "env": env.run,

@@ -3,10 +3,10 @@ kernel log and PCIe AER counters read from the node (``nodehealth``)."""
 
 from typing import TYPE_CHECKING, Any
 
-from gpuctl.workloads.accept import nodehealth
+from gpuctl.workloads.accept_suite import nodehealth
 
 if TYPE_CHECKING:
-    from gpuctl.workloads.accept.suite import Suite
+    from gpuctl.workloads.accept_suite.suite import Suite
 
 BAD_THROTTLE = ("hw_slowdown", "hw_thermal", "hw_power_brake")
 WARN_THROTTLE = ("sw_thermal",)

@@ -17,7 +17,7 @@ import pytest
 from gpuctl.config import NodeConfig
 from gpuctl.fleet.session import LinkError
 from gpuctl.fleet.ssh import BundleStore, SshLink, agent_script
-from gpuctl.reach.bundle import BOOT, expected_digest
+from gpuctl.reach.deploy import BOOT, expected_digest
 from gpuctl_tests.harness.sshd import SshCluster
 from gpuctl_tests.helpers import old_python
 

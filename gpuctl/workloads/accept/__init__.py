@@ -1,4 +1,0 @@
-"""The acceptance suite (VENV2, torch): ``python -m gpuctl.workloads.accept --help``.
-
-Importing this package does not import torch; ``suite.main`` does.
-"""

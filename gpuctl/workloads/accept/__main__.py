@@ -1,5 +1,0 @@
-import sys
-
-from gpuctl.workloads.accept.suite import main
-
-sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from gpuctl.workloads.accept_suite.suite import main
+
+sys.exit(main())
