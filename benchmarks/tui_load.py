@@ -53,15 +53,29 @@ sys.path.insert(0, str(TREE))
 
 
 # -- feeder (child process) -----------------------------------------------------------------------
-def feeder(fds: list[int], gpus: int, interval: float, cycle: int = 0) -> None:
-    """Write a hello, then one sample per node per interval, node i at phase i/N.
+def wire_of(tree: Path) -> int:
+    """The protocol version the agents of ``tree``'s gpuctl speak (2: samples leave out what the
+    hello holds), so that each tree under ``--compare`` reads lines of its own agents' shape."""
+    session = (tree / "gpuctl" / "fleet" / "session.py").read_text()
+    return 2 if "READS = (1, 2)" in session else 1
+
+
+def sample_line(protocol: Any, msg: dict[str, Any], hello: dict[str, Any], wire: int) -> bytes:
+    if wire == 2:
+        msg = {**msg, "gpus": protocol.compact_gpus(msg["gpus"], hello["gpus"])}
+    return bytes(protocol.encode(msg))
+
+
+def feeder(fds: list[int], gpus: int, interval: float, cycle: int = 0, wire: int = 2) -> None:
+    """Write a hello, then one sample per node per interval, node i at phase i/N, in the shape
+    of protocol ``wire``.
 
     ``cycle`` > 0: each node's first ``cycle`` simulated samples are encoded once and written
     over and over with a fresh time and sequence number (the values repeat every ``cycle``
     seconds). Simulating 16,384 GPUs live takes more than one core; the app's work per line
     (read, decode, keep, paint) is the same either way."""
     if cycle > 0:
-        cycled_feeder(fds, gpus, interval, cycle)
+        cycled_feeder(fds, gpus, interval, cycle, wire)
         return
     from gpuctl.fleet.fixed_links import recorded_node
     from gpuctl.node import protocol
@@ -70,29 +84,31 @@ def feeder(fds: list[int], gpus: int, interval: float, cycle: int = 0) -> None:
     models = ("H100", "A100", "H200", "L40S")
     outs = [os.fdopen(fd, "wb", buffering=0) for fd in fds]
     readers = []
+    hellos = []
     for i, out in enumerate(outs):
         spec = f"{gpus}:{models[i % len(models)]}"
-        hello = recorded_node(f"bench-{i:03d}", spec, samples=0)[0]
+        hello = {**recorded_node(f"bench-{i:03d}", spec, samples=0)[0], "protocol": wire}
+        hellos.append(hello)
         out.write(protocol.encode(hello))
         readers.append(SimReader.from_spec(spec, seed=i))
     n = len(outs)
     start = time.monotonic()
     seq = 0
     while True:
-        for i, (out, reader) in enumerate(zip(outs, readers, strict=True)):
+        for i, (out, reader, hello) in enumerate(zip(outs, readers, hellos, strict=True)):
             due = start + seq * interval + interval * i / n
             delay = due - time.monotonic()
             if delay > 0:
                 time.sleep(delay)  # the feeder's cadence: a simulated clock, not synchronisation
             msg = {"type": "sample", "t": time.time(), "seq": seq, "gpus": reader.sample()}
             try:
-                out.write(protocol.encode(msg))
+                out.write(sample_line(protocol, msg, hello, wire))
             except BrokenPipeError:
                 return
         seq += 1
 
 
-def cycled_feeder(fds: list[int], gpus: int, interval: float, cycle: int) -> None:
+def cycled_feeder(fds: list[int], gpus: int, interval: float, cycle: int, wire: int) -> None:
     from gpuctl.fleet.fixed_links import recorded_node
     from gpuctl.node import protocol
     from gpuctl.node.readers.sim import SimReader
@@ -102,12 +118,13 @@ def cycled_feeder(fds: list[int], gpus: int, interval: float, cycle: int) -> Non
     lines: list[list[tuple[bytes, bytes, bytes]]] = []
     for i, out in enumerate(outs):
         spec = f"{gpus}:{models[i % len(models)]}"
-        out.write(protocol.encode(recorded_node(f"bench-{i:03d}", spec, samples=0)[0]))
+        hello = {**recorded_node(f"bench-{i:03d}", spec, samples=0)[0], "protocol": wire}
+        out.write(protocol.encode(hello))
         reader = SimReader.from_spec(spec, seed=i)
         node = []
         for _ in range(cycle):  # time and seq as markers, replaced at each write
             msg = {"type": "sample", "t": "@T@", "seq": "@S@", "gpus": reader.sample()}
-            head, rest = protocol.encode(msg).split(b'"@T@"', 1)
+            head, rest = sample_line(protocol, msg, hello, wire).split(b'"@T@"', 1)
             mid, tail = rest.split(b'"@S@"', 1)
             node.append((head, mid, tail))
         lines.append(node)
@@ -140,7 +157,10 @@ def raise_open_files(needed: int) -> None:
 
 # -- app side -------------------------------------------------------------------------------------
 def pipe_link(fd: int) -> Any:
-    from gpuctl.fleet.fixed_links import _Discard
+    try:
+        from gpuctl.fleet.fixed_links import _Discard
+    except ImportError:  # --compare REV of a gpuctl before the module's rename
+        from gpuctl.fleet.replay import _Discard  # type: ignore[import-not-found,no-redef]
     from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
     from gpuctl.fleet.session import AgentSession
 
@@ -204,7 +224,15 @@ def run_once(nodes: int, gpus: int, seconds: float, mode: str, rss_every: float)
     pipes = [os.pipe() for _ in range(nodes)]
     cycle = os.environ.get("GPUCTL_BENCH_CYCLE", "0")
     child = subprocess.Popen(
-        [sys.executable, __file__, "--feeder", json.dumps([w for _, w in pipes]), str(gpus), cycle],
+        [
+            sys.executable,
+            __file__,
+            "--feeder",
+            json.dumps([w for _, w in pipes]),
+            str(gpus),
+            cycle,
+            str(wire_of(TREE)),
+        ],
         pass_fds=[w for _, w in pipes],
         env={**os.environ, "PYTHONPATH": str(REPO), "GPUCTL_BENCH_TREE": str(REPO)},
     )
@@ -370,7 +398,7 @@ def ratios(old: dict[str, Any], new: dict[str, Any]) -> str:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--feeder":
-        feeder(json.loads(sys.argv[2]), int(sys.argv[3]), 1.0, int(sys.argv[4]))
+        feeder(json.loads(sys.argv[2]), int(sys.argv[3]), 1.0, int(sys.argv[4]), int(sys.argv[5]))
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--run":
         nodes, gpus, seconds, mode, rss_every = json.loads(sys.argv[2])
