@@ -234,6 +234,66 @@ def read_stat(pid: Union[int, str], proc_root: str = "/proc") -> Optional[ProcSt
     return parse_stat(stat)
 
 
+class KeptOpen(object):
+    """Files read again and again from their start through a descriptor kept open (``pread``):
+    the /proc files the agent reads every sample (the host's, each GPU process's stat), where
+    opening a file costs more than reading it (a file object to open and read /proc/PID/stat
+    was 0.116 ms on an H100's VM at 1 Hz, a kept descriptor's pread 0.044 ms). ``read`` gives
+    the bytes (at most ``most``) or None; a read that fails closes the file (a process that
+    ended: ESRCH), to be opened again at the next read. A file is read with one ``pread`` when
+    it fits (a short read is its end): asking again past the end of a /proc file makes the
+    kernel generate it a second time. ``replaceable``: before each read, check that the file
+    was not removed (a test's tree, whose files are replaced; never under /proc, where the
+    ``fstat`` would cost 0.015 ms a file)."""
+
+    CHUNK = 1 << 16  # bytes asked of a file per pread
+
+    def __init__(self, replaceable: bool = False) -> None:
+        self._fds = {}  # type: Dict[str, int]
+        self._replaceable = replaceable
+
+    def __contains__(self, path: str) -> bool:
+        return path in self._fds
+
+    def paths(self) -> List[str]:
+        return list(self._fds)
+
+    def read(self, path: str, most: int = 1 << 20) -> Optional[bytes]:
+        fd = self._fds.get(path)
+        try:
+            if fd is not None and self._replaceable and os.fstat(fd).st_nlink == 0:
+                self.forget(path)
+                fd = None
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY)
+            chunks = []  # type: List[bytes]
+            size = 0
+            while size < most:
+                ask = min(self.CHUNK, most - size)
+                chunk = os.pread(fd, ask, size)
+                chunks.append(chunk)
+                size += len(chunk)
+                if len(chunk) < ask:  # its end
+                    break
+            return b"".join(chunks)
+        except OSError:
+            self.forget(path)
+            return None
+
+    def forget(self, path: str) -> None:
+        """Close ``path``'s descriptor (if kept)."""
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        for path in list(self._fds):
+            self.forget(path)
+
+
 def parse_stat(stat: bytes) -> Optional[ProcStat]:
     """The text of a /proc/PID/stat, or None when it is not one. The command name may hold
     spaces and parentheses: the fields are read after its last ``)``."""

@@ -20,9 +20,10 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..proc import KeptOpen
+
 CPUS_EVERY_S = 60.0  # the CPU count is read again this often (CPUs going on- or offline)
 LOAD_EVERY_S = 5.0  # /proc/loadavg is read again this often (the kernel's own period)
-CHUNK = 1 << 16  # bytes asked of a file per pread
 HOST_FIELDS = ("cpu", "cpus", "mem_total", "mem_available", "load", "net_rx", "net_tx")
 
 
@@ -38,45 +39,19 @@ class HostStats(object):
         self._clock = clock
         self._cpu = None  # type: Optional[Tuple[int, int]]  # busy, total jiffies
         self._net = None  # type: Optional[Tuple[int, int, float]]  # rx, tx bytes, when
-        self._fds = {}  # type: Dict[str, int]
-        self._replaceable = os.path.abspath(root) != "/proc"  # a test's tree: files replaced
+        # a test's tree has its files replaced; /proc's are never
+        self._files = KeptOpen(replaceable=os.path.abspath(root) != "/proc")
         self._cpus = None  # type: Optional[Tuple[Optional[int], float]]  # count, when read
         self._load = None  # type: Optional[Tuple[Optional[List[float]], float]]  # ..., when
 
     def _read(self, name: str) -> Optional[str]:
         """The file's text (at most 1 MiB), read through a descriptor kept open."""
-        fd = self._fds.get(name)
-        try:
-            if fd is not None and self._replaceable and os.fstat(fd).st_nlink == 0:
-                self._close(name)
-                fd = None
-            if fd is None:
-                fd = self._fds[name] = os.open(os.path.join(self._root, name), os.O_RDONLY)
-            chunks = []  # type: List[bytes]
-            size = 0
-            while size < 1 << 20:
-                chunk = os.pread(fd, CHUNK, size)
-                chunks.append(chunk)
-                size += len(chunk)
-                if len(chunk) < CHUNK:  # the end: asking past it costs a second generation
-                    break
-            return b"".join(chunks).decode("ascii", "replace")
-        except OSError:
-            self._close(name)  # opened again next time
-            return None
-
-    def _close(self, name: str) -> None:
-        fd = self._fds.pop(name, None)
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        data = self._files.read(os.path.join(self._root, name))
+        return None if data is None else data.decode("ascii", "replace")
 
     def close(self) -> None:
         """Close the files kept open."""
-        for name in list(self._fds):
-            self._close(name)
+        self._files.close()
 
     def __del__(self) -> None:
         self.close()

@@ -20,7 +20,8 @@ import signal
 import time
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
-from ..proc import CLOCK_TICKS, STAT_BYTES, ProcStat, boot_time, parse_stat, read_stat
+from ..proc import (
+    CLOCK_TICKS, STAT_BYTES, KeptOpen, ProcStat, boot_time, parse_stat, read_stat)
 
 MAX_COMMAND = 200  # characters: enough to tell jobs apart, small enough for one sample line
 MAX_PARENTS = 64  # ancestors of GPU processes sent in one sample (a tree, not a process table)
@@ -89,7 +90,7 @@ class ProcessNames(object):
         # parents() of the last GPU pid set: (the set, when read, the rows)
         self._parents = None  # type: Optional[Tuple[FrozenSet[int], float, List[Dict[str, Any]]]]
         self._seen = set()  # type: Set[int]
-        self._stat_fds = {}  # type: Dict[int, int]  # pid -> its /proc/PID/stat, kept open
+        self._stat_files = KeptOpen()  # each listed process's /proc/PID/stat
 
     def identity(self, pid: int) -> Identity:
         """Return ``(uid, user, command)`` for ``pid``; any may be None (another namespace)."""
@@ -112,38 +113,25 @@ class ProcessNames(object):
         return self._stats[pid]
 
     def _read_stat(self, pid: int) -> Optional[ProcStat]:
-        fd = self._stat_fds.get(pid)
-        if fd is not None:
-            try:
-                st = parse_stat(os.pread(fd, STAT_BYTES, 0))
-            except OSError:  # ESRCH: that process is gone (its pid may be another's now)
-                st = None
-            if st is not None:
-                return st
-            self._close_stat(pid)
-        try:
-            fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY)
-        except OSError:
-            return None
-        self._stat_fds[pid] = fd
-        try:
-            return parse_stat(os.pread(fd, STAT_BYTES, 0))
-        except OSError:
-            self._close_stat(pid)
-            return None
-
-    def _close_stat(self, pid: int) -> None:
-        fd = self._stat_fds.pop(pid, None)
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        """Through a descriptor kept open while the process is listed: once it ends the read
+        fails (ESRCH, even when its pid is another's now) and the file is opened again."""
+        path = "/proc/%d/stat" % pid
+        kept = path in self._stat_files
+        data = self._stat_files.read(path, STAT_BYTES)
+        st = None if data is None else parse_stat(data)
+        if st is None and kept:  # that process is gone: its pid may be another's now
+            self._stat_files.forget(path)
+            data = self._stat_files.read(path, STAT_BYTES)
+            st = None if data is None else parse_stat(data)
+        if st is None:
+            self._stat_files.forget(path)
+        return st
 
     def close(self) -> None:
         """Close the /proc files kept open."""
-        for pid in list(getattr(self, "_stat_fds", ())):
-            self._close_stat(pid)
+        files = getattr(self, "_stat_files", None)
+        if files is not None:
+            files.close()
 
     def __del__(self) -> None:
         self.close()
@@ -156,9 +144,9 @@ class ProcessNames(object):
             for pid in list(cache):
                 if pid not in keep:
                     del cache[pid]
-        for pid in list(self._stat_fds):
-            if pid not in keep:
-                self._close_stat(pid)
+        for path in self._stat_files.paths():
+            if int(path.split("/")[2]) not in keep:
+                self._stat_files.forget(path)
         self._stats = {}
         self._fields = {}
         self._seen = set()
