@@ -103,6 +103,31 @@ async def test_jobs_pane_reads_only_the_end_of_a_long_log(
     assert brought and max(brought) <= TAIL_BYTES + 64, brought
 
 
+async def test_a_log_read_that_started_before_another_was_shown_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two reads of the selected job's logs that overlap (the tail timer's and the selection's,
+    on a slow node) both start from the same offsets: the later one's lines were shown twice
+    (a CI run's snapshot had the stderr's two lines in reverse order, scrolled)."""
+    from gpuctl.tui.widgets.jobs_pane import STREAMS
+    from gpuctl_tests.tui.test_snapshots import job_store_with_three_jobs
+
+    app = make_app(
+        replay_fleet(), state_dir=tmp_path / "ui", job_store=job_store_with_three_jobs(tmp_path)
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        pane = app.overview.query_one(JobsPane)
+        await until(pilot, lambda: pane.final_read and "tick 1" in log_text(app, "stdout"), "logs")
+        before = log_text(app, "stdout")
+        assert before.count("tick 1") == 1
+        zero = dict.fromkeys(STREAMS, 0)
+        again = {STREAMS[0]: b"tick 0\ntick 1\n", STREAMS[1]: b""}
+        pane._append_logs(pane.selected or "", zero, again, {STREAMS[0]: 14, STREAMS[1]: 0}, True)
+        await pilot.pause()
+        assert log_text(app, "stdout") == before
+
+
 @pytest.mark.slow
 async def test_jobs_pane_shows_output_report_and_cancels_from_the_keyboard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

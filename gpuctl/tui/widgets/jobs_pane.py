@@ -374,6 +374,7 @@ class JobsPane(Vertical):
 
     @work(thread=True, exclusive=True, group="job-logs", exit_on_error=False)
     def read_logs(self, rec: JobRecord, offsets: dict[str, int]) -> None:
+        start = dict(offsets)
         job = self._job(rec)
         if job is None:
             self.app.call_from_thread(self._logs_unreadable, rec.id)
@@ -401,12 +402,19 @@ class JobsPane(Vertical):
                 data = b""
             chunks[name] = data
             offsets[name] += len(data)
-        self.app.call_from_thread(self._append_logs, rec.id, chunks, offsets, final)
+        self.app.call_from_thread(self._append_logs, rec.id, start, chunks, offsets, final)
 
     def _append_logs(
-        self, job_id: str, chunks: dict[str, bytes], offsets: dict[str, int], final: bool
+        self,
+        job_id: str,
+        start: dict[str, int],
+        chunks: dict[str, bytes],
+        offsets: dict[str, int],
+        final: bool,
     ) -> None:
-        if job_id != self.selected:
+        # A read that started from offsets the pane has moved past (two reads overlapped: the
+        # tail timer's and the selection's, a slow node) would show the same lines twice.
+        if job_id != self.selected or start != self.offsets:
             return
         for name, log_id in zip(STREAMS, ("#job-stdout", "#job-stderr"), strict=True):
             # What the job printed: escapes and control bytes go (line breaks and tabs stay).
