@@ -6,6 +6,7 @@ loopback port scraping stand-in DCGM exporters (their text format and labels) an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import time
@@ -355,9 +356,10 @@ async def test_a_poll_asks_only_the_hosts_with_a_new_sample(site: Site) -> None:
     assert [g["util_gpu"] for _i, g in sorted(readings["node-b"].gpus.items())] == [10, 20]
 
 
-async def test_mixed_watches_through_prometheus_and_acts_through_the_agent() -> None:
-    """A cluster that names its nodes and a Prometheus: the samples are the store's, and a
-    burn goes to the node's agent, opened then (a node nobody acts on costs no connection)."""
+@contextlib.contextmanager
+def mixed_localhost() -> Iterator[tuple[StandInExporter, Fleet, Any]]:
+    """A mixed cluster of one node, localhost: its samples from a real Prometheus scraping a
+    stand-in exporter, its actions through a local simulated agent (``link.agent``)."""
     exporter = StandInExporter("localhost")
     try:
         with prometheus([exporter.address]) as prom:
@@ -367,91 +369,86 @@ async def test_mixed_watches_through_prometheus_and_acts_through_the_agent() -> 
                 'via = "local"\nsimulate = "2:H100"\n'
                 "prometheus_match = '{Hostname=\"localhost\"}'\n",
             )
-            link = fleet.nodes["localhost"].link
-            assert isinstance(link, PromLink) and link.agent is not None
-            await fleet.start()
-            try:
-                await until(
-                    lambda: (
-                        fleet.snapshot("localhost").state is NodeState.LIVE
-                        and fleet.snapshot("localhost").gpus
-                    ),
-                    "the node live",
-                )
-                snap = fleet.snapshot("localhost")
-                assert [g.util_gpu for g in snap.gpus] == [10, 20]  # the store's, not the sim's
-                assert link._agent_session is None  # nothing acted yet: no agent
-                assert service.refusal("stress", fleet=fleet, read_only=False) is None
-                reply = await control.set_stress(
-                    fleet, "localhost", [0], True, duration=1.5, read_only=False
-                )
-                assert reply["started"] == [0] and reply["engine"] == "sim"
-                assert link._agent_session is not None
-                done = await until(
-                    lambda: (
-                        (fleet.snapshot("localhost").burn(0) or {}).get("state") == "done"
-                        and fleet.snapshot("localhost").burn(0)
-                    ),
-                    "the burn's end, from the agent's events",
-                )
-                assert done["verdict"] == "OK"
-                # the agent's own samples never replace the store's
-                assert [g.util_gpu for g in fleet.snapshot("localhost").gpus] == [10, 20]
-            finally:
-                await fleet.stop()
+            yield exporter, fleet, fleet.nodes["localhost"].link
     finally:
         exporter.close()
+
+
+async def test_mixed_watches_through_prometheus_and_acts_through_the_agent() -> None:
+    """A cluster that names its nodes and a Prometheus: the samples are the store's, and a
+    burn goes to the node's agent, opened then (a node nobody acts on costs no connection)."""
+    with mixed_localhost() as (_exporter, fleet, link):
+        assert isinstance(link, PromLink) and link.agent is not None
+        await fleet.start()
+        try:
+            await until(
+                lambda: (
+                    fleet.snapshot("localhost").state is NodeState.LIVE
+                    and fleet.snapshot("localhost").gpus
+                ),
+                "the node live",
+            )
+            snap = fleet.snapshot("localhost")
+            assert [g.util_gpu for g in snap.gpus] == [10, 20]  # the store's, not the sim's
+            assert link._agent_session is None  # nothing acted yet: no agent
+            assert service.refusal("stress", fleet=fleet, read_only=False) is None
+            reply = await control.set_stress(
+                fleet, "localhost", [0], True, duration=1.5, read_only=False
+            )
+            assert reply["started"] == [0] and reply["engine"] == "sim"
+            assert link._agent_session is not None
+            done = await until(
+                lambda: (
+                    (fleet.snapshot("localhost").burn(0) or {}).get("state") == "done"
+                    and fleet.snapshot("localhost").burn(0)
+                ),
+                "the burn's end, from the agent's events",
+            )
+            assert done["verdict"] == "OK"
+            # the agent's own samples never replace the store's
+            assert [g.util_gpu for g in fleet.snapshot("localhost").gpus] == [10, 20]
+        finally:
+            await fleet.stop()
 
 
 async def test_mixed_tells_an_xid_once() -> None:
     """A mixed node hears an XID twice: from its agent (NVML, at once) and from the store (a
     scrape later, DCGM exporter's XID_ERRORS): it is told once, whichever comes first."""
-    exporter = StandInExporter("localhost")
-    try:
-        with prometheus([exporter.address]) as prom:
-            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
-            fleet = site_fleet(
-                prom.url,
-                'via = "local"\nsimulate = "2:H100"\n'
-                "prometheus_match = '{Hostname=\"localhost\"}'\n",
-            )
-            link = fleet.nodes["localhost"].link
-            assert isinstance(link, PromLink)
-            source = link.source
-            xids: list[tuple[int | None, object]] = []
-            fleet.on_event(
-                lambda _n, e: xids.append((e.gpu, e.detail["xid"])) if e.kind == "xid" else None
-            )
+    with mixed_localhost() as (exporter, fleet, link):
+        assert isinstance(link, PromLink)
+        source = link.source
+        xids: list[tuple[int | None, object]] = []
+        fleet.on_event(
+            lambda _n, e: xids.append((e.gpu, e.detail["xid"])) if e.kind == "xid" else None
+        )
 
-            def store_xid(gpu: int) -> object:
-                reading = source.latest.get("localhost")
-                return reading is not None and reading.gpus.get(gpu, {}).get("xid")
+        def store_xid(gpu: int) -> object:
+            reading = source.latest.get("localhost")
+            return reading is not None and reading.gpus.get(gpu, {}).get("xid")
 
-            await fleet.start()
-            try:
-                await until(lambda: fleet.snapshot("localhost").gpus, "the node's GPUs")
-                # the agent first (it opens for this request), the store a scrape later
+        await fleet.start()
+        try:
+            await until(lambda: fleet.snapshot("localhost").gpus, "the node's GPUs")
+            # the agent first (it opens for this request), the store a scrape later
+            await fleet.request(
+                "localhost", {"type": "simulate", "action": "xid", "gpu": 0, "xid": 79}
+            )
+            await until(lambda: xids, "the agent's XID")
+            exporter.set(0, xid=79)
+            await until(lambda: store_xid(0) == 79, "the store's XID")
+            # the store first, the agent after; then another the agent alone has
+            exporter.set(1, xid=48)
+            await until(lambda: (1, 48) in xids, "the store's XID")
+            for gpu, xid in ((1, 48), (1, 13)):
                 await fleet.request(
-                    "localhost", {"type": "simulate", "action": "xid", "gpu": 0, "xid": 79}
+                    "localhost", {"type": "simulate", "action": "xid", "gpu": gpu, "xid": xid}
                 )
-                await until(lambda: xids, "the agent's XID")
-                exporter.set(0, xid=79)
-                await until(lambda: store_xid(0) == 79, "the store's XID")
-                # the store first, the agent after; then another the agent alone has
-                exporter.set(1, xid=48)
-                await until(lambda: (1, 48) in xids, "the store's XID")
-                for gpu, xid in ((1, 48), (1, 13)):
-                    await fleet.request(
-                        "localhost", {"type": "simulate", "action": "xid", "gpu": gpu, "xid": xid}
-                    )
-                await until(lambda: (1, 13) in xids, "the agent's second XID")
-                polls = source.polls
-                await until(lambda: source.polls >= polls + 2, "two more polls")
-                assert xids == [(0, 79), (1, 48), (1, 13)]
-            finally:
-                await fleet.stop()
-    finally:
-        exporter.close()
+            await until(lambda: (1, 13) in xids, "the agent's second XID")
+            polls = source.polls
+            await until(lambda: source.polls >= polls + 2, "two more polls")
+            assert xids == [(0, 79), (1, 48), (1, 13)]
+        finally:
+            await fleet.stop()
 
 
 def test_status_json_and_table_through_prometheus(site: Site) -> None:
