@@ -105,11 +105,14 @@ class Host:
     def exists(self, path: str) -> bool:
         raise NotImplementedError
 
-    def touch(self, path: str) -> bool:
-        """True when ``path`` exists, its modification time then set to now: a content-addressed
-        cache (``code-*``, ``runner-*``, ``shared/*.pkl``) found and reused is marked used, so
-        that ``gpuctl jobs purge`` removes only what no job used for its age. One round trip."""
-        rc, _, _ = self.run(["sh", "-c", '[ -e "$1" ] && touch -c "$1"', "sh", path], timeout=60)
+    def touch(self, path: str, when: str | None = None) -> bool:
+        """True when ``when`` (default ``path`` itself) exists, ``path``'s modification time
+        then set to now: a content-addressed cache (``code-*``, ``runner-*``, ``shared/*.pkl``)
+        found complete (``when``: its completion mark) and reused is marked used, so that
+        ``gpuctl jobs purge`` removes only what no job used for its age. One round trip: the
+        check and the mark together (a reuse was an ``exists`` and then a ``touch``)."""
+        script = '[ -e "$2" ] && touch -c "$1"'
+        rc, _, _ = self.run(["sh", "-c", script, "sh", path, when or path], timeout=60)
         return rc == 0
 
     def mkdir(self, path: str, mode: int = 0o700) -> None:
@@ -231,7 +234,9 @@ class LocalHost(Host):
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
-    def touch(self, path: str) -> bool:
+    def touch(self, path: str, when: str | None = None) -> bool:
+        if when is not None and not os.path.exists(when):
+            return False
         try:
             os.utime(path)
         except OSError:

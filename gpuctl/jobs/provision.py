@@ -68,7 +68,7 @@ def shared_runner(host: Host, root: str) -> str:
     for name, data in sorted(_runner_bytes()):
         digest.update(name.encode() + b"\0" + data + b"\0")
     runner = f"{root}/runner-{digest.hexdigest()[:12]}"
-    if not (host.exists(f"{runner}/{jobfiles.SUPERVISOR_SCRIPT}") and host.touch(runner)):
+    if not host.touch(runner, when=f"{runner}/{jobfiles.SUPERVISOR_SCRIPT}"):
         host.mkdir(runner, 0o700)
         write_runner(host, runner)
     return runner

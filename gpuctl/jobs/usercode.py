@@ -294,9 +294,12 @@ def collect(
 
 # Unpacks the archive $1 into the new folder $2, then makes it the code folder $3 unless
 # another submitter's copy got there first.
+# A folder already there with its mark is another submitter's complete copy: ours goes. One
+# without it (a purge cut off midway, a hand's ``rm``) is replaced, never used as it is.
 _UNPACK = (
     'tar -x -f "$1" -C "$2" && rm -f "$1" && '
-    'if [ -e "$3" ]; then rm -rf "$2"; else mv "$2" "$3" || rm -rf "$2"; fi'
+    f'if [ -e "$3/{COMPLETE}" ]; then rm -rf "$2"; '
+    'else rm -rf "$3" && mv "$2" "$3" || rm -rf "$2"; fi'
 )
 
 
@@ -317,7 +320,7 @@ def ship(host: Host, root: str, code: UserCode) -> str | None:
     if not code.files:
         return None
     folder = code.folder(root)
-    if host.exists(f"{folder}/{COMPLETE}") and host.touch(folder):  # marked used for purge
+    if host.touch(folder, when=f"{folder}/{COMPLETE}"):  # complete: reused, marked used
         return folder
     tmp = f"{folder}.tmp-{uuid.uuid4().hex[:8]}"
     archive = f"{tmp}.tar"

@@ -270,3 +270,55 @@ def test_a_package_run_with_dash_m_and_a_script_on_stdin_ship_their_folder(
         assert run_python(["-m", "proj.train"], root, opts) == {"result": 21}
     else:
         assert run_python(["-"], root, opts, stdin=PACKAGED) == {"result": 21}
+
+
+class _Counted:
+    """A LocalHost whose calls are counted by name: each is one round trip on an SSH host."""
+
+    def __init__(self) -> None:
+        from gpuctl.jobs.hosts import LocalHost
+
+        self.calls: list[str] = []
+        host = LocalHost()
+        for name in ("exists", "touch", "run", "mkdir", "open_atomic"):
+            real = getattr(host, name)
+            setattr(self, name, self._count(name, real))
+        self.name = host.name
+
+    def _count(self, name: str, real: Any) -> Any:
+        def call(*a: Any, **k: Any) -> Any:
+            self.calls.append(name)
+            return real(*a, **k)
+
+        return call
+
+
+def test_code_already_on_the_node_is_reused_in_one_round_trip_and_a_half_written_copy_is_not(
+    tmp_path: Path,
+) -> None:
+    """A reused code folder costs one round trip (check its completion mark and mark it used
+    for ``jobs purge`` together; it was ``exists`` then ``touch``); a folder without its mark
+    (a copy cut off while unpacking) is shipped again, never reused."""
+    from gpuctl.jobs.hosts import Host, LocalHost
+    from gpuctl.jobs.usercode import COMPLETE, UserCode, ship
+
+    src = tmp_path / "model.py"
+    src.write_text("X = 1\n")
+    code = UserCode(files=(("model.py", str(src)),), digest="ab" * 32)
+    root = str(tmp_path / "jobs")
+    Path(root).mkdir(mode=0o700)
+    host: Any = _Counted()
+    folder = ship(host, root, code)
+    assert folder and (Path(folder) / COMPLETE).exists()
+    host.calls.clear()
+    assert ship(host, root, code) == folder
+    assert host.calls == ["touch"]
+    (Path(folder) / COMPLETE).unlink()  # half written: no mark
+    host.calls.clear()
+    assert ship(host, root, code) == folder
+    assert host.calls[0] == "touch" and "open_atomic" in host.calls
+    assert (Path(folder) / COMPLETE).exists()
+    # the shell form an SSH host runs, here through the local shell
+    local = LocalHost()
+    assert Host.touch(local, folder, when=f"{folder}/{COMPLETE}")
+    assert not Host.touch(local, folder, when=f"{folder}/missing")
