@@ -67,7 +67,7 @@ def test_the_agent_reports_real_processes_with_their_host_facts_and_tree(
         nvml_lib_dir,
         tmp_path / "nvml.conf",
         f"count 2\nproc 0 {kids[0]} 512\nproc 1 {kids[1]} 256\nproc 1 {lone.pid} 128\n"
-        f"procutil 0 {kids[0]} 37 5\n",
+        f"procutil 1 {kids[1]} 37 5\n",
     )
     agent = start_agent(stub, tmp_path, agents)
     pids = {*kids, lone.pid}
@@ -85,7 +85,9 @@ def test_the_agent_reports_real_processes_with_their_host_facts_and_tree(
         assert p.get("cpu") is None  # one read of /proc/PID/stat is no rate yet (null: left out)
     assert [seen[k]["ppid"] for k in kids] == [launcher.pid, launcher.pid]
     assert seen[lone.pid]["ppid"] == os.getpid()
-    assert (seen[kids[0]]["gpu"], seen[kids[0]]["mem"], seen[kids[0]]["sm"]) == (0, 512 << 20, 37)
+    # GPU 0's only process has GPU 0's utilization; GPU 1's two have NVML's per-process answers
+    assert (seen[kids[0]]["gpu"], seen[kids[0]]["mem"], seen[kids[0]]["sm"]) == (0, 512 << 20, 50)
+    assert (seen[kids[1]]["gpu"], seen[kids[1]]["sm"]) == (1, 37)
     assert seen[lone.pid].get("sm") is None  # no utilization sample of it
     # The launcher is a parent, not a GPU process; no GPU process is listed as a parent.
     parents = {p["pid"]: p for p in first["parents"]}
@@ -187,6 +189,8 @@ def test_a_gpu_process_stat_file_is_opened_once_while_it_runs(
     from gpuctl.node.readers import procs as procs_module
 
     sleeper = procs("sleep", "308")
+    # exec'd: mid-exec its stat showed an RSS of 0 (1 run in 12 here)
+    wait_until(lambda: Path(f"/proc/{sleeper.pid}/cmdline").read_bytes().startswith(b"sleep"))
     path = f"/proc/{sleeper.pid}/stat"
     opened: list[str] = []
     real_os_open, real_open = os.open, open

@@ -117,8 +117,9 @@ def test_sample_reads_every_field(reader: Any) -> None:
     assert proc["user"] == pwd.getpwuid(os.getuid()).pw_name
     assert "pytest" in proc["command"] or "python" in proc["command"]
     # A pid /proc does not show (another namespace, already gone): user and command unknown.
-    unknown = dict.fromkeys(("user", "command", "uid", "sm", "ppid", "cpu", "rss", "started"))
-    assert g1["processes"] == [{"pid": 4194000, "mem": 64 * MIB, **unknown}]
+    # Its SM %: GPU 1's utilization (its only process).
+    unknown = dict.fromkeys(("user", "command", "uid", "ppid", "cpu", "rss", "started"))
+    assert g1["processes"] == [{"pid": 4194000, "mem": 64 * MIB, "sm": 51, **unknown}]
 
 
 def test_unsupported_fields_are_null_and_hide_nothing_else(reader: Any) -> None:
@@ -154,7 +155,10 @@ def test_process_utilization_is_read_only_for_gpus_with_processes_and_not_every_
     reader: Any, stub: NvmlStub
 ) -> None:
     me = os.getpid()
-    r = reader(f"count 3\nproc 0 {me} 512\nprocutil 0 {me} 37 5\nproc 2 4194000 64\n")
+    r = reader(
+        f"count 3\nproc 0 {me} 512\nproc 0 4194001 64\nprocutil 0 {me} 37 5\n"
+        "proc 2 4194000 64\nproc 2 4194002 64\n"
+    )
     util = "nvmlDeviceGetProcessUtilization"
     r.sample(slow=False)
     first = [stub.calls(i, util) for i in range(3)]
@@ -163,6 +167,7 @@ def test_process_utilization_is_read_only_for_gpus_with_processes_and_not_every_
     for _ in range(4):  # back to back: well within PROC_UTIL_EVERY_S
         gpus = by_index(r.sample(slow=False))
         assert gpus[0]["processes"][0]["sm"] == 37  # the last answer is repeated in between
+        assert gpus[0]["processes"][1]["sm"] is None  # no sample of it: ran no kernel
         assert gpus[1]["processes"] == []
     assert [stub.calls(i, util) for i in range(3)] == first
     r.proc_util_every = 0.0  # every sample is now due
@@ -232,11 +237,32 @@ def test_process_lists_are_read_again_when_the_used_memory_changes_or_after_a_wh
 
 def test_unsupported_process_utilization_is_asked_once(reader: Any, stub: NvmlStub) -> None:
     me = os.getpid()
-    r = reader(f"count 1\nproc 0 {me} 512\nerror 0 3 procutil\n")
+    r = reader(f"count 1\nproc 0 {me} 512\nproc 0 4194000 64\nerror 0 3 procutil\n")
     r.proc_util_every = 0.0
     for _ in range(3):
         procs = r.sample(slow=False)[0]["processes"]
-        assert [(p["pid"], p["sm"]) for p in procs] == [(me, None)]
+        assert [(p["pid"], p["sm"]) for p in procs] == [(me, None), (4194000, None)]
+    assert stub.calls(0, "nvmlDeviceGetProcessUtilization") == 1
+
+
+def test_a_lone_process_has_the_gpus_utilization_without_the_per_process_call(
+    reader: Any, stub: NvmlStub
+) -> None:
+    """One process on a GPU (a training job's rank): its SM % is the GPU's utilization of the
+    same sample, and the per-process call (1.5 ms on an H100) is not made; a second process
+    is asked of NVML (a pid without a sample ran no kernel: null)."""
+    me = os.getpid()
+    r = reader(f"count 2\nproc 0 {me} 512\nprocutil 0 {me} 37 5\nerror 1 3 procutil\n")
+    r.proc_util_every = r.procs_every = 0.0  # every read due every sample
+    for util in (50, 93):
+        stub.set(0, "util_gpu", util)
+        procs = r.sample(slow=False)[0]["processes"]
+        assert [(p["pid"], p["sm"]) for p in procs] == [(me, util)]
+    assert stub.calls(0, "nvmlDeviceGetProcessUtilization") == 0
+    # two processes (another reader: the stub's lists are its config's): the call, its answers
+    r2 = reader(f"count 1\nproc 0 {me} 512\nproc 0 4194000 64\nprocutil 0 {me} 37 5\n")
+    procs = r2.sample(slow=False)[0]["processes"]
+    assert [(p["pid"], p["sm"]) for p in procs] == [(me, 37), (4194000, None)]
     assert stub.calls(0, "nvmlDeviceGetProcessUtilization") == 1
 
 
