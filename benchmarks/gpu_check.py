@@ -27,6 +27,8 @@ burn   bf16 and tf32, alternated: a bare ``matmul(out=)`` loop (benchmarks/burn_
        burner's accumulating GEMM) as a diagnostic; then ``python -m gpuctl.workloads.burn``
        as a process: seconds from its start to its first GEMM (and where they went).
 ddp    the acceptance suite's DDP sections alone with one rank: ddp_allreduce must SKIP.
+agentprof  (only when asked: ``--parts agentprof``, about 1 minute) the bundle's agent under
+       cProfile at 1 Hz: its CPU per sample and the functions that take it.
 
 With ``--device cpu`` the agent part runs over the stand-in libnvidia-ml.so.1 the tests build
 (gcc) and the other parts on the CPU: a check that the script itself works.
@@ -53,7 +55,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-PART_LIMITS = {"agent": 175.0, "burn": 200.0, "ddp": 120.0}
+PART_LIMITS = {"agent": 175.0, "burn": 200.0, "ddp": 120.0, "agentprof": 90.0}
 # Fields a monitor shows, for the bare pynvml baseline (what nvtop/nvitop read per GPU).
 BARE_FIELDS = 9  # see bare_pynvml
 OLD_DIR = REPO / "agent_old"  # a base commit's gpuctl package, placed by hand (see the docstring)
@@ -522,7 +524,80 @@ def part_ddp(a: argparse.Namespace, results: Path) -> int:
     return 0 if ok else 1
 
 
-PARTS = {"agent": part_agent, "burn": part_burn, "ddp": part_ddp}
+# The bundle's agent run under cProfile (runpy, ``-S``), for where its CPU goes beyond the
+# reader's own (on the H100 the agent cost 1.02 ms a sample where its reader alone cost 0.48).
+# The profiler starts at SIGUSR1 (sent once the agent has settled: imports are not a sample's).
+_PROFILED = (
+    "import cProfile, runpy, signal, sys\n"
+    "bundle, out = sys.argv[1], sys.argv[2]\n"
+    "sys.argv = [bundle] + sys.argv[3:]\n"
+    "prof = cProfile.Profile()\n"
+    "signal.signal(signal.SIGUSR1, lambda *_: prof.enable())\n"
+    "try:\n"
+    "    runpy.run_path(bundle, run_name='__main__')\n"
+    "except SystemExit:\n"
+    "    pass\n"
+    "prof.disable()\n"
+    "prof.dump_stats(out)\n"
+)
+
+
+def part_agentprof(a: argparse.Namespace, results: Path) -> int:
+    """The real agent (bundle, ``python3 -S``, 1 Hz) under cProfile, with a process on GPU 0:
+    its CPU per sample (schedstat, profiler's overhead included) and the functions that
+    take it, per sample, by own time."""
+    import pstats
+
+    from benchmarks import agent_cpu
+    from gpuctl.bundle import write_bundle
+
+    samples = 8 if a.quick else 40
+    hold = holder(a.device)
+    out: dict[str, Any] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpuctl-check-") as tmp:
+            bundle = str(write_bundle(Path(tmp) / "bundle"))
+            prof = Path(tmp) / "agent.prof"
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            cmd = [sys.executable, "-S", "-c", _PROFILED, bundle, str(prof)]
+            agent = agent_cpu.Agent(cmd, ["--interval", "1"], env)
+            try:
+                hello = agent.next_message()
+                for _ in range(3):
+                    agent.next_sample()
+                agent.proc.send_signal(signal.SIGUSR1)
+                agent.next_sample()
+                first = agent.next_sample()
+                start = agent_cpu.cpu_ns(agent.proc.pid)
+                last = first
+                for _ in range(samples):
+                    last = agent.next_sample()
+                used = agent_cpu.cpu_ns(agent.proc.pid) - start
+                count = int(str(last["seq"])) - int(str(first["seq"]))
+            finally:
+                agent.close()
+            per = used / count / 1e6
+            say(f"[agentprof] reader {hello.get('reader')}, {count} samples: {per:.3f} ms CPU "
+                f"a sample under the profiler")  # fmt: skip
+            stats = pstats.Stats(str(prof))
+            total_calls = max(1, count + 1)  # the profiled samples: the window and one before
+            rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:25]  # type: ignore[attr-defined]
+            out["ms_per_sample"] = per
+            out["top"] = []
+            for (file, line, fn), (_cc, nc, tt, ct, _callers) in rows:
+                where = f"{Path(file).name}:{line}({fn})" if line else fn
+                own, cum = tt / total_calls * 1000, ct / total_calls * 1000
+                row = f"{own:8.3f} ms own {cum:8.3f} ms cum  x{nc / total_calls:6.1f}  {where}"
+                out["top"].append(row)
+                say(f"[agentprof]   {row}")
+    finally:
+        hold.kill()
+        hold.wait()
+        save(results, "agentprof", out)
+    return 0
+
+
+PARTS = {"agent": part_agent, "burn": part_burn, "ddp": part_ddp, "agentprof": part_agentprof}
 
 
 # -- the driver ----------------------------------------------------------------------------
@@ -532,7 +607,7 @@ def run_part(name: str, a: argparse.Namespace, results: Path, limit: float, log:
     cmd += ["--quick"] if a.quick else []
     cmd += ["--old", a.old, "--old-ref", a.old_ref, "--agent-rounds", str(a.agent_rounds)]
     env = dict(os.environ)
-    if a.device == "cpu" and name == "agent":
+    if a.device == "cpu" and name in ("agent", "agentprof"):
         from gpuctl_tests.node.nvml_stub import CONFIG_ENV, build
 
         lib = build(results / "stub")
@@ -581,7 +656,7 @@ def run_part(name: str, a: argparse.Namespace, results: Path, limit: float, log:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--parts", default="agent,burn,ddp", help="comma list of agent,burn,ddp")
+    p.add_argument("--parts", default="agent,burn,ddp", help="comma list: agent,burn,ddp,agentprof")
     p.add_argument("--seconds", type=float, default=10.0, help="each bare/burner run (CUDA)")
     p.add_argument("--rounds", type=int, default=2, help="bare/burner alternations per dtype")
     p.add_argument("--budget", type=float, default=400.0, help="seconds for all parts")
