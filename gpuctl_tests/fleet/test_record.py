@@ -21,14 +21,11 @@ import zstandard
 
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import simulated_fleet
-from gpuctl.fleet.record import (
-    CSV_READINGS,
-    Recorder,
-    RecordingReader,
-    Replayer,
-    export_csv,
-    format_time,
-)
+from gpuctl.fleet.recording.csvexport import CSV_READINGS, export_csv
+from gpuctl.fleet.recording.reader import RecordingReader
+from gpuctl.fleet.recording.replayer import Replayer
+from gpuctl.fleet.recording.times import format_time
+from gpuctl.fleet.recording.writer import Recorder
 from gpuctl.fleet.session import decode_sample
 from gpuctl.node.protocol import FROM_HELLO
 from gpuctl.tui.app import GpuctlApp

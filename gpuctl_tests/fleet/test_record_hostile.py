@@ -1,7 +1,7 @@
 """Recordings made by someone else (attached to a ticket, left in a shared folder): damaged or
 crafted files cost bounded memory and work, and end in one line or in what can be read, never
 in an internal error (issue 28, sections 3 and 4). The files are built here from the documented
-layout (see ``gpuctl.fleet.record``), independently of the writer."""
+layout (see ``gpuctl.fleet.recording.format``), independently of the writer."""
 
 from __future__ import annotations
 
@@ -21,14 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuctl.cli.main import main
-from gpuctl.fleet import record
-from gpuctl.fleet.record import (
-    MAX_NODES,
-    RecordingError,
-    RecordingReader,
-    Replayer,
-    export_csv,
-)
+from gpuctl.fleet.recording import reader as record_reader
+from gpuctl.fleet.recording.csvexport import export_csv
+from gpuctl.fleet.recording.format import RecordingError
+from gpuctl.fleet.recording.reader import MAX_NODES, RecordingReader
+from gpuctl.fleet.recording.replayer import Replayer
 from gpuctl.tui.replay import ReplayApp
 from gpuctl_tests.fleet.test_record import gpuctl
 from gpuctl_tests.helpers import node_env
@@ -203,7 +200,7 @@ def test_a_frame_of_millions_of_tiny_lines_is_skipped_cheaply(tmp_path: Path) ->
 def test_a_frame_is_left_after_max_frame_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(record, "MAX_FRAME_LINES", 1000, raising=False)
+    monkeypatch.setattr(record_reader, "MAX_FRAME_LINES", 1000, raising=False)
     records = b"".join(line({"t": T0, "n": "a", "m": sample(T0, i % 100)}) for i in range(3000))
     path = tmp_path / "long.gpurec"
     path.write_bytes(recording(header(), [records]))
@@ -242,7 +239,7 @@ def damaged_frame(how: str, data: bytes) -> bytes:
 def test_a_damaged_frame_is_skipped_and_the_others_replay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, why: str
 ) -> None:
-    monkeypatch.setattr(record, "MAX_RECORD_LINE", 4096)
+    monkeypatch.setattr(record_reader, "MAX_RECORD_LINE", 4096)
     data = bytearray(recording(header(), [PAYLOAD, PAYLOAD, PAYLOAD]))
     path = tmp_path / "damaged-frame.gpurec"
     path.write_bytes(data)
@@ -292,7 +289,8 @@ FD_CHECK = """
 import asyncio, logging, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300))
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
-from gpuctl.fleet.record import RecordingReader, Replayer
+from gpuctl.fleet.recording.reader import RecordingReader
+from gpuctl.fleet.recording.replayer import Replayer
 async def go():
     fleet = Replayer(RecordingReader(sys.argv[1])).fleet()
     await fleet.start()
@@ -518,7 +516,7 @@ DEEP_JSON = st.recursive(
 def test_the_nesting_check_on_the_text_is_the_depth_of_the_value(value: Any, depth: int) -> None:
     # strings full of brackets, quotes and backslashes: they must not count
     text = json.dumps({"t": 1, "v": value}).encode()
-    assert record._shallow(text, depth) == (depth_of({"v": value}) <= depth)
+    assert record_reader._shallow(text, depth) == (depth_of({"v": value}) <= depth)
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)
@@ -534,4 +532,4 @@ def test_a_frame_is_read_in_the_lines_it_holds(parts: list[bytes]) -> None:
     if want[-1] == b"":
         want.pop()
     data = zstandard.ZstdCompressor().compress(payload)
-    assert list(record._lines(zstandard.ZstdDecompressor(), data)) == want
+    assert list(record_reader._lines(zstandard.ZstdDecompressor(), data)) == want
