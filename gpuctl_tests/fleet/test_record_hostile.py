@@ -283,6 +283,28 @@ def test_records_of_nodes_the_header_does_not_name_are_kept_nowhere(tmp_path: Pa
     assert export_csv(reader, out) == 1 and "x1" not in out.getvalue()
 
 
+def test_nodes_joining_past_the_bound_are_left_out(tmp_path: Path) -> None:
+    # A node added while recording comes in at its join (the writer's); a file that joins
+    # 5,000 (each with a hello and a sample) gets MAX_NODES nodes in all, and one line.
+    joined = b"".join(
+        line({"t": T0 + 0.1, "n": f"x{i}", "join": "prometheus"})
+        + line({"t": T0 + 0.1, "n": f"x{i}", "m": HELLO})
+        + line({"t": T0 + 0.1, "n": f"x{i}", "m": sample(T0 + 0.1, 1)})
+        for i in range(5000)
+    )
+    path = tmp_path / "joined.gpurec"
+    path.write_bytes(recording(header(["a"]), [PAYLOAD + joined]))
+    reader = RecordingReader(path)
+    replayer = Replayer(reader, start=reader.end)
+    assert len(replayer.links) == MAX_NODES and len(replayer.last_sample) == MAX_NODES
+    assert replayer.links["x0"].describe() == "recorded prometheus"
+    assert f"x{MAX_NODES - 2}" in replayer.links and f"x{MAX_NODES - 1}" not in replayer.links
+    told = [p for p in reader.problems if "joined" in p]
+    assert told == [f"nodes joined the recording past {MAX_NODES} in all: they are left out"]
+    out = io.StringIO()
+    assert export_csv(RecordingReader(path), out) == MAX_NODES
+
+
 # A replay opens no connection: the open-file limit is no concern of it (a replay of many nodes
 # told the user to raise `ulimit -n`).
 FD_CHECK = """

@@ -62,8 +62,12 @@ def export_csv(reader: RecordingReader, out: IO[str], *, start: float | None = N
     for _i, rec in reader.records(first):
         msg = rec.get("m")
         node = rec["n"]
-        if node not in nodes:  # not in the header: not replayed either, nor kept (unbounded)
-            continue
+        if node not in nodes:
+            # a node joined after the header (its join, hello or failure) comes in, as in a
+            # replay; any other record of a node not in is kept nowhere (unbounded)
+            if reader.admit(len(nodes), rec) is None:
+                continue
+            nodes.add(node)
         if "slurm" in rec:
             jobs[node] = read_slurm_jobs(rec["slurm"])
         if not isinstance(msg, dict):

@@ -10,9 +10,11 @@ received it, and when a node's link failed (why). File layout (integers big-endi
                {"t": T, "n": node, "m": message}    a hello, sample or event of the node's agent
                {"t": T, "n": node, "down": reason}  the node's link failed
                {"t": T, "n": node, "slurm": {gpu: [job, user]}}  the Slurm jobs on its GPUs
-             A frame starts with keyframe records ("k": 1): each node's current hello and last
-             sample (or why it is down) and its Slurm jobs, so that a replay can start at any
-             frame.
+               {"t": T, "n": node, "join": link}  a node the header does not name joined the
+                                                  fleet (reached by ``link``: its kind)
+             A frame starts with keyframe records ("k": 1): the nodes joined since the header,
+             each node's current hello and last sample (or why it is down) and its Slurm jobs,
+             so that a replay can start at any frame.
     index    FRAME (b"GRI1", length, 0, 0) + one zstd frame: JSON [[first t, offset], ...]
     trailer  b"GRECEND1" + the index's offset (u64)
 """

@@ -79,6 +79,7 @@ class RecordingReader:
         self.problems: list[str] = []  # what could not be read, one line each (see ``_tell``)
         self.damaged: str | None = None  # why the index was not used, when it was damaged
         self._told: set[int] = set()  # the frames whose problem is in ``problems``
+        self._full_told = False  # whether ``admit`` said that it left joined nodes out
         try:
             self._read_header()
             self.size = os.fstat(self.file.fileno()).st_size
@@ -126,8 +127,7 @@ class RecordingReader:
                 continue
             named += 1
             if len(kept) < MAX_NODES:
-                link = n.get("link")
-                kept[name] = link if isinstance(link, str) and 0 < len(link) <= 32 else "recorded"
+                kept[name] = _link_kind(n.get("link"))
         if named > MAX_NODES:
             self.problems.append(
                 f"the recording names {named} nodes: replaying the first {MAX_NODES}"
@@ -199,6 +199,22 @@ class RecordingReader:
 
     def close(self) -> None:
         self.file.close()
+
+    def admit(self, known: int, rec: Record) -> str | None:
+        """The link kind of a node the header does not name that ``rec`` brings in (see
+        ``joins``), when ``known`` nodes (the header's and those joined before) leave room
+        for it under ``MAX_NODES``; None otherwise (once full, one line in ``problems``)."""
+        kind = joins(rec)
+        if kind is None:
+            return None
+        if known >= MAX_NODES:
+            if not self._full_told:
+                self._full_told = True
+                self.problems.append(
+                    f"nodes joined the recording past {MAX_NODES} in all: they are left out"
+                )
+            return None
+        return kind
 
     @property
     def start(self) -> float:
@@ -363,10 +379,32 @@ def _record(line: bytes) -> Record | None:
             isinstance(rec.get("m"), dict)
             or isinstance(rec.get("down"), str)
             or isinstance(rec.get("slurm"), dict)
+            or isinstance(rec.get("join"), str)
         )
     ):
         return None
     return rec
+
+
+def joins(rec: Record) -> str | None:
+    """The link kind of the node ``rec`` brings into a replay when the header does not name it
+    (a node added to the fleet while it was recorded): a ``join`` record's, or ``recorded`` for
+    the node's hello or link failure (a recording made before joins were written holds only
+    those); None for any other record, or for a name no header could hold."""
+    if not 0 < len(rec["n"]) <= MAX_NAME:
+        return None
+    msg = rec.get("m")
+    if isinstance(msg, dict):
+        return "recorded" if msg.get("type") == "hello" else None
+    if "slurm" in rec:
+        return None
+    join = rec.get("join")
+    return _link_kind(join) if isinstance(join, str) else "recorded"  # else: a "down"
+
+
+def _link_kind(value: object) -> str:
+    """A node's link kind as a recording names it (the header's, a ``join``'s), checked."""
+    return value if isinstance(value, str) and 0 < len(value) <= 32 else "recorded"
 
 
 def _shallow(line: bytes, depth: int) -> bool:

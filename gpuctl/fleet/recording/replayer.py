@@ -12,7 +12,7 @@ from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.recording.format import Record, read_slurm_jobs
-from gpuctl.fleet.recording.reader import RecordingReader
+from gpuctl.fleet.recording.reader import RecordingReader, joins
 from gpuctl.fleet.session import AgentSession, LinkError
 from gpuctl.node import protocol
 
@@ -49,6 +49,11 @@ class Replayer:
     ``now()`` is the recorded time shown: it runs ``speed`` times as fast as the wall clock,
     stops at the end and while paused. ``seek(t)`` jumps: every node reconnects with its hello
     and its last sample as of ``t``. Call ``fleet()`` once, then run ``play()`` as a task.
+
+    The nodes are the header's, and those that joined the fleet while it was recorded (a
+    ``join`` record, see ``reader.joins``): the fleet gains one when the replay reaches it. A
+    seek to before a node's arrival leaves it waiting for a hello, as a header node is before
+    its first: no GPU, no history (``Fleet`` keeps a node it was given).
     """
 
     def __init__(
@@ -64,6 +69,8 @@ class Replayer:
         self.monotonic = monotonic
         self.paused = False
         self.links = {n: RecordedLink(self, n, kind) for n, kind in reader.nodes}
+        # The nodes in the recording at the position: the header's, and those joined by then.
+        self.present: set[str] = set(self.links)
         self.hellos: dict[str, JsonObject] = {}
         self.down: dict[str, str] = {}
         self.last_sample: dict[str, JsonObject] = {}
@@ -169,6 +176,7 @@ class Replayer:
     def _position(self, t: float) -> None:
         """Stand at time ``t``: the state of every node then, records after it pending."""
         t = max(self.reader.start, min(t, self.reader.end))
+        self.present = {n for n, _kind in self.reader.nodes}
         self.hellos.clear()
         self.down.clear()
         self.last_sample.clear()
@@ -189,10 +197,31 @@ class Replayer:
         self._base_t = t
         self._base_mono = self.monotonic()
 
+    def _take_in(self, rec: Record) -> bool:
+        """Whether ``rec``'s node is in the replay at the record's time. A record that brings
+        in a node (``reader.joins``) makes it so, up to ``MAX_NODES`` nodes in all: the fleet
+        gains a node the first time. Any other record of a node not in is kept nowhere
+        (what a file names is unbounded)."""
+        node = rec["n"]
+        if node in self.present:
+            return True
+        if node in self.links:  # joined before, and a seek went back past its arrival
+            if joins(rec) is None:
+                return False
+        else:
+            kind = self.reader.admit(len(self.links), rec)
+            if kind is None:
+                return False
+            link = self.links[node] = RecordedLink(self, node, kind)
+            if self._fleet is not None:
+                self._fleet.add_node(node, link)
+        self.present.add(node)
+        return True
+
     def _apply_state(self, rec: Record) -> None:
         """Keep what a record says about its node, without feeding any session."""
         node = rec["n"]
-        if node not in self.links:  # not a node of the header: kept nowhere (unbounded)
+        if not self._take_in(rec):
             return
         arrived = self._arrived.pop(node, None)
         if arrived is not None:
@@ -208,6 +237,8 @@ class Replayer:
                 self.last_sample[node] = msg
         elif "slurm" in rec:
             self.slurm[node] = read_slurm_jobs(rec["slurm"])
+        elif isinstance(rec.get("join"), str):
+            return  # in the replay from now on (``_take_in``): connecting until its hello
         else:
             self.down[node] = str(rec.get("down"))
             self.hellos.pop(node, None)
@@ -294,7 +325,7 @@ class Replayer:
 
     def _play(self, rec: Record) -> None:
         node = rec["n"]
-        if node not in self.links:
+        if not self._take_in(rec):
             return
         msg = rec.get("m")
         was_up = node in self.hellos
@@ -311,6 +342,8 @@ class Replayer:
         if "slurm" in rec:
             self._annotate(node)
             return
+        if not isinstance(msg, dict) and isinstance(rec.get("join"), str):
+            return  # joined: the fleet has it (``_take_in``), waiting for its hello
         if not isinstance(msg, dict):  # the link failed: end the node's stream
             self._backlog.pop(node, None)
             reader = self.readers.pop(node, None)

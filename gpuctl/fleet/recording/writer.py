@@ -117,6 +117,8 @@ class Recorder:
         self.last_sample: dict[str, JsonObject] = {}
         self.down: dict[str, str] = {}
         self.slurm: dict[str, SlurmJobs] = {}
+        self.header = {n for n, _kind in nodes}
+        self.joined: dict[str, str] = {}  # node -> link kind, for the nodes added since
         for name, rt in fleet.nodes.items():
             jobs = slurm_jobs(rt.snapshot)
             if jobs:
@@ -138,10 +140,21 @@ class Recorder:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(frame_seconds, self._tick)
 
+    def _join(self, node: str) -> None:
+        """A node the header does not name (``Fleet.add_node``: a host that appeared in the
+        site's Prometheus): a ``join`` record, before anything of its own, says when it came
+        and how it is reached; every later frame's keyframes say it again."""
+        if node in self.header or node in self.joined:
+            return
+        rt = self.fleet.nodes.get(node)
+        kind = self.joined[node] = rt.link.kind if rt is not None else "recorded"
+        self._add({"t": self.clock(), "n": node, "join": kind})
+
     def _on_wire(self, node: str, msg: JsonObject) -> None:
         kind = msg.get("type")
         if kind not in RECORDED:
             return
+        self._join(node)
         if kind == "hello":
             self.hellos[node] = msg
             self.last_sample.pop(node, None)
@@ -152,6 +165,7 @@ class Recorder:
         self._add({"t": self.clock(), "n": node, "m": msg})
 
     def _on_snapshot(self, snap: NodeSnapshot) -> None:
+        self._join(snap.name)  # its first snapshot, published by add_node
         jobs = slurm_jobs(snap)
         if jobs != self.slurm.get(snap.name, {}):
             self.slurm[snap.name] = jobs
@@ -169,6 +183,8 @@ class Recorder:
         t = record["t"]
         if self._first is None:
             self._first = t
+            for node, link in self.joined.items():  # first: what a replay starting here adds
+                self._line({"t": t, "n": node, "k": 1, "join": link})
             for node, hello in self.hellos.items():
                 self._line({"t": t, "n": node, "k": 1, "m": hello})
                 sample = self.last_sample.get(node)
