@@ -283,6 +283,22 @@ def test_records_of_nodes_the_header_does_not_name_are_kept_nowhere(tmp_path: Pa
     assert export_csv(reader, out) == 1 and "x1" not in out.getvalue()
 
 
+def test_a_node_added_before_joins_were_written_comes_in_at_its_hello(tmp_path: Path) -> None:
+    # An older writer recorded a node added to the fleet (its hello, its samples) without a
+    # join record: the replay and the CSV take it in at its hello, reached as "recorded".
+    later = line({"t": T0 + 0.5, "n": "b", "m": HELLO}) + line(
+        {"t": T0 + 0.5, "n": "b", "m": sample(T0 + 0.5, 42)}
+    )
+    path = tmp_path / "added.gpurec"
+    path.write_bytes(recording(header(["a"]), [PAYLOAD + later]))
+    reader = RecordingReader(path)
+    replayer = Replayer(reader, start=reader.end)
+    assert replayer.links["b"].describe() == "recorded recorded"
+    assert replayer.last_sample["b"]["gpus"][0]["util_gpu"] == 42
+    out = io.StringIO()
+    assert export_csv(reader, out) == 2 and ",b,0," in out.getvalue()
+
+
 def test_nodes_joining_past_the_bound_are_left_out(tmp_path: Path) -> None:
     # A node added while recording comes in at its join (the writer's); a file that joins
     # 5,000 (each with a hello and a sample) gets MAX_NODES nodes in all, and one line.
