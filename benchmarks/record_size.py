@@ -37,13 +37,9 @@ sys.path.insert(0, str(REPO))
 
 from gpuctl.fleet.demo import demo_nodes  # noqa: E402
 from gpuctl.fleet.fleet import simulated_fleet  # noqa: E402
-from gpuctl.fleet.record import (  # noqa: E402
-    FRAME_SECONDS,
-    Recorder,
-    RecordingReader,
-    RecordingWriter,
-    Replayer,
-)
+from gpuctl.fleet.recording.reader import RecordingReader  # noqa: E402
+from gpuctl.fleet.recording.replayer import Replayer  # noqa: E402
+from gpuctl.fleet.recording.writer import FRAME_SECONDS, Recorder, RecordingWriter  # noqa: E402
 from gpuctl.node import protocol  # noqa: E402
 from gpuctl.node.readers.sim import SimReader  # noqa: E402
 

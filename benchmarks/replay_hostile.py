@@ -1,6 +1,6 @@
 """Hostile recordings benchmark (issue 28, section 3): what crafted files cost ``gpuctl replay``.
 
-Builds the issue's files (the layout of ``gpuctl.fleet.record``, by the builders of
+Builds the issue's files (the layout of ``gpuctl.fleet.recording.format``, by the builders of
 ``gpuctl_tests/fleet/test_record_hostile.py``) and runs, in a fresh process each, for this tree
 and (``--old DIR``) another checkout of gpuctl:
 
@@ -54,7 +54,7 @@ print(json.dumps([r.returncode, r.stderr, wall, peak]))
 
 READ = """
 import sys, time
-from gpuctl.fleet.record import RecordingReader
+from gpuctl.fleet.recording.reader import RecordingReader
 reader = RecordingReader(sys.argv[1])
 t = time.perf_counter()
 n = sum(1 for _ in reader.records())
@@ -64,7 +64,8 @@ print(time.perf_counter() - t, n)
 SCREEN = """
 import asyncio, sys, tempfile
 from pathlib import Path
-from gpuctl.fleet.record import RecordingReader, Replayer
+from gpuctl.fleet.recording.reader import RecordingReader
+from gpuctl.fleet.recording.replayer import Replayer
 from gpuctl.tui.replay import ReplayApp
 async def go():
     state = Path(tempfile.mkdtemp())

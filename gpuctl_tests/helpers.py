@@ -299,3 +299,19 @@ class AgentProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def assert_reader_keeps_all(schema: Any, written: dict[str, Any], what: str) -> None:
+    """``written`` (a message or a file as its writer wrote it), decoded as the login side
+    decodes it (``gpuctl.core.wire.parse(schema, ...)``), is what was written: no key unknown
+    to ``schema``, none dropped or changed for its value's type, nested ones included."""
+    from typing import get_type_hints
+
+    from gpuctl.core.wire import parse
+
+    unknown = sorted(written.keys() - get_type_hints(schema).keys())
+    assert not unknown, f"{what} keys the reader does not know: {unknown}"
+    read = parse(schema, written)
+    assert read is not None, f"{what}: the reader refused it whole: {written}"
+    dropped = {k: v for k, v in written.items() if read.get(k) != v}
+    assert not dropped, f"{what} fields the reader dropped or changed: {dropped}"

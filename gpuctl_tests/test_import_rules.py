@@ -137,8 +137,13 @@ def test_core_is_plain_data() -> None:
     # msgspec holds the wire's one schema (its Structs decode agents' lines in C); it brings
     # typing_extensions along. Nothing else.
     assert third_party(modules) <= {"msgspec", "typing_extensions"}
-    # and the metric registry: plain data, the one definition of a GPU reading for both sides
-    assert gpuctl_outside(modules, "gpuctl.core") <= {"gpuctl.node", "gpuctl.node.metrics"}
+    # and the metric registry and the plugins' messages: plain data, the one definition of a
+    # GPU reading and of a stress or acceptance message for both sides
+    assert gpuctl_outside(modules, "gpuctl.core") <= {
+        "gpuctl.node",
+        "gpuctl.node.metrics",
+        "gpuctl.node.messages",
+    }
 
 
 @pytest.mark.parametrize("package", HEADLESS)

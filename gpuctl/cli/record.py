@@ -18,11 +18,12 @@ from gpuctl.fleet import eventloop
 if TYPE_CHECKING:
     from gpuctl.cli.main import Subcommands
     from gpuctl.fleet.fleet import Fleet
-    from gpuctl.fleet.record import Recorder, RecordingReader
+    from gpuctl.fleet.recording.reader import RecordingReader
+    from gpuctl.fleet.recording.writer import Recorder
 
 
 def _duration(text: str) -> float:
-    from gpuctl.fleet.record import parse_duration
+    from gpuctl.fleet.recording.times import parse_duration
 
     value = parse_duration(text)
     if value is None:
@@ -100,7 +101,7 @@ def run_record(args: argparse.Namespace) -> int:
 async def record(fleet: Fleet, path: Path, args: argparse.Namespace) -> Recorder:
     """Record ``fleet`` into ``path`` for ``args.duration`` or until SIGINT/SIGTERM."""
     from gpuctl.cli.common import running_fleet
-    from gpuctl.fleet.record import FRAME_SECONDS, Recorder
+    from gpuctl.fleet.recording.writer import FRAME_SECONDS, Recorder
 
     try:
         recorder = Recorder(fleet, path, frame_seconds=args.frame_seconds or FRAME_SECONDS)
@@ -118,7 +119,8 @@ async def record(fleet: Fleet, path: Path, args: argparse.Namespace) -> Recorder
 
 
 def _open(path: str) -> RecordingReader:
-    from gpuctl.fleet.record import RecordingError, RecordingReader
+    from gpuctl.fleet.recording.format import RecordingError
+    from gpuctl.fleet.recording.reader import RecordingReader
 
     try:
         return RecordingReader(path)
@@ -127,7 +129,8 @@ def _open(path: str) -> RecordingReader:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from gpuctl.fleet.record import export_csv, format_time, parse_position
+    from gpuctl.fleet.recording.csvexport import export_csv
+    from gpuctl.fleet.recording.times import format_time, parse_position
 
     reader = _open(args.file)
     start = None
@@ -163,7 +166,7 @@ def run_replay(args: argparse.Namespace) -> int:
         _tell_problems(args.file, reader, told)
         return 0
     from gpuctl.cli.watch import require_terminal, run_tui, tui_config
-    from gpuctl.fleet.record import Replayer
+    from gpuctl.fleet.recording.replayer import Replayer
     from gpuctl.tui.replay import ReplayApp
 
     require_terminal()

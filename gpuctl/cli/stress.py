@@ -39,9 +39,9 @@ from gpuctl.core import wire
 from gpuctl.core.model import BurnState, NodeEvent, NodeSnapshot, NodeState, burn_from_wire
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet import control
-from gpuctl.fleet.control import BurnerInfo, StressReply, StressStatus
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.session import LinkError, refusal
+from gpuctl.node.messages import BurnerInfo, StressReply, StressStatus
 
 if TYPE_CHECKING:
     from gpuctl.cli.main import Subcommands

@@ -33,6 +33,11 @@ from msgspec import Meta
 
 from gpuctl.core import wire
 
+# A burn's messages are defined once, beside their writer (the agent's stress plugin): the
+# node side's contract, read here as the GPU's ``burn`` annotation.
+from gpuctl.node.messages import BurnState as BurnState
+from gpuctl.node.messages import OwnerWire as OwnerWire
+
 
 class NodeState(enum.Enum):
     """Where a node's link stands."""
@@ -215,44 +220,6 @@ class NodeEvent(msgspec.Struct, frozen=True, gc=False, tag_field="type", tag="ev
     kind: str = ""
     gpu: Int | None = None
     detail: dict[str, Any] = {}
-
-
-class OwnerWire(TypedDict):
-    """Who started a burn, as the protocol carries it (``gpuctl.service.Owner`` reads it)."""
-
-    user: str
-    host: str
-    session: str
-
-
-class BurnState(TypedDict, total=False):
-    """A burn on one GPU: the agent's ``burn`` event detail, kept as the GPU's ``burn``
-    annotation, which the TUI and the CLI read.
-
-    ``state``: "starting" | "running" | "stopping" | "done" | "failed"; ``ends_at`` unix time;
-    ``verdict``: "OK" | "FAULTY" | "DIED" | None; ``reason`` why it ended; ``owner`` the gpuctl
-    session that started it (None: a burner no gpuctl marked); the rest is what the burner
-    reports (rates in TFLOP/s, ``elapsed`` in s, ``temp`` in C, ``message`` a start-up line).
-    """
-
-    state: str
-    engine: str | None
-    ends_at: float | None
-    dtype: str | None
-    verdict: str | None
-    reason: str | None
-    pid: int | None
-    owner: OwnerWire | None
-    tflops: float | None
-    tflops_mean: float | None
-    errors: int | None
-    iterations: float | None
-    elapsed: float | None
-    size: int | None
-    duty: float | None
-    temp: float | None
-    name: str | None
-    message: str | None
 
 
 # A burn in one of these states holds its GPU (a stop may still be on its way).

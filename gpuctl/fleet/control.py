@@ -2,7 +2,8 @@
 
 Burn state lives in the fleet's per-GPU annotations (``fleet.annotate(node, gpu, burn={...})``)
 so that the TUI and the CLI read one source. The ``burn`` annotation is a
-``gpuctl.core.model.BurnState``: ``state`` ("starting" | "running" | "stopping" | "done" |
+``gpuctl.node.messages.BurnState`` (the agent's stress messages are defined there, beside
+their writer): ``state`` ("starting" | "running" | "stopping" | "done" |
 "failed"), ``engine``, ``tflops``, ``errors``, ``ends_at`` (unix time), ``verdict`` ("OK" |
 "FAULTY" | "DIED" | None), ``reason``, plus what the burner reports (tflops_mean, iterations,
 temp, dtype, message), and ``owner`` (``{user, host, session}`` of the gpuctl that started it).
@@ -30,18 +31,17 @@ from gpuctl import service
 from gpuctl.core import wire
 from gpuctl.core.model import (
     BURNING_STATES,
-    BurnState,
     GpuProcess,
     NodeEvent,
     NodeSnapshot,
     NodeState,
-    OwnerWire,
     burn_from_wire,
 )
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.session import LinkError, refusal
 from gpuctl.node import protocol
+from gpuctl.node.messages import BurnState, StressReply
 
 ACTIVE_STATES = BURNING_STATES
 REQUEST_TIMEOUT = 20.0
@@ -60,57 +60,6 @@ OPTION_KEYS = (
 
 class StressError(LinkError):
     """The agent refused a stress request; the message is its one-line reason."""
-
-
-class BurnerInfo(TypedDict, total=False):
-    """A burner process an agent found on its node (``stress_status``'s ``others``,
-    ``stress_stop``'s ``kept``): its pid, engine, ``gpu`` as its command line names it (an index
-    or a UUID), ``gpu_index``, ``device`` ("cuda" | "cpu"), ``duration`` and ``age`` (s), and
-    ``owner`` (None: no gpuctl marked it)."""
-
-    pid: int
-    engine: str | None
-    gpu: str | None
-    gpu_index: int | None
-    device: str | None
-    duration: float | None
-    age: float | None
-    owner: OwnerWire | None
-
-
-class StressReply(TypedDict, total=False):
-    """An agent's answer to ``stress_start`` (``started``, ``busy``: GPU indices; ``engine``;
-    ``ends_at``) or to ``stress_stop`` (``stopping``: GPUs of its own burns; ``others``: pids of
-    other sessions' burners it signalled; ``kept``: the burners it left alone)."""
-
-    type: str
-    request: str
-    started: list[int]
-    busy: list[int]
-    engine: str | None
-    ends_at: float | None
-    stopping: list[int]
-    others: list[int]
-    kept: list[BurnerInfo]
-
-
-class GpuBurn(BurnState, total=False):
-    """A burn of ``stress_status``'s ``burns``: the GPU's index and its burn."""
-
-    gpu: int
-
-
-class StressStatus(TypedDict, total=False):
-    """An agent's answer to ``stress_status``: its burns (by GPU), the burners of other
-    sessions it found (``others``), its cap on a burn's duration (s), whether its GPUs are
-    simulated, and the gpu_burn binary on its PATH."""
-
-    type: str
-    burns: list[GpuBurn]
-    others: list[BurnerInfo]
-    max_duration: float
-    simulated: bool
-    gpu_burn: str | None
 
 
 async def _ask(

@@ -156,7 +156,7 @@ class Fleet:
 
     def on_wire(self, listener: WireListener) -> None:
         """Call ``listener(node, msg)`` for every message an agent sends, hello included, as
-        decoded and unchecked, before the fleet reads it (``gpuctl.fleet.record``)."""
+        decoded and unchecked, before the fleet reads it (``gpuctl.fleet.recording.writer``)."""
         self._wire_listeners.append(listener)
 
     def unsubscribe(self, listener: Callable[..., None]) -> None:

@@ -4,6 +4,7 @@ The agent (``agent``, its plugins ``stress`` and ``accept``), its GPU readers (`
 job supervisor (``supervisor``, and beside it its ``keeper``, ``cgroups``, ``rendezvous``,
 ``scontrol``, ``resources``, ``attempts`` and the VENV2 builder ``envbuild``), the one process
 module every child is started and stopped with (``proc``), the job folder's contract
-(``jobfiles``) and the wire format (``protocol``). Nothing here imports from the login side of
-gpuctl, textual or torch; ``gpuctl_tests/test_import_rules.py`` checks it.
+(``jobfiles``), the wire format (``protocol``) and the plugins' messages (``messages``). Nothing
+here imports from the login side of gpuctl, textual or torch; ``gpuctl_tests/test_import_rules.py``
+checks it.
 """

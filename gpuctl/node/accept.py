@@ -33,12 +33,13 @@ import signal
 import sys
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, cast
 
 from . import proc
 
 if TYPE_CHECKING:
     from .agent import Agent
+    from .messages import AcceptEvent, AcceptStarted
 
 _OWNED = ("--report-dir", "--report-name", "--events", "--events-fd", "--sim-facts")
 SIM_FACTS_NAME = "sim-facts.json"
@@ -155,7 +156,7 @@ class AcceptRun(object):
         self.pipe = os.fdopen(read_fd, "rb", buffering=0)  # type: Optional[Any]
         plugin.agent.add_reader(self.pipe, self.on_readable)
 
-    def send(self, detail: Dict[str, Any]) -> None:
+    def send(self, detail: "AcceptEvent") -> None:
         detail["run"] = self.run_id
         self.plugin.agent.send({"type": "event", "kind": "accept", "gpu": None,
                                 "t": time.time(), "detail": detail})
@@ -176,8 +177,9 @@ class AcceptRun(object):
         self._relay(self.events.feed(data))
 
     def _relay(self, details: List[Dict[str, Any]]) -> None:
+        # the suite's progress lines, as it wrote them: AcceptEvent's keys (a test checks them)
         for detail in details:
-            self.send(detail)
+            self.send(cast("AcceptEvent", detail))
 
     def kill(self, reason: str) -> None:
         if self.proc.poll() is None:
@@ -206,7 +208,7 @@ class AcceptRun(object):
                 reason = "the suite wrote no report (exit %s): %s" % (self.proc.returncode, e)
         detail = {"event": "exit", "rc": self.proc.returncode, "report": report,
                   "reason": reason, "stdout_tail": _tail(self.out_path),
-                  "stderr_tail": _tail(self.err_path)}
+                  "stderr_tail": _tail(self.err_path)}  # type: AcceptEvent
         self.folder.remove()  # before the news: nothing left behind
         self.send(detail)
         return True
@@ -290,8 +292,9 @@ class AcceptPlugin(object):
             folder.remove()
             self.agent.reply_error("spawn_failed", "cannot start %s: %s" % (python, e), req_id)
             return
-        self.agent.send({"type": "ok", "request": "accept_start", "id": req_id, "run": run_id,
-                         "pid": self.run.proc.pid})
+        started = {"type": "ok", "request": "accept_start", "id": req_id, "run": run_id,
+                   "pid": self.run.proc.pid}  # type: AcceptStarted
+        self.agent.send(started)
 
     def stop(self, msg: Dict[str, Any], req_id: Any) -> None:
         if self.run is not None:

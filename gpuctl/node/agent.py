@@ -26,7 +26,7 @@ import stat
 import sys
 import time
 import zlib
-from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set
+from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 from . import protocol
 from .proc import LineBuffer
@@ -176,7 +176,7 @@ class Agent(object):
         self._heard = self.clock()  # the last time stdin brought anything
 
     # -- output ------------------------------------------------------------------------------
-    def send(self, msg: Dict[str, Any]) -> None:
+    def send(self, msg: Mapping[str, Any]) -> None:
         """Write one message. Only a reader that is gone (a broken pipe) stops the agent: a
         message JSON cannot carry (NaN relayed from a child) is sent with nulls instead, or
         replaced by an ``internal`` error."""
@@ -193,7 +193,7 @@ class Agent(object):
             self.stop("stdout closed")
 
     @staticmethod
-    def _unencodable(msg: Dict[str, Any], e: BaseException) -> bytes:
+    def _unencodable(msg: Mapping[str, Any], e: BaseException) -> bytes:
         kind = msg.get("type")
         return protocol.encode(protocol.error(
             "internal", "a %s message could not be encoded: %s: %s"

@@ -4,11 +4,11 @@ Python 3.6 syntax, standard library only: the node side imports it (``protocol.S
 the nvidia-smi reader's query), and so does the login side, which drives from it the decode
 check (``GpuSample``'s fields are these keys: a test holds them equal), the Prometheus export
 (``fleet/export.py``: DCGM exporter's names and units), the Prometheus source (``fleet/prom.py``
-reads the same DCGM series back), the CSV columns (``fleet/record.py``, by name), the history
-columns (``fleet/gpu_history.py``), the filter words, sort keys and heatmap metrics
-(``tui/view.py``, ``tui/gpusort.py``), the ``status`` table (``core/format.py``), the detail
-screen's plots and the README's metrics table (``python -m gpuctl.metrics_table --write
-README.md``; a test fails when the README's differs).
+reads the same DCGM series back), the CSV columns (``fleet/recording/csvexport.py``, by
+name), the history columns (``fleet/gpu_history.py``), the filter words, sort keys and
+heatmap metrics (``tui/view.py``, ``tui/gpusort.py``), the ``status`` table (``core/format.py``),
+the detail screen's plots and the README's metrics table (``python -m gpuctl.metrics_table
+--write README.md``; a test fails when the README's differs).
 
 Units (one per reading, everywhere): the wire carries each reading in ``unit``; the screen,
 ``status`` and the filter show it in ``shown`` (the wire value times ``scale``). Memory: bytes

@@ -54,12 +54,14 @@ import signal
 import subprocess
 import sys
 import time
-from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, cast
 
 from . import proc, protocol
+from .messages import PROGRESS
 
 if TYPE_CHECKING:
     from .agent import Agent
+    from .messages import BurnerInfo, BurnState, GpuBurn, OwnerWire, StressReply, StressStatus
 
 GRACE_S = 5.0  # SIGTERM -> SIGKILL on stop and on the duration limit
 CLOSE_GRACE_S = 1.0  # shorter when the agent itself is going away
@@ -112,24 +114,22 @@ def _arg(argv: List[str], flag: str) -> Optional[str]:
         return None
 
 
-def check_owner(value: Any) -> Optional[Dict[str, str]]:
+def check_owner(value: Any) -> "Optional[OwnerWire]":
     """``value`` as an owner dict (see the module docstring), None for None; raises ValueError
     with a one-line reason for anything else."""
     if value is None:
         return None
     if not isinstance(value, dict):
         raise ValueError("owner must be an object {user, host, session}")
-    out = {}  # type: Dict[str, str]
     for key in OWNER_FIELDS:
         text = value.get(key)
         if not isinstance(text, str) or not 0 < len(text) <= OWNER_LIMIT \
                 or not text.isprintable():
             raise ValueError("owner %s must be 1..%d printable characters" % (key, OWNER_LIMIT))
-        out[key] = text
-    return out
+    return {"user": value["user"], "host": value["host"], "session": value["session"]}
 
 
-def read_owner(environ: bytes) -> Optional[Dict[str, str]]:
+def read_owner(environ: bytes) -> "Optional[OwnerWire]":
     """The owner a burner's environment (``/proc/PID/environ``) names, or None."""
     prefix = BURN_OWNER_ENV.encode() + b"="
     for entry in environ.split(b"\0"):
@@ -141,12 +141,12 @@ def read_owner(environ: bytes) -> Optional[Dict[str, str]]:
     return None
 
 
-def scan_burners(proc_root: str = "/proc") -> List[Dict[str, Any]]:
+def scan_burners(proc_root: str = "/proc") -> "List[BurnerInfo]":
     """gpuctl burners of this user running on this machine, whoever started them: one dict
     (pid, engine, gpu, device, duration, age, owner) per process group leader."""
     uid = os.getuid()
     btime = proc.boot_time(proc_root)
-    out = []
+    out = []  # type: List[BurnerInfo]
     for entry in os.listdir(proc_root):
         if not entry.isdigit():
             continue
@@ -188,7 +188,7 @@ class Burn(object):
     """One burner on one GPU (a process group, or a simulated load)."""
 
     def __init__(self, gpu: int, engine: str, duration: float, ends_at: float,
-                 dtype: Optional[str], owner: Optional[Dict[str, str]] = None) -> None:
+                 dtype: Optional[str], owner: "Optional[OwnerWire]" = None) -> None:
         self.gpu = gpu
         self.owner = owner  # who started it (see the module docstring), or None
         self.engine = engine
@@ -217,7 +217,7 @@ class Burn(object):
         self.stderr_tail.append(text[:500])
         del self.stderr_tail[:-TAIL_LINES]
 
-    def detail(self) -> Dict[str, Any]:
+    def detail(self) -> "BurnState":
         d = {
             "state": self.state,
             "engine": self.engine,
@@ -228,11 +228,10 @@ class Burn(object):
             "reason": self.reason,
             "pid": self.proc.pid if self.proc is not None else None,
             "owner": self.owner,
-        }  # type: Dict[str, Any]
-        for key in ("tflops", "tflops_mean", "errors", "iterations", "elapsed", "size", "duty",
-                    "temp", "name", "message"):
+        }  # type: BurnState
+        for key in PROGRESS:  # BurnState's keys, which mypy cannot see through a loop
             if key in self.progress:
-                d[key] = self.progress[key]
+                d[key] = self.progress[key]  # type: ignore[literal-required]
         return d
 
 
@@ -249,7 +248,7 @@ class StressPlugin(object):
         self.grace = grace
         self.close_grace = close_grace
         self.burns = {}  # type: Dict[int, Burn]  # until its process group is gone
-        self.finished = {}  # type: Dict[int, Dict[str, Any]]  # detail of the last ended burn
+        self.finished = {}  # type: Dict[int, BurnState]  # detail of the last ended burn
         self.sim_clocks = {}  # type: Dict[int, float]  # sm clock fraction (simulated)
         # pgid -> SIGTERM time, for other sessions' burners we were asked to stop
         self.foreign = {}  # type: Dict[int, float]
@@ -290,9 +289,10 @@ class StressPlugin(object):
             for gpu in started:
                 self.burns[gpu].state = "running"
                 self.burns[gpu].deadline = time.monotonic() + opts["duration"]
-        agent.send({"type": "ok", "request": "stress_start", "id": req_id, "started": started,
-                    "busy": busy, "engine": opts["engine"], "ends_at": ends_at,
-                    "duration": opts["duration"]})
+        reply = {"type": "ok", "request": "stress_start", "id": req_id, "started": started,
+                 "busy": busy, "engine": opts["engine"], "ends_at": ends_at,
+                 "duration": opts["duration"]}  # type: StressReply
+        agent.send(reply)
         for gpu in started:
             burn = self.burns[gpu]
             self._emit(burn)
@@ -377,24 +377,26 @@ class StressPlugin(object):
             return
         for gpu in gpus:
             self.stop(self.burns[gpu], "stopped on request")
-        others, kept = [], []  # type: List[int], List[Dict[str, Any]]
+        others, kept = [], []  # type: List[int], List[BurnerInfo]
         if msg.get("others"):
             wanted = None if value is None or value == "all" else set(value)
             for b in self.others():
                 b["gpu_index"] = self._gpu_index(b["gpu"])
                 if wanted is not None and b["gpu_index"] not in wanted:
                     continue
-                if owner_user is not None and (b["owner"] or {}).get("user") != owner_user:
+                owner = b.get("owner")
+                if owner_user is not None and (owner is None or owner["user"] != owner_user):
                     kept.append(b)  # another user's, or nobody's we know: not ours to stop
                     continue
                 proc.signal_group(b["pid"], signal.SIGTERM)
                 self.foreign[b["pid"]] = time.monotonic()
                 others.append(b["pid"])
-        self.agent.send({"type": "ok", "request": "stress_stop", "id": req_id, "stopping": gpus,
-                         "others": others, "kept": kept})
+        reply = {"type": "ok", "request": "stress_stop", "id": req_id, "stopping": gpus,
+                 "others": others, "kept": kept}  # type: StressReply
+        self.agent.send(reply)
         self._finish_sim()
 
-    def others(self) -> List[Dict[str, Any]]:
+    def others(self) -> "List[BurnerInfo]":
         """Burners on this machine that this agent did not start."""
         mine = set(b.pgid for b in self.burns.values() if b.pgid is not None)
         try:
@@ -415,18 +417,19 @@ class StressPlugin(object):
             return None
 
     def on_status(self, msg: Dict[str, Any], req_id: Any) -> None:
-        burns = []
+        burns = []  # type: List[GpuBurn]
         for gpu in sorted(set(self.burns) | set(self.finished)):
             burn = self.burns.get(gpu)
-            d = burn.detail() if burn is not None else dict(self.finished[gpu])
+            d = cast("GpuBurn", dict(burn.detail() if burn is not None else self.finished[gpu]))
             d["gpu"] = gpu
             burns.append(d)
         others = self.others()
         for b in others:
             b["gpu_index"] = self._gpu_index(b["gpu"])
-        self.agent.send({"type": "stress", "id": req_id, "burns": burns, "others": others,
-                         "max_duration": self.max_duration, "simulated": self.simulated,
-                         "gpu_burn": find_on_path("gpu_burn")})
+        status = {"type": "stress", "id": req_id, "burns": burns, "others": others,
+                  "max_duration": self.max_duration, "simulated": self.simulated,
+                  "gpu_burn": find_on_path("gpu_burn")}  # type: StressStatus
+        self.agent.send(status)
 
     # -- processes -----------------------------------------------------------------------------
     def _spawn(self, burn: Burn, opts: Dict[str, Any]) -> None:

@@ -8,7 +8,8 @@ from typing import Any, ClassVar
 from textual.binding import Binding, BindingType
 from textual.widgets import Label
 
-from gpuctl.fleet.record import Replayer, format_time
+from gpuctl.fleet.recording.replayer import Replayer
+from gpuctl.fleet.recording.times import format_time
 from gpuctl.tui.app import GpuctlApp
 
 SHOW_EVERY_S = 0.25

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuctl_tests.helpers import AgentProcess, node_env, wait_until
+from gpuctl.node.messages import AcceptEvent, AcceptStarted
+from gpuctl_tests.helpers import AgentProcess, assert_reader_keeps_all, node_env, wait_until
 
 
 def alive(pid: int) -> bool:
@@ -61,23 +62,31 @@ def test_bad_requests_get_errors_and_stopping_the_agent_kills_the_suite(
 
 
 def test_a_finished_run_sends_its_report_in_the_exit_event(agents: list[AgentProcess]) -> None:
+    # Every message of the run is read by the login side through its one definition
+    # (``gpuctl.node.messages``) whole: no key it does not know, none dropped.
     a = AgentProcess.start("--interval", "5", "--liveness-timeout", "0")
     agents.append(a)
     a.read_until(lambda m: m["type"] == "hello")
     skips = [x for s in ("train", "ddp_allreduce", "ddp_train", "membw") for x in ("--skip", s)]
     a.send({"type": "accept_start", "id": 1, "args": ["--device", "cpu", "--quick", *skips]})
-    run = a.read_until(lambda m: m.get("id") == 1)["run"]
+    started = a.read_until(lambda m: m.get("id") == 1)
+    assert_reader_keeps_all(AcceptStarted, started, "accept_start's reply")
+    run = started["run"]
     ends = []
     report_path = None
+    kinds = set()
     while True:
         m = a.read_until(lambda m: m.get("type") == "event", timeout=120)
         assert m["detail"]["run"] == run
+        assert_reader_keeps_all(AcceptEvent, m["detail"], f"an accept {m['detail']['event']}")
+        kinds.add(m["detail"]["event"])
         if accept_event(m, "section") and m["detail"]["state"] == "end":
             ends.append(m["detail"]["section"])
         if accept_event(m, "result"):
             report_path = m["detail"]["report"]
         if accept_event(m, "exit"):
             break
+    assert kinds == {"start", "section", "line", "result", "exit"}, kinds
     d = m["detail"]
     assert d["rc"] == 0 and d["reason"] is None
     assert d["report"]["verdict"] == "PASS"

@@ -12,7 +12,7 @@ import pytest
 from gpuctl.cli.jobs import parse_age
 from gpuctl.cli.main import UserError
 from gpuctl.cli.record import _duration
-from gpuctl.fleet.record import parse_duration
+from gpuctl.fleet.recording.times import parse_duration
 from gpuctl.node.protocol import MAX_DURATION_CEILING, parse_seconds
 from gpuctl.workloads.accept_suite.sections import burn
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from gpuctl.core import wire
 from gpuctl.core.model import BurnState, burn_from_wire
-from gpuctl.fleet.control import StressReply, StressStatus
 from gpuctl.fleet.session import AgentError, refusal
+from gpuctl.node.messages import StressReply, StressStatus
 
 HUGE = 10**400
 

@@ -25,7 +25,7 @@ from gpuctl.fleet import control, prom
 from gpuctl.fleet.build import fleet_from_config
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.prom import PromError, PromLink, PromSource, PromTarget
-from gpuctl.fleet.record import slurm_jobs
+from gpuctl.fleet.recording.format import slurm_jobs
 from gpuctl.fleet.session import refusal
 from gpuctl.tui import GpuctlApp
 from gpuctl.tui.fleet_store import FleetStore

@@ -19,16 +19,15 @@ from typing import Any
 import pytest
 import zstandard
 
+from gpuctl.core.model import NodeState
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import simulated_fleet
-from gpuctl.fleet.record import (
-    CSV_READINGS,
-    Recorder,
-    RecordingReader,
-    Replayer,
-    export_csv,
-    format_time,
-)
+from gpuctl.fleet.links import ThreadSimLink
+from gpuctl.fleet.recording.csvexport import CSV_READINGS, export_csv
+from gpuctl.fleet.recording.reader import RecordingReader
+from gpuctl.fleet.recording.replayer import Replayer
+from gpuctl.fleet.recording.times import format_time
+from gpuctl.fleet.recording.writer import Recorder
 from gpuctl.fleet.session import decode_sample
 from gpuctl.node.protocol import FROM_HELLO
 from gpuctl.tui.app import GpuctlApp
@@ -387,3 +386,86 @@ async def test_slurm_jobs_are_recorded_replayed_and_in_the_csv(tmp_path: Path) -
         assert replay_fleet.snapshot("a").annotations[1]["slurm_job"] == "4242"
     finally:
         await replay_fleet.stop()
+
+
+async def test_a_node_added_while_recording_is_replayed_from_its_arrival_and_in_the_csv(
+    tmp_path: Path,
+) -> None:
+    # A node the fleet gains mid-recording (``Fleet.add_node``: a host that appeared in the
+    # site's Prometheus) is not in the header: the recording says when it joined and how it is
+    # reached, and the replay and the CSV take it in from then on.
+    fleet = simulated_fleet([("a", "1:H100")], interval=0.1)
+    path = tmp_path / "joined.gpurec"
+    recorder = Recorder(fleet, path, frame_seconds=0.5)
+    await fleet.start()
+    try:
+        await wait_until_async(lambda: recorder.samples >= 8, 20, "samples of a alone")
+        fleet.add_node("b", ThreadSimLink("2:A100", seed=1, interval=0.1))
+        marked = recorder.samples
+        # b's samples over more than two frames: a later frame's keyframes must bring b in
+        await wait_until_async(lambda: recorder.samples >= marked + 30, 20, "samples with b")
+    finally:
+        await fleet.stop()
+        recorder.close()
+    frames = frames_of(path)
+    header = json.loads(path.read_bytes().split(b"\n", 1)[0])
+    assert [n["name"] for n in header["nodes"]] == ["a"]
+    records = [r for f in frames for r in f if not r.get("k")]
+    joined = next(r for r in records if r["n"] == "b")
+    assert joined.get("join") == "simulated"  # before anything of b's: when and how it came
+    t_join = joined["t"]
+    assert all(r["t"] >= t_join for r in records if r["n"] == "b")
+    assert any(r.get("k") and r["n"] == "b" and r.get("join") for r in frames[-1])
+
+    # The CSV holds b's rows, each of its recorded samples, as it holds a's.
+    reader = RecordingReader(path)
+    out = io.StringIO()
+    export_csv(reader, out)
+    rows = csv_rows(out.getvalue())
+    got = [(x["node"], x["gpu"], x["util_gpu"], x["temp"], x["uuid"]) for x in rows]
+    want = expected_rows(frames)
+    assert {w[0] for w in want} == {"a", "b"} and len([w for w in want if w[0] == "b"]) >= 20
+    assert got == want
+    b_rows = [x for x in rows if x["node"] == "b"]
+    assert {x["model"] for x in b_rows} == {"NVIDIA A100-SXM4-80GB"}
+
+    # A replay from the start: b is not there before its arrival, and comes in as it arrives.
+    last_b = last_samples(frames, reader.end)["b"]
+    replayer = Replayer(reader, speed=1e6)
+    replay_fleet = replayer.fleet()
+    assert replay_fleet.names == ["a"]
+    await replay_fleet.start()
+    play = asyncio.create_task(replayer.play())
+    try:
+        await wait_until_async(
+            lambda: (
+                "b" in replay_fleet.names
+                and tuple((g.util_gpu, g.temp) for g in replay_fleet.snapshot("b").gpus)
+                == recorded(last_b)
+            ),
+            20,
+            "b's last recorded sample in the replay",
+        )
+        assert replay_fleet.nodes["b"].link.describe() == "recorded simulated"
+        # Back to before its arrival: nothing of b's is shown (no GPU, no history).
+        replayer.toggle_pause()
+        replayer.seek(t_join - 0.05)
+        await wait_until_async(
+            lambda: (
+                not replay_fleet.snapshot("b").gpus
+                and replay_fleet.snapshot("b").state is NodeState.CONNECTING
+            ),
+            20,
+            "b as before its arrival",
+        )
+        assert not replay_fleet.history("b", 0).series("util")[0]
+        assert replay_fleet.snapshot("a").gpus
+    finally:
+        play.cancel()
+        await replay_fleet.stop()
+
+    # A replay that starts after the join has b from its first frame's keyframes.
+    late = Replayer(RecordingReader(path), start=reader.end)
+    late.paused = True
+    assert late.fleet().names == ["a", "b"]
+    assert late.last_sample["b"] == last_b

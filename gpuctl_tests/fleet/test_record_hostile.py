@@ -1,7 +1,7 @@
 """Recordings made by someone else (attached to a ticket, left in a shared folder): damaged or
 crafted files cost bounded memory and work, and end in one line or in what can be read, never
 in an internal error (issue 28, sections 3 and 4). The files are built here from the documented
-layout (see ``gpuctl.fleet.record``), independently of the writer."""
+layout (see ``gpuctl.fleet.recording.format``), independently of the writer."""
 
 from __future__ import annotations
 
@@ -21,14 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuctl.cli.main import main
-from gpuctl.fleet import record
-from gpuctl.fleet.record import (
-    MAX_NODES,
-    RecordingError,
-    RecordingReader,
-    Replayer,
-    export_csv,
-)
+from gpuctl.fleet.recording import reader as record_reader
+from gpuctl.fleet.recording.csvexport import export_csv
+from gpuctl.fleet.recording.format import RecordingError
+from gpuctl.fleet.recording.reader import MAX_NODES, RecordingReader
+from gpuctl.fleet.recording.replayer import Replayer
 from gpuctl.tui.replay import ReplayApp
 from gpuctl_tests.fleet.test_record import gpuctl
 from gpuctl_tests.helpers import node_env
@@ -203,7 +200,7 @@ def test_a_frame_of_millions_of_tiny_lines_is_skipped_cheaply(tmp_path: Path) ->
 def test_a_frame_is_left_after_max_frame_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(record, "MAX_FRAME_LINES", 1000, raising=False)
+    monkeypatch.setattr(record_reader, "MAX_FRAME_LINES", 1000, raising=False)
     records = b"".join(line({"t": T0, "n": "a", "m": sample(T0, i % 100)}) for i in range(3000))
     path = tmp_path / "long.gpurec"
     path.write_bytes(recording(header(), [records]))
@@ -242,7 +239,7 @@ def damaged_frame(how: str, data: bytes) -> bytes:
 def test_a_damaged_frame_is_skipped_and_the_others_replay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, why: str
 ) -> None:
-    monkeypatch.setattr(record, "MAX_RECORD_LINE", 4096)
+    monkeypatch.setattr(record_reader, "MAX_RECORD_LINE", 4096)
     data = bytearray(recording(header(), [PAYLOAD, PAYLOAD, PAYLOAD]))
     path = tmp_path / "damaged-frame.gpurec"
     path.write_bytes(data)
@@ -286,13 +283,52 @@ def test_records_of_nodes_the_header_does_not_name_are_kept_nowhere(tmp_path: Pa
     assert export_csv(reader, out) == 1 and "x1" not in out.getvalue()
 
 
+def test_a_node_added_before_joins_were_written_comes_in_at_its_hello(tmp_path: Path) -> None:
+    # An older writer recorded a node added to the fleet (its hello, its samples) without a
+    # join record: the replay and the CSV take it in at its hello, reached as "recorded".
+    later = line({"t": T0 + 0.5, "n": "b", "m": HELLO}) + line(
+        {"t": T0 + 0.5, "n": "b", "m": sample(T0 + 0.5, 42)}
+    )
+    path = tmp_path / "added.gpurec"
+    path.write_bytes(recording(header(["a"]), [PAYLOAD + later]))
+    reader = RecordingReader(path)
+    replayer = Replayer(reader, start=reader.end)
+    assert replayer.links["b"].describe() == "recorded recorded"
+    assert replayer.last_sample["b"]["gpus"][0]["util_gpu"] == 42
+    out = io.StringIO()
+    assert export_csv(reader, out) == 2 and ",b,0," in out.getvalue()
+
+
+def test_nodes_joining_past_the_bound_are_left_out(tmp_path: Path) -> None:
+    # A node added while recording comes in at its join (the writer's); a file that joins
+    # 5,000 (each with a hello and a sample) gets MAX_NODES nodes in all, and one line.
+    joined = b"".join(
+        line({"t": T0 + 0.1, "n": f"x{i}", "join": "prometheus"})
+        + line({"t": T0 + 0.1, "n": f"x{i}", "m": HELLO})
+        + line({"t": T0 + 0.1, "n": f"x{i}", "m": sample(T0 + 0.1, 1)})
+        for i in range(5000)
+    )
+    path = tmp_path / "joined.gpurec"
+    path.write_bytes(recording(header(["a"]), [PAYLOAD + joined]))
+    reader = RecordingReader(path)
+    replayer = Replayer(reader, start=reader.end)
+    assert len(replayer.links) == MAX_NODES and len(replayer.last_sample) == MAX_NODES
+    assert replayer.links["x0"].describe() == "recorded prometheus"
+    assert f"x{MAX_NODES - 2}" in replayer.links and f"x{MAX_NODES - 1}" not in replayer.links
+    told = [p for p in reader.problems if "joined" in p]
+    assert told == [f"nodes joined the recording past {MAX_NODES} in all: they are left out"]
+    out = io.StringIO()
+    assert export_csv(RecordingReader(path), out) == MAX_NODES
+
+
 # A replay opens no connection: the open-file limit is no concern of it (a replay of many nodes
 # told the user to raise `ulimit -n`).
 FD_CHECK = """
 import asyncio, logging, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300))
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
-from gpuctl.fleet.record import RecordingReader, Replayer
+from gpuctl.fleet.recording.reader import RecordingReader
+from gpuctl.fleet.recording.replayer import Replayer
 async def go():
     fleet = Replayer(RecordingReader(sys.argv[1])).fleet()
     await fleet.start()
@@ -518,7 +554,7 @@ DEEP_JSON = st.recursive(
 def test_the_nesting_check_on_the_text_is_the_depth_of_the_value(value: Any, depth: int) -> None:
     # strings full of brackets, quotes and backslashes: they must not count
     text = json.dumps({"t": 1, "v": value}).encode()
-    assert record._shallow(text, depth) == (depth_of({"v": value}) <= depth)
+    assert record_reader._shallow(text, depth) == (depth_of({"v": value}) <= depth)
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)
@@ -534,4 +570,4 @@ def test_a_frame_is_read_in_the_lines_it_holds(parts: list[bytes]) -> None:
     if want[-1] == b"":
         want.pop()
     data = zstandard.ZstdCompressor().compress(payload)
-    assert list(record._lines(zstandard.ZstdDecompressor(), data)) == want
+    assert list(record_reader._lines(zstandard.ZstdDecompressor(), data)) == want

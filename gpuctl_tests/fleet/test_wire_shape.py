@@ -17,7 +17,10 @@ import msgspec
 import pytest
 
 from gpuctl.core.model import GpuSample, NodeInfo, Sample
-from gpuctl.fleet.record import RecordingReader, RecordingWriter, Replayer, export_csv
+from gpuctl.fleet.recording.csvexport import export_csv
+from gpuctl.fleet.recording.reader import RecordingReader
+from gpuctl.fleet.recording.replayer import Replayer
+from gpuctl.fleet.recording.writer import RecordingWriter
 from gpuctl.fleet.session import AgentSession, LinkError, decode_line, statics
 from gpuctl.node import protocol
 from gpuctl.node.readers.sim import SimReader

@@ -9,27 +9,21 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any
 
 import pytest
 
-from gpuctl.core.wire import parse
 from gpuctl.jobs import JobFailed
 from gpuctl.jobs.records import Outcome
 from gpuctl.node import jobfiles
-from gpuctl_tests.helpers import wait_until
+from gpuctl_tests.helpers import assert_reader_keeps_all, wait_until
 
 
 def assert_the_reader_keeps_all(jobdir: str) -> dict[str, Any]:
     """The job's outcome.json, read as the login side reads it, is what the supervisor wrote:
     no key unknown to ``Outcome``, none dropped for its value's type."""
     written = json.loads(Path(jobdir, jobfiles.OUTCOME).read_text())
-    unknown = sorted(written.keys() - get_type_hints(Outcome).keys())
-    assert not unknown, f"outcome.json keys the reader does not know: {unknown}"
-    read = parse(Outcome, written)
-    assert read is not None
-    dropped = {k: v for k, v in written.items() if read.get(k) != v}
-    assert not dropped, f"outcome.json fields the reader dropped or changed: {dropped}"
+    assert_reader_keeps_all(Outcome, written, "outcome.json")
     return dict(written)
 
 

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from gpuctl.bundle import write_bundle
+from gpuctl.node.messages import BurnState, StressReply, StressStatus
 from gpuctl_tests.helpers import (
     AgentProcess,
+    assert_reader_keeps_all,
     fleet_changes,
     node_env,
     old_python,
@@ -458,7 +460,9 @@ def test_a_burn_carries_its_owner_and_other_sessions_see_it_and_spare_it(
 ) -> None:
     """The node side under Python 3.6, from the bundle: the owner sent in stress_start is in the
     burn's events, in stress_status and in the burner's environment, where another session's
-    agent reads it back; a stop limited to another user leaves the burner alone and says so."""
+    agent reads it back; a stop limited to another user leaves the burner alone and says so.
+    Every message of the stress plugin here is read by the login side through its one
+    definition (``gpuctl.node.messages``) whole: no key it does not know, none dropped."""
     py36 = old_python("3.6.15")
     bundle = write_bundle(tmp_path / "b")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -474,29 +478,44 @@ def test_a_burn_carries_its_owner_and_other_sessions_see_it_and_spare_it(
     owner_agent.send(
         {**CPU_BURN, "id": 1, "duration": 120, "owner": MALLORY, "workload_python": sys.executable}
     )
-    assert reply(owner_agent, 1)["type"] == "ok"
+    started = reply(owner_agent, 1)
+    assert started["type"] == "ok"
+    assert_reader_keeps_all(StressReply, started, "stress_start's reply")
     ev = burn_event(owner_agent, ("running",))
+    assert_reader_keeps_all(BurnState, ev["detail"], "a burn event's detail")
     assert ev["detail"]["owner"] == MALLORY
     pid = int(ev["detail"]["pid"])
     assert _environ_owner(pid) == MALLORY
     owner_agent.send({"type": "stress_status", "id": 2})
-    assert reply(owner_agent, 2)["burns"][0]["owner"] == MALLORY
+    status = reply(owner_agent, 2)
+    assert_reader_keeps_all(StressStatus, status, "stress_status's reply")
+    assert status["burns"][0]["owner"] == MALLORY
 
     other.send({"type": "stress_status", "id": 3})
-    (seen,) = [b for b in reply(other, 3)["others"] if b["pid"] == pid]
+    status = reply(other, 3)
+    assert_reader_keeps_all(StressStatus, status, "stress_status's reply (others)")
+    (seen,) = [b for b in status["others"] if b["pid"] == pid]
     assert seen["owner"] == MALLORY and seen["device"] == "cpu"
 
     other.send({"type": "stress_stop", "others": True, "owner_user": "alice", "id": 4})
     spared = reply(other, 4)
+    assert_reader_keeps_all(StressReply, spared, "stress_stop's reply (kept)")
     assert spared["others"] == [] and [b["pid"] for b in spared["kept"]] == [pid]
     assert spared["kept"][0]["owner"] == MALLORY
     assert running(pid)  # not signalled (the agent signals before it replies)
 
     other.send({"type": "stress_stop", "others": True, "owner_user": "mallory", "id": 6})
     stopped = reply(other, 6)
+    assert_reader_keeps_all(StressReply, stopped, "stress_stop's reply")
     assert stopped["others"] == [pid] and stopped["kept"] == []
     done = burn_event(owner_agent, ("done", "failed"))
+    assert_reader_keeps_all(BurnState, done["detail"], "a burn event's detail (its end)")
+    assert "iterations" in done["detail"]  # the burner's figures, relayed
     assert done["detail"]["owner"] == MALLORY
+    owner_agent.send({"type": "stress_status", "id": 7})  # a finished burn, as status has it
+    status = reply(owner_agent, 7)
+    assert status["burns"][0]["state"] in ("done", "failed")
+    assert_reader_keeps_all(StressStatus, status, "stress_status's reply (ended)")
     wait_until(lambda: not group_members(pid), 10, "mallory's burner to stop")
 
 

@@ -18,7 +18,8 @@ from textual.widgets import DataTable, Label, Static
 
 from gpuctl.config import TuiSettings
 from gpuctl.core.model import NodeSnapshot
-from gpuctl.fleet.record import RecordingReader, Replayer
+from gpuctl.fleet.recording.reader import RecordingReader
+from gpuctl.fleet.recording.replayer import Replayer
 from gpuctl.tui import GpuctlApp
 from gpuctl.tui.replay import ReplayApp
 from gpuctl.tui.screens.detail import DetailScreen

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpuctl import paths
-from gpuctl.fleet.record import Recorder, new_recording_path
+from gpuctl.fleet.recording.writer import Recorder, new_recording_path
 
 if TYPE_CHECKING:
     from gpuctl.tui.app import GpuctlApp
