@@ -23,7 +23,6 @@ import os
 import socket
 import sys
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +34,7 @@ from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore
 from gpuctl.accept.results import outcome
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.wire import JsonObject
-from gpuctl.fleet.fleet import EventListener, Fleet, Listener
+from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import LocalLink
 from gpuctl.fleet.session import LinkError, refusal
 from gpuctl.workloads.accept_suite.peaks import format_floors
@@ -400,8 +399,9 @@ def start_fleet_run(
         ):
             fut.set_exception(LinkError("closed", f"link lost during the run: {snap.reason}"))
 
-    router = _router(fleet)
-    router.add(on_event, on_snapshot)
+    # the run's own listeners, removed when it ends (nothing of a run stays on the fleet)
+    fleet.on_event(on_event)
+    fleet.subscribe(on_snapshot)
 
     expectations: dict[str, Expectation] = {}
     unknown: dict[str, str] = {}  # Slurm nodes whose expected GPU count could not be had
@@ -463,7 +463,8 @@ def start_fleet_run(
             await asyncio.gather(*(one(n) for n in nodes))
         finally:
             active = False
-            router.remove(on_event, on_snapshot)  # the run is over: its listeners go
+            fleet.unsubscribe(on_event)  # the run is over: its listeners go
+            fleet.unsubscribe(on_snapshot)
 
     async def cancel() -> None:
         for node in runs:
@@ -500,50 +501,6 @@ async def start_local_run(
         read_only=False,  # decided above
     )
     return run, fleet
-
-
-class _FleetRouter:
-    """The one pair of listeners a fleet gets for all its acceptance runs.
-
-    A fleet has no way to remove a listener, so each run registering its own would leave two
-    behind per run (each holding the run, its report and whoever listens to it). Runs add
-    their handlers here and remove them when they end.
-    """
-
-    def __init__(self, fleet: Fleet) -> None:
-        self.events: list[Callable[[str, NodeEvent], None]] = []
-        self.snapshots: list[Listener] = []
-        fleet.on_event(self._event)
-        fleet.subscribe(self._snapshot)
-
-    def add(self, on_event: EventListener, on_snapshot: Listener) -> None:
-        self.events.append(on_event)
-        self.snapshots.append(on_snapshot)
-
-    def remove(self, on_event: EventListener, on_snapshot: Listener) -> None:
-        with contextlib.suppress(ValueError):
-            self.events.remove(on_event)
-        with contextlib.suppress(ValueError):
-            self.snapshots.remove(on_snapshot)
-
-    def _event(self, node: str, ev: NodeEvent) -> None:
-        if ev.kind == "accept":
-            for handler in list(self.events):
-                handler(node, ev)
-
-    def _snapshot(self, snap: NodeSnapshot) -> None:
-        for handler in list(self.snapshots):
-            handler(snap)
-
-
-_routers: weakref.WeakKeyDictionary[Fleet, _FleetRouter] = weakref.WeakKeyDictionary()
-
-
-def _router(fleet: Fleet) -> _FleetRouter:
-    router = _routers.get(fleet)
-    if router is None:
-        router = _routers[fleet] = _FleetRouter(fleet)
-    return router
 
 
 def _str(v: Any) -> str | None:

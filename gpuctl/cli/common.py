@@ -16,6 +16,7 @@ from gpuctl.config import Config, ConfigError, load_config
 
 if TYPE_CHECKING:
     from gpuctl.context import Context
+    from gpuctl.jobs.store import JobStore
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 
@@ -99,6 +100,21 @@ def session(args: argparse.Namespace) -> Context:
     args.context = context
     install(context)
     return context
+
+
+def job_store(args: argparse.Namespace) -> JobStore:
+    """The command's session's job store (``gpuctl.context.Context.job_store``: opened once,
+    shared by all the command does). Listing and reading jobs needs no config: when it cannot
+    be read, the state folder's store all the same (what needs the config says so when it reads
+    it). Raises StoreError (one line) when the store cannot be opened."""
+    from gpuctl.cli.main import UserError
+    from gpuctl.context import Context
+
+    try:
+        context = session(args)
+    except UserError:  # a broken config: not kept, so the command's own reading refuses
+        context = Context()
+    return context.job_store()
 
 
 def load_user_config(args: argparse.Namespace) -> Config:

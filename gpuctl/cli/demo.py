@@ -108,9 +108,11 @@ def run(args: argparse.Namespace) -> int:
     fleet = simulated_fleet(
         demo_nodes(args.nodes, args.gpus), read_only=args.read_only, interval=args.interval or 1.0
     )
+    from gpuctl.context import Context
     from gpuctl.tui import GpuctlApp
 
-    job_store, job_store_error = open_job_store()
+    # the demo's session: no config (the flags decide), the state folder's job store
+    job_store, job_store_error = open_job_store(Context())
     app = GpuctlApp(
         fleet,
         read_only=args.read_only,

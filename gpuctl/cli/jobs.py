@@ -310,6 +310,10 @@ def run_submit(args: argparse.Namespace) -> int:
         opts["ship_limit"] = args.ship_limit
     if args.ship_exclude:
         opts["ship_exclude"] = args.ship_exclude
+    if args.target != "debug":  # a debug job is kept nowhere
+        from gpuctl.cli.common import job_store
+
+        opts["store"] = job_store(args)  # the session's, not one of the executor's own
     try:  # read-only mode: decided by gpuctl.cli.main before the command ran
         ex = Executor(args.target, config=config, read_only=_decided(args), **opts)
     except ValueError as e:
@@ -450,10 +454,11 @@ def _print_result(job: Job, timeout: float | None, output: str | None = None) ->
 
 
 def _job(args: argparse.Namespace) -> Job:
-    from gpuctl.jobs import HostError, JobStore, attach
+    from gpuctl.cli.common import job_store
+    from gpuctl.jobs import HostError, attach
     from gpuctl.jobs.store import JobNotFound
 
-    store = JobStore()
+    store = job_store(args)
     try:
         rec = store.find(args.id)
     except JobNotFound as e:
@@ -481,7 +486,8 @@ def run_purge(args: argparse.Namespace) -> int:
     ends so). A folder is removed only when its last path part is the job's own id; a node
     that does not answer keeps its jobs for a later purge."""
     from gpuctl import service
-    from gpuctl.jobs import HostError, JobStore, targets
+    from gpuctl.cli.common import job_store
+    from gpuctl.jobs import HostError, targets
     from gpuctl.jobs.store import FINAL_STATES
 
     if not args.older_than:
@@ -489,7 +495,7 @@ def run_purge(args: argparse.Namespace) -> int:
     cutoff = time.time() - parse_age(args.older_than)
     if not args.dry_run:
         service.check("purging jobs", read_only=_decided(args))
-    store = JobStore()
+    store = job_store(args)
     # a job that looks unfinished may have ended unseen (its supervisor died, the gpuctl that
     # was to start it is gone): looked at first, so that what ended is purged like any end
     _refresh(store, [r for r in store.list(1_000_000) if r.created_at < cutoff], args)
@@ -593,13 +599,13 @@ def _purge_caches(records: list[JobRecord], cutoff: float, args: argparse.Namesp
 
 
 def run_jobs(args: argparse.Namespace) -> int:
-    from gpuctl.jobs import JobStore
+    from gpuctl.cli.common import job_store
 
     if args.action == "purge":
         return run_purge(args)
     if args.older_than or args.dry_run:
         raise UserError("--older-than and --dry-run go with: gpuctl jobs purge")
-    store = JobStore()
+    store = job_store(args)
     records = store.list(args.limit)
     if _refresh(store, records, args):
         records = store.list(args.limit)

@@ -22,6 +22,7 @@ from gpuctl.fleet import eventloop
 if TYPE_CHECKING:
     from gpuctl.cli.main import Subcommands
     from gpuctl.config import AcceptSettings, Config, TuiSettings
+    from gpuctl.context import Context
     from gpuctl.jobs.store import JobStore
     from gpuctl.tui import GpuctlApp
 
@@ -81,13 +82,14 @@ def accept_defaults(
     return out
 
 
-def open_job_store() -> tuple[JobStore | None, str | None]:
-    """The user's job store for the jobs pane, or None and why it cannot be opened (one line
-    naming the file and what to do). The screen opens either way."""
-    from gpuctl.jobs.store import JobStore, StoreError
+def open_job_store(context: Context) -> tuple[JobStore | None, str | None]:
+    """The session's job store for the jobs pane (``Context.job_store``: the one the jobs it
+    attaches write to), or None and why it cannot be opened (one line naming the file and what
+    to do). The screen opens either way."""
+    from gpuctl.jobs.store import StoreError
 
     try:
-        return JobStore(), None
+        return context.job_store(), None
     except StoreError as e:  # damaged, unreadable, unwritable: the store's own one line
         return None, printable(e)
 
@@ -132,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuctl.service import read_only_link_why
     from gpuctl.tui import GpuctlApp
 
-    job_store, job_store_error = open_job_store()
+    job_store, job_store_error = open_job_store(context)
     app = GpuctlApp(
         fleet,
         read_only=context.read_only

@@ -152,10 +152,8 @@ def burning(fleet: Fleet) -> list[tuple[str, int]]:
 
 
 def _workload_python(fleet: Fleet, node: str) -> str | None:
-    link = fleet.nodes[node].link
-    cfg = getattr(link, "node", None)
-    value = getattr(cfg, "workload_python", None)
-    return value if isinstance(value, str) else None
+    cfg = fleet.nodes[node].link.node
+    return cfg.workload_python if cfg is not None else None
 
 
 async def set_stress(

@@ -267,19 +267,20 @@ class Fleet:
 
     async def backfill(self, name: str) -> bool:
         """Fill a node's kept history with what its link's store kept before this process saw
-        it (a link with ``history``: ``gpuctl.fleet.prom.PromLink``), once per node; True when
-        it did. The detail screen calls it when it opens; a failure is logged, not raised."""
+        it (``NodeLink.history``: a node seen through Prometheus has one), once per node; True
+        when it did. The detail screen calls it when it opens; a failure is logged, not raised."""
         rt = self.nodes[name]
-        history = getattr(rt.link, "history", None)
-        if history is None or name in self._backfilled:
+        if name in self._backfilled:
             return False
         self._backfilled.add(name)
         firsts = [h.series("util")[0][:1] for h in rt.history.values()]
         end = min((f[0] for f in firsts if f), default=self.clock())
         try:
-            past: list[GpuSample] = await history(end - 1e-3)
+            past = await rt.link.history(end - 1e-3)
         except Exception as e:  # the store's one line; the screen keeps what it has
             log.warning("%s: no history from its store: %s", name, e)
+            return False
+        if past is None:  # no store behind this link
             return False
         by_gpu: dict[int, list[GpuSample]] = {}
         for g in past:

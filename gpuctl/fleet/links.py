@@ -12,10 +12,14 @@ import asyncio
 import os
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuctl.fleet.session import AgentSession, LinkError
 from gpuctl.node import protocol
+
+if TYPE_CHECKING:
+    from gpuctl.config import NodeConfig
+    from gpuctl.core.model import GpuSample
 
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STREAM_LIMIT = 4 * protocol.MAX_LINE  # a sample of many GPUs can exceed asyncio's 64 KiB default
@@ -31,6 +35,10 @@ class NodeLink:
     # Each open session holds a process's pipes or a connection (``fd_room`` counts them); a
     # replayed node holds none.
     holds_files = True
+    # The node's entry of the config (its ``workload_python`` runs the burns): a link built from
+    # one (SSH, srun, and a Prometheus node's agent) sets it; None for the others (a local or
+    # simulated agent, a replayed node).
+    node: NodeConfig | None = None
 
     async def open(self) -> AgentSession:
         """Start the agent and return its session (handshake not yet done).
@@ -47,6 +55,12 @@ class NodeLink:
     def read_only_why(self) -> str | None:
         """Why no action can go through this link whatever the mode (a node seen through
         Prometheus has no agent), in words; None when it can act."""
+        return None
+
+    async def history(self, end: float) -> list[GpuSample] | None:
+        """The node's GPUs as a store behind the link kept them before ``end``, oldest first
+        (``Fleet.backfill``), or None when no store keeps any (every link but a node seen
+        through Prometheus: ``gpuctl.fleet.prom.PromLink``)."""
         return None
 
     def forget_deploy(self) -> None:

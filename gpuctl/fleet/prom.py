@@ -558,7 +558,8 @@ class PromLink(NodeLink):
         self.source = source
         self.name = name
         self.agent = agent
-        self.read_only = agent is None or bool(getattr(agent, "read_only", False))
+        self.read_only = agent is None or agent.read_only
+        self.node = agent.node if agent is not None else None  # its workload_python for burns
         self._reader: asyncio.StreamReader | None = None
         self._last_t: float | None = None
         self._statics: dict[int, JsonObject] = {}
@@ -572,11 +573,6 @@ class PromLink(NodeLink):
         self._agent_session: AgentSession | None = None
         self._opening: asyncio.Task[AgentSession] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def node(self) -> object:
-        """The agent link's node config (``workload_python`` for burns), if any."""
-        return getattr(self.agent, "node", None)
 
     @property
     def read_only_why(self) -> str | None:

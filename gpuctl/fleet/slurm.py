@@ -250,6 +250,7 @@ class SrunLink(NodeLink):
     """The agent as a step of a running job: ``srun --overlap --jobid=J -w NODE -N1 -n1``."""
 
     kind = "srun"
+    node: NodeConfig  # always built from one
 
     def __init__(
         self,
@@ -792,6 +793,7 @@ class StepLink(NodeLink):
     the job, or (after that agent ended) a step of its own (``SrunLink``)."""
 
     kind = "srun"
+    node: NodeConfig  # always built from one
 
     def __init__(self, fanout: SrunFanout, own: SrunLink) -> None:
         self.fanout = fanout

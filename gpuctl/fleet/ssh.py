@@ -175,6 +175,7 @@ class SshLink(NodeLink):
     """The agent on a node reached over SSH, as the user's own ``ssh`` would reach it."""
 
     kind = "ssh"
+    node: NodeConfig  # always built from one
 
     def __init__(
         self,

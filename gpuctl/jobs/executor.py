@@ -209,6 +209,10 @@ class Executor:
     cancel_on_interrupt``, else False): a Ctrl-C while ``result()`` waits cancels the job;
     otherwise the job keeps running and a line on stderr says how to cancel it.
 
+    ``store``: the job store its jobs' rows go to (True: the session's,
+    ``gpuctl.context.Context.job_store``, opened at the first submit: ``config``'s session
+    when one is given, else the process's; False or None: none, nothing outlives the process).
+
     ``max_running`` caps how many jobs of one ``map`` run at once (default: the backend's,
     ``default_max_running``: 64 through Slurm, 8 on one machine, local or SSH); see ``map_jobs``.
 
@@ -322,22 +326,29 @@ class Executor:
             # Slurm's VENV1 runs on a compute node this side cannot reach before the job does
             probe_venv1=not isinstance(self.backend, SlurmBackend),
         )
-        if self.debug:
-            self.store: JobStore | None = None  # nothing of a debug job outlives this process
-        elif store is True:
-            self.store = JobStore()
-        elif store is False or store is None:
-            self.store = None
-        else:
-            self.store = store
+        # True: the session's, looked up at the first submit (``store``)
+        self._store: JobStore | bool | None = None if self.debug else store
         self._root_ready = False
         # read-only mode: the caller's decision, else the session's (a config handed in is a
         # session of its own, decided now; none: the process's, looked up at the first submit)
         from gpuctl.context import Context
 
-        context = Context.of(where.config) if where.config is not None else None
-        self.guard = service.Guard(read_only, context)
+        self._context = Context.of(where.config) if where.config is not None else None
+        self.guard = service.Guard(read_only, self._context)
         self._config = where.config
+
+    @property
+    def store(self) -> JobStore | None:
+        """The job store this executor's rows go to (None: none; a debug job's is none: nothing
+        of it outlives this process). ``store=True``: the session's, opened at the first use,
+        the one every executor, ``attach`` and job command of the session shares. Raises
+        ``StoreError`` when it cannot be opened (ConfigError: the process's config cannot be
+        read to make its session)."""
+        if self._store is True:
+            from gpuctl.context import current
+
+            self._store = (self._context or current()).job_store()
+        return self._store or None
 
     def _jobs_settings(self) -> JobsSettings:
         """The config's ``[jobs]`` settings: the one handed in, else the session's."""
@@ -1138,11 +1149,15 @@ def attach(
     watch: bool = True,
 ) -> Job:
     """Rebuild a ``Job`` from its stored record (after gpuctl restarted), or from its id or a
-    unique prefix of it (looked up in ``store``, else the default job store; ``JobNotFound``,
-    one line naming the candidates, when none or several match). ``watch=False``: no
-    background polling (for callers that poll it themselves: the CLI, the jobs pane)."""
+    unique prefix of it (looked up in ``store``, else the session's: ``config``'s, else the
+    process's, ``gpuctl.context.Context.job_store``; ``JobNotFound``, one line naming the
+    candidates, when none or several match). ``watch=False``: no background polling (for
+    callers that poll it themselves: the CLI, the jobs pane)."""
     if isinstance(record, str):
-        store = store if store is not None else JobStore()
+        if store is None:
+            from gpuctl.context import Context, current
+
+            store = (Context.of(config) if config is not None else current()).job_store()
         record = store.find(record)
     backend = targets.backend_of(record.backend, record.id, config)
     job = Job(

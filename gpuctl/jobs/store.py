@@ -154,6 +154,19 @@ class JobNotFound(LookupError):
     """No job has this id or id prefix, or several do; ``str`` is one line that says which."""
 
 
+def store_path(folder: Path | None = None) -> Path:
+    """The job store's file in ``folder`` (None: ``gpuctl.paths.state_dir()``), the folder made
+    (private) when it is not there; StoreError (one line) when it cannot be."""
+    folder = paths.state_dir() if folder is None else folder
+    try:
+        return paths.private_dir(folder) / paths.JOBS_DB
+    except OSError as e:
+        raise StoreError(
+            f"cannot make gpuctl's state folder {folder}: "
+            f"{e.strerror or e} (set GPUCTL_STATE_DIR to a folder you can write)"
+        ) from None
+
+
 class JobStore:
     """SQLite-backed list of jobs; safe to share between threads of one process.
 
@@ -162,15 +175,9 @@ class JobStore:
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        if path is None:
-            try:
-                path = paths.private_dir(paths.state_dir()) / paths.JOBS_DB
-            except OSError as e:
-                raise StoreError(
-                    f"cannot make gpuctl's state folder {paths.state_dir()}: "
-                    f"{e.strerror or e} (set GPUCTL_STATE_DIR to a folder you can write)"
-                ) from None
-        self.path = Path(path)
+        """Open (make, or bring up to date) the store at ``path``, else ``store_path()``'s.
+        A session opens it once: ``gpuctl.context.Context.job_store``."""
+        self.path = Path(path) if path is not None else store_path()
         self._lock = threading.Lock()
         with self._db() as db:
             db.executescript(_SCHEMA)

@@ -15,6 +15,7 @@ from gpuctl import logs
 from gpuctl.accept.run import AcceptOptions
 from gpuctl.cli.watch import accept_defaults, open_job_store, run_tui
 from gpuctl.config import parse_config
+from gpuctl.context import Context
 from gpuctl.tui import GpuctlApp
 from gpuctl_tests.tui.hostile import crashing_fleet
 
@@ -41,7 +42,7 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_a_damaged_job_store_is_a_reason_not_a_crash(state: Path) -> None:
     (state / "jobs.sqlite").write_bytes(JUNK)
-    store, why = open_job_store()
+    store, why = open_job_store(Context())
     assert store is None and why is not None
     path = state / "jobs.sqlite"
     assert why.startswith(f"the job store {path} is damaged (file is not a database)")
@@ -50,14 +51,14 @@ def test_a_damaged_job_store_is_a_reason_not_a_crash(state: Path) -> None:
 
 def test_a_job_store_that_cannot_be_opened_says_so(state: Path) -> None:
     (state / "jobs.sqlite").mkdir()  # a folder where the file should be
-    store, why = open_job_store()
+    store, why = open_job_store(Context())
     assert store is None and why is not None
     assert why.startswith(f"the job store {state / 'jobs.sqlite'} cannot be opened (")
     assert "cannot be opened" in why and "check its folder" in why
 
 
 def test_a_good_job_store_opens(state: Path) -> None:
-    store, why = open_job_store()
+    store, why = open_job_store(Context())
     assert why is None and store is not None and store.list() == []
     with sqlite3.connect(state / "jobs.sqlite") as db:  # a real store, in the state folder
         assert db.execute("SELECT count(*) FROM jobs").fetchone() == (0,)

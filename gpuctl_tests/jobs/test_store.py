@@ -140,3 +140,20 @@ def test_many_processes_opening_one_old_store_at_once(tmp_path: Path) -> None:
     errors = [p.communicate(timeout=60)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * 8, errors
     assert "heartbeat" in {r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(jobs)")}
+
+
+def test_one_session_opens_its_job_store_once(make_executor: Any) -> None:
+    """The executors, ``attach`` by id and the session itself share the one store the session
+    opened (``gpuctl.context.Context.job_store``): before, each executor and each attach by id
+    opened one of its own."""
+    from gpuctl.context import current
+    from gpuctl.jobs import attach
+
+    a, b = make_executor(store=True), make_executor(store=True)
+    assert a.store is b.store
+    assert a.store is current().job_store()
+    job = a.submit(os.getpid)
+    assert job.store is a.store and job.result(60) != os.getpid()
+    again = attach(job.id[:8], watch=False)
+    assert again.store is a.store and again.state == "done"
+    assert [r.id for r in a.store.list()] == [job.id]

@@ -250,13 +250,14 @@ async def test_jobs_pane_says_why_a_damaged_store_lists_nothing(
     """A junk ``jobs.sqlite`` in the state folder: the screen opens, the pane says which file
     and what to do; a store that goes bad while shown says so too, and recovers."""
     from gpuctl.cli.watch import open_job_store
+    from gpuctl.context import Context
 
     state = tmp_path / "state"
     state.mkdir()
     monkeypatch.setenv("GPUCTL_STATE_DIR", str(state))
     junk = b"not a database\x00\xff" * 100
     (state / "jobs.sqlite").write_bytes(junk)
-    store, why = open_job_store()
+    store, why = open_job_store(Context())
     assert store is None and why is not None
     app = make_app(replay_fleet(), state_dir=tmp_path, job_store=store, job_store_error=why)
     async with app.run_test(size=SIZE) as pilot:
