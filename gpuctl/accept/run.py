@@ -32,11 +32,13 @@ from gpuctl import service
 from gpuctl.accept.expect import TYPED, Expectation, resolve
 from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore
 from gpuctl.accept.results import outcome
+from gpuctl.core import wire
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import LocalLink
 from gpuctl.fleet.session import LinkError, refusal
+from gpuctl.node.messages import AcceptEvent, AcceptStarted
 from gpuctl.workloads.accept_suite.peaks import format_floors
 from gpuctl.workloads.accept_suite.schema import SCHEMA_VERSION, SECTIONS
 
@@ -179,7 +181,7 @@ class AcceptRun:
         for listener in list(self._listeners):
             listener(p)
 
-    def relay(self, node: str, detail: Mapping[str, Any]) -> None:
+    def relay(self, node: str, detail: AcceptEvent) -> None:
         """Turn one suite progress event into Progress (the suite's ``--events`` lines)."""
         kind = detail.get("event")
         if kind == "start":
@@ -372,15 +374,16 @@ def start_fleet_run(
     service.check("the acceptance suite", read_only=read_only, fleet=fleet)
     run = AcceptRun(nodes, options, via)
     runs: dict[str, str] = {}  # node -> the agent's run id
-    finished: dict[str, asyncio.Future[Mapping[str, Any]]] = {}
+    finished: dict[str, asyncio.Future[AcceptEvent]] = {}
     loop = asyncio.get_running_loop()
     active = True
 
     def on_event(node: str, ev: NodeEvent) -> None:
         if not active or ev.kind != "accept" or node not in finished:
             return
-        detail = ev.detail
-        if runs.get(node) is None or detail.get("run") != runs[node]:
+        # through the agent's own definition: a field of another type is left out, not trusted
+        detail = wire.parse(AcceptEvent, ev.detail)
+        if detail is None or runs.get(node) is None or detail.get("run") != runs[node]:
             return
         if detail.get("event") == "exit":
             if not finished[node].done():
@@ -437,7 +440,10 @@ def start_fleet_run(
             if error.get("code") == "unknown_request":
                 why = "this node's agent has no acceptance plugin (an old bundle?)"
             return NodeOutcome(node, ERROR, reason=why)
-        runs[node] = str(reply.get("run"))
+        started = wire.parse(AcceptStarted, reply)
+        if started is None:
+            return NodeOutcome(node, ERROR, reason="the agent's answer to accept_start has no run")
+        runs[node] = started["run"]
         try:
             detail = await asyncio.wait_for(finished[node], options.timeout + 60)
         except LinkError as e:

@@ -37,6 +37,8 @@ from gpuctl.accept.run import (
     outcome_from_report,
 )
 from gpuctl.bundle import write_bundle
+from gpuctl.core import wire
+from gpuctl.node.messages import AcceptEvent
 from gpuctl.reach.slurm import (
     SlurmClient,
     SlurmError,
@@ -257,8 +259,8 @@ async def start_slurm_run(
             for n, t in tails.items():
                 for line in t.lines():
                     with contextlib.suppress(ValueError):
-                        detail = json.loads(line)
-                        if isinstance(detail, dict):
+                        detail = wire.parse(AcceptEvent, json.loads(line))
+                        if detail is not None:
                             run.relay(n, detail)
             if (job / "exit_code").exists():
                 break
@@ -272,8 +274,8 @@ async def start_slurm_run(
         for n, t in tails.items():  # what arrived between the last look and the end
             for line in t.lines():
                 with contextlib.suppress(ValueError):
-                    detail = json.loads(line)
-                    if isinstance(detail, dict):
+                    detail = wire.parse(AcceptEvent, json.loads(line))
+                    if detail is not None:
                         run.relay(n, detail)
         for n in names:
             path = job / "reports" / f"{n}.json"
