@@ -99,8 +99,9 @@ HISTORY_METRICS = tuple(
 
 
 class PromError(Exception):
-    """The store could not be read; ``reason``: unreachable, auth, no_match, sample_limit,
-    bad_query, protocol, config. ``str()`` is one line for a person."""
+    """The store could not be read; ``reason``: unreachable, tls, auth, redirect, no_match,
+    sample_limit, bad_query, protocol, config. ``str()`` is one line for a person, and never
+    holds a token or password (they travel in a header no message quotes)."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -247,6 +248,13 @@ PromTarget = PrometheusConfig
 def check_url(url: str) -> str:
     """``url`` without a trailing slash; raises PromError(config) unless it is http(s)://host."""
     parts = urllib.parse.urlsplit(url.strip())
+    if "@" in parts.netloc:  # user:password@host: urllib would fail on it, and every line
+        # naming the store (errors, the detail screen, ``describe``) would show the password
+        raise PromError(
+            "config",
+            "a Prometheus URL holds no user or password: set prometheus_user and "
+            "prometheus_password_file (or prometheus_token_file) instead",
+        )
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise PromError(
             "config",
@@ -268,8 +276,25 @@ def _read_secret(path: str, what: str) -> str:
     return text
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is not followed: urllib would send the Authorization header on to wherever
+    it points (another host, or http from https), and turn the POSTed query into a GET that
+    loses it. The 3xx comes back as an HTTPError, said in one line (``_http_error``)."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+# X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH: a certificate for another name
+_NAME_MISMATCH = (62, 64)
+
+
 class PromClient:
-    """Blocking queries to one store's HTTP API (run in threads: ``PromSource``)."""
+    """Blocking queries to one store's HTTP API (run in threads: ``PromSource``).
+
+    Tested against Debian's Prometheus 2.42 serving https (``--web.config.file``'s
+    ``tls_server_config``) with basic auth, and behind a proxy that asks for a bearer token
+    (``gpuctl_tests/fleet/test_prom_tls.py``)."""
 
     def __init__(self, target: PromTarget) -> None:
         self.target = target
@@ -290,38 +315,74 @@ class PromClient:
                 self.context = ssl.create_default_context(cafile=target.ca)
             except (OSError, ssl.SSLError) as e:
                 raise PromError("config", f"cannot read the CA file {target.ca}: {e}") from None
+        handlers: list[Any] = [_NoRedirect()]
+        if self.context is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=self.context))
+        self._opener = urllib.request.build_opener(*handlers)
 
     def _post(self, path: str, form: dict[str, str]) -> bytes:
         url = self.base + path
         data = urllib.parse.urlencode(form).encode()
         req = urllib.request.Request(url, data=data, headers=self.headers, method="POST")
         try:
-            with urllib.request.urlopen(
-                req, timeout=self.target.timeout, context=self.context
-            ) as r:
+            with self._opener.open(req, timeout=self.target.timeout) as r:
                 body: bytes = r.read()
                 return body
         except urllib.error.HTTPError as e:
             body = e.read() if e.fp is not None else b""
+            if 300 <= e.code < 400:
+                where = e.headers.get("Location") or "elsewhere"
+                raise PromError(
+                    "redirect",
+                    f"Prometheus at {self.base} redirects to {where} ({e.code}): set prometheus "
+                    "to the URL it redirects to (a redirect is not followed: it would carry "
+                    "the credentials there)",
+                ) from None
             raise self._http_error(e.code, e.reason, body, form.get("query", "")) from None
         except urllib.error.URLError as e:
-            why = (
-                e.reason.strerror
-                if isinstance(e.reason, OSError) and e.reason.strerror
-                else e.reason
-            )
-            raise PromError(
-                "unreachable", f"cannot reach Prometheus at {self.base}: {why}"
-            ) from None
+            raise self._reach_error(e.reason) from None
         except (TimeoutError, OSError) as e:
-            why = (
-                f"no answer within {self.target.timeout:g} s"
-                if isinstance(e, TimeoutError)
-                else str(e)
+            raise self._reach_error(e) from None
+
+    def _reach_error(self, why: object) -> PromError:
+        """One line for a connection that failed: TLS (an untrusted certificate, one for
+        another name, a server that does not speak TLS) said as such, else unreachable."""
+        if isinstance(why, ssl.SSLCertVerificationError):
+            detail = why.verify_message or why.reason or "verify failed"
+            if why.verify_code in _NAME_MISMATCH:
+                host = urllib.parse.urlsplit(self.base).hostname
+                return PromError(
+                    "tls",
+                    f"Prometheus at {self.base}: its certificate is not for {host} ({detail}): "
+                    "use a name in the URL that the certificate was issued for",
+                )
+            how = (
+                f"it is not signed by a CA in prometheus_ca ({self.target.ca})"
+                if self.target.ca
+                else "set prometheus_ca to the CA bundle that signed it"
             )
-            raise PromError(
-                "unreachable", f"cannot reach Prometheus at {self.base}: {why}"
-            ) from None
+            return PromError(
+                "tls", f"Prometheus at {self.base}: certificate not trusted ({detail}): {how}"
+            )
+        if isinstance(why, ssl.SSLError):
+            if why.reason in (
+                "WRONG_VERSION_NUMBER",
+                "RECORD_LAYER_FAILURE",
+                "PACKET_LENGTH_TOO_LONG",
+            ):
+                return PromError(
+                    "tls",
+                    f"Prometheus at {self.base} does not answer in TLS ({why.reason}): "
+                    "is it http://?",
+                )
+            return PromError("tls", f"Prometheus at {self.base}: TLS failed ({why.reason or why})")
+        if isinstance(why, TimeoutError):
+            text = f"no answer within {self.target.timeout:g} s"
+        elif isinstance(why, OSError):
+            text = why.strerror or str(why)
+        else:
+            text = str(why)
+        return PromError("unreachable", f"cannot reach Prometheus at {self.base}: {text}")
 
     def _http_error(self, code: int, reason: str, body: bytes, query: str) -> PromError:
         if code in (401, 403):
@@ -343,6 +404,10 @@ class PromClient:
                 "sample_limit",
                 f"Prometheus at {self.base} refused the query as over its sample limit "
                 f"(--query.max-samples): narrow prometheus_match, or raise that limit ({text})",
+            )
+        if "HTTP request to an HTTPS server" in text:  # Go's answer to plain http
+            return PromError(
+                "tls", f"Prometheus at {self.base} answers https only: use https:// ({text})"
             )
         if err.errorType == "bad_data":
             return PromError(
