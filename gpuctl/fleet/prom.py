@@ -83,6 +83,17 @@ DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
 # series once per job with this label (internal/pkg/transformation/hpc.go). It has no label
 # for the job's user.
 JOB_LABEL = "hpc_job"
+# MIG: in DCGM exporter's default device mode ("flex") a GPU in MIG mode has no series of its
+# own but one per GPU instance, each with the parent's ``gpu`` and ``UUID`` labels plus the
+# instance's id and profile (internal/pkg/collector: GPUInstanceID, MigProfile), and without
+# GPU_UTIL (DCGM does not report it for instances: GR_ENGINE_ACTIVE, a ratio, instead). The
+# screen's model has a row per GPU index, so a MIG GPU is one row summing its instances: its
+# memory the sum of theirs, its utilisation their GR_ENGINE_ACTIVE weighted by each one's
+# compute slices (the "3" of "3g.40gb"), ``mig_mode`` set in its hello.
+MIG_ID, MIG_PROFILE = "GPU_I_ID", "GPU_I_PROFILE"
+MIG_UTIL = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+MIG_SUMMED = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
+_SLICES = re.compile(r"(\d+)g\.")
 MIB = 1 << 20
 DEFAULT_PERIOD = 30.0  # the scrape period assumed until one series shows two samples
 PREFIX = "DCGM_FI_DEV_"
@@ -131,6 +142,8 @@ class Labels(msgspec.Struct, gc=False):
     model: str = ""
     DCGM_FI_DRIVER_VERSION: str = ""
     hpc_job: str = ""
+    GPU_I_ID: str = ""
+    GPU_I_PROFILE: str = ""
 
     def host(self) -> str:
         """The host's name: the first of ``HOST_LABELS`` set ("" when none is)."""
@@ -466,6 +479,8 @@ class NodeReading:
     seen: set[str]
     host_label: str = "Hostname"  # the label that named the host (for queries about it)
     jobs: dict[int, set[str]] = field(default_factory=dict)  # GPU -> its ``hpc_job`` labels
+    # a MIG GPU -> its instances' (profile, GR_ENGINE_ACTIVE in %) by instance id
+    mig: dict[int, dict[str, tuple[str, float | None]]] = field(default_factory=dict)
 
 
 def _selector(names: tuple[str, ...], matchers: str) -> str:
@@ -476,10 +491,48 @@ def _selector(names: tuple[str, ...], matchers: str) -> str:
     return f'{{__name__=~"{alternatives}"{extra}}}'
 
 
+def _mig_selector(matchers: str) -> str:
+    """A MIG instance's utilisation series (GR_ENGINE_ACTIVE of the series with an instance
+    id: a GPU not in MIG mode keeps its GPU_UTIL)."""
+    instance = MIG_ID + '!=""'
+    return f"{MIG_UTIL}{{{', '.join(m for m in (matchers, instance) if m)}}}"
+
+
 def stamp_query(matchers: str) -> str:
-    """Each host's newest sample time (the utilisation's ``timestamp()``, ``max`` per host),
-    every host label kept: a poll's first query, small (a series per host)."""
-    return f"max by ({', '.join(HOST_LABELS)}) (timestamp({_selector(UTIL.names, matchers)}))"
+    """Each host's newest sample time (the utilisation's ``timestamp()``, ``max`` per host;
+    a MIG instance's GR_ENGINE_ACTIVE where it has no GPU_UTIL), every host label kept: a
+    poll's first query, small (a series per host)."""
+    util = _selector(UTIL.names, matchers)
+    return (
+        f"max by ({', '.join(HOST_LABELS)}) "
+        f"(timestamp({util}) or timestamp({_mig_selector(matchers)}))"
+    )
+
+
+def per_gpu(names: tuple[str, ...], matchers: str, by: str) -> str:
+    """The query of one metric per GPU, ``by`` these labels: the ``max`` of its series (one
+    per Slurm job on the GPU with ``hpc_job``), a MIG GPU's memory summed over its instances,
+    its utilisation per instance (GR_ENGINE_ACTIVE in %; ``group`` weighs them)."""
+    if names == UTIL.names:
+        util = f"{_selector(names, matchers)} or 100 * {_mig_selector(matchers)}"
+        return f"max by ({by}, {MIG_PROFILE}, {MIG_ID}) ({util})"
+    if names[0] in MIG_SUMMED:
+        return f"sum by ({by}) (max by ({by}, {MIG_ID}) ({_selector(names, matchers)}))"
+    return f"max by ({by}) ({_selector(names, matchers)})"
+
+
+def mig_util(instances: dict[str, tuple[str, float | None]]) -> int | None:
+    """A MIG GPU's utilisation: its instances' GR_ENGINE_ACTIVE (%) weighted by their compute
+    slices ("3g.40gb": 3), over the instances there are (a slice in none is not counted)."""
+    total = weight = 0.0
+    for profile, util in instances.values():
+        if util is None:
+            continue
+        m = _SLICES.search(profile)
+        slices = int(m.group(1)) if m else 1
+        total += util * slices
+        weight += slices
+    return round(total / weight) if weight else None
 
 
 def queries(
@@ -494,7 +547,7 @@ def queries(
     out: list[tuple[Metric | None, str]] = [(None, stamp_query(matchers))]
     for m in METRICS:
         by = f"{hosts}, gpu, {statics}, {JOB_LABEL}" if m is UTIL else f"{hosts}, gpu"
-        out.append((m, f"max by ({by}) ({_selector(m.names, matchers)})"))
+        out.append((m, per_gpu(m.names, matchers, by)))
     return out
 
 
@@ -572,6 +625,12 @@ def group(answers: list[tuple[Metric | None, list[Series]]]) -> dict[str, NodeRe
                 node.driver = node.driver or labels.DCGM_FI_DRIVER_VERSION or None
                 if labels.hpc_job:  # one series per job on the GPU
                     node.jobs.setdefault(gpu, set()).add(labels.hpc_job)
+                if labels.GPU_I_ID:  # a MIG instance: the GPU's utilisation from all of them
+                    node.mig.setdefault(gpu, {})[labels.GPU_I_ID] = (labels.GPU_I_PROFILE, v)
+    for node in nodes.values():
+        for gpu, instances in node.mig.items():
+            node.gpus[gpu][UTIL.key] = mig_util(instances)
+            node.statics[gpu]["mig_mode"] = True
     return nodes
 
 
@@ -1028,7 +1087,8 @@ class PromSource:
         # which label named the host is not kept: each is tried until one answers
         for label in HOST_LABELS:
             matchers = ", ".join(m for m in (f'{label}="{host}", gpu="{gpu}"', extra) if m)
-            sel = f"{UTIL.names[0]}{{{matchers}}}[5m]"
+            # a MIG GPU's instances have GR_ENGINE_ACTIVE, not GPU_UTIL: either's times
+            sel = f"{_selector((*UTIL.names, MIG_UTIL), matchers)}[5m]"
             try:
                 series = self.client.query_matrix(sel)
             except PromError:
@@ -1101,7 +1161,7 @@ class PromSource:
             *(
                 asyncio.to_thread(
                     self.client.query_range,
-                    f"max by (gpu) ({name}{{{matchers}}})",
+                    per_gpu((name,), matchers, "gpu"),
                     start,
                     end,
                     step,
@@ -1110,15 +1170,29 @@ class PromSource:
             )
         )
         points: dict[tuple[float, int], dict[str, Any]] = {}
+        # (t, gpu, key, scale) -> a MIG GPU's instances then
+        mig: dict[tuple[float, int, str, float], dict[str, tuple[str, float | None]]] = {}
         for (key, _name, scale), series in zip(HISTORY_METRICS, answers, strict=True):
             for rs in series:
                 gpu_text = rs.metric.gpu
                 if not gpu_text.isdigit():
                     continue
+                instance = rs.metric.GPU_I_ID
                 for t, text in rs.values:
                     value = _number(text)
-                    if value is not None:  # e.g. FB_USED is MiB, the history's memory GiB
+                    if value is None:
+                        continue
+                    if instance:  # a MIG instance's utilisation: weighed below
+                        mig.setdefault((t, int(gpu_text), key, scale), {})[instance] = (
+                            rs.metric.GPU_I_PROFILE,
+                            value,
+                        )
+                    else:  # e.g. FB_USED is MiB, the history's memory GiB
                         points.setdefault((t, int(gpu_text)), {})[key] = value * scale
+        for (t, gpu, key, scale), instances in mig.items():
+            util = mig_util(instances)
+            if util is not None:
+                points.setdefault((t, gpu), {})[key] = util * scale
         return [history_sample(index, t, got) for (t, index), got in sorted(points.items())]
 
     async def run(self) -> None:

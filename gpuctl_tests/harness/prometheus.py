@@ -6,7 +6,11 @@ labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``Hostname
 version label), the counters of its default set (``etc/default-counters.csv``) plus the clock
 event reasons and one ECC counter; a test changes a GPU's values in ``gpus`` and the next scrape
 serves them. ``set_jobs`` maps a GPU to Slurm jobs as DCGM exporter's ``--hpc-job-mapping-dir``
-does: each of the GPU's series once per job, with an ``hpc_job`` label.
+does: each of the GPU's series once per job, with an ``hpc_job`` label. ``set_mig`` puts a GPU
+in MIG mode as DCGM exporter's default ("flex") device mode shows one: no series of its own,
+each series once per GPU instance with ``GPU_I_PROFILE`` and ``GPU_I_ID`` (before the host
+label, as its render_metrics.go template writes them), and no GPU/memory/video utilisation
+(DCGM reports none for an instance: GR_ENGINE_ACTIVE instead).
 
 ``make_tls`` writes a CA and a server certificate for 127.0.0.1 and localhost (``cryptography``,
 which asyncssh requires) for ``prometheus(tls=...)`` to serve https with, and ``BearerProxy``
@@ -105,13 +109,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def series_labels(hostname: str, gpu: int, uuid: str, model: str) -> str:
-    """A GPU's labels as DCGM exporter writes them (inside the braces)."""
+def series_labels(
+    hostname: str, gpu: int, uuid: str, model: str, instance: tuple[str, str] | None = None
+) -> str:
+    """A GPU's labels as DCGM exporter writes them (inside the braces); ``instance``: a MIG
+    instance's (profile, id)."""
+    mig = f',GPU_I_PROFILE="{instance[0]}",GPU_I_ID="{instance[1]}"' if instance else ""
     return (
         f'gpu="{gpu}",UUID="{uuid}",pci_bus_id="00000000:{gpu + 7:02X}:00.0",'
-        f'device="nvidia{gpu}",modelName="{model}",Hostname="{hostname}",'
+        f'device="nvidia{gpu}",modelName="{model}"{mig},Hostname="{hostname}",'
         'DCGM_FI_DRIVER_VERSION="550.54.15"'
     )
+
+
+# what DCGM does not report for a MIG instance (dcgm-exporter issues 50, 105, 216)
+NOT_PER_INSTANCE = ("util", "mem_util", "enc", "dec")
 
 
 def serve_metrics(body: Callable[[], bytes], port: int = 0) -> http.server.ThreadingHTTPServer:
@@ -151,6 +163,7 @@ class StandInExporter:
         self.model = model
         self.gpus: dict[int, dict[str, Any]] = {i: gpu_values(10 * (i + 1)) for i in range(gpus)}
         self.jobs: dict[int, list[str]] = {}
+        self.mig: dict[int, list[dict[str, Any]]] = {}
         self.lock = threading.Lock()
         self.server = serve_metrics(lambda: self.text().encode(), port)
 
@@ -171,18 +184,35 @@ class StandInExporter:
         with self.lock:
             self.jobs[gpu] = list(jobs)
 
+    def set_mig(self, gpu: int, *instances: dict[str, Any]) -> None:
+        """``gpu`` in MIG mode with these GPU instances, each ``{"id": "1", "profile":
+        "3g.40gb", ...}`` with its own readings (``fb_used``, ``fb_free``, ``fb_reserved``,
+        ``gr``: the rest are the GPU's); none: out of MIG mode."""
+        with self.lock:
+            self.mig[gpu] = [dict(i) for i in instances]
+
     def text(self) -> str:
         with self.lock:
             gpus = {i: dict(v) for i, v in self.gpus.items()}
             jobs = {i: list(v) for i, v in self.jobs.items()}
+            mig = {i: [dict(x) for x in v] for i, v in self.mig.items() if v}
         lines = []
         for name, kind, help_text, key in COUNTERS:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
             for i, values in sorted(gpus.items()):
-                labels = series_labels(self.hostname, i, self.uuid(i), self.model)
-                for job in jobs.get(i) or [None]:
-                    extra = f',hpc_job="{job}"' if job is not None else ""
-                    lines.append(f"{name}{{{labels}{extra}}} {values[key]}")
+                # a MIG GPU: a series per instance, none of those DCGM has no value for
+                entities: list[tuple[tuple[str, str] | None, dict[str, Any]]] = (
+                    [((x["profile"], x["id"]), {**values, **x}) for x in mig[i]]
+                    if i in mig
+                    else [(None, values)]
+                )
+                if i in mig and key in NOT_PER_INSTANCE:
+                    continue
+                for instance, readings in entities:
+                    labels = series_labels(self.hostname, i, self.uuid(i), self.model, instance)
+                    for job in jobs.get(i) or [None]:
+                        extra = f',hpc_job="{job}"' if job is not None else ""
+                        lines.append(f"{name}{{{labels}{extra}}} {readings[key]}")
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:
