@@ -626,7 +626,10 @@ def group(answers: list[tuple[Metric | None, list[Series]]]) -> dict[str, NodeRe
                 if labels.hpc_job:  # one series per job on the GPU
                     node.jobs.setdefault(gpu, set()).add(labels.hpc_job)
                 if labels.GPU_I_ID:  # a MIG instance: the GPU's utilisation from all of them
-                    node.mig.setdefault(gpu, {})[labels.GPU_I_ID] = (labels.GPU_I_PROFILE, v)
+                    node.mig.setdefault(gpu, {})[labels.GPU_I_ID] = (
+                        labels.GPU_I_PROFILE,
+                        _number(text),  # 100 x a ratio: not cut to an integer yet
+                    )
     for node in nodes.values():
         for gpu, instances in node.mig.items():
             node.gpus[gpu][UTIL.key] = mig_util(instances)
