@@ -152,11 +152,13 @@ def test_a_wrong_password_is_the_401_line_without_the_password(
 ) -> None:
     wrong = "not-the-Pa55word"
     path = config(tmp_path, tls_site.prom.url, ca=tls_site.tls.ca, password=wrong)
-    r = gpuctl("--config", str(path), "status")
+    log = tmp_path / "gpuctl.log"
+    r = gpuctl("--log-file", str(log), "--config", str(path), "status")
     line = one_line_error(r)
     assert f"Prometheus at {tls_site.prom.url} refused us (401" in line
     assert "check prometheus_token_file / prometheus_user and prometheus_password_file" in line
     assert wrong not in r.stderr + r.stdout and PASSWORD not in r.stderr
+    assert "status" in log.read_text() and wrong not in log.read_text()
 
 
 async def test_the_screen_over_https_with_basic_auth(tls_site: TlsSite, tmp_path: Path) -> None:
@@ -206,14 +208,15 @@ def test_a_bearer_token_through_an_https_proxy(tmp_path: Path) -> None:
                 assert proxy.seen and set(proxy.seen) == {f"Bearer {TOKEN}"}
 
                 wrong = "tok-wrong-81c2"
-                r = gpuctl(
-                    "--config", str(config(tmp_path, proxy.url, ca=tls.ca, token=wrong)), "status"
-                )
+                log = tmp_path / "gpuctl.log"
+                path = config(tmp_path, proxy.url, ca=tls.ca, token=wrong)
+                r = gpuctl("--log-file", str(log), "--config", str(path), "status")
                 line = one_line_error(r)
                 assert f"Prometheus at {proxy.url} refused us (401" in line
                 assert "check prometheus_token_file" in line
                 assert wrong not in r.stderr + r.stdout and TOKEN not in r.stderr
                 assert f"Bearer {wrong}" in proxy.seen  # it was sent, and not told
+                assert "status" in log.read_text() and wrong not in log.read_text()
 
                 line = one_line_error(
                     gpuctl(
