@@ -319,7 +319,8 @@ async def test_history_comes_from_the_store(site: Site) -> None:
 
 
 async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
-    """A poll's queries do not grow with the GPUs: one per metric (and one for the time)."""
+    """A poll's queries do not grow with the GPUs: one per metric (and one for the time, one
+    for MIG instances' utilisation)."""
     source = PromSource(PromTarget(site.prom.url), interval=1.0)
     seen: list[str] = []
     query = source.client.query
@@ -331,7 +332,7 @@ async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
     source.client.query = counting  # type: ignore[method-assign]
     readings = await source.poll()
     assert sorted(readings) == list(NODES)
-    assert len(seen) == len(source.queries) == len(prom.METRICS) + 1
+    assert len(seen) == len(source.queries) == len(prom.METRICS) + 2
     assert all("gpu=" not in q for q in seen)  # never one GPU's own query
 
 
