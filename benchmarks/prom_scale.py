@@ -321,7 +321,8 @@ def poll_answers(hosts: range, gpus: int, instance: bool) -> list[tuple[Any, byt
     bodies = []
     for metric, _q in this_prom.queries(""):
         result: list[dict[str, Any]] = []
-        for h in hosts:
+        # MIG instances' utilisation: no series at a site without MIG, as here
+        for h in () if metric is this_prom.MIG else hosts:
             where = {"instance": f"10.0.{h // 256}.{h % 256}:9400"} if instance else {}
             if metric is None:
                 labels = {"Hostname": f"gpu{h:05d}", **where}

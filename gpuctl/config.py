@@ -1023,6 +1023,12 @@ class _Builder:
         if "prometheus" not in values:
             raise self.fail((*keys, next(iter(values))), 'needs prometheus = "http://host:9090"')
         url = values.pop("prometheus")
+        if re.match(r"https?://[^/\s]*@", url):  # not repeated: it holds a password
+            raise self.fail(
+                (*keys, "prometheus"),
+                "the URL holds no user or password: set prometheus_user and "
+                "prometheus_password_file (or prometheus_token_file) instead",
+            )
         if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):
             raise self.fail((*keys, "prometheus"), f"expected http(s)://host:port, got {url!r}")
         return PrometheusConfig(

@@ -319,7 +319,8 @@ async def test_history_comes_from_the_store(site: Site) -> None:
 
 
 async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
-    """A poll's queries do not grow with the GPUs: one per metric (and one for the time)."""
+    """A poll's queries do not grow with the GPUs: one per metric (and one for the time, one
+    for MIG instances' utilisation)."""
     source = PromSource(PromTarget(site.prom.url), interval=1.0)
     seen: list[str] = []
     query = source.client.query
@@ -331,7 +332,7 @@ async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
     source.client.query = counting  # type: ignore[method-assign]
     readings = await source.poll()
     assert sorted(readings) == list(NODES)
-    assert len(seen) == len(source.queries) == len(prom.METRICS) + 1
+    assert len(seen) == len(source.queries) == len(prom.METRICS) + 2
     assert all("gpu=" not in q for q in seen)  # never one GPU's own query
 
 
@@ -354,6 +355,72 @@ async def test_a_poll_asks_only_the_hosts_with_a_new_sample(site: Site) -> None:
     readings = source._readings(stamped, moved, asked, answers)
     assert list(readings) == ["node-b"]
     assert [g["util_gpu"] for _i, g in sorted(readings["node-b"].gpus.items())] == [10, 20]
+
+
+def mig_instance(gi: str, profile: str, used: int, free: int, gr: float) -> dict[str, Any]:
+    return {
+        "id": gi,
+        "profile": profile,
+        "fb_used": used,
+        "fb_free": free,
+        "fb_reserved": 0,
+        "gr": gr,
+    }
+
+
+async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
+    """DCGM exporter shows a GPU in MIG mode as one series per GPU instance (``GPU_I_ID``,
+    ``GPU_I_PROFILE``, the parent's ``gpu``) and no GPU_UTIL for them. Each MIG GPU is one row:
+    its memory the sum of its instances', its utilisation their GR_ENGINE_ACTIVE weighted by
+    compute slices, ``mig_mode`` on; a node whose GPUs are all in MIG mode is still a node;
+    the history from the store weighs them the same way."""
+    site.exporters["node-b"].set_mig(
+        1,
+        mig_instance("1", "3g.40gb", 5000, 35000, 0.9),
+        mig_instance("7", "1g.10gb", 1000, 9000, 0.2),
+        mig_instance("8", "1g.10gb", 0, 10000, 0.0),
+    )
+    for gpu in (0, 1):  # node-c: every GPU in MIG mode, one instance each
+        site.exporters["node-c"].set_mig(gpu, mig_instance("0", "7g.80gb", 2000, 78000, 0.5))
+    site.prom.wait_for('absent(DCGM_FI_DEV_GPU_UTIL{Hostname="node-c"})', 1)
+    site.prom.wait_for('absent(DCGM_FI_DEV_GPU_UTIL{Hostname="node-b", gpu="1"})', 1)
+    site.prom.wait_for('DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!=""}', 5)
+    since = time.time()
+    fleet = site_fleet(site.prom.url)
+    assert sorted(fleet.nodes) == list(NODES)  # node-c, MIG only, found too
+    await fleet.start()
+    try:
+        await until(
+            lambda: all(s.state is NodeState.LIVE and len(s.gpus) == 2 for s in fleet.snapshots()),
+            "every node live with two GPUs",
+        )
+        b0, b1 = fleet.snapshot("node-b").gpus
+        assert b0.util_gpu == 10 and b0.mem_used == 1000 * MIB  # not in MIG mode: as before
+        assert b1.util_gpu == round((0.9 * 3 + 0.2 + 0.0) / 5 * 100)  # 58
+        assert b1.mem_used == 6000 * MIB and b1.mem_total == 60000 * MIB
+        assert (b1.temp, b1.power, b1.sm_clock) == (45, 120.5, 1980)  # the GPU's own
+        info = fleet.snapshot("node-b").info
+        assert info is not None and [g.mig_mode for g in info.gpus] == [None, True]
+        assert info.gpus[1].uuid == site.exporters["node-b"].uuid(1)
+        c = fleet.snapshot("node-c").gpus
+        assert [(g.util_gpu, g.mem_used, g.mem_total) for g in c] == [
+            (50, 2000 * MIB, 80000 * MIB)
+        ] * 2
+        link = fleet.nodes["node-c"].link
+        assert isinstance(link, PromLink)
+        link.source.history_step = 1.0
+        await until(lambda: time.time() > since + 3, "three seconds of MIG samples")
+        history = await link.source.history("node-b", since, time.time())
+        gpu1 = [h for h in history if h.index == 1]
+        assert len(gpu1) >= 2
+        assert {(h.util_gpu, h.mem_used) for h in gpu1} == {(58, 6000 * MIB)}
+    finally:
+        await fleet.stop()
+    r = gpuctl("status", "--prometheus", site.prom.url, "--json")
+    assert r.returncode == 0, r.stderr
+    nodes = {n["name"]: n for n in json.loads(r.stdout)["nodes"]}
+    assert [g["util_gpu"] for g in nodes["node-b"]["gpus"]] == [10, 58]
+    assert [g["util_gpu"] for g in nodes["node-c"]["gpus"]] == [50, 50]
 
 
 @contextlib.contextmanager

@@ -6,15 +6,27 @@ labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``Hostname
 version label), the counters of its default set (``etc/default-counters.csv``) plus the clock
 event reasons and one ECC counter; a test changes a GPU's values in ``gpus`` and the next scrape
 serves them. ``set_jobs`` maps a GPU to Slurm jobs as DCGM exporter's ``--hpc-job-mapping-dir``
-does: each of the GPU's series once per job, with an ``hpc_job`` label.
+does: each of the GPU's series once per job, with an ``hpc_job`` label. ``set_mig`` puts a GPU
+in MIG mode as DCGM exporter's default ("flex") device mode shows one: no series of its own,
+each series once per GPU instance with ``GPU_I_PROFILE`` and ``GPU_I_ID`` (before the host
+label, as its render_metrics.go template writes them), and no GPU/memory/video utilisation
+(DCGM reports none for an instance: GR_ENGINE_ACTIVE instead).
+
+``make_tls`` writes a CA and a server certificate for 127.0.0.1 and localhost (``cryptography``,
+which asyncssh requires) for ``prometheus(tls=...)`` to serve https with, and ``BearerProxy``
+puts a bearer token in front of a Prometheus (which has no bearer-token server auth of its own),
+as a site's reverse proxy does.
 """
 
 from __future__ import annotations
 
+import datetime
 import http.server
+import ipaddress
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -24,6 +36,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,13 +109,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def series_labels(hostname: str, gpu: int, uuid: str, model: str) -> str:
-    """A GPU's labels as DCGM exporter writes them (inside the braces)."""
+def series_labels(
+    hostname: str, gpu: int, uuid: str, model: str, instance: tuple[str, str] | None = None
+) -> str:
+    """A GPU's labels as DCGM exporter writes them (inside the braces); ``instance``: a MIG
+    instance's (profile, id)."""
+    mig = f',GPU_I_PROFILE="{instance[0]}",GPU_I_ID="{instance[1]}"' if instance else ""
     return (
         f'gpu="{gpu}",UUID="{uuid}",pci_bus_id="00000000:{gpu + 7:02X}:00.0",'
-        f'device="nvidia{gpu}",modelName="{model}",Hostname="{hostname}",'
+        f'device="nvidia{gpu}",modelName="{model}"{mig},Hostname="{hostname}",'
         'DCGM_FI_DRIVER_VERSION="550.54.15"'
     )
+
+
+# what DCGM does not report for a MIG instance (dcgm-exporter issues 50, 105, 216)
+NOT_PER_INSTANCE = ("util", "mem_util", "enc", "dec")
 
 
 def serve_metrics(body: Callable[[], bytes], port: int = 0) -> http.server.ThreadingHTTPServer:
@@ -142,6 +163,7 @@ class StandInExporter:
         self.model = model
         self.gpus: dict[int, dict[str, Any]] = {i: gpu_values(10 * (i + 1)) for i in range(gpus)}
         self.jobs: dict[int, list[str]] = {}
+        self.mig: dict[int, list[dict[str, Any]]] = {}
         self.lock = threading.Lock()
         self.server = serve_metrics(lambda: self.text().encode(), port)
 
@@ -162,18 +184,35 @@ class StandInExporter:
         with self.lock:
             self.jobs[gpu] = list(jobs)
 
+    def set_mig(self, gpu: int, *instances: dict[str, Any]) -> None:
+        """``gpu`` in MIG mode with these GPU instances, each ``{"id": "1", "profile":
+        "3g.40gb", ...}`` with its own readings (``fb_used``, ``fb_free``, ``fb_reserved``,
+        ``gr``: the rest are the GPU's); none: out of MIG mode."""
+        with self.lock:
+            self.mig[gpu] = [dict(i) for i in instances]
+
     def text(self) -> str:
         with self.lock:
             gpus = {i: dict(v) for i, v in self.gpus.items()}
             jobs = {i: list(v) for i, v in self.jobs.items()}
+            mig = {i: [dict(x) for x in v] for i, v in self.mig.items() if v}
         lines = []
         for name, kind, help_text, key in COUNTERS:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
             for i, values in sorted(gpus.items()):
-                labels = series_labels(self.hostname, i, self.uuid(i), self.model)
-                for job in jobs.get(i) or [None]:
-                    extra = f',hpc_job="{job}"' if job is not None else ""
-                    lines.append(f"{name}{{{labels}{extra}}} {values[key]}")
+                # a MIG GPU: a series per instance, none of those DCGM has no value for
+                entities: list[tuple[tuple[str, str] | None, dict[str, Any]]] = (
+                    [((x["profile"], x["id"]), {**values, **x}) for x in mig[i]]
+                    if i in mig
+                    else [(None, values)]
+                )
+                if i in mig and key in NOT_PER_INSTANCE:
+                    continue
+                for instance, readings in entities:
+                    labels = series_labels(self.hostname, i, self.uuid(i), self.model, instance)
+                    for job in jobs.get(i) or [None]:
+                        extra = f',hpc_job="{job}"' if job is not None else ""
+                        lines.append(f"{name}{{{labels}{extra}}} {readings[key]}")
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:
@@ -181,14 +220,184 @@ class StandInExporter:
         self.server.server_close()
 
 
-class Prometheus:
-    """A running ``/usr/bin/prometheus`` with its own config and data folder."""
+@dataclass(frozen=True)
+class Tls:
+    """PEM files: ``ca`` the CA's certificate (what ``prometheus_ca`` names), ``cert`` and
+    ``key`` a server's, signed by that CA, for 127.0.0.1 and localhost."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, folder: Path) -> None:
+    ca: Path
+    cert: Path
+    key: Path
+
+    def context(self) -> ssl.SSLContext:
+        """A client context that trusts ``ca`` (the harness's own requests)."""
+        return ssl.create_default_context(cafile=str(self.ca))
+
+    def server_context(self) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(str(self.cert), str(self.key))
+        return ctx
+
+
+def make_tls(
+    folder: Path, name: str = "gpuctl test CA", hosts: tuple[str, ...] = ("localhost", "127.0.0.1")
+) -> Tls:
+    """A new CA (``name``) and a server certificate it signs for ``hosts`` (names or
+    addresses), written under ``folder``: a test's own, trusted by nothing else (two calls:
+    two CAs that do not trust each other's certificates)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(ca_ski, critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([_alt_name(h) for h in hosts]),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    tls = Tls(folder / "ca.pem", folder / "server.pem", folder / "server.key")
+    tls.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    tls.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    tls.key.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    tls.key.chmod(0o600)
+    return tls
+
+
+def _alt_name(host: str) -> Any:
+    from cryptography import x509
+
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+class BearerProxy:
+    """A reverse proxy on a loopback port that lets a request through to ``upstream`` (a
+    Prometheus's URL) only with ``Authorization: Bearer <token>`` (401 otherwise), as a site
+    puts one in front of its store: Prometheus has no bearer-token server auth of its own.
+    With ``tls`` it serves https with that certificate. ``seen`` holds each request's
+    Authorization header (None when it had none)."""
+
+    def __init__(
+        self, upstream: str, token: str, tls: Tls | None = None, upstream_tls: Tls | None = None
+    ) -> None:
+        self.seen: list[str | None] = []
+        proxy = self
+        context = upstream_tls.context() if upstream_tls is not None else None
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                auth = self.headers.get("Authorization")
+                proxy.seen.append(auth)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if auth != f"Bearer {token}":
+                    self._answer(401, b"Unauthorized\n", "text/plain", bearer=True)
+                    return
+                req = urllib.request.Request(upstream + self.path, data=body, method=self.command)
+                for name in ("Content-Type", "Accept"):
+                    if self.headers.get(name):
+                        req.add_header(name, self.headers[name])
+                try:
+                    with urllib.request.urlopen(req, timeout=30, context=context) as r:
+                        self._answer(r.status, r.read(), r.headers.get("Content-Type"))
+                except urllib.error.HTTPError as e:
+                    self._answer(e.code, e.read(), e.headers.get("Content-Type"))
+
+            def _answer(
+                self, code: int, text: bytes, kind: str | None, bearer: bool = False
+            ) -> None:
+                self.send_response(code)
+                if bearer:
+                    self.send_header("WWW-Authenticate", "Bearer")
+                self.send_header("Content-Type", kind or "application/octet-stream")
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
+
+            do_GET = do_POST = _forward
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self.server.socket = tls.server_context().wrap_socket(
+                self.server.socket, server_side=True
+            )
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Prometheus:
+    """A running ``/usr/bin/prometheus`` with its own config and data folder (https with
+    ``tls``: its URL then names 127.0.0.1, which its certificate is for)."""
+
+    def __init__(
+        self, proc: subprocess.Popen[bytes], port: int, folder: Path, tls: Tls | None = None
+    ) -> None:
         self.proc = proc
         self.port = port
         self.folder = folder
-        self.url = f"http://127.0.0.1:{port}"
+        self.tls = tls
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
 
     def log(self) -> str:
         return (self.folder / "log").read_text(errors="replace")[-2000:]
@@ -198,7 +407,8 @@ class Prometheus:
         req = urllib.request.Request(self.url + "/api/v1/query", data=data)
         if auth:
             req.add_header("Authorization", auth)
-        with urllib.request.urlopen(req, timeout=5) as r:
+        context = self.tls.context() if self.tls is not None else None
+        with urllib.request.urlopen(req, timeout=5, context=context) as r:
             result: list[dict[str, Any]] = json.load(r)["data"]["result"]
             return result
 
@@ -229,9 +439,11 @@ def prometheus(
     max_samples: int | None = None,
     metrics_path: str = "/metrics",
     scrape_interval: float = 1.0,
+    tls: Tls | None = None,
 ) -> Iterator[Prometheus]:
     """Start Prometheus scraping ``targets`` (host:port) every ``scrape_interval`` seconds;
-    stop it after."""
+    stop it after. ``basic_auth``: it asks for ``USER`` and ``PASSWORD``; ``tls``: it serves
+    https with that certificate (its web config's ``tls_server_config``)."""
     if not Path(PROMETHEUS).exists():
         unavailable(f"{PROMETHEUS} missing: scripts/test.sh installs Debian's prometheus")
     folder = Path(tempfile.mkdtemp(prefix="gpuctl-prom-"))
@@ -251,15 +463,20 @@ def prometheus(
         f"--web.listen-address=127.0.0.1:{port}",
         "--log.level=warn",
     ]
+    web = ""
+    if tls is not None:
+        web += f"tls_server_config:\n  cert_file: {tls.cert}\n  key_file: {tls.key}\n"
     if basic_auth:
-        (folder / "web.yml").write_text(f'basic_auth_users:\n  {USER}: "{PASSWORD_HASH}"\n')
+        web += f'basic_auth_users:\n  {USER}: "{PASSWORD_HASH}"\n'
+    if web:
+        (folder / "web.yml").write_text(web)
         argv.append(f"--web.config.file={folder / 'web.yml'}")
     if max_samples is not None:
         argv.append(f"--query.max-samples={max_samples}")
     with open(folder / "log", "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
-        yield Prometheus(proc, port, folder)
+        yield Prometheus(proc, port, folder, tls)
     finally:
         proc.terminate()
         try:
