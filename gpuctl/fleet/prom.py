@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gpuctl.config import PrometheusConfig
+from gpuctl.core.format import fmt_age
 from gpuctl.core.model import GpuSample, NodeEvent
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.gpu_history import history_sample
@@ -867,6 +868,20 @@ class PromSource:
         self.jobs_shown: dict[tuple[str, int], str] = {}
 
     @property
+    def forget_after(self) -> float:
+        """Seconds after its newest sample that a host leaves the fleet (0: never); never
+        before three sample periods, when it is barely stale."""
+        bound = self.target.forget_after
+        return max(bound, 3 * self.staleness_period) if bound > 0 else math.inf
+
+    def present(self, hosts: list[str]) -> list[str]:
+        """``hosts`` less those whose newest sample is older than ``forget_after``; all of
+        them when none is newer (the store stopped scraping, the nodes did not all leave)."""
+        now, bound = self.clock(), self.forget_after
+        fresh = [h for h in hosts if now - (self.latest[h].t or -math.inf) <= bound]
+        return fresh or hosts
+
+    @property
     def staleness_period(self) -> float:
         """The seconds between two samples of a node as seen here: a scrape, or a poll when
         polls are rarer (the hello's ``interval``: a node is stale after three)."""
@@ -983,6 +998,7 @@ class PromSource:
             return
         if self.fleet is not None and self.adds_hosts:
             self._add_hosts(readings)
+            self._drop_gone()
         for host, reading in readings.items():
             link = self.links.get(host)
             if link is not None:
@@ -995,15 +1011,42 @@ class PromSource:
         node booted, a rack added). Every poll's queries already cover every host the
         selector matches, so this is a set difference a poll, not a discovery query."""
         assert self.fleet is not None
+        now = self.clock()
         for host in sorted(set(readings) - set(self.links)):
             reading = readings[host]
             if not reading.gpus or reading.t is None or host in self.fleet.nodes:
                 continue  # no GPU yet, or a node of another cluster by that name
+            if now - reading.t > self.forget_after:
+                continue  # an old sample the store still answers with: not back
             link = self.links[host] = PromLink(self, host)
             self.fleet.add_node(host, link)
             if self.job_watcher is not None:
                 self.job_watcher.nodes.add(host)
                 self.jobs_from_squeue.add(host)
+
+    def _drop_gone(self) -> None:
+        """The hosts whose newest sample is older than ``forget_after`` leave the fleet (see
+        the module's doc), unless none is newer. A poll's readings are the hosts that moved:
+        the others' newest sample is the one held in ``latest``."""
+        fleet = self.fleet
+        assert fleet is not None
+        now, bound = self.clock(), self.forget_after
+        ages = {h: now - r.t for h, r in self.latest.items() if r.t is not None}
+        if not any(age <= bound for age in ages.values()):
+            return
+        for host, age in ages.items():
+            if age <= bound:
+                continue
+            del self.latest[host]
+            link = self.links.pop(host, None)
+            if link is None:
+                continue  # never a node (another cluster's name, an old sample)
+            self.jobs_from_squeue.discard(host)
+            if self.job_watcher is not None:
+                self.job_watcher.nodes.discard(host)
+            rt = fleet.nodes.get(host)
+            if rt is not None and rt.link is link:
+                fleet.remove_node(host, f"left the store (last sample {fmt_age(age)} ago)")
 
     def _publish_jobs(self) -> None:
         """Each GPU's Slurm job from the ``hpc_job`` labels, as the fleet's GPU annotation
@@ -1087,7 +1130,7 @@ def prometheus_links(
     source = PromSource(target, interval=interval)
     hosts = source.discover()
     if agents is None:
-        source.links = {h: PromLink(source, h) for h in hosts}
+        source.links = {h: PromLink(source, h) for h in source.present(hosts)}
         source.adds_hosts = True  # hosts that appear later are nodes too, once a fleet runs
         return source, dict(source.links)
     held = set(hosts)
