@@ -649,13 +649,13 @@ async def test_a_host_whose_series_stop_leaves_the_screen_and_comes_back(
         last = fleet.snapshot("node-b").last_sample_t
         site.exporters["node-b"].serving = False
         await until_screen(pilot, lambda: "node-b" not in app.store.snaps, "node-b gone", 30)
-        (node, why, when), at = left[0], fleet.snapshot("node-a")
+        (node, why, when) = left[0]
         assert len(left) == 1 and node == "node-b"
         m = re.fullmatch(r"left the store \(last sample (\d+)s ago\)", why)
         assert m is not None and int(m.group(1)) >= 3, why
         assert last is not None and when - last >= 3  # not before the bound
         assert NodeState.STALE in states  # stale first, as before
-        assert at.state is NodeState.LIVE and sorted(fleet.nodes) == ["node-a", "node-c"]
+        assert sorted(fleet.nodes) == ["node-a", "node-c"]  # the others stay
         await pilot.pause()
         assert [ln.node for ln in app.overview.nodes.lines if ln.kind == "head"] == [
             "node-a",
