@@ -626,9 +626,9 @@ async def test_a_host_whose_series_stop_leaves_the_screen_and_comes_back(
     site: Site, state_dir: Path
 ) -> None:
     """A host whose exporter stops serving its series (decommissioned, its exporter gone for
-    good) goes stale, then, once its newest sample is older than ``prometheus_forget_after``,
-    leaves the fleet and the screen (one notice says so); the others stay; it is a node again
-    when its series come back."""
+    good), once its newest sample is older than ``prometheus_forget_after``, leaves the fleet
+    and the screen (one notice says so); the others stay; it is a node again when its series
+    come back."""
     fleet = site_fleet(site.prom.url, "prometheus_forget_after = 3\n", stale_after=1.0)
     states: list[NodeState] = []
     left: list[tuple[str, str, float]] = []
@@ -654,7 +654,7 @@ async def test_a_host_whose_series_stop_leaves_the_screen_and_comes_back(
         m = re.fullmatch(r"left the store \(last sample (\d+)s ago\)", why)
         assert m is not None and int(m.group(1)) >= 3, why
         assert last is not None and when - last >= 3  # not before the bound
-        assert NodeState.STALE in states  # stale first, as before
+        assert states[-1] is NodeState.UNREACHABLE  # its last word: it left, and why
         assert sorted(fleet.nodes) == ["node-a", "node-c"]  # the others stay
         await pilot.pause()
         assert [ln.node for ln in app.overview.nodes.lines if ln.kind == "head"] == [
@@ -741,3 +741,69 @@ async def test_a_host_the_store_answers_with_an_old_sample_is_no_node(tmp_path: 
     finally:
         fresh.close()
         old.close()
+
+
+async def test_a_mixed_clusters_node_never_leaves() -> None:
+    """A mixed cluster names its nodes and reaches them by agent: one whose store samples
+    stopped stays a node however old they get (that it is unreachable is news), where a
+    Prometheus-only cluster's host would have left (its twin's samples stay fresh: the store
+    still scrapes)."""
+    exporters = [StandInExporter("localhost"), StandInExporter("twin")]
+    try:
+        with prometheus([e.address for e in exporters]) as prom:
+            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 4)
+            fleet = site_fleet(
+                prom.url,
+                'nodes = "localhost,twin"\nvia = "local"\nsimulate = "2:H100"\n'
+                "prometheus_forget_after = 3\n",
+            )
+            source = source_of(fleet)
+            assert not source.adds_hosts and sorted(source.links) == ["localhost", "twin"]
+            await fleet.start()
+            try:
+                snaps = await wait_fleet(
+                    fleet,
+                    lambda s: all(x.state is NodeState.LIVE and x.gpus for x in s.values()),
+                    what="both live",
+                )
+                last = snaps["localhost"].last_sample_t
+                assert last is not None
+                exporters[0].serving = False
+                await wait_until_async(
+                    lambda: time.time() - last > source.forget_after + 1, 30, "past the bound"
+                )
+                polls = source.polls
+                await wait_until_async(lambda: source.polls >= polls + 3, 30, "three polls after")
+                assert sorted(fleet.nodes) == ["localhost", "twin"]
+                assert source.latest["twin"].t is not None
+                assert time.time() - source.latest["twin"].t < source.forget_after  # fresh
+            finally:
+                await fleet.stop()
+    finally:
+        for e in exporters:
+            e.close()
+
+
+async def test_no_host_leaves_while_none_is_fresh(site: Site) -> None:
+    """Every host's samples stopping at once is the store no longer scraping (or its exporters'
+    network), not the fleet leaving: they stay, unreachable with their samples' age."""
+    fleet = site_fleet(site.prom.url, "prometheus_forget_after = 3\n")
+    source = source_of(fleet)
+    await fleet.start()
+    try:
+        snaps = await wait_fleet(
+            fleet,
+            lambda s: all(x.state is NodeState.LIVE and x.gpus for x in s.values()),
+            what="every node live",
+        )
+        last = max(s.last_sample_t or 0.0 for s in snaps.values())
+        for e in site.exporters.values():
+            e.serving = False
+        await wait_until_async(
+            lambda: time.time() - last > source.forget_after + 1, 30, "past the bound"
+        )
+        polls = source.polls
+        await wait_until_async(lambda: source.polls >= polls + 3, 30, "three polls after")
+        assert sorted(fleet.nodes) == list(NODES)
+    finally:
+        await fleet.stop()
