@@ -191,6 +191,19 @@ def _liveness(v: Any) -> float:
     return seconds
 
 
+# A host of a cluster read from Prometheus whose newest sample is older than this leaves the
+# fleet (gpuctl.fleet.prom): twice Prometheus's own lookback (5 min), so a node is seen
+# unreachable a while first, and one rebooting may come back before.
+PROM_FORGET_AFTER_S = 600.0
+
+
+def _forget_after(v: Any) -> float:
+    seconds = _number(0, 7 * 86400)(v)
+    if 0 < seconds < 1:
+        raise _Bad(f"must be 0 (never) or within 1..604800 seconds; got {seconds:g}")
+    return seconds
+
+
 def _lines(v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
         return (v,)
@@ -315,7 +328,21 @@ PROMETHEUS_KEYS: dict[str, Key] = {
     "prometheus_user": Key(_str, None, "basic-auth user for it"),
     "prometheus_password_file": Key(_str, None, "file holding that user's password", True),
     "prometheus_ca": Key(_str, None, "CA bundle to check its https certificate", True),
+    "prometheus_forget_after": Key(
+        _forget_after,
+        PROM_FORGET_AFTER_S,
+        "seconds without a sample after which a host leaves the screen (0: never)",
+    ),
 }
+
+
+def check_forget_after(value: Any) -> float:
+    """Seconds as ``prometheus_forget_after`` takes them (config and
+    ``--prometheus-forget-after``); raises ValueError with one line."""
+    try:
+        return float(PROMETHEUS_KEYS["prometheus_forget_after"].check(value))
+    except _Bad as e:
+        raise ValueError(str(e)) from None
 
 
 def check_interval(value: Any) -> float:
@@ -531,7 +558,8 @@ class PrometheusConfig:
     and how to ask it (``gpuctl.fleet.prom`` reads it as is). ``url``
     (http(s)://host:port[/prefix]), ``match`` (label matchers every query carries:
     ``cluster="a"``, braces optional), a bearer token file, or a user with a password file
-    (basic auth), and a CA bundle for TLS."""
+    (basic auth), a CA bundle for TLS, and how old a host's newest sample may be before it
+    leaves the fleet (``forget_after``)."""
 
     url: str
     match: str = ""
@@ -539,6 +567,7 @@ class PrometheusConfig:
     user: str | None = None
     password_file: str | None = None
     ca: str | None = None
+    forget_after: float = PROM_FORGET_AFTER_S  # s without a sample: the host leaves (0: never)
     timeout: float = 30.0  # per query: a busy store answers 16,384 GPUs' series in seconds
 
     def matchers(self) -> str:

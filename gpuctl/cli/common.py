@@ -182,6 +182,28 @@ def add_prometheus_options(p: argparse.ArgumentParser) -> None:
         default="",
         help="with --prometheus: label matchers every query carries, e.g. '{cluster=\"a\"}'",
     )
+    p.add_argument(
+        "--prometheus-forget-after",
+        metavar="S",
+        type=forget_after,
+        help="a host read from Prometheus whose newest sample is older than this (90, 10m, "
+        "1h; 0: never) leaves the screen; added again if it comes back (default: the "
+        "config's prometheus_forget_after, 10m)",
+    )
+
+
+def forget_after(text: str) -> float:
+    """An argparse type: ``--prometheus-forget-after``, in gpuctl's duration grammar."""
+    from gpuctl.config import check_forget_after
+    from gpuctl.node.protocol import parse_seconds
+
+    seconds = parse_seconds(text)
+    if seconds is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (90, 10m, 1h)")
+    try:
+        return check_forget_after(seconds)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def chosen_nodes(args: argparse.Namespace) -> list[str] | None:
@@ -223,6 +245,19 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
         config = prometheus_config(config, url, getattr(args, "prometheus_match", ""), names)
     elif names is not None:
         config = select_nodes(config, names)
+    forget = getattr(args, "prometheus_forget_after", None)
+    if forget is not None:  # every cluster read from a store, --prometheus's or the config's
+        from dataclasses import replace
+
+        config = replace(
+            config,
+            clusters={
+                name: c
+                if c.prometheus is None
+                else replace(c, prometheus=replace(c.prometheus, forget_after=forget))
+                for name, c in config.clusters.items()
+            },
+        )
     try:
         # the session's decision: --read-only, $GPUCTL_READ_ONLY, the config's read_only
         return fleet_from_config(config, read_only=context.read_only, interval=interval)

@@ -55,6 +55,7 @@ Listener = Callable[[NodeSnapshot], None]
 EventListener = Callable[[str, NodeEvent], None]  # (node, event)
 MessageListener = Callable[[str, JsonObject], None]  # (node, message as decoded, unchecked)
 WireListener = Callable[[str, JsonObject], None]  # (node, any message read, hello included)
+RemovalListener = Callable[[str, str], None]  # (node, why it left)
 
 
 class _Keep(enum.Enum):
@@ -132,6 +133,8 @@ class Fleet:
         self._event_listeners: list[EventListener] = []
         self._message_listeners: list[MessageListener] = []
         self._wire_listeners: list[WireListener] = []
+        self._removal_listeners: list[RemovalListener] = []
+        self._removals: set[asyncio.Task[None]] = set()  # removed nodes' tasks being ended
         self._watchdog: asyncio.Task[None] | None = None
         self._rng = rng or random.Random()
         self._backfilled: set[str] = set()
@@ -159,14 +162,20 @@ class Fleet:
         decoded and unchecked, before the fleet reads it (``gpuctl.fleet.recording.writer``)."""
         self._wire_listeners.append(listener)
 
+    def on_removed(self, listener: RemovalListener) -> None:
+        """Call ``listener(node, why)`` when a node leaves the fleet (``remove_node``), after
+        its last snapshot was published and it is no longer in ``nodes``."""
+        self._removal_listeners.append(listener)
+
     def unsubscribe(self, listener: Callable[..., None]) -> None:
-        """Stop calling ``listener`` (given to ``subscribe``, ``on_event``, ``on_message`` or
-        ``on_wire``)."""
+        """Stop calling ``listener`` (given to ``subscribe``, ``on_event``, ``on_message``,
+        ``on_wire`` or ``on_removed``)."""
         for listeners in (
             self._listeners,
             self._event_listeners,
             self._message_listeners,
             self._wire_listeners,
+            self._removal_listeners,
         ):
             while listener in listeners:
                 listeners.remove(listener)
@@ -194,6 +203,8 @@ class Fleet:
         self._publish(rt, gpus=(), last_sample_t=None)
 
     def _publish(self, rt: NodeRuntime, **changes: Any) -> None:
+        if self.nodes.get(rt.name) is not rt:
+            return  # removed (``remove_node``): a task that outlived it says nothing more
         rt.snapshot = replace(rt.snapshot, **changes)
         for listener in self._listeners:
             listener(rt.snapshot)
@@ -262,8 +273,10 @@ class Fleet:
 
     def history(self, name: str, gpu: int) -> GpuHistory:
         """One GPU's kept history (``series``, ``recent``; empty for a GPU never seen). It is
-        the fleet's own, changed by the next sample: read it, do not keep it."""
-        return self.nodes[name].history.get(gpu, EMPTY)
+        the fleet's own, changed by the next sample: read it, do not keep it. Empty too for a
+        node removed since the caller saw it (a screen repaints it until its next flush)."""
+        rt = self.nodes.get(name)
+        return EMPTY if rt is None else rt.history.get(gpu, EMPTY)
 
     async def backfill(self, name: str) -> bool:
         """Fill a node's kept history with what its link's store kept before this process saw
@@ -301,16 +314,19 @@ class Fleet:
 
     def events(self, name: str) -> list[NodeEvent]:
         """A node's kept events, oldest first: the agent's, and the throttle starts and ends
-        read from its samples."""
-        rt = self.nodes[name]
+        read from its samples (none for a node removed since the caller saw it)."""
+        rt = self.nodes.get(name)
+        if rt is None:
+            return []
         if not rt.throttle_events:
             return list(rt.events)
         return list(heapq.merge(rt.events, rt.throttle_events, key=lambda e: e.t))
 
     def retry_at(self, name: str) -> float | None:
         """When (``clock`` time) the fleet next tries to connect to a node that is down, or
-        None when it is not waiting to (connected, or trying now)."""
-        return self.nodes[name].retry_at
+        None when it is not waiting to (connected, or trying now, or removed)."""
+        rt = self.nodes.get(name)
+        return None if rt is None else rt.retry_at
 
     def add_node(self, name: str, link: NodeLink) -> None:
         """A node found after the fleet was made (a host that appeared in the site's
@@ -322,6 +338,36 @@ class Fleet:
         self._publish(rt)
         if self._running:
             rt.task = asyncio.create_task(self._run_node(rt), name=f"node:{rt.name}")
+
+    def remove_node(self, name: str, why: str) -> None:
+        """A node that left (a host the site's Prometheus no longer holds samples of,
+        ``gpuctl.fleet.prom``): its last snapshot is published as unreachable with ``why``
+        (what listeners of snapshots alone keep: a recording writes it as the node's ``down``
+        record), then it is dropped with its history and events, ``why`` is logged and told to
+        the ``on_removed`` listeners (the screen drops its rows), and its task is ended and its
+        link closed in the background (``stop`` waits for them). The same name may be added
+        again (``add_node``): a new node. Raises KeyError for a name it does not have."""
+        rt = self.nodes[name]
+        self._publish(rt, state=NodeState.UNREACHABLE, reason=why)
+        del self.nodes[name]
+        self._backfilled.discard(name)
+        log.info("%s %s", name, why)
+        for listener in list(self._removal_listeners):
+            listener(name, why)
+        task, rt.task = rt.task, None
+        try:
+            ending = asyncio.get_running_loop().create_task(self._end_removed(rt, task))
+        except RuntimeError:  # no loop: the fleet never started, nothing runs for the node
+            return
+        self._removals.add(ending)
+        ending.add_done_callback(self._removals.discard)
+
+    async def _end_removed(self, rt: NodeRuntime, task: asyncio.Task[None] | None) -> None:
+        if task is not None:
+            await _end([task])
+        await self._close_session(rt)
+        with contextlib.suppress(Exception):
+            await rt.link.aclose()
 
     # -- life cycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -361,6 +407,8 @@ class Fleet:
         if self._watchdog is not None:
             self._watchdog.cancel()
         await _end([rt.task for rt in self.nodes.values() if rt.task is not None])
+        if self._removals:
+            await asyncio.gather(*self._removals, return_exceptions=True)
         await asyncio.gather(
             *(self._close_session(rt) for rt in self.nodes.values()), return_exceptions=True
         )
@@ -409,8 +457,11 @@ class Fleet:
         slurm_user: str | Literal[_Keep.KEEP] | None = KEEP,
     ) -> None:
         """Set a GPU's annotations (burn state, Slurm job) and publish; None removes one, and
-        one not given stays as it is."""
-        rt = self.nodes[name]
+        one not given stays as it is. Nothing for a node removed meanwhile (a Slurm watch's
+        poll that was under way when the node left the store)."""
+        rt = self.nodes.get(name)
+        if rt is None:
+            return
         ann = dict(rt.snapshot.annotations)
         notes = GpuNotes(**ann.get(gpu, {}))
         if burn is None:

@@ -34,7 +34,14 @@ each GPU's series once per Slurm job on it, labelled ``hpc_job``: that is the GP
 ``slurm_job`` annotation, what gpuctl's squeue watch sets for agents (no user: the exporter has
 no label for it; a cluster with ``slurm = true`` has the squeue watch over the store's hosts
 instead, users included). A host that appears in the store after the start becomes a node at
-the next poll (``Fleet.add_node``; a cluster of the store's hosts only, not a mixed one).
+the next poll (``Fleet.add_node``; a cluster of the store's hosts only, not a mixed one), and
+one whose newest sample is older than ``forget_after`` (``prometheus_forget_after``, 10 min by
+default: twice Prometheus's own 5 min lookback) leaves the fleet (``Fleet.remove_node``): a
+decommissioned node, an exporter gone for good, a host the selector no longer matches is
+otherwise shown unreachable for ever. It is added again if it comes back. Older is counted
+from the store's newest sample of any host, so a store that stops scraping (every node at
+once) drops none; and never a mixed cluster's node (named in the config, reached by its agent:
+that it is unreachable is news).
 
 A node seen through Prometheus alone has no agent: its link answers pings and refuses every
 other request, and it is read-only (``read_only_why`` says why to the keys that act). A mixed
@@ -63,6 +70,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gpuctl.config import PrometheusConfig
+from gpuctl.core.format import fmt_age
 from gpuctl.core.model import GpuSample, NodeEvent
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.gpu_history import history_sample
@@ -1003,6 +1011,26 @@ class PromSource:
         self.jobs_shown: dict[tuple[str, int], str] = {}
 
     @property
+    def forget_after(self) -> float:
+        """Seconds after its newest sample that a host leaves the fleet (0: never); never
+        before three sample periods, when it is barely stale."""
+        bound = self.target.forget_after
+        return max(bound, 3 * self.staleness_period) if bound > 0 else math.inf
+
+    def _newest(self) -> float | None:
+        """The store's newest sample of any host held: what a host's age is counted from
+        to tell whether it left (``_drop_gone``)."""
+        return max((r.t for r in self.latest.values() if r.t is not None), default=None)
+
+    def present(self, hosts: list[str]) -> list[str]:
+        """``hosts`` less those that left: whose newest sample is older than ``forget_after``
+        counted from the store's newest (see ``_drop_gone``)."""
+        newest, bound = self._newest(), self.forget_after
+        if newest is None:
+            return hosts
+        return [h for h in hosts if newest - (self.latest[h].t or -math.inf) <= bound]
+
+    @property
     def staleness_period(self) -> float:
         """The seconds between two samples of a node as seen here: a scrape, or a poll when
         polls are rarer (the hello's ``interval``: a node is stale after three)."""
@@ -1120,6 +1148,7 @@ class PromSource:
             return
         if self.fleet is not None and self.adds_hosts:
             self._add_hosts(readings)
+            self._drop_gone()
         for host, reading in readings.items():
             link = self.links.get(host)
             if link is not None:
@@ -1132,15 +1161,46 @@ class PromSource:
         node booted, a rack added). Every poll's queries already cover every host the
         selector matches, so this is a set difference a poll, not a discovery query."""
         assert self.fleet is not None
+        newest = self._newest()
         for host in sorted(set(readings) - set(self.links)):
             reading = readings[host]
             if not reading.gpus or reading.t is None or host in self.fleet.nodes:
                 continue  # no GPU yet, or a node of another cluster by that name
+            if newest is not None and newest - reading.t > self.forget_after:
+                continue  # an old sample the store still answers with: not back
             link = self.links[host] = PromLink(self, host)
             self.fleet.add_node(host, link)
             if self.job_watcher is not None:
                 self.job_watcher.nodes.add(host)
                 self.jobs_from_squeue.add(host)
+
+    def _drop_gone(self) -> None:
+        """The hosts whose newest sample is older than ``forget_after`` leave the fleet (see
+        the module's doc). Older than the store's newest sample of any host, not than the
+        clock: when the store stops scraping, or every exporter stops at once, no host falls
+        behind the others and none leaves. (Judged by the clock, with "unless no host is
+        fresh" as the guard, the hosts whose last scrape came a second earlier left while the
+        last scraped were still fresh: a test saw it.) A poll's readings are the hosts that
+        moved: the others' newest sample is the one held in ``latest``."""
+        fleet = self.fleet
+        assert fleet is not None
+        newest, bound, now = self._newest(), self.forget_after, self.clock()
+        if newest is None:
+            return
+        for host, reading in list(self.latest.items()):
+            if reading.t is None or newest - reading.t <= bound:
+                continue
+            age = now - reading.t
+            del self.latest[host]
+            link = self.links.pop(host, None)
+            if link is None:
+                continue  # never a node (another cluster's name, an old sample)
+            self.jobs_from_squeue.discard(host)
+            if self.job_watcher is not None:
+                self.job_watcher.nodes.discard(host)
+            rt = fleet.nodes.get(host)
+            if rt is not None and rt.link is link:
+                fleet.remove_node(host, f"left the store (last sample {fmt_age(age)} ago)")
 
     def _publish_jobs(self) -> None:
         """Each GPU's Slurm job from the ``hpc_job`` labels, as the fleet's GPU annotation
@@ -1236,7 +1296,7 @@ def prometheus_links(
     source = PromSource(target, interval=interval)
     hosts = source.discover()
     if agents is None:
-        source.links = {h: PromLink(source, h) for h in hosts}
+        source.links = {h: PromLink(source, h) for h in source.present(hosts)}
         source.adds_hosts = True  # hosts that appear later are nodes too, once a fleet runs
         return source, dict(source.links)
     held = set(hosts)

@@ -185,6 +185,7 @@ class GpuctlApp(App[int]):
         self._setup_keys()
         self.fleet.subscribe(self._on_snapshot)
         self.fleet.on_event(self._on_fleet_event)
+        self.fleet.on_removed(self._on_node_removed)
         control.attach(self.fleet)  # burn events become annotations we can draw
         self.set_interval(1.0, self._tick)
         if self.manage_fleet:
@@ -305,7 +306,13 @@ class GpuctlApp(App[int]):
             self.notify(f"{node} GPU {event.gpu}: XID {xid}", severity="warning")
         elif event.kind == "gpu_lost":
             self.notify(f"{node} GPU {event.gpu} fell off the bus", severity="error")
-        self._on_snapshot(self.fleet.snapshot(node))
+        if node in self.fleet.nodes:  # not one removed as its last event came
+            self._on_snapshot(self.fleet.snapshot(node))
+
+    def _on_node_removed(self, node: str, why: str) -> None:
+        """A node left the fleet: its rows go at the next flush (``FleetStore.leave``)."""
+        if self.store.leave(node, why):
+            self.post_message(FleetChanged())
 
     def on_fleet_changed(self, _message: FleetChanged) -> None:
         if not self._flush_scheduled:
@@ -316,16 +323,41 @@ class GpuctlApp(App[int]):
         self._flush_scheduled = False
         if not self.overview.ready or not self.is_running:
             return  # the overview's mount posts FleetChanged again
+        removed = self.store.take_removed()
         names, arrivals = self.store.take_pending()
-        if not names:
+        if not names and not removed:
             return
         with self.batch_update():
-            self.overview.nodes_changed(names, arrivals)
-            screen = self.screen
-            if isinstance(screen, DetailScreen | ProcessScreen) and screen.node in names:
-                screen.node_changed()
-        if self.on_flush is not None:
+            if removed:
+                self._nodes_removed(removed)
+            if names:
+                self.overview.nodes_changed(names, arrivals)
+                screen = self.screen
+                if isinstance(screen, DetailScreen | ProcessScreen) and screen.node in names:
+                    screen.node_changed()
+        if self.on_flush is not None and names:
             self.on_flush(names, arrivals)
+
+    def _nodes_removed(self, removed: dict[str, str]) -> None:
+        """Nodes the store just forgot: the list and header without them, a detail or process
+        screen of one closed (with what was opened over it), and one notice naming them (the
+        fleet's log has each: ``Fleet.remove_node``)."""
+        self.overview.nodes_removed(removed)
+        stack = self.screen_stack
+        showing = [
+            i
+            for i, s in enumerate(stack)
+            if isinstance(s, DetailScreen | ProcessScreen) and s.node in removed
+        ]
+        if showing:
+            for _ in range(len(stack) - showing[0]):
+                self.pop_screen()
+        if self.selection is not None and self.selection[0] in removed:
+            self.selection = self.overview.selection()
+        lines = [f"{node} {why}" for node, why in removed.items()]
+        if len(lines) > 3:
+            lines[2:] = [f"and {len(lines) - 2} more nodes left (the log names each)"]
+        self.notify("; ".join(lines), timeout=8)
 
     def _tick(self) -> None:
         """Once a second: ages of stale nodes move on, and so does the header."""

@@ -4,6 +4,10 @@ The fleet's listener only drops the newest snapshot into ``pending`` (latest win
 the pending set once per refresh tick, so a burst of samples costs one repaint, not one per
 sample.
 
+A node that leaves the fleet (``Fleet.remove_node``: a host the site's Prometheus stopped holding)
+is forgotten at the next flush too (``leave``, ``take_removed``), with the rebuild of the list:
+until then its rows are painted from its last snapshot, never from a half-forgotten node.
+
 The header's cluster figures (``totals``, ``trouble``) are asked for at every flush (about nine a
 second) but only the nodes taken since the last ask changed: each node's part is kept and only
 the changed ones are computed again (``_settle``), instead of a walk over every node's cached
@@ -61,6 +65,7 @@ class FleetStore:
         self._trouble_sum: dict[str, int] = dict.fromkeys(PROBLEMS, 0)
         self._counted: dict[str, dict[str, int]] = {}
         self._unsettled: set[str] = set(self.order)
+        self.leaving: dict[str, str] = {}  # node -> why it left, until the next flush
 
     # -- writes (the app) ---------------------------------------------------------------------
     def offer(self, snapshot: NodeSnapshot) -> bool:
@@ -69,6 +74,38 @@ class FleetStore:
         self.pending[snapshot.name] = snapshot
         self.arrivals.setdefault(snapshot.name, time.monotonic())
         return first
+
+    def leave(self, name: str, why: str) -> bool:
+        """Note that node ``name`` left the fleet (``why``), to be forgotten at the next flush
+        (``take_removed``); True if a flush must be scheduled. A snapshot of it still pending
+        is dropped: one arriving after this is the node come back."""
+        first = not self.pending and not self.leaving
+        self.pending.pop(name, None)
+        self.arrivals.pop(name, None)
+        self.leaving[name] = why
+        return first
+
+    def take_removed(self) -> dict[str, str]:
+        """Forget the nodes that left since the last call (their rows, the header's parts,
+        their XIDs); returns them, each with why it left. Call before ``take_pending``: a node
+        that left and came back within one flush is forgotten, then added again."""
+        leaving, self.leaving = self.leaving, {}
+        gone = {n: why for n, why in leaving.items() if n in self.snaps}
+        if not gone:
+            return gone
+        self._settle()  # each node's share of the trouble is counted: take the leavers' out
+        for name in gone:
+            for kind, n in self._counted.pop(name, {}).items():
+                self._trouble_sum[kind] -= n
+            del self.snaps[name]
+            for kept in (self._totals, self._trouble, self._parts):
+                kept.pop(name, None)
+            # ``version`` is kept: a node that comes back goes on counting, so what a widget
+            # kept by (node, version) is never taken for the new node's
+        self.order = [n for n in self.order if n not in gone]
+        self.xids = {key for key in self.xids if key[0] not in gone}
+        self._burn_ended = {k: t for k, t in self._burn_ended.items() if k[0] not in gone}
+        return gone
 
     def take_pending(self) -> tuple[set[str], dict[str, float]]:
         """Apply pending snapshots; returns the changed names and when each arrived."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -23,10 +24,12 @@ from gpuctl.core.format import gpu_flags
 from gpuctl.core.model import NodeEvent, NodeState
 from gpuctl.fleet import control, prom
 from gpuctl.fleet.build import fleet_from_config
+from gpuctl.fleet.export import FleetExporter
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.prom import PromError, PromLink, PromSource, PromTarget
 from gpuctl.fleet.recording.format import slurm_jobs
 from gpuctl.fleet.session import refusal
+from gpuctl.fleet.status import node_to_json
 from gpuctl.tui import GpuctlApp
 from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.screens.detail import DetailScreen
@@ -42,7 +45,8 @@ from gpuctl_tests.harness.prometheus import (
     prometheus,
 )
 from gpuctl_tests.harness.slurm import SlurmCluster
-from gpuctl_tests.helpers import node_env
+from gpuctl_tests.helpers import fleet_changes, node_env, wait_fleet, wait_until_async
+from gpuctl_tests.helpers import until as until_screen
 
 MIB = 1 << 20
 NODES = ("node-a", "node-b", "node-c")
@@ -677,3 +681,196 @@ async def test_the_screen_over_prometheus(site: Site, state_dir: Path) -> None:
             assert time.monotonic() < deadline, "the detail screen never asked for history"
             await pilot.pause(0.05)
         assert isinstance(app.screen, DetailScreen) and app.screen.node == "node-a"
+
+
+def source_of(fleet: Fleet) -> PromSource:
+    return next(
+        s.__self__ for s in fleet.services if isinstance(getattr(s, "__self__", None), PromSource)
+    )
+
+
+async def test_a_host_whose_series_stop_leaves_the_screen_and_comes_back(
+    site: Site, state_dir: Path
+) -> None:
+    """A host whose exporter stops serving its series (decommissioned, its exporter gone for
+    good), once its newest sample is older than ``prometheus_forget_after``, leaves the fleet
+    and the screen (one notice says so); the others stay; it is a node again when its series
+    come back."""
+    fleet = site_fleet(site.prom.url, "prometheus_forget_after = 3\n", stale_after=1.0)
+    states: list[NodeState] = []
+    left: list[tuple[str, str, float]] = []
+    fleet.subscribe(lambda s: s.name == "node-b" and states.append(s.state))
+    fleet.on_removed(lambda node, why: left.append((node, why, time.time())))
+    app = GpuctlApp(fleet, read_only=True, state_dir=state_dir)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until_screen(
+            pilot,
+            lambda: (
+                sorted(app.store.snaps) == list(NODES)
+                and all(s.state is NodeState.LIVE and s.gpus for s in app.store.snaps.values())
+            ),
+            "every node live on screen",
+            timeout=30,
+        )
+        app.overview.nodes.select("node-b", 1)
+        last = fleet.snapshot("node-b").last_sample_t
+        site.exporters["node-b"].serving = False
+        await until_screen(pilot, lambda: "node-b" not in app.store.snaps, "node-b gone", 30)
+        (node, why, when) = left[0]
+        assert len(left) == 1 and node == "node-b"
+        m = re.fullmatch(r"left the store \(last sample (\d+)s ago\)", why)
+        assert m is not None and int(m.group(1)) >= 3, why
+        assert last is not None and when - last >= 3  # not before the bound
+        assert states[-1] is NodeState.UNREACHABLE  # its last word: it left, and why
+        assert sorted(fleet.nodes) == ["node-a", "node-c"]  # the others stay
+        await pilot.pause()
+        assert [ln.node for ln in app.overview.nodes.lines if ln.kind == "head"] == [
+            "node-a",
+            "node-c",
+        ]
+        assert app.overview.nodes.cursor == ("node-c", 0)
+        assert f"node-b {why}" in [n.message for n in app._notifications]
+        assert [node_to_json(s)["name"] for s in fleet.snapshots()] == ["node-a", "node-c"]
+        assert 'node="node-b"' not in FleetExporter(fleet).text()
+
+        site.exporters["node-b"].serving = True
+        await until_screen(
+            pilot,
+            lambda: (
+                "node-b" in app.store.snaps
+                and app.store.snaps["node-b"].state is NodeState.LIVE
+                and len(app.store.snaps["node-b"].gpus) == 2
+            ),
+            "node-b back",
+            30,
+        )
+        assert app.store.order == ["node-a", "node-c", "node-b"]
+
+
+async def test_a_host_the_store_answers_with_an_old_sample_is_no_node(tmp_path: Path) -> None:
+    """A store that still answers with a host's old sample (its samples carry their own time,
+    as federated or remote-written ones do: Prometheus answers with them for 5 minutes) does not
+    make it a node: not at discovery, not in ``status --json``, not again at each poll after
+    it left (no coming and going); a newer sample does."""
+    frozen = [time.time() - 60]
+    fresh, old = StandInExporter("node-a"), StandInExporter("node-b")
+    old.clock = lambda: frozen[0]
+    try:
+        with prometheus([fresh.address, old.address]) as prom:
+            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
+            prom.wait_for('DCGM_FI_DEV_GPU_UTIL{Hostname="node-b"}', 2)
+            r = gpuctl("status", "--prometheus", prom.url, "--json")
+            # 10 min by default: node-b is a node, unreachable for its sample's age
+            nodes = {n["name"]: n["state"] for n in json.loads(r.stdout)["nodes"]}
+            assert nodes == {"node-a": "live", "node-b": "unreachable"}, r.stderr
+            r = gpuctl(
+                "status", "--prometheus", prom.url, "--json", "--prometheus-forget-after", "30s"
+            )
+            assert r.returncode == 0, r.stderr
+            assert [n["name"] for n in json.loads(r.stdout)["nodes"]] == ["node-a"]
+
+            fleet = site_fleet(prom.url, "prometheus_forget_after = 5\n")
+            assert sorted(fleet.nodes) == ["node-a"]
+            source = source_of(fleet)
+            seen: list[str] = []
+            fleet.subscribe(lambda s: seen.append(s.name))
+            fleet.on_removed(lambda node, why: seen.append(f"removed {node}"))
+            await fleet.start()
+            try:
+                polls = source.polls
+                await wait_until_async(lambda: source.polls >= polls + 4, 30, "four polls")
+                assert "node-b" not in fleet.nodes and "node-b" not in seen
+
+                old.clock = time.time  # its samples move again: a node
+                await wait_fleet(
+                    fleet,
+                    lambda snaps: "node-b" in snaps and snaps["node-b"].state is NodeState.LIVE,
+                    what="node-b a node",
+                )
+                frozen[0] = time.time()
+                old.clock = lambda: frozen[0]  # and stop: the store answers with the last
+                await wait_until_async(
+                    lambda: "node-b" not in fleet.nodes,
+                    30,
+                    "node-b left",
+                    wake=fleet_changes(fleet),
+                )
+                answered = prom.query('timestamp(DCGM_FI_DEV_GPU_UTIL{Hostname="node-b"})')
+                assert [float(s["value"][1]) for s in answered] == [
+                    int(frozen[0] * 1000) / 1000
+                ] * 2
+                polls = source.polls
+                await wait_until_async(lambda: source.polls >= polls + 4, 30, "four more polls")
+                assert "node-b" not in fleet.nodes
+                assert seen.count("removed node-b") == 1
+            finally:
+                await fleet.stop()
+    finally:
+        fresh.close()
+        old.close()
+
+
+async def test_a_mixed_clusters_node_never_leaves() -> None:
+    """A mixed cluster names its nodes and reaches them by agent: one whose store samples
+    stopped stays a node however old they get (that it is unreachable is news), where a
+    Prometheus-only cluster's host would have left (its twin's samples stay fresh: the store
+    still scrapes)."""
+    exporters = [StandInExporter("localhost"), StandInExporter("twin")]
+    try:
+        with prometheus([e.address for e in exporters]) as prom:
+            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 4)
+            fleet = site_fleet(
+                prom.url,
+                'nodes = "localhost,twin"\nvia = "local"\nsimulate = "2:H100"\n'
+                "prometheus_forget_after = 3\n",
+            )
+            source = source_of(fleet)
+            assert not source.adds_hosts and sorted(source.links) == ["localhost", "twin"]
+            await fleet.start()
+            try:
+                snaps = await wait_fleet(
+                    fleet,
+                    lambda s: all(x.state is NodeState.LIVE and x.gpus for x in s.values()),
+                    what="both live",
+                )
+                last = snaps["localhost"].last_sample_t
+                assert last is not None
+                exporters[0].serving = False
+                await wait_until_async(
+                    lambda: time.time() - last > source.forget_after + 1, 30, "past the bound"
+                )
+                polls = source.polls
+                await wait_until_async(lambda: source.polls >= polls + 3, 30, "three polls after")
+                assert sorted(fleet.nodes) == ["localhost", "twin"]
+                assert source.latest["twin"].t is not None
+                assert time.time() - source.latest["twin"].t < source.forget_after  # fresh
+            finally:
+                await fleet.stop()
+    finally:
+        for e in exporters:
+            e.close()
+
+
+async def test_no_host_leaves_while_none_is_fresh(site: Site) -> None:
+    """Every host's samples stopping at once is the store no longer scraping (or its exporters'
+    network), not the fleet leaving: they stay, unreachable with their samples' age."""
+    fleet = site_fleet(site.prom.url, "prometheus_forget_after = 3\n")
+    source = source_of(fleet)
+    await fleet.start()
+    try:
+        snaps = await wait_fleet(
+            fleet,
+            lambda s: all(x.state is NodeState.LIVE and x.gpus for x in s.values()),
+            what="every node live",
+        )
+        last = max(s.last_sample_t or 0.0 for s in snaps.values())
+        for e in site.exporters.values():
+            e.serving = False
+        await wait_until_async(
+            lambda: time.time() - last > source.forget_after + 1, 30, "past the bound"
+        )
+        polls = source.polls
+        await wait_until_async(lambda: source.polls >= polls + 3, 30, "three polls after")
+        assert sorted(fleet.nodes) == list(NODES)
+    finally:
+        await fleet.stop()

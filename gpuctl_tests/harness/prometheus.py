@@ -6,7 +6,12 @@ labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``Hostname
 version label), the counters of its default set (``etc/default-counters.csv``) plus the clock
 event reasons and one ECC counter; a test changes a GPU's values in ``gpus`` and the next scrape
 serves them. ``set_jobs`` maps a GPU to Slurm jobs as DCGM exporter's ``--hpc-job-mapping-dir``
-does: each of the GPU's series once per job, with an ``hpc_job`` label. ``set_mig`` puts a GPU
+does: each of the GPU's series once per job, with an ``hpc_job`` label. ``serving = False``: the
+exporter answers with no series (its node left: Prometheus marks them stale at the next
+scrape); ``clock`` (a function of no argument, seconds): every sample carries the time it
+gives, as a federating or remote-written store's samples do. Prometheus never marks such a
+sample stale: with a clock that stands still it keeps answering with that sample, no newer,
+for its 5 min lookback. ``set_mig`` puts a GPU
 in MIG mode as DCGM exporter's default ("flex") device mode shows one: no series of its own,
 each series once per GPU instance with ``GPU_I_PROFILE`` and ``GPU_I_ID`` (before the host
 label, as its render_metrics.go template writes them), and no GPU/memory/video utilisation
@@ -164,6 +169,8 @@ class StandInExporter:
         self.gpus: dict[int, dict[str, Any]] = {i: gpu_values(10 * (i + 1)) for i in range(gpus)}
         self.jobs: dict[int, list[str]] = {}
         self.mig: dict[int, list[dict[str, Any]]] = {}
+        self.serving = True
+        self.clock: Callable[[], float] | None = None
         self.lock = threading.Lock()
         self.server = serve_metrics(lambda: self.text().encode(), port)
 
@@ -193,9 +200,10 @@ class StandInExporter:
 
     def text(self) -> str:
         with self.lock:
-            gpus = {i: dict(v) for i, v in self.gpus.items()}
+            gpus = {i: dict(v) for i, v in self.gpus.items()} if self.serving else {}
             jobs = {i: list(v) for i, v in self.jobs.items()}
             mig = {i: [dict(x) for x in v] for i, v in self.mig.items() if v}
+            stamp = "" if self.clock is None else f" {int(self.clock() * 1000)}"
         lines = []
         for name, kind, help_text, key in COUNTERS:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
@@ -212,7 +220,7 @@ class StandInExporter:
                     labels = series_labels(self.hostname, i, self.uuid(i), self.model, instance)
                     for job in jobs.get(i) or [None]:
                         extra = f',hpc_job="{job}"' if job is not None else ""
-                        lines.append(f"{name}{{{labels}{extra}}} {readings[key]}")
+                        lines.append(f"{name}{{{labels}{extra}}} {readings[key]}{stamp}")
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:

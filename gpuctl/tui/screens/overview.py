@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -199,6 +200,32 @@ class OverviewScreen(Screen[None]):
         view = self.active_view()
         view.nodes_changed(names)
         view.note_arrivals(arrivals)
+        if self.mode != "list":
+            self.update_heat_status()
+        self.update_header()
+
+    def nodes_removed(self, gone: Collection[str]) -> None:
+        """Nodes that left the fleet, already forgotten by the store (the app calls this inside
+        ``batch_update``, before ``nodes_changed``): the view is laid out again without them. A
+        cursor on one of them moves to the node shown after it (before it, when it was the
+        last), on its first GPU, not back to the top."""
+        view = self.active_view()
+        if isinstance(view, NodeList):
+            shown = [n for n in view.node_order if view.blocks.get(n, (0, None))[1] is not None]
+            here = view.cursor[0] if view.cursor is not None else None
+        else:
+            shown = list(view.names)
+            here = shown[view.cursor[0]] if shown else None
+        target = None
+        if here is not None and here in gone:
+            i = shown.index(here) if here in shown else len(shown)
+            after = [n for n in shown[i + 1 :] if n in self.store.snaps]
+            before = [n for n in reversed(shown[:i]) if n in self.store.snaps]
+            target = next(iter(after or before), None)
+        view.rebuild()
+        if target is not None:
+            gpus = self.store.snaps[target].gpus
+            view.select(target, gpus[0].index if gpus else None)
         if self.mode != "list":
             self.update_heat_status()
         self.update_header()
