@@ -11,7 +11,8 @@ from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.fleet.export import FleetExporter
 from gpuctl.fleet.fleet import simulated_fleet
 from gpuctl.fleet.links import ThreadSimLink
-from gpuctl.fleet.record import Recorder, RecordingReader
+from gpuctl.fleet.recording.reader import RecordingReader
+from gpuctl.fleet.recording.writer import Recorder
 from gpuctl.fleet.status import node_to_json
 from gpuctl_tests.helpers import fleet_changes, wait_fleet, wait_until_async
 
