@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import zstandard
 
-from gpuctl.core.model import NodeState
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import simulated_fleet
 from gpuctl.fleet.links import ThreadSimLink
@@ -447,19 +446,21 @@ async def test_a_node_added_while_recording_is_replayed_from_its_arrival_and_in_
             "b's last recorded sample in the replay",
         )
         assert replay_fleet.nodes["b"].link.describe() == "recorded simulated"
-        # Back to before its arrival: nothing of b's is shown (no GPU, no history).
+        # Back to before its arrival: b is not in the fleet (not on the screen), a is.
         replayer.toggle_pause()
         replayer.seek(t_join - 0.05)
+        await wait_until_async(lambda: replay_fleet.names == ["a"], 20, "b gone before it came")
+        # And forward again past its arrival: b is back, with its sample then.
+        replayer.seek(reader.end)
         await wait_until_async(
             lambda: (
-                not replay_fleet.snapshot("b").gpus
-                and replay_fleet.snapshot("b").state is NodeState.CONNECTING
+                "b" in replay_fleet.names
+                and tuple((g.util_gpu, g.temp) for g in replay_fleet.snapshot("b").gpus)
+                == recorded(last_b)
             ),
             20,
-            "b as before its arrival",
+            "b at the end again",
         )
-        assert not replay_fleet.history("b", 0).series("util")[0]
-        assert replay_fleet.snapshot("a").gpus
     finally:
         play.cancel()
         await replay_fleet.stop()
@@ -469,3 +470,62 @@ async def test_a_node_added_while_recording_is_replayed_from_its_arrival_and_in_
     late.paused = True
     assert late.fleet().names == ["a", "b"]
     assert late.last_sample["b"] == last_b
+
+
+async def test_a_node_that_left_while_recording_leaves_the_replay_and_a_seek_brings_it_back(
+    tmp_path: Path,
+) -> None:
+    # A node the fleet drops mid-recording (``Fleet.remove_node``: a host gone from the
+    # site's Prometheus) is written as a ``leave``; a replay drops it there, keyframes after it
+    # leave it out (a header node's say it left), and a seek to before the leave shows it again.
+    fleet = simulated_fleet([("a", "1:H100"), ("b", "1:A100")], interval=0.1)
+    path = tmp_path / "left.gpurec"
+    recorder = Recorder(fleet, path, frame_seconds=0.5)
+    await fleet.start()
+    try:
+        await wait_until_async(lambda: recorder.samples >= 10, 20, "samples of a and b")
+        fleet.remove_node("b", "left the store (last sample 11m ago)")
+        marked = recorder.samples
+        await wait_until_async(lambda: recorder.samples >= marked + 20, 20, "samples of a alone")
+    finally:
+        await fleet.stop()
+        recorder.close()
+    frames = frames_of(path)
+    records = [r for f in frames for r in f if not r.get("k")]
+    leave = next(r for r in records if r.get("leave"))
+    assert (leave["n"], leave["leave"]) == ("b", "left the store (last sample 11m ago)")
+    assert not [r for r in records if r["n"] == "b" and r["t"] > leave["t"]]
+    last = frames[-1]
+    assert [r["leave"] for r in last if r.get("k") and r["n"] == "b"] == [leave["leave"]]
+    assert not [r for r in last if r.get("k") and r["n"] == "b" and "m" in r]
+
+    reader = RecordingReader(path)
+    # its last sample (the removal publishes it down a moment before the leave: kept too)
+    t_last = max(r["t"] for r in records if r["n"] == "b" and (r.get("m") or {}).get("seq"))
+    before = last_samples(frames, t_last)["b"]
+    replayer = Replayer(reader, speed=1e6)
+    replay_fleet = replayer.fleet()
+    assert replay_fleet.names == ["a", "b"]
+    await replay_fleet.start()
+    play = asyncio.create_task(replayer.play())
+    try:
+        await wait_until_async(lambda: replay_fleet.names == ["a"], 20, "b leaving the replay")
+        replayer.toggle_pause()
+        replayer.seek(t_last)  # before it left: b as it was then
+        await wait_until_async(
+            lambda: (
+                "b" in replay_fleet.names
+                and tuple((g.util_gpu, g.temp) for g in replay_fleet.snapshot("b").gpus)
+                == recorded(before)
+            ),
+            20,
+            "b back before its leave",
+        )
+        replayer.seek(reader.end)  # a frame whose keyframes say b left
+        await wait_until_async(lambda: replay_fleet.names == ["a"], 20, "b gone at the end")
+    finally:
+        play.cancel()
+        await replay_fleet.stop()
+    # a replay that starts after the leave has no b at all
+    late = Replayer(RecordingReader(path), start=reader.end)
+    assert late.fleet().names == ["a"]

@@ -380,6 +380,7 @@ def _record(line: bytes) -> Record | None:
             or isinstance(rec.get("down"), str)
             or isinstance(rec.get("slurm"), dict)
             or isinstance(rec.get("join"), str)
+            or isinstance(rec.get("leave"), str)
         )
     ):
         return None
@@ -396,7 +397,7 @@ def joins(rec: Record) -> str | None:
     msg = rec.get("m")
     if isinstance(msg, dict):
         return "recorded" if msg.get("type") == "hello" else None
-    if "slurm" in rec:
+    if "slurm" in rec or "leave" in rec:
         return None
     join = rec.get("join")
     return _link_kind(join) if isinstance(join, str) else "recorded"  # else: a "down"

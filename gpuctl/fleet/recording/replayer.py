@@ -51,9 +51,10 @@ class Replayer:
     and its last sample as of ``t``. Call ``fleet()`` once, then run ``play()`` as a task.
 
     The nodes are the header's, and those that joined the fleet while it was recorded (a
-    ``join`` record, see ``reader.joins``): the fleet gains one when the replay reaches it. A
-    seek to before a node's arrival leaves it waiting for a hello, as a header node is before
-    its first: no GPU, no history (``Fleet`` keeps a node it was given).
+    ``join`` record, see ``reader.joins``): the fleet gains one when the replay reaches it and
+    drops one when it reaches its ``leave`` (``Fleet.remove_node``: a host gone from the
+    site's Prometheus). A seek makes the fleet's nodes those of the recording at the new
+    position: a node that had not arrived yet, or had left, is not on the screen.
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class Replayer:
         self.links = {n: RecordedLink(self, n, kind) for n, kind in reader.nodes}
         # The nodes in the recording at the position: the header's, and those joined by then.
         self.present: set[str] = set(self.links)
+        self.left: dict[str, str] = {}  # node -> why, for those that left by the position
         self.hellos: dict[str, JsonObject] = {}
         self.down: dict[str, str] = {}
         self.last_sample: dict[str, JsonObject] = {}
@@ -122,8 +124,9 @@ class Replayer:
         kwargs.setdefault("backoff_base", 0.5)
         kwargs.setdefault("connect_timeout", 1e9)  # a node not yet seen waits for its hello
         kwargs.setdefault("backoff_max", 2.0)
-        self._fleet = Fleet(self.links, clock=self.now, liveness_timeout=0, **kwargs)
-        for name in self.links:
+        here = {n: link for n, link in self.links.items() if n in self.present}
+        self._fleet = Fleet(here, clock=self.now, liveness_timeout=0, **kwargs)
+        for name in here:
             self._annotate(name)
         return self._fleet
 
@@ -177,6 +180,7 @@ class Replayer:
         """Stand at time ``t``: the state of every node then, records after it pending."""
         t = max(self.reader.start, min(t, self.reader.end))
         self.present = {n for n, _kind in self.reader.nodes}
+        self.left.clear()
         self.hellos.clear()
         self.down.clear()
         self.last_sample.clear()
@@ -205,9 +209,12 @@ class Replayer:
         node = rec["n"]
         if node in self.present:
             return True
-        if node in self.links:  # joined before, and a seek went back past its arrival
+        if node in self.links:  # joined (or left) before, a seek went back, or it comes back
             if joins(rec) is None:
                 return False
+            self.left.pop(node, None)
+            if self._fleet is not None and node not in self._fleet.nodes:
+                self._fleet.add_node(node, self.links[node])
         else:
             kind = self.reader.admit(len(self.links), rec)
             if kind is None:
@@ -239,6 +246,11 @@ class Replayer:
             self.slurm[node] = read_slurm_jobs(rec["slurm"])
         elif isinstance(rec.get("join"), str):
             return  # in the replay from now on (``_take_in``): connecting until its hello
+        elif isinstance(rec.get("leave"), str):
+            self.present.discard(node)
+            self.left[node] = rec["leave"]
+            for state in (self.hellos, self.down, self.last_sample, self.slurm):
+                state.pop(node, None)
         else:
             self.down[node] = str(rec.get("down"))
             self.hellos.pop(node, None)
@@ -251,7 +263,12 @@ class Replayer:
         self._position(t)
         fleet = self._fleet
         if fleet is not None:
-            for name in self.links:
+            for name, link in self.links.items():  # the nodes of the recording at ``t``
+                if name in self.present and name not in fleet.nodes:
+                    fleet.add_node(name, link)
+                elif name not in self.present and name in fleet.nodes:
+                    self._drop(name, self.left.get(name, "not in the recording at this time"))
+            for name in [n for n in self.links if n in fleet.nodes]:
                 fleet.forget_history(name)
                 self._annotate(name)
                 reader = self.readers.get(name)
@@ -269,6 +286,16 @@ class Replayer:
                     # wait_for can lose a cancellation that meets its inner task's end.
                     fleet.nodes[name].wake.set()
         self._changed.set()
+
+    def _drop(self, name: str, why: str) -> None:
+        """Take node ``name`` out of the fleet (it left, or a seek went back past its
+        arrival): its stream ends, the fleet forgets it (``Fleet.remove_node``)."""
+        self._backlog.pop(name, None)
+        reader = self.readers.pop(name, None)
+        if reader is not None:
+            reader.feed_eof()
+        if self._fleet is not None and name in self._fleet.nodes:
+            self._fleet.remove_node(name, why)
 
     def _reconnect(self, name: str) -> None:
         """Have the fleet open node ``name`` again, one reconnect at a time (a burst of seeks
@@ -344,6 +371,9 @@ class Replayer:
             return
         if not isinstance(msg, dict) and isinstance(rec.get("join"), str):
             return  # joined: the fleet has it (``_take_in``), waiting for its hello
+        if isinstance(rec.get("leave"), str):
+            self._drop(node, rec["leave"])
+            return
         if not isinstance(msg, dict):  # the link failed: end the node's stream
             self._backlog.pop(node, None)
             reader = self.readers.pop(node, None)

@@ -119,6 +119,7 @@ class Recorder:
         self.slurm: dict[str, SlurmJobs] = {}
         self.header = {n for n, _kind in nodes}
         self.joined: dict[str, str] = {}  # node -> link kind, for the nodes added since
+        self.left: dict[str, str] = {}  # header node -> why, for those removed since
         for name, rt in fleet.nodes.items():
             jobs = slurm_jobs(rt.snapshot)
             if jobs:
@@ -136,6 +137,7 @@ class Recorder:
         self._ended: float | None = None
         fleet.on_wire(self._on_wire)
         fleet.subscribe(self._on_snapshot)
+        fleet.on_removed(self._on_removed)
         with contextlib.suppress(RuntimeError):  # no loop: frames close by size and time only
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(frame_seconds, self._tick)
@@ -144,11 +146,22 @@ class Recorder:
         """A node the header does not name (``Fleet.add_node``: a host that appeared in the
         site's Prometheus): a ``join`` record, before anything of its own, says when it came
         and how it is reached; every later frame's keyframes say it again."""
-        if node in self.header or node in self.joined:
+        if (node in self.header and node not in self.left) or node in self.joined:
             return
+        self.left.pop(node, None)  # a header node back after it left: it joins again
         rt = self.fleet.nodes.get(node)
         kind = self.joined[node] = rt.link.kind if rt is not None else "recorded"
         self._add({"t": self.clock(), "n": node, "join": kind})
+
+    def _on_removed(self, node: str, why: str) -> None:
+        """A node the fleet dropped (``Fleet.remove_node``: a host gone from the site's
+        Prometheus): a ``leave`` record, and nothing of it in later keyframes but, for a header
+        node, its ``leave`` (a replay starting there must not show it)."""
+        for state in (self.hellos, self.last_sample, self.down, self.slurm, self.joined):
+            state.pop(node, None)
+        if node in self.header:
+            self.left[node] = why
+        self._add({"t": self.clock(), "n": node, "leave": why})
 
     def _on_wire(self, node: str, msg: JsonObject) -> None:
         kind = msg.get("type")
@@ -185,6 +198,8 @@ class Recorder:
             self._first = t
             for node, link in self.joined.items():  # first: what a replay starting here adds
                 self._line({"t": t, "n": node, "k": 1, "join": link})
+            for node, why in self.left.items():  # ... and the header's nodes it leaves out
+                self._line({"t": t, "n": node, "k": 1, "leave": why})
             for node, hello in self.hellos.items():
                 self._line({"t": t, "n": node, "k": 1, "m": hello})
                 sample = self.last_sample.get(node)
@@ -225,6 +240,7 @@ class Recorder:
         """Write what is open, the index and the trailer; stop listening to the fleet."""
         self.fleet.unsubscribe(self._on_wire)
         self.fleet.unsubscribe(self._on_snapshot)
+        self.fleet.unsubscribe(self._on_removed)
         if self._timer is not None:
             self._timer.cancel()
         self.flush()
