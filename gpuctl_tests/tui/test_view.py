@@ -152,3 +152,17 @@ def test_trouble_counts_agree_with_each_gpus_problems() -> None:
                     if kind in want:
                         want[kind] += 1
             assert trouble_counts(s, xids) == want, [g for g in s.gpus]
+
+
+def test_cluster_totals_sum_the_nodes_parts() -> None:
+    """The header's figures from each node's part: nodes, live ones, GPUs, mean utilization
+    over the GPUs that report it, power; a down node (no totals) counts as a node only."""
+    from gpuctl.tui.view import ClusterTotals, cluster_totals, node_totals
+
+    a = node("a", NodeState.LIVE, gpu(0, util_gpu=10, power=100.5), gpu(1, util_gpu=None))
+    b = node("b", NodeState.STALE, gpu(0, util_gpu=40, power=None), gpu(1, state="lost"))
+    parts = [(True, node_totals(a)), (False, node_totals(b)), (False, None)]
+    assert node_totals(a).util_n == 1 and node_totals(b).gpus == 2
+    assert cluster_totals(parts) == ClusterTotals(3, 1, 4, 25.0, 400.5)
+    assert cluster_totals([(False, None)]) == ClusterTotals(1, 0, 0, None, 0.0)
+    assert cluster_totals([]) == ClusterTotals(0, 0, 0, None, 0.0)
