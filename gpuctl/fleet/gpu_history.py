@@ -205,15 +205,19 @@ class _Ring:
     def last_values(self, column: int, lane: int, n: int) -> list[float]:
         """The newest ``n`` raw values of a lane's column (missing ones as stored), oldest
         first."""
+        return self.last_array(column, lane, n).tolist()
+
+    def last_array(self, column: int, lane: int, n: int) -> array[Any]:
+        """``last_values`` as an array (a copy)."""
         n = min(n, self.size)
         b, k, width = _PLACE[column]
         a = self.blocks[b]
         base = (lane * width + k) * self.capacity
         start = self.head - n
         if start >= 0:
-            return a[base + start : base + self.head].tolist()
+            return a[base + start : base + self.head]
         end = base + self.capacity
-        return a[end + start : end].tolist() + a[base : base + self.head].tolist()
+        return a[end + start : end] + a[base : base + self.head]
 
     def count_since(self, t0: float) -> int:
         """How many of the newest points have a time at or after ``t0``."""
@@ -364,15 +368,23 @@ class NodeHistory:
         n = recent.count_since(start)
         if n == 0 or not recent.lanes:
             return
+        # Summed and counted in C over the arrays (every node closes its minute at once: as
+        # lists, 1.2 ms a node, 0.6 s for 512 nodes in one go); what is missing is left out.
         rows: list[list[float | None]] = [[] for _ in range(recent.lanes)]
         for column, limit in enumerate(_LIMITS):
             for lane, row in enumerate(rows):
-                values = recent.last_values(column, lane, n)
+                values = recent.last_array(column, lane, n)
                 if limit is None:
+                    total = sum(values)
+                    if total - total == 0:  # finite: no NaN, no infinity among them
+                        row.append(total / len(values))
+                        continue
                     kept = [v for v in values if v == v and abs(v) != math.inf]
+                    row.append(sum(kept) / len(kept) if kept else None)
                 else:
-                    kept = [v for v in values if v != limit]
-                row.append(sum(kept) / len(kept) if kept else None)
+                    missing = values.count(limit)
+                    k = len(values) - missing
+                    row.append((sum(values) - missing * limit) / k if k else None)
         self._older.push(start, rows)
 
     # -- reading, one GPU (``GpuHistory``) -----------------------------------------------------

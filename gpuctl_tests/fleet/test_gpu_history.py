@@ -280,3 +280,29 @@ async def test_gpus_that_come_go_and_move() -> None:
         assert len(times0) > 100 and all(t <= T0 + 50 for t in times0[:-100])
     finally:
         await fleet.stop()
+
+
+def test_minute_means_leave_out_what_is_missing() -> None:
+    """An older point is the mean of its bucket's readings, what is missing left out (None, a
+    value past the column, NaN, an infinite power), None when nothing is left. (Summed in C
+    over the arrays since the history is kept per node; the same means as the lists before.)"""
+    from gpuctl.core.model import GpuSample
+    from gpuctl.fleet.gpu_history import GpuHistory
+
+    hist = GpuHistory(recent=12, older=5, step=10.0)
+    utils = [10, None, 30, 300, 50, 60, 70, 80, 90, 100] + [None] * 10 + list(range(10))
+    powers = [100.0, None, math.nan, 1e308, 200.0, -1e308, 300.0, 400.0, 500.0, 600.0]
+    powers += [None] * 10 + [7.5] * 10
+    for k, (u, p) in enumerate(zip(utils, powers, strict=True)):
+        hist.add(GpuSample(index=3, t=T0 - 20 + k, util_gpu=u, power=p, mem_used=k * 2**30))
+    for k in range(30, 42):  # 12 more: the recent ones, after the three buckets
+        hist.add(GpuSample(index=3, t=T0 - 20 + k, util_gpu=1, power=1.0))
+    times, util = hist.series("util")
+    power = hist.series("power")[1]
+    mem = hist.series("mem_gib")[1]
+    assert times[:3] == [T0 - 15, T0 - 5, T0 + 5]  # T0 - 20 starts a bucket; each at its middle
+    # (an integer column keeps its mean rounded: 61.25, 4.5)
+    assert util[:3] == [61, None, 4]
+    assert power[:3] == [(100.0 + 200.0 + 300.0 + 400.0 + 500.0 + 600.0) / 6, None, 7.5]
+    assert mem[:3] == [4.5, 14.5, 24.5]
+    assert util[3:] == [1] * 12 and len(hist) == 15
