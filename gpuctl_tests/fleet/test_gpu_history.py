@@ -20,6 +20,7 @@ import pytest
 
 from gpuctl.core.model import GpuSample as Reading
 from gpuctl.core.model import NodeState
+from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.gpu_history import BYTES_PER_POINT, METRICS, _readings
@@ -29,12 +30,18 @@ T0 = 1_700_000_000.0
 
 async def replayed(samples: int, spec: str = "4:H100", **kwargs: float) -> Fleet:
     """A fleet over one replayed node, once the fleet has kept all ``samples`` samples."""
-    fleet = Fleet({"n": ReplayLink(recorded_node("n", spec, samples=samples, t0=T0))}, **kwargs)
+    return await replaying(recorded_node("n", spec, samples=samples, t0=T0), **kwargs)
+
+
+async def replaying(messages: list[JsonObject], **kwargs: float) -> Fleet:
+    """A fleet over one node replaying ``messages``, once it has kept the last sample."""
+    fleet = Fleet({"n": ReplayLink(messages)}, **kwargs)
     await fleet.start()
-    last = T0 + samples - 1
+    last = messages[-1]["t"]
     deadline = time.monotonic() + 60
     while fleet.snapshot("n").last_sample_t != last:
         if time.monotonic() > deadline:
+            await fleet.stop()
             pytest.fail(f"the replay did not end: {fleet.snapshot('n')}")
         await asyncio.sleep(0.01)  # a poll with a deadline: the replay runs on this loop
     return fleet
@@ -161,13 +168,8 @@ async def test_missing_and_junk_readings_are_none() -> None:
     messages = recorded_node("n", "1:H100", samples=3, t0=T0)
     messages[1]["gpus"][0].update(util_gpu=None, temp=-5, sm_clock=10**9, power=1e308)
     messages[2]["gpus"][0]["state"] = "lost"
-    fleet = Fleet({"n": ReplayLink(messages)})
-    await fleet.start()
+    fleet = await replaying(messages)
     try:
-        deadline = time.monotonic() + 10
-        while fleet.snapshot("n").last_sample_t != T0 + 2:
-            assert time.monotonic() < deadline, fleet.snapshot("n")
-            await asyncio.sleep(0.01)  # a poll with a deadline: the replay runs on this loop
         hist = fleet.history("n", 0)
         assert hist.series("util")[1][0] is None
         assert hist.series("temp")[1][0] is None
@@ -253,13 +255,8 @@ async def test_gpus_that_come_go_and_move() -> None:
             m["gpus"] = [g for g in m["gpus"] if g["index"] != 1]
         if k >= 130:  # from here the agent lists them backwards
             m["gpus"].reverse()
-    fleet = Fleet({"n": ReplayLink(messages)}, history_len=100, history_older=10)
-    await fleet.start()
+    fleet = await replaying(messages, history_len=100, history_older=10)
     try:
-        deadline = time.monotonic() + 30
-        while fleet.snapshot("n").last_sample_t != T0 + 149:
-            assert time.monotonic() < deadline, fleet.snapshot("n")
-            await asyncio.sleep(0.01)  # a poll with a deadline: the replay runs on this loop
         times0, util0 = fleet.history("n", 0).series("util")
         times1, util1 = fleet.history("n", 1).series("util")
         times2, util2 = fleet.history("n", 2).series("util")
