@@ -37,6 +37,7 @@ from gpuctl.fleet.gpu_history import (
     OLDER_STEP_S,
     RECENT_KEPT,
     GpuHistory,
+    NodeHistory,
     history_sample,
 )
 from gpuctl.fleet.gpu_history import METRICS as HISTORY_COLUMNS
@@ -76,13 +77,13 @@ EVENTS_KEPT = 200
 class NodeRuntime:
     """Mutable per-node state owned by the fleet's task for that node."""
 
-    def __init__(self, name: str, link: NodeLink) -> None:
+    def __init__(self, name: str, link: NodeLink, history: NodeHistory | None = None) -> None:
         self.name = name
         self.link = link
         self.snapshot = NodeSnapshot(name=name, state=NodeState.CONNECTING, link=link.kind)
         self.session: AgentSession | None = None
         self.task: asyncio.Task[None] | None = None
-        self.history: dict[int, GpuHistory] = {}
+        self.history = NodeHistory() if history is None else history  # its GPUs' samples
         self.events: deque[NodeEvent] = deque(maxlen=EVENTS_KEPT)
         # Throttle starts and ends, derived from the samples (``throttle_event``): kept apart,
         # so that a power cap flapping at full load never pushes an XID out of ``events``.
@@ -116,7 +117,12 @@ class Fleet:
         rng: random.Random | None = None,
     ) -> None:
         """``rng`` draws the backoff's jitter (a seeded one: the same waits every run)."""
-        self.nodes = {name: NodeRuntime(name, link) for name, link in links.items()}
+        self.history_len = history_len
+        self.history_older = history_older
+        self.history_step = history_step
+        self.nodes = {
+            name: NodeRuntime(name, link, self._new_history()) for name, link in links.items()
+        }
         # Sent to every agent at each handshake (``configure``); see the module docstring.
         self.agent_options: dict[str, float] = {}
         self.configure_agents(liveness_timeout=liveness_timeout)
@@ -125,9 +131,6 @@ class Fleet:
         self.stale_after = stale_after
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
-        self.history_len = history_len
-        self.history_older = history_older
-        self.history_step = history_step
         self.clock = clock
         self._listeners: list[Listener] = []
         self._event_listeners: list[EventListener] = []
@@ -276,7 +279,11 @@ class Fleet:
         the fleet's own, changed by the next sample: read it, do not keep it. Empty too for a
         node removed since the caller saw it (a screen repaints it until its next flush)."""
         rt = self.nodes.get(name)
-        return EMPTY if rt is None else rt.history.get(gpu, EMPTY)
+        found = None if rt is None else rt.history.get(gpu)
+        return EMPTY if found is None else found
+
+    def _new_history(self) -> NodeHistory:
+        return NodeHistory(self.history_len, self.history_older, self.history_step)
 
     async def backfill(self, name: str) -> bool:
         """Fill a node's kept history with what its link's store kept before this process saw
@@ -295,20 +302,21 @@ class Fleet:
             return False
         if past is None:  # no store behind this link
             return False
-        by_gpu: dict[int, list[GpuSample]] = {}
+        # The store's samples, then what this process kept, as samples of the node by time
+        # (the history keeps a node's GPUs side by side, at shared times).
+        at: dict[float, dict[int, GpuSample]] = {}
         for g in past:
-            by_gpu.setdefault(g.index, []).append(g)
-        for gpu, samples in by_gpu.items():
-            fresh = GpuHistory(self.history_len, self.history_older, self.history_step)
-            for g in samples:
-                fresh.add(g)
-            kept = rt.history.get(gpu)
-            if kept is not None:
-                times = kept.series("util")[0]
-                columns = {m: kept.series(m)[1] for m in HISTORY_COLUMNS}
-                for i, t in enumerate(times):
-                    fresh.add(history_sample(gpu, t, {m: columns[m][i] for m in columns}))
-            rt.history[gpu] = fresh
+            at.setdefault(g.t, {})[g.index] = g
+        for gpu, kept in rt.history.items():
+            times = kept.series("util")[0]
+            columns = {m: kept.series(m)[1] for m in HISTORY_COLUMNS}
+            for i, t in enumerate(times):
+                values = {m: columns[m][i] for m in columns}
+                at.setdefault(t, {})[gpu] = history_sample(gpu, t, values)
+        fresh = self._new_history()
+        for t in sorted(at):
+            fresh.add(t, [at[t][gpu] for gpu in sorted(at[t])])
+        rt.history = fresh
         self._publish(rt)
         return True
 
@@ -334,7 +342,7 @@ class Fleet:
         and, while the fleet runs, its task started. Raises ValueError for a name it has."""
         if name in self.nodes:
             raise ValueError(f"the fleet already has a node {name}")
-        rt = self.nodes[name] = NodeRuntime(name, link)
+        rt = self.nodes[name] = NodeRuntime(name, link, self._new_history())
         self._publish(rt)
         if self._running:
             rt.task = asyncio.create_task(self._run_node(rt), name=f"node:{rt.name}")
@@ -569,15 +577,10 @@ class Fleet:
                 watch is None
                 or (reasons != watch.raw and reasons != watch.alt)
                 or sample.t >= watch.due
-                or g.lost
+                or g.state == "lost"  # ``g.lost`` written out: a call per GPU
             ):
                 self._throttle(rt, sample.t, g)  # inline above: at 4,096 GPUs a call costs
-            hist = rt.history.get(g.index)
-            if hist is None:
-                hist = rt.history[g.index] = GpuHistory(
-                    self.history_len, self.history_older, self.history_step
-                )
-            hist.add(g)
+        rt.history.add(sample.t, sample.gpus)  # one write per history column for the node
         # ``_publish`` written out: ``dataclasses.replace`` reads every field's definition at
         # each call (~4 us), 512 times a second at 512 nodes.
         snap = rt.snapshot

@@ -134,11 +134,12 @@ class FleetStore:
             self._parts[name] = (s.state is NodeState.LIVE, totals)
             counts = self.node_trouble(name)
             old = self._counted.get(name)
-            if old is not None:
-                for kind, n in old.items():
-                    total[kind] -= n
-            for kind, n in counts.items():
-                total[kind] = total.get(kind, 0) + n
+            if old != counts:  # most nodes, each sample: the same counts (none), nothing to move
+                if old is not None:
+                    for kind, n in old.items():
+                        total[kind] -= n
+                for kind, n in counts.items():
+                    total[kind] = total.get(kind, 0) + n
             self._counted[name] = counts
         self._unsettled = set()
 

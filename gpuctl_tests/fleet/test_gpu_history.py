@@ -18,23 +18,30 @@ import types
 
 import pytest
 
+from gpuctl.core.model import GpuSample as Reading
 from gpuctl.core.model import NodeState
+from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet
-from gpuctl.fleet.gpu_history import COLUMNS as HISTORY_COLUMNS
-from gpuctl.fleet.gpu_history import GpuHistory
+from gpuctl.fleet.gpu_history import BYTES_PER_POINT, METRICS, _readings
 
 T0 = 1_700_000_000.0
 
 
 async def replayed(samples: int, spec: str = "4:H100", **kwargs: float) -> Fleet:
     """A fleet over one replayed node, once the fleet has kept all ``samples`` samples."""
-    fleet = Fleet({"n": ReplayLink(recorded_node("n", spec, samples=samples, t0=T0))}, **kwargs)
+    return await replaying(recorded_node("n", spec, samples=samples, t0=T0), **kwargs)
+
+
+async def replaying(messages: list[JsonObject], **kwargs: float) -> Fleet:
+    """A fleet over one node replaying ``messages``, once it has kept the last sample."""
+    fleet = Fleet({"n": ReplayLink(messages)}, **kwargs)
     await fleet.start()
-    last = T0 + samples - 1
+    last = messages[-1]["t"]
     deadline = time.monotonic() + 60
     while fleet.snapshot("n").last_sample_t != last:
         if time.monotonic() > deadline:
+            await fleet.stop()
             pytest.fail(f"the replay did not end: {fleet.snapshot('n')}")
         await asyncio.sleep(0.01)  # a poll with a deadline: the replay runs on this loop
     return fleet
@@ -94,15 +101,15 @@ async def test_history_memory_per_gpu_is_constant_once_full() -> None:
     # one difference allowed is a number's object: an int past 256 is 28 bytes, 2 per GPU.
     sizes = [await history_held_per_gpu(n, 16, **small) for n in (full + 20, 3 * full, 6 * full)]
     assert max(sizes) - min(sizes) <= 8, sizes
-    # ... and little more than its buffers' own bytes (one array header per column and ring,
-    # 22 with the 10 columns of the metric registry, the rings, the dict: some 2.5 KB per GPU
-    # beside 1.9 KB of numbers; 64 + 16 bytes per array a column adds).
-    buffers = GpuHistory(50, 10, 5.0).nbytes
-    headers = 2 * (len(HISTORY_COLUMNS) + 1) * 120
-    assert buffers < sizes[0] < buffers + headers, (buffers, sizes)
+    # ... and little more than its buffers' own bytes: the numbers (the times shared by the
+    # node's 16 GPUs) and, per node, one array header per column and ring (22 with the 10
+    # columns of the metric registry), the rings and, per GPU, its view and first time: 343
+    # bytes per GPU beside 1,470 of numbers. Kept per GPU (22 arrays each) it was some 2.5 KB.
+    numbers = (50 + 10) * (BYTES_PER_POINT - 8) + (50 + 10) * 8 / 16
+    assert numbers < sizes[0] < numbers + 512, (numbers, sizes)
     # tracemalloc agrees within Python's caches: what clear() frees is near the same figure.
     freed = await history_bytes_per_gpu(6 * full, 16, **small)
-    assert buffers < freed < buffers + 3072, (buffers, freed)
+    assert numbers < freed < numbers + 3072, (numbers, freed)
 
 
 async def test_history_memory_per_gpu_at_the_default_sizes() -> None:
@@ -161,13 +168,8 @@ async def test_missing_and_junk_readings_are_none() -> None:
     messages = recorded_node("n", "1:H100", samples=3, t0=T0)
     messages[1]["gpus"][0].update(util_gpu=None, temp=-5, sm_clock=10**9, power=1e308)
     messages[2]["gpus"][0]["state"] = "lost"
-    fleet = Fleet({"n": ReplayLink(messages)})
-    await fleet.start()
+    fleet = await replaying(messages)
     try:
-        deadline = time.monotonic() + 10
-        while fleet.snapshot("n").last_sample_t != T0 + 2:
-            assert time.monotonic() < deadline, fleet.snapshot("n")
-            await asyncio.sleep(0.01)  # a poll with a deadline: the replay runs on this loop
         hist = fleet.history("n", 0)
         assert hist.series("util")[1][0] is None
         assert hist.series("temp")[1][0] is None
@@ -178,32 +180,126 @@ async def test_missing_and_junk_readings_are_none() -> None:
         await fleet.stop()
 
 
-def test_a_gpu_sample_is_kept_as_its_readings_are() -> None:
-    """``_Ring.push_gpu`` (the fleet's path, written out per column) keeps what ``push`` keeps
-    of ``_readings``: in range, at and past each column's edges, missing, NaN, infinite, a
-    float where an integer belongs, a lost GPU."""
-    from gpuctl.core.model import GpuSample
-    from gpuctl.fleet.gpu_history import METRICS, _readings, _Ring
-
+def junk_samples() -> list[list[Reading]]:
+    """Samples of a 3-GPU node with readings in range, at and past each column's edges,
+    missing, NaN, infinite, a float where an integer belongs, and a lost GPU: GPU 1 carries
+    the edges, 0 and 2 plain readings (so that most samples mix the two in one column)."""
     edges: list[object] = [None, 0, 1, 254, 255, 256, 65534, 65535, 65536, -1, 10**30]
     edges += [True, 3.4, 3.6, 254.6, -0.4, -0.6, 7e4]
     floats: list[float | None] = [None, 0.0, 412.5, 3e38, -3e38, 2.9e38, 1e308, -1e308]
-    floats += [math.inf, -math.inf, math.nan, 17]
-    samples = []
+    floats += [math.inf, -math.inf, math.nan, 17, 3.5e38]
+    plain = {"util_gpu": 50, "temp": 60, "sm_clock": 1980, "mem_clock": 2619, "power": 412.5}
+
+    def node(t: float, **odd: object) -> list[Reading]:
+        return [Reading(index=i, t=t, **(odd if i == 1 else plain)) for i in range(3)]  # type: ignore[arg-type]
+
+    samples = [node(T0 + 1000)]  # the first: every column fits (the fast path's own)
     for i, v in enumerate(edges):
         f = floats[i % len(floats)]
-        g = GpuSample(index=0, t=T0 + i, util_gpu=v, temp=v, sm_clock=v, mem_clock=v, power=f)
-        samples.append(g)
+        samples.append(node(T0 + i, util_gpu=v, temp=v, sm_clock=v, mem_clock=v, power=f))
     for i, f in enumerate(floats):
         mem = None if f is None or f != f or abs(f) == math.inf else int(f)
-        samples.append(GpuSample(index=0, t=T0 + 100 + i, mem_used=mem, power=f))
-    samples.append(GpuSample(index=0, t=T0 + 200, state="lost", util_gpu=50, power=300.0))
-    written, looped = _Ring(len(samples)), _Ring(len(samples))
-    for g in samples:
-        written.push_gpu(g.t, g)
-        looped.push(g.t, _readings(g))  # type: ignore[arg-type]
-    assert written.times_list() == looped.times_list()
-    for metric in METRICS:
-        ours, theirs = written.values(metric), looped.values(metric)
-        same = [a == b or (a != a and b != b) for a, b in zip(ours, theirs, strict=True)]
-        assert all(same), (metric, ours, theirs)
+        samples.append(node(T0 + 100 + i, mem_used=mem, power=f, pcie_tx=mem))
+    samples.append(node(T0 + 200, state="lost", util_gpu=50, power=300.0))
+    samples.append(node(T0 + 201, util_gpu=50))
+    return samples
+
+
+def test_a_node_sample_is_kept_as_its_readings_are() -> None:
+    """``NodeHistory.add`` (the fleet's path: a node's sample one array write per column,
+    each value kept as ``_kept`` keeps it where a column's values do not all fit) keeps what
+    the ring's per-value path keeps of each GPU's ``_readings``."""
+    from gpuctl.fleet.gpu_history import NodeHistory, _Ring
+
+    samples = junk_samples()
+    node = NodeHistory(len(samples), 0)
+    looped = _Ring(len(samples))
+    looped.add_lanes(3)
+    for gpus in samples:
+        node.add(gpus[0].t, gpus)
+        looped.push(gpus[0].t, [_readings(g) for g in gpus])
+    for lane in range(3):
+        view = node[lane]
+        assert view.series("util")[0] == looped.times_list()
+        for c, metric in enumerate(METRICS):
+            ours = view.series(metric)[1]
+            assert len(ours) == len(samples), metric
+            raw = looped.last_values(c, lane, looped.size)
+            kept = node._recent.last_values(c, lane, len(samples))
+            same = [a == b or (a != a and b != b) for a, b in zip(kept, raw, strict=True)]
+            assert all(same), (metric, lane, kept, raw)
+    # what the edges became, as read back: junk is None, float32's range ends in infinity
+    gpu1 = node[1]
+    util = gpu1.series("util")[1]
+    assert util[1:8] == [None, 0, 1, 254, None, None, None]
+    assert gpu1.series("clock")[1][5:9] == [255, 256, 65534, None]
+    assert gpu1.series("power")[1][1:5] == [None, 0.0, 412.5, pytest.approx(3e38, rel=1e-6)]
+    assert gpu1.series("power")[1][7:9] == [math.inf, -math.inf]
+    assert all(v is None for v in [m[-2] for m in (gpu1.series(x)[1] for x in METRICS)])
+    assert node[0].series("util")[1][-2] == 50 and gpu1.series("util")[1][-1] == 50
+
+
+async def test_gpus_that_come_go_and_move() -> None:
+    """A node's GPUs as its samples name them: a GPU that joins later has its history from its
+    first sample on (no points, no minute means from before it), a GPU a sample lacks is
+    missing at that time, samples that list the GPUs in another order keep each reading with
+    its GPU."""
+    messages = recorded_node("n", "3:H100", samples=150, t0=T0)
+    samples = messages[1:]
+    for k, m in enumerate(samples):
+        for g in m["gpus"]:
+            g["util_gpu"] = 10 * g["index"] + k % 7  # GPU i reads 10 i + (k mod 7)
+        if k < 100:  # GPU 2 joins with the 101st sample
+            m["gpus"] = [g for g in m["gpus"] if g["index"] != 2]
+        if k == 120:  # GPU 1 is not in this one
+            m["gpus"] = [g for g in m["gpus"] if g["index"] != 1]
+        if k >= 130:  # from here the agent lists them backwards
+            m["gpus"].reverse()
+    fleet = await replaying(messages, history_len=100, history_older=10)
+    try:
+        times0, util0 = fleet.history("n", 0).series("util")
+        times1, util1 = fleet.history("n", 1).series("util")
+        times2, util2 = fleet.history("n", 2).series("util")
+        recent = [T0 + k for k in range(50, 150)]
+        assert times0[-100:] == recent and times1 == times0
+        assert util0[-100:] == [k % 7 for k in range(50, 150)]
+        # GPU 1: missing in sample 120, its own readings before and after (reversed order too)
+        assert util1[-100:] == [None if k == 120 else 10 + k % 7 for k in range(50, 150)]
+        # GPU 2: from its first sample on, nothing before (no minute mean of a time it was not
+        # there: its first bucket is the one holding its first sample, after the recent ones
+        # begin)
+        assert times2 == [T0 + k for k in range(100, 150)]
+        assert util2 == [20 + k % 7 for k in range(100, 150)]
+        assert len(fleet.history("n", 2)) == 50 and len(fleet.history("n", 0)) == len(times0)
+        assert fleet.history("n", 2).recent("util", 3) == [20 + k % 7 for k in (147, 148, 149)]
+        assert fleet.history("n", 2).recent("util", 80) == util2
+        # the older means: GPU 0's from before the recent samples, whole minutes
+        assert len(times0) > 100 and all(t <= T0 + 50 for t in times0[:-100])
+    finally:
+        await fleet.stop()
+
+
+def test_minute_means_leave_out_what_is_missing() -> None:
+    """An older point is the mean of its bucket's readings, what is missing left out (None, a
+    value past the column, NaN, an infinite power), None when nothing is left. (Summed in C
+    over the arrays since the history is kept per node; the same means as the lists before.)"""
+    from gpuctl.core.model import GpuSample
+    from gpuctl.fleet.gpu_history import GpuHistory
+
+    hist = GpuHistory(recent=12, older=5, step=10.0)
+    utils = [10, None, 30, 300, 50, 60, 70, 80, 90, 100] + [None] * 10 + list(range(10))
+    powers = [100.0, None, math.nan, 1e308, 200.0, -1e308, 300.0, 400.0, 500.0, 600.0]
+    powers += [None] * 10 + [7.5] * 10
+    for k, (u, p) in enumerate(zip(utils, powers, strict=True)):
+        hist.add(GpuSample(index=3, t=T0 - 20 + k, util_gpu=u, power=p, mem_used=k * 2**30))
+    for k in range(30, 42):  # 12 more: the recent ones, after the three buckets
+        hist.add(GpuSample(index=3, t=T0 - 20 + k, util_gpu=1, power=1.0))
+    times, util = hist.series("util")
+    power = hist.series("power")[1]
+    mem = hist.series("mem_gib")[1]
+    assert times[:3] == [T0 - 15, T0 - 5, T0 + 5]  # T0 - 20 starts a bucket; each at its middle
+    # (an integer column keeps its mean rounded: 61.25, 4.5)
+    assert util[:3] == [61, None, 4]
+    assert power[:3] == [(100.0 + 200.0 + 300.0 + 400.0 + 500.0 + 600.0) / 6, None, 7.5]
+    assert mem[:3] == [4.5, 14.5, 24.5]
+    assert util[3:] == [1] * 12 and len(hist) == 15

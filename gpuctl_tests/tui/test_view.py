@@ -120,3 +120,49 @@ def test_trouble_words_filter_what_the_header_counts() -> None:
     assert trouble_counts(s, {0}) == {"lost": 1, "xid": 1, "ecc": 1, "down": 0, "slowdown": 1}
     stale = node("m", NodeState.STALE, gpu(0))
     assert trouble_counts(stale, set())["down"] == 1
+
+
+def test_trouble_counts_agree_with_each_gpus_problems() -> None:
+    """``trouble_counts`` tells a GPU without trouble in a few tests of its own (the header
+    counts every node's every sample): it counts what ``gpu_problems`` says of each GPU, for
+    every mix of throttle reasons (quiet, slowing, a power cap, none), ECC and row-remap
+    counts (zero, set, a flag), a lost GPU and an XID."""
+    import itertools
+
+    from gpuctl.tui.view import PROBLEMS, gpu_problems, trouble_counts
+
+    throttles = [None, (), ("gpu_idle",), ("gpu_idle", "applications_clocks"), ("sw_power_cap",)]
+    throttles += [("gpu_idle", "hw_slowdown"), ("sw_thermal", "sw_power_cap")]
+    eccs = [None, {}, {"volatile_uncorrected": 0, "aggregate_uncorrected": 0}]
+    eccs += [{"volatile_uncorrected": 2}, {"aggregate_uncorrected": 1, "volatile_corrected": 9}]
+    remaps = [None, {"correctable": 3, "pending": False, "failure": False}, {"pending": True}]
+    remaps += [{"failure": 1}]
+    gpus = [
+        gpu(i, throttle=t, ecc=e, remapped_rows=r, state=state)
+        for i, (t, e, r, state) in enumerate(
+            itertools.product(throttles, eccs, remaps, ("ok", "lost"))
+        )
+    ]
+    for xids in (set(), {0, 5, 17, 300}):
+        for chunk in range(0, len(gpus), 8):  # nodes of 8 GPUs
+            s = node("n", NodeState.LIVE, *gpus[chunk : chunk + 8])
+            want = dict.fromkeys(PROBLEMS, 0)
+            for g in s.gpus:
+                for kind in gpu_problems(g, g.index in xids):
+                    if kind in want:
+                        want[kind] += 1
+            assert trouble_counts(s, xids) == want, [g for g in s.gpus]
+
+
+def test_cluster_totals_sum_the_nodes_parts() -> None:
+    """The header's figures from each node's part: nodes, live ones, GPUs, mean utilization
+    over the GPUs that report it, power; a down node (no totals) counts as a node only."""
+    from gpuctl.tui.view import ClusterTotals, cluster_totals, node_totals
+
+    a = node("a", NodeState.LIVE, gpu(0, util_gpu=10, power=100.5), gpu(1, util_gpu=None))
+    b = node("b", NodeState.STALE, gpu(0, util_gpu=40, power=None), gpu(1, state="lost"))
+    parts = [(True, node_totals(a)), (False, node_totals(b)), (False, None)]
+    assert node_totals(a).util_n == 1 and node_totals(b).gpus == 2
+    assert cluster_totals(parts) == ClusterTotals(3, 1, 4, 25.0, 400.5)
+    assert cluster_totals([(False, None)]) == ClusterTotals(1, 0, 0, None, 0.0)
+    assert cluster_totals([]) == ClusterTotals(0, 0, 0, None, 0.0)
