@@ -102,6 +102,45 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, round(p * (len(values) - 1)))]
 
 
+def server_seconds(body: bytes) -> float:
+    """Prometheus's own time for a query (``stats=all``: ``execTotalTime``, its queue,
+    preparation, evaluation and sorting; not writing the JSON), -1 when the answer has none."""
+    at = body.rfind(b'"stats":')
+    if at < 0:
+        return -1.0
+    try:
+        stats = json.loads(body[at + 8 :].rstrip().removesuffix(b"}}"))
+        return float(stats["timings"]["execTotalTime"])
+    except (ValueError, KeyError, TypeError):
+        return -1.0
+
+
+def phase_figures(
+    started: float, calls: list[tuple[float, float, float, str]], polled: float, latency: float
+) -> dict[str, float]:
+    """Where one poll's time went, in seconds from its start: ``stamp`` (the sample-time
+    query's round trip) and ``stamp_server`` (Prometheus's own part of it); ``queries`` (from
+    the first metric query sent to the last answer read), ``queries_server_sum`` /
+    ``_max`` (Prometheus's own time over them); ``login`` (the last answer read to the poll's
+    readings grouped: decoding and grouping not overlapped by the store), ``publish`` (the
+    readings handed to the fleet to the last moved node's snapshot), ``total``."""
+    calls = sorted(calls)
+    if not calls:
+        return {}
+    first, rest = calls[0], calls[1:]
+    out = {"stamp": first[1] - first[0], "stamp_server": first[2]}
+    if rest:
+        out["queries"] = max(c[1] for c in rest) - rest[0][0]
+        out["queries_server_sum"] = sum(c[2] for c in rest)
+        out["queries_server_max"] = max(c[2] for c in rest)
+        out["n_queries"] = len(rest)
+    last = max(c[1] for c in calls)
+    out["login"] = polled - last
+    out["publish"] = started + latency - polled
+    out["total"] = latency
+    return {k: round(v, 3) for k, v in out.items()}
+
+
 def cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -113,9 +152,12 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
     source = prom.PromSource(prom.PromTarget(url), interval=args.interval)
     received = [0]  # the answers' bytes
     post = source.client._post
+    calls: list[tuple[float, float, float, str]] = []  # a poll's queries: start, end, server s
 
     def counting(path: str, form: dict[str, str]) -> bytes:
-        body: bytes = post(path, form)
+        started = time.perf_counter()
+        body: bytes = post(path, {**form, "stats": "all"})
+        calls.append((started, time.perf_counter(), server_seconds(body), form.get("query", "")))
         received[0] += len(body)
         return body
 
@@ -135,6 +177,7 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
     published = asyncio.Event()  # every node of ``pending`` published its new sample
     all_live = asyncio.Event()
     polled = asyncio.Event()  # set after each poll
+    phases: list[dict[str, float]] = []  # per poll, see ``phase_figures``
 
     def on_snapshot(s: NodeSnapshot) -> None:
         if s.last_sample_t is not None and s.last_sample_t != newest.get(s.name):
@@ -151,13 +194,16 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
         while True:
             poll_start[0] = time.perf_counter()
             before = {n: r.t for n, r in source.latest.items()}
+            calls.clear()
             try:
                 readings = await source.poll()
             except Exception as e:
                 print(f"poll failed: {e}", file=sys.stderr, flush=True)
                 await asyncio.sleep(args.interval)
                 continue
-            poll_times.append(time.perf_counter() - poll_start[0])
+            polled_at = time.perf_counter()
+            poll_times.append(polled_at - poll_start[0])
+            asked = list(calls)
             moved = {n for n, r in readings.items() if r.t is not None and r.t != before.get(n)}
             moved_counts.append(len(moved))
             pending.clear()
@@ -169,10 +215,12 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
                 try:
                     await asyncio.wait_for(published.wait(), 60)
                     latencies.append(time.perf_counter() - started)
+                    phases.append(phase_figures(started, asked, polled_at, latencies[-1]))
                 except TimeoutError:
                     print(f"{len(pending)} nodes never published", file=sys.stderr, flush=True)
             print(
-                f"poll {len(poll_times)}: {poll_times[-1]:.2f} s, {len(moved)} nodes moved",
+                f"poll {len(poll_times)}: {poll_times[-1]:.2f} s, {len(moved)} nodes moved"
+                + (f", {phases[-1]}" if moved and phases else ""),
                 file=sys.stderr,
                 flush=True,
             )
@@ -193,7 +241,7 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
     await all_live.wait()
     print("every node live", file=sys.stderr, flush=True)
     cpu0, wall0, polls0 = cpu_seconds(), time.perf_counter(), len(poll_times)
-    lats0 = len(latencies)
+    lats0, phases0 = len(latencies), len(phases)
     received[0] = 0
     while len(poll_times) - polls0 < args.polls:
         polled.clear()
@@ -222,6 +270,7 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
         "discover_s": discover_s,
         "polls": poll_times[polls0:],
         "latencies": latencies[lats0:],
+        "phases": phases[phases0:],
         "moved": moved_counts[polls0:],
         "cpu": cpu,
         "wall": wall,
@@ -238,8 +287,19 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     latencies = [x for r in rounds for x in r["latencies"]]
     msgspec_s = [x for r in rounds for x in r["msgspec_s"]]
     json_s = [x for r in rounds for x in r["json_s"]]
+    phases = [p for r in rounds for p in r["phases"]]
     first = rounds[0]
+    worst = sorted(phases, key=lambda p: p.get("total", 0.0))[-max(1, len(phases) // 20) :]
     return {
+        "phases_s_median": {
+            k: round(statistics.median(p.get(k, 0.0) for p in phases), 3) for k in phases[0]
+        }
+        if phases
+        else {},
+        "phases_s_p95": {k: round(pct([p.get(k, 0.0) for p in phases], 0.95), 3) for k in phases[0]}
+        if phases
+        else {},
+        "phases_of_slowest_5pct": worst,
         "nodes": first["nodes"],
         "gpus": first["gpus"],
         "scrape_period_s": round(first["scrape_period_s"], 2),
