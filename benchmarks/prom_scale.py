@@ -141,6 +141,34 @@ def phase_figures(
     return {k: round(v, 3) for k, v in out.items()}
 
 
+def one_at_a_time(post: Any, plans: list[list[str]]) -> list[dict[str, float]]:
+    """Each of ``plans`` (a poll's queries) asked again one query at a time, nothing else
+    asking: Prometheus's own time for the poll's work (``server_s``, the sum of
+    ``execTotalTime``), with writing and sending the answers (``round_trips_s``), and gpuctl's
+    decoding of them (``decode_s``), a figure each that concurrency and the other side's
+    load do not inflate."""
+    out = []
+    for plan in plans:
+        server = trips = decode = 0.0
+        for promql in plan:
+            t = time.perf_counter()
+            body: bytes = post("/api/v1/query", {"query": promql, "stats": "all"})
+            trips += time.perf_counter() - t
+            server += server_seconds(body)
+            t = time.perf_counter()
+            this_prom._VECTOR.decode(body)
+            decode += time.perf_counter() - t
+        out.append(
+            {
+                "queries": len(plan),
+                "server_s": round(server, 3),
+                "round_trips_s": round(trips, 3),
+                "decode_s": round(decode, 3),
+            }
+        )
+    return out
+
+
 def cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -178,6 +206,7 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
     all_live = asyncio.Event()
     polled = asyncio.Event()  # set after each poll
     phases: list[dict[str, float]] = []  # per poll, see ``phase_figures``
+    plans: list[list[str]] = []  # per poll, its queries (stamp first)
 
     def on_snapshot(s: NodeSnapshot) -> None:
         if s.last_sample_t is not None and s.last_sample_t != newest.get(s.name):
@@ -204,6 +233,7 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
             polled_at = time.perf_counter()
             poll_times.append(polled_at - poll_start[0])
             asked = list(calls)
+            plans.append([q for _a, _b, _s, q in sorted(asked)])
             moved = {n for n, r in readings.items() if r.t is not None and r.t != before.get(n)}
             moved_counts.append(len(moved))
             pending.clear()
@@ -254,6 +284,7 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
     else:
         await fleet.stop()
     bytes_per_poll = received[0] / args.polls
+    alone = await asyncio.to_thread(one_at_a_time, post, plans[-3:])
     body = post("/api/v1/query", {"query": prom.queries("")[1][1]})
     msgspec_s, json_s = [], []
     for _ in range(5):  # alternated: the same answer, one decoder then the other
@@ -271,6 +302,7 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
         "polls": poll_times[polls0:],
         "latencies": latencies[lats0:],
         "phases": phases[phases0:],
+        "alone": alone,
         "moved": moved_counts[polls0:],
         "cpu": cpu,
         "wall": wall,
@@ -300,6 +332,7 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         if phases
         else {},
         "phases_of_slowest_5pct": worst,
+        "polls_replayed_one_query_at_a_time": [a for r in rounds for a in r["alone"]],
         "nodes": first["nodes"],
         "gpus": first["gpus"],
         "scrape_period_s": round(first["scrape_period_s"], 2),
