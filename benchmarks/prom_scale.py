@@ -11,6 +11,12 @@ measures over ``--polls`` polls:
 * a poll's wall time (all queries at once, decoded, grouped per host), median and p95,
 * query to published: from a poll's start to the last node's snapshot with that poll's sample
   (polls that brought new samples), median and p95,
+* where a poll's time goes (``phases_s_median`` / ``_p95``, and the slowest 5% of polls in
+  full; see ``phase_figures``): the stamp query, the metric queries, Prometheus's own time in
+  each (its ``execTotalTime``, asked with ``stats=all``), the login side after the last answer,
+  publishing; and the last polls asked again one query at a time
+  (``polls_replayed_one_query_at_a_time``: Prometheus's own work a poll without concurrency,
+  the round trips, gpuctl's decoding),
 * the answers' bytes a poll,
 * this process's CPU (user + system, threads included; Prometheus is another process) as a
   share of one core and in seconds a poll, and its peak RSS (with ``--baseline``, of both
@@ -29,7 +35,7 @@ tree's then the baseline's, and the ratios printed (baseline over this).
 
 Usage: python benchmarks/prom_scale.py [--nodes 2048] [--gpus 8] [--interval 5] [--polls 12]
        [--scrape 15] [--targets 8] [--tui] [--baseline TREE] [--rounds 1]
-       [--decode-only [--live-objects N]]
+       [--decode-only [--live-objects N]] [--shapes]
 """
 
 from __future__ import annotations
@@ -167,6 +173,46 @@ def one_at_a_time(post: Any, plans: list[list[str]]) -> list[dict[str, float]]:
             }
         )
     return out
+
+
+def query_shapes(url: str, rounds: int = 5) -> dict[str, Any]:
+    """One metric's query for a third of the hosts (by name) in other shapes, each asked
+    alone, alternated ``rounds`` times: Prometheus's own time (median ``execTotalTime``),
+    the round trip and the answer's bytes. ``set``: as a poll asks (``max by`` host and gpu,
+    the hosts in a set matcher); ``set_at_sample_time``: the same with ``time=`` the hosts'
+    newest sample time; ``raw``: no ``max by`` (every label); ``every_host``: no host matcher."""
+    client = this_prom.PromClient(this_prom.PromTarget(url))
+    stamps = client.query(this_prom.stamp_query("", first_gpu=True))
+    hosts = sorted(s.metric.host() for s in stamps)[::3]
+    newest = max(float(s.value.text) for s in stamps)
+    where = this_prom.hosts_matcher("Hostname", hosts)
+    name = "DCGM_FI_DEV_GPU_TEMP"
+    shapes = {
+        "set": {"query": f"max by (Hostname, gpu) ({name}{{{where}}})"},
+        "set_at_sample_time": {
+            "query": f"max by (Hostname, gpu) ({name}{{{where}}})",
+            "time": f"{newest:.3f}",
+        },
+        "raw": {"query": f"{name}{{{where}}}"},
+        "every_host": {"query": f"max by (Hostname, gpu) ({name})"},
+    }
+    got: dict[str, list[tuple[float, float, int]]] = {k: [] for k in shapes}
+    for _ in range(rounds):
+        for key, form in shapes.items():
+            t = time.perf_counter()
+            body = client._post("/api/v1/query", {**form, "stats": "all"})
+            got[key].append((server_seconds(body), time.perf_counter() - t, len(body)))
+    return {
+        "hosts": len(hosts),
+        **{
+            key: {
+                "server_s": round(statistics.median(g[0] for g in runs), 4),
+                "round_trip_s": round(statistics.median(g[1] for g in runs), 4),
+                "bytes": runs[0][2],
+            }
+            for key, runs in got.items()
+        },
+    }
 
 
 def cpu_seconds() -> float:
@@ -570,6 +616,11 @@ def main() -> None:
     p.add_argument(
         "--decode-only", action="store_true", help="time decoding one poll's answers, no store"
     )
+    p.add_argument(
+        "--shapes",
+        action="store_true",
+        help="time one metric's query in other shapes (time=, no max by, every host), --rounds",
+    )
     args = p.parse_args()
     if args.decode_only:
         decode_only(args)
@@ -595,6 +646,9 @@ def main() -> None:
                 timeout=900,
             )
             print(f"{prom.url} holds every GPU; measuring", file=sys.stderr, flush=True)
+            if args.shapes:
+                print(json.dumps(query_shapes(prom.url, args.rounds), indent=1))
+                return
             # the loop and collector settings ``gpuctl watch`` runs on
             result = eventloop.run(alternate(prom.url, args))
     finally:
