@@ -255,7 +255,7 @@ METRICS: tuple[Metric, ...] = (
 # (each host at its own turn, so every poll asks them for a share of the moved hosts, not all
 # of them every Nth poll), and between two asks its last values stand. At 16,384 GPUs over a
 # 15 s scrape, a 5 s poll asked 29 metric queries; now 16 for the moved hosts and 13 for a
-# quarter of them (the figures in ``benchmarks/prom_scale.py``'s docstring).
+# quarter of them (figures: the README's Prometheus scale section).
 SLOW: frozenset[Metric] = frozenset(
     m for m in METRICS if m.table is not None or m.key in ("fb_reserved", "power_limit")
 )

@@ -321,9 +321,8 @@ async def test_history_comes_from_the_store(site: Site) -> None:
         await fleet.stop()
 
 
-async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
-    """A poll's queries do not grow with the GPUs: one per metric (and one for the time)."""
-    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+def counted(source: PromSource) -> list[str]:
+    """The queries ``source`` asks from now on, in order (its client's ``query`` wrapped)."""
     seen: list[str] = []
     query = source.client.query
 
@@ -332,6 +331,13 @@ async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
         return query(promql)
 
     source.client.query = counting  # type: ignore[method-assign]
+    return seen
+
+
+async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
+    """A poll's queries do not grow with the GPUs: one per metric (and one for the time)."""
+    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    seen = counted(source)
     readings = await source.poll()
     assert sorted(readings) == list(NODES)
     assert len(seen) == len(source.queries) == len(prom.METRICS) + 1
@@ -383,14 +389,7 @@ async def test_slow_metrics_are_asked_at_each_hosts_turn_and_kept_between(site: 
     site.prom.wait_for('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{Hostname="node-b", gpu="1"} == 2', 1)
     site.prom.wait_for('DCGM_FI_DEV_GPU_UTIL{Hostname="node-b", gpu="1"} == 97', 1)
     turn = turn_next("node-b")
-    seen: list[str] = []
-    query = source.client.query
-
-    def counting(promql: str) -> Any:
-        seen.append(promql)
-        return query(promql)
-
-    source.client.query = counting  # type: ignore[method-assign]
+    seen = counted(source)
     for n in range(1, prom.SLOW_EVERY + 1):  # node-b's next new samples: one is its turn
         move_only(source, "node-b")
         seen.clear()
