@@ -11,6 +11,12 @@ measures over ``--polls`` polls:
 * a poll's wall time (all queries at once, decoded, grouped per host), median and p95,
 * query to published: from a poll's start to the last node's snapshot with that poll's sample
   (polls that brought new samples), median and p95,
+* where a poll's time goes (``phases_s_median`` / ``_p95``, and the slowest 5% of polls in
+  full; see ``phase_figures``): the stamp query, the metric queries, Prometheus's own time in
+  each (its ``execTotalTime``, asked with ``stats=all``), the login side after the last answer,
+  publishing; and the last polls asked again one query at a time
+  (``polls_replayed_one_query_at_a_time``: Prometheus's own work a poll without concurrency,
+  the round trips, gpuctl's decoding),
 * the answers' bytes a poll,
 * this process's CPU (user + system, threads included; Prometheus is another process) as a
   share of one core and in seconds a poll, and its peak RSS (with ``--baseline``, of both
@@ -29,7 +35,7 @@ tree's then the baseline's, and the ratios printed (baseline over this).
 
 Usage: python benchmarks/prom_scale.py [--nodes 2048] [--gpus 8] [--interval 5] [--polls 12]
        [--scrape 15] [--targets 8] [--tui] [--baseline TREE] [--rounds 1]
-       [--decode-only [--live-objects N]]
+       [--decode-only [--live-objects N]] [--shapes]
 """
 
 from __future__ import annotations
@@ -102,6 +108,113 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, round(p * (len(values) - 1)))]
 
 
+def server_seconds(body: bytes) -> float:
+    """Prometheus's own time for a query (``stats=all``: ``execTotalTime``, its queue,
+    preparation, evaluation and sorting; not writing the JSON), -1 when the answer has none."""
+    at = body.rfind(b'"stats":')
+    if at < 0:
+        return -1.0
+    try:
+        stats = json.loads(body[at + 8 :].rstrip().removesuffix(b"}}"))
+        return float(stats["timings"]["execTotalTime"])
+    except (ValueError, KeyError, TypeError):
+        return -1.0
+
+
+def phase_figures(
+    started: float, calls: list[tuple[float, float, float, str]], polled: float, latency: float
+) -> dict[str, float]:
+    """Where one poll's time went, in seconds from its start: ``stamp`` (the sample-time
+    query's round trip) and ``stamp_server`` (Prometheus's own part of it); ``queries`` (from
+    the first metric query sent to the last answer read), ``queries_server_sum`` /
+    ``_max`` (Prometheus's own time over them); ``login`` (the last answer read to the poll's
+    readings grouped: decoding and grouping not overlapped by the store), ``publish`` (the
+    readings handed to the fleet to the last moved node's snapshot), ``total``."""
+    calls = sorted(calls)
+    if not calls:
+        return {}
+    first, rest = calls[0], calls[1:]
+    out = {"stamp": first[1] - first[0], "stamp_server": first[2]}
+    if rest:
+        out["queries"] = max(c[1] for c in rest) - rest[0][0]
+        out["queries_server_sum"] = sum(c[2] for c in rest)
+        out["queries_server_max"] = max(c[2] for c in rest)
+        out["n_queries"] = len(rest)
+    last = max(c[1] for c in calls)
+    out["login"] = polled - last
+    out["publish"] = started + latency - polled
+    out["total"] = latency
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def one_at_a_time(post: Any, plans: list[list[str]]) -> list[dict[str, float]]:
+    """Each of ``plans`` (a poll's queries) asked again one query at a time, nothing else
+    asking: Prometheus's own time for the poll's work (``server_s``, the sum of
+    ``execTotalTime``), with writing and sending the answers (``round_trips_s``), and gpuctl's
+    decoding of them (``decode_s``), a figure each that concurrency and the other side's
+    load do not inflate."""
+    out = []
+    for plan in plans:
+        server = trips = decode = 0.0
+        for promql in plan:
+            t = time.perf_counter()
+            body: bytes = post("/api/v1/query", {"query": promql, "stats": "all"})
+            trips += time.perf_counter() - t
+            server += server_seconds(body)
+            t = time.perf_counter()
+            this_prom._VECTOR.decode(body)
+            decode += time.perf_counter() - t
+        out.append(
+            {
+                "queries": len(plan),
+                "server_s": round(server, 3),
+                "round_trips_s": round(trips, 3),
+                "decode_s": round(decode, 3),
+            }
+        )
+    return out
+
+
+def query_shapes(url: str, rounds: int = 5) -> dict[str, Any]:
+    """One metric's query for a third of the hosts (by name) in other shapes, each asked
+    alone, alternated ``rounds`` times: Prometheus's own time (median ``execTotalTime``),
+    the round trip and the answer's bytes. ``set``: as a poll asks (``max by`` host and gpu,
+    the hosts in a set matcher); ``set_at_sample_time``: the same with ``time=`` the hosts'
+    newest sample time; ``raw``: no ``max by`` (every label); ``every_host``: no host matcher."""
+    client = this_prom.PromClient(this_prom.PromTarget(url))
+    stamps = client.query(this_prom.stamp_query("", first_gpu=True))
+    hosts = sorted(s.metric.host() for s in stamps)[::3]
+    newest = max(float(s.value.text) for s in stamps)
+    where = this_prom.hosts_matcher("Hostname", hosts)
+    name = "DCGM_FI_DEV_GPU_TEMP"
+    shapes = {
+        "set": {"query": f"max by (Hostname, gpu) ({name}{{{where}}})"},
+        "set_at_sample_time": {
+            "query": f"max by (Hostname, gpu) ({name}{{{where}}})",
+            "time": f"{newest:.3f}",
+        },
+        "raw": {"query": f"{name}{{{where}}}"},
+        "every_host": {"query": f"max by (Hostname, gpu) ({name})"},
+    }
+    got: dict[str, list[tuple[float, float, int]]] = {k: [] for k in shapes}
+    for _ in range(rounds):
+        for key, form in shapes.items():
+            t = time.perf_counter()
+            body = client._post("/api/v1/query", {**form, "stats": "all"})
+            got[key].append((server_seconds(body), time.perf_counter() - t, len(body)))
+    return {
+        "hosts": len(hosts),
+        **{
+            key: {
+                "server_s": round(statistics.median(g[0] for g in runs), 4),
+                "round_trip_s": round(statistics.median(g[1] for g in runs), 4),
+                "bytes": runs[0][2],
+            }
+            for key, runs in got.items()
+        },
+    }
+
+
 def cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -113,9 +226,12 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
     source = prom.PromSource(prom.PromTarget(url), interval=args.interval)
     received = [0]  # the answers' bytes
     post = source.client._post
+    calls: list[tuple[float, float, float, str]] = []  # a poll's queries: start, end, server s
 
     def counting(path: str, form: dict[str, str]) -> bytes:
-        body: bytes = post(path, form)
+        started = time.perf_counter()
+        body: bytes = post(path, {**form, "stats": "all"})
+        calls.append((started, time.perf_counter(), server_seconds(body), form.get("query", "")))
         received[0] += len(body)
         return body
 
@@ -135,6 +251,8 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
     published = asyncio.Event()  # every node of ``pending`` published its new sample
     all_live = asyncio.Event()
     polled = asyncio.Event()  # set after each poll
+    phases: list[dict[str, float]] = []  # per poll, see ``phase_figures``
+    plans: list[list[str]] = []  # per poll, its queries (stamp first)
 
     def on_snapshot(s: NodeSnapshot) -> None:
         if s.last_sample_t is not None and s.last_sample_t != newest.get(s.name):
@@ -151,13 +269,17 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
         while True:
             poll_start[0] = time.perf_counter()
             before = {n: r.t for n, r in source.latest.items()}
+            calls.clear()
             try:
                 readings = await source.poll()
             except Exception as e:
                 print(f"poll failed: {e}", file=sys.stderr, flush=True)
                 await asyncio.sleep(args.interval)
                 continue
-            poll_times.append(time.perf_counter() - poll_start[0])
+            polled_at = time.perf_counter()
+            poll_times.append(polled_at - poll_start[0])
+            asked = list(calls)
+            plans.append([q for _a, _b, _s, q in sorted(asked)])
             moved = {n for n, r in readings.items() if r.t is not None and r.t != before.get(n)}
             moved_counts.append(len(moved))
             pending.clear()
@@ -169,10 +291,12 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
                 try:
                     await asyncio.wait_for(published.wait(), 60)
                     latencies.append(time.perf_counter() - started)
+                    phases.append(phase_figures(started, asked, polled_at, latencies[-1]))
                 except TimeoutError:
                     print(f"{len(pending)} nodes never published", file=sys.stderr, flush=True)
             print(
-                f"poll {len(poll_times)}: {poll_times[-1]:.2f} s, {len(moved)} nodes moved",
+                f"poll {len(poll_times)}: {poll_times[-1]:.2f} s, {len(moved)} nodes moved"
+                + (f", {phases[-1]}" if moved and phases else ""),
                 file=sys.stderr,
                 flush=True,
             )
@@ -193,7 +317,7 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
     await all_live.wait()
     print("every node live", file=sys.stderr, flush=True)
     cpu0, wall0, polls0 = cpu_seconds(), time.perf_counter(), len(poll_times)
-    lats0 = len(latencies)
+    lats0, phases0 = len(latencies), len(phases)
     received[0] = 0
     while len(poll_times) - polls0 < args.polls:
         polled.clear()
@@ -206,6 +330,7 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
     else:
         await fleet.stop()
     bytes_per_poll = received[0] / args.polls
+    alone = await asyncio.to_thread(one_at_a_time, post, plans[-3:])
     body = post("/api/v1/query", {"query": prom.queries("")[1][1]})
     msgspec_s, json_s = [], []
     for _ in range(5):  # alternated: the same answer, one decoder then the other
@@ -222,6 +347,8 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
         "discover_s": discover_s,
         "polls": poll_times[polls0:],
         "latencies": latencies[lats0:],
+        "phases": phases[phases0:],
+        "alone": alone,
         "moved": moved_counts[polls0:],
         "cpu": cpu,
         "wall": wall,
@@ -238,8 +365,20 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     latencies = [x for r in rounds for x in r["latencies"]]
     msgspec_s = [x for r in rounds for x in r["msgspec_s"]]
     json_s = [x for r in rounds for x in r["json_s"]]
+    phases = [p for r in rounds for p in r["phases"]]
     first = rounds[0]
+    worst = sorted(phases, key=lambda p: p.get("total", 0.0))[-max(1, len(phases) // 20) :]
     return {
+        "phases_s_median": {
+            k: round(statistics.median(p.get(k, 0.0) for p in phases), 3) for k in phases[0]
+        }
+        if phases
+        else {},
+        "phases_s_p95": {k: round(pct([p.get(k, 0.0) for p in phases], 0.95), 3) for k in phases[0]}
+        if phases
+        else {},
+        "phases_of_slowest_5pct": worst,
+        "polls_replayed_one_query_at_a_time": [a for r in rounds for a in r["alone"]],
         "nodes": first["nodes"],
         "gpus": first["gpus"],
         "scrape_period_s": round(first["scrape_period_s"], 2),
@@ -478,6 +617,11 @@ def main() -> None:
     p.add_argument(
         "--decode-only", action="store_true", help="time decoding one poll's answers, no store"
     )
+    p.add_argument(
+        "--shapes",
+        action="store_true",
+        help="time one metric's query in other shapes (time=, no max by, every host), --rounds",
+    )
     args = p.parse_args()
     if args.decode_only:
         decode_only(args)
@@ -503,6 +647,9 @@ def main() -> None:
                 timeout=900,
             )
             print(f"{prom.url} holds every GPU; measuring", file=sys.stderr, flush=True)
+            if args.shapes:
+                print(json.dumps(query_shapes(prom.url, args.rounds), indent=1))
+                return
             # the loop and collector settings ``gpuctl watch`` runs on
             result = eventloop.run(alternate(prom.url, args))
     finally:

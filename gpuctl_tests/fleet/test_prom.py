@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -133,7 +134,9 @@ async def test_the_fleet_reads_every_gpu_from_prometheus(site: Site) -> None:
         await until(lambda: fleet.snapshot("node-b").gpus[1].util_gpu == 97, "the new reading")
         g1 = fleet.snapshot("node-b").gpus[1]
         assert g1.dec == 40
-        assert {"hw_slowdown", "hw_thermal", "ECC"} <= set(gpu_flags(g1))
+        assert {"hw_slowdown", "hw_thermal"} <= set(gpu_flags(g1))
+        # the ECC counters are slow metrics: asked at the node's turn, within SLOW_EVERY scrapes
+        await until(lambda: "ECC" in gpu_flags(fleet.snapshot("node-b").gpus[1]), "the ECC flag")
         await until(
             lambda: [e for n, e in events if n == "node-b" and e.kind == "xid"], "the XID event"
         )
@@ -322,10 +325,8 @@ async def test_history_comes_from_the_store(site: Site) -> None:
         await fleet.stop()
 
 
-async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
-    """A poll's queries do not grow with the GPUs: one per metric (and one for the time, one
-    for MIG instances' utilisation)."""
-    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+def counted(source: PromSource) -> list[str]:
+    """The queries ``source`` asks from now on, in order (its client's ``query`` wrapped)."""
     seen: list[str] = []
     query = source.client.query
 
@@ -334,6 +335,14 @@ async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
         return query(promql)
 
     source.client.query = counting  # type: ignore[method-assign]
+    return seen
+
+
+async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
+    """A poll's queries do not grow with the GPUs: one per metric (and one for the time, one
+    for MIG instances' utilisation)."""
+    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    seen = counted(source)
     readings = await source.poll()
     assert sorted(readings) == list(NODES)
     assert len(seen) == len(source.queries) == len(prom.METRICS) + 2
@@ -351,9 +360,10 @@ async def test_a_poll_asks_only_the_hosts_with_a_new_sample(site: Site) -> None:
         t = source.latest[host].t
         assert t is not None
         source.latest[host] = replace(source.latest[host], t=t - 100 if host == "node-b" else 1e12)
+    source._samples["node-b"] = turn_next("node-b") - 1  # its slow metrics' turn: all asked
     moved, asked = source._plan(stamped)
     assert moved == {"node-b"}
-    assert len(asked) == len(source.queries) - 1
+    assert len(asked) == len(source.queries) - 1 == len(prom.METRICS)
     assert all("Hostname=~`node-b`" in q and "instance" not in q for _m, q in asked)
     answers = [source.client.query(q) for _m, q in asked]
     readings = source._readings(stamped, moved, asked, answers)
@@ -425,6 +435,79 @@ async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
     nodes = {n["name"]: n for n in json.loads(r.stdout)["nodes"]}
     assert [g["util_gpu"] for g in nodes["node-b"]["gpus"]] == [10, 58]
     assert [g["util_gpu"] for g in nodes["node-c"]["gpus"]] == [50, 50]
+
+
+def move_only(source: PromSource, moved: str) -> None:
+    """As if ``moved`` were scraped since the held reading and no other host were."""
+    for host, held in list(source.latest.items()):
+        assert held.t is not None
+        source.latest[host] = replace(held, t=held.t - 100 if host == moved else 1e12)
+
+
+def turn_next(host: str) -> int:
+    """The count of new samples at which ``host``'s slow metrics are asked (its turn)."""
+    return -zlib.crc32(host.encode()) % prom.SLOW_EVERY
+
+
+async def test_slow_metrics_are_asked_at_each_hosts_turn_and_kept_between(site: Site) -> None:
+    """The slow metrics (ECC, row remapping, reserved memory, power limit) are asked for a
+    moved host only at its turn, every SLOW_EVERY-th new sample; between, the host's reading
+    keeps their last values (the screen shows them, not a gap), and the fast ones are new."""
+    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    source._take(await source.poll(), publish=False)  # a first read: every metric
+    assert source.latest["node-b"].gpus[1]["ecc"] == {"volatile_uncorrected": 0}
+    site.exporters["node-b"].set(1, util=97, dbe=2, rr_u=3, fb_reserved=600)
+    site.prom.wait_for('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{Hostname="node-b", gpu="1"} == 2', 1)
+    site.prom.wait_for('DCGM_FI_DEV_GPU_UTIL{Hostname="node-b", gpu="1"} == 97', 1)
+    turn = turn_next("node-b")
+    seen = counted(source)
+    for n in range(1, prom.SLOW_EVERY + 1):  # node-b's next new samples: one is its turn
+        move_only(source, "node-b")
+        seen.clear()
+        readings = await source.poll()
+        assert list(readings) == ["node-b"]
+        gpu = readings["node-b"].gpus[1]
+        assert gpu["util_gpu"] == 97  # a fast metric: every poll
+        slow = [q for q in seen if "ECC_DBE_VOL_TOTAL" in q]
+        if n == turn or (n == prom.SLOW_EVERY and turn == 0):
+            assert slow and all("Hostname=~`node-b`" in q for q in slow)
+            assert gpu["ecc"] == {"volatile_uncorrected": 2}
+            assert gpu["remapped_rows"]["uncorrectable"] == 3 and gpu["fb_reserved"] == 600
+        else:  # not asked: the last values kept, and named as read (no "no series" for them)
+            assert not slow and not any("REMAPPED_ROWS" in q or "RESERVED" in q for q in seen)
+            assert gpu["ecc"] == source.latest["node-b"].gpus[1]["ecc"]
+            assert gpu["fb_reserved"] == source.latest["node-b"].gpus[1]["fb_reserved"]
+            assert "ECC_DBE_VOL_TOTAL" in readings["node-b"].seen
+            assert len(seen) < len(prom.METRICS) // 2 + 2  # the stamp and the fast ones
+        source._take(readings, publish=False)
+    assert source.latest["node-b"].gpus[1]["ecc"] == {"volatile_uncorrected": 2}
+
+
+async def test_the_stamp_query_reads_gpu_0_while_every_host_has_one(site: Site) -> None:
+    """Each host's sample time is read from its GPU 0 alone (an exporter writes a host's GPUs in
+    one scrape): Prometheus reads a series per host, not per GPU. Every GPU's at the first
+    poll, every STAMP_EVERY-th, and while a held host has no GPU 0 (it would never move)."""
+    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    source._take(await source.poll(), publish=False)
+    assert 'gpu="0"' not in source.queries[0][1]  # the first poll: every GPU
+    for host, held in list(source.latest.items()):  # every host as if scraped since
+        assert held.t is not None
+        source.latest[host] = replace(held, t=held.t - 100)
+    readings = await source.poll()
+    assert 'gpu="0"' in source.queries[0][1]
+    assert sorted(readings) == list(NODES)  # each moved, its time from GPU 0 alone
+    assert all(len(r.gpus) == 2 for r in readings.values())
+    source._take(readings, publish=False)
+    del source.latest["node-c"].gpus[0]  # as if its GPU 0 were lost
+    await source.poll()
+    assert 'gpu="0"' not in source.queries[0][1]
+    source.latest["node-c"].gpus[0] = {}
+    source.polls = prom.STAMP_EVERY * 3
+    await source.poll()
+    assert 'gpu="0"' not in source.queries[0][1]
+    source.polls += 1
+    await source.poll()
+    assert 'gpu="0"' in source.queries[0][1]
 
 
 @contextlib.contextmanager
