@@ -770,7 +770,7 @@ def node_trouble(s: NodeSnapshot, xid_gpus: set[int]) -> list[str]:
 class Row:
     """What a column needs to draw one GPU's cells (``NodeList._gpu`` makes one per row)."""
 
-    __slots__ = ("dim", "g", "nodes", "plain", "s", "stale")
+    __slots__ = ("dim", "empty", "g", "nodes", "plain", "s", "stale")
 
     def __init__(self, nodes: NodeList, s: NodeSnapshot, g: GpuSample, dim: Style) -> None:
         self.nodes = nodes
@@ -779,6 +779,7 @@ class Row:
         self.dim = dim
         self.stale = s.state is not NodeState.LIVE
         self.plain = dim if self.stale else Style()  # a figure without a level
+        self.empty = nodes._style("nodelist--bar-empty")  # a bar's empty part
 
     def style(self, name: str) -> Style:
         """A component class's style, dim on a node that is not live."""
@@ -856,8 +857,7 @@ def _draw_util(r: Row, w: int, gap: str) -> list[Segment]:
     ul = r.style("nodelist--util")  # busy is healthy: never the alarm colour
     filled, rest = bar(None if g.util_gpu is None else g.util_gpu / 100, w - 5)
     pct = "-" if g.util_gpu is None else f"{g.util_gpu}%"
-    empty = r.nodes._style("nodelist--bar-empty")
-    return [Segment(filled, ul), Segment(rest, empty), Segment(f"{pct:>5}{gap}", ul)]
+    return [Segment(filled, ul), Segment(rest, r.empty), Segment(f"{pct:>5}{gap}", ul)]
 
 
 def _draw_mem(r: Row, w: int, gap: str) -> list[Segment]:
@@ -865,9 +865,8 @@ def _draw_mem(r: Row, w: int, gap: str) -> list[Segment]:
     mf = mem_fraction(g)
     ml = r.level(min(1, level(mf, 0.8, 0.95)))  # a full memory is no fault
     filled, rest = bar(mf, w - 9)
-    empty = r.nodes._style("nodelist--bar-empty")
     pair = fmt_gib_pair(g.mem_used, g.mem_total)
-    return [Segment(filled, ml), Segment(rest, empty), Segment(f"{pair:>9}{gap}", ml)]
+    return [Segment(filled, ml), Segment(rest, r.empty), Segment(f"{pair:>9}{gap}", ml)]
 
 
 def _draw_temp(r: Row, w: int, gap: str) -> list[Segment]:
