@@ -33,11 +33,15 @@ def screen_word(m: Metric) -> str:
 
 
 # The heatmap's metrics (the registry's "heatmap" flag, in its order: ``m`` cycles them), and
-# their names for people: the four first ones' short words, the others' registry description.
+# their names for people: the four first ones' short words, the others' registry description
+# without its aside ("video encoder utilization", "PCIe transmit throughput": the legend and the
+# status line have an 80-column terminal to share).
 METRICS = tuple(screen_word(m) for m in flagged("heatmap"))
 HEATMAP_METRICS = {screen_word(m): m for m in flagged("heatmap")}
 _TITLES = {"util": "utilization", "mem": "memory", "temp": "temperature", "power": "power"}
-METRIC_TITLES = {w: _TITLES.get(w, m.what) for w, m in HEATMAP_METRICS.items()}
+METRIC_TITLES = {
+    w: _TITLES.get(w, re.sub(r"\s*\([^)]*\)", "", m.what)) for w, m in HEATMAP_METRICS.items()
+}
 
 
 def short_model(name: str | None) -> str:

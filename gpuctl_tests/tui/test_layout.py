@@ -119,7 +119,7 @@ async def test_a_node_of_several_models_tags_each_gpu_when_the_model_column_is_g
         assert a100[5:11] == "A100  ", a100  # every node tagged alike, under the same title
         util = titles.index("UTIL")  # the figures stay under their titles
         assert all(r[util : util + 5].strip().endswith("%") for r in rows) or width >= 90, rows
-        assert "4 GPUs: 2× H100 · 2× 4090" in head_text(app, "gpu-m04")
+        assert "  2× H100 · 2× 4090  util" in head_text(app, "gpu-m04")
         assert "2× A100" in head_text(app, "gpu-b02")
         await pilot.resize_terminal(120, 30)  # wide enough for the model column: no tags
         await pilot.pause()

@@ -551,9 +551,10 @@ class NodeList(ScrollView, can_focus=True):
             models = {st.name for st in info.gpus} if info is not None else set()
             if info is not None and len(models) == 1 and len(info.gpus) == len(s.gpus):
                 gpus = f"{t.gpus}× {node_str(short_model(models.pop()), limit=TEXT_LIMIT)}"
-            elif info is not None and len(models) > 1:  # "8 GPUs: 6× H100 · 2× 4090"
+            elif info is not None and len(models) > 1 and len(info.gpus) == len(s.gpus):
+                # "6× H100 · 2× 4090": the tags narrow rows show (80 columns keep the power)
                 tags = models_text({st.index: st.name for st in info.gpus})
-                gpus = f"{counted(t.gpus, 'GPU')}: {node_str(tags, limit=TEXT_LIMIT)}"
+                gpus = node_str(tags, limit=TEXT_LIMIT)
             else:
                 gpus = counted(t.gpus, "GPU")
             segs.append(Segment(f"  {gpus}  util {util}  {fmt_power(t.power)}", header))
