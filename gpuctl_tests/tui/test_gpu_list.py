@@ -17,6 +17,7 @@ from gpuctl.tui.widgets.overview import (
     NodeList,
     column_titles,
     columns_at,
+    compact_columns_at,
     gpu_bars,
     list_title,
 )
@@ -166,6 +167,8 @@ def test_column_titles_line_up_with_the_rows() -> None:
         assert line.index("TEMP") + 4 == temp_end, width
     compact = column_titles(80, None, compact=True, per_gpu=8)  # nodes of 8 GPUs
     assert compact.index("STATE") == 14 and compact.index("TROUBLE") <= 67
+    cells = compact_columns_at(8)  # the compact line's columns: the title after the last cell
+    assert compact.index("TROUBLE") == sum(c.width + len(c.gap) for c in cells[:-1])
     assert gpu_bars([GpuSample(0, 0.0, util_gpu=0), GpuSample(1, 0.0, state="lost")]) == "▁✕"
 
 

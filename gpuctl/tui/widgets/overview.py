@@ -37,6 +37,7 @@ from gpuctl.tui.text import node_str
 from gpuctl.tui.view import (
     SPARK_CHARS,
     TAG_W,
+    NodeTotals,
     bar,
     down_text,
     fmt_gib_pair,
@@ -600,52 +601,19 @@ class NodeList(ScrollView, can_focus=True):
 
     def _compact(self, s: NodeSnapshot) -> list[Segment]:
         """A whole node on one line (``COMPACT_COLUMNS``): state, GPU count, mean utilization
-        and one bar per GPU, memory, hottest GPU, power, and its trouble counted."""
-        st = self._style
-        dim = st("nodelist--dim")
-        state_cls = STATE_CLASSES[s.state]
-        word = {"live": "● live", "stale": "◐ stale", "unreachable": "✖ down"}.get(
-            s.state.value, "○ …"
-        )
-        name = node_str(s.name, limit=TEXT_LIMIT)
-        segs = [
-            Segment(f" {name[:NAME_W]:<{NAME_W}} ", st("nodelist--name")),
-            Segment(f"{word:<8}", st(state_cls)),
-        ]
-        if s.state not in (NodeState.LIVE, NodeState.STALE):
-            why = self._shown_state(s)
-            return [*segs, Segment(node_str(why, limit=TEXT_LIMIT), st(state_cls))]
-        if not s.gpus:
-            return [*segs, Segment(self._msg_text(s), dim)]
-        stale = s.state is not NodeState.LIVE
-        t = self.store.node_totals(s.name)
-        mean = t.util_sum / t.util_n if t.util_n else None
-        util = "-" if mean is None else f"{mean:.0f}%"
-        per_gpu = gpu_bars(s.gpus[: self.per_gpu_w]).ljust(self.per_gpu_w)
-        used = sum(g.mem_used for g in s.gpus if g.mem_used is not None and not g.lost)
-        total = sum(g.mem_total for g in s.gpus if g.mem_total is not None and not g.lost)
-        temps = [g.temp for g in s.gpus if g.temp is not None and not g.lost]
-        hot = max(temps) if temps else None
-
-        def lvl(n: int) -> Style:
-            return dim if stale else st(LEVEL_CLASSES[n])
-
-        segs += [
-            Segment(f"{t.gpus:>4} ", dim),
-            Segment(f"{util:>5} ", dim if stale else st("nodelist--util")),
-            Segment(f"{per_gpu} ", dim if stale else st("nodelist--spark")),
-            Segment(f"{fmt_gib_pair(used, total):>9} ", dim if stale else Style()),
-            Segment(f"{'-' if hot is None else f'{hot}°C':>6} ", lvl(level(hot, 75, 85))),
-            Segment(f"{fmt_power(t.power):>7} ", dim if stale else Style()),
-        ]
-        trouble = node_trouble(s, self.store.xid_gpus(s.name))
-        burning = sum(1 for g in s.gpus if self.store.is_burning(s, g.index))
-        if burning:
-            trouble.append(f"BURN×{burning}")
-        for item in trouble:
-            badge = item.partition("×")[0]
-            cls = "nodelist--burn" if badge == "BURN" else BADGE_CLASSES.get(badge, "nodelist--dim")
-            segs += [Segment(item, st(cls)), Segment(" ")]
+        and one bar per GPU, memory, hottest GPU, power, and its trouble counted; a down node
+        says why after its state, a node without GPUs its message."""
+        line = NodeLine(self, s)
+        segs: list[Segment] = []
+        for cell in compact_columns_at(self.per_gpu_w):
+            if cell.column.reading and s.state not in LIVE_OR_STALE:
+                state = self._style(STATE_CLASSES[s.state])
+                segs.append(Segment(node_str(self._shown_state(s), limit=TEXT_LIMIT), state))
+                break
+            if cell.column.reading and not s.gpus:
+                segs.append(Segment(self._msg_text(s), line.dim))
+                break
+            segs += cell.column.draw(line, cell.width, cell.gap)
         return segs
 
     def _msg_text(self, s: NodeSnapshot) -> str:
@@ -793,8 +761,9 @@ class Row:
         return self.style(LEVEL_CLASSES[n])
 
 
-# (row, cells, gap) -> the column's segments: ``cells`` wide, then the gap's spaces
-Draw = Callable[[Row, int, str], list[Segment]]
+# (row, cells, gap) -> the column's segments: ``cells`` wide, then the gap's spaces. The row is
+# a ``Row`` (a GPU's line: ``COLUMNS``) or a ``NodeLine`` (a node's compact line).
+Draw = Callable[[Any, int, str], list[Segment]]
 # (list width, whether a shown node has GPUs of several models) -> cells; 0: not shown
 Cells = Callable[[int, bool], int]
 
@@ -814,9 +783,10 @@ def from_width(*steps: tuple[int, int]) -> Cells:
 
 class Column(NamedTuple):
     """One column of the GPU list: its title, from which width and how wide it shows, how it
-    draws a GPU's value, and the sort its title marks. ``COLUMNS`` holds them in their order;
-    the rows (``NodeList._gpu``) and the titles (``column_titles``) are both drawn from it, so
-    a column is added or moved in one place, and a title cannot drift from its figures.
+    draws a GPU's value, and the sort its title marks. ``COLUMNS`` holds them in their order
+    (``COMPACT_COLUMNS`` the compact list's, a node a line); the rows (``NodeList._gpu``,
+    ``_compact``) and the titles (``column_titles``) are both drawn from it, so a column is
+    added or moved in one place, and a title cannot drift from its figures.
 
     Narrow, the model goes first (the same on every row of a node and in its header; a node of
     several models keeps a short tag), then the bars, sparkline and SM clock, so that badges,
@@ -835,7 +805,8 @@ class Column(NamedTuple):
     gap: int = 2  # spaces after the cells
     sort: str | None = None  # the sort's column word (``gpusort.SORTS``) that marks the title
     reading: bool = True  # shows a reading: a lost GPU's row says LOST from the first such
-    rest: str = ""  # the last column: title words after the mark; it takes the rest of the line
+    # the last column (not None): it takes the rest of the line; its title words after the mark
+    rest: str | None = None
 
 
 class Cell(NamedTuple):
@@ -1015,42 +986,144 @@ def columns_at(width: int, mixed: bool = False) -> tuple[Cell, ...]:
     out = []
     for c in COLUMNS:
         n = c.cells(width, mixed)
-        if n or c.rest:
+        if n or c.rest is not None:
             out.append(Cell(c, n, " " * c.gap))
     return tuple(out)
+
+
+class NodeLine:
+    """What a compact column needs to draw a node's cells (``NodeList._compact``)."""
+
+    __slots__ = ("dim", "nodes", "plain", "s", "stale")
+
+    def __init__(self, nodes: NodeList, s: NodeSnapshot) -> None:
+        self.nodes = nodes
+        self.s = s
+        self.dim = nodes._style("nodelist--dim")
+        self.stale = s.state is not NodeState.LIVE
+        self.plain = self.dim if self.stale else PLAIN
+
+    def style(self, name: str) -> Style:
+        return self.dim if self.stale else self.nodes._style(name)
+
+    def totals(self) -> NodeTotals:
+        return self.nodes.store.node_totals(self.s.name)
+
+
+def _draw_node(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    name = node_str(r.s.name, limit=TEXT_LIMIT)
+    return [Segment(f" {name[: w - 1]:<{w - 1}}{gap}", r.nodes._style("nodelist--name"))]
+
+
+def _draw_state(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    word = {"live": "● live", "stale": "◐ stale", "unreachable": "✖ down"}.get(
+        r.s.state.value, "○ …"
+    )
+    return [Segment(f"{word:<{w}}{gap}", r.nodes._style(STATE_CLASSES[r.s.state]))]
+
+
+def _draw_gpus(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    return [Segment(f"{r.totals().gpus:>{w}}{gap}", r.dim)]
+
+
+def _draw_mean_util(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    t = r.totals()
+    util = f"{t.util_sum / t.util_n:.0f}%" if t.util_n else "-"
+    return [Segment(f"{util:>{w}}{gap}", r.style("nodelist--util"))]
+
+
+def _draw_per_gpu(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    return [Segment(f"{gpu_bars(r.s.gpus[:w]):<{w}}{gap}", r.style("nodelist--spark"))]
+
+
+def _draw_node_mem(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    gpus = r.s.gpus
+    used = sum(g.mem_used for g in gpus if g.mem_used is not None and not g.lost)
+    total = sum(g.mem_total for g in gpus if g.mem_total is not None and not g.lost)
+    return [Segment(f"{fmt_gib_pair(used, total):>{w}}{gap}", r.plain)]
+
+
+def _draw_hottest(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    temps = [g.temp for g in r.s.gpus if g.temp is not None and not g.lost]
+    hot = max(temps) if temps else None
+    text = "-" if hot is None else f"{hot}°C"
+    return [Segment(f"{text:>{w}}{gap}", r.style(LEVEL_CLASSES[level(hot, 75, 85)]))]
+
+
+def _draw_node_power(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    return [Segment(f"{fmt_power(r.totals().power):>{w}}{gap}", r.plain)]
+
+
+def _draw_node_trouble(r: NodeLine, _w: int, _gap: str) -> list[Segment]:
+    nodes, s = r.nodes, r.s
+    trouble = node_trouble(s, nodes.store.xid_gpus(s.name))
+    burning = sum(1 for g in s.gpus if nodes.store.is_burning(s, g.index))
+    if burning:
+        trouble.append(f"BURN×{burning}")
+    segs = []
+    for item in trouble:
+        badge = item.partition("×")[0]
+        cls = "nodelist--burn" if badge == "BURN" else BADGE_CLASSES.get(badge, "nodelist--dim")
+        segs += [Segment(item, nodes._style(cls)), Segment(" ")]
+    return segs
+
+
+def _fixed(cells: int) -> Cells:
+    return from_width((0, cells))
+
+
+# The compact list's columns (``v``: a node a line), left to right; "per_gpu" is as wide as
+# ``NodeList.per_gpu_w`` (the most GPUs a node has, up to ``PER_GPU_W``).
+COMPACT_COLUMNS: tuple[Column, ...] = (
+    Column("node", " NODE", _fixed(NAME_W + 1), _draw_node, "<", gap=1, reading=False),
+    Column("state", "STATE", _fixed(8), _draw_state, "<", gap=0, reading=False),
+    Column("gpus", "GPUS", _fixed(4), _draw_gpus, gap=1),
+    Column("util", "UTIL", _fixed(5), _draw_mean_util, gap=1, sort="util"),
+    Column("per_gpu", "PER GPU", _fixed(PER_GPU_W), _draw_per_gpu, "<", gap=1),
+    Column("mem", "MEMORY", _fixed(9), _draw_node_mem, gap=1, sort="mem"),
+    Column("temp", "MAX°C", _fixed(6), _draw_hottest, gap=1, sort="temp"),
+    Column("power", "POWER", _fixed(7), _draw_node_power, gap=1, sort="power"),
+    Column("flags", "TROUBLE", from_width(), _draw_node_trouble, sort="flags", rest=""),
+)
+
+
+@functools.lru_cache(maxsize=64)
+def compact_columns_at(per_gpu: int) -> tuple[Cell, ...]:
+    """``COMPACT_COLUMNS`` with their cells, the per-GPU bars ``per_gpu`` wide."""
+    return tuple(
+        Cell(c, per_gpu if c.key == "per_gpu" else c.cells(0, False), " " * c.gap)
+        for c in COMPACT_COLUMNS
+    )
+
+
+def _titles(cells: tuple[Cell, ...], mark: dict[str, str]) -> str:
+    """Each column's title over its cells (``Column``'s ``align``); a title wider than its
+    cells (a sort's mark) takes its gap's first cells, never the next column's."""
+    out = []
+    for cell in cells:
+        c, w = cell.column, cell.width
+        title = c.title + mark.get(c.sort, "") if c.sort else c.title
+        if c.rest is not None:
+            out.append(title + c.rest)
+            break
+        left = c.align == "<" or (c.align == "bar" and w > c.figure)
+        text = f"{title:<{w}}" if left else f"{title:>{w}}"
+        out.append(text + " " * max(min(1, c.gap), w + c.gap - len(text)))
+    return "".join(out)
 
 
 def column_titles(
     width: int, sort: str | None, compact: bool, per_gpu: int = PER_GPU_W, mixed: bool = False
 ) -> str:
     """The titles above the GPU list, from the columns its rows draw (``columns_at``; compact:
-    ``NodeList._compact``), the sorted column marked with its direction. A title never moves
-    the next column: a marked title wider than its cells takes its gap's first cell."""
+    ``compact_columns_at``), the sorted column marked with its direction."""
     mark = {}
     if sort is not None:
         _, _, column, descending = SORT_BY_KEY[sort]
         mark[column] = "↓" if descending else "↑"
-
-    def t(title: str, column: str) -> str:
-        return title + mark.get(column, "")
-
     if compact:
-        return (
-            f" {'NODE':<{NAME_W}} {'STATE':<8}{'GPUS':>4} {t('UTIL', 'util'):>5} "
-            f"{'PER GPU':<{per_gpu}} {t('MEMORY', 'mem'):>9} {t('MAX°C', 'temp'):>6} "
-            f"{t('POWER', 'power'):>7} {t('TROUBLE', 'flags')}"
-        )
-    out = []
-    for cell in columns_at(width, mixed):
-        c, w = cell.column, cell.width
-        title = t(c.title, c.sort) if c.sort else c.title
-        if c.rest:
-            out.append(title + c.rest)
-            break
-        left = c.align == "<" or (c.align == "bar" and w > c.figure)
-        text = f"{title:<{w}}" if left else f"{title:>{w}}"
-        out.append(text + " " * max(1, w + c.gap - len(text)))
-    return "".join(out)
+        return _titles(compact_columns_at(per_gpu), mark)
+    return _titles(columns_at(width, mixed), mark)
 
 
 class GpuColumns(Widget):
