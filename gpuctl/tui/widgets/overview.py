@@ -401,8 +401,9 @@ class NodeList(ScrollView, can_focus=True):
             )
 
     def action_sort(self) -> None:
-        """The next order of the GPU list (trouble first, hottest, busiest, most idle, most
-        memory, most power, then the fleet's own); the view starts at its top."""
+        """The next order of the GPU list (``gpusort.SORTS``: trouble first, hottest, busiest,
+        most idle, most memory, most power, the registry's other "sort" metrics, then the
+        fleet's own); the view starts at its top."""
         self.sort = next_sort(self.sort)
         self._resort()
         self.rebuild()
