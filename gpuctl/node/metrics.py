@@ -21,15 +21,19 @@ Adding a metric: a row here, its read in ``readers/nvml.py`` (and the stand-in l
 function in ``gpuctl_tests/node/nvml_stub``) and ``readers/sim.py`` (``readers/smi.py`` takes
 ``smi`` and the unit from here), the field in ``core/model.py``'s ``GpuSample`` (the decode stays
 a msgspec Struct: a test holds its fields, types and bounds equal to these rows), and the
-README's table regenerated; with "plot", its line in ``tui/screens/detail.py``'s ``PLOTS``, with
-"sort", its entry in ``tui/gpusort.py`` (tests say so). Everything else follows from the flags:
+README's table regenerated; with "plot", its line in ``tui/screens/detail.py``'s ``PLOTS`` (a
+test says so); with "heatmap", its ``heat`` scale. Everything else follows from the flags:
 NVENC/NVDEC took 5 product files (6 with the plot), where a metric took ~15 before.
 
 Flags of a row (``flags``):
-    list     a column of the GPU list where the width allows it (``tui/widgets/overview.py``)
+    list     a column of the GPU list where the width allows it (``tui/widgets/overview.py``'s
+             ``COLUMNS``: in this order, from 190 columns unless placed there)
     filter   a threshold word of the ``/`` filter (``name``, in ``shown`` units)
-    sort     a sort of the GPU list (``o``)
-    heatmap  a metric of the heatmap (``m``), as a fraction of ``hi`` (util: of 100 %)
+    sort     a sort of the GPU list (``o``: ``tui/gpusort.py``'s ``SORTS``, largest first)
+    heatmap  a metric of the heatmap (``m``): the share of the reading it is ``PAIRED`` with
+             (memory of its total, power of its limit), else its place on ``heat``, a scale in
+             the shown unit (temperature 30..90 C, PCIe 0..64 GB/s: PCIe 5.0 x16's one
+             direction, the fastest link a GPU has; utilizations 0..100 %)
     plot     a plot of the detail screen (from the history column)
     csv      a column of ``replay --export-csv`` (named ``key``)
     status   a column of ``gpuctl status``
@@ -59,6 +63,8 @@ Metric = NamedTuple("Metric", [
     ("digits", int),   # decimals of the shown figure
     ("history", Optional[str]),  # array typecode of its history column (None: no history)
     ("flags", FrozenSet[str]),  # list, filter, sort, heatmap, plot, csv, status (docstring)
+    # the heatmap's scale in the shown unit, (coldest, hottest) (None: a PAIRED share or no map)
+    ("heat", Optional[Tuple[float, float]]),
 ])
 
 MIB = 1 << 20
@@ -66,28 +72,34 @@ GIB = 1 << 30
 _ALL = frozenset(("list", "filter", "sort", "heatmap", "plot", "csv", "status"))
 
 
+# A reading shown with the one it is a part of, "used/total" (status: "12.3G/80.0G", "300W/700W"),
+# and drawn on the heatmap as its share of it.
+PAIRED = {"mem_used": "mem_total", "power": "power_limit"}
+
 # Samples between two reads of a ``slow`` reading (each GPU's, spread over them by the reader):
 # PCIe throughput costs 21 ms wall and 0.9 ms of CPU a counter on an H100 (the call measures a
 # 20 ms window): every 10th sample it was 0.18 ms per GPU-sample on average, every 60th 0.03.
 SLOW_READ_EVERY = 60
 
 def _m(key, name, title, what, unit, lo, hi, nvml, smi, dcgm, dcgm_scale=1.0, shown=None,
-       scale=1.0, digits=0, history=None, flags=(), slow=False):
-    # type: (str, str, str, str, str, Optional[int], Optional[int], str, Sequence[str], Optional[str], float, Optional[str], float, int, Optional[str], Sequence[str], bool) -> Metric  # noqa: E501
+       scale=1.0, digits=0, history=None, flags=(), slow=False, heat=None):
+    # type: (str, str, str, str, str, Optional[int], Optional[int], str, Sequence[str], Optional[str], float, Optional[str], float, int, Optional[str], Sequence[str], bool, Optional[Tuple[float, float]]) -> Metric  # noqa: E501
     bad = set(flags) - _ALL
     if bad:
         raise ValueError("metric %s: unknown flags %s" % (key, sorted(bad)))
     kind = "str" if unit == "" else "float" if unit == "W" else "int"
+    if "heatmap" in flags and heat is None and key not in PAIRED:
+        raise ValueError("metric %s: a heatmap metric needs its heat scale" % key)
     return Metric(key, name, title, what, unit, kind, lo, hi, nvml, tuple(smi), slow, dcgm,
                   dcgm_scale, unit if shown is None else shown, scale, digits, history,
-                  frozenset(flags))
+                  frozenset(flags), heat)
 
 
 # In the order of the wire, the CSV and status. Percent readings are whole numbers.
 METRICS = (
     _m("util_gpu", "util", "UTIL", "GPU utilization", "%", None, None,
        "nvmlDeviceGetUtilizationRates().gpu", ("utilization.gpu",),
-       "DCGM_FI_DEV_GPU_UTIL", history="B",
+       "DCGM_FI_DEV_GPU_UTIL", history="B", heat=(0, 100),
        flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
     _m("util_mem", "util_mem", "MEM UTIL", "memory (copy) utilization", "%", None, None,
        "nvmlDeviceGetUtilizationRates().memory", ("utilization.memory",),
@@ -102,7 +114,7 @@ METRICS = (
        flags=("csv",)),
     _m("temp", "temp", "TEMP", "GPU temperature", "C", None, None,
        "nvmlDeviceGetTemperature(TEMPERATURE_GPU)", ("temperature.gpu",),
-       "DCGM_FI_DEV_GPU_TEMP", history="B",
+       "DCGM_FI_DEV_GPU_TEMP", history="B", heat=(30, 90),
        flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
     _m("power", "power", "POWER", "power draw", "W", None, None,
        "nvmlDeviceGetPowerUsage() / 1000", ("power.draw",),
@@ -126,27 +138,29 @@ METRICS = (
        "DCGM_FI_DEV_PSTATE", flags=("list", "csv")),
     _m("enc", "enc", "ENC", "video encoder (NVENC) utilization", "%", 0, 100,
        "nvmlDeviceGetEncoderUtilization()[0]", ("utilization.encoder",),
-       "DCGM_FI_DEV_ENC_UTIL", history="B", flags=("list", "filter", "plot", "csv", "status")),
+       "DCGM_FI_DEV_ENC_UTIL", history="B", heat=(0, 100),
+       flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
     _m("dec", "dec", "DEC", "video decoder (NVDEC) utilization", "%", 0, 100,
        "nvmlDeviceGetDecoderUtilization()[0]", ("utilization.decoder",),
-       "DCGM_FI_DEV_DEC_UTIL", history="B", flags=("list", "filter", "plot", "csv", "status")),
+       "DCGM_FI_DEV_DEC_UTIL", history="B", heat=(0, 100),
+       flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status")),
     # NVML measures PCIe throughput over a 20 ms window inside the call: read it slowly.
     _m("pcie_tx", "pcie_tx", "PCIe TX", "PCIe transmit throughput (GPU to host)", "bytes/s",
        0, 10 ** 13, "nvmlDeviceGetPcieThroughput(PCIE_UTIL_TX_BYTES) * 1024 (KB/s)", (),
        "DCGM_FI_PROF_PCIE_TX_BYTES", shown="GB/s", scale=1e-9, digits=1, history="f",
-       flags=("list", "filter", "plot", "csv", "status"), slow=True),
+       flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status"), slow=True,
+       heat=(0, 64)),
     _m("pcie_rx", "pcie_rx", "PCIe RX", "PCIe receive throughput (host to GPU)", "bytes/s",
        0, 10 ** 13, "nvmlDeviceGetPcieThroughput(PCIE_UTIL_RX_BYTES) * 1024 (KB/s)", (),
        "DCGM_FI_PROF_PCIE_RX_BYTES", shown="GB/s", scale=1e-9, digits=1, history="f",
-       flags=("list", "filter", "plot", "csv", "status"), slow=True),
+       flags=("list", "filter", "sort", "heatmap", "plot", "csv", "status"), slow=True,
+       heat=(0, 64)),
 )
 
 BY_KEY = dict((m.key, m) for m in METRICS)  # type: Dict[str, Metric]
 BY_NAME = dict((m.name, m) for m in METRICS)  # type: Dict[str, Metric]
 # A name shown as a share of another reading, in %: the screen's "mem" is mem_used of mem_total.
 PERCENT_OF = {"mem": ("mem_used", "mem_total")}
-# A reading shown with the one it is a part of, "used/total" (status: "12.3G/80.0G", "300W/700W").
-PAIRED = {"mem_used": "mem_total", "power": "power_limit"}
 
 # The wire's GPU dict: who it is, then the readings above, then the structured fields.
 IDENTITY_FIELDS = ("index", "uuid", "state")

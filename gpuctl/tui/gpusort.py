@@ -12,17 +12,32 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
-from gpuctl.tui.view import NO_TROUBLE, TROUBLE, gpu_trouble, node_is_down
+from gpuctl.node.metrics import Metric, flagged
+from gpuctl.tui.view import NO_TROUBLE, TROUBLE, gpu_trouble, node_is_down, screen_word
 from gpuctl.tui.view import _gpu_metric as gpu_metric
 
-# key, title shown in the column header and the notification, the column it sorts, descending
-SORTS: tuple[tuple[str, str, str, bool], ...] = (
+Sort = tuple[str, str, str, bool]  # key, title (the notification), the column it sorts, descending
+
+# The registry's metrics that have their own words: temperature first (the most asked of a
+# cluster), utilization both ways. Any other "sort" metric is "highest TITLE", largest first.
+_WORDS: dict[str, tuple[Sort, ...]] = {
+    "temp": (("hot", "hottest", "temp", True),),
+    "util_gpu": (("busy", "busiest", "util", True), ("idle", "most idle", "util", False)),
+    "mem_used": (("mem", "most memory", "mem", True),),
+    "power": (("power", "most power", "power", True),),
+}
+
+
+def _sorts(m: Metric) -> tuple[Sort, ...]:
+    word = screen_word(m)
+    return _WORDS.get(m.key, ((word, f"highest {m.title}", word, True),))
+
+
+# ``o`` cycles these: trouble first, then the metric registry's "sort" metrics (temperature
+# first, then in the registry's order), then the fleet's own order.
+SORTS: tuple[Sort, ...] = (
     ("trouble", "trouble first", "flags", True),
-    ("hot", "hottest", "temp", True),
-    ("busy", "busiest", "util", True),
-    ("idle", "most idle", "util", False),
-    ("mem", "most memory", "mem", True),
-    ("power", "most power", "power", True),
+    *(s for m in sorted(flagged("sort"), key=lambda m: m.key != "temp") for s in _sorts(m)),
 )
 SORT_BY_KEY = {s[0]: s for s in SORTS}
 DOWN_RANK = TROUBLE.index("down")

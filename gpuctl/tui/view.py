@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuctl.core.format import GIB, QUIET_THROTTLE, fmt_age, gpu_badge_names, gpu_flags
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
-from gpuctl.node.metrics import BY_NAME, PERCENT_OF, Metric, flagged
+from gpuctl.node.metrics import BY_NAME, PAIRED, PERCENT_OF, Metric, flagged
 
 SPARK_CHARS = " ▁▂▃▄▅▆▇█"
 BAR_FULL = "█"
@@ -32,9 +32,16 @@ def screen_word(m: Metric) -> str:
     return word
 
 
-# The heatmap's metrics (the registry's "heatmap" flag), with their title for people.
+# The heatmap's metrics (the registry's "heatmap" flag, in its order: ``m`` cycles them), and
+# their names for people: the four first ones' short words, the others' registry description
+# without its aside ("video encoder utilization", "PCIe transmit throughput": the legend and the
+# status line have an 80-column terminal to share).
 METRICS = tuple(screen_word(m) for m in flagged("heatmap"))
-METRIC_TITLES = {"util": "utilization", "mem": "memory", "temp": "temperature", "power": "power"}
+HEATMAP_METRICS = {screen_word(m): m for m in flagged("heatmap")}
+_TITLES = {"util": "utilization", "mem": "memory", "temp": "temperature", "power": "power"}
+METRIC_TITLES = {
+    w: _TITLES.get(w, re.sub(r"\s*\([^)]*\)", "", m.what)) for w, m in HEATMAP_METRICS.items()
+}
 
 
 def short_model(name: str | None) -> str:
@@ -45,6 +52,47 @@ def short_model(name: str | None) -> str:
         if name.startswith(prefix):
             return name[len(prefix) :]
     return name
+
+
+TAG_W = 6  # cells of a model tag (``model_tags``): "H100", "A6000", "4090", "L40S"
+_TOKENS = re.compile(r"[^\s-]+")
+
+
+def model_tags(models: Mapping[int, str | None]) -> dict[int, str]:
+    """Short tags that tell a node's GPU models apart (GPU index -> tag), for a list too narrow
+    for the model column (issue 26: a node of several models looked alike below 110 columns).
+
+    A model's tag is its first word with a digit ("H100 80GB HBM3": H100, "RTX 4090": 4090,
+    "A100-SXM4-80GB": A100); where two of the node's models share that, each of them takes a word
+    the node's other models lack, one with a digit first ("A100-SXM4-80GB" and "-40GB": 80GB,
+    40GB; "H100" and "H100 PCIe": H100, PCIe)."""
+    names = {i: short_model(n) for i, n in models.items()}
+    distinct = sorted(set(names.values()))
+    words = {n: _TOKENS.findall(n) or [n] for n in distinct}
+    tag = {
+        n: next((w for w in ws if any(c.isdigit() for c in w)), ws[0]) for n, ws in words.items()
+    }
+    first = dict(tag)
+    for n, ws in words.items():
+        if sum(t == first[n] for t in first.values()) > 1:  # shared: a word only it has
+            others = {w for o, ows in words.items() if o != n for w in ows}
+            own = [w for w in ws if w not in others]
+            tag[n] = next(
+                (w for w in own if any(c.isdigit() for c in w)), own[0] if own else tag[n]
+            )
+    return {i: tag[n][:TAG_W] for i, n in names.items()}
+
+
+def _has_digit(word: str) -> bool:
+    return any(c.isdigit() for c in word)
+
+
+def models_text(models: Mapping[int, str | None]) -> str:
+    """A node's models for its header, counted by tag: "6× H100 · 2× 4090"."""
+    counts: dict[str, int] = {}
+    for tag in model_tags(models).values():
+        counts[tag] = counts.get(tag, 0) + 1
+    return " · ".join(f"{n}× {tag}" for tag, n in counts.items())
 
 
 def bar(fraction: float | None, width: int) -> tuple[str, str]:
@@ -91,22 +139,33 @@ def power_fraction(g: GpuSample) -> float | None:
 
 
 def metric_fraction(g: GpuSample, metric: str) -> float | None:
-    """A metric as 0..1 for the heatmap (temperature between 30 and 90 °C)."""
+    """A heatmap metric (``METRICS``) as 0..1: the share of the reading it is paired with
+    (memory of its total, power of its limit), else its place on the registry's ``heat`` scale
+    (temperature between 30 and 90 °C, PCIe between 0 and 64 GB/s)."""
     if g.lost:
         return None
-    if metric == "util":
-        return None if g.util_gpu is None else g.util_gpu / 100.0
-    if metric == "mem":
-        return mem_fraction(g)
-    if metric == "temp":
-        return None if g.temp is None else (g.temp - 30.0) / 60.0
-    if metric == "power":
-        return power_fraction(g)
-    m = BY_NAME.get(metric)
-    if m is None or m.unit != "%":
+    m = HEATMAP_METRICS.get(metric)
+    if m is None:
         raise ValueError(f"unknown metric {metric!r}")
     v = getattr(g, m.key)
-    return None if v is None else v / 100.0
+    if v is None:
+        return None
+    total_key = PAIRED.get(m.key)
+    if total_key is not None:
+        total = getattr(g, total_key)
+        return v / total if total else None
+    lo, hi = m.heat or (0.0, 100.0)
+    return (float(v) * m.scale - lo) / (hi - lo)
+
+
+def heat_scale(metric: str) -> tuple[str, str]:
+    """The heatmap legend's two ends for ``metric``: "0%", "100% used"; "30°C", "90°C"."""
+    m = HEATMAP_METRICS[metric]
+    if m.key in PAIRED:
+        return "0%", "100% used" if m.key == "mem_used" else "100% of limit"
+    lo, hi = m.heat or (0.0, 100.0)
+    unit = "°C" if m.shown == "C" else m.shown
+    return f"{lo:g}{unit}", f"{hi:g}{unit}"
 
 
 def heat_level(fraction: float | None) -> int | None:

@@ -8,7 +8,14 @@ import pytest
 from textual.color import Color
 
 from gpuctl.core.model import GpuSample
-from gpuctl.tui.view import HEAT_LEVELS
+from gpuctl.node import metrics
+from gpuctl.tui.view import (
+    HEAT_LEVELS,
+    METRIC_TITLES,
+    heat_scale,
+    metric_fraction,
+    screen_word,
+)
 from gpuctl.tui.widgets.heatmap import CELL, HeatLegend, heat_mark
 from gpuctl_tests.tui.conftest import replay_app, settle
 
@@ -92,3 +99,49 @@ def test_power_cap_is_its_own_quiet_mark_and_slowdown_outranks_it() -> None:
     assert heat_mark(capped, **args) == ("P ", "minor")
     both = GpuSample(0, 0.0, util_gpu=100, throttle=("sw_power_cap", "hw_slowdown"))
     assert heat_mark(both, **args) == ("T ", "mark")
+
+
+async def test_m_cycles_every_heatmap_metric_of_the_registry(tmp_path: Path) -> None:
+    """``m`` goes through each metric the registry flags "heatmap" (NVENC, NVDEC and PCIe TX/RX
+    were missing: the cycle stopped at power), each with its scale in the legend and cells
+    coloured by it, then back to the list."""
+    words = [screen_word(m) for m in metrics.flagged("heatmap")]
+    assert {"enc", "dec", "pcie_tx", "pcie_rx"} <= set(words)
+    app = replay_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        legend = app.overview.query_one(HeatLegend)
+        seen = []
+        for word in words:
+            await pilot.press("m")
+            seen.append(app.overview.mode)
+            text = legend.render().plain
+            assert text.startswith(f" {METRIC_TITLES[word]} {heat_scale(word)[0]} "), text
+            status = str(app.overview.query_one("#heat-status").render())
+            assert METRIC_TITLES[word] in status, status
+        assert seen == words
+        assert legend.render().plain.startswith(" PCIe receive throughput 0GB/s ")
+        await pilot.press("m")
+        assert app.overview.mode == "list" and not legend.display
+
+
+def test_a_registry_metric_heats_on_its_scale() -> None:
+    """PCIe on 0..64 GB/s, the video engines on 0..100 %, temperature on 30..90 °C, memory and
+    power as their share of the total and the limit."""
+    g = GpuSample(
+        0,
+        0.0,
+        enc=25,
+        pcie_tx=32_000_000_000,
+        temp=60,
+        mem_used=20 << 30,
+        mem_total=80 << 30,
+        power=350.0,
+        power_limit=700.0,
+    )
+    fractions = {w: metric_fraction(g, w) for w in ("enc", "pcie_tx", "temp", "mem", "power")}
+    assert fractions == {"enc": 0.25, "pcie_tx": 0.5, "temp": 0.5, "mem": 0.25, "power": 0.5}
+    assert metric_fraction(g, "dec") is None and metric_fraction(g, "pcie_rx") is None
+    assert heat_scale("pcie_rx") == ("0GB/s", "64GB/s") and heat_scale("enc") == ("0%", "100%")
+    with pytest.raises(ValueError, match="unknown metric"):
+        metric_fraction(g, "fan")  # no heatmap metric

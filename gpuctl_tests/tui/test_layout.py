@@ -4,12 +4,19 @@ rows that grow on a wide terminal, and a narrow one that drops the repeated mode
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from textual.pilot import Pilot
 
-from gpuctl.tui.view import BAR_FULL
+from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
+from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.links import NodeLink
+from gpuctl.tui import GpuctlApp, make_app
+from gpuctl.tui.view import BAR_FULL, TAG_W, model_tags, models_text
 from gpuctl.tui.widgets.overview import GpuColumns
-from gpuctl_tests.tui.conftest import replay_app, settle
+from gpuctl_tests.helpers import until
+from gpuctl_tests.tui.conftest import NOW, SAMPLES, T0, T_LAST, replay_app, settle
 from gpuctl_tests.tui.test_usability import row_text
 
 
@@ -67,3 +74,89 @@ async def test_80_columns_drop_the_repeated_model_before_the_user(tmp_path: Path
         titles = str(app.overview.query_one(GpuColumns).render())
         assert "MODEL" not in titles and "UTIL" in titles
         assert "H100" in head_text(app, "gpu-a01")
+
+
+def mixed_app(tmp_path: Path, mixed: bool = True) -> GpuctlApp:
+    """A node of H100s and RTX 4090s (or, ``mixed`` False, of H100s only) beside an A100 node."""
+    spec = "2:H100,2:4090" if mixed else "4:H100"
+    links: dict[str, NodeLink] = {
+        "gpu-m04": ReplayLink(recorded_node("gpu-m04", spec, seed=5, t0=T0, samples=SAMPLES)),
+        "gpu-b02": ReplayLink(recorded_node("gpu-b02", "2:A100", seed=4, t0=T0, samples=SAMPLES)),
+    }
+    return make_app(Fleet(links, clock=lambda: NOW), clock=lambda: NOW, state_dir=tmp_path)
+
+
+async def shown(pilot: Pilot[Any]) -> None:
+    app = pilot.app
+    assert isinstance(app, GpuctlApp)
+    await until(
+        pilot,
+        lambda: (
+            all(s.last_sample_t == T_LAST for s in app.store.snaps.values())
+            and not app.store.pending
+            and not app._flush_scheduled
+            and sum(ln.kind == "gpu" for ln in app.overview.nodes.lines) == 6
+        ),
+        "both nodes' last samples on screen",
+    )
+
+
+@pytest.mark.parametrize("width", [80, 100])
+async def test_a_node_of_several_models_tags_each_gpu_when_the_model_column_is_gone(
+    tmp_path: Path, width: int
+) -> None:
+    """Below 110 columns a node's model is in its header only; a node of several models said
+    "4 GPUs" and its rows looked alike (issue 26). Its rows now carry a short tag under a MODEL
+    title, and its header counts the models."""
+    app = mixed_app(tmp_path)
+    async with app.run_test(size=(width, 30)) as pilot:
+        await shown(pilot)
+        titles = str(app.overview.query_one(GpuColumns).render())
+        assert titles.startswith("   # MODEL  "), titles
+        rows = [row_text(app, "gpu-m04", i) for i in range(4)]
+        assert [r[5:11] for r in rows] == ["H100  ", "H100  ", "4090  ", "4090  "], rows
+        a100 = row_text(app, "gpu-b02", 0)
+        assert a100[5:11] == "A100  ", a100  # every node tagged alike, under the same title
+        util = titles.index("UTIL")  # the figures stay under their titles
+        assert all(r[util : util + 5].strip().endswith("%") for r in rows) or width >= 90, rows
+        assert "  2× H100 · 2× 4090  util" in head_text(app, "gpu-m04")
+        assert "2× A100" in head_text(app, "gpu-b02")
+        await pilot.resize_terminal(120, 30)  # wide enough for the model column: no tags
+        await pilot.pause()
+        assert row_text(app, "gpu-m04", 2)[5:21] == "RTX 4090        "
+        assert "MODEL           UTIL" in str(app.overview.query_one(GpuColumns).render())
+
+
+async def test_a_fleet_of_one_model_per_node_has_no_tag_at_80_columns(tmp_path: Path) -> None:
+    app = mixed_app(tmp_path, mixed=False)
+    async with app.run_test(size=(80, 30)) as pilot:
+        await shown(pilot)
+        titles = str(app.overview.query_one(GpuColumns).render())
+        assert "MODEL" not in titles and titles.startswith("   #  UTIL")
+        assert "H100" not in row_text(app, "gpu-m04", 0)
+
+
+def test_model_tags_tell_a_nodes_models_apart() -> None:
+    assert model_tags({0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H100 80GB HBM3"}) == {
+        0: "H100",
+        1: "H100",
+    }
+    assert model_tags({0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA GeForce RTX 4090"}) == {
+        0: "H100",
+        1: "4090",
+    }
+    # one word in common: each takes a word the other lacks, a figure first
+    assert model_tags({0: "NVIDIA A100-SXM4-80GB", 1: "NVIDIA A100-SXM4-40GB"}) == {
+        0: "80GB",
+        1: "40GB",
+    }
+    assert model_tags({0: "NVIDIA H100", 1: "NVIDIA H100 PCIe", 2: None}) == {
+        0: "H100",
+        1: "PCIe",
+        2: "?",
+    }
+    assert model_tags({0: "NVIDIA RTX A6000", 1: "Tesla V100-SXM2-32GB"}) == {0: "A6000", 1: "V100"}
+    assert len(model_tags({0: "x" * 40, 1: "y" * 40})[0]) == TAG_W
+    assert (
+        models_text({0: "NVIDIA H100", 1: "NVIDIA L40S", 2: "NVIDIA H100"}) == "2× H100 · 1× L40S"
+    )

@@ -28,6 +28,7 @@ from gpuctl.tui.view import (
     POWER_CAP_REASONS,
     SLOWDOWN_REASONS,
     heat_level,
+    heat_scale,
     is_problem,
     metric_fraction,
     node_is_down,
@@ -297,12 +298,6 @@ MARKS: tuple[tuple[str, str], ...] = (
 )
 ALARMS = {"✕", "X", "E"}
 MINOR = {"P"}  # normal at full load: drawn quietly, never as an alarm
-SCALES = {
-    "util": ("0%", "100%"),
-    "mem": ("0%", "100% used"),
-    "temp": ("30°C", "90°C"),
-    "power": ("0%", "100% of limit"),
-}
 
 
 def heat_mark(
@@ -344,7 +339,7 @@ class HeatLegend(Widget):
             return Text("")
         heat = maps.first()
         st = heat.get_component_rich_style
-        low, high = SCALES.get(heat.metric, ("low", "high"))
+        low, high = heat_scale(heat.metric)
         line = Text(f" {METRIC_TITLES.get(heat.metric, heat.metric)} {low} ", end="")
         for i in range(HEAT_LEVELS):
             line.append(CELL, st(f"heatmap--heat-{i}"))

@@ -12,7 +12,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterable
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from rich.segment import Segment
 from rich.style import Style
@@ -25,7 +25,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from gpuctl.core.format import counted, fmt_age, host_text, reader_text
-from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
+from gpuctl.core.model import BurnState, GpuSample, NodeInfo, NodeSnapshot, NodeState
 from gpuctl.node import metrics
 from gpuctl.node.metrics import Metric, flagged
 from gpuctl.tui.fleet_store import FleetStore
@@ -36,6 +36,8 @@ from gpuctl.tui.procview import gpu_owners
 from gpuctl.tui.text import node_str
 from gpuctl.tui.view import (
     SPARK_CHARS,
+    TAG_W,
+    NodeTotals,
     bar,
     down_text,
     fmt_gib_pair,
@@ -44,8 +46,11 @@ from gpuctl.tui.view import (
     is_problem,
     level,
     mem_fraction,
+    model_tags,
+    models_text,
     node_is_down,
     power_fraction,
+    screen_word,
     short_model,
     sparkline,
 )
@@ -55,48 +60,6 @@ BAR_WIDTH = 8
 # A sorted list re-sorts this often (and on ``o`` or a filter): rows do not move under the
 # cursor with every sample, and between re-sorts no sample costs a sort.
 RESORT_S = 5.0
-
-
-class RowLayout(NamedTuple):
-    """What a GPU row holds at a width. Narrow, the model goes first (the same on every row of
-    a node and in its header), then the bars, sparkline and SM clock, so that badges, the Slurm
-    job, a burn and the owners stay on an 80-column terminal; wide, bars grow (at 200 columns
-    8-cell bars left ~45% of the screen empty) and the registry's other list columns come in
-    (``EXTRA_COLUMNS``: fan and P-state from 160 columns, the video engines and PCIe from 190)."""
-
-    model: int  # characters of the model name (0: no model column)
-    bar: int  # cells of the utilization and memory bars (0: none)
-    spark: int  # cells of the sparkline (0: none)
-    clock: bool
-    extras: tuple[Metric, ...] = ()  # the registry's list columns after the clock
-
-
-# The metric registry's list columns the row does not draw by hand (bars, temperature, power
-# and clock are): fan, P-state, NVENC, NVDEC, PCIe TX and RX, with the cells of their figures.
-_DRAWN = ("util_gpu", "mem_used", "temp", "power", "sm_clock")
-EXTRA_COLUMNS = tuple(m for m in flagged("list") if m.key not in _DRAWN)
-EXTRA_CELLS = {"%": 4, "": 3, "GB/s": 5}  # by shown unit: "100%", "P12", "123.4" (GB/s)
-_FAN_PSTATE = tuple(m for m in EXTRA_COLUMNS if m.key in ("fan", "pstate"))
-
-
-def extra_width(m: Metric) -> int:
-    """Cells of an extra column's figure (its title fits: titles are at most as wide)."""
-    return max(len(m.title), EXTRA_CELLS.get(m.shown, 6))
-
-
-def row_layout(width: int) -> RowLayout:
-    """The GPU row's layout for a list ``width`` cells wide."""
-    if width >= 190:
-        return RowLayout(15, 2 * BAR_WIDTH, SPARK_WIDTH, True, EXTRA_COLUMNS)
-    if width >= 160:
-        return RowLayout(15, 2 * BAR_WIDTH, SPARK_WIDTH, True, _FAN_PSTATE)
-    if width >= 140:
-        return RowLayout(15, BAR_WIDTH, SPARK_WIDTH, True)
-    if width >= 110:
-        return RowLayout(15, BAR_WIDTH, SPARK_WIDTH // 2 + 2, True)
-    if width >= 90:
-        return RowLayout(0, BAR_WIDTH, 0, False)
-    return RowLayout(0, 0, 0, False)
 
 
 # Narrower than this, a node's header takes two lines: its state and GPUs, then its host's
@@ -191,6 +154,9 @@ class NodeList(ScrollView, can_focus=True):
         self._down_shown: dict[str, str] = {}  # a down node's state words as last painted
         self.node_order: list[str] = []  # the nodes in the order shown
         self.per_gpu_w = PER_GPU_W  # compact: the width of the per-GPU bars
+        # A shown node has GPUs of several models: narrow rows tag each GPU's (``columns_at``)
+        self.mixed = False
+        self._tags: dict[str, tuple[NodeInfo | None, tuple[bool, dict[int, str]]]] = {}
         # A sort holds still between re-sorts: the order of the nodes and of each one's GPUs
         # (positions in its ``gpus``) when last sorted, and when that was (monotonic).
         self.resort_s = RESORT_S
@@ -261,12 +227,14 @@ class NodeList(ScrollView, can_focus=True):
         self.node_order = self._order()
         most = max((len(self.store.snaps[n].gpus) for n in self.node_order), default=0)
         self.per_gpu_w = max(len("PER GPU"), min(PER_GPU_W, most))
+        mixed = False
         for name in self.node_order:
             rows = self._block_rows(name)
             blocks[name] = (len(lines), rows)
             if rows is None:
                 continue
             snap = self.store.snaps[name]
+            mixed = mixed or self.model_tags(snap)[0]
             if self.compact:
                 lines.append(Line("node", name, None))
                 continue
@@ -284,6 +252,10 @@ class NodeList(ScrollView, can_focus=True):
         self.lines = lines
         self.blocks = blocks
         self.head2 = head2
+        if mixed != self.mixed:
+            self.mixed = mixed
+            if self.is_mounted:
+                self._columns_changed()  # the model tag's title comes or goes
         self.virtual_size = Size(self.size.width, len(lines))
         self._place_cursor()
         self.refresh()
@@ -304,6 +276,10 @@ class NodeList(ScrollView, can_focus=True):
                 return
             if (name in self.head2) != (old[1] is not None and self._two_line_head(name, narrow)):
                 self.rebuild()
+                return
+            snap = self.store.snaps[name]
+            if not self.mixed and old[1] is not None and self.model_tags(snap)[0]:
+                self.rebuild()  # the first node of several models: narrow rows tag GPUs
                 return
         top = int(self.scroll_offset.y)
         bottom = top + self.size.height
@@ -425,8 +401,9 @@ class NodeList(ScrollView, can_focus=True):
             )
 
     def action_sort(self) -> None:
-        """The next order of the GPU list (trouble first, hottest, busiest, most idle, most
-        memory, most power, then the fleet's own); the view starts at its top."""
+        """The next order of the GPU list (``gpusort.SORTS``: trouble first, hottest, busiest,
+        most idle, most memory, most power, the registry's other "sort" metrics, then the
+        fleet's own); the view starts at its top."""
         self.sort = next_sort(self.sort)
         self._resort()
         self.rebuild()
@@ -576,6 +553,10 @@ class NodeList(ScrollView, can_focus=True):
             models = {st.name for st in info.gpus} if info is not None else set()
             if info is not None and len(models) == 1 and len(info.gpus) == len(s.gpus):
                 gpus = f"{t.gpus}× {node_str(short_model(models.pop()), limit=TEXT_LIMIT)}"
+            elif info is not None and len(models) > 1 and len(info.gpus) == len(s.gpus):
+                # "6× H100 · 2× 4090": the tags narrow rows show (80 columns keep the power)
+                tags = models_text({st.index: st.name for st in info.gpus})
+                gpus = node_str(tags, limit=TEXT_LIMIT)
             else:
                 gpus = counted(t.gpus, "GPU")
             segs.append(Segment(f"  {gpus}  util {util}  {fmt_power(t.power)}", header))
@@ -621,52 +602,19 @@ class NodeList(ScrollView, can_focus=True):
 
     def _compact(self, s: NodeSnapshot) -> list[Segment]:
         """A whole node on one line (``COMPACT_COLUMNS``): state, GPU count, mean utilization
-        and one bar per GPU, memory, hottest GPU, power, and its trouble counted."""
-        st = self._style
-        dim = st("nodelist--dim")
-        state_cls = STATE_CLASSES[s.state]
-        word = {"live": "● live", "stale": "◐ stale", "unreachable": "✖ down"}.get(
-            s.state.value, "○ …"
-        )
-        name = node_str(s.name, limit=TEXT_LIMIT)
-        segs = [
-            Segment(f" {name[:NAME_W]:<{NAME_W}} ", st("nodelist--name")),
-            Segment(f"{word:<8}", st(state_cls)),
-        ]
-        if s.state not in (NodeState.LIVE, NodeState.STALE):
-            why = self._shown_state(s)
-            return [*segs, Segment(node_str(why, limit=TEXT_LIMIT), st(state_cls))]
-        if not s.gpus:
-            return [*segs, Segment(self._msg_text(s), dim)]
-        stale = s.state is not NodeState.LIVE
-        t = self.store.node_totals(s.name)
-        mean = t.util_sum / t.util_n if t.util_n else None
-        util = "-" if mean is None else f"{mean:.0f}%"
-        per_gpu = gpu_bars(s.gpus[: self.per_gpu_w]).ljust(self.per_gpu_w)
-        used = sum(g.mem_used for g in s.gpus if g.mem_used is not None and not g.lost)
-        total = sum(g.mem_total for g in s.gpus if g.mem_total is not None and not g.lost)
-        temps = [g.temp for g in s.gpus if g.temp is not None and not g.lost]
-        hot = max(temps) if temps else None
-
-        def lvl(n: int) -> Style:
-            return dim if stale else st(LEVEL_CLASSES[n])
-
-        segs += [
-            Segment(f"{t.gpus:>4} ", dim),
-            Segment(f"{util:>5} ", dim if stale else st("nodelist--util")),
-            Segment(f"{per_gpu} ", dim if stale else st("nodelist--spark")),
-            Segment(f"{fmt_gib_pair(used, total):>9} ", dim if stale else Style()),
-            Segment(f"{'-' if hot is None else f'{hot}°C':>6} ", lvl(level(hot, 75, 85))),
-            Segment(f"{fmt_power(t.power):>7} ", dim if stale else Style()),
-        ]
-        trouble = node_trouble(s, self.store.xid_gpus(s.name))
-        burning = sum(1 for g in s.gpus if self.store.is_burning(s, g.index))
-        if burning:
-            trouble.append(f"BURN×{burning}")
-        for item in trouble:
-            badge = item.partition("×")[0]
-            cls = "nodelist--burn" if badge == "BURN" else BADGE_CLASSES.get(badge, "nodelist--dim")
-            segs += [Segment(item, st(cls)), Segment(" ")]
+        and one bar per GPU, memory, hottest GPU, power, and its trouble counted; a down node
+        says why after its state, a node without GPUs its message."""
+        line = NodeLine(self, s)
+        segs: list[Segment] = []
+        for cell in compact_columns_at(self.per_gpu_w):
+            if cell.column.reading and s.state not in LIVE_OR_STALE:
+                state = self._style(STATE_CLASSES[s.state])
+                segs.append(Segment(node_str(self._shown_state(s), limit=TEXT_LIMIT), state))
+                break
+            if cell.column.reading and not s.gpus:
+                segs.append(Segment(self._msg_text(s), line.dim))
+                break
+            segs += cell.column.draw(line, cell.width, cell.gap)
         return segs
 
     def _msg_text(self, s: NodeSnapshot) -> str:
@@ -687,86 +635,35 @@ class NodeList(ScrollView, can_focus=True):
         return [Segment("    " + node_str(text, limit=TEXT_LIMIT), dim)]
 
     def _gpu(self, s: NodeSnapshot, index: int | None) -> list[Segment]:
+        """A GPU's row: each of ``columns_at``'s columns draws its cells (``COLUMNS``)."""
         g: GpuSample | None = None
         for cand in s.gpus:
             if cand.index == index:
                 g = cand
                 break
-        st = self._style
-        dim = st("nodelist--dim")
+        dim = self._style("nodelist--dim")
         if g is None or index is None:
             return [Segment("  ? gone", dim)]
-        stale = s.state is not NodeState.LIVE
-
-        def lvl(n: int) -> Style:
-            return dim if stale else st(LEVEL_CLASSES[n])
-
-        layout = row_layout(self.size.width)
-        segs = [Segment(f"  {index:>2} ", dim)]
-        if layout.model:  # narrow: the model is in the node's header only
-            model = node_str(self.store.model(s, index), limit=layout.model)
-            segs.append(Segment(f"{model:<{layout.model}} "))
-        if g.lost:
-            segs.append(Segment("LOST", st("nodelist--badge")))
-            segs.append(Segment("  GPU fell off the bus", dim))
-            return segs
-        empty = st("nodelist--bar-empty")
-        # utilization
-        ul = dim if stale else st("nodelist--util")  # busy is healthy: never the alarm colour
-        filled, rest = bar(None if g.util_gpu is None else g.util_gpu / 100, layout.bar)
-        pct = "-" if g.util_gpu is None else f"{g.util_gpu}%"
-        segs += [Segment(filled, ul), Segment(rest, empty), Segment(f"{pct:>5}  ", ul)]
-        # memory
-        mf = mem_fraction(g)
-        ml = lvl(min(1, level(mf, 0.8, 0.95)))  # a full memory is no fault
-        filled, rest = bar(mf, layout.bar)
-        segs += [
-            Segment(filled, ml),
-            Segment(rest, empty),
-            Segment(f"{fmt_gib_pair(g.mem_used, g.mem_total):>9}  ", ml),
-        ]
-        # temperature, power, SM clock
-        temp = "-" if g.temp is None else f"{g.temp}°C"
-        segs.append(Segment(f"{temp:>5}  ", lvl(level(g.temp, 75, 85))))
-        pw = "-" if g.power is None else f"{g.power:.0f}"
-        pl = "-" if g.power_limit is None else f"{g.power_limit:.0f}"
-        segs.append(
-            Segment(f"{pw + '/' + pl + 'W':>9}  ", lvl(min(1, level(power_fraction(g), 0.8, 0.97))))
-        )
-        if layout.clock:
-            clock = "-" if g.sm_clock is None else f"{g.sm_clock}MHz"
-            segs.append(Segment(f"{clock:>7}  ", dim if stale else Style()))
-        for m in layout.extras:  # fan, P-state, video engines, PCIe: as the registry prints them
-            # PCIe's figure bare ("12.3"): its title says GB/s
-            text = metrics.fmt(m, getattr(g, m.key), suffix=m.shown != "GB/s")
-            segs.append(Segment(f"{text:>{extra_width(m)}}  ", dim if stale else Style()))
-        # recent utilization
-        if layout.spark:
-            width = layout.spark
-            spark = sparkline(self.store.util_history(s.name, index, width), width)
-            segs.append(Segment(spark + "  ", dim if stale else st("nodelist--spark")))
-        # trouble, owner, burn
-        badges = gpu_badges(g, (s.name, index) in self.store.xids)
-        for badge in badges:  # red for faults only: a power cap at full load is normal
-            cls = BADGE_CLASSES.get(badge, "nodelist--dim")
-            segs.append(Segment(node_str(badge, limit=TEXT_LIMIT), st(cls)))
-            segs.append(Segment(" "))
-        if badges:
-            segs.append(Segment(" "))
-        ann = s.annotations.get(index) or {}
-        job, user = ann.get("slurm_job"), ann.get("slurm_user")
-        if job or user:
-            who = " ".join(str(x) for x in (job and f"job {job}", user) if x)
-            segs.append(Segment(node_str(who, limit=TEXT_LIMIT) + "  ", st("nodelist--job")))
-        burn = self.store.burn(s, index)
-        if burn is not None:
-            text = burn_text(burn, self.store.clock())
-            segs.append(Segment(node_str(text, limit=TEXT_LIMIT) + "  ", st("nodelist--burn")))
-        # Last (a narrow row cuts it first): who runs processes on it; `p` shows them all.
-        owners = gpu_owners(g)
-        if owners and owners != user:
-            segs.append(Segment(node_str(owners, limit=40), st("nodelist--job")))
+        row = Row(self, s, g, dim)
+        segs: list[Segment] = []
+        for draw, width, gap, reading in _plan(self.size.width, self.mixed):
+            if reading and g.lost:
+                segs.append(Segment("LOST", self._style("nodelist--badge")))
+                segs.append(Segment("  GPU fell off the bus", dim))
+                break
+            segs += draw(row, width, gap)
         return segs
+
+    def model_tags(self, s: NodeSnapshot) -> tuple[bool, dict[int, str]]:
+        """Whether a node has GPUs of several models, and ``view.model_tags`` of its GPUs; kept
+        until its next hello."""
+        held = self._tags.get(s.name)
+        if held is not None and held[0] is s.info:
+            return held[1]
+        models = {st.index: st.name for st in s.info.gpus} if s.info else {}
+        tags = (len(set(models.values())) > 1, model_tags(models))
+        self._tags[s.name] = (s.info, tags)
+        return tags
 
     # Paint accounting for the benchmark: an arrival is "painted" when its first line renders.
     def note_arrivals(self, arrivals: dict[str, float]) -> None:
@@ -839,41 +736,406 @@ def node_trouble(s: NodeSnapshot, xid_gpus: set[int]) -> list[str]:
     return [f"{b}×{counts[b]}" for b in order]
 
 
-def column_titles(width: int, sort: str | None, compact: bool, per_gpu: int = PER_GPU_W) -> str:
-    """The titles above the GPU list, aligned with its rows (``NodeList._gpu``; compact:
-    ``NodeList._compact``), the sorted column marked with its direction."""
+# -- the GPU list's columns ------------------------------------------------------------------
+PLAIN = Style()  # no style (one for every row: a Style costs ~1 us to make, a row ~65 us)
+
+
+class Row:
+    """What a column needs to draw one GPU's cells (``NodeList._gpu`` makes one per row)."""
+
+    __slots__ = ("dim", "empty", "g", "nodes", "plain", "s", "stale")
+
+    def __init__(self, nodes: NodeList, s: NodeSnapshot, g: GpuSample, dim: Style) -> None:
+        self.nodes = nodes
+        self.s = s
+        self.g = g
+        self.dim = dim
+        self.stale = s.state is not NodeState.LIVE
+        self.plain = dim if self.stale else PLAIN  # a figure without a level
+        self.empty = nodes._style("nodelist--bar-empty")  # a bar's empty part
+
+    def style(self, name: str) -> Style:
+        """A component class's style, dim on a node that is not live."""
+        return self.dim if self.stale else self.nodes._style(name)
+
+    def level(self, n: int) -> Style:
+        return self.style(LEVEL_CLASSES[n])
+
+
+# (row, cells, gap) -> the column's segments: ``cells`` wide, then the gap's spaces. The row is
+# a ``Row`` (a GPU's line: ``COLUMNS``) or a ``NodeLine`` (a node's compact line).
+Draw = Callable[[Any, int, str], list[Segment]]
+# (list width, whether a shown node has GPUs of several models) -> cells; 0: not shown
+Cells = Callable[[int, bool], int]
+
+
+def from_width(*steps: tuple[int, int]) -> Cells:
+    """A column's cells by the list's width: ``steps`` are (list width, cells), widest first;
+    a list narrower than the last step does not show it."""
+
+    def cells(width: int, _mixed: bool) -> int:
+        for at, n in steps:
+            if width >= at:
+                return n
+        return 0
+
+    return cells
+
+
+class Column(NamedTuple):
+    """One column of the GPU list: its title, from which width and how wide it shows, how it
+    draws a GPU's value, and the sort its title marks. ``COLUMNS`` holds them in their order
+    (``COMPACT_COLUMNS`` the compact list's, a node a line); the rows (``NodeList._gpu``,
+    ``_compact``) and the titles (``column_titles``) are both drawn from it, so a column is
+    added or moved in one place, and a title cannot drift from its figures.
+
+    Narrow, the model goes first (the same on every row of a node and in its header; a node of
+    several models keeps a short tag), then the bars, sparkline and SM clock, so that badges,
+    the Slurm job, a burn and the owners stay on an 80-column terminal; wide, bars grow (at 200
+    columns 8-cell bars left ~45% of the screen empty) and the registry's other list columns
+    come in (fan and P-state from 160 columns, the video engines and PCIe from 190)."""
+
+    key: str  # a metric registry key (``metrics.BY_KEY``) for a reading, else the column's word
+    title: str
+    cells: Cells
+    draw: Draw
+    # the title over the cells: ">" right-aligned, "<" left; "bar": left over a bar, right over
+    # the bare figure (``figure`` cells) when the list is too narrow for the bar
+    align: str = ">"
+    figure: int = 0
+    gap: int = 2  # spaces after the cells
+    sort: str | None = None  # the sort's column word (``gpusort.SORTS``) that marks the title
+    reading: bool = True  # shows a reading: a lost GPU's row says LOST from the first such
+    # the last column (not None): it takes the rest of the line; its title words after the mark
+    rest: str | None = None
+
+
+class Cell(NamedTuple):
+    column: Column
+    width: int
+    gap: str
+
+
+def _draw_index(r: Row, w: int, gap: str) -> list[Segment]:
+    return [Segment(f"{r.g.index:>{w}}{gap}", r.dim)]
+
+
+def _draw_model(r: Row, w: int, gap: str) -> list[Segment]:
+    if w >= MODEL_W:  # the model column
+        model = node_str(r.nodes.store.model(r.s, r.g.index), limit=w)
+    else:  # narrow, while a shown node has several models: a short tag
+        model = node_str(r.nodes.model_tags(r.s)[1].get(r.g.index, "?"), limit=w)
+    return [Segment(f"{model:<{w}}{gap}")]
+
+
+def _draw_util(r: Row, w: int, gap: str) -> list[Segment]:
+    g = r.g
+    ul = r.style("nodelist--util")  # busy is healthy: never the alarm colour
+    filled, rest = bar(None if g.util_gpu is None else g.util_gpu / 100, w - 5)
+    pct = "-" if g.util_gpu is None else f"{g.util_gpu}%"
+    return [Segment(filled, ul), Segment(rest, r.empty), Segment(f"{pct:>5}{gap}", ul)]
+
+
+def _draw_mem(r: Row, w: int, gap: str) -> list[Segment]:
+    g = r.g
+    mf = mem_fraction(g)
+    ml = r.level(min(1, level(mf, 0.8, 0.95)))  # a full memory is no fault
+    filled, rest = bar(mf, w - 9)
+    pair = fmt_gib_pair(g.mem_used, g.mem_total)
+    return [Segment(filled, ml), Segment(rest, r.empty), Segment(f"{pair:>9}{gap}", ml)]
+
+
+def _draw_temp(r: Row, w: int, gap: str) -> list[Segment]:
+    t = r.g.temp
+    return [Segment(f"{'-' if t is None else f'{t}°C':>{w}}{gap}", r.level(level(t, 75, 85)))]
+
+
+def _draw_power(r: Row, w: int, gap: str) -> list[Segment]:
+    g = r.g
+    pw = "-" if g.power is None else f"{g.power:.0f}"
+    pl = "-" if g.power_limit is None else f"{g.power_limit:.0f}"
+    style = r.level(min(1, level(power_fraction(g), 0.8, 0.97)))
+    return [Segment(f"{pw + '/' + pl + 'W':>{w}}{gap}", style)]
+
+
+def _draw_clock(r: Row, w: int, gap: str) -> list[Segment]:
+    clock = "-" if r.g.sm_clock is None else f"{r.g.sm_clock}MHz"
+    return [Segment(f"{clock:>{w}}{gap}", r.plain)]
+
+
+def _draw_figure(m: Metric) -> Draw:
+    """A registry reading as the registry prints it (fan, P-state, video engines, PCIe; PCIe's
+    figure bare, "12.3": its title says GB/s)."""
+    suffix = m.shown != "GB/s"
+
+    def draw(r: Row, w: int, gap: str) -> list[Segment]:
+        text = metrics.fmt(m, getattr(r.g, m.key), suffix=suffix)
+        return [Segment(f"{text:>{w}}{gap}", r.plain)]
+
+    return draw
+
+
+def _draw_recent(r: Row, w: int, gap: str) -> list[Segment]:
+    spark = sparkline(r.nodes.store.util_history(r.s.name, r.g.index, w), w)
+    return [Segment(spark + gap, r.style("nodelist--spark"))]
+
+
+def _draw_rest(r: Row, _w: int, _gap: str) -> list[Segment]:
+    """Trouble, the Slurm job and user, a burn, then (last: a narrow row cuts it first) who
+    runs processes on the GPU; ``p`` shows them all."""
+    nodes, s, g = r.nodes, r.s, r.g
+    st = nodes._style
+    segs: list[Segment] = []
+    badges = gpu_badges(g, (s.name, g.index) in nodes.store.xids)
+    for badge in badges:  # red for faults only: a power cap at full load is normal
+        cls = BADGE_CLASSES.get(badge, "nodelist--dim")
+        segs.append(Segment(node_str(badge, limit=TEXT_LIMIT), st(cls)))
+        segs.append(Segment(" "))
+    if badges:
+        segs.append(Segment(" "))
+    ann = s.annotations.get(g.index) or {}
+    job, user = ann.get("slurm_job"), ann.get("slurm_user")
+    if job or user:
+        who = " ".join(str(x) for x in (job and f"job {job}", user) if x)
+        segs.append(Segment(node_str(who, limit=TEXT_LIMIT) + "  ", st("nodelist--job")))
+    burn = nodes.store.burn(s, g.index)
+    if burn is not None:
+        text = burn_text(burn, nodes.store.clock())
+        segs.append(Segment(node_str(text, limit=TEXT_LIMIT) + "  ", st("nodelist--burn")))
+    owners = gpu_owners(g)
+    if owners and owners != user:
+        segs.append(Segment(node_str(owners, limit=40), st("nodelist--job")))
+    return segs
+
+
+MODEL_W = 15  # characters of the model column (from 110 columns)
+BAR_CELLS = from_width((160, 2 * BAR_WIDTH), (90, BAR_WIDTH))  # a bar's cells (none below 90)
+
+
+def _model_cells(width: int, mixed: bool) -> int:
+    """The model column from 110 columns; narrower, a tag while a shown node mixes models."""
+    return MODEL_W if width >= 110 else TAG_W if mixed else 0
+
+
+def _bar_cells(figure: int) -> Cells:
+    """A bar column's cells: the bar, then its ``figure``."""
+    return lambda width, mixed: BAR_CELLS(width, mixed) + figure
+
+
+def list_title(m: Metric) -> str:
+    """A registry column's title: PCIe's with its unit ("TX GB/s": its figures are bare)."""
+    return f"{m.title[-2:]} GB/s" if m.shown == "GB/s" else m.title
+
+
+FIGURE_CELLS = {"%": 4, "": 3, "GB/s": 5}  # by shown unit: "100%", "P12", "123.4" (GB/s)
+
+
+def reading_column(
+    key: str,
+    cells: int | Cells = 190,
+    draw: Draw | None = None,
+    title: str | None = None,
+    **kw: Any,
+) -> Column:
+    """A column of the metric registry's reading ``key``: its title, its sort (flag "sort"),
+    drawn as the registry prints it unless ``draw``. ``cells``: a list width (from there it
+    shows, its figure as wide as its title or shown unit needs) or a ``Cells``."""
+    m = metrics.BY_KEY[key]
+    title = list_title(m) if title is None else title
+    if isinstance(cells, int):
+        cells = from_width((cells, max(len(title), FIGURE_CELLS.get(m.shown, 6))))
+    sort = screen_word(m) if "sort" in m.flags else None
+    return Column(key, title, cells, draw or _draw_figure(m), sort=sort, **kw)
+
+
+# The registry's list columns (flag "list", in its order), placed and drawn here where they
+# differ from a figure at 190 columns; a new "list" metric needs no line here.
+_PLACED: dict[str, Column] = {
+    c.key: c
+    for c in (
+        reading_column("util_gpu", _bar_cells(5), _draw_util, align="bar", figure=5),
+        reading_column("mem_used", _bar_cells(9), _draw_mem, align="bar", figure=9),
+        reading_column("temp", from_width((0, 5)), _draw_temp),
+        reading_column("power", from_width((0, 9)), _draw_power),
+        reading_column("sm_clock", from_width((110, 7)), _draw_clock, "SM CLK"),  # "1980MHz"
+        reading_column("fan", 160),
+        reading_column("pstate", 160),
+    )
+}
+
+# The GPU list's columns, left to right.
+COLUMNS: tuple[Column, ...] = (
+    Column("index", "#", from_width((0, 4)), _draw_index, gap=1, reading=False),
+    Column("model", "MODEL", _model_cells, _draw_model, "<", gap=1, reading=False),
+    *(_PLACED.get(m.key) or reading_column(m.key) for m in flagged("list")),
+    Column("recent", "RECENT", from_width((140, SPARK_WIDTH), (110, 8)), _draw_recent, "<"),
+    Column(
+        "flags",
+        "FLAGS",
+        from_width(),
+        _draw_rest,
+        sort="flags",
+        rest=" · JOB · USER · BURN · OWNERS",
+    ),
+)
+
+
+@functools.lru_cache(maxsize=64)
+def columns_at(width: int, mixed: bool = False) -> tuple[Cell, ...]:
+    """The columns a list ``width`` cells wide shows, with their cells (``mixed``: a shown node
+    has GPUs of several models)."""
+    out = []
+    for c in COLUMNS:
+        n = c.cells(width, mixed)
+        if n or c.rest is not None:
+            out.append(Cell(c, n, " " * c.gap))
+    return tuple(out)
+
+
+class NodeLine:
+    """What a compact column needs to draw a node's cells (``NodeList._compact``)."""
+
+    __slots__ = ("dim", "nodes", "plain", "s", "stale")
+
+    def __init__(self, nodes: NodeList, s: NodeSnapshot) -> None:
+        self.nodes = nodes
+        self.s = s
+        self.dim = nodes._style("nodelist--dim")
+        self.stale = s.state is not NodeState.LIVE
+        self.plain = self.dim if self.stale else PLAIN
+
+    def style(self, name: str) -> Style:
+        return self.dim if self.stale else self.nodes._style(name)
+
+    def totals(self) -> NodeTotals:
+        return self.nodes.store.node_totals(self.s.name)
+
+
+def _draw_node(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    name = node_str(r.s.name, limit=TEXT_LIMIT)
+    return [Segment(f" {name[: w - 1]:<{w - 1}}{gap}", r.nodes._style("nodelist--name"))]
+
+
+def _draw_state(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    word = {"live": "● live", "stale": "◐ stale", "unreachable": "✖ down"}.get(
+        r.s.state.value, "○ …"
+    )
+    return [Segment(f"{word:<{w}}{gap}", r.nodes._style(STATE_CLASSES[r.s.state]))]
+
+
+def _draw_gpus(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    return [Segment(f"{r.totals().gpus:>{w}}{gap}", r.dim)]
+
+
+def _draw_mean_util(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    t = r.totals()
+    util = f"{t.util_sum / t.util_n:.0f}%" if t.util_n else "-"
+    return [Segment(f"{util:>{w}}{gap}", r.style("nodelist--util"))]
+
+
+def _draw_per_gpu(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    return [Segment(f"{gpu_bars(r.s.gpus[:w]):<{w}}{gap}", r.style("nodelist--spark"))]
+
+
+def _draw_node_mem(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    gpus = r.s.gpus
+    used = sum(g.mem_used for g in gpus if g.mem_used is not None and not g.lost)
+    total = sum(g.mem_total for g in gpus if g.mem_total is not None and not g.lost)
+    return [Segment(f"{fmt_gib_pair(used, total):>{w}}{gap}", r.plain)]
+
+
+def _draw_hottest(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    temps = [g.temp for g in r.s.gpus if g.temp is not None and not g.lost]
+    hot = max(temps) if temps else None
+    text = "-" if hot is None else f"{hot}°C"
+    return [Segment(f"{text:>{w}}{gap}", r.style(LEVEL_CLASSES[level(hot, 75, 85)]))]
+
+
+def _draw_node_power(r: NodeLine, w: int, gap: str) -> list[Segment]:
+    return [Segment(f"{fmt_power(r.totals().power):>{w}}{gap}", r.plain)]
+
+
+def _draw_node_trouble(r: NodeLine, _w: int, _gap: str) -> list[Segment]:
+    nodes, s = r.nodes, r.s
+    trouble = node_trouble(s, nodes.store.xid_gpus(s.name))
+    burning = sum(1 for g in s.gpus if nodes.store.is_burning(s, g.index))
+    if burning:
+        trouble.append(f"BURN×{burning}")
+    segs = []
+    for item in trouble:
+        badge = item.partition("×")[0]
+        cls = "nodelist--burn" if badge == "BURN" else BADGE_CLASSES.get(badge, "nodelist--dim")
+        segs += [Segment(item, nodes._style(cls)), Segment(" ")]
+    return segs
+
+
+def _fixed(cells: int) -> Cells:
+    return from_width((0, cells))
+
+
+# The compact list's columns (``v``: a node a line), left to right; "per_gpu" is as wide as
+# ``NodeList.per_gpu_w`` (the most GPUs a node has, up to ``PER_GPU_W``).
+COMPACT_COLUMNS: tuple[Column, ...] = (
+    Column("node", " NODE", _fixed(NAME_W + 1), _draw_node, "<", gap=1, reading=False),
+    Column("state", "STATE", _fixed(8), _draw_state, "<", gap=0, reading=False),
+    Column("gpus", "GPUS", _fixed(4), _draw_gpus, gap=1),
+    Column("util", "UTIL", _fixed(5), _draw_mean_util, gap=1, sort="util"),
+    Column("per_gpu", "PER GPU", _fixed(PER_GPU_W), _draw_per_gpu, "<", gap=1),
+    Column("mem", "MEMORY", _fixed(9), _draw_node_mem, gap=1, sort="mem"),
+    Column("temp", "MAX°C", _fixed(6), _draw_hottest, gap=1, sort="temp"),
+    Column("power", "POWER", _fixed(7), _draw_node_power, gap=1, sort="power"),
+    Column("flags", "TROUBLE", from_width(), _draw_node_trouble, sort="flags", rest=""),
+)
+
+
+@functools.lru_cache(maxsize=64)
+def compact_columns_at(per_gpu: int) -> tuple[Cell, ...]:
+    """``COMPACT_COLUMNS`` with their cells, the per-GPU bars ``per_gpu`` wide."""
+    return tuple(
+        Cell(c, per_gpu if c.key == "per_gpu" else c.cells(0, False), " " * c.gap)
+        for c in COMPACT_COLUMNS
+    )
+
+
+def _titles(cells: tuple[Cell, ...], mark: dict[str, str]) -> str:
+    """Each column's title over its cells (``Column``'s ``align``); a title wider than its
+    cells (a sort's mark) takes its gap's first cells, never the next column's."""
+    out = []
+    for cell in cells:
+        c, w = cell.column, cell.width
+        title = c.title + mark.get(c.sort, "") if c.sort else c.title
+        if c.rest is not None:
+            out.append(title + c.rest)
+            break
+        left = c.align == "<" or (c.align == "bar" and w > c.figure)
+        text = f"{title:<{w}}" if left else f"{title:>{w}}"
+        out.append(text + " " * max(min(1, c.gap), w + c.gap - len(text)))
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(width: int, mixed: bool) -> tuple[tuple[Draw, int, str, bool], ...]:
+    """``columns_at`` as plain tuples for the row painter: (draw, cells, gap, reading). A row
+    is painted per flush for each GPU on screen, and a NamedTuple's fields are read through
+    descriptors: read per column they made a row at 80 columns 4-9% dearer than the list's
+    hand-drawn row before the column model, 1-3% unpacked (``benchmarks/list_rows.py``)."""
+    return tuple(
+        (c.column.draw, c.width, c.gap, c.column.reading) for c in columns_at(width, mixed)
+    )
+
+
+def column_titles(
+    width: int, sort: str | None, compact: bool, per_gpu: int = PER_GPU_W, mixed: bool = False
+) -> str:
+    """The titles above the GPU list, from the columns its rows draw (``columns_at``; compact:
+    ``compact_columns_at``), the sorted column marked with its direction."""
     mark = {}
     if sort is not None:
         _, _, column, descending = SORT_BY_KEY[sort]
         mark[column] = "↓" if descending else "↑"
-
-    def t(title: str, column: str) -> str:
-        return title + mark.get(column, "")
-
     if compact:
-        return (
-            f" {'NODE':<{NAME_W}} {'STATE':<8}{'GPUS':>4} {t('UTIL', 'util'):>5} "
-            f"{'PER GPU':<{per_gpu}} {t('MEMORY', 'mem'):>9} {t('MAX°C', 'temp'):>6} "
-            f"{t('POWER', 'power'):>7} {t('TROUBLE', 'flags')}"
-        )
-    lay = row_layout(width)  # the same cells as the rows at this width
-    # over a bar a title starts with it; without bars it stands over its right-aligned figure
-    util = f"{t('UTIL', 'util'):<{lay.bar + 7}}" if lay.bar else f"{t('UTIL', 'util'):>5}  "
-    mem = f"{t('MEMORY', 'mem'):<{lay.bar + 11}}" if lay.bar else f"{t('MEMORY', 'mem'):>9}  "
-    model = f"{'MODEL':<{lay.model}} " if lay.model else ""
-    return (
-        f"  {'#':>2} {model}{util}{mem}{t('TEMP', 'temp'):>5}  "
-        f"{t('POWER', 'power'):>9}  "
-        + (f"{'SM CLK':>7}  " if lay.clock else "")
-        + "".join(f"{extra_title(m):>{extra_width(m)}}  " for m in lay.extras)
-        + (f"{'RECENT':<{lay.spark}}  " if lay.spark else "")
-        + f"{t('FLAGS', 'flags')} · JOB · USER · BURN · OWNERS"
-    )
-
-
-def extra_title(m: Metric) -> str:
-    """An extra column's title: PCIe's with its unit (its figures are bare)."""
-    return f"{m.title[-2:]} GB/s" if m.shown == "GB/s" else m.title
+        return _titles(compact_columns_at(per_gpu), mark)
+    return _titles(columns_at(width, mixed), mark)
 
 
 class GpuColumns(Widget):
@@ -886,4 +1148,6 @@ class GpuColumns(Widget):
         sort = nodes.first().sort if nodes else None
         compact = nodes.first().compact if nodes else False
         per_gpu = nodes.first().per_gpu_w if nodes else PER_GPU_W
-        return Text(column_titles(self.size.width, sort, compact, per_gpu), end="", no_wrap=True)
+        mixed = nodes.first().mixed if nodes else False
+        titles = column_titles(self.size.width, sort, compact, per_gpu, mixed)
+        return Text(titles, end="", no_wrap=True)
