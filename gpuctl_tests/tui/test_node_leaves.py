@@ -63,6 +63,9 @@ async def test_a_node_that_leaves_goes_from_the_list_header_and_selection(
         await pilot.pause()
         assert shown_nodes(app) == ["gpu-b02"]
         assert app.overview.nodes.cursor == ("gpu-b02", 0)
+        # nothing of it is kept by the list (a down node's painted state words, its tags)
+        kept = app.overview.nodes
+        assert not [d for d in (kept.painted, kept._down_shown, kept._tags) if "gpu-c03" in d]
 
         # It comes back (the store holds it again): a node again, at the end of the list.
         link = ReplayLink(recorded_node("gpu-a01", "4:H100", seed=3, t0=T0, samples=SAMPLES))

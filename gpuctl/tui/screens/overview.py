@@ -222,6 +222,7 @@ class OverviewScreen(Screen[None]):
             after = [n for n in shown[i + 1 :] if n in self.store.snaps]
             before = [n for n in reversed(shown[:i]) if n in self.store.snaps]
             target = next(iter(after or before), None)
+        self.nodes.forget(gone)
         view.rebuild()
         if target is not None:
             gpus = self.store.snaps[target].gpus

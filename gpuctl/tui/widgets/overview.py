@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, ClassVar, NamedTuple
 
 from rich.segment import Segment
@@ -163,6 +163,14 @@ class NodeList(ScrollView, can_focus=True):
         self._sorted_at = 0.0
         self._sorted_nodes: dict[str, int] = {}
         self._sorted_rows: dict[str, dict[int, int]] = {}
+
+    def forget(self, gone: Collection[str]) -> None:
+        """Nodes that left the fleet: nothing of them is kept here (a node that comes back
+        under the same name is a new one)."""
+        for name in gone:
+            for kept in (self.painted, self._down_shown, self._tags, self._sorted_rows,
+                         self._sorted_nodes):  # fmt: skip
+                kept.pop(name, None)
 
     # -- layout -------------------------------------------------------------------------------
     def _block_rows(self, name: str) -> tuple[int, ...] | None:
