@@ -34,33 +34,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from prom_scale import READ, load_baseline  # noqa: E402
+from prom_scale import READ, load_baseline, render  # noqa: E402
 
 from gpuctl.fleet import prom as this_prom  # noqa: E402
 from gpuctl_tests.harness.prometheus import (  # noqa: E402
-    COUNTERS,
-    gpu_values,
     prometheus,
-    series_labels,
     serve_metrics,
 )
 
 SERVED = READ | {"DCGM_FI_PROF_GR_ENGINE_ACTIVE"}
-
-
-def render(hosts: list[str], gpus: int) -> bytes:
-    lines = []
-    values = gpu_values(42)
-    for name, kind, help_text, key in COUNTERS:
-        if name not in SERVED:
-            continue
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-        for h, host in enumerate(hosts):
-            for i in range(gpus):
-                uuid = f"GPU-{h:08d}-0000-0000-0000-{i:012d}"
-                labels = series_labels(host, i, uuid, "NVIDIA H100 80GB HBM3")
-                lines.append(f"{name}{{{labels}}} {values[key]}")
-    return ("\n".join(lines) + "\n").encode()
 
 
 def ask(url: str, promql: str) -> float:
@@ -90,7 +72,7 @@ def main() -> None:
     pairs = [(k, q, base_q.get(k)) for k, q in this_q.items() if q != base_q.get(k)]
     hosts = [f"gpu{n:05d}" for n in range(args.nodes)]
     share = -(-len(hosts) // args.targets)
-    bodies = [render(hosts[i : i + share], args.gpus) for i in range(0, len(hosts), share)]
+    bodies = [render(hosts[i : i + share], args.gpus, SERVED) for i in range(0, len(hosts), share)]
     servers = [serve_metrics(lambda body=body: body) for body in bodies]
     gpus = args.nodes * args.gpus
     try:

@@ -88,11 +88,12 @@ READ = {
 }
 
 
-def render(hosts: list[str], gpus: int) -> bytes:
+def render(hosts: list[str], gpus: int, served: set[str] | frozenset[str] = READ) -> bytes:
+    """The exporters' text for ``hosts`` with ``gpus`` each: the counters in ``served``."""
     lines = []
     values = gpu_values(42)
     for name, kind, help_text, key in COUNTERS:
-        if name not in READ:
+        if name not in served:
             continue
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         for h, host in enumerate(hosts):
