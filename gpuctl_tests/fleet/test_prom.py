@@ -363,7 +363,7 @@ async def test_a_poll_asks_only_the_hosts_with_a_new_sample(site: Site) -> None:
     source._samples["node-b"] = turn_next("node-b") - 1  # its slow metrics' turn: all asked
     moved, asked = source._plan(stamped)
     assert moved == {"node-b"}
-    assert len(asked) == len(source.queries) - 1 == len(prom.METRICS)
+    assert len(asked) == len(source.queries) - 1 == len(prom.METRICS) + 1  # and MIG's
     assert all("Hostname=~`node-b`" in q and "instance" not in q for _m, q in asked)
     answers = [source.client.query(q) for _m, q in asked]
     readings = source._readings(stamped, moved, asked, answers)
