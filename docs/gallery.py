@@ -58,6 +58,7 @@ async def shoot(name: str, keys: Sequence[str], size: tuple[int, int], svg: Path
     async with app.run_test(size=size) as pilot:
         while not (
             app.store.snaps["dgx-a01"].last_sample_t == T0 + SAMPLES - 1
+            and app.store.snaps["ws-d01"].last_sample_t == T0 + SAMPLES - 1
             and app.store.snaps["hgx-b01"].state is NodeState.STALE
             and app.store.snaps["l40s-c01"].state is NodeState.UNREACHABLE
             and app.store.xids

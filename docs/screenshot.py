@@ -38,6 +38,10 @@ def links() -> dict[str, NodeLink]:
             recorded_node("hgx-b01", "8:H200", seed=13, t0=T0 - 8, samples=SAMPLES)
         ),
         "l40s-c01": FailingLink("auth", "permission denied (publickey) for gpuadmin@l40s-c01"),
+        # a lab workstation grown over the years: two models in one node
+        "ws-d01": ReplayLink(
+            recorded_node("ws-d01", "2:A6000,2:4090", seed=14, t0=T0, samples=SAMPLES)
+        ),
     }
 
 
@@ -47,6 +51,7 @@ async def main() -> None:
     async with app.run_test(size=(140, 44)) as pilot:
         while not (
             app.store.snaps["dgx-a01"].last_sample_t == T0 + SAMPLES - 1
+            and app.store.snaps["ws-d01"].last_sample_t == T0 + SAMPLES - 1
             and app.store.snaps["hgx-b01"].state is NodeState.STALE
             and app.store.snaps["l40s-c01"].state is NodeState.UNREACHABLE
             and app.store.xids
