@@ -25,7 +25,7 @@ here carries ``service.me()`` as its owner.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import Any
 
 from gpuctl import service
 from gpuctl.core import wire
@@ -41,7 +41,7 @@ from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.session import LinkError, refusal
 from gpuctl.node import protocol
-from gpuctl.node.messages import BurnState, StressReply
+from gpuctl.node.messages import BurnState, SignalReply, StressReply
 
 ACTIVE_STATES = BURNING_STATES
 REQUEST_TIMEOUT = 20.0
@@ -258,16 +258,6 @@ SIGNALS = ("TERM", "KILL")
 class ProcessError(LinkError):
     """A signal to a GPU process refused, here or by the agent; the message is one line
     (reasons: bad_argument, unknown_node, not_gpu_process, no_process, not_yours, read_only)."""
-
-
-class SignalReply(TypedDict, total=False):
-    """An agent's answer to ``signal``: the pid, the signal sent and what it did, in words."""
-
-    type: str
-    request: str
-    pid: int
-    signal: str
-    message: str
 
 
 def find_process(snap: NodeSnapshot, pid: int) -> GpuProcess | None:

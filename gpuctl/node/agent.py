@@ -26,11 +26,14 @@ import stat
 import sys
 import time
 import zlib
-from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 from . import protocol
 from .proc import LineBuffer
 from .readers import Reader, bindings, open_reader
+
+if TYPE_CHECKING:
+    from .messages import SignalReply
 
 # Requests that change a node (load its GPUs, stop other sessions' work). An agent started with
 # --read-only refuses them with error code "read_only", whatever the login side asks: defence in
@@ -327,13 +330,14 @@ class Agent(object):
         if self.reader is None:
             self.reply_error("no_reader", "no GPU reader: no GPU processes to signal", req_id)
             return
-        pid, name = msg.get("pid"), msg.get("signal")
+        pid, name = msg.get("pid"), msg.get("signal")  # type: Any, Any
         code, message = self.reader.signal(pid, name, self._gpu_pids, msg.get("started"))
         if code is not None:
             self.reply_error(code, message, req_id)
             return
-        self.send({"type": "ok", "request": "signal", "id": req_id, "pid": pid,
-                   "signal": name, "message": message})
+        reply = {"type": "ok", "request": "signal", "id": req_id, "pid": pid,
+                 "signal": name, "message": message}  # type: SignalReply
+        self.send(reply)
 
     def _shutdown(self, msg: Dict[str, Any], req_id: Any) -> None:
         self.send({"type": "bye", "id": req_id})

@@ -1,5 +1,5 @@
-"""The agent's plugin messages (stress and acceptance): one definition for their writers and
-their readers, as ``protocol`` is for the hello and the sample and ``jobfiles`` for
+"""The agent's plugin messages (stress and acceptance) and its answer to ``signal``: one
+definition for their writers and their readers, as ``protocol`` is for the hello and the sample and ``jobfiles`` for
 ``outcome.json``.
 
 The writers are the agent's plugins, ``stress`` and ``accept`` (what they send is typed as these
@@ -17,6 +17,8 @@ Stress (``stress``'s docstring has the requests):
                       burner of another session
     ``BurnState``     a ``burn`` event's detail (kept as the GPU's ``burn`` annotation)
     ``OwnerWire``     who started a burn
+The agent's own ``signal`` (a GPU process signalled from the screen):
+    ``SignalReply``   the answer to ``signal``
 Acceptance (``accept``'s docstring has the requests):
     ``AcceptStarted`` the answer to ``accept_start``
     ``AcceptEvent``   an ``accept`` event's detail: what the suite wrote on its progress
@@ -116,6 +118,17 @@ if sys.version_info >= (3, 8):
         max_duration: float
         simulated: bool
         gpu_burn: Optional[str]
+
+    class SignalReply(TypedDict, total=False):
+        """An agent's answer to ``signal`` (the agent's own request, not a plugin's): the pid,
+        the signal sent and what it did, in words."""
+
+        type: str
+        request: str
+        id: Any
+        pid: int
+        signal: str
+        message: str
 
     class AcceptStarted(TypedDict, total=False):
         """An agent's answer to ``accept_start``: the run's name and the suite's pid."""

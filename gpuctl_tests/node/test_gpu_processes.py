@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl.bundle import write_bundle
+from gpuctl.node.messages import SignalReply
 from gpuctl.node.proc import descendants
-from gpuctl_tests.helpers import AgentProcess, old_python, wait_until
+from gpuctl_tests.helpers import AgentProcess, assert_reader_keeps_all, old_python, wait_until
 from gpuctl_tests.node.nvml_stub import NvmlStub
 from gpuctl_tests.processes import OTHER_USER, Start, as_user, other_user
 
@@ -130,6 +131,7 @@ def test_signal_ends_an_own_gpu_process_and_refuses_the_rest(
 
     done = ask(pid=mine.pid, signal="TERM", started=seen[mine.pid]["started"])
     assert (done["type"], done["pid"], done["signal"]) == ("ok", mine.pid, "TERM")
+    assert_reader_keeps_all(SignalReply, done, "signal's reply")  # the login side's reading
     assert mine.wait(10) == -15
     assert theirs.poll() is None
 
