@@ -1055,7 +1055,7 @@ class _Builder:
         if re.match(r"https?://[^/\s]*@", url):  # not repeated: it holds a password
             raise self.fail(
                 (*keys, "prometheus"),
-                "the URL holds no user or password: set prometheus_user and "
+                "the URL must not hold a user or password: set prometheus_user and "
                 "prometheus_password_file (or prometheus_token_file) instead",
             )
         if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):

@@ -301,7 +301,7 @@ def check_url(url: str) -> str:
         # naming the store (errors, the detail screen, ``describe``) would show the password
         raise PromError(
             "config",
-            "a Prometheus URL holds no user or password: set prometheus_user and "
+            "a Prometheus URL must not hold a user or password: set prometheus_user and "
             "prometheus_password_file (or prometheus_token_file) instead",
         )
     if parts.scheme not in ("http", "https") or not parts.netloc:

@@ -286,5 +286,5 @@ def test_a_password_in_the_url_is_refused_without_echoing_it(tmp_path: Path) -> 
         gpuctl("--config", str(config(tmp_path, url)), "status"),
     ):
         line = one_line_error(r)
-        assert "holds no user or password: set prometheus_user" in line, line
+        assert "must not hold a user or password: set prometheus_user" in line, line
         assert "s3cret-in-url" not in r.stderr + r.stdout
