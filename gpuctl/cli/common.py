@@ -305,8 +305,10 @@ async def running_fleet(fleet: Fleet, *, demo: bool = False) -> AsyncIterator[as
             background.append(asyncio.create_task(story(fleet)))
         yield stop
     finally:
-        for task in background:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        from gpuctl.fleet.fleet import end_tasks
+
+        await end_tasks(background)  # cancelled again while running: a lost cancel (3.11)
+        for task in background:  # its failure is not the command's: retrieved, not raised
+            if not task.cancelled():
+                task.exception()
         await fleet.stop()

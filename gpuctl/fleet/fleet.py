@@ -372,7 +372,7 @@ class Fleet:
 
     async def _end_removed(self, rt: NodeRuntime, task: asyncio.Task[None] | None) -> None:
         if task is not None:
-            await _end([task])
+            await end_tasks([task])
         await self._close_session(rt)
         with contextlib.suppress(Exception):
             await rt.link.aclose()
@@ -414,7 +414,7 @@ class Fleet:
         self._running = False
         if self._watchdog is not None:
             self._watchdog.cancel()
-        await _end([rt.task for rt in self.nodes.values() if rt.task is not None])
+        await end_tasks([rt.task for rt in self.nodes.values() if rt.task is not None])
         if self._removals:
             await asyncio.gather(*self._removals, return_exceptions=True)
         await asyncio.gather(
@@ -624,11 +624,12 @@ class Fleet:
                     task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
-async def _end(tasks: list[asyncio.Task[None]]) -> None:
+async def end_tasks(tasks: list[asyncio.Task[None]]) -> None:
     """Cancel ``tasks`` and wait until they are done, cancelling again those still running: on
     Python 3.11 ``asyncio.wait_for`` loses a cancel that comes as its inner await finishes (fixed
     in 3.12), and a node task that lost one would go on (reconnect) and keep ``stop`` waiting
-    for ever. Seen with 256 and 512 nodes on a loaded machine."""
+    for ever. Seen with 256 and 512 nodes on a loaded machine, and with the demo's story in
+    ``gpuctl export --demo`` (a request's ``wait_for``: the command never exited)."""
     pending = {t for t in tasks if not t.done()}
     while pending:
         for t in pending:

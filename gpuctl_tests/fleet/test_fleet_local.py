@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -280,3 +282,48 @@ def test_a_sample_keeps_every_field_of_the_snapshot_it_does_not_carry() -> None:
         None,
         sample.host,
     )
+
+
+async def test_a_command_ends_when_its_background_task_lost_a_cancel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``running_fleet`` (``export``/``record`` until Ctrl-C) ends the demo's story as
+    ``Fleet.stop`` ends node tasks: on Python 3.11 a request's ``asyncio.wait_for`` can lose the
+    cancel, and a story that lost it went on for ever (``gpuctl export --demo`` never exited
+    on SIGTERM: a CI run). The story here loses its first cancel as that one did."""
+    from gpuctl.cli import common, demo
+
+    lost: list[bool] = []
+    started = asyncio.Event()
+
+    tasks: list[asyncio.Task[Any]] = []
+
+    async def story(fleet: Fleet) -> None:
+        tasks.append(asyncio.current_task())  # type: ignore[arg-type]
+        started.set()
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if lost:
+                    raise
+                lost.append(True)  # as wait_for on 3.11: the cancel swallowed, the task goes on
+
+    monkeypatch.setattr(demo, "story", story)
+    fleet = simulated_fleet([("a", "1:H100")])
+
+    async def run() -> None:
+        async with common.running_fleet(fleet, demo=True) as stop:
+            await started.wait()
+            stop.set()  # as SIGTERM does
+            await stop.wait()
+
+    runner = asyncio.create_task(run())
+    done, _ = await asyncio.wait({runner}, timeout=10)  # no cancel from outside: as the CLI
+    if not done:
+        runner.cancel()  # (which the old code's await of the story then passes on to it)
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+        pytest.fail("running_fleet waited for ever on a story that lost a cancel")
+    assert lost == [True]
+    assert tasks[0].done()  # ended, not left running (the old code gave up on it)
