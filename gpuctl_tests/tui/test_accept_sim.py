@@ -75,7 +75,15 @@ async def test_a_without_torch_says_so_once_with_the_ways_out(tmp_path: Path) ->
         assert {cells[s] for s in SECTIONS if s != "env"} == {"SKIP"}, cells
         outcome = run.outcomes["sim-01"]
         assert outcome.failures == [message(python)]
-        log = "\n".join(str(line.text) for line in app.overview.query_one(RichLog).lines)
+        rich_log = app.overview.query_one(RichLog)
+
+        def text() -> str:
+            return "\n".join(str(line.text) for line in rich_log.lines)
+
+        # the log shows its lines once laid out (a CI run read it empty a moment before)
+        await until(pilot, lambda: "torch is not importable" in text(), "the log's line")
+        await pilot.pause()
+        log = text()
         assert log.count("torch is not importable") == 1, log
         assert message(python) in log.replace("\n", ""), log
 
