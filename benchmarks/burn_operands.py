@@ -28,14 +28,9 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from gpuctl.workloads import burn  # noqa: E402
+from benchmarks import burn_rate  # noqa: E402
 
-DTYPES = {
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "tf32": torch.float32,
-    "fp32": torch.float32,
-}
+DTYPES = burn_rate.TORCH_DTYPES
 
 
 class PowerWatch:
@@ -82,22 +77,8 @@ class PowerWatch:
         )
 
 
-def operands(kind: str, size: int, dtype: str, dev: Any) -> tuple[Any, Any]:
-    gen = torch.Generator(device="cpu").manual_seed(7)
-    if kind == "rand":
-        a, b = torch.rand(size, size, generator=gen), torch.rand(size, size, generator=gen)
-    elif kind == "randn":
-        a, b = torch.randn(size, size, generator=gen), torch.randn(size, size, generator=gen)
-    else:  # the burner's: a Gaussian A and its orthogonal Q (a chain's every operand is A@Q^k)
-        a = torch.randn(size, size, generator=gen)
-        q = burn.orthogonal(torch, size, 11, "cpu")
-        b = q
-        a = a @ q  # one step along the chain, as the burner's second product sees it
-    return a.to(dev).to(DTYPES[dtype]), b.to(dev).to(DTYPES[dtype])
-
-
 def run(kind: str, size: int, dtype: str, dev: Any, seconds: float, watch: PowerWatch) -> tuple:
-    a, b = operands(kind, size, dtype, dev)
+    a, b = burn_rate.operands(kind, size, dtype, dev)
     c = torch.empty_like(a)
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     for _ in range(3):

@@ -58,11 +58,28 @@ def peak_for(name: str, dtype: str) -> float | None:
     return None
 
 
-def bare_loop(device: str, size: int, dtype: str, seconds: float) -> float:
-    """GFLOP/s of back-to-back ``torch.matmul(out=)`` for about ``seconds``."""
+def operands(kind: str, size: int, dtype: str, dev: Any) -> tuple[Any, Any]:
+    """Two ``size`` x ``size`` operands of one kind, on ``dev`` in ``dtype``: ``rand`` (uniform in
+    [0, 1)), ``randn`` (Gaussian) or ``burner`` (a Gaussian A times the burner's orthogonal Q, and
+    Q: what every product of a burner's chain multiplies). At a GPU's power cap the kind sets the
+    clock: on an H100 bf16 ``rand`` ran at 1,473 MHz and 729 TFLOP/s, ``burner`` at 1,368 MHz and
+    680 TFLOP/s, both at ~665 W (docs/measurements/burn_operands-h100-2026-11-26.log)."""
+    gen = torch.Generator(device="cpu").manual_seed(7)
+    if kind == "rand":
+        a, b = torch.rand(size, size, generator=gen), torch.rand(size, size, generator=gen)
+    elif kind == "randn":
+        a, b = torch.randn(size, size, generator=gen), torch.randn(size, size, generator=gen)
+    else:  # the burner's: a chain's every operand is A@Q^k, its other operand Q
+        q = burn.orthogonal(torch, size, 11, "cpu")
+        a, b = torch.randn(size, size, generator=gen) @ q, q
+    return a.to(dev).to(TORCH_DTYPES[dtype]), b.to(dev).to(TORCH_DTYPES[dtype])
+
+
+def bare_loop(device: str, size: int, dtype: str, seconds: float, kind: str = "rand") -> float:
+    """GFLOP/s of back-to-back ``torch.matmul(out=)`` on ``kind`` operands for about
+    ``seconds``."""
     dev = torch.device("cuda:0" if device == "cuda" else "cpu")
-    a = torch.rand(size, size, device=dev).to(TORCH_DTYPES[dtype])
-    b = torch.rand(size, size, device=dev).to(TORCH_DTYPES[dtype])
+    a, b = operands(kind, size, dtype, dev)
     c = torch.empty_like(a)
 
     def sync() -> None:

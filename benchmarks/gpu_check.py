@@ -26,9 +26,15 @@ burn   bf16 and tf32, alternated: a bare ``matmul(out=)`` loop (benchmarks/burn_
        and the GPU's mean power and SM clock during each; a bare ``addmm_`` loop (the old
        burner's accumulating GEMM) as a diagnostic; then ``python -m gpuctl.workloads.burn``
        as a process: seconds from its start to its first GEMM (and where they went).
+       Each round also runs the bare loop on the burner's own operands (a Gaussian times an
+       orthogonal Q): at the power cap the operands' bits set the clock, so the burner's own
+       overhead is its rate over that loop's, and the ratio per MHz of SM clock says the same.
 ddp    the acceptance suite's DDP sections alone with one rank: ddp_allreduce must SKIP.
 agentprof  (only when asked: ``--parts agentprof``, about 1 minute) the bundle's agent under
        cProfile at 1 Hz: its CPU per sample and the functions that take it.
+startup  (only when asked: ``--parts startup``, under a minute) ``import torch`` in fresh
+       processes (the first may read from disk), the device's first use, the RSS of a process
+       holding torch, and ``-X importtime``'s biggest imports: the floor of a burner's start.
 
 With ``--device cpu`` the agent part runs over the stand-in libnvidia-ml.so.1 the tests build
 (gcc) and the other parts on the CPU: a check that the script itself works.
@@ -55,7 +61,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-PART_LIMITS = {"agent": 175.0, "burn": 200.0, "ddp": 120.0, "agentprof": 90.0}
+PART_LIMITS = {"agent": 175.0, "burn": 200.0, "ddp": 120.0, "agentprof": 90.0, "startup": 120.0}
 # Fields a monitor shows, for the bare pynvml baseline (what nvtop/nvitop read per GPU).
 BARE_FIELDS = 9  # see bare_pynvml
 OLD_DIR = REPO / "agent_old"  # a base commit's gpuctl package, placed by hand (see the docstring)
@@ -325,6 +331,7 @@ class Power:
     def __init__(self, device: str) -> None:
         self.nv: Any = None
         self.rows: list[tuple[float, float]] = []
+        self.mhz: float | None = None  # the last run's median SM clock
         if device != "cuda":
             return
         try:
@@ -337,6 +344,7 @@ class Power:
 
     def during(self, fn: Any, *args: Any) -> tuple[Any, str]:
         """``fn(*args)`` and a note of the power and clock while it ran."""
+        self.mhz = None
         if self.nv is None:
             return fn(*args), ""
         self.rows, stop = [], threading.Event()
@@ -360,7 +368,7 @@ class Power:
         if not self.rows:
             return result, ""
         w = statistics.mean(r[0] for r in self.rows)
-        c = statistics.median(r[1] for r in self.rows)
+        c = self.mhz = statistics.median(r[1] for r in self.rows)
         return result, f"  {w:5.0f} W {c:5.0f} MHz"
 
 
@@ -440,13 +448,34 @@ def part_burn(a: argparse.Namespace, results: Path) -> int:
             pairs = []
             for i in range(rounds):
                 bare, pw_bare = power.during(burn_rate.bare_loop, device, size, dtype, seconds)
+                mhz_bare = power.mhz
+                same, pw_same = power.during(
+                    burn_rate.bare_loop, device, size, dtype, seconds, "burner"
+                )
                 b, pw_burn = power.during(burn_rate.burner_run, device, size, dtype, seconds)
                 ratio = b["gflops_mean"] / bare
-                pairs.append({"bare_gflops": bare, **b, "ratio": ratio})
+                # the power cap sets the clock by the operands' bits: per MHz, the burner's own cost
+                per_clock = (
+                    (b["gflops_mean"] / power.mhz) / (bare / mhz_bare)
+                    if power.mhz and mhz_bare
+                    else None
+                )
+                pairs.append(
+                    {
+                        "bare_gflops": bare,
+                        **b,
+                        "ratio": ratio,
+                        "bare_same_operands_gflops": same,
+                        "ratio_same_operands": b["gflops_mean"] / same,
+                        "ratio_per_clock": per_clock,
+                    }
+                )
                 say(
-                    f"[burn] {dtype} #{i + 1}: bare {rate(bare)}{pw_bare} | burner "
-                    f"{rate(b['gflops_mean'])}{pw_burn} duty {b['duty']:.4f} errors "
-                    f"{b['errors']} | ratio {ratio:.3f}"
+                    f"[burn] {dtype} #{i + 1}: bare {rate(bare)}{pw_bare} | bare on the burner's "
+                    f"operands {rate(same)}{pw_same} | burner {rate(b['gflops_mean'])}{pw_burn} "
+                    f"duty {b['duty']:.4f} errors {b['errors']} | ratio {ratio:.3f}, "
+                    f"same operands {b['gflops_mean'] / same:.3f}"
+                    + (f", per MHz {per_clock:.3f}" if per_clock else "")
                 )
             acc, pw_acc = power.during(
                 addmm_loop, torch, device, size, burn_rate.TORCH_DTYPES[dtype], min(5.0, seconds)
@@ -465,9 +494,17 @@ def part_burn(a: argparse.Namespace, results: Path) -> int:
                 f"{sum(p['errors'] for p in pairs)}; duty {min(p['duty'] for p in pairs):.4f} "
                 "(lowest)"
             )
+            same_med = statistics.median(p["ratio_same_operands"] for p in pairs)
+            clocks = [p["ratio_per_clock"] for p in pairs if p["ratio_per_clock"]]
+            say(
+                f"[burn] RESULT {dtype}: burner / bare loop on the burner's own operands "
+                f"{same_med:.3f} (the burner's overhead; target >= 0.95)"
+                + (f"; per MHz vs the rand loop {statistics.median(clocks):.3f}" if clocks else "")
+            )
             out["dtypes"][dtype] = {
                 "pairs": pairs,
                 "ratio_median": burn_med / bare_med,
+                "ratio_same_operands_median": same_med,
                 "addmm_gflops": acc,
                 "addmm_over_bare": acc / bare_med,
             }
@@ -597,7 +634,71 @@ def part_agentprof(a: argparse.Namespace, results: Path) -> int:
     return 0
 
 
-PARTS = {"agent": part_agent, "burn": part_burn, "ddp": part_ddp, "agentprof": part_agentprof}
+_STARTUP = """
+import sys, time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) // 1024 for l in f if l.startswith("VmRSS"))
+imported = rss()
+dev = torch.device(sys.argv[1])
+x = torch.ones(1, device=dev)
+if dev.type == "cuda":
+    torch.cuda.synchronize()
+t2 = time.perf_counter()
+print(f"{t1 - t0:.3f} {t2 - t1:.3f} {imported} {rss()}")
+"""
+
+
+def part_startup(a: argparse.Namespace, results: Path) -> int:
+    """Where a burner's start-up goes before its first GEMM: ``import torch`` in a fresh
+    process, ``--rounds`` + 1 times (the first may read the libraries from disk), then the
+    device's first use; the RSS of a process holding torch (what a pre-started, waiting burner
+    would cost a node); the imports that take the time (``-X importtime``, by own time)."""
+    out: dict[str, Any] = {"runs": []}
+    try:
+        for i in range(a.rounds + 1):
+            cmd = [sys.executable, "-c", _STARTUP, a.device]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            imp, dev, rss_imp, rss_dev = r.stdout.split()[-4:]
+            out["runs"].append(
+                {"import_s": float(imp), "device_s": float(dev), "rss_mb": int(rss_imp),
+                 "rss_device_mb": int(rss_dev)}
+            )  # fmt: skip
+            say(f"[startup] #{i + 1}: import torch {imp} s, first device use {dev} s; RSS "
+                f"{rss_imp} MB after the import, {rss_dev} MB after the device's first "
+                "use")  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", "import torch"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        rows = []
+        for line in r.stderr.splitlines():
+            parts = line.split("|")
+            if (
+                line.startswith("import time:")
+                and len(parts) == 3
+                and parts[0][12:].strip().isdigit()
+            ):
+                rows.append((int(parts[0][12:]), int(parts[1]), parts[2].rstrip()))
+        total = max((c for _, c, _ in rows), default=0)
+        say(f"[startup] -X importtime: {total / 1e6:.3f} s in all; by own time:")
+        for own, cum, name in sorted(rows, reverse=True)[:12]:
+            say(f"[startup]   {own / 1e6:7.3f} s own {cum / 1e6:7.3f} s cum  {name.strip()}")
+        out["importtime_top"] = sorted(rows, reverse=True)[:12]
+        imports = [r["import_s"] for r in out["runs"][1:]] or [out["runs"][0]["import_s"]]
+        say(f"[startup] RESULT import torch {out['runs'][0]['import_s']:.3f} s first, "
+            f"{statistics.median(imports):.3f} s median after; a process holding torch "
+            f"{out['runs'][-1]['rss_mb']} MB RSS")  # fmt: skip
+    finally:
+        save(results, "startup", out)
+    return 0
+
+
+PARTS = {"agent": part_agent, "burn": part_burn, "ddp": part_ddp, "agentprof": part_agentprof,
+         "startup": part_startup}  # fmt: skip
 
 
 # -- the driver ----------------------------------------------------------------------------
@@ -656,7 +757,9 @@ def run_part(name: str, a: argparse.Namespace, results: Path, limit: float, log:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--parts", default="agent,burn,ddp", help="comma list: agent,burn,ddp,agentprof")
+    p.add_argument(
+        "--parts", default="agent,burn,ddp", help="comma list: agent,burn,ddp,agentprof,startup"
+    )
     p.add_argument("--seconds", type=float, default=10.0, help="each bare/burner run (CUDA)")
     p.add_argument("--rounds", type=int, default=2, help="bare/burner alternations per dtype")
     p.add_argument("--budget", type=float, default=400.0, help="seconds for all parts")
