@@ -490,7 +490,7 @@ async def test_a_node_that_left_while_recording_leaves_the_replay_and_a_seek_bri
     assert not [r for r in last if r.get("k") and r["n"] == "b" and "m" in r]
 
     reader = RecordingReader(path)
-    # its last sample (the removal publishes it down a moment before the leave: kept too)
+    # its last sample
     t_last = max(r["t"] for r in records if r["n"] == "b" and (r.get("m") or {}).get("seq"))
     before = last_samples(frames, t_last)["b"]
     replayer = Replayer(reader, speed=1e6)
