@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from gpuctl.core.model import NodeSnapshot
     from gpuctl.fleet.fleet import Fleet
+    from gpuctl.fleet.recording.writer import Recorder
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -128,6 +129,25 @@ async def wait_fleet(
         lambda: pred(snapshots()), timeout, what, wake=fleet_changes(fleet), now=now
     )
     return snapshots()
+
+
+@contextlib.asynccontextmanager
+async def recording_fleet(
+    fleet: Fleet, path: Path, frame_seconds: float = 0.5
+) -> AsyncIterator[Recorder]:
+    """``fleet`` started with a recording of it into ``path`` from its first hello (frames of
+    ``frame_seconds``, short: a few seconds of test make several frames); on the way out, also
+    when the test failed, the fleet is stopped and the recording closed, so the file is
+    complete to read back."""
+    from gpuctl.fleet.recording.writer import Recorder
+
+    recorder = Recorder(fleet, path, frame_seconds=frame_seconds)
+    try:
+        await fleet.start()
+        yield recorder
+    finally:
+        await fleet.stop()
+        recorder.close()
 
 
 async def until(

@@ -138,6 +138,9 @@ class Fleet:
         self._wire_listeners: list[WireListener] = []
         self._removal_listeners: list[RemovalListener] = []
         self._removals: set[asyncio.Task[None]] = set()  # removed nodes' tasks being ended
+        # The node ``remove_node`` is publishing the last snapshot of (else None): a listener
+        # that keeps what happened (a recording) tells a node that left from one that went down.
+        self.leaving: str | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._rng = rng or random.Random()
         self._backfilled: set[str] = set()
@@ -350,13 +353,19 @@ class Fleet:
     def remove_node(self, name: str, why: str) -> None:
         """A node that left (a host the site's Prometheus no longer holds samples of,
         ``gpuctl.fleet.prom``): its last snapshot is published as unreachable with ``why``
-        (what listeners of snapshots alone keep: a recording writes it as the node's ``down``
-        record), then it is dropped with its history and events, ``why`` is logged and told to
-        the ``on_removed`` listeners (the screen drops its rows), and its task is ended and its
-        link closed in the background (``stop`` waits for them). The same name may be added
-        again (``add_node``): a new node. Raises KeyError for a name it does not have."""
+        (what listeners of snapshots alone see: a stress or acceptance run waiting on it stops
+        waiting; ``leaving`` names it meanwhile, so a recording does not write it as a ``down``:
+        the node left, its link did not fail), then it is dropped with its history and events,
+        ``why`` is logged and told to the ``on_removed`` listeners (the screen drops its rows; a
+        recording writes the ``leave``), and its task is ended and its link closed in the
+        background (``stop`` waits for them). The same name may be added again (``add_node``):
+        a new node. Raises KeyError for a name it does not have."""
         rt = self.nodes[name]
-        self._publish(rt, state=NodeState.UNREACHABLE, reason=why)
+        self.leaving = name
+        try:
+            self._publish(rt, state=NodeState.UNREACHABLE, reason=why)
+        finally:
+            self.leaving = None
         del self.nodes[name]
         self._backfilled.discard(name)
         log.info("%s %s", name, why)

@@ -37,7 +37,7 @@ from gpuctl.config import TuiSettings
 from gpuctl.core.model import NodeEvent, NodeSnapshot
 from gpuctl.core.text import printable
 from gpuctl.fleet import control
-from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.fleet import Fleet, end_tasks
 from gpuctl.jobs.store import JobStore
 from gpuctl.tui.controllers import (
     AcceptController,
@@ -156,6 +156,7 @@ class GpuctlApp(App[int]):
         self.on_flush: Callable[[set[str], dict[str, float]], None] | None = None
         # Coroutines to run as workers once the fleet is started (the demo's story).
         self.background: list[Callable[[], Awaitable[None]]] = []
+        self._background_tasks: list[asyncio.Task[None]] = []  # their workers' tasks
         # The feature flows (``gpuctl.tui.controllers``): what the keys do with the fleet.
         self.stress_flow = StressController(self)
         self.accept_flow = AcceptController(self, accept_options)
@@ -191,10 +192,23 @@ class GpuctlApp(App[int]):
         if self.manage_fleet:
             await self.fleet.start()
         for job in self.background:
-            self.run_worker(job(), name="background", group="background", exit_on_error=False)
+            self.run_worker(
+                self._background(job), name="background", group="background", exit_on_error=False
+            )
+
+    async def _background(self, job: Callable[[], Awaitable[None]]) -> None:
+        task = asyncio.current_task()  # the worker's: ``on_unmount`` ends it
+        if task is not None:
+            self._background_tasks.append(task)
+        await job()
 
     async def on_unmount(self) -> None:
         self.record_flow.close()  # a recording ends with the screen, whole
+        # Textual cancels its workers once and does not wait: on Python 3.11 a request's
+        # wait_for can lose that cancel, and the demo's story went on while the fleet stopped
+        # (``asyncio.run`` cancels it once more at exit: lost again, the process never exits).
+        # Ended as ``running_fleet`` ends it for ``export`` and ``record``, before the fleet.
+        await end_tasks(self._background_tasks)
         if self.manage_fleet:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.fleet.stop(), STOP_TIMEOUT_S)

@@ -73,6 +73,39 @@ def test_the_simulated_reader_gives_every_reading() -> None:
         assert any(g[m.key] is not None for g in gpus), m.key
 
 
+def test_the_simulated_pcie_traffic_follows_the_work() -> None:
+    """A training job's PCIe traffic comes in bursts of several GB/s, reaching past the
+    lowest of the heat map's colours on the registry's 0-64 GB/s scale; a burn (its data stays
+    on the GPU) and an idle GPU move next to nothing. It was a flat share of the link by
+    utilization: a burn showed 12.7 GB/s in, an idle H100 126 MB/s, a job the same figure on
+    every sample."""
+    now = [0.0]
+    reader = SimReader.from_spec("8:H100,8:A100", seed=3, clock=lambda: now[0])
+    gpus = reader.gpus
+    idle = [g.index for g in gpus if g.base_load == 0]
+    busy = [g.index for g in gpus if g.base_load >= 0.7]
+    burned = next(g.index for g in gpus if g.base_load >= 0.35 and g.index not in busy)
+    assert idle and busy
+    reader.simulate("load", {"gpus": [burned], "load": 1.0})
+    rx: dict[int, list[float]] = {g.index: [] for g in gpus}
+    tx: dict[int, list[float]] = {g.index: [] for g in gpus}
+    for _ in range(120):
+        now[0] += 1.0
+        for rec in reader.sample():
+            rx[rec["index"]].append(rec["pcie_rx"] / 1e9)
+            tx[rec["index"]].append(rec["pcie_tx"] / 1e9)
+    top = metrics.BY_KEY["pcie_rx"].heat[1]  # GB/s
+    for i in busy:
+        link = 63.0 if gpus[i].pcie_gen == 5 else 31.5
+        assert max(rx[i]) >= 4 and max(tx[i]) >= 2, (i, max(rx[i]))  # bursts of GB/s
+        assert min(rx[i]) < 1 and max(rx[i] + tx[i]) <= link, (i, rx[i])  # between bursts
+        assert len({round(v, 1) for v in rx[i]}) > 20  # not one figure on every sample
+    assert max(max(rx[i]) for i in busy) > top / 5  # past the heat map's lowest colour
+    for i in idle:
+        assert max(rx[i] + tx[i]) < 0.01, (i, max(rx[i] + tx[i]))
+    assert max(rx[burned] + tx[burned]) < 0.05, rx[burned]
+
+
 def test_fmt_prints_the_shown_unit() -> None:
     by = metrics.BY_KEY
     assert metrics.fmt(by["mem_used"], 12 * (1 << 30)) == "12.0G"

@@ -239,6 +239,40 @@ def test_a_node_sample_is_kept_as_its_readings_are() -> None:
     assert node[0].series("util")[1][-2] == 50 and gpu1.series("util")[1][-1] == 50
 
 
+def test_a_gpu_the_samples_lack_is_kept_missing_as_the_rings_path_keeps_it() -> None:
+    """A GPU a node's samples lack (it fell off the bus) stands in as missing readings so that
+    the sample takes ``add``'s write in C: the history holds what the ring's per-value path
+    keeps of a sample that lacks it (each GPU's ``_readings``, the absent one's all missing),
+    whether the others' readings fit their columns or not, in the layout's order or not, with
+    a lost GPU among them, and whichever GPU is absent (the last and first too)."""
+    from gpuctl.fleet.gpu_history import NodeHistory, _gpu_readings, _Ring
+
+    samples = junk_samples()
+    lacking = [samples[0]]  # every GPU at first: the lanes
+    for k, gpus in enumerate(samples[1:]):
+        gone = k % 3 if k % 5 else None  # none absent now and then
+        kept = [g for g in gpus if g.index != gone]
+        lacking.append(kept[::-1] if k % 4 == 1 else kept)
+    node = NodeHistory(len(lacking), 0)
+    looped = _Ring(len(lacking))
+    looped.add_lanes(3)
+    for gpus in lacking:
+        node.add(gpus[0].t, gpus)
+        by_index = {g.index: g for g in gpus}
+        looped.push(gpus[0].t, [_gpu_readings(by_index.get(i)) for i in range(3)])
+    assert node.layout == (0, 1, 2)
+    for lane in range(3):
+        assert node[lane].series("util")[0] == looped.times_list()
+        for c, metric in enumerate(METRICS):
+            raw = looped.last_values(c, lane, looped.size)
+            kept = node._recent.last_values(c, lane, len(lacking))
+            same = [a == b or (a != a and b != b) for a, b in zip(kept, raw, strict=True)]
+            assert all(same), (metric, lane, kept, raw)
+    util = [node[i].series("util")[1] for i in range(3)]
+    assert util[1][2] is None and util[2][3] is None and util[0][4] is None  # absent: None
+    assert util[0][2] == 50 and util[0][3] == 50 and util[2][4] == 50  # the others': theirs
+
+
 async def test_gpus_that_come_go_and_move() -> None:
     """A node's GPUs as its samples name them: a GPU that joins later has its history from its
     first sample on (no points, no minute means from before it), a GPU a sample lacks is

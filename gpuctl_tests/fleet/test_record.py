@@ -26,12 +26,17 @@ from gpuctl.fleet.recording.csvexport import CSV_READINGS, export_csv
 from gpuctl.fleet.recording.reader import RecordingReader
 from gpuctl.fleet.recording.replayer import Replayer
 from gpuctl.fleet.recording.times import format_time
-from gpuctl.fleet.recording.writer import Recorder
 from gpuctl.fleet.session import decode_sample
 from gpuctl.node.protocol import FROM_HELLO
 from gpuctl.tui.app import GpuctlApp
 from gpuctl.tui.replay import ReplayApp
-from gpuctl_tests.helpers import node_env, until, wait_until, wait_until_async
+from gpuctl_tests.helpers import (
+    node_env,
+    recording_fleet,
+    until,
+    wait_until,
+    wait_until_async,
+)
 
 SIZE = (120, 36)
 
@@ -349,9 +354,7 @@ async def test_a_fast_replay_loses_no_sample(recording: Path) -> None:
 async def test_slurm_jobs_are_recorded_replayed_and_in_the_csv(tmp_path: Path) -> None:
     fleet = simulated_fleet([("a", "2:H100"), ("b", "1:A100")], interval=0.1)
     path = tmp_path / "jobs.gpurec"
-    recorder = Recorder(fleet, path, frame_seconds=0.5)
-    await fleet.start()
-    try:
+    async with recording_fleet(fleet, path) as recorder:
         await wait_until_async(lambda: recorder.samples >= 6, 20, "samples before the job")
         fleet.annotate("a", 1, slurm_job="4242", slurm_user="alice")
         marked = recorder.samples
@@ -359,9 +362,6 @@ async def test_slurm_jobs_are_recorded_replayed_and_in_the_csv(tmp_path: Path) -
         fleet.annotate("a", 1, slurm_job=None, slurm_user=None)
         ended = recorder.samples
         await wait_until_async(lambda: recorder.samples >= ended + 6, 20, "samples after the job")
-    finally:
-        await fleet.stop()
-        recorder.close()
     reader = RecordingReader(path)
     out = io.StringIO()
     export_csv(reader, out)
@@ -395,17 +395,12 @@ async def test_a_node_added_while_recording_is_replayed_from_its_arrival_and_in_
     # reached, and the replay and the CSV take it in from then on.
     fleet = simulated_fleet([("a", "1:H100")], interval=0.1)
     path = tmp_path / "joined.gpurec"
-    recorder = Recorder(fleet, path, frame_seconds=0.5)
-    await fleet.start()
-    try:
+    async with recording_fleet(fleet, path) as recorder:
         await wait_until_async(lambda: recorder.samples >= 8, 20, "samples of a alone")
         fleet.add_node("b", ThreadSimLink("2:A100", seed=1, interval=0.1))
         marked = recorder.samples
         # b's samples over more than two frames: a later frame's keyframes must bring b in
         await wait_until_async(lambda: recorder.samples >= marked + 30, 20, "samples with b")
-    finally:
-        await fleet.stop()
-        recorder.close()
     frames = frames_of(path)
     header = json.loads(path.read_bytes().split(b"\n", 1)[0])
     assert [n["name"] for n in header["nodes"]] == ["a"]
@@ -480,16 +475,11 @@ async def test_a_node_that_left_while_recording_leaves_the_replay_and_a_seek_bri
     # leave it out (a header node's say it left), and a seek to before the leave shows it again.
     fleet = simulated_fleet([("a", "1:H100"), ("b", "1:A100")], interval=0.1)
     path = tmp_path / "left.gpurec"
-    recorder = Recorder(fleet, path, frame_seconds=0.5)
-    await fleet.start()
-    try:
+    async with recording_fleet(fleet, path) as recorder:
         await wait_until_async(lambda: recorder.samples >= 10, 20, "samples of a and b")
         fleet.remove_node("b", "left the store (last sample 11m ago)")
         marked = recorder.samples
         await wait_until_async(lambda: recorder.samples >= marked + 20, 20, "samples of a alone")
-    finally:
-        await fleet.stop()
-        recorder.close()
     frames = frames_of(path)
     records = [r for f in frames for r in f if not r.get("k")]
     leave = next(r for r in records if r.get("leave"))
@@ -500,7 +490,7 @@ async def test_a_node_that_left_while_recording_leaves_the_replay_and_a_seek_bri
     assert not [r for r in last if r.get("k") and r["n"] == "b" and "m" in r]
 
     reader = RecordingReader(path)
-    # its last sample (the removal publishes it down a moment before the leave: kept too)
+    # its last sample
     t_last = max(r["t"] for r in records if r["n"] == "b" and (r.get("m") or {}).get("seq"))
     before = last_samples(frames, t_last)["b"]
     replayer = Replayer(reader, speed=1e6)

@@ -5,7 +5,9 @@ minutes)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 from gpuctl.cli.demo import story
 from gpuctl.fleet.demo import demo_nodes
@@ -65,3 +67,40 @@ async def test_the_demo_burns_one_gpu_with_its_badge_on_the_screen(tmp_path: Pat
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, "the demo to exit")
     assert app.return_value == 0
+
+
+async def test_quitting_ends_a_story_that_lost_a_cancel(tmp_path: Path) -> None:
+    """The screen's quit ends the demo's story (a Textual worker) before it stops the fleet,
+    as ``running_fleet`` does for ``export``/``record``: Textual cancels its workers once and
+    does not wait, and on Python 3.11 a request's ``asyncio.wait_for`` can lose that cancel; the
+    story then went on while the fleet stopped and after the screen had gone, and only
+    ``asyncio.run``'s own single cancel at exit was left to end it (a second lost cancel: the
+    process never exits). The story here loses its first cancel as that one did."""
+    lost: list[bool] = []
+    tasks: list[asyncio.Task[Any]] = []
+    stopped_after: list[bool] = []
+
+    async def story() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.append(task)
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if lost:
+                    nodes = fleet.nodes.values()  # their tasks still run: ended first
+                    stopped_after.append(all(rt.task and not rt.task.done() for rt in nodes))
+                    raise
+                lost.append(True)  # as wait_for on 3.11: the cancel swallowed, the task goes on
+
+    fleet = simulated_fleet(demo_nodes(1, 1), interval=0.2)
+    app = make_app(fleet, simulated=True, state_dir=tmp_path / "state")
+    app.background.append(story)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: bool(tasks), "the story started")
+        await pilot.press("q")
+    assert lost == [True]
+    done, _ = await asyncio.wait(tasks, timeout=5)  # the old code left it running
+    assert done, "the story still runs after the screen quit"
+    assert stopped_after == [True]  # ended before the fleet stopped, not by a later cancel

@@ -210,6 +210,21 @@ def test_the_lists_columns_are_the_registrys_list_metrics_in_its_order() -> None
     assert marked == {column for _k, _t, column, _d in SORTS}
 
 
+@pytest.mark.parametrize(
+    ("width", "mixed"), [(76, False), (78, True), (80, True), (98, True), (119, False), (200, True)]
+)
+def test_the_last_title_fits_the_list(width: int, mixed: bool) -> None:
+    """Every title fits the list, "OWNERS" last, whatever the sort (78 and 119 are the list's
+    width on an 80- and a 120-column terminal, where "OWNERS" was cut: with a node of two
+    models by 5 cells, at 120 by 8); spaced out where there is room for it."""
+    spaced = "FLAGS · JOB · USER · BURN · OWNERS"
+    for key in (None, *(k for k, _t, _c, _d in SORTS)):
+        line = column_titles(width, key, compact=False, mixed=mixed)
+        assert len(line) <= width and line.endswith("OWNERS"), (width, key, line)
+        if width >= 200 or (width, mixed) == (76, False):
+            assert line.replace("↓", "").replace("↑", "").endswith(spaced), (width, key, line)
+
+
 @pytest.mark.parametrize("width", [80, 100, 120, 160, 200])
 def test_a_marked_title_never_moves_the_next_column(width: int) -> None:
     """Each title stays over its cells whatever the sort: a right-aligned title moves left by

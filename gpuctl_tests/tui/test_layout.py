@@ -111,8 +111,10 @@ async def test_a_node_of_several_models_tags_each_gpu_when_the_model_column_is_g
     app = mixed_app(tmp_path)
     async with app.run_test(size=(width, 30)) as pilot:
         await shown(pilot)
-        titles = str(app.overview.query_one(GpuColumns).render())
+        header = app.overview.query_one(GpuColumns)
+        titles = str(header.render())
         assert titles.startswith("   # MODEL  "), titles
+        assert len(titles) <= header.size.width and titles.endswith("OWNERS"), titles  # not cut
         rows = [row_text(app, "gpu-m04", i) for i in range(4)]
         assert [r[5:11] for r in rows] == ["H100  ", "H100  ", "4090  ", "4090  "], rows
         a100 = row_text(app, "gpu-b02", 0)

@@ -12,6 +12,10 @@ received it, and when a node's link failed (why). File layout (integers big-endi
                {"t": T, "n": node, "slurm": {gpu: [job, user]}}  the Slurm jobs on its GPUs
                {"t": T, "n": node, "join": link}  a node the header does not name joined the
                                                   fleet (reached by ``link``: its kind)
+               {"t": T, "n": node, "leave": why}  the node left the fleet (a host gone from
+                                                  the site's Prometheus); no ``down`` comes
+                                                  before it (its link did not fail; an older
+                                                  recording's down there replays as before)
              A frame starts with keyframe records ("k": 1): the nodes joined since the header,
              each node's current hello and last sample (or why it is down) and its Slurm jobs,
              so that a replay can start at any frame.

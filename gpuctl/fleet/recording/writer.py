@@ -178,6 +178,8 @@ class Recorder:
         self._add({"t": self.clock(), "n": node, "m": msg})
 
     def _on_snapshot(self, snap: NodeSnapshot) -> None:
+        if snap.name == self.fleet.leaving:
+            return  # remove_node's last word: the ``leave`` that follows says why, not a down
         self._join(snap.name)  # its first snapshot, published by add_node
         jobs = slurm_jobs(snap)
         if jobs != self.slurm.get(snap.name, {}):

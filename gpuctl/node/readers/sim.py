@@ -109,6 +109,8 @@ class SimGpu(object):
         video = random.Random(host_seed * 7919 + index)
         self.enc = video.choice((0,) * 7 + (12, 35))
         self.dec = video.choice((0,) * 5 + (20, 45, 70))
+        # PCIe traffic, from a generator of its own as above (``pcie``).
+        self._pcie = random.Random(host_seed * 104729 + index)
 
     def step(self, dt: float, rng: random.Random) -> None:
         load = max(self.burn, self.base_load)
@@ -131,6 +133,27 @@ class SimGpu(object):
         """The launcher of each simulated job (a shell running its job script)."""
         return [{"pid": p["ppid"], "ppid": 1, "uid": p["uid"], "user": p["user"],
                  "command": "bash job.sh", "started": None} for p in self.processes]
+
+    def pcie(self, link: float) -> Tuple[int, int]:
+        """PCIe bytes/s (TX: GPU to host, RX: host to GPU) over a ``link`` of that many bytes/s
+        each way. A training job moves data in bursts: its input batches come in and gradients
+        go out to the network (GPUDirect to the NIC crosses PCIe), several to tens of GB/s on a
+        burst's sample (a third to half of its samples at full load), a few hundred MB/s
+        between; a burn's data stays on the GPU and an idle GPU moves next to nothing (tens and
+        a few MB/s). It was a flat share of the link by utilization (a burn at 100% showed
+        12.7 GB/s in, every busy GPU the same figure), all in the lowest of the heat map's five
+        colours on the registry's 0-64 GB/s scale (PCIe gen5 x16, ~63 GB/s each way)."""
+        r = self._pcie
+        if self.burn:
+            return int(link * r.uniform(0.0001, 0.0003)), int(link * r.uniform(0.0002, 0.0005))
+        share = self.util / 100.0 if self.base_load > 0 else 0.0
+        if share <= 0.02:
+            return int(link * r.uniform(0.0, 0.00003)), int(link * r.uniform(0.0, 0.00005))
+        scale = 0.4 + 0.6 * share
+        if r.random() < 0.15 + 0.35 * share:  # a burst
+            return (int(link * scale * r.uniform(0.05, 0.5)),
+                    int(link * scale * r.uniform(0.1, 0.6)))
+        return int(link * scale * r.uniform(0.002, 0.01)), int(link * scale * r.uniform(0.005, 0.03))
 
     def clock(self) -> Tuple[int, bool]:
         """The SM clock now (MHz) and whether heat holds it down (``sw_thermal``)."""
@@ -158,7 +181,7 @@ class SimGpu(object):
         burn_frac = min(0.9, 0.97 - self.base_mem) if self.burn else 0.0
         mem_frac = self.base_mem + burn_frac
         procs = [self._process(p, epoch) for p in self.processes]
-        link = PCIE_LANE_BYTES.get(self.pcie_gen, 1e9) * self.pcie_width  # bytes/s each way
+        tx, rx = self.pcie(PCIE_LANE_BYTES.get(self.pcie_gen, 1e9) * self.pcie_width)
         if self.burn:
             procs.append({"pid": 9000 + self.index, "user": "gpuctl", "uid": SIM_UIDS["gpuctl"],
                           "command": "gpuctl-burn", "mem": int(burn_frac * self.mem_total),
@@ -173,8 +196,7 @@ class SimGpu(object):
             "fan": int(30 + 0.6 * util) if self.name in FANNED else None,
             "pstate": "P0" if util > 2 else "P8",
             "enc": self.enc if util > 2 else 0, "dec": self.dec if util > 2 else 0,
-            "pcie_tx": int(link * (0.001 + 0.05 * util / 100.0)),
-            "pcie_rx": int(link * (0.002 + 0.2 * util / 100.0)),
+            "pcie_tx": tx, "pcie_rx": rx,
             "throttle": throttle, "processes": procs,
         }
 

@@ -1105,15 +1105,21 @@ def compact_columns_at(per_gpu: int) -> tuple[Cell, ...]:
     )
 
 
-def _titles(cells: tuple[Cell, ...], mark: dict[str, str]) -> str:
+def _titles(cells: tuple[Cell, ...], mark: dict[str, str], width: int | None = None) -> str:
     """Each column's title over its cells (``Column``'s ``align``); a title wider than its
-    cells (a sort's mark) takes its gap's first cells, never the next column's."""
-    out = []
+    cells (a sort's mark) takes its gap's first cells, never the next column's. The last
+    title's words close up (" · " to "·") where the list's ``width`` is too narrow for them
+    spaced: "OWNERS" was cut at 80 columns with a node of two models (the tag column's 6
+    cells) and at 120 columns (the model column and sparkline), by 5 and 8 cells."""
+    out: list[str] = []
     for cell in cells:
         c, w = cell.column, cell.width
         title = c.title + mark.get(c.sort, "") if c.sort else c.title
         if c.rest is not None:
-            out.append(title + c.rest)
+            rest = c.rest
+            if width is not None and sum(map(len, out)) + len(title) + len(rest) > width:
+                rest = rest.replace(" · ", "·")
+            out.append(title + rest)
             break
         left = c.align == "<" or (c.align == "bar" and w > c.figure)
         text = f"{title:<{w}}" if left else f"{title:>{w}}"
@@ -1143,7 +1149,7 @@ def column_titles(
         mark[column] = "↓" if descending else "↑"
     if compact:
         return _titles(compact_columns_at(per_gpu), mark)
-    return _titles(columns_at(width, mixed), mark)
+    return _titles(columns_at(width, mixed), mark, width)
 
 
 class GpuColumns(Widget):
