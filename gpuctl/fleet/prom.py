@@ -294,15 +294,16 @@ SLOW: frozenset[Metric] = frozenset(
 PromTarget = PrometheusConfig
 
 
-def check_url(url: str) -> str:
-    """``url`` without a trailing slash; raises PromError(config) unless it is http(s)://host."""
+def check_url(url: str, name: Callable[[str], str] = str) -> str:
+    """``url`` without a trailing slash; raises PromError(config) unless it is http(s)://host
+    (``name``: how the line names a setting, ``PrometheusConfig.name``)."""
     parts = urllib.parse.urlsplit(url.strip())
     if "@" in parts.netloc:  # user:password@host: urllib would fail on it, and every line
         # naming the store (errors, the detail screen, ``describe``) would show the password
         raise PromError(
             "config",
-            "a Prometheus URL must not hold a user or password: set prometheus_user and "
-            "prometheus_password_file (or prometheus_token_file) instead",
+            f"a Prometheus URL must not hold a user or password: set {name('prometheus_user')} "
+            f"and {name('prometheus_password_file')} (or {name('prometheus_token_file')}) instead",
         )
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise PromError(
@@ -312,16 +313,20 @@ def check_url(url: str) -> str:
     return url.strip().rstrip("/")
 
 
-def _read_secret(path: str, what: str) -> str:
+def _read_secret(path: str, what: str, name: str) -> str:
+    """The secret in ``path`` (``what``: "token", "password"; ``name``: the setting that named
+    the file), stripped; raises PromError(config) in one line that names the file, never
+    its text."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read().strip()
-    except OSError as e:
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
         raise PromError(
-            "config", f"cannot read the Prometheus {what} {path}: {e.strerror}"
+            "config", f"cannot read the Prometheus {what} file {path} ({name}): {why}"
         ) from None
     if not text:
-        raise PromError("config", f"the Prometheus {what} {path} is empty")
+        raise PromError("config", f"the Prometheus {what} file {path} ({name}) is empty")
     return text
 
 
@@ -347,14 +352,18 @@ class PromClient:
 
     def __init__(self, target: PromTarget) -> None:
         self.target = target
-        self.base = check_url(target.url)
+        self.base = check_url(target.url, target.name)
         self.headers = {"Accept": "application/json", "User-Agent": "gpuctl"}
         if target.token_file:
-            token = _read_secret(target.token_file, "token file")
+            token = _read_secret(target.token_file, "token", target.name("prometheus_token_file"))
             self.headers["Authorization"] = f"Bearer {token}"
         elif target.user:
             password = (
-                _read_secret(target.password_file, "password file") if target.password_file else ""
+                _read_secret(
+                    target.password_file, "password", target.name("prometheus_password_file")
+                )
+                if target.password_file
+                else ""
             )
             pair = base64.b64encode(f"{target.user}:{password}".encode()).decode()
             self.headers["Authorization"] = f"Basic {pair}"
@@ -362,8 +371,13 @@ class PromClient:
         if self.base.startswith("https:"):
             try:
                 self.context = ssl.create_default_context(cafile=target.ca)
-            except (OSError, ssl.SSLError) as e:
-                raise PromError("config", f"cannot read the CA file {target.ca}: {e}") from None
+            except OSError as e:  # ssl.SSLError too: not PEM ("no certificate or crl found")
+                why = e.strerror if e.strerror and not isinstance(e, ssl.SSLError) else e
+                raise PromError(
+                    "config",
+                    f"cannot read the Prometheus CA file {target.ca} "
+                    f"({target.name('prometheus_ca')}): {why}",
+                ) from None
         handlers: list[Any] = [_NoRedirect()]
         if self.context is not None:
             handlers.append(urllib.request.HTTPSHandler(context=self.context))
@@ -406,9 +420,10 @@ class PromClient:
                     "use a name in the URL that the certificate was issued for",
                 )
             how = (
-                f"it is not signed by a CA in prometheus_ca ({self.target.ca})"
+                f"it is not signed by a CA in {self.target.name('prometheus_ca')} "
+                f"({self.target.ca})"
                 if self.target.ca
-                else "set prometheus_ca to the CA bundle that signed it"
+                else f"set {self.target.name('prometheus_ca')} to the CA bundle that signed it"
             )
             return PromError(
                 "tls", f"Prometheus at {self.base}: certificate not trusted ({detail}): {how}"
@@ -435,10 +450,14 @@ class PromClient:
 
     def _http_error(self, code: int, reason: str, body: bytes, query: str) -> PromError:
         if code in (401, 403):
+            token, user, password = (
+                self.target.name(k)
+                for k in ("prometheus_token_file", "prometheus_user", "prometheus_password_file")
+            )
             how = (
-                "check prometheus_token_file / prometheus_user and prometheus_password_file"
+                f"check {token} / {user} and {password}"
                 if "Authorization" in self.headers
-                else "set prometheus_token_file, or prometheus_user and prometheus_password_file"
+                else f"set {token}, or {user} and {password}"
             )
             return PromError(
                 "auth", f"Prometheus at {self.base} refused us ({code} {reason}): {how}"
@@ -452,7 +471,8 @@ class PromClient:
             return PromError(
                 "sample_limit",
                 f"Prometheus at {self.base} refused the query as over its sample limit "
-                f"(--query.max-samples): narrow prometheus_match, or raise that limit ({text})",
+                f"(--query.max-samples): narrow {self.target.name('prometheus_match')}, or "
+                f"raise that limit ({text})",
             )
         if "HTTP request to an HTTPS server" in text:  # Go's answer to plain http
             return PromError(
@@ -461,7 +481,8 @@ class PromClient:
         if err.errorType == "bad_data":
             return PromError(
                 "bad_query",
-                f"Prometheus at {self.base} cannot parse {query!r}: {text}; check prometheus_match",
+                f"Prometheus at {self.base} cannot parse {query!r}: {text}; "
+                f"check {self.target.name('prometheus_match')}",
             )
         return PromError("protocol", f"Prometheus at {self.base} answered {code}: {text}")
 
@@ -1231,7 +1252,7 @@ class PromSource:
             raise PromError(
                 "no_match",
                 f"Prometheus at {self.client.base} has no series {sel}: is DCGM exporter scraped"
-                " there? check prometheus_match",
+                f" there? check {self.target.name('prometheus_match')}",
             )
         self.period = self._scrape_period(readings)
         self._take(readings, publish=False)
@@ -1427,6 +1448,6 @@ def prometheus_links(
             "no_match",
             f"Prometheus at {source.client.base} holds GPUs of {shown} but of none of the "
             f"cluster's nodes ({', '.join(list(agents)[:3])}{', ...' if len(agents) > 3 else ''})"
-            ": check the names or prometheus_match",
+            f": check the names or {target.name('prometheus_match')}",
         )
     return source, {n: source.links.get(n) or agent for n, agent in agents.items()}

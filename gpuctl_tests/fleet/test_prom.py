@@ -680,7 +680,7 @@ def test_a_selector_matching_nothing_is_one_line(site: Site) -> None:
     r = gpuctl("status", "--prometheus", site.prom.url, "--prometheus-match", '{cluster="nope"}')
     line = one_line_error(r)
     assert 'has no series DCGM_FI_DEV_GPU_UTIL{cluster="nope"}' in line
-    assert "prometheus_match" in line
+    assert "check --prometheus-match" in line  # as given: the option, not the config's key
 
 
 def test_a_query_over_the_sample_limit_is_one_line() -> None:
@@ -693,7 +693,7 @@ def test_a_query_over_the_sample_limit_is_one_line() -> None:
     finally:
         for e in exporters:
             e.close()
-    assert "over its sample limit" in line and "prometheus_match" in line
+    assert "over its sample limit" in line and "narrow --prometheus-match" in line
 
 
 def test_basic_auth_refused_then_accepted(tmp_path: Path) -> None:
@@ -705,7 +705,7 @@ def test_basic_auth_refused_then_accepted(tmp_path: Path) -> None:
             auth = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
             prom.wait_for("DCGM_FI_DEV_GPU_UTIL", 2, auth=auth)
             line = one_line_error(gpuctl("status", "--prometheus", prom.url))
-            assert "refused us (401" in line and "prometheus_user" in line
+            assert "refused us (401" in line and "--prometheus-user" in line
             secret = tmp_path / "password"
             secret.write_text(PASSWORD + "\n")
             config = tmp_path / "config.toml"
