@@ -109,11 +109,41 @@ JOB_LABEL = "hpc_job"
 # GPU_UTIL (DCGM does not report it for instances: GR_ENGINE_ACTIVE, a ratio, instead). The
 # screen's model has a row per GPU index, so a MIG GPU is one row summing its instances: its
 # memory the sum of theirs, its utilisation their GR_ENGINE_ACTIVE weighted by each one's
-# compute slices (the "3" of "3g.40gb"), ``mig_mode`` set in its hello.
+# compute slices (the "3" of "3g.40gb") over the GPU's slices (``mig_slices``: 7 on an H100,
+# whether instances hold them or not), ``mig_mode`` set in its hello.
 MIG_ID, MIG_PROFILE = "GPU_I_ID", "GPU_I_PROFILE"
 MIG_UTIL = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 MIG_SUMMED = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
 _SLICES = re.compile(r"(\d+)g\.")
+# A GPU's compute slices in MIG mode, by its model (DCGM exporter's ``modelName``, "NVIDIA
+# A100-SXM4-80GB"), the first that matches: NVIDIA's MIG user guide ("Supported GPUs": 7
+# instances at most on the A100, H100, H20, H200, GH200, B200, GB200; 4 on the A30 and the
+# RTX PRO 6000 Blackwell, 2 on the RTX PRO 5000 Blackwell).
+MIG_MODELS = (
+    (re.compile(r"RTX PRO 6000"), 4),
+    (re.compile(r"RTX PRO 5000"), 2),
+    (re.compile(r"\bA30\b"), 4),
+    (re.compile(r"\b(A100|H100|H200|H20|GH200|GB200|B200|B300|GB300)\b"), 7),
+)
+# ... else by its instances' profile names where every one is a documented profile of GPUs of
+# one slice count (the guide's "Supported MIG Profiles", "+me" media extensions left out):
+# the A30's (4 slices) and the 7-slice GPUs' (A100 40/80 GB, H100 80/94/96 GB, H200, B200,
+# B300). Not "1g.24gb", "2g.48gb", "4g.96gb": the H100 94 GB's and the RTX PRO Blackwells' too.
+MIG_PROFILES = {
+    **dict.fromkeys(("1g.6gb", "2g.12gb", "4g.24gb"), 4),
+    **dict.fromkeys(
+        (
+            *("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),  # A100 40 GB
+            *("1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),  # A100 80 GB, H100
+            *("1g.12gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"),  # H100 94 GB
+            *("3g.48gb", "4g.48gb", "7g.96gb"),  # GH200, H20 (96 GB)
+            *("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),  # H200
+            *("1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"),  # B200
+            *("1g.34gb", "1g.67gb", "2g.67gb", "3g.135gb", "4g.135gb", "7g.269gb"),  # B300
+        ),
+        7,
+    ),
+}
 MIB = 1 << 20
 DEFAULT_PERIOD = 30.0  # the scrape period assumed until one series shows two samples
 PREFIX = "DCGM_FI_DEV_"
@@ -587,18 +617,45 @@ def per_gpu(names: tuple[str, ...], matchers: str, by: str) -> str:
     return f"max by ({by}) ({_selector(names, matchers)})"
 
 
-def mig_util(instances: dict[str, tuple[str, float | None]]) -> int | None:
+def profile_slices(profile: str) -> int:
+    """A MIG profile's compute slices: the "3" of "3g.40gb" (1 for a name without one)."""
+    m = _SLICES.search(profile)
+    return int(m.group(1)) if m else 1
+
+
+def mig_slices(model: str | None, profiles: list[str]) -> int | None:
+    """A GPU's compute slices in MIG mode (7 on an A100 or H100): by its ``model``, else by
+    its instances' ``profiles`` where all are known ones (``MIG_PROFILES``) of one count;
+    None where neither tells."""
+    for pattern, slices in MIG_MODELS:
+        if model and pattern.search(model):
+            return slices
+    counts = {MIG_PROFILES.get(p.split("+", 1)[0]) for p in profiles}
+    if len(counts) == 1 and None not in counts:
+        return counts.pop()
+    return None
+
+
+def mig_util(
+    instances: dict[str, tuple[str, float | None]], model: str | None = None
+) -> int | None:
     """A MIG GPU's utilisation: its instances' GR_ENGINE_ACTIVE (%) weighted by their compute
-    slices ("3g.40gb": 3), over the instances there are (a slice in none is not counted)."""
-    total = weight = 0.0
+    slices ("3g.40gb": 3) over the GPU's (``mig_slices``), so that a GPU whose one 2g
+    instance is busy reads 29%, not 100%: the five slices no instance holds are idle. Where
+    the GPU's slices are not known (a model and profiles not in the tables), over the
+    instances' own: what the instances there are do, not the GPU."""
+    total = weight = held = 0.0
     for profile, util in instances.values():
+        slices = profile_slices(profile)
+        held += slices
         if util is None:
             continue
-        m = _SLICES.search(profile)
-        slices = int(m.group(1)) if m else 1
         total += util * slices
         weight += slices
-    return round(total / weight) if weight else None
+    if not weight:
+        return None
+    whole = mig_slices(model, [p for p, _u in instances.values()])
+    return round(total / (weight if whole is None else max(whole, held)))
 
 
 def queries(
@@ -706,7 +763,7 @@ def group(
                     )
     for node in nodes.values():
         for gpu, instances in node.mig.items():
-            node.gpus[gpu][UTIL.key] = mig_util(instances)
+            node.gpus[gpu][UTIL.key] = mig_util(instances, node.statics[gpu]["name"])
             node.statics[gpu]["mig_mode"] = True
     return nodes
 
@@ -1373,7 +1430,8 @@ class PromSource:
         asked = [
             (key, scale, per_gpu((name,), matchers, "gpu")) for key, name, scale in HISTORY_METRICS
         ]
-        asked.append((*HISTORY_UTIL, mig_query(matchers, "gpu")))  # MIG instances' utilisation
+        # MIG instances' utilisation, with the GPU's model (its slices: ``mig_util``)
+        asked.append((*HISTORY_UTIL, mig_query(matchers, f"gpu, {', '.join(MODEL_LABELS)}")))
         answers = await asyncio.gather(
             *(
                 asyncio.to_thread(self.client.query_range, promql, start, end, step)
@@ -1383,12 +1441,15 @@ class PromSource:
         points: dict[tuple[float, int], dict[str, Any]] = {}
         # (t, gpu, key, scale) -> a MIG GPU's instances then
         mig: dict[tuple[float, int, str, float], dict[str, tuple[str, float | None]]] = {}
+        models: dict[int, str] = {}  # a MIG GPU -> its model
         for (key, scale, _q), series in zip(asked, answers, strict=True):
             for rs in series:
                 gpu_text = rs.metric.gpu
                 if not gpu_text.isdigit():
                     continue
                 instance = rs.metric.GPU_I_ID
+                if instance:
+                    models[int(gpu_text)] = rs.metric.modelName or rs.metric.model
                 for t, text in rs.values:
                     value = _number(text)
                     if value is None:
@@ -1401,7 +1462,7 @@ class PromSource:
                     else:  # e.g. FB_USED is MiB, the history's memory GiB
                         points.setdefault((t, int(gpu_text)), {})[key] = value * scale
         for (t, gpu, key, scale), instances in mig.items():
-            util = mig_util(instances)
+            util = mig_util(instances, models.get(gpu))
             if util is not None:
                 points.setdefault((t, gpu), {})[key] = util * scale
         return [history_sample(index, t, got) for (t, index), got in sorted(points.items())]

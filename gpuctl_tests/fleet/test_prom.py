@@ -386,7 +386,8 @@ async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
     """DCGM exporter shows a GPU in MIG mode as one series per GPU instance (``GPU_I_ID``,
     ``GPU_I_PROFILE``, the parent's ``gpu``) and no GPU_UTIL for them. Each MIG GPU is one row:
     its memory the sum of its instances', its utilisation their GR_ENGINE_ACTIVE weighted by
-    compute slices, ``mig_mode`` on; a node whose GPUs are all in MIG mode is still a node;
+    compute slices over the GPU's 7 (an H100's), ``mig_mode`` on: one busy 2g instance is
+    2/7 of the GPU, not all of it; a node whose GPUs are all in MIG mode is still a node;
     the history from the store weighs them the same way."""
     site.exporters["node-b"].set_mig(
         1,
@@ -394,11 +395,14 @@ async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
         mig_instance("7", "1g.10gb", 1000, 9000, 0.2),
         mig_instance("8", "1g.10gb", 0, 10000, 0.0),
     )
+    # node-a's GPU 1: one instance of 2 slices, busy; the other 5 held by none, idle
+    site.exporters["node-a"].set_mig(1, mig_instance("3", "2g.20gb", 20000, 0, 1.0))
     for gpu in (0, 1):  # node-c: every GPU in MIG mode, one instance each
         site.exporters["node-c"].set_mig(gpu, mig_instance("0", "7g.80gb", 2000, 78000, 0.5))
     site.prom.wait_for('absent(DCGM_FI_DEV_GPU_UTIL{Hostname="node-c"})', 1)
     site.prom.wait_for('absent(DCGM_FI_DEV_GPU_UTIL{Hostname="node-b", gpu="1"})', 1)
-    site.prom.wait_for('DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!=""}', 5)
+    site.prom.wait_for('absent(DCGM_FI_DEV_GPU_UTIL{Hostname="node-a", gpu="1"})', 1)
+    site.prom.wait_for('DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!=""}', 6)
     since = time.time()
     fleet = site_fleet(site.prom.url)
     assert sorted(fleet.nodes) == list(NODES)  # node-c, MIG only, found too
@@ -410,7 +414,9 @@ async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
         )
         b0, b1 = fleet.snapshot("node-b").gpus
         assert b0.util_gpu == 10 and b0.mem_used == 1000 * MIB  # not in MIG mode: as before
-        assert b1.util_gpu == round((0.9 * 3 + 0.2 + 0.0) / 5 * 100)  # 58
+        assert b1.util_gpu == round((0.9 * 3 + 0.2 + 0.0) / 7 * 100)  # 41, not 58 of 5 slices
+        a1 = fleet.snapshot("node-a").gpus[1]
+        assert (a1.util_gpu, a1.mem_used) == (round(2 / 7 * 100), 20000 * MIB)  # 29, not 100
         assert b1.mem_used == 6000 * MIB and b1.mem_total == 60000 * MIB
         assert (b1.temp, b1.power, b1.sm_clock) == (45, 120.5, 1980)  # the GPU's own
         info = fleet.snapshot("node-b").info
@@ -427,13 +433,14 @@ async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
         history = await link.source.history("node-b", since, time.time())
         gpu1 = [h for h in history if h.index == 1]
         assert len(gpu1) >= 2
-        assert {(h.util_gpu, h.mem_used) for h in gpu1} == {(58, 6000 * MIB)}
+        assert {(h.util_gpu, h.mem_used) for h in gpu1} == {(41, 6000 * MIB)}
     finally:
         await fleet.stop()
     r = gpuctl("status", "--prometheus", site.prom.url, "--json")
     assert r.returncode == 0, r.stderr
     nodes = {n["name"]: n for n in json.loads(r.stdout)["nodes"]}
-    assert [g["util_gpu"] for g in nodes["node-b"]["gpus"]] == [10, 58]
+    assert [g["util_gpu"] for g in nodes["node-b"]["gpus"]] == [10, 41]
+    assert [g["util_gpu"] for g in nodes["node-a"]["gpus"]] == [10, 29]
     assert [g["util_gpu"] for g in nodes["node-c"]["gpus"]] == [50, 50]
 
 
