@@ -29,7 +29,8 @@ it evaluates slowly (its ``execTotalTime`` summed over the queries 6-8 s within 
 Labels: the host is DCGM exporter's ``Hostname`` (before 3.3), ``hostname`` (since), gpuctl
 export's ``node``, else ``instance``; the GPU is ``gpu``; ``UUID`` (or ``uuid``), ``modelName``
 (or ``model``) and ``DCGM_FI_DRIVER_VERSION`` come from the utilisation query only. A GPU in
-MIG mode is one row summing its instances (``GPU_I_ID``, ``GPU_I_PROFILE``; see ``MIG_ID``).
+MIG mode is one row summing its instances (``GPU_I_ID``, ``GPU_I_PROFILE``; see ``MIG_ID``),
+each instance in its sample's ``mig`` list (the detail screen shows them).
 
 Time: a query's answer carries the evaluation time, not the sample's; the first query,
 ``timestamp()`` of the utilisation per host, gives each node's newest sample time, so a node
@@ -568,6 +569,8 @@ class NodeReading:
     jobs: dict[int, set[str]] = field(default_factory=dict)  # GPU -> its ``hpc_job`` labels
     # a MIG GPU -> its instances' (profile, GR_ENGINE_ACTIVE in %) by instance id
     mig: dict[int, dict[str, tuple[str, float | None]]] = field(default_factory=dict)
+    # a MIG GPU -> its instances' memory (FB_USED, FB_FREE in MiB by ``Metric.key``) by id
+    mig_memory: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
 
 
 def _selector(names: tuple[str, ...], matchers: str) -> str:
@@ -608,12 +611,15 @@ def mig_query(matchers: str, by: str) -> str:
     return f"max by ({by}, {MIG_PROFILE}, {MIG_ID}) (100 * {_mig_selector(matchers)})"
 
 
-def per_gpu(names: tuple[str, ...], matchers: str, by: str) -> str:
+def per_gpu(names: tuple[str, ...], matchers: str, by: str, *, instances: bool = False) -> str:
     """The query of one metric per GPU, ``by`` these labels: the ``max`` of its series (one
     per Slurm job on the GPU with ``hpc_job``), a MIG GPU's memory summed over its instances
-    (their utilisation: ``mig_query``)."""
+    (their utilisation: ``mig_query``); with ``instances``, a MIG GPU's memory per instance
+    (``group`` sums them and keeps each: the detail screen lists them). A GPU not in MIG mode
+    has no instance label: one series either way."""
     if names[0] in MIG_SUMMED:
-        return f"sum by ({by}) (max by ({by}, {MIG_ID}) ({_selector(names, matchers)}))"
+        each = f"max by ({by}, {MIG_ID}) ({_selector(names, matchers)})"
+        return each if instances else f"sum by ({by}) ({each})"
     return f"max by ({by}) ({_selector(names, matchers)})"
 
 
@@ -670,7 +676,7 @@ def queries(
     out: list[tuple[Metric | None, str]] = [(None, stamp_query(matchers))]
     for m in METRICS:
         by = f"{hosts}, gpu, {statics}, {JOB_LABEL}" if m is UTIL else f"{hosts}, gpu"
-        out.append((m, per_gpu(m.names, matchers, by)))
+        out.append((m, per_gpu(m.names, matchers, by, instances=True)))
     out.append((MIG, mig_query(matchers, f"{hosts}, gpu, {statics}, {JOB_LABEL}")))
     return out
 
@@ -741,7 +747,13 @@ def group(
                 v = converted[text] = _number(text)
                 if v is not None and integer:
                     v = converted[text] = int(v)
-            if table is None:
+            if labels.GPU_I_ID and table is None:  # a MIG instance's memory: the GPU's sum
+                if v is not None:
+                    node.mig_memory.setdefault(gpu, {}).setdefault(labels.GPU_I_ID, {})[key] = v
+                    values[key] = (values.get(key) or 0) + v
+                else:
+                    values.setdefault(key, None)
+            elif table is None:
                 values[key] = v
             else:
                 values.setdefault(table, {})[key] = v
@@ -764,8 +776,32 @@ def group(
     for node in nodes.values():
         for gpu, instances in node.mig.items():
             node.gpus[gpu][UTIL.key] = mig_util(instances, node.statics[gpu]["name"])
+            node.gpus[gpu]["mig"] = mig_instances(instances, node.mig_memory.get(gpu, {}))
             node.statics[gpu]["mig_mode"] = True
     return nodes
+
+
+def mig_instances(
+    instances: dict[str, tuple[str, float | None]], memory: dict[str, dict[str, float]]
+) -> list[JsonObject]:
+    """A MIG GPU's instances as a sample's ``mig`` (protocol): id, profile, utilisation (%),
+    memory used and total (bytes: its used plus free, FB_RESERVED being read only at the
+    host's slow turns), by instance id."""
+    out: list[JsonObject] = []
+    for gi in sorted(instances, key=lambda i: (len(i), i)):
+        profile, util = instances[gi]
+        mem = memory.get(gi, {})
+        used, free = mem.get("fb_used"), mem.get("fb_free")
+        out.append(
+            {
+                "id": gi,
+                "profile": profile or None,
+                "util": None if util is None else min(100, max(0, round(util))),
+                "mem_used": None if used is None else int(used * MIB),
+                "mem_total": None if used is None or free is None else int((used + free) * MIB),
+            }
+        )
+    return out
 
 
 def gpu_wire(index: int, values: dict[str, Any], uuid: str | None) -> JsonObject:
@@ -789,6 +825,7 @@ def gpu_wire(index: int, values: dict[str, Any], uuid: str | None) -> JsonObject
         "retired_pages": values.get("retired_pages"),
         "remapped_rows": values.get("remapped_rows"),
         "processes": [],
+        "mig": values.get("mig"),
     }
 
 

@@ -22,7 +22,7 @@ import pytest
 from gpuctl import service
 from gpuctl.config import parse_config
 from gpuctl.core.format import gpu_flags
-from gpuctl.core.model import NodeEvent, NodeState
+from gpuctl.core.model import MigInstance, NodeEvent, NodeState
 from gpuctl.fleet import control, prom
 from gpuctl.fleet.build import fleet_from_config
 from gpuctl.fleet.export import FleetExporter
@@ -33,7 +33,7 @@ from gpuctl.fleet.session import refusal
 from gpuctl.fleet.status import node_to_json
 from gpuctl.tui import GpuctlApp
 from gpuctl.tui.fleet_store import FleetStore
-from gpuctl.tui.screens.detail import DetailScreen
+from gpuctl.tui.screens.detail import DetailScreen, Facts
 from gpuctl.tui.view import trouble_counts
 from gpuctl_tests.cli.test_status_nodes import gpuctl as run_gpuctl
 from gpuctl_tests.fleet.test_export import Exporter, Samples, one, scrape
@@ -419,6 +419,11 @@ async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
         assert (a1.util_gpu, a1.mem_used) == (round(2 / 7 * 100), 20000 * MIB)  # 29, not 100
         assert b1.mem_used == 6000 * MIB and b1.mem_total == 60000 * MIB
         assert (b1.temp, b1.power, b1.sm_clock) == (45, 120.5, 1980)  # the GPU's own
+        assert b0.mig is None and b1.mig == (  # each instance: id, profile, GR_ENGINE, memory
+            MigInstance("1", "3g.40gb", 90, 5000 * MIB, 40000 * MIB),
+            MigInstance("7", "1g.10gb", 20, 1000 * MIB, 10000 * MIB),
+            MigInstance("8", "1g.10gb", 0, 0, 10000 * MIB),
+        )
         info = fleet.snapshot("node-b").info
         assert info is not None and [g.mig_mode for g in info.gpus] == [None, True]
         assert info.gpus[1].uuid == site.exporters["node-b"].uuid(1)
@@ -441,7 +446,61 @@ async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
     nodes = {n["name"]: n for n in json.loads(r.stdout)["nodes"]}
     assert [g["util_gpu"] for g in nodes["node-b"]["gpus"]] == [10, 41]
     assert [g["util_gpu"] for g in nodes["node-a"]["gpus"]] == [10, 29]
+    assert nodes["node-a"]["gpus"][1]["mig"] == [
+        {
+            "id": "3",
+            "profile": "2g.20gb",
+            "util": 100,
+            "mem_used": 20000 * MIB,
+            "mem_total": 20000 * MIB,
+        }
+    ]
+    assert nodes["node-a"]["gpus"][0]["mig"] is None
     assert [g["util_gpu"] for g in nodes["node-c"]["gpus"]] == [50, 50]
+
+
+async def test_the_detail_screen_lists_a_mig_gpus_instances(site: Site, state_dir: Path) -> None:
+    """The detail screen of a GPU in MIG mode says each instance: its profile, DCGM's instance
+    id, its GR_ENGINE_ACTIVE and its memory; a GPU not in MIG mode says none."""
+    site.exporters["node-b"].set_mig(
+        1,
+        mig_instance("1", "3g.40gb", 5000, 35000, 0.9),
+        mig_instance("7", "1g.10gb", 1000, 9000, 0.2),
+    )
+    site.prom.wait_for('DCGM_FI_PROF_GR_ENGINE_ACTIVE{Hostname="node-b", GPU_I_ID!=""}', 2)
+    fleet = site_fleet(site.prom.url)
+    app = GpuctlApp(fleet, read_only=True, state_dir=state_dir)
+    async with app.run_test(size=(120, 36)) as pilot:
+
+        def instances() -> bool:
+            snap = app.store.snaps.get("node-b")
+            return snap is not None and len(snap.gpus) == 2 and bool(snap.gpus[1].mig)
+
+        await until_screen(pilot, instances, "node-b's MIG instances")
+        await until_screen(pilot, lambda: app.overview.nodes.lines, "the nodes on screen")
+        app.overview.nodes.select("node-b", 1)
+        await pilot.press("enter")
+        screen = await until_screen(
+            pilot, lambda: isinstance(app.screen, DetailScreen) and app.screen, "the detail"
+        )
+        now = screen.query_one("#detail-now", Facts)
+        await until_screen(pilot, lambda: "MIG 3g.40gb" in now.text().plain, "the instances")
+        text = now.text().plain.replace("\n", " ")
+        assert "MIG 3g.40gb #1 90% 4.9/39.1 GiB" in text
+        assert "MIG 1g.10gb #7 20% 1.0/9.8 GiB" in text
+        assert "util 41%" in text  # the GPU's: 3 x 90% + 1 x 20% of 7 slices
+        await pilot.press("escape")
+        await until_screen(pilot, lambda: not isinstance(app.screen, DetailScreen), "back")
+        app.overview.nodes.select("node-b", 0)
+        await pilot.press("enter")
+        screen = await until_screen(
+            pilot,
+            lambda: isinstance(app.screen, DetailScreen) and app.screen.gpu == 0 and app.screen,
+            "GPU 0's detail",
+        )
+        now = screen.query_one("#detail-now", Facts)
+        await until_screen(pilot, lambda: "util 10%" in now.text().plain, "GPU 0's readings")
+        assert "MIG" not in now.text().plain
 
 
 def move_only(source: PromSource, moved: str) -> None:

@@ -175,7 +175,7 @@ class SimGpu(object):
             "enc": self.enc if util > 2 else 0, "dec": self.dec if util > 2 else 0,
             "pcie_tx": int(link * (0.001 + 0.05 * util / 100.0)),
             "pcie_rx": int(link * (0.002 + 0.2 * util / 100.0)),
-            "throttle": throttle, "processes": procs,
+            "throttle": throttle, "processes": procs, "mig": None,
         }
 
 
