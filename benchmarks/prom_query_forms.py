@@ -4,7 +4,9 @@ Prometheus, alternated.
 
 MIG support (issue 29) changed three forms: the stamp query and the utilisation query take a
 MIG instance's ``DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!=""}`` beside ``GPU_UTIL`` (``or``), and
-the memory queries sum a GPU's instances (``sum by (max by (.., GPU_I_ID))``). A whole poll's
+the memory queries sum a GPU's instances (``sum by (max by (.., GPU_I_ID))``; since the
+detail screen lists the instances, a poll asks them per instance, ``max by (.., GPU_I_ID)``,
+and gpuctl sums). A whole poll's
 wall time (``prom_scale.py --baseline``) moves with how many hosts a poll finds moved, which
 the phase of the scrapes decides; this times the queries alone, every host asked.
 

@@ -336,6 +336,64 @@ PROMETHEUS_KEYS: dict[str, Key] = {
 }
 
 
+# The store's settings a command line gives too, for ``--prometheus URL``: ``--prometheus-ca``,
+# ``--prometheus-token-file``, ... (the key's name with dashes, the same meaning; files only:
+# a password or token on the command line would show in ``ps`` and the shell's history).
+PROMETHEUS_OPTIONS = (
+    "prometheus_ca",
+    "prometheus_token_file",
+    "prometheus_user",
+    "prometheus_password_file",
+)
+
+
+def option_name(key: str) -> str:
+    """A ``prometheus*`` key's command-line option: ``prometheus_ca`` -> ``--prometheus-ca``."""
+    return "--" + key.replace("_", "-")
+
+
+class PrometheusKeyError(ValueError):
+    """A mistake in a store's settings taken together; ``key`` is the one the line is about."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def prometheus_target(values: dict[str, Any], *, options: bool = False) -> PrometheusConfig:
+    """A store's settings from its ``prometheus*`` keys' values (each already checked by its
+    ``Key``, paths absolute), checked together: the one check for a cluster's table and for
+    ``--prometheus`` with its options (``options``: the lines and the client's name the
+    options, not the keys). Raises PrometheusKeyError with one line: a URL holding a
+    password or not http(s)://host, a user without the file of its password or the reverse
+    (basic auth with an empty password is a mistake far more often than a site's choice).
+    The files are read by the client (``gpuctl.fleet.prom.PromClient``), which says in one
+    line which one it cannot read."""
+    name = option_name if options else str
+    values = dict(values)
+    url = values.pop("prometheus")
+    if re.match(r"https?://[^/\s]*@", url):  # not repeated: it holds a password
+        raise PrometheusKeyError(
+            "prometheus",
+            f"the URL must not hold a user or password: set {name('prometheus_user')} and "
+            f"{name('prometheus_password_file')} (or {name('prometheus_token_file')}) instead",
+        )
+    if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):
+        raise PrometheusKeyError("prometheus", f"expected http(s)://host:port, got {url!r}")
+    if "prometheus_user" in values and "prometheus_password_file" not in values:
+        raise PrometheusKeyError(
+            "prometheus_user",
+            f"needs {name('prometheus_password_file')}, the file holding its password",
+        )
+    if "prometheus_password_file" in values and "prometheus_user" not in values:
+        raise PrometheusKeyError(
+            "prometheus_password_file", f"needs {name('prometheus_user')}, whose password it holds"
+        )
+    return PrometheusConfig(
+        url, **{k.removeprefix("prometheus_"): v for k, v in values.items()}, options=options
+    )
+
+
 def check_forget_after(value: Any) -> float:
     """Seconds as ``prometheus_forget_after`` takes them (config and
     ``--prometheus-forget-after``); raises ValueError with one line."""
@@ -569,6 +627,12 @@ class PrometheusConfig:
     ca: str | None = None
     forget_after: float = PROM_FORGET_AFTER_S  # s without a sample: the host leaves (0: never)
     timeout: float = 30.0  # per query: a busy store answers 16,384 GPUs' series in seconds
+    options: bool = False  # given as ``--prometheus`` and its options: lines name those
+
+    def name(self, key: str) -> str:
+        """How a line names the setting ``key`` (``prometheus_ca``): as it was given, the
+        config's key or the command line's option (``--prometheus-ca``)."""
+        return option_name(key) if self.options else key
 
     def matchers(self) -> str:
         """``match`` without its braces: the matchers to put inside a query's selector."""
@@ -1051,18 +1115,10 @@ class _Builder:
             return None
         if "prometheus" not in values:
             raise self.fail((*keys, next(iter(values))), 'needs prometheus = "http://host:9090"')
-        url = values.pop("prometheus")
-        if re.match(r"https?://[^/\s]*@", url):  # not repeated: it holds a password
-            raise self.fail(
-                (*keys, "prometheus"),
-                "the URL must not hold a user or password: set prometheus_user and "
-                "prometheus_password_file (or prometheus_token_file) instead",
-            )
-        if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):
-            raise self.fail((*keys, "prometheus"), f"expected http(s)://host:port, got {url!r}")
-        return PrometheusConfig(
-            url, **{k.removeprefix("prometheus_"): v for k, v in values.items()}
-        )
+        try:
+            return prometheus_target(values)
+        except PrometheusKeyError as e:
+            raise self.fail((*keys, e.key), str(e)) from None
 
 
 def _show(v: Any) -> str:

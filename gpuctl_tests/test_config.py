@@ -646,6 +646,24 @@ def test_a_clusters_prometheus_keys_are_what_the_store_client_reads(tmp_path: Pa
     assert all('cluster="a"' in promql for _metric, promql in source.queries)
 
 
+def test_a_prometheus_user_and_its_password_file_go_together() -> None:
+    """Basic auth needs both (issue 29): a user without the file of its password (the client
+    sent an empty one) or a password file without its user is one line naming the key; the
+    command line's options are checked by the same code (``gpuctl_tests/cli``)."""
+    head = '[clusters.site]\nprometheus = "http://prom:9090"\n'
+    with pytest.raises(ConfigError, match=r"prometheus_user: needs prometheus_password_file"):
+        parse_config(head + 'prometheus_user = "ops"\n')
+    with pytest.raises(ConfigError, match=r"prometheus_password_file: needs prometheus_user"):
+        parse_config(head + 'prometheus_password_file = "/etc/pw"\n')
+    target = (
+        parse_config(head + 'prometheus_user = "ops"\nprometheus_password_file = "/etc/pw"\n')
+        .clusters["site"]
+        .prometheus
+    )
+    assert target is not None and (target.user, target.password_file) == ("ops", "/etc/pw")
+    assert target.name("prometheus_ca") == "prometheus_ca"  # lines name the config's keys
+
+
 def test_the_fleet_table_defaults_are_the_fleets_own() -> None:
     """``fleet_from_config`` hands every ``[fleet]`` setting to the fleet, default or not: the
     defaults must be the ones a fleet built without a config has."""

@@ -183,6 +183,28 @@ def add_prometheus_options(p: argparse.ArgumentParser) -> None:
         help="with --prometheus: label matchers every query carries, e.g. '{cluster=\"a\"}'",
     )
     p.add_argument(
+        "--prometheus-ca",
+        metavar="FILE",
+        help="with --prometheus: the CA bundle (PEM) to check its https certificate against "
+        "instead of the system's (the config's prometheus_ca)",
+    )
+    p.add_argument(
+        "--prometheus-token-file",
+        metavar="FILE",
+        help="with --prometheus: a file holding a bearer token to send it",
+    )
+    p.add_argument(
+        "--prometheus-user",
+        metavar="USER",
+        help="with --prometheus: a basic-auth user; its password in --prometheus-password-file",
+    )
+    p.add_argument(
+        "--prometheus-password-file",
+        metavar="FILE",
+        help="with --prometheus-user: the file holding its password (never the password "
+        "itself: a command line shows in ps)",
+    )
+    p.add_argument(
         "--prometheus-forget-after",
         metavar="S",
         type=forget_after,
@@ -233,7 +255,7 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
         read_only = bool(getattr(args, "read_only", False))
         return simulated_fleet(demo_nodes(), read_only=read_only, interval=interval or 1.0)
     from gpuctl.cli.main import UserError
-    from gpuctl.config import select_nodes
+    from gpuctl.config import PROMETHEUS_OPTIONS, option_name, select_nodes
     from gpuctl.fleet.build import fleet_from_config
     from gpuctl.fleet.slurm import SlurmError
 
@@ -242,7 +264,12 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
     names = chosen_nodes(args)
     url = getattr(args, "prometheus", None)
     if url is not None:
-        config = prometheus_config(config, url, getattr(args, "prometheus_match", ""), names)
+        config = prometheus_config(config, url, args, names)
+    elif given := [k for k in PROMETHEUS_OPTIONS if getattr(args, k, None) is not None]:
+        raise UserError(
+            f"{option_name(given[0])} goes with --prometheus URL (a configured cluster's "
+            f"store takes {given[0]} in its table)"
+        )
     elif names is not None:
         config = select_nodes(config, names)
     forget = getattr(args, "prometheus_forget_after", None)
@@ -265,25 +292,48 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
         raise UserError(str(e)) from None
 
 
-def prometheus_config(config: Config, url: str, match: str, names: list[str] | None) -> Config:
-    """``config`` with its clusters replaced by one read from ``url`` (``--prometheus``)."""
+def prometheus_config(
+    config: Config, url: str, args: argparse.Namespace, names: list[str] | None
+) -> Config:
+    """``config`` with its clusters replaced by one read from ``url`` (``--prometheus``), with
+    ``--prometheus-match`` and the TLS and credential options: checked as a cluster's
+    ``prometheus*`` keys are (``gpuctl.config.prometheus_target``), files relative to the
+    working folder; a mistake is one line naming the option."""
     from dataclasses import replace
 
+    from gpuctl import paths
     from gpuctl.cli.main import UserError
-    from gpuctl.config import ClusterConfig, PrometheusConfig
-    from gpuctl.fleet.prom import PromError, check_url
+    from gpuctl.config import (
+        PROMETHEUS_KEYS,
+        PROMETHEUS_OPTIONS,
+        ClusterConfig,
+        PrometheusKeyError,
+        option_name,
+        prometheus_target,
+    )
 
     if names is not None:
         raise UserError(
             "--prometheus takes its nodes from the store: leave out NODES and --hostfile"
         )
+    values: dict[str, Any] = {"prometheus": url}
+    match = getattr(args, "prometheus_match", "")
+    if match:
+        values["prometheus_match"] = match
+    for key in PROMETHEUS_OPTIONS:
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        if not value:
+            raise UserError(f"{option_name(key)}: empty")
+        if PROMETHEUS_KEYS[key].local_path:  # as the config's: ~ expanded, made absolute
+            value = str(paths.expand(value).absolute())
+        values[key] = value
     try:
-        check_url(url)
-    except PromError as e:
-        raise UserError(f"--prometheus: {e}") from None
-    cluster = ClusterConfig(
-        name="prometheus", via="ssh", nodes=(), prometheus=PrometheusConfig(url, match)
-    )
+        target = prometheus_target(values, options=True)
+    except PrometheusKeyError as e:
+        raise UserError(f"{option_name(e.key)}: {e}") from None
+    cluster = ClusterConfig(name="prometheus", via="ssh", nodes=(), prometheus=target)
     return replace(config, clusters={cluster.name: cluster})
 
 

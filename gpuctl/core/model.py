@@ -129,6 +129,18 @@ class GpuStatic(msgspec.Struct, frozen=True, gc=False):
     serial: str | None = None
 
 
+class MigInstance(msgspec.Struct, frozen=True, gc=False):
+    """One GPU instance of a GPU in MIG mode (a sample's ``mig``): DCGM's instance id
+    (``GPU_I_ID``), its profile ("3g.40gb"), its utilisation (GR_ENGINE_ACTIVE, %) and memory
+    (bytes). The GPU's row sums them (``gpuctl.fleet.prom``); the detail screen lists them."""
+
+    id: str = ""
+    profile: str | None = None
+    util: Share | None = None
+    mem_used: Int | None = None
+    mem_total: Int | None = None
+
+
 class GpuSample(msgspec.Struct, frozen=True, gc=False):
     """One reading of one GPU at time ``t`` (unix seconds: the sample's ``t``, which the wire
     carries once per sample, not per GPU). ``state`` is "ok" or "lost" (``lost``). The readings
@@ -159,6 +171,7 @@ class GpuSample(msgspec.Struct, frozen=True, gc=False):
     retired_pages: Counts | None = None
     remapped_rows: Counts | None = None
     processes: tuple[GpuProcess, ...] = ()
+    mig: tuple[MigInstance, ...] | None = None  # a GPU in MIG mode's instances, where known
 
     @property
     def lost(self) -> bool:

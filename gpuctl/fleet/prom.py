@@ -29,7 +29,8 @@ it evaluates slowly (its ``execTotalTime`` summed over the queries 6-8 s within 
 Labels: the host is DCGM exporter's ``Hostname`` (before 3.3), ``hostname`` (since), gpuctl
 export's ``node``, else ``instance``; the GPU is ``gpu``; ``UUID`` (or ``uuid``), ``modelName``
 (or ``model``) and ``DCGM_FI_DRIVER_VERSION`` come from the utilisation query only. A GPU in
-MIG mode is one row summing its instances (``GPU_I_ID``, ``GPU_I_PROFILE``; see ``MIG_ID``).
+MIG mode is one row summing its instances (``GPU_I_ID``, ``GPU_I_PROFILE``; see ``MIG_ID``),
+each instance in its sample's ``mig`` list (the detail screen shows them).
 
 Time: a query's answer carries the evaluation time, not the sample's; the first query,
 ``timestamp()`` of the utilisation per host, gives each node's newest sample time, so a node
@@ -109,11 +110,41 @@ JOB_LABEL = "hpc_job"
 # GPU_UTIL (DCGM does not report it for instances: GR_ENGINE_ACTIVE, a ratio, instead). The
 # screen's model has a row per GPU index, so a MIG GPU is one row summing its instances: its
 # memory the sum of theirs, its utilisation their GR_ENGINE_ACTIVE weighted by each one's
-# compute slices (the "3" of "3g.40gb"), ``mig_mode`` set in its hello.
+# compute slices (the "3" of "3g.40gb") over the GPU's slices (``mig_slices``: 7 on an H100,
+# whether instances hold them or not), ``mig_mode`` set in its hello.
 MIG_ID, MIG_PROFILE = "GPU_I_ID", "GPU_I_PROFILE"
 MIG_UTIL = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 MIG_SUMMED = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
 _SLICES = re.compile(r"(\d+)g\.")
+# A GPU's compute slices in MIG mode, by its model (DCGM exporter's ``modelName``, "NVIDIA
+# A100-SXM4-80GB"), the first that matches: NVIDIA's MIG user guide ("Supported GPUs": 7
+# instances at most on the A100, H100, H20, H200, GH200, B200, GB200; 4 on the A30 and the
+# RTX PRO 6000 Blackwell, 2 on the RTX PRO 5000 Blackwell).
+MIG_MODELS = (
+    (re.compile(r"RTX PRO 6000"), 4),
+    (re.compile(r"RTX PRO 5000"), 2),
+    (re.compile(r"\bA30\b"), 4),
+    (re.compile(r"\b(A100|H100|H200|H20|GH200|GB200|B200|B300|GB300)\b"), 7),
+)
+# ... else by its instances' profile names where every one is a documented profile of GPUs of
+# one slice count (the guide's "Supported MIG Profiles", "+me" media extensions left out):
+# the A30's (4 slices) and the 7-slice GPUs' (A100 40/80 GB, H100 80/94/96 GB, H200, B200,
+# B300). Not "1g.24gb", "2g.48gb", "4g.96gb": the H100 94 GB's and the RTX PRO Blackwells' too.
+MIG_PROFILES = {
+    **dict.fromkeys(("1g.6gb", "2g.12gb", "4g.24gb"), 4),
+    **dict.fromkeys(
+        (
+            *("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),  # A100 40 GB
+            *("1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),  # A100 80 GB, H100
+            *("1g.12gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"),  # H100 94 GB
+            *("3g.48gb", "4g.48gb", "7g.96gb"),  # GH200, H20 (96 GB)
+            *("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),  # H200
+            *("1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"),  # B200
+            *("1g.34gb", "1g.67gb", "2g.67gb", "3g.135gb", "4g.135gb", "7g.269gb"),  # B300
+        ),
+        7,
+    ),
+}
 MIB = 1 << 20
 DEFAULT_PERIOD = 30.0  # the scrape period assumed until one series shows two samples
 PREFIX = "DCGM_FI_DEV_"
@@ -294,15 +325,16 @@ SLOW: frozenset[Metric] = frozenset(
 PromTarget = PrometheusConfig
 
 
-def check_url(url: str) -> str:
-    """``url`` without a trailing slash; raises PromError(config) unless it is http(s)://host."""
+def check_url(url: str, name: Callable[[str], str] = str) -> str:
+    """``url`` without a trailing slash; raises PromError(config) unless it is http(s)://host
+    (``name``: how the line names a setting, ``PrometheusConfig.name``)."""
     parts = urllib.parse.urlsplit(url.strip())
     if "@" in parts.netloc:  # user:password@host: urllib would fail on it, and every line
         # naming the store (errors, the detail screen, ``describe``) would show the password
         raise PromError(
             "config",
-            "a Prometheus URL must not hold a user or password: set prometheus_user and "
-            "prometheus_password_file (or prometheus_token_file) instead",
+            f"a Prometheus URL must not hold a user or password: set {name('prometheus_user')} "
+            f"and {name('prometheus_password_file')} (or {name('prometheus_token_file')}) instead",
         )
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise PromError(
@@ -312,16 +344,20 @@ def check_url(url: str) -> str:
     return url.strip().rstrip("/")
 
 
-def _read_secret(path: str, what: str) -> str:
+def _read_secret(path: str, what: str, name: str) -> str:
+    """The secret in ``path`` (``what``: "token", "password"; ``name``: the setting that named
+    the file), stripped; raises PromError(config) in one line that names the file, never
+    its text."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read().strip()
-    except OSError as e:
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
         raise PromError(
-            "config", f"cannot read the Prometheus {what} {path}: {e.strerror}"
+            "config", f"cannot read the Prometheus {what} file {path} ({name}): {why}"
         ) from None
     if not text:
-        raise PromError("config", f"the Prometheus {what} {path} is empty")
+        raise PromError("config", f"the Prometheus {what} file {path} ({name}) is empty")
     return text
 
 
@@ -347,14 +383,18 @@ class PromClient:
 
     def __init__(self, target: PromTarget) -> None:
         self.target = target
-        self.base = check_url(target.url)
+        self.base = check_url(target.url, target.name)
         self.headers = {"Accept": "application/json", "User-Agent": "gpuctl"}
         if target.token_file:
-            token = _read_secret(target.token_file, "token file")
+            token = _read_secret(target.token_file, "token", target.name("prometheus_token_file"))
             self.headers["Authorization"] = f"Bearer {token}"
         elif target.user:
             password = (
-                _read_secret(target.password_file, "password file") if target.password_file else ""
+                _read_secret(
+                    target.password_file, "password", target.name("prometheus_password_file")
+                )
+                if target.password_file
+                else ""
             )
             pair = base64.b64encode(f"{target.user}:{password}".encode()).decode()
             self.headers["Authorization"] = f"Basic {pair}"
@@ -362,8 +402,13 @@ class PromClient:
         if self.base.startswith("https:"):
             try:
                 self.context = ssl.create_default_context(cafile=target.ca)
-            except (OSError, ssl.SSLError) as e:
-                raise PromError("config", f"cannot read the CA file {target.ca}: {e}") from None
+            except OSError as e:  # ssl.SSLError too: not PEM ("no certificate or crl found")
+                why = e.strerror if e.strerror and not isinstance(e, ssl.SSLError) else e
+                raise PromError(
+                    "config",
+                    f"cannot read the Prometheus CA file {target.ca} "
+                    f"({target.name('prometheus_ca')}): {why}",
+                ) from None
         handlers: list[Any] = [_NoRedirect()]
         if self.context is not None:
             handlers.append(urllib.request.HTTPSHandler(context=self.context))
@@ -406,9 +451,10 @@ class PromClient:
                     "use a name in the URL that the certificate was issued for",
                 )
             how = (
-                f"it is not signed by a CA in prometheus_ca ({self.target.ca})"
+                f"it is not signed by a CA in {self.target.name('prometheus_ca')} "
+                f"({self.target.ca})"
                 if self.target.ca
-                else "set prometheus_ca to the CA bundle that signed it"
+                else f"set {self.target.name('prometheus_ca')} to the CA bundle that signed it"
             )
             return PromError(
                 "tls", f"Prometheus at {self.base}: certificate not trusted ({detail}): {how}"
@@ -435,10 +481,14 @@ class PromClient:
 
     def _http_error(self, code: int, reason: str, body: bytes, query: str) -> PromError:
         if code in (401, 403):
+            token, user, password = (
+                self.target.name(k)
+                for k in ("prometheus_token_file", "prometheus_user", "prometheus_password_file")
+            )
             how = (
-                "check prometheus_token_file / prometheus_user and prometheus_password_file"
+                f"check {token} / {user} and {password}"
                 if "Authorization" in self.headers
-                else "set prometheus_token_file, or prometheus_user and prometheus_password_file"
+                else f"set {token}, or {user} and {password}"
             )
             return PromError(
                 "auth", f"Prometheus at {self.base} refused us ({code} {reason}): {how}"
@@ -452,7 +502,8 @@ class PromClient:
             return PromError(
                 "sample_limit",
                 f"Prometheus at {self.base} refused the query as over its sample limit "
-                f"(--query.max-samples): narrow prometheus_match, or raise that limit ({text})",
+                f"(--query.max-samples): narrow {self.target.name('prometheus_match')}, or "
+                f"raise that limit ({text})",
             )
         if "HTTP request to an HTTPS server" in text:  # Go's answer to plain http
             return PromError(
@@ -461,7 +512,8 @@ class PromClient:
         if err.errorType == "bad_data":
             return PromError(
                 "bad_query",
-                f"Prometheus at {self.base} cannot parse {query!r}: {text}; check prometheus_match",
+                f"Prometheus at {self.base} cannot parse {query!r}: {text}; "
+                f"check {self.target.name('prometheus_match')}",
             )
         return PromError("protocol", f"Prometheus at {self.base} answered {code}: {text}")
 
@@ -517,6 +569,8 @@ class NodeReading:
     jobs: dict[int, set[str]] = field(default_factory=dict)  # GPU -> its ``hpc_job`` labels
     # a MIG GPU -> its instances' (profile, GR_ENGINE_ACTIVE in %) by instance id
     mig: dict[int, dict[str, tuple[str, float | None]]] = field(default_factory=dict)
+    # a MIG GPU -> its instances' memory (FB_USED, FB_FREE in MiB by ``Metric.key``) by id
+    mig_memory: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
 
 
 def _selector(names: tuple[str, ...], matchers: str) -> str:
@@ -557,27 +611,60 @@ def mig_query(matchers: str, by: str) -> str:
     return f"max by ({by}, {MIG_PROFILE}, {MIG_ID}) (100 * {_mig_selector(matchers)})"
 
 
-def per_gpu(names: tuple[str, ...], matchers: str, by: str) -> str:
+def per_gpu(names: tuple[str, ...], matchers: str, by: str, *, instances: bool = False) -> str:
     """The query of one metric per GPU, ``by`` these labels: the ``max`` of its series (one
     per Slurm job on the GPU with ``hpc_job``), a MIG GPU's memory summed over its instances
-    (their utilisation: ``mig_query``)."""
+    (their utilisation: ``mig_query``); with ``instances``, a MIG GPU's memory per instance
+    (``group`` sums them and keeps each: the detail screen lists them). A GPU not in MIG mode
+    has no instance label: one series either way, and the store's time the same (8,192 GPUs,
+    no MIG, medians of 15 alternated asks against the summed form: FB_USED 0.84x, FB_FREE
+    1.10x, FB_RESERVED 0.97x; ``benchmarks/prom_query_forms.py --baseline OLD --nodes 1024
+    --rounds 15``)."""
     if names[0] in MIG_SUMMED:
-        return f"sum by ({by}) (max by ({by}, {MIG_ID}) ({_selector(names, matchers)}))"
+        each = f"max by ({by}, {MIG_ID}) ({_selector(names, matchers)})"
+        return each if instances else f"sum by ({by}) ({each})"
     return f"max by ({by}) ({_selector(names, matchers)})"
 
 
-def mig_util(instances: dict[str, tuple[str, float | None]]) -> int | None:
+def profile_slices(profile: str) -> int:
+    """A MIG profile's compute slices: the "3" of "3g.40gb" (1 for a name without one)."""
+    m = _SLICES.search(profile)
+    return int(m.group(1)) if m else 1
+
+
+def mig_slices(model: str | None, profiles: list[str]) -> int | None:
+    """A GPU's compute slices in MIG mode (7 on an A100 or H100): by its ``model``, else by
+    its instances' ``profiles`` where all are known ones (``MIG_PROFILES``) of one count;
+    None where neither tells."""
+    for pattern, slices in MIG_MODELS:
+        if model and pattern.search(model):
+            return slices
+    counts = {MIG_PROFILES.get(p.split("+", 1)[0]) for p in profiles}
+    if len(counts) == 1 and None not in counts:
+        return counts.pop()
+    return None
+
+
+def mig_util(
+    instances: dict[str, tuple[str, float | None]], model: str | None = None
+) -> int | None:
     """A MIG GPU's utilisation: its instances' GR_ENGINE_ACTIVE (%) weighted by their compute
-    slices ("3g.40gb": 3), over the instances there are (a slice in none is not counted)."""
-    total = weight = 0.0
+    slices ("3g.40gb": 3) over the GPU's (``mig_slices``), so that a GPU whose one 2g
+    instance is busy reads 29%, not 100%: the five slices no instance holds are idle. Where
+    the GPU's slices are not known (a model and profiles not in the tables), over the
+    instances' own: what the instances there are do, not the GPU."""
+    total = weight = held = 0.0
     for profile, util in instances.values():
+        slices = profile_slices(profile)
+        held += slices
         if util is None:
             continue
-        m = _SLICES.search(profile)
-        slices = int(m.group(1)) if m else 1
         total += util * slices
         weight += slices
-    return round(total / weight) if weight else None
+    if not weight:
+        return None
+    whole = mig_slices(model, [p for p, _u in instances.values()])
+    return round(total / (weight if whole is None else max(whole, held)))
 
 
 def queries(
@@ -592,7 +679,7 @@ def queries(
     out: list[tuple[Metric | None, str]] = [(None, stamp_query(matchers))]
     for m in METRICS:
         by = f"{hosts}, gpu, {statics}, {JOB_LABEL}" if m is UTIL else f"{hosts}, gpu"
-        out.append((m, per_gpu(m.names, matchers, by)))
+        out.append((m, per_gpu(m.names, matchers, by, instances=True)))
     out.append((MIG, mig_query(matchers, f"{hosts}, gpu, {statics}, {JOB_LABEL}")))
     return out
 
@@ -663,7 +750,13 @@ def group(
                 v = converted[text] = _number(text)
                 if v is not None and integer:
                     v = converted[text] = int(v)
-            if table is None:
+            if labels.GPU_I_ID and table is None:  # a MIG instance's memory: the GPU's sum
+                if v is not None:
+                    node.mig_memory.setdefault(gpu, {}).setdefault(labels.GPU_I_ID, {})[key] = v
+                    values[key] = (values.get(key) or 0) + v
+                else:
+                    values.setdefault(key, None)
+            elif table is None:
                 values[key] = v
             else:
                 values.setdefault(table, {})[key] = v
@@ -685,9 +778,33 @@ def group(
                     )
     for node in nodes.values():
         for gpu, instances in node.mig.items():
-            node.gpus[gpu][UTIL.key] = mig_util(instances)
+            node.gpus[gpu][UTIL.key] = mig_util(instances, node.statics[gpu]["name"])
+            node.gpus[gpu]["mig"] = mig_instances(instances, node.mig_memory.get(gpu, {}))
             node.statics[gpu]["mig_mode"] = True
     return nodes
+
+
+def mig_instances(
+    instances: dict[str, tuple[str, float | None]], memory: dict[str, dict[str, float]]
+) -> list[JsonObject]:
+    """A MIG GPU's instances as a sample's ``mig`` (protocol): id, profile, utilisation (%),
+    memory used and total (bytes: its used plus free, FB_RESERVED being read only at the
+    host's slow turns), by instance id."""
+    out: list[JsonObject] = []
+    for gi in sorted(instances, key=lambda i: (len(i), i)):
+        profile, util = instances[gi]
+        mem = memory.get(gi, {})
+        used, free = mem.get("fb_used"), mem.get("fb_free")
+        out.append(
+            {
+                "id": gi,
+                "profile": profile or None,
+                "util": None if util is None else min(100, max(0, round(util))),
+                "mem_used": None if used is None else int(used * MIB),
+                "mem_total": None if used is None or free is None else int((used + free) * MIB),
+            }
+        )
+    return out
 
 
 def gpu_wire(index: int, values: dict[str, Any], uuid: str | None) -> JsonObject:
@@ -711,6 +828,7 @@ def gpu_wire(index: int, values: dict[str, Any], uuid: str | None) -> JsonObject
         "retired_pages": values.get("retired_pages"),
         "remapped_rows": values.get("remapped_rows"),
         "processes": [],
+        "mig": values.get("mig"),
     }
 
 
@@ -1231,7 +1349,7 @@ class PromSource:
             raise PromError(
                 "no_match",
                 f"Prometheus at {self.client.base} has no series {sel}: is DCGM exporter scraped"
-                " there? check prometheus_match",
+                f" there? check {self.target.name('prometheus_match')}",
             )
         self.period = self._scrape_period(readings)
         self._take(readings, publish=False)
@@ -1352,7 +1470,8 @@ class PromSource:
         asked = [
             (key, scale, per_gpu((name,), matchers, "gpu")) for key, name, scale in HISTORY_METRICS
         ]
-        asked.append((*HISTORY_UTIL, mig_query(matchers, "gpu")))  # MIG instances' utilisation
+        # MIG instances' utilisation, with the GPU's model (its slices: ``mig_util``)
+        asked.append((*HISTORY_UTIL, mig_query(matchers, f"gpu, {', '.join(MODEL_LABELS)}")))
         answers = await asyncio.gather(
             *(
                 asyncio.to_thread(self.client.query_range, promql, start, end, step)
@@ -1362,12 +1481,15 @@ class PromSource:
         points: dict[tuple[float, int], dict[str, Any]] = {}
         # (t, gpu, key, scale) -> a MIG GPU's instances then
         mig: dict[tuple[float, int, str, float], dict[str, tuple[str, float | None]]] = {}
+        models: dict[int, str] = {}  # a MIG GPU -> its model
         for (key, scale, _q), series in zip(asked, answers, strict=True):
             for rs in series:
                 gpu_text = rs.metric.gpu
                 if not gpu_text.isdigit():
                     continue
                 instance = rs.metric.GPU_I_ID
+                if instance:
+                    models[int(gpu_text)] = rs.metric.modelName or rs.metric.model
                 for t, text in rs.values:
                     value = _number(text)
                     if value is None:
@@ -1380,7 +1502,7 @@ class PromSource:
                     else:  # e.g. FB_USED is MiB, the history's memory GiB
                         points.setdefault((t, int(gpu_text)), {})[key] = value * scale
         for (t, gpu, key, scale), instances in mig.items():
-            util = mig_util(instances)
+            util = mig_util(instances, models.get(gpu))
             if util is not None:
                 points.setdefault((t, gpu), {})[key] = util * scale
         return [history_sample(index, t, got) for (t, index), got in sorted(points.items())]
@@ -1427,6 +1549,6 @@ def prometheus_links(
             "no_match",
             f"Prometheus at {source.client.base} holds GPUs of {shown} but of none of the "
             f"cluster's nodes ({', '.join(list(agents)[:3])}{', ...' if len(agents) > 3 else ''})"
-            ": check the names or prometheus_match",
+            f": check the names or {target.name('prometheus_match')}",
         )
     return source, {n: source.links.get(n) or agent for n, agent in agents.items()}

@@ -164,7 +164,7 @@ PERCENT_OF = {"mem": ("mem_used", "mem_total")}
 
 # The wire's GPU dict: who it is, then the readings above, then the structured fields.
 IDENTITY_FIELDS = ("index", "uuid", "state")
-STRUCTURED_FIELDS = ("throttle", "ecc", "retired_pages", "remapped_rows", "processes")
+STRUCTURED_FIELDS = ("throttle", "ecc", "retired_pages", "remapped_rows", "processes", "mig")
 SAMPLE_FIELDS = IDENTITY_FIELDS + tuple(m.key for m in METRICS) + STRUCTURED_FIELDS
 
 

@@ -51,7 +51,10 @@ Agent -> gpuctl
                   processes: [{pid, user, command, mem (bytes or null), uid, ppid,
                                sm (the process's SM %, NVML's per-process utilization),
                                cpu (host %CPU since the previous sample; null on the first),
-                               rss (resident bytes), started (unix time)}]
+                               rss (resident bytes), started (unix time)}],
+                  mig: [{id, profile ("3g.40gb"), util (%), mem_used, mem_total (bytes)}]
+                       | null: a GPU in MIG mode's GPU instances (the login side's reader of
+                       a Prometheus fills it from DCGM exporter's series; agents send null)
               ``parents``: the ancestors of the GPU processes that are not GPU processes
               themselves (a launcher, a shell), up to pid 1: [{pid, ppid, uid, user, command,
               started}] (at most 64).

@@ -36,7 +36,10 @@ FILES = {
     "badkey.toml": "colour = 'red'\n",
     "badhostlist.toml": "[clusters.c]\nnodes = 'gpu[01-'\nvia = 'local'\n",
     "sim.toml": "[clusters.c]\nnodes = 'n[1-2]'\nvia = 'local'\nsimulate = '1'\n",
+    "empty.password": "\n",
+    "user.password": "pw-9d2b71\n",
 }
+PROM = ["status", "--prometheus", "http://127.0.0.1:9"]  # nothing listens: no mistake gets there
 
 
 @dataclass
@@ -93,6 +96,35 @@ CASES = [
     # "xy": no job id gpuctl makes (hex) starts so, whatever else the module's cases store
     Case(["logs", "xy"], 2, r"job id 'xy' is ambiguous \(2 jobs: xyz1, xyz2\)"),
     Case(["result", "xyz1", "--timeout", "-1"], 2, r"--timeout must be 0"),
+    # --prometheus's TLS and credential options (issue 29), checked as the config's keys
+    Case([*PROM, "--prometheus-user", "ops"], 2, r": --prometheus-user: needs --prometheus-pass"),
+    Case(
+        [*PROM, "--prometheus-password-file", "user.password"],
+        2,
+        r"^gpuctl: --prometheus-password-file: needs --prometheus-user, whose password it holds$",
+    ),
+    Case(
+        [*PROM, "--prometheus-token-file", "no.token"],
+        2,
+        r"cannot read the Prometheus token file /\S+/no\.token \(--prometheus-token-file\): No s",
+    ),
+    Case(
+        [*PROM, "--prometheus-user", "ops", "--prometheus-password-file", "empty.password"],
+        2,
+        r"password file /\S+/empty\.password \(--prometheus-password-file\) is empty$",
+    ),
+    Case(
+        ["status", "--prometheus", "https://127.0.0.1:9", "--prometheus-ca", "no.pem"],
+        2,
+        r"cannot read the Prometheus CA file /\S+/no\.pem \(--prometheus-ca\): No such file",
+    ),
+    Case(
+        ["status", "--prometheus", "https://127.0.0.1:9", "--prometheus-ca", "job.py"],
+        2,
+        r"CA file /\S+/job\.py \(--prometheus-ca\): .*no certificate",
+    ),
+    Case(["status", "--prometheus-ca", "no.pem"], 2, r"--prometheus-ca goes with --prometheus URL"),
+    Case(["status", "--prometheus", "ftp://x"], 2, r"--prometheus: expected http\(s\)://host:port"),
     # other commands
     Case(["demo", "--nodes", "0"], 2, r"--nodes must be within 1\.\.4096"),
     Case(["agent-bundle", "/proc/gpuctl-nope"], 2, r"cannot write the bundle into /proc/"),

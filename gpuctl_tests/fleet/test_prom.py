@@ -22,7 +22,7 @@ import pytest
 from gpuctl import service
 from gpuctl.config import parse_config
 from gpuctl.core.format import gpu_flags
-from gpuctl.core.model import NodeEvent, NodeState
+from gpuctl.core.model import MigInstance, NodeEvent, NodeState
 from gpuctl.fleet import control, prom
 from gpuctl.fleet.build import fleet_from_config
 from gpuctl.fleet.export import FleetExporter
@@ -33,7 +33,7 @@ from gpuctl.fleet.session import refusal
 from gpuctl.fleet.status import node_to_json
 from gpuctl.tui import GpuctlApp
 from gpuctl.tui.fleet_store import FleetStore
-from gpuctl.tui.screens.detail import DetailScreen
+from gpuctl.tui.screens.detail import DetailScreen, Facts
 from gpuctl.tui.view import trouble_counts
 from gpuctl_tests.cli.test_status_nodes import gpuctl as run_gpuctl
 from gpuctl_tests.fleet.test_export import Exporter, Samples, one, scrape
@@ -386,7 +386,8 @@ async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
     """DCGM exporter shows a GPU in MIG mode as one series per GPU instance (``GPU_I_ID``,
     ``GPU_I_PROFILE``, the parent's ``gpu``) and no GPU_UTIL for them. Each MIG GPU is one row:
     its memory the sum of its instances', its utilisation their GR_ENGINE_ACTIVE weighted by
-    compute slices, ``mig_mode`` on; a node whose GPUs are all in MIG mode is still a node;
+    compute slices over the GPU's 7 (an H100's), ``mig_mode`` on: one busy 2g instance is
+    2/7 of the GPU, not all of it; a node whose GPUs are all in MIG mode is still a node;
     the history from the store weighs them the same way."""
     site.exporters["node-b"].set_mig(
         1,
@@ -394,11 +395,14 @@ async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
         mig_instance("7", "1g.10gb", 1000, 9000, 0.2),
         mig_instance("8", "1g.10gb", 0, 10000, 0.0),
     )
+    # node-a's GPU 1: one instance of 2 slices, busy; the other 5 held by none, idle
+    site.exporters["node-a"].set_mig(1, mig_instance("3", "2g.20gb", 20000, 0, 1.0))
     for gpu in (0, 1):  # node-c: every GPU in MIG mode, one instance each
         site.exporters["node-c"].set_mig(gpu, mig_instance("0", "7g.80gb", 2000, 78000, 0.5))
     site.prom.wait_for('absent(DCGM_FI_DEV_GPU_UTIL{Hostname="node-c"})', 1)
     site.prom.wait_for('absent(DCGM_FI_DEV_GPU_UTIL{Hostname="node-b", gpu="1"})', 1)
-    site.prom.wait_for('DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!=""}', 5)
+    site.prom.wait_for('absent(DCGM_FI_DEV_GPU_UTIL{Hostname="node-a", gpu="1"})', 1)
+    site.prom.wait_for('DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!=""}', 6)
     since = time.time()
     fleet = site_fleet(site.prom.url)
     assert sorted(fleet.nodes) == list(NODES)  # node-c, MIG only, found too
@@ -410,9 +414,16 @@ async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
         )
         b0, b1 = fleet.snapshot("node-b").gpus
         assert b0.util_gpu == 10 and b0.mem_used == 1000 * MIB  # not in MIG mode: as before
-        assert b1.util_gpu == round((0.9 * 3 + 0.2 + 0.0) / 5 * 100)  # 58
+        assert b1.util_gpu == round((0.9 * 3 + 0.2 + 0.0) / 7 * 100)  # 41, not 58 of 5 slices
+        a1 = fleet.snapshot("node-a").gpus[1]
+        assert (a1.util_gpu, a1.mem_used) == (round(2 / 7 * 100), 20000 * MIB)  # 29, not 100
         assert b1.mem_used == 6000 * MIB and b1.mem_total == 60000 * MIB
         assert (b1.temp, b1.power, b1.sm_clock) == (45, 120.5, 1980)  # the GPU's own
+        assert b0.mig is None and b1.mig == (  # each instance: id, profile, GR_ENGINE, memory
+            MigInstance("1", "3g.40gb", 90, 5000 * MIB, 40000 * MIB),
+            MigInstance("7", "1g.10gb", 20, 1000 * MIB, 10000 * MIB),
+            MigInstance("8", "1g.10gb", 0, 0, 10000 * MIB),
+        )
         info = fleet.snapshot("node-b").info
         assert info is not None and [g.mig_mode for g in info.gpus] == [None, True]
         assert info.gpus[1].uuid == site.exporters["node-b"].uuid(1)
@@ -427,14 +438,69 @@ async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
         history = await link.source.history("node-b", since, time.time())
         gpu1 = [h for h in history if h.index == 1]
         assert len(gpu1) >= 2
-        assert {(h.util_gpu, h.mem_used) for h in gpu1} == {(58, 6000 * MIB)}
+        assert {(h.util_gpu, h.mem_used) for h in gpu1} == {(41, 6000 * MIB)}
     finally:
         await fleet.stop()
     r = gpuctl("status", "--prometheus", site.prom.url, "--json")
     assert r.returncode == 0, r.stderr
     nodes = {n["name"]: n for n in json.loads(r.stdout)["nodes"]}
-    assert [g["util_gpu"] for g in nodes["node-b"]["gpus"]] == [10, 58]
+    assert [g["util_gpu"] for g in nodes["node-b"]["gpus"]] == [10, 41]
+    assert [g["util_gpu"] for g in nodes["node-a"]["gpus"]] == [10, 29]
+    assert nodes["node-a"]["gpus"][1]["mig"] == [
+        {
+            "id": "3",
+            "profile": "2g.20gb",
+            "util": 100,
+            "mem_used": 20000 * MIB,
+            "mem_total": 20000 * MIB,
+        }
+    ]
+    assert nodes["node-a"]["gpus"][0]["mig"] is None
     assert [g["util_gpu"] for g in nodes["node-c"]["gpus"]] == [50, 50]
+
+
+async def test_the_detail_screen_lists_a_mig_gpus_instances(site: Site, state_dir: Path) -> None:
+    """The detail screen of a GPU in MIG mode says each instance: its profile, DCGM's instance
+    id, its GR_ENGINE_ACTIVE and its memory; a GPU not in MIG mode says none."""
+    site.exporters["node-b"].set_mig(
+        1,
+        mig_instance("1", "3g.40gb", 5000, 35000, 0.9),
+        mig_instance("7", "1g.10gb", 1000, 9000, 0.2),
+    )
+    site.prom.wait_for('DCGM_FI_PROF_GR_ENGINE_ACTIVE{Hostname="node-b", GPU_I_ID!=""}', 2)
+    fleet = site_fleet(site.prom.url)
+    app = GpuctlApp(fleet, read_only=True, state_dir=state_dir)
+    async with app.run_test(size=(120, 36)) as pilot:
+
+        def instances() -> bool:
+            snap = app.store.snaps.get("node-b")
+            return snap is not None and len(snap.gpus) == 2 and bool(snap.gpus[1].mig)
+
+        await until_screen(pilot, instances, "node-b's MIG instances")
+        await until_screen(pilot, lambda: app.overview.nodes.lines, "the nodes on screen")
+        app.overview.nodes.select("node-b", 1)
+        await pilot.press("enter")
+        screen = await until_screen(
+            pilot, lambda: isinstance(app.screen, DetailScreen) and app.screen, "the detail"
+        )
+        now = screen.query_one("#detail-now", Facts)
+        await until_screen(pilot, lambda: "MIG 3g.40gb" in now.text().plain, "the instances")
+        text = now.text().plain.replace("\n", " ")
+        assert "MIG 3g.40gb #1 90% 4.9/39.1 GiB" in text
+        assert "MIG 1g.10gb #7 20% 1.0/9.8 GiB" in text
+        assert "util 41%" in text  # the GPU's: 3 x 90% + 1 x 20% of 7 slices
+        await pilot.press("escape")
+        await until_screen(pilot, lambda: not isinstance(app.screen, DetailScreen), "back")
+        app.overview.nodes.select("node-b", 0)
+        await pilot.press("enter")
+        screen = await until_screen(
+            pilot,
+            lambda: isinstance(app.screen, DetailScreen) and app.screen.gpu == 0 and app.screen,
+            "GPU 0's detail",
+        )
+        now = screen.query_one("#detail-now", Facts)
+        await until_screen(pilot, lambda: "util 10%" in now.text().plain, "GPU 0's readings")
+        assert "MIG" not in now.text().plain
 
 
 def move_only(source: PromSource, moved: str) -> None:
@@ -680,7 +746,7 @@ def test_a_selector_matching_nothing_is_one_line(site: Site) -> None:
     r = gpuctl("status", "--prometheus", site.prom.url, "--prometheus-match", '{cluster="nope"}')
     line = one_line_error(r)
     assert 'has no series DCGM_FI_DEV_GPU_UTIL{cluster="nope"}' in line
-    assert "prometheus_match" in line
+    assert "check --prometheus-match" in line  # as given: the option, not the config's key
 
 
 def test_a_query_over_the_sample_limit_is_one_line() -> None:
@@ -693,7 +759,7 @@ def test_a_query_over_the_sample_limit_is_one_line() -> None:
     finally:
         for e in exporters:
             e.close()
-    assert "over its sample limit" in line and "prometheus_match" in line
+    assert "over its sample limit" in line and "narrow --prometheus-match" in line
 
 
 def test_basic_auth_refused_then_accepted(tmp_path: Path) -> None:
@@ -705,7 +771,7 @@ def test_basic_auth_refused_then_accepted(tmp_path: Path) -> None:
             auth = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
             prom.wait_for("DCGM_FI_DEV_GPU_UTIL", 2, auth=auth)
             line = one_line_error(gpuctl("status", "--prometheus", prom.url))
-            assert "refused us (401" in line and "prometheus_user" in line
+            assert "refused us (401" in line and "--prometheus-user" in line
             secret = tmp_path / "password"
             secret.write_text(PASSWORD + "\n")
             config = tmp_path / "config.toml"

@@ -121,9 +121,10 @@ def test_an_untrusted_certificate_is_one_line(tls_site: TlsSite, tmp_path: Path)
     line = one_line_error(gpuctl("--config", str(path), "status"))
     assert f"Prometheus at {url}: certificate not trusted" in line
     assert f"not signed by a CA in prometheus_ca ({other.ca})" in line
-    # --prometheus has no CA option: the system's CAs, the same line
+    # --prometheus without --prometheus-ca: the system's CAs, the same line naming the option
     line = one_line_error(gpuctl("status", "--prometheus", url))
     assert f"Prometheus at {url}: certificate not trusted" in line
+    assert "set --prometheus-ca to the CA bundle" in line
 
 
 def test_a_certificate_for_another_name_and_plain_http_are_one_line(
@@ -161,6 +162,42 @@ def test_a_wrong_password_is_the_401_line_without_the_password(
     assert "status" in log.read_text() and wrong not in log.read_text()
 
 
+def test_the_command_line_options_are_the_configs_keys(tls_site: TlsSite, tmp_path: Path) -> None:
+    """``--prometheus URL`` with ``--prometheus-ca``, ``--prometheus-user`` and
+    ``--prometheus-password-file``, no config: the GPUs read over https with basic auth as the
+    cluster's keys read them; a wrong password is the 401 line naming the options, the
+    password in neither the output nor the log; another CA is named by its option."""
+    url = tls_site.prom.url
+    password = secret(tmp_path, PASSWORD)
+    given = ("--prometheus", url, "--prometheus-ca", str(tls_site.tls.ca))
+    user = ("--prometheus-user", USER, "--prometheus-password-file")
+    r = gpuctl("status", "--json", *given, *user, str(password))
+    assert r.returncode == 0, r.stderr
+    (node,) = json.loads(r.stdout)["nodes"]
+    assert node["name"] == "node-t" and node["state"] == "live" and node["link"] == "prometheus"
+    assert [g["util_gpu"] for g in node["gpus"]] == [10, 20]
+
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-the-Pa55word\n")
+    log = tmp_path / "gpuctl.log"
+    r = gpuctl("--log-file", str(log), "status", *given, *user, str(wrong))
+    line = one_line_error(r)
+    assert f"Prometheus at {url} refused us (401" in line
+    assert (
+        "check --prometheus-token-file / --prometheus-user and --prometheus-password-file" in line
+    )
+    assert "not-the-Pa55word" not in r.stderr + r.stdout + log.read_text()
+    assert PASSWORD not in r.stderr + log.read_text() and "status" in log.read_text()
+
+    other = make_tls(tmp_path / "other", name="another CA")
+    r = gpuctl(
+        "status", "--prometheus", url, "--prometheus-ca", str(other.ca), *user, str(password)
+    )
+    line = one_line_error(r)
+    assert f"Prometheus at {url}: certificate not trusted" in line
+    assert f"not signed by a CA in --prometheus-ca ({other.ca})" in line and PASSWORD not in line
+
+
 async def test_the_screen_over_https_with_basic_auth(tls_site: TlsSite, tmp_path: Path) -> None:
     fleet = site_fleet(
         tls_site.prom.url,
@@ -186,6 +223,7 @@ async def test_the_screen_over_https_with_basic_auth(tls_site: TlsSite, tmp_path
 
 
 def secret(folder: Path, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / "secret"
     path.write_text(text + "\n")
     return path
@@ -201,11 +239,19 @@ def test_a_bearer_token_through_an_https_proxy(tmp_path: Path) -> None:
         with prometheus([exporter.address]) as prom:
             prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
             proxy = BearerProxy(prom.url, TOKEN, tls=tls)
+            token = secret(tmp_path / "cli", TOKEN)
             try:
                 node = status_json(config(tmp_path, proxy.url, ca=tls.ca, token=TOKEN))
                 gpus = node["gpus"]
                 assert isinstance(gpus, list) and [g["util_gpu"] for g in gpus] == [10, 20]
                 assert proxy.seen and set(proxy.seen) == {f"Bearer {TOKEN}"}
+                # the same through the command line's options, no config
+                given = ("--prometheus", proxy.url, "--prometheus-ca", str(tls.ca))
+                r = gpuctl("status", "--json", *given, "--prometheus-token-file", str(token))
+                assert r.returncode == 0, r.stderr
+                (node,) = json.loads(r.stdout)["nodes"]
+                assert [g["util_gpu"] for g in node["gpus"]] == [10, 20]
+                assert set(proxy.seen) == {f"Bearer {TOKEN}"}
 
                 wrong = "tok-wrong-81c2"
                 log = tmp_path / "gpuctl.log"
@@ -217,6 +263,10 @@ def test_a_bearer_token_through_an_https_proxy(tmp_path: Path) -> None:
                 assert wrong not in r.stderr + r.stdout and TOKEN not in r.stderr
                 assert f"Bearer {wrong}" in proxy.seen  # it was sent, and not told
                 assert "status" in log.read_text() and wrong not in log.read_text()
+                r = gpuctl("status", *given, "--prometheus-token-file", str(tmp_path / "token"))
+                line = one_line_error(r)
+                assert f"Prometheus at {proxy.url} refused us (401" in line
+                assert "check --prometheus-token-file" in line and wrong not in r.stderr
 
                 line = one_line_error(
                     gpuctl(
@@ -281,10 +331,10 @@ def test_a_password_in_the_url_is_refused_without_echoing_it(tmp_path: Path) -> 
     """``https://user:password@host``: refused before any request, in one line that does not
     repeat the password (it would be on every line naming the store), saying where it goes."""
     url = "https://ops:s3cret-in-url@127.0.0.1:9"
-    for r in (
-        gpuctl("status", "--prometheus", url),
-        gpuctl("--config", str(config(tmp_path, url)), "status"),
+    for r, user in (
+        (gpuctl("status", "--prometheus", url), "--prometheus-user"),
+        (gpuctl("--config", str(config(tmp_path, url)), "status"), "prometheus_user"),
     ):
         line = one_line_error(r)
-        assert "must not hold a user or password: set prometheus_user" in line, line
+        assert f"must not hold a user or password: set {user}" in line, line
         assert "s3cret-in-url" not in r.stderr + r.stdout

@@ -377,6 +377,7 @@ class NvmlReader(Reader):
             "throttle": decode_throttle(_int(mask)) if mask is not None else None,
             "processes": self._processes(i, h, pids, _int(mem.used) if mem is not None else None,
                                          _int(util.gpu) if util is not None else None),
+            "mig": None,
         }
 
     def _processes(self, i: int, h: Any, pids: Set[int], mem_used: Optional[int],

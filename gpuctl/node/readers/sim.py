@@ -197,7 +197,7 @@ class SimGpu(object):
             "pstate": "P0" if util > 2 else "P8",
             "enc": self.enc if util > 2 else 0, "dec": self.dec if util > 2 else 0,
             "pcie_tx": tx, "pcie_rx": rx,
-            "throttle": throttle, "processes": procs,
+            "throttle": throttle, "processes": procs, "mig": None,
         }
 
 

@@ -282,6 +282,7 @@ class SmiReader(Reader):
                 self._slow[i] = self._slow_record(values)
             rec.update(self._slow.get(i) or _empty_slow())
             rec["processes"] = self._processes(apps, i, pids)
+            rec["mig"] = None  # nvidia-smi's query has no per-instance readings
             out.append(rec)
         self._parents = self._names.parents(pids)
         self._names.forget_except(pids)

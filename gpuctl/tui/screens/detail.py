@@ -22,7 +22,7 @@ from textual.widgets import DataTable, Footer, Static
 from textual_plotext import PlotextPlot
 
 from gpuctl.core.format import GIB, THROTTLE_BADGES, THROTTLE_WORDS, fmt_age, gpu_flags, reader_text
-from gpuctl.core.model import GpuSample, NodeEvent, NodeSnapshot
+from gpuctl.core.model import GpuSample, MigInstance, NodeEvent, NodeSnapshot
 from gpuctl.node import metrics
 from gpuctl.node.metrics import BY_KEY
 from gpuctl.tui.fleet_store import FleetStore
@@ -194,6 +194,15 @@ class Facts(Widget):
         self.refresh(layout=True)
 
 
+def mig_text(i: MigInstance) -> str:
+    """One MIG instance in the detail's "now": "MIG 3g.40gb #1 90% 4.9/39.1 GiB" (its
+    profile, DCGM's instance id, GR_ENGINE_ACTIVE, memory used of its own), node text cut."""
+    mem = "-" if i.mem_used is None else f"{i.mem_used / GIB:.1f}"
+    total = "-" if i.mem_total is None else f"{i.mem_total / GIB:.1f}"
+    profile = node_str(i.profile or "?", limit=40)
+    return f"MIG {profile} #{node_str(i.id, limit=12)} {_num(i.util, '%')} {mem}/{total} GiB"
+
+
 def _num(value: float | None, unit: str = "", digits: int = 0) -> str:
     """A reading, or "-" (none, or junk no GPU reports: 1e308 W)."""
     if value is None or not math.isfinite(value) or abs(value) > PLOT_LIMIT:
@@ -325,6 +334,8 @@ class DetailScreen(Screen[None]):
                 tx, rx = (metrics.fmt(BY_KEY[k], getattr(g, k)) for k in ("pcie_tx", "pcie_rx"))
                 facts.append(f"PCIe TX {tx} RX {rx}")
             paragraphs.append([Text(f) for f in facts])
+            if g.mig:  # a GPU in MIG mode whose instances are known (read from Prometheus)
+                paragraphs.append([Text(mig_text(i)) for i in g.mig])
             trouble: list[Text] = []
             for flag in gpu_flags(g):
                 badge = THROTTLE_BADGES.get(flag, node_str(flag, limit=40))
