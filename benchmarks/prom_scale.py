@@ -129,8 +129,10 @@ def phase_figures(
     query's round trip) and ``stamp_server`` (Prometheus's own part of it); ``queries`` (from
     the first metric query sent to the last answer read), ``queries_server_sum`` /
     ``_max`` (Prometheus's own time over them); ``login`` (the last answer read to the poll's
-    readings grouped: decoding and grouping not overlapped by the store), ``publish`` (the
-    readings handed to the fleet to the last moved node's snapshot), ``total``."""
+    readings grouped: decoding and grouping not overlapped by the store; with the poll that
+    publishes as the answers come, its last group fed too), ``publish`` (then to the last moved
+    node's snapshot), ``after_last_answer`` (the last answer read to the last moved node's
+    snapshot: what the queries' time does not cover), ``total``."""
     calls = sorted(calls)
     if not calls:
         return {}
@@ -144,6 +146,7 @@ def phase_figures(
     last = max(c[1] for c in calls)
     out["login"] = polled - last
     out["publish"] = started + latency - polled
+    out["after_last_answer"] = started + latency - last
     out["total"] = latency
     return {k: round(v, 3) for k, v in out.items()}
 
@@ -255,9 +258,12 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
     phases: list[dict[str, float]] = []  # per poll, see ``phase_figures``
     plans: list[list[str]] = []  # per poll, its queries (stamp first)
 
+    published_at: dict[str, float] = {}  # each node's newest sample on the screen, when
+
     def on_snapshot(s: NodeSnapshot) -> None:
         if s.last_sample_t is not None and s.last_sample_t != newest.get(s.name):
             newest[s.name] = s.last_sample_t
+            published_at[s.name] = time.perf_counter()
             pending.discard(s.name)
             if not pending:
                 published.set()
@@ -272,7 +278,9 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
             before = {n: r.t for n, r in source.latest.items()}
             calls.clear()
             try:
-                readings = await source.poll()
+                # this tree's poll publishes each group of hosts as its queries answer
+                fed = hasattr(source, "poll_once")
+                readings = await (source.poll_once() if fed else source.poll())
             except Exception as e:
                 print(f"poll failed: {e}", file=sys.stderr, flush=True)
                 await asyncio.sleep(args.interval)
@@ -283,15 +291,17 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
             plans.append([q for _a, _b, _s, q in sorted(asked)])
             moved = {n for n, r in readings.items() if r.t is not None and r.t != before.get(n)}
             moved_counts.append(len(moved))
-            pending.clear()
-            pending.update(moved)
-            published.clear()
-            source._take(readings, publish=True)
             started = poll_start[0]
+            pending.clear()  # the moved nodes not published yet (some are, when ``fed``)
+            pending.update(n for n in moved if published_at.get(n, -1.0) < started)
+            published.clear()
+            if not fed:
+                source._take(readings, publish=True)
             if moved:  # the fleet's tasks read the fed lines: until each node published
                 try:
-                    await asyncio.wait_for(published.wait(), 60)
-                    latencies.append(time.perf_counter() - started)
+                    if pending:
+                        await asyncio.wait_for(published.wait(), 60)
+                    latencies.append(max(published_at[n] for n in moved) - started)
                     phases.append(phase_figures(started, asked, polled_at, latencies[-1]))
                 except TimeoutError:
                     print(f"{len(pending)} nodes never published", file=sys.stderr, flush=True)
