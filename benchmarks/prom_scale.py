@@ -179,33 +179,57 @@ def one_at_a_time(post: Any, plans: list[list[str]]) -> list[dict[str, float]]:
     return out
 
 
+# the fast gauges a poll asks each in a query of its own (the utilisation and memory apart)
+MERGEABLE = (
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_XID_ERRORS",
+)
+
+
 def query_shapes(url: str, rounds: int = 5) -> dict[str, Any]:
     """One metric's query for a third of the hosts (by name) in other shapes, each asked
     alone, alternated ``rounds`` times: Prometheus's own time (median ``execTotalTime``),
     the round trip and the answer's bytes. ``set``: as a poll asks (``max by`` host and gpu,
     the hosts in a set matcher); ``set_at_sample_time``: the same with ``time=`` the hosts'
-    newest sample time; ``raw``: no ``max by`` (every label); ``every_host``: no host matcher."""
+    newest sample time; ``raw``: no ``max by`` (every label); ``every_host``: no host matcher.
+    And the fast gauges (``MERGEABLE``) for those hosts: ``gauges_each`` one query a metric,
+    asked one after the other (times summed), ``gauges_merged`` one query of them all by
+    ``__name__`` (``max by`` host, gpu and ``__name__``)."""
     client = this_prom.PromClient(this_prom.PromTarget(url))
     stamps = client.query(this_prom.stamp_query("", first_gpu=True))
     hosts = sorted(s.metric.host() for s in stamps)[::3]
     newest = max(float(s.value.text) for s in stamps)
     where = this_prom.hosts_matcher("Hostname", hosts)
     name = "DCGM_FI_DEV_GPU_TEMP"
-    shapes = {
-        "set": {"query": f"max by (Hostname, gpu) ({name}{{{where}}})"},
-        "set_at_sample_time": {
-            "query": f"max by (Hostname, gpu) ({name}{{{where}}})",
-            "time": f"{newest:.3f}",
-        },
-        "raw": {"query": f"{name}{{{where}}}"},
-        "every_host": {"query": f"max by (Hostname, gpu) ({name})"},
+    names = "|".join(MERGEABLE)
+    shapes: dict[str, list[dict[str, str]]] = {
+        "set": [{"query": f"max by (Hostname, gpu) ({name}{{{where}}})"}],
+        "set_at_sample_time": [
+            {"query": f"max by (Hostname, gpu) ({name}{{{where}}})", "time": f"{newest:.3f}"}
+        ],
+        "raw": [{"query": f"{name}{{{where}}}"}],
+        "every_host": [{"query": f"max by (Hostname, gpu) ({name})"}],
+        "gauges_each": [{"query": f"max by (Hostname, gpu) ({n}{{{where}}})"} for n in MERGEABLE],
+        "gauges_merged": [
+            {"query": f'max by (Hostname, gpu, __name__) ({{__name__=~"{names}", {where}}})'}
+        ],
     }
     got: dict[str, list[tuple[float, float, int]]] = {k: [] for k in shapes}
     for _ in range(rounds):
-        for key, form in shapes.items():
-            t = time.perf_counter()
-            body = client._post("/api/v1/query", {**form, "stats": "all"})
-            got[key].append((server_seconds(body), time.perf_counter() - t, len(body)))
+        for key, forms in shapes.items():
+            server = trip = 0.0
+            size = 0
+            for form in forms:
+                t = time.perf_counter()
+                body = client._post("/api/v1/query", {**form, "stats": "all"})
+                trip += time.perf_counter() - t
+                server += server_seconds(body)
+                size += len(body)
+            got[key].append((server, trip, size))
     return {
         "hosts": len(hosts),
         **{
