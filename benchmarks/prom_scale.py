@@ -195,7 +195,8 @@ def query_shapes(url: str, rounds: int = 5) -> dict[str, Any]:
     alone, alternated ``rounds`` times: Prometheus's own time (median ``execTotalTime``),
     the round trip and the answer's bytes. ``set``: as a poll asks (``max by`` host and gpu,
     the hosts in a set matcher); ``set_at_sample_time``: the same with ``time=`` the hosts'
-    newest sample time; ``raw``: no ``max by`` (every label); ``every_host``: no host matcher.
+    newest sample time; ``raw``: no ``max by`` (every label); ``every_host``: no host matcher;
+    ``set_of_8_hosts``: 8 of the hosts (the query's cost less its series').
     And the fast gauges (``MERGEABLE``) for those hosts: ``gauges_each`` one query a metric,
     asked one after the other (times summed), ``gauges_merged`` one query of them all by
     ``__name__`` (``max by`` host, gpu and ``__name__``)."""
@@ -204,6 +205,7 @@ def query_shapes(url: str, rounds: int = 5) -> dict[str, Any]:
     hosts = sorted(s.metric.host() for s in stamps)[::3]
     newest = max(float(s.value.text) for s in stamps)
     where = this_prom.hosts_matcher("Hostname", hosts)
+    where8 = this_prom.hosts_matcher("Hostname", hosts[:8])
     name = "DCGM_FI_DEV_GPU_TEMP"
     names = "|".join(MERGEABLE)
     shapes: dict[str, list[dict[str, str]]] = {
@@ -213,6 +215,7 @@ def query_shapes(url: str, rounds: int = 5) -> dict[str, Any]:
         ],
         "raw": [{"query": f"{name}{{{where}}}"}],
         "every_host": [{"query": f"max by (Hostname, gpu) ({name})"}],
+        "set_of_8_hosts": [{"query": f"max by (Hostname, gpu) ({name}{{{where8}}})"}],
         "gauges_each": [{"query": f"max by (Hostname, gpu) ({n}{{{where}}})"} for n in MERGEABLE],
         "gauges_merged": [
             {"query": f'max by (Hostname, gpu, __name__) ({{__name__=~"{names}", {where}}})'}
