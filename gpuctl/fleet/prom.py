@@ -29,8 +29,9 @@ moved node on the screen 0.175 -> 0.111 s median, 0.44 -> 0.36 s p95 (``prom_sca
 --baseline``). The rest is the store's evaluation: on the shared 2-core machine, a poll of
 768 moved hosts is 0.1-1 s of Prometheus's time asked one query at a time, and the slowest
 polls are the ones it evaluates slowly (its ``execTotalTime`` summed over the queries 4-5 s
-within 1.6 s). Asking the fast gauges in one query by ``__name__`` instead of one each costs
-it more, not less (``prom_scale.py --shapes``: 1.18 s against 0.47 s summed).
+within 1.6 s). Asking the fast gauges in one query by ``__name__`` instead of one each saves
+it nothing (``prom_scale.py --shapes``, two runs: 1.18 s against 0.47 s summed, then 0.47 s
+against 0.50 s) for 1.5x the bytes; a query's cost is its series' (8 hosts by name: 0.4 ms).
 
 Labels: the host is DCGM exporter's ``Hostname`` (before 3.3), ``hostname`` (since), gpuctl
 export's ``node``, else ``instance``; the GPU is ``gpu``; ``UUID`` (or ``uuid``), ``modelName``
@@ -1232,8 +1233,8 @@ class PromSource:
         poll at 16,384 GPUs with the screen, on top of the queries; now that is done for most
         of them while the slow counters are out. A host is handed over once, all its GPUs
         read by the same answers: no row mixes a new value with a missing one. When a query
-        fails, the groups it reads are not handed over (their hosts move again next poll)
-        and the queries still out are cancelled."""
+        fails, the groups it reads are not handed over (their hosts move again next poll),
+        the others are as their queries answer, and the poll raises the error then."""
         self.stamp_query = self._stamp()
         stamped = await asyncio.to_thread(self.client.query, self.stamp_query)
         moved, asked = self._plan(stamped)
@@ -1263,13 +1264,16 @@ class PromSource:
                         hand_over(index)
             return series
 
-        tasks = [asyncio.ensure_future(ask(n, m, q)) for n, (m, q) in enumerate(asked)]
-        try:
-            answers = await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            raise
+        # every query awaited, failed or not: the groups whose queries all answered are
+        # handed over even when another's failed (a poll cancelled cancels them all)
+        got = await asyncio.gather(
+            *(ask(n, m, q) for n, (m, q) in enumerate(asked)), return_exceptions=True
+        )
+        answers: list[list[Series]] = []
+        for answer in got:
+            if isinstance(answer, BaseException):
+                raise answer
+            answers.append(answer)
         for index, count in enumerate(waiting):  # a group no query reads (none moved)
             if count == 0 and groups[index][0] & nodes.keys():
                 hand_over(index)

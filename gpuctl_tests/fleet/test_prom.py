@@ -562,6 +562,36 @@ async def test_a_hosts_sample_is_published_while_another_groups_slow_query_is_ou
         await fleet.stop()
 
 
+async def test_a_failed_slow_query_leaves_its_group_unpublished(site: Site) -> None:
+    """A poll hands each group over when its queries are in: the slow counters' query failing
+    leaves the hosts at their turn out (not half read; they move again at the next poll) and
+    raises, while the group whose queries all answered was handed over, whole."""
+    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    source._take(await source.poll(), publish=False)
+    for host, held in list(source.latest.items()):  # node-a, node-b scraped since; not node-c
+        assert held.t is not None
+        source.latest[host] = replace(held, t=held.t - 100 if host != "node-c" else 1e12)
+    source._samples["node-b"] = turn_next("node-b") - 1  # its next sample: its turn
+    source._samples["node-a"] = turn_next("node-a")  # not its turn
+    held_b = source.latest["node-b"]
+    query = source.client.query
+
+    def failing(promql: str) -> list[prom.Series]:
+        if "ECC_DBE_VOL_TOTAL" in promql:
+            raise PromError("unreachable", "the store went away")
+        return query(promql)
+
+    source.client.query = failing  # type: ignore[method-assign]
+    handed: list[dict[str, prom.NodeReading]] = []
+    with pytest.raises(PromError, match="went away"):
+        await source.poll(ready=handed.append)
+    assert [sorted(r) for r in handed] == [["node-a"]]
+    a = handed[0]["node-a"]
+    assert [g["util_gpu"] for _i, g in sorted(a.gpus.items())] == [10, 20]
+    assert a.gpus[1]["ecc"] == {"volatile_uncorrected": 0}  # its last values, not asked
+    assert source.latest["node-b"] is held_b
+
+
 async def test_the_stamp_query_reads_gpu_0_while_every_host_has_one(site: Site) -> None:
     """Each host's sample time is read from its GPU 0 alone (an exporter writes a host's GPUs in
     one scrape): Prometheus reads a series per host, not per GPU. Every GPU's at the first
