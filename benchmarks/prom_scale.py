@@ -129,8 +129,10 @@ def phase_figures(
     query's round trip) and ``stamp_server`` (Prometheus's own part of it); ``queries`` (from
     the first metric query sent to the last answer read), ``queries_server_sum`` /
     ``_max`` (Prometheus's own time over them); ``login`` (the last answer read to the poll's
-    readings grouped: decoding and grouping not overlapped by the store), ``publish`` (the
-    readings handed to the fleet to the last moved node's snapshot), ``total``."""
+    readings grouped: decoding and grouping not overlapped by the store; with the poll that
+    publishes as the answers come, its last group fed too), ``publish`` (then to the last moved
+    node's snapshot), ``after_last_answer`` (the last answer read to the last moved node's
+    snapshot: what the queries' time does not cover), ``total``."""
     calls = sorted(calls)
     if not calls:
         return {}
@@ -144,6 +146,7 @@ def phase_figures(
     last = max(c[1] for c in calls)
     out["login"] = polled - last
     out["publish"] = started + latency - polled
+    out["after_last_answer"] = started + latency - last
     out["total"] = latency
     return {k: round(v, 3) for k, v in out.items()}
 
@@ -176,33 +179,60 @@ def one_at_a_time(post: Any, plans: list[list[str]]) -> list[dict[str, float]]:
     return out
 
 
+# the fast gauges a poll asks each in a query of its own (the utilisation and memory apart)
+MERGEABLE = (
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_XID_ERRORS",
+)
+
+
 def query_shapes(url: str, rounds: int = 5) -> dict[str, Any]:
     """One metric's query for a third of the hosts (by name) in other shapes, each asked
     alone, alternated ``rounds`` times: Prometheus's own time (median ``execTotalTime``),
     the round trip and the answer's bytes. ``set``: as a poll asks (``max by`` host and gpu,
     the hosts in a set matcher); ``set_at_sample_time``: the same with ``time=`` the hosts'
-    newest sample time; ``raw``: no ``max by`` (every label); ``every_host``: no host matcher."""
+    newest sample time; ``raw``: no ``max by`` (every label); ``every_host``: no host matcher;
+    ``set_of_8_hosts``: 8 of the hosts (the query's cost less its series').
+    And the fast gauges (``MERGEABLE``) for those hosts: ``gauges_each`` one query a metric,
+    asked one after the other (times summed), ``gauges_merged`` one query of them all by
+    ``__name__`` (``max by`` host, gpu and ``__name__``)."""
     client = this_prom.PromClient(this_prom.PromTarget(url))
     stamps = client.query(this_prom.stamp_query("", first_gpu=True))
     hosts = sorted(s.metric.host() for s in stamps)[::3]
     newest = max(float(s.value.text) for s in stamps)
     where = this_prom.hosts_matcher("Hostname", hosts)
+    where8 = this_prom.hosts_matcher("Hostname", hosts[:8])
     name = "DCGM_FI_DEV_GPU_TEMP"
-    shapes = {
-        "set": {"query": f"max by (Hostname, gpu) ({name}{{{where}}})"},
-        "set_at_sample_time": {
-            "query": f"max by (Hostname, gpu) ({name}{{{where}}})",
-            "time": f"{newest:.3f}",
-        },
-        "raw": {"query": f"{name}{{{where}}}"},
-        "every_host": {"query": f"max by (Hostname, gpu) ({name})"},
+    names = "|".join(MERGEABLE)
+    shapes: dict[str, list[dict[str, str]]] = {
+        "set": [{"query": f"max by (Hostname, gpu) ({name}{{{where}}})"}],
+        "set_at_sample_time": [
+            {"query": f"max by (Hostname, gpu) ({name}{{{where}}})", "time": f"{newest:.3f}"}
+        ],
+        "raw": [{"query": f"{name}{{{where}}}"}],
+        "every_host": [{"query": f"max by (Hostname, gpu) ({name})"}],
+        "set_of_8_hosts": [{"query": f"max by (Hostname, gpu) ({name}{{{where8}}})"}],
+        "gauges_each": [{"query": f"max by (Hostname, gpu) ({n}{{{where}}})"} for n in MERGEABLE],
+        "gauges_merged": [
+            {"query": f'max by (Hostname, gpu, __name__) ({{__name__=~"{names}", {where}}})'}
+        ],
     }
     got: dict[str, list[tuple[float, float, int]]] = {k: [] for k in shapes}
     for _ in range(rounds):
-        for key, form in shapes.items():
-            t = time.perf_counter()
-            body = client._post("/api/v1/query", {**form, "stats": "all"})
-            got[key].append((server_seconds(body), time.perf_counter() - t, len(body)))
+        for key, forms in shapes.items():
+            server = trip = 0.0
+            size = 0
+            for form in forms:
+                t = time.perf_counter()
+                body = client._post("/api/v1/query", {**form, "stats": "all"})
+                trip += time.perf_counter() - t
+                server += server_seconds(body)
+                size += len(body)
+            got[key].append((server, trip, size))
     return {
         "hosts": len(hosts),
         **{
@@ -255,9 +285,12 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
     phases: list[dict[str, float]] = []  # per poll, see ``phase_figures``
     plans: list[list[str]] = []  # per poll, its queries (stamp first)
 
+    published_at: dict[str, float] = {}  # each node's newest sample on the screen, when
+
     def on_snapshot(s: NodeSnapshot) -> None:
         if s.last_sample_t is not None and s.last_sample_t != newest.get(s.name):
             newest[s.name] = s.last_sample_t
+            published_at[s.name] = time.perf_counter()
             pending.discard(s.name)
             if not pending:
                 published.set()
@@ -272,7 +305,9 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
             before = {n: r.t for n, r in source.latest.items()}
             calls.clear()
             try:
-                readings = await source.poll()
+                # this tree's poll publishes each group of hosts as its queries answer
+                fed = hasattr(source, "poll_once")
+                readings = await (source.poll_once() if fed else source.poll())
             except Exception as e:
                 print(f"poll failed: {e}", file=sys.stderr, flush=True)
                 await asyncio.sleep(args.interval)
@@ -283,15 +318,17 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
             plans.append([q for _a, _b, _s, q in sorted(asked)])
             moved = {n for n, r in readings.items() if r.t is not None and r.t != before.get(n)}
             moved_counts.append(len(moved))
-            pending.clear()
-            pending.update(moved)
-            published.clear()
-            source._take(readings, publish=True)
             started = poll_start[0]
+            pending.clear()  # the moved nodes not published yet (some are, when ``fed``)
+            pending.update(n for n in moved if published_at.get(n, -1.0) < started)
+            published.clear()
+            if not fed:
+                source._take(readings, publish=True)
             if moved:  # the fleet's tasks read the fed lines: until each node published
                 try:
-                    await asyncio.wait_for(published.wait(), 60)
-                    latencies.append(time.perf_counter() - started)
+                    if pending:
+                        await asyncio.wait_for(published.wait(), 60)
+                    latencies.append(max(published_at[n] for n in moved) - started)
                     phases.append(phase_figures(started, asked, polled_at, latencies[-1]))
                 except TimeoutError:
                     print(f"{len(pending)} nodes never published", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ import contextlib
 import json
 import re
 import subprocess
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -547,6 +548,114 @@ async def test_slow_metrics_are_asked_at_each_hosts_turn_and_kept_between(site: 
             assert len(seen) < len(prom.METRICS) // 2 + 2  # the stamp and the fast ones
         source._take(readings, publish=False)
     assert source.latest["node-b"].gpus[1]["ecc"] == {"volatile_uncorrected": 2}
+
+
+async def test_a_hosts_sample_is_published_while_another_groups_slow_query_is_out(
+    site: Site,
+) -> None:
+    """A poll publishes each group of hosts once every query that reads them has answered:
+    while the slow counters' query for the hosts at their turn is held (not answered), the
+    other moved hosts' new samples are on the screen already; the held hosts' are not (no row
+    with new fast values and its slow counters missing), and come, ECC included, once the
+    query answers. (Published after the poll's last answer, nothing moved while it was held.)
+    """
+    fleet = site_fleet(site.prom.url)
+    link = fleet.nodes["node-a"].link
+    assert isinstance(link, PromLink)
+    source = link.source
+    query = source.client.query
+    loop = asyncio.get_running_loop()
+    release = threading.Event()
+    holding = asyncio.Event()
+    held: dict[str, Any] = {}  # the poll's moved hosts (stamp time) and the held query's
+    moved: dict[str, float] = {}
+
+    def holding_query(promql: str) -> list[prom.Series]:
+        series = query(promql)
+        if promql == source.stamp_query:  # a poll's first query: which hosts moved
+            # the loop awaits this thread: ``latest`` is the last poll's, unchanged meanwhile
+            stamps = {s.metric.host(): float(s.value.text) for s in series}
+            moved.clear()
+            moved.update(
+                (h, t)
+                for h, t in stamps.items()
+                if h in source.latest and t > (source.latest[h].t or 0.0)
+            )
+        elif "ECC_DBE_VOL_TOTAL" in promql and not held:  # a rare metric: its turn's hosts
+            names = re.search(r"Hostname=~`([^`]*)`", promql)
+            slow = set(names.group(1).split("|")) if names else set(moved)
+            if set(moved) - slow:  # not every moved host at its turn: two groups
+                held.update(moved=dict(moved), slow=slow)
+                loop.call_soon_threadsafe(holding.set)
+                release.wait(30)
+        return series
+
+    source.client.query = holding_query  # type: ignore[method-assign]
+    for k, host in enumerate(NODES):  # the hosts' turns apart (node-a's and node-c's alike)
+        source._samples[host] = turn_next(host) - 1 + k
+    shown: dict[str, float] = {}
+    others_shown = asyncio.Event()
+
+    def check() -> None:
+        if held and all(
+            shown.get(h, 0.0) >= t for h, t in held["moved"].items() if h not in held["slow"]
+        ):
+            others_shown.set()
+
+    def on_snapshot(snap: Any) -> None:
+        if snap.last_sample_t is not None:
+            shown[snap.name] = snap.last_sample_t
+            check()
+
+    fleet.subscribe(on_snapshot)
+    await fleet.start()
+    try:
+        await asyncio.wait_for(holding.wait(), 30)  # a poll with hosts at their turn and not
+        assert set(held["moved"]) - held["slow"] and held["slow"] <= set(held["moved"])
+        check()
+        await asyncio.wait_for(others_shown.wait(), 15)  # while the query is held
+        for host in held["slow"]:  # not before its slow counters are in
+            assert shown.get(host, 0.0) < held["moved"][host]
+        assert not release.is_set()
+        release.set()
+        for host in held["slow"]:
+            t = held["moved"][host]
+            await until(lambda h=host, t=t: shown.get(h, 0.0) >= t, f"{host}'s new sample")
+            gpu = fleet.snapshot(host).gpus[0]
+            assert gpu.util_gpu == 10 and gpu.ecc == {"volatile_uncorrected": 0}  # not missing
+    finally:
+        release.set()
+        await fleet.stop()
+
+
+async def test_a_failed_slow_query_leaves_its_group_unpublished(site: Site) -> None:
+    """A poll hands each group over when its queries are in: the slow counters' query failing
+    leaves the hosts at their turn out (not half read; they move again at the next poll) and
+    raises, while the group whose queries all answered was handed over, whole."""
+    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    source._take(await source.poll(), publish=False)
+    for host, held in list(source.latest.items()):  # node-a, node-b scraped since; not node-c
+        assert held.t is not None
+        source.latest[host] = replace(held, t=held.t - 100 if host != "node-c" else 1e12)
+    source._samples["node-b"] = turn_next("node-b") - 1  # its next sample: its turn
+    source._samples["node-a"] = turn_next("node-a")  # not its turn
+    held_b = source.latest["node-b"]
+    query = source.client.query
+
+    def failing(promql: str) -> list[prom.Series]:
+        if "ECC_DBE_VOL_TOTAL" in promql:
+            raise PromError("unreachable", "the store went away")
+        return query(promql)
+
+    source.client.query = failing  # type: ignore[method-assign]
+    handed: list[dict[str, prom.NodeReading]] = []
+    with pytest.raises(PromError, match="went away"):
+        await source.poll(ready=handed.append)
+    assert [sorted(r) for r in handed] == [["node-a"]]
+    a = handed[0]["node-a"]
+    assert [g["util_gpu"] for _i, g in sorted(a.gpus.items())] == [10, 20]
+    assert a.gpus[1]["ecc"] == {"volatile_uncorrected": 0}  # its last values, not asked
+    assert source.latest["node-b"] is held_b
 
 
 async def test_the_stamp_query_reads_gpu_0_while_every_host_has_one(site: Site) -> None:
