@@ -1,5 +1,5 @@
 """Preemption through a real Slurm (``PreemptType=preempt/partition_prio``,
-``PreemptMode=REQUEUE``, a ``GraceTime`` on the low partition): a job of the high partition
+``PreemptMode=REQUEUE`` on the low partition): a job of the high partition
 that needs the node ends the low partition's job, which Slurm requeues. A checkpointable function
 checkpoints on the preemption's SIGTERM and goes on from it; a plain one starts over; both say
 "preempted" in their attempts."""
@@ -21,12 +21,17 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture(scope="module")
 def preempting_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A one-node Slurm of its own with partitions ``low`` (preempted, requeued, 5 s of grace)
-    and ``high``."""
+    """A one-node Slurm of its own with partitions ``low`` (preempted, requeued) and ``high``.
+
+    No grace time (``GraceTime=0``): Slurm signals a batch job only when its grace is over (the
+    grace's SIGTERM goes to job steps, and gpuctl's job is its batch script), so a grace would
+    not change what the supervisor sees (a SIGTERM once the job is requeued, with PreemptTime
+    set and Restarts up) but delays it: Slurm 22.05 requeues a job in its grace only
+    KillWait + MessageTimeout (12 s here) after the preemption began (node_scheduler.c)."""
     from gpuctl_tests.harness.slurm import running_cluster
 
     folder = tmp_path_factory.mktemp("slurm-preempt")
-    with running_cluster(folder, preemption=True, preempt_grace=2) as cluster:
+    with running_cluster(folder, preemption=True, preempt_grace=0) as cluster:
         yield cluster
 
 
