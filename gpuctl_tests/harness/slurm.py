@@ -304,7 +304,7 @@ class SlurmCluster:
             # MessageTimeout after it began) and starts a requeued job once its begin time
             # (now + cred_expire + 1, job_mgr.c) is past only in a pass that something else
             # triggers: with the defaults each waited up to 30 s (a preemption test took 60 s,
-            # 25 s with these; `scontrol requeue` 51 s, 17 s)
+            # 27 s with these; the `scontrol requeue` test 51 s, 23 s)
             "SchedulerParameters": (
                 "batch_sched_delay=0,sched_min_interval=0,bf_interval=1,sched_interval=1"
             ),
