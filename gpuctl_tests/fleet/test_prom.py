@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import re
 import subprocess
@@ -67,8 +68,7 @@ class Site:
     exporters: dict[str, StandInExporter]
 
 
-@pytest.fixture
-def site() -> Iterator[Site]:
+def three_nodes() -> Iterator[Site]:
     """Three nodes of two GPUs each behind their own stand-in exporter, scraped every second;
     ready once every series has three samples (the scrape period can be read)."""
     exporters = {name: StandInExporter(name) for name in NODES}
@@ -79,6 +79,35 @@ def site() -> Iterator[Site]:
     finally:
         for e in exporters.values():
             e.close()
+
+
+@pytest.fixture
+def site() -> Iterator[Site]:
+    """``three_nodes``, the test's own: it may change what the exporters serve."""
+    yield from three_nodes()
+
+
+@pytest.fixture(scope="module")
+def _steady() -> Iterator[Site]:
+    yield from three_nodes()
+
+
+def _served(site: Site) -> object:
+    return {
+        name: (copy.deepcopy((e.gpus, e.jobs, e.mig)), e.serving, e.clock)
+        for name, e in site.exporters.items()
+    }
+
+
+@pytest.fixture
+def steady_site(_steady: Site) -> Iterator[Site]:
+    """``three_nodes`` shared by the module's tests that only read them: a Prometheus takes some
+    8 s to start and scrape three times (5 s of it before the first scrape: its discovery
+    manager sends target updates every 5 s, a fixed period), once instead of once a test. A
+    test that changes an exporter takes ``site``; this one checks that none was changed."""
+    before = _served(_steady)
+    yield _steady
+    assert _served(_steady) == before, "this test changes an exporter: give it `site`"
 
 
 async def until(pred: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
@@ -300,10 +329,10 @@ async def test_slurm_jobs_and_users_come_from_squeue(slurm_cluster: SlurmCluster
         await asyncio.to_thread(slurm_cluster.cancel_all)
 
 
-async def test_history_comes_from_the_store(site: Site) -> None:
+async def test_history_comes_from_the_store(steady_site: Site) -> None:
     """The detail screen's history: what the store kept before this process saw the node is
     put before what it saw (``Fleet.backfill``, one query_range per plotted metric)."""
-    fleet = site_fleet(site.prom.url)
+    fleet = site_fleet(steady_site.prom.url)
     link = fleet.nodes["node-a"].link
     assert isinstance(link, PromLink)
     link.source.history_step = 1.0  # the store holds seconds here, not hours
@@ -338,10 +367,10 @@ def counted(source: PromSource) -> list[str]:
     return seen
 
 
-async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
+async def test_one_query_per_metric_for_all_gpus(steady_site: Site) -> None:
     """A poll's queries do not grow with the GPUs: one per metric (and one for the time, one
     for MIG instances' utilisation)."""
-    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    source = PromSource(PromTarget(steady_site.prom.url), interval=1.0)
     seen = counted(source)
     readings = await source.poll()
     assert sorted(readings) == list(NODES)
@@ -349,11 +378,11 @@ async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
     assert all("gpu=" not in q for q in seen)  # never one GPU's own query
 
 
-async def test_a_poll_asks_only_the_hosts_with_a_new_sample(site: Site) -> None:
+async def test_a_poll_asks_only_the_hosts_with_a_new_sample(steady_site: Site) -> None:
     """After the small stamp query, the metrics are asked for the hosts whose newest sample
     is newer than the one held, by name, and by the one host label in use (no ``instance``):
     at a 5 s poll of a 15 s scrape, a third of the GPUs."""
-    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    source = PromSource(PromTarget(steady_site.prom.url), interval=1.0)
     source._take(await source.poll(), publish=False)
     stamped = source.client.query(source.stamp_query)
     for host in NODES:  # node-b as if scraped since; the others not
@@ -483,11 +512,11 @@ async def test_slow_metrics_are_asked_at_each_hosts_turn_and_kept_between(site: 
     assert source.latest["node-b"].gpus[1]["ecc"] == {"volatile_uncorrected": 2}
 
 
-async def test_the_stamp_query_reads_gpu_0_while_every_host_has_one(site: Site) -> None:
+async def test_the_stamp_query_reads_gpu_0_while_every_host_has_one(steady_site: Site) -> None:
     """Each host's sample time is read from its GPU 0 alone (an exporter writes a host's GPUs in
     one scrape): Prometheus reads a series per host, not per GPU. Every GPU's at the first
     poll, every STAMP_EVERY-th, and while a held host has no GPU 0 (it would never move)."""
-    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    source = PromSource(PromTarget(steady_site.prom.url), interval=1.0)
     source._take(await source.poll(), publish=False)
     assert 'gpu="0"' not in source.queries[0][1]  # the first poll: every GPU
     for host, held in list(source.latest.items()):  # every host as if scraped since
@@ -605,15 +634,17 @@ async def test_mixed_tells_an_xid_once() -> None:
             await fleet.stop()
 
 
-def test_status_json_and_table_through_prometheus(site: Site) -> None:
-    r = gpuctl("status", "--prometheus", site.prom.url, "--json")
+def test_status_json_and_table_through_prometheus(steady_site: Site) -> None:
+    r = gpuctl("status", "--prometheus", steady_site.prom.url, "--json")
     assert r.returncode == 0, r.stderr
     nodes = {n["name"]: n for n in json.loads(r.stdout)["nodes"]}
     assert sorted(nodes) == list(NODES)
     assert all(n["state"] == "live" and n["link"] == "prometheus" for n in nodes.values())
     assert [g["util_gpu"] for g in nodes["node-a"]["gpus"]] == [10, 20]
     assert nodes["node-a"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
-    r = gpuctl("status", "--prometheus", site.prom.url, "--prometheus-match", '{Hostname="node-c"}')
+    r = gpuctl(
+        "status", "--prometheus", steady_site.prom.url, "--prometheus-match", '{Hostname="node-c"}'
+    )
     assert r.returncode == 0, r.stderr
     assert "node-c" in r.stdout and "node-a" not in r.stdout
     assert "reader node-c: prometheus (no series for" in r.stdout
@@ -639,11 +670,11 @@ def test_export_demo_read_back_through_prometheus() -> None:
     assert nodes[0]["gpus"][0]["power_limit"] is not None  # export has the power limit
 
 
-def test_export_re_serves_a_prometheus_cluster(site: Site, tmp_path: Path) -> None:
+def test_export_re_serves_a_prometheus_cluster(steady_site: Site, tmp_path: Path) -> None:
     """``gpuctl export`` over a cluster read from Prometheus serves its GPUs under gpuctl's
     labels (a login node's own endpoint for a subset of the site, e.g. one cluster)."""
     config = tmp_path / "config.toml"
-    config.write_text(f'[clusters.site]\nprometheus = "{site.prom.url}"\n')
+    config.write_text(f'[clusters.site]\nprometheus = "{steady_site.prom.url}"\n')
     exporter = Exporter("--config", str(config), "--listen", "127.0.0.1:0")
     try:
         url = exporter.url()
@@ -676,8 +707,10 @@ def test_unreachable_prometheus_is_one_line() -> None:
     assert "cannot reach Prometheus at http://127.0.0.1:" in line and "refused" in line
 
 
-def test_a_selector_matching_nothing_is_one_line(site: Site) -> None:
-    r = gpuctl("status", "--prometheus", site.prom.url, "--prometheus-match", '{cluster="nope"}')
+def test_a_selector_matching_nothing_is_one_line(steady_site: Site) -> None:
+    r = gpuctl(
+        "status", "--prometheus", steady_site.prom.url, "--prometheus-match", '{cluster="nope"}'
+    )
     line = one_line_error(r)
     assert 'has no series DCGM_FI_DEV_GPU_UTIL{cluster="nope"}' in line
     assert "prometheus_match" in line
