@@ -10,6 +10,7 @@ import contextlib
 import copy
 import json
 import re
+import socket
 import subprocess
 import time
 import zlib
@@ -44,6 +45,7 @@ from gpuctl_tests.harness.prometheus import (
     Prometheus,
     StandInExporter,
     free_port,
+    held_port,
     prometheus,
 )
 from gpuctl_tests.harness.slurm import SlurmCluster
@@ -68,28 +70,57 @@ class Site:
     exporters: dict[str, StandInExporter]
 
 
-def three_nodes() -> Iterator[Site]:
-    """Three nodes of two GPUs each behind their own stand-in exporter, scraped every second;
-    ready once every series has three samples (the scrape period can be read)."""
-    exporters = {name: StandInExporter(name) for name in NODES}
+class StartedStores:
+    """Prometheus started ahead, each scraping three held ports (``held_port``: refused until
+    a test's exporters serve there). A Prometheus scrapes some 5 s after it starts (its
+    discovery manager sends target updates every 5 s, a fixed period): ``take`` hands over one
+    started during the previous test and starts the next."""
+
+    def __init__(self) -> None:
+        self.stack = contextlib.ExitStack()
+        self.ahead: tuple[Prometheus, list[socket.socket]] | None = None
+
+    def _start(self) -> tuple[Prometheus, list[socket.socket]]:
+        socks = [self.stack.enter_context(held_port()) for _ in NODES]
+        targets = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
+        return self.stack.enter_context(prometheus(targets)), socks
+
+    def take(self) -> tuple[Prometheus, list[socket.socket]]:
+        got = self.ahead or self._start()
+        self.ahead = self._start()
+        return got
+
+
+@pytest.fixture(scope="module")
+def _stores() -> Iterator[StartedStores]:
+    stores = StartedStores()
+    with stores.stack:
+        yield stores
+
+
+def three_nodes(stores: StartedStores) -> Iterator[Site]:
+    """Three nodes of two GPUs each behind their own stand-in exporter, scraped every second
+    by a Prometheus of their own; ready once every series has three samples (the scrape period
+    can be read)."""
+    prom, socks = stores.take()
+    exporters = {name: StandInExporter(name, sock=s) for name, s in zip(NODES, socks, strict=True)}
     try:
-        with prometheus([e.address for e in exporters.values()]) as prom:
-            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2 * len(NODES))
-            yield Site(prom, exporters)
+        prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2 * len(NODES))
+        yield Site(prom, exporters)
     finally:
         for e in exporters.values():
             e.close()
 
 
 @pytest.fixture
-def site() -> Iterator[Site]:
+def site(_stores: StartedStores) -> Iterator[Site]:
     """``three_nodes``, the test's own: it may change what the exporters serve."""
-    yield from three_nodes()
+    yield from three_nodes(_stores)
 
 
 @pytest.fixture(scope="module")
-def _steady() -> Iterator[Site]:
-    yield from three_nodes()
+def _steady(_stores: StartedStores) -> Iterator[Site]:
+    yield from three_nodes(_stores)
 
 
 def _served(site: Site) -> object:
