@@ -35,8 +35,10 @@ class Counter(Checkpointable):
 
 
 class UntilRequeued(Counter):
-    """A Counter whose first run never ends by itself (it waits for the signal, whenever that
-    comes); a run that began from the checkpoint counts on to ``target``."""
+    """A Counter whose first run never ends by itself (a signal ends it, the time-limit
+    warning's or Slurm's preemption's: when is Slurm's to say); a run that began from the
+    checkpoint counts on to ``target``. Every call is a run; the object carries them across
+    checkpoints."""
 
     def __call__(self, target: int, pause: float) -> dict[str, Any]:
         import os

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from gpuctl.jobs import Executor, JobStore
-from gpuctl.jobs.checkpoint import Checkpointable
 from gpuctl_tests.helpers import wait_until
+from gpuctl_tests.jobs.test_checkpoint import UntilRequeued
 
 pytestmark = pytest.mark.slurm
 
@@ -68,26 +68,6 @@ def _preempt(cluster: Any, job: Any) -> None:
     )  # fmt: skip
 
 
-class UntilResumed(Checkpointable):
-    """Counts in steps of ``pause`` seconds; its first run never ends by itself (Slurm's
-    preemption ends it: when is Slurm's to say), a run that began from its checkpoint counts
-    on to ``target``. Every call is a run; the object carries them across checkpoints."""
-
-    def __init__(self) -> None:
-        self.step = 0
-        self.runs: list[int] = []
-
-    def __call__(self, target: int, pause: float) -> dict[str, Any]:
-        import os
-        import time
-
-        self.runs.append(os.getpid())
-        while self.step < target or len(self.runs) < 2:
-            time.sleep(pause)
-            self.step += 1
-        return {"step": self.step, "runs": self.runs}
-
-
 def starts_twice(pause: float) -> int:
     """Its first run waits to be preempted; a second run in the same job folder returns how
     many runs there were."""
@@ -109,7 +89,7 @@ def test_a_preempted_checkpointable_function_goes_on_from_its_checkpoint(
     preempting_slurm: Any, venv1: str, venv2: str, tmp_path: Path
 ) -> None:
     job = _executor(preempting_slurm, venv1, venv2, tmp_path / "jobs").submit(
-        UntilResumed(), 20, 0.1
+        UntilRequeued(), 20, 0.1
     )
     _preempt(preempting_slurm, job)
     got = job.result(240)
