@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -44,6 +46,7 @@ from gpuctl_tests.harness.prometheus import (
     Prometheus,
     StandInExporter,
     free_port,
+    held_port,
     prometheus,
 )
 from gpuctl_tests.harness.slurm import SlurmCluster
@@ -68,18 +71,75 @@ class Site:
     exporters: dict[str, StandInExporter]
 
 
-@pytest.fixture
-def site() -> Iterator[Site]:
-    """Three nodes of two GPUs each behind their own stand-in exporter, scraped every second;
-    ready once every series has three samples (the scrape period can be read)."""
-    exporters = {name: StandInExporter(name) for name in NODES}
+class StartedStores:
+    """Prometheus started ahead, each scraping three held ports (``held_port``: refused until
+    a test's exporters serve there). A Prometheus scrapes some 5 s after it starts (its
+    discovery manager sends target updates every 5 s, a fixed period): ``take`` hands over one
+    started during the previous test and starts the next."""
+
+    def __init__(self) -> None:
+        self.stack = contextlib.ExitStack()
+        self.ahead: tuple[Prometheus, list[socket.socket]] | None = None
+
+    def _start(self) -> tuple[Prometheus, list[socket.socket]]:
+        socks = [self.stack.enter_context(held_port()) for _ in NODES]
+        targets = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
+        return self.stack.enter_context(prometheus(targets)), socks
+
+    def take(self) -> tuple[Prometheus, list[socket.socket]]:
+        got = self.ahead or self._start()
+        self.ahead = self._start()
+        return got
+
+
+@pytest.fixture(scope="module")
+def _stores() -> Iterator[StartedStores]:
+    stores = StartedStores()
+    with stores.stack:
+        yield stores
+
+
+def three_nodes(stores: StartedStores) -> Iterator[Site]:
+    """Three nodes of two GPUs each behind their own stand-in exporter, scraped every second
+    by a Prometheus of their own; ready once every series has three samples (the scrape period
+    can be read)."""
+    prom, socks = stores.take()
+    exporters = {name: StandInExporter(name, sock=s) for name, s in zip(NODES, socks, strict=True)}
     try:
-        with prometheus([e.address for e in exporters.values()]) as prom:
-            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2 * len(NODES))
-            yield Site(prom, exporters)
+        prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2 * len(NODES))
+        yield Site(prom, exporters)
     finally:
         for e in exporters.values():
             e.close()
+
+
+@pytest.fixture
+def site(_stores: StartedStores) -> Iterator[Site]:
+    """``three_nodes``, the test's own: it may change what the exporters serve."""
+    yield from three_nodes(_stores)
+
+
+@pytest.fixture(scope="module")
+def _steady(_stores: StartedStores) -> Iterator[Site]:
+    yield from three_nodes(_stores)
+
+
+def _served(site: Site) -> object:
+    return {
+        name: (copy.deepcopy((e.gpus, e.jobs, e.mig)), e.serving, e.clock)
+        for name, e in site.exporters.items()
+    }
+
+
+@pytest.fixture
+def steady_site(_steady: Site) -> Iterator[Site]:
+    """``three_nodes`` shared by the module's tests that only read them: a Prometheus takes some
+    8 s to start and scrape three times (5 s of it before the first scrape: its discovery
+    manager sends target updates every 5 s, a fixed period), once instead of once a test. A
+    test that changes an exporter takes ``site``; this one checks that none was changed."""
+    before = _served(_steady)
+    yield _steady
+    assert _served(_steady) == before, "this test changes an exporter: give it `site`"
 
 
 async def until(pred: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
@@ -301,10 +361,10 @@ async def test_slurm_jobs_and_users_come_from_squeue(slurm_cluster: SlurmCluster
         await asyncio.to_thread(slurm_cluster.cancel_all)
 
 
-async def test_history_comes_from_the_store(site: Site) -> None:
+async def test_history_comes_from_the_store(steady_site: Site) -> None:
     """The detail screen's history: what the store kept before this process saw the node is
     put before what it saw (``Fleet.backfill``, one query_range per plotted metric)."""
-    fleet = site_fleet(site.prom.url)
+    fleet = site_fleet(steady_site.prom.url)
     link = fleet.nodes["node-a"].link
     assert isinstance(link, PromLink)
     link.source.history_step = 1.0  # the store holds seconds here, not hours
@@ -339,10 +399,10 @@ def counted(source: PromSource) -> list[str]:
     return seen
 
 
-async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
+async def test_one_query_per_metric_for_all_gpus(steady_site: Site) -> None:
     """A poll's queries do not grow with the GPUs: one per metric (and one for the time, one
     for MIG instances' utilisation)."""
-    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    source = PromSource(PromTarget(steady_site.prom.url), interval=1.0)
     seen = counted(source)
     readings = await source.poll()
     assert sorted(readings) == list(NODES)
@@ -350,11 +410,11 @@ async def test_one_query_per_metric_for_all_gpus(site: Site) -> None:
     assert all("gpu=" not in q for q in seen)  # never one GPU's own query
 
 
-async def test_a_poll_asks_only_the_hosts_with_a_new_sample(site: Site) -> None:
+async def test_a_poll_asks_only_the_hosts_with_a_new_sample(steady_site: Site) -> None:
     """After the small stamp query, the metrics are asked for the hosts whose newest sample
     is newer than the one held, by name, and by the one host label in use (no ``instance``):
     at a 5 s poll of a 15 s scrape, a third of the GPUs."""
-    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    source = PromSource(PromTarget(steady_site.prom.url), interval=1.0)
     source._take(await source.poll(), publish=False)
     stamped = source.client.query(source.stamp_query)
     for host in NODES:  # node-b as if scraped since; the others not
@@ -658,11 +718,11 @@ async def test_a_failed_slow_query_leaves_its_group_unpublished(site: Site) -> N
     assert source.latest["node-b"] is held_b
 
 
-async def test_the_stamp_query_reads_gpu_0_while_every_host_has_one(site: Site) -> None:
+async def test_the_stamp_query_reads_gpu_0_while_every_host_has_one(steady_site: Site) -> None:
     """Each host's sample time is read from its GPU 0 alone (an exporter writes a host's GPUs in
     one scrape): Prometheus reads a series per host, not per GPU. Every GPU's at the first
     poll, every STAMP_EVERY-th, and while a held host has no GPU 0 (it would never move)."""
-    source = PromSource(PromTarget(site.prom.url), interval=1.0)
+    source = PromSource(PromTarget(steady_site.prom.url), interval=1.0)
     source._take(await source.poll(), publish=False)
     assert 'gpu="0"' not in source.queries[0][1]  # the first poll: every GPU
     for host, held in list(source.latest.items()):  # every host as if scraped since
@@ -780,15 +840,17 @@ async def test_mixed_tells_an_xid_once() -> None:
             await fleet.stop()
 
 
-def test_status_json_and_table_through_prometheus(site: Site) -> None:
-    r = gpuctl("status", "--prometheus", site.prom.url, "--json")
+def test_status_json_and_table_through_prometheus(steady_site: Site) -> None:
+    r = gpuctl("status", "--prometheus", steady_site.prom.url, "--json")
     assert r.returncode == 0, r.stderr
     nodes = {n["name"]: n for n in json.loads(r.stdout)["nodes"]}
     assert sorted(nodes) == list(NODES)
     assert all(n["state"] == "live" and n["link"] == "prometheus" for n in nodes.values())
     assert [g["util_gpu"] for g in nodes["node-a"]["gpus"]] == [10, 20]
     assert nodes["node-a"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
-    r = gpuctl("status", "--prometheus", site.prom.url, "--prometheus-match", '{Hostname="node-c"}')
+    r = gpuctl(
+        "status", "--prometheus", steady_site.prom.url, "--prometheus-match", '{Hostname="node-c"}'
+    )
     assert r.returncode == 0, r.stderr
     assert "node-c" in r.stdout and "node-a" not in r.stdout
     assert "reader node-c: prometheus (no series for" in r.stdout
@@ -814,11 +876,11 @@ def test_export_demo_read_back_through_prometheus() -> None:
     assert nodes[0]["gpus"][0]["power_limit"] is not None  # export has the power limit
 
 
-def test_export_re_serves_a_prometheus_cluster(site: Site, tmp_path: Path) -> None:
+def test_export_re_serves_a_prometheus_cluster(steady_site: Site, tmp_path: Path) -> None:
     """``gpuctl export`` over a cluster read from Prometheus serves its GPUs under gpuctl's
     labels (a login node's own endpoint for a subset of the site, e.g. one cluster)."""
     config = tmp_path / "config.toml"
-    config.write_text(f'[clusters.site]\nprometheus = "{site.prom.url}"\n')
+    config.write_text(f'[clusters.site]\nprometheus = "{steady_site.prom.url}"\n')
     exporter = Exporter("--config", str(config), "--listen", "127.0.0.1:0")
     try:
         url = exporter.url()
@@ -851,8 +913,10 @@ def test_unreachable_prometheus_is_one_line() -> None:
     assert "cannot reach Prometheus at http://127.0.0.1:" in line and "refused" in line
 
 
-def test_a_selector_matching_nothing_is_one_line(site: Site) -> None:
-    r = gpuctl("status", "--prometheus", site.prom.url, "--prometheus-match", '{cluster="nope"}')
+def test_a_selector_matching_nothing_is_one_line(steady_site: Site) -> None:
+    r = gpuctl(
+        "status", "--prometheus", steady_site.prom.url, "--prometheus-match", '{cluster="nope"}'
+    )
     line = one_line_error(r)
     assert 'has no series DCGM_FI_DEV_GPU_UTIL{cluster="nope"}' in line
     assert "check --prometheus-match" in line  # as given: the option, not the config's key

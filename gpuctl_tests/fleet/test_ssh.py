@@ -156,31 +156,40 @@ CONNECT_SLACK_S = 4.0  # an SSH connect and an agent's hello here take about a s
 async def test_a_node_back_from_a_long_outage_shows_within_the_backoff_cap(
     ssh_cluster: SshCluster, tmp_path: Path
 ) -> None:
-    """Issue 26: with the default backoff (no [fleet] keys), a node whose sshd was down long
-    enough for the old backoff to reach its 30 s cap (a wait of 15-30 s after the sixth failure)
-    shows again within ``BACKOFF_MAX_S`` plus one connect once its sshd is back."""
+    """Issue 26: a node whose sshd was down long enough for its backoff to reach the cap shows
+    again within the cap plus one connect once its sshd is back (the old cap, 30 s, kept a
+    node that came back away for up to 30 s).
+
+    The default (no [fleet] keys) is ``BACKOFF_MAX_S``; the outage runs with the same backoff
+    scaled down by four through the config's [fleet] keys (0.25 s doubling, capped at 2 s), so
+    that it takes some 10 s instead of 25: after eight failed connects the uncapped backoff
+    would wait 16 to 32 s, far past the cap plus ``CONNECT_SLACK_S``."""
     await asyncio.to_thread(ssh_cluster.start_nodes, ["back"])
+    config = dict(simulate=1, interval=0.2, bundle_dir=str(tmp_path / "bundles"))
+    default = ssh_cluster.write_config(tmp_path / "default.toml", nodes=["back"], **config)
+    assert fleet_from_config(load_config(default)).backoff_max == BACKOFF_MAX_S
+    base, cap = 0.25, 2.0
     path = ssh_cluster.write_config(
         tmp_path / "config.toml",
         nodes=["back"],
-        simulate=1,
-        interval=0.2,
-        bundle_dir=str(tmp_path / "bundles"),
+        extra=f"[fleet]\nbackoff_base = {base}\nbackoff_max = {cap}\n",
+        **config,
     )
     fleet = fleet_from_config(load_config(path), stale_after=1.0)
+    assert (fleet.backoff_base, fleet.backoff_max) == (base, cap)
     rt = fleet.nodes["back"]
     await fleet.start()
     try:
         await wait_fleet(fleet, lambda ss: ss["back"].last_sample_t, what="back live")
         await asyncio.to_thread(ssh_cluster["back"].kill)
-        # 1 + 2 + 4 + 8 + 8 s of backoff (x 0.5..1): the old caps waited 16 s then 30 s
+        # 0.25 + 0.5 + 1 + 2 + 2 + 2 + 2 s of backoff (x 0.5..1); uncapped, the next is 32 s
         await wait_fleet(
             fleet,
-            lambda ss: ss["back"].state is NodeState.UNREACHABLE and rt.failures >= 6,
+            lambda ss: ss["back"].state is NodeState.UNREACHABLE and rt.failures >= 8,
             timeout=60.0,
-            what="six failed connects",
+            what="eight failed connects",
         )
-        assert fleet.backoff_max == BACKOFF_MAX_S
+        assert base * 2 ** (rt.failures - 1) * 0.5 > cap + CONNECT_SLACK_S  # the cap matters
         await asyncio.to_thread(ssh_cluster["back"].start)
         started = time.monotonic()
         restarted_at = time.time()
@@ -190,11 +199,11 @@ async def test_a_node_back_from_a_long_outage_shows_within_the_backoff_cap(
                 ss["back"].state is NodeState.LIVE
                 and (ss["back"].last_sample_t or 0) > restarted_at
             ),
-            timeout=BACKOFF_MAX_S + 30.0,
+            timeout=cap + 30.0,
             what="back live again by itself",
         )
         took = time.monotonic() - started
-        assert took <= BACKOFF_MAX_S + CONNECT_SLACK_S, f"back after {took:.1f} s"
+        assert took <= cap + CONNECT_SLACK_S, f"back after {took:.1f} s"
     finally:
         await fleet.stop()
 

@@ -131,9 +131,21 @@ def series_labels(
 NOT_PER_INSTANCE = ("util", "mem_util", "enc", "dec")
 
 
-def serve_metrics(body: Callable[[], bytes], port: int = 0) -> http.server.ThreadingHTTPServer:
-    """An exporter's HTTP side on a loopback port (0: any free one): every GET is answered
-    ``body()`` as exposition text, from a thread of its own until ``shutdown()``."""
+def held_port() -> socket.socket:
+    """A loopback port bound and held, not listening (a connection there is refused), for an
+    exporter to take over later (``StandInExporter(sock=...)``): a target Prometheus may
+    scrape before the exporter exists, and no other socket can take the port meanwhile."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def serve_metrics(
+    body: Callable[[], bytes], port: int = 0, sock: socket.socket | None = None
+) -> http.server.ThreadingHTTPServer:
+    """An exporter's HTTP side on a loopback port (0: any free one; ``sock``: that bound
+    socket's, see ``held_port``): every GET is answered ``body()`` as exposition text, from a
+    thread of its own until ``shutdown()``."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -147,7 +159,15 @@ def serve_metrics(body: Callable[[], bytes], port: int = 0) -> http.server.Threa
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    if sock is None:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    else:
+        server = http.server.ThreadingHTTPServer(
+            sock.getsockname(), Handler, bind_and_activate=False
+        )
+        server.socket.close()
+        server.socket = sock
+        server.server_activate()  # listen: from now on a scrape is answered
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -155,7 +175,8 @@ def serve_metrics(body: Callable[[], bytes], port: int = 0) -> http.server.Threa
 class StandInExporter:
     """One node's DCGM exporter: ``/metrics`` in its text format, from ``gpus`` (index ->
     values, see ``gpu_values``), on a loopback port of its own (``port``: one chosen before,
-    e.g. a target Prometheus already scrapes while nothing listens there: a node coming up)."""
+    e.g. a target Prometheus already scrapes while nothing listens there: a node coming up;
+    ``sock``: a ``held_port``, the same without a moment when another socket may take it)."""
 
     def __init__(
         self,
@@ -163,6 +184,7 @@ class StandInExporter:
         gpus: int = 2,
         model: str = "NVIDIA H100 80GB HBM3",
         port: int = 0,
+        sock: socket.socket | None = None,
     ) -> None:
         self.hostname = hostname
         self.model = model
@@ -172,7 +194,7 @@ class StandInExporter:
         self.serving = True
         self.clock: Callable[[], float] | None = None
         self.lock = threading.Lock()
-        self.server = serve_metrics(lambda: self.text().encode(), port)
+        self.server = serve_metrics(lambda: self.text().encode(), port, sock)
 
     @property
     def address(self) -> str:

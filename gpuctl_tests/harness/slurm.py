@@ -297,8 +297,17 @@ class SlurmCluster:
             "KillWait": 2,
             "SchedulerType": "sched/backfill",
             # start batch jobs within ~1 s instead of ~3 s (the first one after start still
-            # waits for the scheduler's first pass, ~3 s after slurmctld starts)
-            "SchedulerParameters": "batch_sched_delay=0,sched_min_interval=0",
+            # waits for the scheduler's first pass, ~3 s after slurmctld starts).
+            # bf_interval=1, sched_interval=1: what no event wakes is looked at every second,
+            # not every 30 s (backfill) or 60 s (the full main pass). Slurm 22.05 begins a
+            # preemption only in a backfill pass, and ends it (the requeue, KillWait +
+            # MessageTimeout after it began) and starts a requeued job once its begin time
+            # (now + cred_expire + 1, job_mgr.c) is past only in a pass that something else
+            # triggers: with the defaults each waited up to 30 s (a preemption test took 60 s,
+            # 27 s with these; the `scontrol requeue` test 51 s, 23 s)
+            "SchedulerParameters": (
+                "batch_sched_delay=0,sched_min_interval=0,bf_interval=1,sched_interval=1"
+            ),
             # the node may declare more CPUs than the machine has: jobs are small, and tests
             # want several at once on a 2-core machine
             "SlurmdParameters": "config_overrides",

@@ -34,6 +34,23 @@ class Counter(Checkpointable):
         return {"step": self.step, "runs": self.runs}
 
 
+class UntilRequeued(Counter):
+    """A Counter whose first run never ends by itself (a signal ends it, the time-limit
+    warning's or Slurm's preemption's: when is Slurm's to say); a run that began from the
+    checkpoint counts on to ``target``. Every call is a run; the object carries them across
+    checkpoints."""
+
+    def __call__(self, target: int, pause: float) -> dict[str, Any]:
+        import os
+        import time
+
+        self.runs.append(os.getpid())
+        while self.step < target or len(self.runs) < 2:
+            time.sleep(pause)
+            self.step += 1
+        return {"step": self.step, "runs": self.runs}
+
+
 class Declines(Counter):
     def checkpoint(self, *args: Any, **kwargs: Any) -> Resubmit | None:
         return None
@@ -88,7 +105,9 @@ def test_a_plain_function_ignores_the_warning(make_executor: Any) -> None:
 def test_checkpoint_and_scontrol_requeue_through_slurm(
     slurm_executor: Any, slurm_cluster: Any
 ) -> None:
-    job = slurm_executor(time_limit=600).submit(Counter(), 40, 0.25)
+    # the first run waits for the signal: 10 s of counting (Counter(), 40, 0.25) made the test
+    # slower and could end before the signal came
+    job = slurm_executor(time_limit=600).submit(UntilRequeued(), 20, 0.1)
     script = Path(job.jobdir, "job.sbatch").read_text()
     assert "#SBATCH --requeue" in script and "#SBATCH --signal=B:USR1@60" in script
     status = Path(job.jobdir, "status.jsonl")
@@ -96,7 +115,8 @@ def test_checkpoint_and_scontrol_requeue_through_slurm(
     # what Slurm sends at --signal=B:USR1@60 (its own timer ticks too slowly for a test)
     job.backend.signal(job.handle, job.jobdir, signal.SIGUSR1)
     got = job.result(180)
-    assert got["step"] == 40 and len(got["runs"]) == 2
+    # two runs of the one object: the second began where the checkpoint left it
+    assert got["step"] >= 20 and len(got["runs"]) == 2 and got["runs"][0] != got["runs"][1]
     (attempt,) = job.attempts()
     assert attempt["reason"] == "checkpoint"
     assert attempt["slurm_job_id"] == job.handle["slurm_id"]  # the same job, requeued

@@ -1,5 +1,5 @@
 """Preemption through a real Slurm (``PreemptType=preempt/partition_prio``,
-``PreemptMode=REQUEUE``, a ``GraceTime`` on the low partition): a job of the high partition
+``PreemptMode=REQUEUE`` on the low partition): a job of the high partition
 that needs the node ends the low partition's job, which Slurm requeues. A checkpointable function
 checkpoints on the preemption's SIGTERM and goes on from it; a plain one starts over; both say
 "preempted" in their attempts."""
@@ -13,20 +13,25 @@ from typing import Any
 import pytest
 
 from gpuctl.jobs import Executor, JobStore
-from gpuctl.jobs.checkpoint import Checkpointable
 from gpuctl_tests.helpers import wait_until
+from gpuctl_tests.jobs.test_checkpoint import UntilRequeued
 
 pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture(scope="module")
 def preempting_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A one-node Slurm of its own with partitions ``low`` (preempted, requeued, 5 s of grace)
-    and ``high``."""
+    """A one-node Slurm of its own with partitions ``low`` (preempted, requeued) and ``high``.
+
+    No grace time (``GraceTime=0``): Slurm signals a batch job only when its grace is over (the
+    grace's SIGTERM goes to job steps, and gpuctl's job is its batch script), so a grace would
+    not change what the supervisor sees (a SIGTERM once the job is requeued, with PreemptTime
+    set and Restarts up) but delays it: Slurm 22.05 requeues a job in its grace only
+    KillWait + MessageTimeout (12 s here) after the preemption began (node_scheduler.c)."""
     from gpuctl_tests.harness.slurm import running_cluster
 
     folder = tmp_path_factory.mktemp("slurm-preempt")
-    with running_cluster(folder, preemption=True, preempt_grace=2) as cluster:
+    with running_cluster(folder, preemption=True, preempt_grace=0) as cluster:
         yield cluster
 
 
@@ -63,26 +68,6 @@ def _preempt(cluster: Any, job: Any) -> None:
     )  # fmt: skip
 
 
-class UntilResumed(Checkpointable):
-    """Counts in steps of ``pause`` seconds; its first run never ends by itself (Slurm's
-    preemption ends it: when is Slurm's to say), a run that began from its checkpoint counts
-    on to ``target``. Every call is a run; the object carries them across checkpoints."""
-
-    def __init__(self) -> None:
-        self.step = 0
-        self.runs: list[int] = []
-
-    def __call__(self, target: int, pause: float) -> dict[str, Any]:
-        import os
-        import time
-
-        self.runs.append(os.getpid())
-        while self.step < target or len(self.runs) < 2:
-            time.sleep(pause)
-            self.step += 1
-        return {"step": self.step, "runs": self.runs}
-
-
 def starts_twice(pause: float) -> int:
     """Its first run waits to be preempted; a second run in the same job folder returns how
     many runs there were."""
@@ -104,7 +89,7 @@ def test_a_preempted_checkpointable_function_goes_on_from_its_checkpoint(
     preempting_slurm: Any, venv1: str, venv2: str, tmp_path: Path
 ) -> None:
     job = _executor(preempting_slurm, venv1, venv2, tmp_path / "jobs").submit(
-        UntilResumed(), 20, 0.1
+        UntilRequeued(), 20, 0.1
     )
     _preempt(preempting_slurm, job)
     got = job.result(240)
