@@ -238,10 +238,14 @@ def trouble_counts(s: NodeSnapshot, xid_gpus: set[int]) -> dict[str, int]:
 
     Every node's every sample comes here (the header's counts): a GPU without trouble (most,
     each sample) is told in a few tests written out (``gpu_problems`` for the others), not a
-    list of flags built and read (0.83 s of ~10 s busy at 4,096 GPUs, profiled)."""
+    list of flags built and read (0.83 s of ~10 s busy at 4,096 GPUs, profiled); a node none
+    of whose GPUs has any (most, each sample) is told first in a few passes in C
+    (``_untroubled``), not GPU by GPU."""
     counts = dict.fromkeys(PROBLEMS, 0)
     if node_is_down(s):
         counts["down"] = 1
+    if _untroubled(s.gpus, xid_gpus):
+        return counts
     quiet = _QUIET_REASONS
     for g in s.gpus:
         reasons = g.throttle
@@ -259,6 +263,42 @@ def trouble_counts(s: NodeSnapshot, xid_gpus: set[int]) -> dict[str, int]:
             if kind in counts:
                 counts[kind] += 1
     return counts
+
+
+_STATE = operator.attrgetter("state")
+_INDEX = operator.attrgetter("index")
+_THROTTLE = operator.attrgetter("throttle")
+_ECC = operator.attrgetter("ecc")
+_REMAPPED = operator.attrgetter("remapped_rows")
+
+
+def _untroubled(gpus: Sequence[GpuSample], xid_gpus: set[int]) -> bool:
+    """True when none of ``gpus`` has a problem (``trouble_counts`` would count none), told
+    with passes over the GPUs in C: no XID, none lost, each distinct throttle tuple quiet, and
+    the ECC counts (the remapped rows) of every GPU equal to the first GPU's, which has no
+    trouble (GPUs whose counts differ are left to ``trouble_counts``'s loop: False). 2 us a
+    node of 8 GPUs where the loop takes 4-5."""
+    if not gpus:
+        return True
+    if xid_gpus and not xid_gpus.isdisjoint(map(_INDEX, gpus)):
+        return False
+    if "lost" in map(_STATE, gpus):
+        return False
+    quiet = _QUIET_REASONS
+    for reasons in set(map(_THROTTLE, gpus)):
+        if reasons and not (quiet.get(reasons) or _quiet_reasons(reasons)):
+            return False
+    eccs = list(map(_ECC, gpus))
+    ecc = eccs[0]
+    if eccs.count(ecc) != len(eccs):  # equal counts have equal truth: one verdict for all
+        return False
+    if ecc and (ecc.get("volatile_uncorrected") or ecc.get("aggregate_uncorrected")):
+        return False
+    rows = list(map(_REMAPPED, gpus))
+    rr = rows[0]
+    if rows.count(rr) != len(rows):
+        return False
+    return not (rr and (rr.get("pending") or rr.get("failure")))
 
 
 # Throttle reasons (as sent) that are all quiet (``QUIET_THROTTLE``), once told: an agent
@@ -316,6 +356,10 @@ def fmt_gib_pair(used: int | None, total: int | None) -> str:
     return f"{u}/{t}G"
 
 
+_UTIL = operator.attrgetter("util_gpu")
+_POWER = operator.attrgetter("power")
+
+
 @dataclass(frozen=True, slots=True)
 class NodeTotals:
     gpus: int
@@ -326,7 +370,15 @@ class NodeTotals:
 
 def node_totals(s: NodeSnapshot) -> NodeTotals:
     """A node's GPUs counted, their utilization summed over those that report it, and their
-    power (a lost GPU reports neither); one pass over the GPUs (every sample's node)."""
+    power (a lost GPU reports neither); one pass over the GPUs (every sample's node), in C
+    where no GPU is lost and every one reports both (sums in the same order: the same
+    figures)."""
+    gpus = s.gpus
+    if "lost" not in map(_STATE, gpus):
+        utils = list(map(_UTIL, gpus))
+        powers = list(map(_POWER, gpus))
+        if None not in utils and None not in powers:
+            return NodeTotals(len(gpus), float(sum(utils)), len(utils), sum(powers, 0.0))
     util = util_n = 0
     power = 0.0
     for g in s.gpus:
