@@ -166,3 +166,44 @@ def test_cluster_totals_sum_the_nodes_parts() -> None:
     assert cluster_totals(parts) == ClusterTotals(3, 1, 4, 25.0, 400.5)
     assert cluster_totals([(False, None)]) == ClusterTotals(1, 0, 0, None, 0.0)
     assert cluster_totals([]) == ClusterTotals(0, 0, 0, None, 0.0)
+
+
+def test_trouble_counts_and_totals_of_nodes_alike_but_for_one_gpu() -> None:
+    """A node whose GPUs are alike (the common case, told in passes in C: ``_untroubled``,
+    ``node_totals``' sums) is counted as ``gpu_problems`` says of each GPU and summed as GPU by
+    GPU: 8 GPUs of one profile, and 7 quiet ones with the eighth (first, middle or last) of
+    another, for every mix of throttle reasons, ECC and row-remap counts, a lost GPU, an XID,
+    and a GPU that reports no utilization or power."""
+    import itertools
+
+    from gpuctl.tui.view import PROBLEMS, gpu_problems, node_totals, trouble_counts
+
+    throttles = [None, (), ("gpu_idle",), ("sw_power_cap",), ("gpu_idle", "hw_slowdown")]
+    eccs = [None, {}, {"volatile_uncorrected": 0, "aggregate_uncorrected": 0}]
+    eccs += [{"volatile_uncorrected": 2}, {"aggregate_uncorrected": True}]
+    remaps = [None, {"pending": False, "failure": False}, {"pending": True}, {"failure": 1}]
+    readings = [(50, 300.0), (None, 300.0), (50, None)]
+    quiet = {"throttle": (), "ecc": eccs[2], "remapped_rows": remaps[1]}
+    for t, e, r, state, (u, p) in itertools.product(
+        throttles, eccs, remaps, ("ok", "lost"), readings
+    ):
+        odd = {"throttle": t, "ecc": e, "remapped_rows": r, "state": state}
+        odd |= {"util_gpu": u, "power": p}
+        nodes = [[gpu(i, **odd) for i in range(8)]]
+        for at in (0, 3, 7):
+            nodes.append([gpu(i, **(odd if i == at else quiet)) for i in range(8)])
+        for gpus in nodes:
+            s = node("n", NodeState.LIVE, *gpus)
+            for xids in (set(), {3}):
+                want = dict.fromkeys(PROBLEMS, 0)
+                for g in gpus:
+                    for kind in gpu_problems(g, g.index in xids):
+                        if kind in want:
+                            want[kind] += 1
+                assert trouble_counts(s, xids) == want, (odd, xids)
+            ok = [g for g in gpus if not g.lost]
+            utils = [g.util_gpu for g in ok if g.util_gpu is not None]
+            power = sum((g.power for g in ok if g.power is not None), 0.0)
+            totals = node_totals(s)
+            assert (totals.gpus, totals.util_sum, totals.util_n) == (8, sum(utils), len(utils))
+            assert totals.power == power and type(totals.util_sum) is float
