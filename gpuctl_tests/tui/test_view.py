@@ -171,9 +171,9 @@ def test_cluster_totals_sum_the_nodes_parts() -> None:
 def test_trouble_counts_and_totals_of_nodes_alike_but_for_one_gpu() -> None:
     """A node whose GPUs are alike (the common case, told in passes in C: ``_untroubled``,
     ``node_totals``' sums) is counted as ``gpu_problems`` says of each GPU and summed as GPU by
-    GPU: 8 GPUs of one profile, and 7 quiet ones with the eighth (first, middle or last) of
-    another, for every mix of throttle reasons, ECC and row-remap counts, a lost GPU, an XID,
-    and a GPU that reports no utilization or power."""
+    GPU: 8 GPUs of one profile, and 7 quiet ones (each with its own corrected ECC count) with
+    the eighth (first, middle or last) of another, for every mix of throttle reasons, ECC and
+    row-remap counts, a lost GPU, an XID, and a GPU that reports no utilization or power."""
     import itertools
 
     from gpuctl.tui.view import PROBLEMS, gpu_problems, node_totals, trouble_counts
@@ -183,7 +183,11 @@ def test_trouble_counts_and_totals_of_nodes_alike_but_for_one_gpu() -> None:
     eccs += [{"volatile_uncorrected": 2}, {"aggregate_uncorrected": True}]
     remaps = [None, {"pending": False, "failure": False}, {"pending": True}, {"failure": 1}]
     readings = [(50, 300.0), (None, 300.0), (50, None)]
-    quiet = {"throttle": (), "ecc": eccs[2], "remapped_rows": remaps[1]}
+
+    def quiet(i: int) -> dict[str, object]:
+        ecc = {"aggregate_corrected": i, "volatile_uncorrected": 0}
+        return {"throttle": (), "ecc": ecc, "remapped_rows": remaps[1]}
+
     for t, e, r, state, (u, p) in itertools.product(
         throttles, eccs, remaps, ("ok", "lost"), readings
     ):
@@ -191,7 +195,7 @@ def test_trouble_counts_and_totals_of_nodes_alike_but_for_one_gpu() -> None:
         odd |= {"util_gpu": u, "power": p}
         nodes = [[gpu(i, **odd) for i in range(8)]]
         for at in (0, 3, 7):
-            nodes.append([gpu(i, **(odd if i == at else quiet)) for i in range(8)])
+            nodes.append([gpu(i, **(odd if i == at else quiet(i))) for i in range(8)])
         for gpus in nodes:
             s = node("n", NodeState.LIVE, *gpus)
             for xids in (set(), {3}):
