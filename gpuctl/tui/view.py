@@ -11,7 +11,6 @@ import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 
 from gpuctl.core.format import GIB, QUIET_THROTTLE, fmt_age, gpu_badge_names, gpu_flags
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
@@ -239,14 +238,10 @@ def trouble_counts(s: NodeSnapshot, xid_gpus: set[int]) -> dict[str, int]:
 
     Every node's every sample comes here (the header's counts): a GPU without trouble (most,
     each sample) is told in a few tests written out (``gpu_problems`` for the others), not a
-    list of flags built and read (0.83 s of ~10 s busy at 4,096 GPUs, profiled); a node none
-    of whose GPUs has any (most, each sample) is told first in a few passes in C
-    (``_untroubled``), not GPU by GPU."""
+    list of flags built and read (0.83 s of ~10 s busy at 4,096 GPUs, profiled)."""
     counts = dict.fromkeys(PROBLEMS, 0)
     if node_is_down(s):
         counts["down"] = 1
-    if _untroubled(s.gpus, xid_gpus):
-        return counts
     quiet = _QUIET_REASONS
     for g in s.gpus:
         reasons = g.throttle
@@ -264,42 +259,6 @@ def trouble_counts(s: NodeSnapshot, xid_gpus: set[int]) -> dict[str, int]:
             if kind in counts:
                 counts[kind] += 1
     return counts
-
-
-_STATE = operator.attrgetter("state")
-_INDEX = operator.attrgetter("index")
-_THROTTLE = operator.attrgetter("throttle")
-_ECC = operator.attrgetter("ecc")
-_REMAPPED = operator.attrgetter("remapped_rows")
-
-
-def _untroubled(gpus: Sequence[GpuSample], xid_gpus: set[int]) -> bool:
-    """True when none of ``gpus`` has a problem (``trouble_counts`` would count none), told
-    in passes over the GPUs in C: no XID, none lost, each distinct throttle tuple quiet, no
-    uncorrected ECC error, no row remap pending or failed. ~2 us a node of 8 GPUs where the
-    loop takes 4-5."""
-    if xid_gpus and not xid_gpus.isdisjoint(map(_INDEX, gpus)):
-        return False
-    if "lost" in map(_STATE, gpus):
-        return False
-    quiet = _QUIET_REASONS
-    for reasons in set(map(_THROTTLE, gpus)):
-        if reasons and not (quiet.get(reasons) or _quiet_reasons(reasons)):
-            return False
-    get = dict.get
-    try:  # the counts are dicts (a Mapping of another kind: the loop tells)
-        eccs = list(filter(None, map(_ECC, gpus)))  # None and {}: nothing counted
-        if eccs and (
-            any(map(get, eccs, repeat("volatile_uncorrected")))
-            or any(map(get, eccs, repeat("aggregate_uncorrected")))
-        ):
-            return False
-        rows = list(filter(None, map(_REMAPPED, gpus)))
-        return not rows or not (
-            any(map(get, rows, repeat("pending"))) or any(map(get, rows, repeat("failure")))
-        )
-    except TypeError:
-        return False
 
 
 # Throttle reasons (as sent) that are all quiet (``QUIET_THROTTLE``), once told: an agent
@@ -357,10 +316,6 @@ def fmt_gib_pair(used: int | None, total: int | None) -> str:
     return f"{u}/{t}G"
 
 
-_UTIL = operator.attrgetter("util_gpu")
-_POWER = operator.attrgetter("power")
-
-
 @dataclass(frozen=True, slots=True)
 class NodeTotals:
     gpus: int
@@ -371,15 +326,7 @@ class NodeTotals:
 
 def node_totals(s: NodeSnapshot) -> NodeTotals:
     """A node's GPUs counted, their utilization summed over those that report it, and their
-    power (a lost GPU reports neither); one pass over the GPUs (every sample's node), in C
-    where no GPU is lost and every one reports both (sums in the same order: the same
-    figures)."""
-    gpus = s.gpus
-    if "lost" not in map(_STATE, gpus):
-        utils = list(map(_UTIL, gpus))
-        powers = list(map(_POWER, gpus))
-        if None not in utils and None not in powers:
-            return NodeTotals(len(gpus), float(sum(utils)), len(utils), sum(powers, 0.0))
+    power (a lost GPU reports neither); one pass over the GPUs (every sample's node)."""
     util = util_n = 0
     power = 0.0
     for g in s.gpus:

@@ -169,11 +169,12 @@ def test_cluster_totals_sum_the_nodes_parts() -> None:
 
 
 def test_trouble_counts_and_totals_of_nodes_alike_but_for_one_gpu() -> None:
-    """A node whose GPUs are alike (the common case, told in passes in C: ``_untroubled``,
-    ``node_totals``' sums) is counted as ``gpu_problems`` says of each GPU and summed as GPU by
-    GPU: 8 GPUs of one profile, and 7 quiet ones (each with its own corrected ECC count) with
-    the eighth (first, middle or last) of another, for every mix of throttle reasons, ECC and
-    row-remap counts, a lost GPU, an XID, and a GPU that reports no utilization or power."""
+    """A node's trouble is counted as ``gpu_problems`` says of each GPU, and its totals
+    summed GPU by GPU, where its GPUs are alike but for one (the common node, whose every GPU
+    the header's counts tell quiet): 8 GPUs of one profile, and 7 quiet ones (each with its
+    own corrected ECC count) with the eighth (first, middle or last) of another, for every mix
+    of throttle reasons, ECC and row-remap counts, a lost GPU, an XID, and a GPU that reports
+    no utilization or power."""
     import itertools
 
     from gpuctl.tui.view import PROBLEMS, gpu_problems, node_totals, trouble_counts
