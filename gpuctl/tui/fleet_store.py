@@ -79,11 +79,18 @@ class FleetStore:
         are in the cache; freed 60 nodes at a time by the flush, they were cold by the time the
         decodes of the next 100 ms took them (``_PyObject_Malloc`` was 9% of the screen's CPU
         at 4,096 GPUs, ``perf``). What a paint before the flush shows of the node is then the
-        newer readings in the same rows."""
+        newer readings in the same rows.
+
+        Its header parts (``trouble_counts``, ``node_totals``) are computed here too, for the
+        version the flush will give it, while its GPUs' readings are in the cache (just
+        decoded): at the flush, 60 nodes later, reading them again took several times as
+        long. Any other snapshot drops the parts kept for that version (the flush computes
+        them); an XID comes with a snapshot (the app offers one after every event)."""
         first = not self.pending
         name = snapshot.name
         self.pending[name] = snapshot
         kept = self.snaps.get(name)
+        after = self.version.get(name, 0) + 1  # the version the flush gives it
         if (
             kept is not None
             and kept.state is snapshot.state
@@ -92,6 +99,14 @@ class FleetStore:
             and name not in self.leaving
         ):
             self.snaps[name] = snapshot
+            self._trouble[name] = (after, trouble_counts(snapshot, self.xid_gpus(name)))
+            if snapshot.state in (NodeState.LIVE, NodeState.STALE):
+                self._totals[name] = (after, node_totals(snapshot))
+        else:
+            for parts in (self._trouble, self._totals):
+                part = parts.get(name)
+                if part is not None and part[0] == after:
+                    del parts[name]
         self.arrivals.setdefault(name, time.monotonic())
         return first
 

@@ -212,3 +212,59 @@ def test_trouble_counts_and_totals_of_nodes_alike_but_for_one_gpu() -> None:
             totals = node_totals(s)
             assert (totals.gpus, totals.util_sum, totals.util_n) == (8, sum(utils), len(utils))
             assert totals.power == power and type(totals.util_sum) is float
+
+
+def test_the_store_counts_a_nodes_last_snapshot_of_a_flush() -> None:
+    """The header's parts of a live node's sample are computed as it is offered (its readings
+    just decoded), for the version the flush gives it; a later snapshot of another kind in the
+    same flush (the node gone stale, its hello changed) is what the flush counts, and so is an
+    XID that came with the node's snapshot offered again."""
+    from dataclasses import replace
+
+    from gpuctl.core.model import NodeInfo
+    from gpuctl.fleet.fleet import Fleet
+    from gpuctl.tui.fleet_store import FleetStore
+
+    class Link:
+        kind = "simulated"
+        holds_files = 0
+
+    store = FleetStore(Fleet({"a": Link()}))  # type: ignore[dict-item]
+    info = NodeInfo(hostname="a")
+    live = NodeSnapshot(name="a", state=NodeState.LIVE, info=info, gpus=(gpu(0), gpu(1)))
+    store.offer(live)
+    store.take_pending()
+    assert store.trouble()["down"] == 0 and store.totals().gpus == 2
+
+    lost = replace(live, gpus=(gpu(0), gpu(1, state="lost")))
+    store.offer(lost)  # the same kind: kept at once, its parts computed
+    assert store.snaps["a"] is lost
+    store.offer(replace(lost, state=NodeState.STALE))  # then stale, in the same flush
+    store.take_pending()
+    assert store.trouble()["down"] == 1 and store.trouble()["lost"] == 1
+    assert store.totals().live == 0 and store.totals().util_mean == 50.0
+
+    store.offer(replace(live, state=NodeState.STALE, info=NodeInfo(hostname="b")))
+    store.take_pending()
+    store.offer(replace(live, state=NodeState.STALE, gpus=(gpu(0, util_gpu=10), gpu(1))))
+    store.offer(replace(live, info=info))  # live again, the first hello: counted by the flush
+    store.take_pending()
+    assert store.trouble()["down"] == 0 and store.totals().live == 1
+
+    store.offer(live)
+    store.xids.add(("a", 1))  # the app adds an XID, then offers the node's snapshot again
+    store.offer(live)
+    store.take_pending()
+    assert store.trouble()["xid"] == 1
+    assert store.totals() == cluster_totals_of(store)
+
+
+def cluster_totals_of(store: object) -> object:
+    """The header's totals computed afresh from every node's kept snapshot."""
+    from gpuctl.tui.view import cluster_totals, node_totals
+
+    snaps = store.snaps.values()  # type: ignore[attr-defined]
+    down = (NodeState.LIVE, NodeState.STALE)
+    return cluster_totals(
+        [(s.state is NodeState.LIVE, node_totals(s) if s.state in down else None) for s in snaps]
+    )
