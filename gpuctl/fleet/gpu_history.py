@@ -18,7 +18,8 @@ the fleet keeps 4,096 GPU readings a second at 512 nodes, and writing them one b
 busy in a 30 s profile). With each GPU's ring apart (a point's values ``capacity`` apart: an
 extended slice) a sample touched some 100 cache lines of a node's 270 KB of history, cold by
 the node's next sample: 19 us a sample at 512 nodes where one node's took 11.6 (measured), 27
-us in the screen's run; point by point it touches three. Reading one GPU's series is the
+us in the screen's run; point by point it touches three: 15-18 us at 512 nodes (alternated
+with the old layout's 19, on a shared machine). Reading one GPU's series is the
 strided slice instead (a sparkline's dozen values, a detail screen's). ``GpuHistory`` is one
 GPU's view of it (what ``Fleet.history`` hands out).
 

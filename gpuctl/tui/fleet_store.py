@@ -2,7 +2,8 @@
 
 The fleet's listener only drops the newest snapshot into ``pending`` (latest wins); the app takes
 the pending set once per refresh tick, so a burst of samples costs one repaint, not one per
-sample.
+sample. A live node's sample also replaces its kept snapshot at once, with its header parts
+computed (``offer``: while the memory is warm); the flush still counts it changed.
 
 A node that leaves the fleet (``Fleet.remove_node``: a host the site's Prometheus stopped holding)
 is forgotten at the next flush too (``leave``, ``take_removed``), with the rebuild of the list:
