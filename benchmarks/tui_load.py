@@ -296,12 +296,22 @@ async def measure(
         app.on_flush = on_flush
         await asyncio.sleep(3.0)  # warm up: layout, caches
         measuring[0] = True
+        profile = os.environ.get("GPUCTL_BENCH_PROFILE")
+        prof = None
+        if profile:  # the measured time under cProfile (slower: where the time goes, not figures)
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
         cpu0, wall0 = os.times(), time.monotonic()
         while (now := time.monotonic()) < wall0 + seconds:
             rss.append((now - wall0, rss_mb()))
             await asyncio.sleep(min(rss_every, wall0 + seconds - now))  # the sampling period
         rss.append((time.monotonic() - wall0, rss_mb()))
         cpu1, wall1 = os.times(), time.monotonic()
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(profile)
         measuring[0] = False
     finally:
         exit_called_at = time.time()
@@ -402,15 +412,7 @@ def main() -> int:
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--run":
         nodes, gpus, seconds, mode, rss_every = json.loads(sys.argv[2])
-        profile = os.environ.get("GPUCTL_BENCH_PROFILE")
-        if profile:  # the whole run under cProfile (slower: for where the time goes, not figures)
-            import cProfile
-
-            with cProfile.Profile() as prof:
-                r = run_once(nodes, gpus, seconds, mode, rss_every)
-            prof.dump_stats(profile)
-        else:
-            r = run_once(nodes, gpus, seconds, mode, rss_every)
+        r = run_once(nodes, gpus, seconds, mode, rss_every)
         print(json.dumps(r), flush=True)
         return 0
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
@@ -441,7 +443,9 @@ def main() -> int:
         "fleets too large to simulate live on one core: 2,048 nodes)",
     )
     p.add_argument("--json", action="store_true", help="one JSON object per run")
-    p.add_argument("--profile", metavar="FILE", help="cProfile the app's run into FILE (pstats)")
+    p.add_argument(
+        "--profile", metavar="FILE", help="cProfile the app's measured time into FILE (pstats)"
+    )
     args = p.parse_args()
     os.environ["GPUCTL_BENCH_CYCLE"] = str(args.cycle)
     if args.profile:

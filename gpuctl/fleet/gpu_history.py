@@ -10,13 +10,18 @@ as after a week: about ``(recent + older) * (BYTES_PER_POINT - 8)`` plus the tim
 GPUs share. A whole ``GpuSample`` per second (its tuples, its process list) cost some 1.25 KB
 per GPU per sample: 1.6 GB at 1,024 GPUs after 19 minutes.
 
-The history is kept per node (``NodeHistory``): its GPUs share the times, and each column is
-one array holding every GPU's ring side by side (GPU ``j``'s at ``[j * capacity, (j + 1) *
-capacity)``), so that a sample is one write per column (an extended slice, in C), not one per
-GPU and column: the fleet keeps 4,096 GPU readings a second at 512 nodes, and writing them one
-by one (``push_gpu``, code generated per column) was the screen's largest own time (0.89 s of
-~10 s busy in a 30 s profile). ``GpuHistory`` is one GPU's view of it (what ``Fleet.history``
-hands out).
+The history is kept per node (``NodeHistory``): its GPUs share the times, and the columns of
+one typecode are one array, point by point (a point holds every GPU's values side by side), so
+that a sample is one contiguous write per typecode (a slice, in C), not one per GPU and column:
+the fleet keeps 4,096 GPU readings a second at 512 nodes, and writing them one by one
+(``push_gpu``, code generated per column) was the screen's largest own time (0.89 s of ~10 s
+busy in a 30 s profile). With each GPU's ring apart (a point's values ``capacity`` apart: an
+extended slice) a sample touched some 100 cache lines of a node's 270 KB of history, cold by
+the node's next sample: 19 us a sample at 512 nodes where one node's took 11.6 (measured), 27
+us in the screen's run; point by point it touches three: 15-18 us at 512 nodes (alternated
+with the old layout's 19, on a shared machine). Reading one GPU's series is the
+strided slice instead (a sparkline's dozen values, a detail screen's). ``GpuHistory`` is one
+GPU's view of it (what ``Fleet.history`` hands out).
 
 A value the GPU did not report, or could not have (a lost GPU, a GPU missing from a sample, a
 negative temperature, a reading too large for its column), is kept as missing and read back as
@@ -59,10 +64,10 @@ _LOST: tuple[None, ...] = (None,) * len(COLUMNS)
 _INDEX = attrgetter("index")
 _STATE = attrgetter("state")
 
-# The columns of one typecode share one array (a "block"): lane (GPU) j's column k of a block
-# of K columns is the ring at ``(j * K + k) * capacity``, so that a point's values for every
-# GPU and column of a block are one extended slice (step ``capacity``), in the order that the
-# GPUs' readings come in (GPU by GPU, column by column).
+# The columns of one typecode share one array (a "block"), point by point: at point i of a ring
+# of L lanes (GPUs), lane j's column k of a block of K columns is at ``(i * L + j) * K + k``, so
+# that a point's values for every GPU and column of a block are one slice, in the order that
+# the GPUs' readings come in (GPU by GPU, column by column).
 _BLOCK_CODES = tuple(dict.fromkeys(_CODES))
 _BLOCK_COLUMNS = tuple(tuple(c for c, code in enumerate(_CODES) if code == b) for b in _BLOCK_CODES)
 _BLOCK_LIMITS = tuple(_MISSING.get(code) for code in _BLOCK_CODES)
@@ -150,8 +155,8 @@ def _loaded(column: int, values: Sequence[float]) -> list[float | None]:
 
 class _Ring:
     """``capacity`` points of ``lanes`` GPUs: one time per point, shared, and per typecode one
-    array (a block: see ``_BLOCK_COLUMNS``) of ``lanes * width * capacity`` values; the oldest
-    point is overwritten."""
+    array (a block: see ``_BLOCK_COLUMNS``) of ``capacity * lanes * width`` values, point by
+    point; the oldest point is overwritten."""
 
     __slots__ = ("blocks", "capacity", "head", "lanes", "size", "times")
 
@@ -164,21 +169,35 @@ class _Ring:
         self.size = 0
 
     def add_lanes(self, k: int) -> None:
-        """Make room for ``k`` more GPUs, their values missing (one exact-sized copy)."""
-        self.blocks = [
-            a + array(code, _EMPTY_BYTES[code] * (k * len(cols) * self.capacity))
-            for a, code, cols in zip(self.blocks, _BLOCK_CODES, _BLOCK_COLUMNS, strict=True)
-        ]
+        """Make room for ``k`` more GPUs, their values missing (the first GPUs: one allocation;
+        GPUs that join later: a copy, point by point)."""
+        blocks = []
+        for a, code, cols in zip(self.blocks, _BLOCK_CODES, _BLOCK_COLUMNS, strict=True):
+            fill = _EMPTY_BYTES[code] * (k * len(cols))
+            if not self.lanes:
+                blocks.append(array(code, fill * self.capacity))
+                continue
+            span = self.lanes * len(cols)
+            b = array(code)
+            more = array(code, fill)
+            for i in range(self.capacity):
+                b += a[i * span : (i + 1) * span]
+                b += more
+            blocks.append(b)
+        self.blocks = blocks
         self.lanes += k
 
     def reorder(self, order: Sequence[int]) -> None:
         """Lay the lanes out in ``order`` (old lane numbers, one each)."""
         blocks = []
         for a, cols in zip(self.blocks, _BLOCK_COLUMNS, strict=True):
-            span = len(cols) * self.capacity
+            width = len(cols)
+            span = self.lanes * width
             b = array(a.typecode)
-            for j in order:
-                b += a[j * span : (j + 1) * span]
+            for i in range(self.capacity):
+                for j in order:
+                    start = i * span + j * width
+                    b += a[start : start + width]
             blocks.append(b)
         self.blocks = blocks
 
@@ -196,12 +215,14 @@ class _Ring:
         """Keep one point: ``rows`` holds each lane's values in ``METRICS`` order (integer
         columns take whole numbers, others rounded; see ``_kept``)."""
         i = self.advance(t)
-        cap = self.capacity
         for block, code, limit, cols in zip(
             self.blocks, _BLOCK_CODES, _BLOCK_LIMITS, _BLOCK_COLUMNS, strict=True
         ):
-            stop = i + cap * len(cols) * self.lanes
-            block[i:stop:cap] = _kept(code, limit, [row[c] for row in rows for c in cols])
+            span = len(cols) * self.lanes
+            kept = _kept(code, limit, [row[c] for row in rows for c in cols])
+            if len(kept) != span:  # a plain slice would resize the block
+                raise ValueError(f"{len(rows)} rows for {self.lanes} lanes")
+            block[i * span : (i + 1) * span] = kept
 
     def last_values(self, column: int, lane: int, n: int) -> list[float]:
         """The newest ``n`` raw values of a lane's column (missing ones as stored), oldest
@@ -213,12 +234,13 @@ class _Ring:
         n = min(n, self.size)
         b, k, width = _PLACE[column]
         a = self.blocks[b]
-        base = (lane * width + k) * self.capacity
+        span = self.lanes * width
+        at = lane * width + k
         start = self.head - n
         if start >= 0:
-            return a[base + start : base + self.head]
-        end = base + self.capacity
-        return a[end + start : end] + a[base : base + self.head]
+            return a[start * span + at : self.head * span : span]
+        older = a[(self.capacity + start) * span + at : self.capacity * span : span]
+        return older + a[at : self.head * span : span]
 
     def count_since(self, t0: float) -> int:
         """How many of the newest points have a time at or after ``t0``."""
@@ -319,12 +341,11 @@ class NodeHistory:
             return
         ring = self._recent
         i = ring.advance(t)
-        cap = ring.capacity
-        lanes = len(gpus)
+        lanes = len(gpus)  # the layout's: one value per lane and column (a plain slice)
         for block, code, getter, cols in zip(
             ring.blocks, _BLOCK_CODES, _GETTERS, _BLOCK_COLUMNS, strict=True
         ):
-            stop = i + cap * len(cols) * lanes
+            span = len(cols) * lanes
             # array() takes a whole block in C when every value fits it (no None, no float in
             # an integer column, nothing past its range): the common case; else each value as
             # ``_kept`` keeps it.
@@ -333,10 +354,10 @@ class NodeHistory:
                     values = list(chain.from_iterable(map(getter, gpus)))
                 else:
                     values = list(map(getter, gpus))
-                block[i:stop:cap] = array(code, values)
+                block[i * span : (i + 1) * span] = array(code, values)
             except (TypeError, OverflowError):
                 readings = [r[c] for r in map(_readings, gpus) for c in cols]
-                block[i:stop:cap] = _kept(code, _MISSING.get(code), readings)
+                block[i * span : (i + 1) * span] = _kept(code, _MISSING.get(code), readings)
 
     def _add_any(self, t: float, gpus: Sequence[GpuSample]) -> None:
         """``add`` for any sample: GPUs new to the node get lanes, a GPU the sample lacks is

@@ -459,7 +459,9 @@ async def test_the_node_header_says_how_each_node_reads_its_gpus(
         python.chmod(0o755)
         links[name] = LocalLink(python=str(python), interval=0.2)
     app = make_app(Fleet(links), state_dir=state_dir)
-    async with app.run_test(size=(200, 20)) as pilot:
+    # 240 columns: the whole header, once the host's readings hold its network rates too (from
+    # a node's second sample on; at 200 the reader's words were cut, read a moment later).
+    async with app.run_test(size=(240, 20)) as pilot:
         await all_live(pilot)
         nodes = app.overview.nodes
 

@@ -166,3 +166,105 @@ def test_cluster_totals_sum_the_nodes_parts() -> None:
     assert cluster_totals(parts) == ClusterTotals(3, 1, 4, 25.0, 400.5)
     assert cluster_totals([(False, None)]) == ClusterTotals(1, 0, 0, None, 0.0)
     assert cluster_totals([]) == ClusterTotals(0, 0, 0, None, 0.0)
+
+
+def test_trouble_counts_and_totals_of_nodes_alike_but_for_one_gpu() -> None:
+    """A node's trouble is counted as ``gpu_problems`` says of each GPU, and its totals
+    summed GPU by GPU, where its GPUs are alike but for one (the common node, whose every GPU
+    the header's counts tell quiet): 8 GPUs of one profile, and 7 quiet ones (each with its
+    own corrected ECC count) with the eighth (first, middle or last) of another, for every mix
+    of throttle reasons, ECC and row-remap counts, a lost GPU, an XID, and a GPU that reports
+    no utilization or power."""
+    import itertools
+
+    from gpuctl.tui.view import PROBLEMS, gpu_problems, node_totals, trouble_counts
+
+    throttles = [None, (), ("gpu_idle",), ("sw_power_cap",), ("gpu_idle", "hw_slowdown")]
+    eccs = [None, {}, {"volatile_uncorrected": 0, "aggregate_uncorrected": 0}]
+    eccs += [{"volatile_uncorrected": 2}, {"aggregate_uncorrected": True}]
+    remaps = [None, {"pending": False, "failure": False}, {"pending": True}, {"failure": 1}]
+    readings = [(50, 300.0), (None, 300.0), (50, None)]
+
+    def quiet(i: int) -> dict[str, object]:
+        ecc = {"aggregate_corrected": i, "volatile_uncorrected": 0}
+        return {"throttle": (), "ecc": ecc, "remapped_rows": remaps[1]}
+
+    for t, e, r, state, (u, p) in itertools.product(
+        throttles, eccs, remaps, ("ok", "lost"), readings
+    ):
+        odd = {"throttle": t, "ecc": e, "remapped_rows": r, "state": state}
+        odd |= {"util_gpu": u, "power": p}
+        nodes = [[gpu(i, **odd) for i in range(8)]]
+        for at in (0, 3, 7):
+            nodes.append([gpu(i, **(odd if i == at else quiet(i))) for i in range(8)])
+        for gpus in nodes:
+            s = node("n", NodeState.LIVE, *gpus)
+            for xids in (set(), {3}):
+                want = dict.fromkeys(PROBLEMS, 0)
+                for g in gpus:
+                    for kind in gpu_problems(g, g.index in xids):
+                        if kind in want:
+                            want[kind] += 1
+                assert trouble_counts(s, xids) == want, (odd, xids)
+            ok = [g for g in gpus if not g.lost]
+            utils = [g.util_gpu for g in ok if g.util_gpu is not None]
+            power = sum((g.power for g in ok if g.power is not None), 0.0)
+            totals = node_totals(s)
+            assert (totals.gpus, totals.util_sum, totals.util_n) == (8, sum(utils), len(utils))
+            assert totals.power == power and type(totals.util_sum) is float
+
+
+def test_the_store_counts_a_nodes_last_snapshot_of_a_flush() -> None:
+    """The header's parts of a live node's sample are computed as it is offered (its readings
+    just decoded), for the version the flush gives it; a later snapshot of another kind in the
+    same flush (the node gone stale, its hello changed) is what the flush counts, and so is an
+    XID that came with the node's snapshot offered again."""
+    from dataclasses import replace
+
+    from gpuctl.core.model import NodeInfo
+    from gpuctl.fleet.fleet import Fleet
+    from gpuctl.tui.fleet_store import FleetStore
+
+    class Link:
+        kind = "simulated"
+        holds_files = 0
+
+    store = FleetStore(Fleet({"a": Link()}))  # type: ignore[dict-item]
+    info = NodeInfo(hostname="a")
+    live = NodeSnapshot(name="a", state=NodeState.LIVE, info=info, gpus=(gpu(0), gpu(1)))
+    store.offer(live)
+    store.take_pending()
+    assert store.trouble()["down"] == 0 and store.totals().gpus == 2
+
+    lost = replace(live, gpus=(gpu(0), gpu(1, state="lost")))
+    store.offer(lost)  # the same kind: kept at once, its parts computed
+    assert store.snaps["a"] is lost
+    store.offer(replace(lost, state=NodeState.STALE))  # then stale, in the same flush
+    store.take_pending()
+    assert store.trouble()["down"] == 1 and store.trouble()["lost"] == 1
+    assert store.totals().live == 0 and store.totals().util_mean == 50.0
+
+    store.offer(replace(live, state=NodeState.STALE, info=NodeInfo(hostname="b")))
+    store.take_pending()
+    store.offer(replace(live, state=NodeState.STALE, gpus=(gpu(0, util_gpu=10), gpu(1))))
+    store.offer(replace(live, info=info))  # live again, the first hello: counted by the flush
+    store.take_pending()
+    assert store.trouble()["down"] == 0 and store.totals().live == 1
+
+    store.offer(live)
+    store.xids.add(("a", 1))  # the app adds an XID, then offers the node's snapshot again
+    store.offer(live)
+    store.take_pending()
+    assert store.trouble()["xid"] == 1
+    assert store.totals() == cluster_totals_of(store)
+
+
+def cluster_totals_of(store: object) -> object:
+    """The header's totals computed afresh from every node's kept snapshot."""
+    from gpuctl.tui.view import cluster_totals, node_totals
+
+    snaps = store.snaps.values()  # type: ignore[attr-defined]
+    down = (NodeState.LIVE, NodeState.STALE)
+    return cluster_totals(
+        [(s.state is NodeState.LIVE, node_totals(s) if s.state in down else None) for s in snaps]
+    )

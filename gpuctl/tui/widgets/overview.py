@@ -163,6 +163,7 @@ class NodeList(ScrollView, can_focus=True):
         self._sorted_at = 0.0
         self._sorted_nodes: dict[str, int] = {}
         self._sorted_rows: dict[str, dict[int, int]] = {}
+        self._base: Style | None = None  # ``rich_style``, until the styles change (``_base_style``)
 
     def forget(self, gone: Collection[str]) -> None:
         """Nodes that left the fleet: nothing of them is kept here (a node that comes back
@@ -483,6 +484,7 @@ class NodeList(ScrollView, can_focus=True):
             self.call_after_refresh(self._scroll_cursor_into_view)
 
     def notify_style_update(self) -> None:
+        self._base = None
         super().notify_style_update()
         self.refresh()
 
@@ -490,11 +492,21 @@ class NodeList(ScrollView, can_focus=True):
     def _style(self, name: str) -> Style:
         return self.get_component_rich_style(name)
 
+    def _base_style(self) -> Style:
+        """``rich_style``, kept until the styles change (``notify_style_update``, which also
+        clears Textual's own cache of the component styles made over it): Textual makes it
+        afresh at each call, walking the widget's ancestors' styles, and every line painted
+        asked for it (~45 lines a second at 4,096 GPUs: 0.55 s of a 30 s profile)."""
+        base = self._base
+        if base is None:
+            base = self._base = self.rich_style
+        return base
+
     def render_line(self, y: int) -> Strip:
         scroll_y = int(self.scroll_offset.y)
         ly = y + scroll_y
         width = self.size.width
-        base = self.rich_style
+        base = self._base_style()
         if ly >= len(self.lines):
             return Strip.blank(width, base)
         line = self.lines[ly]
