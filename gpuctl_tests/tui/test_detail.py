@@ -41,6 +41,8 @@ def test_axes_read_as_time_and_whole_numbers() -> None:
     first, last, ticks = value_ticks(2340.0, 2619.0)
     assert ticks == [2300, 2400, 2500, 2600, 2700] and (first, last) == (2300, 2700)
     assert value_ticks(59.7, 59.7)[2] == [58, 59, 60, 61]  # a flat line still has ticks
+    assert value_ticks(0.0, 0.1)[0] == 0  # rates near 0 (PCIe of an idle link): no -1 below
+    assert value_ticks(0.0, 0.0)[2][0] == 0
     assert value_ticks(0.0, 100.0)[2] == [0, 50, 100]
 
 

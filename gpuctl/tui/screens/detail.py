@@ -91,10 +91,11 @@ def time_ticks(span: float) -> tuple[list[float], list[str]]:
 
 def value_ticks(lo: float, hi: float, most: int = 5) -> tuple[float, float, list[int]]:
     """Whole-number ticks (a step of 1, 2 or 5 times a power of ten) over ``lo``..``hi`` and
-    the axis limits that hold them: the axis read 2469.3, 2479.5 before."""
+    the axis limits that hold them: the axis read 2469.3, 2479.5 before. A flat line at 0 (an
+    idle link's PCIe rate) keeps 0 at the bottom: no reading plotted here is below it."""
     lo, hi = math.floor(lo), math.ceil(hi)
     if hi - lo < 2:
-        lo, hi = lo - 1, hi + 1
+        lo, hi = (0, hi + 2) if lo == 0 else (lo - 1, hi + 1)
     raw = (hi - lo) / (most - 1)
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
