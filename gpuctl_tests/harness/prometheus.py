@@ -176,7 +176,8 @@ class StandInExporter:
     """One node's DCGM exporter: ``/metrics`` in its text format, from ``gpus`` (index ->
     values, see ``gpu_values``), on a loopback port of its own (``port``: one chosen before,
     e.g. a target Prometheus already scrapes while nothing listens there: a node coming up;
-    ``sock``: a ``held_port``, the same without a moment when another socket may take it)."""
+    ``sock``: a ``held_port``, the same without a moment when another socket may take it;
+    ``clock``: what time its samples carry, from the first scrape on)."""
 
     def __init__(
         self,
@@ -185,6 +186,7 @@ class StandInExporter:
         model: str = "NVIDIA H100 80GB HBM3",
         port: int = 0,
         sock: socket.socket | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.hostname = hostname
         self.model = model
@@ -192,7 +194,7 @@ class StandInExporter:
         self.jobs: dict[int, list[str]] = {}
         self.mig: dict[int, list[dict[str, Any]]] = {}
         self.serving = True
-        self.clock: Callable[[], float] | None = None
+        self.clock = clock  # the samples' own time (None: none written, the scrape's)
         self.lock = threading.Lock()
         self.server = serve_metrics(lambda: self.text().encode(), port, sock)
 
