@@ -10,7 +10,6 @@ import contextlib
 import copy
 import json
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -45,8 +44,9 @@ from gpuctl_tests.harness.prometheus import (
     USER,
     Prometheus,
     StandInExporter,
+    StartedStores,
+    Store,
     free_port,
-    held_port,
     prometheus,
 )
 from gpuctl_tests.harness.slurm import SlurmCluster
@@ -69,34 +69,6 @@ def state_dir(tmp_path: Path) -> Path:
 class Site:
     prom: Prometheus
     exporters: dict[str, StandInExporter]
-
-
-Store = tuple[Prometheus, list[socket.socket]]
-
-
-class StartedStores:
-    """Prometheus started ahead, each scraping three held ports (``held_port``: refused until
-    a test's exporters serve there; a test with fewer exporters leaves the rest refused, which
-    makes no series). A Prometheus scrapes some 5 s after it starts (its discovery manager
-    sends target updates every 5 s, a fixed period): ``take`` hands over one started during the
-    previous test, starts the next, and stops the one handed over when its user is done."""
-
-    def __init__(self) -> None:
-        self.stack = contextlib.ExitStack()
-        self.ahead: tuple[Store, contextlib.ExitStack] | None = None
-
-    def _start(self) -> tuple[Store, contextlib.ExitStack]:
-        own = self.stack.enter_context(contextlib.ExitStack())  # stopped at the end if not taken
-        socks = [own.enter_context(held_port()) for _ in NODES]
-        targets = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
-        return (own.enter_context(prometheus(targets)), socks), own
-
-    @contextlib.contextmanager
-    def take(self) -> Iterator[Store]:
-        got, own = self.ahead or self._start()
-        self.ahead = self._start()
-        with own:
-            yield got
 
 
 @pytest.fixture(scope="module")

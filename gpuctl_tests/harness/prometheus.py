@@ -40,7 +40,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -517,3 +517,38 @@ def prometheus(
             proc.kill()
             proc.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+Store = tuple[Prometheus, list[socket.socket]]
+
+
+class StartedStores:
+    """Prometheus started ahead, each scraping ``targets`` held ports (``held_port``: refused
+    until a test's exporters serve there; a test with fewer exporters leaves the rest refused, which
+    makes no series). A Prometheus scrapes some 5 s after it starts (its discovery manager
+    sends target updates every 5 s, a fixed period): ``take`` hands over one started during the
+    previous test, starts the next, and stops the one handed over when its user is done."""
+
+    def __init__(self, targets: int = 3) -> None:
+        self.targets = targets
+        self.stack = ExitStack()
+        self.ahead: tuple[Store, ExitStack] | None = None
+
+    def _start(self) -> tuple[Store, ExitStack]:
+        own = self.stack.enter_context(ExitStack())  # stopped at the end if not taken
+        socks = [own.enter_context(held_port()) for _ in range(self.targets)]
+        targets = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
+        return (own.enter_context(prometheus(targets)), socks), own
+
+    def start_ahead(self) -> None:
+        """Start the next one now (a module's first test that takes one, later, finds it up)."""
+        if self.ahead is None:
+            self.ahead = self._start()
+
+    @contextmanager
+    def take(self, *, start_next: bool = True) -> Iterator[Store]:
+        """One for the caller (stopped when it is done); ``start_next``: start the next."""
+        got, own = self.ahead or self._start()
+        self.ahead = self._start() if start_next else None
+        with own:
+            yield got
