@@ -44,7 +44,10 @@ def register(sub: Subcommands) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, read_timeout: float | None = None) -> int:
+    """``read_timeout``: how long a connection may take to send its request head (default
+    ``READ_TIMEOUT``, 10 s). Not an option: a scraper sends its request at once; the tests pass
+    a short one to see idle connections closed without waiting 10 s of it."""
     from gpuctl.cli.common import build_fleet, listen_address
 
     host, port = listen_address(
@@ -63,7 +66,15 @@ def run(args: argparse.Namespace) -> int:
     args.read_only = True  # an exporter only watches: its agents refuse stress and acceptance
     fleet = build_fleet(args)
     return eventloop.run(
-        serve(fleet, host, port, listen=args.listen, demo=args.demo, credential=credential)
+        serve(
+            fleet,
+            host,
+            port,
+            listen=args.listen,
+            demo=args.demo,
+            credential=credential,
+            read_timeout=read_timeout,
+        )
     )
 
 
@@ -75,13 +86,20 @@ async def serve(
     listen: str,
     demo: bool = False,
     credential: Credential | None = None,
+    read_timeout: float | None = None,
 ) -> int:
     """Serve ``fleet`` at ``host:port`` until SIGINT or SIGTERM; 0 then."""
     from gpuctl.cli.common import running_fleet
-    from gpuctl.fleet.export import FleetExporter, MetricsServer
+    from gpuctl.fleet.export import READ_TIMEOUT, FleetExporter, MetricsServer
 
     try:
-        server = MetricsServer(FleetExporter(fleet), host, port, credential=credential)
+        server = MetricsServer(
+            FleetExporter(fleet),
+            host,
+            port,
+            credential=credential,
+            read_timeout=READ_TIMEOUT if read_timeout is None else read_timeout,
+        )
     except OSError as e:
         raise UserError(f"cannot listen on {listen}: {e.strerror or e}") from None
     try:

@@ -766,6 +766,11 @@ _REASON = {
 }
 
 
+READ_TIMEOUT = 10.0
+"""Seconds a connection has to send its request head before it is closed (a scraper sends it at
+once; an idle connection is closed after this)."""
+
+
 class MetricsServer:
     """The HTTP endpoint (``/metrics``, any path in fact), served by one thread's event loop.
 
@@ -780,7 +785,7 @@ class MetricsServer:
         *,
         credential: Credential | None = None,
         max_connections: int = 64,
-        read_timeout: float = 10.0,
+        read_timeout: float = READ_TIMEOUT,
         write_timeout: float = 60.0,
     ) -> None:
         self.exporter = exporter

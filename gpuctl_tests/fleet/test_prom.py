@@ -10,7 +10,6 @@ import contextlib
 import copy
 import json
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -45,8 +44,9 @@ from gpuctl_tests.harness.prometheus import (
     USER,
     Prometheus,
     StandInExporter,
+    StartedStores,
+    Store,
     free_port,
-    held_port,
     prometheus,
 )
 from gpuctl_tests.harness.slurm import SlurmCluster
@@ -71,57 +71,43 @@ class Site:
     exporters: dict[str, StandInExporter]
 
 
-class StartedStores:
-    """Prometheus started ahead, each scraping three held ports (``held_port``: refused until
-    a test's exporters serve there). A Prometheus scrapes some 5 s after it starts (its
-    discovery manager sends target updates every 5 s, a fixed period): ``take`` hands over one
-    started during the previous test and starts the next."""
-
-    def __init__(self) -> None:
-        self.stack = contextlib.ExitStack()
-        self.ahead: tuple[Prometheus, list[socket.socket]] | None = None
-
-    def _start(self) -> tuple[Prometheus, list[socket.socket]]:
-        socks = [self.stack.enter_context(held_port()) for _ in NODES]
-        targets = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
-        return self.stack.enter_context(prometheus(targets)), socks
-
-    def take(self) -> tuple[Prometheus, list[socket.socket]]:
-        got = self.ahead or self._start()
-        self.ahead = self._start()
-        return got
-
-
 @pytest.fixture(scope="module")
-def _stores() -> Iterator[StartedStores]:
+def stores() -> Iterator[StartedStores]:
     stores = StartedStores()
     with stores.stack:
         yield stores
+
+
+@pytest.fixture
+def store(stores: StartedStores) -> Iterator[Store]:
+    """A Prometheus of the test's own (``StartedStores``): the test serves its held ports."""
+    with stores.take() as got:
+        yield got
 
 
 def three_nodes(stores: StartedStores) -> Iterator[Site]:
     """Three nodes of two GPUs each behind their own stand-in exporter, scraped every second
     by a Prometheus of their own; ready once every series has three samples (the scrape period
     can be read)."""
-    prom, socks = stores.take()
-    exporters = {name: StandInExporter(name, sock=s) for name, s in zip(NODES, socks, strict=True)}
-    try:
-        prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2 * len(NODES))
-        yield Site(prom, exporters)
-    finally:
-        for e in exporters.values():
-            e.close()
+    with stores.take() as (prom, socks):
+        exporters = {n: StandInExporter(n, sock=s) for n, s in zip(NODES, socks, strict=True)}
+        try:
+            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2 * len(NODES))
+            yield Site(prom, exporters)
+        finally:
+            for e in exporters.values():
+                e.close()
 
 
 @pytest.fixture
-def site(_stores: StartedStores) -> Iterator[Site]:
+def site(stores: StartedStores) -> Iterator[Site]:
     """``three_nodes``, the test's own: it may change what the exporters serve."""
-    yield from three_nodes(_stores)
+    yield from three_nodes(stores)
 
 
 @pytest.fixture(scope="module")
-def _steady(_stores: StartedStores) -> Iterator[Site]:
-    yield from three_nodes(_stores)
+def _steady(stores: StartedStores) -> Iterator[Site]:
+    yield from three_nodes(stores)
 
 
 def _served(site: Site) -> object:
@@ -291,38 +277,37 @@ async def test_slurm_jobs_come_from_the_hpc_job_label(site: Site) -> None:
         await fleet.stop()
 
 
-async def test_a_host_that_appears_later_becomes_a_node() -> None:
+async def test_a_host_that_appears_later_becomes_a_node(store: Store) -> None:
     """A host whose exporter comes up after gpuctl started (a node booted, a rack added) is
     added to a Prometheus-only cluster as a node, live with its GPUs, on the screen's store."""
-    first = StandInExporter("node-a")
-    port = free_port()  # node-d's exporter: scraped from the start, nothing there yet
+    prom, (sock_a, sock_d, _) = store  # node-d's: scraped from the start, refused yet
+    first = StandInExporter("node-a", sock=sock_a)
     late: StandInExporter | None = None
     try:
-        with prometheus([first.address, f"127.0.0.1:{port}"]) as prom:
-            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
-            fleet = site_fleet(prom.url)
-            assert sorted(fleet.nodes) == ["node-a"]
-            store = FleetStore(fleet)
-            fleet.subscribe(store.offer)
-            await fleet.start()
-            try:
-                await until(lambda: fleet.snapshot("node-a").gpus, "node-a's GPUs")
-                late = StandInExporter("node-d", port=port)
-                late.set(1, util=55)
-                await until(lambda: "node-d" in fleet.nodes, "node-d added", timeout=30)
-                await until(
-                    lambda: (
-                        fleet.snapshot("node-d").state is NodeState.LIVE
-                        and fleet.snapshot("node-d").gpus
-                    ),
-                    "node-d live",
-                )
-                assert [g.util_gpu for g in fleet.snapshot("node-d").gpus] == [10, 55]
-                assert fleet.snapshot("node-d").link == "prometheus"
-                store.take_pending()
-                assert store.order == ["node-a", "node-d"]
-            finally:
-                await fleet.stop()
+        prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
+        fleet = site_fleet(prom.url)
+        assert sorted(fleet.nodes) == ["node-a"]
+        store = FleetStore(fleet)
+        fleet.subscribe(store.offer)
+        await fleet.start()
+        try:
+            await until(lambda: fleet.snapshot("node-a").gpus, "node-a's GPUs")
+            late = StandInExporter("node-d", sock=sock_d)
+            late.set(1, util=55)
+            await until(lambda: "node-d" in fleet.nodes, "node-d added", timeout=30)
+            await until(
+                lambda: (
+                    fleet.snapshot("node-d").state is NodeState.LIVE
+                    and fleet.snapshot("node-d").gpus
+                ),
+                "node-d live",
+            )
+            assert [g.util_gpu for g in fleet.snapshot("node-d").gpus] == [10, 55]
+            assert fleet.snapshot("node-d").link == "prometheus"
+            store.take_pending()
+            assert store.order == ["node-a", "node-d"]
+        finally:
+            await fleet.stop()
     finally:
         first.close()
         if late is not None:
@@ -330,32 +315,32 @@ async def test_a_host_that_appears_later_becomes_a_node() -> None:
 
 
 @pytest.mark.slurm
-async def test_slurm_jobs_and_users_come_from_squeue(slurm_cluster: SlurmCluster) -> None:
+async def test_slurm_jobs_and_users_come_from_squeue(
+    slurm_cluster: SlurmCluster, store: Store
+) -> None:
     """A Prometheus-only cluster with ``slurm = true``: gpuctl's squeue watch tells each GPU's
     job and its user (DCGM exporter's hpc_job label has no user), for the store's hosts."""
-    exporter = StandInExporter(slurm_cluster.node)
+    prom, socks = store  # its other targets stay refused: no series
+    exporter = StandInExporter(slurm_cluster.node, sock=socks[0])
     out = await asyncio.to_thread(
         slurm_cluster.run, ["sbatch", "--parsable", "--gpus=1", "-J", "gpu", "--wrap", "sleep 300"]
     )
     job = out.stdout.strip().split(";")[0]
     try:
-        with prometheus([exporter.address]) as prom:
-            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
-            fleet = site_fleet(
-                prom.url, f'slurm = true\nslurm_conf = "{slurm_cluster.conf_path}"\n'
-            )
-            assert list(fleet.nodes) == [slurm_cluster.node]
+        prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
+        fleet = site_fleet(prom.url, f'slurm = true\nslurm_conf = "{slurm_cluster.conf_path}"\n')
+        assert list(fleet.nodes) == [slurm_cluster.node]
 
-            def holders() -> list[tuple[object, object]]:
-                notes = fleet.snapshot(slurm_cluster.node).annotations.values()
-                return [(n.get("slurm_job"), n.get("slurm_user")) for n in notes if n]
+        def holders() -> list[tuple[object, object]]:
+            notes = fleet.snapshot(slurm_cluster.node).annotations.values()
+            return [(n.get("slurm_job"), n.get("slurm_user")) for n in notes if n]
 
-            await fleet.start()
-            try:
-                await until(lambda: holders(), "the job's GPU annotated", timeout=60)
-                assert holders() == [(job, slurm_cluster.user)]
-            finally:
-                await fleet.stop()
+        await fleet.start()
+        try:
+            await until(lambda: holders(), "the job's GPU annotated", timeout=60)
+            assert holders() == [(job, slurm_cluster.user)]
+        finally:
+            await fleet.stop()
     finally:
         exporter.close()
         await asyncio.to_thread(slurm_cluster.cancel_all)
@@ -746,27 +731,28 @@ async def test_the_stamp_query_reads_gpu_0_while_every_host_has_one(steady_site:
 
 
 @contextlib.contextmanager
-def mixed_localhost() -> Iterator[tuple[StandInExporter, Fleet, Any]]:
+def mixed_localhost(store: Store) -> Iterator[tuple[StandInExporter, Fleet, Any]]:
     """A mixed cluster of one node, localhost: its samples from a real Prometheus scraping a
     stand-in exporter, its actions through a local simulated agent (``link.agent``)."""
-    exporter = StandInExporter("localhost")
+    prom, socks = store  # its other targets stay refused: no series
+    exporter = StandInExporter("localhost", sock=socks[0])
     try:
-        with prometheus([exporter.address]) as prom:
-            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
-            fleet = site_fleet(
-                prom.url,
-                'via = "local"\nsimulate = "2:H100"\n'
-                "prometheus_match = '{Hostname=\"localhost\"}'\n",
-            )
-            yield exporter, fleet, fleet.nodes["localhost"].link
+        prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
+        fleet = site_fleet(
+            prom.url,
+            'via = "local"\nsimulate = "2:H100"\nprometheus_match = \'{Hostname="localhost"}\'\n',
+        )
+        yield exporter, fleet, fleet.nodes["localhost"].link
     finally:
         exporter.close()
 
 
-async def test_mixed_watches_through_prometheus_and_acts_through_the_agent() -> None:
+async def test_mixed_watches_through_prometheus_and_acts_through_the_agent(
+    store: Store,
+) -> None:
     """A cluster that names its nodes and a Prometheus: the samples are the store's, and a
     burn goes to the node's agent, opened then (a node nobody acts on costs no connection)."""
-    with mixed_localhost() as (_exporter, fleet, link):
+    with mixed_localhost(store) as (_exporter, fleet, link):
         assert isinstance(link, PromLink) and link.agent is not None
         await fleet.start()
         try:
@@ -800,10 +786,10 @@ async def test_mixed_watches_through_prometheus_and_acts_through_the_agent() -> 
             await fleet.stop()
 
 
-async def test_mixed_tells_an_xid_once() -> None:
+async def test_mixed_tells_an_xid_once(store: Store) -> None:
     """A mixed node hears an XID twice: from its agent (NVML, at once) and from the store (a
     scrape later, DCGM exporter's XID_ERRORS): it is told once, whichever comes first."""
-    with mixed_localhost() as (exporter, fleet, link):
+    with mixed_localhost(store) as (exporter, fleet, link):
         assert isinstance(link, PromLink)
         source = link.source
         xids: list[tuple[int | None, object]] = []
@@ -1069,105 +1055,105 @@ async def test_a_host_whose_series_stop_leaves_the_screen_and_comes_back(
         assert app.store.order == ["node-a", "node-c", "node-b"]
 
 
-async def test_a_host_the_store_answers_with_an_old_sample_is_no_node(tmp_path: Path) -> None:
+async def test_a_host_the_store_answers_with_an_old_sample_is_no_node(
+    store: Store,
+) -> None:
     """A store that still answers with a host's old sample (its samples carry their own time,
     as federated or remote-written ones do: Prometheus answers with them for 5 minutes) does not
     make it a node: not at discovery, not in ``status --json``, not again at each poll after
     it left (no coming and going); a newer sample does."""
     frozen = [time.time() - 60]
-    fresh, old = StandInExporter("node-a"), StandInExporter("node-b")
-    old.clock = lambda: frozen[0]
+    prom, (sock_a, sock_b, _) = store  # the third target stays refused: no series
+    fresh = StandInExporter("node-a", sock=sock_a)
+    old = StandInExporter("node-b", sock=sock_b, clock=lambda: frozen[0])
     try:
-        with prometheus([fresh.address, old.address]) as prom:
-            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
-            prom.wait_for('DCGM_FI_DEV_GPU_UTIL{Hostname="node-b"}', 2)
-            r = gpuctl("status", "--prometheus", prom.url, "--json")
-            # 10 min by default: node-b is a node, unreachable for its sample's age
-            nodes = {n["name"]: n["state"] for n in json.loads(r.stdout)["nodes"]}
-            assert nodes == {"node-a": "live", "node-b": "unreachable"}, r.stderr
-            r = gpuctl(
-                "status", "--prometheus", prom.url, "--json", "--prometheus-forget-after", "30s"
+        prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
+        prom.wait_for('DCGM_FI_DEV_GPU_UTIL{Hostname="node-b"}', 2)
+        r = gpuctl("status", "--prometheus", prom.url, "--json")
+        # 10 min by default: node-b is a node, unreachable for its sample's age
+        nodes = {n["name"]: n["state"] for n in json.loads(r.stdout)["nodes"]}
+        assert nodes == {"node-a": "live", "node-b": "unreachable"}, r.stderr
+        r = gpuctl("status", "--prometheus", prom.url, "--json", "--prometheus-forget-after", "30s")
+        assert r.returncode == 0, r.stderr
+        assert [n["name"] for n in json.loads(r.stdout)["nodes"]] == ["node-a"]
+
+        fleet = site_fleet(prom.url, "prometheus_forget_after = 5\n")
+        assert sorted(fleet.nodes) == ["node-a"]
+        source = source_of(fleet)
+        seen: list[str] = []
+        fleet.subscribe(lambda s: seen.append(s.name))
+        fleet.on_removed(lambda node, why: seen.append(f"removed {node}"))
+        await fleet.start()
+        try:
+            polls = source.polls
+            await wait_until_async(lambda: source.polls >= polls + 4, 30, "four polls")
+            assert "node-b" not in fleet.nodes and "node-b" not in seen
+
+            old.clock = time.time  # its samples move again: a node
+            await wait_fleet(
+                fleet,
+                lambda snaps: "node-b" in snaps and snaps["node-b"].state is NodeState.LIVE,
+                what="node-b a node",
             )
-            assert r.returncode == 0, r.stderr
-            assert [n["name"] for n in json.loads(r.stdout)["nodes"]] == ["node-a"]
-
-            fleet = site_fleet(prom.url, "prometheus_forget_after = 5\n")
-            assert sorted(fleet.nodes) == ["node-a"]
-            source = source_of(fleet)
-            seen: list[str] = []
-            fleet.subscribe(lambda s: seen.append(s.name))
-            fleet.on_removed(lambda node, why: seen.append(f"removed {node}"))
-            await fleet.start()
-            try:
-                polls = source.polls
-                await wait_until_async(lambda: source.polls >= polls + 4, 30, "four polls")
-                assert "node-b" not in fleet.nodes and "node-b" not in seen
-
-                old.clock = time.time  # its samples move again: a node
-                await wait_fleet(
-                    fleet,
-                    lambda snaps: "node-b" in snaps and snaps["node-b"].state is NodeState.LIVE,
-                    what="node-b a node",
-                )
-                frozen[0] = time.time()
-                old.clock = lambda: frozen[0]  # and stop: the store answers with the last
-                await wait_until_async(
-                    lambda: "node-b" not in fleet.nodes,
-                    30,
-                    "node-b left",
-                    wake=fleet_changes(fleet),
-                )
-                answered = prom.query('timestamp(DCGM_FI_DEV_GPU_UTIL{Hostname="node-b"})')
-                assert [float(s["value"][1]) for s in answered] == [
-                    int(frozen[0] * 1000) / 1000
-                ] * 2
-                polls = source.polls
-                await wait_until_async(lambda: source.polls >= polls + 4, 30, "four more polls")
-                assert "node-b" not in fleet.nodes
-                assert seen.count("removed node-b") == 1
-            finally:
-                await fleet.stop()
+            frozen[0] = time.time()
+            old.clock = lambda: frozen[0]  # and stop: the store answers with the last
+            await wait_until_async(
+                lambda: "node-b" not in fleet.nodes,
+                30,
+                "node-b left",
+                wake=fleet_changes(fleet),
+            )
+            answered = prom.query('timestamp(DCGM_FI_DEV_GPU_UTIL{Hostname="node-b"})')
+            assert [float(s["value"][1]) for s in answered] == [int(frozen[0] * 1000) / 1000] * 2
+            polls = source.polls
+            await wait_until_async(lambda: source.polls >= polls + 4, 30, "four more polls")
+            assert "node-b" not in fleet.nodes
+            assert seen.count("removed node-b") == 1
+        finally:
+            await fleet.stop()
     finally:
         fresh.close()
         old.close()
 
 
-async def test_a_mixed_clusters_node_never_leaves() -> None:
+async def test_a_mixed_clusters_node_never_leaves(store: Store) -> None:
     """A mixed cluster names its nodes and reaches them by agent: one whose store samples
     stopped stays a node however old they get (that it is unreachable is news), where a
     Prometheus-only cluster's host would have left (its twin's samples stay fresh: the store
     still scrapes)."""
-    exporters = [StandInExporter("localhost"), StandInExporter("twin")]
+    prom, socks = store  # the third target stays refused: no series
+    exporters = [
+        StandInExporter(n, sock=s) for n, s in zip(("localhost", "twin"), socks[:2], strict=True)
+    ]
     try:
-        with prometheus([e.address for e in exporters]) as prom:
-            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 4)
-            fleet = site_fleet(
-                prom.url,
-                'nodes = "localhost,twin"\nvia = "local"\nsimulate = "2:H100"\n'
-                "prometheus_forget_after = 3\n",
+        prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 4)
+        fleet = site_fleet(
+            prom.url,
+            'nodes = "localhost,twin"\nvia = "local"\nsimulate = "2:H100"\n'
+            "prometheus_forget_after = 3\n",
+        )
+        source = source_of(fleet)
+        assert not source.adds_hosts and sorted(source.links) == ["localhost", "twin"]
+        await fleet.start()
+        try:
+            snaps = await wait_fleet(
+                fleet,
+                lambda s: all(x.state is NodeState.LIVE and x.gpus for x in s.values()),
+                what="both live",
             )
-            source = source_of(fleet)
-            assert not source.adds_hosts and sorted(source.links) == ["localhost", "twin"]
-            await fleet.start()
-            try:
-                snaps = await wait_fleet(
-                    fleet,
-                    lambda s: all(x.state is NodeState.LIVE and x.gpus for x in s.values()),
-                    what="both live",
-                )
-                last = snaps["localhost"].last_sample_t
-                assert last is not None
-                exporters[0].serving = False
-                await wait_until_async(
-                    lambda: time.time() - last > source.forget_after + 1, 30, "past the bound"
-                )
-                polls = source.polls
-                await wait_until_async(lambda: source.polls >= polls + 3, 30, "three polls after")
-                assert sorted(fleet.nodes) == ["localhost", "twin"]
-                assert source.latest["twin"].t is not None
-                assert time.time() - source.latest["twin"].t < source.forget_after  # fresh
-            finally:
-                await fleet.stop()
+            last = snaps["localhost"].last_sample_t
+            assert last is not None
+            exporters[0].serving = False
+            await wait_until_async(
+                lambda: time.time() - last > source.forget_after + 1, 30, "past the bound"
+            )
+            polls = source.polls
+            await wait_until_async(lambda: source.polls >= polls + 3, 30, "three polls after")
+            assert sorted(fleet.nodes) == ["localhost", "twin"]
+            assert source.latest["twin"].t is not None
+            assert time.time() - source.latest["twin"].t < source.forget_after  # fresh
+        finally:
+            await fleet.stop()
     finally:
         for e in exporters:
             e.close()

@@ -28,6 +28,8 @@ from gpuctl_tests.harness.prometheus import (
     BearerProxy,
     Prometheus,
     StandInExporter,
+    StartedStores,
+    Store,
     Tls,
     make_tls,
     prometheus,
@@ -47,9 +49,27 @@ class TlsSite:
 
 
 @pytest.fixture(scope="module")
-def tls_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsSite]:
+def plain_stores() -> Iterator[StartedStores]:
+    """The plain Prometheus behind the bearer-token proxy: started with ``tls_site``'s, so that
+    its 5 s before the first scrape pass while the https tests run."""
+    stores = StartedStores(targets=1)
+    with stores.stack:
+        yield stores
+
+
+@pytest.fixture
+def plain_store(plain_stores: StartedStores) -> Iterator[Store]:
+    with plain_stores.take(start_next=False) as got:
+        yield got
+
+
+@pytest.fixture(scope="module")
+def tls_site(
+    tmp_path_factory: pytest.TempPathFactory, plain_stores: StartedStores
+) -> Iterator[TlsSite]:
     """One node of two GPUs behind a Prometheus serving https (the test's own CA) that asks
     for basic auth; ready once its first scrapes are in."""
+    plain_stores.start_ahead()
     tls = make_tls(tmp_path_factory.mktemp("tls"))
     exporter = StandInExporter("node-t")
     basic = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
@@ -229,53 +249,51 @@ def secret(folder: Path, text: str) -> Path:
     return path
 
 
-def test_a_bearer_token_through_an_https_proxy(tmp_path: Path) -> None:
+def test_a_bearer_token_through_an_https_proxy(tmp_path: Path, plain_store: Store) -> None:
     """A site's store behind a reverse proxy that asks for a bearer token over https: the
     token in the file is sent (and nothing else), the GPUs are read; a wrong token or none
     is the 401 line, never holding the token."""
     tls = make_tls(tmp_path / "tls")
-    exporter = StandInExporter("node-b")
+    prom, (sock,) = plain_store
+    exporter = StandInExporter("node-b", sock=sock)
     try:
-        with prometheus([exporter.address]) as prom:
-            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
-            proxy = BearerProxy(prom.url, TOKEN, tls=tls)
-            token = secret(tmp_path / "cli", TOKEN)
-            try:
-                node = status_json(config(tmp_path, proxy.url, ca=tls.ca, token=TOKEN))
-                gpus = node["gpus"]
-                assert isinstance(gpus, list) and [g["util_gpu"] for g in gpus] == [10, 20]
-                assert proxy.seen and set(proxy.seen) == {f"Bearer {TOKEN}"}
-                # the same through the command line's options, no config
-                given = ("--prometheus", proxy.url, "--prometheus-ca", str(tls.ca))
-                r = gpuctl("status", "--json", *given, "--prometheus-token-file", str(token))
-                assert r.returncode == 0, r.stderr
-                (node,) = json.loads(r.stdout)["nodes"]
-                assert [g["util_gpu"] for g in node["gpus"]] == [10, 20]
-                assert set(proxy.seen) == {f"Bearer {TOKEN}"}
+        prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
+        proxy = BearerProxy(prom.url, TOKEN, tls=tls)
+        token = secret(tmp_path / "cli", TOKEN)
+        try:
+            node = status_json(config(tmp_path, proxy.url, ca=tls.ca, token=TOKEN))
+            gpus = node["gpus"]
+            assert isinstance(gpus, list) and [g["util_gpu"] for g in gpus] == [10, 20]
+            assert proxy.seen and set(proxy.seen) == {f"Bearer {TOKEN}"}
+            # the same through the command line's options, no config
+            given = ("--prometheus", proxy.url, "--prometheus-ca", str(tls.ca))
+            r = gpuctl("status", "--json", *given, "--prometheus-token-file", str(token))
+            assert r.returncode == 0, r.stderr
+            (node,) = json.loads(r.stdout)["nodes"]
+            assert [g["util_gpu"] for g in node["gpus"]] == [10, 20]
+            assert set(proxy.seen) == {f"Bearer {TOKEN}"}
 
-                wrong = "tok-wrong-81c2"
-                log = tmp_path / "gpuctl.log"
-                path = config(tmp_path, proxy.url, ca=tls.ca, token=wrong)
-                r = gpuctl("--log-file", str(log), "--config", str(path), "status")
-                line = one_line_error(r)
-                assert f"Prometheus at {proxy.url} refused us (401" in line
-                assert "check prometheus_token_file" in line
-                assert wrong not in r.stderr + r.stdout and TOKEN not in r.stderr
-                assert f"Bearer {wrong}" in proxy.seen  # it was sent, and not told
-                assert "status" in log.read_text() and wrong not in log.read_text()
-                r = gpuctl("status", *given, "--prometheus-token-file", str(tmp_path / "token"))
-                line = one_line_error(r)
-                assert f"Prometheus at {proxy.url} refused us (401" in line
-                assert "check --prometheus-token-file" in line and wrong not in r.stderr
+            wrong = "tok-wrong-81c2"
+            log = tmp_path / "gpuctl.log"
+            path = config(tmp_path, proxy.url, ca=tls.ca, token=wrong)
+            r = gpuctl("--log-file", str(log), "--config", str(path), "status")
+            line = one_line_error(r)
+            assert f"Prometheus at {proxy.url} refused us (401" in line
+            assert "check prometheus_token_file" in line
+            assert wrong not in r.stderr + r.stdout and TOKEN not in r.stderr
+            assert f"Bearer {wrong}" in proxy.seen  # it was sent, and not told
+            assert "status" in log.read_text() and wrong not in log.read_text()
+            r = gpuctl("status", *given, "--prometheus-token-file", str(tmp_path / "token"))
+            line = one_line_error(r)
+            assert f"Prometheus at {proxy.url} refused us (401" in line
+            assert "check --prometheus-token-file" in line and wrong not in r.stderr
 
-                line = one_line_error(
-                    gpuctl(
-                        "--config", str(config(tmp_path / "none", proxy.url, ca=tls.ca)), "status"
-                    )
-                )
-                assert "refused us (401" in line and "set prometheus_token_file" in line
-            finally:
-                proxy.close()
+            line = one_line_error(
+                gpuctl("--config", str(config(tmp_path / "none", proxy.url, ca=tls.ca)), "status")
+            )
+            assert "refused us (401" in line and "set prometheus_token_file" in line
+        finally:
+            proxy.close()
     finally:
         exporter.close()
 

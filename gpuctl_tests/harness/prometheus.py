@@ -40,7 +40,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,7 +176,8 @@ class StandInExporter:
     """One node's DCGM exporter: ``/metrics`` in its text format, from ``gpus`` (index ->
     values, see ``gpu_values``), on a loopback port of its own (``port``: one chosen before,
     e.g. a target Prometheus already scrapes while nothing listens there: a node coming up;
-    ``sock``: a ``held_port``, the same without a moment when another socket may take it)."""
+    ``sock``: a ``held_port``, the same without a moment when another socket may take it;
+    ``clock``: what time its samples carry, from the first scrape on)."""
 
     def __init__(
         self,
@@ -185,6 +186,7 @@ class StandInExporter:
         model: str = "NVIDIA H100 80GB HBM3",
         port: int = 0,
         sock: socket.socket | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.hostname = hostname
         self.model = model
@@ -192,7 +194,7 @@ class StandInExporter:
         self.jobs: dict[int, list[str]] = {}
         self.mig: dict[int, list[dict[str, Any]]] = {}
         self.serving = True
-        self.clock: Callable[[], float] | None = None
+        self.clock = clock  # the samples' own time (None: none written, the scrape's)
         self.lock = threading.Lock()
         self.server = serve_metrics(lambda: self.text().encode(), port, sock)
 
@@ -515,3 +517,38 @@ def prometheus(
             proc.kill()
             proc.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+Store = tuple[Prometheus, list[socket.socket]]
+
+
+class StartedStores:
+    """Prometheus started ahead, each scraping ``targets`` held ports (``held_port``: refused
+    until a test's exporters serve there; a test with fewer exporters leaves the rest refused, which
+    makes no series). A Prometheus scrapes some 5 s after it starts (its discovery manager
+    sends target updates every 5 s, a fixed period): ``take`` hands over one started during the
+    previous test, starts the next, and stops the one handed over when its user is done."""
+
+    def __init__(self, targets: int = 3) -> None:
+        self.targets = targets
+        self.stack = ExitStack()
+        self.ahead: tuple[Store, ExitStack] | None = None
+
+    def _start(self) -> tuple[Store, ExitStack]:
+        own = self.stack.enter_context(ExitStack())  # stopped at the end if not taken
+        socks = [own.enter_context(held_port()) for _ in range(self.targets)]
+        targets = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
+        return (own.enter_context(prometheus(targets)), socks), own
+
+    def start_ahead(self) -> None:
+        """Start the next one now (a module's first test that takes one, later, finds it up)."""
+        if self.ahead is None:
+            self.ahead = self._start()
+
+    @contextmanager
+    def take(self, *, start_next: bool = True) -> Iterator[Store]:
+        """One for the caller (stopped when it is done); ``start_next``: start the next."""
+        got, own = self.ahead or self._start()
+        self.ahead = self._start() if start_next else None
+        with own:
+            yield got
