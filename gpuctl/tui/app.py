@@ -188,7 +188,7 @@ class GpuctlApp(App[int]):
         self.fleet.on_event(self._on_fleet_event)
         self.fleet.on_removed(self._on_node_removed)
         control.attach(self.fleet)  # burn events become annotations we can draw
-        self.set_interval(1.0, self._tick)
+        self.ticker = self.set_interval(1.0, self._tick)  # a test pauses it
         if self.manage_fleet:
             await self.fleet.start()
         for job in self.background:

@@ -66,9 +66,10 @@ class ClusterHeader(Horizontal):
             label.set_class(not counts_any(counts), "-none")
             label.update(line)  # rare (a count changes): the relayout is affordable
 
-    def show(self, totals: str, filter_text: str, matches: bool = True) -> None:
+    def show(self, totals: str | None, filter_text: str, matches: bool = True) -> None:
+        """The cluster's figures (None: as they are), and the filter."""
         t = self.query_one("#totals", Label)
-        if str(t.content) != totals:
+        if totals is not None and str(t.content) != totals:
             # fixed size: a relayout per sample costs ~20 ms
             t.update(Text(totals, end=""), layout=False)
         f = self.query_one("#filter-shown", Label)
@@ -134,6 +135,10 @@ class OverviewScreen(Screen[None]):
         self.mode = "list"  # "list" or a heatmap metric
         self.ready = False
         self.filter_error: str | None = None  # why the filter text cannot be read
+        # The header's figures (``update_header``): the counts they last showed, and the nodes
+        # changed since (None: show them at the next flush, whatever changed).
+        self._counts_shown: tuple[int, int, int] | None = None
+        self._changed_since: set[str] | None = None
 
     def compose(self) -> ComposeResult:
         yield ClusterHeader(simulated=self.simulated, read_only=self.read_only)
@@ -202,7 +207,7 @@ class OverviewScreen(Screen[None]):
         view.note_arrivals(arrivals)
         if self.mode != "list":
             self.update_heat_status()
-        self.update_header()
+        self.update_header(names)
 
     def nodes_removed(self, gone: Collection[str]) -> None:
         """Nodes that left the fleet, already forgotten by the store (the app calls this inside
@@ -233,28 +238,47 @@ class OverviewScreen(Screen[None]):
 
     def tick(self) -> None:
         """Once a second: ages of stale nodes and down nodes' next tries move on, and so does
-        the header."""
+        the header (its figures too: ``update_header``)."""
         down = (NodeState.STALE, NodeState.UNREACHABLE)  # ages and next tries count
-        if any(s.state in down for s in self.store.snaps.values()):
-            if self.mode == "list":
-                self.nodes.refresh_stale_headers()
-            self.update_header()
+        if self.mode == "list" and any(s.state in down for s in self.store.snaps.values()):
+            self.nodes.refresh_stale_headers()
+        self.update_header()
 
-    def update_header(self) -> None:
+    def update_header(self, changed: Collection[str] | None = None) -> None:
+        """The header: trouble counts and the filter as they are; the cluster's figures (nodes
+        live, GPUs, mean utilization, power) as they are, but at a flush (``changed``: the
+        nodes it brought) only once a round of samples is in: when every live node has sent
+        one since the figures were last shown, or the node and GPU counts changed; the tick
+        shows them at least once a second. At 512 nodes the flushes come ~9 times a second,
+        each with a tenth of the nodes: the figures moved with every partial round, and
+        repainting them was a third of the screen's paints (``benchmarks/tui_load.py``)."""
         if not self.ready:
             return
         t = self.store.totals()
-        util = "-" if t.util_mean is None else f"{t.util_mean:.0f}%"
-        # stale and unreachable nodes are counted among the trouble ("down")
-        text = (
-            f"nodes {t.live}/{t.nodes} live   GPUs {t.gpus}   util {util}   "
-            f"power {fmt_power(t.power)}"
-        )
+        counts = (t.live, t.nodes, t.gpus)
+        text: str | None = None
+        if changed is not None and counts == self._counts_shown:
+            since = self._changed_since
+            if since is not None:
+                since.update(changed)
+                snaps = self.store.snaps
+                live = NodeState.LIVE
+                if sum(1 for n in since if n in snaps and snaps[n].state is live) < t.live:
+                    text = ""  # the round is not in: the figures stay
+        if text is None:
+            util = "-" if t.util_mean is None else f"{t.util_mean:.0f}%"
+            # stale and unreachable nodes are counted among the trouble ("down")
+            text = (
+                f"nodes {t.live}/{t.nodes} live   GPUs {t.gpus}   util {util}   "
+                f"power {fmt_power(t.power)}"
+            )
+            self._counts_shown = counts
+            self._changed_since = set()
         f = self.store.filter
         matches = f.empty or self.store.any_match()
         header = self.query_one(ClusterHeader)
         header.show_trouble(self.store.trouble())
-        header.show(text, f.text.strip(), matches)
+        header.show(text or None, f.text.strip(), matches)
 
     def show_pane(self, pane: str) -> None:
         """Switch to pane ``gpus``, ``jobs`` or ``accept`` and focus it."""
