@@ -366,7 +366,8 @@ def prometheus_target(values: dict[str, Any], *, options: bool = False) -> Prome
     ``--prometheus`` with its options (``options``: the lines and the client's name the
     options, not the keys). Raises PrometheusKeyError with one line: a URL holding a
     password or not http(s)://host, a user without the file of its password or the reverse
-    (basic auth with an empty password is a mistake far more often than a site's choice).
+    (basic auth with an empty password is a mistake far more often than a site's choice), a
+    token file beside a user (the client would send the token alone).
     The files are read by the client (``gpuctl.fleet.prom.PromClient``), which says in one
     line which one it cannot read."""
     name = option_name if options else str
@@ -380,6 +381,12 @@ def prometheus_target(values: dict[str, Any], *, options: bool = False) -> Prome
         )
     if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):
         raise PrometheusKeyError("prometheus", f"expected http(s)://host:port, got {url!r}")
+    if "prometheus_token_file" in values and "prometheus_user" in values:
+        raise PrometheusKeyError(
+            "prometheus_token_file",
+            f"and {name('prometheus_user')} both set: a store takes a bearer token or a user "
+            "and password, not both (which one the site expects decides)",
+        )
     if "prometheus_user" in values and "prometheus_password_file" not in values:
         raise PrometheusKeyError(
             "prometheus_user",

@@ -662,6 +662,14 @@ def test_a_prometheus_user_and_its_password_file_go_together() -> None:
     )
     assert target is not None and (target.user, target.password_file) == ("ops", "/etc/pw")
     assert target.name("prometheus_ca") == "prometheus_ca"  # lines name the config's keys
+    # A token beside a user: one of the two would be dropped without a word; refused.
+    with pytest.raises(
+        ConfigError, match=r"prometheus_token_file: and prometheus_user both set: a store takes"
+    ):
+        parse_config(
+            head + 'prometheus_user = "ops"\nprometheus_password_file = "/etc/pw"\n'
+            'prometheus_token_file = "/etc/token"\n'
+        )
 
 
 def test_the_fleet_table_defaults_are_the_fleets_own() -> None:

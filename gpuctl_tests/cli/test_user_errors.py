@@ -104,6 +104,11 @@ CASES = [
         r"^gpuctl: --prometheus-password-file: needs --prometheus-user, whose password it holds$",
     ),
     Case(
+        [*PROM, "--prometheus-token-file", "t", "--prometheus-user", "ops"],
+        2,
+        r"^gpuctl: --prometheus-token-file: and --prometheus-user both set: a store takes a bear",
+    ),
+    Case(
         [*PROM, "--prometheus-token-file", "no.token"],
         2,
         r"cannot read the Prometheus token file /\S+/no\.token \(--prometheus-token-file\): No s",
