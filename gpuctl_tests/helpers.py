@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -110,6 +110,17 @@ def fleet_changes(fleet: Fleet) -> Wake:
     return wake
 
 
+def all_live(snaps: Iterable[NodeSnapshot], gpus: int | None = None) -> bool:
+    """Every node live with its GPUs (``gpus`` of them, when given): what a test that starts
+    a fleet waits for before it looks."""
+    from gpuctl.core.model import NodeState
+
+    return all(
+        s.state is NodeState.LIVE and (len(s.gpus) == gpus if gpus is not None else s.gpus)
+        for s in snaps
+    )
+
+
 async def wait_fleet(
     fleet: Fleet,
     pred: Callable[[dict[str, NodeSnapshot]], Any],
@@ -162,6 +173,21 @@ async def until(
         return pred()
 
     return await wait_until_async(screen_pred, timeout, what, wake=lambda _left: pilot.pause(0.05))
+
+
+async def open_detail(pilot: Pilot[Any], node: str, gpu: int | None) -> Any:
+    """GPU ``gpu`` of ``node`` selected in the list and opened with Enter: its detail screen,
+    once it shows."""
+    from gpuctl.tui.screens.detail import DetailScreen
+
+    app: Any = pilot.app
+    app.overview.nodes.select(node, gpu)
+    await pilot.press("enter")
+    return await until(
+        pilot,
+        lambda: isinstance(app.screen, DetailScreen) and app.screen,
+        f"the detail screen of {node} GPU {gpu}",
+    )
 
 
 def old_python(version: str) -> str:

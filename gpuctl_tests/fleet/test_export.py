@@ -32,7 +32,7 @@ from gpuctl.fleet.export import METRICS, FleetExporter, MetricsServer
 from gpuctl.fleet.fixed_links import FailingLink, ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 from gpuctl.fleet.links import NodeLink
-from gpuctl_tests.helpers import node_env, wait_until, wait_until_async
+from gpuctl_tests.helpers import all_live, node_env, wait_until, wait_until_async
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -325,7 +325,7 @@ async def _live_fleet(links: dict[str, NodeLink], **kw: Any) -> Fleet:
     ready = asyncio.Event()
 
     def check(_s: object) -> None:
-        if all(s.state is NodeState.LIVE and s.gpus for s in fleet.snapshots()):
+        if all_live(fleet.snapshots()):
             ready.set()
 
     fleet.subscribe(check)

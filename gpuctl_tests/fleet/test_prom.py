@@ -50,7 +50,14 @@ from gpuctl_tests.harness.prometheus import (
     prometheus,
 )
 from gpuctl_tests.harness.slurm import SlurmCluster
-from gpuctl_tests.helpers import fleet_changes, node_env, wait_fleet, wait_until_async
+from gpuctl_tests.helpers import (
+    all_live,
+    fleet_changes,
+    node_env,
+    open_detail,
+    wait_fleet,
+    wait_until_async,
+)
 from gpuctl_tests.helpers import until as until_screen
 
 MIB = 1 << 20
@@ -154,7 +161,7 @@ async def test_the_fleet_reads_every_gpu_from_prometheus(site: Site) -> None:
     await fleet.start()
     try:
         await until(
-            lambda: all(s.state is NodeState.LIVE and s.gpus for s in fleet.snapshots()),
+            lambda: all_live(fleet.snapshots()),
             "every node live",
         )
         snap = fleet.snapshot("node-b")
@@ -455,7 +462,7 @@ async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
     await fleet.start()
     try:
         await until(
-            lambda: all(s.state is NodeState.LIVE and len(s.gpus) == 2 for s in fleet.snapshots()),
+            lambda: all_live(fleet.snapshots(), gpus=2),
             "every node live with two GPUs",
         )
         b0, b1 = fleet.snapshot("node-b").gpus
@@ -524,11 +531,7 @@ async def test_the_detail_screen_lists_a_mig_gpus_instances(site: Site, state_di
 
         await until_screen(pilot, instances, "node-b's MIG instances")
         await until_screen(pilot, lambda: app.overview.nodes.lines, "the nodes on screen")
-        app.overview.nodes.select("node-b", 1)
-        await pilot.press("enter")
-        screen = await until_screen(
-            pilot, lambda: isinstance(app.screen, DetailScreen) and app.screen, "the detail"
-        )
+        screen = await open_detail(pilot, "node-b", 1)
         now = screen.query_one("#detail-now", Facts)
         await until_screen(pilot, lambda: "MIG 3g.40gb" in now.text().plain, "the instances")
         text = now.text().plain.replace("\n", " ")
@@ -966,7 +969,7 @@ async def test_the_screen_over_prometheus(site: Site, state_dir: Path) -> None:
             snaps = app.store.snaps
             return (
                 sorted(snaps) == list(NODES)
-                and all(s.state is NodeState.LIVE and len(s.gpus) == 2 for s in snaps.values())
+                and all_live(snaps.values(), gpus=2)
                 and bool(app.overview.nodes.lines)
             )
 
@@ -1013,10 +1016,7 @@ async def test_a_host_whose_series_stop_leaves_the_screen_and_comes_back(
     async with app.run_test(size=(120, 36)) as pilot:
         await until_screen(
             pilot,
-            lambda: (
-                sorted(app.store.snaps) == list(NODES)
-                and all(s.state is NodeState.LIVE and s.gpus for s in app.store.snaps.values())
-            ),
+            lambda: sorted(app.store.snaps) == list(NODES) and all_live(app.store.snaps.values()),
             "every node live on screen",
             timeout=30,
         )
@@ -1138,7 +1138,7 @@ async def test_a_mixed_clusters_node_never_leaves(store: Store) -> None:
         try:
             snaps = await wait_fleet(
                 fleet,
-                lambda s: all(x.state is NodeState.LIVE and x.gpus for x in s.values()),
+                lambda s: all_live(s.values()),
                 what="both live",
             )
             last = snaps["localhost"].last_sample_t
@@ -1168,7 +1168,7 @@ async def test_no_host_leaves_while_none_is_fresh(site: Site) -> None:
     try:
         snaps = await wait_fleet(
             fleet,
-            lambda s: all(x.state is NodeState.LIVE and x.gpus for x in s.values()),
+            lambda s: all_live(s.values()),
             what="every node live",
         )
         last = max(s.last_sample_t or 0.0 for s in snaps.values())

@@ -13,13 +13,19 @@ from gpuctl.fleet.fleet import simulated_fleet
 from gpuctl.fleet.links import ThreadSimLink
 from gpuctl.fleet.recording.reader import RecordingReader
 from gpuctl.fleet.status import node_to_json
-from gpuctl_tests.helpers import fleet_changes, recording_fleet, wait_fleet, wait_until_async
+from gpuctl_tests.helpers import (
+    all_live,
+    fleet_changes,
+    recording_fleet,
+    wait_fleet,
+    wait_until_async,
+)
 
 WHY = "left the store (last sample 11m ago)"
 
 
 def live(snaps: dict[str, NodeSnapshot]) -> bool:
-    return all(s.state is NodeState.LIVE and s.gpus for s in snaps.values())
+    return all_live(snaps.values())
 
 
 async def test_a_removed_node_is_gone_from_status_export_and_a_recording(tmp_path: Path) -> None:

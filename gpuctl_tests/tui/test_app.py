@@ -27,6 +27,7 @@ from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.screens.help import HelpScreen
 from gpuctl.tui.widgets.panes import JobsPane
+from gpuctl_tests import helpers
 from gpuctl_tests.helpers import until
 from gpuctl_tests.node import smi_stub
 from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub, build
@@ -44,10 +45,7 @@ async def all_live(pilot: Pilot[Any]) -> None:
     assert isinstance(app, GpuctlApp)
     await until(
         pilot,
-        lambda: (
-            all(s.state is NodeState.LIVE and s.gpus for s in app.store.snaps.values())
-            and app.overview.nodes.lines
-        ),
+        lambda: helpers.all_live(app.store.snaps.values()) and app.overview.nodes.lines,
         "every node live on screen",
     )
 

@@ -13,11 +13,11 @@ from textual_plotext import PlotextPlot
 from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 from gpuctl.fleet.fleet import THROTTLE_HOLD_MAX_S, THROTTLE_HOLD_S, Fleet, Throttling
 from gpuctl.tui import make_app
-from gpuctl.tui.screens.detail import DetailScreen, Facts, time_ticks, value_ticks
+from gpuctl.tui.screens.detail import Facts, time_ticks, value_ticks
 from gpuctl.workloads.accept_suite.nodehealth import HARDWARE_XIDS, XIDS, xid_text
+from gpuctl_tests.helpers import open_detail, until
 from gpuctl_tests.tui.conftest import T0
 from gpuctl_tests.tui.test_hostile import drawn
-from gpuctl_tests.tui.test_panes import until
 
 SAMPLES = 120
 NOW = T0 + SAMPLES - 0.5
@@ -121,11 +121,7 @@ async def test_detail_reads_now_then_processes_then_plots_and_names_the_trouble(
             pilot, lambda: len(fleet.history("n-01", 0).series("util")[0]) == SAMPLES, "samples"
         )
         await until(pilot, lambda: app.overview.nodes.lines, "the node on screen")
-        app.overview.nodes.select("n-01", 0)
-        await pilot.press("enter")
-        screen = await until(
-            pilot, lambda: isinstance(app.screen, DetailScreen) and app.screen, "detail"
-        )
+        screen = await open_detail(pilot, "n-01", 0)
         now = screen.query_one("#detail-now", Facts)
         await until(pilot, lambda: "THERM" in now.text().plain, "the throttle reasons")
         await pilot.pause()

@@ -16,9 +16,8 @@ from gpuctl.core.model import NodeState
 from gpuctl.tui import GpuctlApp, make_app
 from gpuctl.tui.screens.accept_report import AcceptReportScreen
 from gpuctl.tui.screens.confirm import ConfirmScreen
-from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.screens.help import HelpScreen
-from gpuctl_tests.helpers import until
+from gpuctl_tests.helpers import open_detail, until
 from gpuctl_tests.tui.conftest import NOW
 from gpuctl_tests.tui.hostile import SEEN, hostile_fleet, hostile_job_store
 
@@ -88,10 +87,7 @@ async def test_hostile_node_is_shown_as_data_on_every_screen(tmp_path: Path) -> 
         assert "evil GPU 0 [bold]x[/" in status
         await pilot.press("escape")
 
-        app.overview.nodes.select("evil", 0)
-        await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, DetailScreen), "the detail screen")
-        detail = app.screen
+        detail = await open_detail(pilot, "evil", 0)
         procs = detail.query_one("#detail-procs", DataTable)
         await until(pilot, lambda: procs.row_count == 2, "evil's GPU 0's processes")
         await pilot.pause()

@@ -11,9 +11,8 @@ from pathlib import Path
 from textual.widgets import Label
 
 from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
-from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.screens.overview import OverviewScreen
-from gpuctl_tests.helpers import until
+from gpuctl_tests.helpers import open_detail, until
 from gpuctl_tests.tui.conftest import SAMPLES, T0, replay_app, settle
 
 WHY = "left the store (last sample 12m ago)"
@@ -86,10 +85,7 @@ async def test_a_detail_screen_on_a_node_that_leaves_closes(tmp_path: Path) -> N
     app = replay_app(tmp_path)
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(pilot)
-        app.overview.nodes.select("gpu-b02", 0)
-        await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, DetailScreen), "the detail screen")
-        assert app.screen.node == "gpu-b02"
+        assert (await open_detail(pilot, "gpu-b02", 0)).node == "gpu-b02"
         app.fleet.remove_node("gpu-b02", WHY)
         await until(pilot, lambda: isinstance(app.screen, OverviewScreen), "back on the overview")
         await pilot.pause()
