@@ -324,7 +324,9 @@ PROMETHEUS_KEYS: dict[str, Key] = {
         _str, None, 'the site\'s Prometheus, read instead of agents ("http://prom:9090")'
     ),
     "prometheus_match": Key(_str, None, "label matchers every query carries ('{cluster=\"a\"}')"),
-    "prometheus_token_file": Key(_str, None, "file holding a bearer token for it", True),
+    "prometheus_token_file": Key(
+        _str, None, "file holding a bearer token for it (or a user and password)", True
+    ),
     "prometheus_user": Key(_str, None, "basic-auth user for it"),
     "prometheus_password_file": Key(_str, None, "file holding that user's password", True),
     "prometheus_ca": Key(_str, None, "CA bundle to check its https certificate", True),

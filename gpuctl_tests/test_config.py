@@ -435,12 +435,18 @@ def test_the_template_shows_every_key_its_default_and_meaning() -> None:
             shown = toml_value(key.default)
         assert f"{name} = {shown}" in text, name
     assert "(unset)" not in text
-    # every line is TOML that gpuctl accepts once uncommented: defaults and examples alike
-    setting = re.compile(r"# [a-z_]+ = ")
-    active = "\n".join(line[2:] if setting.match(line) else line for line in text.splitlines())
-    config = parse_config(active)
-    assert [n.name for n in config.nodes()] == ["gpu01", "gpu02"]
-    assert config.nodes()[0].user == EXAMPLES["user"]  # the examples were taken, not skipped
+    # every line is TOML that gpuctl accepts once uncommented: defaults and examples alike; a
+    # store's token and its user and password are two ways, taken one at a time
+    setting = re.compile(r"# ([a-z_]+) = ")
+    for left_out in (("prometheus_token_file",), ("prometheus_user", "prometheus_password_file")):
+
+        def uncommented(line: str, left_out: tuple[str, ...] = left_out) -> str:
+            m = setting.match(line)
+            return line[2:] if m and m.group(1) not in left_out else line
+
+        config = parse_config("\n".join(map(uncommented, text.splitlines())))
+        assert [n.name for n in config.nodes()] == ["gpu01", "gpu02"]
+        assert config.nodes()[0].user == EXAMPLES["user"]  # the examples were taken, not skipped
 
 
 def test_config_defaults_are_the_ones_the_code_uses() -> None:
