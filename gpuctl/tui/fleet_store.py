@@ -64,6 +64,10 @@ class FleetStore:
             self.order, (False, None)
         )
         self._trouble_sum: dict[str, int] = dict.fromkeys(PROBLEMS, 0)
+        # ``counts``: the live nodes and the GPUs of the live and stale ones, kept with the
+        # parts (the sums of ``totals`` are made only when the header shows them)
+        self._live_n = 0
+        self._gpus_n = 0
         self._counted: dict[str, dict[str, int]] = {}
         self._unsettled: set[str] = set(self.order)
         self.leaving: dict[str, str] = {}  # node -> why it left, until the next flush
@@ -134,6 +138,7 @@ class FleetStore:
             for kind, n in self._counted.pop(name, {}).items():
                 self._trouble_sum[kind] -= n
             del self.snaps[name]
+            self._count(self._parts.get(name), None)
             for kept in (self._totals, self._trouble, self._parts):
                 kept.pop(name, None)
             # ``version`` is kept: a node that comes back goes on counting, so what a widget
@@ -167,7 +172,9 @@ class FleetStore:
         for name in self._unsettled:
             s = self.snaps[name]
             totals = self._node_totals(s) if s.state in live_or_stale else None
-            self._parts[name] = (s.state is NodeState.LIVE, totals)
+            part = (s.state is NodeState.LIVE, totals)
+            self._count(self._parts.get(name), part)
+            self._parts[name] = part
             counts = self.node_trouble(name)
             old = self._counted.get(name)
             if old != counts:  # most nodes, each sample: the same counts (none), nothing to move
@@ -179,9 +186,26 @@ class FleetStore:
             self._counted[name] = counts
         self._unsettled = set()
 
+    def _count(
+        self,
+        old: tuple[bool, NodeTotals | None] | None,
+        new: tuple[bool, NodeTotals | None] | None,
+    ) -> None:
+        """Move ``counts`` from a node's old part to its new one (None: no part)."""
+        for part, sign in ((old, -1), (new, 1)):
+            if part is not None:
+                self._live_n += sign * part[0]
+                if part[1] is not None:
+                    self._gpus_n += sign * part[1].gpus
+
     def totals(self) -> ClusterTotals:
         self._settle()
         return cluster_totals(self._parts.values())
+
+    def counts(self) -> tuple[int, int, int]:
+        """``totals``' live nodes, nodes and GPUs, without its sums over every node."""
+        self._settle()
+        return self._live_n, len(self._parts), self._gpus_n
 
     def _node_totals(self, s: NodeSnapshot) -> NodeTotals:
         v = self.version.get(s.name, 0)

@@ -257,6 +257,8 @@ def test_the_store_counts_a_nodes_last_snapshot_of_a_flush() -> None:
     store.take_pending()
     assert store.trouble()["xid"] == 1
     assert store.totals() == cluster_totals_of(store)
+    t = store.totals()
+    assert store.counts() == (t.live, t.nodes, t.gpus)  # kept as parts move, not summed
 
 
 def cluster_totals_of(store: object) -> object:
@@ -268,3 +270,37 @@ def cluster_totals_of(store: object) -> object:
     return cluster_totals(
         [(s.state is NodeState.LIVE, node_totals(s) if s.state in down else None) for s in snaps]
     )
+
+
+def test_the_counts_follow_nodes_as_they_change_come_and_leave() -> None:
+    """``FleetStore.counts`` (what the header checks at every flush) is kept as each node's
+    part moves, not summed: after any mix of snapshots of every state and size, flushes, nodes
+    leaving and coming back, it is what ``totals`` counts afresh."""
+    import random
+
+    from gpuctl.core.model import NodeInfo
+    from gpuctl.fleet.fleet import Fleet
+    from gpuctl.tui.fleet_store import FleetStore
+
+    class Link:
+        kind = "simulated"
+        holds_files = 0
+
+    rng = random.Random(7)
+    store = FleetStore(Fleet({n: Link() for n in "abc"}))  # type: ignore[misc]
+    infos = [NodeInfo(hostname="x"), NodeInfo(hostname="y")]
+    seen = set()
+    for _ in range(400):
+        name = rng.choice("abcde")  # d and e come later
+        if rng.random() < 0.1:
+            store.leave(name, "left the store")
+        else:
+            gpus = tuple(gpu(i) for i in range(rng.randrange(4)))
+            state = rng.choice(list(NodeState))
+            store.offer(NodeSnapshot(name=name, state=state, info=rng.choice(infos), gpus=gpus))
+        if rng.random() < 0.5:
+            seen |= set(store.take_removed())
+            store.take_pending()
+        t = store.totals()
+        assert store.counts() == (t.live, t.nodes, t.gpus)
+    assert seen and t.live and t.gpus  # the mix had nodes leaving, and live ones with GPUs

@@ -135,10 +135,10 @@ class OverviewScreen(Screen[None]):
         self.mode = "list"  # "list" or a heatmap metric
         self.ready = False
         self.filter_error: str | None = None  # why the filter text cannot be read
-        # The header's figures (``update_header``): the counts they last showed, and the nodes
-        # changed since (None: show them at the next flush, whatever changed).
+        # The header's figures (``update_header``): the counts they last showed, and the live
+        # nodes that have not sent a sample since (None: show them at the next flush).
         self._counts_shown: tuple[int, int, int] | None = None
-        self._changed_since: set[str] | None = None
+        self._round_left: set[str] | None = None
 
     def compose(self) -> ComposeResult:
         yield ClusterHeader(simulated=self.simulated, read_only=self.read_only)
@@ -254,26 +254,23 @@ class OverviewScreen(Screen[None]):
         repainting them was a third of the screen's paints (``benchmarks/tui_load.py``)."""
         if not self.ready:
             return
-        t = self.store.totals()
-        counts = (t.live, t.nodes, t.gpus)
         text: str | None = None
-        if changed is not None and counts == self._counts_shown:
-            since = self._changed_since
-            if since is not None:
-                since.update(changed)
-                snaps = self.store.snaps
-                live = NodeState.LIVE
-                if sum(1 for n in since if n in snaps and snaps[n].state is live) < t.live:
-                    text = ""  # the round is not in: the figures stay
+        left = self._round_left
+        if changed is not None and left is not None and self.store.counts() == self._counts_shown:
+            left.difference_update(changed)
+            if left:
+                text = ""  # the round is not in: the figures stay (the sums are not even made)
         if text is None:
+            t = self.store.totals()
             util = "-" if t.util_mean is None else f"{t.util_mean:.0f}%"
             # stale and unreachable nodes are counted among the trouble ("down")
             text = (
                 f"nodes {t.live}/{t.nodes} live   GPUs {t.gpus}   util {util}   "
                 f"power {fmt_power(t.power)}"
             )
-            self._counts_shown = counts
-            self._changed_since = set()
+            self._counts_shown = (t.live, t.nodes, t.gpus)
+            live = NodeState.LIVE
+            self._round_left = {n for n, s in self.store.snaps.items() if s.state is live}
         f = self.store.filter
         matches = f.empty or self.store.any_match()
         header = self.query_one(ClusterHeader)
