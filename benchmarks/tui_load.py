@@ -22,9 +22,14 @@ same on asyncio's plain loop. ``--rounds K`` alternates the two K times and prin
 of each: on a shared machine the CPU a run takes drifts by several points within minutes, so
 only alternated runs compare.
 
+``--parts`` adds, per run, where the app's CPU went without a profiler's distortion: the thread
+time of each of ``PARTS`` (calls, microseconds a call, share of the run's CPU) and how many
+compositor updates painted the header's row alone (issue 27: at 512 nodes they were 180 of 316
+before the header's figures moved per round of samples).
+
 Usage: python benchmarks/tui_load.py [--nodes 512] [--gpus 8] [--minutes 5] [--mode list|heatmap]
                                      [--compare REV | --compare-loop] [--rounds K] [--json]
-                                     [--profile FILE] [--cycle K]
+                                     [--profile FILE] [--cycle K] [--parts]
 16,384 GPUs (issue 27): --nodes 2048 --cycle 10 (the feeder cannot simulate them live on a core).
 Without --nodes it runs the issue's set: 512x8 (4,096 GPUs) and 128x8 (1,024 GPUs).
 Targets (issue 15, over 30 minutes at 4,096 GPUs): < 25% of one core, sample->paint p95
@@ -218,6 +223,88 @@ def loop_runner() -> Any:
     return run
 
 
+# ``--parts``: (module, class or "", function) of the parts timed; one a tree lacks is left out.
+PARTS = (
+    ("gpuctl.fleet.session", "", "decode_line"),
+    ("gpuctl.fleet.fleet", "Fleet", "_on_sample"),
+    ("gpuctl.fleet.gpu_history", "NodeHistory", "add"),
+    ("gpuctl.tui.app", "GpuctlApp", "_on_snapshot"),
+    ("gpuctl.tui.app", "GpuctlApp", "_flush_pending"),
+    ("textual.screen", "Screen", "_compositor_refresh"),
+)
+
+
+class Parts:
+    """The thread time of each of ``PARTS`` and the compositor's updates, counted while
+    ``on`` (the measured time). A part called inside another counts in both."""
+
+    def __init__(self) -> None:
+        import importlib
+
+        self.on = False
+        self.times: dict[str, list[float]] = {}
+        self.updates = [0, 0]  # compositor updates: all, the header's row alone
+        for module, owner, name in PARTS:
+            try:
+                where: Any = importlib.import_module(module)
+                if owner:
+                    where = getattr(where, owner)
+                getattr(where, name)
+            except (ImportError, AttributeError):
+                continue
+            setattr(where, name, self._timed(getattr(where, name), f"{owner or module}.{name}"))
+        from textual._compositor import Compositor
+
+        update = Compositor.render_partial_update
+
+        def counted(compositor: Any) -> Any:
+            if self.on and compositor._dirty_regions:
+                self.updates[0] += 1
+                self.updates[1] += all(
+                    r.y == 0 and r.height == 1 for r in compositor._dirty_regions
+                )
+            return update(compositor)
+
+        Compositor.render_partial_update = counted  # type: ignore[method-assign]
+
+    def _timed(self, f: Any, label: str) -> Any:
+        clock = time.thread_time
+        kept = self.times.setdefault(label, [0, 0.0])
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not self.on:
+                return f(*args, **kwargs)
+            t0 = clock()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                kept[0] += 1
+                kept[1] += clock() - t0
+
+        return timed
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "parts": {k: {"calls": n, "s": t} for k, (n, t) in self.times.items() if n},
+            "compositor_updates": self.updates[0],
+            "header_only_updates": self.updates[1],
+        }
+
+
+def parts_report(r: dict[str, Any]) -> str:
+    busy = r["cpu_share"] * r["seconds"]
+    lines = [
+        f"    compositor updates {r['compositor_updates']}, of the header's row alone "
+        f"{r['header_only_updates']}"
+    ]
+    for label, p in sorted(r["parts"].items(), key=lambda kv: -kv[1]["s"]):
+        lines.append(
+            f"    {label:<34} {p['calls']:>7} calls {1e6 * p['s'] / p['calls']:8.1f} us a call"
+            f"  {100 * p['s'] / busy:5.1f}% of the run's CPU"
+        )
+    return "\n".join(lines)
+
+
 def run_once(nodes: int, gpus: int, seconds: float, mode: str, rss_every: float) -> dict[str, Any]:
     """Start the feeder, measure the app over its pipes, stop the feeder (in the run's process)."""
     raise_open_files(2 * nodes)
@@ -257,6 +344,7 @@ async def measure(
     from gpuctl.tui import make_app
 
     nodes = len(fds)
+    parts = Parts() if os.environ.get("GPUCTL_BENCH_PARTS") else None
     fleet = Fleet({f"bench-{i:03d}": pipe_link(r) for i, r in enumerate(fds)})
     app = make_app(fleet, simulated=True, state_dir=Path(tempfile.mkdtemp()))
     arrival_paint: list[float] = []
@@ -303,12 +391,16 @@ async def measure(
 
             prof = cProfile.Profile()
             prof.enable()
+        if parts is not None:
+            parts.on = True
         cpu0, wall0 = os.times(), time.monotonic()
         while (now := time.monotonic()) < wall0 + seconds:
             rss.append((now - wall0, rss_mb()))
             await asyncio.sleep(min(rss_every, wall0 + seconds - now))  # the sampling period
         rss.append((time.monotonic() - wall0, rss_mb()))
         cpu1, wall1 = os.times(), time.monotonic()
+        if parts is not None:
+            parts.on = False
         if prof is not None:
             prof.disable()
             prof.dump_stats(profile)
@@ -342,6 +434,7 @@ async def measure(
         "rss_tail_slope_mb_per_min": slope_per_min(tail),
         "exit_called_at": exit_called_at,
         "app_exit_s": app_exit_s,  # of quit_s: until the app's run ended (links closed)
+        **(parts.result() if parts is not None else {}),
     }
 
 
@@ -446,8 +539,15 @@ def main() -> int:
     p.add_argument(
         "--profile", metavar="FILE", help="cProfile the app's measured time into FILE (pstats)"
     )
+    p.add_argument(
+        "--parts",
+        action="store_true",
+        help="also the thread time of each of PARTS and the compositor's updates",
+    )
     args = p.parse_args()
     os.environ["GPUCTL_BENCH_CYCLE"] = str(args.cycle)
+    if args.parts:
+        os.environ["GPUCTL_BENCH_PARTS"] = "1"
     if args.profile:
         os.environ["GPUCTL_BENCH_PROFILE"] = str(Path(args.profile).resolve())
     seconds = args.seconds if args.seconds is not None else 60 * args.minutes
@@ -468,6 +568,8 @@ def main() -> int:
                 results[label].append(r)
                 line = json.dumps({"code": label, **r}) if args.json else report(r, f"{label}: ")
                 print(line if compare or args.json else report(r), flush=True)
+                if args.parts and not args.json:
+                    print(parts_report(r), flush=True)
         if compare and not args.json:
             old, new = results[trees[1][0]], results["new"]
             if len(new) > 1:
