@@ -293,7 +293,8 @@ def test_lost_jobs_are_cancelled_as_ended_and_purged(
     assert submitted.returncode == 0, submitted.stderr
     jobs = [line.split() for line in submitted.stdout.splitlines()]
     for _, jobdir in jobs:
-        wait_until(Path(jobdir, jobfiles.STDOUT).read_bytes, 60, "the job to run")
+        out = Path(jobdir, jobfiles.STDOUT)  # absent until the supervisor opens it
+        wait_until(lambda out=out: out.exists() and out.read_bytes(), 60, "the job to run")
         os.killpg(json.loads(Path(jobdir, jobfiles.PIDFILE).read_text())["pgid"], signal.SIGKILL)
     store = JobStore()
     assert {_state(store, job_id) for job_id, _ in jobs} == {"submitted"}
