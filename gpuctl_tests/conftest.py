@@ -24,7 +24,16 @@ if TYPE_CHECKING:
 
 
 # Variables of the developer's own environment that would change what gpuctl does under test.
-_FOREIGN_ENV = ("GPUCTL_CONFIG", "GPUCTL_STATE_DIR", "GPUCTL_READ_ONLY", "SSH_AUTH_SOCK")
+# COLUMNS and LINES (set by pytest-xdist's workers, exported by some shells) would make every
+# screen a test starts in a real terminal (tmux) that size instead of the terminal's.
+_FOREIGN_ENV = (
+    "GPUCTL_CONFIG",
+    "GPUCTL_STATE_DIR",
+    "GPUCTL_READ_ONLY",
+    "SSH_AUTH_SOCK",
+    "COLUMNS",
+    "LINES",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -131,10 +140,7 @@ def ssh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshCluster
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A real one-node Slurm (munged, slurmctld, slurmd; partition ``debug``; GRES gpu:h100:2)
-    shared by the whole session; clients need ``env=slurm_cluster.env``. Skips locally, fails
-    in CI, when slurm-wlm or munge is missing."""
+def _slurm_one(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     from gpuctl_tests.harness.slurm import running_cluster
 
     with running_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
@@ -142,14 +148,38 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
 
 
 @pytest.fixture(scope="session")
-def slurm_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A real four-node Slurm (``node01`` .. ``node04``, one slurmd per network namespace, each
-    with GRES gpu:h100:2; partition ``debug``) shared by the whole session. Skips locally, fails
-    in CI, when slurm-wlm, munge or network namespaces (root) are missing."""
+def _slurm_four(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     from gpuctl_tests.harness.slurm import running_cluster
 
     with running_cluster(tmp_path_factory.mktemp("slurm4"), nodes=4) as cluster:
         yield cluster
+
+
+def _as_found_idle(cluster: SlurmCluster) -> SlurmCluster:
+    """The session's cluster as a test expects to find it: no job left by an earlier test, none
+    completing (a node stays "completing" a while after its job is cancelled) and no node left
+    drained. (Not "idle" by sinfo: after some cancelled jobs sinfo said "mixed" for a minute
+    with no job left in squeue; the tests before this fixture never needed it.)"""
+    cluster.cancel_all()
+    cluster.wait_idle(60, node_idle=False)
+    return cluster
+
+
+@pytest.fixture
+def slurm_cluster(_slurm_one: SlurmCluster) -> SlurmCluster:
+    """A real one-node Slurm (munged, slurmctld, slurmd; partition ``debug``; GRES gpu:h100:2)
+    shared by the whole session, idle with no job as each test gets it; clients need
+    ``env=slurm_cluster.env``. Skips locally, fails in CI, when slurm-wlm or munge is missing."""
+    return _as_found_idle(_slurm_one)
+
+
+@pytest.fixture
+def slurm_nodes(_slurm_four: SlurmCluster) -> SlurmCluster:
+    """A real four-node Slurm (``node01`` .. ``node04``, one slurmd per network namespace, each
+    with GRES gpu:h100:2; partition ``debug``) shared by the whole session, idle with no job as
+    each test gets it. Skips locally, fails in CI, when slurm-wlm, munge or network namespaces
+    (root) are missing."""
+    return _as_found_idle(_slurm_four)
 
 
 @pytest.fixture(scope="session")

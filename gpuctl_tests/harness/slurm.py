@@ -517,19 +517,34 @@ class SlurmCluster:
         r = self.run(["squeue", "-h", "-o", "%i"], timeout=10)
         return r.stdout.split()
 
-    def wait_idle(self, timeout: float = 30) -> None:
-        """Wait until no job is queued or running and the node is idle; raises HarnessError."""
+    def wait_idle(self, timeout: float = 30, *, node_idle: bool = True) -> None:
+        """Wait until no job is queued, running or completing, no node drained or down, and
+        (``node_idle``) the node idle; raises HarnessError naming what it saw instead."""
         deadline = time.monotonic() + timeout
         while True:
-            if not self._client(["squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i"], 10).stdout.split():
-                state = self._node_state()
+            queued = self._client(["squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i %T"], 10)
+            seen = f"queued: {queued.stdout.strip()} {queued.stderr.strip()}"
+            if not queued.stdout.split():
+                state = seen = self._node_state()
                 if state == "idle":
                     return
                 if state in ("drained", "draining", "down", "down*") and self.resume():
                     continue
+                if not node_idle and state and not state.startswith(("drain", "down")):
+                    return
             if time.monotonic() > deadline:
-                raise HarnessError(f"Slurm not idle after {timeout:g} s: {self._node_state()}")
+                raise HarnessError(f"Slurm not idle after {timeout:g} s: {seen}; {self._busy()}")
             time.sleep(0.05)  # poll interval; the deadline decides
+
+    def _busy(self) -> str:
+        """What keeps the cluster from idle: every job Slurm still knows, each node's state."""
+        jobs = self._client(["squeue", "-h", "-t", "all", "-o", "%i %T %j %N"], 10).stdout
+        nodes = self._client(["scontrol", "-o", "show", "node"], 10).stdout
+        keep = ("NodeName", "State", "AllocTRES", "Reason")
+        shown = [
+            " ".join(f for f in line.split() if f.startswith(keep)) for line in nodes.splitlines()
+        ]
+        return f"{self._node_state()}; jobs: {jobs.strip() or 'none'}; nodes: {'; '.join(shown)}"
 
     def cancel_all(self, timeout: float = 10) -> None:
         """scancel every job of this cluster (bounded: scancel retries without a controller)."""
