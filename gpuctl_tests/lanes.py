@@ -13,13 +13,20 @@ remember those marks on a new test:
   ``pytest --record-slow ...`` measures the tests it runs (setup, call and teardown) and
   updates their lines in that file, leaving the lines of the tests it did not run.
 
+The full lane runs in several pytest-xdist workers (``scripts/test.sh``: ``-n``, ``--dist
+loadgroup``): its tests mostly wait (on sshd, Slurm, subprocesses, timeouts), and one process
+kept a two-core machine 60% idle. Each test gets an ``xdist_group`` here, so a worker takes a
+whole group: a module stays on one worker (its module-scoped fixtures, a Prometheus, are set up
+once), and every test of a real Slurm (``slurm``) goes to the same worker, so the session's
+clusters start once and no two Slurm clusters run side by side.
+
 Measured on this project's two-core machine shared with other work (``time bash
-scripts/test.sh --unit``): the unit lane is in the README's development section; the full lane
-takes 15 to 19 minutes.
+scripts/test.sh --unit``): the unit lane is in the README's development section.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -66,6 +73,18 @@ def read_slow() -> set[str]:
     return {line for line in text.splitlines() if line.strip() and not line.startswith("#")}
 
 
+def xdist_group(item: pytest.Item) -> str:
+    """The group a worker takes whole: every real-Slurm test in one, else the test's module."""
+    return "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::", 1)[0]
+
+
+def test_id(nodeid: str) -> str:
+    """A test's id without the ``@group`` that ``--dist loadgroup`` appends to it."""
+    return re.sub(r"@[^\[\]@]*$", "", nodeid)
+
+
+# Before xdist's own hook, which appends the group to each test's id.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     slow = read_slow()
     for item in items:
@@ -75,6 +94,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(marker)
         if item.nodeid in slow:
             item.add_marker("slow")
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
     if not config.getoption("unit"):
         return
     kept, left = [], []
@@ -87,11 +107,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _seconds[report.nodeid] += report.duration
+    _seconds[test_id(report.nodeid)] += report.duration
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if not session.config.getoption("record_slow") or not _seconds:
+        return
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller writes
         return
     slow = read_slow() - _seconds.keys()
     slow |= {nodeid for nodeid, seconds in _seconds.items() if seconds > SLOW_S}

@@ -99,4 +99,11 @@ echo "== mypy (strict, login side)"
 echo "== vermin (gpuctl/node must run on Python 3.6)"
 "$VENV/bin/vermin" -q --no-tips --eval-annotations --violations -t=3.6- gpuctl/node
 echo "== pytest"
-"$PY" -m pytest -q -p no:cacheprovider --durations=15 ${UNIT:+--unit} "$@"
+# The full lane in pytest-xdist workers (GPUCTL_TEST_WORKERS, default 2 where the machine has two
+# cores or more): its tests mostly wait, so two workers on two cores take about half the time.
+# A worker takes a module, or every real-Slurm test, whole (gpuctl_tests/lanes.py).
+WORKERS="${GPUCTL_TEST_WORKERS:-$([ "$(nproc)" -ge 2 ] && echo 2 || echo 1)}"
+PARALLEL=""
+[ -n "$UNIT" ] || [ "$WORKERS" -le 1 ] || PARALLEL="-n $WORKERS --dist loadgroup"
+# shellcheck disable=SC2086  # PARALLEL is several words or none
+"$PY" -m pytest -q -p no:cacheprovider --durations=15 ${UNIT:+--unit} $PARALLEL "$@"
