@@ -78,7 +78,7 @@ def xdist_group(item: pytest.Item) -> str:
     return "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::", 1)[0]
 
 
-def test_id(nodeid: str) -> str:
+def plain_id(nodeid: str) -> str:
     """A test's id without the ``@group`` that ``--dist loadgroup`` appends to it."""
     return re.sub(r"@[^\[\]@]*$", "", nodeid)
 
@@ -107,7 +107,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _seconds[test_id(report.nodeid)] += report.duration
+    _seconds[plain_id(report.nodeid)] += report.duration
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
