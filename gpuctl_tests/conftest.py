@@ -158,8 +158,8 @@ def _slurm_four(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClust
 def _as_found_idle(cluster: SlurmCluster) -> SlurmCluster:
     """The session's cluster as a test expects to find it: no job left by an earlier test, none
     completing (a node stays "completing" a while after its job is cancelled) and no node left
-    drained. (Not "idle" by sinfo: after some cancelled jobs sinfo said "mixed" for a minute
-    with no job left in squeue; the tests before this fixture never needed it.)"""
+    drained. "mixed" is taken as idle: after some cancelled jobs sinfo said "mixed" for a
+    minute with no job left in squeue (cause not found; no test needs the node "idle")."""
     cluster.cancel_all()
     cluster.wait_idle(60, node_idle=False)
     return cluster
