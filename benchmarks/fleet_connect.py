@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuctl.config import load_config  # noqa: E402
+from gpuctl.core.deadline import wait_for  # noqa: E402
 from gpuctl.core.model import NodeSnapshot, NodeState  # noqa: E402
 from gpuctl.fleet.build import fleet_from_config  # noqa: E402
 from gpuctl_tests.harness import descendants  # noqa: E402
@@ -131,7 +132,7 @@ async def connect_once(
     out: dict[str, float] = {}
     try:
         try:
-            await asyncio.wait_for(done.wait(), 600)
+            await wait_for(done.wait(), 600)
         except TimeoutError:
             states = collections.Counter(s.state.value for s in fleet.snapshots())
             reasons = collections.Counter(s.reason for s in fleet.snapshots() if s.reason)
@@ -170,7 +171,7 @@ async def connect_once(
         out["uploads"] = len(fleet.store.uploads) if fleet.store else 0
     finally:
         try:
-            await asyncio.wait_for(fleet.stop(), 120)
+            await wait_for(fleet.stop(), 120)
         except TimeoutError:
             print("# fleet.stop() took more than 120 s", flush=True)
             dump_tasks()

@@ -58,6 +58,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gpuctl.core.deadline import wait_for  # noqa: E402
 from gpuctl.core.model import NodeSnapshot  # noqa: E402
 from gpuctl.fleet import eventloop  # noqa: E402
 from gpuctl.fleet import prom as this_prom  # noqa: E402
@@ -327,7 +328,7 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
             if moved:  # the fleet's tasks read the fed lines: until each node published
                 try:
                     if pending:
-                        await asyncio.wait_for(published.wait(), 60)
+                        await wait_for(published.wait(), 60)
                     latencies.append(max(published_at[n] for n in moved) - started)
                     phases.append(phase_figures(started, asked, polled_at, latencies[-1]))
                 except TimeoutError:
@@ -609,7 +610,7 @@ async def publish_cpu(
 
     fleet.subscribe(on_snapshot)
     await fleet.start()
-    await asyncio.wait_for(done.wait(), 120)
+    await wait_for(done.wait(), 120)
     cpu, wall = [], []
     for n in range(5):
         hosts = names[(n * moved) % len(names) :][:moved]
@@ -619,7 +620,7 @@ async def publish_cpu(
         done.clear()
         c0, w0 = time.process_time(), time.perf_counter()
         source._take(batch, publish=True)
-        await asyncio.wait_for(done.wait(), 120)
+        await wait_for(done.wait(), 120)
         cpu.append(time.process_time() - c0)
         wall.append(time.perf_counter() - w0)
     await fleet.stop()

@@ -50,6 +50,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuctl.core.deadline import wait_for
+
 REPO = Path(__file__).resolve().parent.parent
 # The gpuctl the app runs (--compare points a run at another revision's); the feeder always
 # runs this checkout's simulated GPUs, so both see the same numbers.
@@ -408,7 +410,7 @@ async def measure(
     finally:
         exit_called_at = time.time()
         app.exit(0)
-        await asyncio.wait_for(task, 120)
+        await wait_for(task, 120)
         app_exit_s = time.time() - exit_called_at
     busy = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     wall = wall1 - wall0

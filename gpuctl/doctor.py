@@ -40,6 +40,7 @@ import asyncssh
 
 from gpuctl import __version__
 from gpuctl.config import Config, NodeConfig
+from gpuctl.core.deadline import wait_for
 from gpuctl.core.format import reader_text
 from gpuctl.core.model import NodeInfo
 from gpuctl.core.text import printable
@@ -212,9 +213,7 @@ class _NodeDoctor:
         keys = await asyncio.to_thread(lookup, target)
         known = f"{keys.name} in {keys.where.get('trusted') or keys.where.get('ca')}"
         try:
-            conn = await asyncio.wait_for(
-                pool().connect(target, self.holder), target.connect_timeout + 10
-            )
+            conn = await wait_for(pool().connect(target, self.holder), target.connect_timeout + 10)
         except RemoteError as e:
             e = e.for_node(self.node.name)
             if e.reason == "host_key":
@@ -412,12 +411,12 @@ class _NodeDoctor:
     # -- the agent, whatever the link ------------------------------------------------------------
     async def _agent(self, link: NodeLink, python_check: str | None) -> None:
         try:
-            session = await asyncio.wait_for(link.open(), AGENT_TIMEOUT)
+            session = await wait_for(link.open(), AGENT_TIMEOUT)
             try:
                 info = await session.handshake(timeout=AGENT_TIMEOUT)
             finally:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(session.close(), 10)
+                    await wait_for(session.close(), 10)
         except (LinkError, TimeoutError) as e:
             message = getattr(e, "message", None) or f"no answer in {AGENT_TIMEOUT:g} s"
             if python_check is not None:

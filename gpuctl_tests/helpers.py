@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
+from gpuctl.core.deadline import wait_for
+
 if TYPE_CHECKING:
     from textual.pilot import Pilot
 
@@ -105,7 +107,7 @@ def fleet_changes(fleet: Fleet) -> Wake:
     async def wake(left: float) -> None:
         changed.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), min(left, 0.5))
+            await wait_for(changed.wait(), min(left, 0.5))
 
     return wake
 

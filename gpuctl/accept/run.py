@@ -33,6 +33,7 @@ from gpuctl.accept.expect import TYPED, Expectation, resolve
 from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore
 from gpuctl.accept.results import outcome
 from gpuctl.core import wire
+from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fleet import Fleet
@@ -445,7 +446,7 @@ def start_fleet_run(
             return NodeOutcome(node, ERROR, reason="the agent's answer to accept_start has no run")
         runs[node] = started["run"]
         try:
-            detail = await asyncio.wait_for(finished[node], options.timeout + 60)
+            detail = await wait_for(finished[node], options.timeout + 60)
         except LinkError as e:
             return NodeOutcome(node, ERROR, reason=e.message)
         except TimeoutError:

@@ -5,7 +5,6 @@ a spreadsheet."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuctl.cli.main import UserError
+from gpuctl.core.deadline import wait_for
 from gpuctl.fleet import eventloop
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ async def record(fleet: Fleet, path: Path, args: argparse.Namespace) -> Recorder
             until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
             print(f"gpuctl record: {path}: {len(fleet.names)} nodes, {until}", flush=True)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), args.duration)
+                await wait_for(stop.wait(), args.duration)
     finally:
         recorder.close()
     return recorder

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from gpuctl import service
 from gpuctl.cli.common import build_fleet, emit_json, load_user_config, positive_seconds
 from gpuctl.core import wire
+from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import BurnState, NodeEvent, NodeSnapshot, NodeState, burn_from_wire
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet import control
@@ -206,7 +207,7 @@ async def _first_samples(fleet: Fleet, names: list[str], timeout: float) -> list
     while missing() and time.monotonic() < deadline:
         changed.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), max(0.0, deadline - time.monotonic()))
+            await wait_for(changed.wait(), max(0.0, deadline - time.monotonic()))
     return missing()
 
 
@@ -305,7 +306,7 @@ async def _start(
                     return_exceptions=True,
                 )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(ended.wait(), 30)
+                    await wait_for(ended.wait(), 30)
             waiter.cancel()
             stopper.cancel()
     finally:

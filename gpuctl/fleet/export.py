@@ -54,6 +54,8 @@ from itertools import chain
 from operator import attrgetter
 from typing import Any
 
+from gpuctl.core import deadline
+from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import GpuSample, GpuStatic, NodeEvent, NodeSnapshot, NodeState
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.node.metrics import METRICS as REGISTRY
@@ -826,7 +828,7 @@ class MetricsServer:
         """Stop serving, close every connection and release the socket."""
         if self._loop.is_closed():
             return
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=30)
+        deadline.result(asyncio.run_coroutine_threadsafe(self._stop(), self._loop), 30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self.thread.join(timeout=30)
         self._loop.close()
@@ -871,11 +873,11 @@ class MetricsServer:
             self._writers.pop(idle, None)
         self._writers[writer] = False
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.read_timeout)
+            head = await wait_for(reader.readuntil(b"\r\n\r\n"), self.read_timeout)
             if writer not in self._writers:
                 return  # evicted meanwhile
             self._writers[writer] = True
-            await asyncio.wait_for(self._answer(head, writer), self.write_timeout)
+            await wait_for(self._answer(head, writer), self.write_timeout)
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             pass
         finally:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
+from gpuctl.core.deadline import wait_for
 from gpuctl.core.format import QUIET_THROTTLE
 from gpuctl.core.model import BurnState, GpuNotes, GpuSample, NodeEvent, NodeSnapshot, NodeState
 from gpuctl.core.wire import JsonObject
@@ -412,7 +413,7 @@ class Fleet:
 
             self._listeners.append(wake)
             try:
-                await asyncio.wait_for(changed.wait(), max(0.0, deadline - time.monotonic()))
+                await wait_for(changed.wait(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 return
             finally:
@@ -450,7 +451,7 @@ class Fleet:
         session, rt.session = rt.session, None
         if session is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(session.close(), 5.0)
+                await wait_for(session.close(), 5.0)
 
     # -- commands -----------------------------------------------------------------------------
     async def request(self, name: str, msg: JsonObject, timeout: float = 10.0) -> JsonObject:
@@ -529,7 +530,7 @@ class Fleet:
             rt.retry_at = self.clock() + delay
             try:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(rt.wake.wait(), delay)
+                    await wait_for(rt.wake.wait(), delay)
             finally:
                 rt.retry_at = None
 
@@ -538,7 +539,7 @@ class Fleet:
             self._publish(rt, state=NodeState.CONNECTING, reason=None)
         async with self._sem:
             try:
-                session = await asyncio.wait_for(rt.link.open(), self.connect_timeout)
+                session = await wait_for(rt.link.open(), self.connect_timeout)
                 rt.session = session
                 session.tap = functools.partial(self._on_wire, rt.name)
                 info = await session.handshake(self.connect_timeout)

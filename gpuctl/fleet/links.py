@@ -14,6 +14,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from gpuctl.core.deadline import wait_for
 from gpuctl.fleet.session import AgentSession, LinkError
 from gpuctl.node import protocol
 
@@ -124,7 +125,7 @@ class LocalLink(NodeLink):
             if proc.stdin is not None and not proc.stdin.is_closing():
                 proc.stdin.close()
             try:
-                await asyncio.wait_for(proc.wait(), 3.0)
+                await wait_for(proc.wait(), 3.0)
             except TimeoutError:
                 proc.kill()
                 await proc.wait()

@@ -89,6 +89,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gpuctl.config import PrometheusConfig
+from gpuctl.core.deadline import wait_for
 from gpuctl.core.format import fmt_age
 from gpuctl.core.model import GpuSample, NodeEvent
 from gpuctl.core.wire import JsonObject
@@ -925,7 +926,7 @@ class PromLink(NodeLink):
         assert self.agent is not None
         timeout = self.source.target.timeout * 6
         try:
-            session = await asyncio.wait_for(self.agent.open(), timeout)
+            session = await wait_for(self.agent.open(), timeout)
             await session.handshake(timeout)
         except TimeoutError:
             raise LinkError("timeout", f"{self.name}'s agent: no answer in {timeout:g} s") from None
@@ -986,7 +987,7 @@ class PromLink(NodeLink):
         session, self._agent_session = self._agent_session, None
         if session is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(session.close(), 5.0)
+                await wait_for(session.close(), 5.0)
 
     async def open(self) -> AgentSession:
         reading = self.source.latest.get(self.name)

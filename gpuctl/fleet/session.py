@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypedDict
 import msgspec
 
 from gpuctl.core import wire
+from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import MAX_PARENTS, GpuStatic, NodeEvent, NodeInfo, Sample
 from gpuctl.core.wire import JsonObject
 from gpuctl.node import protocol
@@ -226,7 +227,7 @@ class AgentSession:
     async def handshake(self, timeout: float = 20.0) -> NodeInfo:
         """Wait for the hello; raises LinkError (timeout, agent_crashed, protocol)."""
         try:
-            msg = await asyncio.wait_for(self._read_msg(), timeout)
+            msg = await wait_for(self._read_msg(), timeout)
         except TimeoutError:
             raise LinkError("timeout", f"agent sent no hello within {timeout:g} s") from None
         if msg is None:
@@ -267,7 +268,7 @@ class AgentSession:
         self._waiting[req_id] = waiter
         try:
             await self.send({**msg, "id": req_id})
-            return await asyncio.wait_for(waiter, timeout)
+            return await wait_for(waiter, timeout)
         except TimeoutError:
             raise LinkError("timeout", f"no reply to {msg.get('type')} in {timeout:g} s") from None
         finally:
@@ -304,7 +305,7 @@ class AgentSession:
     async def close(self) -> None:
         """Ask the agent to stop, then close the transport."""
         with contextlib.suppress(OSError, TimeoutError, ConnectionError, RuntimeError):
-            await asyncio.wait_for(self.send({"type": "shutdown"}), 2.0)
+            await wait_for(self.send({"type": "shutdown"}), 2.0)
         if self._close is not None:
             await self._close()
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from gpuctl.bundle import write_bundle
 from gpuctl.config import NodeConfig
+from gpuctl.core.deadline import wait_for
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError
@@ -382,7 +383,7 @@ class SrunLink(NodeLink):
             err = b""
             assert proc.stderr is not None
             with contextlib.suppress(TimeoutError):
-                err = await asyncio.wait_for(proc.stderr.read(), 5.0)
+                err = await wait_for(proc.stderr.read(), 5.0)
             await close()
             if reply is None:  # srun or the agent ended before a word
                 lines = err.decode(errors="replace").strip().splitlines()
@@ -428,12 +429,12 @@ async def end_srun(proc: asyncio.subprocess.Process) -> None:
     if proc.stdin is not None and not proc.stdin.is_closing():
         proc.stdin.close()
     try:
-        await asyncio.wait_for(proc.wait(), 5.0)
+        await wait_for(proc.wait(), 5.0)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.terminate()
         try:
-            await asyncio.wait_for(proc.wait(), 5.0)
+            await wait_for(proc.wait(), 5.0)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
@@ -634,7 +635,7 @@ class _Step:
         to end, then end the step when no node uses it any more."""
         task = self.tasks[name]
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(task.ended.wait(), 5.0)
+            await wait_for(task.ended.wait(), 5.0)
         task.state = "gone"
         if not self.in_use():
             await self.close()
@@ -648,7 +649,7 @@ class _Step:
     async def _close(self) -> None:
         await end_srun(self.proc)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.done.wait(), 5.0)
+            await wait_for(self.done.wait(), 5.0)
 
 
 class SrunFanout:

@@ -28,6 +28,7 @@ import asyncssh
 
 from gpuctl.bundle import bundle_bytes, bundle_name
 from gpuctl.config import NodeConfig
+from gpuctl.core.deadline import wait_for
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError
 from gpuctl.node import protocol
@@ -156,7 +157,7 @@ class _ChannelReader:
         if not line:
             proc = self._proc.proc
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(proc.wait_closed(), 2.0)
+                await wait_for(proc.wait_closed(), 2.0)
             signal, status = proc.exit_signal, proc.exit_status
             if signal or (status not in (None, 0)):
                 how = f"signal {signal[0]}" if signal else f"status {status}"
@@ -244,7 +245,7 @@ class SshLink(NodeLink):
         p.release(target, self)
         if conn is not None and target not in p.connections():
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.wait_closed(), 5.0)
+                await wait_for(conn.wait_closed(), 5.0)
 
     def forget_deploy(self) -> None:
         """The agent spoke another protocol: upload the bundle again on the next open."""
@@ -363,7 +364,7 @@ class SshLink(NodeLink):
         if not first:
             err = b""
             with contextlib.suppress(Exception):
-                err = await asyncio.wait_for(proc.stderr.read(4096), 2.0)
+                err = await wait_for(proc.stderr.read(4096), 2.0)
             proc.close()
             tail = err.decode(errors="replace").strip().splitlines()
             status = proc.proc.exit_status
@@ -377,7 +378,7 @@ class SshLink(NodeLink):
                 proc.stdin.write_eof()
             proc.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(proc.proc.wait_closed(), 3.0)
+                await wait_for(proc.proc.wait_closed(), 3.0)
 
         reader = _ChannelReader(first, proc, self.node.name)
         session = AgentSession(reader, proc.stdin, close=close)

@@ -7,6 +7,7 @@ import contextlib
 import time
 from typing import Any
 
+from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.fleet.fleet import Fleet
 
@@ -32,7 +33,7 @@ async def collect(fleet: Fleet, timeout: float = 20.0) -> list[NodeSnapshot]:
     fleet.subscribe(check)
     await fleet.start()
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(done.wait(), timeout)
+        await wait_for(done.wait(), timeout)
     snaps = fleet.snapshots()
     await fleet.stop()
     return [

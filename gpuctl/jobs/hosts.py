@@ -20,6 +20,7 @@ from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from gpuctl.core import deadline
 from gpuctl.reach import launch
 from gpuctl.reach.errors import RemoteError
 from gpuctl.reach.files import RemoteFiles, RemoteWriter, files_for
@@ -562,7 +563,7 @@ class _LoopThread:
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return fut.result(timeout)
+        return deadline.result(fut, timeout)
 
 
 class SshHost(Host):
@@ -745,4 +746,4 @@ class SshHost(Host):
             pool().release(target, self)
 
         with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(release(), self._lt.loop).result(10)
+            deadline.result(asyncio.run_coroutine_threadsafe(release(), self._lt.loop), 10)

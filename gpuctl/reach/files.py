@@ -25,6 +25,7 @@ from typing import Any
 
 import asyncssh
 
+from gpuctl.core.deadline import wait_for
 from gpuctl.reach import launch
 from gpuctl.reach.errors import RemoteError
 
@@ -149,9 +150,7 @@ class RemoteFiles:
         async with self._lock:
             if not self._sftp_tried:
                 try:
-                    self._sftp = await asyncio.wait_for(
-                        self.conn.start_sftp_client(), SFTP_START_TIMEOUT
-                    )
+                    self._sftp = await wait_for(self.conn.start_sftp_client(), SFTP_START_TIMEOUT)
                 except (asyncssh.Error, OSError, TimeoutError) as e:
                     if self.conn.is_closed():
                         raise RemoteError(

@@ -22,6 +22,7 @@ from typing import Any
 
 import asyncssh
 
+from gpuctl.core.deadline import wait_for
 from gpuctl.reach.errors import RemoteError
 
 MARKER_PREFIX = "gpuctl-start:"
@@ -215,10 +216,10 @@ class LaunchedProcess:
             return
         err = b""
         with contextlib.suppress(Exception):
-            err = await asyncio.wait_for(self.proc.stderr.read(4096), 2.0)
+            err = await wait_for(self.proc.stderr.read(4096), 2.0)
         self.proc.close()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.proc.wait_closed(), 2.0)
+            await wait_for(self.proc.wait_closed(), 2.0)
         raise no_start_error(self.node, self.proc.exit_status, self.stdout.before_marker, err)
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import asyncssh
 
+from gpuctl.core.deadline import wait_for
 from gpuctl.reach.errors import RemoteError
 from gpuctl.reach.known_hosts import HostKeyClient, host_key_error, lookup
 from gpuctl.reach.options import SshTarget, parse_hop, resolve
@@ -298,4 +299,4 @@ async def close_quietly(conn: asyncssh.SSHClientConnection, timeout: float = 5.0
     """Close ``conn`` and wait (bounded) for it to be closed."""
     conn.close()
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(conn.wait_closed(), timeout)
+        await wait_for(conn.wait_closed(), timeout)

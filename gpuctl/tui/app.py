@@ -34,6 +34,7 @@ from textual.worker import Worker, WorkerState
 
 from gpuctl import paths, service
 from gpuctl.config import TuiSettings
+from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import NodeEvent, NodeSnapshot
 from gpuctl.core.text import printable
 from gpuctl.fleet import control
@@ -211,7 +212,7 @@ class GpuctlApp(App[int]):
         await end_tasks(self._background_tasks)
         if self.manage_fleet:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.fleet.stop(), STOP_TIMEOUT_S)
+                await wait_for(self.fleet.stop(), STOP_TIMEOUT_S)
 
     def _setup_themes(self) -> None:
         for theme in load_themes():

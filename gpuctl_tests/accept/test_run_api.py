@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import pytest
 
 from gpuctl.accept.history import HistoryStore
 from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run
+from gpuctl.core.deadline import wait_for
 from gpuctl.fleet.fixed_links import recorded_node
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 from gpuctl.workloads.accept_suite.schema import SCHEMA_VERSION, SECTIONS
@@ -100,7 +100,7 @@ async def test_runs_leave_no_listener_on_the_fleet() -> None:
         counts = []
         for _ in range(4):
             run = start_fleet_run(fleet, ["n1"], AcceptOptions(quick=True, device="cpu"))
-            report = await asyncio.wait_for(run.wait(), 30)
+            report = await wait_for(run.wait(), 30)
             assert report["verdict"] == "PASS"
             counts.append((len(fleet._listeners), len(fleet._event_listeners)))
     finally:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl.core.deadline import wait_for
 from gpuctl.fleet import eventloop
 from gpuctl.fleet.eventloop import GatheringSelector
 
@@ -96,7 +97,7 @@ def test_lines_that_come_during_the_gap_are_taken_in_one_wake_up() -> None:
 
         for r, _ in pipes:
             loop.add_reader(r, on_ready, r)
-        await asyncio.wait_for(done, 10)
+        await wait_for(done, 10)
         return got
 
     loop = asyncio.SelectorEventLoop(Counting(0.02, pause=pause))
@@ -125,7 +126,7 @@ def test_asyncio_code_runs_on_it_as_on_asyncios_own_loop() -> None:
         proc = await asyncio.create_subprocess_exec("echo", "hello", stdout=asyncio.subprocess.PIPE)
         out, _ = await proc.communicate()
         wake.join()
-        return await asyncio.wait_for(woken, 10), out, selector
+        return await wait_for(woken, 10), out, selector
 
     assert eventloop.run(main()) == ("woken", b"hello\n", "GatheringSelector")
 

@@ -27,6 +27,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import NodeState
 from gpuctl.fleet.export import METRICS, FleetExporter, MetricsServer
 from gpuctl.fleet.fixed_links import FailingLink, ReplayLink, recorded_node
@@ -330,7 +331,7 @@ async def _live_fleet(links: dict[str, NodeLink], **kw: Any) -> Fleet:
 
     fleet.subscribe(check)
     await fleet.start()
-    await asyncio.wait_for(ready.wait(), 30)
+    await wait_for(ready.wait(), 30)
     return fleet
 
 

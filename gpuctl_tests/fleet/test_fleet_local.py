@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 from gpuctl.fleet.links import LocalLink
@@ -247,7 +248,7 @@ async def test_stop_ends_a_node_task_that_lost_a_cancel() -> None:
     await fleet.start()
     await wait_for_state(fleet, lambda ss: ss[0].state is NodeState.LIVE)
     try:
-        await asyncio.wait_for(fleet.stop(), 10)
+        await wait_for(fleet.stop(), 10)
     except TimeoutError:
         pytest.fail("Fleet.stop() waited for ever on a node task that lost a cancel")
     assert link.lost_cancel

@@ -23,6 +23,7 @@ import pytest
 
 from gpuctl import service
 from gpuctl.config import parse_config
+from gpuctl.core.deadline import wait_for
 from gpuctl.core.format import gpu_flags
 from gpuctl.core.model import MigInstance, NodeEvent, NodeState
 from gpuctl.fleet import control, prom
@@ -658,10 +659,10 @@ async def test_a_hosts_sample_is_published_while_another_groups_slow_query_is_ou
     fleet.subscribe(on_snapshot)
     await fleet.start()
     try:
-        await asyncio.wait_for(holding.wait(), 30)  # a poll with hosts at their turn and not
+        await wait_for(holding.wait(), 30)  # a poll with hosts at their turn and not
         assert set(held["moved"]) - held["slow"] and held["slow"] <= set(held["moved"])
         check()
-        await asyncio.wait_for(others_shown.wait(), 15)  # while the query is held
+        await wait_for(others_shown.wait(), 15)  # while the query is held
         for host in held["slow"]:  # not before its slow counters are in
             assert shown.get(host, 0.0) < held["moved"][host]
         assert not release.is_set()

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from gpuctl.config import NodeConfig, load_config
+from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import NodeState
 from gpuctl.fleet.build import ClusterFleet, fleet_from_config
 from gpuctl.fleet.fleet import BACKOFF_MAX_S, Fleet
@@ -262,7 +263,7 @@ async def test_unknown_host_refused_unless_accept_new(
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )
-    assert await asyncio.wait_for(scan.wait(), 30) == 0
+    assert await wait_for(scan.wait(), 30) == 0
     try:
         await link.connection()
     finally:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpuctl.core.deadline import wait_for
 from gpuctl.jobs import JobFailed
 from gpuctl_tests.helpers import wait_until
 
@@ -80,7 +81,7 @@ def test_asyncio_wrap_future_awaits_a_job(make_executor: Any) -> None:
 
     async def main() -> list[int]:
         futures = [asyncio.wrap_future(ex.submit(naps, 0.0, i)) for i in range(3)]
-        return list(await asyncio.wait_for(asyncio.gather(*futures), 120))
+        return list(await wait_for(asyncio.gather(*futures), 120))
 
     assert asyncio.run(main()) == [0, 1, 2]
 
@@ -116,7 +117,7 @@ def test_awaiting_a_job_reads_its_result_outside_the_event_loop(
     ex = make_executor(store=False)
 
     async def main() -> int:
-        return int(await asyncio.wait_for(asyncio.wrap_future(ex.submit(traced, 7)), 120))
+        return int(await wait_for(asyncio.wrap_future(ex.submit(traced, 7)), 120))
 
     assert asyncio.run(main()) == 7
     import os

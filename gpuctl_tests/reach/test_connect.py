@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuctl.config import NodeConfig
+from gpuctl.core.deadline import wait_for
 from gpuctl.fleet.session import LinkError
 from gpuctl.fleet.ssh import BundleStore, SshLink
 from gpuctl.jobs.hosts import SshHost
@@ -91,7 +92,7 @@ async def test_server_alive_interval_comes_from_the_users_ssh_config(
     try:
         with frozen(node):
             t0 = time.monotonic()
-            await asyncio.wait_for(conn.wait_closed(), 8)
+            await wait_for(conn.wait_closed(), 8)
             assert time.monotonic() - t0 < 6
     finally:
         await link.aclose()
@@ -117,7 +118,7 @@ async def test_one_pooled_connection_per_node_and_loop(
     await a.aclose()
     assert not conn_b.is_closed()  # b still holds it
     await b.aclose()
-    await asyncio.wait_for(conn_b.wait_closed(), 5)  # the last holder's release closes it
+    await wait_for(conn_b.wait_closed(), 5)  # the last holder's release closes it
 
     # the synchronous jobs API has its own loop and pool; its hosts share one connection
     def jobs_side() -> tuple[bool, str]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gpuctl.core.deadline import wait_for
 from gpuctl.reach import launch
 from gpuctl.reach.errors import RemoteError
 from gpuctl.reach.options import SshSettings, resolve
@@ -70,11 +71,11 @@ async def test_stdin_and_a_long_running_process(node: tuple[str, Any]) -> None:
     try:
         assert proc.banner == ((BANNER + "\n").encode() if "banner" in kind else b"")
         proc.stdin.write(b"hello\n")
-        assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"got hello\n"
-        assert await asyncio.wait_for(proc.stderr.readline(), 10) == b"err\n"
+        assert await wait_for(proc.stdout.readline(), 10) == b"got hello\n"
+        assert await wait_for(proc.stderr.readline(), 10) == b"err\n"
         proc.stdin.write(b"tail")
         proc.stdin.write_eof()
-        assert await asyncio.wait_for(proc.stdout.read(), 10) == b"tail"
+        assert await wait_for(proc.stdout.read(), 10) == b"tail"
     finally:
         proc.close()
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from gpuctl.core.deadline import wait_for
 from gpuctl_tests.helpers import require_binary, wait_until
 
 ANSI = re.compile(r"\x1b(\[[0-9;?<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[()][0-9A-B]|.)")
@@ -288,7 +289,7 @@ async def _screen_rows(ws: Any, seconds: float, *, at_least: int = 0) -> int:
     rows = 0
     with contextlib.suppress(TimeoutError):
         while (left := end - loop.time()) > 0:
-            msg = await asyncio.wait_for(ws.receive(), left)
+            msg = await wait_for(ws.receive(), left)
             if msg.type == aiohttp.WSMsgType.BINARY:
                 drawn = max((int(m.group(1)) for m in CUP.finditer(msg.data)), default=0)
                 if at_least and rows < at_least <= drawn:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from gpuctl.core.deadline import wait_for
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
@@ -348,7 +349,7 @@ class Replayer:
     async def _wait(self, timeout: float | None) -> None:
         self._changed.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            await wait_for(self._changed.wait(), timeout)
 
     def _play(self, rec: Record) -> None:
         node = rec["n"]
