@@ -7,7 +7,12 @@ bundle, never pulls in the login side.
 
 from typing import Any
 
-__version__ = "0.1.0"
+try:  # written by setuptools-scm when gpuctl is built or installed (pyproject.toml)
+    from gpuctl import _version
+
+    __version__: str = _version.version
+except ImportError:  # the node bundle, or a source tree never installed
+    __version__ = "0+unknown"
 
 _JOBS_API = ("remote", "Executor", "Job", "JobFailed")
 

@@ -211,12 +211,12 @@ def require_binary(path: str) -> str:
 
 def clean_copy(dest: Path) -> Path:
     """Copy this checkout's source to ``dest`` as a fresh clone would have it (no venv, no
-    build or cache folders), for tests that build or install gpuctl as a user would."""
+    build or cache folders, its git folder kept: the version comes from git tags), for tests
+    that build or install gpuctl as a user would."""
     shutil.copytree(
         REPO,
         dest,
         ignore=shutil.ignore_patterns(
-            ".git",
             ".venv",
             "build",
             "dist",

@@ -1,11 +1,15 @@
-"""The built wheel carries everything a user needs: the node side, the themes, the stylesheet,
-the page of ``gpuctl serve``."""
+"""The release's artifacts: ``python -m build`` gives a wheel and an sdist that pass ``twine check
+--strict``, under the distribution's own name with its license; the wheel carries everything a
+user needs (the node side, the themes, the stylesheet, the page of ``gpuctl serve``), and once
+installed into a clean venv it says its version, runs the demo and deploys an agent to a real
+sshd node, from the wheel and not from this checkout."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tarfile
 import venv
 import zipfile
 from pathlib import Path
@@ -17,21 +21,90 @@ from gpuctl_tests.helpers import REPO, clean_copy
 pytestmark = pytest.mark.slow
 
 
+DIST = "gpuctl_cluster"  # the distribution's name on the package index, normalized
+
+
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Build from a clean copy: setuptools reuses a checkout's build/ folder, which can hold
-    # modules the source no longer would ship (a package that lost its __init__.py).
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sdist and the wheel, built as a release is: ``python -m build`` (the sdist first,
+    the wheel from it) in a clean copy of this checkout, its git folder included (the version
+    comes from git tags)."""
     src = clean_copy(tmp_path_factory.mktemp("src") / "gpuctl-src")
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out)],
+    out = tmp_path_factory.mktemp("dist")
+    r = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out)],
         cwd=src,
-        check=True,
         capture_output=True,
-        timeout=300,
+        text=True,
+        timeout=600,
     )
-    (whl,) = out.glob("gpuctl-*.whl")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def wheel(dist: Path) -> Path:
+    (whl,) = dist.glob(f"{DIST}-*.whl")
     return whl
+
+
+@pytest.fixture(scope="module")
+def checkout_version() -> str:
+    """The version setuptools-scm gives this checkout, as the build saw it."""
+    r = subprocess.run(
+        [sys.executable, "-m", "setuptools_scm"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_the_artifacts_pass_twine_check_strict(dist: Path) -> None:
+    files = sorted(str(p) for p in dist.iterdir())
+    assert [Path(f).suffix for f in files] == [".gz", ".whl"], files
+    r = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *files],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("PASSED") == 2, r.stdout
+
+
+def test_the_metadata_names_the_distribution_its_license_and_pythons(wheel: Path) -> None:
+    z = zipfile.ZipFile(wheel)
+    (meta,) = (n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    text = z.read(meta).decode()
+    headers = [line for line in text.split("\n\n", 1)[0].splitlines()]
+    assert "Name: gpuctl-cluster" in headers
+    assert "License-Expression: MIT" in headers
+    assert "License-File: LICENSE" in headers
+    for minor in (10, 11, 12, 13):
+        assert f"Classifier: Programming Language :: Python :: 3.{minor}" in headers
+    assert "Requires-Python: >=3.10" in headers
+    (lic,) = (n for n in z.namelist() if n.endswith(".dist-info/licenses/LICENSE"))
+    assert z.read(lic).decode() == (REPO / "LICENSE").read_text()
+    assert z.read(lic).decode().startswith("MIT License")
+
+
+def test_the_sdist_holds_the_source_tests_and_license(dist: Path) -> None:
+    (sdist,) = dist.glob(f"{DIST}-*.tar.gz")
+    with tarfile.open(sdist) as t:
+        names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    assert {"LICENSE", "README.md", "CHANGELOG.md", "pyproject.toml", "setup.py"} <= names
+    assert "gpuctl/_version.py" in names  # the version travels without git
+    tracked = subprocess.run(
+        ["git", "ls-files", "gpuctl", "gpuctl_tests", "themes"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert set(tracked) - names == set()
 
 
 def test_wheel_contents(wheel: Path) -> None:

@@ -202,12 +202,27 @@ def _options_everywhere(parser: argparse.ArgumentParser) -> None:
             _options_everywhere(sub)
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the version, and the commit when run from a checkout (asks git only then)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="show the version"
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from gpuctl.version import version_text
+
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="gpuctl",
         description="Watch, stress and accept every GPU of a cluster from one terminal screen.",
     )
-    parser.add_argument("--version", action="version", version=f"gpuctl {__version__}")
+    parser.add_argument("--version", action=_VersionAction)
     parser.add_argument(
         "--config", metavar="PATH", help="config file (default: $GPUCTL_CONFIG, else XDG)"
     )

@@ -72,15 +72,44 @@ def new_loop(gap: float = GAP) -> asyncio.AbstractEventLoop:
 
 
 def run(main: Coroutine[Any, Any, _T], gap: float = GAP) -> _T:
-    """``asyncio.run(main)`` on a gathering loop (Python 3.10, without ``asyncio.Runner``:
-    asyncio's own loop), with the collector's youngest generation at ``YOUNG_GC`` meanwhile."""
+    """``asyncio.run(main)`` on a gathering loop, with the collector's youngest generation at
+    ``YOUNG_GC`` meanwhile (Python 3.10 has no ``asyncio.Runner``: ``_run_310`` does its steps)."""
     threshold = gc.get_threshold()
     if threshold[0]:  # 0: collection turned off, left so
         gc.set_threshold(max(YOUNG_GC, threshold[0]), *threshold[1:])
     try:
         if sys.version_info < (3, 11):
-            return asyncio.run(main)
+            return _run_310(main, new_loop(gap))
         with asyncio.Runner(loop_factory=lambda: new_loop(gap)) as runner:
             return runner.run(main)
     finally:
         gc.set_threshold(*threshold)
+
+
+def _run_310(main: Coroutine[Any, Any, _T], loop: asyncio.AbstractEventLoop) -> _T:
+    """What ``asyncio.run`` does on Python 3.10, on the loop given: run ``main``, then cancel
+    the tasks left, finish async generators and the default executor, and close the loop."""
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            left = asyncio.all_tasks(loop)
+            for task in left:
+                task.cancel()
+            if left:
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            for task in left:
+                if not task.cancelled() and task.exception() is not None:
+                    loop.call_exception_handler(
+                        {
+                            "message": "unhandled exception during gpuctl's loop shutdown",
+                            "exception": task.exception(),
+                            "task": task,
+                        }
+                    )
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()

@@ -33,7 +33,7 @@ def test_every_json_output_is_an_object_with_version_and_time(
     env = node_env({"GPUCTL_STATE_DIR": str(tmp_path / "state")})
     env["GPUCTL_CONFIG"] = str(tmp_path / "config.toml")
     (tmp_path / "config.toml").write_text("")
-    before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     r = subprocess.run(
         [sys.executable, "-m", "gpuctl", *argv],
         capture_output=True,
@@ -47,5 +47,5 @@ def test_every_json_output_is_an_object_with_version_and_time(
     assert isinstance(doc, dict)
     assert doc["version"] == JSON_VERSION and doc["gpuctl"] == __version__
     at = datetime.datetime.strptime(doc["generated_at"], "%Y-%m-%dT%H:%M:%SZ")
-    assert at.replace(tzinfo=datetime.UTC) >= before
+    assert at.replace(tzinfo=datetime.timezone.utc) >= before
     assert key in doc

@@ -17,6 +17,7 @@ import pytest
 from gpuctl.core import deadline
 
 REPO = Path(__file__).resolve().parents[2]
+PROBE = "gpuctl/probe.py"  # a product file's name: the project's ruff settings apply to it
 
 
 async def test_wait_for_raises_the_builtin_timeout_error() -> None:
@@ -58,8 +59,7 @@ def test_asyncio_wait_for_is_refused_by_the_linter() -> None:
         pytest.skip("ruff is not installed in this venv")
     probe = "import asyncio\n\n\nasync def f(x):\n    await asyncio.wait_for(x, 1)\n"
     out = subprocess.run(
-        [str(ruff), "check", "--no-cache", "--select", "TID251"]
-        + ["--stdin-filename", "gpuctl/probe.py", "-"],
+        [str(ruff), "check", "--no-cache", "--select", "TID251", "--stdin-filename", PROBE, "-"],
         cwd=REPO,
         input=probe,
         capture_output=True,

@@ -19,7 +19,8 @@ def parse_position(text: str, reader: RecordingReader) -> float:
         return reader.start + offset
     span = f"the recording runs from {format_time(reader.start)} to {format_time(reader.end)}"
     try:
-        when = datetime.fromisoformat(text)
+        # Python 3.10's fromisoformat reads no "Z" (3.11 does)
+        when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
     except ValueError:
         when = None
     if when is not None:
