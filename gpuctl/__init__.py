@@ -7,17 +7,22 @@ bundle, never pulls in the login side.
 
 from typing import Any
 
-try:  # written by setuptools-scm when gpuctl is built or installed (pyproject.toml)
-    from gpuctl import _version
-
-    __version__: str = _version.version
-except ImportError:  # the node bundle, or a source tree never installed
-    __version__ = "0+unknown"
-
 _JOBS_API = ("remote", "Executor", "Job", "JobFailed")
 
 
+def _read_version() -> str:
+    """The version setuptools-scm wrote when gpuctl was built or installed (pyproject.toml);
+    read on first use, so that importing gpuctl (the node side does) imports nothing more."""
+    try:
+        from gpuctl._version import version
+    except ImportError:  # the node bundle, or a source tree never installed
+        return "0+unknown"
+    return str(version)
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        return _read_version()
     if name in _JOBS_API:
         from gpuctl import jobs
 

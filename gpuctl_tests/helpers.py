@@ -42,6 +42,29 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+TORCH_MISSING = (
+    "torch is not installed: the full lane installs its CPU wheel (scripts/test.sh: "
+    "pip install torch==2.13.0, from the machine's wheels); the unit lane runs without it"
+)
+
+
+def need_torch(*, module: bool = False) -> Any:
+    """``torch`` for a test that needs it. Without torch: skipped in the unit lane (``--unit``:
+    its venv has no torch), else as ``unavailable`` (skip here, fail in CI's full lane).
+    ``module=True`` at a module's top level skips the whole module."""
+    try:
+        import torch
+    except ImportError:
+        from gpuctl_tests import lanes
+
+        if lanes.UNIT_LANE:
+            pytest.skip(TORCH_MISSING, allow_module_level=module)
+        if IN_CI:
+            pytest.fail(TORCH_MISSING, pytrace=False)
+        pytest.skip(TORCH_MISSING, allow_module_level=module)
+    return torch
+
+
 # -- waiting: the one mechanism every test uses to wait for something --------------------------
 # A test waits for a condition with a deadline, never for a time: ``pred`` is tried again until
 # it returns something truthy (which is returned), and the test fails at the deadline, naming

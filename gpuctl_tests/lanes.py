@@ -49,6 +49,7 @@ _HEADER = (
 )
 
 _seconds: Counter[str] = Counter()
+UNIT_LANE = False  # this run is the unit lane (--unit): set when pytest is configured
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -63,6 +64,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help=f"update gpuctl_tests/slow_tests.txt for the tests run: listed when over {SLOW_S:g} s",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global UNIT_LANE
+    UNIT_LANE = bool(config.getoption("unit"))
 
 
 def read_slow() -> set[str]:

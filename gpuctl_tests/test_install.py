@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -126,3 +127,34 @@ def test_a_login_node_with_an_old_python_is_told_what_to_do(
     assert "module load python" in r.stderr and "GPUCTL_PYTHON=" in r.stderr
     assert "Traceback" not in r.stderr
     assert not (home / ".local" / "share" / "gpuctl").exists()
+
+
+def test_installing_again_after_a_module_was_deleted_leaves_it_out(
+    tmp_path: Path, fresh_clone: Path, home: Path
+) -> None:
+    """The README's upgrade (run install.sh again in the updated checkout) replaces the install:
+    a module the checkout no longer has is gone from it. setuptools' build folder kept every
+    module it ever copied, so each later wheel (install.sh, ``pipx install .``, ``uv tool
+    install .``) shipped deleted modules again."""
+    venv_dir = tmp_path / "venv"
+    env = stock_env(home, f"{Path(sys.executable).parent}:{STOCK_PATH}")
+    env.update(GPUCTL_VENV=str(venv_dir), GPUCTL_BIN_DIR=str(tmp_path / "bin"))
+    gone = fresh_clone / "gpuctl" / "zz_removed_later.py"
+    gone.write_text('"""A module this checkout has now and deletes before the upgrade."""\n')
+
+    def install() -> set[str]:
+        r = subprocess.run(
+            ["/bin/sh", "scripts/install.sh"],
+            cwd=fresh_clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        (site,) = venv_dir.glob("lib/python3.*/site-packages")
+        return {p.name for p in (site / "gpuctl").iterdir()}
+
+    assert gone.name in install()
+    gone.unlink()
+    assert gone.name not in install()

@@ -6,6 +6,7 @@ sshd node, from the wheel and not from this checkout."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import tarfile
 import venv
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -153,3 +155,100 @@ def test_themes_load_from_the_installed_wheel(wheel: Path, tmp_path: Path) -> No
     assert r.returncode == 0, r.stderr
     loaded = r.stdout.split()
     assert len(loaded) >= 3, loaded
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A clean venv with the wheel and its dependencies: its ``bin`` folder."""
+    env_dir = tmp_path_factory.mktemp("wheel-venv") / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return env_dir / "bin"
+
+
+def user_env(home: Path, bindir: Path) -> dict[str, str]:
+    """A user's environment: the venv's bin first, no PYTHONPATH, this checkout nowhere."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {
+        "HOME": str(home),
+        "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "XDG_CONFIG_HOME": str(home / ".config"),
+    }
+    return env
+
+
+def test_the_installed_wheel_says_its_version_and_runs_the_demo(
+    installed: Path, checkout_version: str, tmp_path: Path
+) -> None:
+    env = user_env(tmp_path / "home", installed)
+    r = subprocess.run(
+        [str(installed / "gpuctl"), "--version"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    # an installed copy: the version alone (no checkout), the one the build gave
+    (word, version) = r.stdout.split()
+    assert word == "gpuctl" and version.split("+")[0] == checkout_version.split("+")[0], r.stdout
+    where = subprocess.run(
+        [str(installed / "python"), "-c", "import gpuctl; print(gpuctl.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert str(installed.parent) in where.stdout, where.stdout
+    rec = tmp_path / "demo.gpurec"
+    r = subprocess.run(
+        [str(installed / "gpuctl"), "record", str(rec), "--demo", "--duration", "2s"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and rec.stat().st_size > 0, r.stderr
+    r = subprocess.run(
+        [str(installed / "gpuctl"), "status", "--demo"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and r.stdout.startswith("NODE"), r.stderr
+
+
+def test_the_installed_wheel_deploys_an_agent_to_an_sshd_node(
+    installed: Path, ssh_cluster: Any, tmp_path: Path
+) -> None:
+    """From the wheel alone: the bundle the installed gpuctl builds reaches a real sshd node,
+    its agent starts there and answers with the node's (simulated) GPUs."""
+    ssh_cluster.start_node("wheelnode", simulate="2")
+    config = tmp_path / "gpuctl.toml"
+    config.write_text(ssh_cluster.cluster_toml("c", ["wheelnode"], interval=0.5))
+    env = user_env(tmp_path / "home", installed)
+    argv = ["--config", str(config), "status", "--json", "--timeout", "60"]
+    r = subprocess.run(
+        [str(installed / "gpuctl"), *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr
+    (node,) = json.loads(r.stdout)["nodes"]
+    assert node["name"] == "wheelnode" and len(node["gpus"]) == 2, node

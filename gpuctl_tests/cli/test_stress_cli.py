@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuctl.service import user_name
-from gpuctl_tests.helpers import AgentProcess, node_env, wait_until
+from gpuctl_tests.helpers import AgentProcess, need_torch, node_env, wait_until
 
 ENV = node_env({"OMP_NUM_THREADS": "1"})
 
@@ -27,7 +27,7 @@ def gpuctl(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 
 
 def test_run_on_the_cpu_prints_the_json_summary() -> None:
-    pytest.importorskip("torch")
+    need_torch()
     r = gpuctl("stress", "run", "--device", "cpu", "--duration", "1", "--size", "64", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -161,7 +161,7 @@ def test_stop_stops_only_the_callers_burners_and_names_the_others(
     one of mallory (the test runs as one uid: her session is an agent told so). ``stress
     status`` shows both with their owners; ``stress stop`` wants nodes or --all; ``--all``
     stops this user's burner and names mallory's, which survives until ``--any-owner``."""
-    pytest.importorskip("torch")
+    need_torch()
     cfg = tmp_path / "config.toml"
     cfg.write_text("read_only = false\n")  # no clusters: this machine
     mine = _cpu_burner(agents, {"user": user_name(), "host": "other-terminal", "session": "t2"})

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpuctl_tests.helpers import node_env
+from gpuctl_tests.helpers import need_torch, node_env
 
 FILES = {
     "job.py": "def f(x=1):\n    return x + 1\n",
@@ -502,7 +502,7 @@ def test_job_processes_end_and_job_folders_are_private(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_an_acceptance_run_ends_with_gpuctl(tmp_path: Path) -> None:
     """SIGKILL gpuctl mid-suite: its agent and the suite's workload process go too."""
-    pytest.importorskip("torch")
+    need_torch()
     from gpuctl_tests.helpers import wait_until
 
     mark = os.urandom(6).hex()
@@ -613,7 +613,7 @@ def test_job_folders_over_ssh_are_private_parents_included(
 
 @pytest.mark.slow
 def test_ctrl_c_during_an_acceptance_run_says_cancelled(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    need_torch()
     env = node_env({"GPUCTL_STATE_DIR": str(tmp_path / "state")})
     argv = ["accept", "--local", "--device", "cpu", "--quick", "--no-history"]
     proc = _start_until(argv, env, tmp_path, "[ENV] PASS")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpuctl.jobs import EnvSpec, Job, JobFailed, JobStore, RemoteTraceback, attach
-from gpuctl_tests.helpers import old_python, wait_until
+from gpuctl_tests.helpers import need_torch, old_python, wait_until
 from gpuctl_tests.jobs.conftest import no_process_with_env
 
 
@@ -233,7 +233,7 @@ def test_a_result_this_python_cannot_unpickle_says_so(make_executor: Any, tmp_pa
 
 def test_gpu_out_of_memory_is_named_and_its_exception_kept(make_executor: Any) -> None:
     """torch's own OutOfMemoryError (raised by hand: there is no GPU here to exhaust)."""
-    torch = pytest.importorskip("torch")
+    torch = need_torch()
 
     def allocates() -> None:
         import torch

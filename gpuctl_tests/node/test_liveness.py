@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpuctl_tests.helpers import REPO, AgentProcess, node_env, wait_until
+from gpuctl_tests.helpers import REPO, AgentProcess, need_torch, node_env, wait_until
 from gpuctl_tests.node.test_stress_plugin import (
     group_members,
     reply,
@@ -24,7 +24,7 @@ from gpuctl_tests.node.test_stress_plugin import (
     start_cpu_burn,
 )
 
-pytest.importorskip("torch")
+need_torch(module=True)
 
 LIVENESS = 3.0
 SLACK = 5.0  # the brief: dead within liveness_timeout + 5 s

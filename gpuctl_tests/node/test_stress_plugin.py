@@ -19,13 +19,14 @@ from gpuctl_tests.helpers import (
     AgentProcess,
     assert_reader_keeps_all,
     fleet_changes,
+    need_torch,
     node_env,
     old_python,
     wait_until,
     wait_until_async,
 )
 
-pytest.importorskip("torch")
+need_torch(module=True)
 
 CPU_BURN = {"type": "stress_start", "gpus": [0], "device": "cpu", "size": 64}
 

@@ -9,12 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from gpuctl_tests.helpers import node_env
+from gpuctl_tests.helpers import need_torch, node_env
 from gpuctl_tests.workloads.test_accept_shape import run_with_stub
 
-pytest.importorskip("torch")
+need_torch(module=True)
 
 SCRIPT = r"""
 import json, sys

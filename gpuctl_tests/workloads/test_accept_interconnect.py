@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from gpuctl_tests.helpers import need_torch
 from gpuctl_tests.workloads.test_accept_suite import only_report, run_suite
 
-pytest.importorskip("torch")
+need_torch(module=True)
 
 ONLY_DDP = ("--skip", "compute", "--skip", "membw", "--skip", "train", "--skip", "ddp_train")
 ONLY_P2P = (*ONLY_DDP, "--skip", "ddp_allreduce")

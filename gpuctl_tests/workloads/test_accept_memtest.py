@@ -8,13 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from gpuctl.workloads.accept_suite.schema import SECTIONS
 from gpuctl.workloads.accept_suite.sections import memtest
-from gpuctl_tests.helpers import node_env
+from gpuctl_tests.helpers import need_torch, node_env
 
-torch = pytest.importorskip("torch")
+torch = need_torch(module=True)
 
 OTHERS = [a for s in SECTIONS if s not in ("env", "memtest") for a in ("--skip", s)]
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from gpuctl_tests.helpers import node_env
+from gpuctl_tests.helpers import need_torch, node_env
 
-pytest.importorskip("torch")
+need_torch(module=True)
 
 
 def run_suite(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

@@ -16,9 +16,9 @@ import pytest
 
 from gpuctl.bundle import write_bundle
 from gpuctl.workloads import burn
-from gpuctl_tests.helpers import REPO, node_env
+from gpuctl_tests.helpers import REPO, need_torch, node_env
 
-torch = pytest.importorskip("torch")
+torch = need_torch(module=True)
 
 # One thread: the CI machine is small and shared, and tiny GEMMs only lose from threading.
 ENV = node_env({"OMP_NUM_THREADS": "1"})

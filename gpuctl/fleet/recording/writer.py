@@ -87,7 +87,7 @@ class RecordingWriter:
 def _version() -> str:
     from gpuctl import __version__
 
-    return __version__
+    return str(__version__)
 
 
 class Recorder:
