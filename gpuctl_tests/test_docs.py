@@ -4,6 +4,7 @@
 a missing anchor, an absolute link or an unrecognised one into a warning, and strict mode fails
 on any warning), the README under 400 lines, and every relative link of the README pointing at a
 file of the repository (GitHub shows the README outside the site, so mkdocs never checks it).
+The keys tables name exactly the binding ids the screen has (``[tui.keys]`` takes those).
 """
 
 from __future__ import annotations
@@ -12,10 +13,15 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from textual.binding import Binding, BindingType
+
+from gpuctl.tui.app import GpuctlApp
+from gpuctl.tui.replay import ReplayApp
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -70,6 +76,40 @@ def test_the_link_reader_finds_what_is_missing(tmp_path: Path) -> None:
         "[e](#local) `[f](in-code.md)`\n```\n[g](in-fence.md)\n```\n"
     )
     assert missing_targets(doc, tmp_path) == ["gone.md#part", "img/none.png"]
+
+
+def key_table_ids(markdown: str) -> set[str]:
+    """The binding ids of ``markdown``'s key tables (those headed ``| key | does |``): the
+    backquoted words of each row's last column."""
+    ids: set[str] = set()
+    in_table = False
+    for line in markdown.splitlines():
+        if line.startswith("| key | does |"):
+            in_table = True
+        elif not line.startswith("|"):
+            in_table = False
+        elif in_table:
+            ids |= set(re.findall(r"`([a-z][a-z0-9_]*)`", line.rstrip("| ").rsplit("|", 1)[-1]))
+    return ids
+
+
+def binding_ids(bindings: Iterable[BindingType]) -> set[str]:
+    return {b.id for b in bindings if isinstance(b, Binding) and b.id}
+
+
+def test_the_readme_keys_table_names_every_binding_id_of_the_screen(tmp_path: Path) -> None:
+    """The ids ``[tui.keys]`` takes are the ones the help screen lists (``help_rows``); the
+    README's table (also the screen page's) must name each, and only those."""
+    from gpuctl_tests.tui.conftest import replay_app
+
+    screen = {row[2] for row in replay_app(tmp_path).help_rows()}
+    assert key_table_ids(README.read_text(encoding="utf-8")) == screen
+
+
+def test_the_replay_keys_table_names_every_replay_binding_id() -> None:
+    page = (REPO / "docs" / "record-replay.md").read_text(encoding="utf-8")
+    replay = binding_ids(ReplayApp.BINDINGS) - binding_ids(GpuctlApp.BINDINGS)
+    assert replay and key_table_ids(page) == replay
 
 
 def build_site(site: Path, config: Path) -> subprocess.CompletedProcess[str]:
