@@ -1,9 +1,9 @@
-"""The README's GPU metrics table, made from the metric registry (``gpuctl/node/metrics.py``).
+"""The docs' GPU metrics table, made from the metric registry (``gpuctl/node/metrics.py``).
 
-    python -m gpuctl.metrics_table --markdown         # print it
-    python -m gpuctl.metrics_table --write README.md  # put it between README's markers
+    python -m gpuctl.metrics_table --markdown               # print it
+    python -m gpuctl.metrics_table --write docs/metrics.md  # put it between the page's markers
 
-A test compares README.md with ``with_table(README.md)``, so the two never drift apart. The
+A test compares docs/metrics.md with ``with_table`` of it, so the two never drift apart. The
 markers and the command line are ``gpuctl.jobs.failure_table``'s, with this table's names.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from gpuctl.jobs import failure_table
 from gpuctl.node.metrics import METRICS, PERCENT_OF, SLOW_READ_EVERY
 
-TABLE_START = "<!-- gpu-metrics: python -m gpuctl.metrics_table --write README.md -->"
+TABLE_START = "<!-- gpu-metrics: python -m gpuctl.metrics_table --write docs/metrics.md -->"
 TABLE_END = "<!-- /gpu-metrics -->"
 FLAGS = ("list", "filter", "sort", "heatmap", "plot", "csv", "status")
 _SHARE = {num: word for word, (num, _total) in PERCENT_OF.items()}

@@ -20,8 +20,7 @@ whole group: a module stays on one worker (its module-scoped fixtures, a Prometh
 once), and every test of a real Slurm (``slurm``) goes to the same worker, so the session's
 clusters start once and no two Slurm clusters run side by side.
 
-Measured on this project's two-core machine shared with other work (``time bash
-scripts/test.sh --unit``): the unit lane is in the README's development section.
+The lanes, for people: docs/development.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The README's failure-mode table, made from the code's own (``report.FAILURES``).
+"""The docs' failure-mode table, made from the code's own (``report.FAILURES``).
 
-    python -m gpuctl.jobs.failure_table --markdown         # print it
-    python -m gpuctl.jobs.failure_table --write README.md  # put it between README's markers
+    python -m gpuctl.jobs.failure_table --markdown                    # print it
+    python -m gpuctl.jobs.failure_table --write docs/job-failures.md  # between the page's markers
 
-A test compares README.md with ``with_table(README.md)``, so the two never drift apart.
+A test compares docs/job-failures.md with ``with_table`` of it, so the two never drift apart.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from collections.abc import Callable
 
 from gpuctl.jobs.report import FAILURES
 
-TABLE_START = "<!-- failure-modes: python -m gpuctl.jobs.failure_table --write README.md -->"
+TABLE_START = (
+    "<!-- failure-modes: python -m gpuctl.jobs.failure_table --write docs/job-failures.md -->"
+)
 TABLE_END = "<!-- /failure-modes -->"
 
 
@@ -38,7 +40,7 @@ def with_table(document: str) -> str:
 
 def put_table(document: str, start_marker: str, end_marker: str, table: str) -> str:
     """``document`` with the text between the two markers replaced by ``table``; raises
-    ValueError when the markers are missing or out of order (every README table made from
+    ValueError when the markers are missing or out of order (every docs table made from
     code: this one, ``gpuctl.metrics_table``)."""
     start, end = document.find(start_marker), document.find(end_marker)
     if start < 0 or end < start:
@@ -65,7 +67,7 @@ def run_cli(
     table: Callable[[], str],
     put: Callable[[str], str],
 ) -> int:
-    """The command line of a README table made from code (this one, ``gpuctl.metrics_table``):
+    """The command line of a docs table made from code (this one, ``gpuctl.metrics_table``):
     ``--markdown`` prints ``table()``, ``--write FILE`` rewrites FILE with ``put``; a file it
     cannot read or write, or one without the markers, is one line on stderr and exit 2."""
     import argparse

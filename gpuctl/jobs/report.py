@@ -40,7 +40,7 @@ class FailureMode:
 
 
 # The one table of classifications. ``KINDS`` and ``REMEDIES`` are views of it, and so is the
-# README's failure-mode table (``python -m gpuctl.jobs.failure_table --write README.md``).
+# docs' failure-mode table (``python -m gpuctl.jobs.failure_table --write docs/job-failures.md``).
 FAILURES: dict[str, FailureMode] = {
     "user_exception": FailureMode(
         title="the function raised an exception",

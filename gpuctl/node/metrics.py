@@ -7,8 +7,8 @@ check (``GpuSample``'s fields are these keys: a test holds them equal), the Prom
 reads the same DCGM series back), the CSV columns (``fleet/recording/csvexport.py``, by
 name), the history columns (``fleet/gpu_history.py``), the filter words, sort keys and
 heatmap metrics (``tui/view.py``, ``tui/gpusort.py``), the ``status`` table (``core/format.py``),
-the detail screen's plots and the README's metrics table (``python -m gpuctl.metrics_table
---write README.md``; a test fails when the README's differs).
+the detail screen's plots and the docs' metrics table (``python -m gpuctl.metrics_table
+--write docs/metrics.md``; a test fails when the page's differs).
 
 Units (one per reading, everywhere): the wire carries each reading in ``unit``; the screen,
 ``status`` and the filter show it in ``shown`` (the wire value times ``scale``). Memory: bytes
@@ -21,7 +21,7 @@ Adding a metric: a row here, its read in ``readers/nvml.py`` (and the stand-in l
 function in ``gpuctl_tests/node/nvml_stub``) and ``readers/sim.py`` (``readers/smi.py`` takes
 ``smi`` and the unit from here), the field in ``core/model.py``'s ``GpuSample`` (the decode stays
 a msgspec Struct: a test holds its fields, types and bounds equal to these rows), and the
-README's table regenerated; with "plot", its line in ``tui/screens/detail.py``'s ``PLOTS`` (a
+docs' table regenerated; with "plot", its line in ``tui/screens/detail.py``'s ``PLOTS`` (a
 test says so); with "heatmap", its ``heat`` scale. Everything else follows from the flags:
 NVENC/NVDEC took 5 product files (6 with the plot), where a metric took ~15 before.
 

@@ -1,5 +1,5 @@
-"""The README's failure-mode table is the code's own (``report.FAILURES``), made by
-``python -m gpuctl.jobs.failure_table``: this test fails as soon as the two differ."""
+"""The failure-mode table of docs/job-failures.md is the code's own (``report.FAILURES``), made
+by ``python -m gpuctl.jobs.failure_table``: this test fails as soon as the two differ."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import pytest
 from gpuctl.jobs import failure_table
 from gpuctl.jobs.report import FAILURES, KINDS, REMEDIES
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+FAILURES_PAGE = Path(__file__).resolve().parents[2] / "docs" / "job-failures.md"
 
 
-def test_readmes_failure_table_is_the_one_the_code_makes() -> None:
-    readme = README.read_text(encoding="utf-8")
-    assert failure_table.with_table(readme) == readme, (
-        "README.md's failure-mode table differs from the code's: run "
-        "`python -m gpuctl.jobs.failure_table --write README.md`"
+def test_the_docs_failure_table_is_the_one_the_code_makes() -> None:
+    page = FAILURES_PAGE.read_text(encoding="utf-8")
+    assert failure_table.with_table(page) == page, (
+        "docs/job-failures.md's failure-mode table differs from the code's: run "
+        "`python -m gpuctl.jobs.failure_table --write docs/job-failures.md`"
     )
-    rows = [line for line in readme.splitlines() if line.startswith("| ") and "| `" in line]
+    rows = [line for line in page.splitlines() if line.startswith("| ") and "| `" in line]
     for kind, mode in FAILURES.items():
         (row,) = [r for r in rows if f"| `{kind}`: " in r]
         assert row.startswith(f"| {mode.phase} | ") and row.endswith(f" | {mode.remedy} |")
