@@ -66,7 +66,7 @@ def checkout_version() -> str:
 
 def test_the_artifacts_pass_twine_check_strict(dist: Path) -> None:
     files = sorted(str(p) for p in dist.iterdir())
-    assert [Path(f).suffix for f in files] == [".gz", ".whl"], files
+    assert sorted(Path(f).suffix for f in files) == [".gz", ".whl"], files
     r = subprocess.run(
         [sys.executable, "-m", "twine", "check", "--strict", *files],
         capture_output=True,
@@ -232,11 +232,19 @@ def test_the_installed_wheel_says_its_version_and_runs_the_demo(
 
 
 def test_the_installed_wheel_deploys_an_agent_to_an_sshd_node(
-    installed: Path, ssh_cluster: Any, tmp_path: Path
+    installed: Path, ssh_cluster: Any, nvml_lib_dir: Path, tmp_path: Path
 ) -> None:
     """From the wheel alone: the bundle the installed gpuctl builds reaches a real sshd node,
-    its agent starts there and answers with the node's (simulated) GPUs."""
-    ssh_cluster.start_node("wheelnode", simulate="2")
+    its agent starts there and reads the node's GPUs through the real nvidia-ml-py bindings
+    (the wheel vendors them into the bundle) from the stand-in ``libnvidia-ml.so.1``."""
+    from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub
+
+    stub = NvmlStub(nvml_lib_dir, tmp_path / "nvml.conf", "count 2\n")
+    ssh_cluster.start_node(
+        "wheelnode",
+        simulate=None,
+        env={"LD_LIBRARY_PATH": str(stub.lib_dir), CONFIG_ENV: str(stub.config)},
+    )
     config = tmp_path / "gpuctl.toml"
     config.write_text(ssh_cluster.cluster_toml("c", ["wheelnode"], interval=0.5))
     env = user_env(tmp_path / "home", installed)
@@ -252,3 +260,4 @@ def test_the_installed_wheel_deploys_an_agent_to_an_sshd_node(
     assert r.returncode == 0, r.stderr
     (node,) = json.loads(r.stdout)["nodes"]
     assert node["name"] == "wheelnode" and len(node["gpus"]) == 2, node
+    assert node["reader"].startswith("nvml"), node
