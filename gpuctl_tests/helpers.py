@@ -240,7 +240,8 @@ def clean_copy(dest: Path) -> Path:
         REPO,
         dest,
         ignore=shutil.ignore_patterns(
-            ".venv",
+            ".venv*",
+            "site",
             "build",
             "dist",
             "*.egg-info",
