@@ -124,6 +124,19 @@ def load_user_config(args: argparse.Namespace) -> Config:
     return session(args).config
 
 
+# ``--demo``'s one meaning wherever a command has it: the simulated cluster ``gpuctl demo``
+# shows (``gpuctl.fleet.demo``) instead of the configured nodes; no config is read for it.
+DEMO_HELP = (
+    "run against the simulated cluster (gpuctl demo's) instead of the configured nodes: "
+    "no config, no GPUs needed"
+)
+
+
+def add_demo_option(p: argparse.ArgumentParser) -> None:
+    """``--demo``, the same on every command that has it (``DEMO_HELP``)."""
+    p.add_argument("--demo", action="store_true", help=DEMO_HELP)
+
+
 def add_interval_option(p: argparse.ArgumentParser) -> None:
     """``--interval SECONDS``: every node samples this often (over the config's ``interval``)."""
 
