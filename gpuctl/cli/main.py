@@ -349,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure a user can meet ends in one ``gpuctl: ...`` line."""
+    if os.environ.get("NO_COLOR") == "":
+        # https://no-color.org: set and not empty turns colour off; empty is as unset. Textual
+        # takes any NO_COLOR, empty too, for monochrome: gone, every part of gpuctl agrees.
+        del os.environ["NO_COLOR"]
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is None:  # started with the descriptor closed (`gpuctl >&-`)

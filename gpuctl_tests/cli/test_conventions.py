@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from gpuctl.cli.main import build_parser
-from gpuctl_tests.helpers import REPO, node_env
+from gpuctl_tests.helpers import REPO, Tmux, node_env, shell_then_report, wait_until
 
 Path_ = tuple[str, ...]
 
@@ -257,3 +258,32 @@ def test_doctor_hints_give_the_command(tmp_path: Path) -> None:
     assert hint is not None, venv2
     r = gpuctl(tmp_path, "--config", "c.toml", *hint.group(1).split())
     assert r.returncode == 0 and r.stdout.startswith("Python 3."), (r.stdout, r.stderr)
+
+
+def _colours(t: Tmux) -> set[tuple[str, ...]]:
+    """The RGB colours (foreground and background) of the pane's cells, as tmux holds them."""
+    shown = t.run("capture-pane", "-p", "-e", "-t", "t")
+    return set(re.findall(r"[34]8;2;(\d+);(\d+);(\d+)", shown))
+
+
+@pytest.mark.parametrize(("no_color", "colourful"), [("", True), ("1", False)])
+def test_no_color_set_and_not_empty_turns_the_colours_off(
+    tmp_path: Path, no_color: str, colourful: bool
+) -> None:
+    """NO_COLOR as no-color.org says: set and not empty, the screen is grey; empty, as unset
+    (Textual itself takes an empty one for set). A real terminal: tmux, truecolor."""
+    demo = [sys.executable, "-m", "gpuctl", "demo", "--nodes", "2", "--gpus", "2", "--no-story"]
+    env = node_env({"NO_COLOR": no_color, "COLORTERM": "truecolor", "TERM": "xterm-256color"})
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    env["GPUCTL_STATE_DIR"] = str(tmp_path / "state")
+    t = Tmux(tmp_path, shell_then_report(shlex.join(demo)), env)
+    try:
+        wait_until(lambda: "sim-02" in t.screen(), timeout=30, what="the demo's screen")
+        colours = _colours(t)
+        hued = {c for c in colours if len(set(c)) > 1}  # grey is r = g = b
+        assert colours, "no RGB colour in the pane: was it drawn in truecolor?"
+        assert bool(hued) is colourful, sorted(hued)[:5]
+        t.keys("q")
+        wait_until(lambda: "gpuctl-exited=0" in t.screen(), what="the demo to quit")
+    finally:
+        t.close()
