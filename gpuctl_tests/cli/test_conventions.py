@@ -167,6 +167,26 @@ def test_demo_is_the_same_option_wherever_it_is() -> None:
     assert sorted(re.findall(r"`gpuctl ([a-z -]+) --demo`", listed.group(1))) == sorted(found)
 
 
+def test_demo_takes_the_nodes_named_as_the_configured_cluster_does(tmp_path: Path) -> None:
+    """``status --demo sim-02`` shows sim-02 as ``stress start --demo sim-02`` burns it (it
+    showed every node); a name the simulated cluster lacks, or a missing --hostfile, is a
+    mistake (both were ignored)."""
+    from gpuctl.cli.common import build_fleet
+    from gpuctl.cli.main import UserError
+
+    def nodes(*argv: str) -> list[str]:
+        return list(build_fleet(PARSER.parse_args(["status", "--demo", *argv])).names)
+
+    assert nodes("sim-0[2-3]") == ["sim-02", "sim-03"]
+    (tmp_path / "hosts").write_text("sim-04  # one\nsim-01\n")
+    assert nodes("--hostfile", str(tmp_path / "hosts")) == ["sim-04", "sim-01"]
+    assert len(nodes()) == 6
+    with pytest.raises(UserError, match=r"^nosuch is not a node of the simulated cluster"):
+        nodes("nosuch")
+    with pytest.raises(UserError, match=r"--hostfile \S+/missing: no such file"):
+        nodes("--hostfile", str(tmp_path / "missing"))
+
+
 def test_exit_codes_are_the_documented_ones() -> None:
     from gpuctl.cli.main import ExitCode
 
