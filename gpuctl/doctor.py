@@ -35,6 +35,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import asyncssh
 
@@ -50,13 +51,14 @@ from gpuctl.fleet.ssh import BundleStore
 from gpuctl.reach import launch
 from gpuctl.reach.errors import RemoteError
 from gpuctl.reach.files import remote_path
-from gpuctl.reach.known_hosts import HostKeys, lookup
+from gpuctl.reach.known_hosts import HostKeys, _scan, lookup
 from gpuctl.reach.options import SshSettings, SshTarget, resolve, ssh_binary
 from gpuctl.reach.pool import Holder, pool
 from gpuctl.reach.slurm import SlurmClient, SlurmError
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 LOGIN = "login"  # the "node" of the checks about this machine
+THIS_MACHINE = "(this machine)"  # the cluster of ``local_node``: gpuctl's own machine
 NO_SLURM_CONF = "Could not establish a configuration source"  # sinfo without any slurm.conf
 CONCURRENCY = 16
 STEP_TIMEOUT = 60.0  # one remote command; a login has its own (ConnectTimeout)
@@ -188,7 +190,12 @@ class _NodeDoctor:
             await self._ssh()
         else:
             await self._agent(self._link(), "python")
-            self.skip(["jobs VENV2"], f"reached via {self.node.via}: see gpuctl submit")
+            target = "local" if self.node.cluster == THIS_MACHINE else self.node.name
+            self.skip(
+                ["jobs VENV2"],
+                f"reached via {self.node.via}: the jobs' Python answers "
+                f"gpuctl submit --target {target} --wait -- python -V",
+            )
         if self.slurm or self.node.slurm:
             await self._slurm_state()
         return self.out
@@ -251,11 +258,13 @@ class _NodeDoctor:
         elif target.host_key_policy == "accept-new":
             self.add("host key", SKIP, f"{keys.name} is not known yet (accept-new records it)")
         else:
+            into = target.user_known_hosts[0] if target.user_known_hosts else None
             self.add(
                 "host key",
                 FAIL,
                 f"{keys.name} is not in {', '.join(keys.files) or 'any known_hosts file'}",
-                "see the login line's command, once the key's fingerprint is checked",
+                "once its fingerprint is checked with the node's administrator, run: "
+                + _scan(target, into or str(Path.home() / ".ssh" / "known_hosts")),
             )
 
     async def _on(self, conn: asyncssh.SSHClientConnection, target: SshTarget) -> None:
@@ -531,6 +540,4 @@ async def run_doctor(
 
 def local_node() -> NodeConfig:
     """This machine, as ``gpuctl`` watches it when nothing is configured."""
-    return NodeConfig(
-        name="localhost", cluster="(this machine)", via="local", python=sys.executable
-    )
+    return NodeConfig(name="localhost", cluster=THIS_MACHINE, via="local", python=sys.executable)

@@ -275,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
     history = None if args.no_history else HistoryStore()
     if args.report_dir is None:
         args.report_dir = str(paths.state_dir() / paths.REPORTS)
+    else:  # a folder the user named: one that cannot hold the report is a mistake, said now
+        _check_folder("--report-dir", args.report_dir)
     if args.junit:
         _check_writable(args.junit)
     printer = Printer()
@@ -324,6 +326,18 @@ def _check_writable(name: str) -> None:
     folder = Path(name).expanduser().absolute().parent
     if not folder.is_dir() or not os.access(folder, os.W_OK):
         raise _user_error(f"--junit {name}: cannot write into {folder}")
+
+
+def _check_folder(option: str, name: str) -> None:
+    folder = Path(name).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise _user_error(f"{option} {name}: not a folder") from None
+    except OSError as e:
+        raise _user_error(f"{option} {name}: {e.strerror or e}") from None
+    if not os.access(folder, os.W_OK):
+        raise _user_error(f"{option} {name}: cannot write into it")
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -397,7 +411,10 @@ async def _drive(
 def _select_nodes(config: Config, hostlist: str | None) -> list[NodeConfig]:
     known = {n.name: n for n in config.nodes()}
     if not known:
-        raise _user_error("no nodes configured: run 'gpuctl accept --local' or add [clusters]")
+        raise _user_error(
+            "no nodes configured: run 'gpuctl accept --local', or 'gpuctl config init' to "
+            "write a config with the nodes"
+        )
     if not hostlist:
         return list(known.values())
     wanted = _hostlist(hostlist)

@@ -124,6 +124,19 @@ def load_user_config(args: argparse.Namespace) -> Config:
     return session(args).config
 
 
+# ``--demo``'s one meaning wherever a command has it: the simulated cluster ``gpuctl demo``
+# shows (``gpuctl.fleet.demo``) instead of the configured nodes; no config is read for it.
+DEMO_HELP = (
+    "run against the simulated cluster (gpuctl demo's) instead of the configured nodes: "
+    "no config, no GPUs needed"
+)
+
+
+def add_demo_option(p: argparse.ArgumentParser) -> None:
+    """``--demo``, the same on every command that has it (``DEMO_HELP``)."""
+    p.add_argument("--demo", action="store_true", help=DEMO_HELP)
+
+
 def add_interval_option(p: argparse.ArgumentParser) -> None:
     """``--interval SECONDS``: every node samples this often (over the config's ``interval``)."""
 
@@ -251,10 +264,11 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
     by ``NODES``/``--hostfile``, else the configured nodes, else this machine. Raises UserError
     for a broken config, a bad hostlist or a failed discovery."""
     interval: float | None = getattr(args, "interval", None)
+    from gpuctl.cli.main import UserError
+
     if getattr(args, "demo", False):  # reads no config: the flags decide (gpuctl.cli.main)
         read_only = bool(getattr(args, "read_only", False))
-        return simulated_fleet(demo_nodes(), read_only=read_only, interval=interval or 1.0)
-    from gpuctl.cli.main import UserError
+        return simulated_fleet(demo_of(args), read_only=read_only, interval=interval or 1.0)
     from gpuctl.config import PROMETHEUS_OPTIONS, option_name, select_nodes
     from gpuctl.fleet.build import fleet_from_config
     from gpuctl.fleet.slurm import SlurmError
@@ -290,6 +304,28 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
         return fleet_from_config(config, read_only=context.read_only, interval=interval)
     except SlurmError as e:
         raise UserError(str(e)) from None
+
+
+def demo_of(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """``--demo``'s nodes: the simulated cluster, or those of it that ``NODES`` and
+    ``--hostfile`` name (as they name configured nodes without it); UserError for a name it
+    does not have, or for ``--prometheus`` (another source of nodes)."""
+    from gpuctl.cli.main import UserError
+
+    if getattr(args, "prometheus", None) is not None:
+        raise UserError("--demo runs the simulated cluster: leave out --prometheus")
+    nodes = demo_nodes()
+    names = chosen_nodes(args)
+    if names is None:
+        return nodes
+    known = dict(nodes)
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise UserError(
+            f"{missing[0]} is not a node of the simulated cluster (--demo: "
+            f"{nodes[0][0]} to {nodes[-1][0]})"
+        )
+    return [(n, known[n]) for n in dict.fromkeys(names)]
 
 
 def prometheus_config(

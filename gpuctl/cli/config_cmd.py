@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from gpuctl import paths
 from gpuctl.cli.common import emit_json, load_user_config
+from gpuctl.cli.main import ExitCode
 from gpuctl.config import Config, NodeConfig, config_files, default_path, template
 
 if TYPE_CHECKING:
@@ -105,9 +106,14 @@ def run_init(args: argparse.Namespace) -> int:
     target = Path(config_source(args)).expanduser()
     if target.exists() and not args.force:
         raise UserError(f"{target} exists: --force replaces it, --stdout prints the new one")
-    paths.private_dir(target.parent)
     tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    try:
+        paths.private_dir(target.parent)
+        tmp.write_text(text, encoding="utf-8")
+    except OSError as e:  # the file the user named (--config, $GPUCTL_CONFIG): a mistake
+        from gpuctl.cli.main import os_error
+
+        raise UserError(f"cannot write the config: {os_error(e)}") from None
     # writable by you alone whatever the umask (002 on many sites): gpuctl refuses a config
     # others can write, since its setup lines run on every node (config.unsafe_owner_or_mode)
     tmp.chmod(stat.S_IMODE(tmp.stat().st_mode) & ~0o022)
@@ -186,7 +192,7 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"gpuctl: warning: {w}", file=sys.stderr)
     for e in errors:
         print(f"gpuctl: {e}", file=sys.stderr)
-    return 1 if errors else 0
+    return ExitCode.FAILED if errors else ExitCode.OK
 
 
 def _inventory(

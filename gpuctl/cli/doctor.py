@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from gpuctl.cli.common import emit_json
+from gpuctl.cli.main import ExitCode
 from gpuctl.config import Config, ConfigError, NodeConfig, load_config, parse_nodes
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     ok = passed(checks)
     if args.json:
         emit_json({"ok": ok, "checks": [c.to_json() for c in checks]})
-        return 0 if ok else 1
+        return ExitCode.OK if ok else ExitCode.FAILED
     width = max(len(c.node) for c in checks)
     name_width = max(len(c.name) for c in checks)
     for c in checks:
@@ -78,4 +79,4 @@ def run(args: argparse.Namespace) -> int:
     )
     where = f"; look at: {', '.join(sorted({c.node for c in bad}))}" if bad else ""
     print(f"{len(checks)} checks: {summary}{where}", file=sys.stderr)
-    return 0 if ok else 1
+    return ExitCode.OK if ok else ExitCode.FAILED

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from gpuctl.cli.common import add_demo_option
 from gpuctl.cli.main import UserError
 from gpuctl.fleet import eventloop
 
@@ -40,7 +41,7 @@ def register(sub: Subcommands) -> None:
         "as the basic-auth password; Prometheus reads the same file); FILE must not be "
         "readable by others",
     )
-    p.add_argument("--demo", action="store_true", help="simulated nodes instead of real ones")
+    add_demo_option(p)
     p.set_defaults(func=run)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuctl.cli.common import emit_json
-from gpuctl.cli.main import UserError
+from gpuctl.cli.main import ExitCode, UserError
 from gpuctl.core.format import fmt_age
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def register(sub: Subcommands) -> None:
         "node, or slurm)",
         usage="gpuctl submit [options] FILE.py:FUNC\n"
         "       gpuctl submit [options] -- CMD [ARGS...]",
-        after_dashes="command",
+        after_dashes="argv",  # not "command": the top-level dest of the chosen command
     )
     p.add_argument(
         "spec",
@@ -268,7 +268,7 @@ def _config(args: argparse.Namespace) -> Config:
 
 def _command_of(args: argparse.Namespace) -> list[str] | None:
     """The command after ``--`` (None: a function job); UserError for a mix-up of the two."""
-    command: list[str] | None = args.command
+    command: list[str] | None = args.argv
     if command is None:
         if not args.spec:
             raise UserError("give FILE.py:FUNC, or a command after --: gpuctl submit -- CMD ARGS")
@@ -330,7 +330,7 @@ def run_submit(args: argparse.Namespace) -> int:
                 "(check --supervisor-python, or the node's python in the config)"
             ) from None
         print(str(e), file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     except (HostError, SlurmError, PayloadTooLarge) as e:
         raise UserError(str(e)) from None
     except (pickle.PicklingError, TypeError) as e:
@@ -438,7 +438,7 @@ def _print_result(job: Job, timeout: float | None, output: str | None = None) ->
             cause = e.__cause__
             tb = cause.tb.rstrip() + "\n" if isinstance(cause, RemoteTraceback) else ""
             print(f"{tb}{type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     if output is None:
         print(short_repr(value))
         return 0
@@ -540,7 +540,7 @@ def run_purge(args: argparse.Namespace) -> int:
         )
     for line in kept:
         print(f"gpuctl: kept {line}", file=sys.stderr)
-    return 1 if kept else 0
+    return ExitCode.FAILED if kept else ExitCode.OK
 
 
 # A job root's content-addressed caches, shared by its jobs: the user's code (``code-<hash>``,
@@ -822,7 +822,7 @@ def run_cancel(args: argparse.Namespace) -> int:
         print(f"cancelling {job.id}")
         return 0
     print(f"gpuctl: job {job.id} already ended ({job.state})", file=sys.stderr)
-    return 1
+    return ExitCode.FAILED
 
 
 def run_result(args: argparse.Namespace) -> int:

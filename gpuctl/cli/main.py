@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
+import enum
 import importlib
 import io
 import logging
@@ -74,8 +76,19 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
+class ExitCode(enum.IntEnum):
+    """gpuctl's exit statuses, the one table of them (``docs/exit-codes.md`` explains each):
+    every command returns one of these, and ``main`` turns what it raises into one."""
+
+    OK = 0
+    FAILED = 1  # the command ran and what it checked or did failed: a node, a test, a job
+    USAGE = 2  # bad input or usage: an option, an argument, a file, the config
+    INTERNAL = 70  # a bug in gpuctl (sysexits' EX_SOFTWARE); the log has the traceback
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
+
+
 class UserError(Exception):
-    """A mistake the user can fix; printed as ``gpuctl: <message>`` with exit code 2."""
+    """A mistake the user can fix; printed as ``gpuctl: <message>`` with ``ExitCode.USAGE``."""
 
 
 if TYPE_CHECKING:
@@ -134,22 +147,47 @@ def read_only_source(args: argparse.Namespace, *, strict: bool = False) -> str |
         return None
 
 
+CHOSEN = "_gpuctl_chosen"  # the namespace's note of the command parsed (``Parser.parse_args``)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with gpuctl's one-line errors: ``gpuctl: <what>; see gpuctl CMD --help``.
+    """argparse with gpuctl's one-line errors: ``gpuctl: CMD: <what>; see: gpuctl CMD --help``.
 
     Subcommand parsers are made by ``add_subparsers`` with the parent's class, so every
-    command, nested ones too, reports a usage mistake the same way. ``after_dashes="dest"``:
-    the words after the first ``--`` go to ``args.dest`` as they are (a command to run, whose
-    options are its own), and ``args.dest`` is None when there is no ``--``.
+    command, nested ones too, reports a usage mistake the same way, and the one that reports
+    it is the command the user chose (an unknown option of ``gpuctl status`` names ``gpuctl
+    status --help``, not the top-level one). A mistyped command, choice or option comes with
+    the closest one (``did you mean``), found here for every Python gpuctl runs on.
+    ``after_dashes="dest"``: the words after the first ``--`` go to ``args.dest`` as they are
+    (a command to run, whose options are its own), and ``args.dest`` is None when there is no
+    ``--``.
     """
 
     def __init__(self, *args: Any, after_dashes: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.after_dashes = after_dashes
+        self.parent: Parser | None = None  # the command this one is a subcommand of
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        action = super().add_subparsers(**kwargs)
+        add_parser = action.add_parser
+
+        def add_child(name: str, **kw: Any) -> argparse.ArgumentParser:
+            child: argparse.ArgumentParser = add_parser(name, **kw)
+            if isinstance(child, Parser):
+                child.parent = self  # for a mistyped word that is a command beside this one
+            return child
+
+        action.add_parser = add_child  # type: ignore[method-assign]
+        return action
 
     def parse_known_args(  # type: ignore[override]  # typeshed overloads it on namespace
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
+        # Which command was chosen: set before parsing, so that a subcommand's (copied into
+        # this namespace when argparse reaches it) wins, the deepest one last.
+        namespace = argparse.Namespace() if namespace is None else namespace
+        setattr(namespace, CHOSEN, self)
         if self.after_dashes is None:
             return super().parse_known_args(args, namespace)
         words = list(sys.argv[1:] if args is None else args)
@@ -161,10 +199,82 @@ class Parser(argparse.ArgumentParser):
         setattr(ns, self.after_dashes, rest)
         return ns, extras
 
+    def parse_args(  # type: ignore[override]  # typeshed overloads it on namespace
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        ns, extras = self.parse_known_args(args, namespace)
+        chosen = vars(ns).pop(CHOSEN, self)
+        if extras:  # said by the command that was chosen, which knows the options meant
+            chosen.error(chosen.unrecognized(extras))
+        return ns
+
+    def option_names(self) -> list[str]:
+        """The options worth suggesting: those ``--help`` lists and the global ones."""
+        root = self
+        while root.parent is not None:
+            root = root.parent
+        shown = {o for a in root._actions for o in a.option_strings}
+        return [
+            o
+            for a in self._actions
+            for o in a.option_strings
+            if a.help is not argparse.SUPPRESS or o in shown
+        ]
+
+    def unrecognized(self, words: Sequence[str]) -> str:
+        """The message for ``words`` this command does not take, with the option meant."""
+        text = f"unrecognized arguments: {' '.join(words)}"
+        options = self.option_names()
+        for word in words:
+            name = word.split("=", 1)[0]
+            if not name.startswith("-"):
+                continue
+            if name in options:  # given before the command it belongs to
+                return f"{text} ({name} goes after {self.prog})"
+            meant = did_you_mean(name, options)
+            if meant is not None:
+                return f"{text} (did you mean {meant}?)"
+        return text
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # argparse's own check, with the closest choice (a command, a shell, an engine, ...)
+        if action.choices is None or value in action.choices:
+            return
+        meant = self._meant_choice(action, str(value))
+        hint = (
+            f" (did you mean {meant}?)"
+            if meant is not None
+            else f" (choose from {', '.join(map(repr, action.choices))})"
+        )
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r}{hint}")
+
+    def _meant_choice(self, action: argparse.Action, value: str) -> str | None:
+        assert action.choices is not None
+        match = did_you_mean(value, [str(c) for c in action.choices])
+        if isinstance(action, argparse._SubParsersAction):
+            return f"'{self.prog} {match}'" if match is not None else None
+        if match is not None:
+            return f"'{action.option_strings[0]} {match}'" if action.option_strings else repr(match)
+        # no choice of this command's, but perhaps a command beside it (`gpuctl jobs lgs`)
+        if not action.option_strings and self.parent is not None:
+            for up in self.parent._actions:
+                if isinstance(up, argparse._SubParsersAction):
+                    match = did_you_mean(value, list(up.choices))
+                    if match is not None:
+                        return f"'{self.parent.prog} {match}'"
+        return None
+
     def error(self, message: str) -> NoReturn:
         command = self.prog.removeprefix("gpuctl").strip()
         where = f"{command}: " if command else ""
-        self.exit(2, f"gpuctl: {where}{message}; see: {self.prog} --help\n")
+        self.exit(ExitCode.USAGE, f"gpuctl: {where}{message}; see: {self.prog} --help\n")
+
+
+def did_you_mean(word: str, candidates: Sequence[str]) -> str | None:
+    """The candidate closest to the mistyped ``word``, or None when none is close (difflib's
+    ratio 0.6 and up: ``stauts`` -> ``status``, ``--hostfle`` -> ``--hostfile``)."""
+    found = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return found[0] if found else None
 
 
 def _options_everywhere(parser: argparse.ArgumentParser) -> None:
@@ -254,6 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure a user can meet ends in one ``gpuctl: ...`` line."""
+    if os.environ.get("NO_COLOR") == "":
+        # https://no-color.org: set and not empty turns colour off; empty is as unset. Textual
+        # takes any NO_COLOR, empty too, for monochrome: gone, every part of gpuctl agrees.
+        del os.environ["NO_COLOR"]
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is None:  # started with the descriptor closed (`gpuctl >&-`)
@@ -264,26 +378,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(argv)
     except (UserError, service.ReadOnlyError) as e:
         print(f"gpuctl: {one_line(str(e))}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     except BrokenPipeError:  # `gpuctl status | head` is not an error
         # keep the interpreter's final flush of stdout from failing again
         with contextlib.suppress(OSError, ValueError):
             fd = os.open(os.devnull, os.O_WRONLY)
             os.dup2(fd, sys.stdout.fileno())
-        return 0
+        return ExitCode.OK
     except KeyboardInterrupt:
         print("gpuctl: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
     except OSError as e:  # a file, folder or connection the command needed
         log.info("failed: %s", os_error(e), exc_info=True)
         print(f"gpuctl: {os_error(e)}{logs.where()}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     except Exception as e:
         store = sys.modules.get("gpuctl.jobs.store")  # loaded by any command that used it
         if store is not None and isinstance(e, store.StoreError):
             log.info("job store: %s", e)  # its one line says which file and what to do
             print(f"gpuctl: {e}", file=sys.stderr)
-            return 1
+            return ExitCode.FAILED
         log.error("internal error", exc_info=True)
         if os.environ.get("GPUCTL_DEBUG"):
             raise
@@ -291,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         how = f"it with the traceback in {where}" if where else "it; GPUCTL_DEBUG=1 shows it"
         text = f"internal error: {type(e).__name__}: {e} (a bug in gpuctl: please report {how})"
         print(f"gpuctl: {text}".replace("\n", " "), file=sys.stderr)
-        return 70
+        return ExitCode.INTERNAL
 
 
 def one_line(text: str) -> str:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuctl.cli.common import add_demo_option
 from gpuctl.cli.main import UserError
 from gpuctl.core.deadline import wait_for
 from gpuctl.fleet import eventloop
@@ -49,7 +50,7 @@ def register(sub: Subcommands) -> None:
     p.add_argument(
         "--duration", type=_duration, metavar="D", help="stop after D (60s, 5m, 2h; default: ^C)"
     )
-    p.add_argument("--demo", action="store_true", help="simulated nodes instead of real ones")
+    add_demo_option(p)
     p.add_argument(
         "--frame-seconds",
         type=_duration,
@@ -126,6 +127,10 @@ def _open(path: str) -> RecordingReader:
         return RecordingReader(path)
     except RecordingError as e:
         raise UserError(str(e)) from None
+    except OSError as e:  # missing, unreadable, a folder: the user's input, as any file's
+        from gpuctl.cli.main import os_error
+
+        raise UserError(f"cannot read the recording {os_error(e)}") from None
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -160,7 +165,11 @@ def run_replay(args: argparse.Namespace) -> int:
         if args.export_csv == "-":
             rows = export_csv(reader, sys.stdout, start=start)
         else:
-            with open(args.export_csv, "w", newline="", encoding="utf-8") as out:
+            try:
+                out = open(args.export_csv, "w", newline="", encoding="utf-8")  # noqa: SIM115
+            except OSError as e:
+                raise UserError(f"--export-csv {args.export_csv}: {e.strerror or e}") from None
+            with out:
                 rows = export_csv(reader, out, start=start)
             print(f"gpuctl replay: wrote {rows} rows to {args.export_csv}", file=sys.stderr)
         _tell_problems(args.file, reader, told)

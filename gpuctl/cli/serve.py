@@ -14,6 +14,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
+from gpuctl.cli.common import add_demo_option
 from gpuctl.cli.main import UserError
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def register(sub: Subcommands) -> None:
         help="browser tabs open at once (default 4): each is a gpuctl screen with one agent per "
         "node; the next is refused",
     )
-    p.add_argument("--demo", action="store_true", help="serve the simulated cluster")
+    add_demo_option(p)
     p.add_argument("--nodes", type=int, default=6, metavar="N", help="demo nodes (6)")
     p.add_argument("--gpus", type=int, default=8, metavar="G", help="demo GPUs per node (8)")
     p.set_defaults(func=run)

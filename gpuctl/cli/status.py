@@ -25,7 +25,9 @@ def register(sub: Subcommands) -> None:
         "status", help="print one snapshot of every GPU of every node"
     )
     p.add_argument("--json", action="store_true", help="JSON for scripts (an object: nodes)")
-    p.add_argument("--demo", action="store_true", help="simulated nodes instead of real ones")
+    from gpuctl.cli.common import add_demo_option  # local: the module's imports are busy
+
+    add_demo_option(p)
     p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait per node")
     add_nodes_arguments(p)
     add_prometheus_options(p)

@@ -34,7 +34,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpuctl import service
-from gpuctl.cli.common import build_fleet, emit_json, load_user_config, positive_seconds
+from gpuctl.cli.common import (
+    add_demo_option,
+    build_fleet,
+    emit_json,
+    load_user_config,
+    positive_seconds,
+)
+from gpuctl.cli.main import ExitCode
 from gpuctl.core import wire
 from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import BurnState, NodeEvent, NodeSnapshot, NodeState, burn_from_wire
@@ -78,7 +85,7 @@ def register(sub: Subcommands) -> None:
     def fleet_args(q: argparse.ArgumentParser, default: str) -> None:
         q.add_argument("nodes", nargs="?", metavar="NODES", help=f"hostlist ({default})")
         q.add_argument("--gpus", metavar="LIST", help="GPU indices, e.g. 0,1 (default: all)")
-        q.add_argument("--demo", action="store_true", help="the simulated demo cluster")
+        add_demo_option(q)
         q.add_argument(
             "--timeout", type=positive_seconds, default=20.0, help="seconds to reach nodes"
         )
@@ -122,8 +129,7 @@ def register(sub: Subcommands) -> None:
 
 
 def _usage(p: argparse.ArgumentParser) -> int:
-    p.print_help()
-    return 2
+    p.error("say what to do: start, stop, status or run")
 
 
 def _user_error(message: str) -> Exception:
@@ -259,7 +265,7 @@ async def _start(
         if not a.force:
             refused = await _others_processes(fleet, live, gpus, a.timeout)
             if refused:
-                return 2
+                return ExitCode.USAGE
         replies = await asyncio.gather(
             *(
                 control.set_stress(
@@ -324,7 +330,7 @@ async def _start(
         emit_json({"burns": results})
     elif results:
         print(_table(results))
-    return 1 if failed or not started else 0
+    return ExitCode.FAILED if failed or not started else ExitCode.OK
 
 
 async def _others_processes(
@@ -408,7 +414,7 @@ def run_stop(args: argparse.Namespace) -> int:
         kept = reply.get("kept", [])
         if kept:
             print(f"{node}: left alone (not yours; --any-owner stops them): {_kept(kept)}")
-    return 1 if failed else 0
+    return ExitCode.FAILED if failed else ExitCode.OK
 
 
 def _kept(burners: list[BurnerInfo]) -> str:
@@ -498,7 +504,7 @@ def run_status(args: argparse.Namespace) -> int:
                 for x in lines
             )
         )
-    return 1 if failed else 0
+    return ExitCode.FAILED if failed else ExitCode.OK
 
 
 async def _ask_all(
@@ -621,7 +627,7 @@ def run_here(args: argparse.Namespace) -> int:
                 f"{d['size']}x{d['size']} {d['dtype']}"
                 + (f"  ({d['reason']})" if d["reason"] else "")
             )
-    return 0 if ok else 1
+    return ExitCode.OK if ok else ExitCode.FAILED
 
 
 def _follow(procs: Mapping[str, subprocess.Popen[bytes]], quiet: bool) -> dict[str, dict[str, Any]]:
