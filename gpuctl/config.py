@@ -59,7 +59,17 @@ SRUN_STEPS = ("shared", "per-node")
 HOST_KEY_POLICIES = ("strict", "accept-new")
 MAX_NODES = 100_000
 DEFAULT_BUNDLE_DIR = "~/.cache/gpuctl"
-TOP_KEYS = ("read_only", "defaults", "clusters", "fleet", "tui", "stress", "accept", "jobs")
+TOP_KEYS = (
+    "read_only",
+    "defaults",
+    "clusters",
+    "fleet",
+    "tui",
+    "stress",
+    "accept",
+    "jobs",
+    "audit_log",
+)
 
 
 class ConfigError(Exception):
@@ -677,6 +687,7 @@ class Config:
     path: str | None = None
     clusters: Mapping[str, ClusterConfig] = field(default_factory=dict)
     read_only: bool = False
+    audit_log: str | None = None  # a shared audit log (gpuctl.audit); None: the state folder's
     fleet: FleetSettings = FleetSettings()
     tui: TuiSettings = TuiSettings()
     stress: StressSettings = StressSettings()
@@ -976,6 +987,11 @@ class _Builder:
                     )
                 raise self.unknown((), key, TOP_KEYS)
         read_only = self.check(("read_only",), self.data.get("read_only", False), _bool)
+        audit_log = (
+            self.check(("audit_log",), self.data["audit_log"], _str)
+            if "audit_log" in self.data
+            else None
+        )
         sections = {name: self.section(name) for name in SECTIONS}
         defaults = self.table(self.data.get("defaults", {}), ("defaults",))
         base = self.settings(defaults, ("defaults",), NODE_KEYS)
@@ -1000,6 +1016,7 @@ class _Builder:
             path=self.path,
             clusters=clusters,
             read_only=read_only,
+            audit_log=audit_log,
             fleet=FleetSettings(**sections["fleet"], given=frozenset(sections["fleet"])),
             tui=TuiSettings(**sections["tui"], given=frozenset(sections["tui"])),
             stress=StressSettings(**sections["stress"], given=frozenset(sections["stress"])),
@@ -1232,6 +1249,10 @@ def template(*, cluster: str = "main", nodes: str | None = None, note: str | Non
         "",
         "# refuse everything that changes nodes: stress, jobs, acceptance runs",
         "# read_only = false",
+        "",
+        "# the audit log of actions that change nodes (gpuctl audit): a file the site's admins",
+        "# share, e.g. /shared/gpuctl/audit.jsonl; default: ~/.local/state/gpuctl/audit.jsonl",
+        '# audit_log = "/shared/gpuctl/audit.jsonl"',
         "",
     ]
     if note:

@@ -105,6 +105,13 @@ def test_doctor_without_a_config(env: dict[str, str]) -> None:
     assert "login" in r.stdout and "checks:" in r.stdout + r.stderr
 
 
+def test_audit_with_no_actions_yet(env: dict[str, str]) -> None:
+    r = gpuctl(env, "audit")
+    assert r.returncode == 0 and r.stdout.startswith("no actions in "), r.stdout + r.stderr
+    r = gpuctl(env, "audit", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["entries"] == [], r.stderr
+
+
 def test_stress_status_on_the_demo(env: dict[str, str]) -> None:
     r = gpuctl(env, "stress", "status", "--demo")
     assert r.returncode == 0, r.stderr

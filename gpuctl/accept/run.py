@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuctl import service
+from gpuctl import audit, service
 from gpuctl.accept.expect import TYPED, Expectation, resolve
 from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore
 from gpuctl.accept.results import outcome
@@ -352,6 +352,7 @@ def outcome_from_report(
 
 
 # -- through the fleet's agents ----------------------------------------------------------------
+@audit.audited(lambda a: ("accept", audit.nodes_text(a.arguments["nodes"]), "the suite via agents"))
 def start_fleet_run(
     fleet: Fleet,
     nodes: list[str],

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuctl import paths, service
+from gpuctl import audit, paths, service
 from gpuctl.accept.history import HistoryStore
 from gpuctl.accept.run import (
     ERROR,
@@ -186,6 +186,9 @@ class _Tail:
         return [c.decode(errors="replace") for c in complete if c.strip()]
 
 
+@audit.audited_async(
+    lambda a: ("accept", audit.nodes_text(a.arguments["nodes"]), "the suite via sbatch")
+)
 async def start_slurm_run(
     options: AcceptOptions,
     spec: SlurmJobSpec,

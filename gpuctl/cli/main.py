@@ -33,6 +33,7 @@ COMMANDS = (
     "gpuctl.cli.accept",
     "gpuctl.cli.serve",
     "gpuctl.cli.jobs",
+    "gpuctl.cli.audit_cmd",
     "gpuctl.cli.bundle",
     "gpuctl.cli.completion",
 )

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuctl import service
+from gpuctl import audit, service
 from gpuctl.core import wire
 from gpuctl.core.model import (
     BURNING_STATES,
@@ -156,6 +156,14 @@ def _workload_python(fleet: Fleet, node: str) -> str | None:
     return cfg.workload_python if cfg is not None else None
 
 
+@audit.audited_async(
+    lambda a: (
+        "stress_start" if a.arguments["on"] else "stress_stop",
+        a.arguments["node"],
+        audit.gpus_text(a.arguments["gpus"])
+        + (f" for {a.arguments['duration']:g} s" if a.arguments["duration"] else ""),
+    )
+)
 async def set_stress(
     fleet: Fleet,
     node: str,
@@ -223,6 +231,14 @@ async def set_stress(
     return reply
 
 
+@audit.audited_async(
+    lambda a: (
+        "stress_stop",
+        a.arguments["node"],
+        audit.gpus_text(a.arguments["gpus"])
+        + (", any user's burners" if a.arguments["any_owner"] else ", other sessions' too"),
+    )
+)
 async def stop_burners(
     fleet: Fleet,
     node: str,
@@ -269,6 +285,13 @@ def find_process(snap: NodeSnapshot, pid: int) -> GpuProcess | None:
     return None
 
 
+@audit.audited_async(
+    lambda a: (
+        "signal",
+        a.arguments["node"],
+        f"pid {a.arguments['pid']} SIG{a.arguments['signal']}",
+    )
+)
 async def signal_process(
     fleet: Fleet,
     node: str,

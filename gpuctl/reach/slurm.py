@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import hostlist
 
+from gpuctl import audit
+
 if TYPE_CHECKING:
     from gpuctl.config import Config
 
@@ -683,6 +685,9 @@ class SlurmClient:
             argv.append(f"--signal={signal}")
         self.run([*argv, str(job_id)])
 
+    @audit.audited(
+        lambda a: ("drain", audit.nodes_text(a.arguments["names"]), a.arguments["reason"])
+    )
     def drain(self, names: Sequence[str], reason: str) -> str:
         """``scontrol update nodename=NODES state=drain reason=REASON``: Slurm starts no new job
         there (running ones finish). ``reason`` is made one printable line (at most
@@ -699,6 +704,7 @@ class SlurmClient:
         )
         return text
 
+    @audit.audited(lambda a: ("resume", audit.nodes_text(a.arguments["names"]), ""))
     def resume(self, names: Sequence[str]) -> None:
         """``scontrol update nodename=NODES state=resume``: a drained node takes jobs again.
         Raises SlurmValueError for a bad node name, SlurmError when scontrol refuses."""

@@ -84,7 +84,12 @@ def test_draining_is_refused_in_read_only_mode_before_slurm_is_asked(tmp_path: P
 
 
 @pytest.mark.slurm
-def test_drain_and_resume_on_a_real_slurm(slurm_cluster: Any) -> None:
+def test_drain_and_resume_on_a_real_slurm(
+    slurm_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuctl import audit
+
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
     client = SlurmClient(slurm_cluster.conf_path)
     name = slurm_cluster.node
     report = cluster(
@@ -99,6 +104,11 @@ def test_drain_and_resume_on_a_real_slurm(slurm_cluster: Any) -> None:
         client.resume([name])
     (seen,) = client.nodes(names=[name])
     assert not seen.drained and seen.reason is None
+    entries, _ = audit.read()
+    assert [(e.action, e.node, e.target, e.outcome) for e in reversed(entries)] == [
+        ("drain", name, drained[name], "ok"),
+        ("resume", name, "", "ok"),
+    ]
 
 
 @pytest.mark.slurm
