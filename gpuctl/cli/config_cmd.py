@@ -105,7 +105,8 @@ def run_init(args: argparse.Namespace) -> int:
     target = Path(config_source(args)).expanduser()
     if target.exists() and not args.force:
         raise UserError(f"{target} exists: --force replaces it, --stdout prints the new one")
-    paths.private_dir(target.parent)
+    # the XDG config folder is gpuctl's own; a folder --config names keeps its mode
+    paths.private_dir(target.parent, ours=target == paths.config_file())
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     # writable by you alone whatever the umask (002 on many sites): gpuctl refuses a config
