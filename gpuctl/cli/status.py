@@ -72,9 +72,8 @@ def run(args: argparse.Namespace) -> int:
 # reader registered when it happens, so one that happened before the snapshot is not seen. The
 # agent keeps none between runs; the kernel log keeps them (acceptance's [HEALTH] reads it).
 NO_XIDS = (
-    "XIDs: a one-shot status does not see them (NVML reports an XID only to a reader that "
-    "runs when it happens): watch them with gpuctl watch, export or record, or run gpuctl "
-    "accept (its [HEALTH] reads the kernel log)"
+    "XIDs: a one-shot status does not see them (NVML tells only a reader running when one "
+    "happens); gpuctl watch, export and record do"
 )
 
 
