@@ -43,19 +43,20 @@ def run(args: argparse.Namespace) -> int:
     no_driver = [s for s in snaps if s.info is not None and s.info.reader is None]
     # stdout holds the rows (and the header row) only: `gpuctl status | awk` reads no other
     # line; what is said about them goes to stderr
-    if args.json:
-        emit_json({"nodes": [node_to_json(s) for s in snaps]})
-    elif use_color(sys.stdout) and hasattr(sys.stdout, "control"):
-        # the stream lets no escape through; the table's cells are made printable (what a
-        # node sent) and only gpuctl's own colours go out as control sequences
-        sys.stdout.control(render_table(snaps, color=True, width=table_width()) + "\n")
+    if args.json:  # the readers are in each node's fields; "xids_watched" says the rest
+        emit_json({"nodes": [node_to_json(s) for s in snaps], "xids_watched": False})
     else:
-        print(render_table(snaps, width=table_width()))
-    readers = render_readers(snaps)
-    if readers:
-        print(readers, file=sys.stderr)
-    if any(s.state is NodeState.LIVE and s.gpus for s in snaps):
-        print(f"gpuctl: {NO_XIDS}", file=sys.stderr)
+        if use_color(sys.stdout) and hasattr(sys.stdout, "control"):
+            # the stream lets no escape through; the table's cells are made printable (what a
+            # node sent) and only gpuctl's own colours go out as control sequences
+            sys.stdout.control(render_table(snaps, color=True, width=table_width()) + "\n")
+        else:
+            print(render_table(snaps, width=table_width()))
+        readers = render_readers(snaps)
+        if readers:
+            print(readers, file=sys.stderr)
+        if any(s.state is NodeState.LIVE and s.gpus for s in snaps):
+            print(f"gpuctl: {NO_XIDS}", file=sys.stderr)
     failed = [s for s in snaps if s.state is NodeState.UNREACHABLE]
     for s in failed:
         print(f"gpuctl: {s.name} did not answer: {s.reason}", file=sys.stderr)
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
 # A one-shot starts its agents and stops them after one sample: NVML hands an XID only to a
 # reader registered when it happens, so one that happened before the snapshot is not seen. The
 # agent keeps none between runs; the kernel log keeps them (acceptance's [HEALTH] reads it).
+# The table says so on stderr, --json as "xids_watched": false.
 NO_XIDS = (
     "XIDs: a one-shot status does not see them (NVML tells only a reader running when one "
     "happens); gpuctl watch, export and record do"

@@ -99,6 +99,8 @@ def test_status_fits_120_columns_and_its_stdout_holds_only_rows(
     err = r.stderr.splitlines()
     assert [line for line in err if line.startswith("reader gpu-node-017: NVML")], err
     assert [line for line in err if line.startswith("gpuctl: XIDs: a one-shot status does not")]
+    doc = gpuctl("status", "--json", env=env)
+    assert json.loads(doc.stdout)["xids_watched"] is False and doc.stderr == ""
     wide = gpuctl("status", env={**env, "COLUMNS": "200"})  # room for every column
     assert {"ENC", "DEC", "TX", "RX"} <= set(wide.stdout.split())
     assert max(map(len, wide.stdout.splitlines())) > 120
