@@ -43,6 +43,10 @@ _LINE_BREAKS = re.compile("\r\n|[\r\n\u2028\u2029\x85]")
 _CHANGED_MULTILINE = re.compile(
     "[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]"
 )
+# What ``CleanText`` changes: the same but CR, which it keeps where it ends a line (CR LF).
+_CHANGED_IN_STREAM = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]"
+)
 
 
 def printable(value: object, *, one_line: bool = True, limit: int | None = None) -> str:
@@ -88,7 +92,12 @@ class CleanText(io.TextIOBase):
         self.stream = stream
 
     def write(self, text: str) -> int:
-        self.stream.write(printable(text, one_line=False))
+        clean = text
+        # most text is written as it is after a scan or three (C-level)
+        if _CHANGED_IN_STREAM.search(text) or text.count("\r") != text.count("\r\n"):
+            # a CR LF stays (a CSV's line ends; harmless on a terminal), a lone CR does not
+            clean = "\r\n".join(printable(p, one_line=False) for p in text.split("\r\n"))
+        self.stream.write(clean)
         return len(text)
 
     def control(self, sequence: str) -> None:

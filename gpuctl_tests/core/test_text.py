@@ -89,3 +89,18 @@ def test_lines_with_nothing_to_change_are_kept_and_the_rest_are_cleaned() -> Non
             assert out == "a\nb", hex(code)
         else:
             assert out == f"a\n{c}b", hex(code)
+
+
+def test_the_cli_stream_keeps_line_ends_and_removes_the_rest() -> None:
+    """``CleanText``, the CLI's stdout and stderr: CR LF stays (a CSV's line ends), a lone CR
+    (it would let a line overwrite another) becomes a line break, escapes go, each write
+    answers the length it was given."""
+    import io
+
+    from gpuctl.core.text import CleanText
+
+    out = io.StringIO()
+    stream = CleanText(out)
+    for text in ("a\x1b]52;c;eA==\x07b\r\n", "c\rd\r\n", "e\x9bf\n", "ok\r\n", "\u202egnp.exe\n"):
+        assert stream.write(text) == len(text)
+    assert out.getvalue() == "ab\r\nc\nd\r\nef\nok\r\ngnp.exe\n"
