@@ -2,9 +2,10 @@
 
 Every command logs to ``<state>/logs/gpuctl.log`` (``gpuctl.paths.log_dir()``; ``--log-file PATH``
 picks another file) through the ``gpuctl`` logger: 5 MB per file, three old files kept, folder
-0700. The file is where a failure's whole story goes (a traceback included); the terminal gets
-one line that names the file. ``-v`` copies INFO lines to stderr, ``-vv`` DEBUG lines, except
-while the TUI owns the terminal.
+0700 (a folder ``--log-file`` names is made 0700 when missing and left as it is when not). The
+file is where a failure's whole story goes (a traceback included); the terminal gets one line
+that names the file. ``-v`` copies INFO lines to stderr, ``-vv`` DEBUG lines, except while the
+TUI owns the terminal.
 
 What is logged is what gpuctl did and why it failed: never a key, a password, an environment or
 a payload.
@@ -50,7 +51,8 @@ def setup(verbose: int = 0, log_file: str | os.PathLike[str] | None = None) -> P
     _file = None
     path = paths.expand(log_file) if log_file else default_log_file()
     try:
-        paths.private_dir(path.parent)
+        # a folder the user named keeps its mode; gpuctl's own logs/ is made private
+        paths.private_dir(path.parent, ours=not log_file)
         fh = logging.handlers.RotatingFileHandler(
             path, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8", delay=False
         )

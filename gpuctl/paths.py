@@ -113,12 +113,15 @@ def jobs_dir(configured: str | os.PathLike[str] | None = None) -> Path:
     return expand(configured) if configured else state_dir() / "jobs"
 
 
-def private_dir(path: str | os.PathLike[str]) -> Path:
+def private_dir(path: str | os.PathLike[str], *, ours: bool = True) -> Path:
     """Create ``path`` (and the parents it lacks) with mode 0700; return it.
 
-    A folder that already exists keeps its mode when it is not ours to change (a shared file
-    system's root), but one of ours that is wider is made private. Raises OSError when it cannot
-    be created.
+    ``ours``: the folder is one of gpuctl's own (the state folder, its ``logs/``, the config
+    folder): one that already exists wider than 0700 is made private, when it belongs to the
+    user (a shared file system's root keeps its mode). A folder a user named (``--log-file
+    DIR/x.log``, ``--config DIR/c.toml``) is not ours: what is missing is made 0700, what
+    exists keeps its mode (``--log-file ~/gpuctl.log`` must not close the home folder). Raises
+    OSError when it cannot be created.
     """
     p = expand(path)
     missing: list[Path] = []
@@ -133,7 +136,7 @@ def private_dir(path: str | os.PathLike[str]) -> Path:
         with contextlib.suppress(OSError):
             os.chmod(folder, 0o700)
     st = p.stat()
-    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+    if ours and p not in missing and st.st_uid == os.getuid() and st.st_mode & 0o077:
         with contextlib.suppress(OSError):
             os.chmod(p, 0o700)
     return p

@@ -505,6 +505,27 @@ def test_init_writes_a_file_only_its_owner_can_write(tmp_path: Path) -> None:
     assert load_config(target).empty
 
 
+def test_init_into_a_folder_the_user_names_leaves_its_mode(tmp_path: Path) -> None:
+    """``--config ~/gpuctl.toml config init`` must not make the home folder 0700 (38.8)."""
+    (tmp_path / "bin").mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o755)
+    full = node_env({"XDG_CONFIG_HOME": str(tmp_path / "xdg"), "PATH": str(tmp_path / "bin")})
+    full.pop("GPUCTL_CONFIG", None)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuctl", "--config", str(home / "gpuctl.toml"), "config", "init"],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert load_config(home / "gpuctl.toml").empty
+    assert home.stat().st_mode & 0o777 == 0o755
+
+
 @pytest.mark.slurm
 def test_init_with_slurm_names_its_gpu_nodes(tmp_path: Path, slurm_cluster: Any) -> None:
     r = _init(tmp_path, "--stdout", SLURM_CONF=slurm_cluster.env["SLURM_CONF"])

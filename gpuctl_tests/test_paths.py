@@ -83,6 +83,8 @@ def test_private_dir_makes_every_folder_it_creates_0700(tmp_path: Path) -> None:
     wide = tmp_path / "wide"
     wide.mkdir(mode=0o755)
     wide.chmod(0o755)
+    paths.private_dir(wide, ours=False)  # a folder the user named keeps its mode
+    assert mode(wide) == 0o755
     paths.private_dir(wide)
     assert mode(wide) == 0o700
 

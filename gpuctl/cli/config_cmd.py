@@ -108,7 +108,8 @@ def run_init(args: argparse.Namespace) -> int:
         raise UserError(f"{target} exists: --force replaces it, --stdout prints the new one")
     tmp = target.with_name(f".{target.name}.tmp")
     try:
-        paths.private_dir(target.parent)
+        # the XDG config folder is gpuctl's own; a folder --config names keeps its mode
+        paths.private_dir(target.parent, ours=target == paths.config_file())
         tmp.write_text(text, encoding="utf-8")
     except OSError as e:  # the file the user named (--config, $GPUCTL_CONFIG): a mistake
         from gpuctl.cli.main import os_error

@@ -17,7 +17,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from gpuctl.cli.common import emit_json
 from gpuctl.cli.main import ExitCode, UserError
@@ -151,6 +151,12 @@ def register(sub: Subcommands) -> None:
         "-f, then what comes",
     )
     ends.add_argument("--head", type=int, metavar="N", help="only the first N lines")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="the job's bytes as it wrote them, terminal escapes included (by default they "
+        "are removed, on a terminal and in a pipe alike)",
+    )
     p.set_defaults(func=run_logs)
 
     p = sub.add_parser("cancel", help="cancel a job")
@@ -743,9 +749,12 @@ def _on_node(job: Job, fn: Callable[[], T]) -> T:
 FOLLOW_EVERY = 0.5  # seconds between two reads of a followed job's files
 
 
-def follow_logs(job: Job, stdout: bool, stderr: bool, tail: int | None = None) -> int:
+def follow_logs(
+    job: Job, stdout: bool, stderr: bool, tail: int | None = None, *, raw: bool = False
+) -> int:
     """Print the job's output as it grows (stdout to stdout, stderr to stderr) until it ends,
-    from the start, or from its last ``tail`` lines; Ctrl-C stops following, not the job."""
+    from the start, or from its last ``tail`` lines; Ctrl-C stops following, not the job.
+    ``raw``: the bytes as the job wrote them, else text without escapes (``CleanText``)."""
     from gpuctl.node import jobfiles
 
     files = [(jobfiles.STDOUT, sys.stdout)] if stdout else []
@@ -753,21 +762,29 @@ def follow_logs(job: Job, stdout: bool, stderr: bool, tail: int | None = None) -
     offsets = dict.fromkeys((name for name, _ in files), 0)
     # a character split between two reads is decoded once whole, not as two replacement marks
     decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name, _ in files}
+
+    def show(name: str, stream: TextIO, data: bytes) -> None:
+        if raw:
+            stream.flush()
+            stream.buffer.write(data)
+            stream.buffer.flush()
+        else:
+            stream.write(decoders[name].decode(data))
+            stream.flush()
+
     try:
         for name, stream in files if tail is not None else ():
             read = functools.partial(job.read_lines, name, tail=tail, sized=True)
             data, size = _on_node(job, read)
             offsets[name] = size or 0
-            stream.write(decoders[name].decode(data))
-            stream.flush()
+            show(name, stream, data)
         while True:
             over = _on_node(job, job.done)  # before reading: what it wrote last is then read
             for name, stream in files:
                 data = _on_node(job, functools.partial(job.read_from, name, offsets[name]))
                 if data:
                     offsets[name] += len(data)
-                    stream.write(decoders[name].decode(data))
-                    stream.flush()
+                    show(name, stream, data)
             if over:
                 return 0
             time.sleep(FOLLOW_EVERY)
@@ -798,21 +815,29 @@ def run_logs(args: argparse.Namespace) -> int:
     job = _job(args)
     if args.rank is not None:
         job = _rank(job, args.rank)
-    if args.follow:
-        both = not (args.stdout or args.stderr)
-        return follow_logs(job, args.stdout or both, args.stderr or both, args.tail)
     both = not (args.stdout or args.stderr)
-    ends = {"tail": args.tail, "head": args.head}
-    if args.stdout or both:
-        out = _on_node(job, functools.partial(job.stdout, **ends))
+    if args.follow:
+        return follow_logs(job, args.stdout or both, args.stderr or both, args.tail, raw=args.raw)
+    from gpuctl.node import jobfiles
+
+    for name, wanted in ((jobfiles.STDOUT, args.stdout), (jobfiles.STDERR, args.stderr)):
+        if not (wanted or both):
+            continue
         if both:
-            print("=== stdout ===")
-        sys.stdout.write(out if out.endswith("\n") or not out else out + "\n")
-    if args.stderr or both:
-        err = _on_node(job, functools.partial(job.stderr, **ends))
-        if both:
-            print("=== stderr ===")
-        sys.stdout.write(err if err.endswith("\n") or not err else err + "\n")
+            print(f"=== {'stdout' if name == jobfiles.STDOUT else 'stderr'} ===")
+        read = functools.partial(job.read_output, name, tail=args.tail, head=args.head)
+        data = _on_node(job, read)
+        end = b"" if data.endswith(b"\n") or not data else b"\n"
+        if args.raw:  # the bytes as written, escapes and all: asked for by name
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.write(end)
+            sys.stdout.buffer.flush()
+        else:  # text through the CLI's stream, which removes what a terminal acts on
+            text = data.decode("utf-8", "replace")
+            del data  # a big log is held once as text, not also as bytes
+            sys.stdout.write(text)
+            sys.stdout.write(end.decode())
     return 0
 
 

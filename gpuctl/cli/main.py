@@ -7,15 +7,14 @@ import contextlib
 import difflib
 import enum
 import importlib
-import io
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from gpuctl import __version__, logs, service
-from gpuctl.core.text import printable
+from gpuctl.core.text import CleanText
 
 log = logging.getLogger("gpuctl.cli")
 
@@ -37,44 +36,6 @@ COMMANDS = (
     "gpuctl.cli.bundle",
     "gpuctl.cli.completion",
 )
-
-
-class TerminalText(io.TextIOBase):
-    """A terminal's stream that lets no escape sequence or control character through: what a
-    command prints may hold what a node sent (a process name, an error text, a suite's line),
-    which must not retitle the window or clear the screen. Pipes and files get the bytes as
-    they are (scripts read them); only a terminal gets this."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-
-    def write(self, text: str) -> int:
-        self.stream.write(printable(text, one_line=False))
-        return len(text)
-
-    def control(self, sequence: str) -> None:
-        """Write a control sequence of gpuctl's own (a live line's ``\r\x1b[K``) as it is."""
-        self.stream.write(sequence)
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-    def fileno(self) -> int:
-        return self.stream.fileno()
-
-    def isatty(self) -> bool:
-        return True
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return str(getattr(self.stream, "encoding", "utf-8"))
-
-
-def _isatty(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError, OSError):
-        return False
 
 
 class ExitCode(enum.IntEnum):
@@ -373,8 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream = getattr(sys, name)
         if stream is None:  # started with the descriptor closed (`gpuctl >&-`)
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - lives as long as gpuctl
-        elif _isatty(stream):
-            setattr(sys, name, TerminalText(stream))
+        elif not isinstance(stream, CleanText):  # a terminal or a pipe: no node's escapes
+            setattr(sys, name, CleanText(stream))
     try:
         return _run(argv)
     except (UserError, service.ReadOnlyError) as e:

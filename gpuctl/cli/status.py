@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
 from typing import TYPE_CHECKING, TextIO
 
 import hostlist
 
 from gpuctl.cli.common import add_nodes_arguments, add_prometheus_options, build_fleet, emit_json
-from gpuctl.core.format import STATUS_TITLES, gpu_table_rows, reader_text
+from gpuctl.core.format import STATUS_TITLES, gpu_table_rows, reader_text, short_model
 from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.core.text import printable
 from gpuctl.fleet.status import collect, node_to_json
@@ -42,20 +43,22 @@ def run(args: argparse.Namespace) -> int:
     fleet = build_fleet(args)
     snaps = asyncio.run(collect(fleet, args.timeout))
     no_driver = [s for s in snaps if s.info is not None and s.info.reader is None]
-    if args.json:
-        emit_json({"nodes": [node_to_json(s) for s in snaps]})
-    elif use_color(sys.stdout) and hasattr(sys.stdout, "control"):
-        # a terminal's stream lets no escape through; the table's cells are made printable
-        # (what a node sent) and only gpuctl's own colours go out as control sequences
-        sys.stdout.control(render_table(snaps, color=True) + "\n")
-        readers = render_readers(snaps)
-        if readers:
-            print(readers)
+    # stdout holds the rows (and the header row) only: `gpuctl status | awk` reads no other
+    # line; what is said about them goes to stderr
+    if args.json:  # the readers are in each node's fields; "xids_watched" says the rest
+        emit_json({"nodes": [node_to_json(s) for s in snaps], "xids_watched": False})
     else:
-        print(render_table(snaps))
+        if use_color(sys.stdout) and hasattr(sys.stdout, "control"):
+            # the stream lets no escape through; the table's cells are made printable (what a
+            # node sent) and only gpuctl's own colours go out as control sequences
+            sys.stdout.control(render_table(snaps, color=True, width=table_width()) + "\n")
+        else:
+            print(render_table(snaps, width=table_width()))
         readers = render_readers(snaps)
         if readers:
-            print(readers)
+            print(readers, file=sys.stderr)
+        if any(s.state is NodeState.LIVE and s.gpus for s in snaps):
+            print(f"gpuctl: {NO_XIDS}", file=sys.stderr)
     failed = [s for s in snaps if s.state is NodeState.UNREACHABLE]
     for s in failed:
         print(f"gpuctl: {s.name} did not answer: {s.reason}", file=sys.stderr)
@@ -68,9 +71,20 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed or no_driver else 0
 
 
+# A one-shot starts its agents and stops them after one sample: NVML hands an XID only to a
+# reader registered when it happens, so one that happened before the snapshot is not seen. The
+# agent keeps none between runs; the kernel log keeps them (acceptance's [HEALTH] reads it).
+# The table says so on stderr, --json as "xids_watched": false.
+NO_XIDS = (
+    "XIDs: a one-shot status does not see them (NVML tells only a reader running when one "
+    "happens); gpuctl watch, export and record do"
+)
+
+
 def render_readers(snaps: list[NodeSnapshot]) -> str:
     """One line per way of reading GPUs, with its nodes as a hostlist: on NVML (and with which
-    pynvml) or on the nvidia-smi fallback and why. Nodes without a reader are on stderr."""
+    pynvml) or on the nvidia-smi fallback and why (stderr: stdout holds only the table's
+    rows). Nodes without a reader have their own line."""
     groups: dict[str, list[str]] = {}
     for s in snaps:
         if s.info is not None and s.info.reader is not None:
@@ -87,7 +101,7 @@ RED, YELLOW, DIM, BOLD, RESET = "\x1b[31m", "\x1b[33m", "\x1b[2m", "\x1b[1m", "\
 
 
 def use_color(stream: TextIO) -> bool:
-    """Colour only on a terminal (there stdout is ``main.TerminalText``, which writes our own
+    """Colour only on a terminal (stdout is ``core.text.CleanText``, which writes our own
     sequences through ``control``), and never with NO_COLOR set (https://no-color.org)."""
     return stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
@@ -100,9 +114,28 @@ def _paint(badges: str) -> str:
     return " ".join(out)
 
 
-def render_table(snaps: list[NodeSnapshot], *, color: bool = False) -> str:
+# The width the table fits in: the terminal's, else ``$COLUMNS``, else 120 (a pipe, cron's mail).
+WIDTH = 120
+# When the table is wider, these columns go, a pair at a time, in this order (a health check
+# needs UTIL, MEMORY, TEMP, POWER, USER and FLAGS); the codec and PCIe readings are what the
+# screen is for.
+DROPPED_FIRST = (("ENC", "DEC"), ("PCIe TX", "PCIe RX"), ("SM MHz",))
+USER_WIDTH = 16  # the USER cell at most: "alice,bob,chen,…"
+GAP = "  "
+
+
+def table_width() -> int:
+    """The columns the table may take: ``$COLUMNS``, the terminal's, else ``WIDTH``."""
+    return shutil.get_terminal_size((WIDTH, 24)).columns
+
+
+def render_table(
+    snaps: list[NodeSnapshot], *, color: bool = False, width: int | None = None
+) -> str:
     """The table of every GPU (a node without GPUs to show gets one row saying why); with
-    ``color``, badges and node trouble in ANSI colours (column widths as without)."""
+    ``color``, badges and node trouble in ANSI colours (column widths as without). The model is
+    its short name (no vendor); with ``width``, the columns of ``DROPPED_FIRST`` go, a pair at
+    a time, while a line would be wider."""
     header = ("NODE", "GPU", "MODEL", *STATUS_TITLES, "USER", "FLAGS")
     rows: list[tuple[str, ...]] = []
     trouble: set[int] = set()
@@ -116,17 +149,29 @@ def render_table(snaps: list[NodeSnapshot], *, color: bool = False) -> str:
                 trouble.add(len(rows))
             rows.append((s.name, "-", state, *[""] * (len(header) - 3)))
             continue
-        rows.extend((s.name, *r) for r in gpu_table_rows(s))
-    if color:  # what a node sent must not act on the terminal: the colours are ours alone
-        rows = [tuple(printable(c) for c in r) for r in rows]
+        for index, name, *rest in gpu_table_rows(s):
+            rows.append((s.name, index, short_model(name), *rest))
+    # what a node sent is one line of text (a tab or line break would make two rows of one)
+    user = header.index("USER")
+    rows = [
+        tuple(printable(c, limit=USER_WIDTH if i == user else None) for i, c in enumerate(r))
+        for r in rows
+    ]
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
-    top = "  ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()
+    keep = list(range(len(header)))
+    for titles in DROPPED_FIRST:
+        if width is None or sum(widths[i] for i in keep) + len(GAP) * (len(keep) - 1) <= width:
+            break
+        for title in titles:
+            keep.remove(header.index(title))
+    top = GAP.join(header[i].ljust(widths[i]) for i in keep).rstrip()
     lines = [f"{BOLD}{top}{RESET}" if color else top]
-    for i, r in enumerate(rows):
-        cells = [c.ljust(w) for c, w in zip(r, widths, strict=True)]
+    flags, model = header.index("FLAGS"), header.index("MODEL")
+    for n, r in enumerate(rows):
+        cells = {i: r[i].ljust(widths[i]) for i in keep}
         if color:
-            cells[-1] = _paint(r[-1])
-            if i in trouble:
-                cells[2] = f"{RED}{cells[2]}{RESET}"
-        lines.append("  ".join(cells).rstrip())
+            cells[flags] = _paint(r[flags])
+            if n in trouble:
+                cells[model] = f"{RED}{cells[model]}{RESET}"
+        lines.append(GAP.join(cells[i] for i in keep).rstrip())
     return "\n".join(lines)

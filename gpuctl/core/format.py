@@ -59,6 +59,16 @@ def host_text(h: HostSample) -> str:
     return "  ".join(parts)
 
 
+def short_model(name: str | None) -> str:
+    """The model without the vendor: "NVIDIA H100 80GB HBM3" becomes "H100 80GB HBM3"."""
+    if not name:
+        return "?"
+    for prefix in ("NVIDIA GeForce ", "NVIDIA ", "Tesla "):
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
 def reader_text(info: NodeInfo) -> str:
     """How a node reads its GPUs, and why when it is not NVML: "NVML, pynvml bundled 13.615.71",
     "nvidia-smi (NVML: nvmlInit failed: Driver Not Loaded)", "no GPU reader: ..."."""

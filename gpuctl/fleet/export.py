@@ -57,6 +57,7 @@ from typing import Any
 from gpuctl.core import deadline
 from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import GpuSample, GpuStatic, NodeEvent, NodeSnapshot, NodeState
+from gpuctl.core.text import printable
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.node.metrics import METRICS as REGISTRY
 from gpuctl.node.metrics import Metric
@@ -338,14 +339,17 @@ def _plain(values: tuple[Any, ...]) -> bool:
 
 
 def _escape(value: str) -> str:
-    """A label value: backslash, newline and double quote escaped (all either format needs;
-    other control bytes are valid inside quotes), and what UTF-8 cannot carry (a lone surrogate,
-    which JSON can) replaced, so that the body always encodes."""
+    """A label value as the exposition writes it: first ``printable`` (what a node sent, such
+    as a model or a host name, may hold terminal escapes and control bytes that the format
+    would carry inside quotes to whoever reads the text: ``curl .../metrics | grep``), then
+    backslash and double quote escaped, and what UTF-8 cannot carry (a lone surrogate, which
+    JSON can) replaced, so that the body always encodes."""
+    value = printable(value)  # no control character, no line break
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         value = value.encode("utf-8", "replace").decode("utf-8")
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 @dataclass(frozen=True)

@@ -339,11 +339,14 @@ class Job(concurrent.futures.Future[Any]):
         return self._text(jobfiles.STDERR, tail, head)
 
     def _text(self, name: str, tail: int | None, head: int | None) -> str:
+        return self.read_output(name, tail=tail, head=head).decode("utf-8", "replace")
+
+    def read_output(self, name: str, *, tail: int | None = None, head: int | None = None) -> bytes:
+        """The bytes of the job folder's file ``name`` (``stdout.txt``, ``stderr.txt``; rank
+        0's) as the job wrote them: all of it, or its last ``tail`` / first ``head`` lines."""
         if tail is None and head is None:
-            data = self.read_from(name, 0)
-        else:
-            data = self.read_lines(name, tail=tail, head=head)[0]
-        return data.decode("utf-8", "replace")
+            return self.read_from(name, 0)
+        return self.read_lines(name, tail=tail, head=head)[0]
 
     def logs(self) -> dict[str, str]:
         """Paths of the job's log files on its host (every rank's, named "rank R FILE")."""

@@ -16,8 +16,8 @@ CLEAR = "\r\x1b[K"  # back to the start of the line and clear it
 
 
 def control(stream: TextIO, sequence: str) -> None:
-    """Write gpuctl's own control sequence: past the terminal's filter of the CLI, which lets no
-    escape sequence of a node through (``gpuctl.cli.main.TerminalText``)."""
+    """Write gpuctl's own control sequence: past the CLI's filter, which lets no escape
+    sequence of a node through (``gpuctl.core.text.CleanText``)."""
     raw = getattr(stream, "control", None)
     if callable(raw):
         raw(sequence)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from gpuctl.core.format import short_model
 from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.tui.view import (
@@ -33,7 +34,6 @@ from gpuctl.tui.view import (
     cluster_totals,
     node_totals,
     parse_filter,
-    short_model,
     trouble_counts,
 )
 

@@ -12,7 +12,14 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuctl.core.format import GIB, QUIET_THROTTLE, fmt_age, gpu_badge_names, gpu_flags
+from gpuctl.core.format import (
+    GIB,
+    QUIET_THROTTLE,
+    fmt_age,
+    gpu_badge_names,
+    gpu_flags,
+    short_model,
+)
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
 from gpuctl.node.metrics import BY_NAME, PAIRED, PERCENT_OF, Metric, flagged
 
@@ -42,16 +49,6 @@ _TITLES = {"util": "utilization", "mem": "memory", "temp": "temperature", "power
 METRIC_TITLES = {
     w: _TITLES.get(w, re.sub(r"\s*\([^)]*\)", "", m.what)) for w, m in HEATMAP_METRICS.items()
 }
-
-
-def short_model(name: str | None) -> str:
-    """The model without the vendor: "NVIDIA H100 80GB HBM3" becomes "H100 80GB HBM3"."""
-    if not name:
-        return "?"
-    for prefix in ("NVIDIA GeForce ", "NVIDIA ", "Tesla "):
-        if name.startswith(prefix):
-            return name[len(prefix) :]
-    return name
 
 
 TAG_W = 6  # cells of a model tag (``model_tags``): "H100", "A6000", "4090", "L40S"

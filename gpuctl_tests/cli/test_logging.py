@@ -53,6 +53,23 @@ def test_log_file_option_and_an_unwritable_log(tmp_path: Path) -> None:
     assert r.stderr == "" and "config.toml" in r.stdout
 
 
+def test_a_log_file_in_an_existing_folder_leaves_the_folder_as_it_is(tmp_path: Path) -> None:
+    """``--log-file ~/gpuctl.log`` must not make the home folder 0700 (issue 38.8): a folder the
+    user names keeps its mode; the folders it lacks are made private."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o755)
+    r = gpuctl(tmp_path, "--log-file", str(shared / "x.log"), "config", "path")
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755
+    assert stat.S_IMODE((shared / "x.log").stat().st_mode) == 0o600
+    r = gpuctl(tmp_path, "--log-file", str(shared / "new" / "deeper" / "x.log"), "config", "path")
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755
+    for made in (shared / "new", shared / "new" / "deeper"):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700, made
+
+
 def test_a_failure_that_is_not_a_mistake_names_the_log(tmp_path: Path) -> None:
     """An OSError a command did not foresee: one line, exit 1, and where the log is."""
     code = (

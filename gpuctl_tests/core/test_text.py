@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpuctl.core.text import printable
@@ -69,3 +71,36 @@ def test_limit_cuts_with_an_ellipsis() -> None:
     assert printable("abcdef", limit=4) == "abc…"
     assert printable("abcd", limit=4) == "abcd"
     assert printable("x" * 10**6, limit=10) == "x" * 9 + "…"
+
+
+def test_lines_with_nothing_to_change_are_kept_and_the_rest_are_cleaned() -> None:
+    """The multi-line fast path (one scan, then the text as it is) lets nothing through that
+    the full path removes: every character of the BMP after a line break."""
+    for code in range(0x10000):
+        c = chr(code)
+        out = printable(f"a\n{c}b", one_line=False)
+        if c in "\r\u2028\u2029\x85":
+            assert out == "a\n\nb", hex(code)
+        elif c == "\x1b":
+            assert out == "a\n"  # "ESC b" is an escape sequence of its own
+        elif re.fullmatch(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", c):
+            assert out == "a\nb", hex(code)  # the controls but tab and line feed
+        elif c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\ufeff":
+            assert out == "a\nb", hex(code)
+        else:
+            assert out == f"a\n{c}b", hex(code)
+
+
+def test_the_cli_stream_keeps_line_ends_and_removes_the_rest() -> None:
+    """``CleanText``, the CLI's stdout and stderr: CR LF stays (a CSV's line ends), a lone CR
+    (it would let a line overwrite another) becomes a line break, escapes go, each write
+    answers the length it was given."""
+    import io
+
+    from gpuctl.core.text import CleanText
+
+    out = io.StringIO()
+    stream = CleanText(out)
+    for text in ("a\x1b]52;c;eA==\x07b\r\n", "c\rd\r\n", "e\x9bf\n", "ok\r\n", "\u202egnp.exe\n"):
+        assert stream.write(text) == len(text)
+    assert out.getvalue() == "ab\r\nc\nd\r\nef\nok\r\ngnp.exe\n"

@@ -391,8 +391,12 @@ async def test_gzip_when_asked_is_the_same_text() -> None:
         await fleet.stop()
 
 
-async def test_hostile_strings_come_back_equal_from_both_parsers() -> None:
-    from gpuctl_tests.tui.hostile import LONG, H
+async def test_hostile_strings_come_back_as_printable_text_from_both_parsers() -> None:
+    """What a node sent reaches the exposition as ``printable`` made it (38.1): the body read
+    over loopback holds no control character but its line ends, so ``curl .../metrics | grep``
+    puts no escape on a terminal; both parsers read each value back whole."""
+    from gpuctl.core.text import printable
+    from gpuctl_tests.tui.hostile import HOSTILE_BYTES, LONG, H
 
     messages = recorded_node("h", "2:H100", samples=2)
     hello = messages[0]
@@ -400,7 +404,7 @@ async def test_hostile_strings_come_back_equal_from_both_parsers() -> None:
     gpus = hello["gpus"]
     assert isinstance(gpus, list)
     gpus[0]["name"] = H
-    gpus[1]["name"] = "broken \ud800 utf-16"  # JSON carries a lone surrogate; UTF-8 cannot
+    gpus[1]["name"] = "broken \ud800 utf-16" + HOSTILE_BYTES  # a lone surrogate: UTF-8 cannot
     for msg in messages[1:]:
         sample_gpus = msg.get("gpus")
         if isinstance(sample_gpus, list):
@@ -416,21 +420,30 @@ async def test_hostile_strings_come_back_equal_from_both_parsers() -> None:
     fleet = await _live_fleet({"h": ReplayLink(messages)})
     fleet.annotate("h", 0, slurm_job=H, slurm_user='"; DROP\\')
     server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0)
+    p = printable
     try:
+        for accept in ("text/plain", "application/openmetrics-text; version=1.0.0"):
+            _, body = await asyncio.to_thread(_get, server.url(), {"Accept": accept})
+            text = body.decode()
+            bad = {hex(ord(c)) for c in text if c != "\n" and not c.isprintable()}
+            assert not bad, f"control characters in the exposition: {sorted(bad)}"
         for om in (False, True):
             samples = await _scrape(server, openmetrics=om)
-            info = one(samples, "gpuctl_node_info", node="h", hostname=LONG, driver=H)
+            info = one(samples, "gpuctl_node_info", node="h", hostname=p(LONG), driver=p(H))
             assert info == 1
-            assert one(samples, "gpuctl_node_info", node="h", cuda='a"b\\c\nd') == 1
-            assert one(samples, "DCGM_FI_DEV_GPU_TEMP", gpu="0", uuid=H + "%s{}", model=H) > 0
-            assert one(samples, "DCGM_FI_DEV_GPU_UTIL", gpu="0", uuid=H + "%s{}", model=H) >= 0
-            assert one(samples, "DCGM_FI_DEV_POWER_USAGE", gpu="1", model="broken ? utf-16") > 0
+            assert one(samples, "gpuctl_node_info", node="h", cuda='a"b\\c d') == 1
+            uuid = p(H + "%s{}")
+            assert one(samples, "DCGM_FI_DEV_GPU_TEMP", gpu="0", uuid=uuid, model=p(H)) > 0
+            assert one(samples, "DCGM_FI_DEV_GPU_UTIL", gpu="0", uuid=uuid, model=p(H)) >= 0
+            model = p("broken ? utf-16" + HOSTILE_BYTES)
+            power = one(samples, "DCGM_FI_DEV_POWER_USAGE", gpu="1", model=model)
+            assert power > 0
             assert not [lab for lab, _ in samples["DCGM_FI_DEV_GPU_TEMP"] if lab["gpu"] == "1"]
             for name in ("SBE_VOL", "DBE_VOL", "SBE_AGG", "DBE_AGG"):
                 family = samples.get(f"DCGM_FI_DEV_ECC_{name}_TOTAL", [])
                 assert not [lab for lab, _ in family if lab["gpu"] == "0"], name
             assert one(samples, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", gpu="1") == float(2**63 - 1)
-            job = one(samples, "gpuctl_gpu_slurm_job_info", job=H, user='"; DROP\\', model=H)
+            job = one(samples, "gpuctl_gpu_slurm_job_info", job=p(H), user='"; DROP\\')
             assert job == 1
     finally:
         server.close()

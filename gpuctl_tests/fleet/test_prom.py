@@ -843,7 +843,7 @@ def test_status_json_and_table_through_prometheus(steady_site: Site) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "node-c" in r.stdout and "node-a" not in r.stdout
-    assert "reader node-c: prometheus (no series for" in r.stdout
+    assert "reader node-c: prometheus (no series for" in r.stderr  # stdout holds rows only
 
 
 def test_export_demo_read_back_through_prometheus() -> None:

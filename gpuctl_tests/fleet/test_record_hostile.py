@@ -184,17 +184,22 @@ def test_a_bad_index_is_one_line_and_the_frames_are_read_in_order(
 
 
 def test_a_frame_of_millions_of_tiny_lines_is_skipped_cheaply(tmp_path: Path) -> None:
-    # 64 MiB of "1\n" in 6 KB of zstd: before, split whole and each line parsed (62 s, 363 MB).
+    # 64 MiB of "1\n" in 6 KB of zstd: before, split whole and each line parsed (62 s, 363 MB);
+    # now it inflates past MAX_INFLATION and is not decompressed at all.
     path = tmp_path / "frame-bomb.gpurec"
     path.write_bytes(recording(header(), [PAYLOAD + b"1\n" * (32 << 20), PAYLOAD]))
     assert path.stat().st_size < 16000
     rc, out, err, rss = gpuctl_measured("replay", str(path), "--export-csv", "-")
     assert rc == 0, err
-    assert one_line_each(err) == [
-        f"gpuctl: {path}: frame 1 skipped: 100 of its first 102 lines are not records"
-    ]
-    assert out.count("\n") == 3  # the header row, and each frame's sample: the good is kept
+    (said,) = one_line_each(err)
+    assert said.startswith(f"gpuctl: {path}: frame 1 skipped: ") and "8192 times" in said
+    assert out.count("\n") == 2  # the header row, and the second frame's sample
     assert rss < 150, f"{rss:.0f} MiB"
+    # lines that are not records, in a frame within the bounds: left after MAX_JUNK_LINES
+    path.write_bytes(recording(header(), [PAYLOAD + bytes(range(32, 127)) * 40 + b"\n" * 400]))
+    reader = RecordingReader(path)
+    assert len(list(reader.records())) == 2
+    assert reader.problems == ["frame 1 skipped: 100 of its first 102 lines are not records"]
 
 
 def test_a_frame_is_left_after_max_frame_lines(
@@ -207,6 +212,73 @@ def test_a_frame_is_left_after_max_frame_lines(
     reader = RecordingReader(path)
     assert len(list(reader.records())) == 1000
     assert reader.problems == ["frame 1 skipped: more than 1000 lines (from line 1001 on)"]
+
+
+def test_a_frame_that_inflates_past_its_bound_is_skipped_in_one_line(tmp_path: Path) -> None:
+    """Issue 38.6: frames of near-identical records inflate without bound (44 KB replayed as
+    12.8 million rows, a 1.05 GB CSV). A frame that inflates more than ``MAX_INFLATION`` times
+    its compressed size is skipped, before it is decompressed; the others replay."""
+    bomb = line({"t": T0, "n": "a", "m": sample(T0, 7)}) * 200_000
+    path = tmp_path / "inflating.gpurec"
+    path.write_bytes(recording(header(), [PAYLOAD, PAYLOAD + bomb, PAYLOAD]))
+    assert path.stat().st_size < 8000  # 200,000 rows in the middle frame
+    r = gpuctl("replay", str(path), "--export-csv", "-")
+    assert r.returncode == 0, r.stderr
+    (said,) = one_line_each(r.stderr)
+    assert re.fullmatch(
+        rf"gpuctl: {re.escape(str(path))}: frame 2 skipped: \d+ bytes that inflate to \d+ "
+        r"\(more than 8192 times: no recording's frame does\)",
+        said,
+    ), said
+    assert r.stdout.count("\n") == 3  # the header row, the first and the last frame's sample
+
+
+def test_a_frame_of_more_gpu_samples_than_its_bytes_allow_stops_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frame under the inflation bound may still hold a sample of thousands of GPUs per line
+    (rows without end for a CSV): at ``MAX_ROWS_PER_BYTE`` rows a compressed byte it stops,
+    and what came before is kept."""
+    monkeypatch.setattr(record_reader, "MAX_INFLATION", 1 << 20)  # the other bound, alone
+    many = sample(T0, 7)
+    many["gpus"] = [dict(many["gpus"][0], index=i % 8) for i in range(2000)]
+    payload = PAYLOAD + b"".join(line({"t": T0, "n": "a", "m": many}) for _ in range(50))
+    path = tmp_path / "wide.gpurec"
+    path.write_bytes(recording(header(), [payload]))
+    reader = RecordingReader(path)
+    compressed = reader.frames[0].length
+    kept = list(reader.records())
+    most = record_reader.MAX_ROWS_PER_BYTE * compressed
+    assert most < 100_000 and len(kept) == 2 + (most - 2) // 2000  # whole records to the bound
+    (problem,) = reader.problems
+    assert problem.startswith(f"frame 1 skipped: more than {most} GPU samples in {compressed}")
+
+
+def test_the_steadiest_frames_the_writer_makes_are_read_whole(tmp_path: Path) -> None:
+    """The bounds against what a real recording holds at its most compressible: 128 nodes of
+    8 GPUs whose every reading stays the same for 8 s (only the times move), in the frames of
+    the real writer (zstd level 3, closed at FRAME_BYTES)."""
+    from gpuctl.fleet.fixed_links import recorded_node
+    from gpuctl.fleet.recording.writer import FRAME_BYTES, RecordingWriter
+
+    hello, first = recorded_node("n", "8:H100", samples=1)[:2]
+    nodes = [f"gpu{n:03d}" for n in range(128)]
+    writer = RecordingWriter(tmp_path / "steady.gpurec", [(n, "ssh") for n in nodes], started=T0)
+    lines = [line({"t": T0, "n": n, "m": dict(hello, hostname=n)}) for n in nodes]
+    for k in range(8):
+        for n in nodes:
+            t = T0 + k + nodes.index(n) / 1000
+            lines.append(line({"t": t, "n": n, "m": dict(first, t=t - 0.002, seq=k)}))
+    payload = b"".join(lines)
+    assert len(payload) < FRAME_BYTES
+    writer.write_frame(payload, T0, T0 + 8)
+    writer.close()
+    reader = RecordingReader(tmp_path / "steady.gpurec")
+    ratio = len(payload) / reader.frames[0].length
+    assert len(list(reader.records())) == len(lines) and reader.problems == [], ratio
+    rows = 128 * 8 * 8 / reader.frames[0].length
+    print(f"steady frame: {len(payload)} bytes, {ratio:.0f} times its zstd, {rows:.2f} rows a byte")
+    assert ratio > 500  # as steady as a fleet gets: far above the 12-13 of a demo recording
 
 
 def unsized(payload: bytes) -> bytes:

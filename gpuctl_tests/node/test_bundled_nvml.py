@@ -228,11 +228,11 @@ def test_over_sshd_a_python36_node_is_on_nvml_and_status_and_doctor_say_so(
     assert nodes["smi36"]["reader_error"].startswith("NVML: nvmlInit failed: ")
 
     r = run_gpuctl(tmp_path, config, "status")
-    readers = [ln for ln in r.stdout.splitlines() if ln.startswith("reader ")]
+    readers = [ln for ln in r.stderr.splitlines() if ln.startswith("reader ")]  # stdout: rows
     assert readers == [
         f"reader nv36: NVML, pynvml bundled {VERSION}",
         f"reader smi36: nvidia-smi ({nodes['smi36']['reader_error']})",
-    ], r.stdout
+    ], r.stderr
 
     r = run_gpuctl(tmp_path, config, "doctor", "--json")
     checks = {(c["node"], c["check"]): c for c in json.loads(r.stdout)["checks"]}

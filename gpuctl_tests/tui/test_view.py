@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuctl.core.format import short_model
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
 from gpuctl.tui.view import (
     FilterError,
@@ -13,7 +14,6 @@ from gpuctl.tui.view import (
     metric_fraction,
     node_age_text,
     parse_filter,
-    short_model,
     sparkline,
 )
 

@@ -49,6 +49,16 @@ MAX_DEPTH = 32  # nesting of a record (a sample is 5 deep); deeper is junk, not 
 MAX_TIME = 2.0**36  # seconds (the year 4147): a later frame or record time is junk
 MAX_NODES = 4096  # nodes a replay shows (8 x the 512 nodes of benchmarks/tui_load.py)
 MAX_NAME = 255  # characters of a node name
+# What a frame may inflate to, by its compressed size (issue 38.6: 44 KB of frames of a million
+# near-identical lines replayed as 12.8 million rows, a 1.05 GB CSV). The writer's frames
+# inflate 12-13 times (the demo; 16 simulated idle nodes). The steadiest it can make, 128 nodes
+# of 8 GPUs whose every reading stays the same (only the times move), inflates 749 times and
+# holds 1 GPU sample per compressed byte: a repeated line costs zstd about 7 bytes whatever
+# its length, so a node of 16 GPUs would inflate about 1,500 times and hold 2 samples a byte.
+# The rows bound is the one that holds a replay and its CSV to the file's size (at most 8
+# rows a byte; the crafted frames held 290); the bytes bound spares decompressing the rest.
+MAX_INFLATION = 8192  # decompressed bytes per compressed byte
+MAX_ROWS_PER_BYTE = 8  # records per compressed byte, a sample counting as its GPUs
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +258,15 @@ class RecordingReader:
         if not 0 <= size <= MAX_FRAME_BYTES:
             self._tell(i, f"not a zstd frame of a known size up to {MAX_FRAME_BYTES >> 20} MiB")
             return
+        if size > MAX_INFLATION * len(data):
+            self._tell(
+                i,
+                f"{len(data)} bytes that inflate to {size} (more than {MAX_INFLATION} times: "
+                "no recording's frame does)",
+            )
+            return
         junk = 0
+        rows, most_rows = 0, MAX_ROWS_PER_BYTE * len(data)
         try:
             for number, line in enumerate(_lines(self._dctx, data), 1):
                 if number > MAX_FRAME_LINES:
@@ -256,6 +274,15 @@ class RecordingReader:
                     return
                 rec = _record(line)
                 if rec is not None:
+                    rows += _rows(rec)
+                    if rows > most_rows:
+                        self._tell(
+                            i,
+                            f"more than {most_rows} GPU samples in {len(data)} bytes (from "
+                            f"line {number} on; no recording's frame holds {MAX_ROWS_PER_BYTE} "
+                            "a byte)",
+                        )
+                        return
                     yield rec
                     continue
                 junk += 1
@@ -358,6 +385,13 @@ def _lines(dctx: zstandard.ZstdDecompressor, data: bytes) -> Iterator[bytes]:
             raise _Skip(f"a line of more than {MAX_RECORD_LINE} bytes")
     if held:
         yield b"".join(pieces)
+
+
+def _rows(rec: Record) -> int:
+    """What a record costs a replay and its CSV: a sample one row per GPU, anything else one."""
+    msg = rec.get("m")
+    gpus = msg.get("gpus") if isinstance(msg, dict) else None
+    return max(1, len(gpus)) if isinstance(gpus, list) else 1
 
 
 def _record(line: bytes) -> Record | None:

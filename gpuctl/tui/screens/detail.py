@@ -21,13 +21,21 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Static
 from textual_plotext import PlotextPlot
 
-from gpuctl.core.format import GIB, THROTTLE_BADGES, THROTTLE_WORDS, fmt_age, gpu_flags, reader_text
+from gpuctl.core.format import (
+    GIB,
+    THROTTLE_BADGES,
+    THROTTLE_WORDS,
+    fmt_age,
+    gpu_flags,
+    reader_text,
+    short_model,
+)
 from gpuctl.core.model import GpuSample, MigInstance, NodeEvent, NodeSnapshot
 from gpuctl.node import metrics
 from gpuctl.node.metrics import BY_KEY
 from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.text import node_str, node_text
-from gpuctl.tui.view import node_age_text, short_model
+from gpuctl.tui.view import node_age_text
 from gpuctl.workloads.accept_suite.nodehealth import xid_text
 
 MAX_POINTS = 240  # a plot is at most ~120 cells wide: more points only cost time

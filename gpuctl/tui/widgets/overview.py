@@ -24,7 +24,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widget import Widget
 
-from gpuctl.core.format import counted, fmt_age, host_text, reader_text
+from gpuctl.core.format import counted, fmt_age, host_text, reader_text, short_model
 from gpuctl.core.model import BurnState, GpuSample, NodeInfo, NodeSnapshot, NodeState
 from gpuctl.node import metrics
 from gpuctl.node.metrics import Metric, flagged
@@ -51,7 +51,6 @@ from gpuctl.tui.view import (
     node_is_down,
     power_fraction,
     screen_word,
-    short_model,
     sparkline,
 )
 
