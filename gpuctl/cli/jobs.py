@@ -216,9 +216,11 @@ def load_function(spec: str) -> Any:
         raise UserError(f"{path}:{name} is a {type(fn).__name__}, not a function")
     import cloudpickle
 
-    cloudpickle.register_pickle_by_value(module)
+    from gpuctl.jobs.executor import pickling_by_value
+
     try:
-        cloudpickle.dumps(fn)
+        with pickling_by_value(fn):  # as a submit pickles it, and undone after
+            cloudpickle.dumps(fn)
     except Exception as e:
         raise UserError(f"{path}:{name} cannot be pickled: {type(e).__name__}: {e}") from None
     return fn

@@ -71,6 +71,7 @@ __all__ = [
     "parse_mem",
     "register_by_value",
     "remote",
+    "unregister_by_value",
 ]
 
 R = TypeVar("R")
@@ -154,20 +155,65 @@ def _installed_top_levels() -> frozenset[str]:
     return frozenset(importlib.metadata.packages_distributions())
 
 
-def register_by_value(obj: object) -> None:
+_BY_VALUE_LOCK = threading.Lock()
+_BY_VALUE_USERS: dict[str, int] = {}  # module name -> submits that registered it and pickle now
+
+
+def register_by_value(obj: object, ships: Callable[[str], bool] | None = None) -> list[str]:
     """Make cloudpickle copy the user's own modules into the payload: the one that defines
     ``obj`` and every other module loaded from the user's files (a sibling ``helpers.py`` or
     package next to ``train.py``), which VENV2 could not import by name. Only what the function
-    reaches is pickled; installed packages still travel by name."""
+    reaches is pickled; installed packages still travel by name.
+
+    ``ships(name)``: True for a module that ships as a file with the job (``usercode``): it
+    pickles by reference, so that in VENV2 ``mathx.square is sys.modules["mathx"].square`` and
+    the standard pickle (a Pool's, a DataLoader's workers) pickles it as plain Python does.
+    Returns the names registered by this call (none registered before), for
+    ``unregister_by_value``."""
     names = [getattr(obj, "__module__", None), *list(sys.modules)]
     installed = _installed_top_levels()
-    for name in names:
-        if not isinstance(name, str) or not _is_user_module(name):
-            continue
-        if name != names[0] and name.split(".")[0] in installed:
-            continue  # an editable install of a package: VENV2 is expected to have it
-        with contextlib.suppress(ValueError):
-            cloudpickle.register_pickle_by_value(sys.modules[name])
+    done: list[str] = []
+    with _BY_VALUE_LOCK:
+        before = cloudpickle.list_registry_pickle_by_value()
+        for name in names:
+            if not isinstance(name, str) or not _is_user_module(name) or name in done:
+                continue
+            if name != names[0] and name.split(".")[0] in installed:
+                continue  # an editable install of a package: VENV2 is expected to have it
+            if ships is not None and ships(name):
+                continue
+            if name in before and name not in _BY_VALUE_USERS:
+                continue  # registered by the user: theirs to keep
+            with contextlib.suppress(ValueError):
+                cloudpickle.register_pickle_by_value(sys.modules[name])
+                _BY_VALUE_USERS[name] = _BY_VALUE_USERS.get(name, 0) + 1
+                done.append(name)
+    return done
+
+
+def unregister_by_value(names: Iterable[str]) -> None:
+    """Undo ``register_by_value``: a module no other submit in progress registered goes back
+    to cloudpickle's default (by reference), so the process is left as it was (a later
+    cloudpickle user here, submitit's executor say, pickles it by name again)."""
+    with _BY_VALUE_LOCK:
+        for name in names:
+            left = _BY_VALUE_USERS.get(name, 0) - 1
+            if left > 0:
+                _BY_VALUE_USERS[name] = left
+                continue
+            _BY_VALUE_USERS.pop(name, None)
+            with contextlib.suppress(ValueError):
+                cloudpickle.unregister_pickle_by_value(types.ModuleType(name))
+
+
+@contextlib.contextmanager
+def pickling_by_value(obj: object, ships: Callable[[str], bool] | None = None) -> Iterator[None]:
+    """``register_by_value`` while the block writes the payload, undone after it."""
+    names = register_by_value(obj, ships)
+    try:
+        yield
+    finally:
+        unregister_by_value(names)
 
 
 class Executor:
@@ -477,22 +523,43 @@ class Executor:
                 "checkpoint and requeue work for jobs of one task: submit a checkpointable "
                 "function without nodes=/tasks_per_node="
             )
-        host = self.backend.host
-        if not registered:
-            register_by_value(fn)
-        if pickled is None:  # one pass: measured, scanned, and kept when small
-            pickled = _measure((fn, args, kwargs), None, hashing=True, keep=True)
-        # before the first byte goes out: what the payload holds loads in VENV2, and the user's
-        # own modules it may import travel with it
-        modules = payload_modules(pickled.modules)
-        dists = payload_distributions(modules)
-        self._venv2.check_distributions(modules, dists)
         user_fn = args[0] if fn is _chunk.run_chunk else fn  # a map's chunk runs the user's
         code = (
             usercode.UserCode()  # a command imports nothing of the submitter's
             if command is not None
-            else usercode.collect(user_fn, limit=self.ship_limit, exclude=self.ship_exclude)
+            else self._user_code(user_fn)
         )
+        with contextlib.ExitStack() as registration:
+            if not registered:
+                registration.enter_context(pickling_by_value(fn, code.ships))
+            if pickled is None:  # one pass: measured, scanned, and kept when small
+                pickled = _measure((fn, args, kwargs), None, hashing=True, keep=True)
+            # before the first byte goes out: what the payload holds loads in VENV2, and the
+            # user's own modules it may import travel with it
+            modules = payload_modules(pickled.modules)
+            dists = payload_distributions(modules)
+            self._venv2.check_distributions(modules, dists)
+            return self._write_rest(
+                job_id, jobdir, fn, args, kwargs, name, probe, command, runner, pickled, code, dists
+            )
+
+    def _write_rest(
+        self,
+        job_id: str,
+        jobdir: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        name: str,
+        probe: Probe,
+        command: list[str] | None,
+        runner: str | None,
+        pickled: _Pickled,
+        code: usercode.UserCode,
+        dists: dict[str, Any],
+    ) -> tuple[str, str, JobMeta]:
+        """The rest of ``_write_folder``: the code folder, the payload, the runner, meta.json."""
+        host = self.backend.host
         root = self._job_root()
         host.mkdir(jobdir, 0o700)
         folder = code.folder(root) if code.files else None
@@ -604,18 +671,24 @@ class Executor:
         """
         self.guard.check("submitting jobs")
         name = _name(fn)
-        if self.debug:
-            register_by_value(fn)
-            return debug.run_here(self.backend, fn, args, kwargs, name)
-        register_by_value(fn)
-        pickled = self._check_payload(
-            f"the call of {name}", (fn, args, kwargs), lambda: _parts(fn, args, kwargs), keep=True
-        )
-        self.venv2()
-        job_id, jobdir, meta = self._prepare(
-            fn, args, kwargs, name, registered=True, pickled=pickled
-        )
+        with pickling_by_value(fn, self._user_code(fn).ships):
+            if self.debug:
+                return debug.run_here(self.backend, fn, args, kwargs, name)
+            pickled = self._check_payload(
+                f"the call of {name}",
+                (fn, args, kwargs),
+                lambda: _parts(fn, args, kwargs),
+                keep=True,
+            )
+            self.venv2()
+            job_id, jobdir, meta = self._prepare(
+                fn, args, kwargs, name, registered=True, pickled=pickled
+            )
         return self._start([(job_id, jobdir)], meta)[0]
+
+    def _user_code(self, fn: Callable[..., Any]) -> usercode.UserCode:
+        """The user's code that ships with ``fn``'s job (``usercode.collect``)."""
+        return usercode.collect(fn, limit=self.ship_limit, exclude=self.ship_exclude)
 
     def submit_command(self, argv: Sequence[str]) -> Job:
         """Run the command ``argv`` (``["python", "train.py", "--lr", "3e-4"]``, no shell) on the
@@ -739,64 +812,64 @@ class Executor:
             # chunks enough that one array holds them: Slurm then caps them itself
             size = max(size, -(-len(items) // self.backend.max_array_size()))
         name = _name(fn)
-        register_by_value(fn)
-        if self.debug:
-            return [
-                debug.run_here(
-                    self.backend,
+        with pickling_by_value(fn, self._user_code(fn).ships):  # until every payload is written
+            if self.debug:
+                return [
+                    debug.run_here(
+                        self.backend,
+                        _chunk.run_chunk,
+                        (fn, items[i : i + size]),
+                        {},
+                        f"map:{name}",
+                    )
+                    for i in range(0, len(items), size)
+                ]
+            # The function and what it closes over go once per map: above SHARED_ABOVE into one
+            # file (content-addressed, in the job root's shared/) that each chunk's payload names.
+            # Every payload is measured against max_payload before anything is written.
+            shared = self._check_payload(
+                f"the function of map:{name} (with what it closes over)",
+                fn,
+                lambda: _parts(fn, (), {}),
+                keep=True,
+            )
+            part: Any = fn
+            if shared.size > SHARED_ABOVE:
+                part = _chunk.SharedPart(f"{self._job_root_path()}/shared/{shared.digest}.pkl")
+            chunks = [items[i : i + size] for i in range(0, len(items), size)]
+            # each chunk measured and scanned once here; written by a second pass (all chunks'
+            # bytes kept until written could be many times max_payload)
+            measured = [
+                self._check_payload(
+                    f"chunk {k} of map:{name} (items {k * size} to {k * size + len(chunk) - 1})",
+                    (_chunk.run_chunk, (part, chunk), {}),
+                    functools.partial(_item_parts, chunk, k * size),
+                )
+                for k, chunk in enumerate(chunks)
+            ]
+            self.venv2()
+            if isinstance(part, _chunk.SharedPart):
+                self._write_shared(part.path, fn, shared)
+            folders = []
+            meta: JobMeta = {}
+            # an array's chunks share one runner (the job folders are all on the login side's
+            # file system): a folder then holds its payload and meta.json only
+            runner = (
+                shared_runner(self.backend.host, self._job_root())
+                if isinstance(self.backend, SlurmBackend)
+                else None
+            )
+            for chunk, pickled in zip(chunks, measured, strict=True):
+                job_id, jobdir, meta = self._prepare(
                     _chunk.run_chunk,
-                    (fn, items[i : i + size]),
+                    (part, chunk),
                     {},
                     f"map:{name}",
+                    registered=True,
+                    runner=runner,
+                    pickled=pickled,
                 )
-                for i in range(0, len(items), size)
-            ]
-        # The function and what it closes over go once per map: above SHARED_ABOVE into one
-        # file (content-addressed, in the job root's shared/) that each chunk's payload names.
-        # Every payload is measured against max_payload before anything is written.
-        shared = self._check_payload(
-            f"the function of map:{name} (with what it closes over)",
-            fn,
-            lambda: _parts(fn, (), {}),
-            keep=True,
-        )
-        part: Any = fn
-        if shared.size > SHARED_ABOVE:
-            part = _chunk.SharedPart(f"{self._job_root_path()}/shared/{shared.digest}.pkl")
-        chunks = [items[i : i + size] for i in range(0, len(items), size)]
-        # each chunk measured and scanned once here; written by a second pass (all chunks'
-        # bytes kept until written could be many times max_payload)
-        measured = [
-            self._check_payload(
-                f"chunk {k} of map:{name} (items {k * size} to {k * size + len(chunk) - 1})",
-                (_chunk.run_chunk, (part, chunk), {}),
-                functools.partial(_item_parts, chunk, k * size),
-            )
-            for k, chunk in enumerate(chunks)
-        ]
-        self.venv2()
-        if isinstance(part, _chunk.SharedPart):
-            self._write_shared(part.path, fn, shared)
-        folders = []
-        meta: JobMeta = {}
-        # an array's chunks share one runner (the job folders are all on the login side's
-        # file system): a folder then holds its payload and meta.json only
-        runner = (
-            shared_runner(self.backend.host, self._job_root())
-            if isinstance(self.backend, SlurmBackend)
-            else None
-        )
-        for chunk, pickled in zip(chunks, measured, strict=True):
-            job_id, jobdir, meta = self._prepare(
-                _chunk.run_chunk,
-                (part, chunk),
-                {},
-                f"map:{name}",
-                registered=True,
-                runner=runner,
-                pickled=pickled,
-            )
-            folders.append((job_id, jobdir))
+                folders.append((job_id, jobdir))
         if isinstance(self.backend, SlurmBackend):
             return self._start(folders, meta, max_running=cap)
         now = time.time()

@@ -31,8 +31,17 @@ if TYPE_CHECKING:
 else:
     try:  # a script in a job folder: the contract's copy sits beside it (sys.path[0])
         from gpuctl_runner import jobfiles
-    except ImportError:  # imported from the gpuctl package
-        from gpuctl.node import jobfiles
+    except ImportError:
+        try:  # imported from the gpuctl package
+            from gpuctl.node import jobfiles
+        except ImportError:
+            # run again as ``__mp_main__`` by a child that multiprocessing spawned (a spawn
+            # Pool, DataLoader workers): its path is the worker's, without the job folder
+            sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+            try:
+                from gpuctl_runner import jobfiles
+            finally:
+                del sys.path[0]
 
 JOBDIR = ""
 _PID = os.getpid()
