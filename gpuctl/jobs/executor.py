@@ -21,6 +21,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import pickle
 import shlex
 import sys
 import sysconfig
@@ -67,6 +68,7 @@ __all__ = [
     "Job",
     "JobFailed",
     "RemoteTraceback",
+    "Unpicklable",
     "attach",
     "parse_mem",
     "register_by_value",
@@ -435,7 +437,10 @@ class Executor:
         ``PayloadTooLarge`` when over ``max_payload``, naming the biggest of ``parts()`` (what
         the payload is made of)."""
         limit = self.max_payload
-        pickled = _measure(obj, limit, hashing=hashing or keep, keep=keep)
+        try:
+            pickled = _measure(obj, limit, hashing=hashing or keep, keep=keep)
+        except (TypeError, pickle.PicklingError) as e:
+            raise _unpicklable(what, e, parts()) from e
         if pickled.size > limit:  # refused: measured whole this time, to say how big it is
             whole = _measure(obj, None).size
             raise PayloadTooLarge(what, whole, limit, _biggest(parts(), limit))
@@ -670,6 +675,7 @@ class Executor:
         ``gpuctl.service.ReadOnlyError`` in read-only mode (see the class docstring).
         """
         self.guard.check("submitting jobs")
+        _check_function(fn)
         name = _name(fn)
         with pickling_by_value(fn, self._user_code(fn).ships):
             if self.debug:
@@ -794,6 +800,7 @@ class Executor:
         is submitted.
         """
         self.guard.check("submitting jobs")
+        _check_function(fn)
         if self.tasks > 1:
             raise ValueError(
                 "map runs one task per chunk: use an Executor without nodes=/tasks_per_node="
@@ -1007,6 +1014,83 @@ class PayloadTooLarge(ValueError):
             + ". Nothing was written. Pass big data by path (save it where the node can read "
             "it and load it inside the function), or raise the limit: "
             'Executor(..., max_payload="4G") or max_payload = "4G" in the config\'s [jobs]'
+        )
+
+
+class Unpicklable(pickle.PicklingError, TypeError):
+    """A call that cannot be pickled, refused before anything was written: the message names
+    the part that cannot (``global `LOCK` that `score` uses``, ``argument 0``), what it is, and
+    what to do instead. A ``PicklingError`` and a ``TypeError``, as cloudpickle raises."""
+
+
+def _what_it_is(value: object) -> tuple[str, str]:
+    """(what ``value`` is, what to pass instead) for a value that does not pickle."""
+    import io
+    import socket
+
+    t = type(value)
+    if (t.__module__ == "_thread" and t.__name__ in ("lock", "RLock")) or isinstance(
+        value, threading.Condition | threading.Semaphore | threading.Event
+    ):
+        return (
+            f"a lock ({t.__module__}.{t.__qualname__})",
+            "create it inside the function (a lock here locks nothing on the node)",
+        )
+    if isinstance(value, io.IOBase):
+        name, mode = getattr(value, "name", "?"), getattr(value, "mode", "?")
+        return (
+            f"an open file ({name!r}, mode {mode!r})",
+            "pass its path and open it inside the function",
+        )
+    if isinstance(value, socket.socket):
+        return "a socket", "pass its address and connect inside the function"
+    if isinstance(value, types.GeneratorType | types.AsyncGeneratorType | types.CoroutineType):
+        return (
+            f"a {t.__name__} (it cannot be copied halfway through)",
+            "pass a list of what it yields, or the function that makes it",
+        )
+    kind = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    return f"a {kind}", "create it inside the function, or pass what it is made from"
+
+
+def _unpicklable(what: str, error: Exception, parts: Mapping[str, Any]) -> Unpicklable:
+    """The error for ``what`` that cannot be pickled (``error``): the first of its ``parts``
+    (name: value, as ``_parts`` names them) that cannot be pickled alone, named."""
+    for name, value in parts.items():
+        try:
+            _measure(value, None)
+        except Exception as e:
+            it, instead = _what_it_is(value)
+            return Unpicklable(
+                f"{what} cannot be pickled: {name} is {it}, which cannot travel to the node "
+                f"({type(e).__name__}: {e}); {instead}"
+            )
+    return Unpicklable(f"{what} cannot be pickled: {type(error).__name__}: {error}")
+
+
+def _check_function(fn: object) -> None:
+    """TypeError with one line for a function whose call makes something to run later (an
+    ``async def``, a generator function): the job would only return that, unrun."""
+    import inspect
+
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "f")
+    if inspect.iscoroutinefunction(fn):
+        raise TypeError(
+            f"`{name}` is an async def function: calling it on the node only makes a coroutine, "
+            f"which nothing would run; submit a plain function: `lambda: asyncio.run({name}())`"
+        )
+    if inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"`{name}` is an async generator function: calling it on the node only makes an "
+            "async generator, which nothing would run; submit a plain function that runs it: "
+            f"`lambda: asyncio.run(collect({name}()))` with `async def collect(g): return "
+            "[x async for x in g]`"
+        )
+    if inspect.isgeneratorfunction(fn):
+        raise TypeError(
+            f"`{name}` is a generator function: calling it on the node only makes a generator, "
+            "which cannot travel back; submit a plain function: "
+            f"`lambda: list({name}())`"
         )
 
 
