@@ -675,7 +675,7 @@ class Executor:
         ``gpuctl.service.ReadOnlyError`` in read-only mode (see the class docstring).
         """
         self.guard.check("submitting jobs")
-        _check_function(fn)
+        check_callable(fn)
         name = _name(fn)
         with pickling_by_value(fn, self._user_code(fn).ships):
             if self.debug:
@@ -800,7 +800,7 @@ class Executor:
         is submitted.
         """
         self.guard.check("submitting jobs")
-        _check_function(fn)
+        check_callable(fn)
         if self.tasks > 1:
             raise ValueError(
                 "map runs one task per chunk: use an Executor without nodes=/tasks_per_node="
@@ -1068,7 +1068,7 @@ def _unpicklable(what: str, error: Exception, parts: Mapping[str, Any]) -> Unpic
     return Unpicklable(f"{what} cannot be pickled: {type(error).__name__}: {error}")
 
 
-def _check_function(fn: object) -> None:
+def check_callable(fn: object) -> None:
     """TypeError with one line for a function whose call makes something to run later (an
     ``async def``, a generator function): the job would only return that, unrun."""
     import inspect
@@ -1092,6 +1092,18 @@ def _check_function(fn: object) -> None:
             "which cannot travel back; submit a plain function: "
             f"`lambda: list({name}())`"
         )
+
+
+def check_picklable(
+    what: str, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] = {}
+) -> None:
+    """``Unpicklable`` naming the culprit when the call ``fn(*args, **kwargs)`` cannot be
+    pickled as a submit pickles it (``what``: how the message names the call)."""
+    with pickling_by_value(fn):
+        try:
+            _measure((fn, tuple(args), dict(kwargs)), None)
+        except (TypeError, pickle.PicklingError) as e:
+            raise _unpicklable(what, e, _parts(fn, args, kwargs)) from e
 
 
 KEEP_BELOW = 64 << 20  # a payload that pickles to at most this is written from its measure
