@@ -476,8 +476,8 @@ class Executor:
         runner: str | None = None,
         pickled: _Pickled | None = None,
     ) -> tuple[str, str, JobMeta]:
-        """Write one job folder; return (id, jobdir, meta). ``registered``: the caller made
-        ``register_by_value`` for this function already (a map does it once, not per chunk);
+        """Write one job folder; return (id, jobdir, meta). ``registered``: the caller pickles
+        under ``pickling_by_value`` already (a submit and a map do, once for all their chunks);
         ``runner``: a shared runner folder (``shared_runner``) instead of a copy in this one;
         ``pickled``: the payload ``(fn, args, kwargs)`` as the caller measured it.
 
@@ -501,9 +501,12 @@ class Executor:
                 )
             )
         try:
-            return self._write_folder(
-                job_id, jobdir, fn, args, kwargs, name, probe, command, registered, runner, pickled
-            )
+            with contextlib.ExitStack() as registration:
+                if not registered:
+                    registration.enter_context(pickling_by_value(fn))
+                return self._write_folder(
+                    job_id, jobdir, fn, args, kwargs, name, probe, command, runner, pickled
+                )
         except BaseException:
             if self.store is not None:
                 self.store.delete(job_id)
@@ -519,52 +522,29 @@ class Executor:
         name: str,
         probe: Probe,
         command: list[str] | None,
-        registered: bool = False,
         runner: str | None = None,
         pickled: _Pickled | None = None,
     ) -> tuple[str, str, JobMeta]:
+        """The job folder, pickled under the caller's ``pickling_by_value``."""
         if self.tasks > 1 and callable(getattr(fn, "checkpoint", None)):
             raise ValueError(
                 "checkpoint and requeue work for jobs of one task: submit a checkpointable "
                 "function without nodes=/tasks_per_node="
             )
+        host = self.backend.host
+        if pickled is None:  # one pass: measured, scanned, and kept when small
+            pickled = _measure((fn, args, kwargs), None, hashing=True, keep=True)
+        # before the first byte goes out: what the payload holds loads in VENV2, and the user's
+        # own modules it may import travel with it
+        modules = payload_modules(pickled.modules)
+        dists = payload_distributions(modules)
+        self._venv2.check_distributions(modules, dists)
         user_fn = args[0] if fn is _chunk.run_chunk else fn  # a map's chunk runs the user's
         code = (
             usercode.UserCode()  # a command imports nothing of the submitter's
             if command is not None
             else self._user_code(user_fn)
         )
-        with contextlib.ExitStack() as registration:
-            if not registered:
-                registration.enter_context(pickling_by_value(fn, code.ships))
-            if pickled is None:  # one pass: measured, scanned, and kept when small
-                pickled = _measure((fn, args, kwargs), None, hashing=True, keep=True)
-            # before the first byte goes out: what the payload holds loads in VENV2, and the
-            # user's own modules it may import travel with it
-            modules = payload_modules(pickled.modules)
-            dists = payload_distributions(modules)
-            self._venv2.check_distributions(modules, dists)
-            return self._write_rest(
-                job_id, jobdir, fn, args, kwargs, name, probe, command, runner, pickled, code, dists
-            )
-
-    def _write_rest(
-        self,
-        job_id: str,
-        jobdir: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        name: str,
-        probe: Probe,
-        command: list[str] | None,
-        runner: str | None,
-        pickled: _Pickled,
-        code: usercode.UserCode,
-        dists: dict[str, Any],
-    ) -> tuple[str, str, JobMeta]:
-        """The rest of ``_write_folder``: the code folder, the payload, the runner, meta.json."""
-        host = self.backend.host
         root = self._job_root()
         host.mkdir(jobdir, 0o700)
         folder = code.folder(root) if code.files else None
