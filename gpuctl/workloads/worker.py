@@ -103,13 +103,18 @@ def _quiet_signals() -> None:
     ``RuntimeError`` of the function an exit without a result). Handlers the process set in C
     (faulthandler's) stay, and so do those of the termination signals (a cancel)."""
     keep = {getattr(signal, name) for name in _KEEP_HANDLERS if hasattr(signal, name)}
-    for signum in range(1, signal.NSIG):
-        if signum in keep:
-            continue
+    for _ in range(8):
         try:
-            if callable(signal.getsignal(signum)):
-                signal.signal(signum, _ignore)
-        except (OSError, ValueError, RuntimeError):
+            for signum in range(1, signal.NSIG):
+                if signum in keep:
+                    continue
+                try:
+                    if callable(signal.getsignal(signum)):
+                        signal.signal(signum, _ignore)
+                except (OSError, ValueError):
+                    continue
+            return
+        except Exception:  # a handler that ran (and raised) before it was replaced: again
             continue
 
 
