@@ -658,7 +658,10 @@ class Executor:
         check_callable(fn)
         name = _name(fn)
         with pickling_by_value(fn, self._user_code(fn).ships):
-            if self.debug:
+            if self.debug:  # refused as a submit refuses it, culprit named
+                _pickles(
+                    f"the call of {name}", (fn, args, kwargs), lambda: _parts(fn, args, kwargs)
+                )
                 return debug.run_here(self.backend, fn, args, kwargs, name)
             pickled = self._check_payload(
                 f"the call of {name}",
@@ -800,7 +803,14 @@ class Executor:
             size = max(size, -(-len(items) // self.backend.max_array_size()))
         name = _name(fn)
         with pickling_by_value(fn, self._user_code(fn).ships):  # until every payload is written
-            if self.debug:
+            if self.debug:  # refused as a map refuses it, culprit named
+                for k in range(0, len(items), size):
+                    chunk = items[k : k + size]
+                    _pickles(
+                        f"items {k} to {k + len(chunk) - 1} of map:{name}",
+                        (_chunk.run_chunk, (fn, chunk), {}),
+                        lambda: {**_parts(fn, (), {}), **_item_parts(chunk, k)},  # noqa: B023
+                    )
                 return [
                     debug.run_here(
                         self.backend,
@@ -1080,10 +1090,15 @@ def check_picklable(
     """``Unpicklable`` naming the culprit when the call ``fn(*args, **kwargs)`` cannot be
     pickled as a submit pickles it (``what``: how the message names the call)."""
     with pickling_by_value(fn):
-        try:
-            _measure((fn, tuple(args), dict(kwargs)), None)
-        except (TypeError, pickle.PicklingError) as e:
-            raise _unpicklable(what, e, _parts(fn, args, kwargs)) from e
+        _pickles(what, (fn, tuple(args), dict(kwargs)), lambda: _parts(fn, args, kwargs))
+
+
+def _pickles(what: str, obj: object, parts: Callable[[], Mapping[str, Any]]) -> None:
+    """``Unpicklable`` naming the culprit among ``parts()`` when ``obj`` cannot be pickled."""
+    try:
+        _measure(obj, None)
+    except (TypeError, pickle.PicklingError) as e:
+        raise _unpicklable(what, e, parts()) from e
 
 
 KEEP_BELOW = 64 << 20  # a payload that pickles to at most this is written from its measure
