@@ -220,11 +220,13 @@ def load_function(spec: str) -> Any:
         raise UserError(f"{path} has no function {name!r}{hint}")
     if not callable(fn):
         raise UserError(f"{path}:{name} is a {type(fn).__name__}, not a function")
-    import cloudpickle
+    from gpuctl.jobs.executor import check_callable, check_picklable
 
-    cloudpickle.register_pickle_by_value(module)
-    try:
-        cloudpickle.dumps(fn)
+    try:  # as a submit checks and pickles it: the culprit named
+        check_callable(fn)
+        check_picklable(f"{path}:{name}", fn)
+    except TypeError as e:
+        raise UserError(str(e)) from None
     except Exception as e:
         raise UserError(f"{path}:{name} cannot be pickled: {type(e).__name__}: {e}") from None
     return fn
@@ -290,7 +292,7 @@ def _command_of(args: argparse.Namespace) -> list[str] | None:
 
 def run_submit(args: argparse.Namespace) -> int:
     from gpuctl.jobs import Executor, HostError, JobFailed
-    from gpuctl.jobs.executor import PayloadTooLarge
+    from gpuctl.jobs.executor import PayloadTooLarge, Unpicklable
     from gpuctl.reach.slurm import SlurmError
 
     command = _command_of(args)
@@ -338,6 +340,8 @@ def run_submit(args: argparse.Namespace) -> int:
         print(str(e), file=sys.stderr)
         return ExitCode.FAILED
     except (HostError, SlurmError, PayloadTooLarge) as e:
+        raise UserError(str(e)) from None
+    except Unpicklable as e:  # names the culprit
         raise UserError(str(e)) from None
     except (pickle.PicklingError, TypeError) as e:
         raise UserError(f"cannot pickle the call: {e}") from None

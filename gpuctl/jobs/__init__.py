@@ -7,7 +7,7 @@ Modules: ``executor`` (``Executor``, ``remote``, ``attach``), ``job`` (a submitt
 Slurm), ``hosts`` (files and commands on a host), ``report`` (why a job failed), ``store`` (the
 job store)."""
 
-from gpuctl.jobs.executor import Executor, attach, remote
+from gpuctl.jobs.executor import Executor, Unpicklable, attach, remote
 from gpuctl.jobs.hosts import HostError
 from gpuctl.jobs.job import Job, JobCancelled, JobFailed, RemoteTraceback
 from gpuctl.jobs.provision import EnvSpec, EnvSpecError
@@ -28,6 +28,7 @@ __all__ = [
     "JobStore",
     "RemoteTraceback",
     "StoreError",
+    "Unpicklable",
     "attach",
     "remote",
 ]

@@ -16,9 +16,14 @@ def run_chunk(fn: Any, items: Any) -> Any:
     """
     import json
     import os
-    import traceback
+    import sys
 
     import cloudpickle
+
+    # the job folder's contract, as the worker imported it (the debug executor: gpuctl's)
+    jobfiles: Any = sys.modules.get("gpuctl_runner.jobfiles")
+    if jobfiles is None:
+        from gpuctl.node import jobfiles
 
     # what FAILED_ITEMS says: rewritten at each failure (small: the first items' arguments)
     failed: dict[str, Any] = {"items": len(items), "count": 0, "failed": []}
@@ -47,13 +52,13 @@ def run_chunk(fn: Any, items: Any) -> Any:
         try:
             value = fn(*args)
         except BaseException as e:
-            out.append(error(e, traceback.format_exc(), args))
+            out.append(error(e, jobfiles.format_exception(e), args))
             continue
         try:
             cloudpickle.dumps(value)  # checked here, alone: else it would sink the whole chunk
         except Exception as e:
             wrapped = TypeError(f"the result cannot be pickled: {type(e).__name__}: {e}")
-            out.append(error(wrapped, traceback.format_exc(), args))
+            out.append(error(wrapped, jobfiles.format_exception(e), args))
             continue
         out.append(("ok", value))
     return out

@@ -12,7 +12,6 @@ error record the worker writes.
 from __future__ import annotations
 
 import time
-import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +22,7 @@ from gpuctl.jobs.backends import Backend
 from gpuctl.jobs.job import SUBMITTER_PYTHON, Job
 from gpuctl.jobs.records import Handle, JobMeta, WorkerError
 from gpuctl.jobs.report import FailureReport, JobFiles, classify
+from gpuctl.node import jobfiles
 
 
 class _Discard:
@@ -48,7 +48,7 @@ def _error(kind: str, exc: BaseException, **extra: Any) -> WorkerError:
         "type_module": type(exc).__module__,
         "module": getattr(exc, "name", None) if isinstance(exc, ImportError) else None,
         "message": str(exc),
-        "traceback": traceback.format_exc(),
+        "traceback": jobfiles.format_exception(exc),
         "t": time.time(),
     }
     record.update(extra)  # type: ignore[typeddict-item]

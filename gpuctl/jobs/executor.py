@@ -21,6 +21,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import pickle
 import shlex
 import sys
 import sysconfig
@@ -67,10 +68,12 @@ __all__ = [
     "Job",
     "JobFailed",
     "RemoteTraceback",
+    "Unpicklable",
     "attach",
     "parse_mem",
     "register_by_value",
     "remote",
+    "unregister_by_value",
 ]
 
 R = TypeVar("R")
@@ -154,20 +157,65 @@ def _installed_top_levels() -> frozenset[str]:
     return frozenset(importlib.metadata.packages_distributions())
 
 
-def register_by_value(obj: object) -> None:
+_BY_VALUE_LOCK = threading.Lock()
+_BY_VALUE_USERS: dict[str, int] = {}  # module name -> submits that registered it and pickle now
+
+
+def register_by_value(obj: object, ships: Callable[[str], bool] | None = None) -> list[str]:
     """Make cloudpickle copy the user's own modules into the payload: the one that defines
     ``obj`` and every other module loaded from the user's files (a sibling ``helpers.py`` or
     package next to ``train.py``), which VENV2 could not import by name. Only what the function
-    reaches is pickled; installed packages still travel by name."""
+    reaches is pickled; installed packages still travel by name.
+
+    ``ships(name)``: True for a module that ships as a file with the job (``usercode``): it
+    pickles by reference, so that in VENV2 ``mathx.square is sys.modules["mathx"].square`` and
+    the standard pickle (a Pool's, a DataLoader's workers) pickles it as plain Python does.
+    Returns the names registered by this call (none registered before), for
+    ``unregister_by_value``."""
     names = [getattr(obj, "__module__", None), *list(sys.modules)]
     installed = _installed_top_levels()
-    for name in names:
-        if not isinstance(name, str) or not _is_user_module(name):
-            continue
-        if name != names[0] and name.split(".")[0] in installed:
-            continue  # an editable install of a package: VENV2 is expected to have it
-        with contextlib.suppress(ValueError):
-            cloudpickle.register_pickle_by_value(sys.modules[name])
+    done: list[str] = []
+    with _BY_VALUE_LOCK:
+        before = cloudpickle.list_registry_pickle_by_value()
+        for name in names:
+            if not isinstance(name, str) or not _is_user_module(name) or name in done:
+                continue
+            if name != names[0] and name.split(".")[0] in installed:
+                continue  # an editable install of a package: VENV2 is expected to have it
+            if ships is not None and ships(name):
+                continue
+            if name in before and name not in _BY_VALUE_USERS:
+                continue  # registered by the user: theirs to keep
+            with contextlib.suppress(ValueError):
+                cloudpickle.register_pickle_by_value(sys.modules[name])
+                _BY_VALUE_USERS[name] = _BY_VALUE_USERS.get(name, 0) + 1
+                done.append(name)
+    return done
+
+
+def unregister_by_value(names: Iterable[str]) -> None:
+    """Undo ``register_by_value``: a module no other submit in progress registered goes back
+    to cloudpickle's default (by reference), so the process is left as it was (a later
+    cloudpickle user here, submitit's executor say, pickles it by name again)."""
+    with _BY_VALUE_LOCK:
+        for name in names:
+            left = _BY_VALUE_USERS.get(name, 0) - 1
+            if left > 0:
+                _BY_VALUE_USERS[name] = left
+                continue
+            _BY_VALUE_USERS.pop(name, None)
+            with contextlib.suppress(ValueError):
+                cloudpickle.unregister_pickle_by_value(types.ModuleType(name))
+
+
+@contextlib.contextmanager
+def pickling_by_value(obj: object, ships: Callable[[str], bool] | None = None) -> Iterator[None]:
+    """``register_by_value`` while the block writes the payload, undone after it."""
+    names = register_by_value(obj, ships)
+    try:
+        yield
+    finally:
+        unregister_by_value(names)
 
 
 class Executor:
@@ -389,7 +437,10 @@ class Executor:
         ``PayloadTooLarge`` when over ``max_payload``, naming the biggest of ``parts()`` (what
         the payload is made of)."""
         limit = self.max_payload
-        pickled = _measure(obj, limit, hashing=hashing or keep, keep=keep)
+        try:
+            pickled = _measure(obj, limit, hashing=hashing or keep, keep=keep)
+        except (TypeError, pickle.PicklingError) as e:
+            raise _unpicklable(what, e, parts()) from e
         if pickled.size > limit:  # refused: measured whole this time, to say how big it is
             whole = _measure(obj, None).size
             raise PayloadTooLarge(what, whole, limit, _biggest(parts(), limit))
@@ -425,8 +476,8 @@ class Executor:
         runner: str | None = None,
         pickled: _Pickled | None = None,
     ) -> tuple[str, str, JobMeta]:
-        """Write one job folder; return (id, jobdir, meta). ``registered``: the caller made
-        ``register_by_value`` for this function already (a map does it once, not per chunk);
+        """Write one job folder; return (id, jobdir, meta). ``registered``: the caller pickles
+        under ``pickling_by_value`` already (a submit and a map do, once for all their chunks);
         ``runner``: a shared runner folder (``shared_runner``) instead of a copy in this one;
         ``pickled``: the payload ``(fn, args, kwargs)`` as the caller measured it.
 
@@ -450,9 +501,12 @@ class Executor:
                 )
             )
         try:
-            return self._write_folder(
-                job_id, jobdir, fn, args, kwargs, name, probe, command, registered, runner, pickled
-            )
+            with contextlib.ExitStack() as registration:
+                if not registered:
+                    registration.enter_context(pickling_by_value(fn))
+                return self._write_folder(
+                    job_id, jobdir, fn, args, kwargs, name, probe, command, runner, pickled
+                )
         except BaseException:
             if self.store is not None:
                 self.store.delete(job_id)
@@ -468,18 +522,16 @@ class Executor:
         name: str,
         probe: Probe,
         command: list[str] | None,
-        registered: bool = False,
         runner: str | None = None,
         pickled: _Pickled | None = None,
     ) -> tuple[str, str, JobMeta]:
+        """The job folder, pickled under the caller's ``pickling_by_value``."""
         if self.tasks > 1 and callable(getattr(fn, "checkpoint", None)):
             raise ValueError(
                 "checkpoint and requeue work for jobs of one task: submit a checkpointable "
                 "function without nodes=/tasks_per_node="
             )
         host = self.backend.host
-        if not registered:
-            register_by_value(fn)
         if pickled is None:  # one pass: measured, scanned, and kept when small
             pickled = _measure((fn, args, kwargs), None, hashing=True, keep=True)
         # before the first byte goes out: what the payload holds loads in VENV2, and the user's
@@ -491,7 +543,7 @@ class Executor:
         code = (
             usercode.UserCode()  # a command imports nothing of the submitter's
             if command is not None
-            else usercode.collect(user_fn, limit=self.ship_limit, exclude=self.ship_exclude)
+            else self._user_code(user_fn)
         )
         root = self._job_root()
         host.mkdir(jobdir, 0o700)
@@ -603,19 +655,29 @@ class Executor:
         ``gpuctl.service.ReadOnlyError`` in read-only mode (see the class docstring).
         """
         self.guard.check("submitting jobs")
+        check_callable(fn)
         name = _name(fn)
-        if self.debug:
-            register_by_value(fn)
-            return debug.run_here(self.backend, fn, args, kwargs, name)
-        register_by_value(fn)
-        pickled = self._check_payload(
-            f"the call of {name}", (fn, args, kwargs), lambda: _parts(fn, args, kwargs), keep=True
-        )
-        self.venv2()
-        job_id, jobdir, meta = self._prepare(
-            fn, args, kwargs, name, registered=True, pickled=pickled
-        )
+        with pickling_by_value(fn, self._user_code(fn).ships):
+            if self.debug:  # refused as a submit refuses it, culprit named
+                _pickles(
+                    f"the call of {name}", (fn, args, kwargs), lambda: _parts(fn, args, kwargs)
+                )
+                return debug.run_here(self.backend, fn, args, kwargs, name)
+            pickled = self._check_payload(
+                f"the call of {name}",
+                (fn, args, kwargs),
+                lambda: _parts(fn, args, kwargs),
+                keep=True,
+            )
+            self.venv2()
+            job_id, jobdir, meta = self._prepare(
+                fn, args, kwargs, name, registered=True, pickled=pickled
+            )
         return self._start([(job_id, jobdir)], meta)[0]
+
+    def _user_code(self, fn: Callable[..., Any]) -> usercode.UserCode:
+        """The user's code that ships with ``fn``'s job (``usercode.collect``)."""
+        return usercode.collect(fn, limit=self.ship_limit, exclude=self.ship_exclude)
 
     def submit_command(self, argv: Sequence[str]) -> Job:
         """Run the command ``argv`` (``["python", "train.py", "--lr", "3e-4"]``, no shell) on the
@@ -721,6 +783,7 @@ class Executor:
         is submitted.
         """
         self.guard.check("submitting jobs")
+        check_callable(fn)
         if self.tasks > 1:
             raise ValueError(
                 "map runs one task per chunk: use an Executor without nodes=/tasks_per_node="
@@ -739,64 +802,71 @@ class Executor:
             # chunks enough that one array holds them: Slurm then caps them itself
             size = max(size, -(-len(items) // self.backend.max_array_size()))
         name = _name(fn)
-        register_by_value(fn)
-        if self.debug:
-            return [
-                debug.run_here(
-                    self.backend,
+        with pickling_by_value(fn, self._user_code(fn).ships):  # until every payload is written
+            if self.debug:  # refused as a map refuses it, culprit named
+                for k in range(0, len(items), size):
+                    chunk = items[k : k + size]
+                    _pickles(
+                        f"items {k} to {k + len(chunk) - 1} of map:{name}",
+                        (_chunk.run_chunk, (fn, chunk), {}),
+                        lambda: {**_parts(fn, (), {}), **_item_parts(chunk, k)},  # noqa: B023
+                    )
+                return [
+                    debug.run_here(
+                        self.backend,
+                        _chunk.run_chunk,
+                        (fn, items[i : i + size]),
+                        {},
+                        f"map:{name}",
+                    )
+                    for i in range(0, len(items), size)
+                ]
+            # The function and what it closes over go once per map: above SHARED_ABOVE into one
+            # file (content-addressed, in the job root's shared/) that each chunk's payload names.
+            # Every payload is measured against max_payload before anything is written.
+            shared = self._check_payload(
+                f"the function of map:{name} (with what it closes over)",
+                fn,
+                lambda: _parts(fn, (), {}),
+                keep=True,
+            )
+            part: Any = fn
+            if shared.size > SHARED_ABOVE:
+                part = _chunk.SharedPart(f"{self._job_root_path()}/shared/{shared.digest}.pkl")
+            chunks = [items[i : i + size] for i in range(0, len(items), size)]
+            # each chunk measured and scanned once here; written by a second pass (all chunks'
+            # bytes kept until written could be many times max_payload)
+            measured = [
+                self._check_payload(
+                    f"chunk {k} of map:{name} (items {k * size} to {k * size + len(chunk) - 1})",
+                    (_chunk.run_chunk, (part, chunk), {}),
+                    functools.partial(_item_parts, chunk, k * size),
+                )
+                for k, chunk in enumerate(chunks)
+            ]
+            self.venv2()
+            if isinstance(part, _chunk.SharedPart):
+                self._write_shared(part.path, fn, shared)
+            folders = []
+            meta: JobMeta = {}
+            # an array's chunks share one runner (the job folders are all on the login side's
+            # file system): a folder then holds its payload and meta.json only
+            runner = (
+                shared_runner(self.backend.host, self._job_root())
+                if isinstance(self.backend, SlurmBackend)
+                else None
+            )
+            for chunk, pickled in zip(chunks, measured, strict=True):
+                job_id, jobdir, meta = self._prepare(
                     _chunk.run_chunk,
-                    (fn, items[i : i + size]),
+                    (part, chunk),
                     {},
                     f"map:{name}",
+                    registered=True,
+                    runner=runner,
+                    pickled=pickled,
                 )
-                for i in range(0, len(items), size)
-            ]
-        # The function and what it closes over go once per map: above SHARED_ABOVE into one
-        # file (content-addressed, in the job root's shared/) that each chunk's payload names.
-        # Every payload is measured against max_payload before anything is written.
-        shared = self._check_payload(
-            f"the function of map:{name} (with what it closes over)",
-            fn,
-            lambda: _parts(fn, (), {}),
-            keep=True,
-        )
-        part: Any = fn
-        if shared.size > SHARED_ABOVE:
-            part = _chunk.SharedPart(f"{self._job_root_path()}/shared/{shared.digest}.pkl")
-        chunks = [items[i : i + size] for i in range(0, len(items), size)]
-        # each chunk measured and scanned once here; written by a second pass (all chunks'
-        # bytes kept until written could be many times max_payload)
-        measured = [
-            self._check_payload(
-                f"chunk {k} of map:{name} (items {k * size} to {k * size + len(chunk) - 1})",
-                (_chunk.run_chunk, (part, chunk), {}),
-                functools.partial(_item_parts, chunk, k * size),
-            )
-            for k, chunk in enumerate(chunks)
-        ]
-        self.venv2()
-        if isinstance(part, _chunk.SharedPart):
-            self._write_shared(part.path, fn, shared)
-        folders = []
-        meta: JobMeta = {}
-        # an array's chunks share one runner (the job folders are all on the login side's
-        # file system): a folder then holds its payload and meta.json only
-        runner = (
-            shared_runner(self.backend.host, self._job_root())
-            if isinstance(self.backend, SlurmBackend)
-            else None
-        )
-        for chunk, pickled in zip(chunks, measured, strict=True):
-            job_id, jobdir, meta = self._prepare(
-                _chunk.run_chunk,
-                (part, chunk),
-                {},
-                f"map:{name}",
-                registered=True,
-                runner=runner,
-                pickled=pickled,
-            )
-            folders.append((job_id, jobdir))
+                folders.append((job_id, jobdir))
         if isinstance(self.backend, SlurmBackend):
             return self._start(folders, meta, max_running=cap)
         now = time.time()
@@ -935,6 +1005,100 @@ class PayloadTooLarge(ValueError):
             "it and load it inside the function), or raise the limit: "
             'Executor(..., max_payload="4G") or max_payload = "4G" in the config\'s [jobs]'
         )
+
+
+class Unpicklable(pickle.PicklingError, TypeError):
+    """A call that cannot be pickled, refused before anything was written: the message names
+    the part that cannot (``global `LOCK` that `score` uses``, ``argument 0``), what it is, and
+    what to do instead. A ``PicklingError`` and a ``TypeError``, as cloudpickle raises."""
+
+
+def _what_it_is(value: object) -> tuple[str, str]:
+    """(what ``value`` is, what to pass instead) for a value that does not pickle."""
+    import io
+    import socket
+
+    t = type(value)
+    if (t.__module__ == "_thread" and t.__name__ in ("lock", "RLock")) or isinstance(
+        value, threading.Condition | threading.Semaphore | threading.Event
+    ):
+        return (
+            f"a lock ({t.__module__}.{t.__qualname__})",
+            "create it inside the function (a lock here locks nothing on the node)",
+        )
+    if isinstance(value, io.IOBase):
+        name, mode = getattr(value, "name", "?"), getattr(value, "mode", "?")
+        return (
+            f"an open file ({name!r}, mode {mode!r})",
+            "pass its path and open it inside the function",
+        )
+    if isinstance(value, socket.socket):
+        return "a socket", "pass its address and connect inside the function"
+    if isinstance(value, types.GeneratorType | types.AsyncGeneratorType | types.CoroutineType):
+        return (
+            f"a {t.__name__} (it cannot be copied halfway through)",
+            "pass a list of what it yields, or the function that makes it",
+        )
+    kind = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    return f"a {kind}", "create it inside the function, or pass what it is made from"
+
+
+def _unpicklable(what: str, error: Exception, parts: Mapping[str, Any]) -> Unpicklable:
+    """The error for ``what`` that cannot be pickled (``error``): the first of its ``parts``
+    (name: value, as ``_parts`` names them) that cannot be pickled alone, named."""
+    for name, value in parts.items():
+        try:
+            _measure(value, None)
+        except Exception as e:
+            it, instead = _what_it_is(value)
+            return Unpicklable(
+                f"{what} cannot be pickled: {name} is {it}, which cannot travel to the node "
+                f"({type(e).__name__}: {e}); {instead}"
+            )
+    return Unpicklable(f"{what} cannot be pickled: {type(error).__name__}: {error}")
+
+
+def check_callable(fn: object) -> None:
+    """TypeError with one line for a function whose call makes something to run later (an
+    ``async def``, a generator function): the job would only return that, unrun."""
+    import inspect
+
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "f")
+    if inspect.iscoroutinefunction(fn):
+        raise TypeError(
+            f"`{name}` is an async def function: calling it on the node only makes a coroutine, "
+            f"which nothing would run; submit a plain function: `lambda: asyncio.run({name}())`"
+        )
+    if inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"`{name}` is an async generator function: calling it on the node only makes an "
+            "async generator, which nothing would run; submit a plain function that runs it: "
+            f"`lambda: asyncio.run(collect({name}()))` with `async def collect(g): return "
+            "[x async for x in g]`"
+        )
+    if inspect.isgeneratorfunction(fn):
+        raise TypeError(
+            f"`{name}` is a generator function: calling it on the node only makes a generator, "
+            "which cannot travel back; submit a plain function: "
+            f"`lambda: list({name}())`"
+        )
+
+
+def check_picklable(
+    what: str, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] = {}
+) -> None:
+    """``Unpicklable`` naming the culprit when the call ``fn(*args, **kwargs)`` cannot be
+    pickled as a submit pickles it (``what``: how the message names the call)."""
+    with pickling_by_value(fn):
+        _pickles(what, (fn, tuple(args), dict(kwargs)), lambda: _parts(fn, args, kwargs))
+
+
+def _pickles(what: str, obj: object, parts: Callable[[], Mapping[str, Any]]) -> None:
+    """``Unpicklable`` naming the culprit among ``parts()`` when ``obj`` cannot be pickled."""
+    try:
+        _measure(obj, None)
+    except (TypeError, pickle.PicklingError) as e:
+        raise _unpicklable(what, e, parts()) from e
 
 
 KEEP_BELOW = 64 << 20  # a payload that pickles to at most this is written from its measure

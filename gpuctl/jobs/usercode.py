@@ -65,6 +65,26 @@ class UserCode:
         """The code folder under the job root ``root``."""
         return f"{root}/code-{self.digest[:16]}"
 
+    def modules(self) -> dict[str, str]:
+        """The modules that ship, by dotted name: the real path here of each one's file
+        (``pkg/__init__.py`` is ``pkg``). In VENV2 each imports, under that name, from the
+        code folder."""
+        out = {}
+        for rel, path in self.files:
+            if rel.endswith(".py"):
+                name = rel[:-3].replace("/", ".").removesuffix(".__init__")
+                out[name] = os.path.realpath(path)
+        return out
+
+    def ships(self, name: str) -> bool:
+        """Whether the module ``name`` imported here is one that ships: VENV2 imports the same
+        file under the same name (so it pickles by reference, as plain Python pickles it)."""
+        mod = sys.modules.get(name)
+        path = getattr(mod, "__file__", None)
+        if not isinstance(path, str) or not path:
+            return False
+        return self.modules().get(name) == os.path.realpath(path)
+
 
 def _fmt(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"

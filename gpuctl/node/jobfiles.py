@@ -362,3 +362,109 @@ def tail(path: str, limit: int = 4000) -> str:
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+# A job's traceback (``error.json``, a map item's): bounded. A cycle of frames repeated (a
+# RecursionError, direct or through several functions) is shown once and then counted; at most
+# TRACEBACK_FRAMES frames per exception are shown (the first and the last half), and at most
+# TRACEBACK_CHARS characters in all (its head and its tail).
+TRACEBACK_FRAMES = 80
+TRACEBACK_CHARS = 40000
+_CYCLE_AT_MOST = 12  # the longest cycle of frames looked for
+_CYCLE_FOLDED = 3  # a cycle repeated this many times or more is folded
+
+
+def _fold(frames: "List[Any]") -> "List[Any]":
+    """``frames`` (FrameSummary) with each run of a repeated cycle kept once, followed by a
+    string that counts the rest; then the middle of what is left cut to TRACEBACK_FRAMES."""
+    keys = [(f.filename, f.lineno, f.name) for f in frames]
+    out = []  # type: List[Any]
+    i, n = 0, len(keys)
+    while i < n:
+        best = (1, 0)  # (repeats, period)
+        for p in range(1, _CYCLE_AT_MOST + 1):
+            if i + p * _CYCLE_FOLDED > n:
+                break
+            reps = 1
+            while i + (reps + 1) * p <= n and keys[i + reps * p: i + (reps + 1) * p] == keys[i: i + p]:
+                reps += 1
+            if reps >= _CYCLE_FOLDED and reps * p > best[0] * best[1]:
+                best = (reps, p)
+        reps, p = best
+        if not p:
+            out.append(frames[i])
+            i += 1
+            continue
+        out.extend(frames[i: i + p])
+        where = ", ".join("{}:{}".format(os.path.basename(f.filename), f.lineno)
+                          for f in frames[i: i + p])
+        above = "the frame above" if p == 1 else "the {} frames above".format(p)
+        out.append("  [... {} more frames repeating {} ({})]\n".format((reps - 1) * p, above, where))
+        i += reps * p
+    if len(out) > TRACEBACK_FRAMES:
+        half = TRACEBACK_FRAMES // 2
+        cut = len(out) - 2 * half
+        out = out[:half] + ["  [... {} frames left out ...]\n".format(cut)] + out[-half:]
+    return out
+
+
+def format_exception(exc: BaseException) -> str:
+    """The traceback of ``exc`` (with its causes and contexts) as ``traceback`` writes it, but
+    bounded (repeated cycles of frames folded, see TRACEBACK_FRAMES) and never raising: when
+    the source lines cannot be read (an exception while ``linecache`` reads them, a signal
+    handler's), the frames are named without them."""
+    import traceback
+
+    class Folded(traceback.StackSummary):
+        def format(self, *args: Any, **kwargs: Any) -> "List[str]":
+            lines = []  # type: List[str]
+            for part in _fold(list(self)):
+                if isinstance(part, str):
+                    lines.append(part)
+                else:
+                    summary = traceback.StackSummary.from_list([part])
+                    lines.extend(traceback.StackSummary.format(summary, *args, **kwargs))
+            return lines
+
+    try:
+        te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+        seen = set()  # type: Any
+        todo = [te]  # type: List[Any]
+        while todo:
+            t = todo.pop()
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            t.stack = Folded(t.stack)
+            todo += [getattr(t, "__cause__", None), getattr(t, "__context__", None)]
+        text = "".join(te.format())
+    except Exception:
+        text = _bare(exc)
+    if len(text) > TRACEBACK_CHARS:
+        half = TRACEBACK_CHARS // 2
+        text = "{}\n[... {} characters left out ...]\n{}".format(
+            text[:half], len(text) - 2 * half, text[-half:])
+    return text
+
+
+def _bare(exc: BaseException) -> str:
+    """The frames of ``exc`` without their source lines (read nothing, format nothing)."""
+    try:
+        frames = []
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            frames.append((code.co_filename, tb.tb_lineno, code.co_name))
+            tb = tb.tb_next
+        if len(frames) > TRACEBACK_FRAMES:
+            frames = frames[:TRACEBACK_FRAMES // 2] + frames[-(TRACEBACK_FRAMES // 2):]
+        lines = ["Traceback (most recent call last):\n"]
+        lines += ['  File "{}", line {}, in {}\n'.format(*f) for f in frames]
+        try:
+            message = str(exc)
+        except Exception:
+            message = "<the message could not be read>"
+        lines.append("{}: {}\n".format(type(exc).__name__, message))
+        return "".join(lines)
+    except Exception:
+        return "{}\n".format(type(exc).__name__)

@@ -31,8 +31,17 @@ if TYPE_CHECKING:
 else:
     try:  # a script in a job folder: the contract's copy sits beside it (sys.path[0])
         from gpuctl_runner import jobfiles
-    except ImportError:  # imported from the gpuctl package
-        from gpuctl.node import jobfiles
+    except ImportError:
+        try:  # imported from the gpuctl package
+            from gpuctl.node import jobfiles
+        except ImportError:
+            # run again as ``__mp_main__`` by a child that multiprocessing spawned (a spawn
+            # Pool, DataLoader workers): its path is the worker's, without the job folder
+            sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+            try:
+                from gpuctl_runner import jobfiles
+            finally:
+                del sys.path[0]
 
 JOBDIR = ""
 _PID = os.getpid()
@@ -70,11 +79,43 @@ def first_error(
         "type_module": type(exc).__module__ if exc is not None else None,
         "module": getattr(exc, "name", None) if isinstance(exc, ImportError) else None,
         "message": message if message is not None else (str(exc) if exc is not None else ""),
-        "traceback": traceback.format_exc() if exc is not None else "",
+        # bounded, and never raising: the frames without their lines when those cannot be read
+        "traceback": jobfiles.format_exception(exc) if exc is not None else "",
         "t": time.time(),
     }
     record.update(extra)
     return jobfiles.write_json_once(_path(jobfiles.ERROR), record)
+
+
+# A cancel (the supervisor's SIGTERM, a Ctrl-C's SIGINT, a hang-up) still ends the job as it would.
+_KEEP_HANDLERS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+def _ignore(signum: int, frame: Any) -> None:
+    """A signal that came after the function ended: its handler is not run."""
+
+
+def _quiet_signals() -> None:
+    """Once the function has ended, the Python signal handlers it left behind are not run
+    again: such a handler could raise in the middle of the report of how the function ended
+    and replace it (torch's SIGCHLD handler raises at each signal once a DataLoader worker is
+    dead, the report reads the source lines of the traceback, and a signal then made a
+    ``RuntimeError`` of the function an exit without a result). Handlers the process set in C
+    (faulthandler's) stay, and so do those of the termination signals (a cancel)."""
+    keep = {getattr(signal, name) for name in _KEEP_HANDLERS if hasattr(signal, name)}
+    for _ in range(8):
+        try:
+            for signum in range(1, signal.NSIG):
+                if signum in keep:
+                    continue
+                try:
+                    if callable(signal.getsignal(signum)):
+                        signal.signal(signum, _ignore)
+                except (OSError, ValueError):
+                    continue
+            return
+        except Exception:  # a handler that ran (and raised) before it was replaced: again
+            continue
 
 
 def _short_repr(value: Any, limit: int = 200) -> str:
@@ -243,6 +284,7 @@ def run(jobdir: str) -> int:
     try:
         result = fn(*args, **kwargs)
     except SystemExit as e:
+        _quiet_signals()
         first_error(
             "sys_exit",
             "running",
@@ -252,10 +294,12 @@ def run(jobdir: str) -> int:
         )
         return 6
     except BaseException as e:
+        _quiet_signals()  # first: nothing may replace the function's exception from here on
         pickled = _save_exception(cloudpickle, e)
         kind = "memory_error" if isinstance(e, MemoryError) else "user_exception"
         first_error(kind, "running", e, pickled=pickled)
         return 1
+    _quiet_signals()
     del args, kwargs
 
     state["phase"] = "saving"

@@ -43,6 +43,10 @@ LOCK = threading.Lock()
 
 def haslock():
     return LOCK
+
+
+async def fetch():
+    return 1
 """
 
 
@@ -142,7 +146,11 @@ def test_cancel_through_the_cli(
         (["submit", "{file}"], "expected FILE.py:FUNC"),
         (["submit", "{file}:add", "--args", "[2,"], "--args is not valid JSON"),
         (["submit", "{file}:add", "--args", "3"], "--args must be a JSON list"),
-        (["submit", "{file}:haslock"], "cannot be pickled: TypeError"),
+        (
+            ["submit", "{file}:haslock"],
+            "haslock cannot be pickled: global `LOCK` that haslock uses",
+        ),
+        (["submit", "{file}:fetch"], "`fetch` is an async def function"),
         (["submit", "{file}:add", "--target", "nowhere"], "unknown target 'nowhere'"),
         (["submit", "{file}:add", "--nodes", "2"], "run through Slurm only"),
         (["submit", "{file}:add", "--tasks-per-node", "0"], "give a whole number, 1 or more"),
