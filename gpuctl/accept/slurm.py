@@ -187,7 +187,11 @@ class _Tail:
 
 
 @audit.audited_async(
-    lambda a: ("accept", audit.nodes_text(a.arguments["nodes"]), "the suite via sbatch")
+    lambda a: (
+        "accept",
+        a.arguments["spec"].nodelist or f"{a.arguments['spec'].nnodes} node(s) Slurm picks",
+        "the suite via sbatch",
+    )
 )
 async def start_slurm_run(
     options: AcceptOptions,

@@ -48,6 +48,12 @@ class ExitCode(enum.IntEnum):
     INTERNAL = 70  # a bug in gpuctl (sysexits' EX_SOFTWARE); the log has the traceback
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
 
+    def __str__(self) -> str:  # the number on every Python (3.10's IntEnum says its name)
+        return str(int(self))
+
+    def __format__(self, spec: str) -> str:
+        return format(int(self), spec)
+
 
 class UserError(Exception):
     """A mistake the user can fix; printed as ``gpuctl: <message>`` with ``ExitCode.USAGE``."""
