@@ -70,21 +70,17 @@ an XID both its agent and the store tell is told once.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import itertools
+import logging
 import math
 import re
-import ssl
 import statistics
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -94,6 +90,8 @@ from gpuctl.core.model import GpuSample, NodeEvent
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.gpu_history import history_sample
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
+from gpuctl.fleet.promhttp import PromError as PromError  # the HTTP client's, said here too
+from gpuctl.fleet.promhttp import PromHttp
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
 from gpuctl.node import protocol
 from gpuctl.node.metrics import METRICS as REGISTRY
@@ -101,6 +99,9 @@ from gpuctl.node.metrics import METRICS as REGISTRY
 if TYPE_CHECKING:
     from gpuctl.fleet.fleet import Fleet
     from gpuctl.fleet.slurm import JobWatcher
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HOST_LABELS = ("Hostname", "hostname", "node", "instance")  # the first one present names it
 UUID_LABELS = ("UUID", "uuid")
@@ -169,17 +170,6 @@ HISTORY_METRICS = tuple(
 )
 # the utilisation's history column and scale (a MIG GPU's comes from its instances)
 HISTORY_UTIL = next((k, sc) for k, n, sc in HISTORY_METRICS if n == "DCGM_FI_DEV_GPU_UTIL")
-
-
-class PromError(Exception):
-    """The store could not be read; ``reason``: unreachable, tls, auth, redirect, no_match,
-    sample_limit, bad_query, protocol, config. ``str()`` is one line for a person, and never
-    holds a token or password (they travel in a header no message quotes)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 # -- the HTTP API's answers, typed (msgspec decodes them without a dict per series) ----------
@@ -257,19 +247,12 @@ class MatrixReply(msgspec.Struct):
     data: MatrixData | None = None
 
 
-class ErrorReply(msgspec.Struct):
-    status: str = "error"
-    errorType: str | None = None
-    error: str | None = None
-
-
 # A node's lines (``PromLink._feed``) by msgspec: 768 hosts' 8-GPU samples (a poll's moved
 # third at 16,384 GPUs) in 3.2 ms of CPU, where ``protocol.encode`` (json) took 23 ms. Their
 # floats come from ``_number``, never NaN (which json refuses and msgspec writes as null).
 _LINE = msgspec.json.Encoder()
 _VECTOR = msgspec.json.Decoder(VectorReply)
 _MATRIX = msgspec.json.Decoder(MatrixReply)
-_ERROR = msgspec.json.Decoder(ErrorReply)
 
 
 # -- what is read -------------------------------------------------------------------------------
@@ -336,225 +319,86 @@ SLOW: frozenset[Metric] = frozenset(
 PromTarget = PrometheusConfig
 
 
-def check_url(url: str, name: Callable[[str], str] = str) -> str:
-    """``url`` without a trailing slash; raises PromError(config) unless it is http(s)://host
-    (``name``: how the line names a setting, ``PrometheusConfig.name``)."""
-    parts = urllib.parse.urlsplit(url.strip())
-    if "@" in parts.netloc:  # user:password@host: urllib would fail on it, and every line
-        # naming the store (errors, the detail screen, ``describe``) would show the password
-        raise PromError(
-            "config",
-            f"a Prometheus URL must not hold a user or password: set {name('prometheus_user')} "
-            f"and {name('prometheus_password_file')} (or {name('prometheus_token_file')}) instead",
-        )
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise PromError(
-            "config",
-            f"a Prometheus URL is http(s)://host:port, e.g. http://prom:9090 (not {url!r})",
-        )
-    return url.strip().rstrip("/")
-
-
-def _read_secret(path: str, what: str, name: str) -> str:
-    """The secret in ``path`` (``what``: "token", "password"; ``name``: the setting that named
-    the file), stripped; raises PromError(config) in one line that names the file, never
-    its text."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read().strip()
-    except (OSError, UnicodeDecodeError) as e:
-        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
-        raise PromError(
-            "config", f"cannot read the Prometheus {what} file {path} ({name}): {why}"
-        ) from None
-    if not text:
-        raise PromError("config", f"the Prometheus {what} file {path} ({name}) is empty")
-    return text
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is not followed: urllib would send the Authorization header on to wherever
-    it points (another host, or http from https), and turn the POSTed query into a GET that
-    loses it. The 3xx comes back as an HTTPError, said in one line (``_http_error``)."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-# X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH: a certificate for another name
-_NAME_MISMATCH = (62, 64)
+# Odd host names: a label value holding a hostlist's brackets or comma, a space, a control
+# character, a quote (the screen, ``status``'s reader lines and the hostlists gpuctl writes would
+# read it as something else): skipped, said once. ``instance`` is ``host:port``.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_.:@%+-]{1,253}")
+# A series in an answer (Prometheus writes its JSON compact): counted in the bytes before they
+# are decoded, so that an answer of more than ``max_series`` is refused before its objects are
+# made (a label value holding this text only makes the count larger: refused sooner).
+_SERIES_KEY = b'"metric":'
 
 
 class PromClient:
-    """Blocking queries to one store's HTTP API (run in threads: ``PromSource``).
-
-    Tested against Debian's Prometheus 2.42 serving https (``--web.config.file``'s
-    ``tls_server_config``) with basic auth, and behind a proxy that asks for a bearer token
-    (``gpuctl_tests/fleet/test_prom_tls.py``)."""
+    """Queries to one store's HTTP API, their answers decoded (``promhttp.PromHttp`` asks,
+    bounded in bytes and time; here, series): coroutines on the fleet's event loop, and
+    ``run_blocking`` for ``discover``."""
 
     def __init__(self, target: PromTarget) -> None:
         self.target = target
-        self.base = check_url(target.url, target.name)
-        self.headers = {"Accept": "application/json", "User-Agent": "gpuctl"}
-        if target.token_file:
-            token = _read_secret(target.token_file, "token", target.name("prometheus_token_file"))
-            self.headers["Authorization"] = f"Bearer {token}"
-        elif target.user:
-            password = (
-                _read_secret(
-                    target.password_file, "password", target.name("prometheus_password_file")
-                )
-                if target.password_file
-                else ""
-            )
-            pair = base64.b64encode(f"{target.user}:{password}".encode()).decode()
-            self.headers["Authorization"] = f"Basic {pair}"
-        self.context: ssl.SSLContext | None = None
-        if self.base.startswith("https:"):
-            try:
-                self.context = ssl.create_default_context(cafile=target.ca)
-            except OSError as e:  # ssl.SSLError too: not PEM ("no certificate or crl found")
-                why = e.strerror if e.strerror and not isinstance(e, ssl.SSLError) else e
-                raise PromError(
-                    "config",
-                    f"cannot read the Prometheus CA file {target.ca} "
-                    f"({target.name('prometheus_ca')}): {why}",
-                ) from None
-        handlers: list[Any] = [_NoRedirect()]
-        if self.context is not None:
-            handlers.append(urllib.request.HTTPSHandler(context=self.context))
-        self._opener = urllib.request.build_opener(*handlers)
+        self.http = PromHttp(target)
+        self.base = self.http.base
+        self.headers = self.http.headers
 
-    def _post(self, path: str, form: dict[str, str]) -> bytes:
-        url = self.base + path
-        data = urllib.parse.urlencode(form).encode()
-        req = urllib.request.Request(url, data=data, headers=self.headers, method="POST")
-        try:
-            with self._opener.open(req, timeout=self.target.timeout) as r:
-                body: bytes = r.read()
-                return body
-        except urllib.error.HTTPError as e:
-            body = e.read() if e.fp is not None else b""
-            if 300 <= e.code < 400:
-                where = e.headers.get("Location") or "elsewhere"
-                raise PromError(
-                    "redirect",
-                    f"Prometheus at {self.base} redirects to {where} ({e.code}): set prometheus "
-                    "to the URL it redirects to (a redirect is not followed: it would carry "
-                    "the credentials there)",
-                ) from None
-            raise self._http_error(e.code, e.reason, body, form.get("query", "")) from None
-        except urllib.error.URLError as e:
-            raise self._reach_error(e.reason) from None
-        except (TimeoutError, OSError) as e:
-            raise self._reach_error(e) from None
+    def run_blocking(self, work: Callable[[], Awaitable[T]]) -> T:
+        return self.http.run_blocking(work)
 
-    def _reach_error(self, why: object) -> PromError:
-        """One line for a connection that failed: TLS (an untrusted certificate, one for
-        another name, a server that does not speak TLS) said as such, else unreachable."""
-        if isinstance(why, ssl.SSLCertVerificationError):
-            detail = why.verify_message or why.reason or "verify failed"
-            if why.verify_code in _NAME_MISMATCH:
-                host = urllib.parse.urlsplit(self.base).hostname
-                return PromError(
-                    "tls",
-                    f"Prometheus at {self.base}: its certificate is not for {host} ({detail}): "
-                    "use a name in the URL that the certificate was issued for",
-                )
-            how = (
-                f"it is not signed by a CA in {self.target.name('prometheus_ca')} "
-                f"({self.target.ca})"
-                if self.target.ca
-                else f"set {self.target.name('prometheus_ca')} to the CA bundle that signed it"
-            )
-            return PromError(
-                "tls", f"Prometheus at {self.base}: certificate not trusted ({detail}): {how}"
-            )
-        if isinstance(why, ssl.SSLError):
-            if why.reason in (
-                "WRONG_VERSION_NUMBER",
-                "RECORD_LAYER_FAILURE",
-                "PACKET_LENGTH_TOO_LONG",
-            ):
-                return PromError(
-                    "tls",
-                    f"Prometheus at {self.base} does not answer in TLS ({why.reason}): "
-                    "is it http://?",
-                )
-            return PromError("tls", f"Prometheus at {self.base}: TLS failed ({why.reason or why})")
-        if isinstance(why, TimeoutError):
-            text = f"no answer within {self.target.timeout:g} s"
-        elif isinstance(why, OSError):
-            text = why.strerror or str(why)
-        else:
-            text = str(why)
-        return PromError("unreachable", f"cannot reach Prometheus at {self.base}: {text}")
+    async def aclose(self) -> None:
+        await self.http.aclose()
 
-    def _http_error(self, code: int, reason: str, body: bytes, query: str) -> PromError:
-        if code in (401, 403):
-            token, user, password = (
-                self.target.name(k)
-                for k in ("prometheus_token_file", "prometheus_user", "prometheus_password_file")
-            )
-            how = (
-                f"check {token} / {user} and {password}"
-                if "Authorization" in self.headers
-                else f"set {token}, or {user} and {password}"
-            )
-            return PromError(
-                "auth", f"Prometheus at {self.base} refused us ({code} {reason}): {how}"
-            )
-        try:
-            err = _ERROR.decode(body)
-        except msgspec.DecodeError:
-            err = ErrorReply(error=body[:200].decode(errors="replace").strip() or reason)
-        text = " ".join((err.error or reason).split())[:300]
-        if "too many samples" in text:
-            return PromError(
-                "sample_limit",
-                f"Prometheus at {self.base} refused the query as over its sample limit "
-                f"(--query.max-samples): narrow {self.target.name('prometheus_match')}, or "
-                f"raise that limit ({text})",
-            )
-        if "HTTP request to an HTTPS server" in text:  # Go's answer to plain http
-            return PromError(
-                "tls", f"Prometheus at {self.base} answers https only: use https:// ({text})"
-            )
-        if err.errorType == "bad_data":
-            return PromError(
-                "bad_query",
-                f"Prometheus at {self.base} cannot parse {query!r}: {text}; "
-                f"check {self.target.name('prometheus_match')}",
-            )
-        return PromError("protocol", f"Prometheus at {self.base} answered {code}: {text}")
-
-    def _ask(self, path: str, form: dict[str, str], decoder: Any) -> Any:
+    async def _ask(
+        self, path: str, form: dict[str, str], decoder: Any, deadline: float | None
+    ) -> Any:
         """The ``data.result`` of an answer, decoded by ``decoder`` (vector or matrix)."""
-        body = self._post(path, form)
+        body = await self.http.post(path, form, deadline=deadline)
+        cap = self.target.max_series
+        if body.count(_SERIES_KEY) > cap:
+            raise self._too_many(form["query"], body.count(_SERIES_KEY))
         try:
             reply = decoder.decode(body)
-        except msgspec.DecodeError as e:
+        except (msgspec.DecodeError, RecursionError) as e:
+            why = "nested too deep" if isinstance(e, RecursionError) else str(e)
             raise PromError(
                 "protocol",
-                f"Prometheus at {self.base}: unexpected answer to {form['query']!r}: {e}",
+                f"Prometheus at {self.base}: unexpected answer to {form['query'][:80]!r}: "
+                f"{why[:200]}",
             ) from None
-        return reply.data.result if reply.data is not None else []
-
-    def query(self, promql: str) -> list[Series]:
-        """The instant vector ``promql`` evaluates to now. Raises PromError."""
-        result: list[Series] = self._ask("/api/v1/query", {"query": promql}, _VECTOR)
+        result = reply.data.result if reply.data is not None else []
+        if len(result) > cap:
+            raise self._too_many(form["query"], len(result))
         return result
 
-    def query_range(self, promql: str, start: float, end: float, step: float) -> list[RangeSeries]:
+    def _too_many(self, query: str, count: int) -> PromError:
+        return PromError(
+            "too_large",
+            f"Prometheus at {self.base}: the answer to {query[:80]!r} holds {count:,} series, "
+            f"over prometheus_max_series ({self.target.max_series:,}): "
+            f"narrow {self.target.name('prometheus_match')}, or raise that limit (a config key)",
+        )
+
+    async def query(self, promql: str, *, deadline: float | None = None) -> list[Series]:
+        """The instant vector ``promql`` evaluates to now. Raises PromError."""
+        result: list[Series] = await self._ask(
+            "/api/v1/query", {"query": promql}, _VECTOR, deadline
+        )
+        return result
+
+    async def query_range(
+        self, promql: str, start: float, end: float, step: float, *, deadline: float | None = None
+    ) -> list[RangeSeries]:
         """``promql`` from ``start`` to ``end`` every ``step`` s (``/api/v1/query_range``).
         Raises PromError."""
         form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        result: list[RangeSeries] = self._ask("/api/v1/query_range", form, _MATRIX)
+        result: list[RangeSeries] = await self._ask("/api/v1/query_range", form, _MATRIX, deadline)
         return result
 
-    def query_matrix(self, promql: str) -> list[RangeSeries]:
+    async def query_matrix(
+        self, promql: str, *, deadline: float | None = None
+    ) -> list[RangeSeries]:
         """The raw samples of a range selector (``x[5m]``) now. Raises PromError."""
-        result: list[RangeSeries] = self._ask("/api/v1/query", {"query": promql}, _MATRIX)
+        result: list[RangeSeries] = await self._ask(
+            "/api/v1/query", {"query": promql}, _MATRIX, deadline
+        )
         return result
 
 
@@ -1178,6 +1022,8 @@ class PromSource:
         self.squeue_conf: str | None = None
         self.job_watcher: JobWatcher | None = None
         self.jobs_shown: dict[tuple[str, int], str] = {}
+        self.odd_hosts: set[str] = set()  # host names left out (``_note_odd``)
+        self.capped: str | None = None  # the line saying hosts were left out over the cap
 
     @property
     def forget_after(self) -> float:
@@ -1232,8 +1078,12 @@ class PromSource:
         for s in stamped:
             host, t = s.metric.host(), _number(s.value.text)
             if host and t is not None and t > stamps.get(host, -math.inf):
+                if host not in self.latest and not _HOST_NAME.fullmatch(host):
+                    self._note_odd(host)
+                    continue
                 stamps[host] = t
                 labels.add(s.metric.host_label())
+        stamps = self._within_cap(stamps)
         moved = set()
         mine = self.links if self.links and not self.adds_hosts else None  # mixed: its nodes
         for host, t in stamps.items():
@@ -1261,6 +1111,38 @@ class PromSource:
             some = queries(self._matchers(slow_hosts, labels, len(stamps)), by)[1:]
             asked += [(m, q) for m, q in some if m in rare]
         return moved, asked
+
+    def _note_odd(self, host: str) -> None:
+        """A host whose name gpuctl does not take (``_HOST_NAME``) is left out, said once."""
+        if host in self.odd_hosts or len(self.odd_hosts) >= 100:
+            return
+        self.odd_hosts.add(host)
+        log.warning(
+            "Prometheus at %s: host %r left out: a node's name is letters, digits and _.:@%%+- "
+            "(check the exporters' %s labels)",
+            self.client.base,
+            host[:80],
+            "/".join(HOST_LABELS),
+        )
+
+    def _within_cap(self, stamps: dict[str, float]) -> dict[str, float]:
+        """``stamps`` of at most ``max_hosts`` hosts (``prometheus_max_hosts``): the held ones
+        first, then new ones by name; ``capped`` says, once, that some were left out."""
+        cap = self.target.max_hosts
+        if len(stamps) <= cap:
+            return stamps
+        held = [h for h in stamps if h in self.latest]
+        kept = held[:cap] + sorted(h for h in stamps if h not in self.latest)[: cap - len(held)]
+        line = (
+            f"Prometheus at {self.client.base} holds GPUs of {len(stamps):,} hosts, over "
+            f"prometheus_max_hosts ({cap:,}): "
+            f"{len(stamps) - len(kept):,} left out; narrow "
+            f"{self.target.name('prometheus_match')}, or raise that limit (a config key)"
+        )
+        if self.capped != line:
+            log.warning("%s", line)
+        self.capped = line
+        return {h: stamps[h] for h in kept}
 
     def _matchers(self, hosts: set[str], labels: set[str], held: int) -> str:
         """The selector's matchers for ``hosts`` of the ``held`` the store has: by name
@@ -1324,16 +1206,19 @@ class PromSource:
         self._read_fully |= self._slow_hosts & readings.keys()
         return readings
 
-    def _poll_blocking(self) -> dict[str, NodeReading]:
-        """A poll from outside the event loop (``discover``): the queries at once, in threads
-        (one after the other took 27 round trips: seconds at 16,384 GPUs)."""
-        from concurrent.futures import ThreadPoolExecutor
-
+    async def _poll_whole(self) -> dict[str, NodeReading]:
+        """A poll whose readings are used once all are in (``discover``)."""
+        deadline = time.monotonic() + self.target.timeout
         self.stamp_query = self._stamp()
-        stamped = self.client.query(self.stamp_query)
+        stamped = await self.client.query(self.stamp_query, deadline=deadline)
         moved, asked = self._plan(stamped)
-        with ThreadPoolExecutor(max_workers=QUERIES_AT_ONCE) as pool:
-            answers = list(pool.map(self.client.query, [q for _m, q in asked]))
+        gate = asyncio.Semaphore(QUERIES_AT_ONCE)
+
+        async def ask(promql: str) -> list[Series]:
+            async with gate:
+                return await self.client.query(promql, deadline=deadline)
+
+        answers = list(await asyncio.gather(*(ask(q) for _m, q in asked)))
         return self._readings(stamped, moved, asked, answers)
 
     async def poll(
@@ -1353,8 +1238,9 @@ class PromSource:
         read by the same answers: no row mixes a new value with a missing one. When a query
         fails, the groups it reads are not handed over (their hosts move again next poll),
         the others are as their queries answer, and the poll raises the error then."""
+        deadline = time.monotonic() + self.target.timeout  # the whole poll's
         self.stamp_query = self._stamp()
-        stamped = await asyncio.to_thread(self.client.query, self.stamp_query)
+        stamped = await self.client.query(self.stamp_query, deadline=deadline)
         moved, asked = self._plan(stamped)
         gate = asyncio.Semaphore(QUERIES_AT_ONCE)
         nodes = group([(None, stamped)])
@@ -1373,7 +1259,7 @@ class PromSource:
 
         async def ask(n: int, metric: Metric | None, promql: str) -> list[Series]:
             async with gate:
-                series = await asyncio.to_thread(self.client.query, promql)
+                series = await self.client.query(promql, deadline=deadline)
             group([(metric, series)], nodes)
             for index, (_hosts, needs) in enumerate(groups):
                 if n in needs:
@@ -1415,7 +1301,13 @@ class PromSource:
     def discover(self) -> list[str]:
         """The hosts the store holds GPUs of now, sorted; makes the nodes' links. Raises
         PromError (one line), ``no_match`` when the selector matches no GPU."""
-        readings = {h: r for h, r in self._poll_blocking().items() if r.gpus and r.t is not None}
+        return self.client.run_blocking(self._discover)
+
+    async def _discover(self) -> list[str]:
+        polled = await self._poll_whole()
+        if self.capped is not None:
+            raise PromError("too_large", self.capped)
+        readings = {h: r for h, r in polled.items() if r.gpus and r.t is not None}
         if not readings:
             sel = _selector(UTIL.names, self.target.matchers())
             raise PromError(
@@ -1423,11 +1315,11 @@ class PromSource:
                 f"Prometheus at {self.client.base} has no series {sel}: is DCGM exporter scraped"
                 f" there? check {self.target.name('prometheus_match')}",
             )
-        self.period = self._scrape_period(readings)
+        self.period = await self._scrape_period(readings)
         self._take(readings, publish=False)
         return sorted(readings)
 
-    def _scrape_period(self, readings: dict[str, NodeReading]) -> float:
+    async def _scrape_period(self, readings: dict[str, NodeReading]) -> float:
         """The scrape period: the median gap between one GPU's raw samples over 5 minutes."""
         host = min(readings)
         gpu = min(readings[host].gpus)
@@ -1438,7 +1330,7 @@ class PromSource:
             # a MIG GPU's instances have GR_ENGINE_ACTIVE, not GPU_UTIL: either's times
             sel = f"{_selector((*UTIL.names, MIG_UTIL), matchers)}[5m]"
             try:
-                series = self.client.query_matrix(sel)
+                series = await self.client.query_matrix(sel)
             except PromError:
                 return DEFAULT_PERIOD
             if series:
@@ -1565,9 +1457,10 @@ class PromSource:
         ]
         # MIG instances' utilisation, with the GPU's model (its slices: ``mig_util``)
         asked.append((*HISTORY_UTIL, mig_query(matchers, f"gpu, {', '.join(MODEL_LABELS)}")))
+        deadline = time.monotonic() + self.target.timeout
         answers = await asyncio.gather(
             *(
-                asyncio.to_thread(self.client.query_range, promql, start, end, step)
+                self.client.query_range(promql, start, end, step, deadline=deadline)
                 for _key, _scale, promql in asked
             )
         )
@@ -1601,18 +1494,22 @@ class PromSource:
         return [history_sample(index, t, got) for (t, index), got in sorted(points.items())]
 
     async def run(self) -> None:
-        """Poll every ``interval`` seconds until cancelled (a fleet service)."""
-        while True:
-            started = time.monotonic()
-            try:
-                await self.poll_once()
-            except PromError as e:
-                self.error = e
-            else:
-                self.error = None
-            self.poll_seconds = time.monotonic() - started
-            # a timer: the store is polled at a rate, not in answer to anything
-            await asyncio.sleep(max(0.0, self.interval - self.poll_seconds))
+        """Poll every ``interval`` seconds until cancelled (a fleet service); cancelled, the
+        poll's requests end with it and the connections are closed."""
+        try:
+            while True:
+                started = time.monotonic()
+                try:
+                    await self.poll_once()
+                except PromError as e:
+                    self.error = e
+                else:
+                    self.error = None
+                self.poll_seconds = time.monotonic() - started
+                # a timer: the store is polled at a rate, not in answer to anything
+                await asyncio.sleep(max(0.0, self.interval - self.poll_seconds))
+        finally:
+            await self.client.aclose()
 
 
 def prometheus_links(
