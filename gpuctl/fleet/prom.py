@@ -61,6 +61,11 @@ from the store's newest sample of any host, so a store that stops scraping (ever
 once) drops none; and never a mixed cluster's node (named in the config, reached by its agent:
 that it is unreachable is news).
 
+Its parts: the HTTP client (``promhttp``: aiohttp, bounded in bytes and time, TLS, credentials),
+the answers' types and the client that decodes them (``promwire``: bounded in series), MIG
+weighting (``prommig``); here the queries, the grouping per host, the hosts found and
+forgotten, polling and publishing.
+
 A node seen through Prometheus alone has no agent: its link answers pings and refuses every
 other request, and it is read-only (``read_only_why`` says why to the keys that act). A mixed
 node (the cluster also says how to reach it) opens its agent on the first request to act;
@@ -78,9 +83,9 @@ import re
 import statistics
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -91,7 +96,30 @@ from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.gpu_history import history_sample
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.promhttp import PromError as PromError  # the HTTP client's, said here too
-from gpuctl.fleet.promhttp import PromHttp
+from gpuctl.fleet.prommig import (
+    MIB,
+    MIG_ID,
+    MIG_PROFILE,
+    MIG_SUMMED,
+    MIG_UTIL,
+    mig_instances,
+    mig_util,
+)
+from gpuctl.fleet.prommig import mig_slices as mig_slices
+from gpuctl.fleet.prommig import profile_slices as profile_slices
+from gpuctl.fleet.promwire import _MATRIX as _MATRIX  # the benchmarks' (prom_scale.py)
+from gpuctl.fleet.promwire import _VECTOR as _VECTOR
+from gpuctl.fleet.promwire import (
+    DRIVER_LABEL,
+    HOST_LABELS,
+    JOB_LABEL,
+    MODEL_LABELS,
+    UUID_LABELS,
+)
+from gpuctl.fleet.promwire import Labels as Labels
+from gpuctl.fleet.promwire import PromClient as PromClient
+from gpuctl.fleet.promwire import RangeSeries as RangeSeries
+from gpuctl.fleet.promwire import Series as Series
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
 from gpuctl.node import protocol
 from gpuctl.node.metrics import METRICS as REGISTRY
@@ -101,59 +129,7 @@ if TYPE_CHECKING:
     from gpuctl.fleet.slurm import JobWatcher
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-HOST_LABELS = ("Hostname", "hostname", "node", "instance")  # the first one present names it
-UUID_LABELS = ("UUID", "uuid")
-MODEL_LABELS = ("modelName", "model")
-DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
-# The Slurm (HPC) job on a GPU: DCGM exporter started with --hpc-job-mapping-dir (or
-# DCGM_HPC_JOB_MAPPING_DIR) reads one file per GPU there, a job id a line, and copies each
-# series once per job with this label (internal/pkg/transformation/hpc.go). It has no label
-# for the job's user.
-JOB_LABEL = "hpc_job"
-# MIG: in DCGM exporter's default device mode ("flex") a GPU in MIG mode has no series of its
-# own but one per GPU instance, each with the parent's ``gpu`` and ``UUID`` labels plus the
-# instance's id and profile (internal/pkg/collector: GPUInstanceID, MigProfile), and without
-# GPU_UTIL (DCGM does not report it for instances: GR_ENGINE_ACTIVE, a ratio, instead). The
-# screen's model has a row per GPU index, so a MIG GPU is one row summing its instances: its
-# memory the sum of theirs, its utilisation their GR_ENGINE_ACTIVE weighted by each one's
-# compute slices (the "3" of "3g.40gb") over the GPU's slices (``mig_slices``: 7 on an H100,
-# whether instances hold them or not), ``mig_mode`` set in its hello.
-MIG_ID, MIG_PROFILE = "GPU_I_ID", "GPU_I_PROFILE"
-MIG_UTIL = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
-MIG_SUMMED = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
-_SLICES = re.compile(r"(\d+)g\.")
-# A GPU's compute slices in MIG mode, by its model (DCGM exporter's ``modelName``, "NVIDIA
-# A100-SXM4-80GB"), the first that matches: NVIDIA's MIG user guide ("Supported GPUs": 7
-# instances at most on the A100, H100, H20, H200, GH200, B200, GB200; 4 on the A30 and the
-# RTX PRO 6000 Blackwell, 2 on the RTX PRO 5000 Blackwell).
-MIG_MODELS = (
-    (re.compile(r"RTX PRO 6000"), 4),
-    (re.compile(r"RTX PRO 5000"), 2),
-    (re.compile(r"\bA30\b"), 4),
-    (re.compile(r"\b(A100|H100|H200|H20|GH200|GB200|B200|B300|GB300)\b"), 7),
-)
-# ... else by its instances' profile names where every one is a documented profile of GPUs of
-# one slice count (the guide's "Supported MIG Profiles", "+me" media extensions left out):
-# the A30's (4 slices) and the 7-slice GPUs' (A100 40/80 GB, H100 80/94/96 GB, H200, B200,
-# B300). Not "1g.24gb", "2g.48gb", "4g.96gb": the H100 94 GB's and the RTX PRO Blackwells' too.
-MIG_PROFILES = {
-    **dict.fromkeys(("1g.6gb", "2g.12gb", "4g.24gb"), 4),
-    **dict.fromkeys(
-        (
-            *("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),  # A100 40 GB
-            *("1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),  # A100 80 GB, H100
-            *("1g.12gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"),  # H100 94 GB
-            *("3g.48gb", "4g.48gb", "7g.96gb"),  # GH200, H20 (96 GB)
-            *("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),  # H200
-            *("1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"),  # B200
-            *("1g.34gb", "1g.67gb", "2g.67gb", "3g.135gb", "4g.135gb", "7g.269gb"),  # B300
-        ),
-        7,
-    ),
-}
-MIB = 1 << 20
 DEFAULT_PERIOD = 30.0  # the scrape period assumed until one series shows two samples
 PREFIX = "DCGM_FI_DEV_"
 QUERIES_AT_ONCE = 8  # a poll's queries in flight together (27 at once overran a loaded store)
@@ -172,87 +148,10 @@ HISTORY_METRICS = tuple(
 HISTORY_UTIL = next((k, sc) for k, n, sc in HISTORY_METRICS if n == "DCGM_FI_DEV_GPU_UTIL")
 
 
-# -- the HTTP API's answers, typed (msgspec decodes them without a dict per series) ----------
-# gc=False: a poll's answers are hundreds of thousands of these, and the process holds millions
-# of objects (the fleet's 4-hour history): each allocation of tracked objects counts towards a
-# collection of that whole heap. Decoding 26 answers of 5,464 series with 2 million dicts
-# alive took 0.28 s tracked, 0.047 s untracked. They hold strings and floats: no cycle.
-class Labels(msgspec.Struct, gc=False):
-    """The labels gpuctl reads (``HOST_LABELS``, ``gpu``, ``UUID_LABELS``, ``MODEL_LABELS``,
-    ``DRIVER_LABEL``); any other is skipped while decoding. A poll's answers for 16,384 GPUs
-    hold 440,000 label sets: decoding them costs ~0.6 s of CPU here (``json.loads`` into
-    dicts 3.7x that) and grouping them ~0.26 s (``benchmarks/prom_scale.py --decode-only``)."""
-
-    Hostname: str = ""
-    hostname: str = ""
-    node: str = ""
-    instance: str = ""
-    gpu: str = ""
-    UUID: str = ""
-    uuid: str = ""
-    modelName: str = ""
-    model: str = ""
-    DCGM_FI_DRIVER_VERSION: str = ""
-    hpc_job: str = ""
-    GPU_I_ID: str = ""
-    GPU_I_PROFILE: str = ""
-
-    def host(self) -> str:
-        """The host's name: the first of ``HOST_LABELS`` set ("" when none is)."""
-        return self.Hostname or self.hostname or self.node or self.instance
-
-    def host_label(self) -> str:
-        for key in HOST_LABELS:
-            if getattr(self, key):
-                return key
-        return HOST_LABELS[0]
-
-
-class Value(msgspec.Struct, array_like=True, gc=False):
-    """An instant vector's ``[time, "value"]``: a struct, not a tuple, as tuples are tracked
-    by the GC (decoding 26 answers of 16,384 series with 2 million objects alive: 0.15 s,
-    0.17 s with tuples)."""
-
-    t: float
-    text: str
-
-
-class Series(msgspec.Struct, gc=False):
-    metric: Labels
-    value: Value
-
-
-class RangeSeries(msgspec.Struct, gc=False):
-    metric: Labels
-    values: list[tuple[float, str]]
-
-
-class VectorData(msgspec.Struct):
-    resultType: str
-    result: list[Series]
-
-
-class MatrixData(msgspec.Struct):
-    resultType: str
-    result: list[RangeSeries]
-
-
-class VectorReply(msgspec.Struct):
-    status: str
-    data: VectorData | None = None
-
-
-class MatrixReply(msgspec.Struct):
-    status: str
-    data: MatrixData | None = None
-
-
 # A node's lines (``PromLink._feed``) by msgspec: 768 hosts' 8-GPU samples (a poll's moved
 # third at 16,384 GPUs) in 3.2 ms of CPU, where ``protocol.encode`` (json) took 23 ms. Their
 # floats come from ``_number``, never NaN (which json refuses and msgspec writes as null).
 _LINE = msgspec.json.Encoder()
-_VECTOR = msgspec.json.Decoder(VectorReply)
-_MATRIX = msgspec.json.Decoder(MatrixReply)
 
 
 # -- what is read -------------------------------------------------------------------------------
@@ -323,83 +222,6 @@ PromTarget = PrometheusConfig
 # character, a quote (the screen, ``status``'s reader lines and the hostlists gpuctl writes would
 # read it as something else): skipped, said once. ``instance`` is ``host:port``.
 _HOST_NAME = re.compile(r"[A-Za-z0-9_.:@%+-]{1,253}")
-# A series in an answer (Prometheus writes its JSON compact): counted in the bytes before they
-# are decoded, so that an answer of more than ``max_series`` is refused before its objects are
-# made (a label value holding this text only makes the count larger: refused sooner).
-_SERIES_KEY = b'"metric":'
-
-
-class PromClient:
-    """Queries to one store's HTTP API, their answers decoded (``promhttp.PromHttp`` asks,
-    bounded in bytes and time; here, series): coroutines on the fleet's event loop, and
-    ``run_blocking`` for ``discover``."""
-
-    def __init__(self, target: PromTarget) -> None:
-        self.target = target
-        self.http = PromHttp(target)
-        self.base = self.http.base
-        self.headers = self.http.headers
-
-    def run_blocking(self, work: Callable[[], Awaitable[T]]) -> T:
-        return self.http.run_blocking(work)
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
-
-    async def _ask(
-        self, path: str, form: dict[str, str], decoder: Any, deadline: float | None
-    ) -> Any:
-        """The ``data.result`` of an answer, decoded by ``decoder`` (vector or matrix)."""
-        body = await self.http.post(path, form, deadline=deadline)
-        cap = self.target.max_series
-        if body.count(_SERIES_KEY) > cap:
-            raise self._too_many(form["query"], body.count(_SERIES_KEY))
-        try:
-            reply = decoder.decode(body)
-        except (msgspec.DecodeError, RecursionError) as e:
-            why = "nested too deep" if isinstance(e, RecursionError) else str(e)
-            raise PromError(
-                "protocol",
-                f"Prometheus at {self.base}: unexpected answer to {form['query'][:80]!r}: "
-                f"{why[:200]}",
-            ) from None
-        result = reply.data.result if reply.data is not None else []
-        if len(result) > cap:
-            raise self._too_many(form["query"], len(result))
-        return result
-
-    def _too_many(self, query: str, count: int) -> PromError:
-        return PromError(
-            "too_large",
-            f"Prometheus at {self.base}: the answer to {query[:80]!r} holds {count:,} series, "
-            f"over prometheus_max_series ({self.target.max_series:,}): "
-            f"narrow {self.target.name('prometheus_match')}, or raise that limit (a config key)",
-        )
-
-    async def query(self, promql: str, *, deadline: float | None = None) -> list[Series]:
-        """The instant vector ``promql`` evaluates to now. Raises PromError."""
-        result: list[Series] = await self._ask(
-            "/api/v1/query", {"query": promql}, _VECTOR, deadline
-        )
-        return result
-
-    async def query_range(
-        self, promql: str, start: float, end: float, step: float, *, deadline: float | None = None
-    ) -> list[RangeSeries]:
-        """``promql`` from ``start`` to ``end`` every ``step`` s (``/api/v1/query_range``).
-        Raises PromError."""
-        form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        result: list[RangeSeries] = await self._ask("/api/v1/query_range", form, _MATRIX, deadline)
-        return result
-
-    async def query_matrix(
-        self, promql: str, *, deadline: float | None = None
-    ) -> list[RangeSeries]:
-        """The raw samples of a range selector (``x[5m]``) now. Raises PromError."""
-        result: list[RangeSeries] = await self._ask(
-            "/api/v1/query", {"query": promql}, _MATRIX, deadline
-        )
-        return result
 
 
 def _number(text: str) -> float | None:
@@ -479,47 +301,6 @@ def per_gpu(names: tuple[str, ...], matchers: str, by: str, *, instances: bool =
         each = f"max by ({by}, {MIG_ID}) ({_selector(names, matchers)})"
         return each if instances else f"sum by ({by}) ({each})"
     return f"max by ({by}) ({_selector(names, matchers)})"
-
-
-def profile_slices(profile: str) -> int:
-    """A MIG profile's compute slices: the "3" of "3g.40gb" (1 for a name without one)."""
-    m = _SLICES.search(profile)
-    return int(m.group(1)) if m else 1
-
-
-def mig_slices(model: str | None, profiles: list[str]) -> int | None:
-    """A GPU's compute slices in MIG mode (7 on an A100 or H100): by its ``model``, else by
-    its instances' ``profiles`` where all are known ones (``MIG_PROFILES``) of one count;
-    None where neither tells."""
-    for pattern, slices in MIG_MODELS:
-        if model and pattern.search(model):
-            return slices
-    counts = {MIG_PROFILES.get(p.split("+", 1)[0]) for p in profiles}
-    if len(counts) == 1 and None not in counts:
-        return counts.pop()
-    return None
-
-
-def mig_util(
-    instances: dict[str, tuple[str, float | None]], model: str | None = None
-) -> int | None:
-    """A MIG GPU's utilisation: its instances' GR_ENGINE_ACTIVE (%) weighted by their compute
-    slices ("3g.40gb": 3) over the GPU's (``mig_slices``), so that a GPU whose one 2g
-    instance is busy reads 29%, not 100%: the five slices no instance holds are idle. Where
-    the GPU's slices are not known (a model and profiles not in the tables), over the
-    instances' own: what the instances there are do, not the GPU."""
-    total = weight = held = 0.0
-    for profile, util in instances.values():
-        slices = profile_slices(profile)
-        held += slices
-        if util is None:
-            continue
-        total += util * slices
-        weight += slices
-    if not weight:
-        return None
-    whole = mig_slices(model, [p for p, _u in instances.values()])
-    return round(total / (weight if whole is None else max(whole, held)))
 
 
 def queries(
@@ -637,29 +418,6 @@ def group(
             node.gpus[gpu]["mig"] = mig_instances(instances, node.mig_memory.get(gpu, {}))
             node.statics[gpu]["mig_mode"] = True
     return nodes
-
-
-def mig_instances(
-    instances: dict[str, tuple[str, float | None]], memory: dict[str, dict[str, float]]
-) -> list[JsonObject]:
-    """A MIG GPU's instances as a sample's ``mig`` (protocol): id, profile, utilisation (%),
-    memory used and total (bytes: its used plus free, FB_RESERVED being read only at the
-    host's slow turns), by instance id."""
-    out: list[JsonObject] = []
-    for gi in sorted(instances, key=lambda i: (len(i), i)):
-        profile, util = instances[gi]
-        mem = memory.get(gi, {})
-        used, free = mem.get("fb_used"), mem.get("fb_free")
-        out.append(
-            {
-                "id": gi,
-                "profile": profile or None,
-                "util": None if util is None else min(100, max(0, round(util))),
-                "mem_used": None if used is None else int(used * MIB),
-                "mem_total": None if used is None or free is None else int((used + free) * MIB),
-            }
-        )
-    return out
 
 
 def gpu_wire(index: int, values: dict[str, Any], uuid: str | None) -> JsonObject:

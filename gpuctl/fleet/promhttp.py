@@ -270,7 +270,7 @@ class PromHttp:
 
     async def post(
         self, path: str, form: Mapping[str, str], *, deadline: float | None = None
-    ) -> bytes:
+    ) -> bytes | bytearray:
         """The body of the answer to ``form`` POSTed to ``path``, read whole within the
         target's timeout and ``deadline`` (``time.monotonic()``'s), at most ``max_answer``
         bytes. Raises PromError."""
@@ -307,21 +307,19 @@ class PromHttp:
         except (aiohttp.ClientError, OSError) as e:
             raise self._reach_error(e) from None
 
-    async def _read(self, r: aiohttp.ClientResponse, query: str) -> bytes:
+    async def _read(self, r: aiohttp.ClientResponse, query: str) -> bytearray:
         """The answer's body, read as it comes and never past ``max_answer`` bytes."""
         cap = self.max_answer
         if r.content_length is not None and r.content_length > cap:
             raise self._too_large(query, f"says it holds {r.content_length:,} bytes")
-        chunks: list[bytes] = []
-        size = 0
+        body = bytearray()  # grown in place (msgspec decodes it as is: no copy at the end)
         while True:
-            chunk = await r.content.read(min(CHUNK, cap + 1 - size))
+            chunk = await r.content.read(min(CHUNK, cap + 1 - len(body)))
             if not chunk:
-                return b"".join(chunks)
-            size += len(chunk)
-            if size > cap:
+                return body
+            if len(body) + len(chunk) > cap:
                 raise self._too_large(query, "goes on past it")
-            chunks.append(chunk)
+            body += chunk
 
     def _too_large(self, query: str, how: str) -> PromError:
         return PromError(
@@ -381,7 +379,7 @@ class PromHttp:
             text = " ".join(str(e).split())[:300] or type(e).__name__
         return PromError("unreachable", f"cannot reach Prometheus at {self.base}: {text}")
 
-    def _http_error(self, code: int, reason: str, body: bytes, query: str) -> PromError:
+    def _http_error(self, code: int, reason: str, body: bytes | bytearray, query: str) -> PromError:
         if code in (401, 403):
             token, user, password = (
                 self.target.name(k)
