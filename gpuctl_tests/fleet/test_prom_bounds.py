@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpuctl.config import parse_config
-from gpuctl.fleet.prom import PromClient, PromError, PromTarget
+from gpuctl.fleet.prom import PromClient, PromError, PromSource, PromTarget
 from gpuctl_tests.harness.prometheus import StandInStore, hosts_answer
 from gpuctl_tests.helpers import node_env, wait_until
 
@@ -341,3 +341,21 @@ def test_the_secret_rule_is_exports(tmp_path: Path) -> None:
     with pytest.raises(PromError) as b:
         PromClient(target)
     assert str(a.value).split(": ", 1)[1] in str(b.value)
+
+
+async def test_hosts_past_the_cap_while_running_are_left_out(
+    stores: Callable[[Answer], StandInStore],
+) -> None:
+    """Hosts that appear while gpuctl runs, past ``prometheus_max_hosts``, are left out (the
+    held ones stay, then new ones by name) and ``capped`` holds the line saying so."""
+    hosts = ["node-a", "node-b"]
+    store = stores(hosts_answer(hosts))
+    source = PromSource(PromTarget(store.url, max_hosts=3), interval=1.0)
+    source._take(await source.poll(), publish=False)
+    assert sorted(source.latest) == ["node-a", "node-b"] and source.capped is None
+    hosts += ["node-e", "node-d", "node-c"]  # the store answers them from now on
+    source._take(await source.poll(), publish=False)
+    assert sorted(source.latest) == ["node-a", "node-b", "node-c"]
+    assert source.capped is not None
+    assert "holds GPUs of 5 hosts, over prometheus_max_hosts (3): 2 left out" in source.capped
+    await source.client.aclose()
