@@ -62,9 +62,9 @@ once) drops none; and never a mixed cluster's node (named in the config, reached
 that it is unreachable is news).
 
 Its parts: the HTTP client (``promhttp``: aiohttp, bounded in bytes and time, TLS, credentials),
-the answers' types and the client that decodes them (``promwire``: bounded in series), MIG
-weighting (``prommig``); here the queries, the grouping per host, the hosts found and
-forgotten, polling and publishing.
+the answers' types and the client that decodes them (``promwire``: bounded in series), the
+metrics read and the PromQL asked (``promquery``), MIG weighting (``prommig``); here the
+grouping per host, the hosts found and forgotten, polling and publishing.
 
 A node seen through Prometheus alone has no agent: its link answers pings and refuses every
 other request, and it is read-only (``read_only_why`` says why to the keys that act). A mixed
@@ -98,23 +98,32 @@ from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.promhttp import PromError as PromError  # the HTTP client's, said here too
 from gpuctl.fleet.prommig import (
     MIB,
-    MIG_ID,
-    MIG_PROFILE,
-    MIG_SUMMED,
     MIG_UTIL,
     mig_instances,
     mig_util,
 )
 from gpuctl.fleet.prommig import mig_slices as mig_slices
 from gpuctl.fleet.prommig import profile_slices as profile_slices
+from gpuctl.fleet.promquery import (
+    GAUGES,
+    MIG,
+    SLOW,
+    UTIL,
+    XID,
+    Metric,
+    _selector,
+    mig_query,
+    per_gpu,
+)
+from gpuctl.fleet.promquery import METRICS as METRICS  # tests and benchmarks name these here
+from gpuctl.fleet.promquery import hosts_matcher as hosts_matcher
+from gpuctl.fleet.promquery import queries as queries
+from gpuctl.fleet.promquery import stamp_query as stamp_query
 from gpuctl.fleet.promwire import _MATRIX as _MATRIX  # the benchmarks' (prom_scale.py)
 from gpuctl.fleet.promwire import _VECTOR as _VECTOR
 from gpuctl.fleet.promwire import (
-    DRIVER_LABEL,
     HOST_LABELS,
-    JOB_LABEL,
     MODEL_LABELS,
-    UUID_LABELS,
 )
 from gpuctl.fleet.promwire import Labels as Labels
 from gpuctl.fleet.promwire import PromClient as PromClient
@@ -131,7 +140,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_PERIOD = 30.0  # the scrape period assumed until one series shows two samples
-PREFIX = "DCGM_FI_DEV_"
 QUERIES_AT_ONCE = 8  # a poll's queries in flight together (27 at once overran a loaded store)
 SLOW_EVERY = 4  # a host's slow metrics (``SLOW``) are asked at every 4th of its new samples
 STAMP_EVERY = 12  # every 12th poll the stamp query reads every GPU, not only GPU 0 (see _stamp)
@@ -152,65 +160,6 @@ HISTORY_UTIL = next((k, sc) for k, n, sc in HISTORY_METRICS if n == "DCGM_FI_DEV
 # third at 16,384 GPUs) in 3.2 ms of CPU, where ``protocol.encode`` (json) took 23 ms. Their
 # floats come from ``_number``, never NaN (which json refuses and msgspec writes as null).
 _LINE = msgspec.json.Encoder()
-
-
-# -- what is read -------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Metric:
-    """One DCGM exporter metric (or several names for one reading) and where it goes in a
-    sample's GPU dict: ``key``, or ``table``.``key`` for the ECC and row-remap counters."""
-
-    names: tuple[str, ...]
-    key: str
-    table: str | None = None
-    integer: bool = True
-
-    @property
-    def label(self) -> str:
-        return " or ".join(n.removeprefix(PREFIX) for n in self.names)
-
-
-# The registry's plain gauges (``gpuctl/node/metrics.py``): DCGM's value is the wire's.
-GAUGES = {
-    m.key: Metric((m.dcgm,), m.key, integer=m.kind == "int")
-    for m in REGISTRY
-    if m.dcgm and m.dcgm_scale == 1.0 and m.kind != "str"
-}
-UTIL = GAUGES["util_gpu"]
-XID = Metric(("DCGM_FI_DEV_XID_ERRORS",), "xid")
-# A MIG instance's utilisation (``mig_query``): not in METRICS, as a GPU not in MIG mode has
-# none and misses nothing
-MIG = Metric((MIG_UTIL,), UTIL.key)
-METRICS: tuple[Metric, ...] = (
-    *GAUGES.values(),
-    Metric(("DCGM_FI_DEV_FB_USED",), "fb_used", integer=False),
-    Metric(("DCGM_FI_DEV_FB_FREE",), "fb_free", integer=False),
-    Metric(("DCGM_FI_DEV_FB_RESERVED",), "fb_reserved", integer=False),
-    Metric(("DCGM_FI_DEV_PSTATE",), "pstate"),
-    # DCGM 3.3 renamed the throttle reasons "clock events"; either name, NVML's bitmask
-    Metric(("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"), "throttle"),
-    XID,
-    Metric(("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",), "volatile_corrected", "ecc"),
-    Metric(("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",), "volatile_uncorrected", "ecc"),
-    Metric(("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",), "aggregate_corrected", "ecc"),
-    Metric(("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",), "aggregate_uncorrected", "ecc"),
-    Metric(("DCGM_FI_DEV_RETIRED_SBE",), "single_bit", "retired_pages"),
-    Metric(("DCGM_FI_DEV_RETIRED_DBE",), "double_bit", "retired_pages"),
-    Metric(("DCGM_FI_DEV_RETIRED_PENDING",), "pending", "retired_pages"),
-    Metric(("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",), "correctable", "remapped_rows"),
-    Metric(("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",), "uncorrectable", "remapped_rows"),
-    Metric(("DCGM_FI_DEV_ROW_REMAP_PENDING",), "pending", "remapped_rows"),
-    Metric(("DCGM_FI_DEV_ROW_REMAP_FAILURE",), "failure", "remapped_rows"),
-)
-# Counters and limits that change seldom (ECC, retired pages, row remapping, the reserved
-# memory, the power limit): a host's are asked at every ``SLOW_EVERY``-th of its new samples
-# (each host at its own turn, so every poll asks them for a share of the moved hosts, not all
-# of them every Nth poll), and between two asks its last values stand. At 16,384 GPUs over a
-# 15 s scrape, a 5 s poll asked 29 metric queries; now 16 for the moved hosts and 13 for a
-# quarter of them (figures: the README's Prometheus scale section).
-SLOW: frozenset[Metric] = frozenset(
-    m for m in METRICS if m.table is not None or m.key in ("fb_reserved", "power_limit")
-)
 
 
 # Where the store is and how to ask it: the config's own type (``[clusters.X] prometheus*``
@@ -248,88 +197,6 @@ class NodeReading:
     mig: dict[int, dict[str, tuple[str, float | None]]] = field(default_factory=dict)
     # a MIG GPU -> its instances' memory (FB_USED, FB_FREE in MiB by ``Metric.key``) by id
     mig_memory: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
-
-
-def _selector(names: tuple[str, ...], matchers: str) -> str:
-    if len(names) == 1:
-        return f"{names[0]}{{{matchers}}}"
-    alternatives = "|".join(names)
-    extra = f", {matchers}" if matchers else ""
-    return f'{{__name__=~"{alternatives}"{extra}}}'
-
-
-def _mig_selector(matchers: str) -> str:
-    """A MIG instance's utilisation series (GR_ENGINE_ACTIVE of the series with an instance
-    id: a GPU not in MIG mode keeps its GPU_UTIL)."""
-    instance = MIG_ID + '!=""'
-    return f"{MIG_UTIL}{{{', '.join(m for m in (matchers, instance) if m)}}}"
-
-
-def stamp_query(matchers: str, *, first_gpu: bool = False) -> str:
-    """Each host's newest sample time (the utilisation's ``timestamp()``, ``max`` per host;
-    a MIG instance's GR_ENGINE_ACTIVE for a host that has no GPU_UTIL), every host label
-    kept: a poll's first query, small (a series per host; the ``or`` joins two of those).
-    With ``first_gpu``, of GPU 0 only: an exporter writes all of a host's GPUs in one
-    scrape, so one GPU's time is the host's, and Prometheus reads 1/8 of the series (see
-    ``_stamp``)."""
-    if first_gpu:
-        matchers = ", ".join(m for m in ('gpu="0"', matchers) if m)
-    by = f"max by ({', '.join(HOST_LABELS)})"
-    util = _selector(UTIL.names, matchers)
-    return f"{by} (timestamp({util})) or {by} (timestamp({_mig_selector(matchers)}))"
-
-
-def mig_query(matchers: str, by: str) -> str:
-    """Each MIG instance's utilisation (GR_ENGINE_ACTIVE in %; ``group`` weighs a GPU's), a
-    query of its own: joined to the GPU_UTIL query by ``or``, 8,192 GPUs' answer took the
-    store 139 ms instead of 55 ms; alone it takes 1.6 ms at a site without MIG, and the stamp
-    and memory queries' MIG forms 0.91x to 1.09x the old ones'
-    (``benchmarks/prom_query_forms.py --nodes 1024 --rounds 20``, medians)."""
-    return f"max by ({by}, {MIG_PROFILE}, {MIG_ID}) (100 * {_mig_selector(matchers)})"
-
-
-def per_gpu(names: tuple[str, ...], matchers: str, by: str, *, instances: bool = False) -> str:
-    """The query of one metric per GPU, ``by`` these labels: the ``max`` of its series (one
-    per Slurm job on the GPU with ``hpc_job``), a MIG GPU's memory summed over its instances
-    (their utilisation: ``mig_query``); with ``instances``, a MIG GPU's memory per instance
-    (``group`` sums them and keeps each: the detail screen lists them). A GPU not in MIG mode
-    has no instance label: one series either way, and the store's time the same (8,192 GPUs,
-    no MIG, medians of 15 alternated asks against the summed form: FB_USED 0.84x, FB_FREE
-    1.10x, FB_RESERVED 0.97x; ``benchmarks/prom_query_forms.py --baseline OLD --nodes 1024
-    --rounds 15``)."""
-    if names[0] in MIG_SUMMED:
-        each = f"max by ({by}, {MIG_ID}) ({_selector(names, matchers)})"
-        return each if instances else f"sum by ({by}) ({each})"
-    return f"max by ({by}) ({_selector(names, matchers)})"
-
-
-def queries(
-    matchers: str, host_labels: tuple[str, ...] = HOST_LABELS
-) -> list[tuple[Metric | None, str]]:
-    """The instant queries of one poll: (metric, PromQL); the metric None is the sample-time
-    query. Each keeps only the labels it needs (``max by``): ``host_labels``, the labels that
-    name the hosts (``instance`` is on every series: kept when not needed it made each series
-    of an answer a third longer, for Prometheus to write and gpuctl to decode)."""
-    hosts = ", ".join(host_labels)
-    statics = ", ".join((*UUID_LABELS, *MODEL_LABELS, DRIVER_LABEL))
-    out: list[tuple[Metric | None, str]] = [(None, stamp_query(matchers))]
-    for m in METRICS:
-        by = f"{hosts}, gpu, {statics}, {JOB_LABEL}" if m is UTIL else f"{hosts}, gpu"
-        out.append((m, per_gpu(m.names, matchers, by, instances=True)))
-    out.append((MIG, mig_query(matchers, f"{hosts}, gpu, {statics}, {JOB_LABEL}")))
-    return out
-
-
-_REGEX_SPECIAL = re.compile(r"([\\.+*?()|\[\]{}^$])")
-
-
-def hosts_matcher(label: str, hosts: list[str]) -> str | None:
-    """A matcher for exactly ``hosts`` by ``label`` (a set of literals: Prometheus looks each
-    up in its index, no regex scan), or None where a name cannot be written in one."""
-    if not hosts or any("`" in h for h in hosts):
-        return None
-    alternatives = "|".join(_REGEX_SPECIAL.sub(r"\\\1", h) for h in hosts)
-    return f"{label}=~`{alternatives}`"
 
 
 _GPU_INDEX = {str(i): i for i in range(256)}  # a GPU's label text -> its index
