@@ -255,7 +255,7 @@ def blocking_post(client: Any) -> Any:
     apost = client.http.post
 
     def post(path: str, form: dict[str, str]) -> bytes:
-        body: bytes = client.run_blocking(lambda: apost(path, form))
+        body: bytes = client.run_blocking(lambda: client.http.call(apost(path, form)))
         return body
 
     return post

@@ -135,7 +135,13 @@ class PromClient:
     async def _ask(
         self, path: str, form: dict[str, str], decoder: Any, deadline: float | None
     ) -> Any:
-        """The ``data.result`` of an answer, decoded by ``decoder`` (vector or matrix)."""
+        """The ``data.result`` of an answer, decoded by ``decoder`` (vector or matrix), both
+        on the HTTP client's I/O thread (``PromHttp.call``)."""
+        return await self.http.call(self._fetch(path, form, decoder, deadline))
+
+    async def _fetch(
+        self, path: str, form: dict[str, str], decoder: Any, deadline: float | None
+    ) -> Any:
         body = await self.http.post(path, form, deadline=deadline)
         cap = self.target.max_series
         if body.count(_SERIES_KEY) > cap:
