@@ -202,7 +202,8 @@ def query_shapes(url: str, rounds: int = 5) -> dict[str, Any]:
     asked one after the other (times summed), ``gauges_merged`` one query of them all by
     ``__name__`` (``max by`` host, gpu and ``__name__``)."""
     client = this_prom.PromClient(this_prom.PromTarget(url))
-    stamps = client.query(this_prom.stamp_query("", first_gpu=True))
+    stamps = client.run_blocking(lambda: client.query(this_prom.stamp_query("", first_gpu=True)))
+    post = blocking_post(client)
     hosts = sorted(s.metric.host() for s in stamps)[::3]
     newest = max(float(s.value.text) for s in stamps)
     where = this_prom.hosts_matcher("Hostname", hosts)
@@ -229,7 +230,7 @@ def query_shapes(url: str, rounds: int = 5) -> dict[str, Any]:
             size = 0
             for form in forms:
                 t = time.perf_counter()
-                body = client._post("/api/v1/query", {**form, "stats": "all"})
+                body = post("/api/v1/query", {**form, "stats": "all"})
                 trip += time.perf_counter() - t
                 server += server_seconds(body)
                 size += len(body)
@@ -247,6 +248,20 @@ def query_shapes(url: str, rounds: int = 5) -> dict[str, Any]:
     }
 
 
+def blocking_post(client: Any) -> Any:
+    """``client``'s POST as a blocking call, ``(path, form) -> bytes``: a baseline's urllib
+    ``_post``, or this tree's aiohttp one (``gpuctl.fleet.promhttp``) on a loop of its own."""
+    if not hasattr(client, "http"):
+        return client._post
+    apost = client.http.post
+
+    def post(path: str, form: dict[str, str]) -> bytes:
+        body: bytes = client.run_blocking(lambda: client.http.call(apost(path, form)))
+        return body
+
+    return post
+
+
 def cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -257,17 +272,29 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
     the baseline's): the raw figures, summed up by ``summary``."""
     source = prom.PromSource(prom.PromTarget(url), interval=args.interval)
     received = [0]  # the answers' bytes
-    post = source.client._post
+    post = blocking_post(source.client)
     calls: list[tuple[float, float, float, str]] = []  # a poll's queries: start, end, server s
 
-    def counting(path: str, form: dict[str, str]) -> bytes:
-        started = time.perf_counter()
-        body: bytes = post(path, {**form, "stats": "all"})
+    def counted(started: float, body: bytes, form: dict[str, str]) -> bytes:
         calls.append((started, time.perf_counter(), server_seconds(body), form.get("query", "")))
         received[0] += len(body)
         return body
 
-    source.client._post = counting
+    if hasattr(source.client, "http"):  # aiohttp (issue 38): its coroutine wrapped
+        apost = source.client.http.post
+
+        async def acounting(path: str, form: dict[str, str], **kw: Any) -> bytes:
+            started = time.perf_counter()
+            return counted(started, await apost(path, {**form, "stats": "all"}, **kw), form)
+
+        source.client.http.post = acounting
+    else:  # a baseline's urllib client
+
+        def counting(path: str, form: dict[str, str]) -> bytes:
+            started = time.perf_counter()
+            return counted(started, post(path, {**form, "stats": "all"}), form)
+
+        source.client._post = counting
     t = time.perf_counter()
     names = await asyncio.to_thread(source.discover)
     discover_s = time.perf_counter() - t

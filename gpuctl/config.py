@@ -205,6 +205,14 @@ def _liveness(v: Any) -> float:
 # fleet (gpuctl.fleet.prom): twice Prometheus's own lookback (5 min), so a node is seen
 # unreachable a while first, and one rebooting may come back before.
 PROM_FORGET_AFTER_S = 600.0
+# Bounds of what one store may make gpuctl hold (gpuctl.fleet.promhttp, gpuctl.fleet.prom):
+# a poll at 16,384 GPUs answers 6.3 MB in all, its largest answer (the utilisation's, every
+# label kept) under 8 MB, a MIG fleet's 7 instances a GPU 115,000 series: 64 MiB, 262,144
+# series an answer and 16,384 hosts (a GPU each) leave several times that room, and bound the
+# memory an answer takes (a 256 MiB one took 1.6 GB before, 300,000 hosts 5.6 GB).
+PROM_MAX_ANSWER = 64 << 20
+PROM_MAX_SERIES = 1 << 18
+PROM_MAX_HOSTS = 16384
 
 
 def _forget_after(v: Any) -> float:
@@ -344,6 +352,26 @@ PROMETHEUS_KEYS: dict[str, Key] = {
         _forget_after,
         PROM_FORGET_AFTER_S,
         "seconds without a sample after which a host leaves the screen (0: never)",
+    ),
+    "prometheus_max_answer": Key(
+        _integer(1 << 16, 1 << 34),
+        PROM_MAX_ANSWER,
+        "bytes of one answer read at most; a larger one is refused, never held whole",
+    ),
+    "prometheus_max_series": Key(
+        _integer(1, 1 << 24),
+        PROM_MAX_SERIES,
+        "series in one answer at most; an answer with more is refused",
+    ),
+    "prometheus_max_hosts": Key(
+        _integer(1, 1 << 20),
+        PROM_MAX_HOSTS,
+        "hosts read from the store at most; more are left out, saying so",
+    ),
+    "prometheus_allow_plain_http_credentials": Key(
+        _bool,
+        False,
+        "send the token or password over plain http:// to a host not on loopback",
     ),
 }
 
@@ -645,6 +673,10 @@ class PrometheusConfig:
     password_file: str | None = None
     ca: str | None = None
     forget_after: float = PROM_FORGET_AFTER_S  # s without a sample: the host leaves (0: never)
+    max_answer: int = PROM_MAX_ANSWER  # bytes of one answer read at most
+    max_series: int = PROM_MAX_SERIES  # series of one answer at most
+    max_hosts: int = PROM_MAX_HOSTS  # hosts held at most
+    allow_plain_http_credentials: bool = False  # a secret over http:// to a non-loopback host
     timeout: float = 30.0  # per query: a busy store answers 16,384 GPUs' series in seconds
     options: bool = False  # given as ``--prometheus`` and its options: lines name those
 
@@ -845,6 +877,25 @@ def unsafe_owner_or_mode(st: os.stat_result, risk: str = CONFIG_RISK) -> str | N
         f"Bad owner or permissions (mode {mode:04o}, {who}): {risk}; it must be yours or "
         "root's, writable only by its owner (chmod go-w)"
     )
+
+
+def unsafe_secret(st: os.stat_result, path: str) -> str | None:
+    """Why a file holding a secret (``export --auth-file``, a store's token or password file)
+    with this type, owner and mode may not be used, or None: not a regular file, owned by
+    another user than this one or root, or readable or writable by others, or writable by its
+    group (``mode & 0o026``; a group may read it: the group that scrapes). Checked on the open
+    file (``fstat``), so it is the file that is read."""
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid not in (os.getuid(), 0):
+        return f"owned by uid {st.st_uid}, not by you or root"
+    if mode & 0o026:
+        return (
+            f"bad permissions {mode:04o}, other users could read or change the secret "
+            f"(chmod 600 {path}, or 640 for a group that scrapes)"
+        )
+    return None
 
 
 def unsafe_folder(name: str) -> str | None:

@@ -659,9 +659,11 @@ def test_a_clusters_prometheus_keys_are_what_the_store_client_reads(tmp_path: Pa
 
     token = tmp_path / "token"
     token.write_text("s3cret\n")
+    token.chmod(0o600)  # a secret others cannot read (issue 38)
     config = parse_config(
         '[clusters.site]\nprometheus = "http://prom.example:9090/"\n'
         f'prometheus_match = \'{{cluster="a"}}\'\nprometheus_token_file = "{token}"\n'
+        "prometheus_allow_plain_http_credentials = true\n"  # over http to another host
     )
     target = config.clusters["site"].prometheus
     assert isinstance(target, PromTarget)

@@ -259,10 +259,11 @@ def chosen_nodes(args: argparse.Namespace) -> list[str] | None:
     return names
 
 
-def build_fleet(args: argparse.Namespace) -> Fleet:
+def build_fleet(args: argparse.Namespace, *, prometheus_timeout: float | None = None) -> Fleet:
     """The fleet the command works on: the demo cluster with ``--demo``, else the nodes named
     by ``NODES``/``--hostfile``, else the configured nodes, else this machine. Raises UserError
-    for a broken config, a bad hostlist or a failed discovery."""
+    for a broken config, a bad hostlist or a failed discovery. ``prometheus_timeout``: the
+    seconds a store's poll may take (``status --timeout``), else its own (30 s)."""
     interval: float | None = getattr(args, "interval", None)
     from gpuctl.cli.main import UserError
 
@@ -287,7 +288,12 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
     elif names is not None:
         config = select_nodes(config, names)
     forget = getattr(args, "prometheus_forget_after", None)
+    changes: dict[str, float] = {}
     if forget is not None:  # every cluster read from a store, --prometheus's or the config's
+        changes["forget_after"] = forget
+    if prometheus_timeout is not None:
+        changes["timeout"] = prometheus_timeout
+    if changes:
         from dataclasses import replace
 
         config = replace(
@@ -295,7 +301,7 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
             clusters={
                 name: c
                 if c.prometheus is None
-                else replace(c, prometheus=replace(c.prometheus, forget_after=forget))
+                else replace(c, prometheus=replace(c.prometheus, **changes))  # type: ignore[arg-type]
                 for name, c in config.clusters.items()
             },
         )

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 < args.timeout <= 3600:
         raise UserError(f"--timeout must be within 0..3600 seconds, e.g. 20 (not {args.timeout:g})")
-    fleet = build_fleet(args)
+    fleet = build_fleet(args, prometheus_timeout=args.timeout)
     snaps = asyncio.run(collect(fleet, args.timeout))
     no_driver = [s for s in snaps if s.info is not None and s.info.reader is None]
     # stdout holds the rows (and the header row) only: `gpuctl status | awk` reads no other

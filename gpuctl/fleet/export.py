@@ -45,7 +45,6 @@ import hmac
 import logging
 import os
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable, Container, Iterable
@@ -54,6 +53,7 @@ from itertools import chain
 from operator import attrgetter
 from typing import Any
 
+from gpuctl.config import unsafe_secret
 from gpuctl.core import deadline
 from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import GpuSample, GpuStatic, NodeEvent, NodeSnapshot, NodeState
@@ -721,17 +721,9 @@ class Credential:
         except OSError as e:
             raise AuthFileError(f"{where}: {e.strerror or e}") from None
         try:
-            st = os.fstat(fd)
-            mode = stat.S_IMODE(st.st_mode)
-            if not stat.S_ISREG(st.st_mode):
-                raise AuthFileError(f"{where}: not a regular file")
-            if st.st_uid not in (os.getuid(), 0):
-                raise AuthFileError(f"{where}: owned by uid {st.st_uid}, not by you or root")
-            if mode & 0o026:
-                raise AuthFileError(
-                    f"{where}: bad permissions {mode:04o}, other users could read or change the "
-                    f"secret (chmod 600 {path}, or 640 for a group that scrapes)"
-                )
+            unsafe = unsafe_secret(os.fstat(fd), path)
+            if unsafe is not None:
+                raise AuthFileError(f"{where}: {unsafe}")
             data = os.read(fd, 4097)
         finally:
             os.close(fd)

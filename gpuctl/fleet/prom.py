@@ -61,6 +61,11 @@ from the store's newest sample of any host, so a store that stops scraping (ever
 once) drops none; and never a mixed cluster's node (named in the config, reached by its agent:
 that it is unreachable is news).
 
+Its parts: the HTTP client (``promhttp``: aiohttp, bounded in bytes and time, TLS, credentials),
+the answers' types and the client that decodes them (``promwire``: bounded in series), the
+metrics read and the PromQL asked (``promquery``), MIG weighting (``prommig``); here the
+grouping per host, the hosts found and forgotten, polling and publishing.
+
 A node seen through Prometheus alone has no agent: its link answers pings and refuses every
 other request, and it is read-only (``read_only_why`` says why to the keys that act). A mixed
 node (the cluster also says how to reach it) opens its agent on the first request to act;
@@ -70,17 +75,13 @@ an XID both its agent and the store tell is told once.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import itertools
+import logging
 import math
 import re
-import ssl
 import statistics
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -95,6 +96,40 @@ from gpuctl.core.model import GpuSample, NodeEvent
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.gpu_history import history_sample
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
+from gpuctl.fleet.promhttp import PromError as PromError  # the HTTP client's, said here too
+from gpuctl.fleet.prommig import (
+    MIB,
+    MIG_UTIL,
+    mig_instances,
+    mig_util,
+)
+from gpuctl.fleet.prommig import mig_slices as mig_slices
+from gpuctl.fleet.prommig import profile_slices as profile_slices
+from gpuctl.fleet.promquery import (
+    GAUGES,
+    MIG,
+    SLOW,
+    UTIL,
+    XID,
+    Metric,
+    _selector,
+    mig_query,
+    per_gpu,
+)
+from gpuctl.fleet.promquery import METRICS as METRICS  # tests and benchmarks name these here
+from gpuctl.fleet.promquery import hosts_matcher as hosts_matcher
+from gpuctl.fleet.promquery import queries as queries
+from gpuctl.fleet.promquery import stamp_query as stamp_query
+from gpuctl.fleet.promwire import _MATRIX as _MATRIX  # the benchmarks' (prom_scale.py)
+from gpuctl.fleet.promwire import _VECTOR as _VECTOR
+from gpuctl.fleet.promwire import (
+    HOST_LABELS,
+    MODEL_LABELS,
+)
+from gpuctl.fleet.promwire import Labels as Labels
+from gpuctl.fleet.promwire import PromClient as PromClient
+from gpuctl.fleet.promwire import RangeSeries as RangeSeries
+from gpuctl.fleet.promwire import Series as Series
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
 from gpuctl.node import protocol
 from gpuctl.node.metrics import METRICS as REGISTRY
@@ -103,59 +138,9 @@ if TYPE_CHECKING:
     from gpuctl.fleet.fleet import Fleet
     from gpuctl.fleet.slurm import JobWatcher
 
-HOST_LABELS = ("Hostname", "hostname", "node", "instance")  # the first one present names it
-UUID_LABELS = ("UUID", "uuid")
-MODEL_LABELS = ("modelName", "model")
-DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
-# The Slurm (HPC) job on a GPU: DCGM exporter started with --hpc-job-mapping-dir (or
-# DCGM_HPC_JOB_MAPPING_DIR) reads one file per GPU there, a job id a line, and copies each
-# series once per job with this label (internal/pkg/transformation/hpc.go). It has no label
-# for the job's user.
-JOB_LABEL = "hpc_job"
-# MIG: in DCGM exporter's default device mode ("flex") a GPU in MIG mode has no series of its
-# own but one per GPU instance, each with the parent's ``gpu`` and ``UUID`` labels plus the
-# instance's id and profile (internal/pkg/collector: GPUInstanceID, MigProfile), and without
-# GPU_UTIL (DCGM does not report it for instances: GR_ENGINE_ACTIVE, a ratio, instead). The
-# screen's model has a row per GPU index, so a MIG GPU is one row summing its instances: its
-# memory the sum of theirs, its utilisation their GR_ENGINE_ACTIVE weighted by each one's
-# compute slices (the "3" of "3g.40gb") over the GPU's slices (``mig_slices``: 7 on an H100,
-# whether instances hold them or not), ``mig_mode`` set in its hello.
-MIG_ID, MIG_PROFILE = "GPU_I_ID", "GPU_I_PROFILE"
-MIG_UTIL = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
-MIG_SUMMED = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
-_SLICES = re.compile(r"(\d+)g\.")
-# A GPU's compute slices in MIG mode, by its model (DCGM exporter's ``modelName``, "NVIDIA
-# A100-SXM4-80GB"), the first that matches: NVIDIA's MIG user guide ("Supported GPUs": 7
-# instances at most on the A100, H100, H20, H200, GH200, B200, GB200; 4 on the A30 and the
-# RTX PRO 6000 Blackwell, 2 on the RTX PRO 5000 Blackwell).
-MIG_MODELS = (
-    (re.compile(r"RTX PRO 6000"), 4),
-    (re.compile(r"RTX PRO 5000"), 2),
-    (re.compile(r"\bA30\b"), 4),
-    (re.compile(r"\b(A100|H100|H200|H20|GH200|GB200|B200|B300|GB300)\b"), 7),
-)
-# ... else by its instances' profile names where every one is a documented profile of GPUs of
-# one slice count (the guide's "Supported MIG Profiles", "+me" media extensions left out):
-# the A30's (4 slices) and the 7-slice GPUs' (A100 40/80 GB, H100 80/94/96 GB, H200, B200,
-# B300). Not "1g.24gb", "2g.48gb", "4g.96gb": the H100 94 GB's and the RTX PRO Blackwells' too.
-MIG_PROFILES = {
-    **dict.fromkeys(("1g.6gb", "2g.12gb", "4g.24gb"), 4),
-    **dict.fromkeys(
-        (
-            *("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),  # A100 40 GB
-            *("1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),  # A100 80 GB, H100
-            *("1g.12gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"),  # H100 94 GB
-            *("3g.48gb", "4g.48gb", "7g.96gb"),  # GH200, H20 (96 GB)
-            *("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),  # H200
-            *("1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"),  # B200
-            *("1g.34gb", "1g.67gb", "2g.67gb", "3g.135gb", "4g.135gb", "7g.269gb"),  # B300
-        ),
-        7,
-    ),
-}
-MIB = 1 << 20
+log = logging.getLogger(__name__)
+
 DEFAULT_PERIOD = 30.0  # the scrape period assumed until one series shows two samples
-PREFIX = "DCGM_FI_DEV_"
 QUERIES_AT_ONCE = 8  # a poll's queries in flight together (27 at once overran a loaded store)
 SLOW_EVERY = 4  # a host's slow metrics (``SLOW``) are asked at every 4th of its new samples
 STAMP_EVERY = 12  # every 12th poll the stamp query reads every GPU, not only GPU 0 (see _stamp)
@@ -172,164 +157,10 @@ HISTORY_METRICS = tuple(
 HISTORY_UTIL = next((k, sc) for k, n, sc in HISTORY_METRICS if n == "DCGM_FI_DEV_GPU_UTIL")
 
 
-class PromError(Exception):
-    """The store could not be read; ``reason``: unreachable, tls, auth, redirect, no_match,
-    sample_limit, bad_query, protocol, config. ``str()`` is one line for a person, and never
-    holds a token or password (they travel in a header no message quotes)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-
-# -- the HTTP API's answers, typed (msgspec decodes them without a dict per series) ----------
-# gc=False: a poll's answers are hundreds of thousands of these, and the process holds millions
-# of objects (the fleet's 4-hour history): each allocation of tracked objects counts towards a
-# collection of that whole heap. Decoding 26 answers of 5,464 series with 2 million dicts
-# alive took 0.28 s tracked, 0.047 s untracked. They hold strings and floats: no cycle.
-class Labels(msgspec.Struct, gc=False):
-    """The labels gpuctl reads (``HOST_LABELS``, ``gpu``, ``UUID_LABELS``, ``MODEL_LABELS``,
-    ``DRIVER_LABEL``); any other is skipped while decoding. A poll's answers for 16,384 GPUs
-    hold 440,000 label sets: decoding them costs ~0.6 s of CPU here (``json.loads`` into
-    dicts 3.7x that) and grouping them ~0.26 s (``benchmarks/prom_scale.py --decode-only``)."""
-
-    Hostname: str = ""
-    hostname: str = ""
-    node: str = ""
-    instance: str = ""
-    gpu: str = ""
-    UUID: str = ""
-    uuid: str = ""
-    modelName: str = ""
-    model: str = ""
-    DCGM_FI_DRIVER_VERSION: str = ""
-    hpc_job: str = ""
-    GPU_I_ID: str = ""
-    GPU_I_PROFILE: str = ""
-
-    def host(self) -> str:
-        """The host's name: the first of ``HOST_LABELS`` set ("" when none is)."""
-        return self.Hostname or self.hostname or self.node or self.instance
-
-    def host_label(self) -> str:
-        for key in HOST_LABELS:
-            if getattr(self, key):
-                return key
-        return HOST_LABELS[0]
-
-
-class Value(msgspec.Struct, array_like=True, gc=False):
-    """An instant vector's ``[time, "value"]``: a struct, not a tuple, as tuples are tracked
-    by the GC (decoding 26 answers of 16,384 series with 2 million objects alive: 0.15 s,
-    0.17 s with tuples)."""
-
-    t: float
-    text: str
-
-
-class Series(msgspec.Struct, gc=False):
-    metric: Labels
-    value: Value
-
-
-class RangeSeries(msgspec.Struct, gc=False):
-    metric: Labels
-    values: list[tuple[float, str]]
-
-
-class VectorData(msgspec.Struct):
-    resultType: str
-    result: list[Series]
-
-
-class MatrixData(msgspec.Struct):
-    resultType: str
-    result: list[RangeSeries]
-
-
-class VectorReply(msgspec.Struct):
-    status: str
-    data: VectorData | None = None
-
-
-class MatrixReply(msgspec.Struct):
-    status: str
-    data: MatrixData | None = None
-
-
-class ErrorReply(msgspec.Struct):
-    status: str = "error"
-    errorType: str | None = None
-    error: str | None = None
-
-
 # A node's lines (``PromLink._feed``) by msgspec: 768 hosts' 8-GPU samples (a poll's moved
 # third at 16,384 GPUs) in 3.2 ms of CPU, where ``protocol.encode`` (json) took 23 ms. Their
 # floats come from ``_number``, never NaN (which json refuses and msgspec writes as null).
 _LINE = msgspec.json.Encoder()
-_VECTOR = msgspec.json.Decoder(VectorReply)
-_MATRIX = msgspec.json.Decoder(MatrixReply)
-_ERROR = msgspec.json.Decoder(ErrorReply)
-
-
-# -- what is read -------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Metric:
-    """One DCGM exporter metric (or several names for one reading) and where it goes in a
-    sample's GPU dict: ``key``, or ``table``.``key`` for the ECC and row-remap counters."""
-
-    names: tuple[str, ...]
-    key: str
-    table: str | None = None
-    integer: bool = True
-
-    @property
-    def label(self) -> str:
-        return " or ".join(n.removeprefix(PREFIX) for n in self.names)
-
-
-# The registry's plain gauges (``gpuctl/node/metrics.py``): DCGM's value is the wire's.
-GAUGES = {
-    m.key: Metric((m.dcgm,), m.key, integer=m.kind == "int")
-    for m in REGISTRY
-    if m.dcgm and m.dcgm_scale == 1.0 and m.kind != "str"
-}
-UTIL = GAUGES["util_gpu"]
-XID = Metric(("DCGM_FI_DEV_XID_ERRORS",), "xid")
-# A MIG instance's utilisation (``mig_query``): not in METRICS, as a GPU not in MIG mode has
-# none and misses nothing
-MIG = Metric((MIG_UTIL,), UTIL.key)
-METRICS: tuple[Metric, ...] = (
-    *GAUGES.values(),
-    Metric(("DCGM_FI_DEV_FB_USED",), "fb_used", integer=False),
-    Metric(("DCGM_FI_DEV_FB_FREE",), "fb_free", integer=False),
-    Metric(("DCGM_FI_DEV_FB_RESERVED",), "fb_reserved", integer=False),
-    Metric(("DCGM_FI_DEV_PSTATE",), "pstate"),
-    # DCGM 3.3 renamed the throttle reasons "clock events"; either name, NVML's bitmask
-    Metric(("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"), "throttle"),
-    XID,
-    Metric(("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",), "volatile_corrected", "ecc"),
-    Metric(("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",), "volatile_uncorrected", "ecc"),
-    Metric(("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",), "aggregate_corrected", "ecc"),
-    Metric(("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",), "aggregate_uncorrected", "ecc"),
-    Metric(("DCGM_FI_DEV_RETIRED_SBE",), "single_bit", "retired_pages"),
-    Metric(("DCGM_FI_DEV_RETIRED_DBE",), "double_bit", "retired_pages"),
-    Metric(("DCGM_FI_DEV_RETIRED_PENDING",), "pending", "retired_pages"),
-    Metric(("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",), "correctable", "remapped_rows"),
-    Metric(("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",), "uncorrectable", "remapped_rows"),
-    Metric(("DCGM_FI_DEV_ROW_REMAP_PENDING",), "pending", "remapped_rows"),
-    Metric(("DCGM_FI_DEV_ROW_REMAP_FAILURE",), "failure", "remapped_rows"),
-)
-# Counters and limits that change seldom (ECC, retired pages, row remapping, the reserved
-# memory, the power limit): a host's are asked at every ``SLOW_EVERY``-th of its new samples
-# (each host at its own turn, so every poll asks them for a share of the moved hosts, not all
-# of them every Nth poll), and between two asks its last values stand. At 16,384 GPUs over a
-# 15 s scrape, a 5 s poll asked 29 metric queries; now 16 for the moved hosts and 13 for a
-# quarter of them (figures: the README's Prometheus scale section).
-SLOW: frozenset[Metric] = frozenset(
-    m for m in METRICS if m.table is not None or m.key in ("fb_reserved", "power_limit")
-)
 
 
 # Where the store is and how to ask it: the config's own type (``[clusters.X] prometheus*``
@@ -337,226 +168,10 @@ SLOW: frozenset[Metric] = frozenset(
 PromTarget = PrometheusConfig
 
 
-def check_url(url: str, name: Callable[[str], str] = str) -> str:
-    """``url`` without a trailing slash; raises PromError(config) unless it is http(s)://host
-    (``name``: how the line names a setting, ``PrometheusConfig.name``)."""
-    parts = urllib.parse.urlsplit(url.strip())
-    if "@" in parts.netloc:  # user:password@host: urllib would fail on it, and every line
-        # naming the store (errors, the detail screen, ``describe``) would show the password
-        raise PromError(
-            "config",
-            f"a Prometheus URL must not hold a user or password: set {name('prometheus_user')} "
-            f"and {name('prometheus_password_file')} (or {name('prometheus_token_file')}) instead",
-        )
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise PromError(
-            "config",
-            f"a Prometheus URL is http(s)://host:port, e.g. http://prom:9090 (not {url!r})",
-        )
-    return url.strip().rstrip("/")
-
-
-def _read_secret(path: str, what: str, name: str) -> str:
-    """The secret in ``path`` (``what``: "token", "password"; ``name``: the setting that named
-    the file), stripped; raises PromError(config) in one line that names the file, never
-    its text."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read().strip()
-    except (OSError, UnicodeDecodeError) as e:
-        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
-        raise PromError(
-            "config", f"cannot read the Prometheus {what} file {path} ({name}): {why}"
-        ) from None
-    if not text:
-        raise PromError("config", f"the Prometheus {what} file {path} ({name}) is empty")
-    return text
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is not followed: urllib would send the Authorization header on to wherever
-    it points (another host, or http from https), and turn the POSTed query into a GET that
-    loses it. The 3xx comes back as an HTTPError, said in one line (``_http_error``)."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-# X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH: a certificate for another name
-_NAME_MISMATCH = (62, 64)
-
-
-class PromClient:
-    """Blocking queries to one store's HTTP API (run in threads: ``PromSource``).
-
-    Tested against Debian's Prometheus 2.42 serving https (``--web.config.file``'s
-    ``tls_server_config``) with basic auth, and behind a proxy that asks for a bearer token
-    (``gpuctl_tests/fleet/test_prom_tls.py``)."""
-
-    def __init__(self, target: PromTarget) -> None:
-        self.target = target
-        self.base = check_url(target.url, target.name)
-        self.headers = {"Accept": "application/json", "User-Agent": "gpuctl"}
-        if target.token_file:
-            token = _read_secret(target.token_file, "token", target.name("prometheus_token_file"))
-            self.headers["Authorization"] = f"Bearer {token}"
-        elif target.user:
-            password = (
-                _read_secret(
-                    target.password_file, "password", target.name("prometheus_password_file")
-                )
-                if target.password_file
-                else ""
-            )
-            pair = base64.b64encode(f"{target.user}:{password}".encode()).decode()
-            self.headers["Authorization"] = f"Basic {pair}"
-        self.context: ssl.SSLContext | None = None
-        if self.base.startswith("https:"):
-            try:
-                self.context = ssl.create_default_context(cafile=target.ca)
-            except OSError as e:  # ssl.SSLError too: not PEM ("no certificate or crl found")
-                why = e.strerror if e.strerror and not isinstance(e, ssl.SSLError) else e
-                raise PromError(
-                    "config",
-                    f"cannot read the Prometheus CA file {target.ca} "
-                    f"({target.name('prometheus_ca')}): {why}",
-                ) from None
-        handlers: list[Any] = [_NoRedirect()]
-        if self.context is not None:
-            handlers.append(urllib.request.HTTPSHandler(context=self.context))
-        self._opener = urllib.request.build_opener(*handlers)
-
-    def _post(self, path: str, form: dict[str, str]) -> bytes:
-        url = self.base + path
-        data = urllib.parse.urlencode(form).encode()
-        req = urllib.request.Request(url, data=data, headers=self.headers, method="POST")
-        try:
-            with self._opener.open(req, timeout=self.target.timeout) as r:
-                body: bytes = r.read()
-                return body
-        except urllib.error.HTTPError as e:
-            body = e.read() if e.fp is not None else b""
-            if 300 <= e.code < 400:
-                where = e.headers.get("Location") or "elsewhere"
-                raise PromError(
-                    "redirect",
-                    f"Prometheus at {self.base} redirects to {where} ({e.code}): set prometheus "
-                    "to the URL it redirects to (a redirect is not followed: it would carry "
-                    "the credentials there)",
-                ) from None
-            raise self._http_error(e.code, e.reason, body, form.get("query", "")) from None
-        except urllib.error.URLError as e:
-            raise self._reach_error(e.reason) from None
-        except (TimeoutError, OSError) as e:
-            raise self._reach_error(e) from None
-
-    def _reach_error(self, why: object) -> PromError:
-        """One line for a connection that failed: TLS (an untrusted certificate, one for
-        another name, a server that does not speak TLS) said as such, else unreachable."""
-        if isinstance(why, ssl.SSLCertVerificationError):
-            detail = why.verify_message or why.reason or "verify failed"
-            if why.verify_code in _NAME_MISMATCH:
-                host = urllib.parse.urlsplit(self.base).hostname
-                return PromError(
-                    "tls",
-                    f"Prometheus at {self.base}: its certificate is not for {host} ({detail}): "
-                    "use a name in the URL that the certificate was issued for",
-                )
-            how = (
-                f"it is not signed by a CA in {self.target.name('prometheus_ca')} "
-                f"({self.target.ca})"
-                if self.target.ca
-                else f"set {self.target.name('prometheus_ca')} to the CA bundle that signed it"
-            )
-            return PromError(
-                "tls", f"Prometheus at {self.base}: certificate not trusted ({detail}): {how}"
-            )
-        if isinstance(why, ssl.SSLError):
-            if why.reason in (
-                "WRONG_VERSION_NUMBER",
-                "RECORD_LAYER_FAILURE",
-                "PACKET_LENGTH_TOO_LONG",
-            ):
-                return PromError(
-                    "tls",
-                    f"Prometheus at {self.base} does not answer in TLS ({why.reason}): "
-                    "is it http://?",
-                )
-            return PromError("tls", f"Prometheus at {self.base}: TLS failed ({why.reason or why})")
-        if isinstance(why, TimeoutError):
-            text = f"no answer within {self.target.timeout:g} s"
-        elif isinstance(why, OSError):
-            text = why.strerror or str(why)
-        else:
-            text = str(why)
-        return PromError("unreachable", f"cannot reach Prometheus at {self.base}: {text}")
-
-    def _http_error(self, code: int, reason: str, body: bytes, query: str) -> PromError:
-        if code in (401, 403):
-            token, user, password = (
-                self.target.name(k)
-                for k in ("prometheus_token_file", "prometheus_user", "prometheus_password_file")
-            )
-            how = (
-                f"check {token} / {user} and {password}"
-                if "Authorization" in self.headers
-                else f"set {token}, or {user} and {password}"
-            )
-            return PromError(
-                "auth", f"Prometheus at {self.base} refused us ({code} {reason}): {how}"
-            )
-        try:
-            err = _ERROR.decode(body)
-        except msgspec.DecodeError:
-            err = ErrorReply(error=body[:200].decode(errors="replace").strip() or reason)
-        text = " ".join((err.error or reason).split())[:300]
-        if "too many samples" in text:
-            return PromError(
-                "sample_limit",
-                f"Prometheus at {self.base} refused the query as over its sample limit "
-                f"(--query.max-samples): narrow {self.target.name('prometheus_match')}, or "
-                f"raise that limit ({text})",
-            )
-        if "HTTP request to an HTTPS server" in text:  # Go's answer to plain http
-            return PromError(
-                "tls", f"Prometheus at {self.base} answers https only: use https:// ({text})"
-            )
-        if err.errorType == "bad_data":
-            return PromError(
-                "bad_query",
-                f"Prometheus at {self.base} cannot parse {query!r}: {text}; "
-                f"check {self.target.name('prometheus_match')}",
-            )
-        return PromError("protocol", f"Prometheus at {self.base} answered {code}: {text}")
-
-    def _ask(self, path: str, form: dict[str, str], decoder: Any) -> Any:
-        """The ``data.result`` of an answer, decoded by ``decoder`` (vector or matrix)."""
-        body = self._post(path, form)
-        try:
-            reply = decoder.decode(body)
-        except msgspec.DecodeError as e:
-            raise PromError(
-                "protocol",
-                f"Prometheus at {self.base}: unexpected answer to {form['query']!r}: {e}",
-            ) from None
-        return reply.data.result if reply.data is not None else []
-
-    def query(self, promql: str) -> list[Series]:
-        """The instant vector ``promql`` evaluates to now. Raises PromError."""
-        result: list[Series] = self._ask("/api/v1/query", {"query": promql}, _VECTOR)
-        return result
-
-    def query_range(self, promql: str, start: float, end: float, step: float) -> list[RangeSeries]:
-        """``promql`` from ``start`` to ``end`` every ``step`` s (``/api/v1/query_range``).
-        Raises PromError."""
-        form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        result: list[RangeSeries] = self._ask("/api/v1/query_range", form, _MATRIX)
-        return result
-
-    def query_matrix(self, promql: str) -> list[RangeSeries]:
-        """The raw samples of a range selector (``x[5m]``) now. Raises PromError."""
-        result: list[RangeSeries] = self._ask("/api/v1/query", {"query": promql}, _MATRIX)
-        return result
+# Odd host names: a label value holding a hostlist's brackets or comma, a space, a control
+# character, a quote (the screen, ``status``'s reader lines and the hostlists gpuctl writes would
+# read it as something else): skipped, said once. ``instance`` is ``host:port``.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_.:@%+-]{1,253}")
 
 
 def _number(text: str) -> float | None:
@@ -583,129 +198,6 @@ class NodeReading:
     mig: dict[int, dict[str, tuple[str, float | None]]] = field(default_factory=dict)
     # a MIG GPU -> its instances' memory (FB_USED, FB_FREE in MiB by ``Metric.key``) by id
     mig_memory: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
-
-
-def _selector(names: tuple[str, ...], matchers: str) -> str:
-    if len(names) == 1:
-        return f"{names[0]}{{{matchers}}}"
-    alternatives = "|".join(names)
-    extra = f", {matchers}" if matchers else ""
-    return f'{{__name__=~"{alternatives}"{extra}}}'
-
-
-def _mig_selector(matchers: str) -> str:
-    """A MIG instance's utilisation series (GR_ENGINE_ACTIVE of the series with an instance
-    id: a GPU not in MIG mode keeps its GPU_UTIL)."""
-    instance = MIG_ID + '!=""'
-    return f"{MIG_UTIL}{{{', '.join(m for m in (matchers, instance) if m)}}}"
-
-
-def stamp_query(matchers: str, *, first_gpu: bool = False) -> str:
-    """Each host's newest sample time (the utilisation's ``timestamp()``, ``max`` per host;
-    a MIG instance's GR_ENGINE_ACTIVE for a host that has no GPU_UTIL), every host label
-    kept: a poll's first query, small (a series per host; the ``or`` joins two of those).
-    With ``first_gpu``, of GPU 0 only: an exporter writes all of a host's GPUs in one
-    scrape, so one GPU's time is the host's, and Prometheus reads 1/8 of the series (see
-    ``_stamp``)."""
-    if first_gpu:
-        matchers = ", ".join(m for m in ('gpu="0"', matchers) if m)
-    by = f"max by ({', '.join(HOST_LABELS)})"
-    util = _selector(UTIL.names, matchers)
-    return f"{by} (timestamp({util})) or {by} (timestamp({_mig_selector(matchers)}))"
-
-
-def mig_query(matchers: str, by: str) -> str:
-    """Each MIG instance's utilisation (GR_ENGINE_ACTIVE in %; ``group`` weighs a GPU's), a
-    query of its own: joined to the GPU_UTIL query by ``or``, 8,192 GPUs' answer took the
-    store 139 ms instead of 55 ms; alone it takes 1.6 ms at a site without MIG, and the stamp
-    and memory queries' MIG forms 0.91x to 1.09x the old ones'
-    (``benchmarks/prom_query_forms.py --nodes 1024 --rounds 20``, medians)."""
-    return f"max by ({by}, {MIG_PROFILE}, {MIG_ID}) (100 * {_mig_selector(matchers)})"
-
-
-def per_gpu(names: tuple[str, ...], matchers: str, by: str, *, instances: bool = False) -> str:
-    """The query of one metric per GPU, ``by`` these labels: the ``max`` of its series (one
-    per Slurm job on the GPU with ``hpc_job``), a MIG GPU's memory summed over its instances
-    (their utilisation: ``mig_query``); with ``instances``, a MIG GPU's memory per instance
-    (``group`` sums them and keeps each: the detail screen lists them). A GPU not in MIG mode
-    has no instance label: one series either way, and the store's time the same (8,192 GPUs,
-    no MIG, medians of 15 alternated asks against the summed form: FB_USED 0.84x, FB_FREE
-    1.10x, FB_RESERVED 0.97x; ``benchmarks/prom_query_forms.py --baseline OLD --nodes 1024
-    --rounds 15``)."""
-    if names[0] in MIG_SUMMED:
-        each = f"max by ({by}, {MIG_ID}) ({_selector(names, matchers)})"
-        return each if instances else f"sum by ({by}) ({each})"
-    return f"max by ({by}) ({_selector(names, matchers)})"
-
-
-def profile_slices(profile: str) -> int:
-    """A MIG profile's compute slices: the "3" of "3g.40gb" (1 for a name without one)."""
-    m = _SLICES.search(profile)
-    return int(m.group(1)) if m else 1
-
-
-def mig_slices(model: str | None, profiles: list[str]) -> int | None:
-    """A GPU's compute slices in MIG mode (7 on an A100 or H100): by its ``model``, else by
-    its instances' ``profiles`` where all are known ones (``MIG_PROFILES``) of one count;
-    None where neither tells."""
-    for pattern, slices in MIG_MODELS:
-        if model and pattern.search(model):
-            return slices
-    counts = {MIG_PROFILES.get(p.split("+", 1)[0]) for p in profiles}
-    if len(counts) == 1 and None not in counts:
-        return counts.pop()
-    return None
-
-
-def mig_util(
-    instances: dict[str, tuple[str, float | None]], model: str | None = None
-) -> int | None:
-    """A MIG GPU's utilisation: its instances' GR_ENGINE_ACTIVE (%) weighted by their compute
-    slices ("3g.40gb": 3) over the GPU's (``mig_slices``), so that a GPU whose one 2g
-    instance is busy reads 29%, not 100%: the five slices no instance holds are idle. Where
-    the GPU's slices are not known (a model and profiles not in the tables), over the
-    instances' own: what the instances there are do, not the GPU."""
-    total = weight = held = 0.0
-    for profile, util in instances.values():
-        slices = profile_slices(profile)
-        held += slices
-        if util is None:
-            continue
-        total += util * slices
-        weight += slices
-    if not weight:
-        return None
-    whole = mig_slices(model, [p for p, _u in instances.values()])
-    return round(total / (weight if whole is None else max(whole, held)))
-
-
-def queries(
-    matchers: str, host_labels: tuple[str, ...] = HOST_LABELS
-) -> list[tuple[Metric | None, str]]:
-    """The instant queries of one poll: (metric, PromQL); the metric None is the sample-time
-    query. Each keeps only the labels it needs (``max by``): ``host_labels``, the labels that
-    name the hosts (``instance`` is on every series: kept when not needed it made each series
-    of an answer a third longer, for Prometheus to write and gpuctl to decode)."""
-    hosts = ", ".join(host_labels)
-    statics = ", ".join((*UUID_LABELS, *MODEL_LABELS, DRIVER_LABEL))
-    out: list[tuple[Metric | None, str]] = [(None, stamp_query(matchers))]
-    for m in METRICS:
-        by = f"{hosts}, gpu, {statics}, {JOB_LABEL}" if m is UTIL else f"{hosts}, gpu"
-        out.append((m, per_gpu(m.names, matchers, by, instances=True)))
-    out.append((MIG, mig_query(matchers, f"{hosts}, gpu, {statics}, {JOB_LABEL}")))
-    return out
-
-
-_REGEX_SPECIAL = re.compile(r"([\\.+*?()|\[\]{}^$])")
-
-
-def hosts_matcher(label: str, hosts: list[str]) -> str | None:
-    """A matcher for exactly ``hosts`` by ``label`` (a set of literals: Prometheus looks each
-    up in its index, no regex scan), or None where a name cannot be written in one."""
-    if not hosts or any("`" in h for h in hosts):
-        return None
-    alternatives = "|".join(_REGEX_SPECIAL.sub(r"\\\1", h) for h in hosts)
-    return f"{label}=~`{alternatives}`"
 
 
 _GPU_INDEX = {str(i): i for i in range(256)}  # a GPU's label text -> its index
@@ -794,29 +286,6 @@ def group(
             node.gpus[gpu]["mig"] = mig_instances(instances, node.mig_memory.get(gpu, {}))
             node.statics[gpu]["mig_mode"] = True
     return nodes
-
-
-def mig_instances(
-    instances: dict[str, tuple[str, float | None]], memory: dict[str, dict[str, float]]
-) -> list[JsonObject]:
-    """A MIG GPU's instances as a sample's ``mig`` (protocol): id, profile, utilisation (%),
-    memory used and total (bytes: its used plus free, FB_RESERVED being read only at the
-    host's slow turns), by instance id."""
-    out: list[JsonObject] = []
-    for gi in sorted(instances, key=lambda i: (len(i), i)):
-        profile, util = instances[gi]
-        mem = memory.get(gi, {})
-        used, free = mem.get("fb_used"), mem.get("fb_free")
-        out.append(
-            {
-                "id": gi,
-                "profile": profile or None,
-                "util": None if util is None else min(100, max(0, round(util))),
-                "mem_used": None if used is None else int(used * MIB),
-                "mem_total": None if used is None or free is None else int((used + free) * MIB),
-            }
-        )
-    return out
 
 
 def gpu_wire(index: int, values: dict[str, Any], uuid: str | None) -> JsonObject:
@@ -1179,6 +648,8 @@ class PromSource:
         self.squeue_conf: str | None = None
         self.job_watcher: JobWatcher | None = None
         self.jobs_shown: dict[tuple[str, int], str] = {}
+        self.odd_hosts: set[str] = set()  # host names left out (``_note_odd``)
+        self.capped: str | None = None  # the line saying hosts were left out over the cap
 
     @property
     def forget_after(self) -> float:
@@ -1233,8 +704,12 @@ class PromSource:
         for s in stamped:
             host, t = s.metric.host(), _number(s.value.text)
             if host and t is not None and t > stamps.get(host, -math.inf):
+                if host not in self.latest and not _HOST_NAME.fullmatch(host):
+                    self._note_odd(host)
+                    continue
                 stamps[host] = t
                 labels.add(s.metric.host_label())
+        stamps = self._within_cap(stamps)
         moved = set()
         mine = self.links if self.links and not self.adds_hosts else None  # mixed: its nodes
         for host, t in stamps.items():
@@ -1262,6 +737,38 @@ class PromSource:
             some = queries(self._matchers(slow_hosts, labels, len(stamps)), by)[1:]
             asked += [(m, q) for m, q in some if m in rare]
         return moved, asked
+
+    def _note_odd(self, host: str) -> None:
+        """A host whose name gpuctl does not take (``_HOST_NAME``) is left out, said once."""
+        if host in self.odd_hosts or len(self.odd_hosts) >= 100:
+            return
+        self.odd_hosts.add(host)
+        log.warning(
+            "Prometheus at %s: host %r left out: a node's name is letters, digits and _.:@%%+- "
+            "(check the exporters' %s labels)",
+            self.client.base,
+            host[:80],
+            "/".join(HOST_LABELS),
+        )
+
+    def _within_cap(self, stamps: dict[str, float]) -> dict[str, float]:
+        """``stamps`` of at most ``max_hosts`` hosts (``prometheus_max_hosts``): the held ones
+        first, then new ones by name; ``capped`` says, once, that some were left out."""
+        cap = self.target.max_hosts
+        if len(stamps) <= cap:
+            return stamps
+        held = [h for h in stamps if h in self.latest]
+        kept = held[:cap] + sorted(h for h in stamps if h not in self.latest)[: cap - len(held)]
+        line = (
+            f"Prometheus at {self.client.base} holds GPUs of {len(stamps):,} hosts, over "
+            f"prometheus_max_hosts ({cap:,}): "
+            f"{len(stamps) - len(kept):,} left out; narrow "
+            f"{self.target.name('prometheus_match')}, or raise that limit (a config key)"
+        )
+        if self.capped != line:
+            log.warning("%s", line)
+        self.capped = line
+        return {h: stamps[h] for h in kept}
 
     def _matchers(self, hosts: set[str], labels: set[str], held: int) -> str:
         """The selector's matchers for ``hosts`` of the ``held`` the store has: by name
@@ -1325,16 +832,19 @@ class PromSource:
         self._read_fully |= self._slow_hosts & readings.keys()
         return readings
 
-    def _poll_blocking(self) -> dict[str, NodeReading]:
-        """A poll from outside the event loop (``discover``): the queries at once, in threads
-        (one after the other took 27 round trips: seconds at 16,384 GPUs)."""
-        from concurrent.futures import ThreadPoolExecutor
-
+    async def _poll_whole(self) -> dict[str, NodeReading]:
+        """A poll whose readings are used once all are in (``discover``)."""
+        deadline = time.monotonic() + self.target.timeout
         self.stamp_query = self._stamp()
-        stamped = self.client.query(self.stamp_query)
+        stamped = await self.client.query(self.stamp_query, deadline=deadline)
         moved, asked = self._plan(stamped)
-        with ThreadPoolExecutor(max_workers=QUERIES_AT_ONCE) as pool:
-            answers = list(pool.map(self.client.query, [q for _m, q in asked]))
+        gate = asyncio.Semaphore(QUERIES_AT_ONCE)
+
+        async def ask(promql: str) -> list[Series]:
+            async with gate:
+                return await self.client.query(promql, deadline=deadline)
+
+        answers = list(await asyncio.gather(*(ask(q) for _m, q in asked)))
         return self._readings(stamped, moved, asked, answers)
 
     async def poll(
@@ -1354,8 +864,9 @@ class PromSource:
         read by the same answers: no row mixes a new value with a missing one. When a query
         fails, the groups it reads are not handed over (their hosts move again next poll),
         the others are as their queries answer, and the poll raises the error then."""
+        deadline = time.monotonic() + self.target.timeout  # the whole poll's
         self.stamp_query = self._stamp()
-        stamped = await asyncio.to_thread(self.client.query, self.stamp_query)
+        stamped = await self.client.query(self.stamp_query, deadline=deadline)
         moved, asked = self._plan(stamped)
         gate = asyncio.Semaphore(QUERIES_AT_ONCE)
         nodes = group([(None, stamped)])
@@ -1374,7 +885,7 @@ class PromSource:
 
         async def ask(n: int, metric: Metric | None, promql: str) -> list[Series]:
             async with gate:
-                series = await asyncio.to_thread(self.client.query, promql)
+                series = await self.client.query(promql, deadline=deadline)
             group([(metric, series)], nodes)
             for index, (_hosts, needs) in enumerate(groups):
                 if n in needs:
@@ -1416,7 +927,13 @@ class PromSource:
     def discover(self) -> list[str]:
         """The hosts the store holds GPUs of now, sorted; makes the nodes' links. Raises
         PromError (one line), ``no_match`` when the selector matches no GPU."""
-        readings = {h: r for h, r in self._poll_blocking().items() if r.gpus and r.t is not None}
+        return self.client.run_blocking(self._discover)
+
+    async def _discover(self) -> list[str]:
+        polled = await self._poll_whole()
+        if self.capped is not None:
+            raise PromError("too_large", self.capped)
+        readings = {h: r for h, r in polled.items() if r.gpus and r.t is not None}
         if not readings:
             sel = _selector(UTIL.names, self.target.matchers())
             raise PromError(
@@ -1424,11 +941,11 @@ class PromSource:
                 f"Prometheus at {self.client.base} has no series {sel}: is DCGM exporter scraped"
                 f" there? check {self.target.name('prometheus_match')}",
             )
-        self.period = self._scrape_period(readings)
+        self.period = await self._scrape_period(readings)
         self._take(readings, publish=False)
         return sorted(readings)
 
-    def _scrape_period(self, readings: dict[str, NodeReading]) -> float:
+    async def _scrape_period(self, readings: dict[str, NodeReading]) -> float:
         """The scrape period: the median gap between one GPU's raw samples over 5 minutes."""
         host = min(readings)
         gpu = min(readings[host].gpus)
@@ -1439,7 +956,7 @@ class PromSource:
             # a MIG GPU's instances have GR_ENGINE_ACTIVE, not GPU_UTIL: either's times
             sel = f"{_selector((*UTIL.names, MIG_UTIL), matchers)}[5m]"
             try:
-                series = self.client.query_matrix(sel)
+                series = await self.client.query_matrix(sel)
             except PromError:
                 return DEFAULT_PERIOD
             if series:
@@ -1566,9 +1083,10 @@ class PromSource:
         ]
         # MIG instances' utilisation, with the GPU's model (its slices: ``mig_util``)
         asked.append((*HISTORY_UTIL, mig_query(matchers, f"gpu, {', '.join(MODEL_LABELS)}")))
+        deadline = time.monotonic() + self.target.timeout
         answers = await asyncio.gather(
             *(
-                asyncio.to_thread(self.client.query_range, promql, start, end, step)
+                self.client.query_range(promql, start, end, step, deadline=deadline)
                 for _key, _scale, promql in asked
             )
         )
@@ -1602,18 +1120,22 @@ class PromSource:
         return [history_sample(index, t, got) for (t, index), got in sorted(points.items())]
 
     async def run(self) -> None:
-        """Poll every ``interval`` seconds until cancelled (a fleet service)."""
-        while True:
-            started = time.monotonic()
-            try:
-                await self.poll_once()
-            except PromError as e:
-                self.error = e
-            else:
-                self.error = None
-            self.poll_seconds = time.monotonic() - started
-            # a timer: the store is polled at a rate, not in answer to anything
-            await asyncio.sleep(max(0.0, self.interval - self.poll_seconds))
+        """Poll every ``interval`` seconds until cancelled (a fleet service); cancelled, the
+        poll's requests end with it and the connections are closed."""
+        try:
+            while True:
+                started = time.monotonic()
+                try:
+                    await self.poll_once()
+                except PromError as e:
+                    self.error = e
+                else:
+                    self.error = None
+                self.poll_seconds = time.monotonic() - started
+                # a timer: the store is polled at a rate, not in answer to anything
+                await asyncio.sleep(max(0.0, self.interval - self.poll_seconds))
+        finally:
+            await self.client.aclose()
 
 
 def prometheus_links(

@@ -11,7 +11,6 @@ import copy
 import json
 import re
 import subprocess
-import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -384,9 +383,9 @@ def counted(source: PromSource) -> list[str]:
     seen: list[str] = []
     query = source.client.query
 
-    def counting(promql: str) -> Any:
+    async def counting(promql: str, **kw: Any) -> Any:
         seen.append(promql)
-        return query(promql)
+        return await query(promql, **kw)
 
     source.client.query = counting  # type: ignore[method-assign]
     return seen
@@ -409,7 +408,7 @@ async def test_a_poll_asks_only_the_hosts_with_a_new_sample(steady_site: Site) -
     at a 5 s poll of a 15 s scrape, a third of the GPUs."""
     source = PromSource(PromTarget(steady_site.prom.url), interval=1.0)
     source._take(await source.poll(), publish=False)
-    stamped = source.client.query(source.stamp_query)
+    stamped = await source.client.query(source.stamp_query)
     for host in NODES:  # node-b as if scraped since; the others not
         t = source.latest[host].t
         assert t is not None
@@ -419,7 +418,7 @@ async def test_a_poll_asks_only_the_hosts_with_a_new_sample(steady_site: Site) -
     assert moved == {"node-b"}
     assert len(asked) == len(source.queries) - 1 == len(prom.METRICS) + 1  # and MIG's
     assert all("Hostname=~`node-b`" in q and "instance" not in q for _m, q in asked)
-    answers = [source.client.query(q) for _m, q in asked]
+    answers = [await source.client.query(q) for _m, q in asked]
     readings = source._readings(stamped, moved, asked, answers)
     assert list(readings) == ["node-b"]
     assert [g["util_gpu"] for _i, g in sorted(readings["node-b"].gpus.items())] == [10, 20]
@@ -613,16 +612,15 @@ async def test_a_hosts_sample_is_published_while_another_groups_slow_query_is_ou
     assert isinstance(link, PromLink)
     source = link.source
     query = source.client.query
-    loop = asyncio.get_running_loop()
-    release = threading.Event()
+    release = asyncio.Event()
     holding = asyncio.Event()
     held: dict[str, Any] = {}  # the poll's moved hosts (stamp time) and the held query's
     moved: dict[str, float] = {}
 
-    def holding_query(promql: str) -> list[prom.Series]:
-        series = query(promql)
+    async def holding_query(promql: str, **kw: Any) -> list[prom.Series]:
+        series = await query(promql, **kw)
         if promql == source.stamp_query:  # a poll's first query: which hosts moved
-            # the loop awaits this thread: ``latest`` is the last poll's, unchanged meanwhile
+            # the poll awaits this answer: ``latest`` is the last poll's, unchanged meanwhile
             stamps = {s.metric.host(): float(s.value.text) for s in series}
             moved.clear()
             moved.update(
@@ -635,8 +633,8 @@ async def test_a_hosts_sample_is_published_while_another_groups_slow_query_is_ou
             slow = set(names.group(1).split("|")) if names else set(moved)
             if set(moved) - slow:  # not every moved host at its turn: two groups
                 held.update(moved=dict(moved), slow=slow)
-                loop.call_soon_threadsafe(holding.set)
-                release.wait(30)
+                holding.set()
+                await release.wait()
         return series
 
     source.client.query = holding_query  # type: ignore[method-assign]
@@ -691,10 +689,10 @@ async def test_a_failed_slow_query_leaves_its_group_unpublished(site: Site) -> N
     held_b = source.latest["node-b"]
     query = source.client.query
 
-    def failing(promql: str) -> list[prom.Series]:
+    async def failing(promql: str, **kw: Any) -> list[prom.Series]:
         if "ECC_DBE_VOL_TOTAL" in promql:
             raise PromError("unreachable", "the store went away")
-        return query(promql)
+        return await query(promql, **kw)
 
     source.client.query = failing  # type: ignore[method-assign]
     handed: list[dict[str, prom.NodeReading]] = []
@@ -937,6 +935,7 @@ def test_basic_auth_refused_then_accepted(tmp_path: Path) -> None:
             assert "refused us (401" in line and "--prometheus-user" in line
             secret = tmp_path / "password"
             secret.write_text(PASSWORD + "\n")
+            secret.chmod(0o600)  # a secret others cannot read (issue 38)
             config = tmp_path / "config.toml"
             config.write_text(
                 f'[clusters.site]\nprometheus = "{prom.url}"\n'

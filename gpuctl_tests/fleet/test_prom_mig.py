@@ -4,7 +4,7 @@ guide), else by the instances' own. The store's side: ``test_prom.py``'s MIG tes
 
 from __future__ import annotations
 
-from gpuctl.fleet.prom import mig_slices, mig_util
+from gpuctl.fleet.prommig import mig_slices, mig_util
 
 H100 = "NVIDIA H100 80GB HBM3"
 

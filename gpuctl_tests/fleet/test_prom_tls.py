@@ -96,12 +96,14 @@ def config(
         lines.append(f'prometheus_ca = "{ca}"')
     if password is not None:
         (tmp_path / "password").write_text(password + "\n")
+        (tmp_path / "password").chmod(0o600)  # a secret others cannot read (issue 38)
         lines += [
             f'prometheus_user = "{USER}"',
             f'prometheus_password_file = "{tmp_path}/password"',
         ]
     if token is not None:
         (tmp_path / "token").write_text(token + "\n")
+        (tmp_path / "token").chmod(0o600)
         lines.append(f'prometheus_token_file = "{tmp_path}/token"')
     path = tmp_path / "config.toml"
     path.write_text("\n".join(lines) + "\n")
@@ -157,7 +159,7 @@ def test_a_certificate_for_another_name_and_plain_http_are_one_line(
     try:
         client = PromClient(PromTarget(proxy.url, ca=str(named.ca), timeout=5))
         with pytest.raises(PromError) as e:
-            client.query("up")
+            client.run_blocking(lambda: client.query("up"))
     finally:
         proxy.close()
     assert e.value.reason == "tls"
@@ -199,6 +201,7 @@ def test_the_command_line_options_are_the_configs_keys(tls_site: TlsSite, tmp_pa
 
     wrong = tmp_path / "wrong"
     wrong.write_text("not-the-Pa55word\n")
+    wrong.chmod(0o600)
     log = tmp_path / "gpuctl.log"
     r = gpuctl("--log-file", str(log), "status", *given, *user, str(wrong))
     line = one_line_error(r)
@@ -246,6 +249,7 @@ def secret(folder: Path, text: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "secret"
     path.write_text(text + "\n")
+    path.chmod(0o600)
     return path
 
 

@@ -552,3 +552,107 @@ class StartedStores:
         self.ahead = self._start() if start_next else None
         with own:
             yield got
+
+
+# -- a stand-in store: what a hostile or broken HTTP API answers ------------------------------
+class StandInStore:
+    """A store's HTTP API on a loopback port that answers as ``answer`` says, for the bounds of
+    ``gpuctl.fleet.promhttp`` (issue 38): ``answer(conn, query)`` writes a whole HTTP answer to
+    the socket ``conn`` for the POSTed ``query`` (PromQL). A thread per connection; ``queries``
+    the queries asked, ``closed`` the connections the client closed while being answered."""
+
+    def __init__(self, answer: Callable[[socket.socket, str], None]) -> None:
+        self.answer = answer
+        self.queries: list[str] = []
+        self.closed = 0
+        self._lock = threading.Lock()
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._open = True
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while self._open:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                got = conn.recv(65536)
+                if not got:
+                    return
+                data += got
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            while len(body) < length:
+                got = conn.recv(65536)
+                if not got:
+                    return
+                body += got
+            form = urllib.parse.parse_qs(body.decode())
+            query = form.get("query", [""])[0]
+            with self._lock:
+                self.queries.append(query)
+            try:
+                self.answer(conn, query)
+            except OSError:  # the client closed the connection while it was answered
+                with self._lock:
+                    self.closed += 1
+
+    def close(self) -> None:
+        self._open = False
+        self._sock.close()
+
+
+def answer_json(conn: socket.socket, body: bytes, status: str = "200 OK") -> None:
+    """A whole answer of ``body`` (JSON), the connection closed after it."""
+    conn.sendall(
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
+
+
+def vector(series: list[tuple[dict[str, str], str]], t: float = 0.0) -> bytes:
+    """An instant vector's answer: each series its labels and value text."""
+    result = [{"metric": labels, "value": [t or time.time(), value]} for labels, value in series]
+    return json.dumps(
+        {"status": "success", "data": {"resultType": "vector", "result": result}}
+    ).encode()
+
+
+def hosts_answer(hosts: list[str], gpus: int = 1) -> Callable[[socket.socket, str], None]:
+    """A store holding ``gpus`` GPUs of each of ``hosts`` (DCGM exporter's labels), each value
+    5, sampled now: the stamp query's times, each metric's values, no raw samples (the scrape
+    period query)."""
+
+    def answer(conn: socket.socket, query: str) -> None:
+        now = time.time()
+        if "[5m]" in query:
+            body = b'{"status":"success","data":{"resultType":"matrix","result":[]}}'
+        elif query.startswith("max by (Hostname") and "timestamp(" in query:
+            body = vector([({"Hostname": h}, f"{now:.3f}") for h in hosts], now)
+        else:
+            body = vector(
+                [
+                    ({"Hostname": h, "gpu": str(g), "UUID": f"GPU-{h}-{g}"}, "5")
+                    for h in hosts
+                    for g in range(gpus)
+                ],
+                now,
+            )
+        answer_json(conn, body)
+
+    return answer
