@@ -160,9 +160,9 @@ def test_demo_is_the_same_option_wherever_it_is() -> None:
                 found[" ".join(path)] = (a.help, a.nargs, a.const, a.default, a.dest)
     assert found, "no command has --demo"
     assert set(found.values()) == {(DEMO_HELP, 0, True, False, "demo")}, found
-    # the list docs/notes/cli.md gives
-    notes = (REPO / "docs" / "notes" / "cli.md").read_text()
-    listed = re.search(r"<!-- demo -->(.*?)<!-- /demo -->", notes, re.S)
+    # the list docs/commands.md gives (its "Conventions")
+    page = (REPO / "docs" / "commands.md").read_text()
+    listed = re.search(r"<!-- demo -->(.*?)<!-- /demo -->", page, re.S)
     assert listed is not None
     assert sorted(re.findall(r"`gpuctl ([a-z -]+) --demo`", listed.group(1))) == sorted(found)
 
