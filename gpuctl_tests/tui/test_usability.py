@@ -214,7 +214,7 @@ async def test_one_node_one_gpu_is_singular(tmp_path: Path) -> None:
         assert "  1× H100 80GB HBM3  util" in head and "GPUs" not in head
         await pilot.press("B")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
-        assert app.screen.question.startswith("Burn all 1 GPU on 1 live node?")
+        assert app.screen.question.startswith("Burn all 1 GPU on 1 live node for 60 min?")
 
 
 def test_simulated_memory_adds_up() -> None:
