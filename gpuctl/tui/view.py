@@ -12,9 +12,18 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuctl.core.format import GIB, QUIET_THROTTLE, fmt_age, gpu_badge_names, gpu_flags
+from gpuctl.core.format import (
+    GIB,
+    QUIET_THROTTLE,
+    THROTTLE_BADGES,
+    THROTTLE_WORDS,
+    fmt_age,
+    gpu_badge_names,
+    gpu_flags,
+)
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
 from gpuctl.node.metrics import BY_NAME, PAIRED, PERCENT_OF, Metric, flagged
+from gpuctl.workloads.accept_suite.nodehealth import xid_text
 
 SPARK_CHARS = " ▁▂▃▄▅▆▇█"
 BAR_FULL = "█"
@@ -219,6 +228,46 @@ def gpu_problems(g: GpuSample, xid: bool) -> list[str]:
     if POWER_CAP_REASONS.intersection(flags):
         out.append("pwrcap")
     return out
+
+
+LOST_WORDS = "LOST: GPU fell off the bus: drain and reset the node"
+
+
+def trouble_lines(g: GpuSample, xid: object | None = None) -> list[tuple[str, str]]:
+    """A GPU's trouble in words, each line with how to draw it ("alarm", "warn" or "plain"),
+    in the detail screen's order: lost, else its flags (ECC and row remapping, throttle
+    reasons as their badges and words), then the last XID seen (``xid``: its number, None:
+    none) named with what to do. The detail screen shows them all; the heatmap's status line
+    the one ``worst_trouble`` picks. Node text (a reason the node made up) comes out as it came:
+    the caller makes it printable."""
+    out: list[tuple[str, str]] = []
+    if g.lost:
+        out.append((LOST_WORDS, "alarm"))
+    else:
+        for flag in gpu_flags(g):
+            badge = THROTTLE_BADGES.get(flag, flag)
+            words = THROTTLE_WORDS.get(badge)
+            if flag in ("ECC", "REMAP"):
+                words = "uncorrected ECC errors" if flag == "ECC" else "row remapping pending"
+                out.append((f"{badge}: {words}", "alarm"))
+            elif badge == "PWRCAP" or words is None:
+                out.append((badge if words is None else f"{badge}: {words}", "plain"))
+            else:
+                out.append((f"{badge}: {words}", "warn"))
+    if xid is not None:
+        out.append((xid_text(xid), "alarm"))
+    return out
+
+
+def worst_trouble(lines: list[tuple[str, str]]) -> tuple[str, str] | None:
+    """The line of ``trouble_lines`` a one-line summary names: the XID when there is one (it
+    says why, and what to do), else the first alarm, else the first warning; None when
+    nothing but quiet flags (power cap, sync boost) is there."""
+    xids = [line for line in lines if line[0].startswith("XID ")]
+    for pick in (xids, [x for x in lines if x[1] == "alarm"], [x for x in lines if x[1] == "warn"]):
+        if pick:
+            return pick[0]
+    return None
 
 
 def gpu_trouble(g: GpuSample, xid: bool) -> int:

@@ -84,7 +84,7 @@ async def test_hostile_node_is_shown_as_data_on_every_screen(tmp_path: Path) -> 
         check(app)
         await pilot.press("left")
         status = check(app)
-        assert "evil GPU 0 [bold]x[/" in status
+        assert "evil GPU 0 · XID [bold]x[/" in status  # its XID, as text (the model: too long)
         await pilot.press("escape")
 
         detail = await open_detail(pilot, "evil", 0)

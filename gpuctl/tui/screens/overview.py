@@ -15,7 +15,7 @@ from textual.content import Content, Span
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Input, Label, Static
 
-from gpuctl.core.model import NodeSnapshot, NodeState
+from gpuctl.core.model import GpuSample, NodeState
 from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.keys import offer
 from gpuctl.tui.messages import FleetChanged
@@ -29,6 +29,8 @@ from gpuctl.tui.view import (
     FilterError,
     fmt_power,
     parse_filter,
+    trouble_lines,
+    worst_trouble,
 )
 from gpuctl.tui.widgets.heatmap import HeatLegend, Heatmap
 from gpuctl.tui.widgets.overview import GpuColumns, NodeList
@@ -403,37 +405,76 @@ class OverviewScreen(Screen[None]):
         self.update_heat_status()
 
     def update_heat_status(self) -> None:
+        """The line under the heatmap: the GPU under the cursor (its trouble in the detail
+        screen's words, then its readings), then how to change the metric; what does not fit
+        the width goes, the hint first, then the model, then the readings."""
         if self.mode == "list":
             return
         sel = self.heatmap.selected()
         key = getattr(self.app, "key_display", None)  # the configured key, not the default
         next_key = "m" if key is None else key("heatmap", "m")
         hint = f"heatmap: {METRIC_TITLES[self.mode]}  ({next_key}: next metric, esc: list)"
-        line = Text(f" {hint}", end="")
-        if sel is not None:
-            line = Text(" ", end="")
-            line.append_text(describe_gpu(self.store, self.store.snaps[sel[0]], sel[1]))
-            line.append(f"   ·  {hint}")
-        self.query_one("#heat-status", Static).update(line, layout=False)
+        status = self.query_one("#heat-status", Static)
+        if sel is None:
+            status.update(Text(f" {hint}", end=""), layout=False)
+            return
+        width = status.size.width or self.app.size.width
+        error = self.app.current_theme.error or "red"
+        status.update(heat_status(self.store, sel, hint, width, error), layout=False)
 
 
-def describe_gpu(store: FleetStore, snap: NodeSnapshot, gpu: int | None) -> Text:
-    """One line about the GPU under the heatmap cursor: node, GPU, model, util, memory, temp."""
+def heat_status(
+    store: FleetStore, sel: tuple[str, int | None], hint: str, width: int, alarm: str
+) -> Text:
+    """The heatmap's status line for the GPU ``sel`` in ``width`` cells (see
+    ``OverviewScreen.update_heat_status``): the trouble drawn in ``alarm`` colour when it is
+    an alarm (lost, XID, ECC), bold when a warning."""
+    snap = store.snaps[sel[0]]
+    gpu = sel[1]
     if gpu is None:
-        return node_text(f"{snap.name} ({snap.state.value})")
+        return node_text(f" {snap.name} ({snap.state.value})", limit=200)
     g = next((x for x in snap.gpus if x.index == gpu), None)
-    parts = [f"{snap.name} GPU {gpu} {store.model(snap, gpu)}"]
+    name = f"{snap.name} GPU {gpu}"
+    model = store.model(snap, gpu)
+    trouble = None if g is None else worst_trouble(trouble_lines(g, store.last_xid(snap.name, gpu)))
+    readings = [] if g is None else gpu_readings(g)
     if snap.state is not NodeState.LIVE:
-        parts.append(snap.state.value)
-    if g is not None and g.lost:
-        parts.append("LOST")
-    elif g is not None:
-        if g.util_gpu is not None:
-            parts.append(f"{g.util_gpu}%")
-        if g.mem_used is not None and g.mem_total:
-            parts.append(f"{g.mem_used / (1 << 30):.0f}/{g.mem_total / (1 << 30):.0f} GiB")
-        if g.temp is not None:
-            parts.append(f"{g.temp}°C")
-        if g.power is not None:
-            parts.append(f"{g.power:.0f} W")
-    return node_text(" · ".join(parts), limit=200)
+        readings.insert(0, snap.state.value)
+    tries = [
+        (f"{name} {model}", readings, hint),
+        (f"{name} {model}", readings, None),
+        (name, readings, None),
+        (name, [], None),
+    ]
+    for head, figures, tail in tries:
+        line = Text(" ", end="")
+        line.append_text(node_text(head, limit=80))
+        if trouble is not None:
+            text, kind = trouble
+            line.append(" · ")
+            style = f"bold {alarm}" if kind == "alarm" else "bold" if kind == "warn" else ""
+            line.append_text(node_text(text, limit=200, style=style))
+        if figures:
+            line.append_text(node_text(" · " + " · ".join(figures), limit=200))
+        if tail:
+            line.append(f"   ·  {tail}")
+        if line.cell_len <= width:
+            break
+    return line
+
+
+def gpu_readings(g: GpuSample) -> list[str]:
+    """A GPU's readings for the status line: util, memory, temperature, power (none when lost:
+    its trouble says so)."""
+    if g.lost:
+        return []
+    parts = []
+    if g.util_gpu is not None:
+        parts.append(f"{g.util_gpu}%")
+    if g.mem_used is not None and g.mem_total:
+        parts.append(f"{g.mem_used / (1 << 30):.0f}/{g.mem_total / (1 << 30):.0f} GiB")
+    if g.temp is not None:
+        parts.append(f"{g.temp}°C")
+    if g.power is not None:
+        parts.append(f"{g.power:.0f} W")
+    return parts

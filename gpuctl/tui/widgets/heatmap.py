@@ -91,6 +91,12 @@ class Heatmap(ScrollView, can_focus=True):
         ni, gi = self.cursor
         self.cursor = (min(ni, max(0, len(self.names) - 1)), gi)
         self.refresh()
+        # A new width lays the nodes out in other rows: the cursor's GPU stays on screen.
+        self.call_after_refresh(self.cursor_into_view)
+
+    def cursor_into_view(self) -> None:
+        """Scroll so that the cursor's row is on screen."""
+        self.scroll_to_region_row(self.cursor[0] // self.per_line)
 
     def nodes_changed(self, names: set[str]) -> None:
         known = set(self.names)
@@ -260,7 +266,14 @@ class Heatmap(ScrollView, can_focus=True):
                 else:
                     style, text = blank, " " * len(CELL)
                 if (ni, gi) == self.cursor:
-                    style, text = style + cursor, "◀▶"
+                    if text.strip(" ·"):  # the mark stays, the cursor beside it
+                        if run_text:
+                            segs.append(Segment(run_text, run_style))
+                        segs.append(Segment(text[0], style))
+                        style, text = style + cursor, "◀"
+                        run_text, run_style = "", blank
+                    else:
+                        style, text = style + cursor, "◀▶"
                 if style is run_style:
                     run_text += text
                 else:
