@@ -168,7 +168,8 @@ class SimGpu(object):
             return int(self.max_sm * (1.0 - 0.25 * over)), True
         return (self.max_sm if self.util > 2.5 else 345), False
 
-    def read(self, rng: random.Random, epoch: float) -> Optional[Dict[str, Any]]:
+    def read(self, rng: random.Random, epoch: float,
+             burner: Optional[Tuple[int, str]] = None) -> Optional[Dict[str, Any]]:
         if self.lost:
             return None
         util = int(round(self.util))
@@ -191,8 +192,8 @@ class SimGpu(object):
         if self.burn:
             # A burner is the agent's child: the agent's user runs it (yours, so ``k`` may
             # stop it, as on a real node), not a user of its own.
-            uid = os.geteuid()
-            procs.append({"pid": BURN_PID + self.index, "user": user_of(uid), "uid": uid,
+            uid, user = burner or (os.geteuid(), user_of(os.geteuid()))
+            procs.append({"pid": BURN_PID + self.index, "user": user, "uid": uid,
                           "command": "gpuctl-burn", "mem": int(burn_frac * self.mem_total),
                           "sm": util, "cpu": 100.0, "rss": 3 * GIB, "ppid": None,
                           "started": round(self.burn_started, 2)})
@@ -228,6 +229,9 @@ class SimReader(Reader):
         # The wall clock simulated processes started by (replays set a fixed one).
         self.wall = time.time  # type: Callable[[], float]
         self._epoch = None  # type: Optional[float]
+        # (uid, user) burners run as: None, this agent's user's (a burner is the agent's child);
+        # a recording made for replays sets one of its own, the same on every machine.
+        self.burner = None  # type: Optional[Tuple[int, str]]
         # GPU -> the signal that ended its burner (``signal``), until ``ended_burns`` is read
         self._ended_burns = {}  # type: Dict[int, str]
 
@@ -263,7 +267,7 @@ class SimReader(Reader):
         out = []  # type: List[Dict[str, Any]]
         for g in self.gpus:
             g.step(dt, self._rng)
-            rec = g.read(self._rng, self._epoch)
+            rec = g.read(self._rng, self._epoch, self.burner)
             if rec is None:
                 out.append(lost_record(g.index, g.uuid))
                 continue
