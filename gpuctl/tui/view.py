@@ -342,15 +342,16 @@ def node_age_text(s: NodeSnapshot, now: float) -> str:
 
 
 def down_text(s: NodeSnapshot, now: float, retry_in: float | None) -> str:
-    """An unreachable node's state for people, with what a person waits for: "unreachable:
-    <reason> · last seen 2m ago · retry in 4s" (``retry_in``: seconds to the fleet's next try,
-    None while it tries). Other states as ``node_age_text``."""
+    """An unreachable node's state for people, what a person waits for first, the reason
+    (which can be long: the line is cut at the edge) last: "unreachable · retry in 4s · last
+    seen 2m ago · <reason>" (``retry_in``: seconds to the fleet's next try, None while it
+    tries). Other states as ``node_age_text``."""
     if s.state is not NodeState.UNREACHABLE:
         return node_age_text(s, now)
     age = s.age(now)
     seen = "never seen" if age is None else f"last seen {fmt_age(age)} ago"
     retry = "retrying now" if retry_in is None else f"retry in {math.ceil(max(0.0, retry_in))}s"
-    return f"{node_age_text(s, now)} · {seen} · {retry}"
+    return " · ".join(["unreachable", retry, seen, *([s.reason] if s.reason else [])])
 
 
 def fmt_power(watts: float) -> str:
