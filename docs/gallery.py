@@ -29,11 +29,14 @@ from gpuctl_tests.tui.test_snapshots import job_store_with_three_jobs  # noqa: E
 
 OUT = ROOT / "docs" / "gallery"
 SIZES = ((80, 24), (120, 40), (200, 60))
+# The list's view a screen needs ("rows": a row per GPU, "compact": a line per node), whatever
+# the size starts it in (more than two nodes at 80x24 start compact); ``v`` switches.
+VIEWS = {"compact": "compact", "processes": "rows", "detail": "rows"}
 # screen name -> the keys that reach it from the overview
 SCREENS: dict[str, Sequence[str]] = {
     "overview": ("down", "down", "down"),
     "trouble-first": ("o",),
-    "compact": ("v", "down"),
+    "compact": ("down",),
     "heatmap": ("m", "n"),
     "filtered": (),  # the header's XID count chosen (below)
     "jobs": ("2",),
@@ -75,6 +78,9 @@ async def shoot(name: str, keys: Sequence[str], size: tuple[int, int], svg: Path
             app.overview.action_trouble("xid")
             await pilot.pause()
         else:
+            view = VIEWS.get(name)
+            if view is not None and app.overview.nodes.compact != (view == "compact"):
+                await pilot.press("v")
             await pilot.press(*keys)
         await pilot.pause(0.3)
         app.clear_notifications()

@@ -512,6 +512,12 @@ SECTIONS: dict[str, dict[str, Key]] = {
     "tui": {
         "theme": Key(_str, None, "dark, light or high-contrast (else the last one chosen)"),
         "keys": Key(_keymap, {}, 'remapped keys by binding id: { stress_gpu = "x" } (see ?)'),
+        "confirm_burn": Key(
+            _bool,
+            True,
+            "s asks before it burns one GPU (false: only over other users' processes;"
+            " S and B always ask)",
+        ),
     },
     "stress": {
         "duration": Key(_number(0.5, _WEEK), None, "seconds a burn lasts (default: max_duration)"),
@@ -598,11 +604,13 @@ class FleetSettings(Section):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TuiSettings(Section):
-    """``[tui]``: the screen's theme and remapped keys (binding id -> key)."""
+    """``[tui]``: the screen's theme, remapped keys (binding id -> key), and whether ``s``
+    asks before it burns one GPU (``confirm_burn``)."""
 
     name = "tui"
     theme: str | None = None
     keys: Mapping[str, str] = field(default_factory=dict)
+    confirm_burn: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -44,6 +44,7 @@ simulate = 4
 [tui]
 theme = "nord"
 keys = { quit = "ctrl+q" }
+confirm_burn = false
 
 [stress]
 max_duration = 1800
@@ -66,7 +67,12 @@ def test_good_config_expands_hostlists_and_applies_overrides(tmp_path: Path) -> 
     assert by["gpu01"].ssh_config == str(tmp_path / "ssh" / "config")
     assert by["sim1"].via == "local" and by["sim1"].simulate == "4"
     assert config.read_only is True
-    assert config.tui.given_values() == {"theme": "nord", "keys": {"quit": "ctrl+q"}}
+    assert config.tui.given_values() == {
+        "theme": "nord",
+        "keys": {"quit": "ctrl+q"},
+        "confirm_burn": False,
+    }
+    assert config.tui.confirm_burn is False
     assert config.stress.given_values() == {"max_duration": 1800.0}
     assert config.stress.max_duration == 1800.0 and config.stress.engine == "auto"  # default
     assert config.accept.given_values() == {} and config.jobs.given_values() == {}
@@ -181,6 +187,7 @@ BAD = [
     ("[stress]\nmem_fraction = 2\n", r"2: stress\.mem_fraction: must be within 0\.05\.\.0\.99.*"),
     ('[tui]\nthme = "light"\n', r"2: tui\.thme: unknown key \(did you mean 'theme'\?\).*"),
     ("[tui]\nkeys = 3\n", r"2: tui\.keys: expected a table of binding id = \"key\", got 3"),
+    ('[tui]\nconfirm_burn = "no"\n', r"2: tui\.confirm_burn: expected true or false, .*"),
     ("[accept]\nexpect_gpu = 8\n", r"2: accept\.expect_gpu: unknown key \(did you mean .*"),
     ('[accept]\nexpect_gpus = "8"\n', r"2: accept\.expect_gpus: expected a whole number, .*"),
     ('[jobs]\njob_dir = "/x"\n', r"2: jobs\.job_dir: unknown key \(did you mean 'dir'\?\).*"),

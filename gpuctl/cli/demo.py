@@ -1,10 +1,11 @@
 """``gpuctl demo``: the TUI on a simulated cluster, nothing to configure.
 
 The story, so that the demo shows what the screen is for (the README's words): one GPU burning
-(a simulated burn, started as ``s`` starts one: its BURN badge and rate on its row) until it
-throttles, one GPU reports an XID, and the last node stalls for a few seconds now and then (its
-panel goes stale, then live again). The simulated jobs on the other GPUs run warm, not hot: only
-the burning GPU throttles (``gpuctl.node.readers.sim``).
+(a simulated burn, started as ``s`` starts one: its BURN badge and rate on its row, your user on
+its process, which ``k`` stops) until it throttles, on a GPU that runs nobody else's job; one GPU
+reports XID 79 and falls off the bus (no readings, no processes); and the last node stalls for a
+few seconds now and then (its panel goes stale, then live again). The simulated jobs on the
+other GPUs run warm, not hot: only the burning GPU throttles (``gpuctl.node.readers.sim``).
 """
 
 from __future__ import annotations
@@ -58,14 +59,18 @@ async def story(
         with contextlib.suppress(LinkError, TimeoutError):
             await fleet.request(node, {"type": "simulate", **msg})
 
-    hot = names[0]
-    gpu = min(2, _gpus(fleet, hot) - 1)
-    if burns is not None:
-        burns.add((hot, gpu))
-    if not await _burn(fleet, hot, gpu):  # read-only: the load alone, without a burn
-        await simulate(hot, action="load", gpus=[gpu], load=1.0)
+    target = burn_target(fleet)
+    if target is not None:
+        hot, gpu = target
+        if burns is not None:
+            burns.add((hot, gpu))
+        if not await _burn(fleet, hot, gpu):  # read-only: the load alone, without a burn
+            await simulate(hot, action="load", gpus=[gpu], load=1.0)
     xid_node = names[min(1, len(names) - 1)]
-    await simulate(xid_node, action="xid", gpu=min(5, _gpus(fleet, xid_node) - 1), xid=79)
+    xid_gpu = min(5, _gpus(fleet, xid_node) - 1)
+    if target == (xid_node, xid_gpu) and xid_gpu > 0:
+        xid_gpu -= 1  # the XID falls on another GPU than the burn's
+    await simulate(xid_node, action="xid", gpu=xid_gpu, xid=79)
     if len(names) < 2:
         return
     stall = names[-1]
@@ -73,6 +78,20 @@ async def story(
     while True:
         await simulate(stall, action="stall", seconds=STALL_FOR_S)
         await asyncio.sleep(stall_every)
+
+
+def burn_target(fleet: Fleet) -> tuple[str, int] | None:
+    """The GPU the story burns: the first (first node first) whose latest sample shows no
+    process of another user, as an operator's ``s`` would choose (a burn over another user's
+    job asks first; the story cannot ask). None when every GPU runs someone's job."""
+    from gpuctl import service
+
+    for node in fleet.names:
+        snap = fleet.snapshot(node)
+        for g in snap.gpus:
+            if not g.lost and not service.others_on(snap, [g.index]):
+                return node, g.index
+    return None
 
 
 async def _burn(fleet: Fleet, node: str, gpu: int) -> bool:

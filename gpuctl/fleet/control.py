@@ -136,6 +136,21 @@ def attach(fleet: Fleet) -> None:
     fleet.subscribe(on_snapshot)
 
 
+def burn_seconds(fleet: Fleet, node: str) -> float:
+    """How long a burn ``set_stress`` starts on ``node`` lasts, as its agent decides it: the
+    config's ``[stress] duration``, else its ``max_duration``, else the agent's cap (what the
+    fleet configured, else what the agent said in its hello, else the protocol's default)."""
+    for key in ("duration", "max_duration"):
+        value = fleet.stress_defaults.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    cap = fleet.agent_options.get("max_duration")
+    if cap is None and node in fleet.nodes:
+        info = fleet.snapshot(node).info
+        cap = info.max_duration if info is not None else None
+    return float(cap) if cap else protocol.DEFAULT_MAX_DURATION
+
+
 def burn_of(snap: NodeSnapshot, gpu: int) -> BurnState | None:
     """The burn annotation of one GPU, or None."""
     return snap.burn(gpu)

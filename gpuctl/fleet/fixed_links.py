@@ -15,6 +15,10 @@ from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError
 from gpuctl.node import protocol
 
+# Who a recorded node's burners run as (uid, user): a service account of the recorded cluster,
+# not whoever replays it, so a replay looks the same on every machine.
+RECORDED_BURNER = (1900, "gpuctl")
+
 
 class _Discard:
     """The request side of a replayed node: requests go nowhere (and time out)."""
@@ -74,6 +78,7 @@ def recorded_node(
     now = [0.0]
     reader = SimReader.from_spec(spec, seed=seed, clock=lambda: now[0])
     reader.wall = lambda: t0 + now[0]  # processes' start times follow the replayed clock
+    reader.burner = RECORDED_BURNER  # not the user replaying it: the same on every machine
     for index, value in (load or {}).items():
         reader.simulate("load", {"gpus": [index], "load": value})
     versions = reader.versions()

@@ -595,6 +595,8 @@ class StressPlugin(object):
             elif now >= term_at + self.grace:
                 proc.signal_group(pgid, signal.SIGKILL)
                 del self.foreign[pgid]
+        if self.simulated:
+            self._sim_ended()
         for burn in list(self.burns.values()):
             if burn.engine == "sim":
                 self._tick_sim(burn, now)
@@ -629,6 +631,25 @@ class StressPlugin(object):
                               "elapsed": round(elapsed, 1), "size": 8192,
                               "dtype": burn.dtype or "bf16"})
         self._emit(burn)
+
+    def _sim_ended(self) -> None:
+        """Simulated burners that ended on their own (a signal from the process view, their
+        GPU lost) end their burns as a real burner's exit would (``_reap``)."""
+        ended = getattr(self.agent.reader, "ended_burns")()  # type: Dict[int, str]
+        for gpu, how in sorted(ended.items()):
+            burn = self.burns.get(gpu)
+            if burn is None or burn.engine != "sim" or burn.state not in ACTIVE:
+                continue
+            if how == "TERM":  # a burner ends its burn on SIGTERM (``workloads.burn``)
+                burn.state, burn.verdict = "done", None
+                burn.reason = burn.stop_reason or "burner stopped by SIGTERM"
+            elif how == "lost":
+                burn.state, burn.verdict = "failed", "DIED"
+                burn.reason = "burner died: its GPU fell off the bus"
+            else:
+                burn.state, burn.verdict = "failed", "DIED"
+                burn.reason = "burner exited with signal SIG%s" % how
+            self._end(burn)
 
     def _finish_sim(self) -> None:
         done = [b for b in self.burns.values() if b.engine == "sim" and b.state == "stopping"]

@@ -116,8 +116,8 @@ class GpuctlApp(App[int]):
     ) -> None:
         """Build the TUI over ``fleet`` (a ``gpuctl.fleet.fleet.Fleet``).
 
-        ``tui`` is the config's ``[tui]`` settings (``theme``, ``keys``); ``clock`` is
-        the wall clock for ages (tests freeze it); ``state_dir`` (default
+        ``tui`` is the config's ``[tui]`` settings (``theme``, ``keys``, ``confirm_burn``);
+        ``clock`` is the wall clock for ages (tests freeze it); ``state_dir`` (default
         ``gpuctl.paths.state_dir()``) holds the remembered theme, and the acceptance history and
         reports of runs started with ``a``. With ``manage_fleet`` the app starts the fleet on
         mount and stops it on exit. ``job_store`` (a ``gpuctl.jobs.store.JobStore``) feeds the

@@ -219,6 +219,17 @@ class FleetStore:
         """The GPUs of node ``name`` an XID was seen on."""
         return {i for n, i in self.xids if n == name}
 
+    def last_xid(self, name: str, gpu: int | None) -> object | None:
+        """The number of the last XID a GPU reported, as its event said it (None: none kept;
+        "?" when one was seen but its event is no longer kept)."""
+        if gpu is None:
+            return None
+        for e in reversed(self.fleet.events(name)):
+            if e.kind == "xid" and e.gpu == gpu:
+                xid: object = e.detail.get("xid", "?")
+                return xid
+        return "?" if (name, gpu) in self.xids else None
+
     def node_trouble(self, name: str) -> dict[str, int]:
         """``view.trouble_counts`` of a node, kept until its next snapshot (an XID comes with
         one: the app offers the node's snapshot after every event)."""

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from gpuctl.core.format import (
     GIB,
     QUIET_THROTTLE,
+    THROTTLE_BADGES,
+    THROTTLE_WORDS,
     fmt_age,
     gpu_badge_names,
     gpu_flags,
@@ -22,6 +24,7 @@ from gpuctl.core.format import (
 )
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
 from gpuctl.node.metrics import BY_NAME, PAIRED, PERCENT_OF, Metric, flagged
+from gpuctl.workloads.accept_suite.nodehealth import xid_text
 
 SPARK_CHARS = " ▁▂▃▄▅▆▇█"
 BAR_FULL = "█"
@@ -218,6 +221,46 @@ def gpu_problems(g: GpuSample, xid: bool) -> list[str]:
     return out
 
 
+LOST_WORDS = "LOST: GPU fell off the bus: drain and reset the node"
+
+
+def trouble_lines(g: GpuSample, xid: object | None = None) -> list[tuple[str, str]]:
+    """A GPU's trouble in words, each line with how to draw it ("alarm", "warn" or "plain"),
+    in the detail screen's order: lost, else its flags (ECC and row remapping, throttle
+    reasons as their badges and words), then the last XID seen (``xid``: its number, None:
+    none) named with what to do. The detail screen shows them all; the heatmap's status line
+    the one ``worst_trouble`` picks. Node text (a reason the node made up) comes out as it came:
+    the caller makes it printable."""
+    out: list[tuple[str, str]] = []
+    if g.lost:
+        out.append((LOST_WORDS, "alarm"))
+    else:
+        for flag in gpu_flags(g):
+            badge = THROTTLE_BADGES.get(flag, flag)
+            words = THROTTLE_WORDS.get(badge)
+            if flag in ("ECC", "REMAP"):
+                words = "uncorrected ECC errors" if flag == "ECC" else "row remapping pending"
+                out.append((f"{badge}: {words}", "alarm"))
+            elif badge == "PWRCAP" or words is None:
+                out.append((badge if words is None else f"{badge}: {words}", "plain"))
+            else:
+                out.append((f"{badge}: {words}", "warn"))
+    if xid is not None:
+        out.append((xid_text(xid), "alarm"))
+    return out
+
+
+def worst_trouble(lines: list[tuple[str, str]]) -> tuple[str, str] | None:
+    """The line of ``trouble_lines`` a one-line summary names: the XID when there is one (it
+    says why, and what to do), else the first alarm, else the first warning; None when
+    nothing but quiet flags (power cap, sync boost) is there."""
+    xids = [line for line in lines if line[0].startswith("XID ")]
+    for pick in (xids, [x for x in lines if x[1] == "alarm"], [x for x in lines if x[1] == "warn"]):
+        if pick:
+            return pick[0]
+    return None
+
+
 def gpu_trouble(g: GpuSample, xid: bool) -> int:
     """A GPU's worst trouble as an index into ``TROUBLE`` (``NO_TROUBLE``: none)."""
     problems = gpu_problems(g, xid)
@@ -290,15 +333,16 @@ def node_age_text(s: NodeSnapshot, now: float) -> str:
 
 
 def down_text(s: NodeSnapshot, now: float, retry_in: float | None) -> str:
-    """An unreachable node's state for people, with what a person waits for: "unreachable:
-    <reason> · last seen 2m ago · retry in 4s" (``retry_in``: seconds to the fleet's next try,
-    None while it tries). Other states as ``node_age_text``."""
+    """An unreachable node's state for people, what a person waits for first, the reason
+    (which can be long: the line is cut at the edge) last: "unreachable · retry in 4s · last
+    seen 2m ago · <reason>" (``retry_in``: seconds to the fleet's next try, None while it
+    tries). Other states as ``node_age_text``."""
     if s.state is not NodeState.UNREACHABLE:
         return node_age_text(s, now)
     age = s.age(now)
     seen = "never seen" if age is None else f"last seen {fmt_age(age)} ago"
     retry = "retrying now" if retry_in is None else f"retry in {math.ceil(max(0.0, retry_in))}s"
-    return f"{node_age_text(s, now)} · {seen} · {retry}"
+    return " · ".join(["unreachable", retry, seen, *([s.reason] if s.reason else [])])
 
 
 def fmt_power(watts: float) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gpuctl import service
 from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
@@ -67,7 +68,8 @@ async def test_sim_load_heats_the_gpu() -> None:
         )
         g = snaps[0].gpus[0]
         assert g.power is not None and g.power > 300
-        assert any(p.user == "gpuctl" for p in g.processes)
+        burner = [p for p in g.processes if p.command == "gpuctl-burn"]
+        assert [p.user for p in burner] == [service.user_name()]  # the agent's user's
     finally:
         await fleet.stop()
 

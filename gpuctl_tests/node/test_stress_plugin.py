@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import stat
 import sys
@@ -531,3 +532,35 @@ def test_a_burner_without_an_owner_mark_has_none(agents: list[AgentProcess]) -> 
     kept = reply(b, 7)["kept"]
     assert [(k["pid"], k["owner"]) for k in kept] == [(pid, None)]
     assert running(pid)
+
+
+def test_a_simulated_burner_is_the_agents_users_and_ends_as_a_real_one(
+    agents: list[AgentProcess],
+) -> None:
+    """Issue 39.8: a simulated burner ran as user ``gpuctl`` (the process view refused to
+    stop your own burn) and an XID 79 left its GPU reading and burning. The burner is the
+    agent's user's; SIGTERM to it ends its burn, and XID 79 takes the GPU off the bus: a lost
+    record, and its burn ends as a burner on a lost GPU dies."""
+    a = start_agent(agents, "--simulate", "2:H100", "--interval", "0.2")
+    a.send({"type": "stress_start", "gpus": [0, 1], "id": 1, "duration": 60})
+    assert reply(a, 1)["started"] == [0, 1]
+
+    def burner(sample: dict[str, Any], gpu: int) -> list[dict[str, Any]]:
+        return [p for p in sample["gpus"][gpu]["processes"] if p["command"] == "gpuctl-burn"]
+
+    sample = a.read_until(lambda m: m["type"] == "sample" and burner(m, 0) and burner(m, 1))
+    (proc,) = burner(sample, 0)
+    assert (proc["uid"], proc["user"]) == (os.geteuid(), pwd.getpwuid(os.geteuid()).pw_name)
+    assert proc["started"] <= time.time()
+    a.send({"type": "signal", "pid": proc["pid"], "signal": "TERM", "id": 2})
+    assert reply(a, 2)["type"] == "ok"
+    done = burn_event(a, ("done", "failed"), timeout=10)
+    assert (done["gpu"], done["detail"]["reason"]) == (0, "burner stopped by SIGTERM")
+    a.send({"type": "simulate", "action": "xid", "gpu": 1, "xid": 79, "id": 3})
+    died = burn_event(a, ("done", "failed"), timeout=10)
+    assert died["gpu"] == 1 and died["detail"]["verdict"] == "DIED"
+    assert died["detail"]["reason"] == "burner died: its GPU fell off the bus"
+    after = a.read_until(lambda m: m["type"] == "sample" and m["gpus"][1]["state"] == "lost")
+    lost = after["gpus"][1]
+    assert lost.get("util_gpu") is None and not lost.get("processes")
+    assert not burner(after, 0)

@@ -96,6 +96,15 @@ async def settle(pilot: Pilot[Any], timeout: float = 15.0) -> None:
     await pilot.pause()
 
 
+async def rows_view(pilot: Pilot[Any]) -> None:
+    """The GPU list as a row per GPU: ``v`` when a small terminal started it compact (more than
+    two nodes at 80x24: ``overview.starts_compact``)."""
+    app = pilot.app
+    assert isinstance(app, GpuctlApp)
+    if app.overview.nodes.compact:
+        await pilot.press("v")
+
+
 @pytest.fixture
 def state_dir(tmp_path: Path) -> Path:
     return tmp_path / "state"

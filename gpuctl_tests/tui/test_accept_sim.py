@@ -100,7 +100,8 @@ async def test_the_demo_runs_the_suite_simulated_on_its_gpus(tmp_path: Path) -> 
     )
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.store.snaps["sim-02"].gpus, "sim-02 live")
-        await fleet.request("sim-02", {"type": "simulate", "action": "xid", "gpu": 3, "xid": 79})
+        # XID 48 (a double-bit ECC error): the GPU stays on the bus (79 takes it off: lost)
+        await fleet.request("sim-02", {"type": "simulate", "action": "xid", "gpu": 3, "xid": 48})
         run, question = await accept(pilot, "sim-02")
         assert "simulated run" in question
         table = app.overview.query_one("#accept-table", DataTable)
@@ -109,7 +110,7 @@ async def test_the_demo_runs_the_suite_simulated_on_its_gpus(tmp_path: Path) -> 
         assert cells["health"] == "FAIL", cells
         assert cells["burn"] == "SKIP"
         assert {cells[s] for s in SECTIONS if s not in ("health", "burn")} == {"PASS"}, cells
-        assert run.outcomes["sim-02"].failures == ["health gpu3: XID 79 during the run"]
+        assert run.outcomes["sim-02"].failures == ["health gpu3: XID 48 during the run"]
     # the real report path: the node's JSON report, the history (apart from real runs)
     (path,) = (tmp_path / "reports").glob("accept-sim-02-*.json")
     report = json.loads(path.read_text())

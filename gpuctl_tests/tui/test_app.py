@@ -310,22 +310,74 @@ async def test_acceptance_key_asks_first(state_dir: Path) -> None:
         assert app.accept_flow.run is None and app.screen is app.overview
 
 
-async def test_stress_key_burns_the_selected_gpu(state_dir: Path) -> None:
+async def question_to(pilot: Pilot[Any], key: str) -> str:
+    """Press ``key`` and return the question it asks (a ``ConfirmScreen``'s)."""
+    app = pilot.app
+    await pilot.press(key)
+    screen = await until(
+        pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen, "a question"
+    )
+    return str(screen.question)
+
+
+async def test_stress_key_asks_naming_the_gpu_and_the_duration(state_dir: Path) -> None:
+    """``s`` on a GPU nobody else uses asks before it burns (issue 39.1: it started an hour's
+    burn at once), naming the GPU and how long the burn lasts; no burns nothing, yes burns as
+    this user, and ``s`` again stops it without a question."""
     app = sim_app(state_dir)
     async with app.run_test(size=SIZE) as pilot:
         await all_live(pilot)
-        await pilot.press("right", "s")  # sim-02 GPU 0 runs nobody's job: no question
+        await pilot.press("right")  # sim-02 GPU 0 runs nobody's job
+        assert await question_to(pilot, "s") == "Burn sim-02 GPU 0 for 60 min?"
+        await pilot.press("n")
+        assert app.screen is app.overview
+        await pilot.pause()
+        assert control.burning(app.fleet) == []
+        assert await question_to(pilot, "s") == "Burn sim-02 GPU 0 for 60 min?"
+        await pilot.press("y")
         snap = lambda: app.store.snaps["sim-02"]  # noqa: E731
         await until(pilot, lambda: app.store.burn(snap(), 0), "a burn annotation on GPU 0")
-        assert not isinstance(app.screen, ConfirmScreen)
         assert app.store.burn(snap(), 0)["owner"] == service.me().to_wire()
-        await pilot.press("s")
+        await pilot.press("s")  # stopping asks nothing
+        assert not isinstance(app.screen, ConfirmScreen)
         await until(
             pilot,
             lambda: not app.store.is_burning(snap(), 0),
             "the burn to stop",
             timeout=15,
         )
+
+
+async def test_confirm_burn_off_burns_an_idle_gpu_at_once_but_s_and_b_still_ask(
+    state_dir: Path,
+) -> None:
+    """``[tui] confirm_burn = false``: ``s`` on a GPU without other users' processes burns
+    at once (the old way), one with them still asks; ``S`` on a node of idle GPUs and ``B``
+    ask whatever the key says, naming the duration of the config's ``[stress]``."""
+    fleet = simulated_fleet([("busy", "2:H100"), ("idle", "1:H100")], interval=0.2)
+    control.configure(fleet, {"max_duration": 1800.0})
+    app = make_app(fleet, simulated=True, state_dir=state_dir, tui=TuiSettings(confirm_burn=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await all_live(pilot)
+        assert app.overview.nodes.cursor == ("busy", 0)
+        assert await question_to(pilot, "s") == (
+            "busy GPU 0 runs processes of dana (1). Burn it anyway for 30 min?"
+        )
+        await pilot.press("n")
+        await pilot.press("end")
+        assert app.overview.nodes.cursor == ("idle", 0)
+        assert await question_to(pilot, "S") == "Burn all 1 GPU of idle for 30 min?"
+        await pilot.press("n")
+        assert await question_to(pilot, "B") == (
+            "Burn all 3 GPUs on 2 live nodes for 30 min? "
+            "2 GPUs run processes of other users: chen (1), dana (1)."
+        )
+        await pilot.press("n")
+        await pilot.pause()
+        assert control.burning(app.fleet) == []
+        await pilot.press("s")
+        await until(pilot, lambda: control.burning(app.fleet) == [("idle", 0)], "idle burning")
+        assert not isinstance(app.screen, ConfirmScreen)
 
 
 async def test_stress_keys_ask_before_burning_gpus_that_run_other_users_jobs(
@@ -337,27 +389,23 @@ async def test_stress_keys_ask_before_burning_gpus_that_run_other_users_jobs(
     async with app.run_test(size=SIZE) as pilot:
         await all_live(pilot)
 
-        async def question(key: str) -> str:
-            await pilot.press(key)
-            screen = await until(
-                pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen, "a question"
-            )
-            return str(screen.question)
-
         await pilot.press("down")  # sim-01 GPU 1: chen's job
-        assert await question("s") == "sim-01 GPU 1 runs processes of chen (1). Burn it anyway?"
-        await pilot.press("n")
-        assert app.screen is app.overview
-        assert await question("B") == (
-            "Burn all 12 GPUs on 3 live nodes? 9 GPUs run processes of other users: bob (3), "
-            "dana (3), chen (2), alice (1)."
+        assert (
+            await question_to(pilot, "s")
+            == "sim-01 GPU 1 runs processes of chen (1). Burn it anyway for 60 min?"
         )
         await pilot.press("n")
         assert app.screen is app.overview
-        assert await question("S") == (
+        assert await question_to(pilot, "B") == (
+            "Burn all 12 GPUs on 3 live nodes for 60 min? 9 GPUs run processes of other users: "
+            "bob (3), dana (3), chen (2), alice (1)."
+        )
+        await pilot.press("n")
+        assert app.screen is app.overview
+        assert await question_to(pilot, "S") == (
             "On sim-01, GPU 0 runs processes of dana (1); GPU 1 runs processes of chen (1); "
             "GPU 2 runs processes of bob (1); GPU 3 runs processes of bob (1). "
-            "Burn all 4 GPUs of sim-01 anyway?"
+            "Burn all 4 GPUs of sim-01 anyway for 60 min?"
         )
         await pilot.pause()
         assert control.burning(app.fleet) == []  # nothing started while asking

@@ -9,23 +9,30 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from gpuctl import service
 from gpuctl.cli.demo import story
+from gpuctl.fleet import control
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import simulated_fleet
 from gpuctl.node.readers.sim import SimReader
 from gpuctl.tui import make_app
+from gpuctl.tui.screens.confirm import ConfirmScreen
+from gpuctl.tui.screens.processes import ProcessScreen
 from gpuctl_tests.tui.test_panes import until
 
 
 def test_only_the_burned_gpu_of_the_demo_throttles_after_ten_minutes() -> None:
-    """The demo's six nodes (the seeds and specs ``gpuctl demo`` gives them), the story's GPU 2
-    of the first node loaded as the burn loads it, ten simulated minutes in one-second steps."""
+    """The demo's six nodes (the seeds and specs ``gpuctl demo`` gives them), the story's GPU
+    (the first node's first GPU without a job: 6) loaded as the burn loads it, ten simulated
+    minutes in one-second steps."""
     now = [0.0]
     readers = [
         SimReader.from_spec(spec, seed=i, clock=lambda: now[0])
         for i, (_name, spec) in enumerate(demo_nodes())
     ]
-    readers[0].simulate("load", {"gpus": [2], "load": 1.0})
+    target = next(g.index for g in readers[0].gpus if not g.processes)
+    assert target == 6
+    readers[0].simulate("load", {"gpus": [target], "load": 1.0})
     throttled: set[tuple[int, int]] = set()
     for _ in range(600):
         now[0] += 1.0
@@ -36,10 +43,15 @@ def test_only_the_burned_gpu_of_the_demo_throttles_after_ten_minutes() -> None:
     # the demo's jobs keep GPUs busy (the point is that they do not throttle)
     busy = sum(1 for r in readers for g in r.gpus if g.base_load >= 0.9)
     assert busy >= 4, busy
-    assert throttled == {(0, 2)}, sorted(throttled)
+    assert throttled == {(0, target)}, sorted(throttled)
 
 
 async def test_the_demo_burns_one_gpu_with_its_badge_on_the_screen(tmp_path: Path) -> None:
+    """Issue 39.8: the demo taught wrong things. Its burn ran on top of another user's job, its
+    process was user ``gpuctl``'s (``k`` refused to stop your own burn), and the GPU with XID 79
+    ("fallen off the bus") went on at 40 % with a live process. The story burns a GPU without
+    another user's job (sim-01's four all run one: sim-02 GPU 0), its burner is your user's and
+    ``k`` stops it, and the XID 79 GPU reads as lost: no utilization, no processes."""
     fleet = simulated_fleet(demo_nodes(2, 4), interval=0.2)
     app = make_app(fleet, simulated=True, state_dir=tmp_path / "state")
     app.background.append(lambda: story(fleet, stall_every=3600, burns=app.stress_flow.own_burns))
@@ -51,19 +63,44 @@ async def test_the_demo_burns_one_gpu_with_its_badge_on_the_screen(tmp_path: Pat
             nodes.scroll_to(y=y, animate=False, immediate=True)
             return "".join(s.text for s in nodes.render_line(y - int(nodes.scroll_offset.y)))
 
+        snaps = app.store.snaps
         await until(
             pilot,
-            lambda: app.store.snaps["sim-01"].burning(2) and "BURN" in row("sim-01", 2),
-            "sim-01 GPU 2 burning on screen",
+            lambda: snaps["sim-02"].burning(0) and "BURN" in row("sim-02", 0),
+            "sim-02 GPU 0 burning on screen",
             timeout=30,
         )
-        burn = app.store.snaps["sim-01"].burn(2)
+        burn = snaps["sim-02"].burn(0)
         assert burn is not None and burn.get("engine") == "sim"
-        # one GPU burns, not the node: the others show no burn
-        assert [g for g in range(4) if app.store.snaps["sim-01"].burning(g)] == [2]
-        # the XID the story sends arrives too
+        # one GPU burns, not the node, and on no one else's job
+        assert [(n, g) for n, g in control.burning(fleet)] == [("sim-02", 0)]
+        assert service.others_on(snaps["sim-02"], [0]) == []
+        # the XID the story sends arrives, and its GPU is gone from the bus
         await until(pilot, lambda: ("sim-02", 3) in app.store.xids, "the XID on sim-02")
-        # q quits the demo at once, as its first screen says: the story's burn asks nothing
+        await until(pilot, lambda: snaps["sim-02"].gpus[3].lost, "GPU 3 lost")
+        lost = snaps["sim-02"].gpus[3]
+        assert lost.util_gpu is None and lost.processes == ()
+        # the burner is yours: p, k and yes stop it
+        await until(
+            pilot,
+            lambda: [p.user for p in snaps["sim-02"].gpus[0].processes] == [service.user_name()],
+            "the burner's process",
+        )
+        nodes.select("sim-02", 0)
+        await pilot.press("p")
+        screen = await until(
+            pilot, lambda: isinstance(app.screen, ProcessScreen) and app.screen, "the processes"
+        )
+        assert [r.user for r in screen.rows if r.gpu_process] == [service.user_name()]
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        await pilot.press("y")
+        await until(pilot, lambda: not snaps["sim-02"].burning(0), "the burn to end")
+        ended = snaps["sim-02"].burn(0)
+        assert ended is not None and ended.get("reason") == "burner stopped by SIGTERM"
+        assert not any("refused" in n.message for n in app._notifications)
+        await pilot.press("escape")
+        # q quits the demo at once, as its first screen says
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, "the demo to exit")
     assert app.return_value == 0

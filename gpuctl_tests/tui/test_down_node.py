@@ -7,8 +7,10 @@ import math
 import random
 from pathlib import Path
 
+import pytest
+
 from gpuctl.core.model import NodeState
-from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
+from gpuctl.fleet.fixed_links import FailingLink, ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError
@@ -75,7 +77,7 @@ async def test_a_down_nodes_header_says_when_last_seen_and_when_the_next_try_is(
         await pilot.pause()
         text = header_text(app, "gpu-d04")
         assert (
-            f"✖ unreachable: closed: agent link closed · last seen 2m ago · retry in {left}s"
+            f"✖ unreachable · retry in {left}s · last seen 2m ago · closed: agent link closed"
             in text
         ), text
         # a second later (the app's once-a-second tick) the countdown has moved on
@@ -90,7 +92,51 @@ async def test_a_down_nodes_header_says_when_last_seen_and_when_the_next_try_is(
         await until(pilot, lambda: app.overview.nodes.compact, "the compact view")
         await pilot.pause()
         text = node_line(app, "gpu-d04")
-        assert "✖ down  unreachable: closed: agent link closed · last seen 2m ago" in text, text
+        assert "✖ down  unreachable · retry in" in text, text
+        assert "last seen 2m ago · closed: agent link closed" in text, text
+
+
+@pytest.mark.parametrize("width", [80, 120])
+async def test_a_down_nodes_row_says_its_state_next_try_and_last_seen_before_the_reason(
+    tmp_path: Path, width: int
+) -> None:
+    """Issue 39.4: an unreachable node's row led with its reason (an SSH error: long), and at
+    80 and 120 columns the next try and when it was last seen were cut off at the edge.
+    State, next try and last seen come first, in the header of the rows view and on the
+    compact view's line; the long reason last, cut where the line ends."""
+    now = [LATER]
+    why = "permission denied (publickey,gssapi-keyex) for gpuadmin@gpu-d04 via bastion-01"
+    fleet = Fleet(
+        {"gpu-d04": FailingLink("auth", why), "gpu-d05": FailingLink("auth", why)},
+        clock=lambda: now[0],
+        backoff_base=30.0,
+        backoff_max=60.0,
+        rng=random.Random(1),
+    )
+    app = make_app(fleet, clock=lambda: now[0], state_dir=tmp_path / "state")
+    async with app.run_test(size=(width, 24)) as pilot:
+        await until(
+            pilot,
+            lambda: (
+                app.store.snaps["gpu-d04"].state is NodeState.UNREACHABLE
+                and fleet.retry_at("gpu-d04") is not None
+                and not app.store.pending
+            ),
+            "gpu-d04 down after a refused login, waiting to retry",
+        )
+        at = fleet.retry_at("gpu-d04")
+        assert at is not None
+        left = math.ceil(at - now[0])
+        await pilot.pause()
+        first = f"unreachable · retry in {left}s · never seen"
+        assert app.overview.nodes.compact is False  # two nodes: a row per GPU
+        header = header_text(app, "gpu-d04")
+        assert f"{first} · auth: permission denied" in header[:width], (header, width)
+        await pilot.press("v")
+        await until(pilot, lambda: app.overview.nodes.compact, "the compact view")
+        await pilot.pause()
+        line = node_line(app, "gpu-d04")
+        assert first in line[:width], (line, width)
 
 
 def node_line(app: object, node: str) -> str:

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from textual.color import Color
+from textual.content import Content
+from textual.style import Style as ContentStyle
+from textual.widgets import Static
 
 from gpuctl.core.model import GpuSample
+from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
+from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.links import NodeLink
 from gpuctl.node import metrics
+from gpuctl.tui import make_app
+from gpuctl.tui.screens.detail import DetailScreen, Facts
 from gpuctl.tui.view import (
     HEAT_LEVELS,
     METRIC_TITLES,
@@ -17,7 +26,9 @@ from gpuctl.tui.view import (
     screen_word,
 )
 from gpuctl.tui.widgets.heatmap import CELL, HeatLegend, heat_mark
+from gpuctl_tests.helpers import until
 from gpuctl_tests.tui.conftest import replay_app, settle
+from gpuctl_tests.tui.test_trouble import fg, near, theme_colour
 
 SIZE = (160, 30)
 
@@ -145,3 +156,78 @@ def test_a_registry_metric_heats_on_its_scale() -> None:
     assert heat_scale("pcie_rx") == ("0GB/s", "64GB/s") and heat_scale("enc") == ("0%", "100%")
     with pytest.raises(ValueError, match="unknown metric"):
         metric_fraction(g, "fan")  # no heatmap metric
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_the_cursor_keeps_the_cells_mark_and_the_status_line_names_the_trouble(
+    tmp_path: Path, size: tuple[int, int]
+) -> None:
+    """Issue 39.2: ``n`` landed on the XID GPU and its cell showed the cursor's ``◀▶``, not
+    the red X, and the status line gave its watts, not the XID. The mark stays beside the
+    cursor, in its colour; the status line names the trouble in the detail screen's words,
+    whole, in the terminal's width."""
+    app = replay_app(tmp_path)
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        await pilot.press("m", "n")
+        heat = app.overview.heatmap
+        assert heat.selected() == ("gpu-a01", 1)
+        segs = list(heat.render_line(0))
+        assert "X◀" in "".join(s.text for s in segs)
+        mark = next(s for s in segs if s.text == "X")
+        assert near(fg(mark), theme_colour(app, "error"))
+        status = app.overview.query_one("#heat-status", Static)
+        line = status.render()
+        assert isinstance(line, Content)
+        words = "XID 79: GPU has fallen off the bus: drain and reset the node"
+        assert line.plain.startswith(" gpu-a01 GPU 1") and words in line.plain
+        assert line.cell_length <= size[0]
+        at = line.plain.index(words)
+        (style,) = [
+            span.style for span in line.spans if span.start <= at < span.end
+        ]  # in the error colour, bold
+        assert isinstance(style, ContentStyle) and style.bold and style.foreground is not None
+        assert near(style.foreground.rgb, theme_colour(app, "error"))
+        # ... the words the detail screen shows for it
+        await pilot.press("enter")
+        assert isinstance(app.screen, DetailScreen)
+        await pilot.pause()
+        assert words in app.screen.query_one("#detail-now", Facts).text().plain.replace("\n", " ")
+        await pilot.press("escape", "right")  # GPU 2 burns: its B beside the cursor
+        assert "B◀" in "".join(s.text for s in heat.render_line(0))
+
+
+async def test_a_resize_keeps_the_cursors_gpu_on_screen(tmp_path: Path) -> None:
+    """Issue 39.2: at 80x24 with 512 nodes the cursor's GPU was off screen after a resize
+    (the rows of a narrower map are more, the scroll stayed where it was)."""
+    hello = recorded_node("x", "8:H100", samples=1, t0=time.time())
+    links: dict[str, NodeLink] = {f"gpu-{i:03d}": ReplayLink(hello) for i in range(512)}
+    app = make_app(Fleet(links), state_dir=tmp_path)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await until(
+            pilot,
+            lambda: (
+                len(app.store.snaps) == 512
+                and all(s.gpus for s in app.store.snaps.values())
+                and not app.store.pending
+            ),
+            "512 nodes",
+            timeout=60,
+        )
+        await pilot.press("m")
+        heat = app.overview.heatmap
+        heat.select("gpu-500", 3)
+        await pilot.pause()
+
+        def on_screen() -> bool:
+            row = heat.cursor[0] // heat.per_line
+            top = int(heat.scroll_offset.y)
+            return top <= row < top + heat.size.height
+
+        assert on_screen()
+        for size in ((80, 24), (200, 60), (120, 40)):
+            await pilot.resize_terminal(*size)
+            await pilot.pause()
+            await pilot.pause()
+            assert heat.selected() == ("gpu-500", 3)
+            assert on_screen(), (size, heat.cursor, heat.per_line, heat.scroll_offset)

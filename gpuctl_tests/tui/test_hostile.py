@@ -78,13 +78,13 @@ async def test_hostile_node_is_shown_as_data_on_every_screen(tmp_path: Path) -> 
         # XID and lost-GPU notifications.
         text = check(app)
         assert any("XID" in m for m in messages(app))
-        assert "unreachable: refused: [bold]x[/" in text
+        assert "· refused: [bold]x[/" in text  # the reason last, as text
 
         await pilot.press("m", "right")  # the heatmap, the cursor on evil's GPU 1
         check(app)
         await pilot.press("left")
         status = check(app)
-        assert "evil GPU 0 [bold]x[/" in status
+        assert "evil GPU 0 · XID [bold]x[/" in status  # its XID, as text (the model: too long)
         await pilot.press("escape")
 
         detail = await open_detail(pilot, "evil", 0)

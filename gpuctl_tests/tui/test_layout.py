@@ -8,16 +8,18 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import Label
 
 from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import NodeLink
 from gpuctl.tui import GpuctlApp, make_app
 from gpuctl.tui.view import BAR_FULL, TAG_W, model_tags, models_text
+from gpuctl.tui.widgets.heatmap import HeatLegend
 from gpuctl.tui.widgets.overview import GpuColumns
 from gpuctl_tests.helpers import until
-from gpuctl_tests.tui.conftest import NOW, SAMPLES, T0, T_LAST, replay_app, settle
-from gpuctl_tests.tui.test_usability import row_text
+from gpuctl_tests.tui.conftest import NOW, SAMPLES, T0, T_LAST, replay_app, rows_view, settle
+from gpuctl_tests.tui.test_usability import all_shown, many_nodes, row_text
 
 
 def head_text(app: object, node: str) -> str:
@@ -35,6 +37,7 @@ async def test_every_header_shows_driver_and_cuda(tmp_path: Path, size: tuple[in
     app = replay_app(tmp_path)
     async with app.run_test(size=size) as pilot:
         await settle(pilot)
+        await rows_view(pilot)
         for node in ("gpu-a01", "gpu-b02"):
             head = head_text(app, node)
             assert "driver 550.54.15" in head and "CUDA 12.4" in head, head
@@ -69,6 +72,7 @@ async def test_80_columns_drop_the_repeated_model_before_the_user(tmp_path: Path
     app = replay_app(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
+        await rows_view(pilot)
         row = row_text(app, "gpu-a01", 0)
         assert "H100" not in row and "job 48213 alice" in row, row
         titles = str(app.overview.query_one(GpuColumns).render())
@@ -162,3 +166,44 @@ def test_model_tags_tell_a_nodes_models_apart() -> None:
     assert (
         models_text({0: "NVIDIA H100", 1: "NVIDIA L40S", 2: "NVIDIA H100"}) == "2× H100 · 1× L40S"
     )
+
+
+async def test_80_columns_keep_the_units_fit_the_legend_and_start_compact(
+    tmp_path: Path,
+) -> None:
+    """Issue 39.9: at 80 columns the header's figures were cut (``power 10.0``), the heatmap's
+    legend lost its marks past ECC, and a row per GPU showed one and a half nodes. The figures
+    are said shorter, their units kept; the legend takes two lines; more than two nodes start
+    in the compact view (``v`` goes back to a row per GPU)."""
+    app = replay_app(tmp_path)  # three nodes
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.pause()
+        assert app.overview.nodes.compact
+        label = app.overview.query_one("#totals", Label)
+        totals = str(label.content)
+        assert len(totals) <= label.size.width, (totals, label.size)
+        assert "live" in totals and "GPUs" in totals and "%" in totals, totals
+        assert totals.endswith((" W", " kW")), totals
+        await pilot.press("m")
+        await pilot.pause()
+        legend = app.overview.query_one(HeatLegend)
+        lines = legend.render().plain.splitlines()
+        assert legend.size.height == len(lines) == 2, lines
+        assert all(len(line) <= 80 for line in lines), lines
+        for word in ("no data", "lost", "XID", "burning", "slowdown", "power cap", "no reading"):
+            assert word in " ".join(lines), (word, lines)
+        await pilot.press("escape", "v")
+        assert not app.overview.nodes.compact
+    wide = replay_app(tmp_path / "wide")
+    async with wide.run_test(size=(200, 60)) as pilot:
+        await settle(pilot)
+        assert not wide.overview.nodes.compact  # room for a row per GPU
+        assert str(wide.overview.query_one("#totals", Label).content).startswith("nodes 1/3 live")
+        await pilot.press("m")
+        await pilot.pause()
+        assert wide.overview.query_one(HeatLegend).size.height == 1
+    two = make_app(many_nodes(2), clock=lambda: NOW, state_dir=tmp_path / "two")
+    async with two.run_test(size=(80, 24)) as pilot:
+        await all_shown(pilot, 2)
+        assert not two.overview.nodes.compact  # two nodes fit well enough

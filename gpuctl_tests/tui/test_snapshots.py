@@ -23,9 +23,15 @@ SIZE = (120, 36)
 Compare = Callable[..., bool]
 
 
-def prepare(*keys: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
+def prepare(*keys: str, view: str | None = None) -> Callable[[Pilot[Any]], Awaitable[None]]:
+    """Settle, put the list in ``view`` ("rows": a row per GPU, "compact": a line per node;
+    a small terminal starts compact), then press ``keys``."""
+
     async def run_before(pilot: Pilot[Any]) -> None:
         await settle(pilot)
+        compact = pilot.app.overview.nodes.compact  # type: ignore[attr-defined]
+        if view is not None and compact != (view == "compact"):
+            await pilot.press("v")
         await pilot.press(*keys)
         await pilot.pause()
 
@@ -204,13 +210,13 @@ def test_acceptance_report(snap_compare: Compare, tmp_path: Path) -> None:
 def test_process_view(snap_compare: Compare, tmp_path: Path, size: tuple[int, int]) -> None:
     """``p`` on a GPU: its processes; ``g`` the whole node; ``T`` the tree under launchers."""
     app = replay_app(tmp_path)
-    assert snap_compare(app, terminal_size=size, run_before=prepare("p", "g", "T"))
+    assert snap_compare(app, terminal_size=size, run_before=prepare("p", "g", "T", view="rows"))
 
 
 @pytest.mark.slow
 def test_process_view_of_one_gpu_by_cpu(snap_compare: Compare, tmp_path: Path) -> None:
     app = replay_app(tmp_path)
-    assert snap_compare(app, terminal_size=(80, 24), run_before=prepare("p", "o", "o"))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=prepare("p", "o", "o", view="rows"))
 
 
 @pytest.mark.slow
@@ -218,7 +224,7 @@ def test_process_view_of_one_gpu_by_cpu(snap_compare: Compare, tmp_path: Path) -
 def test_compact_list(snap_compare: Compare, tmp_path: Path, size: tuple[int, int]) -> None:
     """``v``: one line per node under its column titles."""
     app = replay_app(tmp_path)
-    assert snap_compare(app, terminal_size=size, run_before=prepare("v"))
+    assert snap_compare(app, terminal_size=size, run_before=prepare(view="compact"))
 
 
 @pytest.mark.slow
@@ -228,7 +234,9 @@ def test_list_sorted_hottest_first(
 ) -> None:
     """``o``: the hottest GPU on top, its node first; the TEMP column marked."""
     app = replay_app(tmp_path)
-    assert snap_compare(app, terminal_size=size, run_before=prepare("o", "o"))  # trouble, hot
+    assert snap_compare(
+        app, terminal_size=size, run_before=prepare("o", "o", view="rows")
+    )  # trouble, hot
 
 
 @pytest.mark.slow

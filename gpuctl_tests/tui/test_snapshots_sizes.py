@@ -44,7 +44,9 @@ def test_heatmap(snap_compare: Compare, tmp_path: Path, size: tuple[int, int]) -
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_detail(snap_compare: Compare, tmp_path: Path, size: tuple[int, int]) -> None:
     app = replay_app(tmp_path)
-    assert snap_compare(app, terminal_size=size, run_before=prepare("down", "down", "enter"))
+    assert snap_compare(
+        app, terminal_size=size, run_before=prepare("down", "down", "enter", view="rows")
+    )
 
 
 @pytest.mark.slow

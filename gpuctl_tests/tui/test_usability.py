@@ -27,7 +27,7 @@ from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.widgets.panes import JobsPane
 from gpuctl.workloads.accept_suite.schema import SECTIONS
 from gpuctl_tests.helpers import until
-from gpuctl_tests.tui.conftest import NOW, T0, replay_app, replay_fleet, settle
+from gpuctl_tests.tui.conftest import NOW, T0, replay_app, replay_fleet, rows_view, settle
 from gpuctl_tests.tui.hostile import ScriptedAgentLink
 from gpuctl_tests.tui.test_panes import messages, sleeps
 
@@ -113,6 +113,7 @@ async def test_gpu_rows_keep_badges_job_and_burn_at_every_size(
     app = replay_app(tmp_path)
     async with app.run_test(size=size) as pilot:
         await settle(pilot)
+        await rows_view(pilot)
         assert "alice" in row_text(app, "gpu-a01", 0)
         assert "XID" in row_text(app, "gpu-a01", 1)
         burning = row_text(app, "gpu-a01", 2)
@@ -129,6 +130,7 @@ async def test_no_horizontal_scrollbar_and_the_cursor_stays_in_view(
     app = make_app(many_nodes(20), clock=lambda: NOW, state_dir=tmp_path)
     async with app.run_test(size=size) as pilot:
         await all_shown(pilot, 20)
+        await rows_view(pilot)
         nodes = app.overview.nodes
 
         def cursor_in_view() -> bool:
@@ -214,7 +216,7 @@ async def test_one_node_one_gpu_is_singular(tmp_path: Path) -> None:
         assert "  1× H100 80GB HBM3  util" in head and "GPUs" not in head
         await pilot.press("B")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
-        assert app.screen.question.startswith("Burn all 1 GPU on 1 live node?")
+        assert app.screen.question.startswith("Burn all 1 GPU on 1 live node for 60 min?")
 
 
 def test_simulated_memory_adds_up() -> None:

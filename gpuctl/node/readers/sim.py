@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from . import Reader
 from .emit import event, lost_record
+from .procs import user_of
 
 # name, memory GiB, power limit W, idle W, max SM MHz, max mem MHz, pcie gen, width
 MODELS = {
@@ -40,7 +41,11 @@ GIB = 1 << 30
 # Boards with a fan of their own (the data-centre ones are cooled by the chassis: fan null).
 FANNED = ("NVIDIA RTX A6000", "NVIDIA GeForce RTX 4090")
 PCIE_LANE_BYTES = {3: 0.985e9, 4: 1.969e9, 5: 3.938e9}  # bytes/s of one lane per generation
-SIM_UIDS = {"alice": 1001, "bob": 1002, "chen": 1003, "dana": 1004, "gpuctl": 1900}
+SIM_UIDS = {"alice": 1001, "bob": 1002, "chen": 1003, "dana": 1004}
+BURN_PID = 9000  # + the GPU's index: the pid of a simulated burner
+# XIDs after which the GPU is gone from the driver's view (NVML answers GPU_IS_LOST): its
+# readings and processes stop, as ``simulate(action="lose")`` makes them stop.
+LOST_XIDS = (79,)
 
 
 def parse_spec(spec: Any) -> List[str]:
@@ -89,6 +94,7 @@ class SimGpu(object):
         self.base_load = rng.choice((0.0, 0.0, 0.05, 0.35, 0.7, 0.95))
         self.base_mem = rng.uniform(0.02, 0.12) + 0.7 * self.base_load
         self.burn = 0.0  # set by simulate(load=...)
+        self.burn_started = 0.0  # wall clock time the burn's load began
         self.util = 100.0 * self.base_load
         self.temp += 40.0 * self.base_load  # a GPU that has been busy is warm already
         self.lost = False
@@ -162,7 +168,8 @@ class SimGpu(object):
             return int(self.max_sm * (1.0 - 0.25 * over)), True
         return (self.max_sm if self.util > 2.5 else 345), False
 
-    def read(self, rng: random.Random, epoch: float) -> Optional[Dict[str, Any]]:
+    def read(self, rng: random.Random, epoch: float,
+             burner: Optional[Tuple[int, str]] = None) -> Optional[Dict[str, Any]]:
         if self.lost:
             return None
         util = int(round(self.util))
@@ -183,10 +190,13 @@ class SimGpu(object):
         procs = [self._process(p, epoch) for p in self.processes]
         tx, rx = self.pcie(PCIE_LANE_BYTES.get(self.pcie_gen, 1e9) * self.pcie_width)
         if self.burn:
-            procs.append({"pid": 9000 + self.index, "user": "gpuctl", "uid": SIM_UIDS["gpuctl"],
+            # A burner is the agent's child: the agent's user runs it (yours, so ``k`` may
+            # stop it, as on a real node), not a user of its own.
+            uid, user = burner or (os.geteuid(), user_of(os.geteuid()))
+            procs.append({"pid": BURN_PID + self.index, "user": user, "uid": uid,
                           "command": "gpuctl-burn", "mem": int(burn_frac * self.mem_total),
                           "sm": util, "cpu": 100.0, "rss": 3 * GIB, "ppid": None,
-                          "started": None})
+                          "started": round(self.burn_started, 2)})
         return {
             "index": self.index, "uuid": self.uuid, "state": "ok",
             "util_gpu": util, "util_mem": int(util * 0.6),
@@ -219,6 +229,11 @@ class SimReader(Reader):
         # The wall clock simulated processes started by (replays set a fixed one).
         self.wall = time.time  # type: Callable[[], float]
         self._epoch = None  # type: Optional[float]
+        # (uid, user) burners run as: None, this agent's user's (a burner is the agent's child);
+        # a recording made for replays sets one of its own, the same on every machine.
+        self.burner = None  # type: Optional[Tuple[int, str]]
+        # GPU -> the signal that ended its burner (``signal``), until ``ended_burns`` is read
+        self._ended_burns = {}  # type: Dict[int, str]
 
     @classmethod
     def from_spec(cls, spec: Any, seed: int = 0,
@@ -252,7 +267,7 @@ class SimReader(Reader):
         out = []  # type: List[Dict[str, Any]]
         for g in self.gpus:
             g.step(dt, self._rng)
-            rec = g.read(self._rng, self._epoch)
+            rec = g.read(self._rng, self._epoch, self.burner)
             if rec is None:
                 out.append(lost_record(g.index, g.uuid))
                 continue
@@ -310,10 +325,16 @@ class SimReader(Reader):
     def signal(self, pid: Any, name: Any, gpu_pids: Iterable[int],
                started: Any = None) -> Tuple[Optional[str], str]:
         """Simulated processes belong to simulated users: a process of this user's uid ends,
-        any other is refused as a real node refuses it."""
+        any other is refused as a real node refuses it. A burner is this agent's user's: it
+        ends (its burn's load with it), and ``ended_burns`` tells the stress plugin how."""
         if name not in ("TERM", "KILL"):
             return "bad_argument", "signal must be TERM or KILL"
         for g in self.gpus:
+            if g.burn and not g.lost and pid == BURN_PID + g.index:
+                # the burner is this agent's user's: it ends, and its burn with it
+                g.burn = 0.0
+                self._ended_burns[g.index] = name
+                return None, "SIG%s sent to pid %s" % (name, pid)
             for p in g.processes:
                 if p["pid"] != pid:
                     continue
@@ -323,6 +344,13 @@ class SimReader(Reader):
                 g.processes.remove(p)
                 return None, "SIG%s sent to pid %s" % (name, pid)
         return "not_gpu_process", "pid %r is not a GPU process of this node" % (pid,)
+
+    def ended_burns(self) -> Dict[int, str]:
+        """The GPUs whose burner ended since the last call, and how: a signal's name ("TERM",
+        "KILL") or "lost" (its GPU fell off the bus). The stress plugin ends their burns as a
+        real burner's exit ends them."""
+        out, self._ended_burns = self._ended_burns, {}
+        return out
 
     def close(self) -> None:
         pass
@@ -335,16 +363,18 @@ class SimReader(Reader):
             if not 0.0 <= load <= 1.0:
                 raise ValueError("load must be within 0..1")
             for g in self._select(msg.get("gpus")):
+                if load and not g.burn:
+                    g.burn_started = self.wall()
                 g.burn = load
         elif action == "xid":
             g = self._one(msg.get("gpu"))
             xid = int(msg.get("xid", 79))
             g.xids.append(xid)
             self._pending_events.append(event("xid", g.index, {"xid": xid}))
+            if xid in LOST_XIDS and not g.lost:  # fallen off the bus: nothing reads it now
+                self._lose(g)
         elif action == "lose":
-            g = self._one(msg.get("gpu"))
-            g.lost = True
-            self._pending_events.append(event("gpu_lost", g.index, {}))
+            self._lose(self._one(msg.get("gpu")))
         elif action == "stall":
             seconds = float(msg.get("seconds", 10.0))
             if not 0.0 < seconds <= 60.0:
@@ -352,6 +382,14 @@ class SimReader(Reader):
             self._stall_until = time.monotonic() + seconds
         else:
             raise ValueError("unknown simulate action %r (load, xid, lose, stall)" % (action,))
+
+    def _lose(self, g: SimGpu) -> None:
+        """``g`` falls off the bus: no readings, no processes; its burner dies with it."""
+        g.lost = True
+        self._pending_events.append(event("gpu_lost", g.index, {}))
+        if g.burn:
+            g.burn = 0.0
+            self._ended_burns[g.index] = "lost"
 
     def _one(self, idx: Any) -> SimGpu:
         if not isinstance(idx, int) or not 0 <= idx < len(self.gpus):

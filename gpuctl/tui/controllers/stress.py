@@ -1,8 +1,11 @@
 """Stress from the keyboard: ``s`` a GPU, ``S`` a node, ``B`` every live node (or stop all).
 
-Each key asks the service first (read-only mode, a fleet that cannot act), asks before a burn
-lands on GPUs running other users' processes, and starts or stops the burns in workers
-(``gpuctl.fleet.control.set_stress``) so the screen never waits on the network.
+Each key asks the service first (read-only mode, a fleet that cannot act), then the user before
+a burn starts, naming its target and how long it lasts (``s`` on a GPU without other users'
+processes asks only while ``[tui] confirm_burn`` is true, the default; ``S`` and ``B`` always
+ask, and a burn over other users' processes always names them), and starts or stops the burns in
+workers (``gpuctl.fleet.control.set_stress``) so the screen never waits on the network. Stopping
+asks nothing, but for ``B``'s stop of every burn.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class StressController:
         node, gpu = sel[0], sel[1]
         on = not app.store.is_burning(app.store.snaps[node], gpu)
         others = self.others({node: [gpu]}) if on else []
-        if not others:
+        if not on or not (others or app.tui_settings.confirm_burn):
             self.start(node, [gpu], on)
             return
 
@@ -64,9 +67,12 @@ class StressController:
             if yes:
                 self.start(node, [gpu], True)
 
-        app.push_screen(
-            ConfirmScreen(f"{others[0].line()}. Burn it anyway?", "Burn anyway"), answered
-        )
+        lasts = self.lasts(node)
+        if others:
+            question, yes = f"{others[0].line()}. Burn it anyway for {lasts}?", "Burn anyway"
+        else:
+            question, yes = f"Burn {node} GPU {gpu} for {lasts}?", "Burn"
+        app.push_screen(ConfirmScreen(question, yes), answered)
 
     def node(self) -> None:
         """``S``: burn every GPU of the selected node, or stop its burns."""
@@ -80,20 +86,25 @@ class StressController:
         node = sel[0]
         snap = app.store.snaps[node]
         on = not any(app.store.is_burning(snap, g.index) for g in snap.gpus)
-        others = self.others({node: None}) if on else []
-        if not others:
-            self.start(node, None, on)
+        if not on:
+            self.start(node, None, False)
             return
 
         def answered(yes: bool | None) -> None:
             if yes:
                 self.start(node, None, True)
 
+        others = self.others({node: None})
+        every = counted(len(snap.gpus), "GPU")
+        lasts = self.lasts(node)
+        if not others:
+            question = f"Burn all {every} of {node} for {lasts}?"
+            app.push_screen(ConfirmScreen(question, "Burn all"), answered)
+            return
         shown = OTHERS_SHOWN
         lines = "; ".join(f"GPU {o.gpu} {o.runs()}" for o in others[:shown])
         more = f"; {counted(len(others) - shown, 'more GPU')} too" if len(others) > shown else ""
-        every = counted(len(snap.gpus), "GPU")
-        question = f"On {node}, {lines}{more}. Burn all {every} of {node} anyway?"
+        question = f"On {node}, {lines}{more}. Burn all {every} of {node} anyway for {lasts}?"
         app.push_screen(ConfirmScreen(question, "Burn anyway"), answered)
 
     def cluster(self) -> None:
@@ -126,11 +137,18 @@ class StressController:
                 for n in live:
                     self.start(n, None, True)
 
-        question = f"Burn all {counted(gpus, 'GPU')} on {counted(len(live), 'live node')}?"
+        lasts = self.lasts(live[0])
+        question = (
+            f"Burn all {counted(gpus, 'GPU')} on {counted(len(live), 'live node')} for {lasts}?"
+        )
         others = self.others(dict.fromkeys(live))
         if others:
             question += f" {service.others_summary(others)}."
         app.push_screen(ConfirmScreen(question, "Burn anyway" if others else "Burn all"), start)
+
+    def lasts(self, node: str) -> str:
+        """How long a burn started now on ``node`` lasts, in words: "60 min"."""
+        return duration_words(control.burn_seconds(self.app.fleet, node))
 
     def start(self, node: str, gpus: list[int] | None, on: bool) -> None:
         """Start (``on``) or stop the burns on ``gpus`` of ``node`` (None: all) in a worker."""
@@ -143,3 +161,12 @@ class StressController:
             group=f"node:{node}",
             exit_on_error=False,
         )
+
+
+def duration_words(seconds: float) -> str:
+    """A burn's length as a question says it: "45 s", "60 min", "3 h", "1.5 h"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.3g} h"

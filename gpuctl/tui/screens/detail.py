@@ -24,9 +24,7 @@ from textual_plotext import PlotextPlot
 from gpuctl.core.format import (
     GIB,
     THROTTLE_BADGES,
-    THROTTLE_WORDS,
     fmt_age,
-    gpu_flags,
     reader_text,
     short_model,
 )
@@ -35,7 +33,7 @@ from gpuctl.node import metrics
 from gpuctl.node.metrics import BY_KEY
 from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.text import node_str, node_text
-from gpuctl.tui.view import node_age_text
+from gpuctl.tui.view import node_age_text, trouble_lines
 from gpuctl.workloads.accept_suite.nodehealth import xid_text
 
 MAX_POINTS = 240  # a plot is at most ~120 cells wide: more points only cost time
@@ -318,10 +316,20 @@ class DetailScreen(Screen[None]):
         if g is None:
             box.show([[Text(node_str(s.reason or "no reading of this GPU yet", limit=LINE_LIMIT))]])
             return
-        alarm, warn = self._theme_style("error"), self._theme_style("warning")
+        styles = {
+            "alarm": self._theme_style("error"),
+            "warn": self._theme_style("warning"),
+            "plain": Style(),
+        }
+        last_xid = self.store.last_xid(self.node, self.gpu)
+        lines = [
+            Text(node_str(text, limit=200), styles[kind])
+            for text, kind in trouble_lines(g, last_xid)
+        ]
+        xid = [lines.pop()] if last_xid is not None else []
         paragraphs: list[list[Text]] = []
         if g.lost:
-            paragraphs.append([Text("LOST: GPU fell off the bus: drain and reset the node", alarm)])
+            paragraphs.append(lines)
         else:
             mem = "-" if g.mem_used is None else f"{g.mem_used / GIB:.1f}"
             total = "-" if g.mem_total is None else f"{g.mem_total / GIB:.0f}"
@@ -345,25 +353,9 @@ class DetailScreen(Screen[None]):
             paragraphs.append([Text(f) for f in facts])
             if g.mig:  # a GPU in MIG mode whose instances are known (read from Prometheus)
                 paragraphs.append([Text(mig_text(i)) for i in g.mig])
-            trouble: list[Text] = []
-            for flag in gpu_flags(g):
-                badge = THROTTLE_BADGES.get(flag, node_str(flag, limit=40))
-                words = THROTTLE_WORDS.get(badge)
-                if flag in ("ECC", "REMAP"):
-                    words = "uncorrected ECC errors" if flag == "ECC" else "row remapping pending"
-                    trouble.append(Text(f"{badge}: {words}", alarm))
-                elif badge == "PWRCAP" or words is None:
-                    trouble.append(Text(badge if words is None else f"{badge}: {words}"))
-                else:
-                    trouble.append(Text(f"{badge}: {words}", warn))
-            paragraphs.append(trouble or [Text("not throttled")])
-        xids = [
-            e for e in self.store.fleet.events(self.node) if e.kind == "xid" and e.gpu == self.gpu
-        ]
-        if xids:
-            paragraphs.append(
-                [Text(node_str(xid_text(xids[-1].detail.get("xid")), limit=200), alarm)]
-            )
+            paragraphs.append(lines or [Text("not throttled")])
+        if xid:
+            paragraphs.append(xid)
         box.show(paragraphs)
 
     def _plots(self) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Container, Horizontal
@@ -15,7 +15,7 @@ from textual.content import Content, Span
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Input, Label, Static
 
-from gpuctl.core.model import NodeSnapshot, NodeState
+from gpuctl.core.model import GpuSample, NodeState
 from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.keys import offer
 from gpuctl.tui.messages import FleetChanged
@@ -29,6 +29,8 @@ from gpuctl.tui.view import (
     FilterError,
     fmt_power,
     parse_filter,
+    trouble_lines,
+    worst_trouble,
 )
 from gpuctl.tui.widgets.heatmap import HeatLegend, Heatmap
 from gpuctl.tui.widgets.overview import GpuColumns, NodeList
@@ -47,6 +49,11 @@ class ClusterHeader(Horizontal):
         super().__init__(id="header")
         self.simulated = simulated
         self.read_only = read_only
+        self._totals: list[str] = []  # the figures, longest way of saying them first
+
+    def on_resize(self, _event: events.Resize) -> None:
+        """A new width: the figures said as fits it (once the labels have their widths)."""
+        self.call_after_refresh(self.fit_totals)
 
     def compose(self) -> ComposeResult:
         yield Label(" gpuctl ", id="brand")
@@ -58,6 +65,26 @@ class ClusterHeader(Horizontal):
         yield Label("", id="totals")
         yield Label("", id="filter-shown")
 
+    def fit_totals(self) -> None:
+        """Show the longest way of saying the figures that fits their label's width."""
+        if not self.is_mounted:
+            return
+        t = self.query_one("#totals", Label)
+        if not self.size.width:
+            return  # not laid out yet: its resize fits them
+        width = self.size.width - t.styles.margin.width
+        for label in self.query(Label):  # the room the others leave, from what they say
+            if label is not t and label.display:
+                text = Text(str(label.content))
+                width -= text.cell_len + label.styles.padding.width + label.styles.margin.width
+        shown = next(
+            (x for x in self._totals if len(x) <= width),
+            self._totals[-1] if self._totals else "",
+        )
+        if str(t.content) != shown:
+            # fixed size: a relayout per sample costs ~20 ms
+            t.update(Text(shown, end=""), layout=False)
+
     def show_trouble(self, counts: dict[str, int]) -> None:
         """The problems counted, worst first, each a link that filters the list by it."""
         label = self.query_one("#trouble", Label)
@@ -65,19 +92,45 @@ class ClusterHeader(Horizontal):
         if label.content != line:
             label.set_class(not counts_any(counts), "-none")
             label.update(line)  # rare (a count changes): the relayout is affordable
+            self.call_after_refresh(self.fit_totals)  # the figures' room changed
 
-    def show(self, totals: str | None, filter_text: str, matches: bool = True) -> None:
-        """The cluster's figures (None: as they are), and the filter."""
-        t = self.query_one("#totals", Label)
-        if totals is not None and str(t.content) != totals:
-            # fixed size: a relayout per sample costs ~20 ms
-            t.update(Text(totals, end=""), layout=False)
+    def show(self, totals: Sequence[str] | None, filter_text: str, matches: bool = True) -> None:
+        """The cluster's figures (None: as they are), each way of saying them shorter than
+        the one before: the longest that fits the line's width is shown (``totals_texts``:
+        the units stay); and the filter."""
+        if totals is not None:
+            self._totals = list(totals)
+        self.fit_totals()
         f = self.query_one("#filter-shown", Label)
         shown = f"filter: {filter_text}" if filter_text else ""
         if filter_text and not matches:
             shown += " (no match)"
         if str(f.content) != shown:
             f.update(node_text(shown))  # what the user typed: text, not markup
+            self.call_after_refresh(self.fit_totals)  # the figures' room changed
+
+
+COMPACT_ABOVE_NODES = 2  # more configured nodes than this, on a small terminal: one line each
+SMALL = (80, 30)  # a terminal of at most these columns and rows is small (80x24: 1.5 nodes fit)
+
+
+def starts_compact(nodes: int, columns: int, rows: int) -> bool:
+    """Whether the list starts in the compact view (a line per node, ``v`` toggles it): more
+    than two nodes configured on a small terminal, where a row per GPU showed one and a half
+    nodes of 8 GPUs at 80x24."""
+    return nodes > COMPACT_ABOVE_NODES and 0 < columns <= SMALL[0] and 0 < rows <= SMALL[1]
+
+
+def totals_texts(live: int, nodes: int, gpus: int, util: str, power: str) -> list[str]:
+    """The cluster's figures, each way of saying them shorter than the one before, every one
+    with its units (at 80 columns the header showed ``power 10.0``, its kW cut off)."""
+    return [
+        f"nodes {live}/{nodes} live   GPUs {gpus}   util {util}   power {power}",
+        f"{live}/{nodes} live  {gpus} GPUs  util {util}  {power}",
+        f"{live}/{nodes} live {gpus} GPUs {util} {power}",
+        f"{live}/{nodes} live {util} {power}",
+        f"{live}/{nodes} live",
+    ]
 
 
 def counts_any(counts: dict[str, int]) -> bool:
@@ -175,6 +228,8 @@ class OverviewScreen(Screen[None]):
         self.query_one(HeatLegend).display = False
         self.query_one("#heat-status").display = False
         self.query_one("#filter").display = False
+        if starts_compact(len(self.store.fleet.nodes), *self.app.size):
+            self.nodes.compact = True  # ``v``: a row per GPU again
         self.nodes.rebuild()
         self.nodes.focus()
         self.ready = True
@@ -255,6 +310,7 @@ class OverviewScreen(Screen[None]):
         if not self.ready:
             return
         text: str | None = None
+        texts: list[str] | None = None
         left = self._round_left
         if changed is not None and left is not None and self.store.counts() == self._counts_shown:
             left.difference_update(changed)
@@ -264,10 +320,8 @@ class OverviewScreen(Screen[None]):
             t = self.store.totals()
             util = "-" if t.util_mean is None else f"{t.util_mean:.0f}%"
             # stale and unreachable nodes are counted among the trouble ("down")
-            text = (
-                f"nodes {t.live}/{t.nodes} live   GPUs {t.gpus}   util {util}   "
-                f"power {fmt_power(t.power)}"
-            )
+            texts = totals_texts(t.live, t.nodes, t.gpus, util, fmt_power(t.power))
+            text = texts[0]
             self._counts_shown = (t.live, t.nodes, t.gpus)
             live = NodeState.LIVE
             self._round_left = {n for n, s in self.store.snaps.items() if s.state is live}
@@ -275,7 +329,7 @@ class OverviewScreen(Screen[None]):
         matches = f.empty or self.store.any_match()
         header = self.query_one(ClusterHeader)
         header.show_trouble(self.store.trouble())
-        header.show(text or None, f.text.strip(), matches)
+        header.show(texts, f.text.strip(), matches)
 
     def show_pane(self, pane: str) -> None:
         """Switch to pane ``gpus``, ``jobs`` or ``accept`` and focus it."""
@@ -318,7 +372,7 @@ class OverviewScreen(Screen[None]):
         self.query_one("#heat-status").display = heat
         if heat:
             self.heatmap.metric = self.mode
-            self.query_one(HeatLegend).refresh()
+            self.query_one(HeatLegend).refresh(layout=True)  # its lines: the metric's words
             self.heatmap.rebuild()
             if sel is not None:
                 self.heatmap.select(*sel)
@@ -403,37 +457,76 @@ class OverviewScreen(Screen[None]):
         self.update_heat_status()
 
     def update_heat_status(self) -> None:
+        """The line under the heatmap: the GPU under the cursor (its trouble in the detail
+        screen's words, then its readings), then how to change the metric; what does not fit
+        the width goes, the hint first, then the model, then the readings."""
         if self.mode == "list":
             return
         sel = self.heatmap.selected()
         key = getattr(self.app, "key_display", None)  # the configured key, not the default
         next_key = "m" if key is None else key("heatmap", "m")
         hint = f"heatmap: {METRIC_TITLES[self.mode]}  ({next_key}: next metric, esc: list)"
-        line = Text(f" {hint}", end="")
-        if sel is not None:
-            line = Text(" ", end="")
-            line.append_text(describe_gpu(self.store, self.store.snaps[sel[0]], sel[1]))
-            line.append(f"   ·  {hint}")
-        self.query_one("#heat-status", Static).update(line, layout=False)
+        status = self.query_one("#heat-status", Static)
+        if sel is None:
+            status.update(Text(f" {hint}", end=""), layout=False)
+            return
+        width = status.size.width or self.app.size.width
+        error = self.app.current_theme.error or "red"
+        status.update(heat_status(self.store, sel, hint, width, error), layout=False)
 
 
-def describe_gpu(store: FleetStore, snap: NodeSnapshot, gpu: int | None) -> Text:
-    """One line about the GPU under the heatmap cursor: node, GPU, model, util, memory, temp."""
+def heat_status(
+    store: FleetStore, sel: tuple[str, int | None], hint: str, width: int, alarm: str
+) -> Text:
+    """The heatmap's status line for the GPU ``sel`` in ``width`` cells (see
+    ``OverviewScreen.update_heat_status``): the trouble drawn in ``alarm`` colour when it is
+    an alarm (lost, XID, ECC), bold when a warning."""
+    snap = store.snaps[sel[0]]
+    gpu = sel[1]
     if gpu is None:
-        return node_text(f"{snap.name} ({snap.state.value})")
+        return node_text(f" {snap.name} ({snap.state.value})", limit=200)
     g = next((x for x in snap.gpus if x.index == gpu), None)
-    parts = [f"{snap.name} GPU {gpu} {store.model(snap, gpu)}"]
+    name = f"{snap.name} GPU {gpu}"
+    model = store.model(snap, gpu)
+    trouble = None if g is None else worst_trouble(trouble_lines(g, store.last_xid(snap.name, gpu)))
+    readings = [] if g is None else gpu_readings(g)
     if snap.state is not NodeState.LIVE:
-        parts.append(snap.state.value)
-    if g is not None and g.lost:
-        parts.append("LOST")
-    elif g is not None:
-        if g.util_gpu is not None:
-            parts.append(f"{g.util_gpu}%")
-        if g.mem_used is not None and g.mem_total:
-            parts.append(f"{g.mem_used / (1 << 30):.0f}/{g.mem_total / (1 << 30):.0f} GiB")
-        if g.temp is not None:
-            parts.append(f"{g.temp}°C")
-        if g.power is not None:
-            parts.append(f"{g.power:.0f} W")
-    return node_text(" · ".join(parts), limit=200)
+        readings.insert(0, snap.state.value)
+    tries = [
+        (f"{name} {model}", readings, hint),
+        (f"{name} {model}", readings, None),
+        (name, readings, None),
+        (name, [], None),
+    ]
+    for head, figures, tail in tries:
+        line = Text(" ", end="")
+        line.append_text(node_text(head, limit=80))
+        if trouble is not None:
+            text, kind = trouble
+            line.append(" · ")
+            style = f"bold {alarm}" if kind == "alarm" else "bold" if kind == "warn" else ""
+            line.append_text(node_text(text, limit=200, style=style))
+        if figures:
+            line.append_text(node_text(" · " + " · ".join(figures), limit=200))
+        if tail:
+            line.append(f"   ·  {tail}")
+        if line.cell_len <= width:
+            break
+    return line
+
+
+def gpu_readings(g: GpuSample) -> list[str]:
+    """A GPU's readings for the status line: util, memory, temperature, power (none when lost:
+    its trouble says so)."""
+    if g.lost:
+        return []
+    parts = []
+    if g.util_gpu is not None:
+        parts.append(f"{g.util_gpu}%")
+    if g.mem_used is not None and g.mem_total:
+        parts.append(f"{g.mem_used / (1 << 30):.0f}/{g.mem_total / (1 << 30):.0f} GiB")
+    if g.temp is not None:
+        parts.append(f"{g.temp}°C")
+    if g.power is not None:
+        parts.append(f"{g.power:.0f} W")
+    return parts

@@ -91,6 +91,12 @@ class Heatmap(ScrollView, can_focus=True):
         ni, gi = self.cursor
         self.cursor = (min(ni, max(0, len(self.names) - 1)), gi)
         self.refresh()
+        # A new width lays the nodes out in other rows: the cursor's GPU stays on screen.
+        self.call_after_refresh(self.cursor_into_view)
+
+    def cursor_into_view(self) -> None:
+        """Scroll so that the cursor's row is on screen."""
+        self.scroll_to_region_row(self.cursor[0] // self.per_line)
 
     def nodes_changed(self, names: set[str]) -> None:
         known = set(self.names)
@@ -260,7 +266,14 @@ class Heatmap(ScrollView, can_focus=True):
                 else:
                     style, text = blank, " " * len(CELL)
                 if (ni, gi) == self.cursor:
-                    style, text = style + cursor, "◀▶"
+                    if text.strip(" ·"):  # the mark stays, the cursor beside it
+                        if run_text:
+                            segs.append(Segment(run_text, run_style))
+                        segs.append(Segment(text[0], style))
+                        style, text = style + cursor, "◀"
+                        run_text, run_style = "", blank
+                    else:
+                        style, text = style + cursor, "◀▶"
                 if style is run_style:
                     run_text += text
                 else:
@@ -329,26 +342,54 @@ def heat_mark(
 
 
 class HeatLegend(Widget):
-    """One line under the heatmap: its metric's scale in the heatmap's colours, and the marks."""
+    """Under the heatmap: its metric's scale in the heatmap's colours, and the marks; on as
+    many lines as the width needs (two at 80 columns, where one line cut the marks off)."""
 
-    DEFAULT_CSS = "HeatLegend { height: 1; }"
+    DEFAULT_CSS = "HeatLegend { height: auto; }"
 
-    def render(self) -> Text:
+    def chunks(self) -> list[Text]:
+        """The legend's pieces, each kept whole on a line: the scale, "no data", each mark."""
         maps = self.screen.query(Heatmap)
         if not maps:
-            return Text("")
+            return []
         heat = maps.first()
         st = heat.get_component_rich_style
         low, high = heat_scale(heat.metric)
-        line = Text(f" {METRIC_TITLES.get(heat.metric, heat.metric)} {low} ", end="")
+        scale = Text(f"{METRIC_TITLES.get(heat.metric, heat.metric)} {low} ", end="")
         for i in range(HEAT_LEVELS):
-            line.append(CELL, st(f"heatmap--heat-{i}"))
-        line.append(f" {high}   ")
-        line.append("  ", st("heatmap--none"))
-        line.append(" no data  ")
+            scale.append(CELL, st(f"heatmap--heat-{i}"))
+        scale.append(f" {high}")
+        none = Text("", end="")
+        none.append("  ", st("heatmap--none"))
+        none.append(" no data")
+        out = [scale, none]
         for mark, meaning in MARKS:
             kind = "alarm" if mark in ALARMS else "minor" if mark in MINOR else "mark"
-            style = st(f"heatmap--{kind}", partial=True)
-            line.append(mark, style)
-            line.append(f" {meaning}  ")
-        return line
+            piece = Text("", end="")
+            piece.append(mark, st(f"heatmap--{kind}", partial=True))
+            piece.append(f" {meaning}")
+            out.append(piece)
+        return out
+
+    def lines(self, width: int) -> list[Text]:
+        """The pieces laid out in lines of ``width`` cells (a piece too long for one: cut)."""
+        lines: list[Text] = []
+        line = Text(" ", end="")
+        for piece in self.chunks():
+            gap = "  " if line.cell_len > 1 else ""
+            if line.cell_len > 1 and line.cell_len + len(gap) + piece.cell_len > width:
+                lines.append(line)
+                line, gap = Text(" ", end=""), ""
+            line.append(gap)
+            line.append_text(piece)
+        lines.append(line)
+        return lines
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return max(1, len(self.lines(width)))
+
+    def on_resize(self, _event: events.Resize) -> None:
+        self.refresh(layout=True)  # another width may need another number of lines
+
+    def render(self) -> Text:
+        return Text("\n", end="").join(self.lines(self.size.width or 80))
