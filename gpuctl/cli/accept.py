@@ -46,7 +46,7 @@ from gpuctl.workloads.accept_suite.schema import MARKERS, RESULT_FAILURE, RESULT
 RESULT_WARNING = "[RESULT] WARNING"
 
 if TYPE_CHECKING:
-    from gpuctl.cli.main import Subcommands
+    from gpuctl.cli.base import Subcommands
     from gpuctl.fleet.fleet import Fleet
 
 
@@ -154,7 +154,7 @@ def register(sub: Subcommands) -> None:
 
 
 def _user_error(message: str) -> Exception:
-    from gpuctl.cli.main import UserError
+    from gpuctl.cli.base import UserError
 
     return UserError(message)
 

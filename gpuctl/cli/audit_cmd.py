@@ -12,7 +12,7 @@ from gpuctl import audit
 from gpuctl.core.text import printable
 
 if TYPE_CHECKING:
-    from gpuctl.cli.main import Subcommands
+    from gpuctl.cli.base import Subcommands
 
 
 def register(sub: Subcommands) -> None:
@@ -37,8 +37,8 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpuctl.cli.base import UserError
     from gpuctl.cli.common import emit_json, session
-    from gpuctl.cli.main import UserError
     from gpuctl.node.protocol import parse_seconds
 
     session(args)  # the config says where a shared log is

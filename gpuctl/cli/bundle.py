@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from gpuctl.bundle import write_bundle
 
 if TYPE_CHECKING:
-    from gpuctl.cli.main import Subcommands
+    from gpuctl.cli.base import Subcommands
 
 
 def register(sub: Subcommands) -> None:
@@ -20,7 +20,7 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuctl.cli.main import UserError
+    from gpuctl.cli.base import UserError
 
     try:
         path = write_bundle(args.dir)

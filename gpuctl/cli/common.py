@@ -57,7 +57,7 @@ def listen_address(text: str, *, allow_remote: bool, why_local: str) -> tuple[st
     the command would expose."""
     import ipaddress
 
-    from gpuctl.cli.main import UserError
+    from gpuctl.cli.base import UserError
 
     host, sep, port_text = text.rpartition(":")
     if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
@@ -85,7 +85,7 @@ def session(args: argparse.Namespace) -> Context:
 
     A broken config raises UserError with its one line ``path:line: message`` (nothing kept).
     """
-    from gpuctl.cli.main import UserError
+    from gpuctl.cli.base import UserError
     from gpuctl.context import Context, install
 
     found = getattr(args, "context", None)
@@ -107,7 +107,7 @@ def job_store(args: argparse.Namespace) -> JobStore:
     shared by all the command does). Listing and reading jobs needs no config: when it cannot
     be read, the state folder's store all the same (what needs the config says so when it reads
     it). Raises StoreError (one line) when the store cannot be opened."""
-    from gpuctl.cli.main import UserError
+    from gpuctl.cli.base import UserError
     from gpuctl.context import Context
 
     try:
@@ -244,7 +244,7 @@ def forget_after(text: str) -> float:
 def chosen_nodes(args: argparse.Namespace) -> list[str] | None:
     """The nodes named by ``NODES`` and ``--hostfile`` (None: neither was given); UserError with
     one line for a bad hostlist or an unreadable file."""
-    from gpuctl.cli.main import UserError
+    from gpuctl.cli.base import UserError
     from gpuctl.config import parse_nodes, read_hostfile
 
     text, hostfile = getattr(args, "nodes", None), getattr(args, "hostfile", None)
@@ -265,7 +265,7 @@ def build_fleet(args: argparse.Namespace, *, prometheus_timeout: float | None = 
     for a broken config, a bad hostlist or a failed discovery. ``prometheus_timeout``: the
     seconds a store's poll may take (``status --timeout``), else its own (30 s)."""
     interval: float | None = getattr(args, "interval", None)
-    from gpuctl.cli.main import UserError
+    from gpuctl.cli.base import UserError
 
     if getattr(args, "demo", False):  # reads no config: the flags decide (gpuctl.cli.main)
         read_only = bool(getattr(args, "read_only", False))
@@ -316,7 +316,7 @@ def demo_of(args: argparse.Namespace) -> list[tuple[str, str]]:
     """``--demo``'s nodes: the simulated cluster, or those of it that ``NODES`` and
     ``--hostfile`` name (as they name configured nodes without it); UserError for a name it
     does not have, or for ``--prometheus`` (another source of nodes)."""
-    from gpuctl.cli.main import UserError
+    from gpuctl.cli.base import UserError
 
     if getattr(args, "prometheus", None) is not None:
         raise UserError("--demo runs the simulated cluster: leave out --prometheus")
@@ -344,7 +344,7 @@ def prometheus_config(
     from dataclasses import replace
 
     from gpuctl import paths
-    from gpuctl.cli.main import UserError
+    from gpuctl.cli.base import UserError
     from gpuctl.config import (
         PROMETHEUS_KEYS,
         PROMETHEUS_OPTIONS,
@@ -392,7 +392,7 @@ async def running_fleet(fleet: Fleet, *, demo: bool = False) -> AsyncIterator[as
     try:
         await fleet.start()
         if demo:
-            from gpuctl.cli.demo import story
+            from gpuctl.fleet.demo import story
 
             background.append(asyncio.create_task(story(fleet)))
         yield stop

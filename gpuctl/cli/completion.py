@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpuctl.cli.main import Subcommands
+    from gpuctl.cli.base import Subcommands
 
 SHELLS = ("bash", "zsh", "fish")
 

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuctl import paths
+from gpuctl.cli.base import ExitCode
 from gpuctl.cli.common import emit_json, load_user_config
-from gpuctl.cli.main import ExitCode
 from gpuctl.config import Config, NodeConfig, config_files, default_path, template
 
 if TYPE_CHECKING:
-    from gpuctl.cli.main import Subcommands
+    from gpuctl.cli.base import Subcommands
 
 
 def register(sub: Subcommands) -> None:
@@ -96,7 +96,7 @@ def _slurm_nodes(partition: str | None) -> tuple[str | None, str, str]:
 
 
 def run_init(args: argparse.Namespace) -> int:
-    from gpuctl.cli.main import UserError
+    from gpuctl.cli.base import UserError
 
     nodes, name, note = _slurm_nodes(args.partition)
     text = template(cluster=args.cluster or name, nodes=nodes, note=note)
@@ -112,7 +112,7 @@ def run_init(args: argparse.Namespace) -> int:
         paths.private_dir(target.parent, ours=target == paths.config_file())
         tmp.write_text(text, encoding="utf-8")
     except OSError as e:  # the file the user named (--config, $GPUCTL_CONFIG): a mistake
-        from gpuctl.cli.main import os_error
+        from gpuctl.cli.base import os_error
 
         raise UserError(f"cannot write the config: {os_error(e)}") from None
     # writable by you alone whatever the umask (002 on many sites): gpuctl refuses a config

@@ -8,12 +8,12 @@ import asyncio
 import sys
 from typing import TYPE_CHECKING
 
+from gpuctl.cli.base import ExitCode
 from gpuctl.cli.common import emit_json
-from gpuctl.cli.main import ExitCode
 from gpuctl.config import Config, ConfigError, NodeConfig, load_config, parse_nodes
 
 if TYPE_CHECKING:
-    from gpuctl.cli.main import Subcommands
+    from gpuctl.cli.base import Subcommands
 
 STATE_WORDS = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
@@ -36,7 +36,7 @@ def register(sub: Subcommands) -> None:
 
 
 def _nodes(config: Config, hostlist: str | None) -> list[NodeConfig]:
-    from gpuctl.cli.main import UserError
+    from gpuctl.cli.base import UserError
     from gpuctl.doctor import local_node
 
     if hostlist is None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from gpuctl.cli.base import UserError
 from gpuctl.cli.common import add_demo_option
-from gpuctl.cli.main import UserError
 from gpuctl.fleet import eventloop
 
 if TYPE_CHECKING:
-    from gpuctl.cli.main import Subcommands
+    from gpuctl.cli.base import Subcommands
     from gpuctl.fleet.export import Credential
     from gpuctl.fleet.fleet import Fleet
 

@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
+from gpuctl.cli.base import ExitCode, UserError
 from gpuctl.cli.common import emit_json
-from gpuctl.cli.main import ExitCode, UserError
 from gpuctl.core.format import fmt_age
 
 if TYPE_CHECKING:
-    from gpuctl.cli.main import Subcommands
+    from gpuctl.cli.base import Subcommands
     from gpuctl.config import Config
     from gpuctl.jobs import Job, JobRecord, JobStore
 
@@ -346,7 +346,7 @@ def run_submit(args: argparse.Namespace) -> int:
     except (pickle.PicklingError, TypeError) as e:
         raise UserError(f"cannot pickle the call: {e}") from None
     except OSError as e:  # an interpreter or a folder that is not there
-        from gpuctl.cli.main import os_error
+        from gpuctl.cli.base import os_error
 
         raise UserError(
             f"cannot start the job on {args.target}: {os_error(e)} "
@@ -455,7 +455,7 @@ def _print_result(job: Job, timeout: float | None, output: str | None = None) ->
     try:
         job.copy_result(output)
     except OSError as e:  # a folder that is not there, a file not ours
-        from gpuctl.cli.main import os_error
+        from gpuctl.cli.base import os_error
 
         raise UserError(f"cannot write the result to {output}: {os_error(e)}") from None
     if output != "-":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import enum
 import importlib
 import logging
 import os
@@ -14,6 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from gpuctl import __version__, logs, service
+from gpuctl.cli.base import ExitCode as ExitCode
+from gpuctl.cli.base import UserError as UserError
+from gpuctl.cli.base import os_error as os_error
 from gpuctl.core.text import CleanText
 
 log = logging.getLogger("gpuctl.cli")
@@ -38,30 +40,8 @@ COMMANDS = (
 )
 
 
-class ExitCode(enum.IntEnum):
-    """gpuctl's exit statuses, the one table of them (``docs/exit-codes.md`` explains each):
-    every command returns one of these, and ``main`` turns what it raises into one."""
-
-    OK = 0
-    FAILED = 1  # the command ran and what it checked or did failed: a node, a test, a job
-    USAGE = 2  # bad input or usage: an option, an argument, a file, the config
-    INTERNAL = 70  # a bug in gpuctl (sysexits' EX_SOFTWARE); the log has the traceback
-    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
-
-    def __str__(self) -> str:  # the number on every Python (3.10's IntEnum says its name)
-        return str(int(self))
-
-    def __format__(self, spec: str) -> str:
-        return format(int(self), spec)
-
-
-class UserError(Exception):
-    """A mistake the user can fix; printed as ``gpuctl: <message>`` with ``ExitCode.USAGE``."""
-
-
 if TYPE_CHECKING:
-    # what each command module's ``register`` gets: the top-level parser's add_subparsers()
-    Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
+    from gpuctl.cli.base import Subcommands as Subcommands
 
 READ_ONLY_ENV = service.READ_ONLY_ENV
 F = TypeVar("F", bound=Callable[..., Any])
@@ -383,15 +363,6 @@ def one_line(text: str) -> str:
     if len(lines) <= 1:
         return lines[0] if lines else text.strip()
     return f"{lines[0]} ... {lines[-1]}"
-
-
-def os_error(e: OSError) -> str:
-    """One line for an OSError: what failed on which path, without Python's repr."""
-    what = e.strerror or str(e) or type(e).__name__
-    paths = [p for p in (e.filename, e.filename2) if p is not None]
-    if paths:
-        return f"{' -> '.join(str(p) for p in paths)}: {what}"
-    return what
 
 
 def _run(argv: Sequence[str] | None) -> int:

@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuctl.cli.base import UserError
 from gpuctl.cli.common import add_demo_option
-from gpuctl.cli.main import UserError
 from gpuctl.core.deadline import wait_for
 from gpuctl.fleet import eventloop
 
 if TYPE_CHECKING:
-    from gpuctl.cli.main import Subcommands
+    from gpuctl.cli.base import Subcommands
     from gpuctl.fleet.fleet import Fleet
     from gpuctl.fleet.recording.reader import RecordingReader
     from gpuctl.fleet.recording.writer import Recorder
@@ -128,7 +128,7 @@ def _open(path: str) -> RecordingReader:
     except RecordingError as e:
         raise UserError(str(e)) from None
     except OSError as e:  # missing, unreadable, a folder: the user's input, as any file's
-        from gpuctl.cli.main import os_error
+        from gpuctl.cli.base import os_error
 
         raise UserError(f"cannot read the recording {os_error(e)}") from None
 

@@ -14,11 +14,11 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
+from gpuctl.cli.base import UserError
 from gpuctl.cli.common import add_demo_option
-from gpuctl.cli.main import UserError
 
 if TYPE_CHECKING:
-    from gpuctl.cli.main import Subcommands
+    from gpuctl.cli.base import Subcommands
 
 DEFAULT_LISTEN = "127.0.0.1:8000"
 

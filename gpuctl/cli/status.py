@@ -18,7 +18,7 @@ from gpuctl.core.text import printable
 from gpuctl.fleet.status import collect, node_to_json
 
 if TYPE_CHECKING:
-    from gpuctl.cli.main import Subcommands
+    from gpuctl.cli.base import Subcommands
 
 
 def register(sub: Subcommands) -> None:
@@ -36,7 +36,7 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuctl.cli.main import UserError
+    from gpuctl.cli.base import UserError
 
     if not 0 < args.timeout <= 3600:
         raise UserError(f"--timeout must be within 0..3600 seconds, e.g. 20 (not {args.timeout:g})")

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpuctl import service
+from gpuctl.cli.base import ExitCode
 from gpuctl.cli.common import (
     add_demo_option,
     build_fleet,
@@ -41,7 +42,6 @@ from gpuctl.cli.common import (
     load_user_config,
     positive_seconds,
 )
-from gpuctl.cli.main import ExitCode
 from gpuctl.core import wire
 from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import BurnState, NodeEvent, NodeSnapshot, NodeState, burn_from_wire
@@ -52,7 +52,7 @@ from gpuctl.fleet.session import LinkError, refusal
 from gpuctl.node.messages import BurnerInfo, StressReply, StressStatus
 
 if TYPE_CHECKING:
-    from gpuctl.cli.main import Subcommands
+    from gpuctl.cli.base import Subcommands
 
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
@@ -133,7 +133,7 @@ def _usage(p: argparse.ArgumentParser) -> int:
 
 
 def _user_error(message: str) -> Exception:
-    from gpuctl.cli.main import UserError
+    from gpuctl.cli.base import UserError
 
     return UserError(message)
 

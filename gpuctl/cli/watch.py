@@ -9,18 +9,18 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuctl import logs
+from gpuctl.cli.base import UserError
 from gpuctl.cli.common import (
     add_interval_option,
     add_nodes_arguments,
     add_prometheus_options,
     load_user_config,
 )
-from gpuctl.cli.main import UserError
 from gpuctl.core.text import printable
 from gpuctl.fleet import eventloop
 
 if TYPE_CHECKING:
-    from gpuctl.cli.main import Subcommands
+    from gpuctl.cli.base import Subcommands
     from gpuctl.config import AcceptSettings, Config, TuiSettings
     from gpuctl.context import Context
     from gpuctl.jobs.store import JobStore
