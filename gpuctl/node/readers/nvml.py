@@ -39,13 +39,16 @@ Python 3.6 syntax.
 
 import ctypes
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple, Union
 
 from ..metrics import SLOW_READ_EVERY as PCIE_EVERY
 from ..protocol import decode_throttle
 from . import Reader, ReaderUnavailable
 from .procs import ProcessNames
 from .emit import event, lost_record
+
+if TYPE_CHECKING:
+    from ..messages import EventMessage
 
 # Alternatives for calls whose name depends on the pynvml / driver versions, newest first: the
 # first one this pair supports is remembered.
@@ -131,7 +134,7 @@ class NvmlReader(Reader):
         self._handles = []  # type: List[Any]
         self._uuids = []  # type: List[Optional[str]]
         self._lost = set()  # type: Set[int]
-        self._pending = []  # type: List[Dict[str, Any]]
+        self._pending = []  # type: List["EventMessage"]
         self._slow = {}  # type: Dict[int, Dict[str, Any]]
         self._pcie = {}  # type: Dict[int, Dict[str, Any]]  # GPU -> last PCIe throughput
         self._tick = 0  # samples taken: spreads the PCIe reads over PCIE_EVERY samples
@@ -517,7 +520,7 @@ class NvmlReader(Reader):
         except Exception:
             pass
 
-    def events(self) -> List[Dict[str, Any]]:
+    def events(self) -> List["EventMessage"]:
         """XID and gpu_lost events since the last call; never blocks (NVML wait timeout 0)."""
         out, self._pending = self._pending, []
         if self._event_set is None:
