@@ -75,6 +75,7 @@ if sys.version_info >= (3, 8):
         read_only: bool
         liveness_timeout: float
         max_duration: float
+        boot_time: Optional[float]
         gpus: List[GpuStaticWire]
 
     class HostWire(TypedDict):

@@ -34,6 +34,7 @@ Agent -> gpuctl
               ``liveness_timeout`` (s: after that long without a line on stdin the agent stops
               every burner and suite it started and exits; 0: never),
               ``max_duration`` (s: the longest burn it starts),
+              ``boot_time`` (unix time the node booted, /proc/stat's btime; or null),
               ``gpus``: list of static facts, one per GPU:
                   index, uuid, name, mem_total (bytes), power_limit (W), max_sm_clock (MHz),
                   max_mem_clock (MHz), pcie_gen, pcie_width, mig_mode (bool or null), serial
@@ -208,7 +209,8 @@ def hello_message(*, hostname: str, pid: int, python: str, interval: float,
                   versions: Mapping[str, Optional[str]], features: Sequence[str],
                   gpus: List[Dict[str, Any]], read_only: bool = False,
                   liveness_timeout: float = DEFAULT_LIVENESS_S,
-                  max_duration: float = DEFAULT_MAX_DURATION) -> "Hello":
+                  max_duration: float = DEFAULT_MAX_DURATION,
+                  boot_time: Optional[float] = None) -> "Hello":
     """The ``hello`` (see the docstring); ``versions`` is a reader's ``versions()``, ``gpus``
     its ``static()`` (records of ``STATIC_FIELDS``)."""
     return {
@@ -229,6 +231,7 @@ def hello_message(*, hostname: str, pid: int, python: str, interval: float,
         "read_only": read_only,
         "liveness_timeout": liveness_timeout,
         "max_duration": max_duration,
+        "boot_time": boot_time,
         "gpus": cast("List[GpuStaticWire]", gpus),
     }
 

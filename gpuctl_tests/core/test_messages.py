@@ -7,6 +7,7 @@ the node side's fields."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgspec.inspect as mi
@@ -68,9 +69,12 @@ def test_the_agent_writes_exactly_the_contracts_fields() -> None:
     out = _Sink()
     reader = SimReader.from_spec("2:H100", seed=1)
     agent = Agent(reader, out=out)
+    hello_time = time.time()
     hello = agent.hello()
     assert set(hello) == set(messages.Hello.__annotations__)
     assert set(hello["gpus"][0]) == set(messages.GpuStaticWire.__annotations__)
+    boot = hello["boot_time"]  # /proc/stat's btime: this machine booted before the test ran
+    assert boot is not None and 1e9 < boot <= hello_time
     reader.simulate("xid", {"gpu": 1, "xid": 79})
     agent.sample(req_id=7)
     sample, event = (protocol.decode(line) for line in out.lines())

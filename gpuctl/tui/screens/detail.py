@@ -436,6 +436,9 @@ class DetailScreen(Screen[None]):
                     f"reader {reader_text(info)}",
                 ]
             )
+            if info.boot_time is not None and s.last_sample_t is not None:
+                up = max(0.0, s.last_sample_t - info.boot_time)
+                paragraphs[-1].insert(1, f"up {fmt_age(up)}")  # since the node booted
             for st in info.gpus:
                 if st.index != self.gpu:
                     continue
