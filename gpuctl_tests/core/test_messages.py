@@ -7,7 +7,9 @@ the node side's fields."""
 
 from __future__ import annotations
 
+import ast
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec.inspect as mi
@@ -111,3 +113,32 @@ class _Sink:
 
     def lines(self) -> list[bytes]:
         return [line for line in self.data.split(b"\n") if line]
+
+
+def test_the_node_side_writes_each_message_in_one_place() -> None:
+    """No dict literal with ``"type": "hello" | "sample" | "event"`` in the node side or the
+    replayed nodes but the one in each of ``protocol``'s writers (a second writer is how a
+    field drifts: the replayed nodes' hello lacked four of the agent's keys)."""
+    root = Path(protocol.__file__).resolve().parents[2]
+    files = [*sorted((root / "gpuctl" / "node").rglob("*.py")), root / FIXED_LINKS]
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Dict):
+                continue
+            for key, value in zip(node.keys, node.values, strict=True):
+                if (
+                    isinstance(key, ast.Constant)
+                    and key.value == "type"
+                    and isinstance(value, ast.Constant)
+                    and value.value in ("hello", "sample", "event")
+                ):
+                    found.append((str(path.relative_to(root)), value.value))
+    assert sorted(found) == [
+        ("gpuctl/node/protocol.py", "event"),
+        ("gpuctl/node/protocol.py", "hello"),
+        ("gpuctl/node/protocol.py", "sample"),
+    ]
+
+
+FIXED_LINKS = "gpuctl/fleet/fixed_links.py"
