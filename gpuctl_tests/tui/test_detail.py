@@ -153,7 +153,7 @@ def detail_fleet() -> Fleet:
     messages = recorded_node(
         "n-01", "2:H100", seed=11, t0=T0, samples=SAMPLES, load={0: 1.0}, events=[xid]
     )
-    messages[0]["boot_time"] = T0 - 5 * 3600  # the node booted 5 h before the first sample
+    messages[0]["boot_time"] = T0 - 3 * 86400  # the node booted 3 days before the first sample
     return Fleet({"n-01": ReplayLink(messages)}, clock=lambda: NOW, stale_after=1e9)
 
 
@@ -201,7 +201,7 @@ async def test_detail_reads_now_then_processes_then_plots_and_names_the_trouble(
         screen_text = drawn(app)
         facts = screen.query_one("#detail-facts", Facts)
         assert facts.paragraphs
-        assert "up 5h" in [fact.plain for fact in facts.paragraphs[0]]  # the hello's boot_time
+        assert "up 3d" in [fact.plain for fact in facts.paragraphs[0]]  # the hello's boot_time
         for para in facts.paragraphs:
             for fact in para:
                 assert fact.plain in screen_text, fact.plain

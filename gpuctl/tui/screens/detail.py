@@ -481,7 +481,8 @@ class DetailScreen(Screen[None]):
             )
             if info.boot_time is not None and s.last_sample_t is not None:
                 up = max(0.0, s.last_sample_t - info.boot_time)
-                paragraphs[-1].insert(1, f"up {fmt_age(up)}")  # since the node booted
+                days = f"{int(up // 86400)}d" if up >= 2 * 86400 else fmt_age(up)
+                paragraphs[-1].insert(1, f"up {days}")  # since the node booted
             for st in info.gpus:
                 if st.index != self.gpu:
                     continue
