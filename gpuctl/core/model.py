@@ -223,6 +223,7 @@ class NodeInfo(msgspec.Struct, frozen=True, gc=False):
     read_only: bool | None = None
     liveness_timeout: Float | None = None
     max_duration: Float | None = None
+    boot_time: UnixTime | None = None  # when the node booted
 
 
 class NodeEvent(msgspec.Struct, frozen=True, gc=False, tag_field="type", tag="event"):

@@ -83,36 +83,28 @@ def recorded_node(
         reader.simulate("load", {"gpus": [index], "load": value})
     versions = reader.versions()
     statics = reader.static()
-    out: list[JsonObject] = [
-        {
-            "type": "hello",
-            "protocol": protocol.PROTOCOL_VERSION,
-            "agent": protocol.AGENT_VERSION,
-            "hostname": hostname,
-            "pid": 4242,
-            "python": "3.11.7",
-            "interval": interval,
-            "reader": reader.name,
-            "reader_error": None,
-            "driver": versions.get("driver"),
-            "cuda": versions.get("cuda"),
-            "nvml": versions.get("nvml"),
-            "features": ["ping", "simulate", "snapshot"],
-            "gpus": statics,
-        }
+    out: list[JsonObject] = [  # as the agent writes them: the node's writers
+        dict(
+            protocol.hello_message(
+                hostname=hostname,
+                pid=4242,
+                python="3.11.7",
+                interval=interval,
+                reader=reader.name,
+                reader_error=None,
+                bindings=None,
+                versions=versions,
+                features=["ping", "simulate", "snapshot"],
+                gpus=statics,
+            )
+        )
     ]
     for k in range(samples):
         now[0] = k * interval
         gpus = reader.sample(slow=k % protocol.SLOW_EVERY == 0)
-        out.append(  # as the agent sends it
-            {
-                "type": "sample",
-                "t": t0 + k * interval,
-                "seq": k,
-                "gpus": protocol.compact_gpus(gpus, statics),
-                "parents": protocol.compact_records(reader.parents()),
-                "host": reader.host(),
-            }
+        msg = protocol.sample_message(
+            k, gpus, statics, reader.parents(), reader.host(), t=t0 + k * interval
         )
+        out.append(dict(msg))
     out.extend(events or [])
     return out

@@ -35,7 +35,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, cast
 
-from . import proc
+from . import proc, protocol
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -158,8 +158,7 @@ class AcceptRun(object):
 
     def send(self, detail: "AcceptEvent") -> None:
         detail["run"] = self.run_id
-        self.plugin.agent.send({"type": "event", "kind": "accept", "gpu": None,
-                                "t": time.time(), "detail": detail})
+        self.plugin.agent.send(protocol.event_message("accept", None, detail))
 
     def on_readable(self) -> None:
         if self.pipe is None:

@@ -30,10 +30,10 @@ from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Option
 
 from . import protocol
 from .proc import LineBuffer
-from .readers import Reader, bindings, open_reader
+from .readers import Reader, bindings, host, open_reader
 
 if TYPE_CHECKING:
-    from .messages import SignalReply
+    from .messages import Hello, SignalReply
 
 # Requests that change a node (load its GPUs, stop other sessions' work). An agent started with
 # --read-only refuses them with error code "read_only", whatever the login side asks: defence in
@@ -218,58 +218,48 @@ class Agent(object):
             pass
 
     # -- messages -----------------------------------------------------------------------------
-    def hello(self) -> Dict[str, Any]:
-        versions = self.reader.versions() if self.reader is not None else {}
-        return {
-            "type": "hello",
-            "protocol": protocol.PROTOCOL_VERSION,
-            "agent": protocol.AGENT_VERSION,
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "python": "%d.%d.%d" % sys.version_info[:3],
-            "interval": self.interval,
-            "reader": self.reader.name if self.reader is not None else None,
-            "reader_error": self.reader_error,
-            "bindings": bindings.described(),
-            "driver": versions.get("driver"),
-            "cuda": versions.get("cuda"),
-            "nvml": versions.get("nvml"),
-            "features": sorted(self.handlers),
-            "read_only": self.read_only,
-            "liveness_timeout": self.liveness_timeout,
-            "max_duration": self.max_duration,
-            "gpus": self._static,
-        }
+    def hello(self) -> "Hello":
+        reader = self.reader
+        return protocol.hello_message(
+            hostname=socket.gethostname(), pid=os.getpid(),
+            python="%d.%d.%d" % sys.version_info[:3], interval=self.interval,
+            reader=reader.name if reader is not None else None, reader_error=self.reader_error,
+            bindings=bindings.described(),
+            versions=reader.versions() if reader is not None else {},
+            features=list(self.handlers), read_only=self.read_only,
+            liveness_timeout=self.liveness_timeout, max_duration=self.max_duration,
+            boot_time=host.boot_time(), gpus=self._static)
 
     def sample(self, req_id: Any = None) -> None:
         gpus = []  # type: List[Dict[str, Any]]
-        if self.reader is not None:
+        reader = self.reader
+        if reader is not None:
             slow = self.seq % protocol.SLOW_EVERY == 0
             try:
-                gpus = self.reader.sample(slow=slow)
+                gpus = reader.sample(slow=slow)
             except Exception as e:  # a reader bug must not kill the agent: say it, keep going
                 self.reply_error("reader_failed", "%s: %s" % (type(e).__name__, e))
                 return
         for hook in self.sample_hooks:
             hook(gpus)
-        # What the hello holds and what is null stay off the wire (protocol 2).
-        msg = {"type": "sample", "t": time.time(), "seq": self.seq,
-               "gpus": protocol.compact_gpus(gpus, self._static)}  # type: Dict[str, Any]
-        if self.reader is not None:
+        parents = []  # type: List[Dict[str, Any]]
+        host = None  # type: Optional[Dict[str, Any]]
+        if reader is not None:
             self._gpu_pids = set(
                 p["pid"] for g in gpus for p in (g.get("processes") or ())
                 if isinstance(p, dict) and isinstance(p.get("pid"), int))
-            msg["parents"] = protocol.compact_records(self.reader.parents())
+            parents = reader.parents()
             try:
-                msg["host"] = self.reader.host()
+                host = reader.host()
             except Exception:  # the host's figures must never cost the GPUs' sample
-                msg["host"] = None
-        if req_id is not None:
-            msg["id"] = req_id
+                host = None
+        # What the hello holds and what is null stay off the wire (protocol 2).
+        msg = protocol.sample_message(self.seq, gpus, self._static, parents, host,
+                                      req_id=req_id, gpus_only=reader is None)
         self.seq += 1
         self.send(msg)
-        if self.reader is not None:
-            for event in self.reader.events():
+        if reader is not None:
+            for event in reader.events():
                 self.send(event)
 
     def handle_line(self, line: bytes) -> None:

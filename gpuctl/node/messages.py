@@ -1,6 +1,13 @@
-"""The agent's plugin messages (stress and acceptance) and its answer to ``signal``: one
-definition for their writers and their readers, as ``protocol`` is for the hello and the sample and ``jobfiles`` for
-``outcome.json``.
+"""The agent's messages: one definition for their writers and their readers, as ``jobfiles`` is
+for ``outcome.json``.
+
+The agent's own messages, ``Hello`` (with ``GpuStaticWire`` per GPU), ``SampleMessage`` (with
+``HostWire``; a GPU's readings are the metric registry's, ``metrics.SAMPLE_FIELDS``) and
+``EventMessage``, are written by one function each in ``protocol`` (``hello_message``,
+``sample_message``, ``event_message``), which every writer calls (the agent, the readers' events,
+the plugins' events, the login side's fixed replay links). The login side's definition of the
+same messages is ``gpuctl.core.model`` (msgspec Structs, which decode in C):
+``gpuctl_tests/core/test_messages.py`` holds the two equal, field names and types.
 
 The writers are the agent's plugins, ``stress`` and ``accept`` (what they send is typed as these
 classes: mypy checks every key and the type of its value); the login side decodes them through
@@ -26,10 +33,99 @@ Acceptance (``accept``'s docstring has the requests):
 """
 
 import sys
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 if sys.version_info >= (3, 8):
     from typing import TypedDict  # novermin
+
+    class GpuStaticWire(TypedDict):
+        """A GPU's facts in the hello's ``gpus`` (``protocol.STATIC_FIELDS``; ``core.model
+        .GpuStatic``): memory in bytes, power limit in W, clocks in MHz."""
+
+        index: int
+        uuid: Optional[str]
+        name: Optional[str]
+        mem_total: Optional[int]
+        power_limit: Optional[float]
+        max_sm_clock: Optional[int]
+        max_mem_clock: Optional[int]
+        pcie_gen: Optional[int]
+        pcie_width: Optional[int]
+        mig_mode: Optional[bool]
+        serial: Optional[str]
+
+    class Hello(TypedDict):
+        """The agent's first line (``protocol``'s docstring says each field; ``core.model
+        .NodeInfo`` reads it)."""
+
+        type: str
+        protocol: int
+        agent: str
+        hostname: str
+        pid: int
+        python: str
+        interval: float
+        reader: Optional[str]
+        reader_error: Optional[str]
+        bindings: Optional[str]
+        driver: Optional[str]
+        cuda: Optional[str]
+        nvml: Optional[str]
+        features: List[str]
+        read_only: bool
+        liveness_timeout: float
+        max_duration: float
+        boot_time: Optional[float]
+        gpus: List[GpuStaticWire]
+
+    class HostWire(TypedDict):
+        """A sample's ``host`` (``readers.host.HostStats``; ``core.model.HostSample``)."""
+
+        cpu: Optional[float]
+        cpus: Optional[int]
+        mem_total: Optional[int]
+        mem_available: Optional[int]
+        load: Optional[List[float]]
+        net_rx: Optional[float]
+        net_tx: Optional[float]
+
+    class ProcessWire(TypedDict, total=False):
+        """A GPU process, or in a sample's ``parents`` an ancestor of one (``core.model
+        .GpuProcess``); null fields are left out on the wire."""
+
+        pid: int
+        user: Optional[str]
+        command: Optional[str]
+        mem: Optional[int]
+        uid: Optional[int]
+        ppid: Optional[int]
+        sm: Optional[float]
+        cpu: Optional[float]
+        rss: Optional[int]
+        started: Optional[float]
+
+    class SampleMessage(TypedDict, total=False):
+        """A ``sample`` (``core.model.Sample``): ``gpus`` one dict per GPU, whose keys are
+        the metric registry's (``metrics.SAMPLE_FIELDS``, held to ``GpuSample`` by
+        ``test_metrics.py``), compacted (``protocol.compact_gpus``); ``id`` a snapshot's."""
+
+        type: str
+        t: float
+        seq: int
+        gpus: List[Dict[str, Any]]
+        parents: List[ProcessWire]
+        host: Optional[HostWire]
+        id: Any
+
+    class EventMessage(TypedDict):
+        """An ``event`` (``core.model.NodeEvent``): ``kind`` "xid" | "gpu_lost" | "burn" |
+        "accept", ``gpu`` its index or None, ``detail`` the kind's data."""
+
+        type: str
+        t: float
+        kind: str
+        gpu: Optional[int]
+        detail: Dict[str, Any]
 
     class OwnerWire(TypedDict):
         """Who started a burn, as the protocol carries it (``gpuctl.service.Owner`` reads it)."""

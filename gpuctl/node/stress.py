@@ -584,8 +584,7 @@ class StressPlugin(object):
 
     def _emit(self, burn: Burn) -> None:
         burn.last_emit = time.monotonic()
-        self.agent.send({"type": "event", "t": time.time(), "kind": "burn", "gpu": burn.gpu,
-                         "detail": burn.detail()})
+        self.agent.send(protocol.event_message("burn", burn.gpu, burn.detail()))
 
     # -- hooks ---------------------------------------------------------------------------------
     def tick(self, now: float) -> None:

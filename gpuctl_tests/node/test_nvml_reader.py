@@ -144,8 +144,7 @@ def test_a_field_a_gpu_does_not_support_is_asked_once(reader: Any, stub: NvmlStu
         assert (g1["fan"], g1["retired_pages"], g1["temp"]) == (None, None, None)
         assert g1["power"] == 201.0
     assert stub.calls(1, "nvmlDeviceGetFanSpeed") == 1
-    assert stub.calls(1, "nvmlDeviceGetRetiredPages") == 2  # single- and double-bit: one each
-    assert stub.calls(1, "nvmlDeviceGetRetiredPagesPendingStatus") == 1
+    assert stub.calls(1, "nvmlDeviceGetFieldValues") == 4  # the slow readings' one call
     assert stub.calls(1, "nvmlDeviceGetTemperature") == 4
     assert stub.calls(0, "nvmlDeviceGetFanSpeed") == 4
     assert stub.calls(1, "nvmlDeviceGetPowerUsage") == 4
@@ -308,6 +307,53 @@ def test_unsupported_video_and_pcie_readings_are_asked_once(reader: Any, stub: N
     assert stub.calls(1, "nvmlDeviceGetDecoderUtilization") == 1
     assert stub.calls(1, "nvmlDeviceGetPcieThroughput") == 2  # TX and RX: one each
     assert stub.calls(0, "nvmlDeviceGetEncoderUtilization") == 2 * SLOW_EVERY + 1
+
+
+SLOW_PER_FIELD = (  # what the slow readings cost one call each (the fallback)
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetRemappedRows",
+)
+
+
+def test_the_slow_readings_are_one_batched_call_with_a_code_per_field(
+    reader: Any, stub: NvmlStub
+) -> None:
+    """ECC, retired pages and remapped rows (11 NVML field ids) are one nvmlDeviceGetFieldValues
+    call per GPU and slow sample, where they were 8 calls (10 in the library: pynvml asks the
+    retired pages' count first); a field the GPU answers NOT_SUPPORTED within the batch is null
+    and hides none of the others."""
+    r = reader("count 2\nset 0 ecc_agg_unc 2\nset 1 rows_pending 1\nerror 1 3 retired\n")
+    for _ in range(3):
+        g0, g1 = by_index(r.sample(slow=True)).values()
+    assert g0["ecc"]["aggregate_uncorrected"] == 2 and g0["retired_pages"]["pending"] is False
+    assert g1["retired_pages"] is None and g1["ecc"]["volatile_corrected"] == 1
+    assert g1["remapped_rows"] == {
+        "correctable": 1,
+        "uncorrectable": 0,
+        "pending": True,
+        "failure": False,
+    }
+    for gpu in (0, 1):
+        assert stub.calls(gpu, "nvmlDeviceGetFieldValues") == 3
+        assert [stub.calls(gpu, fn) for fn in SLOW_PER_FIELD] == [0] * len(SLOW_PER_FIELD)
+
+
+@pytest.mark.parametrize("code", [13, 3], ids=["function_not_found", "not_supported"])
+def test_without_the_batched_call_the_slow_readings_are_read_one_call_each(
+    reader: Any, stub: NvmlStub, code: int
+) -> None:
+    """A driver whose library lacks nvmlDeviceGetFieldValues (FUNCTION_NOT_FOUND) or refuses it:
+    the same readings through the calls of old, and the batched call is not tried again."""
+    r = reader(f"count 1\nset 0 ecc_vol_unc 4\nset 0 retired_sbe 2\nerror 0 {code} fields\n")
+    for _ in range(3):
+        (g,) = r.sample(slow=True)
+    assert g["ecc"]["volatile_uncorrected"] == 4
+    assert g["retired_pages"] == {"single_bit": 2, "double_bit": 0, "pending": False}
+    assert g["remapped_rows"] is not None
+    assert stub.calls(0, "nvmlDeviceGetFieldValues") == 1
+    assert stub.calls(0, "nvmlDeviceGetRemappedRows") == 3
 
 
 def test_slow_fields_are_repeated_between_slow_reads(reader: Any, stub: NvmlStub) -> None:

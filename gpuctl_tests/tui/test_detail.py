@@ -6,14 +6,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+import pytest
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
+from gpuctl.core.model import GpuSample
 from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 from gpuctl.fleet.fleet import THROTTLE_HOLD_MAX_S, THROTTLE_HOLD_S, Fleet, Throttling
+from gpuctl.node.metrics import BY_KEY, GIB
 from gpuctl.tui import make_app
-from gpuctl.tui.screens.detail import Facts, time_ticks, value_ticks
+from gpuctl.tui.screens.detail import NOW_FACTS, Facts, now_facts, time_ticks, value_ticks
 from gpuctl.workloads.accept_suite.nodehealth import HARDWARE_XIDS, XIDS, xid_text
 from gpuctl_tests.helpers import open_detail, until
 from gpuctl_tests.tui.conftest import T0
@@ -32,6 +36,47 @@ def test_an_xid_is_named_with_what_to_do_from_the_one_table() -> None:
     assert sorted(HARDWARE_XIDS) == [48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120]
     assert HARDWARE_XIDS[79] == "GPU has fallen off the bus"
     assert {13, 31, 43, 45} <= XIDS.keys() and not any(XIDS[x].hardware for x in (13, 31, 43))
+
+
+def test_the_now_facts_are_the_registrys_readings_in_its_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The "now" facts follow the metric registry's order; a reading the screen does not place
+    shows as the registry prints it, in its place (they were a hand-written list)."""
+    g = GpuSample(
+        index=0,
+        util_gpu=53,
+        util_mem=20,
+        mem_used=12 * GIB,
+        mem_total=80 * GIB,
+        temp=45,
+        power=300.0,
+        power_limit=700.0,
+        sm_clock=1755,
+        mem_clock=2619,
+        fan=30,
+        pstate="P0",
+        enc=5,
+        dec=7,
+        pcie_tx=10**9,
+        pcie_rx=2 * 10**9,
+    )
+    assert now_facts(g) == [
+        "util 53%",
+        "memory 12.0/80 GiB",
+        "45°C",
+        "power 300/700 W",
+        "SM 1755 MHz",
+        "mem clock 2619 MHz",
+        "fan 30%",  # the registry's own: no line in NOW_FACTS
+        "P0",
+        "NVENC 5% NVDEC 7%",
+        "PCIe TX 1.0GB/s RX 2.0GB/s",
+    ]
+    assert set(NOW_FACTS) <= set(BY_KEY) and "fan" not in NOW_FACTS
+    assert "fan 30%" not in now_facts(msgspec.structs.replace(g, fan=None))  # unknown: left out
+    monkeypatch.delitem(NOW_FACTS, "util_mem")  # as a new reading would be
+    assert now_facts(g)[:2] == ["util 53%", "util_mem 20%"]
 
 
 def test_axes_read_as_time_and_whole_numbers() -> None:
@@ -108,6 +153,7 @@ def detail_fleet() -> Fleet:
     messages = recorded_node(
         "n-01", "2:H100", seed=11, t0=T0, samples=SAMPLES, load={0: 1.0}, events=[xid]
     )
+    messages[0]["boot_time"] = T0 - 3 * 86400  # the node booted 3 days before the first sample
     return Fleet({"n-01": ReplayLink(messages)}, clock=lambda: NOW, stale_after=1e9)
 
 
@@ -155,6 +201,7 @@ async def test_detail_reads_now_then_processes_then_plots_and_names_the_trouble(
         screen_text = drawn(app)
         facts = screen.query_one("#detail-facts", Facts)
         assert facts.paragraphs
+        assert "up 3d" in [fact.plain for fact in facts.paragraphs[0]]  # the hello's boot_time
         for para in facts.paragraphs:
             for fact in para:
                 assert fact.plain in screen_text, fact.plain

@@ -15,7 +15,10 @@ A reader is an object with:
 ``Reader`` spells that out; the three readers derive from it.
 """
 
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from ..messages import EventMessage
 
 
 class ReaderUnavailable(Exception):
@@ -39,7 +42,7 @@ class Reader(object):
         """One dict per GPU (``protocol.SAMPLE_FIELDS``); ``slow`` also reads the slow fields."""
         raise NotImplementedError
 
-    def events(self) -> List[Dict[str, Any]]:
+    def events(self) -> List["EventMessage"]:
         """Event messages seen since the last call (XID, GPU lost)."""
         raise NotImplementedError
 

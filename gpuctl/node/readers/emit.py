@@ -1,9 +1,11 @@
 """Protocol records every reader builds the same way: a lost GPU's sample, and events."""
 
-import time
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from ..protocol import SAMPLE_FIELDS
+from ..protocol import SAMPLE_FIELDS, event_message
+
+if TYPE_CHECKING:
+    from ..messages import EventMessage
 
 
 def lost_record(index: int, uuid: Optional[str]) -> Dict[str, Any]:
@@ -13,6 +15,6 @@ def lost_record(index: int, uuid: Optional[str]) -> Dict[str, Any]:
     return rec
 
 
-def event(kind: str, gpu: Optional[int], detail: Dict[str, Any]) -> Dict[str, Any]:
+def event(kind: str, gpu: Optional[int], detail: Dict[str, Any]) -> "EventMessage":
     """An ``event`` message of this moment (``kind`` "xid", "gpu_lost", ...)."""
-    return {"type": "event", "t": time.time(), "kind": kind, "gpu": gpu, "detail": detail}
+    return event_message(kind, gpu, detail)

@@ -32,6 +32,12 @@ the agent past its 1 ms per H100 sample). The first sample reads every GPU's. NV
 cumulative counters (``nvmlDeviceGetFieldValues`` of ``NVML_FI_DEV_PCIE_COUNT_TX_BYTES``/
 ``RX_BYTES``, a rate from two reads) may be far cheaper on drivers that have them: not
 measured yet.
+The slow readings (ECC counters, retired pages, remapped rows: 11 NVML field ids) are one
+``nvmlDeviceGetFieldValues`` call per GPU into a buffer kept between reads, each field with its
+own return code (a field NOT_SUPPORTED is null and left out of that GPU's later batches); they
+were 8 calls (10 in the library). A driver or pynvml without the call (FUNCTION_NOT_FOUND), or one
+that refuses it, gets the calls of old, one each, and the batch is not tried again
+(``benchmarks/nvml_calls.py``).
 GPU_IS_LOST turns the GPU's record into the "lost" state for good and queues one ``gpu_lost``
 event. XID critical errors come from an NVML event set polled without blocking in ``events()``.
 Python 3.6 syntax.
@@ -39,13 +45,16 @@ Python 3.6 syntax.
 
 import ctypes
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple, Union
 
 from ..metrics import SLOW_READ_EVERY as PCIE_EVERY
 from ..protocol import decode_throttle
 from . import Reader, ReaderUnavailable
 from .procs import ProcessNames
 from .emit import event, lost_record
+
+if TYPE_CHECKING:
+    from ..messages import EventMessage
 
 # Alternatives for calls whose name depends on the pynvml / driver versions, newest first: the
 # first one this pair supports is remembered.
@@ -83,6 +92,25 @@ PROC_UTIL_WINDOW_S = 5.0  # per-process SM %: NVML's samples of this last while,
 PROCS_EVERY_S = 5.0  # a GPU's process lists are read at least this often (see the docstring)
 PROC_UTIL_EVERY_S = 10.0  # ... read this often per GPU (and at once when its pids change)
 INSUFFICIENT_SIZE = 7
+# The slow readings' NVML field ids (nvml.h NVML_FI_DEV_*), read with one
+# nvmlDeviceGetFieldValues call: (id, the sample's key, the key inside it).
+SLOW_FIELDS = (
+    (3, "ecc", "volatile_corrected"),  # ECC_SBE_VOL_TOTAL
+    (4, "ecc", "volatile_uncorrected"),  # ECC_DBE_VOL_TOTAL
+    (5, "ecc", "aggregate_corrected"),  # ECC_SBE_AGG_TOTAL
+    (6, "ecc", "aggregate_uncorrected"),  # ECC_DBE_AGG_TOTAL
+    (29, "retired_pages", "single_bit"),  # RETIRED_SBE
+    (30, "retired_pages", "double_bit"),  # RETIRED_DBE
+    (31, "retired_pages", "pending"),  # RETIRED_PENDING
+    (142, "remapped_rows", "correctable"),  # REMAPPED_COR
+    (143, "remapped_rows", "uncorrectable"),  # REMAPPED_UNC
+    (144, "remapped_rows", "pending"),  # REMAPPED_PENDING
+    (145, "remapped_rows", "failure"),  # REMAPPED_FAILURE
+)
+FLAG_KEYS = ("pending", "failure")  # yes/no readings among them
+# nvmlValueType_t -> the member of nvmlValue_t that holds the value
+VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+                 6: "usVal"}
 PROC_BUFFER = 8  # entries first kept for a process list (grown to twice what NVML asks for)
 SAMPLE_BUFFER = 64  # ... and for per-process utilization samples (one per pid and NVML tick)
 
@@ -101,6 +129,18 @@ class _UtilizationSample(ctypes.Structure):  # nvmlProcessUtilizationSample_t
     _fields_ = [("pid", ctypes.c_uint), ("timeStamp", ctypes.c_ulonglong),
                 ("smUtil", ctypes.c_uint), ("memUtil", ctypes.c_uint),
                 ("encUtil", ctypes.c_uint), ("decUtil", ctypes.c_uint)]
+
+
+class _Value(ctypes.Union):  # nvmlValue_t
+    _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ulVal", ctypes.c_ulong),
+                ("ullVal", ctypes.c_ulonglong), ("sllVal", ctypes.c_longlong),
+                ("siVal", ctypes.c_int), ("usVal", ctypes.c_ushort)]
+
+
+class _FieldValue(ctypes.Structure):  # nvmlFieldValue_t
+    _fields_ = [("fieldId", ctypes.c_uint32), ("scopeId", ctypes.c_uint32),
+                ("timestamp", ctypes.c_int64), ("latencyUsec", ctypes.c_int64),
+                ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint), ("value", _Value)]
 
 
 # the functions read with one call, and the entry each fills
@@ -131,11 +171,14 @@ class NvmlReader(Reader):
         self._handles = []  # type: List[Any]
         self._uuids = []  # type: List[Optional[str]]
         self._lost = set()  # type: Set[int]
-        self._pending = []  # type: List[Dict[str, Any]]
+        self._pending = []  # type: List["EventMessage"]
         self._slow = {}  # type: Dict[int, Dict[str, Any]]
         self._pcie = {}  # type: Dict[int, Dict[str, Any]]  # GPU -> last PCIe throughput
         self._tick = 0  # samples taken: spreads the PCIe reads over PCIE_EVERY samples
         self._unsupported = set()  # type: Set[Any]  # (names, args) a GPU said NOT_SUPPORTED to
+        self.batched = True  # the slow readings through nvmlDeviceGetFieldValues (_read_slow)
+        self._field_fn = None  # type: Any
+        self._field_buffers = {}  # type: Dict[Any, Any]
         # GPU -> (monotonic time, its pids, pid -> SM %) of the last per-process utilization read
         self._sm = {}  # type: Dict[int, Tuple[float, Any, Dict[int, Optional[int]]]]
         self.proc_util_every = PROC_UTIL_EVERY_S
@@ -460,6 +503,71 @@ class NvmlReader(Reader):
                 "pcie_rx": rx * KB if rx is not None else None}
 
     def _read_slow(self, h: Any) -> Dict[str, Any]:
+        """ECC counters, retired pages and remapped rows: one batched read of their NVML field
+        ids, else (a driver or pynvml without ``nvmlDeviceGetFieldValues``) one call each."""
+        if self.batched:
+            values = self._field_values(h)
+            if values is not None:
+                return _slow_record(values)
+        return self._read_slow_per_field(h)
+
+    def _field_values(self, h: Any) -> Optional[Dict[int, Any]]:
+        """Field id -> value of ``SLOW_FIELDS`` in one ``nvmlDeviceGetFieldValues`` call (a
+        field whose own return code is an error is left out; NOT_SUPPORTED is not asked of this
+        GPU again), or None when the batched call cannot be used: FUNCTION_NOT_FOUND (an old
+        driver), NOT_SUPPORTED, a pynvml without it (then never again), another error (this
+        read). Raises _Lost."""
+        ids = [fid for fid, _, _ in SLOW_FIELDS if ("field", id(h), fid) not in self._unsupported]
+        if not ids:
+            return {}
+        try:
+            got = self._field_call(h, tuple(ids))
+        except self._error as e:
+            code = getattr(e, "value", None)
+            if code == GPU_IS_LOST:
+                raise _Lost()
+            if code in (FUNCTION_NOT_FOUND, NOT_SUPPORTED):
+                self.batched = False
+            return None
+        except Exception:  # _Unsupported: this pynvml lacks it; an old pynvml's quirk
+            self.batched = False
+            return None
+        values = {}  # type: Dict[int, Any]
+        for v in got:
+            code = _int(v.nvmlReturn)
+            if code == GPU_IS_LOST:
+                raise _Lost()
+            if code == NOT_SUPPORTED:
+                self._unsupported.add(("field", id(h), _int(v.fieldId)))
+            elif code == 0:
+                member = VALUE_MEMBERS.get(_int(v.valueType) or 0)
+                if member is not None:
+                    values[_int(v.fieldId) or 0] = getattr(v.value, member)
+        return values
+
+    def _field_call(self, h: Any, ids: Tuple[int, ...]) -> Any:
+        """``nvmlDeviceGetFieldValues(h, ids)`` into a buffer kept per GPU and ids (pynvml's
+        builds one per call, each id in a try: that cost more CPU than the 8 calls it
+        replaces); raises pynvml's NVMLError, FUNCTION_NOT_FOUND included."""
+        fn = self._field_fn
+        if fn is None:
+            get = getattr(self._nv, "_nvmlGetFunctionPointer", None)
+            if not callable(get):
+                raise _Unsupported("nvmlDeviceGetFieldValues")
+            fn = self._field_fn = get("nvmlDeviceGetFieldValues")
+        key = (id(h), ids)
+        buffer = self._field_buffers.get(key)
+        if buffer is None:
+            buffer = self._field_buffers[key] = (_FieldValue * len(ids))()
+        for entry, fid in zip(buffer, ids):
+            entry.fieldId = fid
+            entry.scopeId = 0
+        ret = fn(h, ctypes.c_int32(len(ids)), buffer)
+        if ret != 0:
+            raise self._nv.NVMLError(ret)
+        return buffer
+
+    def _read_slow_per_field(self, h: Any) -> Dict[str, Any]:
         counts = {}  # type: Dict[str, Optional[int]]
         for key, err, counter in (
             ("volatile_corrected", ECC_CORRECTED, ECC_VOLATILE),
@@ -517,7 +625,7 @@ class NvmlReader(Reader):
         except Exception:
             pass
 
-    def events(self) -> List[Dict[str, Any]]:
+    def events(self) -> List["EventMessage"]:
         """XID and gpu_lost events since the last call; never blocks (NVML wait timeout 0)."""
         out, self._pending = self._pending, []
         if self._event_set is None:
@@ -624,6 +732,19 @@ def _int(value: Any) -> Optional[int]:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+def _slow_record(values: Dict[int, Any]) -> Dict[str, Any]:
+    """The slow readings from their field values (``_field_values``): a group none of whose
+    fields was read is None, as the per-field read gives it."""
+    groups = {"ecc": {}, "retired_pages": {}, "remapped_rows": {}}  # type: Dict[str, Dict[str, Any]]
+    for fid, key, part in SLOW_FIELDS:
+        value = values.get(fid)
+        if value is not None:
+            value = bool(value) if part in FLAG_KEYS else _int(value)
+        groups[key][part] = value
+    return {key: group if any(v is not None for v in group.values()) else None
+            for key, group in groups.items()}
 
 
 def _watts(milliwatts: Any) -> Optional[float]:

@@ -11,11 +11,14 @@ the clock gets the same numbers every run.
 import os
 import random
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from . import Reader
 from .emit import event, lost_record
 from .procs import user_of
+
+if TYPE_CHECKING:
+    from ..messages import EventMessage
 
 # name, memory GiB, power limit W, idle W, max SM MHz, max mem MHz, pcie gen, width
 MODELS = {
@@ -222,7 +225,7 @@ class SimReader(Reader):
         self._clock = clock
         self._last = clock()
         self.gpus = [SimGpu(i, m, self._rng, hostname_seed + seed) for i, m in enumerate(models)]
-        self._pending_events = []  # type: List[Dict[str, Any]]
+        self._pending_events = []  # type: List["EventMessage"]
         self._slow = [None] * len(self.gpus)  # type: List[Optional[Dict[str, Any]]]
         # simulate(action="stall"): a hung driver call
         self._stall_until = None  # type: Optional[float]
@@ -300,7 +303,7 @@ class SimReader(Reader):
             out.append(facts)
         return out
 
-    def events(self) -> List[Dict[str, Any]]:
+    def events(self) -> List["EventMessage"]:
         out, self._pending_events = self._pending_events, []
         return out
 

@@ -15,13 +15,16 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..metrics import METRICS
 from ..protocol import decode_throttle
 from . import Reader, ReaderUnavailable
 from .procs import ProcessNames
 from .emit import event, lost_record
+
+if TYPE_CHECKING:
+    from ..messages import EventMessage
 
 TIMEOUT_S = 10.0  # nvidia-smi hangs on a wedged GPU; a sample must not wait forever
 MIB = 1 << 20
@@ -94,7 +97,7 @@ class SmiReader(Reader):
         self._names = ProcessNames()
         self._parents = []  # type: List[Dict[str, Any]]
         self._lost = set()  # type: Set[int]
-        self._pending = []  # type: List[Dict[str, Any]]
+        self._pending = []  # type: List["EventMessage"]
         self._slow = {}  # type: Dict[int, Dict[str, Any]]
         self._versions = {
             "driver": None, "cuda": None, "nvml": None}  # type: Dict[str, Optional[str]]
@@ -354,7 +357,7 @@ class SmiReader(Reader):
         return self._names.rows(found, pids)
 
     # -- events --------------------------------------------------------------------------------
-    def events(self) -> List[Dict[str, Any]]:
+    def events(self) -> List["EventMessage"]:
         """gpu_lost events since the last call (nvidia-smi cannot report XIDs)."""
         out, self._pending = self._pending, []
         return out

@@ -5,6 +5,7 @@ processes, then plots of its history and the static facts (what an operator read
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 from rich.style import Style
@@ -217,6 +218,66 @@ def _num(value: float | None, unit: str = "", digits: int = 0) -> str:
     return f"{value:.{digits}f}{unit}"
 
 
+def _video(g: GpuSample) -> str | None:
+    if g.enc is None and g.dec is None:
+        return None
+    return f"NVENC {_num(g.enc, '%')} NVDEC {_num(g.dec, '%')}"
+
+
+def _pcie(g: GpuSample) -> str | None:
+    if g.pcie_tx is None and g.pcie_rx is None:
+        return None
+    tx, rx = (metrics.fmt(BY_KEY[k], getattr(g, k)) for k in ("pcie_tx", "pcie_rx"))
+    return f"PCIe TX {tx} RX {rx}"
+
+
+def _memory(g: GpuSample) -> str:
+    mem = "-" if g.mem_used is None else f"{g.mem_used / GIB:.1f}"
+    total = "-" if g.mem_total is None else f"{g.mem_total / GIB:.0f}"
+    return f"memory {mem}/{total} GiB"
+
+
+# A GPU's "now" facts are the registry's readings in its order (``metrics.METRICS``): each one
+# as its screen word and the figure the registry prints ("fan 30%") while it is known, unless
+# it is placed here: in words of its own, shown with the reading it pairs with, or (None) not
+# shown. A new reading needs no line here.
+NOW_FACTS: dict[str, Callable[[GpuSample], str | None] | None] = {
+    "util_gpu": lambda g: f"util {_num(g.util_gpu, '%')}",
+    "util_mem": None,  # the memory controller's share: the list's and the CSV's, not here
+    "mem_used": _memory,
+    "mem_total": None,  # in "memory"
+    "temp": lambda g: _num(g.temp, "°C"),
+    "power": lambda g: f"power {_num(g.power)}/{_num(g.power_limit, ' W')}",
+    "power_limit": None,  # in "power"
+    "sm_clock": lambda g: f"SM {_num(g.sm_clock, ' MHz')}",
+    "mem_clock": lambda g: f"mem clock {_num(g.mem_clock, ' MHz')}",
+    "pstate": lambda g: node_str(g.pstate, limit=40) if g.pstate else None,
+    "enc": _video,
+    "dec": None,  # in "enc"
+    "pcie_tx": _pcie,
+    "pcie_rx": None,  # in "pcie_tx"
+}
+
+
+def now_facts(g: GpuSample) -> list[str]:
+    """The "now" facts of GPU sample ``g`` (``NOW_FACTS``), in the registry's order."""
+    out = []
+    for m in metrics.METRICS:
+        draw = NOW_FACTS.get(m.key, _by_registry(m))
+        fact = None if draw is None else draw(g)
+        if fact is not None:
+            out.append(fact)
+    return out
+
+
+def _by_registry(m: metrics.Metric) -> Callable[[GpuSample], str | None]:
+    def draw(g: GpuSample) -> str | None:
+        value = getattr(g, m.key)
+        return None if value is None else f"{m.name} {node_str(metrics.fmt(m, value), limit=40)}"
+
+    return draw
+
+
 class DetailScreen(Screen[None]):
     """Everything about one node; left/right step through its GPUs."""
 
@@ -331,25 +392,7 @@ class DetailScreen(Screen[None]):
         if g.lost:
             paragraphs.append(lines)
         else:
-            mem = "-" if g.mem_used is None else f"{g.mem_used / GIB:.1f}"
-            total = "-" if g.mem_total is None else f"{g.mem_total / GIB:.0f}"
-            facts = [
-                f"util {_num(g.util_gpu, '%')}",
-                f"memory {mem}/{total} GiB",
-                f"{_num(g.temp, '°C')}",
-                f"power {_num(g.power)}/{_num(g.power_limit, ' W')}",
-                f"SM {_num(g.sm_clock, ' MHz')}",
-                f"mem clock {_num(g.mem_clock, ' MHz')}",
-            ]
-            if g.fan is not None:
-                facts.append(f"fan {_num(g.fan, '%')}")
-            if g.pstate:
-                facts.append(node_str(g.pstate, limit=40))
-            if g.enc is not None or g.dec is not None:
-                facts.append(f"NVENC {_num(g.enc, '%')} NVDEC {_num(g.dec, '%')}")
-            if g.pcie_tx is not None or g.pcie_rx is not None:
-                tx, rx = (metrics.fmt(BY_KEY[k], getattr(g, k)) for k in ("pcie_tx", "pcie_rx"))
-                facts.append(f"PCIe TX {tx} RX {rx}")
+            facts = now_facts(g)
             paragraphs.append([Text(f) for f in facts])
             if g.mig:  # a GPU in MIG mode whose instances are known (read from Prometheus)
                 paragraphs.append([Text(mig_text(i)) for i in g.mig])
@@ -436,6 +479,10 @@ class DetailScreen(Screen[None]):
                     f"reader {reader_text(info)}",
                 ]
             )
+            if info.boot_time is not None and s.last_sample_t is not None:
+                up = max(0.0, s.last_sample_t - info.boot_time)
+                days = f"{int(up // 86400)}d" if up >= 2 * 86400 else fmt_age(up)
+                paragraphs[-1].insert(1, f"up {days}")  # since the node booted
             for st in info.gpus:
                 if st.index != self.gpu:
                     continue

@@ -18,7 +18,12 @@
  *     error GPU CODE WHAT...      calls for WHAT on that GPU return CODE (3 = NOT_SUPPORTED,
  *                                 4 = NO_PERMISSION, 999 = UNKNOWN); WHAT is one of the names
  *                                 in WHATS below ("procs" fails the process lists and the
- *                                 per-process utilization, "procutil" only the latter)
+ *                                 per-process utilization, "procutil" only the latter;
+ *                                 "fields" the batched nvmlDeviceGetFieldValues as a whole:
+ *                                 13 = FUNCTION_NOT_FOUND, an old driver's answer. Within a
+ *                                 batch, a field answers with the code of its own WHAT: ecc,
+ *                                 retired, remapped; a field id it does not know is
+ *                                 NOT_SUPPORTED)
  *     lost GPU N                  every call on that GPU returns GPU_IS_LOST once the GPU has
  *                                 had more than N samples (a sample = one utilization read),
  *                                 i.e. from its 0-based sample N on
@@ -81,12 +86,12 @@ typedef struct {
 enum what {
     W_NAME, W_UUID, W_SERIAL, W_MEMORY, W_UTIL, W_TEMP, W_POWER, W_POWER_LIMIT, W_CLOCK,
     W_MAX_CLOCK, W_FAN, W_PSTATE, W_THROTTLE, W_ECC, W_RETIRED, W_REMAPPED, W_PROCS, W_MIG,
-    W_PCIE, W_EVENTS, W_PROCUTIL, W_CODEC, W_PCIE_TPUT, W_COUNT
+    W_PCIE, W_EVENTS, W_PROCUTIL, W_CODEC, W_PCIE_TPUT, W_FIELDS, W_COUNT
 };
 static const char *WHATS[W_COUNT] = {
     "name", "uuid", "serial", "memory", "util", "temp", "power", "power_limit", "clock",
     "max_clock", "fan", "pstate", "throttle", "ecc", "retired", "remapped", "procs", "mig",
-    "pcie", "events", "procutil", "codec", "pcie_tput",
+    "pcie", "events", "procutil", "codec", "pcie_tput", "fields",
 };
 
 struct proc {
@@ -696,6 +701,67 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(gpu_t *g, unsigned int *corr, unsigned in
     *unc = (unsigned int)g->v[F_ROWS_UNC];
     *pending = (unsigned int)g->v[F_ROWS_PENDING];
     *failure = (unsigned int)g->v[F_ROWS_FAILURE];
+    return NVML_SUCCESS;
+}
+
+/* nvmlDeviceGetFieldValues: many readings in one call, each with its own return code. */
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    unsigned int valueType; /* 1 unsigned int, 3 unsigned long long */
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+/* the field ids this library answers (nvml.h NVML_FI_DEV_*): its reading and its WHAT */
+static const struct {
+    unsigned int id;
+    int field, what;
+} FIELD_IDS[] = {
+    {3, F_ECC_VOL_CORR, W_ECC},     {4, F_ECC_VOL_UNC, W_ECC},      {5, F_ECC_AGG_CORR, W_ECC},
+    {6, F_ECC_AGG_UNC, W_ECC},      {29, F_RETIRED_SBE, W_RETIRED}, {30, F_RETIRED_DBE, W_RETIRED},
+    {31, F_RETIRED_PENDING, W_RETIRED}, {142, F_ROWS_CORR, W_REMAPPED},
+    {143, F_ROWS_UNC, W_REMAPPED},  {144, F_ROWS_PENDING, W_REMAPPED},
+    {145, F_ROWS_FAILURE, W_REMAPPED},
+};
+
+nvmlReturn_t nvmlDeviceGetFieldValues(gpu_t *g, int count, nvmlFieldValue_t *values)
+{
+    int k;
+    size_t j;
+    CHECK(g, W_FIELDS);
+    if (count < 0 || (count > 0 && values == NULL))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (k = 0; k < count; k++) {
+        nvmlFieldValue_t *v = &values[k];
+        v->timestamp = 0;
+        v->latencyUsec = 0;
+        v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        for (j = 0; j < sizeof(FIELD_IDS) / sizeof(FIELD_IDS[0]); j++) {
+            if (FIELD_IDS[j].id != v->fieldId)
+                continue;
+            if (g->err[FIELD_IDS[j].what]) {
+                v->nvmlReturn = g->err[FIELD_IDS[j].what];
+            } else if (FIELD_IDS[j].what == W_REMAPPED) {
+                v->nvmlReturn = NVML_SUCCESS;
+                v->valueType = 1;
+                v->value.uiVal = (unsigned int)g->v[FIELD_IDS[j].field];
+            } else {
+                v->nvmlReturn = NVML_SUCCESS;
+                v->valueType = 3;
+                v->value.ullVal = (unsigned long long)g->v[FIELD_IDS[j].field];
+            }
+        }
+    }
     return NVML_SUCCESS;
 }
 
