@@ -15,7 +15,15 @@ from . import jobfiles, proc
 from .rendezvous import task_folder
 
 if TYPE_CHECKING:
-    from .supervisor import Supervisor
+    from typing import Protocol  # novm (3.8+: only mypy reads this block; the node runs 3.6)
+
+    class Supervisor(Protocol):
+        """What the keeper asks of the supervisor (``supervisor.Supervisor``): a type of its
+        own, so that the keeper, which the supervisor imports, imports nothing back."""
+
+        def install_signals(self) -> None: ...
+
+        def run(self) -> "jobfiles.Outcome": ...
 
 # The job's signals: a cancel, and what the supervisor forwards to VENV2's python alone.
 FORWARDED = ("SIGUSR1", "SIGUSR2")
