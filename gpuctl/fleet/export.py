@@ -1029,6 +1029,7 @@ class MetricsServer:
             self.refused += 1
             writer.transport.abort()
             return
+        closed = False
         try:
             head = await wait_for(reader.readuntil(b"\r\n\r\n"), self.read_timeout)
             if writer not in self._conns:
@@ -1036,11 +1037,15 @@ class MetricsServer:
             conn.busy = True
             conn.at = time.monotonic()
             await wait_for(self._answer(head, conn), self.write_timeout)
+            closed = True
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             pass
         finally:
             self._conns.pop(writer, None)
-            writer.transport.abort()  # closed already unless it timed out or failed
+            if not closed:  # it timed out or failed. Not after a close that was waited for:
+                # on 3.11 a transport whose buffer drained after close() is gone, and abort()
+                # raised AttributeError (seen in benchmarks/export_scrape.py)
+                writer.transport.abort()
 
     async def _answer(self, head: bytes, conn: _Conn) -> None:
         writer = conn.writer
