@@ -507,7 +507,7 @@ class PromClient:
             )
         try:
             err = _ERROR.decode(body)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, UnicodeDecodeError):
             err = ErrorReply(error=body[:200].decode(errors="replace").strip() or reason)
         text = " ".join((err.error or reason).split())[:300]
         if "too many samples" in text:
@@ -534,7 +534,7 @@ class PromClient:
         body = self._post(path, form)
         try:
             reply = decoder.decode(body)
-        except msgspec.DecodeError as e:
+        except (msgspec.DecodeError, UnicodeDecodeError) as e:  # msgspec lets bad UTF-8 through
             raise PromError(
                 "protocol",
                 f"Prometheus at {self.base}: unexpected answer to {form['query']!r}: {e}",
