@@ -508,7 +508,7 @@ def start_fleet_run(
             for node in nodes:
                 quiet = now - heard[node]
                 if node in runs and node not in run.outcomes and quiet >= options.silent_after:
-                    text = f"{stage[node]}: no output for {quiet:.0f} s"
+                    text = f"no output for {quiet:.0f} s ({stage[node]})"  # the news first
                     run.emit(Progress(node, "silent", text=text))
 
     async def body() -> None:

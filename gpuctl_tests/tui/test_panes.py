@@ -615,7 +615,8 @@ async def test_a_silent_acceptance_run_says_so_in_the_pane(tmp_path: Path) -> No
         run = app.accept_flow.run
         assert run is not None
         text = str(note.render())
-        assert text.startswith("sim-01: started pid ") and "before the suite's first line" in text
+        assert text.startswith("sim-01: no output for ")
+        assert "(started pid " in text and "before the suite's first line" in text
         pid = int(text.split("pid ", 1)[1].split(",", 1)[0])
         await pilot.press("a")  # cancel it
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
