@@ -140,3 +140,28 @@ def test_bad_utf8_in_a_line_is_refused_in_one_line() -> None:
     sample = json.dumps(SAMPLE).encode().replace(b'"P0"', b'"P\xff"')
     got = decode_line(sample)
     assert isinstance(got, Sample) and len(got.gpus) == len(SAMPLE["gpus"])
+
+
+async def test_a_node_that_sends_bad_utf8_stays_on_the_fleet() -> None:
+    # The same line through a fleet: the UnicodeDecodeError ended the node's task (no LinkError:
+    # nothing reconnected it), so the node froze at its last state; now the line is read
+    # leniently (a sample missing its bad field) and the node goes on.
+    from gpuctl.core.model import NodeState
+    from gpuctl.fleet.fleet import Fleet
+    from gpuctl_tests.helpers import wait_until_async
+    from gpuctl_tests.tui.hostile import ScriptedAgentLink
+
+    bad = json.dumps({**MESSAGES[1], "seq": 1}).encode().replace(b'"P0"', b'"P\xff"') + b"\n"
+    good = protocol.encode({**MESSAGES[2], "seq": 2})
+    fleet = Fleet({"n1": ScriptedAgentLink([HELLO, bad, good])}, stale_after=1e9)
+    await fleet.start()
+    try:
+        await wait_until_async(
+            lambda: fleet.snapshot("n1").last_sample_t == MESSAGES[2]["t"], 20, "the good sample"
+        )
+        snap = fleet.snapshot("n1")
+        assert snap.state is NodeState.LIVE and len(snap.gpus) == 3
+        task = fleet.nodes["n1"].task
+        assert task is not None and not task.done()
+    finally:
+        await fleet.stop()
