@@ -637,7 +637,7 @@ async def test_non_readers_holding_every_slot_do_not_lock_a_scraper_out(
 
 
 def test_a_local_peer_is_its_uid_and_one_user_holds_at_most_its_share() -> None:
-    from gpuctl.fleet.export import local_uid, peer_of
+    from gpuctl.fleet.export import _diag_uid, _table_uid, local_uid, peer_of
 
     fleet = Fleet({})
     server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0, max_connections=8)
@@ -648,6 +648,9 @@ def test_a_local_peer_is_its_uid_and_one_user_holds_at_most_its_share() -> None:
             with client, there:
                 assert local_uid(there) == os.getuid()
                 assert peer_of(there) == f"uid {os.getuid()}"
+                peer, me = there.getpeername(), there.getsockname()
+                assert _diag_uid(there.family, peer, me) == os.getuid()  # netlink
+                assert _table_uid(there.family, peer, me) == os.getuid()  # /proc/net/tcp
         # 8 idle connections of one user, a share of 2: each new one past 2 takes its own
         # oldest's slot, so the other users keep 6.
         socks = _connect_idle(server.port, 8)
@@ -666,13 +669,17 @@ def test_another_users_non_readers_leave_the_scraper_its_slots() -> None:
     hold = (
         "import socket, sys\n"
         "socks = [socket.create_connection(('127.0.0.1', int(sys.argv[1]))) for _ in range(64)]\n"
+        "mine = socket.create_connection(('127.0.0.1', int(sys.argv[2])))\n"
         "print('held', flush=True)\n"
         "sys.stdin.read()\n"
     )
+    from gpuctl.fleet.export import _diag_uid, _table_uid
+
     fleet = Fleet({})
     server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0)
+    listener = socket.create_server(("127.0.0.1", 0))
     other = subprocess.Popen(
-        ["/usr/bin/python3", "-c", hold, str(server.port)],
+        ["/usr/bin/python3", "-c", hold, str(server.port), str(listener.getsockname()[1])],
         user=65534,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -680,6 +687,10 @@ def test_another_users_non_readers_leave_the_scraper_its_slots() -> None:
     )
     try:
         assert other.stdout is not None and other.stdout.readline() == "held\n"
+        with listener.accept()[0] as theirs:  # both ways of asking the kernel name nobody
+            peer, me = theirs.getpeername(), theirs.getsockname()
+            assert _diag_uid(theirs.family, peer, me) == _table_uid(theirs.family, peer, me)
+            assert _table_uid(theirs.family, peer, me) == 65534
         wait_until(lambda: server.connections == 16, 10, "nobody's 16 of 64 held")
         mine = _connect_idle(server.port, 16)  # a user of its own: its 16 held beside them
         wait_until(lambda: server.connections == 32, 10, "this user's 16 held too")
@@ -688,6 +699,7 @@ def test_another_users_non_readers_leave_the_scraper_its_slots() -> None:
             s.close()
     finally:
         other.communicate("", timeout=10)
+        listener.close()
         server.close()
 
 
