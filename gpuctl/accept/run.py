@@ -456,6 +456,7 @@ def start_fleet_run(
             )
         python = (python_for or {}).get(node) or options.python
         stage[node] = "asking the agent to start the suite"
+        heard[node] = time.monotonic()
         msg: JsonObject = {
             "type": "accept_start",
             "args": options.suite_args(expectations.get(node)),
@@ -507,7 +508,7 @@ def start_fleet_run(
             now = time.monotonic()
             for node in nodes:
                 quiet = now - heard[node]
-                if node in runs and node not in run.outcomes and quiet >= options.silent_after:
+                if node not in run.outcomes and quiet >= options.silent_after:  # any stage
                     text = f"no output for {quiet:.0f} s ({stage[node]})"  # the news first
                     run.emit(Progress(node, "silent", text=text))
 

@@ -157,3 +157,26 @@ async def test_a_run_whose_agent_is_replaced_ends_at_once() -> None:
         await fleet.stop()
     reason = report["nodes"]["n1"]["reason"]
     assert "replaced during the run" in reason and "stopped at: started pid 4242" in reason
+
+
+def _deaf_answer(req: dict[str, Any]) -> list[dict[str, Any]]:
+    """A node whose agent's answers never match the request (the request waits its timeout)."""
+    return [{"type": "ok", "request": req.get("type"), "id": -1}]
+
+
+async def test_a_run_stuck_before_its_suite_starts_says_where() -> None:
+    hello = recorded_node("n1", "1:H100", samples=1, t0=time.time())
+    fleet = Fleet({"n1": ScriptedAgentLink(hello, _deaf_answer)})
+    await fleet.start()
+    try:
+        run = start_fleet_run(fleet, ["n1"], AcceptOptions(quick=True, silent_after=0.3))
+        seen: list[Progress] = []
+        run.subscribe(seen.append)
+        await wait_until_async(lambda: any(p.kind == "silent" for p in seen), 20, "the notice")
+        notice = next(p for p in seen if p.kind == "silent")
+        assert notice.text.endswith("(asking the agent to start the suite)"), notice.text
+        await run.cancel()
+        await wait_until_async(run.done, 20, "the run to end")
+    finally:
+        await fleet.stop()
+    assert run.outcomes["n1"].verdict == "ERROR"
