@@ -642,15 +642,16 @@ def test_a_local_peer_is_its_uid_and_one_user_holds_at_most_its_share() -> None:
     fleet = Fleet({})
     server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0, max_connections=8)
     try:
-        with socket.create_server(("127.0.0.1", 0)) as listener:
-            client = socket.create_connection(listener.getsockname(), timeout=10)
-            there, _ = listener.accept()
-            with client, there:
-                assert local_uid(there) == os.getuid()
-                assert peer_of(there) == f"uid {os.getuid()}"
-                peer, me = there.getpeername(), there.getsockname()
-                assert _diag_uid(there.family, peer, me) == os.getuid()  # netlink
-                assert _table_uid(there.family, peer, me) == os.getuid()  # /proc/net/tcp
+        for host, family in (("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6)):
+            with socket.create_server((host, 0), family=family) as listener:
+                client = socket.create_connection(listener.getsockname()[:2], timeout=10)
+                there, _ = listener.accept()
+                with client, there:
+                    assert local_uid(there) == os.getuid()
+                    assert peer_of(there) == f"uid {os.getuid()}"
+                    peer, me = there.getpeername(), there.getsockname()
+                    assert _diag_uid(there.family, peer, me) == os.getuid()  # netlink
+                    assert _table_uid(there.family, peer, me) == os.getuid()  # /proc/net/tcp6
         # 8 idle connections of one user, a share of 2: each new one past 2 takes its own
         # oldest's slot, so the other users keep 6.
         socks = _connect_idle(server.port, 8)
