@@ -517,8 +517,8 @@ def _connect_idle(port: int, n: int) -> list[socket.socket]:
 
 async def test_idle_connections_are_capped_and_closed_after_the_read_timeout() -> None:
     fleet = await _live_fleet({"a": ReplayLink(recorded_node("a", "1:H100", samples=1))})
-    server = MetricsServer(
-        FleetExporter(fleet), "127.0.0.1", 0, max_connections=4, read_timeout=1.0
+    server = MetricsServer(  # per_peer=4: the cap at work, not one user's share
+        FleetExporter(fleet), "127.0.0.1", 0, max_connections=4, per_peer=4, read_timeout=1.0
     )
     socks = _connect_idle(server.port, 12)
     try:
