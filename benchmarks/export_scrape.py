@@ -22,6 +22,8 @@ one unchanging set of samples (what a cache saves); by default every scrape sees
 of every node (the fleet at 1 Hz scraped every 15 s: nothing can be reused but label sets).
 ``--gzip`` asks for gzip, as Prometheus does on every scrape.
 
+``--server aiohttp`` serves the same body through aiohttp.web instead of ``MetricsServer``.
+
 Usage: python benchmarks/export_scrape.py [--nodes 512] [--gpus 8] [--scrapes 200] [--nvitop]
        python benchmarks/export_scrape.py --against /tmp/old-export [--rounds 3] [--scrapes 30]
 """
@@ -95,9 +97,66 @@ async def scrape(url: str, n: int, accept: str, encoding: str = "identity") -> d
     return result
 
 
+class AiohttpServer:
+    """The same exposition served by aiohttp.web (in a thread's own loop, as ``MetricsServer``
+    is): what moving the endpoint to aiohttp would cost per scrape (``--server aiohttp``)."""
+
+    def __init__(self, exporter: Any) -> None:
+        import threading
+
+        from aiohttp import web
+
+        async def metrics(request: web.Request) -> web.StreamResponse:
+            om = export.wants_openmetrics(request.headers.get("Accept", ""))
+            gz = export.wants_gzip(request.headers.get("Accept-Encoding", ""))
+            chunks = exporter.body(openmetrics=om, gzipped=gz)
+            resp = web.StreamResponse(
+                headers={"Content-Type": export.OPENMETRICS_TYPE if om else export.TEXT_TYPE}
+            )
+            if gz:
+                resp.headers["Content-Encoding"] = "gzip"
+            resp.content_length = sum(map(len, chunks))
+            await resp.prepare(request)
+            for chunk in chunks:
+                await resp.write(chunk)
+            return resp
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(app, access_log=None)
+        self.port = free_port()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.runner.setup())
+            site = web.TCPSite(self.runner, "127.0.0.1", self.port)
+            self.loop.run_until_complete(site.start())
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        ready.wait(30)
+
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
+SERVER = "gpuctl"  # --server
+
+
 def start_server(fleet: Fleet) -> Any:
     """The endpoint over ``fleet`` with this checkout's API, or the older one's (a
     prometheus-client registry) when the code under test predates ``FleetExporter``."""
+    if SERVER == "aiohttp":
+        return AiohttpServer(export.FleetExporter(fleet))
     if hasattr(export, "FleetExporter"):
         return export.MetricsServer(export.FleetExporter(fleet), "127.0.0.1", 0)
     registry, _ = export.registry_for(fleet)  # type: ignore[attr-defined]
@@ -278,8 +337,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="old/new pairs with --against")
     ap.add_argument("--same", action="store_true", help="every scrape reads the same samples")
     ap.add_argument("--gzip", action="store_true", help="ask for gzip, as Prometheus does")
+    ap.add_argument(
+        "--server",
+        choices=("gpuctl", "aiohttp"),
+        default="gpuctl",
+        help="the HTTP server: gpuctl's own (MetricsServer) or aiohttp.web over the same body",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global SERVER
+    SERVER = args.server
     accept = OPENMETRICS if args.openmetrics else TEXT
     encoding = "gzip" if args.gzip else "identity"
     if args.against:

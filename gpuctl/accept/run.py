@@ -49,6 +49,13 @@ ERROR = "ERROR"  # a node that produced no report (unreachable, crashed, cancell
 
 ProgressListener = Callable[["Progress"], None]
 
+SILENT_AFTER_S = 40.0
+"""Seconds without a word from a node's suite after which the run says so ("silent" progress,
+again every ``SILENT_AFTER_S / 4`` while the silence lasts)."""
+RESULT_GRACE_S = 60.0
+"""Seconds past the suite's ``timeout`` that the login side waits for a node's result (its agent
+stops the suite at ``timeout``); then the node ends with where it had got to."""
+
 
 @dataclass(frozen=True, slots=True)
 class AcceptOptions:
@@ -73,6 +80,7 @@ class AcceptOptions:
     test_break_rank: int | None = None
     test_slow_compute: int | None = None
     extra_args: tuple[str, ...] = ()
+    silent_after: float = SILENT_AFTER_S  # the login side's: a silent suite is said to be
 
     def suite_args(self, expectation: Expectation | None = None) -> list[str]:
         """Options for ``python -m gpuctl.workloads.accept_suite`` (``expectation``: the node's
@@ -112,9 +120,10 @@ class Progress:
     """One step of a run, for listeners.
 
     ``kind``: "started" (the node's suite runs), "section" (``state`` start/end, ``verdict`` at
-    the end), "line" (a human line of the suite, in ``text``), "done" (the node finished;
-    ``verdict``), "error" (the node could not run; ``text`` says why), "finished" (the whole
-    run; ``node`` is "").
+    the end), "line" (a human line of the suite, in ``text``), "silent" (nothing from the
+    node's suite for ``AcceptOptions.silent_after``: ``text`` says which pid, where it had got
+    to and for how long), "done" (the node finished; ``verdict``), "error" (the node could not
+    run; ``text`` says why), "finished" (the whole run; ``node`` is "").
     """
 
     node: str
@@ -154,6 +163,8 @@ class AcceptRun:
         self.report: dict[str, Any] | None = None
         self.report_paths: list[Path] = []
         self.job_id: str | None = None  # Slurm runs
+        # where each node's run is (start_fleet_run): "section compute", "started pid 12, ..."
+        self.stages: dict[str, str] = dict.fromkeys(nodes, "waiting for the fleet to connect")
         self._listeners: list[ProgressListener] = []
         self._task: asyncio.Task[dict[str, Any]] | None = None
         self._cancel: Callable[[], Awaitable[None]] | None = None
@@ -364,8 +375,15 @@ def start_fleet_run(
     settle_timeout: float = 60.0,
     via: str = "agent",
     read_only: bool | None = None,
+    result_grace: float = RESULT_GRACE_S,
 ) -> AcceptRun:
     """Run the single-node suite on each node through its agent (the fleet must be started).
+
+    A node whose suite says nothing for ``options.silent_after`` is reported ("silent"
+    progress: its pid, its stage, the silence); one without a result ``result_grace`` after
+    ``options.timeout`` is stopped (``accept_stop``) and ends ERROR with the stage it stopped at.
+    So does one whose agent's link was lost or replaced during the run (the new agent does not
+    know the run: waiting for its end would have waited the whole timeout).
 
     ``python_for`` names each node's VENV2 interpreter (default ``options.python``, else the
     agent's own). ``read_only`` is the caller's decision (None: ``gpuctl.service`` decides from
@@ -379,6 +397,12 @@ def start_fleet_run(
     finished: dict[str, asyncio.Future[AcceptEvent]] = {}
     loop = asyncio.get_running_loop()
     active = True
+    stage = run.stages  # where each node is
+    heard = dict.fromkeys(nodes, time.monotonic())  # when each node's suite last said something
+    agents: dict[str, object] = {}  # node -> the hello of the agent that runs its suite
+
+    def where(node: str) -> str:
+        return f"{stage[node]}, last output {time.monotonic() - heard[node]:.0f} s ago"
 
     def on_event(node: str, ev: NodeEvent) -> None:
         if not active or ev.kind != "accept" or node not in finished:
@@ -387,6 +411,11 @@ def start_fleet_run(
         detail = wire.parse(AcceptEvent, ev.detail)
         if detail is None or runs.get(node) is None or detail.get("run") != runs[node]:
             return
+        heard[node] = time.monotonic()
+        if detail.get("event") == "section" and detail.get("state") == "start":
+            stage[node] = f"section {_str(detail.get('section')) or '?'}"
+        elif detail.get("event") == "start" and stage[node].startswith("started"):
+            stage[node] = "the suite started, before its first section"
         if detail.get("event") == "exit":
             if not finished[node].done():
                 finished[node].set_result(detail)
@@ -395,14 +424,16 @@ def start_fleet_run(
 
     def on_snapshot(snap: NodeSnapshot) -> None:
         fut = finished.get(snap.name)
-        if (
-            active
-            and fut is not None
-            and not fut.done()
-            and snap.name in runs
-            and snap.state is NodeState.UNREACHABLE
-        ):
-            fut.set_exception(LinkError("closed", f"link lost during the run: {snap.reason}"))
+        if active and fut is not None and not fut.done() and snap.name in runs:
+            if snap.state is NodeState.UNREACHABLE:
+                why = f"link lost during the run: {snap.reason}"
+            elif snap.info is not agents.get(snap.name) or (snap.reason or "").startswith(
+                "reconnecting"
+            ):  # a new agent (it knows nothing of the run), or the link to the old one broke
+                why = f"the node's agent was replaced during the run ({snap.reason or 'new link'})"
+            else:
+                return
+            fut.set_exception(LinkError("closed", f"{why}; stopped at: {where(snap.name)}"))
 
     # the run's own listeners, removed when it ends (nothing of a run stays on the fleet)
     fleet.on_event(on_event)
@@ -425,6 +456,8 @@ def start_fleet_run(
                 node, ERROR, reason=f"not reachable: {snap.reason or snap.state.value}"
             )
         python = (python_for or {}).get(node) or options.python
+        stage[node] = "asking the agent to start the suite"
+        heard[node] = time.monotonic()
         msg: JsonObject = {
             "type": "accept_start",
             "args": options.suite_args(expectations.get(node)),
@@ -435,7 +468,7 @@ def start_fleet_run(
         try:
             reply = await fleet.request(node, msg, timeout=30)
         except LinkError as e:
-            return NodeOutcome(node, ERROR, reason=e.message)
+            return NodeOutcome(node, ERROR, reason=f"{e.message}; stopped at: {where(node)}")
         error = refusal(reply)
         if error is not None:
             why = str(error.get("message"))
@@ -446,21 +479,43 @@ def start_fleet_run(
         if started is None:
             return NodeOutcome(node, ERROR, reason="the agent's answer to accept_start has no run")
         runs[node] = started["run"]
+        agents[node] = snap.info
+        heard[node] = time.monotonic()
+        stage[node] = f"started pid {started.get('pid', '?')}, before the suite's first line"
+        limit = options.timeout + result_grace
         try:
-            detail = await wait_for(finished[node], options.timeout + 60)
+            detail = await wait_for(finished[node], limit)
         except LinkError as e:
             return NodeOutcome(node, ERROR, reason=e.message)
         except TimeoutError:
-            return NodeOutcome(node, ERROR, reason="no result before the timeout")
+            with contextlib.suppress(LinkError, TimeoutError):
+                await fleet.request(node, {"type": "accept_stop"}, timeout=5)
+            return NodeOutcome(
+                node, ERROR, reason=f"no result within {limit:g} s; stopped at: {where(node)}"
+            )
         report = detail.get("report")
         reason = detail.get("reason")
         if report is None:
             tail = " | ".join([*(detail.get("stderr_tail") or [])[-2:]])
             reason = f"{reason or 'no report'}" + (f": {tail}" if tail else "")
+            reason += f"; stopped at: {stage[node]}"
         return outcome_from_report(node, report if isinstance(report, dict) else None, reason)
+
+    async def watch() -> None:
+        """Say so for each node whose suite has been silent for ``options.silent_after``."""
+        every = max(0.05, options.silent_after / 4)
+        while True:
+            await asyncio.sleep(every)  # a timer: silence is a matter of time
+            now = time.monotonic()
+            for node in nodes:
+                quiet = now - heard[node]
+                if node not in run.outcomes and quiet >= options.silent_after:  # any stage
+                    text = f"no output for {quiet:.0f} s ({stage[node]})"  # the news first
+                    run.emit(Progress(node, "silent", text=text))
 
     async def body() -> None:
         nonlocal active
+        watcher = asyncio.create_task(watch(), name="accept-silence")
         try:
             found, missing = await resolve(
                 nodes, options.expect_gpus, options.expected, options.gres_from
@@ -470,6 +525,7 @@ def start_fleet_run(
             await fleet.wait_settled(settle_timeout)
             await asyncio.gather(*(one(n) for n in nodes))
         finally:
+            watcher.cancel()
             active = False
             fleet.unsubscribe(on_event)  # the run is over: its listeners go
             fleet.unsubscribe(on_snapshot)

@@ -502,6 +502,8 @@ class Printer:
             print(prefix + p.text, flush=True)
         elif p.kind == "error":
             print(f"{p.node}: ERROR: {p.text}", flush=True)
+        elif p.kind == "silent":
+            print(f"{p.node}: {p.text}", file=sys.stderr, flush=True)
         elif p.kind == "done" and multi:
             print(f"{p.node}: finished, {p.verdict}", flush=True)
 

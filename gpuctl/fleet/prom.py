@@ -203,6 +203,16 @@ class NodeReading:
 _GPU_INDEX = {str(i): i for i in range(256)}  # a GPU's label text -> its index
 
 
+def gpu_index(text: str) -> int | None:
+    """A ``gpu`` label's index, or None: ASCII digits only, at most 4 (``str.isdigit`` takes
+    "²" and "٣", which ``int`` refuses, and a label of 5,000 digits is past ``int``'s limit:
+    both raised ValueError out of a poll)."""
+    index = _GPU_INDEX.get(text)
+    if index is None and text.isascii() and text.isdigit() and len(text) <= 4:
+        index = int(text)
+    return index
+
+
 def group(
     answers: list[tuple[Metric | None, list[Series]]],
     nodes: dict[str, NodeReading] | None = None,
@@ -233,11 +243,9 @@ def group(
         for s in series:
             labels = s.metric
             host = labels.Hostname or labels.host()
-            gpu = _GPU_INDEX.get(labels.gpu)
+            gpu = gpu_index(labels.gpu)
             if gpu is None:
-                if not labels.gpu.isdigit():
-                    continue
-                gpu = int(labels.gpu)
+                continue
             if not host:
                 continue
             node = nodes.get(host)
@@ -1096,23 +1104,23 @@ class PromSource:
         models: dict[int, str] = {}  # a MIG GPU -> its model
         for (key, scale, _q), series in zip(asked, answers, strict=True):
             for rs in series:
-                gpu_text = rs.metric.gpu
-                if not gpu_text.isdigit():
+                gpu = gpu_index(rs.metric.gpu)
+                if gpu is None:
                     continue
                 instance = rs.metric.GPU_I_ID
                 if instance:
-                    models[int(gpu_text)] = rs.metric.modelName or rs.metric.model
+                    models[gpu] = rs.metric.modelName or rs.metric.model
                 for t, text in rs.values:
                     value = _number(text)
                     if value is None:
                         continue
                     if instance:  # a MIG instance's utilisation: weighed below
-                        mig.setdefault((t, int(gpu_text), key, scale), {})[instance] = (
+                        mig.setdefault((t, gpu, key, scale), {})[instance] = (
                             rs.metric.GPU_I_PROFILE,
                             value,
                         )
                     else:  # e.g. FB_USED is MiB, the history's memory GiB
-                        points.setdefault((t, int(gpu_text)), {})[key] = value * scale
+                        points.setdefault((t, gpu), {})[key] = value * scale
         for (t, gpu, key, scale), instances in mig.items():
             util = mig_util(instances, models.get(gpu))
             if util is not None:

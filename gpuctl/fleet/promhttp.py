@@ -440,7 +440,7 @@ class PromHttp:
             )
         try:
             err = _ERROR.decode(body)
-        except (msgspec.DecodeError, RecursionError):
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
             err = ErrorReply(error=body[:200].decode(errors="replace").strip() or reason)
         text = " ".join((err.error or reason).split())[:300]
         if "too many samples" in text:

@@ -148,7 +148,7 @@ class PromClient:
             raise self._too_many(form["query"], body.count(_SERIES_KEY))
         try:
             reply = decoder.decode(body)
-        except (msgspec.DecodeError, RecursionError) as e:
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as e:  # bad UTF-8 too
             why = "nested too deep" if isinstance(e, RecursionError) else str(e)
             raise PromError(
                 "protocol",

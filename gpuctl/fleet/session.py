@@ -114,7 +114,9 @@ def decode_line(line: bytes | str, hello: Statics | None = None) -> Message:
         return decode_message(protocol.decode(line, lenient=True), hello)  # line_too_long
     try:
         msg: Sample | NodeEvent = _DECODER.decode(line)
-    except (msgspec.MsgspecError, RecursionError):  # RecursionError: nested too deeply
+    except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
+        # RecursionError: nested too deeply; UnicodeDecodeError: bad UTF-8 (msgspec raises it
+        # as it is, not as a DecodeError: it escaped the session and ended the node's task)
         return decode_message(_parse(line), hello)
     if type(msg) is Sample:
         _stamp(msg, hello)
@@ -130,7 +132,7 @@ def _parse(line: bytes | str) -> JsonObject:
     by the schema."""
     try:
         msg = msgspec.json.decode(line)
-    except (msgspec.MsgspecError, RecursionError):
+    except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
         msg = None
     if isinstance(msg, dict) and isinstance(msg.get("type"), str) and msg["type"]:
         return msg

@@ -14,6 +14,7 @@ from gpuctl.core.deadline import wait_for
 from gpuctl.fleet.fixed_links import recorded_node
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 from gpuctl.workloads.accept_suite.schema import SCHEMA_VERSION, SECTIONS
+from gpuctl_tests.helpers import wait_until_async
 from gpuctl_tests.tui.hostile import ScriptedAgentLink
 
 SKIPS = ("membw", "train", "ddp_allreduce", "ddp_train")
@@ -106,3 +107,76 @@ async def test_runs_leave_no_listener_on_the_fleet() -> None:
     finally:
         await fleet.stop()
     assert counts == [before] * 4, (before, counts)
+
+
+def _silent_answer(req: dict[str, Any]) -> list[dict[str, Any]]:
+    """A node whose suite starts (pid 4242) and then never says a word, nor ends."""
+    kind = req.get("type")
+    if kind == "accept_start":
+        return [{"type": "ok", "request": "accept_start", "id": req["id"], "run": "r", "pid": 4242}]
+    return [{"type": "ok", "request": kind, "id": req.get("id")}]
+
+
+async def test_a_silent_run_says_so_and_ends_at_its_deadline_naming_where_it_stopped() -> None:
+    # It used to wait the suite's timeout plus 60 s without a word (an hour for the default),
+    # and then said only "no result before the timeout".
+    hello = recorded_node("n1", "1:H100", samples=1, t0=time.time())
+    link = ScriptedAgentLink(hello, _silent_answer)
+    fleet = Fleet({"n1": link})
+    await fleet.start()
+    try:
+        options = AcceptOptions(quick=True, device="cpu", timeout=1.0, silent_after=0.3)
+        run = start_fleet_run(fleet, ["n1"], options, result_grace=1.0)
+        seen: list[Progress] = []
+        run.subscribe(seen.append)
+        report = await wait_for(run.wait(), 30)
+    finally:
+        await fleet.stop()
+    silent = [p for p in seen if p.kind == "silent"]
+    assert silent, [p.kind for p in seen]
+    assert silent[0].node == "n1" and "started pid 4242" in silent[0].text
+    assert "no output for" in silent[0].text
+    reason = report["nodes"]["n1"]["reason"]
+    assert reason.startswith("no result within 2 s; stopped at: started pid 4242, before the")
+    assert report["verdict"] == "FAIL" and report["outcome"] == "ERROR"
+    assert "accept_stop" in [r["type"] for r in link.requests]  # the suite stopped there
+
+
+async def test_a_run_whose_agent_is_replaced_ends_at_once() -> None:
+    # The link dropped and came back (a new agent that knows nothing of the run): the run used
+    # to wait for an end that could not come until the timeout (an hour) had passed.
+    hello = recorded_node("n1", "1:H100", samples=1, t0=time.time())
+    fleet = Fleet({"n1": ScriptedAgentLink(hello, _silent_answer)})
+    await fleet.start()
+    try:
+        run = start_fleet_run(fleet, ["n1"], AcceptOptions(quick=True, device="cpu"))
+        await wait_until_async(lambda: run.stages["n1"].startswith("started"), 20, "started")
+        await fleet.reconnect("n1")
+        report = await wait_for(run.wait(), 30)
+    finally:
+        await fleet.stop()
+    reason = report["nodes"]["n1"]["reason"]
+    assert "replaced during the run" in reason and "stopped at: started pid 4242" in reason
+
+
+def _deaf_answer(req: dict[str, Any]) -> list[dict[str, Any]]:
+    """A node whose agent's answers never match the request (the request waits its timeout)."""
+    return [{"type": "ok", "request": req.get("type"), "id": -1}]
+
+
+async def test_a_run_stuck_before_its_suite_starts_says_where() -> None:
+    hello = recorded_node("n1", "1:H100", samples=1, t0=time.time())
+    fleet = Fleet({"n1": ScriptedAgentLink(hello, _deaf_answer)})
+    await fleet.start()
+    try:
+        run = start_fleet_run(fleet, ["n1"], AcceptOptions(quick=True, silent_after=0.3))
+        seen: list[Progress] = []
+        run.subscribe(seen.append)
+        await wait_until_async(lambda: any(p.kind == "silent" for p in seen), 20, "the notice")
+        notice = next(p for p in seen if p.kind == "silent")
+        assert notice.text.endswith("(asking the agent to start the suite)"), notice.text
+        await run.cancel()
+        await wait_until_async(run.done, 20, "the run to end")
+    finally:
+        await fleet.stop()
+    assert run.outcomes["n1"].verdict == "ERROR"

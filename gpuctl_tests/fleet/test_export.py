@@ -530,8 +530,8 @@ def _connect_idle(port: int, n: int) -> list[socket.socket]:
 
 async def test_idle_connections_are_capped_and_closed_after_the_read_timeout() -> None:
     fleet = await _live_fleet({"a": ReplayLink(recorded_node("a", "1:H100", samples=1))})
-    server = MetricsServer(
-        FleetExporter(fleet), "127.0.0.1", 0, max_connections=4, read_timeout=1.0
+    server = MetricsServer(  # per_peer=4: the cap at work, not one user's share
+        FleetExporter(fleet), "127.0.0.1", 0, max_connections=4, per_peer=4, read_timeout=1.0
     )
     socks = _connect_idle(server.port, 12)
     try:
@@ -586,6 +586,137 @@ async def test_a_scraper_that_does_not_read_is_cut_off_after_the_write_timeout()
         await fleet.stop()
 
 
+async def test_an_answer_that_makes_no_progress_is_cut_before_the_write_timeout() -> None:
+    fleet = await _live_fleet(_big_fleet(), concurrency=36)
+    server = MetricsServer(
+        FleetExporter(fleet), "127.0.0.1", 0, stall_timeout=1.0, write_timeout=600.0
+    )
+    try:
+        stuck = _non_reader(server.port)
+        await wait_until_async(lambda: server.connections == 1, 20, "the request taken")
+        # Cut by the stall timeout (1 s), not the write timeout (600 s): the wait's 20 s tells.
+        await wait_until_async(lambda: server.connections == 0, 20, "the stalled answer cut")
+        assert server.stalled_cut == 1
+        stuck.close()
+    finally:
+        server.close()
+        await fleet.stop()
+
+
+def _big_fleet() -> dict[str, NodeLink]:
+    """36 nodes x 64 GPUs: a body of ~10 MB, more than the kernel's buffers hold for a socket."""
+    return {
+        f"n{i}": ReplayLink(recorded_node(f"n{i}", "64:H100", seed=i, samples=1)) for i in range(36)
+    }
+
+
+def _non_reader(port: int) -> socket.socket:
+    """A connection that asks for the metrics and never reads them (a small receive buffer, so
+    that the server's writes stall soon)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+    return s
+
+
+@pytest.mark.parametrize("per_peer", [None, 64])
+async def test_non_readers_holding_every_slot_do_not_lock_a_scraper_out(
+    per_peer: int | None,
+) -> None:
+    # 80 connections of one local user that ask and never read, against the default 64 slots and
+    # 60 s write timeout: the old server kept 64 of them for the 60 s and reset every scraper.
+    # per_peer=64: the share out of the way, the stalled answers must make room themselves.
+    fleet = await _live_fleet(_big_fleet(), concurrency=36)
+    server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0, per_peer=per_peer)
+    stuck: list[socket.socket] = []
+    try:
+        for _ in range(80):
+            stuck.append(_non_reader(server.port))
+        held = min(server.per_peer, server.max_connections)
+        await wait_until_async(
+            lambda: server.connections == held and server.stalled() == held,
+            30,
+            f"{held} stalled answers holding their slots",
+        )
+        samples = await _scrape(server)  # answered, while the non-readers still hold on
+        assert one(samples, "gpuctl_node_up", node="n0") == 1
+        assert server.evicted >= 1
+    finally:
+        for s in stuck:
+            s.close()
+        server.close()
+        await fleet.stop()
+
+
+def test_a_local_peer_is_its_uid_and_one_user_holds_at_most_its_share() -> None:
+    from gpuctl.fleet.export import _diag_uid, _table_uid, local_uid, peer_of
+
+    fleet = Fleet({})
+    server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0, max_connections=8)
+    try:
+        for host, family in (("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6)):
+            with socket.create_server((host, 0), family=family) as listener:
+                client = socket.create_connection(listener.getsockname()[:2], timeout=10)
+                there, _ = listener.accept()
+                with client, there:
+                    assert local_uid(there) == os.getuid()
+                    assert peer_of(there) == f"uid {os.getuid()}"
+                    peer, me = there.getpeername(), there.getsockname()
+                    assert _diag_uid(there.family, peer, me) == os.getuid()  # netlink
+                    assert _table_uid(there.family, peer, me) == os.getuid()  # /proc/net/tcp6
+        # 8 idle connections of one user, a share of 2: each new one past 2 takes its own
+        # oldest's slot, so the other users keep 6.
+        socks = _connect_idle(server.port, 8)
+        _wait_closed(socks, 6, "the connections past the share", 10.0)
+        assert server.connections == 2
+        for s in socks:
+            s.close()
+    finally:
+        server.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
+def test_another_users_non_readers_leave_the_scraper_its_slots() -> None:
+    # A process of uid 65534 (nobody) opens 64 connections and never reads; the share keeps it
+    # to 16 slots of 64, and this uid is a peer of its own.
+    hold = (
+        "import socket, sys\n"
+        "socks = [socket.create_connection(('127.0.0.1', int(sys.argv[1]))) for _ in range(64)]\n"
+        "mine = socket.create_connection(('127.0.0.1', int(sys.argv[2])))\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    from gpuctl.fleet.export import _diag_uid, _table_uid
+
+    fleet = Fleet({})
+    server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0)
+    listener = socket.create_server(("127.0.0.1", 0))
+    other = subprocess.Popen(
+        ["/usr/bin/python3", "-c", hold, str(server.port), str(listener.getsockname()[1])],
+        user=65534,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "held\n"
+        with listener.accept()[0] as theirs:  # both ways of asking the kernel name nobody
+            peer, me = theirs.getpeername(), theirs.getsockname()
+            assert _diag_uid(theirs.family, peer, me) == _table_uid(theirs.family, peer, me)
+            assert _table_uid(theirs.family, peer, me) == 65534
+        wait_until(lambda: server.connections == 16, 10, "nobody's 16 of 64 held")
+        mine = _connect_idle(server.port, 16)  # a user of its own: its 16 held beside them
+        wait_until(lambda: server.connections == 32, 10, "this user's 16 held too")
+        assert all(not _closed([s], 0) for s in mine)
+        for s in mine:
+            s.close()
+    finally:
+        other.communicate("", timeout=10)
+        listener.close()
+        server.close()
+
+
 def _head(url: str) -> int:
     with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=10) as r:
         return int(r.status)
@@ -618,9 +749,9 @@ def _threads_and_fds(pid: int) -> tuple[int, int]:
 
 
 def test_300_idle_connections_cost_no_thread_and_are_closed() -> None:
-    # A 3 s read timeout instead of 10 (the test took 12 s): long enough that the 64 under the
-    # cap are still open when the threads and descriptors are counted (checked: at least 64 more
-    # descriptors), short enough not to wait out 10 s.
+    # A 3 s read timeout instead of 10 (the test took 12 s): long enough that the 16 of one
+    # user's share are still open when the threads and descriptors are counted (checked: at least
+    # 16 more descriptors), short enough not to wait out 10 s.
     exporter = Exporter("--demo", "--listen", "127.0.0.1:0", read_timeout=3.0)
     try:
         url = exporter.url()
@@ -630,13 +761,14 @@ def test_300_idle_connections_cost_no_thread_and_are_closed() -> None:
         threads0, fds0 = _threads_and_fds(pid)
         socks = _connect_idle(port, 300)
         try:
-            # At most the cap (64) stay open: the rest are closed as they come, costing nothing.
-            _wait_closed(socks, 300 - 64, "connections past the cap", 30.0)
+            # At most one user's share (16 of the 64) stay open: the rest are closed as they
+            # come, costing nothing.
+            _wait_closed(socks, 300 - 16, "connections past the share", 30.0)
             threads, fds = _threads_and_fds(pid)
             # The fleet's own executor threads come and go; the prior code had a thread per
             # connection (300 more).
             assert threads < threads0 + 32, (threads0, threads)
-            assert fds0 + 64 <= fds < fds0 + 64 + 32, (fds0, fds)  # the 64 held while counted
+            assert fds0 + 16 <= fds < fds0 + 16 + 32, (fds0, fds)  # the 16 held while counted
             assert scrape(url).get("gpuctl_node_up")  # a scraper still gets its answer
             _wait_closed(socks, 300, "idle connections after the read timeout (3 s)", 40.0)
             wait_until(lambda: _threads_and_fds(pid)[1] < fds0 + 32, 20, "the sockets released")

@@ -589,3 +589,45 @@ def test_the_report_says_why_a_figure_degraded() -> None:
     assert _degradation_text(gone.to_dict()).endswith("gone: gpu5 (GPU-ab12)")
     # an entry that is not one (a report from elsewhere) still shows its figures
     assert "below its earlier runs" in _degradation_text({"key": "x", "value": 1, "drop": 0.5})
+
+
+async def test_a_silent_acceptance_run_says_so_in_the_pane(tmp_path: Path) -> None:
+    """A suite that starts and never writes a line (here an interpreter that only sleeps, run by
+    a real simulated node's agent): the pane showed "…" and nothing else until cancelled."""
+    mute = tmp_path / "mute-python"
+    mute.write_text("#!/bin/sh\nexec sleep 300\n")
+    mute.chmod(0o755)
+    fleet = simulated_fleet(demo_nodes(1, 1), interval=0.5)
+    app = make_app(
+        fleet,
+        simulated=True,
+        state_dir=tmp_path,
+        accept_options={"python": str(mute), "silent_after": 0.5},
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.store.snaps["sim-01"].gpus, "sim-01 live")
+        app.overview.nodes.select("sim-01", 0)
+        await pilot.press("a")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        await pilot.press("y")
+        note = app.overview.query_one("#accept-note", Static)
+        await until(pilot, lambda: "no output for" in str(note.render()), "the silence noted")
+        run = app.accept_flow.run
+        assert run is not None
+        text = str(note.render())
+        assert text.startswith("sim-01: no output for ")
+        assert "(started pid " in text and "before the suite's first line" in text
+        pid = int(text.split("pid ", 1)[1].split(",", 1)[0])
+        await pilot.press("a")  # cancel it
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        await pilot.press("y")
+        await until(pilot, run.done, "the run to end")
+        wait_until(lambda: not _alive(pid), 20, "the mute suite stopped")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

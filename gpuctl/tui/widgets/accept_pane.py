@@ -148,6 +148,7 @@ class AcceptPane(Vertical):
         self.rows: dict[str, NodeRow] = {}
         self.run: AcceptRun | None = None
         self.loaded = False
+        self.silent = False  # the note says a node's suite is silent
 
     def compose(self) -> ComposeResult:
         yield Static(
@@ -262,6 +263,12 @@ class AcceptPane(Vertical):
             log.write(node_text(f"{p.node}: {p.text}", limit=LINE_LIMIT))
         elif p.kind == "error":
             log.write(node_text(f"{p.node}: could not run: {p.text}", limit=LINE_LIMIT))
+        elif p.kind == "silent":  # where the operator looks: the note above the matrix
+            self.silent = True
+            self._note(f"{p.node}: {p.text} (a again: cancel)")
+        if self.silent and p.kind in ("started", "section", "line") and not run.done():
+            self.silent = False  # it speaks again
+            self._note(f"acceptance running on {', '.join(run.nodes)} (a again: cancel)")
         elif p.kind == "finished":
             paths = [str(x) for x in run.report_paths]
             self._note(
