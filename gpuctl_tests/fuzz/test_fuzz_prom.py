@@ -6,6 +6,7 @@ whatever its labels and values, groups into readings or is skipped, never an exc
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.server
 import json
@@ -17,7 +18,7 @@ import msgspec
 import pytest
 from hypothesis import strategies as st
 
-from gpuctl.fleet import prom
+from gpuctl.fleet import prom, promhttp, promwire
 from gpuctl_tests.fuzz.harness import LANES, bounded, junk_bytes, run
 
 
@@ -50,7 +51,10 @@ ERROR = {"status": "error", "errorType": "bad_data", "error": "parse error at ch
 VALID = [json.dumps(x).encode() for x in (GOOD, MATRIX, ERROR)]
 METRICS: list[prom.Metric | None] = [None, *prom.METRICS, prom.MIG]
 # As PromClient decodes each kind of answer.
-DECODERS = [msgspec.json.Decoder(k) for k in (prom.VectorReply, prom.MatrixReply, prom.ErrorReply)]
+DECODERS = [
+    msgspec.json.Decoder(k)
+    for k in (promwire.VectorReply, promwire.MatrixReply, promhttp.ErrorReply)
+]
 
 # What label values and sample texts a store may hold: any text, digits of other scripts
 # ("²", "٣"), huge numbers, signs, the float words Go writes.
@@ -112,6 +116,7 @@ class Store:
         )
 
     def close(self) -> None:
+        asyncio.run(self.client.aclose())
         self.server.shutdown()
         self.server.server_close()
 
@@ -123,12 +128,18 @@ def store() -> Iterator[Store]:
     s.close()
 
 
+def _sync(ask: Callable[[str], Any]) -> Callable[[str], Any]:
+    """The client's async query, asked as a caller that waits for it (its HTTP runs on the
+    client's own loop thread)."""
+    return lambda promql: asyncio.run(ask(promql))
+
+
 def _answers(store: Store) -> Callable[[bytes], None]:
     def check(body: bytes) -> None:
         for status in (200, 422):
             store.body, store.status = body, status
             for ask in (store.client.query, store.client.query_matrix):
-                got = bounded(ask, "up", errors=(prom.PromError,))
+                got = bounded(_sync(ask), "up", errors=(prom.PromError,))
                 assert isinstance(got, (list, prom.PromError))
                 if isinstance(got, list) and got and isinstance(got[0], prom.Series):
                     _group(got)
@@ -164,7 +175,7 @@ def test_any_series_groups_or_is_skipped(examples: int) -> None:
 
 
 def test_a_valid_answer_groups_to_its_values() -> None:
-    reply = msgspec.json.decode(VALID[0], type=prom.VectorReply)
+    reply = msgspec.json.decode(VALID[0], type=promwire.VectorReply)
     assert reply.data is not None
     nodes = prom.group([(prom.UTIL, reply.data.result)])
     assert nodes["n1"].gpus == {0: {"util_gpu": 97}, 1: {"util_gpu": 3}}
@@ -176,11 +187,11 @@ def test_an_answer_in_bad_utf8_is_a_prom_error(store: Store) -> None:
     # it came out of PromClient as it was (the poll's thread, then the source, got a traceback).
     store.body, store.status = b'{"status": "\x80uccess", "data": null}', 200
     with pytest.raises(prom.PromError) as e:
-        store.client.query("up")
+        asyncio.run(store.client.query("up"))
     assert e.value.reason == "protocol" and "unexpected answer" in str(e.value)
     store.status = 422
     with pytest.raises(prom.PromError) as e:
-        store.client.query("up")
+        asyncio.run(store.client.query("up"))
     assert e.value.reason == "protocol" and "answered 422" in str(e.value)
 
 
