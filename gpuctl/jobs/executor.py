@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import fnmatch
 import functools
 import hashlib
 import importlib.metadata
@@ -74,6 +75,25 @@ __all__ = [
 ]
 
 R = TypeVar("R")
+
+# Variables of the submitter's that look like credentials or caches: a job that does not get
+# them (``Executor.passed_env``) is told so by name, once per process and set of names.
+HIDDEN_HINTS = (
+    "*_API_KEY",
+    "*_KEY",
+    "*_KEY_ID",
+    "*_TOKEN",
+    "*CREDENTIALS*",
+    "*_SECRET*",
+    "*PASSWORD*",
+    "*_CACHE*",
+    "HF_*",
+    "HUGGING_FACE_*",
+    "WANDB_*",
+    "TRANSFORMERS_*",
+    "TORCH_HOME",
+)
+_TOLD_UNSEEN: set[tuple[str, ...]] = set()
 
 cloudpickle.register_pickle_by_value(_chunk)
 cloudpickle.register_pickle_by_value(checkpoint)
@@ -209,6 +229,17 @@ class Executor:
     cancel_on_interrupt``, else False): a Ctrl-C while ``result()`` waits cancels the job;
     otherwise the job keeps running and a line on stderr says how to cancel it.
 
+    The environment, one rule on every backend: a job gets its node's environment, never this
+    process's: a local or Slurm job only the base names of it (``jobfiles.BASE_ENV``: PATH,
+    LD_LIBRARY_PATH, HOME, USER, LOGNAME, SHELL, LANG, LC_*, TERM, TZ, TMPDIR,
+    CUDA_VISIBLE_DEVICES; Slurm adds its SLURM_*), an SSH job sshd's session on the node; then
+    the cluster's setup lines. On top:
+    ``env_pass``, names or ``fnmatch`` patterns (``["WANDB_*", "HF_TOKEN"]``) of this process's
+    variables passed at submit, and ``job_env``, explicit values, which win. Their values go to
+    the node in a 0600 file the supervisor removes once read (``meta.json`` names them only).
+    A submit that leaves behind variables that look like credentials or caches says so on
+    stderr, once, naming them (``HIDDEN_HINTS``).
+
     ``store``: the job store its jobs' rows go to (True: the session's,
     ``gpuctl.context.Context.job_store``, opened at the first submit: ``config``'s session
     when one is given, else the process's; False or None: none, nothing outlives the process).
@@ -248,6 +279,7 @@ class Executor:
         grace: float = 10.0,
         setup: Sequence[str] = (),
         job_env: Mapping[str, str] | None = None,
+        env_pass: Sequence[str] = (),
         job_root: str | None = None,
         env_root: str | None = None,
         partition: str | None = None,
@@ -290,6 +322,7 @@ class Executor:
         self._max_payload = _size(max_payload, "max_payload")
         self._cancel_on_interrupt = cancel_on_interrupt
         self.job_env = dict(job_env or {})
+        self.env_pass = (env_pass,) if isinstance(env_pass, str) else tuple(env_pass)
         self.verify = verify
         where = targets.resolve(
             "local" if self.debug else target,  # a backend to type against; never started
@@ -507,6 +540,9 @@ class Executor:
         ):
             limits["mem_enforced_by"] = "slurm"
         digest, size = self._write_payload(host, jobdir, (fn, args, kwargs), pickled)
+        passed = self.passed_env()
+        if passed:  # the values: a 0600 file the supervisor removes once read, never meta.json
+            host.write_bytes(f"{jobdir}/{jobfiles.JOB_ENV}", json.dumps(passed).encode(), 0o600)
         meta: JobMeta = {
             "id": job_id,
             "name": name,
@@ -518,7 +554,7 @@ class Executor:
             "payload_bytes": size,
             "limits": limits,
             "setup": list(self.setup),
-            "env": self.job_env,
+            "env_names": sorted(passed),
             "cwd": self.cwd,
             "worker": f"{runner}/{jobfiles.WORKER_SCRIPT}" if runner else jobfiles.WORKER_SCRIPT,
             "created_at": time.time(),
@@ -542,6 +578,34 @@ class Executor:
             )
         host.write_bytes(f"{jobdir}/{jobfiles.META}", json.dumps(meta, indent=1).encode(), 0o600)
         return job_id, jobdir, meta
+
+    def passed_env(self) -> dict[str, str]:
+        """The variables the job gets on top of its node's environment: this process's that
+        ``env_pass`` names (``fnmatch`` patterns), then ``job_env``, which wins. The first time,
+        one line on stderr names this process's variables that look like credentials or caches
+        (``HIDDEN_HINTS``) and that the job will not see (names only)."""
+        mine = os.environ
+        passed = {
+            k: v for k, v in mine.items() if any(fnmatch.fnmatchcase(k, p) for p in self.env_pass)
+        }
+        passed.update(self.job_env)
+        unseen = sorted(
+            k
+            for k in mine
+            if k not in passed
+            and not jobfiles.is_base_env(k)
+            and any(fnmatch.fnmatchcase(k.upper(), p) for p in HIDDEN_HINTS)
+        )
+        if unseen and tuple(unseen) not in _TOLD_UNSEEN:
+            _TOLD_UNSEEN.add(tuple(unseen))
+            print(
+                f"gpuctl: the job will not see {', '.join(unseen)} (a job gets its node's "
+                "environment, not this one's): pass what it needs with env_pass=[...] "
+                "(gpuctl submit --env-pass NAME_OR_PATTERN) or job_env={...}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return passed
 
     def _job_root_path(self) -> str:
         """The job root on the target's host, ``~`` resolved there (not created)."""

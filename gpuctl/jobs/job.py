@@ -54,7 +54,16 @@ from gpuctl.jobs.report import (
     parse_status,
     unreachable_report,
 )
-from gpuctl.jobs.store import FINAL_STATES, JobRecord, JobStore, JobUpdate, StoreError
+from gpuctl.jobs.store import (
+    FINAL_STATES,
+    ITEMS_FAILED,
+    PARTIAL,
+    JobRecord,
+    JobStore,
+    JobUpdate,
+    StoreError,
+    shown_state,
+)
 from gpuctl.node import jobfiles, proc
 
 if TYPE_CHECKING:
@@ -601,7 +610,7 @@ class Job(concurrent.futures.Future[Any]):
         that is not known (the row's age is then its creation's)."""
         if self.store is None:
             return True
-        state = self.state
+        state = "done" if self.state == PARTIAL else self.state
         r = self._report
         o: Outcome = (self._files.outcome if self._files else None) or {}
         ended = o.get("ended_at")
@@ -612,7 +621,7 @@ class Job(concurrent.futures.Future[Any]):
         if r is None and items and items.get("count"):  # done, and some of its items failed
             named = ", ".join(items.get("failed") or ())
             more = ", ..." if int(items["count"]) > len(items.get("failed") or ()) else ""
-            kind = "items_failed"
+            kind = ITEMS_FAILED
             summary = (
                 f"{items['count']} of {items.get('items', '?')} items failed ({named}{more}): "
                 f"{items.get('first', '')}"
@@ -630,10 +639,13 @@ class Job(concurrent.futures.Future[Any]):
 
     @property
     def state(self) -> str:
-        """submitted | pending | running | unreachable | done | failed | cancelled."""
+        """submitted | pending | running | unreachable | done | partial | failed | cancelled
+        (partial: a ``map``'s chunk that ran to its end with some items failed,
+        ``failed_items`` says which; ``gpuctl jobs`` says the same)."""
         if self._final or self._poll():
             if self._report is None:
-                return "done"
+                items = self.failed_items
+                return shown_state("done", ITEMS_FAILED if items and items.get("count") else None)
             return "cancelled" if self._report.kind == "cancelled" else "failed"
         state = self._live_state()
         if state != self._stored_state and self.store is not None:

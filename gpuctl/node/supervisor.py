@@ -197,6 +197,7 @@ class Supervisor(object):
         self.wake_r = -1
         self.wake_w = -1
         self.requeued = False
+        self.env_folder = ""  # the job folder that held the passed variables (``JOB_ENV``)
         # a SIGTERM under Slurm: a cancel or a preemption, which ``_resolve_stop`` tells apart
         self.term_pending = False
 
@@ -281,11 +282,17 @@ class Supervisor(object):
             except Exception:
                 pass
             if not self.requeued:  # Slurm starts the next attempt; it writes the outcome
+                if self.env_folder:
+                    jobfiles.take_job_env(self.env_folder, remove=True)
                 jobfiles.write_json(self.path(jobfiles.OUTCOME), self.outcome)
         return self.outcome
 
     def _run(self) -> None:
         os.chmod(self.jobdir, 0o700)
+        # the passed variables' values: read from their 0600 file, which goes at once (under
+        # Slurm at the end: a requeued attempt and the other ranks read it too)
+        self.env_folder = self.jobdir
+        job_env = jobfiles.take_job_env(self.jobdir, remove=not self.outcome["slurm_job_id"])
         self.jobdir = task_folder(self.jobdir, self.outcome)
         jobfiles.write_json(self.path(jobfiles.PIDFILE), {
             "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
@@ -304,7 +311,7 @@ class Supervisor(object):
         under_slurm = bool(self.outcome["slurm_job_id"])
         env = dict(os.environ)
         env.update(rendezvous_env(meta, env))
-        env.update(meta.get("env") or {})
+        env.update(job_env)
         env["GPUCTL_JOB_DIR"] = self.jobdir
         env["GPUCTL_JOB_ID"] = str(meta.get("id", ""))
         setup = list(meta.get("setup") or [])
