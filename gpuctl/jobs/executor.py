@@ -486,10 +486,46 @@ class Executor:
             return self._write_folder(
                 job_id, jobdir, fn, args, kwargs, name, probe, command, registered, runner, pickled
             )
-        except BaseException:
-            if self.store is not None:
-                self.store.delete(job_id)
+        except BaseException as e:  # a Ctrl-C during the upload too
+            self._unwrite([(job_id, jobdir)], f"interrupted while its folder was written: {e!r}")
             raise
+
+    def _refused_row(self, job_id: str, why: str) -> None:
+        """End the row of a job refused before it started: ``never_started`` with ``why`` and
+        what to do about it (not a Slurm job's remedy: there is no pending reason)."""
+        if self.store is None:
+            return
+        report = FailureReport(
+            kind="never_started",
+            phase="not started",
+            evidence=(why[:500],),
+            remedy="fix what the line above says, then submit again",
+            logs={},
+            job_id=job_id,
+        )
+        self.store.update(
+            job_id,
+            state="failed",
+            kind="never_started",
+            summary=why[:500],
+            ended_at=time.time(),
+            report=report.to_dict(),
+        )
+
+    def _unwrite(self, folders: Sequence[tuple[str, str]], why: str) -> None:
+        """Take back jobs refused before they started: their folders on the host go, then their
+        rows. A folder that cannot be removed (the node went away) keeps its row, ended
+        (``never_started``, ``why``), so that ``gpuctl jobs purge`` removes it later."""
+        for job_id, jobdir in folders:
+            try:
+                self.backend.host.remove_tree(jobdir, timeout=30)
+            except Exception as e:  # the refusal goes up, whatever this does
+                with contextlib.suppress(Exception):
+                    self._refused_row(job_id, f"{why}; its folder stayed ({e})")
+                continue
+            if self.store is not None:
+                with contextlib.suppress(Exception):
+                    self.store.delete(job_id)
 
     def _write_folder(
         self,
@@ -723,15 +759,13 @@ class Executor:
             else:
                 handles = self.backend.start(dirs, meta)
         except BaseException as e:
-            if self.store is not None:
-                for job_id, _ in folders:
-                    self.store.update(
-                        job_id,
-                        state="failed",
-                        kind="never_started",
-                        summary=f"starting it failed: {e}"[:500],
-                        ended_at=time.time(),
-                    )
+            if len(folders) == 1 or isinstance(self.backend, SlurmBackend):
+                # nothing of it started (a Slurm map's arrays are cancelled when one is
+                # refused): it leaves nothing behind, the error says why
+                self._unwrite(folders, f"starting it failed: {e}")
+                raise
+            for job_id, _ in folders:  # a map on one machine: some may have started
+                self._refused_row(job_id, f"starting it failed: {e}")
             raise
         return [self._job(f, meta, h, now) for f, h in zip(folders, handles, strict=True)]
 

@@ -123,6 +123,14 @@ class Host:
         """Create ``path`` and its parents; the last component gets ``mode``."""
         raise NotImplementedError
 
+    def remove_tree(self, path: str, timeout: float = 120) -> None:
+        """Remove ``path`` and everything under it (nothing there: nothing to do). Raises
+        HostError when it stays."""
+        rc, _, err = self.run(["rm", "-rf", "--", path], timeout=timeout)
+        if rc != 0:
+            why = err.decode("utf-8", "replace").strip() or f"rm exited {rc}"
+            raise HostError(f"{self.name}: removing {path} failed: {why}")
+
     def home(self) -> str:
         raise NotImplementedError
 
