@@ -611,6 +611,7 @@ def _purge_caches(records: list[JobRecord], cutoff: float, args: argparse.Namesp
 
 def run_jobs(args: argparse.Namespace) -> int:
     from gpuctl.cli.common import job_store
+    from gpuctl.core.text import printable
     from gpuctl.jobs.store import PARTIAL, shown_state
 
     if args.action == "purge":
@@ -644,7 +645,7 @@ def run_jobs(args: argparse.Namespace) -> int:
         emit_json({"jobs": jobs})
         return 0
     header = ("ID", "STATE", "TARGET", "FUNCTION", "AGE", "DURATION", "WHY")
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     now = time.time()
     for r in records:
         dur = r.duration
@@ -653,17 +654,17 @@ def run_jobs(args: argparse.Namespace) -> int:
         # a map's chunk that ran to its end with failed items is not plain done: WHY names them
         shown = shown_state(r.state, r.kind)
         partial = shown == PARTIAL
-        rows.append(
-            (
-                r.id[:12],
-                shown,
-                f"{r.target} ({', '.join(w for w in where if w)})" if any(where) else r.target,
-                r.name[-40:],
-                fmt_age(now - r.created_at),
-                "-" if dur is None else f"{dur:.1f}s",
-                f"{r.kind}: {r.summary}" if partial else r.kind or (r.summary or "")[:100],
-            )
+        cells = (
+            r.id[:12],
+            shown,
+            f"{r.target} ({', '.join(w for w in where if w)})" if any(where) else r.target,
+            r.name[-40:],
+            fmt_age(now - r.created_at),
+            "-" if dur is None else f"{dur:.1f}s",
+            f"{r.kind}: {r.summary}" if partial else r.kind or (r.summary or "")[:100],
         )
+        # one line per job: a command's or a message's line breaks are not the table's
+        rows.append(tuple(printable(c) for c in cells))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

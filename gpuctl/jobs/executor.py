@@ -630,6 +630,7 @@ class Executor:
             for k in mine
             if k not in passed
             and not jobfiles.is_base_env(k)
+            and not k.startswith("XDG_")  # this machine's desktop folders: a node has its own
             and any(fnmatch.fnmatchcase(k.upper(), p) for p in HIDDEN_HINTS)
         )
         if unseen and tuple(unseen) not in _TOLD_UNSEEN:

@@ -13,6 +13,7 @@ import atexit
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import glob
 import logging
 import os
@@ -50,8 +51,9 @@ from gpuctl.jobs.report import (
     JobFiles,
     classify,
     combine_ranks,
-    left_note,
+    end_notes,
     parse_status,
+    shm_note,
     unreachable_report,
 )
 from gpuctl.jobs.store import (
@@ -489,6 +491,11 @@ class Job(concurrent.futures.Future[Any]):
                 scheduler=sched,
                 submitter_python=SUBMITTER_PYTHON,
             )
+            shm = shm_note(self._files.outcome or {})
+            if self._report is not None and shm:  # a failure's report names them too
+                self._report = dataclasses.replace(
+                    self._report, evidence=(*self._report.evidence, shm)
+                )
             if self._report is None and self.name.startswith("map:"):
                 self.failed_items = self._json(FailedItems, _chunk.FAILED_ITEMS)
             self._final = True
@@ -630,7 +637,7 @@ class Job(concurrent.futures.Future[Any]):
             state=state,
             kind=kind,
             # a success's own notes (processes it left running) where a failure has its why
-            summary=summary if r is not None or kind else left_note(o) or None,
+            summary=summary if r is not None or kind else "; ".join(end_notes(o)) or None,
             started_at=o.get("started_at"),
             ended_at=ended or (time.time() if seen else None),
             report=r.to_dict() if r else None,
@@ -714,6 +721,16 @@ class Job(concurrent.futures.Future[Any]):
             self.backend.wait_hint(self.handle, step)
             delay = min(delay * 1.5, 0.5 if isinstance(self.backend.host, LocalHost) else 1.0)
         return True
+
+    @property
+    def notes(self) -> list[str]:
+        """What the job's end left to know beside its result, once it is over ([] before): the
+        processes the function left running, which gpuctl stopped (a sidecar, a server), and
+        the files that appeared in ``/dev/shm`` and outlive it (their memory). ``gpuctl jobs``
+        shows the same in WHY."""
+        if not self._poll() or self._files is None:
+            return []
+        return end_notes(self._files.outcome or {})
 
     def report(self) -> FailureReport | None:
         """The failure report once the job is over (None while running or after success); while

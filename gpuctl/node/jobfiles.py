@@ -268,6 +268,13 @@ if sys.version_info >= (3, 8):
         pid: int
         cmd: str
 
+    class ShmFile(TypedDict, total=False):
+        """A file of this user's that appeared in ``/dev/shm`` while the job ran and was still
+        there when it ended (RAM held until someone removes it)."""
+
+        path: str
+        bytes: int  # the memory it holds (blocks), not its apparent size
+
     class Outcome(TypedDict, total=False):
         """``outcome.json``: how the supervisor (or, when it was killed, its keeper) saw the
         job end."""
@@ -316,6 +323,7 @@ if sys.version_info >= (3, 8):
         mem_limit_exceeded: MemLimitExceeded
         stacks: str  # every thread's stack (faulthandler) just before a time limit's TERM
         left_running: List[LeftProcess]
+        shm_left: List[ShmFile]
         descendants_killed: int
         descendants_error: str
         requeue_error: str

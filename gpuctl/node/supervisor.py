@@ -162,6 +162,48 @@ def left_running() -> "List[jobfiles.LeftProcess]":
     return found
 
 
+SHM = "/dev/shm"
+MAX_SHM_SHOWN = 10
+
+
+def shm_names() -> "Dict[str, int]":
+    """This user's entries of ``/dev/shm``: name -> inode (a name removed and made again is
+    another file)."""
+    found = {}  # type: Dict[str, int]
+    try:
+        names = os.listdir(SHM)
+    except OSError:
+        return found
+    uid = os.getuid()
+    for name in names:
+        try:
+            st = os.lstat(os.path.join(SHM, name))
+        except OSError:
+            continue
+        if st.st_uid == uid:
+            found[name] = st.st_ino
+    return found
+
+
+def shm_left(before: "Dict[str, int]") -> "List[jobfiles.ShmFile]":
+    """This user's files in ``/dev/shm`` that were not there when the job started (a torch
+    DataLoader's, a POSIX shared memory segment the function did not unlink): the biggest
+    first, with the memory each holds. A job of the same user beside it on the node may have
+    made some of them: they are named, not removed."""
+    left = []  # type: List[jobfiles.ShmFile]
+    for name, ino in shm_names().items():
+        if before.get(name) == ino:
+            continue
+        path = os.path.join(SHM, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        left.append({"path": path, "bytes": st.st_blocks * 512})
+    left.sort(key=lambda f: -f["bytes"])
+    return left[:MAX_SHM_SHOWN]
+
+
 STACK_DUMP_WAIT = 2.0  # seconds for VENV2's faulthandler to write its stacks before the TERM
 STACK_DUMP_QUIET = 0.1  # the dump is over once stderr has not grown for this long
 MAX_STACK_DUMP = 32768  # bytes of it kept in the outcome
@@ -198,6 +240,7 @@ class Supervisor(object):
         self.wake_w = -1
         self.requeued = False
         self.env_folder = ""  # the job folder that held the passed variables (``JOB_ENV``)
+        self.shm_before = None  # type: Optional[Dict[str, int]]
         # a SIGTERM under Slurm: a cancel or a preemption, which ``_resolve_stop`` tells apart
         self.term_pending = False
 
@@ -281,6 +324,10 @@ class Supervisor(object):
                 self.outcome["cgroup_after"] = cgroup_memory()
             except Exception:
                 pass
+            if self.shm_before is not None:  # what the job left in /dev/shm, RAM held
+                shm = shm_left(self.shm_before)
+                if shm:
+                    self.outcome["shm_left"] = shm
             if not self.requeued:  # Slurm starts the next attempt; it writes the outcome
                 if self.env_folder:
                     jobfiles.take_job_env(self.env_folder, remove=True)
@@ -304,6 +351,7 @@ class Supervisor(object):
             return
         attempts.begin(self.path, self.outcome)
         self.outcome["cgroup_before"] = cgroup_memory()
+        self.shm_before = shm_names()
         limits = meta.get("limits") or {}
         time_limit = limits.get("time_limit_s")
         grace = float(limits.get("grace_s") or DEFAULT_GRACE)
