@@ -151,3 +151,15 @@ def test_submit_env_pass_on_the_command_line(
     assert out.out.split(None, 1)[1].strip() == f"['passed-{SECRET}', None]"
     (told,) = [line for line in out.err.splitlines() if "will not see" in line]
     assert "GPUCTL_T_API_KEY" in told and "GPUCTL_T_PASSED" not in told and "--env-pass" in told
+
+
+@pytest.mark.slurm
+def test_a_slurm_job_gets_the_same_rule(
+    slurm_executor: Any, submitter_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """sbatch exported the whole submitter environment (``--export=ALL``, Slurm's default):
+    Slurm kept it, and the job saw it."""
+    ex = slurm_executor(
+        env_pass=["HF_*", "GPUCTL_T_PASSED"], job_env={"GPUCTL_T_EXPLICIT": f"explicit-{SECRET}"}
+    )
+    check_rule(ex, capsys, None)
