@@ -526,10 +526,7 @@ def run_purge(args: argparse.Namespace) -> int:
             if rec.backend.get("kind") == "ssh":
                 if config is None:
                     config = _config(args)
-                host = targets.backend_of(rec.backend, rec.id, config).host
-                rc, _, err = host.run(["rm", "-rf", "--", folder], timeout=120)
-                if rc != 0:
-                    raise OSError(err.decode("utf-8", "replace").strip() or f"rm exited {rc}")
+                targets.backend_of(rec.backend, rec.id, config).host.remove_tree(folder)
             elif os.path.isdir(folder):
                 shutil.rmtree(folder)
         except (HostError, OSError, ValueError) as e:

@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
+from gpuctl.cli.main import main
+from gpuctl.config import load_config
 from gpuctl.jobs import EnvSpec, Executor, HostError, JobStore, executor
+from gpuctl_tests.harness.sshd import SshCluster
 from gpuctl_tests.jobs.test_ssh import node_config, ssh_executor
 
 __all__ = ["node_config"]  # the sshd node fixture, shared with test_ssh
@@ -81,3 +84,27 @@ def test_a_ctrl_c_during_the_upload_removes_the_partial_folder(
     assert StopsOnUpload.pickled == 2
     assert JobStore().list() == []
     assert job_folders(root) == []
+
+
+@pytest.mark.sshd
+def test_purge_removes_an_ssh_job_s_folder_on_its_node(
+    ssh_cluster: SshCluster,
+    venv1: str,
+    venv2: str,
+    env_root: str,
+    env_spec: EnvSpec,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through ``Host.remove_tree``, as a refused submit's folder goes."""
+    ssh_cluster.start_node("gpu1", python=venv1)
+    path = ssh_cluster.write_config(tmp_path / "config.toml")
+    monkeypatch.setenv("GPUCTL_CONFIG", str(path))
+    ex = ssh_executor(load_config(path), env_root, tmp_path, env_spec, env=None, python=venv2)
+    job = ex.submit(len, [1, 2, 3])
+    assert job.result(60) == 3
+    ex.backend.host.close()
+    assert os.path.isdir(job.jobdir)
+    assert main(["jobs", "purge", "--older-than", "0"]) == 0
+    assert not os.path.exists(job.jobdir)
+    assert JobStore().list() == []
