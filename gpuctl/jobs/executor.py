@@ -22,6 +22,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shlex
 import sys
 import sysconfig
@@ -94,6 +95,16 @@ HIDDEN_HINTS = (
     "TORCH_HOME",
 )
 _TOLD_UNSEEN: set[tuple[str, ...]] = set()
+
+
+@functools.cache
+def _patterns(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """One regular expression for ``fnmatch`` patterns, case-sensitive (none: matches
+    nothing): a map's every chunk reads the environment."""
+    if not patterns:
+        return re.compile(r"(?!)")
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns))
+
 
 cloudpickle.register_pickle_by_value(_chunk)
 cloudpickle.register_pickle_by_value(checkpoint)
@@ -621,9 +632,8 @@ class Executor:
         one line on stderr names this process's variables that look like credentials or caches
         (``HIDDEN_HINTS``) and that the job will not see (names only)."""
         mine = os.environ
-        passed = {
-            k: v for k, v in mine.items() if any(fnmatch.fnmatchcase(k, p) for p in self.env_pass)
-        }
+        wanted = _patterns(self.env_pass)
+        passed = {k: v for k, v in mine.items() if wanted.match(k)}
         passed.update(self.job_env)
         unseen = sorted(
             k
@@ -631,7 +641,7 @@ class Executor:
             if k not in passed
             and not jobfiles.is_base_env(k)
             and not k.startswith("XDG_")  # this machine's desktop folders: a node has its own
-            and any(fnmatch.fnmatchcase(k.upper(), p) for p in HIDDEN_HINTS)
+            and _patterns(HIDDEN_HINTS).match(k.upper())
         )
         if unseen and tuple(unseen) not in _TOLD_UNSEEN:
             _TOLD_UNSEEN.add(tuple(unseen))
