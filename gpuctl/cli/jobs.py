@@ -98,6 +98,14 @@ def register(sub: Subcommands) -> None:
         "(fnmatch, e.g. 'data*' or 'proj.experiments.*'; repeatable)",
     )
     p.add_argument(
+        "--env-pass",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="pass this environment's variables matching PATTERN to the job (fnmatch, e.g. "
+        "'WANDB_*' or HF_TOKEN; repeatable): a job gets its node's environment, not this one's",
+    )
+    p.add_argument(
         "--wait",
         action="store_true",
         help="wait and print the result or report; a command's output is followed as it comes "
@@ -159,8 +167,8 @@ def register(sub: Subcommands) -> None:
     )
     p.set_defaults(func=run_logs)
 
-    p = sub.add_parser("cancel", help="cancel a job")
-    p.add_argument("id", help="job id (a unique prefix is enough)")
+    p = sub.add_parser("cancel", help="cancel jobs")
+    p.add_argument("ids", nargs="+", metavar="ID", help="job ids (a unique prefix is enough)")
     p.set_defaults(func=run_cancel)
 
     p = sub.add_parser("result", help="print a job's result, or its failure report")
@@ -318,6 +326,8 @@ def run_submit(args: argparse.Namespace) -> int:
         opts["ship_limit"] = args.ship_limit
     if args.ship_exclude:
         opts["ship_exclude"] = args.ship_exclude
+    if args.env_pass:
+        opts["env_pass"] = args.env_pass
     if args.target != "debug":  # a debug job is kept nowhere
         from gpuctl.cli.common import job_store
 
@@ -463,14 +473,15 @@ def _print_result(job: Job, timeout: float | None, output: str | None = None) ->
     return 0
 
 
-def _job(args: argparse.Namespace) -> Job:
+def _job(args: argparse.Namespace, job_id: str | None = None) -> Job:
+    """The job ``job_id`` (default ``args.id``) names, as its row says."""
     from gpuctl.cli.common import job_store
     from gpuctl.jobs import HostError, attach
     from gpuctl.jobs.store import JobNotFound
 
     store = job_store(args)
     try:
-        rec = store.find(args.id)
+        rec = store.find(args.id if job_id is None else job_id)
     except JobNotFound as e:
         raise UserError(str(e)) from None
     config = _config(args) if rec.backend.get("kind") == "ssh" else None
@@ -525,10 +536,7 @@ def run_purge(args: argparse.Namespace) -> int:
             if rec.backend.get("kind") == "ssh":
                 if config is None:
                     config = _config(args)
-                host = targets.backend_of(rec.backend, rec.id, config).host
-                rc, _, err = host.run(["rm", "-rf", "--", folder], timeout=120)
-                if rc != 0:
-                    raise OSError(err.decode("utf-8", "replace").strip() or f"rm exited {rc}")
+                targets.backend_of(rec.backend, rec.id, config).host.remove_tree(folder)
             elif os.path.isdir(folder):
                 shutil.rmtree(folder)
         except (HostError, OSError, ValueError) as e:
@@ -610,6 +618,8 @@ def _purge_caches(records: list[JobRecord], cutoff: float, args: argparse.Namesp
 
 def run_jobs(args: argparse.Namespace) -> int:
     from gpuctl.cli.common import job_store
+    from gpuctl.core.text import printable
+    from gpuctl.jobs.store import PARTIAL, shown_state
 
     if args.action == "purge":
         return run_purge(args)
@@ -642,25 +652,26 @@ def run_jobs(args: argparse.Namespace) -> int:
         emit_json({"jobs": jobs})
         return 0
     header = ("ID", "STATE", "TARGET", "FUNCTION", "AGE", "DURATION", "WHY")
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     now = time.time()
     for r in records:
         dur = r.duration
         split = str((r.backend.get("handle") or {}).get("split") or "").split(":")[0]
         where = [_slurm_id(r) or "", split, f"{r.tasks} tasks" if r.tasks > 1 else ""]
         # a map's chunk that ran to its end with failed items is not plain done: WHY names them
-        partial = r.state == "done" and r.kind == "items_failed"
-        rows.append(
-            (
-                r.id[:12],
-                "partial" if partial else r.state,
-                f"{r.target} ({', '.join(w for w in where if w)})" if any(where) else r.target,
-                r.name[-40:],
-                fmt_age(now - r.created_at),
-                "-" if dur is None else f"{dur:.1f}s",
-                f"{r.kind}: {r.summary}" if partial else r.kind or (r.summary or "")[:100],
-            )
+        shown = shown_state(r.state, r.kind)
+        partial = shown == PARTIAL
+        cells = (
+            r.id[:12],
+            shown,
+            f"{r.target} ({', '.join(w for w in where if w)})" if any(where) else r.target,
+            r.name[-40:],
+            fmt_age(now - r.created_at),
+            "-" if dur is None else f"{dur:.1f}s",
+            f"{r.kind}: {r.summary}" if partial else r.kind or (r.summary or "")[:100],
         )
+        # one line per job: a command's or a message's line breaks are not the table's
+        rows.append(tuple(printable(c) for c in cells))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
@@ -846,12 +857,17 @@ def run_logs(args: argparse.Namespace) -> int:
 
 
 def run_cancel(args: argparse.Namespace) -> int:
-    job = _job(args)
-    if _on_node(job, lambda: job.cancel(read_only=_decided(args))):
-        print(f"cancelling {job.id}")
-        return 0
-    print(f"gpuctl: job {job.id} already ended ({job.state})", file=sys.stderr)
-    return ExitCode.FAILED
+    """Cancel each job named (a map's, as its Ctrl-C line lists them); 1 when one had ended
+    already, every other cancelled all the same."""
+    jobs = [_job(args, i) for i in args.ids]
+    rc = 0
+    for job in jobs:
+        if _on_node(job, functools.partial(job.cancel, read_only=_decided(args))):
+            print(f"cancelling {job.id}")
+            continue
+        print(f"gpuctl: job {job.id} already ended ({job.state})", file=sys.stderr)
+        rc = ExitCode.FAILED
+    return rc
 
 
 def run_result(args: argparse.Namespace) -> int:

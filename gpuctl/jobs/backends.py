@@ -101,9 +101,13 @@ class ProcessBackend(Backend):
         handles: list[Handle] = []
         for jobdir in jobdirs:
             log = f"{jobdir}/{jobfiles.SUPERVISOR_LOG}"
-            pid = self.host.start_detached(self.supervisor_argv(jobdir), log)
+            pid = self.host.start_detached(self.supervisor_argv(jobdir), log, self.start_env())
             handles.append({"pid": pid, "host": self.host.name})
         return handles
+
+    def start_env(self) -> dict[str, str] | None:
+        """The supervisor's environment (None: the host's own for a command, sshd's session)."""
+        return None
 
     def _pid_info(self, jobdir: str) -> PidFile | None:
         return wire.parse(
@@ -165,6 +169,11 @@ class ProcessBackend(Backend):
 
 class LocalBackend(ProcessBackend):
     kind = "local"
+
+    def start_env(self) -> dict[str, str] | None:
+        # this process's environment is the submitter's, not the machine's: only its base
+        # (``jobfiles.BASE_ENV``), as a job on any other backend gets
+        return jobfiles.base_env(dict(os.environ))
 
 
 class SshBackend(ProcessBackend):
@@ -329,6 +338,10 @@ class SlurmBackend(Backend):
             lines.append(f"#SBATCH --dependency=afterany:{after}")
         if meta.get("checkpointable"):  # the supervisor requeues it; one output for every attempt
             lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
+        # the submitter's environment stays here, as for every backend: its base only
+        # (``jobfiles.BASE_ENV``; Slurm adds its SLURM_* variables)
+        names = sorted(jobfiles.base_env(dict(os.environ)))
+        lines.append(f"#SBATCH --export={','.join(names) or 'NONE'}")
         lines += [f"#SBATCH {a}" for a in self.sbatch_args]
         quoted = " ".join(shlex.quote(d) for d in jobdirs)
         runner = meta.get("runner")  # one for every folder of the array, else each its own

@@ -16,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import fnmatch
 import functools
 import hashlib
 import importlib.metadata
 import json
 import os
 import pickle
+import re
 import shlex
 import sys
 import sysconfig
@@ -77,6 +79,35 @@ __all__ = [
 ]
 
 R = TypeVar("R")
+
+# Variables of the submitter's that look like credentials or caches: a job that does not get
+# them (``Executor.passed_env``) is told so by name, once per process and set of names.
+HIDDEN_HINTS = (
+    "*_API_KEY",
+    "*_KEY",
+    "*_KEY_ID",
+    "*_TOKEN",
+    "*CREDENTIALS*",
+    "*_SECRET*",
+    "*PASSWORD*",
+    "*_CACHE*",
+    "HF_*",
+    "HUGGING_FACE_*",
+    "WANDB_*",
+    "TRANSFORMERS_*",
+    "TORCH_HOME",
+)
+_TOLD_UNSEEN: set[tuple[str, ...]] = set()
+
+
+@functools.cache
+def _patterns(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """One regular expression for ``fnmatch`` patterns, case-sensitive (none: matches
+    nothing): a map's every chunk reads the environment."""
+    if not patterns:
+        return re.compile(r"(?!)")
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns))
+
 
 cloudpickle.register_pickle_by_value(_chunk)
 cloudpickle.register_pickle_by_value(checkpoint)
@@ -257,6 +288,17 @@ class Executor:
     cancel_on_interrupt``, else False): a Ctrl-C while ``result()`` waits cancels the job;
     otherwise the job keeps running and a line on stderr says how to cancel it.
 
+    The environment, one rule on every backend: a job gets its node's environment, never this
+    process's: a local or Slurm job only the base names of it (``jobfiles.BASE_ENV``: PATH,
+    LD_LIBRARY_PATH, HOME, USER, LOGNAME, SHELL, LANG, LC_*, TERM, TZ, TMPDIR,
+    CUDA_VISIBLE_DEVICES; Slurm adds its SLURM_*), an SSH job sshd's session on the node; then
+    the cluster's setup lines. On top:
+    ``env_pass``, names or ``fnmatch`` patterns (``["WANDB_*", "HF_TOKEN"]``) of this process's
+    variables passed at submit, and ``job_env``, explicit values, which win. Their values go to
+    the node in a 0600 file the supervisor removes once read (``meta.json`` names them only).
+    A submit that leaves behind variables that look like credentials or caches says so on
+    stderr, once, naming them (``HIDDEN_HINTS``).
+
     ``store``: the job store its jobs' rows go to (True: the session's,
     ``gpuctl.context.Context.job_store``, opened at the first submit: ``config``'s session
     when one is given, else the process's; False or None: none, nothing outlives the process).
@@ -296,6 +338,7 @@ class Executor:
         grace: float = 10.0,
         setup: Sequence[str] = (),
         job_env: Mapping[str, str] | None = None,
+        env_pass: Sequence[str] = (),
         job_root: str | None = None,
         env_root: str | None = None,
         partition: str | None = None,
@@ -338,6 +381,7 @@ class Executor:
         self._max_payload = _size(max_payload, "max_payload")
         self._cancel_on_interrupt = cancel_on_interrupt
         self.job_env = dict(job_env or {})
+        self.env_pass = (env_pass,) if isinstance(env_pass, str) else tuple(env_pass)
         self.verify = verify
         where = targets.resolve(
             "local" if self.debug else target,  # a backend to type against; never started
@@ -507,10 +551,46 @@ class Executor:
                 return self._write_folder(
                     job_id, jobdir, fn, args, kwargs, name, probe, command, runner, pickled
                 )
-        except BaseException:
-            if self.store is not None:
-                self.store.delete(job_id)
+        except BaseException as e:  # a Ctrl-C during the upload too
+            self._unwrite([(job_id, jobdir)], f"interrupted while its folder was written: {e!r}")
             raise
+
+    def _refused_row(self, job_id: str, why: str) -> None:
+        """End the row of a job refused before it started: ``never_started`` with ``why`` and
+        what to do about it (not a Slurm job's remedy: there is no pending reason)."""
+        if self.store is None:
+            return
+        report = FailureReport(
+            kind="never_started",
+            phase="not started",
+            evidence=(why[:500],),
+            remedy="fix what the line above says, then submit again",
+            logs={},
+            job_id=job_id,
+        )
+        self.store.update(
+            job_id,
+            state="failed",
+            kind="never_started",
+            summary=why[:500],
+            ended_at=time.time(),
+            report=report.to_dict(),
+        )
+
+    def _unwrite(self, folders: Sequence[tuple[str, str]], why: str) -> None:
+        """Take back jobs refused before they started: their folders on the host go, then their
+        rows. A folder that cannot be removed (the node went away) keeps its row, ended
+        (``never_started``, ``why``), so that ``gpuctl jobs purge`` removes it later."""
+        for job_id, jobdir in folders:
+            try:
+                self.backend.host.remove_tree(jobdir, timeout=30)
+            except Exception as e:  # the refusal goes up, whatever this does
+                with contextlib.suppress(Exception):
+                    self._refused_row(job_id, f"{why}; its folder stayed ({e})")
+                continue
+            if self.store is not None:
+                with contextlib.suppress(Exception):
+                    self.store.delete(job_id)
 
     def _write_folder(
         self,
@@ -559,6 +639,9 @@ class Executor:
         ):
             limits["mem_enforced_by"] = "slurm"
         digest, size = self._write_payload(host, jobdir, (fn, args, kwargs), pickled)
+        passed = self.passed_env()
+        if passed:  # the values: a 0600 file the supervisor removes once read, never meta.json
+            host.write_bytes(f"{jobdir}/{jobfiles.JOB_ENV}", json.dumps(passed).encode(), 0o600)
         meta: JobMeta = {
             "id": job_id,
             "name": name,
@@ -570,7 +653,7 @@ class Executor:
             "payload_bytes": size,
             "limits": limits,
             "setup": list(self.setup),
-            "env": self.job_env,
+            "env_names": sorted(passed),
             "cwd": self.cwd,
             "worker": f"{runner}/{jobfiles.WORKER_SCRIPT}" if runner else jobfiles.WORKER_SCRIPT,
             "created_at": time.time(),
@@ -594,6 +677,34 @@ class Executor:
             )
         host.write_bytes(f"{jobdir}/{jobfiles.META}", json.dumps(meta, indent=1).encode(), 0o600)
         return job_id, jobdir, meta
+
+    def passed_env(self) -> dict[str, str]:
+        """The variables the job gets on top of its node's environment: this process's that
+        ``env_pass`` names (``fnmatch`` patterns), then ``job_env``, which wins. The first time,
+        one line on stderr names this process's variables that look like credentials or caches
+        (``HIDDEN_HINTS``) and that the job will not see (names only)."""
+        mine = os.environ
+        wanted = _patterns(self.env_pass)
+        passed = {k: v for k, v in mine.items() if wanted.match(k)}
+        passed.update(self.job_env)
+        unseen = sorted(
+            k
+            for k in mine
+            if k not in passed
+            and not jobfiles.is_base_env(k)
+            and not k.startswith("XDG_")  # this machine's desktop folders: a node has its own
+            and _patterns(HIDDEN_HINTS).match(k.upper())
+        )
+        if unseen and tuple(unseen) not in _TOLD_UNSEEN:
+            _TOLD_UNSEEN.add(tuple(unseen))
+            print(
+                f"gpuctl: the job will not see {', '.join(unseen)} (a job gets its node's "
+                "environment, not this one's): pass what it needs with env_pass=[...] "
+                "(gpuctl submit --env-pass NAME_OR_PATTERN) or job_env={...}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return passed
 
     def _job_root_path(self) -> str:
         """The job root on the target's host, ``~`` resolved there (not created)."""
@@ -721,15 +832,13 @@ class Executor:
             else:
                 handles = self.backend.start(dirs, meta)
         except BaseException as e:
-            if self.store is not None:
-                for job_id, _ in folders:
-                    self.store.update(
-                        job_id,
-                        state="failed",
-                        kind="never_started",
-                        summary=f"starting it failed: {e}"[:500],
-                        ended_at=time.time(),
-                    )
+            if len(folders) == 1 or isinstance(self.backend, SlurmBackend):
+                # nothing of it started (a Slurm map's arrays are cancelled when one is
+                # refused): it leaves nothing behind, the error says why
+                self._unwrite(folders, f"starting it failed: {e}")
+                raise
+            for job_id, _ in folders:  # a map on one machine: some may have started
+                self._refused_row(job_id, f"starting it failed: {e}")
             raise
         return [self._job(f, meta, h, now) for f, h in zip(folders, handles, strict=True)]
 

@@ -16,7 +16,7 @@ import shlex
 import subprocess
 import threading
 import uuid
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -76,8 +76,11 @@ class Host:
         """Run ``argv``; return ``(exit code, stdout, stderr)``. Raises HostError if unreachable."""
         raise NotImplementedError
 
-    def start_detached(self, argv: Sequence[str], log: str) -> int | None:
-        """Start ``argv`` in its own session, output to ``log``; return its pid when known."""
+    def start_detached(
+        self, argv: Sequence[str], log: str, env: Mapping[str, str] | None = None
+    ) -> int | None:
+        """Start ``argv`` in its own session, output to ``log``; return its pid when known.
+        ``env``: its whole environment (None: the one a command gets there)."""
         raise NotImplementedError
 
     def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
@@ -120,6 +123,14 @@ class Host:
         """Create ``path`` and its parents; the last component gets ``mode``."""
         raise NotImplementedError
 
+    def remove_tree(self, path: str, timeout: float = 120) -> None:
+        """Remove ``path`` and everything under it (nothing there: nothing to do). Raises
+        HostError when it stays."""
+        rc, _, err = self.run(["rm", "-rf", "--", path], timeout=timeout)
+        if rc != 0:
+            why = err.decode("utf-8", "replace").strip() or f"rm exited {rc}"
+            raise HostError(f"{self.name}: removing {path} failed: {why}")
+
     def home(self) -> str:
         raise NotImplementedError
 
@@ -155,7 +166,9 @@ class LocalHost(Host):
             raise HostError(f"{argv[0]} took more than {timeout:g} s") from e
         return p.returncode, p.stdout, p.stderr
 
-    def start_detached(self, argv: Sequence[str], log: str) -> int | None:
+    def start_detached(
+        self, argv: Sequence[str], log: str, env: Mapping[str, str] | None = None
+    ) -> int | None:
         with _local_errors(f"writing {log}"):
             out = open(log, "ab")  # noqa: SIM115 - closed below, once the child holds it
         try:
@@ -166,6 +179,7 @@ class LocalHost(Host):
                 stderr=out,
                 start_new_session=True,
                 close_fds=True,
+                env=None if env is None else dict(env),
             )
         except FileNotFoundError:
             raise no_supervisor_python(self.name, argv[0]) from None
@@ -670,7 +684,10 @@ class SshHost(Host):
     ) -> tuple[int, bytes, bytes]:
         return self._script(shlex.join(argv), timeout=timeout, stdin=stdin)
 
-    def start_detached(self, argv: Sequence[str], log: str) -> int | None:
+    def start_detached(
+        self, argv: Sequence[str], log: str, env: Mapping[str, str] | None = None
+    ) -> int | None:
+        # ``env`` is not sent: a job on a node starts from sshd's session there (BASE_ENV).
         # setsid: the supervisor outlives this SSH session (and gpuctl); echo $! gives its pid.
         # A missing interpreter would only show in the log after the job is "lost": say it now.
         check = f"command -v {shlex.quote(argv[0])} >/dev/null 2>&1 || exit 127"

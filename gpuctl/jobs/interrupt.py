@@ -80,9 +80,11 @@ def rest_of_map(jobs: Sequence[Job], waited: Job, cancel: bool) -> None:
                 ended += bool(job.cancel())
         line = f"{ended} more job(s) of this map on {waited.target} are cancelled too"
     else:
+        # one command for them all, the job waited for included (its own line named it alone)
+        ids = " ".join(j.id[:12] for j in ([waited] if waited.handle else []) + running)
         line = (
-            f"{len(running)} more job(s) of this map keep running on {waited.target} "
-            "(`gpuctl jobs` lists them)"
+            f"{len(running)} more job(s) of this map keep running on {waited.target}: "
+            f"`gpuctl cancel {ids}` stops them all"
         )
     if waiting:
         line += f"; {waiting} waiting for their turn never start once this process exits"

@@ -13,6 +13,7 @@ import atexit
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import glob
 import logging
 import os
@@ -50,11 +51,21 @@ from gpuctl.jobs.report import (
     JobFiles,
     classify,
     combine_ranks,
-    left_note,
+    end_notes,
     parse_status,
+    shm_note,
     unreachable_report,
 )
-from gpuctl.jobs.store import FINAL_STATES, JobRecord, JobStore, JobUpdate, StoreError
+from gpuctl.jobs.store import (
+    FINAL_STATES,
+    ITEMS_FAILED,
+    PARTIAL,
+    JobRecord,
+    JobStore,
+    JobUpdate,
+    StoreError,
+    shown_state,
+)
 from gpuctl.node import jobfiles, proc
 
 if TYPE_CHECKING:
@@ -483,6 +494,11 @@ class Job(concurrent.futures.Future[Any]):
                 scheduler=sched,
                 submitter_python=SUBMITTER_PYTHON,
             )
+            shm = shm_note(self._files.outcome or {})
+            if self._report is not None and shm:  # a failure's report names them too
+                self._report = dataclasses.replace(
+                    self._report, evidence=(*self._report.evidence, shm)
+                )
             if self._report is None and self.name.startswith("map:"):
                 self.failed_items = self._json(FailedItems, _chunk.FAILED_ITEMS)
             self._final = True
@@ -604,7 +620,7 @@ class Job(concurrent.futures.Future[Any]):
         that is not known (the row's age is then its creation's)."""
         if self.store is None:
             return True
-        state = self.state
+        state = "done" if self.state == PARTIAL else self.state
         r = self._report
         o: Outcome = (self._files.outcome if self._files else None) or {}
         ended = o.get("ended_at")
@@ -615,7 +631,7 @@ class Job(concurrent.futures.Future[Any]):
         if r is None and items and items.get("count"):  # done, and some of its items failed
             named = ", ".join(items.get("failed") or ())
             more = ", ..." if int(items["count"]) > len(items.get("failed") or ()) else ""
-            kind = "items_failed"
+            kind = ITEMS_FAILED
             summary = (
                 f"{items['count']} of {items.get('items', '?')} items failed ({named}{more}): "
                 f"{items.get('first', '')}"
@@ -624,7 +640,7 @@ class Job(concurrent.futures.Future[Any]):
             state=state,
             kind=kind,
             # a success's own notes (processes it left running) where a failure has its why
-            summary=summary if r is not None or kind else left_note(o) or None,
+            summary=summary if r is not None or kind else "; ".join(end_notes(o)) or None,
             started_at=o.get("started_at"),
             ended_at=ended or (time.time() if seen else None),
             report=r.to_dict() if r else None,
@@ -633,10 +649,13 @@ class Job(concurrent.futures.Future[Any]):
 
     @property
     def state(self) -> str:
-        """submitted | pending | running | unreachable | done | failed | cancelled."""
+        """submitted | pending | running | unreachable | done | partial | failed | cancelled
+        (partial: a ``map``'s chunk that ran to its end with some items failed,
+        ``failed_items`` says which; ``gpuctl jobs`` says the same)."""
         if self._final or self._poll():
             if self._report is None:
-                return "done"
+                items = self.failed_items
+                return shown_state("done", ITEMS_FAILED if items and items.get("count") else None)
             return "cancelled" if self._report.kind == "cancelled" else "failed"
         state = self._live_state()
         if state != self._stored_state and self.store is not None:
@@ -705,6 +724,16 @@ class Job(concurrent.futures.Future[Any]):
             self.backend.wait_hint(self.handle, step)
             delay = min(delay * 1.5, 0.5 if isinstance(self.backend.host, LocalHost) else 1.0)
         return True
+
+    @property
+    def notes(self) -> list[str]:
+        """What the job's end left to know beside its result, once it is over ([] before): the
+        processes the function left running, which gpuctl stopped (a sidecar, a server), and
+        the files that appeared in ``/dev/shm`` and outlive it (their memory). ``gpuctl jobs``
+        shows the same in WHY."""
+        if not self._poll() or self._files is None:
+            return []
+        return end_notes(self._files.outcome or {})
 
     def report(self) -> FailureReport | None:
         """The failure report once the job is over (None while running or after success); while

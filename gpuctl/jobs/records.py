@@ -57,7 +57,7 @@ class JobMeta(TypedDict, total=False):
     payload_bytes: int
     limits: Limits
     setup: list[str]
-    env: dict[str, str]
+    env_names: list[str]  # the variables passed (``job_env``, ``env_pass``); values: JOB_ENV
     cwd: str
     worker: str
     created_at: float

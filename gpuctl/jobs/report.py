@@ -578,6 +578,31 @@ def left_note(o: Outcome) -> str:
     )
 
 
+# torch's words when CUDA is asked of a build without it (``torch.cuda._lazy_init``)
+CPU_TORCH = "Torch not compiled with CUDA enabled"
+
+
+def shm_note(o: Outcome) -> str:
+    """The line that names the files that appeared in ``/dev/shm`` during the job and outlive
+    it (RAM held on the node until removed), with the memory each holds."""
+    left = o.get("shm_left") or []
+    if not left:
+        return ""
+    shown = ", ".join(f"{f.get('path')} ({_fmt_bytes(f.get('bytes'))})" for f in left[:3])
+    more = f" and {len(left) - 3} more" if len(left) > 3 else ""
+    host = o.get("hostname") or "the node"
+    return (
+        f"{len(left)} file(s) appeared in /dev/shm on {host} while the job ran and are still "
+        f"there, holding memory: {shown}{more} (remove them once nothing uses them)"
+    )
+
+
+def end_notes(o: Outcome) -> list[str]:
+    """What a job's end left to know beside its result: processes gpuctl stopped (a sidecar),
+    files left in ``/dev/shm``."""
+    return [n for n in (left_note(o), shm_note(o)) if n]
+
+
 def _relative_missing(err: WorkerError) -> str:
     """The relative path of a FileNotFoundError the function raised, else ""."""
     if err.get("type") != "FileNotFoundError":
@@ -916,6 +941,19 @@ def classify(
                 remedy=(
                     f"use an absolute path that exists on {host}, copy the file there, or give "
                     "the job another working directory (Executor(cwd=...))"
+                ),
+            )
+        if kind == "user_exception" and CPU_TORCH in str(err.get("message")):
+            exe = err.get("venv2_executable") or "VENV2"
+            return report(
+                "user_exception",
+                f"{msg}",
+                f"VENV2's torch ({exe}) is a CPU-only build: it cannot use a GPU, whatever the "
+                "node has",
+                remedy=(
+                    "install a CUDA build of torch into VENV2 (the wheel for the node's CUDA, "
+                    "from PyTorch's index: https://download.pytorch.org/whl/cuXXX), or build "
+                    "VENV2 with one (env=EnvSpec(packages=[...], ...))"
                 ),
             )
         if kind == "user_exception":

@@ -38,6 +38,18 @@ STATES = (
     "cancelled",
 )
 FINAL_STATES = ("done", "failed", "cancelled")
+# Shown, never stored: a map's chunk that ran to its end with some of its items failed (its row:
+# "done", kind "items_failed"). ``shown_state`` is the one place that says so, for the CLI and
+# for ``Job.state``.
+PARTIAL = "partial"
+ITEMS_FAILED = "items_failed"
+
+
+def shown_state(state: str, kind: str | None) -> str:
+    """A row's (or a Job's) state as gpuctl shows it: ``PARTIAL`` for a done chunk with failed
+    items, else ``state``."""
+    return PARTIAL if state == "done" and kind == ITEMS_FAILED else state
+
 
 # What a row's state may become: the one place it is enforced is ``JobStore.update`` (in the same
 # transaction that reads the row). A final state is final: nothing brings a job that ended back

@@ -11,6 +11,9 @@ package they import ``gpuctl.node.jobfiles`` instead.
 A job folder (mode 0700), who writes each file -> who reads it:
 
     meta.json          login side, at submit -> supervisor, worker, reports
+    job-env.json       login side, at submit (0600): the values of ``job_env``/``env_pass``, kept
+                       out of meta.json -> the supervisor, which removes it once read (under
+                       Slurm once the job ends: a requeue and every rank read it again)
     payload.pkl        login side (temporary name, renamed) -> worker
     supervisor.py, worker.py, gpuctl_runner/   copies of the runner -> run as scripts
     supervisor.json    supervisor at start: pid, pgid, sid, hostname -> login side (signals)
@@ -37,6 +40,7 @@ A job folder (mode 0700), who writes each file -> who reads it:
 import errno
 import json
 import os
+import re
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -74,6 +78,7 @@ OUTCOME = "outcome.json"
 CHECKPOINT = "checkpoint.pkl"
 ATTEMPTS = "attempts.jsonl"
 REQUEUE = "requeue.json"
+JOB_ENV = "job-env.json"
 # The worker's exit status after a checkpoint: the supervisor starts the next attempt.
 CHECKPOINTED_EXIT = 8
 # Set (to "1") in a checkpointable function's environment under Slurm: the worker lets its first
@@ -84,6 +89,42 @@ TASK_FOLDER = "rank-%d"
 # A task folder's links to the job folder's inputs: its supervisor and worker read the job as if
 # the task folder were the job folder (a dangling link to the cancel file comes alive with it).
 TASK_LINKS = (META, PAYLOAD, WORKER_SCRIPT, CANCEL)
+
+# The one rule of a job's environment, the same on every backend: the node's environment, less
+# what a login side's process would carry over, plus what the submitter passes. A local job and
+# a Slurm job (sbatch --export) start from these names of the submitter's environment only (the
+# same machine's, or the cluster's, values); an SSH job from sshd's session on the node. Then
+# ``job_env`` and the variables ``env_pass`` names (both ``JOB_ENV``), which win.
+BASE_ENV = ("PATH", "LD_LIBRARY_PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE",
+            "TERM", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES")
+BASE_ENV_PREFIXES = ("LC_",)
+
+
+def is_base_env(name: str) -> bool:
+    """True for a variable a job starts with wherever it runs (``BASE_ENV``)."""
+    return (name in BASE_ENV or name.startswith(BASE_ENV_PREFIXES)) and bool(
+        re.match(r"[A-Za-z_][A-Za-z0-9_]*\Z", name))
+
+
+def base_env(environ: Dict[str, str]) -> Dict[str, str]:
+    """The part of ``environ`` a local or Slurm job starts from (``BASE_ENV``)."""
+    return {k: v for k, v in environ.items() if is_base_env(k)}
+
+
+def take_job_env(jobdir: str, remove: bool) -> Dict[str, str]:
+    """The passed variables of the job in ``jobdir`` (``JOB_ENV``; {} without one), the file
+    removed when ``remove``: the values are written nowhere else on the node."""
+    path = os.path.join(jobdir, JOB_ENV)
+    env = read_json(path)
+    if remove:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    if not isinstance(env, dict):
+        return {}
+    return {str(k): str(v) for k, v in env.items()}
+
 
 # Files a person reads to see what a job did, in that order.
 LOGS = (STDOUT, STDERR, STATUS, OUTCOME, ERROR, SETUP_LOG, SUPERVISOR_LOG)
@@ -227,6 +268,13 @@ if sys.version_info >= (3, 8):
         pid: int
         cmd: str
 
+    class ShmFile(TypedDict, total=False):
+        """A file of this user's that appeared in ``/dev/shm`` while the job ran and was still
+        there when it ended (RAM held until someone removes it)."""
+
+        path: str
+        bytes: int  # the memory it holds (blocks), not its apparent size
+
     class Outcome(TypedDict, total=False):
         """``outcome.json``: how the supervisor (or, when it was killed, its keeper) saw the
         job end."""
@@ -275,6 +323,7 @@ if sys.version_info >= (3, 8):
         mem_limit_exceeded: MemLimitExceeded
         stacks: str  # every thread's stack (faulthandler) just before a time limit's TERM
         left_running: List[LeftProcess]
+        shm_left: List[ShmFile]
         descendants_killed: int
         descendants_error: str
         requeue_error: str

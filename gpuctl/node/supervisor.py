@@ -162,6 +162,48 @@ def left_running() -> "List[jobfiles.LeftProcess]":
     return found
 
 
+SHM = "/dev/shm"
+MAX_SHM_SHOWN = 10
+
+
+def shm_names() -> "Dict[str, int]":
+    """This user's entries of ``/dev/shm``: name -> inode (a name removed and made again is
+    another file)."""
+    found = {}  # type: Dict[str, int]
+    try:
+        names = os.listdir(SHM)
+    except OSError:
+        return found
+    uid = os.getuid()
+    for name in names:
+        try:
+            st = os.lstat(os.path.join(SHM, name))
+        except OSError:
+            continue
+        if st.st_uid == uid:
+            found[name] = st.st_ino
+    return found
+
+
+def shm_left(before: "Dict[str, int]") -> "List[jobfiles.ShmFile]":
+    """This user's files in ``/dev/shm`` that were not there when the job started (a torch
+    DataLoader's, a POSIX shared memory segment the function did not unlink): the biggest
+    first, with the memory each holds. A job of the same user beside it on the node may have
+    made some of them: they are named, not removed."""
+    left = []  # type: List[jobfiles.ShmFile]
+    for name, ino in shm_names().items():
+        if before.get(name) == ino:
+            continue
+        path = os.path.join(SHM, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        left.append({"path": path, "bytes": st.st_blocks * 512})
+    left.sort(key=lambda f: -f["bytes"])
+    return left[:MAX_SHM_SHOWN]
+
+
 STACK_DUMP_WAIT = 2.0  # seconds for VENV2's faulthandler to write its stacks before the TERM
 STACK_DUMP_QUIET = 0.1  # the dump is over once stderr has not grown for this long
 MAX_STACK_DUMP = 32768  # bytes of it kept in the outcome
@@ -197,6 +239,8 @@ class Supervisor(object):
         self.wake_r = -1
         self.wake_w = -1
         self.requeued = False
+        self.env_folder = ""  # the job folder that held the passed variables (``JOB_ENV``)
+        self.shm_before = None  # type: Optional[Dict[str, int]]
         # a SIGTERM under Slurm: a cancel or a preemption, which ``_resolve_stop`` tells apart
         self.term_pending = False
 
@@ -280,12 +324,22 @@ class Supervisor(object):
                 self.outcome["cgroup_after"] = cgroup_memory()
             except Exception:
                 pass
+            if self.shm_before is not None:  # what the job left in /dev/shm, RAM held
+                shm = shm_left(self.shm_before)
+                if shm:
+                    self.outcome["shm_left"] = shm
             if not self.requeued:  # Slurm starts the next attempt; it writes the outcome
+                if self.env_folder:
+                    jobfiles.take_job_env(self.env_folder, remove=True)
                 jobfiles.write_json(self.path(jobfiles.OUTCOME), self.outcome)
         return self.outcome
 
     def _run(self) -> None:
         os.chmod(self.jobdir, 0o700)
+        # the passed variables' values: read from their 0600 file, which goes at once (under
+        # Slurm at the end: a requeued attempt and the other ranks read it too)
+        self.env_folder = self.jobdir
+        job_env = jobfiles.take_job_env(self.jobdir, remove=not self.outcome["slurm_job_id"])
         self.jobdir = task_folder(self.jobdir, self.outcome)
         jobfiles.write_json(self.path(jobfiles.PIDFILE), {
             "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
@@ -297,6 +351,7 @@ class Supervisor(object):
             return
         attempts.begin(self.path, self.outcome)
         self.outcome["cgroup_before"] = cgroup_memory()
+        self.shm_before = shm_names()
         limits = meta.get("limits") or {}
         time_limit = limits.get("time_limit_s")
         grace = float(limits.get("grace_s") or DEFAULT_GRACE)
@@ -304,7 +359,7 @@ class Supervisor(object):
         under_slurm = bool(self.outcome["slurm_job_id"])
         env = dict(os.environ)
         env.update(rendezvous_env(meta, env))
-        env.update(meta.get("env") or {})
+        env.update(job_env)
         env["GPUCTL_JOB_DIR"] = self.jobdir
         env["GPUCTL_JOB_ID"] = str(meta.get("id", ""))
         setup = list(meta.get("setup") or [])

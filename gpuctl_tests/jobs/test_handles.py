@@ -119,6 +119,10 @@ def test_a_map_chunk_with_failed_items_is_not_plain_done(
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
     assert rows[first.id[:12]].split()[1] == "done"
     assert rows[second.id[:12]].split()[1] == "partial"
+    # the API says what the CLI says, for this Job and for one attached from the store
+    assert (first.state, second.state) == ("done", "partial")
+    again = attach(second.id, JobStore())
+    assert again.wait(60) and again.state == "partial"
     assert (
         "items_failed: 2 of 3 items failed (5, 7): ValueError: odd item 5" in rows[second.id[:12]]
     )

@@ -85,6 +85,9 @@ def test_a_capped_map_that_cannot_start_says_so_at_once(make_executor: Any, tmp_
         ex.map_jobs(abs, range(5), chunksize=1, max_running=2)
     rows = store.list()
     assert len(rows) == 5 and {(r.state, r.kind) for r in rows} == {("failed", "never_started")}
+    # no Slurm job: no "pending reason" to see, but what to fix (#40.7)
+    remedies = {str((r.report or {}).get("remedy")) for r in rows}
+    assert all(x.startswith("fix what the line above says") for x in remedies), remedies
 
 
 def test_chunk_rule_depends_on_items_and_cap_only() -> None:

@@ -66,7 +66,9 @@ def test_a_damaged_store_is_one_line_for_every_command(tmp_path: Path) -> None:
     assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
 
 
-def test_the_row_is_written_before_the_start_and_says_why_it_failed(tmp_path: Path) -> None:
+def test_a_start_refused_takes_its_row_and_folder_back(tmp_path: Path) -> None:
+    """The row is written before the start; a start refused (no supervisor Python) takes it
+    back with the folder: the error says why, nothing is left to purge (#40.7)."""
     store = JobStore(tmp_path / "jobs.sqlite")
     ex = Executor(
         "local",
@@ -76,10 +78,8 @@ def test_the_row_is_written_before_the_start_and_says_why_it_failed(tmp_path: Pa
     )
     with pytest.raises(HostError, match="no python at"):
         ex.submit(os.getpid)
-    (rec,) = store.list()
-    assert rec.state == "failed" and rec.kind == "never_started"
-    assert rec.summary is not None and "starting it failed" in rec.summary
-    assert Path(rec.jobdir).is_dir()  # the folder it was to run from, for a look
+    assert store.list() == []
+    assert [p.name for p in (tmp_path / "jobs").iterdir()] == []
 
 
 def test_a_function_that_cannot_be_pickled_leaves_no_row(tmp_path: Path) -> None:

@@ -313,6 +313,24 @@ async def test_jobs_pane_says_how_to_submit_when_empty_and_gives_the_summary_roo
         assert table.columns["summary"].get_render_width(table) >= len(why)
 
 
+async def test_jobs_pane_says_partial_as_gpuctl_jobs_and_job_state_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A map's chunk done with failed items (its row: done, items_failed) is partial here too."""
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    store = JobStore()
+    store.add(JobRecord("j-1", "map:f", "local", {}, str(tmp_path), "running", 1000.0))
+    why = "2 of 3 items failed (5, 7): ValueError: odd item 5"
+    store.update("j-1", state="done", kind="items_failed", summary=why, ended_at=1010.0)
+    app = make_app(replay_fleet(), state_dir=tmp_path, job_store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        table = app.overview.query_one("#jobs-table", DataTable)
+        await until(pilot, lambda: table.row_count == 1, "the job")
+        assert cell(table, "j-1", "state") == "partial"
+        assert cell(table, "j-1", "summary") == why
+
+
 # -- acceptance ------------------------------------------------------------------------------
 def gpu_report(node: str, started: float, bf16: tuple[float, float]) -> dict[str, Any]:
     """A node report as the suite writes it (two H100s), with the given bf16 TFLOP/s."""

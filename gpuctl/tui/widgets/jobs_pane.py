@@ -25,7 +25,7 @@ from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Log, Static
 
 from gpuctl.jobs.records import ReportDict
-from gpuctl.jobs.store import JobRecord, JobStore, StoreError
+from gpuctl.jobs.store import PARTIAL, JobRecord, JobStore, StoreError, shown_state
 from gpuctl.node import jobfiles
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.text import node_content, node_str, node_text
@@ -54,6 +54,7 @@ EMPTY_NOTE = (
 )
 STATE_STYLES = {
     "done": "jobspane--done",
+    PARTIAL: "jobspane--partial",
     "failed": "jobspane--failed",
     "cancelled": "jobspane--cancelled",
     "running": "jobspane--running",
@@ -257,7 +258,7 @@ class JobsPane(Vertical):
         """The row's cells as printable strings (names and summaries come from jobs)."""
         return (
             node_str(r.id)[:12],  # the short id `gpuctl jobs` accepts
-            node_str(r.state, limit=CELL_LIMIT),
+            node_str(shown_state(r.state, r.kind), limit=CELL_LIMIT),
             node_str(r.target + (f" ({r.tasks} tasks)" if r.tasks > 1 else ""), limit=CELL_LIMIT),
             node_str(r.name, limit=CELL_LIMIT),
             fmt_duration(job_duration(r, self.clock())),
@@ -317,7 +318,8 @@ class JobsPane(Vertical):
         shown = {str(k.value) for k in table.rows}
         for r in self.records.values():
             if r.id in shown:
-                table.update_cell(r.id, "state", self._state_cell(r.state), update_width=False)
+                state = self._state_cell(shown_state(r.state, r.kind))
+                table.update_cell(r.id, "state", state, update_width=False)
 
     # -- the selected job ---------------------------------------------------------------------
     @on(DataTable.RowHighlighted, "#jobs-table")
@@ -347,7 +349,8 @@ class JobsPane(Vertical):
             box.display = False
             return
         duration = fmt_duration(job_duration(rec, self.clock()))
-        state = rec.state if rec.state != "failed" else f"failed ({rec.kind or '?'})"
+        state = shown_state(rec.state, rec.kind)
+        state = state if state != "failed" else f"failed ({rec.kind or '?'})"
         title.update(
             node_content(
                 (f" {node_str(rec.id)[:12]} ", "$primary bold"),
