@@ -151,6 +151,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, text in FILES.items():
         if text is not None:
             (d / name).write_text(text)
+            if name.endswith(".password"):  # a secret: readable by its owner alone
+                (d / name).chmod(0o600)
     from gpuctl.jobs.store import JobRecord, JobStore
 
     (d / "state").mkdir()
