@@ -184,7 +184,7 @@ META: dict[str, Any] = {
     "name": "train",
     "created_at": 1.0,
     "command": ["python", "x.py"],
-    "env": {"A": "1"},
+    "env_names": ["A"],
     "limits": {},
 }
 STATUS = b'{"phase": "running", "t": 1.0, "done": 3}\n{"phase": "done", "t": 2.0}\n'
