@@ -57,6 +57,7 @@ WORKER_SCRIPT = "worker.py"
 # working, and the name cannot shadow a module of the user's.
 RUNNER_PACKAGE = "gpuctl_runner"
 RUNNER_MODULES = ("__init__", "jobfiles", "metrics", "proc", "protocol", "readers/__init__",
+                  "readers/base",
                   "readers/bindings", "readers/nvml", "readers/smi", "readers/procs",
                   "readers/emit", "attempts", "cgroups", "envbuild", "keeper", "rendezvous",
                   "resources", "scontrol")

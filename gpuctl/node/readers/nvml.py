@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple, Union
 
 from ..metrics import SLOW_READ_EVERY as PCIE_EVERY
 from ..protocol import decode_throttle
-from . import Reader, ReaderUnavailable
+from .base import Reader, ReaderUnavailable
 from .procs import ProcessNames
 from .emit import event, lost_record
 

@@ -13,7 +13,7 @@ import random
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from . import Reader
+from .base import Reader
 from .emit import event, lost_record
 from .procs import user_of
 

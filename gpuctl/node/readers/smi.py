@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tupl
 
 from ..metrics import METRICS
 from ..protocol import decode_throttle
-from . import Reader, ReaderUnavailable
+from .base import Reader, ReaderUnavailable
 from .procs import ProcessNames
 from .emit import event, lost_record
 
