@@ -29,7 +29,7 @@ import zlib
 from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 from . import protocol
-from .proc import LineBuffer
+from .proc import LineBuffer, boot_time
 from .readers import Reader, bindings, host, open_reader
 
 if TYPE_CHECKING:
@@ -228,7 +228,7 @@ class Agent(object):
             versions=reader.versions() if reader is not None else {},
             features=list(self.handlers), read_only=self.read_only,
             liveness_timeout=self.liveness_timeout, max_duration=self.max_duration,
-            boot_time=host.boot_time(), gpus=self._static)
+            boot_time=boot_time(), gpus=self._static)
 
     def sample(self, req_id: Any = None) -> None:
         gpus = []  # type: List[Dict[str, Any]]

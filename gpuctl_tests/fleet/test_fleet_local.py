@@ -294,7 +294,8 @@ async def test_a_command_ends_when_its_background_task_lost_a_cancel(
     ``Fleet.stop`` ends node tasks: on Python 3.11 a request's ``asyncio.wait_for`` can lose the
     cancel, and a story that lost it went on for ever (``gpuctl export --demo`` never exited
     on SIGTERM: a CI run). The story here loses its first cancel as that one did."""
-    from gpuctl.cli import common, demo
+    from gpuctl.cli import common
+    from gpuctl.fleet import demo
 
     lost: list[bool] = []
     started = asyncio.Event()

@@ -120,18 +120,6 @@ class HostStats(object):
                 round((tx - before[1]) / dt, 1) if tx >= before[1] else None)
 
 
-def boot_time(root: str = "/proc") -> Optional[float]:
-    """When the node booted (unix time: /proc/stat's ``btime``), or None."""
-    try:
-        with open(os.path.join(root, "stat")) as f:
-            for line in f:
-                if line.startswith("btime "):
-                    return float(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _meminfo(text: Optional[str]) -> Dict[str, Optional[int]]:
     return {"mem_total": _meminfo_kb(text or "", "MemTotal"),
             "mem_available": _meminfo_kb(text or "", "MemAvailable")}
