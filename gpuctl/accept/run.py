@@ -424,9 +424,12 @@ def start_fleet_run(
                 node, ERROR, reason=f"not reachable: {snap.reason or snap.state.value}"
             )
         python = (python_for or {}).get(node) or options.python
+        args = options.suite_args(expectations.get(node))
+        if options.device == "sim":  # its agent runs here: the report names the simulated node
+            args += ["--node-name", node]
         msg: JsonObject = {
             "type": "accept_start",
-            "args": options.suite_args(expectations.get(node)),
+            "args": args,
             "timeout": options.timeout,
         }
         if python:

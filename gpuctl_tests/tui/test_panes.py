@@ -446,8 +446,8 @@ async def test_acceptance_matrix_follows_progress_and_drills_down(tmp_path: Path
         i = next(i for i, r in enumerate(rows) if r[:3] == ["compute", H100_0, "bf16"])
         await until(pilot, lambda: str(figures.get_cell(str(i), "trend")), "a trend")
         assert len(str(figures.get_cell(str(i), "trend"))) == 3  # three earlier runs
-        notes = str(screen.query_one("#report-notes", Static).render())
-        assert "compute gpu1 bf16: below the floor" in notes
+        notes = str(screen.query_one("#report-findings", Static).render())
+        assert "compute gpu1 bf16: 0% of the peak: 65 points under the floor 65%" in notes
         await pilot.press("escape")
         assert app.screen is app.overview
         table.move_cursor(row=table.get_row_index("gpu-c03"))
