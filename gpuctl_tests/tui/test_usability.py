@@ -334,12 +334,15 @@ async def test_detail_events_in_words_with_ages_that_move_and_a_scroll(tmp_path:
         text = app.screen.query_one("#detail-events", Static)
         await until(pilot, lambda: "burn done" in str(text.render()), "the events")
         lines = str(text.render()).splitlines()
-        assert lines[0].endswith("GPU 2  burn done: OK, 612 TF/s"), lines[0]
-        xid79 = "GPU 1  XID 79: GPU has fallen off the bus: drain and reset the node"
-        assert lines[1].endswith(xid79) and "xid=" not in str(text.render())
+        # GPU 0's own first (its 8 XIDs, newest first), then the other GPUs' (issue 39.7)
+        xid79 = "XID 79: GPU has fallen off the bus: drain and reset the node"
+        assert lines[0].endswith(f"GPU 0  {xid79}"), lines[0]
+        assert all("GPU 0  " in line for line in lines[:8])
+        assert lines[8].endswith("GPU 2  burn done: OK, 612 TF/s"), lines[8]
+        assert lines[9].endswith(f"GPU 1  {xid79}") and "xid=" not in str(text.render())
         assert len(lines) == 31  # every kept event, not the last twelve
         assert box.first().max_scroll_y > 0  # more than fit: it scrolls
-        assert lines[0].lstrip().startswith(f"{int(NOW - T0 - 31)}s ago")
+        assert lines[0].lstrip().startswith(f"{int(NOW - T0 - 28)}s ago")
         now[0] += 300
         await until(pilot, lambda: str(text.render()).lstrip().startswith("5m ago"), "ages")
 
