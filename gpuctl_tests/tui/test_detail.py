@@ -12,10 +12,12 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
+from gpuctl.core.format import gpu_badge_names
+from gpuctl.core.model import GpuSample, NodeEvent
 from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 from gpuctl.fleet.fleet import THROTTLE_HOLD_MAX_S, THROTTLE_HOLD_S, Fleet, Throttling
 from gpuctl.tui import make_app
-from gpuctl.tui.screens.detail import Facts, event_lines, time_ticks, value_ticks
+from gpuctl.tui.screens.detail import Facts, event_lines, event_text, time_ticks, value_ticks
 from gpuctl.workloads.accept_suite.nodehealth import HARDWARE_XIDS, XIDS, xid_text
 from gpuctl_tests.helpers import open_detail, until
 from gpuctl_tests.tui.conftest import T0
@@ -223,3 +225,13 @@ async def test_this_gpus_events_come_first_and_a_flapping_power_cap_is_one_line(
             rows = [i for i, line in enumerate(rendered.splitlines()) if "┤" in line]
             gaps = {b - a for a, b in itertools.pairwise(rows)}
             assert len(rows) >= 3 and len(gaps) == 1, (metric, rows)
+
+
+def test_throttle_badges_come_in_one_order_whatever_the_reader_sent() -> None:
+    """Issue 39.10: one reader sent ``sw_power_cap, sw_thermal``, another the other way round,
+    and an event listed them as they came: ``THERM PWRCAP`` here, ``PWRCAP THERM`` there."""
+    one = GpuSample(0, throttle=("sw_power_cap", "sw_thermal"))
+    other = GpuSample(0, throttle=("sw_thermal", "sw_power_cap"))
+    assert gpu_badge_names(one) == gpu_badge_names(other) == ["THERM", "PWRCAP"]
+    started = NodeEvent(0.0, "throttle", 0, {"started": ["sw_power_cap", "sw_thermal"]})
+    assert event_text(started) == "THERM PWRCAP started"

@@ -361,3 +361,24 @@ async def test_screenshot_without_a_downloads_folder(tmp_path: Path) -> None:
         files = list((tmp_path / "state" / "screenshots").glob("*.svg"))
         assert len(files) == 1 and "<svg" in files[0].read_text()
         assert saved[0] == f"screenshot saved to {files[0]}"
+
+
+async def test_help_at_80x24_starts_with_moving_about_and_its_headers_whole(
+    tmp_path: Path,
+) -> None:
+    """Issue 39.10: at 80x24 the help cut its headers ("id (remap in [t") and opened on ``s``:
+    the arrows and Enter, what a newcomer needs first, were two screens down."""
+    from gpuctl.tui.screens.help import HelpScreen
+    from gpuctl_tests.tui.test_hostile import drawn
+
+    app = replay_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), "help")
+        await pilot.pause()
+        table = app.screen.query_one("#help-table", DataTable)
+        keys = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        assert keys[0] == "↑" and keys.index("⏎") < keys.index("esc") < keys.index("s"), keys
+        header = next(line for line in drawn(app).splitlines() if " does " in line)
+        assert all(f" {word}" in header for word in ("key", "does", "id", "where")), header

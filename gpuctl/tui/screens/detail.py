@@ -21,7 +21,15 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Static
 from textual_plotext import PlotextPlot
 
-from gpuctl.core.format import GIB, THROTTLE_BADGES, THROTTLE_WORDS, fmt_age, gpu_flags, reader_text
+from gpuctl.core.format import (
+    GIB,
+    THROTTLE_BADGES,
+    THROTTLE_WORDS,
+    fmt_age,
+    gpu_flags,
+    reader_text,
+    throttle_order,
+)
 from gpuctl.core.model import GpuSample, MigInstance, NodeEvent, NodeSnapshot
 from gpuctl.node import metrics
 from gpuctl.node.metrics import BY_KEY
@@ -161,7 +169,8 @@ def event_text(e: NodeEvent) -> str:
         for what in ("started", "ended"):
             reasons = d.get(what)
             if isinstance(reasons, list) and reasons:
-                names = " ".join(THROTTLE_BADGES.get(str(r), str(r)) for r in reasons)
+                ordered = throttle_order(str(r) for r in reasons)
+                names = " ".join(THROTTLE_BADGES.get(r, r) for r in ordered)
                 parts.append(f"{names} {what}")
         return ", ".join(parts)
     if e.kind == "gpu_lost":
