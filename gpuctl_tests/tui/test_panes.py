@@ -589,3 +589,26 @@ def test_the_report_says_why_a_figure_degraded() -> None:
     assert _degradation_text(gone.to_dict()).endswith("gone: gpu5 (GPU-ab12)")
     # an entry that is not one (a report from elsewhere) still shows its figures
     assert "below its earlier runs" in _degradation_text({"key": "x", "value": 1, "drop": 0.5})
+
+
+async def test_an_ended_jobs_return_value_shows_and_an_empty_log_gives_its_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39.10: at 80x24 an ended job's empty stderr box kept its half of 40% of the pane,
+    and what the job returned was nowhere on the screen."""
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    store = JobStore()
+    ex = Executor("local", python=sys.executable, job_root=str(tmp_path / "jobs"), store=store)
+    job = ex.submit(prints_and_returns, 3)
+    assert job.result(60) == 3
+    app = make_app(replay_fleet(), state_dir=tmp_path / "ui", job_store=store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2")
+        title = app.overview.query_one("#job-title", Static)
+        await until(pilot, lambda: "returned 3" in str(title.render()), "the return value")
+        await until(pilot, lambda: "step 2" in log_text(app, "stdout"), "the stdout")
+        stdout = app.overview.query_one("#job-stdout", Log)
+        stderr = app.overview.query_one("#job-stderr", Log)
+        assert stdout.display and not stderr.display  # stdout has the width stderr had
+        await pilot.pause()
+        assert stdout.region.width > 60, stdout.region
