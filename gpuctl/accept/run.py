@@ -458,9 +458,12 @@ def start_fleet_run(
         python = (python_for or {}).get(node) or options.python
         stage[node] = "asking the agent to start the suite"
         heard[node] = time.monotonic()
+        args = options.suite_args(expectations.get(node))
+        if options.device == "sim":  # its agent runs here: the report names the simulated node
+            args += ["--node-name", node]
         msg: JsonObject = {
             "type": "accept_start",
-            "args": options.suite_args(expectations.get(node)),
+            "args": args,
             "timeout": options.timeout,
         }
         if python:

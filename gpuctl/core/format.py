@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from gpuctl.core.model import GpuSample, HostSample, NodeInfo, NodeSnapshot
 from gpuctl.node import metrics
 
@@ -90,7 +92,7 @@ def gpu_flags(g: GpuSample) -> list[str]:
     flags: list[str] = []
     if g.lost:
         return ["LOST"]
-    for reason in g.throttle or ():
+    for reason in throttle_order(g.throttle or ()):
         if reason not in QUIET_THROTTLE:
             flags.append(reason)
     if g.ecc and (g.ecc.get("volatile_uncorrected") or g.ecc.get("aggregate_uncorrected")):
@@ -110,6 +112,15 @@ THROTTLE_BADGES = {
     "sw_power_cap": "PWRCAP",
     "sync_boost": "SYNC",
 }
+
+
+def throttle_order(reasons: Iterable[str]) -> list[str]:
+    """Throttle reasons in the one order every screen shows them: THROTTLE_BADGES' (THERM
+    before PWRCAP), unknown ones after, by name; readers and events list them as they come."""
+    rank = {r: i for i, r in enumerate(THROTTLE_BADGES)}
+    return sorted(reasons, key=lambda r: (rank.get(r, len(rank)), str(r)))
+
+
 # What each badge means, for the detail screen and the help.
 THROTTLE_WORDS = {
     "THERM": "thermal slowdown",

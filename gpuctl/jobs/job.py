@@ -292,6 +292,12 @@ class Job(concurrent.futures.Future[Any]):
         object; a field of the wrong type is left out)."""
         return wire.parse(schema, jobfiles.loads(self._read(name)))
 
+    def result_info(self) -> ResultInfo | None:
+        """What the job returned, as its worker described it once saved (type, size in bytes,
+        a short repr), read without unpickling; None before then or when the folder is gone.
+        ``HostError`` when the node does not answer."""
+        return self._json(ResultInfo, jobfiles.RESULT_INFO)
+
     def _tail(self, name: str, limit: int = 6000) -> str:
         data = self._read(name) or b""
         return data[-limit:].decode("utf-8", "replace")

@@ -512,7 +512,8 @@ class GpuctlApp(App[int]):
                     rows.append((key, what, b.id, where))
                 elif where not in rows[i][3].split(", "):
                     rows[i] = (*rows[i][:3], f"{rows[i][3]}, {where}")
-        return rows
+        # moving about first (arrows, Enter, Esc), then the rest in the screens' order
+        return sorted(rows, key=lambda r: NAV_KEYS.index(r[0]) if r[0] in NAV_KEYS else 99)
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -550,6 +551,10 @@ class GpuctlApp(App[int]):
                             f"key {self.key_display(b.id or '', b.key)}",
                             partial(self.run_action, b.action, pane),
                         )
+
+
+# the keys that move about, in the order the help lists them first
+NAV_KEYS = ("↑", "↓", "←", "→", "pgup", "pgdn", "home", "end", "⏎", "esc")
 
 
 def _title(description: str) -> str:

@@ -12,6 +12,8 @@ Notifications go through ``GpuctlApp.notify``, which does the same for the whole
 
 from __future__ import annotations
 
+import os
+
 from rich.style import Style
 from rich.text import Text
 from textual.content import Content
@@ -50,3 +52,19 @@ def node_content(*parts: object, one_line: bool = False) -> Content:
         else:
             pieces.append(printable(part, one_line=one_line))
     return Content.assemble(*pieces)
+
+
+def short_path(path: object, width: int | None = None) -> str:
+    """A path to show: under the home folder ``~``-relative, and when still wider than
+    ``width`` cut in the middle of its folders (the file's name stays whole while it fits)."""
+    text = str(path)
+    home = os.path.expanduser("~")
+    if home not in ("", "/", "~") and (text == home or text.startswith(home + os.sep)):
+        text = "~" + text[len(home) :]
+    if width is None or len(text) <= width or width < 2:
+        return text
+    tail = max(len(os.path.basename(text)) + 1, width // 2)
+    head = width - 1 - tail
+    if head <= 0:
+        return "…" + text[len(text) - (width - 1) :]
+    return text[:head] + "…" + text[-tail:]

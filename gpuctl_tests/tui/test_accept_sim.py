@@ -115,6 +115,7 @@ async def test_the_demo_runs_the_suite_simulated_on_its_gpus(tmp_path: Path) -> 
     (path,) = (tmp_path / "reports").glob("accept-sim-02-*.json")
     report = json.loads(path.read_text())
     assert report["device"] == "sim" and report["simulated"] is True
+    assert report["hostname"] == "sim-02"  # the simulated node, not this machine
     compute = report["sections"]["compute"]
     assert [d["name"] for d in compute["devices"]] == ["NVIDIA H100 80GB HBM3"] * 4
     assert compute["summary"].startswith("simulated:")

@@ -4,6 +4,8 @@ numbers; throttle starts and ends as events; an XID named with what to do; facts
 
 from __future__ import annotations
 
+import itertools
+import re
 from pathlib import Path
 
 import msgspec
@@ -12,12 +14,21 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
-from gpuctl.core.model import GpuSample
+from gpuctl.core.format import gpu_badge_names
+from gpuctl.core.model import GpuSample, NodeEvent
 from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 from gpuctl.fleet.fleet import THROTTLE_HOLD_MAX_S, THROTTLE_HOLD_S, Fleet, Throttling
 from gpuctl.node.metrics import BY_KEY, GIB
 from gpuctl.tui import make_app
-from gpuctl.tui.screens.detail import NOW_FACTS, Facts, now_facts, time_ticks, value_ticks
+from gpuctl.tui.screens.detail import (
+    NOW_FACTS,
+    Facts,
+    event_lines,
+    event_text,
+    now_facts,
+    time_ticks,
+    value_ticks,
+)
 from gpuctl.workloads.accept_suite.nodehealth import HARDWARE_XIDS, XIDS, xid_text
 from gpuctl_tests.helpers import open_detail, until
 from gpuctl_tests.tui.conftest import T0
@@ -210,3 +221,71 @@ async def test_detail_reads_now_then_processes_then_plots_and_names_the_trouble(
         rendered = plot.plt.build()
         assert "now" in rendered and "30s" in rendered and "seconds ago" not in rendered
         assert "." not in "".join(line.split("┤")[0] for line in rendered.splitlines())
+
+
+async def test_this_gpus_events_come_first_and_a_flapping_power_cap_is_one_line(
+    tmp_path: Path,
+) -> None:
+    """Issue 39.7: the events were the node's, led by another GPU's power cap coming and going
+    (``GPU 1 PWRCAP ended``, ``GPU 1 PWRCAP started``...), and the selected GPU's own THERM
+    start was below them; the "now" box did not say a burn runs on this GPU; the clock plot's
+    two lines had no key; 0 50 100 stood 3 and 4 rows apart."""
+    flaps = [
+        {
+            "type": "event",
+            "t": T0 + 20 + 8 * k,
+            "kind": "throttle",
+            "gpu": 1,
+            "detail": {"started": [], "ended": ["sw_power_cap"]}
+            if k % 2
+            else {"started": ["sw_power_cap"], "ended": []},
+        }
+        for k in range(12)
+    ]
+    messages = recorded_node(
+        "n-01", "2:H100", seed=11, t0=T0, samples=SAMPLES, load={0: 1.0}, events=flaps
+    )
+    fleet = Fleet({"n-01": ReplayLink(messages)}, clock=lambda: NOW, stale_after=1e9)
+    app = make_app(fleet, clock=lambda: NOW, state_dir=tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(
+            pilot, lambda: len(fleet.history("n-01", 0).series("util")[0]) == SAMPLES, "samples"
+        )
+        await until(pilot, lambda: app.overview.nodes.lines, "the node on screen")
+        fleet.annotate("n-01", 0, burn={"state": "running", "tflops": 648.0, "errors": 0})
+        screen = await open_detail(pilot, "n-01", 0)
+        now = screen.query_one("#detail-now", Facts)
+        await until(pilot, lambda: "BURN 648 TF/s 0 err" in now.text().plain, "the burn")
+        # the burn comes first: it is why this GPU is hot and capped
+        assert now.text().plain.startswith("BURN 648 TF/s 0 err")
+        lines = event_lines(fleet.events("n-01"), 0, NOW)
+        assert "GPU 0  THERM" in lines[0][0] and lines[0][0].endswith("started"), lines
+        assert not lines[0][1]  # this GPU's: not dimmed
+        others = [(line, dim) for line, dim in lines if "GPU 1" in line]
+        assert len(others) == 1 and others[0][1], lines  # one line, dimmed
+        folded = re.search(r"GPU 1  PWRCAP ×(\d+) in \S+$", others[0][0])
+        assert folded and int(folded[1]) >= 12, others  # ours, and any its samples made
+        await pilot.pause()
+        screen_text = drawn(app)
+        assert "GPU 0  THERM started" in screen_text and "GPU 1  PWRCAP ×" in screen_text
+        assert "events: GPU 0 first" in screen_text
+        # the clocks' two lines have a key; a plot's value ticks stand evenly apart
+        clock = screen.query_one("#plot-clock", PlotextPlot).plt.build()
+        assert "SM" in clock and "memory" in clock
+        for metric in ("util", "temp", "power", "clock"):
+            plot = screen.query_one(f"#plot-{metric}", PlotextPlot)
+            plot.plt.plotsize(plot.size.width, plot.size.height)  # as its render does
+            rendered = plot.plt.build()
+            rows = [i for i, line in enumerate(rendered.splitlines()) if "┤" in line]
+            gaps = {b - a for a, b in itertools.pairwise(rows)}
+            assert len(rows) >= 3 and len(gaps) == 1, (metric, rows)
+
+
+def test_throttle_badges_come_in_one_order_whatever_the_reader_sent() -> None:
+    """Issue 39.10: one reader sent ``sw_power_cap, sw_thermal``, another the other way round,
+    and an event listed them as they came: ``THERM PWRCAP`` here, ``PWRCAP THERM`` there."""
+    one = GpuSample(0, throttle=("sw_power_cap", "sw_thermal"))
+    other = GpuSample(0, throttle=("sw_thermal", "sw_power_cap"))
+    assert gpu_badge_names(one) == gpu_badge_names(other) == ["THERM", "PWRCAP"]
+    started = NodeEvent(0.0, "throttle", 0, {"started": ["sw_power_cap", "sw_thermal"]})
+    assert event_text(started) == "THERM PWRCAP started"

@@ -464,8 +464,8 @@ async def test_acceptance_matrix_follows_progress_and_drills_down(tmp_path: Path
         i = next(i for i, r in enumerate(rows) if r[:3] == ["compute", H100_0, "bf16"])
         await until(pilot, lambda: str(figures.get_cell(str(i), "trend")), "a trend")
         assert len(str(figures.get_cell(str(i), "trend"))) == 3  # three earlier runs
-        notes = str(screen.query_one("#report-notes", Static).render())
-        assert "compute gpu1 bf16: below the floor" in notes
+        notes = str(screen.query_one("#report-findings", Static).render())
+        assert "compute gpu1 bf16: 0% of the peak: 65 points under the floor 65%" in notes
         await pilot.press("escape")
         assert app.screen is app.overview
         table.move_cursor(row=table.get_row_index("gpu-c03"))
@@ -649,3 +649,26 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_an_ended_jobs_return_value_shows_and_an_empty_log_gives_its_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39.10: at 80x24 an ended job's empty stderr box kept its half of 40% of the pane,
+    and what the job returned was nowhere on the screen."""
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    store = JobStore()
+    ex = Executor("local", python=sys.executable, job_root=str(tmp_path / "jobs"), store=store)
+    job = ex.submit(prints_and_returns, 3)
+    assert job.result(60) == 3
+    app = make_app(replay_fleet(), state_dir=tmp_path / "ui", job_store=store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2")
+        title = app.overview.query_one("#job-title", Static)
+        await until(pilot, lambda: "returned 3" in str(title.render()), "the return value")
+        await until(pilot, lambda: "step 2" in log_text(app, "stdout"), "the stdout")
+        stdout = app.overview.query_one("#job-stdout", Log)
+        stderr = app.overview.query_one("#job-stderr", Log)
+        assert stdout.display and not stderr.display  # stdout has the width stderr had
+        await pilot.pause()
+        assert stdout.region.width > 60, stdout.region

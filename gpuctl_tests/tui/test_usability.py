@@ -336,12 +336,15 @@ async def test_detail_events_in_words_with_ages_that_move_and_a_scroll(tmp_path:
         text = app.screen.query_one("#detail-events", Static)
         await until(pilot, lambda: "burn done" in str(text.render()), "the events")
         lines = str(text.render()).splitlines()
-        assert lines[0].endswith("GPU 2  burn done: OK, 612 TF/s"), lines[0]
-        xid79 = "GPU 1  XID 79: GPU has fallen off the bus: drain and reset the node"
-        assert lines[1].endswith(xid79) and "xid=" not in str(text.render())
+        # GPU 0's own first (its 8 XIDs, newest first), then the other GPUs' (issue 39.7)
+        xid79 = "XID 79: GPU has fallen off the bus: drain and reset the node"
+        assert lines[0].endswith(f"GPU 0  {xid79}"), lines[0]
+        assert all("GPU 0  " in line for line in lines[:8])
+        assert lines[8].endswith("GPU 2  burn done: OK, 612 TF/s"), lines[8]
+        assert lines[9].endswith(f"GPU 1  {xid79}") and "xid=" not in str(text.render())
         assert len(lines) == 31  # every kept event, not the last twelve
         assert box.first().max_scroll_y > 0  # more than fit: it scrolls
-        assert lines[0].lstrip().startswith(f"{int(NOW - T0 - 31)}s ago")
+        assert lines[0].lstrip().startswith(f"{int(NOW - T0 - 28)}s ago")
         now[0] += 300
         await until(pilot, lambda: str(text.render()).lstrip().startswith("5m ago"), "ages")
 
@@ -360,3 +363,24 @@ async def test_screenshot_without_a_downloads_folder(tmp_path: Path) -> None:
         files = list((tmp_path / "state" / "screenshots").glob("*.svg"))
         assert len(files) == 1 and "<svg" in files[0].read_text()
         assert saved[0] == f"screenshot saved to {files[0]}"
+
+
+async def test_help_at_80x24_starts_with_moving_about_and_its_headers_whole(
+    tmp_path: Path,
+) -> None:
+    """Issue 39.10: at 80x24 the help cut its headers ("id (remap in [t") and opened on ``s``:
+    the arrows and Enter, what a newcomer needs first, were two screens down."""
+    from gpuctl.tui.screens.help import HelpScreen
+    from gpuctl_tests.tui.test_hostile import drawn
+
+    app = replay_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), "help")
+        await pilot.pause()
+        table = app.screen.query_one("#help-table", DataTable)
+        keys = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        assert keys[0] == "↑" and keys.index("⏎") < keys.index("esc") < keys.index("s"), keys
+        header = next(line for line in drawn(app).splitlines() if " does " in line)
+        assert all(f" {word}" in header for word in ("key", "does", "id", "where")), header

@@ -28,6 +28,7 @@ from gpuctl.core.format import (
     fmt_age,
     reader_text,
     short_model,
+    throttle_order,
 )
 from gpuctl.core.model import GpuSample, MigInstance, NodeEvent, NodeSnapshot
 from gpuctl.node import metrics
@@ -53,6 +54,16 @@ PLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("video", "video % (NVENC, NVDEC)", ("enc", "dec")),
     ("pcie", "PCIe GB/s: TX, RX", ("pcie_tx", "pcie_rx")),
 )
+
+# the key of a two-series plot: its series' short names
+SERIES_KEYS = {
+    "clock": "SM",
+    "mem_clock": "memory",
+    "enc": "NVENC",
+    "dec": "NVDEC",
+    "pcie_tx": "TX",
+    "pcie_rx": "RX",
+}
 
 
 def _points(
@@ -112,6 +123,40 @@ def value_ticks(lo: float, hi: float, most: int = 5) -> tuple[float, float, list
     return first, last, list(range(int(first), int(last) + 1, step))
 
 
+PLOT_ROWS = 12  # a plot's height (app.tcss) until it is laid out
+PLOT_FRAME_ROWS = 5  # plotext's rows around the plotting area: title, frame, x ticks
+
+
+def even_limits(first: float, last: float, ticks: int, rows: int) -> tuple[float, float]:
+    """The y limits that put ``ticks`` evenly spaced ticks from ``first`` to ``last`` on
+    whole rows of a plot ``rows`` high: plotext rounds each tick to its row, and 0 50 100 on
+    a plot of 12 rows stood 3 and 4 rows apart. The top grows by what the rows leave over."""
+    span = rows - PLOT_FRAME_ROWS  # rows from the lowest tick's to the highest's
+    if ticks < 2 or span < ticks - 1 or last <= first:
+        return first, last
+    per = span // (ticks - 1)  # rows between two ticks
+    return first, first + (last - first) / (ticks - 1) * span / per
+
+
+def even_ticks(lo: float, hi: float, rows: int) -> tuple[float, float, list[int]]:
+    """``value_ticks`` for a plot ``rows`` high and the axis limits of ``even_limits``: the
+    most ticks (at most 5) whose even spacing leaves at most one row over at the top (5 ticks
+    on 7 rows stood a row apart under 3 empty rows)."""
+    span = rows - PLOT_FRAME_ROWS
+    best: tuple[int, float, float, list[int]] | None = None
+    for most in (5, 4, 3, 2):
+        first, last, ticks = value_ticks(lo, hi, most)
+        bottom, top = even_limits(first, last, len(ticks), rows)
+        per = span // max(1, len(ticks) - 1)
+        waste = span - per * (len(ticks) - 1) if per else span
+        if best is None or waste < best[0]:
+            best = (waste, bottom, top, ticks)
+        if waste <= 1:
+            break
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
 def event_text(e: NodeEvent) -> str:
     """An agent event in words ("XID 79: GPU has fallen off the bus: drain and reset the
     node", "burn done: OK, 612 TF/s", "THERM PWRCAP started"); an unknown one as its kind and its
@@ -124,7 +169,8 @@ def event_text(e: NodeEvent) -> str:
         for what in ("started", "ended"):
             reasons = d.get(what)
             if isinstance(reasons, list) and reasons:
-                names = " ".join(THROTTLE_BADGES.get(str(r), str(r)) for r in reasons)
+                ordered = throttle_order(str(r) for r in reasons)
+                names = " ".join(THROTTLE_BADGES.get(r, r) for r in ordered)
                 parts.append(f"{names} {what}")
         return ", ".join(parts)
     if e.kind == "gpu_lost":
@@ -146,6 +192,46 @@ def event_text(e: NodeEvent) -> str:
         return f"acceptance {what}" + ("" if code is None else f" (exit code {code})")
     plain = [f"{k} {v}" for k, v in d.items() if isinstance(v, str | int | float | bool)]
     return " ".join([e.kind, *plain])
+
+
+FOLD_AT = 3  # this many power-cap events of one GPU read as one line
+
+
+def _power_cap_only(e: NodeEvent) -> bool:
+    """A throttle event that starts or ends the power cap alone (a busy GPU's cap comes and
+    goes all the time: it is the weather, not news)."""
+    if e.kind != "throttle":
+        return False
+    reasons = [*(e.detail.get("started") or []), *(e.detail.get("ended") or [])]
+    return bool(reasons) and all(THROTTLE_BADGES.get(str(r)) == "PWRCAP" for r in reasons)
+
+
+def event_lines(events: list[NodeEvent], gpu: int | None, now: float) -> list[tuple[str, bool]]:
+    """The detail's event lines and whether each is dimmed: GPU ``gpu``'s events first, then
+    the node's own (no GPU), then the other GPUs' (dimmed), each part newest first; a GPU's
+    power-cap starts and ends folded into one line ("PWRCAP ×14 in 10m") at its newest once
+    there are FOLD_AT of them."""
+    caps: dict[int | None, list[NodeEvent]] = {}
+    for e in events:
+        if _power_cap_only(e):
+            caps.setdefault(e.gpu, []).append(e)
+    parts: tuple[list[tuple[float, str]], ...] = ([], [], [])
+    for e in events:
+        fold = caps.get(e.gpu, [])
+        if len(fold) >= FOLD_AT and any(x is e for x in fold):
+            if e is not fold[-1]:
+                continue
+            text = f"PWRCAP ×{len(fold)} in {fmt_age(max(1.0, e.t - fold[0].t))}"
+        else:
+            text = event_text(e)
+        where = "" if e.gpu is None else f"GPU {e.gpu}  "
+        line = f"{fmt_age(max(0.0, now - e.t)):>4} ago  {where}{text}"
+        which = 0 if e.gpu == gpu and gpu is not None else (1 if e.gpu is None else 2)
+        parts[which].append((e.t, node_str(line, limit=LINE_LIMIT)))
+    out: list[tuple[str, bool]] = []
+    for i, part in enumerate(parts):
+        out += [(line, i == 2) for _t, line in sorted(part, key=lambda x: -x[0])]
+    return out
 
 
 def pack(paragraphs: list[list[Text]], width: int) -> Text:
@@ -301,7 +387,7 @@ class DetailScreen(Screen[None]):
         self.node = node
         self.gpu = gpu
         self._version = -1
-        self._events_text: str | None = None
+        self._events_text: list[tuple[str, bool]] | None = None
         self._info_shown: object = None
         self._ready = False
 
@@ -389,6 +475,15 @@ class DetailScreen(Screen[None]):
         ]
         xid = [lines.pop()] if last_xid is not None else []
         paragraphs: list[list[Text]] = []
+        burn = s.burn(g.index)
+        if burn:  # a burn on this GPU explains its load, heat and power cap: say it first
+            from gpuctl.tui.widgets.overview import burn_text
+
+            running = s.burning(g.index)
+            said = burn_text(burn, self.store.clock()) + ("" if running else " (finished)")
+            paragraphs.append(
+                [Text(node_str(said, limit=LINE_LIMIT), styles["warn"] if running else "")]
+            )
         if g.lost:
             paragraphs.append(lines)
         else:
@@ -419,8 +514,9 @@ class DetailScreen(Screen[None]):
             ys_all: list[float] = []
             for name, colour in zip(series, colours, strict=False):
                 xs, ys = _points(*hist.series(name), now)
-                if xs:
-                    plt.plot(xs, ys, color=colour, marker="braille")
+                if xs:  # two series: a key names each colour
+                    key = SERIES_KEYS.get(name) if len(series) > 1 else None
+                    plt.plot(xs, ys, color=colour, marker="braille", label=key)
                     ys_all += ys
             plt.title(f"GPU {self.gpu} {title}")
             plt.xlim(-span, 0)
@@ -430,8 +526,8 @@ class DetailScreen(Screen[None]):
                 if metric in ("util", "video")
                 else (min(ys_all, default=0.0), max(ys_all, default=1.0))
             )
-            first, last, yticks = value_ticks(lo, hi)
-            plt.ylim(first, last)
+            bottom, top, yticks = even_ticks(lo, hi, plot.size.height or PLOT_ROWS)
+            plt.ylim(bottom, top)
             plt.yticks([float(y) for y in yticks], [str(y) for y in yticks])
             plot.refresh()
 
@@ -508,19 +604,18 @@ class DetailScreen(Screen[None]):
         )
 
     def _events(self) -> None:
-        """Every kept event, newest first, in words; redrawn when an event or an age changed
-        (the app calls this once a second)."""
-        events = self.store.fleet.events(self.node)
-        now = self.store.clock()
-        lines = []
-        for e in events[::-1]:
-            gpu = "" if e.gpu is None else f"GPU {e.gpu}  "
-            line = f"{fmt_age(max(0.0, now - e.t)):>4} ago  {gpu}{event_text(e)}"
-            lines.append(node_str(line, limit=LINE_LIMIT))
-        text = "\n".join(lines) or "no events"
-        if text != self._events_text:
-            self._events_text = text
-            self.query_one("#detail-events", Static).update(node_text(text, one_line=False))
+        """This GPU's events first, then the node's own, then the other GPUs' dimmed, each part
+        newest first, in words; a power cap that comes and goes folded into one line per GPU.
+        Redrawn when an event or an age changed (the app calls this once a second)."""
+        lines = event_lines(self.store.fleet.events(self.node), self.gpu, self.store.clock())
+        if lines != self._events_text:
+            self._events_text = lines
+            text = Text("\n").join(
+                node_text(line, Style(dim=True) if dim else "") for line, dim in lines
+            )
+            self.query_one("#detail-events", Static).update(text or Text("no events"))
+            box = self.query_one("#detail-events-box")
+            box.border_title = "events" if self.gpu is None else f"events: GPU {self.gpu} first"
 
     # -- actions ------------------------------------------------------------------------------
     def action_back(self) -> None:

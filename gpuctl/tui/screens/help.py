@@ -75,7 +75,8 @@ class HelpScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("key", "does", Text("id (remap in [tui.keys])"), "where")
+        # "id": the note under the table says how to remap by it (a long header was cut at 80)
+        table.add_columns("key", "does", "id", "where")
         for row in self.rows:
             table.add_row(*(node_text(c) for c in row))  # keys come from the user's config
         for sample, meaning, where in self.legend():

@@ -25,7 +25,7 @@ from textual.widgets import DataTable, RichLog, Static
 
 from gpuctl.core.format import fmt_age
 from gpuctl.tui.screens.accept_report import AcceptReportScreen, section
-from gpuctl.tui.text import node_str, node_text
+from gpuctl.tui.text import node_str, node_text, short_path
 from gpuctl.workloads.accept_suite.schema import SECTIONS
 
 if TYPE_CHECKING:
@@ -270,12 +270,17 @@ class AcceptPane(Vertical):
             self.silent = False  # it speaks again
             self._note(f"acceptance running on {', '.join(run.nodes)} (a again: cancel)")
         elif p.kind == "finished":
-            paths = [str(x) for x in run.report_paths]
-            self._note(
-                f"acceptance finished: {p.verdict or '?'}"
-                + (f"  · report: {paths[0]}" if paths else "")
-                + "  · enter: report"
-            )
+            note, enter = f"acceptance finished: {p.verdict or '?'}", "  · enter: report"
+            width = self.query_one("#accept-note").content_size.width or None
+            if run.report_paths:  # ~-relative, cut in the middle to fit, its file name whole
+                path = run.report_paths[0]
+                room = None if width is None else width - len(note) - len("  · report: ")
+                if room is not None and room - len(enter) < len(path.name) + 3:
+                    enter = ""  # the footer says it too: ⏎ report
+                fit = None if room is None else max(len(path.name) + 1, room - len(enter))
+                note += f"  · report: {short_path(path, fit)}"
+            note += enter
+            self._note(note)
             for node in run.nodes:
                 if node in self.rows:
                     self.rows[node].live = False

@@ -158,6 +158,7 @@ class JobsPane(Vertical):
         self.offsets: dict[str, int] = {}
         self.decoders: dict[str, codecs.IncrementalDecoder] = {}
         self.final_read = False  # the last read after the selected job ended is done
+        self.returned: str | None = None  # the ended job's return value (its short repr)
         self.shown_report: object = None
         self._jobs: dict[str, Job] = {}  # attached Job per id (worker threads only)
         self._jobs_lock = threading.Lock()
@@ -335,8 +336,12 @@ class JobsPane(Vertical):
         self.decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in STREAMS}
         self.final_read = False
         self.shown_report = _UNSHOWN
-        self.query_one("#job-stdout", Log).clear()
-        self.query_one("#job-stderr", Log).clear()
+        self.returned = None
+        for log in (self.query_one("#job-stdout", Log), self.query_one("#job-stderr", Log)):
+            log.clear()
+            log.display = True
+        self.query_one("#job-logs").display = True
+        self.query_one("#job-report-box").remove_class("-alone")
         self._show_selected()
         self.tail()
 
@@ -357,6 +362,7 @@ class JobsPane(Vertical):
                 f" {node_str(rec.name, limit=CELL_LIMIT)} on {node_str(rec.target, limit=80)} · ",
                 (node_str(state, limit=80), "bold"),
                 f" · {duration}",
+                f" · returned {node_str(self.returned, limit=80)}" if self.returned else "",
                 one_line=True,
             ),
             layout=False,
@@ -405,7 +411,15 @@ class JobsPane(Vertical):
                 data = b""
             chunks[name] = data
             offsets[name] += len(data)
-        self.app.call_from_thread(self._append_logs, rec.id, start, chunks, offsets, final)
+        returned = None
+        if final:  # its return value, as its worker described it (none for a failure)
+            try:
+                returned = (job.result_info() or {}).get("repr")
+            except Exception:
+                returned = None
+        self.app.call_from_thread(
+            self._append_logs, rec.id, start, chunks, offsets, final, returned
+        )
 
     def _append_logs(
         self,
@@ -414,6 +428,7 @@ class JobsPane(Vertical):
         chunks: dict[str, bytes],
         offsets: dict[str, int],
         final: bool,
+        returned: str | None = None,
     ) -> None:
         # A read that started from offsets the pane has moved past (two reads overlapped: the
         # tail timer's and the selection's, a slow node) would show the same lines twice.
@@ -427,6 +442,15 @@ class JobsPane(Vertical):
         self.offsets = offsets
         if final:
             self.final_read = True
+            self.returned = returned
+            # an ended job's empty stream gives its room to the other (40% of 80x24 went to
+            # two empty boxes), and both to the report when it printed nothing
+            logs = [self.query_one(i, Log) for i in ("#job-stdout", "#job-stderr")]
+            for log in logs:
+                log.display = bool(log.lines)
+            printed = any(log.display for log in logs)
+            self.query_one("#job-logs").display = printed
+            self.query_one("#job-report-box").set_class(not printed, "-alone")
             self.reload()  # the store now holds the end: state, summary, report
 
     def _logs_unreadable(self, job_id: str) -> None:

@@ -11,7 +11,6 @@ pane and the history. No torch, no GPU: nothing here is measured.
 """
 
 import json
-import socket
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -51,7 +50,7 @@ def runners(facts_path: str) -> "dict[str, Runner]":
             "verdict": "FAIL" if failures else "PASS",
             "summary": "; ".join(failures) or summary,
             "failures": failures,
-            "hostname": socket.gethostname(),
+            "hostname": suite.node,  # the simulated node, not the machine running it
             "python": sys.executable,
             "torch": None,
             "cuda": None,
@@ -284,8 +283,7 @@ def runners(facts_path: str) -> "dict[str, Runner]":
             "algbw_gbps": round(busbw * n / (2 * (n - 1)), 1),
             "busbw_gbps": busbw,
             "ranks": [
-                {"rank": i, "host": socket.gethostname(), "ok": True, "mismatches": 0}
-                for i in range(n)
+                {"rank": i, "host": suite.node, "ok": True, "mismatches": 0} for i in range(n)
             ],
             "topology": f"{n}x1",
             "sweep": None,
@@ -337,6 +335,7 @@ def runners(facts_path: str) -> "dict[str, Runner]":
                     },
                     "xids": xids,
                     "throttle": throttle,
+                    "temp": g.get("temp"),  # what the GPU read when the run judged it
                     "retired_pending": False,
                     "pci": None,
                     "kernel_xids": [],

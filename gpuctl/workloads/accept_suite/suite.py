@@ -350,7 +350,8 @@ def main(argv: "list[str] | None" = None) -> int:
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "node": suite.node,
-        "hostname": socket.gethostname(),
+        # a simulated node's run is the login machine's process: the host is the simulated node
+        "hostname": suite.node if args.device == "sim" else socket.gethostname(),
         "started": started,
         "finished": finished,
         "duration_s": round(finished - started, 3),
