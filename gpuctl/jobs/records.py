@@ -67,6 +67,7 @@ class JobMeta(TypedDict, total=False):
     code: str  # the user's modules shipped with the job (``usercode``): first on VENV2's path
     unshipped: dict[str, list[str]]  # the user's modules left out: name -> [path, why]
     dists: dict[str, list[str]]  # top-level module -> [distribution, version] the payload holds
+    cells: dict[str, str]  # a notebook cell's file name -> "In[N]" (its traceback frames' name)
 
 
 # -- written on the node (outcome.json's Outcome is imported above) ------------------------------

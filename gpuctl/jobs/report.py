@@ -612,6 +612,17 @@ def _relative_missing(err: WorkerError) -> str:
     return path if path and not path.startswith(("/", "~")) else ""
 
 
+def name_cells(traceback: str, cells: object) -> str:
+    """``traceback`` with each notebook cell's frame named as IPython names it (``cells``:
+    meta.json's, from ``sources.cell_names``): ``File "/tmp/ipykernel_1/2.py", line 4, in f``
+    becomes ``Cell In[3], line 4, in f``."""
+    if isinstance(cells, dict):
+        for name, label in cells.items():
+            if isinstance(name, str) and isinstance(label, str):
+                traceback = traceback.replace(f'File "{name}", line ', f"Cell {label}, line ")
+    return traceback
+
+
 def _disk_lines(disk: object, tb: str, code: object) -> list[str]:
     """The evidence of a full disk the worker gathered (``worker._disk_evidence``): the file
     that grew (and the next largest when it is a tenth of its size or more), the file system
@@ -762,7 +773,7 @@ def classify(
             remedy=remedy or REMEDIES[kind],
             logs=dict(logs or {}),
             job_id=job_id,
-            traceback=tb,
+            traceback=name_cells(tb, (files.meta or {}).get("cells")),
             exit_status=exit_status,
         )
 
