@@ -102,7 +102,8 @@ class StatusLine(_StatusPhase, total=False):
 class DiskEvidence(TypedDict, total=False):
     """``error.json``'s ``disk`` (``worker._disk_evidence``): the largest ``files`` of the job
     and working folders ([path, bytes], largest first), ``named`` (the OSError's own file), the
-    file system's ``mount`` point, its ``free_bytes`` and ``size_bytes``; ``error`` when
+    file system's ``mount`` point, its ``free_bytes`` and ``size_bytes``, whether it is
+    ``full`` (a write naming no file may have filled another); ``error`` when
     gathering them failed."""
 
     files: list[list[Any]]
@@ -110,6 +111,7 @@ class DiskEvidence(TypedDict, total=False):
     mount: str
     free_bytes: int
     size_bytes: int
+    full: bool
     error: str
 
 

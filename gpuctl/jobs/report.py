@@ -628,8 +628,16 @@ def _disk_lines(disk: object, tb: str, code: object) -> list[str]:
     that grew (and the next largest when it is a tenth of its size or more), the file system
     and its free space; and the line of the function that wrote."""
     lines = []
-    if isinstance(disk, dict):
+    if isinstance(disk, dict) and disk.get("full") is False and not disk.get("named"):
+        lines.append(
+            f"the job folder's file system (mounted at {disk.get('mount')}) has "
+            f"{_fmt_bytes(disk.get('free_bytes'))} free: the one that filled is another, "
+            "and the OSError names no file (see the line that raised it)"
+        )
+    elif isinstance(disk, dict):
         files = [f for f in disk.get("files") or [] if isinstance(f, list) and len(f) == 2]
+        if disk.get("named"):
+            lines.append(f"the OSError names {disk['named']}")
         if files:
             path, size = files[0]
             lines.append(f"the file that grew: {path} ({_fmt_bytes(size)})")

@@ -362,6 +362,10 @@ def _hold_reserve() -> None:
         _remove(_path(jobfiles.RESERVE))
 
 
+# free space under which a file system counts as the one that filled (its free space is
+# measured before the worker gives back what it held)
+FULL_BELOW = 16 << 20
+
 # the worker's own files of a job folder: never "the file that grew" (stdout/stderr and the
 # result's temporary file are: the function's prints and its return value)
 _OWN = {
@@ -377,19 +381,26 @@ _OWN = {
 
 
 def _disk_evidence(e: OSError, limit: int = 2000) -> "dict[str, Any]":
-    """What filled the disk: the largest files (at most ``limit`` looked at) of the job
-    folder's file system in the job folder, the function's working folder and the file
-    system's top (each at its top level and one below), the mount point and its free space.
+    """What filled the disk: the largest files (at most ``limit`` looked at) of the full file
+    system (the one of the file the OSError names, else the job folder's) in that file's
+    folder, the job folder, the function's working folder and the file system's top (each at
+    its top level and one below), its mount point and free space, and whether it is ``full``
+    (under ``FULL_BELOW`` free: a write with no file named may have filled another one).
     Never raises."""
     out = {}  # type: dict[str, Any]
     try:
-        mount = os.path.realpath(JOBDIR)
+        named = getattr(e, "filename", None)
+        named = os.path.abspath(named) if isinstance(named, str) and named else None
+        base = JOBDIR
+        if named and os.path.isdir(os.path.dirname(named)):
+            base = os.path.dirname(named)
+        mount = os.path.realpath(base)
         while not os.path.ismount(mount) and os.path.dirname(mount) != mount:
             mount = os.path.dirname(mount)
-        dev = os.stat(JOBDIR).st_dev
+        dev = os.stat(base).st_dev
         sizes = {}  # type: dict[str, int]
         seen = 0
-        for top in dict.fromkeys([JOBDIR, os.getcwd(), mount]):
+        for top in dict.fromkeys([base, JOBDIR, os.getcwd(), mount]):
             with contextlib.suppress(OSError):
                 if os.stat(top).st_dev != dev:  # another file system did not fill
                     continue
@@ -414,18 +425,17 @@ def _disk_evidence(e: OSError, limit: int = 2000) -> "dict[str, Any]":
                                 sizes[entry.path] = st.st_size
                     except OSError:
                         continue
-        named = getattr(e, "filename", None)
-        if isinstance(named, str):
+        if named:
+            out["named"] = named
             with contextlib.suppress(OSError):
-                sizes[os.path.abspath(named)] = os.path.getsize(named)
+                sizes[named] = os.path.getsize(named)
         biggest = sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
         out["files"] = [[path, size] for path, size in biggest]
-        if isinstance(named, str):
-            out["named"] = os.path.abspath(named)
-        vfs = os.statvfs(JOBDIR)
+        vfs = os.statvfs(base)
         out["mount"] = mount
         out["free_bytes"] = vfs.f_bavail * vfs.f_frsize
         out["size_bytes"] = vfs.f_blocks * vfs.f_frsize
+        out["full"] = out["free_bytes"] < FULL_BELOW
     except Exception as x:
         out["error"] = f"{type(x).__name__}: {x}"
     return out

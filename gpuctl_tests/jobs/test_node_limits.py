@@ -135,6 +135,29 @@ def test_a_function_that_fills_the_disk_is_named_with_its_file(
     assert not (Path(job.jobdir) / "reserve.bin").exists()
 
 
+def test_a_full_disk_elsewhere_is_not_put_on_the_job_folders_files(
+    make_executor: Any, small_fs: Path, tmp_path: Path
+) -> None:
+    """The function fills another file system than its job folder's, by a write that names
+    no file: the report does not name a file of the job folder as the one that grew."""
+
+    def fills(path: str) -> int:
+        with open(path, "wb") as f:
+            for _ in range(1000):
+                f.write(b"\1" * (64 << 10))
+                f.flush()
+        return 7
+
+    job = make_executor(job_root=str(tmp_path / "jobs")).submit(fills, str(small_fs / "big"))
+    with pytest.raises(JobFailed) as info:
+        job.result(60)
+    text = str(info.value)
+    assert info.value.kind == "disk_full", text
+    assert "the one that filled is another, and the OSError names no file" in text, text
+    assert "the file that grew" not in text, text
+    assert "in fills: f.write(" in text or "in fills: f.flush()" in text, text
+
+
 def test_prints_that_fill_the_disk_name_stdout(make_executor: Any, small_fs: Path) -> None:
     def prints_a_lot() -> int:
         line = "x" * 1023
