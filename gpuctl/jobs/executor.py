@@ -638,7 +638,7 @@ class Executor:
             and self.backend.memory_enforced()
         ):
             limits["mem_enforced_by"] = "slurm"
-        digest, size = self._write_payload(host, jobdir, (fn, args, kwargs), pickled)
+        digest, size, cells = self._write_payload(host, jobdir, (fn, args, kwargs), pickled)
         passed = self.passed_env()
         if passed:  # the values: a 0600 file the supervisor removes once read, never meta.json
             host.write_bytes(f"{jobdir}/{jobfiles.JOB_ENV}", json.dumps(passed).encode(), 0o600)
@@ -667,6 +667,8 @@ class Executor:
             meta["unshipped"] = {k: list(v) for k, v in code.unshipped.items()}
         if dists:
             meta["dists"] = dists
+        if cells:
+            meta["cells"] = cells
         if runner:  # a Slurm map's chunks share one (Slurm picks their GPUs)
             meta["runner"] = runner
         else:
@@ -735,10 +737,11 @@ class Executor:
 
     def _write_payload(
         self, host: Host, jobdir: str, obj: object, pickled: _Pickled
-    ) -> tuple[str, int]:
+    ) -> tuple[str, int, dict[str, str]]:
         """Write the payload into the job folder: ``pickled``'s bytes when the measuring pass
         kept them, else pickled again straight into the file (streamed over SFTP for a node,
-        no temporary copy); the file appears under its name only once complete."""
+        no temporary copy); the file appears under its name only once complete. Returns its
+        sha256, size and the notebook cells its code came from (``sources.cell_names``)."""
         writer = host.open_atomic(f"{jobdir}/{jobfiles.PAYLOAD}", 0o600)
         try:
             if pickled.data is not None:
@@ -755,7 +758,7 @@ class Executor:
         text = sources.read_sources(files)
         if text:
             host.write_bytes(f"{jobdir}/{jobfiles.SOURCES}", json.dumps(text).encode(), 0o600)
-        return digest, size
+        return digest, size, sources.cell_names(files)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Job:
         """Run ``fn(*args, **kwargs)`` on the target; returns at once with a ``Job``.

@@ -52,6 +52,7 @@ from gpuctl.jobs.report import (
     classify,
     combine_ranks,
     end_notes,
+    name_cells,
     parse_status,
     shm_note,
     unreachable_report,
@@ -871,7 +872,8 @@ class Job(concurrent.futures.Future[Any]):
         if exc is None:
             return None
         err = (self._files.error if self._files else None) or {}
-        tb = str(err.get("traceback") or "")
+        meta = (self._files.meta if self._files else None) or {}
+        tb = name_cells(str(err.get("traceback") or ""), meta.get("cells"))
         exc.__cause__ = RemoteTraceback(tb)
         if hasattr(exc, "add_note"):  # Python 3.11+: shown under the exception, uncaught
             exc.add_note(

@@ -19,7 +19,7 @@ store's JSON columns when a row is read back.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from gpuctl.node.jobfiles import Outcome
 
@@ -67,6 +67,7 @@ class JobMeta(TypedDict, total=False):
     code: str  # the user's modules shipped with the job (``usercode``): first on VENV2's path
     unshipped: dict[str, list[str]]  # the user's modules left out: name -> [path, why]
     dists: dict[str, list[str]]  # top-level module -> [distribution, version] the payload holds
+    cells: dict[str, str]  # a notebook cell's file name -> "In[N]" (its traceback frames' name)
 
 
 # -- written on the node (outcome.json's Outcome is imported above) ------------------------------
@@ -98,6 +99,22 @@ class StatusLine(_StatusPhase, total=False):
     executable: str
 
 
+class DiskEvidence(TypedDict, total=False):
+    """``error.json``'s ``disk`` (``worker._disk_evidence``): the largest ``files`` of the job
+    and working folders ([path, bytes], largest first), ``named`` (the OSError's own file), the
+    file system's ``mount`` point, its ``free_bytes`` and ``size_bytes``, whether it is
+    ``full`` (a write naming no file may have filled another); ``error`` when
+    gathering them failed."""
+
+    files: list[list[Any]]
+    named: str
+    mount: str
+    free_bytes: int
+    size_bytes: int
+    full: bool
+    error: str
+
+
 class WorkerError(TypedDict, total=False):
     """``error.json``: the worker's first error (``kind``, the ``phase`` it was in, the
     exception's ``type``, the module defining it as ``type_module``, and ``message``, its
@@ -119,6 +136,8 @@ class WorkerError(TypedDict, total=False):
     dist: str  # version_mismatch: the distribution, its version in VENV2 and the submitter's
     venv2_version: str
     pickler_version: str
+    errno: int  # disk_full: the OSError's errno, and what filled the disk
+    disk: DiskEvidence
 
 
 class FailedItems(TypedDict, total=False):

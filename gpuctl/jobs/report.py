@@ -199,9 +199,9 @@ FAILURES: dict[str, FailureMode] = {
         title="disk full",
         phase="saving, any",
         evidence=(
-            f"ENOSPC writing the result, or no {jobfiles.OUTCOME} and the job folder's file "
-            "system nearly "
-            "full (df)"
+            "ENOSPC raised in the function or writing the result (the file that grew, its "
+            f"size, the file system's free space), or no {jobfiles.OUTCOME} and the job "
+            "folder's file system nearly full (df)"
         ),
         remedy="free space in the job folder's file system (or point the job root elsewhere)",
     ),
@@ -612,6 +612,71 @@ def _relative_missing(err: WorkerError) -> str:
     return path if path and not path.startswith(("/", "~")) else ""
 
 
+def name_cells(traceback: str, cells: object) -> str:
+    """``traceback`` with each notebook cell's frame named as IPython names it (``cells``:
+    meta.json's, from ``sources.cell_names``): ``File "/tmp/ipykernel_1/2.py", line 4, in f``
+    becomes ``Cell In[3], line 4, in f``."""
+    if isinstance(cells, dict):
+        for name, label in cells.items():
+            if isinstance(name, str) and isinstance(label, str):
+                traceback = traceback.replace(f'File "{name}", line ', f"Cell {label}, line ")
+    return traceback
+
+
+def _disk_lines(disk: object, tb: str, code: object) -> list[str]:
+    """The evidence of a full disk the worker gathered (``worker._disk_evidence``): the file
+    that grew (and the next largest when it is a tenth of its size or more), the file system
+    and its free space; and the line of the function that wrote."""
+    lines = []
+    if isinstance(disk, dict) and disk.get("full") is False and not disk.get("named"):
+        lines.append(
+            f"the job folder's file system (mounted at {disk.get('mount')}) has "
+            f"{_fmt_bytes(disk.get('free_bytes'))} free: the one that filled is another, "
+            "and the OSError names no file (see the line that raised it)"
+        )
+    elif isinstance(disk, dict):
+        files = [f for f in disk.get("files") or [] if isinstance(f, list) and len(f) == 2]
+        if disk.get("named"):
+            lines.append(f"the OSError names {disk['named']}")
+        if files:
+            path, size = files[0]
+            lines.append(f"the file that grew: {path} ({_fmt_bytes(size)})")
+            lines += [
+                f"next largest: {p} ({_fmt_bytes(n)})"
+                for p, n in files[1:]
+                if isinstance(n, int) and isinstance(size, int) and n * 10 >= size
+            ]
+        if disk.get("mount"):
+            lines.append(
+                f"its file system (mounted at {disk['mount']}) had "
+                f"{_fmt_bytes(disk.get('free_bytes'))} free of {_fmt_bytes(disk.get('size_bytes'))}"
+            )
+    at = _raised_at(tb, f"[Errno {code}]" if code else "No space left")
+    if at:
+        lines.append(f"raised at {at}")
+    return lines
+
+
+def _raised_at(tb: str, marker: str) -> str:
+    """``File ..., line N, in f: <its line>`` of the innermost frame of the first exception
+    of ``tb``'s chain whose last line has ``marker`` (the last exception's when none has)."""
+    blocks: list[list[str]] = [[]]
+    for line in tb.splitlines():
+        if line.startswith(("During handling of the above", "The above exception was")):
+            blocks.append([])
+        else:
+            blocks[-1].append(line)
+    pick = next((b for b in blocks if any(marker in x for x in b[-3:] if x.strip())), blocks[-1])
+    frames = [i for i, line in enumerate(pick) if line.lstrip().startswith("File ")]
+    if not frames:
+        return ""
+    at = pick[frames[-1]].strip()
+    src = pick[frames[-1] + 1].strip() if frames[-1] + 1 < len(pick) else ""
+    if src and not src.startswith("File ") and marker not in src and "Error" not in src[:30]:
+        at += f": {src}"
+    return at
+
+
 def _fmt_bytes(n: float | None) -> str:
     if n is None:
         return "unknown"
@@ -716,7 +781,7 @@ def classify(
             remedy=remedy or REMEDIES[kind],
             logs=dict(logs or {}),
             job_id=job_id,
-            traceback=tb,
+            traceback=name_cells(tb, (files.meta or {}).get("cells")),
             exit_status=exit_status,
         )
 
@@ -964,7 +1029,12 @@ def classify(
                 f"the function returned a {err.get('result_type')} that cannot be pickled: {msg}",
             )
         if kind == "disk_full":
-            return report("disk_full", f"writing the result failed: {msg}")
+            what = "writing the result" if err.get("phase") == "saving" else "the function"
+            return report(
+                "disk_full",
+                f"{what} failed: {msg}",
+                *_disk_lines(err.get("disk"), tb, err.get("errno")),
+            )
         if kind in ("sys_exit", "os_exit"):
             stack = str(err.get("stack") or "")
             if stack:

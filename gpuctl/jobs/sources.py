@@ -16,7 +16,9 @@ pass's bytes when they are small (``executor.KEEP_BELOW``).
 
 from __future__ import annotations
 
+import linecache
 import os
+import sys
 import types
 from collections import ChainMap
 from typing import Any, Protocol
@@ -59,7 +61,9 @@ class PayloadPickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle 
     def _reduce_code(self, code: types.CodeType) -> Any:
         rebuild, args = _cp._code_reduce(code)
         name = code.co_filename
-        if name and not name.startswith("<"):
+        # "<...>" names no file; linecache's text of one (IPython's "<ipython-input-1-...>",
+        # the 3.13 REPL's "<python-input-0>") is shipped as a notebook cell's is
+        if name and (not name.startswith("<") or name in linecache.cache):
             self.filenames.add(name)
         return rebuild, tuple(name if isinstance(a, str) and a == DYNAMIC else a for a in args)
 
@@ -73,22 +77,61 @@ def dump(obj: object, file: Writable) -> PayloadPickler:
 
 
 def read_sources(filenames: set[str]) -> dict[str, str]:
-    """The text of ``filenames`` that exist here and fit the caps (smallest first)."""
+    """The text of ``filenames`` that fit the caps (smallest first): read from the file where
+    it exists here, else ``linecache``'s lines of it (a notebook cell's, which ipykernel names
+    ``/tmp/ipykernel_PID/HASH.py``, the IPython shell ``<ipython-input-N-HASH>``, and keeps
+    there, never on disk)."""
     out: dict[str, str] = {}
     total = 0
-    sized = []
+    sized: list[tuple[int, str, str | None]] = []
     for name in filenames:
         try:
-            sized.append((os.path.getsize(name), name))
+            sized.append((os.path.getsize(name), name, None))
         except OSError:
-            continue
-    for size, name in sorted(sized):
+            cached = _cached_text(name)
+            if cached is not None:
+                sized.append((len(cached.encode("utf-8", "replace")), name, cached))
+    for size, name, cached in sorted(sized, key=lambda t: (t[0], t[1])):
         if size > MAX_FILE or total + size > MAX_TOTAL:
             continue
-        try:
-            with open(name, encoding="utf-8") as f:
-                out[name] = f.read()
-        except (OSError, UnicodeDecodeError):
-            continue
+        if cached is not None:
+            out[name] = cached
+        else:
+            try:
+                with open(name, encoding="utf-8") as f:
+                    out[name] = f.read()
+            except (OSError, UnicodeDecodeError):
+                continue
         total += size
     return out
+
+
+def _cached_text(name: str) -> str | None:
+    """The text ``linecache`` holds for ``name`` that no file gave (IPython's cells, which it
+    keeps in ``linecache.cache`` and, in recent versions, ``linecache._ipython_cache``)."""
+    for cache in (linecache.cache, getattr(linecache, "_ipython_cache", None)):
+        entry = cache.get(name) if isinstance(cache, dict) else None
+        if isinstance(entry, tuple) and len(entry) >= 3 and isinstance(entry[2], list):
+            lines = entry[2]
+            if all(isinstance(line, str) for line in lines[:10000]) and len(lines) <= 10000:
+                return "".join(lines)
+    return None
+
+
+def cell_names(filenames: set[str]) -> dict[str, str]:
+    """``{file name: "In[N]"}`` of the notebook cells among ``filenames``, as IPython prints
+    them (``Cell In[3], line 4``): from the map of file names to execution counts the running
+    IPython's compiler keeps (``IPython.core.compilerop``). Empty outside IPython."""
+    ipython = sys.modules.get("IPython")
+    try:
+        shell = ipython.get_ipython() if ipython is not None else None
+        known = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    except Exception:
+        return {}
+    if not isinstance(known, dict):
+        return {}
+    return {
+        name: f"In[{known[name]}]"
+        for name in filenames
+        if isinstance(known.get(name), int) and not os.path.exists(name)
+    }

@@ -49,6 +49,11 @@ PAYLOAD = "payload.pkl"
 # The source text of the files whose code the payload carries by value ({path: text}): the
 # worker puts it in linecache, so that tracebacks show the user's lines where the file is not.
 SOURCES = "sources.json"
+# Space the worker holds in the job folder while the function runs (RESERVE_BYTES of real
+# blocks) and gives back when the function's disk fills, so that error.json and the
+# supervisor's outcome.json can still be written on the full file system.
+RESERVE = "reserve.bin"
+RESERVE_BYTES = 256 << 10
 SUPERVISOR_SCRIPT = "supervisor.py"
 WORKER_SCRIPT = "worker.py"
 # The node modules the scripts need (this one, proc, protocol and the metric registry it reads,

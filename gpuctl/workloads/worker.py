@@ -141,6 +141,7 @@ def _watch_os_exit(state: "dict[str, str]") -> None:
                     code=code,
                     stack="".join(traceback.format_stack()[:-1]),
                 )
+            _remove(_path(jobfiles.RESERVE))
         real(code)
 
     os._exit = recording_exit  # type: ignore[assignment]
@@ -191,6 +192,7 @@ def _arm_checkpoint(cloudpickle: ModuleType, fn: Any, args: Any, kwargs: Any) ->
             traceback.print_exc()
             return
         phase("checkpointed")
+        _remove(_path(jobfiles.RESERVE))
         sys.stdout.flush()
         sys.stderr.flush()
         _REAL_EXIT(jobfiles.CHECKPOINTED_EXIT)
@@ -281,6 +283,7 @@ def run(jobdir: str) -> int:
         _arm_checkpoint(cloudpickle, fn, args, kwargs)
     state["phase"] = "running"
     phase("running")
+    _hold_reserve()
     try:
         result = fn(*args, **kwargs)
     except SystemExit as e:
@@ -295,6 +298,12 @@ def run(jobdir: str) -> int:
         return 6
     except BaseException as e:
         _quiet_signals()  # first: nothing may replace the function's exception from here on
+        if isinstance(e, OSError) and _is_disk_full(e):  # the space held for the report
+            disk = _disk_evidence(e)  # its free space before the held space is given back
+            _remove(_path(jobfiles.RESERVE))
+            first_error("disk_full", "running", e, disk=disk, errno=e.errno)
+            _save_exception(cloudpickle, e)
+            return 1
         pickled = _save_exception(cloudpickle, e)
         kind = "memory_error" if isinstance(e, MemoryError) else "user_exception"
         first_error(kind, "running", e, pickled=pickled)
@@ -313,9 +322,14 @@ def run(jobdir: str) -> int:
         size = os.path.getsize(tmp)
         os.replace(tmp, _path(jobfiles.RESULT))
     except OSError as e:
+        if _is_disk_full(e):
+            disk = _disk_evidence(e)  # result.pkl.tmp named with its size, then removed
+            _remove(_path(jobfiles.RESERVE))
+            _remove(tmp)
+            first_error("disk_full", "saving", e, disk=disk, errno=e.errno)
+            return 5
         _remove(tmp)
-        kind = "disk_full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "save_failed"
-        first_error(kind, "saving", e)
+        first_error("save_failed", "saving", e)
         return 5
     except BaseException as e:
         _remove(tmp)
@@ -330,6 +344,101 @@ def run(jobdir: str) -> int:
     state["phase"] = "done"
     phase("done")
     return 0
+
+
+def _is_disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _hold_reserve() -> None:
+    """Write ``jobfiles.RESERVE`` (real blocks, not a sparse file): freed when the disk fills,
+    it leaves room for the report. A disk already too full for it holds nothing."""
+    try:
+        with open(_path(jobfiles.RESERVE), "wb") as f:
+            f.write(b"\xff" * jobfiles.RESERVE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        _remove(_path(jobfiles.RESERVE))
+
+
+# free space under which a file system counts as the one that filled (its free space is
+# measured before the worker gives back what it held)
+FULL_BELOW = 16 << 20
+
+# the worker's own files of a job folder: never "the file that grew" (stdout/stderr and the
+# result's temporary file are: the function's prints and its return value)
+_OWN = {
+    jobfiles.STATUS,
+    jobfiles.META,
+    jobfiles.PAYLOAD,
+    jobfiles.SOURCES,
+    jobfiles.RESERVE,
+    jobfiles.ERROR,
+    jobfiles.WORKER_SCRIPT,
+    jobfiles.SUPERVISOR_SCRIPT,
+}
+
+
+def _disk_evidence(e: OSError, limit: int = 2000) -> "dict[str, Any]":
+    """What filled the disk: the largest files (at most ``limit`` looked at) of the full file
+    system (the one of the file the OSError names, else the job folder's) in that file's
+    folder, the job folder, the function's working folder and the file system's top (each at
+    its top level and one below), its mount point and free space, and whether it is ``full``
+    (under ``FULL_BELOW`` free: a write with no file named may have filled another one).
+    Never raises."""
+    out = {}  # type: dict[str, Any]
+    try:
+        named = getattr(e, "filename", None)
+        named = os.path.abspath(named) if isinstance(named, str) and named else None
+        base = JOBDIR
+        if named and os.path.isdir(os.path.dirname(named)):
+            base = os.path.dirname(named)
+        mount = os.path.realpath(base)
+        while not os.path.ismount(mount) and os.path.dirname(mount) != mount:
+            mount = os.path.dirname(mount)
+        dev = os.stat(base).st_dev
+        sizes = {}  # type: dict[str, int]
+        seen = 0
+        for top in dict.fromkeys([base, JOBDIR, os.getcwd(), mount]):
+            with contextlib.suppress(OSError):
+                if os.stat(top).st_dev != dev:  # another file system did not fill
+                    continue
+            todo = [(top, 0)]
+            while todo and seen < limit:
+                folder, depth = todo.pop()
+                try:
+                    entries = list(os.scandir(folder))
+                except OSError:
+                    continue
+                for entry in entries[: limit - seen]:
+                    seen += 1
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            if depth < 1 and entry.name != jobfiles.RUNNER_PACKAGE:
+                                todo.append((entry.path, depth + 1))
+                        elif entry.is_file(follow_symlinks=False):
+                            if folder == JOBDIR and entry.name in _OWN:
+                                continue
+                            st = entry.stat(follow_symlinks=False)
+                            if st.st_dev == dev:
+                                sizes[entry.path] = st.st_size
+                    except OSError:
+                        continue
+        if named:
+            out["named"] = named
+            with contextlib.suppress(OSError):
+                sizes[named] = os.path.getsize(named)
+        biggest = sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+        out["files"] = [[path, size] for path, size in biggest]
+        vfs = os.statvfs(base)
+        out["mount"] = mount
+        out["free_bytes"] = vfs.f_bavail * vfs.f_frsize
+        out["size_bytes"] = vfs.f_blocks * vfs.f_frsize
+        out["full"] = out["free_bytes"] < FULL_BELOW
+    except Exception as x:
+        out["error"] = f"{type(x).__name__}: {x}"
+    return out
 
 
 def _load_sources() -> None:
@@ -416,8 +525,13 @@ def main(argv: "list[str] | None" = None) -> int:
         except Exception:
             traceback.print_exc()
         code = 7
-    sys.stdout.flush()
-    sys.stderr.flush()
+    finally:
+        if JOBDIR:
+            _remove(_path(jobfiles.RESERVE))
+    for stream in (sys.stdout, sys.stderr):
+        # the function's last prints, on a full disk: lost, the exit stays the same
+        with contextlib.suppress(Exception):
+            stream.flush()
     return code
 
 

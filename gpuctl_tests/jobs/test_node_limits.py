@@ -83,8 +83,9 @@ def test_disk_full_while_saving_the_result(make_executor: Any, small_fs: Path) -
 def test_a_disk_full_before_the_outcome_is_disk_full_not_lost(
     make_executor: Any, small_fs: Path
 ) -> None:
-    """The disk fills while the job runs: neither the result, nor error.json, nor outcome.json
-    can be written. The missing outcome is put down to the full disk (probed), not "lost"."""
+    """The disk fills while the job runs, by a file outside the job's folders: the space the
+    worker held lets error.json and outcome.json be written (they could not, and the job was
+    put down to the full disk by a probe of its free space), and the file is named."""
 
     def fills_the_disk(folder: str) -> int:
         import errno
@@ -104,7 +105,73 @@ def test_a_disk_full_before_the_outcome_is_disk_full_not_lost(
     with pytest.raises(JobFailed) as info:
         job.result(60)
     assert info.value.kind == "disk_full", str(info.value)
-    assert "KiB free" in str(info.value), str(info.value)
+    assert f"the file that grew: {small_fs.resolve() / 'filler'} (" in str(info.value)
+
+
+def test_a_function_that_fills_the_disk_is_named_with_its_file(
+    make_executor: Any, small_fs: Path
+) -> None:
+    """The function's own file fills the job folder's file system: the report names the file
+    and its size, the mount point and its free space, the OSError (errno 28) and its line."""
+
+    def writes_a_big_file() -> int:
+        with open("big.bin", "wb") as f:  # its working folder (cwd=)
+            for _ in range(1000):
+                f.write(b"\1" * (64 << 10))
+        return 7
+
+    work = small_fs / "work"
+    work.mkdir()
+    job = make_executor(job_root=str(small_fs / "jobs"), cwd=str(work)).submit(writes_a_big_file)
+    with pytest.raises(JobFailed) as info:
+        job.result(60)
+    text = str(info.value)
+    assert info.value.kind == "disk_full", text
+    assert info.value.report.phase == "running", text
+    assert f"the file that grew: {work.resolve() / 'big.bin'} (" in text, text
+    assert f"mounted at {small_fs.resolve()}) had " in text and " free of 4.0 MiB" in text, text
+    assert "OSError: [Errno 28] No space left on device" in text, text
+    assert 'in writes_a_big_file: f.write(b"\\1" * (64 << 10))' in text, text
+    assert not (Path(job.jobdir) / "reserve.bin").exists()
+
+
+def test_a_full_disk_elsewhere_is_not_put_on_the_job_folders_files(
+    make_executor: Any, small_fs: Path, tmp_path: Path
+) -> None:
+    """The function fills another file system than its job folder's, by a write that names
+    no file: the report does not name a file of the job folder as the one that grew."""
+
+    def fills(path: str) -> int:
+        with open(path, "wb") as f:
+            for _ in range(1000):
+                f.write(b"\1" * (64 << 10))
+                f.flush()
+        return 7
+
+    job = make_executor(job_root=str(tmp_path / "jobs")).submit(fills, str(small_fs / "big"))
+    with pytest.raises(JobFailed) as info:
+        job.result(60)
+    text = str(info.value)
+    assert info.value.kind == "disk_full", text
+    assert "the one that filled is another, and the OSError names no file" in text, text
+    assert "the file that grew" not in text, text
+    assert "in fills: f.write(" in text or "in fills: f.flush()" in text, text
+
+
+def test_prints_that_fill_the_disk_name_stdout(make_executor: Any, small_fs: Path) -> None:
+    def prints_a_lot() -> int:
+        line = "x" * 1023
+        for _ in range(100000):
+            print(line)
+        return 7
+
+    job = make_executor(job_root=str(small_fs / "jobs")).submit(prints_a_lot)
+    with pytest.raises(JobFailed) as info:
+        job.result(60)
+    text = str(info.value)
+    assert info.value.kind == "disk_full", text
+    assert f"the file that grew: {Path(job.jobdir).resolve() / 'stdout.txt'} (" in text, text
+    assert "in prints_a_lot: print(line)" in text, text
 
 
 def test_warning_signal_and_stack_dumps_reach_venv2_and_spare_the_functions_children(

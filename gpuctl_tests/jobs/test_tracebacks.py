@@ -84,6 +84,69 @@ def test_the_traceback_names_the_users_file_and_lines_where_the_node_has_no_such
         ]
 
 
+CELL = textwrap.dedent(
+    """\
+    def count_widgets(n):
+        stock = {"widgets": 2}
+        return stock["widgets"] - n // stock["gears"]
+    """
+)
+
+
+@contextlib.contextmanager
+def notebook_cell(source: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``source`` run as IPython runs a cell, without IPython: compiled under a file name like
+    its ``/tmp/ipykernel_PID/HASH.py`` that is on no disk, its lines in ``linecache.cache``
+    (no modification time: never checked against a file). Yields (that name, the namespace)."""
+    import linecache
+    import uuid
+
+    name = f"/tmp/ipykernel_999/{uuid.uuid4().hex[:10]}.py"
+    assert not Path(name).exists()
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    try:
+        exec(compile(source, name, "exec"), namespace)
+        yield name, namespace
+    finally:
+        linecache.cache.pop(name, None)
+
+
+def test_a_notebook_cells_function_shows_the_cells_lines(make_executor: Any) -> None:
+    with notebook_cell(CELL) as (name, namespace):
+        job = make_executor().submit(namespace["count_widgets"], 4)
+        with pytest.raises(KeyError) as info:
+            job.result(60)
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    line = 'return stock["widgets"] - n // stock["gears"]'
+    assert f'File "{name}", line 3, in count_widgets\n    {line}' in cause.tb, cause.tb
+    report = job.report()
+    assert report is not None and line in report.text(), report and report.text()
+
+
+def test_a_cell_that_ipython_ran_is_named_as_ipython_names_it(make_executor: Any) -> None:
+    """Where IPython is installed (it is no test dependency): a real shell runs the cell."""
+    pytest.importorskip("IPython")
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        number = shell.execution_count
+        assert shell.run_cell(CELL, store_history=True).success
+        job = make_executor().submit(shell.user_ns["count_widgets"], 4)
+        with pytest.raises(KeyError) as info:
+            job.result(60)
+    finally:
+        InteractiveShell.clear_instance()
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    line = 'return stock["widgets"] - n // stock["gears"]'
+    assert f"Cell In[{number}], line 3, in count_widgets\n    {line}" in cause.tb, cause.tb
+    report = job.report()
+    assert report is not None and f"Cell In[{number}], line 3" in report.text()
+
+
 def test_a_scripts_function_is_named_by_its_file(make_executor: Any, tmp_path: Path) -> None:
     src = tmp_path / "train.py"
     src.write_text("def main():\n    return 'trained'\n")
