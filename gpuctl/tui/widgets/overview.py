@@ -37,6 +37,7 @@ from gpuctl.tui.text import node_str
 from gpuctl.tui.view import (
     SPARK_CHARS,
     TAG_W,
+    Levels,
     NodeTotals,
     bar,
     down_text,
@@ -155,6 +156,7 @@ class NodeList(ScrollView, can_focus=True):
         self.per_gpu_w = PER_GPU_W  # compact: the width of the per-GPU bars
         # A shown node has GPUs of several models: narrow rows tag each GPU's (``columns_at``)
         self.mixed = False
+        self.levels = Levels()  # warm and hot temperature and memory: ``[tui]``, on mount
         self._tags: dict[str, tuple[NodeInfo | None, tuple[bool, dict[int, str]]]] = {}
         # A sort holds still between re-sorts: the order of the nodes and of each one's GPUs
         # (positions in its ``gpus``) when last sorted, and when that was (monotonic).
@@ -163,6 +165,11 @@ class NodeList(ScrollView, can_focus=True):
         self._sorted_nodes: dict[str, int] = {}
         self._sorted_rows: dict[str, dict[int, int]] = {}
         self._base: Style | None = None  # ``rich_style``, until the styles change (``_base_style``)
+
+    def on_mount(self) -> None:
+        tui = getattr(self.app, "tui_settings", None)
+        if tui is not None:
+            self.levels = Levels.from_settings(tui)
 
     def forget(self, gone: Collection[str]) -> None:
         """Nodes that left the fleet: nothing of them is kept here (a node that comes back
@@ -859,7 +866,7 @@ def _draw_util(r: Row, w: int, gap: str) -> list[Segment]:
 def _draw_mem(r: Row, w: int, gap: str) -> list[Segment]:
     g = r.g
     mf = mem_fraction(g)
-    ml = r.level(min(1, level(mf, 0.8, 0.95)))  # a full memory is no fault
+    ml = r.level(r.nodes.levels.mem(mf))  # red only past [tui] mem_critical
     filled, rest = bar(mf, w - 9)
     pair = fmt_gib_pair(g.mem_used, g.mem_total)
     return [Segment(filled, ml), Segment(rest, r.empty), Segment(f"{pair:>9}{gap}", ml)]
@@ -867,7 +874,7 @@ def _draw_mem(r: Row, w: int, gap: str) -> list[Segment]:
 
 def _draw_temp(r: Row, w: int, gap: str) -> list[Segment]:
     t = r.g.temp
-    return [Segment(f"{'-' if t is None else f'{t}°C':>{w}}{gap}", r.level(level(t, 75, 85)))]
+    return [Segment(f"{'-' if t is None else f'{t}°C':>{w}}{gap}", r.level(r.nodes.levels.temp(t)))]
 
 
 def _draw_power(r: Row, w: int, gap: str) -> list[Segment]:
@@ -1092,7 +1099,7 @@ def _draw_hottest(r: NodeLine, w: int, gap: str) -> list[Segment]:
     temps = [g.temp for g in r.s.gpus if g.temp is not None and not g.lost]
     hot = max(temps) if temps else None
     text = "-" if hot is None else f"{hot}°C"
-    return [Segment(f"{text:>{w}}{gap}", r.style(LEVEL_CLASSES[level(hot, 75, 85)]))]
+    return [Segment(f"{text:>{w}}{gap}", r.style(LEVEL_CLASSES[r.nodes.levels.temp(hot)]))]
 
 
 def _draw_node_power(r: NodeLine, w: int, gap: str) -> list[Segment]:
