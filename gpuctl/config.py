@@ -518,6 +518,12 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "s asks before it burns one GPU (false: only over other users' processes;"
             " S and B always ask)",
         ),
+        "temp_warn": Key(_number(0, 200), 75.0, "°C from which a temperature shows warm (yellow)"),
+        "temp_critical": Key(_number(0, 200), 85.0, "°C from which it shows hot (red)"),
+        "mem_warn": Key(_number(0, 100), 80.0, "% of GPU memory from which it shows nearly full"),
+        "mem_critical": Key(
+            _number(0, 100), None, "% of GPU memory shown red (default: never: full is no fault)"
+        ),
     },
     "stress": {
         "duration": Key(_number(0.5, _WEEK), None, "seconds a burn lasts (default: max_duration)"),
@@ -604,13 +610,18 @@ class FleetSettings(Section):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TuiSettings(Section):
-    """``[tui]``: the screen's theme, remapped keys (binding id -> key), and whether ``s``
-    asks before it burns one GPU (``confirm_burn``)."""
+    """``[tui]``: the screen's theme, remapped keys (binding id -> key), whether ``s`` asks
+    before it burns one GPU (``confirm_burn``), and where a temperature (°C) and a GPU's memory
+    (% used) turn warm and hot on the screen (``mem_critical`` None: memory is never red)."""
 
     name = "tui"
     theme: str | None = None
     keys: Mapping[str, str] = field(default_factory=dict)
     confirm_burn: bool = True
+    temp_warn: float = 75.0
+    temp_critical: float = 85.0
+    mem_warn: float = 80.0
+    mem_critical: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1095,6 +1106,14 @@ class _Builder:
                 raise self.unknown((name,), key, tuple(keys))
             value = self.check((name, key), v, spec.check)
             out[key] = self.local_path((name, key), value) if spec.local_path else value
+        for warn, critical in (("temp_warn", "temp_critical"), ("mem_warn", "mem_critical")):
+            if name != "tui":
+                break
+            w = out.get(warn, keys[warn].default)
+            c = out.get(critical, keys[critical].default)
+            if c is not None and w >= c:
+                at = critical if critical in out else warn
+                raise self.fail((name, at), f"{warn} ({w:g}) must be below {critical} ({c:g})")
         return out
 
     def check(self, keys: tuple[str, ...], v: Any, checker: Callable[[Any], Any]) -> Any:
@@ -1270,6 +1289,7 @@ EXAMPLES: dict[str, Any] = {
     "slurm_conf": "/etc/slurm/slurm.conf",
     "expect_gpus": 8,
     "theme": "dark",
+    "mem_critical": 99.0,
     "duration": 600.0,
     "dtype": "bf16",
     "gpu_burn": "/opt/gpu-burn/gpu_burn",

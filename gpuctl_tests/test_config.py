@@ -188,6 +188,12 @@ BAD = [
     ('[tui]\nthme = "light"\n', r"2: tui\.thme: unknown key \(did you mean 'theme'\?\).*"),
     ("[tui]\nkeys = 3\n", r"2: tui\.keys: expected a table of binding id = \"key\", got 3"),
     ('[tui]\nconfirm_burn = "no"\n', r"2: tui\.confirm_burn: expected true or false, .*"),
+    (
+        "[tui]\ntemp_warn = 90\ntemp_critical = 80\n",
+        r"3: tui\.temp_critical: temp_warn \(90\) must be below temp_critical \(80\)$",
+    ),
+    ("[tui]\ntemp_warn = 90\n", r"2: tui\.temp_warn: temp_warn \(90\) must be below .*\(85\)$"),
+    ("[tui]\nmem_warn = 120\n", r"2: tui\.mem_warn: must be within 0\.\.100; got 120"),
     ("[accept]\nexpect_gpu = 8\n", r"2: accept\.expect_gpu: unknown key \(did you mean .*"),
     ('[accept]\nexpect_gpus = "8"\n', r"2: accept\.expect_gpus: expected a whole number, .*"),
     ('[jobs]\njob_dir = "/x"\n', r"2: jobs\.job_dir: unknown key \(did you mean 'dir'\?\).*"),

@@ -12,7 +12,7 @@ It is fed by the agents' ``burn`` events, checked field by field where they ente
 agent stops them (the dead-man's switch). The agents' replies are checked the same way into
 ``StressReply`` and ``StressStatus``.
 
-``signal_process`` sends SIGTERM or SIGKILL to a GPU process of the caller's own user (the
+``signal_process`` sends SIGTERM, SIGINT or SIGKILL to a GPU process of the caller's own user (the
 process view's kill keys): refused for another user's process, here and by the agent, and in
 read-only mode.
 
@@ -283,7 +283,7 @@ async def stop_burners(
 
 
 # -- GPU processes ------------------------------------------------------------------------------
-SIGNALS = ("TERM", "KILL")
+SIGNALS = ("TERM", "INT", "KILL")
 
 
 class ProcessError(LinkError):
@@ -316,10 +316,10 @@ async def signal_process(
     read_only: bool | None = None,
     timeout: float = REQUEST_TIMEOUT,
 ) -> SignalReply:
-    """Send SIGTERM (``signal="TERM"``) or SIGKILL (``"KILL"``) to GPU process ``pid`` of
-    ``node``: only a process of the caller's own user, as the latest sample shows it (the agent
-    checks the process's uid against its own too, and its start time, so a pid reused meanwhile
-    is left alone).
+    """Send SIGTERM (``signal="TERM"``), SIGINT (``"INT"``) or SIGKILL (``"KILL"``) to GPU
+    process ``pid`` of ``node``: only a process of the caller's own user, as the latest sample
+    shows it (the agent checks the process's uid against its own too, and its start time, so a
+    pid reused meanwhile is left alone).
 
     Returns the agent's reply. Raises ``service.ReadOnlyError`` in read-only mode,
     ProcessError (a LinkError) when the process is not a GPU process of the node, is another
@@ -327,7 +327,7 @@ async def signal_process(
     """
     service.check("signalling processes", read_only=read_only, fleet=fleet)
     if signal not in SIGNALS:
-        raise ProcessError("bad_argument", f"signal must be TERM or KILL, not {signal!r}")
+        raise ProcessError("bad_argument", f"signal must be TERM, INT or KILL, not {signal!r}")
     if node not in fleet.nodes:
         raise ProcessError("unknown_node", f"no node named {node!r}")
     proc = find_process(fleet.snapshot(node), pid)

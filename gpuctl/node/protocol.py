@@ -97,8 +97,8 @@ gpuctl -> agent
                   MAX_DURATION_CEILING: the cap of every later burn) -> ok {liveness_timeout,
                   max_duration} (error bad_argument, nothing changed, for a bad value). gpuctl
                   sends it first, from its config, and then pings every liveness_timeout / 3.
-    signal        pid, signal ("TERM" | "KILL"), started (optional: the process's start time
-                  as a sample gave it) -> ok {pid, signal, message}, or error: bad_argument,
+    signal        pid, signal ("TERM" | "INT" | "KILL"), started (optional: the process's
+                  start time as a sample gave it) -> ok {pid, signal, message}, or error: bad_argument,
                   not_gpu_process (the pid is not among the latest sample's GPU processes),
                   no_process (it ended, or another process has its pid now), not_yours (it
                   belongs to another user than the agent's, root included), read_only.

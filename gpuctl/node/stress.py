@@ -639,9 +639,9 @@ class StressPlugin(object):
             burn = self.burns.get(gpu)
             if burn is None or burn.engine != "sim" or burn.state not in ACTIVE:
                 continue
-            if how == "TERM":  # a burner ends its burn on SIGTERM (``workloads.burn``)
+            if how in ("TERM", "INT"):  # a burner ends its burn on both (``workloads.burn``)
                 burn.state, burn.verdict = "done", None
-                burn.reason = burn.stop_reason or "burner stopped by SIGTERM"
+                burn.reason = burn.stop_reason or "burner stopped by SIG%s" % how
             elif how == "lost":
                 burn.state, burn.verdict = "failed", "DIED"
                 burn.reason = "burner died: its GPU fell off the bus"

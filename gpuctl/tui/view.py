@@ -126,6 +126,35 @@ def level(value: float | None, warm: float, hot: float) -> int:
     return 2 if value >= hot else 1 if value >= warm else 0
 
 
+@dataclass(frozen=True, slots=True)
+class Levels:
+    """Where the screen turns a temperature (°C) and a GPU's memory (fraction used) warm and
+    hot: ``[tui]`` temp_warn, temp_critical, mem_warn, mem_critical (``from_settings``). Memory
+    is never hot unless ``mem_critical`` is set: a full memory is no fault."""
+
+    temp_warn: float = 75.0
+    temp_critical: float = 85.0
+    mem_warn: float = 0.8
+    mem_critical: float = math.inf
+
+    @classmethod
+    def from_settings(cls, tui: object) -> Levels:
+        """From a ``config.TuiSettings`` (memory in percent there)."""
+        crit = getattr(tui, "mem_critical", None)
+        return cls(
+            float(getattr(tui, "temp_warn", 75.0)),
+            float(getattr(tui, "temp_critical", 85.0)),
+            float(getattr(tui, "mem_warn", 80.0)) / 100,
+            math.inf if crit is None else float(crit) / 100,
+        )
+
+    def temp(self, value: float | None) -> int:
+        return level(value, self.temp_warn, self.temp_critical)
+
+    def mem(self, fraction: float | None) -> int:
+        return level(fraction, self.mem_warn, self.mem_critical)
+
+
 def mem_fraction(g: GpuSample) -> float | None:
     if g.mem_used is None or not g.mem_total:
         return None

@@ -212,3 +212,24 @@ async def test_a_hostile_nodes_processes_are_shown_as_data(tmp_path: Path) -> No
             await pilot.press(key)
             check(app)
         assert not isinstance(app.screen, ConfirmScreen)
+
+
+async def test_i_sends_sigint_to_an_own_process(
+    nvml_lib_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, procs: Start
+) -> None:
+    """Issue 39.11: SIGINT beside SIGTERM and SIGKILL (a training script's Ctrl-C: it saves and
+    ends), end to end: the key, the login side's check and the agent's ``signal`` request."""
+    # SIGINT at its default whatever this test inherited (a shell's background job ignores it)
+    code = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_DFL); time.sleep(324)"
+    mine = procs(sys.executable, "-c", code)
+    app = stub_app(nvml_lib_dir, tmp_path, monkeypatch, f"count 1\nproc 0 {mine.pid} 2048\n")
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await open_view(pilot, {mine.pid})
+        await select_pid(pilot, mine.pid)
+        await pilot.press("i")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        assert "Send SIGINT to pid" in str(app.screen.question)
+        await pilot.press("y")
+        await until(pilot, lambda: mine.poll() is not None, "the process to end", timeout=15)
+        assert mine.returncode == -2
+        await until(pilot, lambda: any("SIGINT sent" in m for m in messages(app)), "notice")

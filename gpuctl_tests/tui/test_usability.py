@@ -118,7 +118,9 @@ async def test_gpu_rows_keep_badges_job_and_burn_at_every_size(
         assert "XID" in row_text(app, "gpu-a01", 1)
         burning = row_text(app, "gpu-a01", 2)
         assert "PWRCAP" in burning and "BURN 612 TF/s 0 err" in burning, burning
-        assert "100%" in burning and "78/80G" in burning and "699/700W" in burning
+        assert "100%" in burning and "78/80G" in burning
+        # narrow, the power column is the draw only: the flags, burn and owner keep the room
+        assert ("699/700W" if size[0] >= 90 else "699W") in burning
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -10,7 +10,7 @@ reads fail (ESRCH), also when a new process takes the pid, which is then opened 
 used between two samples over the wall time between them, so the first sample of a process has
 none (null).
 
-``signal_process`` is the agent's ``signal`` request: it sends SIGTERM or SIGKILL to a GPU process
+``signal_process`` is the agent's ``signal`` request: it sends SIGTERM, SIGINT or SIGKILL to a GPU process
 of the agent's own user, and refuses anything else (see its docstring).
 """
 
@@ -27,7 +27,7 @@ MAX_COMMAND = 200  # characters: enough to tell jobs apart, small enough for one
 MAX_PARENTS = 64  # ancestors of GPU processes sent in one sample (a tree, not a process table)
 MAX_DEPTH = 16  # ancestors followed up from one GPU process
 PARENTS_EVERY_S = 5.0  # ... walked again this often while the GPU pids stay the same
-SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "KILL": signal.SIGKILL}
 
 
 def process_uid(pid: int) -> Optional[int]:
@@ -228,10 +228,10 @@ class ProcessNames(object):
 
 def signal_process(pid: Any, name: Any, gpu_pids: Iterable[int],
                    started: Any = None) -> Tuple[Optional[str], str]:
-    """Send SIGTERM or SIGKILL (``name`` "TERM" | "KILL") to ``pid``; returns ``(None, what
+    """Send SIGTERM, SIGINT or SIGKILL (``name`` "TERM" | "INT" | "KILL") to ``pid``; returns ``(None, what
     was done)`` or ``(error code, one line why not)``.
 
-    Refused: a name other than TERM/KILL (``bad_argument``), a pid that is not one of
+    Refused: a name other than TERM/INT/KILL (``bad_argument``), a pid that is not one of
     ``gpu_pids`` (the GPU processes of the latest sample: this is no general kill tool;
     ``not_gpu_process``), a process gone or whose start time is not ``started`` (unix time, as
     the sample said: the pid was reused; ``no_process``), and a process of another user than the
@@ -241,7 +241,7 @@ def signal_process(pid: Any, name: Any, gpu_pids: Iterable[int],
         return "bad_argument", "signal needs the pid of a GPU process"
     sig = SIGNALS.get(name) if isinstance(name, str) else None
     if sig is None:
-        return "bad_argument", "signal must be TERM or KILL"
+        return "bad_argument", "signal must be TERM, INT or KILL"
     if pid not in set(gpu_pids):
         return "not_gpu_process", "pid %d is not a GPU process of this node" % pid
     uid = process_uid(pid)

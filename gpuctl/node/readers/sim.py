@@ -330,8 +330,8 @@ class SimReader(Reader):
         """Simulated processes belong to simulated users: a process of this user's uid ends,
         any other is refused as a real node refuses it. A burner is this agent's user's: it
         ends (its burn's load with it), and ``ended_burns`` tells the stress plugin how."""
-        if name not in ("TERM", "KILL"):
-            return "bad_argument", "signal must be TERM or KILL"
+        if name not in ("TERM", "INT", "KILL"):
+            return "bad_argument", "signal must be TERM, INT or KILL"
         for g in self.gpus:
             if g.burn and not g.lost and pid == BURN_PID + g.index:
                 # the burner is this agent's user's: it ends, and its burn with it
@@ -350,7 +350,7 @@ class SimReader(Reader):
 
     def ended_burns(self) -> Dict[int, str]:
         """The GPUs whose burner ended since the last call, and how: a signal's name ("TERM",
-        "KILL") or "lost" (its GPU fell off the bus). The stress plugin ends their burns as a
+        "INT", "KILL") or "lost" (its GPU fell off the bus). The stress plugin ends their burns as a
         real burner's exit ends them."""
         out, self._ended_burns = self._ended_burns, {}
         return out

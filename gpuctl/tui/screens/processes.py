@@ -2,10 +2,10 @@
 
 User, pid, GPU memory, SM %, host %CPU and RSS, elapsed time and command line; sortable (``o``
 next column, ``O`` reverse), as a tree of parents and children (``T``), for one GPU or the whole
-node (``g``). ``k`` / ``K`` send SIGTERM / SIGKILL to the selected process after asking: only a
-process of the user running gpuctl, and never in read-only mode (``gpuctl.fleet.control.
-signal_process`` checks both; the agent checks the uid again). Everything a node sent reaches
-the table as text (``gpuctl.tui.text``).
+node (``g``). ``k`` / ``i`` / ``K`` send SIGTERM / SIGINT / SIGKILL to the selected process
+after asking: only a process of the user running gpuctl, and never in read-only mode
+(``gpuctl.fleet.control.signal_process`` checks both; the agent checks the uid again).
+Everything a node sent reaches the table as text (``gpuctl.tui.text``).
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.text import node_str, node_text
 
 CELL_LIMIT = 300  # characters of a cell: a command line can be long
-SIGNAL_NAMES = {"TERM": "SIGTERM", "KILL": "SIGKILL"}
+SIGNAL_NAMES = {"TERM": "SIGTERM", "INT": "SIGINT", "KILL": "SIGKILL"}
 
 
 class ProcessScreen(Screen[None]):
     """Every GPU process of ``node`` (of GPU ``gpu`` only, when given)."""
 
-    # "o O sort", "k K kill": groups keep the footer, ? help and q quit in 80 columns
+    # "o O sort", "k i K kill": groups keep the footer, ? help and q quit in 80 columns
     SORT_KEYS = Binding.Group("sort")
     SIGNAL_KEYS = Binding.Group("kill")
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -50,6 +50,7 @@ class ProcessScreen(Screen[None]):
         Binding("T", "tree", "tree", id="procs_tree"),
         Binding("g", "scope", "GPU/node", id="procs_scope"),
         Binding("k", "signal('TERM')", "SIGTERM", id="procs_term", group=SIGNAL_KEYS),
+        Binding("i", "signal('INT')", "SIGINT", id="procs_int", group=SIGNAL_KEYS),
         Binding("K", "signal('KILL')", "SIGKILL", id="procs_kill", group=SIGNAL_KEYS),
     ]
 

@@ -37,6 +37,7 @@ from gpuctl.tui.text import node_str
 from gpuctl.tui.view import (
     SPARK_CHARS,
     TAG_W,
+    Levels,
     NodeTotals,
     bar,
     down_text,
@@ -155,6 +156,7 @@ class NodeList(ScrollView, can_focus=True):
         self.per_gpu_w = PER_GPU_W  # compact: the width of the per-GPU bars
         # A shown node has GPUs of several models: narrow rows tag each GPU's (``columns_at``)
         self.mixed = False
+        self.levels = Levels()  # warm and hot temperature and memory: ``[tui]``, on mount
         self._tags: dict[str, tuple[NodeInfo | None, tuple[bool, dict[int, str]]]] = {}
         # A sort holds still between re-sorts: the order of the nodes and of each one's GPUs
         # (positions in its ``gpus``) when last sorted, and when that was (monotonic).
@@ -163,6 +165,11 @@ class NodeList(ScrollView, can_focus=True):
         self._sorted_nodes: dict[str, int] = {}
         self._sorted_rows: dict[str, dict[int, int]] = {}
         self._base: Style | None = None  # ``rich_style``, until the styles change (``_base_style``)
+
+    def on_mount(self) -> None:
+        tui = getattr(self.app, "tui_settings", None)
+        if tui is not None:
+            self.levels = Levels.from_settings(tui)
 
     def forget(self, gone: Collection[str]) -> None:
         """Nodes that left the fleet: nothing of them is kept here (a node that comes back
@@ -702,13 +709,15 @@ def _every_row(n: int) -> tuple[int, ...]:
     return tuple(range(n))
 
 
-def burn_text(burn: BurnState, now: float | None = None) -> str:
+def burn_text(burn: BurnState, now: float | None = None, rate: bool = True) -> str:
     """The burn column of a GPU row, e.g. BURN 412 TF/s 0 err 14m left, from a burn
-    annotation (the time left when ``now`` is given and the burn runs)."""
+    annotation (the time left when ``now`` is given and the burn runs; the TF/s unless not
+    ``rate``)."""
     state = burn.get("state") or "?"
     parts = ["BURN" if state == "running" else f"BURN {state}"]
     tflops = burn.get("tflops")
-    if isinstance(tflops, int | float) and not isinstance(tflops, bool) and abs(tflops) < 1e9:
+    number = isinstance(tflops, int | float) and not isinstance(tflops, bool)
+    if rate and number and abs(tflops) < 1e9:  # type: ignore[arg-type]
         parts.append(f"{tflops:.0f} TF/s")  # a huge int would not even convert to a float
     errors = burn.get("errors")
     if isinstance(errors, int) and not isinstance(errors, bool) and abs(errors) < 1 << 64:
@@ -840,10 +849,9 @@ def _draw_index(r: Row, w: int, gap: str) -> list[Segment]:
 
 
 def _draw_model(r: Row, w: int, gap: str) -> list[Segment]:
-    if w >= MODEL_W:  # the model column
-        model = node_str(r.nodes.store.model(r.s, r.g.index), limit=w)
-    else:  # narrow, while a shown node has several models: a short tag
-        model = node_str(r.nodes.model_tags(r.s)[1].get(r.g.index, "?"), limit=w)
+    """A GPU's model tag, while a shown node has several models (the header of a node of one
+    model names it: the rows do not repeat it)."""
+    model = node_str(r.nodes.model_tags(r.s)[1].get(r.g.index, "?"), limit=w)
     return [Segment(f"{model:<{w}}{gap}")]
 
 
@@ -858,7 +866,7 @@ def _draw_util(r: Row, w: int, gap: str) -> list[Segment]:
 def _draw_mem(r: Row, w: int, gap: str) -> list[Segment]:
     g = r.g
     mf = mem_fraction(g)
-    ml = r.level(min(1, level(mf, 0.8, 0.95)))  # a full memory is no fault
+    ml = r.level(r.nodes.levels.mem(mf))  # red only past [tui] mem_critical
     filled, rest = bar(mf, w - 9)
     pair = fmt_gib_pair(g.mem_used, g.mem_total)
     return [Segment(filled, ml), Segment(rest, r.empty), Segment(f"{pair:>9}{gap}", ml)]
@@ -866,7 +874,7 @@ def _draw_mem(r: Row, w: int, gap: str) -> list[Segment]:
 
 def _draw_temp(r: Row, w: int, gap: str) -> list[Segment]:
     t = r.g.temp
-    return [Segment(f"{'-' if t is None else f'{t}°C':>{w}}{gap}", r.level(level(t, 75, 85)))]
+    return [Segment(f"{'-' if t is None else f'{t}°C':>{w}}{gap}", r.level(r.nodes.levels.temp(t)))]
 
 
 def _draw_power(r: Row, w: int, gap: str) -> list[Segment]:
@@ -874,7 +882,8 @@ def _draw_power(r: Row, w: int, gap: str) -> list[Segment]:
     pw = "-" if g.power is None else f"{g.power:.0f}"
     pl = "-" if g.power_limit is None else f"{g.power_limit:.0f}"
     style = r.level(min(1, level(power_fraction(g), 0.8, 0.97)))
-    return [Segment(f"{pw + '/' + pl + 'W':>{w}}{gap}", style)]
+    text = pw + "/" + pl + "W" if w >= POWER_W else pw + "W"  # narrow: the draw only
+    return [Segment(f"{text:>{w}}{gap}", style)]
 
 
 def _draw_clock(r: Row, w: int, gap: str) -> list[Segment]:
@@ -899,9 +908,11 @@ def _draw_recent(r: Row, w: int, gap: str) -> list[Segment]:
     return [Segment(spark + gap, r.style("nodelist--spark"))]
 
 
-def _draw_rest(r: Row, _w: int, _gap: str) -> list[Segment]:
+def _draw_rest(r: Row, w: int, _gap: str) -> list[Segment]:
     """Trouble, the Slurm job and user, a burn, then (last: a narrow row cuts it first) who
-    runs processes on the GPU; ``p`` shows them all."""
+    runs processes on the GPU; ``p`` shows them all. In a row too narrow (``w`` cells left)
+    for them all, the burn gives up its TF/s first: its errors and time left, and the owner
+    after them, stay."""
     nodes, s, g = r.nodes, r.s, r.g
     st = nodes._style
     segs: list[Segment] = []
@@ -917,23 +928,28 @@ def _draw_rest(r: Row, _w: int, _gap: str) -> list[Segment]:
     if job or user:
         who = " ".join(str(x) for x in (job and f"job {job}", user) if x)
         segs.append(Segment(node_str(who, limit=TEXT_LIMIT) + "  ", st("nodelist--job")))
+    owners = gpu_owners(g)
+    owner = node_str(owners, limit=40) if owners and owners != user else ""
     burn = nodes.store.burn(s, g.index)
     if burn is not None:
-        text = burn_text(burn, nodes.store.clock())
-        segs.append(Segment(node_str(text, limit=TEXT_LIMIT) + "  ", st("nodelist--burn")))
-    owners = gpu_owners(g)
-    if owners and owners != user:
-        segs.append(Segment(node_str(owners, limit=40), st("nodelist--job")))
+        now = nodes.store.clock()
+        text = node_str(burn_text(burn, now), limit=TEXT_LIMIT)
+        used = sum(seg.cell_length for seg in segs) + len(owner)
+        if used + len(text) + 2 > w:
+            text = node_str(burn_text(burn, now, rate=False), limit=TEXT_LIMIT)
+        segs.append(Segment(text + "  ", st("nodelist--burn")))
+    if owner:
+        segs.append(Segment(owner, st("nodelist--job")))
     return segs
 
 
-MODEL_W = 15  # characters of the model column (from 110 columns)
+POWER_W = 9  # cells of the power column ("699/700W") from 90 columns; narrower "699W"
 BAR_CELLS = from_width((160, 2 * BAR_WIDTH), (90, BAR_WIDTH))  # a bar's cells (none below 90)
 
 
-def _model_cells(width: int, mixed: bool) -> int:
-    """The model column from 110 columns; narrower, a tag while a shown node mixes models."""
-    return MODEL_W if width >= 110 else TAG_W if mixed else 0
+def _model_cells(_width: int, mixed: bool) -> int:
+    """A model tag while a shown node mixes models; else none (the header names the model)."""
+    return TAG_W if mixed else 0
 
 
 def _bar_cells(figure: int) -> Cells:
@@ -975,7 +991,7 @@ _PLACED: dict[str, Column] = {
         reading_column("util_gpu", _bar_cells(5), _draw_util, align="bar", figure=5),
         reading_column("mem_used", _bar_cells(9), _draw_mem, align="bar", figure=9),
         reading_column("temp", from_width((0, 5)), _draw_temp),
-        reading_column("power", from_width((0, 9)), _draw_power),
+        reading_column("power", from_width((90, POWER_W), (0, 5)), _draw_power),
         reading_column("sm_clock", from_width((110, 7)), _draw_clock, "SM CLK"),  # "1980MHz"
         reading_column("fan", 160),
         reading_column("pstate", 160),
@@ -999,16 +1015,32 @@ COLUMNS: tuple[Column, ...] = (
 )
 
 
+# The columns that give way, first to last, while the flags, job, burn and owners (the last
+# column) have fewer than ``REST_W`` cells: a burning GPU that throttles needs about 50
+# ("THERM PWRCAP  BURN 705 TF/s 0 err 58m left  alice"). Its words were cut at every width.
+GIVES_WAY = ("fan", "pstate", "enc", "dec", "pcie_tx", "pcie_rx", "sm_clock", "recent")
+REST_W = 52
+
+
 @functools.lru_cache(maxsize=64)
 def columns_at(width: int, mixed: bool = False) -> tuple[Cell, ...]:
     """The columns a list ``width`` cells wide shows, with their cells (``mixed``: a shown node
-    has GPUs of several models)."""
-    out = []
-    for c in COLUMNS:
-        n = c.cells(width, mixed)
-        if n or c.rest is not None:
-            out.append(Cell(c, n, " " * c.gap))
-    return tuple(out)
+    has GPUs of several models); the last one's cells are the rest of the line."""
+    shown = {c.key: c.cells(width, mixed) for c in COLUMNS}
+    rest = next(c.key for c in COLUMNS if c.rest is not None)
+
+    def room() -> int:
+        return width - sum(n + c.gap for c in COLUMNS if (n := shown[c.key]) and c.key != rest)
+
+    for key in GIVES_WAY:
+        if room() >= REST_W:
+            break
+        shown[key] = 0
+    return tuple(
+        Cell(c, max(0, room()) if c.key == rest else shown[c.key], " " * c.gap)
+        for c in COLUMNS
+        if shown[c.key] or c.key == rest
+    )
 
 
 class NodeLine:
@@ -1067,7 +1099,7 @@ def _draw_hottest(r: NodeLine, w: int, gap: str) -> list[Segment]:
     temps = [g.temp for g in r.s.gpus if g.temp is not None and not g.lost]
     hot = max(temps) if temps else None
     text = "-" if hot is None else f"{hot}°C"
-    return [Segment(f"{text:>{w}}{gap}", r.style(LEVEL_CLASSES[level(hot, 75, 85)]))]
+    return [Segment(f"{text:>{w}}{gap}", r.style(LEVEL_CLASSES[r.nodes.levels.temp(hot)]))]
 
 
 def _draw_node_power(r: NodeLine, w: int, gap: str) -> list[Segment]:
