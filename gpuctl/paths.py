@@ -85,6 +85,12 @@ def site_config_files() -> list[Path]:
     return out
 
 
+def is_xdg_variable(name: str) -> bool:
+    """True for an XDG base-directory variable (``XDG_CONFIG_HOME``, ...): this machine's
+    folders, which a node has its own of (a job is not told it misses them)."""
+    return name.startswith("XDG_")
+
+
 def state_dir() -> Path:
     """gpuctl's state folder: ``$GPUCTL_STATE_DIR``, else ``$XDG_STATE_HOME/gpuctl``
     (``~/.local/state/gpuctl``). Not created here: see ``private_dir``."""

@@ -694,19 +694,27 @@ class Executor:
             for k in mine
             if k not in passed
             and not jobfiles.is_base_env(k)
-            and not k.startswith("XDG_")  # this machine's desktop folders: a node has its own
+            and not paths.is_xdg_variable(k)
             and _patterns(HIDDEN_HINTS).match(k.upper())
         )
         if unseen and tuple(unseen) not in _TOLD_UNSEEN:
-            _TOLD_UNSEEN.add(tuple(unseen))
-            print(
-                f"gpuctl: the job will not see {', '.join(unseen)} (a job gets its node's "
-                "environment, not this one's): pass what it needs with env_pass=[...] "
-                "(gpuctl submit --env-pass NAME_OR_PATTERN) or job_env={...}",
-                file=sys.stderr,
-                flush=True,
-            )
+            # said once a job started (``_tell_unseen``): a refused submit is one line, its own
+            self._unseen = tuple(unseen)
         return passed
+
+    def _tell_unseen(self) -> None:
+        """The notice of ``passed_env``, once a job of this submit has started."""
+        unseen, self._unseen = getattr(self, "_unseen", ()), ()
+        if not unseen or unseen in _TOLD_UNSEEN:
+            return
+        _TOLD_UNSEEN.add(unseen)
+        print(
+            f"gpuctl: the job will not see {', '.join(unseen)} (a job gets its node's "
+            "environment, not this one's): pass what it needs with env_pass=[...] "
+            "(gpuctl submit --env-pass NAME_OR_PATTERN) or job_env={...}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _job_root_path(self) -> str:
         """The job root on the target's host, ``~`` resolved there (not created)."""
@@ -843,6 +851,7 @@ class Executor:
             for job_id, _ in folders:  # a map on one machine: some may have started
                 self._refused_row(job_id, f"starting it failed: {e}")
             raise
+        self._tell_unseen()
         return [self._job(f, meta, h, now) for f, h in zip(folders, handles, strict=True)]
 
     def _job(self, folder: tuple[str, str], meta: JobMeta, handle: Handle, now: float) -> Job:

@@ -475,8 +475,10 @@ def test_job_processes_end_and_job_folders_are_private(tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(FILES["job.py"])
     from gpuctl_tests.helpers import wait_until
 
-    marker = f"GPUCTL_QA_MARK={os.urandom(6).hex()}"
-    env = {"HOME": str(tmp_path / "home"), "GPUCTL_QA_MARK": marker[15:]}
+    # a job gets its node's environment and a small base (HOME among it): this test's own HOME
+    # marks the supervisor and the job's process
+    marker = f"HOME={tmp_path / 'home'}"
+    env = {"HOME": str(tmp_path / "home")}
     (tmp_path / "home").mkdir()
     (tmp_path / "slow.py").write_text("import time\n\ndef f():\n    time.sleep(120)\n")
     r = gpuctl(tmp_path, ["submit", "slow.py:f"], env)

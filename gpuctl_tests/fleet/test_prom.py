@@ -846,12 +846,13 @@ def test_status_json_and_table_through_prometheus(steady_site: Site) -> None:
 
 def test_export_demo_read_back_through_prometheus() -> None:
     """``gpuctl export --demo`` names its metrics as DCGM exporter does: a Prometheus scraping
-    it is read back as the demo's six nodes of eight GPUs."""
+    it is read back as the demo's six nodes of eight GPUs, but the one its story's XID 79 took off
+    the bus (no readings, so no series: 47)."""
     exporter = Exporter("--demo", "--listen", "127.0.0.1:0")
     try:
         address = exporter.url().removeprefix("http://").removesuffix("/metrics")
         with prometheus([address]) as prom:
-            prom.wait_for("DCGM_FI_DEV_GPU_UTIL", 48, timeout=60)
+            prom.wait_for("DCGM_FI_DEV_GPU_UTIL", 47, timeout=60)
             r = gpuctl("status", "--prometheus", prom.url, "--json")
     finally:
         exporter.stop()
@@ -859,7 +860,8 @@ def test_export_demo_read_back_through_prometheus() -> None:
     nodes = json.loads(r.stdout)["nodes"]
     assert [n["name"] for n in nodes] == [f"sim-0{i}" for i in range(1, 7)]
     assert all(len(n["gpus"]) == 8 and n["state"] == "live" for n in nodes)
-    assert all(g["util_gpu"] is not None and g["mem_total"] for n in nodes for g in n["gpus"])
+    read = [g for n in nodes for g in n["gpus"] if g["util_gpu"] is not None and g["mem_total"]]
+    assert len(read) == 47, len(read)  # all but the GPU off the bus
     assert "H100" in (nodes[0]["gpus"][0]["name"] or "")
     assert nodes[0]["gpus"][0]["power_limit"] is not None  # export has the power limit
 
