@@ -54,6 +54,7 @@ import socket
 import struct
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from itertools import chain
@@ -481,7 +482,7 @@ class _NodeText:
 
     def render(self, s: NodeSnapshot, xids: XidCounts, version: int) -> None:
         """Format every line of ``s`` (and its XID counts) once."""
-        cols: dict[str, list[str]] = {f.name: [] for f in FAMILIES}
+        cols: defaultdict[str, list[str]] = defaultdict(list)  # by family name
         node, live = self.label, s.state is NodeState.LIVE
         cols[F_UP].append(f'gpuctl_node_up{{{node},link="{_escape(s.link)}"}} {int(live)}')
         cols[F_STATE].extend(
@@ -526,8 +527,7 @@ class _NodeText:
                 cols[F_XID].append(f'{lines.xid}{xid}"}} {n}')
         self.gpus = gpus  # only the GPUs of this sample: an agent's made-up indices do not pile up
         for name, c in cols.items():
-            if c:
-                frags[name] = "\n".join(c) + "\n"
+            frags[name] = "\n".join(c) + "\n"
         self.frags = {name: text.encode() for name, text in frags.items() if text}
         self.snap, self.xid_version = s, version
 
@@ -655,7 +655,8 @@ class FleetExporter:
                 part = pieces[1]
                 continue  # per scrape
             part.append(family.header(openmetrics).encode())
-            part.extend(t.frags.get(family.name, b"") for t in texts)
+            name = family.name
+            part.extend([t.frags.get(name, b"") for t in texts])
         if openmetrics:
             pieces[1].append(b"# EOF\n")
         return _Body(b"".join(pieces[0]), b"".join(pieces[1]))
