@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import sys
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import hostlist
 
-from gpuctl.cli.common import add_nodes_arguments, add_prometheus_options, build_fleet, emit_json
+from gpuctl.cli.common import (
+    JSON_VERSION,
+    add_nodes_arguments,
+    add_prometheus_options,
+    build_fleet,
+    emit_json,
+)
 from gpuctl.core.format import STATUS_TITLES, gpu_table_rows, reader_text, short_model
 from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.core.text import printable
-from gpuctl.fleet.status import collect, node_to_json
+from gpuctl.fleet.status import collect, node_schema, node_to_json
 
 if TYPE_CHECKING:
     from gpuctl.cli.base import Subcommands
@@ -29,6 +36,11 @@ def register(sub: Subcommands) -> None:
     from gpuctl.cli.common import add_demo_option  # local: the module's imports are busy
 
     add_demo_option(p)
+    p.add_argument(
+        "--json-schema",
+        action="store_true",
+        help="print the JSON Schema of --json's document (docs/status.schema.json) and exit",
+    )
     p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait per node")
     add_nodes_arguments(p)
     add_prometheus_options(p)
@@ -38,6 +50,9 @@ def register(sub: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpuctl.cli.base import UserError
 
+    if args.json_schema:
+        print(json.dumps(status_schema(), indent=2))
+        return 0
     if not 0 < args.timeout <= 3600:
         raise UserError(f"--timeout must be within 0..3600 seconds, e.g. 20 (not {args.timeout:g})")
     fleet = build_fleet(args, prometheus_timeout=args.timeout)
@@ -69,6 +84,31 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if failed or no_driver else 0
+
+
+def status_schema() -> dict[str, Any]:
+    """The JSON Schema (2020-12) of ``status --json``'s document: ``emit_json``'s envelope,
+    the nodes (made from the model: ``gpuctl.fleet.status.node_schema``) and ``xids_watched``.
+    ``docs/status.schema.json`` is this, and a test holds them equal."""
+    node, defs = node_schema()
+    body = {
+        "version": {"const": JSON_VERSION, "description": "The layout of this document."},
+        "gpuctl": {"type": "string", "description": "The version of gpuctl that wrote it."},
+        "generated_at": {"type": "string", "description": "When, UTC, ISO 8601."},
+        "nodes": {"type": "array", "items": node},
+        "xids_watched": {
+            "type": "boolean",
+            "description": "false: a one-shot status does not see XIDs (watch, export do).",
+        },
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "gpuctl status --json",
+        "type": "object",
+        "properties": body,
+        "required": list(body),
+        "$defs": defs,
+    }
 
 
 # A one-shot starts its agents and stops them after one sample: NVML hands an XID only to a

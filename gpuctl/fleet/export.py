@@ -54,6 +54,7 @@ import socket
 import struct
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from itertools import chain
@@ -380,44 +381,42 @@ class _Family:
         return f"# HELP {name} {text}\n# TYPE {name} {kind}\n"
 
 
+# A family's lines are kept under its name, never its position: FAMILIES alone says the order
+# of the exposition, and a family put in between moves no line under another's header.
+F_UP = "gpuctl_node_up"
+F_STATE = "gpuctl_node_state"
+F_AGE = "gpuctl_node_last_sample_age_seconds"  # written per scrape (FleetExporter._ages)
+F_INFO = "gpuctl_node"
+F_THROTTLE = "gpuctl_gpu_throttle_reason"
+F_XID_LAST = "DCGM_FI_DEV_XID_ERRORS"
+F_XID = "gpuctl_gpu_xid_errors"
+F_BURNING = "gpuctl_gpu_burning"
+F_SLURM = "gpuctl_gpu_slurm_job"
+F_REFUSED = "gpuctl_node_xid_events_refused"
 _NODE_FAMILIES = (
-    _Family("gpuctl_node_up", "1 while the node's link is live and its samples current.", "gauge"),
-    _Family("gpuctl_node_state", "Where the node's link stands.", "stateset"),
-    _Family(
-        "gpuctl_node_last_sample_age_seconds", "Seconds since the node's newest sample.", "gauge"
-    ),
-    _Family("gpuctl_node", "What the node's agent said in its hello.", "info"),
+    _Family(F_UP, "1 while the node's link is live and its samples current.", "gauge"),
+    _Family(F_STATE, "Where the node's link stands.", "stateset"),
+    _Family(F_AGE, "Seconds since the node's newest sample.", "gauge"),
+    _Family(F_INFO, "What the node's agent said in its hello.", "info"),
 )
-F_UP, F_STATE, F_AGE, F_INFO = range(4)
-F_METRIC = len(_NODE_FAMILIES)  # the first of METRICS
 _GPU_FAMILIES = (
     *(_Family(m.name, m.help, "gauge") for m in METRICS),
+    _Family(F_THROTTLE, "1 when a clock throttle reason is active, per reason.", "gauge"),
     _Family(
-        "gpuctl_gpu_throttle_reason",
-        "1 when a clock throttle reason is active, per reason.",
-        "gauge",
+        F_XID_LAST, "Value of the last XID error seen (0: none since gpuctl started).", "gauge"
     ),
+    _Family(F_XID, "XID errors seen since gpuctl started, per XID.", "counter"),
+    _Family(F_BURNING, "1 while a gpuctl burn runs on the GPU.", "gauge"),
+    _Family(F_SLURM, "The Slurm job that holds the GPU (job), and its user.", "info"),
     _Family(
-        "DCGM_FI_DEV_XID_ERRORS",
-        "Value of the last XID error seen (0: none since gpuctl started).",
-        "gauge",
-    ),
-    _Family("gpuctl_gpu_xid_errors", "XID errors seen since gpuctl started, per XID.", "counter"),
-    _Family("gpuctl_gpu_burning", "1 while a gpuctl burn runs on the GPU.", "gauge"),
-    _Family(
-        "gpuctl_gpu_slurm_job", "The Slurm job that holds the GPU (job), and its user.", "info"
-    ),
-    _Family(
-        "gpuctl_node_xid_events_refused",
+        F_REFUSED,
         f"XID events not counted: for a GPU the hello did not name, outside 1..{XID_MAX}, or "
         f"past {XIDS_PER_GPU} distinct XIDs on one GPU.",
         "counter",
     ),
 )
 FAMILIES = (*_NODE_FAMILIES, *_GPU_FAMILIES)
-F_THROTTLE, F_XID_LAST, F_XID, F_BURNING, F_SLURM, F_REFUSED = range(
-    F_METRIC + len(METRICS), len(FAMILIES)
-)
+_BY_NAME = {f.name: f for f in FAMILIES}  # names are unique (test_export holds it)
 _STATES = tuple(NodeState)
 _REASONS = tuple(name for _bit, name in THROTTLE_REASONS)
 
@@ -475,14 +474,15 @@ class _NodeText:
         self.age = f"gpuctl_node_last_sample_age_seconds{{{self.label}}} "
         self.snap: NodeSnapshot | None = None
         self.xid_version = -1
-        self.frags: list[bytes] = []  # per family, encoded once: the body is one bytes join
+        # per family (by name; one with no line has none), encoded once: the body is one join
+        self.frags: dict[str, bytes] = {}
         self.gpus: dict[int, _GpuLines] = {}
         self.layout: list[_GpuLines] = []  # the GPUs the templates are for
         self.templates: list[str] = []
 
     def render(self, s: NodeSnapshot, xids: XidCounts, version: int) -> None:
         """Format every line of ``s`` (and its XID counts) once."""
-        cols: list[list[str]] = [[] for _ in FAMILIES]
+        cols: defaultdict[str, list[str]] = defaultdict(list)  # by family name
         node, live = self.label, s.state is NodeState.LIVE
         cols[F_UP].append(f'gpuctl_node_up{{{node},link="{_escape(s.link)}"}} {int(live)}')
         cols[F_STATE].extend(
@@ -500,7 +500,7 @@ class _NodeText:
         if refused:
             cols[F_REFUSED].append(f"gpuctl_node_xid_events_refused_total{{{node}}} {refused}")
         gpus: dict[int, _GpuLines] = {}
-        frags: dict[int, str] = {}
+        frags: dict[str, str] = {}
         if live:  # no GPU values for a node whose values are not current
             statics = {st.index: st for st in s.info.gpus} if s.info is not None else {}
             shown: list[GpuSample] = []
@@ -526,13 +526,12 @@ class _NodeText:
                 lines = gpus.get(gpu) or self._lines(s.name, None, st, gpu)
                 cols[F_XID].append(f'{lines.xid}{xid}"}} {n}')
         self.gpus = gpus  # only the GPUs of this sample: an agent's made-up indices do not pile up
-        for fi, c in enumerate(cols):
-            if c:
-                frags[fi] = "\n".join(c) + "\n"
-        self.frags = [frags[fi].encode() if fi in frags else b"" for fi in range(len(FAMILIES))]
+        for name, c in cols.items():
+            frags[name] = "\n".join(c) + "\n"
+        self.frags = {name: text.encode() for name, text in frags.items() if text}
         self.snap, self.xid_version = s, version
 
-    def _metrics(self, layout: list[_GpuLines], shown: list[GpuSample]) -> dict[int, str]:
+    def _metrics(self, layout: list[_GpuLines], shown: list[GpuSample]) -> dict[str, str]:
         """The METRICS families' text for the GPUs ``shown``: per family one ``%`` of a
         template that holds the GPUs' line starts, kept while they stay the same, over the
         family's values (what a loop over 100k lines cost at 4,096 GPUs is one C call per node
@@ -546,7 +545,7 @@ class _NodeText:
                 "".join(lines.metrics[i].replace("%", "%%") + "%s\n" for lines in layout)
                 for i in range(len(METRICS))
             ]
-        frags: dict[int, str] = {}
+        frags: dict[str, str] = {}
         if not shown:
             return frags
         n = len(shown)
@@ -559,14 +558,14 @@ class _NodeText:
         every = _plain(tuple(chain.from_iterable(values for _, values in columns)))
         for i, values in columns:
             if every or _plain(values):  # one check for the node, per family when it fails
-                frags[F_METRIC + i] = self.templates[i] % values
+                frags[METRICS[i].name] = self.templates[i] % values
                 continue
             lines_of = [
                 f"{lines.metrics[i]}{text}"
                 for lines, v in zip(layout, values, strict=True)
                 if (text := _num(v)) is not None
             ]
-            frags[F_METRIC + i] = "\n".join(lines_of) + "\n" if lines_of else ""
+            frags[METRICS[i].name] = "\n".join(lines_of) + "\n" if lines_of else ""
         return frags
 
     def _lines(
@@ -650,19 +649,21 @@ class FleetExporter:
     def _join(self, openmetrics: bool) -> _Body:
         texts = list(self._nodes.values())
         pieces: list[list[bytes]] = [[], []]
-        for i, family in enumerate(FAMILIES):
-            if i == F_AGE:
+        part = pieces[0]  # the families before the age family; after it, pieces[1]
+        for family in FAMILIES:
+            if family.name == F_AGE:
+                part = pieces[1]
                 continue  # per scrape
-            part = pieces[i > F_AGE]
             part.append(family.header(openmetrics).encode())
-            part.extend(t.frags[i] for t in texts)
+            name = family.name
+            part.extend([t.frags.get(name, b"") for t in texts])
         if openmetrics:
             pieces[1].append(b"# EOF\n")
         return _Body(b"".join(pieces[0]), b"".join(pieces[1]))
 
     def _ages(self, snaps: Iterable[NodeSnapshot]) -> str:
         now = self.clock()
-        lines = [FAMILIES[F_AGE].header(False)]  # the same in both formats
+        lines = [_BY_NAME[F_AGE].header(False)]  # the same in both formats
         for s in snaps:
             age = s.age(now)
             if age is not None:

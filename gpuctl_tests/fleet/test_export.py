@@ -364,6 +364,38 @@ async def test_a_scrape_formats_only_the_nodes_whose_snapshot_changed() -> None:
         await fleet.stop()
 
 
+async def test_each_line_is_under_its_familys_header_whatever_their_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A family's lines are kept by its name, not its position: with FAMILIES in another
+    order (reversed here), the exposition follows it and every line stays under the header of
+    its own family (by position, the node's ``up`` lines went under another's)."""
+    from gpuctl.fleet import export as module
+
+    names = [f.name for f in module.FAMILIES]
+    assert len(set(names)) == len(names)  # a name is a family
+    monkeypatch.setattr(module, "FAMILIES", tuple(reversed(module.FAMILIES)))
+    fleet = await _live_fleet({"a": ReplayLink(recorded_node("a", "2:H100", samples=1))})
+    try:
+        fleet.annotate("a", 0, slurm_job="7", slurm_user="bob")
+        text = FleetExporter(fleet).text()
+    finally:
+        await fleet.stop()
+    headers: list[str] = []
+    seen: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            headers.append(line.split()[2])
+        elif not line.startswith("#"):
+            name = line.split("{")[0].split()[0]
+            assert headers and name == headers[-1], (line, headers[-1:])
+            seen.add(name)
+    bare = [h.removesuffix("_total").removesuffix("_info") for h in headers]
+    assert bare == names[::-1]  # the age family's too, though its lines are made per scrape
+    assert {"gpuctl_node_up", "gpuctl_node_state", "gpuctl_node_info"} <= seen
+    assert {"gpuctl_gpu_slurm_job_info", "DCGM_FI_DEV_GPU_UTIL", "gpuctl_gpu_burning"} <= seen
+
+
 def _get(url: str, headers: dict[str, str]) -> tuple[dict[str, str], bytes]:
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
         return dict(r.headers), r.read()
