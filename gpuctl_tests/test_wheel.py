@@ -185,49 +185,39 @@ def user_env(home: Path, bindir: Path) -> dict[str, str]:
     return env
 
 
+def run_installed(
+    installed: Path, cwd: Path, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[str]:
+    """A program of the installed venv (``gpuctl``, ``python``), as the user runs it."""
+    return subprocess.run(
+        [str(installed / args[0]), *args[1:]],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
 def test_the_installed_wheel_says_its_version_and_runs_the_demo(
     installed: Path, checkout_version: str, tmp_path: Path
 ) -> None:
     env = user_env(tmp_path / "home", installed)
-    r = subprocess.run(
-        [str(installed / "gpuctl"), "--version"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = run_installed(installed, tmp_path, env, "gpuctl", "--version")
     assert r.returncode == 0, r.stderr
     # an installed copy: the version alone (no checkout), the one the build gave
     (word, version) = r.stdout.split()
     assert word == "gpuctl" and version.split("+")[0] == checkout_version.split("+")[0], r.stdout
-    where = subprocess.run(
-        [str(installed / "python"), "-c", "import gpuctl; print(gpuctl.__file__)"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    where = run_installed(
+        installed, tmp_path, env, "python", "-c", "import gpuctl; print(gpuctl.__file__)"
     )
     assert str(installed.parent) in where.stdout, where.stdout
     rec = tmp_path / "demo.gpurec"
-    r = subprocess.run(
-        [str(installed / "gpuctl"), "record", str(rec), "--demo", "--duration", "2s"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    r = run_installed(
+        installed, tmp_path, env, "gpuctl", "record", str(rec), "--demo", "--duration", "2s"
     )
     assert r.returncode == 0 and rec.stat().st_size > 0, r.stderr
-    r = subprocess.run(
-        [str(installed / "gpuctl"), "status", "--demo"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = run_installed(installed, tmp_path, env, "gpuctl", "status", "--demo")
     assert r.returncode == 0 and r.stdout.startswith("NODE"), r.stderr
 
 
@@ -249,14 +239,7 @@ def test_the_installed_wheel_deploys_an_agent_to_an_sshd_node(
     config.write_text(ssh_cluster.cluster_toml("c", ["wheelnode"], interval=0.5))
     env = user_env(tmp_path / "home", installed)
     argv = ["--config", str(config), "status", "--json", "--timeout", "60"]
-    r = subprocess.run(
-        [str(installed / "gpuctl"), *argv],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    r = run_installed(installed, tmp_path, env, "gpuctl", *argv)
     assert r.returncode == 0, r.stderr
     (node,) = json.loads(r.stdout)["nodes"]
     assert node["name"] == "wheelnode" and len(node["gpus"]) == 2, node
