@@ -94,7 +94,7 @@ def test_status_fits_120_columns_and_its_stdout_holds_only_rows(
     header, *rows = r.stdout.splitlines()
     assert header.split()[:3] == ["NODE", "GPU", "MODEL"] and len(rows) == 4
     assert [row.split()[:3] for row in rows] == [["gpu-node-017", str(i), "H100"] for i in range(4)]
-    assert rows[0].split()[-3:] == ["PWRCAP", "HWSLOW", "THERM"]
+    assert rows[0].split()[-3:] == ["THERM", "HWSLOW", "PWRCAP"]  # the one order (throttle_order)
     assert max(map(len, r.stdout.splitlines())) <= 120, r.stdout
     assert {"UTIL", "MEMORY", "TEMP", "POWER", "USER", "FLAGS"} <= set(header.split())
     err = r.stderr.splitlines()
