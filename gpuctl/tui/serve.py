@@ -274,9 +274,10 @@ async def serve(
         site = web.TCPSite(runner, host, port)
         await site.start()
         bound = runner.addresses[0]
-        ready(host, int(bound[1]))
+        # Ctrl-C stops it from the moment the user is told where it is (ready prints that line)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        ready(host, int(bound[1]))
         await stop.wait()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
