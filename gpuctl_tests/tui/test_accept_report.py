@@ -5,7 +5,6 @@ report names the simulated node as its host; the pane's ``report:`` path fits 80
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -13,31 +12,21 @@ from typing import Any
 from textual.widgets import DataTable, Static
 
 from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress
-from gpuctl.node.readers.sim import SimReader
 from gpuctl.tui import make_app
 from gpuctl.tui.screens.accept_report import AcceptReportScreen
 from gpuctl.tui.text import short_path
 from gpuctl.tui.widgets.panes import AcceptPane
-from gpuctl.workloads.accept_suite import suite
 from gpuctl_tests.helpers import until
 from gpuctl_tests.tui.conftest import NOW, replay_fleet
+from gpuctl_tests.tui.test_accept_sim import heated_run
 from gpuctl_tests.tui.test_hostile import drawn
 
 
 def heated_report(tmp_path: Path) -> dict[str, Any]:
     """A simulated run of sim-07 whose GPU 1 burned for five minutes (held down by heat)."""
-    now = [0.0]
-    reader = SimReader.from_spec("4:H100", clock=lambda: now[0])
-    reader.simulate("load", {"gpus": [1], "load": 1.0})
-    for _ in range(300):
-        now[0] += 1.0
-        reader.sample(slow=False)
-    facts = tmp_path / "facts.json"
-    facts.write_text(json.dumps(reader.accept_facts()))
-    argv = ["--device", "sim", "--sim-facts", str(facts), "--quick", "--node-name", "sim-07"]
-    assert suite.main([*argv, "--report-dir", str(tmp_path), "--report-name", "r.json"]) == 1
-    report: dict[str, Any] = json.loads((tmp_path / "r.json").read_text())
-    return report
+    return heated_run(
+        tmp_path, "--node-name", "sim-07", "--report-dir", str(tmp_path), "--report-name", "r.json"
+    )
 
 
 async def test_the_report_opens_on_the_failures_with_rule_cause_and_next_step(

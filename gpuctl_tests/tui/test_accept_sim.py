@@ -124,10 +124,9 @@ async def test_the_demo_runs_the_suite_simulated_on_its_gpus(tmp_path: Path) -> 
     assert any(k.startswith("compute/gpu0/") for k in history.keys("sim-02"))
 
 
-def test_the_burning_gpus_heat_shows_in_a_simulated_run(tmp_path: Path) -> None:
-    """The agent hands the suite its GPUs as they are (``accept_facts``): a GPU held down by
-    heat after five minutes of burn is slower than its siblings (the same-model rule fails it)
-    and [HEALTH] notes its throttling."""
+def heated_run(tmp_path: Path, *args: str) -> dict[str, Any]:
+    """The simulated suite's report (``args`` name where it goes) on four H100s whose GPU 1
+    burned for five minutes first (held down by heat): it fails the run."""
     now = [0.0]
     reader = SimReader.from_spec("4:H100", clock=lambda: now[0])
     reader.simulate("load", {"gpus": [1], "load": 1.0})
@@ -136,9 +135,17 @@ def test_the_burning_gpus_heat_shows_in_a_simulated_run(tmp_path: Path) -> None:
         reader.sample(slow=False)
     facts = tmp_path / "facts.json"
     facts.write_text(json.dumps(reader.accept_facts()))
-    argv = ["--device", "sim", "--sim-facts", str(facts), "--quick", "--report-dir"]
-    assert suite.main([*argv, str(tmp_path), "--report-name", "r.json"]) == 1
-    report = json.loads((tmp_path / "r.json").read_text())
+    argv = ["--device", "sim", "--sim-facts", str(facts), "--quick", *args]
+    assert suite.main(argv) == 1
+    report: dict[str, Any] = json.loads((tmp_path / "r.json").read_text())
+    return report
+
+
+def test_the_burning_gpus_heat_shows_in_a_simulated_run(tmp_path: Path) -> None:
+    """The agent hands the suite its GPUs as they are (``accept_facts``): a GPU held down by
+    heat after five minutes of burn is slower than its siblings (the same-model rule fails it)
+    and [HEALTH] notes its throttling."""
+    report = heated_run(tmp_path, "--report-dir", str(tmp_path), "--report-name", "r.json")
     compute = report["sections"]["compute"]
     slow = {(d["label"], r["dtype"]): r for d in compute["devices"] for r in d["results"]}
     assert {k[0] for k, r in slow.items() if r["verdict"] == "FAIL"} == {"gpu1"}

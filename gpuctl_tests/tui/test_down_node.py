@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,6 +47,22 @@ def header_text(app: object, node: str) -> str:
     return "".join(s.text for s in nodes.render_line(y - int(nodes.scroll_offset.y)))
 
 
+async def down_waiting_to_retry(pilot: Any, app: Any, fleet: Any, node: str) -> float:
+    """Wait until ``node`` is down on the screen with its retry planned; return when it is."""
+    await until(
+        pilot,
+        lambda: (
+            app.store.snaps[node].state is NodeState.UNREACHABLE
+            and fleet.retry_at(node) is not None
+            and not app.store.pending
+        ),
+        f"{node} down, waiting to retry",
+    )
+    at = fleet.retry_at(node)
+    assert at is not None
+    return float(at)
+
+
 async def test_a_down_nodes_header_says_when_last_seen_and_when_the_next_try_is(
     tmp_path: Path,
 ) -> None:
@@ -61,17 +78,7 @@ async def test_a_down_nodes_header_says_when_last_seen_and_when_the_next_try_is(
     )
     app = make_app(fleet, clock=lambda: now[0], state_dir=tmp_path / "state")
     async with app.run_test(size=(160, 30)) as pilot:
-        await until(
-            pilot,
-            lambda: (
-                app.store.snaps["gpu-d04"].state is NodeState.UNREACHABLE
-                and fleet.retry_at("gpu-d04") is not None
-                and not app.store.pending
-            ),
-            "gpu-d04 down, waiting to retry",
-        )
-        at = fleet.retry_at("gpu-d04")
-        assert at is not None
+        at = await down_waiting_to_retry(pilot, app, fleet, "gpu-d04")
         left = math.ceil(at - now[0])
         assert 15 <= left <= 30  # 30 s x jitter 0.5..1
         await pilot.pause()
@@ -115,17 +122,7 @@ async def test_a_down_nodes_row_says_its_state_next_try_and_last_seen_before_the
     )
     app = make_app(fleet, clock=lambda: now[0], state_dir=tmp_path / "state")
     async with app.run_test(size=(width, 24)) as pilot:
-        await until(
-            pilot,
-            lambda: (
-                app.store.snaps["gpu-d04"].state is NodeState.UNREACHABLE
-                and fleet.retry_at("gpu-d04") is not None
-                and not app.store.pending
-            ),
-            "gpu-d04 down after a refused login, waiting to retry",
-        )
-        at = fleet.retry_at("gpu-d04")
-        assert at is not None
+        at = await down_waiting_to_retry(pilot, app, fleet, "gpu-d04")
         left = math.ceil(at - now[0])
         await pilot.pause()
         first = f"unreachable · retry in {left}s · never seen"
