@@ -427,6 +427,7 @@ class Executor:
 
         self._context = Context.of(where.config) if where.config is not None else None
         self.guard = service.Guard(read_only, self._context)
+        self._unseen: tuple[str, ...] = ()  # passed_env's notice, said once a job started
         self._config = where.config
 
     @property
@@ -704,7 +705,7 @@ class Executor:
 
     def _tell_unseen(self) -> None:
         """The notice of ``passed_env``, once a job of this submit has started."""
-        unseen, self._unseen = getattr(self, "_unseen", ()), ()
+        unseen, self._unseen = self._unseen, ()
         if not unseen or unseen in _TOLD_UNSEEN:
             return
         _TOLD_UNSEEN.add(unseen)
