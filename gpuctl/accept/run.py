@@ -62,6 +62,7 @@ class AcceptOptions:
     """What the suite is asked to do on every node (``suite_args`` turns it into options)."""
 
     quick: bool = False
+    prolog: bool = False  # seconds, NVML alone, no load (a Slurm prolog's check)
     device: str = "cuda"
     expect_gpus: int | None = None  # typed: every node (else ``expected``, then Slurm's gres)
     expected: Mapping[str, Expectation] = field(default_factory=dict)  # per node, from config
@@ -88,6 +89,8 @@ class AcceptOptions:
         args = ["--device", self.device]
         if self.quick:
             args.append("--quick")
+        if self.prolog:
+            args.append("--prolog")
         if self.expect_gpus is not None:
             expectation = Expectation(self.expect_gpus, TYPED)
         if expectation is not None:

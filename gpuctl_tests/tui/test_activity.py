@@ -3,8 +3,8 @@ what another gpuctl session did while it watched (#43.4); its own actions are no
 
 from __future__ import annotations
 
+import asyncio
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -85,7 +85,8 @@ async def test_a_read_only_session_is_told_what_another_session_did(
             "audit.record('stress_start', 'sim-02', 'GPU 1 for 3600 s'); "
             "audit.record('drain', 'sim-02', 'gpuctl accept: gemm 40 % low')"
         )
-        subprocess.run([sys.executable, "-c", other], check=True, env=os.environ.copy())
+        writer = await asyncio.create_subprocess_exec(sys.executable, "-c", other)
+        assert await writer.wait() == 0
         said = lambda: [n.message for n in app._notifications]  # noqa: E731
         await until(pilot, lambda: any("drained" in m for m in said()), "the other's drain said")
         words = [m for m in said() if "@" in m]

@@ -55,6 +55,26 @@ class Nvml:
                 handle = self._call(self.nv.nvmlDeviceGetHandleByIndex, i)
             if handle is not None:
                 self.handles[i] = handle
+        self._watch_xids()
+
+    def map_indices(self) -> int:
+        """Every GPU NVML sees, by NVML's index (a run without torch: ``--prolog``); returns
+        how many."""
+        count = self.device_count() or 0
+        for i in range(count):
+            handle = self._call(self.nv.nvmlDeviceGetHandleByIndex, i)
+            if handle is not None:
+                self.handles[i] = handle
+        self._watch_xids()
+        return count
+
+    def memory_total(self, i: int) -> "int | None":
+        h = self.handles.get(i)
+        info = self._call(self.nv.nvmlDeviceGetMemoryInfo, h) if h is not None else None
+        total = getattr(info, "total", None)
+        return int(total) if isinstance(total, int) else None
+
+    def _watch_xids(self) -> None:
         self.events = self._call(self.nv.nvmlEventSetCreate)
         if self.events is not None:
             for h in self.handles.values():
@@ -112,10 +132,19 @@ class Nvml:
             getattr(self.nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
             or self.nv.nvmlDeviceGetCurrentClocksThrottleReasons
         )
-        while not self._stop.wait(0.2):
+        while True:
             for i, h in self.handles.items():
                 for name in decode_throttle(self._call(read, h)) or ():
                     self.throttle.setdefault(i, set()).add(name)
+            if self._stop.wait(0.2):
+                return
+
+    def throttle_now(self) -> None:
+        """One reading of every GPU's throttle reasons (no load ran to watch: ``--prolog``)."""
+        if self.nv is None or not self.handles:
+            return
+        self._stop.set()
+        self._sample_throttle()
 
     def start_throttle_watch(self) -> None:
         if self.nv is None or not self.handles:

@@ -3,7 +3,8 @@
 Report (JSON object, ``schema`` == SCHEMA, ``schema_version`` == SCHEMA_VERSION):
     node, hostname, started, finished (unix time), duration_s, device ("cuda" | "cpu" |
     "sim": a simulated node's GPUs, ``simulated``), simulated (bool: figures made, not
-    measured), quick (bool), options (the suite's settings), verdict ("PASS" | "FAIL"),
+    measured), quick (bool), prolog (bool: ``--prolog``, NVML alone, no load), options (the
+    suite's settings), verdict ("PASS" | "FAIL"),
     failures (list of one-line strings), warnings (one-line strings of WARN results: noted,
     not failed, e.g. a GPU model without a reference peak, with its measured figure),
     sections: one object per name in SECTIONS, each with

@@ -41,8 +41,10 @@ from .schema import (
 from .sections import RUNNERS
 from .sections.burn import parse_duration
 from .sections.ddp import parse_floors
+from .sections.env import run_prolog
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
+PROLOG_SECTIONS = ("env", "shape", "health")  # --prolog: what NVML and the node tell at once
 
 
 def parse_args(argv: "list[str]") -> argparse.Namespace:
@@ -51,6 +53,12 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
         description="Acceptance suite of one node: prints [RESULT] and writes a JSON report.",
     )
     p.add_argument("--quick", action="store_true", help="short runs (seconds, not minutes)")
+    p.add_argument(
+        "--prolog",
+        action="store_true",
+        help="seconds and no load, for a Slurm prolog or HealthCheckProgram: [ENV] through "
+        "NVML (no torch), [SHAPE] and [HEALTH]; every other section SKIP",
+    )
     p.add_argument(
         "--device",
         choices=("cuda", "cpu", "sim"),
@@ -164,6 +172,8 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
         p.error("--test-slow-compute must be >= 1")
     if args.memtest_mb is not None and args.memtest_mb < 1:
         p.error("--memtest-mb must be at least 1")
+    if args.prolog and args.device == "cpu":
+        p.error("--prolog checks the GPUs through NVML: leave out --device cpu")
     if args.device == "sim" and not args.sim_facts:
         p.error("--device sim runs on a simulated node, whose agent passes --sim-facts")
     return args
@@ -265,6 +275,8 @@ class Suite:
             res: dict[str, Any]
             if name in a.skip:
                 res = {"verdict": "SKIP", "summary": f"--skip {name}"}
+            elif a.prolog and name not in PROLOG_SECTIONS:
+                res = {"verdict": "SKIP", "summary": "--prolog: no load"}
             elif name != "env" and self.blocked is not None:
                 res = {"verdict": "SKIP", "summary": self.blocked}
             elif name != "env" and self.no_gpu:
@@ -328,6 +340,8 @@ def main(argv: "list[str] | None" = None) -> int:
     missing: str | None = None
     if args.device == "sim":  # simulated GPUs: figures from their state, no torch
         from . import simulated
+    elif args.prolog:  # NVML alone: seconds, and a prolog's Python may have no torch
+        pass
     else:
         try:
             import torch
@@ -336,6 +350,8 @@ def main(argv: "list[str] | None" = None) -> int:
     suite = Suite(args, out, torch)
     if args.device == "sim":
         suite.runners = simulated.runners(args.sim_facts)
+    elif args.prolog:
+        suite.runners = {**RUNNERS, "env": run_prolog}
     elif missing is not None:
         suite.runners = {**RUNNERS, "env": lambda s: _env_without_torch(s, missing)}
     sections = suite.run()
@@ -358,6 +374,7 @@ def main(argv: "list[str] | None" = None) -> int:
         "device": args.device,
         "simulated": args.device == "sim",  # figures made from simulated GPUs, not measured
         "quick": args.quick,
+        "prolog": args.prolog,
         "options": {
             k: v
             for k, v in vars(args).items()

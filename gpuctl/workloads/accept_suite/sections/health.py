@@ -19,6 +19,9 @@ def run(suite: "Suite") -> "dict[str, Any]":
     if suite.nvml is None or suite.nvml.nv is None:
         why = suite.nvml.error if suite.nvml else "NVML not opened"
         return {"verdict": "SKIP", "summary": f"NVML unavailable ({why})", "gpus": []}
+    if suite.args.prolog:  # no load ran: the reasons now
+        suite.nvml.throttle_now()
+    when = "now" if suite.args.prolog else "during COMPUTE"
     suite.nvml.poll_xids()
     log, log_source = _kernel_log(suite)
     logged = nodehealth.parse_xids(log) if log is not None else []
@@ -63,14 +66,14 @@ def run(suite: "Suite") -> "dict[str, Any]":
             problems.append(f"XID {','.join(str(x) for x in h['xids'])} during the run")
         hw = [t for t in h["throttle"] if t in BAD_THROTTLE]
         if hw:
-            problems.append(f"throttled during COMPUTE: {','.join(hw)}")
+            problems.append(f"throttled {when}: {','.join(hw)}")
         soft = [t for t in h["throttle"] if t in WARN_THROTTLE]
         if problems:
             h["verdict"], h["reason"] = "FAIL", "; ".join(problems)
             failures.append(f"health gpu{i}: {h['reason']}")
         elif soft or notes:
             if soft:
-                notes.insert(0, f"throttled during COMPUTE: {','.join(soft)}")
+                notes.insert(0, f"throttled {when}: {','.join(soft)}")
             h["verdict"], h["reason"] = "WARN", "; ".join(notes)
             warns.append(i)
         gpus.append(h)
