@@ -110,6 +110,13 @@ def register(sub: Subcommands) -> None:
     what.add_argument("--expect-nvlinks", type=int, metavar="N", help="[SHAPE]: NVLinks per GPU")
     what.add_argument("--memtest-mb", type=int, metavar="MIB", help="[MEMTEST]: MiB to test")
     what.add_argument(
+        "--link-errors",
+        type=int,
+        metavar="N",
+        help="[HEALTH]: NVLink CRC/replay errors or PCIe replays a GPU may add during the run "
+        "(100; an NVLink recovery always fails)",
+    )
+    what.add_argument(
         "--busbw-floor",
         metavar="GBPS",
         help="[DDP] all-reduce busbw floor: 360, or per GPUs-per-node x nodes: 8x1=360,8x2=180",
@@ -192,6 +199,8 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
         raise _user_error("--expect-nvlinks must be 0 or more")
     if args.memtest_mb is not None and args.memtest_mb < 1:
         raise _user_error("--memtest-mb must be at least 1")
+    if args.link_errors is not None and args.link_errors < 0:
+        raise _user_error("--link-errors must be 0 or more")
     if args.prolog and args.burn:
         raise _user_error("--burn loads the GPUs: leave it out of --prolog")
     if args.prolog and args.device == "cpu":
@@ -234,7 +243,8 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
         test_slow_compute=args.test_slow_compute,
         extra_args=tuple(a for s in args.skip for a in ("--skip", s))
         + burn
-        + _floor_args(args.busbw_floor),
+        + _floor_args(args.busbw_floor)
+        + (("--link-errors", str(args.link_errors)) if args.link_errors is not None else ()),
     )
 
 

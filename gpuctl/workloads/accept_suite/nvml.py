@@ -8,6 +8,9 @@ from typing import Any
 XID_CRITICAL = 0x0000000000000008  # nvmlEventTypeXidCriticalError
 CLOCK_SM = 1  # nvmlClockType_t NVML_CLOCK_SM
 TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU
+# nvmlNvLinkErrorCounter_t: the data-link layer's counters of one NVLink
+NVLINK_ERRORS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}
+LINK_ERRORS = (*NVLINK_ERRORS, "pcie_replay")
 
 
 class Nvml:
@@ -259,6 +262,26 @@ class Nvml:
             present += 1
             active += 1 if state else 0
         return (present, active) if present else (None, None)
+
+    def link_errors(self, i: int) -> "dict[str, int | None]":
+        """GPU i's link error counters, each None where NVML cannot tell: NVLink ``replay``,
+        ``recovery``, ``crc_flit`` and ``crc_data`` summed over its links, and ``pcie_replay``.
+        They only grow (until a reset or a reboot): a run compares two readings."""
+        out: dict[str, int | None] = dict.fromkeys(LINK_ERRORS)
+        h = self.handles.get(i)
+        if h is None:
+            return out
+        nv = self.nv
+        out["pcie_replay"] = self._call(nv.nvmlDeviceGetPcieReplayCounter, h)
+        present, _ = self.nvlinks(i)
+        for kind, code in NVLINK_ERRORS.items():
+            total = None
+            for link in range(present or 0):
+                v = self._call(nv.nvmlDeviceGetNvLinkErrorCounter, h, link, code)
+                if isinstance(v, int):
+                    total = (total or 0) + v
+            out[kind] = total
+        return out
 
     def sample(self, i: int) -> "dict[str, Any]":
         """One reading of GPU i for a trace: power_w, sm_clock_mhz, temp_c, throttle (the clock

@@ -46,9 +46,12 @@ Report (JSON object, ``schema`` == SCHEMA, ``schema_version`` == SCHEMA_VERSION)
                      params_identical
       health:        gpus [{index, ecc_uncorrected_volatile, ecc_uncorrected_aggregate,
                      remapped_rows {correctable, uncorrectable, pending, failure}, xids [int],
-                     throttle [names seen during COMPUTE], retired_pending, pci,
+                     throttle [names seen during COMPUTE, or now with --prolog],
+                     retired_pending, pci,
                      kernel_xids [{xid, hardware, text}], aer {device {correctable, nonfatal,
-                     fatal}, port {...}, port_address}, verdict, reason}],
+                     fatal}, port {...}, port_address}, link_errors {replay, recovery,
+                     crc_flit, crc_data, pcie_replay: how much each grew during the run;
+                     absent with --prolog}, verdict, reason}],
                      kernel_log (source read, or null), kernel_log_error (why unreadable),
                      node_xids (XIDs of PCI devices that are not GPUs under test)
 

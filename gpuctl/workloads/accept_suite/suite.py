@@ -133,6 +133,13 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
         default=0.7,
         help="[P2P] a GPU pair below this fraction of the median pair's GB/s fails",
     )
+    p.add_argument(
+        "--link-errors",
+        type=int,
+        default=100,
+        help="[HEALTH]: NVLink CRC/replay errors or PCIe replays a GPU may add during the run "
+        "(more fail, fewer are noted; an NVLink recovery always fails)",
+    )
     p.add_argument("--test-p2p-devices", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--test-slow-pair", help=argparse.SUPPRESS)  # "I,J": that pair copies 8x
     p.add_argument("--test-kernel-log", help=argparse.SUPPRESS)  # a file read as the kernel log
@@ -172,6 +179,8 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
         p.error("--test-slow-compute must be >= 1")
     if args.memtest_mb is not None and args.memtest_mb < 1:
         p.error("--memtest-mb must be at least 1")
+    if args.link_errors < 0:
+        p.error("--link-errors must be 0 or more")
     if args.prolog and args.device == "cpu":
         p.error("--prolog checks the GPUs through NVML: leave out --device cpu")
     if args.device == "sim" and not args.sim_facts:
@@ -217,10 +226,19 @@ class Suite:
         # [DDP]: (rank results, error or None, local processes), run once for both sections
         self.ddp_result: tuple[list[dict[str, Any]], str | None, int] | None = None
         self.runners = RUNNERS  # section name -> its runner (a simulated run has its own)
+        # Each GPU's link error counters when [ENV] ran, before any load ([HEALTH] compares).
+        self.links_before: dict[int, dict[str, Any]] = {}
         # Why every section after [ENV] is skipped (no torch): said once, by [ENV].
         self.blocked: str | None = None
 
     # helpers for the sections ------------------------------------------------------------------
+    def note_link_errors(self) -> None:
+        """Each GPU's link error counters before any load: [HEALTH] says what the run added."""
+        if self.nvml is not None and self.nvml.nv is not None:
+            self.links_before = {
+                int(g["index"]): self.nvml.link_errors(g["index"]) for g in self.gpus
+            }
+
     def devices(self) -> "list[tuple[str, Any, str]]":
         """(label, torch.device, name) of each device under test."""
         if self.cuda:

@@ -85,6 +85,7 @@ def run(suite: "Suite") -> "dict[str, Any]":
         info["gpus"].append(g)
         info["nvidia_smi_l"].append(f"GPU {i}: {props.name} (UUID: {uuid})")
     suite.gpus = info["gpus"]
+    suite.note_link_errors()
     for line in info["nvidia_smi_l"]:
         suite.out.line(line)
     suite.out.line(

@@ -59,6 +59,12 @@ def run(suite: "Suite") -> "dict[str, Any]":
             problems.append("page retirement pending (reset the GPU)")
         problems.extend(_kernel_xid_problems(h["kernel_xids"], hardware=True))
         notes.extend(_kernel_xid_problems(h["kernel_xids"], hardware=False))
+        before = suite.links_before.get(i)
+        if before is not None:
+            h["link_errors"] = _grown(before, suite.nvml.link_errors(i))
+            bad, odd = _link_error_problems(h["link_errors"], suite.args.link_errors)
+            problems.extend(bad)
+            notes.extend(odd)
         bad, odd = _aer_problems(h["aer"])
         problems.extend(bad)
         notes.extend(odd)
@@ -131,6 +137,42 @@ def _kernel_xid_problems(xids: "list[dict[str, Any]]", hardware: bool) -> "list[
         + (f" ({nodehealth.HARDWARE_XIDS[xid]})" if hardware else "")
         for xid, n in sorted(counts.items())
     ]
+
+
+LINK_WORDS = {  # counter: (one, many)
+    "replay": ("NVLink replay", "NVLink replays"),
+    "recovery": ("NVLink recovery", "NVLink recoveries"),
+    "crc_flit": ("NVLink CRC FLIT error", "NVLink CRC FLIT errors"),
+    "crc_data": ("NVLink CRC data error", "NVLink CRC data errors"),
+    "pcie_replay": ("PCIe replay", "PCIe replays"),
+}
+
+
+def _grown(before: "dict[str, Any]", after: "dict[str, Any]") -> "dict[str, int]":
+    """How much each counter grew during the run (counters NVML could not read left out)."""
+    return {
+        k: int(after[k]) - int(before[k])
+        for k in LINK_WORDS
+        if isinstance(before.get(k), int) and isinstance(after.get(k), int)
+    }
+
+
+def _link_error_problems(grown: "dict[str, int]", limit: int) -> "tuple[list[str], list[str]]":
+    """(failures, notes): a link that retrained (an NVLink recovery) or erred more than
+    ``limit`` times during the run fails; fewer errors are noted."""
+    bad: list[str] = []
+    odd: list[str] = []
+    for kind, n in grown.items():
+        if n <= 0:
+            continue
+        words = f"{n} {LINK_WORDS[kind][n != 1]} during the run"
+        if kind == "recovery":
+            bad.append(f"{words} (the link retrained)")
+        elif n > limit:
+            bad.append(f"{words} (more than {limit})")
+        else:
+            odd.append(words)
+    return bad, odd
 
 
 def _aer_problems(aer: "dict[str, Any] | None") -> "tuple[list[str], list[str]]":
