@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl import audit, service
+from gpuctl.accept import consistency
 from gpuctl.accept.expect import TYPED, Expectation, resolve
 from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore
 from gpuctl.accept.results import outcome
@@ -304,6 +305,9 @@ class AcceptRun:
                 path = folder / f"accept-{node}-{stamp}.json"
                 _write_json(path, o.report)
                 self.report_paths.append(path)
+        reported = {n: o.report for n, o in self.outcomes.items() if o.report is not None}
+        for node, odd in consistency.odd_ones(reported).items():
+            self.outcomes[node].warnings += [f"consistency: {w}" for w in odd]
         failures = [f"{n}: {f}" for n in self.nodes for f in self.outcomes[n].failures]
         failures += [
             f"{n}: {self.outcomes[n].reason}" for n in self.nodes if self.outcomes[n].report is None

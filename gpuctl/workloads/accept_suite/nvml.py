@@ -71,6 +71,11 @@ class Nvml:
         self._watch_xids()
         return count
 
+    def vbios(self, i: int) -> "str | None":
+        h = self.handles.get(i)
+        v = self._call(self.nv.nvmlDeviceGetVbiosVersion, h) if h is not None else None
+        return _text(v)
+
     def memory_total(self, i: int) -> "int | None":
         h = self.handles.get(i)
         info = self._call(self.nv.nvmlDeviceGetMemoryInfo, h) if h is not None else None

@@ -10,7 +10,8 @@ Report (JSON object, ``schema`` == SCHEMA, ``schema_version`` == SCHEMA_VERSION)
     sections: one object per name in SECTIONS, each with
     ``verdict`` (one of VERDICTS), ``summary`` (one line) and its figures:
       env:           hostname, python, torch, cuda, driver, nccl, gpu_count, expected_gpus,
-                     gpus [{index, name, uuid, model_key, memory_bytes}], nvidia_smi_l [str]
+                     gpus [{index, name, uuid, model_key, memory_bytes, vbios}],
+                     nvidia_smi_l [str]
       shape:         gpus [{index, label, name, pci, link_gen, link_width, max_link_gen,
                      max_link_width, read_under_load, nvlinks, nvlinks_active, ecc_mode,
                      ecc_pending, persistence, mig, mig_pending, verdict, reason}],

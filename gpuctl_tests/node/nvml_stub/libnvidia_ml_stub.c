@@ -14,6 +14,7 @@
  *     nvml 12.550.54.15           NVML version string
  *     init CODE                   nvmlInit fails with this nvmlReturn_t
  *     name GPU rest of the line   product name of one GPU
+ *     vbios GPU VERSION           its VBIOS version (default 96.00.99.00.01)
  *     set GPU FIELD VALUE         a number (see FIELDS below; throttle takes 0x.. too)
  *     error GPU CODE WHAT...      calls for WHAT on that GPU return CODE (3 = NOT_SUPPORTED,
  *                                 4 = NO_PERMISSION, 999 = UNKNOWN); WHAT is one of the names
@@ -108,7 +109,7 @@ struct xid {
 
 typedef struct gpu {
     unsigned int index;
-    char name[96], uuid[96], serial[32];
+    char name[96], uuid[96], serial[32], vbios[32];
     long long v[48]; /* numeric readings, indexed by FIELDS */
     int err[W_COUNT];
     long lost_after; /* -1: never */
@@ -181,6 +182,7 @@ static void gpu_defaults(gpu_t *g, unsigned int i)
     snprintf(g->name, sizeof(g->name), "NVIDIA H100 80GB HBM3");
     snprintf(g->uuid, sizeof(g->uuid), "GPU-5718a1c0-0000-4000-8000-%012u", i);
     snprintf(g->serial, sizeof(g->serial), "16500000%05u", i);
+    snprintf(g->vbios, sizeof(g->vbios), "96.00.99.00.01");
     g->v[F_MEM_TOTAL_MIB] = 81559;
     g->v[F_MEM_USED_MIB] = 1024 * (10 + i);
     g->v[F_UTIL_GPU] = 50 + i;
@@ -310,6 +312,12 @@ static void load_config(void)
             rest = strtok_r(NULL, "", &save);
             if (g && rest)
                 snprintf(g->name, sizeof(g->name), "%s", rest);
+        } else if (strcmp(key, "vbios") == 0) {
+            char *rest;
+            g = gpu_arg(strtok_r(NULL, " \t", &save));
+            rest = strtok_r(NULL, " \t", &save);
+            if (g && rest)
+                snprintf(g->vbios, sizeof(g->vbios), "%s", rest);
         } else if (strcmp(key, "set") == 0) {
             char *field, *value;
             int k;
@@ -499,6 +507,12 @@ nvmlReturn_t nvmlDeviceGetName(gpu_t *g, char *name, unsigned int length)
 {
     CHECK(g, W_NAME);
     return copy_string(name, length, g->name);
+}
+
+nvmlReturn_t nvmlDeviceGetVbiosVersion(gpu_t *g, char *version, unsigned int length)
+{
+    CHECK(g, W_NAME);
+    return copy_string(version, length, g->vbios);
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(gpu_t *g, char *uuid, unsigned int length)

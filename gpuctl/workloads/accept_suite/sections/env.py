@@ -81,6 +81,7 @@ def run(suite: "Suite") -> "dict[str, Any]":
             "model_key": peaks.model_key(props.name),
             "memory_bytes": props.total_memory,
             "capability": f"{int(props.major)}.{int(props.minor)}",
+            "vbios": suite.nvml.vbios(i),
         }
         info["gpus"].append(g)
         info["nvidia_smi_l"].append(f"GPU {i}: {props.name} (UUID: {uuid})")
@@ -146,6 +147,7 @@ def run_prolog(suite: "Suite") -> "dict[str, Any]":
                 "uuid": nvml.uuid(i),
                 "model_key": peaks.model_key(name) if name else None,
                 "memory_bytes": nvml.memory_total(i),
+                "vbios": nvml.vbios(i),
             }
         )
     suite.gpus = info["gpus"]
