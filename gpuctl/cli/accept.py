@@ -75,6 +75,12 @@ def register(sub: Subcommands) -> None:
     what = p.add_argument_group("what")
     what.add_argument("--quick", action="store_true", help="seconds per section, not minutes")
     what.add_argument(
+        "--pairs",
+        action="store_true",
+        help="find the slow or failing node or link among many: all-reduce between pairs of "
+        "--nodes (two-node Slurm jobs, --via slurm), then bisection",
+    )
+    what.add_argument(
         "--prolog",
         action="store_true",
         help="seconds and no load, for a Slurm prolog or HealthCheckProgram: the GPUs NVML "
@@ -305,6 +311,12 @@ def run(args: argparse.Namespace) -> int:
         if args.local or args.via == "ssh":
             raise _user_error("--container runs the suite through Slurm (Pyxis): use --via slurm")
         args.via = "slurm"
+    if args.pairs:
+        from gpuctl.cli.accept_pairs import run_pairs
+
+        if args.report_dir is None:
+            args.report_dir = str(paths.state_dir() / paths.REPORTS)
+        return run_pairs(args, config, options)
     history = None if args.no_history or args.prolog else HistoryStore()
     if args.prolog:
         _hard_deadline(options.timeout + PROLOG_GRACE_S)
