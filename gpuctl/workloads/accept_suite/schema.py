@@ -43,8 +43,9 @@ Report (JSON object, ``schema`` == SCHEMA, ``schema_version`` == SCHEMA_VERSION)
                      rows {size (bytes), count, type, redop, iters, time_us, algbw, busbw,
                      wrong} as nccl-tests prints them, sweep_busbw_gbps (all-reduce at the
                      largest size), busbw_floor_gbps (this topology's, or null)
-      ddp_train:     world_size, steps, ranks [{rank, first_loss, final_loss, drop, ok}],
-                     params_identical
+      ddp_train:     world_size, steps, ranks [{rank, host, first_loss, final_loss, drop, ok,
+                     compute_ms (its forward pass a step, median)}], params_identical,
+                     stragglers [one line per rank far slower than the others]
       health:        gpus [{index, ecc_uncorrected_volatile, ecc_uncorrected_aggregate,
                      remapped_rows {correctable, uncorrectable, pending, failure}, xids [int],
                      throttle [names seen during COMPUTE, or now with --prolog],

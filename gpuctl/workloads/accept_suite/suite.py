@@ -148,6 +148,7 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
     p.add_argument("--events", help="append JSON progress lines to this file ({node}: node name)")
     p.add_argument("--events-fd", type=int, help="write JSON progress lines to this descriptor")
     p.add_argument("--test-break-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--test-slow-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--test-slow-compute", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument(
         "--memtest-mb", type=int, help="MiB of memory [MEMTEST] tests (default: 90%% of free)"
