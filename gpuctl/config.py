@@ -524,6 +524,11 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "mem_critical": Key(
             _number(0, 100), None, "% of GPU memory shown red (default: never: full is no fault)"
         ),
+        "ascii": Key(
+            _bool,
+            None,
+            "draw only ASCII (default: when the locale is C/POSIX or cannot encode the glyphs)",
+        ),
     },
     "stress": {
         "duration": Key(_number(0.5, _WEEK), None, "seconds a burn lasts (default: max_duration)"),
@@ -612,7 +617,8 @@ class FleetSettings(Section):
 class TuiSettings(Section):
     """``[tui]``: the screen's theme, remapped keys (binding id -> key), whether ``s`` asks
     before it burns one GPU (``confirm_burn``), and where a temperature (°C) and a GPU's memory
-    (% used) turn warm and hot on the screen (``mem_critical`` None: memory is never red)."""
+    (% used) turn warm and hot on the screen (``mem_critical`` None: memory is never red),
+    and whether it draws only ASCII (``ascii`` None: as the locale allows: ``tui.glyphs``)."""
 
     name = "tui"
     theme: str | None = None
@@ -622,6 +628,7 @@ class TuiSettings(Section):
     temp_critical: float = 85.0
     mem_warn: float = 80.0
     mem_critical: float | None = None
+    ascii: bool | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1290,6 +1297,7 @@ EXAMPLES: dict[str, Any] = {
     "expect_gpus": 8,
     "theme": "dark",
     "mem_critical": 99.0,
+    "ascii": True,
     "duration": 600.0,
     "dtype": "bf16",
     "gpu_burn": "/opt/gpu-burn/gpu_burn",

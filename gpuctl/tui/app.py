@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from textual import events, on
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
+from textual.filter import LineFilter
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.theme import Theme
@@ -40,6 +41,7 @@ from gpuctl.core.text import printable
 from gpuctl.fleet import control
 from gpuctl.fleet.fleet import Fleet, end_tasks
 from gpuctl.jobs.store import JobStore
+from gpuctl.tui import glyphs
 from gpuctl.tui.controllers import (
     AcceptController,
     QuitController,
@@ -135,6 +137,9 @@ class GpuctlApp(App[int]):
             }
         self.simulated = simulated
         self.tui_settings = tui if tui is not None else TuiSettings()
+        # ASCII mode: every line drawn through the glyph table's filter (``tui.glyphs``)
+        self.ascii = glyphs.wanted(self.tui_settings.ascii)
+        self._ascii_filter = glyphs.AsciiFilter()
         self.store = FleetStore(fleet, clock or time.time)
         self.coalesce = coalesce
         self.manage_fleet = manage_fleet
@@ -163,6 +168,10 @@ class GpuctlApp(App[int]):
         self.accept_flow = AcceptController(self, accept_options)
         self.record_flow = RecordController(self)
         self.quit_flow = QuitController(self, self.stress_flow)
+
+    def get_line_filters(self) -> list[LineFilter]:
+        filters = list(super().get_line_filters())
+        return [*filters, self._ascii_filter] if self.ascii else filters
 
     def get_default_screen(self) -> Screen[Any]:
         return self.overview
