@@ -17,7 +17,7 @@ from textual.widgets import ContentSwitcher, Footer, Input, Label, Static
 
 from gpuctl.core.model import GpuSample, NodeState
 from gpuctl.tui.fleet_store import FleetStore
-from gpuctl.tui.keys import offer
+from gpuctl.tui.keys import escape_filter, offer
 from gpuctl.tui.messages import FleetChanged
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.text import node_text
@@ -431,14 +431,7 @@ class OverviewScreen(Screen[None]):
     def action_escape(self) -> None:
         """Close the filter box (clearing it), else clear a kept filter, else leave the
         heatmap."""
-        box = self.query_one("#filter", Input)
-        if box.display:
-            box.value = ""
-            box.display = False
-            self.active_view().focus()
-            return
-        if box.value:
-            box.value = ""
+        if escape_filter(self.query_one("#filter", Input), self.active_view()):
             return
         if self.mode != "list":
             self.mode = METRICS[-1]
