@@ -42,7 +42,7 @@ GLYPHS: dict[str, str] = {
     "◐": "o",  # node stale
     "○": "o",  # node connecting
     "✖": "X",  # node down
-    "✕": "X",  # GPU lost
+    "✕": "!",  # GPU lost (X is the heatmap's XID)
     # sparklines and bars: the eighths of a cell
     "▁": "_",
     "▂": "_",
