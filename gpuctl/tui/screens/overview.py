@@ -346,8 +346,11 @@ class OverviewScreen(Screen[None]):
         self.fit_procs()
 
     def list_lines(self) -> int | None:
-        """The lines the GPU list needs (None: the heatmap is shown: no process panel)."""
-        return len(self.nodes.lines) if self.mode == "list" and self.is_mounted else None
+        """The lines the GPU list needs (None: no process panel: the heatmap is shown, or
+        nothing is selected)."""
+        if self.mode != "list" or not self.is_mounted or self.nodes.cursor is None:
+            return None
+        return len(self.nodes.lines)
 
     def fit_procs(self) -> None:
         """The process panel of the node under the cursor, laid out again: it takes the lines
