@@ -116,8 +116,15 @@ def test_the_locale_decides_when_nothing_is_set(
     assert glyphs.locale_is_ascii(environ, encoding) is ascii
 
 
-def test_the_flag_and_the_key_win_over_the_locale() -> None:
+def test_the_flag_and_the_key_win_over_the_locale(monkeypatch: pytest.MonkeyPatch) -> None:
     p = argparse.ArgumentParser()
     add_ascii_option(p)
     assert p.parse_args(["--ascii"]).ascii is True and p.parse_args([]).ascii is None
+    monkeypatch.setenv("LANG", "C")
+    monkeypatch.delenv("LC_ALL", raising=False)
+    monkeypatch.delenv("LC_CTYPE", raising=False)
+    assert glyphs.wanted(None) is True
     assert glyphs.wanted(True) is True and glyphs.wanted(False) is False
+    # a browser's screen (gpuctl serve) shows Unicode whatever the server's locale
+    monkeypatch.setenv("TEXTUAL_DRIVER", "textual.drivers.web_driver:WebDriver")
+    assert glyphs.wanted(None) is False and glyphs.wanted(True) is True
