@@ -13,6 +13,7 @@ the full view.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 from rich.text import Text
 from textual.geometry import Size
@@ -49,11 +50,17 @@ def panel_rows(rows: list[ProcRow], gpu: int | None) -> list[ProcRow]:
 class NodeProcs(Widget):
     """The processes of one node, the selected GPU's first (``show``)."""
 
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"nodeprocs--title"}
     DEFAULT_CSS = """
     NodeProcs {
         height: auto;
         background: $background;
         color: $foreground;
+    }
+    NodeProcs > .nodeprocs--title {
+        background: $panel;
+        color: $primary;
+        text-style: bold;
     }
     """
 
@@ -90,7 +97,7 @@ class NodeProcs(Widget):
         width = self.size.width
         node, gpu = self.cursor() or (None, None)
         snap = self.store.snaps.get(node) if node is not None else None
-        title = Text(" processes", style="bold reverse", end="")
+        title = Text(" processes", end="")
         if snap is None:
             return title
         now = self.store.clock()
@@ -103,6 +110,7 @@ class NodeProcs(Widget):
         p = "p" if key is None else key("processes", "p")
         title.append(f" · node: {len(rows)}  ({p}: view, sort, signal) ")
         title.pad_right(max(0, width - title.cell_len))
+        title.stylize(self.get_component_rich_style("nodeprocs--title"))
         out = Text(end="")
         out.append_text(title)
         columns = WIDE if width >= WIDE_COLUMNS else NARROW
