@@ -343,7 +343,10 @@ class OverviewScreen(Screen[None]):
 
     @on(NodeList.Selected)
     def list_selected(self, _event: NodeList.Selected) -> None:
-        self.fit_procs()
+        """The cursor moved: the panel shows its node (a repaint; its height stays)."""
+        panel = self.query_one(NodeProcs)
+        if panel.size.height:
+            panel.refresh()
 
     def list_lines(self) -> int | None:
         """The lines the GPU list needs (None: no process panel: the heatmap is shown, or
