@@ -48,7 +48,7 @@ def panel_rows(rows: list[ProcRow], gpu: int | None) -> list[ProcRow]:
 
 
 class NodeProcs(Widget):
-    """The processes of one node, the selected GPU's first (``show``)."""
+    """The processes of the node under the list's cursor, its GPU's first."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {"nodeprocs--title"}
     DEFAULT_CSS = """
