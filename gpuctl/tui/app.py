@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -169,8 +169,8 @@ class GpuctlApp(App[int]):
         self.record_flow = RecordController(self)
         self.quit_flow = QuitController(self, self.stress_flow)
 
-    def get_line_filters(self) -> list[LineFilter]:
-        filters = list(super().get_line_filters())
+    def get_line_filters(self) -> Sequence[LineFilter]:
+        filters = super().get_line_filters()
         return [*filters, self._ascii_filter] if self.ascii else filters
 
     def get_default_screen(self) -> Screen[Any]:
