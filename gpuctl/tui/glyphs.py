@@ -149,12 +149,12 @@ def locale_is_ascii(environ: Mapping[str, str], encoding: str | None) -> bool:
 def wanted(setting: bool | None) -> bool:
     """ASCII mode: as the config or ``--ascii`` says (``setting``), else from the locale; never
     by itself in a browser (``gpuctl serve``: the server's locale says nothing of it)."""
-    from gpuctl.tui.serve import served
-
     if setting is not None:
         return setting
-    if served():
-        return False
     stream = sys.__stdout__
     encoding = getattr(stream, "encoding", None) if stream is not None else None
-    return locale_is_ascii(os.environ, encoding)
+    if not locale_is_ascii(os.environ, encoding):
+        return False
+    from gpuctl.tui.serve import served  # only here: it brings aiohttp's server (~12 MB)
+
+    return not served()
