@@ -137,6 +137,17 @@ def add_demo_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--demo", action="store_true", help=DEMO_HELP)
 
 
+def add_ascii_option(p: argparse.ArgumentParser) -> None:
+    """``--ascii``, the same on every command that draws the screen (``[tui] ascii``)."""
+    p.add_argument(
+        "--ascii",
+        action="store_true",
+        default=None,
+        help="draw only ASCII characters, for a terminal without Unicode (default: when the "
+        "locale is C/POSIX; [tui] ascii)",
+    )
+
+
 def add_interval_option(p: argparse.ArgumentParser) -> None:
     """``--interval SECONDS``: every node samples this often (over the config's ``interval``)."""
 

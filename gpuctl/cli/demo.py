@@ -9,7 +9,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from gpuctl.cli.base import UserError
-from gpuctl.cli.common import add_interval_option
+from gpuctl.cli.common import add_ascii_option, add_interval_option
 from gpuctl.fleet.demo import story
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ def register(sub: Subcommands) -> None:
         "--no-story", action="store_true", help="no throttling GPU, XID or stalling node"
     )
     add_interval_option(p)
+    add_ascii_option(p)
     p.set_defaults(func=run)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuctl.cli.base import UserError
-from gpuctl.cli.common import add_demo_option
+from gpuctl.cli.common import add_ascii_option, add_demo_option
 from gpuctl.core.deadline import wait_for
 from gpuctl.fleet import eventloop
 
@@ -78,6 +78,7 @@ def register(sub: Subcommands) -> None:
         metavar="OUT",
         help="write one row per node x GPU x sample to OUT (- for stdout) instead of the screen",
     )
+    add_ascii_option(r)
     r.set_defaults(func=run_replay)
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gpuctl import logs
 from gpuctl.cli.base import UserError
 from gpuctl.cli.common import (
+    add_ascii_option,
     add_interval_option,
     add_nodes_arguments,
     add_prometheus_options,
@@ -35,6 +36,7 @@ def register(sub: Subcommands) -> None:
         "--read-only", action="store_true", help="watch only: no stress, no acceptance runs"
     )
     add_interval_option(p)
+    add_ascii_option(p)
     add_nodes_arguments(p)
     add_prometheus_options(p)
     p.set_defaults(func=run)
@@ -55,9 +57,14 @@ def require_terminal() -> None:
 
 
 def tui_config(args: argparse.Namespace) -> tuple[TuiSettings, bool]:
-    """The config's ``[tui]`` settings and its ``read_only``."""
+    """The config's ``[tui]`` settings (``--ascii`` over its ``ascii``) and its ``read_only``."""
+    from dataclasses import replace
+
     config = load_user_config(args)
-    return config.tui, bool(config.read_only)
+    tui = config.tui
+    if getattr(args, "ascii", None):
+        tui = replace(tui, ascii=True)
+    return tui, bool(config.read_only)
 
 
 def accept_defaults(

@@ -372,6 +372,11 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "mem_critical": Key(
             _number(0, 100), None, "% of GPU memory shown red (default: never: full is no fault)"
         ),
+        "ascii": Key(
+            _bool,
+            None,
+            "draw only ASCII (default: when the locale is C/POSIX or cannot encode the glyphs)",
+        ),
     },
     "stress": {
         "duration": Key(_number(0.5, _WEEK), None, "seconds a burn lasts (default: max_duration)"),

@@ -119,7 +119,8 @@ class FleetSettings(Section):
 class TuiSettings(Section):
     """``[tui]``: the screen's theme, remapped keys (binding id -> key), whether ``s`` asks
     before it burns one GPU (``confirm_burn``), and where a temperature (°C) and a GPU's memory
-    (% used) turn warm and hot on the screen (``mem_critical`` None: memory is never red)."""
+    (% used) turn warm and hot on the screen (``mem_critical`` None: memory is never red),
+    and whether it draws only ASCII (``ascii`` None: as the locale allows: ``tui.glyphs``)."""
 
     name = "tui"
     theme: str | None = None
@@ -129,6 +130,7 @@ class TuiSettings(Section):
     temp_critical: float = 85.0
     mem_warn: float = 80.0
     mem_critical: float | None = None
+    ascii: bool | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

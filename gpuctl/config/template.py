@@ -51,6 +51,7 @@ EXAMPLES: dict[str, Any] = {
     "expect_gpus": 8,
     "theme": "dark",
     "mem_critical": 99.0,
+    "ascii": True,
     "duration": 600.0,
     "dtype": "bf16",
     "gpu_burn": "/opt/gpu-burn/gpu_burn",

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from textual import events, on
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
+from textual.filter import LineFilter
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.theme import Theme
@@ -40,6 +41,7 @@ from gpuctl.core.text import printable
 from gpuctl.fleet import control
 from gpuctl.fleet.fleet import Fleet, end_tasks
 from gpuctl.jobs.store import JobStore
+from gpuctl.tui import glyphs
 from gpuctl.tui.controllers import (
     AcceptController,
     ActivityController,
@@ -136,6 +138,9 @@ class GpuctlApp(App[int]):
             }
         self.simulated = simulated
         self.tui_settings = tui if tui is not None else TuiSettings()
+        # ASCII mode: every line drawn through the glyph table's filter (``tui.glyphs``)
+        self.ascii = glyphs.wanted(self.tui_settings.ascii)
+        self._ascii_filter = glyphs.AsciiFilter()
         self.store = FleetStore(fleet, clock or time.time)
         self.coalesce = coalesce
         self.manage_fleet = manage_fleet
@@ -165,6 +170,10 @@ class GpuctlApp(App[int]):
         self.record_flow = RecordController(self)
         self.quit_flow = QuitController(self, self.stress_flow)
         self.activity_flow = ActivityController(self)
+
+    def get_line_filters(self) -> Sequence[LineFilter]:
+        filters = super().get_line_filters()
+        return [*filters, self._ascii_filter] if self.ascii else filters
 
     def get_default_screen(self) -> Screen[Any]:
         return self.overview

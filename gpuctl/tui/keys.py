@@ -6,6 +6,8 @@ from dataclasses import replace
 
 from textual.binding import Binding
 from textual.dom import DOMNode
+from textual.widget import Widget
+from textual.widgets import Input
 
 # n / N: the next and previous GPU in trouble, in the list, the compact view and the heatmap
 # (each calls its own ``action_problem``). The footer says "n trouble" (80 columns); help and
@@ -39,3 +41,18 @@ def offer(node: DOMNode, binding_id: str, shown: bool, description: str | None =
             changed = True
     if changed:
         node.refresh_bindings()
+
+
+def escape_filter(box: Input, back_to: Widget) -> bool:
+    """Esc on a screen with a filter box (the main screen's ``/``, the process view's): close
+    the box, clearing it, and give the focus ``back_to``; else clear a kept filter. False when
+    there was no filter (Esc then does the screen's own thing: leave the heatmap, go back)."""
+    if box.display:
+        box.value = ""
+        box.display = False
+        back_to.focus()
+        return True
+    if box.value:
+        box.value = ""
+        return True
+    return False

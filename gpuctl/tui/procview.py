@@ -120,6 +120,15 @@ def gpu_processes(snap: NodeSnapshot, gpu: int | None = None) -> list[ProcRow]:
     return rows
 
 
+def matches(row: ProcRow, text: str) -> bool:
+    """Whether ``text`` (any case) is part of the row's user or command line: the process
+    view's ``/`` filter; an empty ``text`` matches every row."""
+    needle = text.strip().casefold()
+    if not needle:
+        return True
+    return needle in (row.user or "").casefold() or needle in (row.command or "").casefold()
+
+
 def _sort_value(row: ProcRow, key: str, now: float) -> tuple[int, float | str]:
     """(0, value) to sort by, (1, 0) for an unknown value: unknowns last either way."""
     v: float | str | None
@@ -156,13 +165,15 @@ def process_rows(
     reverse: bool = False,
     tree: bool = False,
     now: float = 0.0,
+    only: str = "",
 ) -> list[ProcRow]:
     """The rows of the process view of ``snap`` (GPU ``gpu`` only, unless None), sorted by
     ``sort`` (one of ``SORTS``; larger first for the amounts, ``reverse`` flips it), as a tree of
-    parent and child processes with ``tree``."""
+    parent and child processes with ``tree``; only the GPU processes whose user or command
+    holds ``only`` (``matches``; in a tree, with their launchers)."""
     if sort not in SORT_TITLES:
         raise ValueError(f"unknown sort key {sort!r}")
-    rows = gpu_processes(snap, gpu)
+    rows = [r for r in gpu_processes(snap, gpu) if matches(r, only)]
     descending = (sort in DESCENDING) != reverse
     if not tree:
         return _ordered(rows, lambda r: _sort_value(r, sort, now), descending)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Static
 
 from gpuctl.core.model import GpuProcess, GpuSample, NodeSnapshot, NodeState
 from gpuctl.fleet.fleet import Fleet
@@ -45,13 +45,20 @@ def stub_app(
 
 
 def table_rows(app: GpuctlApp) -> dict[str, list[str]]:
-    """pid -> the cells of its row in the process view."""
+    """pid -> the cells of its row in the process view (the mark's column left out)."""
     table = app.screen.query_one("#procs-table", DataTable)
     out = {}
     for i in range(table.row_count):
-        cells = [str(c) for c in table.get_row_at(i)]
+        cells = [str(c) for c in table.get_row_at(i)][1:]
         out[cells[1]] = cells
     return out
+
+
+def marks(app: GpuctlApp) -> dict[str, str]:
+    """pid -> its mark's cell ("" when not marked)."""
+    table = app.screen.query_one("#procs-table", DataTable)
+    rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+    return {cells[2]: cells[0].strip() for cells in rows}
 
 
 async def open_view(pilot: Pilot[Any], pids: set[int]) -> ProcessScreen:
@@ -75,11 +82,11 @@ async def open_view(pilot: Pilot[Any], pids: set[int]) -> ProcessScreen:
 async def select_pid(pilot: Pilot[Any], pid: int) -> None:
     """Put the view's cursor on ``pid`` with the arrow keys."""
     table = pilot.app.screen.query_one("#procs-table", DataTable)
-    pids = [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
+    pids = [str(table.get_row_at(i)[2]) for i in range(table.row_count)]
     target = pids.index(str(pid))
     key = "down" if target > table.cursor_row else "up"
     await pilot.press(*[key] * abs(target - table.cursor_row))
-    assert str(table.get_row_at(table.cursor_row)[1]) == str(pid)
+    assert str(table.get_row_at(table.cursor_row)[2]) == str(pid)
 
 
 async def test_the_view_shows_real_processes_kills_an_own_one_and_refuses_anothers(
@@ -137,6 +144,10 @@ async def test_a_read_only_app_refuses_to_kill(
         await open_view(pilot, {mine.pid})
         await pilot.press("K")
         assert not isinstance(app.screen, ConfirmScreen)
+        assert any("read-only: signalling processes is disabled" in m for m in messages(app))
+        app.clear_notifications()
+        await pilot.press("up", "space", "K")  # marked: refused the same way
+        assert marks(app)[str(mine.pid)] and not isinstance(app.screen, ConfirmScreen)
         assert any("read-only: signalling processes is disabled" in m for m in messages(app))
         assert mine.poll() is None
 
@@ -233,3 +244,108 @@ async def test_i_sends_sigint_to_an_own_process(
         await until(pilot, lambda: mine.poll() is not None, "the process to end", timeout=15)
         assert mine.returncode == -2
         await until(pilot, lambda: any("SIGINT sent" in m for m in messages(app)), "notice")
+
+
+def title(app: GpuctlApp) -> str:
+    return str(app.screen.query_one("#procs-title", Static).content)
+
+
+async def test_marked_processes_get_one_question_and_each_its_signal(
+    nvml_lib_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, procs: Start
+) -> None:
+    """Issue 39.11: several processes at once. Space marks (and unmarks), ``u`` clears the
+    marks; ``k`` asks once, naming each marked process of this user and the other users' left
+    alone, then signals each through the single path (each ended for real)."""
+    other = other_user()
+    one, two, spare = procs("sleep", "325"), procs("sleep", "326"), procs("sleep", "328")
+    theirs = procs(*as_user(other), "sleep", "327")
+    script = "count 1\n" + "".join(
+        f"proc 0 {p.pid} {mem}\n"
+        for p, mem in ((one, 4096), (two, 3072), (theirs, 2048), (spare, 1024))
+    )
+    app = stub_app(nvml_lib_dir, tmp_path, monkeypatch, script)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await open_view(pilot, {one.pid, two.pid, theirs.pid, spare.pid})
+        for p in (spare, spare, one, two, theirs):  # spare marked and unmarked again
+            await select_pid(pilot, p.pid)
+            await pilot.press("space")
+        shown = marks(app)
+        assert [p.pid for p in (one, two, theirs) if shown[str(p.pid)]] == [
+            one.pid,
+            two.pid,
+            theirs.pid,
+        ]
+        assert not shown[str(spare.pid)] and "3 marked" in title(app)
+
+        await pilot.press("u")  # cleared: k is for the cursor's process alone
+        assert not any(marks(app).values()) and "marked" not in title(app)
+        await select_pid(pilot, spare.pid)
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        assert f"Send SIGTERM to pid {spare.pid} (sleep 328)" in str(app.screen.question)
+        await pilot.press("n")
+
+        for p in (one, two, theirs):
+            await select_pid(pilot, p.pid)
+            await pilot.press("space")
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        question = str(app.screen.question)
+        assert question.startswith("Send SIGTERM to 2 processes on n1?"), question
+        assert f"pid {one.pid}" in question and f"pid {two.pid}" in question
+        assert f"1 marked of other users left alone (pid {theirs.pid})" in question
+        await pilot.press("y")
+        await until(pilot, lambda: None not in (one.poll(), two.poll()), "both to end", timeout=15)
+        assert (one.returncode, two.returncode) == (-15, -15)
+        assert theirs.poll() is None and spare.poll() is None
+        await until(
+            pilot, lambda: sum("SIGTERM sent" in m for m in messages(app)) == 2, "two notices"
+        )
+
+
+async def test_slash_filters_by_user_or_command_and_esc_clears_it(
+    nvml_lib_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, procs: Start
+) -> None:
+    other = other_user()
+    mine, also = procs("sleep", "331"), procs("sleep", "332")
+    theirs = procs(*as_user(other), "sleep", "333")
+    script = f"count 1\nproc 0 {mine.pid} 3072\nproc 0 {also.pid} 2048\nproc 0 {theirs.pid} 1024\n"
+    app = stub_app(nvml_lib_dir, tmp_path, monkeypatch, script)
+    everyone = {str(p.pid) for p in (mine, also, theirs)}
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await open_view(pilot, {mine.pid, also.pid, theirs.pid})
+        assert "3 on GPUs" in title(app)
+        await pilot.press("slash", *"SLEEP 332")  # any case, part of the command line
+        await until(pilot, lambda: set(table_rows(app)) == {str(also.pid)}, "the one match")
+        assert "1 of 3 shown" in title(app)
+        await pilot.press("enter")  # the box closes, the filter stays
+        assert set(table_rows(app)) == {str(also.pid)}
+        await pilot.press("escape")  # clears the kept filter, the view stays
+        assert isinstance(app.screen, ProcessScreen) and set(table_rows(app)) == everyone
+        await pilot.press("slash", *OTHER_USER)  # the user's name
+        await until(pilot, lambda: set(table_rows(app)) == {str(theirs.pid)}, "their process")
+        await pilot.press("escape")  # closes the box and clears it
+        assert set(table_rows(app)) == everyone and "3 on GPUs" in title(app)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, ProcessScreen)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_the_views_footer_offers_mark_and_filter_within_the_width(
+    tmp_path: Path, size: tuple[int, int]
+) -> None:
+    from gpuctl_tests.tui.conftest import replay_app, rows_view, settle
+    from gpuctl_tests.tui.test_usability import footer_items
+
+    app = replay_app(tmp_path)
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        await rows_view(pilot)
+        await pilot.press("p")
+        await until(pilot, lambda: isinstance(app.screen, ProcessScreen), "the process view")
+        await pilot.pause()
+        items = footer_items(app)
+        names = [what for what, _, _ in items]
+        assert {"mark", "filter", "kill"} <= set(names) and names[-2:] == ["help", "quit"], names
+        assert max(right for _, _, right in items) <= size[0], items
+        assert ("tree" in names) is (size[0] >= 100)

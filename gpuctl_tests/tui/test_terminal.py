@@ -131,3 +131,45 @@ def test_a_crashed_screen_exits_non_zero_with_one_line_naming_the_log(tmp_path: 
         assert "Traceback (most recent call last)" in log.read_text()
     finally:
         t.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("lang", "flags", "ascii"),
+    [("C", [], True), ("C.UTF-8", [], False), ("C.UTF-8", ["--ascii"], True)],
+)
+def test_a_c_locale_gets_an_ascii_screen_by_itself(
+    tmp_path: Path, lang: str, flags: list[str], ascii: bool
+) -> None:
+    """Issue 39.11: ``gpuctl demo`` under ``LANG=C`` draws only ASCII in a real terminal, with
+    no flag and no config (``tui.glyphs.wanted``), and so does ``--ascii`` under UTF-8; the same
+    terminal under a UTF-8 locale shows the glyphs otherwise, so the capture could see them."""
+    env = _env(tmp_path)
+    env.pop("LC_ALL", None)
+    env.pop("LC_CTYPE", None)
+    demo = [
+        sys.executable,
+        "-m",
+        "gpuctl",
+        "demo",
+        "--nodes",
+        "1",
+        "--gpus",
+        "4",
+        "--no-story",
+        *flags,
+    ]
+    command = f"LANG={lang} {shlex.join(demo)}"  # the locale of gpuctl, not of tmux
+    t = Tmux(tmp_path, shell_then_report(command), env)
+    try:
+        wait_until(
+            lambda: "sim-01" in (s := t.screen()) and "processes on sim-01" in s,
+            timeout=30,
+            what="the demo's screen with its process panel",
+        )
+        odd = sorted({c for c in t.screen() if not c.isascii()})
+        assert (odd == []) is ascii, odd
+        t.keys("q")
+        assert _exit_status(t) == ["gpuctl-exited=0"]
+    finally:
+        t.close()

@@ -17,7 +17,7 @@ from textual.widgets import ContentSwitcher, Footer, Input, Label, Static
 
 from gpuctl.core.model import GpuSample, NodeState
 from gpuctl.tui.fleet_store import FleetStore
-from gpuctl.tui.keys import offer
+from gpuctl.tui.keys import escape_filter, offer
 from gpuctl.tui.messages import FleetChanged
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.text import node_text
@@ -33,6 +33,7 @@ from gpuctl.tui.view import (
     worst_trouble,
 )
 from gpuctl.tui.widgets.heatmap import HeatLegend, Heatmap
+from gpuctl.tui.widgets.node_procs import NodeProcs
 from gpuctl.tui.widgets.overview import GpuColumns, NodeList
 from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
 
@@ -199,6 +200,9 @@ class OverviewScreen(Screen[None]):
             with Container(id="pane-gpus"):
                 yield GpuColumns(id="gpu-columns")
                 yield NodeList(self.store, id="nodes")
+                yield NodeProcs(
+                    self.store, self.list_lines, lambda: self.nodes.cursor, id="node-procs"
+                )
                 yield Heatmap(self.store, id="heatmap")
                 yield HeatLegend(id="heat-legend")
                 yield Static("", id="heat-status")
@@ -232,6 +236,9 @@ class OverviewScreen(Screen[None]):
             self.nodes.compact = True  # ``v``: a row per GPU again
         self.nodes.rebuild()
         self.nodes.focus()
+        # the process panel takes the lines the list leaves: laid out when its length changes
+        self.watch(self.nodes, "virtual_size", lambda _size: self.fit_procs(), init=False)
+        self.fit_procs()
         self.ready = True
         self.app.post_message(FleetChanged())  # show what arrived while we were composing
 
@@ -260,6 +267,9 @@ class OverviewScreen(Screen[None]):
         view = self.active_view()
         view.nodes_changed(names)
         view.note_arrivals(arrivals)
+        procs = self.query_one(NodeProcs)
+        if procs.size.height and procs.node in names:
+            procs.refresh()
         if self.mode != "list":
             self.update_heat_status()
         self.update_header(names)
@@ -331,6 +341,25 @@ class OverviewScreen(Screen[None]):
         header.show_trouble(self.store.trouble())
         header.show(texts, f.text.strip(), matches)
 
+    @on(NodeList.Selected)
+    def list_selected(self, _event: NodeList.Selected) -> None:
+        """The cursor moved: the panel shows its node (a repaint; its height stays)."""
+        panel = self.query_one(NodeProcs)
+        if panel.size.height:
+            panel.refresh()
+
+    def list_lines(self) -> int | None:
+        """The lines the GPU list needs (None: no process panel: the heatmap is shown, or
+        nothing is selected)."""
+        if self.mode != "list" or not self.is_mounted or self.nodes.cursor is None:
+            return None
+        return len(self.nodes.lines)
+
+    def fit_procs(self) -> None:
+        """The process panel of the node under the cursor, laid out again: it takes the lines
+        the GPU list leaves (``NodeProcs.get_content_height``)."""
+        self.query_one(NodeProcs).refresh(layout=True)
+
     def show_pane(self, pane: str) -> None:
         """Switch to pane ``gpus``, ``jobs`` or ``accept`` and focus it."""
         self.query_one(ContentSwitcher).current = f"pane-{pane}"
@@ -383,6 +412,7 @@ class OverviewScreen(Screen[None]):
             if sel is not None:
                 self.nodes.select(*sel)
             self.nodes.focus()
+        self.fit_procs()
 
     def action_trouble(self, kind: str) -> None:
         """A header count chosen: the GPUs pane, filtered by that problem (its name is the
@@ -407,14 +437,7 @@ class OverviewScreen(Screen[None]):
     def action_escape(self) -> None:
         """Close the filter box (clearing it), else clear a kept filter, else leave the
         heatmap."""
-        box = self.query_one("#filter", Input)
-        if box.display:
-            box.value = ""
-            box.display = False
-            self.active_view().focus()
-            return
-        if box.value:
-            box.value = ""
+        if escape_filter(self.query_one("#filter", Input), self.active_view()):
             return
         if self.mode != "list":
             self.mode = METRICS[-1]
