@@ -9,9 +9,9 @@ Where: ``<state>/audit.jsonl`` (``gpuctl.paths.state_dir``), mode 0600, or the f
 top-level ``audit_log`` names, a place the site's admins share (``/shared/gpuctl/audit.jsonl``:
 they create it with the mode they want; gpuctl only appends to it, and makes it 0644 if it
 creates it). Each line is written with one ``write`` to a file opened ``O_APPEND``, at most
-``LINE_LIMIT`` bytes, so lines of several sessions never mix. gpuctl's own file is bounded: past
-``MAX_BYTES`` it moves to ``audit.jsonl.1`` (the one before is dropped); a shared file is the
-site's to rotate.
+``LINE_LIMIT`` bytes, so lines of several sessions never mix (``gpuctl.appendlog``). gpuctl's
+own file is bounded: past ``MAX_BYTES`` it moves to ``audit.jsonl.1`` (the one before is
+dropped); a shared file is the site's to rotate.
 
 Writing the log never stops an action: a write that fails is said once in gpuctl's own log.
 """
@@ -23,20 +23,19 @@ import functools
 import inspect
 import json
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from gpuctl import paths
+from gpuctl import appendlog, paths
 
 log = logging.getLogger("gpuctl.audit")
 
 AUDIT_FILE = "audit.jsonl"
 MAX_BYTES = 8 * 1024 * 1024  # gpuctl's own file; then one rotated file beside it
-LINE_LIMIT = 4000  # bytes: below PIPE_BUF, so one write is one line whatever else appends
+LINE_LIMIT = appendlog.LINE_LIMIT  # one write is one line whatever else appends
 FIELD_LIMIT = 500  # characters of a target or an outcome's words
 
 ACTIONS = (
@@ -48,7 +47,6 @@ ACTIONS = (
     "resume",
 )
 
-MAX_READ = 64 * 1024 * 1024  # bytes read from the end of a log (a shared one can be large)
 _warned = False
 
 
@@ -127,31 +125,19 @@ def record(action: str, node: str, target: str, outcome: str = "ok") -> Entry:
         target=_cut(target),
         outcome=_cut(outcome),
     )
-    data = entry.line()[:LINE_LIMIT]
     shared = configured_path()
     path = shared or paths.state_dir() / AUDIT_FILE
     try:
         own = shared is None
         if own:
-            paths.private_dir(path.parent)
-            _rotate(path)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600 if own else 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+            appendlog.rotate(path, MAX_BYTES)
+        appendlog.append(path, entry.line(), own=own)
     except OSError as e:
         global _warned
         if not _warned:
             _warned = True
             log.warning("the audit log %s cannot be written: %s", path, e)
     return entry
-
-
-def _rotate(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        if path.stat().st_size >= MAX_BYTES:
-            os.replace(path, path.with_name(path.name + ".1"))
 
 
 @contextlib.contextmanager
@@ -257,17 +243,7 @@ def read(
     entries: list[Entry] = []
     skipped = 0
     for p in (path.with_name(path.name + ".1"), path):
-        try:
-            with open(p, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                f.seek(max(0, size - MAX_READ))
-                data = f.read(MAX_READ)
-        except FileNotFoundError:
-            continue
-        lines = data.decode(errors="replace").splitlines()
-        if size > MAX_READ and lines:
-            lines = lines[1:]  # the first line read is cut
-        for line in lines:
+        for line in appendlog.read_lines(p) or ():
             if not line.strip():
                 continue
             entry = Entry.parse(line)

@@ -164,17 +164,29 @@ class Heatmap(ScrollView, can_focus=True):
         if not cells:
             return
         here = cells.index(self.cursor) if self.cursor in cells else 0
-        for k in range(1, len(cells) + 1):  # a key press, not a frame
-            ni, gi = cells[(here + step * k) % len(cells)]
-            snap = self.store.snaps[self.names[ni]]
-            g = snap.gpus[gi] if gi < len(snap.gpus) else None
-            if gi and node_is_down(snap):
-                continue  # a down node is one problem: its first cell
-            if is_problem(snap, g, g is not None and (snap.name, g.index) in self.store.xids):
-                self.cursor = (ni, gi)
-                self.action_move(0, 0)
-                self.refresh()
-                return
+        unacked = self.store.unacked_at()  # the trouble log's unacknowledged rows go first
+        for walk in ("unacked", "trouble") if unacked else ("trouble",):
+            for k in range(1, len(cells) + 1):  # a key press, not a frame
+                ni, gi = cells[(here + step * k) % len(cells)]
+                snap = self.store.snaps[self.names[ni]]
+                g = snap.gpus[gi] if gi < len(snap.gpus) else None
+                if walk == "unacked":
+                    row = unacked.get((snap.name, None if g is None else g.index))
+                    row = row or (unacked.get((snap.name, None)) if gi == 0 else None)
+                    if row is not None:
+                        self.cursor = (ni, gi)
+                        self.action_move(0, 0)
+                        self.refresh()
+                        self.notify(self.store.unacked_notice(row), timeout=4)
+                        return
+                    continue
+                if gi and node_is_down(snap):
+                    continue  # a down node is one problem: its first cell
+                if is_problem(snap, g, g is not None and (snap.name, g.index) in self.store.xids):
+                    self.cursor = (ni, gi)
+                    self.action_move(0, 0)
+                    self.refresh()
+                    return
         self.notify("no trouble on the map", timeout=3)
 
     def _cells_of(self, name: str) -> int:

@@ -441,15 +441,29 @@ class NodeList(ScrollView, can_focus=True):
         if not self.lines:
             return
         n = len(self.lines)
-        for k in range(1, n + 1):  # a key press, not a frame: a walk over the lines is fine
-            y = (self.cursor_y + step * k) % n
-            line = self.lines[y]
-            first = self._next_selectable(self.blocks[line.node][0], 1) if line.node else y
-            if y != first and node_is_down(self.store.snaps[line.node]):
-                continue  # a down node is one problem: stop on its first line only
-            if self.line_has_problem(line):
-                self._move_to(y)
-                return
+        unacked = self.store.unacked_at()  # the trouble log's unacknowledged rows go first
+        nodes = {node for node, _gpu in unacked}
+        for walk in ("unacked", "trouble") if unacked else ("trouble",):
+            for k in range(1, n + 1):  # a key press, not a frame: a walk over the lines is fine
+                y = (self.cursor_y + step * k) % n
+                line = self.lines[y]
+                first = self._next_selectable(self.blocks[line.node][0], 1) if line.node else y
+                if walk == "unacked":
+                    row = unacked.get((line.node, line.gpu if line.kind == "gpu" else None))
+                    if row is None and y == first and line.node in nodes:
+                        row = unacked.get((line.node, None))
+                        if row is None and line.kind == "node":  # compact: any of its GPUs
+                            row = next(r for (m, _g), r in unacked.items() if m == line.node)
+                    if row is not None and self.selectable(line):
+                        self._move_to(y)
+                        self.notify(self.store.unacked_notice(row), timeout=4)
+                        return
+                    continue
+                if y != first and node_is_down(self.store.snaps[line.node]):
+                    continue  # a down node is one problem: stop on its first line only
+                if self.line_has_problem(line):
+                    self._move_to(y)
+                    return
         self.notify("no trouble in the list", timeout=3)
 
     def action_compact(self) -> None:

@@ -1,0 +1,100 @@
+"""An append-only file of JSON lines on the login side (the audit log, the trouble log): how a
+line is written and how the file is read back, in one place.
+
+A line is written with one ``write`` to a file opened ``O_APPEND`` (at most ``LINE_LIMIT``
+bytes: below PIPE_BUF), so the lines of several gpuctl sessions never mix. A file of gpuctl's
+own is created 0600 in a private folder (``paths.private_dir``). With ``lock`` the write holds
+a shared ``flock`` on the file and writes to the file the path names when it has the lock: a
+log that is compacted (rewritten under an exclusive lock, then renamed over the path) loses no
+line appended meanwhile.
+
+Reading takes at most ``MAX_READ`` bytes from the end of a file (a shared one can be large); a
+line cut there is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from gpuctl import paths
+
+LINE_LIMIT = 4000  # bytes: below PIPE_BUF, so one write is one line whatever else appends
+MAX_READ = 64 * 1024 * 1024  # bytes read from the end of a log
+
+
+def append(path: Path, data: bytes, *, own: bool = True, lock: bool = False) -> None:
+    """Append ``data`` (one line, cut at ``LINE_LIMIT``) to ``path``. ``own``: a file of
+    gpuctl's own (its folder made private, the file 0600), else a shared one (0644 when
+    gpuctl creates it). Raises OSError."""
+    data = data[:LINE_LIMIT]
+    if own:
+        paths.private_dir(path.parent)
+    for _ in range(8):  # a compaction renamed a new file in: write to that one
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600 if own else 0o644)
+        try:
+            if lock:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                try:
+                    same = os.fstat(fd).st_ino == os.stat(path).st_ino
+                except FileNotFoundError:
+                    same = False
+                if not same:
+                    continue
+            os.write(fd, data)
+            return
+        finally:
+            os.close(fd)
+    raise OSError(f"{path} kept being replaced while a line was written")
+
+
+def rotate(path: Path, max_bytes: int) -> None:
+    """Move ``path`` to ``path.1`` (dropping the one before) once it holds ``max_bytes``."""
+    with contextlib.suppress(OSError):
+        if path.stat().st_size >= max_bytes:
+            os.replace(path, path.with_name(path.name + ".1"))
+
+
+def read_lines(path: Path) -> list[str] | None:
+    """The lines of ``path`` (the last ``MAX_READ`` bytes of it), None when it does not exist.
+    Raises OSError when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - MAX_READ))
+            data = f.read(MAX_READ)
+    except FileNotFoundError:
+        return None
+    lines = data.decode(errors="replace").splitlines()
+    if size > MAX_READ and lines:
+        lines = lines[1:]  # the first line read is cut
+    return lines
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created 0600 when missing): no ``append`` with
+    ``lock`` writes meanwhile. Yields nothing; raises OSError."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def replace(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new file beside ``path`` (0600) and rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
