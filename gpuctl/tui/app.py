@@ -159,9 +159,11 @@ class GpuctlApp(App[int]):
             history_path=self.state_dir / paths.ACCEPT_DB,
         )
         self.trouble_error: str | None = None  # why the state folder's trouble log is not kept
-        if trouble_log is None:
+        if trouble_log is None and simulated:
+            trouble_log = TroubleLog(None)  # a simulated cluster's trouble is not the site's
+        elif trouble_log is None:
             try:
-                trouble_log = TroubleLog.open(None if simulated else self.state_dir / paths.EVENTS)
+                trouble_log = TroubleLog.open(self.state_dir / paths.EVENTS)
             except OSError as e:
                 self.trouble_error = f"the trouble log is kept in memory only: {e}"
                 trouble_log = TroubleLog(None)

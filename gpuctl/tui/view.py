@@ -310,6 +310,28 @@ def trouble_event(kind: str, subject: str, detail: Mapping[str, object]) -> tupl
     return (" ".join([kind, subject]).strip(), "plain")
 
 
+def next_stop(
+    n: int, here: int, step: int, unacked: Callable[[int], bool], trouble: Callable[[int], bool]
+) -> int | None:
+    """Where ``n`` (``step`` 1) or ``N`` (-1) goes from position ``here`` of ``n`` (the list's
+    lines, the heatmap's cells): one tour, round the end, of the positions with an
+    unacknowledged event of the trouble log first (``unacked``), in their order, then of the
+    others in trouble now (``trouble``). From a position that is no stop, the next
+    unacknowledged one in that direction, else the next in trouble. None: no stop at all."""
+    first = [i for i in range(n) if unacked(i)]
+    seen = set(first)
+    tour = first + [i for i in range(n) if i not in seen and trouble(i)]
+    if not tour:
+        return None
+    if here in tour:
+        return tour[(tour.index(here) + step) % len(tour)]
+    for group in (first, tour[len(first) :]):
+        if group:
+            ahead = [i for i in group if (i - here) * step > 0]
+            return (ahead or group)[0] if step > 0 else (ahead or group)[-1]
+    return None
+
+
 def worst_trouble(lines: list[tuple[str, str]]) -> tuple[str, str] | None:
     """The line of ``trouble_lines`` a one-line summary names: the XID when there is one (it
     says why, and what to do), else the first alarm, else the first warning; None when

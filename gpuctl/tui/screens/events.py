@@ -265,6 +265,9 @@ class EventsScreen(Screen[None]):
     def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
         self._evidence()
 
+    def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:
+        self.action_ack()  # the table takes ⏎ first
+
     def selected(self) -> Trouble | None:
         table = self.query_one("#events-table", DataTable)
         if not self.rows or table.cursor_row < 0 or table.cursor_row >= len(self.rows):
