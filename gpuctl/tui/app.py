@@ -160,7 +160,8 @@ class GpuctlApp(App[int]):
         )
         self.trouble_error: str | None = None  # why the state folder's trouble log is not kept
         if trouble_log is None and simulated:
-            trouble_log = TroubleLog(None)  # a simulated cluster's trouble is not the site's
+            # a simulated cluster's trouble is not the site's; on the app's clock
+            trouble_log = TroubleLog(None, clock=self.store.clock)
         elif trouble_log is None:
             try:
                 trouble_log = TroubleLog.open(self.state_dir / paths.EVENTS)

@@ -151,14 +151,16 @@ class EventsScreen(Screen[None]):
     DEFAULT_CSS = """
     #events-title { dock: top; height: 1; background: $panel; color: $primary;
                     text-style: bold; }
-    #events-table { height: 1fr; }
+    #events-table { height: 1fr; overflow-x: hidden; }
     #events-filter { dock: top; display: none; }
     #events-filter.shown { display: block; }
-    #events-evidence { height: auto; max-height: 6; border-top: solid $panel; }
+    #events-evidence { height: auto; max-height: 7; border-top: solid $panel; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "back", id="events_back"),
-        Binding("enter", "ack", "acknowledge", id="events_ack"),
+        # over the table's own ⏎ (which the footer would show instead); in the filter box ⏎
+        # applies the filter (``action_ack``)
+        Binding("enter", "ack", "acknowledge", id="events_ack", priority=True),
         Binding("slash", "filter", "filter", id="events_filter"),
         Binding("u", "unacked", "unacked only", id="events_unacked"),
     ]
@@ -251,12 +253,15 @@ class EventsScreen(Screen[None]):
             return
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.first))
         last = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.last))
-        lines = [f"{row.id}  first {when}  last {last}  ×{row.count}"]
+        where = row.node if row.gpu is None else f"{row.node} GPU {row.gpu}"
+        lines = [f"{where}: {trouble_event(row.kind, row.subject, row.detail)[0]}"]
+        lines.append(f"{row.id}  first {when}  last {last}  ×{row.count}")
         if row.ended is not None:
-            lines[0] += "  ended " + time.strftime("%H:%M:%S", time.localtime(row.ended))
-        lines.append("now:   " + evidence_text(row.evidence))
-        if row.count > 1 and row.first_evidence:
-            lines.append("first: " + evidence_text(row.first_evidence))
+            lines[1] += "  ended " + time.strftime("%H:%M:%S", time.localtime(row.ended))
+        if row.gpu is not None:
+            lines.append("readings: " + evidence_text(row.evidence))
+            if row.count > 1 and row.first_evidence:
+                lines.append("at first: " + evidence_text(row.first_evidence))
         if row.acked is not None:
             at = time.strftime("%Y-%m-%d %H:%M", time.localtime(row.acked))
             lines.append(f"acknowledged {at} by {row.ack_by}: {row.ack_note or '(no note)'}")
@@ -265,8 +270,6 @@ class EventsScreen(Screen[None]):
     def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
         self._evidence()
 
-    def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:
-        self.action_ack()  # the table takes ⏎ first
 
     def selected(self) -> Trouble | None:
         table = self.query_one("#events-table", DataTable)
@@ -312,6 +315,12 @@ class EventsScreen(Screen[None]):
         self.set_filter(" ".join(words))
 
     def action_ack(self) -> None:
+        box = self.query_one("#events-filter", Input)
+        if box.has_focus:
+            self.set_filter(box.value)
+            box.remove_class("shown")
+            self.query_one("#events-table", DataTable).focus()
+            return
         row = self.selected()
         if row is None:
             self.notify("no event selected", severity="warning")
