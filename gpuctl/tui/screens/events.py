@@ -270,7 +270,6 @@ class EventsScreen(Screen[None]):
     def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
         self._evidence()
 
-
     def selected(self) -> Trouble | None:
         table = self.query_one("#events-table", DataTable)
         if not self.rows or table.cursor_row < 0 or table.cursor_row >= len(self.rows):
