@@ -198,7 +198,8 @@ class TroubleLog:
         self._read_at: tuple[int, int] = (0, 0)  # (inode, bytes) of the file read so far
         self._states: dict[str, NodeState] = {}
         self._counts: dict[tuple[str, int], tuple[object, ...]] = {}
-        self._wanting: dict[str, set[int]] = {}  # GPUs whose new rows wait for a sample
+        # rows whose evidence comes from the node's next snapshot (``_fill``), per node
+        self._wanting: dict[str, set[str]] = {}
         self._settled: set[str] = set()  # nodes whose rows of earlier sessions were checked
         self._fleet: Fleet | None = None
         self._warned = False
@@ -452,6 +453,8 @@ class TroubleLog:
         )
         self.rows[row.id] = row
         self._latest[key] = row.id
+        if not evidence and gpu is not None and self._fleet is not None:
+            self._wanting.setdefault(node, set()).add(row.id)  # no sample yet: the next one
         if len(self.rows) > self.max_rows:
             self._prune()
         self.version += 1
@@ -570,16 +573,18 @@ class TroubleLog:
         if e.kind == "xid":
             xid = d.get("xid")
             subject = str(xid) if isinstance(xid, int) and not isinstance(xid, bool) else "?"
-            self.note(node, e.gpu, "xid", subject, t=t, evidence=self._gpu_evidence(node, e.gpu))
+            self.note(node, e.gpu, "xid", subject, t=t, evidence=self._evidence(node, e.gpu))
         elif e.kind == "gpu_lost":
             why = {"reason": _cut(d["reason"])} if d.get("reason") else {}
-            evidence = self._gpu_evidence(node, e.gpu)
+            evidence = self._evidence(node, e.gpu)
             self.note(node, e.gpu, "gpu_lost", t=t, detail=why, evidence=evidence, active=True)
         elif e.kind == "throttle":
             for r in _listed(d.get("started")):
                 if r not in QUIET_THROTTLE and THROTTLE_BADGES.get(r) not in ("PWRCAP", "SYNC"):
-                    evidence = self._gpu_evidence(node, e.gpu)
-                    self.note(node, e.gpu, "throttle", r, t=t, evidence=evidence, active=True)
+                    row = self.note(node, e.gpu, "throttle", r, t=t, active=True)
+                    # read from the sample the fleet publishes next: its readings are the
+                    # evidence (the snapshot now is the sample before)
+                    self._wanting.setdefault(node, set()).add(row.id)
             for r in _listed(d.get("ended")):
                 self.end(node, e.gpu, "throttle", r, t)
         elif e.kind == "accept":
@@ -614,22 +619,16 @@ class TroubleLog:
             ):
                 self._counts_seen(snap, g)
 
-    def _gpu_evidence(self, node: str, gpu: int | None) -> dict[str, Any]:
-        """``_evidence``; when there is no sample yet (a throttle the fleet read from the
-        sample it has not published yet), the row is filled from the next one (``_fill``)."""
-        found = self._evidence(node, gpu)
-        if not found and gpu is not None:
-            self._wanting.setdefault(node, set()).add(gpu)
-        return found
-
     def _fill(self, snap: NodeSnapshot) -> None:
-        gpus = self._wanting.pop(snap.name)
-        for row in self.rows.values():
-            if row.node == snap.name and row.gpu in gpus and not row.evidence:
-                row.evidence = self._evidence(snap.name, row.gpu)
-                if not row.first_evidence:
-                    row.first_evidence = row.evidence
-                self._changed(row)
+        """The evidence of rows that wait for this sample (``_wanting``)."""
+        for i in self._wanting.pop(snap.name):
+            row = self.rows.get(i)
+            if row is None or row.gpu is None:
+                continue
+            row.evidence = self._evidence(snap.name, row.gpu)
+            if row.count == 1 or not row.first_evidence:
+                row.first_evidence = row.evidence
+            self._changed(row)
 
     def _state_changed(self, snap: NodeSnapshot, before: NodeState | None) -> None:
         name = snap.name

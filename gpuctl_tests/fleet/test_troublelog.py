@@ -25,9 +25,12 @@ from gpuctl.fleet.troublelog import Trouble, TroubleLog
 from gpuctl_tests.helpers import node_env, wait_fleet, wait_until_async
 from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub
 
-# GPU 0 at its thermal slowdown (0x20: NVML's SwThermalSlowdown), GPU 1 with rows pending
-# remapping, GPU 2: XID 79 after its third sample, then lost after its sixth.
-STUB = "count 3\nset 0 throttle 0x20\nset 1 rows_pending 1\nxid 2 79 3\nlost 2 6\n"
+# GPU 0 at its thermal slowdown (0x20: NVML's SwThermalSlowdown), GPU 1 with uncorrected ECC
+# errors and rows pending remapping, GPU 2: XID 79 after its third sample, lost after its sixth.
+STUB = (
+    "count 3\nset 0 throttle 0x20\nset 1 ecc_vol_unc 2\nset 1 rows_pending 1\n"
+    "xid 2 79 3\nlost 2 6\n"
+)
 
 
 def stub_python(tmp_path: Path, stub: NvmlStub) -> str:
@@ -95,6 +98,8 @@ async def test_a_real_agents_trouble_is_kept_and_a_new_process_reads_it(
     assert throttle.evidence["temp"] == 40 and throttle.evidence["throttle"] == ["sw_thermal"]
     assert rows[("nv", 2, "xid")].subject == "79"
     assert rows[("nv", 1, "remap")].detail["pending"] is True
+    assert rows[("nv", 1, "ecc")].detail["volatile_uncorrected"] == 2
+    assert rows[("nv", 1, "ecc")].evidence["temp"] == 41
 
     # a new process reads what this one kept
     out = gpuctl(state, "events", "--json")
