@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input
 
@@ -152,3 +153,34 @@ def test_n_tours_the_unacknowledged_first_then_the_rest_and_never_sticks() -> No
     assert next_stop(10, 9, 1, {0}.__contains__, trouble) == 0  # round the end
     assert next_stop(10, 3, 1, lambda _i: False, trouble) == 5  # none: as n always went
     assert next_stop(10, 3, 1, lambda _i: False, lambda _i: False) is None
+
+
+@pytest.mark.slow
+async def test_a_failed_acceptance_run_is_an_event(tmp_path: Path) -> None:
+    """``a`` where the suite's Python has no torch: the run fails (env), and the trouble log
+    keeps it with the failure's words."""
+    from gpuctl_tests.tui.test_accept_sim import accept, message, python_without_torch
+
+    python = python_without_torch()
+    fleet = simulated_fleet(demo_nodes(1, 2), interval=0.5)
+    log = TroubleLog(tmp_path / "events.jsonl")
+    app = make_app(
+        fleet,
+        simulated=True,
+        state_dir=tmp_path,
+        accept_options={"python": python},
+        trouble_log=log,
+    )
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.store.snaps["sim-01"].gpus, "sim-01 live")
+        await accept(pilot, "sim-01")
+        await until(pilot, lambda: log.newest(kind="accept"), "the failed run in the log")
+        (row,) = log.newest(kind="accept")
+        assert (row.node, row.gpu, row.detail["verdict"]) == ("sim-01", None, "FAIL")
+        assert row.detail["failures"] == [message(python)]
+        await pilot.press("e")
+        screen = app.screen
+        assert isinstance(screen, EventsScreen)
+        table = screen.query_one("#events-table", DataTable)
+        cells = [str(c) for row_i in range(table.row_count) for c in table.get_row_at(row_i)]
+        assert any(c.startswith("acceptance FAIL: torch is not importable") for c in cells)
