@@ -611,6 +611,8 @@ class TroubleLog:
         if state is not before:
             self._states[name] = state
             self._state_changed(snap, before)
+        if name not in self._settled and snap.gpus and state is NodeState.LIVE:
+            self._settle(snap)  # its first sample in this session
         for g in snap.gpus:
             ecc = g.ecc
             rr = g.remapped_rows
@@ -641,8 +643,6 @@ class TroubleLog:
             self.note(name, None, "unreachable", detail=detail, evidence=evidence, active=True)
         elif snap.state is NodeState.LIVE:
             self.end(name, None, "unreachable", t=self.clock())
-            if name not in self._settled and snap.gpus:
-                self._settle(snap)
 
     def _settle(self, snap: NodeSnapshot) -> None:
         """A node live for the first time in this session: the rows of earlier sessions that

@@ -69,6 +69,10 @@ async def test_a_real_agents_trouble_is_kept_and_a_new_process_reads_it(
         "gone": LocalLink(python="/nonexistent/\x1b[2Jpython3"),
     }
     fleet = Fleet(links, backoff_base=30)
+    # an earlier session quit while GPU 0 and GPU 1 throttled: GPU 0 still does, GPU 1 not
+    earlier = TroubleLog(state / "events.jsonl")
+    still = earlier.note("nv", 0, "throttle", "sw_thermal", active=True)
+    over = earlier.note("nv", 1, "throttle", "hw_slowdown", active=True)
     log = TroubleLog.open(state / "events.jsonl")
     log.watch(fleet)
     await fleet.start()
@@ -94,6 +98,9 @@ async def test_a_real_agents_trouble_is_kept_and_a_new_process_reads_it(
     rows = kinds(log)
     throttle = rows[("nv", 0, "throttle")]
     assert (throttle.subject, throttle.active) == ("sw_thermal", True)
+    # the episode that went on across the restart is one, not two; the one that ended, ended
+    assert throttle.id == still.id and throttle.count == 1
+    assert not log.rows[over.id].active and log.rows[over.id].ended is not None
     # the evidence: the stand-in's readings of GPU 0 (temperature 40 + index, ...)
     assert throttle.evidence["temp"] == 40 and throttle.evidence["throttle"] == ["sw_thermal"]
     assert rows[("nv", 2, "xid")].subject == "79"
