@@ -251,3 +251,33 @@ def test_the_state_folder_is_where_the_log_lives(
     log.note("n", None, "unreachable", active=True)
     assert oct(os.stat(log_path()).st_mode & 0o777) == "0o600"
     assert oct(os.stat(tmp_path / "s").st_mode & 0o777) == "0o700"
+
+
+async def test_export_and_record_keep_the_fleets_trouble_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``running_fleet``, what ``gpuctl export`` and ``gpuctl record`` run in: a site's
+    exporter keeps the log as the screen does (the demo's story goes nowhere)."""
+    from gpuctl.cli.common import running_fleet
+    from gpuctl.fleet.fleet import simulated_fleet
+    from gpuctl.fleet.troublelog import log_path
+
+    monkeypatch.setenv("GPUCTL_STATE_DIR", str(tmp_path / "state"))
+    fleet = simulated_fleet([("sim-01", "2:H100")], interval=0.2)
+    async with running_fleet(fleet):
+        await wait_fleet(fleet, lambda s: s["sim-01"].gpus, what="sim-01 live")
+        xid = {"type": "simulate", "action": "xid", "gpu": 1, "xid": 48}
+        await fleet.request("sim-01", xid)
+        await wait_until_async(
+            lambda: log_path().exists() and TroubleLog.open(log_path()).newest(kind="xid"),
+            10,
+            "the XID in the state folder's log",
+        )
+    (row,) = TroubleLog.open(log_path()).newest(kind="xid")
+    assert (row.node, row.gpu, row.subject) == ("sim-01", 1, "48")
+    assert row.evidence["temp"] > 0  # the simulated GPU's reading, written at the end
+
+    demo = simulated_fleet([("sim-02", "1:H100")], interval=0.2)
+    async with running_fleet(demo, demo=True):
+        await wait_fleet(demo, lambda s: s["sim-02"].gpus, what="sim-02 live")
+    assert {r.node for r in TroubleLog.open(log_path()).rows.values()} == {"sim-01"}
