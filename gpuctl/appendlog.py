@@ -15,6 +15,7 @@ line cut there is dropped.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -36,8 +37,7 @@ def append(path: Path, data: bytes, *, own: bool = True, lock: bool = False) -> 
     for _ in range(8):  # a compaction renamed a new file in: write to that one
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600 if own else 0o644)
         try:
-            if lock:
-                fcntl.flock(fd, fcntl.LOCK_SH)
+            if lock and _lock(fd, fcntl.LOCK_SH):
                 try:
                     same = os.fstat(fd).st_ino == os.stat(path).st_ino
                 except FileNotFoundError:
@@ -49,6 +49,18 @@ def append(path: Path, data: bytes, *, own: bool = True, lock: bool = False) -> 
         finally:
             os.close(fd)
     raise OSError(f"{path} kept being replaced while a line was written")
+
+
+def _lock(fd: int, how: int) -> bool:
+    """``flock``; False where the file system refuses locks (an NFS mount without them): the
+    log is then written unlocked, a line appended during a compaction may be lost."""
+    try:
+        fcntl.flock(fd, how)
+    except OSError as e:
+        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            return False
+        raise
+    return True
 
 
 def rotate(path: Path, max_bytes: int) -> None:
@@ -80,7 +92,7 @@ def exclusive(path: Path) -> Iterator[None]:
     ``lock`` writes meanwhile. Yields nothing; raises OSError."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _lock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)

@@ -314,10 +314,9 @@ class TroubleLog:
             self._latest[row.key] = row.id
         return True
 
-    def _append(self, record: dict[str, Any]) -> None:
+    def _append(self, data: bytes) -> None:
         if self.path is None:
             return
-        data = (json.dumps(record, ensure_ascii=True, separators=(",", ":")) + "\n").encode()
         try:
             appendlog.append(self.path, data, lock=True)
             if os.stat(self.path).st_size >= self.max_bytes:
@@ -354,8 +353,17 @@ class TroubleLog:
 
     @staticmethod
     def _line(row: Trouble) -> bytes:
-        data = json.dumps({"row": row.to_json()}, ensure_ascii=True, separators=(",", ":"))
-        return (data + "\n").encode()
+        """The row as one line of the file, within ``appendlog.LINE_LIMIT`` (a line cut there
+        would be no row): the first evidence, then the evidence, then the detail's failures
+        are left out of a row too long (a node's long failure words)."""
+        d = row.to_json()
+        for drop in (None, "first_evidence", "evidence", "detail"):
+            if drop is not None:
+                d[drop] = {"verdict": d["detail"].get("verdict")} if drop == "detail" else {}
+            data = (_dumps({"row": d}) + "\n").encode()
+            if len(data) <= appendlog.LINE_LIMIT:
+                return data
+        return data
 
     def _prune(self) -> None:
         now = self.clock()
@@ -458,7 +466,7 @@ class TroubleLog:
         if len(self.rows) > self.max_rows:
             self._prune()
         self.version += 1
-        self._append({"row": row.to_json()})
+        self._append(self._line(row))
         for listener in self.listeners:
             listener(row)
         return row
@@ -499,7 +507,8 @@ class TroubleLog:
             row.ack_by = _cut(by)
             row.ack_note = _cut(note)
             self.version += 1
-            self._append({"ack": row.id, "at": row.acked, "by": row.ack_by, "note": row.ack_note})
+            ack = {"ack": row.id, "at": row.acked, "by": row.ack_by, "note": row.ack_note}
+            self._append((_dumps(ack) + "\n").encode())
         return row
 
     def newest(
@@ -683,6 +692,10 @@ class TroubleLog:
         if counts[2] or counts[3]:
             detail = {k: rr[k] for k in REMAP_COUNTS if k in rr}
             self.note(snap.name, g.index, "remap", t=t, detail=detail, evidence=evidence)
+
+
+def _dumps(record: dict[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=True, separators=(",", ":"))
 
 
 def _listed(v: object) -> list[str]:

@@ -281,3 +281,15 @@ async def test_export_and_record_keep_the_fleets_trouble_too(
     async with running_fleet(demo, demo=True):
         await wait_fleet(demo, lambda s: s["sim-02"].gpus, what="sim-02 live")
     assert {r.node for r in TroubleLog.open(log_path()).rows.values()} == {"sim-01"}
+
+
+def test_a_row_too_long_for_one_line_is_kept_without_its_bulk(tmp_path: Path) -> None:
+    """A line is one ``write`` of at most ``appendlog.LINE_LIMIT`` bytes; a row past it (five
+    failures of 300 characters, a long node name, two evidences) was cut there: no row."""
+    path = tmp_path / "events.jsonl"
+    log = TroubleLog(path)
+    readings = {f"reading_{i}": 1000.5 + i for i in range(60)}
+    detail = {"verdict": "FAIL", "failures": ["é" * 299] * 5, "run": "r" * 300}
+    row = log.note("n" * 250, None, "accept", detail=detail, evidence=readings)
+    kept = TroubleLog.open(path).rows[row.id]
+    assert (kept.node, kept.kind, kept.detail["verdict"]) == ("n" * 250, "accept", "FAIL")
