@@ -152,7 +152,7 @@ class EventsScreen(Screen[None]):
     #events-title { dock: top; height: 1; background: $panel; color: $primary;
                     text-style: bold; }
     #events-table { height: 1fr; overflow-x: hidden; }
-    #events-filter { dock: top; display: none; }
+    #events-filter { display: none; height: 1; border: none; padding: 0 1; }
     #events-filter.shown { display: block; }
     #events-evidence { height: auto; max-height: 7; border-top: solid $panel; }
     """
