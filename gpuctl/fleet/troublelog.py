@@ -201,6 +201,7 @@ class TroubleLog:
         # rows whose evidence comes from the node's next snapshot (``_fill``), per node
         self._wanting: dict[str, set[str]] = {}
         self._settled: set[str] = set()  # nodes whose rows of earlier sessions were checked
+        self._lost: dict[str, set[int]] = {}  # the GPUs lost now, per node
         self._fleet: Fleet | None = None
         self._warned = False
         self.error: OSError | None = None  # the last read or write that failed
@@ -585,8 +586,7 @@ class TroubleLog:
             self.note(node, e.gpu, "xid", subject, t=t, evidence=self._evidence(node, e.gpu))
         elif e.kind == "gpu_lost":
             why = {"reason": _cut(d["reason"])} if d.get("reason") else {}
-            evidence = self._evidence(node, e.gpu)
-            self.note(node, e.gpu, "gpu_lost", t=t, detail=why, evidence=evidence, active=True)
+            self._gpu_lost(node, e.gpu, t, why)
         elif e.kind == "throttle":
             for r in _listed(d.get("started")):
                 if r not in QUIET_THROTTLE and THROTTLE_BADGES.get(r) not in ("PWRCAP", "SYNC"):
@@ -622,13 +622,29 @@ class TroubleLog:
             self._state_changed(snap, before)
         if name not in self._settled and snap.gpus and state is NodeState.LIVE:
             self._settle(snap)  # its first sample in this session
+        lost = self._lost.get(name)
         for g in snap.gpus:
+            if g.state == "lost":  # ``g.lost`` written out: every GPU of every sample
+                if lost is None or g.index not in lost:  # a source without events (Prometheus)
+                    lost = self._lost.setdefault(name, set())
+                    self._gpu_lost(name, g.index, snap.last_sample_t or self.clock(), {})
+                continue
+            if lost and g.index in lost:  # back on the bus (a reset, a reboot)
+                lost.discard(g.index)
+                self.end(name, g.index, "gpu_lost", t=snap.last_sample_t or self.clock())
             ecc = g.ecc
             rr = g.remapped_rows
             if (ecc and (ecc.get("volatile_uncorrected") or ecc.get("aggregate_uncorrected"))) or (
                 rr and (rr.get("pending") or rr.get("failure"))
             ):
                 self._counts_seen(snap, g)
+
+    def _gpu_lost(self, node: str, gpu: int | None, t: float, detail: dict[str, Any]) -> None:
+        """A GPU that fell off the bus: the agent's event, or a sample that says so first."""
+        if gpu is not None:
+            self._lost.setdefault(node, set()).add(gpu)
+        evidence = self._evidence(node, gpu)
+        self.note(node, gpu, "gpu_lost", t=t, detail=detail, evidence=evidence, active=True)
 
     def _fill(self, snap: NodeSnapshot) -> None:
         """The evidence of rows that wait for this sample (``_wanting``)."""

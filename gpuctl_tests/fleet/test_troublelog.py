@@ -104,6 +104,8 @@ async def test_a_real_agents_trouble_is_kept_and_a_new_process_reads_it(
     # the evidence: the stand-in's readings of GPU 0 (temperature 40 + index, ...)
     assert throttle.evidence["temp"] == 40 and throttle.evidence["throttle"] == ["sw_thermal"]
     assert rows[("nv", 2, "xid")].subject == "79"
+    # the agent's event and its samples say the same loss: one occurrence
+    assert (rows[("nv", 2, "gpu_lost")].count, rows[("nv", 2, "gpu_lost")].active) == (1, True)
     assert rows[("nv", 1, "remap")].detail["pending"] is True
     assert rows[("nv", 1, "ecc")].detail["volatile_uncorrected"] == 2
     assert rows[("nv", 1, "ecc")].evidence["temp"] == 41
@@ -293,3 +295,24 @@ def test_a_row_too_long_for_one_line_is_kept_without_its_bulk(tmp_path: Path) ->
     row = log.note("n" * 250, None, "accept", detail=detail, evidence=readings)
     kept = TroubleLog.open(path).rows[row.id]
     assert (kept.node, kept.kind, kept.detail["verdict"]) == ("n" * 250, "accept", "FAIL")
+
+
+def test_a_gpu_lost_in_the_samples_alone_is_kept_and_ends_when_it_is_back() -> None:
+    """A source that sends no events (a site's Prometheus): the samples say the GPU is lost,
+    then (a reset) back; one occurrence, ended."""
+    from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
+
+    log = TroubleLog(None)
+
+    def snap(t: float, state: str) -> NodeSnapshot:
+        gpus = (GpuSample(index=0, t=t, temp=50), GpuSample(index=1, t=t, state=state))
+        return NodeSnapshot(name="p1", state=NodeState.LIVE, gpus=gpus, last_sample_t=t)
+
+    for t in (1.0, 2.0, 3.0):
+        log._snapshot(snap(t, "lost"))
+    (row,) = log.rows.values()
+    assert (row.kind, row.gpu, row.count, row.active) == ("gpu_lost", 1, 1, True)
+    log._snapshot(snap(4.0, "ok"))
+    assert (row.active, row.ended) == (False, 4.0)
+    log._snapshot(snap(5.0, "lost"))  # lost again: the same row, twice now
+    assert (len(log.rows), row.count, row.active) == (1, 2, True)
