@@ -44,6 +44,7 @@ SCREENS: dict[str, Sequence[str]] = {
     "processes": ("down", "down", "down", "p"),
     "detail": ("down", "down", "down", "enter"),  # GPU 3: burning, throttled
     "help": ("question_mark",),
+    "events": ("e",),  # the trouble log: the XID, the throttle, the refused node
 }
 
 

@@ -9,9 +9,9 @@ Where: ``<state>/audit.jsonl`` (``gpuctl.paths.state_dir``), mode 0600, or the f
 top-level ``audit_log`` names, a place the site's admins share (``/shared/gpuctl/audit.jsonl``:
 they create it with the mode they want; gpuctl only appends to it, and makes it 0644 if it
 creates it). Each line is written with one ``write`` to a file opened ``O_APPEND``, at most
-``LINE_LIMIT`` bytes, so lines of several sessions never mix. gpuctl's own file is bounded: past
-``MAX_BYTES`` it moves to ``audit.jsonl.1`` (the one before is dropped); a shared file is the
-site's to rotate.
+``LINE_LIMIT`` bytes, so lines of several sessions never mix (``gpuctl.appendlog``). gpuctl's
+own file is bounded: past ``MAX_BYTES`` it moves to ``audit.jsonl.1`` (the one before is
+dropped); a shared file is the site's to rotate.
 
 Writing the log never stops an action: a write that fails is said once in gpuctl's own log.
 """
@@ -23,20 +23,19 @@ import functools
 import inspect
 import json
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from gpuctl import paths
+from gpuctl import appendlog, paths
 
 log = logging.getLogger("gpuctl.audit")
 
 AUDIT_FILE = "audit.jsonl"
 MAX_BYTES = 8 * 1024 * 1024  # gpuctl's own file; then one rotated file beside it
-LINE_LIMIT = 4000  # bytes: below PIPE_BUF, so one write is one line whatever else appends
+LINE_LIMIT = appendlog.LINE_LIMIT  # one write is one line whatever else appends
 FIELD_LIMIT = 500  # characters of a target or an outcome's words
 
 ACTIONS = (
@@ -57,8 +56,6 @@ WORDS = {
     "resume": "resumed",
 }
 
-MAX_READ = 64 * 1024 * 1024  # bytes read from the end of a log (a shared one can be large)
-FOLLOW_READ = 1024 * 1024  # bytes a follower reads at one look; more was written: it skips ahead
 _warned = False
 
 
@@ -148,31 +145,19 @@ def record(action: str, node: str, target: str, outcome: str = "ok") -> Entry:
         target=_cut(target),
         outcome=_cut(outcome),
     )
-    data = entry.line()[:LINE_LIMIT]
     shared = configured_path()
     path = shared or paths.state_dir() / AUDIT_FILE
     try:
         own = shared is None
         if own:
-            paths.private_dir(path.parent)
-            _rotate(path)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600 if own else 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+            appendlog.rotate(path, MAX_BYTES)
+        appendlog.append(path, entry.line(), own=own)
     except OSError as e:
         global _warned
         if not _warned:
             _warned = True
             log.warning("the audit log %s cannot be written: %s", path, e)
     return entry
-
-
-def _rotate(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        if path.stat().st_size >= MAX_BYTES:
-            os.replace(path, path.with_name(path.name + ".1"))
 
 
 @contextlib.contextmanager
@@ -278,17 +263,7 @@ def read(
     entries: list[Entry] = []
     skipped = 0
     for p in (path.with_name(path.name + ".1"), path):
-        try:
-            with open(p, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                f.seek(max(0, size - MAX_READ))
-                data = f.read(MAX_READ)
-        except FileNotFoundError:
-            continue
-        lines = data.decode(errors="replace").splitlines()
-        if size > MAX_READ and lines:
-            lines = lines[1:]  # the first line read is cut
-        for line in lines:
+        for line in appendlog.read_lines(p) or ():
             if not line.strip():
                 continue
             entry = Entry.parse(line)
@@ -301,68 +276,6 @@ def read(
     return (entries[:limit] if limit is not None else entries), skipped
 
 
-class Follow:
-    """The entries others append to the log while we look: each ``new()`` returns those written
-    since the one before. The first call starts at the log's end (what was done before is for
-    ``gpuctl audit``); a log made later is read from its start. When the log was rotated between
-    two looks, the rest of the rotated file is read first. Raises nothing: a log that cannot be
-    read has no new entries."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._file: tuple[int, int] | None = None  # (device, inode) of the file read
-        self._offset: int | None = None  # None: not looked yet
-        self._rest = b""  # a line still being written at the last look
-
-    def new(self) -> list[Entry]:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            if self._offset is None:
-                self._file, self._offset = None, 0
-            return []
-        key = (st.st_dev, st.st_ino)
-        if self._offset is None:  # the first look: start at the end
-            self._file, self._offset = key, st.st_size
-            return []
-        data = b""
-        if key != self._file:
-            if self._file is not None:  # rotated: the rest of the file we were reading
-                data = self._rest + self._read(
-                    self.path.with_name(self.path.name + ".1"), self._file
-                )
-                if data and not data.endswith(b"\n"):
-                    data += b"\n"
-            self._file, self._offset, self._rest = key, 0, b""
-        elif st.st_size < self._offset:  # cut short by hand: start again
-            self._offset, self._rest = 0, b""
-        if st.st_size > self._offset:
-            data += self._read(self.path, key)
-        lines = (self._rest + data).split(b"\n")
-        self._rest = lines.pop()
-        out = []
-        for raw in lines:
-            entry = Entry.parse(raw.decode(errors="replace"))
-            if entry is not None:
-                out.append(entry)
-        return out
-
-    def _read(self, path: Path, key: tuple[int, int]) -> bytes:
-        """What ``path`` holds past the offset, when it is the file ``key`` names."""
-        assert self._offset is not None
-        try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                if (st.st_dev, st.st_ino) != key:
-                    return b""
-                if st.st_size - self._offset > FOLLOW_READ:  # a flood: the newest only
-                    self._offset, self._rest = st.st_size - FOLLOW_READ, b""
-                    f.seek(self._offset)
-                    f.readline()  # the first line read is cut
-                else:
-                    f.seek(self._offset)
-                data = f.read(FOLLOW_READ)
-                self._offset = f.tell()
-                return data
-        except OSError:
-            return b""
+def follow(path: Path) -> appendlog.Follow[Entry]:
+    """The entries others append to the log at ``path`` from now on (``appendlog.Follow``)."""
+    return appendlog.Follow(path, Entry.parse)

@@ -14,6 +14,7 @@ site config        ``<each of $XDG_CONFIG_DIRS>/gpuctl/config.toml``
 state              ``$XDG_STATE_HOME/gpuctl`` (``~/.local/state``):   ``$GPUCTL_STATE_DIR``
                    ``jobs.sqlite``, ``accept.sqlite``, ``tui.json``,
                    ``reports/``, ``accept-jobs/``, ``logs/``,
+                   ``events.jsonl`` (the trouble log),
                    ``recordings/`` (``R`` in the screen)
 job folders        ``<state>/jobs`` (they hold results: not cache)    ``[jobs] dir``
 cache              ``$XDG_CACHE_HOME/gpuctl`` (``~/.cache``)          ``$GPUCTL_CACHE_DIR``
@@ -45,6 +46,7 @@ ACCEPT_DB = "accept.sqlite"  # acceptance history
 TUI_SETTINGS = "tui.json"  # the screen's remembered theme and layout
 REPORTS = "reports"  # acceptance reports
 RECORDINGS = "recordings"  # `R` in the screen
+EVENTS = "events.jsonl"  # the trouble log (gpuctl.fleet.troublelog, `gpuctl events`)
 SCREENSHOTS = "screenshots"  # where no Downloads folder is
 ACCEPT_JOBS = "accept-jobs"  # acceptance runs through Slurm
 LOGS = "logs"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -27,29 +28,52 @@ def register(sub: Subcommands) -> None:
             "names."
         ),
     )
+    add_log_options(p, "entries", "only the actions on NODE")
+    p.set_defaults(func=run)
+
+
+def add_log_options(p: argparse.ArgumentParser, what: str, node: str) -> None:
+    """``--since``, ``--limit``, ``--node`` and ``--json`` of a command that prints a log
+    newest first (``audit``, ``events``); ``what`` names its entries, ``node`` what
+    ``--node`` keeps."""
     p.add_argument("--since", metavar="AGE", help="only the last AGE (90m, 12h, 7d)")
     p.add_argument(
-        "--limit", metavar="N", type=int, default=50, help="the newest N entries (default 50)"
+        "--limit", metavar="N", type=int, default=50, help=f"the newest N {what} (default 50)"
     )
-    p.add_argument("--node", metavar="NODE", help="only the actions on NODE")
+    p.add_argument("--node", metavar="NODE", help=node)
     p.add_argument("--json", action="store_true", help="a JSON document for scripts")
-    p.set_defaults(func=run)
+
+
+def since_of(args: argparse.Namespace) -> float | None:
+    """The Unix time ``--since`` names (None: not given); checks ``--limit`` too. Raises
+    UserError for a mistake."""
+    from gpuctl.cli.base import UserError
+    from gpuctl.node.protocol import parse_seconds
+
+    if args.limit < 1:
+        raise UserError(f"--limit {args.limit}: give a number of entries, 1 or more")
+    if not args.since:
+        return None
+    seconds = parse_seconds(args.since)
+    if seconds is None or seconds <= 0:
+        raise UserError(f"--since {args.since!r}: give an age such as 90m, 12h or 7d")
+    return time.time() - seconds
+
+
+def print_table(rows: Sequence[Sequence[str]]) -> None:
+    """Rows (the first: the titles) as columns two spaces apart, the last one unpadded."""
+    n = len(rows[0]) - 1
+    widths = [max(len(r[i]) for r in rows) for i in range(n)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r[:n], widths, strict=True)) + "  " + r[n])
 
 
 def run(args: argparse.Namespace) -> int:
     from gpuctl.cli.base import UserError
     from gpuctl.cli.common import emit_json, session
-    from gpuctl.node.protocol import parse_seconds
 
     session(args)  # the config says where a shared log is
-    since = None
-    if args.since:
-        seconds = parse_seconds(args.since)
-        if seconds is None or seconds <= 0:
-            raise UserError(f"--since {args.since!r}: give an age such as 90m, 12h or 7d")
-        since = time.time() - seconds
-    if args.limit < 1:
-        raise UserError(f"--limit {args.limit}: give a number of entries, 1 or more")
+    since = since_of(args)
     path = audit.log_path()
     try:
         entries, skipped = audit.read(path, since=since)
@@ -79,9 +103,7 @@ def run(args: argparse.Namespace) -> int:
                 printable(e.outcome, limit=200),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5])
+    print_table(rows)
     if skipped:
         import sys
 

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import signal
 import sys
 import time
@@ -16,6 +17,7 @@ from gpuctl.config import Config, ConfigError, load_config
 
 if TYPE_CHECKING:
     from gpuctl.context import Context
+    from gpuctl.fleet.troublelog import TroubleLog
     from gpuctl.jobs.store import JobStore
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
@@ -386,17 +388,41 @@ def prometheus_config(
     return replace(config, clusters={cluster.name: cluster})
 
 
+def _trouble_log() -> TroubleLog | None:
+    """The state folder's trouble log, or None (said in gpuctl's log) when it cannot be read."""
+    from gpuctl.fleet.troublelog import TroubleLog, log_path
+
+    try:
+        return TroubleLog.open(log_path())
+    except OSError as e:
+        logging.getLogger("gpuctl").warning("the trouble log is not kept: %s", e)
+        return None
+
+
+async def _keep(troubles: TroubleLog) -> None:
+    """Write the trouble log's changed rows (and read others' acknowledgements) each second."""
+    while True:
+        await asyncio.sleep(1.0)  # a timer: rows are written at most every FLUSH_S anyway
+        troubles.tick()
+
+
 @contextlib.asynccontextmanager
 async def running_fleet(fleet: Fleet, *, demo: bool = False) -> AsyncIterator[asyncio.Event]:
     """Start ``fleet`` (and, with ``demo``, the demo's story) for a command that runs until it
     is stopped (``export``, ``record``); yield an event that SIGINT or SIGTERM sets; on the way
-    out stop the story and the fleet (which stops the agents)."""
+    out stop the story and the fleet (which stops the agents). The fleet's trouble goes to the
+    state folder's trouble log (``gpuctl.fleet.troublelog``; the demo's: nowhere), as the
+    screen's does."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     background: list[asyncio.Task[None]] = []
+    troubles = None if demo else _trouble_log()
     try:
+        if troubles is not None:
+            troubles.watch(fleet)
+            background.append(asyncio.create_task(_keep(troubles)))
         await fleet.start()
         if demo:
             from gpuctl.fleet.demo import story
@@ -411,3 +437,5 @@ async def running_fleet(fleet: Fleet, *, demo: bool = False) -> AsyncIterator[as
             if not task.cancelled():
                 task.exception()
         await fleet.stop()
+        if troubles is not None:
+            troubles.close()  # the rows that changed since their last write

@@ -35,6 +35,7 @@ COMMANDS = (
     "gpuctl.cli.serve",
     "gpuctl.cli.jobs",
     "gpuctl.cli.audit_cmd",
+    "gpuctl.cli.events_cmd",
     "gpuctl.cli.bundle",
     "gpuctl.cli.completion",
 )

@@ -6,6 +6,9 @@ its process, which ``k`` stops) until it throttles, on a GPU that runs nobody el
 reports XID 79 and falls off the bus (no readings, no processes); and the last node stalls for a
 few seconds now and then (its panel goes stale, then live again). The simulated jobs on the
 other GPUs run warm, not hot: only the burning GPU throttles (``gpuctl.node.readers.sim``).
+The events screen (``e``) keeps the story: the XID 79 and the lost GPU at once, the thermal
+throttle once the burn has heated its GPU (about a minute), in memory only
+(``gpuctl.fleet.troublelog``: a simulated cluster's trouble is not written to the state folder).
 """
 
 from __future__ import annotations

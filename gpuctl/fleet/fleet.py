@@ -157,7 +157,8 @@ class Fleet:
         self._listeners.append(listener)
 
     def on_event(self, listener: EventListener) -> None:
-        """Call ``listener(node, event)`` for every agent event (XID, lost GPU, burn progress)."""
+        """Call ``listener(node, event)`` for every agent event (XID, lost GPU, burn progress)
+        and every throttle start and end the fleet reads from the samples (``throttle``)."""
         self._event_listeners.append(listener)
 
     def on_message(self, listener: MessageListener) -> None:
@@ -570,14 +571,15 @@ class Fleet:
         finally:
             pinger.cancel()
 
-    @staticmethod
-    def _throttle(rt: NodeRuntime, t: float, g: GpuSample) -> None:
+    def _throttle(self, rt: NodeRuntime, t: float, g: GpuSample) -> None:
         watch = rt.throttle.get(g.index)
         if watch is None:
             watch = rt.throttle[g.index] = Throttling()
         event = watch.update(t, g.index, None if g.lost else g.throttle)
         if event is not None:
             rt.throttle_events.append(event)
+            for listener in self._event_listeners:
+                listener(rt.name, event)  # the trouble log keeps its starts and ends
 
     def _on_sample(self, rt: NodeRuntime, sample: Sample) -> None:
         for g in sample.gpus:

@@ -40,6 +40,7 @@ from gpuctl.core.model import NodeEvent, NodeSnapshot
 from gpuctl.core.text import printable
 from gpuctl.fleet import control
 from gpuctl.fleet.fleet import Fleet, end_tasks
+from gpuctl.fleet.troublelog import TroubleLog
 from gpuctl.jobs.store import JobStore
 from gpuctl.tui import glyphs
 from gpuctl.tui.controllers import (
@@ -54,6 +55,7 @@ from gpuctl.tui.keys import offer
 from gpuctl.tui.messages import AcceptProgress, FleetChanged
 from gpuctl.tui.screens.accept_report import AcceptReportScreen
 from gpuctl.tui.screens.detail import DetailScreen
+from gpuctl.tui.screens.events import EventsScreen
 from gpuctl.tui.screens.help import HelpRow, HelpScreen
 from gpuctl.tui.screens.overview import OverviewScreen
 from gpuctl.tui.screens.processes import ProcessScreen
@@ -93,6 +95,7 @@ class GpuctlApp(App[int]):
         Binding("a", "accept", "accept", id="accept", show=False),
         Binding("r", "reconnect", "reconnect", id="reconnect", show=False),
         Binding("p", "processes", "procs", id="processes"),
+        Binding("e", "events", "events", id="events", show=False),
         Binding("t", "next_theme", "theme", id="theme", show=False),
         Binding("R", "record", "record", id="record", show=False),
         Binding("1", "pane('gpus')", "GPUs pane", id="pane_gpus", group=PANES),
@@ -116,6 +119,7 @@ class GpuctlApp(App[int]):
         job_store: JobStore | None = None,
         job_store_error: str | None = None,
         accept_options: Mapping[str, Any] | None = None,
+        trouble_log: TroubleLog | None = None,
     ) -> None:
         """Build the TUI over ``fleet`` (a ``gpuctl.fleet.fleet.Fleet``).
 
@@ -126,7 +130,8 @@ class GpuctlApp(App[int]):
         mount and stops it on exit. ``job_store`` (a ``gpuctl.jobs.store.JobStore``) feeds the
         jobs pane; when it could not be opened, ``job_store_error`` is the one line the pane
         shows instead. ``accept_options`` overrides fields of the runs' ``AcceptOptions``
-        (``python``, ``extra_args``, ...).
+        (``python``, ``extra_args``, ...). ``trouble_log`` keeps the fleet's trouble (``e``):
+        by default the state folder's, kept in memory only for a simulated fleet.
         """
         super().__init__()
         self.fleet = fleet
@@ -159,6 +164,18 @@ class GpuctlApp(App[int]):
             job_store_error=job_store_error,
             history_path=self.state_dir / paths.ACCEPT_DB,
         )
+        self.trouble_error: str | None = None  # why the state folder's trouble log is not kept
+        if trouble_log is None and simulated:
+            # a simulated cluster's trouble is not the site's; on the app's clock
+            trouble_log = TroubleLog(None, clock=self.store.clock)
+        elif trouble_log is None:
+            try:
+                trouble_log = TroubleLog.open(self.state_dir / paths.EVENTS)
+            except OSError as e:
+                self.trouble_error = f"the trouble log is kept in memory only: {e}"
+                trouble_log = TroubleLog(None)
+        self.trouble_log = trouble_log
+        self.store.troubles = trouble_log
         self.crash: BaseException | None = None  # what ended the app, if something did
         self.on_flush: Callable[[set[str], dict[str, float]], None] | None = None
         # Coroutines to run as workers once the fleet is started (the demo's story).
@@ -200,6 +217,9 @@ class GpuctlApp(App[int]):
         self.fleet.on_event(self._on_fleet_event)
         self.fleet.on_removed(self._on_node_removed)
         control.attach(self.fleet)  # burn events become annotations we can draw
+        self.trouble_log.watch(self.fleet)
+        if self.trouble_error is not None:
+            self.notify(self.trouble_error, severity="warning")
         self.ticker = self.set_interval(1.0, self._tick)  # a test pauses it
         self.activity_flow.start()
         if self.manage_fleet:
@@ -225,6 +245,7 @@ class GpuctlApp(App[int]):
         if self.manage_fleet:
             with contextlib.suppress(TimeoutError):
                 await wait_for(self.fleet.stop(), STOP_TIMEOUT_S)
+        self.trouble_log.close()  # the rows that changed since their last write
 
     def _setup_themes(self) -> None:
         for theme in load_themes():
@@ -391,8 +412,11 @@ class GpuctlApp(App[int]):
         if not self.overview.ready or not self.is_running:
             return
         self.overview.tick()
+        self.trouble_log.tick()  # others' acknowledgements read, changed rows written
         if isinstance(self.screen, DetailScreen):
             self.screen.node_changed()
+        elif isinstance(self.screen, EventsScreen):
+            self.screen.changed()
 
     # -- selection ----------------------------------------------------------------------------
     @on(NodeList.Selected)
@@ -460,6 +484,16 @@ class GpuctlApp(App[int]):
             return
         self.push_screen(ProcessScreen(self.store, sel[0], sel[1], read_only=self.read_only))
 
+    def action_events(self) -> None:
+        """The trouble log's screen (of the GPU the detail screen shows, from there)."""
+        me = service.me()
+        start = ""
+        if isinstance(self.screen, DetailScreen):
+            gpu = "" if self.screen.gpu is None else f" gpu={self.screen.gpu}"
+            start = f"node={self.screen.node}{gpu}"
+        by = f"{me.user}@{me.host}"
+        self.push_screen(EventsScreen(self.trouble_log, by=by, start=start, clock=self.store.clock))
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state is WorkerState.ERROR:
             err = event.worker.error
@@ -498,6 +532,7 @@ class GpuctlApp(App[int]):
         yield "heatmap", Heatmap.BINDINGS
         yield "detail", DetailScreen.BINDINGS
         yield "processes", ProcessScreen.BINDINGS
+        yield "events", EventsScreen.BINDINGS
         yield "jobs pane", JobsPane.BINDINGS
         yield "acceptance pane", AcceptPane.BINDINGS
         yield "acceptance report", AcceptReportScreen.BINDINGS

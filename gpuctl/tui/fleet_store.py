@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from gpuctl.core.format import short_model
 from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
@@ -35,7 +36,11 @@ from gpuctl.tui.view import (
     node_totals,
     parse_filter,
     trouble_counts,
+    trouble_event,
 )
+
+if TYPE_CHECKING:
+    from gpuctl.fleet.troublelog import Trouble, TroubleLog
 
 BURN_ENDED = ("done", "failed")
 BURN_ENDED_SHOWN_S = 60.0  # a finished burn's verdict stays on its row this long
@@ -53,6 +58,9 @@ class FleetStore:
         self.pending: dict[str, NodeSnapshot] = {}
         self.arrivals: dict[str, float] = {}  # monotonic time a pending snapshot arrived
         self.xids: set[tuple[str, int]] = set()
+        # The trouble log the app keeps (``gpuctl.fleet.troublelog``): ``n`` walks its
+        # unacknowledged rows first (``unacked_at``).
+        self.troubles: TroubleLog | None = None
         self.filter: NodeFilter = parse_filter("")
         self._totals: dict[str, tuple[int, NodeTotals]] = {}
         self._trouble: dict[str, tuple[int, dict[str, int]]] = {}
@@ -229,6 +237,29 @@ class FleetStore:
                 xid: object = e.detail.get("xid", "?")
                 return xid
         return "?" if (name, gpu) in self.xids else None
+
+    def unacked_at(self) -> dict[tuple[str, int | None], Trouble]:
+        """Where the trouble log's unacknowledged alarms and warnings are, on the screen's
+        nodes: (node, GPU; None: the node's own, an unreachable node, a failed acceptance run)
+        to its newest row. Made once per ``n``: it walks these first."""
+        out: dict[tuple[str, int | None], Trouble] = {}
+        if self.troubles is None:
+            return out
+        for row in reversed(self.troubles.unacked()):  # the newest last: it stays
+            if (
+                row.node in self.snaps
+                and trouble_event(row.kind, row.subject, row.detail)[1] != "plain"
+            ):
+                out[(row.node, row.gpu)] = row
+        return out
+
+    @staticmethod
+    def unacked_notice(row: Trouble) -> str:
+        """What ``n`` says when it stops on an unacknowledged row."""
+        what = trouble_event(row.kind, row.subject, row.detail)[0]
+        where = row.node if row.gpu is None else f"{row.node} GPU {row.gpu}"
+        times = f" ×{row.count}" if row.count > 1 else ""
+        return f"unacknowledged{times}: {where}: {what} (e: the events, ⏎ there acknowledges)"
 
     def node_trouble(self, name: str) -> dict[str, int]:
         """``view.trouble_counts`` of a node, kept until its next snapshot (an XID comes with

@@ -10,6 +10,7 @@ from textual.widgets import Label
 
 from gpuctl.fleet.recording.replayer import Replayer
 from gpuctl.fleet.recording.times import format_time
+from gpuctl.fleet.troublelog import TroubleLog
 from gpuctl.tui.app import GpuctlApp
 
 SHOW_EVERY_S = 0.25
@@ -57,6 +58,8 @@ class ReplayApp(GpuctlApp):
         always read-only and its clock is the recording's."""
         kwargs["read_only"] = True
         kwargs["clock"] = replayer.now
+        # the recording's trouble, on its clock: not the state folder's log of what happened
+        kwargs.setdefault("trouble_log", TroubleLog(None, clock=replayer.now))
         kwargs.setdefault(
             "simulated", all(link.kind == "simulated" for link in replayer.links.values())
         )

@@ -264,19 +264,72 @@ def trouble_lines(g: GpuSample, xid: object | None = None) -> list[tuple[str, st
     if g.lost:
         out.append((LOST_WORDS, "alarm"))
     else:
-        for flag in gpu_flags(g):
-            badge = THROTTLE_BADGES.get(flag, flag)
-            words = THROTTLE_WORDS.get(badge)
-            if flag in ("ECC", "REMAP"):
-                words = "uncorrected ECC errors" if flag == "ECC" else "row remapping pending"
-                out.append((f"{badge}: {words}", "alarm"))
-            elif badge == "PWRCAP" or words is None:
-                out.append((badge if words is None else f"{badge}: {words}", "plain"))
-            else:
-                out.append((f"{badge}: {words}", "warn"))
+        out += [flag_line(flag) for flag in gpu_flags(g)]
     if xid is not None:
         out.append((xid_text(xid), "alarm"))
     return out
+
+
+def flag_line(flag: str) -> tuple[str, str]:
+    """One flag of ``gpu_flags`` in words, with how to draw it (``trouble_lines``)."""
+    badge = THROTTLE_BADGES.get(flag, flag)
+    words = THROTTLE_WORDS.get(badge)
+    if flag in ("ECC", "REMAP"):
+        words = "uncorrected ECC errors" if flag == "ECC" else "row remapping pending"
+        return (f"{badge}: {words}", "alarm")
+    if badge == "PWRCAP" or words is None:
+        return (badge if words is None else f"{badge}: {words}", "plain")
+    return (f"{badge}: {words}", "warn")
+
+
+def trouble_event(kind: str, subject: str, detail: Mapping[str, object]) -> tuple[str, str]:
+    """A row of the trouble log (``gpuctl.fleet.troublelog.Trouble``: its kind, subject and
+    detail) in the words of ``trouble_lines``, with how to draw it. Node text comes out as it
+    came: the caller makes it printable."""
+    if kind == "xid":
+        return (xid_text(int(subject) if subject.isdigit() else subject), "alarm")
+    if kind == "gpu_lost":
+        why = detail.get("reason")
+        return (LOST_WORDS + (f" ({why})" if why else ""), "alarm")
+    if kind == "throttle":
+        return flag_line(subject)
+    if kind in ("ecc", "remap"):
+        text, how = flag_line(kind.upper())
+        counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in detail.items() if v)
+        return (f"{text} ({counts})" if counts else text, how)
+    if kind == "unreachable":
+        why = detail.get("reason")
+        return ("node unreachable" + (f": {why}" if why else ""), "alarm")
+    if kind == "accept":
+        failures = detail.get("failures")
+        named = "; ".join(map(str, failures)) if isinstance(failures, list) else ""
+        return (
+            f"acceptance {detail.get('verdict', 'FAIL')}" + (f": {named}" if named else ""),
+            "alarm",
+        )
+    return (" ".join([kind, subject]).strip(), "plain")
+
+
+def next_stop(
+    n: int, here: int, step: int, unacked: Callable[[int], bool], trouble: Callable[[int], bool]
+) -> int | None:
+    """Where ``n`` (``step`` 1) or ``N`` (-1) goes from position ``here`` of ``n`` (the list's
+    lines, the heatmap's cells): one tour, round the end, of the positions with an
+    unacknowledged event of the trouble log first (``unacked``), in their order, then of the
+    others in trouble now (``trouble``). From a position that is no stop, the next
+    unacknowledged one in that direction, else the next in trouble. None: no stop at all."""
+    first = [i for i in range(n) if unacked(i)]
+    seen = set(first)
+    tour = first + [i for i in range(n) if i not in seen and trouble(i)]
+    if not tour:
+        return None
+    if here in tour:
+        return tour[(tour.index(here) + step) % len(tour)]
+    for group in (first, tour[len(first) :]):
+        if group:
+            ahead = [i for i in group if (i - here) * step > 0]
+            return (ahead or group)[0] if step > 0 else (ahead or group)[-1]
+    return None
 
 
 def worst_trouble(lines: list[tuple[str, str]]) -> tuple[str, str] | None:

@@ -63,6 +63,13 @@ def replay_app(tmp_path: Path, **kwargs: Any) -> GpuctlApp:
     return make_app(replay_fleet(), clock=lambda: NOW, state_dir=tmp_path, **kwargs)
 
 
+def acknowledge_all(app: GpuctlApp) -> None:
+    """Acknowledge every row of the app's trouble log (the recording's unreachable node): ``n``
+    then walks the trouble of now alone."""
+    for row in app.trouble_log.unacked():
+        app.trouble_log.ack(row.id, "seen", by="test")
+
+
 async def settle(pilot: Pilot[Any], timeout: float = 15.0) -> None:
     """Wait until every replayed node shows its last sample (or its failure) on screen."""
     app = pilot.app

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl import audit
+from gpuctl import appendlog, audit
 from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import simulated_fleet
 from gpuctl.tui import make_app
@@ -25,7 +25,7 @@ def log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_follow_starts_at_the_end_and_reads_what_is_appended(log: Path) -> None:
     audit.record("drain", "old1", "before we looked")
-    follow = audit.Follow(log)
+    follow = audit.follow(log)
     assert follow.new() == []  # the first look: the end
     audit.record("stress_start", "a1", "GPU 0 for 60 s")
     audit.record("signal", "a1", "pid 7 SIGTERM", "failed: not yours")
@@ -43,7 +43,7 @@ def test_follow_starts_at_the_end_and_reads_what_is_appended(log: Path) -> None:
 
 def test_follow_reads_the_rest_of_a_rotated_log_then_the_new_one(log: Path) -> None:
     audit.record("resume", "r0", "")
-    follow = audit.Follow(log)
+    follow = audit.follow(log)
     follow.new()
     audit.record("resume", "r1", "")  # written to the file that is then rotated away
     os.replace(log, log.with_name(log.name + ".1"))
@@ -56,14 +56,14 @@ def test_follow_reads_the_rest_of_a_rotated_log_then_the_new_one(log: Path) -> N
 
 
 def test_a_flood_is_read_as_its_newest_part(log: Path) -> None:
-    follow = audit.Follow(log)
+    follow = audit.follow(log)
     assert follow.new() == []  # no log yet: one made later is read from its start
     line = audit.Entry(1.0, "u", "h", "s", "resume", "n", "x" * 100, "ok").line()
     log.parent.mkdir(parents=True)
     with open(log, "ab") as f:
-        f.write(line * (2 * audit.FOLLOW_READ // len(line)))
+        f.write(line * (2 * appendlog.FOLLOW_READ // len(line)))
     got = follow.new()
-    assert 0 < len(got) <= audit.FOLLOW_READ // len(line)
+    assert 0 < len(got) <= appendlog.FOLLOW_READ // len(line)
     assert all(e.node == "n" for e in got)
 
 

@@ -27,7 +27,7 @@ from gpuctl.tui.view import (
 )
 from gpuctl.tui.widgets.heatmap import CELL, HeatLegend, heat_mark
 from gpuctl_tests.helpers import until
-from gpuctl_tests.tui.conftest import replay_app, settle
+from gpuctl_tests.tui.conftest import acknowledge_all, replay_app, settle
 from gpuctl_tests.tui.test_trouble import fg, near, theme_colour
 
 SIZE = (160, 30)
@@ -169,6 +169,7 @@ async def test_the_cursor_keeps_the_cells_mark_and_the_status_line_names_the_tro
     app = replay_app(tmp_path)
     async with app.run_test(size=size) as pilot:
         await settle(pilot)
+        acknowledge_all(app)  # n walks the trouble of now (unacknowledged events first: 43.1)
         await pilot.press("m", "n")
         heat = app.overview.heatmap
         assert heat.selected() == ("gpu-a01", 1)

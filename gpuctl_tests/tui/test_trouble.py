@@ -27,7 +27,7 @@ from gpuctl.tui.screens.help import HelpScreen
 from gpuctl.tui.screens.processes import ProcessScreen
 from gpuctl_tests.fleet.test_record import recording  # noqa: F401  (a fixture)
 from gpuctl_tests.helpers import until
-from gpuctl_tests.tui.conftest import replay_app, settle
+from gpuctl_tests.tui.conftest import acknowledge_all, replay_app, settle
 from gpuctl_tests.tui.test_panes import fill_history
 from gpuctl_tests.tui.test_snapshots import job_store_with_three_jobs
 from gpuctl_tests.tui.test_usability import footer_items
@@ -168,6 +168,7 @@ async def test_n_jumps_to_the_next_trouble_and_shift_n_back(tmp_path: Path) -> N
     app = replay_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
+        acknowledge_all(app)  # n walks the trouble of now (unacknowledged events first: 43.1)
         nodes = app.overview.nodes
         assert nodes.cursor == ("gpu-a01", 0)
         await pilot.press("n")

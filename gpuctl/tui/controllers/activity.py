@@ -24,7 +24,7 @@ class ActivityController:
 
     def __init__(self, app: GpuctlApp) -> None:
         self.app = app
-        self.follow = audit.Follow(audit.log_path())
+        self.follow = audit.follow(audit.log_path())
         self.seen: list[audit.Entry] = []  # others' entries said so far, oldest first
         self._looking = False
 

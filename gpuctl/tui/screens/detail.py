@@ -616,6 +616,12 @@ class DetailScreen(Screen[None]):
             self.query_one("#detail-events", Static).update(text or Text("no events"))
             box = self.query_one("#detail-events-box")
             box.border_title = "events" if self.gpu is None else f"events: GPU {self.gpu} first"
+        if self.store.troubles is not None:  # the trouble log's, kept across restarts (e)
+            n = len(self.store.troubles.newest(node=self.node, acked=False))
+            note = f"e: the log, {n} unacknowledged" if n else "e: the log"
+            box = self.query_one("#detail-events-box")
+            if box.border_subtitle != note:
+                box.border_subtitle = note
 
     # -- actions ------------------------------------------------------------------------------
     def action_back(self) -> None:

@@ -17,6 +17,7 @@ from textual.widget import Widget
 
 from gpuctl.core.format import gpu_flags
 from gpuctl.core.model import GpuSample, NodeState
+from gpuctl.fleet.troublelog import Trouble
 from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.keys import TROUBLE_KEYS
 from gpuctl.tui.messages import GpuSelected
@@ -31,6 +32,7 @@ from gpuctl.tui.view import (
     heat_scale,
     is_problem,
     metric_fraction,
+    next_stop,
     node_is_down,
 )
 
@@ -164,17 +166,32 @@ class Heatmap(ScrollView, can_focus=True):
         if not cells:
             return
         here = cells.index(self.cursor) if self.cursor in cells else 0
-        for k in range(1, len(cells) + 1):  # a key press, not a frame
-            ni, gi = cells[(here + step * k) % len(cells)]
+        unacked = self.store.unacked_at()  # the trouble log's unacknowledged rows go first
+
+        def row_at(k: int) -> Trouble | None:
+            ni, gi = cells[k]
+            snap = self.store.snaps[self.names[ni]]
+            g = snap.gpus[gi] if gi < len(snap.gpus) else None
+            row = unacked.get((snap.name, None if g is None else g.index))
+            return row or (unacked.get((snap.name, None)) if gi == 0 else None)
+
+        def in_trouble(k: int) -> bool:
+            ni, gi = cells[k]
             snap = self.store.snaps[self.names[ni]]
             g = snap.gpus[gi] if gi < len(snap.gpus) else None
             if gi and node_is_down(snap):
-                continue  # a down node is one problem: its first cell
-            if is_problem(snap, g, g is not None and (snap.name, g.index) in self.store.xids):
-                self.cursor = (ni, gi)
-                self.action_move(0, 0)
-                self.refresh()
-                return
+                return False  # a down node is one problem: its first cell
+            return is_problem(snap, g, g is not None and (snap.name, g.index) in self.store.xids)
+
+        k = next_stop(len(cells), here, step, lambda k: row_at(k) is not None, in_trouble)
+        if k is not None:
+            self.cursor = cells[k]
+            self.action_move(0, 0)
+            self.refresh()
+            row = row_at(k)
+            if row is not None:
+                self.notify(self.store.unacked_notice(row), timeout=4)
+            return
         self.notify("no trouble on the map", timeout=3)
 
     def _cells_of(self, name: str) -> int:

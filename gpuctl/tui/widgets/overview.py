@@ -26,6 +26,7 @@ from textual.widget import Widget
 
 from gpuctl.core.format import counted, fmt_age, host_text, reader_text, short_model
 from gpuctl.core.model import BurnState, GpuSample, NodeInfo, NodeSnapshot, NodeState
+from gpuctl.fleet.troublelog import Trouble
 from gpuctl.node import metrics
 from gpuctl.node.metrics import Metric, flagged
 from gpuctl.tui.fleet_store import FleetStore
@@ -49,6 +50,7 @@ from gpuctl.tui.view import (
     mem_fraction,
     model_tags,
     models_text,
+    next_stop,
     node_is_down,
     power_fraction,
     screen_word,
@@ -441,15 +443,37 @@ class NodeList(ScrollView, can_focus=True):
         if not self.lines:
             return
         n = len(self.lines)
-        for k in range(1, n + 1):  # a key press, not a frame: a walk over the lines is fine
-            y = (self.cursor_y + step * k) % n
+        unacked = self.store.unacked_at()  # the trouble log's unacknowledged rows go first
+        nodes = {node for node, _gpu in unacked}
+
+        def first_of(y: int) -> int | None:
+            node = self.lines[y].node
+            return self._next_selectable(self.blocks[node][0], 1) if node else y
+
+        def row_at(y: int) -> Trouble | None:
             line = self.lines[y]
-            first = self._next_selectable(self.blocks[line.node][0], 1) if line.node else y
-            if y != first and node_is_down(self.store.snaps[line.node]):
-                continue  # a down node is one problem: stop on its first line only
-            if self.line_has_problem(line):
-                self._move_to(y)
-                return
+            if line.node not in nodes or not self.selectable(line):
+                return None
+            row = unacked.get((line.node, line.gpu if line.kind == "gpu" else None))
+            if row is None and y == first_of(y):
+                row = unacked.get((line.node, None))
+                if row is None and line.kind == "node":  # compact: any of its GPUs'
+                    row = next(r for (m, _g), r in unacked.items() if m == line.node)
+            return row
+
+        def in_trouble(y: int) -> bool:
+            line = self.lines[y]
+            if y != first_of(y) and node_is_down(self.store.snaps[line.node]):
+                return False  # a down node is one problem: stop on its first line only
+            return self.line_has_problem(line)
+
+        y = next_stop(n, self.cursor_y, step, lambda y: row_at(y) is not None, in_trouble)
+        if y is not None:
+            self._move_to(y)
+            row = row_at(y)
+            if row is not None:
+                self.notify(self.store.unacked_notice(row), timeout=4)
+            return
         self.notify("no trouble in the list", timeout=3)
 
     def action_compact(self) -> None:
