@@ -517,6 +517,29 @@ async def test_acceptance_matrix_words_are_whole_verdict_first_and_the_trend_sho
         assert "the one line that matters" in shown
 
 
+async def test_the_matrix_scrollbar_is_a_line_not_a_second_selected_row(tmp_path: Path) -> None:
+    """Issue 39.10: at 80 columns the matrix scrolls sideways, and its scrollbar, a block of
+    colour as wide as the table right under its one row, looked like a selected row."""
+    fill_history(tmp_path / "accept.sqlite")
+    app = make_app(replay_fleet(), state_dir=tmp_path, clock=lambda: NOW)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        table = app.overview.query_one("#accept-table", DataTable)
+        await until(pilot, lambda: table.row_count == 1, "the history row")
+        await pilot.pause()
+        bar = table.horizontal_scrollbar
+        assert table.show_horizontal_scrollbar and bar.size.width > 40  # it scrolls sideways
+        options = app.console.options.update_dimensions(bar.size.width, 1)
+        cells = [seg for seg in app.console.render(bar.render(), options) if seg.text.strip("\n")]
+        assert sum(len(seg.text) for seg in cells) == bar.size.width
+        # every cell a line glyph, no block of colour: a thumb and a track
+        assert {ch for seg in cells for ch in seg.text} == {"━", "─"}, cells
+        assert not any(seg.style and seg.style.reverse for seg in cells)
+        # over the table's own background, not a colour of its own
+        table_bg = table.styles.background.rich_color
+        assert {seg.style.bgcolor for seg in cells if seg.style} == {table_bg}
+
+
 def passing_agent(req: dict[str, Any]) -> list[dict[str, Any]]:
     """A stand-in agent whose suite passes at once with a two-H100 report."""
     if req.get("type") != "accept_start":
