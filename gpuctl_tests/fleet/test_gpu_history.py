@@ -7,12 +7,10 @@ what is freed when the fleet drops it.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import itertools
 import math
 import sys
-import time
 import tracemalloc
 import types
 
@@ -24,6 +22,7 @@ from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.gpu_history import BYTES_PER_POINT, METRICS, _readings
+from gpuctl_tests.helpers import wait_until_async
 
 T0 = 1_700_000_000.0
 
@@ -38,12 +37,16 @@ async def replaying(messages: list[JsonObject], **kwargs: float) -> Fleet:
     fleet = Fleet({"n": ReplayLink(messages)}, **kwargs)
     await fleet.start()
     last = messages[-1]["t"]
-    deadline = time.monotonic() + 60
-    while fleet.snapshot("n").last_sample_t != last:
-        if time.monotonic() > deadline:
-            await fleet.stop()
-            pytest.fail(f"the replay did not end: {fleet.snapshot('n')}")
-        await asyncio.sleep(0.01)  # a poll with a deadline: the replay runs on this loop
+    try:
+        await wait_until_async(
+            lambda: fleet.snapshot("n").last_sample_t == last,
+            60,
+            "the replay to end",
+            now=lambda: fleet.snapshot("n"),
+        )
+    except BaseException:
+        await fleet.stop()
+        raise
     return fleet
 
 
