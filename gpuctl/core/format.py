@@ -7,8 +7,8 @@ from gpuctl.node import metrics
 
 # The badge of each throttle reason and their one order are the node side's (the acceptance
 # suite's lines say them too), named here for the screens.
-from gpuctl.node.protocol import THROTTLE_BADGES as THROTTLE_BADGES
-from gpuctl.node.protocol import throttle_order as throttle_order
+from gpuctl.node.metrics import THROTTLE_BADGES as THROTTLE_BADGES
+from gpuctl.node.metrics import throttle_order as throttle_order
 
 GIB = 1 << 30
 

@@ -124,8 +124,8 @@ Versioning
 import json
 import re
 import time
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional,
-                    Sequence, Union, cast)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence,
+                    Union, cast)
 
 from . import metrics
 
@@ -158,18 +158,6 @@ THROTTLE_REASONS = (
     (0x0000000000000080, "hw_power_brake"),
     (0x0000000000000100, "display_clocks"),
 )
-# The screen's name of each reason (its badge), in the one order every screen and suite line
-# shows them (THERM before PWRCAP): the one table of these names, ``core.format``'s too.
-THROTTLE_BADGES = {
-    "sw_thermal": "THERM",
-    "hw_thermal": "HWTHERM",
-    "hw_slowdown": "HWSLOW",
-    "hw_power_brake": "PWRBRAKE",
-    "sw_power_cap": "PWRCAP",
-    "sync_boost": "SYNC",
-}
-_BADGE_RANK = {r: i for i, r in enumerate(("sw_thermal", "hw_thermal", "hw_slowdown",
-                                           "hw_power_brake", "sw_power_cap", "sync_boost"))}
 
 SAMPLE_FIELDS = metrics.SAMPLE_FIELDS  # identity, the registry's readings, structured fields
 STATIC_FIELDS = (
@@ -288,23 +276,6 @@ def decode_throttle(mask: Optional[int]) -> Optional[List[str]]:
     if mask is None:
         return None
     return [name for bit, name in THROTTLE_REASONS if mask & bit]
-
-
-def throttle_order(reasons: Iterable[str]) -> List[str]:
-    """Throttle reasons in the one order every screen shows them: THROTTLE_BADGES' (THERM
-    before PWRCAP), unknown ones after, by name; readers and events list them as they come."""
-    return sorted(reasons, key=lambda r: (_BADGE_RANK.get(r, len(_BADGE_RANK)), str(r)))
-
-
-def throttle_badge(reason: str) -> str:
-    """A throttle reason as the screen names it (``sw_thermal`` -> ``THERM``): the acceptance
-    suite's lines and reasons say what the screen says."""
-    return THROTTLE_BADGES.get(reason, str(reason).upper())
-
-
-def throttle_badges(reasons: Iterable[str]) -> List[str]:
-    """``throttle_badge`` of each reason, in the screen's order."""
-    return [throttle_badge(r) for r in throttle_order(reasons)]
 
 
 _SECONDS_PER_UNIT = (("w", 7 * 86400.0), ("d", 86400.0), ("h", 3600.0), ("m", 60.0),

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gpuctl.node.protocol import throttle_badges
+from gpuctl.node.metrics import throttle_badges
 
 from . import peaks
 from .sections.health import BAD_THROTTLE, WARN_THROTTLE

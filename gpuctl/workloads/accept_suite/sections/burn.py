@@ -20,14 +20,9 @@ import threading
 import time
 from typing import IO, TYPE_CHECKING, Any
 
+from gpuctl.node.metrics import throttle_badge, throttle_order
 from gpuctl.node.proc import json_object, spawn, stop_group
-from gpuctl.node.protocol import (
-    MAX_DURATION_CEILING,
-    decode_throttle,
-    parse_seconds,
-    throttle_badge,
-    throttle_order,
-)
+from gpuctl.node.protocol import MAX_DURATION_CEILING, decode_throttle, parse_seconds
 
 if TYPE_CHECKING:
     from gpuctl.workloads.accept_suite.suite import Suite

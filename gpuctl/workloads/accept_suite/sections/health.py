@@ -3,7 +3,7 @@ kernel log and PCIe AER counters read from the node (``nodehealth``)."""
 
 from typing import TYPE_CHECKING, Any
 
-from gpuctl.node.protocol import throttle_badges
+from gpuctl.node.metrics import throttle_badges
 from gpuctl.workloads.accept_suite import nodehealth
 
 if TYPE_CHECKING:
