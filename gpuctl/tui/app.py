@@ -29,6 +29,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
+from textual.scrollbar import ScrollBar
 from textual.theme import Theme
 from textual.worker import Worker, WorkerState
 
@@ -59,6 +60,7 @@ from gpuctl.tui.view import TROUBLE_TITLES
 from gpuctl.tui.widgets.heatmap import Heatmap
 from gpuctl.tui.widgets.overview import NodeList
 from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
+from gpuctl.tui.widgets.scrollbar import LineScrollBar
 
 COALESCE_S = 0.1  # how long a flush waits for more samples (p95 paint budget is 300 ms)
 STOP_TIMEOUT_S = 10.0
@@ -126,6 +128,7 @@ class GpuctlApp(App[int]):
         (``python``, ``extra_args``, ...).
         """
         super().__init__()
+        ScrollBar.renderer = LineScrollBar  # horizontal ones a line, not a row-like block
         self.fleet = fleet
         self.read_only = read_only
         if read_only:

@@ -8,23 +8,19 @@ component classes. Enter on a row opens that node's report (``AcceptReportScreen
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from rich.segment import Segment, Segments
 from rich.style import Style
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.color import Color
 from textual.containers import Vertical
 from textual.coordinate import Coordinate
-from textual.scrollbar import ScrollBarRender
 from textual.widgets import DataTable, RichLog, Static
 
 from gpuctl.core.format import fmt_age
@@ -123,42 +119,12 @@ def row_from_report(report: Mapping[str, Any], when: float | None) -> NodeRow:
     return NodeRow(status, verdict, when, report=dict(report))
 
 
-class LineScrollBar(ScrollBarRender):
-    """A horizontal scrollbar drawn as a line, its thumb ``━`` on a dim ``─`` track: drawn as a
-    block of colour the width of the matrix (Textual's), it read as a second, selected row
-    under the one row of the matrix. Vertical ones are Textual's."""
-
-    @classmethod
-    def render_bar(cls, *args: Any, **kwargs: Any) -> Segments:
-        drawn = super().render_bar(*args, **kwargs)
-        given = inspect.signature(ScrollBarRender.render_bar).bind(*args, **kwargs)
-        given.apply_defaults()
-        if given.arguments["vertical"]:
-            return drawn
-        back_color, bar_color = given.arguments["back_color"], given.arguments["bar_color"]
-        track = Color.from_rich_color(back_color).blend(Color.from_rich_color(bar_color), 0.4)
-        line = []
-        for seg in drawn.segments:
-            if seg.control or seg.style is None:
-                line.append(seg)  # the line's end
-                continue
-            thumb = seg.style.meta.get("@mouse.down") == "grab"
-            colour = bar_color if thumb else track.rich_color
-            style = Style(color=colour, bgcolor=back_color, meta=seg.style.meta)
-            line.append(Segment(("━" if thumb else "─") * len(seg.text), style))
-        return Segments(line, new_lines=False)
-
-
 class VerdictTable(DataTable[Any]):
     """The matrix; its Enter is named in the footer ("report") and remappable by id."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("enter", "select_cursor", "report", id="accept_report"),
     ]
-
-    def on_mount(self) -> None:
-        # one scrollbar's renderer: the way ScrollBar.renderer's docstring gives
-        self.horizontal_scrollbar.renderer = LineScrollBar  # type: ignore[misc]
 
 
 class AcceptPane(Vertical):
@@ -197,7 +163,9 @@ class AcceptPane(Vertical):
             cursor_foreground_priority="renderable",
         )
         # Wrapped: the one line that says why a section failed is often the longest.
-        yield RichLog(id="accept-log", max_lines=500, wrap=True, markup=False)
+        # Wrapped at its own width: RichLog's default min_width (78) made the lines wider than
+        # the log at 80 columns, cut at the right under a horizontal scrollbar.
+        yield RichLog(id="accept-log", max_lines=500, wrap=True, markup=False, min_width=1)
 
     def on_mount(self) -> None:
         """The verdict, node, age and trend first (all four show at 120 columns), then the
