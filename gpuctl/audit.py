@@ -48,7 +48,17 @@ ACTIONS = (
     "resume",
 )
 
+WORDS = {
+    "stress_start": "started a burn on",
+    "stress_stop": "stopped the burns on",
+    "signal": "signalled a process on",
+    "accept": "launched acceptance on",
+    "drain": "drained",
+    "resume": "resumed",
+}
+
 MAX_READ = 64 * 1024 * 1024  # bytes read from the end of a log (a shared one can be large)
+FOLLOW_READ = 1024 * 1024  # bytes a follower reads at one look; more was written: it skips ahead
 _warned = False
 
 
@@ -66,6 +76,17 @@ class Entry:
     node: str
     target: str
     outcome: str
+
+    def words(self) -> str:
+        """One sentence for a person: ``bob@login2 started a burn on node3 GPU 0,1`` (and how
+        it ended when it did not end well)."""
+        verb = WORDS.get(self.action, self.action)
+        text = f"{self.user}@{self.login} {verb} {self.node}"
+        if self.target:
+            text += f" {self.target}" if self.action != "drain" else f" ({self.target})"
+        if self.outcome != "ok":
+            text += f": {self.outcome}"
+        return text
 
     def line(self) -> bytes:
         data = json.dumps(asdict(self), ensure_ascii=True, separators=(",", ":")) + "\n"
@@ -278,3 +299,70 @@ def read(
     entries.sort(key=lambda e: e.at)  # stable: entries of the same instant keep the file's order
     entries.reverse()
     return (entries[:limit] if limit is not None else entries), skipped
+
+
+class Follow:
+    """The entries others append to the log while we look: each ``new()`` returns those written
+    since the one before. The first call starts at the log's end (what was done before is for
+    ``gpuctl audit``); a log made later is read from its start. When the log was rotated between
+    two looks, the rest of the rotated file is read first. Raises nothing: a log that cannot be
+    read has no new entries."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file read
+        self._offset: int | None = None  # None: not looked yet
+        self._rest = b""  # a line still being written at the last look
+
+    def new(self) -> list[Entry]:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            if self._offset is None:
+                self._file, self._offset = None, 0
+            return []
+        key = (st.st_dev, st.st_ino)
+        if self._offset is None:  # the first look: start at the end
+            self._file, self._offset = key, st.st_size
+            return []
+        data = b""
+        if key != self._file:
+            if self._file is not None:  # rotated: the rest of the file we were reading
+                data = self._rest + self._read(
+                    self.path.with_name(self.path.name + ".1"), self._file
+                )
+                if data and not data.endswith(b"\n"):
+                    data += b"\n"
+            self._file, self._offset, self._rest = key, 0, b""
+        elif st.st_size < self._offset:  # cut short by hand: start again
+            self._offset, self._rest = 0, b""
+        if st.st_size > self._offset:
+            data += self._read(self.path, key)
+        lines = (self._rest + data).split(b"\n")
+        self._rest = lines.pop()
+        out = []
+        for raw in lines:
+            entry = Entry.parse(raw.decode(errors="replace"))
+            if entry is not None:
+                out.append(entry)
+        return out
+
+    def _read(self, path: Path, key: tuple[int, int]) -> bytes:
+        """What ``path`` holds past the offset, when it is the file ``key`` names."""
+        assert self._offset is not None
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if (st.st_dev, st.st_ino) != key:
+                    return b""
+                if st.st_size - self._offset > FOLLOW_READ:  # a flood: the newest only
+                    self._offset, self._rest = st.st_size - FOLLOW_READ, b""
+                    f.seek(self._offset)
+                    f.readline()  # the first line read is cut
+                else:
+                    f.seek(self._offset)
+                data = f.read(FOLLOW_READ)
+                self._offset = f.tell()
+                return data
+        except OSError:
+            return b""

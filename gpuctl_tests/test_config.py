@@ -427,14 +427,8 @@ def _init(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess
 
 
 def test_the_template_shows_every_key_its_default_and_meaning() -> None:
-    from gpuctl.config import (
-        CLUSTER_KEYS,
-        EXAMPLES,
-        PROMETHEUS_KEYS,
-        SECTIONS,
-        template,
-        toml_value,
-    )
+    from gpuctl.config.keys import CLUSTER_KEYS, PROMETHEUS_KEYS, SECTIONS
+    from gpuctl.config.template import EXAMPLES, template, toml_value
 
     text = template(nodes="gpu[01-02]")
     keys = [*CLUSTER_KEYS.items(), *PROMETHEUS_KEYS.items()]
@@ -468,7 +462,8 @@ def test_config_defaults_are_the_ones_the_code_uses() -> None:
     import inspect
 
     from gpuctl.accept.run import AcceptOptions
-    from gpuctl.config import CLUSTER_KEYS, SECTIONS, NodeConfig
+    from gpuctl.config import NodeConfig
+    from gpuctl.config.keys import CLUSTER_KEYS, SECTIONS
     from gpuctl.fleet.fleet import Fleet
 
     fleet = inspect.signature(Fleet.__init__).parameters
@@ -736,7 +731,7 @@ def test_each_feature_table_has_a_typed_settings_class_with_its_keys_and_default
     tuple), so that a key added to one and not the other fails here."""
     from dataclasses import fields
 
-    from gpuctl.config import SECTIONS
+    from gpuctl.config.keys import SECTIONS
 
     config = Config()
     for name, keys in SECTIONS.items():

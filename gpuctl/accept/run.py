@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl import audit, service
+from gpuctl.accept import consistency
 from gpuctl.accept.expect import TYPED, Expectation, resolve
 from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore
 from gpuctl.accept.results import outcome
@@ -62,6 +63,7 @@ class AcceptOptions:
     """What the suite is asked to do on every node (``suite_args`` turns it into options)."""
 
     quick: bool = False
+    prolog: bool = False  # seconds, NVML alone, no load (a Slurm prolog's check)
     device: str = "cuda"
     expect_gpus: int | None = None  # typed: every node (else ``expected``, then Slurm's gres)
     expected: Mapping[str, Expectation] = field(default_factory=dict)  # per node, from config
@@ -88,6 +90,8 @@ class AcceptOptions:
         args = ["--device", self.device]
         if self.quick:
             args.append("--quick")
+        if self.prolog:
+            args.append("--prolog")
         if self.expect_gpus is not None:
             expectation = Expectation(self.expect_gpus, TYPED)
         if expectation is not None:
@@ -301,6 +305,9 @@ class AcceptRun:
                 path = folder / f"accept-{node}-{stamp}.json"
                 _write_json(path, o.report)
                 self.report_paths.append(path)
+        reported = {n: o.report for n, o in self.outcomes.items() if o.report is not None}
+        for node, odd in consistency.odd_ones(reported).items():
+            self.outcomes[node].warnings += [f"consistency: {w}" for w in odd]
         failures = [f"{n}: {f}" for n in self.nodes for f in self.outcomes[n].failures]
         failures += [
             f"{n}: {self.outcomes[n].reason}" for n in self.nodes if self.outcomes[n].report is None

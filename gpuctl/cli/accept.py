@@ -27,6 +27,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +36,14 @@ from typing import TYPE_CHECKING, Any
 from gpuctl import paths
 from gpuctl.accept.expect import from_config
 from gpuctl.accept.history import DEFAULT_THRESHOLD, Degradation, HistoryStore, sparkline
-from gpuctl.accept.results import drain_failed, exit_code, failed_nodes, junit_xml, outcome
+from gpuctl.accept.results import (
+    EXIT_CODES,
+    drain_failed,
+    exit_code,
+    failed_nodes,
+    junit_xml,
+    outcome,
+)
 from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress, start_fleet_run, start_local_run
 from gpuctl.cli.common import emit_json, load_user_config
 from gpuctl.cli.main import mutating as _mutating
@@ -44,6 +52,8 @@ from gpuctl.workloads.accept_suite.render import summary_table, table
 from gpuctl.workloads.accept_suite.schema import MARKERS, RESULT_FAILURE, RESULT_SUCCESS, SECTIONS
 
 RESULT_WARNING = "[RESULT] WARNING"
+PROLOG_TIMEOUT_S = 30.0  # --prolog's default --timeout: a prolog holds the job's start
+PROLOG_GRACE_S = 10.0  # past it, the process ends whatever the nodes do
 
 if TYPE_CHECKING:
     from gpuctl.cli.base import Subcommands
@@ -64,6 +74,19 @@ def register(sub: Subcommands) -> None:
     )
     what = p.add_argument_group("what")
     what.add_argument("--quick", action="store_true", help="seconds per section, not minutes")
+    what.add_argument(
+        "--pairs",
+        action="store_true",
+        help="find the slow or failing node or link among many: all-reduce between pairs of "
+        "--nodes (two-node Slurm jobs, --via slurm), then bisection",
+    )
+    what.add_argument(
+        "--prolog",
+        action="store_true",
+        help="seconds and no load, for a Slurm prolog or HealthCheckProgram: the GPUs NVML "
+        "sees, their build and health (ECC, row remaps, kernel-log XIDs, throttling); always "
+        f"ends within --timeout ({PROLOG_TIMEOUT_S:g} s) with its exit code; not kept in history",
+    )
     what.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     what.add_argument(
         "--report-dir", metavar="D", help="write the JSON reports here (default: state dir)"
@@ -92,6 +115,13 @@ def register(sub: Subcommands) -> None:
     )
     what.add_argument("--expect-nvlinks", type=int, metavar="N", help="[SHAPE]: NVLinks per GPU")
     what.add_argument("--memtest-mb", type=int, metavar="MIB", help="[MEMTEST]: MiB to test")
+    what.add_argument(
+        "--link-errors",
+        type=int,
+        metavar="N",
+        help="[HEALTH]: NVLink CRC/replay errors or PCIe replays a GPU may add during the run "
+        "(100; an NVLink recovery always fails)",
+    )
     what.add_argument(
         "--busbw-floor",
         metavar="GBPS",
@@ -175,6 +205,12 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
         raise _user_error("--expect-nvlinks must be 0 or more")
     if args.memtest_mb is not None and args.memtest_mb < 1:
         raise _user_error("--memtest-mb must be at least 1")
+    if args.link_errors is not None and args.link_errors < 0:
+        raise _user_error("--link-errors must be 0 or more")
+    if args.prolog and args.burn:
+        raise _user_error("--burn loads the GPUs: leave it out of --prolog")
+    if args.prolog and args.device == "cpu":
+        raise _user_error("--prolog checks the GPUs through NVML: leave out --device cpu")
     conf = config.accept
     dtypes = conf.dtypes
     if args.dtypes is not None:
@@ -199,7 +235,9 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
         dtypes=dtypes,
         python=python,
         # --timeout (or [accept] timeout) excludes the burn stage, which adds its own length
-        timeout=(args.timeout or conf.timeout) + (float(burn[1]) if burn else 0.0),
+        timeout=(args.timeout or (PROLOG_TIMEOUT_S if args.prolog else conf.timeout))
+        + (float(burn[1]) if burn else 0.0),
+        prolog=args.prolog,
         threshold=args.threshold if args.threshold is not None else conf.threshold,
         expect_model=args.expect_model or conf.expect_model,
         expect_nvlinks=args.expect_nvlinks
@@ -211,7 +249,8 @@ def _options(args: argparse.Namespace, config: Config) -> AcceptOptions:
         test_slow_compute=args.test_slow_compute,
         extra_args=tuple(a for s in args.skip for a in ("--skip", s))
         + burn
-        + _floor_args(args.busbw_floor),
+        + _floor_args(args.busbw_floor)
+        + (("--link-errors", str(args.link_errors)) if args.link_errors is not None else ()),
     )
 
 
@@ -272,7 +311,15 @@ def run(args: argparse.Namespace) -> int:
         if args.local or args.via == "ssh":
             raise _user_error("--container runs the suite through Slurm (Pyxis): use --via slurm")
         args.via = "slurm"
-    history = None if args.no_history else HistoryStore()
+    if args.pairs:
+        from gpuctl.cli.accept_pairs import run_pairs
+
+        if args.report_dir is None:
+            args.report_dir = str(paths.state_dir() / paths.REPORTS)
+        return run_pairs(args, config, options)
+    history = None if args.no_history or args.prolog else HistoryStore()
+    if args.prolog:
+        _hard_deadline(options.timeout + PROLOG_GRACE_S)
     if args.report_dir is None:
         args.report_dir = str(paths.state_dir() / paths.REPORTS)
     else:  # a folder the user named: one that cannot hold the report is a mistake, said now
@@ -292,6 +339,24 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report)
     return exit_code(report)
+
+
+def _hard_deadline(seconds: float) -> None:
+    """``--prolog`` never hangs, whatever a node or its driver does: ``seconds`` from now the
+    process ends as ERROR (a node that could not be checked), saying so in one line."""
+
+    def end() -> None:
+        why = f"no verdict within {seconds:g} s (--prolog's deadline)"
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"gpuctl: accept: {why}: the node could not be checked\n")
+            sys.stdout.write(f"{RESULT_FAILURE}: {json.dumps([why])}\n")
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(EXIT_CODES["ERROR"])
+
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    timer.start()
 
 
 def _emit(args: argparse.Namespace, config: Config, options: AcceptOptions) -> int:
@@ -372,7 +437,7 @@ async def _drive(
     printer: Printer,
 ) -> dict[str, Any]:
     if args.local or (config.empty and not args.nodes and args.via is None):
-        name = socket.gethostname()
+        name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # Slurm's name in a prolog
         expected, _ = from_config(config, [name])  # [accept] expect_gpus
         accept_run, fleet = await start_local_run(
             replace(options, expected=expected),

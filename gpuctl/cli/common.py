@@ -141,7 +141,7 @@ def add_interval_option(p: argparse.ArgumentParser) -> None:
     """``--interval SECONDS``: every node samples this often (over the config's ``interval``)."""
 
     def seconds(text: str) -> float:
-        from gpuctl.config import check_interval
+        from gpuctl.config.keys import check_interval
 
         try:
             value = float(text)
@@ -229,7 +229,7 @@ def add_prometheus_options(p: argparse.ArgumentParser) -> None:
 
 def forget_after(text: str) -> float:
     """An argparse type: ``--prometheus-forget-after``, in gpuctl's duration grammar."""
-    from gpuctl.config import check_forget_after
+    from gpuctl.config.keys import check_forget_after
     from gpuctl.node.protocol import parse_seconds
 
     seconds = parse_seconds(text)
@@ -245,7 +245,7 @@ def chosen_nodes(args: argparse.Namespace) -> list[str] | None:
     """The nodes named by ``NODES`` and ``--hostfile`` (None: neither was given); UserError with
     one line for a bad hostlist or an unreadable file."""
     from gpuctl.cli.base import UserError
-    from gpuctl.config import parse_nodes, read_hostfile
+    from gpuctl.config.nodes import parse_nodes, read_hostfile
 
     text, hostfile = getattr(args, "nodes", None), getattr(args, "hostfile", None)
     if not getattr(args, "adhoc_nodes", False) or (text is None and hostfile is None):
@@ -270,7 +270,8 @@ def build_fleet(args: argparse.Namespace, *, prometheus_timeout: float | None = 
     if getattr(args, "demo", False):  # reads no config: the flags decide (gpuctl.cli.main)
         read_only = bool(getattr(args, "read_only", False))
         return simulated_fleet(demo_of(args), read_only=read_only, interval=interval or 1.0)
-    from gpuctl.config import PROMETHEUS_OPTIONS, option_name, select_nodes
+    from gpuctl.config.keys import PROMETHEUS_OPTIONS, option_name
+    from gpuctl.config.nodes import select_nodes
     from gpuctl.fleet.build import fleet_from_config
     from gpuctl.fleet.slurm import SlurmError
 
@@ -339,20 +340,15 @@ def prometheus_config(
 ) -> Config:
     """``config`` with its clusters replaced by one read from ``url`` (``--prometheus``), with
     ``--prometheus-match`` and the TLS and credential options: checked as a cluster's
-    ``prometheus*`` keys are (``gpuctl.config.prometheus_target``), files relative to the
+    ``prometheus*`` keys are (``gpuctl.config.parse.prometheus_target``), files relative to the
     working folder; a mistake is one line naming the option."""
     from dataclasses import replace
 
     from gpuctl import paths
     from gpuctl.cli.base import UserError
-    from gpuctl.config import (
-        PROMETHEUS_KEYS,
-        PROMETHEUS_OPTIONS,
-        ClusterConfig,
-        PrometheusKeyError,
-        option_name,
-        prometheus_target,
-    )
+    from gpuctl.config import ClusterConfig
+    from gpuctl.config.keys import PROMETHEUS_KEYS, PROMETHEUS_OPTIONS, option_name
+    from gpuctl.config.parse import PrometheusKeyError, prometheus_target
 
     if names is not None:
         raise UserError(

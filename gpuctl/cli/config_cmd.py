@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 from gpuctl import paths
 from gpuctl.cli.base import ExitCode
 from gpuctl.cli.common import emit_json, load_user_config
-from gpuctl.config import Config, NodeConfig, config_files, default_path, template
+from gpuctl.config import Config, NodeConfig
+from gpuctl.config.files import config_files, default_path
+from gpuctl.config.template import template
 
 if TYPE_CHECKING:
     from gpuctl.cli.base import Subcommands
@@ -116,7 +118,7 @@ def run_init(args: argparse.Namespace) -> int:
 
         raise UserError(f"cannot write the config: {os_error(e)}") from None
     # writable by you alone whatever the umask (002 on many sites): gpuctl refuses a config
-    # others can write, since its setup lines run on every node (config.unsafe_owner_or_mode)
+    # others can write, since its setup lines run on every node (config.files.unsafe_owner_or_mode)
     tmp.chmod(stat.S_IMODE(tmp.stat().st_mode) & ~0o022)
     os.replace(tmp, target)
     found = f"{nodes} from sinfo" if nodes else "no nodes yet: fill them in"

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from gpuctl.cli.base import ExitCode
 from gpuctl.cli.common import emit_json
-from gpuctl.config import Config, ConfigError, NodeConfig, load_config, parse_nodes
+from gpuctl.config import Config, ConfigError, NodeConfig, load_config
+from gpuctl.config.nodes import parse_nodes
 
 if TYPE_CHECKING:
     from gpuctl.cli.base import Subcommands

@@ -61,7 +61,7 @@ from itertools import chain
 from operator import attrgetter
 from typing import Any
 
-from gpuctl.config import unsafe_secret
+from gpuctl.config.files import unsafe_secret
 from gpuctl.core import deadline
 from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import GpuSample, GpuStatic, NodeEvent, NodeSnapshot, NodeState

@@ -17,8 +17,8 @@ over aiohttp, bounded.
   certificate, one for another name, a server not speaking TLS are each one line.
 - **Credentials** (a bearer token or a user's password) are read from files that must be the
   user's (or root's) and readable by no other user, as ``export --auth-file`` requires
-  (``gpuctl.config.unsafe_secret``), in folders no other user can write
-  (``gpuctl.config.unsafe_folder``); they are not sent over plain ``http://`` to a host not on
+  (``gpuctl.config.files.unsafe_secret``), in folders no other user can write
+  (``gpuctl.config.files.unsafe_folder``); they are not sent over plain ``http://`` to a host not on
   loopback unless ``prometheus_allow_plain_http_credentials = true``.
 - The body is asked uncompressed (``Accept-Encoding: identity``, as urllib asked it): a
   compressed answer would be inflated past the cap a chunk at a time before it is counted.
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import aiohttp
 import msgspec
 
-from gpuctl.config import unsafe_folder, unsafe_secret
+from gpuctl.config.files import unsafe_folder, unsafe_secret
 
 if TYPE_CHECKING:
     from gpuctl.config import PrometheusConfig

@@ -43,6 +43,7 @@ from gpuctl.fleet.fleet import Fleet, end_tasks
 from gpuctl.jobs.store import JobStore
 from gpuctl.tui.controllers import (
     AcceptController,
+    ActivityController,
     QuitController,
     RecordController,
     StressController,
@@ -166,6 +167,7 @@ class GpuctlApp(App[int]):
         self.accept_flow = AcceptController(self, accept_options)
         self.record_flow = RecordController(self)
         self.quit_flow = QuitController(self, self.stress_flow)
+        self.activity_flow = ActivityController(self)
 
     def get_default_screen(self) -> Screen[Any]:
         return self.overview
@@ -193,6 +195,7 @@ class GpuctlApp(App[int]):
         self.fleet.on_removed(self._on_node_removed)
         control.attach(self.fleet)  # burn events become annotations we can draw
         self.ticker = self.set_interval(1.0, self._tick)  # a test pauses it
+        self.activity_flow.start()
         if self.manage_fleet:
             await self.fleet.start()
         for job in self.background:

@@ -230,20 +230,21 @@ async def test_ssh_agents_of_a_read_only_config_refuse_stress(
 def test_a_command_reads_its_config_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The read-only decision, the command's config and its fleet come from one read of the
     file (the command's ``gpuctl.context.Context``), installed as the process's session."""
-    from gpuctl import config, context
+    from gpuctl import context
     from gpuctl.cli.common import build_fleet, load_user_config, session
     from gpuctl.cli.main import build_parser, read_only_source
+    from gpuctl.config import files
 
     path = tmp_path / "c.toml"
     path.write_text("read_only = true\n[fleet]\nstale_after = 7\n")
     reads: list[str] = []
-    real = config._read
+    real = files._read
 
     def counting(name: str) -> str:
         reads.append(name)
         return real(name)
 
-    monkeypatch.setattr(config, "_read", counting)
+    monkeypatch.setattr(files, "_read", counting)
     args = build_parser().parse_args(["watch", "--config", str(path)])
     assert read_only_source(args) == f"{path} sets read_only = true: set it to false there"
     assert load_user_config(args).fleet.stale_after == 7.0

@@ -18,7 +18,8 @@ import pytest
 from gpuctl.cli.common import build_fleet
 from gpuctl.cli.main import build_parser
 from gpuctl.cli.status import BOLD, DIM, RESET
-from gpuctl.config import COMMAND_LINE, load_config, select_nodes
+from gpuctl.config import load_config
+from gpuctl.config.nodes import COMMAND_LINE, select_nodes
 from gpuctl_tests.helpers import node_env
 from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub
 
@@ -107,7 +108,8 @@ def test_a_hostfile_line_that_is_no_hostlist_names_its_line(tmp_path: Path) -> N
 
 def test_a_hostfile_others_may_write_is_refused_as_a_config_would_be(tmp_path: Path) -> None:
     """The nodes a hostfile names are where stress, acceptance runs and jobs go: a file another
-    user may write is refused in one line, as the config is (``config.unsafe_owner_or_mode``)."""
+    user may write is refused in one line, as the config is
+    (``config.files.unsafe_owner_or_mode``)."""
     hostfile = tmp_path / "hosts"
     hostfile.write_text("gpu01\n")
     hostfile.chmod(0o666)

@@ -288,7 +288,7 @@ def test_a_token_file_others_can_read_or_replace_is_refused(
     stores: Callable[[Answer], StandInStore], tmp_path: Path
 ) -> None:
     """A token file of mode 0666 in a 0777 folder was used silently, while ``export
-    --auth-file`` refused it: the same rule (``gpuctl.config.unsafe_secret``) now, and the
+    --auth-file`` refused it: the same rule (``gpuctl.config.files.unsafe_secret``) now, and the
     folder's too; a private file in a private folder is used."""
     store = stores(hosts_answer(["node-a"]))
     shared = tmp_path / "shared"

@@ -1,6 +1,6 @@
 """Fuzz: the files gpuctl reads that someone else may have written: recordings
 (``fleet.recording.reader``), config files (``config.parse_config``, ``load_config``),
-hostfiles and NODES (``config.read_hostfile``, ``parse_nodes``), and a job's files
+hostfiles and NODES (``config.nodes.read_hostfile``, ``parse_nodes``), and a job's files
 (``node.jobfiles`` readers, ``jobs.records`` through ``core.wire``, ``jobs.report``'s status
 lines). Each is read or refused with one line (ConfigError, RecordingError); nothing else."""
 
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from gpuctl import config
 from gpuctl.config import ConfigError
+from gpuctl.config.nodes import parse_nodes, read_hostfile
 from gpuctl.core import wire
 from gpuctl.fleet.recording.format import RecordingError
 from gpuctl.fleet.recording.reader import RecordingReader
@@ -144,7 +145,7 @@ def test_the_valid_hostfile_reads_its_names(tmp_path: Path) -> None:
     path = tmp_path / "hosts"
     path.write_bytes(HOSTFILE)
     path.chmod(0o600)
-    assert config.read_hostfile(str(path))[:4] == ["gpu01", "gpu02", "gpu03", "login"]
+    assert read_hostfile(str(path))[:4] == ["gpu01", "gpu02", "gpu03", "login"]
 
 
 @pytest.mark.parametrize("examples", LANES)
@@ -166,12 +167,12 @@ def test_any_hostfile_is_names_or_one_line(examples: int, tmp_path: Path) -> Non
     def check(data: bytes) -> None:
         path.write_bytes(data)
         path.chmod(0o600)
-        got = bounded(config.read_hostfile, str(path), errors=(ConfigError,))
+        got = bounded(read_hostfile, str(path), errors=(ConfigError,))
         assert isinstance(got, (list, ConfigError))
         if isinstance(got, list):
             assert got and all(isinstance(n, str) and n for n in got)
         text = data.decode("utf-8", "replace").split("\n", 1)[0]
-        nodes = bounded(config.parse_nodes, text, errors=(ConfigError,))
+        nodes = bounded(parse_nodes, text, errors=(ConfigError,))
         assert isinstance(nodes, (list, ConfigError))
 
     inputs = st.one_of(junk_bytes([HOSTFILE]), st.lists(ranges, max_size=4).map(b"\n".join))

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from gpuctl_tests.node.nvml_stub import NvmlStub, build
 
@@ -84,3 +85,59 @@ def test_health_names_ecc_remapping_xid_and_throttling_per_gpu(tmp_path: Path) -
     assert "throttle THERM HWSLOW," in line and "sw_thermal" not in line, line
     assert res["verdict"] == "FAIL" and len(res["failures"]) == 2
     assert res["pcie0"][2:] == [5, 16]  # max link gen/width as NVML reports them
+
+
+# The links' script: the first one's suite and section, the counters read as [ENV] reads them.
+LINKS_SCRIPT = (
+    SCRIPT.replace("range(3)", "range(4)")
+    .replace('parse_args(["--device", "cuda"])', 'parse_args(["--device", "cuda", *sys.argv[1:]])')
+    .replace("res = health.run(suite)", "suite.note_link_errors()\nres = health.run(suite)")
+)
+
+
+def health(tmp_path: Path, script: str, stub_text: str, *args: str) -> dict[str, Any]:
+    """The [HEALTH] section's result from ``script`` over a stand-in NVML of ``stub_text``."""
+    stub = NvmlStub(build(tmp_path), tmp_path / "nvml.conf", stub_text)
+    r = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        env=stub.env(),
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    res: dict[str, Any] = json.loads(r.stdout)
+    return res
+
+
+# Each counter read after the first adds counter_grow: between [ENV] and [HEALTH], gpu0's links
+# stay clean, gpu1's NVLink CRC FLIT errors grow by 40 (noted), gpu2's PCIe replays by 500
+# (fail), gpu3's NVLink retrains once (a recovery: fail). gpu0 starts with errors from before.
+# gpu2's power cap (normal) is what the script's throttle watch waits to have seen.
+LINKS_STUB = """
+count 4
+set 0 nvlink_crc_flit 7000
+set 1 nvlink_crc_flit 12
+set 1 counter_grow 40
+set 2 pcie_replay 1
+set 2 throttle 0x4
+set 2 counter_grow 500
+set 2 nvlinks 0
+set 3 nvlink_recovery 3
+set 3 counter_grow 1
+"""
+
+
+def test_health_judges_what_the_links_added_during_the_run(tmp_path: Path) -> None:
+    g0, g1, g2, g3 = health(tmp_path, LINKS_SCRIPT, LINKS_STUB)["gpus"]
+    assert g0["link_errors"] == dict.fromkeys(
+        ("replay", "recovery", "crc_flit", "crc_data", "pcie_replay"), 0
+    )  # read the same before and after
+    assert g0["verdict"] == "PASS"  # 7,000 errors from before the run are not this run's
+    assert g1["verdict"] == "WARN" and g1["reason"] == "40 NVLink CRC FLIT errors during the run"
+    assert g2["verdict"] == "FAIL" and list(g2["link_errors"]) == ["pcie_replay"]  # no NVLink
+    assert g2["reason"] == "500 PCIe replays during the run (more than 100)"
+    assert g3["verdict"] == "FAIL"
+    assert "1 NVLink recovery during the run (the link retrained)" in g3["reason"]
+    g2 = health(tmp_path, LINKS_SCRIPT, LINKS_STUB, "--link-errors", "1000")["gpus"][2]
+    assert g2["verdict"] == "WARN" and g2["reason"] == "500 PCIe replays during the run"

@@ -55,6 +55,27 @@ def test_a_broken_rank_fails_the_all_reduce_and_the_suite(tmp_path: Path) -> Non
     assert ar["ranks"][0]["first_bad"]["index"] == ar["numel"] // 2
 
 
+@pytest.mark.slow
+def test_a_straggler_rank_is_named_with_its_timing(tmp_path: Path) -> None:
+    """Rank 1 does 40 more 256x256 matrix products a step (real work, #43.3): [DDP] training
+    names it as the straggler, with its forward time against the other rank's."""
+    skip = [
+        a for s in ("compute", "membw", "memtest", "train", "pcie", "p2p") for a in ("--skip", s)
+    ]
+    r = run_suite(
+        "--device", "cpu", "--quick", "--report-dir", str(tmp_path), "--test-slow-rank", "1", *skip
+    )
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    train = only_report(tmp_path)["sections"]["ddp_train"]
+    times = {x["rank"]: x["compute_ms"] for x in train["ranks"]}
+    print(f"forward ms a step (median) by rank: {times}")  # a figure
+    assert train["verdict"] == "FAIL" and len(train["stragglers"]) == 1
+    assert train["stragglers"][0].startswith("rank 1 on ")
+    assert "is a straggler" in train["stragglers"][0] and times[1] > 3 * times[0]
+    assert "[DDP] rank: forward ms a step (median): 0 " in r.stdout
+    assert train["ranks"][0]["ok"] and train["ranks"][1]["ok"]  # the loss still fell on both
+
+
 def test_no_gpu_fails_unless_allowed(tmp_path: Path) -> None:
     import torch
 

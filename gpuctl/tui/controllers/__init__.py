@@ -1,6 +1,6 @@
 """The TUI's feature flows, each a controller the App composes: ``StressController`` (``s``,
-``S``, ``B``), ``AcceptController`` (``a``), ``RecordController`` (``R``) and
-``QuitController`` (``q``).
+``S``, ``B``), ``AcceptController`` (``a``), ``RecordController`` (``R``),
+``QuitController`` (``q``) and ``ActivityController`` (others' actions, from the audit log).
 
 Why apart from the App: the App is the shell (screens, keys, themes, the fleet's stream into
 the store); a flow is what a key press does with the fleet (ask the service, ask the user,
@@ -11,8 +11,15 @@ one line each, handing the key press to its controller.
 """
 
 from gpuctl.tui.controllers.accept import AcceptController
+from gpuctl.tui.controllers.activity import ActivityController
 from gpuctl.tui.controllers.quit import QuitController
 from gpuctl.tui.controllers.record import RecordController
 from gpuctl.tui.controllers.stress import StressController
 
-__all__ = ["AcceptController", "QuitController", "RecordController", "StressController"]
+__all__ = [
+    "AcceptController",
+    "ActivityController",
+    "QuitController",
+    "RecordController",
+    "StressController",
+]

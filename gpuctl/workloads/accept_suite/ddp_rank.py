@@ -100,6 +100,7 @@ def allreduce_check(
 
 
 SWEEP_OPS = ("all_reduce", "all_gather")
+SLOW_RANK_S = 0.05  # --slow-rank: the straggler's extra work a step
 SWEEP_MIN_BYTES = 8
 SWEEP_BUDGET_BYTES = 4 << 30  # bytes moved per size and op: fewer iterations for big sizes
 SWEEP_MAX_ITERS = 20
@@ -208,7 +209,14 @@ def _sweep_row(
 
 
 def ddp_train(
-    torch: Any, dist: Any, device: Any, rank: int, world: int, steps: int, loss_drop: float
+    torch: Any,
+    dist: Any,
+    device: Any,
+    rank: int,
+    world: int,
+    steps: int,
+    loss_drop: float,
+    slow_rank: int = -1,
 ) -> "dict[str, Any]":
     """Train a tiny MLP under DDP; the loss must fall and the parameters must agree at the end."""
     from torch.nn.parallel import DistributedDataParallel
@@ -221,7 +229,16 @@ def ddp_train(
     ddp = DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None
     )
-    r = train_steps(torch, ddp, ddp.parameters(), teacher, data_gen, device, steps)
+    ballast = torch.randn(256, 256, device=device) if rank == slow_rank else None
+
+    def forward(x: Any) -> Any:
+        if ballast is not None:  # test option: a rank whose every step works 50 ms more
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < SLOW_RANK_S:
+                torch.mm(ballast, ballast)
+        return ddp(x)
+
+    r = train_steps(torch, forward, ddp.parameters(), teacher, data_gen, device, steps)
     first, final, finite, drop = r["first"], r["final"], r["finite"], r["drop"]
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     gathered = [torch.empty_like(flat) for _ in range(world)]
@@ -237,6 +254,7 @@ def ddp_train(
         "drop": drop,
         "params_identical": identical,
         "params_max_diff": max_diff,
+        "compute_ms": r["compute_ms"],
     }
 
 
@@ -250,6 +268,7 @@ def main(argv: "list[str] | None" = None) -> int:
     p.add_argument("--loss-drop", type=float, default=0.5)
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--break-rank", type=int, default=-1)
+    p.add_argument("--slow-rank", type=int, default=-1)  # test option: a straggler
     p.add_argument("--sweep-max-bytes", type=int, default=0, help="0: no size sweep")
     args = p.parse_args(argv)
 
@@ -282,7 +301,9 @@ def main(argv: "list[str] | None" = None) -> int:
             result["sweep"] = sweep(
                 torch, dist, device, rank, world, args.sweep_max_bytes, args.break_rank
             )
-        result["train"] = ddp_train(torch, dist, device, rank, world, args.steps, args.loss_drop)
+        result["train"] = ddp_train(
+            torch, dist, device, rank, world, args.steps, args.loss_drop, args.slow_rank
+        )
         dist.barrier()
     except Exception as e:  # the suite reports it per rank; the traceback goes to stderr
         import traceback

@@ -8,6 +8,9 @@ from typing import Any
 XID_CRITICAL = 0x0000000000000008  # nvmlEventTypeXidCriticalError
 CLOCK_SM = 1  # nvmlClockType_t NVML_CLOCK_SM
 TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU
+# nvmlNvLinkErrorCounter_t: the data-link layer's counters of one NVLink
+NVLINK_ERRORS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}
+LINK_ERRORS = (*NVLINK_ERRORS, "pcie_replay")
 
 
 class Nvml:
@@ -55,6 +58,31 @@ class Nvml:
                 handle = self._call(self.nv.nvmlDeviceGetHandleByIndex, i)
             if handle is not None:
                 self.handles[i] = handle
+        self._watch_xids()
+
+    def map_indices(self) -> int:
+        """Every GPU NVML sees, by NVML's index (a run without torch: ``--prolog``); returns
+        how many."""
+        count = self.device_count() or 0
+        for i in range(count):
+            handle = self._call(self.nv.nvmlDeviceGetHandleByIndex, i)
+            if handle is not None:
+                self.handles[i] = handle
+        self._watch_xids()
+        return count
+
+    def vbios(self, i: int) -> "str | None":
+        h = self.handles.get(i)
+        v = self._call(self.nv.nvmlDeviceGetVbiosVersion, h) if h is not None else None
+        return _text(v)
+
+    def memory_total(self, i: int) -> "int | None":
+        h = self.handles.get(i)
+        info = self._call(self.nv.nvmlDeviceGetMemoryInfo, h) if h is not None else None
+        total = getattr(info, "total", None)
+        return int(total) if isinstance(total, int) else None
+
+    def _watch_xids(self) -> None:
         self.events = self._call(self.nv.nvmlEventSetCreate)
         if self.events is not None:
             for h in self.handles.values():
@@ -112,10 +140,19 @@ class Nvml:
             getattr(self.nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
             or self.nv.nvmlDeviceGetCurrentClocksThrottleReasons
         )
-        while not self._stop.wait(0.2):
+        while True:
             for i, h in self.handles.items():
                 for name in decode_throttle(self._call(read, h)) or ():
                     self.throttle.setdefault(i, set()).add(name)
+            if self._stop.wait(0.2):
+                return
+
+    def throttle_now(self) -> None:
+        """One reading of every GPU's throttle reasons (no load ran to watch: ``--prolog``)."""
+        if self.nv is None or not self.handles:
+            return
+        self._stop.set()
+        self._sample_throttle()
 
     def start_throttle_watch(self) -> None:
         if self.nv is None or not self.handles:
@@ -230,6 +267,26 @@ class Nvml:
             present += 1
             active += 1 if state else 0
         return (present, active) if present else (None, None)
+
+    def link_errors(self, i: int) -> "dict[str, int | None]":
+        """GPU i's link error counters, each None where NVML cannot tell: NVLink ``replay``,
+        ``recovery``, ``crc_flit`` and ``crc_data`` summed over its links, and ``pcie_replay``.
+        They only grow (until a reset or a reboot): a run compares two readings."""
+        out: dict[str, int | None] = dict.fromkeys(LINK_ERRORS)
+        h = self.handles.get(i)
+        if h is None:
+            return out
+        nv = self.nv
+        out["pcie_replay"] = self._call(nv.nvmlDeviceGetPcieReplayCounter, h)
+        present, _ = self.nvlinks(i)
+        for kind, code in NVLINK_ERRORS.items():
+            total = None
+            for link in range(present or 0):
+                v = self._call(nv.nvmlDeviceGetNvLinkErrorCounter, h, link, code)
+                if isinstance(v, int):
+                    total = (total or 0) + v
+            out[kind] = total
+        return out
 
     def sample(self, i: int) -> "dict[str, Any]":
         """One reading of GPU i for a trace: power_w, sm_clock_mhz, temp_c, throttle (the clock

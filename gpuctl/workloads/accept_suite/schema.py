@@ -3,13 +3,15 @@
 Report (JSON object, ``schema`` == SCHEMA, ``schema_version`` == SCHEMA_VERSION):
     node, hostname, started, finished (unix time), duration_s, device ("cuda" | "cpu" |
     "sim": a simulated node's GPUs, ``simulated``), simulated (bool: figures made, not
-    measured), quick (bool), options (the suite's settings), verdict ("PASS" | "FAIL"),
+    measured), quick (bool), prolog (bool: ``--prolog``, NVML alone, no load), options (the
+    suite's settings), verdict ("PASS" | "FAIL"),
     failures (list of one-line strings), warnings (one-line strings of WARN results: noted,
     not failed, e.g. a GPU model without a reference peak, with its measured figure),
     sections: one object per name in SECTIONS, each with
     ``verdict`` (one of VERDICTS), ``summary`` (one line) and its figures:
       env:           hostname, python, torch, cuda, driver, nccl, gpu_count, expected_gpus,
-                     gpus [{index, name, uuid, model_key, memory_bytes}], nvidia_smi_l [str]
+                     gpus [{index, name, uuid, model_key, memory_bytes, vbios}],
+                     nvidia_smi_l [str]
       shape:         gpus [{index, label, name, pci, link_gen, link_width, max_link_gen,
                      max_link_width, read_under_load, nvlinks, nvlinks_active, ecc_mode,
                      ecc_pending, persistence, mig, mig_pending, verdict, reason}],
@@ -41,13 +43,17 @@ Report (JSON object, ``schema`` == SCHEMA, ``schema_version`` == SCHEMA_VERSION)
                      rows {size (bytes), count, type, redop, iters, time_us, algbw, busbw,
                      wrong} as nccl-tests prints them, sweep_busbw_gbps (all-reduce at the
                      largest size), busbw_floor_gbps (this topology's, or null)
-      ddp_train:     world_size, steps, ranks [{rank, first_loss, final_loss, drop, ok}],
-                     params_identical
+      ddp_train:     world_size, steps, ranks [{rank, host, first_loss, final_loss, drop, ok,
+                     compute_ms (its forward pass a step, median)}], params_identical,
+                     stragglers [one line per rank far slower than the others]
       health:        gpus [{index, ecc_uncorrected_volatile, ecc_uncorrected_aggregate,
                      remapped_rows {correctable, uncorrectable, pending, failure}, xids [int],
-                     throttle [names seen during COMPUTE], retired_pending, pci,
+                     throttle [names seen during COMPUTE, or now with --prolog],
+                     retired_pending, pci,
                      kernel_xids [{xid, hardware, text}], aer {device {correctable, nonfatal,
-                     fatal}, port {...}, port_address}, verdict, reason}],
+                     fatal}, port {...}, port_address}, link_errors {replay, recovery,
+                     crc_flit, crc_data, pcie_replay: how much each grew during the run;
+                     absent with --prolog}, verdict, reason}],
                      kernel_log (source read, or null), kernel_log_error (why unreadable),
                      node_xids (XIDs of PCI devices that are not GPUs under test)
 

@@ -41,8 +41,10 @@ from .schema import (
 from .sections import RUNNERS
 from .sections.burn import parse_duration
 from .sections.ddp import parse_floors
+from .sections.env import run_prolog
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
+PROLOG_SECTIONS = ("env", "shape", "health")  # --prolog: what NVML and the node tell at once
 
 
 def parse_args(argv: "list[str]") -> argparse.Namespace:
@@ -51,6 +53,12 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
         description="Acceptance suite of one node: prints [RESULT] and writes a JSON report.",
     )
     p.add_argument("--quick", action="store_true", help="short runs (seconds, not minutes)")
+    p.add_argument(
+        "--prolog",
+        action="store_true",
+        help="seconds and no load, for a Slurm prolog or HealthCheckProgram: [ENV] through "
+        "NVML (no torch), [SHAPE] and [HEALTH]; every other section SKIP",
+    )
     p.add_argument(
         "--device",
         choices=("cuda", "cpu", "sim"),
@@ -125,6 +133,13 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
         default=0.7,
         help="[P2P] a GPU pair below this fraction of the median pair's GB/s fails",
     )
+    p.add_argument(
+        "--link-errors",
+        type=int,
+        default=100,
+        help="[HEALTH]: NVLink CRC/replay errors or PCIe replays a GPU may add during the run "
+        "(more fail, fewer are noted; an NVLink recovery always fails)",
+    )
     p.add_argument("--test-p2p-devices", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--test-slow-pair", help=argparse.SUPPRESS)  # "I,J": that pair copies 8x
     p.add_argument("--test-kernel-log", help=argparse.SUPPRESS)  # a file read as the kernel log
@@ -133,6 +148,7 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
     p.add_argument("--events", help="append JSON progress lines to this file ({node}: node name)")
     p.add_argument("--events-fd", type=int, help="write JSON progress lines to this descriptor")
     p.add_argument("--test-break-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--test-slow-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--test-slow-compute", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument(
         "--memtest-mb", type=int, help="MiB of memory [MEMTEST] tests (default: 90%% of free)"
@@ -164,6 +180,10 @@ def parse_args(argv: "list[str]") -> argparse.Namespace:
         p.error("--test-slow-compute must be >= 1")
     if args.memtest_mb is not None and args.memtest_mb < 1:
         p.error("--memtest-mb must be at least 1")
+    if args.link_errors < 0:
+        p.error("--link-errors must be 0 or more")
+    if args.prolog and args.device == "cpu":
+        p.error("--prolog checks the GPUs through NVML: leave out --device cpu")
     if args.device == "sim" and not args.sim_facts:
         p.error("--device sim runs on a simulated node, whose agent passes --sim-facts")
     return args
@@ -207,10 +227,19 @@ class Suite:
         # [DDP]: (rank results, error or None, local processes), run once for both sections
         self.ddp_result: tuple[list[dict[str, Any]], str | None, int] | None = None
         self.runners = RUNNERS  # section name -> its runner (a simulated run has its own)
+        # Each GPU's link error counters when [ENV] ran, before any load ([HEALTH] compares).
+        self.links_before: dict[int, dict[str, Any]] = {}
         # Why every section after [ENV] is skipped (no torch): said once, by [ENV].
         self.blocked: str | None = None
 
     # helpers for the sections ------------------------------------------------------------------
+    def note_link_errors(self) -> None:
+        """Each GPU's link error counters before any load: [HEALTH] says what the run added."""
+        if self.nvml is not None and self.nvml.nv is not None:
+            self.links_before = {
+                int(g["index"]): self.nvml.link_errors(g["index"]) for g in self.gpus
+            }
+
     def devices(self) -> "list[tuple[str, Any, str]]":
         """(label, torch.device, name) of each device under test."""
         if self.cuda:
@@ -265,6 +294,8 @@ class Suite:
             res: dict[str, Any]
             if name in a.skip:
                 res = {"verdict": "SKIP", "summary": f"--skip {name}"}
+            elif a.prolog and name not in PROLOG_SECTIONS:
+                res = {"verdict": "SKIP", "summary": "--prolog: no load"}
             elif name != "env" and self.blocked is not None:
                 res = {"verdict": "SKIP", "summary": self.blocked}
             elif name != "env" and self.no_gpu:
@@ -328,6 +359,8 @@ def main(argv: "list[str] | None" = None) -> int:
     missing: str | None = None
     if args.device == "sim":  # simulated GPUs: figures from their state, no torch
         from . import simulated
+    elif args.prolog:  # NVML alone: seconds, and a prolog's Python may have no torch
+        pass
     else:
         try:
             import torch
@@ -336,6 +369,8 @@ def main(argv: "list[str] | None" = None) -> int:
     suite = Suite(args, out, torch)
     if args.device == "sim":
         suite.runners = simulated.runners(args.sim_facts)
+    elif args.prolog:
+        suite.runners = {**RUNNERS, "env": run_prolog}
     elif missing is not None:
         suite.runners = {**RUNNERS, "env": lambda s: _env_without_torch(s, missing)}
     sections = suite.run()
@@ -358,6 +393,7 @@ def main(argv: "list[str] | None" = None) -> int:
         "device": args.device,
         "simulated": args.device == "sim",  # figures made from simulated GPUs, not measured
         "quick": args.quick,
+        "prolog": args.prolog,
         "options": {
             k: v
             for k, v in vars(args).items()

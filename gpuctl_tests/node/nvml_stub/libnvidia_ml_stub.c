@@ -14,6 +14,7 @@
  *     nvml 12.550.54.15           NVML version string
  *     init CODE                   nvmlInit fails with this nvmlReturn_t
  *     name GPU rest of the line   product name of one GPU
+ *     vbios GPU VERSION           its VBIOS version (default 96.00.99.00.01)
  *     set GPU FIELD VALUE         a number (see FIELDS below; throttle takes 0x.. too)
  *     error GPU CODE WHAT...      calls for WHAT on that GPU return CODE (3 = NOT_SUPPORTED,
  *                                 4 = NO_PERMISSION, 999 = UNKNOWN); WHAT is one of the names
@@ -108,7 +109,7 @@ struct xid {
 
 typedef struct gpu {
     unsigned int index;
-    char name[96], uuid[96], serial[32];
+    char name[96], uuid[96], serial[32], vbios[32];
     long long v[48]; /* numeric readings, indexed by FIELDS */
     int err[W_COUNT];
     long lost_after; /* -1: never */
@@ -181,6 +182,7 @@ static void gpu_defaults(gpu_t *g, unsigned int i)
     snprintf(g->name, sizeof(g->name), "NVIDIA H100 80GB HBM3");
     snprintf(g->uuid, sizeof(g->uuid), "GPU-5718a1c0-0000-4000-8000-%012u", i);
     snprintf(g->serial, sizeof(g->serial), "16500000%05u", i);
+    snprintf(g->vbios, sizeof(g->vbios), "96.00.99.00.01");
     g->v[F_MEM_TOTAL_MIB] = 81559;
     g->v[F_MEM_USED_MIB] = 1024 * (10 + i);
     g->v[F_UTIL_GPU] = 50 + i;
@@ -310,6 +312,12 @@ static void load_config(void)
             rest = strtok_r(NULL, "", &save);
             if (g && rest)
                 snprintf(g->name, sizeof(g->name), "%s", rest);
+        } else if (strcmp(key, "vbios") == 0) {
+            char *rest;
+            g = gpu_arg(strtok_r(NULL, " \t", &save));
+            rest = strtok_r(NULL, " \t", &save);
+            if (g && rest)
+                snprintf(g->vbios, sizeof(g->vbios), "%s", rest);
         } else if (strcmp(key, "set") == 0) {
             char *field, *value;
             int k;
@@ -499,6 +507,12 @@ nvmlReturn_t nvmlDeviceGetName(gpu_t *g, char *name, unsigned int length)
 {
     CHECK(g, W_NAME);
     return copy_string(name, length, g->name);
+}
+
+nvmlReturn_t nvmlDeviceGetVbiosVersion(gpu_t *g, char *version, unsigned int length)
+{
+    CHECK(g, W_NAME);
+    return copy_string(version, length, g->vbios);
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(gpu_t *g, char *uuid, unsigned int length)
@@ -997,17 +1011,26 @@ long gpuctl_stub_calls(unsigned int index, const char *fn)
 /* Kept apart from FIELDS: `set GPU FIELD VALUE` falls back to these names. */
 enum shape_field {
     S_CURR_PCIE_GEN, S_CURR_PCIE_WIDTH, S_GPU_MAX_PCIE_GEN, S_NVLINKS, S_NVLINKS_ACTIVE,
-    S_ECC_MODE, S_ECC_PENDING, S_PERSISTENCE, S_PCI_DOMAIN, S_PCI_BUS, S_COUNT
+    S_ECC_MODE, S_ECC_PENDING, S_PERSISTENCE, S_PCI_DOMAIN, S_PCI_BUS,
+    S_NVLINK_REPLAY, S_NVLINK_RECOVERY, S_NVLINK_CRC_FLIT, S_NVLINK_CRC_DATA, S_PCIE_REPLAY,
+    S_COUNTER_GROW, S_COUNT
 };
 /* curr_pcie_gen/width -1: the link runs at its maximum (pcie_gen/pcie_width);
  * gpu_max_pcie_gen -1: as pcie_gen; nvlinks: links the GPU has (0: NVLink NOT_SUPPORTED), the
  * first nvlinks_active of them are up (-1: all); ecc_mode/persistence -1: NOT_SUPPORTED;
- * ecc_pending -1: as ecc_mode. The PCI address is DOMAIN:BUS:00.0. */
+ * ecc_pending -1: as ecc_mode. The PCI address is DOMAIN:BUS:00.0.
+ * Link error counters: nvlink_replay, nvlink_recovery, nvlink_crc_flit, nvlink_crc_data (NVLink
+ * link 0's; the other links count 0) and pcie_replay start at the value set (default 0); every
+ * read of a counter set above 0, after its first read, adds counter_grow to it, so a test sets
+ * which counter grows and by how much between the suite's reading before the load and after. */
 static const char *SHAPE_FIELDS[S_COUNT] = {
     "curr_pcie_gen", "curr_pcie_width", "gpu_max_pcie_gen", "nvlinks", "nvlinks_active",
     "ecc_mode", "ecc_pending", "persistence", "pci_domain", "pci_bus",
+    "nvlink_replay", "nvlink_recovery", "nvlink_crc_flit", "nvlink_crc_data", "pcie_replay",
+    "counter_grow",
 };
 static long long shape[MAX_GPUS][S_COUNT];
+static long long counter_reads[MAX_GPUS][S_COUNT];
 
 static void shape_defaults(unsigned int i)
 {
@@ -1022,6 +1045,48 @@ static void shape_defaults(unsigned int i)
     s[S_PERSISTENCE] = 1;
     s[S_PCI_DOMAIN] = 0;
     s[S_PCI_BUS] = 0x18 + 0x10 * (long long)i;
+    s[S_NVLINK_REPLAY] = s[S_NVLINK_RECOVERY] = s[S_NVLINK_CRC_FLIT] = s[S_NVLINK_CRC_DATA] = 0;
+    s[S_PCIE_REPLAY] = s[S_COUNTER_GROW] = 0;
+    memset(counter_reads[i], 0, sizeof(counter_reads[i]));
+}
+
+/* A link error counter of GPU g: its value, grown (when above 0) by counter_grow at every read
+ * after the first. */
+static unsigned long long counter_read(gpu_t *g, int k)
+{
+    long long v = shape[g->index][k];
+    if (v > 0)
+        v += shape[g->index][S_COUNTER_GROW] * counter_reads[g->index][k];
+    counter_reads[g->index][k]++;
+    return (unsigned long long)(v < 0 ? 0 : v);
+}
+
+/* nvmlNvLinkErrorCounter_t: 0 DL_REPLAY, 1 DL_RECOVERY, 2 DL_CRC_FLIT, 3 DL_CRC_DATA */
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(gpu_t *g, unsigned int link, int counter,
+                                             unsigned long long *value)
+{
+    static const int kinds[4] = {S_NVLINK_REPLAY, S_NVLINK_RECOVERY, S_NVLINK_CRC_FLIT,
+                                 S_NVLINK_CRC_DATA};
+    long long n;
+    CHECK(g, -1);
+    n = shape[g->index][S_NVLINKS];
+    if (n <= 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (value == NULL || (long long)link >= n || counter < 0 || counter > 4)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (counter == 4)
+        return NVML_ERROR_NOT_SUPPORTED; /* DL_ECC_DATA: not on this part */
+    *value = link == 0 ? counter_read(g, kinds[counter]) : 0ULL;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPcieReplayCounter(gpu_t *g, unsigned int *value)
+{
+    CHECK(g, W_PCIE);
+    if (value == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *value = (unsigned int)counter_read(g, S_PCIE_REPLAY);
+    return NVML_SUCCESS;
 }
 
 static int shape_set(unsigned int i, const char *field, long long value)

@@ -6,6 +6,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -111,6 +112,8 @@ def launch(suite: "Suite") -> "tuple[list[dict[str, Any]], str | None, int]":
         str(timeout),
         "--break-rank",
         str(a.test_break_rank),
+        "--slow-rank",
+        str(a.test_slow_rank),
         "--sweep-max-bytes",
         str(_sweep_max(suite)),
     ]
@@ -284,6 +287,29 @@ def run_allreduce(suite: "Suite") -> "dict[str, Any]":
     return out
 
 
+STRAGGLER_RATIO = 3.0  # a rank this many times slower than the ranks' median ...
+STRAGGLER_MS = 20.0  # ... and this many ms a step slower is a straggler: every step waits for it
+
+
+def stragglers(ranks: "list[dict[str, Any]]") -> "list[str]":
+    """The ranks whose own work a step (the forward pass) is far slower than the others': in
+    DDP every rank waits for the slowest at each step, so one slow GPU slows the whole job."""
+    out = []
+    for x in ranks:
+        ms = x.get("compute_ms")
+        others = [y["compute_ms"] for y in ranks if y is not x and y.get("compute_ms") is not None]
+        if ms is None or not others:
+            continue
+        median = statistics.median(others)  # of the other ranks: a straggler is not its own bar
+        if ms > STRAGGLER_RATIO * median and ms - median > STRAGGLER_MS:
+            out.append(
+                f"rank {x['rank']} on {x.get('host')} is a straggler: {ms:.1f} ms of its own work "
+                f"a step against {min(others):.1f}-{max(others):.1f} ms on the other ranks "
+                "(median; every step waits for it)"
+            )
+    return out
+
+
 def _allreduce_record(nproc: int, nnodes: int, **values: Any) -> "dict[str, Any]":
     """The ddp_allreduce section's fields, unknown (None) unless ``values`` give them."""
     out = {
@@ -348,6 +374,8 @@ def run_train(suite: "Suite") -> "dict[str, Any]":
                 "ok": fell,
                 "params_identical": tr["params_identical"],
                 "params_max_diff": tr["params_max_diff"],
+                "host": r.get("host"),
+                "compute_ms": tr.get("compute_ms"),
             }
         )
         suite.out.line(
@@ -371,6 +399,15 @@ def run_train(suite: "Suite") -> "dict[str, Any]":
             )
     if out["ranks"]:
         out["params_identical"] = all(x["params_identical"] for x in out["ranks"])
+        out["stragglers"] = stragglers(out["ranks"])
+        timing = ", ".join(
+            f"{x['rank']} {x['compute_ms']:.2f}"
+            for x in out["ranks"]
+            if x["compute_ms"] is not None
+        )
+        if timing:
+            suite.out.line(f"rank: forward ms a step (median): {timing}")
+        failures += [f"ddp train: {s}" for s in out["stragglers"]]
     out["failures"] = failures
     out["verdict"] = "FAIL" if failures else "PASS"
     out["summary"] = (failures[0] if failures else None) or (

@@ -81,10 +81,12 @@ def run(suite: "Suite") -> "dict[str, Any]":
             "model_key": peaks.model_key(props.name),
             "memory_bytes": props.total_memory,
             "capability": f"{int(props.major)}.{int(props.minor)}",
+            "vbios": suite.nvml.vbios(i),
         }
         info["gpus"].append(g)
         info["nvidia_smi_l"].append(f"GPU {i}: {props.name} (UUID: {uuid})")
     suite.gpus = info["gpus"]
+    suite.note_link_errors()
     for line in info["nvidia_smi_l"]:
         suite.out.line(line)
     suite.out.line(
@@ -97,6 +99,68 @@ def run(suite: "Suite") -> "dict[str, Any]":
         info["summary"] = short
     else:
         models = sorted(set(g["name"] for g in suite.gpus))
+        info["verdict"] = "PASS"
+        info["summary"] = f"{int(count)} GPU(s): {', '.join(models)}, driver {info['driver']}"
+    suite.out.line(info["summary"])
+    return info
+
+
+def run_prolog(suite: "Suite") -> "dict[str, Any]":
+    """[ENV] of ``--prolog``: the GPUs NVML sees, against what the node should have; no torch
+    is imported (seconds matter in a Slurm prolog, and its Python may have none)."""
+    a = suite.args
+    nvml = suite.nvml = Nvml()
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "node": suite.node,
+        "python": ".".join(str(v) for v in sys.version_info[:3]),
+        "torch": None,
+        "driver": None,
+        "gpu_count": 0,
+        "expected_gpus": None,
+        "gpus": [],
+        "nvml_bindings": nvml.bindings,
+    }
+    expected, source = expected_count(a)
+    info["expected_gpus"] = expected
+    info["expected_source"] = source if expected is not None else None
+    if nvml.nv is None:
+        suite.no_gpu = True
+        why = f"NVML cannot be opened ({nvml.error})"
+        if a.allow_no_gpu and expected is None:
+            info["verdict"], info["summary"] = (
+                "SKIP",
+                f"{why}; --allow-no-gpu: GPU sections skipped",
+            )
+        else:
+            info["verdict"], info["summary"] = "FAIL", why
+        suite.out.line(info["summary"])
+        return info
+    count = info["gpu_count"] = nvml.map_indices()
+    info["driver"] = nvml.driver()
+    for i in sorted(nvml.handles):
+        name = nvml.shape(i)["name"]
+        info["gpus"].append(
+            {
+                "index": i,
+                "name": name,
+                "uuid": nvml.uuid(i),
+                "model_key": peaks.model_key(name) if name else None,
+                "memory_bytes": nvml.memory_total(i),
+                "vbios": nvml.vbios(i),
+            }
+        )
+    suite.gpus = info["gpus"]
+    suite.out.line(f"host {info['hostname']} (node {suite.node}), driver {info['driver']}, NVML")
+    short = count_shortfall(suite.node, count, expected, source)
+    if short is not None:
+        info["verdict"], info["summary"] = "FAIL", short
+    elif count == 0:
+        suite.no_gpu = True
+        info["verdict"] = "SKIP" if a.allow_no_gpu else "FAIL"
+        info["summary"] = "NVML sees no GPU" + ("; --allow-no-gpu" if a.allow_no_gpu else "")
+    else:
+        models = sorted(set(str(g["name"]) for g in suite.gpus))
         info["verdict"] = "PASS"
         info["summary"] = f"{int(count)} GPU(s): {', '.join(models)}, driver {info['driver']}"
     suite.out.line(info["summary"])

@@ -20,6 +20,9 @@ def run(suite: "Suite") -> "dict[str, Any]":
     if suite.nvml is None or suite.nvml.nv is None:
         why = suite.nvml.error if suite.nvml else "NVML not opened"
         return {"verdict": "SKIP", "summary": f"NVML unavailable ({why})", "gpus": []}
+    if suite.args.prolog:  # no load ran: the reasons now
+        suite.nvml.throttle_now()
+    when = "now" if suite.args.prolog else "during COMPUTE"
     suite.nvml.poll_xids()
     log, log_source = _kernel_log(suite)
     logged = nodehealth.parse_xids(log) if log is not None else []
@@ -57,6 +60,12 @@ def run(suite: "Suite") -> "dict[str, Any]":
             problems.append("page retirement pending (reset the GPU)")
         problems.extend(_kernel_xid_problems(h["kernel_xids"], hardware=True))
         notes.extend(_kernel_xid_problems(h["kernel_xids"], hardware=False))
+        before = suite.links_before.get(i)
+        if before is not None:
+            h["link_errors"] = _grown(before, suite.nvml.link_errors(i))
+            bad, odd = _link_error_problems(h["link_errors"], suite.args.link_errors)
+            problems.extend(bad)
+            notes.extend(odd)
         bad, odd = _aer_problems(h["aer"])
         problems.extend(bad)
         notes.extend(odd)
@@ -64,14 +73,14 @@ def run(suite: "Suite") -> "dict[str, Any]":
             problems.append(f"XID {','.join(str(x) for x in h['xids'])} during the run")
         hw = [t for t in h["throttle"] if t in BAD_THROTTLE]
         if hw:
-            problems.append(f"throttled during COMPUTE: {' '.join(throttle_badges(hw))}")
+            problems.append(f"throttled {when}: {' '.join(throttle_badges(hw))}")
         soft = [t for t in h["throttle"] if t in WARN_THROTTLE]
         if problems:
             h["verdict"], h["reason"] = "FAIL", "; ".join(problems)
             failures.append(f"health gpu{i}: {h['reason']}")
         elif soft or notes:
             if soft:
-                notes.insert(0, f"throttled during COMPUTE: {' '.join(throttle_badges(soft))}")
+                notes.insert(0, f"throttled {when}: {' '.join(throttle_badges(soft))}")
             h["verdict"], h["reason"] = "WARN", "; ".join(notes)
             warns.append(i)
         gpus.append(h)
@@ -129,6 +138,42 @@ def _kernel_xid_problems(xids: "list[dict[str, Any]]", hardware: bool) -> "list[
         + (f" ({nodehealth.HARDWARE_XIDS[xid]})" if hardware else "")
         for xid, n in sorted(counts.items())
     ]
+
+
+LINK_WORDS = {  # counter: (one, many)
+    "replay": ("NVLink replay", "NVLink replays"),
+    "recovery": ("NVLink recovery", "NVLink recoveries"),
+    "crc_flit": ("NVLink CRC FLIT error", "NVLink CRC FLIT errors"),
+    "crc_data": ("NVLink CRC data error", "NVLink CRC data errors"),
+    "pcie_replay": ("PCIe replay", "PCIe replays"),
+}
+
+
+def _grown(before: "dict[str, Any]", after: "dict[str, Any]") -> "dict[str, int]":
+    """How much each counter grew during the run (counters NVML could not read left out)."""
+    return {
+        k: int(after[k]) - int(before[k])
+        for k in LINK_WORDS
+        if isinstance(before.get(k), int) and isinstance(after.get(k), int)
+    }
+
+
+def _link_error_problems(grown: "dict[str, int]", limit: int) -> "tuple[list[str], list[str]]":
+    """(failures, notes): a link that retrained (an NVLink recovery) or erred more than
+    ``limit`` times during the run fails; fewer errors are noted."""
+    bad: list[str] = []
+    odd: list[str] = []
+    for kind, n in grown.items():
+        if n <= 0:
+            continue
+        words = f"{n} {LINK_WORDS[kind][n != 1]} during the run"
+        if kind == "recovery":
+            bad.append(f"{words} (the link retrained)")
+        elif n > limit:
+            bad.append(f"{words} (more than {limit})")
+        else:
+            odd.append(words)
+    return bad, odd
 
 
 def _aer_problems(aer: "dict[str, Any] | None") -> "tuple[list[str], list[str]]":

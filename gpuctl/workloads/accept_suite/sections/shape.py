@@ -44,7 +44,7 @@ def run(suite: "Suite") -> "dict[str, Any]":
             p.append(f"model {name!r}, expected {a.expect_model!r}")
         elif len(names) > 1 and name != usual:
             p.append(f"model {name!r}, the node's other GPUs are {usual!r}")
-        p.extend(_link_problems(s))
+        p.extend(_link_problems(s, judge_gen=not a.prolog or bool(s.get("read_under_load"))))
         if s["nvlinks"] is not None and s["nvlinks_active"] < s["nvlinks"]:
             p.append(f"NVLink {s['nvlinks_active']} of {s['nvlinks']} links active")
         elif most_links and (s["nvlinks_active"] or 0) < most_links:
@@ -104,12 +104,19 @@ def _below(s: "dict[str, Any]") -> bool:
     )
 
 
-def _link_problems(s: "dict[str, Any]") -> "list[str]":
+def _link_problems(s: "dict[str, Any]", judge_gen: bool = True) -> "list[str]":
+    """What is wrong with the PCIe link; an idle GPU's lower generation is not judged where
+    no load ran (``--prolog``): idle GPUs drop it to save power."""
     out = []
     width, max_width = s["link_width"], s["max_link_width"]
     if width is not None and max_width and width < max_width:
         out.append(f"PCIe x{s['link_width']}, capable of x{s['max_link_width']}")
-    if s["link_gen"] is not None and s["max_link_gen"] and s["link_gen"] < s["max_link_gen"]:
+    if (
+        judge_gen
+        and s["link_gen"] is not None
+        and s["max_link_gen"]
+        and s["link_gen"] < s["max_link_gen"]
+    ):
         out.append(
             f"PCIe Gen{s['link_gen']} under load, capable of Gen{s['max_link_gen']}"
             if s.get("read_under_load")
