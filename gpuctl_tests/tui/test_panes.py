@@ -547,6 +547,15 @@ async def test_a_tables_scrollbar_is_a_line_not_one_more_selected_row(
         assert {seg.style.bgcolor for seg in cells if seg.style} == {table_bg}
 
 
+def shown_run(app: GpuctlApp, node: str = "gpu-a01") -> tuple[AcceptPane, AcceptRun]:
+    """A quick run on ``node`` shown in the acceptance pane (its progress fed to the pane)."""
+    pane = app.overview.query_one(AcceptPane)
+    run = AcceptRun([node], AcceptOptions(quick=True), "agent")
+    pane.start(run)
+    run.subscribe(pane.progress)
+    return pane, run
+
+
 async def test_the_suite_output_wraps_at_80_columns_without_scrolling_sideways(
     tmp_path: Path,
 ) -> None:
@@ -555,10 +564,7 @@ async def test_the_suite_output_wraps_at_80_columns_without_scrolling_sideways(
     app = make_app(replay_fleet(), state_dir=tmp_path, clock=lambda: NOW)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("3")
-        pane = app.overview.query_one(AcceptPane)
-        run = AcceptRun(["gpu-a01"], AcceptOptions(quick=True), "agent")
-        pane.start(run)
-        run.subscribe(pane.progress)
+        pane, run = shown_run(app)
         text = "[DDP] PASS (0.0 s): simulated: 4 ranks, identical parameters after 50 steps"
         run.emit(Progress("gpu-a01", "line", section="ddp", text=text))
         await pilot.pause()
