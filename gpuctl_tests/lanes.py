@@ -11,7 +11,13 @@ remember those marks on a new test:
 - a test that took over ``SLOW_S`` seconds when it was last measured is listed in
   ``slow_tests.txt`` and gets the ``slow`` marker here (as a test marked slow by hand does).
   ``pytest --record-slow ...`` measures the tests it runs (setup, call and teardown) and
-  updates their lines in that file, leaving the lines of the tests it did not run.
+  updates their lines in that file, leaving the lines of the tests it did not run;
+- a test marked ``unit`` stays in the unit lane whatever it took, and ``--record-slow`` leaves
+  it out of that file: a few screenshots (``gpuctl_tests/tui/test_snapshots*.py``, some 1.5 s
+  each), so a maintainer sees a screen's change in the unit lane before the full lane. Update
+  them after a deliberate change with ``pytest gpuctl_tests/tui --snapshot-update`` (not with
+  ``--unit``: it is refused, as syrupy would delete the screenshots the lane leaves out) and
+  look at the SVGs before committing them.
 
 The full lane runs in several pytest-xdist workers (``scripts/test.sh``: ``-n``, ``--dist
 loadgroup``): its tests mostly wait (on sshd, Slurm, subprocesses, timeouts), and one process
@@ -68,6 +74,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     global UNIT_LANE
     UNIT_LANE = bool(config.getoption("unit"))
+    if UNIT_LANE and config.getoption("update_snapshots", default=False):
+        # syrupy would take the screenshots the unit lane leaves out for unused ones: deleted
+        raise pytest.UsageError(
+            "--snapshot-update in the full lane only (the unit lane would delete the "
+            "screenshots it leaves out): pytest gpuctl_tests/tui --snapshot-update"
+        )
 
 
 def read_slow() -> set[str]:
@@ -97,7 +109,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             marker = FIXTURE_MARKS.get(fixture)
             if marker is not None:
                 item.add_marker(marker)
-        if item.nodeid in slow:
+        if item.nodeid in slow and not item.get_closest_marker("unit"):
             item.add_marker("slow")
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
     if not config.getoption("unit"):
@@ -112,7 +124,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _seconds[plain_id(report.nodeid)] += report.duration
+    if "unit" not in report.keywords:  # kept in the unit lane whatever it takes
+        _seconds[plain_id(report.nodeid)] += report.duration
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -1,5 +1,6 @@
 """The full lane's workers (gpuctl_tests/lanes.py): a module stays whole on one worker, every
-real-Slurm test goes to one, and ``--record-slow`` keeps a test's id without its group."""
+real-Slurm test goes to one, and ``--record-slow`` keeps a test's id without its group; the
+unit lane's few screenshots."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuctl_tests.helpers import node_env
+import pytest
+
+from gpuctl_tests.helpers import REPO, node_env
 from gpuctl_tests.lanes import plain_id
 
 MODULE = """
@@ -54,3 +57,37 @@ def test_a_recorded_id_drops_the_group_and_keeps_its_parameters() -> None:
     assert plain_id("a.py::t@gpuctl_tests/a.py") == "a.py::t"
     assert plain_id("a.py::t[user@host]") == "a.py::t[user@host]"
     assert plain_id("a.py::t") == "a.py::t"
+
+
+def pytest_in_repo(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=REPO, env=node_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+SCREENSHOTS = ("gpuctl_tests/tui/test_snapshots.py", "gpuctl_tests/tui/test_snapshots_sizes.py")
+
+
+def test_the_unit_lane_has_a_few_screenshots() -> None:
+    """Issue 41.8: every screenshot was in the full lane only, so a maintainer saw a screen's
+    change only there; the overview, heatmap and detail at 120x40 and the help are in both."""
+    r = pytest_in_repo("--unit", "--collect-only", *SCREENSHOTS)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ids = {line for line in r.stdout.splitlines() if "::" in line}
+    assert ids == {
+        "gpuctl_tests/tui/test_snapshots.py::test_help",
+        "gpuctl_tests/tui/test_snapshots_sizes.py::test_overview[120x40]",
+        "gpuctl_tests/tui/test_snapshots_sizes.py::test_heatmap[120x40]",
+        "gpuctl_tests/tui/test_snapshots_sizes.py::test_detail[120x40]",
+    }, r.stdout
+
+
+def test_the_unit_lane_refuses_to_update_screenshots_in_one_line() -> None:
+    """syrupy takes the screenshots a lane leaves out for unused ones and deletes them."""
+    before = sorted(REPO.glob("gpuctl_tests/tui/__snapshots__/*/*.svg"))
+    r = pytest_in_repo("--unit", "--snapshot-update", *SCREENSHOTS)
+    assert r.returncode == pytest.ExitCode.USAGE_ERROR, r.stdout + r.stderr
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert "--snapshot-update in the full lane only" in line, r.stderr
+    assert sorted(REPO.glob("gpuctl_tests/tui/__snapshots__/*/*.svg")) == before

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl_tests.helpers import wait_until
+
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
@@ -153,14 +155,14 @@ def test_export_on_the_demo_answers_and_stops_on_ctrl_c(
     exporter: tuple[subprocess.Popen[str], str],
 ) -> None:
     proc, url = exporter
-    deadline = time.monotonic() + 60
-    body = ""
-    while "DCGM_FI_DEV_GPU_UTIL{" not in body and time.monotonic() < deadline:
+
+    def gpus_served() -> str:
         with urllib.request.urlopen(url, timeout=10) as answer:  # loopback only
-            body = answer.read().decode()
-        if "DCGM_FI_DEV_GPU_UTIL{" not in body:
-            time.sleep(0.5)  # poll: the demo's first samples arrive within a second
-    assert "DCGM_FI_DEV_GPU_UTIL{" in body, body[:500]
+            body: str = answer.read().decode()
+        return body if "DCGM_FI_DEV_GPU_UTIL{" in body else ""
+
+    # the demo's first samples arrive within a second
+    wait_until(gpus_served, 60, "the demo's GPUs on /metrics", every=0.5)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(30) == 0
     assert proc.stderr is not None

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from gpuctl.core.model import GpuSample, HostSample, NodeInfo, NodeSnapshot
 from gpuctl.node import metrics
+
+# The badge of each throttle reason and their one order are the node side's (the acceptance
+# suite's lines say them too), named here for the screens.
+from gpuctl.node.metrics import THROTTLE_BADGES as THROTTLE_BADGES
+from gpuctl.node.metrics import throttle_order as throttle_order
 
 GIB = 1 << 30
 
@@ -101,24 +104,6 @@ def gpu_flags(g: GpuSample) -> list[str]:
     if rr and (rr.get("pending") or rr.get("failure")):
         flags.append("REMAP")
     return flags
-
-
-# The badge of each throttle reason, as the screen shows it (the one table of these names).
-THROTTLE_BADGES = {
-    "sw_thermal": "THERM",
-    "hw_thermal": "HWTHERM",
-    "hw_slowdown": "HWSLOW",
-    "hw_power_brake": "PWRBRAKE",
-    "sw_power_cap": "PWRCAP",
-    "sync_boost": "SYNC",
-}
-
-
-def throttle_order(reasons: Iterable[str]) -> list[str]:
-    """Throttle reasons in the one order every screen shows them: THROTTLE_BADGES' (THERM
-    before PWRCAP), unknown ones after, by name; readers and events list them as they come."""
-    rank = {r: i for i, r in enumerate(THROTTLE_BADGES)}
-    return sorted(reasons, key=lambda r: (rank.get(r, len(rank)), str(r)))
 
 
 # What each badge means, for the detail screen and the help.

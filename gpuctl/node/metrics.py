@@ -39,7 +39,7 @@ Flags of a row (``flags``):
     status   a column of ``gpuctl status``
 """
 
-from typing import Dict, FrozenSet, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 Metric = NamedTuple("Metric", [
     ("key", str),      # the wire key in a sample's GPU dict (the GpuSample field, CSV column)
@@ -197,3 +197,35 @@ def fmt(metric, value, suffix=True):
     if unit == "GiB":
         unit = "G"  # the short form status and the list print
     return "%.*f%s" % (metric.digits, v, unit)
+
+
+# Throttle reasons (``protocol.THROTTLE_REASONS`` decodes NVML's bits to them) as the screen
+# names each (its badge), in the one order every screen and suite line shows them (THERM before
+# PWRCAP): the one table of these names, ``core.format``'s too.
+THROTTLE_BADGES = {
+    "sw_thermal": "THERM",
+    "hw_thermal": "HWTHERM",
+    "hw_slowdown": "HWSLOW",
+    "hw_power_brake": "PWRBRAKE",
+    "sw_power_cap": "PWRCAP",
+    "sync_boost": "SYNC",
+}
+_BADGE_RANK = {r: i for i, r in enumerate(("sw_thermal", "hw_thermal", "hw_slowdown",
+                                           "hw_power_brake", "sw_power_cap", "sync_boost"))}
+
+
+def throttle_order(reasons: Iterable[str]) -> List[str]:
+    """Throttle reasons in the one order every screen shows them: THROTTLE_BADGES' (THERM
+    before PWRCAP), unknown ones after, by name; readers and events list them as they come."""
+    return sorted(reasons, key=lambda r: (_BADGE_RANK.get(r, len(_BADGE_RANK)), str(r)))
+
+
+def throttle_badge(reason: str) -> str:
+    """A throttle reason as the screen names it (``sw_thermal`` -> ``THERM``): the acceptance
+    suite's lines and reasons say what the screen says."""
+    return THROTTLE_BADGES.get(reason, str(reason).upper())
+
+
+def throttle_badges(reasons: Iterable[str]) -> List[str]:
+    """``throttle_badge`` of each reason, in the screen's order."""
+    return [throttle_badge(r) for r in throttle_order(reasons)]

@@ -30,6 +30,7 @@ from textual.binding import Binding, BindingType
 from textual.filter import LineFilter
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
+from textual.scrollbar import ScrollBar
 from textual.theme import Theme
 from textual.worker import Worker, WorkerState
 
@@ -64,6 +65,7 @@ from gpuctl.tui.view import TROUBLE_TITLES
 from gpuctl.tui.widgets.heatmap import Heatmap
 from gpuctl.tui.widgets.overview import NodeList
 from gpuctl.tui.widgets.panes import AcceptPane, JobsPane
+from gpuctl.tui.widgets.scrollbar import LineScrollBar
 
 COALESCE_S = 0.1  # how long a flush waits for more samples (p95 paint budget is 300 ms)
 STOP_TIMEOUT_S = 10.0
@@ -134,6 +136,7 @@ class GpuctlApp(App[int]):
         by default the state folder's, kept in memory only for a simulated fleet.
         """
         super().__init__()
+        ScrollBar.renderer = LineScrollBar  # horizontal ones a line, not a row-like block
         self.fleet = fleet
         self.read_only = read_only
         if read_only:

@@ -4,10 +4,8 @@ subprocesses of simulated GPUs) say in their hello how often they sample."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ import pytest
 from gpuctl.cli.common import build_fleet
 from gpuctl.core.model import NodeState
 from gpuctl.fleet.fleet import Fleet
-from gpuctl_tests.helpers import REPO
+from gpuctl_tests.helpers import REPO, wait_until_async
 
 CONFIG = """
 [clusters.slow]
@@ -36,11 +34,8 @@ async def live_intervals(fleet: Fleet) -> dict[str, float]:
     """Each node's sampling interval as its agent's hello said, once every node is live."""
     await fleet.start()
     try:
-        deadline = time.monotonic() + 60
-        while not all(s.state is NodeState.LIVE for s in fleet.snapshots()):
-            if time.monotonic() > deadline:
-                pytest.fail(f"not live: {fleet.snapshots()}")
-            await asyncio.sleep(0.05)  # a poll with a deadline: the agents start on this loop
+        live = lambda: all(s.state is NodeState.LIVE for s in fleet.snapshots())  # noqa: E731
+        await wait_until_async(live, 60, "every node live", now=fleet.snapshots)
         return {name: rt.interval for name, rt in fleet.nodes.items()}
     finally:
         await fleet.stop()

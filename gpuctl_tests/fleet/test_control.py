@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -107,9 +106,6 @@ async def test_link_loss_marks_active_burns_failed_and_the_agent_stops_them() ->
             except FileNotFoundError:
                 return True
 
-        deadline = time.monotonic() + 2
-        while not gone():
-            assert time.monotonic() < deadline, "burner outlived its agent"
-            await asyncio.sleep(0.02)  # polling /proc against the deadline
+        await wait_until_async(gone, 2, "the burner to go with its agent")
     finally:
         await fleet.stop()

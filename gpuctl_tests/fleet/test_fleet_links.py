@@ -3,11 +3,9 @@ watcher runs with the fleet, and a broken config never reaches the fleet."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
-import time
 
 from gpuctl.config import parse_config
 from gpuctl.core.model import NodeState
@@ -60,15 +58,15 @@ async def test_silent_link_is_dropped_and_reconnected() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
     # the dropped agent was killed when its link closed
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def gone() -> bool:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            break
-        await asyncio.sleep(0.05)  # poll interval; the deadline decides
-    else:
-        raise AssertionError(f"agent {pid} outlived its link")
+            return True
+        return False
+
+    await wait_until_async(gone, 10, f"agent {pid} to go with its link")
 
 
 async def test_local_cluster_from_config_streams() -> None:
@@ -79,10 +77,8 @@ async def test_local_cluster_from_config_streams() -> None:
     assert isinstance(fleet, ClusterFleet) and fleet.names == ["sim1", "sim2"]
     await fleet.start()
     try:
-        deadline = time.monotonic() + 20
-        while not all(s.last_sample_t for s in fleet.snapshots()):
-            assert time.monotonic() < deadline, fleet.snapshots()
-            await asyncio.sleep(0.05)  # poll interval; the deadline decides
+        sampled = lambda: all(s.last_sample_t for s in fleet.snapshots())  # noqa: E731
+        await wait_until_async(sampled, 20, "a sample of each node", now=fleet.snapshots)
         assert [len(s.gpus) for s in fleet.snapshots()] == [2, 2]
     finally:
         await fleet.stop()

@@ -13,7 +13,7 @@ import re
 import subprocess
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ from gpuctl_tests.helpers import (
     node_env,
     open_detail,
     wait_fleet,
+    wait_until,
     wait_until_async,
 )
 from gpuctl_tests.helpers import until as until_screen
@@ -135,15 +136,6 @@ def steady_site(_steady: Site) -> Iterator[Site]:
     assert _served(_steady) == before, "this test changes an exporter: give it `site`"
 
 
-async def until(pred: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.05)  # a poll interval: the deadline decides
-    return value
-
-
 def site_fleet(url: str, extra: str = "", **kw: Any) -> Fleet:
     config = parse_config(f'[clusters.site]\nprometheus = "{url}"\n{extra}')
     return fleet_from_config(config, interval=0.5, **kw)
@@ -160,10 +152,7 @@ async def test_the_fleet_reads_every_gpu_from_prometheus(site: Site) -> None:
     fleet.on_event(lambda node, e: events.append((node, e)))
     await fleet.start()
     try:
-        await until(
-            lambda: all_live(fleet.snapshots()),
-            "every node live",
-        )
+        await wait_until_async(lambda: all_live(fleet.snapshots()), 20, "every node live")
         snap = fleet.snapshot("node-b")
         assert snap.link == "prometheus"
         g0, g1 = snap.gpus
@@ -185,14 +174,18 @@ async def test_the_fleet_reads_every_gpu_from_prometheus(site: Site) -> None:
 
         # The GPUs change: the next scrape and poll show it, faults as flags and an XID event.
         site.exporters["node-b"].set(1, util=97, events=0x8 | 0x40, dbe=2, xid=79, dec=40)
-        await until(lambda: fleet.snapshot("node-b").gpus[1].util_gpu == 97, "the new reading")
+        await wait_until_async(
+            lambda: fleet.snapshot("node-b").gpus[1].util_gpu == 97, 20, "the new reading"
+        )
         g1 = fleet.snapshot("node-b").gpus[1]
         assert g1.dec == 40
         assert {"hw_slowdown", "hw_thermal"} <= set(gpu_flags(g1))
         # the ECC counters are slow metrics: asked at the node's turn, within SLOW_EVERY scrapes
-        await until(lambda: "ECC" in gpu_flags(fleet.snapshot("node-b").gpus[1]), "the ECC flag")
-        await until(
-            lambda: [e for n, e in events if n == "node-b" and e.kind == "xid"], "the XID event"
+        await wait_until_async(
+            lambda: "ECC" in gpu_flags(fleet.snapshot("node-b").gpus[1]), 20, "the ECC flag"
+        )
+        await wait_until_async(
+            lambda: [e for n, e in events if n == "node-b" and e.kind == "xid"], 20, "the XID event"
         )
         (xid,) = [e for n, e in events if n == "node-b" and e.kind == "xid"]
         assert (xid.gpu, xid.detail["xid"]) == (1, 79)
@@ -209,7 +202,9 @@ async def test_the_fleet_reads_every_gpu_from_prometheus(site: Site) -> None:
 
         # A node whose exporter stops goes stale by its samples' age; the others stay live.
         site.exporters["node-c"].close()
-        await until(lambda: fleet.snapshot("node-c").state is NodeState.STALE, "node-c stale")
+        await wait_until_async(
+            lambda: fleet.snapshot("node-c").state is NodeState.STALE, 20, "node-c stale"
+        )
         assert fleet.snapshot("node-a").state is NodeState.LIVE
     finally:
         await fleet.stop()
@@ -240,16 +235,16 @@ async def test_an_xid_held_at_discovery_is_told_once(site: Site) -> None:
     fleet.on_wire(on_wire)
     await fleet.start()
     try:
-        await until(lambda: xids, "the XID held at discovery")
+        await wait_until_async(lambda: xids, 20, "the XID held at discovery")
         polls = source.polls
-        await until(lambda: source.polls >= polls + 3, "three more polls")
+        await wait_until_async(lambda: source.polls >= polls + 3, 20, "three more polls")
         await fleet.reconnect("node-a")
-        await until(lambda: hellos.count("node-a") >= 2, "node-a opened again")
+        await wait_until_async(lambda: hellos.count("node-a") >= 2, 20, "node-a opened again")
         polls = source.polls
-        await until(lambda: source.polls >= polls + 3, "three more polls")
+        await wait_until_async(lambda: source.polls >= polls + 3, 20, "three more polls")
         assert xids == [("node-a", 0, 48)]
         site.exporters["node-a"].set(0, xid=79)
-        await until(lambda: len(xids) == 2, "the new XID")
+        await wait_until_async(lambda: len(xids) == 2, 20, "the new XID")
         assert xids[1] == ("node-a", 0, 79)
         assert not [x for x in xids if x[0] != "node-a"]
     finally:
@@ -271,14 +266,14 @@ async def test_slurm_jobs_come_from_the_hpc_job_label(site: Site) -> None:
 
     await fleet.start()
     try:
-        await until(lambda: job("node-b", 1) == "1234", "node-b's job")
-        await until(lambda: job("node-a", 0) == "77,778", "node-a's two jobs")
+        await wait_until_async(lambda: job("node-b", 1) == "1234", 20, "node-b's job")
+        await wait_until_async(lambda: job("node-a", 0) == "77,778", 20, "node-a's two jobs")
         assert job("node-b", 0) is None and job("node-c", 1) is None
         assert slurm_jobs(fleet.snapshot("node-b")) == {"1": ["1234", None]}  # as recorded
         store.take_pending()
         assert store.snaps["node-b"].annotations[1].get("slurm_job") == "1234"
         site.exporters["node-b"].set_jobs(1)
-        await until(lambda: job("node-b", 1) is None, "the job's end")
+        await wait_until_async(lambda: job("node-b", 1) is None, 20, "the job's end")
         assert job("node-a", 0) == "77,778"
     finally:
         await fleet.stop()
@@ -298,15 +293,16 @@ async def test_a_host_that_appears_later_becomes_a_node(store: Store) -> None:
         fleet.subscribe(store.offer)
         await fleet.start()
         try:
-            await until(lambda: fleet.snapshot("node-a").gpus, "node-a's GPUs")
+            await wait_until_async(lambda: fleet.snapshot("node-a").gpus, 20, "node-a's GPUs")
             late = StandInExporter("node-d", sock=sock_d)
             late.set(1, util=55)
-            await until(lambda: "node-d" in fleet.nodes, "node-d added", timeout=30)
-            await until(
+            await wait_until_async(lambda: "node-d" in fleet.nodes, 30, "node-d added")
+            await wait_until_async(
                 lambda: (
                     fleet.snapshot("node-d").state is NodeState.LIVE
                     and fleet.snapshot("node-d").gpus
                 ),
+                20,
                 "node-d live",
             )
             assert [g.util_gpu for g in fleet.snapshot("node-d").gpus] == [10, 55]
@@ -344,7 +340,7 @@ async def test_slurm_jobs_and_users_come_from_squeue(
 
         await fleet.start()
         try:
-            await until(lambda: holders(), "the job's GPU annotated", timeout=60)
+            await wait_until_async(lambda: holders(), 60, "the job's GPU annotated")
             assert holders() == [(job, slurm_cluster.user)]
         finally:
             await fleet.stop()
@@ -363,7 +359,9 @@ async def test_history_comes_from_the_store(steady_site: Site) -> None:
     link.source.history_seconds = 60.0
     await fleet.start()
     try:
-        await until(lambda: fleet.history("node-a", 0).series("util")[0], "a first sample")
+        await wait_until_async(
+            lambda: fleet.history("node-a", 0).series("util")[0], 20, "a first sample"
+        )
         first_seen = fleet.history("node-a", 0).series("util")[0][0]
         assert await fleet.backfill("node-a")
         times, utils = fleet.history("node-a", 0).series("util")
@@ -461,9 +459,8 @@ async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
     assert sorted(fleet.nodes) == list(NODES)  # node-c, MIG only, found too
     await fleet.start()
     try:
-        await until(
-            lambda: all_live(fleet.snapshots(), gpus=2),
-            "every node live with two GPUs",
+        await wait_until_async(
+            lambda: all_live(fleet.snapshots(), gpus=2), 20, "every node live with two GPUs"
         )
         b0, b1 = fleet.snapshot("node-b").gpus
         assert b0.util_gpu == 10 and b0.mem_used == 1000 * MIB  # not in MIG mode: as before
@@ -487,7 +484,7 @@ async def test_a_mig_gpu_is_one_row_summing_its_instances(site: Site) -> None:
         link = fleet.nodes["node-c"].link
         assert isinstance(link, PromLink)
         link.source.history_step = 1.0
-        await until(lambda: time.time() > since + 3, "three seconds of MIG samples")
+        await wait_until_async(lambda: time.time() > since + 3, 20, "three seconds of MIG samples")
         history = await link.source.history("node-b", since, time.time())
         gpu1 = [h for h in history if h.index == 1]
         assert len(gpu1) >= 2
@@ -667,7 +664,9 @@ async def test_a_hosts_sample_is_published_while_another_groups_slow_query_is_ou
         release.set()
         for host in held["slow"]:
             t = held["moved"][host]
-            await until(lambda h=host, t=t: shown.get(h, 0.0) >= t, f"{host}'s new sample")
+            await wait_until_async(
+                lambda h=host, t=t: shown.get(h, 0.0) >= t, 20, f"{host}'s new sample"
+            )
             gpu = fleet.snapshot(host).gpus[0]
             assert gpu.util_gpu == 10 and gpu.ecc == {"volatile_uncorrected": 0}  # not missing
     finally:
@@ -758,11 +757,12 @@ async def test_mixed_watches_through_prometheus_and_acts_through_the_agent(
         assert isinstance(link, PromLink) and link.agent is not None
         await fleet.start()
         try:
-            await until(
+            await wait_until_async(
                 lambda: (
                     fleet.snapshot("localhost").state is NodeState.LIVE
                     and fleet.snapshot("localhost").gpus
                 ),
+                20,
                 "the node live",
             )
             snap = fleet.snapshot("localhost")
@@ -774,11 +774,12 @@ async def test_mixed_watches_through_prometheus_and_acts_through_the_agent(
             )
             assert reply["started"] == [0] and reply["engine"] == "sim"
             assert link._agent_session is not None
-            done = await until(
+            done = await wait_until_async(
                 lambda: (
                     (fleet.snapshot("localhost").burn(0) or {}).get("state") == "done"
                     and fleet.snapshot("localhost").burn(0)
                 ),
+                20,
                 "the burn's end, from the agent's events",
             )
             assert done["verdict"] == "OK"
@@ -805,24 +806,24 @@ async def test_mixed_tells_an_xid_once(store: Store) -> None:
 
         await fleet.start()
         try:
-            await until(lambda: fleet.snapshot("localhost").gpus, "the node's GPUs")
+            await wait_until_async(lambda: fleet.snapshot("localhost").gpus, 20, "the node's GPUs")
             # the agent first (it opens for this request), the store a scrape later
             await fleet.request(
                 "localhost", {"type": "simulate", "action": "xid", "gpu": 0, "xid": 79}
             )
-            await until(lambda: xids, "the agent's XID")
+            await wait_until_async(lambda: xids, 20, "the agent's XID")
             exporter.set(0, xid=79)
-            await until(lambda: store_xid(0) == 79, "the store's XID")
+            await wait_until_async(lambda: store_xid(0) == 79, 20, "the store's XID")
             # the store first, the agent after; then another the agent alone has
             exporter.set(1, xid=48)
-            await until(lambda: (1, 48) in xids, "the store's XID")
+            await wait_until_async(lambda: (1, 48) in xids, 20, "the store's XID")
             for gpu, xid in ((1, 48), (1, 13)):
                 await fleet.request(
                     "localhost", {"type": "simulate", "action": "xid", "gpu": gpu, "xid": xid}
                 )
-            await until(lambda: (1, 13) in xids, "the agent's second XID")
+            await wait_until_async(lambda: (1, 13) in xids, 20, "the agent's second XID")
             polls = source.polls
-            await until(lambda: source.polls >= polls + 2, "two more polls")
+            await wait_until_async(lambda: source.polls >= polls + 2, 20, "two more polls")
             assert xids == [(0, 79), (1, 48), (1, 13)]
         finally:
             await fleet.stop()
@@ -880,10 +881,7 @@ def test_export_re_serves_a_prometheus_cluster(steady_site: Site, tmp_path: Path
             up = [v for lab, v in samples.get("gpuctl_node_up", []) if lab["link"] == "prometheus"]
             return samples if len(up) == 3 and all(up) else None
 
-        deadline = time.monotonic() + 30
-        while not (samples := served()):
-            assert time.monotonic() < deadline, "export never served the three nodes"
-            time.sleep(0.2)  # a poll interval: the deadline decides
+        samples = wait_until(served, 30, "export to serve the three nodes", every=0.2)
     finally:
         exporter.stop()
     assert one(samples, "DCGM_FI_DEV_GPU_UTIL", node="node-b", gpu="1") == 20
@@ -975,24 +973,17 @@ async def test_the_screen_over_prometheus(site: Site, state_dir: Path) -> None:
                 and bool(app.overview.nodes.lines)
             )
 
-        deadline = time.monotonic() + 30
-        while not on_screen():
-            assert time.monotonic() < deadline, "the nodes never showed"
-            await pilot.pause(0.05)
+        await until_screen(pilot, on_screen, "the nodes", 30)
         site.exporters["node-a"].set(0, util=88)
-        deadline = time.monotonic() + 30
-        while app.store.snaps["node-a"].gpus[0].util_gpu != 88:
-            assert time.monotonic() < deadline, "the new reading never showed"
-            await pilot.pause(0.05)
+        reading = lambda: app.store.snaps["node-a"].gpus[0].util_gpu == 88  # noqa: E731
+        await until_screen(pilot, reading, "the new reading", 30)
         await pilot.press("s")
         refused = [n.message for n in app._notifications if n.message.startswith("read-only:")]
         assert refused and "through Prometheus" in refused[0]
         # the detail screen asks the store for the node's history
         await pilot.press("enter")
-        deadline = time.monotonic() + 30
-        while "node-a" not in fleet._backfilled:
-            assert time.monotonic() < deadline, "the detail screen never asked for history"
-            await pilot.pause(0.05)
+        asked = lambda: "node-a" in fleet._backfilled  # noqa: E731
+        await until_screen(pilot, asked, "the detail screen to ask for history", 30)
         assert isinstance(app.screen, DetailScreen) and app.screen.node == "node-a"
 
 

@@ -11,7 +11,6 @@ import base64
 import http.server
 import json
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from gpuctl_tests.harness.prometheus import (
     make_tls,
     prometheus,
 )
+from gpuctl_tests.helpers import until
 
 pytestmark = pytest.mark.prometheus  # a real /usr/bin/prometheus: the full lane only
 
@@ -229,20 +229,20 @@ async def test_the_screen_over_https_with_basic_auth(tls_site: TlsSite, tmp_path
     )
     app = GpuctlApp(fleet, read_only=True, state_dir=tmp_path / "state")
     async with app.run_test(size=(120, 30)) as pilot:
-        deadline = time.monotonic() + 30
-        while not (
-            (snap := app.store.snaps.get("node-t")) is not None
-            and snap.state is NodeState.LIVE
-            and [g.util_gpu for g in snap.gpus] == [10, 20]
-            and app.overview.nodes.lines
-        ):
-            assert time.monotonic() < deadline, "node-t never showed"
-            await pilot.pause(0.05)
+
+        def shown() -> bool:
+            snap = app.store.snaps.get("node-t")
+            return (
+                snap is not None
+                and snap.state is NodeState.LIVE
+                and [g.util_gpu for g in snap.gpus] == [10, 20]
+                and bool(app.overview.nodes.lines)
+            )
+
+        await until(pilot, shown, "node-t on screen", 30)
         tls_site.exporter.set(1, util=66)
-        deadline = time.monotonic() + 30
-        while app.store.snaps["node-t"].gpus[1].util_gpu != 66:
-            assert time.monotonic() < deadline, "the new reading never showed"
-            await pilot.pause(0.05)
+        reading = lambda: app.store.snaps["node-t"].gpus[1].util_gpu == 66  # noqa: E731
+        await until(pilot, reading, "the new reading", 30)
 
 
 def secret(folder: Path, text: str) -> Path:

@@ -12,7 +12,6 @@ import stat
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -340,14 +339,11 @@ async def test_a_fast_replay_loses_no_sample(recording: Path) -> None:
     await fleet.start()
     play = asyncio.create_task(replayer.play())
     try:
-        deadline = time.monotonic() + 20
 
         def got() -> dict[str, list[float]]:
             return {n: fleet.history(n, 0).series("util")[0] for n in want}
 
-        while got() != want:
-            assert time.monotonic() < deadline, (got(), want)
-            await asyncio.sleep(0.05)  # a poll interval: the deadline decides
+        await wait_until_async(lambda: got() == want, 20, f"the history {want}", now=got)
         assert replayer.samples_played == sum(len(v) for v in want.values())
     finally:
         play.cancel()

@@ -9,7 +9,6 @@ import asyncio
 import csv
 import io
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from gpuctl.fleet.recording.writer import RecordingWriter
 from gpuctl.fleet.session import AgentSession, LinkError, decode_line, statics
 from gpuctl.node import protocol
 from gpuctl.node.readers.sim import SimReader
+from gpuctl_tests.helpers import wait_until_async
 
 PROTOCOL1 = Path(__file__).parent / "recordings" / "protocol1-demo.gpurec"
 
@@ -189,10 +189,8 @@ async def replayed(path: Path) -> dict[str, tuple[GpuSample, ...]]:
     await fleet.start()
     play = asyncio.create_task(replayer.play())
     try:
-        deadline = time.monotonic() + 20
-        while any(fleet.snapshot(n).last_sample_t != t for n, t in last.items()):
-            assert time.monotonic() < deadline, "the replay did not reach its end"
-            await asyncio.sleep(0.05)  # a poll interval: the deadline decides
+        ended = lambda: all(fleet.snapshot(n).last_sample_t == t for n, t in last.items())  # noqa: E731
+        await wait_until_async(ended, 20, "the replay to reach its end")
         return {n: fleet.snapshot(n).gpus for n in last}
     finally:
         play.cancel()

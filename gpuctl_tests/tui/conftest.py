@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from gpuctl.fleet.fixed_links import FailingLink, ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import NodeLink
 from gpuctl.tui import GpuctlApp, make_app
+from gpuctl_tests.helpers import until
 
 T0 = 1_700_000_000.0
 SAMPLES = 40
@@ -74,7 +74,6 @@ async def settle(pilot: Pilot[Any], timeout: float = 15.0) -> None:
     """Wait until every replayed node shows its last sample (or its failure) on screen."""
     app = pilot.app
     assert isinstance(app, GpuctlApp)
-    deadline = time.monotonic() + timeout
 
     def done() -> bool:
         snaps = app.store.snaps
@@ -87,18 +86,13 @@ async def settle(pilot: Pilot[Any], timeout: float = 15.0) -> None:
             and not app._flush_scheduled
         )
 
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"replayed fleet did not settle: {app.store.snaps}")
-        await pilot.pause(0.05)
+    await until(pilot, done, "the replayed fleet to settle", timeout)
     app.fleet.annotate("gpu-a01", 0, slurm_job="48213", slurm_user="alice")
     app.fleet.annotate(
         "gpu-a01", 2, burn={"state": "running", "engine": "torch", "tflops": 612.0, "errors": 0}
     )
-    while app.store.pending or app._flush_scheduled:
-        if time.monotonic() > deadline:
-            raise AssertionError("annotations did not reach the screen")
-        await pilot.pause(0.05)
+    flushed = lambda: not app.store.pending and not app._flush_scheduled  # noqa: E731
+    await until(pilot, flushed, "the annotations to reach the screen", timeout)
     app.clear_notifications()
     await pilot.pause()
 

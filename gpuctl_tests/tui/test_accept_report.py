@@ -11,15 +11,15 @@ from typing import Any
 
 from textual.widgets import DataTable, Static
 
-from gpuctl.accept.run import AcceptOptions, AcceptRun, Progress
+from gpuctl.accept.run import Progress
 from gpuctl.tui import make_app
 from gpuctl.tui.screens.accept_report import AcceptReportScreen
 from gpuctl.tui.text import short_path
-from gpuctl.tui.widgets.panes import AcceptPane
 from gpuctl_tests.helpers import until
 from gpuctl_tests.tui.conftest import NOW, replay_fleet
 from gpuctl_tests.tui.test_accept_sim import heated_run
 from gpuctl_tests.tui.test_hostile import drawn
+from gpuctl_tests.tui.test_panes import shown_run
 
 
 def heated_report(tmp_path: Path) -> dict[str, Any]:
@@ -89,10 +89,7 @@ async def test_the_report_path_of_a_finished_run_fits_80_columns(tmp_path: Path)
     app = make_app(replay_fleet(), state_dir=tmp_path, clock=lambda: NOW)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("3")
-        pane = app.overview.query_one(AcceptPane)
-        run = AcceptRun(["gpu-a01"], AcceptOptions(quick=True), "agent")
-        pane.start(run)
-        run.subscribe(pane.progress)
+        _pane, run = shown_run(app)
         name = "accept-cluster-20261129-075101.json"
         run.report_paths = [Path.home() / ".local/state/gpuctl/reports" / name]
         run.emit(Progress("", "finished", verdict="FAIL"))

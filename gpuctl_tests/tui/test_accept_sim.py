@@ -153,3 +153,18 @@ def test_the_burning_gpus_heat_shows_in_a_simulated_run(tmp_path: Path) -> None:
     health = report["sections"]["health"]
     assert [g["verdict"] for g in health["gpus"]] == ["PASS", "WARN", "PASS", "PASS"]
     assert health["gpus"][1]["throttle"] == ["sw_thermal"]
+
+
+def test_the_suite_lines_name_throttling_as_the_screen_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39.10: the acceptance pane showed ``[HEALTH] ... throttle sw_thermal`` where the
+    GPU list and the report say THERM; the report's data keeps NVML's names."""
+    report = heated_run(tmp_path, "--report-dir", str(tmp_path), "--report-name", "r.json")
+    lines = capsys.readouterr().out.splitlines()
+    health = [ln for ln in lines if ln.startswith("[HEALTH] gpu1 ")]
+    assert health and "throttle THERM  WARN" in health[0], health
+    assert not [ln for ln in lines if "sw_thermal" in ln]
+    gpu1 = report["sections"]["health"]["gpus"][1]
+    assert gpu1["reason"] == "throttled during COMPUTE: THERM"
+    assert gpu1["throttle"] == ["sw_thermal"]

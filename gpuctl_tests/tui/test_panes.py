@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from rich.text import Text
-from textual.widgets import DataTable, Log, Static
+from textual.widgets import DataTable, Log, RichLog, Static
 
 from gpuctl.accept.history import HistoryStore
 from gpuctl.accept.run import AcceptOptions, AcceptRun, NodeOutcome, Progress, outcome_from_report
@@ -515,6 +515,65 @@ async def test_acceptance_matrix_words_are_whole_verdict_first_and_the_trend_sho
         log = pane.query_one("#accept-log")
         shown = "".join(strip.text for strip in log.lines)  # type: ignore[attr-defined]
         assert "the one line that matters" in shown
+
+
+@pytest.mark.parametrize(("pane", "table_id"), [("2", "#jobs-table"), ("3", "#accept-table")])
+async def test_a_tables_scrollbar_is_a_line_not_one_more_selected_row(
+    tmp_path: Path, pane: str, table_id: str
+) -> None:
+    """Issue 39.10: at 80 columns the jobs table and the acceptance matrix scroll sideways, and
+    their scrollbar, a block of colour as wide as the table right under its rows, looked like
+    one more row, the selected one."""
+    from gpuctl_tests.tui.test_snapshots import job_store_with_three_jobs
+
+    fill_history(tmp_path / "accept.sqlite")
+    store = job_store_with_three_jobs(tmp_path)
+    app = make_app(replay_fleet(), state_dir=tmp_path, clock=lambda: NOW, job_store=store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press(pane)
+        table = app.overview.query_one(table_id, DataTable)
+        await until(pilot, lambda: table.row_count, "the table's rows")
+        await pilot.pause()
+        bar = table.horizontal_scrollbar
+        assert table.show_horizontal_scrollbar and bar.size.width > 40  # it scrolls sideways
+        options = app.console.options.update_dimensions(bar.size.width, 1)
+        cells = [seg for seg in app.console.render(bar.render(), options) if seg.text.strip("\n")]
+        assert sum(len(seg.text) for seg in cells) == bar.size.width
+        # every cell a line glyph, no block of colour: a thumb and a track
+        assert {ch for seg in cells for ch in seg.text} == {"━", "─"}, cells
+        assert not any(seg.style and seg.style.reverse for seg in cells)
+        # over the table's own background, not a colour of its own
+        table_bg = table.styles.background.rich_color
+        assert {seg.style.bgcolor for seg in cells if seg.style} == {table_bg}
+
+
+def shown_run(app: GpuctlApp, node: str = "gpu-a01") -> tuple[AcceptPane, AcceptRun]:
+    """A quick run on ``node`` shown in the acceptance pane (its progress fed to the pane)."""
+    pane = app.overview.query_one(AcceptPane)
+    run = AcceptRun([node], AcceptOptions(quick=True), "agent")
+    pane.start(run)
+    run.subscribe(pane.progress)
+    return pane, run
+
+
+async def test_the_suite_output_wraps_at_80_columns_without_scrolling_sideways(
+    tmp_path: Path,
+) -> None:
+    """At 80x24 the suite's lines were laid out 78 cells wide (RichLog's min_width) in a log
+    74 wide: the ends of lines hidden, a horizontal scrollbar under them."""
+    app = make_app(replay_fleet(), state_dir=tmp_path, clock=lambda: NOW)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        pane, run = shown_run(app)
+        text = "[DDP] PASS (0.0 s): simulated: 4 ranks, identical parameters after 50 steps"
+        run.emit(Progress("gpu-a01", "line", section="ddp", text=text))
+        await pilot.pause()
+        log = pane.query_one("#accept-log", RichLog)
+        width = log.scrollable_content_region.width
+        assert 0 < width < 78 and log.virtual_size.width <= width, (width, log.virtual_size)
+        assert not log.show_horizontal_scrollbar
+        shown = " ".join(strip.text.strip() for strip in log.lines)
+        assert f"gpu-a01: {text}" in shown, shown
 
 
 def passing_agent(req: dict[str, Any]) -> list[dict[str, Any]]:

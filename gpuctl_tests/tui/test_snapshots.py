@@ -58,7 +58,7 @@ def test_detail(snap_compare: Compare, tmp_path: Path) -> None:
     assert snap_compare(app, terminal_size=SIZE, run_before=prepare("down", "down", "enter"))
 
 
-@pytest.mark.slow
+@pytest.mark.unit  # in the unit lane too, with the 120x40 ones of test_snapshots_sizes
 def test_help(snap_compare: Compare, tmp_path: Path) -> None:
     app = replay_app(tmp_path, read_only=True)
     assert snap_compare(app, terminal_size=SIZE, run_before=prepare("question_mark"))

@@ -2,7 +2,8 @@
 fits a small terminal (badges, the burn, the footer) and what a large one adds.
 
 Update after a deliberate change with ``pytest gpuctl_tests/tui --snapshot-update`` and look at
-the SVGs before committing them.
+the SVGs before committing them. The 120x40 ones (overview, heatmap, detail) are in the unit
+lane too (``pytest.mark.unit``), so a screen's change shows before the full lane.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from gpuctl_tests.tui.test_snapshots import prepare
 
 Compare = Callable[..., bool]
 SIZES = [(80, 24), (120, 40), (200, 60)]
+UNIT_AT_120 = [
+    pytest.param(size, marks=pytest.mark.unit if size == (120, 40) else pytest.mark.slow)
+    for size in SIZES
+]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("size", UNIT_AT_120, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_overview(snap_compare: Compare, tmp_path: Path, size: tuple[int, int]) -> None:
     assert snap_compare(replay_app(tmp_path), terminal_size=size, run_before=prepare())
 
@@ -33,15 +37,13 @@ def test_read_only_overview(snap_compare: Compare, tmp_path: Path, size: tuple[i
     assert snap_compare(app, terminal_size=size, run_before=prepare())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("size", UNIT_AT_120, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_heatmap(snap_compare: Compare, tmp_path: Path, size: tuple[int, int]) -> None:
     app = replay_app(tmp_path)
     assert snap_compare(app, terminal_size=size, run_before=prepare("m", "right"))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("size", UNIT_AT_120, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_detail(snap_compare: Compare, tmp_path: Path, size: tuple[int, int]) -> None:
     app = replay_app(tmp_path)
     assert snap_compare(

@@ -74,7 +74,7 @@ def test_burn_traces_every_gpu_and_fails_throttling_and_a_sagging_clock(tmp_path
     assert set(g3["power_w"]) == {412.3} and set(g1["temp_c"]) == {91}
     assert set(g0["sm_clock_mhz"]) == {1755} and set(g0["throttle"]) == {4}
     assert g0["verdict"] == "PASS"  # a power cap is not a failure
-    assert g1["verdict"] == "FAIL" and g1["reason"] == f"throttled hw_thermal for {n} of {n} s"
+    assert g1["verdict"] == "FAIL" and g1["reason"] == f"throttled HWTHERM for {n} of {n} s"
     assert g2["verdict"] == "PASS"
     # medians 1755, 1740, 1770, 1500: node median 1747.5, MAD 15 -> 5% (87.4 MHz) allowed
     assert res["node_sm_clock_median"] == 1747.5
@@ -82,9 +82,12 @@ def test_burn_traces_every_gpu_and_fails_throttling_and_a_sagging_clock(tmp_path
         "SM clock 1500 MHz is 14.2% below the node's median 1747.5 MHz (allowed 5.0%)"
     )
     assert res["failures"] == [
-        f"burn gpu1: throttled hw_thermal for {n} of {n} s",
+        f"burn gpu1: throttled HWTHERM for {n} of {n} s",
         "burn gpu3: SM clock 1500 MHz is 14.2% below the node's median 1747.5 MHz (allowed 5.0%)",
     ]
+    # its line in the screen's names: THERM, HWTHERM, PWRCAP (not sw_thermal)
+    (line,) = [ln for ln in out["lines"] if ln.startswith("gpu1 ")]
+    assert f"throttle HWTHERM {n} s  FAIL" in line, line
     # the rendered report draws the three traces, each GPU with its index as the marker
     rendered = "\n".join(out["rendered"])
     for title in ("[BURN] power (W)", "[BURN] SM clock (MHz)", "[BURN] temperature (C)"):

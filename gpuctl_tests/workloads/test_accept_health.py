@@ -37,11 +37,13 @@ nv.stop_throttle_watch()
 suite = Suite(parse_args(["--device", "cuda"]), None, None)
 suite.nvml = nv
 suite.gpus = [{"index": i} for i in range(3)]
-class Quiet:
+class Lines:
+    lines = []
     def line(self, text, section=None):
-        pass
-suite.out = Quiet()
+        self.lines.append(text)
+suite.out = Lines()
 res = health.run(suite)
+res["lines"] = Lines.lines
 res["pcie0"] = list(nv.pcie(0))
 json.dump(res, sys.stdout)
 """
@@ -77,6 +79,10 @@ def test_health_names_ecc_remapping_xid_and_throttling_per_gpu(tmp_path: Path) -
     assert "row remapping pending" in g1["reason"] and "XID 79" in g1["reason"]
     assert g1["xids"] == [79] and g0["xids"] == []
     assert g2["verdict"] == "FAIL" and g2["throttle"] == ["hw_slowdown", "sw_thermal"]
+    # the lines the acceptance pane shows and the reason say the screen's names, in its order
+    assert g2["reason"] == "throttled during COMPUTE: HWSLOW"
+    (line,) = [ln for ln in res["lines"] if ln.startswith("gpu2 ")]
+    assert "throttle THERM HWSLOW," in line and "sw_thermal" not in line, line
     assert res["verdict"] == "FAIL" and len(res["failures"]) == 2
     assert res["pcie0"][2:] == [5, 16]  # max link gen/width as NVML reports them
 

@@ -84,7 +84,7 @@ def test_prolog_checks_build_and_health_without_torch_or_load(tmp_path: Path) ->
     assert "shape gpu0: PCIe x8, capable of x16" in failures  # the width is judged
     assert not any("Gen1" in f for f in failures)  # an idle GPU's generation is not
     assert any(f.startswith("health gpu1:") and "2 uncorrectable ECC" in f for f in failures)
-    assert any(f.startswith("health gpu2:") and "throttled now: hw_slowdown" in f for f in failures)
+    assert any(f.startswith("health gpu2:") and "throttled now: HWSLOW" in f for f in failures)
     assert out.splitlines()[-1].startswith("[RESULT] FAILURE")
 
 

@@ -163,7 +163,9 @@ class AcceptPane(Vertical):
             cursor_foreground_priority="renderable",
         )
         # Wrapped: the one line that says why a section failed is often the longest.
-        yield RichLog(id="accept-log", max_lines=500, wrap=True, markup=False)
+        # Wrapped at its own width: RichLog's default min_width (78) made the lines wider than
+        # the log at 80 columns, cut at the right under a horizontal scrollbar.
+        yield RichLog(id="accept-log", max_lines=500, wrap=True, markup=False, min_width=1)
 
     def on_mount(self) -> None:
         """The verdict, node, age and trend first (all four show at 120 columns), then the

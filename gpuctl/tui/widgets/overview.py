@@ -117,6 +117,7 @@ class NodeList(ScrollView, can_focus=True):
         "nodelist--badge",
         "nodelist--job",
         "nodelist--burn",
+        "nodelist--burn-ended",
         "nodelist--spark",
         "nodelist--cursor",
         "nodelist--util",
@@ -733,6 +734,11 @@ def _every_row(n: int) -> tuple[int, ...]:
     return tuple(range(n))
 
 
+# A burn's colour by its state: a finished one dimmed (its verdict stays a minute), a failed one
+# red as a fault; starting and running ones in the burn's own colour.
+BURN_CLASSES = {"done": "nodelist--burn-ended", "failed": "nodelist--badge"}
+
+
 def burn_text(burn: BurnState, now: float | None = None, rate: bool = True) -> str:
     """The burn column of a GPU row, e.g. BURN 412 TF/s 0 err 14m left, from a burn
     annotation (the time left when ``now`` is given and the burn runs; the TF/s unless not
@@ -961,7 +967,8 @@ def _draw_rest(r: Row, w: int, _gap: str) -> list[Segment]:
         used = sum(seg.cell_length for seg in segs) + len(owner)
         if used + len(text) + 2 > w:
             text = node_str(burn_text(burn, now, rate=False), limit=TEXT_LIMIT)
-        segs.append(Segment(text + "  ", st("nodelist--burn")))
+        cls = BURN_CLASSES.get(burn.get("state") or "", "nodelist--burn")
+        segs.append(Segment(text + "  ", st(cls)))
     if owner:
         segs.append(Segment(owner, st("nodelist--job")))
     return segs

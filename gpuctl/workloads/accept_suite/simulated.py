@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gpuctl.node.metrics import throttle_badges
+
 from . import peaks
 from .sections.health import BAD_THROTTLE, WARN_THROTTLE
 
@@ -313,14 +315,15 @@ def runners(facts_path: str) -> "dict[str, Runner]":
             problems = [f"XID {','.join(map(str, xids))} during the run"] if xids else []
             hw = [t for t in throttle if t in BAD_THROTTLE]
             if hw:
-                problems.append(f"throttled during COMPUTE: {','.join(hw)}")
+                problems.append(f"throttled during COMPUTE: {' '.join(throttle_badges(hw))}")
             soft = [t for t in throttle if t in WARN_THROTTLE]
             verdict, reason = "PASS", None
             if problems:
                 verdict, reason = "FAIL", "; ".join(problems)
                 failures.append(f"health gpu{g['index']}: {reason}")
             elif soft:
-                verdict, reason = "WARN", f"throttled during COMPUTE: {','.join(soft)}"
+                soft_words = " ".join(throttle_badges(soft))
+                verdict, reason = "WARN", f"throttled during COMPUTE: {soft_words}"
                 warns.append(f"health gpu{g['index']}: {reason} at {g.get('temp')} C")
             rows.append(
                 {
@@ -346,7 +349,7 @@ def runners(facts_path: str) -> "dict[str, Runner]":
             )
             suite.out.line(
                 f"gpu{g['index']} XID {xids or 'none'}, throttle "
-                f"{','.join(throttle) or 'none'}  {verdict}"
+                f"{' '.join(throttle_badges(throttle)) or 'none'}  {verdict}"
             )
         verdict = "FAIL" if failures else ("WARN" if warns else "PASS")
         return {

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import IO, TYPE_CHECKING, Any
 
+from gpuctl.node.metrics import throttle_badge, throttle_order
 from gpuctl.node.proc import json_object, spawn, stop_group
 from gpuctl.node.protocol import MAX_DURATION_CEILING, decode_throttle, parse_seconds
 
@@ -218,7 +219,7 @@ def judge(
         g["power_max_w"] = max(powers) if powers else None
         g["temp_max_c"] = max(temps) if temps else None
         g["problems"] = [
-            f"throttled {name} for {seen[name]} of {len(g['throttle'])} s"
+            f"throttled {throttle_badge(name)} for {seen[name]} of {len(g['throttle'])} s"
             for name in BAD_THROTTLE
             if seen.get(name)
         ]
@@ -241,10 +242,12 @@ def judge(
         g["reason"] = "; ".join(g.pop("problems")) or None
         if g["reason"]:
             failures.append(f"burn {g['label']}: {g['reason']}")
+        took = g["throttle_seconds"]
+        held = ", ".join(f"{throttle_badge(k)} {took[k]} s" for k in throttle_order(took))
         suite.out.line(
             f"{g['label']} max {g['power_max_w']} W, max {g['temp_max_c']} C, median SM clock "
             f"{g['sm_clock_median']} MHz, throttle "
-            + (", ".join(f"{k} {v} s" for k, v in sorted(g["throttle_seconds"].items())) or "none")
+            + (held or "none")
             + f"  {g['verdict']}"
             + (f" ({g['reason']})" if g["reason"] else "")
         )

@@ -3,6 +3,7 @@ kernel log and PCIe AER counters read from the node (``nodehealth``)."""
 
 from typing import TYPE_CHECKING, Any
 
+from gpuctl.node.metrics import throttle_badges
 from gpuctl.workloads.accept_suite import nodehealth
 
 if TYPE_CHECKING:
@@ -72,21 +73,21 @@ def run(suite: "Suite") -> "dict[str, Any]":
             problems.append(f"XID {','.join(str(x) for x in h['xids'])} during the run")
         hw = [t for t in h["throttle"] if t in BAD_THROTTLE]
         if hw:
-            problems.append(f"throttled {when}: {','.join(hw)}")
+            problems.append(f"throttled {when}: {' '.join(throttle_badges(hw))}")
         soft = [t for t in h["throttle"] if t in WARN_THROTTLE]
         if problems:
             h["verdict"], h["reason"] = "FAIL", "; ".join(problems)
             failures.append(f"health gpu{i}: {h['reason']}")
         elif soft or notes:
             if soft:
-                notes.insert(0, f"throttled {when}: {','.join(soft)}")
+                notes.insert(0, f"throttled {when}: {' '.join(throttle_badges(soft))}")
             h["verdict"], h["reason"] = "WARN", "; ".join(notes)
             warns.append(i)
         gpus.append(h)
         suite.out.line(
             f"gpu{i} ECC uncorrected {h['ecc_uncorrected_volatile']}, "
             f"remapped rows {rows or None}, XID {h['xids'] or 'none'}, "
-            f"throttle {','.join(h['throttle']) or 'none'}, "
+            f"throttle {' '.join(throttle_badges(h['throttle'])) or 'none'}, "
             f"kernel-log XID {[x['xid'] for x in h['kernel_xids']] or 'none'}, "
             f"AER {_aer_text(h['aer'])}  {h['verdict']}"
             + (f" ({h['reason']})" if h["reason"] else "")
