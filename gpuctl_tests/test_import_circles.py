@@ -18,10 +18,6 @@ from gpuctl_tests.helpers import REPO
 PACKAGE = REPO / "gpuctl"
 
 LEFT = {
-    frozenset({"gpuctl.context", "gpuctl.service"}): (
-        "the session's context decides read-only mode by service's rule, and service's Guard "
-        "asks the process's context when no decision was handed to it"
-    ),
     frozenset(
         {
             "gpuctl.jobs.debug",
