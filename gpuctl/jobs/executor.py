@@ -19,14 +19,12 @@ import dataclasses
 import fnmatch
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 import pickle
 import re
 import shlex
 import sys
-import sysconfig
 import threading
 import time
 import types
@@ -157,37 +155,6 @@ def _size(value: int | str | None, what: str) -> int | None:
     return n
 
 
-@functools.cache
-def _installed_roots() -> tuple[str, ...]:
-    """The folders Python's own and installed modules live in (stdlib, site-packages)."""
-    paths = sysconfig.get_paths()
-    bases = (paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib"))
-    return tuple(os.path.realpath(b) + os.sep for b in bases if b)
-
-
-@functools.lru_cache(maxsize=65536)
-def _is_user_file(path: str) -> bool:
-    real = os.path.realpath(path)
-    if real.startswith(_installed_roots()):
-        return False
-    return "site-packages" not in real and "dist-packages" not in real
-
-
-def _is_user_module(name: str) -> bool:
-    """True for a module imported from a file outside the standard library and site-packages."""
-    mod = sys.modules.get(name)
-    path = getattr(mod, "__file__", None)
-    if mod is None or not isinstance(path, str) or not path or name == "__main__":
-        return False
-    return name.split(".")[0] != "gpuctl" and _is_user_file(path)
-
-
-@functools.cache
-def _installed_top_levels() -> frozenset[str]:
-    """Top-level import names that belong to an installed distribution (editable ones too)."""
-    return frozenset(importlib.metadata.packages_distributions())
-
-
 _BY_VALUE_LOCK = threading.Lock()
 _BY_VALUE_USERS: dict[str, int] = {}  # module name -> submits that registered it and pickle now
 
@@ -204,12 +171,12 @@ def register_by_value(obj: object, ships: Callable[[str], bool] | None = None) -
     Returns the names registered by this call (none registered before), for
     ``unregister_by_value``."""
     names = [getattr(obj, "__module__", None), *list(sys.modules)]
-    installed = _installed_top_levels()
+    installed = usercode.installed_top_levels()
     done: list[str] = []
     with _BY_VALUE_LOCK:
         before = cloudpickle.list_registry_pickle_by_value()
         for name in names:
-            if not isinstance(name, str) or not _is_user_module(name) or name in done:
+            if not isinstance(name, str) or not usercode.is_user_module(name) or name in done:
                 continue
             if name != names[0] and name.split(".")[0] in installed:
                 continue  # an editable install of a package: VENV2 is expected to have it
@@ -1445,17 +1412,4 @@ def attach(
 
             store = (Context.of(config) if config is not None else current()).job_store()
         record = store.find(record)
-    backend = targets.backend_of(record.backend, record.id, config)
-    job = Job(
-        record.id,
-        record.name,
-        record.target,
-        backend,
-        record.jobdir,
-        record.backend.get("handle", Handle()).copy(),
-        store,
-        record.created_at,
-        watch=watch,
-    )
-    job._restore(record)
-    return job
+    return Job.of_record(record, store, config, watch=watch)

@@ -29,7 +29,7 @@ import cloudpickle
 
 from gpuctl import service
 from gpuctl.core import wire
-from gpuctl.jobs import _chunk
+from gpuctl.jobs import _chunk, targets
 from gpuctl.jobs.backends import Backend, SlurmBackend
 from gpuctl.jobs.hosts import BinaryReader, HostError, LocalHost
 from gpuctl.jobs.records import (
@@ -71,6 +71,8 @@ from gpuctl.node import jobfiles, proc
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+
+    from gpuctl.config import Config
 
 T = TypeVar("T")
 
@@ -954,6 +956,32 @@ class Job(concurrent.futures.Future[Any]):
             )
         )
 
+    @classmethod
+    def of_record(
+        cls,
+        record: JobRecord,
+        store: JobStore | None,
+        config: Config | None = None,
+        *,
+        watch: bool = True,
+    ) -> Job:
+        """The ``Job`` of a stored record, its backend rebuilt from the record
+        (``targets.backend_of``: ``config``'s nodes, else the session's); what
+        ``executor.attach`` and an unpickled Job build."""
+        job = cls(
+            record.id,
+            record.name,
+            record.target,
+            targets.backend_of(record.backend, record.id, config),
+            record.jobdir,
+            record.backend.get("handle", Handle()).copy(),
+            store,
+            record.created_at,
+            watch=watch,
+        )
+        job._restore(record)
+        return job
+
     def _restore(self, record: JobRecord) -> None:
         """Take what the store knows of the job: the state last seen, the last heartbeat, the
         process whose queue holds it. A job that ended before it started (``never_started``, or
@@ -1140,15 +1168,13 @@ def _handle(
 ) -> Job:
     """A pickled Job unpickled: attached again, from its row when the store has it (the row
     knows more: the handle a queued job got since, its end), else from what was pickled."""
-    from gpuctl.jobs.executor import attach  # executor imports this module
-
     store = JobStore(store_path) if store_path else None
     rec = store.get(job_id) if store is not None else None
     if rec is not None and rec.jobdir != jobdir:  # a rank of a job of several tasks: the row
         store = rec = None  # is the whole job's, not the rank's
     if rec is None or rec.id != job_id:
         rec = JobRecord(job_id, name, target, backend, jobdir, "submitted", created_at)
-    return attach(rec, store)
+    return Job.of_record(rec, store)
 
 
 def queue_owner() -> QueuedBy:
