@@ -3,13 +3,14 @@ what really happened (see ``report``). VENV1 (``gpuctl/node/supervisor.py``) sup
 (``gpuctl/workloads/worker.py``) runs the function.
 
 Modules: ``executor`` (``Executor``, ``remote``, ``attach``), ``job`` (a submitted ``Job``),
-``provision`` (VENV2), ``targets`` (which backend a target names), ``backends`` (local, SSH,
-Slurm), ``hosts`` (files and commands on a host), ``report`` (why a job failed), ``store`` (the
-job store)."""
+``pickling`` (what a call pickles into), ``provision`` (VENV2), ``targets`` (which backend a
+target names), ``backends`` (local, SSH, Slurm), ``hosts`` (files and commands on a host),
+``report`` (why a job failed), ``store`` (the job store)."""
 
-from gpuctl.jobs.executor import Executor, Unpicklable, attach, remote
+from gpuctl.jobs.executor import Executor, attach, remote
 from gpuctl.jobs.hosts import HostError
 from gpuctl.jobs.job import Job, JobCancelled, JobFailed, RemoteTraceback
+from gpuctl.jobs.pickling import Unpicklable
 from gpuctl.jobs.provision import EnvSpec, EnvSpecError
 from gpuctl.jobs.report import FailureReport
 from gpuctl.jobs.store import JobNotFound, JobRecord, JobStore, StoreError
