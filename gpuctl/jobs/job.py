@@ -2,7 +2,7 @@
 
 A ``Job`` reads its folder on the target's host (``outcome.json``, heartbeats, status lines) and
 asks its backend what the scheduler knows; once the job is over it classifies what happened
-(``gpuctl.jobs.report``) and keeps the end in the job store. ``JobFailed`` is a system failure
+(``gpuctl.jobs.classify``) and keeps the end in the job store. ``JobFailed`` is a system failure
 (its message is the report); ``RemoteTraceback`` is the node's traceback attached to a user
 exception raised again here.
 """
@@ -31,6 +31,16 @@ from gpuctl import service
 from gpuctl.core import wire
 from gpuctl.jobs import _chunk, targets
 from gpuctl.jobs.backends import Backend, SlurmBackend
+from gpuctl.jobs.classify import (
+    JobFiles,
+    classify,
+    combine_ranks,
+    end_notes,
+    name_cells,
+    parse_status,
+    shm_note,
+    unreachable_report,
+)
 from gpuctl.jobs.hosts import BinaryReader, HostError, LocalHost
 from gpuctl.jobs.records import (
     Attempt,
@@ -45,18 +55,7 @@ from gpuctl.jobs.records import (
     SchedulerState,
     WorkerError,
 )
-from gpuctl.jobs.report import (
-    REMEDIES,
-    FailureReport,
-    JobFiles,
-    classify,
-    combine_ranks,
-    end_notes,
-    name_cells,
-    parse_status,
-    shm_note,
-    unreachable_report,
-)
+from gpuctl.jobs.report import REMEDIES, FailureReport
 from gpuctl.jobs.store import (
     FINAL_STATES,
     ITEMS_FAILED,
