@@ -40,10 +40,9 @@ from gpuctl.jobs.job import (
     SUBMITTER_PYTHON,
     Job,
     JobFailed,
-    JobQueue,
     RemoteTraceback,
-    queue_owner,
 )
+from gpuctl.jobs.jobqueue import JobQueue, queue_owner
 from gpuctl.jobs.pickling import (
     DEFAULT_MAX_PAYLOAD,
     SHARED_ABOVE,

@@ -9,20 +9,16 @@ exception raised again here.
 
 from __future__ import annotations
 
-import atexit
-import collections
 import concurrent.futures
 import contextlib
 import dataclasses
 import glob
 import logging
 import os
-import socket
 import sys
 import threading
 import time
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
@@ -42,6 +38,7 @@ from gpuctl.jobs.classify import (
     unreachable_report,
 )
 from gpuctl.jobs.hosts import BinaryReader, HostError, LocalHost
+from gpuctl.jobs.jobqueue import owner_gone
 from gpuctl.jobs.records import (
     Attempt,
     BackendInfo,
@@ -66,7 +63,8 @@ from gpuctl.jobs.store import (
     StoreError,
     shown_state,
 )
-from gpuctl.node import jobfiles, proc
+from gpuctl.jobs.watcher import WATCHER
+from gpuctl.node import jobfiles
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
@@ -81,7 +79,6 @@ log = logging.getLogger("gpuctl.jobs.executor")
 SUBMITTER_PYTHON = sys.version.split()[0]
 UNREACHABLE_AFTER = 60.0  # seconds a node may stay unreachable before result() reports it
 BEAT_EVERY = 3.0  # seconds between heartbeat reads while a job runs
-WATCH_CROWD_MOST = 4.0  # the watcher's slowest pace per job, times this at most, with many jobs
 LINE_BYTES = 64 * 1024  # bytes a line at most, on average, that read_lines brings (tail=/head=)
 SLURM_VERDICT_WAIT = 30.0  # seconds to wait for Slurm's final state after a signalled stop
 _RAISED = ("user_exception", "gpu_out_of_memory")  # kinds that are the function's own exception
@@ -114,63 +111,6 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return f'\n"""\n{self.tb}"""'
-
-
-class _Watcher:
-    """One daemon thread that polls every unfinished ``Job`` of this process now and then, so
-    that a job completes as a ``Future`` (``as_completed``, ``wait``, callbacks,
-    ``asyncio.wrap_future``) without anyone calling its methods. Polls back off from 0.1 s to
-    ``slowest`` seconds per job (local files are cheap, a node's are a round trip)."""
-
-    def __init__(self) -> None:
-        self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
-        self._due: weakref.WeakKeyDictionary[Job, tuple[float, float]] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def add(self, job: Job) -> None:
-        with self._lock:
-            self._jobs.add(job)
-            self._due[job] = (0.0, 0.1)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="gpuctl-jobs", daemon=True)
-                self._thread.start()
-        self._wake.set()
-
-    def _run(self) -> None:
-        while True:
-            self._wake.clear()  # before looking: a job added from now on wakes the wait below
-            now = time.monotonic()
-            with self._lock:
-                jobs = [j for j in self._jobs if self._due.get(j, (0.0, 0.1))[0] <= now]
-                # hundreds of jobs (a map): each is looked at less often, so that watching
-                # them costs about what a hundred do (a caller's wait still polls its own)
-                crowd = min(WATCH_CROWD_MOST, max(1.0, len(self._jobs) / 100))
-            for job in jobs:
-                try:
-                    over = job._poll()  # settles the Future when the job is over
-                except Exception:  # the job's own calls report it; the watcher goes on
-                    log.debug("watching job %s", job.id, exc_info=True)
-                    over = False
-                with self._lock:
-                    if over:
-                        self._jobs.discard(job)
-                        self._due.pop(job, None)
-                    else:
-                        slowest = 1.0 if isinstance(job.backend.host, LocalHost) else 3.0
-                        slowest *= crowd
-                        step = min(self._due.get(job, (0.0, 0.1))[1] * 1.5, slowest)
-                        self._due[job] = (time.monotonic() + step, step)
-            with self._lock:
-                if not self._jobs:
-                    self._thread = None
-                    return
-                nxt = min(due for due, _ in self._due.values())
-            self._wake.wait(max(0.01, nxt - time.monotonic()))
-
-
-_WATCHER = _Watcher()
 
 
 class Job(concurrent.futures.Future[Any]):
@@ -253,7 +193,7 @@ class Job(concurrent.futures.Future[Any]):
         self._callbacks = False  # a done-callback was added (see _settle)
         self._watch = watch
         if watch and handle:  # completed as a Future in the background (a caller that polls
-            _WATCHER.add(self)  # itself opts out); a job waiting for its turn once it starts
+            WATCHER.add(self)  # itself opts out); a job waiting for its turn once it starts
 
     def add_done_callback(self, fn: Callable[[concurrent.futures.Future[Any]], object]) -> None:
         self._callbacks = True
@@ -939,7 +879,7 @@ class Job(concurrent.futures.Future[Any]):
         backend's; from now on it is watched like any other."""
         self.handle.update(handle)
         if self._watch:
-            _WATCHER.add(self)
+            WATCHER.add(self)
 
     def _start_failed(self, why: str) -> None:
         """Starting a job that waited for its turn failed (``why``: one line): it is over, as
@@ -1034,7 +974,7 @@ class Job(concurrent.futures.Future[Any]):
             self._started(handle)
             return False
         owner = (rec.backend.get("queued_by") if rec is not None else None) or self._queued_by
-        if owner is None or not _owner_gone(owner):
+        if owner is None or not owner_gone(owner):
             return False
         self._end_unstarted(
             FailureReport(
@@ -1075,87 +1015,6 @@ class Job(concurrent.futures.Future[Any]):
         self.backend.signal(self.handle, self.jobdir, signal.SIGUSR2)
 
 
-class JobQueue:
-    """Starts jobs at most ``limit`` at a time, the next as one ends: a capped ``map`` on a
-    backend without a scheduler of its own (local, SSH; Slurm caps arrays itself, ``%K``).
-
-    It has no polling of its own: the job that ends starts the next from its done-callback,
-    and jobs end when the watcher (or a caller's ``result()``) polls them, like every job.
-    ``start(job)`` starts one job and calls its ``_started``; an exception it raises ends that
-    job as ``never_started`` with the error's line, and the next job takes the turn. When the
-    very first start fails, the constructor raises that error (every job ends with it): a
-    backend that cannot start a job says so at once, as ``submit`` does. Jobs still waiting
-    when this process exits never start: their rows end so, with why.
-    """
-
-    def __init__(self, jobs: Sequence[Job], limit: int, start: Callable[[Job], None]) -> None:
-        self._waiting = collections.deque(jobs)
-        self._start = start
-        self._lock = threading.Lock()
-        self._turns = 0  # free slots not yet given to a job
-        self._busy = False  # a thread is giving turns out (callbacks may come inside it)
-        while self._waiting and not self._waiting[0]._claim():
-            self._waiting.popleft()  # cancelled before its turn came
-        if self._waiting:
-            first = self._waiting.popleft()
-            try:
-                start(first)
-            except Exception as e:
-                self._waiting.appendleft(first)
-                self.abandon(f"starting it failed: {e}")
-                raise
-            # the base method: a queue's callback reads no result (Job.add_done_callback would)
-            concurrent.futures.Future.add_done_callback(first, self._ended)
-        _QUEUES.add(self)
-        self._free(limit - 1)
-
-    def _free(self, slots: int) -> None:
-        with self._lock:
-            self._turns += slots
-            if self._busy:  # the thread giving turns out takes these too: no recursion
-                return
-            self._busy = True
-        while True:
-            with self._lock:
-                if not self._waiting or self._turns <= 0:
-                    self._busy = False
-                    return
-                self._turns -= 1
-                job = self._waiting.popleft()
-            if not job._claim():  # it was cancelled while it waited: the turn is the next one's
-                with self._lock:
-                    self._turns += 1
-                continue
-            try:
-                self._start(job)
-            except Exception as e:
-                job._start_failed(f"starting it failed: {e}")
-                with self._lock:
-                    self._turns += 1
-                continue
-            concurrent.futures.Future.add_done_callback(job, self._ended)
-
-    def _ended(self, _: concurrent.futures.Future[Any]) -> None:
-        self._free(1)
-
-    def abandon(self, why: str) -> None:
-        """End every job still waiting as ``never_started`` with ``why``."""
-        with self._lock:
-            left = list(self._waiting)
-            self._waiting.clear()
-        for job in left:
-            job._start_failed(why)
-
-
-_QUEUES: weakref.WeakSet[JobQueue] = weakref.WeakSet()
-
-
-@atexit.register
-def _abandon_queues() -> None:
-    for queue in list(_QUEUES):
-        queue.abandon("gpuctl exited before its turn came (max_running): it never ran")
-
-
 def _handle(
     job_id: str,
     name: str,
@@ -1174,35 +1033,6 @@ def _handle(
     if rec is None or rec.id != job_id:
         rec = JobRecord(job_id, name, target, backend, jobdir, "submitted", created_at)
     return Job.of_record(rec, store)
-
-
-def queue_owner() -> QueuedBy:
-    """This process, as the one whose ``JobQueue`` holds the jobs it has not started yet."""
-    me = os.getpid()
-    owner: QueuedBy = {"pid": me, "host": socket.gethostname()}
-    stat = proc.read_stat(me)
-    if stat is not None:
-        owner["start_ticks"] = stat.start_ticks
-    return owner
-
-
-def _owner_gone(owner: QueuedBy) -> bool:
-    """True when the process that queued a job is known to be gone: on this machine, no such
-    process, a zombie, or another process under its pid. False while alive, or not known here."""
-    pid = owner.get("pid")
-    if not pid or owner.get("host") != socket.gethostname():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's process: the pid was given to someone else
-        return True
-    stat = proc.read_stat(pid)
-    if stat is None:  # no /proc here: alive as far as can be told
-        return False
-    ticks = owner.get("start_ticks")
-    return stat.state == "Z" or (ticks is not None and stat.start_ticks != ticks)
 
 
 def _stored_report(record: JobRecord) -> FailureReport | None:
