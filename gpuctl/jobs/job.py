@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import glob
 import logging
 import os
 import sys
@@ -38,6 +37,7 @@ from gpuctl.jobs.classify import (
     unreachable_report,
 )
 from gpuctl.jobs.hosts import BinaryReader, HostError, LocalHost
+from gpuctl.jobs.jobfolder import JobFolder
 from gpuctl.jobs.jobqueue import owner_gone
 from gpuctl.jobs.records import (
     Attempt,
@@ -79,7 +79,6 @@ log = logging.getLogger("gpuctl.jobs.executor")
 SUBMITTER_PYTHON = sys.version.split()[0]
 UNREACHABLE_AFTER = 60.0  # seconds a node may stay unreachable before result() reports it
 BEAT_EVERY = 3.0  # seconds between heartbeat reads while a job runs
-LINE_BYTES = 64 * 1024  # bytes a line at most, on average, that read_lines brings (tail=/head=)
 SLURM_VERDICT_WAIT = 30.0  # seconds to wait for Slurm's final state after a signalled stop
 _RAISED = ("user_exception", "gpu_out_of_memory")  # kinds that are the function's own exception
 
@@ -113,7 +112,7 @@ class RemoteTraceback(Exception):
         return f'\n"""\n{self.tb}"""'
 
 
-class Job(concurrent.futures.Future[Any]):
+class Job(JobFolder, concurrent.futures.Future[Any]):
     """A submitted function call: a ``concurrent.futures.Future`` that explains failures.
 
     ``as_completed``, ``wait`` and ``asyncio.wrap_future`` take it as it is: a watcher thread
@@ -132,6 +131,7 @@ class Job(concurrent.futures.Future[Any]):
     """
 
     unreachable_after = UNREACHABLE_AFTER
+    ranks: list[Job]
     cancel_on_interrupt = False  # a Ctrl-C while waiting cancels it (set by the Executor)
 
     def __init__(
@@ -202,6 +202,11 @@ class Job(concurrent.futures.Future[Any]):
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.name} on {self.target}: {self.state}>"
 
+    @property
+    def _logs_job(self) -> Job:
+        """Whose files are this job's logs and result: its own, or rank 0's."""
+        return self.ranks[0] if self.ranks else self
+
     def __reduce__(self) -> tuple[Any, ...]:
         """A Job pickles as a handle (its id, target, backend, folder and job store's path):
         unpickled in another process it is that job again, read from its folder and its row."""
@@ -211,118 +216,6 @@ class Job(concurrent.futures.Future[Any]):
             _handle,
             (self.id, self.name, self.target, backend, self.jobdir, self.created_at, store),
         )
-
-    # --- files ---------------------------------------------------------------------------
-
-    def _read(self, name: str) -> bytes | None:
-        return self.backend.host.read_bytes(f"{self.jobdir}/{name}")
-
-    @property
-    def _logs_job(self) -> Job:
-        """Whose files are this job's logs and result: its own, or rank 0's."""
-        return self.ranks[0] if self.ranks else self
-
-    def read_from(self, name: str, offset: int) -> bytes:
-        """The job folder's file ``name`` (``stdout.txt``, ``stderr.txt``, ...) from byte
-        ``offset`` on (rank 0's for a job of several tasks): empty when absent. Raises
-        ``HostError`` when the node does not answer."""
-        folder = self._logs_job.jobdir
-        return self.backend.host.read_bytes(f"{folder}/{name}", offset) or b""
-
-    def _json(self, schema: type[T], name: str) -> T | None:
-        """The job folder's JSON file ``name`` read as ``schema`` (None: absent or not an
-        object; a field of the wrong type is left out)."""
-        return wire.parse(schema, jobfiles.loads(self._read(name)))
-
-    def result_info(self) -> ResultInfo | None:
-        """What the job returned, as its worker described it once saved (type, size in bytes,
-        a short repr), read without unpickling; None before then or when the folder is gone.
-        ``HostError`` when the node does not answer."""
-        return self._json(ResultInfo, jobfiles.RESULT_INFO)
-
-    def _tail(self, name: str, limit: int = 6000) -> str:
-        data = self._read(name) or b""
-        return data[-limit:].decode("utf-8", "replace")
-
-    def read_lines(
-        self,
-        name: str,
-        *,
-        tail: int | None = None,
-        head: int | None = None,
-        sized: bool = False,
-        most_bytes: int | None = None,
-    ) -> tuple[bytes, int | None]:
-        """The last ``tail`` (or first ``head``) lines of the job folder's file ``name`` (rank
-        0's for a job of several tasks), read on its host (``tail`` seeks from the end there):
-        only those lines travel, at most ``LINE_BYTES`` a line on average (longer lines are
-        cut, at the start for ``tail``). ``sized`` (with ``tail``): also the file's size the
-        lines end at, to follow it from there (the node then reads the file through once);
-        else None. ``most_bytes``: at most that many bytes travel, whatever the lines' count.
-        Empty when absent; raises ``HostError`` when the node does not answer."""
-        if (tail is None) == (head is None) or (tail or head or 0) < 0:
-            raise ValueError("give one of tail= and head=, a whole number of lines, 0 or more")
-        count = int(tail if tail is not None else head or 0)
-        sized = sized and tail is not None
-        path = f"{self._logs_job.jobdir}/{name}"
-        most = str(most_bytes if most_bytes is not None else max(1, count) * LINE_BYTES)
-        if tail is not None and sized:  # the size first: the lines shown are the ones before it
-            script = 's=$(wc -c < "$1") || exit 3; echo "$s"; head -c "$s" -- "$1" | '
-            script += 'tail -n "$2" | tail -c "$3"'
-        elif tail is not None:
-            script = 'tail -n "$2" -- "$1" | tail -c "$3"'
-        else:
-            script = 'head -n "$2" -- "$1" | head -c "$3"'
-        script = f'[ -f "$1" ] || exit 3; {script}'
-        rc, out, err = self.backend.host.run(
-            ["sh", "-c", script, "sh", path, str(count), most], timeout=120
-        )
-        if rc == 3:
-            return b"", 0 if sized else None
-        if rc != 0:
-            why = err.decode("utf-8", "replace").strip()[-300:] or f"exit status {rc}"
-            raise HostError(f"{self.backend.host.name}: reading {path} failed: {why}")
-        if not sized:
-            return out, None
-        size, _, data = out.partition(b"\n")
-        return data, int(size.strip() or 0)
-
-    def stdout(self, *, tail: int | None = None, head: int | None = None) -> str:
-        """What the function printed to stdout so far (rank 0's); ``tail=N`` / ``head=N``: its
-        last / first N lines only, and only those are read from the node."""
-        return self._text(jobfiles.STDOUT, tail, head)
-
-    def stderr(self, *, tail: int | None = None, head: int | None = None) -> str:
-        """What went to stderr so far (tracebacks, faulthandler stacks, warnings; rank 0's);
-        ``tail=N`` / ``head=N`` as for ``stdout``."""
-        return self._text(jobfiles.STDERR, tail, head)
-
-    def _text(self, name: str, tail: int | None, head: int | None) -> str:
-        return self.read_output(name, tail=tail, head=head).decode("utf-8", "replace")
-
-    def read_output(self, name: str, *, tail: int | None = None, head: int | None = None) -> bytes:
-        """The bytes of the job folder's file ``name`` (``stdout.txt``, ``stderr.txt``; rank
-        0's) as the job wrote them: all of it, or its last ``tail`` / first ``head`` lines."""
-        if tail is None and head is None:
-            return self.read_from(name, 0)
-        return self.read_lines(name, tail=tail, head=head)[0]
-
-    def logs(self) -> dict[str, str]:
-        """Paths of the job's log files on its host (every rank's, named "rank R FILE")."""
-        if self.ranks:
-            return {
-                f"rank {r} {name}": path
-                for r, job in enumerate(self.ranks)
-                for name, path in job.logs().items()
-            }
-        names = jobfiles.LOGS
-        if not isinstance(self.backend.host, LocalHost):
-            return {n: f"{self.backend.host.name}:{self.jobdir}/{n}" for n in names}
-        found = {n: p for n in names if os.path.exists(p := f"{self.jobdir}/{n}")}
-        pattern = str(self.handle.get("output") or "")
-        for path in sorted(glob.glob(pattern))[:1] if pattern else ():
-            found["slurm output"] = path  # where slurmstepd says why it killed the job
-        return found
 
     # --- state ---------------------------------------------------------------------------
 
