@@ -1,4 +1,4 @@
-"""The job API: ``Executor(target).submit(fn, *args) -> Job``, ``map``, ``remote``, ``attach``.
+"""The job API: ``Executor(target).submit(fn, *args) -> Job``, ``map``, ``attach``.
 
 A submit pickles ``(fn, args, kwargs)`` with cloudpickle into a file (the function's own module by
 value, so helpers, globals and classes of a script or test module travel with it), makes a job
@@ -8,32 +8,28 @@ supervisor on the folder. Nothing of the user's code or data is ever on a comman
 
 The parts live beside it: ``job`` (a submitted ``Job``), ``provision`` (VENV2: ``EnvSpec``, the
 probe, the version checks), ``targets`` (which backend a target names), ``pickling`` (what the
-call pickles into: by value, measured, the payload limit, ``Unpicklable``). The public names of
+call pickles into: by value, measured, the payload limit, ``Unpicklable``), ``jobenv`` (the
+variables a job gets from here), ``decorator`` (``@remote``). The public names of
 ``job`` and ``provision`` are importable from here too, as before the split.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import fnmatch
 import functools
 import json
 import os
 import pickle
-import re
 import shlex
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
 
 from gpuctl import paths, service
-from gpuctl.jobs import _chunk, _command, debug, interrupt, sources, targets, usercode
+from gpuctl.jobs import _chunk, _command, debug, interrupt, jobenv, sources, targets, usercode
 from gpuctl.jobs.backends import SlurmBackend
 from gpuctl.jobs.hosts import Host
 from gpuctl.jobs.job import (
@@ -82,38 +78,9 @@ __all__ = [
     "RemoteTraceback",
     "attach",
     "parse_mem",
-    "remote",
 ]
 
 R = TypeVar("R")
-
-# Variables of the submitter's that look like credentials or caches: a job that does not get
-# them (``Executor.passed_env``) is told so by name, once per process and set of names.
-HIDDEN_HINTS = (
-    "*_API_KEY",
-    "*_KEY",
-    "*_KEY_ID",
-    "*_TOKEN",
-    "*CREDENTIALS*",
-    "*_SECRET*",
-    "*PASSWORD*",
-    "*_CACHE*",
-    "HF_*",
-    "HUGGING_FACE_*",
-    "WANDB_*",
-    "TRANSFORMERS_*",
-    "TORCH_HOME",
-)
-_TOLD_UNSEEN: set[tuple[str, ...]] = set()
-
-
-@functools.cache
-def _patterns(patterns: tuple[str, ...]) -> re.Pattern[str]:
-    """One regular expression for ``fnmatch`` patterns, case-sensitive (none: matches
-    nothing): a map's every chunk reads the environment."""
-    if not patterns:
-        return re.compile(r"(?!)")
-    return re.compile("|".join(fnmatch.translate(p) for p in patterns))
 
 
 CHUNKS_PER_SLOT = 4  # chunks of a map per running job: enough to balance, few enough that
@@ -207,7 +174,7 @@ class Executor:
     variables passed at submit, and ``job_env``, explicit values, which win. Their values go to
     the node in a 0600 file the supervisor removes once read (``meta.json`` names them only).
     A submit that leaves behind variables that look like credentials or caches says so on
-    stderr, once, naming them (``HIDDEN_HINTS``).
+    stderr, once, naming them (``jobenv.HIDDEN_HINTS``).
 
     ``store``: the job store its jobs' rows go to (True: the session's,
     ``gpuctl.context.Context.job_store``, opened at the first submit: ``config``'s session
@@ -592,40 +559,19 @@ class Executor:
         return job_id, jobdir, meta
 
     def passed_env(self) -> dict[str, str]:
-        """The variables the job gets on top of its node's environment: this process's that
-        ``env_pass`` names (``fnmatch`` patterns), then ``job_env``, which wins. The first time,
-        one line on stderr names this process's variables that look like credentials or caches
-        (``HIDDEN_HINTS``) and that the job will not see (names only)."""
-        mine = os.environ
-        wanted = _patterns(self.env_pass)
-        passed = {k: v for k, v in mine.items() if wanted.match(k)}
-        passed.update(self.job_env)
-        unseen = sorted(
-            k
-            for k in mine
-            if k not in passed
-            and not jobfiles.is_base_env(k)
-            and not paths.is_xdg_variable(k)
-            and _patterns(HIDDEN_HINTS).match(k.upper())
-        )
-        if unseen and tuple(unseen) not in _TOLD_UNSEEN:
-            # said once a job started (``_tell_unseen``): a refused submit is one line, its own
-            self._unseen = tuple(unseen)
+        """The variables the job gets on top of its node's environment (``jobenv.passed_env``:
+        ``env_pass``, then ``job_env``). The first time, one line on stderr names this
+        process's variables that look like credentials or caches and that the job will not see
+        (said once a job started: ``_tell_unseen``)."""
+        passed, unseen = jobenv.passed_env(self.env_pass, self.job_env)
+        if unseen:  # said once a job started: a refused submit is one line, its own
+            self._unseen = unseen
         return passed
 
     def _tell_unseen(self) -> None:
         """The notice of ``passed_env``, once a job of this submit has started."""
         unseen, self._unseen = self._unseen, ()
-        if not unseen or unseen in _TOLD_UNSEEN:
-            return
-        _TOLD_UNSEEN.add(unseen)
-        print(
-            f"gpuctl: the job will not see {', '.join(unseen)} (a job gets its node's "
-            "environment, not this one's): pass what it needs with env_pass=[...] "
-            "(gpuctl submit --env-pass NAME_OR_PATTERN) or job_env={...}",
-            file=sys.stderr,
-            flush=True,
-        )
+        jobenv.tell_unseen(unseen)
 
     def _job_root_path(self) -> str:
         """The job root on the target's host, ``~`` resolved there (not created)."""
@@ -996,66 +942,6 @@ def _name(fn: Callable[..., Any]) -> str:
             return f"{os.path.basename(filename)}:{qual}"
         return str(qual)
     return f"{mod}.{qual}" if mod else str(qual)
-
-
-@overload
-def remote(fn: Callable[..., R], /) -> Callable[..., R]: ...
-
-
-@overload
-def remote(
-    *, target: str = ..., **options: Any
-) -> Callable[[Callable[..., R]], Callable[..., R]]: ...
-
-
-def remote(fn: Any = None, /, *, target: str = "local", **options: Any) -> Any:
-    """Decorator: calling the function runs it on ``target`` and returns its result.
-
-    ``@remote(target="gpu01", mem="8G")``; ``f.submit(...)`` returns the ``Job`` instead, and
-    ``f.local(...)`` calls the undecorated function. Options are those of ``Executor``.
-    """
-
-    def wrap(func: Callable[..., Any]) -> RemoteFunction:
-        return RemoteFunction(func, target, options)
-
-    if fn is not None:
-        return wrap(fn)
-    return wrap
-
-
-class RemoteFunction:
-    """What ``@remote`` makes of a function (see ``remote``).
-
-    Pickled, it is the plain function again: a job that calls another ``@remote`` function runs
-    it in its own process (VENV2 has no gpuctl to submit with), and nothing of this side's
-    executor (its locks, its connections) travels.
-    """
-
-    def __init__(self, func: Callable[..., Any], target: str, options: dict[str, Any]) -> None:
-        functools.update_wrapper(self, func)
-        self.local = func
-        self._target = target
-        self._options = options
-        self._executor: Executor | None = None
-        self._lock = threading.Lock()
-
-    def executor(self) -> Executor:
-        """The Executor it submits through, made at the first call."""
-        with self._lock:
-            if self._executor is None:
-                self._executor = Executor(self._target, **self._options)
-            return self._executor
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.executor().submit(self.local, *args, **kwargs).result()
-
-    def submit(self, *args: Any, **kwargs: Any) -> Job:
-        """Run it on the target; returns the ``Job`` at once."""
-        return self.executor().submit(self.local, *args, **kwargs)
-
-    def __reduce__(self) -> tuple[Any, tuple[Any]]:
-        # copy.copy of a function is the function: the standard library rebuilds it in VENV2
-        return copy.copy, (self.local,)
 
 
 def attach(
