@@ -30,12 +30,10 @@ from gpuctl.jobs.classify import (
     JobFiles,
     classify,
     combine_ranks,
-    end_notes,
-    name_cells,
     parse_status,
-    shm_note,
     unreachable_report,
 )
+from gpuctl.jobs.evidence import end_notes, name_cells, shm_note
 from gpuctl.jobs.hosts import BinaryReader, HostError, LocalHost
 from gpuctl.jobs.jobfolder import JobFolder
 from gpuctl.jobs.jobqueue import owner_gone

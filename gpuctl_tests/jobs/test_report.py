@@ -5,7 +5,8 @@ also provoked end to end in test_slurm.py; the time limit (60 s minimum plus the
 
 from __future__ import annotations
 
-from gpuctl.jobs.classify import JobFiles, _slurm_memory_kill, _slurm_said, classify
+from gpuctl.jobs.classify import JobFiles, classify
+from gpuctl.jobs.evidence import _slurm_memory_kill, _slurm_said
 
 TIMEOUT_LINE = (
     "slurmstepd-localhost: error: *** JOB 1 ON localhost CANCELLED AT 2026-11-22T00:31:31 "
