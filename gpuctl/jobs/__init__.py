@@ -9,9 +9,10 @@ on a host), ``classify`` (what happened to a job), ``report`` (why a job failed,
 ``store`` (the job store)."""
 
 from gpuctl.jobs.decorator import remote
+from gpuctl.jobs.errors import JobCancelled, JobFailed, RemoteTraceback
 from gpuctl.jobs.executor import Executor, attach
 from gpuctl.jobs.hosts import HostError
-from gpuctl.jobs.job import Job, JobCancelled, JobFailed, RemoteTraceback
+from gpuctl.jobs.job import Job
 from gpuctl.jobs.pickling import Unpicklable
 from gpuctl.jobs.provision import EnvSpec, EnvSpecError
 from gpuctl.jobs.report import FailureReport

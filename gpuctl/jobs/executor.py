@@ -27,11 +27,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from gpuctl import paths, service
 from gpuctl.jobs import _chunk, _command, debug, interrupt, targets, usercode
 from gpuctl.jobs.backends import SlurmBackend
-from gpuctl.jobs.job import (
-    Job,
-    JobFailed,
-    RemoteTraceback,
-)
+from gpuctl.jobs.errors import JobFailed, RemoteTraceback
+from gpuctl.jobs.job import Job
 from gpuctl.jobs.jobqueue import JobQueue, queue_owner
 from gpuctl.jobs.jobwriter import JobWriter
 from gpuctl.jobs.pickling import (

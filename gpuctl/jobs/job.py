@@ -4,7 +4,8 @@ A ``Job`` reads its folder on the target's host (``outcome.json``, heartbeats, s
 asks its backend what the scheduler knows; once the job is over it classifies what happened
 (``gpuctl.jobs.classify``) and keeps the end in the job store. ``JobFailed`` is a system failure
 (its message is the report); ``RemoteTraceback`` is the node's traceback attached to a user
-exception raised again here.
+exception raised again here (both in ``gpuctl.jobs.errors``). Reading the folder's outputs and
+the result is ``gpuctl.jobs.jobfolder``'s part of the ``Job``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import cloudpickle
-
 from gpuctl import service
 from gpuctl.core import wire
 from gpuctl.jobs import _chunk, targets
@@ -33,8 +32,9 @@ from gpuctl.jobs.classify import (
     parse_status,
     unreachable_report,
 )
-from gpuctl.jobs.evidence import end_notes, name_cells, shm_note
-from gpuctl.jobs.hosts import BinaryReader, HostError, LocalHost
+from gpuctl.jobs.errors import JobCancelled, JobFailed
+from gpuctl.jobs.evidence import end_notes, shm_note
+from gpuctl.jobs.hosts import HostError, LocalHost
 from gpuctl.jobs.jobfolder import JobFolder
 from gpuctl.jobs.jobqueue import owner_gone
 from gpuctl.jobs.records import (
@@ -79,35 +79,6 @@ UNREACHABLE_AFTER = 60.0  # seconds a node may stay unreachable before result() 
 BEAT_EVERY = 3.0  # seconds between heartbeat reads while a job runs
 SLURM_VERDICT_WAIT = 30.0  # seconds to wait for Slurm's final state after a signalled stop
 _RAISED = ("user_exception", "gpu_out_of_memory")  # kinds that are the function's own exception
-
-
-class JobFailed(Exception):
-    """A system failure of a job (not an exception of the function); ``str`` is the report."""
-
-    def __init__(self, report: FailureReport) -> None:
-        super().__init__(report.text())
-        self.report = report
-
-    @property
-    def kind(self) -> str:
-        return self.report.kind
-
-
-class JobCancelled(JobFailed, concurrent.futures.CancelledError):
-    """What ``result()`` and ``exception()`` of a cancelled job raise: the
-    ``concurrent.futures.CancelledError`` of any cancelled Future, and a ``JobFailed`` of kind
-    "cancelled" whose report says how it was stopped (also ``job.report()``)."""
-
-
-class RemoteTraceback(Exception):
-    """Attached as ``__cause__`` of a re-raised user exception: the traceback on the node."""
-
-    def __init__(self, tb: str) -> None:
-        super().__init__(tb)
-        self.tb = tb
-
-    def __str__(self) -> str:
-        return f'\n"""\n{self.tb}"""'
 
 
 class Job(JobFolder, concurrent.futures.Future[Any]):
@@ -642,77 +613,6 @@ class Job(JobFolder, concurrent.futures.Future[Any]):
         first = self.result(timeout)
         return [first, *(job._load_result() for job in self.ranks[1:])]
 
-    def _load_result(self) -> Any:
-        path = jobfiles.JobPaths(self.jobdir)(jobfiles.RESULT)
-        host = self.backend.host
-        # a node's result is unpickled as it arrives (no local copy): the worker renamed it
-        # into place complete, and a transfer cut short raises HostError, never a short file
-        shown = path if isinstance(host, LocalHost) else f"{host.name}:{path}"
-        return self._unpickle_result(lambda: host.open_read(path), shown)
-
-    def copy_result(self, dest: str) -> None:
-        """Copy the result's pickle, as the worker wrote it, to the file ``dest`` ("-": stdout)
-        without unpickling it: it works where the result's classes cannot be imported. The job
-        must have succeeded (``result()`` says why when not)."""
-        path = jobfiles.JobPaths(self._logs_job.jobdir)(jobfiles.RESULT)
-        host = self.backend.host
-        if dest == "-":
-            sys.stdout.flush()
-            sys.stdout.buffer.write(host.read_bytes(path) or b"")
-            sys.stdout.buffer.flush()
-        else:
-            host.get_file(path, dest)
-
-    def _unpickle_result(self, opener: Callable[[], BinaryReader], shown: str) -> Any:
-        """The result from its file; one that this Python cannot rebuild (its class lives in a
-        module not installed here, a newer pickle protocol) is a ``JobFailed`` that says so.
-        Reading a node's may raise HostError (the node went away)."""
-        try:
-            with opener() as f:
-                return cloudpickle.load(f)
-        except HostError:
-            raise
-        except Exception as e:
-            info = (self._files.result_info if self._files else None) or {}
-            missing = getattr(e, "name", None) if isinstance(e, ImportError) else None
-            evidence = [
-                f"the job succeeded; its result ({info.get('type', 'unknown type')}, "
-                f"{info.get('size', '?')} bytes) is in {shown}",
-                f"unpickling it here failed: {type(e).__name__}: {e}",
-            ]
-            remedy = (
-                f"install {missing!r} into this Python ({sys.executable}), or return plain data"
-                if missing
-                else "unpickle it with the Python and packages of VENV2, or return plain data"
-            )
-            raise JobFailed(
-                FailureReport(
-                    kind="result_unloadable",
-                    phase="done",
-                    evidence=tuple(evidence),
-                    remedy=remedy,
-                    logs=self.logs(),
-                    job_id=self.id,
-                )
-            ) from e
-
-    def _load_exception(self) -> BaseException | None:
-        data = self._read(jobfiles.EXCEPTION)
-        if not data:
-            return None
-        exc = _rebuild_exception(data)
-        if exc is None:
-            return None
-        err = (self._files.error if self._files else None) or {}
-        meta = (self._files.meta if self._files else None) or {}
-        tb = name_cells(str(err.get("traceback") or ""), meta.get("cells"))
-        exc.__cause__ = RemoteTraceback(tb)
-        if hasattr(exc, "add_note"):  # Python 3.11+: shown under the exception, uncaught
-            exc.add_note(
-                f"(job {self.id} on {self.target}: `gpuctl logs {self.id}` shows its output)"
-            )
-        return exc
-
     def cancel(self, *, read_only: bool | None = None) -> bool:
         """Ask the job to stop (TERM, grace, KILL on the node); False if it had finished.
 
@@ -946,31 +846,3 @@ def _stored_report(record: JobRecord) -> FailureReport | None:
 def _clean_end(outcome: Outcome) -> bool:
     """True when the supervisor saw VENV2 exit 0 with nothing stopping it."""
     return outcome.get("exit_code") == 0 and outcome.get("stop_reason") is None
-
-
-def _rebuild_exception(data: bytes) -> BaseException | None:
-    """The user's exception from the worker's exception.pkl: whole when it unpickles, else
-    rebuilt from (type, args, __dict__) without calling its ``__init__``."""
-    try:
-        record = cloudpickle.loads(data)
-    except Exception:
-        return None
-    if not isinstance(record, dict):
-        return None
-    if record.get("whole"):
-        try:
-            exc = cloudpickle.loads(record["whole"])
-        except Exception:
-            exc = None
-        if isinstance(exc, BaseException):
-            return exc
-    cls = record.get("type")
-    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
-        return None
-    try:
-        rebuilt: BaseException = cls.__new__(cls)
-        rebuilt.args = tuple(record.get("args") or ())
-        rebuilt.__dict__.update(record.get("dict") or {})
-    except Exception:
-        return None
-    return rebuilt

@@ -1,26 +1,38 @@
 """Reading a submitted job's folder on its host: what the function printed (``stdout``,
 ``stderr``, ``read_output``, ``read_from``; ``read_lines`` brings only the lines asked for,
 read on the host), the result's description (``result_info``), the JSON files through their
-``gpuctl.jobs.records`` types, and the paths of its logs. A job of several tasks reads rank 0's
-outputs and names every rank's logs.
+``gpuctl.jobs.records`` types, the paths of its logs, and its result and exception read back
+and rebuilt here (``copy_result`` copies the result's pickle without unpickling it; a result
+this Python cannot rebuild is a ``JobFailed`` of kind ``result_unloadable``; the user's
+exception comes with the node's traceback as its ``RemoteTraceback`` cause). A job of several
+tasks reads rank 0's outputs and names every rank's logs.
 
-``JobFolder`` is the part of ``gpuctl.jobs.job.Job`` that reads: the ``Job`` sets its
-``backend``, ``jobdir``, ``handle`` and ``ranks`` and adds the state, the waiting, the result
-and cancelling.
+``JobFolder`` is the part of ``gpuctl.jobs.job.Job`` that reads: the ``Job`` sets its ``id``,
+``target``, ``backend``, ``jobdir``, ``handle``, ``ranks`` and ``_files`` and adds the state,
+the waiting and cancelling.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Sequence
-from typing import TypeVar
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import cloudpickle
 
 from gpuctl.core import wire
 from gpuctl.jobs.backends import Backend
-from gpuctl.jobs.hosts import HostError, LocalHost
+from gpuctl.jobs.errors import JobFailed, RemoteTraceback
+from gpuctl.jobs.evidence import name_cells
+from gpuctl.jobs.hosts import BinaryReader, HostError, LocalHost
 from gpuctl.jobs.records import Handle, ResultInfo
+from gpuctl.jobs.report import FailureReport
 from gpuctl.node import jobfiles
+
+if TYPE_CHECKING:
+    from gpuctl.jobs.classify import JobFiles
 
 T = TypeVar("T")
 
@@ -30,10 +42,13 @@ LINE_BYTES = 64 * 1024  # bytes a line at most, on average, that read_lines brin
 class JobFolder:
     """A job's folder on its backend's host (see the module docstring)."""
 
+    id: str
+    target: str
     backend: Backend
     jobdir: str
     handle: Handle
     ranks: Sequence[JobFolder]  # a job of several tasks: one per rank, reading its folder
+    _files: JobFiles | None  # what the folder held when the job was last classified
 
     def _read(self, name: str) -> bytes | None:
         return self.backend.host.read_bytes(f"{self.jobdir}/{name}")
@@ -144,3 +159,102 @@ class JobFolder:
         for path in sorted(glob.glob(pattern))[:1] if pattern else ():
             found["slurm output"] = path  # where slurmstepd says why it killed the job
         return found
+
+    def _load_result(self) -> Any:
+        path = jobfiles.JobPaths(self.jobdir)(jobfiles.RESULT)
+        host = self.backend.host
+        # a node's result is unpickled as it arrives (no local copy): the worker renamed it
+        # into place complete, and a transfer cut short raises HostError, never a short file
+        shown = path if isinstance(host, LocalHost) else f"{host.name}:{path}"
+        return self._unpickle_result(lambda: host.open_read(path), shown)
+
+    def copy_result(self, dest: str) -> None:
+        """Copy the result's pickle, as the worker wrote it, to the file ``dest`` ("-": stdout)
+        without unpickling it: it works where the result's classes cannot be imported. The job
+        must have succeeded (``result()`` says why when not)."""
+        path = jobfiles.JobPaths(self._logs_dir)(jobfiles.RESULT)
+        host = self.backend.host
+        if dest == "-":
+            sys.stdout.flush()
+            sys.stdout.buffer.write(host.read_bytes(path) or b"")
+            sys.stdout.buffer.flush()
+        else:
+            host.get_file(path, dest)
+
+    def _unpickle_result(self, opener: Callable[[], BinaryReader], shown: str) -> Any:
+        """The result from its file; one that this Python cannot rebuild (its class lives in a
+        module not installed here, a newer pickle protocol) is a ``JobFailed`` that says so.
+        Reading a node's may raise HostError (the node went away)."""
+        try:
+            with opener() as f:
+                return cloudpickle.load(f)
+        except HostError:
+            raise
+        except Exception as e:
+            info = (self._files.result_info if self._files else None) or {}
+            missing = getattr(e, "name", None) if isinstance(e, ImportError) else None
+            evidence = [
+                f"the job succeeded; its result ({info.get('type', 'unknown type')}, "
+                f"{info.get('size', '?')} bytes) is in {shown}",
+                f"unpickling it here failed: {type(e).__name__}: {e}",
+            ]
+            remedy = (
+                f"install {missing!r} into this Python ({sys.executable}), or return plain data"
+                if missing
+                else "unpickle it with the Python and packages of VENV2, or return plain data"
+            )
+            raise JobFailed(
+                FailureReport(
+                    kind="result_unloadable",
+                    phase="done",
+                    evidence=tuple(evidence),
+                    remedy=remedy,
+                    logs=self.logs(),
+                    job_id=self.id,
+                )
+            ) from e
+
+    def _load_exception(self) -> BaseException | None:
+        data = self._read(jobfiles.EXCEPTION)
+        if not data:
+            return None
+        exc = _rebuild_exception(data)
+        if exc is None:
+            return None
+        err = (self._files.error if self._files else None) or {}
+        meta = (self._files.meta if self._files else None) or {}
+        tb = name_cells(str(err.get("traceback") or ""), meta.get("cells"))
+        exc.__cause__ = RemoteTraceback(tb)
+        if hasattr(exc, "add_note"):  # Python 3.11+: shown under the exception, uncaught
+            exc.add_note(
+                f"(job {self.id} on {self.target}: `gpuctl logs {self.id}` shows its output)"
+            )
+        return exc
+
+
+def _rebuild_exception(data: bytes) -> BaseException | None:
+    """The user's exception from the worker's exception.pkl: whole when it unpickles, else
+    rebuilt from (type, args, __dict__) without calling its ``__init__``."""
+    try:
+        record = cloudpickle.loads(data)
+    except Exception:
+        return None
+    if not isinstance(record, dict):
+        return None
+    if record.get("whole"):
+        try:
+            exc = cloudpickle.loads(record["whole"])
+        except Exception:
+            exc = None
+        if isinstance(exc, BaseException):
+            return exc
+    cls = record.get("type")
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        return None
+    try:
+        rebuilt: BaseException = cls.__new__(cls)
+        rebuilt.args = tuple(record.get("args") or ())
+        rebuilt.__dict__.update(record.get("dict") or {})
+    except Exception:
+        return None
+    return rebuilt
