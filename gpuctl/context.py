@@ -1,12 +1,12 @@
 """The session's context: what gpuctl decides once at start-up and hands to what it builds.
 
 A ``Context`` holds the config (read and checked once), the read-only decision (made once, from
-``--read-only``, ``$GPUCTL_READ_ONLY`` and the config's ``read_only``: ``gpuctl.service``
-gives the order and the words), the state folder and the job store in it (``job_store()``:
-opened at its first use, then the session's one: the job commands, the screen's jobs pane and
-``gpuctl.jobs``' executors and ``attach`` all take it from here). The owner of the burns a
-session starts is not in it: ``service.me()`` is already made once per process, and nothing
-else decides it. The CLI builds one per command
+``--read-only``, ``$GPUCTL_READ_ONLY`` and the config's ``read_only``: ``gpuctl.readonly``
+gives the order and the words; ``gpuctl.service`` refuses actions by it), the state folder
+and the job store in it (``job_store()``: opened at its first use, then the session's one: the
+job commands, the screen's jobs pane and ``gpuctl.jobs``' executors and ``attach`` all take it
+from here). The owner of the burns a session starts is not in it: ``service.me()`` is already
+made once per process, and nothing else decides it. The CLI builds one per command
 (``gpuctl.cli.common.session``) and installs it as the process's; the TUI, the fleet
 builder, the job runner and the service take what they need from it instead of reading the
 config file again or probing objects for attributes.
@@ -23,7 +23,7 @@ built from ``$GPUCTL_CONFIG`` (or the XDG files) and the environment at the firs
 needs it, kept for the rest of the process. A config that cannot be read is not kept: each
 action that needs it refuses with its one-line ``ConfigError``.
 
-Headless: standard library, ``gpuctl.config``, ``gpuctl.paths`` and ``gpuctl.service``
+Headless: standard library, ``gpuctl.config``, ``gpuctl.paths`` and ``gpuctl.readonly``
 (``gpuctl.jobs.store`` is imported at the first ``job_store()``).
 """
 
@@ -35,11 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuctl import paths, service
+from gpuctl import paths, readonly
 from gpuctl.config import Config, load_config
 
 if TYPE_CHECKING:
-    from gpuctl.fleet.fleet import Fleet
     from gpuctl.jobs.store import JobStore
 
 
@@ -79,7 +78,7 @@ class Context:
         """The context of an already read ``config``: read-only decided now from ``flag``
         (``--read-only``), the environment and (unless not ``use_config``: the demo's
         simulated nodes) the config's ``read_only``."""
-        why = service.read_only_reason(flag=flag, config=config if use_config else None)
+        why = readonly.read_only_reason(flag=flag, config=config if use_config else None)
         return cls(config, why)
 
     @classmethod
@@ -105,10 +104,6 @@ class Context:
 
                 opened.job_store = JobStore(store_path(self.state_dir))
             return opened.job_store
-
-    def guard(self, fleet: Fleet | None = None) -> service.Guard:
-        """The ``service.Guard`` of this session's decision, for actions on ``fleet``."""
-        return service.Guard(read_only=self.read_only, why=self.read_only_why, fleet=fleet)
 
 
 _current: Context | None = None

@@ -17,7 +17,8 @@ Read-only mode has these sources, first match wins:
   set to anything but 0/false/no/off (a typo must not lift a safety switch), then
   ``read_only = true`` in the config. A config that cannot be read refuses the action with its
   own one-line ``ConfigError`` rather than guess. The file is not read again at each action:
-  a session keeps the mode it started with (``read_only_reason`` is how a context decides).
+  a session keeps the mode it started with (``gpuctl.readonly.read_only_reason``, the floor
+  below this module and the context, is how a context decides).
 
 Owners: every burn carries ``owner`` (``Owner``: the user name of this process's uid, the login
 host and a per-process session id) in ``stress_start``; the agent records it, reports it and
@@ -32,7 +33,7 @@ Others' processes: ``others_on`` says which GPUs run processes of another user t
 from the latest sample the fleet holds, so the TUI can ask and the CLI can require ``--force``
 before a burn lands on someone's job.
 
-Headless: standard library, ``gpuctl.config`` and ``gpuctl.core``; never textual.
+Headless: standard library, ``gpuctl.context`` and ``gpuctl.core``; never textual.
 """
 
 from __future__ import annotations
@@ -46,16 +47,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpuctl.context import Context, current
 from gpuctl.core.model import NodeSnapshot, OwnerWire
 from gpuctl.core.wire import JsonObject
 
 if TYPE_CHECKING:
-    from gpuctl.config import Config
-    from gpuctl.context import Context
     from gpuctl.fleet.fleet import Fleet
 
-READ_ONLY_ENV = "GPUCTL_READ_ONLY"
-_ENV_OFF = ("", "0", "false", "no", "off")
 # What a front end that holds only a yes/no says of why (the TUI: the CLI decided at start).
 ANY_SOURCE = "--read-only, GPUCTL_READ_ONLY or read_only in the config"
 OWNER_FIELDS = ("user", "host", "session")
@@ -73,11 +71,6 @@ class ReadOnlyError(Exception):
         self.why = why
 
 
-def env_read_only() -> bool:
-    """True when ``$GPUCTL_READ_ONLY`` turns read-only mode on (any value but 0/false/no/off)."""
-    return os.environ.get(READ_ONLY_ENV, "").strip().lower() not in _ENV_OFF
-
-
 def fleet_read_only(fleet: Fleet) -> bool:
     """True when ``fleet`` (a ``gpuctl.fleet.fleet.Fleet``) was built read-only: one of its
     links starts its agent with ``--read-only`` (``NodeLink.read_only``)."""
@@ -91,23 +84,6 @@ def read_only_link_why(fleet: Fleet) -> str | None:
         why = rt.link.read_only_why
         if why is not None:
             return why
-    return None
-
-
-def read_only_reason(*, flag: bool = False, config: Config | None = None) -> str | None:
-    """Why a session is read-only (the source and how to lift it, in words), or None: the
-    decision a ``gpuctl.context.Context`` makes once when it is built (which reads the
-    config: nothing here reads a file).
-
-    ``flag`` is a ``--read-only`` option; ``config`` the session's config (None: none counts,
-    the demo's simulated nodes).
-    """
-    if flag:
-        return "--read-only is given: run without it"
-    if env_read_only():
-        return f"{READ_ONLY_ENV} is set: unset it"
-    if config is not None and config.read_only:
-        return f"{config.path or 'the config'} sets read_only = true: set it to false there"
     return None
 
 
@@ -141,12 +117,8 @@ class Guard:
             )
         if self.read_only is False:
             return None
-        if self.context is not None:
-            why = self.context.read_only_why
-        else:
-            from gpuctl.context import current
-
-            why = current().read_only_why
+        context = self.context if self.context is not None else current()
+        why = context.read_only_why
         return None if why is None else ReadOnlyError(what, why)
 
     def check(self, what: str) -> None:

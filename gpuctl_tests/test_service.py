@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl import context, service
+from gpuctl import context, readonly, service
 from gpuctl.accept.run import AcceptOptions, start_fleet_run, start_local_run
 from gpuctl.accept.slurm import SlurmJobSpec, start_slurm_run
 from gpuctl.config import ConfigError
@@ -44,7 +44,7 @@ def _listing(path: Path) -> list[Path]:
 # -- the decision ------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", ["1", "yes", "ture", " On "])
 def test_the_environment_turns_it_on(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(service.READ_ONLY_ENV, value)
+    monkeypatch.setenv(readonly.READ_ONLY_ENV, value)
     with pytest.raises(service.ReadOnlyError) as e:
         service.check("stress")
     assert str(e.value) == ENV_LINE
@@ -53,7 +53,7 @@ def test_the_environment_turns_it_on(value: str, monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize("value", ["", "0", "false", "No", "off"])
 def test_off_values_do_not(value: str, monkeypatch: pytest.MonkeyPatch, config_file: Path) -> None:
-    monkeypatch.setenv(service.READ_ONLY_ENV, value)
+    monkeypatch.setenv(readonly.READ_ONLY_ENV, value)
     service.check("stress")  # nothing raised
 
 
@@ -98,10 +98,10 @@ def test_a_context_decides_once_and_its_guard_keeps_the_decision(
     session = Context.load()
     assert session.read_only_why == f"{config_file} sets read_only = true: set it to false there"
     config_file.write_text("")
-    monkeypatch.setenv(service.READ_ONLY_ENV, "1")  # later changes reach no built context
-    assert str(session.guard().refusal("stress")).endswith("set it to false there)")
+    monkeypatch.setenv(readonly.READ_ONLY_ENV, "1")  # later changes reach no built context
+    assert str(service.Guard(context=session).refusal("stress")).endswith("set it to false there)")
     assert Context.load(flag=False).read_only_why != session.read_only_why
-    monkeypatch.delenv(service.READ_ONLY_ENV)
+    monkeypatch.delenv(readonly.READ_ONLY_ENV)
     assert Context.load().read_only is False
     assert service.refusal("stress", context=session) is not None
     assert service.refusal("stress", context=Context.load()) is None
@@ -112,9 +112,9 @@ def test_the_callers_decision_wins_over_what_it_would_read(
 ) -> None:
     """``read_only=False``: the caller decided (the CLI before the command, the TUI at start)
     and nothing is read again; ``True`` refuses with the caller's words."""
-    monkeypatch.setenv(service.READ_ONLY_ENV, "1")
+    monkeypatch.setenv(readonly.READ_ONLY_ENV, "1")
     service.check("stress", read_only=False)
-    monkeypatch.delenv(service.READ_ONLY_ENV)
+    monkeypatch.delenv(readonly.READ_ONLY_ENV)
     with pytest.raises(service.ReadOnlyError, match=r"\(started read-only\)$"):
         service.check("stress", read_only=True, why="started read-only")
 
@@ -156,11 +156,11 @@ async def test_set_stress_refuses_in_read_only_mode_of_env_and_config(
     await fleet.start()
     try:
         await fleet.wait_settled(10)
-        monkeypatch.setenv(service.READ_ONLY_ENV, "1")
+        monkeypatch.setenv(readonly.READ_ONLY_ENV, "1")
         with pytest.raises(service.ReadOnlyError) as e:
             await control.set_stress(fleet, "n1", [0], True)
         assert str(e.value) == ENV_LINE
-        monkeypatch.delenv(service.READ_ONLY_ENV)
+        monkeypatch.delenv(readonly.READ_ONLY_ENV)
         _write(config_file, "read_only = true\n")
         context.install(None)  # each session decides once: a new one for each setting
         with pytest.raises(service.ReadOnlyError, match=str(config_file)):
@@ -182,7 +182,7 @@ async def test_set_stress_refuses_in_read_only_mode_of_env_and_config(
 async def test_local_and_slurm_acceptance_runs_refuse_before_starting_anything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(service.READ_ONLY_ENV, "1")
+    monkeypatch.setenv(readonly.READ_ONLY_ENV, "1")
     options = AcceptOptions(quick=True, device="cpu")
     with pytest.raises(service.ReadOnlyError, match="the acceptance suite is disabled"):
         await start_local_run(options, report_dir=tmp_path / "reports")
@@ -278,10 +278,11 @@ def test_the_environment_switch_is_read_in_one_module() -> None:
     def names_it(path: Path) -> bool:
         tree = ast.parse(path.read_text(), str(path))
         return any(
-            isinstance(n, ast.Constant) and n.value == service.READ_ONLY_ENV for n in ast.walk(tree)
+            isinstance(n, ast.Constant) and n.value == readonly.READ_ONLY_ENV
+            for n in ast.walk(tree)
         )
 
-    home = REPO / "gpuctl" / "service.py"
+    home = REPO / "gpuctl" / "readonly.py"
     assert names_it(home)  # the check can see it where it is
     others = [
         str(p.relative_to(REPO))

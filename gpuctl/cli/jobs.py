@@ -228,7 +228,7 @@ def load_function(spec: str) -> Any:
         raise UserError(f"{path} has no function {name!r}{hint}")
     if not callable(fn):
         raise UserError(f"{path}:{name} is a {type(fn).__name__}, not a function")
-    from gpuctl.jobs.executor import check_callable, check_picklable
+    from gpuctl.jobs.pickling import check_callable, check_picklable
 
     try:  # as a submit checks and pickles it: the culprit named
         check_callable(fn)
@@ -300,7 +300,7 @@ def _command_of(args: argparse.Namespace) -> list[str] | None:
 
 def run_submit(args: argparse.Namespace) -> int:
     from gpuctl.jobs import Executor, HostError, JobFailed
-    from gpuctl.jobs.executor import PayloadTooLarge, Unpicklable
+    from gpuctl.jobs.pickling import PayloadTooLarge, Unpicklable
     from gpuctl.reach.slurm import SlurmError
 
     command = _command_of(args)

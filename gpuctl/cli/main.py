@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from gpuctl import __version__, logs, service
+from gpuctl import __version__, logs, readonly, service
 from gpuctl.cli.base import ExitCode as ExitCode
 from gpuctl.cli.base import UserError as UserError
 from gpuctl.cli.base import os_error as os_error
@@ -44,7 +44,7 @@ COMMANDS = (
 if TYPE_CHECKING:
     from gpuctl.cli.base import Subcommands as Subcommands
 
-READ_ONLY_ENV = service.READ_ONLY_ENV
+READ_ONLY_ENV = readonly.READ_ONLY_ENV
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Commands of modules that do not mark themselves with ``mutating``: (module, function) -> what

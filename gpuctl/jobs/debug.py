@@ -5,7 +5,7 @@ folder, no supervisor, no VENV2, no limits, no job store row. What it keeps from
 the call is pickled first (into nothing), so that an argument that could not travel is refused
 here as ``submit`` refuses it; the result is pickled too; and the job it returns is a ``Job``
 that is already over, whose ``result()``, ``exception()`` and ``report()`` answer as a real
-job's would, the report coming from the same classifier (``report.classify``) over the same
+job's would, the report coming from the same classifier (``classify.classify``) over the same
 error record the worker writes.
 """
 
@@ -19,9 +19,10 @@ from typing import Any
 import cloudpickle
 
 from gpuctl.jobs.backends import Backend
+from gpuctl.jobs.classify import JobFiles, classify
 from gpuctl.jobs.job import SUBMITTER_PYTHON, Job
 from gpuctl.jobs.records import Handle, JobMeta, WorkerError
-from gpuctl.jobs.report import FailureReport, JobFiles, classify
+from gpuctl.jobs.report import FailureReport
 from gpuctl.node import jobfiles
 
 

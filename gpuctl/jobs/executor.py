@@ -1,4 +1,4 @@
-"""The job API: ``Executor(target).submit(fn, *args) -> Job``, ``map``, ``remote``, ``attach``.
+"""The job API: ``Executor(target).submit(fn, *args) -> Job``, ``map``, ``attach``.
 
 A submit pickles ``(fn, args, kwargs)`` with cloudpickle into a file (the function's own module by
 value, so helpers, globals and classes of a script or test module travel with it), makes a job
@@ -6,60 +6,53 @@ folder (uuid, mode 0700) on the target's host holding ``payload.pkl`` (temporary
 renamed), ``meta.json`` and copies of ``supervisor.py`` and ``worker.py``, and starts the
 supervisor on the folder. Nothing of the user's code or data is ever on a command line.
 
-The parts live beside it: ``job`` (a submitted ``Job``), ``provision`` (VENV2: ``EnvSpec``, the
-probe, the version checks), ``targets`` (which backend a target names). Their public names are
-importable from here too, as before the split.
+The parts live beside it: ``job`` (a submitted ``Job``), ``jobwriter`` (writing the job
+folder: ``JobWriter``, a base of ``Executor``), ``provision`` (VENV2: ``EnvSpec``, the probe,
+the version checks), ``targets`` (which backend a target names), ``pickling`` (what the call
+pickles into: by value, measured, the payload limit, ``Unpicklable``), ``jobenv`` (the
+variables a job gets from here), ``decorator`` (``@remote``). The public names of ``job`` and
+``provision`` are importable from here too, as before the split.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import dataclasses
-import fnmatch
 import functools
-import hashlib
-import importlib.metadata
-import json
 import os
 import pickle
-import re
 import shlex
-import sys
-import sysconfig
-import threading
 import time
-import types
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, overload
-
-import cloudpickle
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuctl import paths, service
-from gpuctl.jobs import _chunk, _command, checkpoint, debug, interrupt, sources, targets, usercode
+from gpuctl.jobs import _chunk, _command, debug, interrupt, targets, usercode
 from gpuctl.jobs.backends import SlurmBackend
-from gpuctl.jobs.hosts import AtomicWriter, Host
-from gpuctl.jobs.job import (
-    SUBMITTER_PYTHON,
-    Job,
-    JobFailed,
-    JobQueue,
-    RemoteTraceback,
-    queue_owner,
+from gpuctl.jobs.errors import JobFailed, RemoteTraceback
+from gpuctl.jobs.job import Job
+from gpuctl.jobs.jobqueue import JobQueue, queue_owner
+from gpuctl.jobs.jobwriter import JobWriter
+from gpuctl.jobs.pickling import (
+    DEFAULT_MAX_PAYLOAD,
+    SHARED_ABOVE,
+    PayloadTooLarge,
+    _biggest,
+    _item_parts,
+    _measure,
+    _parts,
+    _Pickled,
+    _pickles,
+    _unpicklable,
+    check_callable,
+    pickling_by_value,
 )
 from gpuctl.jobs.provision import (
     EnvSpec,
     Venv2,
-    payload_distributions,
-    payload_modules,
     shared_runner,
-    write_runner,
 )
-from gpuctl.jobs.records import BackendInfo, Handle, JobMeta, Limits, Probe
-from gpuctl.jobs.report import REMEDIES, FailureReport, _fmt_bytes
+from gpuctl.jobs.records import BackendInfo, Handle, JobMeta, Limits
+from gpuctl.jobs.report import REMEDIES, FailureReport
 from gpuctl.jobs.store import JobRecord, JobStore
-from gpuctl.node import jobfiles
 
 if TYPE_CHECKING:
     from gpuctl.config import Config, JobsSettings
@@ -70,48 +63,11 @@ __all__ = [
     "Job",
     "JobFailed",
     "RemoteTraceback",
-    "Unpicklable",
     "attach",
     "parse_mem",
-    "register_by_value",
-    "remote",
-    "unregister_by_value",
 ]
 
 R = TypeVar("R")
-
-# Variables of the submitter's that look like credentials or caches: a job that does not get
-# them (``Executor.passed_env``) is told so by name, once per process and set of names.
-HIDDEN_HINTS = (
-    "*_API_KEY",
-    "*_KEY",
-    "*_KEY_ID",
-    "*_TOKEN",
-    "*CREDENTIALS*",
-    "*_SECRET*",
-    "*PASSWORD*",
-    "*_CACHE*",
-    "HF_*",
-    "HUGGING_FACE_*",
-    "WANDB_*",
-    "TRANSFORMERS_*",
-    "TORCH_HOME",
-)
-_TOLD_UNSEEN: set[tuple[str, ...]] = set()
-
-
-@functools.cache
-def _patterns(patterns: tuple[str, ...]) -> re.Pattern[str]:
-    """One regular expression for ``fnmatch`` patterns, case-sensitive (none: matches
-    nothing): a map's every chunk reads the environment."""
-    if not patterns:
-        return re.compile(r"(?!)")
-    return re.compile("|".join(fnmatch.translate(p) for p in patterns))
-
-
-cloudpickle.register_pickle_by_value(_chunk)
-cloudpickle.register_pickle_by_value(checkpoint)
-cloudpickle.register_pickle_by_value(_command)
 
 
 CHUNKS_PER_SLOT = 4  # chunks of a map per running job: enough to balance, few enough that
@@ -157,99 +113,7 @@ def _size(value: int | str | None, what: str) -> int | None:
     return n
 
 
-@functools.cache
-def _installed_roots() -> tuple[str, ...]:
-    """The folders Python's own and installed modules live in (stdlib, site-packages)."""
-    paths = sysconfig.get_paths()
-    bases = (paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib"))
-    return tuple(os.path.realpath(b) + os.sep for b in bases if b)
-
-
-@functools.lru_cache(maxsize=65536)
-def _is_user_file(path: str) -> bool:
-    real = os.path.realpath(path)
-    if real.startswith(_installed_roots()):
-        return False
-    return "site-packages" not in real and "dist-packages" not in real
-
-
-def _is_user_module(name: str) -> bool:
-    """True for a module imported from a file outside the standard library and site-packages."""
-    mod = sys.modules.get(name)
-    path = getattr(mod, "__file__", None)
-    if mod is None or not isinstance(path, str) or not path or name == "__main__":
-        return False
-    return name.split(".")[0] != "gpuctl" and _is_user_file(path)
-
-
-@functools.cache
-def _installed_top_levels() -> frozenset[str]:
-    """Top-level import names that belong to an installed distribution (editable ones too)."""
-    return frozenset(importlib.metadata.packages_distributions())
-
-
-_BY_VALUE_LOCK = threading.Lock()
-_BY_VALUE_USERS: dict[str, int] = {}  # module name -> submits that registered it and pickle now
-
-
-def register_by_value(obj: object, ships: Callable[[str], bool] | None = None) -> list[str]:
-    """Make cloudpickle copy the user's own modules into the payload: the one that defines
-    ``obj`` and every other module loaded from the user's files (a sibling ``helpers.py`` or
-    package next to ``train.py``), which VENV2 could not import by name. Only what the function
-    reaches is pickled; installed packages still travel by name.
-
-    ``ships(name)``: True for a module that ships as a file with the job (``usercode``): it
-    pickles by reference, so that in VENV2 ``mathx.square is sys.modules["mathx"].square`` and
-    the standard pickle (a Pool's, a DataLoader's workers) pickles it as plain Python does.
-    Returns the names registered by this call (none registered before), for
-    ``unregister_by_value``."""
-    names = [getattr(obj, "__module__", None), *list(sys.modules)]
-    installed = _installed_top_levels()
-    done: list[str] = []
-    with _BY_VALUE_LOCK:
-        before = cloudpickle.list_registry_pickle_by_value()
-        for name in names:
-            if not isinstance(name, str) or not _is_user_module(name) or name in done:
-                continue
-            if name != names[0] and name.split(".")[0] in installed:
-                continue  # an editable install of a package: VENV2 is expected to have it
-            if ships is not None and ships(name):
-                continue
-            if name in before and name not in _BY_VALUE_USERS:
-                continue  # registered by the user: theirs to keep
-            with contextlib.suppress(ValueError):
-                cloudpickle.register_pickle_by_value(sys.modules[name])
-                _BY_VALUE_USERS[name] = _BY_VALUE_USERS.get(name, 0) + 1
-                done.append(name)
-    return done
-
-
-def unregister_by_value(names: Iterable[str]) -> None:
-    """Undo ``register_by_value``: a module no other submit in progress registered goes back
-    to cloudpickle's default (by reference), so the process is left as it was (a later
-    cloudpickle user here, submitit's executor say, pickles it by name again)."""
-    with _BY_VALUE_LOCK:
-        for name in names:
-            left = _BY_VALUE_USERS.get(name, 0) - 1
-            if left > 0:
-                _BY_VALUE_USERS[name] = left
-                continue
-            _BY_VALUE_USERS.pop(name, None)
-            with contextlib.suppress(ValueError):
-                cloudpickle.unregister_pickle_by_value(types.ModuleType(name))
-
-
-@contextlib.contextmanager
-def pickling_by_value(obj: object, ships: Callable[[str], bool] | None = None) -> Iterator[None]:
-    """``register_by_value`` while the block writes the payload, undone after it."""
-    names = register_by_value(obj, ships)
-    try:
-        yield
-    finally:
-        unregister_by_value(names)
-
-
-class Executor:
+class Executor(JobWriter):
     """Runs functions (``submit``, ``map``) and commands (``submit_command``) on ``target``:
     "local", a node name from the config, "slurm", or "debug".
 
@@ -297,7 +161,7 @@ class Executor:
     variables passed at submit, and ``job_env``, explicit values, which win. Their values go to
     the node in a 0600 file the supervisor removes once read (``meta.json`` names them only).
     A submit that leaves behind variables that look like credentials or caches says so on
-    stderr, once, naming them (``HIDDEN_HINTS``).
+    stderr, once, naming them (``jobenv.HIDDEN_HINTS``).
 
     ``store``: the job store its jobs' rows go to (True: the session's,
     ``gpuctl.context.Context.job_store``, opened at the first submit: ``config``'s session
@@ -430,19 +294,6 @@ class Executor:
         self._unseen: tuple[str, ...] = ()  # passed_env's notice, said once a job started
         self._config = where.config
 
-    @property
-    def store(self) -> JobStore | None:
-        """The job store this executor's rows go to (None: none; a debug job's is none: nothing
-        of it outlives this process). ``store=True``: the session's, opened at the first use,
-        the one every executor, ``attach`` and job command of the session shares. Raises
-        ``StoreError`` when it cannot be opened (ConfigError: the process's config cannot be
-        read to make its session)."""
-        if self._store is True:
-            from gpuctl.context import current
-
-            self._store = (self._context or current()).job_store()
-        return self._store or None
-
     def _jobs_settings(self) -> JobsSettings:
         """The config's ``[jobs]`` settings: the one handed in, else the session's."""
         from gpuctl.context import current
@@ -491,283 +342,7 @@ class Executor:
             raise PayloadTooLarge(what, whole, limit, _biggest(parts(), limit))
         return pickled
 
-    def venv2(self) -> Probe:
-        """Resolve (and build if asked) VENV2; return its probe ``{python, cloudpickle, ...}``.
-
-        Raises ``JobFailed`` (env_build_failed, venv2_wont_start, python_mismatch,
-        cloudpickle_mismatch, module_missing) with a remedy that says exactly what to do.
-        """
-        return self._venv2.probe()
-
     # --- submit --------------------------------------------------------------------------
-
-    def _job_root(self) -> str:
-        """The job root on the target's host (``~`` resolved there), created on first use."""
-        root = self.backend.host.expand(self.backend.job_root)
-        if not self._root_ready:
-            self.backend.host.mkdir(root, 0o700)
-            self._root_ready = True
-        return root
-
-    def _prepare(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        name: str,
-        command: list[str] | None = None,
-        *,
-        registered: bool = False,
-        runner: str | None = None,
-        pickled: _Pickled | None = None,
-    ) -> tuple[str, str, JobMeta]:
-        """Write one job folder; return (id, jobdir, meta). ``registered``: the caller pickles
-        under ``pickling_by_value`` already (a submit and a map do, once for all their chunks);
-        ``runner``: a shared runner folder (``shared_runner``) instead of a copy in this one;
-        ``pickled``: the payload ``(fn, args, kwargs)`` as the caller measured it.
-
-        The job's row goes into the store first ("preparing"): a store that cannot be written
-        refuses the job (``StoreError``) before anything exists on the node. A job that fails
-        to be prepared (its function cannot be pickled) leaves no row."""
-        probe = self.venv2()
-        job_id = uuid.uuid4().hex
-        jobdir = f"{self.backend.host.expand(self.backend.job_root)}/{job_id}"
-        if self.store is not None:
-            self.store.add(
-                JobRecord(
-                    id=job_id,
-                    name=name,
-                    target=self.target,
-                    # who writes it: once that process is gone, it never starts
-                    backend={**self.backend.describe(), "queued_by": queue_owner()},
-                    jobdir=jobdir,
-                    state="preparing",
-                    created_at=time.time(),
-                )
-            )
-        try:
-            with contextlib.ExitStack() as registration:
-                if not registered:
-                    registration.enter_context(pickling_by_value(fn))
-                return self._write_folder(
-                    job_id, jobdir, fn, args, kwargs, name, probe, command, runner, pickled
-                )
-        except BaseException as e:  # a Ctrl-C during the upload too
-            self._unwrite([(job_id, jobdir)], f"interrupted while its folder was written: {e!r}")
-            raise
-
-    def _refused_row(self, job_id: str, why: str) -> None:
-        """End the row of a job refused before it started: ``never_started`` with ``why`` and
-        what to do about it (not a Slurm job's remedy: there is no pending reason)."""
-        if self.store is None:
-            return
-        report = FailureReport(
-            kind="never_started",
-            phase="not started",
-            evidence=(why[:500],),
-            remedy="fix what the line above says, then submit again",
-            logs={},
-            job_id=job_id,
-        )
-        self.store.update(
-            job_id,
-            state="failed",
-            kind="never_started",
-            summary=why[:500],
-            ended_at=time.time(),
-            report=report.to_dict(),
-        )
-
-    def _unwrite(self, folders: Sequence[tuple[str, str]], why: str) -> None:
-        """Take back jobs refused before they started: their folders on the host go, then their
-        rows. A folder that cannot be removed (the node went away) keeps its row, ended
-        (``never_started``, ``why``), so that ``gpuctl jobs purge`` removes it later."""
-        for job_id, jobdir in folders:
-            try:
-                self.backend.host.remove_tree(jobdir, timeout=30)
-            except Exception as e:  # the refusal goes up, whatever this does
-                with contextlib.suppress(Exception):
-                    self._refused_row(job_id, f"{why}; its folder stayed ({e})")
-                continue
-            if self.store is not None:
-                with contextlib.suppress(Exception):
-                    self.store.delete(job_id)
-
-    def _write_folder(
-        self,
-        job_id: str,
-        jobdir: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        name: str,
-        probe: Probe,
-        command: list[str] | None,
-        runner: str | None = None,
-        pickled: _Pickled | None = None,
-    ) -> tuple[str, str, JobMeta]:
-        """The job folder, pickled under the caller's ``pickling_by_value``."""
-        if self.tasks > 1 and callable(getattr(fn, "checkpoint", None)):
-            raise ValueError(
-                "checkpoint and requeue work for jobs of one task: submit a checkpointable "
-                "function without nodes=/tasks_per_node="
-            )
-        host = self.backend.host
-        if pickled is None:  # one pass: measured, scanned, and kept when small
-            pickled = _measure((fn, args, kwargs), None, hashing=True, keep=True)
-        # before the first byte goes out: what the payload holds loads in VENV2, and the user's
-        # own modules it may import travel with it
-        modules = payload_modules(pickled.modules)
-        dists = payload_distributions(modules)
-        self._venv2.check_distributions(modules, dists)
-        user_fn = args[0] if fn is _chunk.run_chunk else fn  # a map's chunk runs the user's
-        code = (
-            usercode.UserCode()  # a command imports nothing of the submitter's
-            if command is not None
-            else self._user_code(user_fn)
-        )
-        root = self._job_root()
-        host.mkdir(jobdir, 0o700)
-        folder = code.folder(root) if code.files else None
-        if folder is not None and folder not in self._code_folders:
-            usercode.ship(host, root, code)
-            self._code_folders.add(folder)
-        limits = self.limits.copy()
-        if (
-            limits.get("mem_bytes")
-            and isinstance(self.backend, SlurmBackend)
-            and self.backend.memory_enforced()
-        ):
-            limits["mem_enforced_by"] = "slurm"
-        digest, size, cells = self._write_payload(host, jobdir, (fn, args, kwargs), pickled)
-        passed = self.passed_env()
-        if passed:  # the values: a 0600 file the supervisor removes once read, never meta.json
-            host.write_bytes(f"{jobdir}/{jobfiles.JOB_ENV}", json.dumps(passed).encode(), 0o600)
-        meta: JobMeta = {
-            "id": job_id,
-            "name": name,
-            "target": self.target,
-            "python_version": SUBMITTER_PYTHON,
-            "cloudpickle_version": cloudpickle.__version__,
-            "python": probe["path"],
-            "payload_sha256": digest,
-            "payload_bytes": size,
-            "limits": limits,
-            "setup": list(self.setup),
-            "env_names": sorted(passed),
-            "cwd": self.cwd,
-            "worker": f"{runner}/{jobfiles.WORKER_SCRIPT}" if runner else jobfiles.WORKER_SCRIPT,
-            "created_at": time.time(),
-            "checkpointable": callable(getattr(fn, "checkpoint", None)),
-        }
-        if command is not None:
-            meta["command"] = command
-        if folder is not None:
-            meta["code"] = folder
-        if code.unshipped:
-            meta["unshipped"] = {k: list(v) for k, v in code.unshipped.items()}
-        if dists:
-            meta["dists"] = dists
-        if cells:
-            meta["cells"] = cells
-        if runner:  # a Slurm map's chunks share one (Slurm picks their GPUs)
-            meta["runner"] = runner
-        else:
-            # the supervisor picks the GPUs where no scheduler does: through NVML, which it may
-            # lack
-            write_runner(
-                host, jobdir, nvml=bool(limits.get("gpus")) and self.backend.kind != "slurm"
-            )
-        host.write_bytes(f"{jobdir}/{jobfiles.META}", json.dumps(meta, indent=1).encode(), 0o600)
-        return job_id, jobdir, meta
-
-    def passed_env(self) -> dict[str, str]:
-        """The variables the job gets on top of its node's environment: this process's that
-        ``env_pass`` names (``fnmatch`` patterns), then ``job_env``, which wins. The first time,
-        one line on stderr names this process's variables that look like credentials or caches
-        (``HIDDEN_HINTS``) and that the job will not see (names only)."""
-        mine = os.environ
-        wanted = _patterns(self.env_pass)
-        passed = {k: v for k, v in mine.items() if wanted.match(k)}
-        passed.update(self.job_env)
-        unseen = sorted(
-            k
-            for k in mine
-            if k not in passed
-            and not jobfiles.is_base_env(k)
-            and not paths.is_xdg_variable(k)
-            and _patterns(HIDDEN_HINTS).match(k.upper())
-        )
-        if unseen and tuple(unseen) not in _TOLD_UNSEEN:
-            # said once a job started (``_tell_unseen``): a refused submit is one line, its own
-            self._unseen = tuple(unseen)
-        return passed
-
-    def _tell_unseen(self) -> None:
-        """The notice of ``passed_env``, once a job of this submit has started."""
-        unseen, self._unseen = self._unseen, ()
-        if not unseen or unseen in _TOLD_UNSEEN:
-            return
-        _TOLD_UNSEEN.add(unseen)
-        print(
-            f"gpuctl: the job will not see {', '.join(unseen)} (a job gets its node's "
-            "environment, not this one's): pass what it needs with env_pass=[...] "
-            "(gpuctl submit --env-pass NAME_OR_PATTERN) or job_env={...}",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def _job_root_path(self) -> str:
-        """The job root on the target's host, ``~`` resolved there (not created)."""
-        return self.backend.host.expand(self.backend.job_root)
-
-    def _write_shared(self, path: str, fn: object, pickled: _Pickled) -> None:
-        """Write a map's shared part to ``path`` (named by its content's hash) unless a map
-        wrote the same before; from ``pickled``'s bytes when it kept them."""
-        host = self.backend.host
-        if host.touch(path):  # written before, now marked used (``gpuctl jobs purge``)
-            return
-        self._job_root()
-        host.mkdir(os.path.dirname(path), 0o700)
-        writer = host.open_atomic(path, 0o600)
-        try:
-            if pickled.data is not None:
-                writer.write(pickled.data)
-                files = pickled.filenames
-            else:
-                files = sources.dump(fn, _HashingWriter(writer, hashing=False)).filenames
-        except BaseException:
-            writer.abort()
-            raise
-        text = sources.read_sources(files)
-        if text:  # beside it, for the chunks' tracebacks (``_chunk.load_shared``)
-            host.write_bytes(f"{path}.sources.json", json.dumps(text).encode(), 0o600)
-        writer.commit()
-
-    def _write_payload(
-        self, host: Host, jobdir: str, obj: object, pickled: _Pickled
-    ) -> tuple[str, int, dict[str, str]]:
-        """Write the payload into the job folder: ``pickled``'s bytes when the measuring pass
-        kept them, else pickled again straight into the file (streamed over SFTP for a node,
-        no temporary copy); the file appears under its name only once complete. Returns its
-        sha256, size and the notebook cells its code came from (``sources.cell_names``)."""
-        writer = host.open_atomic(f"{jobdir}/{jobfiles.PAYLOAD}", 0o600)
-        try:
-            if pickled.data is not None:
-                writer.write(pickled.data)
-                digest, size, files = pickled.digest, pickled.size, pickled.filenames
-            else:
-                w = _HashingWriter(writer)
-                files = sources.dump(obj, w).filenames
-                digest, size = w.hexdigest(), w.size
-        except BaseException:
-            writer.abort()
-            raise
-        writer.commit()
-        text = sources.read_sources(files)
-        if text:
-            host.write_bytes(f"{jobdir}/{jobfiles.SOURCES}", json.dumps(text).encode(), 0o600)
-        return digest, size, sources.cell_names(files)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Job:
         """Run ``fn(*args, **kwargs)`` on the target; returns at once with a ``Job``.
@@ -797,10 +372,6 @@ class Executor:
                 fn, args, kwargs, name, registered=True, pickled=pickled
             )
         return self._start([(job_id, jobdir)], meta)[0]
-
-    def _user_code(self, fn: Callable[..., Any]) -> usercode.UserCode:
-        """The user's code that ships with ``fn``'s job (``usercode.collect``)."""
-        return usercode.collect(fn, limit=self.ship_limit, exclude=self.ship_exclude)
 
     def submit_command(self, argv: Sequence[str]) -> Job:
         """Run the command ``argv`` (``["python", "train.py", "--lr", "3e-4"]``, no shell) on the
@@ -1057,285 +628,6 @@ def _item_report(job: Job, exc: BaseException, tb: str) -> FailureReport:
     )
 
 
-class _HashingWriter:
-    """A file wrapper that hashes and counts what cloudpickle writes through it. ``f`` None:
-    nothing is kept (a pickle measured before anything is written); ``limit``: past that many
-    bytes the write raises ``_OverLimit`` (the pickling stops there); ``hashing`` False: only
-    counted."""
-
-    def __init__(
-        self,
-        f: AtomicWriter | None,
-        *,
-        limit: int | None = None,
-        hashing: bool = True,
-        keep: int = 0,
-    ) -> None:
-        self.f = f
-        self.h = hashlib.sha256() if hashing else None
-        self.size = 0
-        self.limit = limit
-        self.keep = keep  # the bytes are kept while they come to at most this many
-        self.kept: bytearray | None = bytearray() if keep > 0 else None
-
-    PIECE = 8 << 20  # a large buffer is hashed piece by piece, each sent while the next hashes
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        mv = memoryview(data).cast("B")
-        n = len(mv)
-        self.size += n
-        if self.limit is not None and self.size > self.limit:
-            raise _OverLimit
-        if self.kept is not None:
-            if self.size > self.keep:
-                self.kept = None  # too big to hold: the caller pickles again into the file
-            else:
-                self.kept += mv
-        for i in range(0, n, self.PIECE):
-            piece = mv[i : i + self.PIECE]
-            if self.h is not None:
-                self.h.update(piece)
-            if self.f is not None:
-                self.f.write(piece)
-        return n
-
-    def hexdigest(self) -> str:
-        return self.h.hexdigest() if self.h is not None else ""
-
-
-class _OverLimit(Exception):
-    """A measured pickle passed its limit (``_HashingWriter``): it stopped there."""
-
-
-DEFAULT_MAX_PAYLOAD = 1 << 30  # bytes of one pickled payload (a map's shared part, a chunk)
-SHARED_ABOVE = 1 << 20  # a map's function that pickles to more goes into one file for all chunks
-
-
-class PayloadTooLarge(ValueError):
-    """A payload over the Executor's ``max_payload``, refused before anything was written:
-    its ``size`` and the ``limit`` (bytes), ``parts`` (what is big in it: (what, bytes),
-    biggest first)."""
-
-    def __init__(self, what: str, size: int, limit: int, parts: Sequence[tuple[str, int]]) -> None:
-        self.size, self.limit, self.parts = size, limit, list(parts)
-        big = "; ".join(f"{name}: {_fmt_bytes(n)}" for name, n in self.parts[:3])
-        super().__init__(
-            f"{what} pickles to {_fmt_bytes(size)}, over the payload limit of "
-            f"{_fmt_bytes(limit)} (max_payload)"
-            + (f"; the biggest parts: {big}" if big else "")
-            + ". Nothing was written. Pass big data by path (save it where the node can read "
-            "it and load it inside the function), or raise the limit: "
-            'Executor(..., max_payload="4G") or max_payload = "4G" in the config\'s [jobs]'
-        )
-
-
-class Unpicklable(pickle.PicklingError, TypeError):
-    """A call that cannot be pickled, refused before anything was written: the message names
-    the part that cannot (``global `LOCK` that `score` uses``, ``argument 0``), what it is, and
-    what to do instead. A ``PicklingError`` and a ``TypeError``, as cloudpickle raises."""
-
-
-def _what_it_is(value: object) -> tuple[str, str]:
-    """(what ``value`` is, what to pass instead) for a value that does not pickle."""
-    import io
-    import socket
-
-    t = type(value)
-    if (t.__module__ == "_thread" and t.__name__ in ("lock", "RLock")) or isinstance(
-        value, threading.Condition | threading.Semaphore | threading.Event
-    ):
-        return (
-            f"a lock ({t.__module__}.{t.__qualname__})",
-            "create it inside the function (a lock here locks nothing on the node)",
-        )
-    if isinstance(value, io.IOBase):
-        name, mode = getattr(value, "name", "?"), getattr(value, "mode", "?")
-        return (
-            f"an open file ({name!r}, mode {mode!r})",
-            "pass its path and open it inside the function",
-        )
-    if isinstance(value, socket.socket):
-        return "a socket", "pass its address and connect inside the function"
-    if isinstance(value, types.GeneratorType | types.AsyncGeneratorType | types.CoroutineType):
-        return (
-            f"a {t.__name__} (it cannot be copied halfway through)",
-            "pass a list of what it yields, or the function that makes it",
-        )
-    kind = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-    return f"a {kind}", "create it inside the function, or pass what it is made from"
-
-
-def _unpicklable(what: str, error: Exception, parts: Mapping[str, Any]) -> Unpicklable:
-    """The error for ``what`` that cannot be pickled (``error``): the first of its ``parts``
-    (name: value, as ``_parts`` names them) that cannot be pickled alone, named."""
-    for name, value in parts.items():
-        try:
-            _measure(value, None)
-        except Exception as e:
-            it, instead = _what_it_is(value)
-            return Unpicklable(
-                f"{what} cannot be pickled: {name} is {it}, which cannot travel to the node "
-                f"({type(e).__name__}: {e}); {instead}"
-            )
-    return Unpicklable(f"{what} cannot be pickled: {type(error).__name__}: {error}")
-
-
-def check_callable(fn: object) -> None:
-    """TypeError with one line for a function whose call makes something to run later (an
-    ``async def``, a generator function): the job would only return that, unrun."""
-    import inspect
-
-    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "f")
-    if inspect.iscoroutinefunction(fn):
-        raise TypeError(
-            f"`{name}` is an async def function: calling it on the node only makes a coroutine, "
-            f"which nothing would run; submit a plain function: `lambda: asyncio.run({name}())`"
-        )
-    if inspect.isasyncgenfunction(fn):
-        raise TypeError(
-            f"`{name}` is an async generator function: calling it on the node only makes an "
-            "async generator, which nothing would run; submit a plain function that runs it: "
-            f"`lambda: asyncio.run(collect({name}()))` with `async def collect(g): return "
-            "[x async for x in g]`"
-        )
-    if inspect.isgeneratorfunction(fn):
-        raise TypeError(
-            f"`{name}` is a generator function: calling it on the node only makes a generator, "
-            "which cannot travel back; submit a plain function: "
-            f"`lambda: list({name}())`"
-        )
-
-
-def check_picklable(
-    what: str, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] = {}
-) -> None:
-    """``Unpicklable`` naming the culprit when the call ``fn(*args, **kwargs)`` cannot be
-    pickled as a submit pickles it (``what``: how the message names the call)."""
-    with pickling_by_value(fn):
-        _pickles(what, (fn, tuple(args), dict(kwargs)), lambda: _parts(fn, args, kwargs))
-
-
-def _pickles(what: str, obj: object, parts: Callable[[], Mapping[str, Any]]) -> None:
-    """``Unpicklable`` naming the culprit among ``parts()`` when ``obj`` cannot be pickled."""
-    try:
-        _measure(obj, None)
-    except (TypeError, pickle.PicklingError) as e:
-        raise _unpicklable(what, e, parts()) from e
-
-
-KEEP_BELOW = 64 << 20  # a payload that pickles to at most this is written from its measure
-
-
-@dataclasses.dataclass
-class _Pickled:
-    """A payload pickled once by ``sources.PayloadPickler``: its size, sha256 (or ""), the
-    files whose code went by value, the modules unpickling imports, and its bytes when kept."""
-
-    size: int
-    digest: str
-    filenames: set[str]
-    modules: set[str]
-    data: bytes | None
-
-
-def _measure(
-    obj: object, limit: int | None, *, hashing: bool = False, keep: bool = False
-) -> _Pickled:
-    """``obj`` pickled as a payload is, in one pass: measured, hashed when ``hashing``, its
-    files and modules noted, and its bytes kept when ``keep`` and at most ``KEEP_BELOW`` (a
-    submit measured, scanned and wrote its payload in three passes). Past ``limit`` bytes it
-    stops (the size is then what it counted: over the limit, maybe not all; nothing else
-    noted). The pickler hands large bytes and buffers over as they are, so measuring them
-    copies nothing (a torch tensor is copied once, by its own reducer)."""
-    w = _HashingWriter(None, limit=limit, hashing=hashing, keep=KEEP_BELOW if keep else 0)
-    try:
-        pickler = sources.dump(obj, w)
-    except _OverLimit:
-        return _Pickled(w.size, "", set(), set(), None)
-    data = bytes(w.kept) if w.kept is not None else None
-    return _Pickled(w.size, w.hexdigest(), pickler.filenames, pickler.modules, data)
-
-
-def _parts(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """What a call is made of, by name: the arguments, and what the function closes over
-    (its closure's variables, the globals its code names, a bound method's object, a
-    partial's arguments)."""
-    found: dict[str, Any] = {}
-    for i, a in enumerate(args):
-        found[f"argument {i}"] = a
-    for k, v in kwargs.items():
-        found[f"argument {k}="] = v
-    seen: set[int] = set()
-
-    def walk(f: Any, depth: int) -> None:
-        if depth > 3 or id(f) in seen:
-            return
-        seen.add(id(f))
-        if isinstance(f, functools.partial):
-            walk(f.func, depth + 1)
-            for i, a in enumerate(f.args):
-                found[f"argument {i} of the partial"] = a
-            for k, v in (f.keywords or {}).items():
-                found[f"argument {k}= of the partial"] = v
-            return
-        owner = getattr(f, "__self__", None)
-        if owner is not None and not isinstance(owner, types.ModuleType):
-            found[f"the object of method {getattr(f, '__name__', '?')}"] = owner
-        code = getattr(f, "__code__", None)
-        if code is None:
-            return
-        label = getattr(f, "__qualname__", "?")
-        for name, cell in zip(
-            code.co_freevars, getattr(f, "__closure__", None) or (), strict=False
-        ):
-            with contextlib.suppress(ValueError):  # an empty cell
-                value = cell.cell_contents
-                if callable(value) and hasattr(value, "__code__"):
-                    walk(value, depth + 1)
-                else:
-                    found[f"variable `{name}` that {label} closes over"] = value
-        glob = getattr(f, "__globals__", {})
-        for name in code.co_names:
-            if name in glob:
-                value = glob[name]
-                if isinstance(value, types.ModuleType | type):
-                    continue
-                if callable(value) and hasattr(value, "__code__"):
-                    walk(value, depth + 1)
-                else:
-                    found[f"global `{name}` that {label} uses"] = value
-
-    walk(fn, 0)
-    return found
-
-
-def _item_parts(chunk: Sequence[tuple[Any, ...]], first: int) -> dict[str, Any]:
-    """The arguments of a map's chunk, by name ("item 7", "item 7 argument 1")."""
-    return {
-        f"item {first + j}" + (f" argument {i}" if len(args) > 1 else ""): a
-        for j, args in enumerate(chunk)
-        for i, a in enumerate(args)
-    }
-
-
-def _biggest(parts: Mapping[str, Any], limit: int) -> list[tuple[str, int]]:
-    """``parts`` (name: value) by pickled size, biggest first, each as "name (type)"; those
-    under 1 % of ``limit`` are left out."""
-    sized = []
-    for name, value in parts.items():
-        try:
-            n = _measure(value, limit).size
-        except Exception:
-            continue  # a part that does not pickle alone (it may inside the whole)
-        if n >= limit // 100:
-            t = type(value)
-            kind = (
-                t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-            )
-            sized.append((f"{name} ({kind})", n))
-    return sorted(sized, key=lambda p: -p[1])
-
-
 def _check_argv(argv: Sequence[str]) -> list[str]:
     """``argv`` as a list of strings; TypeError or ValueError with one line otherwise."""
     if isinstance(argv, str | bytes):
@@ -1367,66 +659,6 @@ def _name(fn: Callable[..., Any]) -> str:
     return f"{mod}.{qual}" if mod else str(qual)
 
 
-@overload
-def remote(fn: Callable[..., R], /) -> Callable[..., R]: ...
-
-
-@overload
-def remote(
-    *, target: str = ..., **options: Any
-) -> Callable[[Callable[..., R]], Callable[..., R]]: ...
-
-
-def remote(fn: Any = None, /, *, target: str = "local", **options: Any) -> Any:
-    """Decorator: calling the function runs it on ``target`` and returns its result.
-
-    ``@remote(target="gpu01", mem="8G")``; ``f.submit(...)`` returns the ``Job`` instead, and
-    ``f.local(...)`` calls the undecorated function. Options are those of ``Executor``.
-    """
-
-    def wrap(func: Callable[..., Any]) -> RemoteFunction:
-        return RemoteFunction(func, target, options)
-
-    if fn is not None:
-        return wrap(fn)
-    return wrap
-
-
-class RemoteFunction:
-    """What ``@remote`` makes of a function (see ``remote``).
-
-    Pickled, it is the plain function again: a job that calls another ``@remote`` function runs
-    it in its own process (VENV2 has no gpuctl to submit with), and nothing of this side's
-    executor (its locks, its connections) travels.
-    """
-
-    def __init__(self, func: Callable[..., Any], target: str, options: dict[str, Any]) -> None:
-        functools.update_wrapper(self, func)
-        self.local = func
-        self._target = target
-        self._options = options
-        self._executor: Executor | None = None
-        self._lock = threading.Lock()
-
-    def executor(self) -> Executor:
-        """The Executor it submits through, made at the first call."""
-        with self._lock:
-            if self._executor is None:
-                self._executor = Executor(self._target, **self._options)
-            return self._executor
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.executor().submit(self.local, *args, **kwargs).result()
-
-    def submit(self, *args: Any, **kwargs: Any) -> Job:
-        """Run it on the target; returns the ``Job`` at once."""
-        return self.executor().submit(self.local, *args, **kwargs)
-
-    def __reduce__(self) -> tuple[Any, tuple[Any]]:
-        # copy.copy of a function is the function: the standard library rebuilds it in VENV2
-        return copy.copy, (self.local,)
-
-
 def attach(
     record: JobRecord | str,
     store: JobStore | None = None,
@@ -1445,17 +677,4 @@ def attach(
 
             store = (Context.of(config) if config is not None else current()).job_store()
         record = store.find(record)
-    backend = targets.backend_of(record.backend, record.id, config)
-    job = Job(
-        record.id,
-        record.name,
-        record.target,
-        backend,
-        record.jobdir,
-        record.backend.get("handle", Handle()).copy(),
-        store,
-        record.created_at,
-        watch=watch,
-    )
-    job._restore(record)
-    return job
+    return Job.of_record(record, store, config, watch=watch)

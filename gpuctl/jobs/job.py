@@ -2,36 +2,41 @@
 
 A ``Job`` reads its folder on the target's host (``outcome.json``, heartbeats, status lines) and
 asks its backend what the scheduler knows; once the job is over it classifies what happened
-(``gpuctl.jobs.report``) and keeps the end in the job store. ``JobFailed`` is a system failure
+(``gpuctl.jobs.classify``) and keeps the end in the job store. ``JobFailed`` is a system failure
 (its message is the report); ``RemoteTraceback`` is the node's traceback attached to a user
-exception raised again here.
+exception raised again here (both in ``gpuctl.jobs.errors``). Reading the folder's outputs and
+the result is ``gpuctl.jobs.jobfolder``'s part of the ``Job``.
 """
 
 from __future__ import annotations
 
-import atexit
-import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import glob
 import logging
 import os
-import socket
 import sys
 import threading
 import time
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
-
-import cloudpickle
 
 from gpuctl import service
 from gpuctl.core import wire
-from gpuctl.jobs import _chunk
+from gpuctl.jobs import _chunk, targets
 from gpuctl.jobs.backends import Backend, SlurmBackend
-from gpuctl.jobs.hosts import BinaryReader, HostError, LocalHost
+from gpuctl.jobs.classify import (
+    JobFiles,
+    classify,
+    combine_ranks,
+    parse_status,
+    unreachable_report,
+)
+from gpuctl.jobs.errors import JobCancelled, JobFailed
+from gpuctl.jobs.evidence import end_notes, shm_note
+from gpuctl.jobs.hosts import HostError, LocalHost
+from gpuctl.jobs.jobfolder import JobFolder
+from gpuctl.jobs.jobqueue import owner_gone
 from gpuctl.jobs.records import (
     Attempt,
     BackendInfo,
@@ -45,18 +50,7 @@ from gpuctl.jobs.records import (
     SchedulerState,
     WorkerError,
 )
-from gpuctl.jobs.report import (
-    REMEDIES,
-    FailureReport,
-    JobFiles,
-    classify,
-    combine_ranks,
-    end_notes,
-    name_cells,
-    parse_status,
-    shm_note,
-    unreachable_report,
-)
+from gpuctl.jobs.report import REMEDIES, FailureReport
 from gpuctl.jobs.store import (
     FINAL_STATES,
     ITEMS_FAILED,
@@ -67,10 +61,13 @@ from gpuctl.jobs.store import (
     StoreError,
     shown_state,
 )
-from gpuctl.node import jobfiles, proc
+from gpuctl.jobs.watcher import WATCHER
+from gpuctl.node import jobfiles
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+
+    from gpuctl.config import Config
 
 T = TypeVar("T")
 
@@ -80,99 +77,11 @@ log = logging.getLogger("gpuctl.jobs.executor")
 SUBMITTER_PYTHON = sys.version.split()[0]
 UNREACHABLE_AFTER = 60.0  # seconds a node may stay unreachable before result() reports it
 BEAT_EVERY = 3.0  # seconds between heartbeat reads while a job runs
-WATCH_CROWD_MOST = 4.0  # the watcher's slowest pace per job, times this at most, with many jobs
-LINE_BYTES = 64 * 1024  # bytes a line at most, on average, that read_lines brings (tail=/head=)
 SLURM_VERDICT_WAIT = 30.0  # seconds to wait for Slurm's final state after a signalled stop
 _RAISED = ("user_exception", "gpu_out_of_memory")  # kinds that are the function's own exception
 
 
-class JobFailed(Exception):
-    """A system failure of a job (not an exception of the function); ``str`` is the report."""
-
-    def __init__(self, report: FailureReport) -> None:
-        super().__init__(report.text())
-        self.report = report
-
-    @property
-    def kind(self) -> str:
-        return self.report.kind
-
-
-class JobCancelled(JobFailed, concurrent.futures.CancelledError):
-    """What ``result()`` and ``exception()`` of a cancelled job raise: the
-    ``concurrent.futures.CancelledError`` of any cancelled Future, and a ``JobFailed`` of kind
-    "cancelled" whose report says how it was stopped (also ``job.report()``)."""
-
-
-class RemoteTraceback(Exception):
-    """Attached as ``__cause__`` of a re-raised user exception: the traceback on the node."""
-
-    def __init__(self, tb: str) -> None:
-        super().__init__(tb)
-        self.tb = tb
-
-    def __str__(self) -> str:
-        return f'\n"""\n{self.tb}"""'
-
-
-class _Watcher:
-    """One daemon thread that polls every unfinished ``Job`` of this process now and then, so
-    that a job completes as a ``Future`` (``as_completed``, ``wait``, callbacks,
-    ``asyncio.wrap_future``) without anyone calling its methods. Polls back off from 0.1 s to
-    ``slowest`` seconds per job (local files are cheap, a node's are a round trip)."""
-
-    def __init__(self) -> None:
-        self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
-        self._due: weakref.WeakKeyDictionary[Job, tuple[float, float]] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def add(self, job: Job) -> None:
-        with self._lock:
-            self._jobs.add(job)
-            self._due[job] = (0.0, 0.1)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="gpuctl-jobs", daemon=True)
-                self._thread.start()
-        self._wake.set()
-
-    def _run(self) -> None:
-        while True:
-            self._wake.clear()  # before looking: a job added from now on wakes the wait below
-            now = time.monotonic()
-            with self._lock:
-                jobs = [j for j in self._jobs if self._due.get(j, (0.0, 0.1))[0] <= now]
-                # hundreds of jobs (a map): each is looked at less often, so that watching
-                # them costs about what a hundred do (a caller's wait still polls its own)
-                crowd = min(WATCH_CROWD_MOST, max(1.0, len(self._jobs) / 100))
-            for job in jobs:
-                try:
-                    over = job._poll()  # settles the Future when the job is over
-                except Exception:  # the job's own calls report it; the watcher goes on
-                    log.debug("watching job %s", job.id, exc_info=True)
-                    over = False
-                with self._lock:
-                    if over:
-                        self._jobs.discard(job)
-                        self._due.pop(job, None)
-                    else:
-                        slowest = 1.0 if isinstance(job.backend.host, LocalHost) else 3.0
-                        slowest *= crowd
-                        step = min(self._due.get(job, (0.0, 0.1))[1] * 1.5, slowest)
-                        self._due[job] = (time.monotonic() + step, step)
-            with self._lock:
-                if not self._jobs:
-                    self._thread = None
-                    return
-                nxt = min(due for due, _ in self._due.values())
-            self._wake.wait(max(0.01, nxt - time.monotonic()))
-
-
-_WATCHER = _Watcher()
-
-
-class Job(concurrent.futures.Future[Any]):
+class Job(JobFolder, concurrent.futures.Future[Any]):
     """A submitted function call: a ``concurrent.futures.Future`` that explains failures.
 
     ``as_completed``, ``wait`` and ``asyncio.wrap_future`` take it as it is: a watcher thread
@@ -191,6 +100,7 @@ class Job(concurrent.futures.Future[Any]):
     """
 
     unreachable_after = UNREACHABLE_AFTER
+    ranks: list[Job]
     cancel_on_interrupt = False  # a Ctrl-C while waiting cancels it (set by the Executor)
 
     def __init__(
@@ -252,7 +162,7 @@ class Job(concurrent.futures.Future[Any]):
         self._callbacks = False  # a done-callback was added (see _settle)
         self._watch = watch
         if watch and handle:  # completed as a Future in the background (a caller that polls
-            _WATCHER.add(self)  # itself opts out); a job waiting for its turn once it starts
+            WATCHER.add(self)  # itself opts out); a job waiting for its turn once it starts
 
     def add_done_callback(self, fn: Callable[[concurrent.futures.Future[Any]], object]) -> None:
         self._callbacks = True
@@ -260,6 +170,11 @@ class Job(concurrent.futures.Future[Any]):
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.name} on {self.target}: {self.state}>"
+
+    @property
+    def _logs_job(self) -> Job:
+        """Whose files are this job's logs and result: its own, or rank 0's."""
+        return self.ranks[0] if self.ranks else self
 
     def __reduce__(self) -> tuple[Any, ...]:
         """A Job pickles as a handle (its id, target, backend, folder and job store's path):
@@ -270,118 +185,6 @@ class Job(concurrent.futures.Future[Any]):
             _handle,
             (self.id, self.name, self.target, backend, self.jobdir, self.created_at, store),
         )
-
-    # --- files ---------------------------------------------------------------------------
-
-    def _read(self, name: str) -> bytes | None:
-        return self.backend.host.read_bytes(f"{self.jobdir}/{name}")
-
-    @property
-    def _logs_job(self) -> Job:
-        """Whose files are this job's logs and result: its own, or rank 0's."""
-        return self.ranks[0] if self.ranks else self
-
-    def read_from(self, name: str, offset: int) -> bytes:
-        """The job folder's file ``name`` (``stdout.txt``, ``stderr.txt``, ...) from byte
-        ``offset`` on (rank 0's for a job of several tasks): empty when absent. Raises
-        ``HostError`` when the node does not answer."""
-        folder = self._logs_job.jobdir
-        return self.backend.host.read_bytes(f"{folder}/{name}", offset) or b""
-
-    def _json(self, schema: type[T], name: str) -> T | None:
-        """The job folder's JSON file ``name`` read as ``schema`` (None: absent or not an
-        object; a field of the wrong type is left out)."""
-        return wire.parse(schema, jobfiles.loads(self._read(name)))
-
-    def result_info(self) -> ResultInfo | None:
-        """What the job returned, as its worker described it once saved (type, size in bytes,
-        a short repr), read without unpickling; None before then or when the folder is gone.
-        ``HostError`` when the node does not answer."""
-        return self._json(ResultInfo, jobfiles.RESULT_INFO)
-
-    def _tail(self, name: str, limit: int = 6000) -> str:
-        data = self._read(name) or b""
-        return data[-limit:].decode("utf-8", "replace")
-
-    def read_lines(
-        self,
-        name: str,
-        *,
-        tail: int | None = None,
-        head: int | None = None,
-        sized: bool = False,
-        most_bytes: int | None = None,
-    ) -> tuple[bytes, int | None]:
-        """The last ``tail`` (or first ``head``) lines of the job folder's file ``name`` (rank
-        0's for a job of several tasks), read on its host (``tail`` seeks from the end there):
-        only those lines travel, at most ``LINE_BYTES`` a line on average (longer lines are
-        cut, at the start for ``tail``). ``sized`` (with ``tail``): also the file's size the
-        lines end at, to follow it from there (the node then reads the file through once);
-        else None. ``most_bytes``: at most that many bytes travel, whatever the lines' count.
-        Empty when absent; raises ``HostError`` when the node does not answer."""
-        if (tail is None) == (head is None) or (tail or head or 0) < 0:
-            raise ValueError("give one of tail= and head=, a whole number of lines, 0 or more")
-        count = int(tail if tail is not None else head or 0)
-        sized = sized and tail is not None
-        path = f"{self._logs_job.jobdir}/{name}"
-        most = str(most_bytes if most_bytes is not None else max(1, count) * LINE_BYTES)
-        if tail is not None and sized:  # the size first: the lines shown are the ones before it
-            script = 's=$(wc -c < "$1") || exit 3; echo "$s"; head -c "$s" -- "$1" | '
-            script += 'tail -n "$2" | tail -c "$3"'
-        elif tail is not None:
-            script = 'tail -n "$2" -- "$1" | tail -c "$3"'
-        else:
-            script = 'head -n "$2" -- "$1" | head -c "$3"'
-        script = f'[ -f "$1" ] || exit 3; {script}'
-        rc, out, err = self.backend.host.run(
-            ["sh", "-c", script, "sh", path, str(count), most], timeout=120
-        )
-        if rc == 3:
-            return b"", 0 if sized else None
-        if rc != 0:
-            why = err.decode("utf-8", "replace").strip()[-300:] or f"exit status {rc}"
-            raise HostError(f"{self.backend.host.name}: reading {path} failed: {why}")
-        if not sized:
-            return out, None
-        size, _, data = out.partition(b"\n")
-        return data, int(size.strip() or 0)
-
-    def stdout(self, *, tail: int | None = None, head: int | None = None) -> str:
-        """What the function printed to stdout so far (rank 0's); ``tail=N`` / ``head=N``: its
-        last / first N lines only, and only those are read from the node."""
-        return self._text(jobfiles.STDOUT, tail, head)
-
-    def stderr(self, *, tail: int | None = None, head: int | None = None) -> str:
-        """What went to stderr so far (tracebacks, faulthandler stacks, warnings; rank 0's);
-        ``tail=N`` / ``head=N`` as for ``stdout``."""
-        return self._text(jobfiles.STDERR, tail, head)
-
-    def _text(self, name: str, tail: int | None, head: int | None) -> str:
-        return self.read_output(name, tail=tail, head=head).decode("utf-8", "replace")
-
-    def read_output(self, name: str, *, tail: int | None = None, head: int | None = None) -> bytes:
-        """The bytes of the job folder's file ``name`` (``stdout.txt``, ``stderr.txt``; rank
-        0's) as the job wrote them: all of it, or its last ``tail`` / first ``head`` lines."""
-        if tail is None and head is None:
-            return self.read_from(name, 0)
-        return self.read_lines(name, tail=tail, head=head)[0]
-
-    def logs(self) -> dict[str, str]:
-        """Paths of the job's log files on its host (every rank's, named "rank R FILE")."""
-        if self.ranks:
-            return {
-                f"rank {r} {name}": path
-                for r, job in enumerate(self.ranks)
-                for name, path in job.logs().items()
-            }
-        names = jobfiles.LOGS
-        if not isinstance(self.backend.host, LocalHost):
-            return {n: f"{self.backend.host.name}:{self.jobdir}/{n}" for n in names}
-        found = {n: p for n in names if os.path.exists(p := f"{self.jobdir}/{n}")}
-        pattern = str(self.handle.get("output") or "")
-        for path in sorted(glob.glob(pattern))[:1] if pattern else ():
-            found["slurm output"] = path  # where slurmstepd says why it killed the job
-        return found
 
     # --- state ---------------------------------------------------------------------------
 
@@ -810,77 +613,6 @@ class Job(concurrent.futures.Future[Any]):
         first = self.result(timeout)
         return [first, *(job._load_result() for job in self.ranks[1:])]
 
-    def _load_result(self) -> Any:
-        path = jobfiles.JobPaths(self.jobdir)(jobfiles.RESULT)
-        host = self.backend.host
-        # a node's result is unpickled as it arrives (no local copy): the worker renamed it
-        # into place complete, and a transfer cut short raises HostError, never a short file
-        shown = path if isinstance(host, LocalHost) else f"{host.name}:{path}"
-        return self._unpickle_result(lambda: host.open_read(path), shown)
-
-    def copy_result(self, dest: str) -> None:
-        """Copy the result's pickle, as the worker wrote it, to the file ``dest`` ("-": stdout)
-        without unpickling it: it works where the result's classes cannot be imported. The job
-        must have succeeded (``result()`` says why when not)."""
-        path = jobfiles.JobPaths(self._logs_job.jobdir)(jobfiles.RESULT)
-        host = self.backend.host
-        if dest == "-":
-            sys.stdout.flush()
-            sys.stdout.buffer.write(host.read_bytes(path) or b"")
-            sys.stdout.buffer.flush()
-        else:
-            host.get_file(path, dest)
-
-    def _unpickle_result(self, opener: Callable[[], BinaryReader], shown: str) -> Any:
-        """The result from its file; one that this Python cannot rebuild (its class lives in a
-        module not installed here, a newer pickle protocol) is a ``JobFailed`` that says so.
-        Reading a node's may raise HostError (the node went away)."""
-        try:
-            with opener() as f:
-                return cloudpickle.load(f)
-        except HostError:
-            raise
-        except Exception as e:
-            info = (self._files.result_info if self._files else None) or {}
-            missing = getattr(e, "name", None) if isinstance(e, ImportError) else None
-            evidence = [
-                f"the job succeeded; its result ({info.get('type', 'unknown type')}, "
-                f"{info.get('size', '?')} bytes) is in {shown}",
-                f"unpickling it here failed: {type(e).__name__}: {e}",
-            ]
-            remedy = (
-                f"install {missing!r} into this Python ({sys.executable}), or return plain data"
-                if missing
-                else "unpickle it with the Python and packages of VENV2, or return plain data"
-            )
-            raise JobFailed(
-                FailureReport(
-                    kind="result_unloadable",
-                    phase="done",
-                    evidence=tuple(evidence),
-                    remedy=remedy,
-                    logs=self.logs(),
-                    job_id=self.id,
-                )
-            ) from e
-
-    def _load_exception(self) -> BaseException | None:
-        data = self._read(jobfiles.EXCEPTION)
-        if not data:
-            return None
-        exc = _rebuild_exception(data)
-        if exc is None:
-            return None
-        err = (self._files.error if self._files else None) or {}
-        meta = (self._files.meta if self._files else None) or {}
-        tb = name_cells(str(err.get("traceback") or ""), meta.get("cells"))
-        exc.__cause__ = RemoteTraceback(tb)
-        if hasattr(exc, "add_note"):  # Python 3.11+: shown under the exception, uncaught
-            exc.add_note(
-                f"(job {self.id} on {self.target}: `gpuctl logs {self.id}` shows its output)"
-            )
-        return exc
-
     def cancel(self, *, read_only: bool | None = None) -> bool:
         """Ask the job to stop (TERM, grace, KILL on the node); False if it had finished.
 
@@ -938,7 +670,7 @@ class Job(concurrent.futures.Future[Any]):
         backend's; from now on it is watched like any other."""
         self.handle.update(handle)
         if self._watch:
-            _WATCHER.add(self)
+            WATCHER.add(self)
 
     def _start_failed(self, why: str) -> None:
         """Starting a job that waited for its turn failed (``why``: one line): it is over, as
@@ -953,6 +685,32 @@ class Job(concurrent.futures.Future[Any]):
                 job_id=self.id,
             )
         )
+
+    @classmethod
+    def of_record(
+        cls,
+        record: JobRecord,
+        store: JobStore | None,
+        config: Config | None = None,
+        *,
+        watch: bool = True,
+    ) -> Job:
+        """The ``Job`` of a stored record, its backend rebuilt from the record
+        (``targets.backend_of``: ``config``'s nodes, else the session's); what
+        ``executor.attach`` and an unpickled Job build."""
+        job = cls(
+            record.id,
+            record.name,
+            record.target,
+            targets.backend_of(record.backend, record.id, config),
+            record.jobdir,
+            record.backend.get("handle", Handle()).copy(),
+            store,
+            record.created_at,
+            watch=watch,
+        )
+        job._restore(record)
+        return job
 
     def _restore(self, record: JobRecord) -> None:
         """Take what the store knows of the job: the state last seen, the last heartbeat, the
@@ -1007,7 +765,7 @@ class Job(concurrent.futures.Future[Any]):
             self._started(handle)
             return False
         owner = (rec.backend.get("queued_by") if rec is not None else None) or self._queued_by
-        if owner is None or not _owner_gone(owner):
+        if owner is None or not owner_gone(owner):
             return False
         self._end_unstarted(
             FailureReport(
@@ -1048,87 +806,6 @@ class Job(concurrent.futures.Future[Any]):
         self.backend.signal(self.handle, self.jobdir, signal.SIGUSR2)
 
 
-class JobQueue:
-    """Starts jobs at most ``limit`` at a time, the next as one ends: a capped ``map`` on a
-    backend without a scheduler of its own (local, SSH; Slurm caps arrays itself, ``%K``).
-
-    It has no polling of its own: the job that ends starts the next from its done-callback,
-    and jobs end when the watcher (or a caller's ``result()``) polls them, like every job.
-    ``start(job)`` starts one job and calls its ``_started``; an exception it raises ends that
-    job as ``never_started`` with the error's line, and the next job takes the turn. When the
-    very first start fails, the constructor raises that error (every job ends with it): a
-    backend that cannot start a job says so at once, as ``submit`` does. Jobs still waiting
-    when this process exits never start: their rows end so, with why.
-    """
-
-    def __init__(self, jobs: Sequence[Job], limit: int, start: Callable[[Job], None]) -> None:
-        self._waiting = collections.deque(jobs)
-        self._start = start
-        self._lock = threading.Lock()
-        self._turns = 0  # free slots not yet given to a job
-        self._busy = False  # a thread is giving turns out (callbacks may come inside it)
-        while self._waiting and not self._waiting[0]._claim():
-            self._waiting.popleft()  # cancelled before its turn came
-        if self._waiting:
-            first = self._waiting.popleft()
-            try:
-                start(first)
-            except Exception as e:
-                self._waiting.appendleft(first)
-                self.abandon(f"starting it failed: {e}")
-                raise
-            # the base method: a queue's callback reads no result (Job.add_done_callback would)
-            concurrent.futures.Future.add_done_callback(first, self._ended)
-        _QUEUES.add(self)
-        self._free(limit - 1)
-
-    def _free(self, slots: int) -> None:
-        with self._lock:
-            self._turns += slots
-            if self._busy:  # the thread giving turns out takes these too: no recursion
-                return
-            self._busy = True
-        while True:
-            with self._lock:
-                if not self._waiting or self._turns <= 0:
-                    self._busy = False
-                    return
-                self._turns -= 1
-                job = self._waiting.popleft()
-            if not job._claim():  # it was cancelled while it waited: the turn is the next one's
-                with self._lock:
-                    self._turns += 1
-                continue
-            try:
-                self._start(job)
-            except Exception as e:
-                job._start_failed(f"starting it failed: {e}")
-                with self._lock:
-                    self._turns += 1
-                continue
-            concurrent.futures.Future.add_done_callback(job, self._ended)
-
-    def _ended(self, _: concurrent.futures.Future[Any]) -> None:
-        self._free(1)
-
-    def abandon(self, why: str) -> None:
-        """End every job still waiting as ``never_started`` with ``why``."""
-        with self._lock:
-            left = list(self._waiting)
-            self._waiting.clear()
-        for job in left:
-            job._start_failed(why)
-
-
-_QUEUES: weakref.WeakSet[JobQueue] = weakref.WeakSet()
-
-
-@atexit.register
-def _abandon_queues() -> None:
-    for queue in list(_QUEUES):
-        queue.abandon("gpuctl exited before its turn came (max_running): it never ran")
-
-
 def _handle(
     job_id: str,
     name: str,
@@ -1140,44 +817,13 @@ def _handle(
 ) -> Job:
     """A pickled Job unpickled: attached again, from its row when the store has it (the row
     knows more: the handle a queued job got since, its end), else from what was pickled."""
-    from gpuctl.jobs.executor import attach  # executor imports this module
-
     store = JobStore(store_path) if store_path else None
     rec = store.get(job_id) if store is not None else None
     if rec is not None and rec.jobdir != jobdir:  # a rank of a job of several tasks: the row
         store = rec = None  # is the whole job's, not the rank's
     if rec is None or rec.id != job_id:
         rec = JobRecord(job_id, name, target, backend, jobdir, "submitted", created_at)
-    return attach(rec, store)
-
-
-def queue_owner() -> QueuedBy:
-    """This process, as the one whose ``JobQueue`` holds the jobs it has not started yet."""
-    me = os.getpid()
-    owner: QueuedBy = {"pid": me, "host": socket.gethostname()}
-    stat = proc.read_stat(me)
-    if stat is not None:
-        owner["start_ticks"] = stat.start_ticks
-    return owner
-
-
-def _owner_gone(owner: QueuedBy) -> bool:
-    """True when the process that queued a job is known to be gone: on this machine, no such
-    process, a zombie, or another process under its pid. False while alive, or not known here."""
-    pid = owner.get("pid")
-    if not pid or owner.get("host") != socket.gethostname():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's process: the pid was given to someone else
-        return True
-    stat = proc.read_stat(pid)
-    if stat is None:  # no /proc here: alive as far as can be told
-        return False
-    ticks = owner.get("start_ticks")
-    return stat.state == "Z" or (ticks is not None and stat.start_ticks != ticks)
+    return Job.of_record(rec, store)
 
 
 def _stored_report(record: JobRecord) -> FailureReport | None:
@@ -1200,31 +846,3 @@ def _stored_report(record: JobRecord) -> FailureReport | None:
 def _clean_end(outcome: Outcome) -> bool:
     """True when the supervisor saw VENV2 exit 0 with nothing stopping it."""
     return outcome.get("exit_code") == 0 and outcome.get("stop_reason") is None
-
-
-def _rebuild_exception(data: bytes) -> BaseException | None:
-    """The user's exception from the worker's exception.pkl: whole when it unpickles, else
-    rebuilt from (type, args, __dict__) without calling its ``__init__``."""
-    try:
-        record = cloudpickle.loads(data)
-    except Exception:
-        return None
-    if not isinstance(record, dict):
-        return None
-    if record.get("whole"):
-        try:
-            exc = cloudpickle.loads(record["whole"])
-        except Exception:
-            exc = None
-        if isinstance(exc, BaseException):
-            return exc
-    cls = record.get("type")
-    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
-        return None
-    try:
-        rebuilt: BaseException = cls.__new__(cls)
-        rebuilt.args = tuple(record.get("args") or ())
-        rebuilt.__dict__.update(record.get("dict") or {})
-    except Exception:
-        return None
-    return rebuilt

@@ -28,8 +28,9 @@ import cloudpickle
 
 from gpuctl import bundle
 from gpuctl.core import wire
+from gpuctl.jobs.errors import JobFailed
 from gpuctl.jobs.hosts import Host
-from gpuctl.jobs.job import SUBMITTER_PYTHON, JobFailed
+from gpuctl.jobs.job import SUBMITTER_PYTHON
 from gpuctl.jobs.records import BuildResult, Probe
 from gpuctl.jobs.report import KINDS, REMEDIES, FailureReport, version_remedy
 from gpuctl.node import jobfiles

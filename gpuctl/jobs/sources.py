@@ -11,7 +11,7 @@ The same pass notes the module of every class, function and module the pickle re
 (``modules``): what unpickling will import in VENV2, checked before anything is sent
 (``provision.payload_modules``). One pickler for both: a submit measured, scanned and wrote its
 payload in three pickling passes; it is now measured and scanned in one, and written from that
-pass's bytes when they are small (``executor.KEEP_BELOW``).
+pass's bytes when they are small (``pickling.KEEP_BELOW``).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import hashlib
+import importlib.metadata
 import io
 import os
 import sys
@@ -86,6 +87,38 @@ class UserCode:
         return self.modules().get(name) == os.path.realpath(path)
 
 
+@functools.cache
+def installed_roots() -> tuple[str, ...]:
+    """The folders Python's own and installed modules live in (stdlib, site-packages)."""
+    where = sysconfig.get_paths()
+    bases = (where.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    return tuple(os.path.realpath(b) + os.sep for b in bases if b)
+
+
+@functools.lru_cache(maxsize=65536)
+def is_user_file(path: str) -> bool:
+    """True for a file outside the standard library and site-packages: the user's own."""
+    real = os.path.realpath(path)
+    if real.startswith(installed_roots()):
+        return False
+    return "site-packages" not in real and "dist-packages" not in real
+
+
+def is_user_module(name: str) -> bool:
+    """True for a module imported from a file outside the standard library and site-packages."""
+    mod = sys.modules.get(name)
+    path = getattr(mod, "__file__", None)
+    if mod is None or not isinstance(path, str) or not path or name == "__main__":
+        return False
+    return name.split(".")[0] != "gpuctl" and is_user_file(path)
+
+
+@functools.cache
+def installed_top_levels() -> frozenset[str]:
+    """Top-level import names that belong to an installed distribution (editable ones too)."""
+    return frozenset(importlib.metadata.packages_distributions())
+
+
 def _fmt(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
 
@@ -93,12 +126,10 @@ def _fmt(n: int) -> str:
 def _not_installed_dir(path: str) -> bool:
     """A folder that is not the standard library's, site-packages or this Python's ``bin`` (a
     console script's, e.g. ``pytest``)."""
-    from gpuctl.jobs.executor import _is_user_file
-
     real = os.path.realpath(path)
     scripts = {sysconfig.get_path("scripts")}
     scripts |= {os.path.join(p, "bin") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    return real not in {os.path.realpath(p) for p in scripts} and _is_user_file(
+    return real not in {os.path.realpath(p) for p in scripts} and is_user_file(
         os.path.join(real, "x.py")
     )
 
@@ -146,9 +177,7 @@ def local_module(name: str) -> str | None:
     standard library), found without importing it; None when it is no such module."""
     import importlib.machinery
 
-    from gpuctl.jobs.executor import _installed_top_levels, _is_user_file
-
-    if not name.isidentifier() or name in NEVER_SHIPPED or name in _installed_top_levels():
+    if not name.isidentifier() or name in NEVER_SHIPPED or name in installed_top_levels():
         return None
     mod = sys.modules.get(name)
     path = getattr(mod, "__file__", None)
@@ -158,7 +187,7 @@ def local_module(name: str) -> str | None:
         except (ImportError, ValueError):
             spec = None
         path = spec.origin if spec is not None else None
-    if not isinstance(path, str) or not os.path.isfile(path) or not _is_user_file(path):
+    if not isinstance(path, str) or not os.path.isfile(path) or not is_user_file(path):
         return None
     return path
 
@@ -223,9 +252,7 @@ def _package_files(
 
 def _units(root: str, exclude: Sequence[str], unshipped: dict[str, tuple[str, str]]) -> list[Unit]:
     """The top-level modules and packages in ``root`` that may ship."""
-    from gpuctl.jobs.executor import _installed_top_levels
-
-    installed = _installed_top_levels()
+    installed = installed_top_levels()
     units = []
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)

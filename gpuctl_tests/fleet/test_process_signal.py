@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl import service
+from gpuctl import readonly, service
 from gpuctl.fleet import control
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import LocalLink
@@ -26,7 +26,7 @@ def stub_fleet(
     stub = NvmlStub(nvml_lib_dir, tmp_path / "nvml.conf", script)
     monkeypatch.setenv("LD_LIBRARY_PATH", str(stub.lib_dir))
     monkeypatch.setenv(CONFIG_ENV, str(stub.config))
-    monkeypatch.delenv(service.READ_ONLY_ENV, raising=False)
+    monkeypatch.delenv(readonly.READ_ONLY_ENV, raising=False)
     link = LocalLink(python=sys.executable, interval=0.2, **kw)
     return Fleet({"n1": link})
 

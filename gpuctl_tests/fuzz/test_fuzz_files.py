@@ -1,7 +1,7 @@
 """Fuzz: the files gpuctl reads that someone else may have written: recordings
 (``fleet.recording.reader``), config files (``config.parse_config``, ``load_config``),
 hostfiles and NODES (``config.nodes.read_hostfile``, ``parse_nodes``), and a job's files
-(``node.jobfiles`` readers, ``jobs.records`` through ``core.wire``, ``jobs.report``'s status
+(``node.jobfiles`` readers, ``jobs.records`` through ``core.wire``, ``jobs.classify``'s status
 lines). Each is read or refused with one line (ConfigError, RecordingError); nothing else."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gpuctl.fleet.recording.format import RecordingError
 from gpuctl.fleet.recording.reader import RecordingReader
 from gpuctl.fleet.recording.writer import RecordingWriter
 from gpuctl.jobs import records
-from gpuctl.jobs.report import parse_status
+from gpuctl.jobs.classify import parse_status
 from gpuctl.node import jobfiles
 from gpuctl_tests.fuzz.harness import INSERTS, LANES, bounded, junk_bytes, run
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpuctl.jobs import EnvSpec, Executor, JobStore, executor
+from gpuctl.jobs import EnvSpec, Executor, JobStore, jobenv
 from gpuctl_tests.helpers import old_python
 
 
@@ -35,7 +35,7 @@ class _Told(set[tuple[str, ...]]):
 def _env_notice_said(monkeypatch: pytest.MonkeyPatch) -> None:
     """The line naming the variables a job will not see (``Executor.passed_env``) depends on
     the machine's environment: said already in these tests, but in ``test_job_env``'s."""
-    monkeypatch.setattr(executor, "_TOLD_UNSEEN", _Told(), raising=False)
+    monkeypatch.setattr(jobenv, "_TOLD_UNSEEN", _Told())
 
 
 @pytest.fixture(scope="session")

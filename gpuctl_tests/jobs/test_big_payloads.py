@@ -12,7 +12,7 @@ import pytest
 
 from gpuctl.config import load_config
 from gpuctl.jobs import JobStore
-from gpuctl.jobs.executor import PayloadTooLarge
+from gpuctl.jobs.pickling import PayloadTooLarge
 
 MIB = 1 << 20
 

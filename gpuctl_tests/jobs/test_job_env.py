@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gpuctl.cli.main import main
-from gpuctl.jobs import EnvSpec, Executor, executor
+from gpuctl.jobs import EnvSpec, Executor, jobenv
 from gpuctl.node import jobfiles
 from gpuctl_tests.jobs.test_ssh import node_config, ssh_executor
 
@@ -48,7 +48,7 @@ def submitter_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_PROJECT", f"proj-{SECRET}")
     monkeypatch.setenv("GPUCTL_T_PASSED", f"passed-{SECRET}")
     # the notice is said once per process
-    monkeypatch.setattr(executor, "_TOLD_UNSEEN", set(), raising=False)
+    monkeypatch.setattr(jobenv, "_TOLD_UNSEEN", set())
 
 
 def folder_text(*folders: str) -> str:

@@ -15,8 +15,8 @@ import pytest
 
 from gpuctl.config import load_config
 from gpuctl.jobs import EnvSpec, Executor, JobStore
-from gpuctl.jobs.executor import _HashingWriter
 from gpuctl.jobs.hosts import HostError
+from gpuctl.jobs.pickling import _HashingWriter
 from gpuctl_tests.harness.sshd import SshCluster
 
 MIB = 1 << 20

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuctl import service
+from gpuctl import readonly, service
 from gpuctl.config import ConfigError, load_config
 from gpuctl.jobs import Executor, JobStore, remote
 
@@ -39,7 +39,7 @@ def test_submit_and_map_refuse_in_read_only_mode(
     cfg.write_text("read_only = true\n" if how.startswith("config") else "")
     monkeypatch.setenv("GPUCTL_CONFIG", str(cfg))
     if how == "env":
-        monkeypatch.setenv(service.READ_ONLY_ENV, "1")
+        monkeypatch.setenv(readonly.READ_ONLY_ENV, "1")
     options: dict[str, Any] = {}
     if how == "config object":
         options["config"] = load_config(str(cfg))
@@ -82,7 +82,7 @@ def test_a_config_that_cannot_be_read_refuses_rather_than_guess(
 def test_cancel_refuses_in_read_only_mode_and_the_job_runs_on(
     make_executor: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(service.READ_ONLY_ENV, "1")  # the session (gpuctl.context) is read-only
+    monkeypatch.setenv(readonly.READ_ONLY_ENV, "1")  # the session (gpuctl.context) is read-only
     ex = make_executor(read_only=False)  # this executor's caller decided otherwise
     job = ex.submit(nap, 120)
     with pytest.raises(service.ReadOnlyError) as e:
@@ -102,6 +102,6 @@ def test_the_executors_own_decision_is_not_read_again(
 ) -> None:
     """``read_only=False`` is the caller's decision (the CLI checked before the command ran):
     the environment and the config are not read again at submit."""
-    monkeypatch.setenv(service.READ_ONLY_ENV, "1")
+    monkeypatch.setenv(readonly.READ_ONLY_ENV, "1")
     ex = make_executor(read_only=False)
     assert ex.submit(double, 21).result(60) == 42

@@ -13,7 +13,7 @@ import pytest
 
 from gpuctl.cli.main import main
 from gpuctl.config import load_config
-from gpuctl.jobs import EnvSpec, Executor, HostError, JobStore, executor
+from gpuctl.jobs import EnvSpec, Executor, HostError, JobStore, pickling
 from gpuctl_tests.harness.sshd import SshCluster
 from gpuctl_tests.jobs.test_ssh import node_config, ssh_executor
 
@@ -76,7 +76,7 @@ def test_a_missing_supervisor_python_leaves_no_row_and_no_folder(make: Any) -> N
 def test_a_ctrl_c_during_the_upload_removes_the_partial_folder(
     make: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(executor, "KEEP_BELOW", 0)  # the upload pickles the call again
+    monkeypatch.setattr(pickling, "KEEP_BELOW", 0)  # the upload pickles the call again
     monkeypatch.setattr(StopsOnUpload, "pickled", 0)
     ex, root = make()
     with pytest.raises(KeyboardInterrupt):

@@ -5,7 +5,8 @@ also provoked end to end in test_slurm.py; the time limit (60 s minimum plus the
 
 from __future__ import annotations
 
-from gpuctl.jobs.report import JobFiles, _slurm_memory_kill, _slurm_said, classify
+from gpuctl.jobs.classify import JobFiles, classify
+from gpuctl.jobs.evidence import _slurm_memory_kill, _slurm_said
 
 TIMEOUT_LINE = (
     "slurmstepd-localhost: error: *** JOB 1 ON localhost CANCELLED AT 2026-11-22T00:31:31 "
@@ -75,9 +76,9 @@ def test_job_folder_files_of_junk_never_stop_a_report(tmp_path: object) -> None:
     from pathlib import Path
 
     from gpuctl.core import wire
+    from gpuctl.jobs.classify import parse_status, unreachable_report
     from gpuctl.jobs.job import Job
     from gpuctl.jobs.records import Heartbeat, Outcome, WorkerError
-    from gpuctl.jobs.report import parse_status, unreachable_report
     from gpuctl.jobs.targets import backend_of
 
     outcome = wire.parse(

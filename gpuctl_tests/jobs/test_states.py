@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from gpuctl.jobs import JobRecord, JobStore
-from gpuctl.jobs.job import queue_owner
+from gpuctl.jobs.jobqueue import queue_owner
 from gpuctl.jobs.records import BackendInfo, QueuedBy
 from gpuctl.jobs.store import STATES
 from gpuctl.node import jobfiles

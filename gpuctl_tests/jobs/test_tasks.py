@@ -15,8 +15,9 @@ import pytest
 
 from gpuctl.cli.main import main
 from gpuctl.jobs import Executor, JobFailed
+from gpuctl.jobs.classify import JobFiles, combine_ranks
 from gpuctl.jobs.records import BackendInfo
-from gpuctl.jobs.report import FailureReport, JobFiles, combine_ranks
+from gpuctl.jobs.report import FailureReport
 from gpuctl_tests.helpers import wait_until
 
 RENDEZVOUS = (
