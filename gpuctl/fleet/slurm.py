@@ -172,6 +172,7 @@ class JobWatcher:
         self.error: str | None = None
         self.took: float | None = None  # seconds the last squeue took
         self._gpus: dict[str, dict[str, list[int]]] = {}
+        self.polled = asyncio.Event()  # set once a poll has ended (a one-shot status waits)
 
     async def _jobs(self) -> list[SlurmJob]:
         names = sorted(self.nodes - self.unknown)
@@ -204,6 +205,12 @@ class JobWatcher:
 
     async def poll_once(self) -> None:
         """Query Slurm once and publish changes. Failures are kept in ``error``, not raised."""
+        try:
+            await self._poll()
+        finally:
+            self.polled.set()
+
+    async def _poll(self) -> None:
         try:
             jobs = await self._jobs()
             running = {j.unique_id for j in jobs}
