@@ -115,3 +115,23 @@ def totals(snaps: Iterable[NodeSnapshot], idle: IdleTracker | None = None) -> li
             )
         )
     return out
+
+
+def summary(jobs: list[JobTotals]) -> str:
+    """The jobs' totals in a few words, for the screen's header beside its filter: one job's
+    (``job 101: 3 GPUs 12% 40/240G 370W 1 idle``), or several summed (``2 jobs: ...``)."""
+    if not jobs:
+        return ""
+    gpus = sum(j.gpus for j in jobs)
+    weighted = [(j.util_mean, j.gpus) for j in jobs if j.util_mean is not None]
+    n = sum(w for _u, w in weighted)
+    util = f"{sum(u * w for u, w in weighted) / n:.0f}%" if n else "-"
+    gib = 1024**3
+    used, total = sum(j.mem_used for j in jobs) / gib, sum(j.mem_total for j in jobs) / gib
+    power = sum(j.power for j in jobs)
+    watts = f"{power / 1000:.1f}kW" if power >= 1000 else f"{power:.0f}W"
+    idle = sum(j.idle for j in jobs)
+    who = f"job {jobs[0].job}" if len(jobs) == 1 else f"{len(jobs)} jobs"
+    return f"{who}: {gpus} GPU{'s' * (gpus != 1)} {util} {used:.0f}/{total:.0f}G {watts}" + (
+        f" {idle} idle" if idle else ""
+    )

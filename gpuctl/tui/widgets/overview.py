@@ -79,6 +79,7 @@ BADGE_CLASSES = {
     "HWTHERM": "nodelist--slow",
     "HWSLOW": "nodelist--slow",
     "PWRBRAKE": "nodelist--slow",
+    "IDLE": "nodelist--slow",  # allocated but idle: "IDLE 42m" (``gpuctl.fleet.idle``)
 }
 LEVEL_CLASSES = ("nodelist--ok", "nodelist--warm", "nodelist--hot")
 STATE_CLASSES = {
@@ -917,8 +918,10 @@ def _draw_rest(r: Row, w: int, _gap: str) -> list[Segment]:
     st = nodes._style
     segs: list[Segment] = []
     badges = gpu_badges(g, (s.name, g.index) in nodes.store.xids)
+    if (idle := nodes.store.fleet.idle.idle_for(s.name, g.index)) is not None:
+        badges.append(f"IDLE {fmt_age(idle)}")
     for badge in badges:  # red for faults only: a power cap at full load is normal
-        cls = BADGE_CLASSES.get(badge, "nodelist--dim")
+        cls = BADGE_CLASSES.get(badge.partition(" ")[0], "nodelist--dim")
         segs.append(Segment(node_str(badge, limit=TEXT_LIMIT), st(cls)))
         segs.append(Segment(" "))
     if badges:
