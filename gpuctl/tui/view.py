@@ -636,7 +636,7 @@ def _gpu_word(word: str) -> GpuPredicate:
         if word in ("ecc", "slowdown", "pwrcap"):
             return word in gpu_problems(g, f.xid)
         if word == "trouble":
-            return is_problem(_s, g, f.xid)
+            return is_problem(_s, g, f.xid) or f.idle_s is not None
         if word == "burning":
             return f.burning
         if word == "idle":

@@ -104,6 +104,21 @@ async def test_allocated_but_idle_gpus_are_flagged_counted_and_filtered(state_di
             lambda: shown_gpus(app) == [("sim-01", 0), ("sim-01", 2), ("sim-02", 3)],
             "the filter of the count",
         )
+        # they are trouble as the other counts are: ``n`` stops on them, "trouble" lists them
+        app.overview.set_filter("")
+        await until(pilot, lambda: len(shown_gpus(app)) == 8, "the whole list")
+        nodes = app.overview.nodes
+        nodes.select("sim-01", 1)
+        await pilot.press("n")
+        assert nodes.cursor == ("sim-01", 2)
+        await pilot.press("n")
+        assert nodes.cursor == ("sim-02", 3)
+        app.overview.set_filter("trouble")
+        await until(
+            pilot,
+            lambda: {("sim-01", 0), ("sim-01", 2), ("sim-02", 3)} <= set(shown_gpus(app)),
+            "trouble lists them",
+        )
 
 
 async def test_mine_and_job_filter_the_gpus_of_jobs_across_nodes_with_totals(

@@ -434,7 +434,8 @@ class NodeList(ScrollView, can_focus=True):
         snap = self.store.snaps[line.node]
         if line.kind == "gpu":
             g = next((x for x in snap.gpus if x.index == line.gpu), None)
-            return is_problem(snap, g, (line.node, line.gpu) in self.store.xids)
+            idle = None if g is None else self.store.fleet.idle.idle_for(line.node, g.index)
+            return is_problem(snap, g, (line.node, line.gpu) in self.store.xids) or idle is not None
         return is_problem(snap, None, False) or any(self.store.node_trouble(line.node).values())
 
     def action_problem(self, step: int) -> None:
