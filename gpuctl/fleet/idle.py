@@ -4,7 +4,8 @@ One tracker per fleet (``Fleet.idle``), fed by the fleet's snapshots: a GPU whos
 Slurm job (``slurm_job``, from the squeue watch ``fleet.slurm.JobWatcher`` or a Prometheus
 store's job label) and whose sample shows its utilization and its memory (copy) utilization
 both at or below ``below`` percent is idle from the first such sample on; a sample above it, a
-lost GPU, a reading not known or another job on the GPU starts the count again. A GPU idle for
+lost GPU, a reading not known or another job on the GPU starts the count again; a node that
+becomes unreachable is forgotten (nothing is claimed of GPUs not seen). A GPU idle for
 ``after`` seconds or more is *allocated but idle*: the screen's ``IDLE`` badge and header count,
 ``status``'s flag and ``--json``'s ``alloc_idle_s``, and export's
 ``gpuctl_gpu_allocated_idle_seconds`` read it here.
@@ -60,8 +61,11 @@ class IdleTracker:
         kept = self._gpus.get(s.name)
         if not s.annotations and kept is None:
             return  # most nodes, each sample: no job, nothing kept
+        if s.state.value == "unreachable":
+            self._gpus.pop(s.name, None)  # not seen: no claim that its GPUs idle on
+            return
         if s.last_sample_t is None or s.state.value != "live":
-            return  # not watched now: what was seen stays until the next sample
+            return  # a stale node's (a pause): what was seen stays until the next sample
         now = self.clock()
         below = self.below
         samples = {g.index: g for g in s.gpus}

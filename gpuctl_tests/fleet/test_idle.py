@@ -137,3 +137,28 @@ async def test_my_jobs_select_the_gpus_of_a_user_or_a_job_across_nodes() -> None
         assert seven.mem_used == (a1.mem_used or 0) + (b0.mem_used or 0)  # type: ignore[attr-defined]
     finally:
         await fleet.stop()
+
+
+def test_an_unreachable_node_s_gpus_are_not_claimed_idle() -> None:
+    """A node that cannot be reached says nothing of its GPUs: its spans are dropped, and a
+    later sample starts them again."""
+    from gpuctl.core.model import GpuNotes, GpuSample, NodeState
+    from gpuctl.fleet.idle import IdleTracker
+
+    clock = Clock()
+    tracker = IdleTracker(after=60, clock=clock)
+    notes = {0: GpuNotes(slurm_job="9", slurm_user="ann")}
+    gpus = (GpuSample(index=0, util_gpu=0, util_mem=0),)
+    live = NodeSnapshot("n", NodeState.LIVE, gpus=gpus, last_sample_t=1.0, annotations=notes)
+    tracker.observe(live)
+    clock.now += 60
+    assert tracker.idle_for("n", 0) == 60.0
+    stale = NodeSnapshot("n", NodeState.STALE, gpus=gpus, last_sample_t=1.0, annotations=notes)
+    tracker.observe(stale)  # a pause: kept
+    assert tracker.idle_for("n", 0) == 60.0
+    down = NodeSnapshot("n", NodeState.UNREACHABLE, gpus=gpus, last_sample_t=1.0, annotations=notes)
+    tracker.observe(down)
+    assert tracker.seconds("n", 0) is None and tracker.in_jobs() == []
+    tracker.observe(live)
+    clock.now += 59
+    assert tracker.idle_for("n", 0) is None and tracker.seconds("n", 0) == 59.0
