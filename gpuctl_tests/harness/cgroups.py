@@ -11,8 +11,17 @@ from pathlib import Path
 
 from gpuctl_tests.helpers import unavailable
 
-V1 = Path("/sys/fs/cgroup/freezer")  # a v1 hierarchy without limits: nothing is held back
-V2 = Path("/sys/fs/cgroup/unified")  # the v2 hierarchy beside v1 (hybrid), else /sys/fs/cgroup
+CGROUPS = Path("/sys/fs/cgroup")
+
+
+def _first(*paths: Path) -> Path:
+    return next((p for p in paths if (p / "cgroup.procs").exists()), paths[-1])
+
+
+# A v1 hierarchy without limits (nothing is held back), and the v2 one (beside v1 on a hybrid
+# host); a host with v2 alone has its one hierarchy hold both layouts' folders.
+V1 = _first(CGROUPS / "freezer", CGROUPS / "unified", CGROUPS)
+V2 = _first(CGROUPS / "unified", CGROUPS)
 
 
 def slurm_v1(job: int) -> str:
