@@ -285,6 +285,12 @@ def trouble_lines(g: GpuSample, xid: object | None = None) -> list[tuple[str, st
     return out
 
 
+def alloc_idle_text(seconds: float, job: object, user: object, below: float) -> str:
+    """What the detail screen says of a GPU allocated but idle (``gpuctl.fleet.idle``)."""
+    who = f"job {job}" + (f" ({user})" if user else "")
+    return f"IDLE {fmt_age(seconds)} in {who}: util and memory traffic ≤{below:g}%"
+
+
 def worst_trouble(lines: list[tuple[str, str]]) -> tuple[str, str] | None:
     """The line of ``trouble_lines`` a one-line summary names: the XID when there is one (it
     says why, and what to do), else the first alarm, else the first warning; None when

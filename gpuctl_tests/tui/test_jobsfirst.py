@@ -19,8 +19,9 @@ from gpuctl.fleet.demo import demo_nodes
 from gpuctl.fleet.fleet import simulated_fleet
 from gpuctl.fleet.myjobs import user_name
 from gpuctl.tui import GpuctlApp
+from gpuctl.tui.screens.detail import Facts
 from gpuctl_tests import helpers
-from gpuctl_tests.helpers import until
+from gpuctl_tests.helpers import open_detail, until
 
 SIZE = (120, 40)
 
@@ -118,6 +119,16 @@ async def test_allocated_but_idle_gpus_are_flagged_counted_and_filtered(state_di
             pilot,
             lambda: {("sim-01", 0), ("sim-01", 2), ("sim-02", 3)} <= set(shown_gpus(app)),
             "trouble lists them",
+        )
+        # the detail screen says who holds it and since when
+        app.overview.set_filter("")
+        await until(pilot, lambda: len(shown_gpus(app)) == 8, "the whole list")
+        screen = await open_detail(pilot, "sim-01", 2)
+        words = "IDLE 32m in job 202 (bob): util and memory traffic ≤100%"
+        await until(
+            pilot,
+            lambda: words in screen.query_one("#detail-now", Facts).text().plain.replace("\n", " "),
+            "the detail's words",
         )
 
 
