@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 import hostlist
+import msgspec
 
 from gpuctl.cli.common import (
     JSON_VERSION,
@@ -22,6 +23,8 @@ from gpuctl.cli.common import (
 from gpuctl.core.format import STATUS_TITLES, gpu_table_rows, reader_text, short_model
 from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.core.text import printable
+from gpuctl.fleet import myjobs
+from gpuctl.fleet.idle import IdleTracker
 from gpuctl.fleet.status import collect, node_schema, node_to_json
 
 if TYPE_CHECKING:
@@ -42,6 +45,15 @@ def register(sub: Subcommands) -> None:
         help="print the JSON Schema of --json's document (docs/status.schema.json) and exit",
     )
     p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait per node")
+    mine = p.add_mutually_exclusive_group()
+    mine.add_argument(
+        "--mine",
+        action="store_true",
+        help="only the GPUs of your running Slurm jobs, with each job's totals",
+    )
+    mine.add_argument(
+        "--job", metavar="ID", help="only the GPUs of this Slurm job, with its totals"
+    )
     add_nodes_arguments(p)
     add_prometheus_options(p)
     p.set_defaults(func=run)
@@ -55,20 +67,40 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not 0 < args.timeout <= 3600:
         raise UserError(f"--timeout must be within 0..3600 seconds, e.g. 20 (not {args.timeout:g})")
+    if args.job is not None and not args.job.replace("_", "").isdigit():
+        raise UserError(f"--job takes a Slurm job id, e.g. --job 4242 (not {args.job!r})")
     fleet = build_fleet(args, prometheus_timeout=args.timeout)
     snaps = asyncio.run(collect(fleet, args.timeout))
+    jobs_only = args.mine or args.job is not None
+    if jobs_only:
+        user = myjobs.user_name() if args.mine else None
+        snaps = myjobs.select(snaps, user=user, job=args.job)
+        if not snaps:
+            whose = f"of yours ({user})" if args.mine else f"{args.job}"
+            print(f"gpuctl: no GPU of a running Slurm job {whose} on these nodes", file=sys.stderr)
+    jobs = myjobs.totals(snaps, fleet.idle)
     no_driver = [s for s in snaps if s.info is not None and s.info.reader is None]
     # stdout holds the rows (and the header row) only: `gpuctl status | awk` reads no other
     # line; what is said about them goes to stderr
     if args.json:  # the readers are in each node's fields; "xids_watched" says the rest
-        emit_json({"nodes": [node_to_json(s) for s in snaps], "xids_watched": False})
+        emit_json(
+            {
+                "nodes": [node_to_json(s, idle=fleet.idle) for s in snaps],
+                "jobs": [msgspec.to_builtins(j) for j in jobs],
+                "xids_watched": False,
+            }
+        )
     else:
+        idle = fleet.idle
         if use_color(sys.stdout) and hasattr(sys.stdout, "control"):
             # the stream lets no escape through; the table's cells are made printable (what a
             # node sent) and only gpuctl's own colours go out as control sequences
-            sys.stdout.control(render_table(snaps, color=True, width=table_width()) + "\n")
+            table = render_table(snaps, color=True, width=table_width(), idle=idle)
+            sys.stdout.control(table + "\n")
         else:
-            print(render_table(snaps, width=table_width()))
+            print(render_table(snaps, width=table_width(), idle=idle))
+        for j in jobs if jobs_only else ():
+            print(f"gpuctl: {printable(j.text())}", file=sys.stderr)
         readers = render_readers(snaps)
         if readers:
             print(readers, file=sys.stderr)
@@ -96,6 +128,11 @@ def status_schema() -> dict[str, Any]:
         "gpuctl": {"type": "string", "description": "The version of gpuctl that wrote it."},
         "generated_at": {"type": "string", "description": "When, UTC, ISO 8601."},
         "nodes": {"type": "array", "items": node},
+        "jobs": {
+            "type": "array",
+            "description": "The Slurm jobs of the GPUs shown, each with its totals.",
+            "items": msgspec.json.schema(myjobs.JobTotals),
+        },
         "xids_watched": {
             "type": "boolean",
             "description": "false: a one-shot status does not see XIDs (watch, export do).",
@@ -137,6 +174,7 @@ def render_readers(snaps: list[NodeSnapshot]) -> str:
 # The colour of a badge on a terminal: faults red, thermal slowdown yellow, a power cap (normal
 # under full load) dim.
 FAULTS = frozenset({"LOST", "XID", "ECC", "REMAP", "HWSLOW", "HWTHERM", "PWRBRAKE"})
+IDLE_BADGE = "IDLE"  # a GPU of a Slurm job allocated but idle (``gpuctl.fleet.idle``)
 RED, YELLOW, DIM, BOLD, RESET = "\x1b[31m", "\x1b[33m", "\x1b[2m", "\x1b[1m", "\x1b[0m"
 
 
@@ -149,7 +187,15 @@ def use_color(stream: TextIO) -> bool:
 def _paint(badges: str) -> str:
     out = []
     for b in badges.split():
-        code = RED if b in FAULTS else YELLOW if b == "THERM" else DIM if b == "PWRCAP" else ""
+        code = (
+            RED
+            if b in FAULTS
+            else YELLOW
+            if b in ("THERM", IDLE_BADGE)
+            else DIM
+            if b == "PWRCAP"
+            else ""
+        )
         out.append(f"{code}{b}{RESET}" if code else b)
     return " ".join(out)
 
@@ -170,12 +216,16 @@ def table_width() -> int:
 
 
 def render_table(
-    snaps: list[NodeSnapshot], *, color: bool = False, width: int | None = None
+    snaps: list[NodeSnapshot],
+    *,
+    color: bool = False,
+    width: int | None = None,
+    idle: IdleTracker | None = None,
 ) -> str:
     """The table of every GPU (a node without GPUs to show gets one row saying why); with
     ``color``, badges and node trouble in ANSI colours (column widths as without). The model is
     its short name (no vendor); with ``width``, the columns of ``DROPPED_FIRST`` go, a pair at
-    a time, while a line would be wider."""
+    a time, while a line would be wider; with ``idle``, a GPU allocated but idle has IDLE."""
     header = ("NODE", "GPU", "MODEL", *STATUS_TITLES, "USER", "FLAGS")
     rows: list[tuple[str, ...]] = []
     trouble: set[int] = set()
@@ -190,6 +240,8 @@ def render_table(
             rows.append((s.name, "-", state, *[""] * (len(header) - 3)))
             continue
         for index, name, *rest in gpu_table_rows(s):
+            if idle is not None and idle.idle_for(s.name, int(index)) is not None:
+                rest[-1] = f"{rest[-1]} {IDLE_BADGE}".lstrip()
             rows.append((s.name, index, short_model(name), *rest))
     # what a node sent is one line of text (a tab or line break would make two rows of one)
     user = header.index("USER")

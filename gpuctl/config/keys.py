@@ -356,6 +356,10 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "liveness_timeout": Key(
             _liveness, 30.0, "an agent that hears nothing this long stops its burns (0: never)"
         ),
+        "idle_after": Key(
+            _number(1, _WEEK), 1800.0, "seconds a GPU in a Slurm job idles: allocated but idle"
+        ),
+        "idle_below": Key(_number(0, 100), 5.0, "% of utilization and memory traffic: idle"),
     },
     "tui": {
         "theme": Key(_str, None, "dark, light or high-contrast (else the last one chosen)"),

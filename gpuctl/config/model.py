@@ -113,6 +113,8 @@ class FleetSettings(Section):
     backoff_base: float = 1.0
     backoff_max: float = 8.0
     liveness_timeout: float = 30.0
+    idle_after: float = 1800.0
+    idle_below: float = 5.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

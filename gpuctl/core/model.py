@@ -73,7 +73,8 @@ class GpuProcess(msgspec.Struct, frozen=True, gc=False):
     """A process holding GPU memory (or, in ``NodeSnapshot.parents``, an ancestor of one).
 
     ``mem`` and ``rss`` in bytes, ``sm`` the SM % it used on its GPU, ``cpu`` its host %CPU,
-    ``started`` a unix time, ``ppid`` its parent; any may be None (unknown)."""
+    ``started`` a unix time, ``ppid`` its parent, ``slurm_job`` the Slurm job its cgroup is in;
+    any may be None (unknown)."""
 
     pid: Pid | None = None
     user: str | None = None
@@ -85,6 +86,7 @@ class GpuProcess(msgspec.Struct, frozen=True, gc=False):
     cpu: CpuPercent | None = None
     rss: Count | None = None
     started: UnixTime | None = None
+    slurm_job: str | None = None  # the Slurm job of its cgroup, where the node can tell
 
     def to_dict(self) -> dict[str, Any]:
         """The process as plain JSON-able data (the wire names)."""

@@ -98,6 +98,8 @@ def fleet_from_config(
         "backoff_base": settings.backoff_base,
         "backoff_max": settings.backoff_max,
         "liveness_timeout": settings.liveness_timeout,
+        "idle_after": settings.idle_after,
+        "idle_below": settings.idle_below,
         **fleet_kwargs,
     }
     if config.empty:

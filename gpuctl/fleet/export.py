@@ -386,6 +386,8 @@ class _Family:
 F_UP = "gpuctl_node_up"
 F_STATE = "gpuctl_node_state"
 F_AGE = "gpuctl_node_last_sample_age_seconds"  # written per scrape (FleetExporter._ages)
+F_IDLE = "gpuctl_gpu_allocated_idle_seconds"  # per scrape too, beside the ages
+PER_SCRAPE = (F_AGE, F_IDLE)  # written at each scrape (they change with time, not samples)
 F_INFO = "gpuctl_node"
 F_THROTTLE = "gpuctl_gpu_throttle_reason"
 F_XID_LAST = "DCGM_FI_DEV_XID_ERRORS"
@@ -397,6 +399,12 @@ _NODE_FAMILIES = (
     _Family(F_UP, "1 while the node's link is live and its samples current.", "gauge"),
     _Family(F_STATE, "Where the node's link stands.", "stateset"),
     _Family(F_AGE, "Seconds since the node's newest sample.", "gauge"),
+    _Family(
+        F_IDLE,
+        "Seconds a GPU of a running Slurm job (job, user) has been idle (utilization and memory "
+        "traffic at or below [fleet] idle_below %); 0 while busy.",
+        "gauge",
+    ),
     _Family(F_INFO, "What the node's agent said in its hello.", "info"),
 )
 _GPU_FAMILIES = (
@@ -651,9 +659,9 @@ class FleetExporter:
         pieces: list[list[bytes]] = [[], []]
         part = pieces[0]  # the families before the age family; after it, pieces[1]
         for family in FAMILIES:
-            if family.name == F_AGE:
+            if family.name in PER_SCRAPE:
                 part = pieces[1]
-                continue  # per scrape
+                continue  # per scrape (``_ages``): the families of PER_SCRAPE stand together
             part.append(family.header(openmetrics).encode())
             name = family.name
             part.extend([t.frags.get(name, b"") for t in texts])
@@ -662,12 +670,24 @@ class FleetExporter:
         return _Body(b"".join(pieces[0]), b"".join(pieces[1]))
 
     def _ages(self, snaps: Iterable[NodeSnapshot]) -> str:
+        """The families written per scrape (``PER_SCRAPE``, in FAMILIES' order): each node's
+        sample age, and each GPU of a Slurm job's idle seconds (``Fleet.idle``)."""
         now = self.clock()
-        lines = [_BY_NAME[F_AGE].header(False)]  # the same in both formats
-        for s in snaps:
-            age = s.age(now)
-            if age is not None:
-                lines.append(f"{self._nodes[s.name].age}{_num(age)}\n")
+        lines: list[str] = []
+        for family in FAMILIES:
+            if family.name == F_AGE:
+                lines.append(family.header(False))  # the same in both formats
+                for s in snaps:
+                    age = s.age(now)
+                    if age is not None:
+                        lines.append(f"{self._nodes[s.name].age}{_num(age)}\n")
+            elif family.name == F_IDLE:
+                lines.append(family.header(False))
+                lines.extend(
+                    f'{F_IDLE}{{node="{_escape(g.node)}",gpu="{g.gpu}",job="{_escape(g.job)}",'
+                    f'user="{_escape(g.user)}"}} {_num(g.seconds)}\n'
+                    for g in self.fleet.idle.in_jobs()
+                )
         return "".join(lines)
 
 

@@ -42,6 +42,7 @@ from gpuctl.fleet.gpu_history import (
     history_sample,
 )
 from gpuctl.fleet.gpu_history import METRICS as HISTORY_COLUMNS
+from gpuctl.fleet.idle import IDLE_AFTER_S, IDLE_BELOW, IdleTracker
 from gpuctl.fleet.links import NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError, Sample
 from gpuctl.node import protocol
@@ -116,8 +117,12 @@ class Fleet:
         clock: Callable[[], float] = time.time,
         liveness_timeout: float = protocol.DEFAULT_LIVENESS_S,
         rng: random.Random | None = None,
+        idle_after: float = IDLE_AFTER_S,
+        idle_below: float = IDLE_BELOW,
+        idle_clock: Callable[[], float] = time.time,
     ) -> None:
-        """``rng`` draws the backoff's jitter (a seeded one: the same waits every run)."""
+        """``rng`` draws the backoff's jitter (a seeded one: the same waits every run);
+        ``idle_*`` set ``idle``, the GPUs allocated but idle (``gpuctl.fleet.idle``)."""
         self.history_len = history_len
         self.history_older = history_older
         self.history_step = history_step
@@ -150,6 +155,9 @@ class Fleet:
         # stress_start carries, and whether burn events already become annotations.
         self.stress_defaults: dict[str, Any] = {}
         self.burns_tracked = False
+        self.idle = IdleTracker(after=idle_after, below=idle_below, clock=idle_clock)
+        self.subscribe(self.idle.observe)
+        self.on_removed(self.idle.forget)
 
     # -- subscription -----------------------------------------------------------------------
     def subscribe(self, listener: Listener) -> None:

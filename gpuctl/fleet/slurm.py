@@ -8,7 +8,8 @@
 - ``JobWatcher``: which Slurm job and user hold each GPU, published on the fleet as
   ``fleet.annotate(node, gpu, slurm_job=..., slurm_user=...)``: one ``squeue`` filtered to the
   watched nodes and running jobs per poll, plus ``scontrol show job -d`` once per new GPU job (a
-  running job's GPUs do not change); polls slow down while Slurm fails or answers slowly.
+  running job's GPUs do not change); polls slow down while Slurm fails or answers slowly. Where
+  a node's agent tells a GPU process's job from its cgroup, that wins (``prefer_cgroups``).
 
 Every Slurm command goes through ``gpuctl.reach.slurm.SlurmClient``.
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 from gpuctl.bundle import write_bundle
 from gpuctl.config import NodeConfig
 from gpuctl.core.deadline import wait_for
+from gpuctl.core.model import NodeSnapshot
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.session import AgentSession, LinkError
@@ -59,6 +61,7 @@ __all__ = [
     "find_job",
     "gpu_holders",
     "next_delay",
+    "prefer_cgroups",
 ]
 
 log = logging.getLogger(__name__)
@@ -129,6 +132,35 @@ def _holders(
     return out
 
 
+def prefer_cgroups(
+    holders: dict[tuple[str, int], GpuHolder],
+    jobs: list[SlurmJob],
+    snaps: Iterable[NodeSnapshot],
+    watched: set[str],
+) -> dict[tuple[str, int], GpuHolder]:
+    """``holders`` (the controller's view) with the nodes' own over it: a GPU whose process
+    sits in a Slurm job's cgroup (``GpuProcess.slurm_job``, the job's own number, read by the
+    node's agent) is that job's, whatever squeue's GPU indices said (Slurm's numbering and the
+    node's can differ). A job the controller does not list as running keeps its number and the
+    process's user."""
+    by_number = {j.unique_id: j for j in jobs}
+    out = dict(holders)
+    for s in snaps:
+        if s.name not in watched:
+            continue
+        for g in s.gpus:
+            for p in g.processes:
+                if p.slurm_job:
+                    job = by_number.get(p.slurm_job)
+                    out[(s.name, g.index)] = (
+                        GpuHolder(job=job.job_id, user=job.user)
+                        if job is not None
+                        else GpuHolder(job=p.slurm_job, user=p.user or "")
+                    )
+                    break
+    return out
+
+
 def next_delay(interval: float, previous: float, ok: bool, took: float) -> float:
     """Seconds until the watcher's next poll.
 
@@ -172,6 +204,7 @@ class JobWatcher:
         self.error: str | None = None
         self.took: float | None = None  # seconds the last squeue took
         self._gpus: dict[str, dict[str, list[int]]] = {}
+        self.polled = asyncio.Event()  # set once a poll has ended (a one-shot status waits)
 
     async def _jobs(self) -> list[SlurmJob]:
         names = sorted(self.nodes - self.unknown)
@@ -205,6 +238,12 @@ class JobWatcher:
     async def poll_once(self) -> None:
         """Query Slurm once and publish changes. Failures are kept in ``error``, not raised."""
         try:
+            await self._poll()
+        finally:
+            self.polled.set()
+
+    async def _poll(self) -> None:
+        try:
             jobs = await self._jobs()
             running = {j.unique_id for j in jobs}
             for uid in set(self._gpus) - running:
@@ -221,6 +260,9 @@ class JobWatcher:
         self.error = None
         self.delay = next_delay(self.interval, self.delay, True, self.took or 0.0)
         holders = _holders(jobs, self._gpus, self.nodes)
+        snapshots = getattr(self.fleet, "snapshots", None)  # a test's recorder has none
+        if snapshots is not None:
+            holders = prefer_cgroups(holders, jobs, snapshots(), self.nodes)
         for key in set(self.shown) - set(holders):
             self.fleet.annotate(key[0], key[1], slurm_job=None, slurm_user=None)
         for key, h in holders.items():

@@ -20,6 +20,7 @@ from gpuctl.core.model import (
     NodeState,
 )
 from gpuctl.fleet.fleet import Fleet
+from gpuctl.fleet.idle import IdleTracker
 
 
 async def collect(fleet: Fleet, timeout: float = 20.0) -> list[NodeSnapshot]:
@@ -41,9 +42,15 @@ async def collect(fleet: Fleet, timeout: float = 20.0) -> list[NodeSnapshot]:
             done.set()
 
     fleet.subscribe(check)
+    started = time.monotonic()
     await fleet.start()
     with contextlib.suppress(TimeoutError):
         await wait_for(done.wait(), timeout)
+    watchers = getattr(fleet, "watchers", ())  # Slurm's jobs on the GPUs: one poll at least
+    if watchers:
+        left = max(0.0, timeout - (time.monotonic() - started))
+        with contextlib.suppress(TimeoutError):
+            await wait_for(asyncio.gather(*(w.polled.wait() for w in watchers)), left)
     snaps = fleet.snapshots()
     await fleet.stop()
     return [
@@ -81,9 +88,12 @@ def _gpu_to_json(g: GpuSample, st: GpuStatic | None, notes: GpuNotes) -> dict[st
     return d
 
 
-def node_to_json(s: NodeSnapshot, now: float | None = None) -> dict[str, Any]:
+def node_to_json(
+    s: NodeSnapshot, now: float | None = None, idle: IdleTracker | None = None
+) -> dict[str, Any]:
     """A node as plain JSON (``docs/status.schema.json``): its snapshot's fields, its hello's,
-    its host's sample, and every GPU's static facts, latest sample and notes."""
+    its host's sample, and every GPU's static facts, latest sample and notes, and how long it
+    has been idle in its Slurm job (``alloc_idle_s``, from ``idle``; null: busy or no job)."""
     now = time.time() if now is None else now
     info = s.info if s.info is not None else NodeInfo()
     statics = {g.index: g for g in info.gpus}
@@ -96,6 +106,8 @@ def node_to_json(s: NodeSnapshot, now: float | None = None) -> dict[str, Any]:
     d["gpus"] = [
         _gpu_to_json(g, statics.get(g.index), s.annotations.get(g.index, {})) for g in s.gpus
     ]
+    for g in d["gpus"]:
+        g["alloc_idle_s"] = None if idle is None else idle.seconds(s.name, g["index"])
     return d
 
 
@@ -142,6 +154,12 @@ def node_schema() -> tuple[dict[str, Any], dict[str, Any]]:
         (defs["GpuStatic"], ()),
         (defs["GpuSample"], GPU_FOLDED),
     )
+    defs["Gpu"]["properties"]["alloc_idle_s"] = {
+        "description": "Seconds the GPU of a running Slurm job has been idle, as far as this "
+        "run saw (gpuctl.fleet.idle); null: busy, or in no job.",
+        "anyOf": [{"type": "number", "minimum": 0}, {"type": "null"}],
+    }
+    defs["Gpu"]["required"].append("alloc_idle_s")
     notes = defs["GpuNotes"]["properties"]
     defs["Gpu"]["properties"].update(notes)  # optional: only where a subsystem noted it
     age = {

@@ -103,6 +103,7 @@ if sys.version_info >= (3, 8):
         cpu: Optional[float]
         rss: Optional[int]
         started: Optional[float]
+        slurm_job: Optional[str]  # the Slurm job of its cgroup (``readers.procs``)
 
     class SampleMessage(TypedDict, total=False):
         """A ``sample`` (``core.model.Sample``): ``gpus`` one dict per GPU, whose keys are

@@ -27,6 +27,7 @@ from gpuctl.core.format import short_model
 from gpuctl.core.model import BurnState, GpuSample, NodeSnapshot, NodeState
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.tui.view import (
+    ALLOC_IDLE,
     PROBLEMS,
     ClusterTotals,
     GpuFacts,
@@ -277,7 +278,9 @@ class FleetStore:
         if not self.order:
             return {}
         self._settle()
-        return dict(self._trouble_sum)
+        out = dict(self._trouble_sum)
+        out[ALLOC_IDLE] = self.fleet.idle.count()  # a span of time: the fleet's tracker
+        return out
 
     def node_totals(self, name: str) -> NodeTotals:
         return self._node_totals(self.snaps[name])
@@ -312,6 +315,7 @@ class FleetStore:
             model=self.model(s, g.index),
             xid=(s.name, g.index) in self.xids,
             burning=self.is_burning(s, g.index),
+            idle_s=self.fleet.idle.idle_for(s.name, g.index),
         )
 
     def visible_gpus(self, s: NodeSnapshot) -> list[int] | None:

@@ -23,6 +23,7 @@ from gpuctl.core.format import (
     short_model,
 )
 from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
+from gpuctl.fleet.myjobs import user_name, wanted
 from gpuctl.node.metrics import BY_NAME, PAIRED, PERCENT_OF, Metric, flagged
 from gpuctl.workloads.accept_suite.nodehealth import xid_text
 
@@ -214,19 +215,24 @@ def gpu_badges(g: GpuSample, xid_seen: bool) -> list[str]:
 
 
 # -- trouble ------------------------------------------------------------------------------------
+# GPUs of a Slurm job idle for [fleet] idle_after (``gpuctl.fleet.idle``): counted in the header
+# from the fleet's tracker (``FleetStore.trouble``), not from a snapshot (it is a span of time).
+ALLOC_IDLE = "alloc-idle"
 # What is wrong, worst first: the header counts these, ``n`` / ``N`` jump between them, the
 # "trouble first" order sorts by them. Power capping is last and is no problem: a busy GPU at
 # its power limit is normal (it is neither counted nor jumped to).
-TROUBLE = ("lost", "xid", "ecc", "down", "slowdown", "pwrcap")
+TROUBLE = ("lost", "xid", "ecc", "down", "slowdown", ALLOC_IDLE, "pwrcap")
 TROUBLE_TITLES = {
     "lost": "lost",
     "xid": "XID",
     "ecc": "ECC",
     "down": "down",
     "slowdown": "slow",
+    ALLOC_IDLE: ALLOC_IDLE,
     "pwrcap": "pwrcap",
 }
 PROBLEMS = TROUBLE[:-1]  # what counts as trouble; power capping does not
+SNAPSHOT_PROBLEMS = tuple(k for k in PROBLEMS if k != ALLOC_IDLE)  # a snapshot tells these
 NO_TROUBLE = len(TROUBLE)
 SLOWDOWN_REASONS = frozenset({"sw_thermal", "hw_thermal", "hw_slowdown", "hw_power_brake"})
 POWER_CAP_REASONS = frozenset({"sw_power_cap"})
@@ -332,6 +338,12 @@ def next_stop(
     return None
 
 
+def alloc_idle_text(seconds: float, job: object, user: object, below: float) -> str:
+    """What the detail screen says of a GPU allocated but idle (``gpuctl.fleet.idle``)."""
+    who = f"job {job}" + (f" ({user})" if user else "")
+    return f"IDLE {fmt_age(seconds)} in {who}: util and memory traffic ≤{below:g}%"
+
+
 def worst_trouble(lines: list[tuple[str, str]]) -> tuple[str, str] | None:
     """The line of ``trouble_lines`` a one-line summary names: the XID when there is one (it
     says why, and what to do), else the first alarm, else the first warning; None when
@@ -355,13 +367,14 @@ def node_is_down(s: NodeSnapshot) -> bool:
 
 
 def trouble_counts(s: NodeSnapshot, xid_gpus: set[int]) -> dict[str, int]:
-    """How many of a node's GPUs have each problem (``PROBLEMS``; ``down`` counts the node);
+    """How many of a node's GPUs have each problem (``SNAPSHOT_PROBLEMS``; ``down`` counts the
+    node);
     a GPU with two problems counts under both, as the filter of each finds it.
 
     Every node's every sample comes here (the header's counts): a GPU without trouble (most,
     each sample) is told in a few tests written out (``gpu_problems`` for the others), not a
     list of flags built and read (0.83 s of ~10 s busy at 4,096 GPUs, profiled)."""
-    counts = dict.fromkeys(PROBLEMS, 0)
+    counts = dict.fromkeys(SNAPSHOT_PROBLEMS, 0)
     if node_is_down(s):
         counts["down"] = 1
     quiet = _QUIET_REASONS
@@ -525,6 +538,7 @@ GPU_WORDS = {
     "slowdown",
     "pwrcap",
     "trouble",
+    ALLOC_IDLE,
 }
 # Threshold words of the filter: the registry's "filter" metrics, in their shown units, and the
 # shares ("mem": % of the memory in use).
@@ -557,6 +571,7 @@ class GpuFacts:
     model: str = ""
     xid: bool = False
     burning: bool = False
+    idle_s: float | None = None  # seconds allocated but idle (``gpuctl.fleet.idle``), else None
 
 
 @dataclass(frozen=True)
@@ -565,7 +580,9 @@ class NodeFilter:
 
     Terms: a state word (live, stale, unreachable, connecting, down), a GPU word (lost, throttle,
     xid, ecc [ECC or row-remap trouble], slowdown [thermal or hardware], pwrcap, trouble [any of
-    the header's counts], burning, idle, busy), a threshold ``metric op number``
+    the header's counts], burning, idle, busy, alloc-idle [in a Slurm job, idle for
+    ``idle_after``], mine [in a Slurm job of yours]), ``job:ID`` (in that Slurm job), a
+    threshold ``metric op number``
     (``FILTER_METRICS``: util, mem [%], mem_gib, temp [°C], power [W], clock [MHz], fan, enc,
     dec [%], pcie_tx [GB/s], ...: the metric registry's, in its shown units) or any other
     text, matched against the node name and the GPU model. A node with no GPU rows matches
@@ -575,6 +592,7 @@ class NodeFilter:
     text: str
     node_terms: tuple[Callable[[NodeSnapshot], bool], ...] = ()
     gpu_terms: tuple[GpuPredicate, ...] = ()
+    jobs: tuple[str | None, str | None] | None = None  # (user, job) of ``mine`` / ``job:ID``
 
     @property
     def empty(self) -> bool:
@@ -595,11 +613,22 @@ def parse_filter(text: str) -> NodeFilter:
     """Parse filter text; raises FilterError with a one-line message."""
     node_terms: list[Callable[[NodeSnapshot], bool]] = []
     gpu_terms: list[GpuPredicate] = []
+    jobs: tuple[str | None, str | None] | None = None
     # "temp > 80" is one term: glue operators to their neighbours before splitting.
     glued = re.sub(r"\s*(>=|<=|!=|==|>|<|=)\s*", r"\1", text.strip().lower())
     for word in glued.split():
         m = _THRESHOLD.match(word)
-        if m:
+        if word.startswith("job:"):
+            job = word[4:]
+            if not job.replace("_", "").isdigit():
+                raise FilterError(f"cannot read {word!r}: write a Slurm job id like job:4242")
+            jobs = (jobs[0] if jobs else None, job)
+            gpu_terms.append(_job_term(None, job))
+        elif word == "mine":
+            me = user_name()
+            jobs = (me, jobs[1] if jobs else None)
+            gpu_terms.append(_job_term(me, None))
+        elif m:
             metric, op, num = m.group(1), m.group(2), float(m.group(3))
             if metric in ("utilization", "gpu"):
                 metric = "util"
@@ -643,7 +672,14 @@ def parse_filter(text: str) -> NodeFilter:
                 return word in s.name.lower() or (g is not None and word in f.model.lower())
 
             gpu_terms.append(name_term)
-    return NodeFilter(text, tuple(node_terms), tuple(gpu_terms))
+    return NodeFilter(text, tuple(node_terms), tuple(gpu_terms), jobs)
+
+
+def _job_term(user: str | None, job: str | None) -> GpuPredicate:
+    def pred(s: NodeSnapshot, g: GpuSample | None, _f: GpuFacts) -> bool:
+        return g is not None and wanted(s.annotations.get(g.index), user=user, job=job)
+
+    return pred
 
 
 def _gpu_word(word: str) -> GpuPredicate:
@@ -659,11 +695,13 @@ def _gpu_word(word: str) -> GpuPredicate:
         if word in ("ecc", "slowdown", "pwrcap"):
             return word in gpu_problems(g, f.xid)
         if word == "trouble":
-            return is_problem(_s, g, f.xid)
+            return is_problem(_s, g, f.xid) or f.idle_s is not None
         if word == "burning":
             return f.burning
         if word == "idle":
             return g.util_gpu is not None and g.util_gpu <= 2
+        if word == ALLOC_IDLE:
+            return f.idle_s is not None
         return g.util_gpu is not None and g.util_gpu > 2  # busy
 
     return pred

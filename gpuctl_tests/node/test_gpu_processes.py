@@ -222,3 +222,25 @@ def test_a_gpu_process_stat_file_is_opened_once_while_it_runs(
     assert (row["ppid"], row["rss"], row["started"]) == (None, None, None)
     names.forget_except(set())
     names.close()
+
+
+def test_the_agent_tells_each_gpu_processs_slurm_job_from_its_cgroup(
+    nvml_lib_dir: Path, tmp_path: Path, agents: list[AgentProcess], procs: Start
+) -> None:
+    """Three real ``sleep``s: one in a cgroup v1 folder laid out as Slurm's
+    (``/slurm/uid_U/job_777/step_0/task_0``), one in a v2 one (``slurmstepd.scope/job_888/...``),
+    one in none; the Python 3.6 agent sends each one's job (none for the third)."""
+    from gpuctl_tests.harness.cgroups import V1, V2, moved_into, slurm_v1, slurm_v2
+
+    v1, v2, plain = procs("sleep", "311"), procs("sleep", "312"), procs("sleep", "313")
+    with moved_into(V1, slurm_v1(777), v1.pid), moved_into(V2, slurm_v2(888), v2.pid):
+        stub = NvmlStub(
+            nvml_lib_dir,
+            tmp_path / "nvml.conf",
+            f"count 2\nproc 0 {v1.pid} 64\nproc 1 {v2.pid} 64\nproc 1 {plain.pid} 64\n",
+        )
+        agent = start_agent(stub, tmp_path, agents)
+        seen = processes(sample_with(agent, {v1.pid, v2.pid, plain.pid}))
+        assert (seen[v1.pid]["gpu"], seen[v1.pid]["slurm_job"]) == (0, "777")
+        assert (seen[v2.pid]["gpu"], seen[v2.pid]["slurm_job"]) == (1, "888")
+        assert "slurm_job" not in seen[plain.pid]  # null: left out on the wire

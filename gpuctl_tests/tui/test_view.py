@@ -129,7 +129,7 @@ def test_trouble_counts_agree_with_each_gpus_problems() -> None:
     counts (zero, set, a flag), a lost GPU and an XID."""
     import itertools
 
-    from gpuctl.tui.view import PROBLEMS, gpu_problems, trouble_counts
+    from gpuctl.tui.view import SNAPSHOT_PROBLEMS, gpu_problems, trouble_counts
 
     throttles = [None, (), ("gpu_idle",), ("gpu_idle", "applications_clocks"), ("sw_power_cap",)]
     throttles += [("gpu_idle", "hw_slowdown"), ("sw_thermal", "sw_power_cap")]
@@ -146,7 +146,7 @@ def test_trouble_counts_agree_with_each_gpus_problems() -> None:
     for xids in (set(), {0, 5, 17, 300}):
         for chunk in range(0, len(gpus), 8):  # nodes of 8 GPUs
             s = node("n", NodeState.LIVE, *gpus[chunk : chunk + 8])
-            want = dict.fromkeys(PROBLEMS, 0)
+            want = dict.fromkeys(SNAPSHOT_PROBLEMS, 0)
             for g in s.gpus:
                 for kind in gpu_problems(g, g.index in xids):
                     if kind in want:
@@ -177,7 +177,7 @@ def test_trouble_counts_and_totals_of_nodes_alike_but_for_one_gpu() -> None:
     no utilization or power."""
     import itertools
 
-    from gpuctl.tui.view import PROBLEMS, gpu_problems, node_totals, trouble_counts
+    from gpuctl.tui.view import SNAPSHOT_PROBLEMS, gpu_problems, node_totals, trouble_counts
 
     throttles = [None, (), ("gpu_idle",), ("sw_power_cap",), ("gpu_idle", "hw_slowdown")]
     eccs = [None, {}, {"volatile_uncorrected": 0, "aggregate_uncorrected": 0}]
@@ -200,7 +200,7 @@ def test_trouble_counts_and_totals_of_nodes_alike_but_for_one_gpu() -> None:
         for gpus in nodes:
             s = node("n", NodeState.LIVE, *gpus)
             for xids in (set(), {3}):
-                want = dict.fromkeys(PROBLEMS, 0)
+                want = dict.fromkeys(SNAPSHOT_PROBLEMS, 0)
                 for g in gpus:
                     for kind in gpu_problems(g, g.index in xids):
                         if kind in want:

@@ -10,12 +10,18 @@ reads fail (ESRCH), also when a new process takes the pid, which is then opened 
 used between two samples over the wall time between them, so the first sample of a process has
 none (null).
 
+The Slurm job of a GPU process is the ``job_NNN`` of its own cgroup's path (``/proc/PID/cgroup``:
+Slurm's cgroup v1 ``/slurm/uid_U/job_NNN/step_S/...`` and v2
+``/system.slice/slurmstepd.scope/job_NNN/step_S/...``), read once per process: the node tells
+which job runs on which GPU even where Slurm's GPU numbering and the node's differ.
+
 ``signal_process`` is the agent's ``signal`` request: it sends SIGTERM, SIGINT or SIGKILL to a GPU process
 of the agent's own user, and refuses anything else (see its docstring).
 """
 
 import os
 import pwd
+import re
 import signal
 import time
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
@@ -28,6 +34,22 @@ MAX_PARENTS = 64  # ancestors of GPU processes sent in one sample (a tree, not a
 MAX_DEPTH = 16  # ancestors followed up from one GPU process
 PARENTS_EVERY_S = 5.0  # ... walked again this often while the GPU pids stay the same
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "KILL": signal.SIGKILL}
+SLURM_JOB_DIR = re.compile(r"/job_([0-9]{1,12})(?=/|$)")  # a Slurm job's cgroup folder
+CGROUP_BYTES = 8192  # /proc/PID/cgroup read at most: a line per hierarchy
+
+
+def slurm_job_of(pid: int) -> Optional[str]:
+    """The Slurm job whose cgroup holds ``pid`` (its ``job_NNN``), else None."""
+    try:
+        with open("/proc/%d/cgroup" % pid, "rb") as f:
+            text = f.read(CGROUP_BYTES).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    for line in text.splitlines():
+        m = SLURM_JOB_DIR.search(line.split(":", 2)[-1])
+        if m:
+            return m.group(1)
+    return None
 
 
 def process_uid(pid: int) -> Optional[int]:
@@ -82,6 +104,7 @@ class ProcessNames(object):
 
     def __init__(self, clock: Any = time.monotonic) -> None:
         self._cache = {}  # type: Dict[int, Identity]
+        self._jobs = {}  # type: Dict[int, Optional[str]]  # pid -> its Slurm job (cgroup)
         self._clock = clock
         self._boot = boot_time()
         self._stats = {}  # type: Dict[int, Optional[ProcStat]]  # this sample's reads
@@ -140,7 +163,7 @@ class ProcessNames(object):
         """End a sample: drop cached pids not in ``pids`` (so a reused pid is looked up afresh)
         and this sample's stat reads."""
         keep = set(pids) | self._seen
-        for cache in (self._cache, self._cpu):
+        for cache in (self._cache, self._cpu, self._jobs):
             for pid in list(cache):
                 if pid not in keep:
                     del cache[pid]
@@ -179,14 +202,17 @@ class ProcessNames(object):
     def rows(self, found: Dict[int, Optional[int]], seen: Set[int],
              sm: Optional[Dict[int, Optional[int]]] = None) -> List[Dict[str, Any]]:
         """The sample's ``processes`` list for ``found`` (pid -> GPU memory in bytes or None),
-        by pid, with uid, user, command, host fields and ``sm`` (the process's SM % from
-        ``sm``, None when unknown); every pid is added to ``seen``."""
+        by pid, with uid, user, command, host fields, ``sm`` (the process's SM % from
+        ``sm``, None when unknown) and ``slurm_job`` (its cgroup's); every pid is added to
+        ``seen``."""
         out = []  # type: List[Dict[str, Any]]
         for pid in sorted(found):
             seen.add(pid)
             uid, user, command = self.identity(pid)
+            if pid not in self._jobs:
+                self._jobs[pid] = slurm_job_of(pid)
             row = {"pid": pid, "user": user, "command": command, "mem": found[pid], "uid": uid,
-                   "sm": (sm or {}).get(pid)}  # type: Dict[str, Any]
+                   "sm": (sm or {}).get(pid), "slurm_job": self._jobs[pid]}  # type: Dict[str, Any]
             row.update(self.host_fields(pid))
             out.append(row)
         return out

@@ -35,7 +35,7 @@ from gpuctl.node import metrics
 from gpuctl.node.metrics import BY_KEY
 from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.text import node_str, node_text
-from gpuctl.tui.view import node_age_text, trouble_lines
+from gpuctl.tui.view import alloc_idle_text, node_age_text, trouble_lines
 from gpuctl.workloads.accept_suite.nodehealth import xid_text
 
 MAX_POINTS = 240  # a plot is at most ~120 cells wide: more points only cost time
@@ -484,6 +484,13 @@ class DetailScreen(Screen[None]):
             paragraphs.append(
                 [Text(node_str(said, limit=LINE_LIMIT), styles["warn"] if running else "")]
             )
+        idle = self.store.fleet.idle.idle_for(self.node, g.index)
+        if idle is not None:  # allocated but idle: who holds it, since when
+            notes = s.annotations.get(g.index) or {}
+            said = alloc_idle_text(
+                idle, notes.get("slurm_job"), notes.get("slurm_user"), self.store.fleet.idle.below
+            )
+            paragraphs.append([Text(node_str(said, limit=LINE_LIMIT), styles["warn"])])
         if g.lost:
             paragraphs.append(lines)
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -16,6 +17,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Input, Label, Static
 
 from gpuctl.core.model import GpuSample, NodeState
+from gpuctl.fleet import myjobs
 from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.keys import escape_filter, offer
 from gpuctl.tui.messages import FleetChanged
@@ -339,7 +341,15 @@ class OverviewScreen(Screen[None]):
         matches = f.empty or self.store.any_match()
         header = self.query_one(ClusterHeader)
         header.show_trouble(self.store.trouble())
-        header.show(texts, f.text.strip(), matches)
+        shown = f.text.strip()
+        if f.jobs is not None and matches:  # mine, job:ID: each job's totals beside the filter
+            held = [
+                replace(s, gpus=tuple(s.gpus[i] for i in at))
+                for s in self.store.snaps.values()
+                if (at := self.store.visible_gpus(s))
+            ]  # the GPUs shown
+            shown += " · " + myjobs.summary(myjobs.totals(held, self.store.fleet.idle))
+        header.show(texts, shown, matches)
 
     @on(NodeList.Selected)
     def list_selected(self, _event: NodeList.Selected) -> None:

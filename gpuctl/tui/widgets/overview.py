@@ -81,6 +81,7 @@ BADGE_CLASSES = {
     "HWTHERM": "nodelist--slow",
     "HWSLOW": "nodelist--slow",
     "PWRBRAKE": "nodelist--slow",
+    "IDLE": "nodelist--slow",  # allocated but idle: "IDLE 42m" (``gpuctl.fleet.idle``)
 }
 LEVEL_CLASSES = ("nodelist--ok", "nodelist--warm", "nodelist--hot")
 STATE_CLASSES = {
@@ -436,7 +437,8 @@ class NodeList(ScrollView, can_focus=True):
         snap = self.store.snaps[line.node]
         if line.kind == "gpu":
             g = next((x for x in snap.gpus if x.index == line.gpu), None)
-            return is_problem(snap, g, (line.node, line.gpu) in self.store.xids)
+            idle = None if g is None else self.store.fleet.idle.idle_for(line.node, g.index)
+            return is_problem(snap, g, (line.node, line.gpu) in self.store.xids) or idle is not None
         return is_problem(snap, None, False) or any(self.store.node_trouble(line.node).values())
 
     def action_problem(self, step: int) -> None:
@@ -947,8 +949,10 @@ def _draw_rest(r: Row, w: int, _gap: str) -> list[Segment]:
     st = nodes._style
     segs: list[Segment] = []
     badges = gpu_badges(g, (s.name, g.index) in nodes.store.xids)
+    if (idle := nodes.store.fleet.idle.idle_for(s.name, g.index)) is not None:
+        badges.append(f"IDLE {fmt_age(idle)}")
     for badge in badges:  # red for faults only: a power cap at full load is normal
-        cls = BADGE_CLASSES.get(badge, "nodelist--dim")
+        cls = BADGE_CLASSES.get(badge.partition(" ")[0], "nodelist--dim")
         segs.append(Segment(node_str(badge, limit=TEXT_LIMIT), st(cls)))
         segs.append(Segment(" "))
     if badges:
