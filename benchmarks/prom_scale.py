@@ -33,9 +33,17 @@ With ``--baseline TREE`` (e.g. ``git worktree add /tmp/base <commit>``), TREE's
 ``gpuctl/fleet/prom.py`` is measured too, on the same store: ``--rounds`` rounds, each this
 tree's then the baseline's, and the ratios printed (baseline over this).
 
+With ``--trees BASE`` (a ``git worktree`` of the base), the whole of each tree's gpuctl is
+measured, not its prom.py alone (the fleet, the history, the screen: ``--baseline`` loads the
+base's prom.py beside this tree's other modules, and its RSS is both variants' together): one
+store, then ``--rounds`` rounds each running this tree, then BASE, in a process of its own
+(``--store URL --tree TREE``), so each peak RSS is its own; printed per figure: the median over
+the runs, the runs, and base over this. ``store_cpu_share_of_one_core`` is Prometheus's own CPU
+(its process's, from /proc) over the measured polls.
+
 Usage: python benchmarks/prom_scale.py [--nodes 2048] [--gpus 8] [--interval 5] [--polls 12]
        [--scrape 15] [--targets 8] [--tui] [--baseline TREE] [--rounds 1]
-       [--decode-only [--live-objects N]] [--shapes]
+       [--trees BASE] [--decode-only [--live-objects N]] [--shapes]
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import asyncio
 import dataclasses
 import importlib.util
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -55,7 +64,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+# ``--tree TREE``: gpuctl imported from TREE (a worktree of the base), the whole package, in
+# this process of its own (``--trees`` starts one per variant on a shared store)
+_TREE = next((sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--tree"), None)
+REPO = Path(_TREE).resolve() if _TREE else Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuctl.core.deadline import wait_for  # noqa: E402
@@ -103,6 +115,17 @@ def render(hosts: list[str], gpus: int, served: set[str] | frozenset[str] = READ
                 labels = series_labels(host, i, uuid, "NVIDIA H100 80GB HBM3")
                 lines.append(f"{name}{{{labels}}} {values[key]}")
     return ("\n".join(lines) + "\n").encode()
+
+
+def store_cpu_seconds(pid: int) -> float:
+    """The CPU seconds (user + system) of process ``pid`` (the store), 0 without one."""
+    if not pid:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], p: float) -> float:
@@ -382,6 +405,7 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
     # warm: every node live once, then measure whole polls
     await all_live.wait()
     print("every node live", file=sys.stderr, flush=True)
+    store0 = store_cpu_seconds(args.store_pid)
     cpu0, wall0, polls0 = cpu_seconds(), time.perf_counter(), len(poll_times)
     lats0, phases0 = len(latencies), len(phases)
     received[0] = 0
@@ -390,6 +414,7 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
         await polled.wait()
     cpu = cpu_seconds() - cpu0
     wall = time.perf_counter() - wall0
+    store_cpu = store_cpu_seconds(args.store_pid) - store0
     if app is not None and app_task is not None:
         app.exit()
         await app_task
@@ -417,6 +442,7 @@ async def measure(url: str, args: argparse.Namespace, prom: ModuleType) -> dict[
         "alone": alone,
         "moved": moved_counts[polls0:],
         "cpu": cpu,
+        "store_cpu": store_cpu,
         "wall": wall,
         "bytes_per_poll": bytes_per_poll,
         "answer_bytes": len(body),
@@ -459,6 +485,11 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             sum(r["cpu"] for r in rounds) / sum(r["wall"] for r in rounds), 3
         ),
         "cpu_s_per_poll": round(sum(r["cpu"] for r in rounds) / len(polls), 3),
+        # the store's own CPU meanwhile (Prometheus's process: evaluating, writing the answers,
+        # scraping), with ``--trees`` / ``--store-pid`` only
+        "store_cpu_share_of_one_core": round(
+            sum(r["store_cpu"] for r in rounds) / sum(r["wall"] for r in rounds), 3
+        ),
         "util_answer_bytes": first["answer_bytes"],
         "decode_msgspec_ms": round(1000 * statistics.median(msgspec_s), 1),
         "decode_json_loads_ms": round(1000 * statistics.median(json_s), 1),
@@ -507,6 +538,61 @@ async def alternate(url: str, args: argparse.Namespace) -> dict[str, Any]:
         }
     result["rss_peak_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return result
+
+
+def variant(url: str, pid: int, tree: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One run of ``args.polls`` polls by TREE's gpuctl (its whole package) on the store at
+    ``url``, in a process of its own: its peak RSS is its own."""
+    argv = [sys.executable, __file__, "--store", url, "--store-pid", str(pid), "--tree", tree]
+    argv += ["--polls", str(args.polls), "--interval", str(args.interval)]
+    argv += ["--tui"] if args.tui else []
+    done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=True)
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+# the figures ``--trees`` prints per variant, medians over its runs, and their ratios
+TREE_FIGURES = (
+    "query_to_published_s_median",
+    "query_to_published_s_p95",
+    "poll_s_median",
+    "poll_s_p95",
+    "cpu_share_of_one_core",
+    "cpu_s_per_poll",
+    "rss_peak_mb",
+    "store_cpu_share_of_one_core",
+    "answers_mb_per_poll",
+)
+
+
+def compare_trees(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+    """``--rounds`` rounds, each this tree's run then the base's (``--trees BASE``), every
+    run a process of its own on the one store; each figure's median over the runs, its range,
+    and the base's median over this one's."""
+    trees = {"this": str(Path(__file__).resolve().parent.parent), "base": args.trees}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    for n in range(args.rounds):
+        for name, tree in trees.items():
+            print(f"round {n + 1}: {name} ({tree})", file=sys.stderr, flush=True)
+            got = variant(url, pid, tree, args)
+            runs[name].append({**got["this"], "rss_peak_mb": got["rss_peak_mb"]})
+            print(json.dumps({k: runs[name][-1][k] for k in TREE_FIGURES}), file=sys.stderr)
+    out: dict[str, Any] = {"rounds": args.rounds, "tui": args.tui}
+    for name in trees:
+        out[name] = {
+            k: {
+                "median": statistics.median(r[k] for r in runs[name]),
+                "runs": [r[k] for r in runs[name]],
+            }
+            for k in TREE_FIGURES
+        }
+    out["base_over_this"] = {
+        k: round(out["base"][k]["median"] / out["this"][k]["median"], 2)
+        if out["this"][k]["median"]
+        else None
+        for k in TREE_FIGURES
+    }
+    return out
 
 
 def serve_exporters(args: argparse.Namespace) -> None:
@@ -675,6 +761,15 @@ def main() -> None:
     )
     p.add_argument("--rounds", type=int, default=1, help="rounds of --polls polls per variant")
     p.add_argument(
+        "--trees",
+        metavar="BASE",
+        help="this tree's gpuctl and BASE's (a git worktree), each whole in a process of its "
+        "own, alternated --rounds times on one store: medians, runs, ratios",
+    )
+    p.add_argument("--tree", help=argparse.SUPPRESS)  # gpuctl imported from there (see top)
+    p.add_argument("--store", help=argparse.SUPPRESS)  # a store already running: its URL
+    p.add_argument("--store-pid", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument(
         "--live-objects",
         type=int,
         default=0,
@@ -694,6 +789,10 @@ def main() -> None:
         return
     if args.serve:
         serve_exporters(args)
+        return
+    if args.store:  # one variant of ``--trees``
+        out = eventloop.run(alternate(args.store, args))
+        print(json.dumps(out, indent=1))
         return
     exporters = subprocess.Popen(
         [sys.executable, __file__, "--serve", *sys.argv[1:]], stdout=subprocess.PIPE, text=True
@@ -715,6 +814,9 @@ def main() -> None:
             print(f"{prom.url} holds every GPU; measuring", file=sys.stderr, flush=True)
             if args.shapes:
                 print(json.dumps(query_shapes(prom.url, args.rounds), indent=1))
+                return
+            if args.trees:
+                print(json.dumps(compare_trees(prom.url, prom.proc.pid, args), indent=1))
                 return
             # the loop and collector settings ``gpuctl watch`` runs on
             result = eventloop.run(alternate(prom.url, args))

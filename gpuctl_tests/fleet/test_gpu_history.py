@@ -171,6 +171,31 @@ async def test_history_reads_recent_samples_and_older_means() -> None:
         await fleet.stop()
 
 
+async def test_a_node_sampled_every_15_s_keeps_the_same_minutes_in_fewer_samples() -> None:
+    """A node whose hello says it samples every 15 s (a Prometheus node: the scrape period)
+    keeps ``history_len`` seconds of samples as they came, 60 of them, not 900 (3.75 hours:
+    455 MB of the screen's 710 at 16,384 GPUs), and the minute means before them."""
+    messages = recorded_node("n", "2:H100", samples=100, t0=T0, interval=15.0)
+    fleet = await replaying(messages)
+    try:
+        hist = fleet.history("n", 0)
+        recent = hist.recent("util", 1000)
+        assert len(recent) == 60  # 900 s
+        times, util = hist.series("util")
+        assert times[-60:] == [T0 + 15 * k for k in range(40, 100)]
+        older = times[:-60]  # the 40 samples before: their minutes' means
+        assert older and all(b - a == 60 for a, b in itertools.pairwise(older))
+        assert util[-60:] == recent
+        # a node at 1 s keeps its 900, as before
+        fast = await replayed(950, "1:H100")
+        try:
+            assert len(fast.history("n", 0).recent("util", 1000)) == 900
+        finally:
+            await fast.stop()
+    finally:
+        await fleet.stop()
+
+
 async def test_missing_and_junk_readings_are_none() -> None:
     messages = recorded_node("n", "1:H100", samples=3, t0=T0)
     messages[1]["gpus"][0].update(util_gpu=None, temp=-5, sm_clock=10**9, power=1e308)

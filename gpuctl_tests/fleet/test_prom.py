@@ -7,44 +7,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import json
-import re
 import subprocess
 import time
-import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuctl import service
-from gpuctl.config import parse_config
-from gpuctl.core.deadline import wait_for
 from gpuctl.core.format import gpu_flags
 from gpuctl.core.model import MigInstance, NodeEvent, NodeState
-from gpuctl.fleet import control, prom
-from gpuctl.fleet.build import fleet_from_config
-from gpuctl.fleet.export import FleetExporter
+from gpuctl.fleet import control
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.prom import PromError, PromLink, PromSource, PromTarget
 from gpuctl.fleet.recording.format import slurm_jobs
 from gpuctl.fleet.session import refusal
-from gpuctl.fleet.status import node_to_json
 from gpuctl.tui import GpuctlApp
 from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.screens.detail import DetailScreen, Facts
 from gpuctl.tui.view import trouble_counts
-from gpuctl_tests.cli.test_status_nodes import gpuctl as run_gpuctl
+from gpuctl_tests.fleet.prom_site import NODES, Site, gpuctl, site_fleet
 from gpuctl_tests.fleet.test_export import Exporter, Samples, one, scrape
 from gpuctl_tests.harness.prometheus import (
     PASSWORD,
     USER,
-    Prometheus,
     StandInExporter,
-    StartedStores,
     Store,
     free_port,
     prometheus,
@@ -52,97 +41,16 @@ from gpuctl_tests.harness.prometheus import (
 from gpuctl_tests.harness.slurm import SlurmCluster
 from gpuctl_tests.helpers import (
     all_live,
-    fleet_changes,
-    node_env,
     open_detail,
-    wait_fleet,
     wait_until,
     wait_until_async,
 )
 from gpuctl_tests.helpers import until as until_screen
 
 MIB = 1 << 20
-NODES = ("node-a", "node-b", "node-c")
 
 
 pytestmark = pytest.mark.prometheus  # a real /usr/bin/prometheus: the full lane only
-
-
-@pytest.fixture
-def state_dir(tmp_path: Path) -> Path:
-    return tmp_path / "state"
-
-
-@dataclass
-class Site:
-    prom: Prometheus
-    exporters: dict[str, StandInExporter]
-
-
-@pytest.fixture(scope="module")
-def stores() -> Iterator[StartedStores]:
-    stores = StartedStores()
-    with stores.stack:
-        yield stores
-
-
-@pytest.fixture
-def store(stores: StartedStores) -> Iterator[Store]:
-    """A Prometheus of the test's own (``StartedStores``): the test serves its held ports."""
-    with stores.take() as got:
-        yield got
-
-
-def three_nodes(stores: StartedStores) -> Iterator[Site]:
-    """Three nodes of two GPUs each behind their own stand-in exporter, scraped every second
-    by a Prometheus of their own; ready once every series has three samples (the scrape period
-    can be read)."""
-    with stores.take() as (prom, socks):
-        exporters = {n: StandInExporter(n, sock=s) for n, s in zip(NODES, socks, strict=True)}
-        try:
-            prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2 * len(NODES))
-            yield Site(prom, exporters)
-        finally:
-            for e in exporters.values():
-                e.close()
-
-
-@pytest.fixture
-def site(stores: StartedStores) -> Iterator[Site]:
-    """``three_nodes``, the test's own: it may change what the exporters serve."""
-    yield from three_nodes(stores)
-
-
-@pytest.fixture(scope="module")
-def _steady(stores: StartedStores) -> Iterator[Site]:
-    yield from three_nodes(stores)
-
-
-def _served(site: Site) -> object:
-    return {
-        name: (copy.deepcopy((e.gpus, e.jobs, e.mig)), e.serving, e.clock)
-        for name, e in site.exporters.items()
-    }
-
-
-@pytest.fixture
-def steady_site(_steady: Site) -> Iterator[Site]:
-    """``three_nodes`` shared by the module's tests that only read them: a Prometheus takes some
-    8 s to start and scrape three times (5 s of it before the first scrape: its discovery
-    manager sends target updates every 5 s, a fixed period), once instead of once a test. A
-    test that changes an exporter takes ``site``; this one checks that none was changed."""
-    before = _served(_steady)
-    yield _steady
-    assert _served(_steady) == before, "this test changes an exporter: give it `site`"
-
-
-def site_fleet(url: str, extra: str = "", **kw: Any) -> Fleet:
-    config = parse_config(f'[clusters.site]\nprometheus = "{url}"\n{extra}')
-    return fleet_from_config(config, interval=0.5, **kw)
-
-
-def gpuctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_gpuctl(*args, env=node_env())
 
 
 async def test_the_fleet_reads_every_gpu_from_prometheus(site: Site) -> None:
@@ -279,45 +187,6 @@ async def test_slurm_jobs_come_from_the_hpc_job_label(site: Site) -> None:
         await fleet.stop()
 
 
-async def test_a_host_that_appears_later_becomes_a_node(store: Store) -> None:
-    """A host whose exporter comes up after gpuctl started (a node booted, a rack added) is
-    added to a Prometheus-only cluster as a node, live with its GPUs, on the screen's store."""
-    prom, (sock_a, sock_d, _) = store  # node-d's: scraped from the start, refused yet
-    first = StandInExporter("node-a", sock=sock_a)
-    late: StandInExporter | None = None
-    try:
-        prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
-        fleet = site_fleet(prom.url)
-        assert sorted(fleet.nodes) == ["node-a"]
-        store = FleetStore(fleet)
-        fleet.subscribe(store.offer)
-        await fleet.start()
-        try:
-            await wait_until_async(lambda: fleet.snapshot("node-a").gpus, 20, "node-a's GPUs")
-            late = StandInExporter("node-d", sock=sock_d)
-            late.set(1, util=55)
-            await wait_until_async(lambda: "node-d" in fleet.nodes, 30, "node-d added")
-            await wait_until_async(
-                lambda: (
-                    fleet.snapshot("node-d").state is NodeState.LIVE
-                    and fleet.snapshot("node-d").gpus
-                ),
-                20,
-                "node-d live",
-            )
-            assert [g.util_gpu for g in fleet.snapshot("node-d").gpus] == [10, 55]
-            assert fleet.snapshot("node-d").link == "prometheus"
-            store.take_pending()
-            assert store.order == ["node-a", "node-d"]
-        finally:
-            await fleet.stop()
-    finally:
-        first.close()
-        if late is not None:
-            late.close()
-
-
-@pytest.mark.slurm
 async def test_slurm_jobs_and_users_come_from_squeue(
     slurm_cluster: SlurmCluster, store: Store
 ) -> None:
@@ -374,52 +243,6 @@ async def test_history_comes_from_the_store(steady_site: Site) -> None:
         assert fleet.history("node-b", 0).series("util")[0][0] >= first_seen - 1
     finally:
         await fleet.stop()
-
-
-def counted(source: PromSource) -> list[str]:
-    """The queries ``source`` asks from now on, in order (its client's ``query`` wrapped)."""
-    seen: list[str] = []
-    query = source.client.query
-
-    async def counting(promql: str, **kw: Any) -> Any:
-        seen.append(promql)
-        return await query(promql, **kw)
-
-    source.client.query = counting  # type: ignore[method-assign]
-    return seen
-
-
-async def test_one_query_per_metric_for_all_gpus(steady_site: Site) -> None:
-    """A poll's queries do not grow with the GPUs: one per metric (and one for the time, one
-    for MIG instances' utilisation)."""
-    source = PromSource(PromTarget(steady_site.prom.url), interval=1.0)
-    seen = counted(source)
-    readings = await source.poll()
-    assert sorted(readings) == list(NODES)
-    assert len(seen) == len(source.queries) == len(prom.METRICS) + 2
-    assert all("gpu=" not in q for q in seen)  # never one GPU's own query
-
-
-async def test_a_poll_asks_only_the_hosts_with_a_new_sample(steady_site: Site) -> None:
-    """After the small stamp query, the metrics are asked for the hosts whose newest sample
-    is newer than the one held, by name, and by the one host label in use (no ``instance``):
-    at a 5 s poll of a 15 s scrape, a third of the GPUs."""
-    source = PromSource(PromTarget(steady_site.prom.url), interval=1.0)
-    source._take(await source.poll(), publish=False)
-    stamped = await source.client.query(source.stamp_query)
-    for host in NODES:  # node-b as if scraped since; the others not
-        t = source.latest[host].t
-        assert t is not None
-        source.latest[host] = replace(source.latest[host], t=t - 100 if host == "node-b" else 1e12)
-    source._samples["node-b"] = turn_next("node-b") - 1  # its slow metrics' turn: all asked
-    moved, asked = source._plan(stamped)
-    assert moved == {"node-b"}
-    assert len(asked) == len(source.queries) - 1 == len(prom.METRICS) + 1  # and MIG's
-    assert all("Hostname=~`node-b`" in q and "instance" not in q for _m, q in asked)
-    answers = [await source.client.query(q) for _m, q in asked]
-    readings = source._readings(stamped, moved, asked, answers)
-    assert list(readings) == ["node-b"]
-    assert [g["util_gpu"] for _i, g in sorted(readings["node-b"].gpus.items())] == [10, 20]
 
 
 def mig_instance(gi: str, profile: str, used: int, free: int, gr: float) -> dict[str, Any]:
@@ -547,188 +370,6 @@ async def test_the_detail_screen_lists_a_mig_gpus_instances(site: Site, state_di
         now = screen.query_one("#detail-now", Facts)
         await until_screen(pilot, lambda: "util 10%" in now.text().plain, "GPU 0's readings")
         assert "MIG" not in now.text().plain
-
-
-def move_only(source: PromSource, moved: str) -> None:
-    """As if ``moved`` were scraped since the held reading and no other host were."""
-    for host, held in list(source.latest.items()):
-        assert held.t is not None
-        source.latest[host] = replace(held, t=held.t - 100 if host == moved else 1e12)
-
-
-def turn_next(host: str) -> int:
-    """The count of new samples at which ``host``'s slow metrics are asked (its turn)."""
-    return -zlib.crc32(host.encode()) % prom.SLOW_EVERY
-
-
-async def test_slow_metrics_are_asked_at_each_hosts_turn_and_kept_between(site: Site) -> None:
-    """The slow metrics (ECC, row remapping, reserved memory, power limit) are asked for a
-    moved host only at its turn, every SLOW_EVERY-th new sample; between, the host's reading
-    keeps their last values (the screen shows them, not a gap), and the fast ones are new."""
-    source = PromSource(PromTarget(site.prom.url), interval=1.0)
-    source._take(await source.poll(), publish=False)  # a first read: every metric
-    assert source.latest["node-b"].gpus[1]["ecc"] == {"volatile_uncorrected": 0}
-    site.exporters["node-b"].set(1, util=97, dbe=2, rr_u=3, fb_reserved=600)
-    site.prom.wait_for('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{Hostname="node-b", gpu="1"} == 2', 1)
-    site.prom.wait_for('DCGM_FI_DEV_GPU_UTIL{Hostname="node-b", gpu="1"} == 97', 1)
-    turn = turn_next("node-b")
-    seen = counted(source)
-    for n in range(1, prom.SLOW_EVERY + 1):  # node-b's next new samples: one is its turn
-        move_only(source, "node-b")
-        seen.clear()
-        readings = await source.poll()
-        assert list(readings) == ["node-b"]
-        gpu = readings["node-b"].gpus[1]
-        assert gpu["util_gpu"] == 97  # a fast metric: every poll
-        slow = [q for q in seen if "ECC_DBE_VOL_TOTAL" in q]
-        if n == turn or (n == prom.SLOW_EVERY and turn == 0):
-            assert slow and all("Hostname=~`node-b`" in q for q in slow)
-            assert gpu["ecc"] == {"volatile_uncorrected": 2}
-            assert gpu["remapped_rows"]["uncorrectable"] == 3 and gpu["fb_reserved"] == 600
-        else:  # not asked: the last values kept, and named as read (no "no series" for them)
-            assert not slow and not any("REMAPPED_ROWS" in q or "RESERVED" in q for q in seen)
-            assert gpu["ecc"] == source.latest["node-b"].gpus[1]["ecc"]
-            assert gpu["fb_reserved"] == source.latest["node-b"].gpus[1]["fb_reserved"]
-            assert "ECC_DBE_VOL_TOTAL" in readings["node-b"].seen
-            assert len(seen) < len(prom.METRICS) // 2 + 2  # the stamp and the fast ones
-        source._take(readings, publish=False)
-    assert source.latest["node-b"].gpus[1]["ecc"] == {"volatile_uncorrected": 2}
-
-
-async def test_a_hosts_sample_is_published_while_another_groups_slow_query_is_out(
-    site: Site,
-) -> None:
-    """A poll publishes each group of hosts once every query that reads them has answered:
-    while the slow counters' query for the hosts at their turn is held (not answered), the
-    other moved hosts' new samples are on the screen already; the held hosts' are not (no row
-    with new fast values and its slow counters missing), and come, ECC included, once the
-    query answers. (Published after the poll's last answer, nothing moved while it was held.)
-    """
-    fleet = site_fleet(site.prom.url)
-    link = fleet.nodes["node-a"].link
-    assert isinstance(link, PromLink)
-    source = link.source
-    query = source.client.query
-    release = asyncio.Event()
-    holding = asyncio.Event()
-    held: dict[str, Any] = {}  # the poll's moved hosts (stamp time) and the held query's
-    moved: dict[str, float] = {}
-
-    async def holding_query(promql: str, **kw: Any) -> list[prom.Series]:
-        series = await query(promql, **kw)
-        if promql == source.stamp_query:  # a poll's first query: which hosts moved
-            # the poll awaits this answer: ``latest`` is the last poll's, unchanged meanwhile
-            stamps = {s.metric.host(): float(s.value.text) for s in series}
-            moved.clear()
-            moved.update(
-                (h, t)
-                for h, t in stamps.items()
-                if h in source.latest and t > (source.latest[h].t or 0.0)
-            )
-        elif "ECC_DBE_VOL_TOTAL" in promql and not held:  # a rare metric: its turn's hosts
-            names = re.search(r"Hostname=~`([^`]*)`", promql)
-            slow = set(names.group(1).split("|")) if names else set(moved)
-            if set(moved) - slow:  # not every moved host at its turn: two groups
-                held.update(moved=dict(moved), slow=slow)
-                holding.set()
-                await release.wait()
-        return series
-
-    source.client.query = holding_query  # type: ignore[method-assign]
-    for k, host in enumerate(NODES):  # the hosts' turns apart (node-a's and node-c's alike)
-        source._samples[host] = turn_next(host) - 1 + k
-    shown: dict[str, float] = {}
-    others_shown = asyncio.Event()
-
-    def check() -> None:
-        if held and all(
-            shown.get(h, 0.0) >= t for h, t in held["moved"].items() if h not in held["slow"]
-        ):
-            others_shown.set()
-
-    def on_snapshot(snap: Any) -> None:
-        if snap.last_sample_t is not None:
-            shown[snap.name] = snap.last_sample_t
-            check()
-
-    fleet.subscribe(on_snapshot)
-    await fleet.start()
-    try:
-        await wait_for(holding.wait(), 30)  # a poll with hosts at their turn and not
-        assert set(held["moved"]) - held["slow"] and held["slow"] <= set(held["moved"])
-        check()
-        await wait_for(others_shown.wait(), 15)  # while the query is held
-        for host in held["slow"]:  # not before its slow counters are in
-            assert shown.get(host, 0.0) < held["moved"][host]
-        assert not release.is_set()
-        release.set()
-        for host in held["slow"]:
-            t = held["moved"][host]
-            await wait_until_async(
-                lambda h=host, t=t: shown.get(h, 0.0) >= t, 20, f"{host}'s new sample"
-            )
-            gpu = fleet.snapshot(host).gpus[0]
-            assert gpu.util_gpu == 10 and gpu.ecc == {"volatile_uncorrected": 0}  # not missing
-    finally:
-        release.set()
-        await fleet.stop()
-
-
-async def test_a_failed_slow_query_leaves_its_group_unpublished(site: Site) -> None:
-    """A poll hands each group over when its queries are in: the slow counters' query failing
-    leaves the hosts at their turn out (not half read; they move again at the next poll) and
-    raises, while the group whose queries all answered was handed over, whole."""
-    source = PromSource(PromTarget(site.prom.url), interval=1.0)
-    source._take(await source.poll(), publish=False)
-    for host, held in list(source.latest.items()):  # node-a, node-b scraped since; not node-c
-        assert held.t is not None
-        source.latest[host] = replace(held, t=held.t - 100 if host != "node-c" else 1e12)
-    source._samples["node-b"] = turn_next("node-b") - 1  # its next sample: its turn
-    source._samples["node-a"] = turn_next("node-a")  # not its turn
-    held_b = source.latest["node-b"]
-    query = source.client.query
-
-    async def failing(promql: str, **kw: Any) -> list[prom.Series]:
-        if "ECC_DBE_VOL_TOTAL" in promql:
-            raise PromError("unreachable", "the store went away")
-        return await query(promql, **kw)
-
-    source.client.query = failing  # type: ignore[method-assign]
-    handed: list[dict[str, prom.NodeReading]] = []
-    with pytest.raises(PromError, match="went away"):
-        await source.poll(ready=handed.append)
-    assert [sorted(r) for r in handed] == [["node-a"]]
-    a = handed[0]["node-a"]
-    assert [g["util_gpu"] for _i, g in sorted(a.gpus.items())] == [10, 20]
-    assert a.gpus[1]["ecc"] == {"volatile_uncorrected": 0}  # its last values, not asked
-    assert source.latest["node-b"] is held_b
-
-
-async def test_the_stamp_query_reads_gpu_0_while_every_host_has_one(steady_site: Site) -> None:
-    """Each host's sample time is read from its GPU 0 alone (an exporter writes a host's GPUs in
-    one scrape): Prometheus reads a series per host, not per GPU. Every GPU's at the first
-    poll, every STAMP_EVERY-th, and while a held host has no GPU 0 (it would never move)."""
-    source = PromSource(PromTarget(steady_site.prom.url), interval=1.0)
-    source._take(await source.poll(), publish=False)
-    assert 'gpu="0"' not in source.queries[0][1]  # the first poll: every GPU
-    for host, held in list(source.latest.items()):  # every host as if scraped since
-        assert held.t is not None
-        source.latest[host] = replace(held, t=held.t - 100)
-    readings = await source.poll()
-    assert 'gpu="0"' in source.queries[0][1]
-    assert sorted(readings) == list(NODES)  # each moved, its time from GPU 0 alone
-    assert all(len(r.gpus) == 2 for r in readings.values())
-    source._take(readings, publish=False)
-    del source.latest["node-c"].gpus[0]  # as if its GPU 0 were lost
-    await source.poll()
-    assert 'gpu="0"' not in source.queries[0][1]
-    source.latest["node-c"].gpus[0] = {}
-    source.polls = prom.STAMP_EVERY * 3
-    await source.poll()
-    assert 'gpu="0"' not in source.queries[0][1]
-    source.polls += 1
-    await source.poll()
-    assert 'gpu="0"' in source.queries[0][1]
 
 
 @contextlib.contextmanager
@@ -985,193 +626,3 @@ async def test_the_screen_over_prometheus(site: Site, state_dir: Path) -> None:
         asked = lambda: "node-a" in fleet._backfilled  # noqa: E731
         await until_screen(pilot, asked, "the detail screen to ask for history", 30)
         assert isinstance(app.screen, DetailScreen) and app.screen.node == "node-a"
-
-
-def source_of(fleet: Fleet) -> PromSource:
-    return next(
-        s.__self__ for s in fleet.services if isinstance(getattr(s, "__self__", None), PromSource)
-    )
-
-
-async def test_a_host_whose_series_stop_leaves_the_screen_and_comes_back(
-    site: Site, state_dir: Path
-) -> None:
-    """A host whose exporter stops serving its series (decommissioned, its exporter gone for
-    good), once its newest sample is older than ``prometheus_forget_after``, leaves the fleet
-    and the screen (one notice says so); the others stay; it is a node again when its series
-    come back."""
-    fleet = site_fleet(site.prom.url, "prometheus_forget_after = 3\n", stale_after=1.0)
-    states: list[NodeState] = []
-    left: list[tuple[str, str, float]] = []
-    fleet.subscribe(lambda s: s.name == "node-b" and states.append(s.state))
-    fleet.on_removed(lambda node, why: left.append((node, why, time.time())))
-    app = GpuctlApp(fleet, read_only=True, state_dir=state_dir)
-    async with app.run_test(size=(120, 36)) as pilot:
-        await until_screen(
-            pilot,
-            lambda: sorted(app.store.snaps) == list(NODES) and all_live(app.store.snaps.values()),
-            "every node live on screen",
-            timeout=30,
-        )
-        app.overview.nodes.select("node-b", 1)
-        last = fleet.snapshot("node-b").last_sample_t
-        site.exporters["node-b"].serving = False
-        await until_screen(pilot, lambda: "node-b" not in app.store.snaps, "node-b gone", 30)
-        (node, why, when) = left[0]
-        assert len(left) == 1 and node == "node-b"
-        m = re.fullmatch(r"left the store \(last sample (\d+)s ago\)", why)
-        assert m is not None and int(m.group(1)) >= 3, why
-        assert last is not None and when - last >= 3  # not before the bound
-        assert states[-1] is NodeState.UNREACHABLE  # its last word: it left, and why
-        assert sorted(fleet.nodes) == ["node-a", "node-c"]  # the others stay
-        await pilot.pause()
-        assert [ln.node for ln in app.overview.nodes.lines if ln.kind == "head"] == [
-            "node-a",
-            "node-c",
-        ]
-        assert app.overview.nodes.cursor == ("node-c", 0)
-        assert f"node-b {why}" in [n.message for n in app._notifications]
-        assert [node_to_json(s)["name"] for s in fleet.snapshots()] == ["node-a", "node-c"]
-        assert 'node="node-b"' not in FleetExporter(fleet).text()
-
-        site.exporters["node-b"].serving = True
-        await until_screen(
-            pilot,
-            lambda: (
-                "node-b" in app.store.snaps
-                and app.store.snaps["node-b"].state is NodeState.LIVE
-                and len(app.store.snaps["node-b"].gpus) == 2
-            ),
-            "node-b back",
-            30,
-        )
-        assert app.store.order == ["node-a", "node-c", "node-b"]
-
-
-async def test_a_host_the_store_answers_with_an_old_sample_is_no_node(
-    store: Store,
-) -> None:
-    """A store that still answers with a host's old sample (its samples carry their own time,
-    as federated or remote-written ones do: Prometheus answers with them for 5 minutes) does not
-    make it a node: not at discovery, not in ``status --json``, not again at each poll after
-    it left (no coming and going); a newer sample does."""
-    frozen = [time.time() - 60]
-    prom, (sock_a, sock_b, _) = store  # the third target stays refused: no series
-    fresh = StandInExporter("node-a", sock=sock_a)
-    old = StandInExporter("node-b", sock=sock_b, clock=lambda: frozen[0])
-    try:
-        prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 2)
-        prom.wait_for('DCGM_FI_DEV_GPU_UTIL{Hostname="node-b"}', 2)
-        r = gpuctl("status", "--prometheus", prom.url, "--json")
-        # 10 min by default: node-b is a node, unreachable for its sample's age
-        nodes = {n["name"]: n["state"] for n in json.loads(r.stdout)["nodes"]}
-        assert nodes == {"node-a": "live", "node-b": "unreachable"}, r.stderr
-        r = gpuctl("status", "--prometheus", prom.url, "--json", "--prometheus-forget-after", "30s")
-        assert r.returncode == 0, r.stderr
-        assert [n["name"] for n in json.loads(r.stdout)["nodes"]] == ["node-a"]
-
-        fleet = site_fleet(prom.url, "prometheus_forget_after = 5\n")
-        assert sorted(fleet.nodes) == ["node-a"]
-        source = source_of(fleet)
-        seen: list[str] = []
-        fleet.subscribe(lambda s: seen.append(s.name))
-        fleet.on_removed(lambda node, why: seen.append(f"removed {node}"))
-        await fleet.start()
-        try:
-            polls = source.polls
-            await wait_until_async(lambda: source.polls >= polls + 4, 30, "four polls")
-            assert "node-b" not in fleet.nodes and "node-b" not in seen
-
-            old.clock = time.time  # its samples move again: a node
-            await wait_fleet(
-                fleet,
-                lambda snaps: "node-b" in snaps and snaps["node-b"].state is NodeState.LIVE,
-                what="node-b a node",
-            )
-            frozen[0] = time.time()
-            old.clock = lambda: frozen[0]  # and stop: the store answers with the last
-            await wait_until_async(
-                lambda: "node-b" not in fleet.nodes,
-                30,
-                "node-b left",
-                wake=fleet_changes(fleet),
-            )
-            answered = prom.query('timestamp(DCGM_FI_DEV_GPU_UTIL{Hostname="node-b"})')
-            assert [float(s["value"][1]) for s in answered] == [int(frozen[0] * 1000) / 1000] * 2
-            polls = source.polls
-            await wait_until_async(lambda: source.polls >= polls + 4, 30, "four more polls")
-            assert "node-b" not in fleet.nodes
-            assert seen.count("removed node-b") == 1
-        finally:
-            await fleet.stop()
-    finally:
-        fresh.close()
-        old.close()
-
-
-async def test_a_mixed_clusters_node_never_leaves(store: Store) -> None:
-    """A mixed cluster names its nodes and reaches them by agent: one whose store samples
-    stopped stays a node however old they get (that it is unreachable is news), where a
-    Prometheus-only cluster's host would have left (its twin's samples stay fresh: the store
-    still scrapes)."""
-    prom, socks = store  # the third target stays refused: no series
-    exporters = [
-        StandInExporter(n, sock=s) for n, s in zip(("localhost", "twin"), socks[:2], strict=True)
-    ]
-    try:
-        prom.wait_for("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 3", 4)
-        fleet = site_fleet(
-            prom.url,
-            'nodes = "localhost,twin"\nvia = "local"\nsimulate = "2:H100"\n'
-            "prometheus_forget_after = 3\n",
-        )
-        source = source_of(fleet)
-        assert not source.adds_hosts and sorted(source.links) == ["localhost", "twin"]
-        await fleet.start()
-        try:
-            snaps = await wait_fleet(
-                fleet,
-                lambda s: all_live(s.values()),
-                what="both live",
-            )
-            last = snaps["localhost"].last_sample_t
-            assert last is not None
-            exporters[0].serving = False
-            await wait_until_async(
-                lambda: time.time() - last > source.forget_after + 1, 30, "past the bound"
-            )
-            polls = source.polls
-            await wait_until_async(lambda: source.polls >= polls + 3, 30, "three polls after")
-            assert sorted(fleet.nodes) == ["localhost", "twin"]
-            assert source.latest["twin"].t is not None
-            assert time.time() - source.latest["twin"].t < source.forget_after  # fresh
-        finally:
-            await fleet.stop()
-    finally:
-        for e in exporters:
-            e.close()
-
-
-async def test_no_host_leaves_while_none_is_fresh(site: Site) -> None:
-    """Every host's samples stopping at once is the store no longer scraping (or its exporters'
-    network), not the fleet leaving: they stay, unreachable with their samples' age."""
-    fleet = site_fleet(site.prom.url, "prometheus_forget_after = 3\n")
-    source = source_of(fleet)
-    await fleet.start()
-    try:
-        snaps = await wait_fleet(
-            fleet,
-            lambda s: all_live(s.values()),
-            what="every node live",
-        )
-        last = max(s.last_sample_t or 0.0 for s in snaps.values())
-        for e in site.exporters.values():
-            e.serving = False
-        await wait_until_async(
-            lambda: time.time() - last > source.forget_after + 1, 30, "past the bound"
-        )
-        polls = source.polls
-        await wait_until_async(lambda: source.polls >= polls + 3, 30, "three polls after")
-        assert sorted(fleet.nodes) == list(NODES)
-    finally:
-        await fleet.stop()
