@@ -370,7 +370,7 @@ async def test_each_line_is_under_its_familys_header_whatever_their_order(
     """A family's lines are kept by its name, not its position: with FAMILIES in another
     order (reversed here), the exposition follows it and every line stays under the header of
     its own family (by position, the node's ``up`` lines went under another's)."""
-    from gpuctl.fleet import export as module
+    from gpuctl.fleet import exporttext as module  # the writer reads FAMILIES
 
     names = [f.name for f in module.FAMILIES]
     assert len(set(names)) == len(names)  # a name is a family
@@ -682,7 +682,7 @@ async def test_non_readers_holding_every_slot_do_not_lock_a_scraper_out(
 
 
 def test_a_local_peer_is_its_uid_and_one_user_holds_at_most_its_share() -> None:
-    from gpuctl.fleet.export import _diag_uid, _table_uid, local_uid, peer_of
+    from gpuctl.fleet.exporthttp import _diag_uid, _table_uid, local_uid, peer_of
 
     fleet = Fleet({})
     server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0, max_connections=8)
@@ -719,7 +719,7 @@ def test_another_users_non_readers_leave_the_scraper_its_slots() -> None:
         "print('held', flush=True)\n"
         "sys.stdin.read()\n"
     )
-    from gpuctl.fleet.export import _diag_uid, _table_uid
+    from gpuctl.fleet.exporthttp import _diag_uid, _table_uid
 
     fleet = Fleet({})
     server = MetricsServer(FleetExporter(fleet), "127.0.0.1", 0)
