@@ -60,7 +60,9 @@ from gpuctl.fleet.exportmetrics import (
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.node.protocol import THROTTLE_REASONS
 
-GZIP_LEVEL = 1  # 18 MB of text at 4,096 GPUs: level 1 is ~5x faster than 9 for ~1.3x the bytes
+# 20.7 MB of text at 4,096 GPUs: level 2 writes 5 % fewer bytes than 1 (2.38 MB) for 2 % more CPU
+# (51 ms for the whole text), level 3 6 % fewer for 19 % more, 6 17 % fewer for 2.5x the CPU
+GZIP_LEVEL = 2
 _READS = tuple(m.read for m in METRICS)
 _BY_NAME = {f.name: f for f in FAMILIES}  # names are unique (test_export holds it)
 _STATES = tuple(NodeState)
