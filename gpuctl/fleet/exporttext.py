@@ -20,7 +20,9 @@ A node's METRICS families are one ``%`` of a template holding its GPUs' line sta
 family's values (C calls, not a loop per line). At 4,096 GPUs (``benchmarks/export_scrape.py
 --against`` the old code, alternated runs on a 2-core test machine): new snapshots of every node
 at each scrape, 84 ms median and 82 ms of CPU per scrape (0.06x of prometheus-client's 1.33 s);
-the same samples scraped again, 6.5 ms of CPU.
+the same samples scraped again, 6.5 ms of CPU. Gzipped, with every node's busy readings changed
+since the last scrape (``--gzip --changing``): 77 ms of CPU where gzipping the whole text again
+took 120; 19 to 21 us of CPU per GPU from 1,024 to 16,384 GPUs, 580 bytes per GPU.
 
 XIDs: ``XidCounts`` counts an XID only for a GPU the node's hello named, only within 1..XID_MAX,
 and at most XIDS_PER_GPU distinct XIDs per GPU; what it refuses is counted per node. An agent that
