@@ -15,11 +15,13 @@ alternated runs compare):
   out (the new one reads them all); or, for a tree that has it (1679462 on), its
   ``session.decode_line``: what its links do,
 
-and the same for the same line with one bad field (a string for a GPU's temperature): the
-lenient slow path. Prints the median microseconds of CPU (``time.process_time``) per line of
-each, and the ratios.
+and the same for the same line with one bad field (a string for a GPU's temperature: the first
+GPU's, and ``last GPU`` the last one's): the lenient slow path. ``--old`` may be given more than
+once: each tree is one more column of "old" cases in the same alternated rounds. Prints the
+median microseconds of CPU (``time.process_time``) per line of each, and the ratios.
 
-Usage: python benchmarks/decode.py --old /tmp/old-msgspec [--gpus 8] [--rounds 7] [--n 2000]
+Usage: python benchmarks/decode.py --old /tmp/old-msgspec [--old /tmp/older] [--gpus 8]
+       [--rounds 7] [--n 2000]
 """
 
 from __future__ import annotations
@@ -111,24 +113,31 @@ def per_line_us(decode: Callable[[bytes], object], line: bytes, n: int) -> float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--old", type=Path, required=True, help="the older tree to compare")
+    parser.add_argument(
+        "--old", type=Path, action="append", required=True, help="an older tree to compare"
+    )
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--n", type=int, default=2000, help="lines decoded per timed run")
     args = parser.parse_args()
 
-    old = _import_tree(args.old.resolve(), forget=True)
+    olds = [_import_tree(tree.resolve(), forget=True) for tree in args.old]
     new = _import_tree(REPO, forget=False)  # msgspec reads a Struct's module for its types
     line, line2, hello = sample_lines(new, args.gpus)
     bad = line.replace(b'"temp":', b'"temp":"hot","was":', 1)
+    at = line.rfind(b'"temp":')
+    bad_last = line[:at] + b'"temp":"hot","was":' + line[at + len(b'"temp":') :]
     bad2 = line2.replace(b'"temp":', b'"temp":"hot","was":', 1)
     processes = sum(len(g.processes) for g in new["session"].decode_line(line).gpus)
 
-    def old_decode(text: bytes) -> object:
-        return old["session"].decode_sample(old["protocol"].decode(text, lenient=True))
+    def old_decoder(old: dict[str, Any]) -> Callable[[bytes], object]:
+        if hasattr(old["session"], "decode_line"):  # a tree whose links decode with msgspec
+            return old["session"].decode_line  # type: ignore[no-any-return]
 
-    if hasattr(old["session"], "decode_line"):  # a tree whose links decode with msgspec
-        old_decode = old["session"].decode_line
+        def old_decode(text: bytes) -> object:
+            return old["session"].decode_sample(old["protocol"].decode(text, lenient=True))
+
+        return old_decode
 
     def new_decode2(text: bytes) -> object:
         return new["session"].decode_line(text, hello)
@@ -136,24 +145,35 @@ def main() -> None:
     cases: dict[str, tuple[Callable[[bytes], object], bytes]] = {
         "new": (new["session"].decode_line, line),
         "new, protocol 2": (new_decode2, line2),
-        "old": (old_decode, line),
         "new, one bad field": (new["session"].decode_line, bad),
         "new, p2, bad field": (new_decode2, bad2),
-        "old, one bad field": (old_decode, bad),
+        "new, bad in last GPU": (new["session"].decode_line, bad_last),
     }
+    for k, old in enumerate(olds, 1):
+        cases[f"old {k}"] = (old_decoder(old), line)
+        cases[f"old {k}, one bad field"] = (old_decoder(old), bad)
+        cases[f"old {k}, bad in last GPU"] = (old_decoder(old), bad_last)
     for decode, text in cases.values():  # both decode the same line to the same readings
         got = decode(text)
         assert getattr(got, "gpus", None), (text[:80], got)
     assert new_decode2(line2) == new["session"].decode_line(line)
     # the readings both trees know are the same (a later tree may know more: the registry's)
-    for og, ng in zip(old_decode(line).gpus, new["session"].decode_line(line).gpus, strict=True):
-        shared = [f for f in ng.__struct_fields__ if hasattr(og, f)]
-        assert [repr(getattr(og, f)) for f in shared] == [repr(getattr(ng, f)) for f in shared]
+    for k in range(1, len(olds) + 1):
+        for text in (line, bad, bad_last):
+            old_gpus = cases[f"old {k}"][0](text).gpus  # type: ignore[attr-defined]
+            new_gpus = new["session"].decode_line(text).gpus
+            for og, ng in zip(old_gpus, new_gpus, strict=True):
+                shared = [f for f in ng.__struct_fields__ if hasattr(og, f)]
+                assert [repr(getattr(og, f)) for f in shared] == [
+                    repr(getattr(ng, f)) for f in shared
+                ]
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(args.rounds):
         for name, (decode, text) in cases.items():
             times[name].append(per_line_us(decode, text, args.n))
-    print(f"new: {new['file']}\nold: {old['file']}")
+    print(f"new: {new['file']}")
+    for k, old in enumerate(olds, 1):
+        print(f"old {k}: {old['file']}")
     print(
         f"one sample line: {args.gpus} GPUs, {len(line)} bytes in protocol 1, {len(line2)} in "
         f"protocol 2 (the same readings), {processes} GPU processes; "
@@ -161,10 +181,15 @@ def main() -> None:
     )
     med = {name: statistics.median(ts) for name, ts in times.items()}
     for name, us in med.items():
-        print(f"  {name:20s} {us:8.1f} us   (rounds: {', '.join(f'{t:.1f}' for t in times[name])})")
-    bad_ratio = med["old, one bad field"] / med["new, one bad field"]
-    print(f"  old / new, valid line:      {med['old'] / med['new']:.1f}x")
-    print(f"  old / new, one bad field:   {bad_ratio:.1f}x")
+        print(f"  {name:24s} {us:8.1f} us   (rounds: {', '.join(f'{t:.1f}' for t in times[name])})")
+    for k in range(1, len(olds) + 1):
+        for what, case in (
+            ("valid line", ""),
+            ("one bad field", ", one bad field"),
+            ("bad in last GPU", ", bad in last GPU"),
+        ):
+            ratio = med[f"old {k}{case}"] / med[f"new{case}"]
+            print(f"  old {k} / new, {what}: {ratio:.2f}x")
     print(f"  new protocol 2 / protocol 1: {med['new, protocol 2'] / med['new']:.2f}x")
 
 

@@ -19,8 +19,11 @@ With ``--against OLD`` (a checkout of an older gpuctl, e.g. ``git worktree add /
 3285137``) it runs the same measurement on OLD's code and on this checkout's, alternated
 ``--rounds`` times, each in a fresh process, and prints each run and the ratios. ``--same`` scrapes
 one unchanging set of samples (what a cache saves); by default every scrape sees a new snapshot
-of every node (the fleet at 1 Hz scraped every 15 s: nothing can be reused but label sets).
-``--gzip`` asks for gzip, as Prometheus does on every scrape.
+of every node, equal in value to the last (new objects: nothing is known unchanged by identity);
+``--changing``: a new snapshot of every node whose readings moved as a busy GPU's do within one
+scrape interval (utilisation, memory used, temperature, power, SM clock, PCIe traffic; totals,
+limits, ECC counts, retired pages, remapped rows, throttle reasons, pstate stay): the fleet at 1 Hz
+scraped every 15 s. ``--gzip`` asks for gzip, as Prometheus does on every scrape.
 
 ``--server aiohttp`` serves the same body through aiohttp.web instead of ``MetricsServer``.
 
@@ -49,6 +52,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, os.environ.get("GPUCTL_BENCH_REPO", str(REPO)))
 
 import copy  # noqa: E402
+import dataclasses  # noqa: E402
+import itertools  # noqa: E402
+
+import msgspec  # noqa: E402
 
 from gpuctl.core.model import NodeSnapshot, NodeState  # noqa: E402
 from gpuctl.fleet import export  # noqa: E402
@@ -170,10 +177,12 @@ async def gpuctl_endpoint(
     accept: str,
     *,
     fresh: bool = False,
+    changing: bool = False,
     encoding: str = "identity",
 ) -> dict[str, Any]:
     """Scrape N nodes x G GPUs; ``fresh``: every scrape reads a new snapshot of every node (a
-    copy, equal in value, as the fleet makes one per sample), so nothing per snapshot is reused."""
+    copy, equal in value, as the fleet makes one per sample), so nothing per snapshot is reused;
+    ``changing``: new snapshots whose busy readings moved (``moved``)."""
     now = time.time()
     links: dict[str, NodeLink] = {
         f"node{i:04d}": ReplayLink(
@@ -191,13 +200,25 @@ async def gpuctl_endpoint(
     fleet.subscribe(check)
     await fleet.start()
     await streaming.wait()
+    snapshots = fleet.snapshots
     if fresh:
-        snapshots = fleet.snapshots
 
         def new_snapshots() -> list[NodeSnapshot]:
             return [copy.copy(s) for s in snapshots()]
 
         fleet.snapshots = new_snapshots  # type: ignore[method-assign]
+    if changing:
+        # four sets of readings per node, made before the scrapes: one per scrape in turn
+        variants = [
+            [dataclasses.replace(s, gpus=tuple(moved(g, k) for g in s.gpus)) for s in snapshots()]
+            for k in range(1, 5)
+        ]
+        turn = itertools.count()
+
+        def changed_snapshots() -> list[NodeSnapshot]:
+            return [copy.copy(s) for s in variants[next(turn) % len(variants)]]
+
+        fleet.snapshots = changed_snapshots  # type: ignore[method-assign]
     server = start_server(fleet)
     try:
         await scrape(server.url(), 3, accept, encoding)  # warm up
@@ -211,6 +232,29 @@ async def gpuctl_endpoint(
         await fleet.stop()
     result["cpu_per_scrape"] = max(0.0, (cpu1 - cpu0) - idle) / scrapes
     return result
+
+
+def moved(g: Any, k: int) -> Any:
+    """GPU reading ``g`` as a busy GPU's may read one scrape interval later (``k``: which)."""
+
+    def step(v: Any, by: float, low: float, high: float) -> Any:
+        if v is None:
+            return None
+        x = min(high, max(low, v + by * (1 if k % 2 else -1) * k))
+        return type(v)(x)
+
+    mem = g.mem_total or 80 << 30
+    return msgspec.structs.replace(
+        g,
+        util_gpu=step(g.util_gpu, 3, 0, 100),
+        util_mem=step(g.util_mem, 2, 0, 100),
+        mem_used=step(g.mem_used, 1 << 24, 0, mem),
+        temp=step(g.temp, 1, 20, 95),
+        power=step(g.power, 7.3, 50.0, 700.0),
+        sm_clock=step(g.sm_clock, 15, 210, 1980),
+        pcie_tx=step(g.pcie_tx, 123457, 0, 10**12),
+        pcie_rx=step(g.pcie_rx, 234567, 0, 10**12),
+    )
 
 
 def free_port() -> int:
@@ -274,7 +318,7 @@ def report(what: str, gpus: int, r: dict[str, Any]) -> None:
         f"{r['bytes'] / 1024:.0f} KiB; CPU {cpu:.1f} ms per scrape = "
         f"{cpu / (PROMETHEUS_INTERVAL_S * 10):.3f}% of one core at one scrape per "
         f"{PROMETHEUS_INTERVAL_S:g} s; per GPU per scrape {med * 1000 / gpus:.1f} us, "
-        f"CPU {cpu * 1000 / gpus:.1f} us"
+        f"CPU {cpu * 1000 / gpus:.1f} us, {r['bytes'] / gpus:.0f} bytes"
     )
 
 
@@ -300,9 +344,11 @@ def against(args: argparse.Namespace) -> None:
         str(args.scrapes),
         *(["--openmetrics"] if args.openmetrics else []),
         *(["--same"] if args.same else []),
+        *(["--changing"] if args.changing else []),
         *(["--gzip"] if args.gzip else []),
     ]
     runs: dict[str, list[tuple[float, float, float]]] = {"old": [], "new": []}
+    sizes: dict[str, int] = {}
     for k in range(args.rounds):
         for which, repo in (("old", old), ("new", str(REPO))):
             env = {**os.environ, "GPUCTL_BENCH_REPO": repo}
@@ -310,20 +356,36 @@ def against(args: argparse.Namespace) -> None:
             r = json.loads(out.stdout)
             med, p99, cpu = summary(r)
             runs[which].append((med, p99, cpu))
+            sizes[which] = r["bytes"]
             print(
                 f"round {k + 1} {which} ({repo}): scrape median {med:.1f} ms, p99 {p99:.1f} ms, "
                 f"CPU {cpu:.1f} ms per scrape, {r['bytes'] / 1024:.0f} KiB",
                 flush=True,
             )
-    what = "same samples" if args.same else "new snapshots every scrape"
+    what = (
+        "same samples"
+        if args.same
+        else "readings changed every scrape"
+        if args.changing
+        else "new snapshots every scrape"
+    )
     print(
         f"{args.nodes} nodes x {args.gpus} GPUs, {args.scrapes} scrapes per run, {what}"
         f"{', gzip' if args.gzip else ''}{', OpenMetrics' if args.openmetrics else ''}:"
     )
+    gpus = args.nodes * args.gpus
     for i, name in enumerate(("scrape median", "scrape p99", "CPU per scrape")):
         o = statistics.median(x[i] for x in runs["old"])
         n = statistics.median(x[i] for x in runs["new"])
-        print(f"  {name}: old {o:.1f} ms, new {n:.1f} ms: new/old {n / o:.3f}")
+        print(
+            f"  {name}: old {o:.1f} ms, new {n:.1f} ms: new/old {n / o:.3f}; per GPU: "
+            f"old {o * 1000 / gpus:.2f} us, new {n * 1000 / gpus:.2f} us"
+        )
+    o, n = sizes["old"], sizes["new"]
+    print(
+        f"  body: old {o / 1024:.0f} KiB, new {n / 1024:.0f} KiB: new/old {n / o:.3f}; per GPU: "
+        f"old {o / gpus:.0f} bytes, new {n / gpus:.0f} bytes"
+    )
 
 
 def main() -> None:
@@ -336,6 +398,11 @@ def main() -> None:
     ap.add_argument("--against", metavar="OLD", help="alternate with an older checkout's code")
     ap.add_argument("--rounds", type=int, default=3, help="old/new pairs with --against")
     ap.add_argument("--same", action="store_true", help="every scrape reads the same samples")
+    ap.add_argument(
+        "--changing",
+        action="store_true",
+        help="every scrape reads new samples whose busy readings moved (a fleet at 1 Hz)",
+    )
     ap.add_argument("--gzip", action="store_true", help="ask for gzip, as Prometheus does")
     ap.add_argument(
         "--server",
@@ -354,7 +421,13 @@ def main() -> None:
         return
     r = asyncio.run(
         gpuctl_endpoint(
-            args.nodes, args.gpus, args.scrapes, accept, fresh=not args.same, encoding=encoding
+            args.nodes,
+            args.gpus,
+            args.scrapes,
+            accept,
+            fresh=not args.same,
+            changing=args.changing,
+            encoding=encoding,
         )
     )
     if args.child:

@@ -9,8 +9,8 @@ GPU's ``uuid``, ``mem_total`` and ``power_limit`` from its ``GpuStatic``): a fie
 a valid value is, bounds included (``Annotated`` with ``msgspec.Meta``), and
 ``gpuctl.fleet.session.decode_line`` decodes a line straight into them, in C. A line that does not
 fit (a string where a number belongs, an integer beyond 64 bits, a load average of -1) is read
-again leniently, field by field (``gpuctl.core.wire.lenient``), and the bad fields are left at
-their defaults (``None``): one broken field never hides the rest.
+again leniently, field by field (``gpuctl.core.wire.lenient_fields``), and the bad fields are
+left at their defaults (``None``): one broken field never hides the rest.
 
 The Structs are ``frozen`` (values, safe to share between the screen's views) and ``gc=False``:
 they hold only numbers, strings, tuples of such Structs and dicts decoded from JSON, which

@@ -17,6 +17,11 @@ broken field never hides the others:
   whole or not at all;
 * the result is None when ``value`` is not an object or a required field is missing or bad.
 
+``lenient_fields(Struct, fields)`` reads the same way from a JSON object's text split at its
+fields (``json_fields``), each field's text decoded by msgspec straight into its type: the slow
+path of a line whose typed decode refused a value, without decoding the whole line into Python
+objects first (what ``lenient`` reads) and converting it again.
+
 It never raises on what it reads. Lists and dicts are copied (the result shares none with the
 input), except under a field declared ``Any``. A TypedDict declaring a type msgspec cannot
 check is a programming error: TypeError, from the first ``parse`` of that schema.
@@ -25,6 +30,7 @@ check is a programming error: TypeError, from the first ``parse`` of that schema
 from __future__ import annotations
 
 import math
+import re
 import sys
 import types
 import typing
@@ -125,6 +131,181 @@ def _read(schema: object, value: object, defaults: Mapping[str, object] | None) 
         return msgspec.convert(kept, schema)
     except msgspec.ValidationError:
         return None  # a required field is missing or bad
+
+
+# -- reading from JSON text, one field at a time --------------------------------------------------
+_FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+_ENCODE = msgspec.json.Encoder().encode  # a dict of texts (Raw) as one object's text again
+# A field's reading from its text: the decoder of its declared type, the nested schema, whether
+# it is a list and its max_length (``_plan``), and whether its elements take their position as
+# ``index``. Made once per Struct: a typing form's hash is slow to take per field.
+_JsonField = tuple[msgspec.json.Decoder[Any], object | None, bool, int | None, bool]
+_JSON_PLANS: dict[object, tuple[msgspec.json.Decoder[Any], dict[str, _JsonField]]] = {}
+# Where msgspec says a value was refused: ``$.gpus[7].temp``
+_PATH = re.compile(r" - at `\$((?:\.\w+|\[\d+\])*)`$")
+_STEP = re.compile(r"\.(\w+)|\[(\d+)\]")
+Path = tuple[str | int, ...]
+
+
+def _json_plan(schema: object) -> tuple[msgspec.json.Decoder[Any], dict[str, _JsonField]]:
+    known = _JSON_PLANS.get(schema)
+    if known is None:
+        fields = {
+            key: (
+                msgspec.json.Decoder(declared),
+                nested,
+                many,
+                most,
+                isinstance(nested, type) and "index" in getattr(nested, "__struct_fields__", ()),
+            )
+            for key, (declared, nested, many, most) in _plan(schema).items()
+        }
+        known = _JSON_PLANS[schema] = (msgspec.json.Decoder(schema), fields)
+    return known
+
+
+def _refused(e: msgspec.ValidationError) -> None:
+    """Raise ``e`` as a plain DecodeError where msgspec refused a number it could not hold (not
+    a value of the wrong type): what the lenient JSON reader reads as None."""
+    text = str(e)
+    if text.endswith("out of range") or " out of range - at " in text:
+        raise msgspec.DecodeError(text) from None
+
+
+def refused_at(e: msgspec.ValidationError) -> Path | None:
+    """Where in the text msgspec refused a value (``$.gpus[7].temp``: ("gpus", 7, "temp")), for
+    ``lenient_fields``; None where it does not say. Raises ``e`` as a plain DecodeError where
+    the value was a number out of range (``lenient_fields``)."""
+    _refused(e)
+    where = _PATH.search(str(e))
+    if where is None:
+        return None
+    return tuple(key or int(at) for key, at in _STEP.findall(where.group(1)))
+
+
+def json_fields(text: bytes | str) -> dict[str, msgspec.Raw]:
+    """A JSON object's text split at its fields: each value's text, undecoded (a key twice: the
+    last). Raises msgspec.ValidationError when it is not an object, msgspec.DecodeError when it
+    is not JSON (NaN, a syntax error), UnicodeDecodeError for a key that is not UTF-8."""
+    return _FIELDS.decode(text)
+
+
+def lenient_fields(
+    schema: type[S], fields: Mapping[str, msgspec.Raw], refused: Path | None = None
+) -> S | None:
+    """``lenient(schema, value)`` for the object whose fields' texts are ``fields``
+    (``json_fields``), without decoding it into Python objects first: each field's text is
+    decoded by msgspec into the field's type (in a sample of eight GPUs with one bad field,
+    the seven valid GPUs whole), and one it refuses is read field by field the same way.
+    ``refused`` (``refused_at`` of the error of the typed decode of the whole) says where to
+    look first: the lists and objects on that path are read item by item and field by field
+    at once, not tried whole again (it changes the time taken, never what comes out).
+
+    What comes out is what ``lenient`` makes of ``msgspec.json.decode`` of the same text.
+    Raises msgspec.DecodeError (or UnicodeDecodeError, RecursionError) where that decode would
+    refuse a field it reads (a number out of range, a string that is not UTF-8): read such a
+    text with a lenient JSON reader and ``lenient``."""
+    return cast(S | None, _read_fields(schema, fields, None, refused))
+
+
+def _read_json(
+    schema: object, text: msgspec.Raw, defaults: Mapping[str, object] | None, path: Path | None
+) -> object:
+    if path is None:  # not known to be refused: tried whole first
+        try:
+            return _json_plan(schema)[0].decode(text)
+        except msgspec.ValidationError as e:
+            path = refused_at(e)
+    try:
+        fields = _FIELDS.decode(text)
+    except msgspec.ValidationError:
+        return None  # not an object
+    return _read_fields(schema, fields, defaults, path)
+
+
+def _read_fields(
+    schema: object,
+    fields: Mapping[str, msgspec.Raw],
+    defaults: Mapping[str, object] | None,
+    path: Path | None,
+) -> object:
+    whole, plan = _json_plan(schema)
+    if path is not None and len(path) == 1 and path[0] in fields:
+        # A value of this object's own refused (not one in a list or object under it): the
+        # object without it, decoded whole again (one refused after another, the same way)
+        rest = dict(fields)
+        while path is not None and len(path) == 1 and path[0] in rest:
+            field = plan.get(str(path[0]))
+            if field is not None and (field[1] is not None or field[2]):
+                break  # an object or a list (cut to its max_length) refused whole: read below
+            del rest[str(path[0])]
+            try:
+                read = whole.decode(_ENCODE(rest))
+            except msgspec.ValidationError as e:
+                path = refused_at(e)
+                continue
+            if not defaults or all(key in rest for key in defaults):
+                return read
+            break
+    kept: dict[str, object] = dict(defaults or {})
+    on_path, below = (path[0], path[1:]) if path else (None, None)
+    for key, text in fields.items():
+        field = plan.get(key)
+        if field is not None:
+            fitted = _lenient_json(field, text, below if key == on_path else None)
+            if not isinstance(fitted, _Miss):
+                kept[key] = fitted
+    try:
+        return msgspec.convert(kept, schema)
+    except msgspec.ValidationError:
+        return None  # a required field is missing or bad
+
+
+def _lenient_json(field: _JsonField, text: msgspec.Raw, path: Path | None) -> object:
+    """``_lenient_value`` of a field's text; ``path``: where in it a value was refused (a list
+    or an object on it is read item by item or field by field without a try of the whole)."""
+    decoder, nested, many, most, positional = field
+    if path is None or nested is None:
+        try:
+            return decoder.decode(text)
+        except msgspec.ValidationError as e:
+            path = refused_at(e)
+    if many:
+        try:
+            items = _ITEMS.decode(text)
+        except msgspec.ValidationError:
+            return _MISS
+        if nested is None:  # a list of values: whole (its first ``most``) or not at all
+            if most is None or len(items) <= most:
+                return _MISS  # refused whole above
+            try:
+                return decoder.decode(b"[" + b",".join(map(bytes, items[:most])) + b"]")
+            except msgspec.ValidationError as e:
+                _refused(e)
+                return _MISS
+        if most is not None and len(items) > most:
+            items = items[:most]
+        at = path[0] if path else None
+        kept = []
+        for position, item in enumerate(items):
+            read = _read_json(
+                nested,
+                item,
+                {"index": position} if positional else None,
+                path[1:] if position == at and path is not None else None,
+            )
+            if read is not None:
+                kept.append(read)
+        return kept
+    if nested is not None:
+        try:
+            fields = _FIELDS.decode(text)
+        except msgspec.ValidationError:
+            return _MISS
+        read = _read_fields(nested, fields, None, path)
+        return _MISS if read is None else read
+    return _MISS
 
 
 # A field's reading: its declared type, and for a (list of) nested object(s) the schema of one

@@ -6,11 +6,14 @@ turns messages into ``gpuctl.core`` values and matches replies to requests by ``
 What an agent sends is data: samples and events are decoded straight into ``gpuctl.core.model``'s
 msgspec Structs (``Sample``, ``NodeEvent``: the schema), the hello into ``NodeInfo``. A valid line
 is decoded whole in C (``decode_line``: ~7 us for a sample of 8 GPUs, where json.loads and
-reading its dicts field by field took ~90 us; ``benchmarks/decode.py``); a line the typed decoder
-refuses (a field of the wrong type or out of its bounds, NaN, a 400-digit number, bad UTF-8) is
-parsed again by the protocol's guarded parser and read leniently (``gpuctl.core.wire.lenient``):
-the bad fields are blanked, the rest kept. A reply to a request and any other message stay a
-``JsonObject`` (decoded, unchecked) until the code that asked reads it into the schema it expects
+reading its dicts field by field took ~90 us; ``benchmarks/decode.py``); a sample or event the
+typed decoder refuses for a value (of the wrong type, out of its bounds) is read in one more pass
+over its text, field by field where a field is refused (``core.wire.lenient_fields``: ~25 us
+for 8 GPUs with one bad field); a line that is no plain JSON (NaN, a 400-digit number, bad
+UTF-8) is parsed again by the protocol's guarded parser and read leniently
+(``core.wire.lenient``). Either way the bad fields are blanked, the rest kept. A reply to a
+request and any other message stay a ``JsonObject`` (decoded, unchecked) until the code that
+asked reads it into the schema it expects
 (``refusal`` for an ``error`` reply, ``gpuctl.fleet.control`` for stress replies).
 """
 
@@ -105,15 +108,24 @@ def decode_line(line: bytes | str, hello: Statics | None = None) -> Message:
     """One line from an agent as a Sample, a NodeEvent or (any other message) a decoded dict;
     a sample's GPUs take what it left to the hello from ``hello`` (``statics``).
 
-    The fast path decodes a valid sample or event whole; a line it refuses is parsed again
-    (``_parse``) and read field by field (``decode_message``), so one broken field never hides
-    the rest. Raises ProtocolError (bad_json, bad_message, line_too_long) for a line that is no
-    message at all.
+    The fast path decodes a valid sample or event whole; one it refuses for a value is read
+    again from its text, field by field where a field is refused (``_reread``), and any other
+    line it refuses is parsed again (``_parse``) and read field by field (``decode_message``),
+    so one broken field never hides the rest. Raises ProtocolError (bad_json, bad_message,
+    line_too_long) for a line that is no message at all.
     """
     if len(line) > protocol.MAX_LINE:
         return decode_message(protocol.decode(line, lenient=True), hello)  # line_too_long
     try:
         msg: Sample | NodeEvent = _DECODER.decode(line)
+    except msgspec.ValidationError as e:  # JSON, with a value of the wrong type (or no sample)
+        try:
+            again = _reread(line, e)
+        except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
+            again = None
+        if again is None:
+            return decode_message(_parse(line), hello)
+        msg = again
     except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
         # RecursionError: nested too deeply; UnicodeDecodeError: bad UTF-8 (msgspec raises it
         # as it is, not as a DecodeError: it escaped the session and ended the node's task)
@@ -121,6 +133,26 @@ def decode_line(line: bytes | str, hello: Statics | None = None) -> Message:
     if type(msg) is Sample:
         _stamp(msg, hello)
     return msg
+
+
+def _reread(line: bytes | str, refused: msgspec.ValidationError) -> Sample | NodeEvent | None:
+    """A sample or event line the typed decoder ``refused`` for a value, read in one pass that
+    keeps the good fields (``wire.lenient_fields``: each field's text decoded into its type, a
+    refused one field by field, starting where ``refused`` says): ~25 us for a sample of 8 GPUs
+    with one bad field, where parsing the line again and reading its dicts took 125
+    (``benchmarks/decode.py``). None for any other line; raises msgspec's errors where the line
+    needs ``_parse`` (not JSON, a number out of range, bad UTF-8)."""
+    where = wire.refused_at(refused)
+    fields = wire.json_fields(line)
+    kind = fields.get("type")
+    if kind is None:
+        return None
+    kind_text = bytes(kind)
+    if kind_text == b'"sample"':
+        return wire.lenient_fields(Sample, fields, where) or Sample()
+    if kind_text == b'"event"':
+        return wire.lenient_fields(NodeEvent, fields, where) or NodeEvent()
+    return None  # another message (or its type written with escapes): _parse reads it
 
 
 def _parse(line: bytes | str) -> JsonObject:

@@ -3,9 +3,10 @@
 Python 3.6 syntax, standard library only: the node side imports it (``protocol.SAMPLE_FIELDS``,
 the nvidia-smi reader's query), and so does the login side, which drives from it the decode
 check (``GpuSample``'s fields are these keys: a test holds them equal), the Prometheus export
-(``fleet/export.py``: DCGM exporter's names and units), the Prometheus source (``fleet/prom.py``
-reads the same DCGM series back), the CSV columns (``fleet/recording/csvexport.py``, by
-name), the history columns (``fleet/gpu_history.py``), the filter words, sort keys and
+(``fleet/exportmetrics.py``: DCGM exporter's names and units), the Prometheus source
+(``fleet/prom.py`` reads the same DCGM series back), the CSV columns
+(``fleet/recording/csvexport.py``, by name), the history columns (``fleet/gpu_history.py``),
+the filter words, sort keys and
 heatmap metrics (``tui/view.py``, ``tui/gpusort.py``), the ``status`` table (``core/format.py``),
 the detail screen's plots and the docs' metrics table (``python -m gpuctl.metrics_table
 --write docs/metrics.md``; a test fails when the page's differs).
