@@ -30,6 +30,7 @@ GLYPHS: dict[str, str] = {
     "×": "x",  # counts: 8× H100, XID×2
     "…": "~",  # cut text, still connecting
     "±": "+",
+    "≤": "<",  # at or below a threshold (allocated but idle: traffic ≤5%)
     "↓": "v",  # sort order, network in
     "↑": "^",  # sort order, network out
     "←": "<",
@@ -64,6 +65,7 @@ GLYPHS: dict[str, str] = {
     "└": "`",
     "│": "|",
     "─": "-",
+    "━": "=",  # a horizontal scrollbar's thumb (on a ─ track)
 }
 
 
