@@ -94,6 +94,9 @@ def test_gpuctl_audit_reads_newest_first_filters_and_skips_junk(state: Path) -> 
     doc = json.loads(run("--json", "--node", "a1").stdout)
     assert [e["action"] for e in doc["entries"]] == ["signal", "stress_start"]
     assert doc["skipped_lines"] == 1
+    # an action on several nodes is kept as their hostlist: each of them finds it
+    doc = json.loads(run("--json", "--node", "b2").stdout)
+    assert [e["action"] for e in doc["entries"]] == ["drain"]
     assert json.loads(run("--json", "--limit", "1").stdout)["entries"][0]["action"] == "signal"
     r = run("--since", "soon")
     assert r.returncode == 2 and "--since 'soon'" in r.stderr and "Traceback" not in r.stderr
