@@ -18,6 +18,7 @@ Writing the log never stops an action: a write that fails is said once in gpuctl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -63,7 +64,8 @@ _warned = False
 class Entry:
     """One action: ``at`` (Unix time), ``user`` and ``login`` (who, from which login host),
     ``session`` (that gpuctl's id, as burns carry it), ``action`` (one of ``ACTIONS``), ``node``,
-    ``target`` (its GPUs, a pid, ...), ``outcome`` (``ok``, ``refused: ...``, ``failed: ...``)."""
+    ``target`` (its GPUs, a pid, ...), ``outcome`` (``ok``, ``refused: ...``, ``failed: ...``,
+    ``cancelled`` or ``interrupted``: stopped by its caller or Ctrl-C)."""
 
     at: float
     user: str
@@ -170,6 +172,15 @@ def action(name: str, node: str, target: str) -> Iterator[None]:
         yield
     except ReadOnlyError as e:
         record(name, node, target, f"refused: {e}")
+        raise
+    except (asyncio.CancelledError, KeyboardInterrupt) as e:
+        # not a failure of the action: its caller stopped it (another pair failed, Ctrl-C)
+        record(
+            name,
+            node,
+            target,
+            "cancelled" if isinstance(e, asyncio.CancelledError) else "interrupted",
+        )
         raise
     except BaseException as e:
         words = str(e).splitlines()[0] if str(e) else type(e).__name__
