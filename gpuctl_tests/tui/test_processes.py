@@ -301,6 +301,14 @@ async def test_marked_processes_get_one_question_and_each_its_signal(
         await until(
             pilot, lambda: sum("SIGTERM sent" in m for m in messages(app)) == 2, "two notices"
         )
+        for p in (theirs, spare):  # one of mine, one left alone
+            await select_pid(pilot, p.pid)
+            await pilot.press("space")
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        question = str(app.screen.question)
+        assert question.startswith("Send SIGTERM to 1 process on n1?"), question
+        await pilot.press("n")
 
 
 async def test_slash_filters_by_user_or_command_and_esc_clears_it(

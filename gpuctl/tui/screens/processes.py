@@ -325,7 +325,8 @@ def signal_question(name: str, node: str, ours: list[ProcRow], others: list[Proc
     if len(ours) == 1 and not others:
         command = node_str(ours[0].command or "?", limit=60)
         return f"Send {name} to pid {ours[0].pid} ({command}) on {node}?"
-    lines = [f"Send {name} to {len(ours)} processes on {node}?"]
+    count = f"{len(ours)} process" + ("es" if len(ours) != 1 else "")
+    lines = [f"Send {name} to {count} on {node}?"]
     lines += [
         f"  pid {r.pid} {node_str(r.user or '?', limit=32)}: {node_str(r.command or '?', limit=48)}"
         for r in ours[:NAMED]
