@@ -357,3 +357,10 @@ async def test_the_views_footer_offers_mark_and_filter_within_the_width(
         assert {"mark", "filter", "kill"} <= set(names) and names[-2:] == ["help", "quit"], names
         assert max(right for _, _, right in items) <= size[0], items
         assert ("tree" in names) is (size[0] >= 100)
+        await pilot.press("slash", *"python", "enter")  # a kept filter: Esc unfilters
+        await until(pilot, lambda: "unfilter" in [w for w, _, _ in footer_items(app)], "unfilter")
+        items = footer_items(app)
+        assert [w for w, _, _ in items][-2:] == ["help", "quit"], items
+        assert max(right for _, _, right in items) <= size[0], items
+        await pilot.press("escape")  # cleared: / filter is offered again
+        await until(pilot, lambda: "filter" in [w for w, _, _ in footer_items(app)], "/ filter")

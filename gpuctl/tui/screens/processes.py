@@ -211,7 +211,9 @@ class ProcessScreen(Screen[None]):
         self.only = event.value
         self.node_changed()
         kept = bool(event.value.strip())
+        # as the main screen does: esc unfilter in place of / filter (80 columns hold one)
         offer(self, "procs_back", True, "unfilter" if kept else "back")
+        offer(self, "procs_filter", not kept)
 
     @on(Input.Submitted, "#procs-filter")
     def filter_done(self, event: Input.Submitted) -> None:
