@@ -58,6 +58,15 @@ WORDS = {
 }
 
 _warned = False
+_kept = True  # keep(False): this process writes no entries
+
+
+def keep(on: bool) -> None:
+    """Whether this process writes its entries to the log. ``gpuctl demo`` turns it off: what
+    is done to a simulated cluster is no record of what was done to nodes, and others' screens
+    would say it (``bob@login2 started a burn on sim-01 GPU 6``)."""
+    global _kept
+    _kept = on
 
 
 @dataclass(frozen=True)
@@ -147,6 +156,8 @@ def record(action: str, node: str, target: str, outcome: str = "ok") -> Entry:
         target=_cut(target),
         outcome=_cut(outcome),
     )
+    if not _kept:
+        return entry
     shared = configured_path()
     path = shared or paths.state_dir() / AUDIT_FILE
     try:
