@@ -18,6 +18,7 @@ Writing the log never stops an action: a write that fails is said once in gpuctl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -57,13 +58,23 @@ WORDS = {
 }
 
 _warned = False
+_kept = True  # keep(False): this process writes no entries
+
+
+def keep(on: bool) -> None:
+    """Whether this process writes its entries to the log. ``gpuctl demo`` turns it off: what
+    is done to a simulated cluster is no record of what was done to nodes, and others' screens
+    would say it (``bob@login2 started a burn on sim-01 GPU 6``)."""
+    global _kept
+    _kept = on
 
 
 @dataclass(frozen=True)
 class Entry:
     """One action: ``at`` (Unix time), ``user`` and ``login`` (who, from which login host),
     ``session`` (that gpuctl's id, as burns carry it), ``action`` (one of ``ACTIONS``), ``node``,
-    ``target`` (its GPUs, a pid, ...), ``outcome`` (``ok``, ``refused: ...``, ``failed: ...``)."""
+    ``target`` (its GPUs, a pid, ...), ``outcome`` (``ok``, ``refused: ...``, ``failed: ...``,
+    ``cancelled`` or ``interrupted``: stopped by its caller or Ctrl-C)."""
 
     at: float
     user: str
@@ -145,6 +156,8 @@ def record(action: str, node: str, target: str, outcome: str = "ok") -> Entry:
         target=_cut(target),
         outcome=_cut(outcome),
     )
+    if not _kept:
+        return entry
     shared = configured_path()
     path = shared or paths.state_dir() / AUDIT_FILE
     try:
@@ -170,6 +183,15 @@ def action(name: str, node: str, target: str) -> Iterator[None]:
         yield
     except ReadOnlyError as e:
         record(name, node, target, f"refused: {e}")
+        raise
+    except (asyncio.CancelledError, KeyboardInterrupt) as e:
+        # not a failure of the action: its caller stopped it (another pair failed, Ctrl-C)
+        record(
+            name,
+            node,
+            target,
+            "cancelled" if isinstance(e, asyncio.CancelledError) else "interrupted",
+        )
         raise
     except BaseException as e:
         words = str(e).splitlines()[0] if str(e) else type(e).__name__

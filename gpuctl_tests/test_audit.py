@@ -3,6 +3,7 @@ what, how it ended), over real agents; ``gpuctl audit`` reads it back."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -67,6 +68,27 @@ async def test_stress_start_stop_refusal_and_failure_are_written(state: Path) ->
         assert (e["user"], e["login"], e["session"]) == (me.user, me.host, me.session)
 
 
+async def test_an_action_its_caller_cancelled_says_so_not_a_class_name(state: Path) -> None:
+    """``accept --pairs`` cancels a round's other submissions when one fails; Ctrl-C stops any
+    action: neither is the action's failure, and ``CancelledError`` is no word for a person."""
+
+    entered = asyncio.Event()
+
+    async def submit() -> None:
+        with audit.action("accept", "n[3-4]", "the suite via sbatch"):
+            entered.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(submit())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    with pytest.raises(KeyboardInterrupt), audit.action("signal", "n1", "pid 7 TERM"):
+        raise KeyboardInterrupt
+    assert [e["outcome"] for e in lines(state / "audit.jsonl")] == ["cancelled", "interrupted"]
+
+
 def test_gpuctl_audit_reads_newest_first_filters_and_skips_junk(state: Path) -> None:
     audit.record("stress_start", "a1", "GPU 0")
     audit.record("drain", "b[1-2]", "gpuctl accept: compute gpu3\x1b]52;c;AAAA\x07 low")
@@ -94,6 +116,9 @@ def test_gpuctl_audit_reads_newest_first_filters_and_skips_junk(state: Path) -> 
     doc = json.loads(run("--json", "--node", "a1").stdout)
     assert [e["action"] for e in doc["entries"]] == ["signal", "stress_start"]
     assert doc["skipped_lines"] == 1
+    # an action on several nodes is kept as their hostlist: each of them finds it
+    doc = json.loads(run("--json", "--node", "b2").stdout)
+    assert [e["action"] for e in doc["entries"]] == ["drain"]
     assert json.loads(run("--json", "--limit", "1").stdout)["entries"][0]["action"] == "signal"
     r = run("--since", "soon")
     assert r.returncode == 2 and "--since 'soon'" in r.stderr and "Traceback" not in r.stderr

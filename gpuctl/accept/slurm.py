@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -226,7 +227,11 @@ async def start_slurm_run(
     script = job / "job.sh"
     script.write_text(batch_script(job, bundle, python or sys.executable, spec, options))
     script.chmod(0o700)
-    job_id = await client.submit_async(script)
+    try:
+        job_id = await client.submit_async(script)
+    except SlurmError:  # refused: no job will read the folder (its bundle is ~0.3 MB)
+        shutil.rmtree(job, ignore_errors=True)
+        raise
     nodes_file = job / "nodes.txt"
 
     run = AcceptRun([], options, "slurm")

@@ -87,7 +87,12 @@ def register(sub: Subcommands) -> None:
         "sees, their build and health (ECC, row remaps, kernel-log XIDs, throttling); always "
         f"ends within --timeout ({PROLOG_TIMEOUT_S:g} s) with its exit code; not kept in history",
     )
-    what.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    what.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cuda (default), or cpu: the same suite on the CPU with gloo",
+    )
     what.add_argument(
         "--report-dir", metavar="D", help="write the JSON reports here (default: state dir)"
     )

@@ -29,8 +29,10 @@ def run_pairs(args: argparse.Namespace, config: Config, options: AcceptOptions) 
             "--pairs runs each pair of nodes as a two-node Slurm job: use --via slurm --nodes "
             "HOSTLIST (without --local or --prolog)"
         )
+    if not args.nodes:
+        raise UserError("--pairs needs --nodes HOSTLIST: the nodes to test in pairs")
     try:
-        names = check_hostlist(args.nodes or "", "--nodes")
+        names = check_hostlist(args.nodes, "--nodes")
     except SlurmValueError as e:
         raise UserError(str(e)) from None
     if len(names) < 2:

@@ -60,6 +60,17 @@ def since_of(args: argparse.Namespace) -> float | None:
     return time.time() - seconds
 
 
+def _names(nodes: str) -> list[str]:
+    """The node names of an entry's ``node``: one name, or the hostlist of an action on several
+    (``gpu[01-02]``: an acceptance run, a drain), so that ``--node gpu01`` finds them."""
+    import hostlist
+
+    try:
+        return list(hostlist.expand_hostlist(nodes))
+    except hostlist.BadHostlist:
+        return nodes.split(",")
+
+
 def print_table(rows: Sequence[Sequence[str]]) -> None:
     """Rows (the first: the titles) as columns two spaces apart, the last one unpadded."""
     n = len(rows[0]) - 1
@@ -80,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         raise UserError(f"cannot read the audit log {path}: {err.strerror or err}") from None
     if args.node:
-        entries = [x for x in entries if args.node in x.node.split(",") or x.node == args.node]
+        entries = [x for x in entries if args.node in _names(x.node) or x.node == args.node]
     entries = entries[: args.limit]
     if args.json:
         emit_json(

@@ -43,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.gpus <= 64:
         raise UserError(f"--gpus must be within 1..64, not {args.gpus}")
     require_terminal()
+    from gpuctl import audit
+
+    audit.keep(False)  # the simulated cluster's burns and signals are no record of actions
     tui, _ = tui_config(args)
     fleet = simulated_fleet(
         demo_nodes(args.nodes, args.gpus), read_only=args.read_only, interval=args.interval or 1.0

@@ -5,6 +5,7 @@ failed acceptance runs, newest first; ``gpuctl events ack ID --note TEXT`` ackno
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
             events.append({**r.to_json(), "state": state_text(r), "words": words(r)})
         emit_json({"log": str(tlog.path), "skipped_lines": tlog.skipped, "events": events})
         return 0
+    if tlog.skipped:  # as gpuctl audit says it: a broken log is not silently a short one
+        print(
+            f"gpuctl events: {tlog.skipped} line(s) of {tlog.path} are not events", file=sys.stderr
+        )
     if not rows:
         print(f"no events in {tlog.path}" + (f" in the last {args.since}" if args.since else ""))
         return 0

@@ -122,7 +122,7 @@ def register(sub: Subcommands) -> None:
         choices=["purge"],
         help="purge: delete ended jobs, their folders and the caches no job used for AGE",
     )
-    p.add_argument("--limit", type=int, default=30)
+    p.add_argument("--limit", metavar="N", type=int, default=30, help="the newest N jobs (30)")
     p.add_argument("--json", action="store_true", help="JSON for scripts")
     p.add_argument(
         "--older-than",

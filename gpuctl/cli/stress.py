@@ -97,8 +97,15 @@ def register(sub: Subcommands) -> None:
     fleet_args(start, "or --all")
     scope(start)
     start.add_argument("--duration", type=float, help="seconds (default: config, else 3600)")
-    start.add_argument("--dtype", choices=DTYPES)
-    start.add_argument("--engine", choices=ENGINES, default="auto")
+    start.add_argument(
+        "--dtype", choices=DTYPES, help="the burn's dtype (default: [stress] dtype, else bf16)"
+    )
+    start.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="auto (default): gpu-burn where the node has it, else torch",
+    )
     start.add_argument(
         "--force", action="store_true", help="burn GPUs that run other users' processes too"
     )
@@ -118,9 +125,16 @@ def register(sub: Subcommands) -> None:
     status.add_argument("--json", action="store_true", help="JSON for scripts")
     status.set_defaults(func=run_status)
     here = ssub.add_parser("run", help="burn this machine's GPUs (or CPU) and report")
-    here.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    here.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="burn the GPUs (default) or the CPU",
+    )
     here.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
-    here.add_argument("--dtype", choices=DTYPES)
+    here.add_argument(
+        "--dtype", choices=DTYPES, help="default: bf16 where supported, fp32 on the CPU"
+    )
     here.add_argument("--gpus", metavar="LIST", help="GPU indices (default: all)")
     here.add_argument("--size", type=int, help="matrix size (default: cpu 2048, cuda 8192)")
     here.add_argument("--python", help="interpreter with torch (default: this one)")

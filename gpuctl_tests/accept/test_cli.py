@@ -216,6 +216,8 @@ def test_a_job_slurm_refuses_is_one_line(tmp_path: Path, slurm_cluster: Any) -> 
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.startswith("gpuctl: sbatch") and r.stderr.count("\n") == 1
     assert "Traceback" not in r.stderr
+    # no job will ever read the folder written for it: it goes (each holds the ~0.3 MB bundle)
+    assert not list((tmp_path / "jobs").iterdir())
 
 
 @pytest.mark.slurm

@@ -94,6 +94,7 @@ def test_pairs_needs_slurm_and_two_nodes(tmp_path: Path) -> None:
     for extra, words in (
         (("--nodes", "n[1-2]"), "--pairs runs each pair of nodes as a two-node Slurm job"),
         (("--via", "slurm", "--nodes", "n1"), "--pairs needs two nodes or more in --nodes"),
+        (("--via", "slurm"), "gpuctl: --pairs needs --nodes HOSTLIST"),
     ):
         r = gpuctl(tmp_path, "--pairs", *extra)
         assert r.returncode == 2 and words in r.stderr, r.stderr

@@ -30,6 +30,10 @@ def test_prolog_fails_a_node_with_ecc_errors_in_seconds_and_keeps_no_history(
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("[RESULT] FAILURE") and "health gpu1: 2 uncorrectable ECC errors" in last
     assert "[COMPUTE] SKIP (0.0 s): --prolog: no load" in r.stdout
+    # the readings in words, not Python's reprs of a dict or a list
+    gpu1 = next(ln for ln in r.stdout.splitlines() if ln.startswith("[HEALTH] gpu1 "))
+    assert "remapped rows 1 correctable, 0 uncorrectable, XID none," in gpu1, gpu1
+    assert not set("{}[]'") & set(gpu1.removeprefix("[HEALTH]")), gpu1
     history = gpuctl(tmp_path, "history", env=env)
     assert history.returncode == 0 and history.stdout.startswith("no acceptance runs recorded")
     healthy = gpuctl(tmp_path, "--local", "--prolog", env=stub_env(tmp_path, "count 2\n"))

@@ -117,6 +117,18 @@ OPTIONS = [
 ]
 
 
+def test_every_option_says_what_it_does_in_help() -> None:
+    """``--help`` lists no bare option: each has its line (accept --device, stress start
+    --dtype/--engine, jobs --limit had none)."""
+    bare = [
+        f"{' '.join(('gpuctl', *path))} {a.option_strings[-1]}"
+        for path, parser in COMMANDS.items()
+        for a in parser._actions
+        if a.option_strings and not a.help
+    ]
+    assert not bare, bare
+
+
 @pytest.mark.parametrize(("path", "option"), OPTIONS, ids=[" ".join((*p, o)) for p, o in OPTIONS])
 def test_a_mistyped_option_is_named(
     path: Path_, option: str, capsys: pytest.CaptureFixture[str]

@@ -221,6 +221,9 @@ def test_a_broken_line_is_skipped_and_said(tmp_path: Path) -> None:
     assert len(read.rows) == 1 and read.skipped == 2
     out = gpuctl(tmp_path, "events", "--json")
     assert json.loads(out.stdout)["skipped_lines"] == 2
+    out = gpuctl(tmp_path, "events")  # the table: said on stderr, as gpuctl audit says it
+    assert out.returncode == 0 and "XID 79" in out.stdout
+    assert out.stderr == f"gpuctl events: 2 line(s) of {path} are not events\n", out.stderr
 
 
 @pytest.mark.parametrize(

@@ -301,6 +301,14 @@ async def test_marked_processes_get_one_question_and_each_its_signal(
         await until(
             pilot, lambda: sum("SIGTERM sent" in m for m in messages(app)) == 2, "two notices"
         )
+        for p in (theirs, spare):  # one of mine, one left alone
+            await select_pid(pilot, p.pid)
+            await pilot.press("space")
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        question = str(app.screen.question)
+        assert question.startswith("Send SIGTERM to 1 process on n1?"), question
+        await pilot.press("n")
 
 
 async def test_slash_filters_by_user_or_command_and_esc_clears_it(
@@ -349,3 +357,10 @@ async def test_the_views_footer_offers_mark_and_filter_within_the_width(
         assert {"mark", "filter", "kill"} <= set(names) and names[-2:] == ["help", "quit"], names
         assert max(right for _, _, right in items) <= size[0], items
         assert ("tree" in names) is (size[0] >= 100)
+        await pilot.press("slash", *"python", "enter")  # a kept filter: Esc unfilters
+        await until(pilot, lambda: "unfilter" in [w for w, _, _ in footer_items(app)], "unfilter")
+        items = footer_items(app)
+        assert [w for w, _, _ in items][-2:] == ["help", "quit"], items
+        assert max(right for _, _, right in items) <= size[0], items
+        await pilot.press("escape")  # cleared: / filter is offered again
+        await until(pilot, lambda: "filter" in [w for w, _, _ in footer_items(app)], "/ filter")

@@ -173,3 +173,21 @@ def test_a_c_locale_gets_an_ascii_screen_by_itself(
         assert _exit_status(t) == ["gpuctl-exited=0"]
     finally:
         t.close()
+
+
+@pytest.mark.slow
+def test_the_demos_burns_are_no_record_in_the_audit_log(tmp_path: Path) -> None:
+    """Every ``gpuctl demo`` wrote ``stress_start sim-01 GPU 6`` (its story's burn) into the
+    user's audit log: ``gpuctl audit`` listed simulated nodes, and the user's real screens said
+    it as another session's burn. The demo's actions stay out of the log."""
+    env = _env(tmp_path)
+    demo = [sys.executable, "-m", "gpuctl", "demo", "--nodes", "2"]
+    t = Tmux(tmp_path, shell_then_report(shlex.join(demo)), env)
+    try:
+        wait_until(lambda: "BURN" in t.screen(), timeout=60, what="the story's burn on screen")
+        t.keys("q")
+        assert _exit_status(t) == ["gpuctl-exited=0"]
+    finally:
+        t.close()
+    log = tmp_path / "state" / "audit.jsonl"
+    assert not log.exists() or not log.read_text(), log.read_text()

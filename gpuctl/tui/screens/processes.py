@@ -211,7 +211,9 @@ class ProcessScreen(Screen[None]):
         self.only = event.value
         self.node_changed()
         kept = bool(event.value.strip())
+        # as the main screen does: esc unfilter in place of / filter (80 columns hold one)
         offer(self, "procs_back", True, "unfilter" if kept else "back")
+        offer(self, "procs_filter", not kept)
 
     @on(Input.Submitted, "#procs-filter")
     def filter_done(self, event: Input.Submitted) -> None:
@@ -325,7 +327,8 @@ def signal_question(name: str, node: str, ours: list[ProcRow], others: list[Proc
     if len(ours) == 1 and not others:
         command = node_str(ours[0].command or "?", limit=60)
         return f"Send {name} to pid {ours[0].pid} ({command}) on {node}?"
-    lines = [f"Send {name} to {len(ours)} processes on {node}?"]
+    count = f"{len(ours)} process" + ("es" if len(ours) != 1 else "")
+    lines = [f"Send {name} to {count} on {node}?"]
     lines += [
         f"  pid {r.pid} {node_str(r.user or '?', limit=32)}: {node_str(r.command or '?', limit=48)}"
         for r in ours[:NAMED]

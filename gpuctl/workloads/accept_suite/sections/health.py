@@ -7,6 +7,8 @@ from gpuctl.node.metrics import throttle_badges
 from gpuctl.workloads.accept_suite import nodehealth
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from gpuctl.workloads.accept_suite.suite import Suite
 
 BAD_THROTTLE = ("hw_slowdown", "hw_thermal", "hw_power_brake")
@@ -86,9 +88,9 @@ def run(suite: "Suite") -> "dict[str, Any]":
         gpus.append(h)
         suite.out.line(
             f"gpu{i} ECC uncorrected {h['ecc_uncorrected_volatile']}, "
-            f"remapped rows {rows or None}, XID {h['xids'] or 'none'}, "
+            f"remapped rows {_rows_text(rows)}, XID {_xids_text(h['xids'])}, "
             f"throttle {' '.join(throttle_badges(h['throttle'])) or 'none'}, "
-            f"kernel-log XID {[x['xid'] for x in h['kernel_xids']] or 'none'}, "
+            f"kernel-log XID {_xids_text(x['xid'] for x in h['kernel_xids'])}, "
             f"AER {_aer_text(h['aer'])}  {h['verdict']}"
             + (f" ({h['reason']})" if h["reason"] else "")
         )
@@ -193,6 +195,19 @@ def _aer_problems(aer: "dict[str, Any] | None") -> "tuple[list[str], list[str]]"
         if counts.get("correctable"):
             odd.append(f"PCIe AER {counts['correctable']} correctable errors on the {where}")
     return bad, odd
+
+
+def _rows_text(rows: "dict[str, Any]") -> str:
+    """``1 correctable, 0 uncorrectable, pending``, or ``unread`` (NVML gave none)."""
+    if not rows:
+        return "unread"
+    flags = [k for k in ("pending", "failure") if rows.get(k)]
+    counts = [f"{rows.get(k, '?')} {k}" for k in ("correctable", "uncorrectable")]
+    return ", ".join(counts + flags)
+
+
+def _xids_text(xids: "Iterable[object]") -> str:
+    return ",".join(str(x) for x in xids) or "none"
 
 
 def _aer_text(aer: "dict[str, Any] | None") -> str:
