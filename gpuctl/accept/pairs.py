@@ -19,7 +19,7 @@ its bus bandwidth timed), the pairs of a round run at once:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -60,7 +60,7 @@ async def find_bad(nodes: list[str], run_pair: RunPair, *, slow: float = SLOW) -
     if len(nodes) < 2:
         raise ValueError("--pairs needs two nodes or more")
     first = [(a, b) for a, b in zip(nodes[0::2], nodes[1::2], strict=False)]
-    results = list(await asyncio.gather(*(run_pair(a, b, 1) for a, b in first)))
+    results = await _all(run_pair(a, b, 1) for a, b in first)
     best = max((r.busbw for r in results if r.ok and r.busbw), default=None)
     bad_pairs = [r for r in results if _bad(r, best, slow)]
     good = [n for r in results if not _bad(r, best, slow) for n in r.nodes]
@@ -74,9 +74,7 @@ async def find_bad(nodes: list[str], run_pair: RunPair, *, slow: float = SLOW) -
         # at once would measure their contention, not the suspect.
         for start in range(0, len(suspects), len(good)):
             wave = suspects[start : start + len(good)]
-            second += await asyncio.gather(
-                *(run_pair(s, g, 2) for s, g in zip(wave, good, strict=False))
-            )
+            second += await _all(run_pair(s, g, 2) for s, g in zip(wave, good, strict=False))
     else:
         untested = suspects  # every pair bad: no good node to test against
     by_suspect = {r.nodes[0]: r for r in second}
@@ -122,6 +120,19 @@ async def find_bad(nodes: list[str], run_pair: RunPair, *, slow: float = SLOW) -
     }
 
 
+async def _all(pairs: Iterable[Awaitable[PairResult]]) -> list[PairResult]:
+    """Every pair of a round, at once; when one fails (its ``sbatch`` refused), the others are
+    cancelled and waited for (their Slurm jobs cancelled) before the error goes on."""
+    tasks = [asyncio.ensure_future(p) for p in pairs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 def _best_text(best: float | None) -> str:
     return f"; the best pair reached {best:.3f} GB/s" if best else ""
 
@@ -149,13 +160,27 @@ def pair_result(a: str, b: str, round_: int, report: dict[str, Any]) -> PairResu
     return PairResult((a, b), False, None, why or "the pair gave no all-reduce", round=round_)
 
 
-def slurm_pairs(options: Any, start: Callable[[Any, str, str], Awaitable[Any]]) -> RunPair:
+IN_FLIGHT = 16  # pair jobs submitted and not ended at once: a round of 500 pairs queues
+
+
+def slurm_pairs(
+    options: Any, start: Callable[[Any, str, str], Awaitable[Any]], in_flight: int = IN_FLIGHT
+) -> RunPair:
     """``run_pair`` over Slurm: ``start(options, a, b)`` submits the two-node run
-    (``gpuctl.accept.slurm.start_slurm_run``) and returns its ``AcceptRun``."""
+    (``gpuctl.accept.slurm.start_slurm_run``) and returns its ``AcceptRun``. At most
+    ``in_flight`` pairs are submitted and not ended at once (a big round does not flood the
+    controller with ``sbatch``); a pair whose wait is cancelled (another pair's submission
+    failed, Ctrl-C) cancels its Slurm job, so nothing is left in the queue."""
     opts = pair_options(options)
+    slots = asyncio.Semaphore(in_flight)
 
     async def run_pair(a: str, b: str, round_: int) -> PairResult:
-        run = await start(opts, a, b)
-        return pair_result(a, b, round_, await run.wait())
+        async with slots:
+            run = await start(opts, a, b)
+            try:
+                return pair_result(a, b, round_, await run.wait())
+            except asyncio.CancelledError:
+                await asyncio.shield(run.cancel())
+                raise
 
     return run_pair

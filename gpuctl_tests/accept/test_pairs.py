@@ -14,6 +14,7 @@ import pytest
 
 from gpuctl.accept.pairs import PairResult, find_bad
 from gpuctl_tests.accept.test_cli import gpuctl
+from gpuctl_tests.helpers import wait_until_async
 
 
 def pairs_of(
@@ -139,3 +140,65 @@ def test_pairs_find_the_node_whose_link_is_throttled(tmp_path: Path, slurm_nodes
     )
     assert "drained node03 in Slurm: gpuctl accept: pairs: node03-node01" in out
     assert out.strip().splitlines()[-1].startswith("[RESULT] FAILURE")
+
+
+class FakeRun:
+    """What ``start_slurm_run`` returns, for the pair runner's bookkeeping: a run that ends
+    when the test says, and says whether it was cancelled."""
+
+    def __init__(self, a: str, b: str) -> None:
+        self.nodes = (a, b)
+        self.done = asyncio.Event()
+        self.cancelled = False
+
+    async def wait(self) -> dict[str, Any]:
+        await self.done.wait()
+        section = {"verdict": "PASS", "busbw_gbps": 1.0}
+        return {
+            "nodes": {n: {"report": {"sections": {"ddp_allreduce": section}}} for n in self.nodes}
+        }
+
+    async def cancel(self) -> None:
+        self.cancelled = True
+
+
+async def test_slurm_pairs_keep_a_bounded_number_in_flight() -> None:
+    from gpuctl.accept.pairs import slurm_pairs
+    from gpuctl.accept.run import AcceptOptions
+
+    runs: list[FakeRun] = []
+
+    async def start(opts: Any, a: str, b: str) -> FakeRun:
+        assert "--sweep-max" in opts.extra_args  # the pair's own options
+        runs.append(FakeRun(a, b))
+        return runs[-1]
+
+    run_pair = slurm_pairs(AcceptOptions(device="cpu"), start, in_flight=3)
+    task = asyncio.ensure_future(find_bad(nodes(12), run_pair))
+    await wait_until_async(lambda: len(runs) == 3, 10, "three pairs submitted")
+    await asyncio.sleep(0)  # a turn of the loop: a fourth submission would start here
+    assert len(runs) == 3  # six pairs in round one, three in flight
+    while not task.done():
+        for r in runs:
+            r.done.set()
+        await asyncio.sleep(0)
+    assert task.result()["verdict"] == "PASS" and len(runs) == 6
+
+
+async def test_a_refused_submission_cancels_the_pairs_in_flight() -> None:
+    from gpuctl.accept.pairs import slurm_pairs
+    from gpuctl.accept.run import AcceptOptions
+    from gpuctl.reach.slurm import SlurmError
+
+    runs: list[FakeRun] = []
+
+    async def start(opts: Any, a: str, b: str) -> FakeRun:
+        if a == "n05":
+            await wait_until_async(lambda: len(runs) == 2, 10, "the other pairs submitted")
+            raise SlurmError("sbatch: error: invalid partition")
+        runs.append(FakeRun(a, b))
+        return runs[-1]
+
+    with pytest.raises(SlurmError):
+        await find_bad(nodes(6), slurm_pairs(AcceptOptions(device="cpu"), start))
+    assert [r.cancelled for r in runs] == [True, True]  # nothing left in Slurm's queue
