@@ -233,6 +233,9 @@ PARTS = (
     ("gpuctl.fleet.gpu_history", "NodeHistory", "add"),
     ("gpuctl.tui.app", "GpuctlApp", "_on_snapshot"),
     ("gpuctl.tui.app", "GpuctlApp", "_flush_pending"),
+    ("gpuctl.tui.fleet_store", "FleetStore", "take_pending"),
+    ("gpuctl.tui.widgets.overview", "NodeList", "nodes_changed"),
+    ("gpuctl.tui.screens.overview", "OverviewScreen", "update_header"),
     ("textual.screen", "Screen", "_compositor_refresh"),
 )
 
