@@ -51,7 +51,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuctl.core.deadline import wait_for
+try:
+    from gpuctl.core.deadline import wait_for
+except ImportError:  # --compare REV of a gpuctl before it (410797c): only to end the app's run
+    from asyncio import wait_for  # noqa: TID251
 
 REPO = Path(__file__).resolve().parent.parent
 # The gpuctl the app runs (--compare points a run at another revision's); the feeder always
@@ -169,18 +172,26 @@ def pipe_link(fd: int) -> Any:
         from gpuctl.fleet.fixed_links import _Discard
     except ImportError:  # --compare REV of a gpuctl before the module's rename
         from gpuctl.fleet.replay import _Discard  # type: ignore[import-not-found,no-redef]
+    from gpuctl.fleet import session
     from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
     from gpuctl.fleet.session import AgentSession
+
+    feed = session if hasattr(session, "LineFeed") else None
 
     class PipeLink(NodeLink):
         kind = "simulated"
 
         async def open(self) -> AgentSession:
             loop = asyncio.get_running_loop()
-            reader = asyncio.StreamReader(limit=STREAM_LIMIT)
-            transport, _ = await loop.connect_read_pipe(
-                lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
-            )
+            # As the tree's own pipe links read (``ThreadSimLink``): a ``LineFeed`` where it
+            # has one (its lines handed on by the transport's callback), else asyncio's reader.
+            if feed is not None:
+                reader: Any = feed.LineFeed(limit=STREAM_LIMIT)
+                protocol: Any = lambda: feed.LineFeedProtocol(reader)  # noqa: E731
+            else:
+                reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+                protocol = lambda: asyncio.StreamReaderProtocol(reader)  # noqa: E731
+            transport, _ = await loop.connect_read_pipe(protocol, os.fdopen(fd, "rb", buffering=0))
 
             async def close() -> None:
                 transport.close()
