@@ -17,7 +17,6 @@ the bad fields are blanked, the rest kept. A reply to a request and any other me
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import itertools
 import json
@@ -196,9 +195,13 @@ class LineFeed:
     nodes, one line a second each). The links whose stream is a pipe of this process or fed by
     gpuctl itself (a simulated, replayed or recorded node) read through one."""
 
+    __slots__ = ("_end", "_eof", "_error", "_limit", "_lines", "_rest", "_sink", "_waiter")
+
     def __init__(self, limit: int = 2**16) -> None:
         self._limit = limit  # a line longer than this ends the stream, as asyncio's reader has it
-        self._lines: collections.deque[bytes] = collections.deque()  # not yet read
+        # read, not yet taken (the hello, and what came with it): a list, not a deque (a deque
+        # keeps a block of 64 slots however short, for every node)
+        self._lines: list[bytes] = []
         self._rest = b""  # a line begun, its newline not yet come
         self._eof = False
         self._error: BaseException | None = None
@@ -219,7 +222,7 @@ class LineFeed:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._lines.popleft()
+        return self._lines.pop(0)
 
     def push_to(
         self, sink: Callable[[bytes], None], end: Callable[[BaseException | None], None]
@@ -228,8 +231,9 @@ class LineFeed:
         the end of the stream (after its last line, newline or not, as ``readline`` reads it),
         ``end(error)`` where ``readline`` would raise it."""
         self._sink, self._end = sink, end
-        while self._lines:
-            sink(self._lines.popleft())
+        lines, self._lines = self._lines, []
+        for line in lines:
+            sink(line)
         if self._error is not None:
             end(self._error)
         elif self._eof:
