@@ -15,7 +15,8 @@ is a process of its own (its memory is its own), and reports
   every object freed: the terminal is the user's again only then).
 
 ``--compare REV`` runs every case twice in one go, with this checkout's gpuctl and with the
-gpuctl of git revision REV (extracted to a temporary folder; the feeder and this script are the
+gpuctl of git revision REV (``--compare`` given again: each revision's too, in the same
+alternation) (extracted to a temporary folder; the feeder and this script are the
 same for both), one after the other, and prints the ratios; ``--compare-loop`` compares this
 checkout on gpuctl's event loop (``gpuctl.fleet.eventloop``, what the screen runs on) with the
 same on asyncio's plain loop. ``--rounds K`` alternates the two K times and prints the median CPU
@@ -50,7 +51,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuctl.core.deadline import wait_for
+try:
+    from gpuctl.core.deadline import wait_for
+except ImportError:  # --compare REV of a gpuctl before it (410797c): only to end the app's run
+    from asyncio import wait_for  # noqa: TID251
 
 REPO = Path(__file__).resolve().parent.parent
 # The gpuctl the app runs (--compare points a run at another revision's); the feeder always
@@ -168,18 +172,26 @@ def pipe_link(fd: int) -> Any:
         from gpuctl.fleet.fixed_links import _Discard
     except ImportError:  # --compare REV of a gpuctl before the module's rename
         from gpuctl.fleet.replay import _Discard  # type: ignore[import-not-found,no-redef]
+    from gpuctl.fleet import session
     from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
     from gpuctl.fleet.session import AgentSession
+
+    feed = session if hasattr(session, "LineFeed") else None
 
     class PipeLink(NodeLink):
         kind = "simulated"
 
         async def open(self) -> AgentSession:
             loop = asyncio.get_running_loop()
-            reader = asyncio.StreamReader(limit=STREAM_LIMIT)
-            transport, _ = await loop.connect_read_pipe(
-                lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
-            )
+            # As the tree's own pipe links read (``ThreadSimLink``): a ``LineFeed`` where it
+            # has one (its lines handed on by the transport's callback), else asyncio's reader.
+            if feed is not None:
+                reader: Any = feed.LineFeed(limit=STREAM_LIMIT)
+                protocol: Any = lambda: feed.LineFeedProtocol(reader)  # noqa: E731
+            else:
+                reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+                protocol = lambda: asyncio.StreamReaderProtocol(reader)  # noqa: E731
+            transport, _ = await loop.connect_read_pipe(protocol, os.fdopen(fd, "rb", buffering=0))
 
             async def close() -> None:
                 transport.close()
@@ -232,6 +244,9 @@ PARTS = (
     ("gpuctl.fleet.gpu_history", "NodeHistory", "add"),
     ("gpuctl.tui.app", "GpuctlApp", "_on_snapshot"),
     ("gpuctl.tui.app", "GpuctlApp", "_flush_pending"),
+    ("gpuctl.tui.fleet_store", "FleetStore", "take_pending"),
+    ("gpuctl.tui.widgets.overview", "NodeList", "nodes_changed"),
+    ("gpuctl.tui.screens.overview", "OverviewScreen", "update_header"),
     ("textual.screen", "Screen", "_compositor_refresh"),
 )
 
@@ -517,7 +532,12 @@ def main() -> int:
     p.add_argument("--seconds", type=float, help="measured time per run (instead of --minutes)")
     p.add_argument("--mode", choices=("list", "heatmap"), default="list")
     p.add_argument("--rss-every", type=float, default=10.0, help="seconds between RSS readings")
-    p.add_argument("--compare", metavar="REV", help="also run git revision REV's gpuctl")
+    p.add_argument(
+        "--compare",
+        metavar="REV",
+        action="append",
+        help="also run git revision REV's gpuctl (given twice or more: each, in one alternation)",
+    )
     p.add_argument(
         "--compare-loop",
         action="store_true",
@@ -555,9 +575,9 @@ def main() -> int:
     seconds = args.seconds if args.seconds is not None else 60 * args.minutes
     sizes = [args.nodes] if args.nodes else [512, 128]
     trees = [("new", REPO, "")]
-    if args.compare:
-        trees.append((f"old ({args.compare})", old_tree(args.compare), ""))
-    elif args.compare_loop:
+    for rev in args.compare or ():
+        trees.append((f"old ({rev})", old_tree(rev), ""))
+    if args.compare_loop and not args.compare:
         trees.append(("plain loop", REPO, "plain"))
     compare = len(trees) > 1
     for n in sizes:
@@ -573,10 +593,13 @@ def main() -> int:
                 if args.parts and not args.json:
                     print(parts_report(r), flush=True)
         if compare and not args.json:
-            old, new = results[trees[1][0]], results["new"]
-            if len(new) > 1:
-                print(medians(old, new, trees[1][0]), flush=True)
-            print(ratios(middle(old), middle(new)), flush=True)
+            new = results["new"]
+            for label, _, _ in trees[1:]:
+                old = results[label]
+                if len(new) > 1:
+                    print(medians(old, new, label), flush=True)
+                print(f"  against {label}:", flush=True)
+                print(ratios(middle(old), middle(new)), flush=True)
     return 0
 
 
@@ -591,7 +614,19 @@ def medians(old: list[dict[str, Any]], new: list[dict[str, Any]], label: str) ->
         each = ", ".join(f"{x:.1f}" for x in shares)
         return f"median {statistics.median(shares):.1f}% (runs: {each})"
 
-    return f"    CPU of one core, new: {cpu(new)}; {label}: {cpu(old)}"
+    def others(runs: list[dict[str, Any]]) -> str:
+        def med(key: str) -> float:
+            return statistics.median(r[key] for r in runs)
+
+        return (
+            f"sample->paint p95 {med('sample_paint_p95_ms'):.0f} ms, RSS peak "
+            f"{med('rss_peak_mb'):.0f} MB, first frame {med('first_frame_s'):.1f} s"
+        )
+
+    return (
+        f"    CPU of one core, new: {cpu(new)}; {label}: {cpu(old)}\n"
+        f"    medians, new: {others(new)}; {label}: {others(old)}"
+    )
 
 
 if __name__ == "__main__":

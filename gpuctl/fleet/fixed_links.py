@@ -8,11 +8,9 @@ same numbers on every run. ``FailingLink`` is a node that cannot be reached, wit
 
 from __future__ import annotations
 
-import asyncio
-
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
-from gpuctl.fleet.session import AgentSession, LinkError
+from gpuctl.fleet.session import AgentSession, LineFeed, LinkError
 from gpuctl.node import protocol
 
 # Who a recorded node's burners run as (uid, user): a service account of the recorded cluster,
@@ -35,7 +33,7 @@ class ReplayLink(NodeLink):
         self.kind = kind
 
     async def open(self) -> AgentSession:
-        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        reader = LineFeed(limit=STREAM_LIMIT)
         for msg in self.messages:
             reader.feed_data(protocol.encode(msg))
 

@@ -44,7 +44,7 @@ from gpuctl.fleet.gpu_history import (
 from gpuctl.fleet.gpu_history import METRICS as HISTORY_COLUMNS
 from gpuctl.fleet.idle import IDLE_AFTER_S, IDLE_BELOW, IdleTracker
 from gpuctl.fleet.links import NodeLink
-from gpuctl.fleet.session import AgentSession, LinkError, Sample
+from gpuctl.fleet.session import AgentSession, LinkError, Message, Sample
 from gpuctl.node import protocol
 
 log = logging.getLogger(__name__)
@@ -573,20 +573,23 @@ class Fleet:
         rt.live_since = time.monotonic()
         self._publish(rt, state=NodeState.LIVE, info=info, reason=None)
         pinger = asyncio.create_task(self._keep_alive(rt, session), name=f"ping:{rt.name}")
+
+        def handle(msg: Message) -> None:
+            if isinstance(msg, Sample):
+                self._on_sample(rt, msg)
+            elif isinstance(msg, NodeEvent):
+                if not is_progress(msg):
+                    rt.events.append(msg)
+                for elistener in self._event_listeners:
+                    elistener(rt.name, msg)
+            elif msg.get("request") == "configure" and "id" not in msg:
+                return  # the answer to our own configure
+            else:
+                for mlistener in self._message_listeners:
+                    mlistener(rt.name, msg)
+
         try:
-            async for msg in session.messages():
-                if isinstance(msg, Sample):
-                    self._on_sample(rt, msg)
-                elif isinstance(msg, NodeEvent):
-                    if not is_progress(msg):
-                        rt.events.append(msg)
-                    for elistener in self._event_listeners:
-                        elistener(rt.name, msg)
-                elif msg.get("request") == "configure" and "id" not in msg:
-                    continue  # the answer to our own configure
-                else:
-                    for mlistener in self._message_listeners:
-                        mlistener(rt.name, msg)
+            await session.stream(handle)  # a simulated or replayed node's: no task woken a line
         finally:
             pinger.cancel()
 

@@ -15,7 +15,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from gpuctl.core.deadline import wait_for
-from gpuctl.fleet.session import AgentSession, LinkError
+from gpuctl.fleet.session import AgentSession, LineFeed, LineFeedProtocol, LinkError
 from gpuctl.node import protocol
 
 if TYPE_CHECKING:
@@ -199,9 +199,9 @@ class ThreadSimLink(NodeLink):
         thread = threading.Thread(target=run, name=f"sim-agent-{self.seed}", daemon=True)
         thread.start()
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        reader = LineFeed(limit=STREAM_LIMIT)
         transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(out_r, "rb")
+            lambda: LineFeedProtocol(reader), os.fdopen(out_r, "rb")
         )
         writer = _PipeWriter(req_w)
         closed = False

@@ -214,9 +214,131 @@ def _stamp(sample: Sample, hello: Statics | None) -> None:
                 put(g, "power_limit", st.power_limit)
 
 
+class LineFeed:
+    """An agent's lines as its transport delivers them (``feed_data``, ``feed_eof``,
+    ``set_exception``: what ``asyncio.StreamReader`` takes, and ``LineFeedProtocol`` calls for a
+    pipe), read with ``readline()`` (the hello) until ``push_to`` names a sink: from then on each
+    complete line goes to the sink inside the transport's own callback (the one the event loop
+    runs when the pipe is readable), the lines already in first, so that a node's line wakes no
+    task. ``AgentSession.stream`` pushes where its reader is one.
+
+    A task per node awaiting ``StreamReader.readline()`` cost the loop ~20-40 us a line more
+    than lines handed on from the transport's callback (``benchmarks/line_readers.py``: 512
+    nodes, one line a second each). The links whose stream is a pipe of this process or fed by
+    gpuctl itself (a simulated, replayed or recorded node) read through one."""
+
+    __slots__ = ("_end", "_eof", "_error", "_limit", "_lines", "_rest", "_sink", "_waiter")
+
+    def __init__(self, limit: int = 2**16) -> None:
+        self._limit = limit  # a line longer than this ends the stream, as asyncio's reader has it
+        # read, not yet taken (the hello, and what came with it): a list, not a deque (a deque
+        # keeps a block of 64 slots however short, for every node)
+        self._lines: list[bytes] = []
+        self._rest = b""  # a line begun, its newline not yet come
+        self._eof = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._sink: Callable[[bytes], None] | None = None
+        self._end: Callable[[BaseException | None], None] | None = None
+
+    async def readline(self) -> bytes:
+        """The next line, newline included; at the end what is left (b"" when nothing is)."""
+        while not self._lines:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                rest, self._rest = self._rest, b""
+                return rest
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._lines.pop(0)
+
+    def push_to(
+        self, sink: Callable[[bytes], None], end: Callable[[BaseException | None], None]
+    ) -> None:
+        """Hand every line from now on to ``sink``, those not read yet first; ``end(None)`` at
+        the end of the stream (after its last line, newline or not, as ``readline`` reads it),
+        ``end(error)`` where ``readline`` would raise it."""
+        self._sink, self._end = sink, end
+        lines, self._lines = self._lines, []
+        for line in lines:
+            sink(line)
+        if self._error is not None:
+            end(self._error)
+        elif self._eof:
+            self._finish()
+
+    def feed_data(self, data: bytes) -> None:
+        if not data or self._eof:
+            return
+        buf = self._rest + data if self._rest else data
+        sink = self._sink
+        start = 0
+        while (i := buf.find(b"\n", start)) >= 0:
+            if sink is None:
+                self._lines.append(buf[start : i + 1])
+            else:
+                sink(buf[start : i + 1])
+            start = i + 1
+        self._rest = buf[start:] if start else buf
+        if len(self._rest) > self._limit:
+            self._rest = b""
+            self.set_exception(ValueError("Separator is not found, and chunk exceed the limit"))
+        self._wake()
+
+    def feed_eof(self) -> None:
+        if self._eof:
+            return
+        self._eof = True
+        if self._sink is not None:
+            self._finish()
+        self._wake()
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._error = exc
+        if self._end is not None:
+            self._end(exc)
+        self._wake()
+
+    def _finish(self) -> None:
+        rest, self._rest = self._rest, b""
+        if rest and self._sink is not None:
+            self._sink(rest)
+        if self._end is not None:
+            self._end(None)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class LineFeedProtocol(asyncio.Protocol):
+    """A pipe read into a ``LineFeed`` (``loop.connect_read_pipe``)."""
+
+    def __init__(self, feed: LineFeed) -> None:
+        self.feed = feed
+
+    def data_received(self, data: bytes) -> None:
+        self.feed.feed_data(data)
+
+    def eof_received(self) -> bool | None:
+        self.feed.feed_eof()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is None:
+            self.feed.feed_eof()
+        else:
+            self.feed.set_exception(exc)
+
+
 class AgentSession:
     """Protocol v2 (or v1: ``READS``) over a pair of streams. Call ``handshake()`` first, then
-    ``messages()``."""
+    ``messages()`` or ``stream()``."""
 
     def __init__(
         self,
@@ -316,25 +438,72 @@ class AgentSession:
         while True:
             line = await self._read_line()
             if line is None:
-                for pending in self._waiting.values():
-                    if not pending.done():
-                        pending.set_exception(LinkError("closed", "agent link closed"))
+                self._closed()
                 return
-            try:
-                msg = decode_line(line, self._statics)
-            except protocol.ProtocolError as e:
-                raise LinkError("protocol", f"agent sent a bad line: {e.message}") from None
-            if isinstance(msg, Sample | NodeEvent):
-                yield msg  # never a reply: gpuctl asks for no ``snapshot``
-                continue
-            req_id = msg.get("id")
-            fut: asyncio.Future[JsonObject] | None = (
-                self._waiting.get(req_id) if isinstance(req_id, int) else None
-            )
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
-            elif fut is None:
+            msg = self._take(line)
+            if msg is not None:
                 yield msg
+
+    async def stream(self, handle: Callable[[Message], None]) -> None:
+        """Call ``handle`` with each message ``messages()`` would yield, until the stream ends;
+        raises what ``messages()`` or ``handle`` raised. On a ``LineFeed`` the lines come from
+        the transport's callback (no task woken per line), else from ``messages()``."""
+        reader = self._reader
+        if not isinstance(reader, LineFeed):
+            async for msg in self.messages():
+                handle(msg)
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def end(error: BaseException | None) -> None:
+            if done.done():
+                return
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
+
+        def sink(line: bytes) -> None:
+            if done.done():
+                return  # the stream ended with an error: the rest is not read, as by messages()
+            try:
+                if self.tap is not None:
+                    self.tap(line)
+                msg = self._take(line)
+                if msg is not None:
+                    handle(msg)
+            except Exception as e:  # ends the stream: ``stream`` raises it
+                end(e)
+
+        reader.push_to(sink, end)
+        try:
+            await done
+        finally:
+            done.cancel()  # cancelled (the node stopped): the lines after it are not read
+        self._closed()
+
+    def _take(self, line: bytes | str) -> Message | None:
+        """A line as ``messages()`` yields it, or None: a reply, handed to its ``request()``."""
+        try:
+            msg = decode_line(line, self._statics)
+        except protocol.ProtocolError as e:
+            raise LinkError("protocol", f"agent sent a bad line: {e.message}") from None
+        if isinstance(msg, Sample | NodeEvent):
+            return msg  # never a reply: gpuctl asks for no ``snapshot``
+        req_id = msg.get("id")
+        fut: asyncio.Future[JsonObject] | None = (
+            self._waiting.get(req_id) if isinstance(req_id, int) else None
+        )
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+        elif fut is None:
+            return msg
+        return None
+
+    def _closed(self) -> None:
+        for pending in self._waiting.values():
+            if not pending.done():
+                pending.set_exception(LinkError("closed", "agent link closed"))
 
     async def close(self) -> None:
         """Ask the agent to stop, then close the transport."""

@@ -27,7 +27,7 @@ test says so); with "heatmap", its ``heat`` scale. Everything else follows from 
 NVENC/NVDEC took 5 product files (6 with the plot), where a metric took ~15 before.
 
 Flags of a row (``flags``):
-    list     a column of the GPU list where the width allows it (``tui/widgets/overview.py``'s
+    list     a column of the GPU list where the width allows it (``tui/widgets/gpu_columns.py``'s
              ``COLUMNS``: in this order, from 190 columns unless placed there)
     filter   a threshold word of the ``/`` filter (``name``, in ``shown`` units)
     sort     a sort of the GPU list (``o``: ``tui/gpusort.py``'s ``SORTS``, largest first)

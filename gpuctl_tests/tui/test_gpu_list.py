@@ -11,16 +11,9 @@ from gpuctl.node import metrics
 from gpuctl.tui.gpusort import SORTS, metric, next_sort, order_gpus, order_nodes
 from gpuctl.tui.screens.detail import DetailScreen
 from gpuctl.tui.view import screen_word
-from gpuctl.tui.widgets.overview import (
-    COLUMNS,
-    GpuColumns,
-    NodeList,
-    column_titles,
-    columns_at,
-    compact_columns_at,
-    gpu_bars,
-    list_title,
-)
+from gpuctl.tui.widgets.gpu_columns import COLUMNS, columns_at, list_title
+from gpuctl.tui.widgets.node_columns import compact_columns_at, gpu_bars
+from gpuctl.tui.widgets.overview import GpuColumns, NodeList, column_titles
 from gpuctl_tests.tui.conftest import replay_app, settle
 
 SIZE = (120, 36)

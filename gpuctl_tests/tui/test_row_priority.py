@@ -14,7 +14,7 @@ import pytest
 from gpuctl.fleet.fixed_links import RECORDED_BURNER, ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.tui import make_app
-from gpuctl.tui.widgets.overview import columns_at
+from gpuctl.tui.widgets.gpu_columns import columns_at
 from gpuctl_tests.helpers import until
 from gpuctl_tests.tui.conftest import NOW, T_LAST
 from gpuctl_tests.tui.test_usability import row_text

@@ -14,7 +14,7 @@ from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
 from gpuctl.fleet.recording.format import Record, read_slurm_jobs
 from gpuctl.fleet.recording.reader import RecordingReader, joins
-from gpuctl.fleet.session import AgentSession, LinkError
+from gpuctl.fleet.session import AgentSession, LineFeed, LinkError
 from gpuctl.node import protocol
 
 BACKLOG = 600  # messages kept for a node whose session is opening (a fast replay)
@@ -78,7 +78,7 @@ class Replayer:
         self.down: dict[str, str] = {}
         self.last_sample: dict[str, JsonObject] = {}
         self.slurm: dict[str, dict[int, tuple[str | None, str | None]]] = {}
-        self.readers: dict[str, asyncio.StreamReader] = {}
+        self.readers: dict[str, LineFeed] = {}
         self.samples_played = 0
         self._fleet: Fleet | None = None
         self._reconnecting: set[str] = set()
@@ -155,7 +155,7 @@ class Replayer:
                 reason, _, message = why.partition(": ")
                 raise LinkError(reason, message or reason)
             await self._arrived.setdefault(name, asyncio.Event()).wait()
-        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        reader = LineFeed(limit=STREAM_LIMIT)
         self._feed(reader, hello)
         for msg in self._backlog.pop(name, ()):
             self._feed(reader, msg)
@@ -172,7 +172,7 @@ class Replayer:
         return AgentSession(reader, _Discard(), close=close)
 
     @staticmethod
-    def _feed(reader: asyncio.StreamReader, msg: JsonObject) -> None:
+    def _feed(reader: LineFeed, msg: JsonObject) -> None:
         with contextlib.suppress(ValueError, TypeError):  # junk in a file: skip the line
             reader.feed_data(protocol.encode(msg))
 

@@ -477,7 +477,7 @@ class DetailScreen(Screen[None]):
         paragraphs: list[list[Text]] = []
         burn = s.burn(g.index)
         if burn:  # a burn on this GPU explains its load, heat and power cap: say it first
-            from gpuctl.tui.widgets.overview import burn_text
+            from gpuctl.tui.widgets.gpu_columns import burn_text
 
             running = s.burning(g.index)
             said = burn_text(burn, self.store.clock()) + ("" if running else " (finished)")

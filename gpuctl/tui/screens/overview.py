@@ -53,6 +53,7 @@ class ClusterHeader(Horizontal):
         self.simulated = simulated
         self.read_only = read_only
         self._totals: list[str] = []  # the figures, longest way of saying them first
+        self._counts: dict[str, int] | None = None  # the trouble counts shown
 
     def on_resize(self, _event: events.Resize) -> None:
         """A new width: the figures said as fits it (once the labels have their widths)."""
@@ -90,6 +91,9 @@ class ClusterHeader(Horizontal):
 
     def show_trouble(self, counts: dict[str, int]) -> None:
         """The problems counted, worst first, each a link that filters the list by it."""
+        if counts == self._counts:
+            return  # most flushes: the same counts (their line and a query cost ~0.1 ms)
+        self._counts = dict(counts)
         label = self.query_one("#trouble", Label)
         line = trouble_content(counts)
         if label.content != line:
@@ -101,9 +105,9 @@ class ClusterHeader(Horizontal):
         """The cluster's figures (None: as they are), each way of saying them shorter than
         the one before: the longest that fits the line's width is shown (``totals_texts``:
         the units stay); and the filter."""
-        if totals is not None:
-            self._totals = list(totals)
-        self.fit_totals()
+        if totals is not None:  # else the figures stay, and so does their room: the labels
+            self._totals = list(totals)  # that take it, and a resize, fit them again
+            self.fit_totals()
         f = self.query_one("#filter-shown", Label)
         shown = f"filter: {filter_text}" if filter_text else ""
         if filter_text and not matches:

@@ -9,10 +9,9 @@ update repaints only that node's lines. Colours come from component classes styl
 from __future__ import annotations
 
 import functools
-import math
 import time
-from collections.abc import Callable, Collection, Iterable
-from typing import Any, ClassVar, NamedTuple
+from collections.abc import Callable, Collection
+from typing import ClassVar, NamedTuple
 
 from rich.segment import Segment
 from rich.style import Style
@@ -24,41 +23,33 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widget import Widget
 
-from gpuctl.core.format import counted, fmt_age, host_text, reader_text, short_model
-from gpuctl.core.model import BurnState, GpuSample, NodeInfo, NodeSnapshot, NodeState
+from gpuctl.core.format import counted, host_text, reader_text, short_model
+from gpuctl.core.model import GpuSample, NodeInfo, NodeSnapshot, NodeState
 from gpuctl.fleet.troublelog import Trouble
-from gpuctl.node import metrics
-from gpuctl.node.metrics import Metric, flagged
 from gpuctl.tui.fleet_store import FleetStore
 from gpuctl.tui.gpusort import SORT_BY_KEY, next_sort, order_gpus, order_nodes
 from gpuctl.tui.keys import TROUBLE_KEYS
 from gpuctl.tui.messages import GpuSelected
-from gpuctl.tui.procview import gpu_owners
 from gpuctl.tui.text import node_str
 from gpuctl.tui.view import (
-    SPARK_CHARS,
-    TAG_W,
     Levels,
-    NodeTotals,
-    bar,
     down_text,
-    fmt_gib_pair,
     fmt_power,
-    gpu_badges,
     is_problem,
-    level,
-    mem_fraction,
     model_tags,
     models_text,
     next_stop,
     node_is_down,
-    power_fraction,
-    screen_word,
-    sparkline,
 )
+from gpuctl.tui.widgets.columns import (
+    LIVE_OR_STALE,
+    STATE_CLASSES,
+    TEXT_LIMIT,
+    titles,
+)
+from gpuctl.tui.widgets.gpu_columns import Row, columns_at, row_plan
+from gpuctl.tui.widgets.node_columns import PER_GPU_W, NodeLine, compact_columns_at
 
-SPARK_WIDTH = 12
-BAR_WIDTH = 8
 # A sorted list re-sorts this often (and on ``o`` or a filter): rows do not move under the
 # cursor with every sample, and between re-sorts no sample costs a sort.
 RESORT_S = 5.0
@@ -68,30 +59,6 @@ RESORT_S = 5.0
 # load, driver, CUDA and reader (on one line, a 120-column list cut every header before the
 # driver). Wider, one line holds all of it (about 180 characters).
 ONE_LINE_HEAD_W = 190
-
-
-# A badge's colour: faults in the alarm colour, slowdowns as a warning, the rest (a power cap,
-# sync boost) quiet.
-BADGE_CLASSES = {
-    "LOST": "nodelist--badge",
-    "XID": "nodelist--badge",
-    "ECC": "nodelist--badge",
-    "REMAP": "nodelist--badge",
-    "THERM": "nodelist--slow",
-    "HWTHERM": "nodelist--slow",
-    "HWSLOW": "nodelist--slow",
-    "PWRBRAKE": "nodelist--slow",
-    "IDLE": "nodelist--slow",  # allocated but idle: "IDLE 42m" (``gpuctl.fleet.idle``)
-}
-LEVEL_CLASSES = ("nodelist--ok", "nodelist--warm", "nodelist--hot")
-STATE_CLASSES = {
-    NodeState.LIVE: "nodelist--live",
-    NodeState.STALE: "nodelist--stale",
-    NodeState.UNREACHABLE: "nodelist--down",
-    NodeState.CONNECTING: "nodelist--dim",
-}
-LIVE_OR_STALE = (NodeState.LIVE, NodeState.STALE)
-TEXT_LIMIT = 300  # characters of one node string on a line (the line is cut at the edge anyway)
 
 
 class Line(NamedTuple):
@@ -699,7 +666,7 @@ class NodeList(ScrollView, can_focus=True):
             return [Segment("  ? gone", dim)]
         row = Row(self, s, g, dim)
         segs: list[Segment] = []
-        for draw, width, gap, reading in _plan(self.size.width, self.mixed):
+        for draw, width, gap, reading in row_plan(self.size.width, self.mixed):
             if reading and g.lost:
                 segs.append(Segment("LOST", self._style("nodelist--badge")))
                 segs.append(Segment("  GPU fell off the bus", dim))
@@ -736,486 +703,6 @@ def _every_row(n: int) -> tuple[int, ...]:
     return tuple(range(n))
 
 
-# A burn's colour by its state: a finished one dimmed (its verdict stays a minute), a failed one
-# red as a fault; starting and running ones in the burn's own colour.
-BURN_CLASSES = {"done": "nodelist--burn-ended", "failed": "nodelist--badge"}
-
-
-def burn_text(burn: BurnState, now: float | None = None, rate: bool = True) -> str:
-    """The burn column of a GPU row, e.g. BURN 412 TF/s 0 err 14m left, from a burn
-    annotation (the time left when ``now`` is given and the burn runs; the TF/s unless not
-    ``rate``)."""
-    state = burn.get("state") or "?"
-    parts = ["BURN" if state == "running" else f"BURN {state}"]
-    tflops = burn.get("tflops")
-    number = isinstance(tflops, int | float) and not isinstance(tflops, bool)
-    if rate and number and abs(tflops) < 1e9:  # type: ignore[arg-type]
-        parts.append(f"{tflops:.0f} TF/s")  # a huge int would not even convert to a float
-    errors = burn.get("errors")
-    if isinstance(errors, int) and not isinstance(errors, bool) and abs(errors) < 1 << 64:
-        parts.append(f"{errors} err")
-    verdict = burn.get("verdict")
-    if verdict:
-        parts.append(str(verdict))
-    ends_at = burn.get("ends_at")
-    if (
-        now is not None
-        and state in ("starting", "running")
-        and isinstance(ends_at, int | float)
-        and not isinstance(ends_at, bool)
-        and math.isfinite(ends_at)
-    ):
-        parts.append(f"{fmt_age(max(0.0, min(ends_at - now, 1e9)))} left")
-    return " ".join(parts)
-
-
-NAME_W = 12  # characters of a node name on a compact line
-PER_GPU_W = 16  # at most this many GPUs of a node drawn as bars on a compact line
-
-
-def gpu_bars(gpus: Iterable[GpuSample]) -> str:
-    """One character per GPU, its utilization as a bar (an idle GPU a low one), ✕ if lost."""
-    out = []
-    for g in gpus:
-        if g.lost or g.util_gpu is None:
-            out.append("✕" if g.lost else "?")
-        else:
-            step = round(min(100, max(0, g.util_gpu)) / 100 * (len(SPARK_CHARS) - 2))
-            out.append(SPARK_CHARS[1 + step])
-    return "".join(out)
-
-
-def node_trouble(s: NodeSnapshot, xid_gpus: set[int]) -> list[str]:
-    """A node's badges counted over its GPUs, worst first: ``LOST×1 XID×2 PWRCAP×3``."""
-    counts: dict[str, int] = {}
-    for g in s.gpus:
-        for badge in gpu_badges(g, g.index in xid_gpus):
-            counts[badge] = counts.get(badge, 0) + 1
-    first = ("LOST", "XID", "ECC", "REMAP", "HWSLOW", "PWRBRAKE", "HWTHERM", "THERM")
-    order = sorted(counts, key=lambda b: (first.index(b) if b in first else len(first), b))
-    return [f"{b}×{counts[b]}" for b in order]
-
-
-# -- the GPU list's columns ------------------------------------------------------------------
-PLAIN = Style()  # no style (one for every row: a Style costs ~1 us to make, a row ~65 us)
-
-
-class Row:
-    """What a column needs to draw one GPU's cells (``NodeList._gpu`` makes one per row)."""
-
-    __slots__ = ("dim", "empty", "g", "nodes", "plain", "s", "stale")
-
-    def __init__(self, nodes: NodeList, s: NodeSnapshot, g: GpuSample, dim: Style) -> None:
-        self.nodes = nodes
-        self.s = s
-        self.g = g
-        self.dim = dim
-        self.stale = s.state is not NodeState.LIVE
-        self.plain = dim if self.stale else PLAIN  # a figure without a level
-        self.empty = nodes._style("nodelist--bar-empty")  # a bar's empty part
-
-    def style(self, name: str) -> Style:
-        """A component class's style, dim on a node that is not live."""
-        return self.dim if self.stale else self.nodes._style(name)
-
-    def level(self, n: int) -> Style:
-        return self.style(LEVEL_CLASSES[n])
-
-
-# (row, cells, gap) -> the column's segments: ``cells`` wide, then the gap's spaces. The row is
-# a ``Row`` (a GPU's line: ``COLUMNS``) or a ``NodeLine`` (a node's compact line).
-Draw = Callable[[Any, int, str], list[Segment]]
-# (list width, whether a shown node has GPUs of several models) -> cells; 0: not shown
-Cells = Callable[[int, bool], int]
-
-
-def from_width(*steps: tuple[int, int]) -> Cells:
-    """A column's cells by the list's width: ``steps`` are (list width, cells), widest first;
-    a list narrower than the last step does not show it."""
-
-    def cells(width: int, _mixed: bool) -> int:
-        for at, n in steps:
-            if width >= at:
-                return n
-        return 0
-
-    return cells
-
-
-class Column(NamedTuple):
-    """One column of the GPU list: its title, from which width and how wide it shows, how it
-    draws a GPU's value, and the sort its title marks. ``COLUMNS`` holds them in their order
-    (``COMPACT_COLUMNS`` the compact list's, a node a line); the rows (``NodeList._gpu``,
-    ``_compact``) and the titles (``column_titles``) are both drawn from it, so a column is
-    added or moved in one place, and a title cannot drift from its figures.
-
-    Narrow, the model goes first (the same on every row of a node and in its header; a node of
-    several models keeps a short tag), then the bars, sparkline and SM clock, so that badges,
-    the Slurm job, a burn and the owners stay on an 80-column terminal; wide, bars grow (at 200
-    columns 8-cell bars left ~45% of the screen empty) and the registry's other list columns
-    come in (fan and P-state from 160 columns, the video engines and PCIe from 190)."""
-
-    key: str  # a metric registry key (``metrics.BY_KEY``) for a reading, else the column's word
-    title: str
-    cells: Cells
-    draw: Draw
-    # the title over the cells: ">" right-aligned, "<" left; "bar": left over a bar, right over
-    # the bare figure (``figure`` cells) when the list is too narrow for the bar
-    align: str = ">"
-    figure: int = 0
-    gap: int = 2  # spaces after the cells
-    sort: str | None = None  # the sort's column word (``gpusort.SORTS``) that marks the title
-    reading: bool = True  # shows a reading: a lost GPU's row says LOST from the first such
-    # the last column (not None): it takes the rest of the line; its title words after the mark
-    rest: str | None = None
-
-
-class Cell(NamedTuple):
-    column: Column
-    width: int
-    gap: str
-
-
-def _draw_index(r: Row, w: int, gap: str) -> list[Segment]:
-    return [Segment(f"{r.g.index:>{w}}{gap}", r.dim)]
-
-
-def _draw_model(r: Row, w: int, gap: str) -> list[Segment]:
-    """A GPU's model tag, while a shown node has several models (the header of a node of one
-    model names it: the rows do not repeat it)."""
-    model = node_str(r.nodes.model_tags(r.s)[1].get(r.g.index, "?"), limit=w)
-    return [Segment(f"{model:<{w}}{gap}")]
-
-
-def _draw_util(r: Row, w: int, gap: str) -> list[Segment]:
-    g = r.g
-    ul = r.style("nodelist--util")  # busy is healthy: never the alarm colour
-    filled, rest = bar(None if g.util_gpu is None else g.util_gpu / 100, w - 5)
-    pct = "-" if g.util_gpu is None else f"{g.util_gpu}%"
-    return [Segment(filled, ul), Segment(rest, r.empty), Segment(f"{pct:>5}{gap}", ul)]
-
-
-def _draw_mem(r: Row, w: int, gap: str) -> list[Segment]:
-    g = r.g
-    mf = mem_fraction(g)
-    ml = r.level(r.nodes.levels.mem(mf))  # red only past [tui] mem_critical
-    filled, rest = bar(mf, w - 9)
-    pair = fmt_gib_pair(g.mem_used, g.mem_total)
-    return [Segment(filled, ml), Segment(rest, r.empty), Segment(f"{pair:>9}{gap}", ml)]
-
-
-def _draw_temp(r: Row, w: int, gap: str) -> list[Segment]:
-    t = r.g.temp
-    return [Segment(f"{'-' if t is None else f'{t}°C':>{w}}{gap}", r.level(r.nodes.levels.temp(t)))]
-
-
-def _draw_power(r: Row, w: int, gap: str) -> list[Segment]:
-    g = r.g
-    pw = "-" if g.power is None else f"{g.power:.0f}"
-    pl = "-" if g.power_limit is None else f"{g.power_limit:.0f}"
-    style = r.level(min(1, level(power_fraction(g), 0.8, 0.97)))
-    text = pw + "/" + pl + "W" if w >= POWER_W else pw + "W"  # narrow: the draw only
-    return [Segment(f"{text:>{w}}{gap}", style)]
-
-
-def _draw_clock(r: Row, w: int, gap: str) -> list[Segment]:
-    clock = "-" if r.g.sm_clock is None else f"{r.g.sm_clock}MHz"
-    return [Segment(f"{clock:>{w}}{gap}", r.plain)]
-
-
-def _draw_figure(m: Metric) -> Draw:
-    """A registry reading as the registry prints it (fan, P-state, video engines, PCIe; PCIe's
-    figure bare, "12.3": its title says GB/s)."""
-    suffix = m.shown != "GB/s"
-
-    def draw(r: Row, w: int, gap: str) -> list[Segment]:
-        text = metrics.fmt(m, getattr(r.g, m.key), suffix=suffix)
-        return [Segment(f"{text:>{w}}{gap}", r.plain)]
-
-    return draw
-
-
-def _draw_recent(r: Row, w: int, gap: str) -> list[Segment]:
-    spark = sparkline(r.nodes.store.util_history(r.s.name, r.g.index, w), w)
-    return [Segment(spark + gap, r.style("nodelist--spark"))]
-
-
-def _draw_rest(r: Row, w: int, _gap: str) -> list[Segment]:
-    """Trouble, the Slurm job and user, a burn, then (last: a narrow row cuts it first) who
-    runs processes on the GPU; ``p`` shows them all. In a row too narrow (``w`` cells left)
-    for them all, the burn gives up its TF/s first: its errors and time left, and the owner
-    after them, stay."""
-    nodes, s, g = r.nodes, r.s, r.g
-    st = nodes._style
-    segs: list[Segment] = []
-    badges = gpu_badges(g, (s.name, g.index) in nodes.store.xids)
-    if (idle := nodes.store.fleet.idle.idle_for(s.name, g.index)) is not None:
-        badges.append(f"IDLE {fmt_age(idle)}")
-    for badge in badges:  # red for faults only: a power cap at full load is normal
-        cls = BADGE_CLASSES.get(badge.partition(" ")[0], "nodelist--dim")
-        segs.append(Segment(node_str(badge, limit=TEXT_LIMIT), st(cls)))
-        segs.append(Segment(" "))
-    if badges:
-        segs.append(Segment(" "))
-    ann = s.annotations.get(g.index) or {}
-    job, user = ann.get("slurm_job"), ann.get("slurm_user")
-    if job or user:
-        who = " ".join(str(x) for x in (job and f"job {job}", user) if x)
-        segs.append(Segment(node_str(who, limit=TEXT_LIMIT) + "  ", st("nodelist--job")))
-    owners = gpu_owners(g)
-    owner = node_str(owners, limit=40) if owners and owners != user else ""
-    burn = nodes.store.burn(s, g.index)
-    if burn is not None:
-        now = nodes.store.clock()
-        text = node_str(burn_text(burn, now), limit=TEXT_LIMIT)
-        used = sum(seg.cell_length for seg in segs) + len(owner)
-        if used + len(text) + 2 > w:
-            text = node_str(burn_text(burn, now, rate=False), limit=TEXT_LIMIT)
-        cls = BURN_CLASSES.get(burn.get("state") or "", "nodelist--burn")
-        segs.append(Segment(text + "  ", st(cls)))
-    if owner:
-        segs.append(Segment(owner, st("nodelist--job")))
-    return segs
-
-
-POWER_W = 9  # cells of the power column ("699/700W") from 90 columns; narrower "699W"
-BAR_CELLS = from_width((160, 2 * BAR_WIDTH), (90, BAR_WIDTH))  # a bar's cells (none below 90)
-
-
-def _model_cells(_width: int, mixed: bool) -> int:
-    """A model tag while a shown node mixes models; else none (the header names the model)."""
-    return TAG_W if mixed else 0
-
-
-def _bar_cells(figure: int) -> Cells:
-    """A bar column's cells: the bar, then its ``figure``."""
-    return lambda width, mixed: BAR_CELLS(width, mixed) + figure
-
-
-def list_title(m: Metric) -> str:
-    """A registry column's title: PCIe's with its unit ("TX GB/s": its figures are bare)."""
-    return f"{m.title[-2:]} GB/s" if m.shown == "GB/s" else m.title
-
-
-FIGURE_CELLS = {"%": 4, "": 3, "GB/s": 5}  # by shown unit: "100%", "P12", "123.4" (GB/s)
-
-
-def reading_column(
-    key: str,
-    cells: int | Cells = 190,
-    draw: Draw | None = None,
-    title: str | None = None,
-    **kw: Any,
-) -> Column:
-    """A column of the metric registry's reading ``key``: its title, its sort (flag "sort"),
-    drawn as the registry prints it unless ``draw``. ``cells``: a list width (from there it
-    shows, its figure as wide as its title or shown unit needs) or a ``Cells``."""
-    m = metrics.BY_KEY[key]
-    title = list_title(m) if title is None else title
-    if isinstance(cells, int):
-        cells = from_width((cells, max(len(title), FIGURE_CELLS.get(m.shown, 6))))
-    sort = screen_word(m) if "sort" in m.flags else None
-    return Column(key, title, cells, draw or _draw_figure(m), sort=sort, **kw)
-
-
-# The registry's list columns (flag "list", in its order), placed and drawn here where they
-# differ from a figure at 190 columns; a new "list" metric needs no line here.
-_PLACED: dict[str, Column] = {
-    c.key: c
-    for c in (
-        reading_column("util_gpu", _bar_cells(5), _draw_util, align="bar", figure=5),
-        reading_column("mem_used", _bar_cells(9), _draw_mem, align="bar", figure=9),
-        reading_column("temp", from_width((0, 5)), _draw_temp),
-        reading_column("power", from_width((90, POWER_W), (0, 5)), _draw_power),
-        reading_column("sm_clock", from_width((110, 7)), _draw_clock, "SM CLK"),  # "1980MHz"
-        reading_column("fan", 160),
-        reading_column("pstate", 160),
-    )
-}
-
-# The GPU list's columns, left to right.
-COLUMNS: tuple[Column, ...] = (
-    Column("index", "#", from_width((0, 4)), _draw_index, gap=1, reading=False),
-    Column("model", "MODEL", _model_cells, _draw_model, "<", gap=1, reading=False),
-    *(_PLACED.get(m.key) or reading_column(m.key) for m in flagged("list")),
-    Column("recent", "RECENT", from_width((140, SPARK_WIDTH), (110, 8)), _draw_recent, "<"),
-    Column(
-        "flags",
-        "FLAGS",
-        from_width(),
-        _draw_rest,
-        sort="flags",
-        rest=" · JOB · USER · BURN · OWNERS",
-    ),
-)
-
-
-# The columns that give way, first to last, while the flags, job, burn and owners (the last
-# column) have fewer than ``REST_W`` cells: a burning GPU that throttles needs about 50
-# ("THERM PWRCAP  BURN 705 TF/s 0 err 58m left  alice"). Its words were cut at every width.
-GIVES_WAY = ("fan", "pstate", "enc", "dec", "pcie_tx", "pcie_rx", "sm_clock", "recent")
-REST_W = 52
-
-
-@functools.lru_cache(maxsize=64)
-def columns_at(width: int, mixed: bool = False) -> tuple[Cell, ...]:
-    """The columns a list ``width`` cells wide shows, with their cells (``mixed``: a shown node
-    has GPUs of several models); the last one's cells are the rest of the line."""
-    shown = {c.key: c.cells(width, mixed) for c in COLUMNS}
-    rest = next(c.key for c in COLUMNS if c.rest is not None)
-
-    def room() -> int:
-        return width - sum(n + c.gap for c in COLUMNS if (n := shown[c.key]) and c.key != rest)
-
-    for key in GIVES_WAY:
-        if room() >= REST_W:
-            break
-        shown[key] = 0
-    return tuple(
-        Cell(c, max(0, room()) if c.key == rest else shown[c.key], " " * c.gap)
-        for c in COLUMNS
-        if shown[c.key] or c.key == rest
-    )
-
-
-class NodeLine:
-    """What a compact column needs to draw a node's cells (``NodeList._compact``)."""
-
-    __slots__ = ("dim", "nodes", "plain", "s", "stale")
-
-    def __init__(self, nodes: NodeList, s: NodeSnapshot) -> None:
-        self.nodes = nodes
-        self.s = s
-        self.dim = nodes._style("nodelist--dim")
-        self.stale = s.state is not NodeState.LIVE
-        self.plain = self.dim if self.stale else PLAIN
-
-    def style(self, name: str) -> Style:
-        return self.dim if self.stale else self.nodes._style(name)
-
-    def totals(self) -> NodeTotals:
-        return self.nodes.store.node_totals(self.s.name)
-
-
-def _draw_node(r: NodeLine, w: int, gap: str) -> list[Segment]:
-    name = node_str(r.s.name, limit=TEXT_LIMIT)
-    return [Segment(f" {name[: w - 1]:<{w - 1}}{gap}", r.nodes._style("nodelist--name"))]
-
-
-def _draw_state(r: NodeLine, w: int, gap: str) -> list[Segment]:
-    word = {"live": "● live", "stale": "◐ stale", "unreachable": "✖ down"}.get(
-        r.s.state.value, "○ …"
-    )
-    return [Segment(f"{word:<{w}}{gap}", r.nodes._style(STATE_CLASSES[r.s.state]))]
-
-
-def _draw_gpus(r: NodeLine, w: int, gap: str) -> list[Segment]:
-    return [Segment(f"{r.totals().gpus:>{w}}{gap}", r.dim)]
-
-
-def _draw_mean_util(r: NodeLine, w: int, gap: str) -> list[Segment]:
-    t = r.totals()
-    util = f"{t.util_sum / t.util_n:.0f}%" if t.util_n else "-"
-    return [Segment(f"{util:>{w}}{gap}", r.style("nodelist--util"))]
-
-
-def _draw_per_gpu(r: NodeLine, w: int, gap: str) -> list[Segment]:
-    return [Segment(f"{gpu_bars(r.s.gpus[:w]):<{w}}{gap}", r.style("nodelist--spark"))]
-
-
-def _draw_node_mem(r: NodeLine, w: int, gap: str) -> list[Segment]:
-    gpus = r.s.gpus
-    used = sum(g.mem_used for g in gpus if g.mem_used is not None and not g.lost)
-    total = sum(g.mem_total for g in gpus if g.mem_total is not None and not g.lost)
-    return [Segment(f"{fmt_gib_pair(used, total):>{w}}{gap}", r.plain)]
-
-
-def _draw_hottest(r: NodeLine, w: int, gap: str) -> list[Segment]:
-    temps = [g.temp for g in r.s.gpus if g.temp is not None and not g.lost]
-    hot = max(temps) if temps else None
-    text = "-" if hot is None else f"{hot}°C"
-    return [Segment(f"{text:>{w}}{gap}", r.style(LEVEL_CLASSES[r.nodes.levels.temp(hot)]))]
-
-
-def _draw_node_power(r: NodeLine, w: int, gap: str) -> list[Segment]:
-    return [Segment(f"{fmt_power(r.totals().power):>{w}}{gap}", r.plain)]
-
-
-def _draw_node_trouble(r: NodeLine, _w: int, _gap: str) -> list[Segment]:
-    nodes, s = r.nodes, r.s
-    trouble = node_trouble(s, nodes.store.xid_gpus(s.name))
-    burning = sum(1 for g in s.gpus if nodes.store.is_burning(s, g.index))
-    if burning:
-        trouble.append(f"BURN×{burning}")
-    segs = []
-    for item in trouble:
-        badge = item.partition("×")[0]
-        cls = "nodelist--burn" if badge == "BURN" else BADGE_CLASSES.get(badge, "nodelist--dim")
-        segs += [Segment(item, nodes._style(cls)), Segment(" ")]
-    return segs
-
-
-def _fixed(cells: int) -> Cells:
-    return from_width((0, cells))
-
-
-# The compact list's columns (``v``: a node a line), left to right; "per_gpu" is as wide as
-# ``NodeList.per_gpu_w`` (the most GPUs a node has, up to ``PER_GPU_W``).
-COMPACT_COLUMNS: tuple[Column, ...] = (
-    Column("node", " NODE", _fixed(NAME_W + 1), _draw_node, "<", gap=1, reading=False),
-    Column("state", "STATE", _fixed(8), _draw_state, "<", gap=0, reading=False),
-    Column("gpus", "GPUS", _fixed(4), _draw_gpus, gap=1),
-    Column("util", "UTIL", _fixed(5), _draw_mean_util, gap=1, sort="util"),
-    Column("per_gpu", "PER GPU", _fixed(PER_GPU_W), _draw_per_gpu, "<", gap=1),
-    Column("mem", "MEMORY", _fixed(9), _draw_node_mem, gap=1, sort="mem"),
-    Column("temp", "MAX°C", _fixed(6), _draw_hottest, gap=1, sort="temp"),
-    Column("power", "POWER", _fixed(7), _draw_node_power, gap=1, sort="power"),
-    Column("flags", "TROUBLE", from_width(), _draw_node_trouble, sort="flags", rest=""),
-)
-
-
-@functools.lru_cache(maxsize=64)
-def compact_columns_at(per_gpu: int) -> tuple[Cell, ...]:
-    """``COMPACT_COLUMNS`` with their cells, the per-GPU bars ``per_gpu`` wide."""
-    return tuple(
-        Cell(c, per_gpu if c.key == "per_gpu" else c.cells(0, False), " " * c.gap)
-        for c in COMPACT_COLUMNS
-    )
-
-
-def _titles(cells: tuple[Cell, ...], mark: dict[str, str], width: int | None = None) -> str:
-    """Each column's title over its cells (``Column``'s ``align``); a title wider than its
-    cells (a sort's mark) takes its gap's first cells, never the next column's. The last
-    title's words close up (" · " to "·") where the list's ``width`` is too narrow for them
-    spaced: "OWNERS" was cut at 80 columns with a node of two models (the tag column's 6
-    cells) and at 120 columns (the model column and sparkline), by 5 and 8 cells."""
-    out: list[str] = []
-    for cell in cells:
-        c, w = cell.column, cell.width
-        title = c.title + mark.get(c.sort, "") if c.sort else c.title
-        if c.rest is not None:
-            rest = c.rest
-            if width is not None and sum(map(len, out)) + len(title) + len(rest) > width:
-                rest = rest.replace(" · ", "·")
-            out.append(title + rest)
-            break
-        left = c.align == "<" or (c.align == "bar" and w > c.figure)
-        text = f"{title:<{w}}" if left else f"{title:>{w}}"
-        out.append(text + " " * max(min(1, c.gap), w + c.gap - len(text)))
-    return "".join(out)
-
-
-@functools.lru_cache(maxsize=64)
-def _plan(width: int, mixed: bool) -> tuple[tuple[Draw, int, str, bool], ...]:
-    """``columns_at`` as plain tuples for the row painter: (draw, cells, gap, reading). A row
-    is painted per flush for each GPU on screen, and a NamedTuple's fields are read through
-    descriptors: read per column they made a row at 80 columns 4-9% dearer than the list's
-    hand-drawn row before the column model, 1-3% unpacked (``benchmarks/list_rows.py``)."""
-    return tuple(
-        (c.column.draw, c.width, c.gap, c.column.reading) for c in columns_at(width, mixed)
-    )
-
-
 def column_titles(
     width: int, sort: str | None, compact: bool, per_gpu: int = PER_GPU_W, mixed: bool = False
 ) -> str:
@@ -1226,8 +713,8 @@ def column_titles(
         _, _, column, descending = SORT_BY_KEY[sort]
         mark[column] = "↓" if descending else "↑"
     if compact:
-        return _titles(compact_columns_at(per_gpu), mark)
-    return _titles(columns_at(width, mixed), mark, width)
+        return titles(compact_columns_at(per_gpu), mark)
+    return titles(columns_at(width, mixed), mark, width)
 
 
 class GpuColumns(Widget):
@@ -1241,5 +728,5 @@ class GpuColumns(Widget):
         compact = nodes.first().compact if nodes else False
         per_gpu = nodes.first().per_gpu_w if nodes else PER_GPU_W
         mixed = nodes.first().mixed if nodes else False
-        titles = column_titles(self.size.width, sort, compact, per_gpu, mixed)
-        return Text(titles, end="", no_wrap=True)
+        line = column_titles(self.size.width, sort, compact, per_gpu, mixed)
+        return Text(line, end="", no_wrap=True)
