@@ -112,6 +112,13 @@ def test_audit_with_no_actions_yet(env: dict[str, str]) -> None:
     assert r.returncode == 0 and json.loads(r.stdout)["entries"] == [], r.stderr
 
 
+def test_events_with_no_trouble_yet(env: dict[str, str]) -> None:
+    r = gpuctl(env, "events")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = gpuctl(env, "events", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["events"] == [], r.stderr
+
+
 def test_stress_status_on_the_demo(env: dict[str, str]) -> None:
     r = gpuctl(env, "stress", "status", "--demo")
     assert r.returncode == 0, r.stderr

@@ -118,7 +118,9 @@ def test_sample_reads_every_field(reader: Any) -> None:
     assert "pytest" in proc["command"] or "python" in proc["command"]
     # A pid /proc does not show (another namespace, already gone): user and command unknown.
     # Its SM %: GPU 1's utilization (its only process).
-    unknown = dict.fromkeys(("user", "command", "uid", "ppid", "cpu", "rss", "started"))
+    unknown = dict.fromkeys(
+        ("user", "command", "uid", "ppid", "cpu", "rss", "started", "slurm_job")
+    )
     assert g1["processes"] == [{"pid": 4194000, "mem": 64 * MIB, "sm": 51, **unknown}]
 
 

@@ -124,7 +124,7 @@ def test_sample_parses_values_and_bracketed_forms(
     assert (me_entry["pid"], me_entry["mem"]) == (me, 70000 * MIB)
     assert me_entry["user"] == pwd.getpwuid(os.getuid()).pw_name
     assert "python" in me_entry["command"] or "pytest" in me_entry["command"]
-    unknown = ("user", "command", "mem", "uid", "sm", "ppid", "cpu", "rss", "started")
+    unknown = ("user", "command", "mem", "uid", "sm", "ppid", "cpu", "rss", "started", "slurm_job")
     assert other == {"pid": 4194001, **dict.fromkeys(unknown)}
     # [Unknown Error], [Not Supported], [N/A]: null, and the rest of the GPU still reads
     assert (rtx["mem_used"], rtx["power"], rtx["ecc"], rtx["remapped_rows"]) == (None,) * 4
