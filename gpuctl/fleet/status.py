@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import time
 from typing import Any
 
@@ -179,5 +180,18 @@ def node_schema() -> tuple[dict[str, Any], dict[str, Any]]:
     )
     for folded in ("NodeSnapshot", "NodeInfo", "GpuStatic", "GpuSample", "GpuNotes"):
         del defs[folded]
-    # as JSON reads back (a default of () is JSON's [])
-    return {"$ref": "#/$defs/Node"}, msgspec.json.decode(msgspec.json.encode(defs))
+    # as JSON reads back (a default of () is JSON's []), each description as ``inspect.cleandoc``
+    # leaves a docstring: msgspec versions differ in whether they strip its indentation
+    return {"$ref": "#/$defs/Node"}, _clean_docs(msgspec.json.decode(msgspec.json.encode(defs)))
+
+
+def _clean_docs(value: Any) -> Any:
+    """``value`` with every ``description`` string dedented (``inspect.cleandoc``)."""
+    if isinstance(value, dict):
+        return {
+            k: inspect.cleandoc(v) if k == "description" and isinstance(v, str) else _clean_docs(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_clean_docs(v) for v in value]
+    return value
