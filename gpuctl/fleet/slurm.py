@@ -67,6 +67,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SLOW_QUERY = 2.0  # seconds: an squeue slower than this means a loaded controller
+STDERR_END_S = 2.0  # a step's srun exited: how long its stderr is read on for its last words
 MAX_INTERVAL = 300.0  # the watcher's longest wait between polls while Slurm fails or is slow
 DETAILS_PER_POLL = 50  # new GPU jobs asked about (scontrol) per poll; the rest wait a poll
 
@@ -626,6 +627,10 @@ class _Step:
                 if whole is not None:
                     task.lines.put_nowait(whole + b"\n")
         await self.proc.wait()
+        # srun's own last words are on stderr, read by the other reader: read to its end
+        # first (a loaded machine ran this reader first, and the reason lost srun's words)
+        with contextlib.suppress(Exception):
+            await wait_for(asyncio.shield(self._readers[1]), STDERR_END_S)
         why = self.errors[-1] if self.errors else f"srun exited {self.proc.returncode}"
         started = set(self._by_id.values())
         for task in self.tasks.values():
