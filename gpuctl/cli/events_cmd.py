@@ -63,15 +63,6 @@ def words(row: Trouble) -> str:
     return printable(trouble_event(row.kind, row.subject, row.detail)[0], limit=300)
 
 
-def state_text(row: Trouble) -> str:
-    """``acked``, ``active`` (still going), ``ended`` or ``open``."""
-    if row.acked is not None:
-        return "acked"
-    if row.active:
-        return "active"
-    return "ended" if row.ended is not None else "open"
-
-
 def run(args: argparse.Namespace) -> int:
     from gpuctl.cli.common import emit_json, session
 
@@ -85,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         events: list[dict[str, Any]] = []
         for r in rows:
-            events.append({**r.to_json(), "state": state_text(r), "words": words(r)})
+            events.append({**r.to_json(), "state": r.state, "words": words(r)})
         emit_json({"log": str(tlog.path), "skipped_lines": tlog.skipped, "events": events})
         return 0
     if tlog.skipped:  # as gpuctl audit says it: a broken log is not silently a short one
@@ -105,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                 str(r.count),
                 printable(r.node, limit=40),
                 "-" if r.gpu is None else str(r.gpu),
-                state_text(r),
+                r.state,
                 words(r) + (f"  [ack: {printable(r.ack_note, limit=80)}]" if r.ack_note else ""),
             )
         )

@@ -10,7 +10,7 @@ idle (``gpuctl.fleet.idle``).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuctl.core.model import GpuSample, NodeSnapshot
 from gpuctl.fleet.idle import IdleTracker
@@ -42,20 +42,7 @@ def select(
     for s in snaps:
         gpus = tuple(g for g in s.gpus if wanted(s.annotations.get(g.index), user=user, job=job))
         if gpus:
-            out.append(
-                NodeSnapshot(
-                    name=s.name,
-                    state=s.state,
-                    link=s.link,
-                    info=s.info,
-                    gpus=gpus,
-                    last_sample_t=s.last_sample_t,
-                    reason=s.reason,
-                    annotations=s.annotations,
-                    parents=s.parents,
-                    host=s.host,
-                )
-            )
+            out.append(replace(s, gpus=gpus))
     return out
 
 

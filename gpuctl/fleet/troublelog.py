@@ -104,6 +104,15 @@ class Trouble:
     def key(self) -> tuple[str, int | None, str, str]:
         return (self.node, self.gpu, self.kind, self.subject)
 
+    @property
+    def state(self) -> str:
+        """``acked``, ``active`` (still going), ``ended`` or ``open`` (over, its end unknown)."""
+        if self.acked is not None:
+            return "acked"
+        if self.active:
+            return "active"
+        return "ended" if self.ended is not None else "open"
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -88,14 +88,6 @@ def parse_event_filter(text: str) -> tuple[EventFilter, str | None]:
     return EventFilter(words=tuple(words), **fields), None
 
 
-def state_of(row: Trouble) -> str:
-    if row.acked is not None:
-        return "acked"
-    if row.active:
-        return "active"
-    return "ended" if row.ended is not None else "open"
-
-
 def evidence_text(e: dict[str, Any]) -> str:
     """A GPU's readings kept with an event, for people: "87 C 612 W ... THERM"."""
     parts = []
@@ -225,7 +217,7 @@ class EventsScreen(Screen[None]):
 
     def _cells(self, r: Trouble, now: float) -> list[Text]:
         words, how = trouble_event(r.kind, r.subject, r.detail)
-        state = state_of(r)
+        state = r.state
         dim = "dim" if state in ("acked", "ended") else ""
         return [
             Text(f"{fmt_age(max(0.0, now - r.last))} ago", style=dim),
