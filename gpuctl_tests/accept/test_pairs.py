@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,13 +147,16 @@ class FakeRun:
     """What ``start_slurm_run`` returns, for the pair runner's bookkeeping: a run that ends
     when the test says, and says whether it was cancelled."""
 
-    def __init__(self, a: str, b: str) -> None:
+    def __init__(self, a: str, b: str, on_end: Callable[[], None] = lambda: None) -> None:
         self.nodes = (a, b)
+        self.on_end = on_end
         self.done = asyncio.Event()
         self.cancelled = False
 
     async def wait(self) -> dict[str, Any]:
         await self.done.wait()
+        await asyncio.sleep(0)  # the job's own end comes on a later turn of the loop
+        self.on_end()
         section = {"verdict": "PASS", "busbw_gbps": 1.0}
         return {
             "nodes": {n: {"report": {"sections": {"ddp_allreduce": section}}} for n in self.nodes}
@@ -167,22 +171,19 @@ async def test_slurm_pairs_keep_a_bounded_number_in_flight() -> None:
     from gpuctl.accept.run import AcceptOptions
 
     runs: list[FakeRun] = []
+    in_flight: list[int] = [0]  # submitted and not ended, as it went
 
     async def start(opts: Any, a: str, b: str) -> FakeRun:
         assert "--sweep-max" in opts.extra_args  # the pair's own options
-        runs.append(FakeRun(a, b))
+        runs.append(FakeRun(a, b, on_end=lambda: in_flight.append(in_flight[-1] - 1)))
+        runs[-1].done.set()  # its result is there; the wait still yields to the loop
+        in_flight.append(in_flight[-1] + 1)
         return runs[-1]
 
-    run_pair = slurm_pairs(AcceptOptions(device="cpu"), start, in_flight=3)
-    task = asyncio.ensure_future(find_bad(nodes(12), run_pair))
-    await wait_until_async(lambda: len(runs) == 3, 10, "three pairs submitted")
-    await asyncio.sleep(0)  # a turn of the loop: a fourth submission would start here
-    assert len(runs) == 3  # six pairs in round one, three in flight
-    while not task.done():
-        for r in runs:
-            r.done.set()
-        await asyncio.sleep(0)
-    assert task.result()["verdict"] == "PASS" and len(runs) == 6
+    got = await find_bad(nodes(12), slurm_pairs(AcceptOptions(device="cpu"), start, in_flight=3))
+    assert got["verdict"] == "PASS" and len(runs) == 6  # six pairs in round one
+    # every submission started before any wait ended would reach 6; the bound holds it at 3
+    assert max(in_flight) == 3, in_flight
 
 
 async def test_a_refused_submission_cancels_the_pairs_in_flight() -> None:
