@@ -54,6 +54,7 @@ SILENT_AFTER_S = 40.0
 """Seconds without a word from a node's suite after which the run says so ("silent" progress,
 again every ``SILENT_AFTER_S / 4`` while the silence lasts)."""
 RESULT_GRACE_S = 60.0
+EARLY_EVENTS_MAX = 500  # a node's events held until its accept_start answer is read
 """Seconds past the suite's ``timeout`` that the login side waits for a node's result (its agent
 stops the suite at ``timeout``); then the node ends with where it had got to."""
 
@@ -411,12 +412,27 @@ def start_fleet_run(
     def where(node: str) -> str:
         return f"{stage[node]}, last output {time.monotonic() - heard[node]:.0f} s ago"
 
+    # A node's events that came before its accept_start answer was read by ``one_outcome``:
+    # the answer and the suite's first lines often arrive in one read (a suite that fails at
+    # once: all of them), and the lines are dispatched before the awaiting task resumes.
+    early: dict[str, list[AcceptEvent]] = {}
+
     def on_event(node: str, ev: NodeEvent) -> None:
         if not active or ev.kind != "accept" or node not in finished:
             return
         # through the agent's own definition: a field of another type is left out, not trusted
         detail = wire.parse(AcceptEvent, ev.detail)
-        if detail is None or runs.get(node) is None or detail.get("run") != runs[node]:
+        if detail is None:
+            return
+        if runs.get(node) is None:
+            held = early.setdefault(node, [])
+            if len(held) < EARLY_EVENTS_MAX:
+                held.append(detail)
+            return
+        on_detail(node, detail)
+
+    def on_detail(node: str, detail: AcceptEvent) -> None:
+        if detail.get("run") != runs[node]:
             return
         heard[node] = time.monotonic()
         if detail.get("event") == "section" and detail.get("state") == "start":
@@ -492,6 +508,8 @@ def start_fleet_run(
         agents[node] = snap.info
         heard[node] = time.monotonic()
         stage[node] = f"started pid {started.get('pid', '?')}, before the suite's first line"
+        for detail in early.pop(node, []):  # in the order they came; another run's are dropped
+            on_detail(node, detail)
         limit = options.timeout + result_grace
         try:
             detail = await wait_for(finished[node], limit)

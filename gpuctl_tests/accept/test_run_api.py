@@ -109,6 +109,43 @@ async def test_runs_leave_no_listener_on_the_fleet() -> None:
     assert counts == [before] * 4, (before, counts)
 
 
+def _fast_failing_answer(req: dict[str, Any]) -> list[dict[str, Any]]:
+    """A node whose suite fails at once: its start, its line and its end follow the reply."""
+    if req.get("type") != "accept_start":
+        return [{"type": "ok", "request": req.get("type"), "id": req.get("id")}]
+    report = {"schema_version": SCHEMA_VERSION, "verdict": "FAIL", "sections": {}}
+
+    def event(detail: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "event", "t": 0, "kind": "accept", "gpu": None, "detail": detail}
+
+    return [
+        {"type": "ok", "request": "accept_start", "id": req["id"], "run": "r", "pid": 1},
+        event({"event": "line", "run": "old", "text": "another run's line"}),
+        event({"event": "start", "run": "r"}),
+        event({"event": "line", "run": "r", "section": "env", "text": "[ENV] FAIL no torch"}),
+        event({"event": "exit", "run": "r", "rc": 1, "report": report, "reason": None}),
+    ]
+
+
+async def test_the_suite_s_words_in_the_same_read_as_the_answer_are_kept() -> None:
+    """A suite that fails at once: the agent's answer and the suite's lines come in one read,
+    dispatched before the task that asked reads the answer. They were dropped (the run id was
+    not known yet): the pane showed a FAIL with no line saying why (a CI run under load)."""
+    hello = recorded_node("n1", "1:H100", samples=1, t0=time.time())
+    fleet = Fleet({"n1": ScriptedAgentLink(hello, _fast_failing_answer, together=True)})
+    await fleet.start()
+    try:
+        run = start_fleet_run(fleet, ["n1"], AcceptOptions(quick=True, device="cpu"))
+        seen: list[Progress] = []
+        run.subscribe(seen.append)
+        report = await wait_for(run.wait(), 30)
+    finally:
+        await fleet.stop()
+    assert report["verdict"] == "FAIL"
+    assert run.lines["n1"] == ["[ENV] FAIL no torch"]
+    assert [p.kind for p in seen] == ["started", "line", "done", "finished"]
+
+
 def _silent_answer(req: dict[str, Any]) -> list[dict[str, Any]]:
     """A node whose suite starts (pid 4242) and then never says a word, nor ends."""
     kind = req.get("type")

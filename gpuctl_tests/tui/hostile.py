@@ -265,9 +265,12 @@ class ScriptedAgentLink(NodeLink):
         self,
         messages: list[dict[str, Any] | bytes],
         answer: Callable[[dict[str, Any]], list[dict[str, Any]]] = hostile_answer,
+        *,
+        together: bool = False,
     ) -> None:
         self.messages = messages
         self.answer = answer
+        self.together = together  # the reply and what follows it in one read, as a fast child
         self.requests: list[dict[str, Any]] = []
 
     async def open(self) -> AgentSession:
@@ -282,8 +285,11 @@ class ScriptedAgentLink(NodeLink):
                     req = json.loads(line)
                     link.requests.append(req)
                     reply, *later = link.answer(req)
-                    reader.feed_data(protocol.encode(reply))
-                    if later:  # what a real agent's child says comes after the reply
+                    if link.together:
+                        reader.feed_data(b"".join(protocol.encode(m) for m in (reply, *later)))
+                    else:
+                        reader.feed_data(protocol.encode(reply))
+                    if later and not link.together:  # a real agent's child speaks after it
                         data = b"".join(protocol.encode(m) for m in later)
                         asyncio.get_running_loop().call_later(AFTER_REPLY_S, reader.feed_data, data)
 
