@@ -222,11 +222,18 @@ async def set_stress(
                 msg["workload_python"] = python
     else:
         msg = {"type": "stress_stop", "gpus": target}
+    # Each GPU's burn before asking: the burn's first events can come in the same read as
+    # the answer and be handled before this reads it (a burner that cannot start: "starting",
+    # "failed"); a burn that changed meanwhile is this one's news, not to be put back.
+    before = fleet.snapshot(node).annotations if on else {}
+    asked = {gpu: ann.get("burn") for gpu, ann in before.items()}
     reply = wire.parse(StressReply, await _ask(fleet, node, msg, REQUEST_TIMEOUT)) or {}
     snap = fleet.snapshot(node)
     if on:
         for gpu in reply.get("started", []):
             current = burn_of(snap, gpu)
+            if current is not None and current is not asked.get(gpu):
+                continue  # its own events came first: they say where it is
             if current is None or current.get("state") not in ACTIVE_STATES:
                 fleet.annotate(
                     node,

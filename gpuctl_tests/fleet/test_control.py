@@ -12,10 +12,12 @@ import pytest
 
 from gpuctl.core.model import NodeState
 from gpuctl.fleet import control
+from gpuctl.fleet.fixed_links import recorded_node
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
 from gpuctl.fleet.links import LocalLink
 from gpuctl.fleet.session import LinkError
 from gpuctl_tests.helpers import fleet_changes, wait_until_async
+from gpuctl_tests.tui.hostile import ScriptedAgentLink
 
 
 async def wait_for(fleet: Fleet, pred: Callable[[], Any], timeout: float = 15.0) -> Any:
@@ -107,5 +109,39 @@ async def test_link_loss_marks_active_burns_failed_and_the_agent_stops_them() ->
                 return True
 
         await wait_until_async(gone, 2, "the burner to go with its agent")
+    finally:
+        await fleet.stop()
+
+
+def _burn_fails_at_once(req: dict[str, Any]) -> list[dict[str, Any]]:
+    """An agent whose burner cannot start: its answer, then "starting" and "failed"."""
+    if req.get("type") != "stress_start":
+        return [{"type": "ok", "request": req.get("type"), "id": req.get("id")}]
+
+    def event(state: str, reason: str | None = None) -> dict[str, Any]:
+        detail = {"state": state, "engine": "torch", "verdict": None, "reason": reason}
+        return {"type": "event", "t": 0, "kind": "burn", "gpu": 0, "detail": detail}
+
+    return [
+        {"type": "ok", "request": "stress_start", "id": req["id"], "started": [0], "busy": []},
+        event("starting"),
+        event("failed", "cannot start /nonexistent/python3: No such file or directory"),
+    ]
+
+
+async def test_a_burn_that_fails_at_once_says_so_and_is_not_left_starting() -> None:
+    """A burner whose Python cannot start: the agent answers, says "starting" and "failed"
+    at once, and the login side can read all three in one go. The "failed" was handled
+    before ``set_stress`` read the answer, which then put "starting" over it: the burn showed
+    as starting for good (the screen's BURN, the CLI waiting on it)."""
+    hello = recorded_node("n1", "1:H100", samples=1, t0=time.time())
+    fleet = Fleet({"n1": ScriptedAgentLink(hello, _burn_fails_at_once, together=True)})
+    try:
+        await live(fleet)
+        reply = await control.set_stress(fleet, "n1", [0], True)
+        assert reply["started"] == [0]
+        assert burn(fleet, "n1", 0).get("state") == "failed", burn(fleet, "n1", 0)
+        assert burn(fleet, "n1", 0)["reason"].startswith("cannot start /nonexistent/python3")
+        assert control.burning(fleet) == []
     finally:
         await fleet.stop()
