@@ -128,7 +128,7 @@ class NoteScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="note-box"):
             yield Label(node_text(self.question, one_line=False), id="note-question")
-            yield Input(placeholder="what was done (⏎ acknowledges, Esc cancels)", id="note")
+            yield Input(placeholder="what was done (Enter acknowledges, Esc cancels)", id="note")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value)
