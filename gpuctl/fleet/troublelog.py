@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KINDS = ("xid", "gpu_lost", "throttle", "ecc", "remap", "unreachable", "accept")
+# a row's states (``Trouble.state``) and ``unacked`` (any but acked): what ``gpuctl events
+# --state`` takes
+STATES = ("active", "ended", "open", "acked", "unacked")
 FOLD_WINDOW_S = 24 * 3600.0
 FLUSH_S = 10.0  # a changing row is written at most this often (a new one at once)
 MAX_BYTES = 2 * 1024 * 1024
@@ -112,6 +115,11 @@ class Trouble:
         if self.active:
             return "active"
         return "ended" if self.ended is not None else "open"
+
+    def in_state(self, name: str) -> bool:
+        """Whether the row is in state ``name`` (one of ``STATES``): its ``state``, or
+        ``unacked`` for any of active, ended and open."""
+        return self.acked is None if name == "unacked" else self.state == name
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -319,3 +319,34 @@ def test_a_gpu_lost_in_the_samples_alone_is_kept_and_ends_when_it_is_back() -> N
     assert (row.active, row.ended) == (False, 4.0)
     log._snapshot(snap(5.0, "lost"))  # lost again: the same row, twice now
     assert (len(log.rows), row.count, row.active) == (1, 2, True)
+
+
+def test_events_state_takes_every_state_the_screen_shows(tmp_path: Path) -> None:
+    """``--state`` took only acked/unacked while the STATE column says active, ended, open or
+    acked: each is a choice now (``unacked``: any but acked), a wrong one is one line."""
+    log = TroubleLog(tmp_path / "events.jsonl")
+    hot = log.note("n1", 0, "throttle", "sw_thermal", active=True)
+    cooled = log.note("n1", 1, "throttle", "sw_thermal", active=True)
+    log.end("n1", 1, "throttle", "sw_thermal")
+    xid = log.note("n1", 2, "xid", "79")
+    done = log.note("n1", 3, "xid", "48")
+    log.ack(done.id, "reset", by="op@login")
+    log.flush(force=True)
+    want = {
+        "active": {hot.id},
+        "ended": {cooled.id},
+        "open": {xid.id},
+        "acked": {done.id},
+        "unacked": {hot.id, cooled.id, xid.id},
+    }
+    for state, ids in want.items():
+        out = gpuctl(tmp_path, "events", "--json", "--state", state)
+        assert out.returncode == 0, out.stderr
+        events = json.loads(out.stdout)["events"]
+        assert {e["id"] for e in events} == ids, state
+        assert all(e["state"] == state for e in events if state != "unacked")
+    wrong = gpuctl(tmp_path, "events", "--state", "closed")
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert len(wrong.stderr.splitlines()) == 1, wrong.stderr
+    assert "invalid choice: 'closed'" in wrong.stderr, wrong.stderr
+    assert all(s in wrong.stderr for s in want), wrong.stderr
