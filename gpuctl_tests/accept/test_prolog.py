@@ -38,6 +38,9 @@ def test_prolog_fails_a_node_with_ecc_errors_in_seconds_and_keeps_no_history(
     assert history.returncode == 0 and history.stdout.startswith("no acceptance runs recorded")
     healthy = gpuctl(tmp_path, "--local", "--prolog", env=stub_env(tmp_path, "count 2\n"))
     assert healthy.returncode == 0, healthy.stdout[-2000:]
+    # [DDP]'s two sections (all-reduce, training) skipped for one reason: said once
+    ddp = [ln for ln in healthy.stdout.splitlines() if ln.startswith("[DDP] ")]
+    assert ddp == ["[DDP] SKIP (0.0 s): --prolog: no load"], ddp
 
 
 def test_prolog_ends_with_error_by_its_deadline_when_the_node_hangs(tmp_path: Path) -> None:
