@@ -385,7 +385,7 @@ async def test_a_marked_process_the_filter_hides_is_left_alone_and_counted(
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
         question = str(app.screen.question)
         assert f"pid {seen.pid}" in question and f"pid {hidden.pid}" not in question, question
-        assert "1 marked process hidden by the filter left alone" in question, question
+        assert "1 marked process hidden by the filter: left alone" in question, question
         await pilot.press("y")
         await until(pilot, lambda: seen.poll() is not None, "sleep 341 to end", timeout=15)
         await until(pilot, lambda: "1 marked" in title(app), "the hidden mark kept")

@@ -362,5 +362,5 @@ def signal_question(
         pids = ", ".join(str(r.pid) for r in others[:NAMED])
         lines.append(f"{len(others)} marked of other users left alone (pid {pids})")
     if hidden:
-        lines.append(f"{marked_count(hidden)} hidden by the filter left alone")
+        lines.append(f"{marked_count(hidden)} hidden by the filter: left alone")
     return "\n".join(lines)
