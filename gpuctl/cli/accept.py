@@ -393,8 +393,20 @@ def _gpus_per_node(config: Config) -> int | None:
 
 
 def _check_writable(name: str) -> None:
-    folder = Path(name).expanduser().absolute().parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK):
+    """``--junit FILE``: its folder made when missing, as ``--report-dir`` is (the umask's
+    mode); one that cannot be, or a FILE that is a folder, is one line now, not a traceback
+    after the run."""
+    path = Path(name).expanduser().absolute()
+    if path.is_dir():
+        raise _user_error(f"--junit {name}: a folder, not a file (name the XML file in it)")
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise _user_error(f"--junit {name}: {folder} is not a folder") from None
+    except OSError as e:
+        raise _user_error(f"--junit {name}: cannot make {folder}: {e.strerror or e}") from None
+    if not os.access(folder, os.W_OK):
         raise _user_error(f"--junit {name}: cannot write into {folder}")
 
 

@@ -16,11 +16,9 @@ if TYPE_CHECKING:
     from gpuctl.cli.base import Subcommands
     from gpuctl.fleet.troublelog import Trouble, TroubleLog
 
-STATES = ("acked", "unacked")
-
 
 def register(sub: Subcommands) -> None:
-    from gpuctl.fleet.troublelog import KINDS
+    from gpuctl.fleet.troublelog import KINDS, STATES
 
     p: argparse.ArgumentParser = sub.add_parser(
         "events",
@@ -36,7 +34,14 @@ def register(sub: Subcommands) -> None:
     add_log_options(p, "events", "only the events of NODE")
     p.add_argument("--gpu", metavar="N", type=int, help="only the events of GPU N")
     p.add_argument("--kind", choices=KINDS, help="only the events of this kind")
-    p.add_argument("--state", choices=STATES, help="only the acknowledged or the open events")
+    p.add_argument(
+        "--state",
+        choices=STATES,
+        help=(
+            "only the events in this state: active (still going), ended, open (over, its end "
+            "unknown), acked, or unacked (any but acked)"
+        ),
+    )
     p.set_defaults(func=run)
     esub = p.add_subparsers(dest="events_command", metavar="{ack}")
     a = esub.add_parser("ack", help="acknowledge an event (its next occurrence is a new one)")
@@ -69,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
     session(args)
     since = since_of(args)
     tlog = _open()
-    acked = None if args.state is None else args.state == "acked"
-    rows = tlog.newest(node=args.node, gpu=args.gpu, kind=args.kind, acked=acked, since=since)
+    rows = tlog.newest(node=args.node, gpu=args.gpu, kind=args.kind, since=since)
+    if args.state is not None:
+        rows = [r for r in rows if r.in_state(args.state)]
     rows = rows[: args.limit]
     assert tlog.path is not None
     if args.json:

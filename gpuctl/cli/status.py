@@ -20,7 +20,13 @@ from gpuctl.cli.common import (
     build_fleet,
     emit_json,
 )
-from gpuctl.core.format import STATUS_TITLES, gpu_table_rows, reader_text, short_model
+from gpuctl.core.format import (
+    STATUS_TITLES,
+    fmt_age,
+    gpu_table_rows,
+    reader_text,
+    short_model,
+)
 from gpuctl.core.model import NodeSnapshot, NodeState
 from gpuctl.core.text import printable
 from gpuctl.fleet import myjobs
@@ -88,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
                 "nodes": [node_to_json(s, idle=fleet.idle) for s in snaps],
                 "jobs": [msgspec.to_builtins(j) for j in jobs],
                 "xids_watched": False,
+                "idle_watched": False,
             }
         )
     else:
@@ -106,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
             print(readers, file=sys.stderr)
         if any(s.state is NodeState.LIVE and s.gpus for s in snaps):
             print(f"gpuctl: {NO_XIDS}", file=sys.stderr)
+        if any(notes.get("slurm_job") for s in snaps for notes in s.annotations.values()):
+            print(f"gpuctl: {no_idle(fleet.idle.after)}", file=sys.stderr)
     failed = [s for s in snaps if s.state is NodeState.UNREACHABLE]
     for s in failed:
         print(f"gpuctl: {s.name} did not answer: {s.reason}", file=sys.stderr)
@@ -120,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
 
 def status_schema() -> dict[str, Any]:
     """The JSON Schema (2020-12) of ``status --json``'s document: ``emit_json``'s envelope,
-    the nodes (made from the model: ``gpuctl.fleet.status.node_schema``) and ``xids_watched``.
+    the nodes (made from the model: ``gpuctl.fleet.status.node_schema``), ``xids_watched`` and
+    ``idle_watched``.
     ``docs/status.schema.json`` is this, and a test holds them equal."""
     node, defs = node_schema()
     body = {
@@ -136,6 +146,12 @@ def status_schema() -> dict[str, Any]:
         "xids_watched": {
             "type": "boolean",
             "description": "false: a one-shot status does not see XIDs (watch, export do).",
+        },
+        "idle_watched": {
+            "type": "boolean",
+            "description": "false: a one-shot status watches seconds, not [fleet] idle_after: "
+            "its alloc_idle_s is at most those seconds and it finds no GPU allocated but idle "
+            "(watch, export do).",
         },
     }
     return {
@@ -156,6 +172,17 @@ NO_XIDS = (
     "XIDs: a one-shot status does not see them (NVML tells only a reader running when one "
     "happens); gpuctl watch, export and record do"
 )
+
+
+def no_idle(after: float) -> str:
+    """Said (stderr) when a GPU shown is in a Slurm job: allocated but idle is a span of
+    ``after`` seconds (``gpuctl.fleet.idle``) that a one-shot does not watch; --json says it as
+    ``"idle_watched": false``."""
+    return (
+        f"allocated but idle: a one-shot status watches seconds, not the {fmt_age(after)} "
+        "([fleet] idle_after) a GPU "
+        "of a job must idle to be flagged IDLE; gpuctl watch, export and record do"
+    )
 
 
 def render_readers(snaps: list[NodeSnapshot]) -> str:

@@ -126,12 +126,14 @@ class IdleTracker:
         out = [g for g in self.in_jobs() if g.since is not None and g.seconds >= self.after]
         return sorted(out, key=lambda g: (-g.seconds, g.node, g.gpu))
 
-    def count(self) -> int:
-        """How many GPUs are allocated but idle (the screen's header asks every flush)."""
+    def count(self, node: str | None = None) -> int:
+        """How many GPUs are allocated but idle (the screen's header asks every flush), those
+        of ``node`` only unless None (its line's TROUBLE in the compact list)."""
         limit = self.clock() - self.after
+        nodes = list(self._gpus.values()) if node is None else [self._gpus.get(node, {})]
         return sum(
             1
-            for gpus in list(self._gpus.values())
+            for gpus in nodes
             for _job, _user, since in gpus.values()
             if since is not None and since <= limit
         )

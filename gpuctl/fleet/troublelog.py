@@ -1,7 +1,8 @@
 """The trouble log: what went wrong on the fleet kept as a log, not only as the state of now.
 
 Every XID, thermal or hardware throttle (its start and its end), new uncorrected ECC errors or
-row remapping, lost GPU, unreachable node and failed acceptance run becomes a ``Trouble``: its
+row remapping, a rise of corrected ECC counts (``_corrected_seen``: not a fault, kept quiet),
+lost GPU, unreachable node and failed acceptance run becomes a ``Trouble``: its
 node and GPU, its kind (``KINDS``) and subject (the XID number, the throttle reason), when it
 was first and last seen, how many times it happened, whether it is still going (``active``,
 ``ended``), the facts that name it (``detail``) and its evidence: the GPU's readings at its
@@ -49,7 +50,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KINDS = ("xid", "gpu_lost", "throttle", "ecc", "remap", "unreachable", "accept")
+KINDS = ("xid", "gpu_lost", "throttle", "ecc", "ecc_corrected", "remap", "unreachable", "accept")
+# a row's states (``Trouble.state``) and ``unacked`` (any but acked): what ``gpuctl events
+# --state`` takes
+STATES = ("active", "ended", "open", "acked", "unacked")
 FOLD_WINDOW_S = 24 * 3600.0
 FLUSH_S = 10.0  # a changing row is written at most this often (a new one at once)
 MAX_BYTES = 2 * 1024 * 1024
@@ -75,6 +79,7 @@ RANGES = {"temp": "temp", "power": "power", "sm_clock": "clock"}  # reading: his
 LASTING = ("throttle", "gpu_lost", "unreachable")
 ACCEPT_FAILED = ("FAIL", "ERROR")
 ECC_COUNTS = ("volatile_uncorrected", "aggregate_uncorrected")
+CORRECTED_COUNTS = ("volatile_corrected", "aggregate_corrected")
 REMAP_COUNTS = ("pending", "failure", "uncorrectable", "correctable")
 
 
@@ -112,6 +117,11 @@ class Trouble:
         if self.active:
             return "active"
         return "ended" if self.ended is not None else "open"
+
+    def in_state(self, name: str) -> bool:
+        """Whether the row is in state ``name`` (one of ``STATES``): its ``state``, or
+        ``unacked`` for any of active, ended and open."""
+        return self.acked is None if name == "unacked" else self.state == name
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,6 +217,9 @@ class TroubleLog:
         self._read_at: tuple[int, int] = (0, 0)  # (inode, bytes) of the file read so far
         self._states: dict[str, NodeState] = {}
         self._counts: dict[tuple[str, int], tuple[object, ...]] = {}
+        # the corrected ECC counts last seen per GPU: the first sight is the baseline, a rise
+        # from it an occurrence (``_corrected_seen``)
+        self._corrected: dict[tuple[str, int], tuple[object, ...]] = {}
         # rows whose evidence comes from the node's next snapshot (``_fill``), per node
         self._wanting: dict[str, set[str]] = {}
         self._settled: set[str] = set()  # nodes whose rows of earlier sessions were checked
@@ -647,6 +660,11 @@ class TroubleLog:
                 rr and (rr.get("pending") or rr.get("failure"))
             ):
                 self._counts_seen(snap, g)
+            if ecc and (
+                ecc.get("volatile_corrected") is not None
+                or ecc.get("aggregate_corrected") is not None
+            ):
+                self._corrected_seen(snap, g, ecc)
 
     def _gpu_lost(self, node: str, gpu: int | None, t: float, detail: dict[str, Any]) -> None:
         """A GPU that fell off the bus: the agent's event, or a sample that says so first."""
@@ -717,6 +735,29 @@ class TroubleLog:
         if counts[2] or counts[3]:
             detail = {k: rr[k] for k in REMAP_COUNTS if k in rr}
             self.note(snap.name, g.index, "remap", t=t, detail=detail, evidence=evidence)
+
+    def _corrected_seen(self, snap: NodeSnapshot, g: GpuSample, ecc: dict[str, Any]) -> None:
+        """Corrected ECC counts that rose since the GPU's last sample: an ``ecc_corrected``
+        occurrence (no fault: the hardware corrected them, but a rising count is how a memory
+        going bad shows first). It does not flood: the first sight in a session is only the
+        baseline (a GPU's years-old aggregate count is no news, and a restart adds no row), a
+        fall (a driver reload clears the volatile count) only a new baseline, and the rises of
+        a GPU fold into one row, as every kind's repeats do, until it is acknowledged."""
+        counts = tuple(ecc.get(k) for k in CORRECTED_COUNTS)
+        key = (snap.name, g.index)
+        before = self._corrected.get(key)
+        if before == counts:
+            return
+        self._corrected[key] = counts
+        if before is None or not any(
+            isinstance(now, int | float) and isinstance(then, int | float) and now > then
+            for now, then in zip(counts, before, strict=True)
+        ):
+            return
+        detail = {k: ecc[k] for k in CORRECTED_COUNTS if ecc.get(k) is not None}
+        evidence = self._evidence(snap.name, g.index)
+        t = snap.last_sample_t or self.clock()
+        self.note(snap.name, g.index, "ecc_corrected", t=t, detail=detail, evidence=evidence)
 
 
 def _dumps(record: dict[str, Any]) -> str:

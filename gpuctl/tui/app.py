@@ -195,6 +195,12 @@ class GpuctlApp(App[int]):
         filters = super().get_line_filters()
         return [*filters, self._ascii_filter] if self.ascii else filters
 
+    def get_key_display(self, binding: Binding) -> str:
+        """A key as the footer, help and palette show it; in ASCII mode by its name where its
+        glyph's one-cell twin would not read as that key (``glyphs.KEY_NAMES``: Enter)."""
+        shown = super().get_key_display(binding)
+        return glyphs.KEY_NAMES.get(shown, shown) if self.ascii else shown
+
     def get_default_screen(self) -> Screen[Any]:
         return self.overview
 
@@ -604,7 +610,7 @@ class GpuctlApp(App[int]):
 
 
 # the keys that move about, in the order the help lists them first
-NAV_KEYS = ("↑", "↓", "←", "→", "pgup", "pgdn", "home", "end", "⏎", "esc")
+NAV_KEYS = ("↑", "↓", "←", "→", "pgup", "pgdn", "home", "end", "⏎", glyphs.KEY_NAMES["⏎"], "esc")
 
 
 def _title(description: str) -> str:

@@ -260,7 +260,7 @@ class FleetStore:
         what = trouble_event(row.kind, row.subject, row.detail)[0]
         where = row.node if row.gpu is None else f"{row.node} GPU {row.gpu}"
         times = f" ×{row.count}" if row.count > 1 else ""
-        return f"unacknowledged{times}: {where}: {what} (e: the events, ⏎ there acknowledges)"
+        return f"unacknowledged{times}: {where}: {what} (e: the events, Enter there acknowledges)"
 
     def node_trouble(self, name: str) -> dict[str, int]:
         """``view.trouble_counts`` of a node, kept until its next snapshot (an XID comes with

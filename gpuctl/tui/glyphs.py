@@ -35,7 +35,7 @@ GLYPHS: dict[str, str] = {
     "↑": "^",  # sort order, network out
     "←": "<",
     "→": ">",
-    "⏎": "<",  # the Enter key in the footer
+    "⏎": "<",  # the Enter key, where not drawn as a key (``KEY_NAMES``)
     "␣": "_",  # the space key in the footer
     "▶": ">",  # the cursor's row; a running stage
     "◀": "<",  # the heatmap's cursor
@@ -67,6 +67,10 @@ GLYPHS: dict[str, str] = {
     "─": "-",
     "━": "=",  # a horizontal scrollbar's thumb (on a ─ track)
 }
+
+# Keys the footer, the help and the palette name in ASCII mode (``GpuctlApp.get_key_display``)
+# instead of their glyph's twin, which would not read as the key (``<`` for Enter).
+KEY_NAMES: dict[str, str] = {"⏎": "Enter"}
 
 
 def twin(char: str) -> str:

@@ -303,6 +303,9 @@ def trouble_event(kind: str, subject: str, detail: Mapping[str, object]) -> tupl
         text, how = flag_line(kind.upper())
         counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in detail.items() if v)
         return (f"{text} ({counts})" if counts else text, how)
+    if kind == "ecc_corrected":  # no fault: plain, ``n`` does not stop on it
+        counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in detail.items())
+        return ("corrected ECC errors rose" + (f" ({counts})" if counts else ""), "plain")
     if kind == "unreachable":
         why = detail.get("reason")
         return ("node unreachable" + (f": {why}" if why else ""), "alarm")

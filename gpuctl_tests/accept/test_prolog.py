@@ -38,6 +38,9 @@ def test_prolog_fails_a_node_with_ecc_errors_in_seconds_and_keeps_no_history(
     assert history.returncode == 0 and history.stdout.startswith("no acceptance runs recorded")
     healthy = gpuctl(tmp_path, "--local", "--prolog", env=stub_env(tmp_path, "count 2\n"))
     assert healthy.returncode == 0, healthy.stdout[-2000:]
+    # [DDP]'s two sections (all-reduce, training) skipped for one reason: said once
+    ddp = [ln for ln in healthy.stdout.splitlines() if ln.startswith("[DDP] ")]
+    assert ddp == ["[DDP] SKIP (0.0 s): --prolog: no load"], ddp
 
 
 def test_prolog_ends_with_error_by_its_deadline_when_the_node_hangs(tmp_path: Path) -> None:
@@ -86,3 +89,32 @@ def test_prolog_refuses_load_and_a_cpu_run_in_one_line(tmp_path: Path) -> None:
     ):
         r = gpuctl(tmp_path, "--local", "--prolog", *extra)
         assert r.returncode == 2 and r.stderr.strip() == f"gpuctl: {words}", r.stderr
+
+
+def test_junit_makes_its_missing_folder_as_report_dir_does(tmp_path: Path) -> None:
+    """``--junit PATH`` refused a folder that did not exist yet where ``--report-dir`` makes
+    it: made now (the umask's mode); a PATH that is a folder, or under a file, is one line."""
+    junit = tmp_path / "ci" / "out" / "accept.xml"
+    old = os.umask(0o027)  # the gpuctl process's umask (a child inherits it)
+    try:
+        r = gpuctl(
+            tmp_path,
+            "--local",
+            "--prolog",
+            "--junit",
+            str(junit),
+            env=stub_env(tmp_path, "count 1\n"),
+        )
+    finally:
+        os.umask(old)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert junit.read_text().startswith("<?xml") and f"junit: {junit}" in r.stdout
+    for made in (junit.parent, junit.parent.parent):
+        assert made.stat().st_mode & 0o777 == 0o750, oct(made.stat().st_mode)
+    for bad, words in (
+        (tmp_path / "ci", f"--junit {tmp_path / 'ci'}: a folder, not a file"),
+        (junit / "x.xml", f"--junit {junit / 'x.xml'}: {junit} is not a folder"),
+    ):
+        r = gpuctl(tmp_path, "--local", "--prolog", "--junit", str(bad))
+        assert r.returncode == 2 and r.stderr.startswith(f"gpuctl: {words}"), r.stderr
+        assert len(r.stderr.splitlines()) == 1, r.stderr

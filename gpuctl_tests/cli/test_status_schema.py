@@ -171,7 +171,7 @@ def test_demo_json_fits_the_schema_and_names_no_key_outside_it(demo: dict[str, A
     schema = json.loads(SCHEMA_FILE.read_text())
     validate(demo, schema, schema)
     assert keys_outside(demo, schema, schema, "$") == []
-    assert demo["xids_watched"] is False
+    assert demo["xids_watched"] is False and demo["idle_watched"] is False
 
 
 def test_the_walk_refuses_what_does_not_fit(demo: dict[str, Any]) -> None:

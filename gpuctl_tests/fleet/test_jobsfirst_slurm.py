@@ -64,6 +64,7 @@ def test_status_mine_and_job_list_the_gpu_of_the_job_with_its_totals(
             slurm_cluster.user,
         )
         assert isinstance(gpu["alloc_idle_s"], float)
+        assert doc["idle_watched"] is False  # seconds watched, not idle_after
         (totals,) = doc["jobs"]
         assert (totals["job"], totals["user"], totals["gpus"], totals["nodes"]) == (
             job,
@@ -78,11 +79,16 @@ def test_status_mine_and_job_list_the_gpu_of_the_job_with_its_totals(
         rows = table.stdout.splitlines()[1:]
         assert [r.split()[:2] for r in rows] == [[slurm_cluster.node, str(idx)]]
         assert f"gpuctl: job {job} {slurm_cluster.user}: 1 GPU on 1 node, util" in table.stderr
+        # a one-shot cannot flag a GPU allocated but idle: said, where a GPU is in a job
+        assert "gpuctl: allocated but idle: a one-shot status watches seconds, not the 30m" in (
+            table.stderr
+        )
 
         other = _status(slurm_cluster, config, "--job", "999999")
         assert other.returncode == 0, other.stderr
         assert other.stdout.splitlines()[1:] == []
         assert "gpuctl: no GPU of a running Slurm job 999999 on these nodes" in other.stderr
+        assert "allocated but idle" not in other.stderr  # no GPU of a job shown: not said
     finally:
         _cancel_jobs(slurm_cluster)
 

@@ -26,10 +26,11 @@ from gpuctl_tests.helpers import node_env, wait_fleet, wait_until_async
 from gpuctl_tests.node.nvml_stub import CONFIG_ENV, NvmlStub
 
 # GPU 0 at its thermal slowdown (0x20: NVML's SwThermalSlowdown), GPU 1 with uncorrected ECC
-# errors and rows pending remapping, GPU 2: XID 79 after its third sample, lost after its sixth.
+# errors and rows pending remapping, GPU 2: XID 79 after its third sample, lost after its sixth;
+# GPU 0 has 900 corrected ECC errors from before (no news: no row).
 STUB = (
     "count 3\nset 0 throttle 0x20\nset 1 ecc_vol_unc 2\nset 1 rows_pending 1\n"
-    "xid 2 79 3\nlost 2 6\n"
+    "xid 2 79 3\nlost 2 6\nset 0 ecc_agg_corr 900\n"
 )
 
 
@@ -109,6 +110,7 @@ async def test_a_real_agents_trouble_is_kept_and_a_new_process_reads_it(
     assert rows[("nv", 1, "remap")].detail["pending"] is True
     assert rows[("nv", 1, "ecc")].detail["volatile_uncorrected"] == 2
     assert rows[("nv", 1, "ecc")].evidence["temp"] == 41
+    assert not [k for k in rows if k[2] == "ecc_corrected"]  # counts that did not rise
 
     # a new process reads what this one kept
     out = gpuctl(state, "events", "--json")
@@ -319,3 +321,93 @@ def test_a_gpu_lost_in_the_samples_alone_is_kept_and_ends_when_it_is_back() -> N
     assert (row.active, row.ended) == (False, 4.0)
     log._snapshot(snap(5.0, "lost"))  # lost again: the same row, twice now
     assert (len(log.rows), row.count, row.active) == (1, 2, True)
+
+
+def test_events_state_takes_every_state_the_screen_shows(tmp_path: Path) -> None:
+    """``--state`` took only acked/unacked while the STATE column says active, ended, open or
+    acked: each is a choice now (``unacked``: any but acked), a wrong one is one line."""
+    log = TroubleLog(tmp_path / "events.jsonl")
+    hot = log.note("n1", 0, "throttle", "sw_thermal", active=True)
+    cooled = log.note("n1", 1, "throttle", "sw_thermal", active=True)
+    log.end("n1", 1, "throttle", "sw_thermal")
+    xid = log.note("n1", 2, "xid", "79")
+    done = log.note("n1", 3, "xid", "48")
+    log.ack(done.id, "reset", by="op@login")
+    log.flush(force=True)
+    want = {
+        "active": {hot.id},
+        "ended": {cooled.id},
+        "open": {xid.id},
+        "acked": {done.id},
+        "unacked": {hot.id, cooled.id, xid.id},
+    }
+    for state, ids in want.items():
+        out = gpuctl(tmp_path, "events", "--json", "--state", state)
+        assert out.returncode == 0, out.stderr
+        events = json.loads(out.stdout)["events"]
+        assert {e["id"] for e in events} == ids, state
+        assert all(e["state"] == state for e in events if state != "unacked")
+    wrong = gpuctl(tmp_path, "events", "--state", "closed")
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert len(wrong.stderr.splitlines()) == 1, wrong.stderr
+    assert "invalid choice: 'closed'" in wrong.stderr, wrong.stderr
+    assert all(s in wrong.stderr for s in want), wrong.stderr
+
+
+def test_corrected_ecc_rises_fold_into_one_quiet_row_per_gpu(
+    nvml_lib_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Corrected ECC counts, read by the NVML reader from the stand-in library and raised
+    under it: the counts a GPU already had are the baseline (no row, whatever their size); each
+    rise folds into the GPU's one row (its count the rises seen); a fall (a driver reload
+    clears the volatile count) is a new baseline; the row is plain, so ``n`` does not stop on
+    it; acknowledged, the next rise is a new row."""
+    from gpuctl.core.model import GpuSample, NodeSnapshot, NodeState
+    from gpuctl.node.readers.nvml import NvmlReader
+    from gpuctl.tui.view import trouble_event
+
+    stub = NvmlStub(nvml_lib_dir, tmp_path / "nvml.conf", "count 2\nset 0 ecc_agg_corr 900\n")
+    stub.preload()
+    monkeypatch.setenv(CONFIG_ENV, str(stub.config))
+    reader = NvmlReader.open()
+    log = TroubleLog(tmp_path / "events.jsonl")
+    t0 = time.time()  # what the kept file is read back against (rows age out)
+    t = [t0]
+
+    def sample() -> None:
+        t[0] += 1
+        gpus = tuple(
+            GpuSample(index=g["index"], t=t[0], ecc=g["ecc"]) for g in reader.sample(slow=True)
+        )
+        log._snapshot(NodeSnapshot("n1", NodeState.LIVE, gpus=gpus, last_sample_t=t[0]))
+
+    def corrected() -> list[Trouble]:
+        return [r for r in log.rows.values() if r.kind == "ecc_corrected"]
+
+    try:
+        for _ in range(3):
+            sample()
+        assert corrected() == []  # 900 corrected errors from before: the baseline, no news
+        for n in range(1, 51):  # a memory going bad: a rise at every sample
+            stub.set(0, "ecc_vol_corr", n)
+            stub.set(0, "ecc_agg_corr", 900 + n)
+            sample()
+        (row,) = corrected()
+        assert (row.gpu, row.count, row.first, row.last) == (0, 50, t0 + 4, t0 + 53)
+        assert row.detail == {"volatile_corrected": 50, "aggregate_corrected": 950}
+        words, how = trouble_event(row.kind, row.subject, row.detail)
+        assert words == "corrected ECC errors rose (volatile corrected 50, aggregate corrected 950)"
+        assert how == "plain"
+        stub.set(0, "ecc_vol_corr", 0)  # a driver reload clears the volatile count
+        sample()
+        sample()
+        assert row.count == 50 and len(corrected()) == 1
+        log.ack(row.id, "watching it", by="op@login")
+        stub.set(0, "ecc_vol_corr", 1)
+        sample()
+        assert len(corrected()) == 2 and not log.newest(kind="ecc", acked=None)
+    finally:
+        reader.close()
+    log.flush(force=True)
+    kept = TroubleLog.open(tmp_path / "events.jsonl")
+    assert sorted(r.count for r in kept.rows.values() if r.kind == "ecc_corrected") == [1, 50]

@@ -9,6 +9,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from textual.widgets import DataTable
 
 from gpuctl.cli.common import add_ascii_option
 from gpuctl.config import TuiSettings
@@ -128,3 +129,34 @@ def test_the_flag_and_the_key_win_over_the_locale(monkeypatch: pytest.MonkeyPatc
     # a browser's screen (gpuctl serve) shows Unicode whatever the server's locale
     monkeypatch.setenv("TEXTUAL_DRIVER", "textual.drivers.web_driver:WebDriver")
     assert glyphs.wanted(None) is False and glyphs.wanted(True) is True
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_ascii_mode_names_the_enter_key_in_the_footer_and_the_help(
+    tmp_path: Path, size: tuple[int, int]
+) -> None:
+    """Enter's glyph has a one-cell twin ``<``, which reads as a key of its own: the footer and
+    the help say ``Enter`` in ASCII mode, and the events screen's footer still fits."""
+    from gpuctl.tui.screens.events import EventsScreen
+    from gpuctl.tui.screens.help import HelpScreen
+    from gpuctl_tests.helpers import until
+    from gpuctl_tests.tui.test_usability import footer_items
+
+    app = replay_app(tmp_path, tui=TuiSettings(ascii=True))
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, EventsScreen), "the events screen")
+        await pilot.pause()
+        footer = drawn(app).splitlines()[-1]
+        assert "Enter acknowledge" in footer and "< acknowledge" not in footer, footer
+        items = footer_items(app)
+        assert [w for w, _, _ in items][-2:] == ["help", "quit"], items
+        assert max(right for _, _, right in items) <= size[0], items
+        assert not_ascii(drawn(app)) == []
+        await pilot.press("escape", "question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), "help")
+        await pilot.pause()
+        table = app.screen.query_one("#help-table", DataTable)
+        keys = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        assert "Enter" in keys and keys.index("Enter") < keys.index("esc"), keys

@@ -15,7 +15,12 @@ from gpuctl.fleet.demo import demo_nodes, story
 from gpuctl.fleet.fleet import simulated_fleet
 from gpuctl.fleet.troublelog import TroubleLog
 from gpuctl.tui import GpuctlApp, make_app
-from gpuctl.tui.screens.events import EventsScreen, NoteScreen, parse_event_filter
+from gpuctl.tui.screens.events import (
+    EventFilter,
+    EventsScreen,
+    NoteScreen,
+    parse_event_filter,
+)
 from gpuctl.tui.view import next_stop
 from gpuctl_tests import helpers
 from gpuctl_tests.helpers import until
@@ -127,13 +132,16 @@ async def test_the_demo_keeps_its_story_in_memory_not_in_the_state_folder(
 def test_the_filter_names_what_it_does_not_understand() -> None:
     found, error = parse_event_filter("node=sim-01 gpu=3 kind=xid unacked h100")
     assert error is None
-    assert (found.node, found.gpu, found.kind, found.acked, found.words) == (
+    assert (found.node, found.gpu, found.kind, found.state, found.words) == (
         "sim-01",
         3,
         "xid",
-        False,
+        "unacked",
         ("h100",),
     )
+    # the states the STATE column shows, as gpuctl events --state takes them
+    for state in ("active", "ended", "open", "acked"):
+        assert parse_event_filter(f"gpu=3 {state}") == (EventFilter(gpu=3, state=state), None)
     _, error = parse_event_filter("kind=fire")
     assert error is not None and "kind=fire" in error
 

@@ -53,6 +53,14 @@ def row_text(app: GpuctlApp, node: str, gpu: int) -> str:
     return "".join(s.text for s in nodes.render_line(y - int(nodes.scroll_offset.y)))
 
 
+def node_text(app: GpuctlApp, node: str) -> str:
+    """The compact list's line of ``node``."""
+    nodes = app.overview.nodes
+    y = next(i for i, ln in enumerate(nodes.lines) if ln.kind == "node" and ln.node == node)
+    nodes.scroll_to(y=y, animate=False, immediate=True)
+    return "".join(s.text for s in nodes.render_line(y - int(nodes.scroll_offset.y)))
+
+
 def jobs_app(state_dir: Path, clock: Clock) -> GpuctlApp:
     """Two demo nodes; every GPU of a job counts as idle (idle_below 100: the simulated jobs'
     own load does not decide the test)."""
@@ -98,6 +106,14 @@ async def test_allocated_but_idle_gpus_are_flagged_counted_and_filtered(state_di
         await until(pilot, lambda: "IDLE 32m" in row_text(app, "sim-01", 0), "the row's badge")
         assert "IDLE" in row_text(app, "sim-01", 2)
         assert "IDLE" not in row_text(app, "sim-01", 1)  # in no job
+        # the compact list's TROUBLE counts them per node, as the header does; n stops there
+        await pilot.press("v")
+        await until(pilot, lambda: "IDLE×2" in node_text(app, "sim-01"), "sim-01's TROUBLE")
+        assert "IDLE×1" in node_text(app, "sim-02")
+        app.overview.nodes.select("sim-01", None)
+        await pilot.press("n")
+        assert app.overview.nodes.cursor[0] == "sim-02"
+        await pilot.press("v")
         # the count is a filter, as the others are
         app.overview.action_trouble("alloc-idle")
         await until(

@@ -93,7 +93,10 @@ async def test_one_node_shows_the_selected_gpus_processes_first_below_its_rows(
         rest = [str(r.pid) for r in rows if busy not in r.gpus]
         shown = panel_pids(drawn(app))
         assert shown and shown == (first + rest)[: len(shown)]
-        assert f"GPU {busy}: {len(first)}" in drawn(app)
+        # the title says what its figures count, on one line within the width
+        title = next(line for line in drawn(app).splitlines() if "processes on" in line)
+        assert f"{len(rows)} processes on dgx-00 · {len(first)} on GPU {busy}" in title, title
+        assert "node:" not in title and len(title.rstrip()) <= size[0], title
         # the filter box takes lines at the bottom: the panel gives them up, not the list
         await pilot.press("slash")
         await pilot.pause()

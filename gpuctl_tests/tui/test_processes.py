@@ -364,3 +364,38 @@ async def test_the_views_footer_offers_mark_and_filter_within_the_width(
         assert max(right for _, _, right in items) <= size[0], items
         await pilot.press("escape")  # cleared: / filter is offered again
         await until(pilot, lambda: "filter" in [w for w, _, _ in footer_items(app)], "/ filter")
+
+
+async def test_a_marked_process_the_filter_hides_is_left_alone_and_counted(
+    nvml_lib_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, procs: Start
+) -> None:
+    """A key signals only the marked processes the user can see: one hidden by ``/`` is named
+    as a count in the question, lives on and stays marked; all of them hidden: nothing asked."""
+    seen, hidden = procs("sleep", "341"), procs("sleep", "342")
+    script = f"count 1\nproc 0 {seen.pid} 2048\nproc 0 {hidden.pid} 1024\n"
+    app = stub_app(nvml_lib_dir, tmp_path, monkeypatch, script)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await open_view(pilot, {seen.pid, hidden.pid})
+        for p in (seen, hidden):
+            await select_pid(pilot, p.pid)
+            await pilot.press("space")
+        await pilot.press("slash", *"sleep 341", "enter")
+        await until(pilot, lambda: set(table_rows(app)) == {str(seen.pid)}, "the one match")
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        question = str(app.screen.question)
+        assert f"pid {seen.pid}" in question and f"pid {hidden.pid}" not in question, question
+        assert "1 marked process hidden by the filter: left alone" in question, question
+        await pilot.press("y")
+        await until(pilot, lambda: seen.poll() is not None, "sleep 341 to end", timeout=15)
+        await until(pilot, lambda: "1 marked" in title(app), "the hidden mark kept")
+        assert hidden.poll() is None
+
+        await pilot.press("escape", "slash", *"sleep 342", "enter")  # only the marked one...
+        await until(pilot, lambda: set(table_rows(app)) == {str(hidden.pid)}, "its row")
+        await pilot.press("escape", "slash", *"nothing", "enter")  # ...then none of them shown
+        await until(pilot, lambda: not table_rows(app), "no row")
+        await pilot.press("K")
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert any("1 marked process hidden by the filter" in m for m in messages(app))
+        assert hidden.poll() is None

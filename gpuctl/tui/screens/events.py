@@ -24,7 +24,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, Label, Static
 
 from gpuctl.core.format import fmt_age
-from gpuctl.fleet.troublelog import KINDS, Trouble, TroubleLog
+from gpuctl.fleet.troublelog import KINDS, STATES, Trouble, TroubleLog
 from gpuctl.tui.text import node_str, node_text
 from gpuctl.tui.view import trouble_event
 
@@ -51,7 +51,7 @@ class EventFilter:
     node: str | None = None
     gpu: int | None = None
     kind: str | None = None
-    acked: bool | None = None
+    state: str | None = None  # one of ``troublelog.STATES`` (``Trouble.in_state``)
     words: tuple[str, ...] = ()  # parts of node names
 
     def keeps(self, row: Trouble) -> bool:
@@ -59,20 +59,21 @@ class EventFilter:
             (self.node is None or row.node == self.node)
             and (self.gpu is None or row.gpu == self.gpu)
             and (self.kind is None or row.kind == self.kind)
-            and (self.acked is None or (row.acked is not None) == self.acked)
+            and (self.state is None or row.in_state(self.state))
             and all(w in row.node for w in self.words)
         )
 
 
 def parse_event_filter(text: str) -> tuple[EventFilter, str | None]:
-    """``node=NAME gpu=N kind=KIND acked|unacked`` and bare words (parts of node names) into
+    """``node=NAME gpu=N kind=KIND``, a state (``active ended open acked unacked``) and bare
+    words (parts of node names) into
     a filter, and the one line that says what was not understood (None: all of it)."""
     fields: dict[str, Any] = {}
     words: list[str] = []
     for token in text.split():
         name, sep, value = token.replace(":", "=", 1).partition("=")
-        if token in ("acked", "unacked"):
-            fields["acked"] = token == "acked"
+        if token in STATES:
+            fields["state"] = token
         elif sep and name == "node" and value:
             fields["node"] = value
         elif sep and name == "gpu" and value.isdigit():
@@ -81,7 +82,8 @@ def parse_event_filter(text: str) -> tuple[EventFilter, str | None]:
             fields["kind"] = value
         elif sep:
             return EventFilter(), (
-                f"not a filter: {token!r} (node=NAME gpu=N kind={'|'.join(KINDS)} acked unacked)"
+                f"not a filter: {token!r} (node=NAME gpu=N kind={'|'.join(KINDS)} "
+                f"{' '.join(STATES)})"
             )
         else:
             words.append(token)
@@ -128,7 +130,7 @@ class NoteScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="note-box"):
             yield Label(node_text(self.question, one_line=False), id="note-question")
-            yield Input(placeholder="what was done (⏎ acknowledges, Esc cancels)", id="note")
+            yield Input(placeholder="what was done (Enter acknowledges, Esc cancels)", id="note")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value)
@@ -299,8 +301,8 @@ class EventsScreen(Screen[None]):
         self.changed()
 
     def action_unacked(self) -> None:
-        words = [w for w in self.filter_text.split() if w not in ("acked", "unacked")]
-        if self.filter.acked is not False:
+        words = [w for w in self.filter_text.split() if w not in STATES]
+        if self.filter.state != "unacked":
             words.append("unacked")
         self.query_one("#events-filter", Input).value = " ".join(words)
         self.set_filter(" ".join(words))

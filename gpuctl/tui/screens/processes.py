@@ -4,7 +4,8 @@ User, pid, GPU memory, SM %, host %CPU and RSS, elapsed time and command line; s
 next column, ``O`` reverse), as a tree of parents and children (``T``), for one GPU or the whole
 node (``g``), filtered by user or command (``/``, Esc clears it as on the main screen:
 ``keys.escape_filter``). ``k`` / ``i`` / ``K`` send SIGTERM / SIGINT / SIGKILL after one
-question to the processes marked with space (``u`` clears the marks), else to the selected
+question to the processes marked with space (``u`` clears the marks) that the filter shows
+(the hidden ones are counted in the question and left alone), else to the selected
 one: only processes of the user running gpuctl, and never in read-only mode
 (``gpuctl.fleet.control.signal_process`` checks both, once per process; the agent checks the
 uid again).
@@ -259,8 +260,21 @@ class ProcessScreen(Screen[None]):
         """``signal`` to the marked processes, else to the selected one, after one question
         naming them; refused at once in read-only mode, or when none is the user's own."""
         name = SIGNAL_NAMES[signal]
+        # Only what the user sees: a marked process the ``/`` filter hides is left alone (and
+        # counted in the question), its mark kept for when the filter is cleared.
+        shown = {r.pid for r in self.rows if r.gpu_process}
+        hidden = len([pid for pid in self.marked if pid not in shown])
+        if self.marked and hidden == len(self.marked):
+            self.notify(
+                f"{marked_count(hidden)} hidden by the filter: none signalled "
+                "(esc clears the filter, u unmarks)",
+                severity="warning",
+            )
+            return
         if self.marked:
-            targets = sorted(self.marked.values(), key=lambda r: r.pid or 0)
+            targets = sorted(
+                (r for pid, r in self.marked.items() if pid in shown), key=lambda r: r.pid or 0
+            )
         else:
             row = self.selected()
             if row is None or row.pid is None:
@@ -288,12 +302,15 @@ class ProcessScreen(Screen[None]):
             more = f" (and {len(refused) - 1} more not yours)" if len(refused) > 1 else ""
             self.notify(f"{name} refused: pid {r.pid} {why}{more}", severity="warning")
             return
-        question = signal_question(name, node_str(self.node), ours, [r for r, _ in refused])
+        question = signal_question(
+            name, node_str(self.node), ours, [r for r, _ in refused], hidden=hidden
+        )
         pids = [r.pid for r in ours if r.pid is not None]
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.marked.clear()
+                for r in targets:
+                    self.marked.pop(r.pid or 0, None)
                 self.run_worker(
                     self._send_all(pids, signal),
                     name=f"{name} pid {', '.join(map(str, pids))}",
@@ -320,11 +337,17 @@ class ProcessScreen(Screen[None]):
         self.notify(f"{self.node}: {reply.get('message') or f'{signal} sent to pid {pid}'}")
 
 
-def signal_question(name: str, node: str, ours: list[ProcRow], others: list[ProcRow]) -> str:
+def marked_count(n: int) -> str:
+    return f"{n} marked process" + ("es" if n != 1 else "")
+
+
+def signal_question(
+    name: str, node: str, ours: list[ProcRow], others: list[ProcRow], *, hidden: int = 0
+) -> str:
     """The one question before ``name`` goes to the processes ``ours`` on ``node``: each named
-    by pid, user and command (the first ``NAMED``, then a count), and the marked processes of
-    other users that are left alone."""
-    if len(ours) == 1 and not others:
+    by pid, user and command (the first ``NAMED``, then a count), the marked processes of
+    other users that are left alone, and how many marked ones the filter hides (left alone)."""
+    if len(ours) == 1 and not others and not hidden:
         command = node_str(ours[0].command or "?", limit=60)
         return f"Send {name} to pid {ours[0].pid} ({command}) on {node}?"
     count = f"{len(ours)} process" + ("es" if len(ours) != 1 else "")
@@ -338,4 +361,6 @@ def signal_question(name: str, node: str, ours: list[ProcRow], others: list[Proc
     if others:
         pids = ", ".join(str(r.pid) for r in others[:NAMED])
         lines.append(f"{len(others)} marked of other users left alone (pid {pids})")
+    if hidden:
+        lines.append(f"{marked_count(hidden)} hidden by the filter: left alone")
     return "\n".join(lines)

@@ -52,13 +52,17 @@ def gpu_bars(gpus: Iterable[GpuSample]) -> str:
     return "".join(out)
 
 
-def node_trouble(s: NodeSnapshot, xid_gpus: set[int]) -> list[str]:
-    """A node's badges counted over its GPUs, worst first: ``LOST×1 XID×2 PWRCAP×3``."""
+def node_trouble(s: NodeSnapshot, xid_gpus: set[int], idle: int = 0) -> list[str]:
+    """A node's badges counted over its GPUs, worst first: ``LOST×1 XID×2 IDLE×2 PWRCAP×3``;
+    ``idle``: its GPUs allocated but idle (``IdleTracker.count``, as the header counts them:
+    a span of time, not in the snapshot)."""
     counts: dict[str, int] = {}
     for g in s.gpus:
         for badge in gpu_badges(g, g.index in xid_gpus):
             counts[badge] = counts.get(badge, 0) + 1
-    first = ("LOST", "XID", "ECC", "REMAP", "HWSLOW", "PWRBRAKE", "HWTHERM", "THERM")
+    if idle:
+        counts["IDLE"] = idle
+    first = ("LOST", "XID", "ECC", "REMAP", "HWSLOW", "PWRBRAKE", "HWTHERM", "THERM", "IDLE")
     order = sorted(counts, key=lambda b: (first.index(b) if b in first else len(first), b))
     return [f"{b}×{counts[b]}" for b in order]
 
@@ -128,7 +132,7 @@ def _draw_node_power(r: NodeLine, w: int, gap: str) -> list[Segment]:
 
 def _draw_node_trouble(r: NodeLine, _w: int, _gap: str) -> list[Segment]:
     nodes, s = r.nodes, r.s
-    trouble = node_trouble(s, nodes.store.xid_gpus(s.name))
+    trouble = node_trouble(s, nodes.store.xid_gpus(s.name), nodes.store.fleet.idle.count(s.name))
     burning = sum(1 for g in s.gpus if nodes.store.is_burning(s, g.index))
     if burning:
         trouble.append(f"BURN×{burning}")

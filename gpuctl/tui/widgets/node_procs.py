@@ -97,18 +97,22 @@ class NodeProcs(Widget):
         width = self.size.width
         node, gpu = self.cursor() or (None, None)
         snap = self.store.snaps.get(node) if node is not None else None
-        title = Text(" processes", end="")
         if snap is None:
-            return title
+            return Text(" processes", end="")
         now = self.store.clock()
         rows = panel_rows(process_rows(snap, now=now), gpu)
         mine = sum(1 for r in rows if gpu in r.gpus)
+        # "8 processes on dgx-a01 · 2 on GPU 3": the node's count, then the cursor GPU's (its
+        # rows come first, in bold); the key's hint only where it fits the width
+        title = Text(f" {len(rows)} process{'es' if len(rows) != 1 else ''}", end="")
         title.append_text(node_text(f" on {snap.name}", limit=60))
         if gpu is not None:
-            title.append(f" · GPU {gpu}: {mine}")
+            title.append(f" · {mine} on GPU {gpu}")
         key = getattr(self.app, "key_display", None)  # the configured key, not the default
         p = "p" if key is None else key("processes", "p")
-        title.append(f" · node: {len(rows)}  ({p}: view, sort, signal) ")
+        hint = f"  ({p}: view, sort, signal) "
+        if title.cell_len + len(hint) <= width:
+            title.append(hint)
         title.pad_right(max(0, width - title.cell_len))
         title.stylize(self.get_component_rich_style("nodeprocs--title"))
         out = Text(end="")

@@ -406,7 +406,11 @@ class NodeList(ScrollView, can_focus=True):
             g = next((x for x in snap.gpus if x.index == line.gpu), None)
             idle = None if g is None else self.store.fleet.idle.idle_for(line.node, g.index)
             return is_problem(snap, g, (line.node, line.gpu) in self.store.xids) or idle is not None
-        return is_problem(snap, None, False) or any(self.store.node_trouble(line.node).values())
+        return (
+            is_problem(snap, None, False)
+            or any(self.store.node_trouble(line.node).values())
+            or self.store.fleet.idle.count(line.node) > 0  # its TROUBLE's IDLE×n
+        )
 
     def action_problem(self, step: int) -> None:
         """The next (``step`` 1) or previous (-1) GPU in trouble, round the end of the list."""

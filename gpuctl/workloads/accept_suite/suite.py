@@ -32,6 +32,7 @@ from .nvml import Nvml
 from .output import Output
 from .render import summary_table
 from .schema import (
+    MARKERS,
     RESULT_FAILURE,
     RESULT_SUCCESS,
     SCHEMA,
@@ -287,6 +288,8 @@ class Suite:
         """Every section in order; a crash in one is that section's FAIL, not the run's end."""
         a = self.args
         sections: dict[str, dict[str, Any]] = {}
+        # the last verdict line's marker and words
+        last_said: tuple[str, str, Any] | None = None
         for name in SECTIONS:
             self.out.section = name
             self.out.event(event="section", section=name, state="start")
@@ -318,8 +321,12 @@ class Suite:
             res["seconds"] = round(time.monotonic() - t0, 3)
             if res["verdict"] == "FAIL" and not res.get("failures"):
                 res["failures"] = [f"{name}: {res.get('summary')}"]
-            if not (name != "env" and self.blocked is not None):  # [ENV] said why, once
+            said = (MARKERS[name], res["verdict"], res.get("summary"))
+            # [ENV] said why, once; and the two [DDP] sections skipped for one reason (--prolog,
+            # no GPU) print one line, not the same one twice
+            if not (name != "env" and self.blocked is not None) and said != last_said:
                 self.out.line(f"{res['verdict']} ({res['seconds']:.1f} s): {res.get('summary')}")
+            last_said = said
             self.out.event(
                 event="section",
                 section=name,
