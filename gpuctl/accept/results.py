@@ -67,7 +67,10 @@ def _text(value: Any) -> str:
 
 
 def junit_xml(report: Mapping[str, Any]) -> str:
-    """The cluster report as JUnit XML (one test case per node and check)."""
+    """The cluster report as JUnit XML (one test case per node and check); the pairs pass's
+    report (``gpuctl.accept.pairs``) as one test case per node and one per pair tested."""
+    if report.get("schema") == "gpuctl.accept.pairs":
+        return _pairs_junit(report)
     root = ET.Element("testsuites", name="gpuctl accept")
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     for name, node in (report.get("nodes") or {}).items():
@@ -116,6 +119,46 @@ def junit_xml(report: Mapping[str, Any]) -> str:
             totals[k] += v
     for k, v in totals.items():
         root.set(k, str(v))
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _pairs_junit(report: Mapping[str, Any]) -> str:
+    """``accept --pairs``: a suite ``nodes`` (a case a node: failed with the bisection's
+    evidence when it is a bad node) and a suite ``pairs`` (a case a pair tested, a round each:
+    failed when it did not run, or when its link is named bad)."""
+    root = ET.Element("testsuites", name="gpuctl accept --pairs")
+    bad_nodes: Mapping[str, Any] = report.get("bad_nodes") or {}
+    bad_links = {
+        frozenset(link.get("nodes") or ()): _text(link.get("evidence") or "")
+        for link in report.get("bad_links") or []
+    }
+    cases: dict[str, list[tuple[str, str, str | None]]] = {"nodes": [], "pairs": []}
+    for name in report.get("nodes") or {}:
+        why = bad_nodes.get(name)
+        cases["nodes"].append((_text(name), "pairs", None if why is None else _text(why)))
+    for pair in report.get("pairs") or []:
+        a, b = (str(n) for n in pair.get("nodes") or ("?", "?"))
+        why = None if pair.get("ok") else _text(pair.get("why") or "no result")
+        why = why or bad_links.get(frozenset((a, b)))
+        busbw = pair.get("busbw")
+        name = f"{a}-{b} round {pair.get('round', 1)}"
+        cases["pairs"].append((_text(name), f"{busbw or 0:.3f} GB/s", why))
+    failures_total = 0
+    for suite_name, rows in cases.items():
+        suite = ET.SubElement(root, "testsuite", name=suite_name)
+        failures = 0
+        for name, out, why in rows:
+            case = ET.SubElement(suite, "testcase", name=name, classname=suite_name)
+            ET.SubElement(case, "system-out").text = out
+            if why is not None:
+                ET.SubElement(case, "failure", message=why, type="FAIL").text = why
+                failures += 1
+        suite.set("tests", str(len(rows)))
+        suite.set("failures", str(failures))
+        failures_total += failures
+    root.set("tests", str(sum(len(r) for r in cases.values())))
+    root.set("failures", str(failures_total))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 

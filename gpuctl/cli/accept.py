@@ -321,7 +321,9 @@ def run(args: argparse.Namespace) -> int:
 
         if args.report_dir is None:
             args.report_dir = str(paths.state_dir() / paths.REPORTS)
-        return run_pairs(args, config, options)
+        if args.junit:
+            _check_writable(args.junit)
+        return run_pairs(args, config, options, write_text=_write_text)
     history = None if args.no_history or args.prolog else HistoryStore()
     if args.prolog:
         _hard_deadline(options.timeout + PROLOG_GRACE_S)

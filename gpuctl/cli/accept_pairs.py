@@ -9,18 +9,26 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpuctl.accept.pairs import PairResult, RunPair, find_bad, slurm_pairs
-from gpuctl.accept.results import drain_failed, exit_code
+from gpuctl.accept.results import drain_failed, exit_code, junit_xml
 from gpuctl.accept.run import AcceptOptions
 from gpuctl.cli.base import UserError
 from gpuctl.config import Config
 from gpuctl.workloads.accept_suite.schema import RESULT_FAILURE, RESULT_SUCCESS
 
 
-def run_pairs(args: argparse.Namespace, config: Config, options: AcceptOptions) -> int:
+def run_pairs(
+    args: argparse.Namespace,
+    config: Config,
+    options: AcceptOptions,
+    *,
+    write_text: Callable[[Path, str], None],
+) -> int:
+    """The pass (``--junit``'s folder checked by the caller; ``write_text`` writes it)."""
     from gpuctl.cli.common import emit_json
     from gpuctl.reach.slurm import SlurmError, SlurmValueError, check_hostlist
 
@@ -50,6 +58,9 @@ def run_pairs(args: argparse.Namespace, config: Config, options: AcceptOptions) 
         print(f"report: {path}", file=out)
     except OSError as e:
         print(f"gpuctl: accept: report not written to {path}: {e.strerror}", file=sys.stderr)
+    if args.junit:
+        write_text(Path(args.junit), junit_xml(report))
+        print(f"junit: {args.junit}", file=out)
     if args.drain_failed and report["bad_nodes"]:
         report["drained"] = _drain(args, config, report, out)
     print(

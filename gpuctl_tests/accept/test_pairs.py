@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from gpuctl.accept.pairs import PairResult, find_bad
+from gpuctl.accept.results import junit_xml
 from gpuctl_tests.accept.test_cli import gpuctl
 from gpuctl_tests.helpers import wait_until_async
 
@@ -76,6 +78,28 @@ async def test_a_dead_node_fails_its_pairs_and_the_odd_node_is_tested_too() -> N
     assert ("n05", "n03", 2) in calls  # the odd node out, with a good partner (a second wave)
 
 
+async def test_the_pass_as_junit_fails_the_bad_node_and_its_pairs_and_the_bad_link() -> None:
+    """``--pairs --junit``: was left out (the pass returned before the suite's JUnit)."""
+    speed = dict.fromkeys(nodes(4), 10.0)
+    run_pair, _ = pairs_of(speed, dead=frozenset({"n02"}))
+    xml = ET.fromstring(junit_xml(await find_bad(nodes(4), run_pair)))
+    failed = {
+        (case.get("classname"), case.get("name")): case.find("failure").get("message")
+        for case in xml.iter("testcase")
+        if case.find("failure") is not None
+    }
+    assert set(failed) >= {("nodes", "n02")} and "timed out" in failed[("nodes", "n02")]
+    assert {k for k in failed if k[0] == "nodes"} == {("nodes", "n02")}
+    assert failed.keys() - {("nodes", "n02")}, "the dead node's pairs fail too"
+    assert all("n02" in name for kind, name in failed if kind == "pairs"), failed
+    assert xml.get("failures") == str(len(failed))
+    run_pair, _ = pairs_of(speed, frozenset({frozenset(("n01", "n02"))}))
+    xml = ET.fromstring(junit_xml(await find_bad(nodes(4), run_pair)))
+    (case,) = [c for c in xml.iter("testcase") if c.find("failure") is not None]
+    assert case.get("name") == "n01-n02 round 1" and case.get("classname") == "pairs"
+    assert "while each is good with another node" in case.find("failure").get("message")
+
+
 async def test_suspects_outnumbering_good_nodes_go_in_waves() -> None:
     speed = dict.fromkeys(nodes(6), 10.0) | {"n01": 1.0, "n03": 1.0}
     run_pair, calls = pairs_of(speed)
@@ -125,7 +149,8 @@ def test_pairs_find_the_node_whose_link_is_throttled(tmp_path: Path, slurm_nodes
         r = gpuctl(
             tmp_path, "--pairs", "--via", "slurm", "--device", "cpu", "--quick",
             "--nodes", "node[01-04]", "--job-dir", str(tmp_path / "jobs"),
-            "--report-dir", str(tmp_path / "D"), "--drain-failed", env=slurm_nodes.env,
+            "--report-dir", str(tmp_path / "D"), "--drain-failed",
+            "--junit", str(tmp_path / "J" / "pairs.xml"), env=slurm_nodes.env,
         )  # fmt: skip
     finally:
         subprocess.run(net.enter(2, ["tc", "qdisc", "del", "dev", dev, "root"]), check=False)
@@ -141,6 +166,11 @@ def test_pairs_find_the_node_whose_link_is_throttled(tmp_path: Path, slurm_nodes
     )
     assert "drained node03 in Slurm: gpuctl accept: pairs: node03-node01" in out
     assert out.strip().splitlines()[-1].startswith("[RESULT] FAILURE")
+    junit = ET.parse(tmp_path / "J" / "pairs.xml").getroot()  # its missing folder made
+    bad = [c.get("name") for c in junit.iter("testcase") if c.get("classname") == "nodes"]
+    assert sorted(bad) == ["node01", "node02", "node03", "node04"]
+    failed = {c.get("name") for c in junit.iter("testcase") if c.find("failure") is not None}
+    assert "node03" in failed and not failed & {"node01", "node02", "node04"}, failed
 
 
 class FakeRun:
