@@ -78,6 +78,22 @@ def mutation(func: Any) -> str | None:
     return what
 
 
+def _audit_refusal(args: argparse.Namespace, refusal: Exception) -> None:
+    """A command read-only mode refused before it knew its nodes: kept in the audit log as
+    the screen's and the API's refusals are (``stress_start`` on ``gpu[01-04]``: the command's
+    words and its ``--nodes`` as given). The demo's are not: it writes no audit entries."""
+    if getattr(args, "demo", False):
+        return
+    from gpuctl import audit
+
+    command = str(getattr(args, "command", None) or "watch")
+    sub = getattr(args, f"{command}_command", None)
+    action = command if not isinstance(sub, str) else f"{command}_{sub}"
+    nodes = getattr(args, "nodes", None)
+    node = nodes if isinstance(nodes, str) else "local" if getattr(args, "local", False) else ""
+    audit.record(action, node, "", f"refused: {refusal}")
+
+
 def read_only_source(args: argparse.Namespace, *, strict: bool = False) -> str | None:
     """Why this run is read-only (how to lift it, in words), or None when it is not: the
     decision of the command's session (``gpuctl.cli.common.session``: the top-level
@@ -386,7 +402,9 @@ def _run(argv: Sequence[str] | None) -> int:
     if what is not None or getattr(args, "global_read_only", False) or READ_ONLY_ENV in os.environ:
         why = read_only_source(args, strict=what is not None)
         if why is not None and what is not None:
-            raise service.ReadOnlyError(what, why)
+            refusal = service.ReadOnlyError(what, why)
+            _audit_refusal(args, refusal)
+            raise refusal
         # The decision, for the command to hand to the API it calls (which then reads nothing
         # again) and to commands that check their own --read-only (the TUI).
         args.read_only = why is not None

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gpuctl import audit
 from gpuctl.config import load_config
 from gpuctl.fleet.build import fleet_from_config
 from gpuctl.fleet.fleet import simulated_fleet
@@ -78,11 +79,18 @@ def test_every_mutating_command_refuses_in_one_line(tmp_path: Path) -> None:
         assert "is disabled" in lines[0], where
         assert what in lines[0] and lift in lines[0], (where, lines[0])
         assert r.stdout == "", where
-    # refused before anything started: the state folder holds gpuctl's log, no job store,
-    # no history, no job folder
-    for i in range(len(CASES)):
+    # refused before anything started: the state folder holds gpuctl's log and the audit
+    # log's refusal (not the demo's: it writes none), no job store, no history, no job folder
+    for i, (argv, *_) in enumerate(CASES):
         state = tmp_path / str(i) / "state"
-        assert {p.name for p in state.iterdir()} <= {"logs"}, CASES[i]
+        demo = "--demo" in argv
+        kept = {"logs"} if demo else {"logs", audit.AUDIT_FILE}
+        assert {p.name for p in state.iterdir()} == kept, CASES[i]
+        if not demo:
+            (entry,) = (json.loads(line) for line in (state / audit.AUDIT_FILE).open())
+            words = [w for w in argv if not w.startswith("-")][:2]
+            assert entry["action"] in ("_".join(words), words[0]), (argv, entry)
+            assert entry["outcome"].startswith("refused: read-only mode: "), entry
 
 
 def test_a_broken_config_stops_mutating_commands_that_do_not_read_it(tmp_path: Path) -> None:
