@@ -24,10 +24,10 @@ SAMPLES = 20
 NOW = T0 + SAMPLES - 0.5
 
 
-def app_of(tmp_path: Path, nodes: int) -> GpuctlApp:
+def app_of(tmp_path: Path, nodes: int, prefix: str = "dgx-") -> GpuctlApp:
     links = {
-        f"dgx-{i:02d}": ReplayLink(
-            recorded_node(f"dgx-{i:02d}", "8:H100", seed=11 + i, t0=T0, samples=SAMPLES)
+        f"{prefix}{i:02d}": ReplayLink(
+            recorded_node(f"{prefix}{i:02d}", "8:H100", seed=11 + i, t0=T0, samples=SAMPLES)
         )
         for i in range(nodes)
     }
@@ -71,6 +71,18 @@ def panel_pids(text: str) -> list[str]:
 def list_whole(app: GpuctlApp) -> bool:
     nodes = app.overview.nodes
     return nodes.size.height >= len(nodes.lines) and nodes.scroll_offset.y == 0
+
+
+async def test_a_long_node_name_gives_way_to_the_gpus_count_at_80_columns(tmp_path: Path) -> None:
+    """A 60-character name took the whole title at 80 columns: the GPU's count fell off."""
+    app = app_of(tmp_path, 1, prefix="rack17-row4-chassis2-" * 3)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settled(pilot)
+        await pilot.press("down")
+        await pilot.pause()
+        title = next(line for line in drawn(app).splitlines() if "processes on" in line)
+        assert " on GPU 1" in title and len(title.rstrip()) <= 80, title
+        assert "rack17-row4" in title, title
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 60)], ids=lambda s: f"{s[0]}x{s[1]}")

@@ -105,7 +105,9 @@ class NodeProcs(Widget):
         # "8 processes on dgx-a01 · 2 on GPU 3": the node's count, then the cursor GPU's (its
         # rows come first, in bold); the key's hint only where it fits the width
         title = Text(f" {len(rows)} process{'es' if len(rows) != 1 else ''}", end="")
-        title.append_text(node_text(f" on {snap.name}", limit=60))
+        # a long name gives way so the GPU's count stays on the line at 80 columns
+        room = max(12, min(60, width - len(title) - 16))
+        title.append_text(node_text(f" on {snap.name}", limit=room))
         if gpu is not None:
             title.append(f" · {mine} on GPU {gpu}")
         key = getattr(self.app, "key_display", None)  # the configured key, not the default
