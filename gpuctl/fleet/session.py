@@ -53,6 +53,15 @@ class LinkError(Exception):
         self.message = message
 
 
+class LineTooLong(LinkError, ValueError):
+    """A line longer than a ``LineFeed``'s limit: the stream ends, as asyncio's reader ends it
+    (a ValueError), and the fleet reads it as a link that misbehaved (``protocol``), not as an
+    error that ends the node's task."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__("protocol", f"agent sent a bad line: a line over {limit} bytes")
+
+
 class LineReader(Protocol):
     async def readline(self) -> bytes | str: ...
 
@@ -327,7 +336,7 @@ class LineFeed:
         self._rest = buf[start:] if start else buf
         if len(self._rest) > self._limit:
             self._rest = b""
-            self.set_exception(ValueError("Separator is not found, and chunk exceed the limit"))
+            self.set_exception(LineTooLong(self._limit))
         elif (
             sink is None
             and self._held > 2 * self._limit

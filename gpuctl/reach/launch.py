@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import functools
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -259,17 +258,25 @@ class FedProcess(asyncssh.SSHClientSession[bytes]):
     """A long-running remote ``sh`` script whose stdout and stderr, from just after the start
     marker, go to two feeds from the channel's ``data_received`` (no reader task).
 
-    ``banner``/``stderr_banner``: what the login shell printed before the marker. At the end
-    (the channel closed: after the exit status came) ``ended(exc)`` is called: ``exc`` is the
-    connection's error when it was lost, None when the channel closed; its default ends both
-    feeds (a lost connection as ``RemoteError("lost")`` on stdout). A channel whose stdout
-    ended without closing is taken as closed ``EOF_CLOSE_S`` later. The feeds hold what they
-    hold: pausing the channel is theirs (``pause_reading``)."""
+    ``banner``/``stderr_banner``: what the login shell printed before the marker (the last
+    ``MAX_BANNER`` bytes kept). At the end (the channel closed: after the exit status came)
+    ``ended(self, exc)`` says how the feeds end: ``exc`` is the connection's error when it was
+    lost, None when the channel closed. A channel whose stdout ended without closing is taken as
+    closed ``EOF_CLOSE_S`` later. The feeds hold what they hold: pausing the channel is theirs
+    (``chan.pause_reading``)."""
 
     EOF_CLOSE_S = 2.0
 
-    def __init__(self, marker: bytes, out: Feed, err: Feed, node: str) -> None:
+    def __init__(
+        self,
+        marker: bytes,
+        out: Feed,
+        err: Feed,
+        node: str,
+        ended: Callable[[FedProcess, Exception | None], None],
+    ) -> None:
         self._marker = marker
+        self._ended = ended
         self.out, self.err, self.node = out, err, node
         self._before = [b"", b""]  # stdout, stderr: what came before the marker
         self._found = [False, False]
@@ -279,7 +286,6 @@ class FedProcess(asyncssh.SSHClientSession[bytes]):
         self.started: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._eof_timer: asyncio.TimerHandle | None = None
         self._writable: asyncio.Future[None] | None = None
-        self.ended: Callable[[Exception | None], None] = self._end_feeds
         self.closed = False
 
     # -- asyncssh's callbacks ---------------------------------------------------------------
@@ -295,7 +301,7 @@ class FedProcess(asyncssh.SSHClientSession[bytes]):
         buf = self._before[which] + data
         split = split_banner(buf, self._marker)
         if split is None:
-            self._before[which] = buf
+            self._before[which] = buf[-MAX_BANNER - len(self._marker) :]
             if not which and len(buf) > MAX_BANNER and not self.started.done():
                 self.started.set_result(False)  # the shell is broken
             return
@@ -377,15 +383,7 @@ class FedProcess(asyncssh.SSHClientSession[bytes]):
             return
         self.closed = True
         if self.started.done() and self.started.result():
-            self.ended(exc)
-
-    def _end_feeds(self, exc: Exception | None) -> None:
-        self.err.feed_eof()
-        if exc is None:
-            self.out.feed_eof()
-        else:
-            lost = RemoteError("lost", f"SSH connection to {self.node} lost: {exc}")
-            self.out.set_exception(lost)
+            self._ended(self, exc)
 
 
 async def start_fed(
@@ -395,20 +393,17 @@ async def start_fed(
     node: str,
     out: Feed,
     err: Feed,
-    ended: Callable[[FedProcess, Exception | None], None] | None = None,
+    ended: Callable[[FedProcess, Exception | None], None],
 ) -> FedProcess:
     """Start the ``sh`` text ``script`` on the node, its stdout and stderr after the marker
-    going to ``out`` and ``err`` from the channel's callback; wait for the marker. ``ended``,
-    when given, says how the streams end (see ``FedProcess``).
+    going to ``out`` and ``err`` from the channel's callback; wait for the marker. ``ended``
+    says how the feeds end (see ``FedProcess``).
 
     Raises RemoteError as ``start()`` does."""
     wrapped = launch(script)
 
     def factory() -> FedProcess:
-        fed = FedProcess(wrapped.marker, out, err, node)
-        if ended is not None:
-            fed.ended = functools.partial(ended, fed)
-        return fed
+        return FedProcess(wrapped.marker, out, err, node, ended)
 
     try:
         _chan, session = await conn.create_session(factory, wrapped.command, encoding=None)

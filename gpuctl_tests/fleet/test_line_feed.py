@@ -13,7 +13,7 @@ from gpuctl.config import parse_config
 from gpuctl.core.model import NodeSnapshot
 from gpuctl.fleet.build import fleet_from_config
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
-from gpuctl.fleet.session import LineFeed
+from gpuctl.fleet.session import LineFeed, LinkError
 from gpuctl.fleet.slurm import SrunLink, StepLink
 from gpuctl.fleet.ssh import SshLink
 from gpuctl_tests.fleet.test_slurm import FAST
@@ -144,8 +144,11 @@ async def test_line_feed_ends_as_asyncio_reader_on_a_long_line_or_an_error() -> 
         await asyncio_reader([b"x" * 100], 64).readline()
     feed = LineFeed(limit=64)
     feed.feed_data(b"x" * 100)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as too_long:
         await feed.readline()
+    # ... and the fleet's words for a link that misbehaved (a ValueError ended the node's task)
+    assert isinstance(too_long.value, LinkError) and too_long.value.reason == "protocol"
+    assert too_long.value.message == "agent sent a bad line: a line over 64 bytes"
 
     ends: list[BaseException | None] = []
     got: list[bytes] = []
