@@ -5,6 +5,7 @@ and one step for many); and the same lines, replies and ends as asyncio's reader
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from gpuctl.config import parse_config
 from gpuctl.core.model import NodeSnapshot
 from gpuctl.fleet.build import fleet_from_config
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
-from gpuctl.fleet.session import LineFeed, LinkError
+from gpuctl.fleet.session import LineFeed, LineFeedProtocol, LinkError
 from gpuctl.fleet.slurm import SrunLink, StepLink
 from gpuctl.fleet.ssh import SshLink
 from gpuctl_tests.fleet.test_slurm import FAST
@@ -244,3 +245,35 @@ async def test_one_steps_nodes_samples_wake_no_task(
     finally:
         await fleet.stop()
         await asyncio.to_thread(slurm_nodes.run, ["scancel", job])
+
+
+async def test_line_feed_pauses_its_pipe_while_too_much_is_unread() -> None:
+    """Before its lines are handed on, a feed holding more than twice its limit unread pauses
+    its transport (a real pipe's), and resumes it once ``readline`` took them down to the
+    limit; handing the lines on resumes it too."""
+    loop = asyncio.get_running_loop()
+    for hand_on in (False, True):
+        r, w = os.pipe()
+        feed = LineFeed(limit=64)
+        transport, _ = await loop.connect_read_pipe(
+            lambda feed=feed: LineFeedProtocol(feed), os.fdopen(r, "rb", buffering=0)
+        )
+        try:
+            line = b"x" * 31 + b"\n"  # 32 bytes
+            os.write(w, line * 5)  # 160 bytes unread: over twice the limit
+            first = await feed.peek()  # read in: the transport's callback has run
+            assert first == line and not transport.is_reading()
+            if hand_on:
+                got: list[bytes] = []
+                feed.push_to(got.append, lambda _e: None)
+                assert got == [line] * 5 and transport.is_reading()
+                continue
+            assert await feed.readline() == line  # 128 held
+            assert not transport.is_reading()
+            assert await feed.readline() == line  # 96
+            assert not transport.is_reading()
+            assert await feed.readline() == line  # 64: the limit
+            assert transport.is_reading()
+        finally:
+            transport.close()
+            os.close(w)
