@@ -53,6 +53,15 @@ class LinkError(Exception):
         self.message = message
 
 
+class LineTooLong(LinkError, ValueError):
+    """A line longer than a ``LineFeed``'s limit: the stream ends, as asyncio's reader ends it
+    (a ValueError), and the fleet reads it as a link that misbehaved (``protocol``), not as an
+    error that ends the node's task."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__("protocol", f"agent sent a bad line: a line over {limit} bytes")
+
+
 class LineReader(Protocol):
     async def readline(self) -> bytes | str: ...
 
@@ -224,16 +233,38 @@ class LineFeed:
 
     A task per node awaiting ``StreamReader.readline()`` cost the loop ~20-40 us a line more
     than lines handed on from the transport's callback (``benchmarks/line_readers.py``: 512
-    nodes, one line a second each). The links whose stream is a pipe of this process or fed by
-    gpuctl itself (a simulated, replayed or recorded node) read through one."""
+    nodes, one line a second each). Every link reads through one: a pipe of this process or
+    lines gpuctl feeds itself (a simulated, replayed or recorded node), an SSH channel
+    (``reach.launch.start_fed``) and srun's pipes (``fleet.slurm.start_srun``).
 
-    __slots__ = ("_end", "_eof", "_error", "_limit", "_lines", "_rest", "_sink", "_waiter")
+    What it holds is bounded: a line begun by ``limit`` (longer ends the stream, as asyncio's
+    reader has it) and, before ``push_to``, the lines not yet read: past twice ``limit`` the
+    ``transport`` (anything with ``pause_reading``/``resume_reading``: a pipe's transport, an SSH
+    channel) is paused until ``readline`` has taken them down to ``limit``, as asyncio's reader
+    does. Once pushed nothing is held: each line is handled inside the callback that read it."""
+
+    __slots__ = (
+        "_end",
+        "_eof",
+        "_error",
+        "_held",
+        "_limit",
+        "_lines",
+        "_paused",
+        "_rest",
+        "_sink",
+        "_waiter",
+        "transport",
+    )
 
     def __init__(self, limit: int = 2**16) -> None:
         self._limit = limit  # a line longer than this ends the stream, as asyncio's reader has it
         # read, not yet taken (the hello, and what came with it): a list, not a deque (a deque
         # keeps a block of 64 slots however short, for every node)
         self._lines: list[bytes] = []
+        self._held = 0  # their bytes
+        self._paused = False
+        self.transport: Any = None  # paused while too much is held unread (``pause_reading``)
         self._rest = b""  # a line begun, its newline not yet come
         self._eof = False
         self._error: BaseException | None = None
@@ -243,18 +274,33 @@ class LineFeed:
 
     async def readline(self) -> bytes:
         """The next line, newline included; at the end what is left (b"" when nothing is)."""
-        while not self._lines:
+        await self._ready()
+        if not self._lines:
             if self._error is not None:
                 raise self._error
-            if self._eof:
-                rest, self._rest = self._rest, b""
-                return rest
+            rest, self._rest = self._rest, b""
+            return rest
+        line = self._lines.pop(0)
+        self._held -= len(line)
+        if self._paused and self._held <= self._limit:
+            self._resume()
+        return line
+
+    async def peek(self) -> bytes:
+        """The line ``readline`` returns next, left for it (raises what it would raise)."""
+        await self._ready()
+        if not self._lines and self._error is not None:
+            raise self._error
+        return self._lines[0] if self._lines else self._rest
+
+    async def _ready(self) -> None:
+        """Wait for a line, the end or an error."""
+        while not self._lines and self._error is None and not self._eof:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._lines.pop(0)
 
     def push_to(
         self, sink: Callable[[bytes], None], end: Callable[[BaseException | None], None]
@@ -264,6 +310,9 @@ class LineFeed:
         ``end(error)`` where ``readline`` would raise it."""
         self._sink, self._end = sink, end
         lines, self._lines = self._lines, []
+        self._held = 0
+        if self._paused:
+            self._resume()
         for line in lines:
             sink(line)
         if self._error is not None:
@@ -272,25 +321,34 @@ class LineFeed:
             self._finish()
 
     def feed_data(self, data: bytes) -> None:
-        if not data or self._eof:
-            return
+        if not data or self._eof or self._error is not None:
+            return  # after the end nothing more is held
         buf = self._rest + data if self._rest else data
         sink = self._sink
         start = 0
         while (i := buf.find(b"\n", start)) >= 0:
             if sink is None:
                 self._lines.append(buf[start : i + 1])
+                self._held += i + 1 - start
             else:
                 sink(buf[start : i + 1])
             start = i + 1
         self._rest = buf[start:] if start else buf
         if len(self._rest) > self._limit:
             self._rest = b""
-            self.set_exception(ValueError("Separator is not found, and chunk exceed the limit"))
+            self.set_exception(LineTooLong(self._limit))
+        elif (
+            sink is None
+            and self._held > 2 * self._limit
+            and self.transport is not None
+            and not self._paused
+        ):
+            self._paused = True
+            self.transport.pause_reading()
         self._wake()
 
     def feed_eof(self) -> None:
-        if self._eof:
+        if self._eof or self._error is not None:
             return
         self._eof = True
         if self._sink is not None:
@@ -310,10 +368,29 @@ class LineFeed:
         if self._end is not None:
             self._end(None)
 
+    def _resume(self) -> None:
+        self._paused = False
+        with contextlib.suppress(Exception):  # closed meanwhile
+            self.transport.resume_reading()
+
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+STDERR_KEPT = 20  # an agent's last stderr lines kept for the reason its link ended
+
+
+def keep_stderr(tail: list[str], line: bytes) -> None:
+    """A line of an agent's stderr into ``tail`` (``AgentSession.stderr_tail``): its last
+    ``STDERR_KEPT``, each cut at ``protocol.MAX_LINE``; ``LineFeed.push_to``'s sink."""
+    tail.append(line.decode(errors="replace").rstrip()[: protocol.MAX_LINE])
+    del tail[:-STDERR_KEPT]
+
+
+def stderr_ended(_error: BaseException | None) -> None:
+    """A stderr's end (``LineFeed.push_to``'s ``end``): how the link ended is its stdout's."""
 
 
 class LineFeedProtocol(asyncio.Protocol):
@@ -321,6 +398,9 @@ class LineFeedProtocol(asyncio.Protocol):
 
     def __init__(self, feed: LineFeed) -> None:
         self.feed = feed
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.feed.transport = transport
 
     def data_received(self, data: bytes) -> None:
         self.feed.feed_data(data)

@@ -35,7 +35,13 @@ from gpuctl.core.deadline import wait_for
 from gpuctl.core.model import NodeSnapshot
 from gpuctl.fleet.fleet import Fleet
 from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
-from gpuctl.fleet.session import AgentSession, LinkError
+from gpuctl.fleet.session import (
+    AgentSession,
+    LineFeed,
+    LinkError,
+    keep_stderr,
+    stderr_ended,
+)
 from gpuctl.fleet.ssh import agent_script
 from gpuctl.node import protocol
 from gpuctl.reach.deploy import parse_reply
@@ -395,22 +401,19 @@ class SrunLink(NodeLink):
             "bundle_dir to a folder of yours shared with the nodes",
         )
 
-    async def _start(
-        self, jobid: str
-    ) -> tuple[asyncio.subprocess.Process, bytes, Callable[[], Awaitable[None]]]:
-        proc = await start_srun(self.argv(jobid), self.env)
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    async def _start(self, jobid: str) -> tuple[Srun, bytes, Callable[[], Awaitable[None]]]:
+        srun = await start_srun(self.argv(jobid), self.env)
 
         async def close() -> None:
-            await end_srun(proc)
+            await end_srun(srun.proc)
 
         try:
-            first = await proc.stdout.readline()
+            first = await srun.out.peek()  # the hello (the session reads it) or a deploy word
         except asyncio.CancelledError:
             with contextlib.suppress(ProcessLookupError):
-                proc.terminate()  # srun signals its step, which ends
+                srun.proc.terminate()  # srun signals its step, which ends
             raise
-        return proc, first, close
+        return srun, first, close
 
     async def open(self) -> AgentSession:
         if await self._still_down():
@@ -419,18 +422,17 @@ class SrunLink(NodeLink):
             raise LinkError("down", f"Slurm has {self.node.name} {self.slurm_node.state}{why}")
         jobid = await self._jobid()
         for attempt in range(2):
-            proc, first, close = await self._start(jobid)
+            srun, first, close = await self._start(jobid)
             reply = parse_reply(first)
             if first and reply is None:
                 break
-            err = b""
-            assert proc.stderr is not None
+            err: list[bytes] = []
             with contextlib.suppress(TimeoutError):
-                err = await wait_for(proc.stderr.read(), 5.0)
+                await wait_for(_read_all(srun.err, err), 5.0)
             await close()
             if reply is None:  # srun or the agent ended before a word
-                lines = err.decode(errors="replace").strip().splitlines()
-                detail = lines[-1] if lines else f"srun exited {proc.returncode}"
+                lines = b"".join(err).decode(errors="replace").strip().splitlines()
+                detail = lines[-1] if lines else f"srun exited {srun.proc.returncode}"
                 reason = "slurm" if "srun:" in detail else "agent_crashed"
                 raise LinkError(reason, f"{self.node.name}: {detail}")
             word, rest = reply
@@ -438,32 +440,74 @@ class SrunLink(NodeLink):
                 self._bundle = None  # written again from this gpuctl, never run as it was
                 continue
             raise self._deploy_error(word, rest)
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        session = AgentSession(_First(first, proc.stdout), proc.stdin, close=close)
-        task = asyncio.get_running_loop().create_task(_stderr_tail(proc.stderr, session))
-        _keep.add(task)
-        task.add_done_callback(_keep.discard)
+        assert srun.proc.stdin is not None
+        # the agent's lines go to the session from the pipe's callback (``AgentSession.stream``)
+        session = AgentSession(srun.out, srun.proc.stdin, close=close)
+        srun.err.push_to(functools.partial(keep_stderr, session.stderr_tail), stderr_ended)
         return session
 
 
-_keep: set[asyncio.Task[None]] = set()
+class _Pipes(asyncio.subprocess.SubprocessStreamProtocol):
+    """srun's stdout and stderr read into ``LineFeed``s (lines handed on from the pipes'
+    callbacks, no task woken a line) instead of asyncio's readers; its stdin, exit and ``wait``
+    are asyncio's. A feed holding too many unread lines pauses its pipe."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=STREAM_LIMIT, loop=loop)
+        self.out = LineFeed(limit=STREAM_LIMIT)
+        self.err = LineFeed(limit=STREAM_LIMIT)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.stdout = self.stderr = None  # read by the feeds
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self.out.transport = transport.get_pipe_transport(1)
+        self.err.transport = transport.get_pipe_transport(2)
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        assert isinstance(data, bytes)
+        if fd == 1:
+            self.out.feed_data(data)
+        elif fd == 2:
+            self.err.feed_data(data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        feed = self.out if fd == 1 else self.err if fd == 2 else None
+        if feed is not None:
+            if exc is None:
+                feed.feed_eof()
+            else:
+                feed.set_exception(exc)
+        super().pipe_connection_lost(fd, exc)
 
 
-async def start_srun(argv: list[str], env: Mapping[str, str]) -> asyncio.subprocess.Process:
-    """Start an srun step with pipes on all three streams. Raises LinkError when srun is not
-    there."""
+@dataclass(frozen=True, slots=True)
+class Srun:
+    """A running srun: the process (stdin, ``wait``, signals) and its stdout and stderr as
+    ``LineFeed``s."""
+
+    proc: asyncio.subprocess.Process
+    out: LineFeed
+    err: LineFeed
+
+
+async def start_srun(argv: list[str], env: Mapping[str, str]) -> Srun:
+    """Start an srun step with pipes on all three streams, its output read into feeds. Raises
+    LinkError when srun is not there."""
+    loop = asyncio.get_running_loop()
     try:
-        return await asyncio.create_subprocess_exec(
+        transport, pipes = await loop.subprocess_exec(
+            lambda: _Pipes(loop),
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=dict(env),
-            limit=STREAM_LIMIT,
             start_new_session=True,  # a Ctrl-C in the terminal is gpuctl's, not srun's
         )
     except FileNotFoundError:
         raise LinkError("slurm", "srun not found: is this a Slurm login node?") from None
+    return Srun(asyncio.subprocess.Process(transport, pipes, loop), pipes.out, pipes.err)
 
 
 async def end_srun(proc: asyncio.subprocess.Process) -> None:
@@ -484,23 +528,21 @@ async def end_srun(proc: asyncio.subprocess.Process) -> None:
             await proc.wait()
 
 
-class _First:
-    def __init__(self, first: bytes, reader: asyncio.StreamReader | _Task) -> None:
-        self._first: bytes | None = first
-        self._reader = reader
-
-    async def readline(self) -> bytes:
-        if self._first is not None:
-            first, self._first = self._first, None
-            return first
-        return await self._reader.readline()
-
-
-async def _stderr_tail(stream: asyncio.StreamReader, session: AgentSession) -> None:
+async def _read_all(feed: LineFeed, into: list[bytes]) -> None:
+    """What is left on ``feed`` to its end, into ``into`` (an srun that failed: its words)."""
     with contextlib.suppress(Exception):
-        while line := await stream.readline():
-            session.stderr_tail.append(line.decode(errors="replace").rstrip())
-            del session.stderr_tail[:-20]
+        while line := await feed.readline():
+            into.append(line)
+
+
+def _settle(end: asyncio.Future[None], error: BaseException | None) -> None:
+    """A feed's end (``LineFeed.push_to``) onto a future: how it ended, once."""
+    if end.done():
+        return
+    if error is None:
+        end.set_result(None)
+    else:
+        end.set_exception(error)
 
 
 # -- one srun step for many nodes --------------------------------------------------------------
@@ -531,33 +573,29 @@ def exit_words(status: int) -> str:
 
 
 class _Task:
-    """One node's share of a shared step: its lines (whole messages), its end, its stderr."""
+    """One node's share of a shared step: its lines (whole messages) in a ``LineFeed`` (its
+    session's reader: once pushed, each goes on from srun's pipe callback), its end, its
+    stderr."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.state = "waiting"  # waiting (not claimed yet) | claimed | gone
-        self.lines: asyncio.Queue[bytes | None] = asyncio.Queue()
+        # no transport to pause: the pipe is every node's (a node not claimed yet holds its
+        # lines until it is, or the step ends)
+        self.feed = LineFeed(limit=STREAM_LIMIT)
         self.joiner = protocol.Joiner()
-        self.end: LinkError | None = None
         self.ended = asyncio.Event()
         self.stderr_tail: list[str] = []
 
     def finish(self, error: LinkError | None) -> None:
+        """The agent ended: normally (None: its lines end) or as ``error`` says (its reader
+        raises it after the lines read before)."""
         if not self.ended.is_set():
-            self.end = error
             self.ended.set()
-            self.lines.put_nowait(None)
-
-    async def readline(self) -> bytes:
-        """The next whole line; b"" once the agent ended normally. Raises the LinkError that
-        says how it ended otherwise."""
-        line = await self.lines.get()
-        if line is None:
-            self.lines.put_nowait(None)  # stays at its end for the next reader
-            if self.end is not None:
-                raise self.end
-            return b""
-        return line
+            if error is None:
+                self.feed.feed_eof()
+            else:
+                self.feed.set_exception(error)
 
     def note(self, text: str) -> None:
         self.stderr_tail.append(text)
@@ -585,17 +623,21 @@ class _Addressed:
 class _Step:
     """One running ``srun`` whose tasks are the agents of ``names`` (one each)."""
 
-    def __init__(self, jobid: str, names: list[str], proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, jobid: str, names: list[str], srun: Srun) -> None:
         self.jobid = jobid
-        self.proc = proc
+        self.proc = srun.proc
         self.tasks = {n: _Task(n) for n in names}
         self._by_id: dict[int, _Task] = {}
         self.errors: list[str] = []  # srun's own lines, for a step that failed as a whole
         self.done = asyncio.Event()  # srun exited
-        self._readers = [
-            asyncio.get_running_loop().create_task(self._read_out()),
-            asyncio.get_running_loop().create_task(self._read_err()),
-        ]
+        loop = asyncio.get_running_loop()
+        self._out_end: asyncio.Future[None] = loop.create_future()
+        self._err_end: asyncio.Future[None] = loop.create_future()
+        # srun's lines are split among the nodes from its pipes' callbacks (``_on_out``,
+        # ``_on_err``); one task waits for the step's end
+        srun.out.push_to(self._on_out, functools.partial(_settle, self._out_end))
+        srun.err.push_to(self._on_err, functools.partial(_settle, self._err_end))
+        self._ending = loop.create_task(self._end())
         self._closing: asyncio.Task[None] | None = None
 
     @property
@@ -609,28 +651,31 @@ class _Step:
         tid = int(m.group(1))
         return self._by_id.get(tid), tid, line[m.end() :]
 
-    async def _read_out(self) -> None:
-        assert self.proc.stdout is not None
+    def _on_out(self, line: bytes) -> None:
+        """A line of srun's stdout: a task's name, exit, or a piece of its agent's message."""
+        task, tid, body = self._task_of(line)
+        if task is None:
+            if tid >= 0 and body.startswith(TASK_TAG):
+                name = body[len(TASK_TAG) :].strip().decode(errors="replace")
+                if name in self.tasks:
+                    self._by_id[tid] = self.tasks[name]
+            return
+        if body.startswith(EXIT_TAG):
+            self._exited(task, body[len(EXIT_TAG) :].strip())
+            return
+        whole = task.joiner.feed(body.rstrip(b"\n"))
+        if whole is not None:
+            task.feed.feed_data(whole + b"\n")  # to its session, in this callback once pushed
+
+    async def _end(self) -> None:
+        """srun's stdout ended: once srun exited and its stderr is read to its end (srun's own
+        last words are there: a loaded machine once named the reason before reading them),
+        end every task still running, saying why."""
         with contextlib.suppress(Exception):
-            while line := await self.proc.stdout.readline():
-                task, tid, body = self._task_of(line)
-                if task is None:
-                    if tid >= 0 and body.startswith(TASK_TAG):
-                        name = body[len(TASK_TAG) :].strip().decode(errors="replace")
-                        if name in self.tasks:
-                            self._by_id[tid] = self.tasks[name]
-                    continue
-                if body.startswith(EXIT_TAG):
-                    self._exited(task, body[len(EXIT_TAG) :].strip())
-                    continue
-                whole = task.joiner.feed(body.rstrip(b"\n"))
-                if whole is not None:
-                    task.lines.put_nowait(whole + b"\n")
+            await self._out_end
         await self.proc.wait()
-        # srun's own last words are on stderr, read by the other reader: read to its end
-        # first (a loaded machine ran this reader first, and the reason lost srun's words)
         with contextlib.suppress(Exception):
-            await wait_for(asyncio.shield(self._readers[1]), STDERR_END_S)
+            await wait_for(asyncio.shield(self._err_end), STDERR_END_S)
         why = self.errors[-1] if self.errors else f"srun exited {self.proc.returncode}"
         started = set(self._by_id.values())
         for task in self.tasks.values():
@@ -654,21 +699,19 @@ class _Step:
             )
         )
 
-    async def _read_err(self) -> None:
-        assert self.proc.stderr is not None
-        with contextlib.suppress(Exception):
-            while line := await self.proc.stderr.readline():
-                task, _tid, body = self._task_of(line)
-                text = body.decode(errors="replace").rstrip()
-                if task is not None:
-                    task.note(text)
-                    continue
-                m = _TASK_EXIT.match(text)
-                if m is not None and m.group(1) in self.tasks:
-                    self.tasks[m.group(1)].note(text)
-                else:
-                    self.errors.append(text)
-                    del self.errors[:-20]
+    def _on_err(self, line: bytes) -> None:
+        """A line of srun's stderr: a task's (kept for its reason) or srun's own."""
+        task, _tid, body = self._task_of(line)
+        text = body.decode(errors="replace").rstrip()
+        if task is not None:
+            task.note(text)
+            return
+        m = _TASK_EXIT.match(text)
+        if m is not None and m.group(1) in self.tasks:
+            self.tasks[m.group(1)].note(text)
+        else:
+            self.errors.append(text)
+            del self.errors[:-20]
 
     def in_use(self) -> bool:
         """True while a task may still be claimed or is someone's session."""
@@ -763,8 +806,8 @@ class SrunFanout:
             argv = self.client.step_argv(
                 jobid, members, ["sh", "-c", step_script(script)], shared=True
             )
-            proc = await start_srun(argv, self.links[members[0]].env)
-            step = _Step(jobid, members, proc)
+            srun = await start_srun(argv, self.links[members[0]].env)
+            step = _Step(jobid, members, srun)
             self.steps = [s for s in self.steps if s.running] + [step]
             for name in members:
                 self._step_of[name] = step
@@ -807,7 +850,7 @@ class SrunFanout:
             task = step.tasks[name]
             task.state = "claimed"
         try:
-            first = await task.readline()
+            first = await task.feed.peek()  # the hello (the session reads it) or a deploy word
         except BaseException:  # the step ended, or the fleet gave up waiting (cancelled)
             task.state = "gone"
             with contextlib.suppress(ConnectionError, RuntimeError):
@@ -822,7 +865,7 @@ class SrunFanout:
                 return None
             raise self.links[name]._deploy_error(word, rest)
         session = AgentSession(
-            _First(first, task),
+            task.feed,  # its lines go on from srun's pipe callback (``AgentSession.stream``)
             _Addressed(step, name),
             close=functools.partial(step.release, name),
         )

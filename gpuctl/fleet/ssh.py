@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import time
@@ -29,9 +30,8 @@ import asyncssh
 from gpuctl.bundle import bundle_bytes, bundle_name
 from gpuctl.config import NodeConfig
 from gpuctl.core.deadline import wait_for
-from gpuctl.fleet.links import NodeLink
-from gpuctl.fleet.session import AgentSession, LinkError
-from gpuctl.node import protocol
+from gpuctl.fleet.links import STREAM_LIMIT, NodeLink
+from gpuctl.fleet.session import AgentSession, LineFeed, LinkError, keep_stderr, stderr_ended
 from gpuctl.reach import launch
 from gpuctl.reach.deploy import (
     DEPLOY_TAG,
@@ -49,8 +49,6 @@ from gpuctl.reach.pool import Pool, pool
 __all__ = ["DEPLOY_TAG", "BundleStore", "SshLink", "agent_script", "remote_path"]
 
 log = logging.getLogger(__name__)
-
-STDERR_KEPT = 20
 
 
 def agent_script(
@@ -133,38 +131,26 @@ class BundleStore:
         return bundle_name(self.digest)
 
 
-class _ChannelReader:
-    """Lines from the agent's SSH channel: one already-read line first; a lost connection is
-    ``LinkError("lost")`` (the fleet then shows the node stale while it reconnects) and an
-    agent that died is ``LinkError("agent_crashed")`` with its exit status and last stderr."""
-
-    def __init__(self, first: bytes, proc: launch.LaunchedProcess, node: str) -> None:
-        self._first: bytes | None = first
-        self._proc = proc
-        self._node = node
-        self.session: AgentSession | None = None
-
-    async def readline(self) -> bytes:
-        if self._first is not None:
-            first, self._first = self._first, None
-            return first
-        try:
-            line: bytes = await self._proc.stdout.readline()
-        except asyncssh.DisconnectError as e:
-            raise LinkError("lost", f"SSH connection to {self._node} lost: {e.reason}") from None
-        except (asyncssh.Error, OSError) as e:
-            raise LinkError("lost", f"SSH connection to {self._node} lost: {e}") from None
-        if not line:
-            proc = self._proc.proc
-            with contextlib.suppress(Exception):
-                await wait_for(proc.wait_closed(), 2.0)
-            signal, status = proc.exit_signal, proc.exit_status
-            if signal or (status not in (None, 0)):
-                how = f"signal {signal[0]}" if signal else f"status {status}"
-                tail = self.session.stderr_tail[-3:] if self.session is not None else []
-                detail = f": {' | '.join(tail)}" if tail else ""
-                raise LinkError("agent_crashed", f"agent on {self._node} exited ({how}){detail}")
-        return line
+def _ended(node: str, tail: list[str], proc: launch.FedProcess, exc: Exception | None) -> None:
+    """How an agent's channel ended (``launch.FedProcess.ended``), onto its feeds: stderr to
+    its end first (its last lines, ``tail``, are the reason's); a lost connection is
+    ``LinkError("lost")`` (the fleet then shows the node stale while it reconnects), an agent
+    that died ``LinkError("agent_crashed")`` with its exit status and last stderr lines, else
+    the end of its lines."""
+    proc.err.feed_eof()
+    if exc is not None:
+        why = exc.reason if isinstance(exc, asyncssh.DisconnectError) else exc
+        proc.out.set_exception(LinkError("lost", f"SSH connection to {node} lost: {why}"))
+        return
+    signal, status = proc.exit_signal, proc.exit_status
+    if signal or status not in (None, 0):
+        how = f"signal {signal}" if signal else f"status {status}"
+        detail = f": {' | '.join(tail[-3:])}" if tail else ""
+        proc.out.set_exception(
+            LinkError("agent_crashed", f"agent on {node} exited ({how}){detail}")
+        )
+        return
+    proc.out.feed_eof()
 
 
 def _link_error(e: RemoteError, node: str) -> LinkError:
@@ -197,7 +183,12 @@ class SshLink(NodeLink):
         self._force_upload = False
         # What the node's login shell printed before the agent started (``gpuctl doctor``).
         self.banner = b""
-        self.stderr_banner = b""
+        self._proc: launch.FedProcess | None = None
+
+    @property
+    def stderr_banner(self) -> bytes:
+        """What the node's login shell printed on stderr before the agent started."""
+        return self._proc.stderr_banner if self._proc is not None else b""
 
     def describe(self) -> str:
         return f"ssh {self.node.name}"
@@ -271,10 +262,11 @@ class SshLink(NodeLink):
             if self._force_upload:
                 await self._upload(conn)
                 self._force_upload = False
-            proc, first = await self._start(conn)
+            started = await self._start(conn)
+            proc, first = started.proc, started.first
             reply = parse_reply(first)
             if reply is None:
-                return self._session(proc, first)
+                return self._session(started)
             word, rest = reply
             last = f"{word} {rest}".strip()
             proc.close()
@@ -345,62 +337,59 @@ class SshLink(NodeLink):
             time.monotonic() - t0,
         )
 
-    async def _start(
-        self, conn: asyncssh.SSHClientConnection
-    ) -> tuple[launch.LaunchedProcess, bytes]:
+    async def _start(self, conn: asyncssh.SSHClientConnection) -> _Started:
+        """The agent's script started, and its first line (the hello, or the boot code's
+        word), left in its feed: its lines and stderr come from the channel's callback."""
+        name = self.node.name
+        tail: list[str] = []
+        out = LineFeed(limit=STREAM_LIMIT)
+        err = LineFeed(limit=STREAM_LIMIT)
+        err.push_to(functools.partial(keep_stderr, tail), stderr_ended)
+        ended = functools.partial(_ended, name, tail)
         try:
-            proc = await launch.start(conn, self._script(), node=self.node.name)
+            proc = await launch.start_fed(
+                conn, self._script(), node=name, out=out, err=err, ended=ended
+            )
         except RemoteError as e:
-            raise _link_error(e, self.node.name) from None
-        self.banner = proc.banner
+            raise _link_error(e, name) from None
+        out.transport = proc.chan  # too many lines unread: the channel pauses
+        self.banner, self._proc = proc.banner, proc
         try:
-            first: bytes = await proc.stdout.readline()
-        except (asyncssh.Error, OSError) as e:
-            proc.close()
-            raise LinkError("closed", f"{self.node.name}: {e}") from None
+            first = await out.peek()
+        except LinkError as e:
+            if e.reason != "agent_crashed":
+                proc.close()
+                raise LinkError("closed", f"{name}: {e.message}") from None
+            first = b""  # the agent died before its first line: said below
         except asyncio.CancelledError:
             proc.close()  # the channel closes, and the agent with it
             raise
         if not first:
-            err = b""
-            with contextlib.suppress(Exception):
-                err = await wait_for(proc.stderr.read(4096), 2.0)
             proc.close()
-            tail = err.decode(errors="replace").strip().splitlines()
-            status = proc.proc.exit_status
-            detail = " | ".join(tail[-3:]) if tail else f"exit status {status}"
-            raise LinkError("agent_crashed", f"agent on {self.node.name} exited: {detail}")
-        return proc, first
+            detail = " | ".join(tail[-3:]) if tail else f"exit status {proc.exit_status}"
+            raise LinkError("agent_crashed", f"agent on {name} exited: {detail}")
+        return _Started(proc, first, out, tail)
 
-    def _session(self, proc: launch.LaunchedProcess, first: bytes) -> AgentSession:
+    def _session(self, started: _Started) -> AgentSession:
+        proc = started.proc
+
         async def close() -> None:
+            proc.close()  # EOF on the agent's stdin, the channel closed: the agent stops
             with contextlib.suppress(Exception):
-                proc.stdin.write_eof()
-            proc.close()
-            with contextlib.suppress(Exception):
-                await wait_for(proc.proc.wait_closed(), 3.0)
+                await wait_for(proc.wait_closed(), 3.0)
 
-        reader = _ChannelReader(first, proc, self.node.name)
-        session = AgentSession(reader, proc.stdin, close=close)
-        reader.session = session
-        task = asyncio.get_running_loop().create_task(_collect_stderr(proc, session, self))
-        _keep.add(task)
-        task.add_done_callback(_keep.discard)
+        # the agent's lines go to the session from the channel's callback (``stream``)
+        session = AgentSession(started.out, proc, close=close)
+        session.stderr_tail = started.tail
         return session
 
 
-_keep: set[asyncio.Task[None]] = set()
+@dataclass(frozen=True, slots=True)
+class _Started:
+    """An agent's script started (``SshLink._start``): its first line, its lines' feed and
+    its stderr's last lines."""
 
-
-async def _collect_stderr(
-    proc: launch.LaunchedProcess, session: AgentSession, link: SshLink
-) -> None:
-    with contextlib.suppress(Exception):
-        if await proc.stderr.started():
-            link.stderr_banner = proc.stderr.banner
-        while True:
-            line = await proc.stderr.readline()
-            if not line:
-                return
-            session.stderr_tail.append(line.decode(errors="replace").rstrip()[: protocol.MAX_LINE])
-            del session.stderr_tail[:-STDERR_KEPT]
+    proc: launch.FedProcess
+    first: bytes
+    out: LineFeed
+    tail: list[str]

@@ -8,7 +8,8 @@ base64 characters travel as arguments (chunks of a multiple of 4 characters: non
 prints a start marker with a per-launch nonce (``gpuctl-start:<nonce>``) on stdout and on
 stderr; whatever came before it on a stream is the login shell's banner: kept (for ``gpuctl
 doctor``), never parsed. ``run()`` returns the output after the marker; ``start()`` gives a
-process whose streams begin after it.
+process whose streams begin after it; ``start_fed()`` hands what comes after it to feeds from
+the channel's own callback (an agent's lines: no task woken a line).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import asyncio
 import base64
 import contextlib
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import asyncssh
 
@@ -242,3 +244,184 @@ async def start(conn: asyncssh.SSHClientConnection, script: str, *, node: str) -
     launched = LaunchedProcess(proc, wrapped.marker, node)
     await launched.started()
     return launched
+
+
+class Feed(Protocol):
+    """Where a stream's bytes go (``fleet.session.LineFeed``, ``asyncio.StreamReader``)."""
+
+    def feed_data(self, data: bytes) -> None: ...
+    def feed_eof(self) -> None: ...
+    def set_exception(self, exc: BaseException) -> None: ...
+
+
+class FedProcess(asyncssh.SSHClientSession[bytes]):
+    """A long-running remote ``sh`` script whose stdout and stderr, from just after the start
+    marker, go to two feeds from the channel's ``data_received`` (no reader task).
+
+    ``banner``/``stderr_banner``: what the login shell printed before the marker (the last
+    ``MAX_BANNER`` bytes kept). At the end (the channel closed: after the exit status came)
+    ``ended(self, exc)`` says how the feeds end: ``exc`` is the connection's error when it was
+    lost, None when the channel closed. A channel whose stdout ended without closing is taken as
+    closed ``EOF_CLOSE_S`` later. The feeds hold what they hold: pausing the channel is theirs
+    (``chan.pause_reading``)."""
+
+    EOF_CLOSE_S = 2.0
+
+    def __init__(
+        self,
+        marker: bytes,
+        out: Feed,
+        err: Feed,
+        node: str,
+        ended: Callable[[FedProcess, Exception | None], None],
+    ) -> None:
+        self._marker = marker
+        self._ended = ended
+        self.out, self.err, self.node = out, err, node
+        self._before = [b"", b""]  # stdout, stderr: what came before the marker
+        self._found = [False, False]
+        self.banner = b""
+        self.stderr_banner = b""
+        self.chan: asyncssh.SSHClientChannel[bytes] | None = None
+        self.started: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._eof_timer: asyncio.TimerHandle | None = None
+        self._writable: asyncio.Future[None] | None = None
+        self.closed = False
+
+    # -- asyncssh's callbacks ---------------------------------------------------------------
+    def connection_made(self, chan: asyncssh.SSHClientChannel[bytes]) -> None:
+        self.chan = chan
+
+    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        which = 1 if datatype == asyncssh.EXTENDED_DATA_STDERR else 0
+        feed = self.err if which else self.out
+        if self._found[which]:
+            feed.feed_data(data)
+            return
+        buf = self._before[which] + data
+        split = split_banner(buf, self._marker)
+        if split is None:
+            self._before[which] = buf[-MAX_BANNER - len(self._marker) :]
+            if not which and len(buf) > MAX_BANNER and not self.started.done():
+                self.started.set_result(False)  # the shell is broken
+            return
+        self._before[which] = b""
+        self._found[which] = True
+        if which:
+            self.stderr_banner = split[0]
+        else:
+            self.banner = split[0]
+            if not self.started.done():
+                self.started.set_result(True)
+        if split[1]:
+            feed.feed_data(split[1])
+
+    def eof_received(self) -> bool:
+        if self.started.done() and self.started.result():
+            loop = asyncio.get_running_loop()
+            self._eof_timer = loop.call_later(self.EOF_CLOSE_S, self._finish, None)
+        return True  # half open: requests may still be written until the close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.started.done():
+            self.started.set_result(False)
+        self._finish(exc)
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._writable is None or self._writable.done():
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    # -- the caller's -----------------------------------------------------------------------
+    @property
+    def exit_status(self) -> int | None:
+        return self.chan.get_exit_status() if self.chan is not None else None
+
+    @property
+    def exit_signal(self) -> str | None:
+        """The signal's name (``KILL``) when the process was killed by one."""
+        got = self.chan.get_exit_signal() if self.chan is not None else None
+        return got[0] if got else None
+
+    @property
+    def before_marker(self) -> tuple[bytes, bytes]:
+        """What stdout and stderr said while the marker did not come."""
+        return self._before[0], self._before[1]
+
+    def write(self, data: bytes) -> None:
+        """Write to the process's stdin."""
+        if self.chan is None or self.closed:
+            raise ConnectionError(f"the channel to {self.node} is closed")
+        self.chan.write(data)
+
+    async def drain(self) -> None:
+        """Wait while the channel asks writers to pause."""
+        if self._writable is not None and not self._writable.done():
+            await self._writable
+
+    def close(self) -> None:
+        """EOF on the process's stdin, then close the channel."""
+        if self.chan is not None:
+            with contextlib.suppress(Exception):
+                self.chan.write_eof()
+            self.chan.close()
+
+    async def wait_closed(self) -> None:
+        if self.chan is not None:
+            await self.chan.wait_closed()
+
+    def _finish(self, exc: Exception | None) -> None:
+        if self._eof_timer is not None:
+            self._eof_timer.cancel()
+            self._eof_timer = None
+        if self.closed:
+            return
+        self.closed = True
+        if self.started.done() and self.started.result():
+            self._ended(self, exc)
+
+
+async def start_fed(
+    conn: asyncssh.SSHClientConnection,
+    script: str,
+    *,
+    node: str,
+    out: Feed,
+    err: Feed,
+    ended: Callable[[FedProcess, Exception | None], None],
+) -> FedProcess:
+    """Start the ``sh`` text ``script`` on the node, its stdout and stderr after the marker
+    going to ``out`` and ``err`` from the channel's callback; wait for the marker. ``ended``
+    says how the feeds end (see ``FedProcess``).
+
+    Raises RemoteError as ``start()`` does."""
+    wrapped = launch(script)
+
+    def factory() -> FedProcess:
+        return FedProcess(wrapped.marker, out, err, node, ended)
+
+    try:
+        _chan, session = await conn.create_session(factory, wrapped.command, encoding=None)
+    except asyncssh.ChannelOpenError as e:
+        raise RemoteError("refused", f"{node} refused a session: {e.reason}") from None
+    except (asyncssh.Error, OSError) as e:
+        raise RemoteError("closed", f"{node}: {e}") from None
+    assert isinstance(session, FedProcess)
+    fed_now = session
+    try:
+        ok = await fed_now.started
+    except asyncio.CancelledError:
+        fed_now.close()
+        raise
+    if ok:
+        return fed_now
+    fed_now.close()
+    with contextlib.suppress(Exception):
+        await wait_for(fed_now.wait_closed(), 2.0)
+    said_out, said_err = fed_now.before_marker
+    raise no_start_error(node, fed_now.exit_status, said_out, said_err)

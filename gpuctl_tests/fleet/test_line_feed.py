@@ -1,16 +1,65 @@
-"""A simulated node's lines handed on by its pipe's callback (``session.LineFeed``): no task woken
-a line, and the same lines, replies and ends as asyncio's reader gives."""
+"""A node's lines handed on by its transport's callback (``session.LineFeed``): no task woken a
+line, for a simulated node (a pipe), a real sshd's channel and real Slurm's srun (one per node,
+and one step for many); and the same lines, replies and ends as asyncio's reader gives."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
 import pytest
 
+from gpuctl.config import parse_config
 from gpuctl.core.model import NodeSnapshot
-from gpuctl.fleet.fleet import simulated_fleet
-from gpuctl.fleet.session import LineFeed
-from gpuctl_tests.helpers import all_live, wait_fleet
+from gpuctl.fleet.build import fleet_from_config
+from gpuctl.fleet.fleet import Fleet, simulated_fleet
+from gpuctl.fleet.session import LineFeed, LineFeedProtocol, LinkError
+from gpuctl.fleet.slurm import SrunLink, StepLink
+from gpuctl.fleet.ssh import SshLink
+from gpuctl_tests.fleet.test_slurm import FAST
+from gpuctl_tests.harness.slurm import SlurmCluster
+from gpuctl_tests.harness.sshd import SshCluster
+from gpuctl_tests.helpers import all_live, wait_fleet, wait_until
+
+
+def sample_tasks(fleet: Fleet) -> dict[str, list[asyncio.Task[object] | None]]:
+    """Node -> the task each of its new samples reached the listeners in (None: a callback)."""
+    seen: dict[str, list[asyncio.Task[object] | None]] = {}
+    last: dict[str, float | None] = {}
+
+    def listener(snap: NodeSnapshot) -> None:
+        if snap.gpus and snap.last_sample_t != last.get(snap.name):  # a sample, not a note
+            last[snap.name] = snap.last_sample_t
+            seen.setdefault(snap.name, []).append(asyncio.current_task())
+
+    fleet.subscribe(listener)
+    return seen
+
+
+async def wait_no_task_a_line(
+    fleet: Fleet, seen: dict[str, list[asyncio.Task[object] | None]]
+) -> None:
+    """Each node's samples, once one came in a transport's callback, all come so (the lines
+    read before its stream was handed on are taken in its task: the first sample or two): 5 of
+    them at least. Fails on a node read by a task awaiting each line (12 samples, none from a
+    callback)."""
+    names = list(fleet.nodes)
+
+    def called_back(name: str) -> int:
+        tasks = seen.get(name, [])
+        return len(tasks) - tasks.index(None) if None in tasks else 0
+
+    await wait_fleet(
+        fleet,
+        lambda _s: all(called_back(n) >= 5 or len(seen.get(n, [])) >= 12 for n in names),
+        what="samples of each node",
+    )
+    for name in names:
+        tasks = seen[name]
+        assert None in tasks, f"{name}: every sample came in a task: {tasks}"
+        first = tasks.index(None)
+        assert tasks[first:] == [None] * (len(tasks) - first), (name, tasks)
 
 
 async def test_a_simulated_nodes_samples_wake_no_task() -> None:
@@ -96,8 +145,11 @@ async def test_line_feed_ends_as_asyncio_reader_on_a_long_line_or_an_error() -> 
         await asyncio_reader([b"x" * 100], 64).readline()
     feed = LineFeed(limit=64)
     feed.feed_data(b"x" * 100)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as too_long:
         await feed.readline()
+    # ... and the fleet's words for a link that misbehaved (a ValueError ended the node's task)
+    assert isinstance(too_long.value, LinkError) and too_long.value.reason == "protocol"
+    assert too_long.value.message == "agent sent a bad line: a line over 64 bytes"
 
     ends: list[BaseException | None] = []
     got: list[bytes] = []
@@ -114,3 +166,132 @@ async def test_line_feed_ends_as_asyncio_reader_on_a_long_line_or_an_error() -> 
     ends = []
     feed.push_to(got.append, ends.append)
     assert ends == [lost]
+
+
+@pytest.mark.sshd
+async def test_an_ssh_nodes_samples_wake_no_task(ssh_cluster: SshCluster, tmp_path: Path) -> None:
+    """Over a real sshd each line goes on from the channel's ``data_received``, not from a task
+    of the node awaiting its next line; requests are answered, and the node's agent ends with
+    the link."""
+    from gpuctl_tests.fleet.test_ssh import _agents_of, configured_fleet
+
+    await asyncio.to_thread(ssh_cluster.start_nodes, ["s1", "s2"])
+    fleet = configured_fleet(ssh_cluster, tmp_path, interval=0.1)
+    assert all(isinstance(rt.link, SshLink) for rt in fleet.nodes.values())
+    seen = sample_tasks(fleet)
+    await fleet.start()
+    try:
+        await wait_no_task_a_line(fleet, seen)
+        reply = await fleet.request("s2", {"type": "ping"})
+        assert reply.get("type") == "pong"
+    finally:
+        await fleet.stop()
+    await asyncio.to_thread(
+        lambda: wait_until(lambda: not _agents_of(ssh_cluster), 15, "agents to exit")
+    )
+
+
+@pytest.mark.slurm
+async def test_an_srun_nodes_samples_wake_no_task(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Through a real srun (one per node) each line goes on from the pipe's callback."""
+    node = slurm_cluster.node
+    out = await asyncio.to_thread(
+        slurm_cluster.run, ["sbatch", "--parsable", "-J", "lines", "--wrap", "sleep 300"]
+    )
+    job = out.stdout.strip().split(";")[0]
+    text = "\n".join(
+        [
+            "[clusters.hpc]",
+            'via = "srun"',
+            f'nodes = "{node}"',
+            f"jobid = {job}",
+            f'slurm_conf = "{slurm_cluster.conf_path}"',
+            f'bundle_dir = "{tmp_path / "shared"}"',
+            'simulate = "1:L40S"',
+            "interval = 0.1",
+        ]
+    )
+    fleet = fleet_from_config(parse_config(text), **FAST)
+    assert isinstance(fleet.nodes[node].link, SrunLink)
+    seen = sample_tasks(fleet)
+    await fleet.start()
+    try:
+        await wait_no_task_a_line(fleet, seen)
+        reply = await fleet.request(node, {"type": "ping"})
+        assert reply.get("type") == "pong"
+    finally:
+        await fleet.stop()
+        await asyncio.to_thread(slurm_cluster.run, ["scancel", job])
+
+
+@pytest.mark.slurm
+async def test_one_steps_nodes_samples_wake_no_task(
+    slurm_nodes: SlurmCluster, tmp_path: Path
+) -> None:
+    """Through one srun step for four nodes each node's lines go on from srun's pipe callback
+    (split by task label there), not from a task per node awaiting its share."""
+    from gpuctl_tests.fleet.test_srun_step import _held_fleet
+
+    job, fleet = await _held_fleet(slurm_nodes, tmp_path)
+    assert all(isinstance(rt.link, StepLink) for rt in fleet.nodes.values())
+    seen = sample_tasks(fleet)
+    await fleet.start()
+    try:
+        await wait_no_task_a_line(fleet, seen)
+        reply = await fleet.request("node03", {"type": "ping"})
+        assert reply.get("type") == "pong"
+    finally:
+        await fleet.stop()
+        await asyncio.to_thread(slurm_nodes.run, ["scancel", job])
+
+
+class Watched:
+    """A real transport whose pauses and resumes are noted (Python 3.10's pipe transport cannot
+    say whether it is reading)."""
+
+    def __init__(self, transport: asyncio.ReadTransport) -> None:
+        self.transport = transport
+        self.calls: list[str] = []
+
+    def pause_reading(self) -> None:
+        self.calls.append("pause")
+        self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.calls.append("resume")
+        self.transport.resume_reading()
+
+
+async def test_line_feed_pauses_its_pipe_while_too_much_is_unread() -> None:
+    """Before its lines are handed on, a feed holding more than twice its limit unread pauses
+    its transport (a real pipe's), and resumes it once ``readline`` took them down to the
+    limit; handing the lines on resumes it too."""
+    loop = asyncio.get_running_loop()
+    for hand_on in (False, True):
+        r, w = os.pipe()
+        feed = LineFeed(limit=64)
+        transport, _ = await loop.connect_read_pipe(
+            lambda feed=feed: LineFeedProtocol(feed), os.fdopen(r, "rb", buffering=0)
+        )
+        assert feed.transport is transport
+        watched = feed.transport = Watched(transport)
+        try:
+            line = b"x" * 31 + b"\n"  # 32 bytes
+            os.write(w, line * 5)  # 160 bytes unread: over twice the limit
+            first = await feed.peek()  # read in: the transport's callback has run
+            assert first == line and watched.calls == ["pause"]
+            if hand_on:
+                got: list[bytes] = []
+                feed.push_to(got.append, lambda _e: None)
+                assert got == [line] * 5 and watched.calls == ["pause", "resume"]
+                continue
+            assert await feed.readline() == line  # 128 held
+            assert await feed.readline() == line  # 96
+            assert watched.calls == ["pause"]
+            assert await feed.readline() == line  # 64: the limit
+            assert watched.calls == ["pause", "resume"]
+        finally:
+            transport.close()
+            os.close(w)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpuctl.core.deadline import wait_for
+from gpuctl.fleet.session import LineFeed
 from gpuctl.reach import launch
 from gpuctl.reach.errors import RemoteError
 from gpuctl.reach.options import SshSettings, resolve
@@ -80,15 +81,56 @@ async def test_stdin_and_a_long_running_process(node: tuple[str, Any]) -> None:
         proc.close()
 
 
+async def test_a_fed_process_hands_its_output_on_from_the_channel(
+    node: tuple[str, Any],
+) -> None:
+    """``start_fed``: stdout and stderr after the marker go to their feeds from the channel's
+    callback (lines pushed as they come: no reader task), stdin is written, and the end is
+    named once the channel closed, with the exit status there."""
+    kind, conn = node
+    out, err = LineFeed(limit=1024), LineFeed(limit=1024)
+    ends: list[tuple[int | None, Exception | None]] = []
+    ended = asyncio.Event()
+
+    def end(proc: launch.FedProcess, exc: Exception | None) -> None:
+        ends.append((proc.exit_status, exc))
+        err.feed_eof()
+        out.feed_eof()
+        ended.set()
+
+    script = 'read line; echo "got $line"; echo err >&2; read more; echo "and $more"; exit 4'
+    proc = await launch.start_fed(conn, script, node=kind, out=out, err=err, ended=end)
+    try:
+        expected = (BANNER + "\n").encode() if "banner" in kind else b""
+        assert proc.banner == expected
+        proc.write(b"hello\n")
+        assert await wait_for(out.readline(), 10) == b"got hello\n"
+        lines: list[bytes] = []
+        out.push_to(lines.append, lambda _e: None)
+        err_lines: list[bytes] = []
+        err.push_to(err_lines.append, lambda _e: None)
+        proc.write(b"there\n")
+        await proc.drain()
+        await wait_for(ended.wait(), 10)
+        assert lines == [b"and there\n"] and err_lines == [b"err\n"]
+        assert ends == [(4, None)] and proc.stderr_banner == expected
+        with pytest.raises(ConnectionError):
+            proc.write(b"late\n")
+    finally:
+        proc.close()
+
+
 async def test_a_login_shell_that_runs_nothing_is_one_line(ssh_cluster: SshCluster) -> None:
     await asyncio.to_thread(ssh_cluster.start_node, "broken", login_shell="false", banner="hi")
     target = resolve("broken", SshSettings(ssh_config=str(ssh_cluster.ssh_config_path)))
     owner = Holder()
     conn = await pool().connect(target, owner)
     try:
+        feeds = {"out": LineFeed(), "err": LineFeed()}
         for attempt in (
             launch.run(conn, "true", node="broken"),
             launch.start(conn, "true", node="broken"),
+            launch.start_fed(conn, "true", node="broken", **feeds, ended=lambda _p, _e: None),
         ):
             with pytest.raises(RemoteError) as info:
                 await attempt
