@@ -9,13 +9,22 @@ thousand GPUs without a thousand processes). SSH and srun links live in their ow
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
 from gpuctl.core.deadline import wait_for
-from gpuctl.fleet.session import AgentSession, LineFeed, LineFeedProtocol, LinkError
+from gpuctl.fleet.session import (
+    AgentSession,
+    LineFeed,
+    LineFeedProtocol,
+    LinkError,
+    keep_stderr,
+    start_piped,
+    stderr_ended,
+)
 from gpuctl.node import protocol
 
 if TYPE_CHECKING:
@@ -108,18 +117,12 @@ class LocalLink(NodeLink):
         env = dict(os.environ)
         # The child must import the same gpuctl as this process, installed or not.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_ROOT, env.get("PYTHONPATH")) if p)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv(),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=env,
-                limit=STREAM_LIMIT,
-            )
+        try:  # its lines handed on from the pipes' callbacks, as srun's are
+            piped = await start_piped(self.argv(), env, limit=STREAM_LIMIT)
         except FileNotFoundError:
             raise LinkError("no_python", f"python not found: {self.python}") from None
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        proc = piped.proc
+        assert proc.stdin is not None
 
         async def close() -> None:
             if proc.stdin is not None and not proc.stdin.is_closing():
@@ -130,18 +133,12 @@ class LocalLink(NodeLink):
                 proc.kill()
                 await proc.wait()
 
-        session = AgentSession(proc.stdout, proc.stdin, close=close)
-        asyncio.get_running_loop().create_task(_collect_stderr(proc.stderr, session))
+        session = AgentSession(piped.out, proc.stdin, close=close)
+        piped.err.push_to(functools.partial(keep_stderr, session.stderr_tail), stderr_ended)
         return session
 
     def describe(self) -> str:
         return "simulated" if self.simulate else "local"
-
-
-async def _collect_stderr(stream: asyncio.StreamReader, session: AgentSession) -> None:
-    while line := await stream.readline():
-        session.stderr_tail.append(line.decode(errors="replace").rstrip())
-        del session.stderr_tail[:-20]
 
 
 class _PipeWriter:

@@ -23,7 +23,8 @@ import asyncio
 import contextlib
 import itertools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict
 
 import msgspec
@@ -414,6 +415,68 @@ class LineFeedProtocol(asyncio.Protocol):
             self.feed.feed_eof()
         else:
             self.feed.set_exception(exc)
+
+
+class _PipedProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """A child's stdout and stderr read into ``LineFeed``s (lines handed on from the pipes'
+    callbacks, no task woken a line) instead of asyncio's readers; its stdin, exit and ``wait``
+    are asyncio's. A feed holding too many unread lines pauses its pipe."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.out = LineFeed(limit=limit)
+        self.err = LineFeed(limit=limit)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.stdout = self.stderr = None  # read by the feeds
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self.out.transport = transport.get_pipe_transport(1)
+        self.err.transport = transport.get_pipe_transport(2)
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        assert isinstance(data, bytes)
+        if fd == 1:
+            self.out.feed_data(data)
+        elif fd == 2:
+            self.err.feed_data(data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        feed = self.out if fd == 1 else self.err if fd == 2 else None
+        if feed is not None:
+            if exc is None:
+                feed.feed_eof()
+            else:
+                feed.set_exception(exc)
+        super().pipe_connection_lost(fd, exc)
+
+
+@dataclass(frozen=True, slots=True)
+class Piped:
+    """A running child (an agent, srun): the process (stdin, ``wait``, signals) and its stdout
+    and stderr as ``LineFeed``s."""
+
+    proc: asyncio.subprocess.Process
+    out: LineFeed
+    err: LineFeed
+
+
+async def start_piped(
+    argv: list[str], env: Mapping[str, str], *, limit: int, start_new_session: bool = False
+) -> Piped:
+    """Start ``argv`` with pipes on all three streams, its output read into feeds of ``limit``
+    (the local agent, srun). Raises FileNotFoundError when the program is not there."""
+    loop = asyncio.get_running_loop()
+    transport, pipes = await loop.subprocess_exec(
+        lambda: _PipedProtocol(loop, limit),
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(env),
+        start_new_session=start_new_session,
+    )
+    return Piped(asyncio.subprocess.Process(transport, pipes, loop), pipes.out, pipes.err)
 
 
 class AgentSession:

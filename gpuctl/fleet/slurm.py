@@ -39,7 +39,9 @@ from gpuctl.fleet.session import (
     AgentSession,
     LineFeed,
     LinkError,
+    Piped,
     keep_stderr,
+    start_piped,
     stderr_ended,
 )
 from gpuctl.fleet.ssh import agent_script
@@ -401,7 +403,7 @@ class SrunLink(NodeLink):
             "bundle_dir to a folder of yours shared with the nodes",
         )
 
-    async def _start(self, jobid: str) -> tuple[Srun, bytes, Callable[[], Awaitable[None]]]:
+    async def _start(self, jobid: str) -> tuple[Piped, bytes, Callable[[], Awaitable[None]]]:
         srun = await start_srun(self.argv(jobid), self.env)
 
         async def close() -> None:
@@ -447,67 +449,14 @@ class SrunLink(NodeLink):
         return session
 
 
-class _Pipes(asyncio.subprocess.SubprocessStreamProtocol):
-    """srun's stdout and stderr read into ``LineFeed``s (lines handed on from the pipes'
-    callbacks, no task woken a line) instead of asyncio's readers; its stdin, exit and ``wait``
-    are asyncio's. A feed holding too many unread lines pauses its pipe."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(limit=STREAM_LIMIT, loop=loop)
-        self.out = LineFeed(limit=STREAM_LIMIT)
-        self.err = LineFeed(limit=STREAM_LIMIT)
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self.stdout = self.stderr = None  # read by the feeds
-        assert isinstance(transport, asyncio.SubprocessTransport)
-        self.out.transport = transport.get_pipe_transport(1)
-        self.err.transport = transport.get_pipe_transport(2)
-
-    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
-        assert isinstance(data, bytes)
-        if fd == 1:
-            self.out.feed_data(data)
-        elif fd == 2:
-            self.err.feed_data(data)
-
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        feed = self.out if fd == 1 else self.err if fd == 2 else None
-        if feed is not None:
-            if exc is None:
-                feed.feed_eof()
-            else:
-                feed.set_exception(exc)
-        super().pipe_connection_lost(fd, exc)
-
-
-@dataclass(frozen=True, slots=True)
-class Srun:
-    """A running srun: the process (stdin, ``wait``, signals) and its stdout and stderr as
-    ``LineFeed``s."""
-
-    proc: asyncio.subprocess.Process
-    out: LineFeed
-    err: LineFeed
-
-
-async def start_srun(argv: list[str], env: Mapping[str, str]) -> Srun:
-    """Start an srun step with pipes on all three streams, its output read into feeds. Raises
-    LinkError when srun is not there."""
-    loop = asyncio.get_running_loop()
+async def start_srun(argv: list[str], env: Mapping[str, str]) -> Piped:
+    """Start an srun step with pipes on all three streams, its output read into feeds
+    (``session.start_piped``). Raises LinkError when srun is not there."""
     try:
-        transport, pipes = await loop.subprocess_exec(
-            lambda: _Pipes(loop),
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=dict(env),
-            start_new_session=True,  # a Ctrl-C in the terminal is gpuctl's, not srun's
-        )
+        # a Ctrl-C in the terminal is gpuctl's, not srun's
+        return await start_piped(argv, env, limit=STREAM_LIMIT, start_new_session=True)
     except FileNotFoundError:
         raise LinkError("slurm", "srun not found: is this a Slurm login node?") from None
-    return Srun(asyncio.subprocess.Process(transport, pipes, loop), pipes.out, pipes.err)
 
 
 async def end_srun(proc: asyncio.subprocess.Process) -> None:
@@ -623,7 +572,7 @@ class _Addressed:
 class _Step:
     """One running ``srun`` whose tasks are the agents of ``names`` (one each)."""
 
-    def __init__(self, jobid: str, names: list[str], srun: Srun) -> None:
+    def __init__(self, jobid: str, names: list[str], srun: Piped) -> None:
         self.jobid = jobid
         self.proc = srun.proc
         self.tasks = {n: _Task(n) for n in names}

@@ -14,6 +14,7 @@ from gpuctl.config import parse_config
 from gpuctl.core.model import NodeSnapshot
 from gpuctl.fleet.build import fleet_from_config
 from gpuctl.fleet.fleet import Fleet, simulated_fleet
+from gpuctl.fleet.links import LocalLink
 from gpuctl.fleet.session import LineFeed, LineFeedProtocol, LinkError
 from gpuctl.fleet.slurm import SrunLink, StepLink
 from gpuctl.fleet.ssh import SshLink
@@ -94,6 +95,25 @@ async def test_a_simulated_nodes_samples_wake_no_task() -> None:
         assert reply.get("type") == "pong"
     finally:
         await fleet.stop()
+
+
+async def test_the_local_agents_samples_wake_no_task() -> None:
+    """The local agent (``gpuctl`` on one machine: a child process of this one) is read from
+    its pipes' callbacks too; requests are answered, its stderr is kept for a reason, and it
+    ends with the link."""
+    fleet = Fleet({"local": LocalLink(simulate="2:H100", interval=0.1)})
+    seen = sample_tasks(fleet)
+    await fleet.start()
+    try:
+        await wait_no_task_a_line(fleet, seen)
+        reply = await fleet.request("local", {"type": "ping"})
+        assert reply.get("type") == "pong"
+        session = fleet.nodes["local"].session
+        assert session is not None
+        pid = int(session.info.pid)
+    finally:
+        await fleet.stop()
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 10, "the agent to end with the link")
 
 
 def asyncio_reader(chunks: list[bytes], limit: int) -> asyncio.StreamReader:
