@@ -80,6 +80,7 @@ LASTING = ("throttle", "gpu_lost", "unreachable")
 ACCEPT_FAILED = ("FAIL", "ERROR")
 ECC_COUNTS = ("volatile_uncorrected", "aggregate_uncorrected")
 CORRECTED_COUNTS = ("volatile_corrected", "aggregate_corrected")
+_NO_CORRECTED = (None, None)  # neither of ``CORRECTED_COUNTS`` reported
 REMAP_COUNTS = ("pending", "failure", "uncorrectable", "correctable")
 
 
@@ -645,6 +646,7 @@ class TroubleLog:
         if name not in self._settled and snap.gpus and state is NodeState.LIVE:
             self._settle(snap)  # its first sample in this session
         lost = self._lost.get(name)
+        corrected = self._corrected
         for g in snap.gpus:
             if g.state == "lost":  # ``g.lost`` written out: every GPU of every sample
                 if lost is None or g.index not in lost:  # a source without events (Prometheus)
@@ -660,11 +662,12 @@ class TroubleLog:
                 rr and (rr.get("pending") or rr.get("failure"))
             ):
                 self._counts_seen(snap, g)
-            if ecc and (
-                ecc.get("volatile_corrected") is not None
-                or ecc.get("aggregate_corrected") is not None
-            ):
-                self._corrected_seen(snap, g, ecc)
+            if ecc:
+                # ``CORRECTED_COUNTS`` read here, and the call made only where they moved (or
+                # are seen first): every GPU of every sample has them, and they seldom move
+                counts = (ecc.get("volatile_corrected"), ecc.get("aggregate_corrected"))
+                if counts != _NO_CORRECTED and corrected.get((name, g.index)) != counts:
+                    self._corrected_seen(snap, g, counts)
 
     def _gpu_lost(self, node: str, gpu: int | None, t: float, detail: dict[str, Any]) -> None:
         """A GPU that fell off the bus: the agent's event, or a sample that says so first."""
@@ -736,14 +739,15 @@ class TroubleLog:
             detail = {k: rr[k] for k in REMAP_COUNTS if k in rr}
             self.note(snap.name, g.index, "remap", t=t, detail=detail, evidence=evidence)
 
-    def _corrected_seen(self, snap: NodeSnapshot, g: GpuSample, ecc: dict[str, Any]) -> None:
+    def _corrected_seen(
+        self, snap: NodeSnapshot, g: GpuSample, counts: tuple[object, object]
+    ) -> None:
         """Corrected ECC counts that rose since the GPU's last sample: an ``ecc_corrected``
         occurrence (no fault: the hardware corrected them, but a rising count is how a memory
         going bad shows first). It does not flood: the first sight in a session is only the
         baseline (a GPU's years-old aggregate count is no news, and a restart adds no row), a
         fall (a driver reload clears the volatile count) only a new baseline, and the rises of
         a GPU fold into one row, as every kind's repeats do, until it is acknowledged."""
-        counts = tuple(ecc.get(k) for k in CORRECTED_COUNTS)
         key = (snap.name, g.index)
         before = self._corrected.get(key)
         if before == counts:
@@ -754,7 +758,7 @@ class TroubleLog:
             for now, then in zip(counts, before, strict=True)
         ):
             return
-        detail = {k: ecc[k] for k in CORRECTED_COUNTS if ecc.get(k) is not None}
+        detail = {k: n for k, n in zip(CORRECTED_COUNTS, counts, strict=True) if n is not None}
         evidence = self._evidence(snap.name, g.index)
         t = snap.last_sample_t or self.clock()
         self.note(snap.name, g.index, "ecc_corrected", t=t, detail=detail, evidence=evidence)

@@ -58,7 +58,10 @@ class FleetStore:
         self.version: dict[str, int] = dict.fromkeys(self.order, 0)
         self.pending: dict[str, NodeSnapshot] = {}
         self.arrivals: dict[str, float] = {}  # monotonic time a pending snapshot arrived
+        # (node, GPU) an XID was seen on: the app adds to it, ``take_removed`` replaces it;
+        # nothing removes from it in place (``xid_gpus`` indexes it: the set indexed, its size)
         self.xids: set[tuple[str, int]] = set()
+        self._xid_index: tuple[set[tuple[str, int]], int, dict[str, set[int]]] = (self.xids, 0, {})
         # The trouble log the app keeps (``gpuctl.fleet.troublelog``): ``n`` walks its
         # unacknowledged rows first (``unacked_at``).
         self.troubles: TroubleLog | None = None
@@ -225,8 +228,23 @@ class FleetStore:
         return cached[1]
 
     def xid_gpus(self, name: str) -> set[int]:
-        """The GPUs of node ``name`` an XID was seen on."""
-        return {i for n, i in self.xids if n == name}
+        """The GPUs of node ``name`` an XID was seen on (a set of the caller's own).
+
+        Asked for every node's every sample (``offer``) and for every node at each sort by
+        trouble: ``xids`` is indexed by node once it changes (it only grows, or is replaced),
+        not walked at each ask (a walk per sample, as long as the XIDs seen: a cluster's
+        day brings many, Xid 13, 31 and 43 are a user program's faults)."""
+        xids = self.xids
+        if not xids:
+            return set()
+        indexed, size, index = self._xid_index
+        if indexed is not xids or size != len(xids):
+            index = {}
+            for n, i in xids:
+                index.setdefault(n, set()).add(i)
+            self._xid_index = (xids, len(xids), index)
+        mine = index.get(name)
+        return set(mine) if mine else set()
 
     def last_xid(self, name: str, gpu: int | None) -> object | None:
         """The number of the last XID a GPU reported, as its event said it (None: none kept;

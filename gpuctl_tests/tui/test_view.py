@@ -304,3 +304,41 @@ def test_the_counts_follow_nodes_as_they_change_come_and_leave() -> None:
         t = store.totals()
         assert store.counts() == (t.live, t.nodes, t.gpus)
     assert seen and t.live and t.gpus  # the mix had nodes leaving, and live ones with GPUs
+
+
+def test_xid_gpus_follow_the_xids_as_they_grow_are_replaced_and_nodes_leave() -> None:
+    """``FleetStore.xid_gpus`` (asked for every sample) answers from an index of ``xids``: after
+    any mix of XIDs added, nodes leaving (``take_removed`` replaces the set), a set put in its
+    place of the same size, and callers changing the set they were given, it is what a walk
+    over ``xids`` finds."""
+    import random
+
+    from gpuctl.fleet.fleet import Fleet
+    from gpuctl.tui.fleet_store import FleetStore
+
+    class Link:
+        kind = "simulated"
+        holds_files = 0
+
+    rng = random.Random(11)
+    store = FleetStore(Fleet({n: Link() for n in "abc"}))  # type: ignore[misc]
+    replaced = left = 0
+    for _ in range(300):
+        name = rng.choice("abcd")
+        roll = rng.random()
+        if roll < 0.6:
+            store.xids.add((name, rng.randrange(8)))  # as the app does at an XID event
+        elif roll < 0.7:
+            store.offer(NodeSnapshot(name=name, state=NodeState.LIVE, gpus=(gpu(0),)))
+            store.leave(name, "left")
+            store.take_pending()
+            left += len(store.take_removed())
+        elif roll < 0.8 and store.xids:  # another set, as large, other GPUs
+            store.xids = {(n, i + 8) for n, i in store.xids}
+            replaced += 1
+        for n in "abcd":
+            got = store.xid_gpus(n)
+            assert got == {i for m, i in store.xids if m == n}
+            got.add(-1)  # the caller's own set
+        assert all(-1 not in store.xid_gpus(n) for n in "abcd")
+    assert replaced and left and store.xids  # the mix did each
