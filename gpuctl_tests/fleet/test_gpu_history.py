@@ -186,10 +186,11 @@ async def test_a_node_sampled_every_15_s_keeps_the_same_minutes_in_fewer_samples
         older = times[:-60]  # the 40 samples before: their minutes' means
         assert older and all(b - a == 60 for a, b in itertools.pairwise(older))
         assert util[-60:] == recent
-        # a node at 1 s keeps its 900, as before
+        # a node at 1 s keeps its last 300 as they came (the 10 s means before them:
+        # test_a_node_sampled_every_second_keeps_5_minutes_as_sampled_then_10_s_means)
         fast = await replayed(950, "1:H100")
         try:
-            assert len(fast.history("n", 0).recent("util", 1000)) == 900
+            assert len(fast.history("n", 0).recent("util", 1000)) == 300
         finally:
             await fast.stop()
     finally:
