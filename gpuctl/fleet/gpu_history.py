@@ -166,7 +166,7 @@ class _Ring:
     is written by extending them: a ring costs what it holds), then the oldest point is
     overwritten."""
 
-    __slots__ = ("blocks", "capacity", "head", "lanes", "size", "times")
+    __slots__ = ("blocks", "capacity", "grown", "head", "lanes", "size", "times")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -175,6 +175,7 @@ class _Ring:
         self.blocks: list[array[Any]] = [array(code) for code in _BLOCK_CODES]
         self.head = 0  # next slot to write
         self.size = 0
+        self.grown = False  # full once: its arrays' room to grow let go
 
     def add_lanes(self, k: int) -> None:
         """Make room for ``k`` more GPUs, their values missing at the points kept so far (a
@@ -235,6 +236,10 @@ class _Ring:
         i = self.head
         if i < len(self.times):
             self.times[i] = t
+            if not i and not self.grown:  # full: a grown array keeps up to 1/16 more room
+                self.times = self.times[:]
+                self.blocks = [block[:] for block in self.blocks]
+                self.grown = True
         else:  # still growing: the blocks' slice at i extends them too
             self.times.append(t)
         self.head = i + 1 if i + 1 < self.capacity else 0
