@@ -491,33 +491,40 @@ class NodeHistory:
         recent = self._recent
         if n == 0 or not recent.lanes:
             return
-        # Block by block: one copy of its n points, then each lane's column a strided slice
-        # summed in C. Every node closes its bucket at once (a 10 s bucket at 2,048 nodes):
-        # column by column and lane by lane it was ~0.16 ms a node, 30 us now (measured).
+        # Block by block: one copy of its n points, summed in C. Every node closes its bucket
+        # at once (a 10 s bucket at 2,048 nodes): column by column and lane by lane a minute's
+        # took 126 us a node of 8 GPUs (10 s: 67 us); block by block 83 us (10 s: 28 us).
         i = ring.advance(start)
         for b, (block, code, limit, cols) in enumerate(
             zip(ring.blocks, _BLOCK_CODES, _BLOCK_LIMITS, _BLOCK_COLUMNS, strict=True)
         ):
             span = len(cols) * recent.lanes
             points = recent.points(b, n, oldest)
-            means: list[float | None] = []
+            # Each lane's column summed over the n points, in C (a strided slice); the means
+            # written as the block keeps them at once when none was missing (the common
+            # case), else each as ``_kept`` keeps it.
+            sums = [sum(points[j::span]) for j in range(span)]
             if limit is None:
-                for j in range(span):
-                    values = points[j::span]
-                    total = sum(values)
-                    if total - total == 0:  # finite: no NaN, no infinity among them
+                if sum(sums) - sum(sums) == 0:  # finite: no NaN, no infinity among them
+                    block[i * span : (i + 1) * span] = array(code, [x / n for x in sums])
+                    continue
+                means: list[float | None] = []
+                for j, total in enumerate(sums):
+                    if total - total == 0:
                         means.append(total / n)
                         continue
+                    values = points[j::span]
                     kept = [v for v in values if v == v and abs(v) != math.inf]
                     means.append(sum(kept) / len(kept) if kept else None)
             elif limit in points:  # a missing value among them: counted out
-                for j in range(span):
-                    values = points[j::span]
-                    missing = values.count(limit)
+                means = []
+                for j, total in enumerate(sums):
+                    missing = points[j::span].count(limit)
                     k = n - missing
-                    means.append((sum(values) - missing * limit) / k if k else None)
-            else:
-                means = [sum(points[j::span]) / n for j in range(span)]
+                    means.append((total - missing * limit) / k if k else None)
+            else:  # means of values the column holds: it holds them rounded
+                block[i * span : (i + 1) * span] = array(code, [round(x / n) for x in sums])
+                continue
             block[i * span : (i + 1) * span] = _kept(code, limit, means)
 
     # -- reading, one GPU (``GpuHistory``) -----------------------------------------------------
