@@ -302,8 +302,8 @@ class Fleet:
         store every 15 s, 900 samples a GPU (3.75 h) were 455 MiB of the 595 MiB the process
         held with the screen (tracemalloc); 60 of them (15 min): peak RSS 727 -> 367 MB
         (``benchmarks/prom_scale.py --tui --trees``, docs/notes/perfprom.md). A node sampling
-        faster than every 10 s keeps the last 5 minutes as they came and the rest as 10 s means
-        (``NodeHistory.sized``)."""
+        faster than every 10 s keeps the last 5 minutes as they came and one sample each 10 s
+        before them (``NodeHistory.sized``)."""
         return NodeHistory.sized(self.history_len, interval, self.history_older, self.history_step)
 
     async def backfill(self, name: str) -> bool:

@@ -2,9 +2,10 @@
 
 The fleet keeps, per GPU, the last ``recent`` samples as they came and, beyond them, the means
 of ``step``-second buckets (1 minute: 4 more hours); a node that samples faster than every 10 s
-keeps 5 minutes as they came (1 Hz: 300 samples) and a middle tier of 10 s means for the 10
-minutes before them, 15 minutes in all (``NodeHistory.sized``: 900 samples as they came were
-79% of a GPU's bytes, 467 MB of the screen's 683 at 16,384 GPUs). Each metric is one
+keeps 5 minutes as they came (1 Hz: 300 samples) and a middle tier of one sample each 10 s for
+the 10 minutes before them, 15 minutes in all (``NodeHistory.sized``: 900 samples as they came
+were 79% of a GPU's bytes, 467 MB of the screen's 683 at 16,384 GPUs; the detail screen's plot
+drew every 3rd or 4th of them). Each metric is one
 ``array.array`` of the narrowest type that holds it (utilization and temperature in a byte,
 clocks in two, memory and power as float32: the registry's ``history`` typecode, see
 ``gpuctl/node/metrics.py``; the columns are named by its ``name`` and hold its ``shown`` unit).
@@ -45,9 +46,9 @@ from typing import Any
 from gpuctl.core.model import GpuSample
 from gpuctl.node.metrics import METRICS as REGISTRY
 
-RECENT_KEPT = 900  # seconds of recent history: 15 min, as they came or in MIDDLE_STEP_S means
-SAMPLED_S = 300  # of which as they came at a node sampling faster than MIDDLE_STEP_S: 5 min ...
-MIDDLE_STEP_S = 10.0  # ... and before them the mean of each 10 s (a middle tier) ...
+RECENT_KEPT = 900  # seconds of recent history: 15 min, every sample or one each MIDDLE_STEP_S
+SAMPLED_S = 300  # of which every sample at a node sampling faster than MIDDLE_STEP_S: 5 min ...
+MIDDLE_STEP_S = 10.0  # ... and before them the first sample of each 10 s (a middle tier) ...
 OLDER_STEP_S = 60.0  # older history: the mean of each minute ...
 OLDER_KEPT = 240  # ... for 4 hours before the recent samples
 
@@ -221,15 +222,6 @@ class _Ring:
             return a[start * span : end * span]
         return a[start * span :] + a[: (end - self.capacity) * span]
 
-    def count_before(self, t1: float) -> int:
-        """How many of the oldest points have a time before ``t1``."""
-        n = 0
-        i = self.head if self.size == self.capacity else 0
-        while n < self.size and self.times[i] < t1:
-            n += 1
-            i = i + 1 if i + 1 < self.capacity else 0
-        return n
-
     def advance(self, t: float) -> int:
         """Take the next slot for a point at ``t``; returns it (write the values there, then
         nothing else: the slot is counted already)."""
@@ -342,13 +334,15 @@ class NodeHistory:
         """A node's history for samples every ``interval`` s: ``seconds`` of recent history,
         as the samples came (``seconds / interval`` of them: a 15 s store's 60) or, where more
         than SAMPLED_S and the node samples faster than MIDDLE_STEP_S, the last SAMPLED_S as
-        they came and the rest as MIDDLE_STEP_S means; then ``older`` means of ``step`` s.
+        they came and before them one sample each MIDDLE_STEP_S; then ``older`` means of
+        ``step`` s.
 
-        At 1 Hz that is 300 samples and 60 means where it was 900 samples: 600 points a GPU
-        with the 240 minutes, not 1,140 (24 bytes a point: 15 KB, not 28.5; at 16,384 GPUs
-        246 MB, not 467). The detail screen's plot draws at most 240 points of the whole
-        history (``detail.MAX_POINTS``), so it showed every 4th of the 1,140 (a minute mean
-        every 4 minutes, a sample every 4 s); it shows every 2nd of the 600."""
+        At 1 Hz that is 300 + 60 samples where it was 900: 600 points a GPU with the 240
+        minutes, not 1,140 (24 bytes a point: 15 KB, not 28.5; at 16,384 GPUs 246 MB, not
+        467). The detail screen's plot draws at most 240 points of the whole history, every
+        n-th (``detail.MAX_POINTS``): of the 1,140 every 4th (a minute mean every 4 minutes,
+        a sample every 4 s; 15 minutes in: every 3rd sample), of the 600 every 2nd (15
+        minutes in: each of the last 300 samples, then one each 10 s)."""
         per_s = 1.0 / max(interval, 1.0)  # a node that samples faster keeps its seconds' worth
         if interval >= MIDDLE_STEP_S or seconds <= SAMPLED_S:
             return cls(max(1, math.ceil(seconds * per_s)), older, step)
@@ -359,11 +353,9 @@ class NodeHistory:
         """Forget every GPU and its samples (the buffers are freed)."""
         recent, middle, older = self._sizes
         self._recent = _Ring(recent)
-        # The tiers of means, finer first: each ring, its step, the start of the bucket the
-        # newest samples are in (None before the first).
-        # (The middle tier keeps each bucket of samples as the recent ring lets it go: the
-        # newest SAMPLED_S seconds as they came, before them only means. The older tier keeps
-        # each minute as it ends.)
+        # The tiers, finer first: the middle keeps the first sample of each 10 s as the
+        # recent ring lets it go (the newest SAMPLED_S seconds as they came, before them one
+        # sample each 10 s); the older keeps each minute's means as it ends.
         middle_step, step = self._steps
         self._middle = _Tier(_Ring(middle), middle_step) if middle else None
         self._older = _Tier(_Ring(older), step) if older else None
@@ -403,12 +395,12 @@ class NodeHistory:
             return
         middle, older = self._middle, self._older
         if middle is not None and self._recent.size == self._recent.capacity:
-            # the oldest sample goes next: the first of its bucket to go closes the bucket
+            # the oldest sample goes next: the first of its 10 s to go is kept
             oldest = self._recent.times[self._recent.head]
             bucket = (oldest // middle.step) * middle.step
             if bucket != middle.bucket:
                 middle.bucket = bucket
-                self._close_oldest(middle.ring, bucket, bucket + middle.step)
+                self._keep_oldest(middle.ring, oldest)
         if older is not None:
             bucket = (t // older.step) * older.step
             if bucket != older.bucket:
@@ -475,20 +467,24 @@ class NodeHistory:
     def _rings(self) -> list[_Ring]:
         return [self._recent, *(tier.ring for tier in self._tiers)]
 
+    def _keep_oldest(self, ring: _Ring, t: float) -> None:
+        """Keep in ``ring`` the oldest recent point (at ``t``), as it came: a copy per block.
+        (Its 10 s's means cost 28 us a node of 8 GPUs every 10 s: a sample's ``add`` took
+        11.1 us where it took 8.6 at af2f7f2; with a copy 8.2-9.1, measured alternated.)"""
+        recent = self._recent
+        if not recent.lanes:
+            return
+        i = ring.advance(t)
+        for b, block in enumerate(ring.blocks):
+            span = len(_BLOCK_COLUMNS[b]) * recent.lanes
+            block[i * span : (i + 1) * span] = recent.points(b, 1, oldest=True)
+
     def _close_bucket(self, ring: _Ring, start: float) -> None:
         """Keep in ``ring`` the means of the samples since ``start`` (all still among the
         recent ones when ``recent`` holds a bucket's worth: 300 samples, 60 s buckets at up to
         5 Hz; at a higher rate the means are of the bucket's last 300)."""
-        self._keep_means(ring, start, self._recent.count_since(start), oldest=False)
-
-    def _close_oldest(self, ring: _Ring, start: float, end: float) -> None:
-        """Keep in ``ring`` the means of the oldest recent samples, those before ``end``."""
-        self._keep_means(ring, start, self._recent.count_before(end), oldest=True)
-
-    def _keep_means(self, ring: _Ring, start: float, n: int, oldest: bool) -> None:
-        """Keep in ``ring``, at ``start``, the means of ``n`` recent points: the newest, or
-        the ``oldest``."""
         recent = self._recent
+        n = recent.count_since(start)
         if n == 0 or not recent.lanes:
             return
         # Block by block: one copy of its n points, summed in C. Every node closes its bucket
@@ -499,7 +495,7 @@ class NodeHistory:
             zip(ring.blocks, _BLOCK_CODES, _BLOCK_LIMITS, _BLOCK_COLUMNS, strict=True)
         ):
             span = len(cols) * recent.lanes
-            points = recent.points(b, n, oldest)
+            points = recent.points(b, n)
             # Each lane's column summed over the n points, in C (a strided slice); the means
             # written as the block keeps them at once when none was missing (the common
             # case), else each as ``_kept`` keeps it.
@@ -536,9 +532,9 @@ class NodeHistory:
         return ring.count_since(self._first[lane])
 
     def _tier_ranges(self, lane: int) -> list[tuple[int, int]]:
-        """The means of each tier (``_tiers``' order) a GPU shows, as positions in its ring's
-        ``times_list``: those wholly before the first recent sample and before the first mean
-        of the finer tier, from the bucket of the GPU's first sample on."""
+        """The points of each tier (``_tiers``' order) a GPU shows, as positions in its ring's
+        ``times_list``: those wholly before the first recent sample and before the first point
+        of the finer tier, from the GPU's first sample on (a mean: from its bucket on)."""
         if self._recent.size == 0:
             return [(0, 0)] * len(self._tiers)
         bound = self._recent.first_time()
@@ -546,8 +542,12 @@ class NodeHistory:
         ranges = []
         for tier in self._tiers:
             starts = tier.ring.times_list()
-            end = sum(1 for s in starts if s + tier.step <= bound)
-            begin = sum(1 for s in starts[:end] if s + tier.step <= since)
+            if tier is self._middle:  # samples, each at its own time
+                end = sum(1 for s in starts if s < bound)
+                begin = sum(1 for s in starts[:end] if s < since)
+            else:  # means, each of the ``step`` s from its time on
+                end = sum(1 for s in starts if s + tier.step <= bound)
+                begin = sum(1 for s in starts[:end] if s + tier.step <= since)
             ranges.append((begin, end))
             if end:
                 bound = starts[0]
@@ -563,7 +563,7 @@ class NodeHistory:
         raw: list[float] = []
         tiers = zip(self._tiers, self._tier_ranges(lane), strict=True)
         for tier, (begin, end) in reversed(list(tiers)):  # the coarsest first
-            ring, half = tier.ring, tier.step / 2
+            ring, half = tier.ring, 0.0 if tier is self._middle else tier.step / 2
             times += [s + half for s in ring.times_list()[begin:end]]
             raw += ring.last_values(column, lane, ring.size)[begin:end]
         recent = self._recent
@@ -584,8 +584,9 @@ class NodeHistory:
 
 
 class _Tier:
-    """A ring of means of ``step``-s buckets, and the start of the bucket being filled (the
-    older tier's) or of the last one kept (the middle tier's)."""
+    """A ring of ``step``-s buckets' means (the older tier) or of a sample each (the middle
+    tier), and the start of the bucket being filled (older) or of the last one kept
+    (middle)."""
 
     __slots__ = ("bucket", "ring", "step")
 
