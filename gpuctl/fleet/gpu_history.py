@@ -62,8 +62,6 @@ _MISSING = {code: (1 << (8 * array(code).itemsize)) - 1 for code in ("B", "H")}
 BYTES_PER_POINT = 8 + sum(array(code).itemsize for code in COLUMNS.values())  # + time (float64)
 
 _CODES = tuple(COLUMNS.values())
-# Per column: None for a float column, else the integer that stands for "missing".
-_LIMITS = tuple(_MISSING.get(code) for code in _CODES)
 # A column keeps the wire's value (bytes, bytes/s: float32 keeps 24 bits of either as well as
 # of GiB) and is scaled to the shown unit when read: no multiplication per reading kept.
 _SCALES = tuple(m.scale for m in _KEPT)
@@ -314,8 +312,8 @@ class NodeHistory:
         middle: int = 0,
         middle_step: float = MIDDLE_STEP_S,
     ) -> None:
-        """``recent`` samples as they came, before them ``middle`` means of ``middle_step`` s
-        (none: 0), before those ``older`` means of ``step`` s."""
+        """``recent`` samples as they came, before them ``middle`` samples, one each
+        ``middle_step`` s (none: 0), before those ``older`` means of ``step`` s."""
         if recent < 1 or older < 0 or step <= 0 or middle < 0 or middle_step <= 0:
             raise ValueError("history sizes must be positive")
         self.step = step
@@ -347,7 +345,9 @@ class NodeHistory:
         if interval >= MIDDLE_STEP_S or seconds <= SAMPLED_S:
             return cls(max(1, math.ceil(seconds * per_s)), older, step)
         middle = math.ceil((seconds - SAMPLED_S) / MIDDLE_STEP_S)
-        return cls(max(1, math.ceil(SAMPLED_S * per_s)), older, step, middle, MIDDLE_STEP_S)
+        # a minute's samples at any rate (its mean is of them: 600 at 10 Hz)
+        recent = max(math.ceil(SAMPLED_S * per_s), math.ceil(step / max(interval, 1e-3)))
+        return cls(recent, older, step, middle, MIDDLE_STEP_S)
 
     def clear(self) -> None:
         """Forget every GPU and its samples (the buffers are freed)."""
@@ -481,15 +481,14 @@ class NodeHistory:
 
     def _close_bucket(self, ring: _Ring, start: float) -> None:
         """Keep in ``ring`` the means of the samples since ``start`` (all still among the
-        recent ones when ``recent`` holds a bucket's worth: 300 samples, 60 s buckets at up to
-        5 Hz; at a higher rate the means are of the bucket's last 300)."""
+        recent ones when ``recent`` holds a bucket's worth: ``sized`` makes it so)."""
         recent = self._recent
         n = recent.count_since(start)
         if n == 0 or not recent.lanes:
             return
-        # Block by block: one copy of its n points, summed in C. Every node closes its bucket
-        # at once (a 10 s bucket at 2,048 nodes): column by column and lane by lane a minute's
-        # took 126 us a node of 8 GPUs (10 s: 67 us); block by block 83 us (10 s: 28 us).
+        # Block by block: one copy of its n points, summed in C. Every node closes its minute
+        # at once: column by column and lane by lane it took 126 us a node of 8 GPUs, block
+        # by block 83 us (measured alternated).
         i = ring.advance(start)
         for b, (block, code, limit, cols) in enumerate(
             zip(ring.blocks, _BLOCK_CODES, _BLOCK_LIMITS, _BLOCK_COLUMNS, strict=True)
@@ -501,7 +500,8 @@ class NodeHistory:
             # case), else each as ``_kept`` keeps it.
             sums = [sum(points[j::span]) for j in range(span)]
             if limit is None:
-                if sum(sums) - sum(sums) == 0:  # finite: no NaN, no infinity among them
+                total = sum(sums)
+                if total - total == 0:  # finite: no NaN, no infinity among them
                     block[i * span : (i + 1) * span] = array(code, [x / n for x in sums])
                     continue
                 means: list[float | None] = []
