@@ -21,7 +21,7 @@ from gpuctl.core.model import NodeState
 from gpuctl.core.wire import JsonObject
 from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
 from gpuctl.fleet.fleet import Fleet
-from gpuctl.fleet.gpu_history import BYTES_PER_POINT, METRICS, _readings
+from gpuctl.fleet.gpu_history import BYTES_PER_POINT, METRICS, NodeHistory, _readings
 from gpuctl_tests.helpers import wait_until_async
 
 T0 = 1_700_000_000.0
@@ -420,3 +420,15 @@ def test_minute_means_leave_out_what_is_missing() -> None:
     assert power[:3] == [(100.0 + 200.0 + 300.0 + 400.0 + 500.0 + 600.0) / 6, None, 7.5]
     assert mem[:3] == [4.5, 14.5, 24.5]
     assert util[3:] == [1] * 12 and len(hist) == 15
+
+
+def test_a_node_sampled_at_10_hz_keeps_whole_minutes_in_its_means() -> None:
+    """An agent may sample every 0.1 s: its recent samples hold a minute at least, so that a
+    minute's mean is of all its 600 samples (with 300 kept it was of the minute's last 30 s)."""
+    node = NodeHistory.sized(interval=0.1)
+    t0 = 1_700_000_040.0  # a minute's start
+    for k in range(13 * 600 + 1):  # the 10 s samples cover 10 minutes before the last one
+        busy = 100 if k % 600 >= 300 else 0  # idle the first half of each minute
+        node.add(t0 + k / 10, [Reading(index=0, util_gpu=busy, temp=40)])
+    times, util = node[0].series("util")
+    assert times[0] == t0 + 30 and util[0] == 50
