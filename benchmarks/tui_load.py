@@ -23,6 +23,10 @@ same on asyncio's plain loop. ``--rounds K`` alternates the two K times and prin
 of each: on a shared machine the CPU a run takes drifts by several points within minutes, so
 only alternated runs compare.
 
+``--full-history`` fills every node's history to its full size (4 hours and 15 minutes of
+samples) once the fleet is up, so that the RSS is the one hours of watching come to: without it
+a run's minutes hold a few minutes of history (its rings grow as samples come).
+
 ``--parts`` adds, per run, where the app's CPU went without a profiler's distortion: the thread
 time of each of ``PARTS`` (calls, microseconds a call, share of the run's CPU) and how many
 compositor updates painted the header's row alone (issue 27: at 512 nodes they were 180 of 316
@@ -30,7 +34,7 @@ before the header's figures moved per round of samples).
 
 Usage: python benchmarks/tui_load.py [--nodes 512] [--gpus 8] [--minutes 5] [--mode list|heatmap]
                                      [--compare REV | --compare-loop] [--rounds K] [--json]
-                                     [--profile FILE] [--cycle K] [--parts]
+                                     [--profile FILE] [--cycle K] [--parts] [--full-history]
 16,384 GPUs (issue 27): --nodes 2048 --cycle 10 (the feeder cannot simulate them live on a core).
 Without --nodes it runs the issue's set: 512x8 (4,096 GPUs) and 128x8 (1,024 GPUs).
 Targets (issue 15, over 30 minutes at 4,096 GPUs): < 25% of one core, sample->paint p95
@@ -355,6 +359,29 @@ def run_once(nodes: int, gpus: int, seconds: float, mode: str, rss_every: float)
         child.wait()
 
 
+async def fill_histories(fleet: Any) -> None:
+    """Give every node the history it has after hours (``--full-history``): its history is
+    cleared (its buffers freed, so that the new ones can take their place: a fresh history
+    beside the old one left the old one's 467 MB as holes, 1,187 MB at af2f7f2) and filled with
+    its GPUs' latest sample at past times (one a minute for the older means, then one a
+    second); node by node, each without a pause, so the screen runs on. Works with any
+    revision's ``Fleet`` (``history_*``, ``NodeHistory.clear``)."""
+    for rt in list(fleet.nodes.values()):
+        gpus = rt.snapshot.gpus
+        if not gpus:
+            continue
+        fresh = rt.history
+        fresh.clear()
+        now = time.time() - 1.0
+        recent = int(fleet.history_len)
+        start = now - recent - fleet.history_step * (fleet.history_older + 1)
+        for k in range(fleet.history_older + 1):
+            fresh.add(start + fleet.history_step * k, gpus)
+        for k in range(recent):
+            fresh.add(now - recent + k, gpus)
+        await asyncio.sleep(0)  # the screen's turn between nodes
+
+
 async def measure(
     fds: list[int], gpus: int, seconds: float, mode: str, rss_every: float
 ) -> dict[str, Any]:
@@ -397,6 +424,9 @@ async def measure(
                 raise SystemExit("the benchmark fleet did not come up")
             await asyncio.sleep(0.1)
         first_frame_s = time.monotonic() - started
+        if os.environ.get("GPUCTL_BENCH_FULL_HISTORY"):
+            await fill_histories(fleet)
+            await asyncio.sleep(10.0)  # the lines that came meanwhile read (a benchmark's wait)
         if mode == "heatmap":
             app.overview.action_heatmap()
         app.overview.nodes.on_paint = on_paint
@@ -569,8 +599,16 @@ def main() -> int:
         action="store_true",
         help="also the thread time of each of PARTS and the compositor's updates",
     )
+    p.add_argument(
+        "--full-history",
+        action="store_true",
+        help="before measuring, fill every node's history as hours of samples would (its "
+        "memory is then what it holds at its full size, not after the run's minutes)",
+    )
     args = p.parse_args()
     os.environ["GPUCTL_BENCH_CYCLE"] = str(args.cycle)
+    if args.full_history:
+        os.environ["GPUCTL_BENCH_FULL_HISTORY"] = "1"
     if args.parts:
         os.environ["GPUCTL_BENCH_PARTS"] = "1"
     if args.profile:

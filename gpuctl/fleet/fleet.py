@@ -301,11 +301,10 @@ class Fleet:
         the scrape period) keeps fewer of them, the same minutes. At 16,384 GPUs read from a
         store every 15 s, 900 samples a GPU (3.75 h) were 455 MiB of the 595 MiB the process
         held with the screen (tracemalloc); 60 of them (15 min): peak RSS 727 -> 367 MB
-        (``benchmarks/prom_scale.py --tui --trees``, docs/notes/perfprom.md)."""
-        recent = self.history_len
-        if interval > 1.0:
-            recent = max(1, math.ceil(recent / interval))
-        return NodeHistory(recent, self.history_older, self.history_step)
+        (``benchmarks/prom_scale.py --tui --trees``, docs/notes/perfprom.md). A node sampling
+        faster than every 10 s keeps the last 5 minutes as they came and one sample each 10 s
+        before them (``NodeHistory.sized``)."""
+        return NodeHistory.sized(self.history_len, interval, self.history_older, self.history_step)
 
     async def backfill(self, name: str) -> bool:
         """Fill a node's kept history with what its link's store kept before this process saw

@@ -1,14 +1,19 @@
-"""A node's GPU history as numbers: fixed-size ring buffers per metric, older history as means.
+"""A node's GPU history as numbers: ring buffers per metric, older history as means.
 
-The fleet keeps, per GPU, the last ``recent`` samples as they came (1 Hz: 15 minutes) and,
-beyond them, the means of ``step``-second buckets (1 minute: 4 more hours). Each metric is one
+The fleet keeps, per GPU, the last ``recent`` samples as they came and, beyond them, the means
+of ``step``-second buckets (1 minute: 4 more hours); a node that samples faster than every 10 s
+keeps 5 minutes as they came (1 Hz: 300 samples) and a middle tier of one sample each 10 s for
+the 10 minutes before them, 15 minutes in all (``NodeHistory.sized``: 900 samples as they came
+were 79% of a GPU's bytes, 467 MB of the screen's 683 at 16,384 GPUs; the detail screen's plot
+drew every 3rd or 4th of them). Each metric is one
 ``array.array`` of the narrowest type that holds it (utilization and temperature in a byte,
 clocks in two, memory and power as float32: the registry's ``history`` typecode, see
-``gpuctl/node/metrics.py``; the columns are named by its ``name`` and hold its ``shown`` unit),
-allocated full when a GPU first reports, so a GPU's history costs the same bytes after a minute
-as after a week: about ``(recent + older) * (BYTES_PER_POINT - 8)`` plus the times its node's
-GPUs share. A whole ``GpuSample`` per second (its tuples, its process list) cost some 1.25 KB
-per GPU per sample: 1.6 GB at 1,024 GPUs after 19 minutes.
+``gpuctl/node/metrics.py``; the columns are named by its ``name`` and hold its ``shown`` unit).
+A ring grows as its points come, up to its size, then stays: a GPU's history costs about
+``points * (BYTES_PER_POINT - 8)`` plus the times its node's GPUs share, at most (300 + 60 +
+240) * 24 bytes = 14.4 KB at 1 Hz (28.5 KB with 900 samples as they came, allocated whole at a
+GPU's first sample). A whole ``GpuSample`` per second (its tuples, its process list) cost
+some 1.25 KB per GPU per sample: 1.6 GB at 1,024 GPUs after 19 minutes.
 
 The history is kept per node (``NodeHistory``): its GPUs share the times, and the columns of
 one typecode are one array, point by point (a point holds every GPU's values side by side), so
@@ -41,7 +46,9 @@ from typing import Any
 from gpuctl.core.model import GpuSample
 from gpuctl.node.metrics import METRICS as REGISTRY
 
-RECENT_KEPT = 900  # samples as they came: 15 min at 1 Hz
+RECENT_KEPT = 900  # seconds of recent history: 15 min, every sample or one each MIDDLE_STEP_S
+SAMPLED_S = 300  # of which every sample at a node sampling faster than MIDDLE_STEP_S: 5 min ...
+MIDDLE_STEP_S = 10.0  # ... and before them the first sample of each 10 s (a middle tier) ...
 OLDER_STEP_S = 60.0  # older history: the mean of each minute ...
 OLDER_KEPT = 240  # ... for 4 hours before the recent samples
 
@@ -55,8 +62,6 @@ _MISSING = {code: (1 << (8 * array(code).itemsize)) - 1 for code in ("B", "H")}
 BYTES_PER_POINT = 8 + sum(array(code).itemsize for code in COLUMNS.values())  # + time (float64)
 
 _CODES = tuple(COLUMNS.values())
-# Per column: None for a float column, else the integer that stands for "missing".
-_LIMITS = tuple(_MISSING.get(code) for code in _CODES)
 # A column keeps the wire's value (bytes, bytes/s: float32 keeps 24 bits of either as well as
 # of GiB) and is scaled to the shown unit when read: no multiplication per reading kept.
 _SCALES = tuple(m.scale for m in _KEPT)
@@ -154,33 +159,33 @@ def _loaded(column: int, values: Sequence[float]) -> list[float | None]:
 
 
 class _Ring:
-    """``capacity`` points of ``lanes`` GPUs: one time per point, shared, and per typecode one
-    array (a block: see ``_BLOCK_COLUMNS``) of ``capacity * lanes * width`` values, point by
-    point; the oldest point is overwritten."""
+    """Up to ``capacity`` points of ``lanes`` GPUs: one time per point, shared, and per
+    typecode one array (a block: see ``_BLOCK_COLUMNS``) of ``lanes * width`` values a point,
+    point by point. The arrays grow a point at a time until ``capacity`` (a slot past the end
+    is written by extending them: a ring costs what it holds), then the oldest point is
+    overwritten."""
 
-    __slots__ = ("blocks", "capacity", "head", "lanes", "size", "times")
+    __slots__ = ("blocks", "capacity", "grown", "head", "lanes", "size", "times")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.lanes = 0
-        self.times = array("d", bytes(8 * capacity))
+        self.times = array("d")  # one per point so far: its length is the points allocated
         self.blocks: list[array[Any]] = [array(code) for code in _BLOCK_CODES]
         self.head = 0  # next slot to write
         self.size = 0
+        self.grown = False  # full once: its arrays' room to grow let go
 
     def add_lanes(self, k: int) -> None:
-        """Make room for ``k`` more GPUs, their values missing (the first GPUs: one allocation;
-        GPUs that join later: a copy, point by point)."""
+        """Make room for ``k`` more GPUs, their values missing at the points kept so far (a
+        copy, point by point)."""
         blocks = []
         for a, code, cols in zip(self.blocks, _BLOCK_CODES, _BLOCK_COLUMNS, strict=True):
             fill = _EMPTY_BYTES[code] * (k * len(cols))
-            if not self.lanes:
-                blocks.append(array(code, fill * self.capacity))
-                continue
             span = self.lanes * len(cols)
             b = array(code)
             more = array(code, fill)
-            for i in range(self.capacity):
+            for i in range(len(self.times)):
                 b += a[i * span : (i + 1) * span]
                 b += more
             blocks.append(b)
@@ -194,18 +199,39 @@ class _Ring:
             width = len(cols)
             span = self.lanes * width
             b = array(a.typecode)
-            for i in range(self.capacity):
+            for i in range(len(self.times)):
                 for j in order:
                     start = i * span + j * width
                     b += a[start : start + width]
             blocks.append(b)
         self.blocks = blocks
 
+    def points(self, block: int, n: int, oldest: bool = False) -> array[Any]:
+        """A block's newest ``n`` points (``oldest``: its oldest), oldest first (a copy,
+        ``n * lanes * width`` values)."""
+        a = self.blocks[block]
+        span = self.lanes * len(_BLOCK_COLUMNS[block])
+        full = self.size == self.capacity
+        start = (self.head if full else 0) if oldest else self.head - n
+        if start < 0:
+            start += self.capacity
+        end = start + n
+        if end <= self.capacity:
+            return a[start * span : end * span]
+        return a[start * span :] + a[: (end - self.capacity) * span]
+
     def advance(self, t: float) -> int:
         """Take the next slot for a point at ``t``; returns it (write the values there, then
         nothing else: the slot is counted already)."""
         i = self.head
-        self.times[i] = t
+        if i < len(self.times):
+            self.times[i] = t
+            if not i and not self.grown:  # full: a grown array keeps up to 1/16 more room
+                self.times = self.times[:]
+                self.blocks = [block[:] for block in self.blocks]
+                self.grown = True
+        else:  # still growing: the blocks' slice at i extends them too
+            self.times.append(t)
         self.head = i + 1 if i + 1 < self.capacity else 0
         if self.size < self.capacity:
             self.size += 1
@@ -279,21 +305,61 @@ class NodeHistory:
     """
 
     def __init__(
-        self, recent: int = RECENT_KEPT, older: int = OLDER_KEPT, step: float = OLDER_STEP_S
+        self,
+        recent: int = RECENT_KEPT,
+        older: int = OLDER_KEPT,
+        step: float = OLDER_STEP_S,
+        middle: int = 0,
+        middle_step: float = MIDDLE_STEP_S,
     ) -> None:
-        if recent < 1 or older < 0 or step <= 0:
+        """``recent`` samples as they came, before them ``middle`` samples, one each
+        ``middle_step`` s (none: 0), before those ``older`` means of ``step`` s."""
+        if recent < 1 or older < 0 or step <= 0 or middle < 0 or middle_step <= 0:
             raise ValueError("history sizes must be positive")
         self.step = step
-        self._sizes = (recent, older)
-        self._keep_older = older > 0
+        self._sizes = (recent, middle, older)
+        self._steps = (middle_step, step)
         self.clear()
+
+    @classmethod
+    def sized(
+        cls,
+        seconds: float = RECENT_KEPT,
+        interval: float = 1.0,
+        older: int = OLDER_KEPT,
+        step: float = OLDER_STEP_S,
+    ) -> NodeHistory:
+        """A node's history for samples every ``interval`` s: ``seconds`` of recent history,
+        as the samples came (``seconds / interval`` of them: a 15 s store's 60) or, where more
+        than SAMPLED_S and the node samples faster than MIDDLE_STEP_S, the last SAMPLED_S as
+        they came and before them one sample each MIDDLE_STEP_S; then ``older`` means of
+        ``step`` s.
+
+        At 1 Hz that is 300 + 60 samples where it was 900: 600 points a GPU with the 240
+        minutes, not 1,140 (24 bytes a point: 15 KB, not 28.5; at 16,384 GPUs 246 MB, not
+        467). The detail screen's plot draws at most 240 points of the whole history, every
+        n-th (``detail.MAX_POINTS``): of the 1,140 every 4th (a minute mean every 4 minutes,
+        a sample every 4 s; 15 minutes in: every 3rd sample), of the 600 every 2nd (15
+        minutes in: each of the last 300 samples, then one each 10 s)."""
+        per_s = 1.0 / max(interval, 1.0)  # a node that samples faster keeps its seconds' worth
+        if interval >= MIDDLE_STEP_S or seconds <= SAMPLED_S:
+            return cls(max(1, math.ceil(seconds * per_s)), older, step)
+        middle = math.ceil((seconds - SAMPLED_S) / MIDDLE_STEP_S)
+        # a minute's samples at any rate (its mean is of them: 600 at 10 Hz)
+        recent = max(math.ceil(SAMPLED_S * per_s), math.ceil(step / max(interval, 1e-3)))
+        return cls(recent, older, step, middle, MIDDLE_STEP_S)
 
     def clear(self) -> None:
         """Forget every GPU and its samples (the buffers are freed)."""
-        recent, older = self._sizes
+        recent, middle, older = self._sizes
         self._recent = _Ring(recent)
-        self._older = _Ring(max(older, 1))
-        self._bucket: float | None = None  # start of the bucket the newest samples are in
+        # The tiers, finer first: the middle keeps the first sample of each 10 s as the
+        # recent ring lets it go (the newest SAMPLED_S seconds as they came, before them one
+        # sample each 10 s); the older keeps each minute's means as it ends.
+        middle_step, step = self._steps
+        self._middle = _Tier(_Ring(middle), middle_step) if middle else None
+        self._older = _Tier(_Ring(older), step) if older else None
+        self._tiers = [tier for tier in (self._middle, self._older) if tier is not None]
         self.layout: tuple[int, ...] = ()  # lane -> GPU index
         self._lane: dict[int, int] = {}  # GPU index -> lane
         self._first: list[float] = []  # lane -> time of its GPU's first sample
@@ -327,12 +393,20 @@ class NodeHistory:
         so are those of a GPU seen before that the sample lacks)."""
         if not gpus:
             return
-        if self._keep_older:
-            bucket = (t // self.step) * self.step
-            if bucket != self._bucket:
-                if self._bucket is not None:
-                    self._close_bucket(self._bucket)
-                self._bucket = bucket
+        middle, older = self._middle, self._older
+        if middle is not None and self._recent.size == self._recent.capacity:
+            # the oldest sample goes next: the first of its 10 s to go is kept
+            oldest = self._recent.times[self._recent.head]
+            bucket = (oldest // middle.step) * middle.step
+            if bucket != middle.bucket:
+                middle.bucket = bucket
+                self._keep_oldest(middle.ring, oldest)
+        if older is not None:
+            bucket = (t // older.step) * older.step
+            if bucket != older.bucket:
+                if older.bucket is not None:
+                    self._close_bucket(older.ring, older.bucket)
+                older.bucket = bucket
         if tuple(map(_INDEX, gpus)) != self.layout:
             self._add_any(t, gpus)
             return
@@ -373,7 +447,7 @@ class NodeHistory:
             self.add(t, [by_index.get(i) or _absent(i) for i in self.layout])
             return
         if new:
-            for ring in (self._recent, self._older):
+            for ring in self._rings():
                 ring.add_lanes(len(new))
             for index in new:
                 self._lane[index] = len(self.layout)
@@ -383,38 +457,71 @@ class NodeHistory:
         order = tuple(by_index)
         if order != self.layout and len(order) == len(self.layout) == len(gpus):
             lanes = [self._lane[i] for i in order]
-            for ring in (self._recent, self._older):
+            for ring in self._rings():
                 ring.reorder(lanes)
             self._first = [self._first[j] for j in lanes]
             self.layout = order
             self._lane = {index: j for j, index in enumerate(order)}
         self._recent.push(t, [_gpu_readings(by_index.get(i)) for i in self.layout])
 
-    def _close_bucket(self, start: float) -> None:
-        """Keep the means of the samples since ``start`` (all still among the recent ones
-        when ``recent`` holds a bucket's worth: 900 samples, 60 s buckets at up to 15 Hz)."""
+    def _rings(self) -> list[_Ring]:
+        return [self._recent, *(tier.ring for tier in self._tiers)]
+
+    def _keep_oldest(self, ring: _Ring, t: float) -> None:
+        """Keep in ``ring`` the oldest recent point (at ``t``), as it came: a copy per block.
+        (Its 10 s's means cost 28 us a node of 8 GPUs every 10 s: a sample's ``add`` took
+        11.1 us where it took 8.6 at af2f7f2; with a copy 8.2-9.1, measured alternated.)"""
+        recent = self._recent
+        if not recent.lanes:
+            return
+        i = ring.advance(t)
+        for b, block in enumerate(ring.blocks):
+            span = len(_BLOCK_COLUMNS[b]) * recent.lanes
+            block[i * span : (i + 1) * span] = recent.points(b, 1, oldest=True)
+
+    def _close_bucket(self, ring: _Ring, start: float) -> None:
+        """Keep in ``ring`` the means of the samples since ``start`` (all still among the
+        recent ones when ``recent`` holds a bucket's worth: ``sized`` makes it so)."""
         recent = self._recent
         n = recent.count_since(start)
         if n == 0 or not recent.lanes:
             return
-        # Summed and counted in C over the arrays: every node closes its minute at once (as
-        # lists ~0.3 ms a node of 8 GPUs, 1.2 ms under cProfile; now ~0.16 ms, measured).
-        rows: list[list[float | None]] = [[] for _ in range(recent.lanes)]
-        for column, limit in enumerate(_LIMITS):
-            for lane, row in enumerate(rows):
-                values = recent.last_array(column, lane, n)
-                if limit is None:
-                    total = sum(values)
-                    if total - total == 0:  # finite: no NaN, no infinity among them
-                        row.append(total / len(values))
+        # Block by block: one copy of its n points, summed in C. Every node closes its minute
+        # at once: column by column and lane by lane it took 126 us a node of 8 GPUs, block
+        # by block 83 us (measured alternated).
+        i = ring.advance(start)
+        for b, (block, code, limit, cols) in enumerate(
+            zip(ring.blocks, _BLOCK_CODES, _BLOCK_LIMITS, _BLOCK_COLUMNS, strict=True)
+        ):
+            span = len(cols) * recent.lanes
+            points = recent.points(b, n)
+            # Each lane's column summed over the n points, in C (a strided slice); the means
+            # written as the block keeps them at once when none was missing (the common
+            # case), else each as ``_kept`` keeps it.
+            sums = [sum(points[j::span]) for j in range(span)]
+            if limit is None:
+                total = sum(sums)
+                if total - total == 0:  # finite: no NaN, no infinity among them
+                    block[i * span : (i + 1) * span] = array(code, [x / n for x in sums])
+                    continue
+                means: list[float | None] = []
+                for j, total in enumerate(sums):
+                    if total - total == 0:
+                        means.append(total / n)
                         continue
+                    values = points[j::span]
                     kept = [v for v in values if v == v and abs(v) != math.inf]
-                    row.append(sum(kept) / len(kept) if kept else None)
-                else:
-                    missing = values.count(limit)
-                    k = len(values) - missing
-                    row.append((sum(values) - missing * limit) / k if k else None)
-        self._older.push(start, rows)
+                    means.append(sum(kept) / len(kept) if kept else None)
+            elif limit in points:  # a missing value among them: counted out
+                means = []
+                for j, total in enumerate(sums):
+                    missing = points[j::span].count(limit)
+                    k = n - missing
+                    means.append((total - missing * limit) / k if k else None)
+            else:  # means of values the column holds: it holds them rounded
+                block[i * span : (i + 1) * span] = array(code, [round(x / n) for x in sums])
+                continue
+            block[i * span : (i + 1) * span] = _kept(code, limit, means)
 
     # -- reading, one GPU (``GpuHistory``) -----------------------------------------------------
     def _recent_count(self, lane: int) -> int:
@@ -424,30 +531,43 @@ class NodeHistory:
             return ring.size
         return ring.count_since(self._first[lane])
 
-    def _older_range(self, lane: int) -> tuple[int, int]:
-        """The older means a GPU shows: those wholly before the first recent sample, from the
-        bucket of its first sample on (as positions in ``times_list``)."""
-        if not self._keep_older or self._recent.size == 0:
-            return 0, 0
-        first = self._recent.first_time()
+    def _tier_ranges(self, lane: int) -> list[tuple[int, int]]:
+        """The points of each tier (``_tiers``' order) a GPU shows, as positions in its ring's
+        ``times_list``: those wholly before the first recent sample and before the first point
+        of the finer tier, from the GPU's first sample on (a mean: from its bucket on)."""
+        if self._recent.size == 0:
+            return [(0, 0)] * len(self._tiers)
+        bound = self._recent.first_time()
         since = self._first[lane]
-        starts = self._older.times_list()
-        end = sum(1 for s in starts if s + self.step <= first)
-        begin = sum(1 for s in starts[:end] if s + self.step <= since)
-        return begin, end
+        ranges = []
+        for tier in self._tiers:
+            starts = tier.ring.times_list()
+            if tier is self._middle:  # samples, each at its own time
+                end = sum(1 for s in starts if s < bound)
+                begin = sum(1 for s in starts[:end] if s < since)
+            else:  # means, each of the ``step`` s from its time on
+                end = sum(1 for s in starts if s + tier.step <= bound)
+                begin = sum(1 for s in starts[:end] if s + tier.step <= since)
+            ranges.append((begin, end))
+            if end:
+                bound = starts[0]
+        return ranges
 
     def _len(self, lane: int) -> int:
-        begin, end = self._older_range(lane)
-        return end - begin + self._recent_count(lane)
+        shown = sum(end - begin for begin, end in self._tier_ranges(lane))
+        return shown + self._recent_count(lane)
 
     def _series(self, lane: int, metric: str) -> tuple[list[float], list[float | None]]:
         column = METRICS.index(metric)
-        begin, end = self._older_range(lane)
-        older, recent = self._older, self._recent
+        times: list[float] = []
+        raw: list[float] = []
+        tiers = zip(self._tiers, self._tier_ranges(lane), strict=True)
+        for tier, (begin, end) in reversed(list(tiers)):  # the coarsest first
+            ring, half = tier.ring, 0.0 if tier is self._middle else tier.step / 2
+            times += [s + half for s in ring.times_list()[begin:end]]
+            raw += ring.last_values(column, lane, ring.size)[begin:end]
+        recent = self._recent
         n = self._recent_count(lane)
-        half = self.step / 2
-        times = [s + half for s in older.times_list()[begin:end]]
-        raw = older.last_values(column, lane, older.size)[begin:end]
         raw += recent.last_values(column, lane, n)
         return times + recent.last_times(n), _loaded(column, raw)
 
@@ -458,8 +578,22 @@ class NodeHistory:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the buffers: fixed once its GPUs have reported."""
-        return self._recent.nbytes + self._older.nbytes
+        """Bytes of the buffers: they grow with the samples kept until the rings are full,
+        then stay."""
+        return sum(ring.nbytes for ring in self._rings())
+
+
+class _Tier:
+    """A ring of ``step``-s buckets' means (the older tier) or of a sample each (the middle
+    tier), and the start of the bucket being filled (older) or of the last one kept
+    (middle)."""
+
+    __slots__ = ("bucket", "ring", "step")
+
+    def __init__(self, ring: _Ring, step: float) -> None:
+        self.ring = ring
+        self.step = step
+        self.bucket: float | None = None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -528,7 +662,7 @@ class GpuHistory:
 
     @property
     def nbytes(self) -> int:
-        """This GPU's share of its node's buffers: fixed from its first sample on."""
+        """This GPU's share of its node's buffers (they grow until the rings are full)."""
         node = self._node
         return node.nbytes // max(1, len(node))
 
