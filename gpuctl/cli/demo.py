@@ -35,7 +35,7 @@ def register(sub: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpuctl.cli.watch import open_job_store, require_terminal, run_tui, tui_config
-    from gpuctl.fleet.demo import demo_nodes
+    from gpuctl.fleet.demo import DEMO_IDLE_AFTER_S, demo_nodes
     from gpuctl.fleet.fleet import simulated_fleet
 
     if not 1 <= args.nodes <= 4096:
@@ -48,7 +48,10 @@ def run(args: argparse.Namespace) -> int:
     audit.keep(False)  # the simulated cluster's burns and signals are no record of actions
     tui, _ = tui_config(args)
     fleet = simulated_fleet(
-        demo_nodes(args.nodes, args.gpus), read_only=args.read_only, interval=args.interval or 1.0
+        demo_nodes(args.nodes, args.gpus),
+        read_only=args.read_only,
+        interval=args.interval or 1.0,
+        idle_after=DEMO_IDLE_AFTER_S,  # the story's idle job shows in a minute, not 30
     )
     from gpuctl.context import Context
     from gpuctl.tui import GpuctlApp

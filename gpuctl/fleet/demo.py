@@ -3,9 +3,12 @@
 The story, so that the demo shows what the screen is for (the README's words): one GPU burning
 (a simulated burn, started as ``s`` starts one: its BURN badge and rate on its row, your user on
 its process, which ``k`` stops) until it throttles, on a GPU that runs nobody else's job; one GPU
-reports XID 79 and falls off the bus (no readings, no processes); and the last node stalls for a
-few seconds now and then (its panel goes stale, then live again). The simulated jobs on the
-other GPUs run warm, not hot: only the burning GPU throttles (``gpuctl.node.readers.sim``).
+reports XID 79 and falls off the bus (no readings, no processes); bob's Slurm job 48377 holds a
+GPU's memory and computes nothing (allocated but idle: its IDLE badge and the header's count
+after ``DEMO_IDLE_AFTER_S``, which ``gpuctl demo`` sets in place of ``[fleet] idle_after``); and
+the last node stalls for a few seconds now and then (its panel goes stale, then live again).
+The simulated jobs on the other GPUs run warm, not hot: only the burning GPU throttles
+(``gpuctl.node.readers.sim``).
 The events screen (``e``) keeps the story: the XID 79 and the lost GPU at once, the thermal
 throttle once the burn has heated its GPU (about a minute), in memory only
 (``gpuctl.fleet.troublelog``: a simulated cluster's trouble is not written to the state folder).
@@ -20,6 +23,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gpuctl.fleet.fleet import Fleet
 
+# The story's job that holds a GPU and computes nothing; the demo counts a GPU allocated but
+# idle after DEMO_IDLE_AFTER_S (a cluster's ``[fleet] idle_after``: 30 min) so that it shows.
+HOLD_JOB = "48377"
+HOLD_USER = "bob"
+DEMO_IDLE_AFTER_S = 60.0
 STALL_FIRST_S = 20.0
 STALL_EVERY_S = 45.0
 STALL_FOR_S = 8.0
@@ -69,6 +77,10 @@ async def story(
     if target == (xid_node, xid_gpu) and xid_gpu > 0:
         xid_gpu -= 1  # the XID falls on another GPU than the burn's
     await simulate(xid_node, action="xid", gpu=xid_gpu, xid=79)
+    held = hold_target(fleet, {target, (xid_node, xid_gpu)}, names[-1] if len(names) > 1 else "")
+    if held is not None:  # bob's Slurm job holds a GPU and computes nothing: allocated but idle
+        await simulate(held[0], action="hold", gpu=held[1], user=HOLD_USER)
+        fleet.annotate(held[0], held[1], slurm_job=HOLD_JOB, slurm_user=HOLD_USER)
     if len(names) < 2:
         return
     stall = names[-1]
@@ -76,6 +88,20 @@ async def story(
     while True:
         await simulate(stall, action="stall", seconds=STALL_FOR_S)
         await asyncio.sleep(stall_every)
+
+
+def hold_target(
+    fleet: Fleet, taken: set[tuple[str, int] | None], stalls: str
+) -> tuple[str, int] | None:
+    """The GPU the story's idle job holds: the first without a process, not the burn's nor
+    the XID's, on a node that does not stall (its panel would go stale). None when none is."""
+    for node in fleet.names:
+        if node == stalls:
+            continue
+        for g in fleet.snapshot(node).gpus:
+            if not g.lost and not g.processes and (node, g.index) not in taken:
+                return node, g.index
+    return None
 
 
 def burn_target(fleet: Fleet) -> tuple[str, int] | None:

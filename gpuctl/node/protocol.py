@@ -103,7 +103,8 @@ gpuctl -> agent
                   no_process (it ended, or another process has its pid now), not_yours (it
                   belongs to another user than the agent's, root included), read_only.
     simulate      (simulated reader only) action: "load" (gpus, load 0..1) | "xid" (gpu, xid)
-                  | "lose" (gpu) | "stall" (seconds 0..60: the next sample waits, as a hung
+                  | "lose" (gpu) | "hold" (gpu, user: a job holds its memory and computes
+                  nothing) | "stall" (seconds 0..60: the next sample waits, as a hung
                   driver call would) -> ok
     Plugins add requests and name them in the hello's ``features``; each documents its own:
     ``stress_start`` / ``stress_stop`` / ``stress_status`` and ``burn`` events in

@@ -12,12 +12,13 @@ from typing import Any
 from gpuctl import service
 from gpuctl.cli.demo import story
 from gpuctl.fleet import control
-from gpuctl.fleet.demo import demo_nodes
+from gpuctl.fleet.demo import HOLD_JOB, HOLD_USER, demo_nodes
 from gpuctl.fleet.fleet import simulated_fleet
 from gpuctl.node.readers.sim import SimReader
 from gpuctl.tui import make_app
 from gpuctl.tui.screens.confirm import ConfirmScreen
 from gpuctl.tui.screens.processes import ProcessScreen
+from gpuctl_tests.tui.test_hostile import drawn
 from gpuctl_tests.tui.test_panes import until
 
 
@@ -141,3 +142,35 @@ async def test_quitting_ends_a_story_that_lost_a_cancel(tmp_path: Path) -> None:
     done, _ = await asyncio.wait(tasks, timeout=5)  # the old code left it running
     assert done, "the story still runs after the screen quit"
     assert stopped_after == [True]  # ended before the fleet stopped, not by a later cancel
+
+
+async def test_the_demo_shows_a_gpu_allocated_but_idle(tmp_path: Path) -> None:
+    """Jobs first in the demo (issue 43): bob's Slurm job holds a GPU's memory and computes
+    nothing; after the demo's idle time its row says IDLE in job 48377 (bob) and the header
+    counts it. The demo had no Slurm job: nothing showed what ``alloc-idle`` is for."""
+    fleet = simulated_fleet(demo_nodes(4, 4), interval=0.2, idle_after=1.0)
+    app = make_app(fleet, simulated=True, state_dir=tmp_path / "state")
+    app.background.append(lambda: story(fleet, stall_every=3600, burns=app.stress_flow.own_burns))
+    async with app.run_test(size=(160, 40)) as pilot:
+        snaps = app.store.snaps
+        # sim-02's free GPUs are the burn's (0) and the XID's (3): the next free one is held
+        await until(
+            pilot,
+            lambda: (
+                (snaps["sim-03"].annotations.get(0) or {}).get("slurm_job") == HOLD_JOB
+                and [p.user for p in snaps["sim-03"].gpus[0].processes] == [HOLD_USER]
+            ),
+            "the held GPU's job and its process",
+            timeout=30,
+        )
+        await until(pilot, lambda: fleet.idle.idle_for("sim-03", 0), "the GPU idle in its job")
+        await until(pilot, lambda: "1 alloc-idle" in drawn(app), "the header's count")
+        nodes = app.overview.nodes
+        y = next(i for i, ln in enumerate(nodes.lines) if (ln.node, ln.gpu) == ("sim-03", 0))
+        nodes.scroll_to(y=y, animate=False, immediate=True)
+        await pilot.pause()
+        row = "".join(s.text for s in nodes.render_line(y - int(nodes.scroll_offset.y)))
+        assert "IDLE" in row and HOLD_USER in row, row
+        assert [g for n, g in control.burning(fleet)] == [0]  # the burn is elsewhere: sim-02
+        held = snaps["sim-03"].gpus[0]
+        assert held.util_gpu is not None and held.util_gpu <= fleet.idle.below

@@ -97,6 +97,7 @@ class SimGpu(object):
         self.base_load = rng.choice((0.0, 0.0, 0.05, 0.35, 0.7, 0.95))
         self.base_mem = rng.uniform(0.02, 0.12) + 0.7 * self.base_load
         self.burn = 0.0  # set by simulate(load=...)
+        self.held = False  # simulate(hold=...): a job holds it and computes nothing
         self.burn_started = 0.0  # wall clock time the burn's load began
         self.util = 100.0 * self.base_load
         self.temp += 40.0 * self.base_load  # a GPU that has been busy is warm already
@@ -124,6 +125,8 @@ class SimGpu(object):
     def step(self, dt: float, rng: random.Random) -> None:
         load = max(self.burn, self.base_load)
         target_util = 100.0 * load if self.burn else min(100.0, 100.0 * load + rng.gauss(0, 6))
+        if self.held and not self.burn:
+            target_util = 0.0  # a notebook left open on it: memory held, nothing computed
         self.util = max(0.0, min(100.0, self.util + (target_util - self.util) * min(1.0, dt)))
         top = HOT_C if self.burn else JOB_HOT_C
         hot_target = AMBIENT_C + (top - AMBIENT_C) * (self.util / 100.0) ** 0.8
@@ -378,13 +381,22 @@ class SimReader(Reader):
                 self._lose(g)
         elif action == "lose":
             self._lose(self._one(msg.get("gpu")))
+        elif action == "hold":  # a job that holds a GPU's memory and computes nothing
+            g = self._one(msg.get("gpu"))
+            user = str(msg.get("user") or "bob")[:32]
+            g.base_load, g.held = 0.0, True
+            g.processes = [{
+                "pid": 4000 + 97 * g.index + 1, "user": user, "command": "python notebook.py",
+                "mem": int(0.25 * g.mem_total), "uid": SIM_UIDS.get(user),
+                "ppid": 3000 + g.index, "age": 5400.0, "rss": 6 * GIB, "cpu_base": 2.0}]
         elif action == "stall":
             seconds = float(msg.get("seconds", 10.0))
             if not 0.0 < seconds <= 60.0:
                 raise ValueError("stall seconds must be within 0..60")
             self._stall_until = time.monotonic() + seconds
         else:
-            raise ValueError("unknown simulate action %r (load, xid, lose, stall)" % (action,))
+            raise ValueError(
+                "unknown simulate action %r (load, xid, lose, hold, stall)" % (action,))
 
     def _lose(self, g: SimGpu) -> None:
         """``g`` falls off the bus: no readings, no processes; its burner dies with it."""
