@@ -174,3 +174,5 @@ async def test_the_demo_shows_a_gpu_allocated_but_idle(tmp_path: Path) -> None:
         assert [g for n, g in control.burning(fleet)] == [0]  # the burn is elsewhere: sim-02
         held = snaps["sim-03"].gpus[0]
         assert held.util_gpu is not None and held.util_gpu <= fleet.idle.below
+        # its memory is the job's: the GPU's used memory holds the process's
+        assert held.mem_used is not None and held.mem_used >= held.processes[0].mem

@@ -384,10 +384,10 @@ class SimReader(Reader):
         elif action == "hold":  # a job that holds a GPU's memory and computes nothing
             g = self._one(msg.get("gpu"))
             user = str(msg.get("user") or "bob")[:32]
-            g.base_load, g.held = 0.0, True
+            g.base_load, g.held, g.base_mem = 0.0, True, 0.25  # its memory is the job's
             g.processes = [{
                 "pid": 4000 + 97 * g.index + 1, "user": user, "command": "python notebook.py",
-                "mem": int(0.25 * g.mem_total), "uid": SIM_UIDS.get(user),
+                "mem": int(g.base_mem * g.mem_total), "uid": SIM_UIDS.get(user),
                 "ppid": 3000 + g.index, "age": 5400.0, "rss": 6 * GIB, "cpu_base": 2.0}]
         elif action == "stall":
             seconds = float(msg.get("seconds", 10.0))
