@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import zstandard
 
-from gpuctl.fleet.demo import demo_nodes
+from gpuctl.fleet.demo import HOLD_JOB, HOLD_USER, demo_nodes
 from gpuctl.fleet.fleet import simulated_fleet
 from gpuctl.fleet.links import ThreadSimLink
 from gpuctl.fleet.recording.csvexport import CSV_READINGS, export_csv
@@ -89,15 +89,21 @@ def test_recording_holds_every_nodes_stream(recording: Path) -> None:
     names = [n for n, _ in demo_nodes()]
     assert header["format"] == "gpuctl-recording" and [n["name"] for n in header["nodes"]] == names
     records = [r for f in frames for r in f if not r.get("k")]
-    hellos = {r["n"] for r in records if r["m"]["type"] == "hello"}
+    hellos = {r["n"] for r in records if r.get("m", {}).get("type") == "hello"}
     assert hellos == set(names)
     sampled = {r["n"] for r in samples_in(frames)}
     assert sampled == set(names)
     times = [r["t"] for r in records]
     assert times == sorted(times)
     for later in frames[1:]:  # each frame starts with every node's hello and last sample
-        keys = [(r["n"], r["m"]["type"]) for r in later if r.get("k")]
+        keys = [(r["n"], r["m"]["type"]) for r in later if r.get("k") and "m" in r]
         assert sorted(keys) == sorted((n, t) for n in names for t in ("hello", "sample"))
+    # the story's Slurm job (a GPU held and idle), where it came within the recording: its
+    # "slurm" records (the format's) name it, and nothing else
+    jobs = [r["slurm"] for f in frames for r in f if "slurm" in r]
+    assert all(
+        [tuple(v) for v in j.values()] in ([(HOLD_JOB, HOLD_USER)], []) for j in jobs
+    ), jobs
     reader = RecordingReader(recording)
     assert reader.complete and len(reader.frames) == len(frames)
 
@@ -134,7 +140,7 @@ def test_csv_has_one_row_per_node_gpu_sample(recording: Path, tmp_path: Path) ->
     want = expected_rows(frames)
     assert len(want) > 6 * 8
     assert [(x["node"], x["gpu"], x["util_gpu"], x["temp"], x["uuid"]) for x in rows] == want
-    hello = next(r["m"] for f in frames for r in f if r["m"]["type"] == "hello")
+    hello = next(r["m"] for f in frames for r in f if r.get("m", {}).get("type") == "hello")
     first = next(x for x in rows if x["node"] == hello["hostname"] or x["node"] == "sim-01")
     assert first["model"] == "NVIDIA H100 80GB HBM3" and first["mem_total"] == str(80 * 2**30)
     sample = samples_in(frames)[0]["m"]
@@ -145,7 +151,7 @@ def test_csv_has_one_row_per_node_gpu_sample(recording: Path, tmp_path: Path) ->
         r["n"]: {g["index"]: g for g in r["m"]["gpus"]}
         for f in frames
         for r in f
-        if r["m"].get("type") == "hello"
+        if r.get("m", {}).get("type") == "hello"
     }
 
     def value(node: str, g: dict[str, Any], key: str) -> Any:
