@@ -101,9 +101,7 @@ def test_recording_holds_every_nodes_stream(recording: Path) -> None:
     # the story's Slurm job (a GPU held and idle), where it came within the recording: its
     # "slurm" records (the format's) name it, and nothing else
     jobs = [r["slurm"] for f in frames for r in f if "slurm" in r]
-    assert all(
-        [tuple(v) for v in j.values()] in ([(HOLD_JOB, HOLD_USER)], []) for j in jobs
-    ), jobs
+    assert all([tuple(v) for v in j.values()] in ([(HOLD_JOB, HOLD_USER)], []) for j in jobs), jobs
     reader = RecordingReader(recording)
     assert reader.complete and len(reader.frames) == len(frames)
 
