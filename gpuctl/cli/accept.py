@@ -401,27 +401,21 @@ def _check_writable(name: str) -> None:
     path = Path(name).expanduser().absolute()
     if path.is_dir():
         raise _user_error(f"--junit {name}: a folder, not a file (name the XML file in it)")
-    folder = path.parent
+    _check_folder("--junit", name, path.parent)
+
+
+def _check_folder(option: str, name: str, folder: Path | None = None) -> None:
+    """``folder`` (default: ``name`` itself) made when missing and writable, or one line."""
+    folder = Path(name).expanduser() if folder is None else folder
+    what = f"{option} {name}" if str(folder) == name else f"{option} {name}: {folder}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise _user_error(f"--junit {name}: {folder} is not a folder") from None
+        raise _user_error(f"{what} is not a folder") from None
     except OSError as e:
-        raise _user_error(f"--junit {name}: cannot make {folder}: {e.strerror or e}") from None
+        raise _user_error(f"{what}: cannot make it: {e.strerror or e}") from None
     if not os.access(folder, os.W_OK):
-        raise _user_error(f"--junit {name}: cannot write into {folder}")
-
-
-def _check_folder(option: str, name: str) -> None:
-    folder = Path(name).expanduser()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise _user_error(f"{option} {name}: not a folder") from None
-    except OSError as e:
-        raise _user_error(f"{option} {name}: {e.strerror or e}") from None
-    if not os.access(folder, os.W_OK):
-        raise _user_error(f"{option} {name}: cannot write into it")
+        raise _user_error(f"{what}: cannot write into it")
 
 
 def _write_text(path: Path, text: str) -> None:

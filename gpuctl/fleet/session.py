@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -417,6 +418,16 @@ class LineFeedProtocol(asyncio.Protocol):
             self.feed.set_exception(exc)
 
 
+def settle(end: asyncio.Future[None], error: BaseException | None) -> None:
+    """A feed's end (``LineFeed.push_to``'s ``end``) onto a future: how it ended, once."""
+    if end.done():
+        return
+    if error is None:
+        end.set_result(None)
+    else:
+        end.set_exception(error)
+
+
 class _PipedProtocol(asyncio.subprocess.SubprocessStreamProtocol):
     """A child's stdout and stderr read into ``LineFeed``s (lines handed on from the pipes'
     callbacks, no task woken a line) instead of asyncio's readers; its stdin, exit and ``wait``
@@ -597,14 +608,7 @@ class AgentSession:
                 handle(msg)
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def end(error: BaseException | None) -> None:
-            if done.done():
-                return
-            if error is None:
-                done.set_result(None)
-            else:
-                done.set_exception(error)
+        end = functools.partial(settle, done)
 
         def sink(line: bytes) -> None:
             if done.done():

@@ -41,6 +41,7 @@ from gpuctl.fleet.session import (
     LinkError,
     Piped,
     keep_stderr,
+    settle,
     start_piped,
     stderr_ended,
 )
@@ -484,16 +485,6 @@ async def _read_all(feed: LineFeed, into: list[bytes]) -> None:
             into.append(line)
 
 
-def _settle(end: asyncio.Future[None], error: BaseException | None) -> None:
-    """A feed's end (``LineFeed.push_to``) onto a future: how it ended, once."""
-    if end.done():
-        return
-    if error is None:
-        end.set_result(None)
-    else:
-        end.set_exception(error)
-
-
 # -- one srun step for many nodes --------------------------------------------------------------
 
 _LABEL = re.compile(rb" *(\d+): ")
@@ -584,8 +575,8 @@ class _Step:
         self._err_end: asyncio.Future[None] = loop.create_future()
         # srun's lines are split among the nodes from its pipes' callbacks (``_on_out``,
         # ``_on_err``); one task waits for the step's end
-        srun.out.push_to(self._on_out, functools.partial(_settle, self._out_end))
-        srun.err.push_to(self._on_err, functools.partial(_settle, self._err_end))
+        srun.out.push_to(self._on_out, functools.partial(settle, self._out_end))
+        srun.err.push_to(self._on_err, functools.partial(settle, self._err_end))
         self._ending = loop.create_task(self._end())
         self._closing: asyncio.Task[None] | None = None
 
