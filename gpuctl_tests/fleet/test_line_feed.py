@@ -63,6 +63,19 @@ async def wait_no_task_a_line(
         assert tasks[first:] == [None] * (len(tasks) - first), (name, tasks)
 
 
+async def lines_by_callback(fleet: Fleet, ping: str) -> None:
+    """Start ``fleet``, see each node's samples come from a transport's callback
+    (``wait_no_task_a_line``) and ``ping`` answered over the pushed stream, stop it."""
+    seen = sample_tasks(fleet)
+    await fleet.start()
+    try:
+        await wait_no_task_a_line(fleet, seen)
+        reply = await fleet.request(ping, {"type": "ping"})
+        assert reply.get("type") == "pong"
+    finally:
+        await fleet.stop()
+
+
 async def test_a_simulated_nodes_samples_wake_no_task() -> None:
     """Each sample reaches the listeners from the pipe's callback, not from a task of the node
     awaiting its next line (a task woken per line per node cost the loop ~20-40 us a line), and
@@ -102,17 +115,15 @@ async def test_the_local_agents_samples_wake_no_task() -> None:
     its pipes' callbacks too; requests are answered, its stderr is kept for a reason, and it
     ends with the link."""
     fleet = Fleet({"local": LocalLink(simulate="2:H100", interval=0.1)})
-    seen = sample_tasks(fleet)
-    await fleet.start()
-    try:
-        await wait_no_task_a_line(fleet, seen)
-        reply = await fleet.request("local", {"type": "ping"})
-        assert reply.get("type") == "pong"
-        session = fleet.nodes["local"].session
-        assert session is not None
-        pid = int(session.info.pid)
-    finally:
-        await fleet.stop()
+    pids: list[int] = []
+
+    def agent(snap: NodeSnapshot) -> None:
+        if snap.info is not None and not pids:
+            pids.append(int(snap.info.pid))
+
+    fleet.subscribe(agent)
+    await lines_by_callback(fleet, "local")
+    (pid,) = pids
     wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 10, "the agent to end with the link")
 
 
@@ -198,14 +209,7 @@ async def test_an_ssh_nodes_samples_wake_no_task(ssh_cluster: SshCluster, tmp_pa
     await asyncio.to_thread(ssh_cluster.start_nodes, ["s1", "s2"])
     fleet = configured_fleet(ssh_cluster, tmp_path, interval=0.1)
     assert all(isinstance(rt.link, SshLink) for rt in fleet.nodes.values())
-    seen = sample_tasks(fleet)
-    await fleet.start()
-    try:
-        await wait_no_task_a_line(fleet, seen)
-        reply = await fleet.request("s2", {"type": "ping"})
-        assert reply.get("type") == "pong"
-    finally:
-        await fleet.stop()
+    await lines_by_callback(fleet, "s2")
     await asyncio.to_thread(
         lambda: wait_until(lambda: not _agents_of(ssh_cluster), 15, "agents to exit")
     )
@@ -235,14 +239,9 @@ async def test_an_srun_nodes_samples_wake_no_task(
     )
     fleet = fleet_from_config(parse_config(text), **FAST)
     assert isinstance(fleet.nodes[node].link, SrunLink)
-    seen = sample_tasks(fleet)
-    await fleet.start()
     try:
-        await wait_no_task_a_line(fleet, seen)
-        reply = await fleet.request(node, {"type": "ping"})
-        assert reply.get("type") == "pong"
+        await lines_by_callback(fleet, node)
     finally:
-        await fleet.stop()
         await asyncio.to_thread(slurm_cluster.run, ["scancel", job])
 
 
@@ -256,14 +255,9 @@ async def test_one_steps_nodes_samples_wake_no_task(
 
     job, fleet = await _held_fleet(slurm_nodes, tmp_path)
     assert all(isinstance(rt.link, StepLink) for rt in fleet.nodes.values())
-    seen = sample_tasks(fleet)
-    await fleet.start()
     try:
-        await wait_no_task_a_line(fleet, seen)
-        reply = await fleet.request("node03", {"type": "ping"})
-        assert reply.get("type") == "pong"
+        await lines_by_callback(fleet, "node03")
     finally:
-        await fleet.stop()
         await asyncio.to_thread(slurm_nodes.run, ["scancel", job])
 
 
