@@ -27,6 +27,14 @@ only alternated runs compare.
 samples) once the fleet is up, so that the RSS is the one hours of watching come to: without it
 a run's minutes hold a few minutes of history (its rings grow as samples come).
 
+``--layers`` runs this checkout four ways, alternated, each one layer less than the one
+before (``LAYERS``): the whole screen; the screen given each node's first sample only (no
+store, flush or paint after it: what the fleet costs); the fleet keeping each node's first
+sample only (no history, bookkeeping or snapshot after it, no staleness watch: what reading
+and decoding cost); the lines dropped once read (a link's first three decoded: what the pipes,
+the loop and an idle Textual cost). Each layer's share of a core is the difference between two
+neighbours: where the CPU goes, measured by taking it away, not by a profiler.
+
 ``--parts`` adds, per run, where the app's CPU went without a profiler's distortion: the thread
 time of each of ``PARTS`` (calls, microseconds a call, share of the run's CPU) and how many
 compositor updates painted the header's row alone (issue 27: at 512 nodes they were 180 of 316
@@ -35,6 +43,7 @@ before the header's figures moved per round of samples).
 Usage: python benchmarks/tui_load.py [--nodes 512] [--gpus 8] [--minutes 5] [--mode list|heatmap]
                                      [--compare REV | --compare-loop] [--rounds K] [--json]
                                      [--profile FILE] [--cycle K] [--parts] [--full-history]
+                                     [--layers]
 16,384 GPUs (issue 27): --nodes 2048 --cycle 10 (the feeder cannot simulate them live on a core).
 Without --nodes it runs the issue's set: 512x8 (4,096 GPUs) and 128x8 (1,024 GPUs).
 Targets (issue 15, over 30 minutes at 4,096 GPUs): < 25% of one core, sample->paint p95
@@ -241,6 +250,54 @@ def loop_runner() -> Any:
     return run
 
 
+# ``--layers``: the variants, each without the layers before it (``strip_layers``).
+LAYERS = ("whole", "no screen", "no fleet", "no decode")
+
+
+def strip_layers(variant: str) -> None:
+    """Take layers away in this process (``--layers``), cumulatively: ``no screen`` (the
+    screen takes a node's first sample only), ``no fleet`` (the fleet too, and it watches no
+    staleness: a node that stops moving on would go stale), ``no decode`` (a link decodes its
+    first three lines only: the hello and a sample; the rest are read and dropped)."""
+    if variant == "whole":
+        return
+    from gpuctl.core.model import NodeState
+    from gpuctl.fleet.fleet import Fleet
+    from gpuctl.fleet.session import AgentSession
+    from gpuctl.tui.app import GpuctlApp
+
+    on_snapshot = GpuctlApp._on_snapshot
+
+    def first_only(app: Any, snapshot: Any) -> None:
+        if not (snapshot.name in app.store.snaps and snapshot.gpus):
+            on_snapshot(app, snapshot)
+
+    GpuctlApp._on_snapshot = first_only  # type: ignore[method-assign]
+    if variant == "no screen":
+        return
+    on_sample = Fleet._on_sample
+
+    def first_sample(fleet: Any, rt: Any, sample: Any) -> None:
+        if not (rt.snapshot.state is NodeState.LIVE and len(rt.history)):
+            on_sample(fleet, rt, sample)
+
+    async def no_watch(_fleet: Any) -> None:
+        await asyncio.Event().wait()
+
+    Fleet._on_sample = first_sample  # type: ignore[method-assign]
+    Fleet._watch_stale = no_watch  # type: ignore[method-assign]
+    if variant == "no fleet":
+        return
+    take = AgentSession._take
+    seen: dict[int, int] = {}
+
+    def first_lines(session: Any, line: Any) -> Any:
+        n = seen[id(session)] = seen.get(id(session), 0) + 1
+        return take(session, line) if n <= 3 else None
+
+    AgentSession._take = first_lines  # type: ignore[method-assign]
+
+
 # ``--parts``: (module, class or "", function) of the parts timed; one a tree lacks is left out.
 PARTS = (
     ("gpuctl.fleet.session", "", "decode_line"),
@@ -391,6 +448,7 @@ async def measure(
     from gpuctl.tui import make_app
 
     nodes = len(fds)
+    strip_layers(os.environ.get("GPUCTL_BENCH_LAYER") or "whole")
     parts = Parts() if os.environ.get("GPUCTL_BENCH_PARTS") else None
     fleet = Fleet({f"bench-{i:03d}": pipe_link(r) for i, r in enumerate(fds)})
     app = make_app(fleet, simulated=True, state_dir=Path(tempfile.mkdtemp()))
@@ -489,9 +547,17 @@ async def measure(
 
 
 def run_process(
-    nodes: int, gpus: int, seconds: float, mode: str, rss_every: float, tree: Path, loop: str = ""
+    nodes: int,
+    gpus: int,
+    seconds: float,
+    mode: str,
+    rss_every: float,
+    tree: Path,
+    loop: str = "",
+    layer: str = "",
 ) -> dict[str, Any]:
-    """One run in a process of its own, with ``tree``'s gpuctl; adds its quit time."""
+    """One run in a process of its own, with ``tree``'s gpuctl (``layer``: one of ``LAYERS``);
+    adds its quit time."""
     args = json.dumps([nodes, gpus, seconds, mode, rss_every])
     proc = subprocess.run(
         [sys.executable, __file__, "--run", args],
@@ -500,6 +566,7 @@ def run_process(
             "GPUCTL_BENCH_TREE": str(tree),
             "PYTHONPATH": str(tree),
             "GPUCTL_BENCH_LOOP": loop,
+            "GPUCTL_BENCH_LAYER": layer,
         },
         stdout=subprocess.PIPE,
         check=True,
@@ -590,6 +657,12 @@ def main() -> int:
         help="the feeder writes each node's first K simulated samples over and over (for "
         "fleets too large to simulate live on one core: 2,048 nodes)",
     )
+    p.add_argument(
+        "--layers",
+        action="store_true",
+        help="run this checkout whole and with the screen, the fleet and the decoding taken "
+        "away in turn (LAYERS), alternated: each layer's CPU is a difference",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per run")
     p.add_argument(
         "--profile", metavar="FILE", help="cProfile the app's measured time into FILE (pstats)"
@@ -620,6 +693,8 @@ def main() -> int:
         trees.append((f"old ({rev})", old_tree(rev), ""))
     if args.compare_loop and not args.compare:
         trees.append(("plain loop", REPO, "plain"))
+    if args.layers:
+        return run_layers(sizes, args)
     compare = len(trees) > 1
     for n in sizes:
         results: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in trees}
@@ -641,6 +716,31 @@ def main() -> int:
                     print(medians(old, new, label), flush=True)
                 print(f"  against {label}:", flush=True)
                 print(ratios(middle(old), middle(new)), flush=True)
+    return 0
+
+
+def run_layers(sizes: list[int], args: argparse.Namespace) -> int:
+    """``--layers``: each of ``LAYERS`` a run of this checkout, alternated ``--rounds`` times;
+    prints each variant's median CPU and each layer's share (the difference of neighbours)."""
+    seconds = args.seconds if args.seconds is not None else 60 * args.minutes
+    for n in sizes:
+        shares: dict[str, list[float]] = {v: [] for v in LAYERS}
+        for _ in range(args.rounds):
+            for variant in LAYERS:
+                r = run_process(n, args.gpus, seconds, args.mode, args.rss_every, REPO, "", variant)
+                shares[variant].append(100 * r["cpu_share"])
+                print(f"{variant:>10}: {report(r).splitlines()[0]}", flush=True)
+        med = {v: statistics.median(x) for v, x in shares.items()}
+        print(f"  {n} nodes x {args.gpus} GPUs, CPU of one core (median of {args.rounds}):")
+        for v in LAYERS:
+            runs = ", ".join(f"{x:.1f}" for x in shares[v])
+            print(f"    {v:>10}: {med[v]:5.2f} %   (runs: {runs})")
+        names = ("the screen (store, flushes, paints)", "the fleet (history, bookkeeping)")
+        names += ("decoding the lines", "reading them, the loop, an idle screen")
+        below = [*LAYERS[1:], None]
+        for name, v, under in zip(names, LAYERS, below, strict=True):
+            own = med[v] - (med[under] if under else 0.0)
+            print(f"    {name:>40}: {own:5.2f} % ({100 * own / med['whole']:.0f} % of the whole)")
     return 0
 
 
