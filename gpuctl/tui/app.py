@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -158,6 +159,7 @@ class GpuctlApp(App[int]):
         self.selection: tuple[str, int | None] | None = None
         self.keymap: dict[str, str] = {}
         self._flush_scheduled = False
+        self._flush_context: contextvars.Context | None = None  # the app's (``on_mount``)
         self._theme_ready = False
         self.overview = OverviewScreen(
             self.store,
@@ -222,6 +224,8 @@ class GpuctlApp(App[int]):
     async def on_mount(self) -> None:
         self._setup_themes()
         self._setup_keys()
+        # the context a flush runs in (``_schedule_flush``): the app's, as its own timers have it
+        self._flush_context = contextvars.copy_context()
         self.fleet.subscribe(self._on_snapshot)
         self.fleet.on_event(self._on_fleet_event)
         self.fleet.on_removed(self._on_node_removed)
@@ -354,7 +358,7 @@ class GpuctlApp(App[int]):
     # -- fleet -> screen ----------------------------------------------------------------------
     def _on_snapshot(self, snapshot: NodeSnapshot) -> None:
         if self.store.offer(snapshot):
-            self.post_message(FleetChanged())
+            self._schedule_flush()
 
     def _on_fleet_event(self, node: str, event: NodeEvent) -> None:
         if event.kind == "xid" and event.gpu is not None:
@@ -369,12 +373,30 @@ class GpuctlApp(App[int]):
     def _on_node_removed(self, node: str, why: str) -> None:
         """A node left the fleet: its rows go at the next flush (``FleetStore.leave``)."""
         if self.store.leave(node, why):
-            self.post_message(FleetChanged())
+            self._schedule_flush()
 
     def on_fleet_changed(self, _message: FleetChanged) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.set_timer(self.coalesce, self._flush_pending)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        """Flush ``coalesce`` seconds from now, unless a flush is due already. On the event
+        loop's own timer, in the app's context: a Textual timer is a task of its own, and with
+        the message that asked for it, cost the screen ~X us a flush, 8-9 flushes a second
+        at 4,096 GPUs (``benchmarks/tui_load.py``)."""
+        if self._flush_scheduled:
+            return
+        self._flush_scheduled = True
+        asyncio.get_running_loop().call_later(
+            self.coalesce, self._flush_guarded, context=self._flush_context
+        )
+
+    def _flush_guarded(self) -> None:
+        """``_flush_pending``, whose error ends the app as one in a Textual timer does (the
+        loop's timer would only log it)."""
+        try:
+            self._flush_pending()
+        except Exception as error:  # handed to the app, as Textual's timers do
+            self._handle_exception(error)
 
     def _flush_pending(self) -> None:
         self._flush_scheduled = False
