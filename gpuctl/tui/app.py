@@ -2,9 +2,9 @@
 inject the fleet and the job store.
 
 Data flow: the fleet calls our listener on the event loop for every node change; the listener
-keeps the newest snapshot per node in the store and posts one ``FleetChanged`` message ("latest
-wins": queued ones collapse). The first message after a quiet spell schedules a flush a short
-coalescing delay later; the flush applies every pending snapshot at once inside
+keeps the newest snapshot per node in the store ("latest wins"), and the first one after a
+quiet spell schedules a flush a short coalescing delay later (on the loop's own timer:
+``_schedule_flush``; the overview's mount asks by a ``FleetChanged`` message); the flush applies every pending snapshot at once inside
 ``batch_update`` and repaints only the changed lines that are on screen. Nothing here awaits
 the network: commands to nodes run in workers.
 
@@ -380,9 +380,9 @@ class GpuctlApp(App[int]):
 
     def _schedule_flush(self) -> None:
         """Flush ``coalesce`` seconds from now, unless a flush is due already. On the event
-        loop's own timer, in the app's context: a Textual timer is a task of its own, and with
-        the message that asked for it, cost the screen ~X us a flush, 8-9 flushes a second
-        at 4,096 GPUs (``benchmarks/tui_load.py``)."""
+        loop's own timer, in the app's context: a Textual timer is a task of its own; with the
+        message that asked for it, 8-9 a second at 4,096 GPUs, it cost the screen ~0.3 % of a
+        core (``benchmarks/tui_load.py --compare``, four alternated pairs, each lower)."""
         if self._flush_scheduled:
             return
         self._flush_scheduled = True

@@ -106,3 +106,36 @@ def test_a_crashed_screen_exits_non_zero_and_names_its_log(
     assert "ERROR gpuctl.tui: the screen crashed: RuntimeError" in log
     assert "Traceback (most recent call last)" in log and "def history" not in log
     assert "in history" in log  # the frame that raised
+
+
+def test_an_error_in_a_flush_ends_the_screen_as_one_in_a_paint(
+    tmp_path: Path, log_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flush runs on the event loop's own timer (``GpuctlApp._schedule_flush``), whose errors
+    the loop would only log: one must still end the screen, say one line and log its story."""
+    import time
+
+    from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
+    from gpuctl.fleet.fleet import Fleet
+
+    node = recorded_node("flush-01", "2:H100", samples=3, t0=time.time() - 3)
+    app = GpuctlApp(Fleet({"flush-01": ReplayLink(node)}), state_dir=tmp_path / "state")
+
+    def broken() -> None:
+        raise RuntimeError("the store broke at a flush")
+
+    app.store.take_pending = broken  # type: ignore[assignment,method-assign]
+
+    async def deadline() -> None:
+        await asyncio.sleep(60)  # a screen that fails to crash ends the test, not hangs it
+        app.exit(0)
+
+    app.background.append(deadline)
+    code = run_tui(app, headless=True, size=(120, 36))
+    assert code == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (
+        "gpuctl: the screen crashed: RuntimeError: the store broke at a flush "
+        f"(traceback in {log_file})"
+    )
+    assert "in broken" in log_file.read_text()  # the frame that raised
