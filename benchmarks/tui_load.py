@@ -35,6 +35,9 @@ and decoding cost); the lines dropped once read (a link's first three decoded: w
 the loop and an idle Textual cost). Each layer's share of a core is the difference between two
 neighbours: where the CPU goes, measured by taking it away, not by a profiler.
 
+``--interval S`` has every node sample each S seconds (its hello says so, as an agent's
+``interval`` does): the screen's CPU at a slower cadence.
+
 ``--parts`` adds, per run, where the app's CPU went without a profiler's distortion: the thread
 time of each of ``PARTS`` (calls, microseconds a call, share of the run's CPU) and how many
 compositor updates painted the header's row alone (issue 27: at 512 nodes they were 180 of 316
@@ -43,7 +46,7 @@ before the header's figures moved per round of samples).
 Usage: python benchmarks/tui_load.py [--nodes 512] [--gpus 8] [--minutes 5] [--mode list|heatmap]
                                      [--compare REV | --compare-loop] [--rounds K] [--json]
                                      [--profile FILE] [--cycle K] [--parts] [--full-history]
-                                     [--layers]
+                                     [--layers] [--interval S]
 16,384 GPUs (issue 27): --nodes 2048 --cycle 10 (the feeder cannot simulate them live on a core).
 Without --nodes it runs the issue's set: 512x8 (4,096 GPUs) and 128x8 (1,024 GPUs).
 Targets (issue 15, over 30 minutes at 4,096 GPUs): < 25% of one core, sample->paint p95
@@ -111,7 +114,11 @@ def feeder(fds: list[int], gpus: int, interval: float, cycle: int = 0, wire: int
     hellos = []
     for i, out in enumerate(outs):
         spec = f"{gpus}:{models[i % len(models)]}"
-        hello = {**recorded_node(f"bench-{i:03d}", spec, samples=0)[0], "protocol": wire}
+        hello = {
+            **recorded_node(f"bench-{i:03d}", spec, samples=0)[0],
+            "protocol": wire,
+            "interval": interval,
+        }
         hellos.append(hello)
         out.write(protocol.encode(hello))
         readers.append(SimReader.from_spec(spec, seed=i))
@@ -142,7 +149,11 @@ def cycled_feeder(fds: list[int], gpus: int, interval: float, cycle: int, wire: 
     lines: list[list[tuple[bytes, bytes, bytes]]] = []
     for i, out in enumerate(outs):
         spec = f"{gpus}:{models[i % len(models)]}"
-        hello = {**recorded_node(f"bench-{i:03d}", spec, samples=0)[0], "protocol": wire}
+        hello = {
+            **recorded_node(f"bench-{i:03d}", spec, samples=0)[0],
+            "protocol": wire,
+            "interval": interval,
+        }
         out.write(protocol.encode(hello))
         reader = SimReader.from_spec(spec, seed=i)
         node = []
@@ -618,7 +629,10 @@ def ratios(old: dict[str, Any], new: dict[str, Any]) -> str:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--feeder":
-        feeder(json.loads(sys.argv[2]), int(sys.argv[3]), 1.0, int(sys.argv[4]), int(sys.argv[5]))
+        interval = float(os.environ.get("GPUCTL_BENCH_INTERVAL") or 1.0)
+        feeder(
+            json.loads(sys.argv[2]), int(sys.argv[3]), interval, int(sys.argv[4]), int(sys.argv[5])
+        )
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--run":
         nodes, gpus, seconds, mode, rss_every = json.loads(sys.argv[2])
@@ -663,6 +677,13 @@ def main() -> int:
         help="run this checkout whole and with the screen, the fleet and the decoding taken "
         "away in turn (LAYERS), alternated: each layer's CPU is a difference",
     )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between a node's samples (its agent's interval: 1 by default)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per run")
     p.add_argument(
         "--profile", metavar="FILE", help="cProfile the app's measured time into FILE (pstats)"
@@ -680,6 +701,7 @@ def main() -> int:
     )
     args = p.parse_args()
     os.environ["GPUCTL_BENCH_CYCLE"] = str(args.cycle)
+    os.environ["GPUCTL_BENCH_INTERVAL"] = str(args.interval)
     if args.full_history:
         os.environ["GPUCTL_BENCH_FULL_HISTORY"] = "1"
     if args.parts:
