@@ -4,9 +4,9 @@ inject the fleet and the job store.
 Data flow: the fleet calls our listener on the event loop for every node change; the listener
 keeps the newest snapshot per node in the store ("latest wins"), and the first one after a
 quiet spell schedules a flush a short coalescing delay later (on the loop's own timer:
-``_schedule_flush``; the overview's mount asks by a ``FleetChanged`` message); the flush applies every pending snapshot at once inside
-``batch_update`` and repaints only the changed lines that are on screen. Nothing here awaits
-the network: commands to nodes run in workers.
+``_schedule_flush``; the overview's mount asks by a ``FleetChanged`` message); the flush
+applies every pending snapshot at once inside ``batch_update`` and repaints only the changed
+lines that are on screen. Nothing here awaits the network: commands to nodes run in workers.
 
 Node data is data: widgets show it through ``gpuctl.tui.text`` (``rich.text.Text``, control
 characters removed, never markup) and every notification is plain text (``notify``).
