@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from gpuctl.accept.run import AcceptOptions
 from gpuctl.cli.watch import accept_defaults, open_job_store, run_tui
 from gpuctl.config import parse_config
 from gpuctl.context import Context
+from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
+from gpuctl.fleet.fleet import Fleet
 from gpuctl.tui import GpuctlApp
 from gpuctl_tests.tui.hostile import crashing_fleet
 
@@ -82,18 +85,23 @@ def log_file(tmp_path: Path) -> Iterator[Path]:
     logger.propagate = propagate
 
 
+def run_to_crash(app: GpuctlApp) -> int:
+    """``run_tui``'s exit code for ``app`` headless, wide enough for the sparklines; a screen
+    that fails to crash exits 0 after a minute (the test fails, it does not hang)."""
+
+    async def deadline() -> None:
+        await asyncio.sleep(60)  # a bound on the test, not synchronisation
+        app.exit(0)
+
+    app.background.append(deadline)
+    return run_tui(app, headless=True, size=(120, 36))
+
+
 def test_a_crashed_screen_exits_non_zero_and_names_its_log(
     tmp_path: Path, log_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     app = GpuctlApp(crashing_fleet(), state_dir=tmp_path / "state")
-
-    async def deadline() -> None:
-        await asyncio.sleep(60)  # a screen that fails to crash ends the test, not hangs it
-        app.exit(0)
-
-    app.background.append(deadline)
-    code = run_tui(app, headless=True, size=(120, 36))  # wide enough for the sparklines
-    assert code == 1
+    assert run_to_crash(app) == 1
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
     # One line, the node-made message as text, the log named; no escape reaches the terminal.
@@ -113,11 +121,6 @@ def test_an_error_in_a_flush_ends_the_screen_as_one_in_a_paint(
 ) -> None:
     """A flush runs on the event loop's own timer (``GpuctlApp._schedule_flush``), whose errors
     the loop would only log: one must still end the screen, say one line and log its story."""
-    import time
-
-    from gpuctl.fleet.fixed_links import ReplayLink, recorded_node
-    from gpuctl.fleet.fleet import Fleet
-
     node = recorded_node("flush-01", "2:H100", samples=3, t0=time.time() - 3)
     app = GpuctlApp(Fleet({"flush-01": ReplayLink(node)}), state_dir=tmp_path / "state")
 
@@ -125,14 +128,7 @@ def test_an_error_in_a_flush_ends_the_screen_as_one_in_a_paint(
         raise RuntimeError("the store broke at a flush")
 
     app.store.take_pending = broken  # type: ignore[assignment,method-assign]
-
-    async def deadline() -> None:
-        await asyncio.sleep(60)  # a screen that fails to crash ends the test, not hangs it
-        app.exit(0)
-
-    app.background.append(deadline)
-    code = run_tui(app, headless=True, size=(120, 36))
-    assert code == 1
+    assert run_to_crash(app) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == (
         "gpuctl: the screen crashed: RuntimeError: the store broke at a flush "
