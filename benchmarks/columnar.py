@@ -174,19 +174,7 @@ def add_columns(h: NodeHistory, t: float, c: Any, hello: dict[int, GpuStatic]) -
     except (TypeError, OverflowError):  # a None or a value out of range: as today
         h.add(t, gpus_of(c, hello, t))
         return
-    middle, older = h._middle, h._older
-    if middle is not None and h._recent.size == h._recent.capacity:
-        oldest = h._recent.times[h._recent.head]
-        bucket = (oldest // middle.step) * middle.step
-        if bucket != middle.bucket:
-            middle.bucket = bucket
-            h._keep_oldest(middle.ring, oldest)
-    if older is not None:
-        bucket = (t // older.step) * older.step
-        if bucket != older.bucket:
-            if older.bucket is not None:
-                h._close_bucket(older.ring, older.bucket)
-            older.bucket = bucket
+    h._tiers_before(t)
     ring = h._recent
     i = ring.advance(t)
     for block, values in zip(ring.blocks, arrays, strict=True):

@@ -393,20 +393,7 @@ class NodeHistory:
         so are those of a GPU seen before that the sample lacks)."""
         if not gpus:
             return
-        middle, older = self._middle, self._older
-        if middle is not None and self._recent.size == self._recent.capacity:
-            # the oldest sample goes next: the first of its 10 s to go is kept
-            oldest = self._recent.times[self._recent.head]
-            bucket = (oldest // middle.step) * middle.step
-            if bucket != middle.bucket:
-                middle.bucket = bucket
-                self._keep_oldest(middle.ring, oldest)
-        if older is not None:
-            bucket = (t // older.step) * older.step
-            if bucket != older.bucket:
-                if older.bucket is not None:
-                    self._close_bucket(older.ring, older.bucket)
-                older.bucket = bucket
+        self._tiers_before(t)
         if tuple(map(_INDEX, gpus)) != self.layout:
             self._add_any(t, gpus)
             return
@@ -432,6 +419,24 @@ class NodeHistory:
             except (TypeError, OverflowError):
                 readings = [r[c] for r in map(_readings, gpus) for c in cols]
                 block[i * span : (i + 1) * span] = _kept(code, _MISSING.get(code), readings)
+
+    def _tiers_before(self, t: float) -> None:
+        """The tiers' part of a sample's write at ``t``, before the recent ring takes it: the
+        oldest recent sample, about to go, kept in the middle tier when it is the first of its
+        10 s; the older tier's minute closed (its means) when ``t`` begins another."""
+        middle, older = self._middle, self._older
+        if middle is not None and self._recent.size == self._recent.capacity:
+            oldest = self._recent.times[self._recent.head]
+            bucket = (oldest // middle.step) * middle.step
+            if bucket != middle.bucket:
+                middle.bucket = bucket
+                self._keep_oldest(middle.ring, oldest)
+        if older is not None:
+            bucket = (t // older.step) * older.step
+            if bucket != older.bucket:
+                if older.bucket is not None:
+                    self._close_bucket(older.ring, older.bucket)
+                older.bucket = bucket
 
     def _add_any(self, t: float, gpus: Sequence[GpuSample]) -> None:
         """``add`` for any sample: GPUs new to the node get lanes, a GPU the sample lacks is
