@@ -39,7 +39,8 @@ neighbours: where the CPU goes, measured by taking it away, not by a profiler.
 ``interval`` does): the screen's CPU at a slower cadence.
 
 ``--parts`` adds, per run, where the app's CPU went without a profiler's distortion: the thread
-time of each of ``PARTS`` (calls, microseconds a call, share of the run's CPU) and how many
+time of each of ``PARTS`` (calls, microseconds a call, share of the run's CPU), of the garbage
+collector's collections of each generation (``gc.callbacks``) and how many
 compositor updates painted the header's row alone (issue 27: at 512 nodes they were 180 of 316
 before the header's figures moved per round of samples).
 
@@ -57,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -358,6 +360,21 @@ class Parts:
             return update(compositor)
 
         Compositor.render_partial_update = counted  # type: ignore[method-assign]
+        # The garbage collector's time, per generation: a part that no function's time shows
+        # (it runs inside whatever allocation triggers it).
+        self.gc = {g: [0, 0.0] for g in range(3)}
+        self._gc_start = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._gc_start = time.thread_time()
+        else:
+            kept = self.gc[info["generation"]]
+            kept[0] += 1
+            kept[1] += time.thread_time() - self._gc_start
 
     def _timed(self, f: Any, label: str) -> Any:
         clock = time.thread_time
@@ -377,7 +394,14 @@ class Parts:
 
     def result(self) -> dict[str, Any]:
         return {
-            "parts": {k: {"calls": n, "s": t} for k, (n, t) in self.times.items() if n},
+            "parts": {
+                **{k: {"calls": n, "s": t} for k, (n, t) in self.times.items() if n},
+                **{
+                    f"gc, generation {g}": {"calls": n, "s": t}
+                    for g, (n, t) in self.gc.items()
+                    if n
+                },
+            },
             "compositor_updates": self.updates[0],
             "header_only_updates": self.updates[1],
         }
