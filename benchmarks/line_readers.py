@@ -23,11 +23,14 @@ and the fleet's bookkeeping: all of it in that thread) and as a share of a core,
 and, with ``--base TREE`` (another revision's files: ``git archive af2f7f2 | tar -x -C TREE``),
 for that tree, alternated ``--rounds`` times, and the medians.
 
+``--local`` (with ``--ssh``): the same agents over local pipes too (``via = "local"``), alternated:
+what SSH itself adds to a sample.
+
 ``--srun K``: the same through one srun step over a test Slurm of K nodes (one slurmd per
 network namespace: root) and a job holding them.
 
 Usage: python benchmarks/line_readers.py [--nodes 512] [--seconds 8] [--rounds 3]
-       python benchmarks/line_readers.py --ssh 32 --base /tmp/base [--interval 0.25]
+       python benchmarks/line_readers.py --ssh 32 [--base /tmp/base] [--local] [--interval 0.25]
        python benchmarks/line_readers.py --srun 16 --base /tmp/base [--interval 0.25]
 """
 
@@ -192,13 +195,17 @@ def fleet_compare(args: argparse.Namespace) -> None:
     trees = {"this": HERE}
     if args.base:
         trees = {"base": Path(args.base).resolve(), **trees}
+    if args.local:
+        trees["local"] = HERE  # this tree, its agents over pipes: what SSH adds
     results: dict[str, list[float]] = {k: [] for k in trees}
     nodes = args.ssh or args.srun
     with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
         if args.ssh:
             what = f"{nodes} sshd nodes"
-            configs = ssh_configs(stack, tmp, args, list(trees))
+            configs = ssh_configs(stack, tmp, args, [k for k in trees if k != "local"])
+            if args.local:
+                configs["local"] = local_config(tmp, args)
         else:
             what = f"{nodes} Slurm nodes through one srun step"
             configs = srun_configs(stack, tmp, args, list(trees))
@@ -235,6 +242,7 @@ def fleet_compare(args: argparse.Namespace) -> None:
             for k, v in med.items()
         )
         + (f"; this/base {med['this'] / med['base']:.2f}" if "base" in med else "")
+        + (f"; ssh/local {med['this'] / med['local']:.2f}" if "local" in med else "")
     )
 
 
@@ -255,6 +263,27 @@ def ssh_configs(
         )
         for kind in kinds
     }
+
+
+def local_config(tmp: Path, args: argparse.Namespace) -> Path:
+    """The ``--ssh`` nodes' agents (as many, as simulated, as often) started on this machine
+    over pipes (``via = "local"``): the same lines without SSH."""
+    path = tmp / "local.toml"
+    path.write_text(
+        "\n".join(
+            [
+                "[clusters.local]",
+                f'nodes = "n[000-{args.ssh - 1:03d}]"',
+                'via = "local"',
+                f'python = "{sys.executable}"',
+                f'simulate = "{args.gpus}:H100"',
+                f"interval = {args.interval}",
+            ]
+        )
+        + "\n"
+    )
+    path.chmod(0o600)
+    return path
 
 
 def srun_configs(
@@ -299,6 +328,11 @@ def main() -> None:
     p.add_argument("--ssh", type=int, default=0, metavar="K", help="K real sshd nodes instead")
     p.add_argument("--srun", type=int, default=0, metavar="K", help="K test Slurm nodes instead")
     p.add_argument("--base", help="with --ssh/--srun: another tree to alternate with")
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="with --ssh: the same agents over local pipes (via = local) too, alternated",
+    )
     p.add_argument("--gpus", type=int, default=8, help="with --ssh/--srun: simulated GPUs a node")
     p.add_argument(
         "--interval", type=float, default=0.25, help="with --ssh/--srun: a node's period"
