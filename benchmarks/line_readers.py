@@ -340,6 +340,8 @@ def main() -> None:
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--tree", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.local and not args.ssh:
+        p.error("--local goes with --ssh K (the same agents over pipes, beside SSH)")
     if args.child:
         import gpuctl
 
