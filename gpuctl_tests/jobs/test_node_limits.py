@@ -4,6 +4,7 @@ warning signal. Each skips (with the reason) where the container forbids cgroups
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -193,10 +194,13 @@ def test_warning_signal_and_stack_dumps_reach_venv2_and_spare_the_functions_chil
     wait_until(lambda: pid_file.exists() and pid_file.read_text(), 30, "the function's child")
     child = int(pid_file.read_text())
     job.backend.signal(job.handle, job.jobdir, signal.SIGUSR1)  # what Slurm's --signal sends
-    wait_until(lambda: '"signal": "SIGUSR1"' in status.read_text(), 10, "VENV2 to note it")
+    # (bounds, not synchronisation; on a timeout the job's processes and files are shown)
+    seen = functools.partial(_job_state, job.jobdir)
+    noted = '"signal": "SIGUSR1"'
+    wait_until(lambda: noted in status.read_text(), 30, "VENV2 to note it", now=seen)
     job.dump_stacks()  # SIGUSR2: faulthandler writes every thread's stack to stderr
     stderr = Path(job.jobdir, "stderr.txt")
-    wait_until(lambda: " in waits" in stderr.read_text(), 10, "the stack dump")
+    wait_until(lambda: " in waits" in stderr.read_text(), 30, "the stack dump", now=seen)
     assert Path(f"/proc/{child}").exists()  # the function's own child lives on
     assert Path(f"/proc/{child}/stat").read_text().split()[2] != "Z"
     job.cancel()
@@ -206,3 +210,28 @@ def test_warning_signal_and_stack_dumps_reach_venv2_and_spare_the_functions_chil
     assert (info.value.kind, info.value.report.phase) == ("cancelled", "running")
     outcome = json.loads(Path(job.jobdir, "outcome.json").read_text())
     assert outcome["forwarded"] == ["SIGUSR1", "SIGUSR2"]
+
+
+def _job_state(jobdir: str) -> str:
+    """What a job's supervisor and VENV2 are doing (their /proc state and signal masks) and the
+    tail of its status and logs: what a test that timed out on a job's signal shows."""
+    out = []
+    pids = {"supervisor": json.loads(Path(jobdir, "supervisor.json").read_text())["pid"]}
+    with contextlib.suppress(OSError, ValueError):
+        pids["venv2"] = json.loads(Path(jobdir, "heartbeat.json").read_text())["venv2_pid"]
+    for name, pid in pids.items():
+        try:
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+        except OSError:
+            out.append(f"{name} {pid}: gone")
+            continue
+        keep = ("State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+        out.append(
+            f"{name} {pid} wchan={wchan} "
+            + " ".join(line.replace(":\t", "=") for line in lines if line.startswith(keep))
+        )
+    for file in ("status.jsonl", "stderr.txt", "supervisor.log", "outcome.json"):
+        with contextlib.suppress(OSError):
+            out.append(f"{file}: {Path(jobdir, file).read_text()[-600:]}")
+    return "\n".join(out)
