@@ -183,6 +183,7 @@ class ThreadSimLink(NodeLink):
             in_fd=req_r,
             out=os.fdopen(out_w, "wb"),
             read_only=self.read_only,
+            on_host=False,  # this process's machine is not the simulated node
         )
         install_plugins(agent)
 

@@ -138,8 +138,12 @@ class Agent(object):
                  clock: Callable[[], float] = time.monotonic, read_only: bool = False,
                  liveness_timeout: float = protocol.DEFAULT_LIVENESS_S,
                  max_duration: float = protocol.DEFAULT_MAX_DURATION,
-                 addressed: Optional[str] = None) -> None:
+                 addressed: Optional[str] = None, on_host: bool = True) -> None:
         self.reader = reader
+        # False: a node simulated inside another program (the demo's nodes, in a thread of
+        # gpuctl), which is no machine: it neither lists nor stops the burners of the machine
+        # it runs on (another session's real burn is not sim-01's)
+        self.on_host = bool(on_host)
         # "@NAME " of this node's requests when many agents share one stdin (an srun step)
         self.address = None if addressed is None else b"@" + addressed.encode() + b" "
         self.read_only = bool(read_only)

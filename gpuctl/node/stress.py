@@ -397,7 +397,10 @@ class StressPlugin(object):
         self._finish_sim()
 
     def others(self) -> "List[BurnerInfo]":
-        """Burners on this machine that this agent did not start."""
+        """Burners on this machine that this agent did not start (none for a node simulated
+        inside another program: ``Agent.on_host``)."""
+        if not self.agent.on_host:
+            return []
         mine = set(b.pgid for b in self.burns.values() if b.pgid is not None)
         try:
             found = [b for b in scan_burners() if b["pid"] not in mine]
