@@ -24,7 +24,10 @@ loadgroup``): its tests mostly wait (on sshd, Slurm, subprocesses, timeouts), an
 kept a two-core machine 60% idle. Each test gets an ``xdist_group`` here, so a worker takes a
 whole group: a module stays on one worker (its module-scoped fixtures, a Prometheus, are set up
 once), and every test of a real Slurm (``slurm``) goes to the same worker, so the session's
-clusters start once and no two Slurm clusters run side by side.
+clusters start once and no two Slurm clusters run side by side. The modules that start real
+burners, or stop every burner of this user on this machine (``gpuctl stress stop --all``),
+mark themselves ``burners`` and share a worker too: a burner is found machine-wide, so one
+module's stop would end, and its listing count, another module's burner running beside it.
 
 The lanes, for people: docs/development.md.
 """
@@ -94,8 +97,13 @@ def read_slow() -> set[str]:
 
 
 def xdist_group(item: pytest.Item) -> str:
-    """The group a worker takes whole: every real-Slurm test in one, else the test's module."""
-    return "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::", 1)[0]
+    """The group a worker takes whole: every real-Slurm test in one, every test of a module
+    marked ``burners`` in another, else the test's module."""
+    if item.get_closest_marker("slurm"):
+        return "slurm"
+    if item.get_closest_marker("burners"):
+        return "burners"
+    return item.nodeid.split("::", 1)[0]
 
 
 def plain_id(nodeid: str) -> str:

@@ -25,6 +25,9 @@ from gpuctl.fleet.links import LocalLink
 from gpuctl.fleet.ssh import agent_script
 from gpuctl_tests.helpers import AgentProcess, node_env
 
+# real burners (or stops of every burner of this user here): these modules share one worker
+pytestmark = pytest.mark.burners
+
 # (argv after gpuctl, extra env, config text or None, what the refusal names, how to lift it)
 CASES = [
     (["--read-only", "submit", "job.py:f"], {}, None, "submitting jobs", "run without it"),

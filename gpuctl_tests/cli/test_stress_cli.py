@@ -13,6 +13,9 @@ import pytest
 from gpuctl.service import user_name
 from gpuctl_tests.helpers import AgentProcess, need_torch, node_env, wait_until
 
+# real burners (or stops of every burner of this user here): these modules share one worker
+pytestmark = pytest.mark.burners
+
 ENV = node_env({"OMP_NUM_THREADS": "1"})
 
 

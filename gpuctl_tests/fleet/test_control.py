@@ -19,6 +19,9 @@ from gpuctl.fleet.session import LinkError
 from gpuctl_tests.helpers import fleet_changes, wait_until_async
 from gpuctl_tests.tui.hostile import ScriptedAgentLink
 
+# real burners (or stops of every burner of this user here): these modules share one worker
+pytestmark = pytest.mark.burners
+
 
 async def wait_for(fleet: Fleet, pred: Callable[[], Any], timeout: float = 15.0) -> Any:
     """Wait until ``pred()`` is truthy, woken by the fleet's own updates."""
@@ -108,7 +111,7 @@ async def test_link_loss_marks_active_burns_failed_and_the_agent_stops_them() ->
             except FileNotFoundError:
                 return True
 
-        await wait_until_async(gone, 2, "the burner to go with its agent")
+        await wait_until_async(gone, 10, "the burner to go with its agent")
     finally:
         await fleet.stop()
 

@@ -20,6 +20,9 @@ from gpuctl.fleet.links import LocalLink
 from gpuctl.fleet.session import AgentSession, LinkError
 from gpuctl_tests.helpers import fleet_changes, wait_until_async
 
+# real burners (or stops of every burner of this user here): these modules share one worker
+pytestmark = pytest.mark.burners
+
 
 async def wait_for_state(fleet: Fleet, pred, timeout: float = 15.0) -> list[NodeSnapshot]:
     """Wait until ``pred(snapshots)`` holds, woken by the fleet's own updates."""

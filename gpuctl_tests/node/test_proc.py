@@ -88,7 +88,7 @@ def test_a_spawned_child_dies_with_its_parent_even_when_the_parent_is_sigkilled(
     assert os.getpgid(child) == child  # a session (so a group) of its own
     parent.kill()
     parent.wait(10)
-    wait_until(lambda: not alive(child), 5, "the child to die with its parent")
+    wait_until(lambda: not alive(child), 10, "the child to die with its parent")
 
 
 RACE = r"""
@@ -125,7 +125,7 @@ def test_the_child_of_a_parent_that_died_before_prctl_kills_itself(tmp_path: Pat
     out, err = p.communicate(timeout=30)
     child = int(out.strip() or 0)
     assert child, err
-    wait_until(lambda: not alive(child), 5, "the orphaned child to kill itself")
+    wait_until(lambda: not alive(child), 10, "the orphaned child to kill itself")
     assert not marker.exists()
 
 

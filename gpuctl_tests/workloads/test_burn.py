@@ -18,6 +18,9 @@ from gpuctl.bundle import write_bundle
 from gpuctl.workloads import burn
 from gpuctl_tests.helpers import REPO, need_torch, node_env
 
+# real burners (or stops of every burner of this user here): these modules share one worker
+pytestmark = pytest.mark.burners
+
 torch = need_torch(module=True)
 
 # One thread: the CI machine is small and shared, and tiny GEMMs only lose from threading.

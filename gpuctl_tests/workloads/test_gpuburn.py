@@ -18,6 +18,9 @@ from gpuctl.workloads.gpuburn import GpuBurnOutput, build_gpu_burn, find_toolkit
 from gpuctl_tests.helpers import node_env, wait_until
 from gpuctl_tests.workloads import gpuburn_standin
 
+# real burners (or stops of every burner of this user here): these modules share one worker
+pytestmark = pytest.mark.burners
+
 
 def exe(path: Path, body: str = "#!/bin/sh\nexit 0\n") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -638,7 +641,7 @@ def test_runner_faulty_and_died(standin: Path) -> None:
     )
     # gpu-burn exits without killing its temperature reader: the wrapper ends the group
     group = recorded(standin)["pid"]
-    wait_until(lambda: not group_members(group), 5, "what gpu-burn left behind to be killed")
+    wait_until(lambda: not group_members(group), 10, "what gpu-burn left behind to be killed")
 
 
 def test_runner_on_part_of_a_node_labels_and_temperatures(standin: Path) -> None:
@@ -719,7 +722,7 @@ def test_stopping_the_runner_kills_the_whole_gpu_burn_group(standin: Path) -> No
         proc.wait()
     assert rest[-1]["verdict"] is None
     assert rest[-1]["reason"] == "stopped before gpu-burn's final summary"
-    wait_until(lambda: not group_members(group), 3, "gpu-burn's group to be gone")
+    wait_until(lambda: not group_members(group), 10, "gpu-burn's group to be gone")
 
 
 def test_runner_builds_from_source_reporting_each_step(tmp_path: Path) -> None:
